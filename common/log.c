@@ -55,7 +55,7 @@ void log_ctx_clear(void)
 
 void log_write(enum log_level lvl, const char *fmt, ...)
 {
-	char msg[2048], ts[40];
+	char msg[2048], ts[64];
 	struct timeval tv;
 	struct tm tm;
 	va_list ap;
@@ -67,8 +67,8 @@ void log_write(enum log_level lvl, const char *fmt, ...)
 	va_end(ap);
 	gettimeofday(&tv, NULL);
 	gmtime_r(&tv.tv_sec, &tm);
-	snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03ldZ", tm.tm_year + 1900,
-		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (long)tv.tv_usec / 1000);
+	snprintf(ts, sizeof(ts), "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", tm.tm_year + 1900,
+		 tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec, (int)(tv.tv_usec / 1000) % 1000);
 
 	pthread_mutex_lock(&log_lock);
 	if (log_json) {
