@@ -1,0 +1,137 @@
+/*
+ * http.h - the HTTP engine of kiln-gateway (and kiln-node's API), over libmicrohttpd.
+ *
+ * It knows routes, bodies, status codes and the error model of API.md; it knows nothing of
+ * tenants or VMs. A server has a route table; each request gets an id (X-Request-Id on every
+ * response), its body read under a cap, its path parameters extracted, then an optional `before`
+ * hook (authentication, rate limits) and the route's handler. Handlers answer with exactly one of
+ * the http_reply_* calls. Requests by route and status and a latency histogram are kept for
+ * /metrics.
+ */
+#ifndef KILN_HTTP_H
+#define KILN_HTTP_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <sys/types.h>
+
+#include "common/buf.h"
+#include "common/err.h"
+
+#define HTTP_MAX_PARAMS 4
+#define HTTP_PARAM_MAX 128	/* bytes of one path parameter, terminator included */
+
+struct http_req;
+struct http_server;
+
+typedef void (*http_handler)(struct http_req *req);
+
+/*
+ * A streamed body's sink: called with each chunk as it arrives (after `before` accepted the
+ * request) and once with len 0 at the end. Returns 0 to go on or a kiln_err to stop; the handler
+ * still runs and should reply with the error it finds in http_req_stream_error().
+ */
+typedef enum kiln_err (*http_body_sink)(struct http_req *req, const char *data, size_t len);
+
+enum http_body_mode {
+	HTTP_BODY_BUFFER = 0,	/* read whole, at most the server's body cap */
+	HTTP_BODY_STREAM,	/* passed to `sink` chunk by chunk, at most `stream_max` bytes */
+};
+
+struct http_route {
+	const char *method;	/* "GET", "POST", ... */
+	const char *pattern;	/* "/v1/sandboxes/{id}/exec": {name} matches one segment */
+	http_handler handler;
+	unsigned scope;		/* passed to the before hook; 0 = public */
+	enum http_body_mode body_mode;
+	http_body_sink sink;	/* HTTP_BODY_STREAM only */
+	size_t stream_max;	/* HTTP_BODY_STREAM only, bytes */
+};
+
+/*
+ * Called before the handler (and before a streamed body is accepted). Returns true to go on;
+ * false after it has replied (401, 403, 429...).
+ */
+typedef bool (*http_before_hook)(struct http_req *req, const struct http_route *route);
+
+/* Called when a request is finished, after its reply was queued (audit trail, cleanup). */
+typedef void (*http_done_hook)(struct http_req *req, const struct http_route *route, int status);
+
+struct http_server_opts {
+	const char *listen;		/* "host:port"; or NULL with unix_path */
+	const char *unix_path;		/* listen on a Unix socket instead (kiln-node) */
+	unsigned max_connections;
+	size_t body_max;		/* bytes of a buffered body */
+	unsigned timeout_s;
+	const struct http_route *routes;
+	size_t nroutes;
+	http_before_hook before;
+	http_done_hook done;
+	void *app;			/* handed to handlers via http_req_app() */
+};
+
+/* Starts serving. NULL with `err` set when the address cannot be bound. */
+struct http_server *http_server_start(const struct http_server_opts *opts, struct kiln_error *err);
+
+/* The port actually bound (useful with port 0). */
+unsigned http_server_port(const struct http_server *s);
+
+/*
+ * Stops accepting, lets in-flight requests finish for at most `grace_s` seconds, then stops and
+ * frees the server. Accepts NULL.
+ */
+void http_server_stop(struct http_server *s, unsigned grace_s);
+
+/* Appends the engine's Prometheus metrics (requests, latency histogram) to `out`. */
+void http_server_metrics(struct http_server *s, struct buf *out);
+
+/* --- inside a handler --- */
+void *http_req_app(const struct http_req *req);
+const char *http_req_method(const struct http_req *req);
+const char *http_req_path(const struct http_req *req);
+const char *http_req_id(const struct http_req *req);
+/* The path parameter `name` of the route ({id}), or NULL. */
+const char *http_req_param(const struct http_req *req, const char *name);
+/* A request header or query argument, or NULL. */
+const char *http_req_header(const struct http_req *req, const char *name);
+const char *http_req_query(const struct http_req *req, const char *name);
+/* The buffered body (NUL-terminated) and its length. */
+const char *http_req_body(const struct http_req *req, size_t *len);
+/* What stopped a streamed body (KILN_OK when it was complete). */
+enum kiln_err http_req_stream_error(const struct http_req *req, struct kiln_error *err);
+/* Per-request slot for the before hook and handlers (e.g. the authenticated principal). */
+void http_req_set_ctx(struct http_req *req, void *ctx, void (*free_ctx)(void *));
+void *http_req_ctx(const struct http_req *req);
+/* The object id the request acted on, recorded for the done hook (audit). Copied. */
+void http_req_set_object(struct http_req *req, const char *object_id);
+const char *http_req_object(const struct http_req *req);
+
+/* --- replies: exactly one per request --- */
+/* Adds a header to the coming reply (e.g. Retry-After). Copied. */
+void http_reply_header(struct http_req *req, const char *name, const char *value);
+/* Sends `body` as application/json; steals the reference. */
+void http_reply_json(struct http_req *req, int status, json_t *body);
+/* Sends raw bytes (copied). */
+void http_reply_data(struct http_req *req, int status, const char *content_type, const void *data,
+		     size_t len);
+/* Sends an empty body (204 and the like). */
+void http_reply_empty(struct http_req *req, int status);
+/* Sends the error model of API.md for `code`; the message must hold no internals. */
+void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
+/*
+ * Streams a body produced by `read_cb`, called from the server's thread with a buffer to fill:
+ * returns bytes written, 0 to wait (it will be called again), -1 at the end, -2 on error.
+ * `free_cb` runs once when the response is done. Content-Length unknown (chunked).
+ */
+typedef ssize_t (*http_stream_cb)(void *cls, char *buf, size_t max);
+void http_reply_stream(struct http_req *req, int status, const char *content_type,
+		       http_stream_cb read_cb, void *cls, void (*free_cb)(void *));
+
+/* The HTTP status API.md gives `code`. */
+int http_status_of(enum kiln_err code);
+
+#endif

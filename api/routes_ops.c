@@ -1,0 +1,40 @@
+/*
+ * routes_ops.c - operations routes: GET /healthz and GET /metrics (no credential needed).
+ */
+#include <string.h>
+
+#include "api/gateway.h"
+#include "common/buf.h"
+
+/* 200 when every dependency answers, else 503; the body says which does not. */
+static void healthz(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	bool pg_ok = pg_ping(gw->pg, &err) == KILN_OK;
+	bool redis_ok = rds_ping(gw->rds, &err) == KILN_OK;
+	bool ok = pg_ok && redis_ok;
+
+	http_reply_json(req, ok ? 200 : 503,
+			json_pack("{s:s, s:{s:s, s:s}}", "status", ok ? "ok" : "unavailable",
+				  "checks", "postgres", pg_ok ? "ok" : "unavailable", "redis",
+				  redis_ok ? "ok" : "unavailable"));
+}
+
+static void metrics(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	struct buf out;
+
+	buf_init(&out, 4 << 20);
+	http_server_metrics(gw->http, &out);
+	http_reply_data(req, 200, "text/plain; version=0.0.4", out.data ? out.data : "", out.len);
+	buf_release(&out);
+}
+
+static const struct http_route routes[] = {
+	{ "GET", "/healthz", healthz, 0, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/metrics", metrics, 0, HTTP_BODY_BUFFER, NULL, 0 },
+};
+
+const struct route_group routes_ops = { routes, sizeof(routes) / sizeof(routes[0]) };

@@ -1,0 +1,272 @@
+/*
+ * config.c - the configuration table and its loader (see config.h).
+ */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define F(field) offsetof(struct kiln_config, field)
+
+static const char *const log_levels[] = { "debug", "info", "warn", "error", NULL };
+
+const struct cfg_def config_table[] = {
+	{ "log_level", CFG_STRING, F(log_level), "info", 0, 0, log_levels, true,
+	  "least severe level logged" },
+	{ "log_json", CFG_BOOL, F(log_json), "false", 0, 1, NULL, false,
+	  "write JSON lines instead of text" },
+	{ "database_url", CFG_STRING, F(database_url), "host=127.0.0.1 port=5432 dbname=kiln", 0, 0,
+	  NULL, false, "libpq connection string of the Postgres database" },
+	{ "redis_url", CFG_STRING, F(redis_url), "127.0.0.1:6379", 0, 0, NULL, false,
+	  "Redis address: host:port or unix:/path/to/socket" },
+	{ "data_dir", CFG_STRING, F(data_dir), "var", 0, 0, NULL, false,
+	  "directory of persistent state" },
+	{ "run_dir", CFG_STRING, F(run_dir), "/run/kiln", 0, 0, NULL, false,
+	  "directory of sockets and pid files (keep it short: socket paths are at most 107 bytes)" },
+	{ "master_key_file", CFG_STRING, F(master_key_file), NULL, 0, 0, NULL, false,
+	  "file holding the 64-hex-digit master key (mode 0600)" },
+	{ "master_key", CFG_STRING, F(master_key), NULL, 0, 0, NULL, false,
+	  "the master key itself, 64 hex digits; overrides master_key_file" },
+	{ "node_id", CFG_STRING, F(node_id), "node1", 0, 0, NULL, false,
+	  "this host's node id: [a-z0-9-], at most 32 characters" },
+	{ "listen", CFG_STRING, F(listen), "127.0.0.1:8080", 0, 0, NULL, false,
+	  "address the gateway listens on, host:port" },
+	{ "db_pool_size", CFG_INT, F(db_pool_size), "8", 1, 64, NULL, false,
+	  "Postgres connections each process keeps" },
+	{ "http_max_connections", CFG_INT, F(http_max_connections), "1024", 1, 65536, NULL, false,
+	  "concurrent HTTP connections accepted (one thread each)" },
+	{ "http_body_max", CFG_INT, F(http_body_max), "1048576", 1024, 16777216, NULL, false,
+	  "largest JSON request body, bytes" },
+	{ "http_timeout_s", CFG_INT, F(http_timeout_s), "60", 1, 3600, NULL, false,
+	  "seconds an idle connection stays open" },
+	{ "rate_limit_rps", CFG_INT, F(rate_limit_rps), "50", 1, 1000000, NULL, true,
+	  "requests per second allowed per API key" },
+	{ "rate_limit_burst", CFG_INT, F(rate_limit_burst), "100", 1, 1000000, NULL, true,
+	  "requests an API key may send at once above its rate" },
+	{ "create_limit_rpm", CFG_INT, F(create_limit_rpm), "60", 1, 1000000, NULL, true,
+	  "sandbox creations per minute allowed per API key" },
+	{ "key_cache_s", CFG_INT, F(key_cache_s), "5", 0, 5, NULL, false,
+	  "seconds a verified API key is trusted from memory (revocation reaches other gateways "
+	  "within this bound)" },
+	{ "admin_key_file", CFG_STRING, F(admin_key_file), NULL, 0, 0, NULL, false,
+	  "file the operator's first admin API key is written to when the database has none" },
+};
+const size_t config_table_len = sizeof(config_table) / sizeof(config_table[0]);
+
+static const struct cfg_def *config_find(const char *name)
+{
+	for (size_t i = 0; i < config_table_len; i++)
+		if (strcmp(config_table[i].name, name) == 0)
+			return &config_table[i];
+	return NULL;
+}
+
+static int parse_bool(const char *s, bool *out)
+{
+	if (!strcmp(s, "true") || !strcmp(s, "yes") || !strcmp(s, "on") || !strcmp(s, "1"))
+		*out = true;
+	else if (!strcmp(s, "false") || !strcmp(s, "no") || !strcmp(s, "off") || !strcmp(s, "0"))
+		*out = false;
+	else
+		return -EINVAL;
+	return 0;
+}
+
+static int parse_int(const char *s, long long *out)
+{
+	char *end;
+
+	if (!*s || isspace((unsigned char)*s))
+		return -EINVAL;
+	errno = 0;
+	*out = strtoll(s, &end, 10);
+	if (errno || *end)
+		return -EINVAL;
+	return 0;
+}
+
+enum kiln_err config_set(struct kiln_config *cfg, const char *name, const char *value,
+			 const char *origin, struct kiln_error *err)
+{
+	const struct cfg_def *d = config_find(name);
+	char *base = (char *)cfg;
+
+	if (!d)
+		return kiln_error_set(err, KILN_E_INVALID, "%s: unknown setting \"%s\"", origin, name);
+	switch (d->type) {
+	case CFG_BOOL: {
+		bool b;
+		if (parse_bool(value, &b))
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "%s: setting \"%s\" must be true or false, not \"%s\"",
+					      origin, name, value);
+		*(bool *)(base + d->offset) = b;
+		break;
+	}
+	case CFG_INT: {
+		long long v;
+		if (parse_int(value, &v))
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "%s: setting \"%s\" must be a whole number, not \"%s\"",
+					      origin, name, value);
+		if (v < d->min || v > d->max)
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "%s: setting \"%s\" is %lld, outside %lld..%lld", origin,
+					      name, v, d->min, d->max);
+		*(long long *)(base + d->offset) = v;
+		break;
+	}
+	case CFG_STRING: {
+		char **slot = (char **)(base + d->offset);
+		char *copy;
+		if (d->choices) {
+			bool ok = false;
+			for (const char *const *c = d->choices; *c; c++)
+				ok = ok || strcmp(*c, value) == 0;
+			if (!ok)
+				return kiln_error_set(err, KILN_E_INVALID,
+						      "%s: setting \"%s\" has no choice \"%s\"",
+						      origin, name, value);
+		}
+		if (strlen(value) > 4096)
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "%s: setting \"%s\" is longer than 4096 bytes", origin,
+					      name);
+		copy = strdup(value);
+		if (!copy)
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		free(*slot);
+		*slot = copy;
+		break;
+	}
+	}
+	return KILN_OK;
+}
+
+static char *trim(char *s)
+{
+	char *e;
+
+	while (isspace((unsigned char)*s))
+		s++;
+	e = s + strlen(s);
+	while (e > s && isspace((unsigned char)e[-1]))
+		*--e = '\0';
+	return s;
+}
+
+static enum kiln_err config_load_file(struct kiln_config *cfg, const char *path, bool must_exist,
+				      struct kiln_error *err)
+{
+	char line[8192], origin[4200];
+	enum kiln_err rc = KILN_OK;
+	unsigned lineno = 0;
+	FILE *f = fopen(path, "r");
+
+	if (!f) {
+		if (errno == ENOENT && !must_exist)
+			return KILN_OK;
+		return kiln_error_set(err, KILN_E_INVALID, "cannot read config file \"%s\": %s", path,
+				      strerror(errno));
+	}
+	while (rc == KILN_OK && fgets(line, sizeof(line), f)) {
+		char *s, *eq, *name, *value;
+
+		lineno++;
+		snprintf(origin, sizeof(origin), "%s:%u", path, lineno);
+		if (!strchr(line, '\n') && !feof(f)) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "%s: line too long", origin);
+			break;
+		}
+		s = trim(line);
+		if (!*s || *s == '#')
+			continue;
+		eq = strchr(s, '=');
+		if (!eq) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "%s: expected \"name = value\"",
+					    origin);
+			break;
+		}
+		*eq = '\0';
+		name = trim(s);
+		value = trim(eq + 1);
+		rc = config_set(cfg, name, value, origin, err);
+	}
+	fclose(f);
+	return rc;
+}
+
+enum kiln_err config_load(struct kiln_config *cfg, const char *path, bool must_exist,
+			  struct kiln_error *err)
+{
+	enum kiln_err rc = KILN_OK;
+
+	memset(cfg, 0, sizeof(*cfg));
+	for (size_t i = 0; rc == KILN_OK && i < config_table_len; i++)
+		if (config_table[i].def)
+			rc = config_set(cfg, config_table[i].name, config_table[i].def, "default",
+					err);
+	if (rc == KILN_OK && path)
+		rc = config_load_file(cfg, path, must_exist, err);
+	for (size_t i = 0; rc == KILN_OK && i < config_table_len; i++) {
+		char env[96], origin[120];
+		const char *v;
+		size_t j;
+
+		memcpy(env, "KILN_", 5);
+		for (j = 0; config_table[i].name[j] && j < sizeof(env) - 6; j++)
+			env[5 + j] = (char)toupper((unsigned char)config_table[i].name[j]);
+		env[5 + j] = '\0';
+		v = getenv(env);
+		if (!v)
+			continue;
+		snprintf(origin, sizeof(origin), "environment %s", env);
+		rc = config_set(cfg, config_table[i].name, v, origin, err);
+	}
+	if (rc != KILN_OK)
+		config_release(cfg);
+	return rc;
+}
+
+void config_release(struct kiln_config *cfg)
+{
+	if (!cfg)
+		return;
+	for (size_t i = 0; i < config_table_len; i++) {
+		if (config_table[i].type == CFG_STRING) {
+			char **slot = (char **)((char *)cfg + config_table[i].offset);
+			free(*slot);
+			*slot = NULL;
+		}
+	}
+}
+
+void config_help(FILE *out)
+{
+	static const char *const type_names[] = { "string", "integer", "boolean" };
+
+	fprintf(out, "Settings (file: name = value; environment: KILN_<NAME>, which wins):\n");
+	for (size_t i = 0; i < config_table_len; i++) {
+		const struct cfg_def *d = &config_table[i];
+		char env[96];
+		size_t j;
+
+		for (j = 0; d->name[j] && j < sizeof(env) - 1; j++)
+			env[j] = (char)toupper((unsigned char)d->name[j]);
+		env[j] = '\0';
+		fprintf(out, "  %-22s KILN_%-22s %s", d->name, env, type_names[d->type]);
+		if (d->type == CFG_INT)
+			fprintf(out, " %lld..%lld", d->min, d->max);
+		if (d->choices) {
+			fprintf(out, " (");
+			for (const char *const *c = d->choices; *c; c++)
+				fprintf(out, "%s%s", c == d->choices ? "" : "|", *c);
+			fprintf(out, ")");
+		}
+		fprintf(out, ", default %s%s\n      %s\n", d->def ? d->def : "(none)",
+			d->live ? ", live" : "", d->help);
+	}
+}

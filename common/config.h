@@ -1,0 +1,78 @@
+/*
+ * config.h - the declarative configuration table.
+ *
+ * Every setting of every Kiln process is one row of `config_table` (config.c): its name, type,
+ * bounds, default, the field of `struct kiln_config` it fills, whether it may change while running,
+ * and a line of help. Values come from the defaults, then the file (`name = value` lines, `#`
+ * comments), then environment variables named KILN_<NAME> (upper case), each overriding the last.
+ * Everything is validated at load; the first bad value stops the load with a message naming it.
+ */
+#ifndef KILN_CONFIG_H
+#define KILN_CONFIG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdio.h>
+
+#include "common/err.h"
+
+struct kiln_config {
+	/* every process */
+	char *log_level;	/* debug, info, warn, error */
+	bool log_json;
+	char *database_url;	/* libpq connection string */
+	char *redis_url;	/* host:port or unix:/path */
+	char *data_dir;		/* persistent state */
+	char *run_dir;		/* sockets and pid files; short path */
+	char *master_key_file;	/* file holding the hex master key */
+	char *master_key;	/* hex master key; overrides the file */
+	char *node_id;		/* this host's node id */
+
+	/* kiln-gateway */
+	char *listen;		/* host:port */
+	long long db_pool_size;	/* Postgres connections per process */
+	long long http_max_connections;
+	long long http_body_max;	/* bytes, JSON bodies */
+	long long http_timeout_s;	/* seconds of idle before a connection is closed */
+	long long rate_limit_rps;	/* requests per second per key */
+	long long rate_limit_burst;
+	long long create_limit_rpm;	/* sandbox creations per minute per key */
+	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
+	char *admin_key_file;		/* where the operator's first admin key is written */
+};
+
+enum cfg_type { CFG_STRING, CFG_INT, CFG_BOOL };
+
+struct cfg_def {
+	const char *name;	/* lowercase, [a-z0-9_]; the env name is KILN_ + upper(name) */
+	enum cfg_type type;
+	size_t offset;		/* of the field in struct kiln_config */
+	const char *def;	/* default as text; NULL means "no value" for strings */
+	long long min, max;	/* CFG_INT bounds, inclusive */
+	const char *const *choices;	/* CFG_STRING: NULL-terminated allowed values, or NULL */
+	bool live;		/* may change without a restart */
+	const char *help;
+};
+
+extern const struct cfg_def config_table[];
+extern const size_t config_table_len;
+
+/*
+ * Fills `cfg` from the defaults, then `path` (if not NULL; a missing file is an error only when
+ * `must_exist`), then the environment. On error returns KILN_E_INVALID with `err` naming the
+ * setting, and `cfg` holds nothing that needs freeing. On success release with config_release().
+ */
+enum kiln_err config_load(struct kiln_config *cfg, const char *path, bool must_exist,
+			  struct kiln_error *err);
+
+/* Sets one setting from text, validating it; `origin` names where it came from in messages. */
+enum kiln_err config_set(struct kiln_config *cfg, const char *name, const char *value,
+			 const char *origin, struct kiln_error *err);
+
+/* Frees the strings of `cfg`. Accepts NULL. */
+void config_release(struct kiln_config *cfg);
+
+/* Prints every setting: name, env variable, type, bounds, default, live, help. */
+void config_help(FILE *out);
+
+#endif

@@ -1,0 +1,245 @@
+/*
+ * pg.c - a pool of libpq connections with reset on failure (see pg.h).
+ */
+#include "pg.h"
+
+#include <libpq-fe.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+
+struct pg_conn {
+	PGconn *conn;
+	bool busy;
+	char sqlstate[6];
+};
+
+struct pg {
+	char *conninfo;
+	int size;
+	struct pg_conn *conns;
+	pthread_mutex_t lock;
+	pthread_cond_t freed;
+};
+
+struct pg_res {
+	PGresult *res;
+};
+
+struct pg *pg_new(const char *conninfo, int size)
+{
+	struct pg *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->conninfo = strdup(conninfo);
+	p->conns = calloc((size_t)size, sizeof(*p->conns));
+	if (!p->conninfo || !p->conns) {
+		free(p->conninfo);
+		free(p->conns);
+		free(p);
+		return NULL;
+	}
+	p->size = size;
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->freed, NULL);
+	return p;
+}
+
+void pg_free(struct pg *p)
+{
+	if (!p)
+		return;
+	for (int i = 0; i < p->size; i++)
+		if (p->conns[i].conn)
+			PQfinish(p->conns[i].conn);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->freed);
+	free(p->conns);
+	free(p->conninfo);
+	free(p);
+}
+
+/* Opens (or reopens) `c`'s connection. Returns 0 when it is usable. */
+static int pg_conn_open(struct pg *p, struct pg_conn *c)
+{
+	char info[4352];
+
+	if (c->conn && PQstatus(c->conn) == CONNECTION_OK)
+		return 0;
+	if (c->conn) {
+		PQfinish(c->conn);
+		c->conn = NULL;
+	}
+	/* Bound the connect so a down database fails fast instead of hanging a request. */
+	snprintf(info, sizeof(info), "%s connect_timeout=3", p->conninfo);
+	c->conn = PQconnectdb(info);
+	if (PQstatus(c->conn) != CONNECTION_OK) {
+		log_warn("postgres connect failed: %s", PQerrorMessage(c->conn));
+		PQfinish(c->conn);
+		c->conn = NULL;
+		return -1;
+	}
+	return 0;
+}
+
+enum kiln_err pg_acquire(struct pg *p, struct pg_conn **out, struct kiln_error *err)
+{
+	struct pg_conn *c = NULL;
+
+	*out = NULL;
+	pthread_mutex_lock(&p->lock);
+	for (;;) {
+		for (int i = 0; i < p->size && !c; i++)
+			if (!p->conns[i].busy)
+				c = &p->conns[i];
+		if (c)
+			break;
+		pthread_cond_wait(&p->freed, &p->lock);
+	}
+	c->busy = true;
+	pthread_mutex_unlock(&p->lock);
+
+	if (pg_conn_open(p, c)) {
+		pg_release(p, c);
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
+	}
+	c->sqlstate[0] = '\0';
+	*out = c;
+	return KILN_OK;
+}
+
+void pg_release(struct pg *p, struct pg_conn *c)
+{
+	if (!c)
+		return;
+	/* A connection returned mid-transaction (an error path) must not leak its transaction. */
+	if (c->conn && PQstatus(c->conn) == CONNECTION_OK &&
+	    PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+		PGresult *r = PQexec(c->conn, "ROLLBACK");
+		PQclear(r);
+	}
+	pthread_mutex_lock(&p->lock);
+	c->busy = false;
+	pthread_cond_signal(&p->freed);
+	pthread_mutex_unlock(&p->lock);
+}
+
+static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_error *err)
+{
+	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+	const char *state;
+
+	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
+		return KILN_OK;
+	state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+	snprintf(c->sqlstate, sizeof(c->sqlstate), "%s", state ? state : "");
+	if (PQstatus(c->conn) != CONNECTION_OK || !state || strncmp(state, "08", 2) == 0 ||
+	    strcmp(state, "57P01") == 0)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
+	if (strcmp(state, "23505") == 0)
+		return kiln_error_set(err, KILN_E_CONFLICT, "unique violation");
+	log_error("postgres error %s: %s", state, PQresultErrorMessage(res));
+	return kiln_error_set(err, KILN_E_INTERNAL, "database error %s", state);
+}
+
+enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error *err,
+		       const char *sql, int nparams, const char *const *params)
+{
+	PGresult *res;
+	enum kiln_err rc;
+
+	if (out)
+		*out = NULL;
+	res = PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	rc = pg_check(c, res, err);
+	if (rc != KILN_OK || !out) {
+		PQclear(res);
+		return rc;
+	}
+	*out = malloc(sizeof(**out));
+	if (!*out) {
+		PQclear(res);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	(*out)->res = res;
+	return KILN_OK;
+}
+
+enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err)
+{
+	PGresult *res = PQexec(c->conn, sql);
+	enum kiln_err rc = pg_check(c, res, err);
+
+	PQclear(res);
+	return rc;
+}
+
+const char *pg_conn_sqlstate(const struct pg_conn *c)
+{
+	return c->sqlstate;
+}
+
+int pg_res_rows(const struct pg_res *r)
+{
+	return r ? PQntuples(r->res) : 0;
+}
+
+const char *pg_res_get(const struct pg_res *r, int row, int col)
+{
+	if (!r || row < 0 || row >= PQntuples(r->res) || col < 0 || col >= PQnfields(r->res) ||
+	    PQgetisnull(r->res, row, col))
+		return NULL;
+	return PQgetvalue(r->res, row, col);
+}
+
+const char *pg_res_str(const struct pg_res *r, int row, int col)
+{
+	const char *v = pg_res_get(r, row, col);
+
+	return v ? v : "";
+}
+
+long long pg_res_int(const struct pg_res *r, int row, int col, long long def)
+{
+	const char *v = pg_res_get(r, row, col);
+
+	return v ? strtoll(v, NULL, 10) : def;
+}
+
+bool pg_res_bool(const struct pg_res *r, int row, int col)
+{
+	const char *v = pg_res_get(r, row, col);
+
+	return v && v[0] == 't';
+}
+
+long long pg_res_affected(const struct pg_res *r)
+{
+	const char *n = r ? PQcmdTuples(r->res) : "";
+
+	return *n ? strtoll(n, NULL, 10) : 0;
+}
+
+void pg_res_free(struct pg_res *r)
+{
+	if (!r)
+		return;
+	PQclear(r->res);
+	free(r);
+}
+
+enum kiln_err pg_ping(struct pg *p, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(p, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_exec(c, "SELECT 1", err);
+	pg_release(p, c);
+	return rc;
+}

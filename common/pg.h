@@ -1,0 +1,65 @@
+/*
+ * pg.h - a small pool of Postgres connections over libpq.
+ *
+ * A connection is taken with pg_acquire() and handed back with pg_release(). A connection that
+ * broke is reset on the next acquire, so a restarted Postgres is picked up without restarting the
+ * process. Results are `struct pg_res`, a thin owner of libpq's result: PGresult never leaves this
+ * module. Every call that reaches Postgres returns an enum kiln_err: KILN_E_UNAVAILABLE when it
+ * cannot be reached, KILN_E_CONFLICT on a unique violation, KILN_E_INTERNAL on any other SQL error.
+ */
+#ifndef KILN_PG_H
+#define KILN_PG_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/err.h"
+
+struct pg;
+struct pg_conn;
+struct pg_res;
+
+/* A pool of at most `size` connections to `conninfo`. Connects lazily; NULL when out of memory. */
+struct pg *pg_new(const char *conninfo, int size);
+void pg_free(struct pg *pool);
+
+/* Takes a live connection, waiting while all are in use. KILN_E_UNAVAILABLE if none can connect. */
+enum kiln_err pg_acquire(struct pg *pool, struct pg_conn **out, struct kiln_error *err);
+void pg_release(struct pg *pool, struct pg_conn *c);
+
+/*
+ * Runs `sql` with `nparams` text parameters ($1..; a NULL entry is SQL NULL). When `out` is not
+ * NULL it receives the result, which the caller frees with pg_res_free(). SQLSTATE of a failure is
+ * copied into `sqlstate` (6 bytes) when not NULL.
+ */
+enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error *err,
+		       const char *sql, int nparams, const char *const *params);
+
+/* pg_query with the parameters written inline: PGQ(c, &res, err, "select $1", a). */
+#define PGQ(c, out, err, sql, ...)                                                               \
+	pg_query((c), (out), (err), (sql),                                                       \
+		 (int)(sizeof((const char *[]){ NULL, __VA_ARGS__ }) / sizeof(const char *)) - 1, \
+		 ((const char *[]){ NULL, __VA_ARGS__ }) + 1)
+#define PGQ0(c, out, err, sql) pg_query((c), (out), (err), (sql), 0, NULL)
+
+/* Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. */
+enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err);
+
+/* The SQLSTATE of the last failed query on `c` ("" when none). */
+const char *pg_conn_sqlstate(const struct pg_conn *c);
+
+int pg_res_rows(const struct pg_res *r);
+/* The text of row `row`, column `col`, owned by `r`; NULL for SQL NULL or out of range. */
+const char *pg_res_get(const struct pg_res *r, int row, int col);
+/* Like pg_res_get, with "" for NULL. */
+const char *pg_res_str(const struct pg_res *r, int row, int col);
+long long pg_res_int(const struct pg_res *r, int row, int col, long long def);
+bool pg_res_bool(const struct pg_res *r, int row, int col);
+/* Rows changed by an INSERT/UPDATE/DELETE. */
+long long pg_res_affected(const struct pg_res *r);
+void pg_res_free(struct pg_res *r);
+
+/* Checks that Postgres answers (select 1) within the pool's connect timeout. */
+enum kiln_err pg_ping(struct pg *pool, struct kiln_error *err);
+
+#endif

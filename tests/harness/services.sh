@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# services.sh start|stop ENVFILE - the integration tests' throwaway Postgres and Redis.
+#
+# start: makes a temporary directory, starts a Postgres cluster and a Redis server in it (Unix
+# sockets only, so no port can collide), applies nothing (each test migrates), and writes
+# KILN_TEST_DIR, KILN_DATABASE_URL, KILN_REDIS_URL and the pieces tests need to ENVFILE.
+# stop: stops both by their pid files and removes the directory. ctest runs stop as the fixture's
+# cleanup, so it runs even when tests fail.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../../scripts/lib.sh"
+
+cmd=${1:?start or stop}
+envfile=${2:?envfile}
+
+case "$cmd" in
+start)
+  if [ -f "$envfile" ]; then "$0" stop "$envfile"; fi
+  dir=$(mktemp -d /tmp/kt-XXXXXX)
+  chmod 0755 "$dir"
+  kiln_pg_start "$dir/pg" "$dir/s" "$dir/pg.log"
+  kiln_redis_start "$dir/redis" "$dir/s/redis.sock" "$dir/redis.pid" "$dir/redis.log"
+  cat >"$envfile" <<EOT
+KILN_TEST_DIR=$dir
+KILN_TEST_PGDATA=$dir/pg
+KILN_TEST_SOCKDIR=$dir/s
+KILN_TEST_REDIS_PIDFILE=$dir/redis.pid
+KILN_DATABASE_URL=host=$dir/s user=kiln dbname=kiln
+KILN_REDIS_URL=unix:$dir/s/redis.sock
+EOT
+  echo "services: postgres and redis under $dir"
+  ;;
+stop)
+  [ -f "$envfile" ] || exit 0
+  dir=$(sed -n 's/^KILN_TEST_DIR=//p' "$envfile")
+  if [ -n "$dir" ] && [ -d "$dir" ]; then
+    kiln_pg_stop "$dir/pg"
+    kiln_stop_pid "$dir/redis.pid" 10
+    case "$dir" in /tmp/kt-*) rm -rf "$dir" ;; esac
+  fi
+  rm -f "$envfile"
+  echo "services: stopped"
+  ;;
+*)
+  echo "usage: $0 start|stop ENVFILE" >&2
+  exit 2
+  ;;
+esac
