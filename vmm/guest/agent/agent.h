@@ -1,0 +1,77 @@
+/*
+ * agent.h - kiln-agent's internals, shared by its files.
+ *
+ * kiln-agent runs in the guest as a child of init. main.c owns the session with the host (the
+ * virtio-serial port, frame decoding, the bounded output queue, the poll loop) and the small
+ * requests (HELLO, SET_IDENTITY); exec.c runs commands; files.c streams files in and out. It is
+ * single-threaded: every descriptor is non-blocking except regular files, and no step waits on the
+ * host, so a slow host only stalls the bulk producers (child pipes, file reads), never the loop.
+ */
+#ifndef KILN_AGENT_INTERNAL_H
+#define KILN_AGENT_INTERNAL_H
+
+#include <poll.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "agent_proto.h"
+
+#define AGENT_VERSION_STRING "kiln-agent/1"
+#define AGENT_MAX_EXECS 64	/* concurrent execs */
+#define AGENT_MAX_FILES 32	/* concurrent file transfers */
+#define AGENT_OUT_HIGH (2u << 20)	/* bytes queued for the host above which producers pause */
+#define AGENT_OUT_MAX (AGENT_OUT_HIGH + 2 * (AGENT_HDR_SIZE + AGENT_MAX_PAYLOAD))	/* bytes */
+#define AGENT_DRAIN_GRACE_MS 250	/* after exit, how long to wait for pipes held by others */
+#define AGENT_MAX_ENV_DEFAULTS 256
+
+struct session;
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+uint64_t now_ms(void);
+
+/*
+ * Queues one frame for the host. Returns 0, or -ENOBUFS when the output queue is full (which the
+ * producers' high-water checks make impossible for well-behaved callers).
+ */
+int session_send(struct session *s, uint8_t type, uint16_t flags, uint32_t id, const void *p,
+		 size_t len);
+/* Queues an ERROR frame with a printf-style message. */
+void session_error(struct session *s, uint32_t id, enum agent_status st, int sys_errno,
+		   const char *fmt, ...) __attribute__((format(printf, 5, 6)));
+/* True when bulk producers may queue another chunk. */
+bool session_has_room(const struct session *s);
+/* The env entries SET_IDENTITY made the default for later execs (NULL-terminated). */
+char *const *session_env_defaults(const struct session *s);
+
+/* exec.c */
+void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p, size_t len);
+void exec_cancel(uint32_t id);
+bool exec_active(uint32_t id);
+/* Adds the descriptors of running execs to `pfd` (at most `max`), returns how many. */
+int exec_poll_fill(struct session *s, struct pollfd *pfd, int max);
+/* Handles the poll results for the entries exec_poll_fill added. */
+void exec_poll_done(struct session *s, struct pollfd *pfd, int n);
+/* Reaps children (after SIGCHLD), enforces timeouts, sends EXIT frames. */
+void exec_tick(struct session *s);
+/* Milliseconds until the next exec deadline, or -1. */
+int exec_next_timeout(void);
+/* Kills every exec and forgets it (the host went away). */
+void exec_reset(void);
+
+/* files.c */
+void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void file_write_data(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void file_write_end(struct session *s, uint32_t id);
+void file_read_open(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void file_cancel(uint32_t id);
+bool file_active(uint32_t id);
+/* Queues the next chunk of each file being read while the output queue has room. */
+void file_pump(struct session *s);
+/* True when some file read waits for room in the output queue. */
+bool file_pending(void);
+/* Drops every transfer (the host went away). */
+void file_reset(void);
+
+#endif

@@ -1,0 +1,224 @@
+#!/usr/bin/env bash
+# build-image.sh - builds Kiln's guest image: kernel, initramfs and root filesystem.
+#
+# The image is cached outside the checkout in $KILN_IMAGE_CACHE (default /var/cache/kiln/images)
+# under <hash>/, where <hash> is the SHA-256 of the recipe: this script, the package list, the
+# initramfs /init, the root filesystem overlay and kiln-agent's sources. A build writes into a
+# temporary directory and renames it into place, then writes the marker `.complete` last, so a
+# directory with the marker is always whole; a second run prints the paths and exits at once.
+#
+#   build-image.sh              builds if needed, prints the paths of the image's files
+#   build-image.sh --print-env  the same as KILN_GUEST_*=... lines (for `eval` or an env file)
+#   build-image.sh --hash       prints only the recipe hash (no build)
+#
+# The kernel is the versioned package that linux-image-cloud-amd64 depends on, fetched with
+# `apt-get download` and unpacked with `dpkg -x` (never installed on the host). The root
+# filesystem is `mmdebstrap --variant=essential` of bookworm plus packages.txt, turned into ext4
+# with `mkfs.ext4 -d` (nothing is mounted). docs/guest-image.md describes the result.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+cache=${KILN_IMAGE_CACHE:-/var/cache/kiln/images}
+suite=bookworm
+mirrors=(
+	"deb http://deb.debian.org/debian bookworm main"
+	"deb http://deb.debian.org/debian bookworm-updates main"
+	"deb http://deb.debian.org/debian-security bookworm-security main"
+)
+# Kernel command line for a reliable boot under TCG (RECIPES.md: the TSC calibration hang).
+cmdline="console=ttyS0 quiet lpj=4000000 tsc_early_khz=2000000 tsc=reliable panic=-1 root=/dev/vda rootfstype=ext4 rw"
+# The virtio modules the initramfs loads, in dependency order, then the optional vsock ones.
+modules=(virtio_ring virtio virtio_mmio virtio_console failover net_failover virtio_net virtio_blk
+	 vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport)
+# Free space left in rootfs.ext4 beyond its content (MiB); the VMM grows each sandbox's layer.
+rootfs_slack_mib=128
+
+mode=paths
+case "${1:-}" in
+"") ;;
+--print-env) mode=env ;;
+--hash) mode=hash ;;
+-h | --help)
+	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
+	exit 0
+	;;
+*)
+	echo "build-image.sh: unknown option '$1'" >&2
+	exit 2
+	;;
+esac
+
+die() {
+	echo "build-image.sh: $*" >&2
+	exit 1
+}
+
+# The recipe: every file whose change must give a new image, hashed by path and content.
+recipe_hash() {
+	(
+		cd "$here"
+		find build-image.sh packages.txt initramfs-init agent_proto.h agent_proto.c \
+			agent rootfs -type f ! -name '*~' -print0 | LC_ALL=C sort -z |
+			while IFS= read -r -d '' f; do
+				printf '%s\0' "$f"
+				sha256sum <"$f"
+			done
+	) | sha256sum | cut -c1-64
+}
+
+hash=$(recipe_hash)
+out=$cache/$hash
+
+print_result() {
+	local kver
+	kver=$(cat "$out/kernel-release")
+	if [ "$mode" = env ]; then
+		echo "KILN_GUEST_KERNEL=$out/vmlinuz"
+		echo "KILN_GUEST_INITRD=$out/initrd.img"
+		echo "KILN_GUEST_ROOTFS=$out/rootfs.ext4"
+		echo "KILN_GUEST_IMAGE_HASH=$hash"
+		echo "KILN_GUEST_KERNEL_RELEASE=$kver"
+		echo "KILN_GUEST_CMDLINE=\"$cmdline\""
+		echo "KILN_GUEST_AGENT_PORT=kiln.agent"
+	else
+		echo "$out/vmlinuz"
+		echo "$out/initrd.img"
+		echo "$out/rootfs.ext4"
+		echo "$out/manifest.json"
+	fi
+}
+
+if [ "$mode" = hash ]; then
+	echo "$hash"
+	exit 0
+fi
+if [ -f "$out/.complete" ]; then
+	print_result
+	exit 0
+fi
+
+[ "$(id -u)" -eq 0 ] || die "needs root (mmdebstrap, dpkg -x ownership, mkfs.ext4 -d)"
+for tool in apt-get apt-cache dpkg mmdebstrap mkfs.ext4 cpio gzip gcc sha256sum flock; do
+	command -v "$tool" >/dev/null || die "missing tool '$tool' (run scripts/deps)"
+done
+
+mkdir -p "$cache"
+# One builder per hash at a time; others wait, then find the result complete.
+exec 9>"$cache/.lock-$hash"
+flock 9
+if [ -f "$out/.complete" ]; then
+	print_result
+	exit 0
+fi
+
+start=$(date +%s)
+work=$(mktemp -d "$cache/.build-$hash.XXXXXX")
+cleanup() { rm -rf "$work"; }
+trap cleanup EXIT
+log() { echo "build-image.sh: $*" >&2; }
+chmod 755 "$work"
+
+# 1. Kernel: the versioned package behind the linux-image-cloud-amd64 metapackage.
+kpkg=$(apt-cache depends linux-image-cloud-amd64 | sed -n 's/^ *Depends: \(linux-image-[0-9].*-cloud-amd64\)$/\1/p' | head -1)
+[ -n "$kpkg" ] || die "cannot resolve linux-image-cloud-amd64 (apt-get update?)"
+log "kernel package '$kpkg'"
+mkdir -p "$work/deb" "$work/kernel"
+(cd "$work/deb" && apt-get download -q "$kpkg" busybox-static 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true)
+ls "$work/deb/$kpkg"_*.deb >/dev/null 2>&1 || die "apt-get download '$kpkg' failed"
+ls "$work/deb"/busybox-static_*.deb >/dev/null 2>&1 || die "apt-get download 'busybox-static' failed"
+dpkg -x "$work/deb/$kpkg"_*.deb "$work/kernel"
+kver=$(basename "$(ls -d "$work"/kernel/lib/modules/*)")
+cp "$work/kernel/boot/vmlinuz-$kver" "$work/vmlinuz"
+kpkg_version=$(dpkg-deb -f "$work/deb/$kpkg"_*.deb Version)
+
+# 2. Initramfs: static busybox, the virtio modules, /init.
+ird=$work/initramfs
+mkdir -p "$ird"/{bin,dev,proc,sys,newroot,lib/modules/$kver}
+dpkg -x "$work/deb"/busybox-static_*.deb "$work/busybox"
+cp "$work/busybox/bin/busybox" "$ird/bin/busybox"
+for m in "${modules[@]}"; do
+	f=$(find "$work/kernel/lib/modules/$kver/kernel" -name "$m.ko" | head -1)
+	[ -n "$f" ] || die "module '$m' not in '$kpkg'"
+	cp "$f" "$ird/lib/modules/$kver/"
+done
+install -m 755 "$here/initramfs-init" "$ird/init"
+(cd "$ird" && find . -print0 | LC_ALL=C sort -z |
+	cpio --null -o -H newc --owner=0:0 --quiet | gzip -9n) >"$work/initrd.img"
+
+# 3. kiln-agent: static, optimised, never with the host build's sanitizers.
+log "compiling kiln-agent"
+gcc -static -O2 -g0 -s -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unused-parameter \
+	-I"$here" -o "$work/kiln-agent" "$here"/agent/*.c "$here/agent_proto.c"
+
+# 4. Root filesystem. The Debian base is cached by its own recipe, so agent changes rebuild fast.
+pkgs=$(grep -v '^[[:space:]]*\(#\|$\)' "$here/packages.txt" | paste -sd, -)
+dpkgopts=(
+	--dpkgopt='path-exclude=/usr/share/doc/*'
+	--dpkgopt='path-include=/usr/share/doc/*/copyright'
+	--dpkgopt='path-exclude=/usr/share/man/*'
+	--dpkgopt='path-exclude=/usr/share/info/*'
+	--dpkgopt='path-exclude=/usr/share/locale/*'
+	--dpkgopt='path-include=/usr/share/locale/locale.alias'
+	--dpkgopt='path-exclude=/usr/share/lintian/*'
+)
+base_key=$(printf '%s\n' "$suite" "$pkgs" "${mirrors[@]}" "${dpkgopts[@]}" | sha256sum | cut -c1-32)
+base=$cache/base-$base_key.tar
+if [ ! -f "$base" ]; then
+	log "mmdebstrap '$suite' with '$pkgs'"
+	mmdebstrap --quiet --variant=essential --include="$pkgs" "${dpkgopts[@]}" \
+		--aptopt='Acquire::Languages "none"' \
+		"$suite" "$work/base.tar" "${mirrors[@]}"
+	mv "$work/base.tar" "$base.tmp.$$"
+	mv "$base.tmp.$$" "$base"
+fi
+root=$work/root
+mkdir "$root"
+tar -C "$root" --numeric-owner -xpf "$base"
+cp -a "$here/rootfs/." "$root/"
+chown -R 0:0 "$root/etc/kiln" "$root/etc/inittab" "$root/etc/hostname" "$root/etc/hosts" \
+	"$root/etc/resolv.conf"
+install -D -m 755 "$work/kiln-agent" "$root/usr/local/bin/kiln-agent"
+# Lean: no apt state, caches, logs; /sbin/init for anything that looks for it.
+rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/var/log/*.log \
+	"$root"/usr/share/doc-base "$root"/usr/share/bug
+find "$root" -name '__pycache__' -prune -exec rm -rf {} +
+ln -sf /bin/busybox "$root/sbin/init"
+echo "kiln-$hash" >"$root/etc/kiln/image"
+content_kib=$(du -sk "$root" | cut -f1)
+size_mib=$(((content_kib * 115 / 100) / 1024 + rootfs_slack_mib))
+log "mkfs.ext4 ${size_mib} MiB from ${content_kib} KiB"
+mkfs.ext4 -q -F -L kiln-root -m 0 -J size=16 -E root_owner=0:0 -d "$root" \
+	"$work/rootfs.ext4" "${size_mib}M"
+rm -rf "$root" "$work/kernel" "$work/busybox" "$ird" "$work/deb"
+
+# 5. Manifest, then the result moves into place and the marker is written last.
+echo "$kver" >"$work/kernel-release"
+end=$(date +%s)
+cat >"$work/manifest.json" <<EOF
+{
+  "format": 1,
+  "hash": "$hash",
+  "suite": "$suite",
+  "kernel_package": "$kpkg",
+  "kernel_package_version": "$kpkg_version",
+  "kernel_release": "$kver",
+  "cmdline": "$cmdline",
+  "agent_port": "kiln.agent",
+  "packages": "$pkgs",
+  "files": {
+    "vmlinuz": {"bytes": $(stat -c %s "$work/vmlinuz"), "sha256": "$(sha256sum <"$work/vmlinuz" | cut -c1-64)"},
+    "initrd.img": {"bytes": $(stat -c %s "$work/initrd.img"), "sha256": "$(sha256sum <"$work/initrd.img" | cut -c1-64)"},
+    "rootfs.ext4": {"bytes": $(stat -c %s "$work/rootfs.ext4"), "used_kib": $content_kib, "sha256": "$(sha256sum <"$work/rootfs.ext4" | cut -c1-64)"}
+  },
+  "build_seconds": $((end - start)),
+  "built_at": "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+EOF
+rm -f "$work/kiln-agent"
+rm -rf "$out"
+mv "$work" "$out"
+trap - EXIT
+chmod 755 "$out"
+: >"$out/.complete"
+log "image '$hash' built in $((end - start)) s"
+print_result
