@@ -1,0 +1,163 @@
+/*
+ * encode.c - base32, base64url and hex for auth/ (see encode.h).
+ */
+#include "auth/encode.h"
+
+#include <stdint.h>
+
+static const char b32_alpha[] = "abcdefghijklmnopqrstuvwxyz234567";
+static const char b64_alpha[] =
+	"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+static const char hex_alpha[] = "0123456789abcdef";
+
+static int too_small(char *out, size_t outlen)
+{
+	if (outlen > 0)
+		out[0] = '\0';
+	return -1;
+}
+
+int auth_b32_encode(const void *in, size_t n, char *out, size_t outlen)
+{
+	const unsigned char *p = in;
+	size_t need = AUTH_B32_LEN(n), o = 0;
+	uint32_t acc = 0;
+	int bits = 0;
+
+	if (need + 1 > outlen)
+		return too_small(out, outlen);
+	for (size_t i = 0; i < n; i++) {
+		acc = (acc << 8) | p[i];
+		bits += 8;
+		while (bits >= 5) {
+			out[o++] = b32_alpha[(acc >> (bits - 5)) & 31];
+			bits -= 5;
+		}
+	}
+	if (bits > 0)
+		out[o++] = b32_alpha[(acc << (5 - bits)) & 31];
+	out[o] = '\0';
+	return (int)o;
+}
+
+int auth_b64url_encode(const void *in, size_t n, char *out, size_t outlen)
+{
+	const unsigned char *p = in;
+	size_t need = AUTH_B64URL_LEN(n), o = 0;
+	uint32_t acc = 0;
+	int bits = 0;
+
+	if (need + 1 > outlen)
+		return too_small(out, outlen);
+	for (size_t i = 0; i < n; i++) {
+		acc = (acc << 8) | p[i];
+		bits += 8;
+		while (bits >= 6) {
+			out[o++] = b64_alpha[(acc >> (bits - 6)) & 63];
+			bits -= 6;
+		}
+	}
+	if (bits > 0)
+		out[o++] = b64_alpha[(acc << (6 - bits)) & 63];
+	out[o] = '\0';
+	return (int)o;
+}
+
+int auth_hex_encode(const void *in, size_t n, char *out, size_t outlen)
+{
+	const unsigned char *p = in;
+
+	if (AUTH_HEX_LEN(n) + 1 > outlen)
+		return too_small(out, outlen);
+	for (size_t i = 0; i < n; i++) {
+		out[2 * i] = hex_alpha[p[i] >> 4];
+		out[2 * i + 1] = hex_alpha[p[i] & 15];
+	}
+	out[2 * n] = '\0';
+	return (int)(2 * n);
+}
+
+static int b64_val(char c)
+{
+	if (c >= 'A' && c <= 'Z')
+		return c - 'A';
+	if (c >= 'a' && c <= 'z')
+		return c - 'a' + 26;
+	if (c >= '0' && c <= '9')
+		return c - '0' + 52;
+	if (c == '-')
+		return 62;
+	if (c == '_')
+		return 63;
+	return -1;
+}
+
+int auth_b64url_decode(const char *in, size_t n, void *out, size_t outlen)
+{
+	unsigned char *p = out;
+	size_t o = 0;
+	uint32_t acc = 0;
+	int bits = 0;
+
+	if (n % 4 == 1)
+		return -1;
+	if (n / 4 * 3 + (n % 4 ? n % 4 - 1 : 0) > outlen)
+		return -1;
+	for (size_t i = 0; i < n; i++) {
+		int v = b64_val(in[i]);
+
+		if (v < 0)
+			return -1;
+		acc = ((acc << 6) | (uint32_t)v) & 0xffffff;
+		bits += 6;
+		if (bits >= 8) {
+			p[o++] = (unsigned char)(acc >> (bits - 8));
+			bits -= 8;
+		}
+	}
+	/* Leftover bits must be zero: otherwise two texts would decode to the same bytes. */
+	if (bits > 0 && (acc & ((1u << bits) - 1)) != 0)
+		return -1;
+	return (int)o;
+}
+
+static int hex_val(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	return -1;
+}
+
+int auth_hex_decode(const char *in, size_t n, void *out, size_t outlen)
+{
+	unsigned char *p = out;
+
+	if (n % 2 != 0 || n / 2 > outlen)
+		return -1;
+	for (size_t i = 0; i < n; i += 2) {
+		int hi = hex_val(in[i]), lo = hex_val(in[i + 1]);
+
+		if (hi < 0 || lo < 0)
+			return -1;
+		p[i / 2] = (unsigned char)(hi << 4 | lo);
+	}
+	return (int)(n / 2);
+}
+
+bool auth_is_b32(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '2' && s[i] <= '7')))
+			return false;
+	return true;
+}
+
+bool auth_is_b64url(const char *s, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (b64_val(s[i]) < 0)
+			return false;
+	return true;
+}

@@ -1,0 +1,381 @@
+/*
+ * jwt.c - signing and verifying ES256 JWTs with libjwt (see jwt.h and docs/auth.md).
+ *
+ * libjwt 1.10.2 verifies with whatever algorithm a token's header names, and an HS256 token keyed
+ * with the ES256 public key in PEM would pass. So the header is parsed here first, the key is
+ * chosen here by kid, and libjwt is only asked to check the signature of a token already known
+ * to claim ES256; its verdict on the algorithm is checked again afterwards. The claims are read
+ * here too, from the verified payload, with strict types.
+ */
+#include "auth/jwt.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+#include <jwt.h>
+
+#include "auth/apikey.h"
+#include "auth/encode.h"
+#include "auth/keyring_priv.h"
+#include "auth/scopes.h"
+
+#define HEADER_B64_MAX 512	/* characters of the encoded header */
+#define PAYLOAD_B64_MAX 3072	/* characters of the encoded payload */
+#define SIG_B64_LEN 86		/* characters of a raw 64-byte r||s signature */
+#define INT_CLAIM_MAX 4102444800LL /* seconds: 2100-01-01, the latest time a claim may name */
+
+static const char *const reason_names[] = {
+	[AUTH_JWT_OK] = "ok",
+	[AUTH_JWT_TOO_LARGE] = "too_large",
+	[AUTH_JWT_MALFORMED] = "malformed",
+	[AUTH_JWT_BAD_ALG] = "bad_alg",
+	[AUTH_JWT_UNKNOWN_KID] = "unknown_kid",
+	[AUTH_JWT_BAD_SIGNATURE] = "bad_signature",
+	[AUTH_JWT_BAD_CLAIMS] = "bad_claims",
+	[AUTH_JWT_WRONG_AUD] = "wrong_aud",
+	[AUTH_JWT_WRONG_ISS] = "wrong_iss",
+	[AUTH_JWT_EXPIRED] = "expired",
+	[AUTH_JWT_NOT_YET_VALID] = "not_yet_valid",
+	[AUTH_JWT_TTL_TOO_LONG] = "ttl_too_long",
+};
+
+const char *auth_jwt_reason_name(enum auth_jwt_reason r)
+{
+	if ((unsigned)r >= sizeof(reason_names) / sizeof(reason_names[0]) || !reason_names[r])
+		return "unknown";
+	return reason_names[r];
+}
+
+/* 1 .. AUTH_CLAIM_MAX-1 bytes of printable ASCII without spaces. */
+static bool claim_str_ok(const char *s, size_t n)
+{
+	if (!s || n == 0 || n >= AUTH_CLAIM_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (s[i] <= 0x20 || s[i] >= 0x7f)
+			return false;
+	return true;
+}
+
+static bool param_ok(const char *s)
+{
+	return s && claim_str_ok(s, strnlen(s, AUTH_CLAIM_MAX));
+}
+
+static void copy_claim(char dst[AUTH_CLAIM_MAX], const char *src)
+{
+	snprintf(dst, AUTH_CLAIM_MAX, "%s", src ? src : "");
+}
+
+enum kiln_err auth_jwt_sign(const struct auth_keyring *kr, const struct auth_token_params *p,
+			    char **token, struct auth_claims *claims, struct kiln_error *err)
+{
+	char scope[AUTH_SCOPES_STR_MAX], jti[AUTH_ID_MAX];
+	const char *kid = auth_keyring_active_kid(kr);
+	const struct auth_key *k = keyring_find(kr, kid);
+	enum kiln_err rc = KILN_OK;
+	jwt_t *jwt = NULL;
+	char *out = NULL;
+	int64_t exp;
+
+	*token = NULL;
+	if (!k || !k->private_pem)
+		return kiln_error_set(err, KILN_E_INTERNAL, "no active signing key");
+	if (!param_ok(p->iss) || !param_ok(p->aud) || !param_ok(p->sub) || !param_ok(p->tid) ||
+	    (p->sbx && !param_ok(p->sbx)))
+		return kiln_error_set(err, KILN_E_INVALID, "token claims must be 1 to %d printable "
+				      "characters", AUTH_CLAIM_MAX - 1);
+	if (strcmp(p->aud, AUTH_AUD_NODE) == 0 && !p->sbx)
+		return kiln_error_set(err, KILN_E_INVALID, "node tokens must name a sandbox");
+	if (p->ttl_s < 1 || p->ttl_s > AUTH_JWT_TTL_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "token ttl must be 1 to %d seconds",
+				      AUTH_JWT_TTL_MAX);
+	if (p->now <= 0 || p->now > INT_CLAIM_MAX - AUTH_JWT_TTL_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "token issue time out of range");
+	if (auth_scopes_format(p->scopes, scope, sizeof(scope)) < 0)
+		return kiln_error_set(err, KILN_E_INVALID, "unknown scope bits 0x%x", p->scopes);
+	if (auth_new_id("jti_", jti, sizeof(jti)) != KILN_OK)
+		return kiln_error_set(err, KILN_E_INTERNAL, "random generator failed");
+	exp = p->now + p->ttl_s;
+
+	if (jwt_new(&jwt) != 0)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory making a token");
+	if (jwt_add_header(jwt, "kid", kid) || jwt_add_grant(jwt, "iss", p->iss) ||
+	    jwt_add_grant(jwt, "aud", p->aud) || jwt_add_grant(jwt, "sub", p->sub) ||
+	    jwt_add_grant(jwt, "tid", p->tid) || jwt_add_grant(jwt, "scope", scope) ||
+	    jwt_add_grant_int(jwt, "iat", (long)p->now) || jwt_add_grant_int(jwt, "exp", (long)exp) ||
+	    jwt_add_grant(jwt, "jti", jti) || (p->sbx && jwt_add_grant(jwt, "sbx", p->sbx))) {
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory making a token");
+		goto cleanup;
+	}
+	if (jwt_set_alg(jwt, JWT_ALG_ES256, (const unsigned char *)k->private_pem,
+			(int)k->private_len) != 0) {
+		rc = kiln_error_set(err, KILN_E_INTERNAL, "libjwt refused the signing key");
+		goto cleanup;
+	}
+	out = jwt_encode_str(jwt);
+	if (!out) {
+		rc = kiln_error_set(err, KILN_E_INTERNAL, "signing the token failed");
+		goto cleanup;
+	}
+	if (strlen(out) > AUTH_JWT_MAX) {
+		free(out);
+		out = NULL;
+		rc = kiln_error_set(err, KILN_E_INVALID, "token over %d bytes", AUTH_JWT_MAX);
+		goto cleanup;
+	}
+	if (claims) {
+		memset(claims, 0, sizeof(*claims));
+		copy_claim(claims->iss, p->iss);
+		copy_claim(claims->aud, p->aud);
+		copy_claim(claims->sub, p->sub);
+		copy_claim(claims->tid, p->tid);
+		copy_claim(claims->jti, jti);
+		copy_claim(claims->sbx, p->sbx);
+		snprintf(claims->kid, sizeof(claims->kid), "%s", kid);
+		claims->scopes = p->scopes;
+		claims->iat = p->now;
+		claims->exp = exp;
+	}
+	*token = out;
+cleanup:
+	jwt_free(jwt);
+	return rc;
+}
+
+/* Records a refusal: sets *why, and the error message (first wins). */
+static enum kiln_err refuse(enum auth_jwt_reason *why, enum auth_jwt_reason r,
+			    struct kiln_error *err, const char *detail)
+{
+	if (why)
+		*why = r;
+	return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "token refused: %s (%s)", detail,
+			      auth_jwt_reason_name(r));
+}
+
+/* Decodes one base64url part into a JSON object, or NULL. */
+static json_t *decode_part(const char *s, size_t n)
+{
+	char buf[PAYLOAD_B64_MAX];
+	json_error_t jerr;
+	json_t *j;
+	int got;
+
+	got = auth_b64url_decode(s, n, buf, sizeof(buf));
+	if (got <= 0)
+		return NULL;
+	j = json_loadb(buf, (size_t)got, JSON_REJECT_DUPLICATES, &jerr);
+	if (j && !json_is_object(j)) {
+		json_decref(j);
+		return NULL;
+	}
+	return j;
+}
+
+/*
+ * Checks the header: exactly `alg: ES256`, a kid, and optionally `typ: JWT`; any other member
+ * (crit, jku, jwk, x5u, ...) is refused. Copies the kid out.
+ */
+static enum auth_jwt_reason check_header(json_t *h, char kid[AUTH_KID_MAX], const char **detail)
+{
+	const char *name;
+	json_t *v;
+
+	v = json_object_get(h, "alg");
+	if (!json_is_string(v) || strcmp(json_string_value(v), "ES256") != 0 ||
+	    json_string_length(v) != 5) {
+		*detail = "alg is not ES256";
+		return AUTH_JWT_BAD_ALG;
+	}
+	json_object_foreach(h, name, v) {
+		if (strcmp(name, "alg") == 0 || strcmp(name, "kid") == 0)
+			continue;
+		if (strcmp(name, "typ") == 0 && json_is_string(v) &&
+		    strcmp(json_string_value(v), "JWT") == 0)
+			continue;
+		*detail = "header member not allowed";
+		return AUTH_JWT_BAD_ALG;
+	}
+	v = json_object_get(h, "kid");
+	if (!json_is_string(v) || json_string_length(v) == 0 ||
+	    json_string_length(v) >= AUTH_KID_MAX || strlen(json_string_value(v)) != json_string_length(v)) {
+		*detail = "header has no usable kid";
+		return AUTH_JWT_MALFORMED;
+	}
+	memcpy(kid, json_string_value(v), json_string_length(v) + 1);
+	return AUTH_JWT_OK;
+}
+
+static bool get_str(json_t *p, const char *name, bool required, char dst[AUTH_CLAIM_MAX])
+{
+	json_t *v = json_object_get(p, name);
+
+	dst[0] = '\0';
+	if (!v)
+		return !required;
+	if (!json_is_string(v) || !claim_str_ok(json_string_value(v), json_string_length(v)))
+		return false;
+	memcpy(dst, json_string_value(v), json_string_length(v) + 1);
+	return true;
+}
+
+static bool get_time(json_t *p, const char *name, bool required, int64_t *dst)
+{
+	json_t *v = json_object_get(p, name);
+
+	*dst = 0;
+	if (!v)
+		return !required;
+	if (!json_is_integer(v) || json_integer_value(v) <= 0 ||
+	    json_integer_value(v) > INT_CLAIM_MAX)
+		return false;
+	*dst = (int64_t)json_integer_value(v);
+	return true;
+}
+
+/* Reads and type-checks the claims of a verified payload into `c`. */
+static enum auth_jwt_reason read_claims(json_t *p, struct auth_claims *c, const char **detail)
+{
+	json_t *scope = json_object_get(p, "scope");
+
+	*detail = "missing or malformed claim";
+	if (!get_str(p, "iss", true, c->iss) || !get_str(p, "aud", true, c->aud) ||
+	    !get_str(p, "sub", true, c->sub) || !get_str(p, "tid", true, c->tid) ||
+	    !get_str(p, "jti", true, c->jti) || !get_str(p, "sbx", false, c->sbx) ||
+	    !get_time(p, "iat", true, &c->iat) || !get_time(p, "exp", true, &c->exp) ||
+	    !get_time(p, "nbf", false, &c->nbf))
+		return AUTH_JWT_BAD_CLAIMS;
+	if (!json_is_string(scope) ||
+	    auth_scopes_parse(json_string_value(scope), json_string_length(scope), &c->scopes,
+			      NULL) != KILN_OK) {
+		*detail = "missing or malformed scope";
+		return AUTH_JWT_BAD_CLAIMS;
+	}
+	if (c->exp <= c->iat) {
+		*detail = "exp not after iat";
+		return AUTH_JWT_BAD_CLAIMS;
+	}
+	return AUTH_JWT_OK;
+}
+
+static enum auth_jwt_reason check_claims(const struct auth_claims *c,
+					 const struct auth_verify_opts *o, const char **detail)
+{
+	int64_t leeway = o->leeway_s > 0 ? o->leeway_s : 0;
+
+	if (strcmp(c->aud, o->aud) != 0) {
+		*detail = "wrong audience";
+		return AUTH_JWT_WRONG_AUD;
+	}
+	if (o->iss && strcmp(c->iss, o->iss) != 0) {
+		*detail = "wrong issuer";
+		return AUTH_JWT_WRONG_ISS;
+	}
+	if (o->now >= c->exp) {
+		*detail = "expired";
+		return AUTH_JWT_EXPIRED;
+	}
+	if (c->iat > o->now + leeway || (c->nbf && c->nbf > o->now + leeway)) {
+		*detail = "not valid yet";
+		return AUTH_JWT_NOT_YET_VALID;
+	}
+	if (o->max_ttl_s > 0 && c->exp - c->iat > o->max_ttl_s) {
+		*detail = "lifetime too long";
+		return AUTH_JWT_TTL_TOO_LONG;
+	}
+	if (o->require_sbx && !c->sbx[0]) {
+		*detail = "no sandbox claim";
+		return AUTH_JWT_BAD_CLAIMS;
+	}
+	return AUTH_JWT_OK;
+}
+
+enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, size_t len,
+			      const struct auth_verify_opts *opts, struct auth_claims *out,
+			      enum auth_jwt_reason *why, struct kiln_error *err)
+{
+	char tok[AUTH_JWT_MAX + 1], kid[AUTH_KID_MAX];
+	const char *dot1, *dot2, *detail = "";
+	struct auth_claims c;
+	size_t hl, pl, sl;
+	const struct auth_key *k;
+	json_t *hdr = NULL, *pay = NULL;
+	enum auth_jwt_reason r;
+	enum kiln_err rc;
+	jwt_t *jwt = NULL;
+	int ret;
+
+	memset(&c, 0, sizeof(c));
+	if (out)
+		memset(out, 0, sizeof(*out));
+	if (why)
+		*why = AUTH_JWT_MALFORMED;
+	if (!kr || !opts || !opts->aud)
+		return kiln_error_set(err, KILN_E_INTERNAL, "token verification misconfigured");
+	if (!token || len == 0)
+		return refuse(why, AUTH_JWT_MALFORMED, err, "empty token");
+	if (len > AUTH_JWT_MAX)
+		return refuse(why, AUTH_JWT_TOO_LARGE, err, "token too long");
+
+	/* Three base64url parts separated by dots, each within its cap. */
+	dot1 = memchr(token, '.', len);
+	dot2 = dot1 ? memchr(dot1 + 1, '.', len - (size_t)(dot1 + 1 - token)) : NULL;
+	if (!dot1 || !dot2 || memchr(dot2 + 1, '.', len - (size_t)(dot2 + 1 - token)))
+		return refuse(why, AUTH_JWT_MALFORMED, err, "not three parts");
+	hl = (size_t)(dot1 - token);
+	pl = (size_t)(dot2 - dot1 - 1);
+	sl = len - (size_t)(dot2 + 1 - token);
+	if (hl > HEADER_B64_MAX || pl > PAYLOAD_B64_MAX)
+		return refuse(why, AUTH_JWT_TOO_LARGE, err, "token part too long");
+	if (hl == 0 || pl == 0 || !auth_is_b64url(token, hl) || !auth_is_b64url(dot1 + 1, pl) ||
+	    !auth_is_b64url(dot2 + 1, sl))
+		return refuse(why, AUTH_JWT_MALFORMED, err, "not base64url");
+
+	/* The header decides nothing: anything but ES256 with a kid stops here. */
+	hdr = decode_part(token, hl);
+	if (!hdr)
+		return refuse(why, AUTH_JWT_MALFORMED, err, "header is not a JSON object");
+	r = check_header(hdr, kid, &detail);
+	json_decref(hdr);
+	if (r != AUTH_JWT_OK)
+		return refuse(why, r, err, detail);
+	if (sl != SIG_B64_LEN)
+		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "signature has the wrong length");
+	k = keyring_find(kr, kid);
+	if (!k)
+		return refuse(why, AUTH_JWT_UNKNOWN_KID, err, "unknown kid");
+
+	memcpy(tok, token, len);
+	tok[len] = '\0';
+	ret = jwt_decode(&jwt, tok, (const unsigned char *)k->public_pem, (int)k->public_len);
+	if (ret == ENOMEM)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
+	if (ret != 0 || !jwt)
+		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
+	ret = jwt_get_alg(jwt) == JWT_ALG_ES256;
+	jwt_free(jwt);
+	if (!ret)
+		return refuse(why, AUTH_JWT_BAD_ALG, err, "alg is not ES256");
+
+	/* The payload libjwt just verified, read with our own types. */
+	pay = decode_part(dot1 + 1, pl);
+	if (!pay)
+		return refuse(why, AUTH_JWT_MALFORMED, err, "payload is not a JSON object");
+	r = read_claims(pay, &c, &detail);
+	json_decref(pay);
+	if (r == AUTH_JWT_OK)
+		r = check_claims(&c, opts, &detail);
+	if (r != AUTH_JWT_OK)
+		return refuse(why, r, err, detail);
+	memcpy(c.kid, kid, sizeof(c.kid));
+	if (out)
+		*out = c;
+	if (why)
+		*why = AUTH_JWT_OK;
+	rc = KILN_OK;
+	return rc;
+}

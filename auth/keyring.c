@@ -1,0 +1,329 @@
+/*
+ * keyring.c - P-256 key generation, kids (RFC 7638 thumbprints) and the keyring (see keyring.h).
+ */
+#include "auth/keyring_priv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/core_names.h>
+#include <openssl/crypto.h>
+#include <openssl/ec.h>
+#include <openssl/pem.h>
+#include <openssl/sha.h>
+
+#include "auth/encode.h"
+
+/* PEM callbacks return no password: an encrypted key fails instead of prompting on a terminal. */
+static int no_password(char *buf, int size, int rwflag, void *u)
+{
+	(void)buf;
+	(void)size;
+	(void)rwflag;
+	(void)u;
+	return -1;
+}
+
+static bool is_p256(EVP_PKEY *pkey)
+{
+	char group[32];
+	size_t n = 0;
+
+	if (!pkey || EVP_PKEY_get_base_id(pkey) != EVP_PKEY_EC)
+		return false;
+	if (EVP_PKEY_get_group_name(pkey, group, sizeof(group), &n) != 1)
+		return false;
+	return strcmp(group, SN_X9_62_prime256v1) == 0;
+}
+
+int keyring_ec_xy(EVP_PKEY *pkey, unsigned char x[AUTH_EC_COORD_LEN],
+		  unsigned char y[AUTH_EC_COORD_LEN])
+{
+	BIGNUM *bx = NULL, *by = NULL;
+	int rc = -1;
+
+	if (!is_p256(pkey))
+		return -1;
+	if (EVP_PKEY_get_bn_param(pkey, OSSL_PKEY_PARAM_EC_PUB_X, &bx) == 1 &&
+	    EVP_PKEY_get_bn_param(pkey, OSSL_PKEY_PARAM_EC_PUB_Y, &by) == 1 &&
+	    BN_bn2binpad(bx, x, AUTH_EC_COORD_LEN) == AUTH_EC_COORD_LEN &&
+	    BN_bn2binpad(by, y, AUTH_EC_COORD_LEN) == AUTH_EC_COORD_LEN)
+		rc = 0;
+	BN_free(bx);
+	BN_free(by);
+	return rc;
+}
+
+int keyring_thumbprint(EVP_PKEY *pkey, char kid[AUTH_KID_MAX])
+{
+	unsigned char x[AUTH_EC_COORD_LEN], y[AUTH_EC_COORD_LEN], md[SHA256_DIGEST_LENGTH];
+	char xs[AUTH_B64URL_LEN(AUTH_EC_COORD_LEN) + 1], ys[sizeof(xs)], canon[160];
+	int n;
+
+	kid[0] = '\0';
+	if (keyring_ec_xy(pkey, x, y) != 0)
+		return -1;
+	auth_b64url_encode(x, sizeof(x), xs, sizeof(xs));
+	auth_b64url_encode(y, sizeof(y), ys, sizeof(ys));
+	/* RFC 7638: the required members, sorted, no whitespace. */
+	n = snprintf(canon, sizeof(canon), "{\"crv\":\"P-256\",\"kty\":\"EC\",\"x\":\"%s\",\"y\":\"%s\"}",
+		     xs, ys);
+	if (n < 0 || (size_t)n >= sizeof(canon))
+		return -1;
+	SHA256((const unsigned char *)canon, (size_t)n, md);
+	return auth_b64url_encode(md, sizeof(md), kid, AUTH_KID_MAX) == AUTH_KID_LEN ? 0 : -1;
+}
+
+/* Writes `pkey` as PEM (public or private half) into a new NUL-terminated string. */
+static char *pem_out(EVP_PKEY *pkey, bool private_half, size_t *len)
+{
+	BIO *bio = BIO_new(BIO_s_mem());
+	char *data = NULL, *out = NULL;
+	long n;
+	int ok;
+
+	if (!bio)
+		return NULL;
+	if (private_half)
+		ok = PEM_write_bio_PrivateKey(bio, pkey, NULL, NULL, 0, NULL, NULL);
+	else
+		ok = PEM_write_bio_PUBKEY(bio, pkey);
+	n = BIO_get_mem_data(bio, &data);
+	if (ok == 1 && n > 0 && (out = malloc((size_t)n + 1))) {
+		memcpy(out, data, (size_t)n);
+		out[n] = '\0';
+		*len = (size_t)n;
+	}
+	if (private_half && data && n > 0)
+		OPENSSL_cleanse(data, (size_t)n);
+	BIO_free(bio);
+	return out;
+}
+
+static void pem_free(char *pem, size_t len)
+{
+	if (!pem)
+		return;
+	OPENSSL_cleanse(pem, len);
+	free(pem);
+}
+
+enum kiln_err auth_jwt_keygen(struct auth_jwt_keypair *out, struct kiln_error *err)
+{
+	EVP_PKEY *pkey;
+	size_t plen = 0, qlen = 0;
+
+	memset(out, 0, sizeof(*out));
+	pkey = EVP_EC_gen(SN_X9_62_prime256v1);
+	if (!pkey)
+		return kiln_error_set(err, KILN_E_INTERNAL, "p-256 key generation failed");
+	out->private_pem = pem_out(pkey, true, &plen);
+	out->public_pem = pem_out(pkey, false, &qlen);
+	if (!out->private_pem || !out->public_pem || keyring_thumbprint(pkey, out->kid) != 0) {
+		EVP_PKEY_free(pkey);
+		auth_jwt_keypair_release(out);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory exporting a key");
+	}
+	EVP_PKEY_free(pkey);
+	return KILN_OK;
+}
+
+void auth_jwt_keypair_release(struct auth_jwt_keypair *kp)
+{
+	if (!kp)
+		return;
+	if (kp->private_pem)
+		pem_free(kp->private_pem, strlen(kp->private_pem));
+	free(kp->public_pem);
+	memset(kp, 0, sizeof(*kp));
+}
+
+struct auth_keyring *auth_keyring_new(void)
+{
+	struct auth_keyring *kr = calloc(1, sizeof(*kr));
+
+	if (kr)
+		kr->active = -1;
+	return kr;
+}
+
+static void key_release(struct auth_key *k)
+{
+	EVP_PKEY_free(k->pkey);
+	free(k->public_pem);
+	pem_free(k->private_pem, k->private_len);
+	memset(k, 0, sizeof(*k));
+}
+
+void auth_keyring_free(struct auth_keyring *kr)
+{
+	if (!kr)
+		return;
+	for (size_t i = 0; i < kr->n; i++)
+		key_release(&kr->keys[i]);
+	free(kr);
+}
+
+static int find_index(const struct auth_keyring *kr, const char *kid)
+{
+	if (!kr || !kid)
+		return -1;
+	for (size_t i = 0; i < kr->n; i++)
+		if (strcmp(kr->keys[i].kid, kid) == 0)
+			return (int)i;
+	return -1;
+}
+
+const struct auth_key *keyring_find(const struct auth_keyring *kr, const char *kid)
+{
+	int i = find_index(kr, kid);
+
+	return i < 0 ? NULL : &kr->keys[i];
+}
+
+enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has_private,
+			       char kid[AUTH_KID_MAX], struct kiln_error *err)
+{
+	struct auth_key k;
+
+	memset(&k, 0, sizeof(k));
+	k.pkey = pkey;
+	if (kid)
+		kid[0] = '\0';
+	if (!is_p256(pkey)) {
+		key_release(&k);
+		return kiln_error_set(err, KILN_E_INVALID, "signing keys must be ec p-256");
+	}
+	if (keyring_thumbprint(pkey, k.kid) != 0) {
+		key_release(&k);
+		return kiln_error_set(err, KILN_E_INVALID, "cannot read the ec public key");
+	}
+	if (find_index(kr, k.kid) >= 0) {
+		kiln_error_set(err, KILN_E_CONFLICT, "key '%s' is already in the keyring", k.kid);
+		key_release(&k);
+		return KILN_E_CONFLICT;
+	}
+	if (kr->n >= AUTH_KEYRING_MAX) {
+		key_release(&k);
+		return kiln_error_set(err, KILN_E_QUOTA, "keyring full (%d keys)", AUTH_KEYRING_MAX);
+	}
+	k.public_pem = pem_out(pkey, false, &k.public_len);
+	if (has_private)
+		k.private_pem = pem_out(pkey, true, &k.private_len);
+	if (!k.public_pem || (has_private && !k.private_pem)) {
+		key_release(&k);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory adding a key");
+	}
+	if (kid)
+		memcpy(kid, k.kid, AUTH_KID_MAX);
+	kr->keys[kr->n++] = k;
+	return KILN_OK;
+}
+
+static enum kiln_err add_pem(struct auth_keyring *kr, const char *pem, size_t len, bool priv,
+			     char kid[AUTH_KID_MAX], struct kiln_error *err)
+{
+	EVP_PKEY *pkey;
+	BIO *bio;
+
+	if (kid)
+		kid[0] = '\0';
+	if (!kr || !pem || len == 0 || len > AUTH_PEM_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "pem key missing or too long");
+	bio = BIO_new_mem_buf(pem, (int)len);
+	if (!bio)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory reading a key");
+	if (priv)
+		pkey = PEM_read_bio_PrivateKey(bio, NULL, no_password, NULL);
+	else
+		pkey = PEM_read_bio_PUBKEY(bio, NULL, no_password, NULL);
+	BIO_free(bio);
+	if (!pkey)
+		return kiln_error_set(err, KILN_E_INVALID, "unreadable pem %s key",
+				      priv ? "private" : "public");
+	if (priv) {
+		EVP_PKEY_CTX *ctx = EVP_PKEY_CTX_new(pkey, NULL);
+		int ok = ctx && EVP_PKEY_pairwise_check(ctx) == 1;
+
+		EVP_PKEY_CTX_free(ctx);
+		if (!ok) {
+			EVP_PKEY_free(pkey);
+			return kiln_error_set(err, KILN_E_INVALID, "inconsistent ec private key");
+		}
+	}
+	return keyring_add_pkey(kr, pkey, priv, kid, err);
+}
+
+enum kiln_err auth_keyring_add_private_pem(struct auth_keyring *kr, const char *pem, size_t len,
+					   char kid[AUTH_KID_MAX], struct kiln_error *err)
+{
+	return add_pem(kr, pem, len, true, kid, err);
+}
+
+enum kiln_err auth_keyring_add_public_pem(struct auth_keyring *kr, const char *pem, size_t len,
+					  char kid[AUTH_KID_MAX], struct kiln_error *err)
+{
+	return add_pem(kr, pem, len, false, kid, err);
+}
+
+enum kiln_err auth_keyring_set_active(struct auth_keyring *kr, const char *kid,
+				      struct kiln_error *err)
+{
+	int i = find_index(kr, kid);
+
+	if (i < 0)
+		return kiln_error_set(err, KILN_E_NOT_FOUND, "no key '%.64s' in the keyring",
+				      kid ? kid : "");
+	if (!kr->keys[i].private_pem)
+		return kiln_error_set(err, KILN_E_INVALID, "key '%s' can only verify",
+				      kr->keys[i].kid);
+	kr->active = i;
+	return KILN_OK;
+}
+
+enum kiln_err auth_keyring_remove(struct auth_keyring *kr, const char *kid)
+{
+	int i = find_index(kr, kid);
+
+	if (i < 0)
+		return KILN_E_NOT_FOUND;
+	key_release(&kr->keys[i]);
+	memmove(&kr->keys[i], &kr->keys[i + 1], (kr->n - (size_t)i - 1) * sizeof(kr->keys[0]));
+	kr->n--;
+	memset(&kr->keys[kr->n], 0, sizeof(kr->keys[0]));
+	if (kr->active == i)
+		kr->active = -1;
+	else if (kr->active > i)
+		kr->active--;
+	return KILN_OK;
+}
+
+const char *auth_keyring_active_kid(const struct auth_keyring *kr)
+{
+	return kr && kr->active >= 0 ? kr->keys[kr->active].kid : NULL;
+}
+
+size_t auth_keyring_count(const struct auth_keyring *kr)
+{
+	return kr ? kr->n : 0;
+}
+
+const char *auth_keyring_kid_at(const struct auth_keyring *kr, size_t i)
+{
+	return kr && i < kr->n ? kr->keys[i].kid : NULL;
+}
+
+bool auth_keyring_has(const struct auth_keyring *kr, const char *kid)
+{
+	return find_index(kr, kid) >= 0;
+}
+
+const char *auth_keyring_public_pem(const struct auth_keyring *kr, const char *kid)
+{
+	const struct auth_key *k = keyring_find(kr, kid);
+
+	return k ? k->public_pem : NULL;
+}
