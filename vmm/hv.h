@@ -1,0 +1,135 @@
+/*
+ * hv.h - the hypervisor interface of kiln-node: one VM spec, one table of driver operations
+ * (`struct hv_ops`, implemented by QEMU now and Firecracker later) and the `vmm_` functions the
+ * node calls, which dispatch to the driver a VM was started with.
+ *
+ * Lifecycle (ARCHITECTURE.md, "Lifecycle"; docs/vmm.md):
+ *   vmm_create            cold boot: jailed VMM, cgroup, disk overlay, file-backed shared memory
+ *   vmm_pause/vmm_resume  stop and continue the vCPUs (the process stays)
+ *   vmm_snapshot          stop, save device state (and memory) into a snapshot directory; in
+ *                         VMM_SNAP_SHARED mode the memory file and disk layer move into the
+ *                         snapshot and the VMM process ends
+ *   vmm_restore           a new VMM process from a snapshot directory (product: resume, fork, create
+ *                         from template), with its memory mapped privately or owned
+ *   vmm_destroy           kill, reap, remove cgroup and files
+ * Every function returns an enum kiln_err and fills `err` (first error wins) on failure.
+ */
+#ifndef KILN_VMM_HV_H
+#define KILN_VMM_HV_H
+
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "common/err.h"
+#include "vmm/cgroup.h"
+
+#define VMM_VCPU_MILLI_MIN 250
+#define VMM_VCPU_MILLI_MAX 8000
+#define VMM_MEM_MIB_MIN 64
+#define VMM_MEM_MIB_MAX 65536
+#define VMM_DISK_GIB_MAX 1024
+#define VMM_ID_MAX 40			/* bytes of a VM id: [A-Za-z0-9_-] */
+#define VMM_RUN_DIR_MAX 80		/* bytes: leaves room for "/agent.sock" within 107 */
+#define VMM_GUEST_MAC "06:00:ac:10:00:02"	/* the same in every sandbox (own netns each) */
+
+/* What a VM is made of. Strings are borrowed for the duration of the call only. */
+struct vmm_spec {
+	const char *id;		/* unique on the host; [A-Za-z0-9_-]{1,40} */
+	const char *node;	/* node id: names the cgroup kiln/<node>/<id> */
+	unsigned vcpu_milli;	/* 250..8000 thousandths of a vCPU; the guest sees ceil(/1000) */
+	unsigned mem_mib;	/* guest memory, MiB */
+	unsigned disk_gib;	/* virtual disk size, GiB; 0 = the base image's size */
+	const char *kernel;	/* guest kernel (bzImage) */
+	const char *initrd;	/* initramfs, or NULL */
+	const char *rootfs;	/* base root file system image (raw), or NULL for no disk */
+	const char *cmdline_extra;	/* appended to the kernel command line, or NULL */
+	const char *netns_path;	/* network namespace to run in (/run/netns/NAME), or NULL: no NIC */
+	const char *tap;	/* TAP device inside that namespace; required with netns_path */
+	const char *run_dir;	/* per-VM runtime dir (sockets, logs, jail), <= VMM_RUN_DIR_MAX */
+	const char *state_dir;	/* per-VM dir for the disk layer, on a disk (not tmpfs) */
+	const char *mem_dir;	/* where the guest memory file lives; NULL = /dev/shm */
+	uid_t uid;		/* unprivileged uid/gid the VMM runs as (jail_uid_alloc) */
+	gid_t gid;
+	const char *cgroup_root;	/* NULL = /sys/fs/cgroup */
+	const char *hv_binary;	/* NULL = the driver's default (/usr/bin/qemu-system-x86_64) */
+	unsigned tb_size_mib;	/* TCG translation cache, MiB; 0 = default */
+};
+
+/* How a snapshot holds memory. */
+enum vmm_snap_mode {
+	VMM_SNAP_SHARED,	/* x-ignore-shared: state file + the memory file itself (moved in);
+				   the VMM process ends. Milliseconds. Same-node restores. */
+	VMM_SNAP_FULL,		/* memory inside the state stream; the VM stays, paused. Portable:
+				   for moving to another node. Seconds (scales with memory). */
+};
+
+/* Where a restored VM's memory comes from (VMM_SNAP_SHARED snapshots). */
+enum vmm_mem_from {
+	VMM_MEM_PRIVATE,	/* map the snapshot's image copy-on-write (share=off): fork children,
+				   templates. The image must stay frozen while any such VM lives. */
+	VMM_MEM_MOVE,		/* take the image as the VM's own memory file (share=on); the
+				   snapshot loses it. Resume after pause. */
+	VMM_MEM_COPY,		/* copy the image to a memory file of its own (share=on). The
+				   parent after a fork; resume from a kept snapshot. */
+};
+
+struct vmm_status {
+	bool alive;		/* the VMM process exists */
+	bool running;		/* vCPUs running (alive and not paused) */
+	pid_t pid;		/* VMM process id on the host; 0 once it is gone */
+	int exit_status;	/* waitpid status once it exited */
+};
+
+struct hv_vm;
+
+struct hv_ops {
+	const char *name;
+	enum kiln_err (*create)(const struct vmm_spec *spec, struct hv_vm **out, struct kiln_error *err);
+	enum kiln_err (*restore)(const struct vmm_spec *spec, const char *snap_dir,
+				 enum vmm_mem_from from, struct hv_vm **out, struct kiln_error *err);
+	enum kiln_err (*pause)(struct hv_vm *vm, struct kiln_error *err);
+	enum kiln_err (*resume)(struct hv_vm *vm, struct kiln_error *err);
+	enum kiln_err (*snapshot)(struct hv_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,
+				  struct kiln_error *err);
+	enum kiln_err (*status)(struct hv_vm *vm, struct vmm_status *st, struct kiln_error *err);
+	enum kiln_err (*usage)(struct hv_vm *vm, struct cg_usage *u, struct kiln_error *err);
+	enum kiln_err (*destroy)(struct hv_vm *vm, struct kiln_error *err);	/* frees vm */
+	const char *(*agent_socket)(const struct hv_vm *vm);
+	const char *(*serial_log)(const struct hv_vm *vm);
+};
+
+extern const struct hv_ops hv_qemu_ops;
+
+/* The driver called `name` ("qemu"), or NULL. */
+const struct hv_ops *hv_find(const char *name);
+
+/* Whole vCPUs the guest sees for `vcpu_milli` thousandths: ceil(vcpu_milli / 1000). */
+unsigned vmm_vcpus_whole(unsigned vcpu_milli);
+
+/* Memory cap of the VM's cgroup: guest memory plus the VMM's overhead, bytes. */
+unsigned long long vmm_mem_limit_bytes(const struct vmm_spec *spec);
+
+/* Checks the spec's fields and ranges; KILN_E_INVALID names the field. */
+enum kiln_err vmm_spec_check(const struct vmm_spec *spec, struct kiln_error *err);
+
+/* A VM under a driver. */
+struct vmm_vm;
+
+enum kiln_err vmm_create(const char *driver, const struct vmm_spec *spec, struct vmm_vm **out,
+			 struct kiln_error *err);
+enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const char *snap_dir,
+			  enum vmm_mem_from from, struct vmm_vm **out, struct kiln_error *err);
+enum kiln_err vmm_pause(struct vmm_vm *vm, struct kiln_error *err);
+enum kiln_err vmm_resume(struct vmm_vm *vm, struct kiln_error *err);
+enum kiln_err vmm_snapshot(struct vmm_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,
+			   struct kiln_error *err);
+enum kiln_err vmm_status(struct vmm_vm *vm, struct vmm_status *st, struct kiln_error *err);
+enum kiln_err vmm_usage(struct vmm_vm *vm, struct cg_usage *u, struct kiln_error *err);
+/* Kills the VMM, reaps it, removes its cgroup and files, frees `vm`. Accepts NULL. */
+enum kiln_err vmm_destroy(struct vmm_vm *vm, struct kiln_error *err);
+/* Path of the agent channel's Unix socket (for vmm/agent.c); valid until vmm_destroy. */
+const char *vmm_agent_socket(const struct vmm_vm *vm);
+/* Path of the guest's serial console log; valid until vmm_destroy. */
+const char *vmm_serial_log(const struct vmm_vm *vm);
+
+#endif

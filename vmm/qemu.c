@@ -1,0 +1,891 @@
+/*
+ * qemu.c - the QEMU driver: `qemu-system-x86_64 -M microvm` in the jail, driven over QMP.
+ *
+ * Files of one VM (docs/vmm.md):
+ *   <run_dir>/qmp.sock, agent.sock    Unix sockets, created by QEMU as root before it drops to the
+ *                                     VM's uid; reached by kiln-node from outside the chroot
+ *   <run_dir>/serial.log, qemu.log    guest console; QEMU's own stderr
+ *   <run_dir>/jail/                   QEMU's chroot; mount points kernel, initrd, disk, mem
+ *   <state_dir>/disk.qcow2            the VM's disk layer
+ *   <mem_dir>/kiln-<node>-<id>.mem    guest RAM (memory-backend-file, share=on) unless the VM maps
+ *                                     a snapshot's image privately
+ * A snapshot directory holds: manifest.json, state (migration stream), mem (memory image, shared
+ * mode), disk.qcow2 (the frozen disk layer).
+ */
+#include "vmm/qemu.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "vmm/accel.h"
+#include "vmm/cgroup.h"
+#include "vmm/disk.h"
+#include "vmm/hv.h"
+#include "vmm/jail.h"
+#include "vmm/qmp.h"
+
+#define QMP_CONNECT_MS 10000	/* QEMU start to QMP greeting (TCG, loaded host) */
+#define QMP_CMD_MS 5000
+#define MIGRATE_MS 120000	/* a full snapshot of a large guest */
+#define SNAP_FORMAT 1
+#define QEMU_PIDS_MAX 256	/* threads of one QEMU: vCPUs, I/O, RCU, workers */
+
+/* ---- command line ---- */
+
+struct argv_b {
+	char **v;
+	size_t n, cap;
+	int err;
+};
+
+static void arg_add(struct argv_b *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void arg_add(struct argv_b *b, const char *fmt, ...)
+{
+	va_list ap;
+	char *s;
+
+	if (b->err)
+		return;
+	if (b->n + 2 > b->cap) {
+		size_t cap = b->cap ? b->cap * 2 : 64;
+		char **v = realloc(b->v, cap * sizeof(*v));
+
+		if (!v) {
+			b->err = -ENOMEM;
+			return;
+		}
+		b->v = v;
+		b->cap = cap;
+	}
+	va_start(ap, fmt);
+	if (vasprintf(&s, fmt, ap) < 0) {
+		b->err = -ENOMEM;
+		s = NULL;
+	}
+	va_end(ap);
+	if (s) {
+		b->v[b->n++] = s;
+		b->v[b->n] = NULL;
+	}
+}
+
+static bool has_comma(const char *s)
+{
+	return s && strchr(s, ',');
+}
+
+int qemu_argv_build(const struct qemu_args *a, char ***argv)
+{
+	struct argv_b b = { 0 };
+	char accel[64];
+	const char *paths[] = { a->mem_path, a->kernel, a->initrd, a->disk, a->qmp_sock, a->agent_sock,
+				a->serial_log, a->chroot, a->tap };
+
+	*argv = NULL;
+	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
+		if (has_comma(paths[i]))
+			return -EINVAL;
+	if (accel_qemu_arg(a->accel, a->tb_size_mib, accel, sizeof(accel)) < 0)
+		return -EINVAL;
+
+	arg_add(&b, "%s", a->binary ? a->binary : QEMU_BINARY_DEFAULT);
+	arg_add(&b, "-M");
+	arg_add(&b, "microvm,memory-backend=mem");
+	arg_add(&b, "-accel");
+	arg_add(&b, "%s", accel);
+	if (a->accel == ACCEL_KVM) {
+		arg_add(&b, "-cpu");
+		arg_add(&b, "host");
+	}
+	arg_add(&b, "-smp");
+	arg_add(&b, "%u", a->vcpus);
+	arg_add(&b, "-m");
+	arg_add(&b, "%uM", a->mem_mib);
+	arg_add(&b, "-object");
+	arg_add(&b, "memory-backend-file,id=mem,size=%uM,mem-path=%s,share=%s", a->mem_mib, a->mem_path,
+		a->mem_share ? "on" : "off");
+	arg_add(&b, "-nodefaults");
+	arg_add(&b, "-no-user-config");
+	arg_add(&b, "-display");
+	arg_add(&b, "none");
+	arg_add(&b, "-no-reboot");
+	arg_add(&b, "-chardev");
+	arg_add(&b, "file,id=serial,path=%s,append=on", a->serial_log);
+	arg_add(&b, "-serial");
+	arg_add(&b, "chardev:serial");
+	arg_add(&b, "-kernel");
+	arg_add(&b, "%s", a->kernel);
+	if (a->initrd) {
+		arg_add(&b, "-initrd");
+		arg_add(&b, "%s", a->initrd);
+	}
+	arg_add(&b, "-append");
+	/* under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers */
+	arg_add(&b, "console=ttyS0 reboot=t panic=-1 quiet%s%s%s",
+		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable" : "",
+		a->cmdline_extra ? " " : "", a->cmdline_extra ? a->cmdline_extra : "");
+	arg_add(&b, "-chardev");
+	arg_add(&b, "socket,id=qmp,path=%s,server=on,wait=off", a->qmp_sock);
+	arg_add(&b, "-mon");
+	arg_add(&b, "chardev=qmp,mode=control");
+	arg_add(&b, "-device");
+	arg_add(&b, "virtio-serial-device");
+	arg_add(&b, "-chardev");
+	arg_add(&b, "socket,id=agent,path=%s,server=on,wait=off", a->agent_sock);
+	arg_add(&b, "-device");
+	arg_add(&b, "virtserialport,chardev=agent,name=kiln.agent");
+	if (a->disk) {
+		arg_add(&b, "-drive");
+		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap", a->disk);
+		arg_add(&b, "-device");
+		arg_add(&b, "virtio-blk-device,drive=root");
+	}
+	if (a->tap) {
+		arg_add(&b, "-netdev");
+		arg_add(&b, "tap,id=n0,ifname=%s,script=no,downscript=no", a->tap);
+		arg_add(&b, "-device");
+		arg_add(&b, "virtio-net-device,netdev=n0,mac=%s", VMM_GUEST_MAC);
+	}
+	/* elevateprivileges=deny would kill QEMU: -runas changes uid after the filter is in place */
+	arg_add(&b, "-sandbox");
+	arg_add(&b, "on,obsolete=deny,spawn=deny,resourcecontrol=deny");
+	if (a->uid) {
+		arg_add(&b, "-runas");
+		arg_add(&b, "%u:%u", (unsigned)a->uid, (unsigned)a->gid);
+	}
+	if (a->chroot) {
+		arg_add(&b, "-chroot");
+		arg_add(&b, "%s", a->chroot);
+	}
+	if (a->incoming) {
+		arg_add(&b, "-S");
+		arg_add(&b, "-incoming");
+		arg_add(&b, "defer");
+	}
+	if (b.err) {
+		qemu_argv_free(b.v);
+		return b.err;
+	}
+	*argv = b.v;
+	return 0;
+}
+
+void qemu_argv_free(char **argv)
+{
+	if (!argv)
+		return;
+	for (char **p = argv; *p; p++)
+		free(*p);
+	free(argv);
+}
+
+/* ---- the driver ---- */
+
+struct hv_vm {
+	char id[VMM_ID_MAX + 1];
+	char node[VMM_ID_MAX + 1];
+	unsigned vcpus, vcpu_milli, mem_mib;
+	enum accel accel;
+	char run_dir[PATH_MAX], state_dir[PATH_MAX];
+	char qmp_path[PATH_MAX], agent_path[PATH_MAX], serial_path[PATH_MAX], log_path[PATH_MAX];
+	char jail_root[PATH_MAX];
+	char mp_kernel[PATH_MAX], mp_initrd[PATH_MAX], mp_disk[PATH_MAX], mp_mem[PATH_MAX];
+	char kernel[PATH_MAX], initrd[PATH_MAX];	/* host paths ("" for no initrd) */
+	char disk_path[PATH_MAX];	/* "" for no disk */
+	char disk_base[PATH_MAX];	/* the raw base image at the bottom of the chain */
+	char mem_path[PATH_MAX];	/* memory file this VM maps */
+	bool mem_owned;		/* mem_path is this VM's own (share=on), removed on destroy */
+	bool has_net;
+	struct jail jail;
+	struct cg *cg;
+	struct qmp *qmp;
+	pid_t pid;		/* 0 once reaped */
+	int pidfd;
+	int exit_status;
+};
+
+static enum kiln_err os_err(struct kiln_error *err, int neg, const char *what, const char *subject)
+{
+	return kiln_error_set(err, neg == -ENOMEM ? KILN_E_NOMEM : KILN_E_IO, "%s '%s': %s", what,
+			      subject, strerror(-neg));
+}
+
+static int mkdir_p(const char *dir, mode_t mode)
+{
+	char p[PATH_MAX];
+	size_t len = strlen(dir);
+
+	if (len >= sizeof(p))
+		return -ENAMETOOLONG;
+	memcpy(p, dir, len + 1);
+	for (size_t i = 1; i <= len; i++) {
+		if (p[i] != '/' && p[i] != '\0')
+			continue;
+		char c = p[i];
+
+		p[i] = '\0';
+		if (mkdir(p, i == len ? mode : 0755) < 0 && errno != EEXIST)
+			return -errno;
+		p[i] = c;
+	}
+	return 0;
+}
+
+static bool fmt_path(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static bool fmt_path(char *out, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(out, PATH_MAX, fmt, ap);
+	va_end(ap);
+	return n >= 0 && n < PATH_MAX;
+}
+
+/* Fills the handle's names and paths from the spec. */
+static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
+{
+	const char *mem_dir = s->mem_dir ? s->mem_dir : "/dev/shm";
+	bool ok = true;
+
+	snprintf(vm->id, sizeof(vm->id), "%s", s->id);
+	snprintf(vm->node, sizeof(vm->node), "%s", s->node);
+	vm->vcpu_milli = s->vcpu_milli;
+	vm->vcpus = vmm_vcpus_whole(s->vcpu_milli);
+	vm->mem_mib = s->mem_mib;
+	vm->accel = accel_detect();
+	vm->pidfd = -1;
+	vm->has_net = s->netns_path != NULL;
+	ok &= fmt_path(vm->run_dir, "%s", s->run_dir);
+	ok &= fmt_path(vm->state_dir, "%s", s->state_dir);
+	ok &= fmt_path(vm->qmp_path, "%s/qmp.sock", s->run_dir);
+	ok &= fmt_path(vm->agent_path, "%s/agent.sock", s->run_dir);
+	ok &= fmt_path(vm->serial_path, "%s/serial.log", s->run_dir);
+	ok &= fmt_path(vm->log_path, "%s/qemu.log", s->run_dir);
+	ok &= fmt_path(vm->jail_root, "%s/jail", s->run_dir);
+	ok &= fmt_path(vm->mp_kernel, "%s/jail/kernel", s->run_dir);
+	ok &= fmt_path(vm->mp_initrd, "%s/jail/initrd", s->run_dir);
+	ok &= fmt_path(vm->mp_disk, "%s/jail/disk", s->run_dir);
+	ok &= fmt_path(vm->mp_mem, "%s/jail/mem", s->run_dir);
+	ok &= fmt_path(vm->kernel, "%s", s->kernel);
+	ok &= fmt_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
+	ok &= fmt_path(vm->mem_path, "%s/kiln-%s-%s.mem", mem_dir, s->node, s->id);
+	if (s->rootfs) {
+		ok &= fmt_path(vm->disk_path, "%s/disk.qcow2", s->state_dir);
+		ok &= fmt_path(vm->disk_base, "%s", s->rootfs);
+	}
+	if (!ok)
+		return kiln_error_set(err, KILN_E_INVALID, "a path of vm '%s' is too long", s->id);
+	if (strlen(vm->agent_path) > 107 || strlen(vm->qmp_path) > 107)
+		return kiln_error_set(err, KILN_E_INVALID, "run_dir '%s' too long for a unix socket", s->run_dir);
+	return KILN_OK;
+}
+
+/* Creates the VM's own memory file, `mem_mib` MiB of holes. */
+static int mem_file_create(const char *path, unsigned mem_mib)
+{
+	int fd, r = 0;
+
+	unlink(path);
+	fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)mem_mib << 20) < 0)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+/*
+ * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
+ * booting. On failure everything this call started is undone (the process is killed and reaped).
+ */
+static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool incoming,
+			      struct kiln_error *err)
+{
+	struct qemu_args a = {
+		.binary = s->hv_binary,
+		.accel = vm->accel,
+		.tb_size_mib = s->tb_size_mib,
+		.vcpus = vm->vcpus,
+		.mem_mib = vm->mem_mib,
+		.mem_path = vm->mp_mem,
+		.mem_share = vm->mem_owned,
+		.kernel = vm->mp_kernel,
+		.initrd = vm->initrd[0] ? vm->mp_initrd : NULL,
+		.cmdline_extra = s->cmdline_extra,
+		.disk = vm->disk_path[0] ? vm->mp_disk : NULL,
+		.tap = s->netns_path ? s->tap : NULL,
+		.qmp_sock = vm->qmp_path,
+		.agent_sock = vm->agent_path,
+		.serial_log = vm->serial_path,
+		.chroot = vm->jail_root,
+		.uid = s->uid,
+		.gid = s->gid,
+		.incoming = incoming,
+	};
+	char *envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+	char **argv = NULL;
+	struct jail *j = &vm->jail;
+	enum kiln_err rc = KILN_OK;
+	int r, log_fd = -1;
+
+	memset(j, 0, sizeof(*j));
+	j->root = vm->jail_root;
+	j->netns_fd = -1;
+	j->cg = vm->cg;
+	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->kernel, vm->mp_kernel, true };
+	if (vm->initrd[0])
+		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->initrd, vm->mp_initrd, true };
+	if (vm->disk_path[0])
+		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->disk_path, vm->mp_disk, false };
+	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
+
+	if ((r = jail_prepare(j)) < 0) {
+		rc = os_err(err, r, "cannot prepare jail", vm->jail_root);
+		goto out;
+	}
+	if (s->netns_path) {
+		j->netns_fd = open(s->netns_path, O_RDONLY | O_CLOEXEC);
+		if (j->netns_fd < 0) {
+			rc = os_err(err, -errno, "cannot open network namespace", s->netns_path);
+			goto out;
+		}
+	}
+	log_fd = open(vm->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (log_fd < 0) {
+		rc = os_err(err, -errno, "cannot open", vm->log_path);
+		goto out;
+	}
+	j->out_fd = log_fd;
+	if ((r = qemu_argv_build(&a, &argv)) < 0) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "cannot build the qemu command line: %s", strerror(-r));
+		goto out;
+	}
+	unlink(vm->qmp_path);
+	unlink(vm->agent_path);
+	if ((r = jail_spawn(j, argv, envp, &vm->pid, &vm->pidfd)) < 0) {
+		rc = os_err(err, r, "cannot start", argv[0]);
+		goto out;
+	}
+	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->pid);
+	if ((r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp)) < 0) {
+		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer (%s), see %s",
+				    vm->id, strerror(-r), vm->log_path);
+		kill(vm->pid, SIGKILL);
+		waitpid(vm->pid, NULL, 0);
+		close(vm->pidfd);
+		vm->pid = 0;
+		vm->pidfd = -1;
+	}
+out:
+	qemu_argv_free(argv);
+	if (j->netns_fd >= 0)
+		close(j->netns_fd);
+	j->netns_fd = -1;
+	if (log_fd >= 0)
+		close(log_fd);
+	j->out_fd = -1;
+	return rc;
+}
+
+static enum kiln_err qmp_do(struct hv_vm *vm, const char *cmd, json_t *args, json_t **ret,
+			    struct kiln_error *err)
+{
+	char msg[QMP_ERRMSG_MAX];
+	int r;
+
+	if (!vm->qmp)
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no running vmm", vm->id);
+	r = qmp_execute(vm->qmp, cmd, args, -1, QMP_CMD_MS, ret, msg);
+	if (r == -EREMOTEIO)
+		return kiln_error_set(err, KILN_E_INTERNAL, "vm '%s': qmp %s: %s", vm->id, cmd, msg);
+	if (r < 0)
+		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': qmp %s: %s", vm->id, cmd,
+				      strerror(-r));
+	return KILN_OK;
+}
+
+/* Reaps the process if it exited; returns true while it is alive. */
+static bool vm_alive(struct hv_vm *vm)
+{
+	int status;
+
+	if (!vm->pid)
+		return false;
+	if (waitpid(vm->pid, &status, WNOHANG) == vm->pid) {
+		vm->exit_status = status;
+		vm->pid = 0;
+		close(vm->pidfd);
+		vm->pidfd = -1;
+		qmp_close(vm->qmp);
+		vm->qmp = NULL;
+		return false;
+	}
+	return true;
+}
+
+/* Ends the VMM process: QMP quit (flushes block caches), SIGKILL if it lingers, then reaps. */
+static void vm_kill(struct hv_vm *vm, bool graceful)
+{
+	struct pollfd pfd;
+
+	if (!vm_alive(vm))
+		return;
+	if (graceful && vm->qmp)
+		qmp_execute(vm->qmp, "quit", NULL, -1, 1000, NULL, NULL);
+	pfd = (struct pollfd){ .fd = vm->pidfd, .events = POLLIN };
+	if (!graceful || poll(&pfd, 1, 2000) <= 0)
+		syscall(SYS_pidfd_send_signal, vm->pidfd, SIGKILL, NULL, 0);
+	while (waitpid(vm->pid, &vm->exit_status, 0) < 0 && errno == EINTR)
+		;
+	vm->pid = 0;
+	close(vm->pidfd);
+	vm->pidfd = -1;
+	qmp_close(vm->qmp);
+	vm->qmp = NULL;
+}
+
+static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
+{
+	struct cg_limits lim = {
+		.cpu_milli = s->vcpu_milli,
+		.mem_bytes = vmm_mem_limit_bytes(s),
+		.pids = QEMU_PIDS_MAX,
+	};
+	int r = cg_create(s->cgroup_root, s->node, s->id, &lim, &vm->cg);
+
+	return r < 0 ? os_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
+}
+
+static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err);
+
+static enum kiln_err qemu_create(const struct vmm_spec *s, struct hv_vm **out, struct kiln_error *err)
+{
+	struct hv_vm *vm;
+	enum kiln_err rc;
+	int r;
+
+	*out = NULL;
+	if ((rc = vmm_spec_check(s, err)) != KILN_OK)
+		return rc;
+	vm = calloc(1, sizeof(*vm));
+	if (!vm)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if ((rc = vm_init(vm, s, err)) != KILN_OK)
+		goto fail;
+	if ((r = mkdir_p(vm->run_dir, 0711)) < 0 || (r = mkdir_p(vm->state_dir, 0700)) < 0) {
+		rc = os_err(err, r, "cannot create the directories of vm", s->id);
+		goto fail;
+	}
+	vm->mem_owned = true;
+	if ((r = mem_file_create(vm->mem_path, vm->mem_mib)) < 0) {
+		rc = os_err(err, r, "cannot create memory file", vm->mem_path);
+		goto fail;
+	}
+	if (s->rootfs && (r = disk_overlay_create(s->rootfs, "raw", vm->disk_path,
+						  (uint64_t)s->disk_gib << 30)) < 0) {
+		rc = r == -EINVAL ? kiln_error_set(err, KILN_E_INVALID, "disk: %u GiB is smaller than the image",
+						   s->disk_gib)
+				  : os_err(err, r, "cannot create disk layer", vm->disk_path);
+		goto fail;
+	}
+	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
+		goto fail;
+	if ((rc = vm_start(vm, s, false, err)) != KILN_OK)
+		goto fail;
+	*out = vm;
+	return KILN_OK;
+fail:
+	qemu_destroy(vm, NULL);
+	return rc;
+}
+
+static enum kiln_err qemu_pause(struct hv_vm *vm, struct kiln_error *err)
+{
+	return qmp_do(vm, "stop", NULL, NULL, err);
+}
+
+static enum kiln_err qemu_resume(struct hv_vm *vm, struct kiln_error *err)
+{
+	return qmp_do(vm, "cont", NULL, NULL, err);
+}
+
+static enum kiln_err set_ignore_shared(struct hv_vm *vm, bool on, struct kiln_error *err)
+{
+	json_t *args = json_pack("{s:[{s:s, s:b}]}", "capabilities", "capability", "x-ignore-shared",
+				 "state", on);
+	enum kiln_err rc;
+
+	if (!args)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = qmp_do(vm, "migrate-set-capabilities", args, NULL, err);
+	json_decref(args);
+	return rc;
+}
+
+/* Polls query-migrate until the migration completed (KILN_OK) or failed. */
+static enum kiln_err wait_migration(struct hv_vm *vm, struct kiln_error *err)
+{
+	struct timespec tick = { .tv_nsec = 2 * 1000000 };
+
+	for (int waited = 0; waited < MIGRATE_MS / 2; waited++) {
+		json_t *ret = NULL;
+		enum kiln_err rc = qmp_do(vm, "query-migrate", NULL, &ret, err);
+		const char *st;
+
+		if (rc != KILN_OK)
+			return rc;
+		st = json_string_value(json_object_get(ret, "status"));
+		if (st && strcmp(st, "completed") == 0) {
+			json_decref(ret);
+			return KILN_OK;
+		}
+		if (st && (strcmp(st, "failed") == 0 || strcmp(st, "cancelled") == 0)) {
+			const char *why = json_string_value(json_object_get(ret, "error-desc"));
+
+			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': migration %s: %s", vm->id,
+					    st, why ? why : "(no reason given)");
+			json_decref(ret);
+			return rc;
+		}
+		json_decref(ret);
+		nanosleep(&tick, NULL);
+	}
+	return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': migration did not finish", vm->id);
+}
+
+/* Passes `fd` to QEMU as "kiln-mig" and runs `cmd` ("migrate" or "migrate-incoming") on it. */
+static enum kiln_err migrate_fd(struct hv_vm *vm, const char *cmd, int fd, struct kiln_error *err)
+{
+	char msg[QMP_ERRMSG_MAX];
+	enum kiln_err rc;
+	json_t *args;
+	int r;
+
+	r = qmp_getfd(vm->qmp, "kiln-mig", fd, QMP_CMD_MS, msg);
+	if (r < 0)
+		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': getfd: %s", vm->id,
+				      r == -EREMOTEIO ? msg : strerror(-r));
+	args = json_pack("{s:s}", "uri", "fd:kiln-mig");
+	if (!args)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = qmp_do(vm, cmd, args, NULL, err);
+	json_decref(args);
+	return rc != KILN_OK ? rc : wait_migration(vm, err);
+}
+
+static int fsync_path(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const char *mode,
+			  const char *hv_version)
+{
+	char path[PATH_MAX], tmp[PATH_MAX];
+	json_t *m;
+	int r = 0;
+
+	if (!fmt_path(path, "%s/manifest.json", snap_dir) || !fmt_path(tmp, "%s/manifest.json.tmp", snap_dir))
+		return -ENAMETOOLONG;
+	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
+		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
+		      "machine", "microvm", "accel", accel_name(vm->accel), "memory", mode,
+		      "vcpus", (int)vm->vcpus, "vcpu_milli", (int)vm->vcpu_milli, "mem_mib", (int)vm->mem_mib,
+		      "disk", vm->disk_path[0] != '\0', "net", vm->has_net,
+		      "disk_base", vm->disk_path[0] ? vm->disk_base : NULL, "kernel", vm->kernel,
+		      "initrd", vm->initrd[0] ? vm->initrd : NULL, "created", (json_int_t)time(NULL));
+	if (!m)
+		return -ENOMEM;
+	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0)
+		r = -EIO;
+	json_decref(m);
+	if (r == 0 && (r = fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	return r;
+}
+
+static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,
+				   struct kiln_error *err)
+{
+	char state[PATH_MAX], state_tmp[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX], ver[32];
+	/* x-ignore-shared skips only shared memory: a private map goes into the stream */
+	bool shared = mode == VMM_SNAP_SHARED && vm->mem_owned;
+	enum kiln_err rc;
+	unsigned depth = 0;
+	int fd, r;
+
+	if (!vm_alive(vm) || !vm->qmp)
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is not running", vm->id);
+	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(state_tmp, "%s/state.tmp", snap_dir) ||
+	    !fmt_path(mem, "%s/mem", snap_dir) || !fmt_path(disk, "%s/disk.qcow2", snap_dir))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
+	if ((r = mkdir_p(snap_dir, 0700)) < 0)
+		return os_err(err, r, "cannot create snapshot dir", snap_dir);
+	snprintf(ver, sizeof(ver), "%s", qmp_version(vm->qmp));
+
+	if ((rc = qmp_do(vm, "stop", NULL, NULL, err)) != KILN_OK)
+		return rc;
+	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
+		return rc;
+	fd = open(state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return os_err(err, -errno, "cannot create", state_tmp);
+	rc = migrate_fd(vm, "migrate", fd, err);
+	if (rc == KILN_OK && fsync(fd) < 0)
+		rc = os_err(err, -errno, "cannot write", state_tmp);
+	close(fd);
+	if (rc == KILN_OK && rename(state_tmp, state) < 0)
+		rc = os_err(err, -errno, "cannot rename", state_tmp);
+	if (rc != KILN_OK) {
+		unlink(state_tmp);
+		return rc;
+	}
+
+	if (shared) {
+		/* the memory file becomes the snapshot's image: this VMM must not write it any more */
+		vm_kill(vm, true);
+		if ((r = disk_file_move(vm->mem_path, mem)) < 0)
+			return os_err(err, r, "cannot move memory image to", mem);
+		vm->mem_owned = false;
+		if (vm->disk_path[0] && (r = disk_file_move(vm->disk_path, disk)) < 0)
+			return os_err(err, r, "cannot move disk layer to", disk);
+		if (vm->disk_path[0])
+			vm->disk_path[0] = '\0';
+	} else if (vm->disk_path[0] && (r = disk_file_copy(vm->disk_path, disk)) < 0) {
+		/* the source's block devices are inactive after the migration: the layer is consistent */
+		return os_err(err, r, "cannot copy disk layer to", disk);
+	}
+	if (access(disk, F_OK) == 0 && disk_info(disk, NULL, &depth) == 0 && depth > DISK_CHAIN_MAX &&
+	    (r = disk_flatten(disk, vm->disk_base)) < 0)
+		return os_err(err, r, "cannot flatten disk layer", disk);
+	if ((r = write_manifest(snap_dir, vm, shared ? "shared" : "full", ver)) < 0 || (r = fsync_path(snap_dir)) < 0)
+		return os_err(err, r, "cannot write manifest in", snap_dir);
+	return KILN_OK;
+}
+
+/* Reads the snapshot's manifest and checks it fits `s`. *shared tells its memory mode. */
+static enum kiln_err check_manifest(const char *snap_dir, const struct hv_vm *vm, bool *shared,
+				    bool *has_disk, char *disk_base, struct kiln_error *err)
+{
+	char path[PATH_MAX];
+	json_error_t jerr;
+	enum kiln_err rc = KILN_OK;
+	const char *mode, *hv, *accel, *base;
+	json_t *m;
+
+	if (!fmt_path(path, "%s/manifest.json", snap_dir))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
+	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!m)
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': no readable manifest (%s)", snap_dir,
+				      jerr.text);
+	mode = json_string_value(json_object_get(m, "memory"));
+	hv = json_string_value(json_object_get(m, "hypervisor"));
+	accel = json_string_value(json_object_get(m, "accel"));
+	base = json_string_value(json_object_get(m, "disk_base"));
+	if (json_integer_value(json_object_get(m, "format")) != SNAP_FORMAT || !hv || strcmp(hv, "qemu") ||
+	    !mode || (strcmp(mode, "shared") && strcmp(mode, "full")))
+		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': unknown format", snap_dir);
+	else if (!accel || strcmp(accel, accel_name(vm->accel)))
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s' was taken under %s, this host runs %s",
+				    snap_dir, accel ? accel : "?", accel_name(vm->accel));
+	else if (json_integer_value(json_object_get(m, "vcpus")) != (json_int_t)vm->vcpus ||
+		 json_integer_value(json_object_get(m, "mem_mib")) != (json_int_t)vm->mem_mib)
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': shape differs (vcpus, memory)", snap_dir);
+	else if (json_is_true(json_object_get(m, "net")) != vm->has_net)
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': network device differs", snap_dir);
+	if (rc == KILN_OK) {
+		*shared = strcmp(mode, "shared") == 0;
+		*has_disk = json_is_true(json_object_get(m, "disk"));
+		snprintf(disk_base, PATH_MAX, "%s", base ? base : "");
+	}
+	json_decref(m);
+	return rc;
+}
+
+static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir, enum vmm_mem_from from,
+				  struct hv_vm **out, struct kiln_error *err)
+{
+	char state[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX];
+	bool shared = false, has_disk = false;
+	struct hv_vm *vm;
+	enum kiln_err rc;
+	int r, fd = -1;
+
+	*out = NULL;
+	if ((rc = vmm_spec_check(s, err)) != KILN_OK)
+		return rc;
+	vm = calloc(1, sizeof(*vm));
+	if (!vm)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if ((rc = vm_init(vm, s, err)) != KILN_OK)
+		goto fail;
+	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(mem, "%s/mem", snap_dir) ||
+	    !fmt_path(disk, "%s/disk.qcow2", snap_dir)) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
+		goto fail;
+	}
+	if ((rc = check_manifest(snap_dir, vm, &shared, &has_disk, vm->disk_base, err)) != KILN_OK)
+		goto fail;
+	fd = open(state, O_RDONLY | O_CLOEXEC);
+	if (fd < 0) {
+		rc = os_err(err, -errno, "cannot open snapshot state", state);
+		goto fail;
+	}
+	if ((r = mkdir_p(vm->run_dir, 0711)) < 0 || (r = mkdir_p(vm->state_dir, 0700)) < 0) {
+		rc = os_err(err, r, "cannot create the directories of vm", s->id);
+		goto fail;
+	}
+	/* memory: the snapshot's image mapped privately, taken over, or copied; or a fresh file */
+	vm->mem_owned = true;
+	if (!shared)
+		r = mem_file_create(vm->mem_path, vm->mem_mib);
+	else if (from == VMM_MEM_MOVE)
+		r = disk_file_move(mem, vm->mem_path);
+	else if (from == VMM_MEM_COPY)
+		r = disk_file_copy(mem, vm->mem_path);
+	else {
+		vm->mem_owned = false;
+		r = fmt_path(vm->mem_path, "%s", mem) ? 0 : -ENAMETOOLONG;
+	}
+	if (r < 0) {
+		rc = os_err(err, r, "cannot prepare memory from", mem);
+		goto fail;
+	}
+	/* disk: a new empty layer over the snapshot's frozen one */
+	if (has_disk) {
+		if (!fmt_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir)) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
+			goto fail;
+		}
+		if ((r = disk_overlay_create(disk, "qcow2", vm->disk_path, 0)) < 0) {
+			vm->disk_path[0] = '\0';
+			rc = os_err(err, r, "cannot create disk layer over", disk);
+			goto fail;
+		}
+	}
+	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
+		goto fail;
+	if ((rc = vm_start(vm, s, true, err)) != KILN_OK)
+		goto fail;
+	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
+		goto fail;
+	if ((rc = migrate_fd(vm, "migrate-incoming", fd, err)) != KILN_OK)
+		goto fail;
+	if ((rc = qmp_do(vm, "cont", NULL, NULL, err)) != KILN_OK)
+		goto fail;
+	close(fd);
+	*out = vm;
+	return KILN_OK;
+fail:
+	if (fd >= 0)
+		close(fd);
+	qemu_destroy(vm, NULL);
+	return rc;
+}
+
+static enum kiln_err qemu_status(struct hv_vm *vm, struct vmm_status *st, struct kiln_error *err)
+{
+	json_t *ret = NULL;
+
+	memset(st, 0, sizeof(*st));
+	st->alive = vm_alive(vm);
+	st->pid = vm->pid;
+	st->exit_status = vm->exit_status;
+	if (st->alive && vm->qmp && qmp_do(vm, "query-status", NULL, &ret, err) == KILN_OK)
+		st->running = json_is_true(json_object_get(ret, "running"));
+	json_decref(ret);
+	return KILN_OK;
+}
+
+static enum kiln_err qemu_usage(struct hv_vm *vm, struct cg_usage *u, struct kiln_error *err)
+{
+	int r;
+
+	if (!vm->cg)
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no cgroup", vm->id);
+	r = cg_read(vm->cg, u);
+	return r < 0 ? os_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
+}
+
+/* Removes a file that may be absent; records other failures in `err`. */
+static void remove_file(const char *path, struct kiln_error *err, enum kiln_err *rc)
+{
+	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
+		*rc = os_err(err, -errno, "cannot remove", path);
+}
+
+static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
+{
+	enum kiln_err rc = KILN_OK;
+	int r;
+
+	if (!vm)
+		return KILN_OK;
+	vm_kill(vm, false);
+	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
+		rc = os_err(err, r, "cannot remove cgroup of vm", vm->id);
+	vm->cg = NULL;
+	if (vm->jail.root)
+		jail_cleanup(&vm->jail);
+	remove_file(vm->qmp_path, err, &rc);
+	remove_file(vm->agent_path, err, &rc);
+	remove_file(vm->serial_path, err, &rc);
+	remove_file(vm->log_path, err, &rc);
+	if (vm->mem_owned)
+		remove_file(vm->mem_path, err, &rc);
+	remove_file(vm->disk_path, err, &rc);
+	if (vm->run_dir[0] && rmdir(vm->run_dir) < 0 && errno != ENOENT && rc == KILN_OK)
+		rc = os_err(err, -errno, "cannot remove", vm->run_dir);
+	if (vm->state_dir[0] && rmdir(vm->state_dir) < 0 && errno != ENOENT && rc == KILN_OK)
+		rc = os_err(err, -errno, "cannot remove", vm->state_dir);
+	free(vm);
+	return rc;
+}
+
+static const char *qemu_agent_socket(const struct hv_vm *vm)
+{
+	return vm->agent_path;
+}
+
+static const char *qemu_serial_log(const struct hv_vm *vm)
+{
+	return vm->serial_path;
+}
+
+const struct hv_ops hv_qemu_ops = {
+	.name = "qemu",
+	.create = qemu_create,
+	.restore = qemu_restore,
+	.pause = qemu_pause,
+	.resume = qemu_resume,
+	.snapshot = qemu_snapshot,
+	.status = qemu_status,
+	.usage = qemu_usage,
+	.destroy = qemu_destroy,
+	.agent_socket = qemu_agent_socket,
+	.serial_log = qemu_serial_log,
+};
