@@ -187,7 +187,7 @@ echo "kiln-$hash" >"$root/etc/kiln/image"
 content_kib=$(du -sk "$root" | cut -f1)
 size_mib=$(((content_kib * 115 / 100) / 1024 + rootfs_slack_mib))
 log "mkfs.ext4 ${size_mib} MiB from ${content_kib} KiB"
-mkfs.ext4 -q -F -L kiln-root -m 0 -J size=16 -E root_owner=0:0 -d "$root" \
+mkfs.ext4 -q -F -L kiln-root -m 0 -J size=16 -E root_owner=0:0 -d "$root" >&2 \
 	"$work/rootfs.ext4" "${size_mib}M"
 rm -rf "$root" "$work/kernel" "$work/busybox" "$ird" "$work/deb"
 

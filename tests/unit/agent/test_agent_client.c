@@ -1,0 +1,398 @@
+/*
+ * test_agent_client.c - the host client (vmm/agent.c) against the real kiln-agent run on this
+ * host in --fd mode over a socketpair (no VM), and against fake hostile guests.
+ *
+ * usage: test_agent_client PATH-TO-KILN-AGENT
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "vmm/agent.h"
+#include "vmm/guest/agent_proto.h"
+
+static const char *agent_bin;
+static char tmpdir[64];
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Starts kiln-agent --fd on one end of a socketpair; returns the client on the other end. */
+static struct agent *spawn_agent(pid_t *pid)
+{
+	int sv[2];
+	struct kiln_error err = { 0 };
+
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		return NULL;
+	*pid = fork();
+	if (*pid == 0) {
+		dup2(sv[1], 3);
+		execl(agent_bin, agent_bin, "--fd", "3", (char *)NULL);
+		_exit(126);
+	}
+	close(sv[1]);
+	return agent_open_fd(sv[0], &err);
+}
+
+static void stop_agent(struct agent *a, pid_t pid)
+{
+	int st;
+
+	agent_free(a);	/* EOF: the agent kills its execs and exits */
+	if (waitpid(pid, &st, 0) == pid)
+		CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
+struct capture {
+	char out[8192], err[8192];
+	size_t out_len, err_len;
+	int chunks;
+	int64_t first_ms;
+};
+
+static int on_output(void *ctx, enum agent_stream s, const uint8_t *d, size_t n)
+{
+	struct capture *c = ctx;
+	char *buf = s == AGENT_STDOUT ? c->out : c->err;
+	size_t *len = s == AGENT_STDOUT ? &c->out_len : &c->err_len;
+
+	if (!c->chunks++)
+		c->first_ms = now_ms();
+	if (*len + n < sizeof(c->out) - 1) {
+		memcpy(buf + *len, d, n);
+		*len += n;
+		buf[*len] = '\0';
+	}
+	return 0;
+}
+
+static void hello_reports_version_and_kernel(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct agent_hello_info h;
+	struct kiln_error err = { 0 };
+
+	CHECK(a != NULL);
+	CHECK_INT(agent_hello(a, 5000, &h, &err), KILN_OK);
+	CHECK_INT(h.version, AGENT_PROTO_VERSION);
+	CHECK(h.kernel_release[0] != '\0');
+	CHECK_STR(h.agent_version, "kiln-agent/1");
+	stop_agent(a, pid);
+}
+
+static void exec_runs_argv_with_env_cwd_and_stdin(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct capture c = { 0 };
+	const char *argv[] = { "sh", "-c", "pwd; echo \"$FOO\"; cat; echo oops >&2; exit 3", NULL };
+	const char *env[] = { "FOO=bar baz", NULL };
+	struct agent_exec_req req = { .argv = argv, .env = env, .cwd = tmpdir,
+				      .stdin_data = "from stdin\n", .stdin_len = 11 };
+
+	CHECK_INT(agent_exec(a, &req, on_output, &c, &r, &err), KILN_OK);
+	char want[200];
+
+	snprintf(want, sizeof(want), "%s\nbar baz\nfrom stdin\n", tmpdir);
+	CHECK_STR(c.out, want);
+	CHECK_STR(c.err, "oops\n");
+	CHECK_INT(r.exit_code, 3);
+	CHECK(!r.timed_out);
+	CHECK_INT(r.stdout_bytes, strlen(want));
+	stop_agent(a, pid);
+}
+
+static void exec_of_missing_program_is_127_with_message(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct capture c = { 0 };
+	const char *argv[] = { "kiln-no-such-program", "x", NULL };
+	struct agent_exec_req req = { .argv = argv };
+
+	CHECK_INT(agent_exec(a, &req, on_output, &c, &r, &err), KILN_OK);
+	CHECK_INT(r.exit_code, 127);
+	CHECK(strstr(c.err, "kiln-no-such-program: command not found") != NULL);
+	stop_agent(a, pid);
+}
+
+static void exec_timeout_kills_the_process_group(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct agent_exec_req req = { .shell = "sleep 30 & sleep 30; echo never", .timeout_ms = 300 };
+	int64_t t0 = now_ms();
+
+	CHECK_INT(agent_exec(a, &req, NULL, NULL, &r, &err), KILN_OK);
+	CHECK(r.timed_out);
+	CHECK_INT(r.exit_code, 137);
+	CHECK_INT(r.signal, SIGKILL);
+	CHECK(now_ms() - t0 < 3000);
+	stop_agent(a, pid);
+}
+
+static void exec_output_streams_before_exit(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct capture c = { 0 };
+	struct agent_exec_req req = { .shell = "echo first; sleep 0.5; echo second" };
+
+	CHECK_INT(agent_exec(a, &req, on_output, &c, &r, &err), KILN_OK);
+	CHECK(c.chunks >= 2);
+	CHECK(now_ms() - c.first_ms >= 400);	/* the first chunk came well before the end */
+	CHECK_STR(c.out, "first\nsecond\n");
+	stop_agent(a, pid);
+}
+
+struct par {
+	struct agent *a;
+	enum kiln_err rc;
+	struct agent_exec_result r;
+	struct capture c;
+};
+
+static void *par_exec(void *arg)
+{
+	struct par *p = arg;
+	struct agent_exec_req req = { .shell = "sleep 0.6; echo done" };
+
+	p->rc = agent_exec(p->a, &req, on_output, &p->c, &p->r, NULL);
+	return NULL;
+}
+
+static void execs_run_at_once(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct par p[3] = { { .a = a }, { .a = a }, { .a = a } };
+	pthread_t t[3];
+	int64_t t0 = now_ms();
+
+	for (int i = 0; i < 3; i++)
+		pthread_create(&t[i], NULL, par_exec, &p[i]);
+	for (int i = 0; i < 3; i++) {
+		pthread_join(t[i], NULL);
+		CHECK_INT(p[i].rc, KILN_OK);
+		CHECK_STR(p[i].c.out, "done\n");
+	}
+	CHECK(now_ms() - t0 < 1500);
+	stop_agent(a, pid);
+}
+
+static void file_round_trip_is_byte_exact(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	char src[128], dst[128], gpath[128];
+	size_t size = 3 * 1024 * 1024 + 17;
+	uint8_t *data = malloc(size), *back = malloc(size);
+	uint64_t got = 0;
+	int fd;
+
+	for (size_t i = 0; i < size; i++)
+		data[i] = (uint8_t)(rand() >> 7);
+	snprintf(src, sizeof(src), "%s/src", tmpdir);
+	snprintf(dst, sizeof(dst), "%s/dst", tmpdir);
+	snprintf(gpath, sizeof(gpath), "%s/written.bin", tmpdir);
+	fd = open(src, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	CHECK(write(fd, data, size) == (ssize_t)size);
+	lseek(fd, 0, SEEK_SET);
+	CHECK_INT(agent_file_write_fd(a, gpath, 0600, fd, 100u << 20, &err), KILN_OK);
+	close(fd);
+	struct stat st;
+
+	CHECK(stat(gpath, &st) == 0 && (st.st_mode & 0777) == 0600);
+	fd = open(dst, O_RDWR | O_CREAT | O_TRUNC, 0600);
+	CHECK_INT(agent_file_read_fd(a, gpath, fd, 100u << 20, &got, &err), KILN_OK);
+	CHECK_INT(got, size);
+	lseek(fd, 0, SEEK_SET);
+	CHECK(read(fd, back, size) == (ssize_t)size);
+	CHECK(memcmp(data, back, size) == 0);
+	close(fd);
+	/* Over the cap: refused, and nothing half-written takes the name. */
+	fd = open(src, O_RDONLY);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, gpath, 0, fd, 1000, &err), KILN_E_TOO_LARGE);
+	close(fd);
+	CHECK(stat(gpath, &st) == 0 && (size_t)st.st_size == size);
+	CHECK(agent_alive(a));
+	free(data);
+	free(back);
+	stop_agent(a, pid);
+}
+
+static void file_errors_map_to_codes(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	char p[128];
+	int fd = open("/dev/null", O_RDWR);
+
+	CHECK_INT(agent_file_read_fd(a, "relative/x", fd, 100, NULL, &err), KILN_E_INVALID);
+	CHECK_INT(agent_file_write_fd(a, "relative/x", 0, fd, 100, &err), KILN_E_INVALID);
+	snprintf(p, sizeof(p), "%s/absent", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_fd(a, p, fd, 100, NULL, &err), KILN_E_NOT_FOUND);
+	snprintf(p, sizeof(p), "%s/no-dir/x", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_fd(a, tmpdir, fd, 100, NULL, &err), KILN_E_INVALID);
+	CHECK(agent_alive(a));
+	close(fd);
+	stop_agent(a, pid);
+}
+
+/* A fake guest: answers the first request with `reply` (raw bytes), then stays silent. */
+struct fake {
+	int fd;
+	const uint8_t *reply;
+	size_t len;
+	bool close_after;
+};
+
+static void *fake_guest(void *arg)
+{
+	struct fake *f = arg;
+	uint8_t hdr[AGENT_HDR_SIZE], skip[4096];
+	struct agent_hdr h;
+
+	if (read(f->fd, hdr, sizeof(hdr)) == sizeof(hdr) && agent_hdr_decode(hdr, &h) == 0) {
+		if (h.len)
+			CHECK(read(f->fd, skip, h.len) == (ssize_t)h.len);
+		if (f->len) {
+			/* Patch the request id into frames that leave it 0xFFFFFFFF. */
+			uint8_t *out = malloc(f->len);
+
+			memcpy(out, f->reply, f->len);
+			if (f->len >= AGENT_HDR_SIZE && memcmp(out + 8, "\xff\xff\xff\xff", 4) == 0) {
+				out[8] = (uint8_t)(h.id >> 24);
+				out[9] = (uint8_t)(h.id >> 16);
+				out[10] = (uint8_t)(h.id >> 8);
+				out[11] = (uint8_t)h.id;
+			}
+			CHECK(write(f->fd, out, f->len) == (ssize_t)f->len);
+			free(out);
+		}
+	}
+	if (f->close_after)
+		shutdown(f->fd, SHUT_RDWR);
+	return NULL;
+}
+
+/* Runs a hello against a fake guest; returns the result. */
+static enum kiln_err hello_against(const uint8_t *reply, size_t len, bool close_after,
+				   int timeout_ms, struct agent **out)
+{
+	int sv[2];
+	struct kiln_error err = { 0 };
+	struct fake f;
+	pthread_t t;
+	enum kiln_err rc;
+
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	f = (struct fake){ sv[1], reply, len, close_after };
+	pthread_create(&t, NULL, fake_guest, &f);
+	*out = agent_open_fd(sv[0], &err);
+	rc = agent_hello(*out, timeout_ms, NULL, &err);
+	pthread_join(t, NULL);
+	close(sv[1]);
+	return rc;
+}
+
+static void hostile_guests_fail_the_sandbox(void)
+{
+	struct agent *a;
+	uint8_t frame[64];
+	struct agent_hdr h = { AGENT_PROTO_VERSION, AGENT_T_HELLO_OK, 0, 0xffffffffu, 0 };
+
+	/* Garbage instead of a frame. */
+	CHECK_INT(hello_against((const uint8_t *)"GARBAGE GARBAGE GARBAGE!", 24, false, 2000, &a),
+		  KILN_E_SANDBOX_FAILED);
+	CHECK(!agent_alive(a));
+	agent_free(a);
+	/* A length over the cap. */
+	h.len = AGENT_MAX_PAYLOAD + 1;
+	agent_hdr_encode(&h, frame);
+	CHECK_INT(hello_against(frame, AGENT_HDR_SIZE, false, 2000, &a), KILN_E_SANDBOX_FAILED);
+	agent_free(a);
+	/* A well-framed but malformed hello. */
+	h.len = 3;
+	agent_hdr_encode(&h, frame);
+	memcpy(frame + AGENT_HDR_SIZE, "\x00\x01\x00", 3);
+	CHECK_INT(hello_against(frame, AGENT_HDR_SIZE + 3, false, 2000, &a), KILN_E_SANDBOX_FAILED);
+	agent_free(a);
+	/* A frame type only the host may send. */
+	h.type = AGENT_T_EXEC;
+	h.len = 0;
+	agent_hdr_encode(&h, frame);
+	CHECK_INT(hello_against(frame, AGENT_HDR_SIZE, false, 2000, &a), KILN_E_SANDBOX_FAILED);
+	agent_free(a);
+	/* Silence: the wait times out. */
+	int64_t t0 = now_ms();
+
+	CHECK_INT(hello_against(NULL, 0, false, 300, &a), KILN_E_SANDBOX_FAILED);
+	CHECK(now_ms() - t0 < 2000);
+	agent_free(a);
+	/* The guest hangs up. */
+	CHECK_INT(hello_against(NULL, 0, true, 5000, &a), KILN_E_SANDBOX_FAILED);
+	agent_free(a);
+}
+
+int main(int argc, char **argv)
+{
+	char cmd[128];
+	int rc;
+
+	if (argc < 2) {
+		fprintf(stderr, "usage: test_agent_client PATH-TO-KILN-AGENT\n");
+		return 2;
+	}
+	agent_bin = argv[1];
+	signal(SIGPIPE, SIG_IGN);
+	snprintf(tmpdir, sizeof(tmpdir), "/tmp/kiln-agent-test.XXXXXX");
+	if (!mkdtemp(tmpdir))
+		return 1;
+	TEST(hello_reports_version_and_kernel);
+	TEST(exec_runs_argv_with_env_cwd_and_stdin);
+	TEST(exec_of_missing_program_is_127_with_message);
+	TEST(exec_timeout_kills_the_process_group);
+	TEST(exec_output_streams_before_exit);
+	TEST(execs_run_at_once);
+	TEST(file_round_trip_is_byte_exact);
+	TEST(file_errors_map_to_codes);
+	TEST(hostile_guests_fail_the_sandbox);
+	rc = test_summary();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
+	if (system(cmd) != 0)
+		fprintf(stderr, "cannot remove '%s'\n", tmpdir);
+	return rc;
+}

@@ -1,0 +1,264 @@
+/*
+ * test_agent_proto.c - unit tests of the agent wire codec (vmm/guest/agent_proto.c): header
+ * round trip and validation, the incremental decoder over uneven slices, the bounded readers and
+ * writers, and the decoders of the guest's replies.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "vmm/guest/agent_proto.h"
+
+static uint8_t payload_buf[AGENT_MAX_PAYLOAD];
+
+/* Builds a frame into `out`; returns its size. */
+static size_t make_frame(uint8_t *out, uint8_t type, uint32_t id, const void *p, uint32_t len)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, type, 0, id, len };
+
+	agent_hdr_encode(&h, out);
+	memcpy(out + AGENT_HDR_SIZE, p, len);
+	return AGENT_HDR_SIZE + len;
+}
+
+static void header_round_trip_keeps_every_field(void)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, AGENT_T_EXEC, 0x0001, 0xdeadbeef, 1234 }, g;
+	uint8_t b[AGENT_HDR_SIZE];
+
+	agent_hdr_encode(&h, b);
+	CHECK(memcmp(b, "KLNA", 4) == 0);
+	CHECK_INT(agent_hdr_decode(b, &g), 0);
+	CHECK_INT(g.type, AGENT_T_EXEC);
+	CHECK_INT(g.flags, 1);
+	CHECK_INT(g.id, 0xdeadbeef);
+	CHECK_INT(g.len, 1234);
+}
+
+static void header_rejects_bad_magic_version_type_and_size(void)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, AGENT_T_OK, 0, 1, 8 }, g;
+	uint8_t b[AGENT_HDR_SIZE];
+
+	agent_hdr_encode(&h, b);
+	b[0] = 'X';
+	CHECK_INT(agent_hdr_decode(b, &g), -EPROTO);
+	agent_hdr_encode(&h, b);
+	b[4] = 9;
+	CHECK_INT(agent_hdr_decode(b, &g), -EPROTO);
+	h.type = 0x7f;
+	agent_hdr_encode(&h, b);
+	CHECK_INT(agent_hdr_decode(b, &g), -EPROTO);
+	h.type = AGENT_T_OK;
+	h.len = AGENT_MAX_PAYLOAD + 1;
+	agent_hdr_encode(&h, b);
+	CHECK_INT(agent_hdr_decode(b, &g), -EMSGSIZE);
+	h.len = AGENT_MAX_PAYLOAD;
+	agent_hdr_encode(&h, b);
+	CHECK_INT(agent_hdr_decode(b, &g), 0);
+}
+
+static void decoder_reassembles_frames_fed_byte_by_byte(void)
+{
+	uint8_t stream[256];
+	size_t n = 0, off = 0;
+	struct agent_decoder d;
+	int frames = 0;
+
+	n += make_frame(stream + n, AGENT_T_STDOUT, 7, "hello", 5);
+	n += make_frame(stream + n, AGENT_T_OK, 8, "", 0);
+	n += make_frame(stream + n, AGENT_T_STDERR, 9, "ab", 2);
+	agent_decoder_init(&d, payload_buf);
+	while (off < n) {
+		size_t used;
+		int rc = agent_decoder_feed(&d, stream + off, 1, &used);
+
+		CHECK_INT(used, 1);
+		off += used;
+		if (rc == 1) {
+			frames++;
+			if (frames == 1) {
+				CHECK_INT(d.hdr.id, 7);
+				CHECK(memcmp(d.payload, "hello", 5) == 0);
+			} else if (frames == 2) {
+				CHECK_INT(d.hdr.type, AGENT_T_OK);
+				CHECK_INT(d.hdr.len, 0);
+			} else {
+				CHECK_INT(d.hdr.id, 9);
+			}
+		}
+	}
+	CHECK_INT(frames, 3);
+}
+
+static void decoder_returns_each_frame_of_one_buffer(void)
+{
+	uint8_t stream[256];
+	size_t n = 0, off = 0;
+	struct agent_decoder d;
+	int frames = 0;
+
+	n += make_frame(stream + n, AGENT_T_STDOUT, 1, "x", 1);
+	n += make_frame(stream + n, AGENT_T_STDOUT, 2, "yy", 2);
+	agent_decoder_init(&d, payload_buf);
+	while (off < n) {
+		size_t used;
+		int rc = agent_decoder_feed(&d, stream + off, n - off, &used);
+
+		off += used;
+		if (rc == 1)
+			CHECK_INT(d.hdr.id, (uint32_t)++frames);
+	}
+	CHECK_INT(frames, 2);
+}
+
+static void decoder_error_is_sticky(void)
+{
+	uint8_t junk[32] = "this is not a frame at all......";
+	struct agent_decoder d;
+	size_t used;
+
+	agent_decoder_init(&d, payload_buf);
+	CHECK(agent_decoder_feed(&d, junk, sizeof(junk), &used) < 0);
+	CHECK(agent_decoder_feed(&d, junk, sizeof(junk), &used) < 0);
+	CHECK_INT(used, 0);
+}
+
+static void reader_fails_past_the_end_and_on_oversized_strings(void)
+{
+	uint8_t b[64];
+	struct agent_wr w;
+	struct agent_rd r;
+
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u32(&w, 42);
+	agent_wr_str(&w, "abc");
+	CHECK(!w.overflow);
+	agent_rd_init(&r, b, w.len);
+	CHECK_INT(agent_rd_u32(&r), 42);
+	struct agent_bytes s = agent_rd_text(&r, 2);	/* 3 > max 2 */
+
+	CHECK(r.bad);
+	CHECK(s.p == NULL);
+	CHECK_INT(agent_rd_u64(&r), 0);
+	CHECK(!agent_rd_done(&r));
+
+	/* A length prefix larger than what is left. */
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u32(&w, 1000);
+	agent_rd_init(&r, b, w.len);
+	agent_rd_bytes(&r, AGENT_MAX_PAYLOAD);
+	CHECK(r.bad);
+}
+
+static void text_with_nul_is_rejected(void)
+{
+	uint8_t b[16];
+	struct agent_wr w;
+	struct agent_rd r;
+
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_bytes(&w, "a\0b", 3);
+	agent_rd_init(&r, b, w.len);
+	agent_rd_text(&r, 100);
+	CHECK(r.bad);
+}
+
+static void writer_counts_without_a_buffer_and_flags_overflow(void)
+{
+	uint8_t b[6];
+	struct agent_wr w;
+
+	agent_wr_init(&w, NULL, 0);
+	agent_wr_str(&w, "hello");
+	agent_wr_u64(&w, 1);
+	CHECK_INT(w.len, 4 + 5 + 8);
+	CHECK(!w.overflow);
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_str(&w, "hello");
+	CHECK(w.overflow);
+}
+
+static void exit_decoder_validates_fields(void)
+{
+	uint8_t b[32];
+	struct agent_wr w;
+	struct agent_exit_msg m;
+
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u32(&w, 127);
+	agent_wr_u32(&w, 0);
+	agent_wr_u8(&w, 1);
+	agent_wr_u64(&w, 1500);
+	CHECK_INT(agent_parse_exit(b, w.len, &m), 0);
+	CHECK_INT(m.exit_code, 127);
+	CHECK(m.timed_out);
+	CHECK_INT(m.duration_ms, 1500);
+	CHECK_INT(agent_parse_exit(b, w.len - 1, &m), -EBADMSG);	/* short */
+	b[3] = 0xff;	/* exit code 255 still fine */
+	CHECK_INT(agent_parse_exit(b, w.len, &m), 0);
+	b[2] = 0x01;	/* 0x1ff: out of range */
+	CHECK_INT(agent_parse_exit(b, w.len, &m), -EBADMSG);
+	b[2] = 0;
+	b[8] = 2;	/* timed_out must be 0 or 1 */
+	CHECK_INT(agent_parse_exit(b, w.len, &m), -EBADMSG);
+}
+
+static void hello_and_error_decoders_reject_trailing_bytes(void)
+{
+	uint8_t b[128];
+	struct agent_wr w;
+	struct agent_hello_msg h;
+	struct agent_error_msg e;
+
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u16(&w, 1);
+	agent_wr_str(&w, "6.1.0-57-cloud-amd64");
+	agent_wr_str(&w, "boot");
+	agent_wr_str(&w, "kiln-agent/1");
+	agent_wr_u64(&w, 99);
+	CHECK_INT(agent_parse_hello_ok(b, w.len, &h), 0);
+	CHECK_INT(h.kernel_release.len, 20);
+	CHECK_INT(h.uptime_ms, 99);
+	CHECK_INT(agent_parse_hello_ok(b, w.len + 1, &h), -EBADMSG);
+
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u32(&w, AGENT_S_NOT_FOUND);
+	agent_wr_u32(&w, ENOENT);
+	agent_wr_str(&w, "no such file");
+	CHECK_INT(agent_parse_error(b, w.len, &e), 0);
+	CHECK_INT(e.status, AGENT_S_NOT_FOUND);
+	CHECK_INT(agent_parse_error(b, w.len - 1, &e), -EBADMSG);
+}
+
+static void path_hostname_and_env_checks(void)
+{
+	CHECK(agent_path_ok("/tmp/x", 6));
+	CHECK(!agent_path_ok("tmp/x", 5));
+	CHECK(!agent_path_ok("", 0));
+	CHECK(!agent_path_ok("/a\0b", 4));
+	CHECK(agent_hostname_ok("sbx-1.kiln", 10));
+	CHECK(!agent_hostname_ok("-x", 2));
+	CHECK(!agent_hostname_ok("a b", 3));
+	CHECK(agent_env_ok("A=1", 3));
+	CHECK(agent_env_ok("A=", 2));
+	CHECK(!agent_env_ok("=1", 2));
+	CHECK(!agent_env_ok("A", 1));
+}
+
+int main(void)
+{
+	TEST(header_round_trip_keeps_every_field);
+	TEST(header_rejects_bad_magic_version_type_and_size);
+	TEST(decoder_reassembles_frames_fed_byte_by_byte);
+	TEST(decoder_returns_each_frame_of_one_buffer);
+	TEST(decoder_error_is_sticky);
+	TEST(reader_fails_past_the_end_and_on_oversized_strings);
+	TEST(text_with_nul_is_rejected);
+	TEST(writer_counts_without_a_buffer_and_flags_overflow);
+	TEST(exit_decoder_validates_fields);
+	TEST(hello_and_error_decoders_reject_trailing_bytes);
+	TEST(path_hostname_and_env_checks);
+	return test_summary();
+}

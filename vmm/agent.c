@@ -1,0 +1,956 @@
+/*
+ * agent.c - the host's client for kiln-agent (see agent.h).
+ *
+ * One reader thread per connection decodes the guest's frames (vmm/guest/agent_proto.c) and
+ * appends each to the queue of the call whose request id it carries; frames for ids nobody waits
+ * for are dropped. A call's queue is bounded (CALL_QUEUE_MAX): past it the reader waits for the
+ * caller to catch up, which backs up the channel and, through the agent's own bounded queue, the
+ * guest's command. Writers share the socket under a mutex, one whole frame at a time.
+ *
+ * Anything the guest sends that the protocol does not allow (a bad header, a frame type a call
+ * does not expect, a malformed payload, ERROR with id 0) kills the connection: after that every
+ * call returns KILN_E_SANDBOX_FAILED.
+ */
+#include "vmm/agent.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "vmm/guest/agent_proto.h"
+
+#define CALL_QUEUE_MAX (4u << 20)	/* bytes of frames queued for one call before the reader waits */
+
+struct frame {
+	struct frame *next;
+	uint8_t type;
+	uint32_t len;		/* bytes of data */
+	uint8_t data[];
+};
+
+struct call {
+	struct call *next;
+	uint32_t id;
+	struct frame *head, *tail;
+	size_t queued;		/* bytes of data in the queue */
+	pthread_cond_t cond;	/* signalled when a frame arrives or the connection dies */
+};
+
+struct agent {
+	int fd;
+	int io_timeout_ms;
+	pthread_t reader;
+	bool reader_started;
+	pthread_mutex_t lock;	/* guards everything below, and each call's queue */
+	pthread_cond_t space;	/* the reader waits here for room in a call's queue */
+	struct call *calls;
+	uint32_t next_id;
+	bool dead;
+	char dead_msg[160];
+	pthread_mutex_t wlock;	/* one writer at a time on fd */
+};
+
+/* Milliseconds on CLOCK_MONOTONIC. */
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Copies guest text into `out` (cap bytes), keeping printable ASCII only. */
+static void sanitize(char *out, size_t cap, const uint8_t *p, size_t len)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < len && n + 1 < cap; i++)
+		out[n++] = p[i] >= 0x20 && p[i] < 0x7f ? (char)p[i] : '?';
+	out[n] = '\0';
+}
+
+/* Marks the connection dead (first reason wins) and wakes everybody; caller holds a->lock. */
+static void mark_dead_locked(struct agent *a, const char *why)
+{
+	if (!a->dead) {
+		a->dead = true;
+		snprintf(a->dead_msg, sizeof(a->dead_msg), "%s", why);
+		shutdown(a->fd, SHUT_RDWR);
+	}
+	for (struct call *c = a->calls; c; c = c->next)
+		pthread_cond_broadcast(&c->cond);
+	pthread_cond_broadcast(&a->space);
+}
+
+static void mark_dead(struct agent *a, const char *why)
+{
+	pthread_mutex_lock(&a->lock);
+	mark_dead_locked(a, why);
+	pthread_mutex_unlock(&a->lock);
+}
+
+static enum kiln_err dead_error(struct agent *a, struct kiln_error *err)
+{
+	char msg[sizeof(a->dead_msg)];
+
+	pthread_mutex_lock(&a->lock);
+	memcpy(msg, a->dead_msg, sizeof(msg));
+	pthread_mutex_unlock(&a->lock);
+	return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "guest agent: %s", msg);
+}
+
+static struct call *call_find_locked(struct agent *a, uint32_t id)
+{
+	for (struct call *c = a->calls; c; c = c->next)
+		if (c->id == id)
+			return c;
+	return NULL;
+}
+
+/* Hands one decoded frame to its call; drops it when nobody waits for that id. */
+static void deliver(struct agent *a, const struct agent_hdr *h, const uint8_t *payload)
+{
+	struct frame *f;
+	struct call *c;
+
+	pthread_mutex_lock(&a->lock);
+	for (;;) {
+		c = call_find_locked(a, h->id);
+		if (!c || a->dead || c->queued == 0 || c->queued + h->len <= CALL_QUEUE_MAX)
+			break;
+		pthread_cond_wait(&a->space, &a->lock);
+	}
+	if (!c || a->dead) {
+		pthread_mutex_unlock(&a->lock);
+		return;
+	}
+	f = malloc(sizeof(*f) + h->len);
+	if (!f) {
+		mark_dead_locked(a, "out of memory");
+		pthread_mutex_unlock(&a->lock);
+		return;
+	}
+	f->next = NULL;
+	f->type = h->type;
+	f->len = h->len;
+	if (h->len)
+		memcpy(f->data, payload, h->len);
+	if (c->tail)
+		c->tail->next = f;
+	else
+		c->head = f;
+	c->tail = f;
+	c->queued += h->len;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&a->lock);
+}
+
+/* The reader thread: decodes frames until the channel ends or the guest misbehaves. */
+static void *reader_main(void *arg)
+{
+	struct agent *a = arg;
+	struct agent_decoder dec;
+	uint8_t *payload = malloc(AGENT_MAX_PAYLOAD), *buf = malloc(65536);
+	const char *why = "channel closed";
+	char msg[160];
+
+	if (!payload || !buf) {
+		why = "out of memory";
+		goto out;
+	}
+	agent_decoder_init(&dec, payload);
+	for (;;) {
+		struct pollfd p = { a->fd, POLLIN, 0 };
+
+		if (poll(&p, 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			why = "poll failed";
+			goto out;
+		}
+		ssize_t n = recv(a->fd, buf, 65536, 0);
+
+		if (n == 0)
+			goto out;
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				continue;
+			why = "channel read failed";
+			goto out;
+		}
+		size_t off = 0;
+
+		while (off < (size_t)n) {
+			size_t used;
+			int rc = agent_decoder_feed(&dec, buf + off, (size_t)n - off, &used);
+
+			off += used;
+			if (rc < 0) {
+				why = rc == -EMSGSIZE ? "frame over the size cap" : "bad frame header";
+				goto out;
+			}
+			if (rc == 0)
+				continue;
+			if (!agent_type_from_guest(dec.hdr.type) || dec.hdr.flags != 0) {
+				why = "frame type or flags not allowed from the guest";
+				goto out;
+			}
+			if (dec.hdr.id == 0) {
+				struct agent_error_msg em;
+
+				if (dec.hdr.type == AGENT_T_ERROR &&
+				    agent_parse_error(dec.payload, dec.hdr.len, &em) == 0) {
+					char text[100];
+
+					sanitize(text, sizeof(text), em.message.p, em.message.len);
+					snprintf(msg, sizeof(msg), "guest ended the session: %s", text);
+					why = msg;
+				} else {
+					why = "frame without a request id";
+				}
+				goto out;
+			}
+			deliver(a, &dec.hdr, dec.payload);
+		}
+	}
+out:
+	mark_dead(a, why);
+	free(payload);
+	free(buf);
+	return NULL;
+}
+
+/* Registers a new call with a fresh id; the caller ends it with call_end(). */
+static struct call *call_begin(struct agent *a)
+{
+	struct call *c = calloc(1, sizeof(*c));
+	pthread_condattr_t attr;
+
+	if (!c)
+		return NULL;
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->cond, &attr);
+	pthread_condattr_destroy(&attr);
+	pthread_mutex_lock(&a->lock);
+	do {
+		c->id = ++a->next_id;
+	} while (c->id == 0 || call_find_locked(a, c->id));
+	c->next = a->calls;
+	a->calls = c;
+	pthread_mutex_unlock(&a->lock);
+	return c;
+}
+
+/* Unregisters and frees a call and whatever is still queued for it. Accepts NULL. */
+static void call_end(struct agent *a, struct call *c)
+{
+	struct frame *f, *next;
+
+	if (!c)
+		return;
+	pthread_mutex_lock(&a->lock);
+	for (struct call **pp = &a->calls; *pp; pp = &(*pp)->next) {
+		if (*pp == c) {
+			*pp = c->next;
+			break;
+		}
+	}
+	pthread_cond_broadcast(&a->space);
+	pthread_mutex_unlock(&a->lock);
+	for (f = c->head; f; f = next) {
+		next = f->next;
+		free(f);
+	}
+	pthread_cond_destroy(&c->cond);
+	free(c);
+}
+
+/*
+ * Takes the next frame of call `c`, waiting until `deadline` (mono_ms; -1: forever). A zero
+ * deadline only polls. Returns 0 with *out set (the caller frees it), -ETIMEDOUT, or -EPIPE when
+ * the connection is dead.
+ */
+static int call_next(struct agent *a, struct call *c, int64_t deadline, struct frame **out)
+{
+	int rc = 0;
+
+	pthread_mutex_lock(&a->lock);
+	while (!c->head && !a->dead) {
+		if (deadline >= 0 && mono_ms() >= deadline) {
+			rc = -ETIMEDOUT;
+			goto out;
+		}
+		if (deadline < 0) {
+			pthread_cond_wait(&c->cond, &a->lock);
+		} else {
+			struct timespec ts = { (time_t)(deadline / 1000), (long)(deadline % 1000) * 1000000 };
+
+			pthread_cond_timedwait(&c->cond, &a->lock, &ts);
+		}
+	}
+	if (!c->head) {
+		rc = -EPIPE;
+		goto out;
+	}
+	*out = c->head;
+	c->head = c->head->next;
+	if (!c->head)
+		c->tail = NULL;
+	c->queued -= (*out)->len;
+	pthread_cond_broadcast(&a->space);
+out:
+	pthread_mutex_unlock(&a->lock);
+	return rc;
+}
+
+/* Writes all of `p` within the io timeout; returns 0 or a negative errno. */
+static int write_all(struct agent *a, const uint8_t *p, size_t len)
+{
+	int64_t deadline = mono_ms() + a->io_timeout_ms;
+
+	while (len > 0) {
+		ssize_t n = send(a->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (n > 0) {
+			p += n;
+			len -= (size_t)n;
+			continue;
+		}
+		if (n < 0 && errno != EAGAIN && errno != EINTR)
+			return -errno;
+		int64_t left = deadline - mono_ms();
+
+		if (left <= 0)
+			return -ETIMEDOUT;
+		struct pollfd pf = { a->fd, POLLOUT, 0 };
+
+		poll(&pf, 1, (int)(left > 1000 ? 1000 : left));
+		pthread_mutex_lock(&a->lock);
+		bool dead = a->dead;
+
+		pthread_mutex_unlock(&a->lock);
+		if (dead)
+			return -EPIPE;
+	}
+	return 0;
+}
+
+/*
+ * Sends one frame. A frame cut short leaves the stream unusable, so any failure kills the
+ * connection. Returns 0 or KILN_E_SANDBOX_FAILED (in `err`).
+ */
+static enum kiln_err send_frame(struct agent *a, uint8_t type, uint16_t flags, uint32_t id,
+				const void *payload, size_t len, struct kiln_error *err)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, type, flags, id, (uint32_t)len };
+	uint8_t hdr[AGENT_HDR_SIZE];
+	int rc;
+
+	if (len > AGENT_MAX_PAYLOAD)
+		return kiln_error_set(err, KILN_E_TOO_LARGE, "request over the frame cap");
+	agent_hdr_encode(&h, hdr);
+	pthread_mutex_lock(&a->wlock);
+	rc = write_all(a, hdr, sizeof(hdr));
+	if (rc == 0 && len)
+		rc = write_all(a, payload, len);
+	pthread_mutex_unlock(&a->wlock);
+	if (rc < 0) {
+		mark_dead(a, rc == -ETIMEDOUT ? "guest stopped reading" : "channel write failed");
+		return dead_error(a, err);
+	}
+	return KILN_OK;
+}
+
+/* Maps a guest ERROR frame to the project's code, with its sanitised message. */
+static enum kiln_err guest_error(struct agent *a, const struct frame *f, struct kiln_error *err)
+{
+	struct agent_error_msg m;
+	char text[160];
+	enum kiln_err code;
+
+	if (agent_parse_error(f->data, f->len, &m) < 0) {
+		mark_dead(a, "malformed error frame");
+		return dead_error(a, err);
+	}
+	sanitize(text, sizeof(text), m.message.p, m.message.len);
+	switch (m.status) {
+	case AGENT_S_INVALID:
+		code = KILN_E_INVALID;
+		break;
+	case AGENT_S_NOT_FOUND:
+		code = KILN_E_NOT_FOUND;
+		break;
+	case AGENT_S_IO:
+		code = KILN_E_IO;
+		break;
+	case AGENT_S_TOO_LARGE:
+		code = KILN_E_TOO_LARGE;
+		break;
+	case AGENT_S_BUSY:
+		code = KILN_E_RATE_LIMITED;
+		break;
+	case AGENT_S_PROTO:
+	case AGENT_S_EXISTS:
+	case AGENT_S_INTERNAL:
+		code = KILN_E_INTERNAL;
+		break;
+	default:
+		code = KILN_E_SANDBOX_FAILED;
+		break;
+	}
+	return kiln_error_set(err, code, "guest: %s", text);
+}
+
+/* A frame the current call cannot receive: the guest broke the protocol. */
+static enum kiln_err protocol_violation(struct agent *a, const char *what, struct kiln_error *err)
+{
+	mark_dead(a, what);
+	return dead_error(a, err);
+}
+
+/* Turns a call_next() failure into the call's error. */
+static enum kiln_err wait_error(struct agent *a, int rc, struct kiln_error *err)
+{
+	if (rc == -ETIMEDOUT)
+		mark_dead(a, "guest stopped answering");
+	return dead_error(a, err);
+}
+
+struct agent *agent_open_fd(int fd, struct kiln_error *err)
+{
+	struct agent *a = calloc(1, sizeof(*a));
+
+	if (!a) {
+		close(fd);
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	a->fd = fd;
+	a->io_timeout_ms = AGENT_DEFAULT_IO_TIMEOUT_MS;
+	pthread_mutex_init(&a->lock, NULL);
+	pthread_mutex_init(&a->wlock, NULL);
+	pthread_cond_init(&a->space, NULL);
+	fcntl(fd, F_SETFD, FD_CLOEXEC);
+	if (pthread_create(&a->reader, NULL, reader_main, a) != 0) {
+		kiln_error_set(err, KILN_E_NOMEM, "cannot start the agent reader thread");
+		agent_free(a);
+		return NULL;
+	}
+	a->reader_started = true;
+	return a;
+}
+
+struct agent *agent_connect(const char *sock_path, int timeout_ms, struct kiln_error *err)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int64_t deadline = mono_ms() + timeout_ms;
+	int fd;
+
+	if (strlen(sock_path) >= sizeof(sa.sun_path)) {
+		kiln_error_set(err, KILN_E_INVALID, "agent socket path too long: '%s'", sock_path);
+		return NULL;
+	}
+	memcpy(sa.sun_path, sock_path, strlen(sock_path) + 1);
+	for (;;) {
+		fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+		if (fd < 0) {
+			kiln_error_set(err, KILN_E_IO, "socket: %s", strerror(errno));
+			return NULL;
+		}
+		if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
+			return agent_open_fd(fd, err);
+		int e = errno;
+
+		close(fd);
+		if ((e != ENOENT && e != ECONNREFUSED && e != EAGAIN) || mono_ms() >= deadline) {
+			kiln_error_set(err, KILN_E_UNAVAILABLE, "cannot connect to '%s': %s",
+				       sock_path, strerror(e));
+			return NULL;
+		}
+		usleep(20000);
+	}
+}
+
+void agent_set_io_timeout(struct agent *a, int timeout_ms)
+{
+	a->io_timeout_ms = timeout_ms > 0 ? timeout_ms : AGENT_DEFAULT_IO_TIMEOUT_MS;
+}
+
+bool agent_alive(struct agent *a)
+{
+	pthread_mutex_lock(&a->lock);
+	bool alive = !a->dead;
+
+	pthread_mutex_unlock(&a->lock);
+	return alive;
+}
+
+void agent_free(struct agent *a)
+{
+	if (!a)
+		return;
+	mark_dead(a, "connection closed by the host");
+	if (a->reader_started)
+		pthread_join(a->reader, NULL);
+	close(a->fd);
+	while (a->calls)
+		call_end(a, a->calls);
+	pthread_cond_destroy(&a->space);
+	pthread_mutex_destroy(&a->wlock);
+	pthread_mutex_destroy(&a->lock);
+	free(a);
+}
+
+enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_info *out,
+			  struct kiln_error *err)
+{
+	struct call *c = call_begin(a);
+	struct frame *f = NULL;
+	uint8_t payload[2];
+	struct agent_wr w;
+	enum kiln_err rc;
+	int wrc;
+
+	if (!c)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u16(&w, AGENT_PROTO_VERSION);
+	rc = send_frame(a, AGENT_T_HELLO, 0, c->id, payload, w.len, err);
+	if (rc)
+		goto cleanup;
+	wrc = call_next(a, c, mono_ms() + timeout_ms, &f);
+	if (wrc < 0) {
+		rc = wait_error(a, wrc, err);
+		goto cleanup;
+	}
+	if (f->type == AGENT_T_ERROR) {
+		rc = guest_error(a, f, err);
+		goto cleanup;
+	}
+	struct agent_hello_msg m;
+
+	if (f->type != AGENT_T_HELLO_OK || agent_parse_hello_ok(f->data, f->len, &m) < 0) {
+		rc = protocol_violation(a, "malformed hello reply", err);
+		goto cleanup;
+	}
+	if (m.version != AGENT_PROTO_VERSION) {
+		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "guest agent speaks protocol %u, not %u",
+				    m.version, AGENT_PROTO_VERSION);
+		goto cleanup;
+	}
+	if (out) {
+		out->version = m.version;
+		sanitize(out->kernel_release, sizeof(out->kernel_release), m.kernel_release.p,
+			 m.kernel_release.len);
+		sanitize(out->boot_id, sizeof(out->boot_id), m.boot_id.p, m.boot_id.len);
+		sanitize(out->agent_version, sizeof(out->agent_version), m.agent_version.p,
+			 m.agent_version.len);
+		out->uptime_ms = m.uptime_ms;
+	}
+	rc = KILN_OK;
+cleanup:
+	free(f);
+	call_end(a, c);
+	return rc;
+}
+
+/* Encodes an EXEC payload into `w`; returns false when the request is malformed. */
+static bool encode_exec(struct agent_wr *w, const struct agent_exec_req *req, size_t argc,
+			size_t envc)
+{
+	agent_wr_u32(w, req->timeout_ms);
+	agent_wr_str(w, req->cwd ? req->cwd : "");
+	if (req->shell) {
+		agent_wr_u32(w, 1);
+		agent_wr_str(w, req->shell);
+	} else {
+		agent_wr_u32(w, (uint32_t)argc);
+		for (size_t i = 0; i < argc; i++)
+			agent_wr_str(w, req->argv[i]);
+	}
+	agent_wr_u32(w, (uint32_t)envc);
+	for (size_t i = 0; i < envc; i++)
+		agent_wr_str(w, req->env[i]);
+	agent_wr_bytes(w, req->stdin_data, req->stdin_len);
+	return !w->overflow;
+}
+
+enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
+			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
+			 struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t *payload = NULL;
+	struct agent_wr w;
+	size_t argc = 0, envc = 0;
+	enum kiln_err rc;
+
+	memset(res, 0, sizeof(*res));
+	if (!req->shell)
+		while (req->argv && req->argv[argc])
+			argc++;
+	while (req->env && req->env[envc])
+		envc++;
+	if ((!req->shell && (argc == 0 || !req->argv[0][0])) || argc > AGENT_MAX_ARGS)
+		return kiln_error_set(err, KILN_E_INVALID, "exec needs a program (argv[0]) or shell code");
+	if (envc > AGENT_MAX_ENV)
+		return kiln_error_set(err, KILN_E_INVALID, "too many env entries");
+	for (size_t i = 0; i < envc; i++)
+		if (!agent_env_ok(req->env[i], strlen(req->env[i])))
+			return kiln_error_set(err, KILN_E_INVALID, "env entry %zu is not NAME=value", i);
+	if (req->cwd && !agent_path_ok(req->cwd, strlen(req->cwd)))
+		return kiln_error_set(err, KILN_E_INVALID, "cwd must be an absolute path");
+	agent_wr_init(&w, NULL, 0);
+	encode_exec(&w, req, argc, envc);
+	if (w.len > AGENT_MAX_PAYLOAD)
+		return kiln_error_set(err, KILN_E_TOO_LARGE, "exec request of %zu bytes over the %u cap",
+				      w.len, AGENT_MAX_PAYLOAD);
+	payload = malloc(w.len);
+	c = call_begin(a);
+	if (!payload || !c) {
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		goto cleanup;
+	}
+	agent_wr_init(&w, payload, w.len);
+	encode_exec(&w, req, argc, envc);
+	rc = send_frame(a, AGENT_T_EXEC, req->shell ? AGENT_EXEC_F_SHELL : 0, c->id, payload, w.len,
+			err);
+	free(payload);
+	payload = NULL;
+	if (rc)
+		goto cleanup;
+
+	int64_t deadline = req->timeout_ms ? mono_ms() + req->timeout_ms + AGENT_EXEC_GRACE_MS : -1;
+
+	for (;;) {
+		int wrc = call_next(a, c, deadline, &f);
+
+		if (wrc < 0) {
+			rc = wait_error(a, wrc, err);
+			goto cleanup;
+		}
+		if (f->type == AGENT_T_STDOUT || f->type == AGENT_T_STDERR) {
+			enum agent_stream s = f->type == AGENT_T_STDOUT ? AGENT_STDOUT : AGENT_STDERR;
+
+			*(s == AGENT_STDOUT ? &res->stdout_bytes : &res->stderr_bytes) += f->len;
+			if (on_output && f->len && on_output(ctx, s, f->data, f->len) != 0) {
+				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+				rc = kiln_error_set(err, KILN_E_IO, "exec output consumer stopped");
+				goto cleanup;
+			}
+		} else if (f->type == AGENT_T_EXIT) {
+			struct agent_exit_msg m;
+
+			if (agent_parse_exit(f->data, f->len, &m) < 0) {
+				rc = protocol_violation(a, "malformed exit frame", err);
+				goto cleanup;
+			}
+			res->exit_code = m.exit_code;
+			res->signal = (int)m.signal;
+			res->timed_out = m.timed_out;
+			res->duration_ms = m.duration_ms;
+			rc = KILN_OK;
+			goto cleanup;
+		} else if (f->type == AGENT_T_ERROR) {
+			rc = guest_error(a, f, err);
+			goto cleanup;
+		} else {
+			rc = protocol_violation(a, "unexpected frame during exec", err);
+			goto cleanup;
+		}
+		free(f);
+		f = NULL;
+	}
+cleanup:
+	free(f);
+	free(payload);
+	call_end(a, c);
+	return rc;
+}
+
+/*
+ * Looks, without waiting, for a frame the guest sent during a write (only ERROR is allowed).
+ * Returns KILN_OK when there is none.
+ */
+static enum kiln_err write_check(struct agent *a, struct call *c, struct kiln_error *err)
+{
+	struct frame *f = NULL;
+	enum kiln_err rc;
+	int wrc = call_next(a, c, 0, &f);
+
+	if (wrc == -ETIMEDOUT)
+		return KILN_OK;
+	if (wrc < 0)
+		return dead_error(a, err);
+	rc = f->type == AGENT_T_ERROR ? guest_error(a, f, err)
+				      : protocol_violation(a, "unexpected frame during a write", err);
+	free(f);
+	return rc;
+}
+
+enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
+			       agent_source_fn source, void *ctx, uint64_t max_bytes,
+			       struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t *chunk = NULL, head[AGENT_MAX_PATH + 16];
+	struct agent_wr w;
+	uint64_t total = 0, acked;
+	enum kiln_err rc;
+
+	if (!path || !agent_path_ok(path, strlen(path)))
+		return kiln_error_set(err, KILN_E_INVALID, "path must be absolute: '%s'",
+				      path ? path : "");
+	chunk = malloc(AGENT_CHUNK);
+	c = call_begin(a);
+	if (!chunk || !c) {
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		goto cleanup;
+	}
+	agent_wr_init(&w, head, sizeof(head));
+	agent_wr_str(&w, path);
+	agent_wr_u32(&w, mode & 07777);
+	rc = send_frame(a, AGENT_T_FILE_WRITE, 0, c->id, head, w.len, err);
+	if (rc)
+		goto cleanup;
+	for (;;) {
+		long n = source(ctx, chunk, AGENT_CHUNK);
+
+		if (n < 0) {
+			send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+			rc = kiln_error_set(err, KILN_E_IO, "reading the source: %s", strerror((int)-n));
+			goto cleanup;
+		}
+		if (n == 0)
+			break;
+		total += (uint64_t)n;
+		if (total > max_bytes) {
+			send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+			rc = kiln_error_set(err, KILN_E_TOO_LARGE, "file over %llu bytes",
+					    (unsigned long long)max_bytes);
+			goto cleanup;
+		}
+		rc = write_check(a, c, err);
+		if (rc)
+			goto cleanup;
+		rc = send_frame(a, AGENT_T_FILE_DATA, 0, c->id, chunk, (size_t)n, err);
+		if (rc)
+			goto cleanup;
+	}
+	rc = send_frame(a, AGENT_T_FILE_END, 0, c->id, NULL, 0, err);
+	if (rc)
+		goto cleanup;
+	int wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
+
+	if (wrc < 0) {
+		rc = wait_error(a, wrc, err);
+	} else if (f->type == AGENT_T_ERROR) {
+		rc = guest_error(a, f, err);
+	} else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &acked) < 0 ||
+		   acked != total) {
+		rc = protocol_violation(a, "bad reply to a file write", err);
+	} else {
+		rc = KILN_OK;
+	}
+cleanup:
+	free(f);
+	free(chunk);
+	call_end(a, c);
+	return rc;
+}
+
+static long fd_source(void *ctx, uint8_t *buf, size_t cap)
+{
+	int fd = *(int *)ctx;
+
+	for (;;) {
+		ssize_t n = read(fd, buf, cap);
+
+		if (n >= 0)
+			return (long)n;
+		if (errno != EINTR)
+			return -errno;
+	}
+}
+
+enum kiln_err agent_file_write_fd(struct agent *a, const char *path, uint32_t mode, int fd,
+				  uint64_t max_bytes, struct kiln_error *err)
+{
+	return agent_file_write(a, path, mode, fd_source, &fd, max_bytes, err);
+}
+
+enum kiln_err agent_file_read(struct agent *a, const char *path, agent_sink_fn sink, void *ctx,
+			      uint64_t max_bytes, uint64_t *size, struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t head[AGENT_MAX_PATH + 8];
+	struct agent_wr w;
+	uint64_t total = 0, announced;
+	enum kiln_err rc;
+
+	if (size)
+		*size = 0;
+	if (!path || !agent_path_ok(path, strlen(path)))
+		return kiln_error_set(err, KILN_E_INVALID, "path must be absolute: '%s'",
+				      path ? path : "");
+	c = call_begin(a);
+	if (!c)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	agent_wr_init(&w, head, sizeof(head));
+	agent_wr_str(&w, path);
+	rc = send_frame(a, AGENT_T_FILE_READ, 0, c->id, head, w.len, err);
+	if (rc)
+		goto cleanup;
+	for (;;) {
+		int wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
+
+		if (wrc < 0) {
+			rc = wait_error(a, wrc, err);
+			goto cleanup;
+		}
+		if (f->type == AGENT_T_FILE_DATA) {
+			total += f->len;
+			if (total > max_bytes) {
+				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+				rc = kiln_error_set(err, KILN_E_TOO_LARGE, "file over %llu bytes",
+						    (unsigned long long)max_bytes);
+				goto cleanup;
+			}
+			int src = f->len ? sink(ctx, f->data, f->len) : 0;
+
+			if (src < 0) {
+				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+				rc = kiln_error_set(err, KILN_E_IO, "writing the file: %s", strerror(-src));
+				goto cleanup;
+			}
+		} else if (f->type == AGENT_T_FILE_END) {
+			if (agent_parse_u64(f->data, f->len, &announced) < 0 || announced != total) {
+				rc = protocol_violation(a, "file size does not match its data", err);
+				goto cleanup;
+			}
+			if (size)
+				*size = total;
+			rc = KILN_OK;
+			goto cleanup;
+		} else if (f->type == AGENT_T_ERROR) {
+			rc = guest_error(a, f, err);
+			goto cleanup;
+		} else {
+			rc = protocol_violation(a, "unexpected frame during a read", err);
+			goto cleanup;
+		}
+		free(f);
+		f = NULL;
+	}
+cleanup:
+	free(f);
+	call_end(a, c);
+	return rc;
+}
+
+static int fd_sink(void *ctx, const uint8_t *data, size_t len)
+{
+	int fd = *(int *)ctx;
+
+	while (len > 0) {
+		ssize_t n = write(fd, data, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		data += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+enum kiln_err agent_file_read_fd(struct agent *a, const char *path, int fd, uint64_t max_bytes,
+				 uint64_t *size, struct kiln_error *err)
+{
+	return agent_file_read(a, path, fd_sink, &fd, max_bytes, size, err);
+}
+
+enum kiln_err agent_set_identity(struct agent *a, const struct agent_identity *id,
+				 struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t *payload = NULL;
+	struct agent_wr w;
+	size_t envc = 0;
+	enum kiln_err rc;
+	uint64_t ignored;
+
+	if (id->hostname && !agent_hostname_ok(id->hostname, strlen(id->hostname)))
+		return kiln_error_set(err, KILN_E_INVALID, "invalid hostname");
+	if (id->sandbox_id && strlen(id->sandbox_id) > AGENT_MAX_SANDBOX_ID)
+		return kiln_error_set(err, KILN_E_INVALID, "sandbox id too long");
+	if (id->entropy_len &&
+	    (id->entropy_len < AGENT_MIN_ENTROPY || id->entropy_len > AGENT_MAX_ENTROPY))
+		return kiln_error_set(err, KILN_E_INVALID, "entropy must be %d..%d bytes",
+				      AGENT_MIN_ENTROPY, AGENT_MAX_ENTROPY);
+	while (id->env && id->env[envc]) {
+		if (!agent_env_ok(id->env[envc], strlen(id->env[envc])))
+			return kiln_error_set(err, KILN_E_INVALID, "env entry %zu is not NAME=value",
+					      envc);
+		envc++;
+	}
+	if (envc > 256)
+		return kiln_error_set(err, KILN_E_INVALID, "too many env defaults");
+	agent_wr_init(&w, NULL, 0);
+	for (int pass = 0; pass < 2; pass++) {
+		if (pass == 1) {
+			payload = malloc(w.len);
+			if (!payload)
+				return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+			agent_wr_init(&w, payload, w.len);
+		}
+		agent_wr_str(&w, id->hostname);
+		agent_wr_str(&w, id->sandbox_id);
+		agent_wr_u64(&w, id->wall_clock_ns);
+		agent_wr_bytes(&w, id->entropy, id->entropy_len);
+		agent_wr_u32(&w, (uint32_t)envc);
+		for (size_t i = 0; i < envc; i++)
+			agent_wr_str(&w, id->env[i]);
+	}
+	if (w.overflow || w.len > AGENT_MAX_PAYLOAD) {
+		rc = kiln_error_set(err, KILN_E_TOO_LARGE, "identity over the frame cap");
+		goto cleanup;
+	}
+	c = call_begin(a);
+	if (!c) {
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		goto cleanup;
+	}
+	rc = send_frame(a, AGENT_T_SET_IDENTITY, 0, c->id, payload, w.len, err);
+	if (rc)
+		goto cleanup;
+	int wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
+
+	if (wrc < 0)
+		rc = wait_error(a, wrc, err);
+	else if (f->type == AGENT_T_ERROR)
+		rc = guest_error(a, f, err);
+	else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &ignored) < 0)
+		rc = protocol_violation(a, "bad reply to set identity", err);
+	else
+		rc = KILN_OK;
+cleanup:
+	free(f);
+	free(payload);
+	call_end(a, c);
+	return rc;
+}

@@ -1,0 +1,157 @@
+/*
+ * agent.h - the host's client for kiln-agent, the program that runs inside each guest.
+ *
+ * QEMU exposes the guest's virtio-serial port "kiln.agent" as a Unix socket (a chardev socket in
+ * server mode); agent_connect() connects to it and starts one reader thread that sorts the guest's
+ * frames by request id. Every call below blocks its caller until the request ends, and any number
+ * of threads may call at once on one `struct agent` (several execs run side by side in the guest).
+ *
+ * Every byte from the guest is hostile input: frames are bounded (vmm/guest/agent_proto.h), each
+ * field is validated, each wait has a timeout, and text from the guest is sanitised before it
+ * reaches an error message. A guest that stops answering, closes the channel or breaks the protocol
+ * gives KILN_E_SANDBOX_FAILED, and the connection is dead from then on (agent_alive() is false).
+ * docs/agent-protocol.md describes the wire format.
+ */
+#ifndef KILN_VMM_AGENT_H
+#define KILN_VMM_AGENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+struct agent;
+
+#define AGENT_DEFAULT_IO_TIMEOUT_MS 30000	/* a guest silent this long mid-transfer is dead */
+#define AGENT_EXEC_GRACE_MS 10000	/* beyond an exec's own timeout before giving up on it */
+
+struct agent_hello_info {
+	unsigned version;		/* the agent's protocol version */
+	char kernel_release[128];	/* the guest's `uname -r` */
+	char boot_id[48];		/* /proc/sys/kernel/random/boot_id */
+	char agent_version[48];
+	uint64_t uptime_ms;		/* guest time since boot */
+};
+
+struct agent_exec_req {
+	const char *const *argv;	/* NULL-terminated; ignored when `shell` is set */
+	const char *shell;		/* shell code run with /bin/sh -c, or NULL */
+	const char *const *env;		/* NULL-terminated "NAME=value" entries, or NULL */
+	const char *cwd;		/* absolute path, or NULL for /root */
+	const void *stdin_data;		/* bytes given to the command's stdin, or NULL */
+	size_t stdin_len;		/* bytes; with the rest the request must fit one frame */
+	uint32_t timeout_ms;		/* the guest kills the process group after it; 0: none */
+};
+
+struct agent_exec_result {
+	int exit_code;		/* 0..255; 127: program not found; 128+N: killed by signal N */
+	int signal;		/* the signal that ended it, or 0 */
+	bool timed_out;		/* killed because timeout_ms passed */
+	uint64_t duration_ms;	/* measured by the guest */
+	uint64_t stdout_bytes, stderr_bytes;
+};
+
+enum agent_stream { AGENT_STDOUT = 1, AGENT_STDERR = 2 };
+
+/*
+ * Receives one chunk of an exec's output as it arrives, on the caller's thread. Returns 0 to go
+ * on; anything else kills the command and makes agent_exec() return KILN_E_IO.
+ */
+typedef int (*agent_output_fn)(void *ctx, enum agent_stream stream, const uint8_t *data,
+			       size_t len);
+
+/*
+ * Supplies bytes of a file to write: fills up to `cap` bytes of `buf` and returns how many,
+ * 0 at the end, or a negative errno.
+ */
+typedef long (*agent_source_fn)(void *ctx, uint8_t *buf, size_t cap);
+
+/* Takes bytes of a file being read; returns 0 or a negative errno (which aborts the read). */
+typedef int (*agent_sink_fn)(void *ctx, const uint8_t *data, size_t len);
+
+struct agent_identity {
+	const char *hostname;		/* [A-Za-z0-9.-], 1..63 bytes; NULL: unchanged */
+	const char *sandbox_id;		/* printable, no spaces, <= 128 bytes; NULL: unchanged */
+	uint64_t wall_clock_ns;		/* ns since the epoch to set the clock to; 0: unchanged */
+	const void *entropy;		/* bytes mixed into the guest's kernel RNG, or NULL */
+	size_t entropy_len;		/* 0, or 32..4096 bytes */
+	const char *const *env;		/* NULL-terminated defaults for later execs (replace the old) */
+};
+
+/*
+ * Connects to the agent socket at `sock_path`, retrying while it does not exist yet or refuses
+ * (QEMU still starting) until `timeout_ms` passes. Does not wait for the guest: agent_hello()
+ * does that. Returns a connection the caller frees with agent_free(), or NULL with `err` set
+ * (KILN_E_UNAVAILABLE when nothing listens in time, KILN_E_INVALID for a path too long).
+ */
+struct agent *agent_connect(const char *sock_path, int timeout_ms, struct kiln_error *err);
+
+/* The same over an already connected stream socket, whose ownership it takes (also on failure). */
+struct agent *agent_open_fd(int fd, struct kiln_error *err);
+
+/* Sets how long a transfer may wait for the guest between frames (ms, default above). */
+void agent_set_io_timeout(struct agent *a, int timeout_ms);
+
+/* False once the guest closed the channel, broke the protocol or stopped answering. */
+bool agent_alive(struct agent *a);
+
+/*
+ * Health check and handshake: waits up to `timeout_ms` for the agent's answer (use the boot time
+ * on the first call). Fills `out` (may be NULL). KILN_E_SANDBOX_FAILED when no valid answer came.
+ */
+enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_info *out,
+			  struct kiln_error *err);
+
+/*
+ * Runs a command in the guest and waits for it, passing its output to `on_output` (may be NULL
+ * to drop it) chunk by chunk as it comes. KILN_OK means the command ran and ended: see
+ * `res->exit_code` and `res->timed_out` (a missing program is exit 127 with a message on
+ * stderr). KILN_E_INVALID for a bad request (relative cwd, empty argv, bad env entry),
+ * KILN_E_NOT_FOUND when cwd does not exist, KILN_E_TOO_LARGE when the request exceeds a frame,
+ * KILN_E_RATE_LIMITED when the guest runs too many execs already, KILN_E_SANDBOX_FAILED when the
+ * guest stops answering (no EXIT within timeout_ms + AGENT_EXEC_GRACE_MS).
+ */
+enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
+			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
+			 struct kiln_error *err);
+
+/*
+ * Writes a file in the guest from `source`, streamed in chunks (never held whole), at most
+ * `max_bytes` (KILN_E_TOO_LARGE beyond). The guest writes a temporary file and renames it over
+ * `path` once all bytes arrived; `mode` is the permission bits (0: 0644). KILN_E_INVALID for a
+ * relative path or a directory, KILN_E_NOT_FOUND when the parent directory does not exist,
+ * KILN_E_IO for the source's or the guest's I/O errors.
+ */
+enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
+			       agent_source_fn source, void *ctx, uint64_t max_bytes,
+			       struct kiln_error *err);
+
+/* agent_file_write() reading from descriptor `fd` until its end (the caller keeps `fd`). */
+enum kiln_err agent_file_write_fd(struct agent *a, const char *path, uint32_t mode, int fd,
+				  uint64_t max_bytes, struct kiln_error *err);
+
+/*
+ * Reads a file of the guest into `sink`, streamed, at most `max_bytes` (KILN_E_TOO_LARGE beyond;
+ * the sink may have had part of it). Stores the size in *size (may be NULL). KILN_E_NOT_FOUND when
+ * absent, KILN_E_INVALID for a relative path, a directory or a non-regular file.
+ */
+enum kiln_err agent_file_read(struct agent *a, const char *path, agent_sink_fn sink, void *ctx,
+			      uint64_t max_bytes, uint64_t *size, struct kiln_error *err);
+
+/* agent_file_read() writing to descriptor `fd` (the caller keeps `fd`). */
+enum kiln_err agent_file_read_fd(struct agent *a, const char *path, int fd, uint64_t max_bytes,
+				 uint64_t *size, struct kiln_error *err);
+
+/*
+ * Gives the guest its identity after a boot or a restore: hostname, sandbox id (also
+ * KILN_SANDBOX_ID in later execs), clock, entropy, env defaults. KILN_E_INVALID for a bad field.
+ */
+enum kiln_err agent_set_identity(struct agent *a, const struct agent_identity *id,
+				 struct kiln_error *err);
+
+/* Closes the connection, stops the reader thread and frees `a`. Accepts NULL. No call may be
+ * running on `a`. */
+void agent_free(struct agent *a);
+
+#endif
