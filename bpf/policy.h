@@ -1,0 +1,139 @@
+/*
+ * policy.h - the layout of the network-policy maps, shared by the tc programs (egress.bpf.c) and
+ * user space (netpolicy/). Every map is pinned by name under
+ * /sys/fs/bpf/kiln/<node id>/<sandbox id>/ (see docs/network-policy.md); kiln-meter reads
+ * `counters` there. Changing a struct here changes the pinned ABI: a node upgraded across such a
+ * change must recreate its sandboxes' maps.
+ *
+ * All addresses and ports are in network byte order. IPv4 addresses in the 16-byte address fields
+ * sit in the first four bytes, the rest zero.
+ */
+#ifndef KILN_BPF_POLICY_H
+#define KILN_BPF_POLICY_H
+
+#include <linux/bpf.h>
+#include <linux/types.h>
+
+/* Map sizes. */
+#define NP_MAX_RULES 4096	/* entries per allow trie: two rule sets during a replacement */
+#define NP_MAX_RULESET 2048	/* rules in one set */
+#define NP_MAX_DENY 256		/* entries per always-denied trie */
+#define NP_MAX_DNS 8192		/* addresses learnt from DNS answers */
+#define NP_MAX_FLOWS 65536	/* guest-initiated flows tracked (LRU) */
+
+/* np_cfg.mode */
+#define NP_MODE_OPEN 0		/* no rules: the public internet is open */
+#define NP_MODE_ALLOWLIST 1	/* rules exist: only what they name */
+
+/* Live settings, map `cfg` (array, one element). */
+struct np_cfg {
+	__u32 mode;		/* NP_MODE_* */
+	__u32 gen;		/* bumped after every rule change; flows re-check policy on a mismatch */
+	__u32 nrules;		/* entries in `rules` */
+	__u32 pad;
+};
+
+/*
+ * Live limits, map `limits` (array, one element). User space writes the settings with BPF_F_LOCK;
+ * the program keeps the bucket state. Bandwidth is one bucket for both directions.
+ */
+struct np_limits {
+	struct bpf_spin_lock lock;
+	/* settings */
+	__u32 unmetered;	/* 1: no bandwidth quota */
+	__u32 conn_rate;	/* new flows per second (0: unlimited) */
+	__u32 conn_burst;	/* new flows allowed at once */
+	__u32 pad0;
+	__u64 capacity;		/* bucket size, bytes */
+	__u64 refill_q16;	/* bytes added per millisecond, 16.16 fixed point */
+	/* state */
+	__u64 tokens;		/* bytes in the bucket */
+	__u64 burst_left;	/* one-time burst bytes left, spent before the bucket */
+	__u64 last_ns;		/* last refill (bpf_ktime_get_ns, CLOCK_MONOTONIC) */
+	__u64 conn_tokens;	/* new-flow tokens, in thousandths */
+	__u64 conn_last_ns;
+	__u64 refill_frac;	/* sub-byte remainder of the last refill, 16.16 */
+	/* as set, for reading back (user space only) */
+	__u64 set_refill_bytes;
+	__u64 set_burst;
+	__u32 set_interval_s;
+	__u32 pad1;
+};
+
+/* Map `counters` (per-CPU array, one element): sum over CPUs. */
+struct np_counters {
+	__u64 tx_bytes;		/* guest to outside, let through */
+	__u64 tx_packets;
+	__u64 rx_bytes;		/* outside to guest, let through */
+	__u64 rx_packets;
+	__u64 drop_policy_bytes;	/* dropped by rules, closed ingress, denied ranges */
+	__u64 drop_policy_packets;
+	__u64 drop_quota_bytes;		/* dropped because the bandwidth bucket was empty */
+	__u64 drop_quota_packets;
+	__u64 drop_spoof_packets;	/* source MAC or IP not the guest's */
+	__u64 drop_rate_packets;	/* new flows over the per-second bound */
+};
+
+/* Allow tries: key prefixlen counts bits of data[]. Without a port, data is the address. */
+struct np_lpm4 {
+	__u32 prefixlen;
+	__u8 data[4];
+};
+struct np_lpm6 {
+	__u32 prefixlen;
+	__u8 data[16];
+};
+/* With a port: data is the port (2 bytes, network order) then the address; prefixlen = 16 + bits. */
+struct np_lpm4p {
+	__u32 prefixlen;
+	__u8 data[6];
+};
+struct np_lpm6p {
+	__u32 prefixlen;
+	__u8 data[18];
+};
+
+/* Value of the allow and deny tries: the prefix length of the entry's address range (0..128). */
+struct np_lpm_val {
+	__u32 plen;
+};
+
+/* Map `dns` (hash): addresses the DNS proxy learnt for host-name rules. port 0 = any port. */
+struct np_dns_key {
+	__u8 family;		/* 4 or 6 */
+	__u8 pad;
+	__u16 port;
+	__u8 addr[16];
+};
+struct np_dns_val {
+	__u64 expires_ns;	/* CLOCK_MONOTONIC; new flows need it in the future, live flows not */
+	char name[256];		/* the name it answered, for purging when rules change */
+};
+
+/* Map `rules` (hash, user space only): rule i's canonical text, i < np_cfg.nrules. */
+#define NP_RULE_TEXT 272
+struct np_rule_text {
+	char text[NP_RULE_TEXT];
+};
+
+/* Map `flows` (LRU hash): flows the guest opened. For ICMP echo both ports hold the echo id. */
+struct np_flow_key {
+	__u8 family;		/* 4 or 6 */
+	__u8 proto;		/* IPPROTO_TCP, IPPROTO_UDP, IPPROTO_ICMP or IPPROTO_ICMPV6 */
+	__u16 gport;		/* the guest's port */
+	__u16 rport;		/* the remote port */
+	__u16 pad;
+	__u8 raddr[16];		/* the remote address */
+};
+struct np_flow_val {
+	__u32 gen;		/* np_cfg.gen when policy last allowed it */
+	__u32 pad;
+	__u64 last_ns;		/* last packet either way, refreshed at most once a second */
+};
+
+/* Idle timeouts of flows. */
+#define NP_FLOW_TCP_NS (3600ULL * 1000000000ULL)
+#define NP_FLOW_UDP_NS (120ULL * 1000000000ULL)
+#define NP_FLOW_ICMP_NS (30ULL * 1000000000ULL)
+
+#endif

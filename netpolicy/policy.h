@@ -1,0 +1,146 @@
+/*
+ * policy.h - a sandbox's eBPF network policy: load and attach the tc programs, keep their maps
+ * pinned under <pin root>/<node id>/<sandbox id>/, and change rules and limits live.
+ *
+ * Lifecycle, as kiln-node drives it per sandbox:
+ *   kiln_sbnet_create()            netns kiln-<id>, TAP "tap0" for the VMM, veth kv<id>
+ *   kiln_policy_attach()           programs on tap0 and kn0; maps pinned; egress open
+ *   kiln_policy_apply()            rules from the create request (or later PUTs)
+ *   kiln_dns_proxy_add()           the sandbox's resolver on 172.16.0.1:53
+ *   ... VM runs; kiln-node may restart: kiln_policy_attach() again reuses the pinned maps and
+ *       replaces the programs in place, with no gap in enforcement ...
+ *   kiln_dns_proxy_remove(), kiln_policy_close(), kiln_sbnet_destroy(), kiln_policy_unpin()
+ *
+ * A `struct kiln_policy` is safe to share between threads.
+ */
+#ifndef KILN_NETPOLICY_POLICY_H
+#define KILN_NETPOLICY_POLICY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "bpf/policy.h"
+#include "common/err.h"
+#include "netpolicy/netns.h"
+#include "netpolicy/rules.h"
+
+#define KILN_PIN_ROOT "/sys/fs/bpf/kiln"
+#define KILN_CONN_RATE_DEFAULT 50	/* new flows per second */
+#define KILN_CONN_BURST_DEFAULT 100
+
+struct kiln_policy;
+
+struct kiln_policy_config {
+	const char *pin_root;	/* NULL: KILN_PIN_ROOT */
+	const char *node_id;	/* [A-Za-z0-9_.-]{1,64} */
+	const char *sandbox_id;	/* [A-Za-z0-9_.-]{1,64} */
+	const struct kiln_sbnet *net;	/* attach only: the sandbox's devices and NAT addresses */
+	uint32_t conn_rate;	/* set when the maps are first created; 0: the defaults */
+	uint32_t conn_burst;
+};
+
+enum kiln_egress_mode { KILN_EGRESS_OPEN = NP_MODE_OPEN, KILN_EGRESS_ALLOWLIST = NP_MODE_ALLOWLIST };
+
+struct kiln_bandwidth {
+	uint64_t quota_bytes;		/* bucket size */
+	uint64_t refill_bytes;		/* added every refill_interval_s (spread evenly) */
+	uint32_t refill_interval_s;
+	uint64_t one_time_burst_bytes;	/* spent first, never refilled */
+	bool unmetered;			/* no quota at all (the default) */
+	uint64_t remaining_bytes;	/* get only: burst left + bucket */
+};
+
+struct kiln_counters {
+	uint64_t tx_bytes, tx_packets;		/* guest to outside */
+	uint64_t rx_bytes, rx_packets;		/* outside to guest */
+	uint64_t drop_policy_bytes, drop_policy_packets;
+	uint64_t drop_quota_bytes, drop_quota_packets;
+	uint64_t drop_spoof_packets;
+	uint64_t drop_rate_packets;
+};
+
+/*
+ * Loads the programs, creates the maps or reuses the pinned ones, and attaches (or atomically
+ * replaces) the programs on the sandbox's devices. New maps start in open mode, unmetered, with
+ * the connection-rate bound of `cfg`. Reused maps keep their rules, limits, counters and flows.
+ * Recomputes the always-denied ranges, including every address of the calling thread's netns
+ * (the host). Idempotent.
+ */
+enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct kiln_policy **out,
+				 struct kiln_error *err);
+
+/* Opens the pinned maps of an attached sandbox without loading anything (readers, tools). */
+enum kiln_err kiln_policy_open(const struct kiln_policy_config *cfg, struct kiln_policy **out,
+			       struct kiln_error *err);
+
+/* Frees the handle; the programs and pinned maps stay in force. Accepts NULL. */
+void kiln_policy_close(struct kiln_policy *p);
+
+/*
+ * Removes exactly this sandbox's pins (and its node directory when empty). The programs stay
+ * attached until their devices go (kiln_sbnet_destroy). Idempotent.
+ */
+enum kiln_err kiln_policy_unpin(const char *pin_root, const char *node_id, const char *sandbox_id,
+				struct kiln_error *err);
+
+/*
+ * Replaces the rule set live. An empty set reopens egress. While it runs, traffic is allowed only
+ * if the old or the new set allows it; when it returns, flows (established ones too) that the new
+ * set denies are cut at their next packet, and addresses learnt for host names no longer covered
+ * are forgotten.
+ */
+enum kiln_err kiln_policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
+				struct kiln_error *err);
+
+/* The rules in force (canonical) and the mode. The caller frees `out` (kiln_ruleset_free). */
+enum kiln_err kiln_policy_rules(struct kiln_policy *p, struct kiln_ruleset *out,
+				enum kiln_egress_mode *mode, struct kiln_error *err);
+
+enum kiln_err kiln_policy_set_bandwidth(struct kiln_policy *p, const struct kiln_bandwidth *bw,
+					struct kiln_error *err);
+enum kiln_err kiln_policy_get_bandwidth(struct kiln_policy *p, struct kiln_bandwidth *out,
+					struct kiln_error *err);
+
+/* The bound on new flows per second (0 = none) and how many may start at once. Live. */
+enum kiln_err kiln_policy_set_conn_limit(struct kiln_policy *p, uint32_t per_second,
+					 uint32_t burst, struct kiln_error *err);
+
+enum kiln_err kiln_policy_counters(struct kiln_policy *p, struct kiln_counters *out,
+				   struct kiln_error *err);
+
+/* For kiln-meter: reads a sandbox's counters from its pin, with no handle. */
+enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
+					const char *sandbox_id, struct kiln_counters *out,
+					struct kiln_error *err);
+
+/* --- for the DNS proxy --- */
+
+/*
+ * Which ports (0 = any) the host-name rules open for `name` (normalised); returns how many,
+ * and the current mode in *mode. Follows rule changes made by any process.
+ */
+size_t kiln_policy_host_ports(struct kiln_policy *p, const char *name, uint16_t *ports,
+			      size_t max, enum kiln_egress_mode *mode);
+
+/* Allows addr (4 or 16 bytes by family) on port for ttl_s seconds, learnt from `name`. */
+enum kiln_err kiln_policy_dns_learn(struct kiln_policy *p, const char *name, int family,
+				    const uint8_t *addr, uint16_t port, uint32_t ttl_s,
+				    struct kiln_error *err);
+
+/* Removes an entry learnt for `name` (only if it is still that name's). */
+void kiln_policy_dns_forget(struct kiln_policy *p, const char *name, int family,
+			    const uint8_t *addr, uint16_t port);
+
+/* Deletes expired learnt addresses that no live flow uses. Returns how many went. */
+int kiln_policy_dns_gc(struct kiln_policy *p);
+
+/* Whether an address must never be learnt from DNS (private, host, metadata, sandbox ranges). */
+bool kiln_policy_addr_denied(struct kiln_policy *p, int family, const uint8_t *addr);
+
+/* The pinned directory of this sandbox. */
+const char *kiln_policy_pin_dir(const struct kiln_policy *p);
+
+/* A map's descriptor by its name in bpf/policy.h ("flows", "counters", ...), or -1. */
+int kiln_policy_map_fd(const struct kiln_policy *p, const char *name);
+
+#endif
