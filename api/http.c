@@ -67,6 +67,8 @@ struct http_req {
 	bool started;		/* before hook ran and accepted */
 	bool replied;
 	bool stream_done;
+	bool too_large;		/* a buffered body passed the cap: discard the rest, then 413 */
+	size_t discarded;	/* bytes of such a body thrown away */
 	struct kiln_error stream_err;
 	int status;
 	struct header *headers;	/* for the reply */
@@ -486,11 +488,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 				*upload_size = 0;
 				return MHD_YES;
 			}
-		} else if (buf_append(&req->body, upload_data, *upload_size) != 0) {
-			http_reply_error(req, KILN_E_TOO_LARGE, "the body is larger than %zu bytes",
-					 req->body.max);
+		} else if (req->too_large || buf_append(&req->body, upload_data, *upload_size) != 0) {
+			/*
+			 * Reading the rest before answering lets the client see the 413 instead of a
+			 * reset; a body far past the cap is cut off at once.
+			 */
+			req->too_large = true;
+			req->discarded += *upload_size;
+			if (req->discarded > 16 * req->body.max)
+				http_reply_error(req, KILN_E_TOO_LARGE,
+						 "the body is larger than %zu bytes", req->body.max);
 		}
 		*upload_size = 0;
+		return MHD_YES;
+	}
+	if (req->too_large) {
+		http_reply_error(req, KILN_E_TOO_LARGE, "the body is larger than %zu bytes",
+				 req->body.max);
 		return MHD_YES;
 	}
 

@@ -25,7 +25,7 @@ KILN_TEST_DIR=$dir
 KILN_TEST_PGDATA=$dir/pg
 KILN_TEST_SOCKDIR=$dir/s
 KILN_TEST_REDIS_PIDFILE=$dir/redis.pid
-KILN_DATABASE_URL=host=$dir/s user=kiln dbname=kiln
+KILN_DATABASE_URL='host=$dir/s user=kiln dbname=kiln'
 KILN_REDIS_URL=unix:$dir/s/redis.sock
 EOT
   echo "services: postgres and redis under $dir"

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# make run: installs what is missing, builds, starts Postgres, Redis and Kiln's daemons for this
+# checkout (data under ./var), and prints the URL and the admin API key. Running it again while
+# everything is up only reports what runs.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo -E bash "$0" "$@"
+fi
+
+bash "$KILN_ROOT/scripts/deps"
+cmake -S "$KILN_ROOT" -B "$KILN_ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$KILN_ROOT/build" -j2 >/dev/null
+
+kiln_ensure_user
+mkdir -p "$KILN_VAR/log" "$KILN_RUN"
+chmod 0755 "$KILN_VAR"
+chmod 0711 "$KILN_RUN"
+if [ ! -f "$KILN_VAR/data_dir" ]; then
+  if kiln_user_can_reach "$KILN_VAR"; then
+    echo "$KILN_VAR" >"$KILN_VAR/data_dir"
+  else
+    echo "/var/lib/kiln-$KILN_ID" >"$KILN_VAR/data_dir"
+  fi
+fi
+KILN_DATA=$(cat "$KILN_VAR/data_dir")
+mkdir -p "$KILN_DATA"
+chmod 0755 "$KILN_DATA"
+
+# The master key, once, readable by root only.
+if [ ! -s "$KILN_VAR/master.key" ]; then
+  (umask 077 && openssl rand -hex 32 >"$KILN_VAR/master.key")
+fi
+chmod 0600 "$KILN_VAR/master.key"
+
+listen=${KILN_LISTEN:-127.0.0.1:8080}
+cat >"$KILN_VAR/kiln.conf" <<EOT
+# Written by make run; environment variables KILN_<NAME> override these.
+database_url = host=$KILN_RUN user=kiln dbname=kiln
+redis_url = unix:$KILN_RUN/redis.sock
+data_dir = $KILN_DATA
+run_dir = $KILN_RUN
+master_key_file = $KILN_VAR/master.key
+listen = $listen
+EOT
+
+running=()
+started=()
+if [ -s "$KILN_DATA/pg/postmaster.pid" ] && kill -0 "$(head -n1 "$KILN_DATA/pg/postmaster.pid")" 2>/dev/null; then
+  running+=(postgres)
+else
+  kiln_pg_start "$KILN_DATA/pg" "$KILN_RUN" "$KILN_VAR/log/postgres.log"
+  started+=(postgres)
+fi
+if kiln_pid_alive "$KILN_RUN/redis.pid"; then
+  running+=(redis)
+else
+  kiln_redis_start "$KILN_DATA/redis" "$KILN_RUN/redis.sock" "$KILN_RUN/redis.pid" "$KILN_VAR/log/redis.log"
+  started+=(redis)
+fi
+
+"$KILN_ROOT/build/migrations/kiln-migrate" --config "$KILN_VAR/kiln.conf" >>"$KILN_VAR/log/migrate.log" 2>&1 ||
+  { echo "migrations failed; see $KILN_VAR/log/migrate.log" >&2; exit 1; }
+
+# kiln_daemon NAME BINARY: starts a daemon in the background unless its pid file names a live one.
+kiln_daemon() {
+  local name=$1 bin=$2
+  if kiln_pid_alive "$KILN_RUN/$name.pid"; then
+    running+=("$name")
+    return 0
+  fi
+  setsid "$bin" --config "$KILN_VAR/kiln.conf" >>"$KILN_VAR/log/$name.log" 2>&1 </dev/null &
+  echo $! >"$KILN_RUN/$name.pid"
+  started+=("$name")
+}
+kiln_daemon kiln-gateway "$KILN_ROOT/build/api/kiln-gateway"
+
+url="http://$listen"
+for ((i = 0; i < 300; i++)); do
+  curl -fsS "$url/healthz" >/dev/null 2>&1 && break
+  kiln_pid_alive "$KILN_RUN/kiln-gateway.pid" || { echo "kiln-gateway exited; see $KILN_VAR/log/kiln-gateway.log" >&2; exit 1; }
+  sleep 0.1
+done
+curl -fsS "$url/healthz" >/dev/null || { echo "kiln-gateway is not healthy; see $KILN_VAR/log/" >&2; exit 1; }
+
+admin_key=""
+[ -s "$KILN_VAR/admin.key" ] && admin_key=$(cat "$KILN_VAR/admin.key")
+(umask 077 && cat >"$KILN_VAR/kiln.env" <<EOT
+KILN_URL=$url
+KILN_ADMIN_KEY=$admin_key
+KILN_DATA_DIR=$KILN_DATA
+KILN_RUN_DIR=$KILN_RUN
+EOT
+)
+
+[ ${#started[@]} -gt 0 ] && echo "started: ${started[*]}"
+[ ${#running[@]} -gt 0 ] && echo "already running: ${running[*]}"
+echo "Kiln is up."
+echo "  KILN_URL=$url"
+echo "  KILN_ADMIN_KEY=$admin_key"
+echo "(also in $KILN_VAR/kiln.env; logs in $KILN_VAR/log/; stop with: make stop)"

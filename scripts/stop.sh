@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# make stop: stops everything make run started for this checkout, by pid; keeps the data.
+set -euo pipefail
+. "$(dirname "$0")/env.sh"
+if [ "$(id -u)" -ne 0 ]; then
+  exec sudo -E bash "$0" "$@"
+fi
+for d in kiln-gateway kiln-meter kiln-node; do
+  if kiln_pid_alive "$KILN_RUN/$d.pid"; then
+    kiln_stop_pid "$KILN_RUN/$d.pid" 40
+    echo "stopped $d"
+  fi
+done
+if kiln_pid_alive "$KILN_RUN/redis.pid"; then
+  kiln_stop_pid "$KILN_RUN/redis.pid" 20
+  echo "stopped redis"
+fi
+if [ -s "$KILN_DATA/pg/postmaster.pid" ]; then
+  kiln_pg_stop "$KILN_DATA/pg"
+  echo "stopped postgres"
+fi

@@ -1,0 +1,155 @@
+"""kiln.py - what the Python integration and end-to-end tests share.
+
+The throwaway Postgres and Redis come from tests/harness/services.sh (the ctest fixture
+"services"); KILN_SERVICES_ENV names the file it wrote, KILN_BUILD_DIR the build tree.
+Every test makes its own database (fresh_database) and its own daemons on free ports, and
+stops them by pid when it ends, so tests can run in parallel and never touch `make run`'s.
+"""
+import json
+import os
+import secrets
+import shlex
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+BUILD = os.environ.get("KILN_BUILD_DIR", os.path.join(ROOT, "build-test"))
+
+
+def services_env():
+    """The KEY=value pairs services.sh wrote, as a dict."""
+    path = os.environ["KILN_SERVICES_ENV"]
+    env = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if "=" in line:
+                k, v = line.split("=", 1)
+                env[k] = shlex.split(v)[0] if v else ""
+    return env
+
+
+def psql(sockdir, db, sql):
+    """Runs SQL as the cluster's owner and returns stdout (tuples only, unaligned)."""
+    out = subprocess.run(["psql", "-h", sockdir, "-U", "kiln", "-d", db, "-tAqc", sql],
+                         check=True, capture_output=True, text=True)
+    return out.stdout.strip()
+
+
+class Database:
+    """A database of its own in the shared test cluster, dropped by drop()."""
+
+    def __init__(self, sockdir):
+        self.sockdir = sockdir
+        self.name = "t_" + secrets.token_hex(6)
+        psql(sockdir, "postgres", f"CREATE DATABASE {self.name}")
+        self.url = f"host={sockdir} user=kiln dbname={self.name}"
+
+    def sql(self, sql):
+        return psql(self.sockdir, self.name, sql)
+
+    def drop(self):
+        psql(self.sockdir, "postgres", f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+
+def fresh_database():
+    return Database(services_env()["KILN_TEST_SOCKDIR"])
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Daemon:
+    """A Kiln daemon started from the build tree with KILN_* settings; stop() ends it by pid."""
+
+    def __init__(self, binary, env, args=()):
+        self.log = tempfile.NamedTemporaryFile(prefix="kiln-log-", suffix=".log", delete=False)
+        full_env = dict(os.environ)
+        full_env.update(env)
+        self.proc = subprocess.Popen([binary, *args], env=full_env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def output(self):
+        with open(self.log.name, errors="replace") as f:
+            return f.read()
+
+    def stop(self, sig=signal.SIGTERM, timeout=30):
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def cleanup(self):
+        self.stop()
+        os.unlink(self.log.name)
+
+
+class Gateway(Daemon):
+    """kiln-gateway on a free loopback port; waits until it answers."""
+
+    def __init__(self, database_url, redis_url, extra_env=None):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {"KILN_LISTEN": f"127.0.0.1:{self.port}", "KILN_DATABASE_URL": database_url,
+               "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug"}
+        env.update(extra_env or {})
+        super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if not self.alive():
+                raise RuntimeError("kiln-gateway exited:\n" + self.output())
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError("kiln-gateway did not listen:\n" + self.output())
+
+    def request(self, method, path, body=None, headers=None, raw=False, timeout=60):
+        return http(method, self.url + path, body, headers, raw, timeout)
+
+
+class Response:
+    def __init__(self, status, headers, data):
+        self.status = status
+        self.headers = headers
+        self.data = data
+
+    def json(self):
+        return json.loads(self.data)
+
+    def __repr__(self):
+        return f"<{self.status} {self.data[:300]!r}>"
+
+
+def http(method, url, body=None, headers=None, raw=False, timeout=60):
+    """One HTTP request; a dict/list body is sent as JSON, bytes as they are."""
+    data = None
+    hdrs = dict(headers or {})
+    if isinstance(body, (dict, list)):
+        data = json.dumps(body).encode()
+        hdrs.setdefault("Content-Type", "application/json")
+    elif isinstance(body, (bytes, str)):
+        data = body.encode() if isinstance(body, str) else body
+    req = urllib.request.Request(url, data=data, method=method, headers=hdrs)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return Response(r.status, r.headers, r.read())
+    except urllib.error.HTTPError as e:
+        return Response(e.code, e.headers, e.read())
