@@ -54,6 +54,7 @@ struct agent {
 	struct call *calls;
 	uint32_t next_id;
 	bool dead;
+	bool hello_sent;	/* the first HELLO (which starts a new session in the guest) went out */
 	char dead_msg[160];
 	pthread_mutex_t wlock;	/* one writer at a time on fd */
 };
@@ -524,7 +525,12 @@ enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_in
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	agent_wr_init(&w, payload, sizeof(payload));
 	agent_wr_u16(&w, AGENT_PROTO_VERSION);
-	rc = send_frame(a, AGENT_T_HELLO, 0, c->id, payload, w.len, err);
+	pthread_mutex_lock(&a->lock);
+	uint16_t flags = a->hello_sent ? 0 : AGENT_HELLO_F_NEW_SESSION;
+
+	a->hello_sent = true;
+	pthread_mutex_unlock(&a->lock);
+	rc = send_frame(a, AGENT_T_HELLO, flags, c->id, payload, w.len, err);
 	if (rc)
 		goto cleanup;
 	wrc = call_next(a, c, mono_ms() + timeout_ms, &f);

@@ -99,6 +99,8 @@ bool agent_alive(struct agent *a);
 /*
  * Health check and handshake: waits up to `timeout_ms` for the agent's answer (use the boot time
  * on the first call). Fills `out` (may be NULL). KILN_E_SANDBOX_FAILED when no valid answer came.
+ * The first hello of a connection also tells the agent a new host session began: anything an
+ * earlier connection left running in the guest is killed. Call it before any other request.
  */
 enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_info *out,
 			  struct kiln_error *err);

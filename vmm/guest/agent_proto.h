@@ -58,6 +58,9 @@ enum agent_type {
 	AGENT_T_EXIT = 0x86,		/* see struct agent_exit_msg */
 };
 
+/* HELLO flags */
+#define AGENT_HELLO_F_NEW_SESSION 0x0001	/* first HELLO of a connection: drop older requests */
+
 /* EXEC flags */
 #define AGENT_EXEC_F_SHELL 0x0001	/* argv has one entry: code for /bin/sh -c */
 

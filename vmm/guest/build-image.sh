@@ -183,6 +183,14 @@ rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/var/log/*.log
 	"$root"/usr/share/doc-base "$root"/usr/share/bug
 find "$root" -name '__pycache__' -prune -exec rm -rf {} +
 ln -sf /bin/busybox "$root/sbin/init"
+# Busybox applets the essential variant lacks (ip, ps, ping, vi, wget...) become commands.
+for applet in $(chroot "$root" /bin/busybox --list); do
+	case "$applet" in init | linuxrc | \[ | \[\[) continue ;; esac
+	for d in bin sbin usr/bin usr/sbin usr/local/bin; do
+		[ -e "$root/$d/$applet" ] || [ -L "$root/$d/$applet" ] && continue 2
+	done
+	ln -s /bin/busybox "$root/usr/local/bin/$applet"
+done
 echo "kiln-$hash" >"$root/etc/kiln/image"
 content_kib=$(du -sk "$root" | cut -f1)
 size_mib=$(((content_kib * 115 / 100) / 1024 + rootfs_slack_mib))

@@ -311,6 +311,11 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 
 	switch (h->type) {
 	case AGENT_T_HELLO:
+		if (h->flags & AGENT_HELLO_F_NEW_SESSION) {
+			/* A new host connection: whatever the last one started is orphaned. */
+			exec_reset();
+			file_reset();
+		}
 		handle_hello(s, h->id);
 		break;
 	case AGENT_T_SET_IDENTITY:
@@ -428,41 +433,49 @@ static void session_reset(struct session *s)
 	agent_decoder_init(&s->dec, s->payload);
 }
 
+/* Drains the SIGCHLD signalfd and reaps; used while no host is connected. */
+static void idle_wait(int sigfd, int ms)
+{
+	struct pollfd sp = { sigfd, POLLIN, 0 };
+
+	if (poll(&sp, 1, ms) > 0) {
+		struct signalfd_siginfo si;
+
+		while (read(sigfd, &si, sizeof(si)) > 0)
+			;
+	}
+	exec_tick(NULL);
+}
+
 /*
- * Opens the port once the host is connected (a port without a host polls POLLHUP). Reaps
- * children meanwhile. Returns the descriptor.
+ * Waits until the host is connected to the port (a port without a host polls POLLHUP) and
+ * returns it. `fd` is the port when it is open already, else -1: the port stays open while the
+ * host is away, since closing it would discard what a reconnecting host already sent.
  */
-static int wait_for_host(const char *port_name, const char *device, int sigfd)
+static int wait_for_host(int fd, const char *port_name, const char *device, int sigfd)
 {
 	char dev[300];
 	bool told = false;
 
-	for (;;) {
-		int fd = -1;
-
+	while (fd < 0) {
 		if (device)
 			snprintf(dev, sizeof(dev), "%s", device);
 		if (device || find_port(port_name, dev, sizeof(dev)) == 0)
 			fd = open(dev, O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-		if (fd >= 0) {
-			struct pollfd p = { fd, POLLIN, 0 };
-
-			if (poll(&p, 1, 0) >= 0 && !(p.revents & (POLLHUP | POLLERR | POLLNVAL)))
-				return fd;
-			close(fd);
-		} else if (!told) {
+		if (fd >= 0)
+			break;
+		if (!told) {
 			logmsg("waiting for port '%s'", device ? device : port_name);
 			told = true;
 		}
-		struct pollfd sp = { sigfd, POLLIN, 0 };
+		idle_wait(sigfd, 100);
+	}
+	for (;;) {
+		struct pollfd p = { fd, POLLIN, 0 };
 
-		if (poll(&sp, 1, 100) > 0) {
-			struct signalfd_siginfo si;
-
-			while (read(sigfd, &si, sizeof(si)) > 0)
-				;
-		}
-		exec_tick(NULL);
+		if (poll(&p, 1, 0) >= 0 && !(p.revents & (POLLHUP | POLLERR | POLLNVAL)))
+			return fd;
+		idle_wait(sigfd, 50);
 	}
 }
 
@@ -515,9 +528,11 @@ int main(int argc, char **argv)
 		fcntl(s.fd, F_SETFL, fcntl(s.fd, F_GETFL) | O_NONBLOCK);
 	}
 
+	int port = -1;	/* the port, kept open across host connections */
+
 	for (;;) {
 		if (s.fd < 0) {
-			s.fd = wait_for_host(port_name, device, sigfd);
+			port = s.fd = wait_for_host(port, port_name, device, sigfd);
 			logmsg("host connected");
 		}
 		struct pollfd pfd[POLL_MAX];
@@ -553,7 +568,6 @@ int main(int argc, char **argv)
 		}
 		if (gone) {
 			logmsg("host disconnected");
-			close(s.fd);
 			s.fd = -1;
 			session_reset(&s);
 			if (s.test_mode)
