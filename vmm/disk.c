@@ -65,12 +65,19 @@ int disk_run(char *const argv[], char *out, size_t outlen)
 	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
 }
 
-int disk_info(const char *image, uint64_t *virtual_size, unsigned *depth)
+void disk_layer_name(unsigned depth, char *out, size_t outlen)
 {
-	char *argv[] = { "qemu-img", "info", "-U", "--backing-chain", "--output=json", (char *)image, NULL };
+	if (depth == 0)
+		snprintf(out, outlen, "base");
+	else
+		snprintf(out, outlen, "layer%u", depth);
+}
+
+int disk_info(const char *image, uint64_t *virtual_size)
+{
+	char *argv[] = { "qemu-img", "info", "-U", "--output=json", (char *)image, NULL };
 	char *out = malloc(DISK_INFO_MAX);
-	json_t *chain = NULL, *top;
-	unsigned d = 0;
+	json_t *info = NULL;
 	int r;
 
 	if (!out)
@@ -78,37 +85,26 @@ int disk_info(const char *image, uint64_t *virtual_size, unsigned *depth)
 	r = disk_run(argv, out, DISK_INFO_MAX);
 	if (r < 0)
 		goto done;
-	chain = json_loads(out, 0, NULL);
-	/* a chain is a JSON array, top image first */
-	top = json_is_array(chain) ? json_array_get(chain, 0) : NULL;
-	if (!json_is_object(top)) {
+	info = json_loads(out, 0, NULL);
+	if (!json_is_integer(json_object_get(info, "virtual-size"))) {
 		r = -EPROTO;
 		goto done;
 	}
-	for (size_t i = 0; i < json_array_size(chain); i++) {
-		const char *fmt = json_string_value(json_object_get(json_array_get(chain, i), "format"));
-
-		if (fmt && strcmp(fmt, "qcow2") == 0)
-			d++;
-	}
-	if (virtual_size)
-		*virtual_size = (uint64_t)json_integer_value(json_object_get(top, "virtual-size"));
-	if (depth)
-		*depth = d;
+	*virtual_size = (uint64_t)json_integer_value(json_object_get(info, "virtual-size"));
 done:
-	json_decref(chain);
+	json_decref(info);
 	free(out);
 	return r;
 }
 
-int disk_overlay_create(const char *backing, const char *backing_fmt, const char *overlay,
+int disk_overlay_create(const char *backing_host, unsigned depth, const char *overlay,
 			uint64_t size_bytes)
 {
-	char size[32], msg[512];
+	char size[32], msg[512], name[16];
 	uint64_t base_size;
 	int r;
 
-	r = disk_info(backing, &base_size, NULL);
+	r = disk_info(backing_host, &base_size);
 	if (r < 0)
 		return r;
 	if (size_bytes == 0)
@@ -116,31 +112,72 @@ int disk_overlay_create(const char *backing, const char *backing_fmt, const char
 	if (size_bytes < base_size)
 		return -EINVAL;
 	snprintf(size, sizeof(size), "%llu", (unsigned long long)size_bytes);
+	disk_layer_name(depth, name, sizeof(name));
 	unlink(overlay);
 
-	char *argv[] = { "qemu-img", "create", "-q", "-f", "qcow2", "-F", (char *)backing_fmt,
-			 "-b", (char *)backing, (char *)overlay, size, NULL };
+	/* -u: the backing is named as the jail sees it, which need not resolve here */
+	char *argv[] = { "qemu-img", "create", "-q", "-u", "-f", "qcow2", "-F", depth ? "qcow2" : "raw",
+			 "-b", name, (char *)overlay, size, NULL };
 
 	return disk_run(argv, msg, sizeof(msg));
 }
 
-int disk_flatten(const char *image, const char *base)
+int disk_flatten(const char *top, const char *const *chain, unsigned n, const char *tmp_dir)
 {
-	char tmp[PATH_MAX], msg[512];
-	int r;
+	char link[PATH_MAX], top_link[PATH_MAX], flat[PATH_MAX], name[16], msg[512];
+	int r = 0;
 
-	if (snprintf(tmp, sizeof(tmp), "%s.flat", image) >= (int)sizeof(tmp))
-		return -ENAMETOOLONG;
-
-	char *argv[] = { "qemu-img", "convert", "-q", "-f", "qcow2", "-O", "qcow2", "-B", (char *)base,
-			 "-o", "backing_fmt=raw", (char *)image, tmp, NULL };
-
-	r = disk_run(argv, msg, sizeof(msg));
-	if (r == 0 && rename(tmp, image) < 0)
+	if (n == 0 || n > 64)
+		return -EINVAL;
+	if (mkdir(tmp_dir, 0700) < 0 && errno != EEXIST)
+		return -errno;
+	for (unsigned k = 0; k < n && r == 0; k++) {
+		disk_layer_name(k, name, sizeof(name));
+		snprintf(link, sizeof(link), "%s/%s", tmp_dir, name);
+		unlink(link);
+		if (symlink(chain[k], link) < 0)
+			r = -errno;
+	}
+	snprintf(top_link, sizeof(top_link), "%s/top", tmp_dir);
+	snprintf(flat, sizeof(flat), "%s/flat", tmp_dir);
+	unlink(top_link);
+	if (r == 0 && symlink(top, top_link) < 0)
 		r = -errno;
-	if (r < 0)
-		unlink(tmp);
+	if (r == 0) {
+		char *argv[] = { "qemu-img", "convert", "-q", "-f", "qcow2", "-O", "qcow2", "-B", "base",
+				 "-F", "raw", top_link, flat, NULL };
+
+		r = disk_run(argv, msg, sizeof(msg));
+	}
+	if (r == 0 && rename(flat, top) < 0)
+		r = -errno;
+	/* tidy up: the symlinks, a partial output, the directory */
+	for (unsigned k = 0; k < n; k++) {
+		disk_layer_name(k, name, sizeof(name));
+		snprintf(link, sizeof(link), "%s/%s", tmp_dir, name);
+		unlink(link);
+	}
+	unlink(top_link);
+	unlink(flat);
+	rmdir(tmp_dir);
 	return r;
+}
+
+/* Copies up to `len` bytes at offset `off` from `in` to `out` with pread/pwrite; -1 + errno. */
+static ssize_t copy_plain(int in, int out, off_t off, size_t len)
+{
+	static __thread char chunk[1 << 16];
+	size_t want = len < sizeof(chunk) ? len : sizeof(chunk);
+	ssize_t n = pread(in, chunk, want, off);
+
+	for (ssize_t done = 0; n > 0 && done < n;) {
+		ssize_t w = pwrite(out, chunk + done, (size_t)(n - done), off + done);
+
+		if (w < 0)
+			return -1;
+		done += w;
+	}
+	return n;
 }
 
 int disk_file_copy(const char *src, const char *dst)
@@ -181,6 +218,14 @@ int disk_file_copy(const char *src, const char *dst)
 		while (ioff < hole) {
 			ssize_t n = copy_file_range(in, &ioff, out, &ooff, (size_t)(hole - ioff), 0);
 
+			if (n < 0 && (errno == EXDEV || errno == EINVAL || errno == EOPNOTSUPP)) {
+				/* across file systems (tmpfs to disk): copy through a buffer */
+				n = copy_plain(in, out, ioff, (size_t)(hole - ioff));
+				if (n > 0) {
+					ioff += n;
+					ooff += n;
+				}
+			}
 			if (n < 0) {
 				if (errno == EINTR)
 					continue;

@@ -19,24 +19,33 @@
 #define DISK_CHAIN_MAX 4	/* qcow2 layers above the base image */
 
 /*
- * Creates `overlay` (qcow2) backed by `backing` of format `backing_fmt` ("raw" or "qcow2") with a
- * virtual size of `size_bytes`, or the backing's size when 0. A size below the backing's size is
- * -EINVAL. An existing `overlay` is replaced.
+ * Inside the VMM's jail a chain is seen under fixed names: "base" (the raw image), "layer1" ..
+ * "layerN" (frozen qcow2 layers, layer1 directly over base) and "disk" (the VM's own top layer).
+ * Each layer records its backing by that name, relative, so the chain resolves in any directory
+ * holding those names: the jail root, or a directory of symlinks (disk_flatten).
  */
-int disk_overlay_create(const char *backing, const char *backing_fmt, const char *overlay,
+
+/* Writes the jail name of the layer at `depth` (0 = "base") into out (>= 16 bytes). */
+void disk_layer_name(unsigned depth, char *out, size_t outlen);
+
+/*
+ * Creates `overlay` (qcow2) over the chain element at `depth` whose file on the host is
+ * `backing_host` (raw at depth 0, qcow2 above), with a virtual size of `size_bytes`, or the
+ * backing's size when 0. A size below the backing's size is -EINVAL. An existing `overlay` is
+ * replaced.
+ */
+int disk_overlay_create(const char *backing_host, unsigned depth, const char *overlay,
 			uint64_t size_bytes);
 
-/*
- * Reads `image`'s virtual size and the number of qcow2 layers in its chain (the image itself
- * included; a raw image has depth 0). Either output may be NULL.
- */
-int disk_info(const char *image, uint64_t *virtual_size, unsigned *depth);
+/* Reads `image`'s virtual size (without opening its backing chain). */
+int disk_info(const char *image, uint64_t *virtual_size);
 
 /*
- * Makes `image` (a qcow2 chain ending in the raw `base`) a single qcow2 layer over `base`, keeping
- * its content: written to a temporary file, then renamed over `image`.
+ * Rewrites `top`, the layer over chain[0..n-1] (host paths: chain[0] the raw base, chain[k] the
+ * layer at depth k), as a single qcow2 layer directly over the base with the same content; `tmp_dir`
+ * (created and removed here) holds the symlinks that resolve the chain's names.
  */
-int disk_flatten(const char *image, const char *base);
+int disk_flatten(const char *top, const char *const *chain, unsigned n, const char *tmp_dir);
 
 /*
  * Copies the regular file `src` to `dst` (created 0600, replaced if present), keeping holes: only

@@ -92,6 +92,9 @@ static void __attribute__((noreturn)) child_run(const struct jail *j, char *cons
 		if (mount(NULL, m->dst, NULL, fl | (m->ro ? MS_RDONLY : 0), NULL) < 0)
 			child_fail(errfd, -errno);
 	}
+	/* the VMM names its files relative to the jail root: valid before and after its chroot */
+	if (chdir(j->root) < 0)
+		child_fail(errfd, -errno);
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
 		child_fail(errfd, -errno);
 	devnull = open("/dev/null", O_RDWR);
@@ -182,8 +185,20 @@ int jail_uid_alloc(const char *lease_dir, uid_t lo, uid_t hi, const char *owner,
 
 	if (lo > hi || lo == 0)
 		return -EINVAL;
-	if (mkdir(lease_dir, 0700) < 0 && errno != EEXIST)
-		return -errno;
+	if (snprintf(path, sizeof(path), "%s", lease_dir) >= (int)sizeof(path))
+		return -ENAMETOOLONG;
+	for (char *p = path + 1;; p++) {	/* mkdir -p */
+		char c = *p;
+
+		if (c != '/' && c != '\0')
+			continue;
+		*p = '\0';
+		if (mkdir(path, c ? 0755 : 0700) < 0 && errno != EEXIST)
+			return -errno;
+		*p = c;
+		if (!c)
+			break;
+	}
 	for (uid_t u = lo; u <= hi; u++) {
 		if (snprintf(path, sizeof(path), "%s/%u", lease_dir, (unsigned)u) >= (int)sizeof(path))
 			return -ENAMETOOLONG;

@@ -11,6 +11,9 @@
  *  - an unprivileged uid/gid of its own, from a range leased per VM (jail_uid_alloc).
  * The chroot and the uid change are the VMM's own last steps (QEMU's -chroot and -runas): it opens
  * its kernel, disks, memory file, TAP and sockets as root first, then cannot reach anything else.
+ * The VMM starts with the jail root as its working directory and names the files there relative
+ * to it, so the same names stay valid after its chroot (QEMU reopens disk images by name when a
+ * migration hands them over).
  *
  * OS-facing: functions return 0 or a negative errno.
  */
@@ -20,7 +23,7 @@
 #include <stdbool.h>
 #include <sys/types.h>
 
-#define JAIL_MOUNTS_MAX 8
+#define JAIL_MOUNTS_MAX 12
 #define JAIL_UID_MIN 64000	/* default range of per-VM uids (and gids, same number) */
 #define JAIL_UID_MAX 64999
 #define JAIL_LEASE_DIR "/run/kiln/uids"

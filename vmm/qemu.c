@@ -205,7 +205,10 @@ struct hv_vm {
 	char mp_kernel[PATH_MAX], mp_initrd[PATH_MAX], mp_disk[PATH_MAX], mp_mem[PATH_MAX];
 	char kernel[PATH_MAX], initrd[PATH_MAX];	/* host paths ("" for no initrd) */
 	char disk_path[PATH_MAX];	/* "" for no disk */
-	char disk_base[PATH_MAX];	/* the raw base image at the bottom of the chain */
+	char chain[DISK_CHAIN_MAX + 1][PATH_MAX];	/* frozen layers under disk, host paths:
+							   [0] the raw base, [k] "layer<k>" */
+	char mp_chain[DISK_CHAIN_MAX + 1][PATH_MAX];	/* their mount points in the jail */
+	unsigned depth;		/* frozen qcow2 layers between base and disk */
 	char mem_path[PATH_MAX];	/* memory file this VM maps */
 	bool mem_owned;		/* mem_path is this VM's own (share=on), removed on destroy */
 	bool has_net;
@@ -281,12 +284,18 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	ok &= fmt_path(vm->mp_initrd, "%s/jail/initrd", s->run_dir);
 	ok &= fmt_path(vm->mp_disk, "%s/jail/disk", s->run_dir);
 	ok &= fmt_path(vm->mp_mem, "%s/jail/mem", s->run_dir);
+	for (unsigned k = 0; k <= DISK_CHAIN_MAX; k++) {
+		char name[16];
+
+		disk_layer_name(k, name, sizeof(name));
+		ok &= fmt_path(vm->mp_chain[k], "%s/jail/%s", s->run_dir, name);
+	}
 	ok &= fmt_path(vm->kernel, "%s", s->kernel);
 	ok &= fmt_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
 	ok &= fmt_path(vm->mem_path, "%s/kiln-%s-%s.mem", mem_dir, s->node, s->id);
 	if (s->rootfs) {
 		ok &= fmt_path(vm->disk_path, "%s/disk.qcow2", s->state_dir);
-		ok &= fmt_path(vm->disk_base, "%s", s->rootfs);
+		ok &= fmt_path(vm->chain[0], "%s", s->rootfs);
 	}
 	if (!ok)
 		return kiln_error_set(err, KILN_E_INVALID, "a path of vm '%s' is too long", s->id);
@@ -310,6 +319,33 @@ static int mem_file_create(const char *path, unsigned mem_mib)
 	return r;
 }
 
+/* The last line QEMU wrote to its log (its error messages go there), or "" (static buffer). */
+static const char *qemu_log_tail(const struct hv_vm *vm)
+{
+	static __thread char tail[160];
+	char buf[1024];
+	int fd = open(vm->log_path, O_RDONLY | O_CLOEXEC);
+	off_t end;
+	ssize_t n = 0;
+
+	tail[0] = '\0';
+	if (fd < 0)
+		return tail;
+	end = lseek(fd, 0, SEEK_END);
+	if (end > 0)
+		n = pread(fd, buf, sizeof(buf) - 1, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0);
+	close(fd);
+	if (n <= 0)
+		return tail;
+	buf[n] = '\0';
+	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
+		buf[--n] = '\0';
+	char *line = strrchr(buf, '\n');
+
+	snprintf(tail, sizeof(tail), "%.150s", line ? line + 1 : buf);
+	return tail;
+}
+
 /*
  * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
  * booting. On failure everything this call started is undone (the process is killed and reaped).
@@ -323,12 +359,13 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.tb_size_mib = s->tb_size_mib,
 		.vcpus = vm->vcpus,
 		.mem_mib = vm->mem_mib,
-		.mem_path = vm->mp_mem,
+		/* names relative to the jail root, QEMU's working directory (jail.h) */
+		.mem_path = "mem",
 		.mem_share = vm->mem_owned,
-		.kernel = vm->mp_kernel,
-		.initrd = vm->initrd[0] ? vm->mp_initrd : NULL,
+		.kernel = "kernel",
+		.initrd = vm->initrd[0] ? "initrd" : NULL,
 		.cmdline_extra = s->cmdline_extra,
-		.disk = vm->disk_path[0] ? vm->mp_disk : NULL,
+		.disk = vm->disk_path[0] ? "disk" : NULL,
 		.tap = s->netns_path ? s->tap : NULL,
 		.qmp_sock = vm->qmp_path,
 		.agent_sock = vm->agent_path,
@@ -351,8 +388,11 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->kernel, vm->mp_kernel, true };
 	if (vm->initrd[0])
 		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->initrd, vm->mp_initrd, true };
-	if (vm->disk_path[0])
+	if (vm->disk_path[0]) {
 		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->disk_path, vm->mp_disk, false };
+		for (unsigned k = 0; k <= vm->depth; k++)
+			j->mounts[j->n_mounts++] = (struct jail_mount){ vm->chain[k], vm->mp_chain[k], true };
+	}
 	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
 
 	if ((r = jail_prepare(j)) < 0) {
@@ -384,8 +424,8 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	}
 	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->pid);
 	if ((r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp)) < 0) {
-		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer (%s), see %s",
-				    vm->id, strerror(-r), vm->log_path);
+		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer (%s): %s",
+				    vm->id, strerror(-r), qemu_log_tail(vm));
 		kill(vm->pid, SIGKILL);
 		waitpid(vm->pid, NULL, 0);
 		close(vm->pidfd);
@@ -401,6 +441,23 @@ out:
 		close(log_fd);
 	j->out_fd = -1;
 	return rc;
+}
+
+/*
+ * Hands the VM's own files to its uid: QEMU reopens its disk layer by name, after dropping to that
+ * uid, when an incoming migration hands the images over (on `cont`).
+ */
+static int own_files(const struct hv_vm *vm, uid_t uid, gid_t gid)
+{
+	if (vm->disk_path[0] && (chown(vm->disk_path, uid, gid) < 0 || chmod(vm->disk_path, 0600) < 0))
+		return -errno;
+	return 0;
+}
+
+/* A frozen layer: root's, read-only for the VMs whose jails bind it (the snapshot dir is 0700). */
+static int freeze_file(const char *path)
+{
+	return chown(path, 0, 0) < 0 || chmod(path, 0444) < 0 ? -errno : 0;
 }
 
 static enum kiln_err qmp_do(struct hv_vm *vm, const char *cmd, json_t *args, json_t **ret,
@@ -497,11 +554,15 @@ static enum kiln_err qemu_create(const struct vmm_spec *s, struct hv_vm **out, s
 		rc = os_err(err, r, "cannot create memory file", vm->mem_path);
 		goto fail;
 	}
-	if (s->rootfs && (r = disk_overlay_create(s->rootfs, "raw", vm->disk_path,
+	if (s->rootfs && (r = disk_overlay_create(s->rootfs, 0, vm->disk_path,
 						  (uint64_t)s->disk_gib << 30)) < 0) {
 		rc = r == -EINVAL ? kiln_error_set(err, KILN_E_INVALID, "disk: %u GiB is smaller than the image",
 						   s->disk_gib)
 				  : os_err(err, r, "cannot create disk layer", vm->disk_path);
+		goto fail;
+	}
+	if ((r = own_files(vm, s->uid, s->gid)) < 0) {
+		rc = os_err(err, r, "cannot hand files to the uid of vm", s->id);
 		goto fail;
 	}
 	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
@@ -559,7 +620,7 @@ static enum kiln_err wait_migration(struct hv_vm *vm, struct kiln_error *err)
 			const char *why = json_string_value(json_object_get(ret, "error-desc"));
 
 			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': migration %s: %s", vm->id,
-					    st, why ? why : "(no reason given)");
+					    st, why ? why : qemu_log_tail(vm));
 			json_decref(ret);
 			return rc;
 		}
@@ -601,11 +662,15 @@ static int fsync_path(const char *path)
 	return r;
 }
 
+/*
+ * Writes manifest.json: what a restore must match (hypervisor, accelerator, shape, devices), the
+ * memory mode and the disk chain `chain[0..n-1]` (host paths, base first; n = 0 for no disk).
+ */
 static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const char *mode,
-			  const char *hv_version)
+			  const char *hv_version, char (*chain)[PATH_MAX], unsigned n)
 {
 	char path[PATH_MAX], tmp[PATH_MAX];
-	json_t *m;
+	json_t *m, *arr;
 	int r = 0;
 
 	if (!fmt_path(path, "%s/manifest.json", snap_dir) || !fmt_path(tmp, "%s/manifest.json.tmp", snap_dir))
@@ -614,11 +679,16 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
 		      "machine", "microvm", "accel", accel_name(vm->accel), "memory", mode,
 		      "vcpus", (int)vm->vcpus, "vcpu_milli", (int)vm->vcpu_milli, "mem_mib", (int)vm->mem_mib,
-		      "disk", vm->disk_path[0] != '\0', "net", vm->has_net,
-		      "disk_base", vm->disk_path[0] ? vm->disk_base : NULL, "kernel", vm->kernel,
+		      "disk", n > 0, "net", vm->has_net,
+		      "disk_chain", NULL, "kernel", vm->kernel,
 		      "initrd", vm->initrd[0] ? vm->initrd : NULL, "created", (json_int_t)time(NULL));
-	if (!m)
+	arr = json_array();
+	for (unsigned k = 0; arr && k < n; k++)
+		json_array_append_new(arr, json_string(chain[k]));
+	if (!m || !arr || json_object_set_new(m, "disk_chain", arr) < 0) {
+		json_decref(m);
 		return -ENOMEM;
+	}
 	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0)
 		r = -EIO;
 	json_decref(m);
@@ -631,10 +701,11 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 				   struct kiln_error *err)
 {
 	char state[PATH_MAX], state_tmp[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX], ver[32];
+	char(*chain)[PATH_MAX] = NULL;
+	unsigned n = 0;
 	/* x-ignore-shared skips only shared memory: a private map goes into the stream */
 	bool shared = mode == VMM_SNAP_SHARED && vm->mem_owned;
 	enum kiln_err rc;
-	unsigned depth = 0;
 	int fd, r;
 
 	if (!vm_alive(vm) || !vm->qmp)
@@ -672,29 +743,56 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 		vm->mem_owned = false;
 		if (vm->disk_path[0] && (r = disk_file_move(vm->disk_path, disk)) < 0)
 			return os_err(err, r, "cannot move disk layer to", disk);
-		if (vm->disk_path[0])
-			vm->disk_path[0] = '\0';
 	} else if (vm->disk_path[0] && (r = disk_file_copy(vm->disk_path, disk)) < 0) {
 		/* the source's block devices are inactive after the migration: the layer is consistent */
 		return os_err(err, r, "cannot copy disk layer to", disk);
 	}
-	if (access(disk, F_OK) == 0 && disk_info(disk, NULL, &depth) == 0 && depth > DISK_CHAIN_MAX &&
-	    (r = disk_flatten(disk, vm->disk_base)) < 0)
-		return os_err(err, r, "cannot flatten disk layer", disk);
-	if ((r = write_manifest(snap_dir, vm, shared ? "shared" : "full", ver)) < 0 || (r = fsync_path(snap_dir)) < 0)
+	if (vm->disk_path[0]) {
+		/* the frozen layer joins the chain; past DISK_CHAIN_MAX it is flattened onto the base */
+		chain = calloc(DISK_CHAIN_MAX + 2, sizeof(*chain));
+		if (!chain)
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		n = vm->depth + 1;
+		memcpy(chain, vm->chain, n * sizeof(*chain));
+		snprintf(chain[n++], PATH_MAX, "%s", disk);
+		if ((r = freeze_file(disk)) < 0) {
+			free(chain);
+			return os_err(err, r, "cannot freeze disk layer", disk);
+		}
+		if (n - 1 > DISK_CHAIN_MAX) {
+			char tmp[PATH_MAX];
+			const char *links[DISK_CHAIN_MAX + 1];
+
+			for (unsigned k = 0; k < n - 1; k++)
+				links[k] = chain[k];
+			fmt_path(tmp, "%s/.chain", snap_dir);
+			if ((r = disk_flatten(disk, links, n - 1, tmp)) < 0) {
+				free(chain);
+				return os_err(err, r, "cannot flatten disk layer", disk);
+			}
+			snprintf(chain[1], PATH_MAX, "%s", disk);
+			n = 2;
+			freeze_file(disk);
+		}
+		if (shared)
+			vm->disk_path[0] = '\0';	/* moved: nothing of it is this VM's any more */
+	}
+	r = write_manifest(snap_dir, vm, shared ? "shared" : "full", ver, chain, n);
+	free(chain);
+	if (r < 0 || (r = fsync_path(snap_dir)) < 0)
 		return os_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
 }
 
 /* Reads the snapshot's manifest and checks it fits `s`. *shared tells its memory mode. */
-static enum kiln_err check_manifest(const char *snap_dir, const struct hv_vm *vm, bool *shared,
-				    bool *has_disk, char *disk_base, struct kiln_error *err)
+static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool *shared,
+				    struct kiln_error *err)
 {
 	char path[PATH_MAX];
 	json_error_t jerr;
 	enum kiln_err rc = KILN_OK;
-	const char *mode, *hv, *accel, *base;
-	json_t *m;
+	const char *mode, *hv, *accel;
+	json_t *m, *chain;
 
 	if (!fmt_path(path, "%s/manifest.json", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
@@ -705,7 +803,7 @@ static enum kiln_err check_manifest(const char *snap_dir, const struct hv_vm *vm
 	mode = json_string_value(json_object_get(m, "memory"));
 	hv = json_string_value(json_object_get(m, "hypervisor"));
 	accel = json_string_value(json_object_get(m, "accel"));
-	base = json_string_value(json_object_get(m, "disk_base"));
+	chain = json_object_get(m, "disk_chain");
 	if (json_integer_value(json_object_get(m, "format")) != SNAP_FORMAT || !hv || strcmp(hv, "qemu") ||
 	    !mode || (strcmp(mode, "shared") && strcmp(mode, "full")))
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': unknown format", snap_dir);
@@ -717,10 +815,20 @@ static enum kiln_err check_manifest(const char *snap_dir, const struct hv_vm *vm
 		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': shape differs (vcpus, memory)", snap_dir);
 	else if (json_is_true(json_object_get(m, "net")) != vm->has_net)
 		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': network device differs", snap_dir);
+	else if (!json_is_array(chain) || json_array_size(chain) == 1 ||
+		 json_array_size(chain) > DISK_CHAIN_MAX + 1)
+		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad disk chain", snap_dir);
+	for (size_t k = 0; rc == KILN_OK && k < json_array_size(chain); k++) {
+		const char *p = json_string_value(json_array_get(chain, k));
+
+		if (!p || p[0] != '/' || !fmt_path(vm->chain[k], "%s", p))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad disk chain", snap_dir);
+	}
 	if (rc == KILN_OK) {
 		*shared = strcmp(mode, "shared") == 0;
-		*has_disk = json_is_true(json_object_get(m, "disk"));
-		snprintf(disk_base, PATH_MAX, "%s", base ? base : "");
+		vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;
+		if (!json_array_size(chain))
+			vm->chain[0][0] = '\0';
 	}
 	json_decref(m);
 	return rc;
@@ -730,7 +838,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 				  struct hv_vm **out, struct kiln_error *err)
 {
 	char state[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX];
-	bool shared = false, has_disk = false;
+	bool shared = false;
 	struct hv_vm *vm;
 	enum kiln_err rc;
 	int r, fd = -1;
@@ -748,7 +856,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 		goto fail;
 	}
-	if ((rc = check_manifest(snap_dir, vm, &shared, &has_disk, vm->disk_base, err)) != KILN_OK)
+	if ((rc = check_manifest(snap_dir, vm, &shared, err)) != KILN_OK)
 		goto fail;
 	fd = open(state, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
@@ -776,16 +884,20 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		goto fail;
 	}
 	/* disk: a new empty layer over the snapshot's frozen one */
-	if (has_disk) {
+	if (vm->chain[0][0]) {
 		if (!fmt_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir)) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
 			goto fail;
 		}
-		if ((r = disk_overlay_create(disk, "qcow2", vm->disk_path, 0)) < 0) {
+		if ((r = disk_overlay_create(vm->chain[vm->depth], vm->depth, vm->disk_path, 0)) < 0) {
 			vm->disk_path[0] = '\0';
 			rc = os_err(err, r, "cannot create disk layer over", disk);
 			goto fail;
 		}
+	}
+	if ((r = own_files(vm, s->uid, s->gid)) < 0) {
+		rc = os_err(err, r, "cannot hand files to the uid of vm", s->id);
+		goto fail;
 	}
 	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
 		goto fail;
