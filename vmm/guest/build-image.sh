@@ -161,11 +161,14 @@ dpkgopts=(
 	--dpkgopt='path-include=/usr/share/locale/locale.alias'
 	--dpkgopt='path-exclude=/usr/share/lintian/*'
 )
-base_key=$(printf '%s\n' "$suite" "$pkgs" "${mirrors[@]}" "${dpkgopts[@]}" | sha256sum | cut -c1-32)
+# The merged-usr hook lays out /usr itself, so usrmerge (and perl with it) stays out.
+hooks=(--hook-dir=/usr/share/mmdebstrap/hooks/merged-usr)
+base_key=$(printf '%s\n' "$suite" "$pkgs" "${mirrors[@]}" "${dpkgopts[@]}" "${hooks[@]}" |
+	sha256sum | cut -c1-32)
 base=$cache/base-$base_key.tar
 if [ ! -f "$base" ]; then
 	log "mmdebstrap '$suite' with '$pkgs'"
-	mmdebstrap --quiet --variant=essential --include="$pkgs" "${dpkgopts[@]}" \
+	mmdebstrap --quiet --variant=essential --include="$pkgs" "${dpkgopts[@]}" "${hooks[@]}" \
 		--aptopt='Acquire::Languages "none"' \
 		"$suite" "$work/base.tar" "${mirrors[@]}"
 	mv "$work/base.tar" "$base.tmp.$$"
