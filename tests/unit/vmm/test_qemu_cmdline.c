@@ -1,0 +1,175 @@
+/*
+ * test_qemu_cmdline.c - the QEMU command line of a jailed microVM, the accelerator choice from
+ * /proc/cpuinfo text, and the shape arithmetic and checks of a VM spec.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "test.h"
+#include "vmm/accel.h"
+#include "vmm/hv.h"
+#include "vmm/qemu.h"
+
+/* The argument after `opt` whose text starts with `prefix`, or NULL. */
+static const char *opt_value(char **argv, const char *opt, const char *prefix)
+{
+	for (char **p = argv; *p && p[1]; p++)
+		if (strcmp(*p, opt) == 0 && strncmp(p[1], prefix, strlen(prefix)) == 0)
+			return p[1];
+	return NULL;
+}
+
+static bool has_arg(char **argv, const char *arg)
+{
+	for (char **p = argv; *p; p++)
+		if (strcmp(*p, arg) == 0)
+			return true;
+	return false;
+}
+
+static struct qemu_args base_args(void)
+{
+	return (struct qemu_args){
+		.accel = ACCEL_TCG,
+		.vcpus = 2,
+		.mem_mib = 256,
+		.mem_path = "mem",
+		.mem_share = true,
+		.kernel = "kernel",
+		.initrd = "initrd",
+		.cmdline_extra = "root=/dev/vda",
+		.disk = "disk",
+		.tap = "tap0",
+		.qmp_sock = "/run/kiln/n1/vm1/qmp.sock",
+		.agent_sock = "/run/kiln/n1/vm1/agent.sock",
+		.serial_log = "/run/kiln/n1/vm1/serial.log",
+		.chroot = "/run/kiln/n1/vm1/jail",
+		.uid = 64001,
+		.gid = 64001,
+	};
+}
+
+static void test_cmdline_cold_boot_jailed_tcg(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL;
+
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	if (!argv)
+		return;
+	CHECK_STR(argv[0], QEMU_BINARY_DEFAULT);
+	CHECK_STR(opt_value(argv, "-M", "microvm"), "microvm,memory-backend=mem");
+	CHECK_STR(opt_value(argv, "-accel", ""), "tcg,tb-size=64");
+	CHECK_STR(opt_value(argv, "-smp", ""), "2");
+	CHECK_STR(opt_value(argv, "-object", "memory-backend-file"),
+		  "memory-backend-file,id=mem,size=256M,mem-path=mem,share=on");
+	CHECK_STR(opt_value(argv, "-sandbox", ""), "on,obsolete=deny,spawn=deny,resourcecontrol=deny");
+	CHECK_STR(opt_value(argv, "-runas", ""), "64001:64001");
+	CHECK_STR(opt_value(argv, "-chroot", ""), "/run/kiln/n1/vm1/jail");
+	CHECK_STR(opt_value(argv, "-device", "virtserialport"), "virtserialport,chardev=agent,name=kiln.agent");
+	CHECK_STR(opt_value(argv, "-chardev", "socket,id=agent"),
+		  "socket,id=agent,path=/run/kiln/n1/vm1/agent.sock,server=on,wait=off");
+	CHECK_STR(opt_value(argv, "-netdev", ""), "tap,id=n0,ifname=tap0,script=no,downscript=no");
+	CHECK_STR(opt_value(argv, "-device", "virtio-net"), "virtio-net-device,netdev=n0,mac=" VMM_GUEST_MAC);
+	CHECK_STR(opt_value(argv, "-drive", ""), "id=root,file=disk,format=qcow2,if=none,discard=unmap");
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "tsc=reliable") != NULL);
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " root=/dev/vda") != NULL);
+	CHECK(!has_arg(argv, "-incoming"));
+	CHECK(!has_arg(argv, "-S"));
+	/* elevateprivileges=deny kills QEMU together with -runas */
+	for (char **p = argv; *p; p++)
+		CHECK(strstr(*p, "elevateprivileges") == NULL);
+	qemu_argv_free(argv);
+}
+
+static void test_cmdline_restore_private_without_net_and_disk(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL;
+
+	a.accel = ACCEL_KVM;
+	a.mem_share = false;
+	a.incoming = true;
+	a.tap = NULL;
+	a.disk = NULL;
+	a.initrd = NULL;
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	if (!argv)
+		return;
+	CHECK_STR(opt_value(argv, "-accel", ""), "kvm");
+	CHECK_STR(opt_value(argv, "-cpu", ""), "host");
+	CHECK_STR(opt_value(argv, "-object", "memory-backend-file"),
+		  "memory-backend-file,id=mem,size=256M,mem-path=mem,share=off");
+	CHECK_STR(opt_value(argv, "-incoming", ""), "defer");
+	CHECK(has_arg(argv, "-S"));
+	CHECK(opt_value(argv, "-netdev", "") == NULL);
+	CHECK(opt_value(argv, "-drive", "") == NULL);
+	CHECK(opt_value(argv, "-initrd", "") == NULL);
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "lpj=") == NULL);
+	qemu_argv_free(argv);
+}
+
+static void test_cmdline_refuses_commas_in_paths(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL;
+
+	a.disk = "disk,file.locking=off";
+	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
+	CHECK(argv == NULL);
+}
+
+static void test_accel_from_cpuinfo(void)
+{
+	char arg[32];
+
+	CHECK(accel_cpuinfo_has_hwvirt("processor\t: 0\nflags\t\t: fpu vme de pse vmx ept\n"));
+	CHECK(accel_cpuinfo_has_hwvirt("flags\t\t: fpu svm\nprocessor\t: 1\n"));
+	/* nested PVM: no vmx/svm, even with words that contain them */
+	CHECK(!accel_cpuinfo_has_hwvirt("flags\t\t: fpu vmxe svmx hypervisor\n"));
+	CHECK(!accel_cpuinfo_has_hwvirt("model name\t: vmx svm\nflags\t\t: fpu\n"));
+	CHECK_INT(accel_qemu_arg(ACCEL_TCG, 32, arg, sizeof(arg)), 0);
+	CHECK_STR(arg, "tcg,tb-size=32");
+	CHECK_INT(accel_qemu_arg(ACCEL_TCG, 0, arg, 8), -ENOSPC);
+}
+
+static void test_spec_shape_and_checks(void)
+{
+	struct kiln_error err = { 0 };
+	struct vmm_spec s = {
+		.id = "sb_1", .node = "n1", .vcpu_milli = 250, .mem_mib = 256, .kernel = "/k",
+		.run_dir = "/run/kiln/n1/sb_1", .state_dir = "/var/lib/kiln/n1/sb_1", .uid = 64000, .gid = 64000,
+	};
+
+	CHECK_INT(vmm_vcpus_whole(250), 1);
+	CHECK_INT(vmm_vcpus_whole(1000), 1);
+	CHECK_INT(vmm_vcpus_whole(1001), 2);
+	CHECK_INT(vmm_vcpus_whole(8000), 8);
+	CHECK_INT(vmm_spec_check(&s, &err), KILN_OK);
+	s.vcpu_milli = 100;
+	CHECK_INT(vmm_spec_check(&s, &err), KILN_E_INVALID);
+	CHECK(strncmp(err.msg, "vcpus", 5) == 0);
+	s.vcpu_milli = 500;
+	s.uid = 0;
+	kiln_error_clear(&err);
+	CHECK_INT(vmm_spec_check(&s, &err), KILN_E_INVALID);
+	s.uid = 64000;
+	s.id = "../x";
+	CHECK_INT(vmm_spec_check(&s, NULL), KILN_E_INVALID);
+	s.id = "ok";
+	s.run_dir = "/run/kiln/a-very-long-node-directory-name-that-goes-on/and-on-and-on/until-sockets-break";
+	CHECK_INT(vmm_spec_check(&s, NULL), KILN_E_INVALID);
+	CHECK(hv_find("qemu") == &hv_qemu_ops);
+	CHECK(hv_find("firecracker") == NULL);
+}
+
+int main(void)
+{
+	TEST(test_cmdline_cold_boot_jailed_tcg);
+	TEST(test_cmdline_restore_private_without_net_and_disk);
+	TEST(test_cmdline_refuses_commas_in_paths);
+	TEST(test_accel_from_cpuinfo);
+	TEST(test_spec_shape_and_checks);
+	return test_summary();
+}
