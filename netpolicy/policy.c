@@ -8,10 +8,13 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -90,6 +93,46 @@ static int mkdirs(const char *path)
 	if (mkdir(tmp, 0700) < 0 && errno != EEXIST)
 		return -errno;
 	return 0;
+}
+
+#define BPFFS_MAGIC 0xcafe4a11
+
+/* Mounts bpffs on /sys/fs/bpf when it is not there (some hosts and containers lack it). */
+static int ensure_bpffs(const char *root)
+{
+	struct statfs st;
+	if (strncmp(root, "/sys/fs/bpf", 11) != 0)
+		return 0;
+	if (statfs("/sys/fs/bpf", &st) == 0 && (unsigned long)st.f_type == BPFFS_MAGIC)
+		return 0;
+	if (mount("bpf", "/sys/fs/bpf", "bpf", 0, "mode=0700") < 0)
+		return -errno;
+	log_info("mounted bpffs on /sys/fs/bpf");
+	return 0;
+}
+
+/* libbpf's messages go to our log; "Exclusivity flag on" is the expected EEXIST of a second
+ * clsact hook create and is not worth a line. */
+static int libbpf_log(enum libbpf_print_level level, const char *fmt, va_list ap)
+{
+	char line[512];
+	vsnprintf(line, sizeof(line), fmt, ap);
+	size_t n = strlen(line);
+	while (n && line[n - 1] == '\n')
+		line[--n] = '\0';
+	if (strstr(line, "Exclusivity flag on"))
+		return 0;
+	if (level == LIBBPF_WARN)
+		log_warn("libbpf: %s", line);
+	else
+		log_debug("libbpf: %s", line);
+	return 0;
+}
+
+static pthread_once_t libbpf_once = PTHREAD_ONCE_INIT;
+static void libbpf_setup(void)
+{
+	libbpf_set_print(libbpf_log);
 }
 
 static struct kiln_policy *policy_new(const char *dir)
@@ -367,7 +410,11 @@ enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct ki
 		return e;
 	if (!cfg->net)
 		return kiln_error_set(err, KILN_E_INVALID, "attach needs the sandbox network");
-	int rc = mkdirs(dir);
+	pthread_once(&libbpf_once, libbpf_setup);
+	int rc = ensure_bpffs(dir);
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "mount bpffs: %s", strerror(-rc));
+	rc = mkdirs(dir);
 	if (rc < 0)
 		return kiln_error_set(err, KILN_E_IO, "mkdir \"%s\": %s", dir, strerror(-rc));
 

@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""Client probes run inside the stand-in guest's namespace. Exit 0 on success, 1 on failure.
+
+  probe.py tcp ADDR PORT [TIMEOUT]         connect and read a line
+  probe.py udp ADDR PORT [TIMEOUT]         one datagram echoed
+  probe.py udpfrom SRC ADDR PORT           the same, from a given source address
+  probe.py dns NAME [SERVER] [TYPE]        prints rcode and addresses
+  probe.py stream ADDR PORT SECONDS        prints the times at which data arrived
+  probe.py bytes ADDR PORT SECONDS         prints how many bytes arrived
+  probe.py udpburst ADDR PORT COUNT        COUNT new UDP flows at once; prints how many answered
+  probe.py listen PORT                     accepts TCP on every address until killed
+"""
+import os
+import random
+import select
+import socket
+import struct
+import sys
+import time
+
+
+def family(addr):
+    return socket.AF_INET6 if ":" in addr else socket.AF_INET
+
+
+def tcp(addr, port, timeout=1.5):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((addr, port))
+        data = s.recv(200)
+        print(data.decode(errors="replace").strip())
+        return 0 if data else 1
+    except OSError as e:
+        print("FAIL", e)
+        return 1
+
+
+def udp(addr, port, timeout=1.5, src=None):
+    s = socket.socket(family(addr), socket.SOCK_DGRAM)
+    if src:
+        s.bind((src, 0))
+    s.settimeout(timeout)
+    try:
+        s.sendto(b"ping", (addr, port))
+        data, _ = s.recvfrom(100)
+        return 0 if data == b"ping" else 1
+    except OSError as e:
+        print("FAIL", e)
+        return 1
+
+
+def dns(name, server="172.16.0.1", qtype="A"):
+    t = {"A": 1, "AAAA": 28}[qtype]
+    qid = random.randint(0, 65535)
+    q = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0)
+    for label in name.split("."):
+        q += bytes([len(label)]) + label.encode()
+    q += b"\0" + struct.pack("!HH", t, 1)
+    s = socket.socket(family(server), socket.SOCK_DGRAM)
+    s.settimeout(2)
+    try:
+        s.sendto(q, (server, 53))
+        r, _ = s.recvfrom(4096)
+    except OSError as e:
+        print("FAIL", e)
+        return 1
+    rid, flags, qd, an = struct.unpack("!HHHH", r[:8])
+    if rid != qid:
+        print("FAIL bad id")
+        return 1
+    off = 12
+
+    def skip_name(o):
+        while True:
+            n = r[o]
+            if n & 0xC0 == 0xC0:
+                return o + 2
+            if n == 0:
+                return o + 1
+            o += 1 + n
+
+    for _ in range(qd):
+        off = skip_name(off) + 4
+    addrs = []
+    for _ in range(an):
+        off = skip_name(off)
+        rtype, _, _, rdlen = struct.unpack("!HHIH", r[off:off + 10])
+        off += 10
+        if rtype == 1:
+            addrs.append(socket.inet_ntop(socket.AF_INET, r[off:off + 4]))
+        elif rtype == 28:
+            addrs.append(socket.inet_ntop(socket.AF_INET6, r[off:off + 16]))
+        off += rdlen
+    print("rcode=%d %s" % (flags & 0xF, " ".join(addrs)))
+    return 0
+
+
+def stream(addr, port, seconds):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(2)
+    s.connect((addr, port))
+    end = time.time() + seconds
+    s.setblocking(False)
+    while time.time() < end:
+        r, _, _ = select.select([s], [], [], 0.1)
+        if r:
+            try:
+                d = s.recv(4096)
+            except OSError:
+                break
+            if not d:
+                break
+            print("%.3f %d" % (time.time(), len(d)), flush=True)
+    return 0
+
+
+def nbytes(addr, port, seconds):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(2)
+    total = 0
+    try:
+        s.connect((addr, port))
+        end = time.time() + seconds
+        s.settimeout(0.2)
+        while time.time() < end:
+            try:
+                d = s.recv(65536)
+            except socket.timeout:
+                continue
+            if not d:
+                break
+            total += len(d)
+    except OSError as e:
+        print("FAIL", e)
+    print(total)
+    return 0
+
+
+def udpburst(addr, port, count):
+    socks = []
+    for _ in range(count):
+        s = socket.socket(family(addr), socket.SOCK_DGRAM)
+        s.setblocking(False)
+        s.sendto(b"ping", (addr, port))
+        socks.append(s)
+    ok = set()
+    end = time.time() + 1.5
+    while time.time() < end and len(ok) < count:
+        r, _, _ = select.select(socks, [], [], 0.1)
+        for s in r:
+            try:
+                s.recvfrom(100)
+                ok.add(s)
+            except OSError:
+                pass
+    print(len(ok))
+    return 0
+
+
+def listen(port):
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port))
+    s.listen(16)
+    print("ready", flush=True)
+    while True:
+        c, _ = s.accept()
+        c.sendall(b"guest\n")
+        c.close()
+
+
+def main():
+    cmd, a = sys.argv[1], sys.argv[2:]
+    if cmd == "tcp":
+        return tcp(a[0], int(a[1]), float(a[2]) if len(a) > 2 else 1.5)
+    if cmd == "udp":
+        return udp(a[0], int(a[1]), float(a[2]) if len(a) > 2 else 1.5)
+    if cmd == "udpfrom":
+        return udp(a[1], int(a[2]), src=a[0])
+    if cmd == "dns":
+        return dns(a[0], *(a[1:3]))
+    if cmd == "stream":
+        return stream(a[0], int(a[1]), float(a[2]))
+    if cmd == "bytes":
+        return nbytes(a[0], int(a[1]), float(a[2]))
+    if cmd == "udpburst":
+        return udpburst(a[0], int(a[1]), int(a[2]))
+    if cmd == "listen":
+        return listen(int(a[0]))
+    print("unknown command", cmd)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,430 @@
+#!/usr/bin/python3
+"""Integration tests of the sandbox network policy (netpolicy/, bpf/) in namespaces of their own.
+
+Topology (every name carries a random tag, everything is removed at the end, even on failure):
+
+  guest A netns ──veth "tap0"── kiln-<sbA> ──kv<sbA>──┐
+  guest B netns ──veth "tap0"── kiln-<sbB> ──kv<sbB>──┤ "host" netns (np_tool and the DNS proxy
+                                                      │  run here; 192.0.2.1, 10.99.0.1 = the
+                                                      │  host's own addresses, with servers)
+                                                      └──veth── "internet" netns: servers on
+      203.0.113.10-17, 198.51.100.20-22, 2001:db8:1::10, 2001:db8:2::10, 169.254.169.254;
+      DNS on 192.0.2.53 (the upstream) and 198.51.100.53 (a foreign resolver).
+
+Only documentation ranges are used, and only inside these namespaces.
+Usage: test_netpolicy.py --tool PATH/np_tool
+"""
+import argparse
+import atexit
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TAG = "kt" + secrets.token_hex(3)
+NS_H, NS_I, NS_GA, NS_GB = TAG + "h", TAG + "i", TAG + "ga", TAG + "gb"
+SB_A, SB_B = TAG + "a", TAG + "b"
+IDX_A, IDX_B = 1, 2
+NAT_A, NAT_B = "10.200.0.6", "10.200.0.10"
+NODE = "test-" + TAG
+PIN_ROOT = "/sys/fs/bpf/kiln"
+INET_ADDRS = ["203.0.113.%d" % i for i in range(10, 18)] + [
+    "198.51.100.20", "198.51.100.21", "198.51.100.22", "198.51.100.53", "192.0.2.53",
+    "169.254.169.254", "2001:db8:1::10", "2001:db8:2::10"]
+
+TOOL = None
+procs = []
+created_sandboxes = []
+
+
+def sh(*args, check=True, timeout=30):
+    r = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and r.returncode != 0:
+        raise RuntimeError("%s failed: %s %s" % (" ".join(args), r.stdout, r.stderr))
+    return r
+
+
+def tool(*args, check=True):
+    return sh(TOOL, "--netns", NS_H, "--node", NODE, *args, check=check)
+
+
+def in_ns(ns, *args, check=False, timeout=30):
+    return sh("ip", "netns", "exec", ns, *args, check=check, timeout=timeout)
+
+
+def probe(ns, *args, timeout=30):
+    return in_ns(ns, sys.executable, os.path.join(HERE, "probe.py"), *[str(a) for a in args],
+                 timeout=timeout)
+
+
+def ok(ns, *args):
+    return probe(ns, *args).returncode == 0
+
+
+def spawn(args, wait_ready=True):
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs.append(p)
+    if wait_ready:
+        line = p.stdout.readline()
+        if "ready" not in line:
+            raise RuntimeError("%s did not start: %s %s" % (args, line, p.stderr.read()))
+    return p
+
+
+def counters(sb):
+    out = tool("counters", sb).stdout
+    return {k: int(v) for k, v in (l.split("=") for l in out.split())}
+
+
+def apply(sb, *rules, check=True):
+    return tool("apply", sb, *rules, check=check)
+
+
+def cleanup():
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+            try:
+                p.wait(3)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    for sb in created_sandboxes:
+        sh(TOOL, "--netns", NS_H, "--node", NODE, "destroy", sb, check=False)
+    for ns in (NS_GA, NS_GB, NS_I, NS_H):
+        sh("ip", "netns", "del", ns, check=False)
+    shutil.rmtree(os.path.join(PIN_ROOT, NODE), ignore_errors=True)
+    try:
+        os.rmdir(PIN_ROOT)
+    except OSError:
+        pass
+
+
+def setup():
+    for ns in (NS_H, NS_I, NS_GA, NS_GB):
+        sh("ip", "netns", "add", ns)
+    # host <-> internet
+    sh("ip", "-n", NS_H, "link", "add", "up0", "type", "veth", "peer", "name", "up0", "netns",
+       NS_I)
+    for ns, a4, a6 in ((NS_H, "192.0.2.1/30", "2001:db8:ffff::1/64"),
+                       (NS_I, "192.0.2.2/30", "2001:db8:ffff::2/64")):
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns, "addr", "add", a4, "dev", "up0")
+        sh("ip", "-n", ns, "-6", "addr", "add", a6, "dev", "up0", "nodad")
+        sh("ip", "-n", ns, "link", "set", "up0", "up")
+    sh("ip", "-n", NS_H, "route", "add", "default", "via", "192.0.2.2")
+    sh("ip", "-n", NS_H, "-6", "route", "add", "default", "via", "2001:db8:ffff::2")
+    sh("ip", "-n", NS_H, "addr", "add", "10.99.0.1/32", "dev", "lo")
+    in_ns(NS_H, "sysctl", "-qw", "net.ipv4.ip_forward=1", check=True)
+    in_ns(NS_H, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1", check=True)
+    sh("ip", "-n", NS_I, "route", "add", "10.200.0.0/16", "via", "192.0.2.1")
+    sh("ip", "-n", NS_I, "-6", "route", "add", "fd6b:696c:6e00::/48", "via", "2001:db8:ffff::1")
+    for a in INET_ADDRS:
+        if ":" in a:
+            sh("ip", "-n", NS_I, "-6", "addr", "add", a + "/128", "dev", "lo", "nodad")
+        else:
+            sh("ip", "-n", NS_I, "addr", "add", a + "/32", "dev", "lo")
+    time.sleep(0.3)
+    spawn(["ip", "netns", "exec", NS_I, sys.executable, os.path.join(HERE, "fakenet.py")] +
+          INET_ADDRS)
+    spawn(["ip", "netns", "exec", NS_H, sys.executable, os.path.join(HERE, "fakenet.py"),
+           "192.0.2.1", "10.99.0.1"])
+    for sb, idx, g in ((SB_A, IDX_A, NS_GA), (SB_B, IDX_B, NS_GB)):
+        created_sandboxes.append(sb)
+        tool("create", sb, str(idx), g)
+    env = dict(os.environ, NP_DNS_MIN_TTL="5")
+    p = subprocess.Popen([TOOL, "--netns", NS_H, "--node", NODE, "dns", "192.0.2.53",
+                          "%s:%d" % (SB_A, IDX_A), "%s:%d" % (SB_B, IDX_B)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    procs.append(p)
+    if "ready" not in p.stdout.readline():
+        raise RuntimeError("dns proxy: " + p.stderr.read())
+    # first packets wait for IPv6 duplicate address detection and neighbour discovery on
+    # four links; warm the paths so that the tests measure the policy, not the setup
+    for g in (NS_GA, NS_GB):
+        for dst in ("2001:db8:1::10", "203.0.113.10"):
+            for _ in range(10):
+                if in_ns(g, "ping", "-c1", "-W1", dst).returncode == 0:
+                    break
+
+
+# ---------------------------------------------------------------------------------------------
+# Each test checks what a user of the sandbox would see.
+
+def test_open_mode_reaches_public_internet():
+    apply(SB_A)
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert ok(NS_GA, "udp", "198.51.100.20", 9999)
+    assert ok(NS_GA, "tcp", "2001:db8:1::10", 80), "IPv6 through NAT66"
+    assert in_ns(NS_GA, "ping", "-c1", "-W1", "203.0.113.10").returncode == 0
+    out = probe(NS_GA, "dns", "other.test").stdout
+    assert "198.51.100.22" in out, out
+    assert "open" in tool("rules", SB_A).stdout
+
+
+def test_open_mode_dns_to_any_resolver():
+    apply(SB_A)
+    assert "203.0.113.10" in probe(NS_GA, "dns", "sub.example.com", "198.51.100.53").stdout
+
+
+def test_smtp_closed_unless_named():
+    apply(SB_A)
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 25), "SMTP open in open mode"
+    apply(SB_A, "203.0.113.10")
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 25), "SMTP open by a rule without port"
+    apply(SB_A, "203.0.113.10:25")
+    assert ok(NS_GA, "tcp", "203.0.113.10", 25)
+
+
+def test_always_denied_ranges_in_open_mode():
+    apply(SB_A)
+    assert not ok(NS_GA, "tcp", "192.0.2.1", 8080), "host's own public address"
+    assert not ok(NS_GA, "tcp", "10.99.0.1", 5432), "host's private address (Postgres)"
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80), "metadata"
+    assert not ok(NS_GA, "tcp", NAT_B, 80), "another sandbox"
+    assert not ok(NS_GA, "tcp", "172.16.0.1", 80), "gateway beyond DNS"
+    assert not ok(NS_GA, "tcp", "10.200.0.5", 80), "host end of the veth"
+
+
+def test_public_internet_rule_keeps_denied_ranges():
+    apply(SB_A, "0.0.0.0/0", "::/0")
+    assert ok(NS_GA, "tcp", "198.51.100.21", 80)
+    assert ok(NS_GA, "tcp", "2001:db8:2::10", 80)
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80)
+    assert not ok(NS_GA, "tcp", "192.0.2.1", 8080)
+    assert not ok(NS_GA, "tcp", "10.99.0.1", 5432)
+    assert not ok(NS_GA, "tcp", NAT_B, 80)
+
+
+def test_rule_naming_denied_address_opens_it():
+    apply(SB_A, "169.254.169.254:80")
+    assert ok(NS_GA, "tcp", "169.254.169.254", 80)
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 80)
+    apply(SB_A, "10.0.0.0/8")
+    assert not ok(NS_GA, "tcp", NAT_B, 80), "10/8 must not open the sandbox range"
+
+
+def test_allowlist_cidr_and_port():
+    apply(SB_A, "198.51.100.0/24:8080", "203.0.113.10")
+    out = tool("rules", SB_A).stdout.split()
+    assert out == ["allowlist", "198.51.100.0/24:8080", "203.0.113.10"], out
+    assert ok(NS_GA, "tcp", "198.51.100.20", 8080)
+    assert not ok(NS_GA, "tcp", "198.51.100.20", 80)
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert ok(NS_GA, "udp", "203.0.113.10", 9999)
+    assert in_ns(NS_GA, "ping", "-c1", "-W1", "203.0.113.10").returncode == 0
+    assert not ok(NS_GA, "tcp", "203.0.113.11", 80)
+    assert in_ns(NS_GA, "ping", "-c1", "-W1", "203.0.113.11").returncode != 0
+
+
+def test_invalid_rule_applies_nothing():
+    apply(SB_A, "203.0.113.10")
+    r = apply(SB_A, "203.0.113.11", "bad..rule", check=False)
+    assert r.returncode == 2 and "bad..rule" in r.stderr, r.stderr
+    assert tool("rules", SB_A).stdout.split() == ["allowlist", "203.0.113.10"]
+    assert not ok(NS_GA, "tcp", "203.0.113.11", 80)
+
+
+def test_ipv6_rules():
+    apply(SB_A, "[2001:db8:1::10]:80", "2001:db8:2::/48")
+    assert ok(NS_GA, "tcp", "2001:db8:1::10", 80)
+    assert not ok(NS_GA, "tcp", "2001:db8:1::10", 8080)
+    assert ok(NS_GA, "tcp", "2001:db8:2::10", 8080)
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 80)
+
+
+def test_host_rules_through_dns():
+    apply(SB_A, "sub.example.com", "api.test:8080")
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 80), "allowed before any DNS answer"
+    out = probe(NS_GA, "dns", "sub.example.com").stdout
+    assert "rcode=0" in out and "203.0.113.10" in out, out
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert "rcode=3" in probe(NS_GA, "dns", "example.com").stdout, "uncovered name answered"
+    assert not ok(NS_GA, "tcp", "203.0.113.11", 80)
+    assert "198.51.100.21" in probe(NS_GA, "dns", "api.test").stdout
+    assert ok(NS_GA, "tcp", "198.51.100.21", 8080)
+    assert not ok(NS_GA, "tcp", "198.51.100.21", 80), "host:port opened another port"
+
+
+def test_wildcard_rules():
+    apply(SB_A, "*.wild.test")
+    assert "rcode=3" in probe(NS_GA, "dns", "wild.test").stdout, "apex matched the wildcard"
+    assert not ok(NS_GA, "tcp", "203.0.113.16", 80)
+    out = probe(NS_GA, "dns", "a.wild.test").stdout
+    assert "203.0.113.12" in out, out
+    assert ok(NS_GA, "tcp", "203.0.113.12", 80)
+    assert "203.0.113.13" in probe(NS_GA, "dns", "x.y.wild.test").stdout
+    assert ok(NS_GA, "tcp", "203.0.113.13", 80), "deeper subdomain"
+    assert "203.0.113.17" in probe(NS_GA, "dns", "alias.wild.test").stdout
+    assert ok(NS_GA, "tcp", "203.0.113.17", 80), "CNAME target of a covered name"
+    assert "rcode=3" in probe(NS_GA, "dns", "xwild.test").stdout
+
+
+def test_dns_to_foreign_resolver_dropped():
+    apply(SB_A, "*.wild.test", "198.51.100.53")
+    assert not ok(NS_GA, "dns", "a.wild.test", "198.51.100.53")
+    assert ok(NS_GA, "tcp", "198.51.100.53", 80), "the rule still covers other ports"
+
+
+def test_dns_rebinding_not_learnt():
+    apply(SB_A, "rebind.test")
+    out = probe(NS_GA, "dns", "rebind.test").stdout
+    assert "203.0.113.15" in out, out
+    assert ok(NS_GA, "tcp", "203.0.113.15", 80)
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80), "rebinding to metadata"
+
+
+def test_ingress_closed():
+    apply(SB_A)
+    spawn(["ip", "netns", "exec", NS_GA, sys.executable, os.path.join(HERE, "probe.py"),
+           "listen", "8000"])
+    assert not ok(NS_I, "tcp", NAT_A, 8000), "the internet reached the guest"
+    assert not ok(NS_GB, "tcp", NAT_A, 8000), "another sandbox reached the guest"
+    assert not ok(NS_H, "tcp", NAT_A, 8000), "the host reached the guest"
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80), "replies to the guest's flows pass"
+
+
+def test_live_replacement_cuts_removed_flow():
+    apply(SB_A, "203.0.113.10", "198.51.100.20")
+    cut = spawn(["ip", "netns", "exec", NS_GA, sys.executable, os.path.join(HERE, "probe.py"),
+                 "stream", "203.0.113.10", "7000", "3"], wait_ready=False)
+    kept = spawn(["ip", "netns", "exec", NS_GA, sys.executable, os.path.join(HERE, "probe.py"),
+                  "stream", "198.51.100.20", "7000", "3"], wait_ready=False)
+    time.sleep(1.2)
+    t_apply = time.time()
+    apply(SB_A, "198.51.100.20")
+    t_done = time.time()
+    out_cut, _ = cut.communicate(timeout=10)
+    out_kept, _ = kept.communicate(timeout=10)
+    times_cut = [float(l.split()[0]) for l in out_cut.split("\n") if l]
+    times_kept = [float(l.split()[0]) for l in out_kept.split("\n") if l]
+    assert any(t < t_apply for t in times_cut), "stream never ran"
+    late = [t for t in times_cut if t > t_done + 0.3]
+    assert not late, "removed rule's flow still receiving %d chunks" % len(late)
+    assert any(t > t_done + 1 for t in times_kept), "kept rule's flow was cut"
+
+
+def test_spoofed_source_dropped():
+    apply(SB_A)
+    before = counters(SB_A)["drop_spoof_packets"]
+    sh("ip", "-n", NS_GA, "addr", "add", "172.16.0.3/30", "dev", "eth0")
+    try:
+        assert not ok(NS_GA, "udpfrom", "172.16.0.3", "203.0.113.10", 9999)
+    finally:
+        sh("ip", "-n", NS_GA, "addr", "del", "172.16.0.3/30", "dev", "eth0")
+    sh("ip", "-n", NS_GA, "link", "set", "eth0", "address", "06:00:ac:10:00:99")
+    try:
+        assert not ok(NS_GA, "udp", "203.0.113.10", 9999)
+    finally:
+        sh("ip", "-n", NS_GA, "link", "set", "eth0", "address", "06:00:ac:10:00:02")
+    assert counters(SB_A)["drop_spoof_packets"] > before
+    time.sleep(0.5)
+    assert ok(NS_GA, "udp", "203.0.113.10", 9999)
+
+
+def test_new_connection_rate_bounded():
+    apply(SB_A)
+    tool("conn", SB_A, "5", "5")
+    try:
+        before = counters(SB_A)["drop_rate_packets"]
+        n = int(probe(NS_GA, "udpburst", "203.0.113.10", 9999, 30).stdout.strip())
+        assert n <= 10, "%d new flows passed a bound of 5/s" % n
+        assert n >= 3
+        assert counters(SB_A)["drop_rate_packets"] > before
+    finally:
+        tool("conn", SB_A, "1000", "1000")
+
+
+def test_counters_increase():
+    apply(SB_A)
+    before = counters(SB_A)
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80)
+    after = counters(SB_A)
+    for k in ("tx_bytes", "tx_packets", "rx_bytes", "rx_packets", "drop_policy_packets"):
+        assert after[k] > before[k], k
+
+
+def test_bandwidth_quota_drops_and_recharges():
+    apply(SB_A)
+    tool("bw", SB_A, "200000", "100000", "1", "0", "0")
+    try:
+        got = int(probe(NS_GA, "bytes", "203.0.113.10", 8081, 2).stdout.split()[-1])
+        c = counters(SB_A)
+        assert got < 1000000, "received %d bytes under a 200 kB + 100 kB/s quota" % got
+        assert c["drop_quota_packets"] > 0
+        out = tool("bw-get", SB_A).stdout
+        assert "quota_bytes=200000" in out and "unmetered=0" in out, out
+        time.sleep(2.5)
+        assert ok(NS_GA, "tcp", "203.0.113.11", 80), "bucket did not recharge"
+    finally:
+        tool("bw", SB_A, "0", "0", "0", "0", "1")
+    assert int(probe(NS_GA, "bytes", "203.0.113.10", 8081, 1).stdout.split()[-1]) > 1000000
+
+
+def test_policy_survives_loader_restart():
+    apply(SB_B, "198.51.100.22", "sub.example.com")
+    assert ok(NS_GB, "tcp", "198.51.100.22", 80)
+    tool("attach", SB_B, str(IDX_B))        # a restarted node attaches again
+    assert tool("rules", SB_B).stdout.split() == ["allowlist", "198.51.100.22",
+                                                 "sub.example.com"]
+    assert ok(NS_GB, "tcp", "198.51.100.22", 80)
+    assert not ok(NS_GB, "tcp", "198.51.100.21", 80)
+    assert os.path.exists(os.path.join(PIN_ROOT, NODE, SB_B, "counters"))
+    apply(SB_B)
+
+
+def test_sandboxes_isolated_from_each_other():
+    apply(SB_A)
+    apply(SB_B, "203.0.113.11")
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80), "B's rules leaked into A"
+    assert not ok(NS_GB, "tcp", "203.0.113.10", 80)
+    apply(SB_B)
+
+
+def test_destroy_removes_everything():
+    tool("create", TAG + "c", "3")
+    created_sandboxes.append(TAG + "c")
+    tool("destroy", TAG + "c")
+    assert not os.path.exists("/run/netns/kiln-" + TAG + "c")
+    assert not os.path.exists(os.path.join(PIN_ROOT, NODE, TAG + "c"))
+    assert in_ns(NS_H, "ip", "link", "show", "kv" + TAG + "c").returncode != 0
+
+
+def main():
+    global TOOL
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("-k", default="")
+    args = ap.parse_args()
+    TOOL = args.tool
+    if os.geteuid() != 0:
+        print("SKIP: needs root (network namespaces, tc, eBPF)")
+        return 77
+    for t in ("ip", "ping"):
+        if not shutil.which(t):
+            print("SKIP: needs %s" % t)
+            return 77
+    atexit.register(cleanup)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    setup()
+    tests = [(n, f) for n, f in globals().items() if n.startswith("test_") and args.k in n]
+    failed = []
+    for name, fn in tests:
+        t0 = time.time()
+        try:
+            fn()
+            print("ok   %s (%.1fs)" % (name, time.time() - t0), flush=True)
+        except Exception as e:  # noqa: BLE001 - report and go on
+            failed.append(name)
+            print("FAIL %s: %r" % (name, e), flush=True)
+    print("%d passed, %d failed" % (len(tests) - len(failed), len(failed)))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
