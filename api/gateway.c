@@ -7,11 +7,13 @@
 #include "api/gateway.h"
 
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "api/authn.h"
 #include "common/log.h"
 #include "migrations/migrate.h"
 
@@ -30,7 +32,8 @@ static size_t route_count;
 
 static int routes_init(struct kiln_error *err)
 {
-	const struct route_group *groups[] = { &routes_ops };
+	const struct route_group *groups[] = { &routes_ops, &routes_keys, &routes_tenants,
+						&routes_audit };
 	size_t n = 0, k = 0;
 
 	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
@@ -71,17 +74,77 @@ static void db_exit(void)
 	gw.pg = NULL;
 }
 
+/* Reads the master key from the environment/config or its file. */
+static int master_key_init(struct kiln_error *err)
+{
+	char text[256];
+	size_t n = 0;
+	FILE *f;
+
+	if (gw.cfg.master_key) {
+		n = (size_t)snprintf(text, sizeof(text), "%s", gw.cfg.master_key);
+	} else if (gw.cfg.master_key_file) {
+		f = fopen(gw.cfg.master_key_file, "r");
+		if (!f)
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "setting \"master_key_file\": cannot read \"%s\"",
+					      gw.cfg.master_key_file);
+		n = fread(text, 1, sizeof(text) - 1, f);
+		fclose(f);
+		text[n] = '\0';
+	} else {
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "no master key: set \"master_key_file\" or KILN_MASTER_KEY");
+	}
+	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+		text[--n] = '\0';
+	if (auth_master_key_load(&gw.mk, text, n, err) != KILN_OK) {
+		kiln_error_clear(err);
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "the master key is not 64 hex digits (or 32 bytes in base64)");
+	}
+	memset(text, 0, sizeof(text));
+	return auth_master_derive(&gw.mk, "apikey-pepper", gw_pepper, sizeof(gw_pepper), err);
+}
+
+static void master_key_exit(void)
+{
+	auth_master_key_wipe(&gw.mk);
+	memset(gw_pepper, 0, sizeof(gw_pepper));
+}
+
+static int signing_init(struct kiln_error *err)
+{
+	gw.signing = signing_new(gw.pg, &gw.mk, err);
+	if (!gw.signing)
+		return err->code ? err->code : KILN_E_INTERNAL;
+	if (gw.cfg.admin_key_file)
+		return gw_bootstrap_admin(&gw, gw.cfg.admin_key_file, err);
+	return KILN_OK;
+}
+
+static void signing_exit(void)
+{
+	signing_free(gw.signing);
+	gw.signing = NULL;
+}
+
 static int redis_init(struct kiln_error *err)
 {
 	gw.rds = rds_new(gw.cfg.redis_url, 500);
 	if (!gw.rds)
 		return kiln_error_set(err, KILN_E_INVALID, "setting \"redis_url\": bad address \"%s\"",
 				      gw.cfg.redis_url);
+	gw.rl = ratelimit_new(gw.rds);
+	if (!gw.rl)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	return KILN_OK;
 }
 
 static void redis_exit(void)
 {
+	ratelimit_free(gw.rl);
+	gw.rl = NULL;
 	rds_free(gw.rds);
 	gw.rds = NULL;
 }
@@ -95,6 +158,8 @@ static int http_init(struct kiln_error *err)
 		.timeout_s = (unsigned)gw.cfg.http_timeout_s,
 		.routes = route_table,
 		.nroutes = route_count,
+		.before = gw_before,
+		.done = gw_done,
 		.app = &gw,
 	};
 
@@ -117,7 +182,9 @@ static const struct {
 	void (*exit)(void);
 } stages[] = {
 	{ "routes", routes_init, routes_exit },
+	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
+	{ "signing keys", signing_init, signing_exit },
 	{ "redis", redis_init, redis_exit },
 	{ "http", http_init, http_exit },
 };
@@ -125,7 +192,9 @@ static const struct {
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: kiln-gateway [--config FILE]\n\n");
+	fprintf(out, "usage: kiln-gateway [--config FILE] [--rotate-signing-key]\n\n"
+		     "  --rotate-signing-key  make a new JWT signing key, retire the old ones (they\n"
+		     "                        verify for another hour), and exit\n\n");
 	config_help(out);
 }
 
@@ -135,11 +204,14 @@ int main(int argc, char **argv)
 	const char *config_path = NULL;
 	size_t started = 0;
 	int status = 0;
+	bool rotate = false;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
 			usage(stdout);
 			return 0;
+		} else if (!strcmp(argv[i], "--rotate-signing-key")) {
+			rotate = true;
 		} else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
 			config_path = argv[++i];
 		} else {
@@ -157,6 +229,18 @@ int main(int argc, char **argv)
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
 
+	if (rotate) {
+		char kid[AUTH_KID_MAX] = "";
+		if (master_key_init(&err) == KILN_OK && db_init(&err) == KILN_OK &&
+		    signing_rotate(gw.pg, &gw.mk, kid, &err) == KILN_OK)
+			printf("new signing key %s\n", kid);
+		else
+			status = 1, fprintf(stderr, "kiln-gateway: %s\n", err.msg);
+		db_exit();
+		master_key_exit();
+		config_release(&gw.cfg);
+		return status;
+	}
 	for (; started < NSTAGES; started++) {
 		if (stages[started].init(&err) != KILN_OK) {
 			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);

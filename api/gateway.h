@@ -10,14 +10,26 @@
 #include <stddef.h>
 
 #include "api/http.h"
+#include "api/ratelimit.h"
+#include "api/signing.h"
+#include "auth/crypto.h"
 #include "common/config.h"
+#include "common/json.h"
+#include <stdint.h>
 #include "common/pg.h"
 #include "common/redis.h"
 
+#define GW_ISSUER "kiln"
+#define GW_TOKEN_TTL_MAX 900	/* seconds: the longest user token */
+#define GW_TOKEN_TTL_DEFAULT 900
+
 struct gateway {
 	struct kiln_config cfg;
+	struct auth_master_key mk;
 	struct pg *pg;
 	struct rds *rds;
+	struct ratelimit *rl;
+	struct signing *signing;
 	struct http_server *http;
 };
 
@@ -28,5 +40,52 @@ struct route_group {
 };
 
 extern const struct route_group routes_ops;	/* /healthz, /metrics */
+extern const struct route_group routes_keys;	/* /v1/api-keys, /v1/tokens, JWKS */
+extern const struct route_group routes_tenants;	/* /v1/tenants */
+extern const struct route_group routes_audit;	/* /v1/audit */
+
+/* Helpers shared by the route groups (routes_util.c). */
+
+/*
+ * Parses the body against `fields`; on failure replies (400/413) and returns NULL. The caller
+ * json_decref()s the result.
+ */
+json_t *gw_body(struct http_req *req, const struct json_field *fields, size_t n);
+
+/* Takes a Postgres connection or replies 503 and returns NULL. */
+struct pg_conn *gw_db(struct http_req *req);
+
+/* Replies with the error `rc` and `err`'s message (generic for 5xx). */
+void gw_fail(struct http_req *req, enum kiln_err rc, const struct kiln_error *err);
+
+/* `?limit=` within 1..max (default `def`); replies 422 and returns -1 when malformed. */
+int gw_limit(struct http_req *req, int def, int max);
+
+/* Makes an id with `prefix`; never fails in practice (replies 500 and returns false if it does). */
+bool gw_new_id(struct http_req *req, const char *prefix, char *out, size_t n);
+
+/* Whether `s` is an RFC 3339 UTC time Postgres accepts (YYYY-MM-DDTHH:MM:SS[.fff]Z). */
+bool gw_is_rfc3339(const char *s);
+
+#define NAME_MAX_LEN 100	/* bytes of a display name */
+
+/* Checks a display name: 1..NAME_MAX_LEN bytes of printable text. Replies 422 when it is not. */
+bool gw_valid_name(struct http_req *req, const char *field, const char *name);
+
+/*
+ * Makes an API key for `tenant_id` on connection `c` (inside the caller's transaction, if any)
+ * and returns its JSON (with the key, shown once), or NULL with `err` set (routes_keys.c).
+ */
+json_t *gw_key_create(struct pg_conn *c, const char *tenant_id, const char *name, uint32_t scopes,
+		      const char *expires_at, struct kiln_error *err);
+
+/*
+ * Makes the operator's tenant and its first admin key when the database has none, and writes the
+ * key to `path` (mode 0600). Does nothing when the operator tenant exists (routes_tenants.c).
+ */
+enum kiln_err gw_bootstrap_admin(struct gateway *gw, const char *path, struct kiln_error *err);
+
+/* Formats a Postgres timestamptz (as text in UTC) as RFC 3339; NULL stays JSON null. */
+json_t *gw_time(const char *pg_text);
 
 #endif

@@ -65,6 +65,7 @@ struct http_req {
 	int nparams;
 	struct buf body;
 	bool started;		/* before hook ran and accepted */
+	bool before_ran;	/* before hook ran (the done hook then runs too) */
 	bool replied;
 	bool stream_done;
 	bool too_large;		/* a buffered body passed the cap: discard the rest, then 413 */
@@ -76,6 +77,9 @@ struct http_req {
 	void *ctx;
 	void (*free_ctx)(void *);
 	char *object_id;
+	bool keep_reply;
+	char *reply_copy;	/* when keep_reply */
+	size_t reply_len;
 };
 
 /* ---- small helpers ---- */
@@ -234,10 +238,32 @@ void http_reply_header(struct http_req *req, const char *name, const char *value
 	req->headers = h;
 }
 
+void http_req_keep_reply(struct http_req *req)
+{
+	req->keep_reply = true;
+}
+
+const char *http_req_reply_body(const struct http_req *req, size_t *len)
+{
+	if (len)
+		*len = req->reply_len;
+	return req->reply_copy;
+}
+
 void http_reply_data(struct http_req *req, int status, const char *content_type, const void *data,
 		     size_t len)
 {
-	struct MHD_Response *resp =
+	struct MHD_Response *resp;
+
+	if (req->keep_reply && !req->replied && !req->reply_copy) {
+		req->reply_copy = malloc(len + 1);
+		if (req->reply_copy) {
+			memcpy(req->reply_copy, data, len);
+			req->reply_copy[len] = '\0';
+			req->reply_len = len;
+		}
+	}
+	resp =
 		MHD_create_response_from_buffer(len, (void *)data, MHD_RESPMEM_MUST_COPY);
 
 	if (!resp)
@@ -410,6 +436,7 @@ static void req_free(struct http_req *req)
 	}
 	buf_release(&req->body);
 	free(req->object_id);
+	free(req->reply_copy);
 	free(req->path);
 	free(req);
 }
@@ -419,6 +446,7 @@ static bool req_start(struct http_req *req)
 {
 	if (req->started)
 		return true;
+	req->before_ran = true;
 	if (req->srv->opts.before && !req->srv->opts.before(req, req->route))
 		return false;
 	req->started = true;
@@ -550,7 +578,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	atomic_fetch_add(&m->by_status[si], 1);
 	atomic_fetch_add(&m->buckets[bi], 1);
 	atomic_fetch_add(&m->sum_us, (unsigned long long)(secs * 1e6));
-	if (srv->opts.done && req->route && req->started)
+	if (srv->opts.done && req->route && req->before_ran)
 		srv->opts.done(req, req->route, req->status);
 	req_free(req);
 	atomic_fetch_sub(&srv->in_flight, 1);

@@ -108,6 +108,14 @@ void *http_req_ctx(const struct http_req *req);
 void http_req_set_object(struct http_req *req, const char *object_id);
 const char *http_req_object(const struct http_req *req);
 
+/*
+ * Asks the engine to keep a copy of the reply's body (not of streamed replies) for the done hook,
+ * e.g. to store it for Idempotency-Key replays.
+ */
+void http_req_keep_reply(struct http_req *req);
+/* The kept reply body and its length, or NULL. Owned by the request. */
+const char *http_req_reply_body(const struct http_req *req, size_t *len);
+
 /* --- replies: exactly one per request --- */
 /* Adds a header to the coming reply (e.g. Retry-After). Copied. */
 void http_reply_header(struct http_req *req, const char *name, const char *value);

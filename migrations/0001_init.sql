@@ -92,3 +92,8 @@ CREATE TABLE idempotency (
     created_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (tenant_id, key)
 );
+
+-- RFC 3339 UTC text of a time, as the API shows it; NULL stays NULL.
+CREATE FUNCTION rfc3339(t timestamptz) RETURNS text LANGUAGE sql IMMUTABLE STRICT AS $$
+    SELECT to_char(t AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS"Z"')
+$$;

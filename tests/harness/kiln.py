@@ -101,13 +101,19 @@ class Daemon:
 
 
 class Gateway(Daemon):
-    """kiln-gateway on a free loopback port; waits until it answers."""
+    """kiln-gateway on a free loopback port; waits until it answers.
 
-    def __init__(self, database_url, redis_url, extra_env=None):
+    Each gateway of a test shares `master_key` (pass the same one to gateways of one database);
+    the first one makes the operator's admin key, readable as `admin_key`."""
+
+    def __init__(self, database_url, redis_url, extra_env=None, master_key=None):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.master_key = master_key or secrets.token_hex(32)
+        self.admin_key_file = tempfile.mktemp(prefix="kiln-admin-key-")
         env = {"KILN_LISTEN": f"127.0.0.1:{self.port}", "KILN_DATABASE_URL": database_url,
-               "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug"}
+               "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
+               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file}
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
         deadline = time.time() + 30
@@ -120,6 +126,20 @@ class Gateway(Daemon):
             except OSError:
                 time.sleep(0.05)
         raise RuntimeError("kiln-gateway did not listen:\n" + self.output())
+
+    @property
+    def admin_key(self):
+        """The operator's admin key this gateway made (None when another gateway made it)."""
+        try:
+            with open(self.admin_key_file) as f:
+                return f.read().strip()
+        except FileNotFoundError:
+            return None
+
+    def cleanup(self):
+        super().cleanup()
+        if os.path.exists(self.admin_key_file):
+            os.unlink(self.admin_key_file)
 
     def request(self, method, path, body=None, headers=None, raw=False, timeout=60):
         return http(method, self.url + path, body, headers, raw, timeout)

@@ -1,0 +1,438 @@
+/*
+ * authn.c - authentication, scopes, rate limits, Idempotency-Key and the audit trail for every
+ * request to kiln-gateway (see authn.h).
+ *
+ * API keys are checked against Postgres and kept in a small in-memory cache for at most
+ * `key_cache_s` seconds (≤ 5), so a key revoked on another gateway stops working within that
+ * bound; the gateway that revokes drops its entry at once. JWTs are verified locally.
+ */
+#include "authn.h"
+
+#include <openssl/evp.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/gateway.h"
+#include "auth/bearer.h"
+#include "auth/jwt.h"
+#include "auth/scopes.h"
+#include "common/log.h"
+
+unsigned char gw_pepper[32];
+
+#define KEY_CACHE_SLOTS 4096
+#define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key */
+#define IDEM_KEY_MAX 255
+
+struct key_entry {
+	char key_id[AUTH_ID_MAX];
+	char hash[AUTH_APIKEY_HASH_LEN + 1];
+	char tenant_id[AUTH_ID_MAX];
+	uint32_t scopes;
+	bool usable;		/* not revoked, not expired at fetch time */
+	long long expires_ms;	/* 0: never */
+	long long fetched_ms;
+	long long touched_ms;	/* last_used_at written */
+};
+
+static struct key_entry key_cache[KEY_CACHE_SLOTS];
+static pthread_mutex_t key_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
+struct req_state {
+	struct principal who;
+	bool has_principal;
+	char idem_key[IDEM_KEY_MAX + 1];	/* set while this request owns an idempotency row */
+};
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static unsigned slot_of(const char *key_id)
+{
+	unsigned h = 2166136261u;
+
+	while (*key_id)
+		h = (h ^ (unsigned char)*key_id++) * 16777619u;
+	return h % KEY_CACHE_SLOTS;
+}
+
+void gw_key_cache_forget(const char *key_id)
+{
+	struct key_entry *e = &key_cache[slot_of(key_id)];
+
+	pthread_mutex_lock(&key_cache_lock);
+	if (strcmp(e->key_id, key_id) == 0)
+		memset(e, 0, sizeof(*e));
+	pthread_mutex_unlock(&key_cache_lock);
+}
+
+const struct principal *gw_principal(const struct http_req *req)
+{
+	const struct req_state *st = http_req_ctx(req);
+
+	return st && st->has_principal ? &st->who : NULL;
+}
+
+/* Reads the key row into `e`. KILN_E_NOT_FOUND when there is no such key. */
+static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct key_entry *e,
+			       struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(gw->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT secret_hash, tenant_id, scopes, revoked_at IS NULL, "
+		 "coalesce(floor(extract(epoch FROM expires_at) * 1000)::bigint, 0) "
+		 "FROM api_keys WHERE id = $1",
+		 key_id);
+	if (rc == KILN_OK && pg_res_rows(res) == 0)
+		rc = KILN_E_NOT_FOUND;
+	if (rc == KILN_OK) {
+		struct kiln_error ignore = { 0 };
+		const char *scopes = pg_res_str(res, 0, 2);
+
+		memset(e, 0, sizeof(*e));
+		snprintf(e->key_id, sizeof(e->key_id), "%s", key_id);
+		snprintf(e->hash, sizeof(e->hash), "%s", pg_res_str(res, 0, 0));
+		snprintf(e->tenant_id, sizeof(e->tenant_id), "%s", pg_res_str(res, 0, 1));
+		if (auth_scopes_parse(scopes, strlen(scopes), &e->scopes, &ignore) != KILN_OK)
+			e->scopes = 0;
+		e->usable = pg_res_bool(res, 0, 3);
+		e->expires_ms = pg_res_int(res, 0, 4, 0);
+		e->fetched_ms = now_ms();
+	}
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+	return rc;
+}
+
+/* Writes last_used_at now and then; a failure only costs the timestamp. */
+static void key_touch(struct gateway *gw, const char *key_id)
+{
+	struct pg_conn *c;
+	struct kiln_error err = { 0 };
+
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
+		return;
+	PGQ(c, NULL, &err, "UPDATE api_keys SET last_used_at = now() WHERE id = $1", key_id);
+	pg_release(gw->pg, c);
+}
+
+static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t len,
+				  struct principal *who, struct kiln_error *err)
+{
+	struct auth_apikey key;
+	struct key_entry e, *slot;
+	long long now = now_ms();
+	bool cached = false, touch = false;
+	enum kiln_err rc;
+
+	if (auth_apikey_parse(value, len, &key, err) != KILN_OK)
+		return KILN_E_UNAUTHENTICATED;
+	slot = &key_cache[slot_of(key.key_id)];
+	pthread_mutex_lock(&key_cache_lock);
+	if (strcmp(slot->key_id, key.key_id) == 0 &&
+	    now - slot->fetched_ms < gw->cfg.key_cache_s * 1000) {
+		e = *slot;
+		cached = true;
+	}
+	pthread_mutex_unlock(&key_cache_lock);
+	if (!cached) {
+		rc = key_fetch(gw, key.key_id, &e, err);
+		if (rc == KILN_E_NOT_FOUND)
+			return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "unknown API key");
+		if (rc != KILN_OK)
+			return rc;
+	}
+	if (!auth_apikey_verify(&key, gw_pepper, sizeof(gw_pepper), e.hash))
+		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid API key");
+	if (!e.usable)
+		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key was revoked");
+	if (e.expires_ms && now >= e.expires_ms)
+		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key has expired");
+
+	pthread_mutex_lock(&key_cache_lock);
+	if (!cached || strcmp(slot->key_id, e.key_id) != 0)
+		*slot = e;
+	if (now - slot->touched_ms >= LAST_USED_EVERY_S * 1000) {
+		slot->touched_ms = now;
+		touch = true;
+	}
+	pthread_mutex_unlock(&key_cache_lock);
+	if (touch)
+		key_touch(gw, e.key_id);
+
+	snprintf(who->tenant_id, sizeof(who->tenant_id), "%s", e.tenant_id);
+	snprintf(who->key_id, sizeof(who->key_id), "%s", e.key_id);
+	who->scopes = e.scopes;
+	who->via_jwt = false;
+	return KILN_OK;
+}
+
+static enum kiln_err auth_jwt(struct gateway *gw, const char *value, size_t len,
+			      struct principal *who, struct kiln_error *err)
+{
+	struct auth_verify_opts o = {
+		.aud = AUTH_AUD_API,
+		.iss = GW_ISSUER,
+		.now = time(NULL),
+		.leeway_s = 30,
+		.max_ttl_s = GW_TOKEN_TTL_MAX,
+	};
+	struct auth_claims cl;
+	enum auth_jwt_reason why = AUTH_JWT_OK;
+
+	if (signing_verify(gw->signing, value, len, &o, &cl, &why, err) != KILN_OK) {
+		kiln_error_clear(err);
+		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid token: %s",
+				      auth_jwt_reason_name(why));
+	}
+	snprintf(who->tenant_id, sizeof(who->tenant_id), "%s", cl.tid);
+	snprintf(who->key_id, sizeof(who->key_id), "%s", cl.sub);
+	who->scopes = cl.scopes;
+	who->via_jwt = true;
+	return KILN_OK;
+}
+
+static void body_sha256(struct http_req *req, char out[65])
+{
+	unsigned char md[32];
+	unsigned int n = 0;
+	size_t len;
+	const char *body = http_req_body(req, &len);
+
+	EVP_Digest(body, len, md, &n, EVP_sha256(), NULL);
+	for (unsigned i = 0; i < 32; i++)
+		snprintf(out + 2 * i, 3, "%02x", md[i]);
+}
+
+/*
+ * Claims the Idempotency-Key of a mutating POST. Returns true when the request should run (a
+ * first use; st->idem_key is then set); false after replying (a replay, a mismatch, a request
+ * with the same key still running, or a database error).
+ */
+static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct req_state *st)
+{
+	const char *key = http_req_header(req, "Idempotency-Key");
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char sum[65];
+	enum kiln_err rc;
+	bool run = false;
+
+	if (!key || strcmp(http_req_method(req), "POST") != 0)
+		return true;
+	if (!key[0] || strlen(key) > IDEM_KEY_MAX) {
+		http_reply_error(req, KILN_E_BAD_REQUEST,
+				 "Idempotency-Key must be 1 to %d characters", IDEM_KEY_MAX);
+		return false;
+	}
+	body_sha256(req, sum);
+	rc = pg_acquire(gw->pg, &c, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "the database is unavailable");
+		return false;
+	}
+	/* A record older than 24 h no longer counts. */
+	rc = PGQ(c, NULL, &err,
+		 "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 "
+		 "AND created_at < now() - interval '24 hours'",
+		 st->who.tenant_id, key);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, &err,
+			 "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
+			 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1",
+			 st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum);
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		snprintf(st->idem_key, sizeof(st->idem_key), "%s", key);
+		http_req_keep_reply(req);
+		run = true;
+	} else if (rc == KILN_OK) {
+		pg_res_free(res);
+		res = NULL;
+		rc = PGQ(c, &res, &err,
+			 "SELECT method, path, body_sha256, status, response FROM idempotency "
+			 "WHERE tenant_id = $1 AND key = $2",
+			 st->who.tenant_id, key);
+		if (rc == KILN_OK && pg_res_rows(res) == 1) {
+			if (strcmp(pg_res_str(res, 0, 0), http_req_method(req)) ||
+			    strcmp(pg_res_str(res, 0, 1), http_req_path(req)) ||
+			    strcmp(pg_res_str(res, 0, 2), sum)) {
+				http_reply_error(req, KILN_E_INVALID,
+						 "Idempotency-Key was used with a different request");
+			} else if (!pg_res_get(res, 0, 3)) {
+				http_reply_error(req, KILN_E_CONFLICT,
+						 "a request with this Idempotency-Key is in progress");
+			} else {
+				const char *body = pg_res_str(res, 0, 4);
+				http_reply_header(req, "Idempotent-Replayed", "true");
+				http_reply_data(req, (int)pg_res_int(res, 0, 3, 200),
+						*body ? "application/json" : NULL, body, strlen(body));
+			}
+		} else if (rc == KILN_OK) {
+			/* Deleted between the two statements: let the client retry. */
+			http_reply_error(req, KILN_E_CONFLICT, "retry the request");
+		}
+	}
+	if (rc != KILN_OK)
+		http_reply_error(req, rc, "the database is unavailable");
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+	return run;
+}
+
+/* Stores the reply of a request that owned an idempotency row (or frees the key on a 5xx). */
+static void idempotency_finish(struct gateway *gw, struct http_req *req, struct req_state *st,
+			       int status)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char code[8];
+	size_t len;
+	const char *body = http_req_reply_body(req, &len);
+
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
+		log_warn("idempotency record of \"%s\" left open: postgres is unavailable",
+			 http_req_path(req));
+		return;
+	}
+	snprintf(code, sizeof(code), "%d", status);
+	if (status >= 500)
+		PGQ(c, NULL, &err, "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2",
+		    st->who.tenant_id, st->idem_key);
+	else
+		PGQ(c, NULL, &err,
+		    "UPDATE idempotency SET status = $3::int, response = $4 "
+		    "WHERE tenant_id = $1 AND key = $2",
+		    st->who.tenant_id, st->idem_key, code, body ? body : "");
+	pg_release(gw->pg, c);
+}
+
+static void req_state_free(void *p)
+{
+	free(p);
+}
+
+bool gw_before(struct http_req *req, const struct http_route *route)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct auth_credential cred;
+	struct req_state *st;
+	uint32_t need = route->scope & ROUTE_SCOPE_MASK;
+	const char *hdr;
+	struct rl_result rl;
+	char bucket[160], retry[24];
+	enum kiln_err rc;
+
+	if (route->scope == 0)
+		return true;
+	st = calloc(1, sizeof(*st));
+	if (!st) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return false;
+	}
+	http_req_set_ctx(req, st, req_state_free);
+
+	hdr = http_req_header(req, "Authorization");
+	if (!hdr) {
+		http_reply_header(req, "WWW-Authenticate", "Bearer");
+		http_reply_error(req, KILN_E_UNAUTHENTICATED, "missing Authorization header");
+		return false;
+	}
+	rc = auth_bearer_parse(hdr, strlen(hdr), &cred, &err);
+	if (rc == KILN_OK)
+		rc = cred.kind == AUTH_CRED_API_KEY ? auth_api_key(gw, cred.value, cred.len, &st->who, &err)
+						    : auth_jwt(gw, cred.value, cred.len, &st->who, &err);
+	if (rc != KILN_OK) {
+		if (rc != KILN_E_UNAVAILABLE)
+			rc = KILN_E_UNAUTHENTICATED;
+		if (rc == KILN_E_UNAUTHENTICATED)
+			http_reply_header(req, "WWW-Authenticate", "Bearer");
+		http_reply_error(req, rc, "%s", rc == KILN_E_UNAVAILABLE ? "the database is unavailable"
+									 : err.msg);
+		return false;
+	}
+	st->has_principal = true;
+	log_ctx_set(http_req_id(req), st->who.tenant_id, NULL);
+
+	if ((route->scope & ROUTE_API_KEY_ONLY) && st->who.via_jwt) {
+		http_reply_error(req, KILN_E_FORBIDDEN, "this route needs an API key, not a token");
+		return false;
+	}
+	if (!auth_scopes_has(st->who.scopes, need)) {
+		char names[AUTH_SCOPES_STR_MAX];
+		auth_scopes_format(need, names, sizeof(names));
+		http_reply_error(req, KILN_E_FORBIDDEN, "this route needs the scope \"%s\"", names);
+		return false;
+	}
+
+	snprintf(bucket, sizeof(bucket), "req:%s", st->who.key_id);
+	ratelimit_take(gw->rl, bucket, gw->cfg.rate_limit_rps, 1000, gw->cfg.rate_limit_burst,
+		       now_ms(), &rl);
+	if (rl.allowed && (route->scope & ROUTE_CREATES)) {
+		if (rl.redis_down) {
+			http_reply_error(req, KILN_E_UNAVAILABLE,
+					 "redis is unavailable: nothing was changed");
+			return false;
+		}
+		snprintf(bucket, sizeof(bucket), "create:%s", st->who.key_id);
+		ratelimit_take(gw->rl, bucket, gw->cfg.create_limit_rpm, 60000,
+			       gw->cfg.create_limit_rpm, now_ms(), &rl);
+		if (rl.redis_down) {
+			http_reply_error(req, KILN_E_UNAVAILABLE,
+					 "redis is unavailable: nothing was changed");
+			return false;
+		}
+	}
+	if (!rl.allowed) {
+		snprintf(retry, sizeof(retry), "%lld", (rl.retry_after_ms + 999) / 1000);
+		http_reply_header(req, "Retry-After", retry);
+		http_reply_error(req, KILN_E_RATE_LIMITED, "too many requests; retry in %s s", retry);
+		return false;
+	}
+	return idempotency_claim(gw, req, st);
+}
+
+void gw_done(struct http_req *req, const struct http_route *route, int status)
+{
+	struct gateway *gw = http_req_app(req);
+	struct req_state *st = http_req_ctx(req);
+	const char *method = http_req_method(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char code[8];
+
+	if (!st || !st->has_principal)
+		return;
+	if (st->idem_key[0])
+		idempotency_finish(gw, req, st, status);
+	if (!strcmp(method, "GET") || !strcmp(method, "HEAD"))
+		return;
+	/* The audit trail: who did what to which object, and how it ended. */
+	snprintf(code, sizeof(code), "%d", status);
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
+		log_warn("audit record lost: postgres is unavailable (%s %s %d)", method,
+			 route->pattern, status);
+		return;
+	}
+	if (PGQ(c, NULL, &err,
+		"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "
+		"VALUES ($1, $2, $3, $4, $5, $6::int, $7)",
+		st->who.tenant_id, st->who.key_id, method, route->pattern, http_req_object(req), code,
+		http_req_id(req)) != KILN_OK)
+		log_warn("audit record lost: %s", err.msg);
+	pg_release(gw->pg, c);
+}

@@ -1,0 +1,41 @@
+/*
+ * authn.h - who is calling: API keys and user JWTs, scopes, rate limits, idempotency, audit.
+ *
+ * gw_before() is the HTTP engine's before hook and gw_done() its done hook. A route's `scope`
+ * field holds the AUTH_SCOPE_* bits it needs plus the ROUTE_* flags below; 0 means public.
+ */
+#ifndef KILN_AUTHN_H
+#define KILN_AUTHN_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "api/http.h"
+#include "auth/apikey.h"
+#include "auth/jwt.h"
+
+#define ROUTE_AUTH (1u << 31)		/* needs a credential, even without a scope */
+#define ROUTE_API_KEY_ONLY (1u << 30)	/* a JWT is not enough (POST /v1/tokens) */
+#define ROUTE_CREATES (1u << 29)	/* counts against the creation bucket; 503 without Redis */
+#define ROUTE_SCOPE_MASK 0xffffu
+
+struct principal {
+	char tenant_id[AUTH_CLAIM_MAX];
+	char key_id[AUTH_CLAIM_MAX];
+	uint32_t scopes;
+	bool via_jwt;
+};
+
+/* The authenticated caller of a request that passed gw_before(); NULL on public routes. */
+const struct principal *gw_principal(const struct http_req *req);
+
+bool gw_before(struct http_req *req, const struct http_route *route);
+void gw_done(struct http_req *req, const struct http_route *route, int status);
+
+/* Forgets a key at once on this gateway (after revocation). */
+void gw_key_cache_forget(const char *key_id);
+
+/* The API key pepper, derived from the master key at start. */
+extern unsigned char gw_pepper[32];
+
+#endif

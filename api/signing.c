@@ -1,0 +1,258 @@
+/*
+ * signing.c - JWT signing keys in Postgres, sealed with the master key (see signing.h).
+ */
+#include "signing.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "auth/jwks.h"
+#include "common/log.h"
+
+/* Any constant shared by every gateway. */
+#define SIGNING_LOCK_KEY "7310245602"
+
+struct signing {
+	struct pg *pg;
+	struct auth_master_key mk;
+	struct auth_keyring *kr;	/* swapped whole under `lock` */
+	pthread_rwlock_t lock;
+	pthread_mutex_t reload_lock;
+	time_t last_reload;
+};
+
+static void kid_ad(const char *kid, char *ad, size_t n)
+{
+	snprintf(ad, n, "signing_key:%s", kid);
+}
+
+/* Inserts a new sealed key; the caller holds the advisory lock or does not care about races. */
+static enum kiln_err signing_insert_new(struct pg_conn *c, const struct auth_master_key *mk,
+					char *kid_out, struct kiln_error *err)
+{
+	struct auth_jwt_keypair kp = { 0 };
+	char *sealed = NULL, ad[96];
+	enum kiln_err rc = auth_jwt_keygen(&kp, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	kid_ad(kp.kid, ad, sizeof(ad));
+	rc = auth_seal(mk, kp.private_pem, strlen(kp.private_pem), ad, strlen(ad), &sealed, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, NULL, err,
+			 "INSERT INTO signing_keys (kid, private_sealed, public_pem) VALUES ($1, $2, $3)",
+			 kp.kid, sealed, kp.public_pem);
+	if (rc == KILN_OK && kid_out)
+		snprintf(kid_out, AUTH_KID_MAX, "%s", kp.kid);
+	free(sealed);
+	auth_jwt_keypair_release(&kp);
+	return rc;
+}
+
+/* Builds a keyring from the rows of signing_keys that still verify. */
+static enum kiln_err signing_load(struct pg *pg, const struct auth_master_key *mk,
+				  struct auth_keyring **out, struct kiln_error *err)
+{
+	struct auth_keyring *kr = auth_keyring_new();
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	const char *active = NULL;
+	char keep[16];
+	enum kiln_err rc;
+
+	*out = NULL;
+	if (!kr)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	snprintf(keep, sizeof(keep), "%d", SIGNING_RETIRED_KEEP_S);
+	rc = pg_acquire(pg, &c, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "SELECT kid, private_sealed, retired_at IS NULL FROM signing_keys "
+			 "WHERE retired_at IS NULL OR retired_at > now() - make_interval(secs => $1::int) "
+			 "ORDER BY created_at DESC LIMIT 16",
+			 keep);
+	for (int i = 0; rc == KILN_OK && i < pg_res_rows(res); i++) {
+		const char *kid = pg_res_str(res, i, 0), *sealed = pg_res_str(res, i, 1);
+		unsigned char *pem = NULL;
+		size_t pemlen = 0;
+		char ad[96], got[AUTH_KID_MAX];
+
+		kid_ad(kid, ad, sizeof(ad));
+		rc = auth_open(mk, sealed, strlen(sealed), ad, strlen(ad), &pem, &pemlen, err);
+		if (rc != KILN_OK) {
+			kiln_error_clear(err);
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "signing key \"%s\" does not open with this master key",
+					    kid);
+			break;
+		}
+		rc = auth_keyring_add_private_pem(kr, (const char *)pem, pemlen, got, err);
+		auth_secret_free(pem, pemlen);
+		if (rc == KILN_OK && !active && pg_res_bool(res, i, 2))
+			active = kid;
+		if (rc == KILN_OK && active == kid)
+			rc = auth_keyring_set_active(kr, got, err);
+	}
+	pg_res_free(res);
+	pg_release(pg, c);
+	if (rc == KILN_OK && !active)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no active signing key");
+	if (rc != KILN_OK) {
+		auth_keyring_free(kr);
+		return rc;
+	}
+	*out = kr;
+	return KILN_OK;
+}
+
+/* Creates the first key unless one is active; concurrent starts make exactly one. */
+static enum kiln_err signing_ensure(struct pg *pg, const struct auth_master_key *mk,
+				    struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ0(c, NULL, err, "SELECT pg_advisory_lock(" SIGNING_LOCK_KEY ")");
+	if (rc == KILN_OK)
+		rc = PGQ0(c, &res, err, "SELECT 1 FROM signing_keys WHERE retired_at IS NULL LIMIT 1");
+	if (rc == KILN_OK && pg_res_rows(res) == 0) {
+		rc = signing_insert_new(c, mk, NULL, err);
+		if (rc == KILN_OK)
+			log_info("made the first signing key");
+	}
+	pg_res_free(res);
+	{
+		struct kiln_error ignore = { 0 };
+		PGQ0(c, NULL, &ignore, "SELECT pg_advisory_unlock(" SIGNING_LOCK_KEY ")");
+	}
+	pg_release(pg, c);
+	return rc;
+}
+
+struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err)
+{
+	struct signing *s;
+
+	if (signing_ensure(pg, mk, err) != KILN_OK)
+		return NULL;
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	s->pg = pg;
+	s->mk = *mk;
+	pthread_rwlock_init(&s->lock, NULL);
+	pthread_mutex_init(&s->reload_lock, NULL);
+	if (signing_load(pg, mk, &s->kr, err) != KILN_OK) {
+		signing_free(s);
+		return NULL;
+	}
+	s->last_reload = time(NULL);
+	return s;
+}
+
+void signing_free(struct signing *s)
+{
+	if (!s)
+		return;
+	auth_keyring_free(s->kr);
+	auth_master_key_wipe(&s->mk);
+	pthread_rwlock_destroy(&s->lock);
+	pthread_mutex_destroy(&s->reload_lock);
+	free(s);
+}
+
+enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)
+{
+	struct auth_keyring *kr = NULL, *old;
+	enum kiln_err rc = KILN_OK;
+	time_t now = time(NULL);
+
+	pthread_mutex_lock(&s->reload_lock);
+	if (on_unknown_kid && s->last_reload == now)
+		goto out;
+	s->last_reload = now;
+	rc = signing_load(s->pg, &s->mk, &kr, err);
+	if (rc != KILN_OK)
+		goto out;
+	pthread_rwlock_wrlock(&s->lock);
+	old = s->kr;
+	s->kr = kr;
+	pthread_rwlock_unlock(&s->lock);
+	auth_keyring_free(old);
+out:
+	pthread_mutex_unlock(&s->reload_lock);
+	return rc;
+}
+
+enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,
+			   struct auth_claims *claims, struct kiln_error *err)
+{
+	enum kiln_err rc;
+
+	pthread_rwlock_rdlock(&s->lock);
+	rc = auth_jwt_sign(s->kr, p, token, claims, err);
+	pthread_rwlock_unlock(&s->lock);
+	return rc;
+}
+
+enum kiln_err signing_verify(struct signing *s, const char *token, size_t len,
+			     const struct auth_verify_opts *opts, struct auth_claims *out,
+			     enum auth_jwt_reason *why, struct kiln_error *err)
+{
+	enum kiln_err rc;
+	struct kiln_error first = { 0 };
+
+	pthread_rwlock_rdlock(&s->lock);
+	rc = auth_jwt_verify(s->kr, token, len, opts, out, why, &first);
+	pthread_rwlock_unlock(&s->lock);
+	if (rc != KILN_OK && *why == AUTH_JWT_UNKNOWN_KID) {
+		struct kiln_error ignore = { 0 };
+		if (signing_reload(s, true, &ignore) == KILN_OK) {
+			kiln_error_clear(&first);
+			pthread_rwlock_rdlock(&s->lock);
+			rc = auth_jwt_verify(s->kr, token, len, opts, out, why, &first);
+			pthread_rwlock_unlock(&s->lock);
+		}
+	}
+	if (rc != KILN_OK)
+		kiln_error_set(err, rc, "%s", first.msg);
+	return rc;
+}
+
+char *signing_jwks(struct signing *s, struct kiln_error *err)
+{
+	char *doc;
+
+	pthread_rwlock_rdlock(&s->lock);
+	doc = auth_jwks_build(s->kr, err);
+	pthread_rwlock_unlock(&s->lock);
+	return doc;
+}
+
+enum kiln_err signing_rotate(struct pg *pg, const struct auth_master_key *mk, char *new_kid,
+			     struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = PGQ0(c, NULL, err,
+			  "UPDATE signing_keys SET retired_at = now() WHERE retired_at IS NULL");
+	if (rc == KILN_OK)
+		rc = signing_insert_new(c, mk, new_kid, err);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	pg_release(pg, c);	/* rolls back on error */
+	return rc;
+}

@@ -1,0 +1,50 @@
+/*
+ * signing.h - the gateway's JWT signing keys, shared through Postgres by every gateway.
+ *
+ * Private keys are stored sealed with the master key (signing_keys table). At start a gateway
+ * makes the first key if there is none; the newest key that is not retired signs, older ones
+ * verify until their tokens have expired. Every gateway reloads the keys periodically and when a
+ * token names a kid it does not know, so a rotation on one reaches all without downtime.
+ */
+#ifndef KILN_SIGNING_H
+#define KILN_SIGNING_H
+
+#include <stdbool.h>
+
+#include "auth/crypto.h"
+#include "auth/jwt.h"
+#include "common/err.h"
+#include "common/pg.h"
+
+/* Seconds a retired key keeps verifying: longer than any token the gateway issues. */
+#define SIGNING_RETIRED_KEEP_S 3600
+
+struct signing;
+
+/* Loads the keys (creating the first one if the database has none). NULL with `err` set. */
+struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err);
+void signing_free(struct signing *s);
+
+/* Re-reads the keys from Postgres; at most once a second when `on_unknown_kid`. */
+enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err);
+
+/* Signs a token with the active key; *token is the caller's to free(). */
+enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,
+			   struct auth_claims *claims, struct kiln_error *err);
+
+/* Verifies a token (reloading once on an unknown kid). */
+enum kiln_err signing_verify(struct signing *s, const char *token, size_t len,
+			     const struct auth_verify_opts *opts, struct auth_claims *out,
+			     enum auth_jwt_reason *why, struct kiln_error *err);
+
+/* The JWKS document of every key that verifies; the caller frees it. */
+char *signing_jwks(struct signing *s, struct kiln_error *err);
+
+/*
+ * Makes a new signing key and retires every older one (they keep verifying for
+ * SIGNING_RETIRED_KEEP_S). Used by `kiln-gateway --rotate-signing-key`.
+ */
+enum kiln_err signing_rotate(struct pg *pg, const struct auth_master_key *mk, char *new_kid,
+			     struct kiln_error *err);
+
+#endif
