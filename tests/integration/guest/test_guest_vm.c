@@ -424,6 +424,10 @@ int main(int argc, char **argv)
 		fprintf(stderr, "usage: test_guest_vm PATH-TO-build-image.sh\n");
 		return 2;
 	}
+	if (system("command -v qemu-system-x86_64 >/dev/null") != 0) {
+		fprintf(stderr, "skip: qemu-system-x86_64 is not installed (scripts/deps)\n");
+		return 77;
+	}
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGINT, on_signal);
 	signal(SIGTERM, on_signal);
