@@ -5,12 +5,14 @@
  *   <run_dir>/qmp.sock, agent.sock    Unix sockets, created by QEMU as root before it drops to the
  *                                     VM's uid; reached by kiln-node from outside the chroot
  *   <run_dir>/serial.log, qemu.log    guest console; QEMU's own stderr
- *   <run_dir>/jail/                   QEMU's chroot; mount points kernel, initrd, disk, mem
+ *   <run_dir>/jail/                   QEMU's chroot and working directory; mount points kernel,
+ *                                     initrd, mem, disk and the disk chain (base, layer1..N),
+ *                                     which QEMU names relative to it (jail.h says why)
  *   <state_dir>/disk.qcow2            the VM's disk layer
  *   <mem_dir>/kiln-<node>-<id>.mem    guest RAM (memory-backend-file, share=on) unless the VM maps
  *                                     a snapshot's image privately
  * A snapshot directory holds: manifest.json, state (migration stream), mem (memory image, shared
- * mode), disk.qcow2 (the frozen disk layer).
+ * mode), disk.qcow2 (the frozen disk layer). docs/vmm.md explains the life of memory files.
  */
 #include "vmm/qemu.h"
 
@@ -837,7 +839,7 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir, enum vmm_mem_from from,
 				  struct hv_vm **out, struct kiln_error *err)
 {
-	char state[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX];
+	char state[PATH_MAX], mem[PATH_MAX];
 	bool shared = false;
 	struct hv_vm *vm;
 	enum kiln_err rc;
@@ -851,8 +853,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if ((rc = vm_init(vm, s, err)) != KILN_OK)
 		goto fail;
-	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(mem, "%s/mem", snap_dir) ||
-	    !fmt_path(disk, "%s/disk.qcow2", snap_dir)) {
+	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(mem, "%s/mem", snap_dir)) {
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 		goto fail;
 	}
