@@ -892,7 +892,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		}
 		if ((r = disk_overlay_create(vm->chain[vm->depth], vm->depth, vm->disk_path, 0)) < 0) {
 			vm->disk_path[0] = '\0';
-			rc = os_err(err, r, "cannot create disk layer over", disk);
+			rc = os_err(err, r, "cannot create disk layer over", vm->chain[vm->depth]);
 			goto fail;
 		}
 	}
