@@ -368,7 +368,7 @@ static __always_inline int take_conn(__u64 now)
 	__u32 k = 0;
 	struct np_limits *l = bpf_map_lookup_elem(&limits, &k);
 	int ok = 1;
-	if (!l)
+	if (!l || !l->conn_rate)
 		return 1;
 	bpf_spin_lock(&l->lock);
 	if (l->conn_rate) {
@@ -397,8 +397,8 @@ static __always_inline int take_bytes(__u32 len, __u64 now)
 	__u32 k = 0;
 	struct np_limits *l = bpf_map_lookup_elem(&limits, &k);
 	int ok = 1;
-	if (!l)
-		return 1;
+	if (!l || l->unmetered)
+		return 1;	/* the common case takes no lock */
 	bpf_spin_lock(&l->lock);
 	if (!l->unmetered) {
 		__u64 ms = 0;

@@ -114,7 +114,11 @@ static int cmd_testrun(int reps)
 		all[i] = texts[i];
 	all[999] = "203.0.113.10:80";
 	struct kiln_ruleset rs;
-	if (kiln_rules_parse(all, 1000, &rs, &err))
+	enum kiln_err pe = kiln_rules_parse(all, 1000, &rs, &err);
+	for (int i = 0; i < 999; i++)
+		free(texts[i]);
+	free(texts);
+	if (pe)
 		goto out_skel;
 	/* apply through the maps directly (no netns for this one) */
 	{
@@ -143,23 +147,16 @@ static int cmd_testrun(int reps)
 	}
 	kiln_ruleset_free(&rs);
 	uint8_t pkt[ETH_HLEN + sizeof(struct iphdr) + sizeof(struct tcphdr)] = {0};
-	struct ethhdr *eth = (void *)pkt;
-	const uint8_t mac[6] = {0x06, 0x00, 0xac, 0x10, 0x00, 0x02};
-	memcpy(eth->h_source, mac, 6);
-	eth->h_proto = htons(ETH_P_IP);
-	struct iphdr *ip = (void *)(eth + 1);
-	ip->version = 4;
-	ip->ihl = 5;
-	ip->ttl = 64;
-	ip->protocol = IPPROTO_TCP;
-	ip->tot_len = htons(sizeof(struct iphdr) + sizeof(struct tcphdr));
-	inet_pton(AF_INET, KILN_GUEST_IP4, &ip->saddr);
-	inet_pton(AF_INET, "203.0.113.10", &ip->daddr);
-	struct tcphdr *t = (void *)(ip + 1);
-	t->source = htons(40000);
-	t->dest = htons(80);
-	t->doff = 5;
-	t->ack = 1;
+	struct ethhdr eth = {.h_source = {0x06, 0x00, 0xac, 0x10, 0x00, 0x02},
+			     .h_proto = htons(ETH_P_IP)};
+	struct iphdr ip = {.version = 4, .ihl = 5, .ttl = 64, .protocol = IPPROTO_TCP,
+			   .tot_len = htons(sizeof(struct iphdr) + sizeof(struct tcphdr))};
+	inet_pton(AF_INET, KILN_GUEST_IP4, &ip.saddr);
+	inet_pton(AF_INET, "203.0.113.10", &ip.daddr);
+	struct tcphdr tcp = {.source = htons(40000), .dest = htons(80), .doff = 5, .ack = 1};
+	memcpy(pkt, &eth, sizeof(eth));
+	memcpy(pkt + ETH_HLEN, &ip, sizeof(ip));
+	memcpy(pkt + ETH_HLEN + sizeof(ip), &tcp, sizeof(tcp));
 	const char *names[2] = {"established flow", "new flow each packet (policy lookups)"};
 	for (int mode = 0; mode < 2; mode++) {
 		if (mode == 1) {
