@@ -140,7 +140,7 @@ void agent_hdr_encode(const struct agent_hdr *h, uint8_t out[AGENT_HDR_SIZE]);
  */
 int agent_hdr_decode(const uint8_t in[AGENT_HDR_SIZE], struct agent_hdr *h);
 
-/* True when `type` is one a guest may send (guest_sends) or one a host may send (!guest_sends). */
+/* True when a guest may send frames of `type`, resp. when a host may. */
 bool agent_type_from_guest(uint8_t type);
 bool agent_type_from_host(uint8_t type);
 

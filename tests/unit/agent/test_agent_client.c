@@ -32,22 +32,36 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* Starts kiln-agent --fd on one end of a socketpair; returns the client on the other end. */
-static struct agent *spawn_agent(pid_t *pid)
+/*
+ * Starts kiln-agent --fd 3 on one end of a fresh socketpair; returns the other end. Only fd 3
+ * reaches the agent (the pair is close-on-exec), so closing our end is an EOF for it.
+ */
+static int exec_agent(pid_t *pid)
 {
 	int sv[2];
-	struct kiln_error err = { 0 };
 
-	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
-		return NULL;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -1;
 	*pid = fork();
 	if (*pid == 0) {
-		dup2(sv[1], 3);
+		if (sv[1] == 3)
+			fcntl(3, F_SETFD, 0);
+		else
+			dup2(sv[1], 3);
 		execl(agent_bin, agent_bin, "--fd", "3", (char *)NULL);
 		_exit(126);
 	}
 	close(sv[1]);
-	return agent_open_fd(sv[0], &err);
+	return sv[0];
+}
+
+/* Starts kiln-agent and returns a client connected to it. */
+static struct agent *spawn_agent(pid_t *pid)
+{
+	struct kiln_error err = { 0 };
+	int fd = exec_agent(pid);
+
+	return fd < 0 ? NULL : agent_open_fd(fd, &err);
 }
 
 static void stop_agent(struct agent *a, pid_t pid)
@@ -271,6 +285,102 @@ static void file_errors_map_to_codes(void)
 	stop_agent(a, pid);
 }
 
+static int count_output(void *ctx, enum agent_stream s, const uint8_t *d, size_t n)
+{
+	uint64_t *total = ctx;
+
+	*total += n;
+	return 0;
+}
+
+static void large_output_arrives_whole_through_flow_control(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	uint64_t total = 0;
+	struct agent_exec_req req = { .shell = "head -c 30000000 /dev/zero; echo tail >&2" };
+
+	CHECK_INT(agent_exec(a, &req, count_output, &total, &r, &err), KILN_OK);
+	CHECK_INT(r.exit_code, 0);
+	CHECK_INT(r.stdout_bytes, 30000000);
+	CHECK_INT(r.stderr_bytes, 5);
+	CHECK_INT(total, 30000005);
+	stop_agent(a, pid);
+}
+
+/* Sends one raw frame to a socket. */
+static void raw_send(int fd, uint8_t type, uint16_t flags, uint32_t id, const void *p, size_t len)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, type, flags, id, (uint32_t)len };
+	uint8_t hdr[AGENT_HDR_SIZE];
+
+	agent_hdr_encode(&h, hdr);
+	CHECK(write(fd, hdr, sizeof(hdr)) == sizeof(hdr));
+	if (len)
+		CHECK(write(fd, p, len) == (ssize_t)len);
+}
+
+/* Reads one raw frame; returns its type (payload into buf), or -1. */
+static int raw_recv(int fd, struct agent_hdr *h, uint8_t *buf, size_t cap)
+{
+	uint8_t hdr[AGENT_HDR_SIZE];
+	size_t got = 0;
+
+	while (got < sizeof(hdr)) {
+		ssize_t n = read(fd, hdr + got, sizeof(hdr) - got);
+
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	if (agent_hdr_decode(hdr, h) < 0 || h->len > cap)
+		return -1;
+	for (got = 0; got < h->len;) {
+		ssize_t n = read(fd, buf + got, h->len - got);
+
+		if (n <= 0)
+			return -1;
+		got += (size_t)n;
+	}
+	return h->type;
+}
+
+static void agent_itself_rejects_bad_requests(void)
+{
+	int fd;
+	pid_t pid;
+	uint8_t buf[4096], req[64];
+	struct agent_hdr h;
+	struct agent_wr w;
+	struct agent_error_msg em;
+	int st;
+
+	fd = exec_agent(&pid);
+	/* A relative path, straight to the agent (the client would refuse it first). */
+	agent_wr_init(&w, req, sizeof(req));
+	agent_wr_str(&w, "etc/passwd");
+	raw_send(fd, AGENT_T_FILE_READ, 0, 5, req, w.len);
+	CHECK_INT(raw_recv(fd, &h, buf, sizeof(buf)), AGENT_T_ERROR);
+	CHECK_INT(h.id, 5);
+	CHECK(agent_parse_error(buf, h.len, &em) == 0 && em.status == AGENT_S_INVALID);
+	/* A truncated exec payload. */
+	raw_send(fd, AGENT_T_EXEC, 0, 6, "\0\0", 2);
+	CHECK_INT(raw_recv(fd, &h, buf, sizeof(buf)), AGENT_T_ERROR);
+	CHECK_INT(h.id, 6);
+	/* A frame type only the guest sends. */
+	raw_send(fd, AGENT_T_STDOUT, 0, 7, "x", 1);
+	CHECK_INT(raw_recv(fd, &h, buf, sizeof(buf)), AGENT_T_ERROR);
+	CHECK_INT(h.id, 7);
+	/* Garbage: the agent ends the session with an ERROR on id 0. */
+	CHECK(write(fd, "NOT A FRAME AT ALL", 18) == 18);
+	CHECK_INT(raw_recv(fd, &h, buf, sizeof(buf)), AGENT_T_ERROR);
+	CHECK_INT(h.id, 0);
+	close(fd);
+	CHECK(waitpid(pid, &st, 0) == pid && WIFEXITED(st) && WEXITSTATUS(st) == 0);
+}
+
 /* A fake guest: answers the first request with `reply` (raw bytes), then stays silent. */
 struct fake {
 	int fd;
@@ -389,6 +499,8 @@ int main(int argc, char **argv)
 	TEST(execs_run_at_once);
 	TEST(file_round_trip_is_byte_exact);
 	TEST(file_errors_map_to_codes);
+	TEST(large_output_arrives_whole_through_flow_control);
+	TEST(agent_itself_rejects_bad_requests);
 	TEST(hostile_guests_fail_the_sandbox);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
