@@ -10,6 +10,8 @@
 #   build-image.sh              builds if needed, prints the paths of the image's files
 #   build-image.sh --print-env  the same as KILN_GUEST_*=... lines (for `eval` or an env file)
 #   build-image.sh --hash       prints only the recipe hash (no build)
+#   build-image.sh --prune      removes cached images of other recipes and unused base tarballs
+#                               (only when no sandbox's disk layer still sits on one)
 #
 # The kernel is the versioned package that linux-image-cloud-amd64 depends on, fetched with
 # `apt-get download` and unpacked with `dpkg -x` (never installed on the host). The root
@@ -38,6 +40,7 @@ case "${1:-}" in
 "") ;;
 --print-env) mode=env ;;
 --hash) mode=hash ;;
+--prune) mode=prune ;;
 -h | --help)
 	sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'
 	exit 0
@@ -90,6 +93,35 @@ print_result() {
 
 if [ "$mode" = hash ]; then
 	echo "$hash"
+	exit 0
+fi
+if [ "$mode" = prune ]; then
+	[ -d "$cache" ] || exit 0
+	keep_base=""
+	[ -f "$out/base-key" ] && keep_base=$(cat "$out/base-key")
+	for d in "$cache"/*/ "$cache"/.build-*/; do
+		[ -d "$d" ] || continue
+		h=$(basename "$d")
+		h=${h#.build-}
+		h=${h%.*}
+		[ "$h" = "$hash" ] && continue
+		# Skip anything a build holds the lock of right now.
+		exec 8>"$cache/.lock-$h"
+		if flock -n 8; then
+			echo "build-image.sh: removing '$d'" >&2
+			rm -rf "$d"
+			rm -f "$cache/.lock-$h"
+		fi
+		exec 8>&-
+	done
+	for b in "$cache"/base-*.tar; do
+		[ -f "$b" ] || continue
+		k=$(basename "$b" .tar)
+		k=${k#base-}
+		[ "$k" = "$keep_base" ] && continue
+		echo "build-image.sh: removing '$b'" >&2
+		rm -f "$b"
+	done
 	exit 0
 fi
 if [ -f "$out/.complete" ]; then
@@ -204,6 +236,7 @@ rm -rf "$root" "$work/kernel" "$work/busybox" "$ird" "$work/deb"
 
 # 5. Manifest, then the result moves into place and the marker is written last.
 echo "$kver" >"$work/kernel-release"
+echo "$base_key" >"$work/base-key"
 end=$(date +%s)
 cat >"$work/manifest.json" <<EOF
 {
