@@ -218,6 +218,35 @@ static void body_sha256(struct http_req *req, char out[65])
 }
 
 /*
+ * A stored response can hold a secret (the `key` of a new API key, a token), so it is kept
+ * sealed with the master key and bound to its tenant and Idempotency-Key.
+ */
+static void idempotency_ad(const struct req_state *st, const char *key, char *ad, size_t n)
+{
+	snprintf(ad, n, "idempotency:%s:%s", st->who.tenant_id, key);
+}
+
+static void idempotency_replay(struct gateway *gw, struct http_req *req,
+			       const struct req_state *st, int status, const char *sealed)
+{
+	struct kiln_error err = { 0 };
+	unsigned char *body = NULL;
+	size_t len = 0;
+	char ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
+
+	idempotency_ad(st, http_req_header(req, "Idempotency-Key"), ad, sizeof(ad));
+	if (*sealed && auth_open(&gw->mk, sealed, strlen(sealed), ad, strlen(ad), &body, &len,
+				 &err) != KILN_OK) {
+		log_warn("stored response of an Idempotency-Key does not open: %s", err.msg);
+		http_reply_error(req, KILN_E_INTERNAL, "internal error");
+		return;
+	}
+	http_reply_header(req, "Idempotent-Replayed", "true");
+	http_reply_data(req, status, len ? "application/json" : NULL, body ? (char *)body : "", len);
+	auth_secret_free(body, len);
+}
+
+/*
  * Claims the Idempotency-Key of a mutating POST. Returns true when the request should run (a
  * first use; st->idem_key is then set); false after replying (a replay, a mismatch, a request
  * with the same key still running, or a database error).
@@ -276,10 +305,8 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 				http_reply_error(req, KILN_E_CONFLICT,
 						 "a request with this Idempotency-Key is in progress");
 			} else {
-				const char *body = pg_res_str(res, 0, 4);
-				http_reply_header(req, "Idempotent-Replayed", "true");
-				http_reply_data(req, (int)pg_res_int(res, 0, 3, 200),
-						*body ? "application/json" : NULL, body, strlen(body));
+				idempotency_replay(gw, req, st, (int)pg_res_int(res, 0, 3, 200),
+						   pg_res_str(res, 0, 4));
 			}
 		} else if (rc == KILN_OK) {
 			/* Deleted between the two statements: let the client retry. */
@@ -299,13 +326,22 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	char code[8];
-	size_t len;
+	char code[8], *sealed = NULL, ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
+	size_t len = 0;
 	const char *body = http_req_reply_body(req, &len);
 
+	if (status < 500 && body && len) {
+		idempotency_ad(st, st->idem_key, ad, sizeof(ad));
+		if (auth_seal(&gw->mk, body, len, ad, strlen(ad), &sealed, &err) != KILN_OK) {
+			log_warn("cannot seal the response of an Idempotency-Key: %s", err.msg);
+			kiln_error_clear(&err);
+			status = 500;	/* forget the key: the client's retry runs again */
+		}
+	}
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
 		log_warn("idempotency record of \"%s\" left open: postgres is unavailable",
 			 http_req_path(req));
+		free(sealed);
 		return;
 	}
 	snprintf(code, sizeof(code), "%d", status);
@@ -316,8 +352,9 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 		PGQ(c, NULL, &err,
 		    "UPDATE idempotency SET status = $3::int, response = $4 "
 		    "WHERE tenant_id = $1 AND key = $2",
-		    st->who.tenant_id, st->idem_key, code, body ? body : "");
+		    st->who.tenant_id, st->idem_key, code, sealed ? sealed : "");
 	pg_release(gw->pg, c);
+	free(sealed);
 }
 
 static void req_state_free(void *p)
