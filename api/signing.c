@@ -14,6 +14,8 @@
 
 /* Any constant shared by every gateway. */
 #define SIGNING_LOCK_KEY "7310245602"
+/* Seconds between reloads of the keys, so a rotation reaches every gateway. */
+#define SIGNING_REFRESH_S 5
 
 struct signing {
 	struct pg *pg;
@@ -21,7 +23,7 @@ struct signing {
 	struct auth_keyring *kr;	/* swapped whole under `lock` */
 	pthread_rwlock_t lock;
 	pthread_mutex_t reload_lock;
-	time_t last_reload;
+	time_t last_reload;	/* read without reload_lock: atomic */
 };
 
 static void kid_ad(const char *kid, char *ad, size_t n)
@@ -169,27 +171,53 @@ void signing_free(struct signing *s)
 	free(s);
 }
 
-enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)
+/* Loads the keys and swaps them in; the caller holds reload_lock. */
+static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_error *err)
 {
 	struct auth_keyring *kr = NULL, *old;
-	enum kiln_err rc = KILN_OK;
-	time_t now = time(NULL);
+	enum kiln_err rc;
 
-	pthread_mutex_lock(&s->reload_lock);
-	if (on_unknown_kid && s->last_reload == now)
-		goto out;
-	s->last_reload = now;
+	__atomic_store_n(&s->last_reload, now, __ATOMIC_RELAXED);
 	rc = signing_load(s->pg, &s->mk, &kr, err);
 	if (rc != KILN_OK)
-		goto out;
+		return rc;
 	pthread_rwlock_wrlock(&s->lock);
 	old = s->kr;
 	s->kr = kr;
 	pthread_rwlock_unlock(&s->lock);
 	auth_keyring_free(old);
-out:
+	return KILN_OK;
+}
+
+enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)
+{
+	enum kiln_err rc = KILN_OK;
+	time_t now = time(NULL);
+
+	pthread_mutex_lock(&s->reload_lock);
+	if (!(on_unknown_kid && s->last_reload == now))
+		rc = reload_locked(s, now, err);
 	pthread_mutex_unlock(&s->reload_lock);
 	return rc;
+}
+
+/*
+ * Reloads the keys when the last load is SIGNING_REFRESH_S old, so a key rotated in by another
+ * process signs here too. One request does it; the others go on with the keys they have. A
+ * failure keeps the old keys and is tried again a period later.
+ */
+static void refresh(struct signing *s)
+{
+	struct kiln_error err = { 0 };
+	time_t now = time(NULL);
+
+	if (now - __atomic_load_n(&s->last_reload, __ATOMIC_RELAXED) < SIGNING_REFRESH_S)
+		return;
+	if (pthread_mutex_trylock(&s->reload_lock) != 0)
+		return;
+	if (now - s->last_reload >= SIGNING_REFRESH_S && reload_locked(s, now, &err) != KILN_OK)
+		log_warn("cannot reload the signing keys: %s", err.msg);
+	pthread_mutex_unlock(&s->reload_lock);
 }
 
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,
@@ -197,6 +225,7 @@ enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p,
 {
 	enum kiln_err rc;
 
+	refresh(s);
 	pthread_rwlock_rdlock(&s->lock);
 	rc = auth_jwt_sign(s->kr, p, token, claims, err);
 	pthread_rwlock_unlock(&s->lock);
@@ -210,6 +239,7 @@ enum kiln_err signing_verify(struct signing *s, const char *token, size_t len,
 	enum kiln_err rc;
 	struct kiln_error first = { 0 };
 
+	refresh(s);
 	pthread_rwlock_rdlock(&s->lock);
 	rc = auth_jwt_verify(s->kr, token, len, opts, out, why, &first);
 	pthread_rwlock_unlock(&s->lock);
@@ -231,6 +261,7 @@ char *signing_jwks(struct signing *s, struct kiln_error *err)
 {
 	char *doc;
 
+	refresh(s);
 	pthread_rwlock_rdlock(&s->lock);
 	doc = auth_jwks_build(s->kr, err);
 	pthread_rwlock_unlock(&s->lock);
