@@ -24,6 +24,7 @@ struct signing {
 	pthread_rwlock_t lock;
 	pthread_mutex_t reload_lock;
 	time_t last_reload;	/* read without reload_lock: atomic */
+	time_t last_kid_reload;	/* the last reload an unknown kid asked for */
 };
 
 static void kid_ad(const char *kid, char *ad, size_t n)
@@ -195,8 +196,15 @@ enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln
 	time_t now = time(NULL);
 
 	pthread_mutex_lock(&s->reload_lock);
-	if (!(on_unknown_kid && s->last_reload == now))
+	/*
+	 * Only reloads for unknown kids count against the once-a-second bound: a key made just
+	 * after a load at start or a periodic one must still be found at its first token.
+	 */
+	if (!on_unknown_kid || s->last_kid_reload != now) {
+		if (on_unknown_kid)
+			s->last_kid_reload = now;
 		rc = reload_locked(s, now, err);
+	}
 	pthread_mutex_unlock(&s->reload_lock);
 	return rc;
 }
