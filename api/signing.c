@@ -279,9 +279,23 @@ char *signing_jwks(struct signing *s, struct kiln_error *err)
 enum kiln_err signing_rotate(struct pg *pg, const struct auth_master_key *mk, char *new_kid,
 			     struct kiln_error *err)
 {
+	struct auth_keyring *kr = NULL;
 	struct pg_conn *c;
-	enum kiln_err rc = pg_acquire(pg, &c, err);
+	enum kiln_err rc;
 
+	/*
+	 * The keys in use must open with this master key: a key sealed with another one would
+	 * stop every gateway from loading the keys (and from starting).
+	 */
+	rc = signing_load(pg, mk, &kr, err);
+	auth_keyring_free(kr);
+	if (rc == KILN_E_NOT_FOUND) {	/* no active key yet */
+		kiln_error_clear(err);
+		rc = KILN_OK;
+	}
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_acquire(pg, &c, err);
 	if (rc != KILN_OK)
 		return rc;
 	rc = pg_exec(c, "BEGIN", err);
