@@ -6,6 +6,7 @@
  */
 #include "api/gateway.h"
 
+#include <curl/curl.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -33,7 +34,7 @@ static size_t route_count;
 static int routes_init(struct kiln_error *err)
 {
 	const struct route_group *groups[] = { &routes_ops, &routes_keys, &routes_tenants,
-						&routes_audit };
+						&routes_audit, &routes_sandboxes };
 	size_t n = 0, k = 0;
 
 	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)
@@ -225,6 +226,7 @@ int main(int argc, char **argv)
 	}
 	log_init("kiln-gateway", (enum log_level)log_level_parse(gw.cfg.log_level),
 		 gw.cfg.log_json);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
 	signal(SIGPIPE, SIG_IGN);
 	signal(SIGTERM, on_signal);
 	signal(SIGINT, on_signal);
@@ -255,5 +257,6 @@ int main(int argc, char **argv)
 	while (started > 0)
 		stages[--started].exit();
 	config_release(&gw.cfg);
+	curl_global_cleanup();
 	return status;
 }

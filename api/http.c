@@ -76,6 +76,8 @@ struct http_req {
 	struct timespec t0;
 	void *ctx;
 	void (*free_ctx)(void *);
+	void *hctx;
+	void (*free_hctx)(void *);
 	char *object_id;
 	bool keep_reply;
 	char *reply_copy;	/* when keep_reply */
@@ -414,6 +416,19 @@ void http_req_set_ctx(struct http_req *req, void *ctx, void (*free_ctx)(void *))
 	req->free_ctx = free_ctx;
 }
 
+void http_req_set_hctx(struct http_req *req, void *ctx, void (*free_ctx)(void *))
+{
+	if (req->free_hctx && req->hctx)
+		req->free_hctx(req->hctx);
+	req->hctx = ctx;
+	req->free_hctx = free_ctx;
+}
+
+void *http_req_hctx(const struct http_req *req)
+{
+	return req->hctx;
+}
+
 void http_req_set_object(struct http_req *req, const char *object_id)
 {
 	free(req->object_id);
@@ -426,6 +441,8 @@ static void req_free(struct http_req *req)
 {
 	struct header *h, *next;
 
+	if (req->free_hctx && req->hctx)
+		req->free_hctx(req->hctx);
 	if (req->free_ctx && req->ctx)
 		req->free_ctx(req->ctx);
 	for (h = req->headers; h; h = next) {
@@ -476,6 +493,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 		snprintf(req->method, sizeof(req->method), "%s", method);
 		clock_gettime(CLOCK_MONOTONIC, &req->t0);
 		new_request_id(req->id);
+		if (srv->opts.trust_request_id) {
+			const char *given = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+									"X-Request-Id");
+			if (given && strlen(given) == 20 && strncmp(given, "req_", 4) == 0 &&
+			    strspn(given + 4, "0123456789abcdef") == 16)
+				memcpy(req->id, given, 21);
+		}
 		atomic_fetch_add(&srv->in_flight, 1);
 		*con_cls = req;
 		req->route = route_find(srv, req, &mismatch);

@@ -70,6 +70,7 @@ struct http_server_opts {
 	http_before_hook before;
 	http_done_hook done;
 	void *app;			/* handed to handlers via http_req_app() */
+	bool trust_request_id;		/* take a caller's X-Request-Id (kiln-node: the gateway's) */
 };
 
 /* Starts serving. NULL with `err` set when the address cannot be bound. */
@@ -104,6 +105,9 @@ enum kiln_err http_req_stream_error(const struct http_req *req, struct kiln_erro
 /* Per-request slot for the before hook and handlers (e.g. the authenticated principal). */
 void http_req_set_ctx(struct http_req *req, void *ctx, void (*free_ctx)(void *));
 void *http_req_ctx(const struct http_req *req);
+/* A second slot, for the route's handler and body sink (the first belongs to the before hook). */
+void http_req_set_hctx(struct http_req *req, void *ctx, void (*free_ctx)(void *));
+void *http_req_hctx(const struct http_req *req);
 /* The object id the request acted on, recorded for the done hook (audit). Copied. */
 void http_req_set_object(struct http_req *req, const char *object_id);
 const char *http_req_object(const struct http_req *req);

@@ -12,6 +12,7 @@
 #define F(field) offsetof(struct kiln_config, field)
 
 static const char *const log_levels[] = { "debug", "info", "warn", "error", NULL };
+static const char *const hypervisors[] = { "qemu", "firecracker", NULL };
 
 const struct cfg_def config_table[] = {
 	{ "log_level", CFG_STRING, F(log_level), "info", 0, 0, log_levels, true,
@@ -53,6 +54,36 @@ const struct cfg_def config_table[] = {
 	  "within this bound)" },
 	{ "admin_key_file", CFG_STRING, F(admin_key_file), NULL, 0, 0, NULL, false,
 	  "file the operator's first admin API key is written to when the database has none" },
+	{ "node_listen", CFG_STRING, F(node_listen), NULL, 0, 0, NULL, false,
+	  "kiln-node's API: unix:/path or host:port (default unix:<run_dir>/node.sock)" },
+	{ "node_address", CFG_STRING, F(node_address), NULL, 0, 0, NULL, false,
+	  "how gateways reach this node (default: node_listen)" },
+	{ "gateway_url", CFG_STRING, F(gateway_url), "http://127.0.0.1:8080", 0, 0, NULL, false,
+	  "a gateway's base URL, where the node fetches the JWKS that verifies requests" },
+	{ "node_max_sandboxes", CFG_INT, F(node_max_sandboxes), "32", 1, 16384, NULL, false,
+	  "sandboxes this node runs at once" },
+	{ "node_vcpu_milli", CFG_INT, F(node_vcpu_milli), "16000", 250, 4096000, NULL, false,
+	  "thousandths of a vCPU this node hands out (may exceed its cores)" },
+	{ "node_memory_mib", CFG_INT, F(node_memory_mib), "16384", 256, 16777216, NULL, false,
+	  "guest memory this node hands out, MiB" },
+	{ "hypervisor", CFG_STRING, F(hypervisor), "qemu", 0, 0, hypervisors, false,
+	  "the VMM driver" },
+	{ "tcg_tb_size_mib", CFG_INT, F(tcg_tb_size_mib), "32", 8, 1024, NULL, false,
+	  "TCG translation cache per VM, MiB (software emulation only)" },
+	{ "guest_kernel", CFG_STRING, F(guest_kernel), NULL, 0, 0, NULL, false,
+	  "guest kernel (vmm/guest/build-image.sh --print-env)" },
+	{ "guest_initrd", CFG_STRING, F(guest_initrd), NULL, 0, 0, NULL, false,
+	  "guest initramfs" },
+	{ "guest_rootfs", CFG_STRING, F(guest_rootfs), NULL, 0, 0, NULL, false,
+	  "guest root file system image" },
+	{ "guest_cmdline", CFG_STRING, F(guest_cmdline), NULL, 0, 0, NULL, false,
+	  "guest kernel command line" },
+	{ "guest_image_hash", CFG_STRING, F(guest_image_hash), "", 0, 0, NULL, false,
+	  "hash of the guest image's recipe (recorded with the node and in snapshots)" },
+	{ "boot_timeout_s", CFG_INT, F(boot_timeout_s), "120", 5, 3600, NULL, false,
+	  "seconds a cold boot may take until the guest agent answers" },
+	{ "exec_output_max", CFG_INT, F(exec_output_max), "10485760", 1024, 104857600, NULL, false,
+	  "bytes of stdout (and of stderr) a non-streamed exec returns; the rest is cut" },
 };
 const size_t config_table_len = sizeof(config_table) / sizeof(config_table[0]);
 

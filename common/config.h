@@ -39,6 +39,23 @@ struct kiln_config {
 	long long create_limit_rpm;	/* sandbox creations per minute per key */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
 	char *admin_key_file;		/* where the operator's first admin key is written */
+
+	/* kiln-node */
+	char *node_listen;		/* unix:/path or host:port of the node's API */
+	char *node_address;		/* how gateways reach the node (defaults to node_listen) */
+	char *gateway_url;		/* where the node fetches the JWKS */
+	long long node_max_sandboxes;
+	long long node_vcpu_milli;	/* thousandths of a vCPU the node hands out */
+	long long node_memory_mib;	/* guest memory the node hands out */
+	char *hypervisor;		/* qemu */
+	long long tcg_tb_size_mib;	/* TCG translation cache per VM */
+	char *guest_kernel;
+	char *guest_initrd;
+	char *guest_rootfs;
+	char *guest_cmdline;
+	char *guest_image_hash;
+	long long boot_timeout_s;	/* cold boot until the agent answers */
+	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
 };
 
 enum cfg_type { CFG_STRING, CFG_INT, CFG_BOOL };

@@ -1,0 +1,56 @@
+/*
+ * nodeclient.h - the gateway's calls to kiln-node: every request carries a JWT signed for it
+ * (aud kiln-node, the tenant, the scopes, the sandbox, a short expiry), and the node's reply is
+ * streamed back to the client as it comes (exec events, file bytes).
+ */
+#ifndef KILN_NODECLIENT_H
+#define KILN_NODECLIENT_H
+
+#include <stddef.h>
+
+#include "api/authn.h"
+#include "api/http.h"
+
+struct node_call {
+	const char *address;	/* "unix:/path" or "http://host:port" */
+	const char *method;
+	const char *path;	/* with the query, e.g. "/v1/sandboxes/sb_x/files?path=%2Fa" */
+	const char *sandbox_id;
+	const struct principal *who;
+	const void *body;	/* a buffered body, or NULL */
+	size_t body_len;
+	int upload_fd;		/* or a streamed body read from this descriptor until its end; -1 */
+	const char *content_type;	/* of the body */
+	const char *accept;	/* passed on, or NULL */
+};
+
+/*
+ * Sends the call and replies to `req` with the node's answer, streamed. When the node cannot be
+ * reached, replies 503 unavailable. Takes ownership of call->upload_fd.
+ */
+void node_proxy(struct http_req *req, const struct node_call *call);
+
+/*
+ * The same call, answered into memory: *status and a malloc'd body (the caller frees it), for
+ * calls whose answer the gateway reads itself. Returns KILN_E_UNAVAILABLE when the node cannot
+ * be reached.
+ */
+enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call, long *status,
+			     char **body, size_t *len);
+
+/*
+ * Starts a call whose body the caller streams: returns a descriptor to write the body to (close
+ * it at the end), or -1. The answer is collected by node_proxy_finish().
+ */
+struct node_stream;
+struct node_stream *node_stream_start(struct http_req *req, const struct node_call *call,
+				      int *body_fd);
+/* Waits for the node's answer to a streamed call and replies with it. Frees `ns`. */
+void node_stream_finish(struct http_req *req, struct node_stream *ns);
+/* `s` escaped for a URL's query; the caller frees it with free(). NULL when out of memory. */
+char *node_escape(const char *s);
+
+/* Abandons a streamed call (the body was refused); frees `ns`. Accepts NULL. */
+void node_stream_abort(struct node_stream *ns);
+
+#endif

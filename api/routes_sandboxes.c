@@ -1,0 +1,505 @@
+/*
+ * routes_sandboxes.c - the sandbox routes of API.md: create, list, get, delete, exec, files,
+ * timeout. Reads come from Postgres; everything that touches a VM goes to the sandbox's node.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "api/authn.h"
+#include "api/gateway.h"
+#include "api/nodeclient.h"
+#include "auth/apikey.h"
+#include "auth/scopes.h"
+#include "common/log.h"
+
+#define METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
+#define NODE_FRESH_S "10"	/* a node whose heartbeat is older is not given work */
+#define FILE_MAX (100u << 20)
+
+static const char *const states[] = { "creating", "running", "paused", "stopped", "error", NULL };
+
+/* The sandbox row a request names, when it is the caller's and not deleted. */
+struct sb_row {
+	char id[64];
+	char state[16];
+	char node_address[256];
+};
+
+/* Looks the sandbox up for the caller; replies 404 (or 503) and returns false when absent. */
+static bool sandbox_lookup(struct http_req *req, struct sb_row *out)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = gw_db(req);
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+	bool found;
+
+	if (!c)
+		return false;
+	http_req_set_object(req, id);
+	rc = PGQ(c, &res, &err,
+		 "SELECT s.id, s.state, coalesce(n.address, '') FROM sandboxes s "
+		 "LEFT JOIN nodes n ON n.id = s.node_id "
+		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
+		 id, who->tenant_id);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return false;
+	}
+	found = pg_res_rows(res) == 1;
+	if (found) {
+		snprintf(out->id, sizeof(out->id), "%s", pg_res_str(res, 0, 0));
+		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 1));
+		snprintf(out->node_address, sizeof(out->node_address), "%s", pg_res_str(res, 0, 2));
+	} else {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	}
+	pg_res_free(res);
+	return found;
+}
+
+/* Replies 409 unless the sandbox runs. */
+static bool sandbox_running(struct http_req *req, const struct sb_row *sb)
+{
+	if (strcmp(sb->state, "running") == 0)
+		return true;
+	http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb->state);
+	return false;
+}
+
+/* ---- POST /v1/sandboxes ---- */
+
+/* Picks the live node with the most free memory; false (replied 503) when there is none. */
+static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
+		  char *address, size_t alen)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	char v[16], m[16];
+	enum kiln_err rc;
+	bool ok;
+
+	snprintf(v, sizeof(v), "%u", vcpu_milli);
+	snprintf(m, sizeof(m), "%u", mem_mib);
+	rc = PGQ(c, &res, &err,
+		 "SELECT n.address FROM nodes n LEFT JOIN LATERAL ("
+		 "  SELECT count(*) AS k, coalesce(sum(vcpu_milli), 0) AS v, "
+		 "         coalesce(sum(memory_mib), 0) AS m FROM sandboxes s "
+		 "  WHERE s.node_id = n.id AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')"
+		 ") u ON true "
+		 "WHERE n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds' "
+		 "AND u.k < n.max_sandboxes AND u.v + $1::int <= n.vcpu_milli "
+		 "AND u.m + $2::int <= n.memory_mib "
+		 "ORDER BY n.memory_mib - u.m DESC, n.id LIMIT 1",
+		 v, m);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return false;
+	}
+	ok = pg_res_rows(res) == 1;
+	if (ok)
+		snprintf(address, alen, "%s", pg_res_str(res, 0, 0));
+	else
+		http_reply_error(req, KILN_E_NO_CAPACITY, "no node has room for this sandbox");
+	pg_res_free(res);
+	return ok;
+}
+
+static void sandbox_create(struct http_req *req)
+{
+	static const struct json_field fields[] = {
+		{ "template", JF_STRING, false, 64 },	{ "vcpus", JF_NUMBER, false, 0 },
+		{ "memory_mib", JF_INT, false, 0 },	{ "disk_gib", JF_INT, false, 0 },
+		{ "timeout_s", JF_INT, false, 0 },	{ "env", JF_OBJECT, false, 0 },
+		{ "metadata", JF_OBJECT, false, 0 },	{ "egress", JF_OBJECT, false, 0 },
+		{ "bandwidth", JF_OBJECT, false, 0 },	{ "snapshot_id", JF_STRING, false, 64 },
+	};
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	json_t *body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0])), *nb = NULL, *v;
+	struct pg_conn *c = NULL;
+	char id[AUTH_ID_MAX], address[256], path[128], *text = NULL, *meta = NULL;
+	double vcpus;
+	long long mem, disk, tmo, milli;
+
+	if (!body)
+		return;
+	if (strcmp(json_str(body, "template", "python"), "python") != 0) {
+		http_reply_error(req, KILN_E_INVALID, "template: the only template is \"python\"");
+		goto out;
+	}
+	v = json_object_get(body, "vcpus");
+	vcpus = json_is_number(v) ? json_number_value(v) : 1.0;
+	milli = llround(vcpus * 1000);
+	mem = json_int(body, "memory_mib", 512);
+	disk = json_int(body, "disk_gib", 10);
+	tmo = json_int(body, "timeout_s", 300);
+	if (!(vcpus >= 0.25 && vcpus <= 8) || milli % 250 != 0) {
+		http_reply_error(req, KILN_E_INVALID, "vcpus must be a multiple of 0.25 from 0.25 to 8");
+		goto out;
+	}
+	if (mem < 256 || mem > 16384) {
+		http_reply_error(req, KILN_E_INVALID, "memory_mib must be from 256 to 16384");
+		goto out;
+	}
+	if (disk < 10 || disk > 60) {
+		http_reply_error(req, KILN_E_INVALID, "disk_gib must be from 10 to 60");
+		goto out;
+	}
+	if (tmo < 1 || tmo > 86400) {
+		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
+		goto out;
+	}
+	meta = json_dumps(json_object_get(body, "metadata") ? json_object_get(body, "metadata")
+							   : json_object(),
+			  JSON_COMPACT);
+	if (meta && strlen(meta) > METADATA_MAX) {
+		http_reply_error(req, KILN_E_TOO_LARGE, "metadata is larger than %d bytes", METADATA_MAX);
+		goto out;
+	}
+	if (json_object_get(body, "snapshot_id") || json_object_get(body, "egress") ||
+	    json_object_get(body, "bandwidth")) {
+		http_reply_error(req, KILN_E_NOT_IMPLEMENTED,
+				 "snapshot_id, egress and bandwidth are not offered yet");
+		goto out;
+	}
+	c = gw_db(req);
+	if (!c || !place(req, c, (unsigned)milli, (unsigned)mem, address, sizeof(address)))
+		goto out;
+	pg_release(gw->pg, c);
+	c = NULL;
+	if (!gw_new_id(req, "sb_", id, sizeof(id)))
+		goto out;
+	http_req_set_object(req, id);
+	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o}", "template", "python", "vcpu_milli",
+		       (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib", (json_int_t)disk,
+		       "timeout_s", (json_int_t)tmo, "env", json_object_get(body, "env"), "metadata",
+		       json_loads(meta ? meta : "{}", 0, NULL));
+	text = nb ? json_dumps(nb, JSON_COMPACT) : NULL;
+	if (!text) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		goto out;
+	}
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
+	log_info("placing sandbox \"%s\" on \"%s\"", id, address);
+	node_proxy(req, &(struct node_call){ .address = address, .method = "POST", .path = path,
+					      .sandbox_id = id, .who = who, .body = text,
+					      .body_len = strlen(text), .upload_fd = -1,
+					      .content_type = "application/json" });
+out:
+	if (c)
+		pg_release(gw->pg, c);
+	free(text);
+	free(meta);
+	json_decref(nb);
+	json_decref(body);
+}
+
+/* ---- GET /v1/sandboxes, GET /v1/sandboxes/{id} ---- */
+
+static void sandbox_list(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	const char *state = http_req_query(req, "state"), *cursor = http_req_query(req, "cursor");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	char lim[16], cur_t[32] = "", cur_id[64] = "";
+	int limit = gw_limit(req, 50, 100), rows;
+	json_t *arr;
+	enum kiln_err rc;
+
+	if (limit < 0)
+		return;
+	if (state) {
+		bool ok = false;
+		for (int i = 0; states[i]; i++)
+			ok = ok || strcmp(states[i], state) == 0;
+		if (!ok) {
+			http_reply_error(req, KILN_E_INVALID, "state must be one of creating, running, "
+							      "paused, stopped, error");
+			return;
+		}
+	}
+	if (cursor) {
+		/* A cursor is "<created_at in µs>.<id>" of the last sandbox of the previous page. */
+		const char *dot = strchr(cursor, '.');
+		if (!dot || dot == cursor || (size_t)(dot - cursor) >= sizeof(cur_t) ||
+		    strspn(cursor, "0123456789") != (size_t)(dot - cursor) ||
+		    strlen(dot + 1) >= sizeof(cur_id) || strncmp(dot + 1, "sb_", 3) != 0) {
+			http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+			return;
+		}
+		snprintf(cur_t, sizeof(cur_t), "%.*s", (int)(dot - cursor), cursor);
+		snprintf(cur_id, sizeof(cur_id), "%s", dot + 1);
+	}
+	c = gw_db(req);
+	if (!c)
+		return;
+	snprintf(lim, sizeof(lim), "%d", limit + 1);
+	rc = PGQ(c, &res, &err,
+		 "SELECT sandbox_json(s)::text, "
+		 "(extract(epoch FROM s.created_at) * 1000000)::bigint || '.' || s.id "
+		 "FROM sandboxes s WHERE s.tenant_id = $1 AND s.deleted_at IS NULL "
+		 "AND ($2::text IS NULL OR s.state = $2) "
+		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
+		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
+		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
+		 who->tenant_id, state, cursor ? cur_t : NULL, cursor ? cur_id : NULL, lim);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return;
+	}
+	arr = json_array();
+	rows = pg_res_rows(res);
+	for (int i = 0; i < rows && i < limit; i++)
+		json_array_append_new(arr, json_loads(pg_res_str(res, i, 0), 0, NULL));
+	http_reply_json(req, 200,
+			json_pack("{s:o, s:o}", "sandboxes", arr, "next_cursor",
+				  rows > limit ? json_string(pg_res_str(res, limit - 1, 1))
+					       : json_null()));
+	pg_res_free(res);
+}
+
+static void sandbox_get(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c = gw_db(req);
+	enum kiln_err rc;
+
+	if (!c)
+		return;
+	rc = PGQ(c, &res, &err,
+		 "SELECT sandbox_json(s)::text FROM sandboxes s "
+		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
+		 id, who->tenant_id);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else if (pg_res_rows(res) == 0)
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	else
+		http_reply_data(req, 200, "application/json", pg_res_str(res, 0, 0),
+				strlen(pg_res_str(res, 0, 0)));
+	pg_res_free(res);
+}
+
+/* ---- DELETE, timeout, exec: forwarded ---- */
+
+static void forward(struct http_req *req, const struct sb_row *sb, const char *suffix,
+		    bool with_body)
+{
+	char path[4352];
+	size_t len = 0;
+	const char *body = with_body ? http_req_body(req, &len) : NULL;
+	const char *q = http_req_query(req, "path");
+
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s%s", sb->id, suffix);
+	if (q) {
+		char *esc = node_escape(q);
+		if (!esc) {
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+			return;
+		}
+		snprintf(path + strlen(path), sizeof(path) - strlen(path), "?path=%s", esc);
+		free(esc);
+	}
+	node_proxy(req, &(struct node_call){ .address = sb->node_address,
+					      .method = http_req_method(req), .path = path,
+					      .sandbox_id = sb->id, .who = gw_principal(req),
+					      .body = body, .body_len = len, .upload_fd = -1,
+					      .content_type = with_body ? "application/json" : NULL,
+					      .accept = http_req_header(req, "Accept") });
+}
+
+static void sandbox_delete(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	struct sb_row sb;
+	char path[128], *body = NULL;
+	long status = 0;
+	size_t len;
+
+	if (!sandbox_lookup(req, &sb))
+		return;
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s", sb.id);
+	if (sb.node_address[0] &&
+	    node_call_sync(req, &(struct node_call){ .address = sb.node_address, .method = "DELETE",
+						    .path = path, .sandbox_id = sb.id,
+						    .who = gw_principal(req), .upload_fd = -1 },
+			   &status, &body, &len) == KILN_E_INTERNAL)
+		return;	/* replied */
+	free(body);
+	if (status != 204) {
+		/*
+		 * The node no longer holds it (stopped, or the node restarted) or cannot be reached:
+		 * the record goes; a node cleans up what it finds of it when it starts.
+		 */
+		struct kiln_error err = { 0 };
+		struct pg_conn *c = gw_db(req);
+		if (!c)
+			return;
+		if (PGQ(c, NULL, &err,
+			"UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
+			"WHERE id = $1 AND deleted_at IS NULL",
+			sb.id) != KILN_OK) {
+			pg_release(gw->pg, c);
+			gw_fail(req, err.code, &err);
+			return;
+		}
+		pg_release(gw->pg, c);
+	}
+	http_reply_empty(req, 204);
+}
+
+static void sandbox_timeout(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/timeout", true);
+}
+
+static void sandbox_exec(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/exec", true);
+}
+
+static void files_get(struct http_req *req)
+{
+	struct sb_row sb;
+	const char *path = http_req_query(req, "path");
+
+	if (!path || path[0] != '/') {
+		http_reply_error(req, KILN_E_INVALID, "path must be an absolute path inside the sandbox");
+		return;
+	}
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/files", false);
+}
+
+/* A file upload streams through: the body goes to the node as it arrives. */
+struct upload {
+	struct node_stream *ns;
+	int fd;
+	enum kiln_err refused;	/* why the upload never started */
+};
+
+static void upload_free(void *p)
+{
+	struct upload *u = p;
+
+	if (u->fd >= 0)
+		close(u->fd);
+	node_stream_abort(u->ns);
+	free(u);
+}
+
+static enum kiln_err upload_sink(struct http_req *req, const char *data, size_t len)
+{
+	struct upload *u = http_req_hctx(req);
+	const char *q = http_req_query(req, "path");
+
+	if (!u) {
+		struct sb_row sb;
+		char path[4352];
+		char *esc;
+
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return KILN_E_NOMEM;
+		u->fd = -1;
+		http_req_set_hctx(req, u, upload_free);
+		if (!q || q[0] != '/')
+			return u->refused = KILN_E_INVALID;
+		if (!sandbox_lookup(req, &sb))
+			return u->refused = KILN_E_NOT_FOUND;	/* replied */
+		if (!sandbox_running(req, &sb))
+			return u->refused = KILN_E_CONFLICT;	/* replied */
+		esc = node_escape(q);
+		if (!esc)
+			return u->refused = KILN_E_NOMEM;
+		snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", sb.id, esc);
+		free(esc);
+		u->ns = node_stream_start(req, &(struct node_call){ .address = sb.node_address,
+								     .method = "PUT", .path = path,
+								     .sandbox_id = sb.id,
+								     .who = gw_principal(req),
+								     .upload_fd = -1,
+								     .content_type = "application/octet-stream" },
+					  &u->fd);
+		if (!u->ns)
+			return u->refused = KILN_E_NOMEM;
+	}
+	if (u->refused)
+		return u->refused;
+	while (len) {
+		ssize_t w = write(u->fd, data, len);
+		if (w < 0)
+			return KILN_E_UNAVAILABLE;	/* the node hung up: its answer says why */
+		data += w;
+		len -= (size_t)w;
+	}
+	return KILN_OK;
+}
+
+static void files_put(struct http_req *req)
+{
+	struct upload *u = http_req_hctx(req);
+	struct kiln_error err = { 0 };
+	enum kiln_err src = http_req_stream_error(req, &err);
+
+	if (u && u->refused) {
+		if (u->refused == KILN_E_INVALID)
+			http_reply_error(req, KILN_E_INVALID,
+					 "path must be an absolute path inside the sandbox");
+		else if (u->refused == KILN_E_NOMEM)
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;	/* the lookup already replied otherwise */
+	}
+	if (!u || !u->ns || (src != KILN_OK && src != KILN_E_UNAVAILABLE)) {
+		http_reply_error(req, src == KILN_E_TOO_LARGE ? src : KILN_E_BAD_REQUEST,
+				 src == KILN_E_TOO_LARGE ? "a file is at most 100 MiB"
+							 : "the upload was cut short");
+		return;	/* upload_free abandons the node's side: the file stays as it was */
+	}
+	close(u->fd);
+	u->fd = -1;
+	node_stream_finish(req, u->ns);
+	u->ns = NULL;
+}
+
+static const struct http_route routes[] = {
+	{ "POST", "/v1/sandboxes", sandbox_create,
+	  ROUTE_AUTH | ROUTE_CREATES | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "GET", "/v1/sandboxes", sandbox_list, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}", sandbox_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "DELETE", "/v1/sandboxes/{id}", sandbox_delete, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/timeout", sandbox_timeout,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/files", files_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL,
+	  0 },
+	{ "PUT", "/v1/sandboxes/{id}/files", files_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,
+	  HTTP_BODY_STREAM, upload_sink, FILE_MAX },
+};
+
+const struct route_group routes_sandboxes = { routes, sizeof(routes) / sizeof(routes[0]) };

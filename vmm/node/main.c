@@ -1,0 +1,362 @@
+/*
+ * main.c - kiln-node's start, heartbeat and stop.
+ *
+ * Start order is the table at the bottom, stop order its reverse. Once a second a ticker thread
+ * renews the node's heartbeat in Postgres and stops sandboxes past their expiry. A node that
+ * restarts cannot adopt the VMs of its previous run: it stops them, frees their host resources
+ * and records them as stopped, so nothing is left behind.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <glob.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "migrations/migrate.h"
+#include "vmm/accel.h"
+#include "vmm/hv.h"
+#include "vmm/node/node.h"
+
+static struct node node;
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+	stop_requested = sig;
+}
+
+static int mkdir_p(const char *path, mode_t mode)
+{
+	char tmp[512];
+
+	snprintf(tmp, sizeof(tmp), "%s", path);
+	for (char *p = tmp + 1; *p; p++) {
+		if (*p != '/')
+			continue;
+		*p = '\0';
+		if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+			return -errno;
+		*p = '/';
+	}
+	if (mkdir(tmp, mode) != 0 && errno != EEXIST)
+		return -errno;
+	return 0;
+}
+
+static int check_init(struct kiln_error *err)
+{
+	const char *need[] = { "guest_kernel", "guest_initrd", "guest_rootfs" };
+	const char *have[] = { node.cfg.guest_kernel, node.cfg.guest_initrd, node.cfg.guest_rootfs };
+
+	for (size_t i = 0; i < 3; i++)
+		if (!have[i] || access(have[i], R_OK) != 0)
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "setting \"%s\": cannot read \"%s\" "
+					      "(vmm/guest/build-image.sh --print-env)",
+					      need[i], have[i] ? have[i] : "");
+	if (!hv_find(node.cfg.hypervisor))
+		return kiln_error_set(err, KILN_E_INVALID, "setting \"hypervisor\": no driver \"%s\"",
+				      node.cfg.hypervisor);
+	for (const char *p = node.cfg.node_id; *p; p++)
+		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "setting \"node_id\": only a-z, 0-9 and - allowed");
+	if (!node.cfg.node_id[0] || strlen(node.cfg.node_id) > 32)
+		return kiln_error_set(err, KILN_E_INVALID, "setting \"node_id\": 1 to 32 characters");
+	snprintf(node.vm_run_root, sizeof(node.vm_run_root), "%s/vm", node.cfg.run_dir);
+	snprintf(node.vm_state_root, sizeof(node.vm_state_root), "%s/vms/%s", node.cfg.data_dir,
+		 node.cfg.node_id);
+	if (mkdir_p(node.vm_run_root, 0711) < 0 || mkdir_p(node.vm_state_root, 0711) < 0)
+		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\" or \"%s\"",
+				      node.vm_run_root, node.vm_state_root);
+	node.accel = accel_detect() == ACCEL_KVM ? "kvm" : "tcg";
+	pthread_mutex_init(&node.reg_lock, NULL);
+	return KILN_OK;
+}
+
+static void check_exit(void)
+{
+	pthread_mutex_destroy(&node.reg_lock);
+}
+
+static int db_init(struct kiln_error *err)
+{
+	int applied = 0;
+
+	node.pg = pg_new(node.cfg.database_url, (int)node.cfg.db_pool_size);
+	if (!node.pg)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	return migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+}
+
+static void db_exit(void)
+{
+	pg_free(node.pg);
+	node.pg = NULL;
+}
+
+/*
+ * Records the sandboxes a previous run of this node left as stopped: their VMs died with it or
+ * are cleaned up below; they cannot be adopted.
+ */
+static int recover_init(struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(node.pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "UPDATE sandboxes SET state = 'stopped', net_index = NULL, state_changed_at = now(), "
+		 "error = 'the node restarted' WHERE node_id = $1 AND deleted_at IS NULL "
+		 "AND state IN ('creating', 'running', 'error') RETURNING id",
+		 node.cfg.node_id);
+	if (rc == KILN_OK && pg_res_rows(res) > 0)
+		log_warn("%d sandboxes of an earlier run recorded as stopped", pg_res_rows(res));
+	pg_res_free(res);
+	pg_release(node.pg, c);
+	return rc;
+}
+
+static void recover_exit(void)
+{
+}
+
+static const char *node_address(void)
+{
+	static char addr[160];
+
+	if (node.cfg.node_address)
+		return node.cfg.node_address;
+	if (node.listen_path[0])
+		snprintf(addr, sizeof(addr), "unix:%s", node.listen_path);
+	else
+		snprintf(addr, sizeof(addr), "http://%s", node.cfg.node_listen);
+	return addr;
+}
+
+static enum kiln_err heartbeat(struct kiln_error *err)
+{
+	struct pg_conn *c;
+	char vcpu[24], mem[24], max[24];
+	enum kiln_err rc = pg_acquire(node.pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	snprintf(vcpu, sizeof(vcpu), "%lld", node.cfg.node_vcpu_milli);
+	snprintf(mem, sizeof(mem), "%lld", node.cfg.node_memory_mib);
+	snprintf(max, sizeof(max), "%lld", node.cfg.node_max_sandboxes);
+	rc = PGQ(c, NULL, err,
+		 "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+		 "accelerator, image_hash) VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8) "
+		 "ON CONFLICT (id) DO UPDATE SET address = $2, vcpu_milli = $3::int, "
+		 "memory_mib = $4::int, max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, "
+		 "image_hash = $8, heartbeat_at = now()",
+		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
+		 node.cfg.guest_image_hash);
+	pg_release(node.pg, c);
+	return rc;
+}
+
+/* Stops every sandbox past its expiry (the VM and its resources; the record stays). */
+static void expire_sandboxes(void)
+{
+	time_t now = time(NULL);
+
+	for (;;) {
+		struct sandbox *sb = NULL;
+
+		pthread_mutex_lock(&node.reg_lock);
+		for (struct sandbox *it = node.sandboxes; it; it = it->next) {
+			if (it->state == SB_RUNNING && it->expires_at && it->expires_at <= now) {
+				sb = it;
+				sb->refs++;
+				break;
+			}
+		}
+		pthread_mutex_unlock(&node.reg_lock);
+		if (!sb)
+			return;
+		pthread_mutex_lock(&sb->lock);
+		if (sb->state == SB_RUNNING) {
+			log_info("sandbox \"%s\" reached its timeout", sb->id);
+			sb_teardown(&node, sb);
+			sb_set_state(&node, sb, SB_STOPPED, NULL);
+		}
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(&node, sb);
+	}
+}
+
+static void *ticker(void *arg)
+{
+	unsigned tick = 0;
+
+	while (!node.stopping) {
+		struct kiln_error err = { 0 };
+
+		if (tick++ % 2 == 0 && heartbeat(&err) != KILN_OK)
+			log_warn("heartbeat failed: %s", err.msg);
+		expire_sandboxes();
+		sleep(1);
+	}
+	return NULL;
+}
+
+static int api_init(struct kiln_error *err)
+{
+	struct http_server_opts o = {
+		.max_connections = 4096,
+		.body_max = 2 << 20,
+		.timeout_s = 3600,
+		.routes = node_routes,
+		.nroutes = node_routes_len,
+		.before = node_before,
+		.app = &node,
+		.trust_request_id = true,
+	};
+	char *listen = node.cfg.node_listen;
+
+	node.keys = jwks_new(node.cfg.gateway_url);
+	if (!node.keys)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (!listen || strncmp(listen, "unix:", 5) == 0) {
+		if (listen)
+			snprintf(node.listen_path, sizeof(node.listen_path), "%s", listen + 5);
+		else
+			snprintf(node.listen_path, sizeof(node.listen_path), "%s/node.sock",
+				 node.cfg.run_dir);
+		o.unix_path = node.listen_path;
+	} else {
+		o.listen = listen;
+	}
+	node.http = http_server_start(&o, err);
+	if (!node.http)
+		return err->code;
+	if (node.listen_path[0])
+		chmod(node.listen_path, 0600);
+	if (heartbeat(err) != KILN_OK)
+		return err->code;
+	if (pthread_create(&node.ticker, NULL, ticker, NULL) != 0)
+		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the ticker");
+	log_info("node \"%s\" serving at \"%s\" (%s, %s)", node.cfg.node_id, node_address(),
+		 node.cfg.hypervisor, node.accel);
+	return KILN_OK;
+}
+
+/* Removes the node's own (empty) cgroup directories, kiln/<node>, in every hierarchy. */
+static void node_cgroups_remove(void)
+{
+	char pattern[160];
+	glob_t g;
+
+	snprintf(pattern, sizeof(pattern), "/sys/fs/cgroup/*/kiln/%s", node.cfg.node_id);
+	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0) {
+		for (size_t i = 0; i < g.gl_pathc; i++)
+			if (rmdir(g.gl_pathv[i]) != 0 && errno != ENOENT)
+				log_warn("cannot remove \"%s\": %s", g.gl_pathv[i], strerror(errno));
+		globfree(&g);
+	}
+	snprintf(pattern, sizeof(pattern), "/sys/fs/cgroup/kiln/%s", node.cfg.node_id);
+	rmdir(pattern);
+}
+
+static void api_exit(void)
+{
+	node.stopping = true;
+	if (node.ticker)
+		pthread_join(node.ticker, NULL);
+	http_server_stop(node.http, 30);
+	node.http = NULL;
+	/* The VMs end with the node: a stopped node leaves nothing running. */
+	for (;;) {
+		struct sandbox *sb;
+
+		pthread_mutex_lock(&node.reg_lock);
+		sb = node.sandboxes;
+		if (sb)
+			sb->refs++;
+		pthread_mutex_unlock(&node.reg_lock);
+		if (!sb)
+			break;
+		pthread_mutex_lock(&sb->lock);
+		sb_teardown(&node, sb);
+		sb_set_state(&node, sb, SB_STOPPED, "the node stopped");
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(&node, sb);
+	}
+	node_cgroups_remove();
+	jwks_free(node.keys);
+	node.keys = NULL;
+}
+
+static const struct {
+	const char *name;
+	int (*init)(struct kiln_error *err);
+	void (*exit)(void);
+} stages[] = {
+	{ "settings", check_init, check_exit },
+	{ "postgres", db_init, db_exit },
+	{ "recovery", recover_init, recover_exit },
+	{ "api", api_init, api_exit },
+};
+#define NSTAGES (sizeof(stages) / sizeof(stages[0]))
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: kiln-node [--config FILE]\n\n");
+	config_help(out);
+}
+
+int main(int argc, char **argv)
+{
+	struct kiln_error err = { 0 };
+	const char *config_path = NULL;
+	size_t started = 0;
+	int status = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+			config_path = argv[++i];
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (config_load(&node.cfg, config_path, config_path != NULL, &err) != KILN_OK) {
+		fprintf(stderr, "kiln-node: %s\n", err.msg);
+		return 2;
+	}
+	log_init("kiln-node", (enum log_level)log_level_parse(node.cfg.log_level),
+		 node.cfg.log_json);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+
+	for (; started < NSTAGES; started++) {
+		if (stages[started].init(&err) != KILN_OK) {
+			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
+			status = 1;
+			break;
+		}
+	}
+	while (!status && !stop_requested)
+		pause();
+	if (stop_requested)
+		log_info("stopping on signal %d", (int)stop_requested);
+	while (started > 0)
+		stages[--started].exit();
+	config_release(&node.cfg);
+	curl_global_cleanup();
+	return status;
+}

@@ -1,0 +1,109 @@
+/*
+ * node.h - kiln-node: one per host; runs the sandboxes' microVMs for the gateways.
+ *
+ * The node never trusts its caller: every request carries a JWT the gateway signed for it
+ * (aud kiln-node, the tenant, the scopes and the sandbox), which the node verifies against the
+ * gateways' JWKS. It records every sandbox state change in Postgres and registers itself in
+ * `nodes` with its capacity and a heartbeat.
+ */
+#ifndef KILN_NODE_H
+#define KILN_NODE_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <time.h>
+
+#include "api/http.h"
+#include "auth/jwt.h"
+#include "common/config.h"
+#include "common/pg.h"
+#include "netpolicy/netns.h"
+
+struct jwks_cache;
+struct vmm_vm;
+struct agent;
+
+enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
+
+/* A sandbox this node holds. Fields after `lock` change only under it. */
+struct sandbox {
+	char id[48];
+	char tenant_id[AUTH_CLAIM_MAX];
+	char net_id[KILN_NET_ID_MAX + 1];
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	int net_index;
+	int refs;		/* under the registry lock */
+	pthread_mutex_t lock;	/* serialises lifecycle changes (create, delete, pause...) */
+	enum sb_state state;
+	time_t expires_at;	/* seconds since the epoch */
+	struct vmm_vm *vm;
+	struct agent *agent;
+	struct kiln_sbnet net;
+	bool has_net;
+	uid_t uid;
+	bool has_uid;
+	struct sandbox *next;
+};
+
+struct node {
+	struct kiln_config cfg;
+	struct pg *pg;
+	struct http_server *http;
+	struct jwks_cache *keys;
+	char listen_path[108];		/* the Unix socket, when listening on one */
+	char vm_run_root[128];		/* <run_dir>/vm: per-VM sockets and jails */
+	char vm_state_root[512];	/* <data_dir>/vms: per-VM disk layers */
+	const char *accel;		/* "kvm" or "tcg" */
+
+	pthread_mutex_t reg_lock;	/* the registry below and the capacity in use */
+	struct sandbox *sandboxes;
+	unsigned used_vcpu_milli, used_mem_mib, count;
+	volatile bool stopping;
+	pthread_t ticker;
+};
+
+/* --- the registry (sandbox.c) --- */
+
+/* Finds a sandbox and takes a reference; NULL when this node does not hold it. */
+struct sandbox *sb_get(struct node *n, const char *id);
+void sb_put(struct node *n, struct sandbox *sb);
+
+/*
+ * Reserves capacity and a network slot and adds a new sandbox (state creating, one reference
+ * for the caller). KILN_E_NO_CAPACITY when the node is full; KILN_E_CONFLICT when the id exists.
+ */
+enum kiln_err sb_reserve(struct node *n, const char *id, const char *tenant_id,
+			 unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
+			 struct sandbox **out, struct kiln_error *err);
+
+/* Boots the sandbox's VM (cold) and waits for its agent; on failure frees what it made. */
+enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env,
+		      struct kiln_error *err);
+
+/*
+ * Stops the VM and frees every host resource (VM, TAP, netns, cgroup, disk layer, uid), then
+ * removes the sandbox from the registry (the caller's reference stays valid until sb_put).
+ * Called with sb->lock held.
+ */
+void sb_teardown(struct node *n, struct sandbox *sb);
+
+/* Sets the state in memory and in Postgres (with `error` text for SB_ERROR). */
+void sb_set_state(struct node *n, struct sandbox *sb, enum sb_state st, const char *error);
+
+const char *sb_state_name(enum sb_state st);
+
+/* --- the JWKS (keys.c) --- */
+
+struct jwks_cache *jwks_new(const char *gateway_url);
+void jwks_free(struct jwks_cache *k);
+/* Verifies a node token for sandbox `sandbox_id`; refetches the JWKS once on an unknown kid. */
+enum kiln_err jwks_verify(struct jwks_cache *k, const char *token, size_t len,
+			  const char *sandbox_id, struct auth_claims *out, struct kiln_error *err);
+
+/* --- the HTTP API (routes.c) --- */
+
+extern const struct http_route node_routes[];
+extern const size_t node_routes_len;
+bool node_before(struct http_req *req, const struct http_route *route);
+
+#endif

@@ -1,0 +1,1021 @@
+/*
+ * routes.c - kiln-node's HTTP API, called by gateways only (docs/node-api.md).
+ *
+ * Paths mirror the public API (/v1/sandboxes/{id}/...). Every route but /healthz needs a node
+ * token for exactly that sandbox; the sandbox must belong to the token's tenant, or it is 404.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/pump.h"
+#include "auth/bearer.h"
+#include "common/buf.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "vmm/agent.h"
+#include "vmm/hv.h"
+#include "vmm/jail.h"
+#include "vmm/node/node.h"
+
+#define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
+#define EXEC_TIMEOUT_DEFAULT_S 60
+#define EXEC_TIMEOUT_MAX_S 86400
+#define ENV_MAX 128			/* variables in one env object */
+#define ENV_VALUE_MAX 32768		/* bytes of one value */
+
+struct node_auth {
+	struct auth_claims claims;
+};
+
+static void free_ptr(void *p)
+{
+	free(p);
+}
+
+bool node_before(struct http_req *req, const struct http_route *route)
+{
+	struct node *n = http_req_app(req);
+	const char *hdr = http_req_header(req, "Authorization");
+	const char *id = http_req_param(req, "id");
+	struct auth_credential cred;
+	struct kiln_error err = { 0 };
+	struct node_auth *a;
+
+	if (!route->scope)
+		return true;
+	if (!hdr || auth_bearer_parse(hdr, strlen(hdr), &cred, &err) != KILN_OK ||
+	    cred.kind != AUTH_CRED_JWT) {
+		http_reply_error(req, KILN_E_UNAUTHENTICATED, "a node token is required");
+		return false;
+	}
+	a = calloc(1, sizeof(*a));
+	if (!a) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return false;
+	}
+	http_req_set_ctx(req, a, free_ptr);
+	if (jwks_verify(n->keys, cred.value, cred.len, id ? id : "", &a->claims, &err) != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAUTHENTICATED, "%s", err.msg);
+		return false;
+	}
+	log_ctx_set(http_req_id(req), a->claims.tid, id);
+	return true;
+}
+
+static const struct auth_claims *claims_of(struct http_req *req)
+{
+	return &((struct node_auth *)http_req_ctx(req))->claims;
+}
+
+/*
+ * The sandbox of the request, if this node holds it for the token's tenant; replies 404 and
+ * returns NULL otherwise. The caller sb_put()s it.
+ */
+static struct sandbox *request_sandbox(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct sandbox *sb = sb_get(n, id);
+
+	if (sb && strcmp(sb->tenant_id, claims_of(req)->tid) != 0) {
+		sb_put(n, sb);
+		sb = NULL;
+	}
+	if (!sb)
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	return sb;
+}
+
+/* Replies with the sandbox as Postgres has it. */
+static void reply_sandbox(struct http_req *req, int status, const char *id)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	json_t *obj = NULL;
+
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return;
+	}
+	if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1", id) ==
+		    KILN_OK &&
+	    pg_res_rows(res) == 1)
+		obj = json_loads(pg_res_str(res, 0, 0), 0, NULL);
+	pg_res_free(res);
+	pg_release(n->pg, c);
+	if (!obj)
+		http_reply_error(req, KILN_E_INTERNAL, "cannot read the sandbox");
+	else
+		http_reply_json(req, status, obj);
+}
+
+/*
+ * Builds a NULL-terminated "NAME=value" array from a JSON object of strings, checking names
+ * and sizes. Returns NULL and replies 422 when it is bad; *out is the caller's to free (one
+ * allocation). An absent or null object gives an empty array.
+ */
+static char **env_array(struct http_req *req, const json_t *obj, const char *field)
+{
+	size_t n = json_is_object(obj) ? json_object_size(obj) : 0, i = 0, bytes = 0;
+	const char *k;
+	json_t *v;
+	char **arr, *p;
+
+	if (obj && !json_is_null(obj) && !json_is_object(obj)) {
+		http_reply_error(req, KILN_E_BAD_REQUEST, "field \"%s\" must be an object", field);
+		return NULL;
+	}
+	if (n > ENV_MAX) {
+		http_reply_error(req, KILN_E_INVALID, "%s has more than %d variables", field, ENV_MAX);
+		return NULL;
+	}
+	if (n) {
+		json_object_foreach((json_t *)obj, k, v) {
+			size_t kl = strlen(k);
+			bool ok = kl > 0 && kl <= 256 && !(k[0] >= '0' && k[0] <= '9');
+			for (size_t j = 0; ok && j < kl; j++)
+				ok = (k[j] >= 'A' && k[j] <= 'Z') || (k[j] >= 'a' && k[j] <= 'z') ||
+				     (k[j] >= '0' && k[j] <= '9') || k[j] == '_';
+			if (!ok) {
+				http_reply_error(req, KILN_E_INVALID, "%s: bad variable name \"%.64s\"",
+						 field, k);
+				return NULL;
+			}
+			if (!json_is_string(v)) {
+				http_reply_error(req, KILN_E_BAD_REQUEST,
+						 "%s: the value of \"%s\" must be a string", field, k);
+				return NULL;
+			}
+			if (json_string_length(v) > ENV_VALUE_MAX ||
+			    strlen(json_string_value(v)) != json_string_length(v)) {
+				http_reply_error(req, KILN_E_INVALID,
+						 "%s: the value of \"%s\" is too long or holds NUL", field, k);
+				return NULL;
+			}
+			bytes += kl + json_string_length(v) + 2;
+		}
+	}
+	arr = malloc((n + 1) * sizeof(char *) + bytes);
+	if (!arr) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	p = (char *)(arr + n + 1);
+	if (n) {
+		json_object_foreach((json_t *)obj, k, v) {
+			arr[i++] = p;
+			p += sprintf(p, "%s=%s", k, json_string_value(v)) + 1;
+		}
+	}
+	arr[i] = NULL;
+	return arr;
+}
+
+/* ---- POST /v1/sandboxes/{id} ---- */
+
+static void sandbox_create(struct http_req *req)
+{
+	static const struct json_field fields[] = {
+		{ "template", JF_STRING, true, 64 },
+		{ "vcpu_milli", JF_INT, true, 0 },
+		{ "memory_mib", JF_INT, true, 0 },
+		{ "disk_gib", JF_INT, true, 0 },
+		{ "timeout_s", JF_INT, true, 0 },
+		{ "env", JF_OBJECT, false, 0 },
+		{ "metadata", JF_OBJECT, false, 0 },
+	};
+	struct node *n = http_req_app(req);
+	const struct auth_claims *cl = claims_of(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL;
+	char **env = NULL, vcpu[16], mem[16], disk[16], tmo[16], *meta = NULL;
+	struct sandbox *sb = NULL;
+	struct pg_conn *c;
+	enum kiln_err rc;
+
+	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
+	    KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	env = env_array(req, json_object_get(body, "env"), "env");
+	if (!env)
+		goto out;
+	{
+		const struct vmm_spec probe = {
+			.id = id, .node = n->cfg.node_id,
+			.vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0),
+			.mem_mib = (unsigned)json_int(body, "memory_mib", 0),
+			.disk_gib = (unsigned)json_int(body, "disk_gib", 0),
+			.kernel = n->cfg.guest_kernel, .run_dir = "/", .state_dir = "/",
+			.uid = JAIL_UID_MIN, .gid = JAIL_UID_MIN,	/* checked for real at boot */
+		};
+		if (vmm_spec_check(&probe, &err) != KILN_OK) {
+			http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
+			goto out;
+		}
+	}
+	rc = sb_reserve(n, id, cl->tid, (unsigned)json_int(body, "vcpu_milli", 0),
+			(unsigned)json_int(body, "memory_mib", 0), (unsigned)json_int(body, "disk_gib", 0),
+			&sb, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "%s", err.msg);
+		goto out;
+	}
+	pthread_mutex_lock(&sb->lock);
+	snprintf(vcpu, sizeof(vcpu), "%u", sb->vcpu_milli);
+	snprintf(mem, sizeof(mem), "%u", sb->mem_mib);
+	snprintf(disk, sizeof(disk), "%u", sb->disk_gib);
+	snprintf(tmo, sizeof(tmo), "%lld", json_int(body, "timeout_s", 300));
+	meta = json_dumps(json_object_get(body, "metadata") ? json_object_get(body, "metadata")
+							   : json_object(),
+			  JSON_COMPACT);
+	rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK) {
+		char idx[16];
+		snprintf(idx, sizeof(idx), "%d", sb->net_index);
+		rc = PGQ(c, NULL, &err,
+			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+			 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at) "
+			 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
+			 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int))",
+			 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
+			 disk, tmo, meta ? meta : "{}", idx);
+		pg_release(n->pg, c);
+	}
+	if (rc != KILN_OK) {
+		sb_teardown(n, sb);
+		pthread_mutex_unlock(&sb->lock);
+		http_reply_error(req, rc, "%s", rc == KILN_E_CONFLICT ? "the sandbox exists"
+								   : "the database is unavailable");
+		goto out;
+	}
+	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
+	rc = sb_boot(n, sb, (const char *const *)env, &err);
+	if (rc != KILN_OK) {
+		char why[KILN_ERRMSG_MAX];
+		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
+		snprintf(why, sizeof(why), "%s", err.msg);
+		sb_teardown(n, sb);
+		sb_set_state(n, sb, SB_ERROR, why);
+		/* The create failed: the sandbox never existed for the user. */
+		if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+			PGQ(c, NULL, &err,
+			    "UPDATE sandboxes SET deleted_at = now(), net_index = NULL WHERE id = $1", id);
+			pg_release(n->pg, c);
+		}
+		pthread_mutex_unlock(&sb->lock);
+		http_reply_error(req, rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
+				 "the sandbox could not start");
+		goto out;
+	}
+	sb_set_state(n, sb, SB_RUNNING, NULL);
+	pthread_mutex_unlock(&sb->lock);
+	reply_sandbox(req, 201, id);
+out:
+	sb_put(n, sb);
+	free(meta);
+	free(env);
+	json_decref(body);
+}
+
+/* ---- DELETE /v1/sandboxes/{id} ---- */
+
+static void sandbox_delete(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct sandbox *sb = request_sandbox(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (!sb)
+		return;
+	pthread_mutex_lock(&sb->lock);
+	sb_teardown(n, sb);
+	sb->state = SB_STOPPED;
+	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+		PGQ(c, NULL, &err,
+		    "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
+		    "state_changed_at = now() WHERE id = $1",
+		    sb->id);
+		pg_release(n->pg, c);
+	} else {
+		log_error("deletion of \"%s\" not recorded: postgres is unavailable", sb->id);
+	}
+	pthread_mutex_unlock(&sb->lock);
+	log_info("sandbox \"%s\" deleted", sb->id);
+	sb_put(n, sb);
+	http_reply_empty(req, 204);
+}
+
+/* ---- PUT /v1/sandboxes/{id}/timeout ---- */
+
+static void sandbox_timeout(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "timeout_s", JF_INT, true, 0 } };
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL;
+	struct sandbox *sb;
+	struct pg_conn *c;
+	long long t;
+	char tmo[24];
+
+	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	t = json_int(body, "timeout_s", 0);
+	json_decref(body);
+	if (t < 1 || t > 86400) {
+		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
+		return;
+	}
+	sb = request_sandbox(req);
+	if (!sb)
+		return;
+	snprintf(tmo, sizeof(tmo), "%lld", t);
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return;
+	}
+	pthread_mutex_lock(&sb->lock);
+	if (PGQ(c, NULL, &err,
+		"UPDATE sandboxes SET timeout_s = $2::int, expires_at = now() + make_interval(secs => $2::int) "
+		"WHERE id = $1",
+		sb->id, tmo) == KILN_OK)
+		sb->expires_at = time(NULL) + t;
+	pthread_mutex_unlock(&sb->lock);
+	pg_release(n->pg, c);
+	if (err.code) {
+		http_reply_error(req, err.code, "the database is unavailable");
+	} else {
+		reply_sandbox(req, 200, sb->id);
+	}
+	sb_put(n, sb);
+}
+
+/* ---- exec ---- */
+
+/* Appends `len` bytes to `b` as valid UTF-8 (invalid sequences become U+FFFD). */
+static void utf8_append(struct buf *b, const unsigned char *s, size_t len)
+{
+	size_t i = 0;
+
+	while (i < len) {
+		unsigned char c = s[i];
+		size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+		bool ok = need > 0 && i + need <= len;
+
+		for (size_t k = 1; ok && k < need; k++)
+			ok = (s[i + k] & 0xc0) == 0x80;
+		if (ok && need == 2 && c < 0xc2)
+			ok = false;	/* overlong */
+		if (ok && need == 3 && ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] >= 0xa0)))
+			ok = false;	/* overlong or surrogate */
+		if (ok && need == 4 && ((c == 0xf0 && s[i + 1] < 0x90) || c > 0xf4 || (c == 0xf4 && s[i + 1] >= 0x90)))
+			ok = false;
+		if (ok && c == 0)
+			ok = false;	/* keep NUL out of C strings */
+		if (ok) {
+			buf_append(b, s + i, need);
+			i += need;
+		} else {
+			buf_append(b, "\xef\xbf\xbd", 3);
+			i++;
+		}
+	}
+}
+
+struct exec_req {
+	char **argv;		/* owned */
+	char **env;		/* owned (env_array) */
+	char *cwd, *code;	/* owned */
+	unsigned char *stdin_data;
+	size_t stdin_len;
+	uint32_t timeout_ms;
+};
+
+static void exec_req_free(struct exec_req *e)
+{
+	if (!e)
+		return;
+	if (e->argv)
+		for (char **a = e->argv; *a; a++)
+			free(*a);
+	free(e->argv);
+	free(e->env);
+	free(e->cwd);
+	free(e->code);
+	free(e->stdin_data);
+	free(e);
+}
+
+/* Parses the exec body; replies and returns NULL when it is bad. */
+static struct exec_req *exec_parse(struct http_req *req)
+{
+	static const struct json_field fields[] = {
+		{ "cmd", JF_ARRAY, false, 4096 },  { "code", JF_STRING, false, 1 << 20 },
+		{ "language", JF_STRING, false, 16 }, { "stdin", JF_STRING, false, 1 << 20 },
+		{ "env", JF_OBJECT, false, 0 },	   { "cwd", JF_STRING, false, 4096 },
+		{ "timeout_s", JF_INT, false, 0 },
+	};
+	struct kiln_error err = { 0 };
+	size_t len, n;
+	const char *text = http_req_body(req, &len), *lang, *code;
+	json_t *body = NULL, *cmd, *v;
+	struct exec_req *e = NULL;
+	long long t;
+
+	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
+	    KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return NULL;
+	}
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		goto nomem;
+	cmd = json_object_get(body, "cmd");
+	code = json_str(body, "code", NULL);
+	lang = json_str(body, "language", "python");
+	if (!!cmd == !!code || (cmd && json_is_null(cmd))) {
+		http_reply_error(req, KILN_E_INVALID, "give exactly one of cmd and code");
+		goto bad;
+	}
+	if (cmd) {
+		n = json_array_size(cmd);
+		if (n == 0) {
+			http_reply_error(req, KILN_E_INVALID, "cmd must not be empty");
+			goto bad;
+		}
+		e->argv = calloc(n + 1, sizeof(char *));
+		if (!e->argv)
+			goto nomem;
+		for (size_t i = 0; i < n; i++) {
+			v = json_array_get(cmd, i);
+			if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
+				http_reply_error(req, KILN_E_BAD_REQUEST, "cmd must be an array of strings");
+				goto bad;
+			}
+			e->argv[i] = strdup(json_string_value(v));
+			if (!e->argv[i])
+				goto nomem;
+		}
+		if (!e->argv[0][0]) {
+			http_reply_error(req, KILN_E_INVALID, "cmd[0] must not be empty");
+			goto bad;
+		}
+	} else {
+		const char *interp;
+		if (!strcmp(lang, "python"))
+			interp = "python3";
+		else if (!strcmp(lang, "bash"))
+			interp = "bash";
+		else {
+			http_reply_error(req, KILN_E_INVALID, "language must be python or bash");
+			goto bad;
+		}
+		e->argv = calloc(4, sizeof(char *));
+		if (!e->argv || !(e->argv[0] = strdup(interp)) || !(e->argv[1] = strdup("-c")) ||
+		    !(e->argv[2] = strdup(code)))
+			goto nomem;
+	}
+	e->env = env_array(req, json_object_get(body, "env"), "env");
+	if (!e->env)
+		goto bad;
+	if (json_str(body, "cwd", NULL)) {
+		if (json_str(body, "cwd", "")[0] != '/') {
+			http_reply_error(req, KILN_E_INVALID, "cwd must be an absolute path");
+			goto bad;
+		}
+		e->cwd = strdup(json_str(body, "cwd", ""));
+		if (!e->cwd)
+			goto nomem;
+	}
+	if (json_str(body, "stdin", NULL)) {
+		v = json_object_get(body, "stdin");
+		e->stdin_len = json_string_length(v);
+		e->stdin_data = malloc(e->stdin_len + 1);
+		if (!e->stdin_data)
+			goto nomem;
+		memcpy(e->stdin_data, json_string_value(v), e->stdin_len);
+	}
+	t = json_int(body, "timeout_s", EXEC_TIMEOUT_DEFAULT_S);
+	if (t < 1 || t > EXEC_TIMEOUT_MAX_S) {
+		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to %d", EXEC_TIMEOUT_MAX_S);
+		goto bad;
+	}
+	e->timeout_ms = (uint32_t)(t * 1000);
+	json_decref(body);
+	return e;
+nomem:
+	http_reply_error(req, KILN_E_NOMEM, "out of memory");
+bad:
+	exec_req_free(e);
+	json_decref(body);
+	return NULL;
+}
+
+static void agent_req_of(const struct exec_req *e, struct agent_exec_req *a)
+{
+	memset(a, 0, sizeof(*a));
+	a->argv = (const char *const *)e->argv;
+	a->env = (const char *const *)e->env;
+	a->cwd = e->cwd;
+	a->stdin_data = e->stdin_data;
+	a->stdin_len = e->stdin_len;
+	a->timeout_ms = e->timeout_ms;
+}
+
+/*
+ * A VM that stopped answering: state error, and the error kept for the API. Called without
+ * sb->lock.
+ */
+static void sandbox_failed(struct node *n, struct sandbox *sb)
+{
+	struct vmm_status st = { 0 };
+	struct kiln_error err = { 0 };
+
+	pthread_mutex_lock(&sb->lock);
+	if (sb->state == SB_RUNNING && (!sb->vm || vmm_status(sb->vm, &st, &err) != KILN_OK ||
+					!st.alive || !agent_alive(sb->agent))) {
+		log_error("sandbox \"%s\" stopped answering", sb->id);
+		sb_set_state(n, sb, SB_ERROR, "the VM stopped or its agent stopped answering");
+	}
+	pthread_mutex_unlock(&sb->lock);
+}
+
+/* Checks the sandbox runs; replies 409 (or 502 for state error) when it does not. */
+static bool require_running(struct http_req *req, struct sandbox *sb)
+{
+	if (sb->state == SB_RUNNING && sb->agent)
+		return true;
+	if (sb->state == SB_ERROR)
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the sandbox has failed");
+	else
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
+	return false;
+}
+
+struct capture {
+	struct buf out, err;
+	bool out_cut, err_cut;
+};
+
+static int capture_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
+{
+	struct capture *c = ctx;
+	struct buf *b = s == AGENT_STDOUT ? &c->out : &c->err;
+	bool *cut = s == AGENT_STDOUT ? &c->out_cut : &c->err_cut;
+	size_t room = b->max - b->len;
+
+	if (len > room) {
+		*cut = true;
+		len = room;
+	}
+	if (len)
+		buf_append(b, data, len);
+	return 0;
+}
+
+struct sse_job {
+	char request_id[24];
+	struct node *n;
+	struct sandbox *sb;	/* a reference */
+	struct exec_req *e;
+	struct pump *p;
+};
+
+static int sse_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
+{
+	struct sse_job *j = ctx;
+	struct buf b;
+	json_t *ev;
+	char *line;
+	int rc;
+
+	buf_init(&b, len * 3 + 16);
+	utf8_append(&b, data, len);
+	ev = json_pack("{s:s%}", "data", b.data ? b.data : "", b.len);
+	line = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
+	json_decref(ev);
+	buf_release(&b);
+	if (!line)
+		return -1;
+	buf_init(&b, strlen(line) + 64);
+	buf_appendf(&b, "event: %s\ndata: %s\n\n", s == AGENT_STDOUT ? "stdout" : "stderr", line);
+	free(line);
+	rc = pump_write(j->p, b.data, b.len);
+	buf_release(&b);
+	return rc;	/* -1: the client left; the agent stops streaming to us */
+}
+
+static void sse_produce(struct pump *p, void *ctx)
+{
+	struct sse_job *j = ctx;
+	struct agent_exec_req a;
+	struct agent_exec_result r = { 0 };
+	struct kiln_error err = { 0 };
+	enum kiln_err rc;
+	char line[512];
+
+	j->p = p;
+	pump_ready(p, 200, "text/event-stream");
+	agent_req_of(j->e, &a);
+	rc = agent_exec(j->sb->agent, &a, sse_output, j, &r, &err);
+	if (rc == KILN_OK) {
+		snprintf(line, sizeof(line),
+			 "event: exit\ndata: {\"exit_code\":%d,\"timed_out\":%s,\"duration_ms\":%llu}\n\n",
+			 r.exit_code, r.timed_out ? "true" : "false", (unsigned long long)r.duration_ms);
+	} else {
+		if (rc == KILN_E_SANDBOX_FAILED)
+			sandbox_failed(j->n, j->sb);
+		snprintf(line, sizeof(line),
+			 "event: error\ndata: {\"code\":\"%s\",\"message\":\"the exec failed\","
+			 "\"request_id\":\"%s\"}\n\n",
+			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_INTERNAL : rc), j->request_id);
+	}
+	pump_write(p, line, strlen(line));
+}
+
+static void sse_free(void *ctx)
+{
+	struct sse_job *j = ctx;
+
+	exec_req_free(j->e);
+	sb_put(j->n, j->sb);
+	free(j);
+}
+
+static void sandbox_exec(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *accept = http_req_header(req, "Accept");
+	struct exec_req *e = exec_parse(req);
+	struct sandbox *sb;
+	struct agent_exec_req a;
+	struct agent_exec_result r = { 0 };
+	struct kiln_error err = { 0 };
+	struct capture cap;
+	enum kiln_err rc;
+	json_t *out;
+
+	if (!e)
+		return;
+	sb = request_sandbox(req);
+	if (!sb || !require_running(req, sb)) {
+		exec_req_free(e);
+		sb_put(n, sb);
+		return;
+	}
+	if (accept && strstr(accept, "text/event-stream")) {
+		struct sse_job *j = calloc(1, sizeof(*j));
+		struct pump *p;
+
+		if (!j) {
+			exec_req_free(e);
+			sb_put(n, sb);
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+			return;
+		}
+		snprintf(j->request_id, sizeof(j->request_id), "%s", http_req_id(req));
+		j->n = n;
+		j->sb = sb;
+		j->e = e;
+		p = pump_start(sse_produce, j, sse_free);
+		if (!p) {
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+			return;
+		}
+		pump_wait_ready(p, NULL, 0);
+		http_reply_stream(req, 200, "text/event-stream", pump_read, p, pump_release);
+		return;
+	}
+	buf_init(&cap.out, (size_t)n->cfg.exec_output_max);
+	buf_init(&cap.err, (size_t)n->cfg.exec_output_max);
+	cap.out_cut = cap.err_cut = false;
+	agent_req_of(e, &a);
+	rc = agent_exec(sb->agent, &a, capture_output, &cap, &r, &err);
+	if (rc == KILN_OK) {
+		struct buf so, se;
+		buf_init(&so, cap.out.len * 3 + 1);
+		buf_init(&se, cap.err.len * 3 + 1);
+		utf8_append(&so, (const unsigned char *)(cap.out.data ? cap.out.data : ""), cap.out.len);
+		utf8_append(&se, (const unsigned char *)(cap.err.data ? cap.err.data : ""), cap.err.len);
+		out = json_pack("{s:i, s:s%, s:s%, s:I, s:b, s:b, s:b}", "exit_code", r.exit_code,
+				"stdout", so.data ? so.data : "", so.len, "stderr",
+				se.data ? se.data : "", se.len, "duration_ms", (json_int_t)r.duration_ms,
+				"timed_out", r.timed_out, "stdout_truncated", cap.out_cut,
+				"stderr_truncated", cap.err_cut);
+		buf_release(&so);
+		buf_release(&se);
+		http_reply_json(req, 200, out);
+	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE) {
+		http_reply_error(req, rc, "%s", err.msg);
+	} else {
+		sandbox_failed(n, sb);
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the sandbox stopped answering");
+	}
+	buf_release(&cap.out);
+	buf_release(&cap.err);
+	exec_req_free(e);
+	sb_put(n, sb);
+}
+
+/* ---- files ---- */
+
+/* The ?path= of a files request, checked; replies 422 and returns NULL when bad. */
+static const char *file_path(struct http_req *req)
+{
+	const char *path = http_req_query(req, "path");
+
+	if (!path || path[0] != '/' || strlen(path) > 4095) {
+		http_reply_error(req, KILN_E_INVALID,
+				 "path must be an absolute path inside the sandbox");
+		return NULL;
+	}
+	return path;
+}
+
+struct upload {
+	struct node *n;
+	struct sandbox *sb;
+	char path[4096];
+	int wfd;		/* the sink writes the body here */
+	int rfd;		/* the writer thread reads it from here */
+	pthread_t thread;
+	bool started;
+	volatile bool complete;	/* the whole body arrived: the end of the pipe is the file's */
+	enum kiln_err rc;
+	struct kiln_error err;
+};
+
+/*
+ * The writer's source: the pipe. Its end is the end of the file only when the whole body
+ * arrived; otherwise the write is abandoned, and the guest keeps the file as it was.
+ */
+static long upload_source(void *ctx, uint8_t *buf, size_t cap)
+{
+	struct upload *u = ctx;
+	ssize_t n;
+
+	do
+		n = read(u->rfd, buf, cap);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	if (n == 0 && !u->complete)
+		return -ECANCELED;
+	return n;
+}
+
+static void *upload_thread(void *arg)
+{
+	struct upload *u = arg;
+
+	u->rc = agent_file_write(u->sb->agent, u->path, 0644, upload_source, u, FILE_MAX, &u->err);
+	return NULL;
+}
+
+/* Ends the writer: `complete` says whether the body arrived whole. Idempotent. */
+static void upload_finish(struct upload *u, bool complete)
+{
+	if (!u->started)
+		return;
+	u->complete = complete;
+	close(u->wfd);
+	u->wfd = -1;
+	pthread_join(u->thread, NULL);
+	u->started = false;
+}
+
+static void upload_free(void *p)
+{
+	struct upload *u = p;
+
+	upload_finish(u, false);
+	if (u->wfd >= 0)
+		close(u->wfd);
+	if (u->rfd >= 0)
+		close(u->rfd);
+	sb_put(u->n, u->sb);
+	free(u);
+}
+
+/* Starts the writer on the first piece of the body (or at its end, for an empty one). */
+static enum kiln_err upload_begin(struct http_req *req, struct upload **out)
+{
+	struct node *n = http_req_app(req);
+	const char *path = http_req_query(req, "path"), *id = http_req_param(req, "id");
+	struct upload *u;
+	int fds[2];
+
+	*out = http_req_hctx(req);
+	if (*out)
+		return KILN_OK;
+	if (!path || path[0] != '/' || strlen(path) > 4095)
+		return KILN_E_INVALID;
+	u = calloc(1, sizeof(*u));
+	if (!u)
+		return KILN_E_NOMEM;
+	u->n = n;
+	u->wfd = u->rfd = -1;
+	http_req_set_hctx(req, u, upload_free);
+	*out = u;
+	u->sb = sb_get(n, id);
+	if (!u->sb || strcmp(u->sb->tenant_id, claims_of(req)->tid) != 0)
+		return KILN_E_NOT_FOUND;
+	if (u->sb->state != SB_RUNNING || !u->sb->agent)
+		return KILN_E_CONFLICT;
+	snprintf(u->path, sizeof(u->path), "%s", path);
+	if (pipe2(fds, O_CLOEXEC) != 0)
+		return KILN_E_IO;
+	u->rfd = fds[0];
+	u->wfd = fds[1];
+	if (pthread_create(&u->thread, NULL, upload_thread, u) != 0)
+		return KILN_E_NOMEM;
+	u->started = true;
+	return KILN_OK;
+}
+
+static enum kiln_err upload_sink(struct http_req *req, const char *data, size_t len)
+{
+	struct upload *u;
+	enum kiln_err rc = upload_begin(req, &u);
+
+	if (rc != KILN_OK)
+		return rc;
+	while (len) {
+		ssize_t w = write(u->wfd, data, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return KILN_E_SANDBOX_FAILED;	/* the writer stopped: its result says why */
+		data += w;
+		len -= (size_t)w;
+	}
+	return KILN_OK;
+}
+
+static void files_put(struct http_req *req)
+{
+	struct kiln_error serr = { 0 };
+	enum kiln_err src = http_req_stream_error(req, &serr);
+	struct upload *u = http_req_hctx(req);
+	bool ran = u && u->started;
+
+	if (ran)
+		upload_finish(u, src == KILN_OK);
+	if (src == KILN_E_TOO_LARGE)
+		http_reply_error(req, src, "a file is at most 100 MiB");
+	else if (ran && u->rc != KILN_OK && u->rc != KILN_E_IO) {
+		if (u->rc == KILN_E_SANDBOX_FAILED)
+			sandbox_failed(u->n, u->sb);
+		http_reply_error(req, u->rc, "%s", u->err.msg);
+	} else if (src == KILN_E_NOT_FOUND)
+		http_reply_error(req, src, "no sandbox \"%s\"", http_req_param(req, "id"));
+	else if (src == KILN_E_CONFLICT)
+		http_reply_error(req, src, "the sandbox is not running");
+	else if (src == KILN_E_INVALID)
+		http_reply_error(req, src, "path must be an absolute path inside the sandbox");
+	else if (src != KILN_OK || (ran && u->rc != KILN_OK))
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the upload failed");
+	else
+		http_reply_empty(req, 204);
+}
+
+struct download {
+	struct node *n;
+	struct sandbox *sb;
+	char request_id[24];
+	char path[4096];
+	struct pump *p;
+	bool sent;
+};
+
+static int download_sink(void *ctx, const uint8_t *data, size_t len)
+{
+	struct download *d = ctx;
+
+	if (!d->sent) {
+		pump_ready(d->p, 200, "application/octet-stream");
+		d->sent = true;
+	}
+	return pump_write(d->p, data, len);
+}
+
+static void download_produce(struct pump *p, void *ctx)
+{
+	struct download *d = ctx;
+	struct kiln_error err = { 0 };
+	uint64_t size = 0;
+	enum kiln_err rc;
+
+	d->p = p;
+	rc = agent_file_read(d->sb->agent, d->path, download_sink, d, FILE_MAX, &size, &err);
+	if (rc == KILN_OK && !d->sent)
+		pump_ready(p, 200, "application/octet-stream");
+	else if (rc != KILN_OK && !d->sent) {
+		char body[512];
+		json_t *msg = json_string(rc == KILN_E_NOT_FOUND ? "no such file" : err.msg);
+		char *m = json_dumps(msg, JSON_ENCODE_ANY);
+
+		if (rc == KILN_E_SANDBOX_FAILED)
+			sandbox_failed(d->n, d->sb);
+		pump_ready(p, rc == KILN_E_NOT_FOUND ? 404 : rc == KILN_E_INVALID ? 422 : rc == KILN_E_TOO_LARGE ? 413 : 502,
+			   "application/json");
+		snprintf(body, sizeof(body),
+			 "{\"error\":{\"code\":\"%s\",\"message\":%s,\"request_id\":\"%s\"}}",
+			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_SANDBOX_FAILED : rc), m ? m : "\"\"",
+			 d->request_id);
+		free(m);
+		json_decref(msg);
+		pump_write(p, body, strlen(body));
+	}
+	/* An error after bytes were sent can only cut the stream short. */
+}
+
+static void download_free(void *ctx)
+{
+	struct download *d = ctx;
+
+	sb_put(d->n, d->sb);
+	free(d);
+}
+
+static void files_get(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *path = file_path(req);
+	struct download *d;
+	struct sandbox *sb;
+	struct pump *p;
+	char type[128];
+	int status;
+
+	if (!path)
+		return;
+	sb = request_sandbox(req);
+	if (!sb || !require_running(req, sb)) {
+		sb_put(n, sb);
+		return;
+	}
+	d = calloc(1, sizeof(*d));
+	if (!d) {
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	d->n = n;
+	d->sb = sb;
+	snprintf(d->request_id, sizeof(d->request_id), "%s", http_req_id(req));
+	snprintf(d->path, sizeof(d->path), "%s", path);
+	p = pump_start(download_produce, d, download_free);
+	if (!p) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	status = pump_wait_ready(p, type, sizeof(type));
+	http_reply_stream(req, status ? status : 502, type[0] ? type : "application/json", pump_read,
+			  p, pump_release);
+}
+
+static void healthz(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+
+	pthread_mutex_lock(&n->reg_lock);
+	http_reply_json(req, 200,
+			json_pack("{s:s, s:s, s:i, s:i, s:i}", "status", "ok", "node", n->cfg.node_id,
+				  "sandboxes", (int)n->count, "vcpu_milli_used",
+				  (int)n->used_vcpu_milli, "memory_mib_used", (int)n->used_mem_mib));
+	pthread_mutex_unlock(&n->reg_lock);
+}
+
+#define TOKEN 1u	/* the route needs a node token */
+
+const struct http_route node_routes[] = {
+	{ "GET", "/healthz", healthz, 0, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}", sandbox_create, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "DELETE", "/v1/sandboxes/{id}", sandbox_delete, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/timeout", sandbox_timeout, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/files", files_put, TOKEN, HTTP_BODY_STREAM, upload_sink,
+	  FILE_MAX },
+	{ "GET", "/v1/sandboxes/{id}/files", files_get, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+};
+const size_t node_routes_len = sizeof(node_routes) / sizeof(node_routes[0]);

@@ -1,0 +1,297 @@
+/*
+ * sandbox.c - the node's registry of sandboxes and their cold boot and teardown.
+ *
+ * A sandbox here is a microVM (vmm/), its network namespace with the guest's TAP (netpolicy/),
+ * a leased unprivileged uid for its jailed VMM, and an agent connection (vmm/agent.c). Capacity
+ * (sandboxes, vCPUs, memory) and network slots are reserved under the registry lock before any
+ * of that is made, so a full node refuses at once.
+ */
+#include <errno.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "vmm/agent.h"
+#include "vmm/hv.h"
+#include "vmm/jail.h"
+#include "vmm/node/node.h"
+
+static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
+
+const char *sb_state_name(enum sb_state st)
+{
+	return state_names[st];
+}
+
+struct sandbox *sb_get(struct node *n, const char *id)
+{
+	struct sandbox *sb;
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (sb = n->sandboxes; sb; sb = sb->next)
+		if (strcmp(sb->id, id) == 0)
+			break;
+	if (sb)
+		sb->refs++;
+	pthread_mutex_unlock(&n->reg_lock);
+	return sb;
+}
+
+void sb_put(struct node *n, struct sandbox *sb)
+{
+	bool last;
+
+	if (!sb)
+		return;
+	pthread_mutex_lock(&n->reg_lock);
+	last = --sb->refs == 0;
+	pthread_mutex_unlock(&n->reg_lock);
+	if (last) {
+		pthread_mutex_destroy(&sb->lock);
+		free(sb);
+	}
+}
+
+/* Lowest network slot no sandbox of this node uses; called with the registry lock held. */
+static int free_net_index(struct node *n)
+{
+	for (int i = 0; i <= KILN_NET_INDEX_MAX; i++) {
+		bool used = false;
+		for (struct sandbox *sb = n->sandboxes; sb && !used; sb = sb->next)
+			used = sb->net_index == i;
+		if (!used)
+			return i;
+	}
+	return -1;
+}
+
+enum kiln_err sb_reserve(struct node *n, const char *id, const char *tenant_id,
+			 unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
+			 struct sandbox **out, struct kiln_error *err)
+{
+	struct sandbox *sb = calloc(1, sizeof(*sb)), *it;
+	enum kiln_err rc = KILN_OK;
+
+	*out = NULL;
+	if (!sb)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	snprintf(sb->id, sizeof(sb->id), "%s", id);
+	snprintf(sb->tenant_id, sizeof(sb->tenant_id), "%s", tenant_id);
+	/* The network id names the netns and the host veth (15 bytes): the id's random part. */
+	snprintf(sb->net_id, sizeof(sb->net_id), "%s", strchr(id, '_') ? strchr(id, '_') + 1 : id);
+	sb->vcpu_milli = vcpu_milli;
+	sb->mem_mib = mem_mib;
+	sb->disk_gib = disk_gib;
+	sb->state = SB_CREATING;
+	sb->refs = 2;	/* the registry's and the caller's */
+	pthread_mutex_init(&sb->lock, NULL);
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (it = n->sandboxes; it; it = it->next)
+		if (!strcmp(it->id, id) || !strcmp(it->net_id, sb->net_id))
+			rc = kiln_error_set(err, KILN_E_CONFLICT, "sandbox \"%s\" exists", id);
+	if (rc == KILN_OK && (n->count + 1 > (unsigned)n->cfg.node_max_sandboxes ||
+			      n->used_vcpu_milli + vcpu_milli > (unsigned)n->cfg.node_vcpu_milli ||
+			      n->used_mem_mib + mem_mib > (unsigned)n->cfg.node_memory_mib))
+		rc = kiln_error_set(err, KILN_E_NO_CAPACITY, "this node is full");
+	if (rc == KILN_OK) {
+		sb->net_index = free_net_index(n);
+		if (sb->net_index < 0)
+			rc = kiln_error_set(err, KILN_E_NO_CAPACITY, "no network slot left");
+	}
+	if (rc == KILN_OK) {
+		n->count++;
+		n->used_vcpu_milli += vcpu_milli;
+		n->used_mem_mib += mem_mib;
+		sb->next = n->sandboxes;
+		n->sandboxes = sb;
+	}
+	pthread_mutex_unlock(&n->reg_lock);
+	if (rc != KILN_OK) {
+		pthread_mutex_destroy(&sb->lock);
+		free(sb);
+		return rc;
+	}
+	*out = sb;
+	return KILN_OK;
+}
+
+/* Takes `sb` out of the registry and gives its capacity back. */
+static void sb_unregister(struct node *n, struct sandbox *sb)
+{
+	struct sandbox **pp;
+	bool found = false;
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (pp = &n->sandboxes; *pp; pp = &(*pp)->next) {
+		if (*pp == sb) {
+			*pp = sb->next;
+			found = true;
+			break;
+		}
+	}
+	if (found) {
+		n->count--;
+		n->used_vcpu_milli -= sb->vcpu_milli;
+		n->used_mem_mib -= sb->mem_mib;
+		sb->refs--;
+	}
+	pthread_mutex_unlock(&n->reg_lock);
+	if (found && sb->refs == 0) {
+		/* Cannot happen while the caller holds its reference; kept for safety. */
+		pthread_mutex_destroy(&sb->lock);
+		free(sb);
+	}
+}
+
+void sb_set_state(struct node *n, struct sandbox *sb, enum sb_state st, const char *error)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	sb->state = st;
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
+		log_error("state of \"%s\" not recorded: postgres is unavailable", sb->id);
+		return;
+	}
+	if (PGQ(c, NULL, &err,
+		"UPDATE sandboxes SET state = $2, error = $3, state_changed_at = now() "
+		"WHERE id = $1 AND node_id = $4",
+		sb->id, sb_state_name(st), error, n->cfg.node_id) != KILN_OK)
+		log_error("state of \"%s\" not recorded: %s", sb->id, err.msg);
+	pg_release(n->pg, c);
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+static void rm_tree(const char *dir)
+{
+	if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
+		log_warn("cannot remove \"%s\": %s", dir, strerror(errno));
+}
+
+static void vm_dirs(struct node *n, const struct sandbox *sb, char *run_dir, size_t rlen,
+		    char *state_dir, size_t slen)
+{
+	snprintf(run_dir, rlen, "%s/%s", n->vm_run_root, sb->id);
+	snprintf(state_dir, slen, "%s/%s", n->vm_state_root, sb->id);
+}
+
+void sb_teardown(struct node *n, struct sandbox *sb)
+{
+	struct kiln_error err = { 0 };
+	char run_dir[256], state_dir[640];
+
+	if (sb->agent) {
+		agent_free(sb->agent);
+		sb->agent = NULL;
+	}
+	if (sb->vm) {
+		if (vmm_destroy(sb->vm, &err) != KILN_OK)
+			log_warn("destroying the VM of \"%s\": %s", sb->id, err.msg);
+		sb->vm = NULL;
+	}
+	if (sb->has_net) {
+		kiln_error_clear(&err);
+		if (kiln_sbnet_destroy(sb->net_id, &err) != KILN_OK)
+			log_warn("removing the network of \"%s\": %s", sb->id, err.msg);
+		sb->has_net = false;
+	}
+	if (sb->has_uid) {
+		jail_uid_release(JAIL_LEASE_DIR, sb->uid);
+		sb->has_uid = false;
+	}
+	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
+	rm_tree(run_dir);
+	rm_tree(state_dir);
+	sb_unregister(n, sb);
+}
+
+/* NULL-terminated "NAME=value" array of `env` (borrowed strings), or NULL. */
+enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env,
+		      struct kiln_error *err)
+{
+	char run_dir[256], state_dir[640], netns_path[64], hostname[64];
+	unsigned char entropy[64];
+	struct agent_hello_info hello;
+	struct vmm_spec spec = { 0 };
+	struct agent_identity ident = { 0 };
+	struct kiln_sbnet_config netcfg = { 0 };
+	struct timespec now;
+	enum kiln_err rc;
+	int r;
+
+	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
+	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, sb->id, &sb->uid);
+	if (r < 0)
+		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
+				      strerror(-r));
+	sb->has_uid = true;
+
+	netcfg.id = sb->net_id;
+	netcfg.index = (uint32_t)sb->net_index;
+	netcfg.tap_uid = (int)sb->uid;
+	rc = kiln_sbnet_create(&netcfg, &sb->net, err);
+	if (rc != KILN_OK)
+		return rc;
+	sb->has_net = true;
+	snprintf(netns_path, sizeof(netns_path), "/run/netns/%s", sb->net.netns);
+
+	spec.id = sb->id;
+	spec.node = n->cfg.node_id;
+	spec.vcpu_milli = sb->vcpu_milli;
+	spec.mem_mib = sb->mem_mib;
+	spec.disk_gib = sb->disk_gib;
+	spec.kernel = n->cfg.guest_kernel;
+	spec.initrd = n->cfg.guest_initrd;
+	spec.rootfs = n->cfg.guest_rootfs;
+	spec.cmdline_extra = n->cfg.guest_cmdline;
+	spec.netns_path = netns_path;
+	spec.tap = KILN_NET_TAP;
+	spec.run_dir = run_dir;
+	spec.state_dir = state_dir;
+	spec.uid = sb->uid;
+	spec.gid = sb->uid;
+	spec.tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
+	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
+	if (rc != KILN_OK)
+		return rc;
+
+	sb->agent = agent_connect(vmm_agent_socket(sb->vm), 10000, err);
+	if (!sb->agent)
+		return err->code ? err->code : KILN_E_SANDBOX_FAILED;
+	rc = agent_hello(sb->agent, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
+	if (rc != KILN_OK)
+		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the guest did not start");
+
+	/* A fresh identity: host name, id, clock, entropy from the host, the requested env. */
+	snprintf(hostname, sizeof(hostname), "%s", sb->id);
+	for (char *p = hostname; *p; p++)
+		if (*p == '_')
+			*p = '-';
+	if (getrandom(entropy, sizeof(entropy), 0) != (ssize_t)sizeof(entropy))
+		return kiln_error_set(err, KILN_E_INTERNAL, "no entropy");
+	clock_gettime(CLOCK_REALTIME, &now);
+	ident.hostname = hostname;
+	ident.sandbox_id = sb->id;
+	ident.wall_clock_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
+	ident.entropy = entropy;
+	ident.entropy_len = sizeof(entropy);
+	ident.env = env;
+	rc = agent_set_identity(sb->agent, &ident, err);
+	explicit_bzero(entropy, sizeof(entropy));
+	if (rc != KILN_OK)
+		return rc == KILN_E_INVALID ? rc : kiln_error_set(err, KILN_E_SANDBOX_FAILED,
+								   "the guest refused its identity");
+	log_info("sandbox \"%s\" booted (kernel %s)", sb->id, hello.kernel_release);
+	return KILN_OK;
+}
