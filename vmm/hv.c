@@ -12,7 +12,8 @@ struct vmm_vm {
 	struct hv_vm *hv;
 };
 
-static const struct hv_ops *const drivers[] = { &hv_qemu_ops };
+extern const struct hv_ops hv_firecracker_ops;	/* vmm/firecracker.c */
+static const struct hv_ops *const drivers[] = { &hv_qemu_ops, &hv_firecracker_ops };
 
 const struct hv_ops *hv_find(const char *name)
 {
