@@ -1,5 +1,5 @@
 /*
- * snapshot.c - snapshot manifests (sizes and sha256-1m digests of every file, what the snapshot was
+ * snapshot.c - snapshot manifests (sizes and sha256-4k-1m digests of every file, what the snapshot was
  * taken under), their verification before a restore, and the encrypted packed object a snapshot
  * becomes before it leaves the node (snapshot.h; formats in docs/snapshots.md).
  *
@@ -27,11 +27,12 @@
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "auth/crypto.h"
 
 #define MANIFEST_NAME "manifest.json"
-#define PAGE 4096u			/* bytes: granularity of zero runs in packed objects */
+#define PAGE SNAPSHOT_DIGEST_PAGE	/* bytes: digest leaves; granularity of zero runs in packed objects */
 
 /* Packed object (docs/snapshots.md, "Packed object"). Integers are big-endian. */
 #define PACK_MAGIC "KILNSNAP"
@@ -324,27 +325,136 @@ static enum kiln_err list_files(const char *dir, bool with_manifest,
 	return rc;
 }
 
-/* ---- sha256-1m digests ---- */
+/* ---- sha256-4k-1m digests ---- */
 
 static bool sha256(const void *p, size_t n, unsigned char out[32])
 {
-	return EVP_Digest(p, n, out, NULL, EVP_sha256(), NULL) == 1;
+	return SHA256(p, n, out) != NULL;
 }
 
 /*
- * The sha256-1m digest of the `size` bytes of open file `fd`: SHA-256 over the SHA-256 of each
- * 1 MiB chunk. A chunk inside a hole is not read; one that reads as all zeros is not hashed (its
- * digest is computed once).
+ * The extent of a file that holds one offset: [start, end), data or hole. Each extent is looked up
+ * once (SEEK_HOLE on tmpfs walks the page cache up to the next hole: asking per chunk would make a
+ * large all-data file quadratic).
+ */
+struct extent {
+	off_t start, end;
+	bool data;
+};
+
+static void extent_find(int fd, off_t pos, off_t size, struct extent *e)
+{
+	off_t d;
+
+	if (pos >= e->start && pos < e->end)
+		return;
+	d = next_data(fd, pos, size);
+	e->start = pos;
+	if (d > pos) {
+		e->end = d;
+		e->data = false;
+	} else {
+		e->end = next_hole(fd, pos, size);
+		if (e->end <= pos)
+			e->end = size;	/* no SEEK_HOLE answer: data to the end */
+		e->data = true;
+	}
+}
+
+/*
+ * Reads `len` bytes at `off` into `buf`, reading only the data extents: holes are filled with zeros
+ * without a read (reading a hole costs on some file systems). *all_hole tells that nothing was read.
+ * Returns 0 or a negative errno (-ENODATA when the file ends early).
+ */
+static int read_extents(int fd, unsigned char *buf, size_t len, off_t off, off_t size, struct extent *e,
+			bool *all_hole)
+{
+	off_t pos = off, end = off + (off_t)len;
+
+	*all_hole = true;
+	while (pos < end) {
+		off_t stop;
+		int r;
+
+		extent_find(fd, pos, size, e);
+		stop = e->end < end ? e->end : end;
+		if (!e->data) {
+			if (stop == end && pos == off) {
+				pos = end;	/* the whole range is a hole: leave `buf` alone */
+				break;
+			}
+			memset(buf + (pos - off), 0, (size_t)(stop - pos));
+		} else {
+			if (*all_hole && pos > off)
+				memset(buf, 0, (size_t)(pos - off));
+			*all_hole = false;
+			if ((r = pread_full(fd, buf + (pos - off), (size_t)(stop - pos), pos)) < 0)
+				return r;
+		}
+		pos = stop;
+	}
+	return 0;
+}
+
+/* Digests of an all-zero page and an all-zero full chunk, computed once per digest_fd call. */
+struct zero_digests {
+	unsigned char page[32], chunk[32];
+};
+
+static void zero_digests_init(struct zero_digests *z)
+{
+	static const unsigned char zeros[PAGE];
+	unsigned char pages[SNAPSHOT_DIGEST_CHUNK / PAGE][32];
+
+	sha256(zeros, sizeof(zeros), z->page);
+	for (size_t i = 0; i < SNAPSHOT_DIGEST_CHUNK / PAGE; i++)
+		memcpy(pages[i], z->page, 32);
+	sha256(pages, sizeof(pages), z->chunk);
+}
+
+/*
+ * The digest of one chunk of `len` bytes: SHA-256 over the SHA-256 of each of its 4 KiB pages (the
+ * last may be shorter). `buf` NULL means the chunk is a hole. Zero pages use the precomputed digest.
+ */
+static void chunk_digest(const unsigned char *buf, size_t len, const struct zero_digests *z,
+			 unsigned char out[32])
+{
+	static const unsigned char zeros[PAGE];
+	unsigned char pages[SNAPSHOT_DIGEST_CHUNK / PAGE][32];
+	size_t n = 0;
+
+	if (len == SNAPSHOT_DIGEST_CHUNK && (!buf || all_zero(buf, len))) {
+		memcpy(out, z->chunk, 32);
+		return;
+	}
+	for (size_t off = 0; off < len; off += PAGE, n++) {
+		size_t plen = len - off < PAGE ? len - off : PAGE;
+
+		if (!buf || all_zero(buf + off, plen)) {
+			if (plen == PAGE)
+				memcpy(pages[n], z->page, 32);
+			else
+				sha256(zeros, plen, pages[n]);
+		} else {
+			sha256(buf + off, plen, pages[n]);
+		}
+	}
+	sha256(pages, n * 32, out);
+}
+
+/*
+ * The sha256-4k-1m digest of the `size` bytes of open file `fd` (snapshot.h). A chunk inside a
+ * hole is not read; zero pages and zero chunks are not hashed.
  */
 static enum kiln_err digest_fd(int fd, const char *name, uint64_t size, char hex[65],
 			       struct kiln_error *err)
 {
 	unsigned char *buf = malloc(SNAPSHOT_DIGEST_CHUNK);
-	unsigned char zero_full[32], d[32];
-	bool have_zero_full = false;
+	unsigned char d[32];
+	struct zero_digests z;
 	EVP_MD_CTX *outer = EVP_MD_CTX_new();
 	enum kiln_err rc = KILN_OK;
-	off_t data_at = 0;	/* [off, data_at) is known to be a hole */
+	struct extent ext = { 0, 0, false };
 	uint64_t off = 0;
 	unsigned int dlen;
 
@@ -352,37 +462,18 @@ static enum kiln_err digest_fd(int fd, const char *name, uint64_t size, char hex
 		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory hashing '%s'", name);
 		goto out;
 	}
+	zero_digests_init(&z);
 	while (off < size) {
 		size_t len = size - off < SNAPSHOT_DIGEST_CHUNK ? (size_t)(size - off) : SNAPSHOT_DIGEST_CHUNK;
-		bool zero;
+		bool hole;
+		int r = read_extents(fd, buf, len, (off_t)off, (off_t)size, &ext, &hole);
 
-		if ((off_t)off >= data_at)
-			data_at = next_data(fd, (off_t)off, (off_t)size);
-		zero = (uint64_t)data_at >= off + len;	/* the whole chunk is a hole */
-		if (!zero) {
-			int r = pread_full(fd, buf, len, (off_t)off);
-
-			if (r < 0) {
-				rc = r == -ENODATA ? kiln_error_set(err, KILN_E_IO, "file '%s' shrank while being hashed", name)
-						   : os_err(err, r, "cannot read", name);
-				goto out;
-			}
-			zero = all_zero(buf, len);
+		if (r < 0) {
+			rc = r == -ENODATA ? kiln_error_set(err, KILN_E_IO, "file '%s' shrank while being hashed", name)
+					   : os_err(err, r, "cannot read", name);
+			goto out;
 		}
-		if (zero && len == SNAPSHOT_DIGEST_CHUNK) {
-			if (!have_zero_full) {
-				memset(buf, 0, len);
-				have_zero_full = sha256(buf, len, zero_full);
-			}
-			memcpy(d, zero_full, sizeof(d));
-		} else {
-			if (zero)
-				memset(buf, 0, len);
-			if (!sha256(buf, len, d)) {
-				rc = kiln_error_set(err, KILN_E_INTERNAL, "sha-256 failed");
-				goto out;
-			}
-		}
+		chunk_digest(hole ? NULL : buf, len, &z, d);
 		if (EVP_DigestUpdate(outer, d, sizeof(d)) != 1) {
 			rc = kiln_error_set(err, KILN_E_INTERNAL, "sha-256 failed");
 			goto out;
@@ -456,7 +547,7 @@ static int read_capped(const char *path, size_t max, char **out, size_t *len)
 
 /* The fields snapshot.c owns in manifest.json; every other key belongs to the driver. */
 static const char *const owned_keys[] = {
-	"format", "digest", "hypervisor", "hypervisor_version", "machine", "accel", "image_hash",
+	"format", "digest_alg", "hypervisor", "hypervisor_version", "machine", "accel", "image_hash",
 	"vcpu_milli", "mem_mib", "disk_gib", "agent_protocol", "created_at", "files",
 };
 
@@ -522,7 +613,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 	}
 	/* pick_str may point into base: build the new object before dropping keys from it */
 	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}",
-			      "format", SNAPSHOT_FORMAT, "digest", SNAPSHOT_DIGEST_ALG, "hypervisor", hv,
+			      "format", SNAPSHOT_FORMAT, "digest_alg", SNAPSHOT_DIGEST_ALG, "hypervisor", hv,
 			      "hypervisor_version", hv_ver, "machine", machine, "accel", accel,
 			      "image_hash", image, "vcpu_milli", (json_int_t)meta->vcpu_milli,
 			      "mem_mib", (json_int_t)meta->mem_mib, "disk_gib", (json_int_t)meta->disk_gib,
@@ -554,7 +645,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 		if ((rc = snapshot_file_digest(fpath, hex, &size, err)) != KILN_OK)
 			goto out;
 		if (json_object_set_new(files, names[i],
-					json_pack("{s:I, s:s}", "size", (json_int_t)size, "sha256_1m", hex)) < 0) {
+					json_pack("{s:I, s:s}", "size", (json_int_t)size, "digest", hex)) < 0) {
 			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 			goto out;
 		}
@@ -660,7 +751,7 @@ static enum kiln_err manifest_load(const char *dir, struct snapshot_meta *meta, 
 		return rc;
 	}
 	fmt = json_object_get(m, "format");
-	alg = json_string_value(json_object_get(m, "digest"));
+	alg = json_string_value(json_object_get(m, "digest_alg"));
 	if (!json_is_integer(fmt) || json_integer_value(fmt) != SNAPSHOT_FORMAT) {
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': unknown manifest format %lld (this node reads %d)",
 				    dir, json_is_integer(fmt) ? (long long)json_integer_value(fmt) : -1LL,
@@ -698,7 +789,7 @@ static enum kiln_err manifest_load(const char *dir, struct snapshot_meta *meta, 
 	json_object_foreach(files, key, v) {
 		struct snapshot_file *f = &meta->files[meta->n_files];
 		json_t *size = json_object_get(v, "size");
-		const char *hex = json_string_value(json_object_get(v, "sha256_1m"));
+		const char *hex = json_string_value(json_object_get(v, "digest"));
 
 		if (!name_ok(key) || strcmp(key, MANIFEST_NAME) == 0 || !json_is_integer(size) ||
 		    json_integer_value(size) < 0 || !hex || strlen(hex) != 64 ||

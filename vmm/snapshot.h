@@ -11,8 +11,10 @@
  * encrypted with a per-object data key wrapped by the master key for one tenant; snapshot_unpack()
  * turns such an object back into a directory. docs/snapshots.md describes the formats.
  *
- * File digests are "sha256-1m": SHA-256 over the SHA-256 digests of the file's consecutive 1 MiB
- * chunks (the last one shorter), so that chunks which are holes or all zeros are never read or hashed.
+ * File digests are "sha256-4k-1m", a two-level SHA-256 tree: each 1 MiB chunk's digest is the
+ * SHA-256 of the SHA-256 digests of its 4 KiB pages, the file's digest the SHA-256 of its chunks'
+ * digests (last page and chunk may be shorter; an empty file gives SHA-256 of nothing). Zero pages
+ * and zero chunks have fixed digests, so holes are never read and zero pages never hashed.
  *
  * Every function returns an enum kiln_err and fills `err` (first error wins) on failure.
  */
@@ -24,8 +26,9 @@
 #include "common/err.h"
 
 #define SNAPSHOT_FORMAT 1			/* manifest format this code writes and reads */
-#define SNAPSHOT_DIGEST_ALG "sha256-1m"
-#define SNAPSHOT_DIGEST_CHUNK (1u << 20)	/* bytes per hashed chunk */
+#define SNAPSHOT_DIGEST_ALG "sha256-4k-1m"
+#define SNAPSHOT_DIGEST_CHUNK (1u << 20)	/* bytes per chunk of the digest tree */
+#define SNAPSHOT_DIGEST_PAGE 4096u		/* bytes per leaf of the digest tree */
 #define SNAPSHOT_FILES_MAX 16			/* files in one snapshot directory */
 #define SNAPSHOT_NAME_MAX 64			/* bytes of a file name, terminator included */
 #define SNAPSHOT_STR_MAX 128			/* bytes of a manifest string, terminator included */
@@ -34,7 +37,7 @@
 struct snapshot_file {
 	char name[SNAPSHOT_NAME_MAX];	/* plain name inside the directory: [A-Za-z0-9._-], no '/' */
 	uint64_t size;			/* bytes */
-	char digest[65];		/* sha256-1m, lowercase hex */
+	char digest[65];		/* sha256-4k-1m, lowercase hex */
 };
 
 /*
@@ -95,8 +98,8 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
 			      struct snapshot_meta *out, struct kiln_error *err);
 
 /*
- * Computes the sha256-1m digest of the file at `path` into `hex` (65 bytes) and its size into
- * `*size` (may be NULL). Streams one chunk at a time; holes and all-zero chunks cost no hashing.
+ * Computes the sha256-4k-1m digest of the file at `path` into `hex` (65 bytes) and its size into
+ * `*size` (may be NULL). Streams one chunk at a time; holes are not read, zero pages not hashed.
  */
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err);

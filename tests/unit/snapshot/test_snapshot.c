@@ -161,7 +161,10 @@ static bool msg_has(const struct kiln_error *err, const char *s)
 	return false;
 }
 
-/* The sha256-1m digest computed the plain way: read every byte, hash each 1 MiB, hash the digests. */
+/*
+ * The sha256-4k-1m digest computed the plain way: read every byte; per 1 MiB chunk, hash the
+ * digests of its 4 KiB pages; hash the chunks' digests.
+ */
 static void reference_digest(const char *path, char hex[65])
 {
 	unsigned char *buf = malloc(MIB), d[32];
@@ -172,7 +175,12 @@ static void reference_digest(const char *path, char hex[65])
 
 	EVP_DigestInit_ex(outer, EVP_sha256(), NULL);
 	while ((n = fread(buf, 1, MIB, f)) > 0) {
-		EVP_Digest(buf, n, d, NULL, EVP_sha256(), NULL);
+		unsigned char pages[256][32];
+		size_t k = 0;
+
+		for (size_t off = 0; off < n; off += 4096, k++)
+			EVP_Digest(buf + off, n - off < 4096 ? n - off : 4096, pages[k], NULL, EVP_sha256(), NULL);
+		EVP_Digest(pages, k * 32, d, NULL, EVP_sha256(), NULL);
 		EVP_DigestUpdate(outer, d, 32);
 	}
 	EVP_DigestFinal_ex(outer, d, &len);
@@ -191,7 +199,8 @@ static void test_digest_equals_plain_reading(void)
 	struct kiln_error err = { 0 };
 
 	write_at(path, 3 * MIB + 17, 10000, 4);
-	CHECK(truncate(path, 9 * MIB + 12345) == 0);	/* a partial last chunk, in a hole */
+	CHECK(truncate(path, 9 * MIB + 12345) == 0);	/* a partial last chunk and page, in a hole */
+	write_at(path, 9 * MIB + 4096, 5, 6);	/* a data page in the last chunk */
 	{
 		/* written zeros in a data extent hash like a hole */
 		int fd = open(path, O_WRONLY);
@@ -240,7 +249,7 @@ static void test_manifest_written_and_verified(void)
 	CHECK(m != NULL);
 	CHECK_STR(json_string_value(json_object_get(m, "memory")), "shared");
 	CHECK(json_is_array(json_object_get(m, "disk_chain")));
-	CHECK_STR(json_string_value(json_object_get(m, "digest")), "sha256-1m");
+	CHECK_STR(json_string_value(json_object_get(m, "digest_alg")), "sha256-4k-1m");
 	json_decref(m);
 	snprintf(path, sizeof(path), "%s/manifest.json.tmp", dir);
 	CHECK(!exists(path));
@@ -375,7 +384,7 @@ static void test_verify_refuses_unknown_format(void)
 
 	kiln_error_clear(&err);
 	manifest_set(dir, "format", "1");
-	manifest_set(dir, "digest", "\"md5\"");
+	manifest_set(dir, "digest_alg", "\"md5\"");
 	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_E_INVALID);
 	CHECK(msg_has(&err, "unknown digest"));
 
@@ -398,7 +407,7 @@ static void test_verify_refuses_bad_file_entry(void)
 	struct kiln_error err = { 0 };
 
 	/* a name that would leave the directory */
-	manifest_set(dir, "files", "{\"../etc/passwd\": {\"size\": 1, \"sha256_1m\": "
+	manifest_set(dir, "files", "{\"../etc/passwd\": {\"size\": 1, \"digest\": "
 				   "\"0000000000000000000000000000000000000000000000000000000000000000\"}}");
 	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_E_INVALID);
 	CHECK(msg_has(&err, "malformed"));
