@@ -26,6 +26,8 @@ unsigned char gw_pepper[32];
 #define KEY_CACHE_SLOTS 4096
 #define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key */
 #define IDEM_KEY_MAX 255
+#define IDEM_WAIT_MS 2000	/* how long a retry waits for the first request's response */
+#define IDEM_POLL_MS 10
 
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
@@ -247,6 +249,59 @@ static void idempotency_replay(struct gateway *gw, struct http_req *req,
 }
 
 /*
+ * Answers a request whose Idempotency-Key is taken: 422 for another request, the stored
+ * response for the same one, 409 while the first is still running. The first request stores
+ * its response in the done hook, just after its reply went out, so a client that retries at
+ * once can find the record still open for a moment: wait up to IDEM_WAIT_MS for it (without
+ * holding a connection the first request needs) before answering 409. Always returns false.
+ */
+static bool idempotency_existing(struct gateway *gw, struct http_req *req, struct req_state *st,
+				 const char *key, const char *sum)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+	bool same = false, done = false;
+
+	for (int waited = 0;; waited += IDEM_POLL_MS) {
+		rc = pg_acquire(gw->pg, &c, &err);
+		if (rc != KILN_OK)
+			break;
+		pg_res_free(res);
+		res = NULL;
+		rc = PGQ(c, &res, &err,
+			 "SELECT method, path, body_sha256, status, response FROM idempotency "
+			 "WHERE tenant_id = $1 AND key = $2",
+			 st->who.tenant_id, key);
+		pg_release(gw->pg, c);
+		if (rc != KILN_OK || pg_res_rows(res) != 1)
+			break;
+		same = !strcmp(pg_res_str(res, 0, 0), http_req_method(req)) &&
+		       !strcmp(pg_res_str(res, 0, 1), http_req_path(req)) &&
+		       !strcmp(pg_res_str(res, 0, 2), sum);
+		done = pg_res_get(res, 0, 3) != NULL;
+		if (!same || done || waited >= IDEM_WAIT_MS)
+			break;
+		nanosleep(&(struct timespec){ 0, IDEM_POLL_MS * 1000000L }, NULL);
+	}
+	if (rc != KILN_OK)
+		http_reply_error(req, rc, "the database is unavailable");
+	else if (pg_res_rows(res) != 1)
+		/* The first request failed (5xx) and freed the key meanwhile: let the client retry. */
+		http_reply_error(req, KILN_E_CONFLICT, "retry the request");
+	else if (!same)
+		http_reply_error(req, KILN_E_INVALID, "Idempotency-Key was used with a different request");
+	else if (!done)
+		http_reply_error(req, KILN_E_CONFLICT,
+				 "a request with this Idempotency-Key is in progress");
+	else
+		idempotency_replay(gw, req, st, (int)pg_res_int(res, 0, 3, 200), pg_res_str(res, 0, 4));
+	pg_res_free(res);
+	return false;
+}
+
+/*
  * Claims the Idempotency-Key of a mutating POST. Returns true when the request should run (a
  * first use; st->idem_key is then set); false after replying (a replay, a mismatch, a request
  * with the same key still running, or a database error).
@@ -291,27 +346,8 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 	} else if (rc == KILN_OK) {
 		pg_res_free(res);
 		res = NULL;
-		rc = PGQ(c, &res, &err,
-			 "SELECT method, path, body_sha256, status, response FROM idempotency "
-			 "WHERE tenant_id = $1 AND key = $2",
-			 st->who.tenant_id, key);
-		if (rc == KILN_OK && pg_res_rows(res) == 1) {
-			if (strcmp(pg_res_str(res, 0, 0), http_req_method(req)) ||
-			    strcmp(pg_res_str(res, 0, 1), http_req_path(req)) ||
-			    strcmp(pg_res_str(res, 0, 2), sum)) {
-				http_reply_error(req, KILN_E_INVALID,
-						 "Idempotency-Key was used with a different request");
-			} else if (!pg_res_get(res, 0, 3)) {
-				http_reply_error(req, KILN_E_CONFLICT,
-						 "a request with this Idempotency-Key is in progress");
-			} else {
-				idempotency_replay(gw, req, st, (int)pg_res_int(res, 0, 3, 200),
-						   pg_res_str(res, 0, 4));
-			}
-		} else if (rc == KILN_OK) {
-			/* Deleted between the two statements: let the client retry. */
-			http_reply_error(req, KILN_E_CONFLICT, "retry the request");
-		}
+		pg_release(gw->pg, c);
+		return idempotency_existing(gw, req, st, key, sum);
 	}
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "the database is unavailable");
