@@ -1,0 +1,103 @@
+"""GET /v1/audit: the tenant's mutating requests, newest first, with cursor paging, and no other
+tenant's entries."""
+import unittest
+
+from authtest import GatewayCase, bearer, jwt_parts
+
+
+class AuditTests(GatewayCase):
+    def setUp(self):
+        super().setUp()
+        self.tid, self.key, self.h = self.new_tenant("audited")
+        _, other, self.other = self.new_tenant("neighbour")
+        self.other_key = other["id"]
+
+    def test_mutations_appear_newest_first_with_key_route_object_and_status(self):
+        _, k, h = self.new_tenant("fresh")
+        # Reads are not audited.
+        self.expect(self.call("GET", "/v1/api-keys", headers=h), 200)
+        made = self.new_key(h, ["sandbox:read", "keys:write"], name="second")
+        second = bearer(made["key"])
+        r = self.expect(self.call("POST", "/v1/tokens", {"ttl_s": 60}, h), 201)
+        tok = r.json()["token"]
+        jti = jwt_parts(tok)[1]["jti"]
+        self.expect(self.call("POST", "/v1/api-keys", {"name": "x", "scopes": ["nope"]}, h), 422)
+        self.expect(self.call("DELETE", "/v1/api-keys/key_missing", headers=second), 404)
+        # A request through a JWT is recorded under the key the token came from.
+        third = self.expect(self.call("POST", "/v1/api-keys", {"name": "by-jwt", "scopes": ["sandbox:read"]},
+                                      bearer(tok)), 201).json()
+        self.expect(self.call("DELETE", f"/v1/api-keys/{made['id']}", headers=h), 204)
+        # A refused scope is recorded as well: the key was known.
+        self.expect(self.call("POST", "/v1/tokens", {"scopes": ["admin"]}, h), 403)
+        want = [
+            (k["id"], "POST", "/v1/tokens", None, 403),
+            (k["id"], "DELETE", "/v1/api-keys/{id}", made["id"], 204),
+            (k["id"], "POST", "/v1/api-keys", third["id"], 201),
+            (made["id"], "DELETE", "/v1/api-keys/{id}", "key_missing", 404),
+            (k["id"], "POST", "/v1/api-keys", None, 422),
+            (k["id"], "POST", "/v1/tokens", jti, 201),
+            (k["id"], "POST", "/v1/api-keys", made["id"], 201),
+        ]
+        entries = self.audit(h, len(want))
+        got = [(e["key_id"], e["method"], e["route"], e["object_id"], e["status"]) for e in entries]
+        self.assertEqual(got, want)
+        ids = [int(e["id"]) for e in entries]
+        self.assertEqual(ids, sorted(ids, reverse=True))
+        times = [e["created_at"] for e in entries]
+        self.assertEqual(times, sorted(times, reverse=True))
+        self.assertEqual(len({e["request_id"] for e in entries}), len(entries))
+
+    def test_unauthenticated_requests_leave_no_entry(self):
+        _, _, h = self.new_tenant("quiet")
+        self.expect(self.call("POST", "/v1/api-keys", {"name": "x", "scopes": ["sandbox:read"]},
+                              bearer("kiln_sk_key_" + "a" * 26 + "_" + "b" * 52)), 401)
+        self.new_key(h, ["sandbox:read"])
+        self.assertEqual([e["route"] for e in self.audit(h, 1)], ["/v1/api-keys"])
+
+    def test_paging_with_limit_1_walks_every_entry_once(self):
+        made = []
+        for i in range(5):
+            made.append(self.new_key(self.h, ["sandbox:read"], name=f"page-{i}")["id"])
+            # The neighbour is busy at the same time.
+            self.new_key(self.other, ["sandbox:read"], name=f"other-{i}")
+        everything = self.audit(self.h, 5)
+        self.assertEqual([e["object_id"] for e in everything], made[::-1])
+        walked, cursor, pages = [], None, 0
+        while True:
+            q = "/v1/audit?limit=1" + (f"&cursor={cursor}" if cursor else "")
+            page = self.expect(self.call("GET", q, headers=self.h), 200).json()
+            pages += 1
+            self.assertLessEqual(len(page["entries"]), 1)
+            walked += page["entries"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+            self.assertIsInstance(cursor, str)
+            self.assertLess(pages, 100)
+        self.assertEqual(walked, everything)
+        self.assertEqual(pages, 5)
+        # A bigger page joins up the same way.
+        p1 = self.expect(self.call("GET", "/v1/audit?limit=2", headers=self.h), 200).json()
+        p2 = self.expect(self.call("GET", f"/v1/audit?limit=2&cursor={p1['next_cursor']}",
+                                   headers=self.h), 200).json()
+        self.assertEqual(p1["entries"] + p2["entries"], everything[:4])
+
+    def test_another_tenants_entries_never_appear(self):
+        theirs = self.new_key(self.other, ["sandbox:read"], name="theirs")
+        self.expect(self.call("DELETE", f"/v1/api-keys/{theirs['id']}", headers=self.other), 204)
+        mine = self.new_key(self.h, ["sandbox:read"], name="mine")
+        entries = self.audit(self.h, 1)
+        self.assertIn(mine["id"], [e["object_id"] for e in entries])
+        self.assertNotIn(theirs["id"], [e["object_id"] for e in entries])
+        self.assertNotIn(self.other_key, [e["key_id"] for e in entries])
+        self.assertEqual({e["key_id"] for e in entries}, {self.key["id"]})
+        # A cursor from the other tenant's trail shows nothing of theirs either.
+        top = self.db.sql("SELECT max(seq) + 1 FROM audit_log")
+        r = self.expect(self.call("GET", f"/v1/audit?cursor={top}&limit=500", headers=self.h), 200)
+        self.assertEqual({e["key_id"] for e in r.json()["entries"]}, {self.key["id"]})
+        # The operator's tenant creations are the operator's, not the tenant's.
+        self.assertNotIn("/v1/tenants", [e["route"] for e in entries])
+
+
+if __name__ == "__main__":
+    unittest.main()
