@@ -362,7 +362,7 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	char code[8], *sealed = NULL, ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
+	char code[12], *sealed = NULL, ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
 	size_t len = 0;
 	const char *body = http_req_reply_body(req, &len);
 
