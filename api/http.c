@@ -525,31 +525,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 	}
 
 	if (*upload_size) {
+		/*
+		 * MHD cannot queue a reply while a body is still arriving: a refused body is read
+		 * and thrown away, and the reply goes out once it ended. One that goes on far past
+		 * its cap is cut off by closing the connection.
+		 */
 		if (req->route->body_mode == HTTP_BODY_STREAM) {
-			if (req->body.len + *upload_size > req->body.max)
+			if (req->stream_err.code == KILN_OK && req->body.len + *upload_size > req->body.max)
 				kiln_error_set(&req->stream_err, KILN_E_TOO_LARGE,
 					       "the body is larger than %zu bytes", req->body.max);
 			else if (req->stream_err.code == KILN_OK) {
 				enum kiln_err rc = req->route->sink(req, upload_data, *upload_size);
-				req->body.len += *upload_size;	/* counted, not kept */
 				if (rc != KILN_OK)
 					kiln_error_set(&req->stream_err, rc, "the upload failed");
 			}
-			if (req->stream_err.code != KILN_OK) {
-				req->route->handler(req);
-				*upload_size = 0;
-				return MHD_YES;
-			}
+			req->body.len += *upload_size;	/* counted, not kept */
+			if (req->body.len > 2 * req->body.max)
+				return MHD_NO;
 		} else if (req->too_large || buf_append(&req->body, upload_data, *upload_size) != 0) {
-			/*
-			 * Reading the rest before answering lets the client see the 413 instead of a
-			 * reset; a body far past the cap is cut off at once.
-			 */
 			req->too_large = true;
 			req->discarded += *upload_size;
 			if (req->discarded > 16 * req->body.max)
-				http_reply_error(req, KILN_E_TOO_LARGE,
-						 "the body is larger than %zu bytes", req->body.max);
+				return MHD_NO;
 		}
 		*upload_size = 0;
 		return MHD_YES;

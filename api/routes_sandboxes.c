@@ -28,41 +28,57 @@ struct sb_row {
 	char node_address[256];
 };
 
-/* Looks the sandbox up for the caller; replies 404 (or 503) and returns false when absent. */
-static bool sandbox_lookup(struct http_req *req, struct sb_row *out)
+/*
+ * Looks the sandbox up for the caller without replying: KILN_E_NOT_FOUND when it is absent,
+ * deleted or another tenant's, KILN_E_UNAVAILABLE when Postgres is down.
+ */
+static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct pg_conn *c = gw_db(req);
+	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
-	bool found;
 
-	if (!c)
-		return false;
 	http_req_set_object(req, id);
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
+		return KILN_E_UNAVAILABLE;
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.id, s.state, coalesce(n.address, '') FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, who->tenant_id);
 	pg_release(gw->pg, c);
-	if (rc != KILN_OK) {
-		gw_fail(req, rc, &err);
-		return false;
-	}
-	found = pg_res_rows(res) == 1;
-	if (found) {
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = KILN_E_NOT_FOUND;
+	if (rc == KILN_OK) {
 		snprintf(out->id, sizeof(out->id), "%s", pg_res_str(res, 0, 0));
 		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 1));
 		snprintf(out->node_address, sizeof(out->node_address), "%s", pg_res_str(res, 0, 2));
-	} else {
-		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
 	}
 	pg_res_free(res);
-	return found;
+	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
+}
+
+/* Replies for a failed sandbox_find(). */
+static void sandbox_find_failed(struct http_req *req, enum kiln_err rc)
+{
+	if (rc == KILN_E_NOT_FOUND)
+		http_reply_error(req, rc, "no sandbox \"%s\"", http_req_param(req, "id"));
+	else
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+}
+
+/* Looks the sandbox up for the caller; replies 404 (or 503) and returns false when absent. */
+static bool sandbox_lookup(struct http_req *req, struct sb_row *out)
+{
+	enum kiln_err rc = sandbox_find(req, out);
+
+	if (rc != KILN_OK)
+		sandbox_find_failed(req, rc);
+	return rc == KILN_OK;
 }
 
 /* Replies 409 unless the sandbox runs. */
@@ -394,11 +410,15 @@ static void files_get(struct http_req *req)
 		forward(req, &sb, "/files", false);
 }
 
-/* A file upload streams through: the body goes to the node as it arrives. */
+/*
+ * A file upload streams through: the body goes to the node as it arrives. The sink cannot
+ * reply (the body is still coming); what it refuses is answered by files_put at the end.
+ */
 struct upload {
 	struct node_stream *ns;
 	int fd;
 	enum kiln_err refused;	/* why the upload never started */
+	char state[16];		/* of a sandbox that does not run */
 };
 
 static void upload_free(void *p)
@@ -411,41 +431,47 @@ static void upload_free(void *p)
 	free(u);
 }
 
+static enum kiln_err upload_start(struct http_req *req, struct upload *u)
+{
+	const char *q = http_req_query(req, "path");
+	struct sb_row sb;
+	char path[4352], *esc;
+	enum kiln_err rc;
+
+	if (!q || q[0] != '/')
+		return KILN_E_INVALID;
+	rc = sandbox_find(req, &sb);
+	if (rc != KILN_OK)
+		return rc;
+	if (strcmp(sb.state, "running") != 0) {
+		snprintf(u->state, sizeof(u->state), "%s", sb.state);
+		return KILN_E_CONFLICT;
+	}
+	esc = node_escape(q);
+	if (!esc)
+		return KILN_E_NOMEM;
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", sb.id, esc);
+	free(esc);
+	u->ns = node_stream_start(req, &(struct node_call){ .address = sb.node_address,
+							     .method = "PUT", .path = path,
+							     .sandbox_id = sb.id, .who = gw_principal(req),
+							     .upload_fd = -1,
+							     .content_type = "application/octet-stream" },
+				  &u->fd);
+	return u->ns ? KILN_OK : KILN_E_NOMEM;
+}
+
 static enum kiln_err upload_sink(struct http_req *req, const char *data, size_t len)
 {
 	struct upload *u = http_req_hctx(req);
-	const char *q = http_req_query(req, "path");
 
 	if (!u) {
-		struct sb_row sb;
-		char path[4352];
-		char *esc;
-
 		u = calloc(1, sizeof(*u));
 		if (!u)
 			return KILN_E_NOMEM;
 		u->fd = -1;
 		http_req_set_hctx(req, u, upload_free);
-		if (!q || q[0] != '/')
-			return u->refused = KILN_E_INVALID;
-		if (!sandbox_lookup(req, &sb))
-			return u->refused = KILN_E_NOT_FOUND;	/* replied */
-		if (!sandbox_running(req, &sb))
-			return u->refused = KILN_E_CONFLICT;	/* replied */
-		esc = node_escape(q);
-		if (!esc)
-			return u->refused = KILN_E_NOMEM;
-		snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", sb.id, esc);
-		free(esc);
-		u->ns = node_stream_start(req, &(struct node_call){ .address = sb.node_address,
-								     .method = "PUT", .path = path,
-								     .sandbox_id = sb.id,
-								     .who = gw_principal(req),
-								     .upload_fd = -1,
-								     .content_type = "application/octet-stream" },
-					  &u->fd);
-		if (!u->ns)
-			return u->refused = KILN_E_NOMEM;
+		u->refused = upload_start(req, u);
 	}
 	if (u->refused)
 		return u->refused;
@@ -465,19 +491,30 @@ static void files_put(struct http_req *req)
 	struct kiln_error err = { 0 };
 	enum kiln_err src = http_req_stream_error(req, &err);
 
-	if (u && u->refused) {
-		if (u->refused == KILN_E_INVALID)
-			http_reply_error(req, KILN_E_INVALID,
-					 "path must be an absolute path inside the sandbox");
-		else if (u->refused == KILN_E_NOMEM)
-			http_reply_error(req, KILN_E_NOMEM, "out of memory");
-		return;	/* the lookup already replied otherwise */
-	}
-	if (!u || !u->ns || (src != KILN_OK && src != KILN_E_UNAVAILABLE)) {
-		http_reply_error(req, src == KILN_E_TOO_LARGE ? src : KILN_E_BAD_REQUEST,
-				 src == KILN_E_TOO_LARGE ? "a file is at most 100 MiB"
-							 : "the upload was cut short");
+	if (src == KILN_E_TOO_LARGE) {
+		http_reply_error(req, src, "a file is at most 100 MiB");
 		return;	/* upload_free abandons the node's side: the file stays as it was */
+	}
+	if (!u) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	switch (u->refused) {
+	case KILN_OK:
+		break;
+	case KILN_E_INVALID:
+		http_reply_error(req, KILN_E_INVALID, "path must be an absolute path inside the sandbox");
+		return;
+	case KILN_E_CONFLICT:
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", u->state);
+		return;
+	case KILN_E_NOT_FOUND:
+	case KILN_E_UNAVAILABLE:
+		sandbox_find_failed(req, u->refused);
+		return;
+	default:
+		http_reply_error(req, u->refused, "the upload could not start");
+		return;
 	}
 	close(u->fd);
 	u->fd = -1;

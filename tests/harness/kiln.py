@@ -173,3 +173,81 @@ def http(method, url, body=None, headers=None, raw=False, timeout=60):
             return Response(r.status, r.headers, r.read())
     except urllib.error.HTTPError as e:
         return Response(e.code, e.headers, e.read())
+
+
+_IMAGE = None
+
+
+def guest_image():
+    """The guest image's KEY=value settings (vmm/guest/build-image.sh --print-env), built once."""
+    global _IMAGE
+    if _IMAGE is None:
+        out = subprocess.run(["bash", os.path.join(ROOT, "vmm", "guest", "build-image.sh"),
+                              "--print-env"], check=True, capture_output=True, text=True,
+                             timeout=1800).stdout
+        _IMAGE = {}
+        for line in out.splitlines():
+            if "=" in line:
+                k, v = line.split("=", 1)
+                _IMAGE[k] = shlex.split(v)[0] if v else ""
+    return _IMAGE
+
+
+class Node(Daemon):
+    """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
+
+    def __init__(self, database_url, gateway_url, extra_env=None):
+        img = guest_image()
+        self.node_id = "t" + secrets.token_hex(4)
+        self.run_dir = f"/run/kt-{self.node_id}"
+        self.data_dir = tempfile.mkdtemp(prefix="kiln-node-")
+        os.chmod(self.data_dir, 0o755)
+        env = {"KILN_NODE_ID": self.node_id, "KILN_RUN_DIR": self.run_dir,
+               "KILN_DATA_DIR": self.data_dir, "KILN_DATABASE_URL": database_url,
+               "KILN_GATEWAY_URL": gateway_url, "KILN_LOG_LEVEL": "debug",
+               "KILN_GUEST_KERNEL": img["KILN_GUEST_KERNEL"],
+               "KILN_GUEST_INITRD": img["KILN_GUEST_INITRD"],
+               "KILN_GUEST_ROOTFS": img["KILN_GUEST_ROOTFS"],
+               "KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"],
+               "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw"}
+        env.update(extra_env or {})
+        super().__init__(os.path.join(BUILD, "vmm", "node", "kiln-node"), env)
+        self.sock = os.path.join(self.run_dir, "node.sock")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            if not self.alive():
+                raise RuntimeError("kiln-node exited:\n" + self.output())
+            if os.path.exists(self.sock):
+                return
+            time.sleep(0.05)
+        raise RuntimeError("kiln-node did not listen:\n" + self.output())
+
+    def cleanup(self):
+        super().cleanup()
+        subprocess.run(["rm", "-rf", self.data_dir, self.run_dir])
+
+
+class Stack:
+    """A gateway and a node on a database of their own, an admin key and a tenant's key."""
+
+    def __init__(self, node_env=None, gateway_env=None):
+        env = services_env()
+        self.db = fresh_database()
+        try:
+            self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env)
+            self.node = Node(self.db.url, self.gw.url, node_env)
+        except Exception:
+            self.db.drop()
+            raise
+        self.admin = {"Authorization": "Bearer " + self.gw.admin_key}
+
+    def tenant(self, name="acme"):
+        """A new tenant's API key header."""
+        r = self.gw.request("POST", "/v1/tenants", {"name": name}, self.admin)
+        assert r.status == 201, r
+        return {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+
+    def cleanup(self):
+        self.node.cleanup()
+        self.gw.cleanup()
+        self.db.drop()

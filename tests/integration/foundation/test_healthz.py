@@ -34,6 +34,12 @@ class HealthzTests(unittest.TestCase):
         os.environ["KILN_SERVICES_ENV"] = saved
         self.gw = kiln.Gateway(self.env["KILN_DATABASE_URL"], self.env["KILN_REDIS_URL"])
         self.addCleanup(self.gw.cleanup)
+        # A registered node, its heartbeat fresh for the whole test (this test is about
+        # Postgres and Redis; nodes are covered in test_gateway and the e2e tests).
+        kiln.psql(self.env["KILN_TEST_SOCKDIR"], "kiln",
+                  "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor,"
+                  " accelerator, image_hash, heartbeat_at) VALUES ('n1', 'unix:/x', 1000, 1024, 1,"
+                  " 'qemu', 'tcg', '', now() + interval '1 hour')")
 
     def shell(self, script):
         lib = os.path.join(kiln.ROOT, "scripts", "lib.sh")
@@ -44,7 +50,7 @@ class HealthzTests(unittest.TestCase):
         self.shell(f"kiln_stop_pid {self.env['KILN_TEST_REDIS_PIDFILE']} 10")
         r = wait_status(self.gw, 503)
         self.assertEqual(r.status, 503)
-        self.assertEqual(r.json()["checks"], {"postgres": "ok", "redis": "unavailable"})
+        self.assertEqual(r.json()["checks"], {"postgres": "ok", "redis": "unavailable", "nodes": "ok"})
         d = self.env["KILN_TEST_DIR"]
         self.shell(f"kiln_redis_start {d}/redis {d}/s/redis.sock {d}/redis.pid {d}/redis.log")
         self.assertEqual(wait_status(self.gw, 200).status, 200)
@@ -55,7 +61,7 @@ class HealthzTests(unittest.TestCase):
         self.shell(f"kiln_pg_stop {d}/pg")
         r = wait_status(self.gw, 503)
         self.assertEqual(r.status, 503)
-        self.assertEqual(r.json()["checks"], {"postgres": "unavailable", "redis": "ok"})
+        self.assertEqual(r.json()["checks"], {"postgres": "unavailable", "redis": "ok", "nodes": "unavailable"})
         self.assertEqual(r.json()["status"], "unavailable")
         self.shell(f"kiln_pg_start {d}/pg {d}/s {d}/pg.log")
         self.assertEqual(wait_status(self.gw, 200).status, 200)

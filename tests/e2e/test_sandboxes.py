@@ -1,0 +1,310 @@
+"""Sandboxes as a user sees them: create, exec, files, streaming, delete, and the errors of API.md."""
+import glob
+import http.client
+import json
+import os
+import platform
+import secrets
+import signal
+import subprocess
+import time
+import unittest
+import urllib.parse
+
+import kiln
+
+
+def sse_events(gw, path, body, headers):
+    """POSTs with Accept: text/event-stream; yields (arrival time, event, data) as they come."""
+    u = urllib.parse.urlparse(gw.url)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=120)
+    conn.request("POST", path, json.dumps(body),
+                 dict(headers, **{"Accept": "text/event-stream", "Content-Type": "application/json"}))
+    r = conn.getresponse()
+    assert r.status == 200, (r.status, r.read())
+    assert r.getheader("Content-Type").startswith("text/event-stream")
+    event, data = None, None
+    while True:
+        line = r.readline()
+        if not line:
+            break
+        line = line.decode().rstrip("\n")
+        if line.startswith("event: "):
+            event = line[7:]
+        elif line.startswith("data: "):
+            data = json.loads(line[6:])
+        elif line == "" and event:
+            yield time.monotonic(), event, data
+            event, data = None, None
+    conn.close()
+
+
+def vm_pids(node_id, sandbox_id):
+    """Host pids in the sandbox's cgroup (its jailed QEMU)."""
+    pids = set()
+    for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/{sandbox_id}/cgroup.procs"):
+        with open(f) as fh:
+            pids.update(int(p) for p in fh.read().split())
+    return pids
+
+
+class SandboxTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack()
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant("acme")
+        r = cls.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "metadata": {"run": "e2e"}},
+                           cls.key, timeout=300)
+        assert r.status == 201, r
+        cls.sb = r.json()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stack.cleanup()
+
+    def exec(self, body, sb=None, timeout=120):
+        r = self.gw.request("POST", f"/v1/sandboxes/{(sb or self.sb)['id']}/exec", body, self.key,
+                            timeout=timeout)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    def test_create_answers_a_running_sandbox_of_the_asked_shape(self):
+        sb = self.sb
+        self.assertTrue(sb["id"].startswith("sb_"))
+        self.assertEqual(sb["state"], "running")
+        self.assertEqual((sb["vcpus"], sb["memory_mib"], sb["disk_gib"]), (1, 256, 10))
+        self.assertEqual(sb["template"], "python")
+        self.assertEqual(sb["metadata"], {"run": "e2e"})
+        self.assertEqual(sb["node"], self.stack.node.node_id)
+        got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
+        self.assertEqual(got["state"], "running")
+        self.assertEqual(got["expires_at"], sb["expires_at"])
+
+    def test_python_prints_computes_and_writes_a_file_read_back_exactly(self):
+        out = self.exec({"code": "import hashlib\nprint(sum(range(101)))\n"
+                                 "open('/root/out.txt','w').write(hashlib.sha256(b'kiln').hexdigest())"})
+        self.assertEqual((out["exit_code"], out["stdout"], out["timed_out"]), (0, "5050\n", False))
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.sb['id']}/files?path=/root/out.txt",
+                            headers=self.key)
+        self.assertEqual(r.status, 200)
+        import hashlib
+        self.assertEqual(r.data, hashlib.sha256(b"kiln").hexdigest().encode())
+
+    def test_ten_mib_binary_round_trips_byte_exact(self):
+        data = os.urandom(10 << 20)
+        path = f"/v1/sandboxes/{self.sb['id']}/files?path=/root/blob.bin"
+        r = self.gw.request("PUT", path, data, dict(self.key, **{"Content-Type": "application/octet-stream"}))
+        self.assertEqual(r.status, 204, r)
+        r = self.gw.request("GET", path, headers=self.key)
+        self.assertEqual(r.status, 200)
+        self.assertEqual(len(r.data), len(data))
+        self.assertTrue(r.data == data)
+        out = self.exec({"cmd": ["sha256sum", "/root/blob.bin"]})
+        import hashlib
+        self.assertEqual(out["stdout"].split()[0], hashlib.sha256(data).hexdigest())
+
+    def test_streamed_output_arrives_as_it_is_produced(self):
+        events = list(sse_events(self.gw, f"/v1/sandboxes/{self.sb['id']}/exec",
+                                 {"cmd": ["sh", "-c", "echo one; sleep 2; echo two >&2; sleep 1; echo three"]},
+                                 self.key))
+        names = [e for _, e, _ in events]
+        self.assertEqual(names[-1], "exit")
+        self.assertEqual(events[-1][2]["exit_code"], 0)
+        text = "".join(d["data"] for _, e, d in events if e == "stdout")
+        self.assertEqual(text, "one\nthree\n")
+        self.assertIn("two\n", "".join(d["data"] for _, e, d in events if e == "stderr"))
+        first = next(t for t, e, _ in events if e == "stdout")
+        self.assertGreater(events[-1][0] - first, 2.0, "the first chunk came only at the end")
+
+    def test_the_guest_runs_its_own_kernel_and_sees_nothing_of_the_host(self):
+        marker = f"/tmp/kiln-host-marker-{secrets.token_hex(4)}"
+        open(marker, "w").close()
+        self.addCleanup(os.unlink, marker)
+        out = self.exec({"code": f"import os,platform\nprint(platform.release())\n"
+                                 f"print(os.path.exists('{marker}'))\n"
+                                 f"print(len([p for p in os.listdir('/proc') if p.isdigit()]))\n"
+                                 f"print(os.path.exists('/proc/{self.gw.proc.pid}/cmdline') and "
+                                 f"b'kiln-gateway' in open('/proc/{self.gw.proc.pid}/cmdline','rb').read())"})
+        release, exists, nprocs, sees_gateway = out["stdout"].split()
+        self.assertNotEqual(release, platform.release())
+        self.assertTrue(release.endswith("-cloud-amd64"), release)
+        self.assertEqual(exists, "False")
+        self.assertEqual(sees_gateway, "False")
+        self.assertLess(int(nprocs), 100)
+
+    def test_a_missing_program_exits_127_with_a_message(self):
+        out = self.exec({"cmd": ["no-such-program-xyz"]})
+        self.assertEqual(out["exit_code"], 127)
+        self.assertIn("not found", out["stderr"])
+
+    def test_a_command_past_its_timeout_is_killed_and_marked(self):
+        t0 = time.monotonic()
+        out = self.exec({"cmd": ["sleep", "30"], "timeout_s": 1})
+        self.assertTrue(out["timed_out"])
+        self.assertLess(time.monotonic() - t0, 15)
+
+    def test_stdin_env_and_cwd_reach_the_command(self):
+        out = self.exec({"code": "import os,sys\nprint(sys.stdin.read().upper(), os.environ['GREETING'], os.getcwd())",
+                         "stdin": "abc", "env": {"GREETING": "hi"}, "cwd": "/tmp"})
+        self.assertEqual(out["stdout"], "ABC hi /tmp\n")
+
+    def test_file_paths_outside_the_guest_filesystem_are_422_and_absent_files_404(self):
+        base = f"/v1/sandboxes/{self.sb['id']}/files"
+        for q in ("?path=relative/x", "?path=", ""):
+            r = self.gw.request("GET", base + q, headers=self.key)
+            self.assertEqual(r.status, 422, (q, r))
+            self.assertEqual(r.json()["error"]["code"], "invalid")
+        r = self.gw.request("PUT", base + "?path=rel", b"x", self.key)
+        self.assertEqual(r.status, 422)
+        r = self.gw.request("GET", base + "?path=/no/such/file", headers=self.key)
+        self.assertEqual(r.status, 404)
+        self.assertEqual(r.json()["error"]["code"], "not_found")
+
+    def test_bad_exec_bodies_change_nothing_and_name_the_problem(self):
+        p = f"/v1/sandboxes/{self.sb['id']}/exec"
+        cases = [({"cmd": "ls"}, 400), ({"cmd": []}, 422), ({}, 422), ({"cmd": ["ls"], "code": "x"}, 422),
+                 ({"code": "x", "language": "ruby"}, 422), ({"cmd": ["ls"], "timeout_s": 0}, 422),
+                 ({"cmd": ["ls"], "cwd": "tmp"}, 422), ({"cmd": ["ls"], "bogus": 1}, 400),
+                 ({"cmd": ["ls"], "env": {"1BAD": "x"}}, 422)]
+        for body, status in cases:
+            r = self.gw.request("POST", p, body, self.key)
+            self.assertEqual(r.status, status, (body, r))
+
+    def test_another_tenant_sees_404_for_everything(self):
+        other = self.stack.tenant("other")
+        sid = self.sb["id"]
+        for method, path, body in (("GET", f"/v1/sandboxes/{sid}", None),
+                                   ("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["true"]}),
+                                   ("GET", f"/v1/sandboxes/{sid}/files?path=/etc/hostname", None),
+                                   ("DELETE", f"/v1/sandboxes/{sid}", None)):
+            r = self.gw.request(method, path, body, other)
+            self.assertEqual(r.status, 404, (method, path, r))
+        self.assertEqual(self.gw.request("GET", "/v1/sandboxes", headers=other).json()["sandboxes"], [])
+
+    def test_timeout_update_moves_expires_at(self):
+        r = self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout", {"timeout_s": 3000}, self.key)
+        self.assertEqual(r.status, 200, r)
+        self.assertGreater(r.json()["expires_at"], self.sb["expires_at"])
+        self.assertEqual(self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout",
+                                         {"timeout_s": 0}, self.key).status, 422)
+
+    def test_shape_validation_names_the_field(self):
+        for body, field in (({"vcpus": 9}, "vcpus"), ({"vcpus": 0.3}, "vcpus"), ({"memory_mib": 128}, "memory_mib"),
+                            ({"disk_gib": 61}, "disk_gib"), ({"timeout_s": 90000}, "timeout_s"),
+                            ({"template": "ruby"}, "template")):
+            r = self.gw.request("POST", "/v1/sandboxes", body, self.key)
+            self.assertEqual(r.status, 422, (body, r))
+            self.assertIn(field, r.json()["error"]["message"])
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": "lots"}, self.key)
+        self.assertEqual(r.status, 400)
+        r = self.gw.request("POST", "/v1/sandboxes", {"colour": "red"}, self.key)
+        self.assertEqual(r.status, 400)
+        self.assertEqual(len(self.gw.request("GET", "/v1/sandboxes", headers=self.key).json()["sandboxes"]), 1)
+
+
+class LifecycleTests(unittest.TestCase):
+    """Sandboxes of their own: deletion, a VM that dies, expiry, listing, capacity."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env={"KILN_NODE_MAX_SANDBOXES": "2"})
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.stack.cleanup()
+
+    def create(self, **body):
+        body.setdefault("memory_mib", 256)
+        r = self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        return r.json()
+
+    def test_delete_leaves_no_process_tap_netns_cgroup_or_disk_and_then_404(self):
+        sb = self.create()
+        node = self.stack.node
+        pids = vm_pids(node.node_id, sb["id"])
+        self.assertTrue(pids, "the VM's cgroup holds its VMM")
+        net_id = sb["id"].split("_", 1)[1][:13]  # netns and veth names are capped at 15 bytes
+        netns = "kiln-" + net_id
+        self.assertIn(netns, subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout)
+        self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
+        for pid in pids:
+            self.assertFalse(os.path.exists(f"/proc/{pid}"), f"VMM pid {pid} still runs")
+        self.assertNotIn(netns, subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout)
+        self.assertNotIn("kv" + net_id, subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout)
+        self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{sb['id']}"), [])
+        self.assertEqual(glob.glob(f"{node.data_dir}/vms/{node.node_id}/{sb['id']}*"), [])
+        self.assertEqual(glob.glob(f"{node.run_dir}/vm/{sb['id']}"), [])
+        self.assertEqual(glob.glob(f"/dev/shm/*{sb['id']}*"), [])
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}, self.key)
+        self.assertEqual(r.status, 404)
+        self.assertEqual(self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 404)
+        self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 404)
+
+    def test_a_vm_that_dies_mid_exec_is_502_then_state_error_and_the_node_stays_healthy(self):
+        sb = self.create()
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        import threading
+        result = {}
+
+        def run():
+            result["r"] = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec",
+                                          {"cmd": ["sleep", "60"]}, self.key, timeout=120)
+        t = threading.Thread(target=run)
+        t.start()
+        time.sleep(2)
+        for pid in vm_pids(self.stack.node.node_id, sb["id"]):
+            os.kill(pid, signal.SIGKILL)
+        t.join(90)
+        r = result["r"]
+        self.assertEqual(r.status, 502, r)
+        self.assertEqual(r.json()["error"]["code"], "sandbox_failed")
+        self.assertEqual(self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()["state"], "error")
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}, self.key)
+        self.assertEqual(r.status, 409)
+        self.assertTrue(self.stack.node.alive())
+        self.assertEqual(self.gw.request("GET", "/healthz").status, 200)
+
+    def test_a_sandbox_past_its_timeout_is_stopped(self):
+        sb = self.create(timeout_s=3)
+        deadline = time.time() + 30
+        state = None
+        while time.time() < deadline:
+            state = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()["state"]
+            if state == "stopped":
+                break
+            time.sleep(0.5)
+        self.assertEqual(state, "stopped")
+        self.assertEqual(vm_pids(self.stack.node.node_id, sb["id"]), set())
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}, self.key)
+        self.assertEqual(r.status, 409)
+        self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
+
+    def test_a_full_node_answers_503_no_capacity(self):
+        a = self.create()
+        b = self.create()
+        try:
+            r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
+            self.assertEqual(r.status, 503, r)
+            self.assertEqual(r.json()["error"]["code"], "no_capacity")
+            listed = self.gw.request("GET", "/v1/sandboxes?limit=1", headers=self.key).json()
+            self.assertEqual(len(listed["sandboxes"]), 1)
+            self.assertIsNotNone(listed["next_cursor"])
+            second = self.gw.request("GET", "/v1/sandboxes?limit=1&cursor=" + listed["next_cursor"],
+                                     headers=self.key).json()
+            self.assertEqual(len(second["sandboxes"]), 1)
+            self.assertNotEqual(second["sandboxes"][0]["id"], listed["sandboxes"][0]["id"])
+            running = self.gw.request("GET", "/v1/sandboxes?state=running", headers=self.key).json()
+            self.assertEqual({s["id"] for s in running["sandboxes"]} & {a["id"], b["id"]}, {a["id"], b["id"]})
+            self.assertEqual(self.gw.request("GET", "/v1/sandboxes?state=bogus", headers=self.key).status, 422)
+            self.assertEqual(self.gw.request("GET", "/v1/sandboxes?cursor=zzz", headers=self.key).status, 422)
+        finally:
+            for s in (a, b):
+                self.gw.request("DELETE", f"/v1/sandboxes/{s['id']}", headers=self.key)
+
+
+if __name__ == "__main__":
+    unittest.main()
