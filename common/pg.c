@@ -63,6 +63,12 @@ void pg_free(struct pg *p)
 	free(p);
 }
 
+/* Server notices (e.g. "relation already exists, skipping") are not errors: debug log only. */
+static void pg_notice(void *arg, const char *message)
+{
+	log_debug("postgres: %s", message);
+}
+
 /* Opens (or reopens) `c`'s connection. Returns 0 when it is usable. */
 static int pg_conn_open(struct pg *p, struct pg_conn *c)
 {
@@ -83,6 +89,7 @@ static int pg_conn_open(struct pg *p, struct pg_conn *c)
 		c->conn = NULL;
 		return -1;
 	}
+	PQsetNoticeProcessor(c->conn, pg_notice, NULL);
 	return 0;
 }
 

@@ -99,6 +99,7 @@ struct hv_ops {
 };
 
 extern const struct hv_ops hv_qemu_ops;
+extern const struct hv_ops hv_firecracker_ops;
 
 /* The driver called `name` ("qemu"), or NULL. */
 const struct hv_ops *hv_find(const char *name);

@@ -237,7 +237,7 @@ class LifecycleTests(unittest.TestCase):
         self.assertNotIn("kv" + net_id, subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout)
         self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{sb['id']}"), [])
         self.assertEqual(glob.glob(f"{node.data_dir}/vms/{node.node_id}/{sb['id']}*"), [])
-        self.assertEqual(glob.glob(f"{node.run_dir}/vm/{sb['id']}"), [])
+        self.assertEqual(glob.glob(f"/run/kiln/{node.node_id}/{sb['id']}"), [])
         self.assertEqual(glob.glob(f"/dev/shm/*{sb['id']}*"), [])
         r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}, self.key)
         self.assertEqual(r.status, 404)

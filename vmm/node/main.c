@@ -20,6 +20,7 @@
 #include "migrations/migrate.h"
 #include "vmm/accel.h"
 #include "vmm/hv.h"
+#include "vmm/orphan.h"
 #include "vmm/node/node.h"
 
 static struct node node;
@@ -68,10 +69,12 @@ static int check_init(struct kiln_error *err)
 					      "setting \"node_id\": only a-z, 0-9 and - allowed");
 	if (!node.cfg.node_id[0] || strlen(node.cfg.node_id) > 32)
 		return kiln_error_set(err, KILN_E_INVALID, "setting \"node_id\": 1 to 32 characters");
-	snprintf(node.vm_run_root, sizeof(node.vm_run_root), "%s/vm", node.cfg.run_dir);
+	snprintf(node.vm_run_root, sizeof(node.vm_run_root), "%s/%s", VMM_RUN_ROOT_DEFAULT,
+		 node.cfg.node_id);
 	snprintf(node.vm_state_root, sizeof(node.vm_state_root), "%s/vms/%s", node.cfg.data_dir,
 		 node.cfg.node_id);
-	if (mkdir_p(node.vm_run_root, 0711) < 0 || mkdir_p(node.vm_state_root, 0711) < 0)
+	if (mkdir_p(node.cfg.run_dir, 0711) < 0 || mkdir_p(node.vm_run_root, 0711) < 0 ||
+	    mkdir_p(node.vm_state_root, 0711) < 0)
 		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\" or \"%s\"",
 				      node.vm_run_root, node.vm_state_root);
 	node.accel = accel_detect() == ACCEL_KVM ? "kvm" : "tcg";
@@ -104,11 +107,24 @@ static void db_exit(void)
  * Records the sandboxes a previous run of this node left as stopped: their VMs died with it or
  * are cleaned up below; they cannot be adopted.
  */
+static bool keep_none(void *ctx, const char *id)
+{
+	return false;
+}
+
 static int recover_init(struct kiln_error *err)
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	enum kiln_err rc = pg_acquire(node.pg, &c, err);
+	struct kiln_error cerr = { 0 };
+	int cleaned = vmm_orphans_cleanup(node.cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
+	enum kiln_err rc;
+
+	if (cleaned > 0)
+		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
+	if (cerr.code != KILN_OK)
+		log_error("cleanup of an earlier run: %s", cerr.msg);
+	rc = pg_acquire(node.pg, &c, err);
 
 	if (rc != KILN_OK)
 		return rc;
@@ -292,6 +308,7 @@ static void api_exit(void)
 		sb_put(&node, sb);
 	}
 	node_cgroups_remove();
+	rmdir(node.vm_run_root);
 	jwks_free(node.keys);
 	node.keys = NULL;
 }

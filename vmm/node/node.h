@@ -51,7 +51,7 @@ struct node {
 	struct http_server *http;
 	struct jwks_cache *keys;
 	char listen_path[108];		/* the Unix socket, when listening on one */
-	char vm_run_root[128];		/* <run_dir>/vm: per-VM sockets and jails */
+	char vm_run_root[128];		/* /run/kiln/<node>: per-VM sockets and jails (vmm/orphan.h) */
 	char vm_state_root[512];	/* <data_dir>/vms: per-VM disk layers */
 	const char *accel;		/* "kvm" or "tcg" */
 

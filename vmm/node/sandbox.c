@@ -20,6 +20,7 @@
 #include "vmm/agent.h"
 #include "vmm/hv.h"
 #include "vmm/jail.h"
+#include "vmm/orphan.h"
 #include "vmm/node/node.h"
 
 static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
@@ -231,7 +232,10 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env
 	int r;
 
 	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
-	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, sb->id, &sb->uid);
+	char owner[128];
+
+	vmm_lease_owner(n->cfg.node_id, sb->id, owner, sizeof(owner));
+	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, owner, &sb->uid);
 	if (r < 0)
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
