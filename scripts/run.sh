@@ -13,6 +13,10 @@ bash "$KILN_ROOT/scripts/deps"
 cmake -S "$KILN_ROOT" -B "$KILN_ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$KILN_ROOT/build" -j2 >/dev/null
 
+# The guest image (kernel, initramfs, root file system), cached outside the checkout by the hash
+# of its recipe: minutes the first time, instant afterwards.
+eval "$(bash "$KILN_ROOT/vmm/guest/build-image.sh" --print-env)"
+
 kiln_ensure_user
 mkdir -p "$KILN_VAR/log" "$KILN_RUN"
 chmod 0755 "$KILN_VAR"
@@ -42,7 +46,15 @@ redis_url = unix:$KILN_RUN/redis.sock
 data_dir = $KILN_DATA
 run_dir = $KILN_RUN
 master_key_file = $KILN_VAR/master.key
+admin_key_file = $KILN_VAR/admin.key
 listen = $listen
+node_id = node-$KILN_ID
+gateway_url = http://$listen
+guest_kernel = $KILN_GUEST_KERNEL
+guest_initrd = $KILN_GUEST_INITRD
+guest_rootfs = $KILN_GUEST_ROOTFS
+guest_image_hash = $KILN_GUEST_IMAGE_HASH
+guest_cmdline = root=/dev/vda rootfstype=ext4 rw
 EOT
 
 running=()
@@ -75,14 +87,17 @@ kiln_daemon() {
   started+=("$name")
 }
 kiln_daemon kiln-gateway "$KILN_ROOT/build/api/kiln-gateway"
+kiln_daemon kiln-node "$KILN_ROOT/build/vmm/node/kiln-node"
 
 url="http://$listen"
 for ((i = 0; i < 300; i++)); do
   curl -fsS "$url/healthz" >/dev/null 2>&1 && break
-  kiln_pid_alive "$KILN_RUN/kiln-gateway.pid" || { echo "kiln-gateway exited; see $KILN_VAR/log/kiln-gateway.log" >&2; exit 1; }
+  for d in kiln-gateway kiln-node; do
+    kiln_pid_alive "$KILN_RUN/$d.pid" || { echo "$d exited; see $KILN_VAR/log/$d.log" >&2; exit 1; }
+  done
   sleep 0.1
 done
-curl -fsS "$url/healthz" >/dev/null || { echo "kiln-gateway is not healthy; see $KILN_VAR/log/" >&2; exit 1; }
+curl -fsS "$url/healthz" >/dev/null || { echo "Kiln is not healthy ($(curl -s "$url/healthz")); see $KILN_VAR/log/" >&2; exit 1; }
 
 admin_key=""
 [ -s "$KILN_VAR/admin.key" ] && admin_key=$(cat "$KILN_VAR/admin.key")

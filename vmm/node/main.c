@@ -84,6 +84,7 @@ static int check_init(struct kiln_error *err)
 
 static void check_exit(void)
 {
+	rmdir(node.vm_run_root);	/* only when empty: what a VM left is for orphan cleanup */
 	pthread_mutex_destroy(&node.reg_lock);
 }
 
@@ -308,7 +309,6 @@ static void api_exit(void)
 		sb_put(&node, sb);
 	}
 	node_cgroups_remove();
-	rmdir(node.vm_run_root);
 	jwks_free(node.keys);
 	node.keys = NULL;
 }
