@@ -1,0 +1,151 @@
+/*
+ * routes_storage.c - PUT /v1/storage: the tenant's own snapshot bucket.
+ *
+ * The setting is checked field by field, then tried: a small object is written under the prefix,
+ * read back (HEAD) and deleted, so a bucket the credentials cannot write is refused now rather than
+ * at the first pause. Only then is the secret sealed and stored (storage.c). The secret is never
+ * returned or logged; the copy in the request body is wiped once stored.
+ */
+#include <openssl/crypto.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/authn.h"
+#include "api/gateway.h"
+#include "api/storage.h"
+#include "auth/apikey.h"
+#include "auth/scopes.h"
+#include "common/log.h"
+#include "common/s3.h"
+
+#define STORAGE_PROBE_KEY ".kiln-write-check-"	/* + a fresh id */
+
+static bool set_field(struct http_req *req, const char *field, char *dst, size_t n,
+		      const char *src)
+{
+	if (strlen(src) >= n) {
+		http_reply_error(req, KILN_E_INVALID, "%s must be at most %zu bytes", field, n - 1);
+		return false;
+	}
+	memcpy(dst, src, strlen(src) + 1);
+	return true;
+}
+
+/* Writes, reads back and deletes a small object with `t`. Replies 422 and returns false if not. */
+static bool storage_try(struct http_req *req, const struct s3_target *t, const char *tenant_id)
+{
+	struct s3_opts o = { .connect_timeout_ms = 5000, .request_timeout_s = 15, .retries = 0 };
+	struct kiln_error err = { 0 };
+	struct s3_object_info info;
+	char id[AUTH_ID_MAX], key[sizeof(STORAGE_PROBE_KEY) + AUTH_ID_MAX], body[160];
+	struct s3_client *c;
+	enum kiln_err rc;
+
+	if (auth_new_id("chk_", id, sizeof(id)) != KILN_OK) {
+		http_reply_error(req, KILN_E_INTERNAL, "cannot make an id");
+		return false;
+	}
+	snprintf(key, sizeof(key), "%s%s", STORAGE_PROBE_KEY, id);
+	snprintf(body, sizeof(body), "kiln storage check for %s at %lld\n", tenant_id,
+		 (long long)time(NULL));
+	c = s3_client_new(t, &o, &err);
+	if (!c) {
+		http_reply_error(req, err.code == KILN_E_NOMEM ? KILN_E_INTERNAL : KILN_E_INVALID,
+				 "%s", err.msg);
+		return false;
+	}
+	rc = s3_put_data(c, key, body, strlen(body), &err);
+	if (rc == KILN_OK)
+		rc = s3_head(c, key, &info, &err);
+	if (rc == KILN_OK && info.size != strlen(body))
+		rc = kiln_error_set(&err, KILN_E_INVALID,
+				    "the bucket kept %llu bytes of a %zu-byte test object",
+				    (unsigned long long)info.size, strlen(body));
+	if (rc == KILN_OK) {
+		struct kiln_error derr = { 0 };
+		if (s3_delete(c, key, &derr) != KILN_OK)
+			log_warn("storage check: cannot delete \"%s\": %s", key, derr.msg);
+	}
+	s3_client_free(c);
+	if (rc != KILN_OK) {
+		log_info("storage check of bucket \"%s\" at \"%s\" failed: %s", t->bucket, t->endpoint,
+			 err.msg);
+		http_reply_error(req, KILN_E_INVALID, "the bucket cannot be written: %s", err.msg);
+		return false;
+	}
+	return true;
+}
+
+static void storage_put(struct http_req *req)
+{
+	static const struct json_field fields[] = {
+		{ "kind", JF_STRING, true, 16 },
+		{ "endpoint", JF_STRING, true, S3_ENDPOINT_MAX },
+		{ "bucket", JF_STRING, true, S3_BUCKET_MAX },
+		{ "region", JF_STRING, true, S3_REGION_MAX },
+		{ "prefix", JF_STRING, false, S3_PREFIX_MAX },
+		{ "access_key_id", JF_STRING, true, S3_KEY_ID_MAX },
+		{ "secret_access_key", JF_STRING, true, S3_SECRET_MAX },
+	};
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	struct kiln_error err = { 0 };
+	json_t *body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0]));
+	struct pg_conn *c = NULL;
+	struct s3_target t;
+	enum kiln_err rc;
+	const char *secret;
+
+	memset(&t, 0, sizeof(t));
+	if (!body)
+		return;
+	if (strcmp(json_str(body, "kind", ""), "s3") != 0) {
+		http_reply_error(req, KILN_E_INVALID, "kind must be \"s3\"");
+		goto out;
+	}
+	secret = json_str(body, "secret_access_key", "");
+	if (!set_field(req, "endpoint", t.endpoint, sizeof(t.endpoint), json_str(body, "endpoint", "")) ||
+	    !set_field(req, "bucket", t.bucket, sizeof(t.bucket), json_str(body, "bucket", "")) ||
+	    !set_field(req, "region", t.region, sizeof(t.region), json_str(body, "region", "")) ||
+	    !set_field(req, "prefix", t.prefix, sizeof(t.prefix), json_str(body, "prefix", "")) ||
+	    !set_field(req, "access_key_id", t.access_key_id, sizeof(t.access_key_id),
+		       json_str(body, "access_key_id", "")) ||
+	    !set_field(req, "secret_access_key", t.secret_access_key, sizeof(t.secret_access_key),
+		       secret))
+		goto out;
+	if (s3_target_check(&t, &err) != KILN_OK) {
+		http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
+		goto out;
+	}
+	if (!storage_try(req, &t, who->tenant_id))
+		goto out;
+	c = gw_db(req);
+	if (!c)
+		goto out;
+	rc = storage_save(c, &gw->mk, who->tenant_id, &t, &err);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		goto out;
+	}
+	log_info("storage set to bucket \"%s\" at \"%s\"", t.bucket, t.endpoint);
+	http_reply_json(req, 200,
+			json_pack("{s:s, s:s, s:s, s:s, s:s, s:s}", "kind", "s3", "endpoint",
+				  t.endpoint, "bucket", t.bucket, "region", t.region, "prefix",
+				  t.prefix, "access_key_id", t.access_key_id));
+out:
+	if (c)
+		pg_release(gw->pg, c);
+	s3_target_wipe(&t);
+	/* Wipe the body's copy of the secret before jansson frees it. */
+	secret = json_str(body, "secret_access_key", NULL);
+	if (secret)
+		OPENSSL_cleanse((char *)secret, strlen(secret));
+	json_decref(body);
+}
+
+static const struct http_route routes[] = {
+	{ "PUT", "/v1/storage", storage_put, ROUTE_AUTH | AUTH_SCOPE_KEYS_WRITE, 0, NULL, 0 },
+};
+
+const struct route_group routes_storage = { routes, sizeof(routes) / sizeof(routes[0]) };
