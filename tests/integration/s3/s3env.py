@@ -1,0 +1,171 @@
+"""s3env.py - what the storage tests share: the npm packages, a real S3-compatible server and the
+independent client.
+
+- npm_modules(): installs package-lock.json's packages once per lock (npm ci) into
+  /var/cache/kiln/npm/<hash of the lock>/ and links ./node_modules to it.
+- S3Server: s3rver (npm) on a free loopback port with a temporary directory and a bucket, behind
+  sigv4_proxy.js, which checks every request's SigV4 signature with the AWS SDK's own signer and
+  its Content-MD5 and payload hash (s3rver checks neither) and logs each request. Both are
+  stopped by pid. s3rver can be killed and restarted on the same directory and port.
+- sdk(): @aws-sdk/client-s3 (verify.js) reading what Kiln wrote.
+- tool(): tests/integration/s3/s3_tool (the C client) on a target.
+"""
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import kiln
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CACHE = os.environ.get("KILN_NPM_CACHE", "/var/cache/kiln/npm")
+BUCKET = "kiln-test"
+ACCESS_KEY_ID = "S3RVER"	# s3rver's built-in account
+SECRET = "S3RVER"
+TOOL = os.path.join(kiln.BUILD, "tests", "integration", "s3", "s3_tool")
+
+
+def npm_modules():
+    """Makes ./node_modules hold the lock's packages; returns its path."""
+    link = os.path.join(HERE, "node_modules")
+    with open(os.path.join(HERE, "package-lock.json"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    target = os.path.join(CACHE, digest)
+    os.makedirs(CACHE, exist_ok=True)
+    with open(os.path.join(CACHE, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(os.path.join(target, "node_modules")):
+            tmp = tempfile.mkdtemp(prefix=digest + ".", dir=CACHE)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copy(os.path.join(HERE, name), tmp)
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                           cwd=tmp, check=True, timeout=600)
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(tmp, target)
+        if os.path.islink(link) and os.readlink(link) != os.path.join(target, "node_modules"):
+            os.unlink(link)
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(target, "node_modules"), link)
+    return link
+
+
+def _wait_port(port, proc, what, log):
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            with open(log, errors="replace") as f:
+                raise RuntimeError(f"{what} exited:\n{f.read()}")
+        try:
+            import socket
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"{what} did not listen")
+
+
+class S3Server:
+    """s3rver behind the checking proxy; `endpoint` is the proxy's URL."""
+
+    def __init__(self):
+        npm_modules()
+        self.dir = tempfile.mkdtemp(prefix="kiln-s3rver-")
+        self.s3_port = kiln.free_port()
+        self.port = kiln.free_port()
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.direct = f"http://127.0.0.1:{self.s3_port}"
+        self.log = os.path.join(self.dir, "requests.log")
+        self.s3rver = None
+        self.start_s3rver()
+        plog = os.path.join(self.dir, "proxy.out")
+        with open(plog, "w") as out:
+            self.proxy = subprocess.Popen(
+                ["node", os.path.join(HERE, "sigv4_proxy.js"), str(self.port), str(self.s3_port),
+                 SECRET, self.log], stdout=out, stderr=subprocess.STDOUT, cwd=HERE)
+        _wait_port(self.port, self.proxy, "sigv4_proxy.js", plog)
+
+    def start_s3rver(self):
+        slog = os.path.join(self.dir, "s3rver.out")
+        with open(slog, "a") as out:
+            self.s3rver = subprocess.Popen(
+                ["node", os.path.join(HERE, "node_modules", "s3rver", "bin", "s3rver.js"),
+                 "-d", os.path.join(self.dir, "data"), "-a", "127.0.0.1", "-p", str(self.s3_port),
+                 "--silent", "--configure-bucket", BUCKET], stdout=out, stderr=subprocess.STDOUT,
+                cwd=HERE)
+        _wait_port(self.s3_port, self.s3rver, "s3rver", slog)
+
+    def kill_s3rver(self):
+        """SIGKILL, as a crash: the proxy then answers 502 for it."""
+        self.s3rver.send_signal(signal.SIGKILL)
+        self.s3rver.wait()
+
+    def requests(self):
+        """The proxy's log: [(method, path?query, status)]."""
+        try:
+            with open(self.log) as f:
+                return [tuple(line.split(" ", 2)) for line in f.read().splitlines()]
+        except FileNotFoundError:
+            return []
+
+    def clear_log(self):
+        open(self.log, "w").close()
+
+    def target(self, prefix="", **over):
+        t = {"endpoint": self.endpoint, "bucket": BUCKET, "region": "us-east-1",
+             "prefix": prefix, "access_key_id": ACCESS_KEY_ID, "secret_access_key": SECRET}
+        t.update(over)
+        return t
+
+    def stop(self):
+        for p in (self.proxy, self.s3rver):
+            if p and p.poll() is None:
+                p.terminate()
+                try:
+                    p.wait(10)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def sdk(endpoint, *args):
+    """Runs verify.js (the AWS SDK) and returns its JSON answer."""
+    out = subprocess.run(["node", os.path.join(HERE, "verify.js"), endpoint, BUCKET, *args],
+                         capture_output=True, text=True, timeout=120, cwd=HERE)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def tool(target, *args, part_size=None, stdin=None, retries=0):
+    """Runs s3_tool on `target` (a dict as S3Server.target gives); returns (json, stderr)."""
+    env = dict(os.environ)
+    env.update({"S3_ENDPOINT": target["endpoint"], "S3_BUCKET": target["bucket"],
+                "S3_REGION": target["region"], "S3_PREFIX": target["prefix"],
+                "S3_ACCESS_KEY_ID": target["access_key_id"],
+                "S3_SECRET_ACCESS_KEY": target["secret_access_key"], "S3_RETRIES": str(retries)})
+    if part_size:
+        env["S3_PART_SIZE"] = str(part_size)
+    out = subprocess.run([TOOL, *args], env=env, capture_output=True, text=True, timeout=300,
+                         input=stdin)
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+
+def tool_popen(target, *args, part_size=None):
+    env = dict(os.environ)
+    env.update({"S3_ENDPOINT": target["endpoint"], "S3_BUCKET": target["bucket"],
+                "S3_REGION": target["region"], "S3_PREFIX": target["prefix"],
+                "S3_ACCESS_KEY_ID": target["access_key_id"],
+                "S3_SECRET_ACCESS_KEY": target["secret_access_key"], "S3_RETRIES": "0"})
+    if part_size:
+        env["S3_PART_SIZE"] = str(part_size)
+    return subprocess.Popen([TOOL, *args], env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+if __name__ == "__main__":
+    print(npm_modules(), file=sys.stderr)
