@@ -26,8 +26,8 @@ import kiln
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.environ.get("KILN_NPM_CACHE", "/var/cache/kiln/npm")
 BUCKET = "kiln-test"
-ACCESS_KEY_ID = "S3RVER"	# s3rver's built-in account
-SECRET = "S3RVER"
+ACCESS_KEY_ID = "S3RVER"	# s3rver's built-in account (s3rver checks the id only)
+SECRET = "kiln-test-secret/Zq7+Xw2"	# what the proxy verifies signatures with
 TOOL = os.path.join(kiln.BUILD, "tests", "integration", "s3", "s3_tool")
 
 
@@ -137,7 +137,8 @@ class S3Server:
 def sdk(endpoint, *args):
     """Runs verify.js (the AWS SDK) and returns its JSON answer."""
     out = subprocess.run(["node", os.path.join(HERE, "verify.js"), endpoint, BUCKET, *args],
-                         capture_output=True, text=True, timeout=120, cwd=HERE)
+                         capture_output=True, text=True, timeout=120, cwd=HERE,
+                         env=dict(os.environ, S3_SECRET_ACCESS_KEY=SECRET))
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -118,7 +118,7 @@ class ClientTests(unittest.TestCase):
         with open(path + ".s3upload") as f:
             state = f.read()
         self.assertEqual(len(re.findall(r"^part \d+ ", state, re.M)), 2, state)
-        self.assertNotIn(s3env.SECRET + "\n", state)
+        self.assertNotIn(s3env.SECRET, state)
 
         self.srv.start_s3rver()           # same directory, same port
         self.srv.clear_log()

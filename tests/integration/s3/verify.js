@@ -1,5 +1,5 @@
 // verify.js - the independent client of the storage tests: @aws-sdk/client-s3 reads what Kiln
-// wrote. Prints one JSON line.
+// wrote (secret: $S3_SECRET_ACCESS_KEY). Prints one JSON line.
 //
 //   node verify.js ENDPOINT BUCKET get KEY OUTFILE   -> {"size": N, "etag": "..."}
 //   node verify.js ENDPOINT BUCKET list PREFIX       -> {"keys": [{"key", "size"}]}
@@ -13,7 +13,8 @@ async function main() {
   const [endpoint, bucket, op, ...args] = process.argv.slice(2);
   const s3 = new S3Client({
     endpoint, region: "us-east-1", forcePathStyle: true,
-    credentials: { accessKeyId: "S3RVER", secretAccessKey: "S3RVER" },
+    credentials: { accessKeyId: "S3RVER",
+                   secretAccessKey: process.env.S3_SECRET_ACCESS_KEY || "S3RVER" },
     requestChecksumCalculation: "WHEN_REQUIRED", responseChecksumValidation: "WHEN_REQUIRED",
   });
   if (op === "get") {
