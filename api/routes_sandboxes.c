@@ -173,17 +173,15 @@ static void sandbox_create(struct http_req *req)
 		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
 		goto out;
 	}
-	meta = json_dumps(json_object_get(body, "metadata") ? json_object_get(body, "metadata")
-							   : json_object(),
-			  JSON_COMPACT);
+	meta = json_is_object(json_object_get(body, "metadata"))
+		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
+		       : strdup("{}");
 	if (meta && strlen(meta) > METADATA_MAX) {
 		http_reply_error(req, KILN_E_TOO_LARGE, "metadata is larger than %d bytes", METADATA_MAX);
 		goto out;
 	}
-	if (json_object_get(body, "snapshot_id") || json_object_get(body, "egress") ||
-	    json_object_get(body, "bandwidth")) {
-		http_reply_error(req, KILN_E_NOT_IMPLEMENTED,
-				 "snapshot_id, egress and bandwidth are not offered yet");
+	if (json_object_get(body, "snapshot_id")) {
+		http_reply_error(req, KILN_E_NOT_IMPLEMENTED, "snapshot_id is not offered yet");
 		goto out;
 	}
 	c = gw_db(req);
@@ -194,10 +192,13 @@ static void sandbox_create(struct http_req *req)
 	if (!gw_new_id(req, "sb_", id, sizeof(id)))
 		goto out;
 	http_req_set_object(req, id);
-	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o}", "template", "python", "vcpu_milli",
-		       (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib", (json_int_t)disk,
-		       "timeout_s", (json_int_t)tmo, "env", json_object_get(body, "env"), "metadata",
-		       json_loads(meta ? meta : "{}", 0, NULL));
+	/* The node validates env, egress and bandwidth (422 naming the bad one) before it boots. */
+	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?}", "template", "python",
+		       "vcpu_milli", (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib",
+		       (json_int_t)disk, "timeout_s", (json_int_t)tmo, "env",
+		       json_object_get(body, "env"), "metadata", json_loads(meta ? meta : "{}", 0, NULL),
+		       "egress", json_object_get(body, "egress"), "bandwidth",
+		       json_object_get(body, "bandwidth"));
 	text = nb ? json_dumps(nb, JSON_COMPACT) : NULL;
 	if (!text) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -397,6 +398,23 @@ static void sandbox_exec(struct http_req *req)
 		forward(req, &sb, "/exec", true);
 }
 
+/* GET and PUT of /egress and /bandwidth: forwarded; the node applies them live. */
+static void sandbox_egress(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/egress", strcmp(http_req_method(req), "PUT") == 0);
+}
+
+static void sandbox_bandwidth(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/bandwidth", strcmp(http_req_method(req), "PUT") == 0);
+}
+
 static void files_get(struct http_req *req)
 {
 	struct sb_row sb;
@@ -537,6 +555,14 @@ static const struct http_route routes[] = {
 	  0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,
 	  HTTP_BODY_STREAM, upload_sink, FILE_MAX },
+	{ "GET", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0,
+	  NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 };
 
 const struct route_group routes_sandboxes = { routes, sizeof(routes) / sizeof(routes[0]) };

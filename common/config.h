@@ -56,6 +56,23 @@ struct kiln_config {
 	char *guest_image_hash;
 	long long boot_timeout_s;	/* cold boot until the agent answers */
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
+	char *dns_upstream;		/* resolver the guests' DNS proxy forwards to */
+	long long conn_rate;		/* new connections per second a sandbox may open */
+	long long conn_burst;
+
+	/* kiln-meter */
+	long long meter_window_s;	/* ledger window, seconds */
+	long long meter_series_s;	/* seconds of per-second usage kept in Redis */
+	char *meter_cgroup_root;	/* cgroup mount root (default /sys/fs/cgroup) */
+	char *meter_pin_root;		/* eBPF pin root (default /sys/fs/bpf/kiln) */
+	long long price_cpu_ucr_per_cpu_s;	/* µcr per CPU-second used */
+	long long price_mem_ucr_per_gib_s;	/* µcr per GiB-second of memory, running */
+	long long price_disk_ucr_per_gib_s;	/* µcr per GiB-second of disk, running */
+	long long price_snapshot_ucr_per_gib_s;	/* µcr per GiB-second of a pause snapshot */
+	long long plan_max_sandboxes;	/* default plan: sandboxes running at once */
+	long long plan_max_vcpu_milli;	/* default plan: thousandths of vCPUs running */
+	long long plan_max_memory_mib;	/* default plan: memory of running sandboxes */
+	long long plan_max_snapshot_gib;	/* default plan: snapshot storage */
 };
 
 enum cfg_type { CFG_STRING, CFG_INT, CFG_BOOL };

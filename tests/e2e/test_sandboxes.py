@@ -52,6 +52,7 @@ class SandboxTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.stack = kiln.Stack()
+        cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("acme")
         r = cls.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "metadata": {"run": "e2e"}},
@@ -59,9 +60,6 @@ class SandboxTests(unittest.TestCase):
         assert r.status == 201, r
         cls.sb = r.json()
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.stack.cleanup()
 
     def exec(self, body, sb=None, timeout=120):
         r = self.gw.request("POST", f"/v1/sandboxes/{(sb or self.sb)['id']}/exec", body, self.key,
@@ -209,12 +207,10 @@ class LifecycleTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.stack = kiln.Stack(node_env={"KILN_NODE_MAX_SANDBOXES": "2"})
+        cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.stack.cleanup()
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)

@@ -12,6 +12,7 @@ import shlex
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
@@ -97,6 +98,8 @@ class Daemon:
 
     def cleanup(self):
         self.stop()
+        if os.environ.get("KILN_TEST_SHOW_LOGS"):
+            sys.stderr.write(f"--- {self.proc.args[0]} ---\n{self.output()}\n")
         os.unlink(self.log.name)
 
 

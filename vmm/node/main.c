@@ -18,6 +18,7 @@
 
 #include "common/log.h"
 #include "migrations/migrate.h"
+#include "netpolicy/dns.h"
 #include "vmm/accel.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
@@ -113,6 +114,35 @@ static bool keep_none(void *ctx, const char *id)
 	return false;
 }
 
+/*
+ * Removes the networks and policy pins an earlier run of this node left: every sandbox pinned
+ * under /sys/fs/bpf/kiln/<node>/ names its netns (kiln-<net id>).
+ */
+static void cleanup_networks(void)
+{
+	char pattern[192];
+	glob_t g;
+
+	snprintf(pattern, sizeof(pattern), "%s/%s/*", KILN_PIN_ROOT, node.cfg.node_id);
+	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) != 0)
+		return;
+	for (size_t i = 0; i < g.gl_pathc; i++) {
+		const char *id = strrchr(g.gl_pathv[i], '/') + 1;
+		const char *rand = strchr(id, '_');
+		char net_id[KILN_NET_ID_MAX + 1];
+		struct kiln_error err = { 0 };
+
+		snprintf(net_id, sizeof(net_id), "%s", rand ? rand + 1 : id);
+		kiln_sbnet_destroy(net_id, &err);
+		kiln_error_clear(&err);
+		if (kiln_policy_unpin(NULL, node.cfg.node_id, id, &err) != KILN_OK)
+			log_warn("cannot remove the pins of \"%s\": %s", id, err.msg);
+		else
+			log_warn("removed the network an earlier run left for \"%s\"", id);
+	}
+	globfree(&g);
+}
+
 static int recover_init(struct kiln_error *err)
 {
 	struct pg_conn *c;
@@ -123,6 +153,7 @@ static int recover_init(struct kiln_error *err)
 
 	if (cleaned > 0)
 		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
+	cleanup_networks();
 	if (cerr.code != KILN_OK)
 		log_error("cleanup of an earlier run: %s", cerr.msg);
 	rc = pg_acquire(node.pg, &c, err);
@@ -226,6 +257,51 @@ static void *ticker(void *arg)
 	return NULL;
 }
 
+/* The resolver behind the DNS proxy: the setting, or the first nameserver of resolv.conf. */
+static void dns_upstream(char *out, size_t len)
+{
+	char line[256];
+	FILE *f;
+
+	snprintf(out, len, "127.0.0.53");
+	if (node.cfg.dns_upstream) {
+		snprintf(out, len, "%s", node.cfg.dns_upstream);
+		return;
+	}
+	f = fopen("/etc/resolv.conf", "r");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char addr[128];
+		if (sscanf(line, "nameserver %127s", addr) == 1) {
+			if (strchr(addr, ':'))
+				snprintf(out, len, "[%s]:53", addr);
+			else
+				snprintf(out, len, "%s", addr);
+			break;
+		}
+	}
+	fclose(f);
+}
+
+static int net_init(struct kiln_error *err)
+{
+	char upstream[160];
+	struct kiln_dns_config dc = { .upstream = upstream };
+
+	dns_upstream(upstream, sizeof(upstream));
+	if (kiln_dns_proxy_start(&dc, &node.dns, err) != KILN_OK)
+		return err->code;
+	log_info("guests' DNS goes to \"%s\"", upstream);
+	return KILN_OK;
+}
+
+static void net_exit(void)
+{
+	kiln_dns_proxy_stop(node.dns);
+	node.dns = NULL;
+}
+
 static int api_init(struct kiln_error *err)
 {
 	struct http_server_opts o = {
@@ -321,6 +397,7 @@ static const struct {
 	{ "settings", check_init, check_exit },
 	{ "postgres", db_init, db_exit },
 	{ "recovery", recover_init, recover_exit },
+	{ "network", net_init, net_exit },
 	{ "api", api_init, api_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))

@@ -18,10 +18,13 @@
 #include "common/config.h"
 #include "common/pg.h"
 #include "netpolicy/netns.h"
+#include "netpolicy/policy.h"
+#include "netpolicy/rules.h"
 
 struct jwks_cache;
 struct vmm_vm;
 struct agent;
+struct kiln_dns_proxy;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -40,6 +43,8 @@ struct sandbox {
 	struct agent *agent;
 	struct kiln_sbnet net;
 	bool has_net;
+	struct kiln_policy *pol;	/* the eBPF policy on its devices */
+	bool dns_added;
 	uid_t uid;
 	bool has_uid;
 	struct sandbox *next;
@@ -50,6 +55,7 @@ struct node {
 	struct pg *pg;
 	struct http_server *http;
 	struct jwks_cache *keys;
+	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
 	char listen_path[108];		/* the Unix socket, when listening on one */
 	char vm_run_root[128];		/* /run/kiln/<node>: per-VM sockets and jails (vmm/orphan.h) */
 	char vm_state_root[512];	/* <data_dir>/vms: per-VM disk layers */
@@ -76,8 +82,18 @@ enum kiln_err sb_reserve(struct node *n, const char *id, const char *tenant_id,
 			 unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
 			 struct sandbox **out, struct kiln_error *err);
 
-/* Boots the sandbox's VM (cold) and waits for its agent; on failure frees what it made. */
-enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env,
+/* What a new sandbox starts with besides its shape. */
+struct sb_init {
+	const char *const *env;			/* NULL-terminated "NAME=value", or NULL */
+	const struct kiln_ruleset *egress;	/* rules in force before the guest runs, or NULL */
+	const struct kiln_bandwidth *bandwidth;	/* or NULL: unmetered */
+};
+
+/*
+ * Boots the sandbox's VM (cold) behind its network and policy and waits for its agent. On
+ * failure the caller tears down what was made (sb_teardown).
+ */
+enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
 		      struct kiln_error *err);
 
 /*

@@ -179,6 +179,174 @@ static char **env_array(struct http_req *req, const json_t *obj, const char *fie
 	return arr;
 }
 
+/* ---- egress rules and bandwidth ---- */
+
+#define EGRESS_RULES_MAX 256
+
+/*
+ * Parses `{rules:[...]}` into `rs`. Returns false after replying: 400 for a wrong shape, 422
+ * naming the first bad rule (nothing is applied then).
+ */
+static bool parse_egress(struct http_req *req, const json_t *obj, struct kiln_ruleset *rs)
+{
+	static const struct json_field fields[] = { { "rules", JF_ARRAY, true, EGRESS_RULES_MAX } };
+	struct kiln_error err = { 0 };
+	const char *texts[EGRESS_RULES_MAX];
+	json_t *rules;
+	size_t n;
+
+	memset(rs, 0, sizeof(*rs));
+	if (json_check_object(obj, fields, 1, "egress", &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return false;
+	}
+	rules = json_object_get(obj, "rules");
+	n = json_array_size(rules);
+	for (size_t i = 0; i < n; i++) {
+		json_t *r = json_array_get(rules, i);
+		if (!json_is_string(r)) {
+			http_reply_error(req, KILN_E_BAD_REQUEST, "egress rules must be strings");
+			return false;
+		}
+		texts[i] = json_string_value(r);
+	}
+	if (kiln_rules_parse(texts, n, rs, &err) != KILN_OK) {
+		http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
+		return false;
+	}
+	return true;
+}
+
+/* Parses bandwidth settings (absent fields take the defaults: unmetered). Replies on failure. */
+static bool parse_bandwidth(struct http_req *req, const json_t *obj, struct kiln_bandwidth *bw)
+{
+	static const struct json_field fields[] = {
+		{ "quota_bytes", JF_INT, false, 0 },	  { "refill_bytes", JF_INT, false, 0 },
+		{ "refill_interval_s", JF_INT, false, 0 }, { "one_time_burst_bytes", JF_INT, false, 0 },
+		{ "unmetered", JF_BOOL, false, 0 },
+	};
+	struct kiln_error err = { 0 };
+	const json_t *um;
+
+	memset(bw, 0, sizeof(*bw));
+	if (json_check_object(obj, fields, sizeof(fields) / sizeof(fields[0]), "bandwidth", &err) !=
+	    KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return false;
+	}
+	if (json_int(obj, "quota_bytes", 0) < 0 || json_int(obj, "refill_bytes", 0) < 0 ||
+	    json_int(obj, "one_time_burst_bytes", 0) < 0) {
+		http_reply_error(req, KILN_E_INVALID, "bandwidth: byte counts must not be negative");
+		return false;
+	}
+	if (json_int(obj, "refill_interval_s", 1) < 1 || json_int(obj, "refill_interval_s", 1) > 86400) {
+		http_reply_error(req, KILN_E_INVALID, "refill_interval_s must be from 1 to 86400");
+		return false;
+	}
+	bw->quota_bytes = (uint64_t)json_int(obj, "quota_bytes", 0);
+	bw->refill_bytes = (uint64_t)json_int(obj, "refill_bytes", 0);
+	bw->refill_interval_s = (uint32_t)json_int(obj, "refill_interval_s", 1);
+	bw->one_time_burst_bytes = (uint64_t)json_int(obj, "one_time_burst_bytes", 0);
+	um = json_object_get(obj, "unmetered");
+	/* Settings without a quota mean no limit; a quota means metered unless said otherwise. */
+	bw->unmetered = um && !json_is_null(um) ? json_is_true(um)
+						: !json_object_get(obj, "quota_bytes");
+	return true;
+}
+
+static json_t *egress_json(struct kiln_policy *pol, struct kiln_error *err)
+{
+	struct kiln_ruleset rs = { 0 };
+	enum kiln_egress_mode mode;
+	json_t *arr;
+	char text[KILN_RULE_TEXT_MAX];
+
+	if (kiln_policy_rules(pol, &rs, &mode, err) != KILN_OK)
+		return NULL;
+	arr = json_array();
+	for (size_t i = 0; i < rs.n; i++) {
+		kiln_rule_format(&rs.rules[i], text, sizeof(text));
+		json_array_append_new(arr, json_string(text));
+	}
+	kiln_ruleset_free(&rs);
+	return json_pack("{s:o, s:s}", "rules", arr, "mode",
+			 mode == KILN_EGRESS_ALLOWLIST ? "allowlist" : "open");
+}
+
+static json_t *bandwidth_json(struct kiln_policy *pol, struct kiln_error *err)
+{
+	struct kiln_bandwidth bw;
+
+	if (kiln_policy_get_bandwidth(pol, &bw, err) != KILN_OK)
+		return NULL;
+	return json_pack("{s:I, s:I, s:i, s:I, s:b, s:o}", "quota_bytes", (json_int_t)bw.quota_bytes,
+			 "refill_bytes", (json_int_t)bw.refill_bytes, "refill_interval_s",
+			 (int)bw.refill_interval_s, "one_time_burst_bytes",
+			 (json_int_t)bw.one_time_burst_bytes, "unmetered", bw.unmetered,
+			 "remaining_bytes",
+			 bw.unmetered ? json_null() : json_integer((json_int_t)bw.remaining_bytes));
+}
+
+/* GET and PUT of /egress and /bandwidth: read or replace live, no restart. */
+static void sandbox_netcfg(struct http_req *req, bool egress)
+{
+	struct node *n = http_req_app(req);
+	bool put = strcmp(http_req_method(req), "PUT") == 0;
+	struct kiln_error err = { 0 };
+	struct kiln_ruleset rs = { 0 };
+	struct kiln_bandwidth bw;
+	struct sandbox *sb;
+	json_t *body = NULL, *out = NULL;
+	size_t len;
+	const char *text = http_req_body(req, &len);
+
+	if (put) {
+		json_error_t jerr;
+		body = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+		if (!body) {
+			http_reply_error(req, KILN_E_BAD_REQUEST, "malformed JSON: %s", jerr.text);
+			return;
+		}
+		if (egress ? !parse_egress(req, body, &rs) : !parse_bandwidth(req, body, &bw)) {
+			json_decref(body);
+			return;
+		}
+		json_decref(body);
+	}
+	sb = request_sandbox(req);
+	if (!sb) {
+		kiln_ruleset_free(&rs);
+		return;
+	}
+	pthread_mutex_lock(&sb->lock);
+	if (!sb->pol) {
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
+	} else if (put && (egress ? kiln_policy_apply(sb->pol, &rs, &err)
+				  : kiln_policy_set_bandwidth(sb->pol, &bw, &err)) != KILN_OK) {
+		http_reply_error(req, err.code == KILN_E_INVALID ? KILN_E_INVALID : KILN_E_INTERNAL,
+				 "%s", err.msg);
+	} else {
+		out = egress ? egress_json(sb->pol, &err) : bandwidth_json(sb->pol, &err);
+		if (out)
+			http_reply_json(req, 200, out);
+		else
+			http_reply_error(req, KILN_E_INTERNAL, "cannot read the policy");
+	}
+	pthread_mutex_unlock(&sb->lock);
+	kiln_ruleset_free(&rs);
+	sb_put(n, sb);
+}
+
+static void sandbox_egress(struct http_req *req)
+{
+	sandbox_netcfg(req, true);
+}
+
+static void sandbox_bandwidth(struct http_req *req)
+{
+	sandbox_netcfg(req, false);
+}
+
 /* ---- POST /v1/sandboxes/{id} ---- */
 
 static void sandbox_create(struct http_req *req)
@@ -191,9 +359,14 @@ static void sandbox_create(struct http_req *req)
 		{ "timeout_s", JF_INT, true, 0 },
 		{ "env", JF_OBJECT, false, 0 },
 		{ "metadata", JF_OBJECT, false, 0 },
+		{ "egress", JF_OBJECT, false, 0 },
+		{ "bandwidth", JF_OBJECT, false, 0 },
 	};
 	struct node *n = http_req_app(req);
 	const struct auth_claims *cl = claims_of(req);
+	struct kiln_ruleset rules = { 0 };
+	struct kiln_bandwidth bw;
+	struct sb_init init = { 0 };
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
 	size_t len;
@@ -212,6 +385,17 @@ static void sandbox_create(struct http_req *req)
 	env = env_array(req, json_object_get(body, "env"), "env");
 	if (!env)
 		goto out;
+	init.env = (const char *const *)env;
+	if (json_object_get(body, "egress") && !json_is_null(json_object_get(body, "egress"))) {
+		if (!parse_egress(req, json_object_get(body, "egress"), &rules))
+			goto out;
+		init.egress = &rules;
+	}
+	if (json_object_get(body, "bandwidth") && !json_is_null(json_object_get(body, "bandwidth"))) {
+		if (!parse_bandwidth(req, json_object_get(body, "bandwidth"), &bw))
+			goto out;
+		init.bandwidth = &bw;
+	}
 	{
 		const struct vmm_spec probe = {
 			.id = id, .node = n->cfg.node_id,
@@ -238,9 +422,9 @@ static void sandbox_create(struct http_req *req)
 	snprintf(mem, sizeof(mem), "%u", sb->mem_mib);
 	snprintf(disk, sizeof(disk), "%u", sb->disk_gib);
 	snprintf(tmo, sizeof(tmo), "%lld", json_int(body, "timeout_s", 300));
-	meta = json_dumps(json_object_get(body, "metadata") ? json_object_get(body, "metadata")
-							   : json_object(),
-			  JSON_COMPACT);
+	meta = json_is_object(json_object_get(body, "metadata"))
+		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
+		       : strdup("{}");
 	rc = pg_acquire(n->pg, &c, &err);
 	if (rc == KILN_OK) {
 		char idx[16];
@@ -262,7 +446,7 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
-	rc = sb_boot(n, sb, (const char *const *)env, &err);
+	rc = sb_boot(n, sb, &init, &err);
 	if (rc != KILN_OK) {
 		char why[KILN_ERRMSG_MAX];
 		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
@@ -285,6 +469,7 @@ static void sandbox_create(struct http_req *req)
 	reply_sandbox(req, 201, id);
 out:
 	sb_put(n, sb);
+	kiln_ruleset_free(&rules);
 	free(meta);
 	free(env);
 	json_decref(body);
@@ -1017,5 +1202,9 @@ const struct http_route node_routes[] = {
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, TOKEN, HTTP_BODY_STREAM, upload_sink,
 	  FILE_MAX },
 	{ "GET", "/v1/sandboxes/{id}/files", files_get, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/egress", sandbox_egress, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 };
 const size_t node_routes_len = sizeof(node_routes) / sizeof(node_routes[0]);

@@ -21,6 +21,7 @@
 #include "vmm/hv.h"
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
+#include "netpolicy/dns.h"
 #include "vmm/node/node.h"
 
 static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
@@ -201,11 +202,21 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 			log_warn("destroying the VM of \"%s\": %s", sb->id, err.msg);
 		sb->vm = NULL;
 	}
+	/* The proxy's sockets keep the netns alive: they go first (netpolicy/netns.h). */
+	if (sb->dns_added) {
+		kiln_dns_proxy_remove(n->dns, sb->net_id);
+		sb->dns_added = false;
+	}
+	kiln_policy_close(sb->pol);
+	sb->pol = NULL;
 	if (sb->has_net) {
 		kiln_error_clear(&err);
 		if (kiln_sbnet_destroy(sb->net_id, &err) != KILN_OK)
 			log_warn("removing the network of \"%s\": %s", sb->id, err.msg);
 		sb->has_net = false;
+		kiln_error_clear(&err);
+		if (kiln_policy_unpin(NULL, n->cfg.node_id, sb->id, &err) != KILN_OK)
+			log_warn("removing the policy pins of \"%s\": %s", sb->id, err.msg);
 	}
 	if (sb->has_uid) {
 		jail_uid_release(JAIL_LEASE_DIR, sb->uid);
@@ -217,8 +228,31 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 	sb_unregister(n, sb);
 }
 
-/* NULL-terminated "NAME=value" array of `env` (borrowed strings), or NULL. */
-enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env,
+/* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */
+static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
+			       struct kiln_error *err)
+{
+	struct kiln_policy_config pc = {
+		.node_id = n->cfg.node_id,
+		.sandbox_id = sb->id,
+		.net = &sb->net,
+		.conn_rate = (uint32_t)n->cfg.conn_rate,
+		.conn_burst = (uint32_t)n->cfg.conn_burst,
+	};
+	enum kiln_err rc = kiln_policy_attach(&pc, &sb->pol, err);
+
+	if (rc == KILN_OK && init && init->egress && init->egress->n)
+		rc = kiln_policy_apply(sb->pol, init->egress, err);
+	if (rc == KILN_OK && init && init->bandwidth)
+		rc = kiln_policy_set_bandwidth(sb->pol, init->bandwidth, err);
+	if (rc == KILN_OK) {
+		rc = kiln_dns_proxy_add(n->dns, &sb->net, sb->pol, err);
+		sb->dns_added = rc == KILN_OK;
+	}
+	return rc;
+}
+
+enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
 		      struct kiln_error *err)
 {
 	char run_dir[256], state_dir[640], netns_path[64], hostname[64];
@@ -248,6 +282,9 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
+	rc = sb_policy(n, sb, init, err);
+	if (rc != KILN_OK)
+		return rc;
 	snprintf(netns_path, sizeof(netns_path), "/run/netns/%s", sb->net.netns);
 
 	spec.id = sb->id;
@@ -290,7 +327,7 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const char *const *env
 	ident.wall_clock_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 	ident.entropy = entropy;
 	ident.entropy_len = sizeof(entropy);
-	ident.env = env;
+	ident.env = init ? init->env : NULL;
 	rc = agent_set_identity(sb->agent, &ident, err);
 	explicit_bzero(entropy, sizeof(entropy));
 	if (rc != KILN_OK)

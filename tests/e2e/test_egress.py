@@ -1,0 +1,271 @@
+"""Egress and ingress of a real sandbox, enforced in the host kernel, through the public API.
+
+The whole stack (gateway, kiln-node, its sandboxes' networks) runs inside a network namespace of
+the test's own ("the host"), wired to another ("the internet") that serves DNS, TCP and UDP on
+documentation addresses (tests/integration/netpolicy/fakenet.py). Run as a script: it builds the
+two namespaces, runs the tests inside the host one, and removes everything afterwards.
+"""
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+import unittest
+
+import kiln
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FAKENET = os.path.join(kiln.ROOT, "tests", "integration", "netpolicy", "fakenet.py")
+INET = ["203.0.113.%d" % i for i in range(10, 18)] + ["198.51.100.21", "198.51.100.22", "192.0.2.53",
+                                                      "169.254.169.254"]
+PROBE = r'''
+import socket, sys
+def tcp(host, port, t=3):
+    try:
+        s = socket.create_connection((host, port), timeout=t)
+        s.settimeout(t)
+        d = s.recv(64)
+        s.close()
+        return "ok" if d else "empty"
+    except Exception as e:
+        return "fail"
+def dns(name):
+    try:
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET)})[0]
+    except Exception:
+        return "nx"
+def udp_dns(server):
+    q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x03sub\x07example\x03com\x00\x00\x01\x00\x01"
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.settimeout(2)
+    try:
+        s.sendto(q, (server, 53))
+        s.recv(512)
+        return "answered"
+    except Exception:
+        return "silent"
+'''
+
+
+class EgressTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env={"KILN_DNS_UPSTREAM": "192.0.2.53"})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+        cls.a = cls.create()
+        cls.b = cls.create()
+
+
+    @classmethod
+    def create(cls, **body):
+        body.setdefault("memory_mib", 256)
+        r = cls.gw.request("POST", "/v1/sandboxes", body, cls.key, timeout=300)
+        assert r.status == 201, r
+        return r.json()
+
+    def run_py(self, code, sb=None, timeout=60):
+        r = self.gw.request("POST", f"/v1/sandboxes/{(sb or self.a)['id']}/exec",
+                            {"code": PROBE + code, "timeout_s": timeout}, self.key, timeout=timeout + 30)
+        self.assertEqual(r.status, 200, r)
+        out = r.json()
+        self.assertEqual(out["exit_code"], 0, out)
+        return out["stdout"].split()
+
+    def egress(self, rules, sb=None):
+        return self.gw.request("PUT", f"/v1/sandboxes/{(sb or self.a)['id']}/egress", {"rules": rules}, self.key)
+
+    def nat_address(self, sb):
+        idx = int(self.stack.db.sql(f"SELECT net_index FROM sandboxes WHERE id = '{sb['id']}'"))
+        return "10.200.%d.%d" % ((4 * idx) // 256, (4 * idx) % 256 + 2)
+
+    def setUp(self):
+        self.assertEqual(self.egress([]).status, 200)
+
+    def test_open_until_the_first_rule_then_allowlist_only(self):
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.a['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": [], "mode": "open"})
+        self.assertEqual(self.run_py("print(tcp('203.0.113.10', 80), tcp('198.51.100.22', 80), dns('example.com'))"),
+                         ["ok", "ok", "203.0.113.11"])
+        r = self.egress(["sub.example.com", "198.51.100.21:443"])
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(r.json()["mode"], "allowlist")
+        self.assertEqual(self.run_py(
+            "print(dns('sub.example.com'), tcp('203.0.113.10', 80), dns('example.com'),"
+            " tcp('203.0.113.11', 80), tcp('198.51.100.21', 443), tcp('198.51.100.21', 80),"
+            " tcp('198.51.100.22', 80))"),
+            ["203.0.113.10", "ok", "nx", "fail", "ok", "fail", "fail"])
+
+    def test_wildcards_match_any_depth_below_but_not_the_apex(self):
+        self.assertEqual(self.egress(["*.wild.test"]).status, 200)
+        self.assertEqual(self.run_py(
+            "print(dns('a.wild.test'), tcp('203.0.113.12', 80), dns('x.y.wild.test'), tcp('203.0.113.13', 80),"
+            " dns('wild.test'), tcp('203.0.113.16', 80))"),
+            ["203.0.113.12", "ok", "203.0.113.13", "ok", "nx", "fail"])
+
+    def test_dns_rebinding_answers_are_not_let_through(self):
+        self.assertEqual(self.egress(["rebind.test"]).status, 200)
+        self.assertEqual(self.run_py("print(tcp('169.254.169.254', 80), tcp('203.0.113.15', 80))"),
+                         ["fail", "fail"])
+        self.run_py("dns('rebind.test')")
+        self.assertEqual(self.run_py("print(tcp('169.254.169.254', 80), tcp('203.0.113.15', 80))"),
+                         ["fail", "ok"])
+
+    def test_dns_to_a_foreign_resolver_is_dropped_once_rules_exist(self):
+        self.assertEqual(self.run_py("print(udp_dns('192.0.2.53'))"), ["answered"])
+        self.assertEqual(self.egress(["sub.example.com"]).status, 200)
+        self.assertEqual(self.run_py("print(udp_dns('192.0.2.53'), udp_dns('172.16.0.1'))"),
+                         ["silent", "answered"])
+
+    def test_host_metadata_private_and_other_sandboxes_stay_closed_even_while_open(self):
+        other = self.nat_address(self.b)
+        # The other sandbox listens; the host's own addresses have servers on them (fakenet).
+        self.gw.request("POST", f"/v1/sandboxes/{self.b['id']}/exec",
+                        {"cmd": ["sh", "-c", "nohup python3 -c \"import socket\ns=socket.socket();"
+                                 "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('0.0.0.0',8000));"
+                                 "s.listen()\nwhile 1:\n c,_=s.accept();c.sendall(b'hi');c.close()\" "
+                                 ">/dev/null 2>&1 &"]}, self.key)
+        time.sleep(2)
+        got = self.run_py(f"print(tcp('169.254.169.254', 80), tcp('192.0.2.1', 80), tcp('10.200.0.1', 80),"
+                          f" tcp('{other}', 8000), tcp('127.0.0.1', 9), tcp('203.0.113.10', 80))")
+        self.assertEqual(got, ["fail", "fail", "fail", "fail", "fail", "ok"])
+
+    def test_inbound_is_closed_but_replies_to_the_guests_own_flows_pass(self):
+        self.gw.request("POST", f"/v1/sandboxes/{self.a['id']}/exec",
+                        {"cmd": ["sh", "-c", "nohup python3 -c \"import socket\ns=socket.socket();"
+                                 "s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);s.bind(('0.0.0.0',8001));"
+                                 "s.listen()\nwhile 1:\n c,_=s.accept();c.sendall(b'hi');c.close()\" "
+                                 ">/dev/null 2>&1 &"]}, self.key)
+        time.sleep(2)
+        nat = self.nat_address(self.a)
+        probe = subprocess.run(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], sys.executable, "-c",
+                                PROBE + f"print(tcp('{nat}', 8001))"], capture_output=True, text=True)
+        self.assertEqual(probe.stdout.split(), ["fail"], probe.stderr)
+        self.assertEqual(self.run_py("print(tcp('203.0.113.10', 80))"), ["ok"])
+
+    def test_smtp_is_closed_unless_a_rule_names_it(self):
+        self.assertEqual(self.run_py("print(tcp('203.0.113.10', 25), tcp('203.0.113.10', 80))"), ["fail", "ok"])
+        self.assertEqual(self.egress(["203.0.113.10:25"]).status, 200)
+        self.assertEqual(self.run_py("print(tcp('203.0.113.10', 25))"), ["ok"])
+
+    def test_removing_a_rule_cuts_the_flow_it_allowed_live(self):
+        self.assertEqual(self.egress(["203.0.113.10", "203.0.113.11"]).status, 200)
+        import threading
+        res = {}
+
+        def stream():
+            res["out"] = self.run_py(
+                "import time\ns = socket.create_connection(('203.0.113.10', 7000), timeout=3)\n"
+                "s.settimeout(2)\nt0 = time.time(); n = 0\n"
+                "while time.time() - t0 < 12:\n"
+                "    try:\n        d = s.recv(4096)\n    except Exception:\n        break\n"
+                "    if not d:\n        break\n    n += len(d)\n"
+                "print(n > 0, round(time.time() - t0))", timeout=40)
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(4)
+        self.assertEqual(self.egress(["203.0.113.11"]).status, 200)
+        t.join(60)
+        got_data, seconds = res["out"]
+        self.assertEqual(got_data, "True")
+        self.assertLess(int(seconds), 11, "the stream went on after its rule was removed")
+
+    def test_a_bad_rule_is_422_naming_it_and_nothing_changes(self):
+        self.assertEqual(self.egress(["sub.example.com"]).status, 200)
+        r = self.egress(["198.51.100.21", "not a host!", "api.test"])
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("not a host!", r.json()["error"]["message"])
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.a['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": ["sub.example.com"], "mode": "allowlist"})
+        self.assertEqual(self.run_py("print(tcp('198.51.100.21', 443))"), ["fail"])
+
+    def test_spoofed_source_addresses_from_the_guest_are_dropped(self):
+        # The guest's own address first: once a foreign one is on eth0, the guest may also
+        # ARP from it, and those frames are dropped as spoofed too.
+        got = self.run_py(
+            "import subprocess\n"
+            "def from_addr(src):\n"
+            "    s = socket.socket(); s.settimeout(3)\n"
+            "    try:\n        s.bind((src, 0)); s.connect(('203.0.113.10', 80)); return 'ok'\n"
+            "    except Exception:\n        return 'fail'\n"
+            "print(from_addr('172.16.0.2'))\n"
+            "subprocess.run(['ip', 'addr', 'add', '172.16.9.9/32', 'dev', 'eth0'], check=True)\n"
+            "print(from_addr('172.16.9.9'))\n"
+            "subprocess.run(['ip', 'addr', 'del', '172.16.9.9/32', 'dev', 'eth0'])", sb=self.b)
+        self.assertEqual(got, ["ok", "fail"])
+
+    def test_rules_given_at_create_are_in_force_from_the_first_packet(self):
+        sb = self.create(egress={"rules": ["api.test:443"]},
+                         bandwidth={"quota_bytes": 1 << 20, "refill_bytes": 0, "refill_interval_s": 60})
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": ["api.test:443"], "mode": "allowlist"})
+        bw = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/bandwidth", headers=self.key).json()
+        self.assertEqual((bw["quota_bytes"], bw["unmetered"]), (1 << 20, False))
+        self.assertEqual(self.run_py("print(dns('api.test'), tcp('198.51.100.21', 443), tcp('203.0.113.10', 80))", sb=sb),
+                         ["198.51.100.21", "ok", "fail"])
+        r = self.gw.request("POST", "/v1/sandboxes", {"egress": {"rules": ["bad rule"]}}, self.key)
+        self.assertEqual(r.status, 422)
+
+    def test_a_bandwidth_quota_stops_egress_when_spent_and_a_new_setting_applies_live(self):
+        r = self.gw.request("PUT", f"/v1/sandboxes/{self.b['id']}/bandwidth",
+                            {"quota_bytes": 200000, "refill_bytes": 0, "refill_interval_s": 3600}, self.key)
+        self.assertEqual(r.status, 200, r)
+        self.assertFalse(r.json()["unmetered"])
+        code = ("s = socket.create_connection(('203.0.113.10', 8081), timeout=3)\ns.settimeout(3)\nn = 0\n"
+                "try:\n    while n < 50_000_000:\n        d = s.recv(65536)\n        if not d: break\n        n += len(d)\n"
+                "except Exception:\n    pass\nprint(n)")
+        got = int(self.run_py(code, sb=self.b)[0])
+        self.assertLess(got, 50_000_000, "the quota did not stop the download")
+        r = self.gw.request("PUT", f"/v1/sandboxes/{self.b['id']}/bandwidth", {"unmetered": True}, self.key)
+        self.assertEqual(r.status, 200)
+        self.assertTrue(r.json()["unmetered"])
+        self.assertIsNone(r.json()["remaining_bytes"])
+        self.assertGreaterEqual(int(self.run_py(code, sb=self.b)[0]), 50_000_000)
+
+
+def main():
+    """Builds the host and internet namespaces, runs the tests inside the host one, cleans up."""
+    tag = "ke" + secrets.token_hex(3)
+    ns_h, ns_i = tag + "h", tag + "i"
+    procs = []
+
+    def sh(*a):
+        subprocess.run(a, check=True)
+    try:
+        for ns in (ns_h, ns_i):
+            sh("ip", "netns", "add", ns)
+            sh("ip", "-n", ns, "link", "set", "lo", "up")
+        sh("ip", "-n", ns_h, "link", "add", "up0", "type", "veth", "peer", "name", "up0", "netns", ns_i)
+        sh("ip", "-n", ns_h, "addr", "add", "192.0.2.1/30", "dev", "up0")
+        sh("ip", "-n", ns_i, "addr", "add", "192.0.2.2/30", "dev", "up0")
+        for ns in (ns_h, ns_i):
+            sh("ip", "-n", ns, "link", "set", "up0", "up")
+        sh("ip", "-n", ns_h, "route", "add", "default", "via", "192.0.2.2")
+        sh("ip", "netns", "exec", ns_h, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sh("ip", "-n", ns_i, "route", "add", "10.200.0.0/16", "via", "192.0.2.1")
+        for a in INET:
+            sh("ip", "-n", ns_i, "addr", "add", a + "/32", "dev", "lo")
+        for ns, addrs in ((ns_i, INET), (ns_h, ["192.0.2.1"])):
+            p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, FAKENET] + addrs,
+                                 stdout=subprocess.PIPE, text=True)
+            procs.append(p)
+            assert p.stdout.readline().strip() == "ready"
+        env = dict(os.environ, KILN_E2E_INET_NS=ns_i)
+        # nsenter, not `ip netns exec`: that one mounts a fresh /sys, hiding the cgroup and
+        # bpf file systems the node needs.
+        r = subprocess.run(["nsenter", "--net=/run/netns/" + ns_h, sys.executable, "-m", "unittest",
+                            "-v"] + (sys.argv[1:] or ["test_egress"]), cwd=HERE, env=env)
+        return r.returncode
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        for ns in (ns_h, ns_i):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
