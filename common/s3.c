@@ -1398,6 +1398,11 @@ static enum kiln_err put_multipart(struct s3_client *c, const char *fk, const ch
 	old = NULL;
 
 restart:
+	if (stats) {
+		stats->multipart = true;
+		stats->resumed = resumed;
+		stats->parts = nparts;
+	}
 	if (!st) {
 		st = s3_state_new(nparts);
 		if (!st) {
@@ -1415,11 +1420,6 @@ restart:
 			rc = s3_state_save(spath, st, err);
 		if (rc != KILN_OK)
 			goto out;
-	}
-	if (stats) {
-		stats->multipart = true;
-		stats->resumed = resumed;
-		stats->parts = nparts;
 	}
 	for (unsigned i = 1; i <= nparts; i++) {
 		bool sent = false;
