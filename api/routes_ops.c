@@ -5,6 +5,7 @@
 
 #include "api/gateway.h"
 #include "common/buf.h"
+#include "metering/billing.h"
 
 /* Whether at least one node's heartbeat is fresh. */
 static bool nodes_alive(struct gateway *gw)
@@ -49,6 +50,7 @@ static void metrics(struct http_req *req)
 
 	buf_init(&out, 4 << 20);
 	http_server_metrics(gw->http, &out);
+	billing_metrics(gw->rds, &out);	/* kiln-meter's lag and missed ticks, from Redis */
 	http_reply_data(req, 200, "text/plain; version=0.0.4", out.data ? out.data : "", out.len);
 	buf_release(&out);
 }

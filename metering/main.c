@@ -1,0 +1,316 @@
+/*
+ * main.c - kiln-meter: one per host, bills the host's sandboxes every second (meter.h) and
+ * pauses those whose tenant ran out of credits (pause.h).
+ *
+ * Start order is the table below, stop order its reverse. Ticks run on whole seconds of the
+ * clock; a tick that wakes late counts the seconds it skipped as missed (its successor still
+ * bills them: billing is by elapsed time and cumulative counters). SIGTERM and SIGINT stop
+ * after the tick in progress; charges not yet flushed are billed again by the next run from the
+ * ledger's billed-up-to points, so stopping loses nothing.
+ *
+ * Test hooks (never in production): --test-clock FILE adds the number of seconds written in
+ * FILE (re-read every tick) to the host clock, so tests can move the meter's time forward
+ * without stepping the host's; --test-flush-hold-ms N holds each flush's transaction open.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <signal.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/signing.h"
+#include "auth/crypto.h"
+#include "common/config.h"
+#include "common/log.h"
+#include "metering/meter.h"
+#include "metering/pause.h"
+#include "migrations/migrate.h"
+
+static struct {
+	struct kiln_config cfg;
+	struct auth_master_key mk;
+	bool has_mk;
+	struct pg *pg;
+	struct rds *rds;
+	struct signing *signing;
+	struct pauser *pauser;
+	struct meter *meter;
+	const char *clock_file;
+	unsigned flush_hold_ms;
+} km;
+
+static volatile sig_atomic_t stop_requested;
+
+static void on_signal(int sig)
+{
+	stop_requested = sig;
+}
+
+/* The test clock: the host's plus the offset in seconds read from the file. */
+static int64_t test_clock(void *ctx)
+{
+	struct timespec ts;
+	double off = 0;
+	FILE *f = fopen((const char *)ctx, "r");
+
+	if (f) {
+		if (fscanf(f, "%lf", &off) != 1)
+			off = 0;
+		fclose(f);
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)(off * 1e9);
+}
+
+static int db_init(struct kiln_error *err)
+{
+	int applied = 0;
+	enum kiln_err rc;
+
+	km.pg = pg_new(km.cfg.database_url, 2);
+	if (!km.pg)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = migrate_apply(km.pg, migrations, migrations_count, &applied, err);
+	if (rc == KILN_OK && applied)
+		log_info("applied %d migrations", applied);
+	return rc;
+}
+
+static void db_exit(void)
+{
+	pg_free(km.pg);
+	km.pg = NULL;
+}
+
+/* The master key signs node tokens for pauses; without one the meter bills but pauses nothing. */
+static int master_key_init(struct kiln_error *err)
+{
+	char text[256];
+	size_t n = 0;
+	FILE *f;
+
+	if (km.cfg.master_key) {
+		n = (size_t)snprintf(text, sizeof(text), "%s", km.cfg.master_key);
+	} else if (km.cfg.master_key_file) {
+		f = fopen(km.cfg.master_key_file, "r");
+		if (!f)
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "setting \"master_key_file\": cannot read \"%s\"",
+					      km.cfg.master_key_file);
+		n = fread(text, 1, sizeof(text) - 1, f);
+		fclose(f);
+		text[n] = '\0';
+	} else {
+		log_warn("no master key: sandboxes of tenants out of credits will not be paused");
+		return KILN_OK;
+	}
+	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
+		text[--n] = '\0';
+	if (auth_master_key_load(&km.mk, text, n, err) != KILN_OK) {
+		kiln_error_clear(err);
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "the master key is not 64 hex digits (or 32 bytes in base64)");
+	}
+	memset(text, 0, sizeof(text));
+	km.has_mk = true;
+	return KILN_OK;
+}
+
+static void master_key_exit(void)
+{
+	auth_master_key_wipe(&km.mk);
+	km.has_mk = false;
+}
+
+static int signing_init(struct kiln_error *err)
+{
+	if (!km.has_mk)
+		return KILN_OK;
+	km.signing = signing_new(km.pg, &km.mk, err);
+	if (!km.signing)
+		return err->code ? err->code : KILN_E_INTERNAL;
+	km.pauser = pauser_new(km.pg, km.signing, km.cfg.node_id);
+	if (!km.pauser)
+		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
+	return KILN_OK;
+}
+
+static void signing_exit(void)
+{
+	pauser_free(km.pauser);
+	km.pauser = NULL;
+	signing_free(km.signing);
+	km.signing = NULL;
+}
+
+static int redis_init(struct kiln_error *err)
+{
+	km.rds = rds_new(km.cfg.redis_url, 1000);
+	if (!km.rds)
+		return kiln_error_set(err, KILN_E_INVALID, "setting \"redis_url\": bad address \"%s\"",
+				      km.cfg.redis_url);
+	return KILN_OK;
+}
+
+static void redis_exit(void)
+{
+	rds_free(km.rds);
+	km.rds = NULL;
+}
+
+static int meter_init(struct kiln_error *err)
+{
+	struct meter_opts o = {
+		.node_id = km.cfg.node_id,
+		.cgroup_root = km.cfg.meter_cgroup_root,
+		.pin_root = km.cfg.meter_pin_root,
+		.window_s = km.cfg.meter_window_s,
+		.series_s = km.cfg.meter_series_s,
+		.plan_max_sandboxes = km.cfg.plan_max_sandboxes,
+		.plan_max_vcpu_milli = km.cfg.plan_max_vcpu_milli,
+		.plan_max_memory_mib = km.cfg.plan_max_memory_mib,
+		.plan_max_snapshot_bytes = km.cfg.plan_max_snapshot_gib << 30,
+		.now_ns = km.clock_file ? test_clock : NULL,
+		.clock_ctx = (void *)km.clock_file,
+		.pause = km.pauser ? pauser_ask : NULL,
+		.pause_ctx = km.pauser,
+		.test_flush_hold_ms = km.flush_hold_ms,
+	};
+	enum kiln_err rc;
+
+	price_card_init(&o.card, km.cfg.price_cpu_ucr_per_cpu_s, km.cfg.price_mem_ucr_per_gib_s,
+			km.cfg.price_disk_ucr_per_gib_s, km.cfg.price_snapshot_ucr_per_gib_s);
+	km.meter = meter_new(&o, km.pg, km.rds, err);
+	if (!km.meter)
+		return err->code;
+	rc = meter_start(km.meter, err);
+	if (rc == KILN_E_UNAVAILABLE) {
+		/* Redis or Postgres not up yet: the first ticks try again. */
+		log_warn("meter start deferred: %s", err->msg);
+		kiln_error_clear(err);
+		return KILN_OK;
+	}
+	return rc;
+}
+
+static void meter_exit(void)
+{
+	meter_free(km.meter);
+	km.meter = NULL;
+}
+
+static const struct {
+	const char *name;
+	int (*init)(struct kiln_error *err);
+	void (*exit)(void);
+} stages[] = {
+	{ "master key", master_key_init, master_key_exit },
+	{ "postgres", db_init, db_exit },
+	{ "signing keys", signing_init, signing_exit },
+	{ "redis", redis_init, redis_exit },
+	{ "meter", meter_init, meter_exit },
+};
+#define NSTAGES (sizeof(stages) / sizeof(stages[0]))
+
+static void usage(FILE *out)
+{
+	fprintf(out, "usage: kiln-meter [--config FILE]\n\n"
+		     "Bills this node's sandboxes every second and writes the ledger every\n"
+		     "meter_window_s seconds.\n\n");
+	config_help(out);
+}
+
+static int64_t real_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
+}
+
+/* Ticks on whole seconds until asked to stop. */
+static void run(void)
+{
+	struct kiln_error err = { 0 };
+	int64_t prev = 0;
+	unsigned quiet = 0;
+
+	while (!stop_requested) {
+		int64_t now = real_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
+		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
+
+		while (!stop_requested &&
+		       clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR)
+			;
+		if (stop_requested)
+			break;
+		now = real_ns();
+		if (prev && now - prev > PRICE_NS_PER_S * 3 / 2)
+			meter_note_missed(km.meter,
+					  (uint64_t)((now - prev + PRICE_NS_PER_S / 2) / PRICE_NS_PER_S) - 1);
+		prev = now;
+		kiln_error_clear(&err);
+		if (meter_tick(km.meter, &err) != KILN_OK) {
+			/* Say it once, then every minute while it lasts. */
+			if (quiet++ % 60 == 0)
+				log_warn("tick failed (the next one bills this time): %s", err.msg);
+		} else if (quiet) {
+			log_info("ticks work again after %u failures", quiet);
+			quiet = 0;
+		}
+	}
+}
+
+int main(int argc, char **argv)
+{
+	struct kiln_error err = { 0 };
+	const char *config_path = NULL;
+	size_t started = 0;
+	int status = 0;
+
+	for (int i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+			usage(stdout);
+			return 0;
+		} else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
+			config_path = argv[++i];
+		} else if (!strcmp(argv[i], "--test-clock") && i + 1 < argc) {
+			km.clock_file = argv[++i];
+		} else if (!strcmp(argv[i], "--test-flush-hold-ms") && i + 1 < argc) {
+			km.flush_hold_ms = (unsigned)atoi(argv[++i]);
+		} else {
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (config_load(&km.cfg, config_path, config_path != NULL, &err) != KILN_OK) {
+		fprintf(stderr, "kiln-meter: %s\n", err.msg);
+		return 2;
+	}
+	log_init("kiln-meter", (enum log_level)log_level_parse(km.cfg.log_level), km.cfg.log_json);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	signal(SIGPIPE, SIG_IGN);
+	signal(SIGTERM, on_signal);
+	signal(SIGINT, on_signal);
+	for (; started < NSTAGES; started++) {
+		if (stages[started].init(&err) != KILN_OK) {
+			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
+			status = 1;
+			break;
+		}
+	}
+	if (!status)
+		run();
+	if (stop_requested)
+		log_info("stopping on signal %d", (int)stop_requested);
+	while (started > 0)
+		stages[--started].exit();
+	config_release(&km.cfg);
+	curl_global_cleanup();
+	return status;
+}

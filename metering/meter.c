@@ -1,0 +1,1325 @@
+/*
+ * meter.c - kiln-meter's tick and flush (see meter.h).
+ *
+ * State in memory, per sandbox: its generation, the state it is billed in, the time it is billed
+ * up to (last_t), the cumulative counters at last_t, its sub-µcr remainder, and the windows it
+ * has charges in that are not in the ledger yet. Per tenant: the sum of those charges (its
+ * `live` field in Redis) and the balance Redis answered on the last tick. Everything here can be
+ * lost: the ledger's meter_sandboxes rows say where billing stands, and a fresh meter bills from
+ * there with the same cumulative counters and the same clock arithmetic.
+ */
+#include "meter.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/buf.h"
+#include "common/log.h"
+#include "metering/billing.h"
+#include "netpolicy/policy.h"
+#include "vmm/cgroup.h"
+
+#define ID_MAX 64
+#define PAUSE_RETRY_NS (10 * PRICE_NS_PER_S)	/* ask again for a pause that did not happen */
+#define FLUSH_JSON_MAX (256u << 20)
+#define SERIES_TRIM_EVERY_S 10
+
+enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
+
+static const char *const bstate_names[] = { "none", "running", "paused" };
+
+/* One sandbox generation's charges in one window, not in the ledger yet. */
+struct mwin {
+	int64_t ws;		/* window start, s */
+	long long gen;
+	int64_t ps, pe;		/* the part of the window billed, ns */
+	long long ucr;
+	uint64_t cpu_ns, rx, tx;
+	unsigned __int128 mib_ns;	/* MiB x ns running */
+	int64_t first_read;	/* ns: the earliest counter read in it (for the lag) */
+	/* the billed-up-to point after it */
+	enum bstate state;
+	uint64_t cpu_at, rx_at, tx_at, rem;
+};
+
+struct mten;
+
+struct msb {
+	char id[ID_MAX], tenant[ID_MAX];
+	long long gen;
+	enum bstate state;	/* as billed at last_t */
+	unsigned mem_mib, disk_gib;
+	int64_t last_t;		/* ns: billed up to */
+	uint64_t cpu_at, rx_at, tx_at;	/* cumulative counters of `gen` at last_t */
+	uint64_t rem;		/* fine units, < PRICE_FINE_PER_UCR */
+	struct cg *cg;
+	bool ended, seen;
+	int64_t pause_asked;	/* ns, 0 = never */
+	struct mwin *w;
+	size_t nw, capw;
+	struct mten *ten;
+	/* this tick, for the series */
+	uint64_t t_cpu, t_rx, t_tx, t_mem;
+	long long t_ucr;
+	int64_t t_start;
+	bool t_has;
+	struct msb *hnext;
+};
+
+struct mten {
+	char id[ID_MAX];
+	long long pending;	/* µcr charged here, not in the ledger yet */
+	long long sent;		/* what Redis last got as our live field; -1: never */
+	long long balance;	/* as Redis answered on the last tick */
+	bool has_balance, frozen;
+	unsigned __int128 t_fine;	/* this tick's charges, for the burn rate */
+	uint64_t t_rx, t_tx;
+	int nsb;		/* sandboxes not ended */
+	struct mten *hnext;
+};
+
+struct meter {
+	struct meter_opts o;
+	char node[ID_MAX];
+	char cg_root[256], pin_root[256];
+	char live_field[ID_MAX + 8];
+	struct pg *pg;
+	struct rds *rds;
+	bool started;
+	struct msb **sbs;	/* every tracked sandbox */
+	size_t nsbs, capsbs;
+	struct msb **sbh;	/* hash of sbs by id */
+	size_t sbh_n;
+	struct mten **tens;
+	size_t ntens, captens;
+	struct mten **tnh;
+	size_t tnh_n;
+	int64_t since;		/* ns: rows changed after this are read too */
+	int64_t last_tick;	/* ns */
+	int64_t last_expiry_ws;
+	struct meter_stats st;
+	uint64_t ticks_missed;
+};
+
+static uint64_t hash_str(const char *s)
+{
+	uint64_t h = 1469598103934665603ULL;
+
+	for (; *s; s++)
+		h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+	return h;
+}
+
+static int64_t clock_real(void *ctx)
+{
+	struct timespec ts;
+
+	(void)ctx;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
+}
+
+static int64_t now_ns(struct meter *m)
+{
+	return m->o.now_ns(m->o.clock_ctx);
+}
+
+/* --- the two tables: sandboxes and tenants, arrays with a chained hash by id --- */
+
+static int sb_rehash(struct meter *m, size_t nb)
+{
+	struct msb **h = calloc(nb, sizeof(*h));
+
+	if (!h)
+		return -ENOMEM;
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		size_t k = hash_str(s->id) % nb;
+		s->hnext = h[k];
+		h[k] = s;
+	}
+	free(m->sbh);
+	m->sbh = h;
+	m->sbh_n = nb;
+	return 0;
+}
+
+static struct msb *sb_find(struct meter *m, const char *id)
+{
+	if (!m->sbh_n)
+		return NULL;
+	for (struct msb *s = m->sbh[hash_str(id) % m->sbh_n]; s; s = s->hnext)
+		if (strcmp(s->id, id) == 0)
+			return s;
+	return NULL;
+}
+
+static struct mten *ten_find(struct meter *m, const char *id)
+{
+	if (!m->tnh_n)
+		return NULL;
+	for (struct mten *t = m->tnh[hash_str(id) % m->tnh_n]; t; t = t->hnext)
+		if (strcmp(t->id, id) == 0)
+			return t;
+	return NULL;
+}
+
+static int ten_rehash(struct meter *m, size_t nb)
+{
+	struct mten **h = calloc(nb, sizeof(*h));
+
+	if (!h)
+		return -ENOMEM;
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		size_t k = hash_str(t->id) % nb;
+		t->hnext = h[k];
+		h[k] = t;
+	}
+	free(m->tnh);
+	m->tnh = h;
+	m->tnh_n = nb;
+	return 0;
+}
+
+static struct mten *ten_get(struct meter *m, const char *id)
+{
+	struct mten *t = ten_find(m, id);
+
+	if (t)
+		return t;
+	if (m->ntens == m->captens) {
+		size_t cap = m->captens ? m->captens * 2 : 64;
+		struct mten **a = realloc(m->tens, cap * sizeof(*a));
+		if (!a)
+			return NULL;
+		m->tens = a;
+		m->captens = cap;
+	}
+	t = calloc(1, sizeof(*t));
+	if (!t)
+		return NULL;
+	snprintf(t->id, sizeof(t->id), "%s", id);
+	t->sent = -1;
+	m->tens[m->ntens++] = t;
+	if (m->ntens * 2 > m->tnh_n) {
+		if (ten_rehash(m, m->ntens * 4)) {
+			m->ntens--;
+			free(t);
+			return NULL;
+		}
+	} else {
+		size_t k = hash_str(id) % m->tnh_n;
+		t->hnext = m->tnh[k];
+		m->tnh[k] = t;
+	}
+	return t;
+}
+
+static struct msb *sb_add(struct meter *m, const char *id, const char *tenant)
+{
+	struct msb *s;
+
+	if (m->nsbs == m->capsbs) {
+		size_t cap = m->capsbs ? m->capsbs * 2 : 64;
+		struct msb **a = realloc(m->sbs, cap * sizeof(*a));
+		if (!a)
+			return NULL;
+		m->sbs = a;
+		m->capsbs = cap;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return NULL;
+	s->ten = ten_get(m, tenant);
+	if (!s->ten) {
+		free(s);
+		return NULL;
+	}
+	snprintf(s->id, sizeof(s->id), "%s", id);
+	snprintf(s->tenant, sizeof(s->tenant), "%s", tenant);
+	m->sbs[m->nsbs++] = s;
+	if (m->nsbs * 2 > m->sbh_n) {
+		if (sb_rehash(m, m->nsbs * 4)) {
+			m->nsbs--;
+			free(s);
+			return NULL;
+		}
+	} else {
+		size_t k = hash_str(id) % m->sbh_n;
+		s->hnext = m->sbh[k];
+		m->sbh[k] = s;
+	}
+	s->ten->nsb++;
+	return s;
+}
+
+static void sb_free(struct msb *s)
+{
+	cg_free(s->cg);
+	free(s->w);
+	free(s);
+}
+
+/* --- billing arithmetic over time --- */
+
+/* The window entry of `s` for (gen, ws), made when missing; NULL when out of memory. */
+static struct mwin *win_get(struct msb *s, long long gen, int64_t ws, int64_t t0)
+{
+	struct mwin *w;
+
+	for (size_t i = s->nw; i-- > 0;)
+		if (s->w[i].ws == ws && s->w[i].gen == gen)
+			return &s->w[i];
+	if (s->nw == s->capw) {
+		size_t cap = s->capw ? s->capw * 2 : 4;
+		struct mwin *a = realloc(s->w, cap * sizeof(*a));
+		if (!a)
+			return NULL;
+		s->w = a;
+		s->capw = cap;
+	}
+	w = &s->w[s->nw++];
+	memset(w, 0, sizeof(*w));
+	w->ws = ws;
+	w->gen = gen;
+	w->ps = t0;
+	return w;
+}
+
+/*
+ * Bills `s` for [t0, t1) in state `st`, with `cpu` ns of CPU and rx/tx bytes measured over it,
+ * split at window boundaries (the measured amounts in proportion to time). Advances last_t and
+ * the counters. `read_at` is when the counters were read.
+ */
+static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, enum bstate st,
+		      uint64_t cpu, uint64_t rx, uint64_t tx, int64_t read_at)
+{
+	const int64_t wns = m->o.window_s * PRICE_NS_PER_S;
+
+	if (t1 <= t0) {
+		s->cpu_at += cpu;
+		s->rx_at += rx;
+		s->tx_at += tx;
+		return;
+	}
+	while (t0 < t1) {
+		int64_t ws = price_window_start(t0, m->o.window_s);
+		int64_t pe = ws * PRICE_NS_PER_S + wns < t1 ? ws * PRICE_NS_PER_S + wns : t1;
+		uint64_t num = (uint64_t)(pe - t0), den = (uint64_t)(t1 - t0);
+		uint64_t c = pe == t1 ? cpu : price_share(cpu, num, den);
+		uint64_t r = pe == t1 ? rx : price_share(rx, num, den);
+		uint64_t x = pe == t1 ? tx : price_share(tx, num, den);
+		struct price_usage u = {
+			.run_ns = st == BS_RUN ? num : 0,
+			.paused_ns = st == BS_PAUSED ? num : 0,
+			.cpu_ns = st == BS_RUN ? c : 0,
+			.mem_mib = s->mem_mib,
+			.disk_gib = s->disk_gib,
+			/* The pause snapshot is the guest's memory image; its disk layer stays
+			 * billed as the disk it is. */
+			.snap_mib = s->mem_mib,
+		};
+		unsigned __int128 fine = st == BS_NONE ? 0 : price_fine(&m->o.card, &u);
+		long long ucr = 0;
+		struct mwin *w;
+
+		if (!s->ten->frozen)
+			ucr = price_take(&s->rem, fine);
+		cpu -= c;
+		rx -= r;
+		tx -= x;
+		s->cpu_at += c;
+		s->rx_at += r;
+		s->tx_at += x;
+		s->last_t = pe;
+		s->ten->pending += ucr;
+		if (!s->ten->frozen)
+			s->ten->t_fine += fine;
+		s->ten->t_rx += r;
+		s->ten->t_tx += x;
+		s->t_cpu += u.cpu_ns;
+		s->t_rx += r;
+		s->t_tx += x;
+		s->t_ucr += ucr;
+		w = win_get(s, s->gen, ws, t0);
+		if (!w) {
+			/* Out of memory: the charge stays in `pending` and in Redis; the ledger
+			 * gets it when the next window of this sandbox is flushed. */
+			log_error("out of memory billing sandbox \"%s\"", s->id);
+			t0 = pe;
+			continue;
+		}
+		w->pe = pe;
+		w->ucr += ucr;
+		w->cpu_ns += u.cpu_ns;
+		w->rx += r;
+		w->tx += x;
+		if (st == BS_RUN)
+			w->mib_ns += (unsigned __int128)s->mem_mib * num;
+		if (!w->first_read || read_at < w->first_read)
+			w->first_read = read_at;
+		w->state = st;
+		w->cpu_at = s->cpu_at;
+		w->rx_at = s->rx_at;
+		w->tx_at = s->tx_at;
+		w->rem = s->rem;
+		t0 = pe;
+	}
+}
+
+/* A row of the tick's query. */
+struct mrow {
+	const char *id, *tenant, *state;
+	long long gen;
+	unsigned mem_mib, disk_gib;
+	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
+	bool has_m;
+	long long m_gen;
+	const char *m_state;
+	int64_t m_last;
+	uint64_t m_cpu, m_rx, m_tx, m_rem;
+};
+
+/* Whether the sandbox of `r` is done for good: stopped, failed or deleted. */
+static bool row_terminal(const struct mrow *r)
+{
+	return r->deleted || strcmp(r->state, "stopped") == 0 || strcmp(r->state, "error") == 0;
+}
+
+static enum bstate bstate_of(const char *state)
+{
+	if (strcmp(state, "running") == 0)
+		return BS_RUN;
+	if (strcmp(state, "paused") == 0)
+		return BS_PAUSED;
+	return BS_NONE;
+}
+
+/* Starts tracking the sandbox of `r`, from the ledger's billed-up-to point when there is one. */
+static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
+{
+	struct msb *s = sb_add(m, r->id, r->tenant);
+
+	if (!s)
+		return NULL;
+	s->mem_mib = r->mem_mib;
+	s->disk_gib = r->disk_gib;
+	if (r->has_m && r->m_gen <= r->gen) {
+		s->gen = r->m_gen;
+		s->state = bstate_of(r->m_state);
+		s->last_t = r->m_last;
+		s->cpu_at = r->m_cpu;
+		s->rx_at = r->m_rx;
+		s->tx_at = r->m_tx;
+		s->rem = r->m_rem % PRICE_FINE_PER_UCR;
+		return s;
+	}
+	s->gen = r->gen;
+	s->rem = r->has_m ? r->m_rem % PRICE_FINE_PER_UCR : 0;
+	s->state = bstate_of(r->state);
+	if (s->state != BS_NONE && !r->deleted) {
+		s->last_t = r->changed;
+	} else if (strcmp(r->state, "stopped") == 0 || (r->deleted && s->state != BS_NONE)) {
+		/* It ran and ended while no meter watched: bill its life. */
+		s->state = BS_RUN;
+		s->last_t = r->created;
+	} else {
+		s->state = BS_NONE;
+		s->last_t = now;
+	}
+	return s;
+}
+
+/* Reads the cumulative counters of `s`: false for each that cannot be read. */
+static void sb_read(struct meter *m, struct msb *s, bool *has_cpu, uint64_t *cpu, uint64_t *mem,
+		    bool *has_net, uint64_t *rx, uint64_t *tx)
+{
+	struct cg_usage u;
+	struct kiln_counters k;
+	struct kiln_error err = { 0 };
+
+	*has_cpu = *has_net = false;
+	*cpu = *mem = *rx = *tx = 0;
+	if (!s->cg && cg_open(m->cg_root[0] ? m->cg_root : NULL, m->node, s->id, &s->cg) < 0)
+		s->cg = NULL;
+	if (s->cg) {
+		if (cg_read(s->cg, &u) == 0) {
+			*has_cpu = true;
+			*cpu = u.cpu_ns;
+			*mem = u.mem_bytes;
+		} else {
+			cg_free(s->cg);
+			s->cg = NULL;
+		}
+	}
+	if (m->pin_root[0] != '-' &&
+	    kiln_counters_read_pinned(m->pin_root[0] ? m->pin_root : NULL, m->node, s->id, &k, &err) ==
+		    KILN_OK) {
+		*has_net = true;
+		/* From the sandbox's point of view: what it received and what it sent. */
+		*rx = k.rx_bytes;
+		*tx = k.tx_bytes;
+	}
+}
+
+/* Bills the sandbox `s` of row `r` up to `now`. */
+static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_t now)
+{
+	int64_t end = now, seg_t[3];
+	enum bstate seg_st[2], cur = bstate_of(r->state);
+	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0, dcpu = 0, drx = 0, dtx = 0;
+	bool has_cpu, has_net, ended = false;
+	int nseg;
+
+	s->mem_mib = r->mem_mib;
+	s->disk_gib = r->disk_gib;
+	if (r->deleted) {
+		if (r->deleted < end)
+			end = r->deleted;
+		ended = true;
+	}
+	if (cur == BS_NONE && row_terminal(r)) {
+		if (r->changed < end)
+			end = r->changed;
+		ended = true;
+	}
+	if (end < s->last_t)
+		end = s->last_t;
+	if (r->gen != s->gen) {
+		/* A new generation (restored, moved): the old one is billed in its state until
+		 * the change; the new one's counters start from zero. */
+		int64_t t1 = r->changed < s->last_t ? s->last_t : (r->changed > end ? end : r->changed);
+		bill_span(m, s, s->last_t, t1, s->state, 0, 0, 0, now);
+		s->gen = r->gen;
+		s->cpu_at = s->rx_at = s->tx_at = 0;
+		s->state = cur;
+		cg_free(s->cg);
+		s->cg = NULL;
+	}
+	sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
+	if (has_cpu) {
+		if (cpu < s->cpu_at)
+			s->cpu_at = 0;	/* restarted: the counter began again */
+		dcpu = cpu - s->cpu_at;
+	}
+	if (has_net) {
+		if (rx < s->rx_at || tx < s->tx_at)
+			s->rx_at = s->tx_at = 0;
+		drx = rx - s->rx_at;
+		dtx = tx - s->tx_at;
+	}
+	s->t_mem = mem;
+	/* At most two stretches since last_t: the billed state until the change, then the new. */
+	seg_t[0] = s->last_t;
+	if (r->changed > s->last_t && r->changed < end && cur != s->state && !ended) {
+		seg_t[1] = r->changed;
+		seg_t[2] = end;
+		seg_st[0] = s->state;
+		seg_st[1] = cur;
+		nseg = 2;
+	} else {
+		seg_t[1] = end;
+		seg_st[0] = (r->changed <= s->last_t && !ended) ? cur : s->state;
+		nseg = 1;
+	}
+	{
+		uint64_t run = 0, all = (uint64_t)(end - s->last_t), c_left = dcpu, r_left = drx,
+			 x_left = dtx;
+		for (int i = 0; i < nseg; i++)
+			if (seg_st[i] == BS_RUN)
+				run += (uint64_t)(seg_t[i + 1] - seg_t[i]);
+		for (int i = 0; i < nseg; i++) {
+			uint64_t d = (uint64_t)(seg_t[i + 1] - seg_t[i]);
+			bool last_run = true;
+			uint64_t c = 0, rr, xx;
+			for (int j = i + 1; j < nseg; j++)
+				if (seg_st[j] == BS_RUN)
+					last_run = false;
+			if (seg_st[i] == BS_RUN)
+				c = last_run ? c_left : (run ? price_share(dcpu, d, run) : 0);
+			rr = i == nseg - 1 ? r_left : (all ? price_share(drx, d, all) : 0);
+			xx = i == nseg - 1 ? x_left : (all ? price_share(dtx, d, all) : 0);
+			c_left -= c;
+			r_left -= rr;
+			x_left -= xx;
+			bill_span(m, s, seg_t[i], seg_t[i + 1], seg_st[i], c, rr, xx, now);
+		}
+		/* CPU measured while not running (booting, pausing) moves the counter unbilled. */
+		s->cpu_at += c_left;
+		s->rx_at += r_left;
+		s->tx_at += x_left;
+		s->state = seg_st[nseg - 1];
+	}
+	if (ended) {
+		/* Recorded as billed state "none", so the ledger knows this sandbox is done. */
+		struct mwin *w = s->nw ? &s->w[s->nw - 1]
+				       : win_get(s, s->gen,
+						 price_window_start(s->last_t > 0 ? s->last_t - 1 : 0,
+								    m->o.window_s),
+						 s->last_t);
+		if (w) {
+			if (!w->pe) {
+				w->pe = s->last_t;
+				w->first_read = now;
+				w->cpu_at = s->cpu_at;
+				w->rx_at = s->rx_at;
+				w->tx_at = s->tx_at;
+				w->rem = s->rem;
+			}
+			w->state = BS_NONE;
+		}
+		s->ended = true;
+		s->state = BS_NONE;
+		s->ten->nsb--;
+		cg_free(s->cg);
+		s->cg = NULL;
+	}
+}
+
+/* --- Postgres: this node's sandboxes --- */
+
+static const char rows_sql[] =
+	"SELECT s.id, s.tenant_id, s.generation, s.state, s.memory_mib, s.disk_gib, "
+	"(extract(epoch FROM s.state_changed_at) * 1000000)::bigint, "
+	"(extract(epoch FROM s.deleted_at) * 1000000)::bigint, "
+	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
+	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine "
+	"FROM sandboxes s LEFT JOIN meter_sandboxes m ON m.sandbox_id = s.id "
+	"WHERE s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
+	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
+	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
+	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
+	"    OR s.deleted_at IS NOT NULL)))";
+
+static void row_parse(const struct pg_res *res, int i, struct mrow *r)
+{
+	memset(r, 0, sizeof(*r));
+	r->id = pg_res_str(res, i, 0);
+	r->tenant = pg_res_str(res, i, 1);
+	r->gen = pg_res_int(res, i, 2, 1);
+	r->state = pg_res_str(res, i, 3);
+	r->mem_mib = (unsigned)pg_res_int(res, i, 4, 0);
+	r->disk_gib = (unsigned)pg_res_int(res, i, 5, 0);
+	r->changed = pg_res_int(res, i, 6, 0) * 1000;
+	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
+	r->created = pg_res_int(res, i, 8, 0) * 1000;
+	r->has_m = pg_res_get(res, i, 9) != NULL;
+	if (r->has_m) {
+		r->m_gen = pg_res_int(res, i, 9, 0);
+		r->m_state = pg_res_str(res, i, 10);
+		r->m_last = pg_res_int(res, i, 11, 0);
+		r->m_cpu = (uint64_t)pg_res_int(res, i, 12, 0);
+		r->m_rx = (uint64_t)pg_res_int(res, i, 13, 0);
+		r->m_tx = (uint64_t)pg_res_int(res, i, 14, 0);
+		r->m_rem = (uint64_t)pg_res_int(res, i, 15, 0);
+	}
+}
+
+/* --- Redis: one round trip per tick --- */
+
+/*
+ * KEYS: per tenant its balance hash and its bandwidth hash and burn hash; then per sandbox its
+ * series; then the meter's figures hash, the meters set and the node's tenants set.
+ * ARGV: live field, node, #tenants, #sandboxes, tick second, trim cutoff (or ''), series ttl,
+ * burn stamp; per tenant: live, rx, tx, burn rate; per sandbox: series member; then figure pairs.
+ * Returns {balances, missing flags}.
+ */
+static const char tick_lua[] =
+	"local f, node = ARGV[1], ARGV[2]\n"
+	"local nt, ns = tonumber(ARGV[3]), tonumber(ARGV[4])\n"
+	"local t, cutoff, ttl, stamp = ARGV[5], ARGV[6], ARGV[7], ARGV[8]\n"
+	"local a = 9\n"
+	"local bal, miss = {}, {}\n"
+	"local tset = KEYS[3 * nt + ns + 3]\n"
+	"for i = 1, nt do\n"
+	"  local bk, wk, rk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]\n"
+	"  local live, rx, tx, burn = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]\n"
+	"  a = a + 4\n"
+	"  if live == '0' then redis.call('HDEL', bk, f) else redis.call('HSET', bk, f, live) end\n"
+	"  if rx > 0 then redis.call('HINCRBY', wk, 'rx', rx) end\n"
+	"  if tx > 0 then redis.call('HINCRBY', wk, 'tx', tx) end\n"
+	"  redis.call('HSET', rk, node, burn .. ':' .. stamp)\n"
+	"  redis.call('EXPIRE', rk, 60)\n"
+	"  local v = redis.call('HGETALL', bk)\n"
+	"  local ledger, sum = nil, 0\n"
+	"  for j = 1, #v, 2 do\n"
+	"    if v[j] == 'ledger' then ledger = tonumber(v[j + 1])\n"
+	"    elseif string.sub(v[j], 1, 5) == 'live:' then sum = sum + tonumber(v[j + 1]) end\n"
+	"  end\n"
+	"  if ledger then bal[i] = ledger - sum; miss[i] = 0 else bal[i] = 0; miss[i] = 1 end\n"
+	"  if live ~= '0' then redis.call('SADD', tset, string.sub(bk, 10)) end\n"
+	"end\n"
+	"for i = 1, ns do\n"
+	"  local k = KEYS[3 * nt + i]\n"
+	"  redis.call('ZADD', k, t, ARGV[a])\n"
+	"  a = a + 1\n"
+	"  if cutoff ~= '' then\n"
+	"    redis.call('ZREMRANGEBYSCORE', k, '-inf', cutoff)\n"
+	"    redis.call('EXPIRE', k, ttl)\n"
+	"  end\n"
+	"end\n"
+	"local mk = KEYS[3 * nt + ns + 1]\n"
+	"while a + 1 <= #ARGV do redis.call('HSET', mk, ARGV[a], ARGV[a + 1]); a = a + 2 end\n"
+	"redis.call('EXPIRE', mk, 300)\n"
+	"redis.call('SADD', KEYS[3 * nt + ns + 2], node)\n"
+	"return {bal, miss}\n";
+
+/* Drops the live fields an earlier run of this node left: its unflushed charges died with it. */
+static const char reset_lua[] =
+	"local ts = redis.call('SMEMBERS', KEYS[1])\n"
+	"for _, t in ipairs(ts) do redis.call('HDEL', '" BILLING_BAL_PREFIX "' .. t, ARGV[1]) end\n"
+	"redis.call('DEL', KEYS[1])\n"
+	"return #ts\n";
+
+/* An argv under construction; strings are copied into one arena per tick. */
+struct argv {
+	const char **v;
+	size_t n, cap;
+	struct buf arena;
+	size_t *offs;	/* offset in arena of each string, -1 for static */
+};
+
+static int argv_add(struct argv *a, const char *s, bool copy)
+{
+	if (a->n == a->cap) {
+		size_t cap = a->cap ? a->cap * 2 : 256;
+		const char **v = realloc(a->v, cap * sizeof(*v));
+		size_t *o = realloc(a->offs, cap * sizeof(*o));
+		if (v)
+			a->v = v;
+		if (o)
+			a->offs = o;
+		if (!v || !o)
+			return -ENOMEM;
+		a->cap = cap;
+	}
+	if (copy) {
+		size_t off = a->arena.len;
+		if (buf_append(&a->arena, s, strlen(s) + 1))
+			return -ENOMEM;
+		a->offs[a->n] = off;
+		a->v[a->n++] = NULL;
+	} else {
+		a->offs[a->n] = (size_t)-1;
+		a->v[a->n++] = s;
+	}
+	return 0;
+}
+
+static int argv_addf(struct argv *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int argv_addf(struct argv *a, const char *fmt, ...)
+{
+	char tmp[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(tmp, sizeof(tmp), fmt, ap);
+	va_end(ap);
+	return argv_add(a, tmp, true);
+}
+
+/* Points the copied strings into the arena (which no longer moves). */
+static void argv_fix(struct argv *a)
+{
+	for (size_t i = 0; i < a->n; i++)
+		if (a->offs[i] != (size_t)-1)
+			a->v[i] = a->arena.data + a->offs[i];
+}
+
+static void argv_release(struct argv *a)
+{
+	free(a->v);
+	free(a->offs);
+	buf_release(&a->arena);
+	memset(a, 0, sizeof(*a));
+}
+
+static enum kiln_err redis_tick(struct meter *m, int64_t now, int64_t tick_ns)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct argv a = { 0 };
+	struct mten **ts = NULL;
+	struct msb **ss = NULL;
+	size_t nt = 0, ns = 0;
+	int64_t sec = now / PRICE_NS_PER_S;
+	enum kiln_err rc = KILN_E_NOMEM;
+	int e = 0;
+
+	buf_init(&a.arena, 256u << 20);
+	ts = calloc(m->ntens + 1, sizeof(*ts));
+	ss = calloc(m->nsbs + 1, sizeof(*ss));
+	if (!ts || !ss)
+		goto out;
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		if (t->nsb > 0 || t->pending != t->sent || t->t_rx || t->t_tx)
+			ts[nt++] = t;
+	}
+	for (size_t i = 0; i < m->nsbs; i++)
+		if (m->sbs[i]->t_has)
+			ss[ns++] = m->sbs[i];
+	e |= argv_add(&a, "EVAL", false);
+	e |= argv_add(&a, tick_lua, false);
+	e |= argv_addf(&a, "%zu", nt * 3 + ns + 3);
+	for (size_t i = 0; i < nt; i++) {
+		e |= argv_addf(&a, BILLING_BAL_PREFIX "%s", ts[i]->id);
+		e |= argv_addf(&a, BILLING_BW_PREFIX "%s", ts[i]->id);
+		e |= argv_addf(&a, BILLING_BURN_PREFIX "%s", ts[i]->id);
+	}
+	for (size_t i = 0; i < ns; i++)
+		e |= argv_addf(&a, BILLING_USAGE_PREFIX "%s", ss[i]->id);
+	e |= argv_addf(&a, BILLING_METER_PREFIX "%s", m->node);
+	e |= argv_add(&a, BILLING_METERS_KEY, false);
+	e |= argv_addf(&a, BILLING_METER_PREFIX "%s:tenants", m->node);
+	e |= argv_add(&a, m->live_field, false);
+	e |= argv_add(&a, m->node, false);
+	e |= argv_addf(&a, "%zu", nt);
+	e |= argv_addf(&a, "%zu", ns);
+	e |= argv_addf(&a, "%" PRId64, sec);
+	if (sec % SERIES_TRIM_EVERY_S == 0)
+		e |= argv_addf(&a, "%" PRId64, sec - m->o.series_s);
+	else
+		e |= argv_add(&a, "", false);
+	e |= argv_addf(&a, "%" PRId64, m->o.series_s + 60);
+	e |= argv_addf(&a, "%" PRId64, sec);
+	for (size_t i = 0; i < nt; i++) {
+		struct mten *t = ts[i];
+		/* µcr per second over this tick */
+		long long burn = tick_ns > 0 ? (long long)(t->t_fine * PRICE_NS_PER_S / (uint64_t)tick_ns /
+							  PRICE_FINE_PER_UCR)
+					     : 0;
+		e |= argv_addf(&a, "%lld", t->pending);
+		e |= argv_addf(&a, "%" PRIu64, t->t_rx);
+		e |= argv_addf(&a, "%" PRIu64, t->t_tx);
+		e |= argv_addf(&a, "%lld", burn);
+	}
+	for (size_t i = 0; i < ns; i++) {
+		struct msb *s = ss[i];
+		/* t:cpu_us:mem_bytes:rx:tx:ucr */
+		e |= argv_addf(&a, "%" PRId64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%" PRIu64 ":%lld",
+			       s->t_start / PRICE_NS_PER_S, s->t_cpu / 1000, s->t_mem, s->t_rx,
+			       s->t_tx, s->t_ucr);
+	}
+	e |= argv_add(&a, "lag_s", false);
+	e |= argv_addf(&a, "%.3f", m->st.flush_lag_s);
+	e |= argv_add(&a, "ticks_missed", false);
+	e |= argv_addf(&a, "%" PRIu64, m->ticks_missed + m->st.ticks_failed);
+	e |= argv_add(&a, "ticks", false);
+	e |= argv_addf(&a, "%" PRIu64, m->st.ticks);
+	e |= argv_add(&a, "windows_flushed", false);
+	e |= argv_addf(&a, "%" PRIu64, m->st.windows_flushed);
+	e |= argv_add(&a, "sandboxes", false);
+	e |= argv_addf(&a, "%u", m->st.sandboxes);
+	e |= argv_add(&a, "last_tick", false);
+	e |= argv_addf(&a, "%" PRId64, sec);
+	if (e)
+		goto out;
+	argv_fix(&a);
+	m->st.redis_calls++;
+	m->st.redis_tick_calls++;
+	rc = rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err);
+	if (rc != KILN_OK) {
+		log_warn("cannot debit in redis: %s", err.msg);
+		goto out;
+	}
+	if (rep.type == RDS_ARRAY && rep.n == 2 && rep.elem[0].n == nt && rep.elem[1].n == nt) {
+		const char **missing = calloc(nt + 1, sizeof(*missing));
+		size_t nmiss = 0;
+		for (size_t i = 0; i < nt; i++) {
+			ts[i]->sent = ts[i]->pending;
+			if (rep.elem[1].elem[i].integer) {
+				ts[i]->has_balance = false;
+				if (missing)
+					missing[nmiss++] = ts[i]->id;
+			} else {
+				ts[i]->has_balance = true;
+				ts[i]->balance = rep.elem[0].elem[i].integer;
+			}
+		}
+		if (nmiss) {
+			/* Redis lost the ledger half (a restart without data, or a new tenant). */
+			struct pg_conn *c;
+			kiln_error_clear(&err);
+			if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+				m->st.pg_calls++;
+				m->st.redis_calls++;
+				if (billing_sync(m->rds, c, nmiss, missing, NULL, NULL, &err) != KILN_OK)
+					log_warn("cannot rebuild balances in redis: %s", err.msg);
+				else
+					log_info("rebuilt %zu balances in redis from the ledger", nmiss);
+				pg_release(m->pg, c);
+			}
+		}
+		free(missing);
+	}
+out:
+	rds_reply_release(&rep);
+	argv_release(&a);
+	free(ts);
+	free(ss);
+	return rc;
+}
+
+/* --- the ledger --- */
+
+static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
+		     const struct mwin *w)
+{
+	unsigned __int128 mem_bs = w->mib_ns * 1048576u / PRICE_NS_PER_S;
+
+	return buf_appendf(b,
+			   "%s{\"sb\":\"%s\",\"tenant\":\"%s\",\"node\":\"%s\",\"gen\":%lld,"
+			   "\"ws\":%" PRId64 ",\"we\":%" PRId64 ",\"ps\":%" PRId64 ",\"pe\":%" PRId64
+			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
+			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
+			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 "}",
+			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
+			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
+			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem);
+}
+
+/* Whether window `w` is over at `now` (its end is behind the clock). */
+static bool win_done(const struct meter *m, const struct mwin *w, int64_t now)
+{
+	return (w->ws + m->o.window_s) * PRICE_NS_PER_S <= now;
+}
+
+/*
+ * Writes every finished window to the ledger in one transaction, then moves their charges from
+ * the live part of the balances to the ledger part in Redis.
+ */
+static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error *err)
+{
+	struct buf j;
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	size_t nitems = 0;
+	int64_t first_read = 0;
+	enum kiln_err rc;
+
+	buf_init(&j, FLUSH_JSON_MAX);
+	if (buf_appends(&j, "["))
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		for (size_t k = 0; k < s->nw; k++) {
+			if (!win_done(m, &s->w[k], now))
+				continue;
+			if (json_item(&j, m, s, &s->w[k])) {
+				buf_release(&j);
+				return kiln_error_set(err, KILN_E_NOMEM, "flush too large");
+			}
+			if (!first_read || s->w[k].first_read < first_read)
+				first_read = s->w[k].first_read;
+			nitems++;
+		}
+	}
+	if (!nitems) {
+		buf_release(&j);
+		return KILN_OK;
+	}
+	buf_appends(&j, "]");
+	rc = pg_acquire(m->pg, &c, err);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err, "SELECT meter_flush($1::jsonb, $2)", j.data, m->o.card.version);
+	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
+		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
+			 m->o.test_flush_hold_ms);
+		usleep(m->o.test_flush_hold_ms * 1000u);
+	}
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	m->st.pg_calls += 3;
+	buf_release(&j);
+	if (rc != KILN_OK) {
+		struct kiln_error ignore = { 0 };
+		if (c)
+			pg_exec(c, "ROLLBACK", &ignore);
+		pg_res_free(res);
+		if (c)
+			pg_release(m->pg, c);
+		return rc;
+	}
+	log_debug("flushed %zu windows, %lld new", nitems, pg_res_int(res, 0, 0, 0));
+	pg_res_free(res);
+	/* The windows are in the ledger: drop them and the charges from `pending`. */
+	{
+		const char **tids = calloc(m->ntens + 1, sizeof(*tids));
+		long long *lives = calloc(m->ntens + 1, sizeof(*lives));
+		size_t ntouched = 0;
+
+		for (size_t i = 0; i < m->nsbs; i++) {
+			struct msb *s = m->sbs[i];
+			size_t keep = 0;
+			for (size_t k = 0; k < s->nw; k++) {
+				if (win_done(m, &s->w[k], now)) {
+					s->ten->pending -= s->w[k].ucr;
+					continue;
+				}
+				s->w[keep++] = s->w[k];
+			}
+			s->nw = keep;
+		}
+		m->st.windows_flushed += nitems;
+		m->st.flushes++;
+		m->st.flush_lag_s = (double)(now_ns(m) - first_read) / 1e9;
+		if (tids && lives) {
+			for (size_t i = 0; i < m->ntens; i++) {
+				tids[ntouched] = m->tens[i]->id;
+				lives[ntouched++] = m->tens[i]->pending;
+			}
+			m->st.redis_calls++;
+			m->st.pg_calls++;
+			kiln_error_clear(err);
+			if (billing_sync(m->rds, c, ntouched, tids, m->live_field, lives, err) ==
+			    KILN_OK) {
+				for (size_t i = 0; i < m->ntens; i++)
+					m->tens[i]->sent = m->tens[i]->pending;
+			} else {
+				log_warn("cannot move flushed charges in redis: %s", err->msg);
+				kiln_error_clear(err);
+			}
+		}
+		free(tids);
+		free(lives);
+	}
+	pg_release(m->pg, c);
+	return KILN_OK;
+}
+
+/* Expires the grants whose time came, once per window; re-reads the balances they changed. */
+static void meter_expire(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char at[32];
+	int64_t ws = price_window_start(now, m->o.window_s);
+
+	if (ws == m->last_expiry_ws)
+		return;
+	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	snprintf(at, sizeof(at), "%.6f", (double)(now / 1000) / 1e6);
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err, "SELECT DISTINCT t FROM ledger_expire_grants(to_timestamp($1::float8)) t",
+		at) == KILN_OK) {
+		int n = pg_res_rows(res);
+		m->last_expiry_ws = ws;
+		if (n > 0) {
+			const char **t = calloc((size_t)n, sizeof(*t));
+			for (int i = 0; t && i < n; i++)
+				t[i] = pg_res_str(res, i, 0);
+			if (t) {
+				m->st.redis_calls++;
+				billing_sync(m->rds, c, (size_t)n, t, NULL, NULL, &err);
+				log_info("expired grants of %d tenants", n);
+			}
+			free(t);
+		}
+	} else {
+		log_warn("cannot expire grants: %s", err.msg);
+	}
+	pg_res_free(res);
+	pg_release(m->pg, c);
+}
+
+/* Asks for pauses of the running sandboxes of tenants at or below zero. */
+static void meter_enforce(struct meter *m, int64_t now)
+{
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		t->frozen = t->has_balance && t->balance <= 0;
+	}
+	if (!m->o.pause)
+		return;
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		if (s->ended || s->state != BS_RUN || !s->ten->frozen)
+			continue;
+		if (s->pause_asked && now - s->pause_asked < PAUSE_RETRY_NS)
+			continue;
+		s->pause_asked = now;
+		m->st.pauses_asked++;
+		log_info("tenant \"%s\" is out of credits (%lld µcr): pausing sandbox \"%s\"", s->tenant,
+			 s->ten->balance, s->id);
+		m->o.pause(m->o.pause_ctx, s->id, s->tenant);
+	}
+}
+
+/* Forgets sandboxes that ended and are in the ledger, and tenants with nothing left. */
+static void meter_gc(struct meter *m)
+{
+	size_t keep = 0;
+	bool removed = false;
+
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		if (s->ended && s->nw == 0 && !s->seen) {
+			sb_free(s);
+			removed = true;
+			continue;
+		}
+		m->sbs[keep++] = s;
+	}
+	m->nsbs = keep;
+	if (removed)
+		sb_rehash(m, m->sbh_n ? m->sbh_n : 64);
+	keep = 0;
+	removed = false;
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		bool used = false;
+		if (t->nsb == 0 && t->pending == 0 && t->sent == 0) {
+			for (size_t k = 0; k < m->nsbs && !used; k++)
+				used = m->sbs[k]->ten == t;
+			if (!used) {
+				free(t);
+				removed = true;
+				continue;
+			}
+		}
+		m->tens[keep++] = t;
+	}
+	m->ntens = keep;
+	if (removed)
+		ten_rehash(m, m->tnh_n ? m->tnh_n : 64);
+}
+
+/* --- public --- */
+
+struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds *rds,
+			struct kiln_error *err)
+{
+	struct meter *m;
+
+	if (!opts->node_id || !*opts->node_id || strlen(opts->node_id) >= ID_MAX) {
+		kiln_error_set(err, KILN_E_INVALID, "the meter needs a node id");
+		return NULL;
+	}
+	if (opts->window_s < 1 || opts->window_s > 3600) {
+		kiln_error_set(err, KILN_E_INVALID, "the window must be 1 to 3600 seconds");
+		return NULL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	m->o = *opts;
+	if (!m->o.now_ns)
+		m->o.now_ns = clock_real;
+	if (m->o.series_s < 1)
+		m->o.series_s = 900;
+	snprintf(m->node, sizeof(m->node), "%s", opts->node_id);
+	snprintf(m->cg_root, sizeof(m->cg_root), "%s", opts->cgroup_root ? opts->cgroup_root : "");
+	if (opts->pin_root && !*opts->pin_root)
+		snprintf(m->pin_root, sizeof(m->pin_root), "-");
+	else
+		snprintf(m->pin_root, sizeof(m->pin_root), "%s", opts->pin_root ? opts->pin_root : "");
+	m->o.node_id = m->node;
+	m->o.cgroup_root = NULL;
+	m->o.pin_root = NULL;
+	snprintf(m->live_field, sizeof(m->live_field), "live:%s", m->node);
+	m->pg = pg;
+	m->rds = rds;
+	return m;
+}
+
+void meter_free(struct meter *m)
+{
+	if (!m)
+		return;
+	for (size_t i = 0; i < m->nsbs; i++)
+		sb_free(m->sbs[i]);
+	for (size_t i = 0; i < m->ntens; i++)
+		free(m->tens[i]);
+	free(m->sbs);
+	free(m->sbh);
+	free(m->tens);
+	free(m->tnh);
+	free(m);
+}
+
+enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct rds_reply rep = { 0 };
+	char cpu[24], mem[24], disk[24], snap[24], a[24], b[24], cc[24], d[24], key[160];
+	enum kiln_err rc;
+
+	rc = pg_acquire(m->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	snprintf(cpu, sizeof(cpu), "%lld", m->o.card.cpu_ucr_cpu_s);
+	snprintf(mem, sizeof(mem), "%lld", m->o.card.mem_ucr_gib_s);
+	snprintf(disk, sizeof(disk), "%lld", m->o.card.disk_ucr_gib_s);
+	snprintf(snap, sizeof(snap), "%lld", m->o.card.snap_ucr_gib_s);
+	rc = PGQ(c, NULL, err,
+		 "INSERT INTO rate_cards (version, cpu_ucr_per_cpu_s, mem_ucr_per_gib_s, "
+		 "disk_ucr_per_gib_s, snapshot_ucr_per_gib_s) VALUES ($1, $2, $3, $4, $5) "
+		 "ON CONFLICT (version) DO NOTHING",
+		 m->o.card.version, cpu, mem, disk, snap);
+	if (rc == KILN_OK && m->o.plan_max_sandboxes > 0) {
+		snprintf(a, sizeof(a), "%lld", m->o.plan_max_sandboxes);
+		snprintf(b, sizeof(b), "%lld", m->o.plan_max_vcpu_milli);
+		snprintf(cc, sizeof(cc), "%lld", m->o.plan_max_memory_mib);
+		snprintf(d, sizeof(d), "%lld", m->o.plan_max_snapshot_bytes);
+		rc = PGQ(c, NULL, err,
+			 "INSERT INTO plan_limits VALUES ('default', $1, $2, $3, $4) "
+			 "ON CONFLICT (plan) DO UPDATE SET max_sandboxes = $1, max_vcpu_milli = $2, "
+			 "max_memory_mib = $3, max_snapshot_bytes = $4",
+			 a, b, cc, d);
+	}
+	/* Rows changed since the oldest billed-up-to point of this node are read on the first
+	 * tick, so what ended while no meter ran is billed. */
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "SELECT coalesce(min(last_t_ns), 0) FROM meter_sandboxes WHERE node_id = $1",
+			 m->node);
+	if (rc == KILN_OK) {
+		int64_t oldest = pg_res_int(res, 0, 0, 0);
+		int64_t floor_ns = now_ns(m) - 2 * m->o.window_s * PRICE_NS_PER_S;
+		m->since = oldest && oldest < floor_ns ? oldest : floor_ns;
+	}
+	pg_res_free(res);
+	pg_release(m->pg, c);
+	m->st.pg_calls += 3;
+	if (rc != KILN_OK)
+		return rc;
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:tenants", m->node);
+	m->st.redis_calls++;
+	rc = RDS(m->rds, &rep, err, "EVAL", reset_lua, "1", key, m->live_field);
+	rds_reply_release(&rep);
+	if (rc != KILN_OK)
+		return rc;
+	m->started = true;
+	log_info("meter of node \"%s\" started: rate card \"%s\", windows of %lld s", m->node,
+		 m->o.card.version, (long long)m->o.window_s);
+	return KILN_OK;
+}
+
+enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char node_since[24];
+	int64_t now, tick_ns;
+	enum kiln_err rc;
+	int rows;
+
+	if (!m->started) {
+		rc = meter_start(m, err);
+		if (rc != KILN_OK) {
+			m->st.ticks_failed++;
+			return rc;
+		}
+	}
+	now = now_ns(m);
+	tick_ns = m->last_tick ? now - m->last_tick : PRICE_NS_PER_S;
+	rc = pg_acquire(m->pg, &c, err);
+	if (rc == KILN_OK) {
+		snprintf(node_since, sizeof(node_since), "%" PRId64, m->since / 1000);
+		rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
+		m->st.pg_calls++;
+		pg_release(m->pg, c);
+	}
+	if (rc != KILN_OK) {
+		m->st.ticks_failed++;
+		return rc;
+	}
+	m->st.ticks++;
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		s->seen = false;
+		s->t_has = false;
+		s->t_cpu = s->t_rx = s->t_tx = s->t_mem = 0;
+		s->t_ucr = 0;
+	}
+	for (size_t i = 0; i < m->ntens; i++) {
+		m->tens[i]->t_fine = 0;
+		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
+	}
+	rows = pg_res_rows(res);
+	for (int i = 0; i < rows; i++) {
+		struct mrow r;
+		struct msb *s;
+
+		row_parse(res, i, &r);
+		s = sb_find(m, r.id);
+		if (!s) {
+			s = sb_track(m, &r, now);
+			if (!s) {
+				log_error("out of memory tracking sandbox \"%s\"", r.id);
+				continue;
+			}
+		}
+		s->seen = true;
+		if (s->ended) {
+			/* Back after it ended (restarted under a new generation): bill it again. */
+			if (row_terminal(&r) || bstate_of(r.state) == BS_NONE ||
+			    (r.gen == s->gen && r.changed <= s->last_t))
+				continue;
+			s->ended = false;
+			s->ten->nsb++;
+		}
+		s->t_start = s->last_t;
+		sb_bill(m, s, &r, now);
+		s->t_has = s->last_t > s->t_start || s->t_cpu || s->t_rx || s->t_tx;
+	}
+	pg_res_free(res);
+	/* Tracked but gone from the node's rows (moved, or the row vanished): billing ends. */
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		if (!s->seen && !s->ended) {
+			s->ended = true;
+			s->ten->nsb--;
+			cg_free(s->cg);
+			s->cg = NULL;
+		}
+	}
+	m->st.sandboxes = 0;
+	for (size_t i = 0; i < m->nsbs; i++)
+		m->st.sandboxes += !m->sbs[i]->ended;
+	redis_tick(m, now, tick_ns);
+	meter_enforce(m, now);
+	if (meter_flush(m, now, err) != KILN_OK) {
+		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
+		kiln_error_clear(err);
+	}
+	meter_expire(m, now);
+	meter_gc(m);
+	m->last_tick = now;
+	m->since = now - 2 * m->o.window_s * PRICE_NS_PER_S;
+	return KILN_OK;
+}
+
+void meter_note_missed(struct meter *m, uint64_t n)
+{
+	m->ticks_missed += n;
+}
+
+void meter_get_stats(const struct meter *m, struct meter_stats *out)
+{
+	*out = m->st;
+	out->ticks_failed += m->ticks_missed;
+}
+
+long long meter_pending(const struct meter *m, const char *tenant_id)
+{
+	struct mten *t = ten_find((struct meter *)m, tenant_id);
+
+	return t ? t->pending : 0;
+}

@@ -1,0 +1,91 @@
+/*
+ * meter.h - kiln-meter's engine: one tick a second, one flush to the ledger per window.
+ *
+ * A tick reads this node's sandboxes from Postgres (state running or paused, and those that just
+ * stopped), the CPU time and memory of each VM's cgroup (vmm/cgroup.h) and its bytes from the
+ * pinned eBPF counters (netpolicy/policy.h); turns the deltas of those cumulative counters and the
+ * time each sandbox spent running or paused into µcr with the exact arithmetic of price.h; and
+ * sends, in one Redis round trip for the whole host, each tenant's unflushed charges (the live
+ * part of its balance), the per-second usage series and bandwidth totals. Every `window_s`
+ * seconds the charges of each finished, aligned window go to the Postgres ledger in one
+ * transaction (meter_flush() in migrations/0004_metering.sql) together with each sandbox's
+ * billed-up-to point, so a meter that crashes, or stays down for a while, picks up exactly where
+ * the ledger ends: nothing charged twice, nothing lost but what the counters cannot tell.
+ *
+ * Time comes from `opts.now_ns` so tests can move it; the host clock is never stepped.
+ */
+#ifndef KILN_METERING_METER_H
+#define KILN_METERING_METER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "common/err.h"
+#include "common/pg.h"
+#include "common/redis.h"
+#include "metering/price.h"
+
+struct meter;
+
+struct meter_opts {
+	const char *node_id;
+	const char *cgroup_root;	/* NULL: /sys/fs/cgroup */
+	const char *pin_root;		/* NULL: the default pin root; "": no byte counters */
+	int64_t window_s;		/* ledger window, seconds */
+	int64_t series_s;		/* seconds of per-second series kept in Redis */
+	struct rate_card card;
+	/* plan limits for plans without a row of their own (written as plan 'default') */
+	long long plan_max_sandboxes, plan_max_vcpu_milli, plan_max_memory_mib;
+	long long plan_max_snapshot_bytes;
+	/* the clock: ns since the epoch; NULL for CLOCK_REALTIME */
+	int64_t (*now_ns)(void *ctx);
+	void *clock_ctx;
+	/* asks for a sandbox to be paused (its tenant is out of credits); NULL: nobody is paused */
+	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
+	void *pause_ctx;
+	unsigned test_flush_hold_ms;	/* test hook: hold each flush's transaction open this long */
+};
+
+struct meter_stats {
+	uint64_t ticks;			/* ticks run */
+	uint64_t ticks_failed;		/* ticks that could not read the sandboxes */
+	uint64_t redis_calls;		/* Redis round trips, all of them */
+	uint64_t redis_tick_calls;	/* of which the per-tick debit */
+	uint64_t pg_calls;		/* Postgres round trips */
+	uint64_t windows_flushed;	/* sandbox windows written to the ledger */
+	uint64_t flushes;
+	double flush_lag_s;		/* last flush: seconds from its oldest counter read to commit */
+	unsigned sandboxes;		/* sandboxes tracked */
+	uint64_t pauses_asked;
+};
+
+/* A meter over `pg` and `rds` (both owned by the caller). NULL with `err` set on bad options. */
+struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds *rds,
+			struct kiln_error *err);
+void meter_free(struct meter *m);
+
+/*
+ * Prepares Postgres and Redis: records the rate card and the default plan limits, and drops this
+ * node's live charges left in Redis by an earlier run (its unflushed charges died with it; the
+ * next ticks bill that time again from the ledger's billed-up-to point). Call once before ticks;
+ * ticks call it again until it succeeds.
+ */
+enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
+
+/*
+ * One tick at the clock's now: bills every sandbox of the node since its last tick, debits Redis,
+ * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows and expires
+ * the grants whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was
+ * billed: the next tick covers the time); Redis or flush failures are retried by later ticks.
+ */
+enum kiln_err meter_tick(struct meter *m, struct kiln_error *err);
+
+/* Counts `n` ticks that never ran (the loop woke up late), for the metrics. */
+void meter_note_missed(struct meter *m, uint64_t n);
+
+void meter_get_stats(const struct meter *m, struct meter_stats *out);
+
+/* µcr charged but not yet in the ledger, for `tenant_id` (0 when unknown). For tests. */
+long long meter_pending(const struct meter *m, const char *tenant_id);
+
+#endif

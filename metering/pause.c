@@ -1,0 +1,208 @@
+/*
+ * pause.c - pause requests to kiln-node over libcurl (see pause.h).
+ */
+#include "pause.h"
+
+#include <curl/curl.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/signing.h"
+#include "auth/scopes.h"
+#include "common/log.h"
+
+#define PAUSE_QUEUE_MAX 1024
+#define PAUSE_WORKERS 4
+#define PAUSE_TOKEN_TTL_S 60
+#define PAUSE_TIMEOUT_S 120	/* a pause writes a snapshot: give it time */
+
+struct pause_job {
+	char sandbox[64], tenant[64];
+};
+
+struct pauser {
+	struct pg *pg;
+	struct signing *signing;
+	char node[64];
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct pause_job q[PAUSE_QUEUE_MAX];
+	size_t head, n;
+	bool stopping;
+	pthread_t workers[PAUSE_WORKERS];
+	int nworkers;
+};
+
+static size_t discard(char *data, size_t size, size_t n, void *ud)
+{
+	(void)data;
+	(void)ud;
+	return size * n;
+}
+
+/* The node's address from `nodes`, into `out`; false when unknown. */
+static bool node_address(struct pauser *p, char *out, size_t n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	bool ok = false;
+
+	if (pg_acquire(p->pg, &c, &err) != KILN_OK)
+		return false;
+	if (PGQ(c, &res, &err, "SELECT address FROM nodes WHERE id = $1", p->node) == KILN_OK &&
+	    pg_res_rows(res) == 1) {
+		snprintf(out, n, "%s", pg_res_str(res, 0, 0));
+		ok = true;
+	}
+	pg_res_free(res);
+	pg_release(p->pg, c);
+	return ok;
+}
+
+static void pause_one(struct pauser *p, const struct pause_job *j)
+{
+	struct auth_token_params tp = {
+		.iss = "kiln",
+		.aud = AUTH_AUD_NODE,
+		.sub = "kiln-meter",
+		.tid = j->tenant,
+		.sbx = j->sandbox,
+		.scopes = AUTH_SCOPE_SANDBOX_READ | AUTH_SCOPE_SANDBOX_WRITE,
+		.now = time(NULL),
+		.ttl_s = PAUSE_TOKEN_TTL_S,
+	};
+	struct kiln_error err = { 0 };
+	struct curl_slist *h = NULL;
+	char addr[512], url[1024], auth[8192];
+	const char *base = addr;
+	char *token = NULL;
+	long status = 0;
+	CURLcode cc;
+	CURL *c;
+
+	log_ctx_set(NULL, j->tenant, j->sandbox);
+	if (!node_address(p, addr, sizeof(addr))) {
+		log_warn("cannot pause: node \"%s\" has no address", p->node);
+		goto out;
+	}
+	if (signing_sign(p->signing, &tp, &token, NULL, &err) != KILN_OK) {
+		log_error("cannot sign a node token: %s", err.msg);
+		goto out;
+	}
+	c = curl_easy_init();
+	if (!c)
+		goto out;
+	if (strncmp(base, "unix:", 5) == 0) {
+		curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, base + 5);
+		base = "http://node";
+	}
+	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/pause", base, j->sandbox);
+	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
+	h = curl_slist_append(h, auth);
+	h = curl_slist_append(h, "Content-Type: application/json");
+	curl_easy_setopt(c, CURLOPT_URL, url);
+	curl_easy_setopt(c, CURLOPT_POST, 1L);
+	curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
+	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+	curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)PAUSE_TIMEOUT_S);
+	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
+	cc = curl_easy_perform(c);
+	if (cc == CURLE_OK)
+		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+	curl_slist_free_all(h);
+	curl_easy_cleanup(c);
+	if (cc != CURLE_OK)
+		log_warn("cannot reach node \"%s\" to pause: %s", p->node, curl_easy_strerror(cc));
+	else if (status == 200)
+		log_info("paused: the tenant is out of credits");
+	else if (status == 409)
+		log_info("not paused: the sandbox is not running");
+	else
+		log_warn("node \"%s\" answered %ld to a pause", p->node, status);
+out:
+	free(token);
+	log_ctx_clear();
+}
+
+static void *worker(void *arg)
+{
+	struct pauser *p = arg;
+
+	for (;;) {
+		struct pause_job j;
+
+		pthread_mutex_lock(&p->lock);
+		while (!p->n && !p->stopping)
+			pthread_cond_wait(&p->cond, &p->lock);
+		if (!p->n) {
+			pthread_mutex_unlock(&p->lock);
+			return NULL;
+		}
+		j = p->q[p->head];
+		p->head = (p->head + 1) % PAUSE_QUEUE_MAX;
+		p->n--;
+		pthread_mutex_unlock(&p->lock);
+		pause_one(p, &j);
+	}
+}
+
+struct pauser *pauser_new(struct pg *pg, struct signing *signing, const char *node_id)
+{
+	struct pauser *p = calloc(1, sizeof(*p));
+
+	if (!p)
+		return NULL;
+	p->pg = pg;
+	p->signing = signing;
+	snprintf(p->node, sizeof(p->node), "%s", node_id);
+	pthread_mutex_init(&p->lock, NULL);
+	pthread_cond_init(&p->cond, NULL);
+	for (int i = 0; i < PAUSE_WORKERS; i++)
+		if (pthread_create(&p->workers[p->nworkers], NULL, worker, p) == 0)
+			p->nworkers++;
+	if (!p->nworkers) {
+		pauser_free(p);
+		return NULL;
+	}
+	return p;
+}
+
+void pauser_free(struct pauser *p)
+{
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->lock);
+	p->stopping = true;
+	p->n = 0;
+	pthread_cond_broadcast(&p->cond);
+	pthread_mutex_unlock(&p->lock);
+	for (int i = 0; i < p->nworkers; i++)
+		pthread_join(p->workers[i], NULL);
+	pthread_mutex_destroy(&p->lock);
+	pthread_cond_destroy(&p->cond);
+	free(p);
+}
+
+void pauser_ask(void *ctx, const char *sandbox_id, const char *tenant_id)
+{
+	struct pauser *p = ctx;
+
+	pthread_mutex_lock(&p->lock);
+	if (p->n < PAUSE_QUEUE_MAX && !p->stopping) {
+		struct pause_job *j = &p->q[(p->head + p->n) % PAUSE_QUEUE_MAX];
+		snprintf(j->sandbox, sizeof(j->sandbox), "%s", sandbox_id);
+		snprintf(j->tenant, sizeof(j->tenant), "%s", tenant_id);
+		p->n++;
+		pthread_cond_signal(&p->cond);
+	} else {
+		log_warn("pause queue full: sandbox \"%s\" not paused this time", sandbox_id);
+	}
+	pthread_mutex_unlock(&p->lock);
+}
