@@ -88,6 +88,7 @@ kiln_daemon() {
 }
 kiln_daemon kiln-gateway "$KILN_ROOT/build/api/kiln-gateway"
 kiln_daemon kiln-node "$KILN_ROOT/build/vmm/node/kiln-node"
+kiln_daemon kiln-meter "$KILN_ROOT/build/metering/kiln-meter"
 
 url="http://$listen"
 for ((i = 0; i < 300; i++)); do
