@@ -1,0 +1,538 @@
+/*
+ * test_meter.c - kiln-meter's engine (metering/meter.h) driven tick by tick with an injected
+ * clock, against the real Postgres and Redis of the ctest fixture "services" (each run makes its
+ * own database). No cgroups: sandboxes are rows whose allocation is billed by time, which makes
+ * every expected figure exact. Covers exact charges with carried remainders, one Redis round
+ * trip per tick, the Lua debit and the balance it answers, the ledger/Redis agreement after a
+ * flush, the rebuild after Redis loses a balance, a restarted meter catching up without charging
+ * twice, earliest-expiry draws, expiry as a transfer, and pausing at zero with the overdraft
+ * bounded by one tick.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "metering/billing.h"
+#include "metering/meter.h"
+#include "migrations/migrate.h"
+#include "test.h"
+
+#define S PRICE_NS_PER_S
+#define WINDOW 10
+#define MIB_PRICE 1024	/* µcr per GiB-s: 1 µcr per MiB-second */
+
+static struct pg *pg, *admin_pg;
+static struct rds *rds;
+static char dbname[32], node[32];
+static int64_t fake_now;
+
+static int64_t fake_clock(void *ctx)
+{
+	(void)ctx;
+	return fake_now;
+}
+
+static struct pg_conn *conn(void)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = NULL;
+
+	if (pg_acquire(pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		exit(1);
+	}
+	return c;
+}
+
+static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sql(const char *fmt, ...)
+{
+	char q[4096];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = conn();
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (pg_exec(c, q, &err) != KILN_OK)
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+	pg_release(pg, c);
+}
+
+static long long sql_int(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static long long sql_int(const char *fmt, ...)
+{
+	char q[4096];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = conn();
+	struct pg_res *res = NULL;
+	long long v = -1;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (PGQ0(c, &res, &err, q) == KILN_OK)
+		v = pg_res_int(res, 0, 0, -1);
+	else
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+	pg_res_free(res);
+	pg_release(pg, c);
+	return v;
+}
+
+static void new_tenant(char *t, size_t n)
+{
+	snprintf(t, n, "tn_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO tenants (id, name) VALUES ('%s', 'test')", t);
+}
+
+/* A grant of `ucr` to `t` expiring at the fake second `exp_s` (0: never); returns nothing. */
+static void grant(const char *t, long long ucr, int64_t exp_s, const char *tag)
+{
+	char exp[64] = "NULL";
+
+	if (exp_s)
+		snprintf(exp, sizeof(exp), "to_timestamp(%lld)", (long long)exp_s);
+	sql("INSERT INTO ledger_accounts (id, tenant_id, kind, expires_at) VALUES "
+	    "('grant:tx_%s_%s', '%s', 'grant', %s);"
+	    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	    "amount_ucr, tenant_id, reason) VALUES ('tx_%s_%s', 'g:%s:%s', 'grant', "
+	    "'system:issuance', 'grant:tx_%s_%s', %lld, '%s', 'test')",
+	    t, tag, t, exp, t, tag, t, tag, t, tag, ucr, t);
+}
+
+/* A running sandbox of 256 MiB and 1 GiB (257 µcr/s) since the fake time `since_ns`. */
+static void new_sandbox(const char *t, char *sb, size_t n, int64_t since_ns)
+{
+	snprintf(sb, n, "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
+	    "'running', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
+	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6))",
+	    sb, t, node, (long long)(since_ns / 1000), (long long)(since_ns / 1000));
+}
+
+static void stop_sandbox(const char *sb, int64_t at_ns)
+{
+	sql("UPDATE sandboxes SET state = 'stopped', state_changed_at = to_timestamp(%lld / 1e6) "
+	    "WHERE id = '%s'",
+	    (long long)(at_ns / 1000), sb);
+}
+
+static long long used(const char *t)
+{
+	return sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+		       "WHERE tenant_id = '%s' AND kind = 'usage'", t);
+}
+
+static long long ledger_bal(const char *t)
+{
+	return sql_int("SELECT coalesce(sum(balance_ucr), 0) FROM ledger_account_balances "
+		       "WHERE tenant_id = '%s'", t);
+}
+
+/* What Redis holds as the balance of `t`: ledger - sum(live); *ok false when no ledger half. */
+static long long redis_bal(const char *t, bool *ok)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[128];
+	long long ledger = 0, live = 0;
+
+	*ok = false;
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t);
+	if (RDS(rds, &rep, &err, "HGETALL", key) == KILN_OK && rep.type == RDS_ARRAY) {
+		for (size_t i = 0; i + 1 < rep.n; i += 2) {
+			if (!strcmp(rep.elem[i].str, "ledger")) {
+				ledger = atoll(rep.elem[i + 1].str);
+				*ok = true;
+			} else if (!strncmp(rep.elem[i].str, "live:", 5)) {
+				live += atoll(rep.elem[i + 1].str);
+			}
+		}
+	}
+	rds_reply_release(&rep);
+	return ledger - live;
+}
+
+/* (fine units) of 257 µcr/s over `ns` ns, as price.c computes it */
+static unsigned __int128 fine_of(int64_t ns)
+{
+	return (unsigned __int128)256 * (uint64_t)ns * MIB_PRICE +
+	       (unsigned __int128)1 * 1024 * (uint64_t)ns * 1;
+}
+
+static char paused[64][64];
+static int npaused;
+
+static void on_pause(void *ctx, const char *sb, const char *t)
+{
+	(void)ctx;
+	(void)t;
+	if (npaused < 64)
+		snprintf(paused[npaused++], sizeof(paused[0]), "%s", sb);
+}
+
+static struct meter *new_meter(void)
+{
+	struct kiln_error err = { 0 };
+	struct meter_opts o = {
+		.node_id = node,
+		.cgroup_root = "/nonexistent-cgroup-root",
+		.pin_root = "",
+		.window_s = WINDOW,
+		.series_s = 900,
+		.now_ns = fake_clock,
+		.pause = on_pause,
+	};
+	struct meter *m;
+
+	price_card_init(&o.card, 1000, MIB_PRICE, 1, 1024);
+	m = meter_new(&o, pg, rds, &err);
+	if (!m || meter_start(m, &err) != KILN_OK) {
+		fprintf(stderr, "meter: %s\n", err.msg);
+		exit(1);
+	}
+	return m;
+}
+
+/* Ticks once a (fake) second from the current time up to and including `until_ns`. */
+static void tick_until(struct meter *m, int64_t until_ns)
+{
+	struct kiln_error err = { 0 };
+
+	while (fake_now + S <= until_ns) {
+		fake_now += S;
+		if (meter_tick(m, &err) != KILN_OK)
+			fprintf(stderr, "tick failed: %s\n", err.msg);
+	}
+}
+
+/*
+ * Starts a case on a node of its own (so no meter sees another case's sandboxes) and returns a
+ * window-aligned fake time a little before the host's now.
+ */
+static int64_t aligned_now(void)
+{
+	int64_t t = (int64_t)time(NULL) - 3 * WINDOW;
+
+	snprintf(node, sizeof(node), "um%08x", (unsigned)rand());
+	sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+	    "accelerator, image_hash) VALUES ('%s', 'unix:/nonexistent', 16000, 16384, 32, 'qemu', "
+	    "'tcg', '')",
+	    node);
+
+	return (t - t % WINDOW) * S;
+}
+
+static void test_charge_is_exact_over_injected_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	unsigned __int128 f = fine_of(20 * S + S / 4);
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0 + S / 4);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 20 * S);
+	stop_sandbox(sb, t0 + 20 * S + S / 2);	/* ran 20.25 s */
+	tick_until(m, t0 + 32 * S);
+	CHECK_INT(used(t), (long long)(f / PRICE_FINE_PER_UCR));
+	CHECK_INT(used(t), 5204);	/* 257 x 20.25 = 5204.25 */
+	CHECK_INT(sql_int("SELECT remainder_fine FROM meter_sandboxes WHERE sandbox_id = '%s'", sb),
+		  (long long)(f % PRICE_FINE_PER_UCR));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none'", sb), 1);
+	/* Windows aligned to 10 s, each with its own idempotency key. */
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s'", sb), 3);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE sandbox_id = '%s' AND "
+			  "idem_key = 'usage:' || sandbox_id || ':1:' || "
+			  "extract(epoch FROM period_start)::bigint / 10 * 10", sb), 3);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE sandbox_id = '%s' AND "
+			  "rate_card = 'cpu1000-mem1024-disk1-snap1024'", sb), 3);
+	meter_free(m);
+}
+
+static void test_one_redis_round_trip_per_tick_for_many_sandboxes(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter_stats st;
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	for (int i = 0; i < 100; i++)
+		new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 25 * S);
+	meter_get_stats(m, &st);
+	CHECK_INT(st.ticks, 25);
+	CHECK_INT(st.redis_tick_calls, 25);
+	/* + the start's reset, one rebuild of the new tenant's balance, one move per flush */
+	CHECK(st.redis_calls <= st.ticks + st.flushes + 3);
+	CHECK_INT(st.sandboxes, 100);
+	CHECK_INT(used(t), 100LL * 257 * 20);
+	meter_free(m);
+}
+
+static void test_ledger_redis_and_api_balance_agree_after_flush(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct billing_balance b;
+	struct pg_conn *c;
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 20 * S);	/* the flush of [10, 20) just ran: nothing pending */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(ledger_bal(t), 1000000 - 20 * 257);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK(ok);
+	c = conn();
+	CHECK_INT(billing_balance(rds, c, t, &b, &err), KILN_OK);
+	pg_release(pg, c);
+	CHECK_INT(b.balance_ucr, ledger_bal(t));
+	CHECK_INT(b.used_ucr, 20 * 257);
+	CHECK_INT(b.granted_ucr, 1000000);
+	/* Mid-window the live part carries what the ledger does not have yet. */
+	tick_until(m, t0 + 24 * S);
+	CHECK_INT(meter_pending(m, t), 4 * 257);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - 4 * 257);
+	stop_sandbox(sb, t0 + 24 * S);
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(used(t), 24 * 257);
+	meter_free(m);
+}
+
+static void test_balance_rebuilt_after_redis_loses_it(void)
+{
+	char t[32], sb[32], key[128];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 14 * S);
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t);
+	RDS(rds, NULL, &err, "DEL", key);	/* as after a restart without data */
+	redis_bal(t, &ok);
+	CHECK(!ok);
+	tick_until(m, t0 + 15 * S);
+	CHECK_INT(redis_bal(t, &ok), 1000000 - 15 * 257);
+	CHECK(ok);
+	tick_until(m, t0 + 20 * S);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(ledger_bal(t), 1000000 - 20 * 257);
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 31 * S);
+	meter_free(m);
+}
+
+static void test_restarted_meter_catches_up_without_charging_twice(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now() - 200 * S;
+	unsigned __int128 f = fine_of(178 * S + S / 2 - S / 4);
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0 + S / 4);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 15 * S);	/* [0, 10) flushed, 5 s pending */
+	CHECK_INT(used(t) > 0, 1);
+	meter_free(m);			/* dies: its pending charges are lost with it */
+	fake_now = t0 + 90 * S;		/* down for 75 s */
+	m = new_meter();
+	tick_until(m, t0 + 178 * S);
+	stop_sandbox(sb, t0 + 178 * S + S / 2);
+	tick_until(m, t0 + 195 * S);
+	CHECK_INT(used(t), (long long)(f / PRICE_FINE_PER_UCR));
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s'", sb), 18);
+	/* A replay of a flushed window charges nothing: the same meter_flush() again. */
+	{
+		long long before = used(t);
+		CHECK_INT(sql_int("SELECT meter_flush(jsonb_build_array(jsonb_build_object('sb', '%s', "
+				  "'tenant', '%s', 'node', '%s', 'gen', 1, 'ws', %lld, 'we', %lld, "
+				  "'ps', %lld, 'pe', %lld, 'ucr', 2570, 'cpu', 0, 'mem_bs', 0, 'rx', 0, "
+				  "'tx', 0, 'state', 'running', 't', %lld, 'cpu_at', 0, 'rx_at', 0, "
+				  "'tx_at', 0, 'rem', 0)), 'x')",
+				  sb, t, node, (long long)(t0 / S + 20), (long long)(t0 / S + 30),
+				  (long long)(t0 + 20 * S), (long long)(t0 + 30 * S),
+				  (long long)(t0 + 30 * S)),
+			  0);
+		CHECK_INT(used(t), before);
+	}
+	meter_free(m);
+}
+
+static void test_usage_drawn_from_grants_earliest_expiry_first(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 100, t0 / S + 1000, "late");
+	grant(t, 200, t0 / S + 500, "early");
+	grant(t, 100000, 0, "never");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 2 * S);
+	stop_sandbox(sb, t0 + 2 * S);
+	tick_until(m, t0 + 11 * S);
+	/* 514 µcr: 200 from the earliest expiry, 100 from the next, 214 from the one that never
+	 * expires; one transfer each, keys usage:…, usage:…:2, usage:…:3. */
+	CHECK_INT(sql_int("SELECT amount_ucr FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'usage' AND debit_account = 'grant:tx_%s_early'", t, t), 200);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'usage' AND debit_account = 'grant:tx_%s_late'", t, t), 100);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'usage' AND debit_account = 'grant:tx_%s_never'", t, t), 214);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "idem_key LIKE 'usage:%%:3'", t), 1);
+	CHECK_INT(ledger_bal(t), 100300 - 514);
+	meter_free(m);
+}
+
+static void test_grant_expiry_is_a_transfer(void)
+{
+	char t[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 700, t0 / S + 5, "soon");
+	grant(t, 300, 0, "never");
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 12 * S);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'expiry' AND idem_key = 'expiry:grant:tx_%s_soon'", t, t), 700);
+	CHECK_INT(ledger_bal(t), 300);
+	/* Redis follows (the balance was there from the first admit or tick). */
+	(void)redis_bal(t, &ok);
+	if (ok)
+		CHECK_INT(redis_bal(t, &ok), 300);
+	meter_free(m);
+}
+
+static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	int asked_at = 0;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");	/* 3.9 seconds of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter();
+	for (int i = 1; i <= 12 && !asked_at; i++) {
+		tick_until(m, t0 + i * S);
+		if (npaused)
+			asked_at = i;
+	}
+	CHECK_INT(asked_at, 4);	/* the tick that took the balance to 1000 - 1028 */
+	CHECK(npaused >= 1 && !strcmp(paused[0], sb));
+	/* It has not paused (no node here): nothing more is charged while it is at zero. */
+	tick_until(m, t0 + 25 * S);
+	CHECK_INT(used(t) + meter_pending(m, t), 4 * 257);
+	CHECK(1000 - used(t) - meter_pending(m, t) >= -257);
+	CHECK(redis_bal(t, &ok) <= 0);
+	/* Asked again after a while, never destroyed. */
+	CHECK(npaused >= 2);
+	meter_free(m);
+}
+
+int main(void)
+{
+	const char *envf = getenv("KILN_SERVICES_ENV");
+	char line[512], sockdir[256] = "", redis_url[300] = "", url[512];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	int applied, rc;
+	FILE *f;
+
+	if (!envf || !(f = fopen(envf, "r"))) {
+		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
+		return 1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		if (!strncmp(line, "KILN_TEST_SOCKDIR=", 18))
+			snprintf(sockdir, sizeof(sockdir), "%s", line + 18);
+		else if (!strncmp(line, "KILN_REDIS_URL=", 15))
+			snprintf(redis_url, sizeof(redis_url), "%s", line + 15);
+	}
+	fclose(f);
+	log_init("test_meter", KLOG_WARN, false);
+	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	snprintf(dbname, sizeof(dbname), "t_meter_%08x", (unsigned)rand());
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
+	admin_pg = pg_new(url, 1);
+	if (pg_acquire(admin_pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		return 1;
+	}
+	snprintf(line, sizeof(line), "CREATE DATABASE %s", dbname);
+	pg_exec(c, line, &err);
+	pg_release(admin_pg, c);
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, dbname);
+	pg = pg_new(url, 2);
+	rds = rds_new(redis_url, 2000);
+	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
+		fprintf(stderr, "migrations: %s\n", err.msg);
+		return 1;
+	}
+
+	TEST(test_charge_is_exact_over_injected_time);
+	TEST(test_one_redis_round_trip_per_tick_for_many_sandboxes);
+	TEST(test_ledger_redis_and_api_balance_agree_after_flush);
+	TEST(test_balance_rebuilt_after_redis_loses_it);
+	TEST(test_restarted_meter_catches_up_without_charging_twice);
+	TEST(test_usage_drawn_from_grants_earliest_expiry_first);
+	TEST(test_grant_expiry_is_a_transfer);
+	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
+
+	rc = test_summary();
+	pg_free(pg);
+	rds_free(rds);
+	if (pg_acquire(admin_pg, &c, &err) == KILN_OK) {
+		snprintf(line, sizeof(line), "DROP DATABASE IF EXISTS %s WITH (FORCE)", dbname);
+		pg_exec(c, line, &err);
+		pg_release(admin_pg, c);
+	}
+	pg_free(admin_pg);
+	return rc;
+}
