@@ -78,7 +78,8 @@ struct mten {
 	long long sent;		/* what Redis last got as our live field; -1: never */
 	long long balance;	/* as Redis answered on the last tick */
 	bool has_balance, frozen;
-	unsigned __int128 t_fine;	/* this tick's charges, for the burn rate */
+	unsigned __int128 t_burn;	/* fine units per second its sandboxes cost now */
+	long long burn_sent;	/* the burn rate Redis last got */
 	uint64_t t_rx, t_tx;
 	int nsb;		/* sandboxes not ended */
 	struct mten *hnext;
@@ -340,8 +341,6 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 		s->tx_at += x;
 		s->last_t = pe;
 		s->ten->pending += ucr;
-		if (!s->ten->frozen)
-			s->ten->t_fine += fine;
 		s->ten->t_rx += r;
 		s->ten->t_tx += x;
 		s->t_cpu += u.cpu_ns;
@@ -557,6 +556,23 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		s->tx_at += x_left;
 		s->state = seg_st[nseg - 1];
 	}
+	if (!ended && s->state != BS_NONE && !s->ten->frozen) {
+		/* What it costs now, per second: its allocation, and CPU at this tick's pace. */
+		int64_t span = end - s->t_start;
+		struct price_usage u = {
+			.run_ns = s->state == BS_RUN ? (uint64_t)PRICE_NS_PER_S : 0,
+			.paused_ns = s->state == BS_PAUSED ? (uint64_t)PRICE_NS_PER_S : 0,
+			.cpu_ns = s->state == BS_RUN && span > 0
+					  ? price_share(s->t_cpu, (uint64_t)PRICE_NS_PER_S, (uint64_t)span)
+					  : 0,
+			.mem_mib = s->mem_mib,
+			.disk_gib = s->disk_gib,
+			.snap_mib = s->mem_mib,
+		};
+		if (span > 0 && (uint64_t)span < (uint64_t)PRICE_NS_PER_S && u.cpu_ns > s->t_cpu * 4)
+			u.cpu_ns = s->t_cpu;	/* a sliver of a tick says little about the pace */
+		s->ten->t_burn += price_fine(&m->o.card, &u);
+	}
 	if (ended) {
 		/* Recorded as billed state "none", so the ledger knows this sandbox is done. */
 		struct mwin *w = s->nw ? &s->w[s->nw - 1]
@@ -741,7 +757,7 @@ static void argv_release(struct argv *a)
 	memset(a, 0, sizeof(*a));
 }
 
-static enum kiln_err redis_tick(struct meter *m, int64_t now, int64_t tick_ns)
+static enum kiln_err redis_tick(struct meter *m, int64_t now)
 {
 	struct kiln_error err = { 0 };
 	struct rds_reply rep = { 0 };
@@ -760,7 +776,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now, int64_t tick_ns)
 		goto out;
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
-		if (t->nsb > 0 || t->pending != t->sent || t->t_rx || t->t_tx)
+		if (t->nsb > 0 || t->pending != t->sent || t->t_rx || t->t_tx || t->burn_sent)
 			ts[nt++] = t;
 	}
 	for (size_t i = 0; i < m->nsbs; i++)
@@ -792,10 +808,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now, int64_t tick_ns)
 	e |= argv_addf(&a, "%" PRId64, sec);
 	for (size_t i = 0; i < nt; i++) {
 		struct mten *t = ts[i];
-		/* µcr per second over this tick */
-		long long burn = tick_ns > 0 ? (long long)(t->t_fine * PRICE_NS_PER_S / (uint64_t)tick_ns /
-							  PRICE_FINE_PER_UCR)
-					     : 0;
+		long long burn = (long long)(t->t_burn / PRICE_FINE_PER_UCR);	/* µcr/s */
 		e |= argv_addf(&a, "%lld", t->pending);
 		e |= argv_addf(&a, "%" PRIu64, t->t_rx);
 		e |= argv_addf(&a, "%" PRIu64, t->t_tx);
@@ -835,6 +848,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now, int64_t tick_ns)
 		size_t nmiss = 0;
 		for (size_t i = 0; i < nt; i++) {
 			ts[i]->sent = ts[i]->pending;
+			ts[i]->burn_sent = (long long)(ts[i]->t_burn / PRICE_FINE_PER_UCR);
 			if (rep.elem[1].elem[i].integer) {
 				ts[i]->has_balance = false;
 				if (missing)
@@ -1081,7 +1095,7 @@ static void meter_gc(struct meter *m)
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
 		bool used = false;
-		if (t->nsb == 0 && t->pending == 0 && t->sent == 0) {
+		if (t->nsb == 0 && t->pending == 0 && t->sent == 0 && t->burn_sent == 0) {
 			for (size_t k = 0; k < m->nsbs && !used; k++)
 				used = m->sbs[k]->ten == t;
 			if (!used) {
@@ -1216,7 +1230,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	char node_since[24];
-	int64_t now, tick_ns;
+	int64_t now;
 	enum kiln_err rc;
 	int rows;
 
@@ -1228,7 +1242,6 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		}
 	}
 	now = now_ns(m);
-	tick_ns = m->last_tick ? now - m->last_tick : PRICE_NS_PER_S;
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {
 		snprintf(node_since, sizeof(node_since), "%" PRId64, m->since / 1000);
@@ -1249,7 +1262,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		s->t_ucr = 0;
 	}
 	for (size_t i = 0; i < m->ntens; i++) {
-		m->tens[i]->t_fine = 0;
+		m->tens[i]->t_burn = 0;
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
 	}
 	rows = pg_res_rows(res);
@@ -1293,7 +1306,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	m->st.sandboxes = 0;
 	for (size_t i = 0; i < m->nsbs; i++)
 		m->st.sandboxes += !m->sbs[i]->ended;
-	redis_tick(m, now, tick_ns);
+	redis_tick(m, now);
 	meter_enforce(m, now);
 	if (meter_flush(m, now, err) != KILN_OK) {
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
