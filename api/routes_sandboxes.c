@@ -398,6 +398,71 @@ static void sandbox_exec(struct http_req *req)
 		forward(req, &sb, "/exec", true);
 }
 
+/* ---- pause, resume, fork ---- */
+
+static void sandbox_pause(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, "/pause", false);
+}
+
+static void sandbox_resume(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (!sandbox_lookup(req, &sb))
+		return;
+	if (strcmp(sb.state, "paused") != 0) {
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", sb.state);
+		return;
+	}
+	forward(req, &sb, "/resume", false);
+}
+
+static void sandbox_fork(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "count", JF_INT, false, 0 } };
+	json_t *body = gw_body(req, fields, 1), *ids;
+	struct sb_row sb;
+	long long count;
+	char *text = NULL, path[128];
+
+	if (!body)
+		return;
+	count = json_int(body, "count", 1);
+	json_decref(body);
+	if (count < 1 || count > 16) {
+		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
+		return;
+	}
+	if (!sandbox_lookup(req, &sb) || !sandbox_running(req, &sb))
+		return;
+	ids = json_array();
+	for (long long i = 0; i < count; i++) {
+		char id[AUTH_ID_MAX];
+		if (!gw_new_id(req, "sb_", id, sizeof(id))) {
+			json_decref(ids);
+			return;
+		}
+		json_array_append_new(ids, json_string(id));
+	}
+	body = json_pack("{s:o}", "ids", ids);
+	text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	json_decref(body);
+	if (!text) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/fork", sb.id);
+	node_proxy(req, &(struct node_call){ .address = sb.node_address, .method = "POST",
+					      .path = path, .sandbox_id = sb.id, .who = gw_principal(req),
+					      .body = text, .body_len = strlen(text), .upload_fd = -1,
+					      .content_type = "application/json" });
+	free(text);
+}
+
 /* GET and PUT of /egress and /bandwidth: forwarded; the node applies them live. */
 static void sandbox_egress(struct http_req *req)
 {
@@ -555,6 +620,12 @@ static const struct http_route routes[] = {
 	  0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,
 	  HTTP_BODY_STREAM, upload_sink, FILE_MAX },
+	{ "POST", "/v1/sandboxes/{id}/pause", sandbox_pause, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/resume", sandbox_resume,
+	  ROUTE_AUTH | ROUTE_CREATES | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork,
+	  ROUTE_AUTH | ROUTE_CREATES | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0,
 	  NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,

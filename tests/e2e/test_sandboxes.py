@@ -264,19 +264,24 @@ class LifecycleTests(unittest.TestCase):
         self.assertTrue(self.stack.node.alive())
         self.assertEqual(self.gw.request("GET", "/healthz").status, 200)
 
-    def test_a_sandbox_past_its_timeout_is_stopped(self):
+    def test_a_sandbox_past_its_timeout_is_paused_not_destroyed(self):
         sb = self.create(timeout_s=3)
+        self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/files?path=/root/keep.txt", b"kept", self.key)
         deadline = time.time() + 30
         state = None
         while time.time() < deadline:
             state = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()["state"]
-            if state == "stopped":
+            if state == "paused":
                 break
             time.sleep(0.5)
-        self.assertEqual(state, "stopped")
+        self.assertEqual(state, "paused")
         self.assertEqual(vm_pids(self.stack.node.node_id, sb["id"]), set())
         r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["true"]}, self.key)
         self.assertEqual(r.status, 409)
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/resume", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 200, r)
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/files?path=/root/keep.txt", headers=self.key)
+        self.assertEqual(r.data, b"kept")
         self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
 
     def test_a_full_node_answers_503_no_capacity(self):

@@ -22,6 +22,7 @@
 #include "vmm/accel.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
 
 static struct node node;
@@ -74,8 +75,10 @@ static int check_init(struct kiln_error *err)
 		 node.cfg.node_id);
 	snprintf(node.vm_state_root, sizeof(node.vm_state_root), "%s/vms/%s", node.cfg.data_dir,
 		 node.cfg.node_id);
+	snprintf(node.snap_root, sizeof(node.snap_root), "%s/snaps/%s", node.cfg.data_dir,
+		 node.cfg.node_id);
 	if (mkdir_p(node.cfg.run_dir, 0711) < 0 || mkdir_p(node.vm_run_root, 0711) < 0 ||
-	    mkdir_p(node.vm_state_root, 0711) < 0)
+	    mkdir_p(node.vm_state_root, 0711) < 0 || mkdir_p(node.snap_root, 0711) < 0)
 		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\" or \"%s\"",
 				      node.vm_run_root, node.vm_state_root);
 	node.accel = accel_detect() == ACCEL_KVM ? "kvm" : "tcg";
@@ -233,9 +236,13 @@ static void expire_sandboxes(void)
 			return;
 		pthread_mutex_lock(&sb->lock);
 		if (sb->state == SB_RUNNING) {
+			struct kiln_error err = { 0 };
+			/* A sandbox past its timeout is paused, never destroyed. */
 			log_info("sandbox \"%s\" reached its timeout", sb->id);
-			sb_teardown(&node, sb);
-			sb_set_state(&node, sb, SB_STOPPED, NULL);
+			if (sb_pause(&node, sb, &err) != KILN_OK) {
+				log_error("pausing \"%s\" at its timeout failed: %s", sb->id, err.msg);
+				sb->expires_at = now + 60;	/* try again later */
+			}
 		}
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);
@@ -252,6 +259,8 @@ static void *ticker(void *arg)
 		if (tick++ % 2 == 0 && heartbeat(&err) != KILN_OK)
 			log_warn("heartbeat failed: %s", err.msg);
 		expire_sandboxes();
+		if (tick % 10 == 0)
+			snap_gc(&node);
 		sleep(1);
 	}
 	return NULL;

@@ -20,6 +20,7 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
+#include "vmm/hv.h"
 
 struct jwks_cache;
 struct vmm_vm;
@@ -58,7 +59,8 @@ struct node {
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
 	char listen_path[108];		/* the Unix socket, when listening on one */
 	char vm_run_root[128];		/* /run/kiln/<node>: per-VM sockets and jails (vmm/orphan.h) */
-	char vm_state_root[512];	/* <data_dir>/vms: per-VM disk layers */
+	char vm_state_root[512];	/* <data_dir>/vms/<node>: per-VM disk layers */
+	char snap_root[512];		/* <data_dir>/snaps/<node>: snapshots */
 	const char *accel;		/* "kvm" or "tcg" */
 
 	pthread_mutex_t reg_lock;	/* the registry below and the capacity in use */
@@ -95,6 +97,19 @@ struct sb_init {
  */
 enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
 		      struct kiln_error *err);
+
+/*
+ * Restores the sandbox's VM from `snap_dir` (memory taken as `from` says), bringing its network up
+ * first when it has none, and waits for its agent. Every restore sets the guest's clock to now and
+ * reseeds its RNG; `fresh` gives it the new identity of a new sandbox (id, host name, env).
+ */
+enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
+			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
+			 struct kiln_error *err);
+
+/* Sets the guest's clock and entropy, and with `fresh` its id, host name and env defaults. */
+enum kiln_err sb_identity(struct node *n, struct sandbox *sb, bool fresh, const char *const *env,
+			  struct kiln_error *err);
 
 /*
  * Stops the VM and frees every host resource (VM, TAP, netns, cgroup, disk layer, uid), then

@@ -21,6 +21,8 @@
 #include "vmm/agent.h"
 #include "vmm/hv.h"
 #include "vmm/jail.h"
+#include "auth/apikey.h"
+#include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
@@ -1191,6 +1193,349 @@ static void healthz(struct http_req *req)
 	pthread_mutex_unlock(&n->reg_lock);
 }
 
+/* ---- pause, resume, fork, snapshots ---- */
+
+/* A sandbox row of the token's tenant on this node, for the routes that act on paused ones. */
+struct sb_record {
+	char state[16];
+	char pause_snapshot[64];
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	long long timeout_s;
+	bool found;
+};
+
+static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
+			       struct sb_record *out, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(n->pg, &c, err);
+
+	memset(out, 0, sizeof(*out));
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT state, coalesce(pause_snapshot, ''), vcpu_milli, memory_mib, disk_gib, "
+		 "timeout_s FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND node_id = $3 "
+		 "AND deleted_at IS NULL",
+		 id, tenant, n->cfg.node_id);
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		out->found = true;
+		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 0));
+		snprintf(out->pause_snapshot, sizeof(out->pause_snapshot), "%s", pg_res_str(res, 0, 1));
+		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 2, 0);
+		out->mem_mib = (unsigned)pg_res_int(res, 0, 3, 0);
+		out->disk_gib = (unsigned)pg_res_int(res, 0, 4, 0);
+		out->timeout_s = pg_res_int(res, 0, 5, 300);
+	}
+	pg_res_free(res);
+	pg_release(n->pg, c);
+	return rc;
+}
+
+/* Replies for a sandbox this node does not run: 409 naming its state, or 404. */
+static void reply_not_running(struct http_req *req, const char *want)
+{
+	struct node *n = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct sb_record r;
+
+	if (record_of(n, id, claims_of(req)->tid, &r, &err) != KILN_OK)
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+	else if (!r.found)
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	else
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not %s", r.state, want);
+}
+
+/* The running sandbox of the request (a reference), or NULL after replying. */
+static struct sandbox *running_sandbox(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct sandbox *sb = sb_get(n, http_req_param(req, "id"));
+
+	if (sb && strcmp(sb->tenant_id, claims_of(req)->tid) != 0) {
+		sb_put(n, sb);
+		sb = NULL;
+	}
+	if (sb && sb->state == SB_RUNNING)
+		return sb;
+	if (sb && sb->state == SB_ERROR)
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox has failed");
+	else if (sb)
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
+	else
+		reply_not_running(req, "running");
+	sb_put(n, sb);
+	return NULL;
+}
+
+static void sandbox_pause(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct sandbox *sb = running_sandbox(req);
+	struct kiln_error err = { 0 };
+	enum kiln_err rc;
+
+	if (!sb)
+		return;
+	pthread_mutex_lock(&sb->lock);
+	rc = sb_pause(n, sb, &err);
+	pthread_mutex_unlock(&sb->lock);
+	if (rc != KILN_OK)
+		http_reply_error(req, rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
+				 "the sandbox could not be paused: %s", err.msg);
+	else
+		reply_sandbox(req, 200, sb->id);
+	sb_put(n, sb);
+}
+
+static void sandbox_resume(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const struct auth_claims *cl = claims_of(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct sb_record r;
+	struct sandbox *sb = sb_get(n, id);
+	struct pg_conn *c;
+	char idx[16], tmo[24], dir[600], mem[640];
+	enum kiln_err rc;
+
+	if (sb) {
+		/* Held here: it runs (or is starting); only a paused sandbox resumes. */
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
+		sb_put(n, sb);
+		return;
+	}
+	if (record_of(n, id, cl->tid, &r, &err) != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return;
+	}
+	if (!r.found) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return;
+	}
+	if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0]) {
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", r.state);
+		return;
+	}
+	rc = sb_reserve(n, id, cl->tid, r.vcpu_milli, r.mem_mib, r.disk_gib, &sb, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "%s", err.msg);
+		return;
+	}
+	pthread_mutex_lock(&sb->lock);
+	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
+	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, &err);
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK) {
+		snprintf(idx, sizeof(idx), "%d", sb->net_index);
+		snprintf(tmo, sizeof(tmo), "%lld", r.timeout_s);
+		rc = PGQ(c, NULL, &err,
+			 "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+			 "lineage = lineage || pause_snapshot, pause_snapshot = NULL, net_index = $2::int, "
+			 "expires_at = now() + make_interval(secs => $3::int), state_changed_at = now() "
+			 "WHERE id = $1 AND state = 'paused' AND pause_snapshot = $4",
+			 id, idx, tmo, r.pause_snapshot);
+		pg_release(n->pg, c);
+	}
+	if (rc != KILN_OK) {
+		log_error("resume of \"%s\" failed: %s", id, err.msg);
+		sb_teardown(n, sb);
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ? rc
+									: KILN_E_SANDBOX_FAILED,
+				 "the sandbox could not resume: %s; it stays paused", err.msg);
+		return;
+	}
+	sb->state = SB_RUNNING;
+	sb->expires_at = time(NULL) + r.timeout_s;
+	/* The memory image was copied into the VM: the snapshot keeps only what the disk needs. */
+	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
+	snprintf(mem, sizeof(mem), "%s/mem", dir);
+	unlink(mem);
+	pthread_mutex_unlock(&sb->lock);
+	log_info("sandbox \"%s\" resumed from \"%s\"", id, r.pause_snapshot);
+	reply_sandbox(req, 200, id);
+	sb_put(n, sb);
+}
+
+static void sandbox_fork(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, 16 } };
+	struct node *n = http_req_app(req);
+	const struct auth_claims *cl = claims_of(req);
+	struct kiln_error err = { 0 };
+	size_t len, count;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL, *ids, *out = NULL;
+	struct sandbox *parent, *kids[16] = { 0 };
+	char snap[AUTH_ID_MAX], dir[600], idx[16];
+	struct pg_conn *c = NULL;
+	enum kiln_err rc;
+	size_t made = 0;
+
+	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	ids = json_object_get(body, "ids");
+	count = json_array_size(ids);
+	for (size_t i = 0; i < count; i++)
+		if (!json_is_string(json_array_get(ids, i)) ||
+		    strncmp(json_string_value(json_array_get(ids, i)), "sb_", 3) != 0) {
+			json_decref(body);
+			http_reply_error(req, KILN_E_BAD_REQUEST, "ids must be sandbox ids");
+			return;
+		}
+	if (count < 1) {
+		json_decref(body);
+		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
+		return;
+	}
+	parent = running_sandbox(req);
+	if (!parent) {
+		json_decref(body);
+		return;
+	}
+	/* All the children's capacity first: all or none. */
+	rc = KILN_OK;
+	for (made = 0; rc == KILN_OK && made < count; made++) {
+		rc = sb_reserve(n, json_string_value(json_array_get(ids, made)), cl->tid,
+				parent->vcpu_milli, parent->mem_mib, parent->disk_gib, &kids[made], &err);
+		if (rc != KILN_OK)
+			break;
+	}
+	if (rc != KILN_OK) {
+		for (size_t i = 0; i < made; i++) {
+			sb_teardown(n, kids[i]);
+			sb_put(n, kids[i]);
+		}
+		sb_put(n, parent);
+		json_decref(body);
+		http_reply_error(req, rc, "%s", err.msg);
+		return;
+	}
+	pthread_mutex_lock(&parent->lock);
+	rc = parent->state == SB_RUNNING ? auth_new_id("snap_", snap, sizeof(snap)) : KILN_E_CONFLICT;
+	if (rc == KILN_OK) {
+		snap_dir(n, snap, dir, sizeof(dir));
+		rc = save_policy_public(parent, dir, &err);
+	}
+	if (rc == KILN_OK)
+		rc = vmm_snapshot(parent->vm, dir, VMM_SNAP_SHARED, &err);
+	if (rc == KILN_OK)
+		rc = write_manifest_public(n, parent, dir, &err);
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK)
+		rc = snap_record_public(n, c, parent, snap, "fork", NULL, dir, &err);
+	if (rc != KILN_OK) {
+		struct kiln_error ignore = { 0 };
+		struct vmm_status st = { 0 };
+		if (parent->vm && vmm_status(parent->vm, &st, &ignore) == KILN_OK && st.alive)
+			vmm_resume(parent->vm, &ignore);
+		pthread_mutex_unlock(&parent->lock);
+		for (size_t i = 0; i < count; i++) {
+			sb_teardown(n, kids[i]);
+			sb_put(n, kids[i]);
+		}
+		if (c)
+			pg_release(n->pg, c);
+		sb_put(n, parent);
+		json_decref(body);
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
+		return;
+	}
+	/* The parent's VMM ended with the snapshot: its handle goes, its network stays. */
+	agent_free(parent->agent);
+	parent->agent = NULL;
+	{
+		struct kiln_error ignore = { 0 };
+		vmm_destroy(parent->vm, &ignore);
+		parent->vm = NULL;
+	}
+	/* The children, from the frozen image mapped privately. */
+	for (made = 0; rc == KILN_OK && made < count; made++) {
+		struct sandbox *k = kids[made];
+		pthread_mutex_lock(&k->lock);
+		snprintf(idx, sizeof(idx), "%d", k->net_index);
+		rc = PGQ(c, NULL, &err,
+			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+			 "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
+			 "expires_at) SELECT $1, tenant_id, node_id, 'creating', template, vcpu_milli, "
+			 "memory_mib, disk_gib, timeout_s, metadata, id, $3::int, lineage || $4::text, "
+			 "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE id = $2",
+			 k->id, parent->id, idx, snap);
+		if (rc == KILN_OK)
+			rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
+		if (rc == KILN_OK) {
+			k->expires_at = parent->expires_at;
+			sb_set_state(n, k, SB_RUNNING, NULL);
+		}
+		pthread_mutex_unlock(&k->lock);
+		if (rc != KILN_OK)
+			break;
+	}
+	if (rc != KILN_OK) {
+		char why[KILN_ERRMSG_MAX];
+		snprintf(why, sizeof(why), "%s", err.msg);
+		log_error("fork of \"%s\" failed: %s", parent->id, why);
+		for (size_t i = 0; i < count; i++) {
+			pthread_mutex_lock(&kids[i]->lock);
+			sb_teardown(n, kids[i]);
+			pthread_mutex_unlock(&kids[i]->lock);
+			PGQ(c, NULL, &err,
+			    "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
+			    "WHERE id = $1",
+			    kids[i]->id);
+		}
+		kiln_error_clear(&err);
+		kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", why);
+	}
+	/* The parent, on a copy of the image: its children map the original. */
+	{
+		struct kiln_error perr = { 0 };
+		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, &perr) == KILN_OK) {
+			PGQ(c, NULL, &perr,
+			    "UPDATE sandboxes SET generation = generation + 1, lineage = lineage || $2::text "
+			    "WHERE id = $1",
+			    parent->id, snap);
+		} else {
+			log_error("the parent \"%s\" did not come back after its fork: %s", parent->id,
+				  perr.msg);
+			sb_set_state(n, parent, SB_ERROR, "the VM did not come back after a fork");
+			if (rc == KILN_OK)
+				rc = kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", perr.msg);
+		}
+	}
+	pthread_mutex_unlock(&parent->lock);
+	if (rc == KILN_OK) {
+		struct pg_res *res = NULL;
+		out = json_array();
+		for (size_t i = 0; i < count; i++) {
+			if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1",
+				kids[i]->id) == KILN_OK && pg_res_rows(res) == 1)
+				json_array_append_new(out, json_loads(pg_res_str(res, 0, 0), 0, NULL));
+			pg_res_free(res);
+			res = NULL;
+		}
+		http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
+		log_info("sandbox \"%s\" forked into %zu", parent->id, count);
+	} else {
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
+	}
+	pg_release(n->pg, c);
+	for (size_t i = 0; i < count; i++)
+		sb_put(n, kids[i]);
+	sb_put(n, parent);
+	json_decref(body);
+}
+
 #define TOKEN 1u	/* the route needs a node token */
 
 const struct http_route node_routes[] = {
@@ -1206,5 +1551,8 @@ const struct http_route node_routes[] = {
 	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/pause", sandbox_pause, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/resume", sandbox_resume, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 };
 const size_t node_routes_len = sizeof(node_routes) / sizeof(node_routes[0]);

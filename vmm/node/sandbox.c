@@ -252,21 +252,14 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 	return rc;
 }
 
-enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
-		      struct kiln_error *err)
+/* The uid lease, network namespace with its TAP, eBPF policy and DNS service of a sandbox. */
+static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct sb_init *init,
+			       struct kiln_error *err)
 {
-	char run_dir[256], state_dir[640], netns_path[64], hostname[64];
-	unsigned char entropy[64];
-	struct agent_hello_info hello;
-	struct vmm_spec spec = { 0 };
-	struct agent_identity ident = { 0 };
 	struct kiln_sbnet_config netcfg = { 0 };
-	struct timespec now;
+	char owner[128];
 	enum kiln_err rc;
 	int r;
-
-	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
-	char owner[128];
 
 	vmm_lease_owner(n->cfg.node_id, sb->id, owner, sizeof(owner));
 	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, owner, &sb->uid);
@@ -274,7 +267,6 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
 	sb->has_uid = true;
-
 	netcfg.id = sb->net_id;
 	netcfg.index = (uint32_t)sb->net_index;
 	netcfg.tap_uid = (int)sb->uid;
@@ -282,57 +274,125 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
-	rc = sb_policy(n, sb, init, err);
-	if (rc != KILN_OK)
-		return rc;
-	snprintf(netns_path, sizeof(netns_path), "/run/netns/%s", sb->net.netns);
+	return sb_policy(n, sb, init, err);
+}
 
-	spec.id = sb->id;
-	spec.node = n->cfg.node_id;
-	spec.vcpu_milli = sb->vcpu_milli;
-	spec.mem_mib = sb->mem_mib;
-	spec.disk_gib = sb->disk_gib;
-	spec.kernel = n->cfg.guest_kernel;
-	spec.initrd = n->cfg.guest_initrd;
-	spec.rootfs = n->cfg.guest_rootfs;
-	spec.cmdline_extra = n->cfg.guest_cmdline;
-	spec.netns_path = netns_path;
-	spec.tap = KILN_NET_TAP;
-	spec.run_dir = run_dir;
-	spec.state_dir = state_dir;
-	spec.uid = sb->uid;
-	spec.gid = sb->uid;
-	spec.tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
-	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
-	if (rc != KILN_OK)
-		return rc;
+/* The VM spec of `sb` on this node; the strings point into `bufs`, which must outlive `spec`. */
+struct spec_bufs {
+	char run_dir[256], state_dir[640], netns_path[64];
+};
 
-	sb->agent = agent_connect(vmm_agent_socket(sb->vm), 10000, err);
-	if (!sb->agent)
-		return err->code ? err->code : KILN_E_SANDBOX_FAILED;
-	rc = agent_hello(sb->agent, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
-	if (rc != KILN_OK)
-		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the guest did not start");
+static void sb_spec(struct node *n, const struct sandbox *sb, struct vmm_spec *spec,
+		    struct spec_bufs *b)
+{
+	vm_dirs(n, sb, b->run_dir, sizeof(b->run_dir), b->state_dir, sizeof(b->state_dir));
+	snprintf(b->netns_path, sizeof(b->netns_path), "/run/netns/%s", sb->net.netns);
+	memset(spec, 0, sizeof(*spec));
+	spec->id = sb->id;
+	spec->node = n->cfg.node_id;
+	spec->vcpu_milli = sb->vcpu_milli;
+	spec->mem_mib = sb->mem_mib;
+	spec->disk_gib = sb->disk_gib;
+	spec->kernel = n->cfg.guest_kernel;
+	spec->initrd = n->cfg.guest_initrd;
+	spec->rootfs = n->cfg.guest_rootfs;
+	spec->cmdline_extra = n->cfg.guest_cmdline;
+	spec->netns_path = b->netns_path;
+	spec->tap = KILN_NET_TAP;
+	spec->run_dir = b->run_dir;
+	spec->state_dir = b->state_dir;
+	spec->uid = sb->uid;
+	spec->gid = sb->uid;
+	spec->tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
+}
 
-	/* A fresh identity: host name, id, clock, entropy from the host, the requested env. */
-	snprintf(hostname, sizeof(hostname), "%s", sb->id);
-	for (char *p = hostname; *p; p++)
-		if (*p == '_')
-			*p = '-';
+enum kiln_err sb_identity(struct node *n, struct sandbox *sb, bool fresh, const char *const *env,
+			  struct kiln_error *err)
+{
+	char hostname[64];
+	unsigned char entropy[64];
+	struct agent_identity ident = { 0 };
+	struct timespec now;
+	enum kiln_err rc;
+
 	if (getrandom(entropy, sizeof(entropy), 0) != (ssize_t)sizeof(entropy))
 		return kiln_error_set(err, KILN_E_INTERNAL, "no entropy");
 	clock_gettime(CLOCK_REALTIME, &now);
-	ident.hostname = hostname;
-	ident.sandbox_id = sb->id;
 	ident.wall_clock_ns = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
 	ident.entropy = entropy;
 	ident.entropy_len = sizeof(entropy);
-	ident.env = init ? init->env : NULL;
+	if (fresh) {
+		snprintf(hostname, sizeof(hostname), "%s", sb->id);
+		for (char *p = hostname; *p; p++)
+			if (*p == '_')
+				*p = '-';
+		ident.hostname = hostname;
+		ident.sandbox_id = sb->id;
+		ident.env = env;
+	}
 	rc = agent_set_identity(sb->agent, &ident, err);
 	explicit_bzero(entropy, sizeof(entropy));
 	if (rc != KILN_OK)
 		return rc == KILN_E_INVALID ? rc : kiln_error_set(err, KILN_E_SANDBOX_FAILED,
 								   "the guest refused its identity");
-	log_info("sandbox \"%s\" booted (kernel %s)", sb->id, hello.kernel_release);
 	return KILN_OK;
+}
+
+/* Connects to the new VM's agent and waits until it answers (a boot or a restore). */
+static enum kiln_err sb_agent_up(struct node *n, struct sandbox *sb, int timeout_ms,
+				 struct agent_hello_info *hello, struct kiln_error *err)
+{
+	sb->agent = agent_connect(vmm_agent_socket(sb->vm), 10000, err);
+	if (!sb->agent)
+		return err->code ? err->code : KILN_E_SANDBOX_FAILED;
+	if (agent_hello(sb->agent, timeout_ms, hello, err) != KILN_OK) {
+		kiln_error_clear(err);
+		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the guest did not answer");
+	}
+	return KILN_OK;
+}
+
+enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
+		      struct kiln_error *err)
+{
+	struct agent_hello_info hello;
+	struct vmm_spec spec;
+	struct spec_bufs b;
+	enum kiln_err rc = sb_net_up(n, sb, init, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	sb_spec(n, sb, &spec, &b);
+	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
+	if (rc == KILN_OK)
+		rc = sb_agent_up(n, sb, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
+	/* A fresh identity: host name, id, clock, entropy from the host, the requested env. */
+	if (rc == KILN_OK)
+		rc = sb_identity(n, sb, true, init ? init->env : NULL, err);
+	if (rc == KILN_OK)
+		log_info("sandbox \"%s\" booted (kernel %s)", sb->id, hello.kernel_release);
+	return rc;
+}
+
+enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
+			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
+			 struct kiln_error *err)
+{
+	struct agent_hello_info hello;
+	struct vmm_spec spec;
+	struct spec_bufs b;
+	enum kiln_err rc = KILN_OK;
+
+	if (!sb->has_net)
+		rc = sb_net_up(n, sb, init, err);
+	if (rc != KILN_OK)
+		return rc;
+	sb_spec(n, sb, &spec, &b);
+	rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
+	if (rc == KILN_OK)
+		rc = sb_agent_up(n, sb, 30000, &hello, err);
+	/* Every restore: the clock set to now and the RNG reseeded; a new sandbox a new identity. */
+	if (rc == KILN_OK)
+		rc = sb_identity(n, sb, fresh, init ? init->env : NULL, err);
+	return rc;
 }
