@@ -13,6 +13,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <inttypes.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -479,15 +480,18 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	if (r->deleted) {
-		if (r->deleted < end)
-			end = r->deleted;
-		ended = true;
-	}
-	if (cur == BS_NONE && row_terminal(r)) {
-		if (r->changed < end)
-			end = r->changed;
-		ended = true;
+	if (row_terminal(r)) {
+		/* It ends at its deletion or its last change, whichever came first; a time still
+		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
+		int64_t tend = INT64_MAX;
+		if (r->deleted)
+			tend = r->deleted;
+		if (cur == BS_NONE && r->changed < tend)
+			tend = r->changed;
+		if (tend <= now) {
+			end = tend;
+			ended = true;
+		}
 	}
 	if (end < s->last_t)
 		end = s->last_t;
