@@ -1,0 +1,1007 @@
+/*
+ * storage_sync.c - uploads of a node's snapshots to the tenants' buckets and their fetch on another
+ * node (storage_sync.h, docs/storage.md "Snapshots in the bucket").
+ *
+ * An upload goes through three durable stages under <snap_root>/.up-<snap id>/, so that a worker
+ * stopped anywhere (shutdown, crash) picks up where it was:
+ *   src/          hard links of the snapshot's files and of the disk layers under it ("chain-<k>")
+ *   port.tmp/     the portable copy being built: the same files, the disk flattened, a new manifest
+ *   object.kiln   the packed object (snapshot_pack: written whole or not at all), then
+ *   object.kiln.s3upload, the multipart state of s3_put_file while it is sent.
+ * Once the object exists, src/ and port.tmp/ go; once it is stored and the row says so, all goes.
+ */
+#include "vmm/node/storage_sync.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <jansson.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api/storage.h"
+#include "common/log.h"
+#include "vmm/disk.h"
+#include "vmm/snapshot.h"
+
+#define ID_MAX 64		/* bytes of a snapshot id, terminator included */
+#define TENANT_MAX 128		/* bytes of a tenant id, terminator included */
+#define UP_PREFIX ".up-"
+#define FETCH_PREFIX ".fetch-"
+#define OBJECT_NAME "object.kiln"
+#define MANIFEST "manifest.json"
+#define DISK_NAME "disk.qcow2"
+
+struct job {
+	char snap_id[ID_MAX];
+	char tenant_id[TENANT_MAX];
+	bool running;
+	struct job *next;
+};
+
+struct snapstore {
+	struct pg *pg;
+	const struct auth_master_key *mk;
+	char *node_id, *snap_root, *base_image;
+	unsigned upload_tries, retry_delay_ms;
+	struct s3_opts s3;
+	bool has_s3;
+	snapstore_part_cb on_part;
+	void *on_part_arg;
+
+	pthread_mutex_t lock;
+	pthread_cond_t work;	/* a job was queued, or stopping; also the retry waits */
+	pthread_cond_t idle;	/* a job ended */
+	struct job *jobs;	/* queued and running, in order */
+	bool stopping;
+	unsigned n_workers;
+	pthread_t *workers;
+};
+
+/* What a job's run ended with, besides an error. */
+enum job_end { JOB_DONE, JOB_STOPPED, JOB_FAILED };
+
+/* ---- small helpers ---- */
+
+static bool valid_id(const char *id)
+{
+	size_t n = id ? strlen(id) : 0;
+
+	if (n == 0 || n >= ID_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++) {
+		char c = id[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+static bool valid_tenant(const char *t)
+{
+	return t && t[0] && strlen(t) < TENANT_MAX;
+}
+
+/* snprintf into a PATH_MAX buffer; false when it does not fit. */
+static bool __attribute__((format(printf, 2, 3))) fmt_path(char *out, const char *fmt, ...)
+{
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vsnprintf(out, PATH_MAX, fmt, ap);
+	va_end(ap);
+	return n >= 0 && n < PATH_MAX;
+}
+
+static enum kiln_err os_err(struct kiln_error *err, int neg_errno, const char *what, const char *path)
+{
+	return kiln_error_set(err, KILN_E_IO, "%s \"%s\": %s", what, path, strerror(-neg_errno));
+}
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
+{
+	(void)st;
+	(void)flag;
+	(void)ftw;
+	return remove(path) == 0 || errno == ENOENT ? 0 : -1;
+}
+
+/* Removes `path` and everything under it, never following links. */
+static void rm_tree(const char *path)
+{
+	struct stat st;
+
+	if (lstat(path, &st) < 0)
+		return;
+	if (!S_ISDIR(st.st_mode))
+		unlink(path);
+	else
+		nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+static int fsync_path(const char *path)
+{
+	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
+
+	if (fd < 0)
+		return -errno;
+	if (fsync(fd) < 0)
+		r = -errno;
+	close(fd);
+	return r;
+}
+
+static bool is_dir(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool exists(const char *path)
+{
+	struct stat st;
+
+	return lstat(path, &st) == 0;
+}
+
+/* A hard link of `src` at `dst` (replaced), or a sparse copy where links cannot be made. */
+static int link_or_copy(const char *src, const char *dst)
+{
+	unlink(dst);
+	if (link(src, dst) == 0)
+		return 0;
+	if (errno != EXDEV && errno != EPERM && errno != EMLINK)
+		return -errno;
+	return disk_file_copy(src, dst);
+}
+
+/* Whether a directory entry is one of a snapshot's files: no dot names, no *.tmp. */
+static bool snapshot_file_name(const char *name)
+{
+	size_t n = strlen(name);
+
+	return name[0] != '.' && !(n >= 4 && strcmp(name + n - 4, ".tmp") == 0);
+}
+
+/* The object key of a snapshot, relative to the tenant's prefix. */
+static void object_key(const char *snap_id, char *out, size_t len)
+{
+	snprintf(out, len, "%s%s%s", SNAPSTORE_KEY_DIR, snap_id, SNAPSTORE_KEY_SUFFIX);
+}
+
+/* Reads the manifest's disk_chain (host paths, base first) into a new array; NULL when malformed. */
+static json_t *manifest_chain(const char *dir, json_t **manifest, struct kiln_error *err)
+{
+	char path[PATH_MAX];
+	json_error_t jerr;
+	json_t *m, *chain;
+
+	if (!fmt_path(path, "%s/%s", dir, MANIFEST))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir \"%s\" too long", dir), NULL;
+	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!m) {
+		kiln_error_set(err, KILN_E_INVALID, "the manifest of \"%s\" does not parse: %s", dir,
+			       jerr.text);
+		return NULL;
+	}
+	chain = json_object_get(m, "disk_chain");
+	if (!json_is_array(chain) || json_array_size(chain) == 1 ||
+	    json_array_size(chain) > DISK_CHAIN_MAX + 2) {
+		json_decref(m);
+		kiln_error_set(err, KILN_E_INVALID, "the manifest of \"%s\" has a bad disk chain", dir);
+		return NULL;
+	}
+	for (size_t k = 0; k < json_array_size(chain); k++) {
+		const char *p = json_string_value(json_array_get(chain, k));
+
+		if (!p || p[0] != '/' || strlen(p) >= PATH_MAX) {
+			json_decref(m);
+			kiln_error_set(err, KILN_E_INVALID, "the manifest of \"%s\" has a bad disk chain",
+				       dir);
+			return NULL;
+		}
+	}
+	*manifest = m;
+	return chain;
+}
+
+/* Writes `m` as `dir`/manifest.json atomically (as the driver writes it: sorted, indent 2). */
+static enum kiln_err manifest_save(const char *dir, json_t *m, struct kiln_error *err)
+{
+	char path[PATH_MAX], tmp[PATH_MAX];
+	int r;
+
+	if (!fmt_path(path, "%s/%s", dir, MANIFEST) || !fmt_path(tmp, "%s/%s.tmp", dir, MANIFEST))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir \"%s\" too long", dir);
+	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0) {
+		unlink(tmp);
+		return kiln_error_set(err, KILN_E_IO, "cannot write \"%s\"", tmp);
+	}
+	if ((r = fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	if (r == 0)
+		r = fsync_path(dir);
+	if (r < 0) {
+		unlink(tmp);
+		return os_err(err, r, "cannot write", path);
+	}
+	return KILN_OK;
+}
+
+/* ---- Postgres ---- */
+
+static enum kiln_err set_status(struct snapstore *s, const char *snap_id, const char *status,
+				const char *reason, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(s->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	if (strcmp(status, "uploading") == 0)
+		rc = PGQ(c, NULL, err,
+			 "UPDATE snapshots SET status = 'uploading', storage = 's3', reason = NULL "
+			 "WHERE id = $1",
+			 snap_id);
+	else if (strcmp(status, "stored") == 0)
+		rc = PGQ(c, NULL, err,
+			 "UPDATE snapshots SET status = 'stored', storage = 's3', reason = NULL "
+			 "WHERE id = $1 AND status = 'uploading'",
+			 snap_id);
+	else
+		rc = PGQ(c, NULL, err,
+			 "UPDATE snapshots SET status = 'failed', storage = 's3', reason = $2 "
+			 "WHERE id = $1",
+			 snap_id, reason ? reason : "");
+	pg_release(s->pg, c);
+	return rc;
+}
+
+/* The tenant's bucket (storage_load on a pooled connection). */
+static enum kiln_err load_target(struct snapstore *s, const char *tenant_id, struct s3_target *t,
+				 struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(s->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = storage_load(c, s->mk, tenant_id, t, err);
+	pg_release(s->pg, c);
+	return rc;
+}
+
+/* ---- the upload's stages ---- */
+
+/*
+ * Stage 1: <up>/src/ gets hard links of the snapshot's files and, as chain-<k>, of the frozen
+ * layers its disk stands on (the base image is never removed and needs none). Built in src.tmp.
+ */
+static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const char *up,
+				 struct kiln_error *err)
+{
+	char dir[PATH_MAX], src[PATH_MAX], tmp[PATH_MAX], from[PATH_MAX], to[PATH_MAX];
+	enum kiln_err rc = KILN_OK;
+	json_t *m = NULL, *chain;
+	struct dirent *de;
+	DIR *d;
+	int r;
+
+	if (!fmt_path(dir, "%s/%s", s->snap_root, snap_id) || !fmt_path(src, "%s/src", up) ||
+	    !fmt_path(tmp, "%s/src.tmp", up))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	if (!is_dir(dir))
+		return kiln_error_set(err, KILN_E_NOT_FOUND, "the files of snapshot \"%s\" are not on this node",
+				      snap_id);
+	if (mkdir(up, 0700) < 0 && errno != EEXIST)
+		return os_err(err, -errno, "cannot create", up);
+	rm_tree(tmp);
+	if (mkdir(tmp, 0700) < 0)
+		return os_err(err, -errno, "cannot create", tmp);
+	d = opendir(dir);
+	if (!d)
+		return os_err(err, -errno, "cannot read", dir);
+	while (rc == KILN_OK && (de = readdir(d))) {
+		struct stat st;
+
+		if (!snapshot_file_name(de->d_name) || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
+		    !S_ISREG(st.st_mode))
+			continue;
+		if (!fmt_path(from, "%s/%s", dir, de->d_name) || !fmt_path(to, "%s/%s", tmp, de->d_name))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+		else if ((r = link_or_copy(from, to)) < 0)
+			rc = os_err(err, r, "cannot link", from);
+	}
+	closedir(d);
+	if (rc == KILN_OK && (chain = manifest_chain(dir, &m, err))) {
+		/* chain: base, the layers under this snapshot's own, and its own (the last) */
+		for (size_t k = 1; rc == KILN_OK && k + 1 < json_array_size(chain); k++) {
+			const char *p = json_string_value(json_array_get(chain, k));
+
+			if (!fmt_path(to, "%s/chain-%zu", tmp, k))
+				rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+			else if ((r = link_or_copy(p, to)) < 0)
+				rc = os_err(err, r, "cannot link the disk layer", p);
+		}
+		json_decref(m);
+	} else if (rc == KILN_OK) {
+		rc = err->code ? err->code : KILN_E_INVALID;
+	}
+	if (rc == KILN_OK && (r = fsync_path(tmp)) < 0)
+		rc = os_err(err, r, "cannot sync", tmp);
+	if (rc == KILN_OK) {
+		rm_tree(src);
+		r = rename(tmp, src) < 0 ? -errno : fsync_path(up);
+		if (r < 0)
+			rc = os_err(err, r, "cannot rename", tmp);
+	}
+	if (rc != KILN_OK)
+		rm_tree(tmp);
+	return rc;
+}
+
+/*
+ * Stage 2: the portable copy in <up>/port.tmp (the snapshot's files, its disk flattened onto the
+ * base, the manifest rewritten for it), packed into <up>/object.kiln for the tenant.
+ */
+static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, const char *tenant_id,
+				  const char *up, struct kiln_error *err)
+{
+	char src[PATH_MAX], port[PATH_MAX], obj[PATH_MAX], from[PATH_MAX], to[PATH_MAX], tmp[PATH_MAX];
+	const char *links[DISK_CHAIN_MAX + 2];
+	char (*layers)[PATH_MAX] = NULL;
+	struct snapshot_meta *meta;
+	enum kiln_err rc;
+	json_t *m = NULL, *chain = NULL;
+	size_t n = 0;
+	bool has_disk = false;
+	int r;
+
+	if (!fmt_path(src, "%s/src", up) || !fmt_path(port, "%s/port.tmp", up) ||
+	    !fmt_path(obj, "%s/%s", up, OBJECT_NAME) || !fmt_path(tmp, "%s/flatten.tmp", up))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	meta = calloc(1, sizeof(*meta));
+	layers = calloc(DISK_CHAIN_MAX + 2, sizeof(*layers));
+	if (!meta || !layers) {
+		free(meta);
+		free(layers);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	/* what leaves the node is what was taken: check it first */
+	rc = snapshot_verify(src, NULL, meta, err);
+	if (rc == KILN_OK && !(chain = manifest_chain(src, &m, err)))
+		rc = err->code ? err->code : KILN_E_INVALID;
+	if (rc == KILN_OK) {
+		n = json_array_size(chain);
+		rm_tree(port);
+		rm_tree(tmp);
+		if (mkdir(port, 0700) < 0)
+			rc = os_err(err, -errno, "cannot create", port);
+	}
+	for (unsigned i = 0; rc == KILN_OK && i < meta->n_files; i++) {
+		const char *name = meta->files[i].name;
+
+		has_disk |= strcmp(name, DISK_NAME) == 0;
+		if (!fmt_path(from, "%s/%s", src, name) || !fmt_path(to, "%s/%s", port, name))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+		else if ((r = link_or_copy(from, to)) < 0)
+			rc = os_err(err, r, "cannot link", from);
+	}
+	if (rc == KILN_OK && has_disk != (n > 0))
+		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot \"%s\": its disk chain does not match its files",
+				    snap_id);
+	if (rc == KILN_OK && n > 2) {
+		/* flatten: port.tmp/disk.qcow2 (a link: rename replaces the link, not the file) */
+		snprintf(layers[0], PATH_MAX, "%s", json_string_value(json_array_get(chain, 0)));
+		for (size_t k = 1; rc == KILN_OK && k + 1 < n; k++)
+			if (!fmt_path(layers[k], "%s/chain-%zu", src, k))
+				rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+		for (size_t k = 0; k + 1 < n; k++)
+			links[k] = layers[k];
+		if (rc == KILN_OK && !fmt_path(to, "%s/%s", port, DISK_NAME))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+		if (rc == KILN_OK && (r = disk_flatten(to, links, (unsigned)(n - 1), tmp)) < 0)
+			rc = kiln_error_set(err, KILN_E_IO, "cannot flatten the disk of snapshot \"%s\": %s", snap_id,
+					    strerror(-r));
+		if (rc == KILN_OK && chmod(to, 0444) < 0)
+			rc = os_err(err, -errno, "cannot freeze", to);
+	}
+	if (rc == KILN_OK && n > 0) {
+		/* the copy's chain: the base, then its one layer (a fetch rewrites both paths) */
+		char own[PATH_MAX];
+		json_t *c2 = json_array();
+
+		if (!fmt_path(own, "%s/%s/%s", s->snap_root, snap_id, DISK_NAME) || !c2 ||
+		    json_array_append(c2, json_array_get(chain, 0)) < 0 ||
+		    json_array_append_new(c2, json_string(own)) < 0 ||
+		    json_object_set_new(m, "disk_chain", c2) < 0)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	if (rc == KILN_OK)
+		rc = manifest_save(port, m, err);
+	if (rc == KILN_OK)
+		rc = snapshot_manifest_write(port, meta, err);	/* sizes and digests of the copy */
+	if (rc == KILN_OK)
+		rc = snapshot_pack(port, s->mk, tenant_id, obj, err);
+	if (rc == KILN_OK && (r = fsync_path(up)) < 0)
+		rc = os_err(err, r, "cannot sync", up);
+	if (rc == KILN_OK)
+		rm_tree(src);
+	rm_tree(port);
+	rm_tree(tmp);
+	json_decref(m);
+	free(layers);
+	free(meta);
+	return rc;
+}
+
+/* ---- the workers ---- */
+
+struct put_ctx {
+	struct snapstore *s;
+	const char *snap_id;
+};
+
+static enum kiln_err on_part(void *arg, unsigned part, unsigned nparts, bool sent)
+{
+	struct put_ctx *p = arg;
+	bool stop;
+
+	if (p->s->on_part)
+		p->s->on_part(p->s->on_part_arg, p->snap_id, part, nparts, sent);
+	pthread_mutex_lock(&p->s->lock);
+	stop = p->s->stopping;
+	pthread_mutex_unlock(&p->s->lock);
+	return stop ? KILN_E_UNAVAILABLE : KILN_OK;
+}
+
+/* Waits `ms` unless the store stops first; returns false when it stops. */
+static bool wait_retry(struct snapstore *s, unsigned ms)
+{
+	struct timespec until;
+	bool stopping;
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += ms / 1000;
+	until.tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&s->lock);
+	while (!s->stopping && pthread_cond_timedwait(&s->work, &s->lock, &until) != ETIMEDOUT)
+		;
+	stopping = s->stopping;
+	pthread_mutex_unlock(&s->lock);
+	return !stopping;
+}
+
+static bool is_stopping(struct snapstore *s)
+{
+	bool v;
+
+	pthread_mutex_lock(&s->lock);
+	v = s->stopping;
+	pthread_mutex_unlock(&s->lock);
+	return v;
+}
+
+/* Stage 3: sends <up>/object.kiln, trying again while the bucket cannot be reached. */
+static enum job_end send_object(struct snapstore *s, const struct job *j, const char *up,
+				struct kiln_error *err)
+{
+	char obj[PATH_MAX], key[ID_MAX + 32];
+	unsigned delay = s->retry_delay_ms;
+	struct put_ctx ctx = { s, j->snap_id };
+
+	if (!fmt_path(obj, "%s/%s", up, OBJECT_NAME))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long"), JOB_FAILED;
+	object_key(j->snap_id, key, sizeof(key));
+	for (unsigned try = 1;; try++) {
+		struct s3_put_stats stats = { 0 };
+		struct s3_target t;
+		struct s3_client *c;
+		enum kiln_err rc;
+
+		kiln_error_clear(err);
+		rc = load_target(s, j->tenant_id, &t, err);
+		if (rc == KILN_E_NOT_FOUND) {
+			kiln_error_clear(err);
+			kiln_error_set(err, KILN_E_CONFLICT, "the tenant has no bucket any more");
+			return JOB_FAILED;
+		}
+		if (rc == KILN_OK) {
+			c = s3_client_new(&t, s->has_s3 ? &s->s3 : NULL, err);
+			s3_target_wipe(&t);
+			rc = c ? s3_put_file(c, key, obj, on_part, &ctx, &stats, err) : err->code;
+			s3_client_free(c);
+		}
+		if (rc == KILN_OK) {
+			log_info("snapshot \"%s\" stored in the tenant's bucket (%u of %u parts sent%s)",
+				 j->snap_id, stats.parts_sent, stats.parts, stats.resumed ? ", resumed" : "");
+			return JOB_DONE;
+		}
+		if (is_stopping(s))
+			return JOB_STOPPED;
+		if (rc != KILN_E_UNAVAILABLE || try >= s->upload_tries)
+			return JOB_FAILED;
+		log_warn("upload of snapshot \"%s\" (try %u of %u): %s; trying again in %u ms", j->snap_id,
+			 try, s->upload_tries, err->msg, delay);
+		if (!wait_retry(s, delay))
+			return JOB_STOPPED;
+		delay = delay > UINT_MAX / 2 ? UINT_MAX : delay * 2;
+	}
+}
+
+static void run_job(struct snapstore *s, struct job *j)
+{
+	char up[PATH_MAX], src[PATH_MAX], obj[PATH_MAX];
+	struct kiln_error err = { 0 };
+	enum kiln_err rc = KILN_OK;
+	enum job_end end;
+
+	if (!fmt_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, j->snap_id) ||
+	    !fmt_path(src, "%s/src", up) || !fmt_path(obj, "%s/%s", up, OBJECT_NAME)) {
+		kiln_error_set(&err, KILN_E_INVALID, "snapshot root too long");
+		end = JOB_FAILED;
+		goto out;
+	}
+	if (!exists(obj)) {
+		if (!is_dir(src))
+			rc = stage_links(s, j->snap_id, up, &err);
+		if (rc == KILN_OK && !is_stopping(s))
+			rc = stage_object(s, j->snap_id, j->tenant_id, up, &err);
+	}
+	if (rc != KILN_OK)
+		end = JOB_FAILED;
+	else if (is_stopping(s))
+		end = JOB_STOPPED;
+	else
+		end = send_object(s, j, up, &err);
+out:
+	if (end == JOB_STOPPED) {
+		log_info("upload of snapshot \"%s\" stopped; it resumes at the next start", j->snap_id);
+		return;
+	}
+	if (end == JOB_DONE) {
+		struct kiln_error perr = { 0 };
+
+		/* the work goes only once the row says stored: else a restart sends it again */
+		if (set_status(s, j->snap_id, "stored", NULL, &perr) == KILN_OK)
+			rm_tree(up);
+		else
+			log_error("snapshot \"%s\" is stored but its status was not recorded: %s",
+				  j->snap_id, perr.msg);
+		return;
+	}
+	log_error("upload of snapshot \"%s\" failed: %s", j->snap_id, err.msg);
+	struct kiln_error perr = { 0 };
+	if (set_status(s, j->snap_id, "failed", err.msg, &perr) != KILN_OK)
+		log_error("status of snapshot \"%s\" not recorded: %s", j->snap_id, perr.msg);
+	rm_tree(up);
+}
+
+static void *worker(void *arg)
+{
+	struct snapstore *s = arg;
+
+	pthread_mutex_lock(&s->lock);
+	while (!s->stopping) {
+		struct job *j = s->jobs;
+
+		while (j && j->running)
+			j = j->next;
+		if (!j) {
+			pthread_cond_wait(&s->work, &s->lock);
+			continue;
+		}
+		j->running = true;
+		pthread_mutex_unlock(&s->lock);
+		run_job(s, j);
+		pthread_mutex_lock(&s->lock);
+		for (struct job **pp = &s->jobs; *pp; pp = &(*pp)->next)
+			if (*pp == j) {
+				*pp = j->next;
+				break;
+			}
+		free(j);
+		pthread_cond_broadcast(&s->idle);
+	}
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* Queues an upload unless one of the same snapshot is queued or running. */
+static enum kiln_err enqueue(struct snapstore *s, const char *snap_id, const char *tenant_id,
+			     struct kiln_error *err)
+{
+	struct job *j, **tail;
+
+	pthread_mutex_lock(&s->lock);
+	for (tail = &s->jobs; *tail; tail = &(*tail)->next)
+		if (strcmp((*tail)->snap_id, snap_id) == 0) {
+			pthread_mutex_unlock(&s->lock);
+			return KILN_OK;
+		}
+	j = calloc(1, sizeof(*j));
+	if (!j) {
+		pthread_mutex_unlock(&s->lock);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	snprintf(j->snap_id, sizeof(j->snap_id), "%s", snap_id);
+	snprintf(j->tenant_id, sizeof(j->tenant_id), "%s", tenant_id);
+	*tail = j;
+	pthread_cond_signal(&s->work);
+	pthread_mutex_unlock(&s->lock);
+	return KILN_OK;
+}
+
+/* ---- the API ---- */
+
+struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln_error *err)
+{
+	struct snapstore *s;
+	pthread_condattr_t ca;
+
+	if (!cfg || !cfg->pg || !cfg->mk || !cfg->node_id || !cfg->snap_root || !cfg->base_image ||
+	    !cfg->snap_root[0]) {
+		kiln_error_set(err, KILN_E_INVALID, "snapstore: pg, mk, node_id, snap_root and base_image are required");
+		return NULL;
+	}
+	s = calloc(1, sizeof(*s));
+	if (!s) {
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	s->pg = cfg->pg;
+	s->mk = cfg->mk;
+	s->node_id = strdup(cfg->node_id);
+	s->snap_root = strdup(cfg->snap_root);
+	s->base_image = strdup(cfg->base_image);
+	s->n_workers = cfg->workers ? cfg->workers : 2;
+	s->upload_tries = cfg->upload_tries ? cfg->upload_tries : 5;
+	s->retry_delay_ms = cfg->retry_delay_ms ? cfg->retry_delay_ms : 2000;
+	if (cfg->s3) {
+		s->s3 = *cfg->s3;
+		s->has_s3 = true;
+	}
+	s->on_part = cfg->on_part;
+	s->on_part_arg = cfg->on_part_arg;
+	s->workers = calloc(s->n_workers, sizeof(*s->workers));
+	if (!s->node_id || !s->snap_root || !s->base_image || !s->workers) {
+		free(s->node_id);
+		free(s->snap_root);
+		free(s->base_image);
+		free(s->workers);
+		free(s);
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	pthread_mutex_init(&s->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&s->work, &ca);
+	pthread_condattr_destroy(&ca);
+	pthread_cond_init(&s->idle, NULL);
+	for (unsigned i = 0; i < s->n_workers; i++) {
+		if (pthread_create(&s->workers[i], NULL, worker, s) != 0) {
+			s->n_workers = i;
+			snapstore_shutdown(s);
+			kiln_error_set(err, KILN_E_INTERNAL, "cannot start the snapshot upload threads");
+			return NULL;
+		}
+	}
+	return s;
+}
+
+void snapstore_shutdown(struct snapstore *s)
+{
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->lock);
+	s->stopping = true;
+	pthread_cond_broadcast(&s->work);
+	pthread_mutex_unlock(&s->lock);
+	for (unsigned i = 0; i < s->n_workers; i++)
+		pthread_join(s->workers[i], NULL);
+	while (s->jobs) {
+		struct job *j = s->jobs;
+
+		s->jobs = j->next;
+		free(j);
+	}
+	pthread_cond_destroy(&s->work);
+	pthread_cond_destroy(&s->idle);
+	pthread_mutex_destroy(&s->lock);
+	free(s->node_id);
+	free(s->snap_root);
+	free(s->base_image);
+	free(s->workers);
+	free(s);
+}
+
+bool snapstore_wait_idle(struct snapstore *s, unsigned timeout_ms)
+{
+	struct timespec until;
+	bool idle;
+
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&s->lock);
+	while (s->jobs && !s->stopping) {
+		if (timeout_ms == 0)
+			pthread_cond_wait(&s->idle, &s->lock);
+		else if (pthread_cond_timedwait(&s->idle, &s->lock, &until) == ETIMEDOUT)
+			break;
+	}
+	idle = s->jobs == NULL;
+	pthread_mutex_unlock(&s->lock);
+	return idle;
+}
+
+enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
+				     const char *tenant_id, struct kiln_error *err)
+{
+	char up[PATH_MAX];
+	struct s3_target t;
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	if (!valid_id(snap_id) || !valid_tenant(tenant_id))
+		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
+	if (!fmt_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, snap_id))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	rc = load_target(s, tenant_id, &t, err);
+	s3_target_wipe(&t);
+	if (rc == KILN_E_NOT_FOUND) {
+		kiln_error_clear(err);
+		return KILN_OK;		/* no bucket: the snapshot stays local */
+	}
+	if (rc == KILN_E_INTERNAL) {
+		struct kiln_error perr = { 0 };
+		char reason[KILN_ERRMSG_MAX];
+
+		snprintf(reason, sizeof(reason), "%s", err->msg);
+		set_status(s, snap_id, "failed", reason, &perr);
+		return rc;
+	}
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_acquire(s->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err, "SELECT 1 FROM snapshots WHERE id = $1 AND tenant_id = $2", snap_id,
+		 tenant_id);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no snapshot \"%s\" of tenant \"%s\"", snap_id,
+				    tenant_id);
+	pg_res_free(res);
+	pg_release(s->pg, c);
+	if (rc != KILN_OK)
+		return rc;
+	/* the files first (a restart finds an upload without them and stages again) */
+	rm_tree(up);
+	rc = stage_links(s, snap_id, up, err);
+	if (rc == KILN_OK)
+		rc = set_status(s, snap_id, "uploading", NULL, err);
+	if (rc == KILN_OK)
+		rc = enqueue(s, snap_id, tenant_id, err);
+	if (rc != KILN_OK)
+		rm_tree(up);
+	return rc;
+}
+
+unsigned snapstore_resume_pending(struct snapstore *s)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	unsigned queued = 0;
+	struct dirent *de;
+	DIR *d;
+
+	if (pg_acquire(s->pg, &c, &err) != KILN_OK) {
+		log_error("pending snapshot uploads not resumed: %s", err.msg);
+		return 0;
+	}
+	if (PGQ(c, &res, &err,
+		"SELECT id, tenant_id FROM snapshots WHERE node_id = $1 AND status = 'uploading' "
+		"ORDER BY created_at",
+		s->node_id) != KILN_OK) {
+		pg_release(s->pg, c);
+		log_error("pending snapshot uploads not resumed: %s", err.msg);
+		return 0;
+	}
+	pg_release(s->pg, c);
+	for (int i = 0; i < pg_res_rows(res); i++) {
+		const char *id = pg_res_str(res, i, 0), *tenant = pg_res_str(res, i, 1);
+
+		kiln_error_clear(&err);
+		if (!valid_id(id) || !valid_tenant(tenant))
+			continue;
+		if (enqueue(s, id, tenant, &err) == KILN_OK)
+			queued++;
+	}
+	/* work directories nothing needs: uploads no longer pending, interrupted fetches */
+	d = opendir(s->snap_root);
+	while (d && (de = readdir(d))) {
+		char path[PATH_MAX];
+		bool keep = false;
+
+		if (strncmp(de->d_name, UP_PREFIX, strlen(UP_PREFIX)) == 0) {
+			for (int i = 0; !keep && i < pg_res_rows(res); i++)
+				keep = strcmp(de->d_name + strlen(UP_PREFIX), pg_res_str(res, i, 0)) == 0;
+		} else if (strncmp(de->d_name, FETCH_PREFIX, strlen(FETCH_PREFIX)) != 0) {
+			continue;
+		}
+		if (!keep && fmt_path(path, "%s/%s", s->snap_root, de->d_name)) {
+			log_info("removing leftover snapshot work \"%s\"", path);
+			rm_tree(path);
+		}
+	}
+	if (d)
+		closedir(d);
+	pg_res_free(res);
+	if (queued)
+		log_info("%u snapshot upload(s) resumed", queued);
+	return queued;
+}
+
+/* Rewrites the disk chain of a fetched snapshot in `work` for its place `final` on this node. */
+static enum kiln_err localize(struct snapstore *s, const char *work, const char *final,
+			      struct kiln_error *err)
+{
+	char own[PATH_MAX], disk[PATH_MAX];
+	json_t *m = NULL, *chain, *c2;
+	enum kiln_err rc = KILN_OK;
+
+	chain = manifest_chain(work, &m, err);
+	if (!chain)
+		return err->code ? err->code : KILN_E_INVALID;
+	if (json_array_size(chain) == 0) {
+		json_decref(m);
+		return KILN_OK;
+	}
+	if (json_array_size(chain) != 2) {
+		json_decref(m);
+		return kiln_error_set(err, KILN_E_INVALID, "the snapshot's disk is not standalone (%zu layers)",
+				      json_array_size(chain) - 1);
+	}
+	if (!fmt_path(own, "%s/%s", final, DISK_NAME) || !fmt_path(disk, "%s/%s", work, DISK_NAME)) {
+		json_decref(m);
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	}
+	c2 = json_pack("[s, s]", s->base_image, own);
+	if (!c2 || json_object_set_new(m, "disk_chain", c2) < 0)
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (rc == KILN_OK)
+		rc = manifest_save(work, m, err);
+	json_decref(m);
+	/* a frozen layer, as the driver leaves its own: root's, read-only */
+	if (rc == KILN_OK && (chmod(disk, 0444) < 0 || (geteuid() == 0 && chown(disk, 0, 0) < 0)))
+		rc = os_err(err, -errno, "cannot freeze", disk);
+	return rc;
+}
+
+enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const char *tenant_id,
+			      struct kiln_error *err)
+{
+	char final[PATH_MAX], work[PATH_MAX], obj[PATH_MAX], snap[PATH_MAX], key[ID_MAX + 32];
+	unsigned char rnd[4];
+	struct s3_target t;
+	struct s3_client *cl = NULL;
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+	int r;
+
+	if (!valid_id(snap_id) || !valid_tenant(tenant_id))
+		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
+	if (!fmt_path(final, "%s/%s", s->snap_root, snap_id))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	if (is_dir(final))
+		return KILN_OK;
+
+	rc = pg_acquire(s->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT status, coalesce(reason, '') FROM snapshots WHERE id = $1 AND tenant_id = $2",
+		 snap_id, tenant_id);
+	pg_release(s->pg, c);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no snapshot \"%s\"", snap_id);
+	else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 0), "uploading") == 0)
+		rc = kiln_error_set(err, KILN_E_UNAVAILABLE,
+				    "snapshot \"%s\" is not in the bucket yet: the node that took it is still uploading it",
+				    snap_id);
+	else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 0), "stored") != 0)
+		rc = kiln_error_set(err, KILN_E_CONFLICT,
+				    "snapshot \"%s\" is not in the tenant's bucket (status %s%s%s): its files are only on the node that took it",
+				    snap_id, pg_res_str(res, 0, 0), pg_res_str(res, 0, 1)[0] ? ": " : "",
+				    pg_res_str(res, 0, 1));
+	pg_res_free(res);
+	if (rc != KILN_OK)
+		return rc;
+
+	rc = load_target(s, tenant_id, &t, err);
+	if (rc == KILN_E_NOT_FOUND) {
+		kiln_error_clear(err);
+		return kiln_error_set(err, KILN_E_CONFLICT,
+				      "snapshot \"%s\" is in the tenant's bucket but the tenant has no bucket configured any more",
+				      snap_id);
+	}
+	if (rc != KILN_OK)
+		return rc;
+	cl = s3_client_new(&t, s->has_s3 ? &s->s3 : NULL, err);
+	s3_target_wipe(&t);
+	if (!cl)
+		return err->code ? err->code : KILN_E_INTERNAL;
+
+	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+		memset(rnd, 0, sizeof(rnd));
+	if (!fmt_path(work, "%s/%s%s.%02x%02x%02x%02x", s->snap_root, FETCH_PREFIX, snap_id, rnd[0],
+		      rnd[1], rnd[2], rnd[3]) ||
+	    !fmt_path(obj, "%s/%s", work, OBJECT_NAME) || !fmt_path(snap, "%s/snap", work)) {
+		s3_client_free(cl);
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
+	}
+	if (mkdir(work, 0700) < 0) {
+		s3_client_free(cl);
+		return os_err(err, -errno, "cannot create", work);
+	}
+	object_key(snap_id, key, sizeof(key));
+	{
+		struct kiln_error gerr = { 0 };
+
+		rc = s3_get_file(cl, key, obj, &gerr);
+		if (rc == KILN_E_UNAVAILABLE)
+			kiln_error_set(err, rc, "the snapshot's bucket cannot be reached: %s", gerr.msg);
+		else if (rc == KILN_E_NOT_FOUND)
+			kiln_error_set(err, rc, "snapshot \"%s\" is missing from the tenant's bucket: %s",
+				       snap_id, gerr.msg);
+		else if (rc != KILN_OK)
+			kiln_error_set(err, rc, "snapshot \"%s\" cannot be read from the tenant's bucket: %s",
+				       snap_id, gerr.msg);
+	}
+	s3_client_free(cl);
+	if (rc == KILN_OK)
+		rc = snapshot_unpack(obj, s->mk, tenant_id, snap, err);
+	if (rc == KILN_OK)
+		unlink(obj);
+	if (rc == KILN_OK)
+		rc = snapshot_verify(snap, NULL, NULL, err);
+	if (rc == KILN_OK)
+		rc = localize(s, snap, final, err);
+	if (rc == KILN_OK && rename(snap, final) < 0) {
+		if (errno == EEXIST || errno == ENOTEMPTY)
+			log_info("snapshot \"%s\" was fetched meanwhile by another request", snap_id);
+		else
+			rc = os_err(err, -errno, "cannot rename", snap);
+	}
+	if (rc == KILN_OK && (r = fsync_path(s->snap_root)) < 0)
+		rc = os_err(err, r, "cannot sync", s->snap_root);
+	rm_tree(work);
+	if (rc == KILN_OK)
+		log_info("snapshot \"%s\" fetched from the tenant's bucket", snap_id);
+	return rc;
+}
