@@ -473,7 +473,7 @@ static void sb_read(struct meter *m, struct msb *s, bool *has_cpu, uint64_t *cpu
 static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_t now)
 {
 	int64_t end = now, seg_t[3];
-	enum bstate seg_st[2], cur = bstate_of(r->state);
+	enum bstate seg_st[2] = { BS_NONE, BS_NONE }, cur = bstate_of(r->state);
 	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0, dcpu = 0, drx = 0, dtx = 0;
 	bool has_cpu, has_net, ended = false;
 	int nseg;
@@ -922,6 +922,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	struct pg_res *res = NULL;
 	size_t nitems = 0;
 	int64_t first_read = 0;
+	struct timespec t_start, t_end;
 	enum kiln_err rc;
 
 	buf_init(&j, FLUSH_JSON_MAX);
@@ -946,6 +947,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		return KILN_OK;
 	}
 	buf_appends(&j, "]");
+	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "BEGIN", err);
@@ -1013,6 +1015,10 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		free(lives);
 	}
 	pg_release(m->pg, c);
+	clock_gettime(CLOCK_MONOTONIC, &t_end);
+	m->st.flush_s = (double)(t_end.tv_sec - t_start.tv_sec) +
+			(double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9;
+	m->st.flush_windows = nitems;
 	return KILN_OK;
 }
 

@@ -55,6 +55,8 @@ struct meter_stats {
 	uint64_t windows_flushed;	/* sandbox windows written to the ledger */
 	uint64_t flushes;
 	double flush_lag_s;		/* last flush: seconds from its oldest counter read to commit */
+	double flush_s;			/* last flush: seconds it took (Postgres and Redis) */
+	uint64_t flush_windows;		/* last flush: windows it wrote */
 	unsigned sandboxes;		/* sandboxes tracked */
 	uint64_t pauses_asked;
 };
