@@ -354,6 +354,51 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 }
 
 /*
+ * The snapshot's disk as one qcow2 layer over the base image with the same content, into `out`
+ * (replaced): its layer (src/disk.qcow2) is copied into `work` beside symlinks that resolve the
+ * chain's jail names (base, layer1..layer<depth> = src/chain-<k>), then rebased onto `base` in safe
+ * mode, which writes into the copy every cluster where the old chain and the base differ.
+ * (qemu-img convert -B would keep only the clusters of the top layer itself and lose those of the
+ * layers between.)
+ */
+static enum kiln_err flatten_onto_base(const char *src, const char *base, unsigned depth,
+				       const char *work, const char *out, struct kiln_error *err)
+{
+	char link[PATH_MAX], target[PATH_MAX], top[PATH_MAX], name[16], msg[1024];
+	enum kiln_err rc = KILN_OK;
+	int r;
+
+	rm_tree(work);
+	if (mkdir(work, 0700) < 0)
+		return os_err(err, -errno, "cannot create", work);
+	for (unsigned k = 0; rc == KILN_OK && k <= depth; k++) {
+		disk_layer_name(k, name, sizeof(name));
+		if (!fmt_path(link, "%s/%s", work, name) ||
+		    (k > 0 && !fmt_path(target, "%s/chain-%u", src, k)) || (k == 0 && !fmt_path(target, "%s", base)))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+		else if (symlink(target, link) < 0)
+			rc = os_err(err, -errno, "cannot link", link);
+	}
+	if (rc == KILN_OK && (!fmt_path(top, "%s/top", work) || !fmt_path(target, "%s/%s", src, DISK_NAME)))
+		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
+	if (rc == KILN_OK && (r = disk_file_copy(target, top)) < 0)
+		rc = os_err(err, r, "cannot copy the disk layer", target);
+	if (rc == KILN_OK) {
+		char *argv[] = { "qemu-img", "rebase", "-q", "-f", "qcow2", "-b", "base", "-F", "raw", top,
+				 NULL };
+
+		msg[0] = '\0';
+		if ((r = disk_run(argv, msg, sizeof(msg))) < 0)
+			rc = kiln_error_set(err, KILN_E_IO, "cannot flatten the disk layer \"%s\": %s", target,
+					    msg[0] ? msg : strerror(-r));
+	}
+	if (rc == KILN_OK && (chmod(top, 0444) < 0 || rename(top, out) < 0))
+		rc = os_err(err, -errno, "cannot move the flattened disk to", out);
+	rm_tree(work);
+	return rc;
+}
+
+/*
  * Stage 2: the portable copy in <up>/port.tmp (the snapshot's files, its disk flattened onto the
  * base, the manifest rewritten for it), packed into <up>/object.kiln for the tenant.
  */
@@ -361,8 +406,6 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 				  const char *up, struct kiln_error *err)
 {
 	char src[PATH_MAX], port[PATH_MAX], obj[PATH_MAX], from[PATH_MAX], to[PATH_MAX], tmp[PATH_MAX];
-	const char *links[DISK_CHAIN_MAX + 2];
-	char (*layers)[PATH_MAX] = NULL;
 	struct snapshot_meta *meta;
 	enum kiln_err rc;
 	json_t *m = NULL, *chain = NULL;
@@ -374,12 +417,8 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 	    !fmt_path(obj, "%s/%s", up, OBJECT_NAME) || !fmt_path(tmp, "%s/flatten.tmp", up))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	meta = calloc(1, sizeof(*meta));
-	layers = calloc(DISK_CHAIN_MAX + 2, sizeof(*layers));
-	if (!meta || !layers) {
-		free(meta);
-		free(layers);
+	if (!meta)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	}
 	/* what leaves the node is what was taken: check it first */
 	rc = snapshot_verify(src, NULL, meta, err);
 	if (rc == KILN_OK && !(chain = manifest_chain(src, &m, err)))
@@ -404,20 +443,11 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot \"%s\": its disk chain does not match its files",
 				    snap_id);
 	if (rc == KILN_OK && n > 2) {
-		/* flatten: port.tmp/disk.qcow2 (a link: rename replaces the link, not the file) */
-		snprintf(layers[0], PATH_MAX, "%s", json_string_value(json_array_get(chain, 0)));
-		for (size_t k = 1; rc == KILN_OK && k + 1 < n; k++)
-			if (!fmt_path(layers[k], "%s/chain-%zu", src, k))
-				rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
-		for (size_t k = 0; k + 1 < n; k++)
-			links[k] = layers[k];
-		if (rc == KILN_OK && !fmt_path(to, "%s/%s", port, DISK_NAME))
+		if (!fmt_path(to, "%s/%s", port, DISK_NAME))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
-		if (rc == KILN_OK && (r = disk_flatten(to, links, (unsigned)(n - 1), tmp)) < 0)
-			rc = kiln_error_set(err, KILN_E_IO, "cannot flatten the disk of snapshot \"%s\": %s", snap_id,
-					    strerror(-r));
-		if (rc == KILN_OK && chmod(to, 0444) < 0)
-			rc = os_err(err, -errno, "cannot freeze", to);
+		else
+			rc = flatten_onto_base(src, json_string_value(json_array_get(chain, 0)),
+					       (unsigned)(n - 2), tmp, to, err);
 	}
 	if (rc == KILN_OK && n > 0) {
 		/* the copy's chain: the base, then its one layer (a fetch rewrites both paths) */
@@ -443,7 +473,6 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 	rm_tree(port);
 	rm_tree(tmp);
 	json_decref(m);
-	free(layers);
 	free(meta);
 	return rc;
 }
@@ -918,8 +947,6 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
 	if (!fmt_path(final, "%s/%s", s->snap_root, snap_id))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
-	if (is_dir(final))
-		return KILN_OK;
 
 	rc = pg_acquire(s->pg, &c, err);
 	if (rc != KILN_OK)
@@ -930,7 +957,10 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 	pg_release(s->pg, c);
 	if (rc == KILN_OK && pg_res_rows(res) != 1)
 		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no snapshot \"%s\"", snap_id);
-	else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 0), "uploading") == 0)
+	else if (rc == KILN_OK && is_dir(final)) {
+		pg_res_free(res);
+		return KILN_OK;		/* here already (taken here, or fetched before) */
+	} else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 0), "uploading") == 0)
 		rc = kiln_error_set(err, KILN_E_UNAVAILABLE,
 				    "snapshot \"%s\" is not in the bucket yet: the node that took it is still uploading it",
 				    snap_id);

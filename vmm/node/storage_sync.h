@@ -12,8 +12,10 @@
  *
  * Portable copy. A snapshot's `disk.qcow2` is a frozen layer whose backing files are earlier
  * snapshots' layers on this node (manifest `disk_chain`: host paths, base image first). The upload
- * flattens that chain into a single layer directly over the base image (disk_flatten: backing named
- * `base`, raw), so the object needs no lineage from the node that took it; the base image is the
+ * flattens that chain into a single layer directly over the base image (a copy of the layer rebased
+ * with `qemu-img rebase -b base -F raw`, safe mode: every cluster where the old chain differs from
+ * the base is written into it), so the object needs no lineage from the node that took it; the
+ * base image is the
  * guest image, which every node has (its identity is the manifest's `image_hash`, checked by
  * snap_verify). The copy's manifest is rewritten for it (snapshot_manifest_write). A fetch rewrites
  * `disk_chain` to this node's paths: [its base image, the snapshot's own disk.qcow2].
@@ -106,8 +108,9 @@ unsigned snapstore_resume_pending(struct snapstore *s);
  * when that directory does not exist (a resume on another node than the one that paused). The
  * object is downloaded into a work directory, unpacked (snapshot_unpack: authenticated for this
  * tenant), verified (snapshot_verify) and its disk_chain rewritten for this node, then renamed into
- * place: the directory appears whole or not at all. KILN_OK when the directory exists (already
- * there, or fetched). The caller then restores as for a local snapshot (snap_verify included).
+ * place: the directory appears whole or not at all. The row of `snapshots` must be the tenant's
+ * (else KILN_E_NOT_FOUND, even when the directory is here); KILN_OK when the directory exists
+ * (already there, or fetched). The caller then restores as for a local snapshot (snap_verify included).
  * Errors, each with a message for the user, and nothing left behind:
  *   KILN_E_UNAVAILABLE  the bucket cannot be reached ("the snapshot's bucket cannot be reached:
  *                       ..."), or the snapshot is still `uploading` from its node; or Postgres down
