@@ -1035,3 +1035,37 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 		log_info("snapshot \"%s\" fetched from the tenant's bucket", snap_id);
 	return rc;
 }
+
+enum kiln_err snapstore_delete(struct snapstore *s, const char *snap_id, const char *tenant_id,
+			       struct kiln_error *err)
+{
+	char key[ID_MAX + 32];
+	struct s3_target t;
+	struct s3_client *cl;
+	enum kiln_err rc;
+	bool busy = false;
+
+	if (!valid_id(snap_id) || !valid_tenant(tenant_id))
+		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
+	pthread_mutex_lock(&s->lock);
+	for (struct job *j = s->jobs; j && !busy; j = j->next)
+		busy = strcmp(j->snap_id, snap_id) == 0;
+	pthread_mutex_unlock(&s->lock);
+	if (busy)
+		return kiln_error_set(err, KILN_E_CONFLICT, "snapshot \"%s\" is being uploaded", snap_id);
+	rc = load_target(s, tenant_id, &t, err);
+	if (rc == KILN_E_NOT_FOUND) {
+		kiln_error_clear(err);
+		return KILN_OK;
+	}
+	if (rc != KILN_OK)
+		return rc;
+	cl = s3_client_new(&t, s->has_s3 ? &s->s3 : NULL, err);
+	s3_target_wipe(&t);
+	if (!cl)
+		return err->code ? err->code : KILN_E_INTERNAL;
+	object_key(snap_id, key, sizeof(key));
+	rc = s3_delete(cl, key, err);
+	s3_client_free(cl);
+	return rc;
+}

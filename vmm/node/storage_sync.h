@@ -127,6 +127,16 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 			      struct kiln_error *err);
 
 /*
+ * Removes the object of snapshot `snap_id` from the tenant's bucket, for when its files are purged
+ * (snap_gc) or a named snapshot is deleted. KILN_OK when it is gone (or was never there, or the
+ * tenant has no bucket). KILN_E_CONFLICT while an upload of it is queued or running: try again at
+ * the next collection. Other errors as s3_delete's (KILN_E_UNAVAILABLE, KILN_E_FORBIDDEN, ...).
+ * The row of `snapshots` is not changed.
+ */
+enum kiln_err snapstore_delete(struct snapstore *s, const char *snap_id, const char *tenant_id,
+			       struct kiln_error *err);
+
+/*
  * Waits until no upload is queued or running, at most `timeout_ms` (0: no limit). Returns true
  * when idle. For draining before a planned stop, and for tests.
  */

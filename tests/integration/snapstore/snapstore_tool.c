@@ -9,6 +9,7 @@
  *                                                  store down there, as a node stopping does)
  *   snapstore_tool resume                          snapstore_resume_pending, then waits until idle
  *   snapstore_tool fetch SNAP TENANT               snapstore_fetch
+ *   snapstore_tool delete SNAP TENANT              snapstore_delete
  *   snapstore_tool manifest DIR                    snapshot_manifest_write over the driver's fields
  *                                                  the test wrote (as write_manifest_public does)
  *   snapstore_tool verify DIR                      snapshot_verify
@@ -156,6 +157,8 @@ int main(int argc, char **argv)
 		snapstore_wait_idle(s, 0);
 	} else if (strcmp(argv[1], "fetch") == 0 && argc == 4) {
 		rc = snapstore_fetch(s, argv[2], argv[3], &err);
+	} else if (strcmp(argv[1], "delete") == 0 && argc == 4) {
+		rc = snapstore_delete(s, argv[2], argv[3], &err);
 	} else {
 		rc = kiln_error_set(&err, KILN_E_BAD_REQUEST, "bad arguments");
 	}

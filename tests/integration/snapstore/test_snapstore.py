@@ -267,6 +267,11 @@ class SnapstoreTests(unittest.TestCase):
         # another tenant cannot fetch it
         r = self.tool("fetch", snap, "tn_b", node="node-b")
         self.assertEqual(r["rc"], "not_found", r)
+        # purged: the object leaves the bucket (twice is fine)
+        self.assertEqual(self.tool("delete", snap, "tn_a")["rc"], "ok")
+        r = s3env.sdk(self.srv.endpoint, "get", self.key("tn_a", snap), os.path.join(self.root, "x"))
+        self.assertEqual(r.get("error"), "NoSuchKey", r)
+        self.assertEqual(self.tool("delete", snap, "tn_a")["rc"], "ok")
 
     def test_fetch_with_the_bucket_down_is_unavailable_and_writes_nothing(self):
         snap, d, jail = self.make_snapshot()
