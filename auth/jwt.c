@@ -1,22 +1,28 @@
 /*
- * jwt.c - signing and verifying ES256 JWTs with libjwt (see jwt.h and docs/auth.md).
+ * jwt.c - signing and verifying ES256 JWTs (see jwt.h and docs/auth.md).
  *
- * libjwt 1.10.2 verifies with whatever algorithm a token's header names, and an HS256 token keyed
- * with the ES256 public key in PEM would pass. So the header is parsed here first, the key is
- * chosen here by kid, and libjwt is only asked to check the signature of a token already known
- * to claim ES256; its verdict on the algorithm is checked again afterwards. The claims are read
- * here too, from the verified payload, with strict types.
+ * Nothing in a token decides how it is checked. The header is parsed here first and anything but
+ * `alg: ES256` with a kid is refused (this is what closes `none` and HS256 keyed with the public
+ * key, which libjwt 1.10.2 would accept); the key is the keyring's key for that kid; the
+ * signature must be the JOSE form, 64 bytes of r||s, and is checked here with OpenSSL against the
+ * key parsed once when it joined the keyring (parsing a PEM per token cost more than the ECDSA
+ * check itself). The claims are read here too, from the verified payload, with strict types.
+ * Tokens are written here the same way: JSON by jansson, ECDSA by OpenSSL with the parsed key.
  */
 #include "auth/jwt.h"
 
-#include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
-#include <jwt.h>
+#include <openssl/bn.h>
+#include <openssl/crypto.h>
+#include <openssl/ec.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/sha.h>
 
 #include "auth/apikey.h"
 #include "auth/encode.h"
@@ -26,6 +32,9 @@
 #define HEADER_B64_MAX 512	/* characters of the encoded header */
 #define PAYLOAD_B64_MAX 3072	/* characters of the encoded payload */
 #define SIG_B64_LEN 86		/* characters of a raw 64-byte r||s signature */
+#define ES256_COORD_LEN 32	/* bytes of r and of s */
+#define ES256_SIG_LEN 64	/* bytes of a JOSE ES256 signature: r||s */
+#define ES256_DER_MAX 80	/* bytes of a DER ECDSA-Sig-Value over P-256 (72 at most) */
 #define INT_CLAIM_MAX 4102444800LL /* seconds: 2100-01-01, the latest time a claim may name */
 
 static const char *const reason_names[] = {
@@ -71,19 +80,111 @@ static void copy_claim(char dst[AUTH_CLAIM_MAX], const char *src)
 	snprintf(dst, AUTH_CLAIM_MAX, "%s", src ? src : "");
 }
 
+/* SHA-256 of the signing input `header.payload` (`n` bytes). */
+static void signing_digest(const char *input, size_t n, unsigned char md[SHA256_DIGEST_LENGTH])
+{
+	SHA256((const unsigned char *)input, n, md);
+}
+
+/*
+ * Signs the `n` bytes of `input` with `k`'s private key and writes the JOSE signature (r||s, 32
+ * bytes each, big-endian) to `raw`. Returns 0 or -1.
+ */
+static int es256_sign(const struct auth_key *k, const char *input, size_t n,
+		      unsigned char raw[ES256_SIG_LEN])
+{
+	unsigned char md[SHA256_DIGEST_LENGTH], der[ES256_DER_MAX];
+	const unsigned char *p = der;
+	size_t dlen = sizeof(der);
+	const BIGNUM *r, *s;
+	EVP_PKEY_CTX *ctx;
+	ECDSA_SIG *sig = NULL;
+	int rc = -1;
+
+	signing_digest(input, n, md);
+	ctx = EVP_PKEY_CTX_dup(k->sign_ctx);
+	if (ctx && EVP_PKEY_sign(ctx, der, &dlen, md, sizeof(md)) == 1 &&
+	    (sig = d2i_ECDSA_SIG(NULL, &p, (long)dlen)) != NULL) {
+		ECDSA_SIG_get0(sig, &r, &s);
+		if (BN_bn2binpad(r, raw, ES256_COORD_LEN) == ES256_COORD_LEN &&
+		    BN_bn2binpad(s, raw + ES256_COORD_LEN, ES256_COORD_LEN) == ES256_COORD_LEN)
+			rc = 0;
+	}
+	if (rc != 0)
+		ERR_clear_error();
+	ECDSA_SIG_free(sig);
+	EVP_PKEY_CTX_free(ctx);
+	return rc;
+}
+
+/*
+ * Whether `raw` (r||s) is `k`'s signature of the `n` bytes of `input`. Returns 1 for a good
+ * signature, 0 for a bad one, -1 when out of memory.
+ */
+static int es256_verify(const struct auth_key *k, const char *input, size_t n,
+			const unsigned char raw[ES256_SIG_LEN])
+{
+	unsigned char md[SHA256_DIGEST_LENGTH], *der = NULL;
+	BIGNUM *r = BN_bin2bn(raw, ES256_COORD_LEN, NULL);
+	BIGNUM *s = BN_bin2bn(raw + ES256_COORD_LEN, ES256_COORD_LEN, NULL);
+	EVP_PKEY_CTX *ctx = NULL;
+	ECDSA_SIG *sig = ECDSA_SIG_new();
+	int dlen, rc = -1;
+
+	if (!r || !s || !sig || ECDSA_SIG_set0(sig, r, s) != 1) {
+		BN_free(r);
+		BN_free(s);
+		goto out;
+	}
+	/* r and s now belong to sig. A zero or out-of-range value fails in EVP_PKEY_verify. */
+	dlen = i2d_ECDSA_SIG(sig, &der);
+	if (dlen <= 0)
+		goto out;
+	signing_digest(input, n, md);
+	ctx = EVP_PKEY_CTX_dup(k->verify_ctx);
+	if (!ctx)
+		goto out;
+	rc = EVP_PKEY_verify(ctx, der, (size_t)dlen, md, sizeof(md)) == 1 ? 1 : 0;
+out:
+	if (rc != 1)
+		ERR_clear_error();	/* a refused token leaves nothing in this thread's queue */
+	EVP_PKEY_CTX_free(ctx);
+	OPENSSL_free(der);
+	ECDSA_SIG_free(sig);
+	return rc;
+}
+
+/* Appends base64url(JSON of `j`) to out[*n..outlen); returns 0, or -1 when it does not fit. */
+static int append_part(json_t *j, char *out, size_t *n, size_t outlen)
+{
+	char *text = j ? json_dumps(j, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+	int got = -1;
+
+	if (text)
+		got = auth_b64url_encode(text, strlen(text), out + *n, outlen - *n);
+	free(text);
+	if (got < 0)
+		return -1;
+	*n += (size_t)got;
+	return 0;
+}
+
 enum kiln_err auth_jwt_sign(const struct auth_keyring *kr, const struct auth_token_params *p,
 			    char **token, struct auth_claims *claims, struct kiln_error *err)
 {
 	char scope[AUTH_SCOPES_STR_MAX], jti[AUTH_ID_MAX];
 	const char *kid = auth_keyring_active_kid(kr);
 	const struct auth_key *k = keyring_find(kr, kid);
+	unsigned char raw[ES256_SIG_LEN];
 	enum kiln_err rc = KILN_OK;
-	jwt_t *jwt = NULL;
+	json_t *hdr = NULL, *pay = NULL;
+	bool too_long = true;
 	char *out = NULL;
+	size_t n = 0;
 	int64_t exp;
 
 	*token = NULL;
-	if (!k || !k->private_pem)
+	if (!k || !k->sign_ctx)
 		return kiln_error_set(err, KILN_E_INTERNAL, "no active signing key");
 	if (!param_ok(p->iss) || !param_ok(p->aud) || !param_ok(p->sub) || !param_ok(p->tid) ||
 	    (p->sbx && !param_ok(p->sbx)))
@@ -102,30 +203,34 @@ enum kiln_err auth_jwt_sign(const struct auth_keyring *kr, const struct auth_tok
 		return kiln_error_set(err, KILN_E_INTERNAL, "random generator failed");
 	exp = p->now + p->ttl_s;
 
-	if (jwt_new(&jwt) != 0)
-		return kiln_error_set(err, KILN_E_NOMEM, "out of memory making a token");
-	if (jwt_add_header(jwt, "kid", kid) || jwt_add_grant(jwt, "iss", p->iss) ||
-	    jwt_add_grant(jwt, "aud", p->aud) || jwt_add_grant(jwt, "sub", p->sub) ||
-	    jwt_add_grant(jwt, "tid", p->tid) || jwt_add_grant(jwt, "scope", scope) ||
-	    jwt_add_grant_int(jwt, "iat", (long)p->now) || jwt_add_grant_int(jwt, "exp", (long)exp) ||
-	    jwt_add_grant(jwt, "jti", jti) || (p->sbx && jwt_add_grant(jwt, "sbx", p->sbx))) {
+	hdr = json_pack("{s:s, s:s, s:s}", "alg", "ES256", "typ", "JWT", "kid", kid);
+	pay = json_pack("{s:s, s:s, s:s, s:s, s:s, s:I, s:I, s:s}", "iss", p->iss, "aud", p->aud,
+			"sub", p->sub, "tid", p->tid, "scope", scope, "iat", (json_int_t)p->now,
+			"exp", (json_int_t)exp, "jti", jti);
+	out = malloc(AUTH_JWT_MAX + 1);
+	if (!hdr || !pay || !out || (p->sbx && json_object_set_new(pay, "sbx",
+								    json_string(p->sbx)) != 0)) {
 		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory making a token");
 		goto cleanup;
 	}
-	if (jwt_set_alg(jwt, JWT_ALG_ES256, (const unsigned char *)k->private_pem,
-			(int)k->private_len) != 0) {
-		rc = kiln_error_set(err, KILN_E_INTERNAL, "libjwt refused the signing key");
+	/* header "." payload "." signature, within AUTH_JWT_MAX bytes. */
+	if (append_part(hdr, out, &n, AUTH_JWT_MAX + 1) == 0) {
+		out[n++] = '.';
+		if (append_part(pay, out, &n, AUTH_JWT_MAX + 1) == 0 &&
+		    n + 1 + SIG_B64_LEN <= AUTH_JWT_MAX)
+			too_long = false;
+	}
+	if (too_long) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "token over %d bytes", AUTH_JWT_MAX);
 		goto cleanup;
 	}
-	out = jwt_encode_str(jwt);
-	if (!out) {
+	if (es256_sign(k, out, n, raw) != 0) {
 		rc = kiln_error_set(err, KILN_E_INTERNAL, "signing the token failed");
 		goto cleanup;
 	}
-	if (strlen(out) > AUTH_JWT_MAX) {
-		free(out);
-		out = NULL;
-		rc = kiln_error_set(err, KILN_E_INVALID, "token over %d bytes", AUTH_JWT_MAX);
+	out[n++] = '.';
+	if (auth_b64url_encode(raw, sizeof(raw), out + n, AUTH_JWT_MAX + 1 - n) != SIG_B64_LEN) {
+		rc = kiln_error_set(err, KILN_E_INTERNAL, "signing the token failed");
 		goto cleanup;
 	}
 	if (claims) {
@@ -142,8 +247,11 @@ enum kiln_err auth_jwt_sign(const struct auth_keyring *kr, const struct auth_tok
 		claims->exp = exp;
 	}
 	*token = out;
+	out = NULL;
 cleanup:
-	jwt_free(jwt);
+	free(out);
+	json_decref(hdr);
+	json_decref(pay);
 	return rc;
 }
 
@@ -298,7 +406,8 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 			      const struct auth_verify_opts *opts, struct auth_claims *out,
 			      enum auth_jwt_reason *why, struct kiln_error *err)
 {
-	char tok[AUTH_JWT_MAX + 1], kid[AUTH_KID_MAX];
+	unsigned char sig[ES256_SIG_LEN];
+	char kid[AUTH_KID_MAX];
 	const char *dot1, *dot2, *detail = "";
 	struct auth_claims c;
 	size_t hl, pl, sl;
@@ -306,7 +415,6 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	json_t *hdr = NULL, *pay = NULL;
 	enum auth_jwt_reason r;
 	enum kiln_err rc;
-	jwt_t *jwt = NULL;
 	int ret;
 
 	memset(&c, 0, sizeof(c));
@@ -349,19 +457,16 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	if (!k)
 		return refuse(why, AUTH_JWT_UNKNOWN_KID, err, "unknown kid");
 
-	memcpy(tok, token, len);
-	tok[len] = '\0';
-	ret = jwt_decode(&jwt, tok, (const unsigned char *)k->public_pem, (int)k->public_len);
-	if (ret == ENOMEM)
+	/* The signature, checked with the key parsed when it joined the keyring. */
+	if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
+		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "signature is not base64url r||s");
+	ret = es256_verify(k, token, hl + 1 + pl, sig);
+	if (ret < 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
-	if (ret != 0 || !jwt)
+	if (ret != 1)
 		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
-	ret = jwt_get_alg(jwt) == JWT_ALG_ES256;
-	jwt_free(jwt);
-	if (!ret)
-		return refuse(why, AUTH_JWT_BAD_ALG, err, "alg is not ES256");
 
-	/* The payload libjwt just verified, read with our own types. */
+	/* The payload just verified, read with our own types. */
 	pay = decode_part(dot1 + 1, pl);
 	if (!pay)
 		return refuse(why, AUTH_JWT_MALFORMED, err, "payload is not a JSON object");

@@ -152,10 +152,25 @@ struct auth_keyring *auth_keyring_new(void)
 
 static void key_release(struct auth_key *k)
 {
+	EVP_PKEY_CTX_free(k->sign_ctx);
+	EVP_PKEY_CTX_free(k->verify_ctx);
 	EVP_PKEY_free(k->pkey);
 	free(k->public_pem);
-	pem_free(k->private_pem, k->private_len);
 	memset(k, 0, sizeof(*k));
+}
+
+/* The contexts signing and verifying duplicate: see keyring_priv.h. Returns 0 or -1. */
+static int key_contexts(struct auth_key *k, bool has_private)
+{
+	k->verify_ctx = EVP_PKEY_CTX_new_from_pkey(NULL, k->pkey, NULL);
+	if (!k->verify_ctx || EVP_PKEY_verify_init(k->verify_ctx) != 1)
+		return -1;
+	if (!has_private)
+		return 0;
+	k->sign_ctx = EVP_PKEY_CTX_new_from_pkey(NULL, k->pkey, NULL);
+	if (!k->sign_ctx || EVP_PKEY_sign_init(k->sign_ctx) != 1)
+		return -1;
+	return 0;
 }
 
 void auth_keyring_free(struct auth_keyring *kr)
@@ -211,9 +226,7 @@ enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has
 		return kiln_error_set(err, KILN_E_QUOTA, "keyring full (%d keys)", AUTH_KEYRING_MAX);
 	}
 	k.public_pem = pem_out(pkey, false, &k.public_len);
-	if (has_private)
-		k.private_pem = pem_out(pkey, true, &k.private_len);
-	if (!k.public_pem || (has_private && !k.private_pem)) {
+	if (!k.public_pem || key_contexts(&k, has_private) != 0) {
 		key_release(&k);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory adding a key");
 	}
@@ -277,7 +290,7 @@ enum kiln_err auth_keyring_set_active(struct auth_keyring *kr, const char *kid,
 	if (i < 0)
 		return kiln_error_set(err, KILN_E_NOT_FOUND, "no key '%.64s' in the keyring",
 				      kid ? kid : "");
-	if (!kr->keys[i].private_pem)
+	if (!kr->keys[i].sign_ctx)
 		return kiln_error_set(err, KILN_E_INVALID, "key '%s' can only verify",
 				      kr->keys[i].kid);
 	kr->active = i;

@@ -11,13 +11,19 @@
 
 #define AUTH_EC_COORD_LEN 32	/* bytes of a P-256 coordinate */
 
+/*
+ * A key, parsed once when it is added. Signing and verifying never read a PEM again: each call
+ * duplicates the ready context of its operation, which is cheaper than making one from the key
+ * (that looks the algorithm up in the provider store again), and leaves the shared one untouched,
+ * so many threads can use one key at once.
+ */
 struct auth_key {
 	char kid[AUTH_KID_MAX];
 	EVP_PKEY *pkey;
-	char *public_pem;	/* as libjwt wants it for verifying */
+	EVP_PKEY_CTX *verify_ctx;	/* EVP_PKEY_verify_init done: duplicate it, never use it */
+	EVP_PKEY_CTX *sign_ctx;		/* EVP_PKEY_sign_init done; NULL for a verify-only key */
+	char *public_pem;	/* SubjectPublicKeyInfo, for auth_keyring_public_pem */
 	size_t public_len;
-	char *private_pem;	/* NULL for a verify-only key; wiped on free */
-	size_t private_len;
 };
 
 struct auth_keyring {

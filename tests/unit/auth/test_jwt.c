@@ -1,13 +1,17 @@
 /*
  * test_jwt.c - the keyring and ES256 tokens: issuing, verifying, every refusal (alg none, HS256
- * keyed with the public key, unknown kid, bad signature, wrong audience, expiry, missing claims,
- * oversized and garbled tokens) and rotation.
+ * keyed with the public key, unknown kid, bad signature, DER and non-canonical signatures, wrong
+ * audience, expiry, missing claims, oversized and garbled tokens), rotation, tokens exchanged with
+ * libjwt both ways, and many threads on one keyring.
  */
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jwt.h>
+#include <openssl/bn.h>
+#include <openssl/ec.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 
@@ -547,6 +551,208 @@ static void sign_refuses_bad_parameters(void)
 	auth_keyring_free(empty);
 }
 
+/* Tokens Kiln signs are plain ES256 JWTs: libjwt verifies them with the public PEM alone. */
+static void signed_tokens_verify_in_libjwt(void)
+{
+	struct auth_token_params p = user_params();
+	char *t = sign_or_null(kr, &p), hdr[256], *dot;
+	jwt_t *dec = NULL;
+	int n;
+
+	if (!t)
+		return;
+	CHECK_INT(jwt_decode(&dec, t, (const unsigned char *)kp1.public_pem,
+			     (int)strlen(kp1.public_pem)), 0);
+	if (dec) {
+		CHECK_INT(jwt_get_alg(dec), JWT_ALG_ES256);
+		CHECK_STR(jwt_get_header(dec, "kid"), kp1.kid);
+		CHECK_STR(jwt_get_grant(dec, "sub"), "key_abc");
+		CHECK_STR(jwt_get_grant(dec, "scope"), "sandbox:read billing:read");
+		CHECK_INT(jwt_get_grant_int(dec, "exp"), NOW + 600);
+		jwt_free(dec);
+	}
+	/* exactly the three header members the verifier allows */
+	dot = strchr(t, '.');
+	n = auth_b64url_decode(t, (size_t)(dot - t), hdr, sizeof(hdr) - 1);
+	CHECK(n > 0);
+	hdr[n > 0 ? n : 0] = '\0';
+	{
+		char want[128];
+
+		snprintf(want, sizeof(want), "{\"alg\":\"ES256\",\"kid\":\"%s\",\"typ\":\"JWT\"}",
+			 kp1.kid);
+		CHECK_STR(hdr, want);
+	}
+	/* the signature part is 86 characters: raw r||s */
+	CHECK_INT(strlen(strrchr(t, '.') + 1), 86);
+	free(t);
+}
+
+/* Replaces the signature of `tok` (header.payload.sig) by `sig`; returns a new string. */
+static char *with_signature(const char *tok, const char *sig)
+{
+	const char *dot = strrchr(tok, '.');
+	size_t n = (size_t)(dot - tok) + 1;
+	char *out = malloc(n + strlen(sig) + 1);
+
+	memcpy(out, tok, n);
+	strcpy(out + n, sig);
+	return out;
+}
+
+/* The DER form of `tok`'s own signature, base64url: what a careless signer would send. */
+static char *der_signature_of(const char *tok)
+{
+	const char *s = strrchr(tok, '.') + 1;
+	unsigned char raw[64], *der = NULL;
+	ECDSA_SIG *sig = ECDSA_SIG_new();
+	char *out = malloc(256);
+	int n;
+
+	CHECK_INT(auth_b64url_decode(s, strlen(s), raw, sizeof(raw)), 64);
+	ECDSA_SIG_set0(sig, BN_bin2bn(raw, 32, NULL), BN_bin2bn(raw + 32, 32, NULL));
+	n = i2d_ECDSA_SIG(sig, &der);
+	CHECK(n > 64);
+	auth_b64url_encode(der, (size_t)n, out, 256);
+	OPENSSL_free(der);
+	ECDSA_SIG_free(sig);
+	return out;
+}
+
+static void odd_signatures_are_refused(void)
+{
+	struct auth_token_params p = user_params();
+	char *t = sign_or_null(kr, &p), *f, *der, sig[128];
+	unsigned char raw[64];
+	const char *good;
+	size_t n;
+
+	if (!t)
+		return;
+	good = strrchr(t, '.') + 1;
+	CHECK_INT(verify_reason(kr, t, &api_opts), AUTH_JWT_OK);
+
+	/* the same signature in DER */
+	der = der_signature_of(t);
+	f = with_signature(t, der);
+	CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+	free(f);
+	free(der);
+
+	/* the same 64 bytes spelt with non-zero padding bits in the last character */
+	snprintf(sig, sizeof(sig), "%s", good);
+	n = strlen(sig);
+	{
+		static const char alpha[] =
+			"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+		int v = (int)(strchr(alpha, sig[n - 1]) - alpha);
+
+		sig[n - 1] = alpha[v ^ 1];	/* a padding bit: the bytes decode alike */
+	}
+	f = with_signature(t, sig);
+	CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+	free(f);
+
+	/* r or s zero, and r = s = 2^256 - 1 (above the group order) */
+	CHECK_INT(auth_b64url_decode(good, strlen(good), raw, sizeof(raw)), 64);
+	memset(raw, 0, 32);
+	auth_b64url_encode(raw, sizeof(raw), sig, sizeof(sig));
+	f = with_signature(t, sig);
+	CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+	free(f);
+	CHECK_INT(auth_b64url_decode(good, strlen(good), raw, sizeof(raw)), 64);
+	memset(raw + 32, 0, 32);
+	auth_b64url_encode(raw, sizeof(raw), sig, sizeof(sig));
+	f = with_signature(t, sig);
+	CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+	free(f);
+	memset(raw, 0xff, sizeof(raw));
+	auth_b64url_encode(raw, sizeof(raw), sig, sizeof(sig));
+	f = with_signature(t, sig);
+	CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+	free(f);
+
+	/* a signature by the right key, over another payload */
+	{
+		struct auth_token_params q = user_params();
+		char *other;
+
+		q.sub = "key_abcd";
+		other = sign_or_null(kr, &q);
+		f = with_signature(t, strrchr(other, '.') + 1);
+		CHECK_INT(verify_reason(kr, f, &api_opts), AUTH_JWT_BAD_SIGNATURE);
+		free(f);
+		free(other);
+	}
+	/* a verify-only keyring (a node's, from the public PEM) accepts the same token */
+	{
+		struct auth_keyring *node = auth_keyring_new();
+
+		CHECK_INT(auth_keyring_add_public_pem(node, kp1.public_pem, strlen(kp1.public_pem),
+						      NULL, NULL), KILN_OK);
+		CHECK_INT(verify_reason(node, t, &api_opts), AUTH_JWT_OK);
+		auth_keyring_free(node);
+	}
+	free(t);
+}
+
+#define THREADS 4
+#define ROUNDS 100
+
+struct worker {
+	const char *good, *bad;
+	int ok, refused, signed_ok;
+};
+
+static void *work(void *arg)
+{
+	struct worker *w = arg;
+	struct auth_token_params p = user_params();
+
+	for (int i = 0; i < ROUNDS; i++) {
+		char *t = NULL;
+
+		if (verify_reason(kr, w->good, &api_opts) == AUTH_JWT_OK)
+			w->ok++;
+		if (verify_reason(kr, w->bad, &api_opts) == AUTH_JWT_BAD_SIGNATURE)
+			w->refused++;
+		if (auth_jwt_sign(kr, &p, &t, NULL, NULL) == KILN_OK &&
+		    verify_reason(kr, t, &api_opts) == AUTH_JWT_OK)
+			w->signed_ok++;
+		free(t);
+	}
+	return NULL;
+}
+
+/* One keyring, shared read-only: signing and verifying from many threads at once. */
+static void many_threads_share_one_keyring(void)
+{
+	struct auth_token_params p = user_params();
+	char *good = sign_or_null(kr, &p), *bad = sign_or_null(kr, &p);
+	struct worker w[THREADS];
+	pthread_t th[THREADS];
+	size_t n;
+
+	if (!good || !bad)
+		return;
+	n = strlen(bad);
+	bad[n - 3] = bad[n - 3] == 'A' ? 'B' : 'A';
+	memset(w, 0, sizeof(w));
+	for (int i = 0; i < THREADS; i++) {
+		w[i].good = good;
+		w[i].bad = bad;
+		CHECK_INT(pthread_create(&th[i], NULL, work, &w[i]), 0);
+	}
+	for (int i = 0; i < THREADS; i++) {
+		pthread_join(th[i], NULL);
+		CHECK_INT(w[i].ok, ROUNDS);
+		CHECK_INT(w[i].refused, ROUNDS);
+		CHECK_INT(w[i].signed_ok, ROUNDS);
+	}
+	free(good);
+	free(bad);
+}
+
 int main(void)
 {
 	setup();
@@ -564,6 +770,9 @@ int main(void)
 	TEST(garbled_and_oversized_tokens_are_refused);
 	TEST(rotation_new_key_signs_old_key_still_verifies);
 	TEST(sign_refuses_bad_parameters);
+	TEST(signed_tokens_verify_in_libjwt);
+	TEST(odd_signatures_are_refused);
+	TEST(many_threads_share_one_keyring);
 	auth_keyring_free(kr);
 	auth_jwt_keypair_release(&kp1);
 	auth_jwt_keypair_release(&kp2);
