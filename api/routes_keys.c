@@ -233,9 +233,12 @@ static void tokens_create(struct http_req *req)
 	struct auth_claims claims;
 	char *token = NULL, *scopes_text = NULL, exp[32];
 	uint32_t scopes = who ? who->scopes : 0;
-	long long ttl;
-	time_t e;
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	long long ttl, key_exp;
+	time_t e, now;
 	struct tm tm;
+	enum kiln_err rc;
 
 	if (!body)
 		return;
@@ -249,7 +252,10 @@ static void tokens_create(struct http_req *req)
 		scopes_text = json_dumps(scopes_arr, JSON_COMPACT);
 		if (!scopes_text ||
 		    auth_scopes_parse_json(scopes_text, strlen(scopes_text), &scopes, &err) != KILN_OK) {
-			http_reply_error(req, err.code ? err.code : KILN_E_NOMEM, "scopes: %s", err.msg);
+			/* The message names the field already ("scopes: must be an array of
+			 * strings", "unknown scope 'x'"). */
+			http_reply_error(req, err.code ? err.code : KILN_E_NOMEM, "%s",
+					 err.msg[0] ? err.msg : "out of memory");
 			goto out;
 		}
 		if (!auth_scopes_subset(scopes, who->scopes)) {
@@ -264,12 +270,41 @@ static void tokens_create(struct http_req *req)
 			goto out;
 		}
 	}
+	/*
+	 * A token must not outlive its key: exp is capped at the key's expires_at, rounded down to
+	 * the second. The row is read here rather than trusted from the key cache (up to 5 s old),
+	 * so a key revoked or expired on another gateway mints nothing either.
+	 */
+	c = gw_db(req);
+	if (!c)
+		goto out;
+	rc = PGQ(c, &res, &err,
+		 "SELECT revoked_at IS NULL, floor(extract(epoch FROM expires_at))::bigint "
+		 "FROM api_keys WHERE id = $1 AND tenant_id = $2",
+		 who->key_id, who->tenant_id);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		goto out;
+	}
+	now = time(NULL);
+	if (pg_res_rows(res) == 0 || !pg_res_bool(res, 0, 0)) {
+		http_reply_error(req, KILN_E_UNAUTHENTICATED, "the API key was revoked");
+		goto out;
+	}
+	key_exp = pg_res_int(res, 0, 1, 0);	/* 0: the key never expires */
+	if (pg_res_get(res, 0, 1) && key_exp - (long long)now < ttl)
+		ttl = key_exp - (long long)now;
+	if (ttl < 1) {
+		http_reply_error(req, KILN_E_UNAUTHENTICATED, "the API key has expired");
+		goto out;
+	}
 	p.iss = GW_ISSUER;
 	p.aud = AUTH_AUD_API;
 	p.sub = who->key_id;
 	p.tid = who->tenant_id;
 	p.scopes = scopes;
-	p.now = time(NULL);
+	p.now = now;
 	p.ttl_s = ttl;
 	if (signing_sign(gw->signing, &p, &token, &claims, &err) != KILN_OK) {
 		gw_fail(req, KILN_E_INTERNAL, &err);
@@ -281,6 +316,7 @@ static void tokens_create(struct http_req *req)
 	http_req_set_object(req, claims.jti);
 	http_reply_json(req, 201, json_pack("{s:s, s:s}", "token", token, "expires_at", exp));
 out:
+	pg_res_free(res);
 	free(token);
 	free(scopes_text);
 	json_decref(body);
