@@ -1,0 +1,125 @@
+"""A tenant at zero credits: its running sandbox (a real VM) is paused, never destroyed.
+
+A gateway and a kiln-node with QEMU VMs (kiln.Stack), and a kiln-meter for that node signing
+node tokens with the same master key. The tenant is left 1 credit; the meter's prices make the
+sandbox cost 0.2 credits a second. The guest writes its clock to a file every 0.1 s, so the
+moment its vCPUs stopped shows in the file after resume (the gap), measured against the meter's
+log line of the tick that took the balance to zero."""
+import datetime
+import os
+import time
+import unittest
+
+import kiln
+import metertest as mt
+
+TICKER_PY = b"""import time
+while True:
+    with open('/root/ticks', 'a') as f:
+        f.write('%.3f\\n' % time.time())
+    time.sleep(0.1)
+"""
+
+
+def log_time(line):
+    stamp = line.split(" ", 1)[0]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+@unittest.skipUnless(mt.cgroups_available(), "needs root and cgroups")
+class EnforcementTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack()
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+
+    def sh(self, sb, cmd):
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/exec", {"cmd": ["sh", "-c", cmd]}, self.key,
+                            timeout=120)
+        self.assertEqual(r.status, 200, r)
+        return r.json()["stdout"]
+
+    def test_a_tenant_at_zero_is_paused_within_two_seconds_and_resumes_intact_after_a_grant(self):
+        name = "enf-" + os.urandom(4).hex()
+        r = self.gw.request("POST", "/v1/tenants", {"name": name}, self.stack.admin)
+        self.assertEqual(r.status, 201, r)
+        tenant = r.json()["tenant"]["id"]
+        self.key = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        sb = r.json()["id"]
+        self.assertEqual(self.gw.request("PUT", f"/v1/sandboxes/{sb}/files?path=/root/ticker.py",
+                                         TICKER_PY, self.key).status, 204)
+        self.sh(sb, "echo precious > /root/data; nohup python3 /root/ticker.py >/dev/null 2>&1 &")
+        self.assertTrue(mt.wait_for(lambda: len(self.sh(sb, "cat /root/ticks 2>/dev/null").split()) >= 5,
+                                    60, 0.5), "the ticker did not start")
+        # The guest's clock against the host's.
+        t_host = time.time()
+        offset = float(self.sh(sb, "date +%s.%N")) - (t_host + time.time()) / 2
+
+        # Leave the tenant 1 credit: the rest of its free tier expires.
+        db = self.stack.db
+        grant = db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}' AND kind = 'grant'")
+        db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
+               f" amount_ucr, tenant_id, reason) VALUES ('tx_test_{tenant}', 'test-expiry:{tenant}',"
+               f" 'expiry', '{grant}', 'system:expired', 499000000, '{tenant}', 'test')")
+        mt.redis_cli(kiln.services_env()["KILN_REDIS_URL"], "DEL", "kiln:bal:" + tenant)
+        # Billed up to now (as if a meter had run all along), so the first tick is one second.
+        db.sql("INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, state,"
+               " last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) SELECT id, tenant_id,"
+               " node_id, generation, 'running', (extract(epoch FROM now()) * 1e9)::bigint, 0, 0,"
+               f" 0, 0 FROM sandboxes WHERE id = '{sb}'")
+        self.assertEqual(mt.ledger_balance(db, tenant), 1_000_000)
+
+        # 256 MiB at 800,000 µcr per GiB-second: 200,000 µcr a second, zero in 5 s.
+        meter = mt.Meter(db.url, kiln.services_env()["KILN_REDIS_URL"], self.stack.node.node_id,
+                         master_key=self.gw.master_key,
+                         extra_env={"KILN_PRICE_MEM_UCR_PER_GIB_S": "800000",
+                                    "KILN_PRICE_DISK_UCR_PER_GIB_S": "0",
+                                    "KILN_PRICE_CPU_UCR_PER_CPU_S": "0",
+                                    "KILN_PRICE_SNAPSHOT_UCR_PER_GIB_S": "0",
+                                    "KILN_METER_PIN_ROOT": ""})
+        self.addCleanup(meter.cleanup)
+        line = mt.wait_for(lambda: next((l for l in meter.output().splitlines()
+                                         if "out of credits" in l and sb in l), None), 30)
+        self.assertIsNotNone(line, meter.output()[-3000:])
+        t_zero = log_time(line)
+
+        def state():
+            return self.gw.request("GET", f"/v1/sandboxes/{sb}", headers=self.key).json()["state"]
+        self.assertEqual(mt.wait_for(lambda: state() == "paused", 60), True, meter.output()[-3000:])
+        # Never destroyed; the overdraft is at most one tick's charge.
+        used = mt.ledger_used(db, tenant)
+        pending = int(mt.redis_cli(kiln.services_env()["KILN_REDIS_URL"], "HGET", "kiln:bal:" + tenant,
+                                   "live:" + self.stack.node.node_id) or 0)
+        self.assertLessEqual(used + pending, 1_000_000 + 200_000)
+        b = self.gw.request("GET", "/v1/billing/balance", headers=self.key).json()
+        self.assertLessEqual(b["balance_ucr"], 0)
+        self.assertGreaterEqual(b["balance_ucr"], -200_000)
+
+        # A grant makes it possible to resume; files and processes are as they were.
+        h = dict(self.stack.admin, **{"Idempotency-Key": "enf-" + tenant})
+        r = self.gw.request("POST", "/v1/billing/grants",
+                            {"tenant_id": tenant, "amount_ucr": 50_000_000, "reason": "top-up"}, h)
+        self.assertEqual(r.status, 201, r)
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", None, self.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.sh(sb, "cat /root/data"), "precious\n")
+        time.sleep(1)
+        stamps = [float(x) for x in self.sh(sb, "cat /root/ticks").split()]
+        gaps = [(stamps[i + 1] - stamps[i], stamps[i]) for i in range(len(stamps) - 1)]
+        gap, stopped_guest = max(gaps)
+        self.assertGreater(gap, 1.0, "no pause in the guest's ticks")
+        stopped = stopped_guest - offset
+        print(f"\nvCPUs stopped {stopped - t_zero:.2f} s after the balance reached zero; "
+              f"state paused, offset guest-host {offset:.2f} s")
+        self.assertLess(stopped - t_zero, 2.0)
+        # Billing resumed with the sandbox (the meter is not frozen any more).
+        self.assertTrue(mt.wait_for(lambda: mt.ledger_used(db, tenant) > used, 30))
+        self.gw.request("DELETE", f"/v1/sandboxes/{sb}", None, self.key)
+
+
+if __name__ == "__main__":
+    unittest.main()
