@@ -141,7 +141,7 @@ static void sandbox_create(struct http_req *req)
 	const struct principal *who = gw_principal(req);
 	json_t *body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0])), *nb = NULL, *v;
 	struct pg_conn *c = NULL;
-	char id[AUTH_ID_MAX], address[256], path[128], *text = NULL, *meta = NULL;
+	char id[AUTH_ID_MAX], address[256] = "", path[128], *text = NULL, *meta = NULL;
 	double vcpus;
 	long long mem, disk, tmo, milli;
 
@@ -180,25 +180,44 @@ static void sandbox_create(struct http_req *req)
 		http_reply_error(req, KILN_E_TOO_LARGE, "metadata is larger than %d bytes", METADATA_MAX);
 		goto out;
 	}
-	if (json_object_get(body, "snapshot_id")) {
-		http_reply_error(req, KILN_E_NOT_IMPLEMENTED, "snapshot_id is not offered yet");
+	c = gw_db(req);
+	if (!c)
+		goto out;
+	if (json_str(body, "snapshot_id", NULL)) {
+		/* From a snapshot: on the node that holds it, in the snapshot's shape. */
+		struct kiln_error err = { 0 };
+		struct pg_res *res = NULL;
+		enum kiln_err rc = PGQ(c, &res, &err,
+				       "SELECT n.address FROM snapshots s JOIN nodes n ON n.id = s.node_id "
+				       "WHERE s.id = $1 AND s.tenant_id = $2 AND s.kind = 'named' "
+				       "AND s.deleted_at IS NULL",
+				       json_str(body, "snapshot_id", ""), who->tenant_id);
+		if (rc == KILN_OK && pg_res_rows(res) == 1)
+			snprintf(address, sizeof(address), "%s", pg_res_str(res, 0, 0));
+		else if (rc == KILN_OK)
+			http_reply_error(req, KILN_E_NOT_FOUND, "no snapshot \"%s\"",
+					 json_str(body, "snapshot_id", ""));
+		else
+			gw_fail(req, rc, &err);
+		pg_res_free(res);
+		if (rc != KILN_OK || !address[0])
+			goto out;
+	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, address, sizeof(address))) {
 		goto out;
 	}
-	c = gw_db(req);
-	if (!c || !place(req, c, (unsigned)milli, (unsigned)mem, address, sizeof(address)))
-		goto out;
 	pg_release(gw->pg, c);
 	c = NULL;
 	if (!gw_new_id(req, "sb_", id, sizeof(id)))
 		goto out;
 	http_req_set_object(req, id);
 	/* The node validates env, egress and bandwidth (422 naming the bad one) before it boots. */
-	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?}", "template", "python",
+	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:O?}", "template", "python",
 		       "vcpu_milli", (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib",
 		       (json_int_t)disk, "timeout_s", (json_int_t)tmo, "env",
 		       json_object_get(body, "env"), "metadata", json_loads(meta ? meta : "{}", 0, NULL),
 		       "egress", json_object_get(body, "egress"), "bandwidth",
-		       json_object_get(body, "bandwidth"));
+		       json_object_get(body, "bandwidth"), "snapshot_id",
+		       json_object_get(body, "snapshot_id"));
 	text = nb ? json_dumps(nb, JSON_COMPACT) : NULL;
 	if (!text) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -463,6 +482,19 @@ static void sandbox_fork(struct http_req *req)
 	free(text);
 }
 
+static void sandbox_snapshot(struct http_req *req)
+{
+	struct sb_row sb;
+
+	if (!sandbox_lookup(req, &sb))
+		return;
+	if (strcmp(sb.state, "running") != 0 && strcmp(sb.state, "paused") != 0) {
+		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb.state);
+		return;
+	}
+	forward(req, &sb, "/snapshots", true);
+}
+
 /* GET and PUT of /egress and /bandwidth: forwarded; the node applies them live. */
 static void sandbox_egress(struct http_req *req)
 {
@@ -626,6 +658,8 @@ static const struct http_route routes[] = {
 	  ROUTE_AUTH | ROUTE_CREATES | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork,
 	  ROUTE_AUTH | ROUTE_CREATES | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/snapshots", sandbox_snapshot,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0,
 	  NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,

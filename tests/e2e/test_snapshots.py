@@ -126,11 +126,49 @@ class SnapshotTests(unittest.TestCase):
         listed = self.gw.request("GET", "/v1/sandboxes", headers=self.key).json()["sandboxes"]
         self.assertEqual([s["id"] for s in listed if s["parent_id"] == sb["id"]], [])
 
+    def test_a_named_snapshot_starts_new_sandboxes_in_the_state_it_caught(self):
+        sb = self.create()
+        self.start_counter(sb, "echo original > /root/who")
+        r = self.post(sb, "snapshots", {"name": "warm"})
+        self.assertEqual(r.status, 201, r)
+        snap = r.json()
+        self.assertTrue(snap["id"].startswith("snap_"))
+        self.assertEqual((snap["sandbox_id"], snap["name"], snap["status"], snap["storage"]),
+                         (sb["id"], "warm", "local", "local"))
+        self.assertGreater(snap["size_bytes"], 0)
+        listed = self.gw.request("GET", f"/v1/snapshots?sandbox_id={sb['id']}", headers=self.key).json()
+        self.assertEqual([x["id"] for x in listed["snapshots"]], [snap["id"]])
+        # The original goes on running after the snapshot.
+        before = len(self.log_numbers(sb))
+        time.sleep(1)
+        self.assertGreater(len(self.log_numbers(sb)), before)
+        r = self.gw.request("POST", "/v1/sandboxes", {"snapshot_id": snap["id"]}, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        child = r.json()
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{child['id']}", None, self.key)
+        self.assertEqual(self.sh(child, "cat /root/who"), "original\n")
+        self.assertEqual(self.sh(child, "hostname").strip(), child["id"].replace("_", "-"))
+        nums = self.log_numbers(child)
+        self.assertEqual(nums, list(range(1, len(nums) + 1)))
+        # A paused sandbox can be snapshotted too.
+        self.assertEqual(self.post(sb, "pause").status, 200)
+        r = self.post(sb, "snapshots", {})
+        self.assertEqual(r.status, 201, r)
+        self.assertEqual(self.gw.request("DELETE", f"/v1/snapshots/{snap['id']}", headers=self.key).status, 204)
+        self.assertEqual(self.gw.request("DELETE", f"/v1/snapshots/{snap['id']}", headers=self.key).status, 404)
+        r = self.gw.request("POST", "/v1/sandboxes", {"snapshot_id": snap["id"]}, self.key)
+        self.assertEqual(r.status, 404)
+        other = self.stack.tenant("other")
+        self.assertEqual(self.gw.request("GET", "/v1/snapshots", headers=other).json()["snapshots"], [])
+        self.assertEqual(self.gw.request("POST", "/v1/sandboxes/sb_nope/snapshots", {}, self.key).status, 404)
+
     def test_deleting_a_paused_sandbox_removes_its_snapshot(self):
         sb = self.create()
+        pattern = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}/snap_*"
+        before = set(glob.glob(pattern))
         self.assertEqual(self.post(sb, "pause").status, 200)
-        snaps = glob.glob(f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}/snap_*")
-        self.assertTrue(snaps)
+        snaps = set(glob.glob(pattern)) - before
+        self.assertEqual(len(snaps), 1)
         self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
         deadline = time.time() + 30
         while time.time() < deadline and any(os.path.exists(s) for s in snaps):

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "vmm/agent.h"
+#include "vmm/disk.h"
 #include "vmm/hv.h"
 #include "vmm/jail.h"
 #include "auth/apikey.h"
@@ -363,9 +365,12 @@ static void sandbox_create(struct http_req *req)
 		{ "metadata", JF_OBJECT, false, 0 },
 		{ "egress", JF_OBJECT, false, 0 },
 		{ "bandwidth", JF_OBJECT, false, 0 },
+		{ "snapshot_id", JF_STRING, false, 64 },
 	};
 	struct node *n = http_req_app(req);
 	const struct auth_claims *cl = claims_of(req);
+	const char *from_snap = NULL;
+	unsigned vcpu_milli, mem_mib, disk_gib;
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
 	struct sb_init init = { 0 };
@@ -398,12 +403,43 @@ static void sandbox_create(struct http_req *req)
 			goto out;
 		init.bandwidth = &bw;
 	}
+	vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
+	mem_mib = (unsigned)json_int(body, "memory_mib", 0);
+	disk_gib = (unsigned)json_int(body, "disk_gib", 0);
+	from_snap = json_str(body, "snapshot_id", NULL);
+	if (from_snap) {
+		/* A sandbox made from a snapshot has the snapshot's shape. */
+		struct pg_res *res = NULL;
+		rc = pg_acquire(n->pg, &c, &err);
+		if (rc == KILN_OK) {
+			rc = PGQ(c, &res, &err,
+				 "SELECT vcpu_milli, memory_mib, disk_gib FROM snapshots WHERE id = $1 "
+				 "AND tenant_id = $2 AND node_id = $3 AND kind = 'named' "
+				 "AND deleted_at IS NULL",
+				 from_snap, cl->tid, n->cfg.node_id);
+			pg_release(n->pg, c);
+		}
+		if (rc == KILN_OK && pg_res_rows(res) == 1) {
+			vcpu_milli = (unsigned)pg_res_int(res, 0, 0, 0);
+			mem_mib = (unsigned)pg_res_int(res, 0, 1, 0);
+			disk_gib = (unsigned)pg_res_int(res, 0, 2, 0);
+		} else if (rc == KILN_OK) {
+			rc = KILN_E_NOT_FOUND;
+		}
+		pg_res_free(res);
+		if (rc != KILN_OK) {
+			http_reply_error(req, rc, rc == KILN_E_NOT_FOUND ? "no snapshot \"%s\""
+									   : "the database is unavailable (%s)",
+					 from_snap);
+			goto out;
+		}
+	}
 	{
 		const struct vmm_spec probe = {
 			.id = id, .node = n->cfg.node_id,
-			.vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0),
-			.mem_mib = (unsigned)json_int(body, "memory_mib", 0),
-			.disk_gib = (unsigned)json_int(body, "disk_gib", 0),
+			.vcpu_milli = vcpu_milli,
+			.mem_mib = mem_mib,
+			.disk_gib = disk_gib,
 			.kernel = n->cfg.guest_kernel, .run_dir = "/", .state_dir = "/",
 			.uid = JAIL_UID_MIN, .gid = JAIL_UID_MIN,	/* checked for real at boot */
 		};
@@ -412,9 +448,7 @@ static void sandbox_create(struct http_req *req)
 			goto out;
 		}
 	}
-	rc = sb_reserve(n, id, cl->tid, (unsigned)json_int(body, "vcpu_milli", 0),
-			(unsigned)json_int(body, "memory_mib", 0), (unsigned)json_int(body, "disk_gib", 0),
-			&sb, &err);
+	rc = sb_reserve(n, id, cl->tid, vcpu_milli, mem_mib, disk_gib, &sb, &err);
 	if (rc != KILN_OK) {
 		http_reply_error(req, rc, "%s", err.msg);
 		goto out;
@@ -433,11 +467,12 @@ static void sandbox_create(struct http_req *req)
 		snprintf(idx, sizeof(idx), "%d", sb->net_index);
 		rc = PGQ(c, NULL, &err,
 			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at) "
+			 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
 			 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
-			 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int))",
+			 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
+			 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
 			 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
-			 disk, tmo, meta ? meta : "{}", idx);
+			 disk, tmo, meta ? meta : "{}", idx, from_snap);
 		pg_release(n->pg, c);
 	}
 	if (rc != KILN_OK) {
@@ -448,7 +483,10 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
-	rc = sb_boot(n, sb, &init, &err);
+	if (from_snap)
+		rc = snap_restore_new(n, sb, from_snap, VMM_MEM_COPY, &init, true, &err);
+	else
+		rc = sb_boot(n, sb, &init, &err);
 	if (rc != KILN_OK) {
 		char why[KILN_ERRMSG_MAX];
 		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
@@ -1536,6 +1574,135 @@ static void sandbox_fork(struct http_req *req)
 	json_decref(body);
 }
 
+/* Copies a paused sandbox's snapshot files into a new snapshot directory (holes kept). */
+static enum kiln_err copy_snapshot(const char *from, const char *to, struct kiln_error *err)
+{
+	static const char *const files[] = { "state", "mem", "disk.qcow2", "netpolicy.json" };
+	char a[700], b[700];
+	int r;
+
+	if (mkdir(to, 0700) != 0)
+		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\"", to);
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(a, sizeof(a), "%s/%s", from, files[i]);
+		snprintf(b, sizeof(b), "%s/%s", to, files[i]);
+		if (access(a, F_OK) != 0)
+			continue;
+		r = disk_file_copy(a, b);
+		if (r < 0)
+			return kiln_error_set(err, KILN_E_IO, "cannot copy \"%s\": %s", a, strerror(-r));
+	}
+	/* The driver's part of the manifest describes these files: keep it, hashes are redone. */
+	snprintf(a, sizeof(a), "%s/manifest.json", from);
+	snprintf(b, sizeof(b), "%s/manifest.json", to);
+	r = disk_file_copy(a, b);
+	return r < 0 ? kiln_error_set(err, KILN_E_IO, "cannot copy the manifest") : KILN_OK;
+}
+
+/* POST /v1/sandboxes/{id}/snapshots: a named snapshot of a running or paused sandbox. */
+static void sandbox_snapshot(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "name", JF_STRING, false, 100 } };
+	struct node *n = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL;
+	struct sandbox *sb = NULL, paused = { 0 };
+	struct sb_record r;
+	char snap[AUTH_ID_MAX], dir[600], from[600], *name = NULL;
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	name = json_str(body, "name", NULL) ? strdup(json_str(body, "name", "")) : NULL;
+	json_decref(body);
+	if (auth_new_id("snap_", snap, sizeof(snap)) != KILN_OK) {
+		free(name);
+		http_reply_error(req, KILN_E_INTERNAL, "cannot make an id");
+		return;
+	}
+	snap_dir(n, snap, dir, sizeof(dir));
+	sb = sb_get(n, id);
+	if (sb && strcmp(sb->tenant_id, claims_of(req)->tid) != 0) {
+		sb_put(n, sb);
+		sb = NULL;
+	}
+	if (sb) {
+		pthread_mutex_lock(&sb->lock);
+		if (sb->state != SB_RUNNING || !sb->vm) {
+			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox is %s",
+					    sb_state_name(sb->state));
+		} else {
+			/* The VM stops for the save and goes on: memory and disk copied whole. */
+			rc = save_policy_public(sb, dir, &err);
+			if (rc == KILN_OK)
+				rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_FULL, &err);
+			if (sb->vm) {
+				struct kiln_error ignore = { 0 };
+				vmm_resume(sb->vm, &ignore);
+			}
+			if (rc == KILN_OK)
+				rc = write_manifest_public(n, sb, dir, &err);
+		}
+	} else {
+		if (record_of(n, id, claims_of(req)->tid, &r, &err) != KILN_OK)
+			rc = KILN_E_UNAVAILABLE;
+		else if (!r.found)
+			rc = kiln_error_set(&err, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		else if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0])
+			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox is %s", r.state);
+		else {
+			snap_dir(n, r.pause_snapshot, from, sizeof(from));
+			rc = copy_snapshot(from, dir, &err);
+			snprintf(paused.id, sizeof(paused.id), "%s", id);
+			snprintf(paused.tenant_id, sizeof(paused.tenant_id), "%s", claims_of(req)->tid);
+			paused.vcpu_milli = r.vcpu_milli;
+			paused.mem_mib = r.mem_mib;
+			paused.disk_gib = r.disk_gib;
+			if (rc == KILN_OK)
+				rc = write_manifest_public(n, &paused, dir, &err);
+		}
+	}
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK) {
+		rc = snap_record_public(n, c, sb ? sb : &paused, snap, "named", name, dir, &err);
+		/* A paused sandbox's snapshot also stands on its pause snapshot's disk chain. */
+		if (rc == KILN_OK && !sb)
+			rc = PGQ(c, NULL, &err,
+				 "UPDATE snapshots SET lineage = lineage || $2::text WHERE id = $1", snap,
+				 r.pause_snapshot);
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, &err, "SELECT snapshot_json(s)::text FROM snapshots s WHERE id = $1",
+				 snap);
+		if (rc == KILN_OK && pg_res_rows(res) == 1) {
+			const char *j = pg_res_str(res, 0, 0);
+			http_req_set_object(req, snap);
+			http_reply_data(req, 201, "application/json", j, strlen(j));
+		}
+		pg_res_free(res);
+		pg_release(n->pg, c);
+	}
+	if (sb)
+		pthread_mutex_unlock(&sb->lock);
+	if (rc != KILN_OK) {
+		snap_remove_files(dir);
+		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_NOT_FOUND ||
+					      rc == KILN_E_UNAVAILABLE ? rc : KILN_E_SANDBOX_FAILED,
+				 "%s", err.msg);
+	} else {
+		log_info("snapshot \"%s\" of \"%s\" taken", snap, id);
+	}
+	sb_put(n, sb);
+	free(name);
+}
+
 #define TOKEN 1u	/* the route needs a node token */
 
 const struct http_route node_routes[] = {
@@ -1554,5 +1721,6 @@ const struct http_route node_routes[] = {
 	{ "POST", "/v1/sandboxes/{id}/pause", sandbox_pause, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/resume", sandbox_resume, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/snapshots", sandbox_snapshot, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 };
 const size_t node_routes_len = sizeof(node_routes) / sizeof(node_routes[0]);

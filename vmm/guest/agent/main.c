@@ -187,7 +187,10 @@ static int set_hostname(const char *name)
 	return 0;
 }
 
-/* Mixes `len` bytes into the kernel's entropy pool and credits them; returns 0 or -errno. */
+/*
+ * Mixes `len` bytes into the kernel's entropy pool, credits them and reseeds the CRNG from it;
+ * returns 0 or -errno.
+ */
 static int add_entropy(const uint8_t *p, size_t len)
 {
 	struct {
@@ -203,6 +206,12 @@ static int add_entropy(const uint8_t *p, size_t len)
 	if (fd < 0)
 		return -errno;
 	if (ioctl(fd, RNDADDENTROPY, &req.info) < 0)
+		rc = -errno;
+	/*
+	 * Adding entropy does not rekey the CRNG at once: two VMs restored from one snapshot would
+	 * go on drawing the same stream until the next scheduled reseed. Force it now.
+	 */
+	if (rc == 0 && ioctl(fd, RNDRESEEDCRNG) < 0)
 		rc = -errno;
 	close(fd);
 	return rc;
