@@ -62,6 +62,7 @@ class EgressTests(unittest.TestCase):
     @classmethod
     def create(cls, **body):
         body.setdefault("memory_mib", 256)
+        body.setdefault("timeout_s", 3600)  # slow machines: no auto-pause mid-test
         r = cls.gw.request("POST", "/v1/sandboxes", body, cls.key, timeout=300)
         assert r.status == 201, r
         return r.json()

@@ -55,7 +55,8 @@ class SandboxTests(unittest.TestCase):
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("acme")
-        r = cls.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "metadata": {"run": "e2e"}},
+        r = cls.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "metadata": {"run": "e2e"},
+                                                     "timeout_s": 3600},
                            cls.key, timeout=300)
         assert r.status == 201, r
         cls.sb = r.json()
@@ -214,6 +215,7 @@ class LifecycleTests(unittest.TestCase):
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)
+        body.setdefault("timeout_s", 3600)
         r = self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=300)
         self.assertEqual(r.status, 201, r)
         return r.json()

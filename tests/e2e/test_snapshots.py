@@ -29,6 +29,7 @@ class SnapshotTests(unittest.TestCase):
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)
+        body.setdefault("timeout_s", 3600)
         r = self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=300)
         self.assertEqual(r.status, 201, r)
         sb = r.json()
@@ -39,7 +40,7 @@ class SnapshotTests(unittest.TestCase):
         r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/files?path=/root/counter.py", COUNTER_PY, self.key)
         self.assertEqual(r.status, 204, r)
         self.sh(sb, COUNTER + " " + then)
-        deadline = time.time() + 20
+        deadline = time.time() + 90
         while time.time() < deadline and len(self.log_numbers(sb)) < 3:
             time.sleep(0.5)
         self.assertGreaterEqual(len(self.log_numbers(sb)), 3, "the counter did not start")
