@@ -182,7 +182,7 @@ class SandboxTests(unittest.TestCase):
         self.assertEqual(self.gw.request("GET", "/v1/sandboxes", headers=other).json()["sandboxes"], [])
 
     def test_timeout_update_moves_expires_at(self):
-        r = self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout", {"timeout_s": 3000}, self.key)
+        r = self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout", {"timeout_s": 7200}, self.key)
         self.assertEqual(r.status, 200, r)
         self.assertGreater(r.json()["expires_at"], self.sb["expires_at"])
         self.assertEqual(self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout",
