@@ -827,6 +827,14 @@ enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
 	pg_release(s->pg, c);
 	if (rc != KILN_OK)
 		return rc;
+	/* an upload of it already queued or running keeps its work */
+	pthread_mutex_lock(&s->lock);
+	for (struct job *j = s->jobs; j; j = j->next)
+		if (strcmp(j->snap_id, snap_id) == 0) {
+			pthread_mutex_unlock(&s->lock);
+			return KILN_OK;
+		}
+	pthread_mutex_unlock(&s->lock);
 	/* the files first (a restart finds an upload without them and stages again) */
 	rm_tree(up);
 	rc = stage_links(s, snap_id, up, err);
