@@ -56,6 +56,7 @@ struct msb {
 	long long gen;
 	enum bstate state;	/* as billed at last_t */
 	unsigned mem_mib, disk_gib;
+	uint64_t snap_mib;	/* its pause snapshot, MiB (0: unknown, its memory is used) */
 	int64_t last_t;		/* ns: billed up to */
 	uint64_t cpu_at, rx_at, tx_at;	/* cumulative counters of `gen` at last_t */
 	uint64_t rem;		/* fine units, < PRICE_FINE_PER_UCR */
@@ -324,9 +325,9 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 			.cpu_ns = st == BS_RUN ? c : 0,
 			.mem_mib = s->mem_mib,
 			.disk_gib = s->disk_gib,
-			/* The pause snapshot is the guest's memory image; its disk layer stays
-			 * billed as the disk it is. */
-			.snap_mib = s->mem_mib,
+			/* The pause snapshot's size as the node recorded it; before it is known,
+			 * the guest's memory (the image that dominates it). */
+			.snap_mib = s->snap_mib ? s->snap_mib : s->mem_mib,
 		};
 		unsigned __int128 fine = st == BS_NONE ? 0 : price_fine(&m->o.card, &u);
 		long long ucr = 0;
@@ -379,6 +380,7 @@ struct mrow {
 	const char *id, *tenant, *state;
 	long long gen;
 	unsigned mem_mib, disk_gib;
+	uint64_t snap_mib;
 	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
 	bool has_m;
 	long long m_gen;
@@ -480,6 +482,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
+	s->snap_mib = r->snap_mib;
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
 		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
@@ -571,7 +574,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 					  : 0,
 			.mem_mib = s->mem_mib,
 			.disk_gib = s->disk_gib,
-			.snap_mib = s->mem_mib,
+			.snap_mib = s->snap_mib ? s->snap_mib : s->mem_mib,
 		};
 		if (span > 0 && (uint64_t)span < (uint64_t)PRICE_NS_PER_S && u.cpu_ns > s->t_cpu * 4)
 			u.cpu_ns = s->t_cpu;	/* a sliver of a tick says little about the pace */
@@ -610,7 +613,8 @@ static const char rows_sql[] =
 	"(extract(epoch FROM s.state_changed_at) * 1000000)::bigint, "
 	"(extract(epoch FROM s.deleted_at) * 1000000)::bigint, "
 	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
-	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine "
+	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine, "
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot) "
 	"FROM sandboxes s LEFT JOIN meter_sandboxes m ON m.sandbox_id = s.id "
 	"WHERE s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
@@ -630,6 +634,7 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 	r->changed = pg_res_int(res, i, 6, 0) * 1000;
 	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
 	r->created = pg_res_int(res, i, 8, 0) * 1000;
+	r->snap_mib = (uint64_t)pg_res_int(res, i, 16, 0);
 	r->has_m = pg_res_get(res, i, 9) != NULL;
 	if (r->has_m) {
 		r->m_gen = pg_res_int(res, i, 9, 0);

@@ -262,6 +262,32 @@ static void test_charge_is_exact_over_injected_time(void)
 	meter_free(m);
 }
 
+static void test_paused_sandbox_pays_its_snapshot_only(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 5 * S);
+	/* Paused half-way through a tick, into a snapshot of 512 MiB: 512 µcr/s from then on. */
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib) VALUES ('snap_%s', '%s', '%s', '%s', 'pause', %lld, 1000, 256, 1);"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    sb, t, sb, node, 512LL << 20, sb, (long long)((t0 + 5 * S + S / 2) / 1000), sb);
+	tick_until(m, t0 + 20 * S);
+	stop_sandbox(sb, t0 + 20 * S + S / 2);
+	tick_until(m, t0 + 31 * S);
+	/* 5.5 s running at 257, 15 s paused at 512 */
+	CHECK_INT(used(t), 1413 + 7680);
+	meter_free(m);
+}
+
 static void test_one_redis_round_trip_per_tick_for_many_sandboxes(void)
 {
 	char t[32], sb[32];
@@ -517,6 +543,7 @@ int main(void)
 	}
 
 	TEST(test_charge_is_exact_over_injected_time);
+	TEST(test_paused_sandbox_pays_its_snapshot_only);
 	TEST(test_one_redis_round_trip_per_tick_for_many_sandboxes);
 	TEST(test_ledger_redis_and_api_balance_agree_after_flush);
 	TEST(test_balance_rebuilt_after_redis_loses_it);
