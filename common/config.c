@@ -91,6 +91,13 @@ const struct cfg_def config_table[] = {
 	  "new connections per second a sandbox may open, even while egress is open" },
 	{ "conn_burst", CFG_INT, F(conn_burst), "200", 1, 1000000, NULL, false,
 	  "new connections a sandbox may open at once above that rate" },
+	{ "templates", CFG_BOOL, F(templates), "true", 0, 1, NULL, false,
+	  "create sandboxes by restoring a pre-booted template of their shape (cold boot until "
+	  "one is ready)" },
+	{ "template_default", CFG_BOOL, F(template_default), "true", 0, 1, NULL, false,
+	  "build the template of the default shape (1 vCPU, 512 MiB, 10 GiB) when the node starts" },
+	{ "template_idle_s", CFG_INT, F(template_idle_s), "1800", 60, 604800, NULL, false,
+	  "seconds an unused template is kept before it is retired" },
 	{ "meter_window_s", CFG_INT, F(meter_window_s), "10", 1, 3600, NULL, false,
 	  "kiln-meter: seconds of each billing window written to the ledger (aligned to the epoch)" },
 	{ "meter_series_s", CFG_INT, F(meter_series_s), "900", 60, 86400, NULL, false,

@@ -59,6 +59,9 @@ struct kiln_config {
 	char *dns_upstream;		/* resolver the guests' DNS proxy forwards to */
 	long long conn_rate;		/* new connections per second a sandbox may open */
 	long long conn_burst;
+	bool templates;			/* create sandboxes by restoring pre-booted templates */
+	bool template_default;		/* build the default shape's template at start */
+	long long template_idle_s;	/* retire a template unused this long */
 
 	/* kiln-meter */
 	long long meter_window_s;	/* ledger window, seconds */

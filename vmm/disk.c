@@ -141,11 +141,18 @@ int disk_flatten(const char *top, const char *const *chain, unsigned n, const ch
 	snprintf(top_link, sizeof(top_link), "%s/top", tmp_dir);
 	snprintf(flat, sizeof(flat), "%s/flat", tmp_dir);
 	unlink(top_link);
-	if (r == 0 && symlink(top, top_link) < 0)
-		r = -errno;
+	(void)top_link;
+	/*
+	 * A copy of the top layer, rebased onto the base in safe mode: qemu-img copies into it every
+	 * cluster that the layers in between changed. (`convert -B base` would copy only the top
+	 * layer's own clusters and lose what the middle layers hold.) The copy names its backing
+	 * file "layer1"... like the original, so the symlinks above resolve the old chain.
+	 */
+	if (r == 0)
+		r = disk_file_copy(top, flat);
 	if (r == 0) {
-		char *argv[] = { "qemu-img", "convert", "-q", "-f", "qcow2", "-O", "qcow2", "-B", "base",
-				 "-F", "raw", top_link, flat, NULL };
+		char *argv[] = { "qemu-img", "rebase", "-q", "-f", "qcow2", "-b", "base", "-F", "raw",
+				 flat, NULL };
 
 		r = disk_run(argv, msg, sizeof(msg));
 	}

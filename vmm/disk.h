@@ -6,7 +6,8 @@
  * snapshot the VM's overlay is frozen into the snapshot and every VM restored from it gets a new,
  * empty overlay on top, so a fork costs only what each child changes. Chains are kept short: when a
  * frozen overlay would sit on more than DISK_CHAIN_MAX qcow2 layers, it is flattened into one layer
- * over the base (qemu-img convert -B). Images are handled with qemu-img, run without a shell.
+ * over the base (a copy of the top layer rebased onto the base in safe mode, so what the middle
+ * layers hold is kept). Images are handled with qemu-img, run without a shell.
  *
  * OS-facing: functions return 0 or a negative errno.
  */

@@ -199,9 +199,9 @@ def guest_image():
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
-    def __init__(self, database_url, gateway_url, extra_env=None):
+    def __init__(self, database_url, gateway_url, extra_env=None, node_id=None):
         img = guest_image()
-        self.node_id = "t" + secrets.token_hex(4)
+        self.node_id = node_id or "t" + secrets.token_hex(4)
         self.run_dir = f"/run/kt-{self.node_id}"
         self.data_dir = tempfile.mkdtemp(prefix="kiln-node-")
         os.chmod(self.data_dir, 0o755)
@@ -212,7 +212,9 @@ class Node(Daemon):
                "KILN_GUEST_INITRD": img["KILN_GUEST_INITRD"],
                "KILN_GUEST_ROOTFS": img["KILN_GUEST_ROOTFS"],
                "KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"],
-               "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw"}
+               "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw",
+               # Templates cost a VM boot of their own: tests that want them say so.
+               "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false"}
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "vmm", "node", "kiln-node"), env)
         self.sock = os.path.join(self.run_dir, "node.sock")

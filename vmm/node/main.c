@@ -24,6 +24,7 @@
 #include "vmm/orphan.h"
 #include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
+#include "vmm/node/template.h"
 
 static struct node node;
 static volatile sig_atomic_t stop_requested;
@@ -259,8 +260,10 @@ static void *ticker(void *arg)
 		if (tick++ % 2 == 0 && heartbeat(&err) != KILN_OK)
 			log_warn("heartbeat failed: %s", err.msg);
 		expire_sandboxes();
-		if (tick % 10 == 0)
+		if (tick % 10 == 0) {
 			snap_gc(&node);
+			tpl_evict_idle(&node, node.cfg.template_idle_s);
+		}
 		sleep(1);
 	}
 	return NULL;
@@ -347,6 +350,7 @@ static int api_init(struct kiln_error *err)
 		return err->code;
 	if (pthread_create(&node.ticker, NULL, ticker, NULL) != 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the ticker");
+	tpl_init(&node);
 	log_info("node \"%s\" serving at \"%s\" (%s, %s)", node.cfg.node_id, node_address(),
 		 node.cfg.hypervisor, node.accel);
 	return KILN_OK;
@@ -374,6 +378,7 @@ static void api_exit(void)
 	node.stopping = true;
 	if (node.ticker)
 		pthread_join(node.ticker, NULL);
+	tpl_exit(&node);
 	http_server_stop(node.http, 30);
 	node.http = NULL;
 	/* The VMs end with the node: a stopped node leaves nothing running. */

@@ -118,6 +118,9 @@ enum kiln_err sb_identity(struct node *n, struct sandbox *sb, bool fresh, const 
  */
 void sb_teardown(struct node *n, struct sandbox *sb);
 
+/* Like sb_teardown, but the sandbox stays registered with its capacity (to try again). */
+void sb_release(struct node *n, struct sandbox *sb);
+
 /* Sets the state in memory and in Postgres (with `error` text for SB_ERROR). */
 void sb_set_state(struct node *n, struct sandbox *sb, enum sb_state st, const char *error);
 

@@ -26,6 +26,7 @@
 #include "auth/apikey.h"
 #include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
+#include "vmm/node/template.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
 #define EXEC_TIMEOUT_DEFAULT_S 60
@@ -370,6 +371,7 @@ static void sandbox_create(struct http_req *req)
 	struct node *n = http_req_app(req);
 	const struct auth_claims *cl = claims_of(req);
 	const char *from_snap = NULL;
+	char tpl[AUTH_ID_MAX] = "";
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
@@ -449,6 +451,8 @@ static void sandbox_create(struct http_req *req)
 		}
 	}
 	rc = sb_reserve(n, id, cl->tid, vcpu_milli, mem_mib, disk_gib, &sb, &err);
+	if (rc == KILN_OK && !from_snap)
+		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, tpl, sizeof(tpl));
 	if (rc != KILN_OK) {
 		http_reply_error(req, rc, "%s", err.msg);
 		goto out;
@@ -472,7 +476,7 @@ static void sandbox_create(struct http_req *req)
 			 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
 			 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
 			 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
-			 disk, tmo, meta ? meta : "{}", idx, from_snap);
+			 disk, tmo, meta ? meta : "{}", idx, from_snap ? from_snap : tpl[0] ? tpl : NULL);
 		pg_release(n->pg, c);
 	}
 	if (rc != KILN_OK) {
@@ -483,10 +487,29 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
-	if (from_snap)
+	if (from_snap) {
 		rc = snap_restore_new(n, sb, from_snap, VMM_MEM_COPY, &init, true, &err);
-	else
+	} else if (tpl[0]) {
+		/* The fast path: the template's memory mapped privately, a fresh identity. */
+		char dir[600];
+		snap_dir(n, tpl, dir, sizeof(dir));
+		rc = sb_restore(n, sb, dir, VMM_MEM_PRIVATE, &init, true, &err);
+		if (rc != KILN_OK) {
+			/* Never fail a create for its template: boot it cold instead. */
+			log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err.msg);
+			tpl_discard(n, tpl);
+			sb_release(n, sb);
+			kiln_error_clear(&err);
+			if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+				PGQ(c, NULL, &err, "UPDATE sandboxes SET lineage = '{}' WHERE id = $1", id);
+				pg_release(n->pg, c);
+			}
+			kiln_error_clear(&err);
+			rc = sb_boot(n, sb, &init, &err);
+		}
+	} else {
 		rc = sb_boot(n, sb, &init, &err);
+	}
 	if (rc != KILN_OK) {
 		char why[KILN_ERRMSG_MAX];
 		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);

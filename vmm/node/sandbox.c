@@ -190,6 +190,12 @@ static void vm_dirs(struct node *n, const struct sandbox *sb, char *run_dir, siz
 
 void sb_teardown(struct node *n, struct sandbox *sb)
 {
+	sb_release(n, sb);
+	sb_unregister(n, sb);
+}
+
+void sb_release(struct node *n, struct sandbox *sb)
+{
 	struct kiln_error err = { 0 };
 	char run_dir[256], state_dir[640];
 
@@ -225,7 +231,6 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
 	rm_tree(run_dir);
 	rm_tree(state_dir);
-	sb_unregister(n, sb);
 }
 
 /* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */

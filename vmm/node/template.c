@@ -1,0 +1,266 @@
+/*
+ * template.c - pre-booted templates of the guest image, one per shape in use.
+ *
+ * A template is built by booting a VM of the shape (cold), waiting for its agent, warming Python
+ * (its files into the page cache: the first import is the slow part of a cold start), and saving
+ * it as a snapshot whose memory image stays frozen. A create of that shape then restores the
+ * template with the image mapped privately, so every sandbox made from it shares the pages it has
+ * not written, and gives it a fresh identity (id, host name, reseeded RNG, clock, env) exactly as
+ * a fork child gets one. No interpreter is kept running in the template: a parked Python would
+ * carry one `random` state into every sandbox.
+ *
+ * Templates are node-local rows of `snapshots` (kind template) keyed by the image hash and the
+ * shape; a node that starts with another image (a changed recipe) retires the old ones and builds
+ * new ones. Sandboxes made from a template list it in their lineage, so its files stay while they
+ * live. Unused templates are retired after a while (tpl_evict_idle).
+ */
+#include "vmm/node/template.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "auth/apikey.h"
+#include "common/log.h"
+#include "vmm/agent.h"
+#include "vmm/hv.h"
+#include "vmm/node/lifecycle.h"
+
+#define TPL_MAX 16
+#define TPL_DEFAULT_VCPU 1000
+#define TPL_DEFAULT_MEM 512
+#define TPL_DEFAULT_DISK 10
+
+struct tpl {
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	char snap_id[AUTH_ID_MAX];	/* when ready */
+	bool ready, building;
+	time_t last_used;
+	pthread_t thread;
+	bool joinable;
+	struct node *n;
+};
+
+static struct tpl templates[TPL_MAX];
+static pthread_mutex_t tpl_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* Boots, warms and snapshots one template; runs on its own thread. */
+static void *tpl_build(void *arg)
+{
+	struct tpl *t = arg;
+	struct node *n = t->n;
+	struct kiln_error err = { 0 };
+	struct sandbox *sb = NULL;
+	char vm_id[AUTH_ID_MAX], snap[AUTH_ID_MAX], dir[600], v[16], m[16], d[16];
+	struct pg_conn *c;
+	enum kiln_err rc;
+	struct timespec t0, t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = auth_new_id("tpl_", vm_id, sizeof(vm_id));
+	if (rc == KILN_OK)
+		rc = auth_new_id("snap_", snap, sizeof(snap));
+	if (rc == KILN_OK)
+		rc = sb_reserve(n, vm_id, "", t->vcpu_milli, t->mem_mib, t->disk_gib, &sb, &err);
+	if (rc != KILN_OK)
+		goto out;
+	pthread_mutex_lock(&sb->lock);
+	rc = sb_boot(n, sb, NULL, &err);
+	if (rc == KILN_OK && !n->stopping) {
+		/* Python's files into the page cache; nothing keeps running. */
+		static const char *const argv[] = { "python3", "-c",
+			"import json, hashlib, os, re, subprocess, random, ssl, socket, urllib.request",
+			NULL };
+		struct agent_exec_req x = { .argv = argv, .timeout_ms = 120000 };
+		struct agent_exec_result res = { 0 };
+		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, &err);
+		if (rc == KILN_OK && res.exit_code != 0)
+			rc = kiln_error_set(&err, KILN_E_INTERNAL, "warming Python failed");
+	}
+	if (rc == KILN_OK && n->stopping)
+		rc = kiln_error_set(&err, KILN_E_UNAVAILABLE, "the node is stopping");
+	snap_dir(n, snap, dir, sizeof(dir));
+	if (rc == KILN_OK)
+		rc = save_policy_public(sb, dir, &err);
+	if (rc == KILN_OK)
+		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, &err);
+	if (rc == KILN_OK)
+		rc = write_manifest_public(n, sb, dir, &err);
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK) {
+		snprintf(v, sizeof(v), "%u", t->vcpu_milli);
+		snprintf(m, sizeof(m), "%u", t->mem_mib);
+		snprintf(d, sizeof(d), "%u", t->disk_gib);
+		rc = PGQ(c, NULL, &err,
+			 "INSERT INTO snapshots (id, sandbox_id, node_id, kind, vcpu_milli, memory_mib, "
+			 "disk_gib, image_hash) VALUES ($1, $2, $3, 'template', $4::int, $5::int, "
+			 "$6::int, $7)",
+			 snap, vm_id, n->cfg.node_id, v, m, d, n->cfg.guest_image_hash);
+		pg_release(n->pg, c);
+	}
+	sb_teardown(n, sb);
+	pthread_mutex_unlock(&sb->lock);
+	if (rc != KILN_OK)
+		snap_remove_files(dir);
+out:
+	sb_put(n, sb);
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	pthread_mutex_lock(&tpl_lock);
+	t->building = false;
+	if (rc == KILN_OK) {
+		snprintf(t->snap_id, sizeof(t->snap_id), "%s", snap);
+		t->ready = true;
+		t->last_used = time(NULL);
+	}
+	pthread_mutex_unlock(&tpl_lock);
+	if (rc == KILN_OK)
+		log_info("template \"%s\" of %u mvCPU, %u MiB ready in %.1f s", snap, t->vcpu_milli,
+			 t->mem_mib, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+	else
+		log_warn("template of %u mvCPU, %u MiB not built: %s", t->vcpu_milli, t->mem_mib,
+			 err.msg);
+	return NULL;
+}
+
+/* Finds or makes the slot of a shape; called with tpl_lock held. NULL when all are taken. */
+static struct tpl *tpl_slot(struct node *n, unsigned vcpu, unsigned mem, unsigned disk)
+{
+	struct tpl *free_slot = NULL;
+
+	for (int i = 0; i < TPL_MAX; i++) {
+		struct tpl *t = &templates[i];
+		if (t->n && t->vcpu_milli == vcpu && t->mem_mib == mem && t->disk_gib == disk)
+			return t;
+		if (!t->n && !free_slot)
+			free_slot = t;
+	}
+	if (free_slot) {
+		memset(free_slot, 0, sizeof(*free_slot));
+		free_slot->n = n;
+		free_slot->vcpu_milli = vcpu;
+		free_slot->mem_mib = mem;
+		free_slot->disk_gib = disk;
+	}
+	return free_slot;
+}
+
+/* Starts building `t` unless it is ready or building; called with tpl_lock held. */
+static void tpl_start(struct tpl *t)
+{
+	if (t->ready || t->building || t->n->stopping)
+		return;
+	if (t->joinable) {
+		pthread_join(t->thread, NULL);
+		t->joinable = false;
+	}
+	t->building = true;
+	if (pthread_create(&t->thread, NULL, tpl_build, t) != 0) {
+		t->building = false;
+		return;
+	}
+	t->joinable = true;
+}
+
+void tpl_init(struct node *n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	/* Templates of an earlier run (perhaps of another image) are retired. */
+	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+		PGQ(c, NULL, &err,
+		    "UPDATE snapshots SET deleted_at = now() WHERE node_id = $1 AND kind = 'template' "
+		    "AND deleted_at IS NULL",
+		    n->cfg.node_id);
+		pg_release(n->pg, c);
+	}
+	if (!n->cfg.template_default)
+		return;
+	pthread_mutex_lock(&tpl_lock);
+	tpl_start(tpl_slot(n, TPL_DEFAULT_VCPU, TPL_DEFAULT_MEM, TPL_DEFAULT_DISK));
+	pthread_mutex_unlock(&tpl_lock);
+}
+
+void tpl_exit(struct node *n)
+{
+	for (int i = 0; i < TPL_MAX; i++) {
+		pthread_mutex_lock(&tpl_lock);
+		bool join = templates[i].n == n && templates[i].joinable;
+		pthread_t th = templates[i].thread;
+		templates[i].joinable = false;
+		pthread_mutex_unlock(&tpl_lock);
+		if (join)
+			pthread_join(th, NULL);
+	}
+}
+
+bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
+		char *out, size_t len)
+{
+	struct tpl *t;
+	bool ready = false;
+
+	if (!n->cfg.templates)
+		return false;
+	pthread_mutex_lock(&tpl_lock);
+	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib);
+	if (t && t->ready) {
+		snprintf(out, len, "%s", t->snap_id);
+		t->last_used = time(NULL);
+		ready = true;
+	} else if (t) {
+		tpl_start(t);
+	}
+	pthread_mutex_unlock(&tpl_lock);
+	return ready;
+}
+
+/* Marks the row deleted: its files go once no sandbox stands on it (snap_gc). */
+static void tpl_retire(struct node *n, const char *snap_id)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return;
+	PGQ(c, NULL, &err, "UPDATE snapshots SET deleted_at = now() WHERE id = $1", snap_id);
+	pg_release(n->pg, c);
+}
+
+void tpl_discard(struct node *n, const char *snap_id)
+{
+	pthread_mutex_lock(&tpl_lock);
+	for (int i = 0; i < TPL_MAX; i++)
+		if (templates[i].n == n && templates[i].ready &&
+		    strcmp(templates[i].snap_id, snap_id) == 0)
+			templates[i].ready = false;
+	pthread_mutex_unlock(&tpl_lock);
+	tpl_retire(n, snap_id);
+}
+
+void tpl_evict_idle(struct node *n, long idle_s)
+{
+	time_t now = time(NULL);
+	char gone[TPL_MAX][AUTH_ID_MAX];
+	int k = 0;
+
+	pthread_mutex_lock(&tpl_lock);
+	for (int i = 0; i < TPL_MAX; i++) {
+		struct tpl *t = &templates[i];
+		bool is_default = t->vcpu_milli == TPL_DEFAULT_VCPU && t->mem_mib == TPL_DEFAULT_MEM &&
+				  t->disk_gib == TPL_DEFAULT_DISK && n->cfg.template_default;
+		if (t->n == n && t->ready && !is_default && now - t->last_used > idle_s) {
+			snprintf(gone[k++], AUTH_ID_MAX, "%s", t->snap_id);
+			t->ready = false;
+			t->n = t->joinable ? t->n : NULL;
+		}
+	}
+	pthread_mutex_unlock(&tpl_lock);
+	for (int i = 0; i < k; i++) {
+		log_info("template \"%s\" retired: unused", gone[i]);
+		tpl_retire(n, gone[i]);
+	}
+}
