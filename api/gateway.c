@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "api/authn.h"
+#include "api/masterkey.h"
 #include "common/log.h"
 #include "migrations/migrate.h"
 
@@ -75,36 +76,11 @@ static void db_exit(void)
 	gw.pg = NULL;
 }
 
-/* Reads the master key from the environment/config or its file. */
+/* Reads the master key and derives the API key pepper from it. */
 static int master_key_init(struct kiln_error *err)
 {
-	char text[256];
-	size_t n = 0;
-	FILE *f;
-
-	if (gw.cfg.master_key) {
-		n = (size_t)snprintf(text, sizeof(text), "%s", gw.cfg.master_key);
-	} else if (gw.cfg.master_key_file) {
-		f = fopen(gw.cfg.master_key_file, "r");
-		if (!f)
-			return kiln_error_set(err, KILN_E_INVALID,
-					      "setting \"master_key_file\": cannot read \"%s\"",
-					      gw.cfg.master_key_file);
-		n = fread(text, 1, sizeof(text) - 1, f);
-		fclose(f);
-		text[n] = '\0';
-	} else {
-		return kiln_error_set(err, KILN_E_INVALID,
-				      "no master key: set \"master_key_file\" or KILN_MASTER_KEY");
-	}
-	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
-		text[--n] = '\0';
-	if (auth_master_key_load(&gw.mk, text, n, err) != KILN_OK) {
-		kiln_error_clear(err);
-		return kiln_error_set(err, KILN_E_INVALID,
-				      "the master key is not 64 hex digits (or 32 bytes in base64)");
-	}
-	memset(text, 0, sizeof(text));
+	if (masterkey_load(&gw.cfg, &gw.mk, err) != KILN_OK)
+		return err->code;
 	return auth_master_derive(&gw.mk, "apikey-pepper", gw_pepper, sizeof(gw_pepper), err);
 }
 

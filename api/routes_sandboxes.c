@@ -13,6 +13,7 @@
 #include "api/nodeclient.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
+#include "metering/billing.h"
 #include "common/log.h"
 
 #define METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
@@ -26,6 +27,8 @@ struct sb_row {
 	char id[64];
 	char state[16];
 	char node_address[256];
+	bool node_alive;	/* its node's heartbeat is fresh */
+	unsigned vcpu_milli, mem_mib;
 };
 
 /*
@@ -46,7 +49,9 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return KILN_E_UNAVAILABLE;
 	rc = PGQ(c, &res, &err,
-		 "SELECT s.id, s.state, coalesce(n.address, '') FROM sandboxes s "
+		 "SELECT s.id, s.state, coalesce(n.address, ''), "
+		 "coalesce(n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds', false), "
+		 "s.vcpu_milli, s.memory_mib FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, who->tenant_id);
@@ -57,6 +62,9 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		snprintf(out->id, sizeof(out->id), "%s", pg_res_str(res, 0, 0));
 		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 1));
 		snprintf(out->node_address, sizeof(out->node_address), "%s", pg_res_str(res, 0, 2));
+		out->node_alive = pg_res_bool(res, 0, 3);
+		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 4, 0);
+		out->mem_mib = (unsigned)pg_res_int(res, 0, 5, 0);
 	}
 	pg_res_free(res);
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
@@ -91,6 +99,26 @@ static bool sandbox_running(struct http_req *req, const struct sb_row *sb)
 }
 
 /* ---- POST /v1/sandboxes ---- */
+
+/*
+ * Credits and plan limits for `vcpu_milli` and `mem_mib` more of the caller's sandboxes: false
+ * after replying 402 (no credits), 403 (a plan limit) or 503 (Redis down: nothing changed).
+ */
+static bool admit(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	enum kiln_err rc = billing_admit(gw->rds, c, gw_principal(req)->tenant_id, vcpu_milli,
+					 mem_mib, &err);
+
+	if (rc == KILN_OK)
+		return true;
+	if (rc == KILN_E_UNAVAILABLE)
+		http_reply_error(req, rc, "billing is unavailable: nothing was changed");
+	else
+		gw_fail(req, rc, &err);
+	return false;
+}
 
 /* Picks the live node with the most free memory; false (replied 503) when there is none. */
 static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
@@ -181,7 +209,7 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	c = gw_db(req);
-	if (!c)
+	if (!c || !admit(req, c, (unsigned)milli, (unsigned)mem))
 		goto out;
 	if (json_str(body, "snapshot_id", NULL)) {
 		/* From a snapshot: on the node that holds it, in the snapshot's shape. */
@@ -437,6 +465,22 @@ static void sandbox_resume(struct http_req *req)
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", sb.state);
 		return;
 	}
+	{
+		struct gateway *gw = http_req_app(req);
+		struct pg_conn *c = gw_db(req);
+		bool ok;
+
+		if (!c)
+			return;
+		ok = admit(req, c, sb.vcpu_milli, sb.mem_mib);
+		/* Its node is gone: another one resumes it from the tenant's bucket. */
+		if (ok && !sb.node_alive)
+			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.node_address,
+				   sizeof(sb.node_address));
+		pg_release(gw->pg, c);
+		if (!ok)
+			return;
+	}
 	forward(req, &sb, "/resume", false);
 }
 
@@ -458,6 +502,18 @@ static void sandbox_fork(struct http_req *req)
 	}
 	if (!sandbox_lookup(req, &sb) || !sandbox_running(req, &sb))
 		return;
+	{
+		struct gateway *gw = http_req_app(req);
+		struct pg_conn *c = gw_db(req);
+		bool ok;
+
+		if (!c)
+			return;
+		ok = admit(req, c, sb.vcpu_milli * (unsigned)count, sb.mem_mib * (unsigned)count);
+		pg_release(gw->pg, c);
+		if (!ok)
+			return;
+	}
 	ids = json_array();
 	for (long long i = 0; i < count; i++) {
 		char id[AUTH_ID_MAX];

@@ -240,11 +240,17 @@ class Stack:
         self.db = fresh_database()
         try:
             self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env)
-            self.node = Node(self.db.url, self.gw.url, node_env)
+            self.node = self.add_node(node_env)
         except Exception:
             self.db.drop()
             raise
         self.admin = {"Authorization": "Bearer " + self.gw.admin_key}
+
+    def add_node(self, extra_env=None, node_id=None):
+        """Another kiln-node of this stack (same database, gateway and master key)."""
+        env = {"KILN_MASTER_KEY": self.gw.master_key}
+        env.update(extra_env or {})
+        return Node(self.db.url, self.gw.url, env, node_id=node_id)
 
     def tenant(self, name="acme"):
         """A new tenant's API key header."""

@@ -32,6 +32,7 @@
 #include "vmm/guest/agent_proto.h"
 #include "vmm/hv.h"
 #include "vmm/node/lifecycle.h"
+#include "vmm/node/storage_sync.h"
 #include "vmm/snapshot.h"
 
 #define NETPOLICY_FILE "netpolicy.json"
@@ -39,6 +40,15 @@
 void snap_dir(struct node *n, const char *snap_id, char *out, size_t len)
 {
 	snprintf(out, len, "%s/%s", n->snap_root, snap_id);
+}
+
+void snap_upload(struct node *n, const char *snap_id, const char *tenant_id)
+{
+	struct kiln_error err = { 0 };
+
+	/* The snapshot is durable here already: an upload that cannot start never undoes it. */
+	if (n->store && snapstore_upload_start(n->store, snap_id, tenant_id, &err) != KILN_OK)
+		log_error("upload of snapshot \"%s\" did not start: %s", snap_id, err.msg);
 }
 
 /* Writes the sandbox's rules and bandwidth into the snapshot, for the VMs restored from it. */
@@ -247,6 +257,8 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *er
 	if (rc != KILN_OK) {
 		/* The snapshot is complete; a restart finds it (node recovery) even if this failed. */
 		log_error("pause of \"%s\" not recorded: %s", sb->id, err->msg);
+	} else {
+		snap_upload(n, id, sb->tenant_id);
 	}
 	sb_teardown(n, sb);
 	sb->state = SB_PAUSED;
@@ -294,7 +306,7 @@ void snap_gc(struct node *n)
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return;
 	if (PGQ(c, &res, &err,
-		"SELECT p.id FROM snapshots p WHERE p.node_id = $1 AND p.deleted_at IS NOT NULL "
+		"SELECT p.id, p.storage, coalesce(p.tenant_id, '') FROM snapshots p WHERE p.node_id = $1 AND p.deleted_at IS NOT NULL "
 		"AND p.purged_at IS NULL "
 		"AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL "
 		"  AND (p.id = ANY (s.lineage) OR s.pause_snapshot = p.id)) "
@@ -305,6 +317,15 @@ void snap_gc(struct node *n)
 			char dir[600];
 			const char *id = pg_res_str(res, i, 0);
 
+			if (n->store && strcmp(pg_res_str(res, i, 1), "s3") == 0) {
+				struct kiln_error serr = { 0 };
+				/* Its object in the bucket goes too; retried at the next round if not. */
+				if (snapstore_delete(n->store, id, pg_res_str(res, i, 2), &serr) != KILN_OK) {
+					log_warn("snapshot \"%s\" stays in its bucket for now: %s", id,
+						 serr.msg);
+					continue;
+				}
+			}
 			snap_dir(n, id, dir, sizeof(dir));
 			snap_remove_files(dir);
 			PGQ(c, NULL, &err, "UPDATE snapshots SET purged_at = now() WHERE id = $1", id);

@@ -10,6 +10,9 @@
 /* <data_dir>/snaps/<node>/<snap id> */
 void snap_dir(struct node *n, const char *snap_id, char *out, size_t len);
 
+/* Starts the background upload of a snapshot when its tenant has a bucket (errors logged only). */
+void snap_upload(struct node *n, const char *snap_id, const char *tenant_id);
+
 /*
  * Pauses a running sandbox (called with sb->lock held): a snapshot, then the VM, its network and
  * its capacity are released and the state is paused. On failure the sandbox runs on as before.

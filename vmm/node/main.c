@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "api/masterkey.h"
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
 #include "vmm/accel.h"
@@ -24,6 +25,7 @@
 #include "vmm/orphan.h"
 #include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
+#include "vmm/node/storage_sync.h"
 #include "vmm/node/template.h"
 
 static struct node node;
@@ -296,6 +298,38 @@ static void dns_upstream(char *out, size_t len)
 	fclose(f);
 }
 
+/* The tenants' buckets: snapshots are uploaded there in the background and fetched back. */
+static int store_init(struct kiln_error *err)
+{
+	struct kiln_error kerr = { 0 };
+	struct snapstore_config sc = { 0 };
+	unsigned pending;
+
+	if (masterkey_load(&node.cfg, &node.mk, &kerr) != KILN_OK) {
+		log_warn("snapshots stay on this node: %s", kerr.msg);
+		return KILN_OK;
+	}
+	sc.pg = node.pg;
+	sc.mk = &node.mk;
+	sc.node_id = node.cfg.node_id;
+	sc.snap_root = node.snap_root;
+	sc.base_image = node.cfg.guest_rootfs;
+	node.store = snapstore_open(&sc, err);
+	if (!node.store)
+		return err->code ? err->code : KILN_E_INTERNAL;
+	pending = snapstore_resume_pending(node.store);
+	if (pending)
+		log_info("resuming %u snapshot uploads", pending);
+	return KILN_OK;
+}
+
+static void store_exit(void)
+{
+	snapstore_shutdown(node.store);
+	node.store = NULL;
+	auth_master_key_wipe(&node.mk);
+}
+
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
@@ -411,6 +445,7 @@ static const struct {
 	{ "settings", check_init, check_exit },
 	{ "postgres", db_init, db_exit },
 	{ "recovery", recover_init, recover_exit },
+	{ "storage", store_init, store_exit },
 	{ "network", net_init, net_exit },
 	{ "api", api_init, api_exit },
 };

@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "api/http.h"
+#include "auth/crypto.h"
 #include "auth/jwt.h"
 #include "common/config.h"
 #include "common/pg.h"
@@ -26,6 +27,7 @@ struct jwks_cache;
 struct vmm_vm;
 struct agent;
 struct kiln_dns_proxy;
+struct snapstore;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -57,6 +59,8 @@ struct node {
 	struct http_server *http;
 	struct jwks_cache *keys;
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
+	struct auth_master_key mk;	/* seals snapshots that leave the node */
+	struct snapstore *store;	/* tenants' buckets; NULL without a master key */
 	char listen_path[108];		/* the Unix socket, when listening on one */
 	char vm_run_root[128];		/* /run/kiln/<node>: per-VM sockets and jails (vmm/orphan.h) */
 	char vm_state_root[512];	/* <data_dir>/vms/<node>: per-VM disk layers */

@@ -27,6 +27,7 @@
 #include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
 #include "vmm/node/template.h"
+#include "vmm/node/storage_sync.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
 #define EXEC_TIMEOUT_DEFAULT_S 60
@@ -1258,6 +1259,7 @@ static void healthz(struct http_req *req)
 
 /* A sandbox row of the token's tenant on this node, for the routes that act on paused ones. */
 struct sb_record {
+	char node_id[64];
 	char state[16];
 	char pause_snapshot[64];
 	unsigned vcpu_milli, mem_mib, disk_gib;
@@ -1265,8 +1267,12 @@ struct sb_record {
 	bool found;
 };
 
-static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
-			       struct sb_record *out, struct kiln_error *err)
+/*
+ * The sandbox's row for the token's tenant: on this node, or (`any_node`, for a resume from the
+ * tenant's bucket) on any.
+ */
+static enum kiln_err record_find(struct node *n, const char *id, const char *tenant, bool any_node,
+				 struct sb_record *out, struct kiln_error *err)
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
@@ -1277,9 +1283,9 @@ static enum kiln_err record_of(struct node *n, const char *id, const char *tenan
 		return rc;
 	rc = PGQ(c, &res, err,
 		 "SELECT state, coalesce(pause_snapshot, ''), vcpu_milli, memory_mib, disk_gib, "
-		 "timeout_s FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND node_id = $3 "
-		 "AND deleted_at IS NULL",
-		 id, tenant, n->cfg.node_id);
+		 "timeout_s, coalesce(node_id, '') FROM sandboxes WHERE id = $1 AND tenant_id = $2 "
+		 "AND ($4::boolean OR node_id = $3) AND deleted_at IS NULL",
+		 id, tenant, n->cfg.node_id, any_node ? "true" : "false");
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		out->found = true;
 		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 0));
@@ -1288,10 +1294,17 @@ static enum kiln_err record_of(struct node *n, const char *id, const char *tenan
 		out->mem_mib = (unsigned)pg_res_int(res, 0, 3, 0);
 		out->disk_gib = (unsigned)pg_res_int(res, 0, 4, 0);
 		out->timeout_s = pg_res_int(res, 0, 5, 300);
+		snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, 0, 6));
 	}
 	pg_res_free(res);
 	pg_release(n->pg, c);
 	return rc;
+}
+
+static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
+			       struct sb_record *out, struct kiln_error *err)
+{
+	return record_find(n, id, tenant, false, out, err);
 }
 
 /* Replies for a sandbox this node does not run: 409 naming its state, or 404. */
@@ -1361,7 +1374,9 @@ static void sandbox_resume(struct http_req *req)
 	struct sb_record r;
 	struct sandbox *sb = sb_get(n, id);
 	struct pg_conn *c;
+	struct pg_res *res = NULL;
 	char idx[16], tmo[24], dir[600], mem[640];
+	bool moved;
 	enum kiln_err rc;
 
 	if (sb) {
@@ -1370,7 +1385,7 @@ static void sandbox_resume(struct http_req *req)
 		sb_put(n, sb);
 		return;
 	}
-	if (record_of(n, id, cl->tid, &r, &err) != KILN_OK) {
+	if (record_find(n, id, cl->tid, true, &r, &err) != KILN_OK) {
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
 		return;
 	}
@@ -1381,6 +1396,26 @@ static void sandbox_resume(struct http_req *req)
 	if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0]) {
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", r.state);
 		return;
+	}
+	moved = strcmp(r.node_id, n->cfg.node_id) != 0;
+	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
+	if (moved || access(dir, F_OK) != 0) {
+		/* Paused on another node: its snapshot comes from the tenant's bucket. */
+		if (!n->store) {
+			http_reply_error(req, KILN_E_CONFLICT,
+					 "the sandbox was paused on another node and this node has no "
+					 "access to snapshot buckets");
+			return;
+		}
+		rc = snapstore_fetch(n->store, r.pause_snapshot, cl->tid, &err);
+		if (rc != KILN_OK) {
+			http_reply_error(req, rc == KILN_E_UNAVAILABLE || rc == KILN_E_NOT_FOUND ||
+						      rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
+					 "the snapshot could not be fetched: %s; the sandbox stays paused",
+					 err.msg);
+			return;
+		}
+		moved = true;
 	}
 	rc = sb_reserve(n, id, cl->tid, r.vcpu_milli, r.mem_mib, r.disk_gib, &sb, &err);
 	if (rc != KILN_OK) {
@@ -1395,12 +1430,24 @@ static void sandbox_resume(struct http_req *req)
 	if (rc == KILN_OK) {
 		snprintf(idx, sizeof(idx), "%d", sb->net_index);
 		snprintf(tmo, sizeof(tmo), "%lld", r.timeout_s);
-		rc = PGQ(c, NULL, &err,
+		/*
+		 * Fenced: only the resume that finds it still paused on that snapshot wins. A
+		 * snapshot fetched from the bucket has a standalone disk: the lineage starts again.
+		 */
+		rc = PGQ(c, &res, &err,
 			 "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
-			 "lineage = lineage || pause_snapshot, pause_snapshot = NULL, net_index = $2::int, "
-			 "expires_at = now() + make_interval(secs => $3::int), state_changed_at = now() "
-			 "WHERE id = $1 AND state = 'paused' AND pause_snapshot = $4",
-			 id, idx, tmo, r.pause_snapshot);
+			 "lineage = CASE WHEN $6::boolean THEN ARRAY[pause_snapshot] "
+			 "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
+			 "net_index = $2::int, expires_at = now() + make_interval(secs => $3::int), "
+			 "state_changed_at = now() WHERE id = $1 AND state = 'paused' AND pause_snapshot = $4 "
+			 "RETURNING id",
+			 id, idx, tmo, r.pause_snapshot, n->cfg.node_id, moved ? "true" : "false");
+		if (rc == KILN_OK && pg_res_rows(res) != 1)
+			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
+		if (rc == KILN_OK && moved)
+			PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
+			    r.pause_snapshot, n->cfg.node_id);
+		pg_res_free(res);
 		pg_release(n->pg, c);
 	}
 	if (rc != KILN_OK) {
@@ -1408,8 +1455,8 @@ static void sandbox_resume(struct http_req *req)
 		sb_teardown(n, sb);
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(n, sb);
-		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ? rc
-									: KILN_E_SANDBOX_FAILED,
+		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ||
+					      rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
 				 "the sandbox could not resume: %s; it stays paused", err.msg);
 		return;
 	}
@@ -1721,6 +1768,7 @@ static void sandbox_snapshot(struct http_req *req)
 				 "%s", err.msg);
 	} else {
 		log_info("snapshot \"%s\" of \"%s\" taken", snap, id);
+		snap_upload(n, snap, claims_of(req)->tid);
 	}
 	sb_put(n, sb);
 	free(name);

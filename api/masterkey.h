@@ -1,0 +1,17 @@
+/*
+ * masterkey.h - the master key of ARCHITECTURE.md ("Secrets and keys"), read the same way by every
+ * process that needs it (kiln-gateway, kiln-node): the `master_key` setting (KILN_MASTER_KEY) or
+ * the file named by `master_key_file`.
+ */
+#ifndef KILN_MASTERKEY_H
+#define KILN_MASTERKEY_H
+
+#include "auth/crypto.h"
+#include "common/config.h"
+#include "common/err.h"
+
+/* Loads the master key; KILN_E_INVALID naming the setting when it is missing or malformed. */
+enum kiln_err masterkey_load(const struct kiln_config *cfg, struct auth_master_key *mk,
+			     struct kiln_error *err);
+
+#endif
