@@ -1,6 +1,7 @@
 """Pause, resume and fork: memory, processes and files survive; children diverge independently."""
 import glob
 import os
+import signal
 import subprocess
 import time
 import unittest
@@ -179,3 +180,55 @@ class SnapshotTests(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class SnapshotFaultTests(unittest.TestCase):
+    """A node killed in the middle of a pause, and a disk too full for a snapshot."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack()
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def create(self):
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "timeout_s": 3600}, self.key,
+                            timeout=300)
+        self.assertEqual(r.status, 201, r)
+        sb = r.json()
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        return sb
+
+    def sh(self, sb, cmd, status=200):
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sh", "-c", cmd]}, self.key,
+                            timeout=120)
+        self.assertEqual(r.status, status, r)
+        return r.json()["stdout"]
+
+    def test_a_node_killed_after_the_snapshot_but_before_its_record_comes_back_paused(self):
+        self.stack.restart_node({"KILN_FAULT": "pause-after-snapshot"})
+        sb = self.create()
+        self.sh(sb, "echo kept > /root/kept")
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/pause", headers=self.key, timeout=120)
+        self.assertIn(r.status, (502, 503), r)
+        self.stack.node.proc.wait(30)
+        self.stack.restart_node()
+        got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
+        self.assertEqual(got["state"], "paused", "the complete snapshot was not found again")
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/resume", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
+
+    def test_a_full_disk_refuses_the_pause_and_the_sandbox_runs_on(self):
+        sb = self.create()
+        self.sh(sb, "echo still-here > /root/f")
+        snaps = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", snaps], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", snaps])
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/pause", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 503, r)
+        self.assertIn("no room", r.json()["error"]["message"])
+        got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
+        self.assertEqual(got["state"], "running")
+        self.assertEqual(self.sh(sb, "cat /root/f"), "still-here\n")

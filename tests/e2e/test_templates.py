@@ -68,10 +68,8 @@ class TemplateTests(unittest.TestCase):
 
     def test_a_template_rebuilt_after_a_recipe_change_is_used_by_the_next_create(self):
         stack = self.stack
-        stack.node.cleanup()
-        stack.node = kiln.Node(stack.db.url, stack.gw.url, node_id=stack.node.node_id,
-                               extra_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-                                          "KILN_GUEST_IMAGE_HASH": "changed-recipe"})
+        stack.restart_node({"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                            "KILN_GUEST_IMAGE_HASH": "changed-recipe"})
         fresh = self.wait_template(image_hash="changed-recipe")
         self.assertNotEqual(fresh, self.template)
         old = stack.db.sql(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{self.template}'")

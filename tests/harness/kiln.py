@@ -199,11 +199,11 @@ def guest_image():
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
-    def __init__(self, database_url, gateway_url, extra_env=None, node_id=None):
+    def __init__(self, database_url, gateway_url, extra_env=None, node_id=None, data_dir=None):
         img = guest_image()
         self.node_id = node_id or "t" + secrets.token_hex(4)
         self.run_dir = f"/run/kt-{self.node_id}"
-        self.data_dir = tempfile.mkdtemp(prefix="kiln-node-")
+        self.data_dir = data_dir or tempfile.mkdtemp(prefix="kiln-node-")
         os.chmod(self.data_dir, 0o755)
         env = {"KILN_NODE_ID": self.node_id, "KILN_RUN_DIR": self.run_dir,
                "KILN_DATA_DIR": self.data_dir, "KILN_DATABASE_URL": database_url,
@@ -227,9 +227,10 @@ class Node(Daemon):
             time.sleep(0.05)
         raise RuntimeError("kiln-node did not listen:\n" + self.output())
 
-    def cleanup(self):
+    def cleanup(self, keep_data=False):
+        """Stops the node; its data directory stays when `keep_data` (a restart follows)."""
         super().cleanup()
-        subprocess.run(["rm", "-rf", self.data_dir, self.run_dir])
+        subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
 
 
 class Stack:
@@ -246,11 +247,18 @@ class Stack:
             raise
         self.admin = {"Authorization": "Bearer " + self.gw.admin_key}
 
-    def add_node(self, extra_env=None, node_id=None):
+    def add_node(self, extra_env=None, node_id=None, data_dir=None):
         """Another kiln-node of this stack (same database, gateway and master key)."""
         env = {"KILN_MASTER_KEY": self.gw.master_key}
         env.update(extra_env or {})
-        return Node(self.db.url, self.gw.url, env, node_id=node_id)
+        return Node(self.db.url, self.gw.url, env, node_id=node_id, data_dir=data_dir)
+
+    def restart_node(self, extra_env=None):
+        """The same node (id and data) started again, as after a crash or an upgrade."""
+        old = self.node
+        old.cleanup(keep_data=True)
+        self.node = self.add_node(extra_env, node_id=old.node_id, data_dir=old.data_dir)
+        return self.node
 
     def tenant(self, name="acme"):
         """A new tenant's API key header."""

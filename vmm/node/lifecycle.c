@@ -18,11 +18,15 @@
  * it (sandboxes.lineage), and a snapshot's files go only when nothing lists it (snap_gc).
  */
 #include <errno.h>
+#include <glob.h>
+#include <signal.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "auth/apikey.h"
@@ -75,7 +79,8 @@ enum kiln_err save_policy_public(struct sandbox *sb, const char *dir, struct kil
 		json_array_append_new(rules, json_string(text));
 	}
 	kiln_ruleset_free(&rs);
-	doc = json_pack("{s:o, s:{s:I, s:I, s:i, s:I, s:b}}", "rules", rules, "bandwidth",
+	doc = json_pack("{s:s, s:o, s:{s:I, s:I, s:i, s:I, s:b}}", "sandbox", sb->id, "rules", rules,
+			"bandwidth",
 			"quota_bytes", (json_int_t)bw.quota_bytes, "refill_bytes",
 			(json_int_t)bw.refill_bytes, "refill_interval_s", (int)bw.refill_interval_s,
 			"one_time_burst_bytes", (json_int_t)bw.one_time_burst_bytes, "unmetered",
@@ -211,6 +216,42 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 		   snap_id, sb->tenant_id, sb->id, n->cfg.node_id, kind, name, size, v, m, d);
 }
 
+/* Allocated bytes of a file (holes cost nothing); 0 when it is absent. */
+static long long file_bytes(const char *path)
+{
+	struct stat st;
+
+	return stat(path, &st) == 0 ? (long long)st.st_blocks * 512 : 0;
+}
+
+/*
+ * Whether the snapshot directory's file system has room for a pause of `sb`: its memory image
+ * (moved there from /dev/shm, which copies across file systems) and its disk layer, with a
+ * margin. Checked before the VM is touched, so a full disk refuses the pause and the sandbox
+ * runs on; the VMM is ended only once the state file is safely written.
+ */
+static bool pause_has_room(struct node *n, const struct sandbox *sb, struct kiln_error *err)
+{
+	char mem[300], disk[700];
+	struct statvfs vfs;
+	long long need, have;
+
+	snprintf(mem, sizeof(mem), "/dev/shm/kiln-%s-%s.mem", n->cfg.node_id, sb->id);
+	snprintf(disk, sizeof(disk), "%s/%s/disk.qcow2", n->vm_state_root, sb->id);
+	need = file_bytes(mem) + file_bytes(disk) + (64ll << 20);
+	if (statvfs(n->snap_root, &vfs) != 0)
+		return kiln_error_set(err, KILN_E_IO, "cannot read the free space of \"%s\"",
+				      n->snap_root) == KILN_OK;
+	have = (long long)vfs.f_bavail * (long long)vfs.f_frsize;
+	if (have >= need)
+		return true;
+	kiln_error_set(err, KILN_E_UNAVAILABLE,
+		       "no room for the snapshot on this node (%lld MiB needed, %lld MiB free); "
+		       "the sandbox runs on",
+		       need >> 20, have >> 20);
+	return false;
+}
+
 enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err)
 {
 	char id[AUTH_ID_MAX], dir[600];
@@ -220,6 +261,8 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *er
 	if (sb->state != SB_RUNNING || !sb->vm)
 		return kiln_error_set(err, KILN_E_CONFLICT, "the sandbox is %s",
 				      sb_state_name(sb->state));
+	if (!pause_has_room(n, sb, err))
+		return err->code;
 	rc = auth_new_id("snap_", id, sizeof(id));
 	if (rc != KILN_OK)
 		return kiln_error_set(err, rc, "cannot make an id");
@@ -229,6 +272,9 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *er
 		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
 	if (rc == KILN_OK)
 		rc = write_manifest_public(n, sb, dir, err);
+	/* Fault injection for the tests of a node killed between the snapshot and its record. */
+	if (rc == KILN_OK && getenv("KILN_FAULT") && !strcmp(getenv("KILN_FAULT"), "pause-after-snapshot"))
+		raise(SIGKILL);
 	if (rc != KILN_OK) {
 		/* Nothing is lost: the VM goes on if it still can (else it failed). */
 		struct kiln_error ignore = { 0 };
@@ -295,6 +341,84 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 	rc = sb_restore(n, sb, dir, from, &init, fresh, err);
 	kiln_ruleset_free(&rs);
 	return rc;
+}
+
+int snap_recover_pauses(struct node *n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	int found = 0;
+
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return 0;
+	if (PGQ(c, &res, &err,
+		"SELECT id, tenant_id FROM sandboxes WHERE node_id = $1 AND deleted_at IS NULL "
+		"AND state IN ('creating', 'running', 'error')",
+		n->cfg.node_id) != KILN_OK) {
+		pg_release(n->pg, c);
+		return 0;
+	}
+	for (int i = 0; i < pg_res_rows(res); i++) {
+		const char *id = pg_res_str(res, i, 0);
+		char pattern[640], best[600] = "", snap[AUTH_ID_MAX];
+		time_t best_t = 0;
+		glob_t g;
+
+		/* Its newest complete snapshot not yet recorded: a pause cut short after the save. */
+		snprintf(pattern, sizeof(pattern), "%s/snap_*/" NETPOLICY_FILE, n->snap_root);
+		if (glob(pattern, 0, NULL, &g) != 0)
+			continue;
+		for (size_t k = 0; k < g.gl_pathc; k++) {
+			json_t *doc = json_load_file(g.gl_pathv[k], 0, NULL);
+			struct stat st;
+			char dir[600];
+
+			if (doc && !strcmp(json_str(doc, "sandbox", ""), id) && stat(g.gl_pathv[k], &st) == 0 &&
+			    st.st_mtime >= best_t) {
+				snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(g.gl_pathv[k], '/') - g.gl_pathv[k]),
+					 g.gl_pathv[k]);
+				if (snap_verify(n, dir, &err) == KILN_OK) {
+					snprintf(best, sizeof(best), "%s", dir);
+					best_t = st.st_mtime;
+				} else {
+					log_warn("snapshot \"%s\" of \"%s\" is not whole: %s", dir, id,
+						 err.msg);
+				}
+				kiln_error_clear(&err);
+			}
+			json_decref(doc);
+		}
+		globfree(&g);
+		if (!best[0])
+			continue;
+		snprintf(snap, sizeof(snap), "%s", strrchr(best, '/') + 1);
+		{
+			struct pg_res *known = NULL;
+			char size[24];
+			snprintf(size, sizeof(size), "%lld", snapshot_size(best));
+			if (PGQ(c, &known, &err, "SELECT 1 FROM snapshots WHERE id = $1", snap) == KILN_OK &&
+			    pg_res_rows(known) == 0)
+				PGQ(c, NULL, &err,
+				    "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+				    "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at) SELECT $1, tenant_id, "
+				    "id, node_id, 'pause', $3::bigint, vcpu_milli, memory_mib, disk_gib, lineage, "
+				    "now() FROM sandboxes WHERE id = $2",
+				    snap, id, size);
+			pg_res_free(known);
+		}
+		if (PGQ(c, NULL, &err,
+			"UPDATE sandboxes SET state = 'paused', pause_snapshot = $2, net_index = NULL, "
+			"error = NULL, state_changed_at = now() WHERE id = $1",
+			id, snap) == KILN_OK) {
+			log_warn("sandbox \"%s\" recorded as paused: its snapshot \"%s\" is complete", id,
+				 snap);
+			found++;
+		}
+	}
+	pg_res_free(res);
+	pg_release(n->pg, c);
+	return found;
 }
 
 void snap_gc(struct node *n)

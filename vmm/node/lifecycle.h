@@ -52,6 +52,13 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 /* Removes a snapshot directory. */
 void snap_remove_files(const char *dir);
 
+/*
+ * After a restart: a sandbox the database still shows running, for which a complete, verified
+ * pause snapshot is on disk (the node stopped between the save and its record), is recorded as
+ * paused on it. Returns how many.
+ */
+int snap_recover_pauses(struct node *n);
+
 /* Removes the files of deleted snapshots no live sandbox or snapshot stands on. */
 void snap_gc(struct node *n);
 

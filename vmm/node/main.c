@@ -162,6 +162,8 @@ static int recover_init(struct kiln_error *err)
 	cleanup_networks();
 	if (cerr.code != KILN_OK)
 		log_error("cleanup of an earlier run: %s", cerr.msg);
+	/* A pause cut short after its snapshot was complete ends as a pause, not a loss. */
+	snap_recover_pauses(&node);
 	rc = pg_acquire(node.pg, &c, err);
 
 	if (rc != KILN_OK)

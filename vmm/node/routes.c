@@ -1358,7 +1358,8 @@ static void sandbox_pause(struct http_req *req)
 	rc = sb_pause(n, sb, &err);
 	pthread_mutex_unlock(&sb->lock);
 	if (rc != KILN_OK)
-		http_reply_error(req, rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
+		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_UNAVAILABLE ? rc
+										 : KILN_E_SANDBOX_FAILED,
 				 "the sandbox could not be paused: %s", err.msg);
 	else
 		reply_sandbox(req, 200, sb->id);
