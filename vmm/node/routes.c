@@ -31,7 +31,7 @@
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
 #define EXEC_TIMEOUT_DEFAULT_S 60
-#define EXEC_TIMEOUT_MAX_S 86400
+#define EXEC_TIMEOUT_MAX_S 3600
 #define ENV_MAX 128			/* variables in one env object */
 #define ENV_VALUE_MAX 32768		/* bytes of one value */
 
