@@ -64,6 +64,8 @@ def expected_scope(method, path):
 EXTRA_FIELDS = {
     ("POST /v1/api-keys", "expires_at"): "the key's expiry, set by the request, shown back",
     ("GET /v1/api-keys", "api_keys[].expires_at"): "a listing shows when each key expires",
+    ("POST /v1/sandboxes/{id}/exec", "stdout_truncated"): "says when output past the cap was cut",
+    ("POST /v1/sandboxes/{id}/exec", "stderr_truncated"): "says when output past the cap was cut",
     ("POST /v1/sandboxes/{id}/snapshots", "name"): "the name given in the request, shown back",
     ("POST /v1/sandboxes/{id}/snapshots", "reason"): "named in the row's prose (failed status)",
 }
