@@ -504,7 +504,7 @@ static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(voi
 int main(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[512], sockdir[256] = "", redis_url[300] = "", url[512];
+	char line[512], sockdir[512] = "", redis_url[512] = "", url[600];
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	int applied, rc;
