@@ -43,6 +43,62 @@ static void healthz(struct http_req *req)
 				  nodes_ok ? "ok" : "unavailable"));
 }
 
+/*
+ * Sandboxes by state, and each node's capacity and what its live sandboxes hold, from Postgres.
+ * Left out (not an error) when Postgres does not answer.
+ */
+static void fleet_metrics(struct gateway *gw, struct buf *out)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
+		return;
+	if (PGQ0(c, &res, &err,
+		 "SELECT s.state, count(x.id) FROM unnest(ARRAY['creating','running','paused',"
+		 "'stopped','error']) AS s(state) LEFT JOIN sandboxes x ON x.state = s.state "
+		 "AND x.deleted_at IS NULL GROUP BY s.state ORDER BY s.state") == KILN_OK) {
+		buf_appends(out, "# HELP kiln_sandboxes Sandboxes by state (deleted ones left out).\n"
+				 "# TYPE kiln_sandboxes gauge\n");
+		for (int i = 0; i < pg_res_rows(res); i++)
+			buf_appendf(out, "kiln_sandboxes{state=\"%s\"} %s\n", pg_res_str(res, i, 0),
+				    pg_res_str(res, i, 1));
+	}
+	pg_res_free(res);
+	res = NULL;
+	if (PGQ0(c, &res, &err,
+		 "SELECT n.id, n.max_sandboxes, n.vcpu_milli, n.memory_mib, count(s.id), "
+		 "coalesce(sum(s.vcpu_milli), 0), coalesce(sum(s.memory_mib), 0), "
+		 "(n.heartbeat_at > now() - interval '10 seconds')::int FROM nodes n "
+		 "LEFT JOIN sandboxes s ON s.node_id = n.id AND s.deleted_at IS NULL "
+		 "AND s.state IN ('creating', 'running') GROUP BY n.id ORDER BY n.id") == KILN_OK) {
+		buf_appends(out, "# HELP kiln_node_capacity What a node hands out: sandboxes, "
+				 "thousandths of vCPUs, MiB.\n# TYPE kiln_node_capacity gauge\n"
+				 "# HELP kiln_node_used What the node's live sandboxes hold.\n"
+				 "# TYPE kiln_node_used gauge\n"
+				 "# HELP kiln_node_up 1 when the node's heartbeat is fresh.\n"
+				 "# TYPE kiln_node_up gauge\n");
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			const char *id = pg_res_str(res, i, 0);
+			buf_appendf(out,
+				    "kiln_node_capacity{node=\"%s\",resource=\"sandboxes\"} %s\n"
+				    "kiln_node_capacity{node=\"%s\",resource=\"vcpu_milli\"} %s\n"
+				    "kiln_node_capacity{node=\"%s\",resource=\"memory_mib\"} %s\n"
+				    "kiln_node_used{node=\"%s\",resource=\"sandboxes\"} %s\n"
+				    "kiln_node_used{node=\"%s\",resource=\"vcpu_milli\"} %s\n"
+				    "kiln_node_used{node=\"%s\",resource=\"memory_mib\"} %s\n"
+				    "kiln_node_up{node=\"%s\"} %s\n",
+				    id, pg_res_str(res, i, 1), id, pg_res_str(res, i, 2), id,
+				    pg_res_str(res, i, 3), id, pg_res_str(res, i, 4), id,
+				    pg_res_str(res, i, 5), id, pg_res_str(res, i, 6), id,
+				    pg_res_str(res, i, 7));
+		}
+	}
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+}
+
 static void metrics(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -50,6 +106,7 @@ static void metrics(struct http_req *req)
 
 	buf_init(&out, 4 << 20);
 	http_server_metrics(gw->http, &out);
+	fleet_metrics(gw, &out);
 	billing_metrics(gw->rds, &out);	/* kiln-meter's lag and missed ticks, from Redis */
 	http_reply_data(req, 200, "text/plain; version=0.0.4", out.data ? out.data : "", out.len);
 	buf_release(&out);

@@ -39,6 +39,15 @@ def sse_events(gw, path, body, headers):
     conn.close()
 
 
+def running(pid):
+    """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def vm_pids(node_id, sandbox_id):
     """Host pids in the sandbox's cgroup (its jailed QEMU)."""
     pids = set()
@@ -188,6 +197,17 @@ class SandboxTests(unittest.TestCase):
         self.assertEqual(self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/timeout",
                                          {"timeout_s": 0}, self.key).status, 422)
 
+    def test_metrics_count_sandboxes_by_state_and_node_capacity(self):
+        import re
+        text = self.gw.request("GET", "/metrics").data.decode()
+        m = re.search(r'kiln_sandboxes\{state="running"\} (\d+)', text)
+        self.assertIsNotNone(m, text[-2000:])
+        self.assertGreaterEqual(int(m.group(1)), 1)
+        node = self.stack.node.node_id
+        self.assertRegex(text, r'kiln_node_capacity\{node="%s",resource="memory_mib"\} \d+' % node)
+        self.assertRegex(text, r'kiln_node_used\{node="%s",resource="sandboxes"\} [1-9]' % node)
+        self.assertIn('kiln_node_up{node="%s"} 1' % node, text)
+
     def test_shape_validation_names_the_field(self):
         for body, field in (({"vcpus": 9}, "vcpus"), ({"vcpus": 0.3}, "vcpus"), ({"memory_mib": 128}, "memory_mib"),
                             ({"disk_gib": 61}, "disk_gib"), ({"timeout_s": 90000}, "timeout_s"),
@@ -230,7 +250,7 @@ class LifecycleTests(unittest.TestCase):
         self.assertIn(netns, subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout)
         self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
         for pid in pids:
-            self.assertFalse(os.path.exists(f"/proc/{pid}"), f"VMM pid {pid} still runs")
+            self.assertFalse(running(pid), f"VMM pid {pid} still runs")
         self.assertNotIn(netns, subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout)
         self.assertNotIn("kv" + net_id, subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout)
         self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{sb['id']}"), [])
@@ -284,6 +304,26 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(r.status, 200, r)
         r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/files?path=/root/keep.txt", headers=self.key)
         self.assertEqual(r.data, b"kept")
+        self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
+
+    def test_a_node_killed_and_restarted_leaves_no_orphan_and_records_its_sandboxes_stopped(self):
+        sb = self.create()
+        node = self.stack.node
+        pids = vm_pids(node.node_id, sb["id"])
+        self.assertTrue(pids)
+        node.stop(signal.SIGKILL)
+        for pid in pids:
+            self.assertTrue(running(pid), "the VM should outlive a killed node")
+        self.stack.restart_node()
+        for pid in pids:
+            self.assertFalse(running(pid), f"orphan VMM {pid} left running")
+        net_id = sb["id"].split("_", 1)[1][:13]
+        self.assertNotIn("kiln-" + net_id, subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout)
+        self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{sb['id']}"), [])
+        self.assertEqual(glob.glob(f"/sys/fs/bpf/kiln/{node.node_id}/{sb['id']}"), [])
+        self.assertEqual(glob.glob(f"/dev/shm/*{sb['id']}*"), [])
+        got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
+        self.assertEqual(got["state"], "stopped")
         self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
 
     def test_a_full_node_answers_503_no_capacity(self):
