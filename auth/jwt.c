@@ -6,7 +6,10 @@
  * key, which libjwt 1.10.2 would accept); the key is the keyring's key for that kid; the
  * signature must be the JOSE form, 64 bytes of r||s, and is checked here with OpenSSL against the
  * key parsed once when it joined the keyring (parsing a PEM per token cost more than the ECDSA
- * check itself). The claims are read here too, from the verified payload, with strict types.
+ * check itself). A token whose exact bytes that key already verified (its SHA-256 is in the key's
+ * cache, see keyring_priv.h) skips only the ECDSA check: the header, the kid and every claim are
+ * checked again on every call, and only a token that passed every check joins the cache. The
+ * claims are read here too, from the verified payload, with strict types.
  * Tokens are written here the same way: JSON by jansson, ECDSA by OpenSSL with the parsed key.
  */
 #include "auth/jwt.h"
@@ -406,7 +409,7 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 			      const struct auth_verify_opts *opts, struct auth_claims *out,
 			      enum auth_jwt_reason *why, struct kiln_error *err)
 {
-	unsigned char sig[ES256_SIG_LEN];
+	unsigned char sig[ES256_SIG_LEN], id[SHA256_DIGEST_LENGTH];
 	char kid[AUTH_KID_MAX];
 	const char *dot1, *dot2, *detail = "";
 	struct auth_claims c;
@@ -415,6 +418,7 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	json_t *hdr = NULL, *pay = NULL;
 	enum auth_jwt_reason r;
 	enum kiln_err rc;
+	bool cached;
 	int ret;
 
 	memset(&c, 0, sizeof(c));
@@ -457,14 +461,22 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	if (!k)
 		return refuse(why, AUTH_JWT_UNKNOWN_KID, err, "unknown kid");
 
-	/* The signature, checked with the key parsed when it joined the keyring. */
-	if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
-		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "signature is not base64url r||s");
-	ret = es256_verify(k, token, hl + 1 + pl, sig);
-	if (ret < 0)
-		return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
-	if (ret != 1)
-		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
+	/*
+	 * The signature, checked with the key parsed when it joined the keyring, unless this key
+	 * verified these very bytes before (the hash covers the header, payload and signature).
+	 */
+	SHA256((const unsigned char *)token, len, id);
+	cached = keyring_cache_hit(k, id, opts->now);
+	if (!cached) {
+		if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
+			return refuse(why, AUTH_JWT_BAD_SIGNATURE, err,
+				      "signature is not base64url r||s");
+		ret = es256_verify(k, token, hl + 1 + pl, sig);
+		if (ret < 0)
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
+		if (ret != 1)
+			return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
+	}
 
 	/* The payload just verified, read with our own types. */
 	pay = decode_part(dot1 + 1, pl);
@@ -476,6 +488,8 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 		r = check_claims(&c, opts, &detail);
 	if (r != AUTH_JWT_OK)
 		return refuse(why, r, err, detail);
+	if (!cached)
+		keyring_cache_put(k, id, c.exp, opts->now);
 	memcpy(c.kid, kid, sizeof(c.kid));
 	if (out)
 		*out = c;

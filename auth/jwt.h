@@ -7,9 +7,12 @@
  * `alg: ES256`, `typ: JWT`, `kid`.
  *
  * Verification never lets the token choose how it is checked: the header is parsed here first and
- * anything but `alg: ES256` with a `kid` is refused before libjwt sees the token; the key is the
- * keyring's key for that kid (see docs/auth.md for every rule). Time is always the caller's `now`
- * (seconds since the epoch), never the clock. Claims come back as a plain struct.
+ * anything but `alg: ES256` with a `kid` is refused before the signature is looked at; the key is
+ * the keyring's key for that kid (see docs/auth.md for every rule). Each key remembers the tokens
+ * whose signature it verified (by SHA-256 of the whole token, until the token's `exp`, at most
+ * 4096), and does not check the same bytes' signature again; everything else is checked on every
+ * call. Time is always the caller's `now` (seconds since the epoch), never the clock. Claims come
+ * back as a plain struct.
  */
 #ifndef KILN_AUTH_JWT_H
 #define KILN_AUTH_JWT_H
@@ -100,5 +103,15 @@ struct auth_verify_opts {
 enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, size_t len,
 			      const struct auth_verify_opts *opts, struct auth_claims *out,
 			      enum auth_jwt_reason *why, struct kiln_error *err);
+
+/* What the keys' caches of verified tokens did (see above), summed over the keyring's keys. */
+struct auth_jwt_cache_stats {
+	uint64_t hits;			/* verifications that found the token's signature verified */
+	uint64_t misses;		/* verifications that checked the signature */
+	size_t entries;			/* tokens held now, expired ones included until replaced */
+};
+
+/* Fills `out` for `kr` (zeros for NULL). Safe to call while other threads verify. */
+void auth_jwt_cache_stats(const struct auth_keyring *kr, struct auth_jwt_cache_stats *out);
 
 #endif

@@ -1,8 +1,10 @@
 /*
- * keyring.c - P-256 key generation, kids (RFC 7638 thumbprints) and the keyring (see keyring.h).
+ * keyring.c - P-256 key generation, kids (RFC 7638 thumbprints), the keyring (see keyring.h) and
+ * each key's cache of tokens it verified (see keyring_priv.h).
  */
 #include "auth/keyring_priv.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +18,144 @@
 #include <openssl/sha.h>
 
 #include "auth/encode.h"
+#include "auth/jwt.h"
+
+struct cache_entry {
+	unsigned char id[SHA256_DIGEST_LENGTH];	/* SHA-256 of the whole token */
+	int64_t exp;		/* the token's exp; 0 for an empty entry */
+};
+
+struct cache_set {
+	struct cache_entry e[KEYRING_CACHE_WAYS];	/* newest first */
+};
+
+/* A mutex and the counts of lookups under it, a cache line each so that they do not bounce. */
+union cache_lock {
+	struct {
+		pthread_mutex_t mu;
+		uint64_t hits, misses;
+	} l;
+	char line[64];
+};
+
+struct keyring_cache {
+	union cache_lock locks[KEYRING_CACHE_LOCKS];
+	struct cache_set sets[KEYRING_CACHE_SETS];
+};
+
+/* A new empty cache, or NULL. calloc leaves the entries' pages untouched until they are used. */
+static struct keyring_cache *cache_new(void)
+{
+	struct keyring_cache *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return NULL;
+	for (size_t i = 0; i < KEYRING_CACHE_LOCKS; i++) {
+		if (pthread_mutex_init(&c->locks[i].l.mu, NULL) != 0) {
+			while (i-- > 0)
+				pthread_mutex_destroy(&c->locks[i].l.mu);
+			free(c);
+			return NULL;
+		}
+	}
+	return c;
+}
+
+static void cache_free(struct keyring_cache *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < KEYRING_CACHE_LOCKS; i++)
+		pthread_mutex_destroy(&c->locks[i].l.mu);
+	free(c);
+}
+
+/* The set of the token whose hash is `id`, and the lock that guards it. */
+static struct cache_set *cache_slot(struct keyring_cache *c, const unsigned char *id,
+				    union cache_lock **lock)
+{
+	uint32_t h = (uint32_t)id[0] | (uint32_t)id[1] << 8 | (uint32_t)id[2] << 16 |
+		     (uint32_t)id[3] << 24;
+	size_t set = h & (KEYRING_CACHE_SETS - 1);
+
+	*lock = &c->locks[set & (KEYRING_CACHE_LOCKS - 1)];
+	return &c->sets[set];
+}
+
+bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t now)
+{
+	union cache_lock *lock;
+	struct cache_set *s;
+	bool hit = false;
+
+	if (!k->verified)
+		return false;
+	s = cache_slot(k->verified, id, &lock);
+	pthread_mutex_lock(&lock->l.mu);
+	for (size_t i = 0; i < KEYRING_CACHE_WAYS; i++) {
+		if (s->e[i].exp > now && CRYPTO_memcmp(s->e[i].id, id, SHA256_DIGEST_LENGTH) == 0) {
+			hit = true;
+			break;
+		}
+	}
+	if (hit)
+		lock->l.hits++;
+	else
+		lock->l.misses++;
+	pthread_mutex_unlock(&lock->l.mu);
+	return hit;
+}
+
+void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t exp, int64_t now)
+{
+	union cache_lock *lock;
+	struct cache_set *s;
+	size_t victim = KEYRING_CACHE_WAYS;
+
+	if (!k->verified || exp <= now)
+		return;
+	s = cache_slot(k->verified, id, &lock);
+	pthread_mutex_lock(&lock->l.mu);
+	/*
+	 * The entry itself when it is there (another thread verified the token too), else an empty
+	 * or expired one, else the oldest.
+	 */
+	for (size_t i = 0; i < KEYRING_CACHE_WAYS && victim == KEYRING_CACHE_WAYS; i++)
+		if (s->e[i].exp != 0 && memcmp(s->e[i].id, id, SHA256_DIGEST_LENGTH) == 0)
+			victim = i;
+	for (size_t i = 0; i < KEYRING_CACHE_WAYS && victim == KEYRING_CACHE_WAYS; i++)
+		if (s->e[i].exp <= now)
+			victim = i;
+	if (victim == KEYRING_CACHE_WAYS)
+		victim = KEYRING_CACHE_WAYS - 1;
+	/* The newest goes first; those before the one dropped move down by one. */
+	memmove(&s->e[1], &s->e[0], victim * sizeof(s->e[0]));
+	memcpy(s->e[0].id, id, SHA256_DIGEST_LENGTH);
+	s->e[0].exp = exp;
+	pthread_mutex_unlock(&lock->l.mu);
+}
+
+void auth_jwt_cache_stats(const struct auth_keyring *kr, struct auth_jwt_cache_stats *out)
+{
+	memset(out, 0, sizeof(*out));
+	for (size_t i = 0; kr && i < kr->n; i++) {
+		struct keyring_cache *c = kr->keys[i].verified;
+
+		if (!c)
+			continue;
+		for (size_t l = 0; l < KEYRING_CACHE_LOCKS; l++) {
+			pthread_mutex_lock(&c->locks[l].l.mu);
+			out->hits += c->locks[l].l.hits;
+			out->misses += c->locks[l].l.misses;
+			for (size_t set = l; set < KEYRING_CACHE_SETS; set += KEYRING_CACHE_LOCKS)
+				for (size_t w = 0; w < KEYRING_CACHE_WAYS; w++)
+					out->entries += c->sets[set].e[w].exp != 0;
+			pthread_mutex_unlock(&c->locks[l].l.mu);
+		}
+	}
+}
 
 /* PEM callbacks return no password: an encrypted key fails instead of prompting on a terminal. */
 static int no_password(char *buf, int size, int rwflag, void *u)
@@ -152,6 +292,7 @@ struct auth_keyring *auth_keyring_new(void)
 
 static void key_release(struct auth_key *k)
 {
+	cache_free(k->verified);
 	EVP_PKEY_CTX_free(k->sign_ctx);
 	EVP_PKEY_CTX_free(k->verify_ctx);
 	EVP_PKEY_free(k->pkey);
@@ -226,7 +367,8 @@ enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has
 		return kiln_error_set(err, KILN_E_QUOTA, "keyring full (%d keys)", AUTH_KEYRING_MAX);
 	}
 	k.public_pem = pem_out(pkey, false, &k.public_len);
-	if (!k.public_pem || key_contexts(&k, has_private) != 0) {
+	k.verified = cache_new();
+	if (!k.public_pem || !k.verified || key_contexts(&k, has_private) != 0) {
 		key_release(&k);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory adding a key");
 	}

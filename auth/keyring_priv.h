@@ -5,11 +5,26 @@
 #ifndef KILN_AUTH_KEYRING_PRIV_H
 #define KILN_AUTH_KEYRING_PRIV_H
 
+#include <stdint.h>
+
 #include <openssl/evp.h>
+#include <openssl/sha.h>
 
 #include "auth/keyring.h"
 
 #define AUTH_EC_COORD_LEN 32	/* bytes of a P-256 coordinate */
+
+/*
+ * Each key's cache of tokens whose signature it already verified (see auth_jwt_verify): up to
+ * KEYRING_CACHE_SETS * KEYRING_CACHE_WAYS entries, each the SHA-256 of a whole token and the
+ * token's `exp`. A token's hash picks its set; a full set drops an expired entry, else its oldest.
+ * The sets share KEYRING_CACHE_LOCKS mutexes, so the threads sharing a keyring can use it at once.
+ */
+#define KEYRING_CACHE_WAYS 4
+#define KEYRING_CACHE_SETS 1024		/* a power of two */
+#define KEYRING_CACHE_LOCKS 64		/* a power of two, at most KEYRING_CACHE_SETS */
+
+struct keyring_cache;
 
 /*
  * A key, parsed once when it is added. Signing and verifying never read a PEM again: each call
@@ -24,6 +39,7 @@ struct auth_key {
 	EVP_PKEY_CTX *sign_ctx;		/* EVP_PKEY_sign_init done; NULL for a verify-only key */
 	char *public_pem;	/* SubjectPublicKeyInfo, for auth_keyring_public_pem */
 	size_t public_len;
+	struct keyring_cache *verified;	/* tokens this key verified; freed with the key */
 };
 
 struct auth_keyring {
@@ -48,5 +64,19 @@ int keyring_thumbprint(EVP_PKEY *pkey, char kid[AUTH_KID_MAX]);
  */
 enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has_private,
 			       char kid[AUTH_KID_MAX], struct kiln_error *err);
+
+/*
+ * Whether `k` verified the token whose SHA-256 is `id` and whose `exp` is still after `now`.
+ * A miss means the signature must be checked. Thread-safe.
+ */
+bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t now);
+
+/*
+ * Records that `k` verified the token whose SHA-256 is `id`, good until `exp` (its claim; `now`
+ * tells which entries have expired). Only a signature that verified may be recorded. Thread-safe.
+ */
+void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t exp, int64_t now);
 
 #endif
