@@ -16,18 +16,13 @@
 
 #include "api/authn.h"
 #include "api/masterkey.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "migrations/migrate.h"
 
 #define GRACE_S 30
 
 static struct gateway gw;
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int sig)
-{
-	stop_requested = sig;
-}
 
 static struct http_route *route_table;
 static size_t route_count;
@@ -153,11 +148,7 @@ static void http_exit(void)
 	gw.http = NULL;
 }
 
-static const struct {
-	const char *name;
-	int (*init)(struct kiln_error *err);
-	void (*exit)(void);
-} stages[] = {
+static const struct daemon_stage stages[] = {
 	{ "routes", routes_init, routes_exit },
 	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
@@ -179,7 +170,6 @@ int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
 	const char *config_path = NULL;
-	size_t started = 0;
 	int status = 0;
 	bool rotate = false;
 
@@ -203,10 +193,6 @@ int main(int argc, char **argv)
 	log_init("kiln-gateway", (enum log_level)log_level_parse(gw.cfg.log_level),
 		 gw.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
-
 	if (rotate) {
 		char kid[AUTH_KID_MAX] = "";
 		if (master_key_init(&err) == KILN_OK && db_init(&err) == KILN_OK &&
@@ -219,19 +205,7 @@ int main(int argc, char **argv)
 		config_release(&gw.cfg);
 		return status;
 	}
-	for (; started < NSTAGES; started++) {
-		if (stages[started].init(&err) != KILN_OK) {
-			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
-			status = 1;
-			break;
-		}
-	}
-	while (!status && !stop_requested)
-		pause();
-	if (stop_requested)
-		log_info("stopping on signal %d", (int)stop_requested);
-	while (started > 0)
-		stages[--started].exit();
+	status = daemon_run(stages, NSTAGES);
 	config_release(&gw.cfg);
 	curl_global_cleanup();
 	return status;

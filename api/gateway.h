@@ -65,6 +65,20 @@ void gw_fail(struct http_req *req, enum kiln_err rc, const struct kiln_error *er
 /* `?limit=` within 1..max (default `def`); replies 422 and returns -1 when malformed. */
 int gw_limit(struct http_req *req, int def, int max);
 
+/*
+ * The `?cursor=` of a listing paged by a sequence number: *out is NULL (first page) or the
+ * number's text. Replies 422 and returns false when it is not one this server gave.
+ */
+bool gw_seq_cursor(struct http_req *req, const char **out);
+
+/*
+ * The `?cursor=` of a listing paged by (created_at, id): "<µs since the epoch>.<id>", the id
+ * starting with `id_prefix`. Sets *given and fills `t` (32 bytes) and `id` (64 bytes) when there
+ * is one. Replies 422 and returns false when it is not one this server gave.
+ */
+bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, char t[32],
+		    char id[64]);
+
 /* Makes an id with `prefix`; never fails in practice (replies 500 and returns false if it does). */
 bool gw_new_id(struct http_req *req, const char *prefix, char *out, size_t n);
 

@@ -13,21 +13,19 @@ static void audit_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	const char *cursor = http_req_query(req, "cursor");
+	const char *cursor;
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	char lim[16], *end;
+	char lim[16];
 	json_t *arr;
 	int limit = gw_limit(req, 50, 500), rows;
 	enum kiln_err rc;
 
 	if (limit < 0)
 		return;
-	if (cursor && (!*cursor || (strtoll(cursor, &end, 10), *end) || cursor[0] == '-')) {
-		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+	if (!gw_seq_cursor(req, &cursor))
 		return;
-	}
 	c = gw_db(req);
 	if (!c)
 		return;

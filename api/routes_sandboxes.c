@@ -272,7 +272,8 @@ static void sandbox_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	const char *state = http_req_query(req, "state"), *cursor = http_req_query(req, "cursor");
+	const char *state = http_req_query(req, "state");
+	bool has_cursor;
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
@@ -293,18 +294,8 @@ static void sandbox_list(struct http_req *req)
 			return;
 		}
 	}
-	if (cursor) {
-		/* A cursor is "<created_at in µs>.<id>" of the last sandbox of the previous page. */
-		const char *dot = strchr(cursor, '.');
-		if (!dot || dot == cursor || (size_t)(dot - cursor) >= sizeof(cur_t) ||
-		    strspn(cursor, "0123456789") != (size_t)(dot - cursor) ||
-		    strlen(dot + 1) >= sizeof(cur_id) || strncmp(dot + 1, "sb_", 3) != 0) {
-			http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
-			return;
-		}
-		snprintf(cur_t, sizeof(cur_t), "%.*s", (int)(dot - cursor), cursor);
-		snprintf(cur_id, sizeof(cur_id), "%s", dot + 1);
-	}
+	if (!gw_time_cursor(req, "sb_", &has_cursor, cur_t, cur_id))
+		return;
 	c = gw_db(req);
 	if (!c)
 		return;
@@ -317,7 +308,7 @@ static void sandbox_list(struct http_req *req)
 		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
 		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
 		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
-		 who->tenant_id, state, cursor ? cur_t : NULL, cursor ? cur_id : NULL, lim);
+		 who->tenant_id, state, has_cursor ? cur_t : NULL, has_cursor ? cur_id : NULL, lim);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);

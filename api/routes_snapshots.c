@@ -15,7 +15,8 @@ static void snapshots_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	const char *sandbox = http_req_query(req, "sandbox_id"), *cursor = http_req_query(req, "cursor");
+	const char *sandbox = http_req_query(req, "sandbox_id");
+	bool has_cursor;
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
@@ -26,17 +27,8 @@ static void snapshots_list(struct http_req *req)
 
 	if (limit < 0)
 		return;
-	if (cursor) {
-		const char *dot = strchr(cursor, '.');
-		if (!dot || dot == cursor || (size_t)(dot - cursor) >= sizeof(cur_t) ||
-		    strspn(cursor, "0123456789") != (size_t)(dot - cursor) ||
-		    strlen(dot + 1) >= sizeof(cur_id) || strncmp(dot + 1, "snap_", 5) != 0) {
-			http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
-			return;
-		}
-		snprintf(cur_t, sizeof(cur_t), "%.*s", (int)(dot - cursor), cursor);
-		snprintf(cur_id, sizeof(cur_id), "%s", dot + 1);
-	}
+	if (!gw_time_cursor(req, "snap_", &has_cursor, cur_t, cur_id))
+		return;
 	c = gw_db(req);
 	if (!c)
 		return;
@@ -49,7 +41,7 @@ static void snapshots_list(struct http_req *req)
 		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
 		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
 		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
-		 who->tenant_id, sandbox, cursor ? cur_t : NULL, cursor ? cur_id : NULL, lim);
+		 who->tenant_id, sandbox, has_cursor ? cur_t : NULL, has_cursor ? cur_id : NULL, lim);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);

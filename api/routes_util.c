@@ -99,3 +99,38 @@ json_t *gw_time(const char *pg_text)
 {
 	return pg_text ? json_string(pg_text) : json_null();
 }
+
+bool gw_seq_cursor(struct http_req *req, const char **out)
+{
+	const char *c = http_req_query(req, "cursor");
+
+	*out = NULL;
+	if (!c)
+		return true;
+	if (!*c || strlen(c) > 19 || strspn(c, "0123456789") != strlen(c)) {
+		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+		return false;
+	}
+	*out = c;
+	return true;
+}
+
+bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, char t[32],
+		    char id[64])
+{
+	const char *c = http_req_query(req, "cursor"), *dot;
+
+	*given = false;
+	if (!c)
+		return true;
+	dot = strchr(c, '.');
+	if (!dot || dot == c || dot - c >= 32 || strspn(c, "0123456789") != (size_t)(dot - c) ||
+	    strlen(dot + 1) >= 64 || strncmp(dot + 1, id_prefix, strlen(id_prefix)) != 0) {
+		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+		return false;
+	}
+	snprintf(t, 32, "%.*s", (int)(dot - c), c);
+	snprintf(id, 64, "%s", dot + 1);
+	*given = true;
+	return true;
+}

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/daemon.h"
 #include "common/log.h"
 #include "api/masterkey.h"
 #include "migrations/migrate.h"
@@ -29,12 +30,6 @@
 #include "vmm/node/template.h"
 
 static struct node node;
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int sig)
-{
-	stop_requested = sig;
-}
 
 static int mkdir_p(const char *path, mode_t mode)
 {
@@ -439,11 +434,7 @@ static void api_exit(void)
 	node.keys = NULL;
 }
 
-static const struct {
-	const char *name;
-	int (*init)(struct kiln_error *err);
-	void (*exit)(void);
-} stages[] = {
+static const struct daemon_stage stages[] = {
 	{ "settings", check_init, check_exit },
 	{ "postgres", db_init, db_exit },
 	{ "recovery", recover_init, recover_exit },
@@ -463,7 +454,6 @@ int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
 	const char *config_path = NULL;
-	size_t started = 0;
 	int status = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -484,23 +474,7 @@ int main(int argc, char **argv)
 	log_init("kiln-node", (enum log_level)log_level_parse(node.cfg.log_level),
 		 node.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
-
-	for (; started < NSTAGES; started++) {
-		if (stages[started].init(&err) != KILN_OK) {
-			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
-			status = 1;
-			break;
-		}
-	}
-	while (!status && !stop_requested)
-		pause();
-	if (stop_requested)
-		log_info("stopping on signal %d", (int)stop_requested);
-	while (started > 0)
-		stages[--started].exit();
+	status = daemon_run(stages, NSTAGES);
 	config_release(&node.cfg);
 	curl_global_cleanup();
 	return status;
