@@ -18,7 +18,8 @@ import kiln
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAKENET = os.path.join(kiln.ROOT, "tests", "integration", "netpolicy", "fakenet.py")
 INET = ["203.0.113.%d" % i for i in range(10, 18)] + ["198.51.100.21", "198.51.100.22", "192.0.2.53",
-                                                      "169.254.169.254"]
+                                                      "169.254.169.254", "2001:db8:1::10",
+                                                      "2001:db8:2::20"]
 PROBE = r'''
 import socket, sys
 def tcp(host, port, t=3):
@@ -30,9 +31,9 @@ def tcp(host, port, t=3):
         return "ok" if d else "empty"
     except Exception as e:
         return "fail"
-def dns(name):
+def dns(name, family=socket.AF_INET):
     try:
-        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, socket.AF_INET)})[0]
+        return sorted({a[4][0] for a in socket.getaddrinfo(name, 80, family)})[0]
     except Exception:
         return "nx"
 def udp_dns(server):
@@ -129,9 +130,11 @@ class EgressTests(unittest.TestCase):
                                  "s.listen()\nwhile 1:\n c,_=s.accept();c.sendall(b'hi');c.close()\" "
                                  ">/dev/null 2>&1 &"]}, self.key)
         time.sleep(2)
+        # The host's services (a database port on its address), metadata, the other sandbox.
         got = self.run_py(f"print(tcp('169.254.169.254', 80), tcp('192.0.2.1', 80), tcp('10.200.0.1', 80),"
-                          f" tcp('{other}', 8000), tcp('127.0.0.1', 9), tcp('203.0.113.10', 80))")
-        self.assertEqual(got, ["fail", "fail", "fail", "fail", "fail", "ok"])
+                          f" tcp('{other}', 8000), tcp('127.0.0.1', 9), tcp('192.0.2.1', 5432),"
+                          f" tcp('203.0.113.10', 80))")
+        self.assertEqual(got, ["fail", "fail", "fail", "fail", "fail", "fail", "ok"])
 
     def test_inbound_is_closed_but_replies_to_the_guests_own_flows_pass(self):
         self.gw.request("POST", f"/v1/sandboxes/{self.a['id']}/exec",
@@ -145,6 +148,18 @@ class EgressTests(unittest.TestCase):
                                 PROBE + f"print(tcp('{nat}', 8001))"], capture_output=True, text=True)
         self.assertEqual(probe.stdout.split(), ["fail"], probe.stderr)
         self.assertEqual(self.run_py("print(tcp('203.0.113.10', 80))"), ["ok"])
+
+    def test_ipv6_open_then_allowlisted_by_cidr_and_by_name(self):
+        self.assertEqual(self.run_py("print(tcp('2001:db8:1::10', 80), tcp('2001:db8:2::20', 80))"),
+                         ["ok", "ok"])
+        self.assertEqual(self.egress(["2001:db8:1::/48"]).status, 200)
+        self.assertEqual(self.run_py("print(tcp('2001:db8:1::10', 80), tcp('2001:db8:2::20', 80))"),
+                         ["ok", "fail"])
+        self.assertEqual(self.egress(["v6.test", "[2001:db8:2::20]:443"]).status, 200)
+        self.assertEqual(self.run_py(
+            "print(dns('v6.test', socket.AF_INET6), tcp('2001:db8:1::10', 80), tcp('2001:db8:2::20', 443),"
+            " tcp('2001:db8:2::20', 80))"),
+            ["2001:db8:1::10", "ok", "ok", "fail"])
 
     def test_smtp_is_closed_unless_a_rule_names_it(self):
         self.assertEqual(self.run_py("print(tcp('203.0.113.10', 25), tcp('203.0.113.10', 80))"), ["fail", "ok"])
@@ -242,13 +257,21 @@ def main():
         sh("ip", "-n", ns_h, "link", "add", "up0", "type", "veth", "peer", "name", "up0", "netns", ns_i)
         sh("ip", "-n", ns_h, "addr", "add", "192.0.2.1/30", "dev", "up0")
         sh("ip", "-n", ns_i, "addr", "add", "192.0.2.2/30", "dev", "up0")
+        sh("ip", "-n", ns_h, "-6", "addr", "add", "2001:db8:ffff::1/64", "dev", "up0", "nodad")
+        sh("ip", "-n", ns_i, "-6", "addr", "add", "2001:db8:ffff::2/64", "dev", "up0", "nodad")
         for ns in (ns_h, ns_i):
             sh("ip", "-n", ns, "link", "set", "up0", "up")
         sh("ip", "-n", ns_h, "route", "add", "default", "via", "192.0.2.2")
+        sh("ip", "-n", ns_h, "-6", "route", "add", "default", "via", "2001:db8:ffff::2")
         sh("ip", "netns", "exec", ns_h, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        sh("ip", "netns", "exec", ns_h, "sysctl", "-qw", "net.ipv6.conf.all.forwarding=1")
         sh("ip", "-n", ns_i, "route", "add", "10.200.0.0/16", "via", "192.0.2.1")
+        sh("ip", "-n", ns_i, "-6", "route", "add", "fd6b:696c:6e00::/48", "via", "2001:db8:ffff::1")
         for a in INET:
-            sh("ip", "-n", ns_i, "addr", "add", a + "/32", "dev", "lo")
+            if ":" in a:
+                sh("ip", "-n", ns_i, "-6", "addr", "add", a + "/128", "dev", "lo", "nodad")
+            else:
+                sh("ip", "-n", ns_i, "addr", "add", a + "/32", "dev", "lo")
         for ns, addrs in ((ns_i, INET), (ns_h, ["192.0.2.1"])):
             p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, FAKENET] + addrs,
                                  stdout=subprocess.PIPE, text=True)
