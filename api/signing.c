@@ -173,15 +173,37 @@ void signing_free(struct signing *s)
 }
 
 /* Loads the keys and swaps them in; the caller holds reload_lock. */
+/* Whether two keyrings hold the same keys with the same signer. */
+static bool same_keys(const struct auth_keyring *a, const struct auth_keyring *b)
+{
+	const char *sa = auth_keyring_active_kid(a), *sb = auth_keyring_active_kid(b);
+
+	if (auth_keyring_count(a) != auth_keyring_count(b) || !sa || !sb || strcmp(sa, sb) != 0)
+		return false;
+	for (size_t i = 0; i < auth_keyring_count(a); i++)
+		if (!auth_keyring_has(b, auth_keyring_kid_at(a, i)))
+			return false;
+	return true;
+}
+
 static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_error *err)
 {
 	struct auth_keyring *kr = NULL, *old;
+	bool same;
 	enum kiln_err rc;
 
 	__atomic_store_n(&s->last_reload, now, __ATOMIC_RELAXED);
 	rc = signing_load(s->pg, &s->mk, &kr, err);
 	if (rc != KILN_OK)
 		return rc;
+	/* Unchanged keys keep their keyring, and with it the cache of tokens already verified. */
+	pthread_rwlock_rdlock(&s->lock);
+	same = same_keys(s->kr, kr);
+	pthread_rwlock_unlock(&s->lock);
+	if (same) {
+		auth_keyring_free(kr);
+		return KILN_OK;
+	}
 	pthread_rwlock_wrlock(&s->lock);
 	old = s->kr;
 	s->kr = kr;
