@@ -531,10 +531,23 @@ static void sandbox_fork(struct http_req *req)
 
 static void sandbox_snapshot(struct http_req *req)
 {
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
 	struct sb_row sb;
+	enum kiln_err rc;
 
 	if (!sandbox_lookup(req, &sb))
 		return;
+	c = gw_db(req);
+	if (!c)
+		return;
+	rc = billing_snapshot_quota(c, gw_principal(req)->tenant_id, &err);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return;
+	}
 	if (strcmp(sb.state, "running") != 0 && strcmp(sb.state, "paused") != 0) {
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb.state);
 		return;

@@ -52,6 +52,18 @@ class AdmissionTests(unittest.TestCase):
         self.assertIn("memory", r.json()["error"]["message"])
         self.assertEqual(self.sandboxes(), 0)
 
+    def test_the_snapshot_bytes_of_the_plan_are_a_limit_too(self):
+        self.sql("UPDATE plan_limits SET max_snapshot_bytes = 1000000")
+        self.sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, kind, size_bytes, vcpu_milli, memory_mib,"
+                 f" disk_gib) VALUES ('snap_x', '{self.tenant}', 'sb_x', 'named', 2000000, 1000, 256, 10)")
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
+        self.assertEqual(r.status, 403, r)
+        self.assertIn("snapshots", r.json()["error"]["message"])
+        self.assertEqual(self.sandboxes(), 0)
+        self.sql("UPDATE snapshots SET deleted_at = now(), purged_at = now() WHERE id = 'snap_x'")
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
+        self.assertNotEqual(r.status, 403, r)
+
     def test_with_redis_down_create_answers_503_and_changes_nothing(self):
         lib = os.path.join(kiln.ROOT, "scripts", "lib.sh")
         subprocess.run(["bash", "-c", f". {lib}; kiln_stop_pid {self.env['KILN_TEST_REDIS_PIDFILE']} 10"],
