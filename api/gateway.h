@@ -79,6 +79,13 @@ bool gw_seq_cursor(struct http_req *req, const char **out);
 bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, char t[32],
 		    char id[64]);
 
+/*
+ * Replies 200 with one page of a listing: `{<name>: [...], next_cursor}` from `res`, whose
+ * column 0 is each item's JSON text and column 1 its cursor, fetched with LIMIT `limit` + 1 (a
+ * row past `limit` means another page). Frees `res`.
+ */
+void gw_reply_page(struct http_req *req, struct pg_res *res, int limit, const char *name);
+
 /* Makes an id with `prefix`; never fails in practice (replies 500 and returns false if it does). */
 bool gw_new_id(struct http_req *req, const char *prefix, char *out, size_t n);
 

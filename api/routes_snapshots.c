@@ -21,8 +21,7 @@ static void snapshots_list(struct http_req *req)
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
 	char lim[16], cur_t[32] = "", cur_id[64] = "";
-	int limit = gw_limit(req, 50, 100), rows;
-	json_t *arr;
+	int limit = gw_limit(req, 50, 100);
 	enum kiln_err rc;
 
 	if (limit < 0)
@@ -47,15 +46,7 @@ static void snapshots_list(struct http_req *req)
 		gw_fail(req, rc, &err);
 		return;
 	}
-	arr = json_array();
-	rows = pg_res_rows(res);
-	for (int i = 0; i < rows && i < limit; i++)
-		json_array_append_new(arr, json_loads(pg_res_str(res, i, 0), 0, NULL));
-	http_reply_json(req, 200,
-			json_pack("{s:o, s:o}", "snapshots", arr, "next_cursor",
-				  rows > limit ? json_string(pg_res_str(res, limit - 1, 1))
-					       : json_null()));
-	pg_res_free(res);
+	gw_reply_page(req, res, limit, "snapshots");
 }
 
 static void snapshots_delete(struct http_req *req)

@@ -134,3 +134,17 @@ bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, ch
 	*given = true;
 	return true;
 }
+
+void gw_reply_page(struct http_req *req, struct pg_res *res, int limit, const char *name)
+{
+	json_t *arr = json_array();
+	int rows = pg_res_rows(res);
+
+	for (int i = 0; i < rows && i < limit; i++)
+		json_array_append_new(arr, json_loads(pg_res_str(res, i, 0), 0, NULL));
+	http_reply_json(req, 200,
+			json_pack("{s:o, s:o}", name, arr, "next_cursor",
+				  rows > limit ? json_string(pg_res_str(res, limit - 1, 1))
+					       : json_null()));
+	pg_res_free(res);
+}
