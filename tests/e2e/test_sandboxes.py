@@ -238,7 +238,10 @@ class LifecycleTests(unittest.TestCase):
         body.setdefault("timeout_s", 3600)
         r = self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=300)
         self.assertEqual(r.status, 201, r)
-        return r.json()
+        sb = r.json()
+        # Whatever a test leaves (a failed assertion included) must not fill this small node.
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        return sb
 
     def test_delete_leaves_no_process_tap_netns_cgroup_or_disk_and_then_404(self):
         sb = self.create()
@@ -287,8 +290,11 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(self.gw.request("GET", "/healthz").status, 200)
 
     def test_a_sandbox_past_its_timeout_is_paused_not_destroyed(self):
-        sb = self.create(timeout_s=3)
-        self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/files?path=/root/keep.txt", b"kept", self.key)
+        sb = self.create()
+        r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/files?path=/root/keep.txt", b"kept", self.key)
+        self.assertEqual(r.status, 204, r)
+        r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/timeout", {"timeout_s": 2}, self.key)
+        self.assertEqual(r.status, 200, r)
         deadline = time.time() + 30
         state = None
         while time.time() < deadline:
