@@ -25,6 +25,7 @@
  * maps MAP_PRIVATE: copy-on-write sharing of the image between every VM restored from it, i.e.
  * VMM_MEM_PRIVATE. enum vmm_mem_from only decides who owns the image (hv.h; docs/firecracker.md).
  */
+#include "vmm/fsutil.h"
 #include "vmm/hv.h"
 
 #include <errno.h>
@@ -100,45 +101,6 @@ struct hv_vm {
 	int stop_pipe[2];
 };
 
-static enum kiln_err os_err(struct kiln_error *err, int neg, const char *what, const char *subject)
-{
-	return kiln_error_set(err, neg == -ENOMEM ? KILN_E_NOMEM : KILN_E_IO, "%s '%s': %s", what,
-			      subject, strerror(-neg));
-}
-
-static bool fmt_path(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool fmt_path(char *out, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(out, PATH_MAX, fmt, ap);
-	va_end(ap);
-	return n >= 0 && n < PATH_MAX;
-}
-
-static int mkdir_p(const char *dir, mode_t mode)
-{
-	char p[PATH_MAX];
-	size_t len = strlen(dir);
-
-	if (len >= sizeof(p))
-		return -ENAMETOOLONG;
-	memcpy(p, dir, len + 1);
-	for (size_t i = 1; i <= len; i++) {
-		if (p[i] != '/' && p[i] != '\0')
-			continue;
-		char c = p[i];
-
-		p[i] = '\0';
-		if (mkdir(p, i == len ? mode : 0755) < 0 && errno != EEXIST)
-			return -errno;
-		p[i] = c;
-	}
-	return 0;
-}
-
 static long long now_ms(void)
 {
 	struct timespec ts;
@@ -174,19 +136,19 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	vm->has_net = s->netns_path != NULL;
 	if (vm->has_net)
 		snprintf(vm->tap, sizeof(vm->tap), "%s", s->tap);
-	ok &= fmt_path(vm->fc_binary, "%s", bin);
-	ok &= fmt_path(vm->jailer, "%.*s/jailer", (int)(base - bin), bin);
-	ok &= fmt_path(vm->run_dir, "%s", s->run_dir);
-	ok &= fmt_path(vm->state_dir, "%s", s->state_dir);
-	ok &= fmt_path(vm->jail_dir, "%s/%s/%s", s->state_dir, base + 1, s->id);
-	ok &= fmt_path(vm->root, "%s/root", vm->jail_dir);
-	ok &= fmt_path(vm->api_link, "%s/api.sock", s->run_dir);
-	ok &= fmt_path(vm->vsock_link, "%s/vsock.sock", s->run_dir);
-	ok &= fmt_path(vm->agent_path, "%s/agent.sock", s->run_dir);
-	ok &= fmt_path(vm->serial_path, "%s/serial.log", s->run_dir);
-	ok &= fmt_path(vm->log_path, "%s/firecracker.log", s->run_dir);
-	ok &= fmt_path(vm->kernel, "%s", s->kernel);
-	ok &= fmt_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
+	ok &= fs_path(vm->fc_binary, "%s", bin);
+	ok &= fs_path(vm->jailer, "%.*s/jailer", (int)(base - bin), bin);
+	ok &= fs_path(vm->run_dir, "%s", s->run_dir);
+	ok &= fs_path(vm->state_dir, "%s", s->state_dir);
+	ok &= fs_path(vm->jail_dir, "%s/%s/%s", s->state_dir, base + 1, s->id);
+	ok &= fs_path(vm->root, "%s/root", vm->jail_dir);
+	ok &= fs_path(vm->api_link, "%s/api.sock", s->run_dir);
+	ok &= fs_path(vm->vsock_link, "%s/vsock.sock", s->run_dir);
+	ok &= fs_path(vm->agent_path, "%s/agent.sock", s->run_dir);
+	ok &= fs_path(vm->serial_path, "%s/serial.log", s->run_dir);
+	ok &= fs_path(vm->log_path, "%s/firecracker.log", s->run_dir);
+	ok &= fs_path(vm->kernel, "%s", s->kernel);
+	ok &= fs_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
 	if (!ok)
 		return kiln_error_set(err, KILN_E_INVALID, "a path of vm '%s' is too long", s->id);
 	if (strlen(vm->agent_path) > FC_SOCK_MAX || strlen(vm->vsock_link) > FC_SOCK_MAX)
@@ -197,7 +159,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 /* `in` (a name inside the chroot, "/x") as a host path in `out`. */
 static bool host_path(const struct hv_vm *vm, const char *in, char *out)
 {
-	return fmt_path(out, "%s%s", vm->root, in);
+	return fs_path(out, "%s%s", vm->root, in);
 }
 
 /* ---- files in the chroot ---- */
@@ -251,8 +213,8 @@ static int prepare_root(const struct hv_vm *vm)
 	char api[PATH_MAX], vsock[PATH_MAX];
 	int r;
 
-	if ((r = mkdir_p(vm->run_dir, 0711)) < 0 || (r = mkdir_p(vm->state_dir, 0700)) < 0 ||
-	    (r = mkdir_p(vm->root, 0755)) < 0)
+	if ((r = fs_mkdir_p(vm->run_dir, 0711)) < 0 || (r = fs_mkdir_p(vm->state_dir, 0700)) < 0 ||
+	    (r = fs_mkdir_p(vm->root, 0755)) < 0)
 		return r;
 	if (!host_path(vm, IN_API, api) || !host_path(vm, IN_VSOCK, vsock))
 		return -ENAMETOOLONG;
@@ -274,12 +236,12 @@ static enum kiln_err place_boot_files(struct hv_vm *vm, struct kiln_error *err)
 	if (!host_path(vm, IN_KERNEL, dst))
 		return kiln_error_set(err, KILN_E_INVALID, "chroot of vm '%s' too long", vm->id);
 	if ((r = place_ro(vm, vm->kernel, dst)) < 0)
-		return os_err(err, r, "cannot place kernel", vm->kernel);
+		return fs_err(err, r, "cannot place kernel", vm->kernel);
 	if (vm->initrd[0]) {
 		if (!host_path(vm, IN_INITRD, dst))
 			return kiln_error_set(err, KILN_E_INVALID, "chroot of vm '%s' too long", vm->id);
 		if ((r = place_ro(vm, vm->initrd, dst)) < 0)
-			return os_err(err, r, "cannot place initrd", vm->initrd);
+			return fs_err(err, r, "cannot place initrd", vm->initrd);
 	}
 	return KILN_OK;
 }
@@ -418,7 +380,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	argv[n++] = IN_API;
 	argv[n] = NULL;
 
-	if (!fmt_path(pidfile, "%s/%s.pid", vm->root, strrchr(vm->fc_binary, '/') + 1))
+	if (!fs_path(pidfile, "%s/%s.pid", vm->root, strrchr(vm->fc_binary, '/') + 1))
 		return kiln_error_set(err, KILN_E_INVALID, "chroot of vm '%s' too long", vm->id);
 	unlink(pidfile);
 	posix_spawn_file_actions_init(&fa);
@@ -428,7 +390,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	r = posix_spawn(&jpid, vm->jailer, &fa, NULL, argv, envp);
 	posix_spawn_file_actions_destroy(&fa);
 	if (r != 0)
-		return os_err(err, -r, "cannot start", vm->jailer);
+		return fs_err(err, -r, "cannot start", vm->jailer);
 
 	/* with --new-pid-ns the jailer exits once Firecracker runs */
 	deadline = now_ms() + FC_START_MS;
@@ -479,7 +441,7 @@ static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, str
 	};
 	int r = cg_create(s->cgroup_root, s->node, s->id, &lim, &vm->cg);
 
-	return r < 0 ? os_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
+	return r < 0 ? fs_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
 }
 
 /* One API call with a JSON body built from `fmt` (json_pack); the body is freed here. */
@@ -649,9 +611,9 @@ static enum kiln_err relay_start(struct hv_vm *vm, struct kiln_error *err)
 	if (vm->listen_fd < 0 || bind(vm->listen_fd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
 	    chmod(vm->agent_path, 0600) < 0 || listen(vm->listen_fd, 4) < 0 ||
 	    pipe2(vm->stop_pipe, O_CLOEXEC) < 0)
-		return os_err(err, -errno, "cannot listen on", vm->agent_path);
+		return fs_err(err, -errno, "cannot listen on", vm->agent_path);
 	if ((r = pthread_create(&vm->relay, NULL, relay_main, vm)) != 0)
-		return os_err(err, -r, "cannot start the agent relay of vm", vm->id);
+		return fs_err(err, -r, "cannot start the agent relay of vm", vm->id);
 	vm->relay_on = true;
 	return KILN_OK;
 }
@@ -694,7 +656,7 @@ static enum kiln_err vm_new(const struct vmm_spec *s, struct hv_vm **out, struct
 		return rc;
 	}
 	if ((r = prepare_root(vm)) < 0) {
-		rc = os_err(err, r, "cannot create the directories of vm", s->id);
+		rc = fs_err(err, r, "cannot create the directories of vm", s->id);
 		goto fail;
 	}
 	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
@@ -728,7 +690,7 @@ static enum kiln_err fc_create(const struct vmm_spec *s, struct hv_vm **out, str
 		}
 		if ((r = disk_file_copy(s->rootfs, disk)) < 0 || (r = own_file(vm, disk)) < 0 ||
 		    (r = stat(disk, &st) < 0 ? -errno : 0) < 0) {
-			rc = os_err(err, r, "cannot create disk from", s->rootfs);
+			rc = fs_err(err, r, "cannot create disk from", s->rootfs);
 			goto fail;
 		}
 		if (s->disk_gib && (off_t)s->disk_gib << 30 < st.st_size) {
@@ -736,7 +698,7 @@ static enum kiln_err fc_create(const struct vmm_spec *s, struct hv_vm **out, str
 			goto fail;
 		}
 		if (s->disk_gib && truncate(disk, (off_t)s->disk_gib << 30) < 0) {
-			rc = os_err(err, -errno, "cannot size disk", disk);
+			rc = fs_err(err, -errno, "cannot size disk", disk);
 			goto fail;
 		}
 	}
@@ -819,7 +781,7 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 	json_t *m;
 	int r = 0;
 
-	if (!fmt_path(path, "%s/manifest.json", snap_dir) || !fmt_path(tmp, "%s/manifest.json.tmp", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir) || !fs_path(tmp, "%s/manifest.json.tmp", snap_dir))
 		return -ENAMETOOLONG;
 	m = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:b, s:b, s:s?, s:i, s:s, s:s?, s:I}",
 		      "format", FC_SNAP_FORMAT, "hypervisor", "firecracker", "hypervisor_version", hv_version,
@@ -854,11 +816,11 @@ static enum kiln_err fc_snapshot(struct hv_vm *vm, const char *snap_dir, enum vm
 	if (!vm_alive(vm) || !vm->api)
 		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is not running", vm->id);
 	if (!host_path(vm, IN_SNAP_STATE, in_state) || !host_path(vm, IN_SNAP_MEM, in_mem) ||
-	    !host_path(vm, IN_ROOTFS, in_disk) || !fmt_path(state, "%s/state", snap_dir) ||
-	    !fmt_path(mem, "%s/mem", snap_dir) || !fmt_path(disk, "%s/disk.raw", snap_dir))
+	    !host_path(vm, IN_ROOTFS, in_disk) || !fs_path(state, "%s/state", snap_dir) ||
+	    !fs_path(mem, "%s/mem", snap_dir) || !fs_path(disk, "%s/disk.raw", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
-	if ((r = mkdir_p(snap_dir, 0700)) < 0)
-		return os_err(err, r, "cannot create snapshot dir", snap_dir);
+	if ((r = fs_mkdir_p(snap_dir, 0700)) < 0)
+		return fs_err(err, r, "cannot create snapshot dir", snap_dir);
 	if ((rc = fc_api_call(vm->api, vm->id, "GET", "/", NULL, FC_API_MS, NULL, &info, err)) != KILN_OK)
 		return rc;
 	if (json_string_value(json_object_get(info, "vmm_version")))
@@ -868,7 +830,7 @@ static enum kiln_err fc_snapshot(struct hv_vm *vm, const char *snap_dir, enum vm
 	if (!vm->paused && (rc = fc_pause(vm, err)) != KILN_OK)
 		return rc;
 	if ((r = make_snap_dir(vm)) < 0)
-		return os_err(err, r, "cannot create the snapshot staging dir of vm", vm->id);
+		return fs_err(err, r, "cannot create the snapshot staging dir of vm", vm->id);
 	unlink(in_state);
 	unlink(in_mem);
 	if ((rc = api_put(vm, "PUT", "/snapshot/create", FC_SNAP_MS, err, "{s:s, s:s, s:s}", "snapshot_type",
@@ -877,17 +839,17 @@ static enum kiln_err fc_snapshot(struct hv_vm *vm, const char *snap_dir, enum vm
 	if (mode == VMM_SNAP_SHARED)
 		vm_kill(vm);	/* the memory is in the image now; RAM and CPU are released */
 	if ((r = disk_file_move(in_state, state)) < 0 || (r = freeze_file(state)) < 0)
-		return os_err(err, r, "cannot move snapshot state to", state);
+		return fs_err(err, r, "cannot move snapshot state to", state);
 	if ((r = disk_file_move(in_mem, mem)) < 0 || (r = freeze_file(mem)) < 0)
-		return os_err(err, r, "cannot move memory image to", mem);
+		return fs_err(err, r, "cannot move memory image to", mem);
 	if (vm->has_disk) {
 		/* paused vCPUs and a synchronous block device: the file is consistent now */
 		r = mode == VMM_SNAP_SHARED ? disk_file_move(in_disk, disk) : disk_file_copy(in_disk, disk);
 		if (r < 0 || (r = freeze_file(disk)) < 0)
-			return os_err(err, r, "cannot keep disk in", disk);
+			return fs_err(err, r, "cannot keep disk in", disk);
 	}
 	if ((r = write_manifest(snap_dir, vm, ver)) < 0 || (r = fsync_path(snap_dir)) < 0)
-		return os_err(err, r, "cannot write manifest in", snap_dir);
+		return fs_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
 }
 
@@ -901,7 +863,7 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, char
 	const char *hv, *mem, *tap;
 	json_t *m;
 
-	if (!fmt_path(path, "%s/manifest.json", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
 	if (!m)
@@ -963,8 +925,8 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 	*out = NULL;
 	if ((rc = vm_new(s, &vm, err)) != KILN_OK)
 		return rc;
-	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(mem, "%s/mem", snap_dir) ||
-	    !fmt_path(disk, "%s/disk.raw", snap_dir) || !host_path(vm, IN_SNAP_STATE, in_state) ||
+	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(mem, "%s/mem", snap_dir) ||
+	    !fs_path(disk, "%s/disk.raw", snap_dir) || !host_path(vm, IN_SNAP_STATE, in_state) ||
 	    !host_path(vm, IN_SNAP_MEM, in_mem) || !host_path(vm, IN_ROOTFS, in_disk)) {
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 		goto fail;
@@ -973,17 +935,17 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 		goto fail;
 	/* the snapshot's device state names files by their chroot names: put them there */
 	if ((r = disk_file_copy(state, in_state)) < 0 || (r = own_file(vm, in_state)) < 0) {
-		rc = os_err(err, r, "cannot place snapshot state", state);
+		rc = fs_err(err, r, "cannot place snapshot state", state);
 		goto fail;
 	}
 	if ((r = place_mem(vm, mem, in_mem, from)) < 0) {
-		rc = os_err(err, r, "cannot prepare memory from", mem);
+		rc = fs_err(err, r, "cannot prepare memory from", mem);
 		goto fail;
 	}
 	if (vm->has_disk) {
 		r = from == VMM_MEM_MOVE ? disk_file_move(disk, in_disk) : disk_file_copy(disk, in_disk);
 		if (r < 0 || (r = own_file(vm, in_disk)) < 0) {
-			rc = os_err(err, r, "cannot create disk from", disk);
+			rc = fs_err(err, r, "cannot create disk from", disk);
 			goto fail;
 		}
 	}
@@ -1037,7 +999,7 @@ static enum kiln_err fc_usage(struct hv_vm *vm, struct cg_usage *u, struct kiln_
 	if (!vm->cg)
 		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no cgroup", vm->id);
 	r = cg_read(vm->cg, u);
-	return r < 0 ? os_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
+	return r < 0 ? fs_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
@@ -1052,7 +1014,7 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 static void remove_file(const char *path, struct kiln_error *err, enum kiln_err *rc)
 {
 	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
-		*rc = os_err(err, -errno, "cannot remove", path);
+		*rc = fs_err(err, -errno, "cannot remove", path);
 }
 
 static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
@@ -1068,12 +1030,12 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 	fc_api_free(vm->api);
 	vm->api = NULL;
 	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
-		rc = os_err(err, r, "cannot remove cgroup of vm", vm->id);
+		rc = fs_err(err, r, "cannot remove cgroup of vm", vm->id);
 	vm->cg = NULL;
 	/* the chroot: our links and copies, the jailer's device nodes and binary copy, the sockets */
 	if (vm->jail_dir[0] && lstat(vm->jail_dir, &st) == 0 &&
 	    nftw(vm->jail_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 && rc == KILN_OK)
-		rc = os_err(err, -errno, "cannot remove", vm->jail_dir);
+		rc = fs_err(err, -errno, "cannot remove", vm->jail_dir);
 	if (vm->jail_dir[0]) {
 		char *slash = strrchr(vm->jail_dir, '/');
 
@@ -1086,9 +1048,9 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 	remove_file(vm->serial_path, err, &rc);
 	remove_file(vm->log_path, err, &rc);
 	if (vm->run_dir[0] && rmdir(vm->run_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = os_err(err, -errno, "cannot remove", vm->run_dir);
+		rc = fs_err(err, -errno, "cannot remove", vm->run_dir);
 	if (vm->state_dir[0] && rmdir(vm->state_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = os_err(err, -errno, "cannot remove", vm->state_dir);
+		rc = fs_err(err, -errno, "cannot remove", vm->state_dir);
 	free(vm);
 	return rc;
 }

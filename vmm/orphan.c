@@ -6,6 +6,7 @@
  * are killed through pidfds after checking, on the pinned process, that it is still in the VM's
  * cgroup and looks like its VMM: a pid recycled in between cannot be hit.
  */
+#include "vmm/fsutil.h"
 #include "vmm/orphan.h"
 
 #include <ctype.h>
@@ -60,18 +61,6 @@ static bool id_ok(const char *s)
 		if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-')
 			return false;
 	return true;
-}
-
-static bool fmt_path(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool fmt_path(char *out, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(out, PATH_MAX, fmt, ap);
-	va_end(ap);
-	return n >= 0 && n < PATH_MAX;
 }
 
 /* Reads at most `cap` - 1 bytes of `path` into `out` (NUL-terminated); returns the length or -errno. */
@@ -160,7 +149,7 @@ static int for_each_lease(const struct orphan_env *env, int (*fn)(const struct o
 		ssize_t n;
 
 		if (!isdigit((unsigned char)e->d_name[0]) || *end || uid == 0 || uid > UINT_MAX ||
-		    !fmt_path(path, "%s/%s", env->lease_dir, e->d_name))
+		    !fs_path(path, "%s/%s", env->lease_dir, e->d_name))
 			continue;
 		n = read_small(path, owner, sizeof(owner));
 		if (n < 0)
@@ -224,7 +213,7 @@ static bool pid_in_group(pid_t pid, const char *node, const char *id, char *buf)
 	char path[64], want[PATH_MAX];
 
 	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
-	if (!fmt_path(want, "/kiln/%s/%s", node, id) || read_small(path, buf, PROC_FILE_MAX) < 0)
+	if (!fs_path(want, "/kiln/%s/%s", node, id) || read_small(path, buf, PROC_FILE_MAX) < 0)
 		return false;
 	for (char *line = buf; *line;) {
 		char *nl = strchr(line, '\n');
@@ -324,7 +313,7 @@ static int group_pids(const char *dir, pid_t *pids, int max, char *buf)
 	ssize_t r;
 	int n = 0;
 
-	if (!fmt_path(path, "%s/cgroup.procs", dir))
+	if (!fs_path(path, "%s/cgroup.procs", dir))
 		return -ENAMETOOLONG;
 	if ((r = read_small(path, buf, PROC_FILE_MAX)) < 0)
 		return (int)r;
@@ -492,13 +481,13 @@ static bool vm_exists(const struct orphan_env *env, const char *node, const char
 	char path[PATH_MAX];
 	struct stat st;
 
-	if (fmt_path(path, "%s/%s/%s", env->run_root, node, id) && stat(path, &st) == 0)
+	if (fs_path(path, "%s/%s/%s", env->run_root, node, id) && stat(path, &st) == 0)
 		return true;
 	for (size_t c = 0; c < sizeof(v1_ctls) / sizeof(v1_ctls[0]); c++)
-		if (fmt_path(path, "%s/%s/kiln/%s/%s", env->cg_root, v1_ctls[c], node, id) && stat(path, &st) == 0)
+		if (fs_path(path, "%s/%s/kiln/%s/%s", env->cg_root, v1_ctls[c], node, id) && stat(path, &st) == 0)
 			return true;
-	return (fmt_path(path, "%s/kiln/%s/%s", env->cg_root, node, id) && stat(path, &st) == 0) ||
-	       (fmt_path(path, "%s/unified/kiln/%s/%s", env->cg_root, node, id) && stat(path, &st) == 0);
+	return (fs_path(path, "%s/kiln/%s/%s", env->cg_root, node, id) && stat(path, &st) == 0) ||
+	       (fs_path(path, "%s/unified/kiln/%s/%s", env->cg_root, node, id) && stat(path, &st) == 0);
 }
 
 /*
@@ -535,14 +524,14 @@ static bool vm_clean(const struct orphan_env *env, const char *id, struct kiln_e
 	bool ok = true;
 	int r;
 
-	if (!dirs || !fmt_path(run_dir, "%s/%s/%s", env->run_root, env->node, id) ||
-	    !fmt_path(mem, "%s/kiln-%s-%s.mem", VMM_MEM_DIR_DEFAULT, env->node, id)) {
+	if (!dirs || !fs_path(run_dir, "%s/%s/%s", env->run_root, env->node, id) ||
+	    !fs_path(mem, "%s/kiln-%s-%s.mem", VMM_MEM_DIR_DEFAULT, env->node, id)) {
 		free(dirs);
 		kiln_error_set(err, KILN_E_NOMEM, "vm '%s': cannot clean up", id);
 		return false;
 	}
 	for (unsigned b = 0; b < env->n_bases; b++)
-		if (fmt_path(dirs[n], "%s/%s", env->cg_bases[b], id) && stat(dirs[n], &st) == 0)
+		if (fs_path(dirs[n], "%s/%s", env->cg_bases[b], id) && stat(dirs[n], &st) == 0)
 			n++;
 	/* processes first: nothing may hold the files below once they go */
 	if ((r = groups_clean(env, id, run_dir, dirs, n, err)) < 0) {
@@ -612,24 +601,24 @@ int vmm_orphans_cleanup(const char *node_id, const char *run_root, const char *c
 	env->node = node_id;
 	env->run_root = run_root ? run_root : VMM_RUN_ROOT_DEFAULT;
 	env->cg_root = cgroup_root ? cgroup_root : CG_ROOT_DEFAULT;
-	if (!fmt_path(env->lease_dir, "%s/uids", env->run_root)) {
+	if (!fs_path(env->lease_dir, "%s/uids", env->run_root)) {
 		kiln_error_set(err, KILN_E_INVALID, "run root '%s' too long", env->run_root);
 		free(env);
 		return -1;
 	}
 	/* kiln/<node> under every hierarchy that has it: v1 controllers, a v2 root, a hybrid's unified */
 	for (size_t c = 0; c < sizeof(v1_ctls) / sizeof(v1_ctls[0]); c++)
-		if (fmt_path(env->cg_bases[env->n_bases], "%s/%s/kiln/%s", env->cg_root, v1_ctls[c], node_id) &&
+		if (fs_path(env->cg_bases[env->n_bases], "%s/%s/kiln/%s", env->cg_root, v1_ctls[c], node_id) &&
 		    stat(env->cg_bases[env->n_bases], &st) == 0)
 			env->n_bases++;
-	if (fmt_path(env->cg_bases[env->n_bases], "%s/kiln/%s", env->cg_root, node_id) &&
+	if (fs_path(env->cg_bases[env->n_bases], "%s/kiln/%s", env->cg_root, node_id) &&
 	    stat(env->cg_bases[env->n_bases], &st) == 0)
 		env->n_bases++;
-	if (fmt_path(env->cg_bases[env->n_bases], "%s/unified/kiln/%s", env->cg_root, node_id) &&
+	if (fs_path(env->cg_bases[env->n_bases], "%s/unified/kiln/%s", env->cg_root, node_id) &&
 	    stat(env->cg_bases[env->n_bases], &st) == 0)
 		env->n_bases++;
 
-	r = fmt_path(path, "%s/%s", env->run_root, node_id) ? add_subdirs(&ids, path) : -ENAMETOOLONG;
+	r = fs_path(path, "%s/%s", env->run_root, node_id) ? add_subdirs(&ids, path) : -ENAMETOOLONG;
 	for (unsigned b = 0; r == 0 && b < env->n_bases; b++)
 		r = add_subdirs(&ids, env->cg_bases[b]);
 	if (r == 0)

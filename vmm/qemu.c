@@ -14,6 +14,7 @@
  * A snapshot directory holds: manifest.json, state (migration stream), mem (memory image, shared
  * mode), disk.qcow2 (the frozen disk layer). docs/vmm.md explains the life of memory files.
  */
+#include "vmm/fsutil.h"
 #include "vmm/qemu.h"
 
 #include <errno.h>
@@ -222,45 +223,6 @@ struct hv_vm {
 	int exit_status;
 };
 
-static enum kiln_err os_err(struct kiln_error *err, int neg, const char *what, const char *subject)
-{
-	return kiln_error_set(err, neg == -ENOMEM ? KILN_E_NOMEM : KILN_E_IO, "%s '%s': %s", what,
-			      subject, strerror(-neg));
-}
-
-static int mkdir_p(const char *dir, mode_t mode)
-{
-	char p[PATH_MAX];
-	size_t len = strlen(dir);
-
-	if (len >= sizeof(p))
-		return -ENAMETOOLONG;
-	memcpy(p, dir, len + 1);
-	for (size_t i = 1; i <= len; i++) {
-		if (p[i] != '/' && p[i] != '\0')
-			continue;
-		char c = p[i];
-
-		p[i] = '\0';
-		if (mkdir(p, i == len ? mode : 0755) < 0 && errno != EEXIST)
-			return -errno;
-		p[i] = c;
-	}
-	return 0;
-}
-
-static bool fmt_path(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool fmt_path(char *out, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(out, PATH_MAX, fmt, ap);
-	va_end(ap);
-	return n >= 0 && n < PATH_MAX;
-}
-
 /* Fills the handle's names and paths from the spec. */
 static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
 {
@@ -275,29 +237,29 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	vm->accel = accel_detect();
 	vm->pidfd = -1;
 	vm->has_net = s->netns_path != NULL;
-	ok &= fmt_path(vm->run_dir, "%s", s->run_dir);
-	ok &= fmt_path(vm->state_dir, "%s", s->state_dir);
-	ok &= fmt_path(vm->qmp_path, "%s/qmp.sock", s->run_dir);
-	ok &= fmt_path(vm->agent_path, "%s/agent.sock", s->run_dir);
-	ok &= fmt_path(vm->serial_path, "%s/serial.log", s->run_dir);
-	ok &= fmt_path(vm->log_path, "%s/qemu.log", s->run_dir);
-	ok &= fmt_path(vm->jail_root, "%s/jail", s->run_dir);
-	ok &= fmt_path(vm->mp_kernel, "%s/jail/kernel", s->run_dir);
-	ok &= fmt_path(vm->mp_initrd, "%s/jail/initrd", s->run_dir);
-	ok &= fmt_path(vm->mp_disk, "%s/jail/disk", s->run_dir);
-	ok &= fmt_path(vm->mp_mem, "%s/jail/mem", s->run_dir);
+	ok &= fs_path(vm->run_dir, "%s", s->run_dir);
+	ok &= fs_path(vm->state_dir, "%s", s->state_dir);
+	ok &= fs_path(vm->qmp_path, "%s/qmp.sock", s->run_dir);
+	ok &= fs_path(vm->agent_path, "%s/agent.sock", s->run_dir);
+	ok &= fs_path(vm->serial_path, "%s/serial.log", s->run_dir);
+	ok &= fs_path(vm->log_path, "%s/qemu.log", s->run_dir);
+	ok &= fs_path(vm->jail_root, "%s/jail", s->run_dir);
+	ok &= fs_path(vm->mp_kernel, "%s/jail/kernel", s->run_dir);
+	ok &= fs_path(vm->mp_initrd, "%s/jail/initrd", s->run_dir);
+	ok &= fs_path(vm->mp_disk, "%s/jail/disk", s->run_dir);
+	ok &= fs_path(vm->mp_mem, "%s/jail/mem", s->run_dir);
 	for (unsigned k = 0; k <= DISK_CHAIN_MAX; k++) {
 		char name[16];
 
 		disk_layer_name(k, name, sizeof(name));
-		ok &= fmt_path(vm->mp_chain[k], "%s/jail/%s", s->run_dir, name);
+		ok &= fs_path(vm->mp_chain[k], "%s/jail/%s", s->run_dir, name);
 	}
-	ok &= fmt_path(vm->kernel, "%s", s->kernel);
-	ok &= fmt_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
-	ok &= fmt_path(vm->mem_path, "%s/kiln-%s-%s.mem", mem_dir, s->node, s->id);
+	ok &= fs_path(vm->kernel, "%s", s->kernel);
+	ok &= fs_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
+	ok &= fs_path(vm->mem_path, "%s/kiln-%s-%s.mem", mem_dir, s->node, s->id);
 	if (s->rootfs) {
-		ok &= fmt_path(vm->disk_path, "%s/disk.qcow2", s->state_dir);
-		ok &= fmt_path(vm->chain[0], "%s", s->rootfs);
+		ok &= fs_path(vm->disk_path, "%s/disk.qcow2", s->state_dir);
+		ok &= fs_path(vm->chain[0], "%s", s->rootfs);
 	}
 	if (!ok)
 		return kiln_error_set(err, KILN_E_INVALID, "a path of vm '%s' is too long", s->id);
@@ -398,19 +360,19 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
 
 	if ((r = jail_prepare(j)) < 0) {
-		rc = os_err(err, r, "cannot prepare jail", vm->jail_root);
+		rc = fs_err(err, r, "cannot prepare jail", vm->jail_root);
 		goto out;
 	}
 	if (s->netns_path) {
 		j->netns_fd = open(s->netns_path, O_RDONLY | O_CLOEXEC);
 		if (j->netns_fd < 0) {
-			rc = os_err(err, -errno, "cannot open network namespace", s->netns_path);
+			rc = fs_err(err, -errno, "cannot open network namespace", s->netns_path);
 			goto out;
 		}
 	}
 	log_fd = open(vm->log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	if (log_fd < 0) {
-		rc = os_err(err, -errno, "cannot open", vm->log_path);
+		rc = fs_err(err, -errno, "cannot open", vm->log_path);
 		goto out;
 	}
 	j->out_fd = log_fd;
@@ -421,7 +383,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	unlink(vm->qmp_path);
 	unlink(vm->agent_path);
 	if ((r = jail_spawn(j, argv, envp, &vm->pid, &vm->pidfd)) < 0) {
-		rc = os_err(err, r, "cannot start", argv[0]);
+		rc = fs_err(err, r, "cannot start", argv[0]);
 		goto out;
 	}
 	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->pid);
@@ -528,7 +490,7 @@ static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, str
 	};
 	int r = cg_create(s->cgroup_root, s->node, s->id, &lim, &vm->cg);
 
-	return r < 0 ? os_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
+	return r < 0 ? fs_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
 }
 
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err);
@@ -547,24 +509,24 @@ static enum kiln_err qemu_create(const struct vmm_spec *s, struct hv_vm **out, s
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if ((rc = vm_init(vm, s, err)) != KILN_OK)
 		goto fail;
-	if ((r = mkdir_p(vm->run_dir, 0711)) < 0 || (r = mkdir_p(vm->state_dir, 0700)) < 0) {
-		rc = os_err(err, r, "cannot create the directories of vm", s->id);
+	if ((r = fs_mkdir_p(vm->run_dir, 0711)) < 0 || (r = fs_mkdir_p(vm->state_dir, 0700)) < 0) {
+		rc = fs_err(err, r, "cannot create the directories of vm", s->id);
 		goto fail;
 	}
 	vm->mem_owned = true;
 	if ((r = mem_file_create(vm->mem_path, vm->mem_mib)) < 0) {
-		rc = os_err(err, r, "cannot create memory file", vm->mem_path);
+		rc = fs_err(err, r, "cannot create memory file", vm->mem_path);
 		goto fail;
 	}
 	if (s->rootfs && (r = disk_overlay_create(s->rootfs, 0, vm->disk_path,
 						  (uint64_t)s->disk_gib << 30)) < 0) {
 		rc = r == -EINVAL ? kiln_error_set(err, KILN_E_INVALID, "disk: %u GiB is smaller than the image",
 						   s->disk_gib)
-				  : os_err(err, r, "cannot create disk layer", vm->disk_path);
+				  : fs_err(err, r, "cannot create disk layer", vm->disk_path);
 		goto fail;
 	}
 	if ((r = own_files(vm, s->uid, s->gid)) < 0) {
-		rc = os_err(err, r, "cannot hand files to the uid of vm", s->id);
+		rc = fs_err(err, r, "cannot hand files to the uid of vm", s->id);
 		goto fail;
 	}
 	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
@@ -675,7 +637,7 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 	json_t *m, *arr;
 	int r = 0;
 
-	if (!fmt_path(path, "%s/manifest.json", snap_dir) || !fmt_path(tmp, "%s/manifest.json.tmp", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir) || !fs_path(tmp, "%s/manifest.json.tmp", snap_dir))
 		return -ENAMETOOLONG;
 	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
 		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
@@ -712,11 +674,11 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 
 	if (!vm_alive(vm) || !vm->qmp)
 		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is not running", vm->id);
-	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(state_tmp, "%s/state.tmp", snap_dir) ||
-	    !fmt_path(mem, "%s/mem", snap_dir) || !fmt_path(disk, "%s/disk.qcow2", snap_dir))
+	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(state_tmp, "%s/state.tmp", snap_dir) ||
+	    !fs_path(mem, "%s/mem", snap_dir) || !fs_path(disk, "%s/disk.qcow2", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
-	if ((r = mkdir_p(snap_dir, 0700)) < 0)
-		return os_err(err, r, "cannot create snapshot dir", snap_dir);
+	if ((r = fs_mkdir_p(snap_dir, 0700)) < 0)
+		return fs_err(err, r, "cannot create snapshot dir", snap_dir);
 	snprintf(ver, sizeof(ver), "%s", qmp_version(vm->qmp));
 
 	if ((rc = qmp_do(vm, "stop", NULL, NULL, err)) != KILN_OK)
@@ -725,13 +687,13 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 		return rc;
 	fd = open(state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
-		return os_err(err, -errno, "cannot create", state_tmp);
+		return fs_err(err, -errno, "cannot create", state_tmp);
 	rc = migrate_fd(vm, "migrate", fd, err);
 	if (rc == KILN_OK && fsync(fd) < 0)
-		rc = os_err(err, -errno, "cannot write", state_tmp);
+		rc = fs_err(err, -errno, "cannot write", state_tmp);
 	close(fd);
 	if (rc == KILN_OK && rename(state_tmp, state) < 0)
-		rc = os_err(err, -errno, "cannot rename", state_tmp);
+		rc = fs_err(err, -errno, "cannot rename", state_tmp);
 	if (rc != KILN_OK) {
 		unlink(state_tmp);
 		return rc;
@@ -741,13 +703,13 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 		/* the memory file becomes the snapshot's image: this VMM must not write it any more */
 		vm_kill(vm, true);
 		if ((r = disk_file_move(vm->mem_path, mem)) < 0)
-			return os_err(err, r, "cannot move memory image to", mem);
+			return fs_err(err, r, "cannot move memory image to", mem);
 		vm->mem_owned = false;
 		if (vm->disk_path[0] && (r = disk_file_move(vm->disk_path, disk)) < 0)
-			return os_err(err, r, "cannot move disk layer to", disk);
+			return fs_err(err, r, "cannot move disk layer to", disk);
 	} else if (vm->disk_path[0] && (r = disk_file_copy(vm->disk_path, disk)) < 0) {
 		/* the source's block devices are inactive after the migration: the layer is consistent */
-		return os_err(err, r, "cannot copy disk layer to", disk);
+		return fs_err(err, r, "cannot copy disk layer to", disk);
 	}
 	if (vm->disk_path[0]) {
 		/* the frozen layer joins the chain; past DISK_CHAIN_MAX it is flattened onto the base */
@@ -759,7 +721,7 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 		snprintf(chain[n++], PATH_MAX, "%s", disk);
 		if ((r = freeze_file(disk)) < 0) {
 			free(chain);
-			return os_err(err, r, "cannot freeze disk layer", disk);
+			return fs_err(err, r, "cannot freeze disk layer", disk);
 		}
 		if (n - 1 > DISK_CHAIN_MAX) {
 			char tmp[PATH_MAX];
@@ -767,10 +729,10 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 
 			for (unsigned k = 0; k < n - 1; k++)
 				links[k] = chain[k];
-			fmt_path(tmp, "%s/.chain", snap_dir);
+			fs_path(tmp, "%s/.chain", snap_dir);
 			if ((r = disk_flatten(disk, links, n - 1, tmp)) < 0) {
 				free(chain);
-				return os_err(err, r, "cannot flatten disk layer", disk);
+				return fs_err(err, r, "cannot flatten disk layer", disk);
 			}
 			snprintf(chain[1], PATH_MAX, "%s", disk);
 			n = 2;
@@ -782,7 +744,7 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 	r = write_manifest(snap_dir, vm, shared ? "shared" : "full", ver, chain, n);
 	free(chain);
 	if (r < 0 || (r = fsync_path(snap_dir)) < 0)
-		return os_err(err, r, "cannot write manifest in", snap_dir);
+		return fs_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
 }
 
@@ -796,7 +758,7 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 	const char *mode, *hv, *accel;
 	json_t *m, *chain;
 
-	if (!fmt_path(path, "%s/manifest.json", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
 	if (!m)
@@ -823,7 +785,7 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 	for (size_t k = 0; rc == KILN_OK && k < json_array_size(chain); k++) {
 		const char *p = json_string_value(json_array_get(chain, k));
 
-		if (!p || p[0] != '/' || !fmt_path(vm->chain[k], "%s", p))
+		if (!p || p[0] != '/' || !fs_path(vm->chain[k], "%s", p))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad disk chain", snap_dir);
 	}
 	if (rc == KILN_OK) {
@@ -853,7 +815,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if ((rc = vm_init(vm, s, err)) != KILN_OK)
 		goto fail;
-	if (!fmt_path(state, "%s/state", snap_dir) || !fmt_path(mem, "%s/mem", snap_dir)) {
+	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(mem, "%s/mem", snap_dir)) {
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
 		goto fail;
 	}
@@ -861,11 +823,11 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		goto fail;
 	fd = open(state, O_RDONLY | O_CLOEXEC);
 	if (fd < 0) {
-		rc = os_err(err, -errno, "cannot open snapshot state", state);
+		rc = fs_err(err, -errno, "cannot open snapshot state", state);
 		goto fail;
 	}
-	if ((r = mkdir_p(vm->run_dir, 0711)) < 0 || (r = mkdir_p(vm->state_dir, 0700)) < 0) {
-		rc = os_err(err, r, "cannot create the directories of vm", s->id);
+	if ((r = fs_mkdir_p(vm->run_dir, 0711)) < 0 || (r = fs_mkdir_p(vm->state_dir, 0700)) < 0) {
+		rc = fs_err(err, r, "cannot create the directories of vm", s->id);
 		goto fail;
 	}
 	/* memory: the snapshot's image mapped privately, taken over, or copied; or a fresh file */
@@ -878,26 +840,26 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		r = disk_file_copy(mem, vm->mem_path);
 	else {
 		vm->mem_owned = false;
-		r = fmt_path(vm->mem_path, "%s", mem) ? 0 : -ENAMETOOLONG;
+		r = fs_path(vm->mem_path, "%s", mem) ? 0 : -ENAMETOOLONG;
 	}
 	if (r < 0) {
-		rc = os_err(err, r, "cannot prepare memory from", mem);
+		rc = fs_err(err, r, "cannot prepare memory from", mem);
 		goto fail;
 	}
 	/* disk: a new empty layer over the snapshot's frozen one */
 	if (vm->chain[0][0]) {
-		if (!fmt_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir)) {
+		if (!fs_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir)) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
 			goto fail;
 		}
 		if ((r = disk_overlay_create(vm->chain[vm->depth], vm->depth, vm->disk_path, 0)) < 0) {
 			vm->disk_path[0] = '\0';
-			rc = os_err(err, r, "cannot create disk layer over", vm->chain[vm->depth]);
+			rc = fs_err(err, r, "cannot create disk layer over", vm->chain[vm->depth]);
 			goto fail;
 		}
 	}
 	if ((r = own_files(vm, s->uid, s->gid)) < 0) {
-		rc = os_err(err, r, "cannot hand files to the uid of vm", s->id);
+		rc = fs_err(err, r, "cannot hand files to the uid of vm", s->id);
 		goto fail;
 	}
 	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
@@ -941,14 +903,14 @@ static enum kiln_err qemu_usage(struct hv_vm *vm, struct cg_usage *u, struct kil
 	if (!vm->cg)
 		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no cgroup", vm->id);
 	r = cg_read(vm->cg, u);
-	return r < 0 ? os_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
+	return r < 0 ? fs_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
 }
 
 /* Removes a file that may be absent; records other failures in `err`. */
 static void remove_file(const char *path, struct kiln_error *err, enum kiln_err *rc)
 {
 	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
-		*rc = os_err(err, -errno, "cannot remove", path);
+		*rc = fs_err(err, -errno, "cannot remove", path);
 }
 
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
@@ -960,7 +922,7 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 		return KILN_OK;
 	vm_kill(vm, false);
 	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
-		rc = os_err(err, r, "cannot remove cgroup of vm", vm->id);
+		rc = fs_err(err, r, "cannot remove cgroup of vm", vm->id);
 	vm->cg = NULL;
 	if (vm->jail.root)
 		jail_cleanup(&vm->jail);
@@ -972,9 +934,9 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 		remove_file(vm->mem_path, err, &rc);
 	remove_file(vm->disk_path, err, &rc);
 	if (vm->run_dir[0] && rmdir(vm->run_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = os_err(err, -errno, "cannot remove", vm->run_dir);
+		rc = fs_err(err, -errno, "cannot remove", vm->run_dir);
 	if (vm->state_dir[0] && rmdir(vm->state_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = os_err(err, -errno, "cannot remove", vm->state_dir);
+		rc = fs_err(err, -errno, "cannot remove", vm->state_dir);
 	free(vm);
 	return rc;
 }

@@ -7,6 +7,7 @@
  * (SEEK_DATA/SEEK_HOLE), so a memory image of many GiB that is mostly holes costs little to hash or
  * pack, and memory use stays at a few MiB whatever the sizes.
  */
+#include "vmm/fsutil.h"
 #include "vmm/snapshot.h"
 
 #include <dirent.h>
@@ -50,24 +51,6 @@
 enum pack_rec { REC_FILE = 1, REC_DATA = 2, REC_ZEROS = 3, REC_END = 4 };
 
 /* ---- small helpers ---- */
-
-static enum kiln_err os_err(struct kiln_error *err, int neg, const char *what, const char *subject)
-{
-	return kiln_error_set(err, neg == -ENOMEM ? KILN_E_NOMEM : KILN_E_IO, "%s '%s': %s", what,
-			      subject, strerror(-neg));
-}
-
-static bool fmt_path(char *out, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static bool fmt_path(char *out, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(out, PATH_MAX, fmt, ap);
-	va_end(ap);
-	return n >= 0 && n < PATH_MAX;
-}
 
 static int write_all(int fd, const void *buf, size_t len)
 {
@@ -168,7 +151,7 @@ static int fsync_parent(const char *path)
 	char dir[PATH_MAX];
 	char *slash;
 
-	if (!fmt_path(dir, "%s", path))
+	if (!fs_path(dir, "%s", path))
 		return -ENAMETOOLONG;
 	slash = strrchr(dir, '/');
 	if (!slash)
@@ -295,7 +278,7 @@ static enum kiln_err list_files(const char *dir, bool with_manifest,
 
 	*n = 0;
 	if (!d)
-		return os_err(err, -errno, "cannot open snapshot dir", dir);
+		return fs_err(err, -errno, "cannot open snapshot dir", dir);
 	while (rc == KILN_OK && (errno = 0, e = readdir(d)) != NULL) {
 		struct stat st;
 
@@ -307,7 +290,7 @@ static enum kiln_err list_files(const char *dir, bool with_manifest,
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad file name '%.64s'", dir,
 					    e->d_name);
 		else if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
-			rc = os_err(err, -errno, "cannot stat in snapshot dir", e->d_name);
+			rc = fs_err(err, -errno, "cannot stat in snapshot dir", e->d_name);
 		else if (!S_ISREG(st.st_mode))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': '%s' is not a regular file",
 					    dir, e->d_name);
@@ -318,7 +301,7 @@ static enum kiln_err list_files(const char *dir, bool with_manifest,
 			memcpy(names[(*n)++], e->d_name, strlen(e->d_name) + 1);	/* name_ok: fits */
 	}
 	if (rc == KILN_OK && errno)
-		rc = os_err(err, -errno, "cannot read snapshot dir", dir);
+		rc = fs_err(err, -errno, "cannot read snapshot dir", dir);
 	closedir(d);
 	if (rc == KILN_OK)
 		qsort(names, *n, SNAPSHOT_NAME_MAX, name_cmp);
@@ -470,7 +453,7 @@ static enum kiln_err digest_fd(int fd, const char *name, uint64_t size, char hex
 
 		if (r < 0) {
 			rc = r == -ENODATA ? kiln_error_set(err, KILN_E_IO, "file '%s' shrank while being hashed", name)
-					   : os_err(err, r, "cannot read", name);
+					   : fs_err(err, r, "cannot read", name);
 			goto out;
 		}
 		chunk_digest(hole ? NULL : buf, len, &z, d);
@@ -499,9 +482,9 @@ enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *siz
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
 	if (fd < 0)
-		return os_err(err, -errno, "cannot open", path);
+		return fs_err(err, -errno, "cannot open", path);
 	if (fstat(fd, &st) < 0) {
-		rc = os_err(err, -errno, "cannot stat", path);
+		rc = fs_err(err, -errno, "cannot stat", path);
 		close(fd);
 		return rc;
 	}
@@ -575,7 +558,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 	enum kiln_err rc;
 	int r, fd = -1;
 
-	if (!fmt_path(path, "%s/%s", dir, MANIFEST_NAME) || !fmt_path(tmp, "%s/%s.tmp", dir, MANIFEST_NAME))
+	if (!fs_path(path, "%s/%s", dir, MANIFEST_NAME) || !fs_path(tmp, "%s/%s.tmp", dir, MANIFEST_NAME))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", dir);
 	if ((rc = list_files(dir, false, names, &n, err)) != KILN_OK)
 		return rc;
@@ -594,7 +577,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 					      dir);
 		}
 	} else if (r != -ENOENT) {
-		return os_err(err, r, "cannot read", path);
+		return fs_err(err, r, "cannot read", path);
 	} else if (!(base = json_object())) {
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
@@ -638,7 +621,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 		char fpath[PATH_MAX], hex[65];
 		uint64_t size;
 
-		if (!fmt_path(fpath, "%s/%s", dir, names[i])) {
+		if (!fs_path(fpath, "%s/%s", dir, names[i])) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", dir);
 			goto out;
 		}
@@ -658,22 +641,22 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 
 	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (fd < 0) {
-		rc = os_err(err, -errno, "cannot create", tmp);
+		rc = fs_err(err, -errno, "cannot create", tmp);
 		goto out;
 	}
 	if ((r = write_all(fd, text, strlen(text))) < 0 || (r = write_all(fd, "\n", 1)) < 0 ||
 	    (fsync(fd) < 0 && (r = -errno) < 0)) {
-		rc = os_err(err, r, "cannot write", tmp);
+		rc = fs_err(err, r, "cannot write", tmp);
 		goto out;
 	}
 	close(fd);
 	fd = -1;
 	if (rename(tmp, path) < 0) {
-		rc = os_err(err, -errno, "cannot rename", tmp);
+		rc = fs_err(err, -errno, "cannot rename", tmp);
 		goto out;
 	}
 	if ((r = fsync_dir(dir)) < 0)
-		rc = os_err(err, r, "cannot sync", dir);
+		rc = fs_err(err, r, "cannot sync", dir);
 out:
 	if (fd >= 0) {
 		close(fd);
@@ -732,7 +715,7 @@ static enum kiln_err manifest_load(const char *dir, struct snapshot_meta *meta, 
 	int r;
 
 	memset(meta, 0, sizeof(*meta));
-	if (!fmt_path(path, "%s/%s", dir, MANIFEST_NAME))
+	if (!fs_path(path, "%s/%s", dir, MANIFEST_NAME))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", dir);
 	r = read_capped(path, SNAPSHOT_MANIFEST_MAX, &text, &len);
 	if (r == -ENOENT)
@@ -741,7 +724,7 @@ static enum kiln_err manifest_load(const char *dir, struct snapshot_meta *meta, 
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': manifest larger than %d bytes", dir,
 				      SNAPSHOT_MANIFEST_MAX);
 	if (r < 0)
-		return os_err(err, r, "cannot read", path);
+		return fs_err(err, r, "cannot read", path);
 	m = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
 	free(text);
 	if (!json_is_object(m)) {
@@ -839,14 +822,14 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
 		char path[PATH_MAX];
 		struct stat st;
 
-		if (!fmt_path(path, "%s/%s", dir, f->name)) {
+		if (!fs_path(path, "%s/%s", dir, f->name)) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", dir);
 			goto out;
 		}
 		if (lstat(path, &st) < 0) {
 			rc = errno == ENOENT ? kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': file '%s' is missing",
 							      dir, f->name)
-					     : os_err(err, -errno, "cannot stat", path);
+					     : fs_err(err, -errno, "cannot stat", path);
 			goto out;
 		}
 		if (!S_ISREG(st.st_mode)) {
@@ -871,7 +854,7 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
 		char path[PATH_MAX], hex[65];
 		uint64_t size;
 
-		fmt_path(path, "%s/%s", dir, f->name);
+		fs_path(path, "%s/%s", dir, f->name);
 		if ((rc = snapshot_file_digest(path, hex, &size, err)) != KILN_OK)
 			goto out;
 		if (size != f->size || strcmp(hex, f->digest) != 0) {
@@ -949,7 +932,7 @@ static enum kiln_err record_write(struct pack_ctx *p, enum pack_rec type, unsign
 		return kiln_error_set(err, KILN_E_INTERNAL, "aes-256-gcm failed");
 	if ((r = write_all(p->fd, head, sizeof(head))) < 0 || (r = write_all(p->fd, buf, len)) < 0 ||
 	    (r = write_all(p->fd, tag, sizeof(tag))) < 0)
-		return os_err(err, r, "cannot write", p->path);
+		return fs_err(err, r, "cannot write", p->path);
 	return KILN_OK;
 }
 
@@ -1021,13 +1004,13 @@ static enum kiln_err pack_one(struct pack_ctx *p, const char *dir, const char *n
 	uint64_t off = 0, size;
 	int fd;
 
-	if (!fmt_path(path, "%s/%s", dir, name))
+	if (!fs_path(path, "%s/%s", dir, name))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", dir);
 	fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 	if (fd < 0)
-		return os_err(err, -errno, "cannot open", path);
+		return fs_err(err, -errno, "cannot open", path);
 	if (fstat(fd, &st) < 0) {
-		rc = os_err(err, -errno, "cannot stat", path);
+		rc = fs_err(err, -errno, "cannot stat", path);
 		goto out;
 	}
 	size = (uint64_t)st.st_size;
@@ -1060,7 +1043,7 @@ static enum kiln_err pack_one(struct pack_ctx *p, const char *dir, const char *n
 
 			if (r < 0) {
 				rc = r == -ENODATA ? kiln_error_set(err, KILN_E_IO, "'%s' shrank while being packed", path)
-						   : os_err(err, r, "cannot read", path);
+						   : fs_err(err, r, "cannot read", path);
 				break;
 			}
 			/* page by page: zero pages join zero runs, the rest is data */
@@ -1124,7 +1107,7 @@ enum kiln_err snapshot_pack(const char *dir, const struct auth_master_key *mk, c
 
 	if (!tenant_id || !*tenant_id)
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot pack needs a tenant id");
-	if (!fmt_path(tmp, "%s.tmp", out_path))
+	if (!fs_path(tmp, "%s.tmp", out_path))
 		return kiln_error_set(err, KILN_E_INVALID, "path '%s' too long", out_path);
 	if ((rc = list_files(dir, true, names, &n, err)) != KILN_OK)
 		return rc;
@@ -1150,11 +1133,11 @@ enum kiln_err snapshot_pack(const char *dir, const struct auth_master_key *mk, c
 	}
 	p.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0600);
 	if (p.fd < 0) {
-		rc = os_err(err, -errno, "cannot create", tmp);
+		rc = fs_err(err, -errno, "cannot create", tmp);
 		goto out;
 	}
 	if ((r = write_all(p.fd, head, PACK_HEAD_LEN + wlen)) < 0) {
-		rc = os_err(err, r, "cannot write", tmp);
+		rc = fs_err(err, r, "cannot write", tmp);
 		goto out;
 	}
 	for (unsigned i = 0; i < n; i++)
@@ -1165,18 +1148,18 @@ enum kiln_err snapshot_pack(const char *dir, const struct auth_master_key *mk, c
 	if ((rc = record_write(&p, REC_END, end, sizeof(end), err)) != KILN_OK)
 		goto out;
 	if (fsync(p.fd) < 0) {
-		rc = os_err(err, -errno, "cannot write", tmp);
+		rc = fs_err(err, -errno, "cannot write", tmp);
 		goto out;
 	}
 	close(p.fd);
 	p.fd = -1;
 	if (rename(tmp, out_path) < 0) {
-		rc = os_err(err, -errno, "cannot rename", tmp);
+		rc = fs_err(err, -errno, "cannot rename", tmp);
 		unlink(tmp);
 		goto out;
 	}
 	if ((r = fsync_parent(out_path)) < 0)
-		rc = os_err(err, r, "cannot sync the directory of", out_path);
+		rc = fs_err(err, r, "cannot sync the directory of", out_path);
 out:
 	if (p.fd >= 0) {
 		close(p.fd);
@@ -1229,7 +1212,7 @@ static enum kiln_err unpack_close(struct unpack_file *u, const char *in_path, st
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot object '%s' is corrupt: file '%s' incomplete",
 				    in_path, u->name);
 	else if (ftruncate(u->fd, (off_t)u->size) < 0 || fchmod(u->fd, u->mode) < 0 || fsync(u->fd) < 0)
-		rc = os_err(err, -errno, "cannot write unpacked file", u->name);
+		rc = fs_err(err, -errno, "cannot write unpacked file", u->name);
 	close(u->fd);
 	u->fd = -1;
 	return rc;
@@ -1260,7 +1243,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 		unsigned type, flags;
 
 		if (got < 0) {
-			rc = os_err(err, (int)got, "cannot read", in_path);
+			rc = fs_err(err, (int)got, "cannot read", in_path);
 			break;
 		}
 		if (got < (ssize_t)sizeof(head)) {
@@ -1280,7 +1263,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 		}
 		got = read_full(p->fd, buf, (size_t)len + PACK_TAG);
 		if (got < 0) {
-			rc = os_err(err, (int)got, "cannot read", in_path);
+			rc = fs_err(err, (int)got, "cannot read", in_path);
 			break;
 		}
 		if ((size_t)got < (size_t)len + PACK_TAG) {
@@ -1312,7 +1295,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 				rc = kiln_error_set(err, KILN_E_INVALID, "snapshot object '%s' is corrupt (file record)", in_path);
 				break;
 			}
-			if (!fmt_path(path, "%s/%s", tmp, u.name)) {
+			if (!fs_path(path, "%s/%s", tmp, u.name)) {
 				rc = kiln_error_set(err, KILN_E_INVALID, "path '%s' too long", tmp);
 				break;
 			}
@@ -1320,7 +1303,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 			if (u.fd < 0) {
 				rc = errno == EEXIST ? kiln_error_set(err, KILN_E_INVALID, "snapshot object '%s' is corrupt (file '%s' twice)",
 								      in_path, u.name)
-						     : os_err(err, -errno, "cannot create", path);
+						     : fs_err(err, -errno, "cannot create", path);
 				break;
 			}
 			n_files++;
@@ -1338,7 +1321,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 				break;
 			}
 			if (type == REC_DATA && (r = pwrite_all(u.fd, buf, len, (off_t)u.off)) < 0) {
-				rc = os_err(err, r, "cannot write unpacked file", u.name);
+				rc = fs_err(err, r, "cannot write unpacked file", u.name);
 				break;
 			}
 			u.off += n;	/* a zero run stays a hole */
@@ -1353,7 +1336,7 @@ static enum kiln_err unpack_records(struct pack_ctx *p, uint32_t rec_max, const 
 			}
 			got = read_full(p->fd, buf, 1);
 			if (got != 0)
-				rc = got < 0 ? os_err(err, (int)got, "cannot read", in_path)
+				rc = got < 0 ? fs_err(err, (int)got, "cannot read", in_path)
 					     : kiln_error_set(err, KILN_E_INVALID,
 							      "snapshot object '%s' has bytes after its end", in_path);
 			done = true;
@@ -1383,17 +1366,17 @@ enum kiln_err snapshot_unpack(const char *in_path, const struct auth_master_key 
 
 	if (!tenant_id || !*tenant_id)
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot unpack needs a tenant id");
-	if (!fmt_path(tmp, "%s.tmp", dir))
+	if (!fs_path(tmp, "%s.tmp", dir))
 		return kiln_error_set(err, KILN_E_INVALID, "path '%s' too long", dir);
 	if (lstat(dir, &st) == 0)
 		return kiln_error_set(err, KILN_E_CONFLICT, "'%s' already exists", dir);
 
 	p.fd = open(in_path, O_RDONLY | O_CLOEXEC);
 	if (p.fd < 0)
-		return os_err(err, -errno, "cannot open", in_path);
+		return fs_err(err, -errno, "cannot open", in_path);
 	got = read_full(p.fd, head, PACK_HEAD_LEN);
 	if (got < 0) {
-		rc = os_err(err, (int)got, "cannot read", in_path);
+		rc = fs_err(err, (int)got, "cannot read", in_path);
 		goto out;
 	}
 	if (got < 8 || memcmp(head, PACK_MAGIC, 8) != 0) {
@@ -1418,7 +1401,7 @@ enum kiln_err snapshot_unpack(const char *in_path, const struct auth_master_key 
 	}
 	got = read_full(p.fd, head + PACK_HEAD_LEN, wlen);
 	if (got < 0) {
-		rc = os_err(err, (int)got, "cannot read", in_path);
+		rc = fs_err(err, (int)got, "cannot read", in_path);
 		goto out;
 	}
 	if (got < wlen) {
@@ -1440,27 +1423,27 @@ enum kiln_err snapshot_unpack(const char *in_path, const struct auth_master_key 
 	}
 
 	if ((r = remove_flat(tmp)) < 0) {	/* left by an unpack that crashed */
-		rc = os_err(err, r, "cannot remove", tmp);
+		rc = fs_err(err, r, "cannot remove", tmp);
 		goto out;
 	}
 	if (mkdir(tmp, 0700) < 0) {
-		rc = os_err(err, -errno, "cannot create", tmp);
+		rc = fs_err(err, -errno, "cannot create", tmp);
 		goto out;
 	}
 	made_tmp = true;
 	if ((rc = unpack_records(&p, rec_max, in_path, tmp, err)) != KILN_OK)
 		goto out;
 	if ((r = fsync_dir(tmp)) < 0) {
-		rc = os_err(err, r, "cannot sync", tmp);
+		rc = fs_err(err, r, "cannot sync", tmp);
 		goto out;
 	}
 	if (rename(tmp, dir) < 0) {
-		rc = os_err(err, -errno, "cannot rename", tmp);
+		rc = fs_err(err, -errno, "cannot rename", tmp);
 		goto out;
 	}
 	made_tmp = false;
 	if ((r = fsync_parent(dir)) < 0)
-		rc = os_err(err, r, "cannot sync the directory of", dir);
+		rc = fs_err(err, r, "cannot sync the directory of", dir);
 out:
 	if (made_tmp)
 		remove_flat(tmp);

@@ -6,30 +6,6 @@
 # the guest image (vmm/guest/build-image.sh builds it on first use).
 # Usage: bench/snapshots/snapshots.sh BUILD_DIR [RUNS] [FORK]   (defaults 6 8; about 3.5 minutes)
 set -euo pipefail
-build=$(cd "${1:?build dir}" && pwd)
-runs=${2:-6}
-fork=${3:-8}
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-if [ "$(id -u)" -ne 0 ]; then echo "bench/snapshots: needs root (jails, cgroups, network namespaces)" >&2; exit 1; fi
-envfile=$(mktemp /tmp/kiln-bench-XXXXXX.env)
-py=
-cleanup() {
-  if [ -n "$py" ]; then
-    kill -TERM "$py" 2>/dev/null || true
-    wait "$py" 2>/dev/null || true
-  fi
-  "$root/tests/harness/services.sh" stop "$envfile" >/dev/null || true
-  rm -f "$envfile"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-"$root/tests/harness/services.sh" start "$envfile" >/dev/null
-PYTHONDONTWRITEBYTECODE=1 KILN_BUILD_DIR=$build KILN_SERVICES_ENV=$envfile \
-  python3 "$here/bench_snapshots.py" "$runs" "$fork" &
-py=$!
-rc=0
-wait "$py" || rc=$?
-py=
-exit "$rc"
+. "$here/../lib.sh"
+bench_python snapshots "$here/bench_snapshots.py" "${1:?build dir}" "${2:-6}" "${3:-8}"

@@ -8,31 +8,6 @@
 # Usage: bench/templates/templates.sh BUILD_DIR [TEMPLATE_RUNS] [COLD_RUNS] [MEM_VMS]
 #        (defaults 20 20 20; about 10 minutes on a 2-core machine)
 set -euo pipefail
-build=$(cd "${1:?build dir}" && pwd)
-truns=${2:-20}
-cruns=${3:-20}
-mem=${4:-20}
 here=$(cd "$(dirname "$0")" && pwd)
-root=$(cd "$here/../.." && pwd)
-if [ "$(id -u)" -ne 0 ]; then echo "bench/templates: needs root (jails, cgroups, network namespaces)" >&2; exit 1; fi
-envfile=$(mktemp /tmp/kiln-bench-XXXXXX.env)
-py=
-cleanup() {
-  if [ -n "$py" ]; then
-    kill -TERM "$py" 2>/dev/null || true
-    wait "$py" 2>/dev/null || true
-  fi
-  "$root/tests/harness/services.sh" stop "$envfile" >/dev/null || true
-  rm -f "$envfile"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM HUP
-"$root/tests/harness/services.sh" start "$envfile" >/dev/null
-PYTHONDONTWRITEBYTECODE=1 KILN_BUILD_DIR=$build KILN_SERVICES_ENV=$envfile \
-  python3 "$here/bench_templates.py" "$truns" "$cruns" "$mem" &
-py=$!
-rc=0
-wait "$py" || rc=$?
-py=
-exit "$rc"
+. "$here/../lib.sh"
+bench_python templates "$here/bench_templates.py" "${1:?build dir}" "${2:-20}" "${3:-20}" "${4:-20}"

@@ -22,6 +22,7 @@
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
 #include "vmm/accel.h"
+#include "vmm/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
 #include "vmm/node/lifecycle.h"
@@ -30,24 +31,6 @@
 #include "vmm/node/template.h"
 
 static struct node node;
-
-static int mkdir_p(const char *path, mode_t mode)
-{
-	char tmp[512];
-
-	snprintf(tmp, sizeof(tmp), "%s", path);
-	for (char *p = tmp + 1; *p; p++) {
-		if (*p != '/')
-			continue;
-		*p = '\0';
-		if (mkdir(tmp, mode) != 0 && errno != EEXIST)
-			return -errno;
-		*p = '/';
-	}
-	if (mkdir(tmp, mode) != 0 && errno != EEXIST)
-		return -errno;
-	return 0;
-}
 
 static int check_init(struct kiln_error *err)
 {
@@ -75,8 +58,8 @@ static int check_init(struct kiln_error *err)
 		 node.cfg.node_id);
 	snprintf(node.snap_root, sizeof(node.snap_root), "%s/snaps/%s", node.cfg.data_dir,
 		 node.cfg.node_id);
-	if (mkdir_p(node.cfg.run_dir, 0711) < 0 || mkdir_p(node.vm_run_root, 0711) < 0 ||
-	    mkdir_p(node.vm_state_root, 0711) < 0 || mkdir_p(node.snap_root, 0711) < 0)
+	if (fs_mkdir_p(node.cfg.run_dir, 0711) < 0 || fs_mkdir_p(node.vm_run_root, 0711) < 0 ||
+	    fs_mkdir_p(node.vm_state_root, 0711) < 0 || fs_mkdir_p(node.snap_root, 0711) < 0)
 		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\" or \"%s\"",
 				      node.vm_run_root, node.vm_state_root);
 	node.accel = accel_detect() == ACCEL_KVM ? "kvm" : "tcg";

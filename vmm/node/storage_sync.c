@@ -10,6 +10,7 @@
  *   object.kiln.s3upload, the multipart state of s3_put_file while it is sent.
  * Once the object exists, src/ and port.tmp/ go; once it is stored and the row says so, all goes.
  */
+#include "vmm/fsutil.h"
 #include "vmm/node/storage_sync.h"
 
 #include <dirent.h>
@@ -93,23 +94,6 @@ static bool valid_tenant(const char *t)
 	return t && t[0] && strlen(t) < TENANT_MAX;
 }
 
-/* snprintf into a PATH_MAX buffer; false when it does not fit. */
-static bool __attribute__((format(printf, 2, 3))) fmt_path(char *out, const char *fmt, ...)
-{
-	va_list ap;
-	int n;
-
-	va_start(ap, fmt);
-	n = vsnprintf(out, PATH_MAX, fmt, ap);
-	va_end(ap);
-	return n >= 0 && n < PATH_MAX;
-}
-
-static enum kiln_err os_err(struct kiln_error *err, int neg_errno, const char *what, const char *path)
-{
-	return kiln_error_set(err, KILN_E_IO, "%s \"%s\": %s", what, path, strerror(-neg_errno));
-}
-
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
 {
 	(void)st;
@@ -189,7 +173,7 @@ static json_t *manifest_chain(const char *dir, json_t **manifest, struct kiln_er
 	json_error_t jerr;
 	json_t *m, *chain;
 
-	if (!fmt_path(path, "%s/%s", dir, MANIFEST))
+	if (!fs_path(path, "%s/%s", dir, MANIFEST))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir \"%s\" too long", dir), NULL;
 	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
 	if (!m) {
@@ -224,7 +208,7 @@ static enum kiln_err manifest_save(const char *dir, json_t *m, struct kiln_error
 	char path[PATH_MAX], tmp[PATH_MAX];
 	int r;
 
-	if (!fmt_path(path, "%s/%s", dir, MANIFEST) || !fmt_path(tmp, "%s/%s.tmp", dir, MANIFEST))
+	if (!fs_path(path, "%s/%s", dir, MANIFEST) || !fs_path(tmp, "%s/%s.tmp", dir, MANIFEST))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir \"%s\" too long", dir);
 	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0) {
 		unlink(tmp);
@@ -236,7 +220,7 @@ static enum kiln_err manifest_save(const char *dir, json_t *m, struct kiln_error
 		r = fsync_path(dir);
 	if (r < 0) {
 		unlink(tmp);
-		return os_err(err, r, "cannot write", path);
+		return fs_err(err, r, "cannot write", path);
 	}
 	return KILN_OK;
 }
@@ -300,30 +284,30 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 	DIR *d;
 	int r;
 
-	if (!fmt_path(dir, "%s/%s", s->snap_root, snap_id) || !fmt_path(src, "%s/src", up) ||
-	    !fmt_path(tmp, "%s/src.tmp", up))
+	if (!fs_path(dir, "%s/%s", s->snap_root, snap_id) || !fs_path(src, "%s/src", up) ||
+	    !fs_path(tmp, "%s/src.tmp", up))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	if (!is_dir(dir))
 		return kiln_error_set(err, KILN_E_NOT_FOUND, "the files of snapshot \"%s\" are not on this node",
 				      snap_id);
 	if (mkdir(up, 0700) < 0 && errno != EEXIST)
-		return os_err(err, -errno, "cannot create", up);
+		return fs_err(err, -errno, "cannot create", up);
 	rm_tree(tmp);
 	if (mkdir(tmp, 0700) < 0)
-		return os_err(err, -errno, "cannot create", tmp);
+		return fs_err(err, -errno, "cannot create", tmp);
 	d = opendir(dir);
 	if (!d)
-		return os_err(err, -errno, "cannot read", dir);
+		return fs_err(err, -errno, "cannot read", dir);
 	while (rc == KILN_OK && (de = readdir(d))) {
 		struct stat st;
 
 		if (!snapshot_file_name(de->d_name) || fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0 ||
 		    !S_ISREG(st.st_mode))
 			continue;
-		if (!fmt_path(from, "%s/%s", dir, de->d_name) || !fmt_path(to, "%s/%s", tmp, de->d_name))
+		if (!fs_path(from, "%s/%s", dir, de->d_name) || !fs_path(to, "%s/%s", tmp, de->d_name))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 		else if ((r = link_or_copy(from, to)) < 0)
-			rc = os_err(err, r, "cannot link", from);
+			rc = fs_err(err, r, "cannot link", from);
 	}
 	closedir(d);
 	if (rc == KILN_OK && (chain = manifest_chain(dir, &m, err))) {
@@ -331,22 +315,22 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 		for (size_t k = 1; rc == KILN_OK && k + 1 < json_array_size(chain); k++) {
 			const char *p = json_string_value(json_array_get(chain, k));
 
-			if (!fmt_path(to, "%s/chain-%zu", tmp, k))
+			if (!fs_path(to, "%s/chain-%zu", tmp, k))
 				rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 			else if ((r = link_or_copy(p, to)) < 0)
-				rc = os_err(err, r, "cannot link the disk layer", p);
+				rc = fs_err(err, r, "cannot link the disk layer", p);
 		}
 		json_decref(m);
 	} else if (rc == KILN_OK) {
 		rc = err->code ? err->code : KILN_E_INVALID;
 	}
 	if (rc == KILN_OK && (r = fsync_path(tmp)) < 0)
-		rc = os_err(err, r, "cannot sync", tmp);
+		rc = fs_err(err, r, "cannot sync", tmp);
 	if (rc == KILN_OK) {
 		rm_tree(src);
 		r = rename(tmp, src) < 0 ? -errno : fsync_path(up);
 		if (r < 0)
-			rc = os_err(err, r, "cannot rename", tmp);
+			rc = fs_err(err, r, "cannot rename", tmp);
 	}
 	if (rc != KILN_OK)
 		rm_tree(tmp);
@@ -370,19 +354,19 @@ static enum kiln_err flatten_onto_base(const char *src, const char *base, unsign
 
 	rm_tree(work);
 	if (mkdir(work, 0700) < 0)
-		return os_err(err, -errno, "cannot create", work);
+		return fs_err(err, -errno, "cannot create", work);
 	for (unsigned k = 0; rc == KILN_OK && k <= depth; k++) {
 		disk_layer_name(k, name, sizeof(name));
-		if (!fmt_path(link, "%s/%s", work, name) ||
-		    (k > 0 && !fmt_path(target, "%s/chain-%u", src, k)) || (k == 0 && !fmt_path(target, "%s", base)))
+		if (!fs_path(link, "%s/%s", work, name) ||
+		    (k > 0 && !fs_path(target, "%s/chain-%u", src, k)) || (k == 0 && !fs_path(target, "%s", base)))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 		else if (symlink(target, link) < 0)
-			rc = os_err(err, -errno, "cannot link", link);
+			rc = fs_err(err, -errno, "cannot link", link);
 	}
-	if (rc == KILN_OK && (!fmt_path(top, "%s/top", work) || !fmt_path(target, "%s/%s", src, DISK_NAME)))
+	if (rc == KILN_OK && (!fs_path(top, "%s/top", work) || !fs_path(target, "%s/%s", src, DISK_NAME)))
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 	if (rc == KILN_OK && (r = disk_file_copy(target, top)) < 0)
-		rc = os_err(err, r, "cannot copy the disk layer", target);
+		rc = fs_err(err, r, "cannot copy the disk layer", target);
 	if (rc == KILN_OK) {
 		char *argv[] = { "qemu-img", "rebase", "-q", "-f", "qcow2", "-b", "base", "-F", "raw", top,
 				 NULL };
@@ -393,7 +377,7 @@ static enum kiln_err flatten_onto_base(const char *src, const char *base, unsign
 					    msg[0] ? msg : strerror(-r));
 	}
 	if (rc == KILN_OK && (chmod(top, 0444) < 0 || rename(top, out) < 0))
-		rc = os_err(err, -errno, "cannot move the flattened disk to", out);
+		rc = fs_err(err, -errno, "cannot move the flattened disk to", out);
 	rm_tree(work);
 	return rc;
 }
@@ -413,8 +397,8 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 	bool has_disk = false;
 	int r;
 
-	if (!fmt_path(src, "%s/src", up) || !fmt_path(port, "%s/port.tmp", up) ||
-	    !fmt_path(obj, "%s/%s", up, OBJECT_NAME) || !fmt_path(tmp, "%s/flatten.tmp", up))
+	if (!fs_path(src, "%s/src", up) || !fs_path(port, "%s/port.tmp", up) ||
+	    !fs_path(obj, "%s/%s", up, OBJECT_NAME) || !fs_path(tmp, "%s/flatten.tmp", up))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	meta = calloc(1, sizeof(*meta));
 	if (!meta)
@@ -428,22 +412,22 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		rm_tree(port);
 		rm_tree(tmp);
 		if (mkdir(port, 0700) < 0)
-			rc = os_err(err, -errno, "cannot create", port);
+			rc = fs_err(err, -errno, "cannot create", port);
 	}
 	for (unsigned i = 0; rc == KILN_OK && i < meta->n_files; i++) {
 		const char *name = meta->files[i].name;
 
 		has_disk |= strcmp(name, DISK_NAME) == 0;
-		if (!fmt_path(from, "%s/%s", src, name) || !fmt_path(to, "%s/%s", port, name))
+		if (!fs_path(from, "%s/%s", src, name) || !fs_path(to, "%s/%s", port, name))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 		else if ((r = link_or_copy(from, to)) < 0)
-			rc = os_err(err, r, "cannot link", from);
+			rc = fs_err(err, r, "cannot link", from);
 	}
 	if (rc == KILN_OK && has_disk != (n > 0))
 		rc = kiln_error_set(err, KILN_E_INVALID, "snapshot \"%s\": its disk chain does not match its files",
 				    snap_id);
 	if (rc == KILN_OK && n > 2) {
-		if (!fmt_path(to, "%s/%s", port, DISK_NAME))
+		if (!fs_path(to, "%s/%s", port, DISK_NAME))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot path too long");
 		else
 			rc = flatten_onto_base(src, json_string_value(json_array_get(chain, 0)),
@@ -454,7 +438,7 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		char own[PATH_MAX];
 		json_t *c2 = json_array();
 
-		if (!fmt_path(own, "%s/%s/%s", s->snap_root, snap_id, DISK_NAME) || !c2 ||
+		if (!fs_path(own, "%s/%s/%s", s->snap_root, snap_id, DISK_NAME) || !c2 ||
 		    json_array_append(c2, json_array_get(chain, 0)) < 0 ||
 		    json_array_append_new(c2, json_string(own)) < 0 ||
 		    json_object_set_new(m, "disk_chain", c2) < 0)
@@ -467,7 +451,7 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 	if (rc == KILN_OK)
 		rc = snapshot_pack(port, s->mk, tenant_id, obj, err);
 	if (rc == KILN_OK && (r = fsync_path(up)) < 0)
-		rc = os_err(err, r, "cannot sync", up);
+		rc = fs_err(err, r, "cannot sync", up);
 	if (rc == KILN_OK)
 		rm_tree(src);
 	rm_tree(port);
@@ -536,7 +520,7 @@ static enum job_end send_object(struct snapstore *s, const struct job *j, const 
 	unsigned delay = s->retry_delay_ms;
 	struct put_ctx ctx = { s, j->snap_id };
 
-	if (!fmt_path(obj, "%s/%s", up, OBJECT_NAME))
+	if (!fs_path(obj, "%s/%s", up, OBJECT_NAME))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long"), JOB_FAILED;
 	object_key(j->snap_id, key, sizeof(key));
 	for (unsigned try = 1;; try++) {
@@ -582,8 +566,8 @@ static void run_job(struct snapstore *s, struct job *j)
 	enum kiln_err rc = KILN_OK;
 	enum job_end end;
 
-	if (!fmt_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, j->snap_id) ||
-	    !fmt_path(src, "%s/src", up) || !fmt_path(obj, "%s/%s", up, OBJECT_NAME)) {
+	if (!fs_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, j->snap_id) ||
+	    !fs_path(src, "%s/src", up) || !fs_path(obj, "%s/%s", up, OBJECT_NAME)) {
 		kiln_error_set(&err, KILN_E_INVALID, "snapshot root too long");
 		end = JOB_FAILED;
 		goto out;
@@ -797,7 +781,7 @@ enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
 
 	if (!valid_id(snap_id) || !valid_tenant(tenant_id))
 		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
-	if (!fmt_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, snap_id))
+	if (!fs_path(up, "%s/%s%s", s->snap_root, UP_PREFIX, snap_id))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	rc = load_target(s, tenant_id, &t, err);
 	s3_target_wipe(&t);
@@ -890,7 +874,7 @@ unsigned snapstore_resume_pending(struct snapstore *s)
 		} else if (strncmp(de->d_name, FETCH_PREFIX, strlen(FETCH_PREFIX)) != 0) {
 			continue;
 		}
-		if (!keep && fmt_path(path, "%s/%s", s->snap_root, de->d_name)) {
+		if (!keep && fs_path(path, "%s/%s", s->snap_root, de->d_name)) {
 			log_info("removing leftover snapshot work \"%s\"", path);
 			rm_tree(path);
 		}
@@ -923,7 +907,7 @@ static enum kiln_err localize(struct snapstore *s, const char *work, const char 
 		return kiln_error_set(err, KILN_E_INVALID, "the snapshot's disk is not standalone (%zu layers)",
 				      json_array_size(chain) - 1);
 	}
-	if (!fmt_path(own, "%s/%s", final, DISK_NAME) || !fmt_path(disk, "%s/%s", work, DISK_NAME)) {
+	if (!fs_path(own, "%s/%s", final, DISK_NAME) || !fs_path(disk, "%s/%s", work, DISK_NAME)) {
 		json_decref(m);
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	}
@@ -935,7 +919,7 @@ static enum kiln_err localize(struct snapstore *s, const char *work, const char 
 	json_decref(m);
 	/* a frozen layer, as the driver leaves its own: root's, read-only */
 	if (rc == KILN_OK && (chmod(disk, 0444) < 0 || (geteuid() == 0 && chown(disk, 0, 0) < 0)))
-		rc = os_err(err, -errno, "cannot freeze", disk);
+		rc = fs_err(err, -errno, "cannot freeze", disk);
 	return rc;
 }
 
@@ -953,7 +937,7 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 
 	if (!valid_id(snap_id) || !valid_tenant(tenant_id))
 		return kiln_error_set(err, KILN_E_INVALID, "bad snapshot or tenant id");
-	if (!fmt_path(final, "%s/%s", s->snap_root, snap_id))
+	if (!fs_path(final, "%s/%s", s->snap_root, snap_id))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 
 	rc = pg_acquire(s->pg, &c, err);
@@ -997,15 +981,15 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
 		memset(rnd, 0, sizeof(rnd));
-	if (!fmt_path(work, "%s/%s%s.%02x%02x%02x%02x", s->snap_root, FETCH_PREFIX, snap_id, rnd[0],
+	if (!fs_path(work, "%s/%s%s.%02x%02x%02x%02x", s->snap_root, FETCH_PREFIX, snap_id, rnd[0],
 		      rnd[1], rnd[2], rnd[3]) ||
-	    !fmt_path(obj, "%s/%s", work, OBJECT_NAME) || !fmt_path(snap, "%s/snap", work)) {
+	    !fs_path(obj, "%s/%s", work, OBJECT_NAME) || !fs_path(snap, "%s/snap", work)) {
 		s3_client_free(cl);
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	}
 	if (mkdir(work, 0700) < 0) {
 		s3_client_free(cl);
-		return os_err(err, -errno, "cannot create", work);
+		return fs_err(err, -errno, "cannot create", work);
 	}
 	object_key(snap_id, key, sizeof(key));
 	{
@@ -1034,10 +1018,10 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 		if (errno == EEXIST || errno == ENOTEMPTY)
 			log_info("snapshot \"%s\" was fetched meanwhile by another request", snap_id);
 		else
-			rc = os_err(err, -errno, "cannot rename", snap);
+			rc = fs_err(err, -errno, "cannot rename", snap);
 	}
 	if (rc == KILN_OK && (r = fsync_path(s->snap_root)) < 0)
-		rc = os_err(err, r, "cannot sync", s->snap_root);
+		rc = fs_err(err, r, "cannot sync", s->snap_root);
 	rm_tree(work);
 	if (rc == KILN_OK)
 		log_info("snapshot \"%s\" fetched from the tenant's bucket", snap_id);
