@@ -1011,12 +1011,6 @@ static int rm_entry(const char *path, const struct stat *st, int flag, struct FT
 	return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
 }
 
-static void remove_file(const char *path, struct kiln_error *err, enum kiln_err *rc)
-{
-	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
-		*rc = fs_err(err, -errno, "cannot remove", path);
-}
-
 static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 {
 	enum kiln_err rc = KILN_OK;
@@ -1042,15 +1036,13 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 		*slash = '\0';	/* <state_dir>/<fc>: shared by nothing else of this VM */
 		rmdir(vm->jail_dir);
 	}
-	remove_file(vm->api_link, err, &rc);
-	remove_file(vm->vsock_link, err, &rc);
-	remove_file(vm->agent_path, err, &rc);
-	remove_file(vm->serial_path, err, &rc);
-	remove_file(vm->log_path, err, &rc);
-	if (vm->run_dir[0] && rmdir(vm->run_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = fs_err(err, -errno, "cannot remove", vm->run_dir);
-	if (vm->state_dir[0] && rmdir(vm->state_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = fs_err(err, -errno, "cannot remove", vm->state_dir);
+	fs_remove(vm->api_link, err, &rc);
+	fs_remove(vm->vsock_link, err, &rc);
+	fs_remove(vm->agent_path, err, &rc);
+	fs_remove(vm->serial_path, err, &rc);
+	fs_remove(vm->log_path, err, &rc);
+	fs_remove_dir(vm->run_dir, err, &rc);
+	fs_remove_dir(vm->state_dir, err, &rc);
 	free(vm);
 	return rc;
 }

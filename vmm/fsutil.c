@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 bool fs_path(char *out, const char *fmt, ...)
 {
@@ -47,4 +48,16 @@ enum kiln_err fs_err(struct kiln_error *err, int neg, const char *what, const ch
 {
 	return kiln_error_set(err, neg == -ENOMEM ? KILN_E_NOMEM : KILN_E_IO, "%s '%s': %s", what,
 			      subject, strerror(-neg));
+}
+
+void fs_remove(const char *path, struct kiln_error *err, enum kiln_err *rc)
+{
+	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
+		*rc = fs_err(err, -errno, "cannot remove", path);
+}
+
+void fs_remove_dir(const char *path, struct kiln_error *err, enum kiln_err *rc)
+{
+	if (path[0] && rmdir(path) < 0 && errno != ENOENT && *rc == KILN_OK)
+		*rc = fs_err(err, -errno, "cannot remove", path);
 }

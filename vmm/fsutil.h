@@ -24,4 +24,12 @@ int fs_mkdir_p(const char *dir, mode_t mode);
  */
 enum kiln_err fs_err(struct kiln_error *err, int neg, const char *what, const char *subject);
 
+/*
+ * Removes the file `path` (or, fs_remove_dir, the empty directory) when `path` is not empty; a
+ * missing one is fine. The first failure is recorded in `err` and *rc, later ones are ignored,
+ * so a teardown removes all it can and reports what it could not.
+ */
+void fs_remove(const char *path, struct kiln_error *err, enum kiln_err *rc);
+void fs_remove_dir(const char *path, struct kiln_error *err, enum kiln_err *rc);
+
 #endif

@@ -907,12 +907,6 @@ static enum kiln_err qemu_usage(struct hv_vm *vm, struct cg_usage *u, struct kil
 }
 
 /* Removes a file that may be absent; records other failures in `err`. */
-static void remove_file(const char *path, struct kiln_error *err, enum kiln_err *rc)
-{
-	if (path[0] && unlink(path) < 0 && errno != ENOENT && *rc == KILN_OK)
-		*rc = fs_err(err, -errno, "cannot remove", path);
-}
-
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 {
 	enum kiln_err rc = KILN_OK;
@@ -926,17 +920,15 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 	vm->cg = NULL;
 	if (vm->jail.root)
 		jail_cleanup(&vm->jail);
-	remove_file(vm->qmp_path, err, &rc);
-	remove_file(vm->agent_path, err, &rc);
-	remove_file(vm->serial_path, err, &rc);
-	remove_file(vm->log_path, err, &rc);
+	fs_remove(vm->qmp_path, err, &rc);
+	fs_remove(vm->agent_path, err, &rc);
+	fs_remove(vm->serial_path, err, &rc);
+	fs_remove(vm->log_path, err, &rc);
 	if (vm->mem_owned)
-		remove_file(vm->mem_path, err, &rc);
-	remove_file(vm->disk_path, err, &rc);
-	if (vm->run_dir[0] && rmdir(vm->run_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = fs_err(err, -errno, "cannot remove", vm->run_dir);
-	if (vm->state_dir[0] && rmdir(vm->state_dir) < 0 && errno != ENOENT && rc == KILN_OK)
-		rc = fs_err(err, -errno, "cannot remove", vm->state_dir);
+		fs_remove(vm->mem_path, err, &rc);
+	fs_remove(vm->disk_path, err, &rc);
+	fs_remove_dir(vm->run_dir, err, &rc);
+	fs_remove_dir(vm->state_dir, err, &rc);
 	free(vm);
 	return rc;
 }
