@@ -17,10 +17,12 @@ static int too_small(char *out, size_t outlen)
 	return -1;
 }
 
-int auth_b32_encode(const void *in, size_t n, char *out, size_t outlen)
+/* Packs `n` bytes into characters of `width` bits from `alpha`, unpadded; `need` < outlen. */
+static int pack_bits(const unsigned char *p, size_t n, int width, const char *alpha, size_t need,
+		     char *out, size_t outlen)
 {
-	const unsigned char *p = in;
-	size_t need = AUTH_B32_LEN(n), o = 0;
+	unsigned mask = (1u << width) - 1;
+	size_t o = 0;
 	uint32_t acc = 0;
 	int bits = 0;
 
@@ -29,38 +31,25 @@ int auth_b32_encode(const void *in, size_t n, char *out, size_t outlen)
 	for (size_t i = 0; i < n; i++) {
 		acc = (acc << 8) | p[i];
 		bits += 8;
-		while (bits >= 5) {
-			out[o++] = b32_alpha[(acc >> (bits - 5)) & 31];
-			bits -= 5;
+		while (bits >= width) {
+			out[o++] = alpha[(acc >> (bits - width)) & mask];
+			bits -= width;
 		}
 	}
 	if (bits > 0)
-		out[o++] = b32_alpha[(acc << (5 - bits)) & 31];
+		out[o++] = alpha[(acc << (width - bits)) & mask];
 	out[o] = '\0';
 	return (int)o;
 }
 
+int auth_b32_encode(const void *in, size_t n, char *out, size_t outlen)
+{
+	return pack_bits(in, n, 5, b32_alpha, AUTH_B32_LEN(n), out, outlen);
+}
+
 int auth_b64url_encode(const void *in, size_t n, char *out, size_t outlen)
 {
-	const unsigned char *p = in;
-	size_t need = AUTH_B64URL_LEN(n), o = 0;
-	uint32_t acc = 0;
-	int bits = 0;
-
-	if (need + 1 > outlen)
-		return too_small(out, outlen);
-	for (size_t i = 0; i < n; i++) {
-		acc = (acc << 8) | p[i];
-		bits += 8;
-		while (bits >= 6) {
-			out[o++] = b64_alpha[(acc >> (bits - 6)) & 63];
-			bits -= 6;
-		}
-	}
-	if (bits > 0)
-		out[o++] = b64_alpha[(acc << (6 - bits)) & 63];
-	out[o] = '\0';
-	return (int)o;
+	return pack_bits(in, n, 6, b64_alpha, AUTH_B64URL_LEN(n), out, outlen);
 }
 
 int auth_hex_encode(const void *in, size_t n, char *out, size_t outlen)
