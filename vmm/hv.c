@@ -116,12 +116,14 @@ enum kiln_err vmm_create(const char *driver, const struct vmm_spec *spec, struct
 {
 	const struct hv_ops *ops = hv_find(driver);
 	struct hv_vm *hv = NULL;
+	enum kiln_err rc;
 
 	*out = NULL;
 	if (!ops)
 		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED, "hypervisor '%s' is not available",
 				      driver ? driver : "(null)");
-	return wrap(driver, hv, ops->create(spec, &hv, err), out, err);
+	rc = ops->create(spec, &hv, err);
+	return wrap(driver, hv, rc, out, err);
 }
 
 enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const char *snap_dir,
@@ -129,12 +131,37 @@ enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const
 {
 	const struct hv_ops *ops = hv_find(driver);
 	struct hv_vm *hv = NULL;
+	enum kiln_err rc;
 
 	*out = NULL;
 	if (!ops)
 		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED, "hypervisor '%s' is not available",
 				      driver ? driver : "(null)");
-	return wrap(driver, hv, ops->restore(spec, snap_dir, from, &hv, err), out, err);
+	rc = ops->restore(spec, snap_dir, from, &hv, err);
+	return wrap(driver, hv, rc, out, err);
+}
+
+enum kiln_err vmm_adopt(const char *driver, const char *state_dir, struct vmm_vm **out,
+			struct kiln_error *err)
+{
+	const struct hv_ops *ops = hv_find(driver);
+	struct hv_vm *hv = NULL;
+	enum kiln_err rc;
+
+	*out = NULL;
+	if (!ops || !ops->adopt)
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED, "hypervisor '%s' cannot take VMs over",
+				      driver ? driver : "(null)");
+	rc = ops->adopt(state_dir, &hv, err);
+	return wrap(driver, hv, rc, out, err);
+}
+
+enum kiln_err vmm_snapshot_finish(struct vmm_vm *vm, const char *snap_dir, struct kiln_error *err)
+{
+	if (!vm->ops->snapshot_finish)
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED, "hypervisor '%s' cannot finish a snapshot",
+				      vm->ops->name);
+	return vm->ops->snapshot_finish(vm->hv, snap_dir, err);
 }
 
 enum kiln_err vmm_pause(struct vmm_vm *vm, struct kiln_error *err)

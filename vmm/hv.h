@@ -12,6 +12,8 @@
  *   vmm_restore           a new VMM process from a snapshot directory (product: resume, fork, create
  *                         from template), with its memory mapped privately or owned
  *   vmm_destroy           kill, reap, remove cgroup and files
+ *   vmm_adopt             take over a VM an earlier run of the node left (its VMM may still run)
+ *   vmm_snapshot_finish   complete a VMM_SNAP_SHARED snapshot whose VMM ended inside it
  * Every function returns an enum kiln_err and fills `err` (first error wins) on failure.
  */
 #ifndef KILN_VMM_HV_H
@@ -94,6 +96,9 @@ struct hv_ops {
 	enum kiln_err (*status)(struct hv_vm *vm, struct vmm_status *st, struct kiln_error *err);
 	enum kiln_err (*usage)(struct hv_vm *vm, struct cg_usage *u, struct kiln_error *err);
 	enum kiln_err (*destroy)(struct hv_vm *vm, struct kiln_error *err);	/* frees vm */
+	/* optional: NULL where the driver cannot take VMs over */
+	enum kiln_err (*adopt)(const char *state_dir, struct hv_vm **out, struct kiln_error *err);
+	enum kiln_err (*snapshot_finish)(struct hv_vm *vm, const char *snap_dir, struct kiln_error *err);
 	const char *(*agent_socket)(const struct hv_vm *vm);
 	const char *(*serial_log)(const struct hv_vm *vm);
 };
@@ -128,6 +133,22 @@ enum kiln_err vmm_status(struct vmm_vm *vm, struct vmm_status *st, struct kiln_e
 enum kiln_err vmm_usage(struct vmm_vm *vm, struct cg_usage *u, struct kiln_error *err);
 /* Kills the VMM, reaps it, removes its cgroup and files, frees `vm`. Accepts NULL. */
 enum kiln_err vmm_destroy(struct vmm_vm *vm, struct kiln_error *err);
+/*
+ * Takes over the VM whose state dir is `state_dir`, left by an earlier run of the node (a node
+ * killed or crashed; its VMMs outlive it). A VMM still alive is left running: a migration it was
+ * in (a snapshot cut short) is waited for, and stopped vCPUs are continued. A VMM that has ended
+ * gives a handle good for vmm_status, vmm_snapshot_finish and vmm_destroy. KILN_E_NOT_FOUND:
+ * nothing to take over there; KILN_E_NOT_IMPLEMENTED: the driver cannot.
+ */
+enum kiln_err vmm_adopt(const char *driver, const char *state_dir, struct vmm_vm **out,
+			struct kiln_error *err);
+/*
+ * Completes a VMM_SNAP_SHARED snapshot into `snap_dir` whose state file the VM's VMM wrote before
+ * it ended (its node was killed inside vmm_snapshot): the memory image and disk layer are moved
+ * in where they are still outside, and the manifest is written. Idempotent. KILN_E_NOT_FOUND when
+ * the state was never completely written (then the snapshot cannot be finished).
+ */
+enum kiln_err vmm_snapshot_finish(struct vmm_vm *vm, const char *snap_dir, struct kiln_error *err);
 /* Path of the agent channel's Unix socket (for vmm/agent.c); valid until vmm_destroy. */
 const char *vmm_agent_socket(const struct vmm_vm *vm);
 /* Path of the guest's serial console log; valid until vmm_destroy. */

@@ -9,6 +9,8 @@
  *                                     initrd, mem, disk and the disk chain (base, layer1..N),
  *                                     which QEMU names relative to it (jail.h says why)
  *   <state_dir>/disk.qcow2            the VM's disk layer
+ *   <state_dir>/vm.json               what a later run of the node needs to take the VM over
+ *                                     (qemu_adopt): paths, disk chain, memory file, pid
  *   <mem_dir>/kiln-<node>-<id>.mem    guest RAM (memory-backend-file, share=on) unless the VM maps
  *                                     a snapshot's image privately
  * A snapshot directory holds: manifest.json, state (migration stream), mem (memory image, shared
@@ -32,6 +34,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fault.h"
 #include "common/log.h"
 #include "vmm/accel.h"
 #include "vmm/cgroup.h"
@@ -45,6 +48,7 @@
 #define MIGRATE_MS 120000	/* a full snapshot of a large guest */
 #define SNAP_FORMAT 1
 #define QEMU_PIDS_MAX 256	/* threads of one QEMU: vCPUs, I/O, RCU, workers */
+#define RECORD_NAME "vm.json"
 
 /* ---- command line ---- */
 
@@ -221,6 +225,10 @@ struct hv_vm {
 	pid_t pid;		/* 0 once reaped */
 	int pidfd;
 	int exit_status;
+	bool adopted;		/* taken over from an earlier run: not our child, waited for by pidfd */
+	unsigned long long start_ticks;	/* the process's start time, against a reused pid */
+	char hv_version[32];
+	char record_path[PATH_MAX];
 };
 
 /* Fills the handle's names and paths from the spec. */
@@ -243,6 +251,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	ok &= fs_path(vm->agent_path, "%s/agent.sock", s->run_dir);
 	ok &= fs_path(vm->serial_path, "%s/serial.log", s->run_dir);
 	ok &= fs_path(vm->log_path, "%s/qemu.log", s->run_dir);
+	ok &= fs_path(vm->record_path, "%s/" RECORD_NAME, s->state_dir);
 	ok &= fs_path(vm->jail_root, "%s/jail", s->run_dir);
 	ok &= fs_path(vm->mp_kernel, "%s/jail/kernel", s->run_dir);
 	ok &= fs_path(vm->mp_initrd, "%s/jail/initrd", s->run_dir);
@@ -310,6 +319,84 @@ static const char *qemu_log_tail(const struct hv_vm *vm)
 	return tail;
 }
 
+/* The VM's jail: its root and the files bound into it. */
+static void jail_layout(struct hv_vm *vm)
+{
+	struct jail *j = &vm->jail;
+
+	memset(j, 0, sizeof(*j));
+	j->root = vm->jail_root;
+	j->netns_fd = -1;
+	j->out_fd = -1;
+	j->cg = vm->cg;
+	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->kernel, vm->mp_kernel, true };
+	if (vm->initrd[0])
+		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->initrd, vm->mp_initrd, true };
+	if (vm->disk_path[0]) {
+		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->disk_path, vm->mp_disk, false };
+		for (unsigned k = 0; k <= vm->depth; k++)
+			j->mounts[j->n_mounts++] = (struct jail_mount){ vm->chain[k], vm->mp_chain[k], true };
+	}
+	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
+}
+
+/* The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks); 0 if unknown. */
+static unsigned long long proc_start_ticks(pid_t pid)
+{
+	char path[64], buf[1024], *p;
+	unsigned long long v = 0;
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	/* after the command name: the state is field 3, the start time field 22 */
+	for (int field = 2; p && field < 22; field++)
+		p = strchr(p + 1, ' ');
+	if (p)
+		v = strtoull(p + 1, NULL, 10);
+	return v;
+}
+
+/*
+ * Writes vm.json: everything qemu_adopt needs to take this VM over, as it was started. It stays as
+ * it is during a snapshot, so a snapshot cut short still finds where its files came from.
+ */
+static int record_write(const struct hv_vm *vm)
+{
+	char tmp[PATH_MAX];
+	json_t *m, *chain = json_array();
+	int r = 0;
+
+	if (!fs_path(tmp, "%s.tmp", vm->record_path))
+		return -ENAMETOOLONG;
+	for (unsigned k = 0; chain && vm->disk_path[0] && k <= vm->depth; k++)
+		json_array_append_new(chain, json_string(vm->chain[k]));
+	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s}",
+		      "id", vm->id, "node", vm->node, "vcpu_milli", (int)vm->vcpu_milli,
+		      "mem_mib", (int)vm->mem_mib, "run_dir", vm->run_dir, "kernel", vm->kernel,
+		      "initrd", vm->initrd, "disk", vm->disk_path, "chain", chain,
+		      "mem_path", vm->mem_path, "mem_owned", vm->mem_owned, "net", vm->has_net,
+		      "pid", (int)vm->pid, "start_ticks", (json_int_t)vm->start_ticks,
+		      "hypervisor_version", vm->hv_version);
+	if (!m)
+		return -ENOMEM;
+	if (json_dump_file(m, tmp, JSON_COMPACT) < 0 || rename(tmp, vm->record_path) < 0)
+		r = -EIO;
+	json_decref(m);
+	return r;
+}
+
+static void vm_kill(struct hv_vm *vm, bool graceful);
+
 /*
  * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
  * booting. On failure everything this call started is undone (the process is killed and reaped).
@@ -345,20 +432,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	enum kiln_err rc = KILN_OK;
 	int r, log_fd = -1;
 
-	memset(j, 0, sizeof(*j));
-	j->root = vm->jail_root;
-	j->netns_fd = -1;
-	j->cg = vm->cg;
-	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->kernel, vm->mp_kernel, true };
-	if (vm->initrd[0])
-		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->initrd, vm->mp_initrd, true };
-	if (vm->disk_path[0]) {
-		j->mounts[j->n_mounts++] = (struct jail_mount){ vm->disk_path, vm->mp_disk, false };
-		for (unsigned k = 0; k <= vm->depth; k++)
-			j->mounts[j->n_mounts++] = (struct jail_mount){ vm->chain[k], vm->mp_chain[k], true };
-	}
-	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
-
+	jail_layout(vm);
 	if ((r = jail_prepare(j)) < 0) {
 		rc = fs_err(err, r, "cannot prepare jail", vm->jail_root);
 		goto out;
@@ -395,6 +469,13 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		close(vm->pidfd);
 		vm->pid = 0;
 		vm->pidfd = -1;
+		goto out;
+	}
+	snprintf(vm->hv_version, sizeof(vm->hv_version), "%s", qmp_version(vm->qmp));
+	vm->start_ticks = proc_start_ticks(vm->pid);
+	if ((r = record_write(vm)) < 0) {
+		rc = fs_err(err, r, "cannot write", vm->record_path);
+		vm_kill(vm, false);
 	}
 out:
 	qemu_argv_free(argv);
@@ -441,6 +522,24 @@ static enum kiln_err qmp_do(struct hv_vm *vm, const char *cmd, json_t *args, jso
 	return KILN_OK;
 }
 
+/* Forgets the ended process. */
+static void vm_gone(struct hv_vm *vm)
+{
+	vm->pid = 0;
+	close(vm->pidfd);
+	vm->pidfd = -1;
+	qmp_close(vm->qmp);
+	vm->qmp = NULL;
+}
+
+/* Whether the pidfd says the process has ended, waiting up to `ms`. */
+static bool pidfd_ended(int pidfd, int ms)
+{
+	struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
+
+	return poll(&pfd, 1, ms) > 0;
+}
+
 /* Reaps the process if it exited; returns true while it is alive. */
 static bool vm_alive(struct hv_vm *vm)
 {
@@ -448,37 +547,32 @@ static bool vm_alive(struct hv_vm *vm)
 
 	if (!vm->pid)
 		return false;
-	if (waitpid(vm->pid, &status, WNOHANG) == vm->pid) {
-		vm->exit_status = status;
-		vm->pid = 0;
-		close(vm->pidfd);
-		vm->pidfd = -1;
-		qmp_close(vm->qmp);
-		vm->qmp = NULL;
+	if (vm->adopted ? pidfd_ended(vm->pidfd, 0) : waitpid(vm->pid, &status, WNOHANG) == vm->pid) {
+		vm->exit_status = vm->adopted ? 0 : status;
+		vm_gone(vm);
 		return false;
 	}
 	return true;
 }
 
-/* Ends the VMM process: QMP quit (flushes block caches), SIGKILL if it lingers, then reaps. */
+/*
+ * Ends the VMM process: QMP quit (flushes block caches), SIGKILL if it lingers, then reaps it (an
+ * adopted one, not our child, is waited for through its pidfd).
+ */
 static void vm_kill(struct hv_vm *vm, bool graceful)
 {
-	struct pollfd pfd;
-
 	if (!vm_alive(vm))
 		return;
 	if (graceful && vm->qmp)
 		qmp_execute(vm->qmp, "quit", NULL, -1, 1000, NULL, NULL);
-	pfd = (struct pollfd){ .fd = vm->pidfd, .events = POLLIN };
-	if (!graceful || poll(&pfd, 1, 2000) <= 0)
+	if (!graceful || !pidfd_ended(vm->pidfd, 2000))
 		syscall(SYS_pidfd_send_signal, vm->pidfd, SIGKILL, NULL, 0);
-	while (waitpid(vm->pid, &vm->exit_status, 0) < 0 && errno == EINTR)
-		;
-	vm->pid = 0;
-	close(vm->pidfd);
-	vm->pidfd = -1;
-	qmp_close(vm->qmp);
-	vm->qmp = NULL;
+	if (vm->adopted)
+		pidfd_ended(vm->pidfd, -1);
+	else
+		while (waitpid(vm->pid, &vm->exit_status, 0) < 0 && errno == EINTR)
+			;
+	vm_gone(vm);
 }
 
 static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
@@ -611,6 +705,8 @@ static enum kiln_err migrate_fd(struct hv_vm *vm, const char *cmd, int fd, struc
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = qmp_do(vm, cmd, args, NULL, err);
 	json_decref(args);
+	if (rc == KILN_OK && strcmp(cmd, "migrate") == 0)
+		kiln_fault("snapshot-migrating");
 	return rc != KILN_OK ? rc : wait_migration(vm, err);
 }
 
@@ -661,51 +757,60 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 	return r;
 }
 
-static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,
+/*
+ * Puts a copy of `src` at `dst` and keeps `src`: a hard link on the same file system, else a
+ * copy written beside `dst` and renamed into place, so `dst` exists only whole.
+ */
+static int stage_file(const char *src, const char *dst)
+{
+	char part[PATH_MAX];
+	int r;
+
+	unlink(dst);
+	if (link(src, dst) == 0)
+		return 0;
+	if (errno != EXDEV)
+		return -errno;
+	if (!fs_path(part, "%s.part", dst))
+		return -ENAMETOOLONG;
+	if ((r = disk_file_copy(src, part)) == 0 && rename(part, dst) < 0) {
+		r = -errno;
+		unlink(part);
+	}
+	return r;
+}
+
+/* `dst` takes the place of `src`: staged already (or moved by an earlier run), or moved now. */
+static int take_file(const char *src, const char *dst)
+{
+	struct stat st;
+
+	if (stat(dst, &st) == 0)
+		return unlink(src) < 0 && errno != ENOENT ? -errno : 0;
+	return disk_file_move(src, dst);
+}
+
+/*
+ * The part of a snapshot after its state is saved (and, `shared`, the VMM has ended): the
+ * snapshot takes the memory file and the disk layer, freezes the layer (flattened past
+ * DISK_CHAIN_MAX) and writes the manifest, last. Each step can run again after a crash in it.
+ */
+static enum kiln_err snap_complete(struct hv_vm *vm, const char *snap_dir, bool shared,
 				   struct kiln_error *err)
 {
-	char state[PATH_MAX], state_tmp[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX], ver[32];
+	char mem[PATH_MAX], disk[PATH_MAX];
 	char(*chain)[PATH_MAX] = NULL;
 	unsigned n = 0;
-	/* x-ignore-shared skips only shared memory: a private map goes into the stream */
-	bool shared = mode == VMM_SNAP_SHARED && vm->mem_owned;
-	enum kiln_err rc;
-	int fd, r;
+	int r;
 
-	if (!vm_alive(vm) || !vm->qmp)
-		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is not running", vm->id);
-	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(state_tmp, "%s/state.tmp", snap_dir) ||
-	    !fs_path(mem, "%s/mem", snap_dir) || !fs_path(disk, "%s/disk.qcow2", snap_dir))
+	if (!fs_path(mem, "%s/mem", snap_dir) || !fs_path(disk, "%s/disk.qcow2", snap_dir))
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
-	if ((r = fs_mkdir_p(snap_dir, 0700)) < 0)
-		return fs_err(err, r, "cannot create snapshot dir", snap_dir);
-	snprintf(ver, sizeof(ver), "%s", qmp_version(vm->qmp));
-
-	if ((rc = qmp_do(vm, "stop", NULL, NULL, err)) != KILN_OK)
-		return rc;
-	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
-		return rc;
-	fd = open(state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-	if (fd < 0)
-		return fs_err(err, -errno, "cannot create", state_tmp);
-	rc = migrate_fd(vm, "migrate", fd, err);
-	if (rc == KILN_OK && fsync(fd) < 0)
-		rc = fs_err(err, -errno, "cannot write", state_tmp);
-	close(fd);
-	if (rc == KILN_OK && rename(state_tmp, state) < 0)
-		rc = fs_err(err, -errno, "cannot rename", state_tmp);
-	if (rc != KILN_OK) {
-		unlink(state_tmp);
-		return rc;
-	}
-
 	if (shared) {
-		/* the memory file becomes the snapshot's image: this VMM must not write it any more */
-		vm_kill(vm, true);
-		if ((r = disk_file_move(vm->mem_path, mem)) < 0)
+		if ((r = take_file(vm->mem_path, mem)) < 0)
 			return fs_err(err, r, "cannot move memory image to", mem);
 		vm->mem_owned = false;
-		if (vm->disk_path[0] && (r = disk_file_move(vm->disk_path, disk)) < 0)
+		kiln_fault("snapshot-memory-moved");
+		if (vm->disk_path[0] && (r = take_file(vm->disk_path, disk)) < 0)
 			return fs_err(err, r, "cannot move disk layer to", disk);
 	} else if (vm->disk_path[0] && (r = disk_file_copy(vm->disk_path, disk)) < 0) {
 		/* the source's block devices are inactive after the migration: the layer is consistent */
@@ -741,11 +846,205 @@ static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum 
 		if (shared)
 			vm->disk_path[0] = '\0';	/* moved: nothing of it is this VM's any more */
 	}
-	r = write_manifest(snap_dir, vm, shared ? "shared" : "full", ver, chain, n);
+	kiln_fault("snapshot-before-manifest");
+	r = write_manifest(snap_dir, vm, shared ? "shared" : "full", vm->hv_version, chain, n);
 	free(chain);
 	if (r < 0 || (r = fsync_path(snap_dir)) < 0)
 		return fs_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
+}
+
+static enum kiln_err qemu_snapshot(struct hv_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,
+				   struct kiln_error *err)
+{
+	char state[PATH_MAX], state_tmp[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX];
+	/* x-ignore-shared skips only shared memory: a private map goes into the stream */
+	bool shared = mode == VMM_SNAP_SHARED && vm->mem_owned;
+	enum kiln_err rc;
+	int fd, r;
+
+	if (!vm_alive(vm) || !vm->qmp)
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is not running", vm->id);
+	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(state_tmp, "%s/state.tmp", snap_dir) ||
+	    !fs_path(mem, "%s/mem", snap_dir) || !fs_path(disk, "%s/disk.qcow2", snap_dir))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
+	if ((r = fs_mkdir_p(snap_dir, 0700)) < 0)
+		return fs_err(err, r, "cannot create snapshot dir", snap_dir);
+
+	if ((rc = qmp_do(vm, "stop", NULL, NULL, err)) != KILN_OK)
+		return rc;
+	kiln_fault("snapshot-vcpus-stopped");
+	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
+		return rc;
+	fd = open(state_tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return fs_err(err, -errno, "cannot create", state_tmp);
+	rc = migrate_fd(vm, "migrate", fd, err);
+	if (rc == KILN_OK && fsync(fd) < 0)
+		rc = fs_err(err, -errno, "cannot write", state_tmp);
+	close(fd);
+	if (rc == KILN_OK && rename(state_tmp, state) < 0)
+		rc = fs_err(err, -errno, "cannot rename", state_tmp);
+	if (rc != KILN_OK) {
+		unlink(state_tmp);
+		return rc;
+	}
+	kiln_fault("snapshot-state-saved");
+	if (shared) {
+		/*
+		 * Copies first, while the VMM lives: if they fail (a disk filling up), the VM is whole and
+		 * can go on. The memory file then becomes the snapshot's image: the VMM must end first.
+		 */
+		if ((r = stage_file(vm->mem_path, mem)) < 0 ||
+		    (vm->disk_path[0] && (r = stage_file(vm->disk_path, disk)) < 0)) {
+			unlink(mem);
+			unlink(state);
+			return fs_err(err, r, "cannot write the snapshot into", snap_dir);
+		}
+		vm_kill(vm, true);
+		kiln_fault("snapshot-vmm-ended");
+	}
+	return snap_complete(vm, snap_dir, shared, err);
+}
+
+static enum kiln_err qemu_snapshot_finish(struct hv_vm *vm, const char *snap_dir, struct kiln_error *err)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	if (vm_alive(vm))
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' is running: take a snapshot instead", vm->id);
+	if (!fs_path(path, "%s/manifest.json", snap_dir))
+		return kiln_error_set(err, KILN_E_INVALID, "snapshot dir '%s' too long", snap_dir);
+	if (stat(path, &st) == 0)
+		return KILN_OK;	/* written last: the snapshot is whole */
+	if (!fs_path(path, "%s/state", snap_dir) || stat(path, &st) != 0)
+		return kiln_error_set(err, KILN_E_NOT_FOUND, "snapshot '%s' has no complete state", snap_dir);
+	if (!vm->mem_owned)
+		return kiln_error_set(err, KILN_E_NOT_FOUND,
+				      "vm '%s' kept its memory in the state stream: nothing to finish", vm->id);
+	return snap_complete(vm, snap_dir, true, err);
+}
+
+/* Frees an adopted handle, leaving its process and files as they are. */
+static void adopt_free(struct hv_vm *vm)
+{
+	if (vm->pidfd >= 0)
+		close(vm->pidfd);
+	qmp_close(vm->qmp);
+	cg_free(vm->cg);
+	free(vm);
+}
+
+/* Brings an adopted VMM to running: a migration it is in ends first; stopped vCPUs continue. */
+static enum kiln_err adopt_run(struct hv_vm *vm, struct kiln_error *err)
+{
+	struct kiln_error ignore = { 0 };
+	json_t *ret = NULL;
+	const char *st;
+	enum kiln_err rc = qmp_do(vm, "query-migrate", NULL, &ret, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	st = json_string_value(json_object_get(ret, "status"));
+	if (st && strcmp(st, "completed") && strcmp(st, "failed") && strcmp(st, "cancelled") &&
+	    strcmp(st, "none"))
+		wait_migration(vm, &ignore);	/* either way the VMM keeps the VM */
+	json_decref(ret);
+	ret = NULL;
+	if ((rc = qmp_do(vm, "query-status", NULL, &ret, err)) != KILN_OK)
+		return rc;
+	if (!json_is_true(json_object_get(ret, "running")))
+		rc = qmp_do(vm, "cont", NULL, NULL, err);
+	json_decref(ret);
+	return rc;
+}
+
+static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struct kiln_error *err)
+{
+	char path[PATH_MAX];
+	struct vmm_spec s = { 0 };
+	struct hv_vm *vm;
+	json_error_t jerr;
+	json_t *m, *chain;
+	enum kiln_err rc = KILN_OK;
+	pid_t pid;
+
+	*out = NULL;
+	if (!fs_path(path, "%s/" RECORD_NAME, state_dir))
+		return kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", state_dir);
+	m = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+	if (!m)
+		return access(path, F_OK) != 0 ? kiln_error_set(err, KILN_E_NOT_FOUND, "no vm at '%s'", state_dir)
+						: kiln_error_set(err, KILN_E_INVALID, "'%s': %s", path, jerr.text);
+	vm = calloc(1, sizeof(*vm));
+	if (!vm) {
+		json_decref(m);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	vm->pidfd = -1;
+	chain = json_object_get(m, "chain");
+	s.id = json_string_value(json_object_get(m, "id"));
+	s.node = json_string_value(json_object_get(m, "node"));
+	s.vcpu_milli = (unsigned)json_integer_value(json_object_get(m, "vcpu_milli"));
+	s.mem_mib = (unsigned)json_integer_value(json_object_get(m, "mem_mib"));
+	s.kernel = json_string_value(json_object_get(m, "kernel"));
+	s.initrd = json_string_value(json_object_get(m, "initrd"));
+	s.initrd = s.initrd && s.initrd[0] ? s.initrd : NULL;
+	s.rootfs = json_array_size(chain) ? json_string_value(json_array_get(chain, 0)) : NULL;
+	s.netns_path = json_is_true(json_object_get(m, "net")) ? "/" : NULL;
+	s.tap = "tap";
+	s.run_dir = json_string_value(json_object_get(m, "run_dir"));
+	s.state_dir = state_dir;
+	s.uid = s.gid = 1;	/* unused: the VMM runs already */
+	if (vmm_spec_check(&s, err) != KILN_OK || vm_init(vm, &s, err) != KILN_OK) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "'%s' does not describe a vm: %s", path, err->msg);
+		goto out;
+	}
+	snprintf(vm->disk_path, sizeof(vm->disk_path), "%s", json_string_value(json_object_get(m, "disk")) ?: "");
+	snprintf(vm->mem_path, sizeof(vm->mem_path), "%s", json_string_value(json_object_get(m, "mem_path")) ?: "");
+	snprintf(vm->hv_version, sizeof(vm->hv_version), "%s",
+		 json_string_value(json_object_get(m, "hypervisor_version")) ?: "");
+	vm->mem_owned = json_is_true(json_object_get(m, "mem_owned"));
+	vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;
+	for (size_t k = 0; k < json_array_size(chain) && k <= DISK_CHAIN_MAX; k++)
+		snprintf(vm->chain[k], PATH_MAX, "%s", json_string_value(json_array_get(chain, k)) ?: "");
+	if (!vm->mem_path[0] || json_array_size(chain) > DISK_CHAIN_MAX + 1 || (vm->disk_path[0] && !s.rootfs)) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "'%s' does not describe a vm", path);
+		goto out;
+	}
+	jail_layout(vm);
+	if (cg_open(NULL, vm->node, vm->id, &vm->cg) == 0)
+		vm->jail.cg = vm->cg;
+
+	/* the same process as recorded (a pid can be reused), pinned by its pidfd from here on */
+	pid = (pid_t)json_integer_value(json_object_get(m, "pid"));
+	vm->start_ticks = (unsigned long long)json_integer_value(json_object_get(m, "start_ticks"));
+	if (pid > 0 && (vm->pidfd = (int)syscall(SYS_pidfd_open, pid, 0)) >= 0 &&
+	    proc_start_ticks(pid) == vm->start_ticks && vm->start_ticks != 0) {
+		vm->pid = pid;
+		vm->adopted = true;
+	} else if (vm->pidfd >= 0) {
+		close(vm->pidfd);
+		vm->pidfd = -1;
+	}
+	if (vm->pid) {
+		int r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp);
+
+		rc = r < 0 ? kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer: %s", vm->id,
+					    strerror(-r))
+			   : adopt_run(vm, err);
+	}
+	if (rc == KILN_OK) {
+		log_info("vm '%s' taken over (%s)", vm->id, vm->pid ? "running" : "its vmm has ended");
+		*out = vm;
+		vm = NULL;
+	}
+out:
+	json_decref(m);
+	if (vm)
+		adopt_free(vm);
+	return rc;
 }
 
 /* Reads the snapshot's manifest and checks it fits `s`. *shared tells its memory mode. */
@@ -924,6 +1223,7 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 	fs_remove(vm->agent_path, err, &rc);
 	fs_remove(vm->serial_path, err, &rc);
 	fs_remove(vm->log_path, err, &rc);
+	fs_remove(vm->record_path, err, &rc);
 	if (vm->mem_owned)
 		fs_remove(vm->mem_path, err, &rc);
 	fs_remove(vm->disk_path, err, &rc);
@@ -950,6 +1250,8 @@ const struct hv_ops hv_qemu_ops = {
 	.pause = qemu_pause,
 	.resume = qemu_resume,
 	.snapshot = qemu_snapshot,
+	.adopt = qemu_adopt,
+	.snapshot_finish = qemu_snapshot_finish,
 	.status = qemu_status,
 	.usage = qemu_usage,
 	.destroy = qemu_destroy,

@@ -312,7 +312,7 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(r.data, b"kept")
         self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
 
-    def test_a_node_killed_and_restarted_leaves_no_orphan_and_records_its_sandboxes_stopped(self):
+    def test_a_node_killed_and_restarted_leaves_no_orphan_and_pauses_its_running_sandboxes(self):
         sb = self.create()
         node = self.stack.node
         pids = vm_pids(node.node_id, sb["id"])
@@ -329,8 +329,8 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(glob.glob(f"/sys/fs/bpf/kiln/{node.node_id}/{sb['id']}"), [])
         self.assertEqual(glob.glob(f"/dev/shm/*{sb['id']}*"), [])
         got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
-        self.assertEqual(got["state"], "stopped")
-        self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key)
+        self.assertEqual(got["state"], "paused", "its VM was taken over and paused")
+        self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
 
     def test_a_full_node_answers_503_no_capacity(self):
         a = self.create()

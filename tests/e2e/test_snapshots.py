@@ -3,11 +3,12 @@ import glob
 import os
 import signal
 import subprocess
+import threading
 import time
 import unittest
 
 import kiln
-from test_sandboxes import vm_pids
+from test_sandboxes import running, vm_pids
 
 COUNTER_PY = b"""import time
 i = 0
@@ -20,13 +21,8 @@ while True:
 COUNTER = "nohup python3 /root/counter.py >/dev/null 2>&1 &"
 
 
-class SnapshotTests(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.stack = kiln.Stack()
-        cls.addClassCleanup(cls.stack.cleanup)
-        cls.gw = cls.stack.gw
-        cls.key = cls.stack.tenant()
+class Helpers:
+    """Sandboxes of the class's stack, through the API."""
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)
@@ -57,6 +53,15 @@ class SnapshotTests(unittest.TestCase):
 
     def log_numbers(self, sb):
         return [int(x) for x in self.sh(sb, "cat /root/log 2>/dev/null").split()]
+
+
+class SnapshotTests(Helpers, unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack()
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
 
     def test_a_counting_process_goes_on_from_exactly_where_it_was_after_pause_and_resume(self):
         sb = self.create()
@@ -178,12 +183,13 @@ class SnapshotTests(unittest.TestCase):
         self.assertFalse(any(os.path.exists(s) for s in snaps), "the pause snapshot's files stayed")
 
 
-if __name__ == "__main__":
-    unittest.main()
-
-
-class SnapshotFaultTests(unittest.TestCase):
+class SnapshotFaultTests(Helpers, unittest.TestCase):
     """A node killed in the middle of a pause, and a disk too full for a snapshot."""
+
+    # Every step of a pause a node can die at (common/fault.h), in order.
+    CUT_POINTS = ["pause-space-reserved", "snapshot-vcpus-stopped", "snapshot-migrating",
+                  "snapshot-state-saved", "snapshot-vmm-ended", "snapshot-memory-moved",
+                  "snapshot-before-manifest", "pause-before-manifest", "pause-after-snapshot"]
 
     @classmethod
     def setUpClass(cls):
@@ -192,33 +198,110 @@ class SnapshotFaultTests(unittest.TestCase):
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
 
-    def create(self):
-        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "timeout_s": 3600}, self.key,
-                            timeout=300)
-        self.assertEqual(r.status, 201, r)
-        sb = r.json()
-        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
-        return sb
+    def state(self, sb):
+        return self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()["state"]
 
-    def sh(self, sb, cmd, status=200):
-        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sh", "-c", cmd]}, self.key,
-                            timeout=120)
-        self.assertEqual(r.status, status, r)
-        return r.json()["stdout"]
+    def snapshot_dirs(self):
+        node = self.stack.node
+        return {os.path.basename(d) for d in glob.glob(f"{node.data_dir}/snaps/{node.node_id}/snap_*")}
 
-    def test_a_node_killed_after_the_snapshot_but_before_its_record_comes_back_paused(self):
-        self.stack.restart_node({"KILN_FAULT": "pause-after-snapshot"})
+    def recorded_snapshots(self):
+        return set(self.stack.db.sql("SELECT id FROM snapshots").split())
+
+    def assert_counter_went_on(self, sb, before):
+        """The counter kept its numbers: no restart, no gap, and it counts again."""
+        time.sleep(1)
+        nums = self.log_numbers(sb)
+        self.assertEqual(nums, list(range(1, len(nums) + 1)), "the counter restarted or skipped")
+        self.assertGreater(len(nums), before)
+        return len(nums)
+
+    def test_a_node_killed_anywhere_inside_a_pause_comes_back_with_the_sandbox_paused_whole(self):
         sb = self.create()
-        self.sh(sb, "echo kept > /root/kept")
-        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/pause", headers=self.key, timeout=120)
-        self.assertIn(r.status, (502, 503), r)
-        self.stack.node.proc.wait(30)
+        self.start_counter(sb, "echo kept > /root/kept")
+        count = len(self.log_numbers(sb))
+        for point in self.CUT_POINTS:
+            with self.subTest(point=point):
+                # paused, so that the node can be restarted with the fault armed
+                self.assertEqual(self.post(sb, "pause").status, 200)
+                self.stack.restart_node({"KILN_FAULT": point})
+                self.assertEqual(self.post(sb, "resume").status, 200)
+                count = self.assert_counter_went_on(sb, count)
+                r = self.post(sb, "pause")
+                self.assertIn(r.status, (502, 503), r)
+                self.assertEqual(self.stack.node.proc.wait(30), -signal.SIGKILL, "the fault point was not reached")
+                self.stack.restart_node()
+                self.assertEqual(self.state(sb), "paused")
+                self.assertEqual(vm_pids(self.stack.node.node_id, sb["id"]), set())
+                self.assertLessEqual(self.snapshot_dirs(), self.recorded_snapshots(),
+                                     "a snapshot directory nothing records was left")
+                r = self.post(sb, "resume")
+                self.assertEqual(r.status, 200, r)
+                self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
+                count = self.assert_counter_went_on(sb, count)
+
+    def test_a_node_killed_with_a_running_sandbox_comes_back_with_it_paused(self):
+        sb = self.create()
+        self.start_counter(sb, "echo kept > /root/kept")
+        count = len(self.log_numbers(sb))
+        node = self.stack.node
+        pids = vm_pids(node.node_id, sb["id"])
+        node.stop(signal.SIGKILL)
         self.stack.restart_node()
-        got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
-        self.assertEqual(got["state"], "paused", "the complete snapshot was not found again")
-        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/resume", headers=self.key, timeout=120)
+        for pid in pids:
+            self.assertFalse(running(pid), f"VMM {pid} of the earlier run left running")
+        self.assertEqual(self.state(sb), "paused")
+        self.assertEqual(glob.glob(f"/dev/shm/*{sb['id']}*"), [])
+        r = self.post(sb, "resume")
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
+        self.assert_counter_went_on(sb, count)
+
+    def held_pause(self, sb, hold, during):
+        """Pauses `sb` on a node holding at its space check; `during()` runs while it holds."""
+        result = {}
+        pause = threading.Thread(target=lambda: result.update(r=self.post(sb, "pause")))
+        pause.start()
+        deadline = time.time() + 60
+        while not os.path.exists(hold) and time.time() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(hold), "the pause did not reach its space check")
+        during()
+        os.unlink(hold)
+        pause.join(120)
+        return result["r"]
+
+    def test_a_disk_that_fills_up_during_the_save_fails_the_pause_and_the_sandbox_runs_on(self):
+        hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        self.stack.restart_node({"KILN_FAULT_HOLD": "pause-space-reserved", "KILN_FAULT_HOLD_FILE": hold})
+        sb = self.create()
+        self.start_counter(sb, "echo kept > /root/kept")
+        snaps = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}"
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", snaps], check=True)
+        self.addCleanup(subprocess.run, ["umount", "-l", snaps])
+        filler = f"{snaps}/filler"
+
+        def fill():
+            # The check passed; now something else takes the space, leaving 4 MiB.
+            vfs = os.statvfs(snaps)
+            subprocess.run(["fallocate", "-l", str(vfs.f_bavail * vfs.f_frsize - (4 << 20)), filler],
+                           check=True)
+
+        r = self.held_pause(sb, hold, fill)
+        self.assertEqual(r.status, 503, r)
+        self.assertIn("runs on", r.json()["error"]["message"])
+        self.assertEqual(self.state(sb), "running")
+        self.assertEqual(os.listdir(snaps), ["filler"], "a partial snapshot was left")
+        self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
+        count = self.assert_counter_went_on(sb, 0)
+        # With the space back, the same sandbox pauses and resumes whole.
+        os.unlink(filler)
+        r = self.held_pause(sb, hold, lambda: None)
+        self.assertEqual(r.status, 200, r)
+        r = self.post(sb, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
+        self.assert_counter_went_on(sb, count)
 
     def test_a_full_disk_refuses_the_pause_and_the_sandbox_runs_on(self):
         sb = self.create()
@@ -232,3 +315,7 @@ class SnapshotFaultTests(unittest.TestCase):
         got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
         self.assertEqual(got["state"], "running")
         self.assertEqual(self.sh(sb, "cat /root/f"), "still-here\n")
+
+
+if __name__ == "__main__":
+    unittest.main()

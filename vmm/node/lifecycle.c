@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "auth/apikey.h"
+#include "common/fault.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "vmm/agent.h"
@@ -225,81 +226,142 @@ static long long file_bytes(const char *path)
 }
 
 /*
- * Whether the snapshot directory's file system has room for a pause of `sb`: its memory image
- * (moved there from /dev/shm, which copies across file systems) and its disk layer, with a
- * margin. Checked before the VM is touched, so a full disk refuses the pause and the sandbox
- * runs on; the VMM is ended only once the state file is safely written.
+ * Reserves room in the snapshot directory's file system for a pause of `sb`: its memory image
+ * (copied there from /dev/shm; when the VM maps a snapshot's image privately, its memory goes
+ * into the state stream instead, counted at the guest's full size) and its disk layer, with a
+ * margin, on top of what pauses in progress have reserved. Checked before the VM is touched, so a
+ * full disk refuses the pause and the sandbox runs on. Returns the bytes reserved (release them
+ * with pause_release), or -1 with `err` set.
  */
-static bool pause_has_room(struct node *n, const struct sandbox *sb, struct kiln_error *err)
+static long long pause_reserve(struct node *n, const struct sandbox *sb, struct kiln_error *err)
 {
 	char mem[300], disk[700];
 	struct statvfs vfs;
-	long long need, have;
+	long long need, have, busy;
 
 	snprintf(mem, sizeof(mem), "/dev/shm/kiln-%s-%s.mem", n->cfg.node_id, sb->id);
 	snprintf(disk, sizeof(disk), "%s/%s/disk.qcow2", n->vm_state_root, sb->id);
-	need = file_bytes(mem) + file_bytes(disk) + (64ll << 20);
-	if (statvfs(n->snap_root, &vfs) != 0)
-		return kiln_error_set(err, KILN_E_IO, "cannot read the free space of \"%s\"",
-				      n->snap_root) == KILN_OK;
+	need = (access(mem, F_OK) == 0 ? file_bytes(mem) : (long long)sb->mem_mib << 20) +
+	       file_bytes(disk) + (64ll << 20);
+	if (statvfs(n->snap_root, &vfs) != 0) {
+		kiln_error_set(err, KILN_E_IO, "cannot read the free space of \"%s\"", n->snap_root);
+		return -1;
+	}
 	have = (long long)vfs.f_bavail * (long long)vfs.f_frsize;
-	if (have >= need)
-		return true;
+	pthread_mutex_lock(&n->reg_lock);
+	busy = n->pause_reserved;
+	if (have - busy >= need)
+		n->pause_reserved += need;
+	pthread_mutex_unlock(&n->reg_lock);
+	if (have - busy >= need)
+		return need;
 	kiln_error_set(err, KILN_E_UNAVAILABLE,
 		       "no room for the snapshot on this node (%lld MiB needed, %lld MiB free); "
 		       "the sandbox runs on",
-		       need >> 20, have >> 20);
-	return false;
+		       need >> 20, (have - busy) >> 20);
+	return -1;
+}
+
+static void pause_release(struct node *n, long long bytes)
+{
+	pthread_mutex_lock(&n->reg_lock);
+	n->pause_reserved -= bytes;
+	pthread_mutex_unlock(&n->reg_lock);
+}
+
+/*
+ * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot
+ * (the VMM ends) and the manifest. On failure the snapshot is removed and the VM goes on if its
+ * VMM still lives; if the VMM ended, the snapshot is finished from its files when it can be.
+ */
+static enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
+				struct kiln_error *err)
+{
+	struct kiln_error ignore = { 0 };
+	struct vmm_status st = { 0 };
+	enum kiln_err rc = save_policy_public(sb, dir, err);
+
+	if (rc == KILN_OK)
+		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
+	if (rc != KILN_OK && vmm_status(sb->vm, &st, &ignore) == KILN_OK && !st.alive &&
+	    vmm_snapshot_finish(sb->vm, dir, &ignore) == KILN_OK) {
+		log_warn("pause of \"%s\": finished its snapshot after \"%s\"", sb->id, err->msg);
+		kiln_error_clear(err);
+		rc = KILN_OK;
+	}
+	if (rc == KILN_OK) {
+		kiln_fault("pause-before-manifest");
+		rc = write_manifest_public(n, sb, dir, err);
+	}
+	if (rc == KILN_OK) {
+		kiln_fault("pause-after-snapshot");
+		return KILN_OK;
+	}
+	/* Nothing is lost: the VM goes on if it still can (else it failed). */
+	kiln_error_clear(&ignore);
+	if (vmm_status(sb->vm, &st, &ignore) == KILN_OK && st.alive) {
+		struct kiln_error why = *err;
+
+		vmm_resume(sb->vm, &ignore);
+		snap_remove_files(dir);
+		log_warn("pause of \"%s\" failed, the sandbox runs on: %s", sb->id, why.msg);
+		kiln_error_clear(err);
+		kiln_error_set(err, KILN_E_UNAVAILABLE, "the snapshot could not be written (%s); the sandbox runs on",
+			       why.msg);
+		return err->code;
+	} else {
+		sb_set_state(n, sb, SB_ERROR, "the VM ended while it was paused");
+		log_error("pause of \"%s\" failed after its VMM ended; \"%s\" kept", sb->id, dir);
+	}
+	return rc;
+}
+
+/* Records `sb` paused on its complete snapshot `snap_id` (in `dir`) in one transaction. */
+static enum kiln_err pause_record(struct node *n, const struct sandbox *sb, const char *snap_id,
+				 const char *dir, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(n->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = snap_record_public(n, c, sb, snap_id, "pause", NULL, dir, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, NULL, err,
+			 "UPDATE sandboxes SET state = 'paused', pause_snapshot = $2, net_index = NULL, "
+			 "error = NULL, state_changed_at = now() WHERE id = $1",
+			 sb->id, snap_id);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	else
+		pg_exec(c, "ROLLBACK", NULL);
+	pg_release(n->pg, c);
+	return rc;
 }
 
 enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err)
 {
 	char id[AUTH_ID_MAX], dir[600];
-	struct pg_conn *c;
+	long long reserved;
 	enum kiln_err rc;
 
 	if (sb->state != SB_RUNNING || !sb->vm)
 		return kiln_error_set(err, KILN_E_CONFLICT, "the sandbox is %s",
 				      sb_state_name(sb->state));
-	if (!pause_has_room(n, sb, err))
-		return err->code;
 	rc = auth_new_id("snap_", id, sizeof(id));
 	if (rc != KILN_OK)
 		return kiln_error_set(err, rc, "cannot make an id");
+	if ((reserved = pause_reserve(n, sb, err)) < 0)
+		return err->code;
+	kiln_fault("pause-space-reserved");
 	snap_dir(n, id, dir, sizeof(dir));
-	rc = save_policy_public(sb, dir, err);
-	if (rc == KILN_OK)
-		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
-	if (rc == KILN_OK)
-		rc = write_manifest_public(n, sb, dir, err);
-	/* Fault injection for the tests of a node killed between the snapshot and its record. */
-	if (rc == KILN_OK && getenv("KILN_FAULT") && !strcmp(getenv("KILN_FAULT"), "pause-after-snapshot"))
-		raise(SIGKILL);
-	if (rc != KILN_OK) {
-		/* Nothing is lost: the VM goes on if it still can (else it failed). */
-		struct kiln_error ignore = { 0 };
-		struct vmm_status st = { 0 };
-		if (vmm_status(sb->vm, &st, &ignore) == KILN_OK && st.alive)
-			vmm_resume(sb->vm, &ignore);
-		else
-			sb_set_state(n, sb, SB_ERROR, "the VM ended while it was paused");
-		snap_remove_files(dir);
+	rc = pause_save(n, sb, dir, err);
+	pause_release(n, reserved);
+	if (rc != KILN_OK)
 		return rc;
-	}
-	rc = pg_acquire(n->pg, &c, err);
-	if (rc == KILN_OK) {
-		rc = pg_exec(c, "BEGIN", err);
-		if (rc == KILN_OK)
-			rc = snap_record_public(n, c, sb, id, "pause", NULL, dir, err);
-		if (rc == KILN_OK)
-			rc = PGQ(c, NULL, err,
-				 "UPDATE sandboxes SET state = 'paused', pause_snapshot = $2, "
-				 "net_index = NULL, state_changed_at = now() WHERE id = $1",
-				 sb->id, id);
-		if (rc == KILN_OK)
-			rc = pg_exec(c, "COMMIT", err);
-		pg_release(n->pg, c);
-	}
+	rc = pause_record(n, sb, id, dir, err);
 	if (rc != KILN_OK) {
 		/* The snapshot is complete; a restart finds it (node recovery) even if this failed. */
 		log_error("pause of \"%s\" not recorded: %s", sb->id, err->msg);
@@ -343,7 +405,138 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 	return rc;
 }
 
-int snap_recover_pauses(struct node *n)
+/* Whether snapshot `snap_id` is recorded in Postgres (errors count as recorded: hands off). */
+static bool snap_known(struct pg_conn *c, const char *snap_id)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	bool known = PGQ(c, &res, &err, "SELECT 1 FROM snapshots WHERE id = $1", snap_id) != KILN_OK ||
+		     pg_res_rows(res) > 0;
+
+	pg_res_free(res);
+	return known;
+}
+
+/*
+ * Calls fn(dir, sandbox id, mtime, arg) for each snapshot directory no record names: snapshots
+ * a node stopped inside of (a pause, a fork, a named snapshot or a template cut short).
+ */
+static void for_each_unrecorded(struct node *n, struct pg_conn *c,
+				void (*fn)(const char *dir, const char *sandbox, time_t mtime, void *arg),
+				void *arg)
+{
+	char pattern[640], dir[600];
+	glob_t g;
+
+	snprintf(pattern, sizeof(pattern), "%s/snap_*/", n->snap_root);
+	if (glob(pattern, GLOB_ONLYDIR | GLOB_MARK, NULL, &g) != 0)
+		return;
+	for (size_t k = 0; k < g.gl_pathc; k++) {
+		char policy[700];
+		struct stat st;
+		json_t *doc;
+
+		snprintf(dir, sizeof(dir), "%.*s", (int)strlen(g.gl_pathv[k]) - 1, g.gl_pathv[k]);
+		if (snap_known(c, strrchr(dir, '/') + 1))
+			continue;
+		snprintf(policy, sizeof(policy), "%s/" NETPOLICY_FILE, dir);
+		doc = json_load_file(policy, 0, NULL);
+		fn(dir, doc ? json_str(doc, "sandbox", "") : "", stat(policy, &st) == 0 ? st.st_mtime : 0, arg);
+		json_decref(doc);
+	}
+	globfree(&g);
+}
+
+struct newest {
+	const char *sandbox;
+	char dir[600];
+	time_t mtime;
+};
+
+static void pick_newest(const char *dir, const char *sandbox, time_t mtime, void *arg)
+{
+	struct newest *nw = arg;
+
+	if (strcmp(sandbox, nw->sandbox) == 0 && (!nw->dir[0] || mtime >= nw->mtime)) {
+		snprintf(nw->dir, sizeof(nw->dir), "%s", dir);
+		nw->mtime = mtime;
+	}
+}
+
+static void remove_unrecorded(const char *dir, const char *sandbox, time_t mtime, void *arg)
+{
+	log_warn("removing \"%s\": a snapshot cut short that nothing records", dir);
+	snap_remove_files(dir);
+}
+
+/* Whether manifest.json in `dir` carries its file digests (written by write_manifest_public). */
+static bool manifest_has_digests(const char *dir)
+{
+	char path[700];
+	json_t *m;
+	bool has;
+
+	snprintf(path, sizeof(path), "%s/manifest.json", dir);
+	m = json_load_file(path, 0, NULL);
+	has = json_object_get(m, "files") != NULL;
+	json_decref(m);
+	return has;
+}
+
+/*
+ * A pause of `sb` cut short once its VMM had ended: the newest snapshot of `sb` no record names
+ * is finished from the files the VM left (`sb->vm`, an adopted handle, when its record is still
+ * there), checked, and recorded as its pause.
+ */
+static enum kiln_err recover_cut_pause(struct node *n, struct pg_conn *c, struct sandbox *sb,
+				       char *snap_id, struct kiln_error *err)
+{
+	struct newest nw = { .sandbox = sb->id };
+	enum kiln_err rc = KILN_OK;
+
+	for_each_unrecorded(n, c, pick_newest, &nw);
+	if (!nw.dir[0])
+		return kiln_error_set(err, KILN_E_NOT_FOUND, "no snapshot of it was begun");
+	if (sb->vm)
+		rc = vmm_snapshot_finish(sb->vm, nw.dir, err);
+	if (rc == KILN_OK && snap_verify(n, nw.dir, err) != KILN_OK) {
+		/* whole by the VMM's part (its manifest), without the digests yet: add them */
+		if (manifest_has_digests(nw.dir))
+			return err->code;
+		kiln_error_clear(err);
+		rc = write_manifest_public(n, sb, nw.dir, err);
+		if (rc == KILN_OK)
+			rc = snap_verify(n, nw.dir, err);
+	}
+	snprintf(snap_id, AUTH_ID_MAX, "%s", strrchr(nw.dir, '/') + 1);
+	return rc == KILN_OK ? pause_record(n, sb, snap_id, nw.dir, err) : rc;
+}
+
+/* A VM the earlier run left running: paused into a new snapshot, as a pause would. */
+static enum kiln_err recover_running(struct node *n, struct sandbox *sb, char *snap_id,
+				     struct kiln_error *err)
+{
+	struct kiln_policy_config pc = { .node_id = n->cfg.node_id, .sandbox_id = sb->id };
+	char dir[600];
+	enum kiln_err rc;
+
+	/* its rules and bandwidth, from the pinned maps (never reopened wider than they were) */
+	rc = kiln_policy_open(&pc, &sb->pol, err);
+	if (rc == KILN_OK)
+		rc = auth_new_id("snap_", snap_id, AUTH_ID_MAX);
+	if (rc == KILN_OK) {
+		snap_dir(n, snap_id, dir, sizeof(dir));
+		sb->state = SB_RUNNING;
+		rc = pause_save(n, sb, dir, err);
+	}
+	if (rc == KILN_OK)
+		rc = pause_record(n, sb, snap_id, dir, err);
+	kiln_policy_close(sb->pol);
+	sb->pol = NULL;
+	return rc;
+}
+
+int snap_recover(struct node *n)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
@@ -353,70 +546,45 @@ int snap_recover_pauses(struct node *n)
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return 0;
 	if (PGQ(c, &res, &err,
-		"SELECT id, tenant_id FROM sandboxes WHERE node_id = $1 AND deleted_at IS NULL "
-		"AND state IN ('creating', 'running', 'error')",
+		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib FROM sandboxes "
+		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('creating', 'running', 'error')",
 		n->cfg.node_id) != KILN_OK) {
 		pg_release(n->pg, c);
 		return 0;
 	}
 	for (int i = 0; i < pg_res_rows(res); i++) {
-		const char *id = pg_res_str(res, i, 0);
-		char pattern[640], best[600] = "", snap[AUTH_ID_MAX];
-		time_t best_t = 0;
-		glob_t g;
+		struct sandbox sb = { 0 };
+		struct vmm_status st = { 0 };
+		char state_dir[700], snap[AUTH_ID_MAX];
+		enum kiln_err rc;
 
-		/* Its newest complete snapshot not yet recorded: a pause cut short after the save. */
-		snprintf(pattern, sizeof(pattern), "%s/snap_*/" NETPOLICY_FILE, n->snap_root);
-		if (glob(pattern, 0, NULL, &g) != 0)
-			continue;
-		for (size_t k = 0; k < g.gl_pathc; k++) {
-			json_t *doc = json_load_file(g.gl_pathv[k], 0, NULL);
-			struct stat st;
-			char dir[600];
-
-			if (doc && !strcmp(json_str(doc, "sandbox", ""), id) && stat(g.gl_pathv[k], &st) == 0 &&
-			    st.st_mtime >= best_t) {
-				snprintf(dir, sizeof(dir), "%.*s", (int)(strrchr(g.gl_pathv[k], '/') - g.gl_pathv[k]),
-					 g.gl_pathv[k]);
-				if (snap_verify(n, dir, &err) == KILN_OK) {
-					snprintf(best, sizeof(best), "%s", dir);
-					best_t = st.st_mtime;
-				} else {
-					log_warn("snapshot \"%s\" of \"%s\" is not whole: %s", dir, id,
-						 err.msg);
-				}
-				kiln_error_clear(&err);
-			}
-			json_decref(doc);
-		}
-		globfree(&g);
-		if (!best[0])
-			continue;
-		snprintf(snap, sizeof(snap), "%s", strrchr(best, '/') + 1);
-		{
-			struct pg_res *known = NULL;
-			char size[24];
-			snprintf(size, sizeof(size), "%lld", snapshot_size(best));
-			if (PGQ(c, &known, &err, "SELECT 1 FROM snapshots WHERE id = $1", snap) == KILN_OK &&
-			    pg_res_rows(known) == 0)
-				PGQ(c, NULL, &err,
-				    "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-				    "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at) SELECT $1, tenant_id, "
-				    "id, node_id, 'pause', $3::bigint, vcpu_milli, memory_mib, disk_gib, lineage, "
-				    "now() FROM sandboxes WHERE id = $2",
-				    snap, id, size);
-			pg_res_free(known);
-		}
-		if (PGQ(c, NULL, &err,
-			"UPDATE sandboxes SET state = 'paused', pause_snapshot = $2, net_index = NULL, "
-			"error = NULL, state_changed_at = now() WHERE id = $1",
-			id, snap) == KILN_OK) {
-			log_warn("sandbox \"%s\" recorded as paused: its snapshot \"%s\" is complete", id,
-				 snap);
+		snprintf(sb.id, sizeof(sb.id), "%s", pg_res_str(res, i, 0));
+		snprintf(sb.tenant_id, sizeof(sb.tenant_id), "%s", pg_res_str(res, i, 1));
+		sb.vcpu_milli = (unsigned)atoi(pg_res_str(res, i, 2));
+		sb.mem_mib = (unsigned)atoi(pg_res_str(res, i, 3));
+		sb.disk_gib = (unsigned)atoi(pg_res_str(res, i, 4));
+		snprintf(state_dir, sizeof(state_dir), "%s/%s", n->vm_state_root, sb.id);
+		kiln_error_clear(&err);
+		rc = vmm_adopt(n->cfg.hypervisor, state_dir, &sb.vm, &err);
+		if (rc != KILN_OK && rc != KILN_E_NOT_FOUND)
+			log_warn("the VM of \"%s\" cannot be taken over: %s", sb.id, err.msg);
+		kiln_error_clear(&err);
+		if (sb.vm && vmm_status(sb.vm, &st, &err) == KILN_OK && st.alive)
+			rc = recover_running(n, &sb, snap, &err);
+		else
+			rc = recover_cut_pause(n, c, &sb, snap, &err);
+		if (rc == KILN_OK) {
+			log_warn("sandbox \"%s\" of an earlier run recorded as paused on \"%s\"", sb.id, snap);
+			snap_upload(n, snap, sb.tenant_id);
 			found++;
+		} else if (rc != KILN_E_NOT_FOUND) {
+			log_error("sandbox \"%s\" of an earlier run cannot be paused: %s", sb.id, err.msg);
 		}
+		kiln_error_clear(&err);
+		vmm_destroy(sb.vm, &err);
 	}
 	pg_res_free(res);
+	for_each_unrecorded(n, c, remove_unrecorded, NULL);
 	pg_release(n->pg, c);
 	return found;
 }

@@ -53,11 +53,13 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 void snap_remove_files(const char *dir);
 
 /*
- * After a restart: a sandbox the database still shows running, for which a complete, verified
- * pause snapshot is on disk (the node stopped between the save and its record), is recorded as
- * paused on it. Returns how many.
+ * After a restart, before anything of the earlier run is cleaned up: every sandbox the database
+ * still shows running on this node ends paused with a complete snapshot where its state can be
+ * had. A VM still running (VMMs outlive their node) is taken over and paused; a pause cut short
+ * after its VMM ended is finished from its files. Snapshot directories nothing records are then
+ * removed. Returns how many sandboxes were recorded as paused.
  */
-int snap_recover_pauses(struct node *n);
+int snap_recover(struct node *n);
 
 /* Removes the files of deleted snapshots no live sandbox or snapshot stands on. */
 void snap_gc(struct node *n);

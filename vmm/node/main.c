@@ -3,8 +3,9 @@
  *
  * Start order is the table at the bottom, stop order its reverse. Once a second a ticker thread
  * renews the node's heartbeat in Postgres and stops sandboxes past their expiry. A node that
- * restarts cannot adopt the VMs of its previous run: it stops them, frees their host resources
- * and records them as stopped, so nothing is left behind.
+ * restarts after a crash takes over the VMs its previous run left (they outlive it) and pauses
+ * them, finishes pauses cut short, then frees every host resource of that run; a sandbox whose
+ * state could not be had is recorded as stopped.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -89,10 +90,7 @@ static void db_exit(void)
 	node.pg = NULL;
 }
 
-/*
- * Records the sandboxes a previous run of this node left as stopped: their VMs died with it or
- * are cleaned up below; they cannot be adopted.
- */
+/* The VMs of an earlier run that snap_recover did not pause are removed, none kept. */
 static bool keep_none(void *ctx, const char *id)
 {
 	return false;
@@ -132,16 +130,26 @@ static int recover_init(struct kiln_error *err)
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	struct kiln_error cerr = { 0 };
-	int cleaned = vmm_orphans_cleanup(node.cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
 	enum kiln_err rc;
+	char pattern[600];
+	glob_t g;
+	int cleaned;
 
+	/* First, while their VMs and pins are still there: running sandboxes end paused, not lost. */
+	snap_recover(&node);
+	cleaned = vmm_orphans_cleanup(node.cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
 	if (cleaned > 0)
 		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
 	cleanup_networks();
 	if (cerr.code != KILN_OK)
 		log_error("cleanup of an earlier run: %s", cerr.msg);
-	/* A pause cut short after its snapshot was complete ends as a pause, not a loss. */
-	snap_recover_pauses(&node);
+	/* the disk layers of VMs that are gone: no VM of this node runs yet */
+	snprintf(pattern, sizeof(pattern), "%s/*", node.vm_state_root);
+	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0) {
+		for (size_t i = 0; i < g.gl_pathc; i++)
+			snap_remove_files(g.gl_pathv[i]);
+		globfree(&g);
+	}
 	rc = pg_acquire(node.pg, &c, err);
 
 	if (rc != KILN_OK)
@@ -395,8 +403,12 @@ static void api_exit(void)
 	tpl_exit(&node);
 	http_server_stop(node.http, 30);
 	node.http = NULL;
-	/* The VMs end with the node: a stopped node leaves nothing running. */
+	/*
+	 * A stopped node leaves nothing running: running sandboxes are paused (resumed later, here or
+	 * on another node); the rest, and any whose pause fails, are stopped.
+	 */
 	for (;;) {
+		struct kiln_error err = { 0 };
 		struct sandbox *sb;
 
 		pthread_mutex_lock(&node.reg_lock);
@@ -407,8 +419,12 @@ static void api_exit(void)
 		if (!sb)
 			break;
 		pthread_mutex_lock(&sb->lock);
-		sb_teardown(&node, sb);
-		sb_set_state(&node, sb, SB_STOPPED, "the node stopped");
+		if (sb->state != SB_RUNNING || sb_pause(&node, sb, &err) != KILN_OK) {
+			if (err.code != KILN_OK)
+				log_error("sandbox \"%s\" stops with the node: %s", sb->id, err.msg);
+			sb_teardown(&node, sb);
+			sb_set_state(&node, sb, SB_STOPPED, "the node stopped");
+		}
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);
 	}
@@ -420,8 +436,8 @@ static void api_exit(void)
 static const struct daemon_stage stages[] = {
 	{ "settings", check_init, check_exit },
 	{ "postgres", db_init, db_exit },
+	{ "storage", store_init, store_exit },	/* before recovery: it uploads what it pauses */
 	{ "recovery", recover_init, recover_exit },
-	{ "storage", store_init, store_exit },
 	{ "network", net_init, net_exit },
 	{ "api", api_init, api_exit },
 };

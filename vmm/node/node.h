@@ -70,6 +70,7 @@ struct node {
 	pthread_mutex_t reg_lock;	/* the registry below and the capacity in use */
 	struct sandbox *sandboxes;
 	unsigned used_vcpu_milli, used_mem_mib, count;
+	long long pause_reserved;	/* bytes of snapshot space pauses in progress have claimed */
 	volatile bool stopping;
 	pthread_t ticker;
 };
