@@ -998,7 +998,7 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 	s.state_dir = state_dir;
 	s.uid = s.gid = 1;	/* unused: the VMM runs already */
 	if (vmm_spec_check(&s, err) != KILN_OK || vm_init(vm, &s, err) != KILN_OK) {
-		rc = kiln_error_set(err, KILN_E_INVALID, "'%s' does not describe a vm: %s", path, err->msg);
+		rc = err->code;
 		goto out;
 	}
 	snprintf(vm->disk_path, sizeof(vm->disk_path), "%s", json_string_value(json_object_get(m, "disk")) ?: "");

@@ -22,7 +22,14 @@ COUNTER = "nohup python3 /root/counter.py >/dev/null 2>&1 &"
 
 
 class Helpers:
-    """Sandboxes of the class's stack, through the API."""
+    """A stack of the class's own, and its sandboxes through the API."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack()
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)
@@ -56,13 +63,6 @@ class Helpers:
 
 
 class SnapshotTests(Helpers, unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.stack = kiln.Stack()
-        cls.addClassCleanup(cls.stack.cleanup)
-        cls.gw = cls.stack.gw
-        cls.key = cls.stack.tenant()
-
     def test_a_counting_process_goes_on_from_exactly_where_it_was_after_pause_and_resume(self):
         sb = self.create()
         self.start_counter(sb, "echo started > /root/marker")
@@ -191,13 +191,6 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
                   "snapshot-state-saved", "snapshot-vmm-ended", "snapshot-memory-moved",
                   "snapshot-before-manifest", "pause-before-manifest", "pause-after-snapshot"]
 
-    @classmethod
-    def setUpClass(cls):
-        cls.stack = kiln.Stack()
-        cls.addClassCleanup(cls.stack.cleanup)
-        cls.gw = cls.stack.gw
-        cls.key = cls.stack.tenant()
-
     def state(self, sb):
         return self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()["state"]
 
@@ -275,6 +268,7 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
         self.stack.restart_node({"KILN_FAULT_HOLD": "pause-space-reserved", "KILN_FAULT_HOLD_FILE": hold})
         sb = self.create()
+        self.addCleanup(self.stack.restart_node)  # the next tests' node holds nowhere
         self.start_counter(sb, "echo kept > /root/kept")
         snaps = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}"
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", snaps], check=True)

@@ -469,18 +469,20 @@ static void remove_unrecorded(const char *dir, const char *sandbox, time_t mtime
 	snap_remove_files(dir);
 }
 
-/* Whether manifest.json in `dir` carries its file digests (written by write_manifest_public). */
-static bool manifest_has_digests(const char *dir)
+/* How far manifest.json in `dir` is written: none, the driver's part, or with the digests. */
+enum manifest_stage { MANIFEST_NONE, MANIFEST_DRIVER, MANIFEST_DIGESTS };
+
+static enum manifest_stage manifest_stage(const char *dir)
 {
 	char path[700];
 	json_t *m;
-	bool has;
+	enum manifest_stage st;
 
 	snprintf(path, sizeof(path), "%s/manifest.json", dir);
 	m = json_load_file(path, 0, NULL);
-	has = json_object_get(m, "files") != NULL;
+	st = !m ? MANIFEST_NONE : json_object_get(m, "files") ? MANIFEST_DIGESTS : MANIFEST_DRIVER;
 	json_decref(m);
-	return has;
+	return st;
 }
 
 /*
@@ -500,8 +502,8 @@ static enum kiln_err recover_cut_pause(struct node *n, struct pg_conn *c, struct
 	if (sb->vm)
 		rc = vmm_snapshot_finish(sb->vm, nw.dir, err);
 	if (rc == KILN_OK && snap_verify(n, nw.dir, err) != KILN_OK) {
-		/* whole by the VMM's part (its manifest), without the digests yet: add them */
-		if (manifest_has_digests(nw.dir))
+		/* whole by the VMM's part (its manifest, written last), without the digests yet: add them */
+		if (manifest_stage(nw.dir) != MANIFEST_DRIVER)
 			return err->code;
 		kiln_error_clear(err);
 		rc = write_manifest_public(n, sb, nw.dir, err);
@@ -547,7 +549,7 @@ int snap_recover(struct node *n)
 		return 0;
 	if (PGQ(c, &res, &err,
 		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib FROM sandboxes "
-		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('creating', 'running', 'error')",
+		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('running', 'error')",
 		n->cfg.node_id) != KILN_OK) {
 		pg_release(n->pg, c);
 		return 0;

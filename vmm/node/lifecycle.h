@@ -54,8 +54,8 @@ void snap_remove_files(const char *dir);
 
 /*
  * After a restart, before anything of the earlier run is cleaned up: every sandbox the database
- * still shows running on this node ends paused with a complete snapshot where its state can be
- * had. A VM still running (VMMs outlive their node) is taken over and paused; a pause cut short
+ * still shows running (or failed) on this node ends paused with a complete snapshot where its state
+ * can be had (one still being created is not: its create failed). A VM still running (VMMs outlive their node) is taken over and paused; a pause cut short
  * after its VMM ended is finished from its files. Snapshot directories nothing records are then
  * removed. Returns how many sandboxes were recorded as paused.
  */
