@@ -9,7 +9,10 @@
  *  - a shared-memory snapshot ends the VMM, and restores from it continue the guest exactly where it
  *    stopped (its counter goes on from the next number); two children restored privately from one
  *    image share its pages; the parent gets memory of its own;
- *  - destroy leaves no process, cgroup or file.
+ *  - destroy leaves no process, cgroup or file;
+ *  - a VM is taken over from its state dir (as a restarted node does): the handle sees it running,
+ *    continues it when it was stopped, and a shared snapshot through it ends the VMM and restores;
+ *    a VMM that has died gives a handle that is not alive and has no snapshot to finish.
  * The guest is a busybox initramfs whose /init prints "KILN-GUEST-BOOTED" then "kiln-tick N" every
  * 0.2 s (mkimage.sh; run.sh passes its paths in KILN_GUEST_KERNEL/INITRD).
  * Exit 77 (skip) when not root or QEMU is missing.
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -37,9 +41,9 @@
 #define BOOT_TIMEOUT_MS 30000
 
 static char node[32], tap[16] = "kt0", data_dir[128], run_root[64];
-static char netns[8][48], netns_paths[8][80];	/* one network namespace per VM, as in the product */
+static char netns[16][48], netns_paths[16][80];	/* one network namespace per VM, as in the product */
 static unsigned n_netns;
-static uid_t uids[6];
+static uid_t uids[16];
 static unsigned n_uids;
 
 static double now_s(void)
@@ -293,11 +297,12 @@ static void check_gone(pid_t pid, const char *id, const char *run_dir, const cha
 	CHECK(stat(path, &st) < 0);
 }
 
-static struct vmm_vm *vms[8];
+#define TRACKED 16
+static struct vmm_vm *vms[TRACKED];
 
 static void track(struct vmm_vm *vm)
 {
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < TRACKED; i++)
 		if (!vms[i]) {
 			vms[i] = vm;
 			return;
@@ -306,7 +311,7 @@ static void track(struct vmm_vm *vm)
 
 static void untrack(struct vmm_vm *vm)
 {
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < TRACKED; i++)
 		if (vms[i] == vm)
 			vms[i] = NULL;
 }
@@ -316,7 +321,7 @@ static void cleanup(void)
 	char path[PATH_MAX];
 	const char *ctl[] = { "cpu", "cpuacct", "memory", "pids", "unified" };
 
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < TRACKED; i++)
 		if (vms[i])
 			vmm_destroy(vms[i], NULL);
 	for (unsigned i = 0; i < n_netns; i++)
@@ -476,6 +481,115 @@ static void test_lifecycle(void)
 	}
 }
 
+/*
+ * Starts VM `s` in a child process that then exits without destroying it, as a killed node leaves
+ * its VMs (the VMM outlives it; this process, a subreaper, inherits it). `stopped`: its vCPUs are
+ * stopped first, as a pause cut short leaves them. Returns the VMM's pid, or 0.
+ */
+static pid_t orphan_vm(const struct vmm_spec *s, bool stopped)
+{
+	int fds[2], status;
+	pid_t child, vmm = 0;
+
+	if (pipe(fds) < 0)
+		return 0;
+	child = fork();
+	if (child == 0) {
+		struct vmm_vm *vm = NULL;
+		struct vmm_status st = { 0 };
+
+		close(fds[0]);
+		if (vmm_create("qemu", s, &vm, NULL) == KILN_OK &&
+		    wait_tick_after(vmm_serial_log(vm), 2, BOOT_TIMEOUT_MS) &&
+		    (!stopped || vmm_pause(vm, NULL) == KILN_OK) && vmm_status(vm, &st, NULL) == KILN_OK &&
+		    write(fds[1], &st.pid, sizeof(st.pid)) != sizeof(st.pid))
+			st.pid = 0;
+		_exit(0);
+	}
+	close(fds[1]);
+	if (child > 0 && read(fds[0], &vmm, sizeof(vmm)) != sizeof(vmm))
+		vmm = 0;
+	close(fds[0]);
+	if (child > 0)
+		waitpid(child, &status, 0);
+	return vmm;
+}
+
+static void test_adopt(void)
+{
+	char run_e[96], state_e[PATH_MAX], run_f[96], state_f[PATH_MAX], run_h[96], state_h[PATH_MAX];
+	char snap[PATH_MAX], base[PATH_MAX], serial[PATH_MAX];
+	struct vmm_vm *e = NULL, *f = NULL, *h = NULL;
+	struct kiln_error err = { 0 };
+	struct vmm_spec se, sf, sh;
+	struct vmm_status st;
+	pid_t pid;
+	long last;
+
+	snprintf(base, sizeof(base), "%s/base.raw", data_dir);
+	spec_for(&se, "e", run_e, state_e, lease_uid());
+	se.rootfs = base;
+	snprintf(serial, sizeof(serial), "%s/serial.log", run_e);
+	pid = orphan_vm(&se, true);
+	CHECK(pid > 0);
+	if (pid <= 0)
+		return;
+
+	/* nothing recorded there: not found */
+	CHECK(vmm_adopt("qemu", data_dir, &e, NULL) == KILN_E_NOT_FOUND && !e);
+	/* the VM left stopped: taken over (the same process), continued */
+	last = tick(serial, 0);
+	CHECK(vmm_adopt("qemu", state_e, &e, &err) == KILN_OK);
+	if (!e) {
+		fprintf(stderr, "adopt: %s\n", err.msg);
+		return;
+	}
+	track(e);
+	CHECK(vmm_status(e, &st, NULL) == KILN_OK && st.alive && st.running && st.pid == pid);
+	CHECK(wait_tick_after(serial, last, 5000));
+	/* a shared snapshot through the adopted handle ends the VMM; a restore goes on from it */
+	snprintf(snap, sizeof(snap), "%s/snap-adopted", data_dir);
+	CHECK(vmm_snapshot(e, snap, VMM_SNAP_SHARED, &err) == KILN_OK);
+	if (err.code)
+		fprintf(stderr, "snapshot: %s\n", err.msg);
+	last = tick(serial, 0);
+	CHECK(vmm_status(e, &st, NULL) == KILN_OK && !st.alive);
+	CHECK(vmm_snapshot_finish(e, snap, NULL) == KILN_OK);	/* whole already: nothing to do */
+	untrack(e);
+	CHECK(vmm_destroy(e, NULL) == KILN_OK);
+	while (waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	check_gone(pid, "e", run_e, state_e);
+	spec_for(&sf, "f", run_f, state_f, lease_uid());
+	CHECK(vmm_restore("qemu", &sf, snap, VMM_MEM_MOVE, &f, &err) == KILN_OK);
+	if (err.code)
+		fprintf(stderr, "restore: %s\n", err.msg);
+	if (f) {
+		track(f);
+		CHECK(wait_tick_after(vmm_serial_log(f), last + 1, 10000));
+		CHECK_INT(tick(vmm_serial_log(f), 1), last + 1);
+		untrack(f);
+		CHECK(vmm_destroy(f, NULL) == KILN_OK);
+	}
+
+	/* a VMM that died: a handle that is not alive, with no snapshot begun to finish */
+	spec_for(&sh, "h", run_h, state_h, lease_uid());
+	pid = orphan_vm(&sh, false);
+	CHECK(pid > 0 && kill(pid, SIGKILL) == 0);
+	while (pid > 0 && waitpid(pid, NULL, 0) < 0 && errno == EINTR)
+		;
+	CHECK(vmm_adopt("qemu", state_h, &h, &err) == KILN_OK);
+	if (h) {
+		track(h);
+		CHECK(vmm_status(h, &st, NULL) == KILN_OK && !st.alive);
+		snprintf(snap, sizeof(snap), "%s/snap-none", data_dir);
+		CHECK(vmm_snapshot_finish(h, snap, NULL) == KILN_E_NOT_FOUND);
+		untrack(h);
+		CHECK(vmm_destroy(h, NULL) == KILN_OK);
+		check_gone(pid, "h", run_h, state_h);
+	}
+}
+
 int main(void)
 {
 	if (geteuid() != 0) {
@@ -490,7 +604,9 @@ int main(void)
 	snprintf(data_dir, sizeof(data_dir), "/var/tmp/kiln-test-%d", (int)getpid());
 	snprintf(run_root, sizeof(run_root), "/run/kiln/%s", node);
 	mkdir(data_dir, 0755);
+	prctl(PR_SET_CHILD_SUBREAPER, 1);	/* test_adopt's VMs outlive the process that started them */
 	TEST(test_lifecycle);
+	TEST(test_adopt);
 	cleanup();
 	fprintf(stderr, "boot to marker %.2f s, snapshot %.3f s, restore (private) %.3f s, restore (copy) %.3f s\n",
 		t.boot, t.snapshot, t.restore_private, t.restore_copy);
