@@ -5,9 +5,11 @@ set -euo pipefail
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo -E bash "$0" "$@"
 fi
+# kiln-node pauses its running sandboxes before it exits: it gets longer. Killed past that, it
+# leaves them running and pauses them when it starts again.
 for d in kiln-gateway kiln-meter kiln-node; do
   if kiln_pid_alive "$KILN_RUN/$d.pid"; then
-    kiln_stop_pid "$KILN_RUN/$d.pid" 40
+    kiln_stop_pid "$KILN_RUN/$d.pid" "$([ $d = kiln-node ] && echo 300 || echo 40)"
     echo "stopped $d"
   fi
 done
