@@ -40,6 +40,7 @@ struct route_group {
 };
 
 extern const struct route_group routes_ops;	/* /healthz, /metrics */
+extern const struct route_group routes_dashboard;	/* /, /assets/{name} */
 extern const struct route_group routes_keys;	/* /v1/api-keys, /v1/tokens, JWKS */
 extern const struct route_group routes_tenants;	/* /v1/tenants */
 extern const struct route_group routes_audit;	/* /v1/audit */

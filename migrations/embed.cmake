@@ -1,16 +1,13 @@
 # Generates a C file holding every migrations/NNNN_name.sql, in order, as string literals.
 # Invoked at build time: cmake -DSRC=<migrations dir> -DOUT=<file.c> -P embed.cmake
+include(${CMAKE_CURRENT_LIST_DIR}/../cmake/embed_bytes.cmake)
 file(GLOB files RELATIVE ${SRC} ${SRC}/[0-9][0-9][0-9][0-9]_*.sql)
 list(SORT files)
 set(body "/* Generated from the migrations folder by embed.cmake; do not edit. */\n#include \"migrations/migrate.h\"\n\n")
 set(table "const struct migration migrations[] = {\n")
 set(i 0)
 foreach(f ${files})
-  file(READ ${SRC}/${f} hex HEX)
-  string(LENGTH "${hex}" hexlen)
-  math(EXPR len "${hexlen} / 2")
-  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
-  string(APPEND body "static const unsigned char m${i}[] = {${bytes}0};\n")
+  embed_bytes(${SRC}/${f} m${i} body len)
   string(APPEND table "\t{ \"${f}\", (const char *)m${i}, ${len} },\n")
   math(EXPR i "${i} + 1")
 endforeach()

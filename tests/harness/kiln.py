@@ -5,10 +5,13 @@ The throwaway Postgres and Redis come from tests/harness/services.sh (the ctest 
 Every test makes its own database (fresh_database) and its own daemons on free ports, and
 stops them by pid when it ends, so tests can run in parallel and never touch `make run`'s.
 """
+import fcntl
+import hashlib
 import json
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -57,6 +60,32 @@ class Database:
 
     def drop(self):
         psql(self.sockdir, "postgres", f"DROP DATABASE IF EXISTS {self.name} WITH (FORCE)")
+
+
+def npm_modules(folder, cache=None):
+    """Makes `folder`/node_modules hold the packages of its package-lock.json, installed once per
+    lock (npm ci) into `cache`/<hash of the lock>/ (default /var/cache/kiln/npm); returns its path."""
+    cache = cache or os.environ.get("KILN_NPM_CACHE", "/var/cache/kiln/npm")
+    link = os.path.join(folder, "node_modules")
+    with open(os.path.join(folder, "package-lock.json"), "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    target = os.path.join(cache, digest)
+    os.makedirs(cache, exist_ok=True)
+    with open(os.path.join(cache, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not os.path.isdir(os.path.join(target, "node_modules")):
+            tmp = tempfile.mkdtemp(prefix=digest + ".", dir=cache)
+            for name in ("package.json", "package-lock.json"):
+                shutil.copy(os.path.join(folder, name), tmp)
+            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+                           cwd=tmp, check=True, timeout=600)
+            shutil.rmtree(target, ignore_errors=True)
+            os.rename(tmp, target)
+        if os.path.islink(link) and os.readlink(link) != os.path.join(target, "node_modules"):
+            os.unlink(link)
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(target, "node_modules"), link)
+    return link
 
 
 def fresh_database():

@@ -10,8 +10,6 @@ independent client.
 - sdk(): @aws-sdk/client-s3 (verify.js) reading what Kiln wrote.
 - tool(): tests/integration/s3/s3_tool (the C client) on a target.
 """
-import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -33,26 +31,7 @@ TOOL = os.path.join(kiln.BUILD, "tests", "integration", "s3", "s3_tool")
 
 def npm_modules():
     """Makes ./node_modules hold the lock's packages; returns its path."""
-    link = os.path.join(HERE, "node_modules")
-    with open(os.path.join(HERE, "package-lock.json"), "rb") as f:
-        digest = hashlib.sha256(f.read()).hexdigest()[:16]
-    target = os.path.join(CACHE, digest)
-    os.makedirs(CACHE, exist_ok=True)
-    with open(os.path.join(CACHE, ".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not os.path.isdir(os.path.join(target, "node_modules")):
-            tmp = tempfile.mkdtemp(prefix=digest + ".", dir=CACHE)
-            for name in ("package.json", "package-lock.json"):
-                shutil.copy(os.path.join(HERE, name), tmp)
-            subprocess.run(["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-                           cwd=tmp, check=True, timeout=600)
-            shutil.rmtree(target, ignore_errors=True)
-            os.rename(tmp, target)
-        if os.path.islink(link) and os.readlink(link) != os.path.join(target, "node_modules"):
-            os.unlink(link)
-        if not os.path.lexists(link):
-            os.symlink(os.path.join(target, "node_modules"), link)
-    return link
+    return kiln.npm_modules(HERE, CACHE)
 
 
 def _wait_port(port, proc, what, log):

@@ -1,0 +1,234 @@
+// The usage dashboard: one page over the public API (docs/dashboard.md). The key is kept in this
+// tab's session storage and sent only to this origin; every value is put in as text, never HTML.
+"use strict";
+
+const KEY = "kiln_key";
+const FAST_MS = 2000;   // balance and the chosen sandbox's series
+const SLOW_MS = 10000;  // the sandbox list and the daily totals
+const $ = (id) => document.getElementById(id);
+let selected = null;
+let timers = [];
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+async function api(path) {
+  const r = await fetch(path, { headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY) } });
+  let body = null;
+  try {
+    body = await r.json();
+  } catch (e) {
+    body = null;
+  }
+  if (!r.ok) {
+    const err = (body && body.error) || {};
+    throw new ApiError(r.status, err.code || "error", err.message || "the server answered " + r.status);
+  }
+  return body;
+}
+
+// µcr (millionths of a credit) as credits.
+function credits(ucr, digits = 4) {
+  return (ucr / 1e6).toLocaleString("en-US", { minimumFractionDigits: digits, maximumFractionDigits: digits });
+}
+
+function bytes(n) {
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) {
+    n /= 1024;
+    i++;
+  }
+  return (i ? n.toFixed(1) : String(n)) + " " + units[i];
+}
+
+function when(iso) {
+  return iso ? iso.replace("T", " ").slice(0, 19) : "–";
+}
+
+function cell(row, text, cls) {
+  const td = document.createElement("td");
+  td.textContent = text;
+  if (cls) td.className = cls;
+  row.appendChild(td);
+  return td;
+}
+
+function showError(id, err) {
+  const p = $(id);
+  p.hidden = !err;
+  p.textContent = err ? err.message : "";
+}
+
+function stamp(text) {
+  $("status").textContent = text;
+}
+
+async function loadBalance() {
+  const b = await api("/v1/billing/balance");
+  $("balance").textContent = credits(b.balance_ucr);
+  $("used").textContent = credits(b.used_ucr);
+  $("granted").textContent = credits(b.granted_ucr);
+  $("burn").textContent = credits(b.burn_rate_ucr_s * 3600, 2);
+}
+
+async function loadSandboxes() {
+  const list = await api("/v1/sandboxes?limit=100");
+  const body = $("sandboxes").tBodies[0];
+  body.replaceChildren();
+  for (const sb of list.sandboxes) {
+    const tr = document.createElement("tr");
+    tr.dataset.id = sb.id;
+    if (sb.id === selected) tr.classList.add("selected");
+    cell(tr, sb.id);
+    cell(tr, sb.state, "state-" + sb.state);
+    cell(tr, String(sb.vcpus));
+    cell(tr, sb.memory_mib + " MiB");
+    cell(tr, sb.disk_gib + " GiB");
+    cell(tr, when(sb.created_at));
+    tr.addEventListener("click", () => select(sb.id));
+    body.appendChild(tr);
+  }
+  $("no-sandboxes").hidden = list.sandboxes.length > 0;
+  if (!selected && list.sandboxes.length) select(list.sandboxes[0].id);
+}
+
+async function loadDays() {
+  const days = await api("/v1/usage");
+  const body = $("days").tBodies[0];
+  body.replaceChildren();
+  for (const d of days.totals) {
+    const tr = document.createElement("tr");
+    cell(tr, d.day);
+    cell(tr, d.sandbox_id);
+    cell(tr, (d.cpu_ms / 1000).toFixed(1) + " s");
+    const gibh = d.mem_byte_s / 2 ** 30 / 3600;
+    cell(tr, gibh >= 1 ? gibh.toFixed(2) + " GiB·h" : (gibh * 1024).toFixed(1) + " MiB·h");
+    cell(tr, bytes(d.rx_bytes));
+    cell(tr, bytes(d.tx_bytes));
+    cell(tr, credits(d.ucr));
+    body.appendChild(tr);
+  }
+  $("no-days").hidden = days.totals.length > 0;
+}
+
+// Draws `series` (arrays of numbers, one value a second, same length) into the chart's SVG.
+function draw(id, series, latest) {
+  const fig = $(id);
+  const svg = fig.querySelector("svg");
+  const ns = "http://www.w3.org/2000/svg";
+  const w = 600, h = 160, pad = 4;
+  const n = series[0].length;
+  const max = Math.max(1, ...series.flat());
+  const top = max * 1.15;  // headroom: a flat series is not drawn on the frame
+  svg.replaceChildren();
+  const axis = document.createElementNS(ns, "line");
+  axis.setAttribute("class", "axis");
+  axis.setAttribute("x1", 0);
+  axis.setAttribute("x2", w);
+  axis.setAttribute("y1", h - pad);
+  axis.setAttribute("y2", h - pad);
+  svg.appendChild(axis);
+  series.forEach((values, k) => {
+    const line = document.createElementNS(ns, "polyline");
+    const pts = values.map((v, i) => {
+      const x = n > 1 ? (i / (n - 1)) * w : w;
+      const y = h - pad - (v / top) * (h - 2 * pad);
+      return x.toFixed(1) + "," + y.toFixed(1);
+    });
+    line.setAttribute("points", pts.join(" "));
+    if (k) line.setAttribute("class", "second");
+    svg.appendChild(line);
+  });
+  svg.dataset.points = String(n);
+  svg.dataset.max = String(max);
+  fig.querySelector(".latest").textContent = latest;
+}
+
+async function loadSeries() {
+  if (!selected) return;
+  const id = selected;
+  const usage = await api("/v1/sandboxes/" + encodeURIComponent(id) + "/usage");
+  if (id !== selected) return;
+  const p = usage.points;
+  $("detail").hidden = false;
+  $("detail-id").textContent = id;
+  $("no-points").hidden = p.length > 0;
+  if (!p.length) return;
+  const last = p[p.length - 1];
+  draw("chart-cpu", [p.map((x) => x.cpu_ms)], last.cpu_ms + " ms");
+  draw("chart-mem", [p.map((x) => x.mem_bytes / 2 ** 20)], bytes(last.mem_bytes));
+  draw("chart-net", [p.map((x) => x.rx_bytes / 1024), p.map((x) => x.tx_bytes / 1024)],
+       bytes(last.rx_bytes) + " / " + bytes(last.tx_bytes));
+  draw("chart-cost", [p.map((x) => x.ucr)], last.ucr + " µcr");
+}
+
+function select(id) {
+  selected = id;
+  for (const tr of $("sandboxes").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.id === id);
+  run(loadSeries);
+}
+
+// Runs a loader; a lost key ends the session, other errors show and the next round retries.
+async function run(loader) {
+  try {
+    await loader();
+    showError("board-error", null);
+    stamp("updated " + new Date().toLocaleTimeString());
+  } catch (err) {
+    if (err.status === 401) {
+      signOut(err);
+      return;
+    }
+    showError("board-error", err);
+  }
+}
+
+function every(ms, loaders) {
+  const tick = () => loaders.forEach(run);
+  tick();
+  timers.push(setInterval(tick, ms));
+}
+
+async function signIn() {
+  try {
+    // both scopes the page needs, checked before it shows anything
+    await Promise.all([api("/v1/billing/balance"), api("/v1/sandboxes?limit=1")]);
+  } catch (err) {
+    signOut(err);
+    return;
+  }
+  showError("signin-error", null);
+  $("signin").hidden = true;
+  $("board").hidden = false;
+  $("signout").hidden = false;
+  every(FAST_MS, [loadBalance, loadSeries]);
+  every(SLOW_MS, [loadSandboxes, loadDays]);
+}
+
+function signOut(err) {
+  timers.forEach(clearInterval);
+  timers = [];
+  selected = null;
+  sessionStorage.removeItem(KEY);
+  $("board").hidden = true;
+  $("detail").hidden = true;
+  $("signout").hidden = true;
+  $("signin").hidden = false;
+  $("key").value = "";
+  stamp("");
+  showError("signin-error", err || null);
+}
+
+$("key-form").addEventListener("submit", (ev) => {
+  ev.preventDefault();
+  sessionStorage.setItem(KEY, $("key").value.trim());
+  signIn();
+});
+$("signout").addEventListener("click", () => signOut(null));
+if (sessionStorage.getItem(KEY)) signIn();
