@@ -196,6 +196,8 @@ function every(ms, loaders) {
 }
 
 async function signIn() {
+  timers.forEach(clearInterval);
+  timers = [];
   try {
     // both scopes the page needs, checked before it shows anything
     await Promise.all([api("/v1/billing/balance"), api("/v1/sandboxes?limit=1")]);
