@@ -1,0 +1,682 @@
+/*
+ * kiln.c - the command-line client: sandboxes, exec, files, snapshots, egress and billing through
+ * the public API (docs/cli.md).
+ *
+ *   kiln [--url URL] [--key KEY] [--json] COMMAND [ARG...]
+ *
+ * URL and KEY default to $KILN_URL and $KILN_API_KEY. Exit status: 0 done; for exec and run, the
+ * program's own exit status; 1 the API or the connection failed (the reason on stderr); 2 the
+ * command line is wrong.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <getopt.h>
+#include <stdarg.h>
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/client.h"
+
+#define EXIT_API 1
+#define EXIT_USAGE 2
+#define ENV_MAX 64	/* --env pairs of one command */
+
+static struct client cli;
+static bool as_json;
+
+static int usage_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static int usage_error(const char *fmt, ...)
+{
+	va_list ap;
+
+	fprintf(stderr, "kiln: ");
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, "\nTry 'kiln help'.\n");
+	return EXIT_USAGE;
+}
+
+static int api_error(int status, const struct buf *body)
+{
+	char msg[600];
+
+	if (!status)
+		fprintf(stderr, "kiln: %s: %s\n", cli.url, cli.err);
+	else {
+		client_error_text(status, body, msg, sizeof(msg));
+		fprintf(stderr, "kiln: %s\n", msg);
+	}
+	return EXIT_API;
+}
+
+/* Calls the API and parses a JSON answer into *out (NULL for an empty one). 0 or an exit code. */
+static int call(const char *method, const char *path, json_t *body, json_t **out)
+{
+	struct client_body b = { 0 };
+	struct buf reply;
+	char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+	int status, rc = 0;
+
+	buf_init(&reply, CLIENT_BODY_MAX);
+	b.json = text;
+	status = client_call(&cli, method, path, text ? &b : NULL, &reply);
+	free(text);
+	json_decref(body);
+	if (status < 200 || status > 299)
+		rc = api_error(status, &reply);
+	else if (out)
+		*out = reply.len ? json_loadb(reply.data, reply.len, 0, NULL) : NULL;
+	buf_release(&reply);
+	return rc;
+}
+
+static void print_json(json_t *v)
+{
+	char *s = json_dumps(v, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_ENCODE_ANY);
+
+	if (s)
+		printf("%s\n", s);
+	free(s);
+}
+
+/* Prints one sandbox: its id, or (--json) all of it. */
+static void print_sandbox(json_t *sb)
+{
+	if (as_json)
+		print_json(sb);
+	else
+		printf("%s\t%s\n", json_string_value(json_object_get(sb, "id")),
+		       json_string_value(json_object_get(sb, "state")));
+}
+
+/* "/v1/sandboxes/<id><suffix>" with the id checked to be one word. */
+static int sandbox_path(char *out, size_t len, const char *id, const char *suffix)
+{
+	if (!id || !*id || strspn(id, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(id))
+		return usage_error("'%s' is not a sandbox id", id ? id : "");
+	snprintf(out, len, "/v1/sandboxes/%s%s", id, suffix);
+	return 0;
+}
+
+/* Adds --env NAME=value to the object `env`; 0 or EXIT_USAGE. */
+static int add_env(json_t *env, const char *pair)
+{
+	const char *eq = strchr(pair, '=');
+	char name[256];
+
+	if (!eq || eq == pair || (size_t)(eq - pair) >= sizeof(name))
+		return usage_error("--env wants NAME=value, not '%s'", pair);
+	snprintf(name, sizeof(name), "%.*s", (int)(eq - pair), pair);
+	json_object_set_new(env, name, json_string(eq + 1));
+	return 0;
+}
+
+static bool parse_num(const char *s, double *out)
+{
+	char *end;
+
+	errno = 0;
+	*out = strtod(s, &end);
+	return *s && !*end && !errno;
+}
+
+/* ---- sandboxes ---- */
+
+static int cmd_create(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "vcpus", required_argument, NULL, 'c' },   { "memory", required_argument, NULL, 'm' },
+		{ "disk", required_argument, NULL, 'd' },    { "timeout", required_argument, NULL, 't' },
+		{ "env", required_argument, NULL, 'e' },     { "snapshot", required_argument, NULL, 's' },
+		{ "allow", required_argument, NULL, 'a' },   { NULL, 0, NULL, 0 },
+	};
+	json_t *body = json_object(), *env = json_object(), *rules = json_array(), *sb = NULL;
+	int o, rc = 0;
+	double v;
+
+	while (rc == 0 && (o = getopt_long(argc, argv, "", opts, NULL)) != -1) {
+		if (o == 'e') {
+			rc = add_env(env, optarg);
+		} else if (o == 's') {
+			json_object_set_new(body, "snapshot_id", json_string(optarg));
+		} else if (o == 'a') {
+			json_array_append_new(rules, json_string(optarg));
+		} else if (o == '?') {
+			rc = EXIT_USAGE;
+		} else if (!parse_num(optarg, &v)) {
+			rc = usage_error("'%s' is not a number", optarg);
+		} else {
+			const char *name = o == 'c' ? "vcpus" : o == 'm' ? "memory_mib" : o == 'd' ? "disk_gib" : "timeout_s";
+
+			json_object_set_new(body, name, o == 'c' ? json_real(v) : json_integer((json_int_t)v));
+		}
+	}
+	if (rc == 0 && optind < argc)
+		rc = usage_error("create takes no argument '%s'", argv[optind]);
+	if (json_object_size(env))
+		json_object_set(body, "env", env);
+	if (json_array_size(rules))
+		json_object_set_new(body, "egress", json_pack("{s:O}", "rules", rules));
+	json_decref(env);
+	json_decref(rules);
+	if (rc) {
+		json_decref(body);
+		return rc;
+	}
+	rc = call("POST", "/v1/sandboxes", body, &sb);
+	if (rc == 0)
+		as_json ? print_json(sb) : (void)printf("%s\n", json_string_value(json_object_get(sb, "id")));
+	json_decref(sb);
+	return rc;
+}
+
+static int cmd_list(int argc, char **argv)
+{
+	char path[256];
+	json_t *page = NULL;
+	int rc;
+
+	if (argc > 2 || (argc == 2 && strspn(argv[1], "abcdefghijklmnopqrstuvwxyz") != strlen(argv[1])))
+		return usage_error("list takes at most a state, not '%s'", argv[argc - 1]);
+	snprintf(path, sizeof(path), "/v1/sandboxes?limit=100%s%s", argc == 2 ? "&state=" : "",
+		 argc == 2 ? argv[1] : "");
+	rc = call("GET", path, NULL, &page);
+	if (rc == 0 && as_json) {
+		print_json(page);
+	} else if (rc == 0) {
+		json_t *sb;
+		size_t i;
+
+		json_array_foreach(json_object_get(page, "sandboxes"), i, sb)
+			printf("%s\t%-8s\t%g vCPU\t%lld MiB\t%s\n", json_string_value(json_object_get(sb, "id")),
+			       json_string_value(json_object_get(sb, "state")),
+			       json_number_value(json_object_get(sb, "vcpus")),
+			       (long long)json_integer_value(json_object_get(sb, "memory_mib")),
+			       json_string_value(json_object_get(sb, "created_at")));
+	}
+	json_decref(page);
+	return rc;
+}
+
+/* get, delete, pause, resume: one sandbox id, one call. */
+static int cmd_simple(int argc, char **argv)
+{
+	const char *verb = argv[0];
+	char path[256];
+	json_t *sb = NULL;
+	int rc;
+
+	if (argc != 2)
+		return usage_error("%s takes one sandbox id", verb);
+	if ((rc = sandbox_path(path, sizeof(path), argv[1],
+			       !strcmp(verb, "pause") ? "/pause" : !strcmp(verb, "resume") ? "/resume" : "")))
+		return rc;
+	rc = call(!strcmp(verb, "get") ? "GET" : !strcmp(verb, "delete") ? "DELETE" : "POST", path, NULL, &sb);
+	if (rc == 0 && sb)
+		print_sandbox(sb);
+	json_decref(sb);
+	return rc;
+}
+
+static int cmd_fork(int argc, char **argv)
+{
+	static const struct option opts[] = { { "count", required_argument, NULL, 'n' }, { NULL, 0, NULL, 0 } };
+	char path[256];
+	json_t *res = NULL, *sb;
+	double count = 1;
+	size_t i;
+	int o, rc;
+
+	while ((o = getopt_long(argc, argv, "", opts, NULL)) != -1)
+		if (o != 'n' || !parse_num(optarg, &count))
+			return o == '?' ? EXIT_USAGE : usage_error("'%s' is not a number", optarg);
+	if (optind + 1 != argc)
+		return usage_error("fork takes one sandbox id");
+	if ((rc = sandbox_path(path, sizeof(path), argv[optind], "/fork")))
+		return rc;
+	rc = call("POST", path, json_pack("{s:I}", "count", (json_int_t)count), &res);
+	json_array_foreach(json_object_get(res, "sandboxes"), i, sb)
+		print_sandbox(sb);
+	json_decref(res);
+	return rc;
+}
+
+static int cmd_timeout(int argc, char **argv)
+{
+	char path[256];
+	json_t *sb = NULL;
+	double s;
+	int rc;
+
+	if (argc != 3 || !parse_num(argv[2], &s))
+		return usage_error("timeout takes a sandbox id and seconds");
+	if ((rc = sandbox_path(path, sizeof(path), argv[1], "/timeout")))
+		return rc;
+	rc = call("PUT", path, json_pack("{s:I}", "timeout_s", (json_int_t)s), &sb);
+	if (rc == 0)
+		print_sandbox(sb);
+	json_decref(sb);
+	return rc;
+}
+
+/* ---- exec ---- */
+
+struct exec_state {
+	int exit_code;
+	bool exited, failed;
+};
+
+static void on_event(void *ctx, const char *event, const char *data)
+{
+	struct exec_state *st = ctx;
+	json_t *doc = json_loads(data, 0, NULL);
+	const char *text = json_string_value(json_object_get(doc, "data"));
+
+	if (!strcmp(event, "stdout") || !strcmp(event, "stderr")) {
+		FILE *f = !strcmp(event, "stdout") ? stdout : stderr;
+
+		if (text) {
+			fputs(text, f);
+			fflush(f);
+		}
+	} else if (!strcmp(event, "exit")) {
+		st->exit_code = (int)json_integer_value(json_object_get(doc, "exit_code"));
+		st->exited = true;
+		if (json_is_true(json_object_get(doc, "timed_out")))
+			fprintf(stderr, "kiln: the program timed out\n");
+	} else if (!strcmp(event, "error")) {
+		json_t *e = json_object_get(doc, "error");
+
+		fprintf(stderr, "kiln: %s (%s)\n", json_string_value(json_object_get(e, "message")) ?: data,
+			json_string_value(json_object_get(e, "code")) ?: "error");
+		st->failed = true;
+	}
+	json_decref(doc);
+}
+
+/* Runs `req` (an exec body) in sandbox `id`, streaming its output; returns its exit status. */
+static int exec_stream(const char *id, json_t *req)
+{
+	struct exec_state st = { 0 };
+	struct buf reply;
+	char path[256], *text;
+	int status, rc;
+
+	if ((rc = sandbox_path(path, sizeof(path), id, "/exec"))) {
+		json_decref(req);
+		return rc;
+	}
+	text = json_dumps(req, JSON_COMPACT);
+	json_decref(req);
+	buf_init(&reply, CLIENT_BODY_MAX);
+	status = client_stream(&cli, path, text, on_event, &st, &reply);
+	free(text);
+	if (status != 200)
+		rc = api_error(status, &reply);
+	else if (!st.exited)
+		rc = st.failed ? EXIT_API : (fprintf(stderr, "kiln: the stream ended early\n"), EXIT_API);
+	else
+		rc = st.exit_code;
+	buf_release(&reply);
+	return rc;
+}
+
+/*
+ * Options shared by exec and run into `req`, from argv[1] on (argv[0] is the sandbox id); they end
+ * at the first other word, so the program's own options stay its own. Returns 0 or an exit code;
+ * optind is then the index of that word.
+ */
+static int exec_options(int argc, char **argv, json_t *req, bool run)
+{
+	static const struct option opts[] = {
+		{ "env", required_argument, NULL, 'e' },     { "cwd", required_argument, NULL, 'w' },
+		{ "timeout", required_argument, NULL, 't' }, { "lang", required_argument, NULL, 'l' },
+		{ NULL, 0, NULL, 0 },
+	};
+	json_t *env = json_object();
+	double v;
+	int o, rc = 0;
+
+	optind = 0;
+	while (rc == 0 && (o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+		if (o == 'e')
+			rc = add_env(env, optarg);
+		else if (o == 'w')
+			json_object_set_new(req, "cwd", json_string(optarg));
+		else if (o == 't' && parse_num(optarg, &v))
+			json_object_set_new(req, "timeout_s", json_integer((json_int_t)v));
+		else if (o == 'l' && run)
+			json_object_set_new(req, "language", json_string(optarg));
+		else
+			rc = o == '?' ? EXIT_USAGE : usage_error("bad option value '%s'", optarg);
+	}
+	if (json_object_size(env))
+		json_object_set(req, "env", env);
+	json_decref(env);
+	return rc;
+}
+
+static int cmd_exec(int argc, char **argv)
+{
+	json_t *req = json_object(), *cmd = json_array();
+	int rc = argc < 3 ? usage_error("exec takes a sandbox id and a command")
+			  : exec_options(argc - 1, argv + 1, req, false);
+
+	if (rc == 0 && optind >= argc - 1)
+		rc = usage_error("exec takes a sandbox id and a command");
+	for (int i = optind + 1; rc == 0 && i < argc; i++)
+		json_array_append_new(cmd, json_string(argv[i]));
+	json_object_set_new(req, "cmd", cmd);
+	if (rc) {
+		json_decref(req);
+		return rc;
+	}
+	return exec_stream(argv[1], req);
+}
+
+/* Reads all of `f` (at most `max` bytes) into a string the caller frees; NULL on error. */
+static char *read_all(FILE *f, size_t max)
+{
+	struct buf b;
+	char chunk[65536];
+	size_t n;
+
+	buf_init(&b, max);
+	while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+		if (buf_append(&b, chunk, n) < 0) {
+			buf_release(&b);
+			return NULL;
+		}
+	return ferror(f) ? (buf_release(&b), NULL) : buf_detach(&b, NULL);
+}
+
+static int cmd_run(int argc, char **argv)
+{
+	json_t *req = json_object();
+	const char *src;
+	char *code;
+	int rc = argc < 3 ? usage_error("run takes a sandbox id and the code (or - to read it)")
+			  : exec_options(argc - 1, argv + 1, req, true);
+
+	if (rc == 0 && optind != argc - 2)
+		rc = usage_error("run takes a sandbox id and the code (or - to read it)");
+	if (rc) {
+		json_decref(req);
+		return rc;
+	}
+	src = argv[optind + 1];
+	code = strcmp(src, "-") ? strdup(src) : read_all(stdin, 1 << 20);
+	if (!code) {
+		json_decref(req);
+		fprintf(stderr, "kiln: cannot read the code from stdin (at most 1 MiB)\n");
+		return EXIT_USAGE;
+	}
+	json_object_set_new(req, "code", json_string(code));
+	free(code);
+	return exec_stream(argv[1], req);
+}
+
+/* ---- files ---- */
+
+/* "/v1/sandboxes/<id>/files?path=<escaped remote>" */
+static int files_path(char *out, size_t len, const char *id, const char *remote)
+{
+	char *esc;
+	int rc;
+
+	if (!remote || remote[0] != '/')
+		return usage_error("the path in the sandbox must be absolute, not '%s'", remote ? remote : "");
+	if ((rc = sandbox_path(out, len, id, "/files?path=")))
+		return rc;
+	esc = curl_easy_escape(NULL, remote, 0);
+	if (!esc || strlen(out) + strlen(esc) >= len) {
+		curl_free(esc);
+		return usage_error("path too long: '%s'", remote);
+	}
+	strcat(out, esc);
+	curl_free(esc);
+	return 0;
+}
+
+static int cmd_put(int argc, char **argv)
+{
+	char path[8192];
+	struct client_body b = { 0 };
+	struct buf reply;
+	struct stat st;
+	int rc, status;
+
+	if (argc != 4)
+		return usage_error("put takes a sandbox id, a local file and a path in the sandbox");
+	if ((rc = files_path(path, sizeof(path), argv[1], argv[3])))
+		return rc;
+	b.file = strcmp(argv[2], "-") ? fopen(argv[2], "rb") : NULL;
+	if (!b.file || fstat(fileno(b.file), &st) != 0 || !S_ISREG(st.st_mode)) {
+		fprintf(stderr, "kiln: cannot read '%s': %s\n", argv[2], b.file ? "not a regular file" : strerror(errno));
+		if (b.file)
+			fclose(b.file);
+		return EXIT_USAGE;
+	}
+	b.file_size = st.st_size;
+	buf_init(&reply, 1 << 20);
+	status = client_call(&cli, "PUT", path, &b, &reply);
+	fclose(b.file);
+	rc = status >= 200 && status <= 299 ? 0 : api_error(status, &reply);
+	buf_release(&reply);
+	return rc;
+}
+
+static int cmd_get_file(int argc, char **argv)
+{
+	char path[8192];
+	struct buf reply;
+	FILE *out;
+	int rc, status;
+
+	if (argc != 3 && argc != 4)
+		return usage_error("cat takes a sandbox id, a path in the sandbox and an optional local file");
+	if ((rc = files_path(path, sizeof(path), argv[1], argv[2])))
+		return rc;
+	buf_init(&reply, CLIENT_BODY_MAX);
+	status = client_call(&cli, "GET", path, NULL, &reply);
+	if (status != 200) {
+		rc = api_error(status, &reply);
+	} else {
+		out = argc == 4 && strcmp(argv[3], "-") ? fopen(argv[3], "wb") : stdout;
+		if (!out || fwrite(reply.data ? reply.data : "", 1, reply.len, out) != reply.len ||
+		    fflush(out) != 0) {
+			fprintf(stderr, "kiln: cannot write '%s': %s\n", argc == 4 ? argv[3] : "stdout", strerror(errno));
+			rc = EXIT_API;
+		}
+		if (out && out != stdout)
+			fclose(out);
+	}
+	buf_release(&reply);
+	return rc;
+}
+
+/* ---- snapshots, egress, billing, raw calls ---- */
+
+static int cmd_snapshot(int argc, char **argv)
+{
+	char path[256];
+	json_t *snap = NULL;
+	int rc;
+
+	if (argc != 2 && argc != 3)
+		return usage_error("snapshot takes a sandbox id and an optional name");
+	if ((rc = sandbox_path(path, sizeof(path), argv[1], "/snapshots")))
+		return rc;
+	rc = call("POST", path, argc == 3 ? json_pack("{s:s}", "name", argv[2]) : json_object(), &snap);
+	if (rc == 0)
+		as_json ? print_json(snap) : (void)printf("%s\n", json_string_value(json_object_get(snap, "id")));
+	json_decref(snap);
+	return rc;
+}
+
+static int cmd_egress(int argc, char **argv)
+{
+	char path[256];
+	json_t *res = NULL, *rules = json_array(), *r;
+	size_t i;
+	int rc;
+
+	if (argc < 2)
+		return usage_error("egress takes a sandbox id and the rules (none: show them; 'open': none)");
+	if ((rc = sandbox_path(path, sizeof(path), argv[1], "/egress"))) {
+		json_decref(rules);
+		return rc;
+	}
+	for (int k = 2; k < argc; k++)
+		if (strcmp(argv[k], "open") != 0)
+			json_array_append_new(rules, json_string(argv[k]));
+	if (argc == 2) {
+		json_decref(rules);
+		rc = call("GET", path, NULL, &res);
+	} else {
+		rc = call("PUT", path, json_pack("{s:o}", "rules", rules), &res);
+	}
+	if (rc == 0 && as_json) {
+		print_json(res);
+	} else if (rc == 0) {
+		printf("mode: %s\n", json_string_value(json_object_get(res, "mode")) ?: "?");
+		json_array_foreach(json_object_get(res, "rules"), i, r)
+			printf("%s\n", json_string_value(r));
+	}
+	json_decref(res);
+	return rc;
+}
+
+static int cmd_balance(int argc, char **argv)
+{
+	json_t *b = NULL;
+	int rc;
+
+	if (argc != 1)
+		return usage_error("balance takes no argument");
+	rc = call("GET", "/v1/billing/balance", NULL, &b);
+	if (rc == 0 && as_json)
+		print_json(b);
+	else if (rc == 0)
+		printf("%.6f credits (used %.6f of %.6f granted; burning %.6f an hour)\n",
+		       (double)json_integer_value(json_object_get(b, "balance_ucr")) / 1e6,
+		       (double)json_integer_value(json_object_get(b, "used_ucr")) / 1e6,
+		       (double)json_integer_value(json_object_get(b, "granted_ucr")) / 1e6,
+		       (double)json_integer_value(json_object_get(b, "burn_rate_ucr_s")) * 3600 / 1e6);
+	json_decref(b);
+	return rc;
+}
+
+/* kiln api METHOD PATH [JSON]: any route, the answer printed as it comes. */
+static int cmd_api(int argc, char **argv)
+{
+	struct client_body b = { 0 };
+	struct buf reply;
+	int status, rc = 0;
+
+	if (argc != 3 && argc != 4)
+		return usage_error("api takes a method, a path and an optional JSON body");
+	if (argv[2][0] != '/')
+		return usage_error("the path must start with /, not '%s'", argv[2]);
+	b.json = argc == 4 ? argv[3] : NULL;
+	buf_init(&reply, CLIENT_BODY_MAX);
+	status = client_call(&cli, argv[1], argv[2], b.json ? &b : NULL, &reply);
+	if (status < 200 || status > 299)
+		rc = api_error(status, &reply);
+	else if (reply.len)
+		printf("%s%s", reply.data, reply.data[reply.len - 1] == '\n' ? "" : "\n");
+	buf_release(&reply);
+	return rc;
+}
+
+static int cmd_help(int argc, char **argv);
+
+static const struct command {
+	const char *name;
+	int (*fn)(int argc, char **argv);
+	const char *args, *what;
+} commands[] = {
+	{ "create", cmd_create, "[--vcpus N] [--memory MIB] [--disk GIB] [--timeout S] [--env K=V]... [--allow RULE]... [--snapshot ID]", "create a sandbox; prints its id" },
+	{ "list", cmd_list, "[STATE]", "your sandboxes" },
+	{ "get", cmd_simple, "ID", "one sandbox" },
+	{ "delete", cmd_simple, "ID", "delete a sandbox (and its pause snapshot)" },
+	{ "exec", cmd_exec, "ID [--env K=V]... [--cwd DIR] [--timeout S] [--] CMD [ARG]...", "run a program; its output as it comes, its exit status as kiln's" },
+	{ "run", cmd_run, "ID [--lang python|bash] CODE|-", "run code (from stdin with -), as exec" },
+	{ "put", cmd_put, "ID LOCAL_FILE /PATH", "upload a file" },
+	{ "cat", cmd_get_file, "ID /PATH [LOCAL_FILE]", "download a file (to stdout without LOCAL_FILE)" },
+	{ "pause", cmd_simple, "ID", "pause: memory and disk into a snapshot, the VM released" },
+	{ "resume", cmd_simple, "ID", "resume a paused sandbox where it was" },
+	{ "fork", cmd_fork, "ID [--count N]", "children of a running sandbox in its state" },
+	{ "timeout", cmd_timeout, "ID SECONDS", "set the sandbox's timeout from now" },
+	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
+	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
+	{ "balance", cmd_balance, "", "your credits" },
+	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
+	{ "help", cmd_help, "", "this text" },
+};
+
+static int cmd_help(int argc, char **argv)
+{
+	printf("kiln [--url URL] [--key KEY] [--json] COMMAND [ARG]...\n\n"
+	       "URL and KEY default to $KILN_URL and $KILN_API_KEY. Exit status: 0 done, or the\n"
+	       "program's own for exec and run; 1 the API or the connection failed; 2 a bad command line.\n\n");
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+		printf("  %-9s %s\n  %9s %s\n", commands[i].name, commands[i].args, "", commands[i].what);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "url", required_argument, NULL, 'u' },   { "key", required_argument, NULL, 'k' },
+		{ "json", no_argument, NULL, 'j' },	   { "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	static char url[2048];
+	const char *u = getenv("KILN_URL");
+	int o, rc;
+
+	cli.key = getenv("KILN_API_KEY");
+	while ((o = getopt_long(argc, argv, "+", opts, NULL)) != -1) {
+		if (o == 'u')
+			u = optarg;
+		else if (o == 'k')
+			cli.key = optarg;
+		else if (o == 'j')
+			as_json = true;
+		else if (o == 'h')
+			return cmd_help(0, NULL);
+		else
+			return usage_error("unknown option");
+	}
+	if (optind >= argc)
+		return usage_error("no command");
+	if (!strcmp(argv[optind], "help"))
+		return cmd_help(0, NULL);
+	if (!u || !*u)
+		return usage_error("no server: set KILN_URL or --url");
+	snprintf(url, sizeof(url), "%s", u);
+	while (strlen(url) > 0 && url[strlen(url) - 1] == '/')
+		url[strlen(url) - 1] = '\0';
+	cli.url = url;
+	argc -= optind;
+	argv += optind;
+	for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++) {
+		if (strcmp(argv[0], commands[i].name) != 0)
+			continue;
+		if (!cli.key && commands[i].fn != cmd_help && commands[i].fn != cmd_api)
+			return usage_error("no API key: set KILN_API_KEY or --key");
+		optind = 0;	/* getopt starts afresh: each command parses its own options */
+		curl_global_init(CURL_GLOBAL_DEFAULT);
+		rc = commands[i].fn(argc, argv);
+		curl_global_cleanup();
+		return rc;
+	}
+	return usage_error("unknown command '%s'", argv[0]);
+}
