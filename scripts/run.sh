@@ -99,6 +99,15 @@ for ((i = 0; i < 300; i++)); do
   sleep 0.1
 done
 curl -fsS "$url/healthz" >/dev/null || { echo "Kiln is not healthy ($(curl -s "$url/healthz")); see $KILN_VAR/log/" >&2; exit 1; }
+# A kiln-node started now serves once it has recovered what an earlier run left (it pauses the
+# sandboxes a killed node left running); until then the last run's heartbeat may still look fresh.
+if [[ " ${started[*]} " == *" kiln-node "* ]]; then
+  for ((i = 0; i < 6000; i++)); do
+    [ "$(curl -s -o /dev/null -w '%{http_code}' --unix-socket "$KILN_RUN/node.sock" http://node/ 2>/dev/null)" != 000 ] && break
+    kiln_pid_alive "$KILN_RUN/kiln-node.pid" || { echo "kiln-node exited; see $KILN_VAR/log/kiln-node.log" >&2; exit 1; }
+    sleep 0.1
+  done
+fi
 
 admin_key=""
 [ -s "$KILN_VAR/admin.key" ] && admin_key=$(cat "$KILN_VAR/admin.key")
