@@ -119,7 +119,7 @@ struct rr {
 int kiln_dns_parse_answer(const uint8_t *msg, size_t len, const struct kiln_dns_question *q,
 			  struct kiln_dns_addr *out, size_t max, int *rcode)
 {
-	if (!msg || len < HDR || len > KILN_DNS_MAX_MSG)
+	if (!msg || len < HDR || len > KILN_DNS_MAX_TCP_MSG)
 		return -1;
 	uint16_t flags = rd16(msg + 2);
 	if (!(flags & 0x8000))

@@ -21,7 +21,8 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 
-#define KILN_DNS_MAX_MSG 4096	/* largest message handled (UDP answers past it are dropped) */
+#define KILN_DNS_MAX_MSG 4096	/* largest query, and UDP answer, handled (larger ones are dropped) */
+#define KILN_DNS_MAX_TCP_MSG 65535	/* largest answer over TCP (the protocol's own limit) */
 #define KILN_DNS_TYPE_A 1
 #define KILN_DNS_TYPE_CNAME 5
 #define KILN_DNS_TYPE_AAAA 28
@@ -49,7 +50,8 @@ struct kiln_dns_addr {
 int kiln_dns_parse_query(const uint8_t *msg, size_t len, struct kiln_dns_question *q);
 
 /*
- * Parses an answer to `q`: QR=1, the same single question (name case-insensitive, type, class).
+ * Parses an answer to `q` (at most KILN_DNS_MAX_TCP_MSG bytes): QR=1, the same single question
+ * (name case-insensitive, type, class).
  * Collects into out[] (at most max) the A and AAAA records whose owner is the question's name or
  * a name a CNAME chain from it reaches. Sets *rcode. Returns the number collected, or -1.
  */

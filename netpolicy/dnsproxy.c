@@ -1,6 +1,13 @@
 /*
- * dnsproxy.c - the DNS proxy: one thread, every sandbox's UDP socket on 172.16.0.1:53, one
- * upstream resolver (see dns.h).
+ * dnsproxy.c - the DNS proxy: one thread, every sandbox's UDP and TCP sockets on 172.16.0.1:53,
+ * one upstream resolver (see dns.h).
+ *
+ * UDP queries go upstream over one shared UDP socket, matched back by a random id. A TCP
+ * connection from a guest (RFC 7766: two-byte length, then the message; several queries may
+ * follow one another) gets an upstream TCP connection of its own per query, so that answers too
+ * large for UDP come whole. Both paths answer through the same policy: names no rule covers get
+ * NXDOMAIN, covered answers are learnt before the guest sees them. Everything is non-blocking in
+ * the one poll loop; each TCP step has a deadline.
  */
 #include "netpolicy/dns.h"
 
@@ -24,6 +31,10 @@
 #define MAX_PENDING 1024
 #define MAX_LEARNT 1024
 #define MAX_SANDBOXES 4096
+#define MAX_CONNS 256		/* TCP connections from guests, all sandboxes together */
+#define MAX_CONNS_PER_SB 16
+#define TCP_MSG_MAX KILN_DNS_MAX_TCP_MSG
+#define TCP_STEP_NS (10ull * 1000000000ull)	/* a TCP connection's deadline for each step */
 #define GC_EVERY_NS (2ull * 1000000000ull)
 
 struct learnt {
@@ -36,7 +47,9 @@ struct learnt {
 
 struct sb {
 	char id[KILN_NET_ID_MAX + 1];
-	int fd;
+	int fd;			/* UDP */
+	int tfd;		/* TCP, listening */
+	unsigned nconns;
 	struct kiln_policy *pol;
 	bool dead;
 	struct learnt learnt[MAX_LEARNT];
@@ -55,6 +68,25 @@ struct pending {
 	uint64_t deadline;
 };
 
+/* A guest's TCP connection, and the upstream connection of the query it is waiting for. */
+enum conn_state {
+	C_QUERY,	/* reading a query from the guest */
+	C_CONNECT,	/* connecting upstream */
+	C_ANSWER,	/* reading the answer from upstream */
+	C_REPLY,	/* writing the reply to the guest */
+};
+
+struct conn {
+	struct sb *sb;
+	int fd, up;		/* the guest's socket; upstream, or -1 */
+	enum conn_state st;
+	struct kiln_dns_question q;
+	uint8_t buf[2 + TCP_MSG_MAX];	/* the message being read or written, length first */
+	size_t have, off;
+	uint64_t deadline;
+	struct conn *next;
+};
+
 struct kiln_dns_proxy {
 	pthread_t th;
 	pthread_mutex_t mu;
@@ -67,6 +99,8 @@ struct kiln_dns_proxy {
 	struct sb *sbs;
 	bool stop;
 	struct pending pend[MAX_PENDING];
+	struct conn *conns;
+	unsigned nconns;
 	uint64_t last_gc;
 };
 
@@ -195,6 +229,47 @@ static void learn(struct kiln_dns_proxy *px, struct sb *sb, const char *name,
 	l->port = port;
 }
 
+/* Whether the sandbox's rules let `q` be asked upstream (no rules, or one covers the name). */
+static bool query_allowed(struct sb *sb, const struct kiln_dns_question *q)
+{
+	enum kiln_egress_mode mode;
+	uint16_t ports[16];
+	size_t np = kiln_policy_host_ports(sb->pol, q->name, ports, 16, &mode);
+
+	if (mode == KILN_EGRESS_ALLOWLIST && np == 0) {
+		log_debug("dns: \"%s\" not allowed for \"%s\"", q->name, sb->id);
+		return false;
+	}
+	return true;
+}
+
+/*
+ * An upstream answer msg[0..n) to `q` on its way to the guest: its id set back to the guest's,
+ * and, under rules, its addresses learnt first. False when the rules no longer cover the name
+ * (they changed while the query was out): the guest gets NXDOMAIN instead.
+ */
+static bool answer_release(struct kiln_dns_proxy *px, struct sb *sb, const struct kiln_dns_question *q,
+			   uint8_t *msg, size_t n, struct kiln_dns_addr *addrs, int na)
+{
+	enum kiln_egress_mode mode;
+	uint16_t ports[16];
+	size_t np = kiln_policy_host_ports(sb->pol, q->name, ports, 16, &mode);
+
+	msg[0] = (uint8_t)(q->id >> 8);
+	msg[1] = (uint8_t)q->id;
+	if (mode != KILN_EGRESS_ALLOWLIST)
+		return true;
+	if (np == 0)
+		return false;
+	size_t cap = px->cfg.max_addrs_per_name;
+	size_t take = (size_t)na < cap ? (size_t)na : cap;
+	for (size_t i = 0; i < take; i++)
+		for (size_t j = 0; j < np; j++)
+			learn(px, sb, q->name, &addrs[i], ports[j], cap * np);
+	(void)n;
+	return true;
+}
+
 static void handle_query(struct kiln_dns_proxy *px, struct sb *sb)
 {
 	uint8_t msg[KILN_DNS_MAX_MSG];
@@ -207,15 +282,11 @@ static void handle_query(struct kiln_dns_proxy *px, struct sb *sb)
 	struct kiln_dns_question q;
 	if (kiln_dns_parse_query(msg, (size_t)n, &q) < 0)
 		return;	/* not a query we answer */
-	enum kiln_egress_mode mode;
-	uint16_t ports[16];
-	size_t np = kiln_policy_host_ports(sb->pol, q.name, ports, 16, &mode);
-	if (mode == KILN_EGRESS_ALLOWLIST && np == 0) {
+	if (!query_allowed(sb, &q)) {
 		uint8_t out[KILN_DNS_MAX_MSG];
 		size_t len = kiln_dns_make_error(msg, q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
 		if (len)
 			sendto(sb->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
-		log_debug("dns: \"%s\" not allowed for \"%s\"", q.name, sb->id);
 		return;
 	}
 	struct pending *slot = NULL;
@@ -274,30 +345,222 @@ static void handle_answer(struct kiln_dns_proxy *px)
 	p->used = false;
 	if (sb->dead)
 		return;
-	enum kiln_egress_mode mode;
-	uint16_t ports[16];
-	size_t np = kiln_policy_host_ports(sb->pol, p->q.name, ports, 16, &mode);
-	msg[0] = (uint8_t)(p->q.id >> 8);
-	msg[1] = (uint8_t)p->q.id;
-	if (mode == KILN_EGRESS_ALLOWLIST) {
-		if (np == 0) {
-			/* the rules changed while the query was out */
-			uint8_t out[KILN_DNS_MAX_MSG];
-			size_t len = kiln_dns_make_error(msg, p->q.end, KILN_DNS_RCODE_NXDOMAIN, out,
-							 sizeof(out));
-			if (len)
-				sendto(sb->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&p->client,
-				       p->clen);
-			return;
-		}
-		size_t cap = px->cfg.max_addrs_per_name;
-		size_t take = (size_t)na < cap ? (size_t)na : cap;
-		for (size_t i = 0; i < take; i++)
-			for (size_t j = 0; j < np; j++)
-				learn(px, sb, p->q.name, &addrs[i], ports[j], cap * np);
+	if (!answer_release(px, sb, &p->q, msg, (size_t)n, addrs, na)) {
+		uint8_t out[KILN_DNS_MAX_MSG];
+		size_t len = kiln_dns_make_error(msg, p->q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
+		if (len)
+			sendto(sb->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&p->client, p->clen);
+		return;
 	}
 	/* released only now: every address is in the allow map before the guest sees it */
 	sendto(sb->fd, msg, (size_t)n, MSG_DONTWAIT, (struct sockaddr *)&p->client, p->clen);
+}
+
+/* ---- TCP ---- */
+
+static void conn_close(struct kiln_dns_proxy *px, struct conn *c)
+{
+	struct conn **pp = &px->conns;
+
+	while (*pp && *pp != c)
+		pp = &(*pp)->next;
+	if (*pp)
+		*pp = c->next;
+	close(c->fd);
+	if (c->up >= 0)
+		close(c->up);
+	c->sb->nconns--;
+	px->nconns--;
+	free(c);
+}
+
+static void conn_step(struct conn *c, enum conn_state st)
+{
+	c->st = st;
+	c->have = c->off = 0;
+	c->deadline = now_ns() + TCP_STEP_NS;
+}
+
+/* Puts the reply msg[0..n) in the connection's buffer, length first, to be written to the guest. */
+static void conn_reply(struct conn *c, const uint8_t *msg, size_t n)
+{
+	conn_step(c, C_REPLY);
+	c->buf[0] = (uint8_t)(n >> 8);
+	c->buf[1] = (uint8_t)n;
+	memmove(c->buf + 2, msg, n);
+	c->have = n + 2;
+}
+
+/*
+ * Reads a length-prefixed message from `fd` into c->buf (c->have bytes so far). Returns 1 when it
+ * is whole, 0 for more to come, -1 when the peer closed or failed.
+ */
+static int read_framed(struct conn *c, int fd)
+{
+	for (;;) {
+		size_t want = c->have < 2 ? 2 : 2 + (((size_t)c->buf[0] << 8) | c->buf[1]);
+
+		if (c->have >= 2 && want == 2)
+			return -1;	/* an empty message */
+		if (c->have == want)
+			return 1;
+		ssize_t r = recv(fd, c->buf + c->have, want - c->have, MSG_DONTWAIT);
+		if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR))
+			return -1;
+		if (r < 0)
+			return 0;
+		c->have += (size_t)r;
+	}
+}
+
+/* A whole query from the guest: refused, or sent on its way upstream over a new connection. */
+static void conn_query(struct kiln_dns_proxy *px, struct conn *c)
+{
+	size_t n = c->have - 2;
+	uint8_t *msg = c->buf + 2;
+
+	if (kiln_dns_parse_query(msg, n, &c->q) < 0) {
+		conn_close(px, c);	/* not a query we answer */
+		return;
+	}
+	if (!query_allowed(c->sb, &c->q)) {
+		uint8_t out[KILN_DNS_MAX_MSG];
+		size_t len = kiln_dns_make_error(msg, c->q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
+
+		if (!len) {
+			conn_close(px, c);
+			return;
+		}
+		conn_reply(c, out, len);
+		return;
+	}
+	c->up = socket(px->up.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (c->up < 0 || (connect(c->up, (struct sockaddr *)&px->up, px->uplen) < 0 && errno != EINPROGRESS)) {
+		log_warn("dns: upstream tcp: %s", strerror(errno));
+		conn_close(px, c);
+		return;
+	}
+	/* the query stays in the buffer, as it came (length first), until the connection is up */
+	c->st = C_CONNECT;
+	c->off = 0;
+	c->deadline = now_ns() + (uint64_t)px->cfg.timeout_ms * 1000000ull;
+}
+
+/* Writes c->buf[c->off..c->have) to `fd`. Returns 1 when all of it is out, 0 for later, -1. */
+static int write_rest(struct conn *c, int fd)
+{
+	while (c->off < c->have) {
+		ssize_t w = send(fd, c->buf + c->off, c->have - c->off, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (w < 0)
+			return errno == EAGAIN || errno == EINTR ? 0 : -1;
+		c->off += (size_t)w;
+	}
+	return 1;
+}
+
+/* The connection's socket `fd` is ready (`ev`): moves it on as far as it can go. */
+static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd, short ev)
+{
+	int r;
+
+	if (c->sb->dead) {
+		conn_close(px, c);
+		return;
+	}
+	switch (c->st) {
+	case C_QUERY:
+		r = read_framed(c, c->fd);
+		if (r < 0)
+			conn_close(px, c);
+		else if (r > 0)
+			conn_query(px, c);
+		return;
+	case C_CONNECT: {
+		int soerr = 0;
+		socklen_t sl = sizeof(soerr);
+
+		if (fd != c->up || getsockopt(c->up, SOL_SOCKET, SO_ERROR, &soerr, &sl) < 0 || soerr) {
+			log_warn("dns: upstream tcp: %s", strerror(soerr ? soerr : errno));
+			conn_close(px, c);
+			return;
+		}
+		r = write_rest(c, c->up);
+		if (r < 0) {
+			conn_close(px, c);
+		} else if (r > 0) {
+			c->st = C_ANSWER;
+			c->have = c->off = 0;
+		}
+		return;
+	}
+	case C_ANSWER: {
+		struct kiln_dns_addr addrs[64];
+		int rcode = 0, na;
+
+		r = read_framed(c, c->up);
+		if (r < 0) {
+			conn_close(px, c);
+			return;
+		}
+		if (r == 0)
+			return;
+		close(c->up);
+		c->up = -1;
+		na = kiln_dns_parse_answer(c->buf + 2, c->have - 2, &c->q, addrs, 64, &rcode);
+		if (na < 0) {
+			conn_close(px, c);	/* not an answer to this question */
+			return;
+		}
+		if (!answer_release(px, c->sb, &c->q, c->buf + 2, c->have - 2, addrs, na)) {
+			uint8_t out[KILN_DNS_MAX_MSG];
+			size_t len = kiln_dns_make_error(c->buf + 2, c->q.end, KILN_DNS_RCODE_NXDOMAIN, out,
+							 sizeof(out));
+			if (!len) {
+				conn_close(px, c);
+				return;
+			}
+			conn_reply(c, out, len);
+		} else {
+			/* released only now, as over UDP */
+			c->st = C_REPLY;
+			c->off = 0;
+			c->deadline = now_ns() + TCP_STEP_NS;
+		}
+		conn_ready(px, c, c->fd, POLLOUT);
+		return;
+	}
+	case C_REPLY:
+		r = write_rest(c, c->fd);
+		if (r < 0)
+			conn_close(px, c);
+		else if (r > 0)
+			conn_step(c, C_QUERY);	/* the guest may ask again on the same connection */
+		return;
+	}
+	(void)ev;
+}
+
+static void handle_accept(struct kiln_dns_proxy *px, struct sb *sb)
+{
+	for (int k = 0; k < 16; k++) {
+		int fd = accept4(sb->tfd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+		struct conn *c;
+
+		if (fd < 0)
+			return;
+		if (px->nconns >= MAX_CONNS || sb->nconns >= MAX_CONNS_PER_SB || !(c = calloc(1, sizeof(*c)))) {
+			close(fd);	/* overloaded: the guest retries */
+			continue;
+		}
+		c->sb = sb;
+		c->fd = fd;
+		c->up = -1;
+		conn_step(c, C_QUERY);
+		c->next = px->conns;
+		px->conns = c;
+		sb->nconns++;
+		px->nconns++;
+	}
 }
 
 static void reap(struct kiln_dns_proxy *px)
@@ -313,7 +576,13 @@ static void reap(struct kiln_dns_proxy *px)
 		for (size_t i = 0; i < MAX_PENDING; i++)
 			if (px->pend[i].used && px->pend[i].sb == sb)
 				px->pend[i].used = false;
+		for (struct conn *c = px->conns, *next; c; c = next) {
+			next = c->next;
+			if (c->sb == sb)
+				conn_close(px, c);
+		}
 		close(sb->fd);
+		close(sb->tfd);
 		*pp = sb->next;
 		free(sb);
 		any = true;
@@ -325,12 +594,15 @@ static void reap(struct kiln_dns_proxy *px)
 static void *proxy_main(void *arg)
 {
 	struct kiln_dns_proxy *px = arg;
-	struct pollfd *pfd = calloc(MAX_SANDBOXES + 2, sizeof(*pfd));
-	struct sb **who = calloc(MAX_SANDBOXES + 2, sizeof(*who));
-	if (!pfd || !who) {
+	size_t max_fds = 2 + 2 * MAX_SANDBOXES + MAX_CONNS;
+	struct pollfd *pfd = calloc(max_fds, sizeof(*pfd));
+	struct sb **who = calloc(max_fds, sizeof(*who));
+	struct conn **whoc = calloc(max_fds, sizeof(*whoc));
+	if (!pfd || !who || !whoc) {
 		log_error("dns: out of memory");
 		free(pfd);
 		free(who);
+		free(whoc);
 		return NULL;
 	}
 	for (;;) {
@@ -340,12 +612,25 @@ static void *proxy_main(void *arg)
 			pthread_mutex_unlock(&px->mu);
 			break;
 		}
-		size_t n = 0;
+		size_t n = 0, nsb;
 		pfd[n++] = (struct pollfd){.fd = px->wake_fd, .events = POLLIN};
 		pfd[n++] = (struct pollfd){.fd = px->up_fd, .events = POLLIN};
-		for (struct sb *sb = px->sbs; sb && n < MAX_SANDBOXES + 2; sb = sb->next) {
+		for (struct sb *sb = px->sbs; sb && n + 2 <= 2 + 2 * MAX_SANDBOXES; sb = sb->next) {
 			who[n] = sb;
+			whoc[n] = NULL;
 			pfd[n++] = (struct pollfd){.fd = sb->fd, .events = POLLIN};
+			who[n] = sb;
+			whoc[n] = NULL;
+			pfd[n++] = (struct pollfd){.fd = sb->tfd, .events = POLLIN};
+		}
+		nsb = n;
+		for (struct conn *c = px->conns; c && n < max_fds; c = c->next) {
+			bool up = c->st == C_CONNECT || c->st == C_ANSWER;
+			who[n] = c->sb;
+			whoc[n] = c;
+			pfd[n++] = (struct pollfd){.fd = up ? c->up : c->fd,
+						   .events = c->st == C_CONNECT || c->st == C_REPLY ? POLLOUT
+												     : POLLIN};
 		}
 		pthread_mutex_unlock(&px->mu);
 
@@ -362,11 +647,25 @@ static void *proxy_main(void *arg)
 		if (pfd[1].revents & POLLIN)
 			for (int k = 0; k < 64; k++)
 				handle_answer(px);
-		for (size_t i = 2; i < n; i++)
-			if ((pfd[i].revents & POLLIN) && !who[i]->dead)
+		for (size_t i = 2; i < nsb; i++) {
+			if (!(pfd[i].revents & POLLIN) || who[i]->dead)
+				continue;
+			if (pfd[i].fd == who[i]->tfd)
+				handle_accept(px, who[i]);
+			else
 				for (int k = 0; k < 64; k++)
 					handle_query(px, who[i]);
+		}
+		/* connections: each polled once; one may close (and free) itself here */
+		for (size_t i = nsb; i < n; i++)
+			if (pfd[i].revents)
+				conn_ready(px, whoc[i], pfd[i].fd, pfd[i].revents);
 		uint64_t now = now_ns();
+		for (struct conn *c = px->conns, *next; c; c = next) {
+			next = c->next;
+			if (c->deadline < now)
+				conn_close(px, c);	/* too slow: the guest retries */
+		}
 		for (size_t i = 0; i < MAX_PENDING; i++)
 			if (px->pend[i].used && px->pend[i].deadline < now)
 				px->pend[i].used = false;	/* the client retries */
@@ -381,6 +680,7 @@ static void *proxy_main(void *arg)
 	}
 	free(pfd);
 	free(who);
+	free(whoc);
 	return NULL;
 }
 
@@ -454,13 +754,26 @@ enum kiln_err kiln_dns_proxy_add(struct kiln_dns_proxy *px, const struct kiln_sb
 		close(fd);
 		return e;
 	}
+	int tfd = kiln_sbnet_socket(net, AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+	int one = 1;
+	if (tfd < 0 || setsockopt(tfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+	    bind(tfd, (struct sockaddr *)&a, sizeof(a)) < 0 || listen(tfd, 64) < 0) {
+		enum kiln_err e = kiln_error_set(err, KILN_E_IO, "tcp %s:53 in \"%s\": %s", KILN_GATEWAY_IP4,
+						 net->netns, strerror(tfd < 0 ? -tfd : errno));
+		if (tfd >= 0)
+			close(tfd);
+		close(fd);
+		return e;
+	}
 	struct sb *sb = calloc(1, sizeof(*sb));
 	if (!sb) {
 		close(fd);
+		close(tfd);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
 	snprintf(sb->id, sizeof(sb->id), "%s", net->id);
 	sb->fd = fd;
+	sb->tfd = tfd;
 	sb->pol = pol;
 	pthread_mutex_lock(&px->mu);
 	sb->next = px->sbs;

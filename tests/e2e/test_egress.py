@@ -115,6 +115,15 @@ class EgressTests(unittest.TestCase):
         self.assertEqual(self.run_py("print(tcp('169.254.169.254', 80), tcp('203.0.113.15', 80))"),
                          ["fail", "ok"])
 
+    def test_an_answer_too_large_for_udp_comes_over_tcp_and_is_learnt(self):
+        # 300 addresses: the resolver's UDP answer is truncated, the guest's libc asks again over
+        # TCP, and the proxy answers that too, learning the addresses as over UDP.
+        self.assertEqual(self.egress(["many.test"]).status, 200)
+        self.assertEqual(self.run_py(
+            "print(tcp('203.0.113.10', 80),"
+            " len({a[4][0] for a in socket.getaddrinfo('many.test', 80, socket.AF_INET)}),"
+            " tcp('203.0.113.10', 80))"), ["fail", "300", "ok"])
+
     def test_dns_to_a_foreign_resolver_is_dropped_once_rules_exist(self):
         self.assertEqual(self.run_py("print(udp_dns('192.0.2.53'))"), ["answered"])
         self.assertEqual(self.egress(["sub.example.com"]).status, 200)

@@ -3,8 +3,10 @@
 
   fakenet.py ADDR...        TCP on every address: 80, 443, 8080, 25, 5432 answer one line and
                             close; 7000 streams a line every 50 ms; 8081 streams bytes as fast as
-                            it can. UDP echo on 9999 of each address. DNS on 53 of each address
-                            whose last IPv4 byte is 53, from the table below.
+                            it can. UDP echo on 9999 of each address. DNS on 53 (UDP and TCP) of
+                            each address whose last IPv4 byte is 53, from the table below; a UDP
+                            answer over 512 bytes comes truncated (TC, no records), as from a
+                            real server, and whole over TCP.
 Prints "ready" when every socket listens.
 """
 import socket
@@ -28,6 +30,8 @@ DNS = {
     "rebind.test": [("A", "10.0.0.5"), ("A", "169.254.169.254"), ("A", "203.0.113.15")],
     "v6.test": [("AAAA", "2001:db8:1::10")],
     "other.test": [("A", "198.51.100.22")],
+    # 300 addresses: over 512 bytes, so only TCP carries them; the first one is served here
+    "many.test": [("A", "203.0.113.10")] + [("A", "198.18.%d.%d" % (i // 200, 1 + i % 200)) for i in range(299)],
 }
 ONE_LINE_PORTS = [80, 443, 8080, 25, 5432]
 
@@ -104,12 +108,49 @@ class TCP(socketserver.ThreadingTCPServer):
         super().__init__(addr, Handler)
 
 
+def truncated(reply):
+    """The reply as a UDP server sends one too large for 512 bytes: TC set, the question only."""
+    qid, flags, qd = struct.unpack("!HHH", reply[:6])
+    off = 12
+    while reply[off] != 0:
+        off += 1 + reply[off]
+    return struct.pack("!HHHHHH", qid, flags | 0x0200, qd, 0, 0, 0) + reply[12:off + 5]
+
+
 def udp_loop(sock, dns):
     while True:
         data, peer = sock.recvfrom(4096)
         reply = dns_answer(data) if dns else data
+        if reply and dns and len(reply) > 512:
+            reply = truncated(reply)
         if reply:
             sock.sendto(reply, peer)
+
+
+class DNSHandler(socketserver.BaseRequestHandler):
+    """DNS over TCP: length-prefixed queries, one after another on a connection."""
+
+    def handle(self):
+        try:
+            while True:
+                head = self.request.recv(2, socket.MSG_WAITALL)
+                if len(head) < 2:
+                    return
+                q = self.request.recv(struct.unpack("!H", head)[0], socket.MSG_WAITALL)
+                reply = dns_answer(q)
+                if not reply:
+                    return
+                self.request.sendall(struct.pack("!H", len(reply)) + reply)
+        except OSError:
+            pass
+
+
+class DNSTCP(socketserver.ThreadingTCPServer):
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, addr):
+        super().__init__(addr, DNSHandler)
 
 
 def main():
@@ -127,6 +168,7 @@ def main():
             d = socket.socket(fam, socket.SOCK_DGRAM)
             d.bind((a, 53))
             threading.Thread(target=udp_loop, args=(d, True), daemon=True).start()
+            servers.append(DNSTCP((a, 53)))
     for s in servers:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print("ready", flush=True)

@@ -4,7 +4,8 @@
   probe.py tcp ADDR PORT [TIMEOUT]         connect and read a line
   probe.py udp ADDR PORT [TIMEOUT]         one datagram echoed
   probe.py udpfrom SRC ADDR PORT           the same, from a given source address
-  probe.py dns NAME [SERVER] [TYPE]        prints rcode and addresses
+  probe.py dns NAME [SERVER] [TYPE]        prints rcode, the TC flag and the addresses
+  probe.py dnstcp NAME [SERVER] [TYPE]     the same over TCP (twice on one connection)
   probe.py stream ADDR PORT SECONDS        prints the times at which data arrived
   probe.py bytes ADDR PORT SECONDS         prints how many bytes arrived
   probe.py udpburst ADDR PORT COUNT        COUNT new UDP flows at once; prints how many answered
@@ -50,13 +51,17 @@ def udp(addr, port, timeout=1.5, src=None):
         return 1
 
 
-def dns(name, server="172.16.0.1", qtype="A"):
+def query(name, qtype):
     t = {"A": 1, "AAAA": 28}[qtype]
     qid = random.randint(0, 65535)
     q = struct.pack("!HHHHHH", qid, 0x0100, 1, 0, 0, 0)
     for label in name.split("."):
         q += bytes([len(label)]) + label.encode()
-    q += b"\0" + struct.pack("!HH", t, 1)
+    return qid, q + b"\0" + struct.pack("!HH", t, 1)
+
+
+def dns(name, server="172.16.0.1", qtype="A"):
+    qid, q = query(name, qtype)
     s = socket.socket(family(server), socket.SOCK_DGRAM)
     s.settimeout(2)
     try:
@@ -65,6 +70,37 @@ def dns(name, server="172.16.0.1", qtype="A"):
     except OSError as e:
         print("FAIL", e)
         return 1
+    return show(r, qid)
+
+
+def recv_all(s, n):
+    out = b""
+    while len(out) < n:
+        d = s.recv(n - len(out))
+        if not d:
+            raise OSError("connection closed")
+        out += d
+    return out
+
+
+def dnstcp(name, server="172.16.0.1", qtype="A"):
+    s = socket.socket(family(server), socket.SOCK_STREAM)
+    s.settimeout(3)
+    try:
+        s.connect((server, 53))
+        for _ in range(2):
+            qid, q = query(name, qtype)
+            s.sendall(struct.pack("!H", len(q)) + q)
+            r = recv_all(s, struct.unpack("!H", recv_all(s, 2))[0])
+            if show(r, qid):
+                return 1
+    except OSError as e:
+        print("FAIL", e)
+        return 1
+    return 0
+
+
+def show(r, qid):
     rid, flags, qd, an = struct.unpack("!HHHH", r[:8])
     if rid != qid:
         print("FAIL bad id")
@@ -92,7 +128,7 @@ def dns(name, server="172.16.0.1", qtype="A"):
         elif rtype == 28:
             addrs.append(socket.inet_ntop(socket.AF_INET6, r[off:off + 16]))
         off += rdlen
-    print("rcode=%d %s" % (flags & 0xF, " ".join(addrs)))
+    print("rcode=%d tc=%d %s" % (flags & 0xF, (flags >> 9) & 1, " ".join(addrs)))
     return 0
 
 
@@ -180,6 +216,8 @@ def main():
         return udp(a[1], int(a[2]), src=a[0])
     if cmd == "dns":
         return dns(a[0], *(a[1:3]))
+    if cmd == "dnstcp":
+        return dnstcp(a[0], *(a[1:3]))
     if cmd == "stream":
         return stream(a[0], int(a[1]), float(a[2]))
     if cmd == "bytes":

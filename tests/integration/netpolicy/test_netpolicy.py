@@ -264,6 +264,22 @@ def test_wildcard_rules():
     assert "rcode=3" in probe(NS_GA, "dns", "xwild.test").stdout
 
 
+def test_dns_over_tcp_answers_what_udp_cannot_carry():
+    apply(SB_A)
+    out = probe(NS_GA, "dnstcp", "other.test").stdout
+    assert "rcode=0 tc=0 198.51.100.22" in out, out
+    apply(SB_A, "many.test")
+    assert "rcode=3" in probe(NS_GA, "dnstcp", "example.com").stdout, "uncovered name answered over TCP"
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 80), "allowed before any DNS answer"
+    out = probe(NS_GA, "dns", "many.test").stdout
+    assert "rcode=0 tc=1" in out, "a 300-address answer must not fit UDP: " + out
+    out = probe(NS_GA, "dnstcp", "many.test").stdout
+    answers = [line.split()[2:] for line in out.splitlines() if line.startswith("rcode=0 tc=0")]
+    assert len(answers) == 2 and all(len(a) == 300 for a in answers), out[:300]
+    assert answers[0][0] == "203.0.113.10"
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80), "the address learnt over TCP"
+
+
 def test_dns_to_foreign_resolver_dropped():
     apply(SB_A, "*.wild.test", "198.51.100.53")
     assert not ok(NS_GA, "dns", "a.wild.test", "198.51.100.53")

@@ -2,13 +2,14 @@
  * test_dns.c - the DNS proxy's message parser against well-formed and hostile messages.
  */
 #include <arpa/inet.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "netpolicy/dns.h"
 #include "test.h"
 
 struct msg {
-	uint8_t b[1024];
+	uint8_t b[KILN_DNS_MAX_TCP_MSG + 16];
 	size_t n;
 };
 
@@ -213,6 +214,28 @@ static void dns_error_reply_keeps_id_and_question(void)
 	CHECK_INT(rcode, 3);
 }
 
+/* An answer too large for UDP (TCP carries up to 65535 bytes) parses; a larger one does not. */
+static void dns_answer_large_over_tcp(void)
+{
+	static struct msg m;
+	struct kiln_dns_addr a[16];
+	int rcode = -1;
+
+	header(&m, 7, 0x8180, 1, 400);
+	question(&m, "big.test", KILN_DNS_TYPE_A);
+	for (int i = 0; i < 400; i++) {
+		char ip[32];
+		snprintf(ip, sizeof(ip), "203.0.%d.%d", 113 + i / 250, 1 + i % 250);
+		rr_a(&m, "big.test", ip, 60);
+	}
+	CHECK(m.n > KILN_DNS_MAX_MSG);
+	CHECK_INT(answer(&m, "big.test", a, &rcode), 16);
+	CHECK_INT(rcode, 0);
+	CHECK_INT(a[15].addr[3], 16);
+	m.n = KILN_DNS_MAX_TCP_MSG + 1;
+	CHECK_INT(answer(&m, "big.test", a, &rcode), -1);
+}
+
 int main(void)
 {
 	TEST(dns_query_parses);
@@ -220,5 +243,6 @@ int main(void)
 	TEST(dns_answer_collects_question_and_cname_chain);
 	TEST(dns_answer_rejects_mismatch_and_overruns);
 	TEST(dns_error_reply_keeps_id_and_question);
+	TEST(dns_answer_large_over_tcp);
 	return test_summary();
 }
