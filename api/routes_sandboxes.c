@@ -101,14 +101,16 @@ static bool sandbox_running(struct http_req *req, const struct sb_row *sb)
 /* ---- POST /v1/sandboxes ---- */
 
 /*
- * Credits and plan limits for `vcpu_milli` and `mem_mib` more of the caller's sandboxes: false
- * after replying 402 (no credits), 403 (a plan limit) or 503 (Redis down: nothing changed).
+ * Credits and plan limits for `count` more of the caller's sandboxes of `vcpu_milli` and `mem_mib`
+ * each: false after replying 402 (no credits), 403 (a plan limit) or 503 (Redis down: nothing
+ * changed). The node checks the plan again as it records them (metering/plan.h).
  */
-static bool admit(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib)
+static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsigned vcpu_milli,
+		  unsigned mem_mib)
 {
 	struct gateway *gw = http_req_app(req);
 	struct kiln_error err = { 0 };
-	enum kiln_err rc = billing_admit(gw->rds, c, gw_principal(req)->tenant_id, vcpu_milli,
+	enum kiln_err rc = billing_admit(gw->rds, c, gw_principal(req)->tenant_id, count, vcpu_milli,
 					 mem_mib, &err);
 
 	if (rc == KILN_OK)
@@ -209,7 +211,7 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	c = gw_db(req);
-	if (!c || !admit(req, c, (unsigned)milli, (unsigned)mem))
+	if (!c || !admit(req, c, 1, (unsigned)milli, (unsigned)mem))
 		goto out;
 	if (json_str(body, "snapshot_id", NULL)) {
 		/* From a snapshot: on the node that holds it, in the snapshot's shape. */
@@ -454,7 +456,7 @@ static void sandbox_resume(struct http_req *req)
 
 		if (!c)
 			return;
-		ok = admit(req, c, sb.vcpu_milli, sb.mem_mib);
+		ok = admit(req, c, 1, sb.vcpu_milli, sb.mem_mib);
 		/* Its node is gone: another one resumes it from the tenant's bucket. */
 		if (ok && !sb.node_alive)
 			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.node_address,
@@ -491,7 +493,7 @@ static void sandbox_fork(struct http_req *req)
 
 		if (!c)
 			return;
-		ok = admit(req, c, sb.vcpu_milli * (unsigned)count, sb.mem_mib * (unsigned)count);
+		ok = admit(req, c, (unsigned)count, sb.vcpu_milli, sb.mem_mib);
 		pg_release(gw->pg, c);
 		if (!ok)
 			return;

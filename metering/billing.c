@@ -9,6 +9,7 @@
 #include <time.h>
 
 #include "common/log.h"
+#include "metering/plan.h"
 
 #define BILLING_KEY_MAX 192
 
@@ -174,10 +175,9 @@ static long long burn_read(struct rds *rds, const char *tenant_id)
 }
 
 enum kiln_err billing_admit(struct rds *rds, struct pg_conn *c, const char *tenant_id,
-			    unsigned vcpu_milli, unsigned mem_mib, struct kiln_error *err)
+			    unsigned count, unsigned vcpu_milli, unsigned mem_mib, struct kiln_error *err)
 {
-	struct pg_res *res = NULL;
-	long long ledger, live, max_n, max_v, max_m, n, v, mem;
+	long long ledger, live;
 	bool has;
 	enum kiln_err rc;
 
@@ -206,40 +206,9 @@ enum kiln_err billing_admit(struct rds *rds, struct pg_conn *c, const char *tena
 	if (ledger - live <= 0)
 		return kiln_error_set(err, KILN_E_CREDITS,
 				      "the tenant has no credits left: add credits to go on");
-	rc = PGQ(c, &res, err,
-		 "SELECT coalesce(p.max_sandboxes, d.max_sandboxes), "
-		 "coalesce(p.max_vcpu_milli, d.max_vcpu_milli), "
-		 "coalesce(p.max_memory_mib, d.max_memory_mib), "
-		 "count(s.id), coalesce(sum(s.vcpu_milli), 0), coalesce(sum(s.memory_mib), 0) "
-		 "FROM tenants t LEFT JOIN plan_limits p ON p.plan = t.plan "
-		 "LEFT JOIN plan_limits d ON d.plan = 'default' "
-		 "LEFT JOIN sandboxes s ON s.tenant_id = t.id AND s.deleted_at IS NULL "
-		 "AND s.state IN ('creating', 'running') "
-		 "WHERE t.id = $1 GROUP BY 1, 2, 3",
-		 tenant_id);
+	rc = plan_check(c, tenant_id, count, vcpu_milli, mem_mib, err);
 	if (rc != KILN_OK)
 		return rc;
-	if (pg_res_rows(res) != 1) {
-		pg_res_free(res);
-		return kiln_error_set(err, KILN_E_NOT_FOUND, "no tenant \"%s\"", tenant_id);
-	}
-	max_n = pg_res_int(res, 0, 0, 0);
-	max_v = pg_res_int(res, 0, 1, 0);
-	max_m = pg_res_int(res, 0, 2, 0);
-	n = pg_res_int(res, 0, 3, 0);
-	v = pg_res_int(res, 0, 4, 0);
-	mem = pg_res_int(res, 0, 5, 0);
-	pg_res_free(res);
-	if (n + 1 > max_n)
-		return kiln_error_set(err, KILN_E_QUOTA,
-				      "the plan allows %lld sandboxes running at once", max_n);
-	if (v + vcpu_milli > max_v)
-		return kiln_error_set(err, KILN_E_QUOTA,
-				      "the plan allows %lld.%03lld vCPUs in running sandboxes", max_v / 1000,
-				      max_v % 1000);
-	if (mem + mem_mib > max_m)
-		return kiln_error_set(err, KILN_E_QUOTA,
-				      "the plan allows %lld MiB of memory in running sandboxes", max_m);
 	return billing_snapshot_quota(c, tenant_id, err);
 }
 

@@ -28,14 +28,15 @@
 #define BILLING_BURN_FRESH_S 5			/* a burn rate older than this is ignored */
 
 /*
- * May `tenant_id` start (create, resume, fork) a sandbox of `vcpu_milli` and `mem_mib`?
+ * May `tenant_id` start (create, resume, fork) `count` sandboxes of `vcpu_milli` and `mem_mib`
+ * each?
  * KILN_OK if so; KILN_E_CREDITS when its balance is at or below zero; KILN_E_QUOTA when a limit
  * of its plan (sandboxes creating or running, their vCPUs, their memory) would be passed, with a
  * message naming it; KILN_E_UNAVAILABLE when Redis (or Postgres) cannot be reached. Changes
  * nothing. `c` is a connection the caller holds.
  */
 enum kiln_err billing_admit(struct rds *rds, struct pg_conn *c, const char *tenant_id,
-			    unsigned vcpu_milli, unsigned mem_mib, struct kiln_error *err);
+			    unsigned count, unsigned vcpu_milli, unsigned mem_mib, struct kiln_error *err);
 
 /*
  * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, and the

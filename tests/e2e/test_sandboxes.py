@@ -7,6 +7,7 @@ import platform
 import secrets
 import signal
 import subprocess
+import threading
 import time
 import unittest
 import urllib.parse
@@ -331,6 +332,38 @@ class LifecycleTests(unittest.TestCase):
         got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()
         self.assertEqual(got["state"], "paused", "its VM was taken over and paused")
         self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
+
+    def test_concurrent_creates_cannot_pass_a_plan_limit_together(self):
+        # A plan of one sandbox at a time; three creates at once, on a node with room for two.
+        r = self.gw.request("POST", "/v1/tenants", {"name": "one-at-a-time"}, self.stack.admin)
+        self.assertEqual(r.status, 201, r)
+        tenant, key = r.json()["tenant"]["id"], {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+        self.stack.db.sql("INSERT INTO plan_limits VALUES ('one', 1, 16000, 32768, 53687091200) "
+                          "ON CONFLICT (plan) DO NOTHING")
+        self.stack.db.sql(f"UPDATE tenants SET plan = 'one' WHERE id = '{tenant}'")
+        results = [None] * 3
+
+        def create(i):
+            results[i] = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, key, timeout=300)
+
+        threads = [threading.Thread(target=create, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        made = [r.json()["id"] for r in results if r.status == 201]
+        for sb in made:
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb}", None, key)
+        statuses = sorted(r.status for r in results)
+        self.assertEqual(len(made), 1, statuses)
+        self.assertTrue(set(statuses) <= {201, 403, 503} and 403 in statuses, statuses)
+        for r in results:
+            if r.status == 403:
+                self.assertEqual(r.json()["error"]["code"], "quota_exceeded")
+                self.assertIn("1 sandboxes", r.json()["error"]["message"])
+        live = self.stack.db.sql(f"SELECT count(*) FROM sandboxes WHERE tenant_id = '{tenant}' "
+                                 "AND deleted_at IS NULL AND state IN ('creating', 'running')")
+        self.assertEqual(live, "1")
 
     def test_a_full_node_answers_503_no_capacity(self):
         a = self.create()

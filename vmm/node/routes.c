@@ -24,6 +24,7 @@
 #include "vmm/hv.h"
 #include "vmm/jail.h"
 #include "auth/apikey.h"
+#include "metering/plan.h"
 #include "vmm/node/lifecycle.h"
 #include "vmm/node/node.h"
 #include "vmm/node/template.h"
@@ -470,21 +471,30 @@ static void sandbox_create(struct http_req *req)
 	if (rc == KILN_OK) {
 		char idx[16];
 		snprintf(idx, sizeof(idx), "%d", sb->net_index);
-		rc = PGQ(c, NULL, &err,
-			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
-			 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
-			 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
-			 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
-			 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
-			 disk, tmo, meta ? meta : "{}", idx, from_snap ? from_snap : tpl[0] ? tpl : NULL);
+		/* recorded under the tenant's plan, after any create of the same tenant before it */
+		rc = pg_exec(c, "BEGIN", &err);
+		if (rc == KILN_OK)
+			rc = plan_check(c, cl->tid, 1, sb->vcpu_milli, sb->mem_mib, &err);
+		if (rc == KILN_OK)
+			rc = PGQ(c, NULL, &err,
+				 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+				 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
+				 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
+				 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
+				 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
+				 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
+				 disk, tmo, meta ? meta : "{}", idx, from_snap ? from_snap : tpl[0] ? tpl : NULL);
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", &err);
+		else
+			pg_exec(c, "ROLLBACK", NULL);
 		pg_release(n->pg, c);
 	}
 	if (rc != KILN_OK) {
 		sb_teardown(n, sb);
 		pthread_mutex_unlock(&sb->lock);
 		http_reply_error(req, rc, "%s", rc == KILN_E_CONFLICT ? "the sandbox exists"
-								   : "the database is unavailable");
+						: rc == KILN_E_QUOTA ? err.msg : "the database is unavailable");
 		goto out;
 	}
 	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
@@ -1568,20 +1578,29 @@ static void sandbox_fork(struct http_req *req)
 		vmm_destroy(parent->vm, &ignore);
 		parent->vm = NULL;
 	}
-	/* The children, from the frozen image mapped privately. */
+	/* The children's rows at once, under the tenant's plan: all or none. */
+	rc = pg_exec(c, "BEGIN", &err);
+	if (rc == KILN_OK)
+		rc = plan_check(c, cl->tid, (unsigned)count, parent->vcpu_milli, parent->mem_mib, &err);
 	for (made = 0; rc == KILN_OK && made < count; made++) {
-		struct sandbox *k = kids[made];
-		pthread_mutex_lock(&k->lock);
-		snprintf(idx, sizeof(idx), "%d", k->net_index);
+		snprintf(idx, sizeof(idx), "%d", kids[made]->net_index);
 		rc = PGQ(c, NULL, &err,
 			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
 			 "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
 			 "expires_at) SELECT $1, tenant_id, node_id, 'creating', template, vcpu_milli, "
 			 "memory_mib, disk_gib, timeout_s, metadata, id, $3::int, lineage || $4::text, "
 			 "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE id = $2",
-			 k->id, parent->id, idx, snap);
-		if (rc == KILN_OK)
-			rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
+			 kids[made]->id, parent->id, idx, snap);
+	}
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", &err);
+	else
+		pg_exec(c, "ROLLBACK", NULL);
+	/* The children, from the frozen image mapped privately. */
+	for (made = 0; rc == KILN_OK && made < count; made++) {
+		struct sandbox *k = kids[made];
+		pthread_mutex_lock(&k->lock);
+		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
 		if (rc == KILN_OK) {
 			k->expires_at = parent->expires_at;
 			sb_set_state(n, k, SB_RUNNING, NULL);
@@ -1604,7 +1623,7 @@ static void sandbox_fork(struct http_req *req)
 			    kids[i]->id);
 		}
 		kiln_error_clear(&err);
-		kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", why);
+		kiln_error_set(&err, rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED, "%s", why);
 	}
 	/* The parent, on a copy of the image: its children map the original. */
 	{
@@ -1635,6 +1654,8 @@ static void sandbox_fork(struct http_req *req)
 		}
 		http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
 		log_info("sandbox \"%s\" forked into %zu", parent->id, count);
+	} else if (err.code == KILN_E_QUOTA) {
+		http_reply_error(req, KILN_E_QUOTA, "%s", err.msg);
 	} else {
 		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
 	}
