@@ -13,8 +13,9 @@
 #include "api/nodeclient.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
-#include "metering/billing.h"
 #include "common/log.h"
+#include "metering/billing.h"
+#include "metering/plan.h"
 
 #define METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
 #define NODE_FRESH_S "10"	/* a node whose heartbeat is older is not given work */
@@ -535,7 +536,7 @@ static void sandbox_snapshot(struct http_req *req)
 	c = gw_db(req);
 	if (!c)
 		return;
-	rc = billing_snapshot_quota(c, gw_principal(req)->tenant_id, &err);
+	rc = plan_snapshot_check(c, gw_principal(req)->tenant_id, &err);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);

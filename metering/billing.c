@@ -209,42 +209,7 @@ enum kiln_err billing_admit(struct rds *rds, struct pg_conn *c, const char *tena
 	rc = plan_check(c, tenant_id, count, vcpu_milli, mem_mib, err);
 	if (rc != KILN_OK)
 		return rc;
-	return billing_snapshot_quota(c, tenant_id, err);
-}
-
-enum kiln_err billing_snapshot_quota(struct pg_conn *c, const char *tenant_id,
-				     struct kiln_error *err)
-{
-	struct pg_res *res = NULL;
-	long long max_b, used;
-	enum kiln_err rc;
-
-	/*
-	 * What the tenant keeps: named snapshots not deleted, and pause and fork snapshots whose
-	 * files are still on a node (internal ones are marked deleted but kept while used).
-	 */
-	rc = PGQ(c, &res, err,
-		 "SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), "
-		 "(SELECT coalesce(sum(size_bytes), 0) FROM snapshots x WHERE x.tenant_id = t.id "
-		 " AND x.purged_at IS NULL AND (x.deleted_at IS NULL OR x.kind IN ('pause', 'fork'))) "
-		 "FROM tenants t LEFT JOIN plan_limits p ON p.plan = t.plan "
-		 "LEFT JOIN plan_limits d ON d.plan = 'default' WHERE t.id = $1",
-		 tenant_id);
-	if (rc != KILN_OK)
-		return rc;
-	if (pg_res_rows(res) != 1) {
-		pg_res_free(res);
-		return kiln_error_set(err, KILN_E_NOT_FOUND, "no tenant \"%s\"", tenant_id);
-	}
-	max_b = pg_res_int(res, 0, 0, 0);
-	used = pg_res_int(res, 0, 1, 0);
-	pg_res_free(res);
-	if (used >= max_b)
-		return kiln_error_set(err, KILN_E_QUOTA,
-				      "the plan allows %lld MiB of snapshots and %lld MiB are kept: "
-				      "delete snapshots or sandboxes to go on",
-				      max_b >> 20, used >> 20);
-	return KILN_OK;
+	return plan_snapshot_check(c, tenant_id, err);
 }
 
 enum kiln_err billing_balance(struct rds *rds, struct pg_conn *c, const char *tenant_id,

@@ -38,14 +38,6 @@
 enum kiln_err billing_admit(struct rds *rds, struct pg_conn *c, const char *tenant_id,
 			    unsigned count, unsigned vcpu_milli, unsigned mem_mib, struct kiln_error *err);
 
-/*
- * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, and the
- * pause and fork snapshots still on a node). Part of billing_admit; also checked before a named
- * snapshot is taken.
- */
-enum kiln_err billing_snapshot_quota(struct pg_conn *c, const char *tenant_id,
-				     struct kiln_error *err);
-
 struct billing_balance {
 	long long balance_ucr;		/* granted - used */
 	long long granted_ucr;		/* grants less what expired */

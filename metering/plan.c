@@ -1,7 +1,25 @@
-/* plan.c - plan limits on live sandboxes (plan.h). */
+/* plan.c - a tenant's plan limits (plan.h). */
 #include "metering/plan.h"
 
 #include <stdio.h>
+
+/* What every query below starts from: the tenant, its plan's row and the default plan's. */
+#define PLAN_FROM "FROM tenants t LEFT JOIN plan_limits p ON p.plan = t.plan " \
+		  "LEFT JOIN plan_limits d ON d.plan = 'default' "
+
+/* Runs `sql` (one row per tenant, $1 the tenant) into *res; KILN_E_NOT_FOUND for no such tenant. */
+static enum kiln_err tenant_row(struct pg_conn *c, const char *sql, const char *tenant_id,
+				struct pg_res **res, struct kiln_error *err)
+{
+	enum kiln_err rc = PGQ(c, res, err, sql, tenant_id);
+
+	if (rc == KILN_OK && pg_res_rows(*res) != 1) {
+		pg_res_free(*res);
+		*res = NULL;
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no tenant \"%s\"", tenant_id);
+	}
+	return rc;
+}
 
 enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned count, unsigned vcpu_milli,
 			 unsigned mem_mib, struct kiln_error *err)
@@ -14,23 +32,18 @@ enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned coun
 		 tenant_id);
 	if (rc != KILN_OK)
 		return rc;
-	rc = PGQ(c, &res, err,
-		 "SELECT coalesce(p.max_sandboxes, d.max_sandboxes), "
-		 "coalesce(p.max_vcpu_milli, d.max_vcpu_milli), "
-		 "coalesce(p.max_memory_mib, d.max_memory_mib), "
-		 "count(s.id), coalesce(sum(s.vcpu_milli), 0), coalesce(sum(s.memory_mib), 0) "
-		 "FROM tenants t LEFT JOIN plan_limits p ON p.plan = t.plan "
-		 "LEFT JOIN plan_limits d ON d.plan = 'default' "
-		 "LEFT JOIN sandboxes s ON s.tenant_id = t.id AND s.deleted_at IS NULL "
-		 "AND s.state IN ('creating', 'running') "
-		 "WHERE t.id = $1 GROUP BY 1, 2, 3",
-		 tenant_id);
+	rc = tenant_row(c,
+			"SELECT coalesce(p.max_sandboxes, d.max_sandboxes), "
+			"coalesce(p.max_vcpu_milli, d.max_vcpu_milli), "
+			"coalesce(p.max_memory_mib, d.max_memory_mib), "
+			"count(s.id), coalesce(sum(s.vcpu_milli), 0), coalesce(sum(s.memory_mib), 0) "
+			PLAN_FROM
+			"LEFT JOIN sandboxes s ON s.tenant_id = t.id AND s.deleted_at IS NULL "
+			"AND s.state IN ('creating', 'running') "
+			"WHERE t.id = $1 GROUP BY 1, 2, 3",
+			tenant_id, &res, err);
 	if (rc != KILN_OK)
 		return rc;
-	if (pg_res_rows(res) != 1) {
-		pg_res_free(res);
-		return kiln_error_set(err, KILN_E_NOT_FOUND, "no tenant \"%s\"", tenant_id);
-	}
 	max_n = pg_res_int(res, 0, 0, 0);
 	max_v = pg_res_int(res, 0, 1, 0);
 	max_m = pg_res_int(res, 0, 2, 0);
@@ -48,5 +61,34 @@ enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned coun
 	if (mem + (long long)count * mem_mib > max_m)
 		return kiln_error_set(err, KILN_E_QUOTA,
 				      "the plan allows %lld MiB of memory in running sandboxes", max_m);
+	return KILN_OK;
+}
+
+enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	long long max_b, used;
+	enum kiln_err rc;
+
+	/*
+	 * What the tenant keeps: named snapshots not deleted, and pause and fork snapshots whose
+	 * files are still on a node (internal ones are marked deleted but kept while used).
+	 */
+	rc = tenant_row(c,
+			"SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), "
+			"(SELECT coalesce(sum(size_bytes), 0) FROM snapshots x WHERE x.tenant_id = t.id "
+			" AND x.purged_at IS NULL AND (x.deleted_at IS NULL OR x.kind IN ('pause', 'fork'))) "
+			PLAN_FROM "WHERE t.id = $1",
+			tenant_id, &res, err);
+	if (rc != KILN_OK)
+		return rc;
+	max_b = pg_res_int(res, 0, 0, 0);
+	used = pg_res_int(res, 0, 1, 0);
+	pg_res_free(res);
+	if (used >= max_b)
+		return kiln_error_set(err, KILN_E_QUOTA,
+				      "the plan allows %lld MiB of snapshots and %lld MiB are kept: "
+				      "delete snapshots or sandboxes to go on",
+				      max_b >> 20, used >> 20);
 	return KILN_OK;
 }

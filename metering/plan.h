@@ -1,6 +1,7 @@
 /*
- * plan.h - a tenant's plan limits on its live sandboxes (creating or running): how many at once,
- * their vCPUs and their memory (plan_limits, the "default" plan where a tenant's has no row).
+ * plan.h - a tenant's plan limits (plan_limits, the "default" plan where a tenant's has no row): on
+ * its live sandboxes (creating or running) — how many at once, their vCPUs, their memory — and on
+ * the snapshot bytes it keeps.
  *
  * The gateway checks them before it asks a node (billing_admit); the node checks them again in
  * the transaction that records the new sandboxes (create, fork), where plan_check first takes a
@@ -20,5 +21,12 @@
  */
 enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned count, unsigned vcpu_milli,
 			 unsigned mem_mib, struct kiln_error *err);
+
+/*
+ * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, and the
+ * pause and fork snapshots still on a node). Part of billing_admit; also checked before a named
+ * snapshot is taken.
+ */
+enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err);
 
 #endif
