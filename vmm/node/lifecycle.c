@@ -463,8 +463,33 @@ static void pick_newest(const char *dir, const char *sandbox, time_t mtime, void
 	}
 }
 
+struct unrecorded {
+	struct node *n;
+	struct pg_conn *c;
+};
+
+/*
+ * Removes an unrecorded snapshot directory that is not whole, or whose sandbox no longer runs
+ * here. A whole one of a sandbox still shown running stays: its record failed (Postgres away),
+ * and the next start records it as that sandbox's pause.
+ */
 static void remove_unrecorded(const char *dir, const char *sandbox, time_t mtime, void *arg)
 {
+	struct unrecorded *u = arg;
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	bool keep = snap_verify(u->n, dir, &err) == KILN_OK &&
+		    (PGQ(u->c, &res, &err,
+			 "SELECT 1 FROM sandboxes WHERE id = $1 AND node_id = $2 AND deleted_at IS NULL "
+			 "AND state IN ('running', 'error')",
+			 sandbox, u->n->cfg.node_id) != KILN_OK ||
+		     pg_res_rows(res) > 0);
+
+	pg_res_free(res);
+	if (keep) {
+		log_warn("keeping \"%s\": a whole snapshot of \"%s\" not recorded yet", dir, sandbox);
+		return;
+	}
 	log_warn("removing \"%s\": a snapshot cut short that nothing records", dir);
 	snap_remove_files(dir);
 }
@@ -586,7 +611,7 @@ int snap_recover(struct node *n)
 		vmm_destroy(sb.vm, &err);
 	}
 	pg_res_free(res);
-	for_each_unrecorded(n, c, remove_unrecorded, NULL);
+	for_each_unrecorded(n, c, remove_unrecorded, &(struct unrecorded){ .n = n, .c = c });
 	pg_release(n->pg, c);
 	return found;
 }
