@@ -333,24 +333,38 @@ class LifecycleTests(unittest.TestCase):
         self.assertEqual(got["state"], "paused", "its VM was taken over and paused")
         self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key).status, 204)
 
-    def test_concurrent_creates_cannot_pass_a_plan_limit_together(self):
-        # A plan of one sandbox at a time; three creates at once, on a node with room for two.
+    def tenant_of_one(self):
+        """A new tenant whose plan allows one sandbox at a time: (tenant id, key header)."""
         r = self.gw.request("POST", "/v1/tenants", {"name": "one-at-a-time"}, self.stack.admin)
         self.assertEqual(r.status, 201, r)
         tenant, key = r.json()["tenant"]["id"], {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
         self.stack.db.sql("INSERT INTO plan_limits VALUES ('one', 1, 16000, 32768, 53687091200) "
                           "ON CONFLICT (plan) DO NOTHING")
         self.stack.db.sql(f"UPDATE tenants SET plan = 'one' WHERE id = '{tenant}'")
-        results = [None] * 3
+        return tenant, key
 
-        def create(i):
-            results[i] = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, key, timeout=300)
+    def at_once(self, n, method, path, body, key):
+        """`n` requests sent together; their answers."""
+        results = [None] * n
 
-        threads = [threading.Thread(target=create, args=(i,)) for i in range(3)]
+        def call(i):
+            results[i] = self.gw.request(method, path(i), body, key, timeout=300)
+
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(300)
+        return results
+
+    def live(self, tenant):
+        return self.stack.db.sql(f"SELECT count(*) FROM sandboxes WHERE tenant_id = '{tenant}' "
+                                 "AND deleted_at IS NULL AND state IN ('creating', 'running')")
+
+    def test_concurrent_creates_cannot_pass_a_plan_limit_together(self):
+        # A plan of one sandbox at a time; three creates at once, on a node with room for two.
+        tenant, key = self.tenant_of_one()
+        results = self.at_once(3, "POST", lambda i: "/v1/sandboxes", {"memory_mib": 256}, key)
         made = [r.json()["id"] for r in results if r.status == 201]
         for sb in made:
             self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb}", None, key)
@@ -361,9 +375,27 @@ class LifecycleTests(unittest.TestCase):
             if r.status == 403:
                 self.assertEqual(r.json()["error"]["code"], "quota_exceeded")
                 self.assertIn("1 sandboxes", r.json()["error"]["message"])
-        live = self.stack.db.sql(f"SELECT count(*) FROM sandboxes WHERE tenant_id = '{tenant}' "
-                                 "AND deleted_at IS NULL AND state IN ('creating', 'running')")
-        self.assertEqual(live, "1")
+        self.assertEqual(self.live(tenant), "1")
+
+    def test_concurrent_resumes_cannot_pass_a_plan_limit_together(self):
+        # Two paused sandboxes of a plan of one, resumed at once: one runs, the other stays paused.
+        tenant, key = self.tenant_of_one()
+        ids = []
+        for _ in range(2):
+            r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, key, timeout=300)
+            self.assertEqual(r.status, 201, r)
+            ids.append(r.json()["id"])
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{ids[-1]}", None, key)
+            r = self.gw.request("POST", f"/v1/sandboxes/{ids[-1]}/pause", None, key, timeout=120)
+            self.assertEqual(r.status, 200, r)
+        results = self.at_once(2, "POST", lambda i: f"/v1/sandboxes/{ids[i]}/resume", None, key)
+        statuses = sorted(r.status for r in results)
+        self.assertEqual(statuses, [200, 403], [r.json() for r in results])
+        refused = next(r for r in results if r.status == 403)
+        self.assertEqual(refused.json()["error"]["code"], "quota_exceeded")
+        self.assertEqual(self.live(tenant), "1")
+        states = sorted(self.gw.request("GET", f"/v1/sandboxes/{i}", headers=key).json()["state"] for i in ids)
+        self.assertEqual(states, ["paused", "running"])
 
     def test_a_full_node_answers_503_no_capacity(self):
         a = self.create()

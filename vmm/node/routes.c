@@ -1444,8 +1444,13 @@ static void sandbox_resume(struct http_req *req)
 		/*
 		 * Fenced: only the resume that finds it still paused on that snapshot wins. A
 		 * snapshot fetched from the bucket has a standalone disk: the lineage starts again.
+		 * Recorded under the tenant's plan, after any create or resume of the tenant before it.
 		 */
-		rc = PGQ(c, &res, &err,
+		rc = pg_exec(c, "BEGIN", &err);
+		if (rc == KILN_OK)
+			rc = plan_check(c, cl->tid, 1, r.vcpu_milli, r.mem_mib, &err);
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, &err,
 			 "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
 			 "lineage = CASE WHEN $6::boolean THEN ARRAY[pause_snapshot] "
 			 "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
@@ -1456,8 +1461,12 @@ static void sandbox_resume(struct http_req *req)
 		if (rc == KILN_OK && pg_res_rows(res) != 1)
 			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
 		if (rc == KILN_OK && moved)
-			PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
-			    r.pause_snapshot, n->cfg.node_id);
+			rc = PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
+				 r.pause_snapshot, n->cfg.node_id);
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", &err);
+		else
+			pg_exec(c, "ROLLBACK", NULL);
 		pg_res_free(res);
 		pg_release(n->pg, c);
 	}
@@ -1467,7 +1476,7 @@ static void sandbox_resume(struct http_req *req)
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(n, sb);
 		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ||
-					      rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
+					      rc == KILN_E_CONFLICT || rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED,
 				 "the sandbox could not resume: %s; it stays paused", err.msg);
 		return;
 	}
