@@ -236,6 +236,9 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
     def test_a_node_killed_with_a_running_sandbox_comes_back_with_it_paused(self):
         sb = self.create()
         self.start_counter(sb, "echo kept > /root/kept")
+        rules = ["example.com", "203.0.113.7:443"]
+        r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/egress", {"rules": rules}, self.key)
+        self.assertEqual(r.status, 200, r)
         count = len(self.log_numbers(sb))
         node = self.stack.node
         pids = vm_pids(node.node_id, sb["id"])
@@ -249,6 +252,9 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
         self.assert_counter_went_on(sb, count)
+        # its rules came through the restart: from the pinned maps into the snapshot, and back
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": rules, "mode": "allowlist"})
 
     def held_pause(self, sb, hold, during):
         """Pauses `sb` on a node holding at its space check; `during()` runs while it holds."""
