@@ -244,12 +244,13 @@ static bool query_allowed(struct sb *sb, const struct kiln_dns_question *q)
 }
 
 /*
- * An upstream answer msg[0..n) to `q` on its way to the guest: its id set back to the guest's,
- * and, under rules, its addresses learnt first. False when the rules no longer cover the name
- * (they changed while the query was out): the guest gets NXDOMAIN instead.
+ * An upstream answer `msg` to `q` on its way to the guest, with the addresses it holds
+ * (addrs[0..na)): its id set back to the guest's and, under rules, the addresses learnt first.
+ * False when the rules no longer cover the name (they changed while the query was out): the
+ * guest gets NXDOMAIN instead.
  */
 static bool answer_release(struct kiln_dns_proxy *px, struct sb *sb, const struct kiln_dns_question *q,
-			   uint8_t *msg, size_t n, struct kiln_dns_addr *addrs, int na)
+			   uint8_t *msg, const struct kiln_dns_addr *addrs, int na)
 {
 	enum kiln_egress_mode mode;
 	uint16_t ports[16];
@@ -266,7 +267,6 @@ static bool answer_release(struct kiln_dns_proxy *px, struct sb *sb, const struc
 	for (size_t i = 0; i < take; i++)
 		for (size_t j = 0; j < np; j++)
 			learn(px, sb, q->name, &addrs[i], ports[j], cap * np);
-	(void)n;
 	return true;
 }
 
@@ -345,7 +345,7 @@ static void handle_answer(struct kiln_dns_proxy *px)
 	p->used = false;
 	if (sb->dead)
 		return;
-	if (!answer_release(px, sb, &p->q, msg, (size_t)n, addrs, na)) {
+	if (!answer_release(px, sb, &p->q, msg, addrs, na)) {
 		uint8_t out[KILN_DNS_MAX_MSG];
 		size_t len = kiln_dns_make_error(msg, p->q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
 		if (len)
@@ -458,8 +458,8 @@ static int write_rest(struct conn *c, int fd)
 	return 1;
 }
 
-/* The connection's socket `fd` is ready (`ev`): moves it on as far as it can go. */
-static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd, short ev)
+/* The connection's socket `fd` is ready: moves it on as far as it can go. */
+static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd)
 {
 	int r;
 
@@ -511,7 +511,7 @@ static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd, short 
 			conn_close(px, c);	/* not an answer to this question */
 			return;
 		}
-		if (!answer_release(px, c->sb, &c->q, c->buf + 2, c->have - 2, addrs, na)) {
+		if (!answer_release(px, c->sb, &c->q, c->buf + 2, addrs, na)) {
 			uint8_t out[KILN_DNS_MAX_MSG];
 			size_t len = kiln_dns_make_error(c->buf + 2, c->q.end, KILN_DNS_RCODE_NXDOMAIN, out,
 							 sizeof(out));
@@ -526,7 +526,7 @@ static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd, short 
 			c->off = 0;
 			c->deadline = now_ns() + TCP_STEP_NS;
 		}
-		conn_ready(px, c, c->fd, POLLOUT);
+		conn_ready(px, c, c->fd);
 		return;
 	}
 	case C_REPLY:
@@ -537,7 +537,6 @@ static void conn_ready(struct kiln_dns_proxy *px, struct conn *c, int fd, short 
 			conn_step(c, C_QUERY);	/* the guest may ask again on the same connection */
 		return;
 	}
-	(void)ev;
 }
 
 static void handle_accept(struct kiln_dns_proxy *px, struct sb *sb)
@@ -659,7 +658,7 @@ static void *proxy_main(void *arg)
 		/* connections: each polled once; one may close (and free) itself here */
 		for (size_t i = nsb; i < n; i++)
 			if (pfd[i].revents)
-				conn_ready(px, whoc[i], pfd[i].fd, pfd[i].revents);
+				conn_ready(px, whoc[i], pfd[i].fd);
 		uint64_t now = now_ns();
 		for (struct conn *c = px->conns, *next; c; c = next) {
 			next = c->next;
