@@ -483,20 +483,30 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 {
 	struct gateway *gw = http_req_app(req);
 	struct req_state *st = http_req_ctx(req);
-	const char *method = http_req_method(req);
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	char code[8];
 
 	if (!st || !st->has_principal)
 		return;
 	if (st->idem_key[0])
 		idempotency_finish(gw, req, st, status);
-	if (!strcmp(method, "GET") || !strcmp(method, "HEAD"))
+}
+
+void gw_audit(struct http_req *req, const struct http_route *route, int status)
+{
+	struct gateway *gw = http_req_app(req);
+	struct req_state *st = http_req_ctx(req);
+	const char *method = http_req_method(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char code[8];
+
+	if (!st || !st->has_principal || !strcmp(method, "GET") || !strcmp(method, "HEAD"))
 		return;
-	/* The audit trail: who did what to which object, and how it ended. */
+	/*
+	 * Who did what to which object, and how it ended. On a pool of its own: the handler may hold
+	 * connections of the main pool while it replies.
+	 */
 	snprintf(code, sizeof(code), "%d", status);
-	if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
+	if (pg_acquire(gw->audit_pg, &c, &err) != KILN_OK) {
 		log_warn("audit record lost: postgres is unavailable (%s %s %d)", method,
 			 route->pattern, status);
 		return;
@@ -507,5 +517,5 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 		st->who.tenant_id, st->who.key_id, method, route->pattern, http_req_object(req), code,
 		http_req_id(req)) != KILN_OK)
 		log_warn("audit record lost: %s", err.msg);
-	pg_release(gw->pg, c);
+	pg_release(gw->audit_pg, c);
 }

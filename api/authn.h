@@ -1,7 +1,8 @@
 /*
  * authn.h - who is calling: API keys and user JWTs, scopes, rate limits, idempotency, audit.
  *
- * gw_before() is the HTTP engine's before hook and gw_done() its done hook. A route's `scope`
+ * gw_before() is the HTTP engine's before hook, gw_audit() its reply hook and gw_done() its done
+ * hook. A route's `scope`
  * field holds the AUTH_SCOPE_* bits it needs plus the ROUTE_* flags below; 0 means public.
  */
 #ifndef KILN_AUTHN_H
@@ -30,6 +31,8 @@ struct principal {
 const struct principal *gw_principal(const struct http_req *req);
 
 bool gw_before(struct http_req *req, const struct http_route *route);
+/* The audit trail: every mutating request of a known caller, written before its reply goes out. */
+void gw_audit(struct http_req *req, const struct http_route *route, int status);
 void gw_done(struct http_req *req, const struct http_route *route, int status);
 
 /* Forgets a key at once on this gateway (after revocation). */

@@ -57,7 +57,8 @@ static int db_init(struct kiln_error *err)
 	enum kiln_err rc;
 
 	gw.pg = pg_new(gw.cfg.database_url, (int)gw.cfg.db_pool_size);
-	if (!gw.pg)
+	gw.audit_pg = pg_new(gw.cfg.database_url, GW_AUDIT_POOL);
+	if (!gw.pg || !gw.audit_pg)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = migrate_apply(gw.pg, migrations, migrations_count, &applied, err);
 	if (rc == KILN_OK && applied)
@@ -68,7 +69,9 @@ static int db_init(struct kiln_error *err)
 static void db_exit(void)
 {
 	pg_free(gw.pg);
+	pg_free(gw.audit_pg);
 	gw.pg = NULL;
+	gw.audit_pg = NULL;
 }
 
 /* Reads the master key and derives the API key pepper from it. */
@@ -131,6 +134,7 @@ static int http_init(struct kiln_error *err)
 		.routes = route_table,
 		.nroutes = route_count,
 		.before = gw_before,
+		.reply = gw_audit,
 		.done = gw_done,
 		.app = &gw,
 	};

@@ -22,11 +22,13 @@
 #define GW_ISSUER "kiln"
 #define GW_TOKEN_TTL_MAX 900	/* seconds: the longest user token */
 #define GW_TOKEN_TTL_DEFAULT 900
+#define GW_AUDIT_POOL 4	/* Postgres connections for the audit trail */
 
 struct gateway {
 	struct kiln_config cfg;
 	struct auth_master_key mk;
 	struct pg *pg;
+	struct pg *audit_pg;	/* the audit trail's own connections (gw_audit) */
 	struct rds *rds;
 	struct ratelimit *rl;
 	struct signing *signing;

@@ -214,6 +214,8 @@ static void reply_queue(struct http_req *req, int status, struct MHD_Response *r
 	}
 	req->replied = true;
 	req->status = status;
+	if (req->srv->opts.reply && req->route && req->before_ran)
+		req->srv->opts.reply(req, req->route, status);
 	MHD_add_response_header(resp, "X-Request-Id", req->id);
 	for (struct header *h = req->headers; h; h = h->next)
 		MHD_add_response_header(resp, h->name, h->value);

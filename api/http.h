@@ -56,7 +56,14 @@ struct http_route {
  */
 typedef bool (*http_before_hook)(struct http_req *req, const struct http_route *route);
 
-/* Called when a request is finished, after its reply was queued (audit trail, cleanup). */
+/*
+ * Called as the reply is queued, on the request's thread, before the client can have it (an
+ * audit record written here is there when the client reads the reply). Only for requests whose
+ * before hook ran; a streamed reply is reported when its status and headers go out.
+ */
+typedef void (*http_reply_hook)(struct http_req *req, const struct http_route *route, int status);
+
+/* Called when a request is finished, after its reply was queued (idempotency records, cleanup). */
 typedef void (*http_done_hook)(struct http_req *req, const struct http_route *route, int status);
 
 struct http_server_opts {
@@ -68,6 +75,7 @@ struct http_server_opts {
 	const struct http_route *routes;
 	size_t nroutes;
 	http_before_hook before;
+	http_reply_hook reply;
 	http_done_hook done;
 	void *app;			/* handed to handlers via http_req_app() */
 	bool trust_request_id;		/* take a caller's X-Request-Id (kiln-node: the gateway's) */
@@ -108,7 +116,7 @@ void *http_req_ctx(const struct http_req *req);
 /* A second slot, for the route's handler and body sink (the first belongs to the before hook). */
 void http_req_set_hctx(struct http_req *req, void *ctx, void (*free_ctx)(void *));
 void *http_req_hctx(const struct http_req *req);
-/* The object id the request acted on, recorded for the done hook (audit). Copied. */
+/* The object id the request acted on, recorded for the reply hook (audit). Copied. */
 void http_req_set_object(struct http_req *req, const char *object_id);
 const char *http_req_object(const struct http_req *req);
 

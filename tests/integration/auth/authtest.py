@@ -112,16 +112,10 @@ class GatewayCase(unittest.TestCase):
         return r.json()["token"]
 
     def audit(self, headers, want, query=""):
-        """The tenant's audit entries once there are `want` of them: the gateway writes an entry
-        after it has sent the reply, so a request's entry can trail its response a little."""
-        entries = []
-
-        def get():
-            nonlocal entries
-            r = self.expect(self.call("GET", "/v1/audit?limit=500" + query, headers=headers), 200)
-            entries = r.json()["entries"]
-            return len(entries) >= want
-        poll(get, 5)
+        """The tenant's audit entries, which must be exactly `want` already: the gateway writes a
+        request's entry before its reply goes out, so a read right after sees it."""
+        r = self.expect(self.call("GET", "/v1/audit?limit=500" + query, headers=headers), 200)
+        entries = r.json()["entries"]
         self.assertEqual(len(entries), want, entries)
         return entries
 

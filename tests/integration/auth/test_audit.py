@@ -17,8 +17,7 @@ class AuditTests(GatewayCase):
         sent = []
 
         def mutate(method, path, body, headers, status):
-            """One mutating request; waits for its entry, so the next one is recorded after it
-            (the gateway writes an entry once the reply is out)."""
+            """One mutating request, whose entry is there as soon as its reply is."""
             r = self.expect(self.call(method, path, body, headers), status)
             sent.append(r)
             self.audit(h, len(sent))
