@@ -36,7 +36,7 @@ const struct cfg_def config_table[] = {
 	{ "listen", CFG_STRING, F(listen), "127.0.0.1:8080", 0, 0, NULL, false,
 	  "address the gateway listens on, host:port" },
 	{ "db_pool_size", CFG_INT, F(db_pool_size), "8", 1, 64, NULL, false,
-	  "Postgres connections each process keeps" },
+	  "Postgres connections each process keeps (the gateway 4 more for its audit trail)" },
 	{ "http_max_connections", CFG_INT, F(http_max_connections), "1024", 1, 65536, NULL, false,
 	  "concurrent HTTP connections accepted (one thread each)" },
 	{ "http_body_max", CFG_INT, F(http_body_max), "1048576", 1024, 16777216, NULL, false,
