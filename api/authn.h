@@ -11,7 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "api/http.h"
+#include "common/http.h"
 #include "auth/apikey.h"
 #include "auth/jwt.h"
 

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "api/authn.h"
-#include "api/masterkey.h"
+#include "auth/masterkey.h"
 #include "common/daemon.h"
 #include "common/log.h"
 #include "migrations/migrate.h"

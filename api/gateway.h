@@ -9,9 +9,9 @@
 
 #include <stddef.h>
 
-#include "api/http.h"
+#include "common/http.h"
 #include "api/ratelimit.h"
-#include "api/signing.h"
+#include "auth/signing.h"
 #include "auth/crypto.h"
 #include "common/config.h"
 #include "common/json.h"

@@ -1,7 +1,7 @@
 /*
  * nodeclient.c - calls from the gateway to kiln-node over libcurl (see nodeclient.h).
  *
- * A call runs on a pump thread (api/pump.c): curl's header callback announces the node's status
+ * A call runs on a pump thread (common/pump.c): curl's header callback announces the node's status
  * and content type, its write callback feeds the client's reply, so a long exec streams through
  * and a client that leaves ends the call.
  */
@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "api/gateway.h"
-#include "api/pump.h"
+#include "common/pump.h"
 #include "common/buf.h"
 #include "common/log.h"
 

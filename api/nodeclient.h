@@ -9,7 +9,7 @@
 #include <stddef.h>
 
 #include "api/authn.h"
-#include "api/http.h"
+#include "common/http.h"
 
 struct node_call {
 	const char *address;	/* "unix:/path" or "http://host:port" */

@@ -1,7 +1,7 @@
 /*
  * routes_snapshots.c - GET /v1/snapshots and DELETE /v1/snapshots/{id}: the tenant's named
  * snapshots (pause and fork snapshots are internal). Their files go when nothing stands on them
- * any more: the node that holds them removes them (vmm/node/lifecycle.c, snap_gc).
+ * any more: the node that holds them removes them (node/lifecycle.c, snap_gc).
  */
 #include <stdio.h>
 #include <stdlib.h>

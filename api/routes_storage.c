@@ -13,7 +13,7 @@
 
 #include "api/authn.h"
 #include "api/gateway.h"
-#include "api/storage.h"
+#include "auth/storage.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
 #include "common/log.h"

@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api/signing.h"
+#include "auth/signing.h"
 #include "auth/crypto.h"
 #include "common/config.h"
 #include "common/log.h"

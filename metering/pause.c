@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "api/signing.h"
+#include "auth/signing.h"
 #include "auth/scopes.h"
 #include "common/log.h"
 

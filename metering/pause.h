@@ -2,7 +2,7 @@
  * pause.h - kiln-meter's requests to pause sandboxes whose tenant ran out of credits.
  *
  * Each request is POST <node address>/v1/sandboxes/{id}/pause with a node token signed as the
- * gateway signs them (api/signing.h, aud kiln-node, the tenant and the sandbox), sent from a few
+ * gateway signs them (auth/signing.h, aud kiln-node, the tenant and the sandbox), sent from a few
  * worker threads so a slow pause (it writes a snapshot) never holds up the meter's tick. A
  * sandbox is only ever paused, never destroyed.
  */

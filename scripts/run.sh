@@ -87,7 +87,7 @@ kiln_daemon() {
   started+=("$name")
 }
 kiln_daemon kiln-gateway "$KILN_ROOT/build/api/kiln-gateway"
-kiln_daemon kiln-node "$KILN_ROOT/build/vmm/node/kiln-node"
+kiln_daemon kiln-node "$KILN_ROOT/build/node/kiln-node"
 kiln_daemon kiln-meter "$KILN_ROOT/build/metering/kiln-meter"
 
 url="http://$listen"

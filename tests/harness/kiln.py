@@ -245,7 +245,7 @@ class Node(Daemon):
                # Templates cost a VM boot of their own: tests that want them say so.
                "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false"}
         env.update(extra_env or {})
-        super().__init__(os.path.join(BUILD, "vmm", "node", "kiln-node"), env)
+        super().__init__(os.path.join(BUILD, "node", "kiln-node"), env)
         self.sock = os.path.join(self.run_dir, "node.sock")
         deadline = time.time() + 30
         while time.time() < deadline:

@@ -1,5 +1,5 @@
 /*
- * storage_tool.c - calls storage_load() (api/storage.c, as kiln-node does) for the storage tests:
+ * storage_tool.c - calls storage_load() (auth/storage.c, as kiln-node does) for the storage tests:
  *
  *   KILN_MASTER_KEY=... EXPECT_SECRET=... storage_tool CONNINFO TENANT_ID
  *
@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/storage.h"
+#include "auth/storage.h"
 
 int main(int argc, char **argv)
 {

@@ -1,5 +1,5 @@
 /*
- * snapstore_tool.c - drives vmm/node/storage_sync.c for test_snapstore.py, one operation per run,
+ * snapstore_tool.c - drives node/storage_sync.c for test_snapstore.py, one operation per run,
  * as kiln-node would (its own pool, master key and snapshot root):
  *
  *   snapstore_tool set-storage TENANT              storage_save() of S3_* (the gateway's writer)
@@ -26,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/storage.h"
+#include "auth/storage.h"
 #include "common/log.h"
-#include "vmm/node/storage_sync.h"
+#include "node/storage_sync.h"
 #include "vmm/snapshot.h"
 
 static unsigned pause_at;

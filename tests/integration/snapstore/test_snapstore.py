@@ -1,4 +1,4 @@
-"""The snapshot store (vmm/node/storage_sync.c, through snapstore_tool) with real snapshot
+"""The snapshot store (node/storage_sync.c, through snapstore_tool) with real snapshot
 directories, a real S3-compatible server (s3rver behind the SigV4-checking proxy of
 tests/integration/s3/) and Postgres: upload from node A, fetch on node B, statuses, encryption,
 failures (bucket down on fetch, corrupt, truncated and foreign objects, refused credentials) and an

@@ -11,7 +11,7 @@
  * Once the object exists, src/ and port.tmp/ go; once it is stored and the row says so, all goes.
  */
 #include "vmm/fsutil.h"
-#include "vmm/node/storage_sync.h"
+#include "node/storage_sync.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -29,7 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api/storage.h"
+#include "auth/storage.h"
 #include "common/log.h"
 #include "vmm/disk.h"
 #include "vmm/snapshot.h"

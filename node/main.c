@@ -19,17 +19,17 @@
 
 #include "common/daemon.h"
 #include "common/log.h"
-#include "api/masterkey.h"
+#include "auth/masterkey.h"
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
 #include "vmm/accel.h"
 #include "vmm/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
-#include "vmm/node/lifecycle.h"
-#include "vmm/node/node.h"
-#include "vmm/node/storage_sync.h"
-#include "vmm/node/template.h"
+#include "node/lifecycle.h"
+#include "node/node.h"
+#include "node/storage_sync.h"
+#include "node/template.h"
 
 static struct node node;
 

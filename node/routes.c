@@ -14,7 +14,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "api/pump.h"
+#include "common/pump.h"
 #include "auth/bearer.h"
 #include "common/buf.h"
 #include "common/json.h"
@@ -25,10 +25,10 @@
 #include "vmm/jail.h"
 #include "auth/apikey.h"
 #include "metering/plan.h"
-#include "vmm/node/lifecycle.h"
-#include "vmm/node/node.h"
-#include "vmm/node/template.h"
-#include "vmm/node/storage_sync.h"
+#include "node/lifecycle.h"
+#include "node/node.h"
+#include "node/template.h"
+#include "node/storage_sync.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
 #define EXEC_TIMEOUT_DEFAULT_S 60

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/storage.h"
+#include "auth/storage.h"
 
 /* The associated data of a tenant's sealed secret. */
 static int storage_ad(const char *tenant_id, char *out, size_t n)

@@ -22,7 +22,7 @@
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
-#include "vmm/node/node.h"
+#include "node/node.h"
 
 static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
 

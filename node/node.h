@@ -13,7 +13,7 @@
 #include <stdbool.h>
 #include <time.h>
 
-#include "api/http.h"
+#include "common/http.h"
 #include "auth/crypto.h"
 #include "auth/jwt.h"
 #include "common/config.h"

@@ -5,7 +5,7 @@
 #ifndef KILN_NODE_LIFECYCLE_H
 #define KILN_NODE_LIFECYCLE_H
 
-#include "vmm/node/node.h"
+#include "node/node.h"
 
 /* <data_dir>/snaps/<node>/<snap id> */
 void snap_dir(struct node *n, const char *snap_id, char *out, size_t len);

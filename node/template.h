@@ -8,7 +8,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-#include "vmm/node/node.h"
+#include "node/node.h"
 
 /* Retires the templates of an earlier run (or image) and starts building the default shape. */
 void tpl_init(struct node *n);

@@ -14,7 +14,7 @@
  * new ones. Sandboxes made from a template list it in their lineage, so its files stay while they
  * live. Unused templates are retired after a while (tpl_evict_idle).
  */
-#include "vmm/node/template.h"
+#include "node/template.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -26,7 +26,7 @@
 #include "common/log.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
-#include "vmm/node/lifecycle.h"
+#include "node/lifecycle.h"
 
 #define TPL_MAX 16
 #define TPL_DEFAULT_VCPU 1000

@@ -36,8 +36,8 @@
 #include "vmm/agent.h"
 #include "vmm/guest/agent_proto.h"
 #include "vmm/hv.h"
-#include "vmm/node/lifecycle.h"
-#include "vmm/node/storage_sync.h"
+#include "node/lifecycle.h"
+#include "node/storage_sync.h"
 #include "vmm/snapshot.h"
 
 #define NETPOLICY_FILE "netpolicy.json"

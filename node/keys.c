@@ -12,7 +12,7 @@
 #include "auth/jwks.h"
 #include "common/buf.h"
 #include "common/log.h"
-#include "vmm/node/node.h"
+#include "node/node.h"
 
 #define JWKS_MAX (256 * 1024)
 
