@@ -1,22 +1,32 @@
 #!/usr/bin/python3
 """
-check_openapi.py - checks docs/openapi.yaml on its own and against the API contract (API.md).
+check_openapi.py - checks docs/openapi.yaml on its own and against the code that serves it.
 
-    check_openapi.py OPENAPI_YAML API_MD              check the document; exit 0 when it passes
-    check_openapi.py --self-test OPENAPI_YAML API_MD  check that the checks catch planted faults
+    check_openapi.py OPENAPI_YAML SOURCE_DIR              check the document; exit 0 when it passes
+    check_openapi.py --self-test OPENAPI_YAML SOURCE_DIR  check that the checks catch planted faults
 
-The document must be well-formed (every $ref resolves, every operation has responses, an
-X-Request-Id header on every response, security and x-kiln-scope where a credential is needed,
-error responses whose codes belong to their status) and must agree with API.md: the same routes
-(the tables' "METHOD /path" rows, the Operations paragraph and the credential-free routes named in
-"Conventions"), the same scopes, error codes and statuses, and the request and response fields,
-ranges, defaults and enums that API.md's rows spell out.
+docs/openapi.yaml is the API's contract. The document must be well-formed (every $ref resolves,
+every operation has responses, an X-Request-Id header on every response, security and x-kiln-scope
+where a credential is needed, error responses whose codes belong to their status, strict request
+bodies, the health body) and must agree with the source tree SOURCE_DIR:
+
+  - routes: the route groups kiln-gateway installs (api/gateway.c, routes_init()) and the
+    `struct http_route` tables behind them (api/routes_*.c). Every registered METHOD /path is
+    documented and every documented one is registered, but for DASHBOARD_FILES below. kiln-node's
+    routes (node/) are served on its Unix socket to the gateway only and are not public.
+  - credentials: a route with scope 0 is public (security: []); ROUTE_AUTH routes name in
+    x-kiln-scope the AUTH_SCOPE_* they need ("none" when they need none); ROUTE_API_KEY_ONLY
+    routes take an API key only (x-kiln-credential: api_key).
+  - scopes: the Scope enum holds auth/scopes.c's names.
+  - error codes: ErrorCode and its x-kiln-http-status are the API codes and HTTP statuses of
+    docs/errors.md's table of enum kiln_err (the codes common/err.h gives the wire).
 
 Exit status: 0 all checks pass; 1 a check failed (one line per problem); 2 a file is missing or
-cannot be parsed. A missing API.md is a failure, never a skip: the cross-check is the point.
-Needs only Python 3 and PyYAML (Debian: python3-yaml).
+cannot be parsed. Needs only Python 3 and PyYAML (Debian: python3-yaml).
 """
 import copy
+import glob
+import os
 import re
 import sys
 
@@ -28,46 +38,10 @@ except ImportError:
 
 METHODS = ("get", "put", "post", "delete", "patch", "head", "options", "trace")
 JSON = "application/json"
-MIB = 1024 * 1024
 
-# The Conventions bullet on scopes, as a rule: which scope each route needs. API_MD_SCOPE_PATHS
-# lists the paths API.md names for each scope; the checker compares it with API.md's text, so a
-# change of the contract's scopes fails here until this rule is updated too.
-API_MD_SCOPE_PATHS = {
-    "sandbox:read": {"/v1/sandboxes", "/v1/snapshots"},
-    "sandbox:write": set(),  # "every other call under those paths"
-    "billing:read": {"/v1/billing/balance", "/v1/usage", "/v1/audit"},  # "... and ledger"
-    "keys:write": {"/v1/api-keys", "/v1/tokens", "/v1/storage"},
-    "admin": {"/v1/tenants", "/v1/billing/grants"},
-}
-
-
-def expected_scope(method, path):
-    """The scope API.md's Conventions give a route: (scope, scope needed to narrow) or None."""
-    if path.startswith("/v1/sandboxes") or path.startswith("/v1/snapshots"):
-        return ("sandbox:read" if method == "GET" else "sandbox:write"), None
-    if path in ("/v1/billing/balance", "/v1/billing/ledger", "/v1/usage", "/v1/audit"):
-        return "billing:read", None
-    if path == "/v1/api-keys" or path.startswith("/v1/api-keys/") or path == "/v1/storage":
-        return "keys:write", None
-    if path == "/v1/tokens":
-        # "keys:write (... /v1/tokens with narrower scopes ...)": a token with all of the key's
-        # scopes needs no scope; asking for narrower ones needs keys:write.
-        return "none", "keys:write"
-    if path in ("/v1/tenants", "/v1/billing/grants"):
-        return "admin", None
-    return None
-
-
-# Response fields the document has beyond the ones API.md's rows list, each with its reason.
-# Anything else that differs is an error.
-EXTRA_FIELDS = {
-    ("POST /v1/api-keys", "expires_at"): "the key's expiry, set by the request, shown back",
-    ("GET /v1/api-keys", "api_keys[].expires_at"): "a listing shows when each key expires",
-    ("POST /v1/sandboxes/{id}/exec", "stdout_truncated"): "says when output past the cap was cut",
-    ("POST /v1/sandboxes/{id}/exec", "stderr_truncated"): "says when output past the cap was cut",
-    ("POST /v1/sandboxes/{id}/snapshots", "name"): "the name given in the request, shown back",
-    ("POST /v1/sandboxes/{id}/snapshots", "reason"): "named in the row's prose (failed status)",
+# Registered routes the document leaves out on purpose, each with its reason. Nothing else may be.
+DASHBOARD_FILES = {
+    ("GET", "/assets/{name}"): "the dashboard's static files (scripts, styles), described under GET /",
 }
 
 
@@ -370,424 +344,202 @@ def check_structure(d, public_paths):
 
 
 # ------------------------------------------------------------------------------------------------
-# API.md
+# The code: what kiln-gateway registers, its scopes and its error codes
 
 
-def md_rows(md):
-    """Table rows as (first cell, second cell), with `\\|` unescaped."""
-    rows = []
-    for line in md.splitlines():
-        if not line.startswith("|"):
-            continue
-        cells = [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line)[1:-1]]
-        if len(cells) < 2 or set(cells[0]) <= set("-: ") or cells[0] == "method, path":
-            continue
-        rows.append((cells[0], cells[1]))
-    return rows
+class Source:
+    """The files of SOURCE_DIR the checks read, as {relative path: text}, and what is read from
+    them. A table or list that cannot be found is an error, never an empty result."""
 
+    FILES = ("api/gateway.c", "auth/scopes.h", "auth/scopes.c", "docs/errors.md")
 
-ROUTE_RE = re.compile(r"\b(GET|POST|PUT|DELETE|PATCH)\s+(/[^\s,()`]*)")
+    def __init__(self, files):
+        self.files = files
+        self.errors = []
 
+    @staticmethod
+    def load(root):
+        files = {}
+        for path in sorted(glob.glob(os.path.join(root, "api", "*.c"))):
+            files[os.path.relpath(path, root)] = None
+        for rel in Source.FILES:
+            files[rel] = None
+        for rel in files:
+            try:
+                with open(os.path.join(root, rel), encoding="utf-8") as f:
+                    files[rel] = f.read()
+            except OSError as e:
+                sys.stderr.write("check_openapi: cannot read %s: %s\n" % (os.path.join(root, rel), e.strerror))
+                return None
+        return Source(files)
 
-def md_section(md, title):
-    m = re.search(r"^## %s\n(.*?)(?=^## |\Z)" % re.escape(title), md, re.S | re.M)
-    return m.group(1) if m else ""
+    def err(self, msg):
+        self.errors.append(msg)
 
+    def text(self, rel):
+        """The file without its comments ("" and an error when it is not there)."""
+        t = self.files.get(rel)
+        if t is None:
+            self.err("%s: not in the source tree" % rel)
+            return ""
+        t = re.sub(r"/\*.*?\*/", lambda m: "\n" * m.group(0).count("\n"), t, flags=re.S)
+        return re.sub(r"//[^\n]*", "", t)
 
-def md_bullet(section, start):
-    """The text of the bullet of `section` that begins with `start`, joined into one line."""
-    for b in re.split(r"\n- ", "\n" + section):
-        if b.strip().startswith(start):
-            return " ".join(b.split())
-    return ""
-
-
-class Spec:
-    """A parsed `{a, b?:…, c:{…}}` field list of an API.md row."""
-
-    def __init__(self, text):
-        self.s = text
-        self.i = 0
-
-    def parse(self):
-        return self.obj()
-
-    def peek(self, n=1):
-        return self.s[self.i:self.i + n]
-
-    def ws(self):
-        while self.i < len(self.s) and self.s[self.i] == " ":
-            self.i += 1
-
-    def obj(self):
-        assert self.s[self.i] == "{"
-        self.i += 1
-        self.ws()
-        if self.peek() == "…":
-            self.i += 1
-            self.ws()
-            self.i += 1  # }
-            return None  # any fields
-        items = []
-        alt = False
-        while self.i < len(self.s):
-            self.ws()
-            if self.peek() == "}":
-                self.i += 1
-                break
-            item = self.item()
-            if item is None:
-                break
-            items.append(item)
-            self.ws()
-            if self.s.startswith("or ", self.i):
-                self.i += 3
-                item["alt"] = True
-                alt = True
+    def scope_bits(self):
+        """{AUTH_SCOPE_NAME: scope name} from auth/scopes.h's bits and auth/scopes.c's names."""
+        bits = re.findall(r"#define\s+(AUTH_SCOPE_[A-Z_]+)\s+\(1u?\s*<<\s*(\d+)\)", self.text("auth/scopes.h"))
+        m = re.search(r"scope_names\s*\[[^]]*\]\s*=\s*\{(.*?)\}", self.text("auth/scopes.c"), re.S)
+        names = re.findall(r'"([^"]+)"', m.group(1)) if m else []
+        if not bits or not names:
+            self.err("auth/scopes.h, auth/scopes.c: the scope bits or scope_names[] were not found")
+            return {}
+        out = {}
+        for macro, bit in bits:
+            if int(bit) >= len(names):
+                self.err("auth/scopes.h: %s is bit %s, scope_names[] has %d names" % (macro, bit, len(names)))
                 continue
-            if alt:
-                item["alt"] = True
-                alt = False
-            if self.peek() == ",":
-                self.i += 1
-        return items
+            out[macro] = names[int(bit)]
+        return out
 
-    def item(self):
-        m = re.compile(r"[A-Za-z_][A-Za-z0-9_]*").match(self.s, self.i)
-        if not m:
-            return None
-        it = {"name": m.group(0), "optional": False, "array": False, "children": None,
-              "consts": [], "examples": None, "alt": False}
-        self.i = m.end()
-        if self.peek() == "?":
-            it["optional"] = True
-            self.i += 1
-        if self.peek(2) == "[]":
-            it["array"] = True
-            self.i += 2
-        if self.peek() != ":":
-            return it
-        self.i += 1
-        c = self.peek()
-        if c == "{":
-            if self.peek(2) == "{}":
-                self.i += 2
-            else:
-                it["children"] = self.obj()
-        elif c == "[":
-            it["array"] = True
-            self.i += 1
-            self.ws()
-            if self.peek() == "{":
-                it["children"] = self.obj()
-            else:
-                ex = []
-                while self.i < len(self.s) and self.peek() != "]":
-                    if self.peek() == '"':
-                        ex.append(self.quoted())
-                    else:
-                        self.i += 1
-                if ex:
-                    it["examples"] = ex
-            while self.i < len(self.s) and self.peek() != "]":
-                self.i += 1
-            self.i += 1
-        elif c == '"':
-            it["consts"].append(self.quoted())
-            while self.peek() == "|":
-                self.i += 1
-                it["consts"].append(self.quoted())
-        else:
-            # A range "LO–HI" with an optional "(default D)" or "(D)"; or "(D, max HI)".
-            rest = self.s[self.i:]
-            m = re.match(r"([0-9.]+)–([0-9.]+)(?: \((?:default )?([0-9.]+)\))?", rest)
-            m2 = re.match(r"\(([0-9.]+), max ([0-9.]+)\)", rest)
-            if m:
-                it["min"], it["max"] = float(m.group(1)), float(m.group(2))
-                if m.group(3):
-                    it["default"] = float(m.group(3))
-                self.i += m.end()
-            elif m2:
-                it["default"], it["max"] = float(m2.group(1)), float(m2.group(2))
-                self.i += m2.end()
-        # Skip to the end of this item.
-        while self.i < len(self.s) and self.peek() not in ",}" and not self.s.startswith(" or ", self.i):
-            self.i += 1
-        return it
+    def routes(self):
+        """{(METHOD, path): set of the scope field's flags} of the groups routes_init() installs."""
+        m = re.search(r"route_group\s*\*\s*groups\s*\[\s*\]\s*=\s*\{(.*?)\}", self.text("api/gateway.c"), re.S)
+        groups = re.findall(r"&\s*(\w+)", m.group(1)) if m else []
+        if not groups:
+            self.err("api/gateway.c: routes_init()'s list of route groups was not found")
+            return {}
+        defs = {}
+        for rel in self.files:
+            if not rel.startswith("api/") or not rel.endswith(".c"):
+                continue
+            for g, table in re.findall(r"const\s+struct\s+route_group\s+(\w+)\s*=\s*\{\s*(\w+)\s*,", self.text(rel)):
+                defs[g] = (rel, table)
+        out = {}
+        for g in groups:
+            if g not in defs:
+                self.err("api/gateway.c installs %s, which no api/*.c defines" % g)
+                continue
+            rel, table = defs[g]
+            t = self.text(rel)
+            m = re.search(r"struct\s+http_route\s+%s\s*\[\s*\]\s*=\s*\{(.*?)\n\s*\}\s*;" % re.escape(table), t, re.S)
+            if not m:
+                self.err("%s: the table %s of %s was not found" % (rel, table, g))
+                continue
+            body = m.group(1)
+            entries = re.findall(r'\{\s*"([A-Z]+)"\s*,\s*"([^"]*)"\s*,\s*\w+\s*,\s*([^,]+?)\s*,', body)
+            n = len(re.findall(r"\{", re.sub(r'"[^"]*"', '""', body)))
+            if len(entries) != n or not entries:
+                self.err("%s: %s has entries this checker cannot read (%d of %d)"
+                         % (rel, table, len(entries), n))
+            for method, path, scope in entries:
+                flags = {f.strip() for f in scope.split("|")} - {"0"}
+                if (method, path) in out:
+                    self.err("%s: %s %s is registered twice" % (rel, method, path))
+                out[(method, path)] = flags
+        return out
 
-    def quoted(self):
-        assert self.peek() == '"'
-        j = self.s.index('"', self.i + 1)
-        v = self.s[self.i + 1:j]
-        self.i = j + 1
-        return v
+    def error_codes(self):
+        """{wire code: HTTP status} from docs/errors.md's table of enum kiln_err (its "API `code`"
+        and "HTTP" columns, found by their headings)."""
+        cols, out = None, {}
+        for line in self.files.get("docs/errors.md", "").splitlines():
+            if not line.startswith("|"):
+                continue
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if cols is None:
+                if "API `code`" in cells and "HTTP" in cells:
+                    cols = (cells.index("API `code`"), cells.index("HTTP"))
+                continue
+            if set("".join(cells)) <= set("-: ") or len(cells) <= max(cols):
+                continue
+            code, status = cells[cols[0]], cells[cols[1]]
+            if code in ("—", "-", ""):
+                continue
+            if not re.fullmatch(r"[a-z_]+", code) or not re.fullmatch(r"[1-5][0-9][0-9]", status):
+                self.err("docs/errors.md: cannot read the row %r" % line)
+                continue
+            if out.get(code, int(status)) != int(status):
+                self.err("docs/errors.md: %s has statuses %s and %s" % (code, out[code], status))
+            out[code] = int(status)
+        if not out:
+            self.err("docs/errors.md: the table of error codes (API `code`, HTTP) was not found")
+        return out
 
 
-def parse_spec(text):
-    return Spec(text).parse()
+def check_against_code(d, src):
+    routes = src.routes()
+    if not routes and not src.errors:
+        src.err("api/: kiln-gateway registers no routes")
+    scope_of = src.scope_bits()
+    ops = {(m, p): op for p, m, op, _ in d.operations()}
 
+    for r in sorted(set(routes) - set(ops) - set(DASHBOARD_FILES)):
+        d.err("%s %s is registered by kiln-gateway but not in the document" % r)
+    for r in sorted(set(ops) - set(routes)):
+        d.err("%s %s is in the document but registered by no code" % r)
+    for r in sorted(set(DASHBOARD_FILES) & set(ops)):
+        d.err("%s %s is documented, but DASHBOARD_FILES says it is left out: drop it there" % r)
+    for r in sorted(set(DASHBOARD_FILES) - set(routes)):
+        d.err("%s %s is in DASHBOARD_FILES but registered by no code" % r)
 
-def md_routes(md):
-    """{(METHOD, path): {"row": (cell0, cell1) or None, "scope": annotation or None}}."""
-    routes = {}
-    for c0, c1 in md_rows(md):
-        found = ROUTE_RE.findall(c0)
-        ann = re.search(r"\(([a-z]+:[a-z]+|admin)\)", c0)
-        for method, path in found:
-            path = path.split("?")[0]
-            routes[(method, path)] = {"row": (c0, c1), "scope": ann.group(1) if ann else None,
-                                      "combined": len(found) > 1}
-    for method, path in re.findall(r"`(GET|POST|PUT|DELETE|PATCH) (/[^`\s]*)`",
-                                   md_section(md, "Operations")):
-        routes.setdefault((method, path), {"row": None, "scope": None, "combined": False})
-    return routes
-
-
-def md_public_paths(md):
-    bullet = md_bullet(md_section(md, "Conventions"), "`Authorization: Bearer")
-    m = re.search(r"Every route but (.*?) needs one", bullet)
-    if not m:
-        return None
-    return set(re.findall(r"`(/[^`]*)`", m.group(1)))
-
-
-def md_error_codes(md):
-    bullet = md_bullet(md_section(md, "Conventions"), "Every response carries")
-    pairs = set()
-    for m in re.finditer(r"(\d{3})\s+`([a-z_]+)`(?:\s+or\s+`([a-z_]+)`)?", bullet):
-        pairs.add((int(m.group(1)), m.group(2)))
-        if m.group(3):
-            pairs.add((int(m.group(1)), m.group(3)))
-    return pairs
-
-
-def md_scopes(md):
-    """{scope: set of /v1 paths named for it} from the Conventions bullet on scopes."""
-    bullet = md_bullet(md_section(md, "Conventions"), "Scopes:")
-    out = {}
-    for m in re.finditer(r"`([a-z]+:[a-z]+|admin)` \(([^)]*)\)", bullet):
-        out[m.group(1)] = set(p.rstrip(",") for p in re.findall(r"/v1/[a-z/.-]+[a-z]", m.group(2)))
-    return out
-
-
-def md_id_prefixes(md):
-    bullet = md_bullet(md_section(md, "Conventions"), "Ids are")
-    return set(re.findall(r"`([a-z]+_)`", bullet))
-
-
-# ------------------------------------------------------------------------------------------------
-# Cross-checks
-
-
-def check_fields(d, items, schema, where, op_key, request, prefix=""):
-    if items is None:
-        return  # API.md leaves these fields open
-    props, required = d.fields(schema)
-    names = set()
-    for it in items:
-        name = it["name"]
-        names.add(name)
-        label = "%s: field %s%s" % (where, prefix, name)
-        if name not in props:
-            d.err("%s is in API.md but not in the document" % label)
-            continue
-        if request and not it["alt"]:
-            if it["optional"] and name in required:
-                d.err("%s is optional in API.md but required in the document" % label)
-            if not it["optional"] and name not in required:
-                d.err("%s is required in API.md but optional in the document" % label)
-        if not request and not it["optional"] and name not in required:
-            d.err("%s is always present per API.md but not required in the document" % label)
-        p = d.flatten(props[name])
-        if it["array"] and p.get("type") != "array":
-            d.err("%s is an array in API.md, %s in the document" % (label, p.get("type")))
-        consts = [c for c in it["consts"] if c != "…"]
-        if len(consts) > 1 and set(p.get("enum", [])) != set(consts):
-            d.err("%s: enum %s in API.md, %s in the document" % (label, consts, p.get("enum")))
-        if len(consts) == 1 and consts[0] not in p.get("enum", []) and p.get("default") != consts[0]:
-            d.err("%s: API.md's %r is neither its default nor in its enum" % (label, consts[0]))
-        for key, oa in (("min", "minimum"), ("max", "maximum"), ("default", "default")):
-            if key in it and (not isinstance(p.get(oa), (int, float)) or float(p[oa]) != it[key]):
-                d.err("%s: %s %g in API.md, %r in the document" % (label, oa, it[key], p.get(oa)))
-        if it["examples"] is not None and p.get("example") != it["examples"]:
-            d.err("%s: example %s in API.md, %s in the document" % (label, it["examples"], p.get("example")))
-        if it["children"] is not None:
-            sub = d.flatten(p.get("items")) if p.get("type") == "array" else p
-            check_fields(d, it["children"], sub, where, op_key, request,
-                         prefix + name + ("[]." if p.get("type") == "array" else "."))
-    for name in sorted(set(props) - names):
-        if (op_key, prefix + name) in EXTRA_FIELDS:
-            continue
-        d.err("%s: field %s%s is in the document but not in API.md" % (where, prefix, name))
-
-
-def success_of(op):
-    return sorted(s for s in (op.get("responses") or {}) if str(s).startswith("2"))
-
-
-def check_against_md(d, md):
-    routes = md_routes(md)
-    public = md_public_paths(md)
-    if not routes:
-        d.err("API.md: no \"METHOD /path\" rows found")
-    if not public:
-        d.err("API.md: the list of routes that need no credential was not found")
-        public = set()
-
-    ops = {(m, p): (op, item) for p, m, op, item in d.operations()}
-    expected = set(routes) | {("GET", p) for p in public if not any(r[1] == p for r in routes)}
-    for r in sorted(expected - set(ops)):
-        d.err("%s %s is in API.md but not in the document" % r)
-    for r in sorted(set(ops) - expected):
-        d.err("%s %s is in the document but not in API.md" % r)
-    for p in sorted(public):
-        if not any(k[1] == p for k in ops):
-            d.err("public route %s of API.md is not in the document" % p)
-
-    # Scopes: the names, the rule, and each route.
-    scope_enum = set((d.flatten({"$ref": "#/components/schemas/Scope"})).get("enum", []))
-    named = md_scopes(md)
-    if set(named) != scope_enum:
-        d.err("scopes: API.md names %s, the document %s" % (sorted(named), sorted(scope_enum)))
-    for s, paths in named.items():
-        if API_MD_SCOPE_PATHS.get(s) != paths:
-            d.err("scopes: API.md gives %s the paths %s; the checker's rule expects %s (update "
-                  "expected_scope() with the contract)" % (s, sorted(paths), sorted(API_MD_SCOPE_PATHS.get(s, []))))
-    for (method, path), info in sorted(routes.items()):
-        if path in public:
-            continue
-        rule = expected_scope(method, path)
-        if rule is None:
-            d.err("%s %s: no scope rule in API.md's Conventions covers it" % (method, path))
-            continue
-        if info["scope"] and info["scope"] != rule[0]:
-            d.err("%s %s: API.md's row says (%s), its Conventions say %s"
-                  % (method, path, info["scope"], rule[0]))
+    known = {"ROUTE_AUTH", "ROUTE_API_KEY_ONLY", "ROUTE_CREATES"} | set(scope_of)
+    for (method, path), flags in sorted(routes.items()):
+        key = "%s %s" % (method, path)
+        for f in sorted(flags - known):
+            d.err("%s: its scope field has %s, which this checker does not know" % (key, f))
         if (method, path) not in ops:
             continue
-        op = ops[(method, path)][0]
-        if op.get("x-kiln-scope") != rule[0]:
-            d.err("%s %s: x-kiln-scope %r, API.md says %r" % (method, path, op.get("x-kiln-scope"), rule[0]))
-        if rule[1] and op.get("x-kiln-narrowing-scope") != rule[1]:
-            d.err("%s %s: x-kiln-narrowing-scope must be %r" % (method, path, rule[1]))
+        op = ops[(method, path)]
+        if not flags:
+            if op.get("security") != []:
+                d.err("%s: the code serves it without a credential; the document must say security: []" % key)
+            continue
+        if "ROUTE_AUTH" not in flags:
+            d.err("%s: a scope without ROUTE_AUTH in the code" % key)
+        scopes = sorted(scope_of[f] for f in flags if f in scope_of)
+        want = scopes[0] if len(scopes) == 1 else ("none" if not scopes else " ".join(scopes))
+        if op.get("x-kiln-scope") != want:
+            d.err("%s: x-kiln-scope %r, the code asks for %r" % (key, op.get("x-kiln-scope"), want))
+        if op.get("security") == []:
+            d.err("%s: the code needs a credential; the document says security: []" % key)
+        key_only = "ROUTE_API_KEY_ONLY" in flags
+        if key_only and (op.get("x-kiln-credential") != "api_key" or op.get("security") != [{"apiKey": []}]):
+            d.err("%s: the code takes an API key only; the document must say x-kiln-credential: "
+                  "api_key and security apiKey only" % key)
+        if not key_only and op.get("x-kiln-credential") == "api_key":
+            d.err("%s: x-kiln-credential: api_key, but the code takes a JWT too" % key)
 
-    # Error codes and their statuses.
-    pairs = md_error_codes(md)
+    # Scopes.
+    scope_enum = d.flatten({"$ref": "#/components/schemas/Scope"}).get("enum", [])
+    if scope_of and sorted(scope_enum) != sorted(scope_of.values()):
+        d.err("Scope: the document names %s, auth/scopes.c %s" % (sorted(scope_enum), sorted(scope_of.values())))
+
+    # Error codes and their statuses, and each answered by some operation.
+    codes = src.error_codes()
     ec = d.flatten({"$ref": "#/components/schemas/ErrorCode"})
-    have = {(int(s), c) for c, s in (ec.get("x-kiln-http-status") or {}).items()}
-    if not pairs:
-        d.err("API.md: no error codes found in Conventions")
-    for p in sorted(pairs - have):
-        d.err("error %s %s is in API.md but not in the document" % p)
-    for p in sorted(have - pairs):
-        d.err("error %s %s is in the document but not in API.md" % p)
+    have = {c: s for c, s in (ec.get("x-kiln-http-status") or {}).items()}
+    for c in sorted(set(codes) - set(have)):
+        d.err("error %s %s is in docs/errors.md but not in the document" % (codes[c], c))
+    for c in sorted(set(have) - set(codes)):
+        d.err("error %s %s is in the document but not in docs/errors.md" % (have[c], c))
+    for c in sorted(set(have) & set(codes)):
+        if have[c] != codes[c]:
+            d.err("error %s: status %s in the document, %s in docs/errors.md" % (c, have[c], codes[c]))
     used = set()
     for _, _, op, _ in d.operations():
         for status, resp in (op.get("responses") or {}).items():
-            codes = error_codes_of(d, d.resolve(resp) or {}) or set()
-            used |= {(int(status), c) for c in codes}
-    for p in sorted(pairs - used):
-        d.err("error %s %s is never answered by any operation" % p)
+            used |= error_codes_of(d, d.resolve(resp) or {}) or set()
+    for c in sorted(set(have) - used):
+        d.err("error %s is never answered by any operation" % c)
 
-    # Id prefixes.
-    patterns = {d.flatten(s).get("pattern") for s in ((d.doc.get("components") or {}).get("schemas") or {}).values()}
-    for prefix in sorted(md_id_prefixes(md)):
-        if "^" + prefix not in patterns:
-            d.err("no schema for ids with API.md's prefix %s" % prefix)
+    # The code's own problems are the document's too: a table this checker cannot read fails.
+    for e in src.errors:
+        d.err(e)
+    return {r for r, flags in routes.items() if not flags}
 
-    # Each row: credential, statuses, query parameters, bodies, enums.
-    for (method, path), info in sorted(routes.items()):
-        if (method, path) not in ops or info["row"] is None:
-            continue
-        op, item = ops[(method, path)]
-        key = "%s %s" % (method, path)
-        c0, c1 = info["row"]
-        responses = {str(s) for s in op.get("responses") or {}}
-        left, arrow, right = c1.partition("→")
-        if c1.startswith("(API key)"):
-            if op.get("x-kiln-credential") != "api_key" or op.get("security") != [{"apiKey": []}]:
-                d.err("%s: API.md requires an API key; the document must say x-kiln-credential: "
-                      "api_key and security apiKey only" % key)
-        if "no credential" in c1 and op.get("security") != []:
-            d.err("%s: API.md says no credential is needed" % key)
-        if info["combined"]:
-            continue
-        m = re.match(r"\s*(\d{3})\b", right)
-        want = m.group(1) if m else {"GET": "200", "DELETE": "204"}.get(method)
-        if want and success_of(op) != [want]:
-            d.err("%s: success status %s in API.md, %s in the document" % (key, want, success_of(op)))
-        for extra in re.findall(r"\b(\d{3}) if\b", right):
-            if extra not in responses:
-                d.err("%s: API.md answers %s, the document does not" % (key, extra))
-        params = [d.resolve(p) or {} for p in item.get("parameters", []) + op.get("parameters", [])]
-        for span in re.findall(r"`([^`]*)`", left):
-            if span.startswith("?"):
-                for name, val in re.findall(r"[?&]([a-z_]+)=([^&]*)", span):
-                    q = [p for p in params if p.get("in") == "query" and p.get("name") == name]
-                    if not q:
-                        d.err("%s: query parameter %s of API.md is not in the document" % (key, name))
-                    elif val and (d.flatten(q[0].get("schema")).get("default") != val
-                                  and val != "/abs/path"):
-                        d.err("%s: query %s=%s in API.md, default %r in the document"
-                              % (key, name, val, d.flatten(q[0].get("schema")).get("default")))
-            elif span.startswith("{"):
-                body = d.resolve(op.get("requestBody")) or {}
-                schema = ((body.get("content") or {}).get(JSON) or {}).get("schema")
-                if schema is None:
-                    d.err("%s: API.md gives a JSON body, the document none" % key)
-                else:
-                    check_fields(d, parse_spec(span), schema, key + " request", key, True)
-            elif span == "Idempotency-Key":
-                k = [p for p in params if p.get("name") == "Idempotency-Key"]
-                if not k or not k[0].get("required"):
-                    d.err("%s: API.md requires Idempotency-Key; the document must too" % key)
-        for qname in re.findall(r"\?([a-z_]+)=/", c0):
-            q = [p for p in params if p.get("in") == "query" and p.get("name") == qname]
-            if not q or not q[0].get("required"):
-                d.err("%s: query parameter %s must be required" % (key, qname))
-        spans = [s for s in re.findall(r"`([^`]*)`", right) if s.startswith("{")]
-        ok = [s for s in success_of(op)]
-        if spans and ok:
-            r = d.resolve(op["responses"][ok[0]]) or {}
-            schema = ((r.get("content") or {}).get(JSON) or {}).get("schema")
-            if schema is None:
-                d.err("%s: API.md gives a JSON answer, the document none" % key)
-            else:
-                check_fields(d, parse_spec(spans[0]), schema, key + " response", key, False)
-                props, _ = d.fields(schema)
-                for name, values in re.findall(r"\b([a-z_]+) ∈ ([a-z_, ]+)", right):
-                    enum = d.flatten(props.get(name, {})).get("enum")
-                    if set(enum or []) != {v.strip() for v in values.split(",")}:
-                        d.err("%s: %s ∈ {%s} in API.md, %s in the document" % (key, name, values, enum))
-                m = re.search(r"\bstatus `(\w+)`((?:\s*(?:→|\(or)\s*`\w+`)*)", right)
-                if m:
-                    want_states = {m.group(1)} | set(re.findall(r"`(\w+)`", m.group(2)))
-                    enum = d.flatten(props.get("status", {})).get("enum")
-                    if set(enum or []) != want_states:
-                        d.err("%s: status %s in API.md, %s in the document" % (key, sorted(want_states), enum))
-        if "raw body" in c1:
-            m = re.search(r"≤ (\d+) MiB", c1)
-            body = d.resolve(op.get("requestBody")) or {}
-            raw = (body.get("content") or {}).get("application/octet-stream")
-            if not raw:
-                d.err("%s: API.md takes a raw body; the document must take application/octet-stream" % key)
-            elif m and (d.flatten(raw.get("schema")).get("x-kiln-max-bytes") != int(m.group(1)) * MIB):
-                d.err("%s: the raw body cap must be %s MiB (x-kiln-max-bytes)" % (key, m.group(1)))
-        if "raw bytes" in c1:
-            r = d.resolve((op.get("responses") or {}).get("200")) or {}
-            if "application/octet-stream" not in (r.get("content") or {}):
-                d.err("%s: API.md answers raw bytes; the document must answer application/octet-stream" % key)
-        if "text/event-stream" in c1:
-            r = d.resolve((op.get("responses") or {}).get("200")) or {}
-            sse = (r.get("content") or {}).get("text/event-stream")
-            m = re.search(r"events (.*)", c1)
-            events = set(re.findall(r"`(\w+)`", m.group(1))) if m else set()
-            if not sse:
-                d.err("%s: API.md streams text/event-stream; the document does not" % key)
-            elif not events <= set(sse.get("x-kiln-sse-events") or {}):
-                d.err("%s: events %s in API.md, %s in the document"
-                      % (key, sorted(events), sorted(sse.get("x-kiln-sse-events") or {})))
 
+def check_health(d):
+    ops = {(m, p): (op, item) for p, m, op, item in d.operations()}
     # GET /healthz: 200 and 503, and a body that says which check failed.
     if ("GET", "/healthz") in ops:
         op = ops[("GET", "/healthz")][0]
@@ -807,13 +559,16 @@ def check_against_md(d, md):
                     d.err("GET /healthz %s: checks.%s must be ok or unavailable" % (s, name))
 
 
-def check(doc, md):
-    d = Doc(doc)
+
+
+def check(doc, src):
     if not isinstance(doc, dict):
         return ["the document is not a mapping"]
-    public = md_public_paths(md) or set()
-    check_structure(d, public)
-    check_against_md(d, md)
+    d = Doc(doc)
+    src.errors = []
+    public = check_against_code(d, src)
+    check_structure(d, {p for _, p in public})
+    check_health(d)
     return d.errors
 
 
@@ -821,18 +576,18 @@ def check(doc, md):
 # Self-test: each planted fault must be reported.
 
 
-def self_test(doc, md, yaml_path, md_path):
+def self_test(doc, src, yaml_path):
     failures = []
     count = [0]
 
-    def expect(label, doc2, md2, needle):
+    def expect(label, doc2, src2, needle):
         count[0] += 1
-        errs = check(doc2, md2)
+        errs = check(doc2, src2)
         if not any(needle in e for e in errs):
             failures.append("%s: not caught (wanted %r; got %s)" % (label, needle, errs[:3]))
 
     count[0] += 1
-    base = check(doc, md)
+    base = check(doc, src)
     if base:
         failures.append("the unchanged document does not pass: %s" % base[:3])
 
@@ -841,77 +596,142 @@ def self_test(doc, md, yaml_path, md_path):
         fn(d2)
         return d2
 
+    def code(*edits, add=None):
+        """A copy of the source with each (file, old, new) edit made (`old` must be there) and the
+        files of `add` added."""
+        files = dict(src.files)
+        for rel, old, new in edits:
+            if old not in files[rel]:
+                failures.append("self-test: %r is not in %s; update the planted fault" % (old, rel))
+            files[rel] = files[rel].replace(old, new, 1)
+        files.update(add or {})
+        return Source(files)
+
     P = lambda d2: d2["paths"]
     S = lambda d2: d2["components"]["schemas"]
     R = lambda d2: d2["components"]["responses"]
-    expect("a route dropped", mut(lambda d2: P(d2).pop("/v1/sandboxes/{id}/fork")), md,
-           "POST /v1/sandboxes/{id}/fork is in API.md but not in the document")
-    expect("a route added", mut(lambda d2: P(d2).__setitem__("/v1/extra", copy.deepcopy(P(d2)["/v1/audit"]))),
-           md, "GET /v1/extra is in the document but not in API.md")
-    expect("a combined row's route dropped", mut(lambda d2: P(d2)["/v1/snapshots/{id}"].pop("delete")), md,
-           "DELETE /v1/snapshots/{id} is in API.md")
-    expect("the dashboard dropped", mut(lambda d2: P(d2).pop("/")), md, "public route / of API.md")
+    SB = "api/routes_sandboxes.c"
+
+    # Routes: the document against the code.
+    expect("a documented route dropped", mut(lambda d2: P(d2).pop("/v1/sandboxes/{id}/fork")), src,
+           "POST /v1/sandboxes/{id}/fork is registered by kiln-gateway but not in the document")
+    expect("an unregistered route documented", mut(lambda d2: P(d2).__setitem__(
+        "/v1/extra", copy.deepcopy(P(d2)["/v1/audit"]))), src,
+        "GET /v1/extra is in the document but registered by no code")
+    expect("a method documented on a registered path",
+           mut(lambda d2: P(d2)["/v1/audit"].__setitem__("delete", copy.deepcopy(P(d2)["/v1/audit"]["get"]))),
+           src, "DELETE /v1/audit is in the document but registered by no code")
+    expect("an undocumented route registered", doc,
+           code((SB, '{ "GET", "/v1/sandboxes", sandbox_list,',
+                '{ "GET", "/v1/sandboxes/{id}/logs", sandbox_list, ROUTE_AUTH, 0, NULL, 0 },\n'
+                '\t{ "GET", "/v1/sandboxes", sandbox_list,')),
+           "GET /v1/sandboxes/{id}/logs is registered by kiln-gateway but not in the document")
+    expect("an undocumented route group installed", doc,
+           code(("api/gateway.c", "&routes_billing };", "&routes_billing, &routes_extra };"),
+                add={"api/routes_extra.c": 'static const struct http_route routes[] = {\n'
+                     '\t{ "POST", "/v1/extra", extra, ROUTE_AUTH, 0, NULL, 0 },\n};\n'
+                     'const struct route_group routes_extra = { routes, 1 };\n'}),
+           "POST /v1/extra is registered by kiln-gateway but not in the document")
+    expect("a group installed that nothing defines", doc,
+           code(("api/gateway.c", "&routes_billing };", "&routes_billing, &routes_gone };")),
+           "installs routes_gone, which no api/*.c defines")
+    expect("a route group not installed", doc,
+           code(("api/gateway.c", "&routes_storage, ", "")),
+           "PUT /v1/storage is in the document but registered by no code")
+    expect("a table the checker cannot read", doc,
+           code(("api/routes_audit.c", '{ "GET", "/v1/audit", audit_list,', '{ GET_METHOD, "/v1/audit", audit_list,')),
+           "has entries this checker cannot read")
+    expect("the dashboard's files documented", mut(lambda d2: P(d2).__setitem__(
+        "/assets/{name}", copy.deepcopy(P(d2)["/"]))), src, "DASHBOARD_FILES says it is left out")
+    expect("the dashboard's page dropped", mut(lambda d2: P(d2).pop("/")), src,
+           "GET / is registered by kiln-gateway but not in the document")
+
+    # Credentials and scopes against the code.
     expect("a wrong scope", mut(lambda d2: P(d2)["/v1/sandboxes"]["get"].__setitem__("x-kiln-scope", "sandbox:write")),
-           md, "x-kiln-scope 'sandbox:write', API.md says 'sandbox:read'")
-    expect("no scope", mut(lambda d2: P(d2)["/v1/usage"]["get"].pop("x-kiln-scope")), md, "has no x-kiln-scope")
-    expect("no security", mut(lambda d2: P(d2)["/v1/sandboxes"]["post"].pop("security")), md, "no security")
-    expect("a public route secured", mut(lambda d2: P(d2)["/healthz"]["get"].__setitem__("security", [{"apiKey": []}])),
-           md, "a public route must have security: []")
-    expect("no X-Request-Id", mut(lambda d2: R(d2)["NotFound"]["headers"].pop("X-Request-Id")), md,
-           "no X-Request-Id header")
-    expect("no Retry-After", mut(lambda d2: R(d2)["RateLimited"]["headers"].pop("Retry-After")), md,
-           "no Retry-After header")
-    expect("a broken $ref", mut(lambda d2: P(d2)["/v1/audit"]["get"]["responses"].__setitem__(
-        "404", {"$ref": "#/components/responses/Nope"})), md, "does not resolve")
-    expect("no responses", mut(lambda d2: P(d2)["/v1/audit"]["get"].__setitem__("responses", {})), md, "no responses")
-    expect("a code under the wrong status", mut(lambda d2: P(d2)["/v1/audit"]["get"]["responses"].__setitem__(
-        "400", {"$ref": "#/components/responses/NotFound"})), md, "code not_found belongs to status 404")
+           src, "x-kiln-scope 'sandbox:write', the code asks for 'sandbox:read'")
+    expect("a scope changed in the code", doc,
+           code(("api/routes_audit.c", "ROUTE_AUTH | AUTH_SCOPE_BILLING_READ", "ROUTE_AUTH | AUTH_SCOPE_ADMIN")),
+           "GET /v1/audit: x-kiln-scope 'billing:read', the code asks for 'admin'")
+    expect("a public route made private in the code", doc,
+           code(("api/routes_ops.c", '"/metrics", metrics, 0,', '"/metrics", metrics, ROUTE_AUTH | AUTH_SCOPE_ADMIN,')),
+           "GET /metrics: the code needs a credential")
+    expect("a private route made public in the code", doc,
+           code(("api/routes_audit.c", "ROUTE_AUTH | AUTH_SCOPE_BILLING_READ", "0")),
+           "GET /v1/audit: the code serves it without a credential")
+    expect("an API-key-only route open to JWTs",
+           mut(lambda d2: P(d2)["/v1/tokens"]["post"].__setitem__("security", [{"apiKey": []}, {"jwt": []}])),
+           src, "the code takes an API key only")
+    expect("a route made API-key-only in the code", doc,
+           code(("api/routes_audit.c", "ROUTE_AUTH | AUTH_SCOPE_BILLING_READ",
+                "ROUTE_AUTH | ROUTE_API_KEY_ONLY | AUTH_SCOPE_BILLING_READ")),
+           "GET /v1/audit: the code takes an API key only")
+    expect("an unknown flag", doc, code(("api/routes_audit.c", "ROUTE_AUTH | AUTH_SCOPE_BILLING_READ",
+                                        "ROUTE_AUTH | ROUTE_SOMETHING | AUTH_SCOPE_BILLING_READ")),
+           "ROUTE_SOMETHING, which this checker does not know")
+    expect("a scope added in the code", doc,
+           code(("auth/scopes.c", '"admin",', '"admin", "nodes:write",'),
+                ("auth/scopes.h", "#define AUTH_SCOPE_COUNT", "#define AUTH_SCOPE_NODES_WRITE (1u << 5)\n#define AUTH_SCOPE_COUNT")),
+           "Scope: the document names")
+    expect("a scope dropped from the document", mut(lambda d2: S(d2)["Scope"]["enum"].remove("admin")), src,
+           "Scope: the document names")
+
+    # Error codes against the code.
     expect("an error code dropped", mut(lambda d2: (S(d2)["ErrorCode"]["enum"].remove("no_capacity"),
                                                   S(d2)["ErrorCode"]["x-kiln-http-status"].pop("no_capacity"))),
-           md, "error 503 no_capacity is in API.md but not in the document")
+           src, "error 503 no_capacity is in docs/errors.md but not in the document")
+    expect("an error code renamed in docs/errors.md", doc,
+           code(("docs/errors.md", "| too_large | 413 |", "| payload_too_large | 413 |")),
+           "error 413 payload_too_large is in docs/errors.md but not in the document")
+    expect("a status changed in docs/errors.md", doc,
+           code(("docs/errors.md", "| quota_exceeded | 403 |", "| quota_exceeded | 402 |")),
+           "error quota_exceeded: status 403 in the document, 402 in docs/errors.md")
+    expect("the table of docs/errors.md gone", doc, code(("docs/errors.md", "| API `code` | HTTP |", "| API code | HTTP |")),
+           "the table of error codes (API `code`, HTTP) was not found")
+    expect("an error code in no document", mut(lambda d2: (S(d2)["ErrorCode"]["enum"].append("gone"),
+                                                          S(d2)["ErrorCode"]["x-kiln-http-status"].__setitem__("gone", 410))),
+           src, "error 410 gone is in the document but not in docs/errors.md")
+    expect("an error code never answered", mut(lambda d2: [
+        op["responses"].pop("501", None) for item in P(d2).values() for op in item.values()
+        if isinstance(op, dict) and "responses" in op]), src, "error not_implemented is never answered")
+
+    # Structure.
+    expect("no scope", mut(lambda d2: P(d2)["/v1/usage"]["get"].pop("x-kiln-scope")), src, "has no x-kiln-scope")
+    expect("no security", mut(lambda d2: P(d2)["/v1/sandboxes"]["post"].pop("security")), src, "no security")
+    expect("a public route secured", mut(lambda d2: P(d2)["/healthz"]["get"].__setitem__("security", [{"apiKey": []}])),
+           src, "a public route must have security: []")
+    expect("no X-Request-Id", mut(lambda d2: R(d2)["NotFound"]["headers"].pop("X-Request-Id")), src,
+           "no X-Request-Id header")
+    expect("no Retry-After", mut(lambda d2: R(d2)["RateLimited"]["headers"].pop("Retry-After")), src,
+           "no Retry-After header")
+    expect("a broken $ref", mut(lambda d2: P(d2)["/v1/audit"]["get"]["responses"].__setitem__(
+        "404", {"$ref": "#/components/responses/Nope"})), src, "does not resolve")
+    expect("no responses", mut(lambda d2: P(d2)["/v1/audit"]["get"].__setitem__("responses", {})), src, "no responses")
+    expect("a code under the wrong status", mut(lambda d2: P(d2)["/v1/audit"]["get"]["responses"].__setitem__(
+        "400", {"$ref": "#/components/responses/NotFound"})), src, "code not_found belongs to status 404")
     expect("no Idempotency-Key", mut(lambda d2: P(d2)["/v1/sandboxes/{id}/pause"]["post"].__setitem__(
-        "parameters", [{"$ref": "#/components/parameters/SandboxIdPath"}])), md, "without the Idempotency-Key")
-    expect("grants' key optional", mut(lambda d2: P(d2)["/v1/billing/grants"]["post"].__setitem__(
-        "parameters", [{"$ref": "#/components/parameters/IdempotencyKey"}])), md, "requires Idempotency-Key")
-    expect("a range changed", mut(lambda d2: S(d2)["Vcpus"].__setitem__("maximum", 16)), md, "maximum 8 in API.md")
-    expect("a default changed", mut(lambda d2: S(d2)["CreateSandboxRequest"]["properties"]["memory_mib"].__setitem__(
-        "default", 1024)), md, "default 512 in API.md")
-    expect("a field dropped", mut(lambda d2: S(d2)["Sandbox"]["properties"].pop("parent_id")), md,
-           "field parent_id is in API.md but not in the document")
-    expect("a field added", mut(lambda d2: S(d2)["ExecResult"]["properties"].__setitem__("signal", {"type": "integer"})),
-           md, "field signal is in the document but not in API.md")
-    expect("an enum changed", mut(lambda d2: S(d2)["Egress"]["properties"]["mode"].__setitem__("enum", ["open"])), md,
-           "field mode: enum")
-    expect("a state dropped", mut(lambda d2: S(d2)["SandboxState"]["enum"].remove("error")), md, "state ∈")
-    expect("a snapshot status dropped", mut(lambda d2: S(d2)["SnapshotStatus"]["enum"].remove("uploading")), md,
-           "status ['failed', 'local', 'stored', 'uploading'] in API.md")
-    expect("an SSE event dropped", mut(lambda d2: P(d2)["/v1/sandboxes/{id}/exec"]["post"]["responses"]["200"]["content"]
-                                       ["text/event-stream"]["x-kiln-sse-events"].pop("exit")), md, "events")
-    expect("files not raw", mut(lambda d2: P(d2)["/v1/sandboxes/{id}/files"]["put"]["requestBody"].__setitem__(
-        "content", {JSON: {"schema": {"type": "object", "additionalProperties": False}}})), md, "raw body")
+        "parameters", [{"$ref": "#/components/parameters/SandboxIdPath"}])), src, "without the Idempotency-Key")
+    expect("a path parameter undeclared", mut(lambda d2: P(d2)["/v1/sandboxes/{id}/pause"]["post"].__setitem__(
+        "parameters", [{"$ref": "#/components/parameters/IdempotencyKey"}])), src, "path parameters")
+    expect("a duplicate operationId", mut(lambda d2: P(d2)["/v1/audit"]["get"].__setitem__(
+        "operationId", P(d2)["/v1/usage"]["get"]["operationId"])), src, "also used by")
     expect("a health check dropped", mut(lambda d2: S(d2)["Health"]["properties"]["checks"]["properties"].pop("nodes")),
-           md, "checks must be postgres, redis and nodes")
-    expect("tokens open to JWTs", mut(lambda d2: P(d2)["/v1/tokens"]["post"].__setitem__("security", [{"apiKey": []}, {"jwt": []}])),
-           md, "API.md requires an API key")
-    expect("an unknown request field allowed", mut(lambda d2: S(d2)["ForkRequest"].pop("additionalProperties")), md,
+           src, "checks must be postgres, redis and nodes")
+    expect("an unknown request field allowed", mut(lambda d2: S(d2)["ForkRequest"].pop("additionalProperties")), src,
            "allows unknown fields")
-    expect("an unused component", mut(lambda d2: S(d2).__setitem__("Orphan", {"type": "string"})), md,
+    expect("an unused component", mut(lambda d2: S(d2).__setitem__("Orphan", {"type": "string"})), src,
            "components/schemas/Orphan is never used")
-    expect("a row added to API.md", doc, md.replace("| GET /v1/audit |", "| GET /v1/widgets | → 200 |\n| GET /v1/audit |"),
-           "GET /v1/widgets is in API.md but not in the document")
-    expect("a scope moved in API.md", doc, md.replace("`billing:read` (/v1/billing/balance", "`billing:read` (/v1/storage, /v1/billing/balance"),
-           "update expected_scope()")
-    expect("an error code added to API.md", doc, md.replace("500 `internal`", "500 `internal`, 507 `full`"),
-           "error 507 full is in API.md but not in the document")
+    expect("an amount not an integer", mut(lambda d2: S(d2)["Balance"]["properties"]["balance_ucr"].__setitem__(
+        "type", "number")), src, "amounts are integers")
+    expect("the wrong OpenAPI version", mut(lambda d2: d2.__setitem__("openapi", "3.1.0")), src, "openapi must be 3.0.3")
+    expect("not a mapping", [], src, "not a mapping")
     count[0] += 2
     try:
         load_yaml("a: 1\na: 2\n")
         failures.append("a duplicate YAML key: not caught")
     except yaml.YAMLError:
         pass
-    rc = main_check(yaml_path, md_path + ".absent", quiet=True)
-    if rc == 0:
-        failures.append("a missing API.md: not a failure")
+    if main_check(yaml_path, os.path.join(os.path.dirname(yaml_path), "no-such-tree"), quiet=True) == 0:
+        failures.append("a missing source tree: not a failure")
 
     for f in failures:
         print("FAIL " + f)
@@ -919,22 +739,23 @@ def self_test(doc, md, yaml_path, md_path):
     return 1 if failures else 0
 
 
-def read(path, what, quiet=False):
+def main_check(yaml_path, root, quiet=False):
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
+        with open(yaml_path, encoding="utf-8") as f:
+            text = f.read()
     except OSError as e:
         if not quiet:
-            sys.stderr.write("check_openapi: cannot read %s %s: %s\n" % (what, path, e.strerror))
-        return None
-
-
-def main_check(yaml_path, md_path, quiet=False):
-    text = read(yaml_path, "the OpenAPI document", quiet)
-    md = read(md_path, "the API contract (API.md)", quiet)
-    if md is None and not quiet:
-        sys.stderr.write("check_openapi: the cross-check against API.md cannot run; it is required\n")
-    if text is None or md is None:
+            sys.stderr.write("check_openapi: cannot read %s: %s\n" % (yaml_path, e.strerror))
+        return 2
+    if quiet:
+        saved, sys.stderr = sys.stderr, open(os.devnull, "w")
+    try:
+        src = Source.load(root)
+    finally:
+        if quiet:
+            sys.stderr.close()
+            sys.stderr = saved
+    if src is None:
         return 2
     try:
         doc = load_yaml(text)
@@ -942,24 +763,30 @@ def main_check(yaml_path, md_path, quiet=False):
         if not quiet:
             sys.stderr.write("check_openapi: %s does not parse: %s\n" % (yaml_path, e))
         return 2
-    errors = check(doc, md)
+    errors = check(doc, src)
     if not quiet:
         for e in errors:
             print("FAIL " + e)
-        n_ops = sum(1 for _ in Doc(doc).operations())
         if errors:
             print("%s: %d problem(s)" % (yaml_path, len(errors)))
         else:
-            print("%s: %d operations agree with %s" % (yaml_path, n_ops, md_path))
+            n_ops = sum(1 for _ in Doc(doc).operations())
+            print("%s: %d operations agree with the routes kiln-gateway registers" % (yaml_path, n_ops))
     return 1 if errors else 0
 
 
 def main(argv):
     if len(argv) == 4 and argv[1] == "--self-test":
-        text, md = read(argv[2], "the OpenAPI document"), read(argv[3], "the API contract (API.md)")
-        if text is None or md is None:
+        try:
+            with open(argv[2], encoding="utf-8") as f:
+                doc = load_yaml(f.read())
+        except (OSError, yaml.YAMLError) as e:
+            sys.stderr.write("check_openapi: %s: %s\n" % (argv[2], e))
             return 2
-        return self_test(load_yaml(text), md, argv[2], argv[3])
+        src = Source.load(argv[3])
+        if src is None:
+            return 2
+        return self_test(doc, src, argv[2])
     if len(argv) != 3:
         sys.stderr.write(__doc__)
         return 2
