@@ -1,6 +1,7 @@
 /*
  * fc_api.h - a client for Firecracker's REST API over its Unix socket (HTTP/1.1 through libcurl's
- * CURLOPT_UNIX_SOCKET_PATH), as ../shared/reference/firecracker-openapi.yaml describes it.
+ * CURLOPT_UNIX_SOCKET_PATH), as Firecracker's API specification describes it (vendored in
+ * tests/fixtures/firecracker/firecracker-openapi.yaml).
  *
  * Every request carries a JSON body or none; Firecracker answers 204 (no body) or 200 (a JSON
  * body) on success, 400 with {"fault_message": "..."} when it refuses the request, and other

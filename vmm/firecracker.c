@@ -1,6 +1,7 @@
 /*
  * firecracker.c - the Firecracker driver: Firecracker started by its jailer, driven over its REST
- * API (fc_api.h, ../shared/reference/firecracker-openapi.yaml). docs/firecracker.md describes it.
+ * API (fc_api.h; tests/fixtures/firecracker/firecracker-openapi.yaml). docs/firecracker.md
+ * describes it.
  *
  * Files of one VM:
  *   <state_dir>/<fc>/<id>/root/          the jailer's chroot (<fc> = the Firecracker binary's

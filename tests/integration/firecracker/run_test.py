@@ -11,7 +11,8 @@ No VM runs here: fc_standin.py answers Firecracker's API as its published OpenAP
      them validated against the spec, and the jailer command lines;
   4. checks that the stand-in catches spec violations and Firecracker's ordering rules (negative
      tests, sent directly over its socket).
-Exit 77 (skip) when not root (the driver chowns jail files and makes cgroups) or without the spec.
+Exit 77 (skip) when not root (the driver chowns jail files and makes cgroups); 1 without the spec
+(it is vendored in tests/fixtures/firecracker/, so a missing one is a fault).
 """
 import argparse
 import glob
@@ -248,8 +249,8 @@ def main():
         print("skip: needs root (the driver chowns jail files to the VM's uid and makes cgroups)")
         return 77
     if not os.path.isfile(spec):
-        print("skip: the Firecracker OpenAPI document is not at %s (set FC_OPENAPI_SPEC)" % spec)
-        return 77
+        print("FAIL: the Firecracker OpenAPI document is not at %s (set FC_OPENAPI_SPEC)" % spec)
+        return 1
     work = tempfile.mkdtemp(prefix="kfc-", dir="/tmp")
     try:
         img = os.path.join(work, "img")

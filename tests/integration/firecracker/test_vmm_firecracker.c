@@ -11,7 +11,7 @@
  *  - a request Firecracker refuses (an injected 400) fails vmm_create with its fault message, and
  *    the half-made VM is cleaned up.
  * run_test.py runs it and then checks the exact API calls in the stand-in's log, each validated
- * against ../shared/reference/firecracker-openapi.yaml.
+ * against tests/fixtures/firecracker/firecracker-openapi.yaml.
  * Environment: FC_BIN, FC_BIN_FAIL (fake firecracker binaries; a "jailer" sits beside each),
  * FC_WORK (a scratch directory holding img/vmlinux, img/initrd, img/rootfs.raw).
  */
