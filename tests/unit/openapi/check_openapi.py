@@ -369,7 +369,8 @@ class Source:
                 with open(os.path.join(root, rel), encoding="utf-8") as f:
                     files[rel] = f.read()
             except OSError as e:
-                sys.stderr.write("check_openapi: cannot read %s: %s\n" % (os.path.join(root, rel), e.strerror))
+                sys.stderr.write("check_openapi: cannot read %s: %s\n"
+                                 % (os.path.join(root, rel), e.strerror))
                 return None
         return Source(files)
 
@@ -387,7 +388,8 @@ class Source:
 
     def scope_bits(self):
         """{AUTH_SCOPE_NAME: scope name} from auth/scopes.h's bits and auth/scopes.c's names."""
-        bits = re.findall(r"#define\s+(AUTH_SCOPE_[A-Z_]+)\s+\(1u?\s*<<\s*(\d+)\)", self.text("auth/scopes.h"))
+        bits = re.findall(r"#define\s+(AUTH_SCOPE_[A-Z_]+)\s+\(1u?\s*<<\s*(\d+)\)",
+                          self.text("auth/scopes.h"))
         m = re.search(r"scope_names\s*\[[^]]*\]\s*=\s*\{(.*?)\}", self.text("auth/scopes.c"), re.S)
         names = re.findall(r'"([^"]+)"', m.group(1)) if m else []
         if not bits or not names:
@@ -396,14 +398,16 @@ class Source:
         out = {}
         for macro, bit in bits:
             if int(bit) >= len(names):
-                self.err("auth/scopes.h: %s is bit %s, scope_names[] has %d names" % (macro, bit, len(names)))
+                self.err("auth/scopes.h: %s is bit %s, scope_names[] has %d names"
+                         % (macro, bit, len(names)))
                 continue
             out[macro] = names[int(bit)]
         return out
 
     def routes(self):
         """{(METHOD, path): set of the scope field's flags} of the groups routes_init() installs."""
-        m = re.search(r"route_group\s*\*\s*groups\s*\[\s*\]\s*=\s*\{(.*?)\}", self.text("api/gateway.c"), re.S)
+        m = re.search(r"route_group\s*\*\s*groups\s*\[\s*\]\s*=\s*\{(.*?)\}",
+                      self.text("api/gateway.c"), re.S)
         groups = re.findall(r"&\s*(\w+)", m.group(1)) if m else []
         if not groups:
             self.err("api/gateway.c: routes_init()'s list of route groups was not found")
@@ -412,7 +416,8 @@ class Source:
         for rel in self.files:
             if not rel.startswith("api/") or not rel.endswith(".c"):
                 continue
-            for g, table in re.findall(r"const\s+struct\s+route_group\s+(\w+)\s*=\s*\{\s*(\w+)\s*,", self.text(rel)):
+            for g, table in re.findall(r"const\s+struct\s+route_group\s+(\w+)\s*=\s*\{\s*(\w+)\s*,",
+                                       self.text(rel)):
                 defs[g] = (rel, table)
         out = {}
         for g in groups:
@@ -421,7 +426,8 @@ class Source:
                 continue
             rel, table = defs[g]
             t = self.text(rel)
-            m = re.search(r"struct\s+http_route\s+%s\s*\[\s*\]\s*=\s*\{(.*?)\n\s*\}\s*;" % re.escape(table), t, re.S)
+            m = re.search(r"struct\s+http_route\s+%s\s*\[\s*\]\s*=\s*\{(.*?)\n\s*\}\s*;"
+                          % re.escape(table), t, re.S)
             if not m:
                 self.err("%s: the table %s of %s was not found" % (rel, table, g))
                 continue
@@ -467,6 +473,8 @@ class Source:
 
 
 def check_against_code(d, src):
+    """Reports on `d` where the document and the source disagree (routes, credentials, scopes,
+    error codes), and anything of the source that could not be read. Returns the public routes."""
     routes = src.routes()
     if not routes and not src.errors:
         src.err("api/: kiln-gateway registers no routes")
@@ -492,7 +500,8 @@ def check_against_code(d, src):
         op = ops[(method, path)]
         if not flags:
             if op.get("security") != []:
-                d.err("%s: the code serves it without a credential; the document must say security: []" % key)
+                d.err("%s: the code serves it without a credential; the document must say "
+                      "security: []" % key)
             continue
         if "ROUTE_AUTH" not in flags:
             d.err("%s: a scope without ROUTE_AUTH in the code" % key)
@@ -503,7 +512,8 @@ def check_against_code(d, src):
         if op.get("security") == []:
             d.err("%s: the code needs a credential; the document says security: []" % key)
         key_only = "ROUTE_API_KEY_ONLY" in flags
-        if key_only and (op.get("x-kiln-credential") != "api_key" or op.get("security") != [{"apiKey": []}]):
+        if key_only and (op.get("x-kiln-credential") != "api_key"
+                         or op.get("security") != [{"apiKey": []}]):
             d.err("%s: the code takes an API key only; the document must say x-kiln-credential: "
                   "api_key and security apiKey only" % key)
         if not key_only and op.get("x-kiln-credential") == "api_key":
@@ -512,7 +522,8 @@ def check_against_code(d, src):
     # Scopes.
     scope_enum = d.flatten({"$ref": "#/components/schemas/Scope"}).get("enum", [])
     if scope_of and sorted(scope_enum) != sorted(scope_of.values()):
-        d.err("Scope: the document names %s, auth/scopes.c %s" % (sorted(scope_enum), sorted(scope_of.values())))
+        d.err("Scope: the document names %s, auth/scopes.c %s"
+              % (sorted(scope_enum), sorted(scope_of.values())))
 
     # Error codes and their statuses, and each answered by some operation.
     codes = src.error_codes()
@@ -539,6 +550,7 @@ def check_against_code(d, src):
 
 
 def check_health(d):
+    """GET /healthz answers 200 and 503 with a body naming each check, ok or unavailable."""
     ops = {(m, p): (op, item) for p, m, op, item in d.operations()}
     # GET /healthz: 200 and 503, and a body that says which check failed.
     if ("GET", "/healthz") in ops:
@@ -562,6 +574,7 @@ def check_health(d):
 
 
 def check(doc, src):
+    """Every problem of the document `doc` (parsed) against the source `src`, one line each."""
     if not isinstance(doc, dict):
         return ["the document is not a mapping"]
     d = Doc(doc)
