@@ -2,13 +2,15 @@
  * test_errdoc.c - checks that the documentation lists exactly the error table of common/err.h
  * (KILN_ERR_TABLE, read through kiln_err_name(), kiln_err_api_code() and kiln_err_status()).
  *
- *   test_errdoc ERRORS_MD                the table of docs/errors.md (enum | name | API `code` |
- *                                        HTTP | meaning) has one row per code, with the code's
- *                                        name, API code and status, and no other row
- *   test_errdoc --self-test ERRORS_MD    the same, then proves the comparison can fail: it plants
- *                                        differences in a copy of the doc (in the working
- *                                        directory) and in a copy of the code's rows, one at a
- *                                        time, and fails unless each one is caught
+ *   test_errdoc ERRORS_MD OPENAPI_YAML
+ *       the table of docs/errors.md (enum | name | API `code` | HTTP | meaning) has one row per
+ *       code, with the code's name, API code and status, and no other row; the table of
+ *       docs/openapi.yaml (HTTP | code | when) has one row per API code replies show, with its
+ *       status, and no other row
+ *   test_errdoc --self-test ERRORS_MD OPENAPI_YAML
+ *       the same, then proves the comparisons can fail: it plants differences in copies of the
+ *       docs (in the working directory) and in a copy of the code's rows, one at a time, and
+ *       fails unless each one is caught
  *
  * Exits 0 when all holds, 1 otherwise; every disagreement is printed.
  */
@@ -43,6 +45,9 @@ struct doc_row {
 
 static const char *const doc_header[] = { "enum", "name", "API `code`", "HTTP", "meaning" };
 #define DOC_COLS (int)(sizeof(doc_header) / sizeof(doc_header[0]))
+/* The error table of docs/openapi.yaml: one row per API `code` (in backquotes). */
+static const char *const api_header[] = { "HTTP", "code", "when" };
+#define API_COLS (int)(sizeof(api_header) / sizeof(api_header[0]))
 
 static const struct {
 	const char *ident;
@@ -135,10 +140,12 @@ static bool split_row(const char *line, size_t len, struct doc_row *r)
 }
 
 /*
- * Reads the rows of the table of `path` whose header is doc_header into rows[]. Returns the number
- * of rows, or -1 (printed) when the file cannot be read or holds no such table.
+ * Reads the rows of the first table of `path` whose header cells are header[0..ncols) into
+ * rows[]. Returns the number of rows, or -1 (printed) when the file cannot be read or holds no
+ * such table.
  */
-static int doc_rows_load(const char *path, struct doc_row *rows, int max)
+static int doc_rows_load(const char *path, const char *const *header, int ncols,
+			 struct doc_row *rows, int max)
 {
 	FILE *f = fopen(path, "r");
 	char *text = NULL;
@@ -168,11 +175,11 @@ static int doc_rows_load(const char *path, struct doc_row *rows, int max)
 		if (state == 0) {
 			int i = 0;
 
-			if (!is_row || r.ncells != DOC_COLS)
+			if (!is_row || r.ncells != ncols)
 				continue;
-			while (i < DOC_COLS && strcmp(r.cells[i], doc_header[i]) == 0)
+			while (i < ncols && strcmp(r.cells[i], header[i]) == 0)
 				i++;
-			if (i == DOC_COLS) {
+			if (i == ncols) {
 				state = 1;
 				n = 0;
 			}
@@ -194,7 +201,7 @@ static int doc_rows_load(const char *path, struct doc_row *rows, int max)
 		}
 	}
 	if (n < 0)
-		problem("%s: no table headed | enum | name | API `code` | HTTP | meaning |", path);
+		problem("%s: no table headed | %s | ... |", path, header[0]);
 cleanup:
 	free(text);
 	if (f)
@@ -206,7 +213,7 @@ cleanup:
 static int compare(const struct code_row *code, size_t ncode, const char *path)
 {
 	static struct doc_row doc[ROWS_MAX];
-	int ndoc = doc_rows_load(path, doc, ROWS_MAX), bad = 0;
+	int ndoc = doc_rows_load(path, doc_header, DOC_COLS, doc, ROWS_MAX), bad = 0;
 
 	if (ndoc < 0)
 		return 1;
@@ -258,6 +265,69 @@ static int compare(const struct code_row *code, size_t ncode, const char *path)
 			i++;
 		if (i == ndoc) {
 			problem("%s: no row for %s", path, code[j].ident);
+			bad++;
+		}
+	}
+	return bad;
+}
+
+/*
+ * Compares the codes API replies show (each distinct API `code` of the code's rows but success's,
+ * with its status) with the table of docs/openapi.yaml at `path`. Returns the number of problems.
+ */
+static int compare_api(const struct code_row *code, size_t ncode, const char *path)
+{
+	static struct doc_row doc[ROWS_MAX];
+	int ndoc = doc_rows_load(path, api_header, API_COLS, doc, ROWS_MAX), bad = 0;
+
+	if (ndoc < 0)
+		return 1;
+	for (int i = 0; i < ndoc; i++) {
+		const struct doc_row *d = &doc[i];
+		char name[CELL_MAX], status[16];
+		size_t len = strlen(d->cells[1]);
+		bool known = false;
+
+		if (d->ncells != API_COLS || len < 2 || d->cells[1][0] != '`' ||
+		    d->cells[1][len - 1] != '`') {
+			problem("%s:%d: expected | status | `code` | text |", path, d->line);
+			bad++;
+			continue;
+		}
+		snprintf(name, sizeof(name), "%.*s", (int)len - 2, d->cells[1] + 1);
+		for (int j = 0; j < i; j++) {
+			if (strcmp(doc[j].cells[1], d->cells[1]) == 0) {
+				problem("%s:%d: %s is listed twice", path, d->line, name);
+				bad++;
+			}
+		}
+		for (size_t j = 0; j < ncode; j++) {
+			if (strcmp(code[j].ident, "KILN_OK") == 0 || strcmp(code[j].api, name) != 0)
+				continue;
+			known = true;
+			snprintf(status, sizeof(status), "%d", code[j].status);
+			if (strcmp(d->cells[0], status) != 0) {
+				problem("%s:%d: %s has HTTP status \"%s\", %s says %d", path, d->line,
+					name, d->cells[0], code[j].ident, code[j].status);
+				bad++;
+			}
+		}
+		if (!known) {
+			problem("%s:%d: no code shows as %s", path, d->line, name);
+			bad++;
+		}
+	}
+	for (size_t j = 0; j < ncode; j++) {
+		int i = 0;
+		char quoted[CELL_MAX];
+
+		if (strcmp(code[j].ident, "KILN_OK") == 0)
+			continue;
+		snprintf(quoted, sizeof(quoted), "`%s`", code[j].api);
+		while (i < ndoc && strcmp(doc[i].cells[1], quoted) != 0)
+			i++;
+		if (i == ndoc) {
+			problem("%s: no row for %s (%s)", path, quoted, code[j].ident);
 			bad++;
 		}
 	}
@@ -330,11 +400,24 @@ cleanup:
 	return path;
 }
 
+typedef int (*comparer)(const struct code_row *code, size_t ncode, const char *path);
+
+/* Both comparisons: docs/errors.md and docs/openapi.yaml. */
+struct docs {
+	const char *errors;
+	const char *openapi;
+};
+
+static int compare_all(const struct code_row *code, size_t ncode, const struct docs *d)
+{
+	return compare(code, ncode, d->errors) + compare_api(code, ncode, d->openapi);
+}
+
 static int self_failures;
 
-/* Plants one difference in a copy of the doc; counts a failure unless compare() catches it. */
-static void expect_doc_caught(const char *what, const struct code_row *code, const char *doc,
-			      const char *line, const char *from, const char *to)
+/* Plants one difference in a copy of `doc`; counts a failure unless `cmp` catches it. */
+static void expect_doc_caught(const char *what, const struct code_row *code, comparer cmp,
+			      const char *doc, const char *line, const char *from, const char *to)
 {
 	char *copy = plant(doc, line, from, to);
 	int n;
@@ -345,23 +428,24 @@ static void expect_doc_caught(const char *what, const struct code_row *code, con
 		return;
 	}
 	verbose = 0;
-	n = compare(code, NCODES, copy);
+	n = cmp(code, NCODES, copy);
 	verbose = 1;
 	unlink(copy);
 	free(copy);
-	fprintf(stderr, "%s planted in the doc: %s: %d differences\n", n ? "ok  " : "FAIL", what, n);
+	fprintf(stderr, "%s planted in %s: %s: %d differences\n", n ? "ok  " : "FAIL",
+		strrchr(doc, '/') ? strrchr(doc, '/') + 1 : doc, what, n);
 	if (!n)
 		self_failures++;
 }
 
-/* Compares the doc with code rows holding one planted difference; counts a failure unless caught. */
+/* Compares the docs with code rows holding one planted difference; a failure unless caught. */
 static void expect_code_caught(const char *what, const struct code_row *code, size_t ncode,
-			       const char *doc)
+			       const struct docs *d)
 {
 	int n;
 
 	verbose = 0;
-	n = compare(code, ncode, doc);
+	n = compare_all(code, ncode, d);
 	verbose = 1;
 	fprintf(stderr, "%s planted in the code: %s: %d differences\n", n ? "ok  " : "FAIL", what, n);
 	if (!n)
@@ -382,68 +466,84 @@ static size_t code_index(const struct code_row *code, const char *ident)
 	return i;
 }
 
-static void self_test(const struct code_row *code, const char *doc)
+static void self_test(const struct code_row *code, const struct docs *d)
 {
 	struct code_row copy[NCODES + 1];
+	const char *e = d->errors, *o = d->openapi;
 	size_t i;
 
-	expect_doc_caught("a status", code, doc, "| KILN_E_NOT_FOUND |", "| 404 |", "| 405 |");
-	expect_doc_caught("a name", code, doc, "| KILN_E_QUOTA |", "| quota_exceeded |",
+	expect_doc_caught("a status", code, compare, e, "| KILN_E_NOT_FOUND |", "| 404 |",
+			  "| 405 |");
+	expect_doc_caught("a name", code, compare, e, "| KILN_E_QUOTA |", "| quota_exceeded |",
 			  "| quota_exceded |");
-	expect_doc_caught("an API code", code, doc, "| KILN_E_IO |", "| internal |",
+	expect_doc_caught("an API code", code, compare, e, "| KILN_E_IO |", "| internal |",
 			  "| io_error |");
-	expect_doc_caught("a shown code made internal", code, doc, "| KILN_E_UNAVAILABLE |",
-			  "| unavailable | 503", "| internal | 503");
-	expect_doc_caught("a missing row", code, doc, "| KILN_E_CONFLICT |", NULL, NULL);
-	expect_doc_caught("an extra row", code, doc, "| KILN_E_INTERNAL |", NULL,
+	expect_doc_caught("a shown code made internal", code, compare, e,
+			  "| KILN_E_UNAVAILABLE |", "| unavailable | 503", "| internal | 503");
+	expect_doc_caught("a missing row", code, compare, e, "| KILN_E_CONFLICT |", NULL, NULL);
+	expect_doc_caught("an extra row", code, compare, e, "| KILN_E_INTERNAL |", NULL,
 			  "| KILN_E_TEAPOT | teapot | teapot | 418 | short and stout |\n");
-	expect_doc_caught("a row listed twice", code, doc, "| KILN_E_INVALID |", NULL,
+	expect_doc_caught("a row listed twice", code, compare, e, "| KILN_E_INVALID |", NULL,
 			  "| KILN_E_INVALID | invalid | invalid | 422 | again |\n");
-	expect_doc_caught("a renamed column", code, doc, "| enum |", "| HTTP |", "| status |");
+	expect_doc_caught("a renamed column", code, compare, e, "| enum |", "| HTTP |",
+			  "| status |");
+
+	expect_doc_caught("a status", code, compare_api, o, "    | 409 | `conflict` |", "| 409 |",
+			  "| 410 |");
+	expect_doc_caught("a code", code, compare_api, o, "    | 429 | `rate_limited` |",
+			  "`rate_limited`", "`throttled`");
+	expect_doc_caught("a missing row", code, compare_api, o, "    | 413 | `too_large` |", NULL,
+			  NULL);
+	expect_doc_caught("an extra row", code, compare_api, o, "    | 500 | `internal` |", NULL,
+			  "    | 500 | `io_error` | a local I/O error |\n");
+	expect_doc_caught("a row listed twice", code, compare_api, o, "    | 404 | `not_found` |",
+			  NULL, "    | 404 | `not_found` | again |\n");
+	expect_doc_caught("a renamed column", code, compare_api, o, "    | HTTP | code | when |",
+			  "| when |", "| why |");
 
 	memcpy(copy, code, sizeof(copy[0]) * NCODES);
 	i = code_index(copy, "KILN_E_CREDITS");
 	copy[i].status = 403;
-	expect_code_caught("a status", copy, NCODES, doc);
+	expect_code_caught("a status", copy, NCODES, d);
 
 	memcpy(copy, code, sizeof(copy[0]) * NCODES);
 	i = code_index(copy, "KILN_E_RATE_LIMITED");
 	copy[i].name = "throttled";
-	expect_code_caught("a name", copy, NCODES, doc);
+	expect_code_caught("a name", copy, NCODES, d);
 
 	memcpy(copy, code, sizeof(copy[0]) * NCODES);
 	i = code_index(copy, "KILN_E_NOMEM");
 	copy[i].api = copy[i].name;
-	expect_code_caught("an API code", copy, NCODES, doc);
+	expect_code_caught("an API code", copy, NCODES, d);
 
 	memcpy(copy, code, sizeof(copy[0]) * NCODES);
 	copy[NCODES] = (struct code_row){ "KILN_E_TEAPOT", "teapot", "teapot", 418 };
-	expect_code_caught("a new code", copy, NCODES + 1, doc);
+	expect_code_caught("a new code", copy, NCODES + 1, d);
 
 	memcpy(copy, code, sizeof(copy[0]) * NCODES);
 	i = code_index(copy, "KILN_E_TOO_LARGE");
 	memmove(&copy[i], &copy[i + 1], sizeof(copy[0]) * (NCODES - i - 1));
-	expect_code_caught("a removed code", copy, NCODES - 1, doc);
+	expect_code_caught("a removed code", copy, NCODES - 1, d);
 }
 
 int main(int argc, char **argv)
 {
 	struct code_row code[NCODES];
-	bool selftest = argc == 3 && strcmp(argv[1], "--self-test") == 0;
-	const char *doc = argv[argc - 1];
+	bool selftest = argc == 4 && strcmp(argv[1], "--self-test") == 0;
+	struct docs d = { argv[argc - 2], argv[argc - 1] };
 	int bad;
 
-	if (argc != 2 && !selftest) {
-		fprintf(stderr, "usage: test_errdoc [--self-test] docs/errors.md\n");
+	if (argc != 3 && !selftest) {
+		fprintf(stderr, "usage: test_errdoc [--self-test] docs/errors.md docs/openapi.yaml\n");
 		return 2;
 	}
 	bad = code_rows_load(code);
 	if (!bad)
-		bad = compare(code, NCODES, doc);
-	fprintf(stderr, "%s the table of %s and common/err.h: %d differences\n",
-		bad ? "FAIL" : "ok  ", doc, bad);
+		bad = compare_all(code, NCODES, &d);
+	fprintf(stderr, "%s the tables of %s, %s and common/err.h: %d differences\n",
+		bad ? "FAIL" : "ok  ", d.errors, d.openapi, bad);
 	if (selftest && !bad) {
-		self_test(code, doc);
+		self_test(code, &d);
 		bad = self_failures;
 	}
 	return bad ? 1 : 0;
