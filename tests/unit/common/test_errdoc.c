@@ -185,7 +185,8 @@ static int doc_rows_load(const char *path, const char *const *header, int ncols,
 			}
 		} else if (state == 1) {
 			if (!is_row || strspn(r.cells[0], "-:") == 0) {
-				problem("%s:%d: the header is not followed by |---|", path, line + 1);
+				problem("%s:%d: the header is not followed by |---|", path,
+					line + 1);
 				n = -1;
 				goto cleanup;
 			}
@@ -307,8 +308,8 @@ static int compare_api(const struct code_row *code, size_t ncode, const char *pa
 			known = true;
 			snprintf(status, sizeof(status), "%d", code[j].status);
 			if (strcmp(d->cells[0], status) != 0) {
-				problem("%s:%d: %s has HTTP status \"%s\", %s says %d", path, d->line,
-					name, d->cells[0], code[j].ident, code[j].status);
+				problem("%s:%d: %s has HTTP status \"%s\", %s says %d", path,
+					d->line, name, d->cells[0], code[j].ident, code[j].status);
 				bad++;
 			}
 		}
@@ -447,7 +448,8 @@ static void expect_code_caught(const char *what, const struct code_row *code, si
 	verbose = 0;
 	n = compare_all(code, ncode, d);
 	verbose = 1;
-	fprintf(stderr, "%s planted in the code: %s: %d differences\n", n ? "ok  " : "FAIL", what, n);
+	fprintf(stderr, "%s planted in the code: %s: %d differences\n", n ? "ok  " : "FAIL", what,
+		n);
 	if (!n)
 		self_failures++;
 }
@@ -534,7 +536,8 @@ int main(int argc, char **argv)
 	int bad;
 
 	if (argc != 3 && !selftest) {
-		fprintf(stderr, "usage: test_errdoc [--self-test] docs/errors.md docs/openapi.yaml\n");
+		fprintf(stderr,
+			"usage: test_errdoc [--self-test] docs/errors.md docs/openapi.yaml\n");
 		return 2;
 	}
 	bad = code_rows_load(code);

@@ -85,6 +85,7 @@ static void test_every_code_replies_as_it_always_did(void)
 		char url[128], detail[64];
 		struct buf body;
 		json_t *doc, *e;
+		const char *id;
 		long status;
 		int failed_before = test_case_failed;
 
@@ -102,10 +103,11 @@ static void test_every_code_replies_as_it_always_did(void)
 		CHECK_STR(json_string_value(json_object_get(e, "code")), expected[i].api_code);
 		CHECK_STR(json_string_value(json_object_get(e, "message")),
 			  expected[i].shows_message ? detail : "internal error");
-		CHECK(strncmp(json_string_value(json_object_get(e, "request_id")) ?: "", "req_", 4) == 0);
+		id = json_string_value(json_object_get(e, "request_id"));
+		CHECK(id && strncmp(id, "req_", 4) == 0);
 		if (test_case_failed)
-			fprintf(stderr, "  for code %d: %.*s\n", (int)expected[i].code, (int)body.len,
-				body.data ? body.data : "");
+			fprintf(stderr, "  for code %d: %.*s\n", (int)expected[i].code,
+				(int)body.len, body.data ? body.data : "");
 		test_case_failed |= failed_before;
 		json_decref(doc);
 		buf_release(&body);
