@@ -14,11 +14,14 @@
 
 /*
  * The one table of the error codes: for each, in this order,
- *   its enum constant, its snake_case name (kiln_err_name, logs and API replies), the HTTP status
- *   API replies give it, whether a reply shows it (true) or says "internal" with a generic message
- *   and leaves the detail to the log (false), and its short description (kiln_strerror).
- * The enum below, err.c's lookups and http_reply_error() all read it; docs/errors.md must list the
- * same rows (tests/unit/common/test_errdoc.c checks). Nothing may depend on the order of the rows.
+ *   its enum constant, its snake_case name (kiln_err_name: logs, and API replies that show it),
+ *   the HTTP status API replies give it, whether a reply shows it (true) or says "internal" with a
+ *   generic message and leaves the detail to the log (false), and its short description
+ *   (kiln_strerror).
+ * The enum below, err.c's lookups and http_reply_error() all read it; docs/errors.md and the error
+ * table of docs/openapi.yaml must list the same (tests/unit/common/test_errdoc.c checks). Nothing
+ * may depend on the order of the rows, except that KILN_OK comes first: zeroed memory, such as
+ * `struct kiln_error err = { 0 }`, holds no error.
  */
 #define KILN_ERR_TABLE(X)                                                                          \
 	X(KILN_OK, "ok", 200, true, "success")                                                     \
@@ -63,6 +66,7 @@ enum kiln_err {
 #undef KILN_ERR_ENUM
 	KILN_E__COUNT
 };
+_Static_assert(KILN_OK == 0, "zeroed memory must hold no error");
 
 /* Maximum length of an error message, terminator included. */
 #define KILN_ERRMSG_MAX 256
