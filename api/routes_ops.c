@@ -36,7 +36,7 @@ static void healthz(struct http_req *req)
 	bool nodes_ok = pg_ok && nodes_alive(gw);
 	bool ok = pg_ok && redis_ok && nodes_ok;
 
-	http_reply_json(req, ok ? 200 : 503,
+	http_reply_json(req, kiln_err_status(ok ? KILN_OK : KILN_E_UNAVAILABLE),
 			json_pack("{s:s, s:{s:s, s:s, s:s}}", "status", ok ? "ok" : "unavailable",
 				  "checks", "postgres", pg_ok ? "ok" : "unavailable", "redis",
 				  redis_ok ? "ok" : "unavailable", "nodes",

@@ -1,5 +1,6 @@
 /*
- * err.c - names and descriptions of the project's error codes (see err.h and docs/errors.md).
+ * err.c - lookups in the table of the project's error codes (KILN_ERR_TABLE in err.h): names,
+ * HTTP statuses, descriptions. docs/errors.md lists the same rows.
  */
 #include "err.h"
 
@@ -7,42 +8,48 @@
 #include <stdio.h>
 #include <string.h>
 
+/* KILN_ERR_TABLE by code; the designated indexes keep it independent of the order of the codes. */
 static const struct {
 	const char *name;
+	int status;
+	bool shown;
 	const char *text;
 } err_table[KILN_E__COUNT] = {
-	[KILN_OK] = { "ok", "success" },
-	[KILN_E_BAD_REQUEST] = { "bad_request", "malformed request" },
-	[KILN_E_UNAUTHENTICATED] = { "unauthenticated", "missing or invalid credential" },
-	[KILN_E_FORBIDDEN] = { "forbidden", "the credential lacks a required scope" },
-	[KILN_E_QUOTA] = { "quota_exceeded", "a plan limit was reached" },
-	[KILN_E_NOT_FOUND] = { "not_found", "no such object" },
-	[KILN_E_CONFLICT] = { "conflict", "the object is in the wrong state" },
-	[KILN_E_CREDITS] = { "insufficient_credits", "no credits left" },
-	[KILN_E_TOO_LARGE] = { "too_large", "the request is too large" },
-	[KILN_E_INVALID] = { "invalid", "a value is out of range" },
-	[KILN_E_RATE_LIMITED] = { "rate_limited", "too many requests" },
-	[KILN_E_NOT_IMPLEMENTED] = { "not_implemented", "not offered by this server" },
-	[KILN_E_SANDBOX_FAILED] = { "sandbox_failed", "the sandbox stopped answering" },
-	[KILN_E_NO_CAPACITY] = { "no_capacity", "no node has room for the sandbox" },
-	[KILN_E_UNAVAILABLE] = { "unavailable", "a dependency is unavailable" },
-	[KILN_E_IO] = { "io_error", "input/output error" },
-	[KILN_E_NOMEM] = { "out_of_memory", "out of memory" },
-	[KILN_E_INTERNAL] = { "internal", "internal error" },
+#define ERR_ROW(id, name_, status_, shown_, text_) \
+	[id] = { .name = name_, .status = status_, .shown = shown_, .text = text_ },
+	KILN_ERR_TABLE(ERR_ROW)
+#undef ERR_ROW
 };
+
+/* Whether `e` is a value of the enum (an out-of-range int cast to it is not). */
+static bool err_known(enum kiln_err e)
+{
+	return (unsigned)e < KILN_E__COUNT;
+}
 
 const char *kiln_strerror(enum kiln_err e)
 {
-	if ((unsigned)e >= KILN_E__COUNT)
-		return "unknown error";
-	return err_table[e].text;
+	return err_known(e) ? err_table[e].text : "unknown error";
 }
 
 const char *kiln_err_name(enum kiln_err e)
 {
-	if ((unsigned)e >= KILN_E__COUNT)
-		return "internal";
-	return err_table[e].name;
+	return err_known(e) ? err_table[e].name : err_table[KILN_E_INTERNAL].name;
+}
+
+int kiln_err_status(enum kiln_err e)
+{
+	return err_known(e) ? err_table[e].status : err_table[KILN_E_INTERNAL].status;
+}
+
+bool kiln_err_shown(enum kiln_err e)
+{
+	return err_known(e) && err_table[e].shown;
+}
+
+const char *kiln_err_api_code(enum kiln_err e)
+{
+	return kiln_err_name(kiln_err_shown(e) ? e : KILN_E_INTERNAL);
 }
 
 enum kiln_err kiln_error_set(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)

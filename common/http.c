@@ -88,38 +88,7 @@ struct http_req {
 
 int http_status_of(enum kiln_err code)
 {
-	switch (code) {
-	case KILN_OK:
-		return 200;
-	case KILN_E_BAD_REQUEST:
-		return 400;
-	case KILN_E_UNAUTHENTICATED:
-		return 401;
-	case KILN_E_CREDITS:
-		return 402;
-	case KILN_E_FORBIDDEN:
-	case KILN_E_QUOTA:
-		return 403;
-	case KILN_E_NOT_FOUND:
-		return 404;
-	case KILN_E_CONFLICT:
-		return 409;
-	case KILN_E_TOO_LARGE:
-		return 413;
-	case KILN_E_INVALID:
-		return 422;
-	case KILN_E_RATE_LIMITED:
-		return 429;
-	case KILN_E_NOT_IMPLEMENTED:
-		return 501;
-	case KILN_E_SANDBOX_FAILED:
-		return 502;
-	case KILN_E_NO_CAPACITY:
-	case KILN_E_UNAVAILABLE:
-		return 503;
-	default:
-		return 500;
-	}
+	return kiln_err_status(code);
 }
 
 static double elapsed_s(const struct timespec *t0)
@@ -298,21 +267,18 @@ void http_reply_json(struct http_req *req, int status, json_t *body)
 void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt, ...)
 {
 	char msg[KILN_ERRMSG_MAX];
-	int status = http_status_of(code);
 	json_t *body;
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	/* A 5xx never shows internals: only the generic text of its code. */
-	if (status >= 500 && code != KILN_E_SANDBOX_FAILED && code != KILN_E_NO_CAPACITY &&
-	    code != KILN_E_UNAVAILABLE && code != KILN_E_NOT_IMPLEMENTED)
+	/* A code whose detail stays in the log shows as "internal" with only the generic text. */
+	if (!kiln_err_shown(code))
 		snprintf(msg, sizeof(msg), "%s", kiln_strerror(KILN_E_INTERNAL));
-	body = json_pack("{s:{s:s, s:s, s:s}}", "error", "code",
-			 kiln_err_name(code >= KILN_E_IO ? KILN_E_INTERNAL : code),
-			 "message", msg, "request_id", req->id);
-	http_reply_json(req, status, body);
+	body = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", kiln_err_api_code(code), "message",
+			 msg, "request_id", req->id);
+	http_reply_json(req, kiln_err_status(code), body);
 }
 
 struct stream_ctx {

@@ -151,7 +151,7 @@ typedef ssize_t (*http_stream_cb)(void *cls, char *buf, size_t max);
 void http_reply_stream(struct http_req *req, int status, const char *content_type,
 		       http_stream_cb read_cb, void *cls, void (*free_cb)(void *));
 
-/* The HTTP status API.md gives `code`. */
+/* The HTTP status API replies give `code`: kiln_err_status(), the error table's column. */
 int http_status_of(enum kiln_err code);
 
 #endif

@@ -13,6 +13,7 @@
 
 #include "auth/signing.h"
 #include "auth/scopes.h"
+#include "common/err.h"
 #include "common/log.h"
 
 #define PAUSE_QUEUE_MAX 1024
@@ -122,7 +123,7 @@ static void pause_one(struct pauser *p, const struct pause_job *j)
 		log_warn("cannot reach node \"%s\" to pause: %s", p->node, curl_easy_strerror(cc));
 	else if (status == 200)
 		log_info("paused: the tenant is out of credits");
-	else if (status == 409)
+	else if (status == kiln_err_status(KILN_E_CONFLICT))
 		log_info("not paused: the sandbox is not running");
 	else
 		log_warn("node \"%s\" answered %ld to a pause", p->node, status);

@@ -1,5 +1,9 @@
-/* Unit tests of the error codes: every code has a name and text; the first error wins. */
+/*
+ * Unit tests of the error codes: every code has a name, text and status; values outside the enum
+ * read as internal errors; the HTTP engine's statuses are the table's; the first error wins.
+ */
 #include "common/err.h"
+#include "common/http.h"
 #include "test.h"
 
 static void test_every_code_has_a_distinct_name(void)
@@ -14,6 +18,35 @@ static void test_every_code_has_a_distinct_name(void)
 	CHECK_STR(kiln_err_name(KILN_E_CREDITS), "insufficient_credits");
 	CHECK_STR(kiln_err_name(KILN_E_QUOTA), "quota_exceeded");
 	CHECK_STR(kiln_strerror(KILN_E__COUNT + 5), "unknown error");
+}
+
+static void test_statuses_and_visibility(void)
+{
+	for (int i = 0; i < KILN_E__COUNT; i++) {
+		CHECK(kiln_err_status(i) >= 200 && kiln_err_status(i) <= 599);
+		CHECK_INT(http_status_of(i), kiln_err_status(i));
+		/* a reply shows a code's own name, or "internal" and nothing of the detail */
+		CHECK_STR(kiln_err_api_code(i), kiln_err_shown(i) ? kiln_err_name(i) : "internal");
+		/* 4xx detail is the client's; what stays in the log is a 500 */
+		if (kiln_err_status(i) < 500)
+			CHECK(kiln_err_shown(i));
+		if (!kiln_err_shown(i))
+			CHECK_INT(kiln_err_status(i), 500);
+	}
+	CHECK_INT(kiln_err_status(KILN_OK), 200);
+	CHECK_INT(kiln_err_status(KILN_E_CREDITS), 402);
+	CHECK_INT(kiln_err_status(KILN_E_QUOTA), 403);
+	CHECK_INT(kiln_err_status(KILN_E_NO_CAPACITY), 503);
+	CHECK_STR(kiln_err_api_code(KILN_E_IO), "internal");
+	CHECK_STR(kiln_err_name(KILN_E_IO), "io_error");
+	CHECK_STR(kiln_err_api_code(KILN_E_SANDBOX_FAILED), "sandbox_failed");
+	CHECK(!kiln_err_shown(KILN_E_INTERNAL));
+	/* a value outside the enum is an internal error */
+	CHECK_INT(kiln_err_status((enum kiln_err)(KILN_E__COUNT + 5)), 500);
+	CHECK_INT(kiln_err_status((enum kiln_err)-1), 500);
+	CHECK(!kiln_err_shown((enum kiln_err)(KILN_E__COUNT + 5)));
+	CHECK_STR(kiln_err_name((enum kiln_err)-1), "internal");
+	CHECK_STR(kiln_err_api_code((enum kiln_err)(KILN_E__COUNT)), "internal");
 }
 
 static void test_first_error_wins(void)
@@ -43,6 +76,7 @@ static void test_long_messages_are_truncated(void)
 int main(void)
 {
 	TEST(test_every_code_has_a_distinct_name);
+	TEST(test_statuses_and_visibility);
 	TEST(test_first_error_wins);
 	TEST(test_long_messages_are_truncated);
 	return test_summary();
