@@ -107,8 +107,3 @@ long long json_int(const json_t *obj, const char *name, long long def)
 
 	return json_is_integer(v) ? (long long)json_integer_value(v) : def;
 }
-
-char *json_dump(const json_t *v)
-{
-	return json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-}

@@ -42,7 +42,4 @@ const char *json_str(const json_t *obj, const char *name, const char *def);
 /* The integer field `name` of `obj`, or `def` when absent or null. */
 long long json_int(const json_t *obj, const char *name, long long def);
 
-/* Serialises `v` compactly; the caller frees the result with free(). NULL when out of memory. */
-char *json_dump(const json_t *v);
-
 #endif

@@ -14,7 +14,6 @@
 struct pg_conn {
 	PGconn *conn;
 	bool busy;
-	char sqlstate[6];
 };
 
 struct pg {
@@ -114,7 +113,6 @@ enum kiln_err pg_acquire(struct pg *p, struct pg_conn **out, struct kiln_error *
 		pg_release(p, c);
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
 	}
-	c->sqlstate[0] = '\0';
 	*out = c;
 	return KILN_OK;
 }
@@ -143,7 +141,6 @@ static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_erro
 	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
 		return KILN_OK;
 	state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-	snprintf(c->sqlstate, sizeof(c->sqlstate), "%s", state ? state : "");
 	if (PQstatus(c->conn) != CONNECTION_OK || !state || strncmp(state, "08", 2) == 0 ||
 	    strcmp(state, "57P01") == 0)
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
@@ -185,11 +182,6 @@ enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err
 	return rc;
 }
 
-const char *pg_conn_sqlstate(const struct pg_conn *c)
-{
-	return c->sqlstate;
-}
-
 int pg_res_rows(const struct pg_res *r)
 {
 	return r ? PQntuples(r->res) : 0;
@@ -222,13 +214,6 @@ bool pg_res_bool(const struct pg_res *r, int row, int col)
 	const char *v = pg_res_get(r, row, col);
 
 	return v && v[0] == 't';
-}
-
-long long pg_res_affected(const struct pg_res *r)
-{
-	const char *n = r ? PQcmdTuples(r->res) : "";
-
-	return *n ? strtoll(n, NULL, 10) : 0;
 }
 
 void pg_res_free(struct pg_res *r)

@@ -45,9 +45,6 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 /* Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. */
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err);
 
-/* The SQLSTATE of the last failed query on `c` ("" when none). */
-const char *pg_conn_sqlstate(const struct pg_conn *c);
-
 int pg_res_rows(const struct pg_res *r);
 /* The text of row `row`, column `col`, owned by `r`; NULL for SQL NULL or out of range. */
 const char *pg_res_get(const struct pg_res *r, int row, int col);
@@ -55,8 +52,6 @@ const char *pg_res_get(const struct pg_res *r, int row, int col);
 const char *pg_res_str(const struct pg_res *r, int row, int col);
 long long pg_res_int(const struct pg_res *r, int row, int col, long long def);
 bool pg_res_bool(const struct pg_res *r, int row, int col);
-/* Rows changed by an INSERT/UPDATE/DELETE. */
-long long pg_res_affected(const struct pg_res *r);
 void pg_res_free(struct pg_res *r);
 
 /* Checks that Postgres answers (select 1) within the pool's connect timeout. */

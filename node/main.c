@@ -23,7 +23,7 @@
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
 #include "vmm/accel.h"
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
 #include "node/lifecycle.h"

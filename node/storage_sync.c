@@ -10,7 +10,7 @@
  *   object.kiln.s3upload, the multipart state of s3_put_file while it is sent.
  * Once the object exists, src/ and port.tmp/ go; once it is stored and the row says so, all goes.
  */
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "node/storage_sync.h"
 
 #include <dirent.h>

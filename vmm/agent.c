@@ -481,11 +481,6 @@ struct agent *agent_connect(const char *sock_path, int timeout_ms, struct kiln_e
 	}
 }
 
-void agent_set_io_timeout(struct agent *a, int timeout_ms)
-{
-	a->io_timeout_ms = timeout_ms > 0 ? timeout_ms : AGENT_DEFAULT_IO_TIMEOUT_MS;
-}
-
 bool agent_alive(struct agent *a)
 {
 	pthread_mutex_lock(&a->lock);

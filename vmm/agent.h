@@ -90,9 +90,6 @@ struct agent *agent_connect(const char *sock_path, int timeout_ms, struct kiln_e
 /* The same over an already connected stream socket, whose ownership it takes (also on failure). */
 struct agent *agent_open_fd(int fd, struct kiln_error *err);
 
-/* Sets how long a transfer may wait for the guest between frames (ms, default above). */
-void agent_set_io_timeout(struct agent *a, int timeout_ms);
-
 /* False once the guest closed the channel, broke the protocol or stopped answering. */
 bool agent_alive(struct agent *a);
 

@@ -20,6 +20,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
+
 enum ctl { CTL_CPU, CTL_CPUACCT, CTL_MEMORY, CTL_PIDS, CTL__COUNT };
 
 static const char *const ctl_names[CTL__COUNT] = { "cpu", "cpuacct", "memory", "pids" };
@@ -30,34 +32,6 @@ struct cg {
 };
 
 #define CG_FILE_MAX 65536	/* bytes read from one cgroup file */
-
-/* Reads at most CG_FILE_MAX - 1 bytes of `path` into `out` (NUL-terminated). */
-static int read_small(const char *path, char *out, size_t outlen)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC);
-	size_t len = 0;
-
-	if (fd < 0)
-		return -errno;
-	while (len + 1 < outlen) {
-		ssize_t n = read(fd, out + len, outlen - 1 - len);
-
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			int e = errno;
-
-			close(fd);
-			return -e;
-		}
-		if (n == 0)
-			break;
-		len += (size_t)n;
-	}
-	out[len] = '\0';
-	close(fd);
-	return 0;
-}
 
 static int write_str(const char *path, const char *s)
 {
@@ -86,7 +60,7 @@ static int read_u64(const char *dir, const char *file, uint64_t *v)
 	char path[PATH_MAX], text[64], *end;
 	int r = path_join(path, dir, file);
 
-	if (r < 0 || (r = read_small(path, text, sizeof(text))) < 0)
+	if (r < 0 || (r = fs_read_small(path, text, sizeof(text))) < 0)
 		return r;
 	errno = 0;
 	unsigned long long x = strtoull(text, &end, 10);
@@ -123,7 +97,7 @@ static bool controllers_include(const char *file, const char *const *want, size_
 {
 	char text[512];
 
-	if (read_small(file, text, sizeof(text)) < 0)
+	if (fs_read_small(file, text, sizeof(text)) < 0)
 		return false;
 	for (size_t i = 0; i < n; i++) {
 		bool found = false;
@@ -362,7 +336,7 @@ int cg_read(const struct cg *cg, struct cg_usage *u)
 	memset(u, 0, sizeof(*u));
 	if (cg->version == CG_V2) {
 		if ((r = path_join(path, cg->dirs[CTL_CPU], "cpu.stat")) < 0 ||
-		    (r = read_small(path, text, sizeof(text))) < 0 || (r = keyed_u64(text, "usage_usec", &v)) < 0)
+		    (r = fs_read_small(path, text, sizeof(text))) < 0 || (r = keyed_u64(text, "usage_usec", &v)) < 0)
 			return r;
 		u->cpu_ns = v * 1000;
 		if ((r = read_u64(cg->dirs[CTL_MEMORY], "memory.current", &u->mem_bytes)) < 0)
@@ -387,7 +361,7 @@ int cg_read_cpu_quota(const struct cg *cg, long long *quota_us, long long *perio
 
 	if (cg->version == CG_V2) {
 		if ((r = path_join(path, cg->dirs[CTL_CPU], "cpu.max")) < 0 ||
-		    (r = read_small(path, text, sizeof(text))) < 0)
+		    (r = fs_read_small(path, text, sizeof(text))) < 0)
 			return r;
 		if (strncmp(text, "max ", 4) == 0) {
 			*quota_us = -1;
@@ -398,7 +372,7 @@ int cg_read_cpu_quota(const struct cg *cg, long long *quota_us, long long *perio
 		return 0;
 	}
 	if ((r = path_join(path, cg->dirs[CTL_CPU], "cpu.cfs_quota_us")) < 0 ||
-	    (r = read_small(path, text, sizeof(text))) < 0)
+	    (r = fs_read_small(path, text, sizeof(text))) < 0)
 		return r;
 	*quota_us = atoll(text);
 	if ((r = read_u64(cg->dirs[CTL_CPU], "cpu.cfs_period_us", &v)) < 0)
@@ -419,7 +393,7 @@ static int for_each_pid(const char *dir, int (*fn)(pid_t pid, void *arg), void *
 
 	if (!text)
 		return -ENOMEM;
-	if ((r = path_join(path, dir, "cgroup.procs")) < 0 || (r = read_small(path, text, CG_FILE_MAX)) < 0) {
+	if ((r = path_join(path, dir, "cgroup.procs")) < 0 || (r = fs_read_small(path, text, CG_FILE_MAX)) < 0) {
 		free(text);
 		return r;
 	}

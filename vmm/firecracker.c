@@ -26,12 +26,11 @@
  * maps MAP_PRIVATE: copy-on-write sharing of the image between every VM restored from it, i.e.
  * VMM_MEM_PRIVATE. enum vmm_mem_from only decides who owns the image (hv.h; docs/firecracker.md).
  */
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "vmm/hv.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <poll.h>
 #include <pthread.h>
@@ -43,7 +42,6 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -53,6 +51,7 @@
 #include "vmm/cgroup.h"
 #include "vmm/disk.h"
 #include "vmm/fc_api.h"
+#include "vmm/hv_base.h"
 
 #define FC_BINARY_DEFAULT "/usr/local/bin/firecracker"	/* the jailer is "jailer" beside it */
 #define FC_API_MS 5000		/* one configuration call */
@@ -92,8 +91,7 @@ struct hv_vm {
 	char tap[16];
 	struct fc_api *api;
 	struct cg *cg;
-	pid_t pid;		/* Firecracker's pid (the jailer's child in its pid namespace); 0 once gone */
-	int pidfd;
+	struct hv_proc proc;	/* Firecracker (the jailer's child in its pid namespace), not ours */
 	bool paused;
 	/* agent relay */
 	pthread_t relay;
@@ -119,7 +117,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	const char *base = strrchr(bin, '/');
 	bool ok = true;
 
-	vm->pidfd = -1;
+	hv_proc_init(&vm->proc);
 	vm->listen_fd = -1;
 	vm->stop_pipe[0] = vm->stop_pipe[1] = -1;
 	if (strchr(s->id, '_'))
@@ -252,32 +250,15 @@ static enum kiln_err place_boot_files(struct hv_vm *vm, struct kiln_error *err)
 /* True while Firecracker runs (its pidfd is not readable yet). */
 static bool vm_alive(struct hv_vm *vm)
 {
-	struct pollfd p;
-
-	if (vm->pidfd < 0)
-		return false;
-	p = (struct pollfd){ .fd = vm->pidfd, .events = POLLIN };
-	if (poll(&p, 1, 0) == 0)
-		return true;
-	close(vm->pidfd);
-	vm->pidfd = -1;
-	vm->pid = 0;
-	return false;
+	return hv_proc_alive(&vm->proc);
 }
 
 /* Kills Firecracker (it has no graceful stop for a VM we are done with) and waits for it to go. */
 static void vm_kill(struct hv_vm *vm)
 {
-	struct pollfd p;
-
 	if (!vm_alive(vm))
 		return;
-	syscall(SYS_pidfd_send_signal, vm->pidfd, SIGKILL, NULL, 0);
-	p = (struct pollfd){ .fd = vm->pidfd, .events = POLLIN };
-	poll(&p, 1, 2000);
-	close(vm->pidfd);
-	vm->pidfd = -1;
-	vm->pid = 0;
+	hv_proc_kill(&vm->proc, 2000);
 	fc_api_free(vm->api);
 	vm->api = NULL;
 }
@@ -285,31 +266,7 @@ static void vm_kill(struct hv_vm *vm)
 /* The last line of firecracker.log, or "" (per-thread buffer). */
 static const char *log_tail(const struct hv_vm *vm)
 {
-	static __thread char tail[160];
-	char buf[1024];
-	int fd = open(vm->log_path, O_RDONLY | O_CLOEXEC);
-	off_t end;
-	ssize_t n = 0;
-	char *line;
-
-	tail[0] = '\0';
-	if (fd < 0)
-		return tail;
-	end = lseek(fd, 0, SEEK_END);
-	if (end > 0)
-		n = pread(fd, buf, sizeof(buf) - 1, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0);
-	close(fd);
-	if (n <= 0)
-		return tail;
-	buf[n] = '\0';
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-		buf[--n] = '\0';
-	line = strrchr(buf, '\n');
-	snprintf(tail, sizeof(tail), "%.150s", line ? line + 1 : buf);
-	for (char *p = tail; *p; p++)
-		if (*p < 0x20 || *p == 0x7f)
-			*p = '?';
-	return tail;
+	return hv_base_log_tail(vm->log_path);
 }
 
 /* The jailer's --cgroup arguments that repeat the limits of our group (it joins kiln/<node>/<id>). */
@@ -343,7 +300,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	char *argv[40];
 	posix_spawn_file_actions_t fa;
 	enum kiln_err rc = KILN_OK;
-	int n = 0, ncg = 0, r, status = 0;
+	int n = 0, ncg = 0, r, status = 0, pid = 0;
 	long long deadline;
 	pid_t jpid;
 	FILE *f;
@@ -410,39 +367,23 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': jailer failed (status %d): %s",
 				      vm->id, status, log_tail(vm));
 	f = fopen(pidfile, "re");
-	if (!f || fscanf(f, "%d", &vm->pid) != 1 || vm->pid <= 1) {
+	if (!f || fscanf(f, "%d", &pid) != 1 || pid <= 1) {
 		if (f)
 			fclose(f);
-		vm->pid = 0;
 		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no firecracker pid in '%s'",
 				      vm->id, pidfile);
 	}
 	fclose(f);
-	vm->pidfd = (int)syscall(SYS_pidfd_open, vm->pid, 0);
-	if (vm->pidfd < 0) {
-		vm->pid = 0;
+	if (hv_proc_open(&vm->proc, pid) < 0)
 		return kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': firecracker exited at start: %s",
 				      vm->id, log_tail(vm));
-	}
-	log_debug("vm '%s' firecracker pid %d", vm->id, (int)vm->pid);
+	log_debug("vm '%s' firecracker pid %d", vm->id, (int)vm->proc.pid);
 	vm->api = fc_api_new(vm->api_link);
 	if (!vm->api)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if ((rc = fc_api_wait(vm->api, vm->id, FC_API_MS, NULL, err)) != KILN_OK)
 		vm_kill(vm);
 	return rc;
-}
-
-static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
-{
-	struct cg_limits lim = {
-		.cpu_milli = s->vcpu_milli,
-		.mem_bytes = vmm_mem_limit_bytes(s),
-		.pids = FC_PIDS_MAX,
-	};
-	int r = cg_create(s->cgroup_root, s->node, s->id, &lim, &vm->cg);
-
-	return r < 0 ? fs_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
 }
 
 /* One API call with a JSON body built from `fmt` (json_pack); the body is freed here. */
@@ -660,7 +601,7 @@ static enum kiln_err vm_new(const struct vmm_spec *s, struct hv_vm **out, struct
 		rc = fs_err(err, r, "cannot create the directories of vm", s->id);
 		goto fail;
 	}
-	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
+	if ((rc = hv_base_cgroup(s, FC_PIDS_MAX, &vm->cg, err)) != KILN_OK)
 		goto fail;
 	*out = vm;
 	return KILN_OK;
@@ -763,26 +704,14 @@ static enum kiln_err fc_resume(struct hv_vm *vm, struct kiln_error *err)
 	return rc;
 }
 
-static int fsync_path(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		r = -errno;
-	close(fd);
-	return r;
-}
-
 /* Writes manifest.json: what a restore must match, and the tap name the snapshot's NIC used. */
 static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const char *hv_version)
 {
-	char path[PATH_MAX], tmp[PATH_MAX];
+	char path[PATH_MAX];
 	json_t *m;
-	int r = 0;
+	int r;
 
-	if (!fs_path(path, "%s/manifest.json", snap_dir) || !fs_path(tmp, "%s/manifest.json.tmp", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return -ENAMETOOLONG;
 	m = json_pack("{s:i, s:s, s:s, s:s, s:i, s:i, s:i, s:s, s:b, s:b, s:s?, s:i, s:s, s:s?, s:I}",
 		      "format", FC_SNAP_FORMAT, "hypervisor", "firecracker", "hypervisor_version", hv_version,
@@ -792,11 +721,8 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 		      "initrd", vm->initrd[0] ? vm->initrd : NULL, "created", (json_int_t)time(NULL));
 	if (!m)
 		return -ENOMEM;
-	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0)
-		r = -EIO;
+	r = hv_base_json_write(path, m, JSON_INDENT(2) | JSON_SORT_KEYS);
 	json_decref(m);
-	if (r == 0 && (r = fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
-		r = -errno;
 	return r;
 }
 
@@ -849,7 +775,7 @@ static enum kiln_err fc_snapshot(struct hv_vm *vm, const char *snap_dir, enum vm
 		if (r < 0 || (r = freeze_file(disk)) < 0)
 			return fs_err(err, r, "cannot keep disk in", disk);
 	}
-	if ((r = write_manifest(snap_dir, vm, ver)) < 0 || (r = fsync_path(snap_dir)) < 0)
+	if ((r = write_manifest(snap_dir, vm, ver)) < 0 || (r = fs_fsync_path(snap_dir)) < 0)
 		return fs_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
 }
@@ -981,7 +907,7 @@ static enum kiln_err fc_status(struct hv_vm *vm, struct vmm_status *st, struct k
 
 	memset(st, 0, sizeof(*st));
 	st->alive = vm_alive(vm);
-	st->pid = vm->pid;
+	st->pid = vm->proc.pid;
 	/* Firecracker is the jailer's child, not ours: its exit status is not ours to read */
 	if (st->alive && vm->api &&
 	    fc_api_call(vm->api, vm->id, "GET", "/", NULL, FC_API_MS, NULL, &info, err) == KILN_OK) {
@@ -1003,19 +929,9 @@ static enum kiln_err fc_usage(struct hv_vm *vm, struct cg_usage *u, struct kiln_
 	return r < 0 ? fs_err(err, r, "cannot read cgroup of vm", vm->id) : KILN_OK;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)ftw;
-	if (flag == FTW_DP)
-		return rmdir(path) < 0 && errno != ENOENT ? -1 : 0;
-	return unlink(path) < 0 && errno != ENOENT ? -1 : 0;
-}
-
 static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 {
 	enum kiln_err rc = KILN_OK;
-	struct stat st;
 	int r;
 
 	if (!vm)
@@ -1028,9 +944,8 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 		rc = fs_err(err, r, "cannot remove cgroup of vm", vm->id);
 	vm->cg = NULL;
 	/* the chroot: our links and copies, the jailer's device nodes and binary copy, the sockets */
-	if (vm->jail_dir[0] && lstat(vm->jail_dir, &st) == 0 &&
-	    nftw(vm->jail_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT) < 0 && rc == KILN_OK)
-		rc = fs_err(err, -errno, "cannot remove", vm->jail_dir);
+	if (vm->jail_dir[0] && (r = fs_remove_tree(vm->jail_dir)) < 0 && rc == KILN_OK)
+		rc = fs_err(err, r, "cannot remove", vm->jail_dir);
 	if (vm->jail_dir[0]) {
 		char *slash = strrchr(vm->jail_dir, '/');
 

@@ -6,14 +6,13 @@
  * are killed through pidfds after checking, on the pinned process, that it is still in the VM's
  * cgroup and looks like its VMM: a pid recycled in between cannot be hit.
  */
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "vmm/orphan.h"
 
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -61,34 +60,6 @@ static bool id_ok(const char *s)
 		if (!isalnum((unsigned char)s[i]) && s[i] != '_' && s[i] != '-')
 			return false;
 	return true;
-}
-
-/* Reads at most `cap` - 1 bytes of `path` into `out` (NUL-terminated); returns the length or -errno. */
-static ssize_t read_small(const char *path, char *out, size_t cap)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-	size_t len = 0;
-
-	if (fd < 0)
-		return -errno;
-	while (len + 1 < cap) {
-		ssize_t n = read(fd, out + len, cap - 1 - len);
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n < 0) {
-			int e = errno;
-
-			close(fd);
-			return -e;
-		}
-		if (n == 0)
-			break;
-		len += (size_t)n;
-	}
-	close(fd);
-	out[len] = '\0';
-	return (ssize_t)len;
 }
 
 static int id_set_add(struct id_set *s, const char *id)
@@ -151,7 +122,7 @@ static int for_each_lease(const struct orphan_env *env, int (*fn)(const struct o
 		if (!isdigit((unsigned char)e->d_name[0]) || *end || uid == 0 || uid > UINT_MAX ||
 		    !fs_path(path, "%s/%s", env->lease_dir, e->d_name))
 			continue;
-		n = read_small(path, owner, sizeof(owner));
+		n = fs_read_small(path, owner, sizeof(owner));
 		if (n < 0)
 			continue;
 		while (n > 0 && (owner[n - 1] == '\n' || owner[n - 1] == ' '))
@@ -213,7 +184,7 @@ static bool pid_in_group(pid_t pid, const char *node, const char *id, char *buf)
 	char path[64], want[PATH_MAX];
 
 	snprintf(path, sizeof(path), "/proc/%d/cgroup", (int)pid);
-	if (!fs_path(want, "/kiln/%s/%s", node, id) || read_small(path, buf, PROC_FILE_MAX) < 0)
+	if (!fs_path(want, "/kiln/%s/%s", node, id) || fs_read_small(path, buf, PROC_FILE_MAX) < 0)
 		return false;
 	for (char *line = buf; *line;) {
 		char *nl = strchr(line, '\n');
@@ -238,7 +209,7 @@ static bool pid_is_zombie(pid_t pid)
 	char *rp;
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	if (read_small(path, buf, sizeof(buf)) < 0)
+	if (fs_read_small(path, buf, sizeof(buf)) < 0)
 		return true;	/* gone */
 	rp = strrchr(buf, ')');
 	return rp && rp[1] == ' ' && (rp[2] == 'Z' || rp[2] == 'X');
@@ -284,7 +255,7 @@ static int kill_verified(pid_t pid, const struct orphan_env *env, const char *id
 	if (!pid_in_group(pid, env->node, id, buf))
 		goto out;
 	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
-	n = read_small(path, buf, PROC_FILE_MAX);
+	n = fs_read_small(path, buf, PROC_FILE_MAX);
 	if (n <= 0) {
 		if (!pid_is_zombie(pid)) {
 			snprintf(what, wlen, "(no command line)");
@@ -315,7 +286,7 @@ static int group_pids(const char *dir, pid_t *pids, int max, char *buf)
 
 	if (!fs_path(path, "%s/cgroup.procs", dir))
 		return -ENAMETOOLONG;
-	if ((r = read_small(path, buf, PROC_FILE_MAX)) < 0)
+	if ((r = fs_read_small(path, buf, PROC_FILE_MAX)) < 0)
 		return (int)r;
 	for (char *p = buf; *p && n < max;) {
 		char *end;
@@ -454,25 +425,6 @@ static int unmount_under(const char *dir)
 	return r;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	int r = flag == FTW_DP ? rmdir(path) : unlink(path);
-
-	return r < 0 && errno != ENOENT ? -errno : 0;
-}
-
-/* Removes `dir` and everything below it, staying on its file system and following no links. */
-static int remove_tree(const char *dir)
-{
-	struct stat st;
-
-	if (lstat(dir, &st) < 0)
-		return errno == ENOENT ? 0 : -errno;
-	if (!S_ISDIR(st.st_mode))
-		return -ENOTDIR;
-	return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS | FTW_MOUNT);
-}
-
 /* ---- one VM ---- */
 
 /* True when VM `id` of node `node` has a run dir or a cgroup (for the memory file name check). */
@@ -544,7 +496,7 @@ static bool vm_clean(const struct orphan_env *env, const char *id, struct kiln_e
 		return false;	/* a live process may still use the files: leave them */
 	}
 	free(dirs);
-	if ((r = unmount_under(run_dir)) < 0 || (r = remove_tree(run_dir)) < 0) {
+	if ((r = unmount_under(run_dir)) < 0 || (r = fs_remove_tree(run_dir)) < 0) {
 		log_warn("orphan vm '%s' of node '%s': cannot remove '%s': %s", id, env->node, run_dir,
 			 strerror(-r));
 		kiln_error_set(err, KILN_E_IO, "vm '%s': cannot remove '%s': %s", id, run_dir, strerror(-r));

@@ -16,21 +16,17 @@
  * A snapshot directory holds: manifest.json, state (migration stream), mem (memory image, shared
  * mode), disk.qcow2 (the frozen disk layer). docs/vmm.md explains the life of memory files.
  */
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "vmm/qemu.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,6 +36,7 @@
 #include "vmm/cgroup.h"
 #include "vmm/disk.h"
 #include "vmm/hv.h"
+#include "vmm/hv_base.h"
 #include "vmm/jail.h"
 #include "vmm/qmp.h"
 
@@ -222,10 +219,8 @@ struct hv_vm {
 	struct jail jail;
 	struct cg *cg;
 	struct qmp *qmp;
-	pid_t pid;		/* 0 once reaped */
-	int pidfd;
-	int exit_status;
-	bool adopted;		/* taken over from an earlier run: not our child, waited for by pidfd */
+	struct hv_proc proc;	/* the QEMU process: our child, or (taken over from an earlier run
+				   of the node) a process held by its pidfd */
 	unsigned long long start_ticks;	/* the process's start time, against a reused pid */
 	char hv_version[32];
 	char record_path[PATH_MAX];
@@ -243,7 +238,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	vm->vcpus = vmm_vcpus_whole(s->vcpu_milli);
 	vm->mem_mib = s->mem_mib;
 	vm->accel = accel_detect();
-	vm->pidfd = -1;
+	hv_proc_init(&vm->proc);
 	vm->has_net = s->netns_path != NULL;
 	ok &= fs_path(vm->run_dir, "%s", s->run_dir);
 	ok &= fs_path(vm->state_dir, "%s", s->state_dir);
@@ -292,31 +287,10 @@ static int mem_file_create(const char *path, unsigned mem_mib)
 	return r;
 }
 
-/* The last line QEMU wrote to its log (its error messages go there), or "" (static buffer). */
+/* The last line QEMU wrote to its log (its error messages go there), or "" (per-thread buffer). */
 static const char *qemu_log_tail(const struct hv_vm *vm)
 {
-	static __thread char tail[160];
-	char buf[1024];
-	int fd = open(vm->log_path, O_RDONLY | O_CLOEXEC);
-	off_t end;
-	ssize_t n = 0;
-
-	tail[0] = '\0';
-	if (fd < 0)
-		return tail;
-	end = lseek(fd, 0, SEEK_END);
-	if (end > 0)
-		n = pread(fd, buf, sizeof(buf) - 1, end > (off_t)sizeof(buf) - 1 ? end - (off_t)sizeof(buf) + 1 : 0);
-	close(fd);
-	if (n <= 0)
-		return tail;
-	buf[n] = '\0';
-	while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r'))
-		buf[--n] = '\0';
-	char *line = strrchr(buf, '\n');
-
-	snprintf(tail, sizeof(tail), "%.150s", line ? line + 1 : buf);
-	return tail;
+	return hv_base_log_tail(vm->log_path);
 }
 
 /* The VM's jail: its root and the files bound into it. */
@@ -345,18 +319,10 @@ static unsigned long long proc_start_ticks(pid_t pid)
 {
 	char path[64], buf[1024], *p;
 	unsigned long long v = 0;
-	ssize_t n;
-	int fd;
 
 	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
-	fd = open(path, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
+	if (fs_read_small(path, buf, sizeof(buf)) <= 0)
 		return 0;
-	n = read(fd, buf, sizeof(buf) - 1);
-	close(fd);
-	if (n <= 0)
-		return 0;
-	buf[n] = '\0';
 	p = strrchr(buf, ')');
 	/* after the command name: the state is field 3, the start time field 22 */
 	for (int field = 2; p && field < 22; field++)
@@ -372,12 +338,9 @@ static unsigned long long proc_start_ticks(pid_t pid)
  */
 static int record_write(const struct hv_vm *vm)
 {
-	char tmp[PATH_MAX];
 	json_t *m, *chain = json_array();
-	int r = 0;
+	int r;
 
-	if (!fs_path(tmp, "%s.tmp", vm->record_path))
-		return -ENAMETOOLONG;
 	for (unsigned k = 0; chain && vm->disk_path[0] && k <= vm->depth; k++)
 		json_array_append_new(chain, json_string(vm->chain[k]));
 	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s}",
@@ -385,12 +348,11 @@ static int record_write(const struct hv_vm *vm)
 		      "mem_mib", (int)vm->mem_mib, "run_dir", vm->run_dir, "kernel", vm->kernel,
 		      "initrd", vm->initrd, "disk", vm->disk_path, "chain", chain,
 		      "mem_path", vm->mem_path, "mem_owned", vm->mem_owned, "net", vm->has_net,
-		      "pid", (int)vm->pid, "start_ticks", (json_int_t)vm->start_ticks,
+		      "pid", (int)vm->proc.pid, "start_ticks", (json_int_t)vm->start_ticks,
 		      "hypervisor_version", vm->hv_version);
 	if (!m)
 		return -ENOMEM;
-	if (json_dump_file(m, tmp, JSON_COMPACT) < 0 || rename(tmp, vm->record_path) < 0)
-		r = -EIO;
+	r = hv_base_json_write(vm->record_path, m, JSON_COMPACT);
 	json_decref(m);
 	return r;
 }
@@ -456,23 +418,19 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	}
 	unlink(vm->qmp_path);
 	unlink(vm->agent_path);
-	if ((r = jail_spawn(j, argv, envp, &vm->pid, &vm->pidfd)) < 0) {
+	if ((r = hv_proc_spawn(&vm->proc, j, argv, envp)) < 0) {
 		rc = fs_err(err, r, "cannot start", argv[0]);
 		goto out;
 	}
-	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->pid);
+	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->proc.pid);
 	if ((r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp)) < 0) {
 		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer (%s): %s",
 				    vm->id, strerror(-r), qemu_log_tail(vm));
-		kill(vm->pid, SIGKILL);
-		waitpid(vm->pid, NULL, 0);
-		close(vm->pidfd);
-		vm->pid = 0;
-		vm->pidfd = -1;
+		hv_proc_kill(&vm->proc, -1);
 		goto out;
 	}
 	snprintf(vm->hv_version, sizeof(vm->hv_version), "%s", qmp_version(vm->qmp));
-	vm->start_ticks = proc_start_ticks(vm->pid);
+	vm->start_ticks = proc_start_ticks(vm->proc.pid);
 	if ((r = record_write(vm)) < 0) {
 		rc = fs_err(err, r, "cannot write", vm->record_path);
 		vm_kill(vm, false);
@@ -522,37 +480,14 @@ static enum kiln_err qmp_do(struct hv_vm *vm, const char *cmd, json_t *args, jso
 	return KILN_OK;
 }
 
-/* Forgets the ended process. */
-static void vm_gone(struct hv_vm *vm)
-{
-	vm->pid = 0;
-	close(vm->pidfd);
-	vm->pidfd = -1;
-	qmp_close(vm->qmp);
-	vm->qmp = NULL;
-}
-
-/* Whether the pidfd says the process has ended, waiting up to `ms`. */
-static bool pidfd_ended(int pidfd, int ms)
-{
-	struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
-
-	return poll(&pfd, 1, ms) > 0;
-}
-
-/* Reaps the process if it exited; returns true while it is alive. */
+/* Reaps the process if it exited (and drops QMP then); returns true while it is alive. */
 static bool vm_alive(struct hv_vm *vm)
 {
-	int status;
-
-	if (!vm->pid)
-		return false;
-	if (vm->adopted ? pidfd_ended(vm->pidfd, 0) : waitpid(vm->pid, &status, WNOHANG) == vm->pid) {
-		vm->exit_status = vm->adopted ? 0 : status;
-		vm_gone(vm);
-		return false;
-	}
-	return true;
+	if (hv_proc_alive(&vm->proc))
+		return true;
+	qmp_close(vm->qmp);
+	vm->qmp = NULL;
+	return false;
 }
 
 /*
@@ -563,28 +498,14 @@ static void vm_kill(struct hv_vm *vm, bool graceful)
 {
 	if (!vm_alive(vm))
 		return;
-	if (graceful && vm->qmp)
-		qmp_execute(vm->qmp, "quit", NULL, -1, 1000, NULL, NULL);
-	if (!graceful || !pidfd_ended(vm->pidfd, 2000))
-		syscall(SYS_pidfd_send_signal, vm->pidfd, SIGKILL, NULL, 0);
-	if (vm->adopted)
-		pidfd_ended(vm->pidfd, -1);
-	else
-		while (waitpid(vm->pid, &vm->exit_status, 0) < 0 && errno == EINTR)
-			;
-	vm_gone(vm);
-}
-
-static enum kiln_err make_cgroup(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
-{
-	struct cg_limits lim = {
-		.cpu_milli = s->vcpu_milli,
-		.mem_bytes = vmm_mem_limit_bytes(s),
-		.pids = QEMU_PIDS_MAX,
-	};
-	int r = cg_create(s->cgroup_root, s->node, s->id, &lim, &vm->cg);
-
-	return r < 0 ? fs_err(err, r, "cannot create cgroup for vm", s->id) : KILN_OK;
+	if (graceful) {
+		if (vm->qmp)
+			qmp_execute(vm->qmp, "quit", NULL, -1, 1000, NULL, NULL);
+		hv_proc_ended(&vm->proc, 2000);
+	}
+	hv_proc_kill(&vm->proc, -1);
+	qmp_close(vm->qmp);
+	vm->qmp = NULL;
 }
 
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err);
@@ -623,7 +544,7 @@ static enum kiln_err qemu_create(const struct vmm_spec *s, struct hv_vm **out, s
 		rc = fs_err(err, r, "cannot hand files to the uid of vm", s->id);
 		goto fail;
 	}
-	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
+	if ((rc = hv_base_cgroup(s, QEMU_PIDS_MAX, &vm->cg, err)) != KILN_OK)
 		goto fail;
 	if ((rc = vm_start(vm, s, false, err)) != KILN_OK)
 		goto fail;
@@ -710,18 +631,6 @@ static enum kiln_err migrate_fd(struct hv_vm *vm, const char *cmd, int fd, struc
 	return rc != KILN_OK ? rc : wait_migration(vm, err);
 }
 
-static int fsync_path(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		r = -errno;
-	close(fd);
-	return r;
-}
-
 /*
  * Writes manifest.json: what a restore must match (hypervisor, accelerator, shape, devices), the
  * memory mode and the disk chain `chain[0..n-1]` (host paths, base first; n = 0 for no disk).
@@ -729,11 +638,11 @@ static int fsync_path(const char *path)
 static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const char *mode,
 			  const char *hv_version, char (*chain)[PATH_MAX], unsigned n)
 {
-	char path[PATH_MAX], tmp[PATH_MAX];
+	char path[PATH_MAX];
 	json_t *m, *arr;
-	int r = 0;
+	int r;
 
-	if (!fs_path(path, "%s/manifest.json", snap_dir) || !fs_path(tmp, "%s/manifest.json.tmp", snap_dir))
+	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return -ENAMETOOLONG;
 	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
 		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
@@ -749,11 +658,8 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 		json_decref(m);
 		return -ENOMEM;
 	}
-	if (json_dump_file(m, tmp, JSON_INDENT(2) | JSON_SORT_KEYS) < 0)
-		r = -EIO;
+	r = hv_base_json_write(path, m, JSON_INDENT(2) | JSON_SORT_KEYS);
 	json_decref(m);
-	if (r == 0 && (r = fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
-		r = -errno;
 	return r;
 }
 
@@ -849,7 +755,7 @@ static enum kiln_err snap_complete(struct hv_vm *vm, const char *snap_dir, bool 
 	kiln_fault("snapshot-before-manifest");
 	r = write_manifest(snap_dir, vm, shared ? "shared" : "full", vm->hv_version, chain, n);
 	free(chain);
-	if (r < 0 || (r = fsync_path(snap_dir)) < 0)
+	if (r < 0 || (r = fs_fsync_path(snap_dir)) < 0)
 		return fs_err(err, r, "cannot write manifest in", snap_dir);
 	return KILN_OK;
 }
@@ -929,8 +835,7 @@ static enum kiln_err qemu_snapshot_finish(struct hv_vm *vm, const char *snap_dir
 /* Frees an adopted handle, leaving its process and files as they are. */
 static void adopt_free(struct hv_vm *vm)
 {
-	if (vm->pidfd >= 0)
-		close(vm->pidfd);
+	hv_proc_release(&vm->proc);
 	qmp_close(vm->qmp);
 	cg_free(vm->cg);
 	free(vm);
@@ -982,7 +887,7 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 		json_decref(m);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
-	vm->pidfd = -1;
+	hv_proc_init(&vm->proc);
 	chain = json_object_get(m, "chain");
 	s.id = json_string_value(json_object_get(m, "id"));
 	s.node = json_string_value(json_object_get(m, "node"));
@@ -1020,15 +925,10 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 	/* the same process as recorded (a pid can be reused), pinned by its pidfd from here on */
 	pid = (pid_t)json_integer_value(json_object_get(m, "pid"));
 	vm->start_ticks = (unsigned long long)json_integer_value(json_object_get(m, "start_ticks"));
-	if (pid > 0 && (vm->pidfd = (int)syscall(SYS_pidfd_open, pid, 0)) >= 0 &&
-	    proc_start_ticks(pid) == vm->start_ticks && vm->start_ticks != 0) {
-		vm->pid = pid;
-		vm->adopted = true;
-	} else if (vm->pidfd >= 0) {
-		close(vm->pidfd);
-		vm->pidfd = -1;
-	}
-	if (vm->pid) {
+	if (pid > 0 && hv_proc_open(&vm->proc, pid) == 0 &&
+	    (proc_start_ticks(pid) != vm->start_ticks || vm->start_ticks == 0))
+		hv_proc_release(&vm->proc);
+	if (vm->proc.pid) {
 		int r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp);
 
 		rc = r < 0 ? kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer: %s", vm->id,
@@ -1036,7 +936,7 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 			   : adopt_run(vm, err);
 	}
 	if (rc == KILN_OK) {
-		log_info("vm '%s' taken over (%s)", vm->id, vm->pid ? "running" : "its vmm has ended");
+		log_info("vm '%s' taken over (%s)", vm->id, vm->proc.pid ? "running" : "its vmm has ended");
 		*out = vm;
 		vm = NULL;
 	}
@@ -1161,7 +1061,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		rc = fs_err(err, r, "cannot hand files to the uid of vm", s->id);
 		goto fail;
 	}
-	if ((rc = make_cgroup(vm, s, err)) != KILN_OK)
+	if ((rc = hv_base_cgroup(s, QEMU_PIDS_MAX, &vm->cg, err)) != KILN_OK)
 		goto fail;
 	if ((rc = vm_start(vm, s, true, err)) != KILN_OK)
 		goto fail;
@@ -1187,8 +1087,8 @@ static enum kiln_err qemu_status(struct hv_vm *vm, struct vmm_status *st, struct
 
 	memset(st, 0, sizeof(*st));
 	st->alive = vm_alive(vm);
-	st->pid = vm->pid;
-	st->exit_status = vm->exit_status;
+	st->pid = vm->proc.pid;
+	st->exit_status = vm->proc.exit_status;
 	if (st->alive && vm->qmp && qmp_do(vm, "query-status", NULL, &ret, err) == KILN_OK)
 		st->running = json_is_true(json_object_get(ret, "running"));
 	json_decref(ret);

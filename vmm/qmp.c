@@ -26,7 +26,6 @@ struct qmp {
 	unsigned long next_id;
 	json_t *events[QMP_EVENTS_MAX];	/* ring of event objects */
 	unsigned ev_head, ev_count;
-	unsigned long ev_dropped;
 	char version[32];
 };
 
@@ -127,7 +126,6 @@ static void queue_event(struct qmp *q, json_t *ev)
 		json_decref(q->events[q->ev_head]);
 		q->ev_head = (q->ev_head + 1) % QMP_EVENTS_MAX;
 		q->ev_count--;
-		q->ev_dropped++;
 	}
 	q->events[(q->ev_head + q->ev_count) % QMP_EVENTS_MAX] = ev;
 	q->ev_count++;
@@ -396,11 +394,6 @@ int qmp_wait_event(struct qmp *q, const char *name, int timeout_ms, json_t **dat
 	}
 	json_decref(ev);
 	return 0;
-}
-
-unsigned long qmp_events_dropped(const struct qmp *q)
-{
-	return q->ev_dropped;
 }
 
 const char *qmp_version(const struct qmp *q)

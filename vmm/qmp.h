@@ -59,9 +59,6 @@ int qmp_getfd(struct qmp *q, const char *name, int fd, int timeout_ms, char errm
  */
 int qmp_wait_event(struct qmp *q, const char *name, int timeout_ms, json_t **data);
 
-/* The number of events dropped because the queue was full. */
-unsigned long qmp_events_dropped(const struct qmp *q);
-
 /* QEMU's version from the greeting, "major.minor.micro"; "" before the greeting. */
 const char *qmp_version(const struct qmp *q);
 

@@ -7,7 +7,7 @@
  * (SEEK_DATA/SEEK_HOLE), so a memory image of many GiB that is mostly holes costs little to hash or
  * pack, and memory use stays at a few MiB whatever the sizes.
  */
-#include "vmm/fsutil.h"
+#include "common/fsutil.h"
 #include "vmm/snapshot.h"
 
 #include <dirent.h>
@@ -132,19 +132,6 @@ static int pwrite_all(int fd, const void *buf, size_t len, off_t off)
 	return 0;
 }
 
-static int fsync_dir(const char *dir)
-{
-	int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-	int r = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		r = -errno;
-	close(fd);
-	return r;
-}
-
 /* fsync of the directory holding `path`. */
 static int fsync_parent(const char *path)
 {
@@ -155,12 +142,12 @@ static int fsync_parent(const char *path)
 		return -ENAMETOOLONG;
 	slash = strrchr(dir, '/');
 	if (!slash)
-		return fsync_dir(".");
+		return fs_fsync_dir(".");
 	if (slash == dir)
 		slash[1] = '\0';
 	else
 		*slash = '\0';
-	return fsync_dir(dir);
+	return fs_fsync_dir(dir);
 }
 
 static bool all_zero(const unsigned char *p, size_t n)
@@ -655,7 +642,7 @@ enum kiln_err snapshot_manifest_write(const char *dir, const struct snapshot_met
 		rc = fs_err(err, -errno, "cannot rename", tmp);
 		goto out;
 	}
-	if ((r = fsync_dir(dir)) < 0)
+	if ((r = fs_fsync_dir(dir)) < 0)
 		rc = fs_err(err, r, "cannot sync", dir);
 out:
 	if (fd >= 0) {
@@ -1433,7 +1420,7 @@ enum kiln_err snapshot_unpack(const char *in_path, const struct auth_master_key 
 	made_tmp = true;
 	if ((rc = unpack_records(&p, rec_max, in_path, tmp, err)) != KILN_OK)
 		goto out;
-	if ((r = fsync_dir(tmp)) < 0) {
+	if ((r = fs_fsync_dir(tmp)) < 0) {
 		rc = fs_err(err, r, "cannot sync", tmp);
 		goto out;
 	}
