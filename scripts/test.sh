@@ -1,14 +1,29 @@
 #!/usr/bin/env bash
-# make test: installs what is missing, builds with AddressSanitizer and UBSan, runs every test.
+# make test: installs what is missing, builds with AddressSanitizer and UBSan, checks that every
+# test is labelled, runs every test, and fails when a test skipped that tests/skip-allowed.txt does
+# not allow to (docs/testing.md). Arguments go to ctest (e.g. -R metering, -L unit).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" -ne 0 ]; then
   exec sudo -E bash "$0" "$@"
 fi
 bash "$root/scripts/deps"
-cmake -S "$root" -B "$root/build-test" -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON >/dev/null
+cmake -S "$root" -B "$root/build-test" -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON -DKILN_FUZZ=ON >/dev/null
 cmake --build "$root/build-test" -j2
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+check="/usr/bin/python3 $root/tests/harness/ctest_check.py"
+allowed=$root/tests/skip-allowed.txt
 cd "$root/build-test"
-ctest --output-on-failure --timeout 1500 -j2 "$@"
+$check policy "$root/build-test" "$allowed"
+junit=$root/build-test/Testing/junit.xml
+rm -f "$junit"
+rc=0
+ctest --output-on-failure --timeout 1500 -j2 --output-junit "$junit" "$@" || rc=$?
+if [ -f "$junit" ]; then
+  $check skips "$junit" "$allowed" || rc=1
+else
+  echo "test: ctest wrote no results to $junit" >&2
+  rc=1
+fi
+exit $rc

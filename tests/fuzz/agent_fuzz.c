@@ -1,7 +1,7 @@
 /*
  * agent_fuzz.c - libFuzzer target for the host's decoding of what a guest sends: the incremental
  * frame decoder (vmm/guest/agent_proto.c) fed in uneven slices, then every payload decoder the
- * host client applies to a frame of that type. Built and run briefly by tests/unit/agent/.
+ * host client applies to a frame of that type. Built and run briefly by tests/fuzz/CMakeLists.txt.
  *
  * Input: byte 0 picks the slice size (1..256 bytes), the rest is the stream from the "guest".
  */

@@ -4,7 +4,7 @@
  * scope strings and arrays, JWKS documents, and sealed values.
  *
  * The first byte picks the mode; the rest is the input. Built and run briefly by
- * tests/unit/auth/CMakeLists.txt (ctest -R auth_fuzz_smoke); docs/auth.md gives a long run.
+ * tests/fuzz/CMakeLists.txt (ctest -R auth_fuzz); make fuzz runs it at length (docs/testing.md).
  */
 #include <stdint.h>
 #include <stdlib.h>
