@@ -25,6 +25,7 @@
 
 #include "auth/signing.h"
 #include "auth/crypto.h"
+#include "auth/masterkey.h"
 #include "common/config.h"
 #include "common/log.h"
 #include "metering/meter.h"
@@ -90,33 +91,12 @@ static void db_exit(void)
 /* The master key signs node tokens for pauses; without one the meter bills but pauses nothing. */
 static int master_key_init(struct kiln_error *err)
 {
-	char text[256];
-	size_t n = 0;
-	FILE *f;
-
-	if (km.cfg.master_key) {
-		n = (size_t)snprintf(text, sizeof(text), "%s", km.cfg.master_key);
-	} else if (km.cfg.master_key_file) {
-		f = fopen(km.cfg.master_key_file, "r");
-		if (!f)
-			return kiln_error_set(err, KILN_E_INVALID,
-					      "setting \"master_key_file\": cannot read \"%s\"",
-					      km.cfg.master_key_file);
-		n = fread(text, 1, sizeof(text) - 1, f);
-		fclose(f);
-		text[n] = '\0';
-	} else {
+	if (!masterkey_configured(&km.cfg)) {
 		log_warn("no master key: sandboxes of tenants out of credits will not be paused");
 		return KILN_OK;
 	}
-	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
-		text[--n] = '\0';
-	if (auth_master_key_load(&km.mk, text, n, err) != KILN_OK) {
-		kiln_error_clear(err);
-		return kiln_error_set(err, KILN_E_INVALID,
-				      "the master key is not 64 hex digits (or 32 bytes in base64)");
-	}
-	memset(text, 0, sizeof(text));
+	if (masterkey_load(&km.cfg, &km.mk, err) != KILN_OK)
+		return err->code;
 	km.has_mk = true;
 	return KILN_OK;
 }
