@@ -15,7 +15,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +26,7 @@
 #include "auth/crypto.h"
 #include "auth/masterkey.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "metering/meter.h"
 #include "metering/pause.h"
@@ -44,13 +44,6 @@ static struct {
 	const char *clock_file;
 	unsigned flush_hold_ms;
 } km;
-
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int sig)
-{
-	stop_requested = sig;
-}
 
 /* The test clock: the host's plus the offset in seconds read from the file. */
 static int64_t test_clock(void *ctx)
@@ -184,11 +177,7 @@ static void meter_exit(void)
 	km.meter = NULL;
 }
 
-static const struct {
-	const char *name;
-	int (*init)(struct kiln_error *err);
-	void (*exit)(void);
-} stages[] = {
+static const struct daemon_stage stages[] = {
 	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
 	{ "signing keys", signing_init, signing_exit },
@@ -213,21 +202,21 @@ static int64_t real_ns(void)
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
-/* Ticks on whole seconds until asked to stop. */
+/* Ticks on whole seconds until asked to stop (daemon_run_loop's main loop). */
 static void run(void)
 {
 	struct kiln_error err = { 0 };
 	int64_t prev = 0;
 	unsigned quiet = 0;
 
-	while (!stop_requested) {
+	while (!daemon_stopping()) {
 		int64_t now = real_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
 		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
 
-		while (!stop_requested &&
+		while (!daemon_stopping() &&
 		       clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR)
 			;
-		if (stop_requested)
+		if (daemon_stopping())
 			break;
 		now = real_ns();
 		if (prev && now - prev > PRICE_NS_PER_S * 3 / 2)
@@ -250,8 +239,7 @@ int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
 	const char *config_path = NULL;
-	size_t started = 0;
-	int status = 0;
+	int status;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -274,22 +262,7 @@ int main(int argc, char **argv)
 	}
 	log_init("kiln-meter", (enum log_level)log_level_parse(km.cfg.log_level), km.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
-	for (; started < NSTAGES; started++) {
-		if (stages[started].init(&err) != KILN_OK) {
-			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
-			status = 1;
-			break;
-		}
-	}
-	if (!status)
-		run();
-	if (stop_requested)
-		log_info("stopping on signal %d", (int)stop_requested);
-	while (started > 0)
-		stages[--started].exit();
+	status = daemon_run_loop(stages, NSTAGES, run);
 	config_release(&km.cfg);
 	curl_global_cleanup();
 	return status;
