@@ -65,29 +65,50 @@ struct pg_conn *gw_db(struct http_req *req);
 /* Replies with the error `rc` and `err`'s message (generic for 5xx). */
 void gw_fail(struct http_req *req, enum kiln_err rc, const struct kiln_error *err);
 
-/* `?limit=` within 1..max (default `def`); replies 422 and returns -1 when malformed. */
+/*
+ * `?limit=` within 1..max (default `def`); replies 422 and returns -1 when malformed. Listings
+ * paged by a cursor use gw_page_parse, which calls it.
+ */
 int gw_limit(struct http_req *req, int def, int max);
 
 /*
- * The `?cursor=` of a listing paged by a sequence number: *out is NULL (first page) or the
- * number's text. Replies 422 and returns false when it is not one this server gave.
+ * One page of a listing, as asked by `?limit=` and `?cursor=`. Listings are paged newest first
+ * either by a sequence number (the cursor is its decimal text) or by (created_at, id) (the cursor
+ * is "<µs since the epoch>.<id>"); the query fetches LIMIT `lim` (limit + 1: a row past the
+ * limit means there is another page).
  */
-bool gw_seq_cursor(struct http_req *req, const char **out);
+struct gw_page {
+	int limit;		/* items per page */
+	char lim[16];		/* limit + 1 in decimal, the query's LIMIT */
+	const char *seq;	/* sequence paging: the cursor's number, NULL on the first page */
+	const char *t, *id;	/* time paging: the cursor's µs and id, NULL on the first page */
+	char t_buf[32], id_buf[64];	/* where t and id point */
+};
 
 /*
- * The `?cursor=` of a listing paged by (created_at, id): "<µs since the epoch>.<id>", the id
- * starting with `id_prefix`. Sets *given and fills `t` (32 bytes) and `id` (64 bytes) when there
- * is one. Replies 422 and returns false when it is not one this server gave.
+ * Parses `?limit=` (1..max, default `def`), then `?cursor=`: a sequence number when `id_prefix` is
+ * NULL, else a (created_at, id) cursor whose id starts with `id_prefix`. Replies 422 and returns
+ * false when either is malformed ("limit must be a whole number from 1 to <max>", "cursor is not
+ * one this server gave").
  */
-bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, char t[32],
-		    char id[64]);
+bool gw_page_parse(struct http_req *req, int def, int max, const char *id_prefix,
+		   struct gw_page *p);
+
+/* The number of rows of `res` that belong to this page (at most p->limit). */
+int gw_page_rows(const struct gw_page *p, struct pg_res *res);
 
 /*
- * Replies 200 with one page of a listing: `{<name>: [...], next_cursor}` from `res`, whose
- * column 0 is each item's JSON text and column 1 its cursor, fetched with LIMIT `limit` + 1 (a
- * row past `limit` means another page). Frees `res`.
+ * Replies 200 with `{<name>: items, next_cursor}`, next_cursor being column `cursor_col` of the
+ * page's last row when `res` holds a row past the limit, else null. Takes `items`; frees `res`.
  */
-void gw_reply_page(struct http_req *req, struct pg_res *res, int limit, const char *name);
+void gw_page_reply(struct http_req *req, const struct gw_page *p, struct pg_res *res,
+		   int cursor_col, const char *name, json_t *items);
+
+/*
+ * gw_page_reply for a `res` whose column 0 is each item's JSON text and column 1 its cursor.
+ */
+void gw_reply_page(struct http_req *req, const struct gw_page *p, struct pg_res *res,
+		   const char *name);
 
 /* Makes an id with `prefix`; never fails in practice (replies 500 and returns false if it does). */
 bool gw_new_id(struct http_req *req, const char *prefix, char *out, size_t n);

@@ -13,36 +13,32 @@ static void audit_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	const char *cursor;
+	struct gw_page page;
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	char lim[16];
 	json_t *arr;
-	int limit = gw_limit(req, 50, 500), rows;
+	int rows;
 	enum kiln_err rc;
 
-	if (limit < 0)
-		return;
-	if (!gw_seq_cursor(req, &cursor))
+	if (!gw_page_parse(req, 50, 500, NULL, &page))
 		return;
 	c = gw_db(req);
 	if (!c)
 		return;
-	snprintf(lim, sizeof(lim), "%d", limit + 1);
 	rc = PGQ(c, &res, &err,
 		 "SELECT seq, key_id, method, route, object_id, status, request_id, "
 		 "rfc3339(created_at) FROM audit_log WHERE tenant_id = $1 "
 		 "AND ($2::bigint IS NULL OR seq < $2::bigint) ORDER BY seq DESC LIMIT $3::int",
-		 who->tenant_id, cursor, lim);
+		 who->tenant_id, page.seq, page.lim);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return;
 	}
 	arr = json_array();
-	rows = pg_res_rows(res);
-	for (int i = 0; i < rows && i < limit; i++)
+	rows = gw_page_rows(&page, res);
+	for (int i = 0; i < rows; i++)
 		json_array_append_new(
 			arr, json_pack("{s:s, s:o, s:s, s:s, s:o, s:i, s:s, s:s}", "id",
 				       pg_res_str(res, i, 0), "key_id",
@@ -52,10 +48,7 @@ static void audit_list(struct http_req *req)
 				       pg_res_get(res, i, 4) ? json_string(pg_res_get(res, i, 4)) : json_null(),
 				       "status", (int)pg_res_int(res, i, 5, 0), "request_id",
 				       pg_res_str(res, i, 6), "created_at", pg_res_str(res, i, 7)));
-	http_reply_json(req, 200,
-			json_pack("{s:o, s:o}", "entries", arr, "next_cursor",
-				  rows > limit ? json_string(pg_res_str(res, limit - 1, 0)) : json_null()));
-	pg_res_free(res);
+	gw_page_reply(req, &page, res, 0, "entries", arr);
 }
 
 static const struct http_route routes[] = {

@@ -276,15 +276,13 @@ static void sandbox_list(struct http_req *req)
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	const char *state = http_req_query(req, "state");
-	bool has_cursor;
+	struct gw_page page;
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
-	char lim[16], cur_t[32] = "", cur_id[64] = "";
-	int limit = gw_limit(req, 50, 100);
 	enum kiln_err rc;
 
-	if (limit < 0)
+	if (!gw_page_parse(req, 50, 100, "sb_", &page))
 		return;
 	if (state) {
 		bool ok = false;
@@ -296,12 +294,9 @@ static void sandbox_list(struct http_req *req)
 			return;
 		}
 	}
-	if (!gw_time_cursor(req, "sb_", &has_cursor, cur_t, cur_id))
-		return;
 	c = gw_db(req);
 	if (!c)
 		return;
-	snprintf(lim, sizeof(lim), "%d", limit + 1);
 	rc = PGQ(c, &res, &err,
 		 "SELECT sandbox_json(s)::text, "
 		 "(extract(epoch FROM s.created_at) * 1000000)::bigint || '.' || s.id "
@@ -310,13 +305,13 @@ static void sandbox_list(struct http_req *req)
 		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
 		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
 		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
-		 who->tenant_id, state, has_cursor ? cur_t : NULL, has_cursor ? cur_id : NULL, lim);
+		 who->tenant_id, state, page.t, page.id, page.lim);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return;
 	}
-	gw_reply_page(req, res, limit, "sandboxes");
+	gw_reply_page(req, &page, res, "sandboxes");
 }
 
 static void sandbox_get(struct http_req *req)

@@ -2,6 +2,8 @@
  * routes_util.c - small helpers the route groups share (see gateway.h).
  */
 #include <ctype.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -100,51 +102,74 @@ json_t *gw_time(const char *pg_text)
 	return pg_text ? json_string(pg_text) : json_null();
 }
 
-bool gw_seq_cursor(struct http_req *req, const char **out)
+/* The `?cursor=` of a listing paged by a sequence number (at most 19 digits). */
+static bool seq_cursor(const char *c, struct gw_page *p)
 {
-	const char *c = http_req_query(req, "cursor");
-
-	*out = NULL;
-	if (!c)
-		return true;
-	if (!*c || strlen(c) > 19 || strspn(c, "0123456789") != strlen(c)) {
-		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+	if (!*c || strlen(c) > 19 || strspn(c, "0123456789") != strlen(c))
 		return false;
-	}
-	*out = c;
+	p->seq = c;
 	return true;
 }
 
-bool gw_time_cursor(struct http_req *req, const char *id_prefix, bool *given, char t[32],
-		    char id[64])
+/* The `?cursor=` of a listing paged by (created_at, id): "<µs since the epoch>.<id_prefix...>". */
+static bool time_cursor(const char *c, const char *id_prefix, struct gw_page *p)
 {
-	const char *c = http_req_query(req, "cursor"), *dot;
+	const char *dot = strchr(c, '.');
 
-	*given = false;
-	if (!c)
-		return true;
-	dot = strchr(c, '.');
-	if (!dot || dot == c || dot - c >= 32 || strspn(c, "0123456789") != (size_t)(dot - c) ||
-	    strlen(dot + 1) >= 64 || strncmp(dot + 1, id_prefix, strlen(id_prefix)) != 0) {
-		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+	if (!dot || dot == c || dot - c >= (ptrdiff_t)sizeof(p->t_buf) ||
+	    strspn(c, "0123456789") != (size_t)(dot - c) || strlen(dot + 1) >= sizeof(p->id_buf) ||
+	    strncmp(dot + 1, id_prefix, strlen(id_prefix)) != 0)
 		return false;
-	}
-	snprintf(t, 32, "%.*s", (int)(dot - c), c);
-	snprintf(id, 64, "%s", dot + 1);
-	*given = true;
+	snprintf(p->t_buf, sizeof(p->t_buf), "%.*s", (int)(dot - c), c);
+	snprintf(p->id_buf, sizeof(p->id_buf), "%s", dot + 1);
+	p->t = p->t_buf;
+	p->id = p->id_buf;
 	return true;
 }
 
-void gw_reply_page(struct http_req *req, struct pg_res *res, int limit, const char *name)
+bool gw_page_parse(struct http_req *req, int def, int max, const char *id_prefix,
+		   struct gw_page *p)
 {
-	json_t *arr = json_array();
+	const char *c;
+
+	memset(p, 0, sizeof(*p));
+	p->limit = gw_limit(req, def, max);
+	if (p->limit < 0)
+		return false;
+	snprintf(p->lim, sizeof(p->lim), "%d", p->limit + 1);
+	c = http_req_query(req, "cursor");
+	if (c && !(id_prefix ? time_cursor(c, id_prefix, p) : seq_cursor(c, p))) {
+		http_reply_error(req, KILN_E_INVALID, "cursor is not one this server gave");
+		return false;
+	}
+	return true;
+}
+
+int gw_page_rows(const struct gw_page *p, struct pg_res *res)
+{
 	int rows = pg_res_rows(res);
 
-	for (int i = 0; i < rows && i < limit; i++)
-		json_array_append_new(arr, json_loads(pg_res_str(res, i, 0), 0, NULL));
-	http_reply_json(req, 200,
-			json_pack("{s:o, s:o}", name, arr, "next_cursor",
-				  rows > limit ? json_string(pg_res_str(res, limit - 1, 1))
-					       : json_null()));
+	return rows < p->limit ? rows : p->limit;
+}
+
+void gw_page_reply(struct http_req *req, const struct gw_page *p, struct pg_res *res,
+		   int cursor_col, const char *name, json_t *items)
+{
+	json_t *next = pg_res_rows(res) > p->limit
+			       ? json_string(pg_res_str(res, p->limit - 1, cursor_col))
+			       : json_null();
+
+	http_reply_json(req, 200, json_pack("{s:o, s:o}", name, items, "next_cursor", next));
 	pg_res_free(res);
+}
+
+void gw_reply_page(struct http_req *req, const struct gw_page *p, struct pg_res *res,
+		   const char *name)
+{
+	json_t *arr = json_array();
+	int rows = gw_page_rows(p, res);
+
+	for (int i = 0; i < rows; i++)
+		json_array_append_new(arr, json_loads(pg_res_str(res, i, 0), 0, NULL));
+	gw_page_reply(req, p, res, 1, name, arr);
 }

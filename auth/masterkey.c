@@ -42,3 +42,8 @@ enum kiln_err masterkey_load(const struct kiln_config *cfg, struct auth_master_k
 	}
 	return KILN_OK;
 }
+
+bool masterkey_configured(const struct kiln_config *cfg)
+{
+	return cfg->master_key || cfg->master_key_file;
+}

@@ -1,11 +1,12 @@
 /* client.c - the kiln CLI's HTTP client (client.h). */
 #include "cli/client.h"
 
-#include <curl/curl.h>
 #include <errno.h>
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "common/httpc.h"
 
 #define SSE_LINE_MAX (16u << 20)	/* bytes of one event's data */
 
@@ -68,49 +69,50 @@ static size_t to_sse(char *p, size_t size, size_t n, void *arg)
 	return s->failed ? 0 : len;
 }
 
-/* A handle for METHOD url+path with the key and `headers` set up; NULL when out of memory. */
-static CURL *prepare(struct client *c, const char *method, const char *path, struct curl_slist **headers)
+/*
+ * Sets `h` up for METHOD url+path with the key in `headers` and the answer's body into `out`
+ * (NULL: the caller sets its own writer). False, with c->err set, when out of memory.
+ */
+static bool prepare(struct client *c, struct httpc *h, const char *method, const char *path,
+		    struct buf *out, struct curl_slist **headers)
 {
-	CURL *curl = curl_easy_init();
+	struct kiln_error err = { 0 };
+	struct httpc_opts o = { .connect_timeout_ms = 10000, .body = out };
 	struct buf url, auth;
+	bool ok = false;
 
-	if (!curl)
-		return NULL;
 	buf_init(&url, 8192);
 	buf_init(&auth, 8192);
-	if (buf_appendf(&url, "%s%s", c->url, path) < 0 || buf_appendf(&auth, "Authorization: Bearer %s", c->key ? c->key : "") < 0) {
-		buf_release(&url);
-		buf_release(&auth);
-		curl_easy_cleanup(curl);
-		return NULL;
-	}
+	if (buf_appendf(&url, "%s%s", c->url, path) < 0 ||
+	    buf_appendf(&auth, "Authorization: Bearer %s", c->key ? c->key : "") < 0)
+		goto done;
+	o.url = url.data;
+	if (httpc_open(h, &o, &err) != KILN_OK)
+		goto done;
 	if (c->key && *c->key)
 		*headers = curl_slist_append(*headers, auth.data);
-	curl_easy_setopt(curl, CURLOPT_URL, url.data);
-	curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
-	curl_easy_setopt(curl, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(curl, CURLOPT_CONNECTTIMEOUT, 10L);
-	curl_easy_setopt(curl, CURLOPT_USERAGENT, "kiln-cli");
+	curl_easy_setopt(h->curl, CURLOPT_CUSTOMREQUEST, method);
+	curl_easy_setopt(h->curl, CURLOPT_USERAGENT, "kiln-cli");
+	ok = true;
+done:
+	if (!ok)
+		snprintf(c->err, sizeof(c->err), "out of memory");
 	buf_release(&url);
 	buf_release(&auth);
-	return curl;
+	return ok;
 }
 
-static int perform(struct client *c, CURL *curl, struct curl_slist *headers)
+/* Performs the call, frees `headers` and the handle; the HTTP status, or 0 with c->err set. */
+static int perform(struct client *c, struct httpc *h, struct curl_slist *headers)
 {
-	char errbuf[CURL_ERROR_SIZE] = "";
+	struct kiln_error err = { 0 };
 	long status = 0;
-	CURLcode rc;
 
-	curl_easy_setopt(curl, CURLOPT_HTTPHEADER, headers);
-	curl_easy_setopt(curl, CURLOPT_ERRORBUFFER, errbuf);
-	rc = curl_easy_perform(curl);
-	if (rc == CURLE_OK)
-		curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &status);
-	else
-		snprintf(c->err, sizeof(c->err), "%s", errbuf[0] ? errbuf : curl_easy_strerror(rc));
+	curl_easy_setopt(h->curl, CURLOPT_HTTPHEADER, headers);
+	if (httpc_perform(h, &status, &err) != KILN_OK)
+		snprintf(c->err, sizeof(c->err), "%s", h->errbuf[0] ? h->errbuf : err.msg);
 	curl_slist_free_all(headers);
-	curl_easy_cleanup(curl);
+	httpc_close(h);
 	return (int)status;
 }
 
@@ -118,12 +120,12 @@ int client_call(struct client *c, const char *method, const char *path, const st
 		struct buf *out)
 {
 	struct curl_slist *headers = NULL;
-	CURL *curl = prepare(c, method, path, &headers);
+	struct httpc h;
+	CURL *curl;
 
-	if (!curl) {
-		snprintf(c->err, sizeof(c->err), "out of memory");
+	if (!prepare(c, &h, method, path, out, &headers))
 		return 0;
-	}
+	curl = h.curl;
 	if (body && body->json) {
 		headers = curl_slist_append(headers, "Content-Type: application/json");
 		curl_easy_setopt(curl, CURLOPT_POSTFIELDS, body->json);
@@ -134,9 +136,7 @@ int client_call(struct client *c, const char *method, const char *path, const st
 		curl_easy_setopt(curl, CURLOPT_INFILESIZE_LARGE, (curl_off_t)body->file_size);
 		curl_easy_setopt(curl, CURLOPT_CUSTOMREQUEST, method);
 	}
-	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, to_buf);
-	curl_easy_setopt(curl, CURLOPT_WRITEDATA, out);
-	return perform(c, curl, headers);
+	return perform(c, &h, headers);
 }
 
 int client_stream(struct client *c, const char *path, const char *json, client_event_fn fn, void *ctx,
@@ -144,13 +144,13 @@ int client_stream(struct client *c, const char *path, const char *json, client_e
 {
 	struct curl_slist *headers = NULL;
 	struct sse s = { .fn = fn, .ctx = ctx, .out = out };
-	CURL *curl = prepare(c, "POST", path, &headers);
+	struct httpc h;
+	CURL *curl;
 	int status;
 
-	if (!curl) {
-		snprintf(c->err, sizeof(c->err), "out of memory");
+	if (!prepare(c, &h, "POST", path, NULL, &headers))
 		return 0;
-	}
+	curl = h.curl;
 	buf_init(&s.line, SSE_LINE_MAX);
 	buf_init(&s.data, SSE_LINE_MAX);
 	s.curl = curl;
@@ -159,7 +159,7 @@ int client_stream(struct client *c, const char *path, const char *json, client_e
 	curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
 	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, to_sse);
 	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &s);
-	status = perform(c, curl, headers);
+	status = perform(c, &h, headers);
 	if (status == 200 && s.line.len)
 		sse_line(&s, s.line.data);	/* a last line without its newline */
 	if (status == 200)

@@ -15,7 +15,12 @@ static void on_signal(int sig)
 	stop_requested = sig;
 }
 
-int daemon_run(const struct daemon_stage *stages, size_t n)
+bool daemon_stopping(void)
+{
+	return stop_requested != 0;
+}
+
+int daemon_run_loop(const struct daemon_stage *stages, size_t n, void (*main_loop)(void))
 {
 	struct kiln_error err = { 0 };
 	size_t started = 0;
@@ -31,6 +36,8 @@ int daemon_run(const struct daemon_stage *stages, size_t n)
 			break;
 		}
 	}
+	if (!status && main_loop)
+		main_loop();
 	while (!status && !stop_requested)
 		pause();
 	if (stop_requested)
@@ -38,4 +45,9 @@ int daemon_run(const struct daemon_stage *stages, size_t n)
 	while (started > 0)
 		stages[--started].exit();
 	return status;
+}
+
+int daemon_run(const struct daemon_stage *stages, size_t n)
+{
+	return daemon_run_loop(stages, n, NULL);
 }

@@ -5,6 +5,7 @@
 #ifndef KILN_DAEMON_H
 #define KILN_DAEMON_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/err.h"
@@ -21,5 +22,15 @@ struct daemon_stage {
  * (logged with the stage's name and the error).
  */
 int daemon_run(const struct daemon_stage *stages, size_t n);
+
+/*
+ * As daemon_run, but once all stages are up runs `main_loop` on the calling thread instead of
+ * waiting idle; `main_loop` returns when daemon_stopping() turns true (a blocking call in it
+ * returns EINTR on the signal). The stages are stopped after it returns.
+ */
+int daemon_run_loop(const struct daemon_stage *stages, size_t n, void (*main_loop)(void));
+
+/* Whether SIGTERM or SIGINT has arrived since daemon_run or daemon_run_loop began. */
+bool daemon_stopping(void);
 
 #endif

@@ -15,7 +15,6 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,7 +24,9 @@
 
 #include "auth/signing.h"
 #include "auth/crypto.h"
+#include "auth/masterkey.h"
 #include "common/config.h"
+#include "common/daemon.h"
 #include "common/log.h"
 #include "metering/meter.h"
 #include "metering/pause.h"
@@ -43,13 +44,6 @@ static struct {
 	const char *clock_file;
 	unsigned flush_hold_ms;
 } km;
-
-static volatile sig_atomic_t stop_requested;
-
-static void on_signal(int sig)
-{
-	stop_requested = sig;
-}
 
 /* The test clock: the host's plus the offset in seconds read from the file. */
 static int64_t test_clock(void *ctx)
@@ -90,33 +84,12 @@ static void db_exit(void)
 /* The master key signs node tokens for pauses; without one the meter bills but pauses nothing. */
 static int master_key_init(struct kiln_error *err)
 {
-	char text[256];
-	size_t n = 0;
-	FILE *f;
-
-	if (km.cfg.master_key) {
-		n = (size_t)snprintf(text, sizeof(text), "%s", km.cfg.master_key);
-	} else if (km.cfg.master_key_file) {
-		f = fopen(km.cfg.master_key_file, "r");
-		if (!f)
-			return kiln_error_set(err, KILN_E_INVALID,
-					      "setting \"master_key_file\": cannot read \"%s\"",
-					      km.cfg.master_key_file);
-		n = fread(text, 1, sizeof(text) - 1, f);
-		fclose(f);
-		text[n] = '\0';
-	} else {
+	if (!masterkey_configured(&km.cfg)) {
 		log_warn("no master key: sandboxes of tenants out of credits will not be paused");
 		return KILN_OK;
 	}
-	while (n && (text[n - 1] == '\n' || text[n - 1] == '\r' || text[n - 1] == ' '))
-		text[--n] = '\0';
-	if (auth_master_key_load(&km.mk, text, n, err) != KILN_OK) {
-		kiln_error_clear(err);
-		return kiln_error_set(err, KILN_E_INVALID,
-				      "the master key is not 64 hex digits (or 32 bytes in base64)");
-	}
-	memset(text, 0, sizeof(text));
+	if (masterkey_load(&km.cfg, &km.mk, err) != KILN_OK)
+		return err->code;
 	km.has_mk = true;
 	return KILN_OK;
 }
@@ -204,11 +177,7 @@ static void meter_exit(void)
 	km.meter = NULL;
 }
 
-static const struct {
-	const char *name;
-	int (*init)(struct kiln_error *err);
-	void (*exit)(void);
-} stages[] = {
+static const struct daemon_stage stages[] = {
 	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
 	{ "signing keys", signing_init, signing_exit },
@@ -233,21 +202,21 @@ static int64_t real_ns(void)
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
-/* Ticks on whole seconds until asked to stop. */
+/* Ticks on whole seconds until asked to stop (daemon_run_loop's main loop). */
 static void run(void)
 {
 	struct kiln_error err = { 0 };
 	int64_t prev = 0;
 	unsigned quiet = 0;
 
-	while (!stop_requested) {
+	while (!daemon_stopping()) {
 		int64_t now = real_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
 		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
 
-		while (!stop_requested &&
+		while (!daemon_stopping() &&
 		       clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR)
 			;
-		if (stop_requested)
+		if (daemon_stopping())
 			break;
 		now = real_ns();
 		if (prev && now - prev > PRICE_NS_PER_S * 3 / 2)
@@ -270,8 +239,7 @@ int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
 	const char *config_path = NULL;
-	size_t started = 0;
-	int status = 0;
+	int status;
 
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
@@ -294,22 +262,7 @@ int main(int argc, char **argv)
 	}
 	log_init("kiln-meter", (enum log_level)log_level_parse(km.cfg.log_level), km.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
-	signal(SIGPIPE, SIG_IGN);
-	signal(SIGTERM, on_signal);
-	signal(SIGINT, on_signal);
-	for (; started < NSTAGES; started++) {
-		if (stages[started].init(&err) != KILN_OK) {
-			log_error("start failed at \"%s\": %s", stages[started].name, err.msg);
-			status = 1;
-			break;
-		}
-	}
-	if (!status)
-		run();
-	if (stop_requested)
-		log_info("stopping on signal %d", (int)stop_requested);
-	while (started > 0)
-		stages[--started].exit();
+	status = daemon_run_loop(stages, NSTAGES, run);
 	config_release(&km.cfg);
 	curl_global_cleanup();
 	return status;

@@ -1,9 +1,8 @@
 /*
- * pause.c - pause requests to kiln-node over libcurl (see pause.h).
+ * pause.c - pause requests to kiln-node over HTTP (common/httpc.h; see pause.h).
  */
 #include "pause.h"
 
-#include <curl/curl.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include "auth/signing.h"
 #include "auth/scopes.h"
 #include "common/err.h"
+#include "common/httpc.h"
 #include "common/log.h"
 
 #define PAUSE_QUEUE_MAX 1024
@@ -37,13 +37,6 @@ struct pauser {
 	pthread_t workers[PAUSE_WORKERS];
 	int nworkers;
 };
-
-static size_t discard(char *data, size_t size, size_t n, void *ud)
-{
-	(void)data;
-	(void)ud;
-	return size * n;
-}
 
 /* The node's address from `nodes`, into `out`; false when unknown. */
 static bool node_address(struct pauser *p, char *out, size_t n)
@@ -81,10 +74,15 @@ static void pause_one(struct pauser *p, const struct pause_job *j)
 	struct curl_slist *h = NULL;
 	char addr[512], url[1024], auth[8192];
 	const char *base = addr;
+	struct httpc_opts o = {
+		.url = url,
+		.timeout_ms = PAUSE_TIMEOUT_S * 1000L,
+		.connect_timeout_ms = 3000,
+	};
+	struct httpc hc;
 	char *token = NULL;
 	long status = 0;
-	CURLcode cc;
-	CURL *c;
+	enum kiln_err rc;
 
 	log_ctx_set(NULL, j->tenant, j->sandbox);
 	if (!node_address(p, addr, sizeof(addr))) {
@@ -95,32 +93,24 @@ static void pause_one(struct pauser *p, const struct pause_job *j)
 		log_error("cannot sign a node token: %s", err.msg);
 		goto out;
 	}
-	c = curl_easy_init();
-	if (!c)
-		goto out;
 	if (strncmp(base, "unix:", 5) == 0) {
-		curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, base + 5);
+		o.unix_socket = base + 5;
 		base = "http://node";
 	}
 	snprintf(url, sizeof(url), "%s/v1/sandboxes/%s/pause", base, j->sandbox);
+	if (httpc_open(&hc, &o, &err) != KILN_OK)
+		goto out;
 	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", token);
 	h = curl_slist_append(h, auth);
 	h = curl_slist_append(h, "Content-Type: application/json");
-	curl_easy_setopt(c, CURLOPT_URL, url);
-	curl_easy_setopt(c, CURLOPT_POST, 1L);
-	curl_easy_setopt(c, CURLOPT_POSTFIELDS, "{}");
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT, (long)PAUSE_TIMEOUT_S);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, discard);
-	cc = curl_easy_perform(c);
-	if (cc == CURLE_OK)
-		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &status);
+	curl_easy_setopt(hc.curl, CURLOPT_POST, 1L);
+	curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, "{}");
+	curl_easy_setopt(hc.curl, CURLOPT_HTTPHEADER, h);
+	rc = httpc_perform(&hc, &status, &err);
 	curl_slist_free_all(h);
-	curl_easy_cleanup(c);
-	if (cc != CURLE_OK)
-		log_warn("cannot reach node \"%s\" to pause: %s", p->node, curl_easy_strerror(cc));
+	httpc_close(&hc);
+	if (rc != KILN_OK)
+		log_warn("cannot reach node \"%s\" to pause: %s", p->node, err.msg);
 	else if (status == 200)
 		log_info("paused: the tenant is out of credits");
 	else if (status == kiln_err_status(KILN_E_CONFLICT))

@@ -7,60 +7,29 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <sched.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "common/log.h"
-
-extern char **environ;
+#include "common/proc.h"
 
 enum kiln_err kiln_run(const char *const *argv, struct kiln_error *err)
 {
-	int pfd[2];
-	if (pipe2(pfd, O_CLOEXEC) < 0)
-		return kiln_error_set(err, KILN_E_IO, "pipe: %s", strerror(errno));
-	posix_spawn_file_actions_t fa;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_adddup2(&fa, pfd[1], 2);
-	posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	pid_t pid;
-	int rc = posix_spawnp(&pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	close(pfd[1]);
-	if (rc != 0) {
-		close(pfd[0]);
-		return kiln_error_set(err, KILN_E_IO, "cannot run \"%s\": %s", argv[0], strerror(rc));
-	}
 	char msg[512];
-	size_t len = 0;
-	ssize_t r;
-	while ((r = read(pfd[0], msg + len, sizeof(msg) - 1 - len)) > 0 ||
-	       (r < 0 && errno == EINTR)) {
-		if (r > 0)
-			len += (size_t)r;
-		if (len == sizeof(msg) - 1) {
-			char sink[256];
-			while (read(pfd[0], sink, sizeof(sink)) > 0)
-				;
-			break;
-		}
-	}
-	close(pfd[0]);
-	msg[len] = '\0';
+	size_t len;
+	int status, rc;
+
+	rc = proc_run(argv, PROC_STDERR, msg, sizeof(msg), &status);
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "cannot run \"%s\": %s", argv[0], strerror(-rc));
+	len = strlen(msg);
 	while (len && (msg[len - 1] == '\n' || msg[len - 1] == ' '))
 		msg[--len] = '\0';
-	int status;
-	while (waitpid(pid, &status, 0) < 0)
-		if (errno != EINTR)
-			return kiln_error_set(err, KILN_E_IO, "waitpid: %s", strerror(errno));
-	if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+	if (status != 0) {
 		char cmd[256];
 		size_t c = 0;
 		for (int i = 0; argv[i] && c < sizeof(cmd) - 1; i++)

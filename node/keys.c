@@ -1,8 +1,7 @@
 /*
- * keys.c - the JWKS that verifies gateway tokens: fetched from a gateway with libcurl, kept in
+ * keys.c - the JWKS that verifies gateway tokens: fetched from a gateway (common/httpc.h), kept in
  * memory, fetched again (at most once a second) when a token names a kid it does not hold.
  */
-#include <curl/curl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +10,7 @@
 
 #include "auth/jwks.h"
 #include "common/buf.h"
+#include "common/httpc.h"
 #include "common/log.h"
 #include "node/node.h"
 
@@ -24,34 +24,22 @@ struct jwks_cache {
 	time_t last_fetch;
 };
 
-static size_t on_data(char *p, size_t size, size_t n, void *ud)
-{
-	struct buf *b = ud;
-
-	return buf_append(b, p, size * n) == 0 ? size * n : 0;
-}
-
 static enum kiln_err jwks_fetch(struct jwks_cache *k, struct kiln_error *err)
 {
-	CURL *c = curl_easy_init();
 	struct auth_keyring *kr = NULL, *old;
 	struct buf b;
+	struct httpc_opts o = { .url = k->url, .timeout_ms = 5000, .body = &b };
+	struct httpc h;
+	struct kiln_error herr = { 0 };
 	long code = 0;
-	CURLcode cc;
 	enum kiln_err rc;
 
-	if (!c)
-		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	buf_init(&b, JWKS_MAX);
-	curl_easy_setopt(c, CURLOPT_URL, k->url);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_data);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, &b);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 5000L);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	cc = curl_easy_perform(c);
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-	curl_easy_cleanup(c);
-	if (cc != CURLE_OK || code != 200) {
+	if (httpc_open(&h, &o, err) != KILN_OK)
+		return err->code;
+	rc = httpc_perform(&h, &code, &herr);
+	httpc_close(&h);
+	if (rc != KILN_OK || code != 200) {
 		buf_release(&b);
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "cannot fetch the JWKS from \"%s\"",
 				      k->url);

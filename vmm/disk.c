@@ -7,62 +7,24 @@
 #include <fcntl.h>
 #include <jansson.h>
 #include <limits.h>
-#include <poll.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
-extern char **environ;
+#include "common/proc.h"
 
 #define DISK_INFO_MAX (256 * 1024)	/* bytes of qemu-img info output accepted */
 
 int disk_run(char *const argv[], char *out, size_t outlen)
 {
-	posix_spawn_file_actions_t fa;
-	int pipefd[2], status, r;
-	size_t len = 0;
-	pid_t pid;
+	int status, r = proc_run((const char *const *)argv, PROC_STDOUT | PROC_STDERR, out, outlen,
+				 &status);
 
-	if (pipe2(pipefd, O_CLOEXEC) < 0)
-		return -errno;
-	posix_spawn_file_actions_init(&fa);
-	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_adddup2(&fa, pipefd[1], 1);
-	posix_spawn_file_actions_adddup2(&fa, pipefd[1], 2);
-	r = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-	posix_spawn_file_actions_destroy(&fa);
-	close(pipefd[1]);
-	if (r != 0) {
-		close(pipefd[0]);
-		return -r;
-	}
-	for (;;) {
-		char chunk[4096];
-		ssize_t n = read(pipefd[0], chunk, sizeof(chunk));
-
-		if (n < 0 && errno == EINTR)
-			continue;
-		if (n <= 0)
-			break;
-		if (out && len + 1 < outlen) {
-			size_t take = (size_t)n < outlen - 1 - len ? (size_t)n : outlen - 1 - len;
-
-			memcpy(out + len, chunk, take);
-			len += take;
-		}
-	}
-	if (out && outlen)
-		out[len] = '\0';
-	close(pipefd[0]);
-	while (waitpid(pid, &status, 0) < 0) {
-		if (errno != EINTR)
-			return -errno;
-	}
-	return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 0 : -EIO;
+	if (r < 0)
+		return r;
+	return status == 0 ? 0 : -EIO;
 }
 
 void disk_layer_name(unsigned depth, char *out, size_t outlen)

@@ -1,51 +1,35 @@
 /*
- * fc_api.c - Firecracker's REST API over its Unix socket, through libcurl (fc_api.h).
+ * fc_api.c - Firecracker's REST API over its Unix socket, through libcurl (common/httpc.h;
+ * fc_api.h).
  */
 #include "vmm/fc_api.h"
 
-#include <curl/curl.h>
-#include <pthread.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include "common/httpc.h"
 
 #define FC_API_SOCK_MAX 107	/* bytes of a Unix socket path (sun_path less the terminator) */
 #define FC_API_RETRY_MS 5
 
 struct fc_api {
 	char sock[FC_API_SOCK_MAX + 1];
-	CURL *curl;
+	struct httpc http;	/* one handle, so its connection is reused */
 };
-
-/* A response body being received; never grows past FC_API_BODY_MAX. */
-struct body_buf {
-	char *data;
-	size_t len;
-	bool over;
-};
-
-static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
-static CURLcode curl_init_rc = CURLE_FAILED_INIT;
-
-static void curl_init_once(void)
-{
-	curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
-}
 
 struct fc_api *fc_api_new(const char *sock_path)
 {
 	struct fc_api *api;
 
-	pthread_once(&curl_once, curl_init_once);
-	if (curl_init_rc != CURLE_OK || !sock_path || strlen(sock_path) > FC_API_SOCK_MAX)
+	if (!sock_path || strlen(sock_path) > FC_API_SOCK_MAX)
 		return NULL;
 	api = calloc(1, sizeof(*api));
 	if (!api)
 		return NULL;
 	memcpy(api->sock, sock_path, strlen(sock_path) + 1);
-	api->curl = curl_easy_init();
-	if (!api->curl) {
+	if (httpc_init(&api->http, NULL) != KILN_OK) {
 		free(api);
 		return NULL;
 	}
@@ -56,28 +40,8 @@ void fc_api_free(struct fc_api *api)
 {
 	if (!api)
 		return;
-	curl_easy_cleanup(api->curl);
+	httpc_close(&api->http);
 	free(api);
-}
-
-static size_t on_body(char *ptr, size_t size, size_t nmemb, void *userdata)
-{
-	struct body_buf *b = userdata;
-	size_t n = size * nmemb;
-	char *p;
-
-	if (n > FC_API_BODY_MAX - b->len) {
-		b->over = true;
-		return 0;	/* aborts the transfer with CURLE_WRITE_ERROR */
-	}
-	p = realloc(b->data, b->len + n + 1);
-	if (!p)
-		return 0;
-	memcpy(p + b->len, ptr, n);
-	b->data = p;
-	b->len += n;
-	b->data[b->len] = '\0';
-	return n;
 }
 
 /* Copies the fault message of an Error body into `out`, printable ASCII only, or "" when none. */
@@ -96,19 +60,27 @@ static void fault_of(const char *body, char *out, size_t outlen)
 enum kiln_err fc_api_call(struct fc_api *api, const char *what, const char *method, const char *path,
 			  json_t *body, int timeout_ms, long *status, json_t **resp, struct kiln_error *err)
 {
-	struct body_buf rb = { 0 };
 	struct curl_slist *hdrs = NULL, *h;
 	char url[256], fault[FC_API_FAULT_MAX + 1];
+	struct buf rb;
+	struct httpc_opts o = {
+		.url = url,
+		.unix_socket = api->sock,
+		.timeout_ms = timeout_ms,
+		.connect_timeout_ms = timeout_ms < 2000 ? timeout_ms : 2000,
+		.body = &rb,
+	};
+	struct kiln_error herr = { 0 };
 	char *req = NULL;
 	enum kiln_err rc = KILN_OK;
 	long code = 0;
-	CURLcode cc;
-	CURL *c = api->curl;
+	CURL *c = api->http.curl;
 
 	if (status)
 		*status = 0;
 	if (resp)
 		*resp = NULL;
+	buf_init(&rb, FC_API_BODY_MAX);
 	if (snprintf(url, sizeof(url), "http://localhost%s", path) >= (int)sizeof(url))
 		return kiln_error_set(err, KILN_E_INTERNAL, "firecracker api path '%.64s' too long", path);
 	if (body && !(req = json_dumps(body, JSON_COMPACT)))
@@ -120,35 +92,26 @@ enum kiln_err fc_api_call(struct fc_api *api, const char *what, const char *meth
 		goto out;
 	}
 
-	curl_easy_reset(c);
-	curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, api->sock);
-	curl_easy_setopt(c, CURLOPT_URL, url);
+	httpc_setup(&api->http, &o);
 	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
 	curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdrs);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, (long)timeout_ms);
-	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, (long)(timeout_ms < 2000 ? timeout_ms : 2000));
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, &rb);
 	curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http");
 	if (req) {
 		curl_easy_setopt(c, CURLOPT_POSTFIELDS, req);
 		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(req));
 	}
 
-	cc = curl_easy_perform(c);
-	if (cc != CURLE_OK) {
-		if (rb.over)
+	rc = httpc_perform(&api->http, &code, &herr);
+	if (rc != KILN_OK) {
+		if (rc == KILN_E_TOO_LARGE)
 			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED,
 					    "vm '%s': firecracker %s %s: answer over %d bytes", what, method, path,
 					    FC_API_BODY_MAX);
 		else
-			rc = kiln_error_set(err, cc == CURLE_OUT_OF_MEMORY ? KILN_E_NOMEM : KILN_E_SANDBOX_FAILED,
-					    "vm '%s': firecracker %s %s: %s", what, method, path,
-					    curl_easy_strerror(cc));
+			rc = kiln_error_set(err, rc == KILN_E_NOMEM ? KILN_E_NOMEM : KILN_E_SANDBOX_FAILED,
+					    "vm '%s': firecracker %s %s: %s", what, method, path, herr.msg);
 		goto out;
 	}
-	curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
 	if (status)
 		*status = code;
 	if (code == 200 || code == 204) {
@@ -174,7 +137,7 @@ enum kiln_err fc_api_call(struct fc_api *api, const char *what, const char *meth
 out:
 	curl_slist_free_all(hdrs);
 	free(req);
-	free(rb.data);
+	buf_release(&rb);
 	return rc;
 }
 
