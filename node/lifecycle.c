@@ -310,7 +310,7 @@ static enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *
 			       why.msg);
 		return err->code;
 	} else {
-		sb_set_state(n, sb, SB_ERROR, "the VM ended while it was paused");
+		sb_failed(n, sb, "the VM ended while it was paused");
 		log_error("pause of \"%s\" failed after its VMM ended; \"%s\" kept", sb->id, dir);
 	}
 	return rc;
@@ -328,11 +328,10 @@ static enum kiln_err pause_record(struct node *n, const struct sandbox *sb, cons
 	rc = pg_exec(c, "BEGIN", err);
 	if (rc == KILN_OK)
 		rc = snap_record_public(n, c, sb, snap_id, "pause", NULL, dir, err);
-	if (rc == KILN_OK)
-		rc = PGQ(c, NULL, err,
-			 "UPDATE sandboxes SET state = 'paused', pause_snapshot = $2, net_index = NULL, "
-			 "error = NULL, state_changed_at = now() WHERE id = $1",
-			 sb->id, snap_id);
+	if (rc == KILN_OK) {
+		struct record_fence f = sb_fence(n, sb);
+		rc = record_paused(n->pg, c, &f, snap_id, err);
+	}
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "COMMIT", err);
 	else
@@ -573,7 +572,7 @@ int snap_recover(struct node *n)
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return 0;
 	if (PGQ(c, &res, &err,
-		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib FROM sandboxes "
+		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib, generation FROM sandboxes "
 		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('running', 'error')",
 		n->cfg.node_id) != KILN_OK) {
 		pg_release(n->pg, c);
@@ -590,6 +589,7 @@ int snap_recover(struct node *n)
 		sb.vcpu_milli = (unsigned)atoi(pg_res_str(res, i, 2));
 		sb.mem_mib = (unsigned)atoi(pg_res_str(res, i, 3));
 		sb.disk_gib = (unsigned)atoi(pg_res_str(res, i, 4));
+		sb.generation = pg_res_int(res, i, 5, 0);
 		snprintf(state_dir, sizeof(state_dir), "%s/%s", n->vm_state_root, sb.id);
 		kiln_error_clear(&err);
 		rc = vmm_adopt(n->cfg.hypervisor, state_dir, &sb.vm, &err);

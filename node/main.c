@@ -125,15 +125,28 @@ static void cleanup_networks(void)
 	globfree(&g);
 }
 
+/* Records a sandbox of an earlier run whose state could not be had as stopped. */
+static enum kiln_err stop_leftover(const struct record *r, void *arg)
+{
+	struct record_fence f = { .id = r->id, .node_id = node.cfg.node_id,
+				  .generation = r->generation };
+	struct kiln_error err = { 0 };
+	enum kiln_err rc = record_stopped(node.pg, NULL, &f, "the node restarted", &err);
+
+	if (rc == KILN_OK)
+		(*(int *)arg)++;
+	else if (rc == KILN_E_CONFLICT)
+		log_warn("sandbox \"%s\" is no longer this node's: %s", r->id, err.msg);
+	return rc == KILN_E_CONFLICT ? KILN_OK : rc;
+}
+
 static int recover_init(struct kiln_error *err)
 {
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
 	struct kiln_error cerr = { 0 };
 	enum kiln_err rc;
 	char pattern[600];
 	glob_t g;
-	int cleaned;
+	int cleaned, stopped = 0;
 
 	/* First, while their VMs and pins are still there: running sandboxes end paused, not lost. */
 	snap_recover(&node);
@@ -150,19 +163,10 @@ static int recover_init(struct kiln_error *err)
 			snap_remove_files(g.gl_pathv[i]);
 		globfree(&g);
 	}
-	rc = pg_acquire(node.pg, &c, err);
-
-	if (rc != KILN_OK)
-		return rc;
-	rc = PGQ(c, &res, err,
-		 "UPDATE sandboxes SET state = 'stopped', net_index = NULL, state_changed_at = now(), "
-		 "error = 'the node restarted' WHERE node_id = $1 AND deleted_at IS NULL "
-		 "AND state IN ('creating', 'running', 'error') RETURNING id",
-		 node.cfg.node_id);
-	if (rc == KILN_OK && pg_res_rows(res) > 0)
-		log_warn("%d sandboxes of an earlier run recorded as stopped", pg_res_rows(res));
-	pg_res_free(res);
-	pg_release(node.pg, c);
+	rc = record_each(node.pg, node.cfg.node_id, "{creating,running,error}", false, stop_leftover,
+			 &stopped, err);
+	if (stopped > 0)
+		log_warn("%d sandboxes of an earlier run recorded as stopped", stopped);
 	return rc;
 }
 
@@ -420,10 +424,15 @@ static void api_exit(void)
 			break;
 		pthread_mutex_lock(&sb->lock);
 		if (sb->state != SB_RUNNING || sb_pause(&node, sb, &err) != KILN_OK) {
+			struct record_fence f = sb_fence(&node, sb);
+
 			if (err.code != KILN_OK)
 				log_error("sandbox \"%s\" stops with the node: %s", sb->id, err.msg);
 			sb_teardown(&node, sb);
-			sb_set_state(&node, sb, SB_STOPPED, "the node stopped");
+			sb->state = SB_STOPPED;
+			kiln_error_clear(&err);
+			if (record_stopped(node.pg, NULL, &f, "the node stopped", &err) != KILN_OK)
+				log_error("the stop of \"%s\" not recorded: %s", sb->id, err.msg);
 		}
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);

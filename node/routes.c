@@ -383,7 +383,7 @@ static void sandbox_create(struct http_req *req)
 	size_t len;
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL;
-	char **env = NULL, vcpu[16], mem[16], disk[16], tmo[16], *meta = NULL;
+	char **env = NULL, *meta = NULL;
 	struct sandbox *sb = NULL;
 	struct pg_conn *c;
 	enum kiln_err rc;
@@ -460,30 +460,25 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	}
 	pthread_mutex_lock(&sb->lock);
-	snprintf(vcpu, sizeof(vcpu), "%u", sb->vcpu_milli);
-	snprintf(mem, sizeof(mem), "%u", sb->mem_mib);
-	snprintf(disk, sizeof(disk), "%u", sb->disk_gib);
-	snprintf(tmo, sizeof(tmo), "%lld", json_int(body, "timeout_s", 300));
 	meta = json_is_object(json_object_get(body, "metadata"))
 		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
 		       : strdup("{}");
 	rc = pg_acquire(n->pg, &c, &err);
 	if (rc == KILN_OK) {
-		char idx[16];
-		snprintf(idx, sizeof(idx), "%d", sb->net_index);
+		struct record_new nw = {
+			.id = id, .tenant_id = cl->tid, .node_id = n->cfg.node_id,
+			.template_name = json_str(body, "template", "python"),
+			.vcpu_milli = sb->vcpu_milli, .mem_mib = sb->mem_mib, .disk_gib = sb->disk_gib,
+			.timeout_s = json_int(body, "timeout_s", 300), .metadata = meta ? meta : "{}",
+			.net_index = sb->net_index,
+			.lineage_of = from_snap ? from_snap : tpl[0] ? tpl : NULL,
+		};
 		/* recorded under the tenant's plan, after any create of the same tenant before it */
 		rc = pg_exec(c, "BEGIN", &err);
 		if (rc == KILN_OK)
 			rc = plan_check(c, cl->tid, 1, sb->vcpu_milli, sb->mem_mib, &err);
 		if (rc == KILN_OK)
-			rc = PGQ(c, NULL, &err,
-				 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-				 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
-				 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
-				 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
-				 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
-				 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
-				 disk, tmo, meta ? meta : "{}", idx, from_snap ? from_snap : tpl[0] ? tpl : NULL);
+			rc = record_created(n->pg, c, &nw, &sb->generation, &err);
 		if (rc == KILN_OK)
 			rc = pg_exec(c, "COMMIT", &err);
 		else
@@ -511,12 +506,11 @@ static void sandbox_create(struct http_req *req)
 			tpl_discard(n, tpl);
 			sb_release(n, sb);
 			kiln_error_clear(&err);
-			if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-				PGQ(c, NULL, &err, "UPDATE sandboxes SET lineage = '{}' WHERE id = $1", id);
-				pg_release(n->pg, c);
-			}
-			kiln_error_clear(&err);
-			rc = sb_boot(n, sb, &init, &err);
+			rc = record_lineage_reset(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
+										 sb->generation },
+						  &err);
+			if (rc == KILN_OK)
+				rc = sb_boot(n, sb, &init, &err);
 		}
 	} else {
 		rc = sb_boot(n, sb, &init, &err);
@@ -526,19 +520,36 @@ static void sandbox_create(struct http_req *req)
 		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
 		snprintf(why, sizeof(why), "%s", err.msg);
 		sb_teardown(n, sb);
-		sb_set_state(n, sb, SB_ERROR, why);
+		sb->state = SB_ERROR;
 		/* The create failed: the sandbox never existed for the user. */
-		if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-			PGQ(c, NULL, &err,
-			    "UPDATE sandboxes SET deleted_at = now(), net_index = NULL WHERE id = $1", id);
-			pg_release(n->pg, c);
-		}
+		kiln_error_clear(&err);
+		if (record_create_failed(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
+									      sb->generation },
+					 why, &err) != KILN_OK)
+			log_error("the failed create of \"%s\" not recorded: %s", id, err.msg);
 		pthread_mutex_unlock(&sb->lock);
 		http_reply_error(req, rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
 				 "the sandbox could not start");
 		goto out;
 	}
-	sb_set_state(n, sb, SB_RUNNING, NULL);
+	kiln_error_clear(&err);
+	rc = record_running(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id, sb->generation },
+			    &err);
+	if (rc != KILN_OK) {
+		/* A sandbox its record does not show running is not handed out: the create failed. */
+		struct kiln_error ignore = { 0 };
+		log_error("sandbox \"%s\" started but its record failed: %s", id, err.msg);
+		sb_teardown(n, sb);
+		sb->state = SB_ERROR;
+		record_create_failed(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
+									  sb->generation },
+				     "its record failed", &ignore);
+		pthread_mutex_unlock(&sb->lock);
+		http_reply_error(req, rc == KILN_E_UNAVAILABLE ? rc : KILN_E_SANDBOX_FAILED,
+				 "the sandbox could not be recorded: %s", err.msg);
+		goto out;
+	}
+	sb->state = SB_RUNNING;
 	pthread_mutex_unlock(&sb->lock);
 	reply_sandbox(req, 201, id);
 out:
@@ -556,26 +567,28 @@ static void sandbox_delete(struct http_req *req)
 	struct node *n = http_req_app(req);
 	struct sandbox *sb = request_sandbox(req);
 	struct kiln_error err = { 0 };
-	struct pg_conn *c;
+	struct record_fence f;
+	enum kiln_err rc;
 
 	if (!sb)
 		return;
+	/* Recorded first: a delete that cannot be recorded changes nothing, the VM included. */
 	pthread_mutex_lock(&sb->lock);
-	sb_teardown(n, sb);
-	sb->state = SB_STOPPED;
-	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-		PGQ(c, NULL, &err,
-		    "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
-		    "state_changed_at = now() WHERE id = $1",
-		    sb->id);
-		pg_release(n->pg, c);
-	} else {
-		log_error("deletion of \"%s\" not recorded: postgres is unavailable", sb->id);
+	f = sb_fence(n, sb);
+	rc = record_deleted(n->pg, NULL, &f, &err);
+	if (rc == KILN_OK) {
+		sb_teardown(n, sb);
+		sb->state = SB_STOPPED;
 	}
 	pthread_mutex_unlock(&sb->lock);
-	log_info("sandbox \"%s\" deleted", sb->id);
+	if (rc != KILN_OK) {
+		log_error("deletion of \"%s\" not recorded, nothing changed: %s", sb->id, err.msg);
+		http_reply_error(req, rc, "the deletion could not be recorded: %s", err.msg);
+	} else {
+		log_info("sandbox \"%s\" deleted", sb->id);
+		http_reply_empty(req, 204);
+	}
 	sb_put(n, sb);
-	http_reply_empty(req, 204);
 }
 
 /* ---- PUT /v1/sandboxes/{id}/timeout ---- */
@@ -591,7 +604,6 @@ static void sandbox_timeout(struct http_req *req)
 	struct sandbox *sb;
 	struct pg_conn *c;
 	long long t;
-	char tmo[24];
 
 	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
@@ -606,22 +618,19 @@ static void sandbox_timeout(struct http_req *req)
 	sb = request_sandbox(req);
 	if (!sb)
 		return;
-	snprintf(tmo, sizeof(tmo), "%lld", t);
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
 		sb_put(n, sb);
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
 		return;
 	}
 	pthread_mutex_lock(&sb->lock);
-	if (PGQ(c, NULL, &err,
-		"UPDATE sandboxes SET timeout_s = $2::int, expires_at = now() + make_interval(secs => $2::int) "
-		"WHERE id = $1",
-		sb->id, tmo) == KILN_OK)
+	if (record_timeout(n->pg, c, &(struct record_fence){ sb->id, n->cfg.node_id, sb->generation },
+			   t, &err) == KILN_OK)
 		sb->expires_at = time(NULL) + t;
 	pthread_mutex_unlock(&sb->lock);
 	pg_release(n->pg, c);
 	if (err.code) {
-		http_reply_error(req, err.code, "the database is unavailable");
+		http_reply_error(req, err.code, "the timeout could not be recorded: %s", err.msg);
 	} else {
 		reply_sandbox(req, 200, sb->id);
 	}
@@ -813,7 +822,7 @@ static void sandbox_failed(struct node *n, struct sandbox *sb)
 	if (sb->state == SB_RUNNING && (!sb->vm || vmm_status(sb->vm, &st, &err) != KILN_OK ||
 					!st.alive || !agent_alive(sb->agent))) {
 		log_error("sandbox \"%s\" stopped answering", sb->id);
-		sb_set_state(n, sb, SB_ERROR, "the VM stopped or its agent stopped answering");
+		sb_failed(n, sb, "the VM stopped or its agent stopped answering");
 	}
 	pthread_mutex_unlock(&sb->lock);
 }
@@ -1267,54 +1276,11 @@ static void healthz(struct http_req *req)
 
 /* ---- pause, resume, fork, snapshots ---- */
 
-/* A sandbox row of the token's tenant on this node, for the routes that act on paused ones. */
-struct sb_record {
-	char node_id[64];
-	char state[16];
-	char pause_snapshot[64];
-	unsigned vcpu_milli, mem_mib, disk_gib;
-	long long timeout_s;
-	bool found;
-};
-
-/*
- * The sandbox's row for the token's tenant: on this node, or (`any_node`, for a resume from the
- * tenant's bucket) on any.
- */
-static enum kiln_err record_find(struct node *n, const char *id, const char *tenant, bool any_node,
-				 struct sb_record *out, struct kiln_error *err)
-{
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
-	enum kiln_err rc = pg_acquire(n->pg, &c, err);
-
-	memset(out, 0, sizeof(*out));
-	if (rc != KILN_OK)
-		return rc;
-	rc = PGQ(c, &res, err,
-		 "SELECT state, coalesce(pause_snapshot, ''), vcpu_milli, memory_mib, disk_gib, "
-		 "timeout_s, coalesce(node_id, '') FROM sandboxes WHERE id = $1 AND tenant_id = $2 "
-		 "AND ($4::boolean OR node_id = $3) AND deleted_at IS NULL",
-		 id, tenant, n->cfg.node_id, any_node ? "true" : "false");
-	if (rc == KILN_OK && pg_res_rows(res) == 1) {
-		out->found = true;
-		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 0));
-		snprintf(out->pause_snapshot, sizeof(out->pause_snapshot), "%s", pg_res_str(res, 0, 1));
-		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 2, 0);
-		out->mem_mib = (unsigned)pg_res_int(res, 0, 3, 0);
-		out->disk_gib = (unsigned)pg_res_int(res, 0, 4, 0);
-		out->timeout_s = pg_res_int(res, 0, 5, 300);
-		snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, 0, 6));
-	}
-	pg_res_free(res);
-	pg_release(n->pg, c);
-	return rc;
-}
-
+/* The live record of sandbox `id` of `tenant` on this node. */
 static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
-			       struct sb_record *out, struct kiln_error *err)
+			       struct record *out, struct kiln_error *err)
 {
-	return record_find(n, id, tenant, false, out, err);
+	return record_read(n->pg, id, tenant, n->cfg.node_id, out, err);
 }
 
 /* Replies for a sandbox this node does not run: 409 naming its state, or 404. */
@@ -1323,7 +1289,7 @@ static void reply_not_running(struct http_req *req, const char *want)
 	struct node *n = http_req_app(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct sb_record r;
+	struct record r;
 
 	if (record_of(n, id, claims_of(req)->tid, &r, &err) != KILN_OK)
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
@@ -1382,11 +1348,10 @@ static void sandbox_resume(struct http_req *req)
 	const struct auth_claims *cl = claims_of(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct sb_record r;
+	struct record r;
 	struct sandbox *sb = sb_get(n, id);
 	struct pg_conn *c;
-	struct pg_res *res = NULL;
-	char idx[16], tmo[24], dir[600], mem[640];
+	char dir[600], mem[640];
 	bool moved;
 	enum kiln_err rc;
 
@@ -1396,7 +1361,8 @@ static void sandbox_resume(struct http_req *req)
 		sb_put(n, sb);
 		return;
 	}
-	if (record_find(n, id, cl->tid, true, &r, &err) != KILN_OK) {
+	/* on any node: one paused elsewhere resumes here from the tenant's bucket */
+	if (record_read(n->pg, id, cl->tid, NULL, &r, &err) != KILN_OK) {
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
 		return;
 	}
@@ -1439,27 +1405,25 @@ static void sandbox_resume(struct http_req *req)
 	if (rc == KILN_OK)
 		rc = pg_acquire(n->pg, &c, &err);
 	if (rc == KILN_OK) {
-		snprintf(idx, sizeof(idx), "%d", sb->net_index);
-		snprintf(tmo, sizeof(tmo), "%lld", r.timeout_s);
+		struct record_fence was = { .id = id, .node_id = r.node_id, .generation = r.generation };
+		struct record_resume rr = { .snap = r.pause_snapshot, .node_id = n->cfg.node_id,
+					    .net_index = sb->net_index, .timeout_s = r.timeout_s,
+					    .moved = moved };
 		/*
-		 * Fenced: only the resume that finds it still paused on that snapshot wins. A
-		 * snapshot fetched from the bucket has a standalone disk: the lineage starts again.
-		 * Recorded under the tenant's plan, after any create or resume of the tenant before it.
+		 * Fenced: only the resume that finds it still paused on that snapshot, at the node
+		 * and generation read above, wins. A snapshot fetched from the bucket has a
+		 * standalone disk: the lineage starts again. Recorded under the tenant's plan,
+		 * after any create or resume of the tenant before it.
 		 */
 		rc = pg_exec(c, "BEGIN", &err);
 		if (rc == KILN_OK)
 			rc = plan_check(c, cl->tid, 1, r.vcpu_milli, r.mem_mib, &err);
 		if (rc == KILN_OK)
-			rc = PGQ(c, &res, &err,
-			 "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
-			 "lineage = CASE WHEN $6::boolean THEN ARRAY[pause_snapshot] "
-			 "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
-			 "net_index = $2::int, expires_at = now() + make_interval(secs => $3::int), "
-			 "state_changed_at = now() WHERE id = $1 AND state = 'paused' AND pause_snapshot = $4 "
-			 "RETURNING id",
-			 id, idx, tmo, r.pause_snapshot, n->cfg.node_id, moved ? "true" : "false");
-		if (rc == KILN_OK && pg_res_rows(res) != 1)
-			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
+			rc = record_resumed(n->pg, c, &was, &rr, &sb->generation, &err);
+		if (rc == KILN_E_CONFLICT) {
+			kiln_error_clear(&err);
+			kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
+		}
 		if (rc == KILN_OK && moved)
 			rc = PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
 				 r.pause_snapshot, n->cfg.node_id);
@@ -1467,7 +1431,6 @@ static void sandbox_resume(struct http_req *req)
 			rc = pg_exec(c, "COMMIT", &err);
 		else
 			pg_exec(c, "ROLLBACK", NULL);
-		pg_res_free(res);
 		pg_release(n->pg, c);
 	}
 	if (rc != KILN_OK) {
@@ -1502,7 +1465,7 @@ static void sandbox_fork(struct http_req *req)
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL, *ids, *out = NULL;
 	struct sandbox *parent, *kids[16] = { 0 };
-	char snap[AUTH_ID_MAX], dir[600], idx[16];
+	char snap[AUTH_ID_MAX], dir[600];
 	struct pg_conn *c = NULL;
 	enum kiln_err rc;
 	size_t made = 0;
@@ -1592,27 +1555,29 @@ static void sandbox_fork(struct http_req *req)
 	if (rc == KILN_OK)
 		rc = plan_check(c, cl->tid, (unsigned)count, parent->vcpu_milli, parent->mem_mib, &err);
 	for (made = 0; rc == KILN_OK && made < count; made++) {
-		snprintf(idx, sizeof(idx), "%d", kids[made]->net_index);
-		rc = PGQ(c, NULL, &err,
-			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
-			 "expires_at) SELECT $1, tenant_id, node_id, 'creating', template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, id, $3::int, lineage || $4::text, "
-			 "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE id = $2",
-			 kids[made]->id, parent->id, idx, snap);
+		struct record_fence pf = sb_fence(n, parent);
+		rc = record_forked(n->pg, c, &pf, kids[made]->id, kids[made]->net_index, snap,
+				   &kids[made]->generation, &err);
 	}
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "COMMIT", &err);
-	else
+	if (rc != KILN_OK) {
 		pg_exec(c, "ROLLBACK", NULL);
+		for (size_t i = 0; i < count; i++)
+			kids[i]->generation = 0;	/* none of them is recorded */
+	}
 	/* The children, from the frozen image mapped privately. */
 	for (made = 0; rc == KILN_OK && made < count; made++) {
 		struct sandbox *k = kids[made];
 		pthread_mutex_lock(&k->lock);
 		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
 		if (rc == KILN_OK) {
+			struct record_fence kf = sb_fence(n, k);
+			rc = record_running(n->pg, c, &kf, &err);
+		}
+		if (rc == KILN_OK) {
 			k->expires_at = parent->expires_at;
-			sb_set_state(n, k, SB_RUNNING, NULL);
+			k->state = SB_RUNNING;
 		}
 		pthread_mutex_unlock(&k->lock);
 		if (rc != KILN_OK)
@@ -1623,13 +1588,17 @@ static void sandbox_fork(struct http_req *req)
 		snprintf(why, sizeof(why), "%s", err.msg);
 		log_error("fork of \"%s\" failed: %s", parent->id, why);
 		for (size_t i = 0; i < count; i++) {
+			struct record_fence kf = sb_fence(n, kids[i]);
+			struct kiln_error kerr = { 0 };
+
 			pthread_mutex_lock(&kids[i]->lock);
 			sb_teardown(n, kids[i]);
 			pthread_mutex_unlock(&kids[i]->lock);
-			PGQ(c, NULL, &err,
-			    "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
-			    "WHERE id = $1",
-			    kids[i]->id);
+			/* none recorded when their insert was rolled back: nothing to delete then */
+			if (kids[i]->generation &&
+			    record_deleted(n->pg, c, &kf, &kerr) != KILN_OK)
+				log_error("the failed fork child \"%s\" not recorded deleted: %s",
+					  kids[i]->id, kerr.msg);
 		}
 		kiln_error_clear(&err);
 		kiln_error_set(&err, rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED, "%s", why);
@@ -1638,14 +1607,15 @@ static void sandbox_fork(struct http_req *req)
 	{
 		struct kiln_error perr = { 0 };
 		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, &perr) == KILN_OK) {
-			PGQ(c, NULL, &perr,
-			    "UPDATE sandboxes SET generation = generation + 1, lineage = lineage || $2::text "
-			    "WHERE id = $1",
-			    parent->id, snap);
+			struct record_fence pf = sb_fence(n, parent);
+			/* the generation moves on; the restored VM runs on either way */
+			if (record_restored(n->pg, c, &pf, snap, &parent->generation, &perr) != KILN_OK)
+				log_error("the restore of the parent \"%s\" not recorded: %s", parent->id,
+					  perr.msg);
 		} else {
 			log_error("the parent \"%s\" did not come back after its fork: %s", parent->id,
 				  perr.msg);
-			sb_set_state(n, parent, SB_ERROR, "the VM did not come back after a fork");
+			sb_failed(n, parent, "the VM did not come back after a fork");
 			if (rc == KILN_OK)
 				rc = kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", perr.msg);
 		}
@@ -1711,7 +1681,7 @@ static void sandbox_snapshot(struct http_req *req)
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL;
 	struct sandbox *sb = NULL, paused = { 0 };
-	struct sb_record r;
+	struct record r;
 	char snap[AUTH_ID_MAX], dir[600], from[600], *name = NULL;
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
