@@ -2,10 +2,8 @@
  * main.c - kiln-node's start, heartbeat and stop.
  *
  * Start order is the table at the bottom, stop order its reverse. Once a second a ticker thread
- * renews the node's heartbeat in Postgres and stops sandboxes past their expiry. A node that
- * restarts after a crash takes over the VMs its previous run left (they outlive it) and pauses
- * them, finishes pauses cut short, then frees every host resource of that run; a sandbox whose
- * state could not be had is recorded as stopped.
+ * renews the node's heartbeat in Postgres and pauses sandboxes past their expiry. A node that
+ * restarts after a crash first takes over what its previous run left (recovery.c).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -27,6 +25,8 @@
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
 #include "node/lifecycle.h"
+#include "node/pause.h"
+#include "node/recovery.h"
 #include "node/node.h"
 #include "node/storage_sync.h"
 #include "node/template.h"
@@ -90,84 +90,9 @@ static void db_exit(void)
 	node.pg = NULL;
 }
 
-/* The VMs of an earlier run that snap_recover did not pause are removed, none kept. */
-static bool keep_none(void *ctx, const char *id)
-{
-	return false;
-}
-
-/*
- * Removes the networks and policy pins an earlier run of this node left: every sandbox pinned
- * under /sys/fs/bpf/kiln/<node>/ names its netns (kiln-<net id>).
- */
-static void cleanup_networks(void)
-{
-	char pattern[192];
-	glob_t g;
-
-	snprintf(pattern, sizeof(pattern), "%s/%s/*", KILN_PIN_ROOT, node.cfg.node_id);
-	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) != 0)
-		return;
-	for (size_t i = 0; i < g.gl_pathc; i++) {
-		const char *id = strrchr(g.gl_pathv[i], '/') + 1;
-		const char *rand = strchr(id, '_');
-		char net_id[KILN_NET_ID_MAX + 1];
-		struct kiln_error err = { 0 };
-
-		snprintf(net_id, sizeof(net_id), "%s", rand ? rand + 1 : id);
-		kiln_sbnet_destroy(net_id, &err);
-		kiln_error_clear(&err);
-		if (kiln_policy_unpin(NULL, node.cfg.node_id, id, &err) != KILN_OK)
-			log_warn("cannot remove the pins of \"%s\": %s", id, err.msg);
-		else
-			log_warn("removed the network an earlier run left for \"%s\"", id);
-	}
-	globfree(&g);
-}
-
-/* Records a sandbox of an earlier run whose state could not be had as stopped. */
-static enum kiln_err stop_leftover(const struct record *r, void *arg)
-{
-	struct record_fence f = { .id = r->id, .node_id = node.cfg.node_id,
-				  .generation = r->generation };
-	struct kiln_error err = { 0 };
-	enum kiln_err rc = record_stopped(node.pg, NULL, &f, "the node restarted", &err);
-
-	if (rc == KILN_OK)
-		(*(int *)arg)++;
-	else if (rc == KILN_E_CONFLICT)
-		log_warn("sandbox \"%s\" is no longer this node's: %s", r->id, err.msg);
-	return rc == KILN_E_CONFLICT ? KILN_OK : rc;
-}
-
 static int recover_init(struct kiln_error *err)
 {
-	struct kiln_error cerr = { 0 };
-	enum kiln_err rc;
-	char pattern[600];
-	glob_t g;
-	int cleaned, stopped = 0;
-
-	/* First, while their VMs and pins are still there: running sandboxes end paused, not lost. */
-	snap_recover(&node);
-	cleaned = vmm_orphans_cleanup(node.cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
-	if (cleaned > 0)
-		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
-	cleanup_networks();
-	if (cerr.code != KILN_OK)
-		log_error("cleanup of an earlier run: %s", cerr.msg);
-	/* the disk layers of VMs that are gone: no VM of this node runs yet */
-	snprintf(pattern, sizeof(pattern), "%s/*", node.vm_state_root);
-	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0) {
-		for (size_t i = 0; i < g.gl_pathc; i++)
-			snap_remove_files(g.gl_pathv[i]);
-		globfree(&g);
-	}
-	rc = record_each(node.pg, node.cfg.node_id, "{creating,running,error}", false, stop_leftover,
-			 &stopped, err);
-	if (stopped > 0)
-		log_warn("%d sandboxes of an earlier run recorded as stopped", stopped);
-	return rc;
+	return recovery_run(&node, err);
 }
 
 static void recover_exit(void)

@@ -144,6 +144,10 @@ void sb_failed(struct node *n, struct sandbox *sb, const char *why);
 
 const char *sb_state_name(enum sb_state st);
 
+/* Replaces whatever error `err` holds with `code` and a new message; returns `code`. */
+enum kiln_err node_error(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+
 /* --- the JWKS (keys.c) --- */
 
 struct jwks_cache *jwks_new(const char *gateway_url);

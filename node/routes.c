@@ -3,6 +3,8 @@
  *
  * Paths mirror the public API (/v1/sandboxes/{id}/...). Every route but /healthz needs a node
  * token for exactly that sandbox; the sandbox must belong to the token's tenant, or it is 404.
+ * The handlers parse, check and reply; the create, fork, resume and pause themselves are in
+ * create.c, fork.c, resume.c and pause.c, and every write of a sandbox's record in record.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +27,11 @@
 #include "vmm/jail.h"
 #include "auth/apikey.h"
 #include "metering/plan.h"
+#include "node/create.h"
+#include "node/fork.h"
 #include "node/lifecycle.h"
+#include "node/pause.h"
+#include "node/resume.h"
 #include "node/node.h"
 #include "node/template.h"
 #include "node/storage_sync.h"
@@ -99,25 +105,30 @@ static struct sandbox *request_sandbox(struct http_req *req)
 	return sb;
 }
 
-/* Replies with the sandbox as Postgres has it. */
-static void reply_sandbox(struct http_req *req, int status, const char *id)
+/* The sandbox as Postgres has it (sandbox_json), or NULL when it cannot be read. */
+static json_t *sandbox_json_of(struct node *n, const char *id)
 {
-	struct node *n = http_req_app(req);
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	json_t *obj = NULL;
 
-	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
-		return;
-	}
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return NULL;
 	if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1", id) ==
 		    KILN_OK &&
 	    pg_res_rows(res) == 1)
 		obj = json_loads(pg_res_str(res, 0, 0), 0, NULL);
 	pg_res_free(res);
 	pg_release(n->pg, c);
+	return obj;
+}
+
+/* Replies with the sandbox as Postgres has it. */
+static void reply_sandbox(struct http_req *req, int status, const char *id)
+{
+	json_t *obj = sandbox_json_of(http_req_app(req), id);
+
 	if (!obj)
 		http_reply_error(req, KILN_E_INTERNAL, "cannot read the sandbox");
 	else
@@ -371,21 +382,14 @@ static void sandbox_create(struct http_req *req)
 		{ "snapshot_id", JF_STRING, false, 64 },
 	};
 	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
-	const char *from_snap = NULL;
-	char tpl[AUTH_ID_MAX] = "";
-	unsigned vcpu_milli, mem_mib, disk_gib;
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
-	struct sb_init init = { 0 };
-	const char *id = http_req_param(req, "id");
+	struct create_req r = { .id = http_req_param(req, "id"), .tenant_id = claims_of(req)->tid };
 	struct kiln_error err = { 0 };
 	size_t len;
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL;
 	char **env = NULL, *meta = NULL;
-	struct sandbox *sb = NULL;
-	struct pg_conn *c;
 	enum kiln_err rc;
 
 	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
@@ -396,164 +400,33 @@ static void sandbox_create(struct http_req *req)
 	env = env_array(req, json_object_get(body, "env"), "env");
 	if (!env)
 		goto out;
-	init.env = (const char *const *)env;
+	r.init.env = (const char *const *)env;
 	if (json_object_get(body, "egress") && !json_is_null(json_object_get(body, "egress"))) {
 		if (!parse_egress(req, json_object_get(body, "egress"), &rules))
 			goto out;
-		init.egress = &rules;
+		r.init.egress = &rules;
 	}
 	if (json_object_get(body, "bandwidth") && !json_is_null(json_object_get(body, "bandwidth"))) {
 		if (!parse_bandwidth(req, json_object_get(body, "bandwidth"), &bw))
 			goto out;
-		init.bandwidth = &bw;
+		r.init.bandwidth = &bw;
 	}
-	vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
-	mem_mib = (unsigned)json_int(body, "memory_mib", 0);
-	disk_gib = (unsigned)json_int(body, "disk_gib", 0);
-	from_snap = json_str(body, "snapshot_id", NULL);
-	if (from_snap) {
-		/* A sandbox made from a snapshot has the snapshot's shape. */
-		struct pg_res *res = NULL;
-		rc = pg_acquire(n->pg, &c, &err);
-		if (rc == KILN_OK) {
-			rc = PGQ(c, &res, &err,
-				 "SELECT vcpu_milli, memory_mib, disk_gib FROM snapshots WHERE id = $1 "
-				 "AND tenant_id = $2 AND node_id = $3 AND kind = 'named' "
-				 "AND deleted_at IS NULL",
-				 from_snap, cl->tid, n->cfg.node_id);
-			pg_release(n->pg, c);
-		}
-		if (rc == KILN_OK && pg_res_rows(res) == 1) {
-			vcpu_milli = (unsigned)pg_res_int(res, 0, 0, 0);
-			mem_mib = (unsigned)pg_res_int(res, 0, 1, 0);
-			disk_gib = (unsigned)pg_res_int(res, 0, 2, 0);
-		} else if (rc == KILN_OK) {
-			rc = KILN_E_NOT_FOUND;
-		}
-		pg_res_free(res);
-		if (rc != KILN_OK) {
-			http_reply_error(req, rc, rc == KILN_E_NOT_FOUND ? "no snapshot \"%s\""
-									   : "the database is unavailable (%s)",
-					 from_snap);
-			goto out;
-		}
-	}
-	{
-		const struct vmm_spec probe = {
-			.id = id, .node = n->cfg.node_id,
-			.vcpu_milli = vcpu_milli,
-			.mem_mib = mem_mib,
-			.disk_gib = disk_gib,
-			.kernel = n->cfg.guest_kernel, .run_dir = "/", .state_dir = "/",
-			.uid = JAIL_UID_MIN, .gid = JAIL_UID_MIN,	/* checked for real at boot */
-		};
-		if (vmm_spec_check(&probe, &err) != KILN_OK) {
-			http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
-			goto out;
-		}
-	}
-	rc = sb_reserve(n, id, cl->tid, vcpu_milli, mem_mib, disk_gib, &sb, &err);
-	if (rc == KILN_OK && !from_snap)
-		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, tpl, sizeof(tpl));
-	if (rc != KILN_OK) {
-		http_reply_error(req, rc, "%s", err.msg);
-		goto out;
-	}
-	pthread_mutex_lock(&sb->lock);
+	r.vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
+	r.mem_mib = (unsigned)json_int(body, "memory_mib", 0);
+	r.disk_gib = (unsigned)json_int(body, "disk_gib", 0);
+	r.timeout_s = json_int(body, "timeout_s", 300);
+	r.template_name = json_str(body, "template", "python");
+	r.from_snap = json_str(body, "snapshot_id", NULL);
 	meta = json_is_object(json_object_get(body, "metadata"))
 		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
 		       : strdup("{}");
-	rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK) {
-		struct record_new nw = {
-			.id = id, .tenant_id = cl->tid, .node_id = n->cfg.node_id,
-			.template_name = json_str(body, "template", "python"),
-			.vcpu_milli = sb->vcpu_milli, .mem_mib = sb->mem_mib, .disk_gib = sb->disk_gib,
-			.timeout_s = json_int(body, "timeout_s", 300), .metadata = meta ? meta : "{}",
-			.net_index = sb->net_index,
-			.lineage_of = from_snap ? from_snap : tpl[0] ? tpl : NULL,
-		};
-		/* recorded under the tenant's plan, after any create of the same tenant before it */
-		rc = pg_exec(c, "BEGIN", &err);
-		if (rc == KILN_OK)
-			rc = plan_check(c, cl->tid, 1, sb->vcpu_milli, sb->mem_mib, &err);
-		if (rc == KILN_OK)
-			rc = record_created(n->pg, c, &nw, &sb->generation, &err);
-		if (rc == KILN_OK)
-			rc = pg_exec(c, "COMMIT", &err);
-		else
-			pg_exec(c, "ROLLBACK", NULL);
-		pg_release(n->pg, c);
-	}
-	if (rc != KILN_OK) {
-		sb_teardown(n, sb);
-		pthread_mutex_unlock(&sb->lock);
-		http_reply_error(req, rc, "%s", rc == KILN_E_CONFLICT ? "the sandbox exists"
-						: rc == KILN_E_QUOTA ? err.msg : "the database is unavailable");
-		goto out;
-	}
-	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
-	if (from_snap) {
-		rc = snap_restore_new(n, sb, from_snap, VMM_MEM_COPY, &init, true, &err);
-	} else if (tpl[0]) {
-		/* The fast path: the template's memory mapped privately, a fresh identity. */
-		char dir[600];
-		snap_dir(n, tpl, dir, sizeof(dir));
-		rc = sb_restore(n, sb, dir, VMM_MEM_PRIVATE, &init, true, &err);
-		if (rc != KILN_OK) {
-			/* Never fail a create for its template: boot it cold instead. */
-			log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err.msg);
-			tpl_discard(n, tpl);
-			sb_release(n, sb);
-			kiln_error_clear(&err);
-			rc = record_lineage_reset(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
-										 sb->generation },
-						  &err);
-			if (rc == KILN_OK)
-				rc = sb_boot(n, sb, &init, &err);
-		}
-	} else {
-		rc = sb_boot(n, sb, &init, &err);
-	}
-	if (rc != KILN_OK) {
-		char why[KILN_ERRMSG_MAX];
-		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
-		snprintf(why, sizeof(why), "%s", err.msg);
-		sb_teardown(n, sb);
-		sb->state = SB_ERROR;
-		/* The create failed: the sandbox never existed for the user. */
-		kiln_error_clear(&err);
-		if (record_create_failed(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
-									      sb->generation },
-					 why, &err) != KILN_OK)
-			log_error("the failed create of \"%s\" not recorded: %s", id, err.msg);
-		pthread_mutex_unlock(&sb->lock);
-		http_reply_error(req, rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
-				 "the sandbox could not start");
-		goto out;
-	}
-	kiln_error_clear(&err);
-	rc = record_running(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id, sb->generation },
-			    &err);
-	if (rc != KILN_OK) {
-		/* A sandbox its record does not show running is not handed out: the create failed. */
-		struct kiln_error ignore = { 0 };
-		log_error("sandbox \"%s\" started but its record failed: %s", id, err.msg);
-		sb_teardown(n, sb);
-		sb->state = SB_ERROR;
-		record_create_failed(n->pg, NULL, &(struct record_fence){ id, n->cfg.node_id,
-									  sb->generation },
-				     "its record failed", &ignore);
-		pthread_mutex_unlock(&sb->lock);
-		http_reply_error(req, rc == KILN_E_UNAVAILABLE ? rc : KILN_E_SANDBOX_FAILED,
-				 "the sandbox could not be recorded: %s", err.msg);
-		goto out;
-	}
-	sb->state = SB_RUNNING;
-	pthread_mutex_unlock(&sb->lock);
-	reply_sandbox(req, 201, id);
+	r.metadata = meta;
+	rc = create_sandbox(n, &r, &err);
+	if (rc != KILN_OK)
+		http_reply_error(req, rc, "%s", err.msg);
+	else
+		reply_sandbox(req, 201, r.id);
 out:
-	sb_put(n, sb);
 	kiln_ruleset_free(&rules);
 	free(meta);
 	free(env);
@@ -915,7 +788,7 @@ static void sse_produce(struct pump *p, void *ctx)
 		snprintf(line, sizeof(line),
 			 "event: error\ndata: {\"code\":\"%s\",\"message\":\"the exec failed\","
 			 "\"request_id\":\"%s\"}\n\n",
-			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_INTERNAL : rc), j->request_id);
+			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc), j->request_id);
 	}
 	pump_write(p, line, strlen(line));
 }
@@ -1201,15 +1074,16 @@ static void download_produce(struct pump *p, void *ctx)
 		char body[512];
 		json_t *msg = json_string(rc == KILN_E_NOT_FOUND ? "no such file" : err.msg);
 		char *m = json_dumps(msg, JSON_ENCODE_ANY);
+		/* what the guest said of the file, else the sandbox failed */
+		enum kiln_err code = rc == KILN_E_NOT_FOUND || rc == KILN_E_INVALID ||
+					     rc == KILN_E_TOO_LARGE ? rc : KILN_E_SANDBOX_FAILED;
 
 		if (rc == KILN_E_SANDBOX_FAILED)
 			sandbox_failed(d->n, d->sb);
-		pump_ready(p, rc == KILN_E_NOT_FOUND ? 404 : rc == KILN_E_INVALID ? 422 : rc == KILN_E_TOO_LARGE ? 413 : 502,
-			   "application/json");
+		pump_ready(p, http_status_of(code), "application/json");
 		snprintf(body, sizeof(body),
 			 "{\"error\":{\"code\":\"%s\",\"message\":%s,\"request_id\":\"%s\"}}",
-			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_SANDBOX_FAILED : rc), m ? m : "\"\"",
-			 d->request_id);
+			 kiln_err_name(code), m ? m : "\"\"", d->request_id);
 		free(m);
 		json_decref(msg);
 		pump_write(p, body, strlen(body));
@@ -1344,131 +1218,27 @@ static void sandbox_pause(struct http_req *req)
 
 static void sandbox_resume(struct http_req *req)
 {
-	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct record r;
-	struct sandbox *sb = sb_get(n, id);
-	struct pg_conn *c;
-	char dir[600], mem[640];
-	bool moved;
-	enum kiln_err rc;
+	enum kiln_err rc = resume_sandbox(http_req_app(req), id, claims_of(req)->tid, &err);
 
-	if (sb) {
-		/* Held here: it runs (or is starting); only a paused sandbox resumes. */
-		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
-		sb_put(n, sb);
-		return;
-	}
-	/* on any node: one paused elsewhere resumes here from the tenant's bucket */
-	if (record_read(n->pg, id, cl->tid, NULL, &r, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
-		return;
-	}
-	if (!r.found) {
-		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
-		return;
-	}
-	if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0]) {
-		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", r.state);
-		return;
-	}
-	moved = strcmp(r.node_id, n->cfg.node_id) != 0;
-	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
-	if (moved || access(dir, F_OK) != 0) {
-		/* Paused on another node: its snapshot comes from the tenant's bucket. */
-		if (!n->store) {
-			http_reply_error(req, KILN_E_CONFLICT,
-					 "the sandbox was paused on another node and this node has no "
-					 "access to snapshot buckets");
-			return;
-		}
-		rc = snapstore_fetch(n->store, r.pause_snapshot, cl->tid, &err);
-		if (rc != KILN_OK) {
-			http_reply_error(req, rc == KILN_E_UNAVAILABLE || rc == KILN_E_NOT_FOUND ||
-						      rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
-					 "the snapshot could not be fetched: %s; the sandbox stays paused",
-					 err.msg);
-			return;
-		}
-		moved = true;
-	}
-	rc = sb_reserve(n, id, cl->tid, r.vcpu_milli, r.mem_mib, r.disk_gib, &sb, &err);
-	if (rc != KILN_OK) {
+	if (rc != KILN_OK)
 		http_reply_error(req, rc, "%s", err.msg);
-		return;
-	}
-	pthread_mutex_lock(&sb->lock);
-	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
-	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, &err);
-	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK) {
-		struct record_fence was = { .id = id, .node_id = r.node_id, .generation = r.generation };
-		struct record_resume rr = { .snap = r.pause_snapshot, .node_id = n->cfg.node_id,
-					    .net_index = sb->net_index, .timeout_s = r.timeout_s,
-					    .moved = moved };
-		/*
-		 * Fenced: only the resume that finds it still paused on that snapshot, at the node
-		 * and generation read above, wins. A snapshot fetched from the bucket has a
-		 * standalone disk: the lineage starts again. Recorded under the tenant's plan,
-		 * after any create or resume of the tenant before it.
-		 */
-		rc = pg_exec(c, "BEGIN", &err);
-		if (rc == KILN_OK)
-			rc = plan_check(c, cl->tid, 1, r.vcpu_milli, r.mem_mib, &err);
-		if (rc == KILN_OK)
-			rc = record_resumed(n->pg, c, &was, &rr, &sb->generation, &err);
-		if (rc == KILN_E_CONFLICT) {
-			kiln_error_clear(&err);
-			kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
-		}
-		if (rc == KILN_OK && moved)
-			rc = PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
-				 r.pause_snapshot, n->cfg.node_id);
-		if (rc == KILN_OK)
-			rc = pg_exec(c, "COMMIT", &err);
-		else
-			pg_exec(c, "ROLLBACK", NULL);
-		pg_release(n->pg, c);
-	}
-	if (rc != KILN_OK) {
-		log_error("resume of \"%s\" failed: %s", id, err.msg);
-		sb_teardown(n, sb);
-		pthread_mutex_unlock(&sb->lock);
-		sb_put(n, sb);
-		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ||
-					      rc == KILN_E_CONFLICT || rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED,
-				 "the sandbox could not resume: %s; it stays paused", err.msg);
-		return;
-	}
-	sb->state = SB_RUNNING;
-	sb->expires_at = time(NULL) + r.timeout_s;
-	/* The memory image was copied into the VM: the snapshot keeps only what the disk needs. */
-	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
-	snprintf(mem, sizeof(mem), "%s/mem", dir);
-	unlink(mem);
-	pthread_mutex_unlock(&sb->lock);
-	log_info("sandbox \"%s\" resumed from \"%s\"", id, r.pause_snapshot);
-	reply_sandbox(req, 200, id);
-	sb_put(n, sb);
+	else
+		reply_sandbox(req, 200, id);
 }
 
 static void sandbox_fork(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, 16 } };
+	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, FORK_MAX } };
 	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
 	struct kiln_error err = { 0 };
 	size_t len, count;
 	const char *text = http_req_body(req, &len);
-	json_t *body = NULL, *ids, *out = NULL;
-	struct sandbox *parent, *kids[16] = { 0 };
-	char snap[AUTH_ID_MAX], dir[600];
-	struct pg_conn *c = NULL;
+	const char *idv[FORK_MAX];
+	json_t *body = NULL, *ids, *out;
+	struct sandbox *parent;
 	enum kiln_err rc;
-	size_t made = 0;
 
 	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
@@ -1476,13 +1246,15 @@ static void sandbox_fork(struct http_req *req)
 	}
 	ids = json_object_get(body, "ids");
 	count = json_array_size(ids);
-	for (size_t i = 0; i < count; i++)
+	for (size_t i = 0; i < count; i++) {
 		if (!json_is_string(json_array_get(ids, i)) ||
 		    strncmp(json_string_value(json_array_get(ids, i)), "sb_", 3) != 0) {
 			json_decref(body);
 			http_reply_error(req, KILN_E_BAD_REQUEST, "ids must be sandbox ids");
 			return;
 		}
+		idv[i] = json_string_value(json_array_get(ids, i));
+	}
 	if (count < 1) {
 		json_decref(body);
 		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
@@ -1493,156 +1265,21 @@ static void sandbox_fork(struct http_req *req)
 		json_decref(body);
 		return;
 	}
-	/* All the children's capacity first: all or none. */
-	rc = KILN_OK;
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		rc = sb_reserve(n, json_string_value(json_array_get(ids, made)), cl->tid,
-				parent->vcpu_milli, parent->mem_mib, parent->disk_gib, &kids[made], &err);
-		if (rc != KILN_OK)
-			break;
-	}
-	if (rc != KILN_OK) {
-		for (size_t i = 0; i < made; i++) {
-			sb_teardown(n, kids[i]);
-			sb_put(n, kids[i]);
-		}
-		sb_put(n, parent);
-		json_decref(body);
-		http_reply_error(req, rc, "%s", err.msg);
-		return;
-	}
-	pthread_mutex_lock(&parent->lock);
-	rc = parent->state == SB_RUNNING ? auth_new_id("snap_", snap, sizeof(snap)) : KILN_E_CONFLICT;
-	if (rc == KILN_OK) {
-		snap_dir(n, snap, dir, sizeof(dir));
-		rc = save_policy_public(parent, dir, &err);
-	}
-	if (rc == KILN_OK)
-		rc = vmm_snapshot(parent->vm, dir, VMM_SNAP_SHARED, &err);
-	if (rc == KILN_OK)
-		rc = write_manifest_public(n, parent, dir, &err);
-	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK)
-		rc = snap_record_public(n, c, parent, snap, "fork", NULL, dir, &err);
-	if (rc != KILN_OK) {
-		struct kiln_error ignore = { 0 };
-		struct vmm_status st = { 0 };
-		if (parent->vm && vmm_status(parent->vm, &st, &ignore) == KILN_OK && st.alive)
-			vmm_resume(parent->vm, &ignore);
-		pthread_mutex_unlock(&parent->lock);
-		for (size_t i = 0; i < count; i++) {
-			sb_teardown(n, kids[i]);
-			sb_put(n, kids[i]);
-		}
-		if (c)
-			pg_release(n->pg, c);
-		sb_put(n, parent);
-		json_decref(body);
-		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
-		return;
-	}
-	/* The parent's VMM ended with the snapshot: its handle goes, its network stays. */
-	agent_free(parent->agent);
-	parent->agent = NULL;
-	{
-		struct kiln_error ignore = { 0 };
-		vmm_destroy(parent->vm, &ignore);
-		parent->vm = NULL;
-	}
-	/* The children's rows at once, under the tenant's plan: all or none. */
-	rc = pg_exec(c, "BEGIN", &err);
-	if (rc == KILN_OK)
-		rc = plan_check(c, cl->tid, (unsigned)count, parent->vcpu_milli, parent->mem_mib, &err);
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		struct record_fence pf = sb_fence(n, parent);
-		rc = record_forked(n->pg, c, &pf, kids[made]->id, kids[made]->net_index, snap,
-				   &kids[made]->generation, &err);
-	}
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "COMMIT", &err);
-	if (rc != KILN_OK) {
-		pg_exec(c, "ROLLBACK", NULL);
-		for (size_t i = 0; i < count; i++)
-			kids[i]->generation = 0;	/* none of them is recorded */
-	}
-	/* The children, from the frozen image mapped privately. */
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		struct sandbox *k = kids[made];
-		pthread_mutex_lock(&k->lock);
-		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
-		if (rc == KILN_OK) {
-			struct record_fence kf = sb_fence(n, k);
-			rc = record_running(n->pg, c, &kf, &err);
-		}
-		if (rc == KILN_OK) {
-			k->expires_at = parent->expires_at;
-			k->state = SB_RUNNING;
-		}
-		pthread_mutex_unlock(&k->lock);
-		if (rc != KILN_OK)
-			break;
-	}
-	if (rc != KILN_OK) {
-		char why[KILN_ERRMSG_MAX];
-		snprintf(why, sizeof(why), "%s", err.msg);
-		log_error("fork of \"%s\" failed: %s", parent->id, why);
-		for (size_t i = 0; i < count; i++) {
-			struct record_fence kf = sb_fence(n, kids[i]);
-			struct kiln_error kerr = { 0 };
-
-			pthread_mutex_lock(&kids[i]->lock);
-			sb_teardown(n, kids[i]);
-			pthread_mutex_unlock(&kids[i]->lock);
-			/* none recorded when their insert was rolled back: nothing to delete then */
-			if (kids[i]->generation &&
-			    record_deleted(n->pg, c, &kf, &kerr) != KILN_OK)
-				log_error("the failed fork child \"%s\" not recorded deleted: %s",
-					  kids[i]->id, kerr.msg);
-		}
-		kiln_error_clear(&err);
-		kiln_error_set(&err, rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED, "%s", why);
-	}
-	/* The parent, on a copy of the image: its children map the original. */
-	{
-		struct kiln_error perr = { 0 };
-		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, &perr) == KILN_OK) {
-			struct record_fence pf = sb_fence(n, parent);
-			/* the generation moves on; the restored VM runs on either way */
-			if (record_restored(n->pg, c, &pf, snap, &parent->generation, &perr) != KILN_OK)
-				log_error("the restore of the parent \"%s\" not recorded: %s", parent->id,
-					  perr.msg);
-		} else {
-			log_error("the parent \"%s\" did not come back after its fork: %s", parent->id,
-				  perr.msg);
-			sb_failed(n, parent, "the VM did not come back after a fork");
-			if (rc == KILN_OK)
-				rc = kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", perr.msg);
-		}
-	}
-	pthread_mutex_unlock(&parent->lock);
-	if (rc == KILN_OK) {
-		struct pg_res *res = NULL;
-		out = json_array();
-		for (size_t i = 0; i < count; i++) {
-			if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1",
-				kids[i]->id) == KILN_OK && pg_res_rows(res) == 1)
-				json_array_append_new(out, json_loads(pg_res_str(res, 0, 0), 0, NULL));
-			pg_res_free(res);
-			res = NULL;
-		}
-		http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
-		log_info("sandbox \"%s\" forked into %zu", parent->id, count);
-	} else if (err.code == KILN_E_QUOTA) {
-		http_reply_error(req, KILN_E_QUOTA, "%s", err.msg);
-	} else {
-		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
-	}
-	pg_release(n->pg, c);
-	for (size_t i = 0; i < count; i++)
-		sb_put(n, kids[i]);
+	rc = fork_sandbox(n, parent, claims_of(req)->tid, idv, count, &err);
 	sb_put(n, parent);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "%s", err.msg);
+		json_decref(body);
+		return;
+	}
+	out = json_array();
+	for (size_t i = 0; i < count; i++) {
+		json_t *sb = sandbox_json_of(n, idv[i]);
+		if (sb)
+			json_array_append_new(out, sb);
+	}
 	json_decref(body);
+	http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
 }
 
 /* Copies a paused sandbox's snapshot files into a new snapshot directory (holes kept). */

@@ -7,6 +7,7 @@
  * of that is made, so a full node refuses at once.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,18 @@ static const char *const state_names[] = { "creating", "running", "paused", "sto
 const char *sb_state_name(enum sb_state st)
 {
 	return state_names[st];
+}
+
+enum kiln_err node_error(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)
+{
+	char msg[KILN_ERRMSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	kiln_error_clear(err);
+	return kiln_error_set(err, code, "%s", msg);
 }
 
 struct sandbox *sb_get(struct node *n, const char *id)
