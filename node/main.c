@@ -74,14 +74,59 @@ static void check_exit(void)
 	pthread_mutex_destroy(&node.reg_lock);
 }
 
+static volatile sig_atomic_t db_wait_stop;
+
+static void db_wait_signal(int sig)
+{
+	db_wait_stop = sig;
+}
+
+/*
+ * Waits until Postgres answers, logging every few seconds. Nothing of an earlier run is touched
+ * meanwhile: what its VMs hold is only known from Postgres, so a node never cleans up on doubt.
+ * SIGTERM or SIGINT ends the wait (and the start) with KILN_E_UNAVAILABLE.
+ */
+static enum kiln_err db_wait(struct kiln_error *err)
+{
+	void (*old_term)(int) = signal(SIGTERM, db_wait_signal);
+	void (*old_int)(int) = signal(SIGINT, db_wait_signal);
+	time_t last_log = 0;
+	enum kiln_err rc;
+
+	for (;;) {
+		kiln_error_clear(err);
+		rc = pg_ping(node.pg, err);
+		if (rc != KILN_E_UNAVAILABLE || db_wait_stop)
+			break;
+		if (time(NULL) - last_log >= 5) {
+			log_warn("postgres is unavailable (%s): waiting for it; the VMs of an earlier "
+				 "run are kept",
+				 err->msg);
+			last_log = time(NULL);
+		}
+		sleep(1);
+	}
+	signal(SIGTERM, old_term);
+	signal(SIGINT, old_int);
+	if (db_wait_stop)
+		return node_error(err, KILN_E_UNAVAILABLE, "stopped while waiting for postgres");
+	if (last_log)
+		log_info("postgres is back");
+	return rc;
+}
+
 static int db_init(struct kiln_error *err)
 {
 	int applied = 0;
+	enum kiln_err rc;
 
 	node.pg = pg_new(node.cfg.database_url, (int)node.cfg.db_pool_size);
 	if (!node.pg)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	return migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+	rc = db_wait(err);
+	if (rc == KILN_OK)
+		rc = migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+	return rc;
 }
 
 static void db_exit(void)
@@ -180,6 +225,9 @@ static void *ticker(void *arg)
 			log_warn("heartbeat failed: %s", err.msg);
 		expire_sandboxes();
 		if (tick % 10 == 0) {
+			kiln_error_clear(&err);
+			if (recovery_deletes(&node, &err) != KILN_OK)
+				log_warn("requested deletes not carried out: %s", err.msg);
 			snap_gc(&node);
 			tpl_evict_idle(&node, node.cfg.template_idle_s);
 		}

@@ -185,7 +185,7 @@ static enum kiln_err recover_running(struct node *n, struct sandbox *sb, char *s
  * can be had (one still being created is not: its create failed). A VM still running (VMMs
  * outlive their node) is taken over and paused; a pause cut short after its VMM ended is finished
  * from its files. Snapshot directories nothing records are then removed. Returns how many
- * sandboxes were recorded as paused.
+ * sandboxes were recorded as paused, or -1 when Postgres could not be read (nothing done).
  */
 static int snap_recover(struct node *n)
 {
@@ -195,13 +195,13 @@ static int snap_recover(struct node *n)
 	int found = 0;
 
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
-		return 0;
+		return -1;
 	if (PGQ(c, &res, &err,
 		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib, generation FROM sandboxes "
 		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('running', 'error')",
 		n->cfg.node_id) != KILN_OK) {
 		pg_release(n->pg, c);
-		return 0;
+		return -1;
 	}
 	for (int i = 0; i < pg_res_rows(res); i++) {
 		struct sandbox sb = { 0 };
@@ -307,8 +307,15 @@ enum kiln_err recovery_run(struct node *n, struct kiln_error *err)
 	struct leftovers l = { .n = n };
 	int cleaned;
 
+	/* Deletes the gateway asked for while this node was down are carried out, not paused. */
+	rc = recovery_deletes(n, err);
+	if (rc != KILN_OK)
+		return rc;
 	/* First, while their VMs and pins are still there: running sandboxes end paused, not lost. */
-	snap_recover(n);
+	if (snap_recover(n) < 0 || pg_ping(n->pg, err) != KILN_OK)
+		/* Nothing is cleaned up on doubt: the next start takes it over again. */
+		return node_error(err, KILN_E_UNAVAILABLE,
+				  "postgres went away during recovery; the earlier run's VMs are kept");
 	cleaned = vmm_orphans_cleanup(n->cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
 	if (cleaned > 0)
 		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
@@ -329,3 +336,42 @@ enum kiln_err recovery_run(struct node *n, struct kiln_error *err)
 	return rc;
 }
 
+
+/* Carries out the requested delete of `r`: its VM, if this run holds it, goes after the record. */
+static enum kiln_err delete_requested(const struct record *r, void *arg)
+{
+	struct node *n = arg;
+	struct record_fence f = { .id = r->id, .node_id = n->cfg.node_id,
+				  .generation = r->generation };
+	struct kiln_error err = { 0 };
+	struct sandbox *sb = sb_get(n, r->id);
+	enum kiln_err rc;
+
+	if (sb)
+		pthread_mutex_lock(&sb->lock);
+	if (sb && sb->generation != r->generation) {
+		/* the request was for an earlier generation: a later resume wins */
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+		return KILN_OK;
+	}
+	rc = record_deleted(n->pg, NULL, &f, &err);
+	if (rc == KILN_OK && sb) {
+		sb_teardown(n, sb);
+		sb->state = SB_STOPPED;
+	}
+	if (sb) {
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+	}
+	if (rc == KILN_OK)
+		log_warn("sandbox \"%s\" deleted as the gateway asked while this node was down", r->id);
+	else if (rc == KILN_E_CONFLICT)
+		log_warn("requested delete of \"%s\" not carried out: %s", r->id, err.msg);
+	return rc == KILN_E_CONFLICT ? KILN_OK : rc;
+}
+
+enum kiln_err recovery_deletes(struct node *n, struct kiln_error *err)
+{
+	return record_each(n->pg, n->cfg.node_id, NULL, true, delete_requested, n, err);
+}

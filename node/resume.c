@@ -36,6 +36,8 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 		return node_error(err, KILN_E_UNAVAILABLE, "the database is unavailable");
 	if (!r.found)
 		return node_error(err, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	if (r.delete_requested)
+		return node_error(err, KILN_E_CONFLICT, "the sandbox is being deleted");
 	if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0])
 		return node_error(err, KILN_E_CONFLICT, "the sandbox is %s, not paused", r.state);
 	moved = strcmp(r.node_id, n->cfg.node_id) != 0;
