@@ -395,13 +395,14 @@ static void sandbox_delete_request(struct http_req *req, const struct sb_row *sb
 		return;
 	}
 	pg_release(gw->pg, c);
-	http_reply_empty(req, 202);
+	http_reply_empty(req, 204);	/* accepted for good: the sandbox is shown as deleting */
 }
 
 /*
  * DELETE /v1/sandboxes/{id}: the sandbox's node deletes it (204). A node that is live (fresh
  * heartbeat) but does not answer: 503, nothing changed. A node marked down: the delete is
- * recorded as requested (202). A node that no longer holds the sandbox (404): the record goes.
+ * recorded as requested (204, shown as deleting until the node carries it out). A node that no
+ * longer holds the sandbox (404): the record goes.
  */
 static void sandbox_delete(struct http_req *req)
 {

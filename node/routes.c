@@ -435,16 +435,58 @@ out:
 
 /* ---- DELETE /v1/sandboxes/{id} ---- */
 
+/* The live record of sandbox `id` of `tenant` on this node. */
+static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
+			       struct record *out, struct kiln_error *err)
+{
+	return record_read(n->pg, id, tenant, n->cfg.node_id, out, err);
+}
+
+/* Deletes a sandbox this node does not run but whose record is here (a paused one). */
+static void delete_record_only(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct record r;
+	enum kiln_err rc = record_of(n, id, claims_of(req)->tid, &r, &err);
+
+	if (rc != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return;
+	}
+	if (!r.found) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return;
+	}
+	rc = record_deleted(n->pg, NULL,
+			    &(struct record_fence){ id, n->cfg.node_id, r.generation }, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "the deletion could not be recorded: %s", err.msg);
+		return;
+	}
+	/* its pause snapshot's files go with the next snap_gc */
+	log_info("sandbox \"%s\" (%s) deleted", id, r.state);
+	http_reply_empty(req, 204);
+}
+
 static void sandbox_delete(struct http_req *req)
 {
 	struct node *n = http_req_app(req);
-	struct sandbox *sb = request_sandbox(req);
+	struct sandbox *sb = sb_get(n, http_req_param(req, "id"));
 	struct kiln_error err = { 0 };
 	struct record_fence f;
 	enum kiln_err rc;
 
-	if (!sb)
+	if (sb && strcmp(sb->tenant_id, claims_of(req)->tid) != 0) {
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", http_req_param(req, "id"));
 		return;
+	}
+	if (!sb) {
+		delete_record_only(req);
+		return;
+	}
 	/* Recorded first: a delete that cannot be recorded changes nothing, the VM included. */
 	pthread_mutex_lock(&sb->lock);
 	f = sb_fence(n, sb);
@@ -1132,8 +1174,8 @@ static void files_get(struct http_req *req)
 		return;
 	}
 	status = pump_wait_ready(p, type, sizeof(type));
-	http_reply_stream(req, status ? status : 502, type[0] ? type : "application/json", pump_read,
-			  p, pump_release);
+	http_reply_stream(req, status ? status : http_status_of(KILN_E_SANDBOX_FAILED),
+			  type[0] ? type : "application/json", pump_read, p, pump_release);
 }
 
 static void healthz(struct http_req *req)
@@ -1149,13 +1191,6 @@ static void healthz(struct http_req *req)
 }
 
 /* ---- pause, resume, fork, snapshots ---- */
-
-/* The live record of sandbox `id` of `tenant` on this node. */
-static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
-			       struct record *out, struct kiln_error *err)
-{
-	return record_read(n->pg, id, tenant, n->cfg.node_id, out, err);
-}
 
 /* Replies for a sandbox this node does not run: 409 naming its state, or 404. */
 static void reply_not_running(struct http_req *req, const char *want)

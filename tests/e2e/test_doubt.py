@@ -177,7 +177,7 @@ class DeleteOnDoubtTests(Api, unittest.TestCase):
         pids = vm_pids(node.node_id, sb["id"])
         back = self.unreachable_node(down=True)
         r = self.gw.request("DELETE", f"/v1/sandboxes/{sb['id']}", headers=self.key, timeout=60)
-        self.assertEqual(r.status, 202, r)
+        self.assertEqual(r.status, 204, r)
         r = self.get(sb)
         self.assertEqual(r.status, 200, r)
         self.assertTrue(r.json()["deleting"])
