@@ -38,6 +38,7 @@ struct job {
 	long status;
 	char type[128];
 	bool ready;
+	long timeout_ms;	/* of the whole call; 0: none (streams may run long) */
 	CURL *curl;		/* while job_run runs */
 };
 
@@ -195,6 +196,8 @@ static void job_run(struct job *j)
 	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, j->method);
 	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
+	if (j->timeout_ms)
+		curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, j->timeout_ms);
 	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
 	curl_easy_setopt(c, CURLOPT_HEADERDATA, j);
 	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
@@ -277,17 +280,19 @@ void node_proxy(struct http_req *req, const struct node_call *call)
 }
 
 enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call, long *status,
-			     char **body, size_t *len)
+			     char **body, size_t *len, bool *replied)
 {
 	struct job *j = job_new(req, call);
 	struct buf b;
 
 	*body = NULL;
 	*status = 0;
+	*replied = !j;
 	if (!j)
-		return KILN_E_INTERNAL;	/* replied */
+		return KILN_E_INTERNAL;	/* job_new replied */
 	buf_init(&b, NODE_SYNC_MAX);
 	j->mem = &b;
+	j->timeout_ms = NODE_SYNC_TIMEOUT_MS;
 	job_run(j);
 	*status = j->status;
 	job_free(j);

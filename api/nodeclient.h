@@ -6,6 +6,7 @@
 #ifndef KILN_NODECLIENT_H
 #define KILN_NODECLIENT_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "api/authn.h"
@@ -30,13 +31,18 @@ struct node_call {
  */
 void node_proxy(struct http_req *req, const struct node_call *call);
 
+/* How long a call answered into memory may take, in all. */
+#define NODE_SYNC_TIMEOUT_MS 15000L
+
 /*
  * The same call, answered into memory: *status and a malloc'd body (the caller frees it), for
  * calls whose answer the gateway reads itself. Returns KILN_E_UNAVAILABLE when the node cannot
- * be reached.
+ * be reached or does not answer within NODE_SYNC_TIMEOUT_MS (*status 0). When the call could not
+ * even be made (no token could be signed, out of memory), *replied is set: `req` was answered
+ * already and the caller must not reply again.
  */
 enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call, long *status,
-			     char **body, size_t *len);
+			     char **body, size_t *len, bool *replied);
 
 /*
  * Starts a call whose body the caller streams: returns a descriptor to write the body to (close

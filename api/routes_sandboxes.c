@@ -369,28 +369,83 @@ static void forward(struct http_req *req, const struct sb_row *sb, const char *s
 					      .accept = http_req_header(req, "Accept") });
 }
 
+/*
+ * Records the delete of `sb`, whose node is down, as requested: the node carries it out when it
+ * comes back (node/recovery.c). The gateway never writes a sandbox's state.
+ */
+static void sandbox_delete_request(struct http_req *req, const struct sb_row *sb)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = gw_db(req);
+
+	if (!c)
+		return;
+	if (PGQ(c, NULL, &err,
+		"UPDATE sandboxes SET delete_requested_at = coalesce(delete_requested_at, now()) "
+		"WHERE id = $1 AND deleted_at IS NULL",
+		sb->id) != KILN_OK) {
+		pg_release(gw->pg, c);
+		gw_fail(req, err.code, &err);
+		return;
+	}
+	pg_release(gw->pg, c);
+	http_reply_empty(req, 204);	/* accepted for good: the sandbox is shown as deleting */
+}
+
+/*
+ * DELETE /v1/sandboxes/{id}: the sandbox's node deletes it (204). A node that is live (fresh
+ * heartbeat) but does not answer: 503, nothing changed. A node marked down: the delete is
+ * recorded as requested (204, shown as deleting until the node carries it out). A node that no
+ * longer holds the sandbox (404): the record goes.
+ */
 static void sandbox_delete(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	struct sb_row sb;
 	char path[128], *body = NULL;
 	long status = 0;
-	size_t len;
+	size_t len = 0;
+	bool replied = false;
+	enum kiln_err rc = KILN_OK;
 
 	if (!sandbox_lookup(req, &sb))
 		return;
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s", sb.id);
-	if (sb.node_address[0] &&
-	    node_call_sync(req, &(struct node_call){ .address = sb.node_address, .method = "DELETE",
-						    .path = path, .sandbox_id = sb.id,
-						    .who = gw_principal(req), .upload_fd = -1 },
-			   &status, &body, &len) == KILN_E_INTERNAL)
-		return;	/* replied */
+	if (sb.node_address[0]) {
+		rc = node_call_sync(req, &(struct node_call){ .address = sb.node_address,
+							      .method = "DELETE", .path = path,
+							      .sandbox_id = sb.id, .who = gw_principal(req),
+							      .upload_fd = -1 },
+				    &status, &body, &len, &replied);
+		if (replied)
+			return;
+	}
+	if (rc == KILN_E_UNAVAILABLE) {
+		free(body);
+		if (sb.node_alive)
+			http_reply_error(req, KILN_E_UNAVAILABLE,
+					 "the sandbox's node did not answer; try again");
+		else
+			sandbox_delete_request(req, &sb);
+		return;
+	}
+	if (status == 204) {
+		free(body);
+		http_reply_empty(req, 204);
+		return;
+	}
+	if (sb.node_address[0] && status != 404) {
+		/* The node refused or failed (its record could not be written): its answer, as is. */
+		http_reply_data(req, (int)status, "application/json", body ? body : "", len);
+		free(body);
+		return;
+	}
 	free(body);
-	if (status != 204) {
+	{
 		/*
-		 * The node no longer holds it (stopped, or the node restarted) or cannot be reached:
-		 * the record goes; a node cleans up what it finds of it when it starts.
+		 * No node holds it (paused on a node that restarted, or never placed): the record
+		 * goes; a node cleans up what it finds of it when it starts.
 		 */
 		struct kiln_error err = { 0 };
 		struct pg_conn *c = gw_db(req);

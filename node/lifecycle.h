@@ -1,23 +1,20 @@
 /*
- * lifecycle.h - snapshots of sandboxes on a node: pause, resume, fork, named snapshots, and the
- * removal of snapshot files nothing uses any more (see lifecycle.c).
+ * lifecycle.h - snapshots of sandboxes on a node: their directories, policy, manifest and
+ * records, restores from them, and the removal of snapshot files nothing uses any more (see
+ * lifecycle.c; the pause is pause.h, the resume resume.h, the fork fork.h).
  */
 #ifndef KILN_NODE_LIFECYCLE_H
 #define KILN_NODE_LIFECYCLE_H
 
 #include "node/node.h"
 
+#define NETPOLICY_FILE "netpolicy.json"	/* a snapshot's network policy */
+
 /* <data_dir>/snaps/<node>/<snap id> */
 void snap_dir(struct node *n, const char *snap_id, char *out, size_t len);
 
 /* Starts the background upload of a snapshot when its tenant has a bucket (errors logged only). */
 void snap_upload(struct node *n, const char *snap_id, const char *tenant_id);
-
-/*
- * Pauses a running sandbox (called with sb->lock held): a snapshot, then the VM, its network and
- * its capacity are released and the state is paused. On failure the sandbox runs on as before.
- */
-enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err);
 
 /*
  * Verifies the snapshot `snap_id` and restores `sb` (reserved, not yet running) from it, with the
@@ -51,15 +48,6 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 
 /* Removes a snapshot directory. */
 void snap_remove_files(const char *dir);
-
-/*
- * After a restart, before anything of the earlier run is cleaned up: every sandbox the database
- * still shows running (or failed) on this node ends paused with a complete snapshot where its state
- * can be had (one still being created is not: its create failed). A VM still running (VMMs outlive their node) is taken over and paused; a pause cut short
- * after its VMM ended is finished from its files. Snapshot directories nothing records are then
- * removed. Returns how many sandboxes were recorded as paused.
- */
-int snap_recover(struct node *n);
 
 /* Removes the files of deleted snapshots no live sandbox or snapshot stands on. */
 void snap_gc(struct node *n);

@@ -2,10 +2,8 @@
  * main.c - kiln-node's start, heartbeat and stop.
  *
  * Start order is the table at the bottom, stop order its reverse. Once a second a ticker thread
- * renews the node's heartbeat in Postgres and stops sandboxes past their expiry. A node that
- * restarts after a crash takes over the VMs its previous run left (they outlive it) and pauses
- * them, finishes pauses cut short, then frees every host resource of that run; a sandbox whose
- * state could not be had is recorded as stopped.
+ * renews the node's heartbeat in Postgres and pauses sandboxes past their expiry. A node that
+ * restarts after a crash first takes over what its previous run left (recovery.c).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -27,6 +25,8 @@
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
 #include "node/lifecycle.h"
+#include "node/pause.h"
+#include "node/recovery.h"
 #include "node/node.h"
 #include "node/storage_sync.h"
 #include "node/template.h"
@@ -74,14 +74,59 @@ static void check_exit(void)
 	pthread_mutex_destroy(&node.reg_lock);
 }
 
+static volatile sig_atomic_t db_wait_stop;
+
+static void db_wait_signal(int sig)
+{
+	db_wait_stop = sig;
+}
+
+/*
+ * Waits until Postgres answers, logging every few seconds. Nothing of an earlier run is touched
+ * meanwhile: what its VMs hold is only known from Postgres, so a node never cleans up on doubt.
+ * SIGTERM or SIGINT ends the wait (and the start) with KILN_E_UNAVAILABLE.
+ */
+static enum kiln_err db_wait(struct kiln_error *err)
+{
+	void (*old_term)(int) = signal(SIGTERM, db_wait_signal);
+	void (*old_int)(int) = signal(SIGINT, db_wait_signal);
+	time_t last_log = 0;
+	enum kiln_err rc;
+
+	for (;;) {
+		kiln_error_clear(err);
+		rc = pg_ping(node.pg, err);
+		if (rc != KILN_E_UNAVAILABLE || db_wait_stop)
+			break;
+		if (time(NULL) - last_log >= 5) {
+			log_warn("postgres is unavailable (%s): waiting for it; the VMs of an earlier "
+				 "run are kept",
+				 err->msg);
+			last_log = time(NULL);
+		}
+		sleep(1);
+	}
+	signal(SIGTERM, old_term);
+	signal(SIGINT, old_int);
+	if (db_wait_stop)
+		return node_error(err, KILN_E_UNAVAILABLE, "stopped while waiting for postgres");
+	if (last_log)
+		log_info("postgres is back");
+	return rc;
+}
+
 static int db_init(struct kiln_error *err)
 {
 	int applied = 0;
+	enum kiln_err rc;
 
 	node.pg = pg_new(node.cfg.database_url, (int)node.cfg.db_pool_size);
 	if (!node.pg)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	return migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+	rc = db_wait(err);
+	if (rc == KILN_OK)
+		rc = migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+	return rc;
 }
 
 static void db_exit(void)
@@ -90,80 +135,9 @@ static void db_exit(void)
 	node.pg = NULL;
 }
 
-/* The VMs of an earlier run that snap_recover did not pause are removed, none kept. */
-static bool keep_none(void *ctx, const char *id)
-{
-	return false;
-}
-
-/*
- * Removes the networks and policy pins an earlier run of this node left: every sandbox pinned
- * under /sys/fs/bpf/kiln/<node>/ names its netns (kiln-<net id>).
- */
-static void cleanup_networks(void)
-{
-	char pattern[192];
-	glob_t g;
-
-	snprintf(pattern, sizeof(pattern), "%s/%s/*", KILN_PIN_ROOT, node.cfg.node_id);
-	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) != 0)
-		return;
-	for (size_t i = 0; i < g.gl_pathc; i++) {
-		const char *id = strrchr(g.gl_pathv[i], '/') + 1;
-		const char *rand = strchr(id, '_');
-		char net_id[KILN_NET_ID_MAX + 1];
-		struct kiln_error err = { 0 };
-
-		snprintf(net_id, sizeof(net_id), "%s", rand ? rand + 1 : id);
-		kiln_sbnet_destroy(net_id, &err);
-		kiln_error_clear(&err);
-		if (kiln_policy_unpin(NULL, node.cfg.node_id, id, &err) != KILN_OK)
-			log_warn("cannot remove the pins of \"%s\": %s", id, err.msg);
-		else
-			log_warn("removed the network an earlier run left for \"%s\"", id);
-	}
-	globfree(&g);
-}
-
 static int recover_init(struct kiln_error *err)
 {
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
-	struct kiln_error cerr = { 0 };
-	enum kiln_err rc;
-	char pattern[600];
-	glob_t g;
-	int cleaned;
-
-	/* First, while their VMs and pins are still there: running sandboxes end paused, not lost. */
-	snap_recover(&node);
-	cleaned = vmm_orphans_cleanup(node.cfg.node_id, NULL, NULL, keep_none, NULL, &cerr);
-	if (cleaned > 0)
-		log_warn("cleaned up %d VMs an earlier run of this node left", cleaned);
-	cleanup_networks();
-	if (cerr.code != KILN_OK)
-		log_error("cleanup of an earlier run: %s", cerr.msg);
-	/* the disk layers of VMs that are gone: no VM of this node runs yet */
-	snprintf(pattern, sizeof(pattern), "%s/*", node.vm_state_root);
-	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0) {
-		for (size_t i = 0; i < g.gl_pathc; i++)
-			snap_remove_files(g.gl_pathv[i]);
-		globfree(&g);
-	}
-	rc = pg_acquire(node.pg, &c, err);
-
-	if (rc != KILN_OK)
-		return rc;
-	rc = PGQ(c, &res, err,
-		 "UPDATE sandboxes SET state = 'stopped', net_index = NULL, state_changed_at = now(), "
-		 "error = 'the node restarted' WHERE node_id = $1 AND deleted_at IS NULL "
-		 "AND state IN ('creating', 'running', 'error') RETURNING id",
-		 node.cfg.node_id);
-	if (rc == KILN_OK && pg_res_rows(res) > 0)
-		log_warn("%d sandboxes of an earlier run recorded as stopped", pg_res_rows(res));
-	pg_res_free(res);
-	pg_release(node.pg, c);
-	return rc;
+	return recovery_run(&node, err);
 }
 
 static void recover_exit(void)
@@ -251,6 +225,9 @@ static void *ticker(void *arg)
 			log_warn("heartbeat failed: %s", err.msg);
 		expire_sandboxes();
 		if (tick % 10 == 0) {
+			kiln_error_clear(&err);
+			if (recovery_deletes(&node, &err) != KILN_OK)
+				log_warn("requested deletes not carried out: %s", err.msg);
 			snap_gc(&node);
 			tpl_evict_idle(&node, node.cfg.template_idle_s);
 		}
@@ -420,10 +397,15 @@ static void api_exit(void)
 			break;
 		pthread_mutex_lock(&sb->lock);
 		if (sb->state != SB_RUNNING || sb_pause(&node, sb, &err) != KILN_OK) {
+			struct record_fence f = sb_fence(&node, sb);
+
 			if (err.code != KILN_OK)
 				log_error("sandbox \"%s\" stops with the node: %s", sb->id, err.msg);
 			sb_teardown(&node, sb);
-			sb_set_state(&node, sb, SB_STOPPED, "the node stopped");
+			sb->state = SB_STOPPED;
+			kiln_error_clear(&err);
+			if (record_stopped(node.pg, NULL, &f, "the node stopped", &err) != KILN_OK)
+				log_error("the stop of \"%s\" not recorded: %s", sb->id, err.msg);
 		}
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);

@@ -3,7 +3,8 @@
  *
  * The node never trusts its caller: every request carries a JWT the gateway signed for it
  * (aud kiln-node, the tenant, the scopes and the sandbox), which the node verifies against the
- * gateways' JWKS. It records every sandbox state change in Postgres and registers itself in
+ * gateways' JWKS. It records every sandbox state change in Postgres (node/record.h: fenced on
+ * the node and the sandbox's generation) and registers itself in
  * `nodes` with its capacity and a heartbeat.
  */
 #ifndef KILN_NODE_H
@@ -21,6 +22,7 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
+#include "node/record.h"
 #include "vmm/hv.h"
 
 struct jwks_cache;
@@ -38,6 +40,7 @@ struct sandbox {
 	char net_id[KILN_NET_ID_MAX + 1];
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	int net_index;
+	long long generation;	/* of its record: every write of it is fenced on it (record.h) */
 	int refs;		/* under the registry lock */
 	pthread_mutex_t lock;	/* serialises lifecycle changes (create, delete, pause...) */
 	enum sb_state state;
@@ -126,10 +129,24 @@ void sb_teardown(struct node *n, struct sandbox *sb);
 /* Like sb_teardown, but the sandbox stays registered with its capacity (to try again). */
 void sb_release(struct node *n, struct sandbox *sb);
 
-/* Sets the state in memory and in Postgres (with `error` text for SB_ERROR). */
-void sb_set_state(struct node *n, struct sandbox *sb, enum sb_state st, const char *error);
+/* The fence of `sb`'s record: this node, at the generation `sb` holds. */
+static inline struct record_fence sb_fence(const struct node *n, const struct sandbox *sb)
+{
+	return (struct record_fence){ .id = sb->id, .node_id = n->cfg.node_id,
+				      .generation = sb->generation };
+}
+
+/*
+ * A running sandbox whose VM ended or stopped answering: state error in memory, and recorded
+ * with `why` (a refused or failed record is logged; the sandbox stays in error here).
+ */
+void sb_failed(struct node *n, struct sandbox *sb, const char *why);
 
 const char *sb_state_name(enum sb_state st);
+
+/* Replaces whatever error `err` holds with `code` and a new message; returns `code`. */
+enum kiln_err node_error(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
 
 /* --- the JWKS (keys.c) --- */
 

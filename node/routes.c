@@ -3,6 +3,8 @@
  *
  * Paths mirror the public API (/v1/sandboxes/{id}/...). Every route but /healthz needs a node
  * token for exactly that sandbox; the sandbox must belong to the token's tenant, or it is 404.
+ * The handlers parse, check and reply; the create, fork, resume and pause themselves are in
+ * create.c, fork.c, resume.c and pause.c, and every write of a sandbox's record in record.c.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -25,7 +27,11 @@
 #include "vmm/jail.h"
 #include "auth/apikey.h"
 #include "metering/plan.h"
+#include "node/create.h"
+#include "node/fork.h"
 #include "node/lifecycle.h"
+#include "node/pause.h"
+#include "node/resume.h"
 #include "node/node.h"
 #include "node/template.h"
 #include "node/storage_sync.h"
@@ -99,25 +105,30 @@ static struct sandbox *request_sandbox(struct http_req *req)
 	return sb;
 }
 
-/* Replies with the sandbox as Postgres has it. */
-static void reply_sandbox(struct http_req *req, int status, const char *id)
+/* The sandbox as Postgres has it (sandbox_json), or NULL when it cannot be read. */
+static json_t *sandbox_json_of(struct node *n, const char *id)
 {
-	struct node *n = http_req_app(req);
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	json_t *obj = NULL;
 
-	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
-		return;
-	}
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return NULL;
 	if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1", id) ==
 		    KILN_OK &&
 	    pg_res_rows(res) == 1)
 		obj = json_loads(pg_res_str(res, 0, 0), 0, NULL);
 	pg_res_free(res);
 	pg_release(n->pg, c);
+	return obj;
+}
+
+/* Replies with the sandbox as Postgres has it. */
+static void reply_sandbox(struct http_req *req, int status, const char *id)
+{
+	json_t *obj = sandbox_json_of(http_req_app(req), id);
+
 	if (!obj)
 		http_reply_error(req, KILN_E_INTERNAL, "cannot read the sandbox");
 	else
@@ -371,21 +382,14 @@ static void sandbox_create(struct http_req *req)
 		{ "snapshot_id", JF_STRING, false, 64 },
 	};
 	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
-	const char *from_snap = NULL;
-	char tpl[AUTH_ID_MAX] = "";
-	unsigned vcpu_milli, mem_mib, disk_gib;
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
-	struct sb_init init = { 0 };
-	const char *id = http_req_param(req, "id");
+	struct create_req r = { .id = http_req_param(req, "id"), .tenant_id = claims_of(req)->tid };
 	struct kiln_error err = { 0 };
 	size_t len;
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL;
-	char **env = NULL, vcpu[16], mem[16], disk[16], tmo[16], *meta = NULL;
-	struct sandbox *sb = NULL;
-	struct pg_conn *c;
+	char **env = NULL, *meta = NULL;
 	enum kiln_err rc;
 
 	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
@@ -396,153 +400,33 @@ static void sandbox_create(struct http_req *req)
 	env = env_array(req, json_object_get(body, "env"), "env");
 	if (!env)
 		goto out;
-	init.env = (const char *const *)env;
+	r.init.env = (const char *const *)env;
 	if (json_object_get(body, "egress") && !json_is_null(json_object_get(body, "egress"))) {
 		if (!parse_egress(req, json_object_get(body, "egress"), &rules))
 			goto out;
-		init.egress = &rules;
+		r.init.egress = &rules;
 	}
 	if (json_object_get(body, "bandwidth") && !json_is_null(json_object_get(body, "bandwidth"))) {
 		if (!parse_bandwidth(req, json_object_get(body, "bandwidth"), &bw))
 			goto out;
-		init.bandwidth = &bw;
+		r.init.bandwidth = &bw;
 	}
-	vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
-	mem_mib = (unsigned)json_int(body, "memory_mib", 0);
-	disk_gib = (unsigned)json_int(body, "disk_gib", 0);
-	from_snap = json_str(body, "snapshot_id", NULL);
-	if (from_snap) {
-		/* A sandbox made from a snapshot has the snapshot's shape. */
-		struct pg_res *res = NULL;
-		rc = pg_acquire(n->pg, &c, &err);
-		if (rc == KILN_OK) {
-			rc = PGQ(c, &res, &err,
-				 "SELECT vcpu_milli, memory_mib, disk_gib FROM snapshots WHERE id = $1 "
-				 "AND tenant_id = $2 AND node_id = $3 AND kind = 'named' "
-				 "AND deleted_at IS NULL",
-				 from_snap, cl->tid, n->cfg.node_id);
-			pg_release(n->pg, c);
-		}
-		if (rc == KILN_OK && pg_res_rows(res) == 1) {
-			vcpu_milli = (unsigned)pg_res_int(res, 0, 0, 0);
-			mem_mib = (unsigned)pg_res_int(res, 0, 1, 0);
-			disk_gib = (unsigned)pg_res_int(res, 0, 2, 0);
-		} else if (rc == KILN_OK) {
-			rc = KILN_E_NOT_FOUND;
-		}
-		pg_res_free(res);
-		if (rc != KILN_OK) {
-			http_reply_error(req, rc, rc == KILN_E_NOT_FOUND ? "no snapshot \"%s\""
-									   : "the database is unavailable (%s)",
-					 from_snap);
-			goto out;
-		}
-	}
-	{
-		const struct vmm_spec probe = {
-			.id = id, .node = n->cfg.node_id,
-			.vcpu_milli = vcpu_milli,
-			.mem_mib = mem_mib,
-			.disk_gib = disk_gib,
-			.kernel = n->cfg.guest_kernel, .run_dir = "/", .state_dir = "/",
-			.uid = JAIL_UID_MIN, .gid = JAIL_UID_MIN,	/* checked for real at boot */
-		};
-		if (vmm_spec_check(&probe, &err) != KILN_OK) {
-			http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
-			goto out;
-		}
-	}
-	rc = sb_reserve(n, id, cl->tid, vcpu_milli, mem_mib, disk_gib, &sb, &err);
-	if (rc == KILN_OK && !from_snap)
-		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, tpl, sizeof(tpl));
-	if (rc != KILN_OK) {
-		http_reply_error(req, rc, "%s", err.msg);
-		goto out;
-	}
-	pthread_mutex_lock(&sb->lock);
-	snprintf(vcpu, sizeof(vcpu), "%u", sb->vcpu_milli);
-	snprintf(mem, sizeof(mem), "%u", sb->mem_mib);
-	snprintf(disk, sizeof(disk), "%u", sb->disk_gib);
-	snprintf(tmo, sizeof(tmo), "%lld", json_int(body, "timeout_s", 300));
+	r.vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
+	r.mem_mib = (unsigned)json_int(body, "memory_mib", 0);
+	r.disk_gib = (unsigned)json_int(body, "disk_gib", 0);
+	r.timeout_s = json_int(body, "timeout_s", 300);
+	r.template_name = json_str(body, "template", "python");
+	r.from_snap = json_str(body, "snapshot_id", NULL);
 	meta = json_is_object(json_object_get(body, "metadata"))
 		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
 		       : strdup("{}");
-	rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK) {
-		char idx[16];
-		snprintf(idx, sizeof(idx), "%d", sb->net_index);
-		/* recorded under the tenant's plan, after any create of the same tenant before it */
-		rc = pg_exec(c, "BEGIN", &err);
-		if (rc == KILN_OK)
-			rc = plan_check(c, cl->tid, 1, sb->vcpu_milli, sb->mem_mib, &err);
-		if (rc == KILN_OK)
-			rc = PGQ(c, NULL, &err,
-				 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-				 "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
-				 "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
-				 "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
-				 "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'))",
-				 id, cl->tid, n->cfg.node_id, json_str(body, "template", "python"), vcpu, mem,
-				 disk, tmo, meta ? meta : "{}", idx, from_snap ? from_snap : tpl[0] ? tpl : NULL);
-		if (rc == KILN_OK)
-			rc = pg_exec(c, "COMMIT", &err);
-		else
-			pg_exec(c, "ROLLBACK", NULL);
-		pg_release(n->pg, c);
-	}
-	if (rc != KILN_OK) {
-		sb_teardown(n, sb);
-		pthread_mutex_unlock(&sb->lock);
-		http_reply_error(req, rc, "%s", rc == KILN_E_CONFLICT ? "the sandbox exists"
-						: rc == KILN_E_QUOTA ? err.msg : "the database is unavailable");
-		goto out;
-	}
-	sb->expires_at = time(NULL) + json_int(body, "timeout_s", 300);
-	if (from_snap) {
-		rc = snap_restore_new(n, sb, from_snap, VMM_MEM_COPY, &init, true, &err);
-	} else if (tpl[0]) {
-		/* The fast path: the template's memory mapped privately, a fresh identity. */
-		char dir[600];
-		snap_dir(n, tpl, dir, sizeof(dir));
-		rc = sb_restore(n, sb, dir, VMM_MEM_PRIVATE, &init, true, &err);
-		if (rc != KILN_OK) {
-			/* Never fail a create for its template: boot it cold instead. */
-			log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err.msg);
-			tpl_discard(n, tpl);
-			sb_release(n, sb);
-			kiln_error_clear(&err);
-			if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-				PGQ(c, NULL, &err, "UPDATE sandboxes SET lineage = '{}' WHERE id = $1", id);
-				pg_release(n->pg, c);
-			}
-			kiln_error_clear(&err);
-			rc = sb_boot(n, sb, &init, &err);
-		}
-	} else {
-		rc = sb_boot(n, sb, &init, &err);
-	}
-	if (rc != KILN_OK) {
-		char why[KILN_ERRMSG_MAX];
-		log_error("sandbox \"%s\" failed to start: %s", id, err.msg);
-		snprintf(why, sizeof(why), "%s", err.msg);
-		sb_teardown(n, sb);
-		sb_set_state(n, sb, SB_ERROR, why);
-		/* The create failed: the sandbox never existed for the user. */
-		if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-			PGQ(c, NULL, &err,
-			    "UPDATE sandboxes SET deleted_at = now(), net_index = NULL WHERE id = $1", id);
-			pg_release(n->pg, c);
-		}
-		pthread_mutex_unlock(&sb->lock);
-		http_reply_error(req, rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
-				 "the sandbox could not start");
-		goto out;
-	}
-	sb_set_state(n, sb, SB_RUNNING, NULL);
-	pthread_mutex_unlock(&sb->lock);
-	reply_sandbox(req, 201, id);
+	r.metadata = meta;
+	rc = create_sandbox(n, &r, &err);
+	if (rc != KILN_OK)
+		http_reply_error(req, rc, "%s", err.msg);
+	else
+		reply_sandbox(req, 201, r.id);
 out:
-	sb_put(n, sb);
 	kiln_ruleset_free(&rules);
 	free(meta);
 	free(env);
@@ -551,31 +435,75 @@ out:
 
 /* ---- DELETE /v1/sandboxes/{id} ---- */
 
+/* The live record of sandbox `id` of `tenant` on this node. */
+static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
+			       struct record *out, struct kiln_error *err)
+{
+	return record_read(n->pg, id, tenant, n->cfg.node_id, out, err);
+}
+
+/* Deletes a sandbox this node does not run but whose record is here (a paused one). */
+static void delete_record_only(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct record r;
+	enum kiln_err rc = record_of(n, id, claims_of(req)->tid, &r, &err);
+
+	if (rc != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return;
+	}
+	if (!r.found) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return;
+	}
+	rc = record_deleted(n->pg, NULL,
+			    &(struct record_fence){ id, n->cfg.node_id, r.generation }, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "the deletion could not be recorded: %s", err.msg);
+		return;
+	}
+	/* its pause snapshot's files go with the next snap_gc */
+	log_info("sandbox \"%s\" (%s) deleted", id, r.state);
+	http_reply_empty(req, 204);
+}
+
 static void sandbox_delete(struct http_req *req)
 {
 	struct node *n = http_req_app(req);
-	struct sandbox *sb = request_sandbox(req);
+	struct sandbox *sb = sb_get(n, http_req_param(req, "id"));
 	struct kiln_error err = { 0 };
-	struct pg_conn *c;
+	struct record_fence f;
+	enum kiln_err rc;
 
-	if (!sb)
+	if (sb && strcmp(sb->tenant_id, claims_of(req)->tid) != 0) {
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", http_req_param(req, "id"));
 		return;
+	}
+	if (!sb) {
+		delete_record_only(req);
+		return;
+	}
+	/* Recorded first: a delete that cannot be recorded changes nothing, the VM included. */
 	pthread_mutex_lock(&sb->lock);
-	sb_teardown(n, sb);
-	sb->state = SB_STOPPED;
-	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
-		PGQ(c, NULL, &err,
-		    "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
-		    "state_changed_at = now() WHERE id = $1",
-		    sb->id);
-		pg_release(n->pg, c);
-	} else {
-		log_error("deletion of \"%s\" not recorded: postgres is unavailable", sb->id);
+	f = sb_fence(n, sb);
+	rc = record_deleted(n->pg, NULL, &f, &err);
+	if (rc == KILN_OK) {
+		sb_teardown(n, sb);
+		sb->state = SB_STOPPED;
 	}
 	pthread_mutex_unlock(&sb->lock);
-	log_info("sandbox \"%s\" deleted", sb->id);
+	if (rc != KILN_OK) {
+		log_error("deletion of \"%s\" not recorded, nothing changed: %s", sb->id, err.msg);
+		http_reply_error(req, rc, "the deletion could not be recorded: %s", err.msg);
+	} else {
+		log_info("sandbox \"%s\" deleted", sb->id);
+		http_reply_empty(req, 204);
+	}
 	sb_put(n, sb);
-	http_reply_empty(req, 204);
 }
 
 /* ---- PUT /v1/sandboxes/{id}/timeout ---- */
@@ -591,7 +519,6 @@ static void sandbox_timeout(struct http_req *req)
 	struct sandbox *sb;
 	struct pg_conn *c;
 	long long t;
-	char tmo[24];
 
 	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
@@ -606,22 +533,19 @@ static void sandbox_timeout(struct http_req *req)
 	sb = request_sandbox(req);
 	if (!sb)
 		return;
-	snprintf(tmo, sizeof(tmo), "%lld", t);
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
 		sb_put(n, sb);
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
 		return;
 	}
 	pthread_mutex_lock(&sb->lock);
-	if (PGQ(c, NULL, &err,
-		"UPDATE sandboxes SET timeout_s = $2::int, expires_at = now() + make_interval(secs => $2::int) "
-		"WHERE id = $1",
-		sb->id, tmo) == KILN_OK)
+	if (record_timeout(n->pg, c, &(struct record_fence){ sb->id, n->cfg.node_id, sb->generation },
+			   t, &err) == KILN_OK)
 		sb->expires_at = time(NULL) + t;
 	pthread_mutex_unlock(&sb->lock);
 	pg_release(n->pg, c);
 	if (err.code) {
-		http_reply_error(req, err.code, "the database is unavailable");
+		http_reply_error(req, err.code, "the timeout could not be recorded: %s", err.msg);
 	} else {
 		reply_sandbox(req, 200, sb->id);
 	}
@@ -813,7 +737,7 @@ static void sandbox_failed(struct node *n, struct sandbox *sb)
 	if (sb->state == SB_RUNNING && (!sb->vm || vmm_status(sb->vm, &st, &err) != KILN_OK ||
 					!st.alive || !agent_alive(sb->agent))) {
 		log_error("sandbox \"%s\" stopped answering", sb->id);
-		sb_set_state(n, sb, SB_ERROR, "the VM stopped or its agent stopped answering");
+		sb_failed(n, sb, "the VM stopped or its agent stopped answering");
 	}
 	pthread_mutex_unlock(&sb->lock);
 }
@@ -906,7 +830,7 @@ static void sse_produce(struct pump *p, void *ctx)
 		snprintf(line, sizeof(line),
 			 "event: error\ndata: {\"code\":\"%s\",\"message\":\"the exec failed\","
 			 "\"request_id\":\"%s\"}\n\n",
-			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_INTERNAL : rc), j->request_id);
+			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc), j->request_id);
 	}
 	pump_write(p, line, strlen(line));
 }
@@ -1192,15 +1116,16 @@ static void download_produce(struct pump *p, void *ctx)
 		char body[512];
 		json_t *msg = json_string(rc == KILN_E_NOT_FOUND ? "no such file" : err.msg);
 		char *m = json_dumps(msg, JSON_ENCODE_ANY);
+		/* what the guest said of the file, else the sandbox failed */
+		enum kiln_err code = rc == KILN_E_NOT_FOUND || rc == KILN_E_INVALID ||
+					     rc == KILN_E_TOO_LARGE ? rc : KILN_E_SANDBOX_FAILED;
 
 		if (rc == KILN_E_SANDBOX_FAILED)
 			sandbox_failed(d->n, d->sb);
-		pump_ready(p, rc == KILN_E_NOT_FOUND ? 404 : rc == KILN_E_INVALID ? 422 : rc == KILN_E_TOO_LARGE ? 413 : 502,
-			   "application/json");
+		pump_ready(p, http_status_of(code), "application/json");
 		snprintf(body, sizeof(body),
 			 "{\"error\":{\"code\":\"%s\",\"message\":%s,\"request_id\":\"%s\"}}",
-			 kiln_err_name(rc >= KILN_E_IO ? KILN_E_SANDBOX_FAILED : rc), m ? m : "\"\"",
-			 d->request_id);
+			 kiln_err_name(code), m ? m : "\"\"", d->request_id);
 		free(m);
 		json_decref(msg);
 		pump_write(p, body, strlen(body));
@@ -1249,8 +1174,8 @@ static void files_get(struct http_req *req)
 		return;
 	}
 	status = pump_wait_ready(p, type, sizeof(type));
-	http_reply_stream(req, status ? status : 502, type[0] ? type : "application/json", pump_read,
-			  p, pump_release);
+	http_reply_stream(req, status ? status : http_status_of(KILN_E_SANDBOX_FAILED),
+			  type[0] ? type : "application/json", pump_read, p, pump_release);
 }
 
 static void healthz(struct http_req *req)
@@ -1267,63 +1192,13 @@ static void healthz(struct http_req *req)
 
 /* ---- pause, resume, fork, snapshots ---- */
 
-/* A sandbox row of the token's tenant on this node, for the routes that act on paused ones. */
-struct sb_record {
-	char node_id[64];
-	char state[16];
-	char pause_snapshot[64];
-	unsigned vcpu_milli, mem_mib, disk_gib;
-	long long timeout_s;
-	bool found;
-};
-
-/*
- * The sandbox's row for the token's tenant: on this node, or (`any_node`, for a resume from the
- * tenant's bucket) on any.
- */
-static enum kiln_err record_find(struct node *n, const char *id, const char *tenant, bool any_node,
-				 struct sb_record *out, struct kiln_error *err)
-{
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
-	enum kiln_err rc = pg_acquire(n->pg, &c, err);
-
-	memset(out, 0, sizeof(*out));
-	if (rc != KILN_OK)
-		return rc;
-	rc = PGQ(c, &res, err,
-		 "SELECT state, coalesce(pause_snapshot, ''), vcpu_milli, memory_mib, disk_gib, "
-		 "timeout_s, coalesce(node_id, '') FROM sandboxes WHERE id = $1 AND tenant_id = $2 "
-		 "AND ($4::boolean OR node_id = $3) AND deleted_at IS NULL",
-		 id, tenant, n->cfg.node_id, any_node ? "true" : "false");
-	if (rc == KILN_OK && pg_res_rows(res) == 1) {
-		out->found = true;
-		snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, 0, 0));
-		snprintf(out->pause_snapshot, sizeof(out->pause_snapshot), "%s", pg_res_str(res, 0, 1));
-		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 2, 0);
-		out->mem_mib = (unsigned)pg_res_int(res, 0, 3, 0);
-		out->disk_gib = (unsigned)pg_res_int(res, 0, 4, 0);
-		out->timeout_s = pg_res_int(res, 0, 5, 300);
-		snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, 0, 6));
-	}
-	pg_res_free(res);
-	pg_release(n->pg, c);
-	return rc;
-}
-
-static enum kiln_err record_of(struct node *n, const char *id, const char *tenant,
-			       struct sb_record *out, struct kiln_error *err)
-{
-	return record_find(n, id, tenant, false, out, err);
-}
-
 /* Replies for a sandbox this node does not run: 409 naming its state, or 404. */
 static void reply_not_running(struct http_req *req, const char *want)
 {
 	struct node *n = http_req_app(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct sb_record r;
+	struct record r;
 
 	if (record_of(n, id, claims_of(req)->tid, &r, &err) != KILN_OK)
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
@@ -1378,134 +1253,27 @@ static void sandbox_pause(struct http_req *req)
 
 static void sandbox_resume(struct http_req *req)
 {
-	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
-	struct sb_record r;
-	struct sandbox *sb = sb_get(n, id);
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
-	char idx[16], tmo[24], dir[600], mem[640];
-	bool moved;
-	enum kiln_err rc;
+	enum kiln_err rc = resume_sandbox(http_req_app(req), id, claims_of(req)->tid, &err);
 
-	if (sb) {
-		/* Held here: it runs (or is starting); only a paused sandbox resumes. */
-		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
-		sb_put(n, sb);
-		return;
-	}
-	if (record_find(n, id, cl->tid, true, &r, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
-		return;
-	}
-	if (!r.found) {
-		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
-		return;
-	}
-	if (strcmp(r.state, "paused") != 0 || !r.pause_snapshot[0]) {
-		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", r.state);
-		return;
-	}
-	moved = strcmp(r.node_id, n->cfg.node_id) != 0;
-	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
-	if (moved || access(dir, F_OK) != 0) {
-		/* Paused on another node: its snapshot comes from the tenant's bucket. */
-		if (!n->store) {
-			http_reply_error(req, KILN_E_CONFLICT,
-					 "the sandbox was paused on another node and this node has no "
-					 "access to snapshot buckets");
-			return;
-		}
-		rc = snapstore_fetch(n->store, r.pause_snapshot, cl->tid, &err);
-		if (rc != KILN_OK) {
-			http_reply_error(req, rc == KILN_E_UNAVAILABLE || rc == KILN_E_NOT_FOUND ||
-						      rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
-					 "the snapshot could not be fetched: %s; the sandbox stays paused",
-					 err.msg);
-			return;
-		}
-		moved = true;
-	}
-	rc = sb_reserve(n, id, cl->tid, r.vcpu_milli, r.mem_mib, r.disk_gib, &sb, &err);
-	if (rc != KILN_OK) {
+	if (rc != KILN_OK)
 		http_reply_error(req, rc, "%s", err.msg);
-		return;
-	}
-	pthread_mutex_lock(&sb->lock);
-	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
-	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, &err);
-	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK) {
-		snprintf(idx, sizeof(idx), "%d", sb->net_index);
-		snprintf(tmo, sizeof(tmo), "%lld", r.timeout_s);
-		/*
-		 * Fenced: only the resume that finds it still paused on that snapshot wins. A
-		 * snapshot fetched from the bucket has a standalone disk: the lineage starts again.
-		 * Recorded under the tenant's plan, after any create or resume of the tenant before it.
-		 */
-		rc = pg_exec(c, "BEGIN", &err);
-		if (rc == KILN_OK)
-			rc = plan_check(c, cl->tid, 1, r.vcpu_milli, r.mem_mib, &err);
-		if (rc == KILN_OK)
-			rc = PGQ(c, &res, &err,
-			 "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
-			 "lineage = CASE WHEN $6::boolean THEN ARRAY[pause_snapshot] "
-			 "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
-			 "net_index = $2::int, expires_at = now() + make_interval(secs => $3::int), "
-			 "state_changed_at = now() WHERE id = $1 AND state = 'paused' AND pause_snapshot = $4 "
-			 "RETURNING id",
-			 id, idx, tmo, r.pause_snapshot, n->cfg.node_id, moved ? "true" : "false");
-		if (rc == KILN_OK && pg_res_rows(res) != 1)
-			rc = kiln_error_set(&err, KILN_E_CONFLICT, "the sandbox was resumed elsewhere");
-		if (rc == KILN_OK && moved)
-			rc = PGQ(c, NULL, &err, "UPDATE snapshots SET node_id = $2 WHERE id = $1",
-				 r.pause_snapshot, n->cfg.node_id);
-		if (rc == KILN_OK)
-			rc = pg_exec(c, "COMMIT", &err);
-		else
-			pg_exec(c, "ROLLBACK", NULL);
-		pg_res_free(res);
-		pg_release(n->pg, c);
-	}
-	if (rc != KILN_OK) {
-		log_error("resume of \"%s\" failed: %s", id, err.msg);
-		sb_teardown(n, sb);
-		pthread_mutex_unlock(&sb->lock);
-		sb_put(n, sb);
-		http_reply_error(req, rc == KILN_E_NO_CAPACITY || rc == KILN_E_UNAVAILABLE ||
-					      rc == KILN_E_CONFLICT || rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED,
-				 "the sandbox could not resume: %s; it stays paused", err.msg);
-		return;
-	}
-	sb->state = SB_RUNNING;
-	sb->expires_at = time(NULL) + r.timeout_s;
-	/* The memory image was copied into the VM: the snapshot keeps only what the disk needs. */
-	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
-	snprintf(mem, sizeof(mem), "%s/mem", dir);
-	unlink(mem);
-	pthread_mutex_unlock(&sb->lock);
-	log_info("sandbox \"%s\" resumed from \"%s\"", id, r.pause_snapshot);
-	reply_sandbox(req, 200, id);
-	sb_put(n, sb);
+	else
+		reply_sandbox(req, 200, id);
 }
 
 static void sandbox_fork(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, 16 } };
+	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, FORK_MAX } };
 	struct node *n = http_req_app(req);
-	const struct auth_claims *cl = claims_of(req);
 	struct kiln_error err = { 0 };
 	size_t len, count;
 	const char *text = http_req_body(req, &len);
-	json_t *body = NULL, *ids, *out = NULL;
-	struct sandbox *parent, *kids[16] = { 0 };
-	char snap[AUTH_ID_MAX], dir[600], idx[16];
-	struct pg_conn *c = NULL;
+	const char *idv[FORK_MAX];
+	json_t *body = NULL, *ids, *out;
+	struct sandbox *parent;
 	enum kiln_err rc;
-	size_t made = 0;
 
 	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
@@ -1513,13 +1281,15 @@ static void sandbox_fork(struct http_req *req)
 	}
 	ids = json_object_get(body, "ids");
 	count = json_array_size(ids);
-	for (size_t i = 0; i < count; i++)
+	for (size_t i = 0; i < count; i++) {
 		if (!json_is_string(json_array_get(ids, i)) ||
 		    strncmp(json_string_value(json_array_get(ids, i)), "sb_", 3) != 0) {
 			json_decref(body);
 			http_reply_error(req, KILN_E_BAD_REQUEST, "ids must be sandbox ids");
 			return;
 		}
+		idv[i] = json_string_value(json_array_get(ids, i));
+	}
 	if (count < 1) {
 		json_decref(body);
 		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
@@ -1530,149 +1300,21 @@ static void sandbox_fork(struct http_req *req)
 		json_decref(body);
 		return;
 	}
-	/* All the children's capacity first: all or none. */
-	rc = KILN_OK;
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		rc = sb_reserve(n, json_string_value(json_array_get(ids, made)), cl->tid,
-				parent->vcpu_milli, parent->mem_mib, parent->disk_gib, &kids[made], &err);
-		if (rc != KILN_OK)
-			break;
-	}
-	if (rc != KILN_OK) {
-		for (size_t i = 0; i < made; i++) {
-			sb_teardown(n, kids[i]);
-			sb_put(n, kids[i]);
-		}
-		sb_put(n, parent);
-		json_decref(body);
-		http_reply_error(req, rc, "%s", err.msg);
-		return;
-	}
-	pthread_mutex_lock(&parent->lock);
-	rc = parent->state == SB_RUNNING ? auth_new_id("snap_", snap, sizeof(snap)) : KILN_E_CONFLICT;
-	if (rc == KILN_OK) {
-		snap_dir(n, snap, dir, sizeof(dir));
-		rc = save_policy_public(parent, dir, &err);
-	}
-	if (rc == KILN_OK)
-		rc = vmm_snapshot(parent->vm, dir, VMM_SNAP_SHARED, &err);
-	if (rc == KILN_OK)
-		rc = write_manifest_public(n, parent, dir, &err);
-	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, &err);
-	if (rc == KILN_OK)
-		rc = snap_record_public(n, c, parent, snap, "fork", NULL, dir, &err);
-	if (rc != KILN_OK) {
-		struct kiln_error ignore = { 0 };
-		struct vmm_status st = { 0 };
-		if (parent->vm && vmm_status(parent->vm, &st, &ignore) == KILN_OK && st.alive)
-			vmm_resume(parent->vm, &ignore);
-		pthread_mutex_unlock(&parent->lock);
-		for (size_t i = 0; i < count; i++) {
-			sb_teardown(n, kids[i]);
-			sb_put(n, kids[i]);
-		}
-		if (c)
-			pg_release(n->pg, c);
-		sb_put(n, parent);
-		json_decref(body);
-		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
-		return;
-	}
-	/* The parent's VMM ended with the snapshot: its handle goes, its network stays. */
-	agent_free(parent->agent);
-	parent->agent = NULL;
-	{
-		struct kiln_error ignore = { 0 };
-		vmm_destroy(parent->vm, &ignore);
-		parent->vm = NULL;
-	}
-	/* The children's rows at once, under the tenant's plan: all or none. */
-	rc = pg_exec(c, "BEGIN", &err);
-	if (rc == KILN_OK)
-		rc = plan_check(c, cl->tid, (unsigned)count, parent->vcpu_milli, parent->mem_mib, &err);
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		snprintf(idx, sizeof(idx), "%d", kids[made]->net_index);
-		rc = PGQ(c, NULL, &err,
-			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
-			 "expires_at) SELECT $1, tenant_id, node_id, 'creating', template, vcpu_milli, "
-			 "memory_mib, disk_gib, timeout_s, metadata, id, $3::int, lineage || $4::text, "
-			 "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE id = $2",
-			 kids[made]->id, parent->id, idx, snap);
-	}
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "COMMIT", &err);
-	else
-		pg_exec(c, "ROLLBACK", NULL);
-	/* The children, from the frozen image mapped privately. */
-	for (made = 0; rc == KILN_OK && made < count; made++) {
-		struct sandbox *k = kids[made];
-		pthread_mutex_lock(&k->lock);
-		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, &err);
-		if (rc == KILN_OK) {
-			k->expires_at = parent->expires_at;
-			sb_set_state(n, k, SB_RUNNING, NULL);
-		}
-		pthread_mutex_unlock(&k->lock);
-		if (rc != KILN_OK)
-			break;
-	}
-	if (rc != KILN_OK) {
-		char why[KILN_ERRMSG_MAX];
-		snprintf(why, sizeof(why), "%s", err.msg);
-		log_error("fork of \"%s\" failed: %s", parent->id, why);
-		for (size_t i = 0; i < count; i++) {
-			pthread_mutex_lock(&kids[i]->lock);
-			sb_teardown(n, kids[i]);
-			pthread_mutex_unlock(&kids[i]->lock);
-			PGQ(c, NULL, &err,
-			    "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
-			    "WHERE id = $1",
-			    kids[i]->id);
-		}
-		kiln_error_clear(&err);
-		kiln_error_set(&err, rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED, "%s", why);
-	}
-	/* The parent, on a copy of the image: its children map the original. */
-	{
-		struct kiln_error perr = { 0 };
-		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, &perr) == KILN_OK) {
-			PGQ(c, NULL, &perr,
-			    "UPDATE sandboxes SET generation = generation + 1, lineage = lineage || $2::text "
-			    "WHERE id = $1",
-			    parent->id, snap);
-		} else {
-			log_error("the parent \"%s\" did not come back after its fork: %s", parent->id,
-				  perr.msg);
-			sb_set_state(n, parent, SB_ERROR, "the VM did not come back after a fork");
-			if (rc == KILN_OK)
-				rc = kiln_error_set(&err, KILN_E_SANDBOX_FAILED, "%s", perr.msg);
-		}
-	}
-	pthread_mutex_unlock(&parent->lock);
-	if (rc == KILN_OK) {
-		struct pg_res *res = NULL;
-		out = json_array();
-		for (size_t i = 0; i < count; i++) {
-			if (PGQ(c, &res, &err, "SELECT sandbox_json(s)::text FROM sandboxes s WHERE id = $1",
-				kids[i]->id) == KILN_OK && pg_res_rows(res) == 1)
-				json_array_append_new(out, json_loads(pg_res_str(res, 0, 0), 0, NULL));
-			pg_res_free(res);
-			res = NULL;
-		}
-		http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
-		log_info("sandbox \"%s\" forked into %zu", parent->id, count);
-	} else if (err.code == KILN_E_QUOTA) {
-		http_reply_error(req, KILN_E_QUOTA, "%s", err.msg);
-	} else {
-		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err.msg);
-	}
-	pg_release(n->pg, c);
-	for (size_t i = 0; i < count; i++)
-		sb_put(n, kids[i]);
+	rc = fork_sandbox(n, parent, claims_of(req)->tid, idv, count, &err);
 	sb_put(n, parent);
+	if (rc != KILN_OK) {
+		http_reply_error(req, rc, "%s", err.msg);
+		json_decref(body);
+		return;
+	}
+	out = json_array();
+	for (size_t i = 0; i < count; i++) {
+		json_t *sb = sandbox_json_of(n, idv[i]);
+		if (sb)
+			json_array_append_new(out, sb);
+	}
 	json_decref(body);
+	http_reply_json(req, 201, json_pack("{s:o}", "sandboxes", out));
 }
 
 /* Copies a paused sandbox's snapshot files into a new snapshot directory (holes kept). */
@@ -1711,7 +1353,7 @@ static void sandbox_snapshot(struct http_req *req)
 	const char *text = http_req_body(req, &len);
 	json_t *body = NULL;
 	struct sandbox *sb = NULL, paused = { 0 };
-	struct sb_record r;
+	struct record r;
 	char snap[AUTH_ID_MAX], dir[600], from[600], *name = NULL;
 	struct pg_conn *c;
 	struct pg_res *res = NULL;

@@ -7,6 +7,7 @@
  * of that is made, so a full node refuses at once.
  */
 #include <errno.h>
+#include <stdarg.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,6 +30,18 @@ static const char *const state_names[] = { "creating", "running", "paused", "sto
 const char *sb_state_name(enum sb_state st)
 {
 	return state_names[st];
+}
+
+enum kiln_err node_error(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)
+{
+	char msg[KILN_ERRMSG_MAX];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	kiln_error_clear(err);
+	return kiln_error_set(err, code, "%s", msg);
 }
 
 struct sandbox *sb_get(struct node *n, const char *id)
@@ -152,22 +165,14 @@ static void sb_unregister(struct node *n, struct sandbox *sb)
 	}
 }
 
-void sb_set_state(struct node *n, struct sandbox *sb, enum sb_state st, const char *error)
+void sb_failed(struct node *n, struct sandbox *sb, const char *why)
 {
+	struct record_fence f = sb_fence(n, sb);
 	struct kiln_error err = { 0 };
-	struct pg_conn *c;
 
-	sb->state = st;
-	if (pg_acquire(n->pg, &c, &err) != KILN_OK) {
-		log_error("state of \"%s\" not recorded: postgres is unavailable", sb->id);
-		return;
-	}
-	if (PGQ(c, NULL, &err,
-		"UPDATE sandboxes SET state = $2, error = $3, state_changed_at = now() "
-		"WHERE id = $1 AND node_id = $4",
-		sb->id, sb_state_name(st), error, n->cfg.node_id) != KILN_OK)
-		log_error("state of \"%s\" not recorded: %s", sb->id, err.msg);
-	pg_release(n->pg, c);
+	sb->state = SB_ERROR;
+	if (record_failed(n->pg, NULL, &f, why, &err) != KILN_OK)
+		log_error("the failure of \"%s\" not recorded: %s", sb->id, err.msg);
 }
 
 static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)

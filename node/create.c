@@ -1,0 +1,191 @@
+/*
+ * create.c - the create of a sandbox on this node (create.h): the shape of a named snapshot it
+ * is made from, capacity reserved, the record made under the tenant's plan, then the VM restored
+ * from the snapshot or a template (falling back to a cold boot) or booted cold.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "auth/apikey.h"
+#include "common/log.h"
+#include "metering/plan.h"
+#include "vmm/hv.h"
+#include "vmm/jail.h"
+#include "node/create.h"
+#include "node/lifecycle.h"
+#include "node/template.h"
+
+/* The shape of the tenant's named snapshot `snap` on this node. */
+static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char *tenant,
+				    unsigned *vcpu_milli, unsigned *mem_mib, unsigned *disk_gib,
+				    struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(n->pg, &c, err);
+
+	if (rc == KILN_OK) {
+		rc = PGQ(c, &res, err,
+			 "SELECT vcpu_milli, memory_mib, disk_gib FROM snapshots WHERE id = $1 "
+			 "AND tenant_id = $2 AND node_id = $3 AND kind = 'named' "
+			 "AND deleted_at IS NULL",
+			 snap, tenant, n->cfg.node_id);
+		pg_release(n->pg, c);
+	}
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		*vcpu_milli = (unsigned)pg_res_int(res, 0, 0, 0);
+		*mem_mib = (unsigned)pg_res_int(res, 0, 1, 0);
+		*disk_gib = (unsigned)pg_res_int(res, 0, 2, 0);
+	} else if (rc == KILN_OK) {
+		rc = KILN_E_NOT_FOUND;
+	}
+	pg_res_free(res);
+	if (rc != KILN_OK)
+		return node_error(err, rc, rc == KILN_E_NOT_FOUND ? "no snapshot \"%s\""
+								: "the database is unavailable (%s)",
+			       snap);
+	return KILN_OK;
+}
+
+/* Records the reserved `sb` under the tenant's plan, after any create of the tenant before it. */
+static enum kiln_err create_record(struct node *n, struct sandbox *sb, const struct create_req *r,
+				   const char *tpl, struct kiln_error *err)
+{
+	struct record_new nw = {
+		.id = r->id, .tenant_id = r->tenant_id, .node_id = n->cfg.node_id,
+		.template_name = r->template_name,
+		.vcpu_milli = sb->vcpu_milli, .mem_mib = sb->mem_mib, .disk_gib = sb->disk_gib,
+		.timeout_s = r->timeout_s, .metadata = r->metadata ? r->metadata : "{}",
+		.net_index = sb->net_index,
+		.lineage_of = r->from_snap ? r->from_snap : tpl[0] ? tpl : NULL,
+	};
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(n->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = plan_check(c, r->tenant_id, 1, sb->vcpu_milli, sb->mem_mib, err);
+	if (rc == KILN_OK)
+		rc = record_created(n->pg, c, &nw, &sb->generation, err);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	else
+		pg_exec(c, "ROLLBACK", NULL);
+	pg_release(n->pg, c);
+	return rc;
+}
+
+/* Starts the recorded `sb`'s VM: from the snapshot, the template `tpl`, or cold. */
+static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct create_req *r,
+			       const char *tpl, struct kiln_error *err)
+{
+	enum kiln_err rc;
+	char dir[600];
+
+	if (r->from_snap)
+		return snap_restore_new(n, sb, r->from_snap, VMM_MEM_COPY, &r->init, true, err);
+	if (!tpl[0])
+		return sb_boot(n, sb, &r->init, err);
+	/* The fast path: the template's memory mapped privately, a fresh identity. */
+	snap_dir(n, tpl, dir, sizeof(dir));
+	rc = sb_restore(n, sb, dir, VMM_MEM_PRIVATE, &r->init, true, err);
+	if (rc == KILN_OK)
+		return KILN_OK;
+	/* Never fail a create for its template: boot it cold instead. */
+	log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err->msg);
+	tpl_discard(n, tpl);
+	sb_release(n, sb);
+	kiln_error_clear(err);
+	rc = record_lineage_reset(n->pg, NULL,
+				  &(struct record_fence){ r->id, n->cfg.node_id, sb->generation }, err);
+	if (rc == KILN_OK)
+		rc = sb_boot(n, sb, &r->init, err);
+	return rc;
+}
+
+enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct kiln_error *err)
+{
+	unsigned vcpu_milli = r->vcpu_milli, mem_mib = r->mem_mib, disk_gib = r->disk_gib;
+	char tpl[AUTH_ID_MAX] = "";
+	struct sandbox *sb = NULL;
+	enum kiln_err rc;
+
+	/* A sandbox made from a snapshot has the snapshot's shape. */
+	if (r->from_snap) {
+		rc = snapshot_shape(n, r->from_snap, r->tenant_id, &vcpu_milli, &mem_mib, &disk_gib,
+				    err);
+		if (rc != KILN_OK)
+			return rc;
+	}
+	{
+		const struct vmm_spec probe = {
+			.id = r->id, .node = n->cfg.node_id,
+			.vcpu_milli = vcpu_milli,
+			.mem_mib = mem_mib,
+			.disk_gib = disk_gib,
+			.kernel = n->cfg.guest_kernel, .run_dir = "/", .state_dir = "/",
+			.uid = JAIL_UID_MIN, .gid = JAIL_UID_MIN,	/* checked for real at boot */
+		};
+		if (vmm_spec_check(&probe, err) != KILN_OK)
+			return node_error(err, KILN_E_INVALID, "%s", err->msg);
+	}
+	rc = sb_reserve(n, r->id, r->tenant_id, vcpu_milli, mem_mib, disk_gib, &sb, err);
+	if (rc != KILN_OK)
+		return rc;
+	if (!r->from_snap)
+		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, tpl, sizeof(tpl));
+	pthread_mutex_lock(&sb->lock);
+	rc = create_record(n, sb, r, tpl, err);
+	if (rc != KILN_OK) {
+		sb_teardown(n, sb);
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+		if (rc == KILN_E_CONFLICT)
+			return node_error(err, rc, "the sandbox exists");
+		return rc == KILN_E_QUOTA ? rc : node_error(err, rc, "the database is unavailable");
+	}
+	sb->expires_at = time(NULL) + r->timeout_s;
+	rc = create_vm(n, sb, r, tpl, err);
+	if (rc != KILN_OK) {
+		char why[KILN_ERRMSG_MAX];
+		struct kiln_error rerr = { 0 };
+
+		log_error("sandbox \"%s\" failed to start: %s", r->id, err->msg);
+		snprintf(why, sizeof(why), "%s", err->msg);
+		sb_teardown(n, sb);
+		sb->state = SB_ERROR;
+		/* The create failed: the sandbox never existed for the user. */
+		if (record_create_failed(n->pg, NULL, &(struct record_fence){ r->id, n->cfg.node_id,
+									      sb->generation },
+					 why, &rerr) != KILN_OK)
+			log_error("the failed create of \"%s\" not recorded: %s", r->id, rerr.msg);
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+		return node_error(err, rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
+			       "the sandbox could not start");
+	}
+	rc = record_running(n->pg, NULL,
+			    &(struct record_fence){ r->id, n->cfg.node_id, sb->generation }, err);
+	if (rc != KILN_OK) {
+		/* A sandbox its record does not show running is not handed out: the create failed. */
+		struct kiln_error ignore = { 0 };
+
+		log_error("sandbox \"%s\" started but its record failed: %s", r->id, err->msg);
+		sb_teardown(n, sb);
+		sb->state = SB_ERROR;
+		record_create_failed(n->pg, NULL, &(struct record_fence){ r->id, n->cfg.node_id,
+									  sb->generation },
+				     "its record failed", &ignore);
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+		return node_error(err, rc == KILN_E_UNAVAILABLE ? rc : KILN_E_SANDBOX_FAILED,
+			       "the sandbox could not be recorded: %s", err->msg);
+	}
+	sb->state = SB_RUNNING;
+	pthread_mutex_unlock(&sb->lock);
+	sb_put(n, sb);
+	return KILN_OK;
+}

@@ -1,0 +1,29 @@
+/*
+ * create.h - the create of a sandbox on this node: its capacity, its record under the tenant's
+ * plan, and its VM (from a named snapshot, a template, or booted cold).
+ */
+#ifndef KILN_NODE_CREATE_H
+#define KILN_NODE_CREATE_H
+
+#include "node/node.h"
+
+/* A create as the route parsed it. */
+struct create_req {
+	const char *id;
+	const char *tenant_id;
+	const char *template_name;
+	const char *metadata;		/* JSON object text */
+	const char *from_snap;		/* a named snapshot of the tenant on this node, or NULL */
+	unsigned vcpu_milli, mem_mib, disk_gib;	/* ignored with from_snap: the snapshot's shape */
+	long long timeout_s;
+	struct sb_init init;
+};
+
+/*
+ * Creates sandbox r->id and starts it. KILN_OK: it runs and is recorded running. Otherwise the
+ * code to reply with and `err` the message; nothing of it is left on this node, and its record,
+ * if one was made, is recorded as a failed create (gone for the user).
+ */
+enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct kiln_error *err);
+
+#endif

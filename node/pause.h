@@ -1,0 +1,31 @@
+/*
+ * pause.h - the pause of a running sandbox on this node: a snapshot, then its VM, network and
+ * capacity released and its record paused (see pause.c).
+ */
+#ifndef KILN_NODE_PAUSE_H
+#define KILN_NODE_PAUSE_H
+
+#include "node/node.h"
+
+/*
+ * Pauses a running sandbox (called with sb->lock held): a snapshot, then the VM, its network and
+ * its capacity are released and the state is paused. On failure the sandbox runs on as before.
+ */
+enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err);
+
+/*
+ * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot
+ * (the VMM ends) and the manifest. On failure the snapshot is removed and the VM goes on if its
+ * VMM still lives; if the VMM ended, the snapshot is finished from its files when it can be.
+ */
+enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
+			 struct kiln_error *err);
+
+/*
+ * Records `sb` paused on its complete snapshot `snap_id` (in `dir`) in one transaction: the
+ * snapshot and the sandbox's state, fenced on its generation.
+ */
+enum kiln_err pause_record(struct node *n, const struct sandbox *sb, const char *snap_id,
+			   const char *dir, struct kiln_error *err);
+
+#endif

@@ -1,0 +1,292 @@
+/*
+ * record.c - a sandbox's record in Postgres, as kiln-node writes it: the only writer of the
+ * `sandboxes` table in kiln-node, every write fenced on the node and generation (record.h).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "node/record.h"
+
+/* The fence every state write carries: $1 id, $2 node, $3 generation. */
+#define FENCE "id = $1 AND node_id = $2 AND generation = $3::bigint AND deleted_at IS NULL"
+
+#define NPARAMS(...) ((int)(sizeof((const char *[]){ NULL, __VA_ARGS__ }) / sizeof(const char *)) - 1)
+#define PARAMS(...) (((const char *[]){ NULL, __VA_ARGS__ }) + 1)
+
+/* A fenced write: fenced(pg, tx, what, id, &generation or NULL, err, sql, params...). */
+#define FENCED(pg, tx, what, id, gen, err, sql, ...)                                              \
+	fenced((pg), (tx), (what), (id), (gen), (err), (sql), NPARAMS(__VA_ARGS__), PARAMS(__VA_ARGS__))
+
+/*
+ * Runs a fenced write on `tx` or a connection of its own: KILN_E_CONFLICT (changing nothing)
+ * when the fence refuses, i.e. when the statement, which must end in RETURNING, returns no row,
+ * or when an insert finds the id taken. *generation (when not NULL) gets the first column of the
+ * row returned.
+ */
+static enum kiln_err fenced(struct pg *pg, struct pg_conn *tx, const char *what, const char *id,
+			    long long *generation, struct kiln_error *err, const char *sql,
+			    int nparams, const char *const *params)
+{
+	struct pg_conn *c = tx;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = KILN_OK;
+
+	if (!c)
+		rc = pg_acquire(pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = pg_query(c, &res, err, sql, nparams, params);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_CONFLICT,
+				    "%s of \"%s\" refused: another node or generation holds it", what, id);
+	if (rc == KILN_OK && generation)
+		*generation = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	if (!tx)
+		pg_release(pg, c);
+	return rc;
+}
+
+static void fmt_ll(char *out, size_t len, long long v)
+{
+	snprintf(out, len, "%lld", v);
+}
+
+enum kiln_err record_created(struct pg *pg, struct pg_conn *tx, const struct record_new *nw,
+			     long long *generation, struct kiln_error *err)
+{
+	char v[16], m[16], d[16], t[24], idx[16];
+
+	snprintf(v, sizeof(v), "%u", nw->vcpu_milli);
+	snprintf(m, sizeof(m), "%u", nw->mem_mib);
+	snprintf(d, sizeof(d), "%u", nw->disk_gib);
+	fmt_ll(t, sizeof(t), nw->timeout_s);
+	snprintf(idx, sizeof(idx), "%d", nw->net_index);
+	return FENCED(pg, tx, "the create", nw->id, generation, err,
+		      "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+		      "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
+		      "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
+		      "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
+		      "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}')) "
+		      "ON CONFLICT (id) DO NOTHING RETURNING generation",
+		      nw->id, nw->tenant_id, nw->node_id, nw->template_name, v, m, d, t,
+		      nw->metadata ? nw->metadata : "{}", idx, nw->lineage_of);
+}
+
+enum kiln_err record_forked(struct pg *pg, struct pg_conn *tx, const struct record_fence *parent,
+			    const char *child_id, int net_index, const char *snap,
+			    long long *generation, struct kiln_error *err)
+{
+	char g[24], idx[16];
+
+	fmt_ll(g, sizeof(g), parent->generation);
+	snprintf(idx, sizeof(idx), "%d", net_index);
+	return FENCED(pg, tx, "the fork", parent->id, generation, err,
+		      "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+		      "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
+		      "expires_at) SELECT $4, tenant_id, node_id, 'creating', template, vcpu_milli, "
+		      "memory_mib, disk_gib, timeout_s, metadata, id, $5::int, lineage || $6::text, "
+		      "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE " FENCE " "
+		      "ON CONFLICT (id) DO NOTHING RETURNING generation",
+		      parent->id, parent->node_id, g, child_id, idx, snap);
+}
+
+enum kiln_err record_running(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the start", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'running', error = NULL, state_changed_at = now() "
+		      "WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g);
+}
+
+enum kiln_err record_failed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			    const char *why, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the failure", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'error', error = $4, state_changed_at = now() "
+		      "WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g, why);
+}
+
+enum kiln_err record_create_failed(struct pg *pg, struct pg_conn *tx,
+				   const struct record_fence *f, const char *why,
+				   struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the failed create", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'error', error = $4, deleted_at = now(), "
+		      "net_index = NULL, state_changed_at = now() WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g, why);
+}
+
+enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			    const char *snap, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the pause", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'paused', pause_snapshot = $4, net_index = NULL, "
+		      "error = NULL, state_changed_at = now() WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g, snap);
+}
+
+enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     const struct record_resume *r, long long *generation,
+			     struct kiln_error *err)
+{
+	char g[24], idx[16], tmo[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	snprintf(idx, sizeof(idx), "%d", r->net_index);
+	fmt_ll(tmo, sizeof(tmo), r->timeout_s);
+	return FENCED(pg, tx, "the resume", f->id, generation, err,
+		      "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+		      "lineage = CASE WHEN $8::boolean THEN ARRAY[pause_snapshot] "
+		      "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
+		      "net_index = $6::int, expires_at = now() + make_interval(secs => $7::int), "
+		      "error = NULL, state_changed_at = now() "
+		      "WHERE " FENCE " AND state = 'paused' AND pause_snapshot = $4 "
+		      "RETURNING generation",
+		      f->id, f->node_id, g, r->snap, r->node_id, idx, tmo, r->moved ? "true" : "false");
+}
+
+enum kiln_err record_restored(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			      const char *snap, long long *generation, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the restore", f->id, generation, err,
+		      "UPDATE sandboxes SET generation = generation + 1, lineage = lineage || $4::text "
+		      "WHERE " FENCE " RETURNING generation",
+		      f->id, f->node_id, g, snap);
+}
+
+enum kiln_err record_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     const char *why, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the stop", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'stopped', error = $4, net_index = NULL, "
+		      "state_changed_at = now() WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g, why);
+}
+
+enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the delete", f->id, NULL, err,
+		      "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
+		      "state_changed_at = now() WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g);
+}
+
+enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     long long timeout_s, struct kiln_error *err)
+{
+	char g[24], t[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	fmt_ll(t, sizeof(t), timeout_s);
+	return FENCED(pg, tx, "the timeout", f->id, NULL, err,
+		      "UPDATE sandboxes SET timeout_s = $4::int, "
+		      "expires_at = now() + make_interval(secs => $4::int) WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g, t);
+}
+
+enum kiln_err record_lineage_reset(struct pg *pg, struct pg_conn *tx,
+				   const struct record_fence *f, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	return FENCED(pg, tx, "the lineage", f->id, NULL, err,
+		      "UPDATE sandboxes SET lineage = '{}' WHERE " FENCE " RETURNING id",
+		      f->id, f->node_id, g);
+}
+
+#define RECORD_COLUMNS                                                                            \
+	"id, tenant_id, coalesce(node_id, ''), state, coalesce(pause_snapshot, ''), vcpu_milli, "  \
+	"memory_mib, disk_gib, timeout_s, generation, delete_requested_at IS NOT NULL"
+
+static void record_of_row(const struct pg_res *res, int i, struct record *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->found = true;
+	snprintf(out->id, sizeof(out->id), "%s", pg_res_str(res, i, 0));
+	snprintf(out->tenant_id, sizeof(out->tenant_id), "%s", pg_res_str(res, i, 1));
+	snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, i, 2));
+	snprintf(out->state, sizeof(out->state), "%s", pg_res_str(res, i, 3));
+	snprintf(out->pause_snapshot, sizeof(out->pause_snapshot), "%s", pg_res_str(res, i, 4));
+	out->vcpu_milli = (unsigned)pg_res_int(res, i, 5, 0);
+	out->mem_mib = (unsigned)pg_res_int(res, i, 6, 0);
+	out->disk_gib = (unsigned)pg_res_int(res, i, 7, 0);
+	out->timeout_s = pg_res_int(res, i, 8, 300);
+	out->generation = pg_res_int(res, i, 9, 0);
+	out->delete_requested = pg_res_bool(res, i, 10);
+}
+
+enum kiln_err record_read(struct pg *pg, const char *id, const char *tenant, const char *node_id,
+			  struct record *out, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(pg, &c, err);
+
+	memset(out, 0, sizeof(*out));
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE id = $1 "
+		 "AND ($2::text IS NULL OR tenant_id = $2) AND ($3::text IS NULL OR node_id = $3) "
+		 "AND deleted_at IS NULL",
+		 id, tenant, node_id);
+	if (rc == KILN_OK && pg_res_rows(res) == 1)
+		record_of_row(res, 0, out);
+	pg_res_free(res);
+	pg_release(pg, c);
+	return rc;
+}
+
+enum kiln_err record_each(struct pg *pg, const char *node_id, const char *states,
+			  bool delete_requested,
+			  enum kiln_err (*fn)(const struct record *r, void *arg), void *arg,
+			  struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT " RECORD_COLUMNS " FROM sandboxes WHERE node_id = $1 AND deleted_at IS NULL "
+		 "AND (CASE WHEN $3::boolean THEN delete_requested_at IS NOT NULL "
+		 "ELSE state = ANY ($2::text[]) END) ORDER BY created_at",
+		 node_id, states ? states : "{}", delete_requested ? "true" : "false");
+	/* the connection goes back first: fn writes records of its own */
+	pg_release(pg, c);
+	for (int i = 0; rc == KILN_OK && i < pg_res_rows(res); i++) {
+		struct record r;
+
+		record_of_row(res, i, &r);
+		rc = fn(&r, arg);
+	}
+	pg_res_free(res);
+	return rc;
+}

@@ -1,0 +1,143 @@
+/*
+ * record.h - a sandbox's record in Postgres (the `sandboxes` row), as kiln-node writes it.
+ *
+ * This is the only code in kiln-node that writes a sandbox's row. Every write is fenced: it
+ * changes the row only while the row is this node's (`node_id`), at the generation the writer
+ * holds, and not deleted; otherwise it changes nothing and returns KILN_E_CONFLICT (another node
+ * or a later generation owns the sandbox now). The inserts are fenced by the id (a row of that id
+ * exists: KILN_E_CONFLICT), and a resume, which moves the sandbox to this node, by the node and
+ * generation it was paused at. Callers must handle every result: a write that did not happen is
+ * never a success.
+ *
+ * Each function takes the pool and, optionally, a connection `tx` inside the caller's transaction
+ * (NULL: the write takes a connection of its own). KILN_E_UNAVAILABLE when Postgres cannot be
+ * reached.
+ */
+#ifndef KILN_NODE_RECORD_H
+#define KILN_NODE_RECORD_H
+
+#include <stdbool.h>
+
+#include "common/err.h"
+#include "common/pg.h"
+
+/* Who writes: sandbox `id`, held by node `node_id` at `generation`. */
+struct record_fence {
+	const char *id;
+	const char *node_id;
+	long long generation;
+};
+
+/* A new sandbox's row (state creating, generation 1). */
+struct record_new {
+	const char *id;
+	const char *tenant_id;
+	const char *node_id;
+	const char *template_name;
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	long long timeout_s;
+	const char *metadata;		/* JSON object text */
+	int net_index;
+	const char *lineage_of;		/* a snapshot whose lineage (and itself) it stands on, or NULL */
+};
+
+/* Records a new sandbox, state creating; *generation gets its generation (1). */
+enum kiln_err record_created(struct pg *pg, struct pg_conn *tx, const struct record_new *nw,
+			     long long *generation, struct kiln_error *err);
+
+/*
+ * Records `child_id`, a fork of the parent `parent` (fenced on the parent) taken at snapshot
+ * `snap`: the parent's shape, tenant and settings, state creating, network slot `net_index`.
+ */
+enum kiln_err record_forked(struct pg *pg, struct pg_conn *tx, const struct record_fence *parent,
+			    const char *child_id, int net_index, const char *snap,
+			    long long *generation, struct kiln_error *err);
+
+/* State running (the error text cleared). */
+enum kiln_err record_running(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     struct kiln_error *err);
+
+/* State error, with `why` kept for the API. */
+enum kiln_err record_failed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			    const char *why, struct kiln_error *err);
+
+/* A create that failed: state error with `why`, and deleted (it never existed for the user). */
+enum kiln_err record_create_failed(struct pg *pg, struct pg_conn *tx,
+				   const struct record_fence *f, const char *why,
+				   struct kiln_error *err);
+
+/* State paused on its complete snapshot `snap`; the network slot is given back. */
+enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			    const char *snap, struct kiln_error *err);
+
+/* What a resume records. */
+struct record_resume {
+	const char *snap;	/* the pause snapshot it resumes from (fenced too) */
+	const char *node_id;	/* the node it runs on now (this one) */
+	int net_index;
+	long long timeout_s;
+	bool moved;		/* restored from the tenant's bucket: the disk lineage starts again */
+};
+
+/*
+ * State running on `r->node_id` again, the generation bumped (*generation gets the new one).
+ * Fenced on the node and generation it was paused at (`f`), and on still being paused on
+ * `r->snap`: of two resumes, one wins.
+ */
+enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     const struct record_resume *r, long long *generation,
+			     struct kiln_error *err);
+
+/* A running sandbox restored on this node from its own snapshot `snap` (a fork's parent): the
+ * generation bumped (*generation gets it) and `snap` added to its lineage. */
+enum kiln_err record_restored(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			      const char *snap, long long *generation, struct kiln_error *err);
+
+/* State stopped with `why` (may be NULL); the network slot is given back. */
+enum kiln_err record_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     const char *why, struct kiln_error *err);
+
+/* Deleted: state stopped, gone for the API, the network slot given back. */
+enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     struct kiln_error *err);
+
+/* A new timeout: `timeout_s`, expiring that long from now. */
+enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+			     long long timeout_s, struct kiln_error *err);
+
+/* The disk lineage emptied (a create that fell back from its template to a cold boot). */
+enum kiln_err record_lineage_reset(struct pg *pg, struct pg_conn *tx,
+				   const struct record_fence *f, struct kiln_error *err);
+
+/* A sandbox's row as the node reads it. */
+struct record {
+	char id[64];
+	char tenant_id[64];
+	char node_id[64];
+	char state[16];
+	char pause_snapshot[64];
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	long long timeout_s;
+	long long generation;
+	bool delete_requested;	/* the gateway asked for its deletion while its node was down */
+	bool found;
+};
+
+/*
+ * Reads the live (not deleted) row of sandbox `id` of `tenant` (any tenant when NULL) on node
+ * `node_id` (any node when NULL). out->found says whether there is one.
+ */
+enum kiln_err record_read(struct pg *pg, const char *id, const char *tenant, const char *node_id,
+			  struct record *out, struct kiln_error *err);
+
+/*
+ * Calls fn for each live row on node `node_id` whose state is one of `states` (a Postgres array
+ * text, e.g. "{running,error}"), or, with `delete_requested`, each one whose deletion the gateway
+ * requested. fn's non-OK return stops the walk (and is returned).
+ */
+enum kiln_err record_each(struct pg *pg, const char *node_id, const char *states,
+			  bool delete_requested,
+			  enum kiln_err (*fn)(const struct record *r, void *arg), void *arg,
+			  struct kiln_error *err);
+
+#endif

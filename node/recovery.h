@@ -1,0 +1,25 @@
+/*
+ * recovery.h - what kiln-node does at start with what its earlier run left (see recovery.c).
+ */
+#ifndef KILN_NODE_RECOVERY_H
+#define KILN_NODE_RECOVERY_H
+
+#include "node/node.h"
+
+/*
+ * Takes over what an earlier run of this node left, before the node serves: deletes requested
+ * meanwhile are carried out, its running sandboxes end paused with a complete snapshot, then its
+ * VMs, networks, pins and disk layers are removed, and sandboxes whose state could not be had
+ * are recorded as stopped. KILN_E_UNAVAILABLE, with nothing removed, when Postgres cannot be
+ * read: what the earlier run's VMs hold is only known from it.
+ */
+enum kiln_err recovery_run(struct node *n, struct kiln_error *err);
+
+/*
+ * Carries out the deletes the gateway recorded as requested (sandboxes.delete_requested_at) for
+ * sandboxes of this node while it was down: each is recorded deleted (fenced), then its VM, if
+ * this run holds it, is torn down. Runs at start and then every few seconds.
+ */
+enum kiln_err recovery_deletes(struct node *n, struct kiln_error *err);
+
+#endif

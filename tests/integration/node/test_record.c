@@ -1,0 +1,305 @@
+/*
+ * test_record.c - the fenced writes of a sandbox's record (node/record.h) against the real
+ * Postgres of the ctest fixture "services", migrated with the real migrations (each run makes its
+ * own database). A write with a stale generation, or from another node, is refused with
+ * KILN_E_CONFLICT and changes nothing; the right one succeeds.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "migrations/migrate.h"
+#include "node/record.h"
+#include "test.h"
+
+static struct pg *pg, *admin_pg;
+static char dbname[32];
+static int seq;
+
+static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sql(const char *fmt, ...)
+{
+	char q[2048];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (pg_acquire(pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		exit(1);
+	}
+	if (pg_exec(c, q, &err) != KILN_OK) {
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+		test_case_failed = 1;
+	}
+	pg_release(pg, c);
+}
+
+/* The row of sandbox `id` as one text: state|node|generation|deleted|pause_snapshot|net_index. */
+static void row_of(const char *id, char *out, size_t len)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	snprintf(out, len, "(none)");
+	if (pg_acquire(pg, &c, &err) != KILN_OK)
+		return;
+	if (PGQ(c, &res, &err,
+		"SELECT state || '|' || node_id || '|' || generation || '|' || (deleted_at IS NOT NULL) "
+		"|| '|' || coalesce(pause_snapshot, '-') || '|' || coalesce(net_index::text, '-') "
+		"|| '|' || timeout_s FROM sandboxes WHERE id = $1",
+		id) == KILN_OK &&
+	    pg_res_rows(res) == 1)
+		snprintf(out, len, "%s", pg_res_str(res, 0, 0));
+	pg_res_free(res);
+	pg_release(pg, c);
+}
+
+/* A new sandbox on node-a, recorded created and then running; its generation is returned. */
+static long long new_sandbox(char *id, size_t len)
+{
+	struct kiln_error err = { 0 };
+	long long gen = 0;
+	struct record_new nw = {
+		.tenant_id = "tn_rec", .node_id = "node-a", .template_name = "python",
+		.vcpu_milli = 1000, .mem_mib = 256, .disk_gib = 1, .timeout_s = 300,
+		.metadata = "{}", .net_index = 0,
+	};
+
+	snprintf(id, len, "sb_rec%d", ++seq);
+	nw.id = id;
+	nw.net_index = seq;
+	CHECK_INT(record_created(pg, NULL, &nw, &gen, &err), KILN_OK);
+	CHECK_INT(gen, 1);
+	return gen;
+}
+
+static void test_created_twice_is_refused(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], before[256], after[256];
+	long long gen = 0;
+	struct record_new nw = {
+		.tenant_id = "tn_rec", .node_id = "node-b", .template_name = "other",
+		.vcpu_milli = 2000, .mem_mib = 512, .disk_gib = 2, .timeout_s = 60, .net_index = 99,
+	};
+
+	new_sandbox(id, sizeof(id));
+	row_of(id, before, sizeof(before));
+	nw.id = id;
+	CHECK_INT(record_created(pg, NULL, &nw, &gen, &err), KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+}
+
+static void test_stale_generation_is_refused_and_changes_nothing(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], before[256], after[256], want[256];
+	long long gen = new_sandbox(id, sizeof(id));
+	struct record_fence stale = { .id = id, .node_id = "node-a", .generation = gen - 1 };
+	struct record_fence ahead = { .id = id, .node_id = "node-a", .generation = gen + 1 };
+	struct record_fence right = { .id = id, .node_id = "node-a", .generation = gen };
+
+	CHECK_INT(record_running(pg, NULL, &right, &err), KILN_OK);
+	row_of(id, before, sizeof(before));
+	snprintf(want, sizeof(want), "running|node-a|1|false|-|%d|300", seq);
+	CHECK_STR(before, want);
+	/* every kind of write, stale or from the future: refused, nothing changed */
+	CHECK_INT(record_paused(pg, NULL, &stale, "snap_x", &err), KILN_E_CONFLICT);
+	CHECK_INT(record_deleted(pg, NULL, &stale, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_stopped(pg, NULL, &ahead, "why", &err), KILN_E_CONFLICT);
+	CHECK_INT(record_failed(pg, NULL, &stale, "why", &err), KILN_E_CONFLICT);
+	CHECK_INT(record_timeout(pg, NULL, &stale, 99, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_restored(pg, NULL, &stale, "snap_x", NULL, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_lineage_reset(pg, NULL, &ahead, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_create_failed(pg, NULL, &stale, "why", &err), KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+	/* the right one succeeds */
+	CHECK_INT(record_timeout(pg, NULL, &right, 99, &err), KILN_OK);
+	CHECK_INT(record_paused(pg, NULL, &right, "snap_x", &err), KILN_OK);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, "paused|node-a|1|false|snap_x|-|99");
+}
+
+static void test_other_node_is_refused_and_changes_nothing(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], child[40], before[256], after[256];
+	long long gen = new_sandbox(id, sizeof(id)), cg = 0;
+	struct record_fence other = { .id = id, .node_id = "node-b", .generation = gen };
+	struct record_fence right = { .id = id, .node_id = "node-a", .generation = gen };
+
+	CHECK_INT(record_running(pg, NULL, &right, &err), KILN_OK);
+	row_of(id, before, sizeof(before));
+	CHECK_INT(record_running(pg, NULL, &other, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_paused(pg, NULL, &other, "snap_y", &err), KILN_E_CONFLICT);
+	CHECK_INT(record_deleted(pg, NULL, &other, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_stopped(pg, NULL, &other, NULL, &err), KILN_E_CONFLICT);
+	snprintf(child, sizeof(child), "%s_kid", id);
+	CHECK_INT(record_forked(pg, NULL, &other, child, 77, "snap_f", &cg, &err), KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+	row_of(child, after, sizeof(after));
+	CHECK_STR(after, "(none)");
+	/* the holder forks and is restored: the generation moves on, the old one is stale */
+	CHECK_INT(record_forked(pg, NULL, &right, child, 77, "snap_f", &cg, &err), KILN_OK);
+	CHECK_INT(cg, 1);
+	row_of(child, after, sizeof(after));
+	CHECK_STR(after, "creating|node-a|1|false|-|77|300");
+	CHECK_INT(record_restored(pg, NULL, &right, "snap_f", &gen, &err), KILN_OK);
+	CHECK_INT(gen, 2);
+	CHECK_INT(record_deleted(pg, NULL, &right, &err), KILN_E_CONFLICT);
+	right.generation = gen;
+	CHECK_INT(record_deleted(pg, NULL, &right, &err), KILN_OK);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, "stopped|node-a|2|true|-|-|300");
+	/* a deleted record is never written again */
+	CHECK_INT(record_running(pg, NULL, &right, &err), KILN_E_CONFLICT);
+}
+
+static void test_resume_is_fenced_on_the_pause(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], before[256], after[256];
+	long long gen = new_sandbox(id, sizeof(id)), g2 = 0;
+	struct record_fence at_a = { .id = id, .node_id = "node-a", .generation = gen };
+	struct record_resume r = { .snap = "snap_p", .node_id = "node-b", .net_index = 5,
+				   .timeout_s = 120, .moved = true };
+	struct record rec;
+
+	CHECK_INT(record_running(pg, NULL, &at_a, &err), KILN_OK);
+	CHECK_INT(record_paused(pg, NULL, &at_a, "snap_p", &err), KILN_OK);
+	row_of(id, before, sizeof(before));
+	/* wrong snapshot, stale generation, wrong previous node: refused */
+	r.snap = "snap_other";
+	CHECK_INT(record_resumed(pg, NULL, &at_a, &r, &g2, &err), KILN_E_CONFLICT);
+	r.snap = "snap_p";
+	CHECK_INT(record_resumed(pg, NULL, &(struct record_fence){ id, "node-a", gen + 1 }, &r, &g2,
+				 &err), KILN_E_CONFLICT);
+	CHECK_INT(record_resumed(pg, NULL, &(struct record_fence){ id, "node-b", gen }, &r, &g2, &err),
+		  KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+	/* the right one moves it to node-b at the next generation */
+	CHECK_INT(record_resumed(pg, NULL, &at_a, &r, &g2, &err), KILN_OK);
+	CHECK_INT(g2, gen + 1);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, "running|node-b|2|false|-|5|300");
+	/* a second resume of the same pause loses; node-a's old fence is stale everywhere */
+	CHECK_INT(record_resumed(pg, NULL, &at_a, &r, &g2, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_stopped(pg, NULL, &at_a, NULL, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_read(pg, id, "tn_rec", "node-b", &rec, &err), KILN_OK);
+	CHECK(rec.found);
+	CHECK_INT(rec.generation, 2);
+	CHECK_STR(rec.state, "running");
+	CHECK_INT(record_read(pg, id, "tn_rec", "node-a", &rec, &err), KILN_OK);
+	CHECK(!rec.found);
+}
+
+struct seen {
+	int n;
+	char ids[8][64];
+};
+
+static enum kiln_err collect(const struct record *r, void *arg)
+{
+	struct seen *s = arg;
+
+	if (s->n < 8)
+		snprintf(s->ids[s->n++], sizeof(s->ids[0]), "%s", r->id);
+	return KILN_OK;
+}
+
+static void test_delete_requests_are_listed_for_their_node(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32];
+	long long gen = new_sandbox(id, sizeof(id));
+	struct record_fence f = { .id = id, .node_id = "node-a", .generation = gen };
+	struct seen s = { 0 };
+
+	CHECK_INT(record_running(pg, NULL, &f, &err), KILN_OK);
+	sql("UPDATE sandboxes SET delete_requested_at = now() WHERE id = '%s'", id);
+	CHECK_INT(record_each(pg, "node-a", NULL, true, collect, &s, &err), KILN_OK);
+	CHECK_INT(s.n, 1);
+	CHECK_STR(s.ids[0], id);
+	memset(&s, 0, sizeof(s));
+	CHECK_INT(record_each(pg, "node-b", NULL, true, collect, &s, &err), KILN_OK);
+	CHECK_INT(s.n, 0);
+	CHECK_INT(record_deleted(pg, NULL, &f, &err), KILN_OK);
+	memset(&s, 0, sizeof(s));
+	CHECK_INT(record_each(pg, "node-a", NULL, true, collect, &s, &err), KILN_OK);
+	CHECK_INT(s.n, 0);
+}
+
+int main(void)
+{
+	const char *envf = getenv("KILN_SERVICES_ENV");
+	char line[512], sockdir[512] = "", url[600];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	int applied, rc;
+	FILE *f;
+
+	if (!envf || !(f = fopen(envf, "r"))) {
+		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
+		return 1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		if (!strncmp(line, "KILN_TEST_SOCKDIR=", 18))
+			snprintf(sockdir, sizeof(sockdir), "%s", line + 18);
+	}
+	fclose(f);
+	log_init("test_node_record", KLOG_WARN, false);
+	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	snprintf(dbname, sizeof(dbname), "t_record_%08x", (unsigned)rand());
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
+	admin_pg = pg_new(url, 1);
+	if (pg_acquire(admin_pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		return 1;
+	}
+	snprintf(line, sizeof(line), "CREATE DATABASE %s", dbname);
+	if (pg_exec(c, line, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		return 1;
+	}
+	pg_release(admin_pg, c);
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, dbname);
+	pg = pg_new(url, 2);
+	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
+		fprintf(stderr, "migrations: %s\n", err.msg);
+		return 1;
+	}
+	sql("INSERT INTO tenants (id, name) VALUES ('tn_rec', 'test')");
+	sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+	    "accelerator, image_hash) VALUES ('node-a', 'unix:/a', 8000, 8192, 10, 'qemu', 'tcg', 'x'), "
+	    "('node-b', 'unix:/b', 8000, 8192, 10, 'qemu', 'tcg', 'x')");
+
+	TEST(test_created_twice_is_refused);
+	TEST(test_stale_generation_is_refused_and_changes_nothing);
+	TEST(test_other_node_is_refused_and_changes_nothing);
+	TEST(test_resume_is_fenced_on_the_pause);
+	TEST(test_delete_requests_are_listed_for_their_node);
+
+	rc = test_summary();
+	pg_free(pg);
+	if (pg_acquire(admin_pg, &c, &err) == KILN_OK) {
+		snprintf(line, sizeof(line), "DROP DATABASE IF EXISTS %s WITH (FORCE)", dbname);
+		pg_exec(c, line, &err);
+		pg_release(admin_pg, c);
+	}
+	pg_free(admin_pg);
+	return rc;
+}
