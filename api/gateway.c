@@ -1,5 +1,5 @@
 /*
- * gateway.c - kiln-gateway: the public HTTP API of API.md.
+ * gateway.c - kiln-gateway: the public HTTP API of docs/openapi.yaml.
  *
  * Start order is the table below, stop order its reverse. SIGTERM and SIGINT stop accepting new
  * connections and let requests in flight finish (for at most 30 s).

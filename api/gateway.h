@@ -2,7 +2,7 @@
  * gateway.h - kiln-gateway's shared state and its route groups.
  *
  * The gateway is stateless beside Postgres and Redis: every instance can serve every request.
- * Each routes_*.c file holds one group of routes of API.md and exports its table.
+ * Each routes_*.c file holds one group of routes of docs/openapi.yaml and exports its table.
  */
 #ifndef KILN_GATEWAY_H
 #define KILN_GATEWAY_H

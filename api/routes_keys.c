@@ -263,7 +263,7 @@ static void tokens_create(struct http_req *req)
 					 "a token cannot carry scopes its key does not have");
 			goto out;
 		}
-		/* API.md: a token with narrower scopes than its key's takes keys:write. */
+		/* docs/auth.md: a token with narrower scopes than its key's takes keys:write. */
 		if (scopes != who->scopes && !auth_scopes_has(who->scopes, AUTH_SCOPE_KEYS_WRITE)) {
 			http_reply_error(req, KILN_E_FORBIDDEN,
 					 "a token with narrower scopes needs the scope \"keys:write\"");

@@ -1,5 +1,5 @@
 /*
- * routes_sandboxes.c - the sandbox routes of API.md: create, list, get, delete, exec, files,
+ * routes_sandboxes.c - the sandbox routes of docs/openapi.yaml: create, list, get, delete, exec, files,
  * timeout. Reads come from Postgres; everything that touches a VM goes to the sandbox's node.
  */
 #include <math.h>
@@ -30,6 +30,7 @@ struct sb_row {
 	char node_address[256];
 	bool node_alive;	/* its node's heartbeat is fresh */
 	unsigned vcpu_milli, mem_mib;
+	char generation[24];	/* the record's generation when read (fences the gateway's write) */
 };
 
 /*
@@ -52,7 +53,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.id, s.state, coalesce(n.address, ''), "
 		 "coalesce(n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds', false), "
-		 "s.vcpu_milli, s.memory_mib FROM sandboxes s "
+		 "s.vcpu_milli, s.memory_mib, s.generation FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, who->tenant_id);
@@ -66,6 +67,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		out->node_alive = pg_res_bool(res, 0, 3);
 		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 4, 0);
 		out->mem_mib = (unsigned)pg_res_int(res, 0, 5, 0);
+		snprintf(out->generation, sizeof(out->generation), "%s", pg_res_str(res, 0, 6));
 	}
 	pg_res_free(res);
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
@@ -445,21 +447,31 @@ static void sandbox_delete(struct http_req *req)
 	{
 		/*
 		 * No node holds it (paused on a node that restarted, or never placed): the record
-		 * goes; a node cleans up what it finds of it when it starts.
+		 * goes; a node cleans up what it finds of it when it starts. The one write of a
+		 * sandbox's state outside kiln-node's record (node/record.c), fenced like those on
+		 * the generation read above: a sandbox resumed or moved since is left as it is.
 		 */
 		struct kiln_error err = { 0 };
+		struct pg_res *res = NULL;
 		struct pg_conn *c = gw_db(req);
 		if (!c)
 			return;
-		if (PGQ(c, NULL, &err,
+		if (PGQ(c, &res, &err,
 			"UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
-			"WHERE id = $1 AND deleted_at IS NULL",
-			sb.id) != KILN_OK) {
+			"WHERE id = $1 AND deleted_at IS NULL AND generation = $2::bigint RETURNING id",
+			sb.id, sb.generation) != KILN_OK) {
 			pg_release(gw->pg, c);
 			gw_fail(req, err.code, &err);
 			return;
 		}
 		pg_release(gw->pg, c);
+		if (pg_res_rows(res) != 1) {
+			pg_res_free(res);
+			http_reply_error(req, KILN_E_CONFLICT,
+					 "the sandbox changed while it was being deleted; try again");
+			return;
+		}
+		pg_res_free(res);
 	}
 	http_reply_empty(req, 204);
 }

@@ -1,5 +1,5 @@
 /*
- * masterkey.h - the master key of ARCHITECTURE.md ("Secrets and keys"), read the same way by every
+ * masterkey.h - the master key (docs/storage.md), read the same way by every
  * process that needs it (kiln-gateway, kiln-node, kiln-meter): the `master_key` setting
  * (KILN_MASTER_KEY) or the file named by `master_key_file`.
  */

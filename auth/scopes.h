@@ -1,7 +1,7 @@
 /*
  * scopes.h - the API's scopes as a bitmask.
  *
- * `sandbox:read`, `sandbox:write`, `billing:read`, `keys:write` and `admin` (see API.md,
+ * `sandbox:read`, `sandbox:write`, `billing:read`, `keys:write` and `admin` (see docs/openapi.yaml,
  * "Conventions"). No scope implies another: `admin` is the operator's scope for /v1/tenants and
  * /v1/billing/grants only. A key carries a subset of a tenant's scopes; a token at most its key's.
  * Parsers are strict: an unknown or repeated scope is KILN_E_INVALID naming it.

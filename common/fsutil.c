@@ -3,6 +3,7 @@
  * (see fsutil.h).
  */
 #include "common/fsutil.h"
+#include "common/log.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -148,4 +149,12 @@ ssize_t fs_read_small(const char *path, char *out, size_t cap)
 	close(fd);
 	out[len] = '\0';
 	return (ssize_t)len;
+}
+
+void fs_remove_tree_or_warn(const char *path)
+{
+	int r = fs_remove_tree(path);
+
+	if (r < 0)
+		log_warn("cannot remove \"%s\": %s", path, strerror(-r));
 }

@@ -41,6 +41,9 @@ void fs_remove_dir(const char *path, struct kiln_error *err, enum kiln_err *rc);
  */
 int fs_remove_tree(const char *path);
 
+/* fs_remove_tree(), logging a warning that names `path` when it fails (for cleanups that go on). */
+void fs_remove_tree_or_warn(const char *path);
+
 /* fsync(2) of the file or directory `path` (opened read-only, links followed). 0 or -errno. */
 int fs_fsync_path(const char *path);
 

@@ -1,7 +1,7 @@
 /*
  * http.h - the HTTP engine of kiln-gateway (and kiln-node's API), over libmicrohttpd.
  *
- * It knows routes, bodies, status codes and the error model of API.md; it knows nothing of
+ * It knows routes, bodies, status codes and the error model of docs/errors.md; it knows nothing of
  * tenants or VMs. A server has a route table; each request gets an id (X-Request-Id on every
  * response), its body read under a cap, its path parameters extracted, then an optional `before`
  * hook (authentication, rate limits) and the route's handler. Handlers answer with exactly one of
@@ -138,7 +138,7 @@ void http_reply_data(struct http_req *req, int status, const char *content_type,
 		     size_t len);
 /* Sends an empty body (204 and the like). */
 void http_reply_empty(struct http_req *req, int status);
-/* Sends the error model of API.md for `code`; the message must hold no internals. */
+/* Sends the error model of docs/errors.md for `code`; the message must hold no internals. */
 void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 

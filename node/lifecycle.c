@@ -35,6 +35,7 @@
 #include "auth/apikey.h"
 #include "common/fault.h"
 #include "common/json.h"
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "vmm/agent.h"
 #include "vmm/guest/agent_proto.h"
@@ -188,15 +189,9 @@ static long long snapshot_size(const char *dir)
 	return v;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	return remove(path) == 0 || errno == ENOENT ? 0 : -1;
-}
-
 void snap_remove_files(const char *dir)
 {
-	if (access(dir, F_OK) == 0)
-		nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+	fs_remove_tree_or_warn(dir);
 }
 
 /* Records a snapshot taken of `sb` (on connection `c`, inside the caller's transaction or not). */

@@ -8,7 +8,6 @@
  */
 #include <errno.h>
 #include <stdarg.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
@@ -175,16 +175,6 @@ void sb_failed(struct node *n, struct sandbox *sb, const char *why)
 		log_error("the failure of \"%s\" not recorded: %s", sb->id, err.msg);
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	return remove(path) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-static void rm_tree(const char *dir)
-{
-	if (access(dir, F_OK) == 0 && nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) != 0)
-		log_warn("cannot remove \"%s\": %s", dir, strerror(errno));
-}
 
 static void vm_dirs(struct node *n, const struct sandbox *sb, char *run_dir, size_t rlen,
 		    char *state_dir, size_t slen)
@@ -234,8 +224,8 @@ void sb_release(struct node *n, struct sandbox *sb)
 		sb->has_uid = false;
 	}
 	vm_dirs(n, sb, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
-	rm_tree(run_dir);
-	rm_tree(state_dir);
+	fs_remove_tree_or_warn(run_dir);
+	fs_remove_tree_or_warn(state_dir);
 }
 
 /* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */

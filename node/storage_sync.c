@@ -16,7 +16,6 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <jansson.h>
 #include <limits.h>
 #include <pthread.h>
@@ -94,38 +93,6 @@ static bool valid_tenant(const char *t)
 	return t && t[0] && strlen(t) < TENANT_MAX;
 }
 
-static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-	(void)st;
-	(void)flag;
-	(void)ftw;
-	return remove(path) == 0 || errno == ENOENT ? 0 : -1;
-}
-
-/* Removes `path` and everything under it, never following links. */
-static void rm_tree(const char *path)
-{
-	struct stat st;
-
-	if (lstat(path, &st) < 0)
-		return;
-	if (!S_ISDIR(st.st_mode))
-		unlink(path);
-	else
-		nftw(path, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-static int fsync_path(const char *path)
-{
-	int fd = open(path, O_RDONLY | O_CLOEXEC), r = 0;
-
-	if (fd < 0)
-		return -errno;
-	if (fsync(fd) < 0)
-		r = -errno;
-	close(fd);
-	return r;
-}
 
 static bool is_dir(const char *path)
 {
@@ -214,10 +181,10 @@ static enum kiln_err manifest_save(const char *dir, json_t *m, struct kiln_error
 		unlink(tmp);
 		return kiln_error_set(err, KILN_E_IO, "cannot write \"%s\"", tmp);
 	}
-	if ((r = fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
+	if ((r = fs_fsync_path(tmp)) == 0 && rename(tmp, path) < 0)
 		r = -errno;
 	if (r == 0)
-		r = fsync_path(dir);
+		r = fs_fsync_path(dir);
 	if (r < 0) {
 		unlink(tmp);
 		return fs_err(err, r, "cannot write", path);
@@ -292,7 +259,7 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 				      snap_id);
 	if (mkdir(up, 0700) < 0 && errno != EEXIST)
 		return fs_err(err, -errno, "cannot create", up);
-	rm_tree(tmp);
+	fs_remove_tree_or_warn(tmp);
 	if (mkdir(tmp, 0700) < 0)
 		return fs_err(err, -errno, "cannot create", tmp);
 	d = opendir(dir);
@@ -324,16 +291,16 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 	} else if (rc == KILN_OK) {
 		rc = err->code ? err->code : KILN_E_INVALID;
 	}
-	if (rc == KILN_OK && (r = fsync_path(tmp)) < 0)
+	if (rc == KILN_OK && (r = fs_fsync_path(tmp)) < 0)
 		rc = fs_err(err, r, "cannot sync", tmp);
 	if (rc == KILN_OK) {
-		rm_tree(src);
-		r = rename(tmp, src) < 0 ? -errno : fsync_path(up);
+		fs_remove_tree_or_warn(src);
+		r = rename(tmp, src) < 0 ? -errno : fs_fsync_path(up);
 		if (r < 0)
 			rc = fs_err(err, r, "cannot rename", tmp);
 	}
 	if (rc != KILN_OK)
-		rm_tree(tmp);
+		fs_remove_tree_or_warn(tmp);
 	return rc;
 }
 
@@ -352,7 +319,7 @@ static enum kiln_err flatten_onto_base(const char *src, const char *base, unsign
 	enum kiln_err rc = KILN_OK;
 	int r;
 
-	rm_tree(work);
+	fs_remove_tree_or_warn(work);
 	if (mkdir(work, 0700) < 0)
 		return fs_err(err, -errno, "cannot create", work);
 	for (unsigned k = 0; rc == KILN_OK && k <= depth; k++) {
@@ -378,7 +345,7 @@ static enum kiln_err flatten_onto_base(const char *src, const char *base, unsign
 	}
 	if (rc == KILN_OK && (chmod(top, 0444) < 0 || rename(top, out) < 0))
 		rc = fs_err(err, -errno, "cannot move the flattened disk to", out);
-	rm_tree(work);
+	fs_remove_tree_or_warn(work);
 	return rc;
 }
 
@@ -409,8 +376,8 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		rc = err->code ? err->code : KILN_E_INVALID;
 	if (rc == KILN_OK) {
 		n = json_array_size(chain);
-		rm_tree(port);
-		rm_tree(tmp);
+		fs_remove_tree_or_warn(port);
+		fs_remove_tree_or_warn(tmp);
 		if (mkdir(port, 0700) < 0)
 			rc = fs_err(err, -errno, "cannot create", port);
 	}
@@ -450,12 +417,12 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		rc = snapshot_manifest_write(port, meta, err);	/* sizes and digests of the copy */
 	if (rc == KILN_OK)
 		rc = snapshot_pack(port, s->mk, tenant_id, obj, err);
-	if (rc == KILN_OK && (r = fsync_path(up)) < 0)
+	if (rc == KILN_OK && (r = fs_fsync_path(up)) < 0)
 		rc = fs_err(err, r, "cannot sync", up);
 	if (rc == KILN_OK)
-		rm_tree(src);
-	rm_tree(port);
-	rm_tree(tmp);
+		fs_remove_tree_or_warn(src);
+	fs_remove_tree_or_warn(port);
+	fs_remove_tree_or_warn(tmp);
 	json_decref(m);
 	free(meta);
 	return rc;
@@ -594,7 +561,7 @@ out:
 
 		/* the work goes only once the row says stored: else a restart sends it again */
 		if (set_status(s, j->snap_id, "stored", NULL, &perr) == KILN_OK)
-			rm_tree(up);
+			fs_remove_tree_or_warn(up);
 		else
 			log_error("snapshot \"%s\" is stored but its status was not recorded: %s",
 				  j->snap_id, perr.msg);
@@ -604,7 +571,7 @@ out:
 	struct kiln_error perr = { 0 };
 	if (set_status(s, j->snap_id, "failed", err.msg, &perr) != KILN_OK)
 		log_error("status of snapshot \"%s\" not recorded: %s", j->snap_id, perr.msg);
-	rm_tree(up);
+	fs_remove_tree_or_warn(up);
 }
 
 static void *worker(void *arg)
@@ -820,14 +787,14 @@ enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
 		}
 	pthread_mutex_unlock(&s->lock);
 	/* the files first (a restart finds an upload without them and stages again) */
-	rm_tree(up);
+	fs_remove_tree_or_warn(up);
 	rc = stage_links(s, snap_id, up, err);
 	if (rc == KILN_OK)
 		rc = set_status(s, snap_id, "uploading", NULL, err);
 	if (rc == KILN_OK)
 		rc = enqueue(s, snap_id, tenant_id, err);
 	if (rc != KILN_OK)
-		rm_tree(up);
+		fs_remove_tree_or_warn(up);
 	return rc;
 }
 
@@ -876,7 +843,7 @@ unsigned snapstore_resume_pending(struct snapstore *s)
 		}
 		if (!keep && fs_path(path, "%s/%s", s->snap_root, de->d_name)) {
 			log_info("removing leftover snapshot work \"%s\"", path);
-			rm_tree(path);
+			fs_remove_tree_or_warn(path);
 		}
 	}
 	if (d)
@@ -1020,9 +987,9 @@ enum kiln_err snapstore_fetch(struct snapstore *s, const char *snap_id, const ch
 		else
 			rc = fs_err(err, -errno, "cannot rename", snap);
 	}
-	if (rc == KILN_OK && (r = fsync_path(s->snap_root)) < 0)
+	if (rc == KILN_OK && (r = fs_fsync_path(s->snap_root)) < 0)
 		rc = fs_err(err, r, "cannot sync", s->snap_root);
-	rm_tree(work);
+	fs_remove_tree_or_warn(work);
 	if (rc == KILN_OK)
 		log_info("snapshot \"%s\" fetched from the tenant's bucket", snap_id);
 	return rc;

@@ -3,7 +3,7 @@
  * (`struct hv_ops`, implemented by QEMU now and Firecracker later) and the `vmm_` functions the
  * node calls, which dispatch to the driver a VM was started with.
  *
- * Lifecycle (ARCHITECTURE.md, "Lifecycle"; docs/vmm.md):
+ * Lifecycle (docs/vmm.md):
  *   vmm_create            cold boot: jailed VMM, cgroup, disk overlay, file-backed shared memory
  *   vmm_pause/vmm_resume  stop and continue the vCPUs (the process stays)
  *   vmm_snapshot          stop, save device state (and memory) into a snapshot directory; in

@@ -1,7 +1,7 @@
 /*
  * jail.h - starting a VMM process inside its jail.
  *
- * The jail (ARCHITECTURE.md, "Isolation"; docs/vmm.md):
+ * The jail (docs/vmm.md, "Isolation"):
  *  - its own mount and pid namespaces (the VMM is PID 1 of its pid namespace), and the sandbox's
  *    network namespace when one is given;
  *  - a chroot directory holding only the VM's own files: each is bind-mounted onto an empty mount

@@ -5,7 +5,7 @@
  *
  * A snapshot directory (docs/vmm.md) holds `state`, `mem` (shared mode), `disk.qcow2` and
  * `manifest.json`. The hypervisor driver writes the directory and its own manifest fields (memory
- * mode, disk chain, devices); snapshot_manifest_write() then adds the fields of ARCHITECTURE.md
+ * mode, disk chain, devices); snapshot_manifest_write() then adds the fields of docs/snapshots.md
  * ("Lifecycle") and the size and digest of every file, keeping the driver's fields. A restore calls
  * snapshot_verify() first. Before an upload, snapshot_pack() turns the directory into one object
  * encrypted with a per-object data key wrapped by the master key for one tenant; snapshot_unpack()

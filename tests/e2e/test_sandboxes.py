@@ -1,4 +1,4 @@
-"""Sandboxes as a user sees them: create, exec, files, streaming, delete, and the errors of API.md."""
+"""Sandboxes as a user sees them: create, exec, files, streaming, delete, and the errors of docs/errors.md."""
 import glob
 import http.client
 import json

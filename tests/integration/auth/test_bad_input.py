@@ -1,4 +1,4 @@
-"""Bad credentials and bad bodies: the error code of API.md, and nothing in the database changes."""
+"""Bad credentials and bad bodies: the error code of docs/errors.md, and nothing in the database changes."""
 import datetime
 import unittest
 

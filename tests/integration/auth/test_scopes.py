@@ -1,4 +1,4 @@
-"""Scope rules of API.md on every route here, and tenant isolation."""
+"""Scope rules of docs/openapi.yaml on every route here, and tenant isolation."""
 import unittest
 
 from authtest import TENANT_SCOPES, GatewayCase, bearer, jwt_parts
