@@ -190,7 +190,19 @@ class EgressTests(unittest.TestCase):
                 "print(n > 0, round(time.time() - t0))", timeout=40)
         t = threading.Thread(target=stream)
         t.start()
-        time.sleep(4)
+        # The rule goes only once the stream is up (seen from the internet's side): a guest slow
+        # to start its program must not find the rule gone before it connects.
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            ss = subprocess.run(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], "ss", "-Htn",
+                                 "state", "established", "( sport = :7000 )"],
+                                capture_output=True, text=True)
+            if ss.stdout.strip():
+                break
+            time.sleep(0.2)
+        else:
+            self.fail("the guest's stream to 203.0.113.10:7000 never came up")
+        time.sleep(1)
         self.assertEqual(self.egress(["203.0.113.11"]).status, 200)
         t.join(60)
         got_data, seconds = res["out"]
