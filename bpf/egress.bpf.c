@@ -128,6 +128,7 @@ struct pkt {
 	__u8 proto;
 	__u16 sport;	/* network order; the echo id for ICMP echo */
 	__u16 dport;
+	__u8 syn;	/* TCP: SYN without ACK (a new connection) */
 	__u8 src[16];
 	__u8 dst[16];
 	__u32 len;
@@ -227,6 +228,7 @@ static __always_inline int parse(struct __sk_buff *skb, struct pkt *p, struct et
 			return -1;
 		p->sport = t->source;
 		p->dport = t->dest;
+		p->syn = t->syn && !t->ack;
 	} else if (p->proto == IPPROTO_UDP) {
 		struct udphdr *u = l4;
 		if ((void *)(u + 1) > end)
@@ -316,9 +318,10 @@ static __always_inline int dns_ok(const struct pkt *p, const __u8 *addr, __u16 p
 }
 
 /*
- * Whether the policy lets the guest talk to raddr:rport over p->proto. Always-denied ranges open
- * only to a rule at least as specific as the denied range (the rule names something inside it);
- * SMTP and, with rules, DNS need a rule that names the port.
+ * Whether the policy lets the guest talk to raddr:rport over p->proto. The denied ranges (the
+ * operator's, bpf/policy.h `deny4`/`deny6`) are checked first and nothing opens them: whatever the
+ * allow maps hold, a denied address is refused. SMTP and, with rules, DNS need a rule that names
+ * the port.
  */
 static __always_inline int allowed(const struct pkt *p, const __u8 *raddr, __u16 rport,
 				   __u32 mode, __u64 now, int is_new)
@@ -326,10 +329,11 @@ static __always_inline int allowed(const struct pkt *p, const __u8 *raddr, __u16
 	int icmp = p->proto == IPPROTO_ICMP || p->proto == IPPROTO_ICMPV6;
 	int smtp = p->proto == IPPROTO_TCP && rport == bpf_htons(25);
 	int dns53 = !icmp && rport == bpf_htons(53);
-	int d = deny_plen(p, raddr);
 
+	if (deny_plen(p, raddr) >= 0)
+		return 0;	/* deny before allow, whatever the allow maps hold */
 	if (mode == NP_MODE_OPEN)
-		return !smtp && d < 0;
+		return !smtp;
 
 	int best = -1, plen;
 	if (!icmp) {
@@ -342,10 +346,8 @@ static __always_inline int allowed(const struct pkt *p, const __u8 *raddr, __u16
 		if (plen > best)
 			best = plen;
 	}
-	if (best >= 0 && (d < 0 || best >= d))
+	if (best >= 0)
 		return 1;
-	if (d >= 0)
-		return 0;	/* learnt addresses never open a denied range */
 	if (!icmp && dns_ok(p, raddr, rport, now, is_new))
 		return 1;
 	if (!smtp && !dns53 && dns_ok(p, raddr, 0, now, is_new))
@@ -490,15 +492,25 @@ int np_from_guest(struct __sk_buff *skb)
 		return finish(skb, V_POLICY, 1);
 	}
 
-	/* The gateway is the DNS proxy and nothing else. */
+	__u64 now = bpf_ktime_get_ns();
+
+	/*
+	 * The gateway is the DNS proxy and nothing else. Every UDP query and every new TCP
+	 * connection to it takes a new-flow token, and its bytes are charged to the bandwidth
+	 * bucket, like any other traffic: a guest over its rate cannot flood the node's proxy.
+	 */
 	if (p.family == 4) {
 		__u32 d;
 		__builtin_memcpy(&d, p.dst, 4);
 		if (d == gw_ip4) {
-			if ((p.proto == IPPROTO_UDP || p.proto == IPPROTO_TCP) &&
-			    p.dport == bpf_htons(53))
-				return finish(skb, V_PASS, 1);
-			return finish(skb, V_POLICY, 1);
+			if ((p.proto != IPPROTO_UDP && p.proto != IPPROTO_TCP) ||
+			    p.dport != bpf_htons(53))
+				return finish(skb, V_POLICY, 1);
+			if ((p.proto == IPPROTO_UDP || p.syn) && !take_conn(now))
+				return finish(skb, V_RATE, 1);
+			if (!take_bytes(skb->len, now))
+				return finish(skb, V_QUOTA, 1);
+			return finish(skb, V_PASS, 1);
 		}
 	}
 
@@ -506,7 +518,6 @@ int np_from_guest(struct __sk_buff *skb)
 	if (!c)
 		return finish(skb, V_POLICY, 1);
 	__u32 gen = c->gen, mode = c->mode;
-	__u64 now = bpf_ktime_get_ns();
 
 	struct np_flow_key fk = {.family = p.family, .proto = p.proto, .gport = p.sport,
 				 .rport = p.dport};
@@ -562,10 +573,12 @@ int np_to_guest(struct __sk_buff *skb)
 		if (d != guest_ip4)
 			return finish(skb, V_POLICY, 0);
 		if (s == gw_ip4) {
-			if ((p.proto == IPPROTO_UDP || p.proto == IPPROTO_TCP) &&
-			    p.sport == bpf_htons(53))
-				return finish(skb, V_PASS, 0);
-			return finish(skb, V_POLICY, 0);
+			if ((p.proto != IPPROTO_UDP && p.proto != IPPROTO_TCP) ||
+			    p.sport != bpf_htons(53))
+				return finish(skb, V_POLICY, 0);
+			if (!take_bytes(skb->len, bpf_ktime_get_ns()))
+				return finish(skb, V_QUOTA, 0);
+			return finish(skb, V_PASS, 0);
 		}
 	} else if (!eq16(p.dst, guest_ip6)) {
 		return finish(skb, V_POLICY, 0);

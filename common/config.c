@@ -91,6 +91,15 @@ const struct cfg_def config_table[] = {
 	  "new connections per second a sandbox may open, even while egress is open" },
 	{ "conn_burst", CFG_INT, F(conn_burst), "200", 1, 1000000, NULL, false,
 	  "new connections a sandbox may open at once above that rate" },
+	{ "egress_deny", CFG_STRING, F(egress_deny),
+	  "host,127.0.0.0/8,169.254.0.0/16,0.0.0.0/8,10.0.0.0/8,100.64.0.0/10,172.16.0.0/12,"
+	  "192.168.0.0/16,224.0.0.0/4,240.0.0.0/4,::1/128,fe80::/10,::/128,::ffff:0:0/96,"
+	  "64:ff9b::/96,64:ff9b:1::/48,100::/64,fc00::/7,fec0::/10,ff00::/8", 0, 0, NULL, false,
+	  "CIDRs sandboxes never reach, whatever their egress rules (a rule inside one is refused "
+	  "with 422); \"host\" is the host's own addresses. Loopback, link-local, the host and the "
+	  "sandboxes' ranges are denied even when left out" },
+	{ "dns_pending_per_sandbox", CFG_INT, F(dns_pending_per_sandbox), "64", 1, 4096, NULL, false,
+	  "DNS queries one sandbox may have waiting on the upstream resolver (more are REFUSED)" },
 	{ "templates", CFG_BOOL, F(templates), "true", 0, 1, NULL, false,
 	  "create sandboxes by restoring a pre-booted template of their shape (cold boot until "
 	  "one is ready)" },

@@ -59,6 +59,8 @@ struct kiln_config {
 	char *dns_upstream;		/* resolver the guests' DNS proxy forwards to */
 	long long conn_rate;		/* new connections per second a sandbox may open */
 	long long conn_burst;
+	char *egress_deny;		/* CIDRs no egress rule can open ("host": the host's own) */
+	long long dns_pending_per_sandbox;	/* UDP queries one sandbox may have upstream */
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_idle_s;	/* retire a template unused this long */

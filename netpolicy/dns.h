@@ -27,6 +27,7 @@
 #define KILN_DNS_TYPE_CNAME 5
 #define KILN_DNS_TYPE_AAAA 28
 #define KILN_DNS_RCODE_NXDOMAIN 3
+#define KILN_DNS_RCODE_REFUSED 5
 
 struct kiln_dns_question {
 	uint16_t id;
@@ -69,7 +70,14 @@ struct kiln_dns_config {
 	uint32_t max_ttl_s;		/* 0: 3600 */
 	uint32_t max_addrs_per_name;	/* 0: 16 */
 	uint32_t timeout_ms;		/* upstream; 0: 3000 */
+	uint32_t max_pending;		/* UDP queries one sandbox may have upstream at once; 0: 64.
+					 * A query over it is answered REFUSED; other sandboxes'
+					 * slots are their own, so one guest's flood never takes
+					 * them. */
 };
+
+#define KILN_DNS_PENDING_DEFAULT 64
+#define KILN_DNS_PENDING_MAX 4096
 
 struct kiln_dns_proxy;
 

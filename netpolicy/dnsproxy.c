@@ -2,7 +2,9 @@
  * dnsproxy.c - the DNS proxy: one thread, every sandbox's UDP and TCP sockets on 172.16.0.1:53,
  * one upstream resolver (see dns.h).
  *
- * UDP queries go upstream over one shared UDP socket, matched back by a random id. A TCP
+ * UDP queries go upstream over one shared UDP socket, matched back by a random id (unique among
+ * every sandbox's pending queries). Each sandbox has its own table of pending queries
+ * (kiln_dns_config.max_pending), so a guest flooding the proxy fills only its own. A TCP
  * connection from a guest (RFC 7766: two-byte length, then the message; several queries may
  * follow one another) gets an upstream TCP connection of its own per query, so that answers too
  * large for UDP come whole. Both paths answer through the same policy: names no rule covers get
@@ -28,7 +30,6 @@
 
 #include "common/log.h"
 
-#define MAX_PENDING 1024
 #define MAX_LEARNT 1024
 #define MAX_SANDBOXES 4096
 #define MAX_CONNS 256		/* TCP connections from guests, all sandboxes together */
@@ -55,6 +56,8 @@ struct sb {
 	struct learnt learnt[MAX_LEARNT];
 	size_t nlearnt;
 	uint64_t seq;
+	struct pending *pend;	/* cfg.max_pending slots of UDP queries sent upstream */
+	unsigned npend;		/* slots in use */
 	struct sb *next;
 };
 
@@ -98,10 +101,11 @@ struct kiln_dns_proxy {
 	struct kiln_dns_config cfg;
 	struct sb *sbs;
 	bool stop;
-	struct pending pend[MAX_PENDING];
+	struct pending **by_id;	/* 65536: the pending query of each upstream id, or NULL */
 	struct conn *conns;
 	unsigned nconns;
 	uint64_t last_gc;
+	uint64_t last_sweep;
 };
 
 static uint64_t now_ns(void)
@@ -270,6 +274,27 @@ static bool answer_release(struct kiln_dns_proxy *px, struct sb *sb, const struc
 	return true;
 }
 
+/* Frees a pending slot and its upstream id. */
+static void pend_free(struct kiln_dns_proxy *px, struct pending *p)
+{
+	if (!p->used)
+		return;
+	if (px->by_id[p->up_id] == p)
+		px->by_id[p->up_id] = NULL;
+	p->used = false;
+	p->sb->npend--;
+}
+
+/* Answers the query msg[0..q->end) with an error rcode. */
+static void reply_error(struct sb *sb, const uint8_t *msg, const struct kiln_dns_question *q,
+			int rcode, const struct sockaddr_storage *to, socklen_t tolen)
+{
+	uint8_t out[KILN_DNS_MAX_MSG];
+	size_t len = kiln_dns_make_error(msg, q->end, rcode, out, sizeof(out));
+	if (len)
+		sendto(sb->fd, out, len, MSG_DONTWAIT, (const struct sockaddr *)to, tolen);
+}
+
 static void handle_query(struct kiln_dns_proxy *px, struct sb *sb)
 {
 	uint8_t msg[KILN_DNS_MAX_MSG];
@@ -283,27 +308,29 @@ static void handle_query(struct kiln_dns_proxy *px, struct sb *sb)
 	if (kiln_dns_parse_query(msg, (size_t)n, &q) < 0)
 		return;	/* not a query we answer */
 	if (!query_allowed(sb, &q)) {
-		uint8_t out[KILN_DNS_MAX_MSG];
-		size_t len = kiln_dns_make_error(msg, q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
-		if (len)
-			sendto(sb->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&from, flen);
+		reply_error(sb, msg, &q, KILN_DNS_RCODE_NXDOMAIN, &from, flen);
+		return;
+	}
+	if (sb->npend >= px->cfg.max_pending) {
+		/* this sandbox's share is full: it alone is refused, nobody else's slots move */
+		reply_error(sb, msg, &q, KILN_DNS_RCODE_REFUSED, &from, flen);
 		return;
 	}
 	struct pending *slot = NULL;
-	for (size_t i = 0; i < MAX_PENDING && !slot; i++)
-		if (!px->pend[i].used)
-			slot = &px->pend[i];
-	if (!slot)
-		return;	/* overloaded: the client retries */
-	uint16_t id;
-	bool clash;
-	do {
+	for (size_t i = 0; i < px->cfg.max_pending && !slot; i++)
+		if (!sb->pend[i].used)
+			slot = &sb->pend[i];
+	uint16_t id = 0;
+	bool found = false;
+	for (int tries = 0; tries < 32 && !found; tries++) {
 		if (getrandom(&id, sizeof(id), 0) != sizeof(id))
-			return;
-		clash = false;
-		for (size_t i = 0; i < MAX_PENDING && !clash; i++)
-			clash = px->pend[i].used && px->pend[i].up_id == id;
-	} while (clash);
+			break;
+		found = px->by_id[id] == NULL;
+	}
+	if (!slot || !found) {
+		reply_error(sb, msg, &q, KILN_DNS_RCODE_REFUSED, &from, flen);
+		return;
+	}
 	slot->used = true;
 	slot->sb = sb;
 	slot->up_id = id;
@@ -311,11 +338,13 @@ static void handle_query(struct kiln_dns_proxy *px, struct sb *sb)
 	slot->clen = flen;
 	slot->q = q;
 	slot->deadline = now_ns() + (uint64_t)px->cfg.timeout_ms * 1000000ull;
+	px->by_id[id] = slot;
+	sb->npend++;
 	msg[0] = (uint8_t)(id >> 8);
 	msg[1] = (uint8_t)id;
 	if (sendto(px->up_fd, msg, (size_t)n, MSG_DONTWAIT, (struct sockaddr *)&px->up, px->uplen) <
 	    0) {
-		slot->used = false;
+		pend_free(px, slot);
 		log_warn("dns: upstream send: %s", strerror(errno));
 	}
 }
@@ -330,11 +359,8 @@ static void handle_answer(struct kiln_dns_proxy *px)
 	if (n < 12 || !same_addr(&from, &px->up))
 		return;
 	uint16_t id = (uint16_t)((msg[0] << 8) | msg[1]);
-	struct pending *p = NULL;
-	for (size_t i = 0; i < MAX_PENDING && !p; i++)
-		if (px->pend[i].used && px->pend[i].up_id == id)
-			p = &px->pend[i];
-	if (!p)
+	struct pending *p = px->by_id[id];
+	if (!p || !p->used)
 		return;
 	struct sb *sb = p->sb;
 	struct kiln_dns_addr addrs[64];
@@ -342,18 +368,16 @@ static void handle_answer(struct kiln_dns_proxy *px)
 	int na = kiln_dns_parse_answer(msg, (size_t)n, &p->q, addrs, 64, &rcode);
 	if (na < 0)
 		return;	/* not an answer to this question: keep waiting for the real one */
-	p->used = false;
+	struct pending done = *p;
+	pend_free(px, p);
 	if (sb->dead)
 		return;
-	if (!answer_release(px, sb, &p->q, msg, addrs, na)) {
-		uint8_t out[KILN_DNS_MAX_MSG];
-		size_t len = kiln_dns_make_error(msg, p->q.end, KILN_DNS_RCODE_NXDOMAIN, out, sizeof(out));
-		if (len)
-			sendto(sb->fd, out, len, MSG_DONTWAIT, (struct sockaddr *)&p->client, p->clen);
+	if (!answer_release(px, sb, &done.q, msg, addrs, na)) {
+		reply_error(sb, msg, &done.q, KILN_DNS_RCODE_NXDOMAIN, &done.client, done.clen);
 		return;
 	}
 	/* released only now: every address is in the allow map before the guest sees it */
-	sendto(sb->fd, msg, (size_t)n, MSG_DONTWAIT, (struct sockaddr *)&p->client, p->clen);
+	sendto(sb->fd, msg, (size_t)n, MSG_DONTWAIT, (struct sockaddr *)&done.client, done.clen);
 }
 
 /* ---- TCP ---- */
@@ -572,9 +596,9 @@ static void reap(struct kiln_dns_proxy *px)
 			pp = &sb->next;
 			continue;
 		}
-		for (size_t i = 0; i < MAX_PENDING; i++)
-			if (px->pend[i].used && px->pend[i].sb == sb)
-				px->pend[i].used = false;
+		for (size_t i = 0; i < px->cfg.max_pending; i++)
+			pend_free(px, &sb->pend[i]);
+		free(sb->pend);
 		for (struct conn *c = px->conns, *next; c; c = next) {
 			next = c->next;
 			if (c->sb == sb)
@@ -665,9 +689,15 @@ static void *proxy_main(void *arg)
 			if (c->deadline < now)
 				conn_close(px, c);	/* too slow: the guest retries */
 		}
-		for (size_t i = 0; i < MAX_PENDING; i++)
-			if (px->pend[i].used && px->pend[i].deadline < now)
-				px->pend[i].used = false;	/* the client retries */
+		if (now - px->last_sweep > 100000000ull) {
+			px->last_sweep = now;
+			pthread_mutex_lock(&px->mu);
+			for (struct sb *sb = px->sbs; sb; sb = sb->next)
+				for (size_t i = 0; sb->npend && i < px->cfg.max_pending; i++)
+					if (sb->pend[i].used && sb->pend[i].deadline < now)
+						pend_free(px, &sb->pend[i]);	/* it retries */
+			pthread_mutex_unlock(&px->mu);
+		}
 		if (now - px->last_gc > GC_EVERY_NS) {
 			px->last_gc = now;
 			pthread_mutex_lock(&px->mu);
@@ -700,11 +730,20 @@ enum kiln_err kiln_dns_proxy_start(const struct kiln_dns_config *cfg, struct kil
 		px->cfg.max_addrs_per_name = 16;
 	if (!px->cfg.timeout_ms)
 		px->cfg.timeout_ms = 3000;
+	if (!px->cfg.max_pending)
+		px->cfg.max_pending = KILN_DNS_PENDING_DEFAULT;
+	if (px->cfg.max_pending > KILN_DNS_PENDING_MAX)
+		px->cfg.max_pending = KILN_DNS_PENDING_MAX;
 	px->cfg.upstream = NULL;
 	if (parse_upstream(cfg->upstream, &px->up, &px->uplen) < 0) {
 		free(px);
 		return kiln_error_set(err, KILN_E_INVALID, "invalid DNS upstream \"%s\"",
 				      cfg->upstream ? cfg->upstream : "");
+	}
+	px->by_id = calloc(65536, sizeof(*px->by_id));
+	if (!px->by_id) {
+		free(px);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
 	px->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	px->up_fd = socket(px->up.ss_family, SOCK_DGRAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -714,6 +753,7 @@ enum kiln_err kiln_dns_proxy_start(const struct kiln_dns_config *cfg, struct kil
 			close(px->wake_fd);
 		if (px->up_fd >= 0)
 			close(px->up_fd);
+		free(px->by_id);
 		free(px);
 		return e;
 	}
@@ -724,6 +764,7 @@ enum kiln_err kiln_dns_proxy_start(const struct kiln_dns_config *cfg, struct kil
 	if (rc != 0) {
 		close(px->wake_fd);
 		close(px->up_fd);
+		free(px->by_id);
 		free(px);
 		return kiln_error_set(err, KILN_E_IO, "dns thread: %s", strerror(rc));
 	}
@@ -765,6 +806,13 @@ enum kiln_err kiln_dns_proxy_add(struct kiln_dns_proxy *px, const struct kiln_sb
 		return e;
 	}
 	struct sb *sb = calloc(1, sizeof(*sb));
+	if (sb) {
+		sb->pend = calloc(px->cfg.max_pending, sizeof(*sb->pend));
+		if (!sb->pend) {
+			free(sb);
+			sb = NULL;
+		}
+	}
 	if (!sb) {
 		close(fd);
 		close(tfd);
@@ -814,5 +862,6 @@ void kiln_dns_proxy_stop(struct kiln_dns_proxy *px)
 	close(px->up_fd);
 	pthread_mutex_destroy(&px->mu);
 	pthread_cond_destroy(&px->cv);
+	free(px->by_id);
 	free(px);
 }

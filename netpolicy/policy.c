@@ -184,73 +184,52 @@ static int put_cfg(struct kiln_policy *p, const struct np_cfg *c)
 	return bpf_map_update_elem(p->fd[M_CFG], &k, c, BPF_ANY) < 0 ? -errno : 0;
 }
 
-/* ---- always-denied ranges ---- */
+/* ---- denied ranges ---- */
 
-struct net_entry {
-	int family;
-	uint8_t plen;
-	uint8_t addr[16];
-};
-
-static void add_net(struct net_entry *v, size_t *n, size_t max, int family, const char *cidr)
+enum kiln_err kiln_policy_deny_ranges(const char *deny, struct kiln_cidr *out, size_t max,
+				      size_t *n, struct kiln_error *err)
 {
-	char a[64];
-	snprintf(a, sizeof(a), "%s", cidr);
-	char *slash = strchr(a, '/');
-	int plen = family == 4 ? 32 : 128;
-	if (slash) {
-		*slash = '\0';
-		plen = atoi(slash + 1);
-	}
-	if (*n >= max)
-		return;
-	struct net_entry *e = &v[*n];
-	memset(e, 0, sizeof(*e));
-	e->family = family;
-	e->plen = (uint8_t)plen;
-	if (inet_pton(family == 4 ? AF_INET : AF_INET6, a, e->addr) == 1)
-		(*n)++;
-}
+	bool host = false;
+	enum kiln_err e;
 
-static const char *const deny4_static[] = {
-	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16",
-	"172.16.0.0/12", "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4", KILN_SANDBOX_NET4,
-};
-static const char *const deny6_static[] = {
-	"::/128", "::1/128", "::ffff:0:0/96", "64:ff9b:1::/48", "100::/64", "fc00::/7",
-	"fe80::/10", "fec0::/10", "ff00::/8", KILN_SANDBOX_NET6,
-};
-
-/* Static ranges plus every address of the calling thread's netns (the host). */
-static size_t deny_list(struct net_entry *v, size_t max)
-{
-	size_t n = 0;
-	for (size_t i = 0; i < sizeof(deny4_static) / sizeof(deny4_static[0]); i++)
-		add_net(v, &n, max, 4, deny4_static[i]);
-	for (size_t i = 0; i < sizeof(deny6_static) / sizeof(deny6_static[0]); i++)
-		add_net(v, &n, max, 6, deny6_static[i]);
+	*n = 0;
+	if ((e = kiln_cidrs_parse(KILN_EGRESS_DENY_FLOOR, out, max, n, &host, err)) != KILN_OK ||
+	    (e = kiln_cidrs_parse(deny ? deny : KILN_EGRESS_DENY_DEFAULT, out, max, n, &host,
+				  err)) != KILN_OK)
+		return e;
+	if (!host)
+		return KILN_OK;
 	struct ifaddrs *ifa = NULL;
-	if (getifaddrs(&ifa) == 0) {
-		for (struct ifaddrs *i = ifa; i && n < max; i = i->ifa_next) {
-			if (!i->ifa_addr)
-				continue;
-			struct net_entry *e = &v[n];
-			memset(e, 0, sizeof(*e));
-			if (i->ifa_addr->sa_family == AF_INET) {
-				e->family = 4;
-				e->plen = 32;
-				memcpy(e->addr, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
-				n++;
-			} else if (i->ifa_addr->sa_family == AF_INET6) {
-				e->family = 6;
-				e->plen = 128;
-				memcpy(e->addr, &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, 16);
-				n++;
-			}
+	if (getifaddrs(&ifa) < 0)
+		return kiln_error_set(err, KILN_E_IO, "the host's addresses: %s", strerror(errno));
+	for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+		struct kiln_cidr c;
+		memset(&c, 0, sizeof(c));
+		if (!i->ifa_addr)
+			continue;
+		if (i->ifa_addr->sa_family == AF_INET) {
+			c.family = 4;
+			c.plen = 32;
+			memcpy(c.addr, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, 4);
+		} else if (i->ifa_addr->sa_family == AF_INET6) {
+			c.family = 6;
+			c.plen = 128;
+			memcpy(c.addr, &((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr, 16);
+		} else {
+			continue;
 		}
-		freeifaddrs(ifa);
+		if (kiln_cidrs_cover(out, *n, c.family, c.addr, c.plen))
+			continue;	/* already inside a listed range */
+		if (*n >= max) {
+			freeifaddrs(ifa);
+			return kiln_error_set(err, KILN_E_TOO_LARGE,
+					      "egress_deny and the host's addresses: more than %zu "
+					      "ranges", max);
+		}
+		out[(*n)++] = c;
 	}
-	return n;
+	freeifaddrs(ifa);
+	return KILN_OK;
 }
 
 /* Replaces the content of an LPM map with keys[] (each `ksz` bytes), values = plen. */
@@ -294,31 +273,69 @@ static int sync_lpm(int fd, const void *keys, const uint32_t *vals, size_t n, si
 	return 0;
 }
 
-static int sync_deny(struct kiln_policy *p)
+static enum kiln_err sync_deny(struct kiln_policy *p, const char *deny, struct kiln_error *err)
 {
-	struct net_entry v[512];
-	size_t n = deny_list(v, 512);
-	struct np_lpm4 k4[512];
-	struct np_lpm6 k6[512];
-	uint32_t v4[512], v6[512];
-	size_t n4 = 0, n6 = 0;
+	struct kiln_cidr v[2 * KILN_DENY_MAX];
+	struct np_lpm4 k4[KILN_DENY_MAX];
+	struct np_lpm6 k6[KILN_DENY_MAX];
+	uint32_t v4[KILN_DENY_MAX], v6[KILN_DENY_MAX];
+	size_t n = 0, n4 = 0, n6 = 0;
+	enum kiln_err e = kiln_policy_deny_ranges(deny, v, 2 * KILN_DENY_MAX, &n, err);
+
+	if (e != KILN_OK)
+		return e;
 	for (size_t i = 0; i < n; i++) {
-		if (v[i].family == 4 && n4 < NP_MAX_DENY) {
+		if (v[i].family == 4 && n4 < KILN_DENY_MAX) {
 			memset(&k4[n4], 0, sizeof(k4[n4]));
 			k4[n4].prefixlen = v[i].plen;
 			memcpy(k4[n4].data, v[i].addr, 4);
 			v4[n4++] = v[i].plen;
-		} else if (v[i].family == 6 && n6 < NP_MAX_DENY) {
+		} else if (v[i].family == 6 && n6 < KILN_DENY_MAX) {
 			memset(&k6[n6], 0, sizeof(k6[n6]));
 			k6[n6].prefixlen = v[i].plen;
 			memcpy(k6[n6].data, v[i].addr, 16);
 			v6[n6++] = v[i].plen;
+		} else {
+			return kiln_error_set(err, KILN_E_TOO_LARGE, "more than %d denied ranges of "
+					      "one family", KILN_DENY_MAX);
 		}
 	}
 	int rc = sync_lpm(p->fd[M_DENY4], k4, v4, n4, sizeof(k4[0]));
 	if (rc == 0)
 		rc = sync_lpm(p->fd[M_DENY6], k6, v6, n6, sizeof(k6[0]));
-	return rc;
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "denied ranges: %s", strerror(-rc));
+	return KILN_OK;
+}
+
+/*
+ * The denied range (from the maps) that contains all of family/addr/plen, written as text into
+ * `range`; false when there is none.
+ */
+static bool deny_cover(struct kiln_policy *p, int family, const uint8_t *addr, unsigned plen,
+		       char *range, size_t len)
+{
+	struct np_lpm_val v;
+	struct kiln_cidr c = {.family = family};
+	int rc;
+	if (family == 4) {
+		struct np_lpm4 k = {.prefixlen = plen};
+		memcpy(k.data, addr, 4);
+		rc = bpf_map_lookup_elem(p->fd[M_DENY4], &k, &v);
+	} else {
+		struct np_lpm6 k = {.prefixlen = plen};
+		memcpy(k.data, addr, 16);
+		rc = bpf_map_lookup_elem(p->fd[M_DENY6], &k, &v);
+	}
+	if (rc < 0)
+		return false;
+	/* the trie only matches entries no longer than the key: v.plen <= plen */
+	memcpy(c.addr, addr, family == 4 ? 4 : 16);
+	c.plen = (uint8_t)v.plen;
+	kiln_cidr_mask(&c);
+	if (kiln_cidr_format(&c, range, len) < 0)
+		snprintf(range, len, "?");
+	return true;
 }
 
 bool kiln_policy_addr_denied(struct kiln_policy *p, int family, const uint8_t *addr)
@@ -444,8 +461,16 @@ enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct ki
 		p->fd[i] = dup(bpf_map__fd(maps[i]));
 	if ((e = init_state(p, cfg, err)) != KILN_OK)
 		goto out_pol;
-	if ((rc = sync_deny(p)) < 0) {
-		e = kiln_error_set(err, KILN_E_IO, "always-denied ranges: %s", strerror(-rc));
+	if ((e = sync_deny(p, cfg->deny, err)) != KILN_OK)
+		goto out_pol;
+	/* the denied ranges may have changed: every live flow re-checks at its next packet */
+	struct np_cfg gc;
+	if ((rc = get_cfg(p, &gc)) == 0) {
+		gc.gen++;
+		rc = put_cfg(p, &gc);
+	}
+	if (rc < 0) {
+		e = kiln_error_set(err, KILN_E_IO, "bump generation: %s", strerror(-rc));
 		goto out_pol;
 	}
 
@@ -686,6 +711,19 @@ enum kiln_err kiln_policy_apply(struct kiln_policy *p, const struct kiln_ruleset
 	if (rs->n > KILN_RULESET_MAX)
 		return kiln_error_set(err, KILN_E_TOO_LARGE, "at most %d egress rules",
 				      KILN_RULESET_MAX);
+	for (size_t i = 0; i < rs->n; i++) {
+		const struct kiln_rule *r = &rs->rules[i];
+		char range[64], text[KILN_RULE_TEXT_MAX];
+		if ((r->kind != KILN_RULE_NET4 && r->kind != KILN_RULE_NET6) ||
+		    !deny_cover(p, r->kind == KILN_RULE_NET4 ? 4 : 6, r->addr, r->plen, range,
+				sizeof(range)))
+			continue;
+		if (kiln_rule_format(r, text, sizeof(text)) < 0)
+			snprintf(text, sizeof(text), "?");
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "egress rule \"%s\" is inside the denied range %s (the "
+				      "operator's egress_deny): no rule can open it", text, range);
+	}
 	struct keys k;
 	if (keys_build(rs, &k) < 0) {
 		keys_free(&k);

@@ -37,6 +37,7 @@ struct kiln_policy_config {
 	const struct kiln_sbnet *net;	/* attach only: the sandbox's devices and NAT addresses */
 	uint32_t conn_rate;	/* set when the maps are first created; 0: the defaults */
 	uint32_t conn_burst;
+	const char *deny;	/* attach: the operator's egress_deny list; NULL: the default */
 };
 
 enum kiln_egress_mode { KILN_EGRESS_OPEN = NP_MODE_OPEN, KILN_EGRESS_ALLOWLIST = NP_MODE_ALLOWLIST };
@@ -60,11 +61,19 @@ struct kiln_counters {
 };
 
 /*
+ * The denied ranges: KILN_EGRESS_DENY_FLOOR plus the operator's list `deny` (NULL:
+ * KILN_EGRESS_DENY_DEFAULT), "host" expanded to every address of the calling thread's netns.
+ * Writes at most `max` into out[] and their number into *n. KILN_E_INVALID names a bad entry.
+ */
+enum kiln_err kiln_policy_deny_ranges(const char *deny, struct kiln_cidr *out, size_t max,
+				      size_t *n, struct kiln_error *err);
+
+/*
  * Loads the programs, creates the maps or reuses the pinned ones, and attaches (or atomically
  * replaces) the programs on the sandbox's devices. New maps start in open mode, unmetered, with
  * the connection-rate bound of `cfg`. Reused maps keep their rules, limits, counters and flows.
- * Recomputes the always-denied ranges, including every address of the calling thread's netns
- * (the host). Idempotent.
+ * Recomputes the denied ranges (kiln_policy_deny_ranges of cfg->deny, in the calling thread's
+ * netns: the host). Idempotent.
  */
 enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct kiln_policy **out,
 				 struct kiln_error *err);
@@ -84,7 +93,8 @@ enum kiln_err kiln_policy_unpin(const char *pin_root, const char *node_id, const
 				struct kiln_error *err);
 
 /*
- * Replaces the rule set live. An empty set reopens egress. While it runs, traffic is allowed only
+ * Replaces the rule set live. A set with an address rule inside a denied range is refused
+ * (KILN_E_INVALID naming the rule and the range; nothing changes). An empty set reopens egress. While it runs, traffic is allowed only
  * if the old or the new set allows it; when it returns, flows (established ones too) that the new
  * set denies are cut at their next packet, and addresses learnt for host names no longer covered
  * are forgotten.

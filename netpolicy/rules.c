@@ -6,6 +6,7 @@
 
 #include <arpa/inet.h>
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -389,4 +390,139 @@ size_t kiln_rules_match_host(const struct kiln_ruleset *rs, const char *name, ui
 			ports[k++] = r->port;
 	}
 	return k;
+}
+
+/* ---- the operator's denied ranges ---- */
+
+void kiln_cidr_mask(struct kiln_cidr *c)
+{
+	unsigned bytes = c->family == 4 ? 4 : 16;
+	for (unsigned i = 0; i < 16; i++) {
+		unsigned lo = i * 8;
+		if (i >= bytes || lo >= c->plen)
+			c->addr[i] = 0;
+		else if (c->plen - lo < 8)
+			c->addr[i] &= (uint8_t)(0xffu << (8 - (c->plen - lo)));
+	}
+}
+
+int kiln_cidr_parse(const char *text, struct kiln_cidr *out)
+{
+	char a[64];
+	char *slash, *end;
+	long plen;
+
+	if (!text || strlen(text) >= sizeof(a) || !*text)
+		return -EINVAL;
+	snprintf(a, sizeof(a), "%s", text);
+	memset(out, 0, sizeof(*out));
+	slash = strchr(a, '/');
+	if (slash)
+		*slash = '\0';
+	if (inet_pton(AF_INET, a, out->addr) == 1)
+		out->family = 4;
+	else if (inet_pton(AF_INET6, a, out->addr) == 1)
+		out->family = 6;
+	else
+		return -EINVAL;
+	plen = out->family == 4 ? 32 : 128;
+	if (slash) {
+		if (!isdigit((unsigned char)slash[1]))
+			return -EINVAL;
+		errno = 0;
+		plen = strtol(slash + 1, &end, 10);
+		if (errno || *end || plen < 0 || plen > (out->family == 4 ? 32 : 128))
+			return -EINVAL;
+	}
+	out->plen = (uint8_t)plen;
+	kiln_cidr_mask(out);
+	return 0;
+}
+
+int kiln_cidr_format(const struct kiln_cidr *c, char *buf, size_t len)
+{
+	char a[INET6_ADDRSTRLEN];
+	if (!inet_ntop(c->family == 4 ? AF_INET : AF_INET6, c->addr, a, sizeof(a)))
+		return -1;
+	int n = snprintf(buf, len, "%s/%u", a, (unsigned)c->plen);
+	return n < 0 || (size_t)n >= len ? -1 : n;
+}
+
+enum kiln_err kiln_cidrs_parse(const char *list, struct kiln_cidr *out, size_t max, size_t *n,
+			       bool *host, struct kiln_error *err)
+{
+	const char *s = list ? list : "";
+
+	while (*s) {
+		size_t len = strcspn(s, ", \t\n");
+		if (len == 0) {
+			s++;
+			continue;
+		}
+		char tok[64];
+		if (len >= sizeof(tok))
+			return kiln_error_set(err, KILN_E_INVALID, "egress_deny: \"%.*s\" is not a "
+					      "CIDR", 40, s);
+		memcpy(tok, s, len);
+		tok[len] = '\0';
+		s += len;
+		if (!strcmp(tok, "host")) {
+			if (host)
+				*host = true;
+			continue;
+		}
+		struct kiln_cidr c;
+		if (kiln_cidr_parse(tok, &c) < 0)
+			return kiln_error_set(err, KILN_E_INVALID, "egress_deny: \"%s\" is not a CIDR",
+					      tok);
+		bool dup = false;
+		for (size_t i = 0; i < *n && !dup; i++)
+			dup = out[i].family == c.family && out[i].plen == c.plen &&
+			      !memcmp(out[i].addr, c.addr, 16);
+		if (dup)
+			continue;
+		if (*n >= max)
+			return kiln_error_set(err, KILN_E_TOO_LARGE, "egress_deny: more than %zu ranges",
+					      max);
+		out[(*n)++] = c;
+	}
+	return KILN_OK;
+}
+
+const struct kiln_cidr *kiln_cidrs_cover(const struct kiln_cidr *v, size_t n, int family,
+					 const uint8_t *addr, unsigned plen)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (v[i].family != family || v[i].plen > plen)
+			continue;
+		struct kiln_cidr c = {.family = family, .plen = v[i].plen};
+		memcpy(c.addr, addr, family == 4 ? 4 : 16);
+		kiln_cidr_mask(&c);
+		if (!memcmp(c.addr, v[i].addr, 16))
+			return &v[i];
+	}
+	return NULL;
+}
+
+enum kiln_err kiln_rules_check_deny(const struct kiln_ruleset *rs, const struct kiln_cidr *v,
+				    size_t n, struct kiln_error *err)
+{
+	for (size_t i = 0; i < rs->n; i++) {
+		const struct kiln_rule *r = &rs->rules[i];
+		if (r->kind != KILN_RULE_NET4 && r->kind != KILN_RULE_NET6)
+			continue;
+		const struct kiln_cidr *d =
+			kiln_cidrs_cover(v, n, r->kind == KILN_RULE_NET4 ? 4 : 6, r->addr, r->plen);
+		if (!d)
+			continue;
+		char text[KILN_RULE_TEXT_MAX], range[64];
+		if (kiln_rule_format(r, text, sizeof(text)) < 0)
+			snprintf(text, sizeof(text), "?");
+		if (kiln_cidr_format(d, range, sizeof(range)) < 0)
+			snprintf(range, sizeof(range), "?");
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "egress rule \"%s\" is inside the denied range %s "
+				      "(the operator's egress_deny): no rule can open it", text, range);
+	}
+	return KILN_OK;
 }

@@ -298,8 +298,17 @@ static void store_exit(void)
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
-	struct kiln_dns_config dc = { .upstream = upstream };
+	struct kiln_dns_config dc = {
+		.upstream = upstream,
+		.max_pending = (uint32_t)node.cfg.dns_pending_per_sandbox,
+	};
+	struct kiln_cidr deny[2 * KILN_DENY_MAX];
+	size_t ndeny;
 
+	/* a bad egress_deny stops the node here, not at its first sandbox */
+	if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, err) !=
+	    KILN_OK)
+		return err->code;
 	dns_upstream(upstream, sizeof(upstream));
 	if (kiln_dns_proxy_start(&dc, &node.dns, err) != KILN_OK)
 		return err->code;

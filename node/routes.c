@@ -232,6 +232,18 @@ static bool parse_egress(struct http_req *req, const json_t *obj, struct kiln_ru
 		http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
 		return false;
 	}
+	/* a rule inside the operator's denied ranges is refused before anything boots */
+	struct node *nd = http_req_app(req);
+	struct kiln_cidr deny[2 * KILN_DENY_MAX];
+	size_t ndeny;
+	if (kiln_policy_deny_ranges(nd->cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, &err) !=
+		    KILN_OK ||
+	    kiln_rules_check_deny(rs, deny, ndeny, &err) != KILN_OK) {
+		http_reply_error(req, err.code == KILN_E_INVALID ? KILN_E_INVALID : KILN_E_INTERNAL,
+				 "%s", err.msg);
+		kiln_ruleset_free(rs);
+		return false;
+	}
 	return true;
 }
 

@@ -238,6 +238,7 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 		.net = &sb->net,
 		.conn_rate = (uint32_t)n->cfg.conn_rate,
 		.conn_burst = (uint32_t)n->cfg.conn_burst,
+		.deny = n->cfg.egress_deny,
 	};
 	enum kiln_err rc = kiln_policy_attach(&pc, &sb->pol, err);
 

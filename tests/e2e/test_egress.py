@@ -218,6 +218,23 @@ class EgressTests(unittest.TestCase):
         self.assertEqual(r.json(), {"rules": ["sub.example.com"], "mode": "allowlist"})
         self.assertEqual(self.run_py("print(tcp('198.51.100.21', 443))"), ["fail"])
 
+    def test_a_rule_inside_a_denied_range_is_422_naming_the_range(self):
+        # metadata, loopback, the node's own address, a sandbox's host side, NAT64
+        self.assertEqual(self.egress(["sub.example.com"]).status, 200)
+        for rule, rng in (("169.254.169.254:80", "169.254.0.0/16"), ("127.0.0.1", "127.0.0.0/8"),
+                          ("192.0.2.1", "192.0.2.1/32"), ("10.200.0.1", "10.200.0.0/16"),
+                          ("[64:ff9b::a9fe:a9fe]:80", "64:ff9b::/96")):
+            r = self.egress(["203.0.113.10", rule])
+            self.assertEqual(r.status, 422, (rule, r))
+            self.assertIn(rng, r.json()["error"]["message"])
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.a['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": ["sub.example.com"], "mode": "allowlist"})
+        r = self.gw.request("POST", "/v1/sandboxes", {"egress": {"rules": ["169.254.169.254"]}}, self.key)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("169.254.0.0/16", r.json()["error"]["message"])
+        self.assertEqual(self.run_py("print(tcp('169.254.169.254', 80), tcp('203.0.113.10', 80))"),
+                         ["fail", "fail"])
+
     def test_spoofed_source_addresses_from_the_guest_are_dropped(self):
         # The guest's own address first: once a foreign one is on eth0, the guest may also
         # ARP from it, and those frames are dropped as spoofed too.

@@ -6,7 +6,8 @@
                             it can. UDP echo on 9999 of each address. DNS on 53 (UDP and TCP) of
                             each address whose last IPv4 byte is 53, from the table below; a UDP
                             answer over 512 bytes comes truncated (TC, no records), as from a
-                            real server, and whole over TCP.
+                            real server, and whole over TCP. Names under "hole.test" are
+                            never answered (a slow resolver: the proxy's queries stay pending).
 Prints "ready" when every socket listens.
 """
 import socket
@@ -58,6 +59,8 @@ def dns_answer(q):
     qtype, qclass = struct.unpack("!HH", q[off:off + 4])
     question = q[12:off + 4]
     name = ".".join(labels).lower()
+    if name.endswith(".hole.test"):
+        return None
     records = []
     cur = name
     for _ in range(4):

@@ -2,10 +2,16 @@
  * np_tool.c - drives netpolicy/ from the integration tests and benchmarks, one command per run,
  * the way kiln-node would: each run is a fresh loader process, so a second `attach` is a restart.
  *
- *   np_tool [--netns NS] [--node ID] [--pin-root DIR] COMMAND ...
+ *   np_tool [--netns NS] [--node ID] [--pin-root DIR] [--deny LIST] COMMAND ...
+ *     (--deny: the operator's egress_deny for create/attach; NP_DNS_PENDING: the proxy's share)
  *     create ID INDEX [GUEST_NETNS]   netns + devices (stand-in veth into GUEST_NETNS) + attach
  *     attach ID INDEX                 load and attach again, reusing the pinned maps
  *     apply ID [RULE...]              replace the rules (none: reopen)
+ *     force ID RULE                   write an address rule straight into the allow maps, past
+ *                                     every check, and switch to allowlist mode (as a bug or an
+ *                                     attacker with map access would): the program must still deny
+ *     check-deny RULE...              the node's API check of a rule set against --deny (exit 2:
+ *                                     refused, the reason on stderr)
  *     rules ID                        print the mode, then one rule per line
  *     bw ID QUOTA REFILL INTERVAL_S BURST UNMETERED
  *     bw-get ID
@@ -42,6 +48,7 @@
 
 static const char *node = "test";
 static const char *pin_root = NULL;
+static const char *deny = NULL;
 
 static int fail(const struct kiln_error *err)
 {
@@ -56,7 +63,7 @@ static int open_pol(const char *id, uint32_t index, int attach, struct kiln_poli
 	if (kiln_sbnet_describe(id, index, &net, err))
 		return -1;
 	struct kiln_policy_config c = {.pin_root = pin_root, .node_id = node, .sandbox_id = id,
-				       .net = &net};
+				       .net = &net, .deny = deny};
 	enum kiln_err e = attach ? kiln_policy_attach(&c, p, err) : kiln_policy_open(&c, p, err);
 	return e ? -1 : 0;
 }
@@ -218,6 +225,56 @@ out:
 	return rc;
 }
 
+/* Writes rule `text` (an address rule) into the allow maps directly and bumps the generation. */
+static int cmd_force(struct kiln_policy *p, const char *text)
+{
+	struct kiln_error err = {0};
+	struct kiln_rule r;
+	struct np_lpm_val v;
+	int rc;
+	if (kiln_rule_parse(text, &r, &err))
+		return fail(&err);
+	if (r.kind != KILN_RULE_NET4 && r.kind != KILN_RULE_NET6) {
+		fprintf(stderr, "force: an address rule\n");
+		return 64;
+	}
+	uint16_t port = htons(r.port);
+	v.plen = r.plen;
+	if (r.kind == KILN_RULE_NET4 && r.port) {
+		struct np_lpm4p k = {.prefixlen = 16u + r.plen};
+		memcpy(k.data, &port, 2);
+		memcpy(k.data + 2, r.addr, 4);
+		rc = bpf_map_update_elem(kiln_policy_map_fd(p, "allow4p"), &k, &v, BPF_ANY);
+	} else if (r.kind == KILN_RULE_NET4) {
+		struct np_lpm4 k = {.prefixlen = r.plen};
+		memcpy(k.data, r.addr, 4);
+		rc = bpf_map_update_elem(kiln_policy_map_fd(p, "allow4"), &k, &v, BPF_ANY);
+	} else if (r.port) {
+		struct np_lpm6p k = {.prefixlen = 16u + r.plen};
+		memcpy(k.data, &port, 2);
+		memcpy(k.data + 2, r.addr, 16);
+		rc = bpf_map_update_elem(kiln_policy_map_fd(p, "allow6p"), &k, &v, BPF_ANY);
+	} else {
+		struct np_lpm6 k = {.prefixlen = r.plen};
+		memcpy(k.data, r.addr, 16);
+		rc = bpf_map_update_elem(kiln_policy_map_fd(p, "allow6"), &k, &v, BPF_ANY);
+	}
+	uint32_t zero = 0;
+	struct np_cfg c;
+	if (rc == 0)
+		rc = bpf_map_lookup_elem(kiln_policy_map_fd(p, "cfg"), &zero, &c);
+	if (rc == 0) {
+		c.mode = NP_MODE_ALLOWLIST;
+		c.gen++;
+		rc = bpf_map_update_elem(kiln_policy_map_fd(p, "cfg"), &zero, &c, BPF_ANY);
+	}
+	if (rc < 0) {
+		fprintf(stderr, "force: %s\n", strerror(errno));
+		return 1;
+	}
+	return 0;
+}
+
 int main(int argc, char **argv)
 {
 	log_init("np_tool", KLOG_WARN, false);
@@ -230,6 +287,8 @@ int main(int argc, char **argv)
 			node = argv[i + 1];
 		else if (!strcmp(argv[i], "--pin-root"))
 			pin_root = argv[i + 1];
+		else if (!strcmp(argv[i], "--deny"))
+			deny = argv[i + 1];
 		else
 			break;
 	}
@@ -289,6 +348,9 @@ int main(int argc, char **argv)
 		const char *mt = getenv("NP_DNS_MIN_TTL");
 		if (mt)
 			dc.min_ttl_s = (uint32_t)atoi(mt);
+		const char *mp = getenv("NP_DNS_PENDING");
+		if (mp)
+			dc.max_pending = (uint32_t)atoi(mp);
 		struct kiln_dns_proxy *px;
 		if (kiln_dns_proxy_start(&dc, &px, &err))
 			return fail(&err);
@@ -321,6 +383,20 @@ int main(int argc, char **argv)
 		return 0;
 	}
 
+	if (!strcmp(cmd, "check-deny")) {
+		struct kiln_cidr v[2 * KILN_DENY_MAX];
+		size_t nv;
+		struct kiln_ruleset rs;
+		int rc = 0;
+		if (kiln_policy_deny_ranges(deny, v, 2 * KILN_DENY_MAX, &nv, &err) ||
+		    kiln_rules_parse((const char *const *)a, (size_t)n, &rs, &err))
+			return fail(&err);
+		if (kiln_rules_check_deny(&rs, v, nv, &err))
+			rc = fail(&err);
+		kiln_ruleset_free(&rs);
+		return rc;
+	}
+
 	if (n < 1) {
 		fprintf(stderr, "usage: see np_tool.c\n");
 		return 64;
@@ -334,6 +410,8 @@ int main(int argc, char **argv)
 		    kiln_policy_apply(p, &rs, &err))
 			rc = fail(&err);
 		kiln_ruleset_free(&rs);
+	} else if (!strcmp(cmd, "force") && n == 2) {
+		rc = cmd_force(p, a[1]);
 	} else if (!strcmp(cmd, "rules")) {
 		struct kiln_ruleset rs;
 		enum kiln_egress_mode mode;

@@ -6,6 +6,13 @@
   probe.py udpfrom SRC ADDR PORT           the same, from a given source address
   probe.py dns NAME [SERVER] [TYPE]        prints rcode, the TC flag and the addresses
   probe.py dnstcp NAME [SERVER] [TYPE]     the same over TCP (twice on one connection)
+  probe.py dnsflood SECONDS                 queries for unanswered names (n.hole.test) to the
+                                            proxy as fast as one socket sends; prints how many
+                                            were sent and how many came back REFUSED
+  probe.py dnsburst NAME COUNT              COUNT queries at once, each from its own socket
+                                            (a new flow each); prints how many were answered
+  probe.py dnsrepeat NAME COUNT             COUNT queries one after another (retrying none);
+                                            prints how many were answered with rcode 0
   probe.py stream ADDR PORT SECONDS        prints the times at which data arrived
   probe.py bytes ADDR PORT SECONDS         prints how many bytes arrived
   probe.py udpburst ADDR PORT COUNT        COUNT new UDP flows at once; prints how many answered
@@ -194,6 +201,73 @@ def udpburst(addr, port, count):
     return 0
 
 
+def dnsflood(seconds):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.setblocking(False)
+    sent = refused = i = 0
+    end = time.time() + seconds
+    while time.time() < end:
+        i += 1
+        _, q = query("n%d.hole.test" % i, "A")
+        try:
+            s.sendto(q, ("172.16.0.1", 53))
+            sent += 1
+        except OSError:
+            time.sleep(0.0005)
+        while True:
+            try:
+                r = s.recv(4096)
+            except OSError:
+                break
+            if len(r) >= 4 and r[3] & 0x0f == 5:
+                refused += 1
+        if i % 64 == 0:
+            time.sleep(0.001)    # thousands per second, not a busy CPU
+    print(sent, refused)
+    return 0
+
+
+def dnsburst(name, count):
+    socks, ids = [], {}
+    for _ in range(count):
+        qid, q = query(name, "A")
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.setblocking(False)
+        s.sendto(q, ("172.16.0.1", 53))
+        socks.append(s)
+    ok = set()
+    end = time.time() + 2
+    while time.time() < end and len(ok) < count:
+        r, _, _ = select.select(socks, [], [], 0.1)
+        for s in r:
+            try:
+                s.recvfrom(4096)
+                ok.add(s)
+            except OSError:
+                pass
+    print(len(ok))
+    return 0
+
+
+def dnsrepeat(name, count):
+    good = 0
+    for _ in range(count):
+        qid, q = query(name, "A")
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(1)
+        try:
+            s.sendto(q, ("172.16.0.1", 53))
+            r, _ = s.recvfrom(4096)
+            if struct.unpack("!H", r[:2])[0] == qid and r[3] & 0x0f == 0:
+                good += 1
+        except OSError:
+            pass
+        s.close()
+        time.sleep(0.05)
+    print(good)
+    return 0
+
+
 def listen(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -224,6 +298,12 @@ def main():
         return nbytes(a[0], int(a[1]), float(a[2]))
     if cmd == "udpburst":
         return udpburst(a[0], int(a[1]), int(a[2]))
+    if cmd == "dnsflood":
+        return dnsflood(float(a[0]))
+    if cmd == "dnsburst":
+        return dnsburst(a[0], int(a[1]))
+    if cmd == "dnsrepeat":
+        return dnsrepeat(a[0], int(a[1]))
     if cmd == "listen":
         return listen(int(a[0]))
     print("unknown command", cmd)

@@ -8,7 +8,8 @@ Topology (every name carries a random tag, everything is removed at the end, eve
                                                       │  run here; 192.0.2.1, 10.99.0.1 = the
                                                       │  host's own addresses, with servers)
                                                       └──veth── "internet" netns: servers on
-      203.0.113.10-17, 198.51.100.20-22, 2001:db8:1::10, 2001:db8:2::10, 169.254.169.254;
+      203.0.113.10-17, 198.51.100.20-22, 2001:db8:1::10, 2001:db8:2::10, 169.254.169.254 and
+      64:ff9b::cb00:710a (203.0.113.10 through a NAT64 prefix);
       DNS on 192.0.2.53 (the upstream) and 198.51.100.53 (a foreign resolver).
 
 Only documentation ranges are used, and only inside these namespaces.
@@ -34,7 +35,8 @@ NODE = "test-" + TAG
 PIN_ROOT = "/sys/fs/bpf/kiln"
 INET_ADDRS = ["203.0.113.%d" % i for i in range(10, 18)] + [
     "198.51.100.20", "198.51.100.21", "198.51.100.22", "198.51.100.53", "192.0.2.53",
-    "169.254.169.254", "2001:db8:1::10", "2001:db8:2::10"]
+    "169.254.169.254", "2001:db8:1::10", "2001:db8:2::10", "64:ff9b::cb00:710a"]
+NAT64 = "64:ff9b::cb00:710a"
 
 TOOL = None
 procs = []
@@ -188,6 +190,8 @@ def test_always_denied_ranges_in_open_mode():
     assert not ok(NS_GA, "tcp", NAT_B, 80), "another sandbox"
     assert not ok(NS_GA, "tcp", "172.16.0.1", 80), "gateway beyond DNS"
     assert not ok(NS_GA, "tcp", "10.200.0.5", 80), "host end of the veth"
+    assert not ok(NS_GA, "tcp", NAT64, 80), "NAT64 prefix"
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
 
 
 def test_public_internet_rule_keeps_denied_ranges():
@@ -200,12 +204,81 @@ def test_public_internet_rule_keeps_denied_ranges():
     assert not ok(NS_GA, "tcp", NAT_B, 80)
 
 
-def test_rule_naming_denied_address_opens_it():
-    apply(SB_A, "169.254.169.254:80")
-    assert ok(NS_GA, "tcp", "169.254.169.254", 80)
-    assert not ok(NS_GA, "tcp", "203.0.113.10", 80)
-    apply(SB_A, "10.0.0.0/8")
-    assert not ok(NS_GA, "tcp", NAT_B, 80), "10/8 must not open the sandbox range"
+# (rule, the denied range the refusal names): metadata, loopback, the host side of a sandbox,
+# the host's own addresses, NAT64, link-local
+DENIED_RULES = [("169.254.169.254:80", "169.254.0.0/16"), ("169.254.169.254", "169.254.0.0/16"),
+                ("127.0.0.1", "127.0.0.0/8"), ("10.200.0.5", "10.200.0.0/16"),
+                (NAT_B + ":80", "10.200.0.0/16"), ("192.0.2.1:8080", "192.0.2.1/32"),
+                ("10.99.0.1", "10.0.0.0/8"), ("[%s]:80" % NAT64, "64:ff9b::/96"),
+                ("64:ff9b::/96", "64:ff9b::/96"), ("::1", "::1/128"), ("fe80::1", "fe80::/10")]
+
+
+def test_rule_inside_denied_range_refused():
+    apply(SB_A, "203.0.113.10")
+    for rule, rng in DENIED_RULES:
+        # the policy (PUT /egress on the node: 422) and the node API's check before a create
+        for r in (apply(SB_A, "203.0.113.11", rule, check=False),
+                  tool("check-deny", "203.0.113.11", rule, check=False)):
+            assert r.returncode == 2, (rule, r.returncode, r.stderr)
+            assert "invalid" in r.stderr and rng in r.stderr and rule in r.stderr, r.stderr
+    assert tool("rules", SB_A).stdout.split() == ["allowlist", "203.0.113.10"], "applied"
+    assert not ok(NS_GA, "tcp", "203.0.113.11", 80)
+    # wider rules are accepted; the denied ranges inside them stay denied
+    apply(SB_A, "0.0.0.0/0", "10.0.0.0/7", "::/0", "64:ff9b::/95")
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    for dst, port in (("169.254.169.254", 80), ("192.0.2.1", 8080), ("10.99.0.1", 5432),
+                      (NAT_B, 80), (NAT64, 80)):
+        assert not ok(NS_GA, "tcp", dst, port), dst
+
+
+def test_forced_rule_cannot_open_denied_range():
+    apply(SB_A, "203.0.113.10")
+    try:
+        tool("force", SB_A, "203.0.113.11")
+        assert ok(NS_GA, "tcp", "203.0.113.11", 80), "a forced entry must work (control)"
+        for rule, dst, port in (("169.254.169.254:80", "169.254.169.254", 80),
+                                ("169.254.0.0/16", "169.254.169.254", 80),
+                                ("192.0.2.1", "192.0.2.1", 8080),
+                                ("10.99.0.1:5432", "10.99.0.1", 5432),
+                                ("[%s]:80" % NAT64, NAT64, 80),
+                                ("64:ff9b::/96", NAT64, 80)):
+            tool("force", SB_A, rule)
+            assert not ok(NS_GA, "tcp", dst, port), "forced %s opened %s" % (rule, dst)
+        assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    finally:
+        apply(SB_A)
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80)
+
+
+def test_operator_range_denied():
+    deny = "169.254.0.0/16,64:ff9b::/96,203.0.113.14"    # replaces the default list
+    apply(SB_A)
+    tool("--deny", deny, "attach", SB_B, str(IDX_B))
+    try:
+        apply(SB_B)
+        assert not ok(NS_GB, "tcp", "203.0.113.14", 80), "operator's range reached"
+        assert ok(NS_GB, "tcp", "203.0.113.13", 80)
+        assert ok(NS_GA, "tcp", "203.0.113.14", 80), "B's list reached A"
+        r = apply(SB_B, "203.0.113.14:80", check=False)
+        assert r.returncode == 2 and "203.0.113.14/32" in r.stderr, r.stderr
+        r = tool("--deny", deny, "check-deny", "203.0.113.14", check=False)
+        assert r.returncode == 2 and "203.0.113.14/32" in r.stderr, r.stderr
+        assert tool("--deny", deny, "check-deny", "203.0.113.0/24").returncode == 0
+        apply(SB_B, "203.0.113.0/24")
+        assert not ok(NS_GB, "tcp", "203.0.113.14", 80), "a wider rule opened it"
+        assert ok(NS_GB, "tcp", "203.0.113.13", 80)
+        # the floor stays whatever the operator's list leaves out: the host, the sandboxes
+        apply(SB_B)
+        assert not ok(NS_GB, "tcp", "192.0.2.1", 8080), "host's own address"
+        assert not ok(NS_GB, "tcp", "10.99.0.1", 5432), "host's address the list leaves out"
+        r = tool("--deny", deny, "check-deny", "127.0.0.1", check=False)
+        assert r.returncode == 2 and "127.0.0.0/8" in r.stderr, r.stderr
+        r = tool("--deny", "203.0.113.0/24,bogus", "check-deny", "198.51.100.20", check=False)
+        assert r.returncode == 2 and "bogus" in r.stderr, r.stderr
+    finally:
+        apply(SB_B)
+        tool("attach", SB_B, str(IDX_B))
+    assert ok(NS_GB, "tcp", "203.0.113.14", 80), "the default list is back"
 
 
 def test_allowlist_cidr_and_port():
@@ -351,6 +424,51 @@ def test_new_connection_rate_bounded():
         assert n <= 10, "%d new flows passed a bound of 5/s" % n
         assert n >= 3
         assert counters(SB_A)["drop_rate_packets"] > before
+    finally:
+        tool("conn", SB_A, "1000", "1000")
+
+
+def test_dns_counts_against_connection_rate():
+    apply(SB_A)
+    tool("conn", SB_A, "5", "5")
+    try:
+        before = counters(SB_A)["drop_rate_packets"]
+        n = int(probe(NS_GA, "dnsburst", "sub.example.com", 30).stdout.strip())
+        assert n <= 10, "%d DNS queries passed a bound of 5 new flows/s" % n
+        assert n >= 3
+        assert counters(SB_A)["drop_rate_packets"] > before
+    finally:
+        tool("conn", SB_A, "1000", "1000")
+    assert int(probe(NS_GA, "dnsburst", "sub.example.com", 30).stdout.strip()) == 30
+
+
+def test_dns_counts_against_bandwidth():
+    apply(SB_A)
+    tool("bw", SB_A, "3000", "0", "1", "0", "0")
+    try:
+        before = counters(SB_A)["drop_quota_packets"]
+        good = int(probe(NS_GA, "dnsrepeat", "sub.example.com", 30, timeout=60).stdout.strip())
+        assert good < 30, "DNS went past an empty bandwidth bucket"
+        assert counters(SB_A)["drop_quota_packets"] > before
+    finally:
+        tool("bw", SB_A, "0", "0", "0", "0", "1")
+    assert int(probe(NS_GA, "dnsrepeat", "sub.example.com", 5).stdout.strip()) == 5
+
+
+def test_dns_flood_does_not_starve_another_sandbox():
+    apply(SB_A)
+    apply(SB_B)
+    tool("conn", SB_A, "0", "0")    # no rate bound: the whole flood reaches the proxy
+    try:
+        flood = spawn(["ip", "netns", "exec", NS_GA, sys.executable,
+                       os.path.join(HERE, "probe.py"), "dnsflood", "6"], wait_ready=False)
+        time.sleep(1)
+        good = int(probe(NS_GB, "dnsrepeat", "sub.example.com", 40).stdout.strip())
+        out, _ = flood.communicate(timeout=30)
+        sent, refused = (int(x) for x in out.split())
+        assert sent >= 5000, "the flood sent only %d queries" % sent
+        assert good == 40, "%d of 40 queries of the other sandbox answered" % good
+        assert refused > 0, "the flooding sandbox was never refused"
     finally:
         tool("conn", SB_A, "1000", "1000")
 

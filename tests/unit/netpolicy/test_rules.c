@@ -1,8 +1,12 @@
 /*
  * test_rules.c - the egress rule parser: accepted forms, canonical text, strict rejection,
- * all-or-nothing sets and host-name matching.
+ * all-or-nothing sets, host-name matching, and the operator's denied ranges (`egress_deny`): a
+ * rule inside one is refused naming it, wider rules are accepted, the default is the config's.
  */
 #include <stdlib.h>
+#include <string.h>
+
+#include "common/config.h"
 
 #include "netpolicy/rules.h"
 #include "test.h"
@@ -118,6 +122,103 @@ static void wildcard_matches_subdomains_not_apex(void)
 	kiln_ruleset_free(&rs);
 }
 
+/* The denied ranges of `list` (with the floor, "host" not expanded: no netns here). */
+static size_t deny_of(const char *list, struct kiln_cidr *v, size_t max)
+{
+	struct kiln_error err = {0};
+	size_t n = 0;
+	bool host = false;
+	CHECK(kiln_cidrs_parse(KILN_EGRESS_DENY_FLOOR, v, max, &n, &host, &err) == KILN_OK);
+	CHECK(kiln_cidrs_parse(list, v, max, &n, &host, &err) == KILN_OK);
+	CHECK(host);
+	return n;
+}
+
+/* Whether the one-rule set `rule` is refused, and the message names `range`. */
+static bool refused(const struct kiln_cidr *v, size_t n, const char *rule, const char *range)
+{
+	struct kiln_error err = {0};
+	struct kiln_ruleset rs;
+	const char *texts[] = {"203.0.113.7", rule};
+	CHECK(kiln_rules_parse(texts, 2, &rs, &err) == KILN_OK);
+	enum kiln_err e = kiln_rules_check_deny(&rs, v, n, &err);
+	kiln_ruleset_free(&rs);
+	if (e == KILN_OK)
+		return false;
+	CHECK_INT(e, KILN_E_INVALID);
+	if (!strstr(err.msg, range) || !strstr(err.msg, rule)) {
+		fprintf(stderr, "message \"%s\" should name %s and %s\n", err.msg, rule, range);
+		return false;
+	}
+	return true;
+}
+
+static void deny_refuses_rules_inside_a_denied_range(void)
+{
+	struct kiln_cidr v[2 * KILN_DENY_MAX];
+	size_t n = deny_of(KILN_EGRESS_DENY_DEFAULT, v, 2 * KILN_DENY_MAX);
+	CHECK(refused(v, n, "169.254.169.254", "169.254.0.0/16"));
+	CHECK(refused(v, n, "169.254.169.254:80", "169.254.0.0/16"));
+	CHECK(refused(v, n, "127.0.0.1", "127.0.0.0/8"));
+	CHECK(refused(v, n, "10.200.0.5", "10.200.0.0/16"));
+	CHECK(refused(v, n, "10.0.0.0/8", "10.0.0.0/8"));
+	CHECK(refused(v, n, "::1", "::1/128"));
+	CHECK(refused(v, n, "[64:ff9b::a9fe:a9fe]:80", "64:ff9b::/96"));
+	CHECK(refused(v, n, "64:ff9b::/96", "64:ff9b::/96"));
+	CHECK(refused(v, n, "fe80::1", "fe80::/10"));
+	CHECK(refused(v, n, "fd6b:696c:6e00:1::1", "fd6b:696c:6e00::/48"));
+	/* wider than a denied range, or outside every one: accepted (the range stays denied) */
+	CHECK(!refused(v, n, "0.0.0.0/0", ""));
+	CHECK(!refused(v, n, "::/0", ""));
+	CHECK(!refused(v, n, "10.0.0.0/7", ""));
+	CHECK(!refused(v, n, "64:ff9b::/95", ""));
+	CHECK(!refused(v, n, "198.51.100.0/24:443", ""));
+	CHECK(!refused(v, n, "2001:db8::1", ""));
+}
+
+static void deny_operator_list_and_floor(void)
+{
+	struct kiln_cidr v[2 * KILN_DENY_MAX];
+	/* an operator's own range; the floor stays even when the list leaves it out */
+	size_t n = deny_of("198.51.100.0/25 2001:db8:5::/48", v, 2 * KILN_DENY_MAX);
+	CHECK(refused(v, n, "198.51.100.7", "198.51.100.0/25"));
+	CHECK(refused(v, n, "[2001:db8:5::1]:443", "2001:db8:5::/48"));
+	CHECK(!refused(v, n, "198.51.100.128", ""));
+	CHECK(refused(v, n, "169.254.169.254", "169.254.0.0/16"));
+	CHECK(refused(v, n, "127.0.0.1", "127.0.0.0/8"));
+	CHECK(refused(v, n, "10.200.1.1", "10.200.0.0/16"));
+	CHECK(!refused(v, n, "10.1.2.3", ""));	/* 10/8 only by the default list */
+
+	struct kiln_error err = {0};
+	size_t m = 0;
+	CHECK(kiln_cidrs_parse("10.0.0.0/8,bogus", v, 8, &m, NULL, &err) == KILN_E_INVALID);
+	CHECK(strstr(err.msg, "bogus") != NULL);
+	m = 0;
+	CHECK(kiln_cidrs_parse("10.0.0.0/33", v, 8, &m, NULL, &err) == KILN_E_INVALID);
+	m = 0;
+	CHECK(kiln_cidrs_parse("1.0.0.0/8 2.0.0.0/8 3.0.0.0/8", v, 2, &m, NULL, &err) ==
+	      KILN_E_TOO_LARGE);
+	/* host bits are cleared, duplicates folded */
+	m = 0;
+	CHECK(kiln_cidrs_parse("192.0.2.77/24,192.0.2.0/24", v, 8, &m, NULL, &err) == KILN_OK);
+	CHECK_INT(m, 1);
+	char t[64];
+	kiln_cidr_format(&v[0], t, sizeof(t));
+	CHECK_STR(t, "192.0.2.0/24");
+}
+
+static void deny_default_is_the_configs(void)
+{
+	const char *def = NULL;
+	for (size_t i = 0; i < config_table_len; i++)
+		if (!strcmp(config_table[i].name, "egress_deny"))
+			def = config_table[i].def;
+	CHECK(def != NULL);
+	CHECK_STR(def ? def : "", KILN_EGRESS_DENY_DEFAULT);
+	CHECK(strstr(KILN_EGRESS_DENY_DEFAULT, "64:ff9b::/96") != NULL);
+	CHECK(strstr(KILN_EGRESS_DENY_DEFAULT, "169.254.0.0/16") != NULL);
+}
+
 int main(void)
 {
 	TEST(rules_accepts_every_documented_form);
@@ -126,5 +227,8 @@ int main(void)
 	TEST(rules_set_folds_duplicates);
 	TEST(rules_set_has_a_cap);
 	TEST(wildcard_matches_subdomains_not_apex);
+	TEST(deny_refuses_rules_inside_a_denied_range);
+	TEST(deny_operator_list_and_floor);
+	TEST(deny_default_is_the_configs);
 	return test_summary();
 }
