@@ -27,7 +27,7 @@ class BucketTests(unittest.TestCase):
     def setUpClass(cls):
         cls.s3 = s3env.S3Server()
         cls.addClassCleanup(cls.s3.stop)
-        cls.stack = kiln.Stack()
+        cls.stack = kiln.Stack(node_env=s3env.ALLOW_ENV, gateway_env=s3env.ALLOW_ENV)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()

@@ -87,7 +87,7 @@ class SnapstoreTests(unittest.TestCase):
     def env(cls, node="node-a", storage=None, **extra):
         e = dict(os.environ, KILN_DATABASE_URL=cls.db.url, KILN_MASTER_KEY=cls.mk, NODE_ID=node,
                  SNAP_ROOT=cls.snaps[node], BASE_IMAGE=cls.base_a if node == "node-a" else cls.base_b,
-                 S3_PART_SIZE=str(PART), ASAN_OPTIONS="detect_leaks=1")
+                 S3_PART_SIZE=str(PART), ASAN_OPTIONS="detect_leaks=1", **s3env.ALLOW_ENV)
         if storage:
             e.update({"S3_ENDPOINT": storage["endpoint"], "S3_BUCKET": storage["bucket"],
                       "S3_REGION": storage["region"], "S3_PREFIX": storage["prefix"],
