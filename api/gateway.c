@@ -152,8 +152,21 @@ static void http_exit(void)
 	gw.http = NULL;
 }
 
+/* The operator's allow list of storage endpoints (config storage_allow, common/netaddr.h). */
+static int storage_allow_init(struct kiln_error *err)
+{
+	return netaddr_allow_parse(gw.cfg.storage_allow, &gw.storage_allow, err);
+}
+
+static void storage_allow_exit(void)
+{
+	netaddr_allow_free(gw.storage_allow);
+	gw.storage_allow = NULL;
+}
+
 static const struct daemon_stage stages[] = {
 	{ "routes", routes_init, routes_exit },
+	{ "storage allow list", storage_allow_init, storage_allow_exit },
 	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
 	{ "signing keys", signing_init, signing_exit },

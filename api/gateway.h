@@ -15,6 +15,7 @@
 #include "auth/crypto.h"
 #include "common/config.h"
 #include "common/json.h"
+#include "common/netaddr.h"
 #include <stdint.h>
 #include "common/pg.h"
 #include "common/redis.h"
@@ -33,6 +34,7 @@ struct gateway {
 	struct ratelimit *rl;
 	struct signing *signing;
 	struct http_server *http;
+	struct netaddr_allow *storage_allow;	/* config storage_allow, parsed */
 };
 
 /* A group of routes: a table and its length. */

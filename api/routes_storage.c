@@ -1,10 +1,15 @@
 /*
  * routes_storage.c - PUT /v1/storage: the tenant's own snapshot bucket.
  *
- * The setting is checked field by field, then tried: a small object is written under the prefix,
- * read back (HEAD) and deleted, so a bucket the credentials cannot write is refused now rather than
- * at the first pause. Only then is the secret sealed and stored (storage.c). The secret is never
- * returned or logged; the copy in the request body is wiped once stored.
+ * The setting is checked field by field; then the endpoint's host is resolved and every address
+ * checked (s3_client_resolve: no loopback, private, link-local… address, nor this host's, unless
+ * the operator's storage_allow names it), and the bucket is tried through those pinned addresses:
+ * a small object is written under the prefix, read back (HEAD) and deleted, so a bucket the
+ * credentials cannot write is refused now rather than at the first pause. A failure is 422 with
+ * one of the client's fixed messages (nothing of the target's answer), and one that could not
+ * reach the bucket is answered no sooner than the connect timeout, so that a closed port and a
+ * silent one look alike. Only then is the secret sealed and stored (storage.c). The secret is
+ * never returned or logged; the copy in the request body is wiped once stored.
  */
 #include <openssl/crypto.h>
 #include <stdio.h>
@@ -20,6 +25,16 @@
 #include "common/s3.h"
 
 #define STORAGE_PROBE_KEY ".kiln-write-check-"	/* + a fresh id */
+#define STORAGE_CONNECT_MS 5000	/* connect timeout of the test write, and the least time an
+				   unreachable bucket takes to answer */
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static bool set_field(struct http_req *req, const char *field, char *dst, size_t n,
 		      const char *src)
@@ -35,8 +50,11 @@ static bool set_field(struct http_req *req, const char *field, char *dst, size_t
 /* Writes, reads back and deletes a small object with `t`. Replies 422 and returns false if not. */
 static bool storage_try(struct http_req *req, const struct s3_target *t, const char *tenant_id)
 {
-	struct s3_opts o = { .connect_timeout_ms = 5000, .request_timeout_s = 15, .retries = 0 };
+	struct gateway *gw = http_req_app(req);
+	struct s3_opts o = { .connect_timeout_ms = STORAGE_CONNECT_MS, .request_timeout_s = 15,
+			     .retries = 0, .allow = gw->storage_allow };
 	struct kiln_error err = { 0 };
+	int64_t start = now_ms();
 	struct s3_object_info info;
 	char id[AUTH_ID_MAX], key[sizeof(STORAGE_PROBE_KEY) + AUTH_ID_MAX], body[160];
 	struct s3_client *c;
@@ -55,6 +73,14 @@ static bool storage_try(struct http_req *req, const struct s3_target *t, const c
 				 "%s", err.msg);
 		return false;
 	}
+	if (s3_client_resolve(c, &err) == KILN_E_INVALID) {
+		log_info("storage endpoint of bucket \"%s\" refused: %s", t->bucket, err.msg);
+		http_reply_error(req, KILN_E_INVALID, "endpoint: %s (an operator can allow it with "
+				 "storage_allow)", err.msg);
+		s3_client_free(c);
+		return false;
+	}
+	kiln_error_clear(&err);
 	rc = s3_put_data(c, key, body, strlen(body), &err);
 	if (rc == KILN_OK)
 		rc = s3_head(c, key, &info, &err);
@@ -68,6 +94,15 @@ static bool storage_try(struct http_req *req, const struct s3_target *t, const c
 			log_warn("storage check: cannot delete \"%s\": %s", key, derr.msg);
 	}
 	s3_client_free(c);
+	if (rc == KILN_E_UNAVAILABLE) {
+		/* As slow as a silent port, whatever answered (a closed port answers at once). */
+		int64_t left = STORAGE_CONNECT_MS - (now_ms() - start);
+
+		if (left > 0) {
+			struct timespec ts = { left / 1000, (long)(left % 1000) * 1000000L };
+			nanosleep(&ts, NULL);
+		}
+	}
 	if (rc != KILN_OK) {
 		log_info("storage check of bucket \"%s\" at \"%s\" failed: %s", t->bucket, t->endpoint,
 			 err.msg);

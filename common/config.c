@@ -33,6 +33,10 @@ const struct cfg_def config_table[] = {
 	  "the master key itself, 64 hex digits; overrides master_key_file" },
 	{ "node_id", CFG_STRING, F(node_id), "node1", 0, 0, NULL, false,
 	  "this host's node id: [a-z0-9-], at most 32 characters" },
+	{ "storage_allow", CFG_STRING, F(storage_allow), "", 0, 0, NULL, false,
+	  "hosts, addresses and networks (CIDR) tenants' bucket endpoints may reach although they are "
+	  "private, loopback, link-local or this host's, comma-separated (e.g. minio.lan,10.0.5.0/24); "
+	  "empty: none" },
 	{ "listen", CFG_STRING, F(listen), "127.0.0.1:8080", 0, 0, NULL, false,
 	  "address the gateway listens on, host:port" },
 	{ "db_pool_size", CFG_INT, F(db_pool_size), "8", 1, 64, NULL, false,

@@ -27,6 +27,8 @@ struct kiln_config {
 	char *master_key_file;	/* file holding the hex master key */
 	char *master_key;	/* hex master key; overrides the file */
 	char *node_id;		/* this host's node id */
+	char *storage_allow;	/* hosts/networks tenants' bucket endpoints may reach although
+				   private, loopback or this host's (common/netaddr.h) */
 
 	/* kiln-gateway */
 	char *listen;		/* host:port */

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
@@ -30,11 +31,19 @@
 #define S3_IO_CHUNK (1024 * 1024)	/* bytes read at once when hashing */
 #define S3_EMPTY_SHA256 "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
 
+#define S3_HOST_MAX 255		/* bytes of the endpoint's host */
+
 struct s3_client {
 	struct s3_target t;
 	struct s3_opts o;
 	char sigv4[sizeof("aws:amz::s3") + S3_REGION_MAX];
 	CURL *curl;
+	/* where the endpoint leads (s3_client_resolve) */
+	char host[S3_HOST_MAX + 1];	/* lower case, without brackets or zone */
+	long port;
+	bool literal;			/* the host is an address: nothing to pin */
+	bool resolved;			/* checked; `pin` holds the addresses */
+	struct curl_slist *pin;		/* CURLOPT_RESOLVE: "host:port:addr,addr" */
 };
 
 /* One request: what to send, where the answer goes, what came back. */
@@ -66,6 +75,8 @@ struct s3_req {
 	int io_errno;
 	bool out_overflow;
 	bool blocked_addr;
+	struct kiln_error blocked;	/* why, when blocked_addr */
+	const struct s3_client *client;	/* for the socket check */
 };
 
 void s3_target_wipe(struct s3_target *t)
@@ -396,6 +407,101 @@ enum kiln_err s3_target_check(const struct s3_target *t, struct kiln_error *err)
 
 /* ------------------------------------------------------------------ client */
 
+/* The endpoint's host (lower case, no brackets, no zone) and port into `c`. */
+static enum kiln_err endpoint_host(const char *ep, struct s3_client *c, struct kiln_error *err)
+{
+	CURLU *u = curl_url();
+	char *host = NULL, *port = NULL;
+	enum kiln_err rc = KILN_OK;
+	const char *h;
+	size_t n;
+	unsigned char probe[16];
+
+	if (!u)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (curl_url_set(u, CURLUPART_URL, ep, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_HOST, &host, 0) != CURLUE_OK ||
+	    curl_url_get(u, CURLUPART_PORT, &port, CURLU_DEFAULT_PORT) != CURLUE_OK) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "endpoint is not a valid URL");
+		goto out;
+	}
+	h = host;
+	n = strlen(h);
+	if (n >= 2 && h[0] == '[') {	/* [v6] or [v6%zone] */
+		h++;
+		n = strcspn(h, "%]");
+	}
+	if (n == 0 || n > S3_HOST_MAX) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "endpoint's host must be 1 to %d bytes",
+				    S3_HOST_MAX);
+		goto out;
+	}
+	for (size_t i = 0; i < n; i++)
+		c->host[i] = (char)tolower((unsigned char)h[i]);
+	c->host[n] = '\0';
+	c->port = strtol(port, NULL, 10);
+	c->literal = inet_pton(AF_INET, c->host, probe) == 1 ||
+		     inet_pton(AF_INET6, c->host, probe) == 1;
+out:
+	curl_free(host);
+	curl_free(port);
+	curl_url_cleanup(u);
+	return rc;
+}
+
+enum kiln_err s3_client_resolve(struct s3_client *c, struct kiln_error *err)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+	struct buf pin;
+	enum kiln_err rc = KILN_OK;
+	int e, nad = 0;
+
+	c->resolved = false;
+	curl_slist_free_all(c->pin);
+	c->pin = NULL;
+	e = getaddrinfo(c->host, NULL, &hints, &res);
+	if (e != 0) {
+		log_debug("s3: cannot resolve \"%s\": %s", c->host, gai_strerror(e));
+		return kiln_error_set(err, e == EAI_MEMORY ? KILN_E_NOMEM : KILN_E_UNAVAILABLE,
+				      "the bucket could not be reached");
+	}
+	buf_init(&pin, 8192);
+	if (buf_appendf(&pin, "%s:%ld:", c->host, c->port) != 0)
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	for (struct addrinfo *ai = res; ai && rc == KILN_OK; ai = ai->ai_next) {
+		char text[INET6_ADDRSTRLEN];
+		const void *a;
+
+		if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+			continue;
+		rc = netaddr_check(c->o.allow, c->host, ai->ai_addr, err);
+		if (rc != KILN_OK)
+			break;
+		a = ai->ai_family == AF_INET ?
+			(const void *)&((struct sockaddr_in *)ai->ai_addr)->sin_addr :
+			(const void *)&((struct sockaddr_in6 *)ai->ai_addr)->sin6_addr;
+		inet_ntop(ai->ai_family, a, text, sizeof(text));
+		if (buf_appendf(&pin, ai->ai_family == AF_INET ? "%s%s" : "%s[%s]", nad ? "," : "",
+				text) != 0) {
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+			break;
+		}
+		nad++;
+	}
+	freeaddrinfo(res);
+	if (rc == KILN_OK && nad == 0)
+		rc = kiln_error_set(err, KILN_E_UNAVAILABLE, "the bucket could not be reached");
+	if (rc == KILN_OK && !c->literal) {
+		c->pin = curl_slist_append(NULL, pin.data);
+		if (!c->pin)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	buf_release(&pin);
+	c->resolved = rc == KILN_OK;
+	return rc;
+}
+
 struct s3_client *s3_client_new(const struct s3_target *t, const struct s3_opts *opts,
 				struct kiln_error *err)
 {
@@ -426,6 +532,10 @@ struct s3_client *s3_client_new(const struct s3_target *t, const struct s3_opts 
 	if (c->o.part_size < S3_PART_MIN)
 		c->o.part_size = S3_PART_MIN;
 	snprintf(c->sigv4, sizeof(c->sigv4), "aws:amz:%s:s3", t->region);
+	if (endpoint_host(t->endpoint, c, err) != KILN_OK) {
+		s3_client_free(c);
+		return NULL;
+	}
 	c->curl = curl_easy_init();
 	if (!c->curl) {
 		s3_client_free(c);
@@ -441,6 +551,7 @@ void s3_client_free(struct s3_client *c)
 		return;
 	if (c->curl)
 		curl_easy_cleanup(c->curl);
+	curl_slist_free_all(c->pin);
 	s3_target_wipe(&c->t);
 	free(c);
 }
@@ -562,23 +673,15 @@ static size_t on_header(char *p, size_t size, size_t nmemb, void *arg)
 	return n;
 }
 
-/* Refuses sockets to link-local addresses (cloud metadata) whatever the endpoint's name. */
+/*
+ * Checks every socket before it connects (netaddr_check with the client's allow list), whatever
+ * the name resolved to: the pinned addresses make this the second check, not the only one.
+ */
 static curl_socket_t on_open_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
 {
 	struct s3_req *r = arg;
-	bool bad = false;
 
-	if (a->family == AF_INET) {
-		const struct sockaddr_in *in = (const struct sockaddr_in *)&a->addr;
-		uint32_t ip = ntohl(in->sin_addr.s_addr);
-		bad = (ip >> 16) == 0xa9fe || (ip >> 24) == 0;	/* 169.254/16, 0/8 */
-	} else if (a->family == AF_INET6) {
-		const struct sockaddr_in6 *in6 = (const struct sockaddr_in6 *)&a->addr;
-		const uint8_t *b = in6->sin6_addr.s6_addr;
-		bad = (b[0] == 0xfe && (b[1] & 0xc0) == 0x80) ||
-		      (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr) && b[12] == 169 && b[13] == 254);
-	}
-	if (bad) {
+	if (netaddr_check(r->client->o.allow, r->client->host, &a->addr, &r->blocked) != KILN_OK) {
 		r->blocked_addr = true;
 		return CURL_SOCKET_BAD;
 	}
@@ -593,16 +696,84 @@ static void printable(char *s)
 			*s = '?';
 }
 
+/*
+ * Sets `err` for an S3 error answer: HTTP `status` and the <Code> of its body (may be ""). The
+ * message is one of a fixed set; the code is named only when it is in the table below (and then
+ * from the table, not from the body). Returns the kiln_err (s3_error_of).
+ */
+static enum kiln_err answer_error(const char *method, const char *key, long status,
+				  const char *code, struct kiln_error *err)
+{
+	static const struct { const char *code; const char *text; } known[] = {
+		{ "NoSuchKey", "no such object" },
+		{ "NoSuchUpload", "no such multipart upload" },
+		{ "NoSuchBucket", "the bucket does not exist" },
+		{ "InvalidAccessKeyId", "the bucket refused the credentials" },
+		{ "SignatureDoesNotMatch", "the bucket refused the credentials" },
+		{ "AccessDenied", "the bucket refused the credentials" },
+		{ "InvalidToken", "the bucket refused the credentials" },
+		{ "ExpiredToken", "the bucket refused the credentials" },
+		{ "AccountProblem", "the bucket refused the credentials" },
+		{ "AuthorizationHeaderMalformed", "the bucket is in another region" },
+		{ "PermanentRedirect", "the bucket is in another region" },
+		{ "IllegalLocationConstraintException", "the bucket is in another region" },
+		{ "BadDigest", "the bucket refused the request" },
+		{ "InvalidDigest", "the bucket refused the request" },
+		{ "XAmzContentSHA256Mismatch", "the bucket refused the request" },
+		{ "EntityTooSmall", "the bucket refused the request" },
+		{ "EntityTooLarge", "the bucket refused the request" },
+		{ "InvalidPart", "the bucket refused the request" },
+		{ "InvalidPartOrder", "the bucket refused the request" },
+		{ "SlowDown", "the bucket could not be reached" },
+		{ "ServiceUnavailable", "the bucket could not be reached" },
+		{ "InternalError", "the bucket could not be reached" },
+		{ "RequestTimeout", "the bucket could not be reached" },
+	};
+	enum kiln_err rc = s3_error_of(status, code);
+	const char *text, *shown = NULL;
+	char logged[64];
+
+	snprintf(logged, sizeof(logged), "%s", code);
+	printable(logged);
+	log_debug("s3 %s \"%s\": HTTP %ld, code \"%s\"", method, key ? key : "", status, logged);
+	for (size_t i = 0; i < sizeof(known) / sizeof(known[0]) && !shown; i++)
+		if (strcmp(code, known[i].code) == 0) {
+			shown = known[i].code;
+			text = known[i].text;
+		}
+	if (!shown) {
+		switch (rc) {
+		case KILN_E_FORBIDDEN:
+			text = "the bucket refused the credentials";
+			break;
+		case KILN_E_NOT_FOUND:
+			text = "no such object";
+			break;
+		case KILN_E_UNAVAILABLE:
+			text = "the bucket could not be reached";
+			break;
+		default:
+			text = "the bucket refused the request";
+		}
+	}
+	if (shown)
+		return kiln_error_set(err, rc, "s3 %s \"%s\": %s (%s)", method, key ? key : "", text,
+				      shown);
+	return kiln_error_set(err, rc, "s3 %s \"%s\": %s", method, key ? key : "", text);
+}
+
 /* Runs `r` once. Returns the kiln_err of the outcome with `err` set. */
 static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct kiln_error *err)
 {
 	CURL *h = c->curl;
 	struct curl_slist *hdrs = NULL;
 	struct buf url;
-	char hdr[160], s3code[64], s3msg[200];
+	char hdr[160], s3code[64];
 	enum kiln_err rc;
 	CURLcode cc;
 
+	if (!c->resolved && (rc = s3_client_resolve(c, err)) != KILN_OK)
+		return rc;
 	buf_init(&url, S3_ENDPOINT_MAX + 4 * S3_KEY_MAX + 4 * S3_UPLOAD_ID_MAX + 256);
 	if (s3_url_build(&url, c->t.endpoint, c->t.bucket, r->key, r->query) != 0) {
 		buf_release(&url);
@@ -610,6 +781,7 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 	}
 	curl_easy_reset(h);
 	r->curl = h;
+	r->client = c;
 	r->status = 0;
 	r->etag[0] = '\0';
 	r->content_length = -1;
@@ -617,11 +789,15 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 	r->io_errno = 0;
 	r->out_overflow = false;
 	r->blocked_addr = false;
+	kiln_error_clear(&r->blocked);
 	buf_reset(&r->errbody);
 
 	curl_easy_setopt(h, CURLOPT_URL, url.data);
 	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
 	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
+	curl_easy_setopt(h, CURLOPT_PROXY, "");	/* no proxy from the environment */
+	if (c->pin)
+		curl_easy_setopt(h, CURLOPT_RESOLVE, c->pin);
 	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
 	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);
 	curl_easy_setopt(h, CURLOPT_USERNAME, c->t.access_key_id);
@@ -683,38 +859,22 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 		return kiln_error_set(err, KILN_E_IO, "s3 %s \"%s\": local file: %s", r->method,
 				      r->key ? r->key : "", strerror(r->io_errno));
 	if (r->blocked_addr)
-		return kiln_error_set(err, KILN_E_INVALID,
-				      "endpoint resolves to a link-local address, which is refused");
+		return kiln_error_set(err, KILN_E_INVALID, "%s", r->blocked.msg);
 	if (r->out_overflow)
-		return kiln_error_set(err, KILN_E_INVALID, "s3 %s: the endpoint's answer is too large",
+		return kiln_error_set(err, KILN_E_INVALID, "s3 %s: the bucket's answer is too large",
 				      r->method);
 	if (cc != CURLE_OK) {
-		switch (cc) {
-		case CURLE_PEER_FAILED_VERIFICATION:
-		case CURLE_SSL_CACERT_BADFILE:
-		case CURLE_UNSUPPORTED_PROTOCOL:
-		case CURLE_URL_MALFORMAT:
-			rc = KILN_E_INVALID;
-			break;
-		default:
-			rc = KILN_E_UNAVAILABLE;
-		}
-		return kiln_error_set(err, rc, "cannot reach the storage endpoint: %s",
-				      curl_easy_strerror(cc));
+		log_debug("s3 %s \"%s\" to \"%s\": %s", r->method, r->key ? r->key : "", c->host,
+			  curl_easy_strerror(cc));
+		rc = cc == CURLE_URL_MALFORMAT || cc == CURLE_UNSUPPORTED_PROTOCOL ? KILN_E_INVALID :
+										  KILN_E_UNAVAILABLE;
+		return kiln_error_set(err, rc, "s3 %s \"%s\": the bucket could not be reached",
+				      r->method, r->key ? r->key : "");
 	}
 	if (r->status >= 200 && r->status < 300)
 		return KILN_OK;
 	s3_xml_value(r->errbody.data, r->errbody.len, "Code", s3code, sizeof(s3code));
-	s3_xml_value(r->errbody.data, r->errbody.len, "Message", s3msg, sizeof(s3msg));
-	printable(s3code);
-	printable(s3msg);
-	rc = s3_error_of(r->status, s3code);
-	if (s3code[0])
-		return kiln_error_set(err, rc, "s3 %s \"%s\": %ld %s%s%s", r->method,
-				      r->key ? r->key : "", r->status, s3code, s3msg[0] ? ": " : "",
-				      s3msg);
-	return kiln_error_set(err, rc, "s3 %s \"%s\": HTTP %ld", r->method, r->key ? r->key : "",
-			      r->status);
+	return answer_error(r->method, r->key, r->status, s3code, err);
 }
 
 /* Runs `r`, retrying on KILN_E_UNAVAILABLE as the options say. */
@@ -745,6 +905,7 @@ static enum kiln_err perform(struct s3_client *c, struct s3_req *r, struct kiln_
 		}
 		log_debug("s3 %s \"%s\": %s; retrying in %u ms", r->method, r->key ? r->key : "",
 			  e.msg, delay);
+		c->resolved = false;	/* resolved (and checked) again */
 		struct timespec ts = { delay / 1000, (long)(delay % 1000) * 1000000L };
 		nanosleep(&ts, NULL);
 		delay *= 2;
@@ -903,9 +1064,8 @@ enum kiln_err s3_get_file(struct s3_client *c, const char *key, const char *path
 	r.out_fd = fd;
 	rc = perform(c, &r, err);
 	if (rc == KILN_OK && r.content_length >= 0 && (uint64_t)r.content_length != r.out_pos)
-		rc = kiln_error_set(err, KILN_E_UNAVAILABLE,
-				    "s3 GET \"%s\": got %" PRIu64 " of %" PRId64 " bytes", fk, r.out_pos,
-				    r.content_length);
+		rc = kiln_error_set(err, KILN_E_UNAVAILABLE, "s3 GET \"%s\": the answer was cut short",
+				    fk);
 	if (rc == KILN_OK && fsync(fd) != 0)
 		rc = kiln_error_set(err, KILN_E_IO, "cannot sync \"%s\": %s", tmp, strerror(errno));
 	if (close(fd) != 0 && rc == KILN_OK)
@@ -1320,13 +1480,8 @@ static enum kiln_err mp_complete(struct s3_client *c, const struct s3_upload_sta
 	if (rc == KILN_OK)
 		rc = perform(c, &r, err);
 	if (rc == KILN_OK && s3_xml_value(body.data, body.len, "Code", code, sizeof(code)) &&
-	    !s3_xml_value(body.data, body.len, "ETag", msg, sizeof(msg))) {
-		s3_xml_value(body.data, body.len, "Message", msg, sizeof(msg));
-		printable(code);
-		printable(msg);
-		rc = kiln_error_set(err, s3_error_of(500, code), "s3 complete upload \"%s\": %s: %s",
-				    st->key, code, msg);
-	}
+	    !s3_xml_value(body.data, body.len, "ETag", msg, sizeof(msg)))
+		rc = answer_error("POST", st->key, 500, code, err);
 out:
 	buf_release(&q);
 	buf_release(&xml);

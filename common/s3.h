@@ -5,8 +5,14 @@
  * addressed path-style (`<endpoint>/<bucket>/<key>`), which every S3-compatible service accepts.
  * Every body sent carries Content-MD5 and its real SHA-256 in x-amz-content-sha256 (so the
  * signature covers the payload even over plain HTTP). Responses that are parsed are read under a
- * hard cap; error bodies are truncated. No request follows a redirect, and endpoints that resolve to
- * link-local addresses (cloud metadata services) are refused.
+ * hard cap; error bodies are truncated. No request follows a redirect or goes through a proxy.
+ *
+ * The endpoint is a tenant's choice, so where it leads is checked (common/netaddr.h): its host is
+ * resolved once per client (again after a failure to connect) and every address must be public
+ * and not this host's, unless the operator's allow list (s3_opts.allow) names the host or the
+ * address; the checked addresses are then pinned for the client's connections (CURLOPT_RESOLVE),
+ * and every socket is checked again before it connects, so a name that resolves elsewhere the
+ * second time (DNS rebinding) gains nothing.
  *
  * Objects larger than one part are sent as a multipart upload (Content-MD5 on every part). The
  * upload's state (upload id, the ETags of the parts done) lives in a small file beside the local
@@ -19,10 +25,14 @@
  *   KILN_E_UNAVAILABLE  the endpoint cannot be reached, timed out, or answered 5xx/SlowDown
  *   KILN_E_NOT_FOUND    no such key (404), or no such multipart upload
  *   KILN_E_FORBIDDEN    credentials refused (InvalidAccessKeyId, SignatureDoesNotMatch, AccessDenied)
- *   KILN_E_INVALID      a bucket or request problem (NoSuchBucket, wrong region, bad digest, a
- *                       malformed answer); the S3 error code is in the message
+ *   KILN_E_INVALID      the endpoint resolves to a refused address, or a bucket or request problem
+ *                       (NoSuchBucket, wrong region, bad digest, a malformed answer)
  *   KILN_E_IO           the local file could not be read or written
- * Messages name the S3 code and message, never the credentials.
+ * Messages are `s3 <METHOD> "<key>": ` and one of a fixed set of phrases ("the bucket could not be
+ * reached", "the bucket refused the credentials", …), followed by the S3 error code in parentheses
+ * only when it is one this client knows. Nothing of the answer's body is repeated, and a closed
+ * port reads as a silent one: a tenant cannot use the client to probe what answers where. The
+ * details (curl's error, the HTTP status) go to the debug log. Messages never hold credentials.
  *
  * A client is not shared between threads; make one per thread (it is cheap). curl_global_init()
  * must have run before the first client is made (the daemons do it at start).
@@ -36,6 +46,7 @@
 
 #include "common/buf.h"
 #include "common/err.h"
+#include "common/netaddr.h"
 
 #define S3_ENDPOINT_MAX 2048	/* bytes of an endpoint URL */
 #define S3_BUCKET_MIN 3
@@ -72,6 +83,9 @@ struct s3_opts {
 	unsigned retries;		/* extra tries of a request on KILN_E_UNAVAILABLE */
 	unsigned retry_delay_ms;	/* before the first retry, doubled after each; 0: 200 */
 	size_t part_size;		/* bytes, >= S3_PART_MIN; 0: S3_PART_DEFAULT */
+	const struct netaddr_allow *allow;	/* hosts and networks reached although private,
+						   loopback or this host's (config storage_allow);
+						   NULL: none. Must outlive the client. */
 };
 
 struct s3_client;
@@ -84,6 +98,15 @@ struct s3_client *s3_client_new(const struct s3_target *t, const struct s3_opts 
 				struct kiln_error *err);
 /* Wipes the client's copy of the secret and frees it. Accepts NULL. */
 void s3_client_free(struct s3_client *c);
+
+/*
+ * Resolves the endpoint's host now, checks every address it gives (netaddr_check with the
+ * client's allow list) and pins them for the client's requests. The first request does it when
+ * this was not called. KILN_E_INVALID naming the class of a refused address ("the endpoint's host
+ * resolves to a loopback address, which is refused"), KILN_E_UNAVAILABLE when the name does not
+ * resolve.
+ */
+enum kiln_err s3_client_resolve(struct s3_client *c, struct kiln_error *err);
 
 /* What s3_put_file did: parts sent in this call and parts a resumed upload already had. */
 struct s3_put_stats {

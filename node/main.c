@@ -270,10 +270,15 @@ static int store_init(struct kiln_error *err)
 	struct snapstore_config sc = { 0 };
 	unsigned pending;
 
+	if (netaddr_allow_parse(node.cfg.storage_allow, &node.storage_allow, err) != KILN_OK)
+		return err->code;
 	if (masterkey_load(&node.cfg, &node.mk, &kerr) != KILN_OK) {
 		log_warn("snapshots stay on this node: %s", kerr.msg);
 		return KILN_OK;
 	}
+	node.s3.retries = 2;	/* s3_client_new's default */
+	node.s3.allow = node.storage_allow;
+	sc.s3 = &node.s3;
 	sc.pg = node.pg;
 	sc.mk = &node.mk;
 	sc.node_id = node.cfg.node_id;
@@ -293,6 +298,8 @@ static void store_exit(void)
 	snapstore_shutdown(node.store);
 	node.store = NULL;
 	auth_master_key_wipe(&node.mk);
+	netaddr_allow_free(node.storage_allow);
+	node.storage_allow = NULL;
 }
 
 static int net_init(struct kiln_error *err)

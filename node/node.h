@@ -19,6 +19,7 @@
 #include "auth/jwt.h"
 #include "common/config.h"
 #include "common/pg.h"
+#include "common/s3.h"
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
@@ -64,6 +65,8 @@ struct node {
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
 	struct auth_master_key mk;	/* seals snapshots that leave the node */
 	struct snapstore *store;	/* tenants' buckets; NULL without a master key */
+	struct netaddr_allow *storage_allow;	/* config storage_allow, parsed */
+	struct s3_opts s3;		/* the buckets' client settings (its allow list above) */
 	char listen_path[108];		/* the Unix socket, when listening on one */
 	char vm_run_root[128];		/* /run/kiln/<node>: per-VM sockets and jails (vmm/orphan.h) */
 	char vm_state_root[512];	/* <data_dir>/vms/<node>: per-VM disk layers */

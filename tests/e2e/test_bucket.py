@@ -27,7 +27,7 @@ class BucketTests(unittest.TestCase):
     def setUpClass(cls):
         cls.s3 = s3env.S3Server()
         cls.addClassCleanup(cls.s3.stop)
-        cls.stack = kiln.Stack()
+        cls.stack = kiln.Stack(node_env=s3env.ALLOW_ENV, gateway_env=s3env.ALLOW_ENV)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
@@ -66,7 +66,7 @@ class BucketTests(unittest.TestCase):
         # The first node goes away; a second one, sharing only Postgres and the bucket, takes over.
         first = self.stack.node
         first.cleanup()
-        self.stack.node = self.stack.add_node()
+        self.stack.node = self.stack.add_node(s3env.ALLOW_ENV)
         self.stack.db.sql(f"UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = '{first.node_id}'")
 
         # With the bucket unreachable the resume fails clearly and the sandbox stays paused.

@@ -1,7 +1,8 @@
 /*
  * s3_tool.c - drives common/s3.c from the storage integration tests: one operation per run on the
  * target the environment names (S3_ENDPOINT, S3_BUCKET, S3_REGION, S3_PREFIX, S3_ACCESS_KEY_ID,
- * S3_SECRET_ACCESS_KEY; S3_PART_SIZE, S3_RETRIES optional), one JSON line on stdout:
+ * S3_SECRET_ACCESS_KEY; S3_PART_SIZE, S3_RETRIES optional; KILN_STORAGE_ALLOW the allow list of
+ * common/netaddr.h, as the daemons' storage_allow), one JSON line on stdout:
  * {"rc": "<kiln_err_name>", "message": "...", ...}. Exit status 0 when the call succeeded.
  *
  *   s3_tool put KEY FILE [PAUSE_AFTER]   PAUSE_AFTER: after that part, print "paused" and wait
@@ -50,7 +51,8 @@ int main(int argc, char **argv)
 	struct s3_target t;
 	struct s3_opts o = { 0 };
 	struct kiln_error err = { 0 };
-	struct s3_client *c;
+	struct s3_client *c = NULL;
+	struct netaddr_allow *allow = NULL;
 	enum kiln_err rc = KILN_E_BAD_REQUEST;
 	json_t *out = json_object();
 	char *text;
@@ -70,7 +72,10 @@ int main(int argc, char **argv)
 	o.part_size = getenv("S3_PART_SIZE") ? strtoull(getenv("S3_PART_SIZE"), NULL, 10) : 0;
 	o.retries = getenv("S3_RETRIES") ? (unsigned)atoi(getenv("S3_RETRIES")) : 0;
 	o.connect_timeout_ms = 2000;
-	c = s3_client_new(&t, &o, &err);
+	if (netaddr_allow_parse(getenv("KILN_STORAGE_ALLOW"), &allow, &err) == KILN_OK) {
+		o.allow = allow;
+		c = s3_client_new(&t, &o, &err);
+	}
 	s3_target_wipe(&t);
 	if (!c) {
 		rc = err.code;
@@ -102,6 +107,7 @@ int main(int argc, char **argv)
 		kiln_error_set(&err, KILN_E_BAD_REQUEST, "unknown operation \"%s\"", argv[1]);
 	}
 	s3_client_free(c);
+	netaddr_allow_free(allow);
 	json_object_set_new(out, "rc", json_string(kiln_err_name(rc)));
 	json_object_set_new(out, "message", json_string(rc == KILN_OK ? "" : err.msg));
 	text = json_dumps(out, JSON_COMPACT);

@@ -9,6 +9,8 @@ independent client.
   stopped by pid. s3rver can be killed and restarted on the same directory and port.
 - sdk(): @aws-sdk/client-s3 (verify.js) reading what Kiln wrote.
 - tool(): tests/integration/s3/s3_tool (the C client) on a target.
+- ALLOW_ENV: the setting that lets the daemons and tools reach these servers on 127.0.0.1, which
+  they refuse by default (storage_allow, common/netaddr.h): pass it to every one that uses them.
 """
 import json
 import os
@@ -27,6 +29,8 @@ BUCKET = "kiln-test"
 ACCESS_KEY_ID = "S3RVER"	# s3rver's built-in account (s3rver checks the id only)
 SECRET = "kiln-test-secret/Zq7+Xw2"	# what the proxy verifies signatures with
 TOOL = os.path.join(kiln.BUILD, "tests", "integration", "s3", "s3_tool")
+ALLOW = "127.0.0.1"     # where S3Server listens
+ALLOW_ENV = {"KILN_STORAGE_ALLOW": ALLOW}
 
 
 def npm_modules():
@@ -113,6 +117,63 @@ class S3Server:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+class CannedServer:
+    """An HTTP server on 127.0.0.1 (a thread of the test) that answers every request with `status`,
+    `headers` and `body`: what a hostile endpoint might say. `hits` counts the requests."""
+
+    def __init__(self, status, body=b"", headers=None):
+        import http.server
+        import threading
+        outer = self
+        self.hits = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def answer(self):
+                outer.hits += 1
+                n = int(self.headers.get("Content-Length") or 0)
+                if n:
+                    self.rfile.read(n)
+                self.send_response(status)
+                for k, v in (headers or {}).items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = answer
+
+            def log_message(self, *a):
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def silent_port():
+    """A listening socket on 127.0.0.1 whose accept queue is full, so that a new connection is
+    never answered (as a filtered port): returns (port, sockets to close)."""
+    import socket
+    lsn = socket.socket()
+    lsn.bind(("127.0.0.1", 0))
+    lsn.listen(0)
+    port = lsn.getsockname()[1]
+    held = [lsn]
+    for _ in range(3):
+        c = socket.socket()
+        c.setblocking(False)
+        c.connect_ex(("127.0.0.1", port))
+        held.append(c)
+    time.sleep(0.2)
+    return port, held
+
+
 def sdk(endpoint, *args):
     """Runs verify.js (the AWS SDK) and returns its JSON answer."""
     out = subprocess.run(["node", os.path.join(HERE, "verify.js"), endpoint, BUCKET, *args],
@@ -121,9 +182,10 @@ def sdk(endpoint, *args):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def tool(target, *args, part_size=None, stdin=None, retries=0):
-    """Runs s3_tool on `target` (a dict as S3Server.target gives); returns (json, stderr)."""
-    env = dict(os.environ)
+def tool(target, *args, part_size=None, stdin=None, retries=0, allow=ALLOW):
+    """Runs s3_tool on `target` (a dict as S3Server.target gives) with storage_allow `allow`;
+    returns (json, stderr)."""
+    env = dict(os.environ, KILN_STORAGE_ALLOW=allow)
     env.update({"S3_ENDPOINT": target["endpoint"], "S3_BUCKET": target["bucket"],
                 "S3_REGION": target["region"], "S3_PREFIX": target["prefix"],
                 "S3_ACCESS_KEY_ID": target["access_key_id"],
@@ -136,7 +198,7 @@ def tool(target, *args, part_size=None, stdin=None, retries=0):
 
 
 def tool_popen(target, *args, part_size=None):
-    env = dict(os.environ)
+    env = dict(os.environ, **ALLOW_ENV)
     env.update({"S3_ENDPOINT": target["endpoint"], "S3_BUCKET": target["bucket"],
                 "S3_REGION": target["region"], "S3_PREFIX": target["prefix"],
                 "S3_ACCESS_KEY_ID": target["access_key_id"],

@@ -192,12 +192,92 @@ class ClientTests(unittest.TestCase):
         r, _ = s3env.tool(self.srv.target(endpoint=f"http://127.0.0.1:{port}"), "putdata", "x", "y",
                           retries=1)
         self.assertEqual(r["rc"], "unavailable", r)
-        self.assertIn("cannot reach", r["message"])
+        self.assertEqual(r["message"], 's3 PUT "x": the bucket could not be reached')
 
     def test_link_local_endpoint_is_refused(self):
         r, _ = s3env.tool(self.srv.target(endpoint="http://169.254.169.254"), "putdata", "x", "y")
         self.assertEqual(r["rc"], "invalid", r)
         self.assertIn("link-local", r["message"])
+        # even when the operator allows loopback
+        r, _ = s3env.tool(self.srv.target(endpoint="http://169.254.169.254"), "putdata", "x", "y",
+                          allow="127.0.0.0/8")
+        self.assertEqual(r["rc"], "invalid", r)
+        self.assertIn("link-local", r["message"])
+
+    def test_loopback_is_refused_unless_allowed(self):
+        port = self.srv.port
+        self.srv.clear_log()
+        for endpoint, what in [(f"http://127.0.0.1:{port}", "loopback"),
+                               (f"http://localhost:{port}", "loopback"),
+                               (f"http://2130706433:{port}", "loopback"),
+                               (f"http://0x7f.1:{port}", "loopback"),
+                               (f"http://[::ffff:127.0.0.1]:{port}", "loopback"),
+                               (f"http://[64:ff9b::7f00:1]:{port}", "loopback"),
+                               (f"http://0.0.0.0:{port}", "unspecified")]:
+            r, _ = s3env.tool(self.srv.target(endpoint=endpoint), "putdata", "x", "y", allow="")
+            self.assertEqual(r["rc"], "invalid", (endpoint, r))
+            self.assertIn(what, r["message"], (endpoint, r))
+            self.assertNotIn("127.0.0.1", r["message"])
+        self.assertEqual(self.srv.requests(), [], "a refused endpoint was reached")
+        # allowed by address, by network and by host name: reached
+        for endpoint, allow in [(f"http://127.0.0.1:{port}", "127.0.0.1"),
+                                (f"http://2130706433:{port}", "127.0.0.0/8"),
+                                (f"http://localhost:{port}", "localhost")]:
+            r, _ = s3env.tool(self.srv.target(endpoint=endpoint), "putdata", "x", "y", allow=allow)
+            self.assertEqual(r["rc"], "ok", (endpoint, allow, r))
+        self.assertEqual(len(self.srv.requests()), 3)
+        # a malformed allow list is refused, not read as empty or as everything
+        r, _ = s3env.tool(self.srv.target(), "putdata", "x", "y", allow="127.0.0.0/99")
+        self.assertEqual(r["rc"], "invalid", r)
+        self.assertIn("storage_allow", r["message"])
+
+    def test_an_endpoints_answer_is_never_repeated(self):
+        canary = "kiln-canary-7f3a9c"
+        body = (f"<?xml version='1.0'?><Error><Code>{canary}Code</Code>"
+                f"<Message>{canary} ssh-2.0 redis_version:7</Message></Error>").encode()
+        for status, want_rc, want in [(400, "invalid", "the bucket refused the request"),
+                                      (403, "forbidden", "the bucket refused the credentials"),
+                                      (500, "unavailable", "the bucket could not be reached"),
+                                      (200, "ok", None)]:
+            srv = s3env.CannedServer(status, body, {"ETag": '"abc"'})
+            try:
+                r, _ = s3env.tool(self.srv.target(endpoint=srv.endpoint), "putdata", "k", "v")
+                self.assertEqual(r["rc"], want_rc, (status, r))
+                if want:
+                    self.assertEqual(r["message"], f's3 PUT "k": {want}', (status, r))
+                self.assertNotIn(canary, json.dumps(r))
+                # a multipart upload: the create's answer is parsed, and its <Error> too
+                path = self.file(6 * MIB)
+                r, _ = s3env.tool(self.srv.target(endpoint=srv.endpoint), "put", "m", path,
+                                  part_size=5 * MIB)
+                self.assertNotIn(canary, json.dumps(r))
+                self.assertNotEqual(r["rc"], "ok", (status, r))
+            finally:
+                srv.stop()
+
+    def test_redirects_are_not_followed(self):
+        srv = s3env.CannedServer(307, b"", {"Location": self.srv.endpoint + "/" + s3env.BUCKET + "/x"})
+        try:
+            self.srv.clear_log()
+            r, _ = s3env.tool(self.srv.target(endpoint=srv.endpoint), "putdata", "x", "y")
+            self.assertEqual(r["rc"], "invalid", r)
+            self.assertEqual(srv.hits, 1)
+            self.assertEqual(self.srv.requests(), [], "the redirect was followed")
+        finally:
+            srv.stop()
+
+    def test_a_closed_port_and_a_silent_one_read_alike(self):
+        port, held = s3env.silent_port()
+        try:
+            closed, _ = s3env.tool(self.srv.target(endpoint=f"http://127.0.0.1:{kiln.free_port()}"),
+                                   "putdata", "x", "y")
+            silent, _ = s3env.tool(self.srv.target(endpoint=f"http://127.0.0.1:{port}"),
+                                   "putdata", "x", "y")
+        finally:
+            for s in held:
+                s.close()
+        self.assertEqual(closed, silent)
+        self.assertEqual(closed["rc"], "unavailable", closed)
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ int main(int argc, char **argv)
 	struct kiln_error err = { 0 };
 	struct snapstore_config cfg = { 0 };
 	struct s3_opts o = { 0 };
+	struct netaddr_allow *allow = NULL;
 	struct snapstore *s = NULL;
 	struct pg *pool;
 	const char *mkt = getenv("KILN_MASTER_KEY");
@@ -133,6 +134,9 @@ int main(int argc, char **argv)
 	o.retries = 0;
 	o.retry_delay_ms = 50;
 	o.connect_timeout_ms = 2000;
+	if (rc == KILN_OK)	/* as kiln-node's storage_allow */
+		rc = netaddr_allow_parse(getenv("KILN_STORAGE_ALLOW"), &allow, &err);
+	o.allow = allow;
 	cfg.pg = pool;
 	cfg.mk = &mk;
 	cfg.node_id = env("NODE_ID", "");
@@ -164,6 +168,7 @@ int main(int argc, char **argv)
 	}
 done:
 	snapstore_shutdown(s);
+	netaddr_allow_free(allow);
 	print(rc, &err, queued);
 	pg_free(pool);
 	auth_master_key_wipe(&mk);

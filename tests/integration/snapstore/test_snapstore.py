@@ -87,7 +87,7 @@ class SnapstoreTests(unittest.TestCase):
     def env(cls, node="node-a", storage=None, **extra):
         e = dict(os.environ, KILN_DATABASE_URL=cls.db.url, KILN_MASTER_KEY=cls.mk, NODE_ID=node,
                  SNAP_ROOT=cls.snaps[node], BASE_IMAGE=cls.base_a if node == "node-a" else cls.base_b,
-                 S3_PART_SIZE=str(PART), ASAN_OPTIONS="detect_leaks=1")
+                 S3_PART_SIZE=str(PART), ASAN_OPTIONS="detect_leaks=1", **s3env.ALLOW_ENV)
         if storage:
             e.update({"S3_ENDPOINT": storage["endpoint"], "S3_BUCKET": storage["bucket"],
                       "S3_REGION": storage["region"], "S3_PREFIX": storage["prefix"],
@@ -349,6 +349,26 @@ class SnapstoreTests(unittest.TestCase):
         self.assertNotIn("not-the-secret", reason)
         self.assertEqual(self.work_dirs("node-a"), [])
         self.assertEqual(self.tool("verify", d)["rc"], "ok")
+
+    def test_a_node_refuses_a_bucket_in_its_network_unless_allowed(self):
+        # storage_allow empty, as by default: the bucket on 127.0.0.1 is never contacted
+        snap, d, _ = self.make_snapshot(mem_data=MIB)
+        self.srv.clear_log()
+        r = self.tool("upload", snap, "tn_a", KILN_STORAGE_ALLOW="")
+        self.assertEqual(r["rc"], "ok", r)
+        status, storage, reason = self.status(snap)
+        self.assertEqual((status, storage), ("failed", "s3"))
+        self.assertIn("resolves to a loopback address, which is refused", reason)
+        self.assertEqual(self.srv.requests(), [])
+        # a snapshot stored while it was allowed is not fetched once it is not
+        snap, d, _ = self.make_snapshot(mem_data=MIB)
+        self.assertEqual(self.tool("upload", snap, "tn_a")["rc"], "ok")
+        self.assertEqual(self.status(snap)[0], "stored")
+        self.srv.clear_log()
+        r = self.tool("fetch", snap, "tn_a", node="node-b", KILN_STORAGE_ALLOW="")
+        self.assertEqual(r["rc"], "invalid", r)
+        self.assertIn("loopback", r["message"])
+        self.assertEqual(self.srv.requests(), [])
 
     def test_upload_interrupted_mid_way_is_finished_by_the_next_start(self):
         snap, d, jail = self.make_snapshot(mem_data=18 * MIB)	# 4 parts of 5 MiB
