@@ -193,10 +193,28 @@ static json_t *tenant_row(struct http_req *req, struct pg_conn *c, const char *i
 	return t;
 }
 
+#define SUSPEND_PASSES 3
+#define RUNNING_SQL                                                                          \
+	"SELECT s.id, n.address FROM sandboxes s JOIN nodes n ON n.id = s.node_id "          \
+	"WHERE s.tenant_id = $1 AND s.state = 'running' AND s.deleted_at IS NULL "           \
+	"ORDER BY s.created_at"
+
+/* Whether the JSON array `a` holds the string `s`. */
+static bool json_listed(const json_t *a, const char *s)
+{
+	size_t i;
+	json_t *v;
+
+	json_array_foreach(a, i, v)
+		if (!strcmp(json_string_value(v), s))
+			return true;
+	return false;
+}
+
 /*
  * POST /v1/tenants/{id}/suspend: marks the tenant suspended (keeping the first time when it
- * already is), then pauses each of its running sandboxes through its node, one after another.
- * Replies 200 with the tenant and the sandboxes paused and not paused (their node did not answer
+ * already is), then pauses each of its running sandboxes through its node, one after another,
+ * looking again (up to SUSPEND_PASSES times) for sandboxes whose creation ended meanwhile. Replies 200 with the tenant and the sandboxes paused and not paused (their node did not answer
  * or refused); suspending again retries those.
  */
 static void tenants_suspend(struct http_req *req)
@@ -208,7 +226,7 @@ static void tenants_suspend(struct http_req *req)
 	struct pg_res *res = NULL;
 	struct pg_conn *c = gw_db(req);
 	json_t *t = NULL, *paused = NULL, *not_paused = NULL;
-	int n;
+	enum kiln_err rc;
 
 	if (!c)
 		return;
@@ -224,11 +242,7 @@ static void tenants_suspend(struct http_req *req)
 	t = tenant_row(req, c, id);
 	if (!t)
 		goto out;
-	if (PGQ(c, &res, &err,
-		"SELECT s.id, n.address FROM sandboxes s JOIN nodes n ON n.id = s.node_id "
-		"WHERE s.tenant_id = $1 AND s.state = 'running' AND s.deleted_at IS NULL "
-		"ORDER BY s.created_at",
-		id) != KILN_OK) {
+	if (PGQ(c, &res, &err, RUNNING_SQL, id) != KILN_OK) {
 		gw_fail(req, err.code, &err);
 		goto out;
 	}
@@ -238,17 +252,42 @@ static void tenants_suspend(struct http_req *req)
 	log_info("tenant \"%s\" suspended; pausing %d running sandboxes", id, pg_res_rows(res));
 	paused = json_array();
 	not_paused = json_array();
-	n = pg_res_rows(res);
-	for (int i = 0; i < n; i++) {
-		const char *sb = pg_res_str(res, i, 0);
-		long status = sandbox_pause_on_node(gw, pg_res_str(res, i, 1), id, sb, who->key_id);
+	/*
+	 * A creation admitted before the suspension can end during the pauses: its sandbox shows up
+	 * as running in the next pass. A few passes catch those.
+	 */
+	for (int pass = 0; pass < SUSPEND_PASSES; pass++) {
+		int fresh = 0;
 
-		/* 409: it stopped or was paused meanwhile, which is as good. */
-		json_array_append_new(status == 200 || status == 409 ? paused : not_paused,
-				      json_string(sb));
-		if (status != 200 && status != 409)
-			log_warn("sandbox \"%s\" of suspended tenant \"%s\" not paused (node answered "
-				 "%ld)", sb, id, status);
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			const char *sb = pg_res_str(res, i, 0);
+			long status;
+
+			if (json_listed(paused, sb) || json_listed(not_paused, sb))
+				continue;
+			fresh++;
+			status = sandbox_pause_on_node(gw, pg_res_str(res, i, 1), id, sb, who->key_id);
+			/* 409: it stopped or was paused meanwhile, which is as good. */
+			json_array_append_new(status == 200 || status == 409 ? paused : not_paused,
+					      json_string(sb));
+			if (status != 200 && status != 409)
+				log_warn("sandbox \"%s\" of suspended tenant \"%s\" not paused (node "
+					 "answered %ld)", sb, id, status);
+		}
+		pg_res_free(res);
+		res = NULL;
+		if (!fresh || pass + 1 == SUSPEND_PASSES)
+			break;
+		if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
+			break;
+		rc = PGQ(c, &res, &err, RUNNING_SQL, id);
+		pg_release(gw->pg, c);
+		c = NULL;
+		if (rc != KILN_OK) {
+			log_warn("tenant \"%s\": cannot look for more running sandboxes: %s", id,
+				 err.msg);
+			break;
+		}
 	}
 	http_reply_json(req, 200,
 			json_pack("{s:o, s:o, s:o}", "tenant", t, "paused", paused, "not_paused",
