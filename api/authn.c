@@ -5,6 +5,18 @@
  * API keys are checked against Postgres and kept in a small in-memory cache for at most
  * `key_cache_s` seconds (≤ 5), so a key revoked on another gateway stops working within that
  * bound; the gateway that revokes drops its entry at once. JWTs are verified locally.
+ *
+ * Whether the caller's tenant is suspended is read from Postgres and cached the same way (at most
+ * `key_cache_s` seconds, dropped at once by the gateway that suspends or unsuspends), for API keys
+ * and JWTs alike: a suspended tenant's credentials get 403 `suspended` on every route.
+ *
+ * Rate limits: every request takes a token from its key's bucket (rate_limit_rps/burst) and then
+ * from its tenant's (tenant_rate_limit_rps/burst), which all the tenant's keys and tokens share, so
+ * minting keys buys no extra rate; a sandbox creation also from the key's and the tenant's creation
+ * buckets (create_limit_rpm, tenant_create_limit_rpm).
+ *
+ * Idempotency records live `idempotency_ttl_s` seconds: a key reused after that is a new request.
+ * gw_idempotency_sweep() deletes the expired ones in bounded batches.
  */
 #include "authn.h"
 
@@ -43,6 +55,19 @@ struct key_entry {
 static struct key_entry key_cache[KEY_CACHE_SLOTS];
 static pthread_mutex_t key_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
+#define TENANT_CACHE_SLOTS 4096
+#define SWEEP_BATCH 1000	/* idempotency records deleted per statement */
+#define SWEEP_BATCHES_MAX 100	/* statements per sweep; the next sweep goes on */
+
+struct tenant_entry {
+	char tenant_id[AUTH_CLAIM_MAX];
+	bool suspended;
+	long long fetched_ms;
+};
+
+static struct tenant_entry tenant_cache[TENANT_CACHE_SLOTS];
+static pthread_mutex_t tenant_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+
 struct req_state {
 	struct principal who;
 	bool has_principal;
@@ -57,13 +82,68 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static unsigned slot_of(const char *key_id)
+static unsigned hash_of(const char *s)
 {
 	unsigned h = 2166136261u;
 
-	while (*key_id)
-		h = (h ^ (unsigned char)*key_id++) * 16777619u;
-	return h % KEY_CACHE_SLOTS;
+	while (*s)
+		h = (h ^ (unsigned char)*s++) * 16777619u;
+	return h;
+}
+
+static unsigned slot_of(const char *key_id)
+{
+	return hash_of(key_id) % KEY_CACHE_SLOTS;
+}
+
+void gw_tenant_cache_forget(const char *tenant_id)
+{
+	struct tenant_entry *e = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
+
+	pthread_mutex_lock(&tenant_cache_lock);
+	if (strcmp(e->tenant_id, tenant_id) == 0)
+		memset(e, 0, sizeof(*e));
+	pthread_mutex_unlock(&tenant_cache_lock);
+}
+
+/*
+ * Whether tenant `tenant_id` is suspended, from the cache when fetched less than key_cache_s ago.
+ * A tenant with no row (deleted under a live token) counts as suspended. KILN_E_UNAVAILABLE when
+ * Postgres cannot answer.
+ */
+static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id, bool *suspended,
+				      struct kiln_error *err)
+{
+	struct tenant_entry *slot = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
+	long long now = now_ms();
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	pthread_mutex_lock(&tenant_cache_lock);
+	if (strcmp(slot->tenant_id, tenant_id) == 0 &&
+	    now - slot->fetched_ms < gw->cfg.key_cache_s * 1000) {
+		*suspended = slot->suspended;
+		pthread_mutex_unlock(&tenant_cache_lock);
+		return KILN_OK;
+	}
+	pthread_mutex_unlock(&tenant_cache_lock);
+	rc = pg_acquire(gw->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err, "SELECT suspended_at IS NOT NULL FROM tenants WHERE id = $1",
+		 tenant_id);
+	pg_release(gw->pg, c);
+	if (rc == KILN_OK) {
+		*suspended = pg_res_rows(res) != 1 || pg_res_bool(res, 0, 0);
+		pthread_mutex_lock(&tenant_cache_lock);
+		snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
+		slot->suspended = *suspended;
+		slot->fetched_ms = now;
+		pthread_mutex_unlock(&tenant_cache_lock);
+	}
+	pg_res_free(res);
+	return rc;
 }
 
 void gw_key_cache_forget(const char *key_id)
@@ -312,7 +392,7 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	char sum[65];
+	char sum[65], ttl[24];
 	enum kiln_err rc;
 	bool run = false;
 
@@ -329,11 +409,12 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 		http_reply_error(req, rc, "the database is unavailable");
 		return false;
 	}
-	/* A record older than 24 h no longer counts. */
+	/* A record older than idempotency_ttl_s no longer counts: the key is new again. */
+	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
 	rc = PGQ(c, NULL, &err,
 		 "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 "
-		 "AND created_at < now() - interval '24 hours'",
-		 st->who.tenant_id, key);
+		 "AND created_at < now() - make_interval(secs => $3::bigint)",
+		 st->who.tenant_id, key, ttl);
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, &err,
 			 "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
@@ -393,6 +474,64 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 	free(sealed);
 }
 
+/*
+ * Takes a token from the bucket "<kind>:<id>" (`rate` per `period_ms`, at most `burst`). Returns
+ * true when the request may go on; false after replying 429 naming `limit` (with Retry-After), or
+ * 503 when `need_redis` and Redis could not decide (the local fallback is not shared between
+ * gateways, so a creation is not admitted on it).
+ */
+static bool limit_take(struct http_req *req, struct gateway *gw, const char *kind, const char *id,
+		       long long rate, long long period_ms, long long burst, const char *limit,
+		       bool need_redis)
+{
+	struct rl_result rl;
+	char bucket[160], retry[24];
+
+	snprintf(bucket, sizeof(bucket), "%s:%s", kind, id);
+	ratelimit_take(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
+	if (need_redis && rl.redis_down) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "redis is unavailable: nothing was changed");
+		return false;
+	}
+	if (rl.allowed)
+		return true;
+	snprintf(retry, sizeof(retry), "%lld", (rl.retry_after_ms + 999) / 1000);
+	http_reply_header(req, "Retry-After", retry);
+	http_reply_error(req, KILN_E_RATE_LIMITED, "too many requests (limit %s); retry in %s s",
+			 limit, retry);
+	return false;
+}
+
+enum kiln_err gw_idempotency_sweep(struct gateway *gw, long long *deleted, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char ttl[24], batch[24];
+	enum kiln_err rc;
+	int n = SWEEP_BATCH;
+
+	*deleted = 0;
+	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
+	snprintf(batch, sizeof(batch), "%d", SWEEP_BATCH);
+	rc = pg_acquire(gw->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	for (int i = 0; i < SWEEP_BATCHES_MAX && n == SWEEP_BATCH && rc == KILN_OK; i++) {
+		rc = PGQ(c, &res, err,
+			 "WITH gone AS (DELETE FROM idempotency WHERE ctid = ANY(ARRAY("
+			 "SELECT ctid FROM idempotency "
+			 "WHERE created_at < now() - make_interval(secs => $1::bigint) "
+			 "LIMIT $2::int)) RETURNING 1) SELECT count(*) FROM gone",
+			 ttl, batch);
+		n = rc == KILN_OK ? (int)pg_res_int(res, 0, 0, 0) : 0;
+		*deleted += n;
+		pg_res_free(res);
+		res = NULL;
+	}
+	pg_release(gw->pg, c);
+	return rc;
+}
+
 static void req_state_free(void *p)
 {
 	free(p);
@@ -406,8 +545,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 	struct req_state *st;
 	uint32_t need = route->scope & ROUTE_SCOPE_MASK;
 	const char *hdr;
-	struct rl_result rl;
-	char bucket[160], retry[24];
+	bool suspended = false;
 	enum kiln_err rc;
 
 	if (route->scope == 0)
@@ -441,6 +579,18 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 	st->has_principal = true;
 	log_ctx_set(http_req_id(req), st->who.tenant_id, NULL);
 
+	rc = tenant_suspended(gw, st->who.tenant_id, &suspended, &err);
+	if (rc != KILN_OK) {
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the database is unavailable");
+		return false;
+	}
+	if (suspended) {
+		http_reply_error(req, KILN_E_SUSPENDED,
+				 "the tenant is suspended by the operator: every key and token of it "
+				 "is refused until it is unsuspended");
+		return false;
+	}
+
 	if ((route->scope & ROUTE_API_KEY_ONLY) && st->who.via_jwt) {
 		http_reply_error(req, KILN_E_FORBIDDEN, "this route needs an API key, not a token");
 		return false;
@@ -452,30 +602,17 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
-	snprintf(bucket, sizeof(bucket), "req:%s", st->who.key_id);
-	ratelimit_take(gw->rl, bucket, gw->cfg.rate_limit_rps, 1000, gw->cfg.rate_limit_burst,
-		       now_ms(), &rl);
-	if (rl.allowed && (route->scope & ROUTE_CREATES)) {
-		if (rl.redis_down) {
-			http_reply_error(req, KILN_E_UNAVAILABLE,
-					 "redis is unavailable: nothing was changed");
-			return false;
-		}
-		snprintf(bucket, sizeof(bucket), "create:%s", st->who.key_id);
-		ratelimit_take(gw->rl, bucket, gw->cfg.create_limit_rpm, 60000,
-			       gw->cfg.create_limit_rpm, now_ms(), &rl);
-		if (rl.redis_down) {
-			http_reply_error(req, KILN_E_UNAVAILABLE,
-					 "redis is unavailable: nothing was changed");
-			return false;
-		}
-	}
-	if (!rl.allowed) {
-		snprintf(retry, sizeof(retry), "%lld", (rl.retry_after_ms + 999) / 1000);
-		http_reply_header(req, "Retry-After", retry);
-		http_reply_error(req, KILN_E_RATE_LIMITED, "too many requests; retry in %s s", retry);
+	if (!limit_take(req, gw, "req", st->who.key_id, gw->cfg.rate_limit_rps, 1000,
+			gw->cfg.rate_limit_burst, "rate_limit_rps", false) ||
+	    !limit_take(req, gw, "treq", st->who.tenant_id, gw->cfg.tenant_rate_limit_rps, 1000,
+			gw->cfg.tenant_rate_limit_burst, "tenant_rate_limit_rps", false))
 		return false;
-	}
+	if ((route->scope & ROUTE_CREATES) &&
+	    (!limit_take(req, gw, "create", st->who.key_id, gw->cfg.create_limit_rpm, 60000,
+			 gw->cfg.create_limit_rpm, "create_limit_rpm", true) ||
+	     !limit_take(req, gw, "tcreate", st->who.tenant_id, gw->cfg.tenant_create_limit_rpm,
+			 60000, gw->cfg.tenant_create_limit_rpm, "tenant_create_limit_rpm", true)))
+		return false;
 	return idempotency_claim(gw, req, st);
 }
 

@@ -2,7 +2,8 @@
  * authn.h - who is calling: API keys and user JWTs, scopes, rate limits, idempotency, audit.
  *
  * gw_before() is the HTTP engine's before hook, gw_audit() its reply hook and gw_done() its done
- * hook. A route's `scope`
+ * hook. A suspended tenant's credentials get 403 `suspended`; rate limits hold per key and per
+ * tenant (authn.c). A route's `scope`
  * field holds the AUTH_SCOPE_* bits it needs plus the ROUTE_* flags below; 0 means public.
  */
 #ifndef KILN_AUTHN_H
@@ -37,6 +38,18 @@ void gw_done(struct http_req *req, const struct http_route *route, int status);
 
 /* Forgets a key at once on this gateway (after revocation). */
 void gw_key_cache_forget(const char *key_id);
+
+/* Forgets the cached suspended state of a tenant at once on this gateway (after (un)suspending). */
+void gw_tenant_cache_forget(const char *tenant_id);
+
+struct gateway;
+
+/*
+ * Deletes the Idempotency-Key records older than idempotency_ttl_s, SWEEP_BATCH rows per
+ * statement and at most SWEEP_BATCHES_MAX statements (the next sweep deletes the rest); sets
+ * *deleted to how many went.
+ */
+enum kiln_err gw_idempotency_sweep(struct gateway *gw, long long *deleted, struct kiln_error *err);
 
 /* The API key pepper, derived from the master key at start. */
 extern unsigned char gw_pepper[32];

@@ -7,11 +7,13 @@
 #include "api/gateway.h"
 
 #include <curl/curl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "api/authn.h"
@@ -164,6 +166,72 @@ static void storage_allow_exit(void)
 	gw.storage_allow = NULL;
 }
 
+/*
+ * The sweep of expired Idempotency-Key records: every idempotency_sweep_s seconds, in bounded
+ * batches (gw_idempotency_sweep). Every gateway sweeps; the deletes are the same on each.
+ */
+static pthread_t sweep_thread;
+static pthread_mutex_t sweep_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sweep_cond;
+static bool sweep_stopping, sweep_started;
+
+static void *sweep_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&sweep_lock);
+	while (!sweep_stopping) {
+		struct timespec until;
+		struct kiln_error err = { 0 };
+		long long deleted = 0;
+
+		clock_gettime(CLOCK_MONOTONIC, &until);
+		until.tv_sec += gw.cfg.idempotency_sweep_s;
+		while (!sweep_stopping &&
+		       pthread_cond_timedwait(&sweep_cond, &sweep_lock, &until) == 0)
+			;
+		if (sweep_stopping)
+			break;
+		pthread_mutex_unlock(&sweep_lock);
+		if (gw_idempotency_sweep(&gw, &deleted, &err) != KILN_OK)
+			log_warn("idempotency sweep: %s", err.msg);
+		else if (deleted)
+			log_info("idempotency sweep: deleted %lld expired records", deleted);
+		pthread_mutex_lock(&sweep_lock);
+	}
+	pthread_mutex_unlock(&sweep_lock);
+	return NULL;
+}
+
+static int sweep_init(struct kiln_error *err)
+{
+	pthread_condattr_t a;
+
+	pthread_condattr_init(&a);
+	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
+	pthread_cond_init(&sweep_cond, &a);
+	pthread_condattr_destroy(&a);
+	sweep_stopping = false;
+	if (pthread_create(&sweep_thread, NULL, sweep_main, NULL) != 0) {
+		pthread_cond_destroy(&sweep_cond);
+		return kiln_error_set(err, KILN_E_INTERNAL, "cannot start the idempotency sweep");
+	}
+	sweep_started = true;
+	return KILN_OK;
+}
+
+static void sweep_exit(void)
+{
+	if (!sweep_started)
+		return;
+	pthread_mutex_lock(&sweep_lock);
+	sweep_stopping = true;
+	pthread_cond_signal(&sweep_cond);
+	pthread_mutex_unlock(&sweep_lock);
+	pthread_join(sweep_thread, NULL);
+	pthread_cond_destroy(&sweep_cond);
+	sweep_started = false;
+}
+
 static const struct daemon_stage stages[] = {
 	{ "routes", routes_init, routes_exit },
 	{ "storage allow list", storage_allow_init, storage_allow_exit },
@@ -171,6 +239,7 @@ static const struct daemon_stage stages[] = {
 	{ "postgres", db_init, db_exit },
 	{ "signing keys", signing_init, signing_exit },
 	{ "redis", redis_init, redis_exit },
+	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "http", http_init, http_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))

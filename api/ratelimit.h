@@ -1,9 +1,11 @@
 /*
- * ratelimit.h - per-key token buckets in Redis, with a local fallback.
+ * ratelimit.h - named token buckets in Redis, with a local fallback.
  *
- * Each API key has a bucket for all requests (rate per second, burst) and one for sandbox creation
- * (per minute). One Redis round trip (a Lua script) takes a token. When Redis cannot be reached
- * the gateway falls back to an in-process bucket per key, so reads keep being served with a limit.
+ * The gateway (api/authn.c) keeps, for each API key and for each tenant (all its keys and tokens
+ * together), a bucket for all requests (rate per second, burst) and one for sandbox creation (per
+ * minute). One Redis round trip (a Lua script) takes a token. When Redis cannot be reached the
+ * gateway falls back to an in-process bucket of the same name, so reads keep being served with a
+ * limit.
  */
 #ifndef KILN_RATELIMIT_H
 #define KILN_RATELIMIT_H

@@ -573,6 +573,37 @@ static int cmd_balance(int argc, char **argv)
 	return rc;
 }
 
+/*
+ * kiln admin suspend|unsuspend TENANT (the operator's admin key): prints the tenant's id and state,
+ * and for a suspension the sandboxes paused and not paused.
+ */
+static int cmd_admin(int argc, char **argv)
+{
+	char path[160];
+	json_t *r = NULL, *a;
+	size_t i;
+	int rc;
+
+	if (argc != 3 || (strcmp(argv[1], "suspend") != 0 && strcmp(argv[1], "unsuspend") != 0))
+		return usage_error("admin takes suspend or unsuspend and a tenant id");
+	if (strncmp(argv[2], "tn_", 3) != 0 || strlen(argv[2]) > 100 ||
+	    strspn(argv[2], "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(argv[2]))
+		return usage_error("'%s' is not a tenant id", argv[2]);
+	snprintf(path, sizeof(path), "/v1/tenants/%s/%s", argv[2], argv[1]);
+	rc = call("POST", path, NULL, &r);
+	if (rc == 0 && as_json) {
+		print_json(r);
+	} else if (rc == 0) {
+		printf("%s\t%s\n", argv[2], strcmp(argv[1], "suspend") ? "active" : "suspended");
+		json_array_foreach(json_object_get(r, "paused"), i, a)
+			printf("%s\tpaused\n", json_string_value(a));
+		json_array_foreach(json_object_get(r, "not_paused"), i, a)
+			printf("%s\tnot paused\n", json_string_value(a));
+	}
+	json_decref(r);
+	return rc;
+}
+
 /* kiln api METHOD PATH [JSON]: any route, the answer printed as it comes. */
 static int cmd_api(int argc, char **argv)
 {
@@ -618,6 +649,7 @@ static const struct command {
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
+	{ "admin", cmd_admin, "suspend|unsuspend TENANT", "operator: suspend a tenant (its keys refused, its sandboxes paused) or lift it" },
 	{ "help", cmd_help, "", "this text" },
 };
 

@@ -39,6 +39,11 @@ struct kiln_config {
 	long long rate_limit_rps;	/* requests per second per key */
 	long long rate_limit_burst;
 	long long create_limit_rpm;	/* sandbox creations per minute per key */
+	long long tenant_rate_limit_rps;	/* requests per second per tenant, all its keys */
+	long long tenant_rate_limit_burst;
+	long long tenant_create_limit_rpm;	/* sandbox creations per minute per tenant */
+	long long idempotency_ttl_s;	/* an Idempotency-Key record's lifetime */
+	long long idempotency_sweep_s;	/* seconds between sweeps of expired records */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
 	char *admin_key_file;		/* where the operator's first admin key is written */
 

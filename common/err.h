@@ -31,6 +31,8 @@
 	X(KILN_E_UNAUTHENTICATED, "unauthenticated", 401, true, "missing or invalid credential")   \
 	/* credential lacks a scope */                                                             \
 	X(KILN_E_FORBIDDEN, "forbidden", 403, true, "the credential lacks a required scope")       \
+	/* the tenant is suspended by the operator */                                              \
+	X(KILN_E_SUSPENDED, "suspended", 403, true, "the tenant is suspended")                     \
 	/* a plan limit */                                                                         \
 	X(KILN_E_QUOTA, "quota_exceeded", 403, true, "a plan limit was reached")                   \
 	/* absent, deleted, or another tenant's */                                                 \

@@ -31,6 +31,7 @@ url=http://127.0.0.1:$port
 KILN_LISTEN=127.0.0.1:$port KILN_LOG_LEVEL=warn KILN_ADMIN_KEY_FILE=$keyfile \
   KILN_MASTER_KEY=$(openssl rand -hex 32) \
   KILN_RATE_LIMIT_RPS=1000000 KILN_RATE_LIMIT_BURST=1000000 \
+  KILN_TENANT_RATE_LIMIT_RPS=1000000 KILN_TENANT_RATE_LIMIT_BURST=1000000 \
   "$build/api/kiln-gateway" >/dev/null 2>&1 &
 pids+=($!)
 for ((i = 0; i < 100; i++)); do

@@ -11,7 +11,8 @@ import unittest
 
 import kiln
 
-GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000"}
+GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
+            "KILN_TENANT_RATE_LIMIT_RPS": "100000", "KILN_TENANT_RATE_LIMIT_BURST": "100000"}
 TENANT_SCOPES = ["sandbox:read", "sandbox:write", "billing:read", "keys:write"]
 
 

@@ -22,6 +22,7 @@ static const struct {
 	{ KILN_E_BAD_REQUEST, 400, "bad_request", true },
 	{ KILN_E_UNAUTHENTICATED, 401, "unauthenticated", true },
 	{ KILN_E_FORBIDDEN, 403, "forbidden", true },
+	{ KILN_E_SUSPENDED, 403, "suspended", true },
 	{ KILN_E_QUOTA, 403, "quota_exceeded", true },
 	{ KILN_E_NOT_FOUND, 404, "not_found", true },
 	{ KILN_E_CONFLICT, 409, "conflict", true },
