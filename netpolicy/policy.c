@@ -705,8 +705,23 @@ static void purge_dns(struct kiln_policy *p, const struct kiln_ruleset *rs)
 	free(gone);
 }
 
+static enum kiln_err policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
+				  bool refuse_denied, struct kiln_error *err);
+
 enum kiln_err kiln_policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
 				struct kiln_error *err)
+{
+	return policy_apply(p, rs, true, err);
+}
+
+enum kiln_err kiln_policy_apply_held(struct kiln_policy *p, const struct kiln_ruleset *rs,
+				     struct kiln_error *err)
+{
+	return policy_apply(p, rs, false, err);
+}
+
+static enum kiln_err policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
+				  bool refuse_denied, struct kiln_error *err)
 {
 	if (rs->n > KILN_RULESET_MAX)
 		return kiln_error_set(err, KILN_E_TOO_LARGE, "at most %d egress rules",
@@ -720,6 +735,11 @@ enum kiln_err kiln_policy_apply(struct kiln_policy *p, const struct kiln_ruleset
 			continue;
 		if (kiln_rule_format(r, text, sizeof(text)) < 0)
 			snprintf(text, sizeof(text), "?");
+		if (!refuse_denied) {
+			log_warn("egress rule \"%s\" (pins \"%s\") is inside the denied range %s: "
+				 "kept, but it opens nothing", text, p->dir, range);
+			continue;
+		}
 		return kiln_error_set(err, KILN_E_INVALID,
 				      "egress rule \"%s\" is inside the denied range %s (the "
 				      "operator's egress_deny): no rule can open it", text, range);

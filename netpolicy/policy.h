@@ -102,6 +102,16 @@ enum kiln_err kiln_policy_unpin(const char *pin_root, const char *node_id, const
 enum kiln_err kiln_policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
 				struct kiln_error *err);
 
+/*
+ * kiln_policy_apply() for a rule set kiln-node already holds (a create's rules, checked at its
+ * request, or the rules a snapshot was taken with): an address rule that now lies inside a denied
+ * range (the operator widened egress_deny since) is kept but opens nothing — the programs check
+ * the denied ranges first — and is logged, so a restore never fails, and never turns an allowlist
+ * into open egress, over a rule the operator has since closed.
+ */
+enum kiln_err kiln_policy_apply_held(struct kiln_policy *p, const struct kiln_ruleset *rs,
+				     struct kiln_error *err);
+
 /* The rules in force (canonical) and the mode. The caller frees `out` (kiln_ruleset_free). */
 enum kiln_err kiln_policy_rules(struct kiln_policy *p, struct kiln_ruleset *out,
 				enum kiln_egress_mode *mode, struct kiln_error *err);

@@ -243,7 +243,7 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 	enum kiln_err rc = kiln_policy_attach(&pc, &sb->pol, err);
 
 	if (rc == KILN_OK && init && init->egress && init->egress->n)
-		rc = kiln_policy_apply(sb->pol, init->egress, err);
+		rc = kiln_policy_apply_held(sb->pol, init->egress, err);
 	if (rc == KILN_OK && init && init->bandwidth)
 		rc = kiln_policy_set_bandwidth(sb->pol, init->bandwidth, err);
 	if (rc == KILN_OK) {

@@ -404,10 +404,11 @@ int main(int argc, char **argv)
 	if (open_pol(a[0], 0, 0, &p, &err))
 		return fail(&err);
 	int rc = 0;
-	if (!strcmp(cmd, "apply")) {
+	if (!strcmp(cmd, "apply") || !strcmp(cmd, "apply-held")) {
 		struct kiln_ruleset rs;
+		bool held = !strcmp(cmd, "apply-held");
 		if (kiln_rules_parse((const char *const *)(a + 1), (size_t)(n - 1), &rs, &err) ||
-		    kiln_policy_apply(p, &rs, &err))
+		    (held ? kiln_policy_apply_held(p, &rs, &err) : kiln_policy_apply(p, &rs, &err)))
 			rc = fail(&err);
 		kiln_ruleset_free(&rs);
 	} else if (!strcmp(cmd, "force") && n == 2) {

@@ -231,6 +231,20 @@ def test_rule_inside_denied_range_refused():
         assert not ok(NS_GA, "tcp", dst, port), dst
 
 
+def test_held_rules_inside_a_denied_range_are_kept_inert():
+    # Rules a sandbox already holds (a snapshot's, taken before the operator widened egress_deny)
+    # restore: the allowlist stays an allowlist and the denied rule opens nothing.
+    tool("apply-held", SB_A, "203.0.113.10", "169.254.169.254:80")
+    assert tool("rules", SB_A).stdout.split()[0] == "allowlist"
+    assert ok(NS_GA, "tcp", "203.0.113.10", 80)
+    assert not ok(NS_GA, "tcp", "203.0.113.11", 80), "still an allowlist"
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80), "the held rule opened a denied range"
+    tool("apply-held", SB_A, "169.254.169.254:80")
+    assert tool("rules", SB_A).stdout.split()[0] == "allowlist", "a lone held rule must not open egress"
+    assert not ok(NS_GA, "tcp", "203.0.113.10", 80)
+    apply(SB_A, "203.0.113.10")
+
+
 def test_forced_rule_cannot_open_denied_range():
     apply(SB_A, "203.0.113.10")
     try:
