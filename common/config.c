@@ -45,8 +45,8 @@ const struct cfg_def config_table[] = {
 	  "seconds an idle connection stays open" },
 	{ "http_max_connections_per_addr", CFG_INT, F(http_max_connections_per_addr), "32", 0,
 	  65536, NULL, false,
-	  "concurrent HTTP connections one client address may hold (0: no cap); over it a new "
-	  "connection is answered 429 and closed" },
+	  "concurrent HTTP connections one client address (IPv6: its /64) may hold (0: no cap); "
+	  "over it a new connection is answered 429 and closed" },
 	{ "http_header_timeout_s", CFG_INT, F(http_header_timeout_s), "10", 0, 3600, NULL, false,
 	  "seconds a request's headers may take to arrive, from the connection's start or the "
 	  "previous reply (0: only the idle timeout)" },

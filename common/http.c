@@ -479,10 +479,30 @@ static unsigned addr_hash(const char *s)
 	return h % ADDR_BUCKETS;
 }
 
-/* Counts one more connection of `addr`; false (nothing counted) when it has `max` already. */
-static bool addr_take(struct http_server *srv, const char *addr, unsigned max)
+/*
+ * What a client address counts under: an IPv4 address itself, an IPv6 address its /64 (one
+ * subscriber's usual allocation: its 2^64 addresses are one client).
+ */
+static void addr_key(const char *addr, char out[INET6_ADDRSTRLEN])
 {
-	struct addr_count **pp = &srv->addrs[addr_hash(addr)], *a;
+	unsigned char a[16];
+
+	if (strchr(addr, ':') && inet_pton(AF_INET6, addr, a) == 1) {
+		memset(a + 8, 0, 8);
+		inet_ntop(AF_INET6, a, out, INET6_ADDRSTRLEN);
+		return;
+	}
+	snprintf(out, INET6_ADDRSTRLEN, "%s", addr);
+}
+
+/* Counts one more connection of `client`; false (nothing counted) when it has `max` already. */
+static bool addr_take(struct http_server *srv, const char *client, unsigned max)
+{
+	char addr[INET6_ADDRSTRLEN];
+	struct addr_count **pp, *a;
+
+	addr_key(client, addr);
+	pp = &srv->addrs[addr_hash(addr)];
 
 	for (a = *pp; a && strcmp(a->addr, addr) != 0; a = a->next)
 		;
@@ -500,9 +520,13 @@ static bool addr_take(struct http_server *srv, const char *addr, unsigned max)
 	return true;
 }
 
-static void addr_drop(struct http_server *srv, const char *addr)
+static void addr_drop(struct http_server *srv, const char *client)
 {
-	struct addr_count **pp = &srv->addrs[addr_hash(addr)], *a;
+	char addr[INET6_ADDRSTRLEN];
+	struct addr_count **pp, *a;
+
+	addr_key(client, addr);
+	pp = &srv->addrs[addr_hash(addr)];
 
 	for (; (a = *pp) && strcmp(a->addr, addr) != 0; pp = &a->next)
 		;
@@ -1529,7 +1553,8 @@ struct http_server *http_server_start(const struct http_server_opts *opts, struc
 	rc = proxies_parse(srv, opts->trusted_proxies);
 	if (rc) {
 		kiln_error_set(err, rc == -ENOMEM ? KILN_E_NOMEM : KILN_E_INVALID,
-			       "trusted proxies \"%s\": each must be an address or a CIDR",
+			       "setting \"http_trusted_proxies\" is \"%s\": each entry must be an "
+			       "address or a CIDR",
 			       opts->trusted_proxies);
 		goto fail;
 	}

@@ -90,6 +90,12 @@ def proxy_v2(client, port=40000):
     return b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x11]) + struct.pack("!H", len(addrs)) + addrs
 
 
+def proxy_v2_ipv6(client, port=40000):
+    addrs = (socket.inet_pton(socket.AF_INET6, client) + socket.inet_pton(socket.AF_INET6, "::1")
+             + struct.pack("!HH", port, 8080))
+    return b"\r\n\r\n\x00\r\nQUIT\n" + bytes([0x21, 0x21]) + struct.pack("!H", len(addrs)) + addrs
+
+
 def rss_kib(pid):
     with open(f"/proc/{pid}/status") as f:
         for line in f:
@@ -298,6 +304,17 @@ class ConnectionTests(unittest.TestCase):
                 finally:
                     for s in held:
                         s.close()
+        # IPv6 clients count by their /64: its other addresses are the same client.
+        held = self.hold(PROXY, CAP, prefix=proxy_v2_ipv6("2001:db8:1:2::a"))
+        try:
+            self.assert_cap_reply(get(self.port, PROXY, "/healthz",
+                                      prefix=proxy_v2_ipv6("2001:db8:1:2:ffff::1")),
+                                  "2001:db8:1:2:ffff::1")
+            other = get(self.port, PROXY, "/healthz", prefix=proxy_v2_ipv6("2001:db8:1:3::a"))
+            self.assertIn(other[0], (200, 503), other)
+        finally:
+            for s in held:
+                s.close()
         # A malformed header from the trusted proxy is refused.
         r = get(self.port, PROXY, "/healthz", prefix=b"PROXY TCP4 nonsense\r\n")
         self.assertTrue(r is None or r[0] == 400, r)
