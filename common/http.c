@@ -451,7 +451,6 @@ struct conn {
 	bool trusted;			/* the peer is a trusted proxy */
 	bool carried;			/* `addr` came from a PROXY header */
 	bool killed;			/* closed by the watchdog: refuse what MHD still reads */
-	bool attached;			/* known to MHD (notify STARTED ran) */
 	enum conn_phase phase;
 	struct timespec t;		/* when the phase began */
 	unsigned long long body_bytes;
@@ -1060,7 +1059,6 @@ static void on_connection(void *cls, struct MHD_Connection *mc, void **socket_co
 			cc->fd = ci ? ci->connect_fd : -1;
 			srv->nconns++;
 		}
-		cc->attached = true;
 		cc->phase = PH_HEADERS;
 		clock_gettime(CLOCK_MONOTONIC, &cc->t);
 		cc->prev = NULL;
