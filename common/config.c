@@ -47,6 +47,19 @@ const struct cfg_def config_table[] = {
 	  "largest JSON request body, bytes" },
 	{ "http_timeout_s", CFG_INT, F(http_timeout_s), "60", 1, 3600, NULL, false,
 	  "seconds an idle connection stays open" },
+	{ "http_max_connections_per_addr", CFG_INT, F(http_max_connections_per_addr), "32", 0,
+	  65536, NULL, false,
+	  "concurrent HTTP connections one client address (IPv6: its /64) may hold (0: no cap); "
+	  "over it a new connection is answered 429 and closed" },
+	{ "http_header_timeout_s", CFG_INT, F(http_header_timeout_s), "10", 0, 3600, NULL, false,
+	  "seconds a request's headers may take to arrive, from the connection's start or the "
+	  "previous reply (0: only the idle timeout)" },
+	{ "http_body_min_rate", CFG_INT, F(http_body_min_rate), "1024", 0, 1073741824, NULL, false,
+	  "bytes per second a request body must average: it may take http_header_timeout_s plus "
+	  "1 s per this many bytes, else 408 and the connection closes (0: no check)" },
+	{ "http_trusted_proxies", CFG_STRING, F(http_trusted_proxies), NULL, 0, 0, NULL, false,
+	  "comma-separated addresses or CIDRs of proxies whose PROXY protocol header (v1 or v2) or "
+	  "X-Forwarded-For names the client; from anyone else both are ignored" },
 	{ "rate_limit_rps", CFG_INT, F(rate_limit_rps), "50", 1, 1000000, NULL, true,
 	  "requests per second allowed per API key" },
 	{ "rate_limit_burst", CFG_INT, F(rate_limit_burst), "100", 1, 1000000, NULL, true,

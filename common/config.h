@@ -36,6 +36,10 @@ struct kiln_config {
 	long long http_max_connections;
 	long long http_body_max;	/* bytes, JSON bodies */
 	long long http_timeout_s;	/* seconds of idle before a connection is closed */
+	long long http_max_connections_per_addr;	/* concurrent connections per client address */
+	long long http_header_timeout_s;	/* seconds a request's headers may take */
+	long long http_body_min_rate;	/* bytes/s a request body must keep up (0 = no check) */
+	char *http_trusted_proxies;	/* addresses/CIDRs whose PROXY header or XFF is believed */
 	long long rate_limit_rps;	/* requests per second per key */
 	long long rate_limit_burst;
 	long long create_limit_rpm;	/* sandbox creations per minute per key */

@@ -45,6 +45,8 @@
 	X(KILN_E_TOO_LARGE, "too_large", 413, true, "the request is too large")                    \
 	/* a well-typed value out of range */                                                      \
 	X(KILN_E_INVALID, "invalid", 422, true, "a value is out of range")                         \
+	/* a request's headers or body came too slowly */                                         \
+	X(KILN_E_TIMEOUT, "request_timeout", 408, true, "the request came too slowly")            \
 	/* too many requests */                                                                    \
 	X(KILN_E_RATE_LIMITED, "rate_limited", 429, true, "too many requests")                     \
 	/* a route or field this server does not offer */                                          \

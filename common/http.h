@@ -79,9 +79,27 @@ struct http_server_opts {
 	http_done_hook done;
 	void *app;			/* handed to handlers via http_req_app() */
 	bool trust_request_id;		/* take a caller's X-Request-Id (kiln-node: the gateway's) */
+	/*
+	 * Limits against hostile clients (0 = off). Only on a TCP listener, whose sockets the engine
+	 * accepts itself before handing them to libmicrohttpd.
+	 */
+	unsigned max_per_addr;		/* concurrent connections per client address; over: 429 */
+	unsigned header_timeout_s;	/* a request's headers must be in within this (keep-alive:
+					 * counted from the previous reply) or the connection closes */
+	unsigned body_min_rate;		/* bytes/s: a body may take header_timeout_s + len/rate
+					 * seconds, else 408 and the connection closes */
+	/*
+	 * Comma-separated addresses or CIDRs (IPv4, IPv6) of proxies whose PROXY protocol header
+	 * (v1 or v2, detected) or X-Forwarded-For names the client. NULL: none; a PROXY header from
+	 * anyone else is answered 400 as a malformed request and XFF is ignored.
+	 */
+	const char *trusted_proxies;
 };
 
-/* Starts serving. NULL with `err` set when the address cannot be bound. */
+/*
+ * Starts serving. NULL with `err` set when the address cannot be bound or trusted_proxies does
+ * not parse.
+ */
 struct http_server *http_server_start(const struct http_server_opts *opts, struct kiln_error *err);
 
 /* The port actually bound (useful with port 0). */
@@ -101,6 +119,12 @@ void *http_req_app(const struct http_req *req);
 const char *http_req_method(const struct http_req *req);
 const char *http_req_path(const struct http_req *req);
 const char *http_req_id(const struct http_req *req);
+/*
+ * The client's address as text: the socket's peer, or the one a trusted proxy carried (PROXY
+ * header or X-Forwarded-For). The address per-address limits count and logs show. "" on a Unix
+ * socket.
+ */
+const char *http_req_client(const struct http_req *req);
 /* The path parameter `name` of the route ({id}), or NULL. */
 const char *http_req_param(const struct http_req *req, const char *name);
 /* A request header or query argument, or NULL. */

@@ -29,6 +29,7 @@ static const struct {
 	{ KILN_E_CREDITS, 402, "insufficient_credits", true },
 	{ KILN_E_TOO_LARGE, 413, "too_large", true },
 	{ KILN_E_INVALID, 422, "invalid", true },
+	{ KILN_E_TIMEOUT, 408, "request_timeout", true },
 	{ KILN_E_RATE_LIMITED, 429, "rate_limited", true },
 	{ KILN_E_NOT_IMPLEMENTED, 501, "not_implemented", true },
 	{ KILN_E_SANDBOX_FAILED, 502, "sandbox_failed", true },
