@@ -947,12 +947,6 @@ static enum kiln_err read_counters(int fd, struct kiln_counters *out, struct kil
 	return KILN_OK;
 }
 
-enum kiln_err kiln_policy_counters(struct kiln_policy *p, struct kiln_counters *out,
-				   struct kiln_error *err)
-{
-	return read_counters(p->fd[M_COUNTERS], out, err);
-}
-
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,
 					struct kiln_error *err)

@@ -125,9 +125,6 @@ enum kiln_err kiln_policy_get_bandwidth(struct kiln_policy *p, struct kiln_bandw
 enum kiln_err kiln_policy_set_conn_limit(struct kiln_policy *p, uint32_t per_second,
 					 uint32_t burst, struct kiln_error *err);
 
-enum kiln_err kiln_policy_counters(struct kiln_policy *p, struct kiln_counters *out,
-				   struct kiln_error *err);
-
 /* For kiln-meter: reads a sandbox's counters from its pin, with no handle. */
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,
