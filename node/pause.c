@@ -71,6 +71,23 @@ static void pause_release(struct node *n, long long bytes)
 }
 
 /*
+ * The snapshot bytes a pause of `sb` reserves against its tenant's plan: the guest's full memory
+ * (what the snapshot's memory image can reach however much the guest touches before its VM
+ * stops), its disk layer's allocated bytes now, and PAUSE_PLAN_MARGIN for the disk writes and the
+ * device state that come until the VM stops. A snapshot larger than that (a guest that writes
+ * more than the margin to its disk in that moment) is recorded at its real size: the documented
+ * bound on how far a batch of pauses can pass the limit (docs/snapshots.md).
+ */
+#define PAUSE_PLAN_MARGIN (64ll << 20)
+static long long pause_plan_bytes(const struct node *n, const struct sandbox *sb)
+{
+	char disk[700];
+
+	snprintf(disk, sizeof(disk), "%s/%s/disk.qcow2", n->vm_state_root, sb->id);
+	return ((long long)sb->mem_mib << 20) + file_bytes(disk) + PAUSE_PLAN_MARGIN;
+}
+
+/*
  * Reserves `bytes` for the snapshot `snap_id` of `sb` against its tenant's plan, in a transaction
  * of its own (plan_snapshot_reserve). A forced pause goes on when the database cannot be reached
  * (it is counted once it is recorded).
@@ -204,7 +221,7 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct k
 		return kiln_error_set(err, rc, "cannot make an id");
 	if ((reserved = pause_reserve(n, sb, err)) < 0)
 		return err->code;
-	rc = pause_plan_reserve(n, sb, id, reserved, forced, err);
+	rc = pause_plan_reserve(n, sb, id, pause_plan_bytes(n, sb), forced, err);
 	if (rc != KILN_OK) {
 		pause_release(n, reserved);
 		return rc;
