@@ -1,8 +1,8 @@
 /*
- * pause.c - the pause of a running sandbox (pause.h): room reserved for its snapshot first, then
- * on this node's disk and against the tenant's snapshot-bytes plan limit, then
- * the VMM saves its state with the memory file moved into the snapshot and exits; the sandbox's
- * VM, network and capacity are released and it is recorded paused. Only files on disk remain.
+ * pause.c - the pause of a running sandbox (pause.h): room reserved for its snapshot first, on
+ * this node's disk and against the tenant's snapshot-bytes plan limit; then the VMM saves its
+ * state with the memory file moved into the snapshot and exits; the sandbox's VM, network and
+ * capacity are released and it is recorded paused. Only files on disk remain.
  */
 #include <stdio.h>
 #include <string.h>
