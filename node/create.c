@@ -49,15 +49,8 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 	return KILN_OK;
 }
 
-/*
- * The node's own disk admission, inside the transaction that records `sb`: under a per-node lock
- * (held to the end of the transaction, so creates on this node are admitted one after the other),
- * the disk_gib of the node's live sandboxes (creating, running, or paused: a paused one resumes
- * here into a new layer of its full size) plus `sb`'s must fit n->disk_gib. KILN_E_NO_CAPACITY
- * naming the disk when it does not.
- */
-static enum kiln_err create_disk_admit(struct node *n, struct pg_conn *c, const struct sandbox *sb,
-				       struct kiln_error *err)
+enum kiln_err create_disk_admit(struct node *n, struct pg_conn *c, unsigned long long disk_gib,
+				struct kiln_error *err)
 {
 	struct pg_res *res = NULL;
 	long long used;
@@ -69,18 +62,17 @@ static enum kiln_err create_disk_admit(struct node *n, struct pg_conn *c, const 
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 			 "SELECT coalesce(sum(disk_gib), 0) FROM sandboxes WHERE node_id = $1 "
-			 "AND deleted_at IS NULL AND state IN ('creating', 'running', 'paused') "
-			 "AND id <> $2",
-			 n->cfg.node_id, sb->id);
+			 "AND deleted_at IS NULL AND state IN ('creating', 'running', 'paused')",
+			 n->cfg.node_id);
 	if (rc != KILN_OK)
 		return rc;
 	used = pg_res_int(res, 0, 0, 0);
 	pg_res_free(res);
-	if (used + sb->disk_gib > n->disk_gib)
+	if ((unsigned long long)used + disk_gib > (unsigned long long)n->disk_gib)
 		return kiln_error_set(err, KILN_E_NO_CAPACITY,
-				      "no room for %u GiB of disk on this node: it promises %lld GiB "
+				      "no room for %llu GiB of disk on this node: it promises %lld GiB "
 				      "to sandboxes and %lld GiB are taken",
-				      sb->disk_gib, n->disk_gib, used);
+				      disk_gib, n->disk_gib, used);
 	return KILN_OK;
 }
 
@@ -105,7 +97,7 @@ static enum kiln_err create_record(struct node *n, struct sandbox *sb, const str
 	if (rc == KILN_OK)
 		rc = plan_check(c, r->tenant_id, 1, sb->vcpu_milli, sb->mem_mib, err);
 	if (rc == KILN_OK)
-		rc = create_disk_admit(n, c, sb, err);
+		rc = create_disk_admit(n, c, sb->disk_gib, err);
 	if (rc == KILN_OK)
 		rc = record_created(n->pg, c, &nw, &sb->generation, err);
 	if (rc == KILN_OK)

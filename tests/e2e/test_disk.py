@@ -70,14 +70,16 @@ class NodeDiskTests(Helpers, unittest.TestCase):
     def test_a_create_that_would_overcommit_the_disk_is_refused_and_fits_after_a_delete(self):
         node = self.stack.node.node_id
         self.assertEqual(self.stack.db.sql(f"SELECT disk_gib FROM nodes WHERE id = '{node}'"), "25")
-        # Three at once: the gateway's placement may let them all through, the node admits two.
+        first = self.create(disk_gib=10)
+        # Two more at once: the gateway's placement may let both through, the node admits one.
         body = {"memory_mib": 256, "timeout_s": 3600, "disk_gib": 10}
         results = self.at_once([lambda: self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=600)
-                                for _ in range(3)])
+                                for _ in range(2)])
         made = [r.json() for r in results if r.status == 201]
         for sb in made:
             self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
         refused = [r for r in results if r.status != 201]
+        made.insert(0, first)
         self.assertEqual(len(made), 2, results)
         self.assertEqual(len(refused), 1, results)
         self.assertEqual(refused[0].status, 503, refused[0])
@@ -100,6 +102,15 @@ class NodeDiskTests(Helpers, unittest.TestCase):
         self.assertEqual(r.status, 204, r)
         sb = self.create(disk_gib=10)
         self.assertEqual(self.state(sb), "running")
+        # A fork's children each get a layer of the parent's size: the node admits them too.
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/fork", {"count": 1}, self.key, timeout=600)
+        self.assertEqual(r.status, 503, r)
+        self.assertEqual(r.json()["error"]["code"], "no_capacity")
+        self.assertIn("GiB of disk", r.json()["error"]["message"])
+        self.assertEqual(self.state(sb), "running")
+        self.assertEqual(self.sh(sb, "echo ok")["stdout"], "ok\n")
+        self.assertEqual(self.stack.db.sql("SELECT sum(disk_gib) FROM sandboxes WHERE deleted_at IS NULL "
+                                           "AND state IN ('creating', 'running', 'paused')"), "20")
 
 
 class SnapshotBytesTests(Helpers, unittest.TestCase):
