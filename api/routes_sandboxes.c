@@ -29,7 +29,7 @@ struct sb_row {
 	char state[16];
 	char node_address[256];
 	bool node_alive;	/* its node's heartbeat is fresh */
-	unsigned vcpu_milli, mem_mib;
+	unsigned vcpu_milli, mem_mib, disk_gib;
 	char generation[24];	/* the record's generation when read (fences the gateway's write) */
 };
 
@@ -53,7 +53,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.id, s.state, coalesce(n.address, ''), "
 		 "coalesce(n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds', false), "
-		 "s.vcpu_milli, s.memory_mib, s.generation FROM sandboxes s "
+		 "s.vcpu_milli, s.memory_mib, s.generation, s.disk_gib FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, who->tenant_id);
@@ -68,6 +68,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 4, 0);
 		out->mem_mib = (unsigned)pg_res_int(res, 0, 5, 0);
 		snprintf(out->generation, sizeof(out->generation), "%s", pg_res_str(res, 0, 6));
+		out->disk_gib = (unsigned)pg_res_int(res, 0, 7, 0);
 	}
 	pg_res_free(res);
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
@@ -125,29 +126,39 @@ static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsig
 	return false;
 }
 
-/* Picks the live node with the most free memory; false (replied 503) when there is none. */
+/*
+ * Picks the live node with the most free memory that also has room for `disk_gib` of disk (the
+ * disk_gib its live sandboxes, paused ones included, hold against the disk it promises: its
+ * nodes.disk_gib); false (replied 503 naming vCPUs, memory and disk) when there is none. The
+ * node admits the disk again under its own lock as it records the sandbox (node/create.c).
+ */
 static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
-		  char *address, size_t alen)
+		  unsigned disk_gib, char *address, size_t alen)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
-	char v[16], m[16];
+	char v[16], m[16], d[16];
 	enum kiln_err rc;
 	bool ok;
 
 	snprintf(v, sizeof(v), "%u", vcpu_milli);
 	snprintf(m, sizeof(m), "%u", mem_mib);
+	snprintf(d, sizeof(d), "%u", disk_gib);
 	rc = PGQ(c, &res, &err,
 		 "SELECT n.address FROM nodes n LEFT JOIN LATERAL ("
-		 "  SELECT count(*) AS k, coalesce(sum(vcpu_milli), 0) AS v, "
-		 "         coalesce(sum(memory_mib), 0) AS m FROM sandboxes s "
-		 "  WHERE s.node_id = n.id AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')"
+		 "  SELECT count(*) FILTER (WHERE s.state <> 'paused') AS k, "
+		 "         coalesce(sum(vcpu_milli) FILTER (WHERE s.state <> 'paused'), 0) AS v, "
+		 "         coalesce(sum(memory_mib) FILTER (WHERE s.state <> 'paused'), 0) AS m, "
+		 "         coalesce(sum(disk_gib), 0) AS d FROM sandboxes s "
+		 "  WHERE s.node_id = n.id AND s.deleted_at IS NULL "
+		 "  AND s.state IN ('creating', 'running', 'paused')"
 		 ") u ON true "
 		 "WHERE n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds' "
 		 "AND u.k < n.max_sandboxes AND u.v + $1::int <= n.vcpu_milli "
 		 "AND u.m + $2::int <= n.memory_mib "
+		 "AND (n.disk_gib IS NULL OR u.d + $3::int <= n.disk_gib) "
 		 "ORDER BY n.memory_mib - u.m DESC, n.id LIMIT 1",
-		 v, m);
+		 v, m, d);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return false;
@@ -156,7 +167,10 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 	if (ok)
 		snprintf(address, alen, "%s", pg_res_str(res, 0, 0));
 	else
-		http_reply_error(req, KILN_E_NO_CAPACITY, "no node has room for this sandbox");
+		http_reply_error(req, KILN_E_NO_CAPACITY,
+				 "no node has room for this sandbox (%u.%03u vCPUs, %u MiB of memory, "
+				 "%u GiB of disk)",
+				 vcpu_milli / 1000, vcpu_milli % 1000, mem_mib, disk_gib);
 	pg_res_free(res);
 	return ok;
 }
@@ -235,7 +249,8 @@ static void sandbox_create(struct http_req *req)
 		pg_res_free(res);
 		if (rc != KILN_OK || !address[0])
 			goto out;
-	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, address, sizeof(address))) {
+	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, address,
+			  sizeof(address))) {
 		goto out;
 	}
 	pg_release(gw->pg, c);
@@ -522,7 +537,7 @@ static void sandbox_resume(struct http_req *req)
 		ok = admit(req, c, 1, sb.vcpu_milli, sb.mem_mib);
 		/* Its node is gone: another one resumes it from the tenant's bucket. */
 		if (ok && !sb.node_alive)
-			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.node_address,
+			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.node_address,
 				   sizeof(sb.node_address));
 		pg_release(gw->pg, c);
 		if (!ok)

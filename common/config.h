@@ -58,6 +58,8 @@ struct kiln_config {
 	long long node_max_sandboxes;
 	long long node_vcpu_milli;	/* thousandths of a vCPU the node hands out */
 	long long node_memory_mib;	/* guest memory the node hands out */
+	long long node_disk_gib;	/* disk for sandboxes, GiB; 0: the size of data_dir's file system */
+	long long node_disk_overcommit_pct;	/* disk promised to sandboxes, % of node_disk_gib */
 	char *hypervisor;		/* qemu */
 	long long tcg_tb_size_mib;	/* TCG translation cache per VM */
 	char *guest_kernel;

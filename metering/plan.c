@@ -64,31 +64,79 @@ enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned coun
 	return KILN_OK;
 }
 
-enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
+/* What the tenant keeps and has reserved: the sum below, for tenant_row's subquery. */
+#define SNAP_USED "(SELECT coalesce(sum(size_bytes), 0) FROM snapshots x WHERE x.tenant_id = t.id " \
+		  " AND x.purged_at IS NULL AND (x.deleted_at IS NULL OR x.kind IN ('pause', 'fork'))) + " \
+		  "(SELECT coalesce(sum(bytes), 0) FROM snapshot_reservations r WHERE r.tenant_id = t.id " \
+		  " AND r.created_at > now() - interval '1 hour') "
+
+/* The tenant's snapshot limit and what it keeps and has reserved, under the tenant's plan lock. */
+static enum kiln_err snap_usage(struct pg_conn *c, const char *tenant_id, long long *max_b,
+				long long *used, struct kiln_error *err)
 {
 	struct pg_res *res = NULL;
-	long long max_b, used;
 	enum kiln_err rc;
 
 	/*
 	 * What the tenant keeps: named snapshots not deleted, and pause and fork snapshots whose
-	 * files are still on a node (internal ones are marked deleted but kept while used).
+	 * files are still on a node (internal ones are marked deleted but kept while used); and what
+	 * pauses in progress have reserved.
 	 */
 	rc = tenant_row(c,
-			"SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), "
-			"(SELECT coalesce(sum(size_bytes), 0) FROM snapshots x WHERE x.tenant_id = t.id "
-			" AND x.purged_at IS NULL AND (x.deleted_at IS NULL OR x.kind IN ('pause', 'fork'))) "
+			"SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), " SNAP_USED
 			PLAN_FROM "WHERE t.id = $1",
 			tenant_id, &res, err);
 	if (rc != KILN_OK)
 		return rc;
-	max_b = pg_res_int(res, 0, 0, 0);
-	used = pg_res_int(res, 0, 1, 0);
+	*max_b = pg_res_int(res, 0, 0, 0);
+	*used = pg_res_int(res, 0, 1, 0);
 	pg_res_free(res);
+	return KILN_OK;
+}
+
+enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
+{
+	long long max_b, used;
+	enum kiln_err rc = snap_usage(c, tenant_id, &max_b, &used, err);
+
+	if (rc != KILN_OK)
+		return rc;
 	if (used >= max_b)
 		return kiln_error_set(err, KILN_E_QUOTA,
 				      "the plan allows %lld MiB of snapshots and %lld MiB are kept: "
 				      "delete snapshots or sandboxes to go on",
 				      max_b >> 20, used >> 20);
 	return KILN_OK;
+}
+
+enum kiln_err plan_snapshot_reserve(struct pg_conn *c, const char *tenant_id, const char *snap_id,
+				    long long bytes, bool forced, struct kiln_error *err)
+{
+	long long max_b, used;
+	char b[24];
+	enum kiln_err rc;
+
+	if (bytes < 0)
+		bytes = 0;
+	rc = PGQ(c, NULL, err, "SELECT pg_advisory_xact_lock(hashtextextended('kiln-plan:' || $1, 0))",
+		 tenant_id);
+	if (rc == KILN_OK)
+		rc = snap_usage(c, tenant_id, &max_b, &used, err);
+	if (rc != KILN_OK)
+		return rc;
+	if (!forced && used + bytes > max_b)
+		return kiln_error_set(err, KILN_E_QUOTA,
+				      "the plan allows %lld MiB of snapshots (max_snapshot_bytes): "
+				      "%lld MiB are kept or being written and this snapshot needs %lld MiB",
+				      max_b >> 20, used >> 20, (bytes + (1 << 20) - 1) >> 20);
+	snprintf(b, sizeof(b), "%lld", bytes);
+	return PGQ(c, NULL, err,
+		   "INSERT INTO snapshot_reservations (snapshot_id, tenant_id, bytes) "
+		   "VALUES ($1, $2, $3::bigint)",
+		   snap_id, tenant_id, b);
+}
+
+enum kiln_err plan_snapshot_unreserve(struct pg_conn *c, const char *snap_id, struct kiln_error *err)
+{
+	return PGQ(c, NULL, err, "DELETE FROM snapshot_reservations WHERE snapshot_id = $1", snap_id);
 }

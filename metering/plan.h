@@ -11,6 +11,8 @@
 #ifndef KILN_METERING_PLAN_H
 #define KILN_METERING_PLAN_H
 
+#include <stdbool.h>
+
 #include "common/err.h"
 #include "common/pg.h"
 
@@ -23,10 +25,26 @@ enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned coun
 			 unsigned mem_mib, struct kiln_error *err);
 
 /*
- * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, and the
- * pause and fork snapshots still on a node). Part of billing_admit; also checked before a named
- * snapshot is taken.
+ * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, the
+ * pause and fork snapshots still on a node, and what pauses in progress have reserved). Part of
+ * billing_admit; also checked before a named snapshot is taken.
  */
 enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err);
+
+/*
+ * Reserves `bytes` (the expected size of the snapshot `snap_id` about to be written) against the
+ * tenant's max_snapshot_bytes: KILN_E_QUOTA naming the limit when what the tenant keeps, what other
+ * pauses have reserved and `bytes` would pass it, unless `forced` (pauses that must never be
+ * refused: they are reserved and counted, and may put the tenant over its limit). Inside a
+ * transaction on `c`: takes the same per-tenant lock as plan_check, so concurrent reservations of
+ * one tenant on any node are made one after the other and cannot pass the limit together. The
+ * reservation lasts until plan_snapshot_unreserve (in the transaction that records the snapshot,
+ * or when the pause fails), or an hour.
+ */
+enum kiln_err plan_snapshot_reserve(struct pg_conn *c, const char *tenant_id, const char *snap_id,
+				    long long bytes, bool forced, struct kiln_error *err);
+
+/* Drops the reservation of `snap_id` (none is fine). */
+enum kiln_err plan_snapshot_unreserve(struct pg_conn *c, const char *snap_id, struct kiln_error *err);
 
 #endif

@@ -1,7 +1,8 @@
 /*
  * create.c - the create of a sandbox on this node (create.h): the shape of a named snapshot it
- * is made from, capacity reserved, the record made under the tenant's plan, then the VM restored
- * from the snapshot or a template (falling back to a cold boot) or booted cold.
+ * is made from, capacity reserved, the record made under the tenant's plan and within the node's
+ * disk, then the VM restored from the snapshot or a template (falling back to a cold boot) or
+ * booted cold.
  */
 #include <stdio.h>
 #include <string.h>
@@ -48,6 +49,33 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 	return KILN_OK;
 }
 
+enum kiln_err create_disk_admit(struct node *n, struct pg_conn *c, unsigned long long disk_gib,
+				struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	long long used;
+	enum kiln_err rc;
+
+	rc = PGQ(c, NULL, err,
+		 "SELECT pg_advisory_xact_lock(hashtextextended('kiln-node-disk:' || $1, 0))",
+		 n->cfg.node_id);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "SELECT coalesce(sum(disk_gib), 0) FROM sandboxes WHERE node_id = $1 "
+			 "AND deleted_at IS NULL AND state IN ('creating', 'running', 'paused')",
+			 n->cfg.node_id);
+	if (rc != KILN_OK)
+		return rc;
+	used = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	if ((unsigned long long)used + disk_gib > (unsigned long long)n->disk_gib)
+		return kiln_error_set(err, KILN_E_NO_CAPACITY,
+				      "no room for %llu GiB of disk on this node: it promises %lld GiB "
+				      "to sandboxes and %lld GiB are taken",
+				      disk_gib, n->disk_gib, used);
+	return KILN_OK;
+}
+
 /* Records the reserved `sb` under the tenant's plan, after any create of the tenant before it. */
 static enum kiln_err create_record(struct node *n, struct sandbox *sb, const struct create_req *r,
 				   const char *tpl, struct kiln_error *err)
@@ -68,6 +96,8 @@ static enum kiln_err create_record(struct node *n, struct sandbox *sb, const str
 	rc = pg_exec(c, "BEGIN", err);
 	if (rc == KILN_OK)
 		rc = plan_check(c, r->tenant_id, 1, sb->vcpu_milli, sb->mem_mib, err);
+	if (rc == KILN_OK)
+		rc = create_disk_admit(n, c, sb->disk_gib, err);
 	if (rc == KILN_OK)
 		rc = record_created(n->pg, c, &nw, &sb->generation, err);
 	if (rc == KILN_OK)
@@ -145,7 +175,9 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 		sb_put(n, sb);
 		if (rc == KILN_E_CONFLICT)
 			return node_error(err, rc, "the sandbox exists");
-		return rc == KILN_E_QUOTA ? rc : node_error(err, rc, "the database is unavailable");
+		return rc == KILN_E_QUOTA || rc == KILN_E_NO_CAPACITY
+			       ? rc
+			       : node_error(err, rc, "the database is unavailable");
 	}
 	sb->expires_at = time(NULL) + r->timeout_s;
 	rc = create_vm(n, sb, r, tpl, err);

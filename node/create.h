@@ -26,4 +26,14 @@ struct create_req {
  */
 enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct kiln_error *err);
 
+/*
+ * The node's own disk admission of `disk_gib` more GiB of guest disk, inside the transaction that
+ * records the new sandboxes (create, fork): under a per-node lock held to the end of it (so
+ * creates and forks on this node are admitted one after the other), the disk_gib of the node's
+ * live sandboxes (creating, running, or paused: a paused one resumes here into a new layer of its
+ * full size) plus `disk_gib` must fit n->disk_gib. KILN_E_NO_CAPACITY naming the disk when not.
+ */
+enum kiln_err create_disk_admit(struct node *n, struct pg_conn *c, unsigned long long disk_gib,
+				struct kiln_error *err);
+
 #endif

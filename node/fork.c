@@ -13,6 +13,7 @@
 #include "metering/plan.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
+#include "node/create.h"
 #include "node/fork.h"
 #include "node/lifecycle.h"
 
@@ -83,6 +84,8 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 	rc = pg_exec(c, "BEGIN", err);
 	if (rc == KILN_OK)
 		rc = plan_check(c, tenant, (unsigned)count, parent->vcpu_milli, parent->mem_mib, err);
+	if (rc == KILN_OK)
+		rc = create_disk_admit(n, c, (unsigned long long)count * parent->disk_gib, err);
 	for (made = 0; rc == KILN_OK && made < count; made++) {
 		struct record_fence pf = sb_fence(n, parent);
 		rc = record_forked(n->pg, c, &pf, kids[made]->id, kids[made]->net_index, snap,
@@ -130,7 +133,8 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 					  kids[i]->id, kerr.msg);
 		}
 		kiln_error_clear(err);
-		kiln_error_set(err, rc == KILN_E_QUOTA ? rc : KILN_E_SANDBOX_FAILED, "%s", why);
+		kiln_error_set(err, rc == KILN_E_QUOTA || rc == KILN_E_NO_CAPACITY ? rc : KILN_E_SANDBOX_FAILED,
+			       "%s", why);
 	}
 	/* The parent, on a copy of the image: its children map the original. */
 	{
@@ -152,7 +156,7 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 	pthread_mutex_unlock(&parent->lock);
 	if (rc == KILN_OK)
 		log_info("sandbox \"%s\" forked into %zu", parent->id, count);
-	else if (rc != KILN_E_QUOTA)
+	else if (rc != KILN_E_QUOTA && rc != KILN_E_NO_CAPACITY)
 		rc = node_error(err, KILN_E_SANDBOX_FAILED, "the fork failed: %s", err->msg);
 	pg_release(n->pg, c);
 	for (size_t i = 0; i < count; i++)

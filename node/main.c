@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "common/daemon.h"
@@ -64,6 +65,18 @@ static int check_init(struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\" or \"%s\"",
 				      node.vm_run_root, node.vm_state_root);
 	node.accel = accel_detect() == ACCEL_KVM ? "kvm" : "tcg";
+	{
+		/* The disk sandboxes' layers may be promised (create.c, the gateway's placement). */
+		long long gib = node.cfg.node_disk_gib;
+		struct statvfs vfs;
+
+		if (gib == 0 && statvfs(node.vm_state_root, &vfs) == 0)
+			gib = (long long)(((unsigned long long)vfs.f_blocks * vfs.f_frsize) >> 30);
+		node.disk_gib = gib * node.cfg.node_disk_overcommit_pct / 100;
+		if (node.cfg.node_disk_overcommit_pct > 100)
+			log_warn("node_disk_overcommit_pct %lld: guests can fill the disk and get ENOSPC",
+				 node.cfg.node_disk_overcommit_pct);
+	}
 	pthread_mutex_init(&node.reg_lock, NULL);
 	return KILN_OK;
 }
@@ -160,7 +173,7 @@ static const char *node_address(void)
 static enum kiln_err heartbeat(struct kiln_error *err)
 {
 	struct pg_conn *c;
-	char vcpu[24], mem[24], max[24];
+	char vcpu[24], mem[24], max[24], disk[24];
 	enum kiln_err rc = pg_acquire(node.pg, &c, err);
 
 	if (rc != KILN_OK)
@@ -168,14 +181,16 @@ static enum kiln_err heartbeat(struct kiln_error *err)
 	snprintf(vcpu, sizeof(vcpu), "%lld", node.cfg.node_vcpu_milli);
 	snprintf(mem, sizeof(mem), "%lld", node.cfg.node_memory_mib);
 	snprintf(max, sizeof(max), "%lld", node.cfg.node_max_sandboxes);
+	snprintf(disk, sizeof(disk), "%lld", node.disk_gib);
 	rc = PGQ(c, NULL, err,
 		 "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
-		 "accelerator, image_hash) VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8) "
+		 "accelerator, image_hash, disk_gib) "
+		 "VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8, $9::bigint) "
 		 "ON CONFLICT (id) DO UPDATE SET address = $2, vcpu_milli = $3::int, "
 		 "memory_mib = $4::int, max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, "
-		 "image_hash = $8, heartbeat_at = now()",
+		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now()",
 		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
-		 node.cfg.guest_image_hash);
+		 node.cfg.guest_image_hash, disk);
 	pg_release(node.pg, c);
 	return rc;
 }
@@ -204,7 +219,7 @@ static void expire_sandboxes(void)
 			struct kiln_error err = { 0 };
 			/* A sandbox past its timeout is paused, never destroyed. */
 			log_info("sandbox \"%s\" reached its timeout", sb->id);
-			if (sb_pause(&node, sb, &err) != KILN_OK) {
+			if (sb_pause(&node, sb, true, &err) != KILN_OK) {
 				log_error("pausing \"%s\" at its timeout failed: %s", sb->id, err.msg);
 				sb->expires_at = now + 60;	/* try again later */
 			}
@@ -412,7 +427,7 @@ static void api_exit(void)
 		if (!sb)
 			break;
 		pthread_mutex_lock(&sb->lock);
-		if (sb->state != SB_RUNNING || sb_pause(&node, sb, &err) != KILN_OK) {
+		if (sb->state != SB_RUNNING || sb_pause(&node, sb, true, &err) != KILN_OK) {
 			struct record_fence f = sb_fence(&node, sb);
 
 			if (err.code != KILN_OK)

@@ -72,6 +72,8 @@ struct node {
 	char vm_state_root[512];	/* <data_dir>/vms/<node>: per-VM disk layers */
 	char snap_root[512];		/* <data_dir>/snaps/<node>: snapshots */
 	const char *accel;		/* "kvm" or "tcg" */
+	long long disk_gib;		/* guest disk it may promise: node_disk_gib (or the size of
+					 * vm_state_root's file system) times node_disk_overcommit_pct */
 
 	pthread_mutex_t reg_lock;	/* the registry below and the capacity in use */
 	struct sandbox *sandboxes;

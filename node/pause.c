@@ -1,7 +1,8 @@
 /*
- * pause.c - the pause of a running sandbox (pause.h): room reserved for its snapshot first, then
- * the VMM saves its state with the memory file moved into the snapshot and exits; the sandbox's
- * VM, network and capacity are released and it is recorded paused. Only files on disk remain.
+ * pause.c - the pause of a running sandbox (pause.h): room reserved for its snapshot first, on
+ * this node's disk and against the tenant's snapshot-bytes plan limit; then the VMM saves its
+ * state with the memory file moved into the snapshot and exits; the sandbox's VM, network and
+ * capacity are released and it is recorded paused. Only files on disk remain.
  */
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,7 @@
 #include "auth/apikey.h"
 #include "common/fault.h"
 #include "common/log.h"
+#include "metering/plan.h"
 #include "vmm/hv.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
@@ -66,6 +68,69 @@ static void pause_release(struct node *n, long long bytes)
 	pthread_mutex_lock(&n->reg_lock);
 	n->pause_reserved -= bytes;
 	pthread_mutex_unlock(&n->reg_lock);
+}
+
+/*
+ * The snapshot bytes a pause of `sb` reserves against its tenant's plan: the guest's full memory
+ * (what the snapshot's memory image can reach however much the guest touches before its VM
+ * stops), its disk layer's allocated bytes now, and PAUSE_PLAN_MARGIN for the disk writes and the
+ * device state that come until the VM stops. A snapshot larger than that (a guest that writes
+ * more than the margin to its disk in that moment) is recorded at its real size: the documented
+ * bound on how far a batch of pauses can pass the limit (docs/snapshots.md).
+ */
+#define PAUSE_PLAN_MARGIN (64ll << 20)
+static long long pause_plan_bytes(const struct node *n, const struct sandbox *sb)
+{
+	char disk[700];
+
+	snprintf(disk, sizeof(disk), "%s/%s/disk.qcow2", n->vm_state_root, sb->id);
+	return ((long long)sb->mem_mib << 20) + file_bytes(disk) + PAUSE_PLAN_MARGIN;
+}
+
+/*
+ * Reserves `bytes` for the snapshot `snap_id` of `sb` against its tenant's plan, in a transaction
+ * of its own (plan_snapshot_reserve). A forced pause goes on when the database cannot be reached
+ * (it is counted once it is recorded).
+ */
+static enum kiln_err pause_plan_reserve(struct node *n, const struct sandbox *sb, const char *snap_id,
+					long long bytes, bool forced, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(n->pg, &c, err);
+
+	if (rc == KILN_OK) {
+		rc = pg_exec(c, "BEGIN", err);
+		if (rc == KILN_OK)
+			rc = plan_snapshot_reserve(c, sb->tenant_id, snap_id, bytes, forced, err);
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", err);
+		else
+			pg_exec(c, "ROLLBACK", NULL);
+		pg_release(n->pg, c);
+	}
+	if (rc == KILN_OK || rc == KILN_E_QUOTA)
+		return rc;
+	if (forced) {
+		log_warn("pause of \"%s\": snapshot bytes not reserved (%s); it goes on", sb->id, err->msg);
+		kiln_error_clear(err);
+		return KILN_OK;
+	}
+	return node_error(err, KILN_E_UNAVAILABLE,
+			  "the snapshot could not be reserved (%s); the sandbox runs on", err->msg);
+}
+
+/* Drops the plan reservation of a pause that did not happen (a leftover expires in an hour). */
+static void pause_plan_unreserve(struct node *n, const char *snap_id)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+		plan_snapshot_unreserve(c, snap_id, &err);
+		pg_release(n->pg, c);
+	}
+	if (err.code != KILN_OK)
+		log_warn("the reservation of snapshot \"%s\" not dropped: %s", snap_id, err.msg);
 }
 
 /*
@@ -125,6 +190,9 @@ enum kiln_err pause_record(struct node *n, const struct sandbox *sb, const char 
 	if (rc != KILN_OK)
 		return rc;
 	rc = pg_exec(c, "BEGIN", err);
+	/* The snapshot's reservation ends as the snapshot itself is counted. */
+	if (rc == KILN_OK)
+		rc = plan_snapshot_unreserve(c, snap_id, err);
 	if (rc == KILN_OK)
 		rc = snap_record_public(n, c, sb, snap_id, "pause", NULL, dir, err);
 	if (rc == KILN_OK) {
@@ -139,7 +207,7 @@ enum kiln_err pause_record(struct node *n, const struct sandbox *sb, const char 
 	return rc;
 }
 
-enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err)
+enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct kiln_error *err)
 {
 	char id[AUTH_ID_MAX], dir[600];
 	long long reserved;
@@ -153,12 +221,19 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *er
 		return kiln_error_set(err, rc, "cannot make an id");
 	if ((reserved = pause_reserve(n, sb, err)) < 0)
 		return err->code;
+	rc = pause_plan_reserve(n, sb, id, pause_plan_bytes(n, sb), forced, err);
+	if (rc != KILN_OK) {
+		pause_release(n, reserved);
+		return rc;
+	}
 	kiln_fault("pause-space-reserved");
 	snap_dir(n, id, dir, sizeof(dir));
 	rc = pause_save(n, sb, dir, err);
 	pause_release(n, reserved);
-	if (rc != KILN_OK)
+	if (rc != KILN_OK) {
+		pause_plan_unreserve(n, id);
 		return rc;
+	}
 	rc = pause_record(n, sb, id, dir, err);
 	if (rc != KILN_OK) {
 		/* The snapshot is complete; a restart finds it (node recovery) even if this failed. */

@@ -7,11 +7,18 @@
 
 #include "node/node.h"
 
+/* The token subject of kiln-meter's pauses (metering/pause.c): pauses that are never refused. */
+#define PAUSE_METER_SUB "kiln-meter"
+
 /*
  * Pauses a running sandbox (called with sb->lock held): a snapshot, then the VM, its network and
  * its capacity are released and the state is paused. On failure the sandbox runs on as before.
+ * The snapshot's expected size is reserved against the tenant's max_snapshot_bytes first
+ * (plan_snapshot_reserve): KILN_E_QUOTA naming the limit when it does not fit, unless `forced`
+ * (kiln-meter's pause of a tenant out of credits, the node's own pauses at a timeout or a stop):
+ * those are never refused for the plan and may put the tenant over it.
  */
-enum kiln_err sb_pause(struct node *n, struct sandbox *sb, struct kiln_error *err);
+enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct kiln_error *err);
 
 /*
  * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot

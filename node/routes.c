@@ -1252,10 +1252,11 @@ static void sandbox_pause(struct http_req *req)
 	if (!sb)
 		return;
 	pthread_mutex_lock(&sb->lock);
-	rc = sb_pause(n, sb, &err);
+	/* kiln-meter's pause of a tenant out of credits is never refused for the plan. */
+	rc = sb_pause(n, sb, strcmp(claims_of(req)->sub, PAUSE_METER_SUB) == 0, &err);
 	pthread_mutex_unlock(&sb->lock);
 	if (rc != KILN_OK)
-		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_UNAVAILABLE ? rc
+		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_UNAVAILABLE || rc == KILN_E_QUOTA ? rc
 										 : KILN_E_SANDBOX_FAILED,
 				 "the sandbox could not be paused: %s", err.msg);
 	else

@@ -9,6 +9,12 @@
  * over the base (a copy of the top layer rebased onto the base in safe mode, so what the middle
  * layers hold is kept). Images are handled with qemu-img, run without a shell.
  *
+ * An overlay's virtual size is a hard bound on the guest (writes past it are ENOSPC in the
+ * guest), and on the host: with 64 KiB clusters, no compression, no internal snapshots and no
+ * preallocation, a layer of virtual size V takes at most V of data, an 8-byte L2 entry and a
+ * 2-byte refcount per cluster (V/6554) and a few MiB of header and tables: V + V/6554 + 4 MiB
+ * (docs/sandboxes.md, "Disk").
+ *
  * OS-facing: functions return 0 or a negative errno.
  */
 #ifndef KILN_VMM_DISK_H

@@ -1,0 +1,219 @@
+"""Host disk and snapshot bytes against hostile tenants: a node never promises more guest disk than
+it has (node_disk_gib x node_disk_overcommit_pct), a guest cannot grow its layer past its disk_gib,
+and concurrent pauses cannot pass the plan's max_snapshot_bytes together."""
+import os
+import tempfile
+import threading
+import time
+import unittest
+
+import kiln
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def qcow2_bound(virtual_size):
+    """The most a qcow2 layer of `virtual_size` can take on the host (vmm/disk.h): the data
+    itself, an 8-byte L2 entry and a 2-byte refcount per 64 KiB cluster, and 4 MiB of header,
+    L1 table and refcount table."""
+    clusters = virtual_size // (64 * 1024)
+    return virtual_size + clusters * 8 + clusters * 2 + 4 * MIB
+
+
+class Helpers:
+    def create(self, key=None, status=201, **body):
+        body.setdefault("memory_mib", 256)
+        body.setdefault("timeout_s", 3600)
+        r = self.gw.request("POST", "/v1/sandboxes", body, key or self.key, timeout=600)
+        self.assertEqual(r.status, status, r)
+        if status == 201:
+            sb = r.json()
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, key or self.key)
+            return sb
+        return r
+
+    def at_once(self, calls):
+        """Runs the callables together; their results in order."""
+        results = [None] * len(calls)
+
+        def run(i):
+            results[i] = calls[i]()
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(900)
+        return results
+
+    def sh(self, sb, cmd, key=None):
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sh", "-c", cmd]},
+                            key or self.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    def state(self, sb, key=None):
+        return self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=key or self.key).json()["state"]
+
+
+class NodeDiskTests(Helpers, unittest.TestCase):
+    """A node that may promise 25 GiB of guest disk: two sandboxes of 10 GiB, never three."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env={"KILN_NODE_DISK_GIB": "25"})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def test_a_create_that_would_overcommit_the_disk_is_refused_and_fits_after_a_delete(self):
+        node = self.stack.node.node_id
+        self.assertEqual(self.stack.db.sql(f"SELECT disk_gib FROM nodes WHERE id = '{node}'"), "25")
+        first = self.create(disk_gib=10)
+        # Two more at once: the gateway's placement may let both through, the node admits one.
+        body = {"memory_mib": 256, "timeout_s": 3600, "disk_gib": 10}
+        results = self.at_once([lambda: self.gw.request("POST", "/v1/sandboxes", body, self.key, timeout=600)
+                                for _ in range(2)])
+        made = [r.json() for r in results if r.status == 201]
+        for sb in made:
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        refused = [r for r in results if r.status != 201]
+        made.insert(0, first)
+        self.assertEqual(len(made), 2, results)
+        self.assertEqual(len(refused), 1, results)
+        self.assertEqual(refused[0].status, 503, refused[0])
+        self.assertEqual(refused[0].json()["error"]["code"], "no_capacity")
+        self.assertIn("disk", refused[0].json()["error"]["message"])
+        # The gateway's own placement refuses the next one before any node is asked.
+        r = self.create(status=503, disk_gib=10)
+        self.assertEqual(r.json()["error"]["code"], "no_capacity")
+        self.assertIn("GiB of disk", r.json()["error"]["message"])
+        self.assertEqual(self.stack.db.sql("SELECT sum(disk_gib) FROM sandboxes WHERE deleted_at IS NULL "
+                                           "AND state IN ('creating', 'running', 'paused')"), "20")
+        # The refusal touched nobody: both run on.
+        for sb in made:
+            self.assertEqual(self.sh(sb, "echo ok")["stdout"], "ok\n")
+        # A paused sandbox keeps its disk: it resumes here into a layer of its full size.
+        r = self.gw.request("POST", f"/v1/sandboxes/{made[0]['id']}/pause", None, self.key, timeout=600)
+        self.assertEqual(r.status, 200, r)
+        self.create(status=503, disk_gib=10)
+        r = self.gw.request("DELETE", f"/v1/sandboxes/{made[0]['id']}", None, self.key)
+        self.assertEqual(r.status, 204, r)
+        sb = self.create(disk_gib=10)
+        self.assertEqual(self.state(sb), "running")
+        # A fork's children each get a layer of the parent's size: the node admits them too.
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/fork", {"count": 1}, self.key, timeout=600)
+        self.assertEqual(r.status, 503, r)
+        self.assertEqual(r.json()["error"]["code"], "no_capacity")
+        self.assertIn("GiB of disk", r.json()["error"]["message"])
+        self.assertEqual(self.state(sb), "running")
+        self.assertEqual(self.sh(sb, "echo ok")["stdout"], "ok\n")
+        self.assertEqual(self.stack.db.sql("SELECT sum(disk_gib) FROM sandboxes WHERE deleted_at IS NULL "
+                                           "AND state IN ('creating', 'running', 'paused')"), "20")
+
+
+class SnapshotBytesTests(Helpers, unittest.TestCase):
+    """Pauses held just after their reservation (a fault point), so they are truly concurrent."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.hold = os.path.join(tempfile.mkdtemp(prefix="kiln-disk-hold-"), "held")
+        cls.stack = kiln.Stack(node_env={"KILN_FAULT_HOLD": "pause-space-reserved",
+                                         "KILN_FAULT_HOLD_FILE": cls.hold})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        r = cls.gw.request("POST", "/v1/tenants", {"name": "snapper"}, cls.stack.admin)
+        assert r.status == 201, r
+        cls.tenant = r.json()["tenant"]["id"]
+        cls.key = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+
+    def limit(self, nbytes):
+        self.stack.db.sql("INSERT INTO plan_limits VALUES ('snaps', 10, 16000, 32768, 0) "
+                          "ON CONFLICT (plan) DO NOTHING")
+        self.stack.db.sql(f"UPDATE plan_limits SET max_snapshot_bytes = {nbytes} WHERE plan = 'snaps'")
+        self.stack.db.sql(f"UPDATE tenants SET plan = 'snaps' WHERE id = '{self.tenant}'")
+
+    def kept(self):
+        return int(self.stack.db.sql(
+            f"SELECT coalesce(sum(size_bytes), 0) FROM snapshots WHERE tenant_id = '{self.tenant}' "
+            "AND purged_at IS NULL AND (deleted_at IS NULL OR kind IN ('pause', 'fork'))"))
+
+    def test_concurrent_pauses_cannot_pass_the_snapshot_bytes_limit_together(self):
+        self.limit(50 * GIB)
+        made = self.at_once([lambda: self.create() for _ in range(3)])
+        # Each pause reserves 256 MiB of memory + its disk layer + 64 MiB: one fits, two do not.
+        self.limit(500 * MIB)
+        results = [None] * 3
+
+        def pause(i):
+            results[i] = self.gw.request("POST", f"/v1/sandboxes/{made[i]['id']}/pause", None, self.key,
+                                         timeout=600)
+
+        threads = [threading.Thread(target=pause, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        deadline = time.time() + 120
+        while time.time() < deadline and not os.path.exists(self.hold):
+            time.sleep(0.1)
+        self.assertTrue(os.path.exists(self.hold), "no pause reached its reservation")
+        # The held pause has reserved; the others are refused meanwhile, not held.
+        deadline = time.time() + 60
+        while time.time() < deadline and sum(r is not None for r in results) < 2:
+            time.sleep(0.1)
+        os.unlink(self.hold)
+        for t in threads:
+            t.join(600)
+        ok = [i for i, r in enumerate(results) if r.status == 200]
+        refused = [i for i, r in enumerate(results) if r.status != 200]
+        self.assertEqual(len(ok), 1, results)
+        for i in refused:
+            self.assertEqual(results[i].status, 403, results[i])
+            self.assertEqual(results[i].json()["error"]["code"], "quota_exceeded")
+            self.assertIn("max_snapshot_bytes", results[i].json()["error"]["message"])
+            # The sandbox runs on, untouched.
+            self.assertEqual(self.state(made[i]), "running")
+            self.assertEqual(self.sh(made[i], "echo alive")["stdout"], "alive\n")
+        self.assertEqual(self.state(made[ok[0]]), "paused")
+        self.assertLessEqual(self.kept(), 500 * MIB)
+        self.assertEqual(self.stack.db.sql("SELECT count(*) FROM snapshot_reservations"), "0")
+
+        # At the limit, a user's pause is refused; the node's pause at a timeout never is.
+        self.limit(1)
+        r = self.gw.request("POST", f"/v1/sandboxes/{made[refused[0]]['id']}/pause", None, self.key,
+                            timeout=600)
+        self.assertEqual(r.status, 403, r)
+        self.assertEqual(self.state(made[refused[0]]), "running")
+        self.stack.db.sql(f"UPDATE plan_limits SET max_snapshot_bytes = {50 * GIB} WHERE plan = 'snaps'")
+        sb = self.create(timeout_s=1)
+        self.stack.db.sql("UPDATE plan_limits SET max_snapshot_bytes = 1 WHERE plan = 'snaps'")
+        before = self.kept()
+        deadline = time.time() + 180
+        while time.time() < deadline and self.state(sb) != "paused":
+            time.sleep(1)
+        self.assertEqual(self.state(sb), "paused", "the timeout's pause was refused")
+        self.assertGreater(self.kept(), before, "a forced pause counts")
+
+    def test_a_guest_cannot_grow_its_disk_layer_past_its_size(self):
+        self.limit(50 * GIB)
+        sb = self.create(disk_gib=10)
+        self.assertEqual(self.sh(sb, "blockdev --getsize64 /dev/vda")["stdout"].strip(), str(10 * GIB))
+        # Root in the guest writes the raw device: 64 MiB just below its end, then past it.
+        r = self.sh(sb, f"dd if=/dev/urandom of=/dev/vda bs=1M seek={10 * 1024 - 64} count=64 "
+                        "conv=fsync 2>&1; echo status=$?; "
+                        f"dd if=/dev/zero of=/dev/vda bs=1M seek={10 * 1024 - 1} count=16 "
+                        "conv=fsync 2>&1; echo status=$?")
+        out = r["stdout"]
+        self.assertIn("status=0", out, out)
+        self.assertIn("No space left on device", out)
+        self.assertTrue(out.rstrip().endswith("status=1"), out)
+        layer = os.path.join(self.stack.node.data_dir, "vms", self.stack.node.node_id, sb["id"],
+                             "disk.qcow2")
+        st = os.stat(layer)
+        self.assertGreaterEqual(st.st_blocks * 512, 64 * MIB, "the writes did not reach the layer")
+        self.assertLessEqual(st.st_size, qcow2_bound(10 * GIB))
+        self.assertLessEqual(st.st_blocks * 512, qcow2_bound(10 * GIB))
+
+
+if __name__ == "__main__":
+    unittest.main()
