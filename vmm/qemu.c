@@ -159,20 +159,31 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	arg_add(&b, "-device");
 	arg_add(&b, "virtserialport,chardev=agent,name=kiln.agent");
 	if (a->disk && (a->disk_iops || a->disk_bps)) {
-		/* QEMU's block layer throttles what cgroup v1 blkio cannot: its buffered writeback */
-		char iops[40] = "", bps[48] = "";
+		/*
+		 * QEMU's block layer throttles what cgroup v1 blkio cannot: its buffered writeback. A
+		 * -drive joins its group only when it names limits of its own too (blockdev_init), so
+		 * the drive carries the same limits as the group.
+		 */
+		char iops[40] = "", bps[48] = "", d_iops[48] = "", d_bps[56] = "";
 
-		if (a->disk_iops)
+		if (a->disk_iops) {
 			snprintf(iops, sizeof(iops), ",x-iops-total=%u", a->disk_iops);
-		if (a->disk_bps)
+			snprintf(d_iops, sizeof(d_iops), ",throttling.iops-total=%u", a->disk_iops);
+		}
+		if (a->disk_bps) {
 			snprintf(bps, sizeof(bps), ",x-bps-total=%llu", a->disk_bps);
+			snprintf(d_bps, sizeof(d_bps), ",throttling.bps-total=%llu", a->disk_bps);
+		}
 		arg_add(&b, "-object");
 		arg_add(&b, "throttle-group,id=io0%s%s", iops, bps);
+		arg_add(&b, "-drive");
+		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap,throttling.group=io0%s%s",
+			a->disk, d_iops, d_bps);
+	} else if (a->disk) {
+		arg_add(&b, "-drive");
+		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap", a->disk);
 	}
 	if (a->disk) {
-		arg_add(&b, "-drive");
-		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap%s", a->disk,
-			a->disk_iops || a->disk_bps ? ",throttling.group=io0" : "");
 		arg_add(&b, "-device");
 		arg_add(&b, "virtio-blk-device,drive=root");
 	}

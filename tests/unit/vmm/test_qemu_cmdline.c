@@ -75,7 +75,8 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	CHECK_STR(opt_value(argv, "-netdev", ""), "tap,id=n0,ifname=tap0,script=no,downscript=no");
 	CHECK_STR(opt_value(argv, "-device", "virtio-net"), "virtio-net-device,netdev=n0,mac=" VMM_GUEST_MAC);
 	CHECK_STR(opt_value(argv, "-drive", ""),
-		  "id=root,file=disk,format=qcow2,if=none,discard=unmap,throttling.group=io0");
+		  "id=root,file=disk,format=qcow2,if=none,discard=unmap,throttling.group=io0,"
+		  "throttling.iops-total=2000,throttling.bps-total=52428800");
 	CHECK_STR(opt_value(argv, "-object", "throttle-group"),
 		  "throttle-group,id=io0,x-iops-total=2000,x-bps-total=52428800");
 	/* the console is a socket the node drains into a capped file, never a chardev file */
@@ -144,6 +145,9 @@ static void test_cmdline_disk_throttle(void)
 	a.disk_bps = 0;
 	CHECK_INT(qemu_argv_build(&a, &argv), 0);
 	CHECK_STR(opt_value(argv, "-object", "throttle-group"), "throttle-group,id=io0,x-iops-total=2000");
+	CHECK_STR(opt_value(argv, "-drive", ""),
+		  "id=root,file=disk,format=qcow2,if=none,discard=unmap,throttling.group=io0,"
+		  "throttling.iops-total=2000");
 	qemu_argv_free(argv);
 	a.disk_iops = 0;
 	CHECK_INT(qemu_argv_build(&a, &argv), 0);
