@@ -237,6 +237,7 @@ struct hv_console {
 	unsigned long long half;	/* bytes one file may hold */
 	unsigned long long size;	/* bytes in the current file */
 	pthread_t thread;
+	volatile bool done;	/* the thread saw the end of the stream */
 };
 
 /* Starts a new current file, the full one becoming "<path>.old". 0 or -errno. */
@@ -304,6 +305,7 @@ static void *console_main(void *arg)
 		console_put(c, buf, (size_t)n);
 	}
 	free(buf);
+	__atomic_store_n(&c->done, true, __ATOMIC_RELEASE);
 	return NULL;
 }
 
@@ -354,7 +356,7 @@ fail:
 	return r;
 }
 
-void hv_console_stop(struct hv_console *c)
+static void console_free(struct hv_console *c)
 {
 	uint64_t one = 1;
 
@@ -368,4 +370,17 @@ void hv_console_stop(struct hv_console *c)
 	if (c->out_fd >= 0)
 		close(c->out_fd);
 	free(c);
+}
+
+void hv_console_stop(struct hv_console *c)
+{
+	console_free(c);
+}
+
+void hv_console_finish(struct hv_console *c)
+{
+	/* bounded: should a process still hold the stream, stop after 2 s all the same */
+	for (int i = 0; c && i < 200 && !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++)
+		usleep(10000);
+	console_free(c);
 }

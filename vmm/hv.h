@@ -179,5 +179,10 @@ struct hv_console;
 int hv_console_start(int fd, const char *path, unsigned long long max, struct hv_console **out);
 /* Stops the thread, closes its descriptors and frees `c`. Accepts NULL. */
 void hv_console_stop(struct hv_console *c);
+/*
+ * Once the VMM has ended: waits (at most 2 s) for the thread to write what was still in the stream
+ * and see its EOF, then stops it and frees `c`, so the log holds all the guest wrote. Accepts NULL.
+ */
+void hv_console_finish(struct hv_console *c);
 
 #endif

@@ -571,6 +571,8 @@ static void vm_kill(struct hv_vm *vm, bool graceful)
 	hv_proc_kill(&vm->proc, -1);
 	qmp_close(vm->qmp);
 	vm->qmp = NULL;
+	hv_console_finish(vm->console);	/* the process is gone: its console ends too */
+	vm->console = NULL;
 }
 
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err);
