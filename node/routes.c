@@ -922,23 +922,30 @@ struct sse_job {
 
 #define SSE_CHUNK 16384	/* output bytes per event: an event is at most 6 x this plus its frame */
 
+/* Sends `n` bytes of output (n <= SSE_CHUNK) as one event; `final` flushes a held sequence. */
+static int sse_event(struct sse_job *j, enum agent_stream s, const uint8_t *data, size_t n, bool final)
+{
+	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
+
+	buf_reset(&t->b);
+	buf_appendf(&t->b, "event: %s\ndata: {\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
+	t->base = t->b.len;
+	jtext_add(t, data, n, final);
+	if (t->b.len == t->base)
+		return 0;
+	buf_appends(&t->b, "\"}\n\n");
+	return pump_write(j->p, t->b.data, t->b.len);
+}
+
 static int sse_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
 {
 	struct sse_job *j = ctx;
-	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
 
 	while (len > 0) {
 		size_t n = len < SSE_CHUNK ? len : SSE_CHUNK;
 
-		buf_reset(&t->b);
-		buf_appendf(&t->b, "event: %s\ndata: {\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
-		t->base = t->b.len;
-		jtext_add(t, data, n, false);
-		if (t->b.len > t->base) {
-			buf_appends(&t->b, "\"}\n\n");
-			if (pump_write(j->p, t->b.data, t->b.len) < 0)
-				return -1;	/* the client left; the agent stops streaming to us */
-		}
+		if (sse_event(j, s, data, n, false) < 0)
+			return -1;	/* the client left; the agent stops streaming to us */
 		data += n;
 		len -= n;
 	}
@@ -959,6 +966,9 @@ static void sse_produce(struct pump *p, void *ctx)
 	agent_req_of(j->e, &a);
 	rc = agent_exec(j->sb->agent, &a, sse_output, j, &r, &err);
 	if (rc == KILN_OK) {
+		/* output that ended inside a UTF-8 sequence */
+		sse_event(j, AGENT_STDOUT, (const uint8_t *)"", 0, true);
+		sse_event(j, AGENT_STDERR, (const uint8_t *)"", 0, true);
 		snprintf(line, sizeof(line),
 			 "event: exit\ndata: {\"exit_code\":%d,\"timed_out\":%s,\"duration_ms\":%llu}\n\n",
 			 r.exit_code, r.timed_out ? "true" : "false", (unsigned long long)r.duration_ms);

@@ -11,6 +11,7 @@ import time
 import unittest
 
 import kiln
+from test_sandboxes import sse_events
 
 CONSOLE_MAX = 256 << 10
 DISK_MIBPS = 4
@@ -135,6 +136,18 @@ class VmResourceTests(unittest.TestCase):
         # documented bound: 4 x exec_output_max, plus the agent client's queue (4 MiB + a frame)
         grew = (peak[0] - base) << 10
         self.assertLess(grew, 4 * OUTPUT_MAX + (8 << 20), f"node RSS grew {grew >> 20} MiB")
+
+    def test_output_is_encoded_exactly_in_json_and_across_streamed_chunks(self):
+        script = "printf 'a\"b\\\\c\\t\\001\\303\\251\\377\\000z'"
+        out = self.ok_exec(self.b, self.key, {"cmd": ["sh", "-c", script]})
+        self.assertEqual(out["stdout"], 'a"b\\c\t\x01\u00e9\ufffd\ufffdz')
+        self.assertFalse(out["stdout_truncated"])
+        # a UTF-8 sequence split across two writes (two chunks) comes out whole
+        events = list(sse_events(self.gw, f"/v1/sandboxes/{self.b['id']}/exec",
+                                 {"cmd": ["sh", "-c", "printf '\\342\\202'; sleep 1; printf '\\254 euro\\n'"]},
+                                 self.key))
+        self.assertEqual(events[-1][1], "exit")
+        self.assertEqual("".join(d["data"] for _, e, d in events if e == "stdout"), "\u20ac euro\n")
 
     def test_too_many_execs_at_once_get_429_naming_the_limit(self):
         results = []
