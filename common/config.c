@@ -114,7 +114,19 @@ const struct cfg_def config_table[] = {
 	{ "boot_timeout_s", CFG_INT, F(boot_timeout_s), "120", 5, 3600, NULL, false,
 	  "seconds a cold boot may take until the guest agent answers" },
 	{ "exec_output_max", CFG_INT, F(exec_output_max), "10485760", 1024, 104857600, NULL, false,
-	  "bytes of stdout (and of stderr) a non-streamed exec returns; the rest is cut" },
+	  "bytes of stdout (and of stderr) a non-streamed exec returns, measured JSON-encoded; the "
+	  "rest is cut" },
+	{ "exec_max_per_sandbox", CFG_INT, F(exec_max_per_sandbox), "8", 1, 1024, NULL, false,
+	  "execs one sandbox runs at once on its node (more: 429 naming the limit)" },
+	{ "exec_max_per_tenant", CFG_INT, F(exec_max_per_tenant), "16", 1, 65536, NULL, false,
+	  "execs one tenant's sandboxes run at once on one node (more: 429 naming the limit)" },
+	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
+	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
+	  "least; older output is dropped)" },
+	{ "disk_iops_per_vcpu", CFG_INT, F(disk_iops_per_vcpu), "2000", 0, 10000000, NULL, false,
+	  "disk I/O operations per second a sandbox may do, per whole vCPU (0: unlimited)" },
+	{ "disk_mibps_per_vcpu", CFG_INT, F(disk_mibps_per_vcpu), "64", 0, 1000000, NULL, false,
+	  "disk MiB per second a sandbox may read and write, per whole vCPU (0: unlimited)" },
 	{ "dns_upstream", CFG_STRING, F(dns_upstream), NULL, 0, 0, NULL, false,
 	  "resolver the sandboxes' DNS proxy forwards to: addr or addr:port (default: the first "
 	  "nameserver of /etc/resolv.conf)" },

@@ -69,6 +69,11 @@ struct kiln_config {
 	char *guest_image_hash;
 	long long boot_timeout_s;	/* cold boot until the agent answers */
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
+	long long exec_max_per_sandbox;	/* execs a sandbox runs at once */
+	long long exec_max_per_tenant;	/* execs a tenant's sandboxes run at once on a node */
+	long long console_max_bytes;	/* guest console kept on disk per sandbox */
+	long long disk_iops_per_vcpu;	/* disk throttle per whole vCPU, 0 = none */
+	long long disk_mibps_per_vcpu;
 	char *dns_upstream;		/* resolver the guests' DNS proxy forwards to */
 	long long conn_rate;		/* new connections per second a sandbox may open */
 	long long conn_burst;

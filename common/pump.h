@@ -6,7 +6,9 @@
  * content type with pump_ready(), then writes the body with pump_write(). The handler waits for
  * pump_wait_ready() and, unless it answers with an error instead, hands the pump to
  * http_reply_stream(req, status, type, pump_read, pump, pump_release). A client that goes away
- * makes pump_write() fail, so the producer can stop early. Writes block while the client is slow.
+ * makes pump_write() fail, so the producer can stop early. Writes block while the client is slow:
+ * between producer and client nothing is buffered but the pipe (its capacity, 64 KiB by default),
+ * so a streamed reply's memory is bounded by what the producer holds per write.
  */
 #ifndef KILN_PUMP_H
 #define KILN_PUMP_H

@@ -43,6 +43,7 @@ struct sandbox {
 	int net_index;
 	long long generation;	/* of its record: every write of it is fenced on it (record.h) */
 	int refs;		/* under the registry lock */
+	unsigned execs;		/* execs running (exec_max_per_sandbox), under the registry lock */
 	pthread_mutex_t lock;	/* serialises lifecycle changes (create, delete, pause...) */
 	enum sb_state state;
 	time_t expires_at;	/* seconds since the epoch */

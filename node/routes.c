@@ -566,33 +566,132 @@ static void sandbox_timeout(struct http_req *req)
 
 /* ---- exec ---- */
 
-/* Appends `len` bytes to `b` as valid UTF-8 (invalid sequences become U+FFFD). */
-static void utf8_append(struct buf *b, const unsigned char *s, size_t len)
+/*
+ * The text of a JSON string (without its quotes) built from a guest's output as it arrives, never
+ * longer than `limit` bytes of that text: the cap holds in node memory whatever the bytes are (a
+ * control byte becomes six). Valid UTF-8 is kept, NUL and invalid bytes become U+FFFD; a sequence
+ * split across chunks is held (at most 3 bytes) until the next one.
+ */
+struct jtext {
+	struct buf b;
+	size_t base;		/* bytes of b before the text (a reply's head) */
+	size_t limit;		/* bytes of text at most */
+	unsigned char pend[4];
+	size_t npend;
+	bool cut;		/* output was dropped at the cap */
+};
+
+static void jtext_init(struct jtext *t, size_t limit, const char *head)
 {
+	memset(t, 0, sizeof(*t));
+	t->base = head ? strlen(head) : 0;
+	t->limit = limit;
+	buf_init(&t->b, t->base + limit + 1);
+	if (head)
+		buf_appends(&t->b, head);
+}
+
+/* UTF-8 length of the sequence that begins with `c`, 0 for a byte that cannot begin one. */
+static size_t utf8_need(unsigned char c)
+{
+	return c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+}
+
+/* Whether the `n` bytes at `s` (n <= need) can begin a valid sequence of `need` bytes. */
+static bool utf8_prefix_ok(const unsigned char *s, size_t n, size_t need)
+{
+	unsigned char c = s[0];
+
+	for (size_t k = 1; k < n; k++)
+		if ((s[k] & 0xc0) != 0x80)
+			return false;
+	if (need == 2 && c < 0xc2)
+		return false;	/* overlong */
+	if (need == 3 && n > 1 && ((c == 0xe0 && s[1] < 0xa0) || (c == 0xed && s[1] >= 0xa0)))
+		return false;	/* overlong or surrogate */
+	if (need == 4 && (c > 0xf4 || (n > 1 && ((c == 0xf0 && s[1] < 0x90) || (c == 0xf4 && s[1] >= 0x90)))))
+		return false;
+	return true;
+}
+
+/* Appends `len` bytes of output; `final` flushes a held incomplete sequence (as U+FFFD). */
+static void jtext_add(struct jtext *t, const unsigned char *data, size_t len, bool final)
+{
+	unsigned char win[8];
 	size_t i = 0;
 
-	while (i < len) {
-		unsigned char c = s[i];
-		size_t need = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
-		bool ok = need > 0 && i + need <= len;
+	if (t->cut)
+		return;
+	/* a held sequence first (a valid prefix), completed from the new bytes */
+	if (t->npend > 0) {
+		size_t held = t->npend, need = utf8_need(t->pend[0]), take = need - held, n;
 
-		for (size_t k = 1; ok && k < need; k++)
-			ok = (s[i + k] & 0xc0) == 0x80;
-		if (ok && need == 2 && c < 0xc2)
-			ok = false;	/* overlong */
-		if (ok && need == 3 && ((c == 0xe0 && s[i + 1] < 0xa0) || (c == 0xed && s[i + 1] >= 0xa0)))
-			ok = false;	/* overlong or surrogate */
-		if (ok && need == 4 && ((c == 0xf0 && s[i + 1] < 0x90) || c > 0xf4 || (c == 0xf4 && s[i + 1] >= 0x90)))
-			ok = false;
-		if (ok && c == 0)
-			ok = false;	/* keep NUL out of C strings */
-		if (ok) {
-			buf_append(b, s + i, need);
-			i += need;
-		} else {
-			buf_append(b, "\xef\xbf\xbd", 3);
-			i++;
+		take = take < len ? take : len;
+		memcpy(win, t->pend, held);
+		memcpy(win + held, data, take);
+		n = held + take;
+		t->npend = 0;
+		if (n < need && !final && utf8_prefix_ok(win, n, need)) {
+			memcpy(t->pend, win, n);	/* still incomplete */
+			t->npend = n;
+			return;
 		}
+		if (n == need && utf8_prefix_ok(win, need, need)) {
+			if (t->b.len - t->base + need > t->limit) {
+				t->cut = true;
+				return;
+			}
+			buf_append(&t->b, win, need);
+			i = take;
+		} else {
+			/* broken: each held byte (a lead, then continuations) becomes U+FFFD */
+			for (size_t k = 0; k < held; k++) {
+				if (t->b.len - t->base + 3 > t->limit) {
+					t->cut = true;
+					return;
+				}
+				buf_append(&t->b, "\xef\xbf\xbd", 3);
+			}
+		}
+	}
+	while (i < len) {
+		unsigned char c = data[i];
+		size_t need = utf8_need(c), n;
+		char esc[8];
+		const char *out = esc;
+
+		if (need > 1 && i + need > len && utf8_prefix_ok(data + i, len - i, need) && !final) {
+			memcpy(t->pend, data + i, len - i);
+			t->npend = len - i;
+			return;
+		}
+		if (need == 0 || c == 0 || (need > 1 && (i + need > len || !utf8_prefix_ok(data + i, need, need)))) {
+			out = "\xef\xbf\xbd";
+			n = 3;
+			need = 1;
+		} else if (need > 1) {
+			out = (const char *)data + i;
+			n = need;
+		} else if (c == '"' || c == '\\') {
+			esc[0] = '\\';
+			esc[1] = (char)c;
+			n = 2;
+		} else if (c < 0x20) {
+			n = (size_t)snprintf(esc, sizeof(esc), "\\u%04x", c);
+			if (c == '\n' || c == '\t' || c == '\r') {
+				esc[1] = c == '\n' ? 'n' : c == '\t' ? 't' : 'r';
+				n = 2;
+			}
+		} else {
+			esc[0] = (char)c;
+			n = 1;
+		}
+		if (t->b.len - t->base + n > t->limit) {
+			t->cut = true;
+			return;
+		}
+		buf_append(&t->b, out, n);
+		i += need;
 	}
 }
 
@@ -766,25 +865,61 @@ static bool require_running(struct http_req *req, struct sandbox *sb)
 	return false;
 }
 
+/*
+ * A non-streamed exec's output, JSON-encoded as it arrives: `out` starts the reply's body and
+ * becomes it. Node memory per exec is at most about 4 x exec_output_max (both texts, then the
+ * body and the server's copy of it) plus the agent client's bounded queue (vmm/agent.c).
+ */
 struct capture {
-	struct buf out, err;
-	bool out_cut, err_cut;
+	struct jtext out, err;
 };
+
+#define EXEC_REPLY_HEAD "{\"stdout\":\""
 
 static int capture_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
 {
 	struct capture *c = ctx;
-	struct buf *b = s == AGENT_STDOUT ? &c->out : &c->err;
-	bool *cut = s == AGENT_STDOUT ? &c->out_cut : &c->err_cut;
-	size_t room = b->max - b->len;
 
-	if (len > room) {
-		*cut = true;
-		len = room;
-	}
-	if (len)
-		buf_append(b, data, len);
+	jtext_add(s == AGENT_STDOUT ? &c->out : &c->err, data, len, false);
 	return 0;
+}
+
+/*
+ * Counts an exec in against exec_max_per_sandbox and exec_max_per_tenant (this node's execs of
+ * the sandbox's tenant); at either, replies 429 naming it and returns false.
+ */
+static bool exec_enter(struct http_req *req, struct node *n, struct sandbox *sb)
+{
+	const char *limit = NULL;
+	long long max = 0, tenant = 0;
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (struct sandbox *o = n->sandboxes; o; o = o->next)
+		if (strcmp(o->tenant_id, sb->tenant_id) == 0)
+			tenant += o->execs;
+	if (sb->execs >= n->cfg.exec_max_per_sandbox) {
+		limit = "exec_max_per_sandbox";
+		max = n->cfg.exec_max_per_sandbox;
+	} else if (tenant >= n->cfg.exec_max_per_tenant) {
+		limit = "exec_max_per_tenant";
+		max = n->cfg.exec_max_per_tenant;
+	} else {
+		sb->execs++;
+	}
+	pthread_mutex_unlock(&n->reg_lock);
+	if (!limit)
+		return true;
+	http_reply_header(req, "Retry-After", "1");
+	http_reply_error(req, KILN_E_RATE_LIMITED, "too many execs at once: %s is %lld %s", limit, max,
+			 strcmp(limit, "exec_max_per_sandbox") ? "for the tenant on this node" : "for this sandbox");
+	return false;
+}
+
+static void exec_leave(struct node *n, struct sandbox *sb)
+{
+	pthread_mutex_lock(&n->reg_lock);
+	sb->execs--;
+	pthread_mutex_unlock(&n->reg_lock);
 }
 
 struct sse_job {
@@ -793,30 +928,40 @@ struct sse_job {
 	struct sandbox *sb;	/* a reference */
 	struct exec_req *e;
 	struct pump *p;
+	struct jtext out, err;	/* one event's text each (SSE_CHUNK of output), sequences split
+				   across events held */
 };
+
+#define SSE_CHUNK 16384	/* output bytes per event: an event is at most 6 x this plus its frame */
+
+/* Sends `n` bytes of output (n <= SSE_CHUNK) as one event; `final` flushes a held sequence. */
+static int sse_event(struct sse_job *j, enum agent_stream s, const uint8_t *data, size_t n, bool final)
+{
+	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
+
+	buf_reset(&t->b);
+	buf_appendf(&t->b, "event: %s\ndata: {\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
+	t->base = t->b.len;
+	jtext_add(t, data, n, final);
+	if (t->b.len == t->base)
+		return 0;
+	buf_appends(&t->b, "\"}\n\n");
+	return pump_write(j->p, t->b.data, t->b.len);
+}
 
 static int sse_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
 {
 	struct sse_job *j = ctx;
-	struct buf b;
-	json_t *ev;
-	char *line;
-	int rc;
 
-	buf_init(&b, len * 3 + 16);
-	utf8_append(&b, data, len);
-	ev = json_pack("{s:s%}", "data", b.data ? b.data : "", b.len);
-	line = ev ? json_dumps(ev, JSON_COMPACT) : NULL;
-	json_decref(ev);
-	buf_release(&b);
-	if (!line)
-		return -1;
-	buf_init(&b, strlen(line) + 64);
-	buf_appendf(&b, "event: %s\ndata: %s\n\n", s == AGENT_STDOUT ? "stdout" : "stderr", line);
-	free(line);
-	rc = pump_write(j->p, b.data, b.len);
-	buf_release(&b);
-	return rc;	/* -1: the client left; the agent stops streaming to us */
+	while (len > 0) {
+		size_t n = len < SSE_CHUNK ? len : SSE_CHUNK;
+
+		if (sse_event(j, s, data, n, false) < 0)
+			return -1;	/* the client left; the agent stops streaming to us */
+		data += n;
+		len -= n;
+	}
+	return 0;
 }
 
 static void sse_produce(struct pump *p, void *ctx)
@@ -833,6 +978,9 @@ static void sse_produce(struct pump *p, void *ctx)
 	agent_req_of(j->e, &a);
 	rc = agent_exec(j->sb->agent, &a, sse_output, j, &r, &err);
 	if (rc == KILN_OK) {
+		/* output that ended inside a UTF-8 sequence */
+		sse_event(j, AGENT_STDOUT, (const uint8_t *)"", 0, true);
+		sse_event(j, AGENT_STDERR, (const uint8_t *)"", 0, true);
 		snprintf(line, sizeof(line),
 			 "event: exit\ndata: {\"exit_code\":%d,\"timed_out\":%s,\"duration_ms\":%llu}\n\n",
 			 r.exit_code, r.timed_out ? "true" : "false", (unsigned long long)r.duration_ms);
@@ -851,7 +999,10 @@ static void sse_free(void *ctx)
 {
 	struct sse_job *j = ctx;
 
+	exec_leave(j->n, j->sb);
 	exec_req_free(j->e);
+	buf_release(&j->out.b);
+	buf_release(&j->err.b);
 	sb_put(j->n, j->sb);
 	free(j);
 }
@@ -867,12 +1018,11 @@ static void sandbox_exec(struct http_req *req)
 	struct kiln_error err = { 0 };
 	struct capture cap;
 	enum kiln_err rc;
-	json_t *out;
 
 	if (!e)
 		return;
 	sb = request_sandbox(req);
-	if (!sb || !require_running(req, sb)) {
+	if (!sb || !require_running(req, sb) || !exec_enter(req, n, sb)) {
 		exec_req_free(e);
 		sb_put(n, sb);
 		return;
@@ -882,6 +1032,7 @@ static void sandbox_exec(struct http_req *req)
 		struct pump *p;
 
 		if (!j) {
+			exec_leave(n, sb);
 			exec_req_free(e);
 			sb_put(n, sb);
 			http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -891,6 +1042,9 @@ static void sandbox_exec(struct http_req *req)
 		j->n = n;
 		j->sb = sb;
 		j->e = e;
+		jtext_init(&j->out, SSE_CHUNK * 6 + 16, NULL);
+		jtext_init(&j->err, SSE_CHUNK * 6 + 16, NULL);
+		j->out.b.max = j->err.b.max = SSE_CHUNK * 6 + 128;	/* with the event's frame */
 		p = pump_start(sse_produce, j, sse_free);
 		if (!p) {
 			http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -900,33 +1054,37 @@ static void sandbox_exec(struct http_req *req)
 		http_reply_stream(req, 200, "text/event-stream", pump_read, p, pump_release);
 		return;
 	}
-	buf_init(&cap.out, (size_t)n->cfg.exec_output_max);
-	buf_init(&cap.err, (size_t)n->cfg.exec_output_max);
-	cap.out_cut = cap.err_cut = false;
+	jtext_init(&cap.out, (size_t)n->cfg.exec_output_max, EXEC_REPLY_HEAD);
+	jtext_init(&cap.err, (size_t)n->cfg.exec_output_max, NULL);
 	agent_req_of(e, &a);
 	rc = agent_exec(sb->agent, &a, capture_output, &cap, &r, &err);
+	exec_leave(n, sb);
 	if (rc == KILN_OK) {
-		struct buf so, se;
-		buf_init(&so, cap.out.len * 3 + 1);
-		buf_init(&se, cap.err.len * 3 + 1);
-		utf8_append(&so, (const unsigned char *)(cap.out.data ? cap.out.data : ""), cap.out.len);
-		utf8_append(&se, (const unsigned char *)(cap.err.data ? cap.err.data : ""), cap.err.len);
-		out = json_pack("{s:i, s:s%, s:s%, s:I, s:b, s:b, s:b}", "exit_code", r.exit_code,
-				"stdout", so.data ? so.data : "", so.len, "stderr",
-				se.data ? se.data : "", se.len, "duration_ms", (json_int_t)r.duration_ms,
-				"timed_out", r.timed_out, "stdout_truncated", cap.out_cut,
-				"stderr_truncated", cap.err_cut);
-		buf_release(&so);
-		buf_release(&se);
-		http_reply_json(req, 200, out);
-	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE) {
+		/* the body grows from stdout's text: no second copy of it */
+		struct buf *body = &cap.out.b;
+
+		jtext_add(&cap.out, (const unsigned char *)"", 0, true);
+		jtext_add(&cap.err, (const unsigned char *)"", 0, true);
+		body->max = body->len + cap.err.b.len + 256;
+		buf_appends(body, "\",\"stderr\":\"");
+		if (cap.err.b.len)
+			buf_append(body, cap.err.b.data, cap.err.b.len);
+		buf_release(&cap.err.b);
+		if (buf_appendf(body, "\",\"exit_code\":%d,\"duration_ms\":%llu,\"timed_out\":%s,"
+				"\"stdout_truncated\":%s,\"stderr_truncated\":%s}", r.exit_code,
+				(unsigned long long)r.duration_ms, r.timed_out ? "true" : "false",
+				cap.out.cut ? "true" : "false", cap.err.cut ? "true" : "false") < 0)
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		else
+			http_reply_data(req, 200, "application/json", body->data, body->len);
+	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED) {
 		http_reply_error(req, rc, "%s", err.msg);
 	} else {
 		sandbox_failed(n, sb);
 		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the sandbox stopped answering");
 	}
-	buf_release(&cap.out);
-	buf_release(&cap.err);
+	buf_release(&cap.out.b);
+	buf_release(&cap.err.b);
 	exec_req_free(e);
 	sb_put(n, sb);
 }

@@ -305,6 +305,10 @@ static void sb_spec(struct node *n, const struct sandbox *sb, struct vmm_spec *s
 	spec->uid = sb->uid;
 	spec->gid = sb->uid;
 	spec->tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
+	spec->console_max = (unsigned long long)n->cfg.console_max_bytes;
+	/* disk throttle scaled from the whole vCPUs the guest sees */
+	spec->disk_iops = (unsigned)n->cfg.disk_iops_per_vcpu * vmm_vcpus_whole(sb->vcpu_milli);
+	spec->disk_bps = ((unsigned long long)n->cfg.disk_mibps_per_vcpu << 20) * vmm_vcpus_whole(sb->vcpu_milli);
 }
 
 enum kiln_err sb_identity(struct node *n, struct sandbox *sb, bool fresh, const char *const *env,

@@ -16,7 +16,8 @@
  *                                        long for sun_path; connect(2) follows symlinks)
  *   <run_dir>/agent.sock                 the agent channel: a socket this driver listens on and
  *                                        relays to guest vsock port FC_AGENT_PORT (below)
- *   <run_dir>/serial.log                 Firecracker's stdout: the guest console (ttyS0)
+ *   <state_dir>/serial.log(.old)         the guest console (ttyS0): Firecracker's stdout, a pipe
+ *                                        drained into a capped log (hv_console_start)
  *   <run_dir>/firecracker.log            the jailer's and Firecracker's stderr
  * The chroot lives under state_dir (a disk, not tmpfs) so that the disk, snapshot images and the
  * memory image a restore maps are hard links on one file system, not copies.
@@ -85,7 +86,9 @@ struct hv_vm {
 	char jail_dir[PATH_MAX];	/* <state_dir>/<fc>/<id>: removed on destroy */
 	char root[PATH_MAX];		/* <jail_dir>/root, the chroot */
 	char api_link[PATH_MAX], vsock_link[PATH_MAX], agent_path[PATH_MAX];
-	char serial_path[PATH_MAX], log_path[PATH_MAX];
+	char serial_path[PATH_MAX], serial_old[PATH_MAX], log_path[PATH_MAX];
+	unsigned long long console_max;
+	struct hv_console *console;	/* drains Firecracker's stdout, or NULL */
 	char kernel[PATH_MAX], initrd[PATH_MAX];	/* host paths; initrd "" for none */
 	bool has_disk, has_net;
 	char tap[16];
@@ -144,7 +147,9 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	ok &= fs_path(vm->api_link, "%s/api.sock", s->run_dir);
 	ok &= fs_path(vm->vsock_link, "%s/vsock.sock", s->run_dir);
 	ok &= fs_path(vm->agent_path, "%s/agent.sock", s->run_dir);
-	ok &= fs_path(vm->serial_path, "%s/serial.log", s->run_dir);
+	ok &= fs_path(vm->serial_path, "%s/serial.log", s->state_dir);
+	ok &= fs_path(vm->serial_old, "%s/serial.log.old", s->state_dir);
+	vm->console_max = s->console_max;
 	ok &= fs_path(vm->log_path, "%s/firecracker.log", s->run_dir);
 	ok &= fs_path(vm->kernel, "%s", s->kernel);
 	ok &= fs_path(vm->initrd, "%s", s->initrd ? s->initrd : "");
@@ -300,7 +305,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	char *argv[40];
 	posix_spawn_file_actions_t fa;
 	enum kiln_err rc = KILN_OK;
-	int n = 0, ncg = 0, r, status = 0, pid = 0;
+	int n = 0, ncg = 0, r, status = 0, pid = 0, con[2];
 	long long deadline;
 	pid_t jpid;
 	FILE *f;
@@ -341,14 +346,24 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	if (!fs_path(pidfile, "%s/%s.pid", vm->root, strrchr(vm->fc_binary, '/') + 1))
 		return kiln_error_set(err, KILN_E_INVALID, "chroot of vm '%s' too long", vm->id);
 	unlink(pidfile);
+	/* the console: a pipe drained without end into a capped file (a file would grow unbounded) */
+	if (pipe2(con, O_CLOEXEC) < 0)
+		return fs_err(err, -errno, "cannot make the console pipe of vm", vm->id);
 	posix_spawn_file_actions_init(&fa);
 	posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-	posix_spawn_file_actions_addopen(&fa, 1, vm->serial_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
+	posix_spawn_file_actions_adddup2(&fa, con[1], 1);
 	posix_spawn_file_actions_addopen(&fa, 2, vm->log_path, O_WRONLY | O_CREAT | O_APPEND, 0600);
 	r = posix_spawn(&jpid, vm->jailer, &fa, NULL, argv, envp);
 	posix_spawn_file_actions_destroy(&fa);
-	if (r != 0)
+	close(con[1]);
+	if (r != 0) {
+		close(con[0]);
 		return fs_err(err, -r, "cannot start", vm->jailer);
+	}
+	hv_console_stop(vm->console);
+	vm->console = NULL;
+	if ((r = hv_console_start(con[0], vm->serial_path, vm->console_max, &vm->console)) < 0)
+		log_warn("vm '%s': console not drained (%s)", vm->id, strerror(-r));
 
 	/* with --new-pid-ns the jailer exits once Firecracker runs */
 	deadline = now_ms() + FC_START_MS;
@@ -938,6 +953,8 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 		return KILN_OK;
 	relay_stop(vm);
 	vm_kill(vm);
+	hv_console_stop(vm->console);
+	vm->console = NULL;
 	fc_api_free(vm->api);
 	vm->api = NULL;
 	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
@@ -956,6 +973,7 @@ static enum kiln_err fc_destroy(struct hv_vm *vm, struct kiln_error *err)
 	fs_remove(vm->vsock_link, err, &rc);
 	fs_remove(vm->agent_path, err, &rc);
 	fs_remove(vm->serial_path, err, &rc);
+	fs_remove(vm->serial_old, err, &rc);
 	fs_remove(vm->log_path, err, &rc);
 	fs_remove_dir(vm->run_dir, err, &rc);
 	fs_remove_dir(vm->state_dir, err, &rc);

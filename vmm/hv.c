@@ -4,8 +4,19 @@
  */
 #include "vmm/hv.h"
 
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/log.h"
 
 struct vmm_vm {
 	const struct hv_ops *ops;
@@ -90,6 +101,9 @@ enum kiln_err vmm_spec_check(const struct vmm_spec *s, struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_INVALID, "mem_dir: not an absolute path");
 	if (s->uid == 0 || s->gid == 0)
 		return kiln_error_set(err, KILN_E_INVALID, "uid/gid: the VMM never runs as root");
+	if (s->console_max && (s->console_max < VMM_CONSOLE_MAX_MIN || s->console_max > VMM_CONSOLE_MAX_MAX))
+		return kiln_error_set(err, KILN_E_INVALID, "console_max: %llu bytes outside %llu-%llu",
+				      s->console_max, VMM_CONSOLE_MAX_MIN, VMM_CONSOLE_MAX_MAX);
 	return KILN_OK;
 }
 
@@ -209,4 +223,164 @@ const char *vmm_agent_socket(const struct vmm_vm *vm)
 const char *vmm_serial_log(const struct vmm_vm *vm)
 {
 	return vm->ops->serial_log(vm->hv);
+}
+
+/* ---- the console drain ---- */
+
+#define CONSOLE_BUF (64u << 10)
+
+struct hv_console {
+	int fd;			/* the VMM's console stream */
+	int stop_fd;		/* eventfd: hv_console_stop */
+	int out_fd;		/* the current log file */
+	char path[PATH_MAX], old[PATH_MAX];
+	unsigned long long half;	/* bytes one file may hold */
+	unsigned long long size;	/* bytes in the current file */
+	pthread_t thread;
+	volatile bool done;	/* the thread saw the end of the stream */
+};
+
+/* Starts a new current file, the full one becoming "<path>.old". 0 or -errno. */
+static int console_rotate(struct hv_console *c)
+{
+	int fd;
+
+	if (c->out_fd >= 0 && rename(c->path, c->old) < 0)
+		return -errno;
+	fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (c->out_fd >= 0)
+		close(c->out_fd);
+	c->out_fd = fd;
+	c->size = 0;
+	return 0;
+}
+
+/* Appends `len` bytes within the cap; on a write error the bytes are dropped (never waited on). */
+static void console_put(struct hv_console *c, const char *p, size_t len)
+{
+	while (len > 0 && c->out_fd >= 0) {
+		size_t n;
+		ssize_t w;
+
+		if (c->size >= c->half && console_rotate(c) < 0)
+			return;
+		n = len < c->half - c->size ? len : (size_t)(c->half - c->size);
+		w = write(c->out_fd, p, n);
+		if (w <= 0) {
+			if (w < 0 && errno == EINTR)
+				continue;
+			return;
+		}
+		c->size += (unsigned long long)w;
+		p += w;
+		len -= (size_t)w;
+	}
+}
+
+static void *console_main(void *arg)
+{
+	struct hv_console *c = arg;
+	char *buf = malloc(CONSOLE_BUF);
+
+	for (;;) {
+		struct pollfd pf[2] = { { .fd = c->fd, .events = POLLIN }, { .fd = c->stop_fd, .events = POLLIN } };
+		ssize_t n;
+
+		if (!buf)
+			break;
+		if (poll(pf, 2, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (pf[1].revents)
+			break;
+		n = read(c->fd, buf, CONSOLE_BUF);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n <= 0)
+			break;	/* the VMM ended */
+		console_put(c, buf, (size_t)n);
+	}
+	free(buf);
+	__atomic_store_n(&c->done, true, __ATOMIC_RELEASE);
+	return NULL;
+}
+
+int hv_console_start(int fd, const char *path, unsigned long long max, struct hv_console **out)
+{
+	struct hv_console *c = calloc(1, sizeof(*c));
+	struct stat st;
+	int r;
+
+	*out = NULL;
+	if (!c) {
+		close(fd);
+		return -ENOMEM;
+	}
+	c->fd = fd;
+	c->out_fd = -1;
+	c->half = (max ? max : VMM_CONSOLE_MAX_DEFAULT) / 2;
+	c->stop_fd = eventfd(0, EFD_CLOEXEC);
+	if (c->stop_fd < 0) {
+		r = -errno;
+		goto fail;
+	}
+	if (snprintf(c->path, sizeof(c->path), "%s", path) >= (int)sizeof(c->path) ||
+	    snprintf(c->old, sizeof(c->old), "%s.old", path) >= (int)sizeof(c->old)) {
+		r = -ENAMETOOLONG;
+		goto fail;
+	}
+	/* a file left by an earlier VMM of this VM (a restore, a taken-over VM) is continued */
+	c->out_fd = open(c->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+	if (c->out_fd < 0) {
+		r = -errno;
+		goto fail;
+	}
+	c->size = fstat(c->out_fd, &st) == 0 ? (unsigned long long)st.st_size : c->half;
+	if ((r = pthread_create(&c->thread, NULL, console_main, c)) != 0) {
+		r = -r;
+		goto fail;
+	}
+	*out = c;
+	return 0;
+fail:
+	if (c->stop_fd >= 0)
+		close(c->stop_fd);
+	if (c->out_fd >= 0)
+		close(c->out_fd);
+	close(fd);
+	free(c);
+	return r;
+}
+
+static void console_free(struct hv_console *c)
+{
+	uint64_t one = 1;
+
+	if (!c)
+		return;
+	if (write(c->stop_fd, &one, sizeof(one)) < 0)
+		log_warn("console: cannot signal its thread: %s", strerror(errno));
+	pthread_join(c->thread, NULL);
+	close(c->stop_fd);
+	close(c->fd);
+	if (c->out_fd >= 0)
+		close(c->out_fd);
+	free(c);
+}
+
+void hv_console_stop(struct hv_console *c)
+{
+	console_free(c);
+}
+
+void hv_console_finish(struct hv_console *c)
+{
+	/* bounded: should a process still hold the stream, stop after 2 s all the same */
+	for (int i = 0; c && i < 200 && !__atomic_load_n(&c->done, __ATOMIC_ACQUIRE); i++)
+		usleep(10000);
+	console_free(c);
 }

@@ -55,7 +55,15 @@ struct vmm_spec {
 	const char *cgroup_root;	/* NULL = /sys/fs/cgroup */
 	const char *hv_binary;	/* NULL = the driver's default (/usr/bin/qemu-system-x86_64) */
 	unsigned tb_size_mib;	/* TCG translation cache, MiB; 0 = default */
+	unsigned long long console_max;	/* bytes of guest console kept on disk (serial.log and
+					   serial.log.old, under state_dir); 0 = VMM_CONSOLE_MAX_DEFAULT */
+	unsigned disk_iops;		/* the disk's I/O operations per second (read + write); 0 = none */
+	unsigned long long disk_bps;	/* the disk's bytes per second (read + write); 0 = none */
 };
+
+#define VMM_CONSOLE_MAX_DEFAULT (1ull << 20)
+#define VMM_CONSOLE_MAX_MIN (64ull << 10)
+#define VMM_CONSOLE_MAX_MAX (1ull << 30)
 
 /* How a snapshot holds memory. */
 enum vmm_snap_mode {
@@ -151,7 +159,30 @@ enum kiln_err vmm_adopt(const char *driver, const char *state_dir, struct vmm_vm
 enum kiln_err vmm_snapshot_finish(struct vmm_vm *vm, const char *snap_dir, struct kiln_error *err);
 /* Path of the agent channel's Unix socket (for vmm/agent.c); valid until vmm_destroy. */
 const char *vmm_agent_socket(const struct vmm_vm *vm);
-/* Path of the guest's serial console log; valid until vmm_destroy. */
+/*
+ * Path of the guest's serial console log; valid until vmm_destroy. It holds the newest console
+ * output; older output rotates once into "<path>.old" (see hv_console_start).
+ */
 const char *vmm_serial_log(const struct vmm_vm *vm);
+
+/* --- for the drivers --- */
+
+/*
+ * The guest console's drain: a thread that reads `fd` (a stream the VMM writes the guest's serial
+ * output to) without end until its EOF or hv_console_stop, so the guest never waits on the host,
+ * and appends what it reads to `path`. The file never grows past max/2 bytes: when it would, it
+ * is renamed over "<path>.old" and a new one begun, so at most `max` bytes are on disk and at
+ * least the newest max/2 are kept (newest wins). Memory: one 64 KiB buffer. Takes `fd` (closed
+ * also on failure). Returns 0 or -errno.
+ */
+struct hv_console;
+int hv_console_start(int fd, const char *path, unsigned long long max, struct hv_console **out);
+/* Stops the thread, closes its descriptors and frees `c`. Accepts NULL. */
+void hv_console_stop(struct hv_console *c);
+/*
+ * Once the VMM has ended: waits (at most 2 s) for the thread to write what was still in the stream
+ * and see its EOF, then stops it and frees `c`, so the log holds all the guest wrote. Accepts NULL.
+ */
+void hv_console_finish(struct hv_console *c);
 
 #endif

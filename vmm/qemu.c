@@ -2,9 +2,10 @@
  * qemu.c - the QEMU driver: `qemu-system-x86_64 -M microvm` in the jail, driven over QMP.
  *
  * Files of one VM (docs/vmm.md):
- *   <run_dir>/qmp.sock, agent.sock    Unix sockets, created by QEMU as root before it drops to the
- *                                     VM's uid; reached by kiln-node from outside the chroot
- *   <run_dir>/serial.log, qemu.log    guest console; QEMU's own stderr
+ *   <run_dir>/qmp.sock, agent.sock,   Unix sockets, created by QEMU as root before it drops to the
+ *   serial.sock                       VM's uid; reached by kiln-node from outside the chroot
+ *   <run_dir>/qemu.log                QEMU's own stderr
+ *   <state_dir>/serial.log(.old)      guest console, drained from serial.sock, capped (hv.h)
  *   <run_dir>/jail/                   QEMU's chroot and working directory; mount points kernel,
  *                                     initrd, mem, disk and the disk chain (base, layer1..N),
  *                                     which QEMU names relative to it (jail.h says why)
@@ -26,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -96,7 +99,7 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	struct argv_b b = { 0 };
 	char accel[64];
 	const char *paths[] = { a->mem_path, a->kernel, a->initrd, a->disk, a->qmp_sock, a->agent_sock,
-				a->serial_log, a->chroot, a->tap };
+				a->serial_sock, a->chroot, a->tap };
 
 	*argv = NULL;
 	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
@@ -126,8 +129,12 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	arg_add(&b, "-display");
 	arg_add(&b, "none");
 	arg_add(&b, "-no-reboot");
+	/*
+	 * The console is a socket the node drains into a capped file (hv_console_start): a chardev
+	 * file would let the guest grow host storage without end. Unread, QEMU drops the bytes.
+	 */
 	arg_add(&b, "-chardev");
-	arg_add(&b, "file,id=serial,path=%s,append=on", a->serial_log);
+	arg_add(&b, "socket,id=serial,path=%s,server=on,wait=off", a->serial_sock);
 	arg_add(&b, "-serial");
 	arg_add(&b, "chardev:serial");
 	arg_add(&b, "-kernel");
@@ -151,9 +158,32 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	arg_add(&b, "socket,id=agent,path=%s,server=on,wait=off", a->agent_sock);
 	arg_add(&b, "-device");
 	arg_add(&b, "virtserialport,chardev=agent,name=kiln.agent");
-	if (a->disk) {
+	if (a->disk && (a->disk_iops || a->disk_bps)) {
+		/*
+		 * QEMU's block layer throttles what cgroup v1 blkio cannot: its buffered writeback. A
+		 * -drive joins its group only when it names limits of its own too (blockdev_init), so
+		 * the drive carries the same limits as the group.
+		 */
+		char iops[40] = "", bps[48] = "", d_iops[48] = "", d_bps[56] = "";
+
+		if (a->disk_iops) {
+			snprintf(iops, sizeof(iops), ",x-iops-total=%u", a->disk_iops);
+			snprintf(d_iops, sizeof(d_iops), ",throttling.iops-total=%u", a->disk_iops);
+		}
+		if (a->disk_bps) {
+			snprintf(bps, sizeof(bps), ",x-bps-total=%llu", a->disk_bps);
+			snprintf(d_bps, sizeof(d_bps), ",throttling.bps-total=%llu", a->disk_bps);
+		}
+		arg_add(&b, "-object");
+		arg_add(&b, "throttle-group,id=io0%s%s", iops, bps);
+		arg_add(&b, "-drive");
+		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap,throttling.group=io0%s%s",
+			a->disk, d_iops, d_bps);
+	} else if (a->disk) {
 		arg_add(&b, "-drive");
 		arg_add(&b, "id=root,file=%s,format=qcow2,if=none,discard=unmap", a->disk);
+	}
+	if (a->disk) {
 		arg_add(&b, "-device");
 		arg_add(&b, "virtio-blk-device,drive=root");
 	}
@@ -205,6 +235,9 @@ struct hv_vm {
 	enum accel accel;
 	char run_dir[PATH_MAX], state_dir[PATH_MAX];
 	char qmp_path[PATH_MAX], agent_path[PATH_MAX], serial_path[PATH_MAX], log_path[PATH_MAX];
+	char serial_sock[PATH_MAX], serial_old[PATH_MAX];
+	unsigned long long console_max;	/* bytes of console kept (hv_console_start) */
+	struct hv_console *console;	/* the drain of the running VMM's console, or NULL */
 	char jail_root[PATH_MAX];
 	char mp_kernel[PATH_MAX], mp_initrd[PATH_MAX], mp_disk[PATH_MAX], mp_mem[PATH_MAX];
 	char kernel[PATH_MAX], initrd[PATH_MAX];	/* host paths ("" for no initrd) */
@@ -244,7 +277,10 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	ok &= fs_path(vm->state_dir, "%s", s->state_dir);
 	ok &= fs_path(vm->qmp_path, "%s/qmp.sock", s->run_dir);
 	ok &= fs_path(vm->agent_path, "%s/agent.sock", s->run_dir);
-	ok &= fs_path(vm->serial_path, "%s/serial.log", s->run_dir);
+	ok &= fs_path(vm->serial_sock, "%s/serial.sock", s->run_dir);
+	ok &= fs_path(vm->serial_path, "%s/serial.log", s->state_dir);
+	ok &= fs_path(vm->serial_old, "%s/serial.log.old", s->state_dir);
+	vm->console_max = s->console_max ? s->console_max : VMM_CONSOLE_MAX_DEFAULT;
 	ok &= fs_path(vm->log_path, "%s/qemu.log", s->run_dir);
 	ok &= fs_path(vm->record_path, "%s/" RECORD_NAME, s->state_dir);
 	ok &= fs_path(vm->jail_root, "%s/jail", s->run_dir);
@@ -267,7 +303,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	}
 	if (!ok)
 		return kiln_error_set(err, KILN_E_INVALID, "a path of vm '%s' is too long", s->id);
-	if (strlen(vm->agent_path) > 107 || strlen(vm->qmp_path) > 107)
+	if (strlen(vm->agent_path) > 107 || strlen(vm->qmp_path) > 107 || strlen(vm->serial_sock) > 107)
 		return kiln_error_set(err, KILN_E_INVALID, "run_dir '%s' too long for a unix socket", s->run_dir);
 	return KILN_OK;
 }
@@ -343,13 +379,13 @@ static int record_write(const struct hv_vm *vm)
 
 	for (unsigned k = 0; chain && vm->disk_path[0] && k <= vm->depth; k++)
 		json_array_append_new(chain, json_string(vm->chain[k]));
-	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s}",
+	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s, s:I}",
 		      "id", vm->id, "node", vm->node, "vcpu_milli", (int)vm->vcpu_milli,
 		      "mem_mib", (int)vm->mem_mib, "run_dir", vm->run_dir, "kernel", vm->kernel,
 		      "initrd", vm->initrd, "disk", vm->disk_path, "chain", chain,
 		      "mem_path", vm->mem_path, "mem_owned", vm->mem_owned, "net", vm->has_net,
 		      "pid", (int)vm->proc.pid, "start_ticks", (json_int_t)vm->start_ticks,
-		      "hypervisor_version", vm->hv_version);
+		      "hypervisor_version", vm->hv_version, "console_max", (json_int_t)vm->console_max);
 	if (!m)
 		return -ENOMEM;
 	r = hv_base_json_write(vm->record_path, m, JSON_COMPACT);
@@ -358,6 +394,31 @@ static int record_write(const struct hv_vm *vm)
 }
 
 static void vm_kill(struct hv_vm *vm, bool graceful);
+
+/*
+ * Connects to the console socket of the VM's QEMU (created with its QMP socket, so it is there
+ * once QMP answers) and starts draining it into the capped log. A console that cannot be drained
+ * is logged and left unread: QEMU then drops the guest's output, the VM runs on.
+ */
+static void console_attach(struct hv_vm *vm)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int fd, r;
+
+	hv_console_stop(vm->console);
+	vm->console = NULL;
+	memcpy(sa.sun_path, vm->serial_sock, strnlen(vm->serial_sock, sizeof(sa.sun_path) - 1));	/* vm_init */
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+		r = -errno;
+		if (fd >= 0)
+			close(fd);
+	} else {
+		r = hv_console_start(fd, vm->serial_path, vm->console_max, &vm->console);
+	}
+	if (r < 0)
+		log_warn("vm '%s': console not drained (%s): its output is dropped", vm->id, strerror(-r));
+}
 
 /*
  * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
@@ -382,7 +443,9 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.tap = s->netns_path ? s->tap : NULL,
 		.qmp_sock = vm->qmp_path,
 		.agent_sock = vm->agent_path,
-		.serial_log = vm->serial_path,
+		.serial_sock = vm->serial_sock,
+		.disk_iops = s->disk_iops,
+		.disk_bps = s->disk_bps,
 		.chroot = vm->jail_root,
 		.uid = s->uid,
 		.gid = s->gid,
@@ -418,6 +481,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	}
 	unlink(vm->qmp_path);
 	unlink(vm->agent_path);
+	unlink(vm->serial_sock);
 	if ((r = hv_proc_spawn(&vm->proc, j, argv, envp)) < 0) {
 		rc = fs_err(err, r, "cannot start", argv[0]);
 		goto out;
@@ -431,6 +495,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	}
 	snprintf(vm->hv_version, sizeof(vm->hv_version), "%s", qmp_version(vm->qmp));
 	vm->start_ticks = proc_start_ticks(vm->proc.pid);
+	console_attach(vm);
 	if ((r = record_write(vm)) < 0) {
 		rc = fs_err(err, r, "cannot write", vm->record_path);
 		vm_kill(vm, false);
@@ -506,6 +571,8 @@ static void vm_kill(struct hv_vm *vm, bool graceful)
 	hv_proc_kill(&vm->proc, -1);
 	qmp_close(vm->qmp);
 	vm->qmp = NULL;
+	hv_console_finish(vm->console);	/* the process is gone: its console ends too */
+	vm->console = NULL;
 }
 
 static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err);
@@ -835,6 +902,7 @@ static enum kiln_err qemu_snapshot_finish(struct hv_vm *vm, const char *snap_dir
 /* Frees an adopted handle, leaving its process and files as they are. */
 static void adopt_free(struct hv_vm *vm)
 {
+	hv_console_stop(vm->console);
 	hv_proc_release(&vm->proc);
 	qmp_close(vm->qmp);
 	cg_free(vm->cg);
@@ -902,6 +970,7 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 	s.run_dir = json_string_value(json_object_get(m, "run_dir"));
 	s.state_dir = state_dir;
 	s.uid = s.gid = 1;	/* unused: the VMM runs already */
+	s.console_max = (unsigned long long)json_integer_value(json_object_get(m, "console_max"));
 	if (vmm_spec_check(&s, err) != KILN_OK || vm_init(vm, &s, err) != KILN_OK) {
 		rc = err->code;
 		goto out;
@@ -934,6 +1003,8 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 		rc = r < 0 ? kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer: %s", vm->id,
 					    strerror(-r))
 			   : adopt_run(vm, err);
+		if (rc == KILN_OK)
+			console_attach(vm);
 	}
 	if (rc == KILN_OK) {
 		log_info("vm '%s' taken over (%s)", vm->id, vm->proc.pid ? "running" : "its vmm has ended");
@@ -1114,6 +1185,8 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 	if (!vm)
 		return KILN_OK;
 	vm_kill(vm, false);
+	hv_console_stop(vm->console);
+	vm->console = NULL;
 	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
 		rc = fs_err(err, r, "cannot remove cgroup of vm", vm->id);
 	vm->cg = NULL;
@@ -1121,7 +1194,9 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 		jail_cleanup(&vm->jail);
 	fs_remove(vm->qmp_path, err, &rc);
 	fs_remove(vm->agent_path, err, &rc);
+	fs_remove(vm->serial_sock, err, &rc);
 	fs_remove(vm->serial_path, err, &rc);
+	fs_remove(vm->serial_old, err, &rc);
 	fs_remove(vm->log_path, err, &rc);
 	fs_remove(vm->record_path, err, &rc);
 	if (vm->mem_owned)

@@ -28,7 +28,9 @@ struct qemu_args {
 	const char *tap;	/* TAP name in the VMM's netns, or NULL */
 	const char *qmp_sock;
 	const char *agent_sock;
-	const char *serial_log;
+	const char *serial_sock;	/* the guest console (ttyS0): a socket kiln-node drains */
+	unsigned disk_iops;	/* throttle group of the disk: ops/s, 0 = none */
+	unsigned long long disk_bps;	/* bytes/s, 0 = none */
 	const char *chroot;	/* QEMU chroots here once set up, or NULL */
 	uid_t uid;		/* and drops to this uid/gid (-runas); 0 = stays */
 	gid_t gid;

@@ -107,7 +107,7 @@ static void test_create_pause_snapshot_destroy(void)
 	CHECK_INT(vmm_status(vm, &st, &err), KILN_OK);
 	CHECK(st.alive && st.running && st.pid > 1);
 	CHECK(agent_echo(vm));
-	FMT(path, "%s/serial.log", n.run);
+	FMT(path, "%s/serial.log", n.state);
 	CHECK_STR(vmm_serial_log(vm), path);
 	CHECK_INT(vmm_pause(vm, &err), KILN_OK);
 	CHECK_INT(vmm_status(vm, &st, &err), KILN_OK);

@@ -518,7 +518,7 @@ static pid_t orphan_vm(const struct vmm_spec *s, bool stopped)
 static void test_adopt(void)
 {
 	char run_e[96], state_e[PATH_MAX], run_f[96], state_f[PATH_MAX], run_h[96], state_h[PATH_MAX];
-	char snap[PATH_MAX], base[PATH_MAX], serial[PATH_MAX];
+	char snap[PATH_MAX], base[PATH_MAX], serial[PATH_MAX + 16];
 	struct vmm_vm *e = NULL, *f = NULL, *h = NULL;
 	struct kiln_error err = { 0 };
 	struct vmm_spec se, sf, sh;
@@ -529,7 +529,7 @@ static void test_adopt(void)
 	snprintf(base, sizeof(base), "%s/base.raw", data_dir);
 	spec_for(&se, "e", run_e, state_e, lease_uid());
 	se.rootfs = base;
-	snprintf(serial, sizeof(serial), "%s/serial.log", run_e);
+	snprintf(serial, sizeof(serial), "%s/serial.log", state_e);	/* the console lives on disk */
 	pid = orphan_vm(&se, true);
 	CHECK(pid > 0);
 	if (pid <= 0)

@@ -43,7 +43,9 @@ static struct qemu_args base_args(void)
 		.tap = "tap0",
 		.qmp_sock = "/run/kiln/n1/vm1/qmp.sock",
 		.agent_sock = "/run/kiln/n1/vm1/agent.sock",
-		.serial_log = "/run/kiln/n1/vm1/serial.log",
+		.serial_sock = "/run/kiln/n1/vm1/serial.sock",
+		.disk_iops = 2000,
+		.disk_bps = 52428800,
 		.chroot = "/run/kiln/n1/vm1/jail",
 		.uid = 64001,
 		.gid = 64001,
@@ -72,7 +74,17 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 		  "socket,id=agent,path=/run/kiln/n1/vm1/agent.sock,server=on,wait=off");
 	CHECK_STR(opt_value(argv, "-netdev", ""), "tap,id=n0,ifname=tap0,script=no,downscript=no");
 	CHECK_STR(opt_value(argv, "-device", "virtio-net"), "virtio-net-device,netdev=n0,mac=" VMM_GUEST_MAC);
-	CHECK_STR(opt_value(argv, "-drive", ""), "id=root,file=disk,format=qcow2,if=none,discard=unmap");
+	CHECK_STR(opt_value(argv, "-drive", ""),
+		  "id=root,file=disk,format=qcow2,if=none,discard=unmap,throttling.group=io0,"
+		  "throttling.iops-total=2000,throttling.bps-total=52428800");
+	CHECK_STR(opt_value(argv, "-object", "throttle-group"),
+		  "throttle-group,id=io0,x-iops-total=2000,x-bps-total=52428800");
+	/* the console is a socket the node drains into a capped file, never a chardev file */
+	CHECK_STR(opt_value(argv, "-chardev", "socket,id=serial"),
+		  "socket,id=serial,path=/run/kiln/n1/vm1/serial.sock,server=on,wait=off");
+	CHECK_STR(opt_value(argv, "-serial", ""), "chardev:serial");
+	for (char **p = argv; *p; p++)
+		CHECK(strncmp(*p, "file,", 5) != 0);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "tsc=reliable") != NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " root=/dev/vda") != NULL);
 	CHECK(!has_arg(argv, "-incoming"));
@@ -105,6 +117,7 @@ static void test_cmdline_restore_private_without_net_and_disk(void)
 	CHECK(has_arg(argv, "-S"));
 	CHECK(opt_value(argv, "-netdev", "") == NULL);
 	CHECK(opt_value(argv, "-drive", "") == NULL);
+	CHECK(opt_value(argv, "-object", "throttle-group") == NULL);	/* no disk: nothing to throttle */
 	CHECK(opt_value(argv, "-initrd", "") == NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "lpj=") == NULL);
 	qemu_argv_free(argv);
@@ -118,6 +131,29 @@ static void test_cmdline_refuses_commas_in_paths(void)
 	a.disk = "disk,file.locking=off";
 	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
 	CHECK(argv == NULL);
+	a = base_args();
+	a.serial_sock = "/run/x,server=off";
+	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
+}
+
+/* Only the limits set reach the throttle group; none set: the disk is not throttled. */
+static void test_cmdline_disk_throttle(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL;
+
+	a.disk_bps = 0;
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	CHECK_STR(opt_value(argv, "-object", "throttle-group"), "throttle-group,id=io0,x-iops-total=2000");
+	CHECK_STR(opt_value(argv, "-drive", ""),
+		  "id=root,file=disk,format=qcow2,if=none,discard=unmap,throttling.group=io0,"
+		  "throttling.iops-total=2000");
+	qemu_argv_free(argv);
+	a.disk_iops = 0;
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	CHECK(opt_value(argv, "-object", "throttle-group") == NULL);
+	CHECK_STR(opt_value(argv, "-drive", ""), "id=root,file=disk,format=qcow2,if=none,discard=unmap");
+	qemu_argv_free(argv);
 }
 
 static void test_accel_from_cpuinfo(void)
@@ -160,6 +196,13 @@ static void test_spec_shape_and_checks(void)
 	s.id = "ok";
 	s.run_dir = "/run/kiln/a-very-long-node-directory-name-that-goes-on/and-on-and-on/until-sockets-break";
 	CHECK_INT(vmm_spec_check(&s, NULL), KILN_E_INVALID);
+	s.run_dir = "/run/kiln/n1/sb_1";
+	s.console_max = 1024;	/* under VMM_CONSOLE_MAX_MIN */
+	kiln_error_clear(&err);
+	CHECK_INT(vmm_spec_check(&s, &err), KILN_E_INVALID);
+	CHECK(strncmp(err.msg, "console_max", 11) == 0);
+	s.console_max = VMM_CONSOLE_MAX_DEFAULT;
+	CHECK_INT(vmm_spec_check(&s, NULL), KILN_OK);
 	CHECK(hv_find("qemu") == &hv_qemu_ops);
 	CHECK(hv_find("firecracker") != NULL);
 }
@@ -169,6 +212,7 @@ int main(void)
 	TEST(test_cmdline_cold_boot_jailed_tcg);
 	TEST(test_cmdline_restore_private_without_net_and_disk);
 	TEST(test_cmdline_refuses_commas_in_paths);
+	TEST(test_cmdline_disk_throttle);
 	TEST(test_accel_from_cpuinfo);
 	TEST(test_spec_shape_and_checks);
 	return test_summary();

@@ -1,0 +1,219 @@
+"""A hostile guest against the node's resources: a console written without end stays capped on disk
+and off /run, an exec of 50 MiB of control bytes is cut in bounded node memory, execs at once are
+bounded per sandbox and per tenant (429 naming the limit), and disk I/O is held to its throttle
+while a neighbour still answers."""
+import glob
+import os
+import stat
+import subprocess
+import threading
+import time
+import unittest
+
+import kiln
+from test_sandboxes import sse_events
+
+CONSOLE_MAX = 256 << 10
+DISK_MIBPS = 4
+OUTPUT_MAX = 10 << 20	# exec_output_max's default
+
+
+def tree_bytes(path):
+    """Bytes of the regular files under `path` (sockets and the like count nothing)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(root, f))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
+    return total
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+class VmResourceTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        asan = os.environ.get("ASAN_OPTIONS", "")
+        cls.stack = kiln.Stack(node_env={
+            "KILN_CONSOLE_MAX_BYTES": str(CONSOLE_MAX),
+            "KILN_EXEC_MAX_PER_SANDBOX": "2",
+            "KILN_EXEC_MAX_PER_TENANT": "3",
+            "KILN_DISK_MIBPS_PER_VCPU": str(DISK_MIBPS),
+            "KILN_DISK_IOPS_PER_VCPU": "0",
+            # freed memory goes back at once: the node's RSS then shows what it holds
+            "ASAN_OPTIONS": (asan + ":" if asan else "") + "quarantine_size_mb=1",
+        })
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant("acme")
+        cls.other = cls.stack.tenant("beta")
+        cls.a = cls.create(cls.key)
+        cls.b = cls.create(cls.key)
+        cls.c = cls.create(cls.other)
+
+    @classmethod
+    def create(cls, key):
+        r = cls.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "timeout_s": 3600}, key,
+                           timeout=300)
+        assert r.status == 201, r
+        return r.json()
+
+    def exec(self, sb, key, body, timeout=300):
+        return self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", body, key, timeout=timeout)
+
+    def ok_exec(self, sb, key, body, timeout=300):
+        r = self.exec(sb, key, body, timeout)
+        self.assertEqual(r.status, 200, r.data[:500])
+        return r.json()
+
+    def state_dir(self, sb):
+        dirs = glob.glob(f"{self.stack.node.data_dir}/vms/*/{sb['id']}")
+        self.assertEqual(len(dirs), 1, dirs)
+        return dirs[0]
+
+    def test_console_flood_stays_capped_on_disk_and_off_run(self):
+        sb = self.a
+        log = os.path.join(self.state_dir(sb), "serial.log")
+        run_before = tree_bytes(self.stack.node.run_dir)
+        out = self.ok_exec(sb, self.key, {"cmd": ["sh", "-c", "timeout 20 sh -c 'yes kiln-console-flood > /dev/ttyS0'; echo done"],
+                                          "timeout_s": 120})
+        self.assertEqual(out["stdout"], "done\n", out)
+        size = os.path.getsize(log)
+        old = os.path.getsize(log + ".old") if os.path.exists(log + ".old") else 0
+        # the flood wrote far more than the cap: it rotated, and the two files hold at most the cap
+        self.assertGreater(old, 0, "the console never reached its cap: the test proves nothing")
+        self.assertLessEqual(size + old, CONSOLE_MAX)
+        with open(log, "rb") as f:
+            self.assertIn(b"kiln-console-flood\r\n", f.read())	# the tty's ONLCR
+        # nothing of it landed under /run (the node's run dir holds sockets and jails only)
+        self.assertLessEqual(tree_bytes(self.stack.node.run_dir), run_before + (64 << 10))
+        t0 = time.monotonic()
+        out = self.ok_exec(sb, self.key, {"cmd": ["echo", "still here"]}, timeout=60)
+        self.assertEqual(out["stdout"], "still here\n")
+        self.assertLess(time.monotonic() - t0, 30)
+
+    def test_fifty_mib_of_control_bytes_are_cut_in_bounded_memory(self):
+        pid = self.stack.node.proc.pid
+        base = rss_kib(pid)
+        peak = [base]
+        done = threading.Event()
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_kib(pid))
+                time.sleep(0.02)
+
+        t = threading.Thread(target=sample)
+        t.start()
+        try:
+            r = self.exec(self.b, self.key, {"cmd": ["sh", "-c", "head -c 50M /dev/zero; printf '\\001%.0s' $(seq 1 100000) >&2"],
+                                             "timeout_s": 600}, timeout=900)
+        finally:
+            done.set()
+            t.join()
+        self.assertEqual(r.status, 200, r.data[:300])
+        body = r.json()
+        self.assertEqual(body["exit_code"], 0)
+        self.assertTrue(body["stdout_truncated"])
+        # NUL becomes U+FFFD; the cap is on the JSON text: 3 bytes a character
+        self.assertEqual(set(body["stdout"]), {"\ufffd"})
+        self.assertLessEqual(len(body["stdout"].encode()), OUTPUT_MAX)
+        self.assertGreater(len(body["stdout"].encode()), OUTPUT_MAX - 16)
+        # \u0001 is six bytes of JSON text: 100000 of them fit whole
+        self.assertEqual(body["stderr"], "\x01" * 100000)
+        self.assertFalse(body["stderr_truncated"])
+        self.assertLessEqual(len(r.data), 2 * OUTPUT_MAX + 512)
+        # documented bound: 4 x exec_output_max, plus the agent client's queue (4 MiB + a frame)
+        grew = (peak[0] - base) << 10
+        self.assertLess(grew, 4 * OUTPUT_MAX + (8 << 20), f"node RSS grew {grew >> 20} MiB")
+
+    def test_output_is_encoded_exactly_in_json_and_across_streamed_chunks(self):
+        script = "printf 'a\"b\\\\c\\t\\001\\303\\251\\377\\000z'"
+        out = self.ok_exec(self.b, self.key, {"cmd": ["sh", "-c", script]})
+        self.assertEqual(out["stdout"], 'a"b\\c\t\x01\u00e9\ufffd\ufffdz')
+        self.assertFalse(out["stdout_truncated"])
+        # a UTF-8 sequence split across two writes (two chunks) comes out whole
+        events = list(sse_events(self.gw, f"/v1/sandboxes/{self.b['id']}/exec",
+                                 {"cmd": ["sh", "-c", "printf '\\342\\202'; sleep 1; printf '\\254 euro\\n'"]},
+                                 self.key))
+        self.assertEqual(events[-1][1], "exit")
+        self.assertEqual("".join(d["data"] for _, e, d in events if e == "stdout"), "\u20ac euro\n")
+
+    def test_too_many_execs_at_once_get_429_naming_the_limit(self):
+        results = []
+
+        def run(sb, key):
+            results.append(self.exec(sb, key, {"cmd": ["sleep", "15"]}, timeout=120).status)
+
+        threads = [threading.Thread(target=run, args=(self.a, self.key)) for _ in range(2)]
+        threads.append(threading.Thread(target=run, args=(self.b, self.key)))
+        for t in threads:
+            t.start()
+            time.sleep(1)
+        time.sleep(3)
+        try:
+            r = self.exec(self.a, self.key, {"cmd": ["true"]})
+            self.assertEqual(r.status, 429, r.data)
+            self.assertEqual(r.json()["error"]["code"], "rate_limited")
+            self.assertIn("exec_max_per_sandbox", r.json()["error"]["message"])
+            r = self.exec(self.b, self.key, {"cmd": ["true"]})
+            self.assertEqual(r.status, 429, r.data)
+            self.assertIn("exec_max_per_tenant", r.json()["error"]["message"])
+            # another tenant is not held back
+            out = self.ok_exec(self.c, self.other, {"cmd": ["echo", "neighbour"]}, timeout=60)
+            self.assertEqual(out["stdout"], "neighbour\n")
+        finally:
+            for t in threads:
+                t.join()
+        self.assertEqual(results, [200, 200, 200])
+        # the slots come back once those ended
+        self.assertEqual(self.ok_exec(self.a, self.key, {"cmd": ["true"]})["exit_code"], 0)
+
+    def test_disk_io_is_held_to_its_throttle_while_a_neighbour_answers(self):
+        qemu = subprocess.run(["pgrep", "-f", f"{self.c['id']}"], capture_output=True, text=True)
+        cmdlines = []
+        for p in qemu.stdout.split():
+            try:
+                with open(f"/proc/{p}/cmdline", "rb") as f:
+                    cmdlines.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+            except FileNotFoundError:
+                pass
+        self.assertTrue(any(f"x-bps-total={DISK_MIBPS << 20}" in c for c in cmdlines), cmdlines)
+        limit = DISK_MIBPS << 20
+        for mode in (["oflag=direct"], ["conv=fsync"]):
+            with self.subTest(mode=mode[0]):
+                lat = []
+
+                def neighbour():
+                    time.sleep(2)
+                    t0 = time.monotonic()
+                    out = self.ok_exec(self.a, self.key, {"cmd": ["echo", "ok"]}, timeout=60)
+                    lat.append((time.monotonic() - t0, out["stdout"]))
+
+                t = threading.Thread(target=neighbour)
+                t.start()
+                cmd = f"dd if=/dev/zero of=/root/dd.bin bs=1M count=32 {mode[0]} 2>/dev/null; rm -f /root/dd.bin; sync"
+                t0 = time.monotonic()
+                out = self.ok_exec(self.c, self.other, {"cmd": ["sh", "-c", cmd], "timeout_s": 300}, timeout=400)
+                took = time.monotonic() - t0
+                t.join()
+                self.assertEqual(out["exit_code"], 0, out)
+                rate = (32 << 20) / took
+                self.assertLessEqual(rate, limit * 1.5, f"{rate / (1 << 20):.1f} MiB/s over {took:.1f} s")
+                self.assertGreater(took, 4)
+                self.assertEqual(lat[0][1], "ok\n")
+                self.assertLess(lat[0][0], 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
