@@ -116,20 +116,20 @@ enum kiln_err jwks_verify(struct jwks_cache *k, const char *token, size_t len,
 	if (rc != KILN_OK && why == AUTH_JWT_UNKNOWN_KID) {
 		struct kiln_error ferr = { 0 };
 		time_t now = time(NULL);
-		bool fetched = false;
 
 		pthread_mutex_lock(&k->fetch_lock);
 		if (k->last_fetch != now) {
 			k->last_fetch = now;
-			fetched = jwks_fetch(k, &ferr) == KILN_OK;
-			if (!fetched)
+			if (jwks_fetch(k, &ferr) != KILN_OK)
 				log_warn("%s", ferr.msg);
 		}
 		pthread_mutex_unlock(&k->fetch_lock);
-		if (fetched) {
-			kiln_error_clear(&first);
-			rc = verify_once(k, token, len, &o, out, &why, &first);
-		}
+		/*
+		 * Verified again whoever fetched: requests that waited on the lock while another
+		 * fetched the new key must see it too (several creates at once on a fresh node).
+		 */
+		kiln_error_clear(&first);
+		rc = verify_once(k, token, len, &o, out, &why, &first);
 	}
 	if (rc != KILN_OK)
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid node token: %s",
