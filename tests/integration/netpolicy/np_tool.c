@@ -92,7 +92,8 @@ static char **bench_rules(size_t n, unsigned salt)
 		if (i % 2)
 			snprintf(v[i], 40, "198.18.%u.%u:443", (x >> 8) & 0xff, x & 0xff);
 		else
-			snprintf(v[i], 40, "100.%u.%u.0/24", 64 + ((x >> 8) & 0x3f), x & 0xff);
+			/* benchmarking space (198.19/16), outside every denied range */
+			snprintf(v[i], 40, "198.19.%u.%u/30", (x >> 6) & 0xff, (x & 0x3f) * 4);
 	}
 	return v;
 }
