@@ -13,6 +13,7 @@
 
 #define FC_API_SOCK_MAX 107	/* bytes of a Unix socket path (sun_path less the terminator) */
 #define FC_API_RETRY_MS 5
+#define FC_API_REFILL_MS 1000	/* a token bucket refills its size in one second */
 
 struct fc_api {
 	char sock[FC_API_SOCK_MAX + 1];
@@ -168,4 +169,34 @@ enum kiln_err fc_api_wait(struct fc_api *api, const char *what, int timeout_ms, 
 			return rc == KILN_OK ? KILN_OK : kiln_error_set(err, rc, "%s", last.msg);
 		nanosleep(&tick, NULL);
 	}
+}
+
+/* One TokenBucket of `per_s` tokens a second, or NULL (out of memory). */
+static json_t *token_bucket(unsigned long long per_s)
+{
+	if (!per_s)
+		return json_pack("{s:I, s:I}", "size", (json_int_t)0, "refill_time", (json_int_t)0);
+	return json_pack("{s:I, s:I, s:I}", "size", (json_int_t)per_s, "refill_time", (json_int_t)FC_API_REFILL_MS,
+			 "one_time_burst", (json_int_t)0);
+}
+
+json_t *fc_api_rate_limiter(unsigned long long ops_per_s, unsigned long long bytes_per_s, bool explicit_none)
+{
+	json_t *rl = json_object();
+	const struct {
+		const char *name;
+		unsigned long long per_s;
+	} b[] = { { "bandwidth", bytes_per_s }, { "ops", ops_per_s } };
+
+	if (!rl)
+		return NULL;
+	for (size_t i = 0; i < sizeof(b) / sizeof(b[0]); i++) {
+		if (!b[i].per_s && !explicit_none)
+			continue;
+		if (json_object_set_new(rl, b[i].name, token_bucket(b[i].per_s)) < 0) {
+			json_decref(rl);
+			return NULL;
+		}
+	}
+	return rl;
 }

@@ -23,6 +23,7 @@
 #define KILN_VMM_FC_API_H
 
 #include <jansson.h>
+#include <stdbool.h>
 
 #include "common/err.h"
 
@@ -57,5 +58,16 @@ enum kiln_err fc_api_call(struct fc_api *api, const char *what, const char *meth
  */
 enum kiln_err fc_api_wait(struct fc_api *api, const char *what, int timeout_ms, json_t **resp,
 			  struct kiln_error *err);
+
+/*
+ * Firecracker's RateLimiter object for a device doing at most `ops_per_s` operations and
+ * `bytes_per_s` bytes per second: a TokenBucket each, {size: the per-second figure, refill_time:
+ * 1000 ms, one_time_burst: 0} (a full bucket is one second of tokens; no credit beyond it). A 0
+ * figure means no limit on that bucket: it is left out, or, with `explicit_none` (for a PATCH,
+ * where a left-out bucket means "unchanged"), sent as {size: 0, refill_time: 0}, which Firecracker
+ * takes as "disable this bucket". Returns a new object the caller json_decref()s, or NULL when out
+ * of memory.
+ */
+json_t *fc_api_rate_limiter(unsigned long long ops_per_s, unsigned long long bytes_per_s, bool explicit_none);
 
 #endif

@@ -91,6 +91,8 @@ struct hv_vm {
 	struct hv_console *console;	/* drains Firecracker's stdout, or NULL */
 	char kernel[PATH_MAX], initrd[PATH_MAX];	/* host paths; initrd "" for none */
 	bool has_disk, has_net;
+	unsigned disk_iops;		/* the drive's rate limiter: ops/s and bytes/s, 0 = none */
+	unsigned long long disk_bps;
 	char tap[16];
 	struct fc_api *api;
 	struct cg *cg;
@@ -133,6 +135,8 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	vm->vcpu_milli = s->vcpu_milli;
 	vm->vcpus = vmm_vcpus_whole(s->vcpu_milli);
 	vm->mem_mib = s->mem_mib;
+	vm->disk_iops = s->disk_iops;
+	vm->disk_bps = s->disk_bps;
 	vm->uid = s->uid;
 	vm->gid = s->gid;
 	vm->has_net = s->netns_path != NULL;
@@ -401,7 +405,10 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, struct
 	return rc;
 }
 
-/* One API call with a JSON body built from `fmt` (json_pack); the body is freed here. */
+/*
+ * One API call with a JSON body built from `fmt` (json_pack; an "o" argument is taken over); the
+ * body is freed here.
+ */
 static enum kiln_err api_put(struct hv_vm *vm, const char *method, const char *path, int timeout_ms,
 			     struct kiln_error *err, const char *fmt, ...)
 {
@@ -410,13 +417,15 @@ static enum kiln_err api_put(struct hv_vm *vm, const char *method, const char *p
 	va_list ap;
 	json_t *body;
 
-	if (!vm->api || !vm_alive(vm))
-		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no running vmm", vm->id);
 	va_start(ap, fmt);
 	body = json_vpack_ex(&jerr, 0, fmt, ap);
 	va_end(ap);
 	if (!body)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (!vm->api || !vm_alive(vm)) {
+		json_decref(body);
+		return kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no running vmm", vm->id);
+	}
 	rc = fc_api_call(vm->api, vm->id, method, path, body, timeout_ms, NULL, NULL, err);
 	json_decref(body);
 	return rc;
@@ -681,10 +690,20 @@ static enum kiln_err fc_create(const struct vmm_spec *s, struct hv_vm **out, str
 		if (rc != KILN_OK)
 			goto fail;
 	}
-	if (vm->has_disk && (rc = api_put(vm, "PUT", "/drives/rootfs", FC_API_MS, err, "{s:s, s:s, s:b, s:b}",
-					  "drive_id", "rootfs", "path_on_host", IN_ROOTFS, "is_root_device", 1,
-					  "is_read_only", 0)) != KILN_OK)
+	if (vm->has_disk && (vm->disk_iops || vm->disk_bps)) {
+		json_t *rl = fc_api_rate_limiter(vm->disk_iops, vm->disk_bps, false);
+
+		rc = rl ? api_put(vm, "PUT", "/drives/rootfs", FC_API_MS, err, "{s:s, s:s, s:b, s:b, s:o}",
+				  "drive_id", "rootfs", "path_on_host", IN_ROOTFS, "is_root_device", 1,
+				  "is_read_only", 0, "rate_limiter", rl)
+			: kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		if (rc != KILN_OK)
+			goto fail;
+	} else if (vm->has_disk && (rc = api_put(vm, "PUT", "/drives/rootfs", FC_API_MS, err,
+						 "{s:s, s:s, s:b, s:b}", "drive_id", "rootfs", "path_on_host",
+						 IN_ROOTFS, "is_root_device", 1, "is_read_only", 0)) != KILN_OK) {
 		goto fail;
+	}
 	if (vm->has_net && (rc = api_put(vm, "PUT", "/network-interfaces/eth0", FC_API_MS, err, "{s:s, s:s, s:s}",
 					 "iface_id", "eth0", "host_dev_name", vm->tap, "guest_mac",
 					 VMM_GUEST_MAC)) != KILN_OK)
@@ -908,6 +927,19 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 			     "backend_path", IN_SNAP_MEM, "enable_diff_snapshots", 0, "resume_vm", 1);
 	if (rc != KILN_OK)
 		goto fail;
+	/*
+	 * The snapshot brought back the drive's rate limiter as it was when taken: set this spec's
+	 * (the node's limits may differ now), disabling a bucket whose figure is 0.
+	 */
+	if (vm->has_disk) {
+		json_t *rl = fc_api_rate_limiter(vm->disk_iops, vm->disk_bps, true);
+
+		rc = rl ? api_put(vm, "PATCH", "/drives/rootfs", FC_API_MS, err, "{s:s, s:o}", "drive_id",
+				  "rootfs", "rate_limiter", rl)
+			: kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		if (rc != KILN_OK)
+			goto fail;
+	}
 	unlink(in_state);	/* loaded; the memory image stays mapped */
 	*out = vm;
 	return KILN_OK;

@@ -13,7 +13,10 @@ This machine has no usable KVM and no Firecracker binary, so Kiln's Firecracker 
     "Pre-boot only." are refused once the microVM started; "Post-boot only." ones before; PATCH /vm
     needs a started microVM; /snapshot/create needs it Paused; /snapshot/load only on a fresh
     process (nothing configured but logger and metrics); InstanceStart needs a boot source; the
-    path's drive_id/iface_id must equal the body's.
+    path's drive_id/iface_id must equal the body's; PATCH /drives/{id} (post-boot) needs that drive
+    and updates its rate limiter as Firecracker does (a bucket of size or refill_time 0 disables
+    that bucket, a bucket left out stays). Each accepted request's log line carries the machine's
+    drives as they are after it ("drives"), rate limiters included.
   * It checks the files a request names exist inside the jail root (kernel, initrd, drives, memory
     backend, snapshot state), writes a snapshot as two files (its own JSON state, and a sparse
     memory file of mem_size_mib MiB), binds the vsock Unix socket and answers Firecracker's
@@ -209,6 +212,28 @@ class Machine:
             if "path_on_host" in body:
                 self.need_file(body["path_on_host"], "drive")
             self.config.setdefault("drives", {})[body["drive_id"]] = body
+        elif key == ("PATCH", "/drives/{drive_id}"):
+            if body["drive_id"] != params["drive_id"]:
+                raise Refused("The id from the path does not match the id from the body!")
+            drive = self.config.get("drives", {}).get(body["drive_id"])
+            if drive is None:
+                raise Refused("Invalid block device ID: '%s'" % body["drive_id"])
+            if "path_on_host" in body:
+                self.need_file(body["path_on_host"], "drive")
+                drive["path_on_host"] = body["path_on_host"]
+            if "rate_limiter" in body:
+                # a bucket given replaces the drive's; size or refill_time 0 disables it; a bucket
+                # left out stays as it was (Firecracker's BucketUpdate)
+                rl = dict(drive.get("rate_limiter", {}))
+                for name, tb in body["rate_limiter"].items():
+                    if tb["size"] == 0 or tb["refill_time"] == 0:
+                        rl.pop(name, None)
+                    else:
+                        rl[name] = tb
+                if rl:
+                    drive["rate_limiter"] = rl
+                else:
+                    drive.pop("rate_limiter", None)
         elif key == ("PUT", "/network-interfaces/{iface_id}"):
             if body["iface_id"] != params["iface_id"]:
                 raise Refused("The id from the path does not match the id from the body!")
@@ -351,6 +376,7 @@ class Handler(BaseHTTPRequestHandler):
                 except Refused:
                     rec["rule"] = "order"   # valid against the spec, refused by Firecracker's rules
                     raise
+                rec["drives"] = json.loads(json.dumps(MACHINE.config.get("drives", {})))
             codes = {str(c) for c in op["responses"]}
             if str(status) not in codes:
                 raise SystemExit("stand-in bug: %d not among the spec's responses %s" % (status, codes))

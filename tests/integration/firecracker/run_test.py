@@ -98,6 +98,14 @@ def body_of(log, vm, method, path):
     return None
 
 
+def drives_after(log, vm, method, path):
+    """The stand-in's drives after a VM's first accepted `method path`, or {}."""
+    for r in log:
+        if r.get("vm") == vm and r.get("method") == method and r.get("path") == path and "drives" in r:
+            return r["drives"]
+    return {}
+
+
 def check_driver_log(log):
     boot = "console=ttyS0 reboot=k panic=1 pci=off quiet kiln.test=1"
     create = ["GET / 200", "PUT /machine-config 204", "PUT /boot-source 204", "PUT /drives/rootfs 204",
@@ -110,9 +118,21 @@ def check_driver_log(log):
     check(body_of(log, "fc-a", "PUT", "/boot-source") ==
           {"kernel_image_path": "/kernel", "initrd_path": "/initrd", "boot_args": boot},
           "fc-a: boot-source body")
+    # 1.5 vCPU is 2 whole ones: 2 x 2000 ops/s and 2 x 64 MiB/s, one second's tokens a bucket
+    limited = {"bandwidth": {"size": 2 * (64 << 20), "refill_time": 1000, "one_time_burst": 0},
+               "ops": {"size": 2 * 2000, "refill_time": 1000, "one_time_burst": 0}}
     check(body_of(log, "fc-a", "PUT", "/drives/rootfs") ==
+          {"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": True, "is_read_only": False,
+           "rate_limiter": limited},
+          "fc-a: drive body with its rate limiter (iops and MiB/s per whole vCPU)")
+    check(body_of(log, "fc-d", "PUT", "/drives/rootfs") ==
           {"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": True, "is_read_only": False},
-          "fc-a: drive body")
+          "fc-d: no limits (0 = none): no rate limiter")
+    check(body_of(log, "fc-e", "PUT", "/drives/rootfs") ==
+          {"drive_id": "rootfs", "path_on_host": "/rootfs", "is_root_device": True, "is_read_only": False,
+           "rate_limiter": {"ops": limited["ops"]}},
+          "fc-e: ops limit only: an ops bucket, no bandwidth bucket")
+    check(calls(log, "fc-d") == create and calls(log, "fc-e") == create, "fc-d, fc-e: exact create calls")
     check(body_of(log, "fc-a", "PUT", "/network-interfaces/eth0") ==
           {"iface_id": "eth0", "host_dev_name": "tap0", "guest_mac": "06:00:ac:10:00:02"},
           "fc-a: network interface body (the TAP, the fixed guest MAC)")
@@ -124,9 +144,25 @@ def check_driver_log(log):
           "fc-a: snapshot/create body")
 
     check(calls(log, "fc-b") == [
-        "GET / 200", "PUT /snapshot/load 204", "GET / 200", "vsock CONNECT 1024 accepted", "GET / 200",
-        "PATCH /vm 204", "PUT /snapshot/create 204", "GET / 200", "PATCH /vm 204", "GET / 200"],
-        "fc-b: restore, status, agent, full snapshot (pause first), status, resume, status: exact calls")
+        "GET / 200", "PUT /snapshot/load 204", "PATCH /drives/rootfs 204", "GET / 200",
+        "vsock CONNECT 1024 accepted", "GET / 200", "PATCH /vm 204", "PUT /snapshot/create 204", "GET / 200",
+        "PATCH /vm 204", "GET / 200"],
+        "fc-b: restore (and its drive's limits), status, agent, full snapshot (pause first), status, "
+        "resume, status: exact calls")
+    check(body_of(log, "fc-b", "PATCH", "/drives/rootfs") ==
+          {"drive_id": "rootfs", "rate_limiter": {
+              "bandwidth": {"size": 32 << 20, "refill_time": 1000, "one_time_burst": 0},
+              "ops": {"size": 0, "refill_time": 0}}},
+          "fc-b: restore patches the drive's limiter to its own spec (no ops limit: bucket disabled)")
+    check(drives_after(log, "fc-b", "PUT", "/snapshot/load").get("rootfs", {}).get("rate_limiter") == limited and
+          drives_after(log, "fc-b", "PATCH", "/drives/rootfs").get("rootfs", {}).get("rate_limiter") ==
+          {"bandwidth": {"size": 32 << 20, "refill_time": 1000, "one_time_burst": 0}},
+          "fc-b: the snapshot brought fc-a's limiter back; the patch left the new bandwidth bucket only")
+    check(body_of(log, "fc-c", "PATCH", "/drives/rootfs") ==
+          {"drive_id": "rootfs", "rate_limiter": {"bandwidth": {"size": 0, "refill_time": 0},
+                                                  "ops": {"size": 0, "refill_time": 0}}} and
+          "rate_limiter" not in drives_after(log, "fc-c", "PATCH", "/drives/rootfs").get("rootfs", {"rate_limiter": 1}),
+          "fc-c: restore without limits disables both buckets: the drive has no limiter")
     check(body_of(log, "fc-b", "PUT", "/snapshot/load") ==
           {"snapshot_path": "/snap/state", "mem_backend": {"backend_type": "File", "backend_path": "/snap/mem"},
            "enable_diff_snapshots": False, "resume_vm": True,
@@ -134,7 +170,7 @@ def check_driver_log(log):
           "fc-b: snapshot/load body: File backend, resumed, TAP override (tap0 -> tap1)")
     pauses = [r["body"] for r in log if r.get("vm") == "fc-b" and r.get("path") == "/vm"]
     check(pauses == [{"state": "Paused"}, {"state": "Resumed"}], "fc-b: pause then resume bodies")
-    check(calls(log, "fc-c") == ["GET / 200", "PUT /snapshot/load 204", "GET / 200"],
+    check(calls(log, "fc-c") == ["GET / 200", "PUT /snapshot/load 204", "PATCH /drives/rootfs 204", "GET / 200"],
           "fc-c: restore (MOVE), status: exact calls")
     check(calls(log, "fc-fail") == create[:3] + ["PUT /drives/rootfs 400"],
           "fc-fail: the refused drive stops create")
@@ -180,6 +216,7 @@ def negative(spec, work):
             if os.path.exists(sock):
                 break
             time.sleep(0.01)
+        drive = {"drive_id": "rootfs", "is_root_device": True, "path_on_host": "/rootfs", "is_read_only": False}
         spec_cases = [
             ("wrong field name", "PUT", "/machine-config", {"vcpu_count": 1, "mem_size_mib": 128, "smtt": False},
              "unknown field 'smtt'"),
@@ -192,6 +229,19 @@ def negative(spec, work):
             ("unknown path", "PUT", "/machine", {"vcpu_count": 1}, "Invalid request method and/or path"),
             ("method not allowed", "DELETE", "/vm", None, "Invalid request method and/or path"),
             ("missing body", "PUT", "/boot-source", None, "Missing body"),
+            ("a rate limiter bucket without refill_time", "PUT", "/drives/rootfs",
+             dict(drive, rate_limiter={"bandwidth": {"size": 1 << 20}}), "missing required field 'refill_time'"),
+            ("a rate limiter bucket of negative size", "PUT", "/drives/rootfs",
+             dict(drive, rate_limiter={"ops": {"size": -1, "refill_time": 1000}}), "rate_limiter.ops.size: -1 below minimum"),
+            ("a rate limiter bucket of size given as text", "PUT", "/drives/rootfs",
+             dict(drive, rate_limiter={"ops": {"size": "4000", "refill_time": 1000}}), "expected integer"),
+            ("a rate limiter with an unknown bucket", "PUT", "/drives/rootfs",
+             dict(drive, rate_limiter={"iops": {"size": 4000, "refill_time": 1000}}), "unknown field 'iops'"),
+            ("a token bucket with an unknown field", "PUT", "/drives/rootfs",
+             dict(drive, rate_limiter={"bandwidth": {"size": 1, "refill_time": 1000, "burst": 5}}),
+             "unknown field 'burst'"),
+            ("a rate limiter that is not an object", "PATCH", "/drives/rootfs",
+             {"drive_id": "rootfs", "rate_limiter": 4000}, "expected object"),
         ]
         for what, m, path, body, needle in spec_cases:
             st, out = request(sock, m, path, body)
@@ -205,6 +255,8 @@ def negative(spec, work):
             ("snapshot/create before boot", "PUT", "/snapshot/create",
              {"snapshot_path": "/s", "mem_file_path": "/m"}, 400),
             ("InstanceStart without a boot source", "PUT", "/actions", {"action_type": "InstanceStart"}, 400),
+            ("a drive's rate limiter patched before boot", "PATCH", "/drives/rootfs",
+             {"drive_id": "rootfs", "rate_limiter": {"ops": {"size": 10, "refill_time": 1000}}}, 400),
             ("a drive whose body id differs from the path", "PUT", "/drives/a",
              {"drive_id": "b", "is_root_device": True, "path_on_host": "/rootfs", "is_read_only": False}, 400),
             ("a kernel that is not in the jail", "PUT", "/boot-source", {"kernel_image_path": "/nope"}, 400),
@@ -217,6 +269,8 @@ def negative(spec, work):
              {"drive_id": "rootfs", "is_root_device": True, "path_on_host": "/rootfs", "is_read_only": False}, 400),
             ("snapshot/create while running", "PUT", "/snapshot/create",
              {"snapshot_path": "/s", "mem_file_path": "/m"}, 400),
+            ("a drive's rate limiter patched when the drive does not exist", "PATCH", "/drives/data",
+             {"drive_id": "data", "rate_limiter": {"ops": {"size": 10, "refill_time": 1000}}}, 400),
             ("pause", "PATCH", "/vm", {"state": "Paused"}, 204),
             ("snapshot/create while paused", "PUT", "/snapshot/create",
              {"snapshot_type": "Full", "snapshot_path": "/s", "mem_file_path": "/m"}, 204),

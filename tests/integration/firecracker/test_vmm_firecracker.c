@@ -9,7 +9,10 @@
  *  - the agent socket reaches the guest's vsock port through Firecracker's CONNECT/OK handshake;
  *  - a restore of a snapshot of another shape is refused before anything starts;
  *  - a request Firecracker refuses (an injected 400) fails vmm_create with its fault message, and
- *    the half-made VM is cleaned up.
+ *    the half-made VM is cleaned up;
+ *  - the drive's rate limiter carries the spec's disk_iops and disk_bps (kiln-node's figures per
+ *    whole vCPU), a 0 figure none, and a restore sets the restoring spec's (run_test.py checks the
+ *    bodies and the drives the stand-in ends up with).
  * run_test.py runs it and then checks the exact API calls in the stand-in's log, each validated
  * against tests/fixtures/firecracker/firecracker-openapi.yaml.
  * Environment: FC_BIN, FC_BIN_FAIL (fake firecracker binaries; a "jailer" sits beside each),
@@ -33,6 +36,10 @@ static const char *bin, *bin_fail, *work;
 static char kernel[PATH_MAX], initrd[PATH_MAX], rootfs[PATH_MAX];
 static char snap1[PATH_MAX], snap2[PATH_MAX];
 
+/* kiln-node's defaults (disk_iops_per_vcpu, disk_mibps_per_vcpu), times the whole vCPUs */
+#define IOPS_PER_VCPU 2000u
+#define MIBPS_PER_VCPU 64ull
+
 /* snprintf into an array, checking it fits */
 #define FMT(buf, ...) CHECK(snprintf((buf), sizeof(buf), __VA_ARGS__) < (int)sizeof(buf))
 
@@ -49,6 +56,8 @@ static struct vmm_spec spec_for(const char *id, const char *tap, struct names *n
 		.initrd = initrd, .rootfs = rootfs, .cmdline_extra = "kiln.test=1",
 		.netns_path = "/run/netns/kiln-fc-test", .tap = tap, .run_dir = n->run, .state_dir = n->state,
 		.uid = 64001, .gid = 64001, .hv_binary = bin,
+		.disk_iops = IOPS_PER_VCPU * vmm_vcpus_whole(1500),
+		.disk_bps = (MIBPS_PER_VCPU << 20) * vmm_vcpus_whole(1500),
 	};
 }
 
@@ -152,6 +161,9 @@ static void test_restore_private_child_then_full_snapshot(void)
 	char mem[PATH_MAX];
 	struct stat sb;
 
+	s.disk_iops = 0;	/* the snapshot's ops bucket goes, its bandwidth bucket changes */
+	s.disk_bps = 32ull << 20;
+
 	CHECK_INT(vmm_restore("firecracker", &s, snap1, VMM_MEM_PRIVATE, &vm, &err), KILN_OK);
 	if (!vm) {
 		fprintf(stderr, "restore: %s\n", err.msg);
@@ -185,6 +197,9 @@ static void test_restore_move_takes_image(void)
 	struct vmm_vm *vm = NULL;
 	char mem[PATH_MAX];
 
+	s.disk_iops = 0;	/* no limit: both buckets of the snapshot's limiter go */
+	s.disk_bps = 0;
+
 	CHECK_INT(vmm_restore("firecracker", &s, snap2, VMM_MEM_MOVE, &vm, &err), KILN_OK);
 	if (!vm) {
 		fprintf(stderr, "restore: %s\n", err.msg);
@@ -210,6 +225,28 @@ static void test_refused_request_fails_create_and_cleans_up(void)
 	CHECK(vm == NULL);
 	fprintf(stderr, "expected error: %s\n", err.msg);
 	CHECK(strstr(err.msg, "PUT /drives/rootfs: 400 injected fault") != NULL);
+	CHECK(!exists(n.run) && !exists(n.state));
+}
+
+/* No limits: the drive has no rate limiter; ops only: no bandwidth bucket. */
+static void test_drive_without_or_with_partial_limits(void)
+{
+	struct kiln_error err = { 0 };
+	struct names n;
+	struct vmm_spec s = spec_for("fc-d", "tap0", &n);
+	struct vmm_vm *vm = NULL;
+
+	s.disk_iops = 0;
+	s.disk_bps = 0;
+	CHECK_INT(vmm_create("firecracker", &s, &vm, &err), KILN_OK);
+	if (vm)
+		CHECK_INT(vmm_destroy(vm, &err), KILN_OK);
+	vm = NULL;
+	s = spec_for("fc-e", "tap0", &n);
+	s.disk_bps = 0;
+	CHECK_INT(vmm_create("firecracker", &s, &vm, &err), KILN_OK);
+	if (vm)
+		CHECK_INT(vmm_destroy(vm, &err), KILN_OK);
 	CHECK(!exists(n.run) && !exists(n.state));
 }
 
@@ -250,5 +287,6 @@ int main(void)
 	TEST(test_restore_private_child_then_full_snapshot);
 	TEST(test_restore_move_takes_image);
 	TEST(test_refused_request_fails_create_and_cleans_up);
+	TEST(test_drive_without_or_with_partial_limits);
 	return test_summary();
 }
