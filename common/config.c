@@ -116,6 +116,11 @@ const struct cfg_def config_table[] = {
 	{ "exec_output_max", CFG_INT, F(exec_output_max), "10485760", 1024, 104857600, NULL, false,
 	  "bytes of stdout (and of stderr) a non-streamed exec returns, measured JSON-encoded; the "
 	  "rest is cut" },
+	{ "node_exec_memory_max", CFG_INT, F(node_exec_memory_max), "1073741824", 16777216,
+	  1099511627776LL, NULL, false,
+	  "bytes of node memory all execs' output may hold at once (non-streamed: twice their "
+	  "buffers, for the reply's copy; streamed: a fixed window); when used up a new exec gets "
+	  "429 naming the limit, and a running one's output is cut as at exec_output_max" },
 	{ "exec_max_per_sandbox", CFG_INT, F(exec_max_per_sandbox), "8", 1, 1024, NULL, false,
 	  "execs one sandbox runs at once on its node (more: 429 naming the limit)" },
 	{ "exec_max_per_tenant", CFG_INT, F(exec_max_per_tenant), "16", 1, 65536, NULL, false,

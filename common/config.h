@@ -69,6 +69,7 @@ struct kiln_config {
 	char *guest_image_hash;
 	long long boot_timeout_s;	/* cold boot until the agent answers */
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
+	long long node_exec_memory_max;	/* bytes all execs' output may hold at once on a node */
 	long long exec_max_per_sandbox;	/* execs a sandbox runs at once */
 	long long exec_max_per_tenant;	/* execs a tenant's sandboxes run at once on a node */
 	long long console_max_bytes;	/* guest console kept on disk per sandbox */

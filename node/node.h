@@ -11,6 +11,7 @@
 #define KILN_NODE_H
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <time.h>
 
@@ -80,6 +81,8 @@ struct node {
 	struct sandbox *sandboxes;
 	unsigned used_vcpu_milli, used_mem_mib, count;
 	long long pause_reserved;	/* bytes of snapshot space pauses in progress have claimed */
+	/* bytes execs' output buffers hold or have claimed, at most node_exec_memory_max (routes.c) */
+	_Atomic unsigned long long exec_mem_used;
 	volatile bool stopping;
 	pthread_t ticker;
 };

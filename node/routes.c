@@ -579,16 +579,122 @@ struct jtext {
 	unsigned char pend[4];
 	size_t npend;
 	bool cut;		/* output was dropped at the cap */
+	struct node *mem;	/* the node whose exec memory budget b grows in, or NULL */
+	unsigned long long charged;	/* bytes of that budget taken for b: EXEC_MEM_COPIES x b.cap */
 };
 
-static void jtext_init(struct jtext *t, size_t limit, const char *head)
+/*
+ * The node's exec memory budget (node_exec_memory_max): bytes held by exec output buffers. A
+ * non-streamed exec takes EXEC_MEM_COPIES x the capacity of its two texts' buffers as they grow
+ * (the second copy covers the reply body built from them and the HTTP server's copy of it, so the
+ * figure is a bound, not an estimate); a streamed exec takes its fixed window (SSE_WINDOW) at the
+ * start. Buffers grow by doubling from EXEC_MEM_FIRST to EXEC_MEM_STEP, then EXEC_MEM_STEP at a
+ * time, each step taken from the budget before it is allocated. A new exec is admitted only while
+ * EXEC_MEM_ADMIT is left (more than any one step takes): once a running exec's step was refused, so
+ * is the next exec, until memory comes back.
+ */
+#define EXEC_MEM_COPIES 2ull
+#define EXEC_MEM_FIRST 4096u		/* bytes of a text's first buffer */
+#define EXEC_MEM_STEP (1u << 20)	/* growth past 1 MiB, bytes */
+#define EXEC_MEM_ADMIT (EXEC_MEM_COPIES * EXEC_MEM_STEP)
+#define EXEC_MEM_SLACK 4096u		/* the reply's frame around the two texts */
+
+/*
+ * Takes `bytes` of the budget when at least `keep` more stay free after; false (nothing taken)
+ * otherwise.
+ */
+static bool exec_mem_take(struct node *n, unsigned long long bytes, unsigned long long keep)
+{
+	unsigned long long max = (unsigned long long)n->cfg.node_exec_memory_max;
+	unsigned long long used = atomic_load(&n->exec_mem_used);
+
+	do {
+		if (used > max || bytes > max - used || keep > max - used - bytes)
+			return false;
+	} while (!atomic_compare_exchange_weak(&n->exec_mem_used, &used, used + bytes));
+	return true;
+}
+
+static void exec_mem_give(struct node *n, unsigned long long bytes)
+{
+	if (bytes)
+		atomic_fetch_sub(&n->exec_mem_used, bytes);
+}
+
+/*
+ * Prepares a text of at most `limit` bytes after `head` (or none). With `mem`, the buffer is
+ * allocated now (EXEC_MEM_FIRST bytes, whose charge the caller took) and grows in that node's
+ * budget; returns false when out of memory (nothing to free).
+ */
+static bool jtext_init(struct jtext *t, size_t limit, const char *head, struct node *mem)
 {
 	memset(t, 0, sizeof(*t));
 	t->base = head ? strlen(head) : 0;
 	t->limit = limit;
 	buf_init(&t->b, t->base + limit + 1);
+	if (mem) {
+		t->b.cap = t->b.max + 1 < EXEC_MEM_FIRST ? t->b.max + 1 : EXEC_MEM_FIRST;
+		if (!(t->b.data = malloc(t->b.cap))) {
+			t->b.cap = 0;
+			return false;
+		}
+		t->b.data[0] = '\0';
+		t->mem = mem;
+		t->charged = EXEC_MEM_COPIES * EXEC_MEM_FIRST;
+	}
 	if (head)
 		buf_appends(&t->b, head);
+	return true;
+}
+
+/* Frees the text's buffer and gives its charge back. */
+static void jtext_release(struct jtext *t)
+{
+	buf_release(&t->b);
+	if (t->mem)
+		exec_mem_give(t->mem, t->charged);
+	t->charged = 0;
+}
+
+/*
+ * Whether `n` more bytes of text fit: under the limit and, for a budgeted text, in a buffer whose
+ * next step the budget gave (the buffer is grown here, so buf_append does not reallocate). When
+ * not, the text is cut from here on.
+ */
+static bool jtext_room(struct jtext *t, size_t n)
+{
+	size_t need = t->b.len + n + 1, ncap;
+	unsigned long long extra;
+	char *p;
+
+	if (t->b.len - t->base + n > t->limit) {
+		t->cut = true;
+		return false;
+	}
+	if (!t->mem || need <= t->b.cap)
+		return true;
+	if (t->b.cap < EXEC_MEM_STEP) {
+		for (ncap = t->b.cap > EXEC_MEM_FIRST ? t->b.cap : EXEC_MEM_FIRST; ncap < need; ncap *= 2)
+			;
+	} else {
+		ncap = (need + EXEC_MEM_STEP - 1) / EXEC_MEM_STEP * EXEC_MEM_STEP;
+	}
+	if (ncap > t->b.max + 1)
+		ncap = t->b.max + 1;
+	extra = EXEC_MEM_COPIES * ncap - t->charged;
+	if (!exec_mem_take(t->mem, extra, 0)) {
+		t->cut = true;	/* node_exec_memory_max: marked as the cap marks it */
+		return false;
+	}
+	if (!(p = realloc(t->b.data, ncap))) {
+		exec_mem_give(t->mem, extra);
+		t->cut = true;
+		return false;
+	}
+	t->b.data = p;
+	t->b.cap = ncap;
+	t->charged += extra;
+	return true;
 }
 
 /* UTF-8 length of the sequence that begins with `c`, 0 for a byte that cannot begin one. */
@@ -637,19 +743,15 @@ static void jtext_add(struct jtext *t, const unsigned char *data, size_t len, bo
 			return;
 		}
 		if (n == need && utf8_prefix_ok(win, need, need)) {
-			if (t->b.len - t->base + need > t->limit) {
-				t->cut = true;
+			if (!jtext_room(t, need))
 				return;
-			}
 			buf_append(&t->b, win, need);
 			i = take;
 		} else {
 			/* broken: each held byte (a lead, then continuations) becomes U+FFFD */
 			for (size_t k = 0; k < held; k++) {
-				if (t->b.len - t->base + 3 > t->limit) {
-					t->cut = true;
+				if (!jtext_room(t, 3))
 					return;
-				}
 				buf_append(&t->b, "\xef\xbf\xbd", 3);
 			}
 		}
@@ -686,10 +788,8 @@ static void jtext_add(struct jtext *t, const unsigned char *data, size_t len, bo
 			esc[0] = (char)c;
 			n = 1;
 		}
-		if (t->b.len - t->base + n > t->limit) {
-			t->cut = true;
+		if (!jtext_room(t, n))
 			return;
-		}
 		buf_append(&t->b, out, n);
 		i += need;
 	}
@@ -868,11 +968,41 @@ static bool require_running(struct http_req *req, struct sandbox *sb)
 /*
  * A non-streamed exec's output, JSON-encoded as it arrives: `out` starts the reply's body and
  * becomes it. Node memory per exec is at most about 4 x exec_output_max (both texts, then the
- * body and the server's copy of it) plus the agent client's bounded queue (vmm/agent.c).
+ * body and the server's copy of it), all of it inside the budget the texts charged (twice their
+ * buffers, plus EXEC_MEM_SLACK), plus the agent client's bounded queue (vmm/agent.c).
  */
 struct capture {
 	struct jtext out, err;
 };
+
+/* The budget a replied exec still holds (the server's copy of its body) until its request ends. */
+struct exec_hold {
+	struct node *n;
+	unsigned long long bytes;
+};
+
+static void exec_hold_free(void *ctx)
+{
+	struct exec_hold *h = ctx;
+
+	exec_mem_give(h->n, h->bytes);
+	free(h);
+}
+
+/*
+ * Takes `bytes` of the node's exec memory budget for a new exec, leaving EXEC_MEM_ADMIT free;
+ * when it cannot, replies 429 naming node_exec_memory_max and returns false.
+ */
+static bool exec_mem_admit(struct http_req *req, struct node *n, unsigned long long bytes)
+{
+	if (exec_mem_take(n, bytes, EXEC_MEM_ADMIT))
+		return true;
+	http_reply_header(req, "Retry-After", "1");
+	http_reply_error(req, KILN_E_RATE_LIMITED,
+			 "too much exec output held at once: node_exec_memory_max is %lld bytes for this "
+			 "node", n->cfg.node_exec_memory_max);
+	return false;
+}
 
 #define EXEC_REPLY_HEAD "{\"stdout\":\""
 
@@ -933,6 +1063,13 @@ struct sse_job {
 };
 
 #define SSE_CHUNK 16384	/* output bytes per event: an event is at most 6 x this plus its frame */
+#define SSE_EVENT_MAX (SSE_CHUNK * 6 + 128)	/* bytes of one event's buffer, with its frame */
+/*
+ * What a streamed exec holds, taken from the budget at its start: the two event buffers, the
+ * pump's pipe (its default capacity; the producer blocks on it while the client is slow, so
+ * nothing else piles up: common/pump.h) and the HTTP server's block it reads the pipe into.
+ */
+#define SSE_WINDOW (2ull * (SSE_EVENT_MAX + 1) + (64u << 10) + (64u << 10))
 
 /* Sends `n` bytes of output (n <= SSE_CHUNK) as one event; `final` flushes a held sequence. */
 static int sse_event(struct sse_job *j, enum agent_stream s, const uint8_t *data, size_t n, bool final)
@@ -1000,6 +1137,7 @@ static void sse_free(void *ctx)
 	struct sse_job *j = ctx;
 
 	exec_leave(j->n, j->sb);
+	exec_mem_give(j->n, SSE_WINDOW);
 	exec_req_free(j->e);
 	buf_release(&j->out.b);
 	buf_release(&j->err.b);
@@ -1017,7 +1155,10 @@ static void sandbox_exec(struct http_req *req)
 	struct agent_exec_result r = { 0 };
 	struct kiln_error err = { 0 };
 	struct capture cap;
+	struct exec_hold *hold;
+	unsigned long long charged;
 	enum kiln_err rc;
+	bool sse = accept && strstr(accept, "text/event-stream");
 
 	if (!e)
 		return;
@@ -1027,11 +1168,18 @@ static void sandbox_exec(struct http_req *req)
 		sb_put(n, sb);
 		return;
 	}
-	if (accept && strstr(accept, "text/event-stream")) {
+	if (!exec_mem_admit(req, n, sse ? SSE_WINDOW : 2 * EXEC_MEM_COPIES * EXEC_MEM_FIRST + EXEC_MEM_SLACK)) {
+		exec_leave(n, sb);
+		exec_req_free(e);
+		sb_put(n, sb);
+		return;
+	}
+	if (sse) {
 		struct sse_job *j = calloc(1, sizeof(*j));
 		struct pump *p;
 
 		if (!j) {
+			exec_mem_give(n, SSE_WINDOW);
 			exec_leave(n, sb);
 			exec_req_free(e);
 			sb_put(n, sb);
@@ -1042,9 +1190,9 @@ static void sandbox_exec(struct http_req *req)
 		j->n = n;
 		j->sb = sb;
 		j->e = e;
-		jtext_init(&j->out, SSE_CHUNK * 6 + 16, NULL);
-		jtext_init(&j->err, SSE_CHUNK * 6 + 16, NULL);
-		j->out.b.max = j->err.b.max = SSE_CHUNK * 6 + 128;	/* with the event's frame */
+		jtext_init(&j->out, SSE_CHUNK * 6 + 16, NULL, NULL);
+		jtext_init(&j->err, SSE_CHUNK * 6 + 16, NULL, NULL);
+		j->out.b.max = j->err.b.max = SSE_EVENT_MAX;	/* with the event's frame */
 		p = pump_start(sse_produce, j, sse_free);
 		if (!p) {
 			http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -1054,13 +1202,26 @@ static void sandbox_exec(struct http_req *req)
 		http_reply_stream(req, 200, "text/event-stream", pump_read, p, pump_release);
 		return;
 	}
-	jtext_init(&cap.out, (size_t)n->cfg.exec_output_max, EXEC_REPLY_HEAD);
-	jtext_init(&cap.err, (size_t)n->cfg.exec_output_max, NULL);
+	/* the admission took both texts' first buffers and the reply's frame */
+	if (!jtext_init(&cap.out, (size_t)n->cfg.exec_output_max, EXEC_REPLY_HEAD, n) ||
+	    !jtext_init(&cap.err, (size_t)n->cfg.exec_output_max, NULL, n)) {
+		buf_release(&cap.out.b);
+		exec_mem_give(n, 2 * EXEC_MEM_COPIES * EXEC_MEM_FIRST + EXEC_MEM_SLACK);
+		exec_leave(n, sb);
+		exec_req_free(e);
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	charged = EXEC_MEM_SLACK;	/* the texts' charges are theirs until they are freed */
 	agent_req_of(e, &a);
 	rc = agent_exec(sb->agent, &a, capture_output, &cap, &r, &err);
 	exec_leave(n, sb);
 	if (rc == KILN_OK) {
-		/* the body grows from stdout's text: no second copy of it */
+		/*
+		 * The body grows from stdout's text: no second copy of it. What this and the server's
+		 * copy hold stays inside the two texts' charges (twice their buffers) and the slack.
+		 */
 		struct buf *body = &cap.out.b;
 
 		jtext_add(&cap.out, (const unsigned char *)"", 0, true);
@@ -1069,22 +1230,33 @@ static void sandbox_exec(struct http_req *req)
 		buf_appends(body, "\",\"stderr\":\"");
 		if (cap.err.b.len)
 			buf_append(body, cap.err.b.data, cap.err.b.len);
+		charged += cap.out.charged + cap.err.charged;
+		cap.out.charged = cap.err.charged = 0;
 		buf_release(&cap.err.b);
 		if (buf_appendf(body, "\",\"exit_code\":%d,\"duration_ms\":%llu,\"timed_out\":%s,"
 				"\"stdout_truncated\":%s,\"stderr_truncated\":%s}", r.exit_code,
 				(unsigned long long)r.duration_ms, r.timed_out ? "true" : "false",
-				cap.out.cut ? "true" : "false", cap.err.cut ? "true" : "false") < 0)
+				cap.out.cut ? "true" : "false", cap.err.cut ? "true" : "false") < 0) {
 			http_reply_error(req, KILN_E_NOMEM, "out of memory");
-		else
+		} else {
 			http_reply_data(req, 200, "application/json", body->data, body->len);
+			/* the server's copy stays until the request ends: keep its bytes till then */
+			if ((hold = malloc(sizeof(*hold)))) {
+				hold->n = n;
+				hold->bytes = body->len + EXEC_MEM_SLACK < charged ? body->len + EXEC_MEM_SLACK : charged;
+				charged -= hold->bytes;
+				http_req_set_hctx(req, hold, exec_hold_free);
+			}
+		}
 	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED) {
 		http_reply_error(req, rc, "%s", err.msg);
 	} else {
 		sandbox_failed(n, sb);
 		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the sandbox stopped answering");
 	}
-	buf_release(&cap.out.b);
-	buf_release(&cap.err.b);
+	jtext_release(&cap.out);
+	jtext_release(&cap.err);
+	exec_mem_give(n, charged);
 	exec_req_free(e);
 	sb_put(n, sb);
 }

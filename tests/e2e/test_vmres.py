@@ -1,7 +1,8 @@
 """A hostile guest against the node's resources: a console written without end stays capped on disk
 and off /run, an exec of 50 MiB of control bytes is cut in bounded node memory, execs at once are
-bounded per sandbox and per tenant (429 naming the limit), and disk I/O is held to its throttle
-while a neighbour still answers."""
+bounded per sandbox and per tenant (429 naming the limit), the node's exec output memory is bounded
+in all (node_exec_memory_max: the exec over it cut, the next one 429, all of it back afterwards),
+and disk I/O is held to its throttle while a neighbour still answers."""
 import glob
 import os
 import stat
@@ -16,6 +17,9 @@ from test_sandboxes import sse_events
 CONSOLE_MAX = 256 << 10
 DISK_MIBPS = 4
 OUTPUT_MAX = 10 << 20	# exec_output_max's default
+# node_exec_memory_max: above what the 50 MiB exec needs (twice its 10 MiB and 1 MiB buffers, the
+# reply's copy), below two 9 MiB execs (twice a 10 MiB buffer each)
+EXEC_MEMORY_MAX = 32 << 20
 
 
 def tree_bytes(path):
@@ -48,6 +52,7 @@ class VmResourceTests(unittest.TestCase):
             "KILN_CONSOLE_MAX_BYTES": str(CONSOLE_MAX),
             "KILN_EXEC_MAX_PER_SANDBOX": "2",
             "KILN_EXEC_MAX_PER_TENANT": "3",
+            "KILN_NODE_EXEC_MEMORY_MAX": str(EXEC_MEMORY_MAX),
             "KILN_DISK_MIBPS_PER_VCPU": str(DISK_MIBPS),
             "KILN_DISK_IOPS_PER_VCPU": "0",
             # freed memory goes back at once: the node's RSS then shows what it holds
@@ -178,6 +183,95 @@ class VmResourceTests(unittest.TestCase):
         self.assertEqual(results, [200, 200, 200])
         # the slots come back once those ended
         self.assertEqual(self.ok_exec(self.a, self.key, {"cmd": ["true"]})["exit_code"], 0)
+
+    def file_exists(self, sb, key, path):
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/files?path={path}", None, key)
+        self.assertIn(r.status, (200, 404), r.data[:300])
+        return r.status == 200
+
+    def test_node_exec_memory_is_bounded_in_all_and_comes_back(self):
+        """Execs that each keep 9 MiB of output: the first is held whole (20 MiB of the 32 MiB budget:
+        twice its 10 MiB buffer), the second is cut where the budget ends (its output marked
+        truncated), the third is refused 429 naming node_exec_memory_max; the node's RSS stays
+        within the budget; when they end all of it comes back."""
+        pid = self.stack.node.proc.pid
+        big = 9 << 20
+        base = rss_kib(pid)
+        peak = [base]
+        done = threading.Event()
+        results = {}
+
+        def sample():
+            while not done.is_set():
+                peak[0] = max(peak[0], rss_kib(pid))
+                time.sleep(0.02)
+
+        def held(name, sb):
+            # print, let the node take it all in, say so, then keep it held a while
+            cmd = (f"head -c {big} /dev/zero | tr '\\0' x; sleep 5; touch /tmp/held-{name}; sleep 25; "
+                   f"rm -f /tmp/held-{name}")
+            results[name] = self.exec(sb, self.key, {"cmd": ["sh", "-c", cmd], "timeout_s": 300}, timeout=400)
+
+        def wait_held(name, sb, t):
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline and t.is_alive():
+                if self.file_exists(sb, self.key, f"/tmp/held-{name}"):
+                    return
+                time.sleep(0.3)
+            self.fail(f"exec {name} never held its output ({results.get(name)})")
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        threads = []
+        try:
+            for name, sb in (("first", self.a), ("second", self.b)):
+                t = threading.Thread(target=held, args=(name, sb))
+                t.start()
+                threads.append(t)
+                wait_held(name, sb, t)
+            # two execs of the tenant run (under its limit of 3): the budget, not the count, refuses
+            r = self.exec(self.a, self.key, {"cmd": ["echo", "third"]}, timeout=60)
+            self.assertEqual(r.status, 429, r.data[:300])
+            self.assertEqual(r.json()["error"]["code"], "rate_limited")
+            self.assertIn("node_exec_memory_max", r.json()["error"]["message"])
+        finally:
+            for t in threads:
+                t.join()
+            done.set()
+            sampler.join()
+        first, second = results["first"], results["second"]
+        self.assertEqual(first.status, 200, first.data[:300])
+        self.assertEqual(second.status, 200, second.data[:300])
+        first, second = first.json(), second.json()
+        self.assertEqual((first["exit_code"], second["exit_code"]), (0, 0))
+        self.assertFalse(first["stdout_truncated"])
+        self.assertEqual(first["stdout"], "x" * big)
+        # cut where the budget ended: the first bytes kept, marked as exec_output_max marks a cut
+        self.assertTrue(second["stdout_truncated"])
+        self.assertGreater(len(second["stdout"]), 1 << 20)
+        self.assertLess(len(second["stdout"]), big)
+        self.assertEqual(set(second["stdout"]), {"x"})
+        # the node held no more than the budget, plus the agent client's queues (4 MiB and a
+        # 1 MiB frame per exec) and some slack for its threads
+        grew = (peak[0] - base) << 10
+        self.assertLess(grew, EXEC_MEMORY_MAX + 2 * (5 << 20) + (8 << 20), f"node RSS grew {grew >> 20} MiB")
+
+        # all of it came back: two execs that need 30 MiB of the 32 MiB at once both run whole
+        def whole(name, sb, n):
+            results[name] = self.exec(sb, self.key, {"cmd": ["sh", "-c", f"head -c {n} /dev/zero | tr '\\0' y"],
+                                                     "timeout_s": 300}, timeout=400)
+
+        again = [threading.Thread(target=whole, args=("again9", self.a, big)),
+                 threading.Thread(target=whole, args=("again4", self.b, 4 << 20))]
+        for t in again:
+            t.start()
+        for t in again:
+            t.join()
+        for name, n in (("again9", big), ("again4", 4 << 20)):
+            r = results[name]
+            self.assertEqual(r.status, 200, r.data[:300])
+            self.assertFalse(r.json()["stdout_truncated"], name)
+            self.assertEqual(len(r.json()["stdout"]), n)
 
     def test_disk_io_is_held_to_its_throttle_while_a_neighbour_answers(self):
         qemu = subprocess.run(["pgrep", "-f", f"{self.c['id']}"], capture_output=True, text=True)
