@@ -7,6 +7,7 @@ import glob
 import os
 import stat
 import subprocess
+import sys
 import threading
 import time
 import unittest
@@ -234,6 +235,11 @@ class VmResourceTests(unittest.TestCase):
             self.assertEqual(r.status, 429, r.data[:300])
             self.assertEqual(r.json()["error"]["code"], "rate_limited")
             self.assertIn("node_exec_memory_max", r.json()["error"]["message"])
+            # a streamed exec's window counts in the same budget: refused too, before it streams
+            r = self.gw.request("POST", f"/v1/sandboxes/{self.a['id']}/exec", {"cmd": ["echo", "third"]},
+                                dict(self.key, Accept="text/event-stream"), timeout=60)
+            self.assertEqual(r.status, 429, r.data[:300])
+            self.assertIn("node_exec_memory_max", r.json()["error"]["message"])
         finally:
             for t in threads:
                 t.join()
@@ -254,6 +260,8 @@ class VmResourceTests(unittest.TestCase):
         # the node held no more than the budget, plus the agent client's queues (4 MiB and a
         # 1 MiB frame per exec) and some slack for its threads
         grew = (peak[0] - base) << 10
+        print(f"node RSS grew {grew / (1 << 20):.1f} MiB at most; the cut exec kept "
+              f"{len(second['stdout']) / (1 << 20):.2f} MiB", file=sys.stderr)
         self.assertLess(grew, EXEC_MEMORY_MAX + 2 * (5 << 20) + (8 << 20), f"node RSS grew {grew >> 20} MiB")
 
         # all of it came back: two execs that need 30 MiB of the 32 MiB at once both run whole
