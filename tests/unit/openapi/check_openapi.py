@@ -7,9 +7,10 @@ check_openapi.py - checks docs/openapi.yaml on its own and against the code that
 
 docs/openapi.yaml is the API's contract. The document must be well-formed (every $ref resolves,
 every operation has responses, an X-Request-Id header on every response, security and x-kiln-scope
-where a credential is needed, x-kiln-access (public, tenant or admin) on every operation and
-x-kiln-object on the schema of every path parameter, error responses whose codes belong to their status, strict request
-bodies, the health body) and must agree with the source tree SOURCE_DIR:
+where a credential is needed, x-kiln-access (public, tenant or admin, as its security and scope
+say) on every operation, x-kiln-object on the schema of every path parameter, error responses
+whose codes belong to their status, strict request bodies, the health body) and must agree with
+the source tree SOURCE_DIR:
 
   - routes: the route groups kiln-gateway installs (api/gateway.c, routes_init()) and the
     `struct http_route` tables behind them (api/routes_*.c). Every registered METHOD /path is
