@@ -198,8 +198,9 @@ class TenantMatrix(unittest.TestCase):
                 h[p["name"]] = "matrix-" + secrets.token_hex(8)
         return self.gw.request(op.method, op.url(params, query), body, h, timeout=300)
 
-    def a_view(self):
-        """What tenant A has, through the API and in Postgres."""
+    def a_view(self, lifecycle=True):
+        """What tenant A has, through the API and in Postgres; without what a pause and resume of
+        A's sandbox change (its expiry and generation) when not `lifecycle`."""
         A, a = self.A, self.A.ids["sandbox"]
 
         def get(path):
@@ -215,7 +216,8 @@ class TenantMatrix(unittest.TestCase):
         self.assertEqual(ls.status, 200, ls)
         return {
             "sandbox": {k: sb.get(k) for k in ("state", "node", "expires_at", "metadata", "vcpus",
-                                                "memory_mib", "disk_gib", "parent_id")},
+                                                "memory_mib", "disk_gib", "parent_id")
+                        if lifecycle or k != "expires_at"},
             "sandboxes": sorted(s["id"] for s in get("/v1/sandboxes").json()["sandboxes"]),
             "file": get(f"/v1/sandboxes/{a}/files?path={A_FILE}").data,
             "ls": ls.json()["stdout"],
@@ -228,7 +230,8 @@ class TenantMatrix(unittest.TestCase):
             "granted": get("/v1/billing/balance").json()["granted_ucr"],
             "db": self.db.sql(
                 f"SELECT (SELECT row_to_json(t)::text FROM tenants t WHERE id = '{A.tid}'), "
-                f"(SELECT string_agg(id || state || coalesce(node_id, '') || generation::text, ',' "
+                f"(SELECT string_agg(id || state || coalesce(node_id, '') || "
+                f"{'generation::text' if lifecycle else chr(39) * 2}, ',' "
                 f"ORDER BY id) FROM sandboxes WHERE tenant_id = '{A.tid}'), "
                 f"(SELECT string_agg(id || coalesce(revoked_at::text, ''), ',' ORDER BY id) "
                 f"FROM api_keys WHERE tenant_id = '{A.tid}'), "
@@ -478,6 +481,34 @@ class TenantMatrix(unittest.TestCase):
             with self.subTest(op=repr(op), credential="B's key on B's own"):
                 self.assertTrue(r.status < 300 or r.status == 409, r)
         self.assertEqual(self.a_view(), before)
+
+    def test_6_a_paused_sandbox_is_404_to_another_tenant(self):
+        """The sandbox routes again on A's sandbox paused (its VM gone, its memory on disk)."""
+        a = self.A.ids["sandbox"]
+        before = self.a_view(lifecycle=False)
+        r = self.gw.request("POST", f"/v1/sandboxes/{a}/pause", None, self.A.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+
+        def paused_view():
+            r = self.gw.request("GET", f"/v1/sandboxes/{a}", headers=self.A.key)
+            self.assertEqual(r.status, 200, r)
+            return r.json(), self.db.sql(f"SELECT state || node_id || generation::text FROM "
+                                         f"sandboxes WHERE id = '{a}'")
+
+        paused = paused_view()
+        self.assertEqual(paused[0]["state"], "paused", paused)
+        sandbox_ops = [op for op in self.ops if self.classify(op) == "object"
+                       and "sandbox" in op.path_objects.values()]
+        self.assertTrue(sandbox_ops)
+        for op in sorted(sandbox_ops, key=control_rank):
+            for who, h in self.B.creds():
+                r = self.call(op, self.A.ids, h, refs=self.A.ids)
+                with self.subTest(op=repr(op), credential=who):
+                    self.assertEqual((r.status, error_code(r)), (404, "not_found"), r)
+        self.assertEqual(paused_view(), paused)
+        r = self.gw.request("POST", f"/v1/sandboxes/{a}/resume", None, self.A.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.a_view(lifecycle=False), before)
 
 
 if __name__ == "__main__":
