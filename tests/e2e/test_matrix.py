@@ -23,7 +23,8 @@ both), so a new route is in the matrix the day it is documented:
   exactly the kinds this test covers; a new one fails here until it is covered.
 
 After each part A's view is compared with the one taken before: its sandbox, file, egress rules,
-bandwidth settings, snapshots, keys, grants and its rows in Postgres.
+bandwidth settings, snapshots, keys, grants and its rows in Postgres. An Idempotency-Key A used
+replays nothing of A's to B.
 """
 import http.client
 import json
@@ -509,6 +510,31 @@ class TenantMatrix(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/sandboxes/{a}/resume", None, self.A.key, timeout=300)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.a_view(lifecycle=False), before)
+
+    def test_7_an_idempotency_key_replays_only_to_its_own_tenant(self):
+        """B sending the Idempotency-Key A used, with A's request, gets no replay of A's answer."""
+        k1, k2 = "matrix-" + secrets.token_hex(8), "matrix-" + secrets.token_hex(8)
+        body = {"name": "idem", "scopes": ["sandbox:read"]}
+        ra = self.gw.request("POST", "/v1/api-keys", body, dict(self.A.key, **{"Idempotency-Key": k1}))
+        self.assertEqual(ra.status, 201, ra)
+        a = self.A.ids["sandbox"]
+        ex = {"cmd": ["cat", A_FILE]}
+        rx = self.gw.request("POST", f"/v1/sandboxes/{a}/exec", ex,
+                             dict(self.A.key, **{"Idempotency-Key": k2}), timeout=120)
+        self.assertEqual(rx.status, 200, rx)
+        before = self.a_view()
+        for who, h in self.B.creds():
+            with self.subTest(credential=who):
+                rb = self.gw.request("POST", "/v1/api-keys", body, dict(h, **{"Idempotency-Key": k1}))
+                if who.endswith("key"):
+                    self.assertEqual(rb.status, 201, rb)
+                    self.assertNotEqual(rb.json()["id"], ra.json()["id"])
+                    self.assertIsNone(rb.headers.get("Idempotent-Replayed"), rb.headers)
+                self.assertNotIn(ra.json()["key"], rb.data.decode(errors="replace"))
+                rb = self.gw.request("POST", f"/v1/sandboxes/{a}/exec", ex,
+                                     dict(h, **{"Idempotency-Key": k2}), timeout=120)
+                self.assertEqual((rb.status, error_code(rb)), (404, "not_found"), rb)
+        self.assertEqual(self.a_view(), before)
 
 
 if __name__ == "__main__":
