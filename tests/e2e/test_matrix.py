@@ -178,7 +178,7 @@ class TenantMatrix(unittest.TestCase):
 
     # -------------------------------------------------------------------------------- helpers
 
-    def call(self, op, ids, headers, refs=None, gw=None):
+    def call(self, op, ids, headers, refs=None):
         """`op` with its path parameters from `ids` (by kind) and its references from `refs`."""
         params = {p: ids[kind] for p, kind in op.path_objects.items()}
         query, body = {}, op.body

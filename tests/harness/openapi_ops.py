@@ -7,6 +7,7 @@ requires both, so a new route or path parameter always says what it is. Needs py
 """
 import os
 import re
+from urllib.parse import urlencode
 
 import yaml
 
@@ -73,7 +74,6 @@ class Operation:
         q = dict(self.query)
         q.update(extra_query or {})
         if q:
-            from urllib.parse import urlencode
             path += "?" + urlencode(q)
         return path
 
