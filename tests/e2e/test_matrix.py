@@ -338,6 +338,8 @@ class TenantMatrix(unittest.TestCase):
     def test_3_listeners_are_the_ones_covered(self):
         """Every listening socket of the stack's processes (and their children, in every network
         namespace) is one of the kinds this test covers, and each kind is there."""
+        for d in (self.gw, self.stack.node, self.meter):
+            self.assertTrue(d.alive(), d.output()[-2000:])
         pids = {self.gw.proc.pid: "gateway", self.stack.node.proc.pid: "node",
                 self.meter.proc.pid: "meter"}
         children = {}
