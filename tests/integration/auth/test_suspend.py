@@ -2,43 +2,12 @@
 suspended tenant's API keys and tokens get 403 `suspended` on every route of docs/openapi.yaml,
 nothing of it is deleted, another tenant is untouched, a tenant cannot suspend, and unsuspending
 lets the same keys and tokens in again. (Pausing its running sandboxes needs a VM: e2e_suspend.)"""
-import os
-import re
 import time
 import unittest
 
 import kiln
 from authtest import GatewayCase, bearer, poll
-
-
-def credentialed_operations():
-    """(METHOD, path with its parameters filled) of every operation of docs/openapi.yaml that
-    takes a credential (security other than [])."""
-    ops, path, method, public = [], None, None, False
-
-    def flush():
-        if path and method and not public:
-            ops.append((method.upper(), re.sub(r"\{[^}]+\}", "x_1", path)))
-
-    with open(os.path.join(kiln.ROOT, "docs", "openapi.yaml")) as f:
-        for line in f:
-            m = re.match(r"^  (/\S*):\s*$", line)
-            if m:
-                flush()
-                path, method, public = m.group(1), None, False
-                continue
-            m = re.match(r"^    (get|post|put|patch|delete|head):\s*$", line)
-            if m and path:
-                flush()
-                method, public = m.group(1), False
-                continue
-            if method and re.match(r"^      security: \[\]\s*$", line):
-                public = True
-            if re.match(r"^\S", line):
-                flush()
-                path, method = None, None
-    flush()
-    return ops
+from openapi_ops import credentialed_operations
 
 
 class SuspendTests(GatewayCase):

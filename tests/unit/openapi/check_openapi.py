@@ -7,8 +7,10 @@ check_openapi.py - checks docs/openapi.yaml on its own and against the code that
 
 docs/openapi.yaml is the API's contract. The document must be well-formed (every $ref resolves,
 every operation has responses, an X-Request-Id header on every response, security and x-kiln-scope
-where a credential is needed, error responses whose codes belong to their status, strict request
-bodies, the health body) and must agree with the source tree SOURCE_DIR:
+where a credential is needed, x-kiln-access (public, tenant or admin, as its security and scope
+say) on every operation, x-kiln-object on the schema of every path parameter, error responses
+whose codes belong to their status, strict request bodies, the health body) and must agree with
+the source tree SOURCE_DIR:
 
   - routes: the route groups kiln-gateway installs (api/gateway.c, routes_init()) and the
     `struct http_route` tables behind them (api/routes_*.c). Every registered METHOD /path is
@@ -245,6 +247,21 @@ def check_structure(d, public_paths):
         if declared != wanted:
             d.err("%s: path parameters %s do not match the path's %s"
                   % (name, sorted(declared), sorted(wanted)))
+        # Every path parameter names the kind of object it refers to (tests/e2e/test_matrix.py
+        # calls each operation on another tenant's object of that kind).
+        for p in params:
+            if p.get("in") == "path" and not d.flatten(p.get("schema")).get("x-kiln-object"):
+                d.err("%s: path parameter %s: its schema has no x-kiln-object" % (name, p.get("name")))
+
+        # Who may call it: public (no credential), tenant, or admin (the operator's scope only).
+        access = op.get("x-kiln-access")
+        want = ("public" if op.get("security") == [] else
+                "admin" if op.get("x-kiln-scope") == "admin" else "tenant")
+        if access not in ("public", "tenant", "admin"):
+            d.err("%s: x-kiln-access must be public, tenant or admin, not %r" % (name, access))
+        elif access != want:
+            d.err("%s: x-kiln-access %s, but its security and x-kiln-scope make it %s"
+                  % (name, access, want))
 
         # Responses.
         responses = op.get("responses") or {}
@@ -725,6 +742,14 @@ def self_test(doc, src, yaml_path):
         "parameters", [{"$ref": "#/components/parameters/SandboxIdPath"}])), src, "without the Idempotency-Key")
     expect("a path parameter undeclared", mut(lambda d2: P(d2)["/v1/sandboxes/{id}/pause"]["post"].__setitem__(
         "parameters", [{"$ref": "#/components/parameters/IdempotencyKey"}])), src, "path parameters")
+    expect("no x-kiln-access", mut(lambda d2: P(d2)["/v1/audit"]["get"].pop("x-kiln-access")), src,
+           "x-kiln-access must be public, tenant or admin, not None")
+    expect("an admin route marked tenant", mut(lambda d2: P(d2)["/v1/billing/grants"]["post"].__setitem__(
+        "x-kiln-access", "tenant")), src, "x-kiln-access tenant, but its security and x-kiln-scope make it admin")
+    expect("a tenant route marked public", mut(lambda d2: P(d2)["/v1/sandboxes/{id}"]["get"].__setitem__(
+        "x-kiln-access", "public")), src, "x-kiln-access public, but its security and x-kiln-scope make it tenant")
+    expect("a path parameter naming no object kind", mut(lambda d2: S(d2)["SnapshotId"].pop("x-kiln-object")),
+           src, "path parameter id: its schema has no x-kiln-object")
     expect("a duplicate operationId", mut(lambda d2: P(d2)["/v1/audit"]["get"].__setitem__(
         "operationId", P(d2)["/v1/usage"]["get"]["operationId"])), src, "also used by")
     expect("a health check dropped", mut(lambda d2: S(d2)["Health"]["properties"]["checks"]["properties"].pop("nodes")),
