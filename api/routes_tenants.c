@@ -154,20 +154,21 @@ static long sandbox_pause_on_node(struct gateway *gw, const char *address, const
 		auth = NULL;
 		goto out;
 	}
-	if (httpc_open(&hc, &o, &err) != KILN_OK)
-		goto out;
 	h = curl_slist_append(h, auth);
 	h = curl_slist_append(h, "Content-Type: application/json");
-	curl_easy_setopt(hc.curl, CURLOPT_POST, 1L);
-	curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, "{}");
-	curl_easy_setopt(hc.curl, CURLOPT_HTTPHEADER, h);
+	o.method = "POST";
+	o.post_data = "{}";
+	o.post_len = 2;
+	o.headers = h;
+	if (httpc_open(&hc, &o, &err) != KILN_OK)
+		goto out;
 	log_info("pausing \"%s\" of suspended tenant \"%s\" (forced), as asked by \"%s\"",
 		 sandbox_id, tenant_id, by);
 	if (httpc_perform(&hc, &status, &err) != KILN_OK)
 		log_warn("cannot reach node at \"%s\" to pause \"%s\": %s", address, sandbox_id,
 			 err.msg);
-	curl_slist_free_all(h);
 out:
+	curl_slist_free_all(h);
 	httpc_close(&hc);
 	free(auth);
 	free(token);
