@@ -150,10 +150,10 @@ class Daemon:
         rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
                "exe": os.path.realpath(binary)}
         node_id = getattr(self, "node_id", None)
-        if node_id:
+        if os.path.basename(binary) == "kiln-node" and node_id:
             born = _NODE_BORN.setdefault(node_id, started)
-            rec.update(kind="node", node_id=node_id, run_dir=self.run_dir,
-                       data_dir=self.data_dir, start_time=started, born=min(born, started))
+            rec.update(kind="node", node_id=node_id, run_dir=getattr(self, "run_dir", None),
+                       data_dir=getattr(self, "data_dir", None), born=min(born, started))
         self.record = os.path.join(reg, f"{rec['kind']}-{self.proc.pid}-{started}.json")
         with open(self.record + ".tmp", "w") as f:
             json.dump(rec, f)
@@ -185,7 +185,7 @@ class Daemon:
         rc = self.stop()
         # A daemon that ended on its own terms made nothing that outlives it; one killed (a
         # crash test) may have: the reaper looks after it at the end of the run.
-        if rc == 0 or not getattr(self, "node_id", None):
+        if rc == 0 or not (self.record and os.path.basename(self.record).startswith("node-")):
             self.unregister()
         if os.environ.get("KILN_TEST_SHOW_LOGS"):
             sys.stderr.write(f"--- {self.proc.args[0]} ---\n{self.output()}\n")

@@ -220,7 +220,10 @@ def reap(registry):
     # The daemons first (a node that lives would make more), then what the nodes left.
     for _, rec in records:
         pid = int(rec.get("pid", 0))
-        if pid > 1 and start_time(pid) == rec.get("start_time") and exe_of(pid) == rec.get("exe"):
+        exe = exe_of(pid)
+        if exe.endswith(" (deleted)"):  # the binary was rebuilt since it started
+            exe = exe[:-len(" (deleted)")]
+        if pid > 1 and start_time(pid) == rec.get("start_time") and exe == rec.get("exe"):
             kill(pid, f"{rec.get('kind', 'daemon')} {rec.get('node_id', '')}".strip(), log)
             for p in wait_gone([pid]):
                 problems.append(f"pid {p} did not end")
