@@ -5,10 +5,10 @@
  * kiln-node writes a sandbox's state through it, and so does kiln-gateway for the two things it
  * records itself (a delete requested while the node is down, and the delete of a sandbox no node
  * holds). It is a library of its own (kiln_record: common and libpq only), so that the gateway
- * links it without kiln-node. Every write of a state is fenced: it
- * changes the row only while the row is this node's (`node_id`), at the generation the writer
- * holds, and not deleted; otherwise it changes nothing and returns KILN_E_CONFLICT (another node
- * or a later generation owns the sandbox now). The inserts are fenced by the id (a row of that id
+ * links it without kiln-node. Every write of kiln-node's is fenced: it changes the row only while
+ * the row is this node's (`node_id`), at the generation the writer holds, and not deleted;
+ * otherwise it changes nothing and returns KILN_E_CONFLICT (another node or a later generation
+ * owns the sandbox now). The gateway's delete is fenced on the generation it read. The inserts are fenced by the id (a row of that id
  * exists: KILN_E_CONFLICT), and a resume, which moves the sandbox to this node, by the node and
  * generation it was paused at. Callers must handle every result: a write that did not happen is
  * never a success.
