@@ -1,5 +1,6 @@
 /*
- * nodeclient.c - calls from the gateway to kiln-node over libcurl (see nodeclient.h).
+ * nodeclient.c - calls from the gateway to kiln-node over libcurl, set up by common/httpc.h (see
+ * nodeclient.h).
  *
  * A call runs on a pump thread (common/pump.c): curl's header callback announces the node's status
  * and content type, its write callback feeds the client's reply, so a long exec streams through
@@ -21,6 +22,7 @@
 #include "api/gateway.h"
 #include "common/pump.h"
 #include "common/buf.h"
+#include "common/httpc.h"
 #include "common/log.h"
 
 #define NODE_TOKEN_TTL_S 300
@@ -178,30 +180,32 @@ static size_t on_read(char *out, size_t size, size_t n, void *ud)
 /* Performs the call; the status (0 when the node could not be reached) ends up in j->status. */
 static void job_run(struct job *j)
 {
-	CURL *c = curl_easy_init();
+	struct httpc hc;
+	struct kiln_error err = { 0 };
 	struct curl_slist *h = NULL;
 	char url[4352], line[4096 + 32];
 	const char *base = j->address;
-	CURLcode cc;
+	struct httpc_opts o = {
+		.url = url,
+		.method = j->method,
+		.connect_timeout_ms = 3000,
+		.timeout_ms = j->timeout_ms,
+		.on_header = on_header,
+		.header_arg = j,
+		.on_write = on_body,
+		.write_arg = j,
+		.upload_len = -1,
+	};
+	long code = 0;
 
-	if (!c)
+	if (httpc_init(&hc, &err) != KILN_OK)
 		return;
-	j->curl = c;
+	j->curl = hc.curl;
 	if (strncmp(base, "unix:", 5) == 0) {
-		curl_easy_setopt(c, CURLOPT_UNIX_SOCKET_PATH, base + 5);
+		o.unix_socket = base + 5;
 		base = "http://node";
 	}
 	snprintf(url, sizeof(url), "%s%s", base, j->path);
-	curl_easy_setopt(c, CURLOPT_URL, url);
-	curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, j->method);
-	curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, 3000L);
-	if (j->timeout_ms)
-		curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, j->timeout_ms);
-	curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(c, CURLOPT_HEADERDATA, j);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, j);
 	snprintf(line, sizeof(line), "Authorization: Bearer %s", j->token);
 	h = curl_slist_append(h, line);
 	snprintf(line, sizeof(line), "X-Request-Id: %s", j->request_id);
@@ -216,30 +220,26 @@ static void job_run(struct job *j)
 		h = curl_slist_append(h, line);
 	}
 	if (j->upload_fd >= 0 || j->body_len) {
-		curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
-		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, j->method);
-		curl_easy_setopt(c, CURLOPT_READFUNCTION, on_read);
-		curl_easy_setopt(c, CURLOPT_READDATA, j);
+		o.on_read = on_read;
+		o.read_arg = j;
 		if (j->upload_fd < 0)
-			curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)j->body_len);
+			o.upload_len = (long long)j->body_len;
 		else
 			h = curl_slist_append(h, "Transfer-Encoding: chunked");
 	}
-	curl_easy_setopt(c, CURLOPT_HTTPHEADER, h);
-	cc = curl_easy_perform(c);
-	if (!j->ready) {
-		long code = 0;
-		curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
-		if (cc == CURLE_OK && code >= 200) {
-			j->status = code;
-			job_ready(j);	/* an answer without a body */
-		}
+	o.headers = h;
+	httpc_setup(&hc, &o);
+	httpc_perform(&hc, &code, &err);
+	if (!j->ready && hc.result == CURLE_OK && code >= 200) {
+		j->status = code;
+		job_ready(j);	/* an answer without a body */
 	}
-	if (cc != CURLE_OK && cc != CURLE_WRITE_ERROR && !j->ready)
+	if (hc.result != CURLE_OK && hc.result != CURLE_WRITE_ERROR && !j->ready)
 		log_warn("node \"%s\" did not answer %s: %s", j->address, j->method,
-			 curl_easy_strerror(cc));
+			 curl_easy_strerror(hc.result));
 	curl_slist_free_all(h);
-	curl_easy_cleanup(c);
+	j->curl = NULL;
+	httpc_close(&hc);
 }
 
 static void job_produce(struct pump *p, void *ctx)

@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "metering/billing.h"
 #include "metering/plan.h"
+#include "record/record.h"
 
 #define METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
 #define NODE_FRESH_S "10"	/* a node whose heartbeat is older is not given work */
@@ -30,7 +31,7 @@ struct sb_row {
 	char node_address[256];
 	bool node_alive;	/* its node's heartbeat is fresh */
 	unsigned vcpu_milli, mem_mib, disk_gib;
-	char generation[24];	/* the record's generation when read (fences the gateway's write) */
+	long long generation;	/* the record's generation when read (fences the gateway's write) */
 };
 
 /*
@@ -67,7 +68,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		out->node_alive = pg_res_bool(res, 0, 3);
 		out->vcpu_milli = (unsigned)pg_res_int(res, 0, 4, 0);
 		out->mem_mib = (unsigned)pg_res_int(res, 0, 5, 0);
-		snprintf(out->generation, sizeof(out->generation), "%s", pg_res_str(res, 0, 6));
+		out->generation = pg_res_int(res, 0, 6, 0);
 		out->disk_gib = (unsigned)pg_res_int(res, 0, 7, 0);
 	}
 	pg_res_free(res);
@@ -387,26 +388,20 @@ static void forward(struct http_req *req, const struct sb_row *sb, const char *s
 }
 
 /*
- * Records the delete of `sb`, whose node is down, as requested: the node carries it out when it
- * comes back (node/recovery.c). The gateway never writes a sandbox's state.
+ * Records the delete of `sb`, whose node is down, as requested (record_delete_requested): the
+ * node carries it out when it comes back (node/recovery.c). The gateway writes a sandbox's row
+ * only through record/record.h.
  */
 static void sandbox_delete_request(struct http_req *req, const struct sb_row *sb)
 {
 	struct gateway *gw = http_req_app(req);
 	struct kiln_error err = { 0 };
-	struct pg_conn *c = gw_db(req);
+	enum kiln_err rc = record_delete_requested(gw->pg, NULL, sb->id, &err);
 
-	if (!c)
-		return;
-	if (PGQ(c, NULL, &err,
-		"UPDATE sandboxes SET delete_requested_at = coalesce(delete_requested_at, now()) "
-		"WHERE id = $1 AND deleted_at IS NULL",
-		sb->id) != KILN_OK) {
-		pg_release(gw->pg, c);
-		gw_fail(req, err.code, &err);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
 		return;
 	}
-	pg_release(gw->pg, c);
 	http_reply_empty(req, 204);	/* accepted for good: the sandbox is shown as deleting */
 }
 
@@ -420,6 +415,7 @@ static void sandbox_delete(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	struct sb_row sb;
+	struct kiln_error err = { 0 };
 	char path[128], *body = NULL;
 	long status = 0;
 	size_t len = 0;
@@ -459,34 +455,20 @@ static void sandbox_delete(struct http_req *req)
 		return;
 	}
 	free(body);
-	{
-		/*
-		 * No node holds it (paused on a node that restarted, or never placed): the record
-		 * goes; a node cleans up what it finds of it when it starts. The one write of a
-		 * sandbox's state outside kiln-node's record (node/record.c), fenced like those on
-		 * the generation read above: a sandbox resumed or moved since is left as it is.
-		 */
-		struct kiln_error err = { 0 };
-		struct pg_res *res = NULL;
-		struct pg_conn *c = gw_db(req);
-		if (!c)
-			return;
-		if (PGQ(c, &res, &err,
-			"UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
-			"WHERE id = $1 AND deleted_at IS NULL AND generation = $2::bigint RETURNING id",
-			sb.id, sb.generation) != KILN_OK) {
-			pg_release(gw->pg, c);
-			gw_fail(req, err.code, &err);
-			return;
-		}
-		pg_release(gw->pg, c);
-		if (pg_res_rows(res) != 1) {
-			pg_res_free(res);
-			http_reply_error(req, KILN_E_CONFLICT,
-					 "the sandbox changed while it was being deleted; try again");
-			return;
-		}
-		pg_res_free(res);
+	/*
+	 * No node holds it (paused on a node that restarted, or never placed): the record goes; a
+	 * node cleans up what it finds of it when it starts. Fenced on the generation read above
+	 * (record_delete_unheld): a sandbox resumed or moved since is left as it is.
+	 */
+	rc = record_delete_unheld(gw->pg, NULL, sb.id, sb.generation, &err);
+	if (rc == KILN_E_CONFLICT) {
+		http_reply_error(req, KILN_E_CONFLICT,
+				 "the sandbox changed while it was being deleted; try again");
+		return;
+	}
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return;
 	}
 	http_reply_empty(req, 204);
 }

@@ -29,6 +29,12 @@
 #define OPERATOR_TENANT "tn_operator"
 #define PAUSE_TOKEN_TTL_S 60
 #define PAUSE_TIMEOUT_MS 120000L	/* a pause writes a snapshot: give it time */
+/*
+ * The token subject of a suspension's pauses: kiln-node never refuses those for the tenant's
+ * plan (node/pause.h PAUSE_SUSPEND_SUB, the same text), as it never refuses kiln-meter's. No API
+ * key can have it (their ids are generated, "key_..."), so no tenant's call is forced.
+ */
+#define SUSPEND_PAUSE_SUB "kiln-suspend"
 
 /*
  * Creates tenant `id` named `name` with a first key of `scopes`, and (unless operator) the free
@@ -110,8 +116,9 @@ out:
 
 /*
  * Asks the node at `address` to pause sandbox `sandbox_id` of `tenant_id`, with a node token
- * signed for it (sub: the operator's key `by`). Returns the node's HTTP status, or 0 when it could
- * not be asked or did not answer.
+ * signed for it whose subject is SUSPEND_PAUSE_SUB: a forced pause, never refused for the
+ * tenant's snapshot quota (the operator who asked, `by`, is logged here). Returns the node's HTTP
+ * status, or 0 when it could not be asked or did not answer.
  */
 static long sandbox_pause_on_node(struct gateway *gw, const char *address, const char *tenant_id,
 				  const char *sandbox_id, const char *by)
@@ -119,7 +126,7 @@ static long sandbox_pause_on_node(struct gateway *gw, const char *address, const
 	struct auth_token_params tp = {
 		.iss = GW_ISSUER,
 		.aud = AUTH_AUD_NODE,
-		.sub = by,
+		.sub = SUSPEND_PAUSE_SUB,
 		.tid = tenant_id,
 		.sbx = sandbox_id,
 		.scopes = AUTH_SCOPE_SANDBOX_READ | AUTH_SCOPE_SANDBOX_WRITE,
@@ -147,18 +154,21 @@ static long sandbox_pause_on_node(struct gateway *gw, const char *address, const
 		auth = NULL;
 		goto out;
 	}
-	if (httpc_open(&hc, &o, &err) != KILN_OK)
-		goto out;
 	h = curl_slist_append(h, auth);
 	h = curl_slist_append(h, "Content-Type: application/json");
-	curl_easy_setopt(hc.curl, CURLOPT_POST, 1L);
-	curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, "{}");
-	curl_easy_setopt(hc.curl, CURLOPT_HTTPHEADER, h);
+	o.method = "POST";
+	o.post_data = "{}";
+	o.post_len = 2;
+	o.headers = h;
+	if (httpc_open(&hc, &o, &err) != KILN_OK)
+		goto out;
+	log_info("pausing \"%s\" of suspended tenant \"%s\" (forced), as asked by \"%s\"",
+		 sandbox_id, tenant_id, by);
 	if (httpc_perform(&hc, &status, &err) != KILN_OK)
 		log_warn("cannot reach node at \"%s\" to pause \"%s\": %s", address, sandbox_id,
 			 err.msg);
-	curl_slist_free_all(h);
 out:
+	curl_slist_free_all(h);
 	httpc_close(&hc);
 	free(auth);
 	free(token);
@@ -214,8 +224,10 @@ static bool json_listed(const json_t *a, const char *s)
 /*
  * POST /v1/tenants/{id}/suspend: marks the tenant suspended (keeping the first time when it
  * already is), then pauses each of its running sandboxes through its node, one after another,
- * looking again (up to SUSPEND_PASSES times) for sandboxes whose creation ended meanwhile. Replies 200 with the tenant and the sandboxes paused and not paused (their node did not answer
- * or refused); suspending again retries those.
+ * looking again (up to SUSPEND_PASSES times) for sandboxes whose creation ended meanwhile. The
+ * pauses are forced (SUSPEND_PAUSE_SUB): the tenant's snapshot quota never keeps one running.
+ * Replies 200 with the tenant and the sandboxes paused and not paused (their node did not answer
+ * or failed); suspending again retries those.
  */
 static void tenants_suspend(struct http_req *req)
 {

@@ -1,5 +1,5 @@
 /*
- * httpc.c - one libcurl easy-handle setup for the project's small HTTP clients (see httpc.h).
+ * httpc.c - one libcurl easy-handle setup for every HTTP client of the project (see httpc.h).
  */
 #include "httpc.h"
 
@@ -27,6 +27,38 @@ static size_t on_body(char *p, size_t size, size_t n, void *ud)
 	if (r == -E2BIG)
 		h->over = true;
 	return r == 0 ? size * n : 0;
+}
+
+/* The method and the request's body (httpc_opts.method). */
+static void set_method(CURL *c, const struct httpc_opts *o)
+{
+	const char *m = o->method;
+
+	if (o->on_read) {
+		curl_easy_setopt(c, CURLOPT_UPLOAD, 1L);
+		curl_easy_setopt(c, CURLOPT_READFUNCTION, o->on_read);
+		curl_easy_setopt(c, CURLOPT_READDATA, o->read_arg);
+		if (o->on_seek) {
+			curl_easy_setopt(c, CURLOPT_SEEKFUNCTION, o->on_seek);
+			curl_easy_setopt(c, CURLOPT_SEEKDATA, o->read_arg);
+		}
+		if (o->upload_len >= 0)
+			curl_easy_setopt(c, CURLOPT_INFILESIZE_LARGE, (curl_off_t)o->upload_len);
+		if (m && strcmp(m, "PUT") != 0)
+			curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, m);
+		return;
+	}
+	if (!m || strcmp(m, "GET") == 0)
+		return;
+	if (strcmp(m, "HEAD") == 0) {
+		curl_easy_setopt(c, CURLOPT_NOBODY, 1L);
+	} else if (strcmp(m, "POST") == 0 && o->post_data) {
+		curl_easy_setopt(c, CURLOPT_POST, 1L);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDS, o->post_data);
+		curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)o->post_len);
+	} else {
+		curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, m);
+	}
 }
 
 enum kiln_err httpc_init(struct httpc *h, struct kiln_error *err)
@@ -58,9 +90,42 @@ void httpc_setup(struct httpc *h, const struct httpc_opts *o)
 		curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, o->timeout_ms);
 	if (o->connect_timeout_ms)
 		curl_easy_setopt(c, CURLOPT_CONNECTTIMEOUT_MS, o->connect_timeout_ms);
-	curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
-	curl_easy_setopt(c, CURLOPT_WRITEDATA, h);
+	if (o->on_write) {
+		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, o->on_write);
+		curl_easy_setopt(c, CURLOPT_WRITEDATA, o->write_arg);
+	} else {
+		curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+		curl_easy_setopt(c, CURLOPT_WRITEDATA, h);
+	}
 	curl_easy_setopt(c, CURLOPT_ERRORBUFFER, h->errbuf);
+	if (o->on_header) {
+		curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, o->on_header);
+		curl_easy_setopt(c, CURLOPT_HEADERDATA, o->header_arg);
+	}
+	if (o->strict) {
+		curl_easy_setopt(c, CURLOPT_PROTOCOLS_STR, "http,https");
+		curl_easy_setopt(c, CURLOPT_FOLLOWLOCATION, 0L);
+		curl_easy_setopt(c, CURLOPT_PROXY, "");	/* no proxy from the environment */
+	}
+	if (o->resolve)
+		curl_easy_setopt(c, CURLOPT_RESOLVE, o->resolve);
+	if (o->open_socket) {
+		curl_easy_setopt(c, CURLOPT_OPENSOCKETFUNCTION, o->open_socket);
+		curl_easy_setopt(c, CURLOPT_OPENSOCKETDATA, o->open_socket_arg);
+	}
+	if (o->aws_sigv4)
+		curl_easy_setopt(c, CURLOPT_AWS_SIGV4, o->aws_sigv4);
+	if (o->username)
+		curl_easy_setopt(c, CURLOPT_USERNAME, o->username);
+	if (o->password)
+		curl_easy_setopt(c, CURLOPT_PASSWORD, o->password);
+	if (o->low_speed_s) {
+		curl_easy_setopt(c, CURLOPT_LOW_SPEED_LIMIT, o->low_speed_bytes);
+		curl_easy_setopt(c, CURLOPT_LOW_SPEED_TIME, o->low_speed_s);
+	}
+	set_method(c, o);
+	if (o->headers)
+		curl_easy_setopt(c, CURLOPT_HTTPHEADER, o->headers);
 }
 
 enum kiln_err httpc_open(struct httpc *h, const struct httpc_opts *o, struct kiln_error *err)
@@ -77,6 +142,7 @@ enum kiln_err httpc_perform(struct httpc *h, long *status, struct kiln_error *er
 	CURLcode cc = curl_easy_perform(h->curl);
 
 	*status = 0;
+	h->result = cc;
 	if (cc == CURLE_OK) {
 		curl_easy_getinfo(h->curl, CURLINFO_RESPONSE_CODE, status);
 		return KILN_OK;

@@ -20,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/httpc.h"
 #include "common/log.h"
 #include "common/s3.h"
 
@@ -37,7 +38,7 @@ struct s3_client {
 	struct s3_target t;
 	struct s3_opts o;
 	char sigv4[sizeof("aws:amz::s3") + S3_REGION_MAX];
-	CURL *curl;
+	struct httpc http;		/* one handle, its connection reused (common/httpc.h) */
 	/* where the endpoint leads (s3_client_resolve) */
 	char host[S3_HOST_MAX + 1];	/* lower case, without brackets or zone */
 	long port;
@@ -536,10 +537,8 @@ struct s3_client *s3_client_new(const struct s3_target *t, const struct s3_opts 
 		s3_client_free(c);
 		return NULL;
 	}
-	c->curl = curl_easy_init();
-	if (!c->curl) {
+	if (httpc_init(&c->http, err) != KILN_OK) {
 		s3_client_free(c);
-		kiln_error_set(err, KILN_E_NOMEM, "cannot make a curl handle");
 		return NULL;
 	}
 	return c;
@@ -549,8 +548,7 @@ void s3_client_free(struct s3_client *c)
 {
 	if (!c)
 		return;
-	if (c->curl)
-		curl_easy_cleanup(c->curl);
+	httpc_close(&c->http);
 	curl_slist_free_all(c->pin);
 	s3_target_wipe(&c->t);
 	free(c);
@@ -765,8 +763,9 @@ static enum kiln_err answer_error(const char *method, const char *key, long stat
 /* Runs `r` once. Returns the kiln_err of the outcome with `err` set. */
 static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct kiln_error *err)
 {
-	CURL *h = c->curl;
 	struct curl_slist *hdrs = NULL;
+	struct httpc_opts o = { .upload_len = -1 };
+	struct kiln_error perr = { 0 };
 	struct buf url;
 	char hdr[160], s3code[64];
 	enum kiln_err rc;
@@ -779,8 +778,7 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 		buf_release(&url);
 		return kiln_error_set(err, KILN_E_INVALID, "object URL too long");
 	}
-	curl_easy_reset(h);
-	r->curl = h;
+	r->curl = c->http.curl;
 	r->client = c;
 	r->status = 0;
 	r->etag[0] = '\0';
@@ -792,29 +790,26 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 	kiln_error_clear(&r->blocked);
 	buf_reset(&r->errbody);
 
-	curl_easy_setopt(h, CURLOPT_URL, url.data);
-	curl_easy_setopt(h, CURLOPT_PROTOCOLS_STR, "http,https");
-	curl_easy_setopt(h, CURLOPT_FOLLOWLOCATION, 0L);
-	curl_easy_setopt(h, CURLOPT_PROXY, "");	/* no proxy from the environment */
-	if (c->pin)
-		curl_easy_setopt(h, CURLOPT_RESOLVE, c->pin);
-	curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-	curl_easy_setopt(h, CURLOPT_AWS_SIGV4, c->sigv4);
-	curl_easy_setopt(h, CURLOPT_USERNAME, c->t.access_key_id);
-	curl_easy_setopt(h, CURLOPT_PASSWORD, c->t.secret_access_key);
-	curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)c->o.connect_timeout_ms);
+	o.url = url.data;
+	o.method = r->method;
+	o.strict = true;
+	o.resolve = c->pin;
+	o.open_socket = on_open_socket;
+	o.open_socket_arg = r;
+	o.aws_sigv4 = c->sigv4;
+	o.username = c->t.access_key_id;
+	o.password = c->t.secret_access_key;
+	o.connect_timeout_ms = (long)c->o.connect_timeout_ms;
 	if (r->large) {
-		curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1024L);
-		curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, (long)c->o.low_speed_s);
+		o.low_speed_bytes = 1024L;
+		o.low_speed_s = (long)c->o.low_speed_s;
 	} else {
-		curl_easy_setopt(h, CURLOPT_TIMEOUT, (long)c->o.request_timeout_s);
+		o.timeout_ms = (long)c->o.request_timeout_s * 1000L;
 	}
-	curl_easy_setopt(h, CURLOPT_OPENSOCKETFUNCTION, on_open_socket);
-	curl_easy_setopt(h, CURLOPT_OPENSOCKETDATA, r);
-	curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_write);
-	curl_easy_setopt(h, CURLOPT_WRITEDATA, r);
-	curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
-	curl_easy_setopt(h, CURLOPT_HEADERDATA, r);
+	o.on_write = on_write;
+	o.write_arg = r;
+	o.on_header = on_header;
+	o.header_arg = r;
 
 	snprintf(hdr, sizeof(hdr), "x-amz-content-sha256: %s",
 		 r->sha256[0] ? r->sha256 : S3_EMPTY_SHA256);
@@ -828,31 +823,26 @@ static enum kiln_err perform_once(struct s3_client *c, struct s3_req *r, struct 
 		hdrs = curl_slist_append(hdrs, hdr);
 	}
 	if (strcmp(r->method, "PUT") == 0) {
-		curl_easy_setopt(h, CURLOPT_UPLOAD, 1L);
-		curl_easy_setopt(h, CURLOPT_READFUNCTION, on_read);
-		curl_easy_setopt(h, CURLOPT_READDATA, r);
-		curl_easy_setopt(h, CURLOPT_SEEKFUNCTION, on_seek);
-		curl_easy_setopt(h, CURLOPT_SEEKDATA, r);
-		curl_easy_setopt(h, CURLOPT_INFILESIZE_LARGE, (curl_off_t)r->in_len);
+		o.on_read = on_read;
+		o.read_arg = r;
+		o.on_seek = on_seek;
+		o.upload_len = (long long)r->in_len;
 	} else if (strcmp(r->method, "POST") == 0) {
-		curl_easy_setopt(h, CURLOPT_POST, 1L);
-		curl_easy_setopt(h, CURLOPT_POSTFIELDS, r->in_data ? r->in_data : "");
-		curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)r->in_data_len);
-	} else if (strcmp(r->method, "HEAD") == 0) {
-		curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
-	} else if (strcmp(r->method, "DELETE") == 0) {
-		curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, "DELETE");
+		o.post_data = r->in_data ? r->in_data : "";
+		o.post_len = r->in_data_len;
 	}
 	if (!hdrs) {
 		buf_release(&url);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
-	curl_easy_setopt(h, CURLOPT_HTTPHEADER, hdrs);
+	o.headers = hdrs;
+	httpc_setup(&c->http, &o);
 
-	cc = curl_easy_perform(h);
-	curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &r->status);
+	httpc_perform(&c->http, &r->status, &perr);
+	cc = c->http.result;
+	curl_easy_getinfo(c->http.curl, CURLINFO_RESPONSE_CODE, &r->status);
 	curl_slist_free_all(hdrs);
-	curl_easy_reset(h);	/* drops the pointers to the credentials and to `r` */
+	curl_easy_reset(c->http.curl);	/* drops the pointers to the credentials and to `r` */
 	buf_release(&url);
 
 	if (r->io_errno)

@@ -3,7 +3,7 @@
  *
  * The node never trusts its caller: every request carries a JWT the gateway signed for it
  * (aud kiln-node, the tenant, the scopes and the sandbox), which the node verifies against the
- * gateways' JWKS. It records every sandbox state change in Postgres (node/record.h: fenced on
+ * gateways' JWKS. It records every sandbox state change in Postgres (record/record.h: fenced on
  * the node and the sandbox's generation) and registers itself in
  * `nodes` with its capacity and a heartbeat.
  */
@@ -24,7 +24,7 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
-#include "node/record.h"
+#include "record/record.h"
 #include "vmm/hv.h"
 
 struct jwks_cache;

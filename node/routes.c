@@ -1582,8 +1582,9 @@ static void sandbox_pause(struct http_req *req)
 	if (!sb)
 		return;
 	pthread_mutex_lock(&sb->lock);
-	/* kiln-meter's pause of a tenant out of credits is never refused for the plan. */
-	rc = sb_pause(n, sb, strcmp(claims_of(req)->sub, PAUSE_METER_SUB) == 0, &err);
+	/* kiln-meter's pause of a tenant out of credits, and a suspension's, are never refused for
+	 * the plan. */
+	rc = sb_pause(n, sb, pause_sub_forced(claims_of(req)->sub), &err);
 	pthread_mutex_unlock(&sb->lock);
 	if (rc != KILN_OK)
 		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_UNAVAILABLE || rc == KILN_E_QUOTA ? rc

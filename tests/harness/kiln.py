@@ -4,6 +4,9 @@ The throwaway Postgres and Redis come from tests/harness/services.sh (the ctest 
 "services"); KILN_SERVICES_ENV names the file it wrote, KILN_BUILD_DIR the build tree.
 Every test makes its own database (fresh_database) and its own daemons on free ports, and
 stops them by pid when it ends, so tests can run in parallel and never touch `make run`'s.
+Each daemon also records itself in the run's registry (registry_dir(): KILN_TEST_DIR/daemons)
+until it is stopped cleanly: when ctest kills a test at its timeout, the fixture's cleanup
+(services.sh stop) reaps what that test's daemons left (tests/harness/reap.py).
 """
 import fcntl
 import hashlib
@@ -98,6 +101,34 @@ def free_port():
         return s.getsockname()[1]
 
 
+def registry_dir():
+    """The run's registry of daemons: KILN_TEST_REGISTRY, else KILN_TEST_DIR/daemons of the
+    services fixture; None outside a ctest run with the fixture."""
+    path = os.environ.get("KILN_TEST_REGISTRY")
+    if not path:
+        try:
+            path = os.path.join(services_env()["KILN_TEST_DIR"], "daemons")
+        except (KeyError, OSError):
+            return None
+    os.makedirs(path, exist_ok=True)
+    return path
+
+
+def proc_start_time(pid):
+    """`pid`'s start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+# The earliest start of each node id in this process: a node started again with the same id
+# (Stack.restart_node) adopts the VMs of the one before, and the reaper must see them as its own.
+_NODE_BORN = {}
+
+
 class Daemon:
     """A Kiln daemon started from the build tree with KILN_* settings; stop() ends it by pid."""
 
@@ -107,6 +138,31 @@ class Daemon:
         full_env.update(env)
         self.proc = subprocess.Popen([binary, *args], env=full_env, stdout=self.log,
                                      stderr=subprocess.STDOUT)
+        self.record = None
+        self.register(binary)
+
+    def register(self, binary):
+        """Records the daemon in the run's registry (see tests/harness/reap.py)."""
+        reg = registry_dir()
+        started = proc_start_time(self.proc.pid)
+        if not reg or started is None:
+            return
+        rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
+               "exe": os.path.realpath(binary)}
+        node_id = getattr(self, "node_id", None)
+        if os.path.basename(binary) == "kiln-node" and node_id:
+            born = _NODE_BORN.setdefault(node_id, started)
+            rec.update(kind="node", node_id=node_id, run_dir=getattr(self, "run_dir", None),
+                       data_dir=getattr(self, "data_dir", None), born=min(born, started))
+        self.record = os.path.join(reg, f"{rec['kind']}-{self.proc.pid}-{started}.json")
+        with open(self.record + ".tmp", "w") as f:
+            json.dump(rec, f)
+        os.rename(self.record + ".tmp", self.record)
+
+    def unregister(self):
+        if self.record and os.path.exists(self.record):
+            os.unlink(self.record)
+        self.record = None
 
     def alive(self):
         return self.proc.poll() is None
@@ -126,7 +182,11 @@ class Daemon:
         return self.proc.returncode
 
     def cleanup(self):
-        self.stop()
+        rc = self.stop()
+        # A daemon that ended on its own terms made nothing that outlives it; one killed (a
+        # crash test) may have: the reaper looks after it at the end of the run.
+        if rc == 0 or not (self.record and os.path.basename(self.record).startswith("node-")):
+            self.unregister()
         if os.environ.get("KILN_TEST_SHOW_LOGS"):
             sys.stderr.write(f"--- {self.proc.args[0]} ---\n{self.output()}\n")
         os.unlink(self.log.name)

@@ -4,8 +4,12 @@
 # start: makes a temporary directory, starts a Postgres cluster and a Redis server in it (Unix
 # sockets only, so no port can collide), applies nothing (each test migrates), and writes
 # KILN_TEST_DIR, KILN_DATABASE_URL, KILN_REDIS_URL and the pieces tests need to ENVFILE.
-# stop: stops both by their pid files and removes the directory. ctest runs stop as the fixture's
-# cleanup, so it runs even when tests fail.
+# stop: first reaps what the run's daemons left (tests/harness/reap.py on KILN_TEST_DIR/daemons,
+# where tests/harness/kiln.py records every kiln-node and kiln-gateway it starts until it stops
+# them cleanly: a test ctest killed at its timeout leaves its node, VMs, netns, TAPs, BPF pins
+# and cgroups behind), then stops both by their pid files and removes the directory. ctest runs
+# stop as the fixture's cleanup, so it runs even when tests fail or time out. It fails when
+# something could not be reaped.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../scripts/lib.sh"
@@ -33,6 +37,10 @@ EOT
 stop)
   [ -f "$envfile" ] || exit 0
   dir=$(sed -n 's/^KILN_TEST_DIR=//p' "$envfile")
+  reaped=0
+  if [ -n "$dir" ] && [ -d "$dir/daemons" ]; then
+    /usr/bin/python3 "$here/reap.py" "$dir/daemons" || reaped=$?
+  fi
   if [ -n "$dir" ] && [ -d "$dir" ]; then
     kiln_pg_stop "$dir/pg"
     kiln_stop_pid "$dir/redis.pid" 10
@@ -40,6 +48,7 @@ stop)
   fi
   rm -f "$envfile"
   echo "services: stopped"
+  exit "$reaped"
   ;;
 *)
   echo "usage: $0 start|stop ENVFILE" >&2

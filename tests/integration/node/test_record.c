@@ -1,8 +1,9 @@
 /*
- * test_record.c - the fenced writes of a sandbox's record (node/record.h) against the real
+ * test_record.c - the fenced writes of a sandbox's record (record/record.h) against the real
  * Postgres of the ctest fixture "services", migrated with the real migrations (each run makes its
  * own database). A write with a stale generation, or from another node, is refused with
- * KILN_E_CONFLICT and changes nothing; the right one succeeds.
+ * KILN_E_CONFLICT and changes nothing; the right one succeeds. So is the gateway's delete of a
+ * sandbox no node holds, fenced on the generation it read.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -13,7 +14,7 @@
 
 #include "common/log.h"
 #include "migrations/migrate.h"
-#include "node/record.h"
+#include "record/record.h"
 #include "test.h"
 
 static struct pg *pg, *admin_pg;
@@ -229,7 +230,7 @@ static void test_delete_requests_are_listed_for_their_node(void)
 	struct seen s = { 0 };
 
 	CHECK_INT(record_running(pg, NULL, &f, &err), KILN_OK);
-	sql("UPDATE sandboxes SET delete_requested_at = now() WHERE id = '%s'", id);
+	CHECK_INT(record_delete_requested(pg, NULL, id, &err), KILN_OK);
 	CHECK_INT(record_each(pg, "node-a", NULL, true, collect, &s, &err), KILN_OK);
 	CHECK_INT(s.n, 1);
 	CHECK_STR(s.ids[0], id);
@@ -240,6 +241,62 @@ static void test_delete_requests_are_listed_for_their_node(void)
 	memset(&s, 0, sizeof(s));
 	CHECK_INT(record_each(pg, "node-a", NULL, true, collect, &s, &err), KILN_OK);
 	CHECK_INT(s.n, 0);
+}
+
+/*
+ * The gateway's delete of a sandbox no node holds (record_delete_unheld, as sandbox_delete in
+ * api/routes_sandboxes.c calls it with the generation it read): read at one generation, resumed
+ * elsewhere since, the delete is refused and changes nothing; at the generation it is, it goes.
+ */
+static void test_gateway_delete_with_stale_generation_changes_nothing(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], before[256], after[256], want[256];
+	long long gen = new_sandbox(id, sizeof(id)), read_gen = gen, now_gen = 0;
+	struct record_fence f = { .id = id, .node_id = "node-a", .generation = gen };
+	struct record_resume r = { .snap = "snap_u", .node_id = "node-b", .net_index = 77,
+				   .timeout_s = 300 };
+
+	CHECK_INT(record_running(pg, NULL, &f, &err), KILN_OK);
+	CHECK_INT(record_paused(pg, NULL, &f, "snap_u", &err), KILN_OK);
+	/* the gateway read it at read_gen; node-b resumes it meanwhile */
+	CHECK_INT(record_resumed(pg, NULL, &f, &r, &now_gen, &err), KILN_OK);
+	CHECK_INT(now_gen, read_gen + 1);
+	row_of(id, before, sizeof(before));
+	snprintf(want, sizeof(want), "running|node-b|%lld|false|-|77|300", now_gen);
+	CHECK_STR(before, want);
+	CHECK_INT(record_delete_unheld(pg, NULL, id, read_gen, &err), KILN_E_CONFLICT);
+	CHECK_INT(record_delete_unheld(pg, NULL, id, now_gen + 1, &err), KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+	/* at the generation it is now: deleted, stopped, its network slot given back */
+	CHECK_INT(record_delete_unheld(pg, NULL, id, now_gen, &err), KILN_OK);
+	row_of(id, after, sizeof(after));
+	snprintf(want, sizeof(want), "stopped|node-b|%lld|true|-|-|300", now_gen);
+	CHECK_STR(after, want);
+	/* once deleted, deleting again is refused too (nothing to delete) */
+	CHECK_INT(record_delete_unheld(pg, NULL, id, now_gen, &err), KILN_E_CONFLICT);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, want);
+}
+
+/* A delete requested for a sandbox already deleted changes nothing (and is not an error). */
+static void test_delete_request_of_a_deleted_sandbox_changes_nothing(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], before[256], after[256];
+	long long gen = new_sandbox(id, sizeof(id));
+	struct record_fence f = { .id = id, .node_id = "node-a", .generation = gen };
+	struct seen s = { 0 };
+
+	CHECK_INT(record_deleted(pg, NULL, &f, &err), KILN_OK);
+	row_of(id, before, sizeof(before));
+	CHECK_INT(record_delete_requested(pg, NULL, id, &err), KILN_OK);
+	row_of(id, after, sizeof(after));
+	CHECK_STR(after, before);
+	CHECK_INT(record_each(pg, "node-a", NULL, true, collect, &s, &err), KILN_OK);
+	for (int i = 0; i < s.n; i++)
+		CHECK(strcmp(s.ids[i], id) != 0);
 }
 
 int main(void)
@@ -292,6 +349,8 @@ int main(void)
 	TEST(test_other_node_is_refused_and_changes_nothing);
 	TEST(test_resume_is_fenced_on_the_pause);
 	TEST(test_delete_requests_are_listed_for_their_node);
+	TEST(test_gateway_delete_with_stale_generation_changes_nothing);
+	TEST(test_delete_request_of_a_deleted_sandbox_changes_nothing);
 
 	rc = test_summary();
 	pg_free(pg);

@@ -204,6 +204,152 @@ static void test_over_a_unix_socket(void)
 	buf_release(&b);
 }
 
+/* What the streaming callbacks saw. */
+struct stream {
+	const char *src;	/* the request body, read out by on_read */
+	size_t off, len;
+	char got[64];		/* the answer's body, as on_write received it */
+	size_t got_len;
+	int headers;		/* header lines seen */
+	bool saw_length;	/* one was "Content-Length: 5" */
+};
+
+static size_t stream_read(char *p, size_t size, size_t n, void *arg)
+{
+	struct stream *st = arg;
+	size_t k = st->len - st->off < size * n ? st->len - st->off : size * n;
+
+	memcpy(p, st->src + st->off, k);
+	st->off += k;
+	return k;
+}
+
+static size_t stream_write(char *p, size_t size, size_t n, void *arg)
+{
+	struct stream *st = arg;
+	size_t k = size * n;
+
+	if (st->got_len + k >= sizeof(st->got))
+		return 0;
+	memcpy(st->got + st->got_len, p, k);
+	st->got_len += k;
+	return k;
+}
+
+static size_t stream_header(char *p, size_t size, size_t n, void *arg)
+{
+	struct stream *st = arg;
+
+	st->headers++;
+	if (size * n >= 17 && strncmp(p, "Content-Length: 5", 17) == 0)
+		st->saw_length = true;
+	return size * n;
+}
+
+/* A streamed upload with the caller's headers, the answer streamed to the caller's callbacks. */
+static void test_streamed_upload_headers_and_callbacks(void)
+{
+	struct peer p = { .answer = ok_answer };
+	struct kiln_error err = { 0 };
+	struct stream st = { .src = "abc", .len = 3 };
+	struct curl_slist *hdrs = curl_slist_append(curl_slist_append(NULL, "X-Kiln-Test: 1"),
+						     "Expect:");
+	char url[128];
+	struct httpc_opts o = {
+		.url = url, .timeout_ms = 5000, .method = "PUT", .headers = hdrs,
+		.on_read = stream_read, .read_arg = &st, .upload_len = 3,
+		.on_write = stream_write, .write_arg = &st, .on_header = stream_header, .header_arg = &st,
+	};
+	struct httpc h;
+	long status = -1;
+
+	peer_tcp(&p, url, sizeof(url));
+	CHECK_INT(httpc_open(&h, &o, &err), KILN_OK);
+	CHECK_INT(httpc_perform(&h, &status, &err), KILN_OK);
+	CHECK_INT(status, 200);
+	if (st.off != 3)
+		fprintf(stderr, "request: %s\n", p.request);
+	CHECK_INT((long)st.off, 3);
+	CHECK_INT((long)st.got_len, 5);
+	CHECK(memcmp(st.got, "hello", 5) == 0);
+	CHECK(st.headers >= 3);
+	CHECK(st.saw_length);
+	CHECK(strncmp(p.request, "PUT /path?q=1 ", 14) == 0);
+	CHECK(strstr(p.request, "X-Kiln-Test: 1\r\n") != NULL);
+	CHECK(strstr(p.request, "Content-Length: 3\r\n") != NULL);
+	httpc_close(&h);
+	peer_end(&p);
+	curl_slist_free_all(hdrs);
+}
+
+static int opened;
+
+static curl_socket_t refuse_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *a)
+{
+	(void)arg;
+	(void)purpose;
+	(void)a;
+	opened++;
+	return CURL_SOCKET_BAD;
+}
+
+/*
+ * A name pinned to an address (CURLOPT_RESOLVE) leads there and nowhere else; a socket check
+ * that refuses stops the exchange before anything connects.
+ */
+static void test_pinned_address_and_socket_check(void)
+{
+	struct peer p = { .answer = ok_answer };
+	struct kiln_error err = { 0 };
+	struct buf b;
+	char url[128], port[16], pin[64];
+	struct httpc_opts o = { .timeout_ms = 5000, .body = &b, .strict = true };
+	struct httpc h;
+	struct curl_slist *resolve;
+	long status = -1;
+
+	buf_init(&b, 64);
+	peer_tcp(&p, url, sizeof(url));
+	snprintf(port, sizeof(port), "%s", strrchr(url, ':') + 1);
+	port[strcspn(port, "/")] = '\0';
+	snprintf(pin, sizeof(pin), "pinned.invalid:%s:127.0.0.1", port);
+	resolve = curl_slist_append(NULL, pin);
+	snprintf(url, sizeof(url), "http://pinned.invalid:%s/x", port);
+	o.url = url;
+	o.resolve = resolve;
+	CHECK_INT(httpc_open(&h, &o, &err), KILN_OK);
+	CHECK_INT(httpc_perform(&h, &status, &err), KILN_OK);
+	CHECK_INT(status, 200);
+	CHECK_STR(b.data, "hello");
+	CHECK(strstr(p.request, "Host: pinned.invalid:") != NULL);
+	peer_end(&p);
+
+	/* the same pin, every socket refused: no connection, unavailable */
+	memset(&p, 0, sizeof(p));
+	p.answer = ok_answer;
+	peer_tcp(&p, url, sizeof(url));
+	snprintf(url, sizeof(url), "http://pinned.invalid:%s/x", port);
+	o.open_socket = refuse_socket;
+	buf_reset(&b);
+	httpc_setup(&h, &o);
+	CHECK_INT(httpc_perform(&h, &status, &err), KILN_E_UNAVAILABLE);
+	CHECK_INT(status, 0);
+	CHECK(opened >= 1);
+	CHECK_INT((long)b.len, 0);
+	/* another scheme than http and https is refused (strict) */
+	o.open_socket = NULL;
+	o.url = "file:///etc/hostname";
+	httpc_setup(&h, &o);
+	CHECK_INT(httpc_perform(&h, &status, &err), KILN_E_UNAVAILABLE);
+	CHECK_INT(h.result, CURLE_UNSUPPORTED_PROTOCOL);
+	CHECK_INT((long)b.len, 0);
+	httpc_close(&h);
+	peer_end(&p);
+	CHECK_STR(p.request, "");
+	curl_slist_free_all(resolve);
+	buf_release(&b);
+}
+
 int main(void)
 {
 	signal(SIGPIPE, SIG_IGN);	/* the peer may write to a client that gave up */
@@ -212,5 +358,7 @@ int main(void)
 	TEST(test_body_over_the_cap_cuts_the_exchange);
 	TEST(test_timeout_and_refusal_are_unavailable);
 	TEST(test_over_a_unix_socket);
+	TEST(test_streamed_upload_headers_and_callbacks);
+	TEST(test_pinned_address_and_socket_check);
 	return test_summary();
 }

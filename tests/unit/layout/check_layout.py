@@ -13,7 +13,13 @@ check_layout.py - the repository's dependency rule and self-containment, as a te
    (METER_DAEMON). tests/ and bench/ may include anything, and nothing may include them.
    libbpf's headers (`#include <bpf/...>`) are allowed only where LIBBPF says (kiln-gateway never
    links libbpf).
-2. Self-containment. No file of the repository (CMake, scripts, tests, docs, code) may refer to
+2. The single record. No .c or .h under the source folders but the record module (record/) may
+   hold an SQL statement that writes the `sandboxes` table (INSERT INTO / UPDATE / DELETE FROM /
+   MERGE INTO / TRUNCATE sandboxes): a sandbox's state has one writer, fenced (record/record.h).
+   Comments are ignored and adjacent string literals joined first, so a statement split over
+   lines is still seen. tests/ and bench/ set up their fixtures with such statements and are not
+   checked.
+3. Self-containment. No file of the repository (CMake, scripts, tests, docs, code) may refer to
    the design notes and reference files that lived beside the checkout (OUTSIDE): a build, test or
    script reads only the repository.
 
@@ -27,7 +33,8 @@ import sys
 import tempfile
 
 # The folders whose C is checked, and what each module may include besides itself.
-SOURCES = ("common", "auth", "vmm", "netpolicy", "bpf", "metering", "node", "api", "cli", "migrations")
+SOURCES = ("common", "auth", "vmm", "netpolicy", "bpf", "metering", "record", "node", "api", "cli",
+           "migrations")
 FREE = ("tests", "bench")  # may include anything; not checked
 METER_DAEMON = {"metering/meter.c", "metering/meter.h", "metering/main.c", "metering/pause.c",
                 "metering/pause.h"}
@@ -39,9 +46,11 @@ ALLOWED = {
     "bpf": {"common", "netpolicy"},
     "migrations": {"common"},
     "metering": {"common", "auth"},
+    "record": {"common"},
     "kiln-meter": {"common", "auth", "metering", "vmm", "netpolicy", "migrations"},
-    "node": {"common", "auth", "vmm", "netpolicy", "bpf", "metering", "kiln-meter", "migrations"},
-    "api": {"common", "auth", "metering", "migrations"},
+    "node": {"common", "auth", "vmm", "netpolicy", "bpf", "metering", "kiln-meter", "record",
+             "migrations"},
+    "api": {"common", "auth", "metering", "record", "migrations"},
     "cli": {"common"},
 }
 LIBBPF = {"netpolicy", "bpf", "node", "kiln-meter"}
@@ -138,6 +147,54 @@ def resolve(root, rel, inc, by_name):
     return own[0] if own else same[0]
 
 
+# The one module that may write the `sandboxes` table.
+RECORD = "record"
+COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
+ADJACENT = re.compile(r'"[ \t]*\n[ \t]*"')
+SANDBOX_WRITE = re.compile(r'\b(INSERT\s+INTO|UPDATE|DELETE\s+FROM|MERGE\s+INTO|TRUNCATE(\s+TABLE)?)'
+                           r'\s+(ONLY\s+)?("?public"?\.)?"?sandboxes"?(?![\w"])', re.I)
+
+
+def check_sandbox_writers(root):
+    """Each statement writing `sandboxes` outside the record module, as file:line."""
+    errors = []
+    for rel in source_files(root):
+        if module_of(rel) == RECORD:
+            continue
+        try:
+            with open(os.path.join(root, rel), encoding="utf-8", errors="replace") as f:
+                text = f.read()
+        except OSError as e:
+            errors.append("%s: cannot read: %s" % (rel, e.strerror))
+            continue
+        # Comments become blanks of as many lines; adjacent literals are joined, each join
+        # remembered so that a hit is reported on the line where its statement starts.
+        text = COMMENT.sub(lambda m: "\n" * m.group(0).count("\n"), text)
+        line_of = []
+        out = []
+        pos = 0
+        line = 1
+        for m in ADJACENT.finditer(text):
+            chunk = text[pos:m.start()]
+            for ch in chunk:
+                line_of.append(line)
+                if ch == "\n":
+                    line += 1
+            out.append(chunk)
+            line += m.group(0).count("\n")
+            pos = m.end()
+        for ch in text[pos:]:
+            line_of.append(line)
+            if ch == "\n":
+                line += 1
+        out.append(text[pos:])
+        joined = "".join(out)
+        for m in SANDBOX_WRITE.finditer(joined):
+            errors.append("%s:%d: writes the sandboxes table (%s); only %s/ may (record/record.h)"
+                          % (rel, line_of[m.start()], " ".join(m.group(0).split()), RECORD))
+    return errors
+
+
 def check_outside(root):
     errors = []
     for d, dirs, files in os.walk(root):
@@ -162,7 +219,7 @@ def check_outside(root):
 
 
 def check(root):
-    return check_includes(root) + check_outside(root)
+    return check_includes(root) + check_sandbox_writers(root) + check_outside(root)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -221,6 +278,44 @@ def self_test(root):
               "a source includes tests/")
         plant("vmm/guest/agent_proto.c", '#include "netpolicy/policy.h"\n',
               'vmm includes "netpolicy/policy.h" (netpolicy)', "the guest part of vmm includes netpolicy")
+        plant("record/record.c", '#include "node/node.h"\n', 'record includes "node/node.h" (node)',
+              "the record module includes node")
+        plant("record/record.c", '#include "metering/plan.h"\n', 'record includes "metering/plan.h" (metering)',
+              "the record module includes more than common")
+        plant("api/routes_sandboxes.c",
+              'static const char *q = "UPDATE sandboxes SET state = \'running\' WHERE id = $1";\n',
+              "api/routes_sandboxes.c:%d: writes the sandboxes table (UPDATE sandboxes)"
+              % line_after("api/routes_sandboxes.c"), "the gateway updates a sandbox itself")
+        plant("node/pause.c", 'static const char *q = "INSERT INTO\tsandboxes (id) VALUES ($1)";\n',
+              "writes the sandboxes table (INSERT INTO sandboxes)", "the node inserts a sandbox itself")
+        plant("metering/ledger.c", 'static const char *q = "DELETE FROM "\n\t"sandboxes WHERE id = $1";\n',
+              "metering/ledger.c:%d: writes the sandboxes table (DELETE FROM sandboxes)"
+              % line_after("metering/ledger.c"), "a delete split over two literals")
+        plant("node/recovery.c", 'static const char *q = "update public.sandboxes set x = 1";\n',
+              "node/recovery.c:%d: writes the sandboxes table" % line_after("node/recovery.c"),
+              "lower case, schema-qualified")
+        plant("node/main.c", 'static const char *q = "TRUNCATE sandboxes";\n',
+              "node/main.c:%d: writes the sandboxes table" % line_after("node/main.c"), "a truncate")
+        # what is not a write of the table must not be reported
+        for rel, text, label in (
+                ("api/routes_sandboxes.c", "/* UPDATE sandboxes SET state = 'x' */\n", "a comment"),
+                ("api/routes_sandboxes.c", 'static const char *q = "UPDATE sandbox_events SET x = 1";\n',
+                 "another table whose name starts alike"),
+                ("api/routes_sandboxes.c", 'static const char *q = "SELECT id FROM sandboxes";\n',
+                 "a read")):
+            count += 1
+            path = os.path.join(copy, rel)
+            with open(path, encoding="utf-8") as f:
+                saved = f.read()
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(saved + text)
+            try:
+                errs = check_sandbox_writers(copy)
+            finally:
+                with open(path, "w", encoding="utf-8") as f:
+                    f.write(saved)
+            if errs:
+                failures.append("%s: reported as a write: %s" % (label, errs[:3]))
         sh = "sha" + "red"  # (see OUTSIDE)
         plant("CMakeLists.txt", "\n# set(X ${PROJECT_SOURCE_DIR}/../%s/design/API.md)\n" % sh,
               "CMakeLists.txt:%d: refers to ../%s" % (line_after("CMakeLists.txt") + 1, sh),

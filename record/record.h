@@ -1,10 +1,14 @@
 /*
- * record.h - a sandbox's record in Postgres (the `sandboxes` row), as kiln-node writes it.
+ * record.h - a sandbox's record in Postgres (the `sandboxes` row): the only code in the whole
+ * code base that writes that table (unit_layout holds every other source file to it).
  *
- * This is the only code in kiln-node that writes a sandbox's row. Every write is fenced: it
- * changes the row only while the row is this node's (`node_id`), at the generation the writer
- * holds, and not deleted; otherwise it changes nothing and returns KILN_E_CONFLICT (another node
- * or a later generation owns the sandbox now). The inserts are fenced by the id (a row of that id
+ * kiln-node writes a sandbox's state through it, and so does kiln-gateway for the two things it
+ * records itself (a delete requested while the node is down, and the delete of a sandbox no node
+ * holds). It is a library of its own (kiln_record: common and libpq only), so that the gateway
+ * links it without kiln-node. Every write of kiln-node's is fenced: it changes the row only while
+ * the row is this node's (`node_id`), at the generation the writer holds, and not deleted;
+ * otherwise it changes nothing and returns KILN_E_CONFLICT (another node or a later generation
+ * owns the sandbox now). The gateway's delete is fenced on the generation it read. The inserts are fenced by the id (a row of that id
  * exists: KILN_E_CONFLICT), and a resume, which moves the sandbox to this node, by the node and
  * generation it was paused at. Callers must handle every result: a write that did not happen is
  * never a success.
@@ -13,8 +17,8 @@
  * (NULL: the write takes a connection of its own). KILN_E_UNAVAILABLE when Postgres cannot be
  * reached.
  */
-#ifndef KILN_NODE_RECORD_H
-#define KILN_NODE_RECORD_H
+#ifndef KILN_RECORD_H
+#define KILN_RECORD_H
 
 #include <stdbool.h>
 
@@ -108,6 +112,23 @@ enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct rec
 /* The disk lineage emptied (a create that fell back from its template to a cold boot). */
 enum kiln_err record_lineage_reset(struct pg *pg, struct pg_conn *tx,
 				   const struct record_fence *f, struct kiln_error *err);
+
+/*
+ * The gateway's delete of a sandbox no node holds (its node answered 404, or it was never
+ * placed): state stopped, gone for the API, the network slot given back. Fenced on the
+ * generation the gateway read (`generation`) instead of a node: a sandbox resumed or moved since
+ * is left as it is (KILN_E_CONFLICT).
+ */
+enum kiln_err record_delete_unheld(struct pg *pg, struct pg_conn *tx, const char *id,
+				   long long generation, struct kiln_error *err);
+
+/*
+ * The gateway's request that the node of sandbox `id`, which is down, delete it when it comes
+ * back (`delete_requested_at`, kept from the first request). Changes no state; a sandbox already
+ * deleted is left as it is and the request is still KILN_OK (there is nothing left to delete).
+ */
+enum kiln_err record_delete_requested(struct pg *pg, struct pg_conn *tx, const char *id,
+				      struct kiln_error *err);
 
 /* A sandbox's row as the node reads it. */
 struct record {

@@ -1,11 +1,12 @@
 /*
- * record.c - a sandbox's record in Postgres, as kiln-node writes it: the only writer of the
- * `sandboxes` table in kiln-node, every write fenced on the node and generation (record.h).
+ * record.c - a sandbox's record in Postgres: the only writer of the `sandboxes` table in the code
+ * base (kiln-node and kiln-gateway both write through it), every state write fenced on the node
+ * and generation, or for the gateway's delete on the generation alone (record.h).
  */
 #include <stdio.h>
 #include <string.h>
 
-#include "node/record.h"
+#include "record/record.h"
 
 /* The fence every state write carries: $1 id, $2 node, $3 generation. */
 #define FENCE "id = $1 AND node_id = $2 AND generation = $3::bigint AND deleted_at IS NULL"
@@ -218,6 +219,37 @@ enum kiln_err record_lineage_reset(struct pg *pg, struct pg_conn *tx,
 	return FENCED(pg, tx, "the lineage", f->id, NULL, err,
 		      "UPDATE sandboxes SET lineage = '{}' WHERE " FENCE " RETURNING id",
 		      f->id, f->node_id, g);
+}
+
+enum kiln_err record_delete_unheld(struct pg *pg, struct pg_conn *tx, const char *id,
+				   long long generation, struct kiln_error *err)
+{
+	char g[24];
+
+	fmt_ll(g, sizeof(g), generation);
+	return FENCED(pg, tx, "the delete", id, NULL, err,
+		      "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
+		      "WHERE id = $1 AND deleted_at IS NULL AND generation = $2::bigint RETURNING id",
+		      id, g);
+}
+
+enum kiln_err record_delete_requested(struct pg *pg, struct pg_conn *tx, const char *id,
+				      struct kiln_error *err)
+{
+	struct pg_conn *c = tx;
+	enum kiln_err rc = KILN_OK;
+
+	if (!c)
+		rc = pg_acquire(pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, NULL, err,
+		 "UPDATE sandboxes SET delete_requested_at = coalesce(delete_requested_at, now()) "
+		 "WHERE id = $1 AND deleted_at IS NULL",
+		 id);
+	if (!tx)
+		pg_release(pg, c);
+	return rc;
 }
 
 #define RECORD_COLUMNS                                                                            \

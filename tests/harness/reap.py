@@ -1,0 +1,251 @@
+#!/usr/bin/python3
+"""reap.py - removes what the daemons of one test run left behind when a test was killed.
+
+    reap.py REGISTRY_DIR    reap every daemon registered there, then empty the directory
+
+Every daemon tests/harness/kiln.py starts (kiln-gateway, kiln-node) records itself in the run's
+registry (KILN_TEST_DIR/daemons of services.sh start; one JSON file per daemon: its pid, the
+pid's start time, its binary, and for a node its id, run and data directories and the earliest
+start of a node of that id in the test), and deletes its record when the test stops it cleanly. A test that ctest kills at its timeout (SIGKILL of the python
+process) never stops them: kiln-node and its jailed QEMUs outlive it with their network
+namespaces, TAPs, BPF pins and cgroups. services.sh stop (the "services" fixture's cleanup, which
+ctest runs even after a timeout) runs this on the run's registry. For each record left:
+
+- the daemon's pid is killed only while it is still that process: the same start time (clock
+  ticks since boot, /proc/<pid>/stat field 22) and the same binary (/proc/<pid>/exe);
+- for a node, its VMs (the processes in its cgroups kiln/<node>/..., and any process whose command
+  line names the node's run directory or its id as a path component, started after the first node
+  of that id) are
+  killed; then each of its sandboxes' netns (kiln-<net id>) and host veth (kv<net id>) is removed,
+  its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
+  guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories.
+
+Node ids are unique per test ("t" + 8 hex digits), so nothing of another run or of `make run` is
+touched. Prints one line per thing removed; exit status 0, or 1 when something could not be
+removed (each named). Needs root (as the tests that start nodes do).
+"""
+import glob
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+PIN_ROOT = "/sys/fs/bpf/kiln"
+SHM = "/dev/shm"
+NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+
+
+def start_time(pid):
+    """The start time of `pid` in clock ticks since boot, or None when there is no such process."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    # the command name (field 2) may hold spaces and parentheses: split after its last ')'
+    return int(stat[stat.rindex(")") + 2:].split()[19])
+
+
+def exe_of(pid):
+    try:
+        return os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return ""
+
+
+def cmdline_of(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill(pid, what, log):
+    try:
+        os.kill(pid, signal.SIGKILL)
+        log.append(f"killed {what} (pid {pid})")
+    except ProcessLookupError:
+        pass
+
+
+def wait_gone(pids, timeout=10):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        pids = [p for p in pids if os.path.exists(f"/proc/{p}") and not zombie(p)]
+        if not pids:
+            return []
+        time.sleep(0.05)
+    return pids
+
+
+def zombie(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+        return stat[stat.rindex(")") + 2] == "Z"
+    except OSError:
+        return False
+
+
+def node_cgroups(node):
+    """The kiln/<node> cgroup directories of every hierarchy (v1 controllers or v2)."""
+    out = []
+    for pattern in (f"{CGROUP_ROOT}/kiln/{node}", f"{CGROUP_ROOT}/*/kiln/{node}",
+                    f"{CGROUP_ROOT}/*/*/kiln/{node}"):
+        out.extend(d for d in glob.glob(pattern) if os.path.isdir(d))
+    return sorted(set(out))
+
+
+def cgroup_pids(dirs):
+    pids = set()
+    for top in dirs:
+        for d, _, files in os.walk(top):
+            if "cgroup.procs" in files:
+                try:
+                    with open(os.path.join(d, "cgroup.procs")) as f:
+                        pids.update(int(p) for p in f.read().split())
+                except OSError:
+                    pass
+    return pids
+
+
+def node_sandboxes(rec, cgroups):
+    """The ids of the sandboxes a node made, from what it left: cgroups, pins, run and data dirs."""
+    ids = set()
+    node = rec["node_id"]
+    for top in cgroups:
+        ids.update(x for x in os.listdir(top) if os.path.isdir(os.path.join(top, x)))
+    for pattern in (f"{PIN_ROOT}/{node}/*", os.path.join(rec.get("run_dir", "/nonexistent"), "*"),
+                    os.path.join(rec.get("data_dir", "/nonexistent"), "vms", node, "*")):
+        ids.update(os.path.basename(p) for p in glob.glob(pattern) if os.path.isdir(p))
+    for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
+        ids.add(os.path.basename(p)[len(f"kiln-{node}-"):-len(".mem")])
+    return {i for i in ids if re.match(r"^[a-z]+_[a-z0-9]+$", i)}
+
+
+def net_id(sandbox_id):
+    """The sandbox's network id (node/sandbox.c): after the prefix, at most 13 characters."""
+    return (sandbox_id.split("_", 1)[1] if "_" in sandbox_id else sandbox_id)[:13]
+
+
+def reap_node(rec, log, problems):
+    node = rec["node_id"]
+    if not NODE_ID.match(node):
+        problems.append(f"bad node id {node!r} in the registry")
+        return
+    cgroups = node_cgroups(node)
+    sandboxes = node_sandboxes(rec, cgroups)
+    born = rec.get("born") or rec.get("start_time") or 0
+    # Its VMs: in its cgroups, or naming its run directory or id; started after the node.
+    run_dir = rec.get("run_dir") or ""
+    vms = cgroup_pids(cgroups)
+    marks = [m for m in (run_dir + "/", f"/{node}/", f"kiln-{node}-") if len(m) > 4]
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            cmd = cmdline_of(d)
+            if cmd and any(m in cmd for m in marks):
+                vms.add(int(d))
+    left = []
+    for pid in sorted(vms):
+        st = start_time(pid)
+        if st is None or st < born:
+            continue
+        kill(pid, f"process of node {node}: {cmdline_of(pid)[:80]!r}", log)
+        left.append(pid)
+    for pid in wait_gone(left):
+        problems.append(f"pid {pid} of node {node} did not end")
+    # Networks: the netns (its tap0 and uplink go with it) and the host veth.
+    for sb in sorted(sandboxes):
+        nid = net_id(sb)
+        if os.path.exists(f"/run/netns/kiln-{nid}"):
+            r = subprocess.run(["ip", "netns", "del", f"kiln-{nid}"], capture_output=True, text=True)
+            (log if r.returncode == 0 else problems).append(f"netns kiln-{nid}: removed"
+                                                            if r.returncode == 0 else
+                                                            f"netns kiln-{nid}: {r.stderr.strip()}")
+        if os.path.exists(f"/sys/class/net/kv{nid}"):
+            r = subprocess.run(["ip", "link", "del", f"kv{nid}"], capture_output=True, text=True)
+            (log if r.returncode == 0 else problems).append(f"link kv{nid}: removed"
+                                                            if r.returncode == 0 else
+                                                            f"link kv{nid}: {r.stderr.strip()}")
+    # BPF pins: files are unlinked, directories removed bottom up.
+    pins = f"{PIN_ROOT}/{node}"
+    if os.path.isdir(pins):
+        for d, dirs, files in os.walk(pins, topdown=False):
+            for f in files:
+                try:
+                    os.unlink(os.path.join(d, f))
+                except OSError as e:
+                    problems.append(f"pin {os.path.join(d, f)}: {e.strerror}")
+            try:
+                os.rmdir(d)
+            except OSError as e:
+                problems.append(f"pin dir {d}: {e.strerror}")
+        log.append(f"pins {pins}: removed")
+    # Cgroups: empty now, removed bottom up (their files are not files to unlink).
+    for top in cgroups:
+        for d, _, _ in os.walk(top, topdown=False):
+            for attempt in range(50):
+                try:
+                    os.rmdir(d)
+                    break
+                except OSError as e:
+                    if attempt == 49:
+                        problems.append(f"cgroup {d}: {e.strerror}")
+                    time.sleep(0.1)
+        log.append(f"cgroups {top}: removed")
+    for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
+        os.unlink(p)
+        log.append(f"{p}: removed")
+    for d in (rec.get("run_dir"), rec.get("data_dir")):
+        if d and os.path.isdir(d) and (d.startswith("/run/kt-") or d.startswith("/tmp/kiln-node-")):
+            shutil.rmtree(d, ignore_errors=True)
+            log.append(f"{d}: removed")
+
+
+def reap(registry):
+    log, problems = [], []
+    records = []
+    for path in sorted(glob.glob(os.path.join(registry, "*.json"))):
+        try:
+            with open(path) as f:
+                records.append((path, json.load(f)))
+        except (OSError, ValueError) as e:
+            problems.append(f"{path}: unreadable: {e}")
+    # The daemons first (a node that lives would make more), then what the nodes left.
+    for _, rec in records:
+        pid = int(rec.get("pid", 0))
+        exe = exe_of(pid)
+        if exe.endswith(" (deleted)"):  # the binary was rebuilt since it started
+            exe = exe[:-len(" (deleted)")]
+        if pid > 1 and start_time(pid) == rec.get("start_time") and exe == rec.get("exe"):
+            kill(pid, f"{rec.get('kind', 'daemon')} {rec.get('node_id', '')}".strip(), log)
+            for p in wait_gone([pid]):
+                problems.append(f"pid {p} did not end")
+    for path, rec in records:
+        if rec.get("kind") == "node":
+            reap_node(rec, log, problems)
+        os.unlink(path)
+    for line in log:
+        print("reap: " + line)
+    for line in problems:
+        print("reap: FAILED " + line)
+    return 1 if problems else 0
+
+
+def main(argv):
+    if len(argv) != 2:
+        sys.stderr.write(__doc__)
+        return 2
+    if not os.path.isdir(argv[1]):
+        return 0
+    return reap(argv[1])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
