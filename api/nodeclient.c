@@ -120,19 +120,32 @@ static void job_ready(struct job *j)
 		pump_ready(j->p, (int)j->status, j->type[0] ? j->type : "application/json");
 }
 
+/* When `line` is the header `name` ("Name:"), copies its trimmed value into out and returns true. */
+static bool header_value(const char *line, size_t len, const char *name, char *out, size_t out_len)
+{
+	size_t k = strlen(name), e = len;
+
+	if (len < k || strncasecmp(line, name, k) != 0)
+		return false;
+	while (k < len && line[k] == ' ')
+		k++;
+	while (e > k && (line[e - 1] == '\r' || line[e - 1] == '\n'))
+		e--;
+	snprintf(out, out_len, "%.*s", (int)(e - k), line + k);
+	return true;
+}
+
 static size_t on_header(char *line, size_t size, size_t n, void *ud)
 {
 	struct job *j = ud;
 	size_t len = size * n;
+	char retry[16];
 
-	if (len >= 13 && strncasecmp(line, "Content-Type:", 13) == 0) {
-		size_t k = 13;
-		while (k < len && line[k] == ' ')
-			k++;
-		size_t e = len;
-		while (e > k && (line[e - 1] == '\r' || line[e - 1] == '\n'))
-			e--;
-		snprintf(j->type, sizeof(j->type), "%.*s", (int)(e - k), line + k);
+	if (header_value(line, len, "Content-Type:", j->type, sizeof(j->type))) {
+		/* kept for the reply */
+	} else if (header_value(line, len, "Retry-After:", retry, sizeof(retry))) {
+		if (j->p)
+			pump_set_retry_after(j->p, retry);
 	} else if (len <= 2 && (line[0] == '\r' || line[0] == '\n')) {
 		/* The end of a header block; 1xx blocks come before the real one. */
 		long code = 0;
@@ -260,6 +273,8 @@ static void reply_from_pump(struct http_req *req, struct pump *p)
 		http_reply_error(req, KILN_E_UNAVAILABLE, "the sandbox's node is unavailable");
 		return;
 	}
+	if (pump_retry_after(p)[0])
+		http_reply_header(req, "Retry-After", pump_retry_after(p));
 	http_reply_stream(req, status, type[0] ? type : "application/json", pump_read, p,
 			  pump_release);
 }

@@ -22,6 +22,7 @@ struct pump {
 	bool ready;
 	int status;
 	char type[128];
+	char retry_after[16];	/* a Retry-After the producer passes on, or "" */
 	int refs;		/* the producer thread and the handler side */
 };
 
@@ -119,6 +120,19 @@ int pump_write(struct pump *p, const void *data, size_t len)
 		len -= (size_t)n;
 	}
 	return 0;
+}
+
+void pump_set_retry_after(struct pump *p, const char *value)
+{
+	pthread_mutex_lock(&p->lock);
+	if (!p->ready)
+		snprintf(p->retry_after, sizeof(p->retry_after), "%s", value ? value : "");
+	pthread_mutex_unlock(&p->lock);
+}
+
+const char *pump_retry_after(struct pump *p)
+{
+	return p->retry_after;
 }
 
 int pump_wait_ready(struct pump *p, char *type, size_t type_len)

@@ -29,6 +29,15 @@ struct pump *pump_start(pump_fn produce, void *ctx, void (*free_ctx)(void *));
 /* Producer: the reply's status and content type; call once, before any pump_write(). */
 void pump_ready(struct pump *p, int status, const char *content_type);
 
+/*
+ * Producer, before pump_ready(): a Retry-After value the handler's reply carries on (a node's 429
+ * or 503 passed through the gateway). At most 15 characters are kept.
+ */
+void pump_set_retry_after(struct pump *p, const char *value);
+
+/* Handler, after pump_wait_ready(): that value, or "" (valid until pump_release()). */
+const char *pump_retry_after(struct pump *p);
+
 /* Producer: writes all of `data`. Returns 0, or -1 when the reader is gone (stop producing). */
 int pump_write(struct pump *p, const void *data, size_t len);
 

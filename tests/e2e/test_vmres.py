@@ -172,6 +172,7 @@ class VmResourceTests(unittest.TestCase):
             self.assertEqual(r.status, 429, r.data)
             self.assertEqual(r.json()["error"]["code"], "rate_limited")
             self.assertIn("exec_max_per_sandbox", r.json()["error"]["message"])
+            self.assertEqual(r.headers.get("Retry-After"), "1", r.headers)   # the node's, passed on
             r = self.exec(self.b, self.key, {"cmd": ["true"]})
             self.assertEqual(r.status, 429, r.data)
             self.assertIn("exec_max_per_tenant", r.json()["error"]["message"])
