@@ -7,6 +7,8 @@ the sandbox's pins go: its last flows are never lost. The periodic pass, the per
 the sweep are covered by tests/integration/netpolicy (test_netpolicy.py, test_connlog_store.c).
 """
 import calendar
+import os
+import subprocess
 import sys
 import time
 import unittest
@@ -106,6 +108,21 @@ class ConnlogTests(unittest.TestCase):
         r2 = self.log(sb, "?limit=1&cursor=" + r.json()["next_cursor"])
         self.assertNotEqual(r2.json()["connections"][0]["id"], r.json()["connections"][0]["id"])
         self.assertEqual(self.log(sb, "?since=yesterday").status, 422)
+        # the same through the command-line client, with the admin key; a tenant's key: 403
+        kiln_cli = os.path.join(kiln.BUILD, "cli", "kiln")
+        env = dict(os.environ, KILN_URL=self.gw.url, KILN_API_KEY=self.gw.admin_key)
+        p = subprocess.run([kiln_cli, "admin", "connections", sb], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = [l.split("\t") for l in p.stdout.splitlines()]
+        self.assertIn([row["opened_at"], row["last_seen_at"], "allowed", "tcp", "203.0.113.10",
+                       "9000", str(row["bytes_out"]), str(row["bytes_in"]),
+                       str(row["packets_out"]), str(row["packets_in"])], lines)
+        env["KILN_API_KEY"] = self.key["Authorization"].split()[1]
+        p = subprocess.run([kiln_cli, "admin", "connections", sb], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("403", p.stderr + p.stdout)
 
     def test_a_deleted_sandboxs_last_flows_are_logged_and_the_log_outlives_it(self):
         sb = self.create()
