@@ -570,10 +570,12 @@ def test_connlog_cap_drops_and_counts():
     assert int(out.stdout.split()[-1]) == 20, out.stdout
     rows, lost = connlog(SB_A, cap=5)
     new = [r for r in rows if r["new"]]
-    assert len(new) == 5, new
+    assert len(new) == 5 and all(r["dst"] == "203.0.113.12" for r in new), new
     assert lost["over_cap"] == 15, lost
     # the flows past the cap are still in the table (enforced, counted), just not logged as new
-    assert len([r for r in rows if not r["new"] and r["dst"] == "203.0.113.12"]) == 20
+    live = [r for r in rows if not r["new"] and r["dst"] == "203.0.113.12" and
+            r["proto"] == "udp" and r["dst_port"] == 9999]
+    assert len(live) == 20, live
 
 
 def test_connlog_full_ring_counts_lost_events():
