@@ -48,6 +48,7 @@ extern const struct route_group routes_dashboard;	/* /, /assets/{name} */
 extern const struct route_group routes_keys;	/* /v1/api-keys, /v1/tokens, JWKS */
 extern const struct route_group routes_tenants;	/* /v1/tenants */
 extern const struct route_group routes_audit;	/* /v1/audit */
+extern const struct route_group routes_connlog;	/* /v1/admin/sandboxes/{id}/connections */
 extern const struct route_group routes_sandboxes;	/* /v1/sandboxes... */
 extern const struct route_group routes_snapshots;	/* /v1/snapshots */
 extern const struct route_group routes_billing;	/* /v1/billing/..., /v1/usage, sandbox usage */

@@ -120,6 +120,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } flows SEC(".maps");
 
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, NP_CONNLOG_RING);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} connlog SEC(".maps");
+
 enum verdict { V_PASS, V_POLICY, V_QUOTA, V_SPOOF, V_RATE };
 
 /* The parsed packet: what the policy looks at. */
@@ -171,6 +177,23 @@ static __always_inline int finish(struct __sk_buff *skb, enum verdict v, int tx)
 		break;
 	}
 	return TC_ACT_SHOT;
+}
+
+/* Logs a flow opened or a refused attempt; a full ring is counted, never waited on. */
+static __always_inline void conn_event(const struct np_flow_key *k, __u64 ts, __u8 verdict)
+{
+	struct np_conn_event *e = bpf_ringbuf_reserve(&connlog, sizeof(*e), 0);
+	if (!e) {
+		struct np_counters *c = ctrs();
+		if (c)
+			c->connlog_lost++;
+		return;
+	}
+	e->ts_ns = ts;
+	__builtin_memcpy(&e->key, k, sizeof(*k));
+	e->verdict = verdict;
+	__builtin_memset(e->pad, 0, sizeof(e->pad));
+	bpf_ringbuf_submit(e, 0);
 }
 
 static __always_inline int eq16(const __u8 *a, const volatile __u8 *b)
@@ -529,6 +552,8 @@ int np_from_guest(struct __sk_buff *skb)
 		if (!allowed(&p, p.dst, p.dport, mode, now, !live)) {
 			if (fv)
 				bpf_map_delete_elem(&flows, &fk);
+			else
+				conn_event(&fk, now, NP_CONN_DENIED);
 			return finish(skb, V_POLICY, 1);
 		}
 		if (!live && !take_conn(now))
@@ -536,8 +561,11 @@ int np_from_guest(struct __sk_buff *skb)
 		if (live) {
 			fv->gen = gen;
 		} else {
-			struct np_flow_val nv = {.gen = gen, .last_ns = now};
+			/* the first packet is counted here: the entry is made with it */
+			struct np_flow_val nv = {.gen = gen, .last_ns = now, .opened_ns = now,
+						 .bytes_out = skb->len, .packets_out = 1};
 			bpf_map_update_elem(&flows, &fk, &nv, BPF_ANY);
+			conn_event(&fk, now, NP_CONN_OPENED);
 			fv = 0;
 		}
 	}
@@ -545,6 +573,10 @@ int np_from_guest(struct __sk_buff *skb)
 		fv->last_ns = now;
 	if (!take_bytes(skb->len, now))
 		return finish(skb, V_QUOTA, 1);
+	if (fv) {
+		__sync_fetch_and_add(&fv->bytes_out, skb->len);
+		__sync_fetch_and_add(&fv->packets_out, 1);
+	}
 	return finish(skb, V_PASS, 1);
 }
 
@@ -605,6 +637,8 @@ int np_to_guest(struct __sk_buff *skb)
 		fv->last_ns = now;
 	if (!take_bytes(skb->len, now))
 		return finish(skb, V_QUOTA, 0);
+	__sync_fetch_and_add(&fv->bytes_in, skb->len);
+	__sync_fetch_and_add(&fv->packets_in, 1);
 	return finish(skb, V_PASS, 0);
 }
 

@@ -20,6 +20,7 @@
 #define NP_MAX_DENY 256		/* entries per always-denied trie */
 #define NP_MAX_DNS 8192		/* addresses learnt from DNS answers */
 #define NP_MAX_FLOWS 65536	/* guest-initiated flows tracked (LRU) */
+#define NP_CONNLOG_RING (256 * 1024)	/* bytes of the `connlog` ring buffer (a power of 2) */
 
 /* np_cfg.mode */
 #define NP_MODE_OPEN 0		/* no rules: the public internet is open */
@@ -72,6 +73,7 @@ struct np_counters {
 	__u64 drop_quota_packets;
 	__u64 drop_spoof_packets;	/* source MAC or IP not the guest's */
 	__u64 drop_rate_packets;	/* new flows over the per-second bound */
+	__u64 connlog_lost;		/* `connlog` events lost: the ring buffer was full */
 };
 
 /* Allow tries: key prefixlen counts bits of data[]. Without a port, data is the address. */
@@ -129,6 +131,26 @@ struct np_flow_val {
 	__u32 gen;		/* np_cfg.gen when policy last allowed it */
 	__u32 pad;
 	__u64 last_ns;		/* last packet either way, refreshed at most once a second */
+	__u64 opened_ns;	/* when the flow was recorded (CLOCK_MONOTONIC): its identity */
+	__u64 bytes_out;	/* guest to remote, let through (frame lengths) */
+	__u64 bytes_in;		/* remote to guest, let through */
+	__u64 packets_out;
+	__u64 packets_in;
+};
+
+/*
+ * Map `connlog` (ring buffer, NP_CONNLOG_RING bytes): one event per flow the guest opens (the
+ * moment its `flows` entry is made, so a flow the LRU evicts before user space reads the table
+ * is still logged) and per packet the policy refuses to a remote address (a denied attempt).
+ * When the ring is full the event is counted in np_counters.connlog_lost instead.
+ */
+#define NP_CONN_OPENED 1
+#define NP_CONN_DENIED 2
+struct np_conn_event {
+	__u64 ts_ns;		/* CLOCK_MONOTONIC: the flow's opened_ns, or the refused packet's time */
+	struct np_flow_key key;
+	__u8 verdict;		/* NP_CONN_* */
+	__u8 pad[7];
 };
 
 /* Idle timeouts of flows. */

@@ -573,9 +573,75 @@ static int cmd_balance(int argc, char **argv)
 	return rc;
 }
 
+/* Whether `t` looks like an RFC 3339 time (the gateway checks it). */
+static bool time_arg(const char *t)
+{
+	return *t && strlen(t) < 40 && strspn(t, "0123456789-:.TZ") == strlen(t);
+}
+
+/*
+ * kiln admin connections SANDBOX [SINCE [UNTIL]] (the operator's admin key): the sandbox's
+ * connection log, newest first, every page: opened, last seen, verdict, protocol, destination,
+ * port, bytes and packets out and in; then what the log lost, when anything.
+ */
+static int admin_connections(int argc, char **argv)
+{
+	char path[512], cursor[64] = "";
+	json_t *r = NULL, *c;
+	size_t i;
+	int rc = 0;
+
+	if (argc < 3 || argc > 5)
+		return usage_error("admin connections takes a sandbox id and optional since and until");
+	if (sandbox_path(path, sizeof(path), argv[2], ""))
+		return EXIT_USAGE;
+	for (int k = 3; k < argc; k++)
+		if (!time_arg(argv[k]))
+			return usage_error("'%s' is not an RFC 3339 time (2026-01-02T03:04:05Z)", argv[k]);
+	do {
+		snprintf(path, sizeof(path), "/v1/admin/sandboxes/%s/connections?limit=1000%s%s%s%s%s%s",
+			 argv[2], argc > 3 ? "&since=" : "", argc > 3 ? argv[3] : "",
+			 argc > 4 ? "&until=" : "", argc > 4 ? argv[4] : "", cursor[0] ? "&cursor=" : "",
+			 cursor);
+		json_decref(r);
+		r = NULL;
+		rc = call("GET", path, NULL, &r);
+		if (rc)
+			break;
+		if (as_json) {
+			print_json(r);
+		} else {
+			json_array_foreach(json_object_get(r, "connections"), i, c)
+				printf("%s\t%s\t%s\t%s\t%s\t%lld\t%lld\t%lld\t%lld\t%lld\n",
+				       json_string_value(json_object_get(c, "opened_at")),
+				       json_string_value(json_object_get(c, "last_seen_at")),
+				       json_string_value(json_object_get(c, "verdict")),
+				       json_string_value(json_object_get(c, "proto")),
+				       json_string_value(json_object_get(c, "dst")),
+				       (long long)json_integer_value(json_object_get(c, "dst_port")),
+				       (long long)json_integer_value(json_object_get(c, "bytes_out")),
+				       (long long)json_integer_value(json_object_get(c, "bytes_in")),
+				       (long long)json_integer_value(json_object_get(c, "packets_out")),
+				       (long long)json_integer_value(json_object_get(c, "packets_in")));
+		}
+		const char *next = json_string_value(json_object_get(r, "next_cursor"));
+		snprintf(cursor, sizeof(cursor), "%s", next ? next : "");
+	} while (cursor[0]);
+	if (rc == 0 && !as_json) {
+		json_t *lost = json_object_get(r, "lost");
+		long long ring = (long long)json_integer_value(json_object_get(lost, "ring_full"));
+		long long cap = (long long)json_integer_value(json_object_get(lost, "over_cap"));
+		if (ring || cap)
+			fprintf(stderr, "kiln: the log lost %lld connections (kernel ring full) and %lld "
+				"(over connlog_max_per_minute)\n", ring, cap);
+	}
+	json_decref(r);
+	return rc;
+}
+
 /*
  * kiln admin suspend|unsuspend TENANT (the operator's admin key): prints the tenant's id and state,
- * and for a suspension the sandboxes paused and not paused.
+ * and for a suspension the sandboxes paused and not paused. kiln admin connections: above.
  */
 static int cmd_admin(int argc, char **argv)
 {
@@ -584,8 +650,11 @@ static int cmd_admin(int argc, char **argv)
 	size_t i;
 	int rc;
 
+	if (argc >= 2 && !strcmp(argv[1], "connections"))
+		return admin_connections(argc, argv);
 	if (argc != 3 || (strcmp(argv[1], "suspend") != 0 && strcmp(argv[1], "unsuspend") != 0))
-		return usage_error("admin takes suspend or unsuspend and a tenant id");
+		return usage_error("admin takes suspend, unsuspend and a tenant id, or connections and a "
+				   "sandbox id");
 	if (strncmp(argv[2], "tn_", 3) != 0 || strlen(argv[2]) > 100 ||
 	    strspn(argv[2], "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(argv[2]))
 		return usage_error("'%s' is not a tenant id", argv[2]);
@@ -650,6 +719,7 @@ static const struct command {
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
 	{ "admin", cmd_admin, "suspend|unsuspend TENANT", "operator: suspend a tenant (its keys refused, its sandboxes paused) or lift it" },
+	{ "admin", cmd_admin, "connections SANDBOX [SINCE [UNTIL]]", "operator: the sandbox's connection log (opened, last seen, verdict, proto, address, port, bytes and packets out and in)" },
 	{ "help", cmd_help, "", "this text" },
 };
 

@@ -148,6 +148,13 @@ const struct cfg_def config_table[] = {
 	  "sandboxes' ranges are denied even when left out" },
 	{ "dns_pending_per_sandbox", CFG_INT, F(dns_pending_per_sandbox), "64", 1, 4096, NULL, false,
 	  "DNS queries one sandbox may have waiting on the upstream resolver (more are REFUSED)" },
+	{ "connlog_max_per_minute", CFG_INT, F(connlog_max_per_minute), "600", 1, 1000000, NULL,
+	  false, "connections (and refused attempts) a sandbox's connection log records per minute; "
+	  "more are counted as lost" },
+	{ "connlog_retention_days", CFG_INT, F(connlog_retention_days), "30", 1, 3650, NULL, false,
+	  "days the connection log keeps a row" },
+	{ "connlog_interval_s", CFG_INT, F(connlog_interval_s), "5", 1, 300, NULL, false,
+	  "seconds between the node's reads of its sandboxes' connection logs" },
 	{ "templates", CFG_BOOL, F(templates), "true", 0, 1, NULL, false,
 	  "create sandboxes by restoring a pre-booted template of their shape (cold boot until "
 	  "one is ready)" },

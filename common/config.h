@@ -80,6 +80,9 @@ struct kiln_config {
 	long long conn_burst;
 	char *egress_deny;		/* CIDRs no egress rule can open ("host": the host's own) */
 	long long dns_pending_per_sandbox;	/* UDP queries one sandbox may have upstream */
+	long long connlog_max_per_minute;	/* connection-log rows a sandbox may add a minute */
+	long long connlog_retention_days;	/* connection-log rows older are deleted */
+	long long connlog_interval_s;		/* how often the node reads the connection logs */
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_idle_s;	/* retire a template unused this long */

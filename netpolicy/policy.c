@@ -26,11 +26,11 @@
 
 enum {
 	M_CFG, M_LIMITS, M_COUNTERS, M_ALLOW4, M_ALLOW4P, M_ALLOW6, M_ALLOW6P, M_DENY4, M_DENY6,
-	M_DNS, M_FLOWS, M_RULES, M__COUNT
+	M_DNS, M_FLOWS, M_RULES, M_CONNLOG, M__COUNT
 };
 static const char *const map_names[M__COUNT] = {
 	"cfg", "limits", "counters", "allow4", "allow4p", "allow6", "allow6p", "deny4", "deny6",
-	"dns", "flows", "rules",
+	"dns", "flows", "rules", "connlog",
 };
 
 struct kiln_policy {
@@ -455,7 +455,7 @@ enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct ki
 	struct bpf_map *maps[M__COUNT] = {
 		s->maps.cfg, s->maps.limits, s->maps.counters, s->maps.allow4, s->maps.allow4p,
 		s->maps.allow6, s->maps.allow6p, s->maps.deny4, s->maps.deny6, s->maps.dns,
-		s->maps.flows, s->maps.rules,
+		s->maps.flows, s->maps.rules, s->maps.connlog,
 	};
 	for (int i = 0; i < M__COUNT; i++)
 		p->fd[i] = dup(bpf_map__fd(maps[i]));

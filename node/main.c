@@ -25,6 +25,7 @@
 #include "common/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "node/connlog.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
 #include "node/recovery.h"
@@ -380,6 +381,8 @@ static int api_init(struct kiln_error *err)
 		return err->code;
 	if (pthread_create(&node.ticker, NULL, ticker, NULL) != 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the ticker");
+	if (connlog_start(&node, err) != KILN_OK)
+		return err->code;
 	tpl_init(&node);
 	log_info("node \"%s\" serving at \"%s\" (%s, %s)", node.cfg.node_id, node_address(),
 		 node.cfg.hypervisor, node.accel);
@@ -441,6 +444,7 @@ static void api_exit(void)
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);
 	}
+	connlog_stop(&node);	/* after the pauses, which flushed their sandboxes' logs */
 	node_cgroups_remove();
 	jwks_free(node.keys);
 	node.keys = NULL;

@@ -23,6 +23,7 @@
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
+#include "node/connlog.h"
 #include "node/node.h"
 
 static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
@@ -203,6 +204,8 @@ void sb_release(struct node *n, struct sandbox *sb)
 			log_warn("destroying the VM of \"%s\": %s", sb->id, err.msg);
 		sb->vm = NULL;
 	}
+	if (sb->has_net)
+		connlog_flush(n, sb);	/* the VM is gone: its last flows, before the pins go */
 	/* The proxy's sockets keep the netns alive: they go first (netpolicy/netns.h). */
 	if (sb->dns_added) {
 		kiln_dns_proxy_remove(n->dns, sb->net_id);

@@ -92,6 +92,14 @@ class Handler(socketserver.BaseRequestHandler):
                 while True:
                     self.request.sendall(b"tick %f\n" % time.time())
                     time.sleep(0.05)
+            elif port == 9000:
+                got = 0
+                while True:
+                    b = self.request.recv(65536)
+                    if not b:
+                        break
+                    got += len(b)
+                self.request.sendall(b"%d\n" % got)
             elif port == 8081:
                 chunk = b"x" * 16384
                 while True:
@@ -161,7 +169,7 @@ def main():
     servers = []
     for a in addrs:
         v6 = ":" in a
-        for port in ONE_LINE_PORTS + [7000, 8081]:
+        for port in ONE_LINE_PORTS + [7000, 8081, 9000]:
             servers.append(TCP((a, port), v6))
         fam = socket.AF_INET6 if v6 else socket.AF_INET
         u = socket.socket(fam, socket.SOCK_DGRAM)

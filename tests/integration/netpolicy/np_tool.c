@@ -17,6 +17,9 @@
  *     bw-get ID
  *     conn ID PER_SECOND BURST
  *     counters ID                     print name=value lines
+ *     connlog ID MAX_PER_MINUTE       drain the connection log once (capped at MAX_PER_MINUTE
+ *                                     events), print one JSON object per flow or refused
+ *                                     attempt, then {"ring_lost":N,"over_cap":N}
  *     dns UPSTREAM ID:INDEX...        run the DNS proxy until SIGTERM or SIGINT
  *     destroy ID                      devices, netns and pins
  *     testrun N                       ns per packet of np_from_guest (BPF_PROG_TEST_RUN)
@@ -41,6 +44,7 @@
 
 #include "common/log.h"
 #include "egress.skel.h"
+#include "netpolicy/connlog.h"
 #include "netpolicy/dns.h"
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
@@ -214,7 +218,8 @@ out:
 	{
 		char path[256];
 		const char *maps[] = {"cfg", "limits", "counters", "allow4", "allow4p", "allow6",
-				      "allow6p", "deny4", "deny6", "dns", "flows", "rules"};
+				      "allow6p", "deny4", "deny6", "dns", "flows", "rules",
+				      "connlog"};
 		for (size_t i = 0; i < sizeof(maps) / sizeof(maps[0]); i++) {
 			snprintf(path, sizeof(path), "%s/%s", dir, maps[i]);
 			unlink(path);
@@ -224,6 +229,43 @@ out:
 	if (rc)
 		fprintf(stderr, "testrun failed: %s\n", err.msg);
 	return rc;
+}
+
+/* Drains a sandbox's connection log once and prints it as JSON lines. */
+static int cmd_connlog(const char *id, uint32_t max)
+{
+	struct kiln_error err = {0};
+	struct kiln_connlog *l = NULL;
+	struct kiln_conn *c = NULL;
+	size_t n = 0;
+	uint64_t ring, over;
+
+	if (kiln_connlog_open(pin_root, node, id, max, &l, &err) ||
+	    kiln_connlog_read(l, 0, &c, &n, &err)) {
+		kiln_connlog_close(l);
+		return fail(&err);
+	}
+	for (size_t i = 0; i < n; i++) {
+		char addr[INET6_ADDRSTRLEN], pb[8], key[65];
+		inet_ntop(c[i].family == 4 ? AF_INET : AF_INET6, c[i].raddr, addr, sizeof(addr));
+		kiln_conn_key(&c[i], key);
+		printf("{\"key\":\"%s\",\"new\":%s,\"verdict\":\"%s\",\"family\":%u,"
+		       "\"proto\":\"%s\",\"dst\":\"%s\",\"dst_port\":%u,\"src_port\":%u,"
+		       "\"opened_ns\":%llu,\"last_ns\":%llu,\"bytes_out\":%llu,\"bytes_in\":%llu,"
+		       "\"packets_out\":%llu,\"packets_in\":%llu}\n",
+		       key, c[i].is_new ? "true" : "false",
+		       c[i].verdict == KILN_CONN_DENIED ? "denied" : "allowed", c[i].family,
+		       kiln_conn_proto(c[i].proto, pb), addr, c[i].rport, c[i].gport,
+		       (unsigned long long)c[i].opened_ns, (unsigned long long)c[i].last_ns,
+		       (unsigned long long)c[i].bytes_out, (unsigned long long)c[i].bytes_in,
+		       (unsigned long long)c[i].packets_out, (unsigned long long)c[i].packets_in);
+	}
+	kiln_connlog_lost(l, &ring, &over);
+	printf("{\"ring_lost\":%llu,\"over_cap\":%llu}\n", (unsigned long long)ring,
+	       (unsigned long long)over);
+	free(c);
+	kiln_connlog_close(l);
+	return 0;
 }
 
 /* Writes rule `text` (an address rule) into the allow maps directly and bumps the generation. */
@@ -344,6 +386,8 @@ int main(int argc, char **argv)
 	}
 	if (!strcmp(cmd, "testrun") && n == 1)
 		return cmd_testrun(atoi(a[0]));
+	if (!strcmp(cmd, "connlog") && n == 2)
+		return cmd_connlog(a[0], (uint32_t)atoi(a[1]));
 	if (!strcmp(cmd, "dns") && n >= 2) {
 		struct kiln_dns_config dc = {.upstream = a[0], .min_ttl_s = 5};
 		const char *mt = getenv("NP_DNS_MIN_TTL");

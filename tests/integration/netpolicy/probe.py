@@ -15,7 +15,10 @@
                                             prints how many were answered with rcode 0
   probe.py stream ADDR PORT SECONDS        prints the times at which data arrived
   probe.py bytes ADDR PORT SECONDS         prints how many bytes arrived
+  probe.py send ADDR PORT N                sends N bytes on one TCP connection, closes its side,
+                                           prints the server's count of what it got
   probe.py udpburst ADDR PORT COUNT        COUNT new UDP flows at once; prints how many answered
+  probe.py udpspray ADDR PORT COUNT        COUNT datagrams to one address, waiting for none
   probe.py listen PORT                     accepts TCP on every address until killed
 """
 import os
@@ -53,6 +56,26 @@ def udp(addr, port, timeout=1.5, src=None):
         s.sendto(b"ping", (addr, port))
         data, _ = s.recvfrom(100)
         return 0 if data == b"ping" else 1
+    except OSError as e:
+        print("FAIL", e)
+        return 1
+
+
+def send(addr, port, n):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect((addr, port))
+        s.sendall(b"x" * n)
+        s.shutdown(socket.SHUT_WR)
+        data = b""
+        while True:
+            b = s.recv(100)
+            if not b:
+                break
+            data += b
+        print(data.decode().strip())
+        return 0 if data.strip() == str(n).encode() else 1
     except OSError as e:
         print("FAIL", e)
         return 1
@@ -268,6 +291,19 @@ def dnsrepeat(name, count):
     return 0
 
 
+def udpspray(addr, port, count):
+    s = socket.socket(family(addr), socket.SOCK_DGRAM)
+    sent = 0
+    for _ in range(count):
+        try:
+            s.sendto(b"x", (addr, port))
+            sent += 1
+        except OSError:
+            time.sleep(0.001)
+    print(sent)
+    return 0
+
+
 def listen(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -294,6 +330,8 @@ def main():
         return dnstcp(a[0], *(a[1:3]))
     if cmd == "stream":
         return stream(a[0], int(a[1]), float(a[2]))
+    if cmd == "send":
+        return send(a[0], int(a[1]), int(a[2]))
     if cmd == "bytes":
         return nbytes(a[0], int(a[1]), float(a[2]))
     if cmd == "udpburst":
@@ -304,6 +342,8 @@ def main():
         return dnsburst(a[0], int(a[1]))
     if cmd == "dnsrepeat":
         return dnsrepeat(a[0], int(a[1]))
+    if cmd == "udpspray":
+        return udpspray(a[0], int(a[1]), int(a[2]))
     if cmd == "listen":
         return listen(int(a[0]))
     print("unknown command", cmd)

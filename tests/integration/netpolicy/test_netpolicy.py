@@ -514,6 +514,82 @@ def test_bandwidth_quota_drops_and_recharges():
     assert int(probe(NS_GA, "bytes", "203.0.113.10", 8081, 1).stdout.split()[-1]) > 1000000
 
 
+def connlog(sb, cap=100000):
+    """One drain of the sandbox's connection log: (rows, {"ring_lost", "over_cap"})."""
+    import json
+    lines = [json.loads(l) for l in tool("connlog", sb, str(cap)).stdout.split("\n") if l]
+    return lines[:-1], lines[-1]
+
+
+def test_connlog_records_tcp_udp_icmp_and_denied():
+    apply(SB_A)
+    connlog(SB_A)
+    t0 = time.monotonic_ns()
+    n = 300000
+    out = probe(NS_GA, "send", "203.0.113.10", 9000, n)
+    assert out.returncode == 0, out.stdout
+    assert ok(NS_GA, "udp", "198.51.100.20", 9999)
+    assert ok(NS_GA, "tcp", "2001:db8:1::10", 80)
+    assert in_ns(NS_GA, "ping", "-c1", "-W1", "203.0.113.11").returncode == 0
+    assert not ok(NS_GA, "tcp", "169.254.169.254", 80)
+    t1 = time.monotonic_ns()
+    rows, lost = connlog(SB_A)
+    new = [r for r in rows if r["new"]]
+
+    def one(**want):
+        got = [r for r in new if all(r[k] == v for k, v in want.items())]
+        assert len(got) == 1, "%r: %r" % (want, new)
+        assert t0 <= got[0]["opened_ns"] <= t1, got[0]
+        return got[0]
+
+    tcp = one(proto="tcp", dst="203.0.113.10", dst_port=9000, verdict="allowed", family=4)
+    # every byte the guest sent, plus its headers (at most a few percent), and the reply
+    assert n < tcp["bytes_out"] < n * 1.05 + 4000, tcp
+    assert tcp["packets_out"] >= 3 and tcp["packets_in"] >= 2 and tcp["bytes_in"] > 0, tcp
+    udp = one(proto="udp", dst="198.51.100.20", dst_port=9999, verdict="allowed")
+    # one datagram of 4 bytes each way: Ethernet 14 + IPv4 20 + UDP 8 + 4
+    assert (udp["bytes_out"], udp["bytes_in"], udp["packets_out"], udp["packets_in"]) == \
+        (46, 46, 1, 1), udp
+    v6 = one(proto="tcp", dst="2001:db8:1::10", dst_port=80, family=6)
+    assert v6["bytes_in"] > 0 and v6["bytes_out"] > 0, v6
+    icmp = one(proto="icmp", dst="203.0.113.11")
+    assert icmp["packets_out"] == 1 and icmp["packets_in"] == 1, icmp
+    denied = one(proto="tcp", dst="169.254.169.254", dst_port=80, verdict="denied")
+    assert denied["bytes_out"] == 0, denied
+    assert lost == {"ring_lost": lost["ring_lost"], "over_cap": 0}, lost
+    # the table's live flows come back as updates, with their counts and the same identity
+    again, _ = connlog(SB_A)
+    upd = [r for r in again if r["key"] == tcp["key"]]
+    assert upd and not upd[0]["new"] and upd[0]["bytes_out"] == tcp["bytes_out"], upd
+
+
+def test_connlog_cap_drops_and_counts():
+    apply(SB_A)
+    connlog(SB_A)
+    out = probe(NS_GA, "udpburst", "203.0.113.12", 9999, 20)
+    assert int(out.stdout.split()[-1]) == 20, out.stdout
+    rows, lost = connlog(SB_A, cap=5)
+    new = [r for r in rows if r["new"]]
+    assert len(new) == 5 and all(r["dst"] == "203.0.113.12" for r in new), new
+    assert lost["over_cap"] == 15, lost
+    # the flows past the cap are still in the table (enforced, counted), just not logged as new
+    live = [r for r in rows if not r["new"] and r["dst"] == "203.0.113.12" and
+            r["proto"] == "udp" and r["dst_port"] == 9999]
+    assert len(live) == 20, live
+
+
+def test_connlog_full_ring_counts_lost_events():
+    apply(SB_A)
+    connlog(SB_A)
+    before = connlog(SB_A)[1]["ring_lost"]
+    # refused datagrams to one address: one event each in the kernel, one row after the read
+    probe(NS_GA, "udpspray", "169.254.169.254", 53, 12000)
+    rows, lost = connlog(SB_A)
+    denied = [r for r in rows if r["verdict"] == "denied" and r["dst"] == "169.254.169.254"]
+    assert len(denied) == 1, denied
+    assert lost["ring_lost"] > before, lost
+
+
 def test_policy_survives_loader_restart():
     apply(SB_B, "198.51.100.22", "sub.example.com")
     assert ok(NS_GB, "tcp", "198.51.100.22", 80)

@@ -1,0 +1,207 @@
+/*
+ * test_connlog_store.c - the connection log's rows (node/connlog_store.c) against the real
+ * Postgres of the ctest fixture "services", migrated with the real migrations (each run makes its
+ * own database): a pass inserts new rows once and updates live flows' counts, losses add up, and
+ * the retention sweep deletes exactly the rows past it, in batches.
+ */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "migrations/migrate.h"
+#include "node/connlog.h"
+#include "test.h"
+
+static struct pg *pg, *admin_pg;
+static char dbname[32];
+
+static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void sql(const char *fmt, ...)
+{
+	char q[2048];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (pg_acquire(pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		exit(1);
+	}
+	if (pg_exec(c, q, &err) != KILN_OK) {
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+		test_case_failed = 1;
+	}
+	pg_release(pg, c);
+}
+
+/* The first column of the first row of `q`, as text ("(none)" if no row). */
+static void one(const char *q, char *out, size_t len)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	snprintf(out, len, "(none)");
+	if (pg_acquire(pg, &c, &err) != KILN_OK)
+		return;
+	if (PGQ0(c, &res, &err, q) == KILN_OK && pg_res_rows(res) >= 1)
+		snprintf(out, len, "%s", pg_res_str(res, 0, 0));
+	else if (err.code)
+		fprintf(stderr, "query: %s: %s\n", q, err.msg);
+	pg_res_free(res);
+	pg_release(pg, c);
+}
+
+static struct kiln_conn conn(const char *addr, uint16_t port, uint8_t proto, uint64_t opened_ns,
+			     bool is_new)
+{
+	struct kiln_conn c = { .verdict = KILN_CONN_ALLOWED, .family = 4, .proto = proto,
+			       .gport = 40000, .rport = port, .opened_ns = opened_ns,
+			       .last_ns = opened_ns, .is_new = is_new };
+	if (strchr(addr, ':')) {
+		c.family = 6;
+		inet_pton(AF_INET6, addr, c.raddr);
+	} else {
+		inet_pton(AF_INET, addr, c.raddr);
+	}
+	return c;
+}
+
+static void test_pass_inserts_then_updates(void)
+{
+	struct kiln_error err = { 0 };
+	/* wall clock = monotonic + off: 2026-01-02T03:04:05Z at opened_ns 1 s */
+	int64_t off = 1767323045LL * 1000000000LL - 1000000000LL;
+	struct kiln_conn c[3] = {
+		conn("203.0.113.10", 443, IPPROTO_TCP, 1000000000ull, true),
+		conn("2001:db8::1", 53, IPPROTO_UDP, 1500000000ull, true),
+		conn("169.254.169.254", 80, IPPROTO_TCP, 1700000000ull, true),
+	};
+	char got[512];
+
+	c[0].bytes_out = 1000;
+	c[0].packets_out = 3;
+	c[2].verdict = KILN_CONN_DENIED;
+	struct connlog_batch b = { .sandbox_id = "sb_cl1", .tenant_id = "tn_cl", .conns = c,
+				   .n = 3, .ring_full = 2, .over_cap = 5 };
+	CHECK_INT(connlog_store(pg, "node-a", &b, 1, off, &err), KILN_OK);
+	one("SELECT string_agg(concat_ws(',', rfc3339(opened_at), verdict, family, proto, host(dst), "
+	    "dst_port, src_port, bytes_out, packets_out, tenant_id, node_id), ';' ORDER BY opened_at) "
+	    "FROM sandbox_connections WHERE sandbox_id = 'sb_cl1'", got, sizeof(got));
+	CHECK_STR(got, "2026-01-02T03:04:05Z,allowed,4,tcp,203.0.113.10,443,40000,1000,3,tn_cl,node-a;"
+		       "2026-01-02T03:04:05Z,allowed,6,udp,2001:db8::1,53,40000,0,0,tn_cl,node-a;"
+		       "2026-01-02T03:04:05Z,denied,4,tcp,169.254.169.254,80,40000,0,0,tn_cl,node-a");
+
+	/* the next pass: the live TCP flow's counts grew; the same event again changes nothing */
+	c[0].is_new = false;
+	c[0].bytes_out = 5000;
+	c[0].bytes_in = 7000;
+	c[0].packets_out = 9;
+	c[0].last_ns = 61000000000ull;
+	struct connlog_batch b2 = { .sandbox_id = "sb_cl1", .tenant_id = "tn_cl", .conns = c,
+				    .n = 2, .ring_full = 1 };
+	CHECK_INT(connlog_store(pg, "node-a", &b2, 1, off, &err), KILN_OK);
+	one("SELECT concat_ws(',', count(*), sum(bytes_out), sum(bytes_in), sum(packets_out), "
+	    "rfc3339(max(last_seen_at))) FROM sandbox_connections WHERE sandbox_id = 'sb_cl1'",
+	    got, sizeof(got));
+	CHECK_STR(got, "3,5000,7000,9,2026-01-02T03:05:05Z");
+	one("SELECT ring_full || ',' || over_cap FROM sandbox_connlog_lost "
+	    "WHERE sandbox_id = 'sb_cl1'", got, sizeof(got));
+	CHECK_STR(got, "3,5");
+
+	/* an update from another node (the sandbox moved) does not touch this node's rows */
+	c[0].bytes_out = 999999;
+	CHECK_INT(connlog_store(pg, "node-b", &b2, 1, off, &err), KILN_OK);
+	one("SELECT bytes_out FROM sandbox_connections WHERE sandbox_id = 'sb_cl1' AND proto = 'tcp' "
+	    "AND verdict = 'allowed'", got, sizeof(got));
+	CHECK_STR(got, "5000");
+}
+
+static void test_sweep_deletes_old_rows_in_batches(void)
+{
+	struct kiln_error err = { 0 };
+	long long gone = -1;
+	char got[64];
+
+	sql("DELETE FROM sandbox_connections");
+	sql("INSERT INTO sandbox_connections (sandbox_id, node_id, flow_key, opened_at, "
+	    "last_seen_at, verdict, family, proto, dst, dst_port, src_port) "
+	    "SELECT 'sb_old', 'node-a', 'k' || i, now() - make_interval(days => 31, secs => i), now() "
+	    "- interval '31 days', 'allowed', 4, 'tcp', '203.0.113.1', 80, 1000 + i "
+	    "FROM generate_series(1, 25) i");
+	sql("INSERT INTO sandbox_connections (sandbox_id, node_id, flow_key, opened_at, "
+	    "last_seen_at, verdict, family, proto, dst, dst_port, src_port) "
+	    "SELECT 'sb_old', 'node-a', 'n' || i, now() - make_interval(days => 29), now(), "
+	    "'allowed', 4, 'tcp', '203.0.113.1', 80, 2000 + i FROM generate_series(1, 4) i");
+	CHECK_INT(connlog_sweep(pg, 30, 10, &gone, &err), KILN_OK);
+	CHECK_INT(gone, 25);
+	one("SELECT count(*) FROM sandbox_connections WHERE sandbox_id = 'sb_old'", got,
+	    sizeof(got));
+	CHECK_STR(got, "4");
+	CHECK_INT(connlog_sweep(pg, 30, 10, &gone, &err), KILN_OK);
+	CHECK_INT(gone, 0);
+}
+
+int main(void)
+{
+	const char *envf = getenv("KILN_SERVICES_ENV");
+	char line[512], sockdir[512] = "", url[600];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	int applied, rc;
+	FILE *f;
+
+	if (!envf || !(f = fopen(envf, "r"))) {
+		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
+		return 1;
+	}
+	while (fgets(line, sizeof(line), f)) {
+		line[strcspn(line, "\n")] = '\0';
+		if (!strncmp(line, "KILN_TEST_SOCKDIR=", 18))
+			snprintf(sockdir, sizeof(sockdir), "%s", line + 18);
+	}
+	fclose(f);
+	log_init("test_connlog_store", KLOG_WARN, false);
+	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	snprintf(dbname, sizeof(dbname), "t_connlog_%08x", (unsigned)rand());
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
+	admin_pg = pg_new(url, 1);
+	if (pg_acquire(admin_pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		return 1;
+	}
+	snprintf(line, sizeof(line), "CREATE DATABASE %s", dbname);
+	if (pg_exec(c, line, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		return 1;
+	}
+	pg_release(admin_pg, c);
+	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, dbname);
+	pg = pg_new(url, 2);
+	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
+		fprintf(stderr, "migrations: %s\n", err.msg);
+		return 1;
+	}
+
+	TEST(test_pass_inserts_then_updates);
+	TEST(test_sweep_deletes_old_rows_in_batches);
+
+	rc = test_summary();
+	pg_free(pg);
+	if (pg_acquire(admin_pg, &c, &err) == KILN_OK) {
+		snprintf(line, sizeof(line), "DROP DATABASE IF EXISTS %s WITH (FORCE)", dbname);
+		pg_exec(c, line, &err);
+		pg_release(admin_pg, c);
+	}
+	pg_free(admin_pg);
+	return rc;
+}
