@@ -346,7 +346,7 @@ def report(res, warmup_s):
 
 def main():
     seconds, conns = int(sys.argv[1]), int(sys.argv[2])
-    warmup = min(10, seconds // 3)
+    warmup = min(20, seconds // 3)
     res = run(seconds, conns)
     for line in report(res, warmup):
         print(line)

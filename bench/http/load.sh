@@ -6,7 +6,7 @@
 # Prints requests/s, the statuses, the well-behaved client's p50/p95/p99, the gateway's RSS at
 # start, after warm-up, peak and end, its threads, fds, Postgres and Redis connections; fails when
 # a well-behaved request failed or its p99 passed 2 s, the RSS grew over 10 % after warm-up (the
-# first 10 s, and at least 3 s after every connection was held),
+# first 20 s, or a third of the run if shorter, and at least 3 s after every connection was held),
 # or fds, threads or service connections were not let go (bench/http/httpload.py). Needs root (it
 # starts Postgres and Redis).
 #
