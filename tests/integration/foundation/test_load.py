@@ -17,9 +17,9 @@ AddressSanitizer (several times slower) on a machine shared with the rest of the
   seconds to be all held; the well-behaved client (connected before) must be served throughout,
   and its p99 under 2 s counts from the moment all were held;
 - ASan keeps per-thread allocator caches and stack shadow that fill as each of the 1,000 threads
-  runs more of the code, so the RSS still rises for a while after warm-up however flat the gateway's
-  own memory is: here it may grow by half after warm-up (a per-request leak of a few KiB would exceed
-  that within the run), and the long form, on an optimised build, holds it to 10 %.
+  runs more of the code, so the RSS still rises for a while after warm-up however flat the
+  gateway's own memory is: here it may grow by half after warm-up (a per-request leak of a few KiB
+  would exceed that within the run), and the long form, on an optimised build, holds it to 10 %.
 """
 import os
 import socket
