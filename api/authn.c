@@ -10,10 +10,22 @@
  * `key_cache_s` seconds, dropped at once by the gateway that suspends or unsuspends), for API keys
  * and JWTs alike: a suspended tenant's credentials get 403 `suspended` on every route.
  *
+ * When an entry is missing or expired, one request reads it and the others of the same key (or
+ * tenant) wait for that read (FETCH_LOCKS striped locks) instead of each querying Postgres; past
+ * half its life one request reads it again while the others go on using it. Under load hundreds of
+ * requests share a key, and without this every expiry sent them all to the pool at once.
+ *
  * Rate limits: every request takes a token from its key's bucket (rate_limit_rps/burst) and then
  * from its tenant's (tenant_rate_limit_rps/burst), which all the tenant's keys and tokens share, so
  * minting keys buys no extra rate; a sandbox creation also from the key's and the tenant's creation
  * buckets (create_limit_rpm, tenant_create_limit_rpm).
+ *
+ * In-flight bound: a tenant may have at most `tenant_max_in_flight` requests in progress at once on
+ * one gateway (counted from authentication to the reply, checked before the rate limits, so past
+ * it a request costs no Redis round trip). Rate limits bound how many requests start, not how many
+ * wait: tenants that each stay within their rates can together queue every thread on the Postgres
+ * pool and on Redis, and everyone else's requests wait behind theirs. Past the bound the next
+ * request is answered 429 at once, so one tenant holds at most that many places in any queue.
  *
  * Idempotency records live `idempotency_ttl_s` seconds: a key reused after that is a new request.
  * gw_idempotency_sweep() deletes the expired ones in bounded batches.
@@ -68,11 +80,38 @@ struct tenant_entry {
 static struct tenant_entry tenant_cache[TENANT_CACHE_SLOTS];
 static pthread_mutex_t tenant_cache_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Held while an entry of a slot (key or tenant, by slot number) is read from Postgres. */
+#define FETCH_LOCKS 64
+static pthread_mutex_t key_fetch_locks[FETCH_LOCKS];
+static pthread_mutex_t tenant_fetch_locks[FETCH_LOCKS];
+static pthread_once_t fetch_locks_once = PTHREAD_ONCE_INIT;
+
+static void fetch_locks_init(void)
+{
+	for (int i = 0; i < FETCH_LOCKS; i++) {
+		pthread_mutex_init(&key_fetch_locks[i], NULL);
+		pthread_mutex_init(&tenant_fetch_locks[i], NULL);
+	}
+}
+
 struct req_state {
 	struct principal who;
 	bool has_principal;
+	bool in_flight;		/* counted in its tenant's in-flight requests */
 	char idem_key[IDEM_KEY_MAX + 1];	/* set while this request owns an idempotency row */
 };
+
+#define INFLIGHT_BUCKETS 1024
+
+/* A tenant's requests in progress on this gateway; freed when none is. */
+struct inflight {
+	char tenant_id[AUTH_CLAIM_MAX];
+	unsigned n;
+	struct inflight *next;
+};
+
+static struct inflight *inflight_table[INFLIGHT_BUCKETS];
+static pthread_mutex_t inflight_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static long long now_ms(void)
 {
@@ -114,26 +153,43 @@ void gw_tenant_cache_forget(const char *tenant_id)
 static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id, bool *suspended,
 				      struct kiln_error *err)
 {
-	struct tenant_entry *slot = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
-	long long now = now_ms();
+	unsigned n = hash_of(tenant_id) % TENANT_CACHE_SLOTS;
+	struct tenant_entry *slot = &tenant_cache[n];
+	pthread_mutex_t *fetching = &tenant_fetch_locks[n % FETCH_LOCKS];
+	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
+	bool hit;
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
 
+	pthread_once(&fetch_locks_once, fetch_locks_init);
 	pthread_mutex_lock(&tenant_cache_lock);
-	if (strcmp(slot->tenant_id, tenant_id) == 0 &&
-	    now - slot->fetched_ms < gw->cfg.key_cache_s * 1000) {
+	hit = strcmp(slot->tenant_id, tenant_id) == 0 && (age = now - slot->fetched_ms) < ttl;
+	if (hit)
 		*suspended = slot->suspended;
-		pthread_mutex_unlock(&tenant_cache_lock);
-		return KILN_OK;
-	}
 	pthread_mutex_unlock(&tenant_cache_lock);
+	/* Past half its life one request reads the entry again while the others still use it. */
+	if (hit && (age < ttl / 2 || pthread_mutex_trylock(fetching) != 0))
+		return KILN_OK;
+	if (!hit) {	/* one reader per slot; the others wait and find its answer */
+		pthread_mutex_lock(fetching);
+		pthread_mutex_lock(&tenant_cache_lock);
+		hit = strcmp(slot->tenant_id, tenant_id) == 0 && now_ms() - slot->fetched_ms < ttl;
+		if (hit)
+			*suspended = slot->suspended;
+		pthread_mutex_unlock(&tenant_cache_lock);
+		if (hit) {
+			pthread_mutex_unlock(fetching);
+			return KILN_OK;
+		}
+	}
+	now = now_ms();
 	rc = pg_acquire(gw->pg, &c, err);
-	if (rc != KILN_OK)
-		return rc;
-	rc = PGQ(c, &res, err, "SELECT suspended_at IS NOT NULL FROM tenants WHERE id = $1",
-		 tenant_id);
-	pg_release(gw->pg, c);
+	if (rc == KILN_OK) {
+		rc = PGQ(c, &res, err, "SELECT suspended_at IS NOT NULL FROM tenants WHERE id = $1",
+			 tenant_id);
+		pg_release(gw->pg, c);
+	}
 	if (rc == KILN_OK) {
 		*suspended = pg_res_rows(res) != 1 || pg_res_bool(res, 0, 0);
 		pthread_mutex_lock(&tenant_cache_lock);
@@ -141,7 +197,11 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 		slot->suspended = *suspended;
 		slot->fetched_ms = now;
 		pthread_mutex_unlock(&tenant_cache_lock);
+	} else if (hit) {	/* an early read that failed: the entry is still valid */
+		kiln_error_clear(err);
+		rc = KILN_OK;
 	}
+	pthread_mutex_unlock(fetching);
 	pg_res_free(res);
 	return rc;
 }
@@ -215,23 +275,54 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 				  struct principal *who, struct kiln_error *err)
 {
 	struct auth_apikey key;
-	struct key_entry e, *slot;
-	long long now = now_ms();
+	struct key_entry e, f, *slot;
+	pthread_mutex_t *fetching;
+	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
 	bool cached = false, touch = false;
 	enum kiln_err rc;
 
 	if (auth_apikey_parse(value, len, &key, err) != KILN_OK)
 		return KILN_E_UNAUTHENTICATED;
 	slot = &key_cache[slot_of(key.key_id)];
+	fetching = &key_fetch_locks[slot_of(key.key_id) % FETCH_LOCKS];
+	pthread_once(&fetch_locks_once, fetch_locks_init);
 	pthread_mutex_lock(&key_cache_lock);
-	if (strcmp(slot->key_id, key.key_id) == 0 &&
-	    now - slot->fetched_ms < gw->cfg.key_cache_s * 1000) {
+	if (strcmp(slot->key_id, key.key_id) == 0 && (age = now - slot->fetched_ms) < ttl) {
 		e = *slot;
 		cached = true;
 	}
 	pthread_mutex_unlock(&key_cache_lock);
-	if (!cached) {
-		rc = key_fetch(gw, key.key_id, &e, err);
+	/*
+	 * A missing or expired entry: one request per slot reads it and the others wait and find its
+	 * answer. Past half its life one request reads it again while the others still use it.
+	 */
+	if (!cached || (age >= ttl / 2 && pthread_mutex_trylock(fetching) == 0)) {
+		bool fresh = false;
+
+		if (!cached) {
+			pthread_mutex_lock(fetching);
+			pthread_mutex_lock(&key_cache_lock);
+			if (strcmp(slot->key_id, key.key_id) == 0 &&
+			    now_ms() - slot->fetched_ms < ttl) {
+				e = *slot;
+				cached = fresh = true;
+			}
+			pthread_mutex_unlock(&key_cache_lock);
+		}
+		rc = fresh ? KILN_OK : key_fetch(gw, key.key_id, &f, err);
+		if (!fresh && rc == KILN_OK) {
+			pthread_mutex_lock(&key_cache_lock);
+			if (strcmp(slot->key_id, f.key_id) == 0)
+				f.touched_ms = slot->touched_ms;
+			*slot = f;
+			pthread_mutex_unlock(&key_cache_lock);
+			e = f;
+			cached = true;
+		} else if (rc != KILN_OK && rc != KILN_E_NOT_FOUND && cached) {
+			kiln_error_clear(err);	/* an early read that failed: still valid */
+			rc = KILN_OK;
+		}
+		pthread_mutex_unlock(fetching);
 		if (rc == KILN_E_NOT_FOUND)
 			return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "unknown API key");
 		if (rc != KILN_OK)
@@ -537,6 +628,46 @@ static void req_state_free(void *p)
 	free(p);
 }
 
+/*
+ * Counts one more request of `tenant_id` in progress unless it has `max` already (or memory ran
+ * out): returns whether it was counted. Each true is undone by inflight_drop().
+ */
+static bool inflight_take(const char *tenant_id, unsigned max)
+{
+	struct inflight **head = &inflight_table[hash_of(tenant_id) % INFLIGHT_BUCKETS], *e;
+	bool ok = false;
+
+	pthread_mutex_lock(&inflight_lock);
+	for (e = *head; e && strcmp(e->tenant_id, tenant_id) != 0; e = e->next)
+		;
+	if (!e && (e = calloc(1, sizeof(*e)))) {
+		snprintf(e->tenant_id, sizeof(e->tenant_id), "%s", tenant_id);
+		e->next = *head;
+		*head = e;
+	}
+	if (e && e->n < max) {
+		e->n++;
+		ok = true;
+	}
+	pthread_mutex_unlock(&inflight_lock);
+	return ok;
+}
+
+/* Undoes one inflight_take() of `tenant_id`. */
+static void inflight_drop(const char *tenant_id)
+{
+	struct inflight **pp = &inflight_table[hash_of(tenant_id) % INFLIGHT_BUCKETS], *e;
+
+	pthread_mutex_lock(&inflight_lock);
+	for (; (e = *pp) && strcmp(e->tenant_id, tenant_id) != 0; pp = &e->next)
+		;
+	if (e && --e->n == 0) {
+		*pp = e->next;
+		free(e);
+	}
+	pthread_mutex_unlock(&inflight_lock);
+}
+
 bool gw_before(struct http_req *req, const struct http_route *route)
 {
 	struct gateway *gw = http_req_app(req);
@@ -602,6 +733,16 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
+	/* Before the rate limits: past its bound a tenant's requests cost no Redis round trip. */
+	if (!inflight_take(st->who.tenant_id, (unsigned)gw->cfg.tenant_max_in_flight)) {
+		http_reply_header(req, "Retry-After", "1");
+		http_reply_error(req, KILN_E_RATE_LIMITED,
+				 "too many requests of this tenant in progress at once (limit "
+				 "tenant_max_in_flight, %lld); retry in 1 s",
+				 gw->cfg.tenant_max_in_flight);
+		return false;
+	}
+	st->in_flight = true;
 	if (!limit_take(req, gw, "req", st->who.key_id, gw->cfg.rate_limit_rps, 1000,
 			gw->cfg.rate_limit_burst, "rate_limit_rps", false) ||
 	    !limit_take(req, gw, "treq", st->who.tenant_id, gw->cfg.tenant_rate_limit_rps, 1000,
@@ -625,6 +766,10 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 		return;
 	if (st->idem_key[0])
 		idempotency_finish(gw, req, st, status);
+	if (st->in_flight) {
+		st->in_flight = false;
+		inflight_drop(st->who.tenant_id);
+	}
 }
 
 void gw_audit(struct http_req *req, const struct http_route *route, int status)
@@ -636,7 +781,12 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	struct pg_conn *c;
 	char code[8];
 
-	if (!st || !st->has_principal || !strcmp(method, "GET") || !strcmp(method, "HEAD"))
+	/*
+	 * Rate-limited refusals (429) are not recorded (/metrics counts them): nothing was done, and
+	 * an insert for each would let a tenant hammering the limits queue every thread on this pool.
+	 */
+	if (!st || !st->has_principal || !strcmp(method, "GET") || !strcmp(method, "HEAD") ||
+	    status == 429)
 		return;
 	/*
 	 * Who did what to which object, and how it ended. On a pool of its own: the handler may hold

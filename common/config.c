@@ -72,6 +72,9 @@ const struct cfg_def config_table[] = {
 	  true, "requests a tenant may send at once above its rate" },
 	{ "tenant_create_limit_rpm", CFG_INT, F(tenant_create_limit_rpm), "120", 1, 1000000, NULL,
 	  true, "sandbox creations per minute allowed per tenant, all its keys and tokens together" },
+	{ "tenant_max_in_flight", CFG_INT, F(tenant_max_in_flight), "16", 1, 100000, NULL, true,
+	  "requests of one tenant, all its keys and tokens together, in progress at once on one "
+	  "gateway; past it the next is answered 429 at once" },
 	{ "idempotency_ttl_s", CFG_INT, F(idempotency_ttl_s), "86400", 60, 2592000, NULL, false,
 	  "seconds an Idempotency-Key's record is kept; a key reused after that is a new request" },
 	{ "idempotency_sweep_s", CFG_INT, F(idempotency_sweep_s), "60", 1, 86400, NULL, false,

@@ -46,6 +46,7 @@ struct kiln_config {
 	long long tenant_rate_limit_rps;	/* requests per second per tenant, all its keys */
 	long long tenant_rate_limit_burst;
 	long long tenant_create_limit_rpm;	/* sandbox creations per minute per tenant */
+	long long tenant_max_in_flight;	/* a tenant's requests in progress at once, per gateway */
 	long long idempotency_ttl_s;	/* an Idempotency-Key record's lifetime */
 	long long idempotency_sweep_s;	/* seconds between sweeps of expired records */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
