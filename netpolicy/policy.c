@@ -278,7 +278,7 @@ static enum kiln_err sync_deny(struct kiln_policy *p, const char *deny, struct k
 	struct kiln_cidr v[2 * KILN_DENY_MAX];
 	struct np_lpm4 k4[KILN_DENY_MAX];
 	struct np_lpm6 k6[KILN_DENY_MAX];
-	uint32_t v4[KILN_DENY_MAX], v6[KILN_DENY_MAX];
+	uint32_t v4[KILN_DENY_MAX] = {0}, v6[KILN_DENY_MAX] = {0};	/* zeroed: -O3 cannot see n4, n6 bound the reads */
 	size_t n = 0, n4 = 0, n6 = 0;
 	enum kiln_err e = kiln_policy_deny_ranges(deny, v, 2 * KILN_DENY_MAX, &n, err);
 
