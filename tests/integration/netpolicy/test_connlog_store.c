@@ -17,9 +17,9 @@
 #include "migrations/migrate.h"
 #include "node/connlog.h"
 #include "test.h"
+#include "testdb.h"
 
-static struct pg *pg, *admin_pg;
-static char dbname[32];
+static struct pg *pg;
 
 static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void sql(const char *fmt, ...)
@@ -153,55 +153,18 @@ static void test_sweep_deletes_old_rows_in_batches(void)
 
 int main(void)
 {
-	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[512], sockdir[512] = "", url[600];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	int applied, rc;
-	FILE *f;
+	struct testdb db;
+	int rc;
 
-	if (!envf || !(f = fopen(envf, "r"))) {
-		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
-		return 1;
-	}
-	while (fgets(line, sizeof(line), f)) {
-		line[strcspn(line, "\n")] = '\0';
-		if (!strncmp(line, "KILN_TEST_SOCKDIR=", 18))
-			snprintf(sockdir, sizeof(sockdir), "%s", line + 18);
-	}
-	fclose(f);
 	log_init("test_connlog_store", KLOG_WARN, false);
-	srand((unsigned)time(NULL) ^ (unsigned)getpid());
-	snprintf(dbname, sizeof(dbname), "t_connlog_%08x", (unsigned)rand());
-	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
-	admin_pg = pg_new(url, 1);
-	if (pg_acquire(admin_pg, &c, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
+	if (testdb_open(&db, "connlog") != 0)
 		return 1;
-	}
-	snprintf(line, sizeof(line), "CREATE DATABASE %s", dbname);
-	if (pg_exec(c, line, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
-		return 1;
-	}
-	pg_release(admin_pg, c);
-	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, dbname);
-	pg = pg_new(url, 2);
-	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
-		fprintf(stderr, "migrations: %s\n", err.msg);
-		return 1;
-	}
+	pg = db.pg;
 
 	TEST(test_pass_inserts_then_updates);
 	TEST(test_sweep_deletes_old_rows_in_batches);
 
 	rc = test_summary();
-	pg_free(pg);
-	if (pg_acquire(admin_pg, &c, &err) == KILN_OK) {
-		snprintf(line, sizeof(line), "DROP DATABASE IF EXISTS %s WITH (FORCE)", dbname);
-		pg_exec(c, line, &err);
-		pg_release(admin_pg, c);
-	}
-	pg_free(admin_pg);
+	testdb_close(&db);
 	return rc;
 }

@@ -20,14 +20,15 @@
 #include "metering/meter.h"
 #include "migrations/migrate.h"
 #include "test.h"
+#include "testdb.h"
 
 #define S PRICE_NS_PER_S
 #define WINDOW 10
 #define MIB_PRICE 1024	/* µcr per GiB-s: 1 µcr per MiB-second */
 
-static struct pg *pg, *admin_pg;
+static struct pg *pg;
 static struct rds *rds;
-static char dbname[32], node[32];
+static char node[32];
 static int64_t fake_now;
 
 static int64_t fake_clock(void *ctx)
@@ -503,44 +504,14 @@ static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(voi
 
 int main(void)
 {
-	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[512], sockdir[512] = "", redis_url[512] = "", url[600];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	int applied, rc;
-	FILE *f;
+	struct testdb db;
+	int rc;
 
-	if (!envf || !(f = fopen(envf, "r"))) {
-		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
-		return 1;
-	}
-	while (fgets(line, sizeof(line), f)) {
-		line[strcspn(line, "\n")] = '\0';
-		if (!strncmp(line, "KILN_TEST_SOCKDIR=", 18))
-			snprintf(sockdir, sizeof(sockdir), "%s", line + 18);
-		else if (!strncmp(line, "KILN_REDIS_URL=", 15))
-			snprintf(redis_url, sizeof(redis_url), "%s", line + 15);
-	}
-	fclose(f);
 	log_init("test_meter", KLOG_WARN, false);
-	srand((unsigned)time(NULL) ^ (unsigned)getpid());
-	snprintf(dbname, sizeof(dbname), "t_meter_%08x", (unsigned)rand());
-	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
-	admin_pg = pg_new(url, 1);
-	if (pg_acquire(admin_pg, &c, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
+	if (testdb_open(&db, "meter") != 0)
 		return 1;
-	}
-	snprintf(line, sizeof(line), "CREATE DATABASE %s", dbname);
-	pg_exec(c, line, &err);
-	pg_release(admin_pg, c);
-	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, dbname);
-	pg = pg_new(url, 2);
-	rds = rds_new(redis_url, 2000);
-	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
-		fprintf(stderr, "migrations: %s\n", err.msg);
-		return 1;
-	}
+	pg = db.pg;
+	rds = rds_new(db.redis_url, 2000);
 
 	TEST(test_charge_is_exact_over_injected_time);
 	TEST(test_paused_sandbox_pays_its_snapshot_only);
@@ -553,13 +524,7 @@ int main(void)
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 
 	rc = test_summary();
-	pg_free(pg);
 	rds_free(rds);
-	if (pg_acquire(admin_pg, &c, &err) == KILN_OK) {
-		snprintf(line, sizeof(line), "DROP DATABASE IF EXISTS %s WITH (FORCE)", dbname);
-		pg_exec(c, line, &err);
-		pg_release(admin_pg, c);
-	}
-	pg_free(admin_pg);
+	testdb_close(&db);
 	return rc;
 }
