@@ -24,6 +24,8 @@ import time
 import urllib.error
 import urllib.request
 
+import reap  # tests/harness/reap.py: the same start-time reading the reaper checks against
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILD = os.environ.get("KILN_BUILD_DIR", os.path.join(ROOT, "build-test"))
@@ -114,16 +116,6 @@ def registry_dir():
     return path
 
 
-def proc_start_time(pid):
-    """`pid`'s start time in clock ticks since boot (/proc/<pid>/stat field 22), or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    return int(stat[stat.rindex(")") + 2:].split()[19])
-
-
 # The earliest start of each node id in this process: a node started again with the same id
 # (Stack.restart_node) adopts the VMs of the one before, and the reaper must see them as its own.
 _NODE_BORN = {}
@@ -144,7 +136,7 @@ class Daemon:
     def register(self, binary):
         """Records the daemon in the run's registry (see tests/harness/reap.py)."""
         reg = registry_dir()
-        started = proc_start_time(self.proc.pid)
+        started = reap.start_time(self.proc.pid)
         if not reg or started is None:
             return
         rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
