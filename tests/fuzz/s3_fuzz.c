@@ -3,7 +3,8 @@
  * pages (s3_list_parse), error bodies (<Code> through s3_xml_value to s3_error_of), the
  * multipart answers (<UploadId> of an initiate, <Code>/<ETag> of a complete) and s3_xml_value
  * itself with any tag and output size. A tenant points its storage at any endpoint it likes, so
- * every byte of these answers is hostile.
+ * every byte of these answers is hostile. Also the multipart upload's state file (s3_state_load),
+ * read back from a memfd.
  *
  * Input: a mode byte, a second byte (an HTTP status, a tag and an output size), then the answer.
  * Oracle: no crash, leak or UB; every value copied out is terminated inside its buffer and no
@@ -15,6 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/s3.h"
 
@@ -88,6 +91,40 @@ static void value(const char *xml, size_t len, const char *tag, size_t n)
 	free(out);
 }
 
+/* An upload state file of these bytes: what s3_state_load accepts is a usable state. */
+static void state(const char *text, size_t len)
+{
+	struct s3_upload_state *st = NULL;
+	struct kiln_error err = { 0 };
+	char path[64];
+	enum kiln_err rc;
+	int fd = memfd_create("s3state", MFD_CLOEXEC);
+
+	if (fd < 0)
+		abort();
+	if (write(fd, text, len) != (ssize_t)len)
+		abort();
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	rc = s3_state_load(path, &st, &err);
+	close(fd);
+	if (rc != KILN_OK) {
+		if (rc != KILN_E_INVALID && rc != KILN_E_NOMEM)
+			abort();
+		return;
+	}
+	if (st->nparts < 1 || st->nparts > S3_PARTS_MAX || st->part_size == 0 || !st->upload_id[0])
+		abort();
+	if (strnlen(st->endpoint, sizeof(st->endpoint)) == sizeof(st->endpoint) ||
+	    strnlen(st->bucket, sizeof(st->bucket)) == sizeof(st->bucket) ||
+	    strnlen(st->key, sizeof(st->key)) == sizeof(st->key) ||
+	    strnlen(st->upload_id, sizeof(st->upload_id)) == sizeof(st->upload_id))
+		abort();
+	for (unsigned i = 0; i < st->nparts; i++)
+		if (strnlen(st->etags[i], S3_ETAG_MAX + 1) > S3_ETAG_MAX)
+			abort();
+	s3_state_free(st);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	static const char *const tags[] = {
@@ -104,7 +141,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	arg = data[1];
 	xml = (const char *)data + 2;
 	len = size - 2;
-	switch (mode % 4) {
+	switch (mode % 5) {
 	case 0:	/* a ListObjectsV2 page, with and without a prefix */
 		list(xml, len, "");
 		list(xml, len, "kiln/tn_1/");
@@ -130,8 +167,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		value(xml, len, "Code", 64);
 		value(xml, len, "ETag", S3_ETAG_MAX + 1);
 		break;
-	default:	/* any tag, any output size (0 included) */
+	case 3:	/* any tag, any output size (0 included) */
 		value(xml, len, tags[arg % 10], arg / 10u);
+		break;
+	default:	/* the upload's state file */
+		state(xml, len);
 		break;
 	}
 	return 0;
