@@ -12,6 +12,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "auth/scopes.h"
@@ -150,19 +151,15 @@ static void ledger_list(struct http_req *req)
 
 static void grants_create(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "tenant_id", JF_STRING, true, 64 },
-		{ "amount_ucr", JF_INT, true, 0 },
-		{ "expires_at", JF_STRING, false, 64 },
-		{ "reason", JF_STRING, true, 0 },
-	};
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	const char *key = http_req_header(req, "Idempotency-Key");
 	struct kiln_error err = { 0 };
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	json_t *body;
+	struct apireq_grant g = { 0 };
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
 	const char *tenant, *expires, *reason;
 	char tx[LEDGER_TX_ID_MAX], idem[400];
 	long long amount;
@@ -173,27 +170,14 @@ static void grants_create(struct http_req *req)
 		http_reply_error(req, KILN_E_BAD_REQUEST, "Idempotency-Key is required for grants");
 		return;
 	}
-	body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0]));
-	if (!body)
-		return;
-	tenant = json_str(body, "tenant_id", "");
-	expires = json_str(body, "expires_at", NULL);
-	reason = json_str(body, "reason", "");
-	amount = json_int(body, "amount_ucr", 0);
-	if (amount < 1) {
-		http_reply_error(req, KILN_E_INVALID, "amount_ucr must be at least 1");
+	if (apireq_grant(btext, blen, &g, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		goto out;
 	}
-	if (strlen(reason) < 1 || strlen(reason) > GRANT_REASON_MAX) {
-		http_reply_error(req, KILN_E_INVALID, "reason must be 1 to %d bytes", GRANT_REASON_MAX);
-		goto out;
-	}
-	if (!gw_valid_name(req, "reason", reason))
-		goto out;
-	if (expires && !gw_is_rfc3339(expires)) {
-		http_reply_error(req, KILN_E_INVALID, "expires_at must be an RFC 3339 time");
-		goto out;
-	}
+	tenant = g.tenant_id;
+	expires = g.expires_at;
+	reason = g.reason;
+	amount = g.amount_ucr;
 	c = gw_db(req);
 	if (!c)
 		goto out;
@@ -253,7 +237,7 @@ out:
 	pg_res_free(res);
 	if (c)
 		pg_release(gw->pg, c);
-	json_decref(body);
+	json_decref(g.body);
 }
 
 struct bucket {

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "auth/apikey.h"
@@ -15,19 +16,12 @@
 
 bool gw_valid_name(struct http_req *req, const char *field, const char *name)
 {
-	size_t n = strlen(name);
+	struct kiln_error err = { 0 };
 
-	if (n == 0 || n > NAME_MAX_LEN) {
-		http_reply_error(req, KILN_E_INVALID, "%s must be 1 to %d bytes", field, NAME_MAX_LEN);
-		return false;
-	}
-	for (size_t i = 0; i < n; i++) {
-		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f) {
-			http_reply_error(req, KILN_E_INVALID, "%s has a control character", field);
-			return false;
-		}
-	}
-	return true;
+	if (apireq_name(field, name, &err) == KILN_OK)
+		return true;
+	http_reply_error(req, err.code, "%s", err.msg);
+	return false;
 }
 
 /* Checks that `expires_at` is a valid time in the future (Postgres decides). */
@@ -99,35 +93,23 @@ static json_t *scopes_json(const char *text)
 
 static void keys_create(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "name", JF_STRING, true, 0 },
-		{ "scopes", JF_ARRAY, true, 16 },
-		{ "expires_at", JF_STRING, false, 64 },
-	};
 	const struct principal *who = gw_principal(req);
 	struct kiln_error err = { 0 };
-	json_t *body = gw_body(req, fields, 3), *out;
+	struct apireq_key k;
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
+	json_t *out;
 	struct pg_conn *c = NULL;
 	const char *name, *expires;
-	char *scopes_text = NULL;
-	uint32_t scopes = 0;
+	uint32_t scopes;
 
-	if (!body)
-		return;
-	name = json_str(body, "name", "");
-	expires = json_str(body, "expires_at", NULL);
-	if (!gw_valid_name(req, "name", name))
-		goto out;
-	scopes_text = json_dumps(json_object_get(body, "scopes"), JSON_COMPACT);
-	if (!scopes_text ||
-	    auth_scopes_parse_json(scopes_text, strlen(scopes_text), &scopes, &err) != KILN_OK) {
-		http_reply_error(req, err.code ? err.code : KILN_E_NOMEM, "scopes: %s", err.msg);
+	if (apireq_key(btext, blen, &k, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		goto out;
 	}
-	if (!scopes) {
-		http_reply_error(req, KILN_E_INVALID, "scopes must name at least one scope");
-		goto out;
-	}
+	name = k.name;
+	expires = k.expires_at;
+	scopes = k.scopes;
 	if (!auth_scopes_subset(scopes, who->scopes)) {
 		http_reply_error(req, KILN_E_FORBIDDEN,
 				 "a key cannot have scopes its creator does not have");
@@ -149,8 +131,7 @@ static void keys_create(struct http_req *req)
 out:
 	if (c)
 		pg_release(((struct gateway *)http_req_app(req))->pg, c);
-	free(scopes_text);
-	json_decref(body);
+	json_decref(k.body);
 }
 
 static void keys_list(struct http_req *req)
@@ -221,18 +202,16 @@ static void keys_delete(struct http_req *req)
 
 static void tokens_create(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "scopes", JF_ARRAY, false, 16 },
-		{ "ttl_s", JF_INT, false, 0 },
-	};
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	struct kiln_error err = { 0 };
-	json_t *body = gw_body(req, fields, 2), *scopes_arr;
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
 	struct auth_token_params p = { 0 };
 	struct auth_claims claims;
-	char *token = NULL, *scopes_text = NULL, exp[32];
-	uint32_t scopes = who ? who->scopes : 0;
+	char *token = NULL, exp[32];
+	uint32_t scopes = who ? who->scopes : 0, asked = 0;
+	bool has_scopes;
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
 	long long ttl, key_exp;
@@ -240,24 +219,12 @@ static void tokens_create(struct http_req *req)
 	struct tm tm;
 	enum kiln_err rc;
 
-	if (!body)
-		return;
-	ttl = json_int(body, "ttl_s", GW_TOKEN_TTL_DEFAULT);
-	if (ttl < 1 || ttl > GW_TOKEN_TTL_MAX) {
-		http_reply_error(req, KILN_E_INVALID, "ttl_s must be from 1 to %d", GW_TOKEN_TTL_MAX);
+	if (apireq_token(btext, blen, &ttl, &asked, &has_scopes, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		goto out;
 	}
-	scopes_arr = json_object_get(body, "scopes");
-	if (scopes_arr && !json_is_null(scopes_arr)) {
-		scopes_text = json_dumps(scopes_arr, JSON_COMPACT);
-		if (!scopes_text ||
-		    auth_scopes_parse_json(scopes_text, strlen(scopes_text), &scopes, &err) != KILN_OK) {
-			/* The message names the field already ("scopes: must be an array of
-			 * strings", "unknown scope 'x'"). */
-			http_reply_error(req, err.code ? err.code : KILN_E_NOMEM, "%s",
-					 err.msg[0] ? err.msg : "out of memory");
-			goto out;
-		}
+	if (has_scopes) {
+		scopes = asked;
 		if (!auth_scopes_subset(scopes, who->scopes)) {
 			http_reply_error(req, KILN_E_FORBIDDEN,
 					 "a token cannot carry scopes its key does not have");
@@ -318,8 +285,6 @@ static void tokens_create(struct http_req *req)
 out:
 	pg_res_free(res);
 	free(token);
-	free(scopes_text);
-	json_decref(body);
 }
 
 static void jwks(struct http_req *req)

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "api/nodeclient.h"
@@ -18,7 +19,6 @@
 #include "metering/plan.h"
 #include "record/record.h"
 
-#define METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
 #define NODE_FRESH_S "10"	/* a node whose heartbeat is older is not given work */
 #define FILE_MAX (100u << 20)
 
@@ -178,56 +178,27 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 
 static void sandbox_create(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "template", JF_STRING, false, 64 },	{ "vcpus", JF_NUMBER, false, 0 },
-		{ "memory_mib", JF_INT, false, 0 },	{ "disk_gib", JF_INT, false, 0 },
-		{ "timeout_s", JF_INT, false, 0 },	{ "env", JF_OBJECT, false, 0 },
-		{ "metadata", JF_OBJECT, false, 0 },	{ "egress", JF_OBJECT, false, 0 },
-		{ "bandwidth", JF_OBJECT, false, 0 },	{ "snapshot_id", JF_STRING, false, 64 },
-	};
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	json_t *body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0])), *nb = NULL, *v;
+	struct apireq_create cr;
+	struct kiln_error perr = { 0 };
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
+	json_t *body, *nb = NULL;
 	struct pg_conn *c = NULL;
-	char id[AUTH_ID_MAX], address[256] = "", path[128], *text = NULL, *meta = NULL;
-	double vcpus;
+	char id[AUTH_ID_MAX], address[256] = "", path[128], *text = NULL, *meta;
 	long long mem, disk, tmo, milli;
 
-	if (!body)
-		return;
-	if (strcmp(json_str(body, "template", "python"), "python") != 0) {
-		http_reply_error(req, KILN_E_INVALID, "template: the only template is \"python\"");
+	if (apireq_create(btext, blen, &cr, &perr) != KILN_OK) {
+		http_reply_error(req, perr.code, "%s", perr.msg);
 		goto out;
 	}
-	v = json_object_get(body, "vcpus");
-	vcpus = json_is_number(v) ? json_number_value(v) : 1.0;
-	milli = llround(vcpus * 1000);
-	mem = json_int(body, "memory_mib", 512);
-	disk = json_int(body, "disk_gib", 10);
-	tmo = json_int(body, "timeout_s", 300);
-	if (!(vcpus >= 0.25 && vcpus <= 8) || milli % 250 != 0) {
-		http_reply_error(req, KILN_E_INVALID, "vcpus must be a multiple of 0.25 from 0.25 to 8");
-		goto out;
-	}
-	if (mem < 256 || mem > 16384) {
-		http_reply_error(req, KILN_E_INVALID, "memory_mib must be from 256 to 16384");
-		goto out;
-	}
-	if (disk < 10 || disk > 60) {
-		http_reply_error(req, KILN_E_INVALID, "disk_gib must be from 10 to 60");
-		goto out;
-	}
-	if (tmo < 1 || tmo > 86400) {
-		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
-		goto out;
-	}
-	meta = json_is_object(json_object_get(body, "metadata"))
-		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
-		       : strdup("{}");
-	if (meta && strlen(meta) > METADATA_MAX) {
-		http_reply_error(req, KILN_E_TOO_LARGE, "metadata is larger than %d bytes", METADATA_MAX);
-		goto out;
-	}
+	body = cr.body;
+	meta = cr.metadata;
+	milli = cr.vcpu_milli;
+	mem = cr.mem_mib;
+	disk = cr.disk_gib;
+	tmo = cr.timeout_s;
 	c = gw_db(req);
 	if (!c || !admit(req, c, 1, (unsigned)milli, (unsigned)mem))
 		goto out;
@@ -282,9 +253,8 @@ out:
 	if (c)
 		pg_release(gw->pg, c);
 	free(text);
-	free(meta);
 	json_decref(nb);
-	json_decref(body);
+	apireq_create_free(&cr);
 }
 
 /* ---- GET /v1/sandboxes, GET /v1/sandboxes/{id} ---- */
@@ -530,18 +500,16 @@ static void sandbox_resume(struct http_req *req)
 
 static void sandbox_fork(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "count", JF_INT, false, 0 } };
-	json_t *body = gw_body(req, fields, 1), *ids;
+	struct kiln_error perr = { 0 };
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
+	json_t *body, *ids;
 	struct sb_row sb;
-	long long count;
+	unsigned count;
 	char *text = NULL, path[128];
 
-	if (!body)
-		return;
-	count = json_int(body, "count", 1);
-	json_decref(body);
-	if (count < 1 || count > 16) {
-		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
+	if (apireq_fork(btext, blen, &count, &perr) != KILN_OK) {
+		http_reply_error(req, perr.code, "%s", perr.msg);
 		return;
 	}
 	if (!sandbox_lookup(req, &sb) || !sandbox_running(req, &sb))
@@ -559,7 +527,7 @@ static void sandbox_fork(struct http_req *req)
 			return;
 	}
 	ids = json_array();
-	for (long long i = 0; i < count; i++) {
+	for (unsigned i = 0; i < count; i++) {
 		char id[AUTH_ID_MAX];
 		if (!gw_new_id(req, "sb_", id, sizeof(id))) {
 			json_decref(ids);

@@ -16,6 +16,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "auth/storage.h"
@@ -34,17 +35,6 @@ static int64_t now_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static bool set_field(struct http_req *req, const char *field, char *dst, size_t n,
-		      const char *src)
-{
-	if (strlen(src) >= n) {
-		http_reply_error(req, KILN_E_INVALID, "%s must be at most %zu bytes", field, n - 1);
-		return false;
-	}
-	memcpy(dst, src, strlen(src) + 1);
-	return true;
 }
 
 /* Writes, reads back and deletes a small object with `t`. Replies 422 and returns false if not. */
@@ -114,43 +104,18 @@ static bool storage_try(struct http_req *req, const struct s3_target *t, const c
 
 static void storage_put(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "kind", JF_STRING, true, 16 },
-		{ "endpoint", JF_STRING, true, S3_ENDPOINT_MAX },
-		{ "bucket", JF_STRING, true, S3_BUCKET_MAX },
-		{ "region", JF_STRING, true, S3_REGION_MAX },
-		{ "prefix", JF_STRING, false, S3_PREFIX_MAX },
-		{ "access_key_id", JF_STRING, true, S3_KEY_ID_MAX },
-		{ "secret_access_key", JF_STRING, true, S3_SECRET_MAX },
-	};
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	struct kiln_error err = { 0 };
-	json_t *body = gw_body(req, fields, sizeof(fields) / sizeof(fields[0]));
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
+	json_t *body = NULL;
 	struct pg_conn *c = NULL;
 	struct s3_target t;
 	enum kiln_err rc;
-	const char *secret;
 
-	memset(&t, 0, sizeof(t));
-	if (!body)
-		return;
-	if (strcmp(json_str(body, "kind", ""), "s3") != 0) {
-		http_reply_error(req, KILN_E_INVALID, "kind must be \"s3\"");
-		goto out;
-	}
-	secret = json_str(body, "secret_access_key", "");
-	if (!set_field(req, "endpoint", t.endpoint, sizeof(t.endpoint), json_str(body, "endpoint", "")) ||
-	    !set_field(req, "bucket", t.bucket, sizeof(t.bucket), json_str(body, "bucket", "")) ||
-	    !set_field(req, "region", t.region, sizeof(t.region), json_str(body, "region", "")) ||
-	    !set_field(req, "prefix", t.prefix, sizeof(t.prefix), json_str(body, "prefix", "")) ||
-	    !set_field(req, "access_key_id", t.access_key_id, sizeof(t.access_key_id),
-		       json_str(body, "access_key_id", "")) ||
-	    !set_field(req, "secret_access_key", t.secret_access_key, sizeof(t.secret_access_key),
-		       secret))
-		goto out;
-	if (s3_target_check(&t, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
+	if (apireq_storage(btext, blen, &body, &t, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		goto out;
 	}
 	if (!storage_try(req, &t, who->tenant_id))
@@ -172,11 +137,7 @@ out:
 	if (c)
 		pg_release(gw->pg, c);
 	s3_target_wipe(&t);
-	/* Wipe the body's copy of the secret before jansson frees it. */
-	secret = json_str(body, "secret_access_key", NULL);
-	if (secret)
-		OPENSSL_cleanse((char *)secret, strlen(secret));
-	json_decref(body);
+	apireq_storage_free(body);
 }
 
 static const struct http_route routes[] = {

@@ -18,6 +18,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "auth/apikey.h"
@@ -79,18 +80,20 @@ static json_t *tenant_create(struct pg_conn *c, const char *id, const char *name
 
 static void tenants_create(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "name", JF_STRING, true, 0 } };
 	struct gateway *gw = http_req_app(req);
 	struct kiln_error err = { 0 };
-	json_t *body = gw_body(req, fields, 1), *key;
+	size_t blen;
+	const char *btext = http_req_body(req, &blen);
+	json_t *body = NULL, *key;
 	struct pg_conn *c = NULL;
 	char id[AUTH_ID_MAX], created[40];
 	const char *name;
 
-	if (!body)
-		return;
-	name = json_str(body, "name", "");
-	if (!gw_valid_name(req, "name", name) || !gw_new_id(req, "tn_", id, sizeof(id)))
+	if (apireq_tenant(btext, blen, &body, &name, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		goto out;
+	}
+	if (!gw_new_id(req, "tn_", id, sizeof(id)))
 		goto out;
 	c = gw_db(req);
 	if (!c)

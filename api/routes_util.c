@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/apireq.h"
 #include "api/gateway.h"
 #include "auth/apikey.h"
 
@@ -72,29 +73,7 @@ bool gw_new_id(struct http_req *req, const char *prefix, char *out, size_t n)
 
 bool gw_is_rfc3339(const char *s)
 {
-	/* YYYY-MM-DDTHH:MM:SS, optional .fraction, then Z or ±HH:MM. */
-	static const char shape[] = "dddd-dd-ddTdd:dd:dd";
-	size_t i;
-
-	for (i = 0; shape[i]; i++) {
-		if (!s[i])
-			return false;
-		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) : s[i] != shape[i])
-			return false;
-	}
-	s += i;
-	if (*s == '.') {
-		s++;
-		if (!isdigit((unsigned char)*s))
-			return false;
-		while (isdigit((unsigned char)*s))
-			s++;
-	}
-	if (*s == 'Z')
-		return s[1] == '\0';
-	return (s[0] == '+' || s[0] == '-') && isdigit((unsigned char)s[1]) &&
-	       isdigit((unsigned char)s[2]) && s[3] == ':' && isdigit((unsigned char)s[4]) &&
-	       isdigit((unsigned char)s[5]) && s[6] == '\0';
+	return apireq_rfc3339(s);
 }
 
 json_t *gw_time(const char *pg_text)

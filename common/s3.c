@@ -1073,31 +1073,45 @@ out:
 	return rc;
 }
 
-/* One ListObjectsV2 page: calls cb for each <Contents>; sets *next to the continuation token. */
-static enum kiln_err list_page(struct s3_client *c, const struct buf *page, s3_list_cb cb,
-			       void *arg, char *next, size_t nnext, struct kiln_error *err)
+/* A <Size>: decimal digits only, at most INT64_MAX (sizes go to off_t and int64 columns). */
+static bool list_size(const char *s, uint64_t *v)
 {
-	const char *p = page->data, *end = page->data + page->len;
-	size_t plen = strlen(c->t.prefix), vlen;
-	char *key = malloc(S3_KEY_MAX + 1), size[32], trunc[8];
+	char *end;
+
+	if (!isdigit((unsigned char)*s))
+		return false;
+	errno = 0;
+	*v = strtoull(s, &end, 10);
+	return !*end && errno == 0 && *v <= INT64_MAX;
+}
+
+enum kiln_err s3_list_parse(const char *xml, size_t len, const char *prefix, s3_list_cb cb,
+			    void *arg, char *next, size_t nnext, struct kiln_error *err)
+{
+	const char *p = xml ? xml : "", *end = p + (xml ? len : 0);
+	size_t plen = strlen(prefix), vlen;
+	/* one byte more than a key may have, so that a longer one shows and is refused */
+	char *key = malloc(S3_KEY_MAX + 2), size[32], trunc[8];
 	enum kiln_err rc = KILN_OK;
+	uint64_t n;
 	const char *v;
 
 	if (!key)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	while (rc == KILN_OK && (v = xml_find(p, end, "Contents", &vlen)) != NULL) {
-		if (!s3_xml_value(v, vlen, "Key", key, S3_KEY_MAX + 1) ||
-		    !s3_xml_value(v, vlen, "Size", size, sizeof(size)) || strncmp(key, c->t.prefix, plen)) {
+		if (!s3_xml_value(v, vlen, "Key", key, S3_KEY_MAX + 2) || strlen(key) > S3_KEY_MAX ||
+		    !s3_xml_value(v, vlen, "Size", size, sizeof(size)) || !list_size(size, &n) ||
+		    strncmp(key, prefix, plen)) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "s3 list: a malformed entry");
 			break;
 		}
-		rc = cb(arg, key + plen, strtoull(size, NULL, 10));
+		rc = cb(arg, key + plen, n);
 		p = v + vlen;
 	}
 	next[0] = '\0';
-	if (rc == KILN_OK && s3_xml_value(page->data, page->len, "IsTruncated", trunc, sizeof(trunc)) &&
+	if (rc == KILN_OK && s3_xml_value(xml, len, "IsTruncated", trunc, sizeof(trunc)) &&
 	    strcmp(trunc, "true") == 0 &&
-	    (!s3_xml_value(page->data, page->len, "NextContinuationToken", next, nnext) || !next[0]))
+	    (!s3_xml_value(xml, len, "NextContinuationToken", next, nnext) || !next[0]))
 		rc = kiln_error_set(err, KILN_E_INVALID, "s3 list: truncated without a token");
 	free(key);
 	return rc;
@@ -1129,7 +1143,8 @@ enum kiln_err s3_list(struct s3_client *c, const char *prefix, s3_list_cb cb, vo
 		r.out = &page;
 		rc = perform(c, &r, err);
 		if (rc == KILN_OK)
-			rc = list_page(c, &page, cb, arg, token, sizeof(token), err);
+			rc = s3_list_parse(page.data, page.len, c->t.prefix, cb, arg, token,
+					   sizeof(token), err);
 	} while (rc == KILN_OK && token[0]);
 	buf_release(&q);
 	buf_release(&page);

@@ -166,6 +166,17 @@ typedef enum kiln_err (*s3_list_cb)(void *arg, const char *key, uint64_t size);
 enum kiln_err s3_list(struct s3_client *c, const char *prefix, s3_list_cb cb, void *arg,
 		      struct kiln_error *err);
 
+/*
+ * Parses one ListObjectsV2 answer (`xml`, `len` bytes): calls `cb` for each <Contents> with its
+ * <Key> less `prefix` and its <Size>, and sets `next` (`nnext` bytes) to the continuation token, or
+ * "" on the last page. An entry without a Key or Size, a Key longer than S3_KEY_MAX or outside
+ * `prefix`, a Size that is not a decimal number up to INT64_MAX, or a truncated page without a
+ * token is KILN_E_INVALID ("s3 list: ..."); an error `cb` returns stops the parse and is returned.
+ * `xml` may be NULL when `len` is 0. The parser of s3_list.
+ */
+enum kiln_err s3_list_parse(const char *xml, size_t len, const char *prefix, s3_list_cb cb,
+			    void *arg, char *next, size_t nnext, struct kiln_error *err);
+
 /* --- checks of a tenant's settings (the gateway's PUT /v1/storage uses them) --- */
 
 /* Each returns KILN_OK or KILN_E_INVALID with a message naming the field and the rule. */

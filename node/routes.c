@@ -33,14 +33,11 @@
 #include "node/pause.h"
 #include "node/resume.h"
 #include "node/node.h"
+#include "node/nodereq.h"
 #include "node/template.h"
 #include "node/storage_sync.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
-#define EXEC_TIMEOUT_DEFAULT_S 60
-#define EXEC_TIMEOUT_MAX_S 3600
-#define ENV_MAX 128			/* variables in one env object */
-#define ENV_VALUE_MAX 32768		/* bytes of one value */
 
 struct node_auth {
 	struct auth_claims claims;
@@ -135,153 +132,44 @@ static void reply_sandbox(struct http_req *req, int status, const char *id)
 		http_reply_json(req, status, obj);
 }
 
-/*
- * Builds a NULL-terminated "NAME=value" array from a JSON object of strings, checking names
- * and sizes. Returns NULL and replies 422 when it is bad; *out is the caller's to free (one
- * allocation). An absent or null object gives an empty array.
- */
-static char **env_array(struct http_req *req, const json_t *obj, const char *field)
-{
-	size_t n = json_is_object(obj) ? json_object_size(obj) : 0, i = 0, bytes = 0;
-	const char *k;
-	json_t *v;
-	char **arr, *p;
-
-	if (obj && !json_is_null(obj) && !json_is_object(obj)) {
-		http_reply_error(req, KILN_E_BAD_REQUEST, "field \"%s\" must be an object", field);
-		return NULL;
-	}
-	if (n > ENV_MAX) {
-		http_reply_error(req, KILN_E_INVALID, "%s has more than %d variables", field, ENV_MAX);
-		return NULL;
-	}
-	if (n) {
-		json_object_foreach((json_t *)obj, k, v) {
-			size_t kl = strlen(k);
-			bool ok = kl > 0 && kl <= 256 && !(k[0] >= '0' && k[0] <= '9');
-			for (size_t j = 0; ok && j < kl; j++)
-				ok = (k[j] >= 'A' && k[j] <= 'Z') || (k[j] >= 'a' && k[j] <= 'z') ||
-				     (k[j] >= '0' && k[j] <= '9') || k[j] == '_';
-			if (!ok) {
-				http_reply_error(req, KILN_E_INVALID, "%s: bad variable name \"%.64s\"",
-						 field, k);
-				return NULL;
-			}
-			if (!json_is_string(v)) {
-				http_reply_error(req, KILN_E_BAD_REQUEST,
-						 "%s: the value of \"%s\" must be a string", field, k);
-				return NULL;
-			}
-			if (json_string_length(v) > ENV_VALUE_MAX ||
-			    strlen(json_string_value(v)) != json_string_length(v)) {
-				http_reply_error(req, KILN_E_INVALID,
-						 "%s: the value of \"%s\" is too long or holds NUL", field, k);
-				return NULL;
-			}
-			bytes += kl + json_string_length(v) + 2;
-		}
-	}
-	arr = malloc((n + 1) * sizeof(char *) + bytes);
-	if (!arr) {
-		http_reply_error(req, KILN_E_NOMEM, "out of memory");
-		return NULL;
-	}
-	p = (char *)(arr + n + 1);
-	if (n) {
-		json_object_foreach((json_t *)obj, k, v) {
-			arr[i++] = p;
-			p += sprintf(p, "%s=%s", k, json_string_value(v)) + 1;
-		}
-	}
-	arr[i] = NULL;
-	return arr;
-}
-
 /* ---- egress rules and bandwidth ---- */
 
-#define EGRESS_RULES_MAX 256
-
 /*
- * Parses `{rules:[...]}` into `rs`. Returns false after replying: 400 for a wrong shape, 422
- * naming the first bad rule (nothing is applied then).
+ * Parses `{rules:[...]}` into `rs` against this node's denied ranges (nodereq_egress). Returns
+ * false after replying: 400 for a wrong shape, 422 naming the first bad rule (nothing is applied
+ * then).
  */
 static bool parse_egress(struct http_req *req, const json_t *obj, struct kiln_ruleset *rs)
 {
-	static const struct json_field fields[] = { { "rules", JF_ARRAY, true, EGRESS_RULES_MAX } };
-	struct kiln_error err = { 0 };
-	const char *texts[EGRESS_RULES_MAX];
-	json_t *rules;
-	size_t n;
-
-	memset(rs, 0, sizeof(*rs));
-	if (json_check_object(obj, fields, 1, "egress", &err) != KILN_OK) {
-		http_reply_error(req, err.code, "%s", err.msg);
-		return false;
-	}
-	rules = json_object_get(obj, "rules");
-	n = json_array_size(rules);
-	for (size_t i = 0; i < n; i++) {
-		json_t *r = json_array_get(rules, i);
-		if (!json_is_string(r)) {
-			http_reply_error(req, KILN_E_BAD_REQUEST, "egress rules must be strings");
-			return false;
-		}
-		texts[i] = json_string_value(r);
-	}
-	if (kiln_rules_parse(texts, n, rs, &err) != KILN_OK) {
-		http_reply_error(req, KILN_E_INVALID, "%s", err.msg);
-		return false;
-	}
-	/* a rule inside the operator's denied ranges is refused before anything boots */
 	struct node *nd = http_req_app(req);
 	struct kiln_cidr deny[2 * KILN_DENY_MAX];
+	struct kiln_error err = { 0 };
 	size_t ndeny;
+
+	memset(rs, 0, sizeof(*rs));
 	if (kiln_policy_deny_ranges(nd->cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, &err) !=
-		    KILN_OK ||
-	    kiln_rules_check_deny(rs, deny, ndeny, &err) != KILN_OK) {
+		    KILN_OK) {
 		http_reply_error(req, err.code == KILN_E_INVALID ? KILN_E_INVALID : KILN_E_INTERNAL,
 				 "%s", err.msg);
+		return false;
+	}
+	if (nodereq_egress(obj, deny, ndeny, rs, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		kiln_ruleset_free(rs);
 		return false;
 	}
 	return true;
 }
 
-/* Parses bandwidth settings (absent fields take the defaults: unmetered). Replies on failure. */
+/* Parses bandwidth settings (nodereq_bandwidth). Replies on failure. */
 static bool parse_bandwidth(struct http_req *req, const json_t *obj, struct kiln_bandwidth *bw)
 {
-	static const struct json_field fields[] = {
-		{ "quota_bytes", JF_INT, false, 0 },	  { "refill_bytes", JF_INT, false, 0 },
-		{ "refill_interval_s", JF_INT, false, 0 }, { "one_time_burst_bytes", JF_INT, false, 0 },
-		{ "unmetered", JF_BOOL, false, 0 },
-	};
 	struct kiln_error err = { 0 };
-	const json_t *um;
 
-	memset(bw, 0, sizeof(*bw));
-	if (json_check_object(obj, fields, sizeof(fields) / sizeof(fields[0]), "bandwidth", &err) !=
-	    KILN_OK) {
-		http_reply_error(req, err.code, "%s", err.msg);
-		return false;
-	}
-	if (json_int(obj, "quota_bytes", 0) < 0 || json_int(obj, "refill_bytes", 0) < 0 ||
-	    json_int(obj, "one_time_burst_bytes", 0) < 0) {
-		http_reply_error(req, KILN_E_INVALID, "bandwidth: byte counts must not be negative");
-		return false;
-	}
-	if (json_int(obj, "refill_interval_s", 1) < 1 || json_int(obj, "refill_interval_s", 1) > 86400) {
-		http_reply_error(req, KILN_E_INVALID, "refill_interval_s must be from 1 to 86400");
-		return false;
-	}
-	bw->quota_bytes = (uint64_t)json_int(obj, "quota_bytes", 0);
-	bw->refill_bytes = (uint64_t)json_int(obj, "refill_bytes", 0);
-	bw->refill_interval_s = (uint32_t)json_int(obj, "refill_interval_s", 1);
-	bw->one_time_burst_bytes = (uint64_t)json_int(obj, "one_time_burst_bytes", 0);
-	um = json_object_get(obj, "unmetered");
-	/* Settings without a quota mean no limit; a quota means metered unless said otherwise. */
-	bw->unmetered = um && !json_is_null(um) ? json_is_true(um)
-						: !json_object_get(obj, "quota_bytes");
-	return true;
+	if (nodereq_bandwidth(obj, bw, &err) == KILN_OK)
+		return true;
+	http_reply_error(req, err.code, "%s", err.msg);
+	return false;
 }
 
 static json_t *egress_json(struct kiln_policy *pol, struct kiln_error *err)
@@ -381,58 +269,38 @@ static void sandbox_bandwidth(struct http_req *req)
 
 static void sandbox_create(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "template", JF_STRING, true, 64 },
-		{ "vcpu_milli", JF_INT, true, 0 },
-		{ "memory_mib", JF_INT, true, 0 },
-		{ "disk_gib", JF_INT, true, 0 },
-		{ "timeout_s", JF_INT, true, 0 },
-		{ "env", JF_OBJECT, false, 0 },
-		{ "metadata", JF_OBJECT, false, 0 },
-		{ "egress", JF_OBJECT, false, 0 },
-		{ "bandwidth", JF_OBJECT, false, 0 },
-		{ "snapshot_id", JF_STRING, false, 64 },
-	};
 	struct node *n = http_req_app(req);
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
 	struct create_req r = { .id = http_req_param(req, "id"), .tenant_id = claims_of(req)->tid };
+	struct nodereq_create c;
 	struct kiln_error err = { 0 };
 	size_t len;
 	const char *text = http_req_body(req, &len);
-	json_t *body = NULL;
-	char **env = NULL, *meta = NULL;
 	enum kiln_err rc;
 
-	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
-	    KILN_OK) {
+	if (nodereq_create(text, len, &c, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
-		return;
-	}
-	env = env_array(req, json_object_get(body, "env"), "env");
-	if (!env)
 		goto out;
-	r.init.env = (const char *const *)env;
-	if (json_object_get(body, "egress") && !json_is_null(json_object_get(body, "egress"))) {
-		if (!parse_egress(req, json_object_get(body, "egress"), &rules))
+	}
+	r.init.env = (const char *const *)c.env;
+	if (c.egress) {
+		if (!parse_egress(req, c.egress, &rules))
 			goto out;
 		r.init.egress = &rules;
 	}
-	if (json_object_get(body, "bandwidth") && !json_is_null(json_object_get(body, "bandwidth"))) {
-		if (!parse_bandwidth(req, json_object_get(body, "bandwidth"), &bw))
+	if (c.bandwidth) {
+		if (!parse_bandwidth(req, c.bandwidth, &bw))
 			goto out;
 		r.init.bandwidth = &bw;
 	}
-	r.vcpu_milli = (unsigned)json_int(body, "vcpu_milli", 0);
-	r.mem_mib = (unsigned)json_int(body, "memory_mib", 0);
-	r.disk_gib = (unsigned)json_int(body, "disk_gib", 0);
-	r.timeout_s = json_int(body, "timeout_s", 300);
-	r.template_name = json_str(body, "template", "python");
-	r.from_snap = json_str(body, "snapshot_id", NULL);
-	meta = json_is_object(json_object_get(body, "metadata"))
-		       ? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
-		       : strdup("{}");
-	r.metadata = meta;
+	r.vcpu_milli = c.vcpu_milli;
+	r.mem_mib = c.mem_mib;
+	r.disk_gib = c.disk_gib;
+	r.timeout_s = c.timeout_s;
+	r.template_name = c.template_name;
+	r.from_snap = c.from_snap;
+	r.metadata = c.metadata;
 	rc = create_sandbox(n, &r, &err);
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "%s", err.msg);
@@ -440,9 +308,7 @@ static void sandbox_create(struct http_req *req)
 		reply_sandbox(req, 201, r.id);
 out:
 	kiln_ruleset_free(&rules);
-	free(meta);
-	free(env);
-	json_decref(body);
+	nodereq_create_free(&c);
 }
 
 /* ---- DELETE /v1/sandboxes/{id} ---- */
@@ -522,24 +388,16 @@ static void sandbox_delete(struct http_req *req)
 
 static void sandbox_timeout(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "timeout_s", JF_INT, true, 0 } };
 	struct node *n = http_req_app(req);
 	struct kiln_error err = { 0 };
 	size_t len;
 	const char *text = http_req_body(req, &len);
-	json_t *body = NULL;
 	struct sandbox *sb;
 	struct pg_conn *c;
 	long long t;
 
-	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+	if (nodereq_timeout(text, len, &t, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
-		return;
-	}
-	t = json_int(body, "timeout_s", 0);
-	json_decref(body);
-	if (t < 1 || t > 86400) {
-		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
 		return;
 	}
 	sb = request_sandbox(req);
@@ -795,133 +653,19 @@ static void jtext_add(struct jtext *t, const unsigned char *data, size_t len, bo
 	}
 }
 
-struct exec_req {
-	char **argv;		/* owned */
-	char **env;		/* owned (env_array) */
-	char *cwd, *code;	/* owned */
-	unsigned char *stdin_data;
-	size_t stdin_len;
-	uint32_t timeout_ms;
-};
-
-static void exec_req_free(struct exec_req *e)
-{
-	if (!e)
-		return;
-	if (e->argv)
-		for (char **a = e->argv; *a; a++)
-			free(*a);
-	free(e->argv);
-	free(e->env);
-	free(e->cwd);
-	free(e->code);
-	free(e->stdin_data);
-	free(e);
-}
-
-/* Parses the exec body; replies and returns NULL when it is bad. */
+/* Parses the exec body (nodereq_exec); replies and returns NULL when it is bad. */
 static struct exec_req *exec_parse(struct http_req *req)
 {
-	static const struct json_field fields[] = {
-		{ "cmd", JF_ARRAY, false, 4096 },  { "code", JF_STRING, false, 1 << 20 },
-		{ "language", JF_STRING, false, 16 }, { "stdin", JF_STRING, false, 1 << 20 },
-		{ "env", JF_OBJECT, false, 0 },	   { "cwd", JF_STRING, false, 4096 },
-		{ "timeout_s", JF_INT, false, 0 },
-	};
 	struct kiln_error err = { 0 };
-	size_t len, n;
-	const char *text = http_req_body(req, &len), *lang, *code;
-	json_t *body = NULL, *cmd, *v;
+	size_t len;
+	const char *text = http_req_body(req, &len);
 	struct exec_req *e = NULL;
-	long long t;
 
-	if (json_parse_body(text, len, fields, sizeof(fields) / sizeof(fields[0]), &body, &err) !=
-	    KILN_OK) {
+	if (nodereq_exec(text, len, &e, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
 		return NULL;
 	}
-	e = calloc(1, sizeof(*e));
-	if (!e)
-		goto nomem;
-	cmd = json_object_get(body, "cmd");
-	code = json_str(body, "code", NULL);
-	lang = json_str(body, "language", "python");
-	if (!!cmd == !!code || (cmd && json_is_null(cmd))) {
-		http_reply_error(req, KILN_E_INVALID, "give exactly one of cmd and code");
-		goto bad;
-	}
-	if (cmd) {
-		n = json_array_size(cmd);
-		if (n == 0) {
-			http_reply_error(req, KILN_E_INVALID, "cmd must not be empty");
-			goto bad;
-		}
-		e->argv = calloc(n + 1, sizeof(char *));
-		if (!e->argv)
-			goto nomem;
-		for (size_t i = 0; i < n; i++) {
-			v = json_array_get(cmd, i);
-			if (!json_is_string(v) || strlen(json_string_value(v)) != json_string_length(v)) {
-				http_reply_error(req, KILN_E_BAD_REQUEST, "cmd must be an array of strings");
-				goto bad;
-			}
-			e->argv[i] = strdup(json_string_value(v));
-			if (!e->argv[i])
-				goto nomem;
-		}
-		if (!e->argv[0][0]) {
-			http_reply_error(req, KILN_E_INVALID, "cmd[0] must not be empty");
-			goto bad;
-		}
-	} else {
-		const char *interp;
-		if (!strcmp(lang, "python"))
-			interp = "python3";
-		else if (!strcmp(lang, "bash"))
-			interp = "bash";
-		else {
-			http_reply_error(req, KILN_E_INVALID, "language must be python or bash");
-			goto bad;
-		}
-		e->argv = calloc(4, sizeof(char *));
-		if (!e->argv || !(e->argv[0] = strdup(interp)) || !(e->argv[1] = strdup("-c")) ||
-		    !(e->argv[2] = strdup(code)))
-			goto nomem;
-	}
-	e->env = env_array(req, json_object_get(body, "env"), "env");
-	if (!e->env)
-		goto bad;
-	if (json_str(body, "cwd", NULL)) {
-		if (json_str(body, "cwd", "")[0] != '/') {
-			http_reply_error(req, KILN_E_INVALID, "cwd must be an absolute path");
-			goto bad;
-		}
-		e->cwd = strdup(json_str(body, "cwd", ""));
-		if (!e->cwd)
-			goto nomem;
-	}
-	if (json_str(body, "stdin", NULL)) {
-		v = json_object_get(body, "stdin");
-		e->stdin_len = json_string_length(v);
-		e->stdin_data = malloc(e->stdin_len + 1);
-		if (!e->stdin_data)
-			goto nomem;
-		memcpy(e->stdin_data, json_string_value(v), e->stdin_len);
-	}
-	t = json_int(body, "timeout_s", EXEC_TIMEOUT_DEFAULT_S);
-	if (t < 1 || t > EXEC_TIMEOUT_MAX_S) {
-		http_reply_error(req, KILN_E_INVALID, "timeout_s must be from 1 to %d", EXEC_TIMEOUT_MAX_S);
-		goto bad;
-	}
-	e->timeout_ms = (uint32_t)(t * 1000);
-	json_decref(body);
 	return e;
-nomem:
-	http_reply_error(req, KILN_E_NOMEM, "out of memory");
-bad:
-	exec_req_free(e);
-	json_decref(body);
-	return NULL;
 }
 
 static void agent_req_of(const struct exec_req *e, struct agent_exec_req *a)
@@ -1609,34 +1353,18 @@ static void sandbox_resume(struct http_req *req)
 
 static void sandbox_fork(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "ids", JF_ARRAY, true, FORK_MAX } };
 	struct node *n = http_req_app(req);
 	struct kiln_error err = { 0 };
 	size_t len, count;
 	const char *text = http_req_body(req, &len);
-	const char *idv[FORK_MAX];
-	json_t *body = NULL, *ids, *out;
+	const char *idv[NODEREQ_FORK_MAX];
+	json_t *body = NULL, *out;
 	struct sandbox *parent;
 	enum kiln_err rc;
 
-	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
-		http_reply_error(req, err.code, "%s", err.msg);
-		return;
-	}
-	ids = json_object_get(body, "ids");
-	count = json_array_size(ids);
-	for (size_t i = 0; i < count; i++) {
-		if (!json_is_string(json_array_get(ids, i)) ||
-		    strncmp(json_string_value(json_array_get(ids, i)), "sb_", 3) != 0) {
-			json_decref(body);
-			http_reply_error(req, KILN_E_BAD_REQUEST, "ids must be sandbox ids");
-			return;
-		}
-		idv[i] = json_string_value(json_array_get(ids, i));
-	}
-	if (count < 1) {
+	if (nodereq_fork(text, len, &body, idv, &count, &err) != KILN_OK) {
 		json_decref(body);
-		http_reply_error(req, KILN_E_INVALID, "count must be from 1 to 16");
+		http_reply_error(req, err.code, "%s", err.msg);
 		return;
 	}
 	parent = running_sandbox(req);
@@ -1689,13 +1417,11 @@ static enum kiln_err copy_snapshot(const char *from, const char *to, struct kiln
 /* POST /v1/sandboxes/{id}/snapshots: a named snapshot of a running or paused sandbox. */
 static void sandbox_snapshot(struct http_req *req)
 {
-	static const struct json_field fields[] = { { "name", JF_STRING, false, 100 } };
 	struct node *n = http_req_app(req);
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
 	size_t len;
 	const char *text = http_req_body(req, &len);
-	json_t *body = NULL;
 	struct sandbox *sb = NULL, paused = { 0 };
 	struct record r;
 	char snap[AUTH_ID_MAX], dir[600], from[600], *name = NULL;
@@ -1703,12 +1429,10 @@ static void sandbox_snapshot(struct http_req *req)
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
 
-	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+	if (nodereq_snapshot(text, len, &name, &err) != KILN_OK) {
 		http_reply_error(req, err.code, "%s", err.msg);
 		return;
 	}
-	name = json_str(body, "name", NULL) ? strdup(json_str(body, "name", "")) : NULL;
-	json_decref(body);
 	if (auth_new_id("snap_", snap, sizeof(snap)) != KILN_OK) {
 		free(name);
 		http_reply_error(req, KILN_E_INTERNAL, "cannot make an id");

@@ -1,0 +1,317 @@
+/*
+ * apireq.c - kiln-gateway's request bodies, parsed and checked (see apireq.h).
+ */
+#include "api/apireq.h"
+
+#include <ctype.h>
+#include <math.h>
+#include <openssl/crypto.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "auth/scopes.h"
+#include "common/json.h"
+#include "common/s3.h"
+
+#define NFIELDS(f) (sizeof(f) / sizeof((f)[0]))
+
+enum kiln_err apireq_name(const char *field, const char *name, struct kiln_error *err)
+{
+	size_t n = strlen(name);
+
+	if (n == 0 || n > APIREQ_NAME_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "%s must be 1 to %d bytes", field,
+				      APIREQ_NAME_MAX);
+	for (size_t i = 0; i < n; i++)
+		if ((unsigned char)name[i] < 0x20 || name[i] == 0x7f)
+			return kiln_error_set(err, KILN_E_INVALID, "%s has a control character",
+					      field);
+	return KILN_OK;
+}
+
+bool apireq_rfc3339(const char *s)
+{
+	/* YYYY-MM-DDTHH:MM:SS, optional .fraction, then Z or ±HH:MM. */
+	static const char shape[] = "dddd-dd-ddTdd:dd:dd";
+	size_t i;
+
+	for (i = 0; shape[i]; i++) {
+		if (!s[i])
+			return false;
+		if (shape[i] == 'd' ? !isdigit((unsigned char)s[i]) : s[i] != shape[i])
+			return false;
+	}
+	s += i;
+	if (*s == '.') {
+		s++;
+		if (!isdigit((unsigned char)*s))
+			return false;
+		while (isdigit((unsigned char)*s))
+			s++;
+	}
+	if (*s == 'Z')
+		return s[1] == '\0';
+	return (s[0] == '+' || s[0] == '-') && isdigit((unsigned char)s[1]) &&
+	       isdigit((unsigned char)s[2]) && s[3] == ':' && isdigit((unsigned char)s[4]) &&
+	       isdigit((unsigned char)s[5]) && s[6] == '\0';
+}
+
+enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *out,
+			    struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "template", JF_STRING, false, 64 },	{ "vcpus", JF_NUMBER, false, 0 },
+		{ "memory_mib", JF_INT, false, 0 },	{ "disk_gib", JF_INT, false, 0 },
+		{ "timeout_s", JF_INT, false, 0 },	{ "env", JF_OBJECT, false, 0 },
+		{ "metadata", JF_OBJECT, false, 0 },	{ "egress", JF_OBJECT, false, 0 },
+		{ "bandwidth", JF_OBJECT, false, 0 },	{ "snapshot_id", JF_STRING, false, 64 },
+	};
+	json_t *body, *v;
+	double vcpus;
+	long long mem, disk, tmo, milli;
+	enum kiln_err rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = json_parse_body(text, len, fields, NFIELDS(fields), &out->body, err);
+	if (rc != KILN_OK)
+		return rc;
+	body = out->body;
+	if (strcmp(json_str(body, "template", "python"), "python") != 0)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "template: the only template is \"python\"");
+	v = json_object_get(body, "vcpus");
+	vcpus = json_is_number(v) ? json_number_value(v) : 1.0;
+	mem = json_int(body, "memory_mib", 512);
+	disk = json_int(body, "disk_gib", 10);
+	tmo = json_int(body, "timeout_s", 300);
+	if (!(vcpus >= 0.25 && vcpus <= 8) || (milli = llround(vcpus * 1000)) % 250 != 0)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "vcpus must be a multiple of 0.25 from 0.25 to 8");
+	if (mem < 256 || mem > 16384)
+		return kiln_error_set(err, KILN_E_INVALID, "memory_mib must be from 256 to 16384");
+	if (disk < 10 || disk > 60)
+		return kiln_error_set(err, KILN_E_INVALID, "disk_gib must be from 10 to 60");
+	if (tmo < 1 || tmo > 86400)
+		return kiln_error_set(err, KILN_E_INVALID, "timeout_s must be from 1 to 86400");
+	out->metadata = json_is_object(json_object_get(body, "metadata"))
+				? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)
+				: strdup("{}");
+	if (!out->metadata)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (strlen(out->metadata) > APIREQ_METADATA_MAX)
+		return kiln_error_set(err, KILN_E_TOO_LARGE, "metadata is larger than %d bytes",
+				      APIREQ_METADATA_MAX);
+	out->vcpu_milli = (unsigned)milli;
+	out->mem_mib = (unsigned)mem;
+	out->disk_gib = (unsigned)disk;
+	out->timeout_s = tmo;
+	out->snapshot_id = json_str(body, "snapshot_id", NULL);
+	return KILN_OK;
+}
+
+void apireq_create_free(struct apireq_create *c)
+{
+	free(c->metadata);
+	json_decref(c->body);
+	memset(c, 0, sizeof(*c));
+}
+
+enum kiln_err apireq_fork(const char *text, size_t len, unsigned *count, struct kiln_error *err)
+{
+	static const struct json_field fields[] = { { "count", JF_INT, false, 0 } };
+	json_t *body = NULL;
+	enum kiln_err rc = json_parse_body(text, len, fields, 1, &body, err);
+	long long n;
+
+	*count = 0;
+	if (rc != KILN_OK)
+		return rc;
+	n = json_int(body, "count", 1);
+	json_decref(body);
+	if (n < 1 || n > APIREQ_FORK_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "count must be from 1 to %d",
+				      APIREQ_FORK_MAX);
+	*count = (unsigned)n;
+	return KILN_OK;
+}
+
+enum kiln_err apireq_key(const char *text, size_t len, struct apireq_key *out,
+			 struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "name", JF_STRING, true, 0 },
+		{ "scopes", JF_ARRAY, true, 16 },
+		{ "expires_at", JF_STRING, false, 64 },
+	};
+	char *scopes_text;
+	enum kiln_err rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = json_parse_body(text, len, fields, NFIELDS(fields), &out->body, err);
+	if (rc != KILN_OK)
+		return rc;
+	out->name = json_str(out->body, "name", "");
+	out->expires_at = json_str(out->body, "expires_at", NULL);
+	rc = apireq_name("name", out->name, err);
+	if (rc != KILN_OK)
+		return rc;
+	scopes_text = json_dumps(json_object_get(out->body, "scopes"), JSON_COMPACT);
+	if (!scopes_text)
+		return kiln_error_set(err, KILN_E_NOMEM, "scopes: out of memory");
+	rc = auth_scopes_parse_json(scopes_text, strlen(scopes_text), &out->scopes, err);
+	free(scopes_text);
+	if (rc != KILN_OK) {
+		struct kiln_error inner = *err;
+
+		kiln_error_clear(err);	/* kiln_error_set keeps a first error */
+		return kiln_error_set(err, inner.code, "scopes: %s", inner.msg);
+	}
+	if (!out->scopes)
+		return kiln_error_set(err, KILN_E_INVALID, "scopes must name at least one scope");
+	return KILN_OK;
+}
+
+enum kiln_err apireq_token(const char *text, size_t len, long long *ttl_s, uint32_t *scopes,
+			   bool *has_scopes, struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "scopes", JF_ARRAY, false, 16 },
+		{ "ttl_s", JF_INT, false, 0 },
+	};
+	json_t *body = NULL, *arr;
+	char *scopes_text = NULL;
+	enum kiln_err rc = json_parse_body(text, len, fields, NFIELDS(fields), &body, err);
+
+	*has_scopes = false;
+	if (rc != KILN_OK)
+		return rc;
+	*ttl_s = json_int(body, "ttl_s", APIREQ_TOKEN_TTL_MAX);
+	if (*ttl_s < 1 || *ttl_s > APIREQ_TOKEN_TTL_MAX) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "ttl_s must be from 1 to %d",
+				    APIREQ_TOKEN_TTL_MAX);
+		goto out;
+	}
+	arr = json_object_get(body, "scopes");
+	if (arr && !json_is_null(arr)) {
+		scopes_text = json_dumps(arr, JSON_COMPACT);
+		if (!scopes_text) {
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+			goto out;
+		}
+		/* The message names the field already ("scopes: must be an array of strings",
+		 * "unknown scope 'x'"). */
+		rc = auth_scopes_parse_json(scopes_text, strlen(scopes_text), scopes, err);
+		*has_scopes = rc == KILN_OK;
+	}
+out:
+	free(scopes_text);
+	json_decref(body);
+	return rc;
+}
+
+enum kiln_err apireq_tenant(const char *text, size_t len, json_t **body, const char **name,
+			    struct kiln_error *err)
+{
+	static const struct json_field fields[] = { { "name", JF_STRING, true, 0 } };
+	enum kiln_err rc = json_parse_body(text, len, fields, 1, body, err);
+
+	*name = NULL;
+	if (rc != KILN_OK)
+		return rc;
+	*name = json_str(*body, "name", "");
+	return apireq_name("name", *name, err);
+}
+
+enum kiln_err apireq_grant(const char *text, size_t len, struct apireq_grant *out,
+			   struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "tenant_id", JF_STRING, true, 64 },
+		{ "amount_ucr", JF_INT, true, 0 },
+		{ "expires_at", JF_STRING, false, 64 },
+		{ "reason", JF_STRING, true, 0 },
+	};
+	enum kiln_err rc;
+
+	memset(out, 0, sizeof(*out));
+	rc = json_parse_body(text, len, fields, NFIELDS(fields), &out->body, err);
+	if (rc != KILN_OK)
+		return rc;
+	out->tenant_id = json_str(out->body, "tenant_id", "");
+	out->expires_at = json_str(out->body, "expires_at", NULL);
+	out->reason = json_str(out->body, "reason", "");
+	out->amount_ucr = json_int(out->body, "amount_ucr", 0);
+	if (out->amount_ucr < 1)
+		return kiln_error_set(err, KILN_E_INVALID, "amount_ucr must be at least 1");
+	if (strlen(out->reason) < 1 || strlen(out->reason) > APIREQ_GRANT_REASON_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "reason must be 1 to %d bytes",
+				      APIREQ_GRANT_REASON_MAX);
+	rc = apireq_name("reason", out->reason, err);
+	if (rc != KILN_OK)
+		return rc;
+	if (out->expires_at && !apireq_rfc3339(out->expires_at))
+		return kiln_error_set(err, KILN_E_INVALID, "expires_at must be an RFC 3339 time");
+	return KILN_OK;
+}
+
+/* Copies `src` into `dst` (`n` bytes) or refuses it as too long. */
+static enum kiln_err set_field(const char *field, char *dst, size_t n, const char *src,
+			       struct kiln_error *err)
+{
+	if (strlen(src) >= n)
+		return kiln_error_set(err, KILN_E_INVALID, "%s must be at most %zu bytes", field,
+				      n - 1);
+	memcpy(dst, src, strlen(src) + 1);
+	return KILN_OK;
+}
+
+enum kiln_err apireq_storage(const char *text, size_t len, json_t **body, struct s3_target *t,
+			     struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "kind", JF_STRING, true, 16 },
+		{ "endpoint", JF_STRING, true, S3_ENDPOINT_MAX },
+		{ "bucket", JF_STRING, true, S3_BUCKET_MAX },
+		{ "region", JF_STRING, true, S3_REGION_MAX },
+		{ "prefix", JF_STRING, false, S3_PREFIX_MAX },
+		{ "access_key_id", JF_STRING, true, S3_KEY_ID_MAX },
+		{ "secret_access_key", JF_STRING, true, S3_SECRET_MAX },
+	};
+	enum kiln_err rc;
+	json_t *b;
+
+	memset(t, 0, sizeof(*t));
+	rc = json_parse_body(text, len, fields, NFIELDS(fields), body, err);
+	if (rc != KILN_OK)
+		return rc;
+	b = *body;
+	if (strcmp(json_str(b, "kind", ""), "s3") != 0)
+		return kiln_error_set(err, KILN_E_INVALID, "kind must be \"s3\"");
+	if ((rc = set_field("endpoint", t->endpoint, sizeof(t->endpoint),
+			    json_str(b, "endpoint", ""), err)) != KILN_OK ||
+	    (rc = set_field("bucket", t->bucket, sizeof(t->bucket), json_str(b, "bucket", ""),
+			    err)) != KILN_OK ||
+	    (rc = set_field("region", t->region, sizeof(t->region), json_str(b, "region", ""),
+			    err)) != KILN_OK ||
+	    (rc = set_field("prefix", t->prefix, sizeof(t->prefix), json_str(b, "prefix", ""),
+			    err)) != KILN_OK ||
+	    (rc = set_field("access_key_id", t->access_key_id, sizeof(t->access_key_id),
+			    json_str(b, "access_key_id", ""), err)) != KILN_OK ||
+	    (rc = set_field("secret_access_key", t->secret_access_key,
+			    sizeof(t->secret_access_key), json_str(b, "secret_access_key", ""),
+			    err)) != KILN_OK)
+		return rc;
+	if (s3_target_check(t, err) != KILN_OK)
+		return err->code = KILN_E_INVALID;
+	return KILN_OK;
+}
+
+void apireq_storage_free(json_t *body)
+{
+	/* Wipe the body's copy of the secret before jansson frees it. */
+	const char *secret = json_str(body, "secret_access_key", NULL);
+
+	if (secret)
+		OPENSSL_cleanse((char *)secret, strlen(secret));
+	json_decref(body);
+}

@@ -1,0 +1,102 @@
+/*
+ * apireq.h - the parsing and checking of kiln-gateway's request bodies (docs/openapi.yaml): a
+ * sandbox's create and fork, API keys, tokens, tenants, grants and storage settings.
+ *
+ * Pure functions over the body's bytes: no request, no database, no I/O, so that the route
+ * handlers and the fuzz target tests/fuzz/req_fuzz.c run the same code. Each returns KILN_OK or
+ * the code the route replies with (400 shape, 413 size, 422 value) and `err` its message. What
+ * needs the caller or the database (scopes against the caller's, a tenant that exists, a time in
+ * the future) stays with the route.
+ */
+#ifndef KILN_API_APIREQ_H
+#define KILN_API_APIREQ_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/err.h"
+
+struct s3_target;
+
+#define APIREQ_NAME_MAX 100		/* bytes of a display name (gateway.h NAME_MAX_LEN) */
+#define APIREQ_METADATA_MAX 16384	/* bytes of a sandbox's metadata, as JSON */
+#define APIREQ_FORK_MAX 16		/* children of one fork */
+#define APIREQ_TOKEN_TTL_MAX 900	/* seconds: the longest user token (GW_TOKEN_TTL_MAX) */
+#define APIREQ_GRANT_REASON_MAX 200	/* bytes of a grant's reason */
+
+/* A display name: 1 to APIREQ_NAME_MAX bytes, no control character (422 naming `field`). */
+enum kiln_err apireq_name(const char *field, const char *name, struct kiln_error *err);
+
+/* Whether `s` is an RFC 3339 time Postgres accepts (YYYY-MM-DDTHH:MM:SS[.fff], Z or ±HH:MM). */
+bool apireq_rfc3339(const char *s);
+
+/*
+ * POST /v1/sandboxes: template "python" (the only one), vcpus a multiple of 0.25 from 0.25 to 8
+ * (default 1), memory_mib 256 to 16384 (512), disk_gib 10 to 60 (10), timeout_s 1 to 86400 (300),
+ * metadata at most APIREQ_METADATA_MAX bytes as JSON (413). env, egress and bandwidth are the
+ * node's to check. The caller frees it all with apireq_create_free(), also after a failure.
+ */
+struct apireq_create {
+	json_t *body;
+	unsigned vcpu_milli, mem_mib, disk_gib;
+	long long timeout_s;
+	char *metadata;		/* owned: the metadata object's compact JSON text, "{}" */
+	const char *snapshot_id;	/* NULL when absent; points into body */
+};
+enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *out,
+			    struct kiln_error *err);
+void apireq_create_free(struct apireq_create *c);
+
+/* POST /v1/sandboxes/{id}/fork: count from 1 to APIREQ_FORK_MAX (default 1). */
+enum kiln_err apireq_fork(const char *text, size_t len, unsigned *count, struct kiln_error *err);
+
+/*
+ * POST /v1/api-keys: name (apireq_name), scopes (a non-empty array of known scopes), expires_at
+ * (a string; the database decides whether it is a future time). Strings point into *body, which
+ * the caller json_decref()s, also after a failure.
+ */
+struct apireq_key {
+	json_t *body;
+	const char *name, *expires_at;	/* expires_at NULL when absent */
+	uint32_t scopes;
+};
+enum kiln_err apireq_key(const char *text, size_t len, struct apireq_key *out,
+			 struct kiln_error *err);
+
+/*
+ * POST /v1/tokens: ttl_s from 1 to APIREQ_TOKEN_TTL_MAX (default APIREQ_TOKEN_TTL_MAX); scopes,
+ * when given, parsed into *scopes and *has_scopes set (whether they are the key's to give is the
+ * route's check).
+ */
+enum kiln_err apireq_token(const char *text, size_t len, long long *ttl_s, uint32_t *scopes,
+			   bool *has_scopes, struct kiln_error *err);
+
+/* POST /v1/tenants: name (apireq_name). *body as apireq_key's; *name points into it. */
+enum kiln_err apireq_tenant(const char *text, size_t len, json_t **body, const char **name,
+			    struct kiln_error *err);
+
+/*
+ * POST /v1/billing/grants: tenant_id, amount_ucr at least 1, reason 1 to
+ * APIREQ_GRANT_REASON_MAX bytes of printable text, expires_at an RFC 3339 time when given.
+ * Strings point into out->body, which the caller json_decref()s, also after a failure.
+ */
+struct apireq_grant {
+	json_t *body;
+	const char *tenant_id, *reason, *expires_at;	/* expires_at NULL when absent */
+	long long amount_ucr;
+};
+enum kiln_err apireq_grant(const char *text, size_t len, struct apireq_grant *out,
+			   struct kiln_error *err);
+
+/*
+ * PUT /v1/storage: kind "s3" and the S3 target's fields, each within its size and passing
+ * s3_target_check (422). The caller s3_target_wipe()s `t` and, through apireq_storage_free(),
+ * wipes and frees *body (it holds the secret), also after a failure.
+ */
+enum kiln_err apireq_storage(const char *text, size_t len, json_t **body, struct s3_target *t,
+			     struct kiln_error *err);
+void apireq_storage_free(json_t *body);
+
+#endif
