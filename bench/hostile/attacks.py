@@ -726,16 +726,30 @@ def qcow2_bound(virtual_size):
     return virtual_size + clusters * 10 + 4 * MIB
 
 
+def confined_exec(s, body, seconds):
+    """Runs an exec that may take A's own agent down with it. The contract: 200, or, when the
+    agent fell silent past the exec's timeout + 10 s (docs/agent-protocol.md), 502
+    `sandbox_failed` with A in state `error`. Returns (the 200 body or None, outcome)."""
+    r = s.exec(s.a, s.key_a, dict(body, timeout_s=seconds), timeout=seconds + 180)
+    if r.status == 200:
+        return r.json(), "answered"
+    check(r.status == 502 and r.json()["error"]["code"] == "sandbox_failed",
+          f"the exec answered {r} (the contract: 200, or 502 sandbox_failed)")
+    st = s.gw.request("GET", f"/v1/sandboxes/{s.a['id']}", headers=s.key_a).json()["state"]
+    check(st == "error", f"A answered 502 sandbox_failed but its state is {st}")
+    return None, "A failed (its agent fell silent)"
+
+
 def fork_bomb(s, seconds):
     """A fork bomb in A for `seconds` (the exec's own timeout kills its process group): the VM
-    stays inside its cgroup's pids and memory caps on the host."""
+    stays inside its cgroup's pids and memory caps on the host; A answers or fails alone."""
     cg = vm_cgroup(s, s.a)
-    out = s.py("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass\n",
-               seconds=seconds)
-    check(out["timed_out"], f"the fork bomb ended by itself: {out}")
+    out, outcome = confined_exec(s, {"code": "import os\nwhile True:\n    try:\n        os.fork()\n"
+                                             "    except OSError:\n        pass\n"}, seconds)
+    check(out is None or out["timed_out"], f"the fork bomb ended by itself: {out}")
     limits = cgroup_limits(cg)
     check_caps(s, limits)
-    return {"usable_after": s.attacker_usable(), **limits}
+    return {"outcome": outcome, "usable_after": out is not None and s.attacker_usable(), **limits}
 
 
 def memory_fill(s, seconds):
@@ -746,16 +760,15 @@ def memory_fill(s, seconds):
             "while time.time() < end and len(held) < MAX:\n"
             "    held.append(bytearray(b'\\x01') * (16 << 20))\n"
             "print(len(held))\ntime.sleep(max(0, end - time.time()))\n")
-    r = s.exec(s.a, s.key_a, {"code": f"SECONDS = {seconds}\nMAX = {2 * s.memory_mib // 16}\n" + code,
-                              "timeout_s": seconds + 30}, timeout=seconds + 120)
-    check(r.status == 200, f"the exec holding the memory fill answered {r}")
-    body = r.json()
-    # 137: the guest's OOM killer ended it; 0 only if the guest somehow held 2x its RAM
-    check(body["exit_code"] != 0 or int(body["stdout"] or 0) * 16 < 2 * s.memory_mib,
+    body, outcome = confined_exec(s, {"code": f"SECONDS = {seconds}\nMAX = {2 * s.memory_mib // 16}\n"
+                                              + code}, seconds + 30)
+    # 137: the guest's OOM killer ended it; 0 only if it held less than twice the guest's RAM
+    check(body is None or body["exit_code"] != 0 or int(body["stdout"] or 0) * 16 < 2 * s.memory_mib,
           f"the guest held twice its RAM: {body}")
     limits = cgroup_limits(cg)
     check_caps(s, limits)
-    return {"exit_code": body["exit_code"], "usable_after": s.attacker_usable(), **limits}
+    return {"outcome": outcome, "exit_code": body and body["exit_code"],
+            "usable_after": body is not None and s.attacker_usable(), **limits}
 
 
 def vm_cgroup(s, sb):
