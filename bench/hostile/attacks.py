@@ -16,6 +16,7 @@ for the report. `window_checks` then says whether the neighbour and /healthz hel
 import glob
 import json
 import os
+import re
 import secrets
 import socket
 import statistics
@@ -939,8 +940,8 @@ def agent_flood(s, seconds):
     check(out["stdout"].strip().endswith("launched"), f"the flood did not start: {out}")
     # the flooder says on the console when it holds the channel and when it is done
     end = time.monotonic() + seconds + 180
-    said = ""
-    while time.monotonic() < end and "kiln-flood-done" not in said and "kiln-flood-noport" not in said:
+    said, done = "", None
+    while time.monotonic() < end and not done and "kiln-flood-noport" not in said:
         peak[0] = max(peak[0], rss_kib(pid))
         time.sleep(0.1)
         said = ""
@@ -948,9 +949,11 @@ def agent_flood(s, seconds):
             if os.path.exists(f):
                 with open(f, errors="replace") as fh:
                     said += fh.read()
+        # whole lines only: the console may be read in the middle of one
+        done = re.search(r"kiln-flood-done (\d+) (\d+) (\d+)\r?\n", said)
     check("kiln-flood-start" in said, "the flooder never held the agent channel")
-    check("kiln-flood-done" in said, "the flooder did not finish")
-    sent = said.split("kiln-flood-done")[1].split()[:3]
+    check(done, "the flooder did not finish")
+    sent = done.groups()
     check(s.node.alive(), "kiln-node died during the agent-channel flood:\n" + s.node.output()[-3000:])
     grew = (peak[0] - base) << 10
     check(grew < 64 * MIB, f"kiln-node's RSS grew {grew >> 20} MiB during the flood")
