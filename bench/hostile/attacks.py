@@ -23,7 +23,6 @@ import statistics
 import struct
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -189,63 +188,6 @@ def service_answers(addr, port, hello, timeout=3):
 
 # ---- the stack --------------------------------------------------------------------------------
 
-class Gateway(kiln.Gateway):
-    """kiln-gateway listening on every address of the host namespace (as a public gateway does)."""
-
-    def __init__(self, database_url, redis_url, extra_env=None):
-        self.port = kiln.free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.master_key = secrets.token_hex(32)
-        self.admin_key_file = f"/tmp/kiln-hostile-admin-{secrets.token_hex(6)}"
-        env = {"KILN_LISTEN": f"0.0.0.0:{self.port}", "KILN_DATABASE_URL": database_url,
-               "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "info",
-               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file}
-        env.update(extra_env or {})
-        kiln.Daemon.__init__(self, os.path.join(kiln.BUILD, "api", "kiln-gateway"), env)
-        wait_tcp(self, "127.0.0.1", self.port)
-
-
-class Node(kiln.Node):
-    """kiln-node with its API on TCP on every address of the host namespace; gateways reach it at
-    UPLINK (as a node serving a private network would be)."""
-
-    def __init__(self, database_url, gateway_url, extra_env=None):
-        img = kiln.guest_image()
-        self.node_id = "h" + secrets.token_hex(4)
-        self.run_dir = f"/run/kt-{self.node_id}"
-        self.data_dir = tempfile.mkdtemp(prefix="kiln-node-")
-        os.chmod(self.data_dir, 0o755)
-        self.port = kiln.free_port()
-        self.sock = None
-        env = {"KILN_NODE_ID": self.node_id, "KILN_RUN_DIR": self.run_dir,
-               "KILN_DATA_DIR": self.data_dir, "KILN_DATABASE_URL": database_url,
-               "KILN_GATEWAY_URL": gateway_url, "KILN_LOG_LEVEL": "info",
-               "KILN_GUEST_KERNEL": img["KILN_GUEST_KERNEL"],
-               "KILN_GUEST_INITRD": img["KILN_GUEST_INITRD"],
-               "KILN_GUEST_ROOTFS": img["KILN_GUEST_ROOTFS"],
-               "KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"],
-               "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw",
-               "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false",
-               "KILN_NODE_LISTEN": f"0.0.0.0:{self.port}",
-               "KILN_NODE_ADDRESS": f"http://{UPLINK}:{self.port}"}
-        env.update(extra_env or {})
-        kiln.Daemon.__init__(self, os.path.join(kiln.BUILD, "node", "kiln-node"), env)
-        wait_tcp(self, "127.0.0.1", self.port)
-
-
-def wait_tcp(daemon, host, port, seconds=60):
-    deadline = time.time() + seconds
-    while time.time() < deadline:
-        if not daemon.alive():
-            raise RuntimeError(f"{daemon.proc.args[0]} exited:\n" + daemon.output())
-        try:
-            with socket.create_connection((host, port), timeout=0.2):
-                return
-        except OSError:
-            time.sleep(0.05)
-    raise RuntimeError(f"{daemon.proc.args[0]} did not listen:\n" + daemon.output())
-
-
 class Stack(kiln.Stack):
     """A gateway, a TCP kiln-node, the host's Postgres and Redis on TCP, tenants A and B, and a
     sandbox of each: A's attacker, B's neighbour (listening on NEIGHBOUR_PORT, a marker file)."""
@@ -255,13 +197,17 @@ class Stack(kiln.Stack):
         self.forwarders = []
         self.db = kiln.fresh_database()
         try:
-            self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"])
+            # the gateway on every address of the host namespace (as a public gateway is), the
+            # node's API on TCP reached at UPLINK: the attacks have something to hit
+            self.gw = kiln.Gateway(self.db.url, env["KILN_REDIS_URL"], {"KILN_LOG_LEVEL": "info"},
+                                   listen_host="0.0.0.0")
             nenv = {"KILN_MASTER_KEY": self.gw.master_key, "KILN_DNS_UPSTREAM": "192.0.2.53",
                     "KILN_LOG_LEVEL": "info",
                     "KILN_CONSOLE_MAX_BYTES": str(CONSOLE_MAX),
                     "KILN_DISK_MIBPS_PER_VCPU": str(DISK_MIBPS)}
             nenv.update(node_env or {})
-            self.node = Node(self.db.url, self.gw.url, nenv)
+            self.node = kiln.Node(self.db.url, self.gw.url, nenv, node_id="h" + secrets.token_hex(4),
+                                  tcp_address=UPLINK)
             self.forwarders = [Forwarder(5432, os.path.join(env["KILN_TEST_SOCKDIR"], ".s.PGSQL.5432")),
                                Forwarder(6379, env["KILN_REDIS_URL"][len("unix:"):])]
         except Exception:

@@ -173,6 +173,19 @@ class Daemon:
                 self.proc.wait()
         return self.proc.returncode
 
+    def wait_tcp(self, port, seconds=30):
+        """Waits until the daemon accepts on 127.0.0.1:`port`; raises with its log if it ends first."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if not self.alive():
+                raise RuntimeError(f"{self.proc.args[0]} exited:\n" + self.output())
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                    return
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"{self.proc.args[0]} did not listen:\n" + self.output())
+
     def cleanup(self):
         rc = self.stop()
         # A daemon that ended on its own terms made nothing that outlives it; one killed (a
@@ -190,26 +203,18 @@ class Gateway(Daemon):
     Each gateway of a test shares `master_key` (pass the same one to gateways of one database);
     the first one makes the operator's admin key, readable as `admin_key`."""
 
-    def __init__(self, database_url, redis_url, extra_env=None, master_key=None):
+    def __init__(self, database_url, redis_url, extra_env=None, master_key=None,
+                 listen_host="127.0.0.1"):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.master_key = master_key or secrets.token_hex(32)
         self.admin_key_file = tempfile.mktemp(prefix="kiln-admin-key-")
-        env = {"KILN_LISTEN": f"127.0.0.1:{self.port}", "KILN_DATABASE_URL": database_url,
+        env = {"KILN_LISTEN": f"{listen_host}:{self.port}", "KILN_DATABASE_URL": database_url,
                "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
                "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file}
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            if not self.alive():
-                raise RuntimeError("kiln-gateway exited:\n" + self.output())
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError("kiln-gateway did not listen:\n" + self.output())
+        self.wait_tcp(self.port)
 
     @property
     def admin_key(self):
@@ -280,7 +285,10 @@ def guest_image():
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
-    def __init__(self, database_url, gateway_url, extra_env=None, node_id=None, data_dir=None):
+    def __init__(self, database_url, gateway_url, extra_env=None, node_id=None, data_dir=None,
+                 tcp_address=None):
+        """`tcp_address`: serve the node's API on TCP on every address, gateways reaching it at
+        that host (as a node on a private network), instead of on its Unix socket."""
         img = guest_image()
         self.node_id = node_id or "t" + secrets.token_hex(4)
         self.run_dir = f"/run/kt-{self.node_id}"
@@ -296,8 +304,16 @@ class Node(Daemon):
                "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw",
                # Templates cost a VM boot of their own: tests that want them say so.
                "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false"}
+        if tcp_address:
+            self.port = free_port()
+            env.update({"KILN_NODE_LISTEN": f"0.0.0.0:{self.port}",
+                        "KILN_NODE_ADDRESS": f"http://{tcp_address}:{self.port}"})
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "node", "kiln-node"), env)
+        if tcp_address:
+            self.sock = None
+            self.wait_tcp(self.port, 60)
+            return
         self.sock = os.path.join(self.run_dir, "node.sock")
         deadline = time.time() + 30
         while time.time() < deadline:
