@@ -168,11 +168,14 @@ def reap_node(rec, log, problems):
             (log if r.returncode == 0 else problems).append(f"netns kiln-{nid}: removed"
                                                             if r.returncode == 0 else
                                                             f"netns kiln-{nid}: {r.stderr.strip()}")
+        # The veth's peer was in that netns: the kernel removes the pair as it tears the netns
+        # down, which may be under way, so a link gone by the time it is deleted is gone.
         if os.path.exists(f"/sys/class/net/kv{nid}"):
             r = subprocess.run(["ip", "link", "del", f"kv{nid}"], capture_output=True, text=True)
-            (log if r.returncode == 0 else problems).append(f"link kv{nid}: removed"
-                                                            if r.returncode == 0 else
-                                                            f"link kv{nid}: {r.stderr.strip()}")
+            if r.returncode == 0 or not os.path.exists(f"/sys/class/net/kv{nid}"):
+                log.append(f"link kv{nid}: removed")
+            else:
+                problems.append(f"link kv{nid}: {r.stderr.strip()}")
     # BPF pins: files are unlinked, directories removed bottom up.
     pins = f"{PIN_ROOT}/{node}"
     if os.path.isdir(pins):
