@@ -640,11 +640,12 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		s->ten->t_burn += price_fine(&m->o.card, &u);
 	}
 	if (ended) {
-		/* Recorded as billed state "none", so the ledger knows this sandbox is done. */
+		/* Recorded as billed state "none", so the ledger knows this sandbox is done. With
+		 * nothing unflushed, in the window that starts at its end or holds it: the window
+		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
+		 * it whole, leaving the sandbox billed as running and read again on every tick. */
 		struct mwin *w = s->nw ? &s->w[s->nw - 1]
-				       : win_get(s, s->gen,
-						 price_window_start(s->last_t > 0 ? s->last_t - 1 : 0,
-								    m->o.window_s),
+				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
 			if (!w->pe) {

@@ -617,6 +617,56 @@ static void test_dead_meter_live_field_dropped_after_bound(void)
 	meter_free(m);
 }
 
+/*
+ * A sandbox that ends exactly on a window boundary, after that window was flushed: its end is
+ * still recorded (billed state "none"), so it is not read and tracked again on every tick.
+ */
+static void test_end_on_a_window_boundary_is_recorded(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 20 * S);	/* [10, 20) flushed: billed up to 20 s */
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 45 * S);
+	CHECK_INT(used(t), 20 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none'", sb), 1);
+	meter_free(m);
+}
+
+/*
+ * A sandbox whose end time is ahead of the meter's clock (the clocks of two hosts differ): billed
+ * up to the clock, and ended when the clock passes its end, at that end.
+ */
+static void test_end_time_ahead_of_the_clock_is_waited_for(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 5 * S);
+	stop_sandbox(sb, t0 + 8 * S + S / 2);	/* 3.5 s ahead of the meter's clock */
+	tick_until(m, t0 + 7 * S);
+	CHECK_INT(used(t) + meter_pending(m, t), 7 * 257);
+	tick_until(m, t0 + 21 * S);
+	CHECK_INT(used(t), (long long)(fine_of(8 * S + S / 2) / PRICE_FINE_PER_UCR));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none'", sb), 1);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -639,6 +689,8 @@ int main(void)
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
+	TEST(test_end_on_a_window_boundary_is_recorded);
+	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
 
 	rc = test_summary();
 	rds_free(rds);
