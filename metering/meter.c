@@ -107,7 +107,7 @@ struct meter {
 	size_t tnh_n;
 	char alive_key[ID_MAX + 32];
 	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
-	bool clk_set;
+	bool clk_set, clk_behind;
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
 	int64_t wall;		/* ns: the wall clock at this tick */
@@ -152,8 +152,6 @@ static int64_t now_ns(struct meter *m)
 	return m->o.now_ns(m->o.clock_ctx);
 }
 
-static struct msb *sb_find(struct meter *m, const char *id);
-
 /* The label clock now, without following steps (for figures between ticks). */
 static int64_t label_now(struct meter *m)
 {
@@ -167,6 +165,7 @@ static int64_t label_now(struct meter *m)
  * When the wall clock is found ahead of it (a forward step), it follows, and every tracked
  * sandbox's billed-up-to point moves by the same amount: the step is never billed. Behind it (a
  * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
+ * Within STEP_TOLERANCE_NS of it (no step), it is the wall clock itself.
  */
 static int64_t meter_clock(struct meter *m)
 {
@@ -186,7 +185,17 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
+	} else if (l - w <= STEP_TOLERANCE_NS) {
+		/* No step (NTP slews both clocks alike): the wall clock itself labels, to the ns
+		 * of the node's timestamps. */
+		m->clk_l0 = w;
+		m->clk_m0 = mono;
+		l = w;
+	} else if (!m->clk_behind) {
+		log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
+			 (double)(l - w) / 1e9);
 	}
+	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;
 	return l;

@@ -4,8 +4,9 @@ Exact means: once the sandbox has stopped and its last window is flushed, the us
 exactly the price of the time it ran and the CPU its cgroup used, to the µcr, with the sub-µcr
 remainder carried in meter_sandboxes: nothing lost, nothing charged twice. Faults: kill -9 of
 kiln-meter while a flush holds its transaction open, and a restart; kiln-meter down for minutes
-of its (injected) clock, then back; Redis restarted with its data lost; Postgres restarted while
-a flush holds its transaction open.
+of its (injected) clock, then back; its wall clock stepped an hour ahead and back while it runs
+(ticks on the monotonic clock; only the time that passed is billed); Redis restarted with its
+data lost; Postgres restarted while a flush holds its transaction open.
 
 These tests stop servers, so they run their own Postgres and Redis pair rather than the shared
 fixture's."""
@@ -124,6 +125,39 @@ class FaultTests(unittest.TestCase):
         self.assertGreater(ran, 180 * 10**9)
         # The three minutes were caught up at once, one window of 2 s after another.
         self.assertRegex(m2.output(), r"flushed (8[5-9]|9[0-9]) windows")
+
+    def test_wall_clock_stepped_ahead_and_back_bills_only_the_time_that_passed(self):
+        clock = tempfile.NamedTemporaryFile("w", prefix="kiln-clock-", delete=False)
+        self.addCleanup(os.unlink, clock.name)
+        clock.write("0 0\n")
+        clock.close()
+        m = self.meter(clock_file=clock.name)
+        time.sleep(3)
+        with open(clock.name, "w") as f:
+            f.write("0 3600\n")  # the meter's wall clock (alone) steps an hour ahead
+        self.wait_log(m, "stepped 36")
+        time.sleep(3)
+        with open(clock.name, "w") as f:
+            f.write("0 0\n")  # and back
+        self.wait_log(m, "s back")
+        time.sleep(3)
+        ticks = m.output().count("tick failed")
+        self.stop_sandbox()
+        done = mt.wait_for(lambda: (mt.billed(self.db, self.sb) or (0, 0, 0, ""))[3] == "none", 30)
+        self.assertTrue(done, m.output()[-3000:])
+        self.assertEqual(ticks, 0, m.output()[-3000:])
+        start = mt.epoch_ns(self.db, f"(SELECT created_at FROM sandboxes WHERE id = '{self.sb}')")
+        end = mt.epoch_ns(self.db, f"(SELECT state_changed_at FROM sandboxes WHERE id = '{self.sb}')")
+        last_t, cpu_ns, _, _ = mt.billed(self.db, self.sb)
+        # The meter's clock stays an hour ahead of the wall clock after the backward step; the
+        # node's end time is read on it. To the µs: the two clocks are read a few ns apart.
+        self.assertAlmostEqual(last_t, end + 3600 * 10**9, delta=10**6)
+        self.assertEqual(cpu_ns, self.vm.cpu_ns())
+        fine = mt.expected_fine(256, 1, end - start, cpu_ns)
+        self.assertAlmostEqual(mt.ledger_used(self.db, self.tenant), fine // mt.UNIT, delta=1)
+        self.assertGreater(end - start, 9 * 10**9)
+        self.assertEqual(mt.wait_for(lambda: mt.redis_balance(self.redis, self.tenant) ==
+                                     mt.ledger_balance(self.db, self.tenant), 10), True)
 
     def test_redis_restarted_with_its_data_lost_is_rebuilt_from_the_ledger(self):
         m = self.meter()
