@@ -5,8 +5,9 @@ exactly the price of the time it ran and the CPU its cgroup used, to the µcr, w
 remainder carried in meter_sandboxes: nothing lost, nothing charged twice. Faults: kill -9 of
 kiln-meter while a flush holds its transaction open, and a restart; kiln-meter down for minutes
 of its (injected) clock, then back; its wall clock stepped an hour ahead and back while it runs
-(ticks on the monotonic clock; only the time that passed is billed); Redis restarted with its
-data lost; Postgres restarted while a flush holds its transaction open.
+(ticks on the monotonic clock; only the time that passed is billed); kiln-meter killed for good
+and its sandbox recovered on another node (its live field dropped after meter_live_ttl_s);
+Redis restarted with its data lost; Postgres restarted while a flush holds its transaction open.
 
 These tests stop servers, so they run their own Postgres and Redis pair rather than the shared
 fixture's."""
@@ -158,6 +159,44 @@ class FaultTests(unittest.TestCase):
         self.assertGreater(end - start, 9 * 10**9)
         self.assertEqual(mt.wait_for(lambda: mt.redis_balance(self.redis, self.tenant) ==
                                      mt.ledger_balance(self.db, self.tenant), 10), True)
+
+    def test_meter_killed_for_good_its_live_field_is_dropped_after_the_bound(self):
+        env = {"KILN_METER_LIVE_TTL_S": "3", "KILN_METER_WINDOW_S": "10"}
+        key, dead = "kiln:bal:" + self.tenant, "live:" + self.node
+        m = self.meter(extra_env=env)
+        self.wait_log(m, "flushed 1 windows")  # the ledger has a billed-up-to point
+        self.assertTrue(mt.wait_for(
+            lambda: int(mt.redis_cli(self.redis, "HGET", key, dead) or 0) > 0, 20))
+        m.kill9()  # for good: nothing of it runs again
+        self.assertGreater(int(mt.redis_cli(self.redis, "HGET", key, dead) or 0), 0)
+        # Its sandbox is recovered on another node, whose meter bills it from the ledger's
+        # billed-up-to point: the dead meter's unflushed charges are in its live field too.
+        other = "tf" + os.urandom(4).hex()
+        mt.add_node(self.db, other)
+        self.db.sql(f"UPDATE sandboxes SET node_id = '{other}', generation = generation + 1,"
+                    f" state_changed_at = now() WHERE id = '{self.sb}'")
+        m2 = mt.Meter(self.db.url, self.redis, other, extra_env=env)
+        self.meters.append(m2)
+        self.wait_log(m2, "started")
+        # Past the bound, the living meter's tick drops the dead field: Redis's balance is the
+        # ledger's less the living meter's unflushed charges alone.
+        self.assertTrue(mt.wait_for(
+            lambda: mt.redis_cli(self.redis, "HEXISTS", key, dead) == "0", 10), m2.output()[-3000:])
+        self.stop_sandbox()
+        done = mt.wait_for(lambda: (mt.billed(self.db, self.sb) or (0, 0, 0, ""))[3] == "none", 30)
+        self.assertTrue(done, m2.output()[-3000:])
+        self.assertEqual(mt.wait_for(lambda: mt.redis_balance(self.redis, self.tenant) ==
+                                     mt.ledger_balance(self.db, self.tenant), 10), True)
+        # The ledger charged every second of the sandbox's life once (no CPU is read on the other
+        # node: its cgroup is the first node's).
+        start = mt.epoch_ns(self.db, f"(SELECT created_at FROM sandboxes WHERE id = '{self.sb}')")
+        end = mt.epoch_ns(self.db, f"(SELECT state_changed_at FROM sandboxes WHERE id = '{self.sb}')")
+        used = mt.ledger_used(self.db, self.tenant)
+        self.assertGreaterEqual(used, mt.expected_fine(256, 1, end - start, 0) // mt.UNIT - 1)
+        self.assertLessEqual(used, mt.expected_fine(256, 1, end - start, self.vm.cpu_ns()) // mt.UNIT + 1)
+        self.assertEqual(int(self.db.sql(
+            f"SELECT count(DISTINCT idem_key) = count(*)::int FROM ledger_transfers"
+            f" WHERE sandbox_id = '{self.sb}'") == "t"), 1)
 
     def test_redis_restarted_with_its_data_lost_is_rebuilt_from_the_ledger(self):
         m = self.meter()
