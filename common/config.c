@@ -169,6 +169,9 @@ const struct cfg_def config_table[] = {
 	  "kiln-meter: seconds of each billing window written to the ledger (aligned to the epoch)" },
 	{ "meter_series_s", CFG_INT, F(meter_series_s), "900", 60, 86400, NULL, false,
 	  "kiln-meter: seconds of per-second usage series kept in Redis" },
+	{ "meter_live_ttl_s", CFG_INT, F(meter_live_ttl_s), "30", 3, 3600, NULL, false,
+	  "kiln-meter: seconds after a meter's last tick that its unflushed charges (its live "
+	  "balance field in Redis) are dropped by other meters and readers" },
 	{ "meter_cgroup_root", CFG_STRING, F(meter_cgroup_root), NULL, 0, 0, NULL, false,
 	  "kiln-meter: where the cgroup hierarchies are mounted (default /sys/fs/cgroup)" },
 	{ "meter_pin_root", CFG_STRING, F(meter_pin_root), NULL, 0, 0, NULL, false,

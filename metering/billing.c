@@ -118,9 +118,24 @@ nomem:
 	return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 }
 
+/* The balance hash, less the live fields of meters no longer ticking (dropped: billing.h). */
+static const char read_lua[] =
+	"local v = redis.call('HGETALL', KEYS[1])\n"
+	"local out = {}\n"
+	"for j = 1, #v, 2 do\n"
+	"  local f = v[j]\n"
+	"  if string.sub(f, 1, 5) == 'live:' and redis.call('EXISTS', '" BILLING_METER_PREFIX "' .. "
+	"string.sub(f, 6) .. '" BILLING_ALIVE_SUFFIX "') == 0 then\n"
+	"    redis.call('HDEL', KEYS[1], f)\n"
+	"  else\n"
+	"    out[#out + 1] = f; out[#out + 1] = v[j + 1]\n"
+	"  end\n"
+	"end\n"
+	"return out\n";
+
 /*
  * Reads the balance hash of `tenant_id`: *ledger (when *has_ledger) and the sum of the live
- * fields. KILN_E_UNAVAILABLE when Redis is down.
+ * fields of meters still ticking (the others are dropped). KILN_E_UNAVAILABLE when Redis is down.
  */
 static enum kiln_err bal_read(struct rds *rds, const char *tenant_id, long long *ledger,
 			      bool *has_ledger, long long *live, struct kiln_error *err)
@@ -132,7 +147,7 @@ static enum kiln_err bal_read(struct rds *rds, const char *tenant_id, long long 
 	*ledger = *live = 0;
 	*has_ledger = false;
 	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", tenant_id);
-	rc = RDS(rds, &rep, err, "HGETALL", key);
+	rc = RDS(rds, &rep, err, "EVAL", read_lua, "1", key);
 	if (rc != KILN_OK)
 		return rc;
 	if (rep.type == RDS_ARRAY) {

@@ -7,6 +7,12 @@
  * newer one) and one `live:<node>` field per meter (that meter's unflushed charges, which it sets
  * whole every tick). Balance = ledger - sum(live). When Redis loses its data, `ledger` is read
  * again from Postgres and every meter sets its `live` field again on its next tick.
+ *
+ * Each meter's tick also sets kiln:meter:<node>:alive with a lifetime of `meter_live_ttl_s`
+ * (Redis's clock, so no host's clock matters). A `live:<node>` field whose key is gone belongs
+ * to a meter that stopped ticking: its charges were never flushed, and whichever meter bills its
+ * sandboxes next bills that time again from the ledger's billed-up-to points. Every meter's tick
+ * and every balance read here drop such a field, so it cannot count against the balance twice.
  */
 #ifndef KILN_METERING_BILLING_H
 #define KILN_METERING_BILLING_H
@@ -25,6 +31,7 @@
 #define BILLING_USAGE_PREFIX "kiln:usage:"	/* + sandbox: the per-second series */
 #define BILLING_METERS_KEY "kiln:meters"	/* set of node ids running a meter */
 #define BILLING_METER_PREFIX "kiln:meter:"	/* + node: the meter's figures */
+#define BILLING_ALIVE_SUFFIX ":alive"		/* prefix + node + this: set while its meter ticks */
 #define BILLING_BURN_FRESH_S 5			/* a burn rate older than this is ignored */
 
 /*

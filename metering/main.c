@@ -3,14 +3,16 @@
  * pauses those whose tenant ran out of credits (pause.h).
  *
  * Start order is the table below, stop order its reverse. Ticks run on whole seconds of the
- * clock; a tick that wakes late counts the seconds it skipped as missed (its successor still
- * bills them: billing is by elapsed time and cumulative counters). SIGTERM and SIGINT stop
+ * monotonic clock, so a step of the wall clock neither skips nor stops them; a tick that wakes
+ * late counts the seconds it skipped as missed (its successor still bills them: billing is by
+ * elapsed monotonic time and cumulative counters). SIGTERM and SIGINT stop
  * after the tick in progress; charges not yet flushed are billed again by the next run from the
  * ledger's billed-up-to points, so stopping loses nothing.
  *
  * Test hooks (never in production): --test-clock FILE adds the number of seconds written in
- * FILE (re-read every tick) to the host clock, so tests can move the meter's time forward
- * without stepping the host's; --test-flush-hold-ms N holds each flush's transaction open.
+ * FILE (re-read every tick) to the host's clocks, wall and monotonic alike, so tests can move
+ * the meter's time forward without stepping the host's; a second number on the line is added
+ * to the wall clock alone (a step of it, which is not billed); --test-flush-hold-ms N holds each flush's transaction open.
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -45,20 +47,35 @@ static struct {
 	unsigned flush_hold_ms;
 } km;
 
-/* The test clock: the host's plus the offset in seconds read from the file. */
-static int64_t test_clock(void *ctx)
+/* The test clock `id` (CLOCK_REALTIME or CLOCK_MONOTONIC) plus the offsets read from the file. */
+static int64_t test_clock_of(const char *path, clockid_t id)
 {
 	struct timespec ts;
-	double off = 0;
-	FILE *f = fopen((const char *)ctx, "r");
+	double off = 0, step = 0;
+	FILE *f = fopen(path, "r");
 
 	if (f) {
-		if (fscanf(f, "%lf", &off) != 1)
+		int n = fscanf(f, "%lf %lf", &off, &step);
+		if (n < 1)
 			off = 0;
+		if (n < 2)
+			step = 0;
 		fclose(f);
 	}
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)(off * 1e9);
+	clock_gettime(id, &ts);
+	if (id != CLOCK_REALTIME)
+		step = 0;
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)((off + step) * 1e9);
+}
+
+static int64_t test_clock(void *ctx)
+{
+	return test_clock_of((const char *)ctx, CLOCK_REALTIME);
+}
+
+static int64_t test_clock_mono(void *ctx)
+{
+	return test_clock_of((const char *)ctx, CLOCK_MONOTONIC);
 }
 
 static int db_init(struct kiln_error *err)
@@ -149,7 +166,9 @@ static int meter_init(struct kiln_error *err)
 		.plan_max_memory_mib = km.cfg.plan_max_memory_mib,
 		.plan_max_snapshot_bytes = km.cfg.plan_max_snapshot_gib << 30,
 		.now_ns = km.clock_file ? test_clock : NULL,
+		.mono_ns = km.clock_file ? test_clock_mono : NULL,
 		.clock_ctx = (void *)km.clock_file,
+		.live_ttl_s = km.cfg.meter_live_ttl_s,
 		.pause = km.pauser ? pauser_ask : NULL,
 		.pause_ctx = km.pauser,
 		.test_flush_hold_ms = km.flush_hold_ms,
@@ -194,15 +213,18 @@ static void usage(FILE *out)
 	config_help(out);
 }
 
-static int64_t real_ns(void)
+static int64_t mono_ns(void)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
-/* Ticks on whole seconds until asked to stop (daemon_run_loop's main loop). */
+/*
+ * Ticks on whole seconds of the monotonic clock until asked to stop (daemon_run_loop's main
+ * loop): a step of the wall clock moves no tick.
+ */
 static void run(void)
 {
 	struct kiln_error err = { 0 };
@@ -210,15 +232,15 @@ static void run(void)
 	unsigned quiet = 0;
 
 	while (!daemon_stopping()) {
-		int64_t now = real_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
+		int64_t now = mono_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
 		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
 
 		while (!daemon_stopping() &&
-		       clock_nanosleep(CLOCK_REALTIME, TIMER_ABSTIME, &ts, NULL) == EINTR)
+		       clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
 			;
 		if (daemon_stopping())
 			break;
-		now = real_ns();
+		now = mono_ns();
 		if (prev && now - prev > PRICE_NS_PER_S * 3 / 2)
 			meter_note_missed(km.meter,
 					  (uint64_t)((now - prev + PRICE_NS_PER_S / 2) / PRICE_NS_PER_S) - 1);

@@ -30,6 +30,8 @@
 #define PAUSE_RETRY_NS (10 * PRICE_NS_PER_S)	/* ask again for a pause that did not happen */
 #define FLUSH_JSON_MAX (256u << 20)
 #define SERIES_TRIM_EVERY_S 10
+#define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
+#define LIVE_TTL_DEFAULT_S 30
 
 enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
 
@@ -103,7 +105,14 @@ struct meter {
 	size_t ntens, captens;
 	struct mten **tnh;
 	size_t tnh_n;
-	int64_t since;		/* ns: rows changed after this are read too */
+	char alive_key[ID_MAX + 32];
+	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
+	bool clk_set, clk_behind;
+	int64_t clk_l0, clk_m0;
+	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
+	int64_t wall;		/* ns: the wall clock at this tick */
+	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
+	int64_t since;		/* ns, wall: rows changed after this are read too */
 	int64_t last_tick;	/* ns */
 	int64_t last_expiry_ws;
 	struct meter_stats st;
@@ -128,9 +137,68 @@ static int64_t clock_real(void *ctx)
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
+static int64_t clock_mono(void *ctx)
+{
+	struct timespec ts;
+
+	(void)ctx;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
+}
+
+/* The wall clock: labels, grant expiry, the node's timestamps. */
 static int64_t now_ns(struct meter *m)
 {
 	return m->o.now_ns(m->o.clock_ctx);
+}
+
+/* The label clock now, without following steps (for figures between ticks). */
+static int64_t label_now(struct meter *m)
+{
+	return m->clk_l0 + (m->o.mono_ns(m->o.clock_ctx) - m->clk_m0);
+}
+
+/*
+ * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
+ * monotonic time only. Started at the wall clock, or at the newest billed-up-to point of the
+ * node when that is later (a meter restarted after a backward step goes on from the ledger).
+ * When the wall clock is found ahead of it (a forward step), it follows, and every tracked
+ * sandbox's billed-up-to point moves by the same amount: the step is never billed. Behind it (a
+ * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
+ * Within STEP_TOLERANCE_NS of it (no step), it is the wall clock itself.
+ */
+static int64_t meter_clock(struct meter *m)
+{
+	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l;
+
+	if (!m->clk_set) {
+		m->clk_l0 = w > m->start_floor ? w : m->start_floor;
+		m->clk_m0 = mono;
+		m->clk_set = true;
+	}
+	l = m->clk_l0 + (mono - m->clk_m0);
+	if (w - l > STEP_TOLERANCE_NS) {
+		int64_t step = w - l;
+		log_warn("the wall clock stepped %.3f s ahead of the meter's: not billed", (double)step / 1e9);
+		for (size_t i = 0; i < m->nsbs; i++)
+			m->sbs[i]->last_t += step;
+		m->clk_l0 = w;
+		m->clk_m0 = mono;
+		l = w;
+	} else if (l - w <= STEP_TOLERANCE_NS) {
+		/* No step (NTP slews both clocks alike): the wall clock itself labels, to the ns
+		 * of the node's timestamps. */
+		m->clk_l0 = w;
+		m->clk_m0 = mono;
+		l = w;
+	} else if (!m->clk_behind) {
+		log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
+			 (double)(l - w) / 1e9);
+	}
+	m->clk_behind = l - w > STEP_TOLERANCE_NS;
+	m->wall = w;
+	m->off = l - w;
+	return l;
 }
 
 /* --- the two tables: sandboxes and tenants, arrays with a chained hash by id --- */
@@ -581,11 +649,12 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		s->ten->t_burn += price_fine(&m->o.card, &u);
 	}
 	if (ended) {
-		/* Recorded as billed state "none", so the ledger knows this sandbox is done. */
+		/* Recorded as billed state "none", so the ledger knows this sandbox is done. With
+		 * nothing unflushed, in the window that starts at its end or holds it: the window
+		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
+		 * it whole, leaving the sandbox billed as running and read again on every tick. */
 		struct mwin *w = s->nw ? &s->w[s->nw - 1]
-				       : win_get(s, s->gen,
-						 price_window_start(s->last_t > 0 ? s->last_t - 1 : 0,
-								    m->o.window_s),
+				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
 			if (!w->pe) {
@@ -651,18 +720,20 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 
 /*
  * KEYS: per tenant its balance hash and its bandwidth hash and burn hash; then per sandbox its
- * series; then the meter's figures hash, the meters set and the node's tenants set.
+ * series; then the meter's figures hash, the meters set, the node's tenants set and its alive key.
  * ARGV: live field, node, #tenants, #sandboxes, tick second, trim cutoff (or ''), series ttl,
- * burn stamp; per tenant: live, rx, tx, burn rate; per sandbox: series member; then figure pairs.
- * Returns {balances, missing flags}.
+ * burn stamp, live ttl; per tenant: live, rx, tx, burn rate; per sandbox: series member; then
+ * figure pairs. The alive key is set first; another meter's live field whose alive key is gone
+ * is dropped (billing.h). Returns {balances, missing flags}.
  */
 static const char tick_lua[] =
 	"local f, node = ARGV[1], ARGV[2]\n"
 	"local nt, ns = tonumber(ARGV[3]), tonumber(ARGV[4])\n"
 	"local t, cutoff, ttl, stamp = ARGV[5], ARGV[6], ARGV[7], ARGV[8]\n"
-	"local a = 9\n"
+	"local a = 10\n"
 	"local bal, miss = {}, {}\n"
 	"local tset = KEYS[3 * nt + ns + 3]\n"
+	"redis.call('SET', KEYS[3 * nt + ns + 4], '1', 'EX', ARGV[9])\n"
 	"for i = 1, nt do\n"
 	"  local bk, wk, rk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]\n"
 	"  local live, rx, tx, burn = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]\n"
@@ -676,7 +747,11 @@ static const char tick_lua[] =
 	"  local ledger, sum = nil, 0\n"
 	"  for j = 1, #v, 2 do\n"
 	"    if v[j] == 'ledger' then ledger = tonumber(v[j + 1])\n"
-	"    elseif string.sub(v[j], 1, 5) == 'live:' then sum = sum + tonumber(v[j + 1]) end\n"
+	"    elseif string.sub(v[j], 1, 5) == 'live:' then\n"
+	"      if v[j] ~= f and redis.call('EXISTS', '" BILLING_METER_PREFIX "' .. string.sub(v[j], 6) .. '"
+	BILLING_ALIVE_SUFFIX "') == 0 then redis.call('HDEL', bk, v[j])\n"
+	"      else sum = sum + tonumber(v[j + 1]) end\n"
+	"    end\n"
 	"  end\n"
 	"  if ledger then bal[i] = ledger - sum; miss[i] = 0 else bal[i] = 0; miss[i] = 1 end\n"
 	"  if live ~= '0' then redis.call('SADD', tset, string.sub(bk, 10)) end\n"
@@ -785,7 +860,10 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 		goto out;
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
-		if (t->nsb > 0 || t->pending != t->sent || t->t_rx || t->t_tx || t->burn_sent)
+		/* Unflushed charges go every tick: a field dropped while this meter could not
+		 * reach Redis for longer than the bound comes back at once. */
+		if (t->nsb > 0 || t->pending || t->pending != t->sent || t->t_rx || t->t_tx ||
+		    t->burn_sent)
 			ts[nt++] = t;
 	}
 	for (size_t i = 0; i < m->nsbs; i++)
@@ -793,7 +871,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 			ss[ns++] = m->sbs[i];
 	e |= argv_add(&a, "EVAL", false);
 	e |= argv_add(&a, tick_lua, false);
-	e |= argv_addf(&a, "%zu", nt * 3 + ns + 3);
+	e |= argv_addf(&a, "%zu", nt * 3 + ns + 4);
 	for (size_t i = 0; i < nt; i++) {
 		e |= argv_addf(&a, BILLING_BAL_PREFIX "%s", ts[i]->id);
 		e |= argv_addf(&a, BILLING_BW_PREFIX "%s", ts[i]->id);
@@ -804,6 +882,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 	e |= argv_addf(&a, BILLING_METER_PREFIX "%s", m->node);
 	e |= argv_add(&a, BILLING_METERS_KEY, false);
 	e |= argv_addf(&a, BILLING_METER_PREFIX "%s:tenants", m->node);
+	e |= argv_add(&a, m->alive_key, false);
 	e |= argv_add(&a, m->live_field, false);
 	e |= argv_add(&a, m->node, false);
 	e |= argv_addf(&a, "%zu", nt);
@@ -814,7 +893,8 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 	else
 		e |= argv_add(&a, "", false);
 	e |= argv_addf(&a, "%" PRId64, m->o.series_s + 60);
-	e |= argv_addf(&a, "%" PRId64, sec);
+	e |= argv_addf(&a, "%" PRId64, m->wall / PRICE_NS_PER_S);	/* read against time() */
+	e |= argv_addf(&a, "%" PRId64, m->o.live_ttl_s);
 	for (size_t i = 0; i < nt; i++) {
 		struct mten *t = ts[i];
 		long long burn = (long long)(t->t_burn / PRICE_FINE_PER_UCR);	/* µcr/s */
@@ -998,7 +1078,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		}
 		m->st.windows_flushed += nitems;
 		m->st.flushes++;
-		m->st.flush_lag_s = (double)(now_ns(m) - first_read) / 1e9;
+		m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
 		if (tids && lives) {
 			for (size_t i = 0; i < m->ntens; i++) {
 				tids[ntouched] = m->tens[i]->id;
@@ -1147,8 +1227,12 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		return NULL;
 	}
 	m->o = *opts;
+	if (!m->o.mono_ns)
+		m->o.mono_ns = m->o.now_ns ? m->o.now_ns : clock_mono;
 	if (!m->o.now_ns)
 		m->o.now_ns = clock_real;
+	if (m->o.live_ttl_s < 1)
+		m->o.live_ttl_s = LIVE_TTL_DEFAULT_S;
 	if (m->o.series_s < 1)
 		m->o.series_s = 900;
 	snprintf(m->node, sizeof(m->node), "%s", opts->node_id);
@@ -1161,6 +1245,8 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 	m->o.cgroup_root = NULL;
 	m->o.pin_root = NULL;
 	snprintf(m->live_field, sizeof(m->live_field), "live:%s", m->node);
+	snprintf(m->alive_key, sizeof(m->alive_key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX,
+		 m->node);
 	m->pg = pg;
 	m->rds = rds;
 	return m;
@@ -1216,10 +1302,12 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	 * tick, so what ended while no meter ran is billed. */
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
-			 "SELECT coalesce(min(last_t_ns), 0) FROM meter_sandboxes WHERE node_id = $1",
+			 "SELECT coalesce(min(last_t_ns), 0), coalesce(max(last_t_ns), 0) "
+			 "FROM meter_sandboxes WHERE node_id = $1",
 			 m->node);
 	if (rc == KILN_OK) {
 		int64_t oldest = pg_res_int(res, 0, 0, 0);
+		m->start_floor = pg_res_int(res, 0, 1, 0);
 		int64_t floor_ns = now_ns(m) - 2 * m->o.window_s * PRICE_NS_PER_S;
 		m->since = oldest && oldest < floor_ns ? oldest : floor_ns;
 	}
@@ -1256,7 +1344,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			return rc;
 		}
 	}
-	now = now_ns(m);
+	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {
 		snprintf(node_since, sizeof(node_since), "%" PRId64, m->since / 1000);
@@ -1286,6 +1374,12 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		struct msb *s;
 
 		row_parse(res, i, &r);
+		if (m->off) {
+			/* The node's times are wall-clock: on the label clock after a step. */
+			r.changed += r.changed ? m->off : 0;
+			r.deleted += r.deleted ? m->off : 0;
+			r.created += r.created ? m->off : 0;
+		}
 		s = sb_find(m, r.id);
 		if (!s) {
 			s = sb_track(m, &r, now);
@@ -1327,10 +1421,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
-	meter_expire(m, now);
+	meter_expire(m, m->wall);
 	meter_gc(m);
 	m->last_tick = now;
-	m->since = now - 2 * m->o.window_s * PRICE_NS_PER_S;
+	m->since = m->wall - 2 * m->o.window_s * PRICE_NS_PER_S;
 	return KILN_OK;
 }
 

@@ -12,7 +12,14 @@
  * billed-up-to point, so a meter that crashes, or stays down for a while, picks up exactly where
  * the ledger ends: nothing charged twice, nothing lost but what the counters cannot tell.
  *
- * Time comes from `opts.now_ns` so tests can move it; the host clock is never stepped.
+ * Two clocks, both injectable so tests can move them (the host clock is never stepped): elapsed
+ * time, what is billed, is measured on the monotonic clock (`opts.mono_ns`); the wall clock
+ * (`opts.now_ns`) only labels it. The meter's label clock starts at the wall clock (or at the
+ * newest billed-up-to point of its node, if later) and advances by monotonic time; it follows a
+ * forward step of the wall clock by moving every tracked sandbox's billed-up-to point with it
+ * (nothing is billed for the step) and stays ahead after a backward step (ticks go on; the
+ * node's timestamps are read shifted by the difference). Grant expiry is a wall-clock date: it
+ * is reached on the wall clock, steps included.
  */
 #ifndef KILN_METERING_METER_H
 #define KILN_METERING_METER_H
@@ -37,9 +44,13 @@ struct meter_opts {
 	/* plan limits for plans without a row of their own (written as plan 'default') */
 	long long plan_max_sandboxes, plan_max_vcpu_milli, plan_max_memory_mib;
 	long long plan_max_snapshot_bytes;
-	/* the clock: ns since the epoch; NULL for CLOCK_REALTIME */
+	/* the wall clock: ns since the epoch; NULL for CLOCK_REALTIME */
 	int64_t (*now_ns)(void *ctx);
+	/* the monotonic clock, ns; NULL: CLOCK_MONOTONIC, or now_ns when only that is injected */
+	int64_t (*mono_ns)(void *ctx);
 	void *clock_ctx;
+	/* seconds a live field outlives its meter's last tick in Redis; 0: 30 */
+	int64_t live_ttl_s;
 	/* asks for a sandbox to be paused (its tenant is out of credits); NULL: nobody is paused */
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;

@@ -4,8 +4,10 @@ Exact means: once the sandbox has stopped and its last window is flushed, the us
 exactly the price of the time it ran and the CPU its cgroup used, to the µcr, with the sub-µcr
 remainder carried in meter_sandboxes: nothing lost, nothing charged twice. Faults: kill -9 of
 kiln-meter while a flush holds its transaction open, and a restart; kiln-meter down for minutes
-of its (injected) clock, then back; Redis restarted with its data lost; Postgres restarted while
-a flush holds its transaction open.
+of its (injected) clock, then back; its wall clock stepped an hour ahead and back while it runs
+(ticks on the monotonic clock; only the time that passed is billed); kiln-meter killed for good
+and its sandbox recovered on another node (its live field dropped after meter_live_ttl_s);
+Redis restarted with its data lost; Postgres restarted while a flush holds its transaction open.
 
 These tests stop servers, so they run their own Postgres and Redis pair rather than the shared
 fixture's."""
@@ -124,6 +126,77 @@ class FaultTests(unittest.TestCase):
         self.assertGreater(ran, 180 * 10**9)
         # The three minutes were caught up at once, one window of 2 s after another.
         self.assertRegex(m2.output(), r"flushed (8[5-9]|9[0-9]) windows")
+
+    def test_wall_clock_stepped_ahead_and_back_bills_only_the_time_that_passed(self):
+        clock = tempfile.NamedTemporaryFile("w", prefix="kiln-clock-", delete=False)
+        self.addCleanup(os.unlink, clock.name)
+        clock.write("0 0\n")
+        clock.close()
+        m = self.meter(clock_file=clock.name)
+        time.sleep(3)
+        with open(clock.name, "w") as f:
+            f.write("0 3600\n")  # the meter's wall clock (alone) steps an hour ahead
+        self.wait_log(m, "stepped 36")
+        time.sleep(3)
+        with open(clock.name, "w") as f:
+            f.write("0 0\n")  # and back
+        self.wait_log(m, "s back")
+        time.sleep(3)
+        ticks = m.output().count("tick failed")
+        self.stop_sandbox()
+        done = mt.wait_for(lambda: (mt.billed(self.db, self.sb) or (0, 0, 0, ""))[3] == "none", 30)
+        self.assertTrue(done, m.output()[-3000:])
+        self.assertEqual(ticks, 0, m.output()[-3000:])
+        start = mt.epoch_ns(self.db, f"(SELECT created_at FROM sandboxes WHERE id = '{self.sb}')")
+        end = mt.epoch_ns(self.db, f"(SELECT state_changed_at FROM sandboxes WHERE id = '{self.sb}')")
+        last_t, cpu_ns, _, _ = mt.billed(self.db, self.sb)
+        # The meter's clock stays an hour ahead of the wall clock after the backward step; the
+        # node's end time is read on it. To the µs: the two clocks are read a few ns apart.
+        self.assertAlmostEqual(last_t, end + 3600 * 10**9, delta=10**6)
+        self.assertEqual(cpu_ns, self.vm.cpu_ns())
+        fine = mt.expected_fine(256, 1, end - start, cpu_ns)
+        self.assertAlmostEqual(mt.ledger_used(self.db, self.tenant), fine // mt.UNIT, delta=1)
+        self.assertGreater(end - start, 9 * 10**9)
+        self.assertEqual(mt.wait_for(lambda: mt.redis_balance(self.redis, self.tenant) ==
+                                     mt.ledger_balance(self.db, self.tenant), 10), True)
+
+    def test_meter_killed_for_good_its_live_field_is_dropped_after_the_bound(self):
+        env = {"KILN_METER_LIVE_TTL_S": "3", "KILN_METER_WINDOW_S": "10"}
+        key, dead = "kiln:bal:" + self.tenant, "live:" + self.node
+        m = self.meter(extra_env=env)
+        self.wait_log(m, "flushed 1 windows")  # the ledger has a billed-up-to point
+        self.assertTrue(mt.wait_for(
+            lambda: int(mt.redis_cli(self.redis, "HGET", key, dead) or 0) > 0, 20))
+        m.kill9()  # for good: nothing of it runs again
+        self.assertGreater(int(mt.redis_cli(self.redis, "HGET", key, dead) or 0), 0)
+        # Its sandbox is recovered on another node, whose meter bills it from the ledger's
+        # billed-up-to point: the dead meter's unflushed charges are in its live field too.
+        other = "tf" + os.urandom(4).hex()
+        mt.add_node(self.db, other)
+        self.db.sql(f"UPDATE sandboxes SET node_id = '{other}', generation = generation + 1,"
+                    f" state_changed_at = now() WHERE id = '{self.sb}'")
+        m2 = mt.Meter(self.db.url, self.redis, other, extra_env=env)
+        self.meters.append(m2)
+        self.wait_log(m2, "started")
+        # Past the bound, the living meter's tick drops the dead field: Redis's balance is the
+        # ledger's less the living meter's unflushed charges alone.
+        self.assertTrue(mt.wait_for(
+            lambda: mt.redis_cli(self.redis, "HEXISTS", key, dead) == "0", 10), m2.output()[-3000:])
+        self.stop_sandbox()
+        done = mt.wait_for(lambda: (mt.billed(self.db, self.sb) or (0, 0, 0, ""))[3] == "none", 30)
+        self.assertTrue(done, m2.output()[-3000:])
+        self.assertEqual(mt.wait_for(lambda: mt.redis_balance(self.redis, self.tenant) ==
+                                     mt.ledger_balance(self.db, self.tenant), 10), True)
+        # The ledger charged every second of the sandbox's life once (no CPU is read on the other
+        # node: its cgroup is the first node's).
+        start = mt.epoch_ns(self.db, f"(SELECT created_at FROM sandboxes WHERE id = '{self.sb}')")
+        end = mt.epoch_ns(self.db, f"(SELECT state_changed_at FROM sandboxes WHERE id = '{self.sb}')")
+        used = mt.ledger_used(self.db, self.tenant)
+        self.assertGreaterEqual(used, mt.expected_fine(256, 1, end - start, 0) // mt.UNIT - 1)
+        self.assertLessEqual(used, mt.expected_fine(256, 1, end - start, self.vm.cpu_ns()) // mt.UNIT + 1)
+        self.assertEqual(int(self.db.sql(
+            f"SELECT count(DISTINCT idem_key) = count(*)::int FROM ledger_transfers"
+            f" WHERE sandbox_id = '{self.sb}'") == "t"), 1)
 
     def test_redis_restarted_with_its_data_lost_is_rebuilt_from_the_ledger(self):
         m = self.meter()

@@ -29,12 +29,18 @@
 static struct pg *pg;
 static struct rds *rds;
 static char node[32];
-static int64_t fake_now;
+static int64_t fake_now, fake_mono;
 
 static int64_t fake_clock(void *ctx)
 {
 	(void)ctx;
 	return fake_now;
+}
+
+static int64_t fake_mono_clock(void *ctx)
+{
+	(void)ctx;
+	return fake_mono;
 }
 
 static struct pg_conn *conn(void)
@@ -180,7 +186,11 @@ static void on_pause(void *ctx, const char *sb, const char *t)
 		snprintf(paused[npaused++], sizeof(paused[0]), "%s", sb);
 }
 
-static struct meter *new_meter(void)
+/*
+ * A meter of the current node on the fake wall clock; with `mono`, on the fake monotonic clock
+ * too (else the wall clock stands for both). `live_ttl_s` 0 for the default.
+ */
+static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 {
 	struct kiln_error err = { 0 };
 	struct meter_opts o = {
@@ -190,6 +200,8 @@ static struct meter *new_meter(void)
 		.window_s = WINDOW,
 		.series_s = 900,
 		.now_ns = fake_clock,
+		.mono_ns = mono ? fake_mono_clock : NULL,
+		.live_ttl_s = live_ttl_s,
 		.pause = on_pause,
 	};
 	struct meter *m;
@@ -201,6 +213,11 @@ static struct meter *new_meter(void)
 		exit(1);
 	}
 	return m;
+}
+
+static struct meter *new_meter(void)
+{
+	return new_meter_with(false, 0);
 }
 
 /* Ticks once a (fake) second from the current time up to and including `until_ns`. */
@@ -502,6 +519,154 @@ static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(voi
 	meter_free(m);
 }
 
+/*
+ * The wall clock steps an hour ahead, then two hours back, while monotonic time goes on a second
+ * a tick: what is charged is the monotonic time the sandbox ran, ticks go on after the backward
+ * step, and a grant whose wall-clock date the forward step reached expires.
+ */
+static void test_clock_steps_bill_monotonic_time_only(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int secs = 0;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	grant(t, 1000000LL, t0 / S + 1800, "halfhour");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m = new_meter_with(true, 0);
+	for (int phase = 0; phase < 3; phase++) {
+		if (phase == 1)
+			fake_now += 3600 * S;
+		if (phase == 2)
+			fake_now -= 7200 * S;
+		for (int i = 0; i < 12; i++) {
+			fake_now += S;
+			fake_mono += S;
+			secs++;
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+			CHECK_INT(used(t) + meter_pending(m, t), secs * 257LL);
+		}
+		if (phase == 1)	/* the forward step reached the grant's date */
+			CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' "
+					  "AND kind = 'expiry'", t), 1);
+	}
+	stop_sandbox(sb, fake_now);	/* on the (stepped) wall clock, as the node records it */
+	for (int i = 0; i < 12; i++) {
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 36 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
+ * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
+ * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
+ * the living meter's unflushed charges, and equals the ledger after its flush.
+ */
+static void test_dead_meter_live_field_dropped_after_bound(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct billing_balance b;
+	struct pg_conn *c;
+	struct meter *a, *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	a = new_meter_with(false, 2);
+	tick_until(a, t0 + 15 * S);	/* [0, 10) flushed, 5 s live */
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - 5 * 257);
+	meter_free(a);			/* killed for good: its field stays */
+	(void)aligned_now();		/* another node */
+	sql("UPDATE sandboxes SET node_id = '%s', generation = 2, state_changed_at = "
+	    "to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    node, (long long)((t0 + 15 * S) / 1000), sb);
+	m = new_meter_with(false, 2);
+	tick_until(m, t0 + 16 * S);	/* bills [10, 16) again, from the ledger */
+	CHECK_INT(meter_pending(m, t), 6 * 257);
+	sleep(3);			/* the dead meter's field is past the bound */
+	tick_until(m, t0 + 17 * S);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - meter_pending(m, t));
+	c = conn();
+	CHECK_INT(billing_balance(rds, c, t, &b, &err), KILN_OK);
+	pg_release(pg, c);
+	CHECK_INT(b.balance_ucr, ledger_bal(t) - meter_pending(m, t));
+	tick_until(m, t0 + 20 * S);	/* the flush of [10, 20) */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(used(t), 20 * 257);
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(used(t), 20 * 257);
+	meter_free(m);
+}
+
+/*
+ * A sandbox that ends exactly on a window boundary, after that window was flushed: its end is
+ * still recorded (billed state "none"), so it is not read and tracked again on every tick.
+ */
+static void test_end_on_a_window_boundary_is_recorded(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 20 * S);	/* [10, 20) flushed: billed up to 20 s */
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 45 * S);
+	CHECK_INT(used(t), 20 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none'", sb), 1);
+	meter_free(m);
+}
+
+/*
+ * A sandbox whose end time is ahead of the meter's clock (the clocks of two hosts differ): billed
+ * up to the clock, and ended when the clock passes its end, at that end.
+ */
+static void test_end_time_ahead_of_the_clock_is_waited_for(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter();
+	tick_until(m, t0 + 5 * S);
+	stop_sandbox(sb, t0 + 8 * S + S / 2);	/* 3.5 s ahead of the meter's clock */
+	tick_until(m, t0 + 7 * S);
+	CHECK_INT(used(t) + meter_pending(m, t), 7 * 257);
+	tick_until(m, t0 + 21 * S);
+	CHECK_INT(used(t), (long long)(fine_of(8 * S + S / 2) / PRICE_FINE_PER_UCR));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none'", sb), 1);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -522,6 +687,10 @@ int main(void)
 	TEST(test_usage_drawn_from_grants_earliest_expiry_first);
 	TEST(test_grant_expiry_is_a_transfer);
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
+	TEST(test_clock_steps_bill_monotonic_time_only);
+	TEST(test_dead_meter_live_field_dropped_after_bound);
+	TEST(test_end_on_a_window_boundary_is_recorded);
+	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
 
 	rc = test_summary();
 	rds_free(rds);
