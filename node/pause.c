@@ -135,8 +135,9 @@ static void pause_plan_unreserve(struct node *n, const char *snap_id)
 
 /*
  * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot
- * (the VMM ends), the policy again with the bandwidth bucket's final level, and the manifest. On failure the snapshot is removed and the VM goes on if its
- * VMM still lives; if the VMM ended, the snapshot is finished from its files when it can be.
+ * (the VMM ends), the policy again with the bandwidth bucket's final level, and the manifest.
+ * On failure the snapshot is removed and the VM goes on if its VMM still lives; if the VMM
+ * ended, the snapshot is finished from its files when it can be.
  */
 enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
 				struct kiln_error *err)
