@@ -426,22 +426,7 @@ static __always_inline int take_bytes(__u32 len, __u64 now)
 		return 1;	/* the common case takes no lock */
 	bpf_spin_lock(&l->lock);
 	if (!l->unmetered) {
-		__u64 ms = 0;
-		if (now > l->last_ns)
-			ms = (now - l->last_ns) / 1000000;
-		if (ms) {
-			/* bound ms so that ms * refill_q16 cannot overflow */
-			__u64 add;
-			if (l->refill_q16 && ms > (~0ULL >> 1) / l->refill_q16)
-				add = l->capacity;
-			else
-				add = (ms * l->refill_q16 + l->refill_frac) >> 16;
-			l->refill_frac = (ms * l->refill_q16 + l->refill_frac) & 0xffff;
-			l->last_ns += ms * 1000000;
-			l->tokens += add;
-			if (l->tokens > l->capacity)
-				l->tokens = l->capacity;
-		}
+		np_bucket_refill(l, now);
 		if (l->burst_left >= len) {
 			l->burst_left -= len;
 		} else if (l->tokens + l->burst_left >= len) {

@@ -46,20 +46,71 @@ struct np_limits {
 	__u32 conn_burst;	/* new flows allowed at once */
 	__u32 pad0;
 	__u64 capacity;		/* bucket size, bytes */
-	__u64 refill_q16;	/* bytes added per millisecond, 16.16 fixed point */
+	__u64 unused_q16;	/* was a per-millisecond rate that lost small rates; kept for the layout */
 	/* state */
 	__u64 tokens;		/* bytes in the bucket */
 	__u64 burst_left;	/* one-time burst bytes left, spent before the bucket */
-	__u64 last_ns;		/* last refill (bpf_ktime_get_ns, CLOCK_MONOTONIC) */
+	__u64 last_ns;		/* last refill (bpf_ktime_get_ns, CLOCK_MONOTONIC), whole ms steps */
 	__u64 conn_tokens;	/* new-flow tokens, in thousandths */
 	__u64 conn_last_ns;
-	__u64 refill_frac;	/* sub-byte remainder of the last refill, 16.16 */
-	/* as set, for reading back (user space only) */
-	__u64 set_refill_bytes;
-	__u64 set_burst;
+	__u64 refill_frac;	/* refill remainder, in 1/(set_interval_s * 1000) of a byte */
+	/* the rate as set: the program refills from these (np_bucket_refill) */
+	__u64 set_refill_bytes;	/* bytes per set_interval_s */
+	__u64 set_burst;	/* user space only */
 	__u32 set_interval_s;
 	__u32 pad1;
 };
+
+#ifndef __always_inline
+#define __always_inline inline __attribute__((always_inline))
+#endif
+
+/*
+ * Adds to the bandwidth bucket what `ms` milliseconds earn at set_refill_bytes every
+ * set_interval_s, exactly: the remainder below one byte stays in refill_frac (in
+ * 1/(set_interval_s * 1000) of a byte), so every rate refills, 1 byte a day included, and the
+ * bytes earned over any run of calls are those of their total time. Caps at capacity (where the
+ * remainder is dropped). No product can overflow while capacity <= 2^62 and set_refill_bytes <=
+ * 2^46 (kiln_policy_set_bandwidth's bounds) and set_interval_s <= 2^32. Shared by the program and
+ * user space (remaining_bytes, restores), which therefore agree to the byte.
+ */
+static __always_inline void np_bucket_add_ms(struct np_limits *l, __u64 ms)
+{
+	__u64 ims = (__u64)l->set_interval_s * 1000, rb = l->set_refill_bytes, add, v;
+
+	if (!ms || !ims || !rb || l->tokens >= l->capacity)
+		return;
+	if (ms / ims > l->capacity / rb) {
+		l->tokens = l->capacity;
+		l->refill_frac = 0;
+		return;
+	}
+	/* ms = whole intervals + part; rb = q * ims + r: each product stays below 2^63 */
+	add = (ms / ims) * rb + (ms % ims) * (rb / ims);
+	v = (ms % ims) * (rb % ims) + (l->refill_frac < ims ? l->refill_frac : 0);
+	add += v / ims;
+	l->refill_frac = v % ims;
+	if (add >= l->capacity - l->tokens) {
+		l->tokens = l->capacity;
+		l->refill_frac = 0;
+	} else {
+		l->tokens += add;
+	}
+}
+
+/* Brings the bucket up to `now` (CLOCK_MONOTONIC ns) in whole milliseconds. Caller holds the lock. */
+static __always_inline void np_bucket_refill(struct np_limits *l, __u64 now)
+{
+	__u64 ms;
+
+	if (now <= l->last_ns)
+		return;
+	ms = (now - l->last_ns) / 1000000;
+	if (!ms)
+		return;
+	np_bucket_add_ms(l, ms);
+	l->last_ns += ms * 1000000;
+}
 
 /* Map `counters` (per-CPU array, one element): sum over CPUs. */
 struct np_counters {

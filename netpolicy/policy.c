@@ -829,6 +829,35 @@ enum kiln_err kiln_policy_rules(struct kiln_policy *p, struct kiln_ruleset *out,
 
 /* ---- limits and counters ---- */
 
+static int64_t real_ns(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/*
+ * Starts `l` (settings already in it) at the saved level of `bw`, plus the refill of the time
+ * since bw->level_at_ns, as of `now` (CLOCK_MONOTONIC).
+ */
+static void bucket_restore(struct np_limits *l, const struct kiln_bandwidth *bw, uint64_t now)
+{
+	int64_t gone = real_ns() - bw->level_at_ns;
+	uint64_t ims = (uint64_t)l->set_interval_s * 1000;
+
+	l->tokens = bw->level_tokens < l->capacity ? bw->level_tokens : l->capacity;
+	l->burst_left = bw->level_burst_left < bw->one_time_burst_bytes ? bw->level_burst_left
+									  : bw->one_time_burst_bytes;
+	l->refill_frac = ims && bw->level_frac < ims ? bw->level_frac : 0;
+	l->last_ns = now;
+	if (gone > 0) {
+		/* the sub-millisecond rest is earned at the program's next whole millisecond */
+		np_bucket_add_ms(l, (uint64_t)gone / 1000000);
+		if (now > (uint64_t)gone % 1000000)
+			l->last_ns = now - (uint64_t)gone % 1000000;
+	}
+}
+
 enum kiln_err kiln_policy_set_bandwidth(struct kiln_policy *p, const struct kiln_bandwidth *bw,
 					struct kiln_error *err)
 {
@@ -846,24 +875,32 @@ enum kiln_err kiln_policy_set_bandwidth(struct kiln_policy *p, const struct kiln
 	}
 	uint64_t now = mono_ns();
 	bool was_unmetered = l.unmetered;
+	uint64_t old_ims = (uint64_t)l.set_interval_s * 1000;
+	/* what the old rate earned up to now is the tenant's; the new rate counts from now */
+	if (!was_unmetered)
+		np_bucket_refill(&l, now);
 	l.unmetered = bw->unmetered;
 	l.capacity = bw->quota_bytes;
-	l.refill_q16 = bw->refill_interval_s
-			       ? (bw->refill_bytes << 16) / ((uint64_t)bw->refill_interval_s * 1000)
-			       : 0;
+	l.unused_q16 = 0;
+	l.set_refill_bytes = bw->refill_interval_s ? bw->refill_bytes : 0;
+	l.set_interval_s = bw->refill_interval_s;
 	if (was_unmetered) {
 		l.tokens = l.capacity;
 		l.last_ns = now;
 		l.refill_frac = 0;
 		l.burst_left = bw->one_time_burst_bytes;
 	} else {
+		/* the remainder below a byte, in the new interval's units */
+		uint64_t ims = (uint64_t)l.set_interval_s * 1000;
+		l.refill_frac = ims && old_ims && l.refill_frac < old_ims
+					? l.refill_frac * ims / old_ims : 0;
 		if (l.tokens > l.capacity)
 			l.tokens = l.capacity;
 		if (bw->one_time_burst_bytes != l.set_burst)
 			l.burst_left = bw->one_time_burst_bytes;
 	}
-	l.set_refill_bytes = bw->refill_bytes;
-	l.set_interval_s = bw->refill_interval_s;
+	if (bw->has_level && !bw->unmetered)
+		bucket_restore(&l, bw, now);
 	l.set_burst = bw->one_time_burst_bytes;
 	int rc = bpf_map_update_elem(p->fd[M_LIMITS], &k, &l, BPF_F_LOCK);
 	pthread_mutex_unlock(&p->mu);
@@ -885,15 +922,19 @@ enum kiln_err kiln_policy_get_bandwidth(struct kiln_policy *p, struct kiln_bandw
 	out->refill_bytes = l.set_refill_bytes;
 	out->refill_interval_s = l.set_interval_s;
 	out->one_time_burst_bytes = l.set_burst;
-	/* the program refills lazily: account for the time since its last packet */
-	uint64_t now = mono_ns(), tokens = l.tokens;
-	if (now > l.last_ns && l.refill_q16) {
-		uint64_t ms = (now - l.last_ns) / 1000000;
-		uint64_t add = ms > (~0ull >> 1) / l.refill_q16 ? l.capacity
-								 : (ms * l.refill_q16) >> 16;
-		tokens = tokens + add > l.capacity ? l.capacity : tokens + add;
-	}
-	out->remaining_bytes = l.unmetered ? 0 : tokens + l.burst_left;
+	if (l.unmetered)
+		return KILN_OK;
+	/* the program refills lazily: what it will add at its next packet counts already */
+	uint64_t now = mono_ns();
+	int64_t real = real_ns();
+	np_bucket_refill(&l, now);
+	out->remaining_bytes = l.tokens + l.burst_left;
+	out->has_level = true;
+	out->level_tokens = l.tokens;
+	out->level_burst_left = l.burst_left;
+	out->level_frac = l.refill_frac;
+	/* the level is that of l.last_ns (whole milliseconds): the same instant on the real clock */
+	out->level_at_ns = real - (int64_t)(now > l.last_ns ? now - l.last_ns : 0);
 	return KILN_OK;
 }
 

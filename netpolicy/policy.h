@@ -49,6 +49,15 @@ struct kiln_bandwidth {
 	uint64_t one_time_burst_bytes;	/* spent first, never refilled */
 	bool unmetered;			/* no quota at all (the default) */
 	uint64_t remaining_bytes;	/* get only: burst left + bucket */
+	/*
+	 * The bucket's level, for snapshots: get fills it (has_level when metered); set starts the
+	 * bucket from it, plus what the rate earns from level_at_ns to now, instead of full.
+	 */
+	bool has_level;
+	uint64_t level_tokens;		/* bytes in the bucket at level_at_ns */
+	uint64_t level_burst_left;	/* one-time burst bytes left (never recharged) */
+	uint64_t level_frac;		/* remainder below a byte, 1/(refill_interval_s * 1000) */
+	int64_t level_at_ns;		/* CLOCK_REALTIME of the level */
 };
 
 struct kiln_counters {
@@ -116,8 +125,16 @@ enum kiln_err kiln_policy_apply_held(struct kiln_policy *p, const struct kiln_ru
 enum kiln_err kiln_policy_rules(struct kiln_policy *p, struct kiln_ruleset *out,
 				enum kiln_egress_mode *mode, struct kiln_error *err);
 
+/*
+ * Sets the bandwidth bucket live. From unmetered, the bucket starts full with the whole one-time
+ * burst, unless bw->has_level: then it starts at that level (tokens capped at the quota, burst
+ * left at the burst) plus the refill earned from level_at_ns to now (none if the clock went
+ * back) — a restored snapshot's bucket. On a metered bucket the refill earned so far is added at
+ * the old rate first; the level is kept (capped at the new quota) unless has_level.
+ */
 enum kiln_err kiln_policy_set_bandwidth(struct kiln_policy *p, const struct kiln_bandwidth *bw,
 					struct kiln_error *err);
+/* The settings, remaining_bytes and (metered) the level, all as of now. */
 enum kiln_err kiln_policy_get_bandwidth(struct kiln_policy *p, struct kiln_bandwidth *out,
 					struct kiln_error *err);
 

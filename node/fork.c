@@ -2,7 +2,9 @@
  * fork.c - the fork of a running sandbox into children (fork.h): one snapshot, then the
  * children restored from it with its memory image mapped privately (pages shared until written)
  * and the parent restored on a copy of its own (a private mapping would see later writes
- * through a shared one). All children or none, recorded under the tenant's plan.
+ * through a shared one). All children or none, recorded under the tenant's plan. Each child's
+ * bandwidth bucket starts at the parent's level at the snapshot (netpolicy.json), never full:
+ * forking mints no bandwidth; the parent keeps its own maps and level.
  */
 #include <stdio.h>
 #include <string.h>
@@ -51,6 +53,9 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 	}
 	if (rc == KILN_OK)
 		rc = vmm_snapshot(parent->vm, dir, VMM_SNAP_SHARED, err);
+	/* the parent's VM has stopped: the bucket's level the children start from is final */
+	if (rc == KILN_OK)
+		rc = save_policy_public(parent, dir, err);
 	if (rc == KILN_OK)
 		rc = write_manifest_public(n, parent, dir, err);
 	if (rc == KILN_OK)

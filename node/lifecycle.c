@@ -88,13 +88,28 @@ enum kiln_err save_policy_public(struct sandbox *sb, const char *dir, struct kil
 			(json_int_t)bw.refill_bytes, "refill_interval_s", (int)bw.refill_interval_s,
 			"one_time_burst_bytes", (json_int_t)bw.one_time_burst_bytes, "unmetered",
 			bw.unmetered);
+	/* the bucket's level, so that a resume or a fork does not start it full */
+	if (bw.has_level)
+		json_object_set_new(json_object_get(doc, "bandwidth"), "level",
+				    json_pack("{s:I, s:I, s:I, s:I}", "tokens", (json_int_t)bw.level_tokens,
+					      "burst_left", (json_int_t)bw.level_burst_left, "frac",
+					      (json_int_t)bw.level_frac, "at_ns", (json_int_t)bw.level_at_ns));
 	if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
 		json_decref(doc);
 		return kiln_error_set(err, KILN_E_IO, "cannot create \"%s\"", dir);
 	}
-	snprintf(path, sizeof(path), "%s/%s", dir, NETPOLICY_FILE);
+	/* whole or not at all: a pause writes it again after its VM has stopped */
+	snprintf(path, sizeof(path), "%s/%s.tmp", dir, NETPOLICY_FILE);
 	r = json_dump_file(doc, path, JSON_COMPACT);
 	json_decref(doc);
+	if (r == 0) {
+		char final[700];
+
+		snprintf(final, sizeof(final), "%s/%s", dir, NETPOLICY_FILE);
+		r = rename(path, final);
+	}
+	if (r != 0)
+		unlink(path);
 	return r == 0 ? KILN_OK : kiln_error_set(err, KILN_E_IO, "cannot write \"%s\"", path);
 }
 
@@ -129,6 +144,15 @@ enum kiln_err snap_load_policy(const char *dir, struct kiln_ruleset *rs, struct 
 		bw->refill_interval_s = (uint32_t)json_int(b, "refill_interval_s", 1);
 		bw->one_time_burst_bytes = (uint64_t)json_int(b, "one_time_burst_bytes", 0);
 		bw->unmetered = json_is_true(json_object_get(b, "unmetered"));
+		/* a snapshot written before levels were kept has none: its bucket starts full */
+		const json_t *lv = json_object_get(b, "level");
+		if (json_is_object(lv)) {
+			bw->has_level = true;
+			bw->level_tokens = (uint64_t)json_int(lv, "tokens", 0);
+			bw->level_burst_left = (uint64_t)json_int(lv, "burst_left", 0);
+			bw->level_frac = (uint64_t)json_int(lv, "frac", 0);
+			bw->level_at_ns = json_int(lv, "at_ns", 0);
+		}
 	}
 	json_decref(doc);
 	return rc;
@@ -238,6 +262,7 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 			init.egress = override->egress;
 		if (override->bandwidth)
 			init.bandwidth = override->bandwidth;
+		bw.has_level = false;	/* a new sandbox from a snapshot: a full bucket, as any create */
 	}
 	rc = sb_restore(n, sb, dir, from, &init, fresh, err);
 	kiln_ruleset_free(&rs);

@@ -135,8 +135,9 @@ static void pause_plan_unreserve(struct node *n, const char *snap_id)
 
 /*
  * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot
- * (the VMM ends) and the manifest. On failure the snapshot is removed and the VM goes on if its
- * VMM still lives; if the VMM ended, the snapshot is finished from its files when it can be.
+ * (the VMM ends), the policy again with the bandwidth bucket's final level, and the manifest.
+ * On failure the snapshot is removed and the VM goes on if its VMM still lives; if the VMM
+ * ended, the snapshot is finished from its files when it can be.
  */
 enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
 				struct kiln_error *err)
@@ -147,6 +148,12 @@ enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
 
 	if (rc == KILN_OK)
 		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
+	/*
+	 * Again now that the VM has stopped: the bandwidth bucket's level is final (the first write
+	 * checked the policy could be saved before the VM was touched).
+	 */
+	if (rc == KILN_OK)
+		rc = save_policy_public(sb, dir, err);
 	if (rc != KILN_OK && vmm_status(sb->vm, &st, &ignore) == KILN_OK && !st.alive &&
 	    vmm_snapshot_finish(sb->vm, dir, &ignore) == KILN_OK) {
 		log_warn("pause of \"%s\": finished its snapshot after \"%s\"", sb->id, err->msg);

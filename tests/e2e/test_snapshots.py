@@ -183,6 +183,53 @@ class SnapshotTests(Helpers, unittest.TestCase):
         self.assertFalse(any(os.path.exists(s) for s in snaps), "the pause snapshot's files stayed")
 
 
+class BandwidthSnapshotTests(Helpers, unittest.TestCase):
+    """The bandwidth bucket across pause, resume and fork: what was spent stays spent."""
+
+    # no refill: any byte more after a resume or in a child would have been minted
+    BW = {"quota_bytes": 20000, "refill_bytes": 0, "refill_interval_s": 3600, "one_time_burst_bytes": 5000}
+    FULL = 25000
+
+    def remaining(self, sb):
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/bandwidth", headers=self.key)
+        self.assertEqual(r.status, 200, r)
+        return r.json()["remaining_bytes"]
+
+    def send(self, sb, count):
+        """UDP datagrams of 1,000 bytes to a public address: 1,042 bytes charged each, if any left."""
+        self.sh(sb, "python3 -c 'import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); "
+                    f"[s.sendto(bytes(1000), (\"198.51.100.1\", 9)) for _ in range({count})]'")
+
+    def test_a_spent_quota_stays_spent_across_pause_and_resume(self):
+        sb = self.create(bandwidth=self.BW)
+        self.assertEqual(self.remaining(sb), self.FULL)
+        self.send(sb, 30)
+        before = self.remaining(sb)
+        self.assertLess(before, 1042, "the quota was not used up")
+        self.assertEqual(self.post(sb, "pause").status, 200)
+        time.sleep(1)
+        r = self.post(sb, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.remaining(sb), before, "the resume refilled the bucket (or its burst)")
+        self.send(sb, 5)
+        self.assertEqual(self.remaining(sb), before, "traffic went out past a spent quota")
+
+    def test_a_fork_child_starts_with_the_parent_s_bucket_not_a_full_one(self):
+        parent = self.create(bandwidth=self.BW)
+        self.send(parent, 10)
+        level = self.remaining(parent)
+        self.assertLessEqual(level, self.FULL - 10 * 1042)
+        r = self.post(parent, "fork", {"count": 1})
+        self.assertEqual(r.status, 201, r)
+        kid = r.json()["sandboxes"][0]
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{kid['id']}", None, self.key)
+        self.assertEqual(self.remaining(kid), level, "the child's bucket was not the parent's")
+        self.assertEqual(self.remaining(parent), level)
+        self.send(kid, 5)
+        self.assertEqual(self.remaining(kid), level - 5 * 1042)
+        self.assertEqual(self.remaining(parent), level, "the child's traffic was charged to the parent")
+
+
 class SnapshotFaultTests(Helpers, unittest.TestCase):
     """A node killed in the middle of a pause, and a disk too full for a snapshot."""
 

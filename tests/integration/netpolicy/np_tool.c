@@ -15,6 +15,14 @@
  *     rules ID                        print the mode, then one rule per line
  *     bw ID QUOTA REFILL INTERVAL_S BURST UNMETERED
  *     bw-get ID
+ *     bw-level ID QUOTA REFILL INTERVAL_S BURST TOKENS BURST_LEFT AGO_MS
+ *                                     set a metered bucket from a saved level (as a restore
+ *                                     does), the level taken AGO_MS before now
+ *     bw-state ID                     the program's own bucket state, raw: tokens burst_left
+ *                                     refill_frac last_ns (name=value)
+ *     bw-poke ID TOKENS FRAC AGO_MS   write tokens and refill_frac straight into the map, last
+ *                                     refill AGO_MS before now, so the program's next packet
+ *                                     refills that long (as if the bucket sat idle that long)
  *     conn ID PER_SECOND BURST
  *     counters ID                     print name=value lines
  *     connlog ID MAX_PER_MINUTE       drain the connection log once (capped at MAX_PER_MINUTE
@@ -490,6 +498,43 @@ int main(int argc, char **argv)
 			       (unsigned long long)bw.quota_bytes, (unsigned long long)bw.refill_bytes,
 			       bw.refill_interval_s, (unsigned long long)bw.one_time_burst_bytes,
 			       bw.unmetered, (unsigned long long)bw.remaining_bytes);
+	} else if (!strcmp(cmd, "bw-level") && n == 8) {
+		struct timespec ts;
+		clock_gettime(CLOCK_REALTIME, &ts);
+		struct kiln_bandwidth bw = {.quota_bytes = strtoull(a[1], NULL, 10),
+					    .refill_bytes = strtoull(a[2], NULL, 10),
+					    .refill_interval_s = (uint32_t)atoi(a[3]),
+					    .one_time_burst_bytes = strtoull(a[4], NULL, 10),
+					    .has_level = true,
+					    .level_tokens = strtoull(a[5], NULL, 10),
+					    .level_burst_left = strtoull(a[6], NULL, 10),
+					    .level_at_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec -
+							   strtoll(a[7], NULL, 10) * 1000000};
+		if (kiln_policy_set_bandwidth(p, &bw, &err))
+			rc = fail(&err);
+	} else if ((!strcmp(cmd, "bw-state") && n == 1) || (!strcmp(cmd, "bw-poke") && n == 4)) {
+		uint32_t k = 0;
+		struct np_limits l;
+		int fd = kiln_policy_map_fd(p, "limits");
+		if (bpf_map_lookup_elem_flags(fd, &k, &l, BPF_F_LOCK) < 0) {
+			perror("limits");
+			rc = 1;
+		} else if (n == 4) {
+			struct timespec ts;
+			clock_gettime(CLOCK_MONOTONIC, &ts);
+			l.tokens = strtoull(a[1], NULL, 10);
+			l.refill_frac = strtoull(a[2], NULL, 10);
+			l.last_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec -
+				    strtoull(a[3], NULL, 10) * 1000000ull;
+			if (bpf_map_update_elem(fd, &k, &l, BPF_F_LOCK) < 0) {
+				perror("limits");
+				rc = 1;
+			}
+		} else {
+			printf("tokens=%llu burst_left=%llu refill_frac=%llu last_ns=%llu\n",
+			       (unsigned long long)l.tokens, (unsigned long long)l.burst_left,
+			       (unsigned long long)l.refill_frac, (unsigned long long)l.last_ns);
+		}
 	} else if (!strcmp(cmd, "conn") && n == 3) {
 		if (kiln_policy_set_conn_limit(p, (uint32_t)atoi(a[1]), (uint32_t)atoi(a[2]), &err))
 			rc = fail(&err);
