@@ -398,8 +398,8 @@ static void *flusher_run(void *arg)
 	return NULL;
 }
 
-#define DEADLOCK_ROUNDS 25
-#define ITEMS_PER_TENANT 40
+#define DEADLOCK_ROUNDS 20
+#define ITEMS_PER_TENANT 300
 
 static void test_opposite_order_flushes_never_deadlock(void)
 {
