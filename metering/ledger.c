@@ -10,7 +10,8 @@
 
 enum kiln_err ledger_lock_tenant(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
 {
-	return PGQ(c, NULL, err, "SELECT pg_advisory_xact_lock(hashtext('ledger:' || $1))", tenant_id);
+	return PGQ(c, NULL, err, "SELECT pg_advisory_xact_lock(hashtext('ledger:' || $1))",
+		   tenant_id);
 }
 
 enum kiln_err ledger_grant(struct pg_conn *c, const char *tenant_id, long long amount_ucr,
@@ -38,8 +39,8 @@ enum kiln_err ledger_grant_request(struct pg_conn *c, const char *tenant_id, lon
 	rc = ledger_lock_tenant(c, tenant_id, err);
 	if (rc != KILN_OK)
 		return rc;
-	rc = PGQ(c, &res, err, "SELECT id, request_sha256 FROM ledger_transfers WHERE idem_key = $1",
-		 idem_key);
+	rc = PGQ(c, &res, err,
+		 "SELECT id, request_sha256 FROM ledger_transfers WHERE idem_key = $1", idem_key);
 	if (rc != KILN_OK)
 		return rc;
 	if (pg_res_rows(res) == 1) {
