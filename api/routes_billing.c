@@ -12,6 +12,8 @@
 #include <string.h>
 #include <time.h>
 
+#include <openssl/evp.h>
+
 #include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
@@ -161,7 +163,9 @@ static void grants_create(struct http_req *req)
 	size_t blen;
 	const char *btext = http_req_body(req, &blen);
 	const char *tenant, *expires, *reason;
-	char tx[LEDGER_TX_ID_MAX], idem[400];
+	char tx[LEDGER_TX_ID_MAX], idem[400], sum[65];
+	unsigned char md[32];
+	unsigned int mdlen = 0;
 	long long amount;
 	int replayed = 0;
 	enum kiln_err rc;
@@ -178,31 +182,37 @@ static void grants_create(struct http_req *req)
 	expires = g.expires_at;
 	reason = g.reason;
 	amount = g.amount_ucr;
+	snprintf(idem, sizeof(idem), "grant:%s:%s", who->tenant_id, key);
+	EVP_Digest(btext, blen, md, &mdlen, EVP_sha256(), NULL);
+	for (unsigned i = 0; i < 32; i++)
+		snprintf(sum + 2 * i, 3, "%02x", md[i]);
 	c = gw_db(req);
 	if (!c)
 		goto out;
+	/* A grant already made with this key is answered as it was, whatever the time now. */
 	rc = PGQ(c, &res, &err,
 		 "SELECT (SELECT count(*) FROM tenants WHERE id = $1), "
-		 "coalesce($2::timestamptz > now(), true)",
-		 tenant, expires);
+		 "coalesce($2::timestamptz > now(), true), "
+		 "EXISTS (SELECT 1 FROM ledger_transfers WHERE idem_key = $3)",
+		 tenant, expires, idem);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		goto out;
 	}
-	if (pg_res_int(res, 0, 0, 0) != 1) {
+	if (!pg_res_bool(res, 0, 2) && pg_res_int(res, 0, 0, 0) != 1) {
 		http_reply_error(req, KILN_E_NOT_FOUND, "no tenant \"%s\"", tenant);
 		goto out;
 	}
-	if (!pg_res_bool(res, 0, 1)) {
+	if (!pg_res_bool(res, 0, 2) && !pg_res_bool(res, 0, 1)) {
 		http_reply_error(req, KILN_E_INVALID, "expires_at must be in the future");
 		goto out;
 	}
 	pg_res_free(res);
 	res = NULL;
-	snprintf(idem, sizeof(idem), "grant:%s:%s", who->tenant_id, key);
 	rc = pg_exec(c, "BEGIN", &err);
 	if (rc == KILN_OK)
-		rc = ledger_grant(c, tenant, amount, expires, idem, reason, tx, &replayed, &err);
+		rc = ledger_grant_request(c, tenant, amount, expires, idem, sum, reason, tx,
+					  &replayed, &err);
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "COMMIT", &err);
 	if (rc == KILN_OK)
@@ -214,7 +224,10 @@ static void grants_create(struct http_req *req)
 	if (rc != KILN_OK) {
 		struct kiln_error ignore = { 0 };
 		pg_exec(c, "ROLLBACK", &ignore);
-		gw_fail(req, rc, &err);
+		if (rc == KILN_E_INVALID)
+			http_reply_error(req, rc, "%s", err.msg);
+		else
+			gw_fail(req, rc, &err);
 		goto out;
 	}
 	{
@@ -226,6 +239,8 @@ static void grants_create(struct http_req *req)
 	}
 	if (!replayed)
 		log_info("granted %lld µcr to tenant \"%s\" (\"%s\")", amount, tenant, tx);
+	else
+		http_reply_header(req, "Idempotent-Replayed", "true");
 	http_req_set_object(req, tx);
 	http_reply_json(req, 201,
 			json_pack("{s:s, s:s, s:I, s:o, s:s, s:s}", "id", pg_res_str(res, 0, 0),

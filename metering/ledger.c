@@ -8,9 +8,25 @@
 
 #include "auth/apikey.h"
 
+enum kiln_err ledger_lock_tenant(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
+{
+	return PGQ(c, NULL, err, "SELECT pg_advisory_xact_lock(hashtext('ledger:' || $1))",
+		   tenant_id);
+}
+
 enum kiln_err ledger_grant(struct pg_conn *c, const char *tenant_id, long long amount_ucr,
 			   const char *expires_at, const char *idem_key, const char *reason,
 			   char tx_id[LEDGER_TX_ID_MAX], int *replayed, struct kiln_error *err)
+{
+	return ledger_grant_request(c, tenant_id, amount_ucr, expires_at, idem_key, NULL, reason,
+				    tx_id, replayed, err);
+}
+
+enum kiln_err ledger_grant_request(struct pg_conn *c, const char *tenant_id, long long amount_ucr,
+				   const char *expires_at, const char *idem_key,
+				   const char *request_sha256, const char *reason,
+				   char tx_id[LEDGER_TX_ID_MAX], int *replayed,
+				   struct kiln_error *err)
 {
 	char amount[32], account[LEDGER_TX_ID_MAX + 8];
 	struct pg_res *res = NULL;
@@ -19,10 +35,21 @@ enum kiln_err ledger_grant(struct pg_conn *c, const char *tenant_id, long long a
 	*replayed = 0;
 	if (amount_ucr <= 0)
 		return kiln_error_set(err, KILN_E_INVALID, "amount_ucr must be positive");
-	rc = PGQ(c, &res, err, "SELECT id FROM ledger_transfers WHERE idem_key = $1", idem_key);
+	/* The lock the draws hold: this tenant's transfers commit in the order of their seq. */
+	rc = ledger_lock_tenant(c, tenant_id, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err,
+		 "SELECT id, request_sha256 FROM ledger_transfers WHERE idem_key = $1", idem_key);
 	if (rc != KILN_OK)
 		return rc;
 	if (pg_res_rows(res) == 1) {
+		const char *sum = pg_res_get(res, 0, 1);
+		if (request_sha256 && sum && strcmp(sum, request_sha256) != 0) {
+			pg_res_free(res);
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "Idempotency-Key was used with a different request");
+		}
 		snprintf(tx_id, LEDGER_TX_ID_MAX, "%s", pg_res_str(res, 0, 0));
 		pg_res_free(res);
 		*replayed = 1;
@@ -41,9 +68,9 @@ enum kiln_err ledger_grant(struct pg_conn *c, const char *tenant_id, long long a
 	if (rc == KILN_OK)
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, "
-			 "credit_account, amount_ucr, tenant_id, reason) "
-			 "VALUES ($1, $2, 'grant', 'system:issuance', $3, $4::bigint, $5, $6)",
-			 tx_id, idem_key, account, amount, tenant_id, reason);
+			 "credit_account, amount_ucr, tenant_id, reason, request_sha256) "
+			 "VALUES ($1, $2, 'grant', 'system:issuance', $3, $4::bigint, $5, $6, $7)",
+			 tx_id, idem_key, account, amount, tenant_id, reason, request_sha256);
 	return rc;
 }
 

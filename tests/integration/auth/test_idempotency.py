@@ -1,7 +1,7 @@
 """Idempotency-Key on mutating POSTs: a replay returns the first response; another body is 422."""
 import unittest
 
-from authtest import GatewayCase, bearer
+from authtest import GatewayCase, bearer, poll
 
 
 class IdempotencyTests(GatewayCase):
@@ -106,6 +106,56 @@ class IdempotencyTests(GatewayCase):
         secret = t.json()["api_key"]["key"].rsplit("_", 1)[1]
         stored = self.db.sql("SELECT string_agg(coalesce(response, ''), ' ') FROM idempotency")
         self.assertNotIn(secret, stored)
+
+    def expire_idempotency_record(self, key):
+        """Moves the gateway's record of `key` past idempotency_ttl_s (24 h), as if a day went by."""
+        n = self.db.sql("WITH x AS (UPDATE idempotency SET created_at = now() - interval '25 hours' "
+                        f"WHERE key = '{key}' RETURNING 1) SELECT count(*) FROM x")
+        self.assertEqual(n, "1")
+
+    def grants_of(self, tid):
+        return self.db.sql("SELECT count(*) || ':' || coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+                           f"WHERE tenant_id = '{tid}' AND kind = 'grant'")
+
+    def test_grant_replayed_after_the_idempotency_record_expired_answers_the_original_grant(self):
+        tid, _, _ = self.new_tenant()
+        key = "grant-" + tid
+        hi = dict(self.admin, **{"Idempotency-Key": key})
+        body = {"tenant_id": tid, "amount_ucr": 1_000_000, "reason": "support"}
+        before = self.grants_of(tid)
+        first = self.expect(self.call("POST", "/v1/billing/grants", body, hi), 201)
+        self.assertNotIn("Idempotent-Replayed", first.headers)
+        self.expire_idempotency_record(key)
+        # A day later the same request: the grant that was made, said to be a replay; no credit.
+        again = self.expect(self.call("POST", "/v1/billing/grants", body, hi), 201)
+        self.assertEqual(again.data, first.data)
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+        self.expire_idempotency_record(key)
+        # Another request under that key is refused as it is within the day, and credits nothing.
+        for other in (dict(body, amount_ucr=2_000_000), dict(body, reason="other")):
+            with self.subTest(body=other):
+                r = self.expect(self.call("POST", "/v1/billing/grants", other, hi), 422, "invalid")
+                self.assertIn("Idempotency-Key", r.json()["error"]["message"])
+                self.db.sql(f"DELETE FROM idempotency WHERE key = '{key}'")
+        n, total = (int(x) for x in before.split(":"))
+        self.assertEqual(self.grants_of(tid), f"{n + 1}:{total + 1_000_000}")
+
+    def test_grant_replayed_after_it_expired_still_answers_the_grant(self):
+        tid, _, _ = self.new_tenant()
+        key = "grant-exp-" + tid
+        hi = dict(self.admin, **{"Idempotency-Key": key})
+        soon = self.db.sql("SELECT to_char((now() + interval '2 seconds') AT TIME ZONE 'UTC', "
+                           "'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')")
+        body = {"tenant_id": tid, "amount_ucr": 3_000_000, "expires_at": soon, "reason": "trial"}
+        first = self.expect(self.call("POST", "/v1/billing/grants", body, hi), 201)
+        poll(lambda: self.db.sql(f"SELECT now() > '{soon}'::timestamptz") == "t", 10)
+        self.expire_idempotency_record(key)
+        # Its expires_at is past now, but it is the grant that was made: not a 422.
+        again = self.expect(self.call("POST", "/v1/billing/grants", body, hi), 201)
+        self.assertEqual(again.data, first.data)
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+        self.assertEqual(self.db.sql(f"SELECT count(*) FROM ledger_transfers WHERE tenant_id = '{tid}' "
+                                     "AND kind = 'grant' AND amount_ucr = 3000000"), "1")
 
 
 if __name__ == "__main__":
