@@ -2,10 +2,13 @@
  * testdb.h - a scratch database for a test binary that needs Postgres: testdb_open() reads the
  * services fixture's settings (KILN_SERVICES_ENV), creates a database of a unique name and applies
  * every migration; testdb_close() drops it. A test without the fixture fails, never skips.
+ * testdb_sql() and testdb_sql_int() run a statement on a pool for a test's set-up and checks.
+ * Include it after test.h.
  */
 #ifndef KILN_TESTDB_H
 #define KILN_TESTDB_H
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,6 +70,65 @@ static int testdb_open(struct testdb *db, const char *prefix)
 		return -1;
 	}
 	return 0;
+}
+
+/* A connection of `pg`; the test ends (exit 1) when Postgres cannot give one. */
+static __attribute__((unused)) struct pg_conn *testdb_conn(struct pg *pg)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = NULL;
+
+	if (pg_acquire(pg, &c, &err) != KILN_OK) {
+		fprintf(stderr, "postgres: %s\n", err.msg);
+		exit(1);
+	}
+	return c;
+}
+
+/* Runs the statement(s) `fmt` makes; a failure is printed and fails the current case (test.h). */
+static void testdb_sql(struct pg *pg, const char *fmt, ...) __attribute__((format(printf, 2, 3), unused));
+static void testdb_sql(struct pg *pg, const char *fmt, ...)
+{
+	char q[4096];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = testdb_conn(pg);
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (pg_exec(c, q, &err) != KILN_OK) {
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+		test_case_failed = 1;
+	}
+	pg_release(pg, c);
+}
+
+/* The first column of the first row `fmt` selects as an integer; -1 (printed, the case failed) when
+ * the query fails. */
+static long long testdb_sql_int(struct pg *pg, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3), unused));
+static long long testdb_sql_int(struct pg *pg, const char *fmt, ...)
+{
+	char q[4096];
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = testdb_conn(pg);
+	struct pg_res *res = NULL;
+	long long v = -1;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(q, sizeof(q), fmt, ap);
+	va_end(ap);
+	if (PGQ0(c, &res, &err, q) == KILN_OK) {
+		v = pg_res_int(res, 0, 0, -1);
+	} else {
+		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
+		test_case_failed = 1;
+	}
+	pg_res_free(res);
+	pg_release(pg, c);
+	return v;
 }
 
 /* Drops the scratch database and frees both pools. */

@@ -36,6 +36,11 @@
 #define POOL 12
 
 static struct pg *pg;
+
+/* On the scratch database (testdb.h). */
+#define conn() testdb_conn(pg)
+#define sql(...) testdb_sql(pg, __VA_ARGS__)
+#define sql_int(...) testdb_sql_int(pg, __VA_ARGS__)
 static struct rds *rds;
 static char node[32];
 static _Atomic int64_t fake_now;
@@ -52,58 +57,6 @@ static int64_t mono_ms(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
-static struct pg_conn *conn(void)
-{
-	struct kiln_error err = { 0 };
-	struct pg_conn *c = NULL;
-
-	if (pg_acquire(pg, &c, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
-		exit(1);
-	}
-	return c;
-}
-
-static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sql(const char *fmt, ...)
-{
-	char q[4096];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c = conn();
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(q, sizeof(q), fmt, ap);
-	va_end(ap);
-	if (pg_exec(c, q, &err) != KILN_OK) {
-		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
-		test_case_failed = 1;
-	}
-	pg_release(pg, c);
-}
-
-static long long sql_int(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static long long sql_int(const char *fmt, ...)
-{
-	char q[4096];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c = conn();
-	struct pg_res *res = NULL;
-	long long v = -1;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(q, sizeof(q), fmt, ap);
-	va_end(ap);
-	if (PGQ0(c, &res, &err, q) == KILN_OK)
-		v = pg_res_int(res, 0, 0, -1);
-	else
-		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
-	pg_res_free(res);
-	pg_release(pg, c);
-	return v;
 }
 
 static void new_tenant(char *t, size_t n)

@@ -21,27 +21,8 @@
 
 static struct pg *pg;
 
-static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sql(const char *fmt, ...)
-{
-	char q[2048];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(q, sizeof(q), fmt, ap);
-	va_end(ap);
-	if (pg_acquire(pg, &c, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
-		exit(1);
-	}
-	if (pg_exec(c, q, &err) != KILN_OK) {
-		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
-		test_case_failed = 1;
-	}
-	pg_release(pg, c);
-}
+/* On the scratch database (testdb.h). */
+#define sql(...) testdb_sql(pg, __VA_ARGS__)
 
 /* The first column of the first row of `q`, as text ("(none)" if no row). */
 static void one(const char *q, char *out, size_t len)

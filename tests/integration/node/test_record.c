@@ -19,29 +19,10 @@
 #include "testdb.h"
 
 static struct pg *pg;
+
+/* On the scratch database (testdb.h). */
+#define sql(...) testdb_sql(pg, __VA_ARGS__)
 static int seq;
-
-static void sql(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static void sql(const char *fmt, ...)
-{
-	char q[2048];
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(q, sizeof(q), fmt, ap);
-	va_end(ap);
-	if (pg_acquire(pg, &c, &err) != KILN_OK) {
-		fprintf(stderr, "postgres: %s\n", err.msg);
-		exit(1);
-	}
-	if (pg_exec(c, q, &err) != KILN_OK) {
-		fprintf(stderr, "sql failed: %s: %s\n", q, err.msg);
-		test_case_failed = 1;
-	}
-	pg_release(pg, c);
-}
 
 /* The row of sandbox `id` as one text: state|node|generation|deleted|pause_snapshot|net_index. */
 static void row_of(const char *id, char *out, size_t len)
