@@ -654,17 +654,7 @@ def console_flood(s, seconds):
     return {"console_bytes": size + old, "cap": CONSOLE_MAX}
 
 
-def tree_bytes(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.lstat(os.path.join(root, f))
-            except FileNotFoundError:
-                continue
-            if os.path.isfile(os.path.join(root, f)) and not os.path.islink(os.path.join(root, f)):
-                total += st.st_blocks * 512
-    return total
+tree_bytes = kiln.tree_bytes
 
 
 def qcow2_bound(virtual_size):

@@ -3,7 +3,6 @@
 deleted; after unsuspend the key works again and the sandbox stays paused until the tenant resumes
 it. Through the CLI, as the operator would (`kiln admin suspend|unsuspend`). A suspension's pauses
 are forced like kiln-meter's: a tenant whose plan allows no snapshot bytes is paused all the same."""
-import glob
 import os
 import subprocess
 import unittest
@@ -11,13 +10,7 @@ import unittest
 import kiln
 
 
-def vm_pids(node_id, sandbox_id):
-    """Host pids in the sandbox's cgroup (its jailed QEMU)."""
-    pids = set()
-    for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/{sandbox_id}/cgroup.procs"):
-        with open(f) as fh:
-            pids.update(int(p) for p in fh.read().split())
-    return pids
+vm_pids = kiln.vm_pids
 
 
 class SuspendTests(unittest.TestCase):

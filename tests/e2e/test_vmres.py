@@ -5,7 +5,6 @@ in all (node_exec_memory_max: the exec over it cut, the next one 429, all of it 
 and disk I/O is held to its throttle while a neighbour still answers."""
 import glob
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -23,18 +22,7 @@ OUTPUT_MAX = 10 << 20	# exec_output_max's default
 EXEC_MEMORY_MAX = 32 << 20
 
 
-def tree_bytes(path):
-    """Bytes of the regular files under `path` (sockets and the like count nothing)."""
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                st = os.lstat(os.path.join(root, f))
-            except FileNotFoundError:
-                continue
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_blocks * 512
-    return total
+tree_bytes = kiln.tree_bytes
 
 
 def rss_kib(pid):

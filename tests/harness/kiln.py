@@ -9,6 +9,7 @@ until it is stopped cleanly: when ctest kills a test at its timeout, the fixture
 (services.sh stop) reaps what that test's daemons left (tests/harness/reap.py).
 """
 import fcntl
+import glob
 import hashlib
 import json
 import os
@@ -17,6 +18,7 @@ import shlex
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -262,6 +264,29 @@ def http(method, url, body=None, headers=None, raw=False, timeout=60):
             return Response(r.status, r.headers, r.read())
     except urllib.error.HTTPError as e:
         return Response(e.code, e.headers, e.read())
+
+
+def vm_pids(node_id, sandbox_id):
+    """Host pids in the sandbox's cgroup (its jailed QEMU)."""
+    pids = set()
+    for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/{sandbox_id}/cgroup.procs"):
+        with open(f) as fh:
+            pids.update(int(p) for p in fh.read().split())
+    return pids
+
+
+def tree_bytes(path):
+    """Bytes of the regular files under `path` (sockets and the like count nothing)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for f in files:
+            try:
+                st = os.lstat(os.path.join(root, f))
+            except FileNotFoundError:
+                continue
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_blocks * 512
+    return total
 
 
 _IMAGE = None
