@@ -243,13 +243,16 @@ enum kiln_err billing_balance(struct rds *rds, struct pg_conn *c, const char *te
 		 "coalesce((SELECT sum(amount_ucr) FROM ledger_transfers "
 		 "  WHERE tenant_id = $1 AND kind = 'expiry'), 0), "
 		 "coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances "
-		 "  WHERE tenant_id = $1), 0)",
+		 "  WHERE tenant_id = $1), 0), "
+		 "(SELECT extract(epoch FROM since)::bigint FROM billing_debts WHERE tenant_id = $1)",
 		 tenant_id);
 	if (rc != KILN_OK)
 		return rc;
 	granted = pg_res_int(res, 0, 0, 0);
 	expired = pg_res_int(res, 0, 1, 0);
 	bal = pg_res_int(res, 0, 2, 0);
+	out->has_debt_since = pg_res_get(res, 0, 3) != NULL;
+	out->debt_since = pg_res_int(res, 0, 3, 0);
 	pg_res_free(res);
 	out->live = bal_read(rds, tenant_id, &ledger, &has, &live, &rerr) == KILN_OK;
 	if (!out->live)
@@ -257,6 +260,7 @@ enum kiln_err billing_balance(struct rds *rds, struct pg_conn *c, const char *te
 	out->granted_ucr = granted - expired;
 	out->used_ucr = granted - expired - bal + live;
 	out->balance_ucr = bal - live;
+	out->debt_ucr = out->balance_ucr < 0 ? -out->balance_ucr : 0;
 	out->burn_rate_ucr_s = out->live ? burn_read(rds, tenant_id) : 0;
 	return KILN_OK;
 }

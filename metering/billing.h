@@ -51,6 +51,11 @@ struct billing_balance {
 	long long used_ucr;		/* usage in the ledger and not flushed yet */
 	long long burn_rate_ucr_s;	/* what running sandboxes cost now, per second */
 	bool live;			/* false: Redis was down, the figures are the ledger's alone */
+	long long debt_ucr;		/* what the tenant owes: -balance when below zero, else 0 */
+	/* since when the ledger balance has been at or below zero without a break (billing_debts,
+	 * migrations/0013_debt.sql), seconds since the epoch */
+	bool has_debt_since;
+	long long debt_since;
 };
 
 /* The balance as GET /v1/billing/balance shows it: the ledger (Postgres) and the live part. */

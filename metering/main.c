@@ -102,7 +102,8 @@ static void db_exit(void)
 static int master_key_init(struct kiln_error *err)
 {
 	if (!masterkey_configured(&km.cfg)) {
-		log_warn("no master key: sandboxes of tenants out of credits will not be paused");
+		log_error("no master key: sandboxes of tenants out of credits will not be paused; "
+			  "they run on, billed into debt, with no bound");
 		return KILN_OK;
 	}
 	if (masterkey_load(&km.cfg, &km.mk, err) != KILN_OK)

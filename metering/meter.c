@@ -81,7 +81,8 @@ struct mten {
 	long long pending;	/* µcr charged here, not in the ledger yet */
 	long long sent;		/* what Redis last got as our live field; -1: never */
 	long long balance;	/* as Redis answered on the last tick */
-	bool has_balance, frozen;
+	bool has_balance, frozen;	/* frozen: at or below zero on the last tick (pause it) */
+	int64_t unpaused_warned;	/* ns: last loud warning that nothing can pause it */
 	unsigned __int128 t_burn;	/* fine units per second its sandboxes cost now */
 	long long burn_sent;	/* the burn rate Redis last got */
 	uint64_t t_rx, t_tx;
@@ -398,11 +399,10 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 			.snap_mib = s->snap_mib ? s->snap_mib : s->mem_mib,
 		};
 		unsigned __int128 fine = st == BS_NONE ? 0 : price_fine(&m->o.card, &u);
-		long long ucr = 0;
+		/* Charged at any balance: below zero it is the tenant's debt (the overdraft). */
+		long long ucr = price_take(&s->rem, fine);
 		struct mwin *w;
 
-		if (!s->ten->frozen)
-			ucr = price_take(&s->rem, fine);
 		cpu -= c;
 		rx -= r;
 		tx -= x;
@@ -631,7 +631,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		s->tx_at += x_left;
 		s->state = seg_st[nseg - 1];
 	}
-	if (!ended && s->state != BS_NONE && !s->ten->frozen) {
+	if (!ended && s->state != BS_NONE) {
 		/* What it costs now, per second: its allocation, and CPU at this tick's pace. */
 		int64_t span = end - s->t_start;
 		struct price_usage u = {
@@ -1144,19 +1144,31 @@ static void meter_expire(struct meter *m, int64_t now)
 	pg_release(m->pg, c);
 }
 
-/* Asks for pauses of the running sandboxes of tenants at or below zero. */
+/*
+ * Asks for pauses of the running sandboxes of tenants at or below zero (they are billed all the
+ * same: the balance goes negative until the pause lands). Without a pause hook (no master key)
+ * it logs an error for each such tenant every PAUSE_RETRY_NS instead.
+ */
 static void meter_enforce(struct meter *m, int64_t now)
 {
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
 		t->frozen = t->has_balance && t->balance <= 0;
 	}
-	if (!m->o.pause)
-		return;
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
 		if (s->ended || s->state != BS_RUN || !s->ten->frozen)
 			continue;
+		if (!m->o.pause) {
+			/* No master key: it runs on, billed into debt, with nothing to bound it. */
+			if (!s->ten->unpaused_warned || now - s->ten->unpaused_warned >= PAUSE_RETRY_NS) {
+				s->ten->unpaused_warned = now;
+				log_error("tenant \"%s\" is at %lld µcr and its sandbox \"%s\" runs on: "
+					  "no master key, so the meter cannot pause it; it is billed into debt",
+					  s->tenant, s->ten->balance, s->id);
+			}
+			continue;
+		}
 		if (s->pause_asked && now - s->pause_asked < PAUSE_RETRY_NS)
 			continue;
 		s->pause_asked = now;

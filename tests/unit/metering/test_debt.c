@@ -1,0 +1,395 @@
+/*
+ * test_debt.c - a tenant at or below zero is billed (its balance goes negative: debt), and grant
+ * expiry never forgives debt. The meter's engine (metering/meter.h) driven tick by tick on an
+ * injected clock against the real Postgres and Redis of the ctest fixture "services", as
+ * test_meter.c does: running time after zero is charged until the pause lands, a paused
+ * sandbox's snapshot keeps accruing at zero, a meter without a master key still bills, a grant
+ * to a tenant in debt pays the debt first, and a grant expiring while the meter was down takes
+ * away only its own unspent credits as of its expiry, never the charges of the windows after it.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "metering/billing.h"
+#include "metering/meter.h"
+#include "migrations/migrate.h"
+#include "test.h"
+#include "testdb.h"
+
+#define S PRICE_NS_PER_S
+#define WINDOW 10
+#define MIB_PRICE 1024	/* µcr per GiB-s: 1 µcr per MiB-second */
+
+static struct pg *pg;
+
+/* On the scratch database (testdb.h). */
+#define conn() testdb_conn(pg)
+#define sql(...) testdb_sql(pg, __VA_ARGS__)
+#define sql_int(...) testdb_sql_int(pg, __VA_ARGS__)
+static struct rds *rds;
+static char node[32];
+static int64_t fake_now;
+
+static int64_t fake_clock(void *ctx)
+{
+	(void)ctx;
+	return fake_now;
+}
+
+static void new_tenant(char *t, size_t n)
+{
+	snprintf(t, n, "tn_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO tenants (id, name) VALUES ('%s', 'test')", t);
+}
+
+/* A grant of `ucr` to `t` expiring at the fake second `exp_s` (0: never); returns nothing. */
+static void grant(const char *t, long long ucr, int64_t exp_s, const char *tag)
+{
+	char exp[64] = "NULL";
+
+	if (exp_s)
+		snprintf(exp, sizeof(exp), "to_timestamp(%lld)", (long long)exp_s);
+	sql("INSERT INTO ledger_accounts (id, tenant_id, kind, expires_at) VALUES "
+	    "('grant:tx_%s_%s', '%s', 'grant', %s);"
+	    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	    "amount_ucr, tenant_id, reason) VALUES ('tx_%s_%s', 'g:%s:%s', 'grant', "
+	    "'system:issuance', 'grant:tx_%s_%s', %lld, '%s', 'test')",
+	    t, tag, t, exp, t, tag, t, tag, t, tag, ucr, t);
+}
+
+/* A running sandbox of 256 MiB and 1 GiB (257 µcr/s) since the fake time `since_ns`. */
+static void new_sandbox(const char *t, char *sb, size_t n, int64_t since_ns)
+{
+	snprintf(sb, n, "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
+	    "'running', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
+	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6))",
+	    sb, t, node, (long long)(since_ns / 1000), (long long)(since_ns / 1000));
+}
+
+static void stop_sandbox(const char *sb, int64_t at_ns)
+{
+	sql("UPDATE sandboxes SET state = 'stopped', state_changed_at = to_timestamp(%lld / 1e6) "
+	    "WHERE id = '%s'",
+	    (long long)(at_ns / 1000), sb);
+}
+
+static long long used(const char *t)
+{
+	return sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+		       "WHERE tenant_id = '%s' AND kind = 'usage'", t);
+}
+
+static long long ledger_bal(const char *t)
+{
+	return sql_int("SELECT coalesce(sum(balance_ucr), 0) FROM ledger_account_balances "
+		       "WHERE tenant_id = '%s'", t);
+}
+
+/* What Redis holds as the balance of `t`: ledger - sum(live); *ok false when no ledger half. */
+static long long redis_bal(const char *t, bool *ok)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[128];
+	long long ledger = 0, live = 0;
+
+	*ok = false;
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t);
+	if (RDS(rds, &rep, &err, "HGETALL", key) == KILN_OK && rep.type == RDS_ARRAY) {
+		for (size_t i = 0; i + 1 < rep.n; i += 2) {
+			if (!strcmp(rep.elem[i].str, "ledger")) {
+				ledger = atoll(rep.elem[i + 1].str);
+				*ok = true;
+			} else if (!strncmp(rep.elem[i].str, "live:", 5)) {
+				live += atoll(rep.elem[i + 1].str);
+			}
+		}
+	}
+	rds_reply_release(&rep);
+	return ledger - live;
+}
+
+static char paused[64][64];
+static int npaused;
+
+static void on_pause(void *ctx, const char *sb, const char *t)
+{
+	(void)ctx;
+	(void)t;
+	if (npaused < 64)
+		snprintf(paused[npaused++], sizeof(paused[0]), "%s", sb);
+}
+
+/* A meter of the current node on the fake wall clock; `pausing` false: no master key (no pauses). */
+static struct meter *new_meter_pausing(bool pausing)
+{
+	struct kiln_error err = { 0 };
+	struct meter_opts o = {
+		.node_id = node,
+		.cgroup_root = "/nonexistent-cgroup-root",
+		.pin_root = "",
+		.window_s = WINDOW,
+		.series_s = 900,
+		.now_ns = fake_clock,
+		.pause = pausing ? on_pause : NULL,
+	};
+	struct meter *m;
+
+	price_card_init(&o.card, 1000, MIB_PRICE, 1, 1024);
+	m = meter_new(&o, pg, rds, &err);
+	if (!m || meter_start(m, &err) != KILN_OK) {
+		fprintf(stderr, "meter: %s\n", err.msg);
+		exit(1);
+	}
+	return m;
+}
+
+/* Ticks once a (fake) second from the current time up to and including `until_ns`. */
+static void tick_until(struct meter *m, int64_t until_ns)
+{
+	struct kiln_error err = { 0 };
+
+	while (fake_now + S <= until_ns) {
+		fake_now += S;
+		if (meter_tick(m, &err) != KILN_OK)
+			fprintf(stderr, "tick failed: %s\n", err.msg);
+	}
+}
+
+/*
+ * Starts a case on a node of its own (so no meter sees another case's sandboxes) and returns a
+ * window-aligned fake time a little before the host's now.
+ */
+static int64_t aligned_now(void)
+{
+	int64_t t = (int64_t)time(NULL) - 3 * WINDOW;
+
+	snprintf(node, sizeof(node), "um%08x", (unsigned)rand());
+	sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+	    "accelerator, image_hash) VALUES ('%s', 'unix:/nonexistent', 16000, 16384, 32, 'qemu', "
+	    "'tcg', '')",
+	    node);
+
+	return (t - t % WINDOW) * S;
+}
+
+/* The gateway's view of the balance of `t`. */
+static struct billing_balance api_balance(const char *t)
+{
+	struct kiln_error err = { 0 };
+	struct billing_balance b;
+	struct pg_conn *c = conn();
+
+	if (billing_balance(rds, c, t, &b, &err) != KILN_OK) {
+		fprintf(stderr, "billing_balance: %s\n", err.msg);
+		memset(&b, 0, sizeof(b));
+	}
+	pg_release(pg, c);
+	return b;
+}
+
+/*
+ * A running sandbox whose tenant reaches zero is asked to pause, and every second it goes on
+ * running (the node has not paused it) is charged: the balance goes negative.
+ */
+static void test_running_at_zero_is_billed_as_debt(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");	/* 3.9 seconds of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter_pausing(true);
+	tick_until(m, t0 + 25 * S);
+	CHECK(npaused >= 1);
+	CHECK_INT(used(t) + meter_pending(m, t), 25 * 257);
+	CHECK_INT(used(t), 20 * 257);
+	CHECK_INT(ledger_bal(t), 1000 - 20 * 257);
+	CHECK_INT(redis_bal(t, &ok), 1000 - 25 * 257);
+	CHECK(ok);
+	{
+		struct billing_balance b = api_balance(t);
+		CHECK_INT(b.balance_ucr, 1000 - 25 * 257);
+		CHECK_INT(b.debt_ucr, 25 * 257 - 1000);
+		CHECK(b.has_debt_since);
+	}
+	/* The charges beyond the grant are the overdraft's. */
+	CHECK_INT(sql_int("SELECT -balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'overdraft:%s'", t), 20 * 257 - 1000);
+	meter_free(m);
+}
+
+/* Without a master key nothing is paused: the sandbox runs on and is billed, in debt. */
+static void test_no_master_key_bills_debt(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 40 * S);
+	CHECK_INT(npaused, 0);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(ledger_bal(t), 1000 - 40 * 257);
+	meter_free(m);
+}
+
+/* A paused sandbox's snapshot keeps accruing at and below zero. */
+static void test_paused_snapshot_accrues_at_zero(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 100, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	/* Paused from the start into a snapshot of 512 MiB: 512 µcr/s. */
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib) VALUES ('snap_%s', '%s', '%s', '%s', 'pause', %lld, 1000, 256, 1);"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s' WHERE id = '%s'",
+	    sb, t, sb, node, 512LL << 20, sb, sb);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter_pausing(true);
+	tick_until(m, t0 + 30 * S);
+	CHECK_INT(npaused, 0);
+	CHECK_INT(used(t), 30 * 512);
+	CHECK_INT(ledger_bal(t), 100 - 30 * 512);
+	meter_free(m);
+}
+
+/* A grant to a tenant in debt pays the debt first: the balance is credits - charges. */
+static void test_grant_pays_debt_first(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 20 * S);
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(ledger_bal(t), 1000 - 20 * 257);
+	grant(t, 10000, 0, "b");
+	{
+		/* as POST /v1/billing/grants does after its transfer */
+		struct kiln_error err = { 0 };
+		const char *ts[1] = { t };
+		struct pg_conn *c = conn();
+		CHECK_INT(billing_sync(rds, c, 1, ts, NULL, NULL, &err), KILN_OK);
+		pg_release(pg, c);
+	}
+	CHECK_INT(ledger_bal(t), 11000 - 20 * 257);
+	CHECK_INT(api_balance(t).balance_ucr, 11000 - 20 * 257);
+	CHECK_INT(api_balance(t).debt_ucr, 0);
+	CHECK(!api_balance(t).has_debt_since);
+	tick_until(m, t0 + 32 * S);
+	CHECK_INT(redis_bal(t, &ok), 11000 - 20 * 257);
+	meter_free(m);
+}
+
+/*
+ * A grant expires while no meter runs; the meter comes back and flushes the windows after the
+ * expiry (drawn from the overdraft, the grant being expired for them) before the expiry runs.
+ * The expiry takes away what the grant had left at its expiry time, and the debt of the windows
+ * after it remains: before, the expiry took only the tenant's positive balance, so the expired
+ * grant paid for the later windows.
+ */
+static void test_expiry_after_downtime_keeps_the_debt(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 10000, t0 / S + 5, "soon");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	/* The meter is down from t0 to t0 + 40 s. */
+	fake_now = t0 + 40 * S;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 41 * S);
+	/* [t0, t0+10) from the grant (valid at its start), the three windows after from the
+	 * overdraft; the grant had 10000 - 2570 left when it expired. */
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s'", sb), 4);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'usage' AND debit_account LIKE 'grant:%%'", t),
+		  2570);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 10000 - 2570);
+	CHECK_INT(ledger_bal(t), -3 * 2570);
+	CHECK_INT(api_balance(t).debt_ucr, 3 * 2570 + 257);
+	meter_free(m);
+}
+
+/*
+ * A grant made to a tenant already in debt pays that debt first; when it expires, only what is
+ * left of it after the debt goes.
+ */
+static void test_expiry_of_a_grant_that_paid_a_debt(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 10 * S);
+	stop_sandbox(sb, t0 + 10 * S);
+	tick_until(m, t0 + 20 * S);
+	CHECK_INT(ledger_bal(t), -2570);
+	grant(t, 3000, t0 / S + 25, "b");
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 3000 - 2570);
+	CHECK_INT(ledger_bal(t), 0);
+	meter_free(m);
+}
+
+int main(void)
+{
+	struct testdb db;
+	int rc;
+
+	log_init("test_debt", KLOG_WARN, false);
+	if (testdb_open(&db, "debt") != 0)
+		return 1;
+	pg = db.pg;
+	rds = rds_new(db.redis_url, 2000);
+
+	TEST(test_running_at_zero_is_billed_as_debt);
+	TEST(test_no_master_key_bills_debt);
+	TEST(test_paused_snapshot_accrues_at_zero);
+	TEST(test_grant_pays_debt_first);
+	TEST(test_expiry_after_downtime_keeps_the_debt);
+	TEST(test_expiry_of_a_grant_that_paid_a_debt);
+
+	rc = test_summary();
+	rds_free(rds);
+	testdb_close(&db);
+	return rc;
+}
