@@ -563,12 +563,22 @@ static int cmd_balance(int argc, char **argv)
 	rc = call("GET", "/v1/billing/balance", NULL, &b);
 	if (rc == 0 && as_json)
 		print_json(b);
-	else if (rc == 0)
+	else if (rc == 0) {
 		printf("%.6f credits (used %.6f of %.6f granted; burning %.6f an hour)\n",
 		       (double)json_integer_value(json_object_get(b, "balance_ucr")) / 1e6,
 		       (double)json_integer_value(json_object_get(b, "used_ucr")) / 1e6,
 		       (double)json_integer_value(json_object_get(b, "granted_ucr")) / 1e6,
 		       (double)json_integer_value(json_object_get(b, "burn_rate_ucr_s")) * 3600 / 1e6);
+		/* A negative balance is a debt: say so, and since when. */
+		if (json_integer_value(json_object_get(b, "debt_ucr")) > 0)
+			printf("IN DEBT: %.6f credits owed%s%s; new sandboxes are refused until a grant "
+			       "covers it\n",
+			       (double)json_integer_value(json_object_get(b, "debt_ucr")) / 1e6,
+			       json_is_string(json_object_get(b, "debt_since")) ? ", at or below zero since " : "",
+			       json_is_string(json_object_get(b, "debt_since"))
+				       ? json_string_value(json_object_get(b, "debt_since"))
+				       : "");
+	}
 	json_decref(b);
 	return rc;
 }

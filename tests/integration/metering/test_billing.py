@@ -4,7 +4,8 @@ tree's: KILN_TEST_CGROUPS, metertest.py).
 A sandbox that runs T seconds is charged exactly its price for the time it ran (which is T within
 a second); the ledger, Redis and GET /v1/billing/balance agree after a flush; grants need an admin
 and an Idempotency-Key and replay to the same grant; the ledger pages with a cursor; a grant's
-expiry is a transfer; usage series and daily totals add up to the ledger."""
+expiry is a transfer; usage series and daily totals add up to the ledger; a tenant past zero is
+billed into debt, shown as a negative balance, refused new sandboxes (402) until a grant pays it."""
 import math
 import os
 import time
@@ -79,7 +80,7 @@ class BillingTests(unittest.TestCase):
         self.assertEqual(mt.redis_balance(self.redis, tenant), ledger)
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual(b, {"balance_ucr": ledger, "granted_ucr": 500_000_000, "used_ucr": used,
-                             "burn_rate_ucr_s": 0})
+                             "burn_rate_ucr_s": 0, "debt_ucr": 0, "debt_since": None})
 
     def test_balance_shows_the_live_charges_and_burn_rate_while_running(self):
         tenant, key = self.tenant()
@@ -198,6 +199,39 @@ class BillingTests(unittest.TestCase):
         self.assertEqual([x["amount_ucr"] for x in got], [-777])
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual((b["granted_ucr"], b["balance_ucr"]), (500_000_000, 500_000_000))
+
+    def test_a_tenant_in_debt_is_billed_shows_a_negative_balance_and_gets_402_on_create(self):
+        tenant, key = self.tenant()
+        # Leave the tenant 1000 µcr: the rest of its free tier expires.
+        grant = self.db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}'"
+                            " AND kind = 'grant'")
+        self.db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
+                    f" amount_ucr, tenant_id, reason) VALUES ('tx_test_{tenant}',"
+                    f" 'test-expiry:{tenant}', 'expiry', '{grant}', 'system:expired', 499999000,"
+                    f" '{tenant}', 'test')")
+        mt.redis_cli(self.redis, "DEL", "kiln:bal:" + tenant)
+        # 257 µcr/s: zero within 4 s; this meter has no master key, so nothing is paused and every
+        # second it runs is charged, into debt.
+        sb, vm, wall = self.run_sandbox(tenant, 8)
+        used = mt.ledger_used(self.db, tenant)
+        self.assertGreaterEqual(used, 257 * 7, "the time after zero was not billed")
+        ledger = mt.ledger_balance(self.db, tenant)
+        self.assertEqual(ledger, 1000 - used)
+        self.assertLess(ledger, -257 * 3)
+        self.assertIn("no master key, so the meter cannot pause it", self.meter.output())
+        b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
+        self.assertEqual((b["balance_ucr"], b["debt_ucr"]), (ledger, -ledger))
+        self.assertTrue(b["debt_since"].endswith("Z"), b)
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, key)
+        self.assertEqual((r.status, r.json()["error"]["code"]), (402, "insufficient_credits"), r)
+        # A grant pays the debt first: the balance is credits - charges, and the debt is cleared.
+        h = dict(self.admin, **{"Idempotency-Key": "debt-" + os.urandom(4).hex()})
+        r = self.gw.request("POST", "/v1/billing/grants",
+                            {"tenant_id": tenant, "amount_ucr": 100_000, "reason": "top-up"}, h)
+        self.assertEqual(r.status, 201, r)
+        b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
+        self.assertEqual((b["balance_ucr"], b["debt_ucr"], b["debt_since"]),
+                         (100_000 + ledger, 0, None))
 
     def test_metrics_show_the_meter_lag_and_missed_ticks(self):
         text = mt.wait_for(lambda: (lambda t: t if f'kiln_meter_lag_seconds{{node="{self.node}"}}' in t
