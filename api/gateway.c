@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/authn.h"
+#include "api/debt.h"
 #include "auth/masterkey.h"
 #include "common/daemon.h"
 #include "common/log.h"
@@ -173,6 +174,7 @@ static void storage_allow_exit(void)
 /*
  * The sweep of expired Idempotency-Key records: every idempotency_sweep_s seconds, in bounded
  * batches (gw_idempotency_sweep). Every gateway sweeps; the deletes are the same on each.
+ * The same pass does the work on tenants in debt (gw_debt_sweep, api/debt.h).
  */
 static pthread_t sweep_thread;
 static pthread_mutex_t sweep_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -200,6 +202,9 @@ static void *sweep_main(void *arg)
 			log_warn("idempotency sweep: %s", err.msg);
 		else if (deleted)
 			log_info("idempotency sweep: deleted %lld expired records", deleted);
+		kiln_error_clear(&err);
+		if (gw_debt_sweep(&gw, &deleted, &err) != KILN_OK)
+			log_warn("debt sweep: %s", err.msg);
 		pthread_mutex_lock(&sweep_lock);
 	}
 	pthread_mutex_unlock(&sweep_lock);

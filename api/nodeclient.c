@@ -60,10 +60,13 @@ static void job_free(void *ctx)
 	free(j);
 }
 
-/* Copies the call and signs the node token; NULL (replied) on failure. */
-static struct job *job_new(struct http_req *req, const struct node_call *c)
+/*
+ * Copies the call and signs the node token, under `request_id`; NULL on failure, with *why
+ * KILN_E_INTERNAL (cannot sign) or KILN_E_NOMEM. Closes c->upload_fd on failure.
+ */
+static struct job *job_make(struct gateway *gw, const char *request_id, const struct node_call *c,
+			    enum kiln_err *why)
 {
-	struct gateway *gw = http_req_app(req);
 	struct auth_token_params tp = {
 		.iss = GW_ISSUER,
 		.aud = AUTH_AUD_NODE,
@@ -86,7 +89,7 @@ static struct job *job_new(struct http_req *req, const struct node_call *c)
 	j->path = strdup(c->path);
 	j->content_type = c->content_type ? strdup(c->content_type) : NULL;
 	j->accept = c->accept ? strdup(c->accept) : NULL;
-	snprintf(j->request_id, sizeof(j->request_id), "%s", http_req_id(req));
+	snprintf(j->request_id, sizeof(j->request_id), "%s", request_id);
 	if (!j->address || !j->method || !j->path)
 		goto nomem;
 	if (c->body && c->body_len) {
@@ -98,7 +101,7 @@ static struct job *job_new(struct http_req *req, const struct node_call *c)
 	}
 	if (signing_sign(gw->signing, &tp, &j->token, &claims, &err) != KILN_OK) {
 		job_free(j);
-		http_reply_error(req, KILN_E_INTERNAL, "cannot sign");
+		*why = KILN_E_INTERNAL;
 		return NULL;
 	}
 	return j;
@@ -107,8 +110,19 @@ nomem:
 		job_free(j);
 	else if (c->upload_fd >= 0)
 		close(c->upload_fd);
-	http_reply_error(req, KILN_E_NOMEM, "out of memory");
+	*why = KILN_E_NOMEM;
 	return NULL;
+}
+
+/* job_make() for a request; NULL (replied) on failure. */
+static struct job *job_new(struct http_req *req, const struct node_call *c)
+{
+	enum kiln_err why = KILN_OK;
+	struct job *j = job_make(http_req_app(req), http_req_id(req), c, &why);
+
+	if (!j)
+		http_reply_error(req, why, why == KILN_E_NOMEM ? "out of memory" : "cannot sign");
+	return j;
 }
 
 static void job_ready(struct job *j)
@@ -317,6 +331,26 @@ enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call,
 	}
 	*body = buf_detach(&b, len);
 	return KILN_OK;
+}
+
+enum kiln_err node_call_bg(struct gateway *gw, const char *request_id, const struct node_call *call,
+			   long *status)
+{
+	enum kiln_err why = KILN_OK;
+	struct job *j = job_make(gw, request_id, call, &why);
+	struct buf b;
+
+	*status = 0;
+	if (!j)
+		return why;
+	buf_init(&b, NODE_SYNC_MAX);
+	j->mem = &b;
+	j->timeout_ms = NODE_SYNC_TIMEOUT_MS;
+	job_run(j);
+	*status = j->status;
+	job_free(j);
+	buf_release(&b);
+	return *status ? KILN_OK : KILN_E_UNAVAILABLE;
 }
 
 struct node_stream {

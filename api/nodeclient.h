@@ -45,6 +45,16 @@ enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call,
 			     char **body, size_t *len, bool *replied);
 
 /*
+ * The same call made by the gateway itself, outside any request (its periodic work: api/debt.c),
+ * under `request_id`: *status is the node's answer (its body is dropped). KILN_E_UNAVAILABLE
+ * when the node cannot be reached or does not answer in time (*status 0); KILN_E_INTERNAL or
+ * KILN_E_NOMEM when the call could not be made.
+ */
+struct gateway;
+enum kiln_err node_call_bg(struct gateway *gw, const char *request_id, const struct node_call *call,
+			   long *status);
+
+/*
  * Starts a call whose body the caller streams: returns a descriptor to write the body to (close
  * it at the end), or -1. The answer is collected by node_proxy_finish().
  */

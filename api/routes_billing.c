@@ -84,7 +84,7 @@ static void balance_get(struct http_req *req)
 	struct kiln_error err = { 0 };
 	struct billing_balance b;
 	struct pg_conn *c = gw_db(req);
-	char since[32];
+	char since[32], del_at[32];
 	enum kiln_err rc;
 
 	if (!c)
@@ -95,15 +95,23 @@ static void balance_get(struct http_req *req)
 		gw_fail(req, rc, &err);
 		return;
 	}
-	/* Below zero the tenant owes: debt_ucr, and since when the ledger has been at/below zero. */
-	if (b.has_debt_since)
+	/* Below zero the tenant owes: debt_ucr, and since when the ledger has been at/below zero;
+	 * with snapshot_delete_after_zero_days, when its paused sandboxes will be deleted. */
+	if (b.has_debt_since) {
 		format_time(b.debt_since, since, sizeof(since));
+		format_time(b.debt_since + gw->cfg.snapshot_delete_after_zero_days * 86400, del_at,
+			    sizeof(del_at));
+	}
 	http_reply_json(req, 200,
-			json_pack("{s:I, s:I, s:I, s:I, s:I, s:o}", "balance_ucr",
+			json_pack("{s:I, s:I, s:I, s:I, s:I, s:o, s:o}", "balance_ucr",
 				  (json_int_t)b.balance_ucr, "granted_ucr", (json_int_t)b.granted_ucr,
 				  "used_ucr", (json_int_t)b.used_ucr, "burn_rate_ucr_s",
 				  (json_int_t)b.burn_rate_ucr_s, "debt_ucr", (json_int_t)b.debt_ucr,
-				  "debt_since", b.has_debt_since ? json_string(since) : json_null()));
+				  "debt_since", b.has_debt_since ? json_string(since) : json_null(),
+				  "snapshots_delete_at",
+				  b.has_debt_since && gw->cfg.snapshot_delete_after_zero_days > 0
+					  ? json_string(del_at)
+					  : json_null()));
 }
 
 static void ledger_list(struct http_req *req)

@@ -79,6 +79,10 @@ const struct cfg_def config_table[] = {
 	  "seconds an Idempotency-Key's record is kept; a key reused after that is a new request" },
 	{ "idempotency_sweep_s", CFG_INT, F(idempotency_sweep_s), "60", 1, 86400, NULL, false,
 	  "seconds between the gateway's sweeps of expired Idempotency-Key records" },
+	{ "snapshot_delete_after_zero_days", CFG_INT, F(snapshot_delete_after_zero_days), "0", 0,
+	  3650, NULL, false,
+	  "days a tenant's ledger balance may stay at or below zero before the gateway deletes its "
+	  "paused sandboxes and their snapshots (0: never)" },
 	{ "key_cache_s", CFG_INT, F(key_cache_s), "5", 0, 5, NULL, false,
 	  "seconds a verified API key is trusted from memory (revocation reaches other gateways "
 	  "within this bound)" },

@@ -49,6 +49,8 @@ struct kiln_config {
 	long long tenant_max_in_flight;	/* a tenant's requests in progress at once, per gateway */
 	long long idempotency_ttl_s;	/* an Idempotency-Key record's lifetime */
 	long long idempotency_sweep_s;	/* seconds between sweeps of expired records */
+	long long snapshot_delete_after_zero_days;	/* paused sandboxes of a tenant at/below zero
+							   this long are deleted; 0: never */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
 	char *admin_key_file;		/* where the operator's first admin key is written */
 

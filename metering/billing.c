@@ -244,7 +244,7 @@ enum kiln_err billing_balance(struct rds *rds, struct pg_conn *c, const char *te
 		 "  WHERE tenant_id = $1 AND kind = 'expiry'), 0), "
 		 "coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances "
 		 "  WHERE tenant_id = $1), 0), "
-		 "(SELECT extract(epoch FROM since)::bigint FROM billing_debts WHERE tenant_id = $1)",
+		 "(SELECT floor(extract(epoch FROM since))::bigint FROM billing_debts WHERE tenant_id = $1)",
 		 tenant_id);
 	if (rc != KILN_OK)
 		return rc;

@@ -9,13 +9,15 @@
 -- has been so without a break (kept by a trigger on every transfer: the first transfer that takes
 -- the balance to zero or below starts the period, any transfer that takes it above zero ends it).
 -- The gateway shows it (GET /v1/billing/balance: debt_since) and, when the operator set
--- snapshot_delete_after_zero_days, deletes the tenant's paused sandboxes once the period has
--- lasted that long (docs/metering.md).
+-- snapshot_delete_after_zero_days, writes an audit event when the period starts (noticed_at)
+-- and deletes the tenant's paused sandboxes once the period has lasted that long (api/debt.c,
+-- docs/metering.md). A period that ends (a grant) deletes its row: nothing is deleted for it.
 
 CREATE TABLE billing_debts (
     tenant_id   text PRIMARY KEY,
     since       timestamptz NOT NULL,
-    seq         bigint NOT NULL              -- the transfer that started the period
+    seq         bigint NOT NULL,             -- the transfer that started the period
+    noticed_at  timestamptz                  -- the gateway wrote the period's audit event
 );
 
 -- After the transfers of a statement (the balances of 0004's row trigger are up to date): starts

@@ -80,7 +80,8 @@ class BillingTests(unittest.TestCase):
         self.assertEqual(mt.redis_balance(self.redis, tenant), ledger)
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual(b, {"balance_ucr": ledger, "granted_ucr": 500_000_000, "used_ucr": used,
-                             "burn_rate_ucr_s": 0, "debt_ucr": 0, "debt_since": None})
+                             "burn_rate_ucr_s": 0, "debt_ucr": 0, "debt_since": None,
+                             "snapshots_delete_at": None})
 
     def test_balance_shows_the_live_charges_and_burn_rate_while_running(self):
         tenant, key = self.tenant()
