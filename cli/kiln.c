@@ -569,8 +569,10 @@ static int cmd_balance(int argc, char **argv)
 		       (double)json_integer_value(json_object_get(b, "used_ucr")) / 1e6,
 		       (double)json_integer_value(json_object_get(b, "granted_ucr")) / 1e6,
 		       (double)json_integer_value(json_object_get(b, "burn_rate_ucr_s")) * 3600 / 1e6);
-		/* A negative balance is a debt: say so, and since when. */
-		if (json_integer_value(json_object_get(b, "debt_ucr")) > 0)
+		/* A negative balance is a debt (and zero refuses new sandboxes too): say so, and
+		 * since when. */
+		if (json_integer_value(json_object_get(b, "debt_ucr")) > 0 ||
+		    json_is_string(json_object_get(b, "debt_since")))
 			printf("IN DEBT: %.6f credits owed%s%s; new sandboxes are refused until a grant "
 			       "covers it\n",
 			       (double)json_integer_value(json_object_get(b, "debt_ucr")) / 1e6,
@@ -578,6 +580,10 @@ static int cmd_balance(int argc, char **argv)
 			       json_is_string(json_object_get(b, "debt_since"))
 				       ? json_string_value(json_object_get(b, "debt_since"))
 				       : "");
+		if (json_is_string(json_object_get(b, "snapshots_delete_at")))
+			printf("paused sandboxes and their snapshots will be DELETED at %s unless a grant "
+			       "takes the balance above zero\n",
+			       json_string_value(json_object_get(b, "snapshots_delete_at")));
 	}
 	json_decref(b);
 	return rc;

@@ -24,26 +24,29 @@ CREATE TABLE billing_debts (
 -- or ends the period at/below zero of each tenant they touched.
 CREATE FUNCTION billing_debts_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO billing_debts AS d (tenant_id, since, seq)
-    SELECT t.tenant_id, now(), t.seq
-    FROM (SELECT tenant_id, max(seq) AS seq FROM new_rows
-          WHERE tenant_id IS NOT NULL GROUP BY tenant_id) t
-    WHERE (SELECT coalesce(sum(b.balance_ucr), 0) FROM ledger_account_balances b
-           WHERE b.tenant_id = t.tenant_id) <= 0
-    ON CONFLICT (tenant_id) DO NOTHING;
-    DELETE FROM billing_debts d
-    USING (SELECT DISTINCT tenant_id FROM new_rows WHERE tenant_id IS NOT NULL) t
-    WHERE d.tenant_id = t.tenant_id
-      AND (SELECT coalesce(sum(b.balance_ucr), 0) FROM ledger_account_balances b
-           WHERE b.tenant_id = t.tenant_id) > 0;
+    -- One statement: each touched tenant's balance summed once (its few accounts, by index).
+    WITH t AS (
+        SELECT tenant_id, max(seq) AS seq FROM new_rows
+        WHERE tenant_id IS NOT NULL GROUP BY tenant_id
+    ), b AS (
+        SELECT t.tenant_id, t.seq,
+               (SELECT coalesce(sum(x.balance_ucr), 0) FROM ledger_account_balances x
+                WHERE x.tenant_id = t.tenant_id) AS bal
+        FROM t
+    ), started AS (
+        INSERT INTO billing_debts (tenant_id, since, seq)
+        SELECT tenant_id, now(), seq FROM b WHERE bal <= 0
+        ON CONFLICT (tenant_id) DO NOTHING
+    )
+    DELETE FROM billing_debts d USING b WHERE d.tenant_id = b.tenant_id AND b.bal > 0;
     RETURN NULL;
 END $$;
 CREATE TRIGGER ledger_transfers_debts AFTER INSERT ON ledger_transfers
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION billing_debts_apply();
 
--- The tenants at or below zero now, since their last transfer (the start of the period is not
--- known before this migration: it starts now).
+-- The tenants at or below zero now: their period starts now (when it began before this migration is
+-- not known).
 INSERT INTO billing_debts (tenant_id, since, seq)
 SELECT b.tenant_id, now(), (SELECT max(seq) FROM ledger_transfers t WHERE t.tenant_id = b.tenant_id)
 FROM ledger_account_balances b GROUP BY b.tenant_id HAVING sum(b.balance_ucr) <= 0;

@@ -73,11 +73,12 @@ async function loadBalance() {
   const b = await api("/v1/billing/balance");
   $("balance").textContent = credits(b.balance_ucr);
   // A negative balance is a debt: shown in red, with since when; new sandboxes are refused.
-  const inDebt = b.debt_ucr > 0;
+  const inDebt = b.debt_ucr > 0 || !!b.debt_since;
   $("balance").classList.toggle("in-debt", inDebt);
   $("debt").hidden = !inDebt;
   $("debt").textContent = inDebt
-    ? `in debt: ${credits(b.debt_ucr)} owed${b.debt_since ? ` (at or below zero since ${b.debt_since})` : ""}; new sandboxes are refused until a grant covers it`
+    ? `in debt: ${credits(b.debt_ucr)} owed${b.debt_since ? ` (at or below zero since ${b.debt_since})` : ""}; new sandboxes are refused until a grant covers it` +
+      (b.snapshots_delete_at ? `; paused sandboxes and their snapshots will be deleted at ${b.snapshots_delete_at}` : "")
     : "";
   $("used").textContent = credits(b.used_ucr);
   $("granted").textContent = credits(b.granted_ucr);

@@ -5,6 +5,7 @@ shows debt_since and snapshots_delete_at, an audit event is written when the per
 when a sandbox is deleted; a tenant at zero for less long, or whose grant took it above zero, is
 left as it is; running sandboxes are never deleted by it."""
 import os
+import subprocess
 import unittest
 
 import kiln
@@ -24,7 +25,8 @@ class DebtSnapshotTests(unittest.TestCase):
                                          "KILN_IDEMPOTENCY_SWEEP_S": "1"})
         cls.admin = {"Authorization": "Bearer " + cls.gw.admin_key}
         cls.node = "td" + os.urandom(4).hex()
-        mt.add_node(cls.db, cls.node)   # never heartbeats: down
+        mt.add_node(cls.db, cls.node)
+        cls.db.sql(f"UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = '{cls.node}'")
 
     @classmethod
     def tearDownClass(cls):
@@ -68,27 +70,39 @@ class DebtSnapshotTests(unittest.TestCase):
         on_down_node = self.sandbox(t, "paused")
         unheld = self.sandbox(t, "paused", node=False)
         running = self.sandbox(t, "running")
+        # A node that heartbeats but does not answer: the delete is decided and asked of it again
+        # on every pass (the normal path's node call, outside any request).
+        live = "tl" + os.urandom(4).hex()
+        mt.add_node(self.db, live)
+        self.db.sql(f"UPDATE nodes SET heartbeat_at = now() + interval '1 hour' WHERE id = '{live}'")
+        on_silent_node = self.sandbox(t, "paused")
+        self.db.sql(f"UPDATE sandboxes SET node_id = '{live}' WHERE id = '{on_silent_node}'")
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual((b["balance_ucr"], b["debt_ucr"]), (0, 0))
         at = self.db.sql(f"SELECT rfc3339(since + interval '{DAYS} days') FROM billing_debts"
                          f" WHERE tenant_id = '{t}'")
         self.assertEqual(b["snapshots_delete_at"], at)
-        # The node is down: the delete is requested (the node carries it out when it is back,
-        # and the sandbox shows as deleting); no node holds the other: its record goes.
+        # The node is down (its heartbeat an hour old): the delete is requested (the node carries
+        # it out when it is back, and the sandbox shows as deleting); no node holds the other:
+        # its record goes.
         self.assertTrue(mt.wait_for(lambda: self.row(on_down_node) == "paused|t|f"
                                     and self.row(unheld) == "stopped|t|t", 60),
                         (self.row(on_down_node), self.row(unheld), self.gw.output()[-3000:]))
         r = self.gw.request("GET", f"/v1/sandboxes/{on_down_node}", headers=key)
         self.assertEqual((r.status, r.json()["deleting"]), (200, True))
         self.assertEqual(self.row(running), "running|f|f")
+        self.assertTrue(mt.wait_for(lambda: self.row(on_silent_node) == "paused|t|f" and
+                                    f'the node of sandbox "{on_silent_node}" did not answer its delete'
+                                    in self.gw.output(), 60), self.gw.output()[-3000:])
         ev = self.audit(t)
-        self.assertEqual(len(ev), 3, ev)
+        self.assertEqual(len(ev), 4, ev)
         self.assertTrue(ev[0].startswith("SYSTEM billing: balance at or below zero since"), ev)
-        self.assertEqual(sorted(e.split()[-1] for e in ev[1:]), sorted([on_down_node, unheld]), ev)
+        self.assertEqual(sorted(e.split()[-1] for e in ev[1:]),
+                         sorted([on_down_node, unheld, on_silent_node]), ev)
         self.assertTrue(all("deleted after" in e for e in ev[1:]), ev)
         # Through the API too.
         r = self.gw.request("GET", "/v1/audit", headers=key).json()
-        self.assertEqual(sum(1 for e in r["entries"] if e["method"] == "SYSTEM"), 3, r)
+        self.assertEqual(sum(1 for e in r["entries"] if e["method"] == "SYSTEM"), 4, r)
 
     def test_a_tenant_at_zero_for_less_than_the_period_is_told_when_and_kept(self):
         t, key = self.tenant_at_zero(DAYS - 1)
@@ -98,6 +112,13 @@ class DebtSnapshotTests(unittest.TestCase):
         at = self.db.sql(f"SELECT rfc3339(since + interval '{DAYS} days') FROM billing_debts"
                          f" WHERE tenant_id = '{t}'")
         self.assertEqual((b["debt_since"], b["snapshots_delete_at"]), (since, at))
+        # The CLI says it plainly.
+        p = subprocess.run([os.path.join(kiln.BUILD, "cli", "kiln"), "balance"], capture_output=True,
+                           text=True, timeout=60,
+                           env=dict(os.environ, KILN_URL=self.gw.url, KILN_API_KEY=key["Authorization"][7:]))
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.assertIn(f"IN DEBT: 0.000000 credits owed, at or below zero since {since}", p.stdout)
+        self.assertIn(f"will be DELETED at {at}", p.stdout)
         self.assertTrue(mt.wait_for(lambda: len(self.audit(t)) == 1, 60), self.audit(t))
         self.assertIn(at, self.audit(t)[0])
         self.assertEqual(self.row(sb), "paused|f|f")
