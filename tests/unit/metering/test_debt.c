@@ -370,6 +370,47 @@ static void test_expiry_of_a_grant_that_paid_a_debt(void)
 	meter_free(m);
 }
 
+/* A grant as grant() makes it, made at the fake second `made_s`. */
+static void grant_made_at(const char *t, long long ucr, int64_t exp_s, const char *tag,
+			  int64_t made_s)
+{
+	grant(t, ucr, exp_s, tag);
+	/* (a test's set-up only: the ledger is append-only for the service) */
+	sql("ALTER TABLE ledger_transfers DISABLE TRIGGER ledger_transfers_append_only;"
+	    "UPDATE ledger_transfers SET created_at = to_timestamp(%lld) WHERE id = 'tx_%s_%s';"
+	    "ALTER TABLE ledger_transfers ENABLE TRIGGER ledger_transfers_append_only",
+	    (long long)made_s, t, tag);
+}
+
+/*
+ * A grant made after another's expiry, before that expiry ran, does not count in what the
+ * expired grant had left: the expired grant had paid a debt first, so only the rest of it goes,
+ * and the later grant is the tenant's whole.
+ */
+static void test_expiry_ignores_grants_made_after_it(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 10 * S);
+	stop_sandbox(sb, t0 + 10 * S);
+	tick_until(m, t0 + 21 * S);
+	CHECK_INT(ledger_bal(t), -2570);
+	grant_made_at(t, 3000, t0 / S + 25, "g", t0 / S + 21);	/* pays the debt: 430 left */
+	tick_until(m, t0 + 28 * S);
+	grant_made_at(t, 5000, 0, "h", t0 / S + 28);	/* after g's expiry, before it runs */
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 430);
+	CHECK_INT(ledger_bal(t), 5000);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -387,6 +428,7 @@ int main(void)
 	TEST(test_grant_pays_debt_first);
 	TEST(test_expiry_after_downtime_keeps_the_debt);
 	TEST(test_expiry_of_a_grant_that_paid_a_debt);
+	TEST(test_expiry_ignores_grants_made_after_it);
 
 	rc = test_summary();
 	rds_free(rds);
