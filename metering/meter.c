@@ -33,6 +33,7 @@
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
+#define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
 
 enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
 
@@ -66,6 +67,7 @@ struct msb {
 	struct cg *cg;
 	bool ended, seen;
 	bool mine;		/* `gen` is this node's (a generation never changes node) */
+	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
 	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
 	struct mwin *w;
@@ -449,6 +451,7 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 
 /* A state change of a sandbox (a row of sandbox_state_log): from `at` on, `gen` is in `st`. */
 struct ment {
+	long long seq;
 	long long gen;
 	enum bstate st;
 	int64_t at;		/* ns, on the label clock */
@@ -621,6 +624,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			ended = false;
 			break;
 		}
+		if (e->seq > s->seq)
+			s->seq = e->seq;
 		if (e->at > t) {
 			pc[np++] = (struct mpiece){ .t0 = t, .t1 = e->at, .gen = cur_gen, .st = cur_st,
 						    .mine = cur_mine,
@@ -800,10 +805,12 @@ static const char rows_sql[] =
 	"            >= (extract(epoch FROM nx.at) * 1000000)::bigint * 1000)) "
 	"ORDER BY s.id COLLATE \"C\"";
 
-/* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. */
+/* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
+ * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
-	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, '') FROM sandbox_state_log "
+	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq FROM sandbox_state_log "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
 
@@ -1636,7 +1643,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				from = t;
 		}
 	}
-	if ((rc = log_read(m, r, rows, from - m->off, &lres)) != 0)
+	if ((rc = log_read(m, r, rows, from - m->off - LOG_LATE_NS, &lres)) != 0)
 		goto out;
 	ne = pg_res_rows(lres);
 	ev = calloc((size_t)ne + 1, sizeof(*ev));
@@ -1663,6 +1670,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
 		e->node = pg_res_str(lres, k, 6);
+		e->seq = pg_res_int(lres, k, 7, 0);
 		if (!r[i].e)
 			r[i].e = e;
 		r[i].ne++;
@@ -1687,6 +1695,10 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				log_error("out of memory tracking sandbox \"%s\"", r[i].id);
 				continue;
 			}
+			/* The changes before its billed-up-to point are in it. */
+			for (size_t k = 0; k < r[i].ne; k++)
+				if (r[i].e[k].at < s->last_t && r[i].e[k].seq > s->seq)
+					s->seq = r[i].e[k].seq;
 		}
 		s->seen = true;
 		if (s->ended) {
@@ -1700,10 +1712,20 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			s->ended = false;
 			s->ten->nsb++;
 		}
-		/* Only the changes from its billed-up-to point on. */
-		while (r[i].ne && r[i].e->at < s->last_t) {
-			r[i].e++;
-			r[i].ne--;
+		/* The changes from its billed-up-to point on, and those logged since the last tick
+		 * with an earlier time (billed in the old state up to the point): from the point. */
+		{
+			struct ment *e = (struct ment *)r[i].e;
+			size_t w = 0;
+			for (size_t k = 0; k < r[i].ne; k++) {
+				if (e[k].at < s->last_t) {
+					if (e[k].seq <= s->seq)
+						continue;
+					e[k].at = s->last_t;
+				}
+				e[w++] = e[k];
+			}
+			r[i].ne = w;
 		}
 		s->t_start = s->last_t;
 		sb_bill(m, s, &r[i], now);

@@ -14,7 +14,9 @@
  * - two meters of one node, one of them stalled across a restore (a new generation without a
  *   state change): every second billed once;
  * - a pause billed from the stop of its vCPUs, the CPU of writing its snapshot left out (a cgroup
- *   v2 tree of files the meter reads, record_vcpus_stopped()).
+ *   v2 tree of files the meter reads, record_vcpus_stopped()); a stop logged after a tick passed
+ *   its time applied from that tick;
+ * - the log's trim.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -421,6 +423,41 @@ static void test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu(void)
 	rmdir(root);
 }
 
+/*
+ * A vCPU stop logged after a tick already billed past its time (the tick fell between the stop
+ * and its log): the pause is applied from that tick on, not lost (before, the change's time was
+ * behind the billed-up-to point and the sandbox stayed billed as running through its pause).
+ */
+static void test_stop_logged_after_a_tick_passed_it_applies_from_the_tick(void)
+{
+	char t[32], nd[32], sb[32], snap[48];
+	int64_t t0 = aligned(3 * 60);
+	struct record_fence f;
+	struct kiln_error err = { 0 };
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 6 * S);
+	f = (struct record_fence){ .id = sb, .node_id = nd, .generation = 1 };
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, t0 + 5 * S + S / 2, 0, &err), KILN_OK);
+	tick1(m, t0 + 8 * S);
+	snprintf(snap, sizeof(snap), "snap_%s", sb);
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib) VALUES ('%s', '%s', '%s', '%s', 'pause', %lld, 1000, 256, 1)",
+	    snap, t, sb, nd, 256LL << 20);
+	CHECK_INT(record_paused(pg, NULL, &f, snap, &err), KILN_OK);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	tick1(m, t0 + 32 * S);
+	/* running up to the tick at 6 s, paused from it */
+	CHECK_INT(used(t), 6 * RUN_UCR + 14 * PAUSED_UCR);
+	meter_free(m);
+}
+
 /* The log is trimmed once billed and older than the bound; what a meter still needs stays. */
 static void test_log_trimmed_once_billed(void)
 {
@@ -463,6 +500,7 @@ int main(void)
 	TEST(test_moved_away_and_back_bills_each_generation_once);
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
+	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_log_trimmed_once_billed);
 
 	rc = test_summary();
