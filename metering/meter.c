@@ -43,6 +43,7 @@ static const char *const bstate_names[] = { "none", "running", "paused" };
 struct mwin {
 	int64_t ws;		/* window start, s */
 	long long gen;
+	char gnode[ID_MAX];	/* the node of `gen` */
 	int64_t ps, pe;		/* the part of the window billed, ns */
 	long long ucr;
 	uint64_t cpu_ns, rx, tx;
@@ -67,6 +68,7 @@ struct msb {
 	struct cg *cg;
 	bool ended, seen;
 	bool mine;		/* `gen` is this node's (a generation never changes node) */
+	char gnode[ID_MAX];	/* the node `gen` runs on */
 	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
 	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
@@ -366,6 +368,7 @@ static struct mwin *win_get(struct msb *s, long long gen, int64_t ws, int64_t t0
 	memset(w, 0, sizeof(*w));
 	w->ws = ws;
 	w->gen = gen;
+	snprintf(w->gnode, sizeof(w->gnode), "%s", s->gnode);
 	w->ps = t0;
 	return w;
 }
@@ -509,7 +512,10 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		return NULL;
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	if (r->has_m && r->m_gen <= r->gen) {
+	snprintf(s->gnode, sizeof(s->gnode), "%s", m->node);
+	if (r->has_m && r->m_mine && r->m_gen <= r->gen) {
+		/* Its generation's billed-up-to point (of this node's, or taken over). */
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->m_node);
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
 		s->mine = r->m_mine;
@@ -520,9 +526,12 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->rem = r->m_rem % PRICE_FINE_PER_UCR;
 		return s;
 	}
-	/* Never billed: from its creation, in no state until its first change says one. */
+	/* Never billed here: from its creation, in no state until its first change says one
+	 * (another node's point is not where this node's time stands). */
 	s->gen = r->e && r->ne ? r->e[0].gen : r->gen;
-	s->rem = r->has_m ? r->m_rem % PRICE_FINE_PER_UCR : 0;
+	if (r->e && r->ne && *r->e[0].node)
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->e[0].node);
+	s->rem = 0;
 	s->state = BS_NONE;
 	s->mine = r->e && r->ne ? r->e[0].mine : r->here;
 	s->last_t = r->e && r->ne && r->e[0].at < r->created ? r->e[0].at : r->created;
@@ -565,6 +574,7 @@ static void sb_read(struct meter *m, struct msb *s, bool *has_cpu, uint64_t *cpu
 struct mpiece {
 	int64_t t0, t1;
 	long long gen;
+	const char *node;	/* the node of `gen` */
 	enum bstate st;
 	bool mine;
 	bool has_cpu;		/* the generation's CPU counter at t1 is known */
@@ -589,6 +599,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	int64_t end = now, t;
 	enum bstate cur_st = s->state;
 	long long cur_gen = s->gen;
+	const char *cur_node = s->gnode;
 	bool cur_mine = s->mine;
 	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0;
 	bool has_cpu = false, has_net = false, ended = false;
@@ -628,7 +639,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			s->seq = e->seq;
 		if (e->at > t) {
 			pc[np++] = (struct mpiece){ .t0 = t, .t1 = e->at, .gen = cur_gen, .st = cur_st,
-						    .mine = cur_mine,
+						    .mine = cur_mine, .node = cur_node,
 						    .has_cpu = e->has_cpu && e->gen == cur_gen,
 						    .cpu = e->cpu };
 			t = e->at;
@@ -639,10 +650,11 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		cur_gen = e->gen;
 		cur_st = e->st;
 		cur_mine = e->mine;
+		cur_node = *e->node ? e->node : m->node;
 	}
 	if (end > t || np == 0)
 		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
-					    .st = cur_st, .mine = cur_mine };
+					    .st = cur_st, .mine = cur_mine, .node = cur_node };
 	/* The cgroup of this node holds the counters of the generation it runs now. */
 	if (r->here && cur_mine && cur_gen == r->gen && !ended) {
 		if (cur_gen != s->gen) {
@@ -669,6 +681,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			/* A new generation (restored, moved): its counters start from zero. */
 			s->gen = pc[i].gen;
 			s->mine = true;
+			if (pc[i].node != s->gnode)
+				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
 		}
 		if (pc[j].has_cpu) {
@@ -717,6 +731,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		/* Back on this node under a new generation at `end` exactly. */
 		s->gen = cur_gen;
 		s->mine = true;
+		if (cur_node != s->gnode)
+			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
 	}
 	if (cur_mine)
@@ -785,8 +801,12 @@ static const char rows_sql[] =
 	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
 	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine, "
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
-	"s.node_id IS NOT DISTINCT FROM $1, m.node_id = $1, m.node_id "
-	"FROM sandboxes s LEFT JOIN meter_sandboxes m ON m.sandbox_id = s.id "
+	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode "
+	/* The billed-up-to point of its newest generation of this node, else of its newest. */
+	"FROM sandboxes s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
+	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
+	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, mm.generation DESC LIMIT 1) m "
+	"    ON true "
 	"WHERE (s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
 	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
@@ -1109,11 +1129,11 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   "\"ws\":%" PRId64 ",\"we\":%" PRId64 ",\"ps\":%" PRId64 ",\"pe\":%" PRId64
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
-			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 "}",
+			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\"}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode);
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -1636,8 +1656,10 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		}
 		sv[i] = sb_find(m, r[i].id);
 		{
+			/* Untracked: from its point, or from its creation when the point is
+			 * another node's (it may be taken over below). */
 			int64_t t = sv[i] ? sv[i]->last_t : r[i].has_m ? r[i].m_last : r[i].created;
-			if (!sv[i] && r[i].has_m && r[i].created < t && r[i].m_gen > r[i].gen)
+			if (!sv[i] && r[i].created < t && (!r[i].m_mine || r[i].m_gen > r[i].gen))
 				t = r[i].created;
 			if (t < from)
 				from = t;

@@ -82,28 +82,37 @@ SELECT id, generation, CASE WHEN deleted_at IS NOT NULL THEN 'deleted' ELSE stat
        coalesce(least(deleted_at, state_changed_at), state_changed_at), node_id
 FROM sandboxes;
 
--- Drops the log rows no meter needs again: those of a sandbox older than its billed-up-to point
--- by more than `keep` (the newest row before the point stays: it says the state at the point),
--- and every row of a sandbox deleted more than `keep` ago whose point says it ended. Returns the
--- rows dropped.
+-- Drops the log rows no meter needs again: those of a generation older than its billed-up-to
+-- point by more than `keep` (the newest row before the point stays: it says the state at the
+-- point), and every row of a sandbox deleted more than `keep` ago whose point says it ended.
+-- Returns the rows dropped.
 CREATE FUNCTION sandbox_state_log_trim(keep interval) RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     n bigint;
     k bigint;
 BEGIN
     DELETE FROM sandbox_state_log l USING meter_sandboxes m
-    WHERE m.sandbox_id = l.sandbox_id
+    WHERE m.sandbox_id = l.sandbox_id AND m.generation = l.generation
       AND l.at < to_timestamp(m.last_t_ns / 1e9) - keep
       AND EXISTS (SELECT 1 FROM sandbox_state_log l2 WHERE l2.sandbox_id = l.sandbox_id
+                  AND l2.generation = l.generation
                   AND l2.at > l.at AND l2.at < to_timestamp(m.last_t_ns / 1e9) - keep);
     GET DIAGNOSTICS n = ROW_COUNT;
     DELETE FROM sandbox_state_log l USING sandboxes s, meter_sandboxes m
-    WHERE s.id = l.sandbox_id AND m.sandbox_id = l.sandbox_id AND m.state = 'none'
+    WHERE s.id = l.sandbox_id AND m.sandbox_id = l.sandbox_id AND m.generation = s.generation
+      AND m.state = 'none'
       AND s.deleted_at IS NOT NULL AND s.deleted_at < now() - keep
       AND m.last_t_ns >= (extract(epoch FROM s.deleted_at) * 1e9)::bigint;
     GET DIAGNOSTICS k = ROW_COUNT;
     RETURN n + k;
 END $$;
+
+-- A billed-up-to point per (sandbox, generation): each node's meter goes on from its own
+-- generation's point, whatever another node billed of a later one. gen_node is the node the
+-- generation ran on (NULL before this migration: node_id, the meter that wrote it).
+ALTER TABLE meter_sandboxes ADD COLUMN gen_node text;
+ALTER TABLE meter_sandboxes DROP CONSTRAINT meter_sandboxes_pkey;
+ALTER TABLE meter_sandboxes ADD PRIMARY KEY (sandbox_id, generation);
 
 ALTER TABLE usage_windows ADD COLUMN ps_ns bigint;
 ALTER TABLE usage_windows ADD COLUMN pe_ns bigint;
@@ -162,17 +171,18 @@ BEGIN
                             it->>'sb', to_timestamp((it->>'ps')::numeric / 1e9),
                             to_timestamp((it->>'pe')::numeric / 1e9), card);
         INSERT INTO meter_sandboxes AS m (sandbox_id, tenant_id, node_id, generation, state,
-                                          last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine)
+                                          last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine,
+                                          gen_node)
         VALUES (it->>'sb', it->>'tenant', it->>'node', (it->>'gen')::bigint, it->>'state',
                 (it->>'t')::bigint, (it->>'cpu_at')::bigint, (it->>'rx_at')::bigint,
-                (it->>'tx_at')::bigint, (it->>'rem')::bigint)
-        ON CONFLICT (sandbox_id) DO UPDATE SET
+                (it->>'tx_at')::bigint, (it->>'rem')::bigint,
+                coalesce(nullif(it->>'gnode', ''), it->>'node'))
+        ON CONFLICT (sandbox_id, generation) DO UPDATE SET
             tenant_id = EXCLUDED.tenant_id, node_id = EXCLUDED.node_id,
-            generation = EXCLUDED.generation, state = EXCLUDED.state,
-            last_t_ns = EXCLUDED.last_t_ns, cpu_ns = EXCLUDED.cpu_ns,
+            state = EXCLUDED.state, last_t_ns = EXCLUDED.last_t_ns, cpu_ns = EXCLUDED.cpu_ns,
             rx_bytes = EXCLUDED.rx_bytes, tx_bytes = EXCLUDED.tx_bytes,
-            remainder_fine = EXCLUDED.remainder_fine, updated_at = now()
-        WHERE m.generation < EXCLUDED.generation
-           OR (m.generation = EXCLUDED.generation AND m.last_t_ns <= EXCLUDED.last_t_ns);
+            remainder_fine = EXCLUDED.remainder_fine, gen_node = EXCLUDED.gen_node,
+            updated_at = now()
+        WHERE m.last_t_ns <= EXCLUDED.last_t_ns;
     END LOOP;
 END $$;
