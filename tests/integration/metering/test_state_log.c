@@ -15,7 +15,8 @@
  *   state change): every second billed once;
  * - a pause billed from the stop of its vCPUs, the CPU of writing its snapshot left out (a cgroup
  *   v2 tree of files the meter reads, record_vcpus_stopped()); a stop logged after a tick passed
- *   its time applied from that tick;
+ *   its time applied from that tick; a pause that failed after the stop paused only until the
+ *   vCPUs went on;
  * - the log's trim.
  */
 #include <errno.h>
@@ -495,6 +496,42 @@ static void test_stop_logged_after_a_tick_passed_it_applies_from_the_tick(void)
 	meter_free(m);
 }
 
+/*
+ * A pause that failed after its vCPUs stopped (the snapshot could not be written; the VM goes
+ * on): paused between the stop and the restart only. The stop of a sandbox that is not running,
+ * or at another generation, is refused and logs nothing.
+ */
+static void test_failed_pause_is_paused_only_while_its_vcpus_were_stopped(void)
+{
+	char t[32], nd[32], sb[32];
+	int64_t t0 = aligned(3 * 60);
+	struct record_fence f, stale;
+	struct kiln_error err = { 0 };
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 3 * S);
+	f = (struct record_fence){ .id = sb, .node_id = nd, .generation = 1 };
+	stale = (struct record_fence){ .id = sb, .node_id = nd, .generation = 2 };
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &stale, t0 + 3 * S, 0, &err), KILN_E_CONFLICT);
+	kiln_error_clear(&err);
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, t0 + 3 * S + S / 2, 0, &err), KILN_OK);
+	tick1(m, t0 + 5 * S);
+	CHECK_INT(record_vcpus_resumed(pg, NULL, &f, t0 + 5 * S + S / 2, &err), KILN_OK);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, t0 + 21 * S, 0, &err), KILN_E_CONFLICT);
+	kiln_error_clear(&err);
+	tick1(m, t0 + 32 * S);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s'", sb), 4);
+	CHECK_INT(used(t), 18 * RUN_UCR + 2 * PAUSED_UCR);
+	meter_free(m);
+}
+
 /* The log is trimmed once billed and older than the bound; what a meter still needs stays. */
 static void test_log_trimmed_once_billed(void)
 {
@@ -539,6 +576,7 @@ int main(void)
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
+	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);
 
 	rc = test_summary();
