@@ -7,8 +7,9 @@
 -- the time between a sandbox's billed-up-to point and now piece by piece over these rows: the
 -- piece from one row to the next is billed in that row's state, under its generation, by the
 -- meter of its node. A row may carry the generation's cumulative CPU counter at its instant
--- (`cpu_ns`: a pause records the counter at the moment the vCPUs stopped), which bounds the CPU
--- billed to the running time before it. Rows a sandbox's billed-up-to point passed long ago are
+-- (`cpu_ns`: a pause logs the stop of its vCPUs with the counter then, record_vcpus_stopped() in
+-- record/record.h, before the row changes), which bounds the CPU billed to the running time
+-- before it. Rows a sandbox's billed-up-to point passed long ago are
 -- trimmed (sandbox_state_log_trim()).
 --
 -- usage_windows gains the billed period of each window in ns (ps_ns, pe_ns), and meter_flush()
@@ -28,10 +29,6 @@ CREATE TABLE sandbox_state_log (
 );
 CREATE INDEX sandbox_state_log_sandbox ON sandbox_state_log (sandbox_id, at, seq);
 CREATE INDEX sandbox_state_log_node ON sandbox_state_log (node_id, at);
-
--- The counter a pause read when the vCPUs stopped; the trigger copies it into the log row of
--- the pause (record_paused_at(), record/record.h).
-ALTER TABLE sandboxes ADD COLUMN stop_cpu_ns bigint;
 
 CREATE FUNCTION sandbox_state_log_apply() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -68,9 +65,8 @@ BEGIN
        AND last.node_id IS NOT DISTINCT FROM NEW.node_id THEN
         RETURN NULL;
     END IF;
-    INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, cpu_ns)
-    VALUES (NEW.id, NEW.generation, st, at, NEW.node_id,
-            CASE WHEN st = 'paused' THEN NEW.stop_cpu_ns END);
+    INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id)
+    VALUES (NEW.id, NEW.generation, st, at, NEW.node_id);
     RETURN NULL;
 END $$;
 CREATE TRIGGER sandboxes_state_log AFTER INSERT OR UPDATE ON sandboxes
