@@ -260,12 +260,17 @@ static void test_paused_snapshot_accrues_at_zero(void)
 
 	new_tenant(t, sizeof(t));
 	grant(t, 100, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
 	/* Paused from the start into a snapshot of 512 MiB: 512 µcr/s. */
-	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	snprintf(sb, sizeof(sb), "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
+	    "'paused', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
+	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6));"
+	    "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
 	    "memory_mib, disk_gib) VALUES ('snap_%s', '%s', '%s', '%s', 'pause', %lld, 1000, 256, 1);"
-	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s' WHERE id = '%s'",
-	    sb, t, sb, node, 512LL << 20, sb, sb);
+	    "UPDATE sandboxes SET pause_snapshot = 'snap_%s' WHERE id = '%s'",
+	    sb, t, node, (long long)(t0 / 1000), (long long)(t0 / 1000), sb, t, sb, node,
+	    512LL << 20, sb, sb);
 	fake_now = t0;
 	npaused = 0;
 	m = new_meter_pausing(true);
