@@ -140,6 +140,9 @@ const struct cfg_def config_table[] = {
 	  "(masquerade of the sandbox ranges, forwarding from them, their traffic to the host's own "
 	  "input dropped), IPv4 and IPv6 forwarding on (never off); the table goes at a clean stop. "
 	  "false: a host whose network is set up otherwise" },
+	{ "conntrack_max_per_sandbox", CFG_INT, F(conntrack_max_per_sandbox), "4096", 16, 1048576,
+	  NULL, false, "connections one sandbox may have open at once through the host's masquerade "
+	  "(tracked by the host, node_network_setup); past it a new one is refused (TCP: a reset)" },
 	{ "dns_upstream", CFG_STRING, F(dns_upstream), NULL, 0, 0, NULL, false,
 	  "resolver the sandboxes' DNS proxy forwards to: addr or addr:port (default: the first "
 	  "nameserver of /etc/resolv.conf)" },

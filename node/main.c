@@ -322,12 +322,18 @@ static void store_exit(void)
 /* The host side of the sandboxes' network: the node's nftables table, forwarding (netsetup.h). */
 static int hostnet_init(struct kiln_error *err)
 {
+	struct netsetup_config nc = {
+		.node_id = node.cfg.node_id,
+		.conntrack_max = node.cfg.conntrack_max_per_sandbox,
+		.max_sandboxes = node.cfg.node_max_sandboxes,
+	};
+
 	if (!node.cfg.node_network_setup) {
 		log_info("node_network_setup is off: the host's forwarding, NAT and firewall are left "
 			 "as they are");
 		return KILN_OK;
 	}
-	if (netsetup_apply(node.cfg.node_id, err) == KILN_OK)
+	if (netsetup_apply(&nc, err) == KILN_OK)
 		return KILN_OK;
 	netsetup_remove(node.cfg.node_id, NULL);	/* this stage failed: its exit does not run */
 	return err->code;

@@ -44,13 +44,21 @@ enum kiln_err netsetup_table_name(const char *node_id, char *out, size_t len,
 	return KILN_OK;
 }
 
-int netsetup_script(const char *t, char *out, size_t len)
+int netsetup_script(const char *t, long long ct_max, char *out, size_t len)
 {
+	/*
+	 * A sandbox's new connection past its cap of tracked ones is refused (TCP: a reset, at
+	 * once), counted per address (the sandbox's, masqueraded) so one sandbox never takes the
+	 * host's connection tracking from the others or the host. Connections closed (TIME_WAIT,
+	 * CLOSE) are not counted.
+	 */
 	int n = snprintf(
 	    out, len,
 	    "table inet %s\n"
 	    "delete table inet %s\n"
 	    "table inet %s {\n"
+	    "\tset sandboxes4 { type ipv4_addr; size 65536; flags dynamic; }\n"
+	    "\tset sandboxes6 { type ipv6_addr; size 65536; flags dynamic; }\n"
 	    "\tchain postrouting {\n"
 	    "\t\ttype nat hook postrouting priority srcnat; policy accept;\n"
 	    "\t\tip saddr " KILN_SANDBOX_NET4 " oifname != \"" SANDBOX_IFS "\" masquerade\n"
@@ -59,6 +67,14 @@ int netsetup_script(const char *t, char *out, size_t len)
 	    "\tchain forward {\n"
 	    "\t\ttype filter hook forward priority filter; policy accept;\n"
 	    "\t\tiifname \"" SANDBOX_IFS "\" oifname \"" SANDBOX_IFS "\" drop\n"
+	    "\t\tiifname \"" SANDBOX_IFS "\" ct state new meta l4proto tcp "
+	    "add @sandboxes4 { ip saddr ct count over %lld } reject with tcp reset\n"
+	    "\t\tiifname \"" SANDBOX_IFS "\" ct state new meta l4proto != tcp "
+	    "add @sandboxes4 { ip saddr ct count over %lld } drop\n"
+	    "\t\tiifname \"" SANDBOX_IFS "\" ct state new meta l4proto tcp "
+	    "add @sandboxes6 { ip6 saddr ct count over %lld } reject with tcp reset\n"
+	    "\t\tiifname \"" SANDBOX_IFS "\" ct state new meta l4proto != tcp "
+	    "add @sandboxes6 { ip6 saddr ct count over %lld } drop\n"
 	    "\t\tiifname \"" SANDBOX_IFS "\" accept\n"
 	    "\t\toifname \"" SANDBOX_IFS "\" ct state established,related accept\n"
 	    "\t\toifname \"" SANDBOX_IFS "\" drop\n"
@@ -71,7 +87,7 @@ int netsetup_script(const char *t, char *out, size_t len)
 	    "\t\tiifname \"" SANDBOX_IFS "\" drop\n"
 	    "\t}\n"
 	    "}\n",
-	    t, t, t);
+	    t, t, t, ct_max, ct_max, ct_max, ct_max);
 	return n < 0 || (size_t)n >= len ? -ENOSPC : n;
 }
 
@@ -145,56 +161,67 @@ static int sysctl_ensure(const char *path, const char *val)
  */
 static enum kiln_err keep_router_advertisements(struct kiln_error *err)
 {
-	char line[512], seen[16][IFNAMSIZ];
-	size_t nseen = 0;
+	char line[512];
+	enum kiln_err e = KILN_OK;
 	FILE *f = fopen("/proc/net/ipv6_route", "re");
 
 	if (!f)
 		return KILN_OK; /* no IPv6 */
-	while (fgets(line, sizeof(line), f)) {
-		char dst[33], dlen[3], src[33], slen[3], hop[33], dev[IFNAMSIZ];
-		unsigned metric, refs, use, flags;
-		char path[96], cur[32];
-		bool dup = false;
+	while (e == KILN_OK && fgets(line, sizeof(line), f)) {
+		char dst[33], dlen[3], dev[IFNAMSIZ], path[96], cur[32];
+		int rc;
 
-		if (sscanf(line, "%32s %2s %32s %2s %32s %x %x %x %x %15s", dst, dlen, src, slen,
-		           hop, &metric, &refs, &use, &flags, dev) != 10)
+		/* destination, its length, source, its length, next hop, metric, refs, use, flags,
+		 * dev */
+		if (sscanf(line, "%32s %2s %*s %*s %*s %*s %*s %*s %*s %15s", dst, dlen, dev) != 3)
 			continue;
 		if (strcmp(dst, "00000000000000000000000000000000") != 0 ||
 		    strcmp(dlen, "00") != 0 || strcmp(dev, "lo") == 0)
 			continue;
-		for (size_t i = 0; i < nseen; i++)
-			dup = dup || strcmp(seen[i], dev) == 0;
-		if (dup || nseen == sizeof(seen) / sizeof(seen[0]))
-			continue;
-		snprintf(seen[nseen++], sizeof(seen[0]), "%s", dev);
 		snprintf(path, sizeof(path), "/proc/sys/net/ipv6/conf/%s/accept_ra", dev);
 		if (sysctl_read(path, cur, sizeof(cur)) != 0 || strcmp(cur, "1") != 0)
-			continue;
-		int rc = sysctl_ensure(path, "2");
-		if (rc < 0) {
-			fclose(f);
-			return kiln_error_set(err, KILN_E_IO,
-			                      "setting \"node_network_setup\": %s = 2: %s", path,
-			                      strerror(-rc));
-		}
-		log_info("uplink \"%s\" keeps its router advertisements while forwarding "
-		         "(accept_ra = 2)",
-		         dev);
+			continue; /* 0: takes none; 2: keeps them already (or a second default
+			             route) */
+		rc = sysctl_ensure(path, "2");
+		if (rc < 0)
+			e = kiln_error_set(err, KILN_E_IO,
+			                   "setting \"node_network_setup\": %s = 2: %s", path,
+			                   strerror(-rc));
+		else
+			log_info("uplink \"%s\" keeps its router advertisements while forwarding "
+			         "(accept_ra = 2)",
+			         dev);
 	}
 	fclose(f);
-	return KILN_OK;
+	return e;
 }
 
-enum kiln_err netsetup_apply(const char *node_id, struct kiln_error *err)
+/* Warns when the node's sandboxes together may hold more tracked connections than the host has. */
+static void check_conntrack_max(const struct netsetup_config *cfg)
 {
-	char table[NETSETUP_TABLE_MAX], script[2048], blockers[4096];
+	char v[32];
+	long long host_max;
+
+	if (sysctl_read("/proc/sys/net/netfilter/nf_conntrack_max", v, sizeof(v)) != 0)
+		return;
+	host_max = atoll(v);
+	if (host_max > 0 && cfg->max_sandboxes * cfg->conntrack_max > host_max)
+		log_warn(
+		    "node_max_sandboxes %lld x conntrack_max_per_sandbox %lld is more than the "
+		    "host's net.netfilter.nf_conntrack_max %lld: sandboxes together can fill it, "
+		    "and the host drops new connections then",
+		    cfg->max_sandboxes, cfg->conntrack_max, host_max);
+}
+
+enum kiln_err netsetup_apply(const struct netsetup_config *cfg, struct kiln_error *err)
+{
+	char table[NETSETUP_TABLE_MAX], script[4096], blockers[4096];
 	enum kiln_err e;
 	int rc, n;
 
-	if ((e = netsetup_table_name(node_id, table, sizeof(table), err)) != KILN_OK)
+	if ((e = netsetup_table_name(cfg->node_id, table, sizeof(table), err)) != KILN_OK)
 		return e;
-	if (netsetup_script(table, script, sizeof(script)) < 0)
+	if (netsetup_script(table, cfg->conntrack_max, script, sizeof(script)) < 0)
 		return kiln_error_set(err, KILN_E_INTERNAL, "nftables script too long");
 	if ((e = nft_run(script, "setting \"node_network_setup\"", err)) != KILN_OK)
 		return e;
@@ -214,6 +241,7 @@ enum kiln_err netsetup_apply(const char *node_id, struct kiln_error *err)
 			                      strerror(-rc));
 	}
 	log_info("host network set up: nftables table \"inet %s\", forwarding on", table);
+	check_conntrack_max(cfg);
 	n = netsetup_blockers(table, blockers, sizeof(blockers));
 	if (n < 0) {
 		log_warn("cannot read the host's nftables ruleset to check it lets the sandboxes' "

@@ -47,6 +47,22 @@ for s in servers:
 print("ready", flush=True)
 threading.Event().wait()
 '''
+# Opens 20 connections to the uplink's server and holds them: prints its pid, how many it got
+# and how many were refused (a TCP reset, at once).
+HOLDER = f'''
+import os, socket, time
+socks, res = [], []
+for i in range(20):
+    try:
+        socks.append(socket.create_connection(("{SERVER4}", {PORT}), timeout=10))
+        res.append("ok")
+    except ConnectionRefusedError:
+        res.append("refused")
+    except Exception:
+        res.append("fail")
+print(os.getpid(), res.count("ok"), res.count("refused"), flush=True)
+time.sleep(600)
+'''
 PROBE = r'''
 import socket, urllib.request
 def get(url):
@@ -116,13 +132,15 @@ class NodeNetworkTests(unittest.TestCase):
         self.assertEqual([t for t in nft_tables() if "kiln_" in t], [])
 
     def stack(self, **node_env):
-        stack = kiln.Stack(node_env=dict({"KILN_DNS_UPSTREAM": SERVER4}, **node_env))
+        # boots are slow on a loaded machine without KVM
+        stack = kiln.Stack(node_env=dict({"KILN_DNS_UPSTREAM": SERVER4, "KILN_BOOT_TIMEOUT_S": "600"},
+                                         **node_env))
         self.addCleanup(stack.cleanup)
         return stack
 
     def create(self, stack, key):
         r = stack.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "timeout_s": 3600}, key,
-                             timeout=300)
+                             timeout=700)
         self.assertEqual(r.status, 201, r)
         return r.json()
 
@@ -149,12 +167,12 @@ class NodeNetworkTests(unittest.TestCase):
         return late, uplink
 
     def test_the_nodes_table_forwards_and_masquerades_and_keeps_the_host_closed(self):
-        stack = self.stack()
+        stack = self.stack(KILN_CONNTRACK_MAX_PER_SANDBOX="16")
         table = "table inet " + table_name(stack.node.node_id)
         self.assertEqual([t for t in nft_tables() if "kiln_" in t], [table])
         self.assertEqual((sysctl("net.ipv4.ip_forward"), sysctl("net.ipv6.conf.all.forwarding")), ("1", "1"))
         key = stack.tenant()
-        sb = self.create(stack, key)
+        sb, made = self.create(stack, key), {}
         late, uplink = self.late_listener()
         got = self.run_py(stack, key, sb,
                           f"print(get('http://{SERVER4}:{PORT}/'), get('http://[{SERVER6}]:{PORT}/'),"
@@ -162,6 +180,23 @@ class NodeNetworkTests(unittest.TestCase):
         # the server saw the host's uplink address: masqueraded, both families
         self.assertEqual(got, [f"from={HOST4}", f"from={HOST6}", "fail", "fail"])
         self.assertEqual((late.accepted, uplink.accepted), (1, 1))  # the host's own checks only
+
+        # The host tracks each masqueraded connection: a sandbox holds at most
+        # conntrack_max_per_sandbox at once, the next is refused at once, and others are not.
+        made["other"] = self.create(stack, key)
+        self.run_py(stack, key, sb, "import subprocess\nopen('/tmp/holder.py', 'w').write(%r)\n"
+                    "subprocess.Popen(['python3', '/tmp/holder.py'], start_new_session=True,"
+                    " stdout=open('/tmp/held', 'w'))" % HOLDER)
+        held = self.run_py(stack, key, sb, "import time\nfor _ in range(200):\n"
+                           "    d = open('/tmp/held').read()\n    if d: break\n    time.sleep(1)\nprint(d)")
+        self.assertEqual(held[1:], ["16", "4"])
+        self.assertEqual(self.run_py(stack, key, made["other"], f"print(get('http://{SERVER4}:{PORT}/'))"),
+                         [f"from={HOST4}"])
+        got = self.run_py(stack, key, sb, f"import os, signal, time\nos.kill({held[0]}, signal.SIGKILL)\n"
+                          "for _ in range(30):\n"
+                          f"    r = get('http://{SERVER4}:{PORT}/')\n    if r != 'fail': break\n"
+                          "    time.sleep(1)\nprint(r)")
+        self.assertEqual(got, [f"from={HOST4}"])  # a cap on connections at once, not a ban
 
         # A node started again over a table already there (a killed node's) leaves one table.
         stack.node.stop(signal.SIGKILL)

@@ -22,6 +22,9 @@
 #define NODE  "tnet-a1"
 #define TABLE "kiln_tnet_a1"
 
+static const struct netsetup_config cfg = {
+    .node_id = NODE, .conntrack_max = 4096, .max_sandboxes = 32};
+
 /* Runs argv; returns its exit status (stdout and stderr into `out` when given). */
 static int run(const char *const *argv, char *out, size_t len)
 {
@@ -98,7 +101,7 @@ static void test_table_name(void)
 	CHECK(netsetup_table_name("Node", t, sizeof(t), &err) == KILN_E_INVALID);
 	CHECK(netsetup_table_name("abcdefghijklmnopqrstuvwxyz-123456", t, sizeof(t), &err) ==
 	      KILN_E_INVALID);
-	CHECK(netsetup_script("kiln_x", t, sizeof(t)) == -ENOSPC);
+	CHECK(netsetup_script("kiln_x", 4096, t, sizeof(t)) == -ENOSPC);
 }
 
 /*
@@ -132,14 +135,15 @@ static void test_apply_twice_is_one_table_and_forwarding_stays_on(void)
 	struct kiln_error err = {0};
 	char out[16384], v[32];
 
-	/* off in this namespace (a new one inherits IPv4's from the host's): the setup turns it on */
+	/* off in this namespace (a new one inherits IPv4's from the host's): the setup turns it on
+	 */
 	write_file("/proc/sys/net/ipv4/ip_forward", "0");
 	write_file("/proc/sys/net/ipv6/conf/all/forwarding", "0");
 	uplinks();
-	CHECK(netsetup_apply(NODE, &err) == KILN_OK);
+	CHECK(netsetup_apply(&cfg, &err) == KILN_OK);
 	if (err.code)
 		fprintf(stderr, "apply: %s\n", err.msg);
-	CHECK(netsetup_apply(NODE, &err) == KILN_OK);
+	CHECK(netsetup_apply(&cfg, &err) == KILN_OK);
 	tables(out, sizeof(out));
 	CHECK_INT(count(out, "table inet " TABLE "\n"), 1);
 	{
@@ -150,6 +154,10 @@ static void test_apply_twice_is_one_table_and_forwarding_stays_on(void)
 	CHECK_INT(count(out, "ip6 saddr fd6b:696c:6e00::/48 oifname != \"kv*\" masquerade"), 1);
 	CHECK_INT(count(out, "type filter hook forward priority filter; policy accept;"), 1);
 	CHECK_INT(count(out, "iifname \"kv*\" accept"), 1);
+	CHECK_INT(count(out, "add @sandboxes4 { ip saddr ct count over 4096 }"), 2);
+	CHECK_INT(count(out, "add @sandboxes6 { ip6 saddr ct count over 4096 }"), 2);
+	CHECK_INT(count(out, "reject with tcp reset"), 2);
+	CHECK_INT(count(out, "meta l4proto != tcp"), 2); /* one counting rule per packet */
 	CHECK_INT(count(out, "iifname \"kv*\" drop"), 1);
 	CHECK_INT(count(out, "nd-neighbor-solicit"), 1);
 	read_file("/proc/sys/net/ipv4/ip_forward", v, sizeof(v));
@@ -178,7 +186,7 @@ static void test_other_tables_dropping_sandbox_traffic_are_reported(void)
 	struct kiln_error err = {0};
 	char out[4096];
 
-	CHECK(netsetup_apply(NODE, &err) == KILN_OK);
+	CHECK(netsetup_apply(&cfg, &err) == KILN_OK);
 	CHECK_INT(netsetup_blockers(TABLE, out, sizeof(out)),
 	          0); /* its own table drops nothing for all */
 	/* harmless: an accepting forward chain with a conditional drop, a drop policy on output */
@@ -199,7 +207,7 @@ static void test_other_tables_dropping_sandbox_traffic_are_reported(void)
 	CHECK(strstr(out, "calm") == NULL);
 	fprintf(stderr, "%s", out);
 	/* a node started with them there still starts, and warns (seen in the output above) */
-	CHECK(netsetup_apply(NODE, &err) == KILN_OK);
+	CHECK(netsetup_apply(&cfg, &err) == KILN_OK);
 	RUN("nft", "delete table ip filter; delete table inet fw; delete table ip calm");
 	CHECK(netsetup_remove(NODE, &err) == KILN_OK);
 }
