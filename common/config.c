@@ -139,6 +139,14 @@ const struct cfg_def config_table[] = {
 	  "disk I/O operations per second a sandbox may do, per whole vCPU (0: unlimited)" },
 	{ "disk_mibps_per_vcpu", CFG_INT, F(disk_mibps_per_vcpu), "64", 0, 1000000, NULL, false,
 	  "disk MiB per second a sandbox may read and write, per whole vCPU (0: unlimited)" },
+	{ "node_network_setup", CFG_BOOL, F(node_network_setup), "true", 0, 1, NULL, false,
+	  "kiln-node sets the host's network up at start: its nftables table inet kiln_<node id> "
+	  "(masquerade of the sandbox ranges, forwarding from them, their traffic to the host's own "
+	  "input dropped), IPv4 and IPv6 forwarding on (never off); the table goes at a clean stop. "
+	  "false: a host whose network is set up otherwise" },
+	{ "conntrack_max_per_sandbox", CFG_INT, F(conntrack_max_per_sandbox), "4096", 16, 1048576,
+	  NULL, false, "connections one sandbox may have open at once through the host's masquerade "
+	  "(tracked by the host, node_network_setup); past it a new one is refused (TCP: a reset)" },
 	{ "dns_upstream", CFG_STRING, F(dns_upstream), NULL, 0, 0, NULL, false,
 	  "resolver the sandboxes' DNS proxy forwards to: addr or addr:port (default: the first "
 	  "nameserver of /etc/resolv.conf)" },

@@ -78,6 +78,8 @@ struct kiln_config {
 	long long console_max_bytes;	/* guest console kept on disk per sandbox */
 	long long disk_iops_per_vcpu;	/* disk throttle per whole vCPU, 0 = none */
 	long long disk_mibps_per_vcpu;
+	bool node_network_setup;	/* install the node's nftables table, turn forwarding on */
+	long long conntrack_max_per_sandbox;	/* a sandbox's masqueraded connections at once */
 	char *dns_upstream;		/* resolver the guests' DNS proxy forwards to */
 	long long conn_rate;		/* new connections per second a sandbox may open */
 	long long conn_burst;

@@ -27,6 +27,7 @@
 #include "vmm/orphan.h"
 #include "node/connlog.h"
 #include "node/lifecycle.h"
+#include "node/netsetup.h"
 #include "node/pause.h"
 #include "node/recovery.h"
 #include "node/node.h"
@@ -318,6 +319,39 @@ static void store_exit(void)
 	node.storage_allow = NULL;
 }
 
+/* The host side of the sandboxes' network: the node's nftables table, forwarding (netsetup.h). */
+static int hostnet_init(struct kiln_error *err)
+{
+	struct netsetup_config nc = {
+		.node_id = node.cfg.node_id,
+		.conntrack_max = node.cfg.conntrack_max_per_sandbox,
+		.max_sandboxes = node.cfg.node_max_sandboxes,
+	};
+
+	if (!node.cfg.node_network_setup) {
+		log_info("node_network_setup is off: the host's forwarding, NAT and firewall are left "
+			 "as they are");
+		return KILN_OK;
+	}
+	if (netsetup_apply(&nc, err) == KILN_OK)
+		return KILN_OK;
+	netsetup_remove(node.cfg.node_id, NULL);	/* this stage failed: its exit does not run */
+	return err->code;
+}
+
+/* The table goes with the node (its sandboxes are paused or stopped by now); forwarding stays. */
+static void hostnet_exit(void)
+{
+	struct kiln_error err = { 0 };
+
+	if (!node.cfg.node_network_setup)
+		return;
+	if (netsetup_remove(node.cfg.node_id, &err) != KILN_OK)
+		log_warn("%s", err.msg);
+	else
+		log_info("nftables table of node \"%s\" removed", node.cfg.node_id);
+}
+
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
@@ -455,6 +489,7 @@ static const struct daemon_stage stages[] = {
 	{ "postgres", db_init, db_exit },
 	{ "storage", store_init, store_exit },	/* before recovery: it uploads what it pauses */
 	{ "recovery", recover_init, recover_exit },
+	{ "host network", hostnet_init, hostnet_exit },
 	{ "network", net_init, net_exit },
 	{ "api", api_init, api_exit },
 };

@@ -95,3 +95,20 @@ kiln_redis_start() {
   echo "redis did not start; see $log" >&2
   return 1
 }
+
+# kiln_node_table NODE_ID: the name of kiln-node's nftables table, inet kiln_<node id with - as _>
+# (node/netsetup.c).
+kiln_node_table() {
+  echo "kiln_${1//-/_}"
+}
+
+# kiln_node_table_remove NODE_ID: removes the node's nftables table when it is there (a node that
+# stops cleanly removes it itself; one killed leaves it). Forwarding is left on. Prints what it did.
+kiln_node_table_remove() {
+  local t
+  command -v nft >/dev/null 2>&1 || return 0
+  t=$(kiln_node_table "$1")
+  nft list table inet "$t" >/dev/null 2>&1 || return 0
+  nft "table inet $t; delete table inet $t"
+  echo "removed nftables table inet $t"
+}

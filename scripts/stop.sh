@@ -13,6 +13,9 @@ for d in kiln-gateway kiln-meter kiln-node; do
     echo "stopped $d"
   fi
 done
+# The node's nftables table (node_network_setup): gone with a clean stop, left by a killed node.
+node_id=${KILN_NODE_ID:-$(sed -n 's/^node_id = //p' "$KILN_VAR/kiln.conf" 2>/dev/null || true)}
+kiln_node_table_remove "${node_id:-node-$KILN_ID}"
 if kiln_pid_alive "$KILN_RUN/redis.pid"; then
   kiln_stop_pid "$KILN_RUN/redis.pid" 20
   echo "stopped redis"

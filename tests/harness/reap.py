@@ -17,7 +17,7 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   line names the node's run directory or its id as a path component, started after the first node
   of that id) are
   killed; then each of its sandboxes' netns (kiln-<net id>) and host veth (kv<net id>) is removed,
-  its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
+  its nftables table (inet kiln_<node>), its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
   guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories.
 
 Node ids are unique per test ("t" + 8 hex digits), so nothing of another run or of `make run` is
@@ -176,6 +176,14 @@ def reap_node(rec, log, problems):
                 log.append(f"link kv{nid}: removed")
             else:
                 problems.append(f"link kv{nid}: {r.stderr.strip()}")
+    # Its nftables table (node/netsetup.c), in the netns the reaper runs in; forwarding stays.
+    table = "kiln_" + node.replace("-", "_")
+    if shutil.which("nft") and subprocess.run(["nft", "list", "table", "inet", table],
+                                              capture_output=True).returncode == 0:
+        r = subprocess.run(["nft", f"delete table inet {table}"], capture_output=True, text=True)
+        (log if r.returncode == 0 else problems).append(f"nftables table inet {table}: removed"
+                                                        if r.returncode == 0 else
+                                                        f"nftables table inet {table}: {r.stderr.strip()}")
     # BPF pins: files are unlinked, directories removed bottom up.
     pins = f"{PIN_ROOT}/{node}"
     if os.path.isdir(pins):

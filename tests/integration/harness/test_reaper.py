@@ -1,6 +1,6 @@
 """The reaper of a killed test (tests/harness/reap.py): a child test starts a gateway, a node and a
 sandbox and is SIGKILLed with its node, as ctest kills a test at its timeout; its QEMU, netns,
-host veth, BPF pins and cgroups outlive it. The reaper, run on the child's registry as the
+host veth, nftables table, BPF pins and cgroups outlive it. The reaper, run on the child's registry as the
 "services" fixture's cleanup runs it on the run's, leaves none of them, and kills no process whose
 record does not match it (another process now has that pid)."""
 import glob
@@ -74,6 +74,12 @@ def links():
     return subprocess.run(["ip", "-o", "link"], capture_output=True, text=True, check=True).stdout
 
 
+def nft_table(node):
+    """Whether node/netsetup.c's table of `node` is there."""
+    return subprocess.run(["nft", "list", "table", "inet", "kiln_" + node.replace("-", "_")],
+                          capture_output=True).returncode == 0
+
+
 class ReaperTests(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kiln-reaper-")
@@ -118,6 +124,7 @@ class ReaperTests(unittest.TestCase):
         self.assertIn(f"kv{net}", links())
         self.assertTrue(os.path.isdir(f"/sys/fs/bpf/kiln/{node}"))
         self.assertNotEqual(cgroup_dirs(node), [])
+        self.assertTrue(nft_table(node), "the node's nftables table is not there")
 
         # A record whose pid is now another process (its start time differs): not killed.
         bystander = subprocess.Popen(["sleep", "120"])
@@ -137,6 +144,7 @@ class ReaperTests(unittest.TestCase):
         self.assertNotIn(f"kv{net}", links())
         self.assertFalse(os.path.exists(f"/sys/fs/bpf/kiln/{node}"))
         self.assertEqual(cgroup_dirs(node), [])
+        self.assertFalse(nft_table(node), "the node's nftables table outlived the reaper")
         self.assertEqual(glob.glob(f"/dev/shm/kiln-{node}-*"), [])
         self.assertFalse(os.path.exists(f"/run/kt-{node}"))
         self.assertEqual([p for p in os.listdir("/proc") if p.isdigit() and node in cmdline(p)], [],
