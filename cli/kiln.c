@@ -291,7 +291,7 @@ static void on_event(void *ctx, const char *event, const char *data)
 		if (json_is_true(json_object_get(doc, "timed_out")))
 			fprintf(stderr, "kiln: the program timed out\n");
 	} else if (!strcmp(event, "error")) {
-		json_t *e = json_object_get(doc, "error") ?: doc;	/* the node sends it flat */
+		json_t *e = json_object_get(doc, "error") ?: doc;	/* older nodes sent it flat */
 
 		fprintf(stderr, "kiln: %s (%s)\n", json_string_value(json_object_get(e, "message")) ?: data,
 			json_string_value(json_object_get(e, "code")) ?: "error");

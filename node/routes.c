@@ -853,7 +853,7 @@ static void sse_produce(struct pump *p, void *ctx)
 	struct agent_exec_result r = { 0 };
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
-	char line[512];
+	char line[2048];	/* the guest's message, sanitised and JSON-escaped, fits */
 
 	j->p = p;
 	pump_ready(p, 200, "text/event-stream");
@@ -875,8 +875,8 @@ static void sse_produce(struct pump *p, void *ctx)
 		if (rc == KILN_E_SANDBOX_FAILED)
 			sandbox_failed(j->n, j->sb);
 		snprintf(line, sizeof(line),
-			 "event: error\ndata: {\"code\":\"%s\",\"message\":%s,"
-			 "\"request_id\":\"%s\"}\n\n",
+			 "event: error\ndata: {\"error\":{\"code\":\"%s\",\"message\":%s,"
+			 "\"request_id\":\"%s\"}}\n\n",
 			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc),
 			 m ? m : "\"the exec failed\"", j->request_id);
 		free(m);

@@ -247,6 +247,12 @@ class SandboxTests(unittest.TestCase):
         self.assertIn("nosuchuser", r.json()["error"]["message"])
         r = self.gw.request("GET", base + "/files?path=/etc/hostname&user=nosuchuser", headers=self.key)
         self.assertEqual(r.status, 422, r)
+        # streamed: the stream has begun, so the refusal is its one event, an Error body
+        events = list(sse_events(self.gw, base + "/exec",
+                                 {"cmd": ["touch", "/tmp/nosuchuser-ran"], "user": "nosuchuser"}, self.key))
+        self.assertEqual([e for _, e, _ in events], ["error"])
+        self.assertEqual(events[0][2]["error"]["code"], "invalid")
+        self.assertIn("nosuchuser", events[0][2]["error"]["message"])
         out = self.exec({"cmd": ["sh", "-c", "ls /tmp | grep -c nosuchuser"]})
         self.assertEqual(out["stdout"], "0\n")
         # names no system has are refused by the gateway, before any guest sees them

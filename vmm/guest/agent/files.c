@@ -70,8 +70,14 @@ static void xfer_release(struct xfer *x)
 {
 	if (x->fd >= 0)
 		close(x->fd);
-	if (!x->reading && x->tmp[0])
+	if (!x->reading && x->tmp[0]) {
+		/* as the user: the directory is the user's to change meanwhile */
+		bool as = user_fs_enter(&x->cred) == 0;
+
 		unlink(x->tmp);
+		if (as)
+			user_fs_leave(&x->cred);
+	}
 	x->used = false;
 	x->fd = -1;
 }
