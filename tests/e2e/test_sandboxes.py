@@ -192,6 +192,16 @@ class SandboxTests(unittest.TestCase):
                          (0, "1000\n1000\n/home/user user user\n/home/user\n"), out)
         out = self.exec({"cmd": show, "user": "user", "cwd": "/tmp", "env": {"HOME": "/tmp/h"}})
         self.assertEqual(out["stdout"], "1000\n1000\n/tmp/h user user\n/tmp\n")
+        # its supplementary groups: those of /etc/group that list it, for exec and for files
+        self.exec({"cmd": ["sh", "-c", "grep -q '^kilnteam:' /etc/group || echo 'kilnteam:x:4321:user' >> /etc/group; "
+                                       "echo team > /root/team.txt; chgrp 4321 /root/team.txt; chmod 0640 /root/team.txt; "
+                                       "chmod 0711 /root"]})
+        out = self.exec({"cmd": ["id", "-G"], "user": "user"})
+        self.assertIn("4321", out["stdout"].split(), out)
+        self.assertEqual(self.exec({"cmd": ["cat", "/root/team.txt"], "user": "user"})["stdout"], "team\n")
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.sb['id']}/files?path=/root/team.txt&user=user",
+                            headers=self.key)
+        self.assertEqual((r.status, r.data), (200, b"team\n"))
         # root stays the default, and can be named
         for body in ({"cmd": show}, {"cmd": show, "user": "root"}):
             self.assertEqual(self.exec(body)["stdout"], "0\n0\n/root root root\n/root\n")
