@@ -348,8 +348,15 @@ static void forward(struct http_req *req, const struct sb_row *sb, const char *s
 		}
 		snprintf(path + strlen(path), sizeof(path) - strlen(path), "?path=%s", esc);
 		free(esc);
-		if (user)	/* apireq_user checked it: nothing to escape */
-			snprintf(path + strlen(path), sizeof(path) - strlen(path), "&user=%s", user);
+		if (user) {
+			esc = node_escape(user);
+			if (!esc) {
+				http_reply_error(req, KILN_E_NOMEM, "out of memory");
+				return;
+			}
+			snprintf(path + strlen(path), sizeof(path) - strlen(path), "&user=%s", esc);
+			free(esc);
+		}
 	}
 	node_proxy(req, &(struct node_call){ .address = sb->node_address,
 					      .method = http_req_method(req), .path = path,
@@ -606,7 +613,6 @@ static void files_get(struct http_req *req)
 {
 	struct sb_row sb;
 	const char *path = http_req_query(req, "path");
-
 	struct kiln_error err = { 0 };
 
 	if (!path || path[0] != '/') {
