@@ -116,6 +116,44 @@ void apireq_create_free(struct apireq_create *c)
 	memset(c, 0, sizeof(*c));
 }
 
+enum kiln_err apireq_user(const char *name, struct kiln_error *err)
+{
+	size_t n = name ? strlen(name) : 0;
+	bool ok = n >= 1 && n <= APIREQ_USER_MAX &&
+		  ((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z') ||
+		   name[0] == '_');
+
+	if (!name)
+		return KILN_OK;
+	for (size_t i = 1; ok && i < n; i++)
+		ok = (name[i] >= 'a' && name[i] <= 'z') || (name[i] >= 'A' && name[i] <= 'Z') ||
+		     (name[i] >= '0' && name[i] <= '9') || name[i] == '_' || name[i] == '.' ||
+		     name[i] == '-';
+	if (!ok)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "user must be a user name: 1 to %d of A-Z a-z 0-9 _ . -, the first "
+				      "a letter or _", APIREQ_USER_MAX);
+	return KILN_OK;
+}
+
+enum kiln_err apireq_exec_user(const char *text, size_t len, struct kiln_error *err)
+{
+	json_t *body = text ? json_loadb(text, len, JSON_REJECT_DUPLICATES, NULL) : NULL;
+	json_t *v = json_object_get(body, "user");
+	enum kiln_err rc = KILN_OK;
+
+	if (v && !json_is_null(v)) {
+		if (!json_is_string(v))
+			rc = kiln_error_set(err, KILN_E_BAD_REQUEST, "field \"user\" must be a string");
+		else if (strlen(json_string_value(v)) != json_string_length(v))
+			rc = kiln_error_set(err, KILN_E_INVALID, "user must not hold NUL");
+		else
+			rc = apireq_user(json_string_value(v), err);
+	}
+	json_decref(body);
+	return rc;
+}
+
 enum kiln_err apireq_fork(const char *text, size_t len, unsigned *count, struct kiln_error *err)
 {
 	static const struct json_field fields[] = { { "count", JF_INT, false, 0 } };

@@ -49,6 +49,21 @@ enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *
 			    struct kiln_error *err);
 void apireq_create_free(struct apireq_create *c);
 
+#define APIREQ_USER_MAX 32		/* bytes of a user name (vmm/guest/agent_proto.h AGENT_MAX_USER) */
+
+/*
+ * The `user` of an exec or a files request, the account in the sandbox it runs as: NULL (absent:
+ * root) or 1 to APIREQ_USER_MAX bytes of [A-Za-z0-9_.-], the first a letter or '_' (422 naming
+ * `user`); the node and the guest check the same rule.
+ */
+enum kiln_err apireq_user(const char *name, struct kiln_error *err);
+
+/*
+ * The `user` field of an exec body, checked (apireq_user; 400 when it is not a string). A body
+ * that is not a JSON object passes: the node answers for its shape.
+ */
+enum kiln_err apireq_exec_user(const char *text, size_t len, struct kiln_error *err);
+
 /* POST /v1/sandboxes/{id}/fork: count from 1 to APIREQ_FORK_MAX (default 1). */
 enum kiln_err apireq_fork(const char *text, size_t len, unsigned *count, struct kiln_error *err);
 

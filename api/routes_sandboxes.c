@@ -337,7 +337,7 @@ static void forward(struct http_req *req, const struct sb_row *sb, const char *s
 	char path[4352];
 	size_t len = 0;
 	const char *body = with_body ? http_req_body(req, &len) : NULL;
-	const char *q = http_req_query(req, "path");
+	const char *q = http_req_query(req, "path"), *user = http_req_query(req, "user");
 
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s%s", sb->id, suffix);
 	if (q) {
@@ -348,6 +348,15 @@ static void forward(struct http_req *req, const struct sb_row *sb, const char *s
 		}
 		snprintf(path + strlen(path), sizeof(path) - strlen(path), "?path=%s", esc);
 		free(esc);
+		if (user) {
+			esc = node_escape(user);
+			if (!esc) {
+				http_reply_error(req, KILN_E_NOMEM, "out of memory");
+				return;
+			}
+			snprintf(path + strlen(path), sizeof(path) - strlen(path), "&user=%s", esc);
+			free(esc);
+		}
 	}
 	node_proxy(req, &(struct node_call){ .address = sb->node_address,
 					      .method = http_req_method(req), .path = path,
@@ -454,7 +463,14 @@ static void sandbox_timeout(struct http_req *req)
 static void sandbox_exec(struct http_req *req)
 {
 	struct sb_row sb;
+	struct kiln_error err = { 0 };
+	size_t len = 0;
+	const char *body = http_req_body(req, &len);
 
+	if (apireq_exec_user(body, len, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
 	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
 		forward(req, &sb, "/exec", true);
 }
@@ -597,9 +613,14 @@ static void files_get(struct http_req *req)
 {
 	struct sb_row sb;
 	const char *path = http_req_query(req, "path");
+	struct kiln_error err = { 0 };
 
 	if (!path || path[0] != '/') {
 		http_reply_error(req, KILN_E_INVALID, "path must be an absolute path inside the sandbox");
+		return;
+	}
+	if (apireq_user(http_req_query(req, "user"), &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		return;
 	}
 	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
@@ -614,6 +635,7 @@ struct upload {
 	struct node_stream *ns;
 	int fd;
 	enum kiln_err refused;	/* why the upload never started */
+	struct kiln_error err;	/* its message, for a refused user */
 	char state[16];		/* of a sandbox that does not run */
 };
 
@@ -629,13 +651,15 @@ static void upload_free(void *p)
 
 static enum kiln_err upload_start(struct http_req *req, struct upload *u)
 {
-	const char *q = http_req_query(req, "path");
+	const char *q = http_req_query(req, "path"), *user = http_req_query(req, "user");
 	struct sb_row sb;
 	char path[4352], *esc;
 	enum kiln_err rc;
 
 	if (!q || q[0] != '/')
 		return KILN_E_INVALID;
+	if (apireq_user(user, &u->err) != KILN_OK)
+		return KILN_E_BAD_REQUEST;	/* files_put tells it from a bad path */
 	rc = sandbox_find(req, &sb);
 	if (rc != KILN_OK)
 		return rc;
@@ -646,7 +670,8 @@ static enum kiln_err upload_start(struct http_req *req, struct upload *u)
 	esc = node_escape(q);
 	if (!esc)
 		return KILN_E_NOMEM;
-	snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s", sb.id, esc);
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/files?path=%s%s%s", sb.id, esc,
+		 user ? "&user=" : "", user ? user : "");
 	free(esc);
 	u->ns = node_stream_start(req, &(struct node_call){ .address = sb.node_address,
 							     .method = "PUT", .path = path,
@@ -700,6 +725,9 @@ static void files_put(struct http_req *req)
 		break;
 	case KILN_E_INVALID:
 		http_reply_error(req, KILN_E_INVALID, "path must be an absolute path inside the sandbox");
+		return;
+	case KILN_E_BAD_REQUEST:
+		http_reply_error(req, KILN_E_INVALID, "%s", u->err.msg);
 		return;
 	case KILN_E_CONFLICT:
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", u->state);

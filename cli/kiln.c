@@ -291,7 +291,7 @@ static void on_event(void *ctx, const char *event, const char *data)
 		if (json_is_true(json_object_get(doc, "timed_out")))
 			fprintf(stderr, "kiln: the program timed out\n");
 	} else if (!strcmp(event, "error")) {
-		json_t *e = json_object_get(doc, "error");
+		json_t *e = json_object_get(doc, "error") ?: doc;	/* older nodes sent it flat */
 
 		fprintf(stderr, "kiln: %s (%s)\n", json_string_value(json_object_get(e, "message")) ?: data,
 			json_string_value(json_object_get(e, "code")) ?: "error");
@@ -337,7 +337,7 @@ static int exec_options(int argc, char **argv, json_t *req, bool run)
 	static const struct option opts[] = {
 		{ "env", required_argument, NULL, 'e' },     { "cwd", required_argument, NULL, 'w' },
 		{ "timeout", required_argument, NULL, 't' }, { "lang", required_argument, NULL, 'l' },
-		{ NULL, 0, NULL, 0 },
+		{ "user", required_argument, NULL, 'u' },    { NULL, 0, NULL, 0 },
 	};
 	json_t *env = json_object();
 	double v;
@@ -353,6 +353,8 @@ static int exec_options(int argc, char **argv, json_t *req, bool run)
 			json_object_set_new(req, "timeout_s", json_integer((json_int_t)v));
 		else if (o == 'l' && run)
 			json_object_set_new(req, "language", json_string(optarg));
+		else if (o == 'u')
+			json_object_set_new(req, "user", json_string(optarg));
 		else
 			rc = o == '?' ? EXIT_USAGE : usage_error("bad option value '%s'", optarg);
 	}
@@ -424,8 +426,33 @@ static int cmd_run(int argc, char **argv)
 
 /* ---- files ---- */
 
-/* "/v1/sandboxes/<id>/files?path=<escaped remote>" */
-static int files_path(char *out, size_t len, const char *id, const char *remote)
+/*
+ * Takes `--user NAME` (or --user=NAME) out of argv[1..] of put and cat, wherever it stands, into
+ * *user (NULL without it). Returns 0 or EXIT_USAGE.
+ */
+static int user_option(int *argc, char **argv, const char **user)
+{
+	int j = 1;
+
+	*user = NULL;
+	for (int i = 1; i < *argc; i++) {
+		if (strcmp(argv[i], "--user") == 0) {
+			if (i + 1 >= *argc)
+				return usage_error("--user wants a user name");
+			*user = argv[++i];
+		} else if (strncmp(argv[i], "--user=", 7) == 0) {
+			*user = argv[i] + 7;
+		} else {
+			argv[j++] = argv[i];
+		}
+	}
+	*argc = j;
+	argv[j] = NULL;
+	return 0;
+}
+
+/* "/v1/sandboxes/<id>/files?path=<escaped remote>[&user=<escaped user>]" */
+static int files_path(char *out, size_t len, const char *id, const char *remote, const char *user)
 {
 	char *esc;
 	int rc;
@@ -441,6 +468,16 @@ static int files_path(char *out, size_t len, const char *id, const char *remote)
 	}
 	strcat(out, esc);
 	curl_free(esc);
+	if (user) {
+		esc = curl_easy_escape(NULL, user, 0);
+		if (!esc || strlen(out) + strlen(esc) + 6 >= len) {
+			curl_free(esc);
+			return usage_error("user too long: '%s'", user);
+		}
+		strcat(out, "&user=");
+		strcat(out, esc);
+		curl_free(esc);
+	}
 	return 0;
 }
 
@@ -450,11 +487,14 @@ static int cmd_put(int argc, char **argv)
 	struct client_body b = { 0 };
 	struct buf reply;
 	struct stat st;
+	const char *user;
 	int rc, status;
 
+	if ((rc = user_option(&argc, argv, &user)))
+		return rc;
 	if (argc != 4)
 		return usage_error("put takes a sandbox id, a local file and a path in the sandbox");
-	if ((rc = files_path(path, sizeof(path), argv[1], argv[3])))
+	if ((rc = files_path(path, sizeof(path), argv[1], argv[3], user)))
 		return rc;
 	b.file = strcmp(argv[2], "-") ? fopen(argv[2], "rb") : NULL;
 	if (!b.file || fstat(fileno(b.file), &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -477,11 +517,14 @@ static int cmd_get_file(int argc, char **argv)
 	char path[8192];
 	struct buf reply;
 	FILE *out;
+	const char *user;
 	int rc, status;
 
+	if ((rc = user_option(&argc, argv, &user)))
+		return rc;
 	if (argc != 3 && argc != 4)
 		return usage_error("cat takes a sandbox id, a path in the sandbox and an optional local file");
-	if ((rc = files_path(path, sizeof(path), argv[1], argv[2])))
+	if ((rc = files_path(path, sizeof(path), argv[1], argv[2], user)))
 		return rc;
 	buf_init(&reply, CLIENT_BODY_MAX);
 	status = client_call(&cli, "GET", path, NULL, &reply);
@@ -722,10 +765,10 @@ static const struct command {
 	{ "list", cmd_list, "[STATE]", "your sandboxes" },
 	{ "get", cmd_simple, "ID", "one sandbox" },
 	{ "delete", cmd_simple, "ID", "delete a sandbox (and its pause snapshot)" },
-	{ "exec", cmd_exec, "ID [--env K=V]... [--cwd DIR] [--timeout S] [--] CMD [ARG]...", "run a program; its output as it comes, its exit status as kiln's" },
-	{ "run", cmd_run, "ID [--lang python|bash] CODE|-", "run code (from stdin with -), as exec" },
-	{ "put", cmd_put, "ID LOCAL_FILE /PATH", "upload a file" },
-	{ "cat", cmd_get_file, "ID /PATH [LOCAL_FILE]", "download a file (to stdout without LOCAL_FILE)" },
+	{ "exec", cmd_exec, "ID [--user NAME] [--env K=V]... [--cwd DIR] [--timeout S] [--] CMD [ARG]...", "run a program as NAME (default root; cwd its home); its output as it comes, its exit status as kiln's" },
+	{ "run", cmd_run, "ID [--user NAME] [--lang python|bash] CODE|-", "run code (from stdin with -), as exec" },
+	{ "put", cmd_put, "ID [--user NAME] LOCAL_FILE /PATH", "upload a file (as NAME's: its own, where it may write)" },
+	{ "cat", cmd_get_file, "ID [--user NAME] /PATH [LOCAL_FILE]", "download a file (read as NAME; to stdout without LOCAL_FILE)" },
 	{ "pause", cmd_simple, "ID", "pause: memory and disk into a snapshot, the VM released" },
 	{ "resume", cmd_simple, "ID", "resume a paused sandbox where it was" },
 	{ "fork", cmd_fork, "ID [--count N]", "children of a running sandbox in its state" },

@@ -9,6 +9,7 @@
 
 #include "common/json.h"
 #include "netpolicy/policy.h"
+#include "vmm/guest/agent_proto.h"
 
 enum kiln_err nodereq_env(const json_t *obj, const char *field, char ***out,
 			  struct kiln_error *err)
@@ -209,6 +210,7 @@ void exec_req_free(struct exec_req *e)
 	free(e->cwd);
 	free(e->code);
 	free(e->stdin_data);
+	free(e->user);
 	free(e);
 }
 
@@ -219,10 +221,10 @@ enum kiln_err nodereq_exec(const char *text, size_t len, struct exec_req **out,
 		{ "cmd", JF_ARRAY, false, 4096 },  { "code", JF_STRING, false, 1 << 20 },
 		{ "language", JF_STRING, false, 16 }, { "stdin", JF_STRING, false, 1 << 20 },
 		{ "env", JF_OBJECT, false, 0 },	   { "cwd", JF_STRING, false, 4096 },
-		{ "timeout_s", JF_INT, false, 0 },
+		{ "timeout_s", JF_INT, false, 0 },  { "user", JF_STRING, false, 256 },
 	};
 	size_t n;
-	const char *lang, *code;
+	const char *lang, *code, *user;
 	json_t *body = NULL, *cmd, *v;
 	struct exec_req *e = NULL;
 	enum kiln_err rc;
@@ -308,6 +310,14 @@ enum kiln_err nodereq_exec(const char *text, size_t len, struct exec_req **out,
 		goto bad;
 	}
 	e->timeout_ms = (uint32_t)(t * 1000);
+	v = json_object_get(body, "user");
+	rc = nodereq_user(v && json_is_string(v) && strlen(json_string_value(v)) == json_string_length(v)
+				  ? json_string_value(v) : v && !json_is_null(v) ? "" : NULL,
+			  &user, err);
+	if (rc != KILN_OK)
+		goto bad;
+	if (user && !(e->user = strdup(user)))
+		goto nomem;
 	json_decref(body);
 	*out = e;
 	return KILN_OK;
@@ -317,6 +327,19 @@ bad:
 	exec_req_free(e);
 	json_decref(body);
 	return rc;
+}
+
+enum kiln_err nodereq_user(const char *name, const char **out, struct kiln_error *err)
+{
+	*out = NULL;
+	if (!name || !strcmp(name, "root"))
+		return KILN_OK;
+	if (!agent_user_ok(name, strlen(name)))
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "user must be a user name: 1 to %d of A-Z a-z 0-9 _ . -, the first a "
+				      "letter or _", AGENT_MAX_USER);
+	*out = name;
+	return KILN_OK;
 }
 
 enum kiln_err nodereq_timeout(const char *text, size_t len, long long *timeout_s,

@@ -82,15 +82,24 @@ struct exec_req {
 	unsigned char *stdin_data;
 	size_t stdin_len;
 	uint32_t timeout_ms;
+	char *user;		/* owned; NULL for root */
 };
 
 /*
  * Parses an exec body into *out (the caller exec_req_free()s it): exactly one of cmd (a non-empty
  * array of strings, cmd[0] not empty) and code (with language python or bash), env as
- * nodereq_env, cwd absolute, stdin, timeout_s from 1 to NODEREQ_EXEC_TIMEOUT_MAX_S (default 60).
+ * nodereq_env, cwd absolute, stdin, timeout_s from 1 to NODEREQ_EXEC_TIMEOUT_MAX_S (default 60),
+ * user a user name (nodereq_user; "root" and absent both leave e->user NULL).
  */
 enum kiln_err nodereq_exec(const char *text, size_t len, struct exec_req **out,
 			   struct kiln_error *err);
+
+/*
+ * The `user` of an exec or a files request: NULL or "root" give *out NULL (root); a name passing
+ * agent_user_ok (1 to 32 bytes of [A-Za-z0-9_.-], the first a letter or '_') gives *out = name;
+ * anything else is 422 naming `user`.
+ */
+enum kiln_err nodereq_user(const char *name, const char **out, struct kiln_error *err);
 
 /* Frees an exec_req. Accepts NULL. */
 void exec_req_free(struct exec_req *e);

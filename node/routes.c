@@ -677,6 +677,7 @@ static void agent_req_of(const struct exec_req *e, struct agent_exec_req *a)
 	a->stdin_data = e->stdin_data;
 	a->stdin_len = e->stdin_len;
 	a->timeout_ms = e->timeout_ms;
+	a->user = e->user;
 }
 
 /*
@@ -852,7 +853,7 @@ static void sse_produce(struct pump *p, void *ctx)
 	struct agent_exec_result r = { 0 };
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
-	char line[512];
+	char line[2048];	/* the guest's message, sanitised and JSON-escaped, fits */
 
 	j->p = p;
 	pump_ready(p, 200, "text/event-stream");
@@ -866,12 +867,20 @@ static void sse_produce(struct pump *p, void *ctx)
 			 "event: exit\ndata: {\"exit_code\":%d,\"timed_out\":%s,\"duration_ms\":%llu}\n\n",
 			 r.exit_code, r.timed_out ? "true" : "false", (unsigned long long)r.duration_ms);
 	} else {
+		/* what the guest refused (an unknown user, a bad cwd) it says; anything else is generic */
+		bool told = rc == KILN_E_INVALID || rc == KILN_E_NOT_FOUND || rc == KILN_E_FORBIDDEN;
+		json_t *msg = json_string(told ? err.msg : "the exec failed");
+		char *m = msg ? json_dumps(msg, JSON_ENCODE_ANY) : NULL;
+
 		if (rc == KILN_E_SANDBOX_FAILED)
 			sandbox_failed(j->n, j->sb);
 		snprintf(line, sizeof(line),
-			 "event: error\ndata: {\"code\":\"%s\",\"message\":\"the exec failed\","
-			 "\"request_id\":\"%s\"}\n\n",
-			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc), j->request_id);
+			 "event: error\ndata: {\"error\":{\"code\":\"%s\",\"message\":%s,"
+			 "\"request_id\":\"%s\"}}\n\n",
+			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc),
+			 m ? m : "\"the exec failed\"", j->request_id);
+		free(m);
+		json_decref(msg);
 	}
 	pump_write(p, line, strlen(line));
 }
@@ -992,7 +1001,8 @@ static void sandbox_exec(struct http_req *req)
 				http_req_set_hctx(req, hold, exec_hold_free);
 			}
 		}
-	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED) {
+	} else if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED ||
+		   rc == KILN_E_NOT_FOUND || rc == KILN_E_FORBIDDEN) {
 		http_reply_error(req, rc, "%s", err.msg);
 	} else {
 		sandbox_failed(n, sb);
@@ -1007,14 +1017,22 @@ static void sandbox_exec(struct http_req *req)
 
 /* ---- files ---- */
 
-/* The ?path= of a files request, checked; replies 422 and returns NULL when bad. */
-static const char *file_path(struct http_req *req)
+/*
+ * The ?path= and ?user= of a files request, checked: *user is NULL for root (nodereq_user).
+ * Replies 422 and returns NULL when bad.
+ */
+static const char *file_path(struct http_req *req, const char **user)
 {
 	const char *path = http_req_query(req, "path");
+	struct kiln_error err = { 0 };
 
 	if (!path || path[0] != '/' || strlen(path) > 4095) {
 		http_reply_error(req, KILN_E_INVALID,
 				 "path must be an absolute path inside the sandbox");
+		return NULL;
+	}
+	if (nodereq_user(http_req_query(req, "user"), user, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
 		return NULL;
 	}
 	return path;
@@ -1024,6 +1042,7 @@ struct upload {
 	struct node *n;
 	struct sandbox *sb;
 	char path[4096];
+	char user[64];		/* empty: root */
 	int wfd;		/* the sink writes the body here */
 	int rfd;		/* the writer thread reads it from here */
 	pthread_t thread;
@@ -1056,7 +1075,8 @@ static void *upload_thread(void *arg)
 {
 	struct upload *u = arg;
 
-	u->rc = agent_file_write(u->sb->agent, u->path, 0644, upload_source, u, FILE_MAX, &u->err);
+	u->rc = agent_file_write_as(u->sb->agent, u->path, 0644, u->user[0] ? u->user : NULL,
+				    upload_source, u, FILE_MAX, &u->err);
 	return NULL;
 }
 
@@ -1089,14 +1109,15 @@ static void upload_free(void *p)
 static enum kiln_err upload_begin(struct http_req *req, struct upload **out)
 {
 	struct node *n = http_req_app(req);
-	const char *path = http_req_query(req, "path"), *id = http_req_param(req, "id");
+	const char *path = http_req_query(req, "path"), *id = http_req_param(req, "id"), *user;
 	struct upload *u;
 	int fds[2];
 
 	*out = http_req_hctx(req);
 	if (*out)
 		return KILN_OK;
-	if (!path || path[0] != '/' || strlen(path) > 4095)
+	if (!path || path[0] != '/' || strlen(path) > 4095 ||
+	    nodereq_user(http_req_query(req, "user"), &user, NULL) != KILN_OK)
 		return KILN_E_INVALID;
 	u = calloc(1, sizeof(*u));
 	if (!u)
@@ -1111,6 +1132,7 @@ static enum kiln_err upload_begin(struct http_req *req, struct upload **out)
 	if (u->sb->state != SB_RUNNING || !u->sb->agent)
 		return KILN_E_CONFLICT;
 	snprintf(u->path, sizeof(u->path), "%s", path);
+	snprintf(u->user, sizeof(u->user), "%s", user ? user : "");
 	if (pipe2(fds, O_CLOEXEC) != 0)
 		return KILN_E_IO;
 	u->rfd = fds[0];
@@ -1160,7 +1182,8 @@ static void files_put(struct http_req *req)
 	else if (src == KILN_E_CONFLICT)
 		http_reply_error(req, src, "the sandbox is not running");
 	else if (src == KILN_E_INVALID)
-		http_reply_error(req, src, "path must be an absolute path inside the sandbox");
+		http_reply_error(req, src, "path must be an absolute path inside the sandbox, user a "
+				 "user name");
 	else if (src != KILN_OK || (ran && u->rc != KILN_OK))
 		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the upload failed");
 	else
@@ -1172,6 +1195,7 @@ struct download {
 	struct sandbox *sb;
 	char request_id[24];
 	char path[4096];
+	char user[64];		/* empty: root */
 	struct pump *p;
 	bool sent;
 };
@@ -1195,7 +1219,8 @@ static void download_produce(struct pump *p, void *ctx)
 	enum kiln_err rc;
 
 	d->p = p;
-	rc = agent_file_read(d->sb->agent, d->path, download_sink, d, FILE_MAX, &size, &err);
+	rc = agent_file_read_as(d->sb->agent, d->path, d->user[0] ? d->user : NULL, download_sink, d,
+				FILE_MAX, &size, &err);
 	if (rc == KILN_OK && !d->sent)
 		pump_ready(p, 200, "application/octet-stream");
 	else if (rc != KILN_OK && !d->sent) {
@@ -1204,7 +1229,8 @@ static void download_produce(struct pump *p, void *ctx)
 		char *m = json_dumps(msg, JSON_ENCODE_ANY);
 		/* what the guest said of the file, else the sandbox failed */
 		enum kiln_err code = rc == KILN_E_NOT_FOUND || rc == KILN_E_INVALID ||
-					     rc == KILN_E_TOO_LARGE ? rc : KILN_E_SANDBOX_FAILED;
+					     rc == KILN_E_TOO_LARGE || rc == KILN_E_FORBIDDEN
+				     ? rc : KILN_E_SANDBOX_FAILED;
 
 		if (rc == KILN_E_SANDBOX_FAILED)
 			sandbox_failed(d->n, d->sb);
@@ -1230,7 +1256,7 @@ static void download_free(void *ctx)
 static void files_get(struct http_req *req)
 {
 	struct node *n = http_req_app(req);
-	const char *path = file_path(req);
+	const char *user, *path = file_path(req, &user);
 	struct download *d;
 	struct sandbox *sb;
 	struct pump *p;
@@ -1254,6 +1280,7 @@ static void files_get(struct http_req *req)
 	d->sb = sb;
 	snprintf(d->request_id, sizeof(d->request_id), "%s", http_req_id(req));
 	snprintf(d->path, sizeof(d->path), "%s", path);
+	snprintf(d->user, sizeof(d->user), "%s", user ? user : "");
 	p = pump_start(download_produce, d, download_free);
 	if (!p) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");

@@ -399,6 +399,9 @@ static enum kiln_err guest_error(struct agent *a, const struct frame *f, struct 
 	case AGENT_S_BUSY:
 		code = KILN_E_RATE_LIMITED;
 		break;
+	case AGENT_S_DENIED:
+		code = KILN_E_FORBIDDEN;
+		break;
 	case AGENT_S_PROTO:
 	case AGENT_S_EXISTS:
 	case AGENT_S_INTERNAL:
@@ -582,6 +585,8 @@ static bool encode_exec(struct agent_wr *w, const struct agent_exec_req *req, si
 	for (size_t i = 0; i < envc; i++)
 		agent_wr_str(w, req->env[i]);
 	agent_wr_bytes(w, req->stdin_data, req->stdin_len);
+	if (req->user)	/* absent means root: agents older than the field take the frame */
+		agent_wr_str(w, req->user);
 	return !w->overflow;
 }
 
@@ -611,6 +616,8 @@ enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
 			return kiln_error_set(err, KILN_E_INVALID, "env entry %zu is not NAME=value", i);
 	if (req->cwd && !agent_path_ok(req->cwd, strlen(req->cwd)))
 		return kiln_error_set(err, KILN_E_INVALID, "cwd must be an absolute path");
+	if (req->user && !agent_user_ok(req->user, strlen(req->user)))
+		return kiln_error_set(err, KILN_E_INVALID, "user must be a user name");
 	agent_wr_init(&w, NULL, 0);
 	encode_exec(&w, req, argc, envc);
 	if (w.len > AGENT_MAX_PAYLOAD)
@@ -703,9 +710,16 @@ enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
 			       agent_source_fn source, void *ctx, uint64_t max_bytes,
 			       struct kiln_error *err)
 {
+	return agent_file_write_as(a, path, mode, NULL, source, ctx, max_bytes, err);
+}
+
+enum kiln_err agent_file_write_as(struct agent *a, const char *path, uint32_t mode,
+				  const char *user, agent_source_fn source, void *ctx,
+				  uint64_t max_bytes, struct kiln_error *err)
+{
 	struct call *c = NULL;
 	struct frame *f = NULL;
-	uint8_t *chunk = NULL, head[AGENT_MAX_PATH + 16];
+	uint8_t *chunk = NULL, head[AGENT_MAX_PATH + AGENT_MAX_USER + 16];
 	struct agent_wr w;
 	uint64_t total = 0, acked;
 	enum kiln_err rc;
@@ -713,6 +727,8 @@ enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
 	if (!path || !agent_path_ok(path, strlen(path)))
 		return kiln_error_set(err, KILN_E_INVALID, "path must be absolute: '%s'",
 				      path ? path : "");
+	if (user && !agent_user_ok(user, strlen(user)))
+		return kiln_error_set(err, KILN_E_INVALID, "user must be a user name");
 	chunk = malloc(AGENT_CHUNK);
 	c = call_begin(a);
 	if (!chunk || !c) {
@@ -722,6 +738,8 @@ enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
 	agent_wr_init(&w, head, sizeof(head));
 	agent_wr_str(&w, path);
 	agent_wr_u32(&w, mode & 07777);
+	if (user)
+		agent_wr_str(&w, user);
 	rc = send_frame(a, AGENT_T_FILE_WRITE, 0, c->id, head, w.len, err);
 	if (rc)
 		goto cleanup;
@@ -794,9 +812,16 @@ enum kiln_err agent_file_write_fd(struct agent *a, const char *path, uint32_t mo
 enum kiln_err agent_file_read(struct agent *a, const char *path, agent_sink_fn sink, void *ctx,
 			      uint64_t max_bytes, uint64_t *size, struct kiln_error *err)
 {
+	return agent_file_read_as(a, path, NULL, sink, ctx, max_bytes, size, err);
+}
+
+enum kiln_err agent_file_read_as(struct agent *a, const char *path, const char *user,
+				 agent_sink_fn sink, void *ctx, uint64_t max_bytes, uint64_t *size,
+				 struct kiln_error *err)
+{
 	struct call *c = NULL;
 	struct frame *f = NULL;
-	uint8_t head[AGENT_MAX_PATH + 8];
+	uint8_t head[AGENT_MAX_PATH + AGENT_MAX_USER + 16];
 	struct agent_wr w;
 	uint64_t total = 0, announced;
 	enum kiln_err rc;
@@ -806,11 +831,15 @@ enum kiln_err agent_file_read(struct agent *a, const char *path, agent_sink_fn s
 	if (!path || !agent_path_ok(path, strlen(path)))
 		return kiln_error_set(err, KILN_E_INVALID, "path must be absolute: '%s'",
 				      path ? path : "");
+	if (user && !agent_user_ok(user, strlen(user)))
+		return kiln_error_set(err, KILN_E_INVALID, "user must be a user name");
 	c = call_begin(a);
 	if (!c)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	agent_wr_init(&w, head, sizeof(head));
 	agent_wr_str(&w, path);
+	if (user)
+		agent_wr_str(&w, user);
 	rc = send_frame(a, AGENT_T_FILE_READ, 0, c->id, head, w.len, err);
 	if (rc)
 		goto cleanup;

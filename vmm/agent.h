@@ -38,10 +38,11 @@ struct agent_exec_req {
 	const char *const *argv;	/* NULL-terminated; ignored when `shell` is set */
 	const char *shell;		/* shell code run with /bin/sh -c, or NULL */
 	const char *const *env;		/* NULL-terminated "NAME=value" entries, or NULL */
-	const char *cwd;		/* absolute path, or NULL for /root */
+	const char *cwd;		/* absolute path, or NULL for the user's home */
 	const void *stdin_data;		/* bytes given to the command's stdin, or NULL */
 	size_t stdin_len;		/* bytes; with the rest the request must fit one frame */
 	uint32_t timeout_ms;		/* the guest kills the process group after it; 0: none */
+	const char *user;		/* the guest's account to run as (agent_user_ok), NULL: root */
 };
 
 struct agent_exec_result {
@@ -106,7 +107,8 @@ enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_in
  * Runs a command in the guest and waits for it, passing its output to `on_output` (may be NULL
  * to drop it) chunk by chunk as it comes. KILN_OK means the command ran and ended: see
  * `res->exit_code` and `res->timed_out` (a missing program is exit 127 with a message on
- * stderr). KILN_E_INVALID for a bad request (relative cwd, empty argv, bad env entry),
+ * stderr). KILN_E_INVALID for a bad request (relative cwd, empty argv, bad env entry, a user the
+ * guest does not have),
  * KILN_E_NOT_FOUND when cwd does not exist, KILN_E_TOO_LARGE when the request exceeds a frame,
  * KILN_E_RATE_LIMITED when the guest runs too many execs already, KILN_E_SANDBOX_FAILED when the
  * guest stops answering (no EXIT within timeout_ms + AGENT_EXEC_GRACE_MS).
@@ -126,6 +128,15 @@ enum kiln_err agent_file_write(struct agent *a, const char *path, uint32_t mode,
 			       agent_source_fn source, void *ctx, uint64_t max_bytes,
 			       struct kiln_error *err);
 
+/*
+ * agent_file_write() for the guest's account `user` (NULL: root): the file is created with its
+ * identity and belongs to it. KILN_E_INVALID also for a user the guest does not have,
+ * KILN_E_FORBIDDEN when the user may not write there.
+ */
+enum kiln_err agent_file_write_as(struct agent *a, const char *path, uint32_t mode,
+				  const char *user, agent_source_fn source, void *ctx,
+				  uint64_t max_bytes, struct kiln_error *err);
+
 /* agent_file_write() reading from descriptor `fd` until its end (the caller keeps `fd`). */
 enum kiln_err agent_file_write_fd(struct agent *a, const char *path, uint32_t mode, int fd,
 				  uint64_t max_bytes, struct kiln_error *err);
@@ -137,6 +148,14 @@ enum kiln_err agent_file_write_fd(struct agent *a, const char *path, uint32_t mo
  */
 enum kiln_err agent_file_read(struct agent *a, const char *path, agent_sink_fn sink, void *ctx,
 			      uint64_t max_bytes, uint64_t *size, struct kiln_error *err);
+
+/*
+ * agent_file_read() for the guest's account `user` (NULL: root), opened with its identity:
+ * KILN_E_FORBIDDEN when the user may not read it, KILN_E_INVALID for a user the guest lacks.
+ */
+enum kiln_err agent_file_read_as(struct agent *a, const char *path, const char *user,
+				 agent_sink_fn sink, void *ctx, uint64_t max_bytes, uint64_t *size,
+				 struct kiln_error *err);
 
 /* agent_file_read() writing to descriptor `fd` (the caller keeps `fd`). */
 enum kiln_err agent_file_read_fd(struct agent *a, const char *path, int fd, uint64_t max_bytes,

@@ -66,6 +66,29 @@ class CliTests(unittest.TestCase):
         p = self.kiln("cat", sb, "/root/absent", status=1)
         self.assertIn(b"not_found", p.stderr)
 
+        # --user: exec, run, put and cat as the ordinary user
+        # until the base image carries `user`: add the account as root when `id user` fails
+        self.kiln("exec", sb, "sh", "-c", "id user >/dev/null 2>&1 || { "
+                  "echo 'user:x:1000:1000:user:/home/user:/bin/sh' >> /etc/passwd && "
+                  "echo 'user:x:1000:' >> /etc/group && mkdir -p /home/user && chown 1000:1000 /home/user; }")
+        p = self.kiln("exec", sb, "--user", "user", "sh", "-c", "id -u; echo $HOME; pwd")
+        self.assertEqual(p.stdout, b"1000\n/home/user\n/home/user\n")
+        self.assertEqual(self.kiln("run", sb, "--user", "user", "import os; print(os.getuid())").stdout, b"1000\n")
+        self.assertEqual(self.kiln("exec", sb, "id", "-u").stdout, b"0\n")
+        with tempfile.NamedTemporaryFile() as f:
+            f.write(blob)
+            f.flush()
+            self.kiln("put", "--user", "user", sb, f.name, "/home/user/blob.bin")
+        self.assertEqual(self.kiln("exec", sb, "stat", "-c", "%u:%g", "/home/user/blob.bin").stdout, b"1000:1000\n")
+        self.assertEqual(self.kiln("cat", sb, "/home/user/blob.bin", "--user", "user").stdout, blob)
+        p = self.kiln("exec", sb, "--user", "nosuchuser", "true", status=1)
+        self.assertIn(b"invalid", p.stderr)
+        self.assertIn(b"nosuchuser", p.stderr)
+        p = self.kiln("put", "--user", "user", sb, "/etc/hostname", "/etc/kiln-cli-probe", status=1)
+        self.assertIn(b"forbidden", p.stderr)
+        p = self.kiln("cat", "--user", status=2)
+        self.assertIn(b"--user", p.stderr)
+
         # egress: set, show, reopen
         self.assertIn(b"mode: allowlist\nexample.com\n", self.kiln("egress", sb, "example.com").stdout)
         self.assertIn(b"example.com", self.kiln("egress", sb).stdout)

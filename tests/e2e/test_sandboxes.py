@@ -174,6 +174,110 @@ class SandboxTests(unittest.TestCase):
             r = self.gw.request("POST", p, body, self.key)
             self.assertEqual(r.status, status, (body, r))
 
+    def ensure_user(self):
+        """The ordinary account `user` (uid 1000, /home/user) exists in the sandbox."""
+        # until the base image carries `user`: add the account as root when `id user` fails
+        out = self.exec({"cmd": ["sh", "-c",
+                                 "id user >/dev/null 2>&1 || { "
+                                 "echo 'user:x:1000:1000:user:/home/user:/bin/sh' >> /etc/passwd && "
+                                 "echo 'user:x:1000:' >> /etc/group && "
+                                 "mkdir -p /home/user && chown 1000:1000 /home/user && chmod 0750 /home/user; }"]})
+        self.assertEqual(out["exit_code"], 0, out)
+
+    def test_exec_as_user_has_its_uid_groups_home_and_working_directory(self):
+        self.ensure_user()
+        show = ["sh", "-c", "id -u; id -g; echo $HOME $USER $LOGNAME; pwd"]
+        out = self.exec({"cmd": show, "user": "user"})
+        self.assertEqual((out["exit_code"], out["stdout"]),
+                         (0, "1000\n1000\n/home/user user user\n/home/user\n"), out)
+        out = self.exec({"cmd": show, "user": "user", "cwd": "/tmp", "env": {"HOME": "/tmp/h"}})
+        self.assertEqual(out["stdout"], "1000\n1000\n/tmp/h user user\n/tmp\n")
+        # its supplementary groups: those of /etc/group that list it, for exec and for files
+        self.exec({"cmd": ["sh", "-c", "grep -q '^kilnteam:' /etc/group || echo 'kilnteam:x:4321:user' >> /etc/group; "
+                                       "echo team > /root/team.txt; chgrp 4321 /root/team.txt; chmod 0640 /root/team.txt; "
+                                       "chmod 0711 /root"]})
+        out = self.exec({"cmd": ["id", "-G"], "user": "user"})
+        self.assertIn("4321", out["stdout"].split(), out)
+        self.assertEqual(self.exec({"cmd": ["cat", "/root/team.txt"], "user": "user"})["stdout"], "team\n")
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.sb['id']}/files?path=/root/team.txt&user=user",
+                            headers=self.key)
+        self.assertEqual((r.status, r.data), (200, b"team\n"))
+        # root stays the default, and can be named
+        for body in ({"cmd": show}, {"cmd": show, "user": "root"}):
+            self.assertEqual(self.exec(body)["stdout"], "0\n0\n/root root root\n/root\n")
+        # the user cannot do what root can: the agent keeps nothing of root for it
+        out = self.exec({"cmd": ["sh", "-c", "echo x > /etc/kiln-user-probe"], "user": "user"})
+        self.assertNotEqual(out["exit_code"], 0, out)
+        self.assertIn("denied", out["stderr"])
+        self.assertEqual(self.exec({"cmd": ["sh", "-c", "ls /etc | grep -c kiln-user-probe"]})["stdout"], "0\n")
+        # streamed too
+        events = list(sse_events(self.gw, f"/v1/sandboxes/{self.sb['id']}/exec",
+                                 {"cmd": ["id", "-u"], "user": "user"}, self.key))
+        self.assertEqual("".join(d["data"] for _, e, d in events if e == "stdout"), "1000\n")
+        self.assertEqual(events[-1][1], "exit")
+
+    def test_a_file_written_as_user_belongs_to_it_and_reads_obey_its_permissions(self):
+        self.ensure_user()
+        base = f"/v1/sandboxes/{self.sb['id']}/files"
+        octet = dict(self.key, **{"Content-Type": "application/octet-stream"})
+        r = self.gw.request("PUT", base + "?path=/home/user/notes.txt&user=user", b"mine\n", octet)
+        self.assertEqual(r.status, 204, r)
+        out = self.exec({"cmd": ["stat", "-c", "%u:%g %a", "/home/user/notes.txt"]})
+        self.assertEqual(out["stdout"], "1000:1000 644\n")
+        r = self.gw.request("GET", base + "?user=user&path=/home/user/notes.txt", headers=self.key)
+        self.assertEqual((r.status, r.data), (200, b"mine\n"))
+        # root's private file: the user may neither read nor replace it, and it stays as it was
+        self.exec({"cmd": ["sh", "-c", "echo secret > /root/private && chmod 600 /root/private"]})
+        r = self.gw.request("GET", base + "?path=/root/private&user=user", headers=self.key)
+        self.assertEqual(r.status, 403, r)
+        self.assertEqual(r.json()["error"]["code"], "forbidden")
+        r = self.gw.request("PUT", base + "?path=/etc/kiln-user-test&user=user", b"x", octet)
+        self.assertEqual(r.status, 403, r)
+        out = self.exec({"cmd": ["sh", "-c", "test ! -e /etc/kiln-user-test && cat /root/private && "
+                                 "ls -a /etc | grep -c kiln-user-test"]})
+        self.assertEqual(out["stdout"], "secret\n0\n")
+        # root still reads and writes anywhere, by default and by name
+        r = self.gw.request("GET", base + "?path=/root/private", headers=self.key)
+        self.assertEqual((r.status, r.data), (200, b"secret\n"))
+        r = self.gw.request("PUT", base + "?path=/root/by-root&user=root", b"r", octet)
+        self.assertEqual(r.status, 204, r)
+        out = self.exec({"cmd": ["stat", "-c", "%u:%g", "/root/by-root"]})
+        self.assertEqual(out["stdout"], "0:0\n")
+
+    def test_an_unknown_or_malformed_user_is_422_and_changes_nothing(self):
+        base = f"/v1/sandboxes/{self.sb['id']}"
+        octet = dict(self.key, **{"Content-Type": "application/octet-stream"})
+        r = self.gw.request("POST", base + "/exec", {"cmd": ["touch", "/tmp/nosuchuser-ran"],
+                                                     "user": "nosuchuser"}, self.key)
+        self.assertEqual(r.status, 422, r)
+        self.assertEqual(r.json()["error"]["code"], "invalid")
+        self.assertIn("nosuchuser", r.json()["error"]["message"])
+        r = self.gw.request("PUT", base + "/files?path=/tmp/nosuchuser-file&user=nosuchuser", b"x", octet)
+        self.assertEqual(r.status, 422, r)
+        self.assertIn("nosuchuser", r.json()["error"]["message"])
+        r = self.gw.request("GET", base + "/files?path=/etc/hostname&user=nosuchuser", headers=self.key)
+        self.assertEqual(r.status, 422, r)
+        # streamed: the stream has begun, so the refusal is its one event, an Error body
+        events = list(sse_events(self.gw, base + "/exec",
+                                 {"cmd": ["touch", "/tmp/nosuchuser-ran"], "user": "nosuchuser"}, self.key))
+        self.assertEqual([e for _, e, _ in events], ["error"])
+        self.assertEqual(events[0][2]["error"]["code"], "invalid")
+        self.assertIn("nosuchuser", events[0][2]["error"]["message"])
+        out = self.exec({"cmd": ["sh", "-c", "ls /tmp | grep -c nosuchuser"]})
+        self.assertEqual(out["stdout"], "0\n")
+        # names no system has are refused by the gateway, before any guest sees them
+        for bad in ("", "a b", "-x", "x" * 33, "../etc", "r\u00f6ot", "root\n"):
+            r = self.gw.request("POST", base + "/exec", {"cmd": ["true"], "user": bad}, self.key)
+            self.assertEqual(r.status, 422, (bad, r))
+            self.assertIn("user", r.json()["error"]["message"])
+            q = urllib.parse.urlencode({"path": "/tmp/x", "user": bad})
+            r = self.gw.request("GET", base + "/files?" + q, headers=self.key)
+            self.assertEqual(r.status, 422, (bad, r))
+            r = self.gw.request("PUT", base + "/files?" + q, b"x", octet)
+            self.assertEqual(r.status, 422, (bad, r))
+        r = self.gw.request("POST", base + "/exec", {"cmd": ["true"], "user": 0}, self.key)
+        self.assertEqual(r.status, 400, r)
+
     def test_another_tenant_sees_404_for_everything(self):
         other = self.stack.tenant("other")
         sid = self.sb["id"]

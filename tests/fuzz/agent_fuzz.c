@@ -1,7 +1,8 @@
 /*
  * agent_fuzz.c - libFuzzer target for the host's decoding of what a guest sends: the incremental
  * frame decoder (vmm/guest/agent_proto.c) fed in uneven slices, then every payload decoder the
- * host client applies to a frame of that type. Built and run briefly by tests/fuzz/CMakeLists.txt.
+ * host client applies to a frame of that type, and the guest's reading of the optional user field
+ * of a FILE_READ. Built and run briefly by tests/fuzz/CMakeLists.txt.
  *
  * Input: byte 0 picks the slice size (1..256 bytes), the rest is the stream from the "guest".
  */
@@ -43,6 +44,18 @@ static void check_payload(const struct agent_hdr *h, const uint8_t *p)
 	case AGENT_T_FILE_END:
 		agent_parse_u64(p, h->len, &v);
 		break;
+	case AGENT_T_FILE_READ: {
+		/* the guest's reading of a host frame: str path, optional str user */
+		struct agent_rd r;
+		struct agent_bytes user;
+
+		agent_rd_init(&r, p, h->len);
+		agent_rd_text(&r, AGENT_MAX_PATH);
+		if (agent_rd_user(&r, &user) && user.len &&
+		    (user.len > AGENT_MAX_USER || !agent_user_ok((const char *)user.p, user.len)))
+			abort();
+		break;
+	}
 	default:
 		break;
 	}

@@ -18,6 +18,7 @@
 #include "common/s3.h"
 #include "netpolicy/policy.h"
 #include "node/nodereq.h"
+#include "vmm/guest/agent_proto.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -284,6 +285,9 @@ static void node_exec(const char *t, size_t n)
 	CHECK(e->timeout_ms >= 1000 && e->timeout_ms <= NODEREQ_EXEC_TIMEOUT_MAX_S * 1000u);
 	CHECK(!e->cwd || e->cwd[0] == '/');
 	CHECK(e->stdin_len <= (1u << 20));
+	CHECK(!e->user || (strcmp(e->user, "root") != 0 && agent_user_ok(e->user, strlen(e->user))));
+	/* the gateway lets through no user the node refuses */
+	CHECK(apireq_exec_user(t, n, &err) == KILN_OK);
 	check_env(e->env);
 	exec_req_free(e);
 }

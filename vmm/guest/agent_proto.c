@@ -366,3 +366,36 @@ bool agent_env_ok(const char *kv, size_t len)
 
 	return eq && eq != kv && !memchr(kv, 0, len);
 }
+
+bool agent_user_ok(const char *name, size_t len)
+{
+	if (len == 0 || len > AGENT_MAX_USER ||
+	    !((name[0] >= 'a' && name[0] <= 'z') || (name[0] >= 'A' && name[0] <= 'Z') || name[0] == '_'))
+		return false;
+	for (size_t i = 1; i < len; i++) {
+		char c = name[i];
+
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '_' || c == '.' || c == '-'))
+			return false;
+	}
+	return true;
+}
+
+bool agent_rd_user(struct agent_rd *r, struct agent_bytes *user)
+{
+	user->p = NULL;
+	user->len = 0;
+	if (r->bad)
+		return false;
+	if (r->off == r->len)
+		return true;	/* no field: root */
+	*user = agent_rd_text(r, AGENT_MAX_USER);
+	if (r->bad || !agent_user_ok((const char *)user->p, user->len)) {
+		r->bad = true;
+		user->p = NULL;
+		user->len = 0;
+		return false;
+	}
+	return true;
+}

@@ -37,13 +37,14 @@
 #define AGENT_MIN_ENTROPY 32		/* bytes of host entropy in SET_IDENTITY, when present */
 #define AGENT_MAX_ENTROPY 4096		/* bytes */
 #define AGENT_MAX_TEXT 4096		/* bytes of a message or a release string */
+#define AGENT_MAX_USER 32		/* bytes of a user name */
 
 enum agent_type {
 	/* host -> guest */
 	AGENT_T_HELLO = 0x01,		/* u16 host version */
-	AGENT_T_EXEC = 0x02,		/* see struct agent_exec_msg */
-	AGENT_T_FILE_WRITE = 0x03,	/* str path, u32 mode; FILE_DATA* and FILE_END follow */
-	AGENT_T_FILE_READ = 0x04,	/* str path */
+	AGENT_T_EXEC = 0x02,		/* see vmm/guest/agent/exec.c; [str user] ends it */
+	AGENT_T_FILE_WRITE = 0x03,	/* str path, u32 mode, [str user]; FILE_DATA* and FILE_END follow */
+	AGENT_T_FILE_READ = 0x04,	/* str path, [str user] */
 	AGENT_T_SET_IDENTITY = 0x05,	/* see struct agent_identity_msg */
 	AGENT_T_CANCEL = 0x06,		/* (empty) abort request `id`: kill an exec, drop a write */
 	/* both directions */
@@ -74,6 +75,7 @@ enum agent_status {
 	AGENT_S_BUSY = 6,	/* too many requests at once */
 	AGENT_S_EXISTS = 7,	/* the id is already in use */
 	AGENT_S_INTERNAL = 8,	/* anything else */
+	AGENT_S_DENIED = 9,	/* the user the request runs as may not do it (EACCES, EPERM) */
 };
 
 struct agent_hdr {
@@ -208,5 +210,18 @@ bool agent_hostname_ok(const char *name, size_t len);
 
 /* True when `kv` is an environment entry "NAME=value" with a non-empty name and no NUL. */
 bool agent_env_ok(const char *kv, size_t len);
+
+/*
+ * True when `name` is an acceptable user name: 1..AGENT_MAX_USER bytes of [A-Za-z0-9_.-], the first
+ * one a letter or '_'. The same rule as the gateway's (api/apireq.c apireq_user).
+ */
+bool agent_user_ok(const char *name, size_t len);
+
+/*
+ * Reads the optional `user` field that ends EXEC, FILE_WRITE and FILE_READ payloads. Nothing left
+ * in `r` means root (the frames of hosts that predate the field): *user is then empty. Otherwise a
+ * text string passing agent_user_ok. Returns false, with `r` marked bad, for anything else.
+ */
+bool agent_rd_user(struct agent_rd *r, struct agent_bytes *user);
 
 #endif

@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <pwd.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,6 +263,17 @@ static void file_round_trip_is_byte_exact(void)
 	stop_agent(a, pid);
 }
 
+/* A source of no bytes, and a sink that drops what it gets. */
+static long fd_src(void *ctx, uint8_t *buf, size_t cap)
+{
+	return read(*(int *)ctx, buf, cap);
+}
+
+static int discard(void *ctx, const uint8_t *d, size_t n)
+{
+	return 0;
+}
+
 static void file_errors_map_to_codes(void)
 {
 	pid_t pid;
@@ -283,6 +295,117 @@ static void file_errors_map_to_codes(void)
 	CHECK(agent_alive(a));
 	close(fd);
 	stop_agent(a, pid);
+}
+
+/*
+ * A user of this host's /etc/passwd (the agent reads it as a guest's): an exec runs with its ids,
+ * home and variables; a file written for it is its own; the kernel checks its permissions; an
+ * unknown user runs nothing. The agent must run as root to act as another user.
+ */
+static void exec_and_files_run_as_the_named_user(void)
+{
+	pid_t pid;
+	struct agent *a;
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct capture c = { 0 };
+	struct passwd *pw = getpwnam("nobody");
+	struct stat st;
+	char dir[64], own[128], p[192], want[512], marker[192];
+	const char *show[] = { "sh", "-c", "id -u; id -g; echo $HOME $USER $LOGNAME; pwd", NULL };
+	int fd;
+
+	CHECK(geteuid() == 0);
+	CHECK(pw != NULL);
+	if (geteuid() != 0 || !pw)
+		return;
+	snprintf(dir, sizeof(dir), "/tmp/kiln-agent-user.XXXXXX");
+	CHECK(mkdtemp(dir) != NULL);
+	chmod(dir, 0755);
+	snprintf(own, sizeof(own), "%s/own", dir);
+	CHECK(mkdir(own, 0755) == 0 && chown(own, pw->pw_uid, pw->pw_gid) == 0);
+	a = spawn_agent(&pid);
+	CHECK(a != NULL);
+
+	struct agent_exec_req req = { .argv = show, .user = "nobody", .timeout_ms = 10000 };
+
+	CHECK_INT(agent_exec(a, &req, on_output, &c, &r, &err), KILN_OK);
+	snprintf(want, sizeof(want), "%u\n%u\n%s nobody nobody\n%s\n", (unsigned)pw->pw_uid,
+		 (unsigned)pw->pw_gid, pw->pw_dir,
+		 stat(pw->pw_dir, &st) == 0 && S_ISDIR(st.st_mode) ? pw->pw_dir : "/");
+	CHECK_STR(c.out, want);
+	CHECK_INT(r.exit_code, 0);
+	/* without a user: root, as before the field */
+	memset(&c, 0, sizeof(c));
+	req.user = NULL;
+	CHECK_INT(agent_exec(a, &req, on_output, &c, &r, &err), KILN_OK);
+	CHECK_STR(c.out, "0\n0\n/root root root\n/root\n");
+	/* the user cannot write where root can */
+	snprintf(marker, sizeof(marker), "%s/by-nobody", dir);
+	const char *touch[] = { "touch", marker, NULL };
+
+	req = (struct agent_exec_req){ .argv = touch, .user = "nobody", .timeout_ms = 10000 };
+	CHECK_INT(agent_exec(a, &req, NULL, NULL, &r, &err), KILN_OK);
+	CHECK(r.exit_code != 0);
+	CHECK(access(marker, F_OK) != 0);
+	/* an unknown user: invalid, naming it, and the command never ran */
+	req = (struct agent_exec_req){ .argv = touch, .user = "nosuchuser-kiln", .timeout_ms = 10000 };
+	kiln_error_clear(&err);
+	CHECK_INT(agent_exec(a, &req, NULL, NULL, &r, &err), KILN_E_INVALID);
+	CHECK(strstr(err.msg, "nosuchuser-kiln") != NULL);
+	CHECK(access(marker, F_OK) != 0);
+	/* and a malformed one never leaves the host */
+	req.user = "../root";
+	kiln_error_clear(&err);
+	CHECK_INT(agent_exec(a, &req, NULL, NULL, &r, &err), KILN_E_INVALID);
+
+	/* files: written for nobody belongs to nobody */
+	fd = open("/dev/null", O_RDONLY);
+	snprintf(p, sizeof(p), "%s/mine", own);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0600, "nobody", fd_src, &fd, 100, &err), KILN_OK);
+	CHECK(stat(p, &st) == 0 && st.st_uid == pw->pw_uid && st.st_gid == pw->pw_gid &&
+	      (st.st_mode & 0777) == 0600);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_as(a, p, "nobody", discard, NULL, 100, NULL, &err), KILN_OK);
+	/* where nobody may not write: forbidden, nothing left behind */
+	snprintf(p, sizeof(p), "%s/not-mine", dir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_E_FORBIDDEN);
+	snprintf(want, sizeof(want), "ls -A '%s' | wc -l", dir);
+	FILE *ls = popen(want, "r");
+	int entries = -1;
+
+	CHECK(ls && fscanf(ls, "%d", &entries) == 1);
+	if (ls)
+		pclose(ls);
+	CHECK_INT(entries, 1);	/* only own/ */
+	/* root's private file: nobody may not read it, root may */
+	snprintf(p, sizeof(p), "%s/private", dir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0600, NULL, fd_src, &fd, 100, &err), KILN_OK);
+	CHECK(stat(p, &st) == 0 && st.st_uid == 0);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_as(a, p, "nobody", discard, NULL, 100, NULL, &err), KILN_E_FORBIDDEN);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_as(a, p, NULL, discard, NULL, 100, NULL, &err), KILN_OK);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_read_as(a, p, "nosuchuser-kiln", discard, NULL, 100, NULL, &err),
+		  KILN_E_INVALID);
+	kiln_error_clear(&err);
+	snprintf(p, sizeof(p), "%s/x", own);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nosuchuser-kiln", fd_src, &fd, 100, &err),
+		  KILN_E_INVALID);
+	CHECK(access(p, F_OK) != 0);
+	/* the agent took its own identity back: root writes anywhere again */
+	snprintf(p, sizeof(p), "%s/by-root", dir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, NULL, fd_src, &fd, 100, &err), KILN_OK);
+	CHECK(agent_alive(a));
+	close(fd);
+	stop_agent(a, pid);
+	snprintf(want, sizeof(want), "rm -rf '%s'", dir);
+	CHECK(system(want) == 0);
 }
 
 static int count_output(void *ctx, enum agent_stream s, const uint8_t *d, size_t n)
@@ -499,6 +622,7 @@ int main(int argc, char **argv)
 	TEST(execs_run_at_once);
 	TEST(file_round_trip_is_byte_exact);
 	TEST(file_errors_map_to_codes);
+	TEST(exec_and_files_run_as_the_named_user);
 	TEST(large_output_arrives_whole_through_flow_control);
 	TEST(agent_itself_rejects_bad_requests);
 	TEST(hostile_guests_fail_the_sandbox);

@@ -247,6 +247,94 @@ static void path_hostname_and_env_checks(void)
 	CHECK(!agent_env_ok("A", 1));
 }
 
+static void user_names_follow_the_gateways_rule(void)
+{
+	CHECK(agent_user_ok("user", 4));
+	CHECK(agent_user_ok("_svc-1.x", 8));
+	CHECK(agent_user_ok("abcdefghijklmnopqrstuvwxyz012345", 32));
+	CHECK(!agent_user_ok("abcdefghijklmnopqrstuvwxyz0123456", 33));
+	CHECK(!agent_user_ok("", 0));
+	CHECK(!agent_user_ok("-x", 2));
+	CHECK(!agent_user_ok("1x", 2));
+	CHECK(!agent_user_ok("../etc", 6));
+	CHECK(!agent_user_ok("a b", 3));
+	CHECK(!agent_user_ok("a/b", 3));
+	CHECK(!agent_user_ok("a\0b", 3));
+	CHECK(!agent_user_ok("r\xc3\xb6ot", 5));
+}
+
+/* A FILE_READ payload: str path, then (when `user` is not NULL) str user. */
+static size_t read_payload(uint8_t *b, size_t cap, const char *user)
+{
+	struct agent_wr w;
+
+	agent_wr_init(&w, b, cap);
+	agent_wr_str(&w, "/home/user/x");
+	if (user)
+		agent_wr_bytes(&w, user, strlen(user));
+	return w.len;
+}
+
+static void optional_user_field_is_root_when_absent_and_checked_when_present(void)
+{
+	uint8_t b[128];
+	struct agent_rd r;
+	struct agent_bytes path, user;
+	size_t n;
+
+	/* an old host's frame: nothing after the path means root */
+	n = read_payload(b, sizeof(b), NULL);
+	agent_rd_init(&r, b, n);
+	path = agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK_INT(path.len, 12);
+	CHECK(agent_rd_user(&r, &user));
+	CHECK_INT(user.len, 0);
+	CHECK(agent_rd_done(&r));
+
+	n = read_payload(b, sizeof(b), "user");
+	agent_rd_init(&r, b, n);
+	agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK(agent_rd_user(&r, &user));
+	CHECK_INT(user.len, 4);
+	CHECK(memcmp(user.p, "user", 4) == 0);
+	CHECK(agent_rd_done(&r));
+
+	/* a present but bad field is refused, never taken for root */
+	const char *bad[] = { "", "-x", "a b", "abcdefghijklmnopqrstuvwxyz0123456", "../x" };
+
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		n = read_payload(b, sizeof(b), bad[i]);
+		agent_rd_init(&r, b, n);
+		agent_rd_text(&r, AGENT_MAX_PATH);
+		CHECK(!agent_rd_user(&r, &user));
+		CHECK_INT(user.len, 0);
+		CHECK(!agent_rd_done(&r));
+	}
+	/* a user with NUL inside, a length past the payload, a cut length, bytes after the field */
+	n = read_payload(b, sizeof(b), "us_r");
+	b[n - 2] = '\0';
+	agent_rd_init(&r, b, n);
+	agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK(!agent_rd_user(&r, &user));
+	n = read_payload(b, sizeof(b), "user");
+	agent_rd_init(&r, b, n - 1);
+	agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK(!agent_rd_user(&r, &user));
+	agent_rd_init(&r, b, 16 + 2);
+	agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK(!agent_rd_user(&r, &user));
+	n = read_payload(b, sizeof(b), "user");
+	b[n] = 'x';
+	agent_rd_init(&r, b, n + 1);
+	agent_rd_text(&r, AGENT_MAX_PATH);
+	CHECK(agent_rd_user(&r, &user));
+	CHECK(!agent_rd_done(&r));
+	/* a reader already bad stays bad */
+	agent_rd_init(&r, b, 2);
+	agent_rd_u32(&r);
+	CHECK(!agent_rd_user(&r, &user));
+}
+
 int main(void)
 {
 	TEST(header_round_trip_keeps_every_field);
@@ -260,5 +348,7 @@ int main(void)
 	TEST(exit_decoder_validates_fields);
 	TEST(hello_and_error_decoders_reject_trailing_bytes);
 	TEST(path_hostname_and_env_checks);
+	TEST(user_names_follow_the_gateways_rule);
+	TEST(optional_user_field_is_root_when_absent_and_checked_when_present);
 	return test_summary();
 }

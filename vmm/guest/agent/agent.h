@@ -60,6 +60,41 @@ int exec_next_timeout(void);
 /* Kills every exec and forgets it (the host went away). */
 void exec_reset(void);
 
+/* user.c */
+#define AGENT_MAX_GROUPS 64	/* supplementary groups of a user */
+
+/* The identity a request runs as. */
+struct agent_cred {
+	bool switch_to;		/* false for root: nothing to change */
+	uid_t uid;
+	gid_t gid;
+	int ngroups;
+	gid_t groups[AGENT_MAX_GROUPS];
+};
+
+struct agent_user {
+	struct agent_cred cred;
+	char name[AGENT_MAX_USER + 1];
+	char home[AGENT_MAX_PATH + 1];
+	char shell[256];
+};
+
+/*
+ * Fills `u` for the user `name` (agent_rd_user's field): empty means root as the agent always ran
+ * commands (HOME /root, SHELL /bin/sh); otherwise the account of that name in /etc/passwd with its
+ * primary group and the groups of /etc/group that list it. Returns 0, -ENOENT for no such user, or
+ * a negative errno when /etc/passwd cannot be read.
+ */
+int user_lookup(const struct agent_bytes *name, struct agent_user *u);
+/* In an exec's child: becomes `c` for good (groups, gid, uid). 0 or a negative errno. */
+int user_become(const struct agent_cred *c);
+/*
+ * Takes c's file system identity (groups, fsgid, fsuid) until user_fs_leave(c): the kernel checks
+ * its permissions and files created meanwhile are its own. 0 or a negative errno (nothing taken).
+ */
+int user_fs_enter(const struct agent_cred *c);
+void user_fs_leave(const struct agent_cred *c);
+
 /* files.c */
 void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t len);
 void file_write_data(struct session *s, uint32_t id, const uint8_t *p, size_t len);

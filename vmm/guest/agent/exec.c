@@ -1,9 +1,14 @@
 /*
  * exec.c - kiln-agent's EXEC: runs a command with pipes, streams its output, reports its exit.
  *
- * EXEC payload: u32 timeout_ms (0: none), str cwd (empty: "/root"), u32 argc (1..AGENT_MAX_ARGS),
- * argc x str, u32 envc, envc x str "NAME=value", bytes stdin. With AGENT_EXEC_F_SHELL argv holds one
- * string of shell code for /bin/sh -c.
+ * EXEC payload: u32 timeout_ms (0: none), str cwd (empty: the user's home), u32 argc
+ * (1..AGENT_MAX_ARGS), argc x str, u32 envc, envc x str "NAME=value", bytes stdin, and optionally
+ * str user (absent: root). With AGENT_EXEC_F_SHELL argv holds one string of shell code for
+ * /bin/sh -c.
+ *
+ * The command runs as the user (user.c): its uid, gid and groups, HOME, USER, LOGNAME and SHELL of
+ * its account unless the env says otherwise, and its home as the working directory when no cwd is
+ * given (/ when the home does not exist). An unknown user is an INVALID error and runs nothing.
  *
  * Each command leads its own session and process group, so a timeout or a CANCEL kills the whole
  * group. Output goes out as STDOUT/STDERR frames of at most AGENT_CHUNK bytes, read only while the
@@ -109,7 +114,8 @@ static void env_put(char **env, size_t *n, char *kv)
  * Never returns. A program that cannot be found exits 127 with a shell's message, one that cannot
  * run exits 126.
  */
-static void child_run(char **argv, char **envp, const char *cwd, int in, int out, int err)
+static void child_run(char **argv, char **envp, const char *cwd, const struct agent_cred *cred,
+		      int in, int out, int err)
 {
 	sigset_t none;
 	const char *path = NULL;
@@ -121,6 +127,12 @@ static void child_run(char **argv, char **envp, const char *cwd, int in, int out
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	signal(SIGPIPE, SIG_DFL);
+	int urc = user_become(cred);
+
+	if (urc < 0) {
+		dprintf(2, "kiln-agent: cannot become the user: %s\n", strerror(-urc));
+		_exit(126);
+	}
 	if (chdir(cwd) < 0) {
 		dprintf(2, "kiln-agent: cd: %s: %s\n", cwd, strerror(errno));
 		_exit(126);
@@ -149,6 +161,7 @@ void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p
 	size_t envn = 0;
 	uint32_t argc, envc, i;
 	struct stat st;
+	struct agent_user user;
 
 	for (i = 0; i < AGENT_MAX_EXECS && !e; i++)
 		if (!execs[i].used)
@@ -205,8 +218,7 @@ void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p
 	envp = calloc(envc + ndef + 8, sizeof(*envp));
 	if (!envp)
 		goto nomem;
-	const char *base_env[] = { "PATH=" BASE_PATH, "HOME=/root", "LANG=C.UTF-8", "USER=root",
-				   "LOGNAME=root", "SHELL=/bin/sh" };
+	const char *base_env[] = { "PATH=" BASE_PATH, "LANG=C.UTF-8" };
 
 	for (i = 0; i < sizeof(base_env) / sizeof(base_env[0]); i++) {
 		char *kv = strdup(base_env[i]);
@@ -235,13 +247,38 @@ void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p
 			goto nomem;
 		env_put(envp, &envn, dup);
 	}
-	struct agent_bytes bin = agent_rd_bytes(&r, AGENT_MAX_PAYLOAD);
+	struct agent_bytes bin = agent_rd_bytes(&r, AGENT_MAX_PAYLOAD), buser;
 
-	if (!agent_rd_done(&r)) {
+	if (!agent_rd_user(&r, &buser) || !agent_rd_done(&r)) {
 		session_error(s, id, AGENT_S_INVALID, 0, "malformed exec request");
 		goto cleanup;
 	}
-	cwd = bcwd.len ? strndup((const char *)bcwd.p, bcwd.len) : strdup("/root");
+	int urc = user_lookup(&buser, &user);
+
+	if (urc < 0) {
+		session_error(s, id, urc == -ENOENT ? AGENT_S_INVALID : AGENT_S_IO, -urc,
+			      urc == -ENOENT ? "no user \"%s\" in the sandbox" : "cannot look up user \"%s\"",
+			      user.name);
+		goto cleanup;
+	}
+	/* the account's variables, unless the defaults or the request set them */
+	const char *names[] = { "HOME", "USER", "LOGNAME", "SHELL" };
+	const char *values[] = { user.home, user.name, user.name, user.shell };
+
+	for (i = 0; i < 4; i++) {
+		char *kv;
+
+		if (asprintf(&kv, "%s=%s", names[i], values[i]) < 0)
+			goto nomem;
+		if (env_index(envp, envn, kv) >= 0)
+			free(kv);
+		else
+			envp[envn++] = kv;
+	}
+	if (bcwd.len)
+		cwd = strndup((const char *)bcwd.p, bcwd.len);
+	else
+		cwd = strdup(stat(user.home, &st) == 0 && S_ISDIR(st.st_mode) ? user.home : "/");
 	if (!cwd)
 		goto nomem;
 	if (!agent_path_ok(cwd, strlen(cwd))) {
@@ -273,7 +310,7 @@ void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p
 	if (pid < 0)
 		goto syserr;
 	if (pid == 0)
-		child_run(argv, envp, cwd, in[0], out[1], err[1]);
+		child_run(argv, envp, cwd, &user.cred, in[0], out[1], err[1]);
 	/* Also our group id: make sure it exists before a kill can target it. */
 	setpgid(pid, pid);
 	e->used = true;

@@ -1,13 +1,19 @@
 /*
  * files.c - kiln-agent's FILE_WRITE and FILE_READ: files streamed in chunks, never held whole.
  *
- * FILE_WRITE payload: str path (absolute), u32 mode (permission bits; 0 means 0644). The data
+ * FILE_WRITE payload: str path (absolute), u32 mode (permission bits; 0 means 0644), and optionally
+ * str user (absent: root). The data
  * follows in FILE_DATA frames and FILE_END commits: the bytes go to a temporary file beside the
  * target, which is synced and renamed over it, so readers see the old file or the whole new one.
  * The parent directory must exist (no directories are created). On any error the agent sends one
  * ERROR, removes the temporary file and ignores the rest of that id's frames.
  *
- * FILE_READ payload: str path. The reply is FILE_DATA frames of at most AGENT_CHUNK bytes, produced
+ * A write for a user creates, syncs and renames its temporary file with the user's file system
+ * identity (user.c): the new file is the user's, and a directory the user may not write to refuses
+ * it (AGENT_S_DENIED). A read for a user opens the file with its identity in the same way. An
+ * unknown user is an INVALID error.
+ *
+ * FILE_READ payload: str path, and optionally str user. The reply is FILE_DATA frames of at most AGENT_CHUNK bytes, produced
  * only while the output queue has room, then FILE_END with the size; or an ERROR.
  */
 #include <errno.h>
@@ -27,6 +33,7 @@ struct xfer {
 	uint32_t id;
 	int fd;
 	uint32_t mode;		/* permission bits of a written file */
+	struct agent_cred cred;	/* whom the transfer is for */
 	uint64_t bytes;		/* moved so far */
 	char path[AGENT_MAX_PATH + 1];
 	char tmp[AGENT_MAX_PATH + 32];	/* the temporary file of a write */
@@ -63,8 +70,14 @@ static void xfer_release(struct xfer *x)
 {
 	if (x->fd >= 0)
 		close(x->fd);
-	if (!x->reading && x->tmp[0])
+	if (!x->reading && x->tmp[0]) {
+		/* as the user: the directory is the user's to change meanwhile */
+		bool as = user_fs_enter(&x->cred) == 0;
+
 		unlink(x->tmp);
+		if (as)
+			user_fs_leave(&x->cred);
+	}
 	x->used = false;
 	x->fd = -1;
 }
@@ -79,7 +92,44 @@ static enum agent_status path_status(int e)
 {
 	return e == ENOENT || e == ENOTDIR ? AGENT_S_NOT_FOUND
 	       : e == ENAMETOOLONG	   ? AGENT_S_INVALID
+	       : e == EACCES || e == EPERM ? AGENT_S_DENIED
 					   : AGENT_S_IO;
+}
+
+/*
+ * Reads the optional user field that ends the payload and looks the user up into x->cred; sends
+ * the ERROR and returns false when the field is malformed or names no user.
+ */
+static bool read_user(struct session *s, uint32_t id, struct agent_rd *r, struct xfer *x)
+{
+	struct agent_bytes b;
+	struct agent_user u;
+	int rc;
+
+	if (!agent_rd_user(r, &b) || !agent_rd_done(r)) {
+		session_error(s, id, AGENT_S_INVALID, 0, "malformed file request");
+		return false;
+	}
+	rc = user_lookup(&b, &u);
+	if (rc < 0) {
+		session_error(s, id, rc == -ENOENT ? AGENT_S_INVALID : AGENT_S_IO, -rc,
+			      rc == -ENOENT ? "no user \"%s\" in the sandbox" : "cannot look up user \"%s\"",
+			      u.name);
+		return false;
+	}
+	x->cred = u.cred;
+	return true;
+}
+
+/* Takes the transfer's user's identity for a file system call; false after sending the ERROR. */
+static bool as_user(struct session *s, struct xfer *x)
+{
+	int rc = user_fs_enter(&x->cred);
+
+	if (rc < 0)
+		session_error(s, x->id, AGENT_S_INTERNAL, -rc, "cannot act as the user: %s",
+			      strerror(-rc));
+	return rc == 0;
 }
 
 /* Reads the path field into `out`; sends the ERROR and returns false when it is not acceptable. */
@@ -114,13 +164,14 @@ void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t le
 	if (!read_path(s, id, &r, x->path))
 		goto fail;
 	x->mode = agent_rd_u32(&r) & 07777;
-	if (!agent_rd_done(&r)) {
-		session_error(s, id, AGENT_S_INVALID, 0, "malformed file write");
+	if (!read_user(s, id, &r, x))
 		goto fail;
-	}
 	if (!x->mode)
 		x->mode = 0644;
+	if (!as_user(s, x))
+		goto fail;
 	if (stat(x->path, &st) == 0 && S_ISDIR(st.st_mode)) {
+		user_fs_leave(&x->cred);
 		session_error(s, id, AGENT_S_INVALID, EISDIR, "path is a directory");
 		goto fail;
 	}
@@ -128,9 +179,10 @@ void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t le
 	snprintf(base, sizeof(base), "%s", x->path);
 	snprintf(x->tmp, sizeof(x->tmp), "%s/.%.200s.kiln-XXXXXX", dirname(dir), basename(base));
 	x->fd = mkostemp(x->tmp, O_CLOEXEC);
-	if (x->fd < 0) {
-		int e = errno;
+	int e = errno;
 
+	user_fs_leave(&x->cred);
+	if (x->fd < 0) {
 		x->tmp[0] = '\0';
 		session_error(s, id, path_status(e), e, "cannot create the file: %s", strerror(e));
 		goto fail;
@@ -144,6 +196,7 @@ fail:
 static void write_fail(struct session *s, struct xfer *x, int e, const char *what)
 {
 	session_error(s, x->id, e == ENOSPC || e == EFBIG || e == EDQUOT ? AGENT_S_TOO_LARGE
+				: e == EACCES || e == EPERM			  ? AGENT_S_DENIED
 									  : AGENT_S_IO,
 		      e, "%s: %s", what, strerror(e));
 	xfer_release(x);
@@ -184,8 +237,15 @@ void file_write_end(struct session *s, uint32_t id)
 	}
 	close(x->fd);
 	x->fd = -1;
-	if (rename(x->tmp, x->path) < 0) {
-		write_fail(s, x, errno, "cannot rename the file into place");
+	if (!as_user(s, x)) {
+		xfer_release(x);
+		return;
+	}
+	int rc = rename(x->tmp, x->path), e = errno;
+
+	user_fs_leave(&x->cred);
+	if (rc < 0) {
+		write_fail(s, x, e, "cannot rename the file into place");
 		return;
 	}
 	x->tmp[0] = '\0';
@@ -206,17 +266,14 @@ void file_read_open(struct session *s, uint32_t id, const uint8_t *p, size_t len
 		return;
 	x->reading = true;
 	agent_rd_init(&r, p, len);
-	if (!read_path(s, id, &r, x->path))
+	if (!read_path(s, id, &r, x->path) || !read_user(s, id, &r, x) || !as_user(s, x))
 		goto fail;
-	if (!agent_rd_done(&r)) {
-		session_error(s, id, AGENT_S_INVALID, 0, "malformed file read");
-		goto fail;
-	}
 	/* O_NONBLOCK: a FIFO must not hang the agent in open(). */
 	x->fd = open(x->path, O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK);
-	if (x->fd < 0) {
-		int e = errno;
+	int e = errno;
 
+	user_fs_leave(&x->cred);
+	if (x->fd < 0) {
 		session_error(s, id, path_status(e), e, "cannot open the file: %s", strerror(e));
 		goto fail;
 	}
