@@ -118,6 +118,11 @@ const struct cfg_def config_table[] = {
 	  "guest kernel command line" },
 	{ "guest_image_hash", CFG_STRING, F(guest_image_hash), "", 0, 0, NULL, false,
 	  "hash of the guest image's recipe (recorded with the node and in snapshots)" },
+	{ "guest_apt_mirror", CFG_STRING, F(guest_apt_mirror), "http://deb.debian.org/debian", 0, 0,
+	  NULL, false,
+	  "Debian mirror the guest image is built from and its /etc/apt/sources.list names "
+	  "(security updates: the same URL with \"-security\" appended); read by "
+	  "vmm/guest/build-image.sh as KILN_GUEST_APT_MIRROR and part of the image's recipe hash" },
 	{ "boot_timeout_s", CFG_INT, F(boot_timeout_s), "120", 5, 3600, NULL, false,
 	  "seconds a cold boot may take until the guest agent answers" },
 	{ "exec_output_max", CFG_INT, F(exec_output_max), "10485760", 1024, 104857600, NULL, false,

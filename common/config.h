@@ -70,6 +70,7 @@ struct kiln_config {
 	char *guest_rootfs;
 	char *guest_cmdline;
 	char *guest_image_hash;
+	char *guest_apt_mirror;		/* Debian mirror the image is built from and names */
 	long long boot_timeout_s;	/* cold boot until the agent answers */
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
 	long long node_exec_memory_max;	/* bytes all execs' output may hold at once on a node */

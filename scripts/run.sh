@@ -14,7 +14,8 @@ cmake -S "$KILN_ROOT" -B "$KILN_ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/
 cmake --build "$KILN_ROOT/build" -j2 >/dev/null
 
 # The guest image (kernel, initramfs, root file system), cached outside the checkout by the hash
-# of its recipe: minutes the first time, instant afterwards.
+# of its recipe: minutes the first time, instant afterwards. KILN_GUEST_APT_MIRROR names the
+# operator's Debian mirror (default http://deb.debian.org/debian).
 eval "$(bash "$KILN_ROOT/vmm/guest/build-image.sh" --print-env)"
 
 kiln_ensure_user
@@ -54,6 +55,7 @@ guest_kernel = $KILN_GUEST_KERNEL
 guest_initrd = $KILN_GUEST_INITRD
 guest_rootfs = $KILN_GUEST_ROOTFS
 guest_image_hash = $KILN_GUEST_IMAGE_HASH
+guest_apt_mirror = ${KILN_GUEST_APT_MIRROR:-http://deb.debian.org/debian}
 guest_cmdline = root=/dev/vda rootfstype=ext4 rw
 EOT
 

@@ -13,6 +13,12 @@
 #   build-image.sh --prune      removes cached images of other recipes and unused base tarballs
 #                               (only when no sandbox's disk layer still sits on one)
 #
+# KILN_GUEST_APT_MIRROR (config guest_apt_mirror, default http://deb.debian.org/debian) is the
+# operator's Debian mirror: the build fetches from it and the image's /etc/apt/sources.list names
+# it (its security updates from the same URL with "-security" appended, unless
+# KILN_GUEST_APT_SECURITY_MIRROR says otherwise). Both are part of the recipe hash. Nothing of the
+# host's own apt configuration goes into the image.
+#
 # The kernel is the versioned package that linux-image-cloud-amd64 depends on, fetched with
 # `apt-get download` and unpacked with `dpkg -x` (never installed on the host). The root
 # filesystem is `mmdebstrap --variant=essential` of bookworm plus packages.txt, turned into ext4
@@ -22,10 +28,14 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 cache=${KILN_IMAGE_CACHE:-/var/cache/kiln/images}
 suite=bookworm
+apt_mirror=${KILN_GUEST_APT_MIRROR:-http://deb.debian.org/debian}
+apt_mirror=${apt_mirror%/}
+apt_security_mirror=${KILN_GUEST_APT_SECURITY_MIRROR:-$apt_mirror-security}
+apt_security_mirror=${apt_security_mirror%/}
 mirrors=(
-	"deb http://deb.debian.org/debian bookworm main"
-	"deb http://deb.debian.org/debian bookworm-updates main"
-	"deb http://deb.debian.org/debian-security bookworm-security main"
+	"deb $apt_mirror $suite main"
+	"deb $apt_mirror $suite-updates main"
+	"deb $apt_security_mirror $suite-security main"
 )
 # Kernel command line for a reliable boot under TCG (RECIPES.md: the TSC calibration hang).
 cmdline="console=ttyS0 quiet lpj=4000000 tsc_early_khz=2000000 tsc=reliable panic=-1 root=/dev/vda rootfstype=ext4 rw"
@@ -60,12 +70,13 @@ die() {
 recipe_hash() {
 	(
 		cd "$here"
-		find build-image.sh packages.txt initramfs-init agent_proto.h agent_proto.c \
+		find build-image.sh add-user.sh packages.txt initramfs-init agent_proto.h agent_proto.c \
 			agent rootfs -type f ! -name '*~' -print0 | LC_ALL=C sort -z |
 			while IFS= read -r -d '' f; do
 				printf '%s\0' "$f"
 				sha256sum <"$f"
 			done
+		printf '%s\n' "${mirrors[@]}"
 	) | sha256sum | cut -c1-64
 }
 
@@ -213,10 +224,11 @@ cp -a "$here/rootfs/." "$root/"
 chown -R 0:0 "$root/etc/kiln" "$root/etc/inittab" "$root/etc/hostname" "$root/etc/hosts" \
 	"$root/etc/resolv.conf"
 install -D -m 755 "$work/kiln-agent" "$root/usr/local/bin/kiln-agent"
-# Lean: no apt state, caches, logs; /sbin/init for anything that looks for it.
+# Lean: no apt state, caches, logs; /sbin/init for anything that looks for it. Python's bytecode
+# (__pycache__, written by the packages' postinst) stays: without it every sandbox compiles pip
+# and the standard library again on first use, and `user`, who cannot write there, on every use.
 rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/var/log/*.log \
 	"$root"/usr/share/doc-base "$root"/usr/share/bug
-find "$root" -name '__pycache__' -prune -exec rm -rf {} +
 ln -sf /bin/busybox "$root/sbin/init"
 # Busybox applets the essential variant lacks (ip, ps, ping, vi, wget...) become commands.
 for applet in $(chroot "$root" /bin/busybox --list); do
@@ -226,12 +238,33 @@ for applet in $(chroot "$root" /bin/busybox --list); do
 	done
 	ln -s /bin/busybox "$root/usr/local/bin/$applet"
 done
+# apt: the operator's mirror only (never the host's sources), empty lists until `apt-get update`,
+# and the directories apt expects. pip: no EXTERNALLY-MANAGED marker, the sandbox is the user's.
+rm -rf "$root/etc/apt/sources.list.d" && mkdir -p "$root/etc/apt/sources.list.d"
+printf '%s\n' "${mirrors[@]}" >"$root/etc/apt/sources.list"
+mkdir -p "$root/var/lib/apt/lists/partial" "$root/var/cache/apt/archives/partial"
+rm -f "$root"/usr/lib/python3*/EXTERNALLY-MANAGED
+# apt's sandbox user (apt's postinst wants adduser, which the essential variant lacks).
+if ! grep -q '^_apt:' "$root/etc/passwd"; then
+	echo '_apt:x:42:65534::/nonexistent:/usr/sbin/nologin' >>"$root/etc/passwd"
+	echo '_apt:*:19000:0:99999:7:::' >>"$root/etc/shadow"
+fi
+apt_uid=$(grep '^_apt:' "$root/etc/passwd" | cut -d: -f3)
+chown "$apt_uid:0" "$root/var/lib/apt/lists/partial" "$root/var/cache/apt/archives/partial"
+chmod 700 "$root/var/lib/apt/lists/partial" "$root/var/cache/apt/archives/partial"
 echo "kiln-$hash" >"$root/etc/kiln/image"
+# The last step: the ordinary account `user` (uid 1000), as every template build adds it too.
+sh "$here/add-user.sh" "$root" >&2
+# 4 KiB blocks and the default inode ratio (one per 16 KiB), whatever the size: a sandbox's disk
+# grows from this file system, and mke2fs's "small" layout (1 KiB blocks) would stay with it.
 content_kib=$(du -sk "$root" | cut -f1)
+files=$(find "$root" -xdev | wc -l)
 size_mib=$(((content_kib * 115 / 100) / 1024 + rootfs_slack_mib))
-log "mkfs.ext4 ${size_mib} MiB from ${content_kib} KiB"
-mkfs.ext4 -q -F -L kiln-root -m 0 -J size=16 -E root_owner=0:0 -d "$root" >&2 \
-	"$work/rootfs.ext4" "${size_mib}M"
+inode_mib=$(((files * 3 / 2) * 16384 / 1048576 + 1))
+[ "$size_mib" -ge "$inode_mib" ] || size_mib=$inode_mib
+log "mkfs.ext4 ${size_mib} MiB from ${content_kib} KiB in ${files} files"
+mkfs.ext4 -q -F -L kiln-root -m 0 -b 4096 -i 16384 -I 256 -J size=16 -E root_owner=0:0 \
+	-d "$root" >&2 "$work/rootfs.ext4" "${size_mib}M"
 rm -rf "$root" "$work/kernel" "$work/busybox" "$ird" "$work/deb"
 
 # 5. Manifest, then the result moves into place and the marker is written last.
