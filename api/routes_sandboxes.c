@@ -203,15 +203,27 @@ static void sandbox_create(struct http_req *req)
 	if (!c || !admit(req, c, 1, (unsigned)milli, (unsigned)mem))
 		goto out;
 	if (json_str(body, "snapshot_id", NULL)) {
-		/* From a snapshot: on the node that holds it, in the snapshot's shape. */
+		/*
+		 * From a snapshot: on the node that holds it, in the snapshot's shape, with its disk
+		 * or a larger one when disk_gib asks (never a smaller one).
+		 */
 		struct kiln_error err = { 0 };
 		struct pg_res *res = NULL;
 		enum kiln_err rc = PGQ(c, &res, &err,
-				       "SELECT n.address FROM snapshots s JOIN nodes n ON n.id = s.node_id "
+				       "SELECT n.address, s.disk_gib FROM snapshots s JOIN nodes n "
+				       "ON n.id = s.node_id "
 				       "WHERE s.id = $1 AND s.tenant_id = $2 AND s.kind = 'named' "
 				       "AND s.deleted_at IS NULL",
 				       json_str(body, "snapshot_id", ""), who->tenant_id);
-		if (rc == KILN_OK && pg_res_rows(res) == 1)
+		bool found = rc == KILN_OK && pg_res_rows(res) == 1;
+		bool asked = json_is_integer(json_object_get(body, "disk_gib"));
+		long long snap_disk = found ? pg_res_int(res, 0, 1, 0) : 0;
+
+		if (found && asked && disk < snap_disk)
+			http_reply_error(req, KILN_E_INVALID,
+					 "disk_gib must be at least %lld, the size of snapshot \"%s\"",
+					 snap_disk, json_str(body, "snapshot_id", ""));
+		else if (found)
 			snprintf(address, sizeof(address), "%s", pg_res_str(res, 0, 0));
 		else if (rc == KILN_OK)
 			http_reply_error(req, KILN_E_NOT_FOUND, "no snapshot \"%s\"",
@@ -221,6 +233,8 @@ static void sandbox_create(struct http_req *req)
 		pg_res_free(res);
 		if (rc != KILN_OK || !address[0])
 			goto out;
+		if (!asked)
+			disk = snap_disk;
 	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, address,
 			  sizeof(address))) {
 		goto out;

@@ -143,12 +143,21 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	struct sandbox *sb = NULL;
 	enum kiln_err rc;
 
-	/* A sandbox made from a snapshot has the snapshot's shape. */
+	/*
+	 * A sandbox made from a snapshot has the snapshot's vCPUs and memory, and a disk of the size
+	 * asked for: the snapshot's or larger (its file system grows into it), never smaller.
+	 */
 	if (r->from_snap) {
-		rc = snapshot_shape(n, r->from_snap, r->tenant_id, &vcpu_milli, &mem_mib, &disk_gib,
+		unsigned snap_disk = 0;
+
+		rc = snapshot_shape(n, r->from_snap, r->tenant_id, &vcpu_milli, &mem_mib, &snap_disk,
 				    err);
 		if (rc != KILN_OK)
 			return rc;
+		if (disk_gib < snap_disk)
+			return node_error(err, KILN_E_INVALID,
+					  "disk_gib must be at least %u, the size of snapshot \"%s\"",
+					  snap_disk, r->from_snap);
 	}
 	{
 		const struct vmm_spec probe = {

@@ -14,7 +14,8 @@ struct create_req {
 	const char *template_name;
 	const char *metadata;		/* JSON object text */
 	const char *from_snap;		/* a named snapshot of the tenant on this node, or NULL */
-	unsigned vcpu_milli, mem_mib, disk_gib;	/* ignored with from_snap: the snapshot's shape */
+	unsigned vcpu_milli, mem_mib;	/* ignored with from_snap: the snapshot's */
+	unsigned disk_gib;		/* with from_snap: at least the snapshot's (else 422) */
 	long long timeout_s;
 	struct sb_init init;
 };

@@ -26,6 +26,8 @@
 #include "node/connlog.h"
 #include "node/node.h"
 
+#define SB_GROW_WAIT_MS 30000	/* for the guest to see its grown disk (agent_grow_root) */
+
 static const char *const state_names[] = { "creating", "running", "paused", "stopped", "error" };
 
 const char *sb_state_name(enum sb_state st)
@@ -360,6 +362,28 @@ static enum kiln_err sb_agent_up(struct node *n, struct sandbox *sb, int timeout
 	return KILN_OK;
 }
 
+/*
+ * Grows the guest's root file system to fill its disk of disk_gib, which the VMM has just made
+ * that large (a new layer at a boot, a resize after a restore): a sandbox gets the disk it asked
+ * for, or it does not start.
+ */
+static enum kiln_err sb_fill_disk(struct sandbox *sb, struct kiln_error *err)
+{
+	uint64_t want = (uint64_t)sb->disk_gib << 30, fs = 0;
+	enum kiln_err rc = agent_grow_root(sb->agent, want, SB_GROW_WAIT_MS, &fs, err);
+
+	if (rc != KILN_OK) {
+		char why[KILN_ERRMSG_MAX];
+
+		snprintf(why, sizeof(why), "%s", err->msg);
+		return node_error(err, KILN_E_SANDBOX_FAILED,
+				  "the root file system could not grow to %u GiB: %s", sb->disk_gib, why);
+	}
+	log_debug("sandbox \"%s\": root file system of %llu MiB on %u GiB", sb->id,
+		  (unsigned long long)(fs >> 20), sb->disk_gib);
+	return KILN_OK;
+}
+
 enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
 		      struct kiln_error *err)
 {
@@ -374,6 +398,8 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
+	if (rc == KILN_OK)
+		rc = sb_fill_disk(sb, err);
 	/* A fresh identity: host name, id, clock, entropy from the host, the requested env. */
 	if (rc == KILN_OK)
 		rc = sb_identity(n, sb, true, init ? init->env : NULL, err);
@@ -399,6 +425,8 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
+	if (rc == KILN_OK)
+		rc = sb_fill_disk(sb, err);
 	/* Every restore: the clock set to now and the RNG reseeded; a new sandbox a new identity. */
 	if (rc == KILN_OK)
 		rc = sb_identity(n, sb, fresh, init ? init->env : NULL, err);

@@ -984,3 +984,39 @@ cleanup:
 	call_end(a, c);
 	return rc;
 }
+
+enum kiln_err agent_grow_root(struct agent *a, uint64_t min_bytes, uint32_t wait_ms,
+			      uint64_t *fs_bytes, struct kiln_error *err)
+{
+	uint8_t payload[12];
+	struct frame *f = NULL;
+	struct call *c;
+	struct agent_wr w;
+	enum kiln_err rc;
+	uint64_t size;
+
+	if (wait_ms > AGENT_MAX_GROW_WAIT_MS)
+		return kiln_error_set(err, KILN_E_INVALID, "wait over %d ms", AGENT_MAX_GROW_WAIT_MS);
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u64(&w, min_bytes);
+	agent_wr_u32(&w, wait_ms);
+	c = call_begin(a);
+	if (!c)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = send_frame(a, AGENT_T_GROW_ROOT, 0, c->id, payload, w.len, err);
+	if (rc == KILN_OK) {
+		int wrc = call_next(a, c, mono_ms() + wait_ms + AGENT_GROW_GRACE_MS, &f);
+
+		if (wrc < 0)
+			rc = wait_error(a, wrc, err);
+		else if (f->type == AGENT_T_ERROR)
+			rc = guest_error(a, f, err);
+		else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &size) < 0)
+			rc = protocol_violation(a, "bad reply to grow root", err);
+		else if (fs_bytes)
+			*fs_bytes = size;
+	}
+	free(f);
+	call_end(a, c);
+	return rc;
+}

@@ -168,6 +168,22 @@ enum kiln_err agent_file_read_fd(struct agent *a, const char *path, int fd, uint
 enum kiln_err agent_set_identity(struct agent *a, const struct agent_identity *id,
 				 struct kiln_error *err);
 
+/*
+ * Grows the guest's mounted root file system (ext4, online) to fill its disk, once the guest sees
+ * that disk at `min_bytes` at least: the host has just made it that large (a new layer, a QMP
+ * block_resize) and the guest learns of it asynchronously, so the agent waits up to `wait_ms`
+ * (<= AGENT_MAX_GROW_WAIT_MS) for it. A file system that fills its disk already is left as it is.
+ * Stores in *fs_bytes (may be NULL) the file system's size as df shows it. KILN_E_IO when the disk
+ * does not reach `min_bytes` in time or the resize fails, KILN_E_TOO_LARGE when the guest's
+ * kernel finds no room for the new metadata, KILN_E_INVALID when the root is not ext4,
+ * KILN_E_SANDBOX_FAILED when the guest stops answering (no reply within wait_ms +
+ * AGENT_GROW_GRACE_MS) or is an agent older than the request (its decoder refuses the type and
+ * ends the session).
+ */
+#define AGENT_GROW_GRACE_MS 120000	/* beyond the wait, for the resize itself */
+enum kiln_err agent_grow_root(struct agent *a, uint64_t min_bytes, uint32_t wait_ms,
+			      uint64_t *fs_bytes, struct kiln_error *err);
+
 /* Closes the connection, stops the reader thread and frees `a`. Accepts NULL. No call may be
  * running on `a`. */
 void agent_free(struct agent *a);

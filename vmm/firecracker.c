@@ -880,6 +880,7 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 	char state[PATH_MAX], mem[PATH_MAX], disk[PATH_MAX], tap_was[16];
 	char in_state[PATH_MAX], in_mem[PATH_MAX], in_disk[PATH_MAX];
 	struct hv_vm *vm;
+	bool grown = false;
 	enum kiln_err rc;
 	int r;
 
@@ -904,9 +905,23 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 		goto fail;
 	}
 	if (vm->has_disk) {
+		struct stat st;
+
 		r = from == VMM_MEM_MOVE ? disk_file_move(disk, in_disk) : disk_file_copy(disk, in_disk);
-		if (r < 0 || (r = own_file(vm, in_disk)) < 0) {
+		if (r < 0 || (r = own_file(vm, in_disk)) < 0 || (r = stat(in_disk, &st) < 0 ? -errno : 0) < 0) {
 			rc = fs_err(err, r, "cannot create disk from", disk);
+			goto fail;
+		}
+		if (s->disk_gib && (off_t)s->disk_gib << 30 < st.st_size) {
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "disk: %u GiB is smaller than the snapshot's %lld GiB", s->disk_gib,
+					    (long long)((st.st_size + (1ll << 30) - 1) >> 30));
+			goto fail;
+		}
+		/* a larger disk: the file grows here, and the guest hears of it at the PATCH below */
+		grown = s->disk_gib && (off_t)s->disk_gib << 30 > st.st_size;
+		if (grown && truncate(in_disk, (off_t)s->disk_gib << 30) < 0) {
+			rc = fs_err(err, -errno, "cannot size disk", in_disk);
 			goto fail;
 		}
 	}
@@ -929,14 +944,18 @@ static enum kiln_err fc_restore(const struct vmm_spec *s, const char *snap_dir, 
 		goto fail;
 	/*
 	 * The snapshot brought back the drive's rate limiter as it was when taken: set this spec's
-	 * (the node's limits may differ now), disabling a bucket whose figure is 0.
+	 * (the node's limits may differ now), disabling a bucket whose figure is 0. A grown disk
+	 * names its file again: Firecracker then reads the file's new size and raises the virtio
+	 * config change that tells the guest (the only resize its API offers).
 	 */
 	if (vm->has_disk) {
 		json_t *rl = fc_api_rate_limiter(vm->disk_iops, vm->disk_bps, true);
 
-		rc = rl ? api_put(vm, "PATCH", "/drives/rootfs", FC_API_MS, err, "{s:s, s:o}", "drive_id",
-				  "rootfs", "rate_limiter", rl)
-			: kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		rc = !rl ? kiln_error_set(err, KILN_E_NOMEM, "out of memory")
+		     : grown ? api_put(vm, "PATCH", "/drives/rootfs", FC_API_MS, err, "{s:s, s:s, s:o}",
+				       "drive_id", "rootfs", "path_on_host", IN_ROOTFS, "rate_limiter", rl)
+			     : api_put(vm, "PATCH", "/drives/rootfs", FC_API_MS, err, "{s:s, s:o}",
+				       "drive_id", "rootfs", "rate_limiter", rl);
 		if (rc != KILN_OK)
 			goto fail;
 	}

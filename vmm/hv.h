@@ -40,7 +40,9 @@ struct vmm_spec {
 	const char *node;	/* node id: names the cgroup kiln/<node>/<id> */
 	unsigned vcpu_milli;	/* 250..8000 thousandths of a vCPU; the guest sees ceil(/1000) */
 	unsigned mem_mib;	/* guest memory, MiB */
-	unsigned disk_gib;	/* virtual disk size, GiB; 0 = the base image's size */
+	unsigned disk_gib;	/* virtual disk size, GiB; 0 = the base image's (or snapshot's)
+				   size. A restore grows the snapshot's disk to it once the VM
+				   runs; below the snapshot's is KILN_E_INVALID */
 	const char *kernel;	/* guest kernel (bzImage) */
 	const char *initrd;	/* initramfs, or NULL */
 	const char *rootfs;	/* base root file system image (raw), or NULL for no disk */

@@ -1068,10 +1068,27 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 	return rc;
 }
 
+/*
+ * Grows the running VM's disk layer to `bytes` (QMP block_resize on the drive "root"): the guest's
+ * virtio-blk device raises a config change and the guest's kernel sees the new size shortly after.
+ */
+static enum kiln_err disk_grow(struct hv_vm *vm, uint64_t bytes, struct kiln_error *err)
+{
+	json_t *args = json_pack("{s:s, s:I}", "device", "root", "size", (json_int_t)bytes);
+	enum kiln_err rc;
+
+	if (!args)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = qmp_do(vm, "block_resize", args, NULL, err);
+	json_decref(args);
+	return rc;
+}
+
 static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir, enum vmm_mem_from from,
 				  struct hv_vm **out, struct kiln_error *err)
 {
 	char state[PATH_MAX], mem[PATH_MAX];
+	uint64_t snap_disk = 0;
 	bool shared = false;
 	struct hv_vm *vm;
 	enum kiln_err rc;
@@ -1116,10 +1133,23 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		rc = fs_err(err, r, "cannot prepare memory from", mem);
 		goto fail;
 	}
-	/* disk: a new empty layer over the snapshot's frozen one */
+	/*
+	 * disk: a new empty layer over the snapshot's frozen one, of the snapshot's size; grown to the
+	 * spec's after the VM runs again (disk_grow), so that the guest hears of the new size
+	 */
 	if (vm->chain[0][0]) {
 		if (!fs_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir)) {
 			rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
+			goto fail;
+		}
+		if ((r = disk_info(vm->chain[vm->depth], &snap_disk)) < 0) {
+			rc = fs_err(err, r, "cannot read the size of", vm->chain[vm->depth]);
+			goto fail;
+		}
+		if (s->disk_gib && (uint64_t)s->disk_gib << 30 < snap_disk) {
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "disk: %u GiB is smaller than the snapshot's %llu GiB", s->disk_gib,
+					    (unsigned long long)((snap_disk + (1ull << 30) - 1) >> 30));
 			goto fail;
 		}
 		if ((r = disk_overlay_create(vm->chain[vm->depth], vm->depth, vm->disk_path, 0)) < 0) {
@@ -1141,6 +1171,9 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 	if ((rc = migrate_fd(vm, "migrate-incoming", fd, err)) != KILN_OK)
 		goto fail;
 	if ((rc = qmp_do(vm, "cont", NULL, NULL, err)) != KILN_OK)
+		goto fail;
+	if (vm->chain[0][0] && s->disk_gib && (uint64_t)s->disk_gib << 30 > snap_disk &&
+	    (rc = disk_grow(vm, (uint64_t)s->disk_gib << 30, err)) != KILN_OK)
 		goto fail;
 	close(fd);
 	*out = vm;

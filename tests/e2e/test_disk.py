@@ -1,6 +1,7 @@
 """Host disk and snapshot bytes against hostile tenants: a node never promises more guest disk than
 it has (node_disk_gib x node_disk_overcommit_pct), a guest cannot grow its layer past its disk_gib,
-and concurrent pauses cannot pass the plan's max_snapshot_bytes together."""
+and concurrent pauses cannot pass the plan's max_snapshot_bytes together. And the disk a tenant
+asks for is the guest's: its root file system fills disk_gib however the sandbox was made."""
 import os
 import tempfile
 import threading
@@ -213,6 +214,124 @@ class SnapshotBytesTests(Helpers, unittest.TestCase):
         self.assertGreaterEqual(st.st_blocks * 512, 64 * MIB, "the writes did not reach the layer")
         self.assertLessEqual(st.st_size, qcow2_bound(10 * GIB))
         self.assertLessEqual(st.st_blocks * 512, qcow2_bound(10 * GIB))
+
+
+# Data the guest writes and reads back: 4001-byte lines of random base64 (so neighbouring 4 KiB
+# blocks differ), written with `yes` and compared by regenerating the stream into cmp: far less
+# guest CPU under TCG than hashing it twice.
+FILL = ('head -c 3000 /dev/urandom | base64 -w0 > /root/line; yes "$(cat /root/line)" | head -c {n} '
+        '> /root/fill && sync && stat -c %s /root/fill')
+CHECK = ('echo 3 > /proc/sys/vm/drop_caches; yes "$(cat /root/line)" | head -c {n} | cmp - /root/fill '
+         '&& echo same; rm -f /root/fill /root/line')
+
+
+class RootFsTests(Helpers, unittest.TestCase):
+    """The guest's root file system fills disk_gib for every way a sandbox comes to exist: cold,
+    from the default template and from another shape's, resumed, forked, and from a named
+    snapshot with a larger disk (a smaller one is a 422 that changes nothing)."""
+
+    @classmethod
+    def setUpClass(cls):
+        # Disk throttling off: this is about room, not rate (2 GiB at 64 MiB/s would be a minute).
+        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                         "KILN_DISK_MIBPS_PER_VCPU": "0",
+                                         "KILN_DISK_IOPS_PER_VCPU": "0"})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def template(self, memory_mib, timeout=600):
+        """The ready template of the shape (1 vCPU, memory_mib, 10 GiB), waited for. A build that
+        failed (its Python warm-up has a deadline a loaded host can miss) starts again at the
+        next create of the shape, as the node does for any create."""
+        deadline = time.time() + timeout
+        failed = f"template of 1000 mvCPU, {memory_mib} MiB not built"
+        seen = self.stack.node.output().count(failed)
+        while time.time() < deadline:
+            got = self.stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
+                                    f"AND memory_mib = {memory_mib}")
+            if got:
+                return got.split()[0]
+            if self.stack.node.output().count(failed) > seen:
+                seen = self.stack.node.output().count(failed)
+                kick = self.create(memory_mib=memory_mib, disk_gib=10)
+                self.gw.request("DELETE", f"/v1/sandboxes/{kick['id']}", None, self.key)
+            time.sleep(0.5)
+        self.fail(f"no template of {memory_mib} MiB was built:\n" + self.stack.node.output()[-3000:])
+
+    def lineage(self, sb):
+        return self.stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes WHERE id = '{sb['id']}'")
+
+    def df(self, sb):
+        """(size, available) of the guest's / in bytes, as df shows them."""
+        out = self.sh(sb, "df -B1 --output=size,avail / | tail -1")["stdout"].split()
+        return int(out[0]), int(out[1])
+
+    def fills(self, sb, gib, write):
+        """The guest sees a file system of about `gib` GiB on / and writes and reads back `write`
+        bytes through it."""
+        size, avail = self.df(sb)
+        self.assertGreaterEqual(size, (gib - 1) * GIB, f"df shows {size} bytes on {gib} GiB")
+        self.assertGreaterEqual(avail, (gib - 1) * GIB, f"df shows {avail} bytes free on {gib} GiB")
+        for cmd, out in ((FILL, str(write)), (CHECK, "same")):
+            r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec",
+                                {"cmd": ["sh", "-c", cmd.format(n=write)], "timeout_s": 1800}, self.key,
+                                timeout=1900)
+            self.assertEqual(r.status, 200, r)
+            self.assertEqual((r.json()["exit_code"], r.json()["stdout"].strip()), (0, out), r.json())
+
+    def test_the_root_file_system_fills_disk_gib_every_way_a_sandbox_is_made(self):
+        t0 = time.monotonic()
+        tpl = self.template(512)
+        # From the default template (1 vCPU, 512 MiB, 10 GiB).
+        made = self.create(memory_mib=512, disk_gib=10)
+        self.assertEqual(self.lineage(made), tpl, "the create did not restore the template")
+        self.fills(made, 10, 256 * MIB)
+        # Cold: a shape without a template (its template is built meanwhile, for later).
+        cold = self.create(memory_mib=256, disk_gib=10)
+        self.assertEqual(self.lineage(cold), "", "the create did not boot cold")
+        self.fills(cold, 10, 2 * GIB)
+        # Resumed.
+        self.assertEqual(self.gw.request("POST", f"/v1/sandboxes/{made['id']}/pause", None, self.key,
+                                         timeout=300).status, 200)
+        r = self.gw.request("POST", f"/v1/sandboxes/{made['id']}/resume", None, self.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        self.fills(made, 10, 256 * MIB)
+        # Forked.
+        r = self.gw.request("POST", f"/v1/sandboxes/{made['id']}/fork", {"count": 1}, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        kid = r.json()["sandboxes"][0]
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{kid['id']}", None, self.key)
+        self.fills(kid, 10, 256 * MIB)
+        # From a named snapshot of 10 GiB, onto a larger disk of 11 GiB: the file system grows.
+        self.sh(made, "echo kept > /root/kept")
+        r = self.gw.request("POST", f"/v1/sandboxes/{made['id']}/snapshots", {"name": "ten"}, self.key,
+                            timeout=300)
+        self.assertEqual(r.status, 201, r)
+        ten = r.json()
+        grown = self.create(snapshot_id=ten["id"], disk_gib=11)
+        self.assertEqual(self.stack.db.sql(f"SELECT disk_gib FROM sandboxes WHERE id = '{grown['id']}'"), "11")
+        self.assertEqual(self.sh(grown, "cat /root/kept")["stdout"], "kept\n")
+        self.assertEqual(self.sh(grown, "blockdev --getsize64 /dev/vda")["stdout"].strip(), str(11 * GIB))
+        self.fills(grown, 11, 256 * MIB)
+        # Without disk_gib, the snapshot's own size.
+        same = self.create(snapshot_id=ten["id"])
+        self.assertEqual(self.stack.db.sql(f"SELECT disk_gib FROM sandboxes WHERE id = '{same['id']}'"), "10")
+        # A snapshot of 11 GiB onto 10: a 422 naming the minimum, and nothing made.
+        r = self.gw.request("POST", f"/v1/sandboxes/{grown['id']}/snapshots", {"name": "eleven"}, self.key,
+                            timeout=300)
+        self.assertEqual(r.status, 201, r)
+        before = self.stack.db.sql("SELECT count(*) FROM sandboxes")
+        r = self.create(status=422, snapshot_id=r.json()["id"], disk_gib=10)
+        self.assertEqual(r.json()["error"]["code"], "invalid")
+        self.assertIn("at least 11", r.json()["error"]["message"])
+        self.assertEqual(self.stack.db.sql("SELECT count(*) FROM sandboxes"), before)
+        # From another shape's template: the cold create's shape has one by now.
+        other = self.template(256)
+        made2 = self.create(memory_mib=256, disk_gib=10)
+        self.assertEqual(self.lineage(made2), other, "the create did not restore the other template")
+        self.fills(made2, 10, 256 * MIB)
+        print(f"\nroot fs fills disk_gib, five ways: {time.monotonic() - t0:.1f} s")
 
 
 if __name__ == "__main__":

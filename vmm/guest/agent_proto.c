@@ -68,6 +68,7 @@ bool agent_type_from_host(uint8_t type)
 	case AGENT_T_FILE_READ:
 	case AGENT_T_SET_IDENTITY:
 	case AGENT_T_CANCEL:
+	case AGENT_T_GROW_ROOT:
 	case AGENT_T_FILE_DATA:
 	case AGENT_T_FILE_END:
 		return true;

@@ -38,6 +38,7 @@
 #define AGENT_MAX_ENTROPY 4096		/* bytes */
 #define AGENT_MAX_TEXT 4096		/* bytes of a message or a release string */
 #define AGENT_MAX_USER 32		/* bytes of a user name */
+#define AGENT_MAX_GROW_WAIT_MS 60000	/* GROW_ROOT: longest wait for the guest to see its disk */
 
 enum agent_type {
 	/* host -> guest */
@@ -47,6 +48,7 @@ enum agent_type {
 	AGENT_T_FILE_READ = 0x04,	/* str path, [str user] */
 	AGENT_T_SET_IDENTITY = 0x05,	/* see struct agent_identity_msg */
 	AGENT_T_CANCEL = 0x06,		/* (empty) abort request `id`: kill an exec, drop a write */
+	AGENT_T_GROW_ROOT = 0x07,	/* u64 min disk bytes, u32 wait ms: grow the root fs online */
 	/* both directions */
 	AGENT_T_FILE_DATA = 0x10,	/* raw bytes of the file */
 	AGENT_T_FILE_END = 0x11,	/* host->guest: commit the write (empty); guest->host: u64 size */

@@ -172,9 +172,14 @@ def check_driver_log(log):
     check(pauses == [{"state": "Paused"}, {"state": "Resumed"}], "fc-b: pause then resume bodies")
     check(calls(log, "fc-c") == ["GET / 200", "PUT /snapshot/load 204", "PATCH /drives/rootfs 204", "GET / 200"],
           "fc-c: restore (MOVE), status: exact calls")
+    check(calls(log, "fc-g")[:4] == ["GET / 200", "PUT /snapshot/load 204", "PATCH /drives/rootfs 204", "GET / 200"]
+          and body_of(log, "fc-g", "PATCH", "/drives/rootfs").get("path_on_host") == "/rootfs",
+          "fc-g: a restore onto a larger disk names the grown file again in its drive PATCH")
+    check(body_of(log, "fc-c", "PATCH", "/drives/rootfs").get("path_on_host") is None,
+          "fc-c: a restore at the snapshot's size leaves the drive's file as it is")
     check(calls(log, "fc-fail") == create[:3] + ["PUT /drives/rootfs 400"],
           "fc-fail: the refused drive stops create")
-    check(not any(r.get("vm") in ("fc-shape", "fc_underscore", "fc-nobin") for r in log),
+    check(not any(r.get("vm") in ("fc-shape", "fc_underscore", "fc-nobin", "fc-small") for r in log),
           "specs refused by the driver start no process")
 
     api = [r for r in log if "method" in r]

@@ -8,6 +8,8 @@
  *  - restore that takes the image over (MOVE): the snapshot loses it;
  *  - the agent socket reaches the guest's vsock port through Firecracker's CONNECT/OK handshake;
  *  - a restore of a snapshot of another shape is refused before anything starts;
+ *  - a restore with a larger disk_gib grows the disk and names it again (PATCH path_on_host), one
+ *    with a smaller disk_gib than the snapshot's is refused before anything starts;
  *  - a request Firecracker refuses (an injected 400) fails vmm_create with its fault message, and
  *    the half-made VM is cleaned up;
  *  - the drive's rate limiter carries the spec's disk_iops and disk_bps (kiln-node's figures per
@@ -19,6 +21,7 @@
  * FC_WORK (a scratch directory holding img/vmlinux, img/initrd, img/rootfs.raw).
  */
 #include <errno.h>
+#include <glob.h>
 #include <limits.h>
 #include <poll.h>
 #include <stdio.h>
@@ -213,6 +216,54 @@ static void test_restore_move_takes_image(void)
 	CHECK(!exists(n.run) && !exists(n.state));
 }
 
+/* The file size of the VM's disk inside its chroot (wherever the jailer put the root), or -1. */
+static long long jailed_disk_size(const char *state)
+{
+	char pattern[PATH_MAX];
+	glob_t g;
+	long long size = -1;
+	struct stat st;
+
+	FMT(pattern, "%s/*/*/root/rootfs", state);
+	if (glob(pattern, 0, NULL, &g) == 0 && g.gl_pathc == 1 && stat(g.gl_pathv[0], &st) == 0)
+		size = (long long)st.st_size;
+	globfree(&g);
+	return size;
+}
+
+/*
+ * A restore with a larger disk_gib grows the disk file and names it again in its PATCH, so that
+ * Firecracker rereads its size and tells the guest; a smaller one is refused before anything runs.
+ */
+static void test_restore_grows_disk_and_refuses_a_smaller_one(void)
+{
+	struct kiln_error err = { 0 };
+	struct names n, m;
+	struct vmm_spec s = spec_for("fc-g", "tap0", &n), t = spec_for("fc-small", "tap0", &m);
+	struct vmm_vm *vm = NULL;
+	char snap3[PATH_MAX], disk[PATH_MAX];
+	struct stat st;
+
+	FMT(snap3, "%s/state/snap3", work);
+	s.disk_gib = 2;		/* snap1's disk is the 64 MiB image */
+	CHECK_INT(vmm_restore("firecracker", &s, snap1, VMM_MEM_COPY, &vm, &err), KILN_OK);
+	if (!vm) {
+		fprintf(stderr, "restore: %s\n", err.msg);
+		return;
+	}
+	CHECK(jailed_disk_size(n.state) == 2ll << 30);
+	CHECK_INT(vmm_snapshot(vm, snap3, VMM_SNAP_FULL, &err), KILN_OK);
+	FMT(disk, "%s/disk.raw", snap3);
+	CHECK(stat(disk, &st) == 0 && st.st_size == 2ll << 30);
+	CHECK_INT(vmm_destroy(vm, &err), KILN_OK);
+	vm = NULL;
+	t.disk_gib = 1;
+	CHECK_INT(vmm_restore("firecracker", &t, snap3, VMM_MEM_COPY, &vm, &err), KILN_E_INVALID);
+	CHECK(vm == NULL);
+	CHECK(strstr(err.msg, "smaller than the snapshot's 2 GiB") != NULL);
+	CHECK(!exists(m.run) && !exists(m.state));
+}
+
 static void test_refused_request_fails_create_and_cleans_up(void)
 {
 	struct kiln_error err = { 0 };
@@ -286,6 +337,7 @@ int main(void)
 	TEST(test_restore_refuses_other_shape);
 	TEST(test_restore_private_child_then_full_snapshot);
 	TEST(test_restore_move_takes_image);
+	TEST(test_restore_grows_disk_and_refuses_a_smaller_one);
 	TEST(test_refused_request_fails_create_and_cleans_up);
 	TEST(test_drive_without_or_with_partial_limits);
 	return test_summary();

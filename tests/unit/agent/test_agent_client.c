@@ -600,6 +600,63 @@ static void hostile_guests_fail_the_sandbox(void)
 	agent_free(a);
 }
 
+/* Runs a grow-root against a fake guest that answers with `reply`; returns the result. */
+static enum kiln_err grow_against(const uint8_t *reply, size_t len, uint64_t *fs_bytes,
+				  struct kiln_error *err)
+{
+	int sv[2];
+	struct fake f;
+	pthread_t t;
+	struct agent *a;
+	enum kiln_err rc;
+
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	f = (struct fake){ sv[1], reply, len, false };
+	pthread_create(&t, NULL, fake_guest, &f);
+	a = agent_open_fd(sv[0], err);
+	rc = agent_grow_root(a, 10ull << 30, 500, fs_bytes, err);
+	pthread_join(t, NULL);
+	agent_free(a);
+	close(sv[1]);
+	return rc;
+}
+
+/* GROW_ROOT: the guest's size comes back, its errors map to codes, a bad reply fails it. */
+static void grow_root_replies_are_checked(void)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, AGENT_T_OK, 0, 0xffffffffu, 8 };
+	struct kiln_error err = { 0 };
+	uint8_t frame[128];
+	struct agent_wr w;
+	uint64_t fs = 0;
+
+	agent_hdr_encode(&h, frame);
+	agent_wr_init(&w, frame + AGENT_HDR_SIZE, sizeof(frame) - AGENT_HDR_SIZE);
+	agent_wr_u64(&w, 9580ull << 20);
+	CHECK_INT(grow_against(frame, AGENT_HDR_SIZE + 8, &fs, &err), KILN_OK);
+	CHECK(fs == 9580ull << 20);
+	/* the guest's disk never grew: its IO error, named */
+	h.type = AGENT_T_ERROR;
+	agent_wr_init(&w, frame + AGENT_HDR_SIZE, sizeof(frame) - AGENT_HDR_SIZE);
+	agent_wr_u32(&w, AGENT_S_IO);
+	agent_wr_u32(&w, 0);
+	agent_wr_str(&w, "the root disk shows 1 bytes");
+	h.len = (uint32_t)w.len;
+	agent_hdr_encode(&h, frame);
+	kiln_error_clear(&err);
+	CHECK_INT(grow_against(frame, AGENT_HDR_SIZE + w.len, NULL, &err), KILN_E_IO);
+	CHECK(strstr(err.msg, "root disk shows") != NULL);
+	/* a reply of the wrong kind */
+	h.type = AGENT_T_EXIT;
+	h.len = 0;
+	agent_hdr_encode(&h, frame);
+	kiln_error_clear(&err);
+	CHECK_INT(grow_against(frame, AGENT_HDR_SIZE, NULL, &err), KILN_E_SANDBOX_FAILED);
+	/* a wait over the cap is refused before anything is sent */
+	kiln_error_clear(&err);
+	CHECK_INT(agent_grow_root(NULL, 1, AGENT_MAX_GROW_WAIT_MS + 1, NULL, &err), KILN_E_INVALID);
+}
+
 int main(int argc, char **argv)
 {
 	char cmd[128];
@@ -626,6 +683,7 @@ int main(int argc, char **argv)
 	TEST(large_output_arrives_whole_through_flow_control);
 	TEST(agent_itself_rejects_bad_requests);
 	TEST(hostile_guests_fail_the_sandbox);
+	TEST(grow_root_replies_are_checked);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

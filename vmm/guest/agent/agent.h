@@ -45,6 +45,9 @@ bool session_has_room(const struct session *s);
 /* The env entries SET_IDENTITY made the default for later execs (NULL-terminated). */
 char *const *session_env_defaults(const struct session *s);
 
+/* grow.c: GROW_ROOT (u64 min disk bytes, u32 wait ms) -> OK(u64 fs bytes) or ERROR */
+void grow_root(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+
 /* exec.c */
 void exec_start(struct session *s, uint32_t id, uint16_t flags, const uint8_t *p, size_t len);
 void exec_cancel(uint32_t id);

@@ -354,6 +354,9 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 	case AGENT_T_FILE_END:
 		file_write_end(s, h->id);
 		break;
+	case AGENT_T_GROW_ROOT:
+		grow_root(s, h->id, p, h->len);
+		break;
 	case AGENT_T_CANCEL:
 		exec_cancel(h->id);
 		file_cancel(h->id);
