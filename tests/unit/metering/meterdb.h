@@ -2,8 +2,8 @@
  * meterdb.h - the metering unit tests' fixtures on the scratch database (testdb.h) and Redis:
  * tenants, grants, sandboxes of the fake node and what the ledger and Redis say of them.
  *
- * Include after declaring `pg`, `rds` and `node` and defining sql() and sql_int() as
- * testdb_sql(pg, ...) and testdb_sql_int(pg, ...).
+ * Include after declaring `pg`, `rds`, `node` and the fake wall clock `fake_now` (ns), defining
+ * S and WINDOW, and sql() and sql_int() as testdb_sql(pg, ...) and testdb_sql_int(pg, ...).
  */
 #ifndef KILN_TESTS_UNIT_METERING_METERDB_H
 #define KILN_TESTS_UNIT_METERING_METERDB_H
@@ -13,9 +13,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/redis.h"
 #include "metering/billing.h"
+#include "metering/meter.h"
 
 static inline void new_tenant(char *t, size_t n)
 {
@@ -90,6 +92,41 @@ static inline long long redis_bal(const char *t, bool *ok)
 	}
 	rds_reply_release(&rep);
 	return ledger - live;
+}
+
+static inline int64_t fake_clock(void *ctx)
+{
+	(void)ctx;
+	return fake_now;
+}
+
+/* Ticks once a (fake) second from the current time up to and including `until_ns`. */
+static inline void tick_until(struct meter *m, int64_t until_ns)
+{
+	struct kiln_error err = { 0 };
+
+	while (fake_now + S <= until_ns) {
+		fake_now += S;
+		if (meter_tick(m, &err) != KILN_OK)
+			fprintf(stderr, "tick failed: %s\n", err.msg);
+	}
+}
+
+/*
+ * Starts a case on a node of its own (so no meter sees another case's sandboxes) and returns a
+ * window-aligned fake time a little before the host's now.
+ */
+static inline int64_t aligned_now(void)
+{
+	int64_t t = (int64_t)time(NULL) - 3 * WINDOW;
+
+	snprintf(node, sizeof(node), "um%08x", (unsigned)rand());
+	sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+	    "accelerator, image_hash) VALUES ('%s', 'unix:/nonexistent', 16000, 16384, 32, 'qemu', "
+	    "'tcg', '')",
+	    node);
+
+	return (t - t % WINDOW) * S;
 }
 
 #endif

@@ -35,12 +35,6 @@ static struct rds *rds;
 static char node[32];
 static int64_t fake_now;
 
-static int64_t fake_clock(void *ctx)
-{
-	(void)ctx;
-	return fake_now;
-}
-
 #include "meterdb.h"
 
 static char paused[64][64];
@@ -76,35 +70,6 @@ static struct meter *new_meter_pausing(bool pausing)
 		exit(1);
 	}
 	return m;
-}
-
-/* Ticks once a (fake) second from the current time up to and including `until_ns`. */
-static void tick_until(struct meter *m, int64_t until_ns)
-{
-	struct kiln_error err = { 0 };
-
-	while (fake_now + S <= until_ns) {
-		fake_now += S;
-		if (meter_tick(m, &err) != KILN_OK)
-			fprintf(stderr, "tick failed: %s\n", err.msg);
-	}
-}
-
-/*
- * Starts a case on a node of its own (so no meter sees another case's sandboxes) and returns a
- * window-aligned fake time a little before the host's now.
- */
-static int64_t aligned_now(void)
-{
-	int64_t t = (int64_t)time(NULL) - 3 * WINDOW;
-
-	snprintf(node, sizeof(node), "um%08x", (unsigned)rand());
-	sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
-	    "accelerator, image_hash) VALUES ('%s', 'unix:/nonexistent', 16000, 16384, 32, 'qemu', "
-	    "'tcg', '')",
-	    node);
-
-	return (t - t % WINDOW) * S;
 }
 
 /* The gateway's view of the balance of `t`. */
