@@ -88,6 +88,12 @@ const struct cfg_def config_table[] = {
 	  "within this bound)" },
 	{ "admin_key_file", CFG_STRING, F(admin_key_file), NULL, 0, 0, NULL, false,
 	  "file the operator's first admin API key is written to when the database has none" },
+	{ "template_max_per_tenant", CFG_INT, F(template_max_per_tenant), "50", 1, 100000, NULL,
+	  false, "templates (docs/templates.md) one tenant may have; past it POST /v1/templates of a "
+	  "new name is 403 quota_exceeded" },
+	{ "template_max_versions", CFG_INT, F(template_max_versions), "100", 1, 100000, NULL, false,
+	  "versions one template may have; past it POST /v1/templates of its name is 403 "
+	  "quota_exceeded" },
 	{ "node_listen", CFG_STRING, F(node_listen), NULL, 0, 0, NULL, false,
 	  "kiln-node's API: unix:/path or host:port (default unix:<run_dir>/node.sock)" },
 	{ "node_address", CFG_STRING, F(node_address), NULL, 0, 0, NULL, false,

@@ -53,6 +53,8 @@ struct kiln_config {
 							   this long are deleted; 0: never */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
 	char *admin_key_file;		/* where the operator's first admin key is written */
+	long long template_max_per_tenant;	/* live templates of one tenant */
+	long long template_max_versions;	/* versions of one template */
 
 	/* kiln-node */
 	char *node_listen;		/* unix:/path or host:port of the node's API */

@@ -46,7 +46,8 @@ import metertest as mt  # noqa: E402  (kiln-meter as the metering tests run it)
 GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
             "KILN_TENANT_RATE_LIMIT_RPS": "100000", "KILN_TENANT_RATE_LIMIT_BURST": "100000",
             "KILN_CREATE_LIMIT_RPM": "1000", "KILN_TENANT_CREATE_LIMIT_RPM": "1000"}
-PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_"}
+PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_",
+          "template": "tmpl_"}
 A_FILE = "/root/data.csv"
 
 
@@ -174,6 +175,11 @@ class TenantMatrix(unittest.TestCase):
             r = cls.gw.request("POST", "/v1/api-keys", {"name": "second", "scopes": ["sandbox:read"]}, t.key)
             assert r.status == 201, r
             t.ids["api_key"] = r.json()["id"]
+            r = cls.gw.request("POST", "/v1/templates",
+                               {"name": "tpl-" + t.name, "vcpus": 1, "memory_mib": 512, "disk_gib": 10},
+                               t.key)
+            assert r.status == 201, r
+            t.ids["template"] = r.json()["id"]
         cls.A_ids = set(cls.A.ids.values())
 
     # -------------------------------------------------------------------------------- helpers
@@ -226,6 +232,8 @@ class TenantMatrix(unittest.TestCase):
             "bandwidth": bw,
             "snapshots": sorted((s["id"], s["sandbox_id"], s.get("name"))
                                 for s in get("/v1/snapshots").json()["snapshots"]),
+            "templates": sorted(json.dumps(x, sort_keys=True)
+                                for x in get("/v1/templates").json()["templates"]),
             "keys": sorted((k["id"], k["revoked_at"], k.get("expires_at"), tuple(k["scopes"]))
                            for k in get("/v1/api-keys").json()["api_keys"]),
             "granted": get("/v1/billing/balance").json()["granted_ucr"],
