@@ -1,6 +1,6 @@
 /*
- * kiln.c - the command-line client: sandboxes, exec, files, snapshots, egress and billing through
- * the public API (docs/cli.md).
+ * kiln.c - the command-line client: sandboxes, exec, files, snapshots, templates, egress and
+ * billing through the public API (docs/cli.md).
  *
  *   kiln [--url URL] [--key KEY] [--json] COMMAND [ARG...]
  *
@@ -563,6 +563,89 @@ static int cmd_snapshot(int argc, char **argv)
 	return rc;
 }
 
+/*
+ * The id of the caller's template `arg`: `arg` itself when it is an id (tmpl_…), else the id of
+ * the template of that name, found in the listing. 0 or an exit code (1 when there is none).
+ */
+static int template_id(const char *arg, char *out, size_t len)
+{
+	char path[512], *cursor = NULL;
+	json_t *page = NULL, *t;
+	size_t i;
+	int rc = 0;
+
+	if (strncmp(arg, "tmpl_", 5) == 0) {
+		if (strspn(arg, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(arg) ||
+		    strlen(arg) >= len)
+			return usage_error("'%s' is not a template id", arg);
+		snprintf(out, len, "%s", arg);
+		return 0;
+	}
+	for (;;) {
+		snprintf(path, sizeof(path), "/v1/templates?limit=100%s%s", cursor ? "&cursor=" : "",
+			 cursor ? cursor : "");
+		free(cursor);
+		cursor = NULL;
+		if ((rc = call("GET", path, NULL, &page)))
+			return rc;
+		json_array_foreach(json_object_get(page, "templates"), i, t) {
+			if (strcmp(json_string_value(json_object_get(t, "name")) ?: "", arg) == 0) {
+				snprintf(out, len, "%s", json_string_value(json_object_get(t, "id")));
+				json_decref(page);
+				return 0;
+			}
+		}
+		if (json_is_string(json_object_get(page, "next_cursor")))
+			cursor = strdup(json_string_value(json_object_get(page, "next_cursor")));
+		json_decref(page);
+		page = NULL;
+		if (!cursor)
+			break;
+	}
+	fprintf(stderr, "kiln: no template \"%s\"\n", arg);
+	return EXIT_API;
+}
+
+/* template list | template rm NAME|ID */
+static int cmd_template(int argc, char **argv)
+{
+	char id[128], path[256];
+	json_t *page = NULL, *t;
+	size_t i;
+	int rc;
+
+	if (argc == 2 && !strcmp(argv[1], "list")) {
+		rc = call("GET", "/v1/templates?limit=100", NULL, &page);
+		if (rc == 0 && as_json) {
+			print_json(page);
+		} else if (rc == 0) {
+			json_array_foreach(json_object_get(page, "templates"), i, t) {
+				json_t *v = json_array_get(json_object_get(t, "versions"), 0);
+				json_t *ready = json_object_get(t, "latest_ready_version");
+
+				char r[32] = "none";
+
+				if (json_is_integer(ready))
+					snprintf(r, sizeof(r), "v%lld", (long long)json_integer_value(ready));
+				printf("%s\t%s\tv%lld %s\tready: %s\n",
+				       json_string_value(json_object_get(t, "id")),
+				       json_string_value(json_object_get(t, "name")),
+				       (long long)json_integer_value(json_object_get(v, "version")),
+				       json_string_value(json_object_get(v, "status")) ?: "", r);
+			}
+		}
+		json_decref(page);
+		return rc;
+	}
+	if (argc == 3 && !strcmp(argv[1], "rm")) {
+		if ((rc = template_id(argv[2], id, sizeof(id))))
+			return rc;
+		snprintf(path, sizeof(path), "/v1/templates/%s", id);
+		return call("DELETE", path, NULL, NULL);
+	}
+	return usage_error("template takes 'list' or 'rm NAME|ID'");
+}
+
 static int cmd_egress(int argc, char **argv)
 {
 	char path[256];
@@ -774,6 +857,7 @@ static const struct command {
 	{ "fork", cmd_fork, "ID [--count N]", "children of a running sandbox in its state" },
 	{ "timeout", cmd_timeout, "ID SECONDS", "set the sandbox's timeout from now" },
 	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
+	{ "template", cmd_template, "list | rm NAME|ID", "your templates (id, name, newest version and its status, the ready one); delete one with all its versions" },
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
