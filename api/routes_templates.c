@@ -63,7 +63,7 @@ out:
 	apireq_template_free(&t);
 }
 
-/* GET /v1/templates: the caller's templates, newest first, paged. */
+/* GET /v1/templates: the caller's templates, newest first, paged, each with its newest version. */
 static void templates_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -80,7 +80,7 @@ static void templates_list(struct http_req *req)
 	if (!c)
 		return;
 	rc = PGQ(c, &res, &err,
-		 "SELECT template_json(t)::text, "
+		 "SELECT template_summary_json(t)::text, "
 		 "(extract(epoch FROM t.created_at) * 1000000)::bigint || '.' || t.id "
 		 "FROM templates t WHERE t.tenant_id = $1 AND t.deleted_at IS NULL "
 		 "AND ($2::text IS NULL OR (t.created_at, t.id) < "

@@ -620,7 +620,7 @@ static int cmd_template(int argc, char **argv)
 			print_json(page);
 		} else if (rc == 0) {
 			json_array_foreach(json_object_get(page, "templates"), i, t) {
-				json_t *v = json_array_get(json_object_get(t, "versions"), 0);
+				json_t *v = json_object_get(t, "latest_version");
 				json_t *ready = json_object_get(t, "latest_ready_version");
 
 				char r[32] = "none";

@@ -88,7 +88,20 @@ CREATE FUNCTION template_version_json(v template_versions) RETURNS jsonb LANGUAG
         'finished_at', rfc3339(v.finished_at))
 $$;
 
--- A template as the API shows it: its versions newest first, and the latest ready one.
+-- A template as listed: its newest version only (a listing stays small however many versions
+-- the templates have), and the latest ready one.
+CREATE FUNCTION template_summary_json(t templates) RETURNS jsonb LANGUAGE sql STABLE AS $$
+    SELECT jsonb_build_object(
+        'id', t.id,
+        'name', t.name,
+        'created_at', rfc3339(t.created_at),
+        'latest_ready_version', (SELECT max(v.version) FROM template_versions v
+                                 WHERE v.template_id = t.id AND v.status = 'ready'),
+        'latest_version', (SELECT template_version_json(v) FROM template_versions v
+                           WHERE v.template_id = t.id ORDER BY v.version DESC LIMIT 1))
+$$;
+
+-- A template as GET shows it: its versions newest first, and the latest ready one.
 CREATE FUNCTION template_json(t templates) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT jsonb_build_object(
         'id', t.id,

@@ -56,6 +56,11 @@ class TemplateRoutes(GatewayCase):
         listing = self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()
         self.assertEqual([x["id"] for x in listing["templates"]], [other["id"], first["id"]])
         self.assertIsNone(listing["next_cursor"])
+        # A listing carries each template's newest version only.
+        item = listing["templates"][1]
+        self.assertEqual(set(item), {"id", "name", "created_at", "latest_ready_version", "latest_version"})
+        self.assertEqual(item["latest_version"], v2)
+        self.assertIsNone(item["latest_ready_version"])
         page = self.expect(self.call("GET", "/v1/templates?limit=1", headers=h), 200).json()
         self.assertEqual([x["id"] for x in page["templates"]], [other["id"]])
         page = self.expect(self.call("GET", "/v1/templates?limit=1&cursor=" + page["next_cursor"],
@@ -122,6 +127,17 @@ class TemplateRoutes(GatewayCase):
         self.assertNotEqual(again["id"], a["id"])
         self.assertEqual(again["version"], 1)
 
+    def test_a_retry_with_the_same_idempotency_key_adds_no_second_version(self):
+        tid, _, h = self.new_tenant("idem")
+        hk = dict(h, **{"Idempotency-Key": "build-web-1"})
+        first = self.expect(self.call("POST", "/v1/templates", spec("web"), hk), 201)
+        again = self.expect(self.call("POST", "/v1/templates", spec("web"), hk), 201)
+        self.assertEqual(again.json(), first.json())
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+        self.assertEqual(self.rows(tid), "1|1")
+        self.expect(self.call("POST", "/v1/templates", spec("other"), hk), 422, "invalid")
+        self.assertEqual(self.rows(tid), "1|1")
+
     def test_scopes_read_and_write(self):
         _, _, h = self.new_tenant("scopes")
         ro = {"Authorization": "Bearer " + self.new_key(h, ["sandbox:read"])["key"]}
@@ -170,7 +186,7 @@ class TemplateLimits(GatewayCase):
         r = self.expect(self.call("POST", "/v1/templates", spec("v"), h), 403, "quota_exceeded")
         self.assertIn("template_max_versions", r.json()["error"]["message"])
         t = self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()["templates"]
-        self.assertEqual([len(x["versions"]) for x in t], [2])
+        self.assertEqual([x["latest_version"]["version"] for x in t], [2])
 
 
 if __name__ == "__main__":
