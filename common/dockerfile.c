@@ -1109,7 +1109,7 @@ static int glob_class(const char *p, size_t i, char c, size_t *end)
 	bool neg = false, hit = false;
 
 	i++;
-	if (p[i] == '!' || p[i] == '^')
+	if (p[i] == '^')	/* Go's negation; '!' is an ordinary member there */
 		neg = true, i++;
 	if (p[i] == ']') {
 		if (c == ']')
@@ -1173,8 +1173,7 @@ bool dockerignore_glob(const char *pat, const char *name)
 		struct gtok *k = &tok[nt++];
 
 		if (pat[i] == '*' && pat[i + 1] == '*') {
-			while (pat[i] == '*')
-				i++;
+			i += 2;	/* exactly two: "***" is "**" then "*", as in Docker */
 			if (pat[i] == '/')
 				i++;
 			k->t = pat[i] ? T_DIRS : T_ANY;

@@ -92,7 +92,8 @@ void dockerignore_free(struct dockerignore *di);
 /*
  * Whether the context path `path` (relative to the context's root, '/'-separated) is excluded:
  * the last rule matching it or one of its parent directories decides. Patterns use `*` and `?`
- * (not matching '/'), `[...]` classes, `\` escapes and `**` (any number of directories).
+ * (not matching '/'), `[...]` classes (`[^...]` negated), `\` escapes and `**` (any number of
+ * directories).
  */
 bool dockerignore_excluded(const struct dockerignore *di, const char *path);
 

@@ -2,13 +2,15 @@
  * dockerfile_fuzz.c - libFuzzer target for the Dockerfile and .dockerignore parsers
  * (common/dockerfile.c), whose input is a tenant's build context.
  *
- * Input: a selector byte, then either a Dockerfile (even selector) or a .dockerignore and a path
- * separated by the first NUL (odd selector). Oracle: no crash, leak or UB, linear-ish time (the
+ * Input: a selector byte, then (selector % 3) 0: a Dockerfile; 1: a .dockerignore and a path
+ * separated by the first NUL; 2: a glob pattern and a name separated by a NUL, whose match must
+ * agree with a plain backtracking reference of Docker's rules. Oracle: no crash, leak or UB, linear-ish time (the
  * -timeout of the run); a refusal is 413, 422 or out of memory with a message; an accepted
  * Dockerfile has a FROM that is a template name, steps of known kinds with their documented
  * shapes (COPY/ADD sources inside the context, absolute destinations, ENV pairs), an absolute
  * WORKDIR and a NULL-terminated start command.
  */
+#include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,6 +82,43 @@ static void check_dockerfile(const struct dockerfile *df)
 		CHECK(df->start_argv[df->start_argc] == NULL);
 }
 
+/*
+ * A reference for dockerignore_glob(): Docker's translation of a pattern into a regular expression
+ * (`**` then an optional '/' is (.*\/)?, or .* at the end; `*` is [^/]*; `?` is [^/]; `\c` is c),
+ * matched by plain backtracking. Exponential, so only run on short inputs; no classes.
+ */
+static bool ref_glob(const char *p, const char *n)
+{
+	if (*p == '\0')
+		return *n == '\0';
+	if (p[0] == '*' && p[1] == '*') {
+		p += 2;
+		if (*p == '/')
+			p++;
+		if (*p == '\0')
+			return true;
+		if (ref_glob(p, n))
+			return true;
+		for (const char *k = n; *k; k++)
+			if (*k == '/' && ref_glob(p, k + 1))
+				return true;
+		return false;
+	}
+	if (*p == '*') {
+		for (const char *k = n;; k++) {
+			if (ref_glob(p + 1, k))
+				return true;
+			if (*k == '\0' || *k == '/')
+				return false;
+		}
+	}
+	if (*p == '?')
+		return *n && *n != '/' && ref_glob(p + 1, n + 1);
+	if (*p == '\\' && p[1])
+		p++;
+	return *n == *p && ref_glob(p + 1, n + 1);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	struct kiln_error err = { 0 };
@@ -87,7 +126,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
 	if (size < 1)
 		return 0;
-	if ((data[0] & 1) == 0) {
+	if (data[0] % 3 == 2) {
+		/* pattern NUL name, short and without classes: the same answer as the reference. */
+		const char *text = (const char *)data + 1;
+		const char *nul = memchr(text, '\0', size - 1);
+		char pat[24], name[24];
+		size_t pl, nl;
+
+		if (!nul)
+			return 0;
+		pl = (size_t)(nul - text);
+		nl = size - 1 - pl - 1;
+		if (pl >= sizeof(pat) || nl >= sizeof(name) || memchr(text, '[', pl) ||
+		    memchr(nul + 1, '\0', nl))
+			return 0;
+		memcpy(pat, text, pl);
+		pat[pl] = '\0';
+		memcpy(name, nul + 1, nl);
+		name[nl] = '\0';
+		if (pl > 0 && pat[pl - 1] == '\\')
+			return 0;	/* a trailing lone backslash: Docker refuses the pattern */
+		CHECK(dockerignore_glob(pat, name) == ref_glob(pat, name));
+	} else if (data[0] % 3 == 0) {
 		struct dockerfile df;
 
 		rc = dockerfile_parse((const char *)data + 1, size - 1, &df, &err);

@@ -373,8 +373,12 @@ static void test_dockerignore(void)
 	CHECK(!dockerignore_glob("a/**/b", "a/xb"));
 	CHECK(dockerignore_glob("*", "abc"));
 	CHECK(!dockerignore_glob("*", "a/b"));
-	CHECK(dockerignore_glob("[!a]", "b"));
-	CHECK(!dockerignore_glob("[!a]", "a"));
+	CHECK(dockerignore_glob("[^a]", "b"));
+	CHECK(!dockerignore_glob("[^a]", "a"));
+	CHECK(dockerignore_glob("[!a]", "!"));	/* Go's classes: '!' is a member, not a negation */
+	CHECK(!dockerignore_glob("[!a]", "b"));
+	CHECK(dockerignore_glob("***x", "a/bx"));	/* "**" then "*": (.*\/)?[^/]*x */
+	CHECK(!dockerignore_glob("***x", "a/b/"));
 	CHECK(dockerignore_glob("[a-c]z", "bz"));
 	CHECK(dockerignore_glob("[", "["));	/* an unclosed class is literal */
 	CHECK(!dockerignore_glob("?", "/"));
