@@ -746,22 +746,23 @@ static enum kiln_err do_env(struct ps *p, const char *args, enum df_kind kind)
 		goto out;
 	}
 	if (kind == DF_ENV && !strchr(w.v[0], '=')) {
-		/* ENV key value with spaces: the rest of the line is the value. */
-		struct str v = { 0 };
+		/* ENV key value: the rest of the line, as it is (blanks kept), is the value. */
+		const char *rest = args + strcspn(args, " \t");
+		struct strv v = { 0 };
 
-		for (i = 1; i < w.n; i++) {
-			if (i > 1)
-				str_put(p, &v, " ", 1);
-			str_put(p, &v, w.v[i], strlen(w.v[i]));
-		}
-		if (p->rc == KILN_OK && !valid_var(w.v[0], strlen(w.v[0])))
+		rest += strspn(rest, " \t");
+		if (!valid_var(w.v[0], strlen(w.v[0])))
 			fail(p, KILN_E_INVALID, "ENV %.60s: not a variable name", w.v[0]);
-		else if (p->rc == KILN_OK && w.n < 2)
+		else if (w.n < 2)
 			fail(p, KILN_E_INVALID, "ENV %.60s needs a value", w.v[0]);
-		strv_dup(p, &a, w.v[0]);
-		strv_push(p, &a, v.p ? v.p : strdup(""));
-		if (p->rc == KILN_OK && !a.v[1])
-			fail(p, KILN_E_NOMEM, "out of memory");
+		else
+			lex(p, rest, false, true, &v);
+		if (p->rc == KILN_OK) {
+			strv_dup(p, &a, w.v[0]);
+			strv_push(p, &a, v.v[0]);
+			v.v[0] = NULL;
+		}
+		strv_free(&v);
 	} else {
 		for (i = 0; i < w.n && p->rc == KILN_OK; i++) {
 			char *eq = strchr(w.v[i], '=');
@@ -890,6 +891,8 @@ static enum kiln_err instruction(struct ps *p, char *text)
 	size_t n = 0, i;
 	char *args, *end;
 
+	while (isspace((unsigned char)*text))
+		text++;
 	while (text[n] && !isspace((unsigned char)text[n]))
 		n++;
 	args = text + n;

@@ -109,6 +109,9 @@ static void test_run_exec_form_and_keywords_in_any_case(void)
 	CHECK(df.nsteps == 1 && df.steps[0].shell);
 	CHECK_INT(parse("FROM base\nRUN [\"a\", 1]\n"), KILN_OK);
 	CHECK(df.nsteps == 1 && df.steps[0].shell);
+	/* Indented instructions. */
+	CHECK_INT(parse("  FROM base\n\tRUN true\n"), KILN_OK);
+	CHECK(df.nsteps == 1 && df.steps[0].kind == DF_RUN);
 	/* CRLF line ends and trailing blanks after a continuation. */
 	CHECK_INT(parse("FROM base\r\nRUN echo a \\  \r\n\r\n  b\r\n"), KILN_OK);
 	CHECK(df.nsteps == 1);
@@ -154,7 +157,7 @@ static void test_quoting_and_substitution(void)
 		"ENV A=1 B=\"two words\"\n"
 		"ENV A=2 C='$A literal' D=\\$A E=${A}x F=${NOPE:-dflt} G=${A:+set} "
 		"H=${NOPE:+x} I=\"$B!\" J=${NAME:-${A}${A}}\n"
-		"ENV LEGACY the rest of the line\n"
+		"ENV LEGACY the rest  of \"the  $A\" line\n"
 		"WORKDIR /a/$B/../c\n"
 		"COPY [\"$A.txt\", \"dir/\"]\n";
 
@@ -179,7 +182,7 @@ static void test_quoting_and_substitution(void)
 			CHECK_STR(df.steps[3].argv[2 * i + 1], want[i]);
 	}
 	CHECK_STR(df.steps[4].argv[0], "LEGACY");
-	CHECK_STR(df.steps[4].argv[1], "the rest of the line");
+	CHECK_STR(df.steps[4].argv[1], "the rest  of the  2 line");
 	CHECK_STR(df.steps[5].argv[0], "/a/c");
 	CHECK_STR(df.steps[6].argv[0], "2.txt");
 	CHECK_STR(df.steps[6].argv[1], "/a/c/dir/");
