@@ -541,6 +541,8 @@ static enum kiln_err do_run(struct ps *p, const char *args, enum df_kind kind)
 	(void)kind;
 	if (strncmp(args, "--", 2) == 0)
 		return fail(p, KILN_E_INVALID, "RUN options (%.40s) are not supported", args);
+	if (strncmp(args, "<<", 2) == 0)
+		return fail(p, KILN_E_INVALID, "RUN heredocs (<<) are not supported");
 	if (!exec_form(p, args, &a)) {
 		if (!*args)
 			return fail(p, KILN_E_INVALID, "RUN needs a command");
@@ -628,6 +630,8 @@ static enum kiln_err do_copy(struct ps *p, const char *args, enum df_kind kind)
 		while (*rest == ' ' || *rest == '\t')
 			rest++;
 	}
+	if (p->rc == KILN_OK && strncmp(rest, "<<", 2) == 0)
+		fail(p, KILN_E_INVALID, "%s heredocs (<<) are not supported", name);
 	if (p->rc != KILN_OK)
 		goto out;
 	if (exec_form(p, rest, &w)) {

@@ -236,6 +236,8 @@ static void test_refusals_name_the_line(void)
 	refused("FROM base\nRUN --mount=type=cache,target=/x true\n", KILN_E_INVALID,
 		"RUN options");
 	refused("FROM base\nRUN\n", KILN_E_INVALID, "line 2: RUN needs a command");
+	refused("FROM base\nRUN <<EOF\necho hi\nEOF\n", KILN_E_INVALID, "line 2: RUN heredocs");
+	refused("FROM base\nCOPY <<EOF /x\nhi\nEOF\n", KILN_E_INVALID, "line 2: COPY heredocs");
 	refused("FROM base\nRUN []\n", KILN_E_INVALID, "RUN needs a command");
 	refused("FROM base\nCMD\n", KILN_E_INVALID, "CMD needs a command");
 	refused("FROM base\nENV\n", KILN_E_INVALID, "ENV needs a name");
