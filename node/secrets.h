@@ -1,0 +1,72 @@
+/*
+ * secrets.h - a sandbox's secrets on kiln-node: checked against its rules, sealed into Postgres
+ * (table sandbox_secrets, migrations/0017_secrets.sql), opened into the injector's memory
+ * (inject.h) when the sandbox runs here, and the tenant's CA put into the guest's trust
+ * (docs/network-policy.md, "Secrets").
+ *
+ * Who sees what: the gateway passes the values through to this node (PUT /secrets, create) and
+ * keeps none; Postgres holds them sealed with the master key; this node holds them in clear only
+ * in the injector's memory; the guest never gets them, only the CA's certificate.
+ */
+#ifndef KILN_NODE_SECRETS_H
+#define KILN_NODE_SECRETS_H
+
+#include <jansson.h>
+
+#include "node/inject.h"
+#include "node/node.h"
+
+#define SECRETS_AD_PREFIX "secret:"
+#define SECRETS_GUEST_CA "/usr/local/share/ca-certificates/kiln-tenant-ca.crt"
+#define SECRETS_GUEST_BUNDLE "/etc/ssl/certs/ca-certificates.crt"
+
+/* A parsed set, as inject_set takes it. */
+struct secrets_set {
+	struct inject_secret *s;
+	size_t n;
+};
+
+/* Wipes the values and frees the set. Accepts a zeroed one. */
+void secrets_set_free(struct secrets_set *set);
+
+/*
+ * Parses `arr` (a JSON array of {"host", "header", "value"}; NULL or null: none) against the
+ * sandbox's rules `rules`: every host an exact host rule (KILN_E_INVALID naming it otherwise),
+ * header names inject_header_ok() and distinct per host, at most secrets_max entries and
+ * secret_value_max bytes per value without CR, LF or NUL (KILN_E_INVALID naming the limit);
+ * KILN_E_BAD_REQUEST for a wrong shape. Nothing of a value appears in a message.
+ */
+enum kiln_err secrets_parse(const struct kiln_config *cfg, const json_t *arr,
+			    const struct kiln_ruleset *rules, struct secrets_set *out,
+			    struct kiln_error *err);
+
+/* Replaces the sandbox's rows with `set`, each value sealed (one transaction). */
+enum kiln_err secrets_store(struct node *n, const char *sandbox_id, const char *tenant_id,
+			    const struct secrets_set *set, struct kiln_error *err);
+
+/* Reads and opens the sandbox's rows into `out` (none: an empty set). */
+enum kiln_err secrets_load(struct node *n, const char *sandbox_id, const char *tenant_id,
+			   struct secrets_set *out, struct kiln_error *err);
+
+/*
+ * Makes `set` the sandbox's live set in the injector (taking its values) and, when it is not
+ * empty, gives the guest the tenant's CA (secrets_guest_trust). An empty set drops the sandbox's.
+ */
+enum kiln_err secrets_activate(struct node *n, struct sandbox *sb, struct secrets_set *set,
+			       struct kiln_error *err);
+
+/* secrets_load then secrets_activate: for a resumed or restored sandbox. Logs a failure. */
+void secrets_restore(struct node *n, struct sandbox *sb);
+
+/* Copies the parent's rows to a child (fork): the child's values sealed for the child. */
+enum kiln_err secrets_copy(struct node *n, const char *parent_id, const char *child_id,
+			   const char *tenant_id, struct kiln_error *err);
+
+/* The sandbox's secrets as the API lists them: [{"host", "header"}], from Postgres. */
+json_t *secrets_list_json(struct node *n, const char *sandbox_id, const char *tenant_id,
+			  struct kiln_error *err);
+
+/* PUT /v1/sandboxes/{id}/secrets on the node (routes.c registers it). */
+void secrets_put_route(struct http_req *req, struct sandbox *sb);
+
+#endif
