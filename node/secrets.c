@@ -361,17 +361,40 @@ enum kiln_err secrets_activate(struct node *n, struct sandbox *sb, struct secret
 	return rc;
 }
 
-void secrets_restore(struct node *n, struct sandbox *sb)
+enum kiln_err secrets_restore(struct node *n, struct sandbox *sb, struct kiln_error *err)
 {
-	struct kiln_error err = { 0 };
 	struct secrets_set set;
-	enum kiln_err rc = secrets_load(n, sb->id, sb->tenant_id, &set, &err);
+	enum kiln_err rc = secrets_load(n, sb->id, sb->tenant_id, &set, err);
 
 	if (rc == KILN_OK)
-		rc = secrets_activate(n, sb, &set, &err);
+		rc = secrets_activate(n, sb, &set, err);
 	secrets_set_free(&set);
 	if (rc != KILN_OK)
-		log_error("the secrets of sandbox \"%s\" are not in force: %s", sb->id, err.msg);
+		log_error("the secrets of sandbox \"%s\" cannot be put in force: %s", sb->id,
+			  err->msg);
+	return rc;
+}
+
+enum kiln_err secrets_inherit(struct node *n, const char *parent_id, struct sandbox *child,
+			      struct kiln_error *err)
+{
+	enum kiln_err rc = secrets_copy(n, parent_id, child->id, child->tenant_id, err);
+
+	return rc == KILN_OK ? secrets_restore(n, child, err) : rc;
+}
+
+void secrets_forget(struct node *n, const char *sandbox_id)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = NULL;
+
+	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+		PGQ(c, NULL, &err, "DELETE FROM sandbox_secrets WHERE sandbox_id = $1", sandbox_id);
+		pg_release(n->pg, c);
+	}
+	if (err.code != KILN_OK)
+		log_warn("the secrets of deleted sandbox \"%s\" stay (sealed): %s", sandbox_id,
+			 err.msg);
 }
 
 json_t *secrets_list_json(struct node *n, const char *sandbox_id, const char *tenant_id,

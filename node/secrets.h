@@ -55,8 +55,15 @@ enum kiln_err secrets_load(struct node *n, const char *sandbox_id, const char *t
 enum kiln_err secrets_activate(struct node *n, struct sandbox *sb, struct secrets_set *set,
 			       struct kiln_error *err);
 
-/* secrets_load then secrets_activate: for a resumed or restored sandbox. Logs a failure. */
-void secrets_restore(struct node *n, struct sandbox *sb);
+/* secrets_load then secrets_activate: for a resumed sandbox (none stored: nothing to do). */
+enum kiln_err secrets_restore(struct node *n, struct sandbox *sb, struct kiln_error *err);
+
+/* A fork child inherits the parent's secrets: copied (secrets_copy) and put in force. */
+enum kiln_err secrets_inherit(struct node *n, const char *parent_id, struct sandbox *child,
+			      struct kiln_error *err);
+
+/* Deletes the rows of a deleted sandbox (a failure is logged: they stay sealed). */
+void secrets_forget(struct node *n, const char *sandbox_id);
 
 /* Copies the parent's rows to a child (fork): the child's values sealed for the child. */
 enum kiln_err secrets_copy(struct node *n, const char *parent_id, const char *child_id,
