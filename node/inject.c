@@ -210,6 +210,18 @@ void inject_drop(struct inject *inj, const char *sandbox_id)
 	entry_free(old);
 }
 
+bool inject_has(struct inject *inj, const char *sandbox_id)
+{
+	bool has;
+
+	if (!inj)
+		return false;
+	pthread_mutex_lock(&inj->lock);
+	has = *entry_find(inj, sandbox_id) != NULL;
+	pthread_mutex_unlock(&inj->lock);
+	return has;
+}
+
 bool inject_header_ok(const char *name)
 {
 	static const char *const refused[] = { "host", "content-length", "transfer-encoding",

@@ -62,6 +62,9 @@ enum kiln_err inject_set(struct inject *inj, const char *sandbox_id, struct tena
 /* Forgets the sandbox's set (delete, pause). */
 void inject_drop(struct inject *inj, const char *sandbox_id);
 
+/* Whether the sandbox has a set in force. */
+bool inject_has(struct inject *inj, const char *sandbox_id);
+
 /* Wipes and frees the values of `n` secrets (those inject_set did not take). */
 void inject_secrets_wipe(struct inject_secret *s, size_t n);
 

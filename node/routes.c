@@ -881,6 +881,7 @@ static void sse_produce(struct pump *p, void *ctx)
 
 	j->p = p;
 	pump_ready(p, 200, "text/event-stream");
+	secrets_exec_env(j->n, j->sb->id, &j->e->env);	/* out of memory: as asked */
 	agent_req_of(j->e, &a);
 	rc = agent_exec(j->sb->agent, &a, sse_output, j, &r, &err);
 	if (rc == KILN_OK) {
@@ -991,6 +992,7 @@ static void sandbox_exec(struct http_req *req)
 		return;
 	}
 	charged = EXEC_MEM_SLACK;	/* the texts' charges are theirs until they are freed */
+	secrets_exec_env(n, sb->id, &e->env);	/* out of memory: as asked */
 	agent_req_of(e, &a);
 	rc = agent_exec(sb->agent, &a, capture_output, &cap, &r, &err);
 	exec_leave(n, sb);

@@ -474,6 +474,38 @@ out:
 	explicit_bzero((void *)text, len);	/* the values' copy in the request body */
 }
 
+bool secrets_exec_env(struct node *n, const char *sandbox_id, char ***env)
+{
+	static const char *const trust[] = { "SSL_CERT_FILE=" SECRETS_GUEST_BUNDLE,
+					     "REQUESTS_CA_BUNDLE=" SECRETS_GUEST_BUNDLE,
+					     "NODE_EXTRA_CA_CERTS=" SECRETS_GUEST_CA };
+	size_t k = sizeof(trust) / sizeof(trust[0]), m = 0, bytes = 0;
+	char **arr, *p;
+
+	if (!inject_has(n->inject, sandbox_id))
+		return true;
+	for (size_t i = 0; i < k; i++)
+		bytes += strlen(trust[i]) + 1;
+	for (; *env && (*env)[m]; m++)
+		bytes += strlen((*env)[m]) + 1;
+	arr = malloc((k + m + 1) * sizeof(char *) + bytes);
+	if (!arr)
+		return false;
+	p = (char *)(arr + k + m + 1);
+	for (size_t i = 0; i < k + m; i++) {
+		const char *s = i < k ? trust[i] : (*env)[i - k];
+		size_t l = strlen(s) + 1;
+
+		memcpy(p, s, l);
+		arr[i] = p;
+		p += l;
+	}
+	arr[k + m] = NULL;
+	free(*env);
+	*env = arr;
+	return true;
+}
+
 int inject_handoff(struct node *n, const char *sandbox_id, int guest_fd, const void *pre,
 		   size_t pre_len, const char *host, const struct sockaddr_storage *upstream)
 {

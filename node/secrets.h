@@ -73,6 +73,15 @@ enum kiln_err secrets_copy(struct node *n, const char *parent_id, const char *ch
 json_t *secrets_list_json(struct node *n, const char *sandbox_id, const char *tenant_id,
 			  struct kiln_error *err);
 
+/*
+ * For an exec in a sandbox with secrets: puts SSL_CERT_FILE and REQUESTS_CA_BUNDLE (the guest's
+ * bundle, which holds the tenant's CA) and NODE_EXTRA_CA_CERTS (the CA's own file) before the
+ * request's own `*env` (a NULL-terminated array in one allocation, as nodereq_env makes it, or
+ * NULL), which the request's entries override. Replaces `*env` (freeing the old one); false when
+ * out of memory. Without secrets it changes nothing.
+ */
+bool secrets_exec_env(struct node *n, const char *sandbox_id, char ***env);
+
 /* PUT /v1/sandboxes/{id}/secrets on the node (routes.c registers it). */
 void secrets_put_route(struct http_req *req, struct sandbox *sb);
 
