@@ -6,9 +6,13 @@ bundle with SSL_CERT_FILE, REQUESTS_CA_BUNDLE and NODE_EXTRA_CA_CERTS set for ex
 private key nowhere in the guest. The injecting proxy itself is tested on the host
 (tests/integration/inject).
 """
+import os
+import subprocess
 import unittest
 
 import kiln
+
+KILN = os.path.join(kiln.BUILD, "cli", "kiln")
 
 HOST = "api.example.test"
 SECRET = "Bearer e2e-s3cret-7d1f0a"
@@ -115,9 +119,57 @@ class SecretsTests(unittest.TestCase):
         bundle = self.exec(["cat", "/etc/ssl/certs/ca-certificates.crt"])["stdout"]
         self.assertEqual(bundle.count(ca.splitlines()[1]), 1)
 
-    def test_5_values_never_logged(self):
+    def kiln(self, *args, stdin=None):
+        env = dict(os.environ, KILN_URL=self.gw.url,
+                   KILN_API_KEY=self.key["Authorization"].split(" ", 1)[1])
+        return subprocess.run([KILN] + list(args), input=stdin, env=env, capture_output=True,
+                              text=True, timeout=120)
+
+    def test_5_cli(self):
+        sb = self.sb["id"]
+        p = self.kiln("secret", sb, HOST, "Authorization", stdin="Bearer cli-e2e-s3cret\n")
+        self.assertEqual((p.returncode, p.stdout), (0, f"{HOST}\tAuthorization\n"), p.stderr)
+        p = self.kiln("secret", "ls", sb)
+        self.assertEqual((p.returncode, p.stdout), (0, f"{HOST}\tAuthorization\n"), p.stderr)
+        sealed = self.stack.db.sql("SELECT value_sealed FROM sandbox_secrets")
+        self.assertNotIn("cli-e2e", sealed)
+        p = self.kiln("secret", sb, "nope.test", "X-K", "--value", "v")
+        self.assertEqual(p.returncode, 1, p)
+        self.assertIn("nope.test", p.stderr)
+        p = self.kiln("secret", sb, HOST, "X-K", stdin="")
+        self.assertEqual(p.returncode, 2, p)
+        p = self.kiln("secret", sb, "--clear")
+        self.assertEqual((p.returncode, p.stdout), (0, ""), p.stderr)
+        env = self.exec(["env"])["stdout"]
+        self.assertNotIn("SSL_CERT_FILE", env)  # no secrets: exec as before
+        p = self.kiln("secret", sb, HOST, "Authorization", "--value", SECRET)
+        self.assertEqual(p.returncode, 0, p.stderr)
+
+    def test_6_values_never_logged(self):
         for d in (self.stack.node, self.gw):
             self.assertNotIn("e2e-s3cret", d.output())
+
+    def test_7_forks_inherit_them(self):
+        r = self.gw.request("POST", f"/v1/sandboxes/{self.sb['id']}/fork", {"count": 1}, self.key,
+                            timeout=300)
+        self.assertEqual(r.status, 201, r)
+        kid = r.json()["sandboxes"][0]["id"]
+        try:
+            r = self.gw.request("GET", f"/v1/sandboxes/{kid}/secrets", None, self.key)
+            self.assertEqual(r.json(), {"secrets": [{"host": HOST, "header": "Authorization"}]})
+            sealed = self.stack.db.sql(
+                f"SELECT value_sealed FROM sandbox_secrets WHERE sandbox_id = '{kid}'")
+            parent = self.stack.db.sql(
+                f"SELECT value_sealed FROM sandbox_secrets WHERE sandbox_id = '{self.sb['id']}'")
+            self.assertNotEqual(sealed, parent)  # sealed for the child
+            r = self.gw.request("POST", f"/v1/sandboxes/{kid}/exec", {"cmd": ["env"]}, self.key,
+                                timeout=120)
+            self.assertIn("SSL_CERT_FILE=", r.json()["stdout"])
+        finally:
+            r = self.gw.request("DELETE", f"/v1/sandboxes/{kid}", None, self.key, timeout=120)
+            self.assertEqual(r.status, 204, r)
+        self.assertEqual(self.stack.db.sql(
+            f"SELECT count(*) FROM sandbox_secrets WHERE sandbox_id = '{kid}'"), "0")
 
 
 if __name__ == "__main__":
