@@ -807,7 +807,7 @@ static bool relay_one(struct conn *c)
 		goto out;
 	}
 	/* the head as sent upstream: the guest's, less the secrets' names and Expect, plus them */
-	out = malloc(req.len + blen + 1);
+	out = malloc(req.len + req.nlines + blen + 3);	/* a bare LF line gains its CR */
 	if (!out)
 		goto out;
 	{

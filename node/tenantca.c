@@ -1,6 +1,7 @@
 /*
  * tenantca.c - a tenant's certificate authority and its leaf certificates (see tenantca.h).
  */
+#include <ctype.h>
 #include <openssl/bio.h>
 #include <openssl/err.h>
 #include <openssl/evp.h>
@@ -329,10 +330,17 @@ SSL_CTX *tenantca_leaf_ctx(struct tenant_ca *ca, const char *host, struct kiln_e
 	SSL_CTX *ctx = NULL;
 	size_t i, oldest = 0;
 
-	if (strlen(host) > TENANTCA_HOST_MAX) {
-		kiln_error_set(err, KILN_E_INVALID, "host name too long");
+	if (!host[0] || strlen(host) > TENANTCA_HOST_MAX) {
+		kiln_error_set(err, KILN_E_INVALID, "host name empty or too long");
 		return NULL;
 	}
+	for (const char *p = host; *p; p++)
+		if (!islower((unsigned char)*p) && !isdigit((unsigned char)*p) && *p != '-' &&
+		    *p != '.') {
+			/* a DNS name only: nothing the extension syntax (commas, colons) would read */
+			kiln_error_set(err, KILN_E_INVALID, "not a host name");
+			return NULL;
+		}
 	pthread_mutex_lock(&ca->lock);
 	for (i = 0; i < ca->nleaves; i++) {
 		if (strcmp(ca->leaves[i].host, host) == 0)

@@ -243,6 +243,27 @@ class InjectTest(unittest.TestCase):
         self.assertTrue(out.stdout.endswith(" 1.1"), out.stdout)
         self.assertEqual(up.seen[-1][2].get("Authorization"), SECRET)
 
+    def test_bare_lf_heads(self):
+        # lines ended by LF alone (RFC 9112 lets a recipient accept them) gain their CR upstream
+        up = self.servers["good"]
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)])
+        ctx = ssl.create_default_context(cafile=ca)
+        head = "GET /lf HTTP/1.1\nHost: %s\n%sConnection: close\n\n" % (
+            HOST, "".join("X-H%d: v\n" % i for i in range(90)))
+        with socket.create_connection(("127.0.0.1", port), 30) as raw:
+            with ctx.wrap_socket(raw, server_hostname=HOST) as tls:
+                tls.sendall(head.encode())
+                data = b""
+                while True:
+                    chunk = tls.recv(65536)
+                    if not chunk:
+                        break
+                    data += chunk
+        self.assertTrue(data.startswith(b"HTTP/1.1 200"), data[:200])
+        self.assertEqual(up.seen[-1][1], "/lf")
+        self.assertEqual(up.seen[-1][2].get("Authorization"), SECRET)
+        self.assertEqual(up.seen[-1][2].get("X-H89"), "v")
+
     def test_trace_connect_upgrade_refused(self):
         up = self.servers["good"]
         port, ca = self.serve("good", [(HOST, "Authorization", SECRET)])
