@@ -43,6 +43,7 @@ struct inject {
 	bool stopping;
 	SSL_CTX *up;		/* the client side: verifies upstreams */
 	struct inject_opts o;
+	struct kiln_cidr *deny;	/* o.deny copied */
 };
 
 /* A buffered reader over one TLS side. */
@@ -114,6 +115,15 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 		inj->o.port = 443;
 	pthread_mutex_init(&inj->lock, NULL);
 	pthread_cond_init(&inj->idle, NULL);
+	if (o->ndeny) {
+		inj->deny = malloc(o->ndeny * sizeof(*inj->deny));
+		if (!inj->deny) {
+			inject_free(inj);
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		}
+		memcpy(inj->deny, o->deny, o->ndeny * sizeof(*inj->deny));
+	}
+	inj->o.deny = inj->deny;
 	inj->up = SSL_CTX_new(TLS_client_method());
 	if (!inj->up || !SSL_CTX_set_min_proto_version(inj->up, TLS1_2_VERSION) ||
 	    (o->ca_file && o->ca_file[0]
@@ -151,6 +161,7 @@ void inject_free(struct inject *inj)
 	}
 	pthread_mutex_unlock(&inj->lock);
 	SSL_CTX_free(inj->up);
+	free(inj->deny);
 	pthread_cond_destroy(&inj->idle);
 	pthread_mutex_destroy(&inj->lock);
 	free(inj);
@@ -936,6 +947,39 @@ out:
 	return NULL;
 }
 
+/* Whether `a` lies in one of the denied ranges (an IPv4-mapped IPv6 address as IPv4). */
+static bool addr_denied(const struct inject *inj, const struct sockaddr_storage *a)
+{
+	uint8_t b[16];
+	int fam;
+
+	if (a->ss_family == AF_INET) {
+		fam = 4;
+		memcpy(b, &((const struct sockaddr_in *)a)->sin_addr, 4);
+	} else if (a->ss_family == AF_INET6) {
+		const uint8_t *s = ((const struct sockaddr_in6 *)a)->sin6_addr.s6_addr;
+		static const uint8_t mapped[12] = { 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff };
+
+		fam = memcmp(s, mapped, 12) == 0 ? 4 : 6;
+		memcpy(b, fam == 4 ? s + 12 : s, fam == 4 ? 4 : 16);
+	} else {
+		return true;
+	}
+	for (size_t i = 0; i < inj->o.ndeny; i++) {
+		const struct kiln_cidr *d = &inj->o.deny[i];
+		unsigned full = d->plen / 8, rest = d->plen % 8;
+
+		if (d->family != fam || d->plen > (fam == 4 ? 32 : 128))
+			continue;
+		if (memcmp(b, d->addr, full) != 0)
+			continue;
+		if (rest && ((b[full] ^ d->addr[full]) & (uint8_t)(0xff << (8 - rest))))
+			continue;
+		return true;
+	}
+	return false;
+}
+
 int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, const void *pre,
 		      size_t pre_len, const char *host, const struct sockaddr_storage *upstream)
 {
@@ -958,10 +1002,17 @@ int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, 
 	if (!ca)
 		return 0;
 	tenantca_put(ca);
+	if (addr_denied(inj, upstream)) {
+		log_warn("inject: sandbox \"%s\": connection to \"%s\" refused: the upstream address is "
+			 "in a denied range (egress_deny)", sandbox_id, lower);
+		close(guest_fd);
+		return 1;
+	}
 	c = calloc(1, sizeof(*c));
 	if (!c || (pre_len && !(c->pre = malloc(pre_len)))) {
 		free(c);
-		return -1;
+		close(guest_fd);
+		return 1;
 	}
 	c->inj = inj;
 	snprintf(c->sandbox, sizeof(c->sandbox), "%s", sandbox_id);
@@ -979,7 +1030,8 @@ int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, 
 			 "(%d) reached", sandbox_id, lower, inj->o.connections_max);
 		free(c->pre);
 		free(c);
-		return -1;
+		close(guest_fd);
+		return 1;
 	}
 	inj->active++;
 	c->next = inj->conns;
@@ -994,7 +1046,8 @@ int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, 
 		pthread_attr_destroy(&attr);
 		free(c->pre);
 		free(c);
-		return -1;
+		close(guest_fd);
+		return 1;
 	}
 	pthread_mutex_unlock(&inj->lock);
 	pthread_attr_destroy(&attr);

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 
 #include "common/err.h"
+#include "netpolicy/rules.h"
 #include "node/tenantca.h"
 
 #define INJECT_HEADER_MAX 64		/* bytes of a header name */
@@ -36,6 +37,8 @@ struct inject_opts {
 	int idle_timeout_s;	/* seconds either side may stay silent (0: 60) */
 	int connect_timeout_s;	/* seconds to reach and verify the upstream (0: 10) */
 	unsigned short port;	/* the upstream port whose connections it takes (0: 443) */
+	const struct kiln_cidr *deny;	/* upstream addresses never dialled (egress_deny), copied */
+	size_t ndeny;
 };
 
 /* One secret, as the injector keeps it in memory. */
@@ -71,9 +74,10 @@ void inject_secrets_wipe(struct inject_secret *s, size_t n);
 /*
  * The hand-off from the name-checking proxy: the guest's connection `guest_fd` to `host` at
  * `upstream`, of which `pre` (`pre_len` bytes, may be 0) were already read. Returns 1 when the
- * injector took it (it owns and closes guest_fd), 0 when the sandbox has no secret for `host` or
- * the port is not inject_opts.port, 443 (the caller keeps guest_fd), -1 when over inject_opts.connections_max (the
- * caller keeps guest_fd and refuses it).
+ * injector took it: it owns and closes guest_fd, and it closes it at once, logged, when the
+ * upstream address is in a denied range or inject_opts.connections_max connections are relayed
+ * already. Returns 0 when the sandbox has no secret for `host` or the port is not
+ * inject_opts.port (443): the caller keeps guest_fd.
  */
 int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, const void *pre,
 		      size_t pre_len, const char *host, const struct sockaddr_storage *upstream);

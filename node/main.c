@@ -295,9 +295,13 @@ static int store_init(struct kiln_error *err)
 		return KILN_OK;
 	}
 	{	/* secrets need the master key too (node/secrets.h) */
+		static struct kiln_cidr deny[2 * KILN_DENY_MAX];
 		struct inject_opts io = { .ca_file = node.cfg.inject_ca_file,
-					  .connections_max = (int)node.cfg.inject_connections_max };
-		if (inject_new(&io, &node.inject, err) != KILN_OK)
+					  .connections_max = (int)node.cfg.inject_connections_max,
+					  .deny = deny };
+		if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &io.ndeny,
+					    err) != KILN_OK ||
+		    inject_new(&io, &node.inject, err) != KILN_OK)
 			return err->code;
 	}
 	node.s3.retries = 2;	/* s3_client_new's default */

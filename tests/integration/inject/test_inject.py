@@ -165,11 +165,11 @@ class InjectTest(unittest.TestCase):
             s.stop()
         cls.tmp.cleanup()
 
-    def serve(self, server, secrets, pre=0, host=HOST):
+    def serve(self, server, secrets, pre=0, host=HOST, extra=()):
         """Starts inject_serve towards `server`; returns (port, path of the tenant CA)."""
         ca_out = os.path.join(self.tmp.name, "tenant-ca-%d.pem" % len(self.procs))
         args = [SERVE, "--host", host, "--upstream", str(self.servers[server].port),
-                "--ca-file", self.upstream_ca, "--ca-out", ca_out, "--pre", str(pre)]
+                "--ca-file", self.upstream_ca, "--ca-out", ca_out, "--pre", str(pre)] + list(extra)
         for s in secrets:
             args += ["--secret"] + list(s)
         p = subprocess.Popen(args, stdout=subprocess.PIPE, text=True)
@@ -313,6 +313,16 @@ class InjectTest(unittest.TestCase):
             life = leaf.not_valid_after - leaf.not_valid_before
         self.assertLessEqual(life, datetime.timedelta(hours=25))
         self.assertFalse(leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
+
+    def test_denied_upstream_address_never_dialled(self):
+        up = self.servers["good"]
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)], extra=["--deny-loopback"])
+        start = len(up.seen)
+        conn = _Conn(port, ssl.create_default_context(cafile=ca))
+        with self.assertRaises((ConnectionError, ssl.SSLError, OSError)):
+            self.request(conn, "GET", "/denied")
+        conn.close()
+        self.assertEqual(up.seen[start:], [])
 
     def test_other_host_not_taken(self):
         # inject_serve hands over connections to a host without secrets: the injector declines
