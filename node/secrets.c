@@ -335,26 +335,41 @@ static enum kiln_err guest_trust(struct sandbox *sb, const char *pem, struct kil
 	return rc;
 }
 
+/* The tenant's CA (a reference in *ca), put into the guest's trust. */
+static enum kiln_err trust_prepare(struct node *n, struct sandbox *sb, struct tenant_ca **ca,
+				   struct kiln_error *err)
+{
+	struct pg_conn *c = NULL;
+	enum kiln_err rc;
+
+	*ca = NULL;
+	rc = need_key(n, err);
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, err);
+	if (rc == KILN_OK) {
+		rc = tenantca_load(c, &n->mk, sb->tenant_id, ca, err);
+		pg_release(n->pg, c);
+	}
+	if (rc == KILN_OK)
+		rc = guest_trust(sb, tenantca_cert_pem(*ca), err);
+	if (rc != KILN_OK) {
+		tenantca_put(*ca);
+		*ca = NULL;
+	}
+	return rc;
+}
+
 enum kiln_err secrets_activate(struct node *n, struct sandbox *sb, struct secrets_set *set,
 			       struct kiln_error *err)
 {
 	struct tenant_ca *ca = NULL;
-	struct pg_conn *c = NULL;
 	enum kiln_err rc;
 
 	if (!set->n) {
 		inject_drop(n->inject, sb->id);
 		return KILN_OK;
 	}
-	rc = need_key(n, err);
-	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, err);
-	if (rc == KILN_OK) {
-		rc = tenantca_load(c, &n->mk, sb->tenant_id, &ca, err);
-		pg_release(n->pg, c);
-	}
-	if (rc == KILN_OK)
-		rc = guest_trust(sb, tenantca_cert_pem(ca), err);
+	rc = trust_prepare(n, sb, &ca, err);
 	if (rc == KILN_OK)
 		rc = inject_set(n->inject, sb->id, ca, set->s, set->n, err);
 	tenantca_put(ca);
@@ -428,6 +443,7 @@ void secrets_put_route(struct http_req *req, struct sandbox *sb)
 	struct kiln_ruleset rs = { 0 };
 	enum kiln_egress_mode mode;
 	struct secrets_set set = { 0 };
+	struct tenant_ca *ca = NULL;
 	json_error_t jerr;
 	json_t *body = NULL, *list;
 	size_t len;
@@ -451,10 +467,15 @@ void secrets_put_route(struct http_req *req, struct sandbox *sb)
 		rc = need_key(n, &err);
 	if (rc == KILN_OK)
 		rc = secrets_parse(&n->cfg, json_object_get(body, "secrets"), &rs, &set, &err);
+	/* what can fail (the CA, the guest) before the store: a refused PUT changes nothing */
+	if (rc == KILN_OK && set.n)
+		rc = trust_prepare(n, sb, &ca, &err);
 	if (rc == KILN_OK)
 		rc = secrets_store(n, sb->id, sb->tenant_id, &set, &err);
-	if (rc == KILN_OK)
-		rc = secrets_activate(n, sb, &set, &err);
+	if (rc == KILN_OK && set.n)
+		rc = inject_set(n->inject, sb->id, ca, set.s, set.n, &err);
+	else if (rc == KILN_OK)
+		inject_drop(n->inject, sb->id);
 	if (rc != KILN_OK) {
 		http_reply_error(req, rc, "%s", err.msg);
 		goto unlock;
@@ -468,6 +489,7 @@ void secrets_put_route(struct http_req *req, struct sandbox *sb)
 unlock:
 	pthread_mutex_unlock(&sb->lock);
 out:
+	tenantca_put(ca);
 	secrets_set_free(&set);
 	kiln_ruleset_free(&rs);
 	json_decref(body);
