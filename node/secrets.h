@@ -15,36 +15,16 @@
 
 #include "node/inject.h"
 #include "node/node.h"
+#include "node/secretsdb.h"
 
-#define SECRETS_AD_PREFIX "secret:"
 #define SECRETS_GUEST_CA "/usr/local/share/ca-certificates/kiln-tenant-ca.crt"
 #define SECRETS_GUEST_BUNDLE "/etc/ssl/certs/ca-certificates.crt"
 
-/* A parsed set, as inject_set takes it. */
-struct secrets_set {
-	struct inject_secret *s;
-	size_t n;
-};
-
-/* Wipes the values and frees the set. Accepts a zeroed one. */
-void secrets_set_free(struct secrets_set *set);
-
-/*
- * Parses `arr` (a JSON array of {"host", "header", "value"}; NULL or null: none) against the
- * sandbox's rules `rules`: every host an exact host rule (KILN_E_INVALID naming it otherwise),
- * header names inject_header_ok() and distinct per host, at most secrets_max entries and
- * secret_value_max bytes per value without CR, LF or NUL (KILN_E_INVALID naming the limit);
- * KILN_E_BAD_REQUEST for a wrong shape. Nothing of a value appears in a message.
- */
-enum kiln_err secrets_parse(const struct kiln_config *cfg, const json_t *arr,
-			    const struct kiln_ruleset *rules, struct secrets_set *out,
-			    struct kiln_error *err);
-
-/* Replaces the sandbox's rows with `set`, each value sealed (one transaction). */
+/* secretsdb_store with the node's pool and master key (501 without one). */
 enum kiln_err secrets_store(struct node *n, const char *sandbox_id, const char *tenant_id,
 			    const struct secrets_set *set, struct kiln_error *err);
 
-/* Reads and opens the sandbox's rows into `out` (none: an empty set). */
+/* secretsdb_load with the node's pool and master key. */
 enum kiln_err secrets_load(struct node *n, const char *sandbox_id, const char *tenant_id,
 			   struct secrets_set *out, struct kiln_error *err);
 
@@ -64,14 +44,6 @@ enum kiln_err secrets_inherit(struct node *n, const char *parent_id, struct sand
 
 /* Deletes the rows of a deleted sandbox (a failure is logged: they stay sealed). */
 void secrets_forget(struct node *n, const char *sandbox_id);
-
-/* Copies the parent's rows to a child (fork): the child's values sealed for the child. */
-enum kiln_err secrets_copy(struct node *n, const char *parent_id, const char *child_id,
-			   const char *tenant_id, struct kiln_error *err);
-
-/* The sandbox's secrets as the API lists them: [{"host", "header"}], from Postgres. */
-json_t *secrets_list_json(struct node *n, const char *sandbox_id, const char *tenant_id,
-			  struct kiln_error *err);
 
 /*
  * For an exec in a sandbox with secrets: puts SSL_CERT_FILE and REQUESTS_CA_BUNDLE (the guest's
