@@ -5,7 +5,7 @@
  * name-checking proxy reads the ClientHello).
  *
  * Usage: inject_serve --host NAME --upstream PORT --ca-file PEM --ca-out PEM [--pre N]
- *                     [--deny-loopback] [--secret HOST HEADER VALUE]...
+ *                     [--max N] [--deny-loopback] [--secret HOST HEADER VALUE]...
  * Writes the tenant CA's certificate to --ca-out, prints the port it listens on, then serves
  * until killed.
  */
@@ -51,6 +51,8 @@ int main(int argc, char **argv)
 			ca_file = argv[++i];
 		} else if (strcmp(argv[i], "--ca-out") == 0 && i + 1 < argc) {
 			ca_out = argv[++i];
+		} else if (strcmp(argv[i], "--max") == 0 && i + 1 < argc) {
+			o.connections_max = atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--deny-loopback") == 0) {
 			static struct kiln_cidr lo = { .family = 4, .plen = 8, .addr = { 127 } };
 			o.deny = &lo;

@@ -17,6 +17,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
+import time
 import unittest
 
 from cryptography import x509
@@ -323,6 +324,29 @@ class InjectTest(unittest.TestCase):
             self.request(conn, "GET", "/denied")
         conn.close()
         self.assertEqual(up.seen[start:], [])
+
+    def test_connections_max(self):
+        # inject_connections_max: the connection over it is closed, those under it go on
+        up = self.servers["good"]
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)], extra=["--max", "2"])
+        held = [_Conn(port, ssl.create_default_context(cafile=ca)) for _ in range(2)]
+        for c in held:
+            st, _, _ = self.request(c, "GET", "/held")
+            self.assertEqual(st, 200)
+        extra = _Conn(port, ssl.create_default_context(cafile=ca))
+        with self.assertRaises((ConnectionError, ssl.SSLError, OSError)):
+            self.request(extra, "GET", "/over")
+        extra.close()
+        self.assertNotIn("/over", [s[1] for s in up.seen])
+        for c in held:
+            st, _, _ = self.request(c, "GET", "/still")
+            self.assertEqual(st, 200)
+            c.close()
+        time.sleep(0.5)  # the injector's threads end as their connections close
+        again = _Conn(port, ssl.create_default_context(cafile=ca))
+        st, _, _ = self.request(again, "GET", "/again")
+        self.assertEqual(st, 200)
+        again.close()
 
     def test_other_host_not_taken(self):
         # inject_serve hands over connections to a host without secrets: the injector declines
