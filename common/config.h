@@ -93,6 +93,7 @@ struct kiln_config {
 	long long secret_value_max;		/* bytes of one secret's value */
 	char *inject_ca_file;			/* upstream trust of the injecting proxy (NULL: system) */
 	long long inject_connections_max;	/* connections the injecting proxy relays at once */
+	long long inject_connections_per_sandbox;	/* of which one sandbox's */
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_idle_s;	/* retire a template unused this long */

@@ -107,6 +107,8 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 	inj->o = *o;
 	if (inj->o.connections_max <= 0)
 		inj->o.connections_max = 256;
+	if (inj->o.per_sandbox_max <= 0)
+		inj->o.per_sandbox_max = 32;
 	if (inj->o.idle_timeout_s <= 0)
 		inj->o.idle_timeout_s = 60;
 	if (inj->o.connect_timeout_s <= 0)
@@ -1024,6 +1026,22 @@ int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, 
 		memcpy(c->pre, pre, pre_len);
 	c->pre_len = pre_len;
 	pthread_mutex_lock(&inj->lock);
+	{
+		int mine = 0;
+
+		for (struct conn *o = inj->conns; o; o = o->next)
+			mine += strcmp(o->sandbox, sandbox_id) == 0;
+		if (mine >= inj->o.per_sandbox_max) {
+			pthread_mutex_unlock(&inj->lock);
+			log_warn("inject: sandbox \"%s\": connection to \"%s\" refused: "
+				 "inject_connections_per_sandbox (%d) reached", sandbox_id, lower,
+				 inj->o.per_sandbox_max);
+			free(c->pre);
+			free(c);
+			close(guest_fd);
+			return 1;
+		}
+	}
 	if (inj->stopping || inj->active >= inj->o.connections_max) {
 		pthread_mutex_unlock(&inj->lock);
 		log_warn("inject: sandbox \"%s\": connection to \"%s\" refused: inject_connections_max "

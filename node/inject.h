@@ -34,6 +34,7 @@ struct node;
 struct inject_opts {
 	const char *ca_file;	/* upstream trust: this PEM file, or NULL for the system's store */
 	int connections_max;	/* connections relayed at once by this node (0: 256) */
+	int per_sandbox_max;	/* of which one sandbox's (0: 32) */
 	int idle_timeout_s;	/* seconds either side may stay silent (0: 60) */
 	int connect_timeout_s;	/* seconds to reach and verify the upstream (0: 10) */
 	unsigned short port;	/* the upstream port whose connections it takes (0: 443) */
@@ -75,8 +76,8 @@ void inject_secrets_wipe(struct inject_secret *s, size_t n);
  * The hand-off from the name-checking proxy: the guest's connection `guest_fd` to `host` at
  * `upstream`, of which `pre` (`pre_len` bytes, may be 0) were already read. Returns 1 when the
  * injector took it: it owns and closes guest_fd, and it closes it at once, logged, when the
- * upstream address is in a denied range or inject_opts.connections_max connections are relayed
- * already. Returns 0 when the sandbox has no secret for `host` or the port is not
+ * upstream address is in a denied range, or inject_opts.connections_max connections (or
+ * per_sandbox_max of this sandbox's) are relayed already. Returns 0 when the sandbox has no secret for `host` or the port is not
  * inject_opts.port (443): the caller keeps guest_fd.
  */
 int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, const void *pre,

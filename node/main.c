@@ -298,6 +298,8 @@ static int store_init(struct kiln_error *err)
 		static struct kiln_cidr deny[2 * KILN_DENY_MAX];
 		struct inject_opts io = { .ca_file = node.cfg.inject_ca_file,
 					  .connections_max = (int)node.cfg.inject_connections_max,
+					  .per_sandbox_max =
+						  (int)node.cfg.inject_connections_per_sandbox,
 					  .deny = deny };
 		if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &io.ndeny,
 					    err) != KILN_OK ||

@@ -5,7 +5,7 @@
  * name-checking proxy reads the ClientHello).
  *
  * Usage: inject_serve --host NAME --upstream PORT --ca-file PEM --ca-out PEM [--pre N]
- *                     [--max N] [--deny-loopback] [--secret HOST HEADER VALUE]...
+ *                     [--max N] [--per-sandbox N] [--deny-loopback] [--secret HOST HEADER VALUE]...
  * Writes the tenant CA's certificate to --ca-out, prints the port it listens on, then serves
  * until killed.
  */
@@ -53,6 +53,8 @@ int main(int argc, char **argv)
 			ca_out = argv[++i];
 		} else if (strcmp(argv[i], "--max") == 0 && i + 1 < argc) {
 			o.connections_max = atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--per-sandbox") == 0 && i + 1 < argc) {
+			o.per_sandbox_max = atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--deny-loopback") == 0) {
 			static struct kiln_cidr lo = { .family = 4, .plen = 8, .addr = { 127 } };
 			o.deny = &lo;

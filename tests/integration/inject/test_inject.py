@@ -327,8 +327,14 @@ class InjectTest(unittest.TestCase):
 
     def test_connections_max(self):
         # inject_connections_max: the connection over it is closed, those under it go on
+        self.connections_cap(["--max", "2"])
+
+    def test_connections_per_sandbox(self):
+        self.connections_cap(["--per-sandbox", "2"])
+
+    def connections_cap(self, extra):
         up = self.servers["good"]
-        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)], extra=["--max", "2"])
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)], extra=extra)
         held = [_Conn(port, ssl.create_default_context(cafile=ca)) for _ in range(2)]
         for c in held:
             st, _, _ = self.request(c, "GET", "/held")
