@@ -63,6 +63,7 @@ struct conn {
 	unsigned char *pre;
 	size_t pre_len, pre_off;
 	struct rbuf gin, uin;
+	bool up_failed;		/* the upstream could not be reached or verified */
 	struct conn *next;
 };
 
@@ -733,7 +734,16 @@ fail:
 	}
 	close(c->ufd);
 	c->ufd = -1;
+	c->up_failed = true;
 	return false;
+}
+
+/* The upstream's connection and handshake, made while the guest's handshake goes on. */
+static void *upstream_main(void *arg)
+{
+	upstream_open(arg);
+	ERR_clear_error();
+	return NULL;
 }
 
 /* The Host header's name when it names c->host on port 443 (or none), else "". */
@@ -849,13 +859,23 @@ static bool relay_one(struct conn *c)
 		memcpy(out + olen, block, blen);
 		olen += blen;
 	}
-	if (!c->u && !upstream_open(c)) {
+	if (!c->u && (c->up_failed || !upstream_open(c))) {
 		reply(c, 502, "Bad Gateway", "kiln: the upstream could not be reached or its "
 					     "certificate did not verify; nothing was sent");
 		goto out;
 	}
-	if (!ssl_write_all(c->u, out, olen) || !ssl_write_all(c->u, "\r\n", 2))
-		goto out;
+	if (!ssl_write_all(c->u, out, olen) || !ssl_write_all(c->u, "\r\n", 2)) {
+		/* an upstream that closed while idle: once more on a new connection */
+		ERR_clear_error();
+		SSL_free(c->u);
+		c->u = NULL;
+		close(c->ufd);
+		c->ufd = -1;
+		c->uin.off = c->uin.len = 0;
+		if (!upstream_open(c) || !ssl_write_all(c->u, out, olen) ||
+		    !ssl_write_all(c->u, "\r\n", 2))
+			goto out;
+	}
 	if (rf.expect_continue && !ssl_write_all(c->g, "HTTP/1.1 100 Continue\r\n\r\n", 25))
 		goto out;
 	if (rf.chunked ? !copy_chunked(&c->gin, c->u)
@@ -921,8 +941,27 @@ static void *conn_main(void *arg)
 	BIO_set_init(bio, 1);
 	SSL_set_bio(c->g, bio, bio);
 	c->gin.ssl = c->g;
-	if (SSL_accept(c->g) != 1)
-		goto out;
+	{
+		/*
+		 * Both handshakes at once: the first byte waits for the slower, not for both in
+		 * turn. Nothing is sent upstream before a request is read (and then only to a
+		 * verified upstream).
+		 */
+		pthread_attr_t attr;
+		pthread_t ut;
+		bool started;
+		int ok;
+
+		pthread_attr_init(&attr);
+		pthread_attr_setstacksize(&attr, 256 * 1024);
+		started = pthread_create(&ut, &attr, upstream_main, c) == 0;
+		pthread_attr_destroy(&attr);
+		ok = SSL_accept(c->g);
+		if (started)
+			pthread_join(ut, NULL);
+		if (ok != 1)
+			goto out;
+	}
 	while (relay_one(c))
 		;
 	SSL_shutdown(c->g);
