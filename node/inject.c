@@ -13,7 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sched.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <unistd.h>
 
@@ -44,6 +46,8 @@ struct inject {
 	SSL_CTX *up;		/* the client side: verifies upstreams */
 	struct inject_opts o;
 	struct kiln_cidr *deny;	/* o.deny copied */
+	int host_ns;		/* the network namespace inject_new() ran in, or -1 */
+	ino_t host_ns_ino;
 };
 
 /* A buffered reader over one TLS side. */
@@ -105,6 +109,7 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 	*out = NULL;
 	if (!inj)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	inj->host_ns = -1;
 	inj->o = *o;
 	if (inj->o.connections_max <= 0)
 		inj->o.connections_max = 256;
@@ -118,6 +123,17 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 		inj->o.port = 443;
 	pthread_mutex_init(&inj->lock, NULL);
 	pthread_cond_init(&inj->idle, NULL);
+	inj->host_ns = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
+	{
+		struct stat st;
+
+		if (inj->host_ns < 0 || fstat(inj->host_ns, &st) != 0) {
+			inject_free(inj);
+			return kiln_error_set(err, KILN_E_INTERNAL,
+					      "cannot open this thread's network namespace");
+		}
+		inj->host_ns_ino = st.st_ino;
+	}
 	if (o->ndeny) {
 		inj->deny = malloc(o->ndeny * sizeof(*inj->deny));
 		if (!inj->deny) {
@@ -165,6 +181,8 @@ void inject_free(struct inject *inj)
 	pthread_mutex_unlock(&inj->lock);
 	SSL_CTX_free(inj->up);
 	free(inj->deny);
+	if (inj->host_ns >= 0)
+		close(inj->host_ns);
 	pthread_cond_destroy(&inj->idle);
 	pthread_mutex_destroy(&inj->lock);
 	free(inj);
@@ -697,7 +715,19 @@ static bool upstream_open(struct conn *c)
 	int fl, soerr = 0;
 	socklen_t sl = sizeof(soerr);
 	long verify;
+	struct stat ns;
 
+	/*
+	 * From the host's network namespace, whatever namespace the thread that handed the
+	 * connection over was in (a proxy listening inside the sandbox's): this thread is ours.
+	 */
+	if (stat("/proc/thread-self/ns/net", &ns) != 0 ||
+	    (ns.st_ino != inj->host_ns_ino && setns(inj->host_ns, CLONE_NEWNET) != 0)) {
+		log_warn("inject: sandbox \"%s\": cannot dial from the host's network namespace",
+			 c->sandbox);
+		c->up_failed = true;
+		return false;
+	}
 	c->ufd = socket(c->addr.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (c->ufd < 0)
 		return false;

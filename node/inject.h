@@ -50,6 +50,10 @@ struct inject_secret {
 	size_t value_len;
 };
 
+/*
+ * Makes the injector. It dials upstreams from the network namespace of the thread that calls
+ * this (kiln-node's start: the host's), whichever namespace a hand-off comes from.
+ */
 enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struct kiln_error *err);
 /* Frees the injector once no connection is relayed any more. Accepts NULL. */
 void inject_free(struct inject *inj);

@@ -5,11 +5,13 @@
  * name-checking proxy reads the ClientHello).
  *
  * Usage: inject_serve --host NAME --upstream PORT --ca-file PEM --ca-out PEM [--pre N]
- *                     [--max N] [--per-sandbox N] [--deny-loopback] [--secret HOST HEADER VALUE]...
+ *                     [--max N] [--per-sandbox N] [--deny-loopback] [--handoff-from-netns] [--secret HOST HEADER VALUE]...
  * Writes the tenant CA's certificate to --ca-out, prints the port it listens on, then serves
  * until killed.
  */
 #include <arpa/inet.h>
+#include <sched.h>
+#include <stdbool.h>
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,6 +37,7 @@ int main(int argc, char **argv)
 	struct inject *inj = NULL;
 	char *cert = NULL, *key = NULL;
 	size_t n = 0, pre = 0;
+	bool from_netns = false;
 	int lfd;
 	FILE *f;
 
@@ -55,6 +58,8 @@ int main(int argc, char **argv)
 			o.connections_max = atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--per-sandbox") == 0 && i + 1 < argc) {
 			o.per_sandbox_max = atoi(argv[++i]);
+		} else if (strcmp(argv[i], "--handoff-from-netns") == 0) {
+			from_netns = true;
 		} else if (strcmp(argv[i], "--deny-loopback") == 0) {
 			static struct kiln_cidr lo = { .family = 4, .plen = 8, .addr = { 127 } };
 			o.deny = &lo;
@@ -101,6 +106,14 @@ int main(int argc, char **argv)
 	if (lfd < 0 || bind(lfd, (struct sockaddr *)&me, sizeof(me)) != 0 || listen(lfd, 64) != 0 ||
 	    getsockname(lfd, (struct sockaddr *)&me, &mlen) != 0) {
 		perror("listen");
+		return 1;
+	}
+	/*
+	 * As the name-checking proxy may: hand connections over from a thread in another network
+	 * namespace (an empty one here, whose loopback is down): the injector must dial from its own.
+	 */
+	if (from_netns && unshare(CLONE_NEWNET) != 0) {
+		perror("unshare");
 		return 1;
 	}
 	printf("%u\n", ntohs(me.sin_port));

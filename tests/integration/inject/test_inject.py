@@ -315,6 +315,17 @@ class InjectTest(unittest.TestCase):
         self.assertLessEqual(life, datetime.timedelta(hours=25))
         self.assertFalse(leaf.extensions.get_extension_for_class(x509.BasicConstraints).value.ca)
 
+    def test_dials_from_its_own_network_namespace(self):
+        # the hand-off comes from a thread in another netns (loopback down there)
+        up = self.servers["good"]
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)],
+                              extra=["--handoff-from-netns"])
+        conn = _Conn(port, ssl.create_default_context(cafile=ca))
+        st, body, _ = self.request(conn, "GET", "/netns")
+        self.assertEqual(st, 200, body)
+        self.assertEqual(up.seen[-1][1], "/netns")
+        conn.close()
+
     def test_denied_upstream_address_never_dialled(self):
         up = self.servers["good"]
         port, ca = self.serve("good", [(HOST, "Authorization", SECRET)], extra=["--deny-loopback"])
