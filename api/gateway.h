@@ -54,6 +54,7 @@ extern const struct route_group routes_snapshots;	/* /v1/snapshots */
 extern const struct route_group routes_billing;	/* /v1/billing/..., /v1/usage, sandbox usage */
 extern const struct route_group routes_storage;	/* /v1/storage */
 extern const struct route_group routes_templates;	/* /v1/templates... */
+extern const struct route_group routes_secrets;	/* /v1/sandboxes/{id}/secrets */
 
 /* Helpers shared by the route groups (routes_util.c). */
 

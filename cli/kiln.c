@@ -679,6 +679,88 @@ static int cmd_egress(int argc, char **argv)
 	return rc;
 }
 
+/* Prints a secret list: "host<TAB>header" lines, or (--json) the answer. */
+static void print_secrets(json_t *res)
+{
+	size_t i;
+	json_t *s;
+
+	if (as_json) {
+		print_json(res);
+		return;
+	}
+	json_array_foreach(json_object_get(res, "secrets"), i, s)
+		printf("%s\t%s\n", json_string_value(json_object_get(s, "host")),
+		       json_string_value(json_object_get(s, "header")));
+}
+
+/*
+ * kiln secret ls ID; kiln secret ID --clear; kiln secret ID HOST HEADER [--value V]: the value
+ * from --value or stdin (one trailing newline dropped). The API replaces the whole set, and never
+ * returns values: setting one secret this way replaces the sandbox's others.
+ */
+static int cmd_secret(int argc, char **argv)
+{
+	char path[256], *value = NULL;
+	const char *given = NULL;
+	json_t *res = NULL, *set;
+	int rc, k = 0;
+	const char *pos[4];
+
+	if (argc >= 2 && strcmp(argv[1], "ls") == 0) {
+		if (argc != 3)
+			return usage_error("secret ls takes a sandbox id");
+		if ((rc = sandbox_path(path, sizeof(path), argv[2], "/secrets")))
+			return rc;
+		rc = call("GET", path, NULL, &res);
+		if (rc == 0)
+			print_secrets(res);
+		json_decref(res);
+		return rc;
+	}
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--value") == 0 && i + 1 < argc)
+			given = argv[++i];
+		else if (strncmp(argv[i], "--value=", 8) == 0)
+			given = argv[i] + 8;
+		else if (strcmp(argv[i], "--clear") == 0)
+			pos[k < 4 ? k++ : 3] = "";
+		else if (k < 4)
+			pos[k++] = argv[i];
+		else
+			return usage_error("secret takes ID HOST HEADER");
+	}
+	if (k == 0 || (sandbox_path(path, sizeof(path), pos[0], "/secrets")))
+		return k ? EXIT_USAGE : usage_error("secret takes ID HOST HEADER, ID --clear, or ls ID");
+	if (k == 2 && !pos[1][0]) {
+		set = json_array();	/* --clear */
+	} else if (k == 3 && pos[1][0] && pos[2][0]) {
+		if (given) {
+			value = strdup(given);
+		} else {
+			value = read_all(stdin, 65536);
+			if (value && strlen(value) && value[strlen(value) - 1] == '\n')
+				value[strlen(value) - 1] = '\0';
+			if (value && strlen(value) && value[strlen(value) - 1] == '\r')
+				value[strlen(value) - 1] = '\0';
+		}
+		if (!value || !value[0]) {
+			free(value);
+			return usage_error("the secret's value comes from --value or stdin, and is empty");
+		}
+		set = json_pack("[{s:s, s:s, s:s}]", "host", pos[1], "header", pos[2], "value", value);
+		explicit_bzero(value, strlen(value));
+		free(value);
+	} else {
+		return usage_error("secret takes ID HOST HEADER, ID --clear, or ls ID");
+	}
+	rc = call("PUT", path, json_pack("{s:o}", "secrets", set), &res);
+	if (rc == 0)
+		print_secrets(res);
+	json_decref(res);
+	return rc;
+}
+
 static int cmd_balance(int argc, char **argv)
 {
 	json_t *b = NULL;
@@ -859,6 +941,7 @@ static const struct command {
 	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
 	{ "template", cmd_template, "list | rm NAME|ID", "your templates (id, name, newest version and its status, the ready one); delete one with all its versions" },
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
+	{ "secret", cmd_secret, "ID HOST HEADER [--value V] | ID --clear | ls ID", "bind a secret header to a host rule (value from stdin; replaces the set), remove them, list them" },
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
 	{ "admin", cmd_admin, "suspend|unsuspend TENANT", "operator: suspend a tenant (its keys refused, its sandboxes paused) or lift it" },

@@ -91,6 +91,11 @@ struct kiln_config {
 	long long connlog_max_per_minute;	/* connection-log rows a sandbox may add a minute */
 	long long connlog_retention_days;	/* connection-log rows older are deleted */
 	long long connlog_interval_s;		/* how often the node reads the connection logs */
+	long long secrets_max;			/* secrets one sandbox may hold */
+	long long secret_value_max;		/* bytes of one secret's value */
+	char *inject_ca_file;			/* upstream trust of the injecting proxy (NULL: system) */
+	long long inject_connections_max;	/* connections the injecting proxy relays at once */
+	long long inject_connections_per_sandbox;	/* of which one sandbox's */
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_idle_s;	/* retire a template unused this long */

@@ -25,6 +25,7 @@
 #include "common/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "node/inject.h"
 #include "node/connlog.h"
 #include "node/lifecycle.h"
 #include "node/netsetup.h"
@@ -293,6 +294,18 @@ static int store_init(struct kiln_error *err)
 		log_warn("snapshots stay on this node: %s", kerr.msg);
 		return KILN_OK;
 	}
+	{	/* secrets need the master key too (node/secrets.h) */
+		static struct kiln_cidr deny[2 * KILN_DENY_MAX];
+		struct inject_opts io = { .ca_file = node.cfg.inject_ca_file,
+					  .connections_max = (int)node.cfg.inject_connections_max,
+					  .per_sandbox_max =
+						  (int)node.cfg.inject_connections_per_sandbox,
+					  .deny = deny };
+		if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &io.ndeny,
+					    err) != KILN_OK ||
+		    inject_new(&io, &node.inject, err) != KILN_OK)
+			return err->code;
+	}
 	node.s3.retries = 2;	/* s3_client_new's default */
 	node.s3.allow = node.storage_allow;
 	sc.s3 = &node.s3;
@@ -314,6 +327,8 @@ static void store_exit(void)
 {
 	snapstore_shutdown(node.store);
 	node.store = NULL;
+	inject_free(node.inject);
+	node.inject = NULL;
 	auth_master_key_wipe(&node.mk);
 	netaddr_allow_free(node.storage_allow);
 	node.storage_allow = NULL;

@@ -32,6 +32,7 @@ struct vmm_vm;
 struct agent;
 struct kiln_dns_proxy;
 struct snapstore;
+struct inject;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -67,6 +68,7 @@ struct node {
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
 	struct auth_master_key mk;	/* seals snapshots that leave the node */
 	struct snapstore *store;	/* tenants' buckets; NULL without a master key */
+	struct inject *inject;		/* secrets' injecting proxy (inject.h); NULL without a master key */
 	struct netaddr_allow *storage_allow;	/* config storage_allow, parsed */
 	struct s3_opts s3;		/* the buckets' client settings (its allow list above) */
 	char listen_path[108];		/* the Unix socket, when listening on one */

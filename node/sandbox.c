@@ -23,6 +23,7 @@
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
+#include "node/inject.h"
 #include "node/connlog.h"
 #include "node/node.h"
 
@@ -197,6 +198,7 @@ void sb_release(struct node *n, struct sandbox *sb)
 	struct kiln_error err = { 0 };
 	char run_dir[256], state_dir[640];
 
+	inject_drop(n->inject, sb->id);	/* its secrets leave memory with its VM */
 	if (sb->agent) {
 		agent_free(sb->agent);
 		sb->agent = NULL;
