@@ -20,6 +20,7 @@ import time
 TTL = 60
 DNS = {
     "sub.example.com": [("A", "203.0.113.10")],
+    "twin.example.com": [("A", "203.0.113.10")],    # two names on one address
     "example.com": [("A", "203.0.113.11")],
     "wild.test": [("A", "203.0.113.16")],
     "a.wild.test": [("A", "203.0.113.12")],

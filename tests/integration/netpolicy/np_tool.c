@@ -25,6 +25,9 @@
  *                                     refills that long (as if the bucket sat idle that long)
  *     conn ID PER_SECOND BURST
  *     counters ID                     print name=value lines
+ *     pins ID                         print the name-and-address pins: NAME ADDR SECONDS_LEFT
+ *     pinned ID NAME ADDR             exit 0 when the DNS proxy answered NAME with ADDR (an
+ *                                     unexpired name-and-address pin), 1 when not
  *     connlog ID MAX_PER_MINUTE       drain the connection log once (capped at MAX_PER_MINUTE
  *                                     events), print one JSON object per flow or refused
  *                                     attempt, then {"ring_lost":N,"over_cap":N}
@@ -534,6 +537,34 @@ int main(int argc, char **argv)
 			printf("tokens=%llu burst_left=%llu refill_frac=%llu last_ns=%llu\n",
 			       (unsigned long long)l.tokens, (unsigned long long)l.burst_left,
 			       (unsigned long long)l.refill_frac, (unsigned long long)l.last_ns);
+		}
+	} else if (!strcmp(cmd, "pins") && n == 1) {
+		int fd = kiln_policy_map_fd(p, "names");
+		struct np_name_key k, cur;
+		void *prev = NULL;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		while (bpf_map_get_next_key(fd, prev, &k) == 0) {
+			struct np_name_val v;
+			if (bpf_map_lookup_elem(fd, &k, &v) == 0) {
+				char t[INET6_ADDRSTRLEN];
+				inet_ntop(k.family == 4 ? AF_INET : AF_INET6, k.addr, t, sizeof(t));
+				k.name[sizeof(k.name) - 1] = '\0';
+				printf("%s %s %lld\n", k.name, t,
+				       (long long)((int64_t)(v.expires_ns - now) / 1000000000));
+			}
+			cur = k;
+			prev = &cur;
+		}
+	} else if (!strcmp(cmd, "pinned") && n == 3) {
+		uint8_t addr[16];
+		int fam = strchr(a[2], ':') ? 6 : 4;
+		if (inet_pton(fam == 4 ? AF_INET : AF_INET6, a[2], addr) != 1) {
+			fprintf(stderr, "bad address \"%s\"\n", a[2]);
+			rc = 64;
+		} else {
+			rc = kiln_policy_name_pinned(p, a[1], fam, addr, false) ? 0 : 1;
 		}
 	} else if (!strcmp(cmd, "conn") && n == 3) {
 		if (kiln_policy_set_conn_limit(p, (uint32_t)atoi(a[1]), (uint32_t)atoi(a[2]), &err))

@@ -337,6 +337,45 @@ def test_host_rules_through_dns():
     assert not ok(NS_GA, "tcp", "198.51.100.21", 80), "host:port opened another port"
 
 
+def pinned(sb, name, addr):
+    return tool("pinned", sb, name, addr, check=False).returncode == 0
+
+
+def test_name_pins_keep_what_dns_answered_per_name():
+    apply(SB_A)    # forgets what earlier tests learnt
+    apply(SB_A, "sub.example.com", "twin.example.com", "api.test")
+    assert not pinned(SB_A, "sub.example.com", "203.0.113.10"), "pinned before any answer"
+    assert "203.0.113.10" in probe(NS_GA, "dns", "sub.example.com").stdout
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10")
+    # the address is learnt, but twin.example.com was never answered with it
+    assert not pinned(SB_A, "twin.example.com", "203.0.113.10")
+    assert not pinned(SB_A, "api.test", "203.0.113.10")
+    assert not pinned(SB_B, "sub.example.com", "203.0.113.10"), "A's pin seen in B"
+    assert "203.0.113.10" in probe(NS_GA, "dns", "twin.example.com").stdout
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10"), "second name evicted the first"
+    tool("attach", SB_A, str(IDX_A))        # a restarted node keeps them
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10")
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    apply(SB_A, "twin.example.com", "api.test")    # a rule change forgets uncovered names
+    assert not pinned(SB_A, "sub.example.com", "203.0.113.10")
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    apply(SB_A)
+    assert not pinned(SB_A, "twin.example.com", "203.0.113.10")
+
+
+def test_name_pins_last_as_long_as_the_learnt_address():
+    # the fake answers carry TTL 60, between the proxy's floor (5 s here) and cap (3600 s)
+    apply(SB_A)
+    apply(SB_A, "sub.example.com")
+    assert "203.0.113.10" in probe(NS_GA, "dns", "sub.example.com").stdout
+    pins = [l.split() for l in tool("pins", SB_A).stdout.splitlines()]
+    assert len(pins) == 1 and pins[0][:2] == ["sub.example.com", "203.0.113.10"], pins
+    assert 50 <= int(pins[0][2]) <= 60, pins
+    apply(SB_A)
+    assert tool("pins", SB_A).stdout == ""
+
+
 def test_wildcard_rules():
     apply(SB_A, "*.wild.test")
     assert "rcode=3" in probe(NS_GA, "dns", "wild.test").stdout, "apex matched the wildcard"
@@ -507,7 +546,7 @@ def test_bandwidth_quota_drops_and_recharges():
         assert c["drop_quota_packets"] > 0
         out = tool("bw-get", SB_A).stdout
         assert "quota_bytes=200000" in out and "unmetered=0" in out, out
-        time.sleep(2.5)
+        time.sleep(1.2)
         assert ok(NS_GA, "tcp", "203.0.113.11", 80), "bucket did not recharge"
     finally:
         tool("bw", SB_A, "0", "0", "0", "0", "1")
