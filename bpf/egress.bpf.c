@@ -402,7 +402,12 @@ static __always_inline int steer_syn(struct __sk_buff *skb, const struct pkt *p)
 		t.ipv4.dport = bpf_htons(NP_PROXY_PORT);
 		tlen = sizeof(t.ipv4);
 	} else {
-		__builtin_memcpy(t.ipv6.daddr, (const void *)gw_ip6, 16);
+		/* read through volatile: a plain copy of this const would fold to its zero initialiser */
+		const volatile __u32 *g = (const volatile __u32 *)gw_ip6;
+		t.ipv6.daddr[0] = g[0];
+		t.ipv6.daddr[1] = g[1];
+		t.ipv6.daddr[2] = g[2];
+		t.ipv6.daddr[3] = g[3];
 		t.ipv6.dport = bpf_htons(NP_PROXY_PORT);
 		tlen = sizeof(t.ipv6);
 	}

@@ -31,7 +31,11 @@
  *     connlog ID MAX_PER_MINUTE       drain the connection log once (capped at MAX_PER_MINUTE
  *                                     events), print one JSON object per flow or refused
  *                                     attempt, then {"ring_lost":N,"over_cap":N}
- *     dns UPSTREAM ID:INDEX...        run the DNS proxy until SIGTERM or SIGINT
+ *     dns UPSTREAM ID:INDEX...        run the DNS proxy until SIGTERM or SIGINT; with NP_SNIPROXY=1
+ *                                     the name-checking proxy too (caps: NP_SNI_CONNS_PER_SANDBOX,
+ *                                     NP_SNI_CONNS, NP_SNI_HS_PER_SANDBOX, NP_SNI_HS); prints its
+ *                                     counters ("sniproxy accepted=.. spliced=.. refused=..
+ *                                     over_cap=.. cut=..") at the end
  *     destroy ID                      devices, netns and pins
  *     testrun N                       ns per packet of np_from_guest (BPF_PROG_TEST_RUN)
  *     replace-time ID N REPEAT        time to replace N rules live
@@ -60,6 +64,7 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
+#include "netpolicy/sniproxy.h"
 
 static const char *node = "test";
 static const char *pin_root = NULL;
@@ -410,6 +415,21 @@ int main(int argc, char **argv)
 		struct kiln_dns_proxy *px;
 		if (kiln_dns_proxy_start(&dc, &px, &err))
 			return fail(&err);
+		struct kiln_sniproxy *sp = NULL;
+		if (getenv("NP_SNIPROXY")) {
+			struct kiln_sniproxy_config sc = {0};
+			const char *v;
+			if ((v = getenv("NP_SNI_CONNS_PER_SANDBOX")))
+				sc.max_conns_per_sandbox = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_CONNS")))
+				sc.max_conns = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_HS_PER_SANDBOX")))
+				sc.handshakes_per_sandbox = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_HS")))
+				sc.handshakes = (uint32_t)atoi(v);
+			if (kiln_sniproxy_start(&sc, &sp, &err))
+				return fail(&err);
+		}
 		struct kiln_policy *pols[64];
 		char ids[64][16];
 		int k = 0;
@@ -422,7 +442,8 @@ int main(int argc, char **argv)
 			struct kiln_sbnet net;
 			if (kiln_sbnet_describe(a[j], (uint32_t)atoi(colon + 1), &net, &err) ||
 			    open_pol(a[j], net.index, 0, &pols[k], &err) ||
-			    kiln_dns_proxy_add(px, &net, pols[k], &err))
+			    kiln_dns_proxy_add(px, &net, pols[k], &err) ||
+			    (sp && kiln_sniproxy_add(sp, &net, pols[k], &err)))
 				return fail(&err);
 		}
 		signal(SIGTERM, on_sig);
@@ -431,10 +452,22 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		while (!stop)
 			pause();
+		if (sp) {
+			struct kiln_sniproxy_stats st;
+			kiln_sniproxy_stats(sp, NULL, &st);
+			printf("sniproxy accepted=%llu spliced=%llu refused=%llu over_cap=%llu cut=%llu\n",
+			       (unsigned long long)st.accepted, (unsigned long long)st.spliced,
+			       (unsigned long long)st.refused, (unsigned long long)st.over_cap,
+			       (unsigned long long)st.cut);
+			fflush(stdout);
+		}
 		for (int j = 0; j < k; j++) {
+			if (sp)
+				kiln_sniproxy_remove(sp, ids[j]);
 			kiln_dns_proxy_remove(px, ids[j]);
 			kiln_policy_close(pols[j]);
 		}
+		kiln_sniproxy_stop(sp);
 		kiln_dns_proxy_stop(px);
 		return 0;
 	}
