@@ -41,7 +41,9 @@ struct np_cfg {
  * port 80 or 443 that only a learnt (DNS) address allows is handed to it: its SYN with
  * bpf_sk_assign, every packet of it marked NP_PROXY_MARK (a policy route in the netns, table
  * NP_PROXY_TABLE, makes every address local for that mark), and UDP to port 443 (QUIC) to such an
- * address is refused. Without the flag (no proxy) learnt addresses are plain address rules.
+ * address is refused. The node sets it when its proxy first serves the sandbox and never clears
+ * it: while no proxy listens (a node restarting) those SYNs are dropped. Without the flag (a
+ * loader without the proxy) learnt addresses are plain address rules.
  */
 #define NP_CFG_NAMECHECK 1u
 #define NP_PROXY_PORT 15001

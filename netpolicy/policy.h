@@ -170,7 +170,8 @@ void kiln_policy_dns_forget(struct kiln_policy *p, const char *name, int family,
 
 /*
  * Turns the hand-over of name-checked flows to the node's proxy on or off (NP_CFG_NAMECHECK in
- * bpf/policy.h): on only while the proxy listens in the sandbox's netns. Live.
+ * bpf/policy.h). The proxy turns it on when it first serves the sandbox and leaves it on: while
+ * no proxy listens (a node restarting), such SYNs are dropped rather than let through. Live.
  */
 enum kiln_err kiln_policy_set_namecheck(struct kiln_policy *p, bool on, struct kiln_error *err);
 

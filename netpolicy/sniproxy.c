@@ -139,12 +139,21 @@ static bool name_ok(struct conn *c, const char *name, bool live)
 	       !kiln_policy_addr_denied(c->sb->pol, c->family, c->addr);
 }
 
-static void count(struct conn *c, size_t off)
+/* Counts one event of the connection's sandbox and of the node; returns the sandbox's count. */
+static uint64_t count(struct conn *c, size_t off)
 {
 	pthread_mutex_lock(&c->px->mu);
-	(*(uint64_t *)((char *)&c->sb->st + off))++;
+	uint64_t n = ++(*(uint64_t *)((char *)&c->sb->st + off));
 	(*(uint64_t *)((char *)&c->px->st + off))++;
 	pthread_mutex_unlock(&c->px->mu);
+	return n;
+}
+
+/* A guest can make refusals as fast as its caps let it: the log gets the first 16 of a sandbox,
+ * then the 32nd, 64th... (each naming how many so far). */
+static bool worth_logging(uint64_t n)
+{
+	return n <= 16 || (n & (n - 1)) == 0;
 }
 
 static bool dead(struct conn *c)
@@ -157,12 +166,14 @@ static bool dead(struct conn *c)
 
 static void refuse(struct conn *c, const char *why, const char *name)
 {
+	kiln_policy_count_drop(c->sb->pol);
+	uint64_t n = count(c, offsetof(struct kiln_sniproxy_stats, refused));
+	if (!worth_logging(n))
+		return;
 	char a[INET6_ADDRSTRLEN];
 	inet_ntop(c->family == 4 ? AF_INET : AF_INET6, c->addr, a, sizeof(a));
-	log_info("sniproxy: %s: refused %s:%u \"%s\": %s", c->sb->id, a, c->dport,
-		 name ? name : "", why);
-	kiln_policy_count_drop(c->sb->pol);
-	count(c, offsetof(struct kiln_sniproxy_stats, refused));
+	log_info("sniproxy: %s: refused %s:%u \"%s\": %s (%llu refused)", c->sb->id, a, c->dport,
+		 name ? name : "", why, (unsigned long long)n);
 }
 
 /* Connects to the checked address from the host's netns. 0 or -1. */
@@ -362,7 +373,7 @@ static void conn_run(struct conn *c)
 		}
 		if (r <= 0)
 			continue;
-		if (p[0].revents & (POLLIN | POLLHUP | POLLERR)) {
+		if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->g, pb + pn, KILN_SNI_MAX_IN - pn);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -375,7 +386,7 @@ static void conn_run(struct conn *c)
 					goto reset;
 			}
 		}
-		if (p[1].revents & (POLLIN | POLLHUP | POLLERR)) {
+		if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->u, ub, COPY_BUF);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -469,8 +480,9 @@ static void accept_one(struct kiln_sniproxy *px, struct psb *sb, int lfd)
 		over = "sniproxy_handshakes_per_sandbox";
 	else if (!bucket_take(&px->hs, t))
 		over = "sniproxy_handshakes";
+	uint64_t n_over = 0;
 	if (over) {
-		sb->st.over_cap++;
+		n_over = ++sb->st.over_cap;
 		px->st.over_cap++;
 	} else {
 		sb->st.accepted++;
@@ -480,7 +492,9 @@ static void accept_one(struct kiln_sniproxy *px, struct psb *sb, int lfd)
 	}
 	pthread_mutex_unlock(&px->mu);
 	if (over) {
-		log_info("sniproxy: %s: connection reset: over %s", sb->id, over);
+		if (worth_logging(n_over))
+			log_info("sniproxy: %s: connection reset: over %s (%llu so far)", sb->id, over,
+				 (unsigned long long)n_over);
 		kiln_policy_count_drop(sb->pol);
 		rst_close(g);
 		free(c);
@@ -719,9 +733,8 @@ void kiln_sniproxy_remove(struct kiln_sniproxy *px, const char *sandbox_net_id)
 	sb->dead = true;
 	uint64_t epoch = px->epoch;
 	pthread_mutex_unlock(&px->mu);
-	struct kiln_error err = {0};
-	if (kiln_policy_set_namecheck(sb->pol, false, &err) != KILN_OK)
-		log_warn("sniproxy: %s: %s", sb->id, err.msg);
+	/* NP_CFG_NAMECHECK stays on: while no proxy listens (a node restarting with its VMs up)
+	 * such SYNs are dropped, never let through unchecked */
 	wake(px);
 	pthread_mutex_lock(&px->mu);
 	/* the accepting thread's next round no longer has its listeners; then its connections end

@@ -84,8 +84,9 @@ enum kiln_err kiln_sniproxy_add(struct kiln_sniproxy *px, const struct kiln_sbne
 				struct kiln_policy *pol, struct kiln_error *err);
 
 /*
- * Stops serving the sandbox: NP_CFG_NAMECHECK off, listeners closed, its live connections cut;
- * returns once none of its connection threads is left. Idempotent.
+ * Stops serving the sandbox: listeners closed, its live connections cut; returns once none of
+ * its connection threads is left. Idempotent. NP_CFG_NAMECHECK stays on: until a proxy serves
+ * the sandbox again (a restarted node), its name-checked SYNs are dropped, never let through.
  */
 void kiln_sniproxy_remove(struct kiln_sniproxy *px, const char *sandbox_net_id);
 
