@@ -3,7 +3,8 @@
 
   fakenet.py ADDR...        TCP on every address: 80, 443, 8080, 25, 5432 answer one line and
                             close (80 and 443 then answer each request head with a line
-                            "host=<its Host>" until the client closes); 7000 streams a line every 50 ms; 8081 streams bytes as fast as
+                            "host=<its Host>" until the client closes, GET /bulk/N with N
+                            bytes after it); 7000 streams a line every 50 ms; 8081 streams bytes as fast as
                             it can. UDP echo on 9999 of each address. DNS on 53 (UDP and TCP) of
                             each address whose last IPv4 byte is 53, from the table below; a UDP
                             answer over 512 bytes comes truncated (TC, no records), as from a
@@ -127,6 +128,15 @@ class Handler(socketserver.BaseRequestHandler):
                 head, buf = buf.split(b"\r\n\r\n", 1)
                 host = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")
                         if l.lower().startswith(b"host:")]
+                if head.startswith(b"GET /bulk/"):
+                    # GET /bulk/N: N bytes after the "host=" line (benchmarks)
+                    n = int(head.split()[1].split(b"/")[2])
+                    self.request.sendall(b"host=%s\n" % (host[0] if host else b"-"))
+                    chunk = b"x" * 65536
+                    while n > 0:
+                        self.request.sendall(chunk[:n])
+                        n -= min(n, len(chunk))
+                    continue
                 self.request.sendall(b"host=%s\n" % (host[0] if host else b"-"))
 
 

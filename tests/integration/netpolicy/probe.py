@@ -28,6 +28,9 @@
   probe.py httphold ADDR PORT HOST SECS    one GET, its answer, then prints "open" and waits up
                                            to SECS for the connection to end: prints RESET, EOF
                                            or TIMEOUT
+  probe.py bulk ADDR PORT HOST BYTES       connects, waits for the greeting, then GET /bulk/BYTES:
+                                           prints the ms from the request to the first byte of
+                                           the answer and the MB/s of the whole download
   probe.py webflood ADDR PORT HOST COUNT   COUNT connections at once, each sending a GET for
                                            HOST and held open; prints "ok=N reset=M"
 """
@@ -400,6 +403,27 @@ def httphold(addr, port, host, secs):
     return 0
 
 
+def bulk(addr, port, host, nbytes):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(60)
+    s.connect((addr, port))
+    s.sendall(b"GET /x HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+    lines_until_end(s, 2, time.time() + 30)    # greeting, host= (the path is checked now)
+    t0 = time.time()
+    s.sendall(b"GET /bulk/%d HTTP/1.1\r\nHost: %s\r\n\r\n" % (nbytes, host.encode()))
+    got = len(s.recv(65536))
+    t1 = time.time()
+    want = nbytes + len("host=%s\n" % host)
+    while got < want:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += len(b)
+    t2 = time.time()
+    print("%.3f %.1f %d" % ((t1 - t0) * 1000, got / (t2 - t0) / 1e6, got))
+    return 0 if got == want else 1
+
+
 def webflood(addr, port, host, count):
     socks = []
     for _ in range(count):
@@ -458,6 +482,8 @@ def main():
         return tls(a[0], int(a[1]), a[2])
     if cmd == "httphold":
         return httphold(a[0], int(a[1]), a[2], float(a[3]))
+    if cmd == "bulk":
+        return bulk(a[0], int(a[1]), a[2], int(a[3]))
     if cmd == "webflood":
         return webflood(a[0], int(a[1]), a[2], int(a[3]))
     if cmd == "tcp":
