@@ -174,6 +174,16 @@ const struct cfg_def config_table[] = {
 	  "sandboxes' ranges are denied even when left out" },
 	{ "dns_pending_per_sandbox", CFG_INT, F(dns_pending_per_sandbox), "64", 1, 4096, NULL, false,
 	  "DNS queries one sandbox may have waiting on the upstream resolver (more are REFUSED)" },
+	{ "sniproxy_conns_per_sandbox", CFG_INT, F(sniproxy_conns_per_sandbox), "256", 1, 65536,
+	  NULL, false, "connections one sandbox may have open through the name-checking proxy at once "
+	  "(more are reset)" },
+	{ "sniproxy_conns", CFG_INT, F(sniproxy_conns), "4096", 1, 1000000, NULL, false,
+	  "connections all sandboxes of the node may have open through the name-checking proxy" },
+	{ "sniproxy_handshakes_per_sandbox", CFG_INT, F(sniproxy_handshakes_per_sandbox), "50", 1,
+	  100000, NULL, false, "new connections a second one sandbox may open through the "
+	  "name-checking proxy (more are reset)" },
+	{ "sniproxy_handshakes", CFG_INT, F(sniproxy_handshakes), "1000", 1, 1000000, NULL, false,
+	  "new connections a second all sandboxes may open through the name-checking proxy" },
 	{ "connlog_max_per_minute", CFG_INT, F(connlog_max_per_minute), "600", 1, 1000000, NULL,
 	  false, "connections (and refused attempts) a sandbox's connection log records per minute; "
 	  "more are counted as lost" },

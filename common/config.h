@@ -88,6 +88,10 @@ struct kiln_config {
 	long long conn_burst;
 	char *egress_deny;		/* CIDRs no egress rule can open ("host": the host's own) */
 	long long dns_pending_per_sandbox;	/* UDP queries one sandbox may have upstream */
+	long long sniproxy_conns_per_sandbox;	/* name-checking proxy: connections at once */
+	long long sniproxy_conns;
+	long long sniproxy_handshakes_per_sandbox;	/* new connections a second */
+	long long sniproxy_handshakes;
 	long long connlog_max_per_minute;	/* connection-log rows a sandbox may add a minute */
 	long long connlog_retention_days;	/* connection-log rows older are deleted */
 	long long connlog_interval_s;		/* how often the node reads the connection logs */

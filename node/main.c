@@ -21,6 +21,7 @@
 #include "auth/masterkey.h"
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
+#include "netpolicy/sniproxy.h"
 #include "vmm/accel.h"
 #include "common/fsutil.h"
 #include "vmm/hv.h"
@@ -385,11 +386,23 @@ static int net_init(struct kiln_error *err)
 	if (kiln_dns_proxy_start(&dc, &node.dns, err) != KILN_OK)
 		return err->code;
 	log_info("guests' DNS goes to \"%s\"", upstream);
+	struct kiln_sniproxy_config sc = {
+		.max_conns_per_sandbox = (uint32_t)node.cfg.sniproxy_conns_per_sandbox,
+		.max_conns = (uint32_t)node.cfg.sniproxy_conns,
+		.handshakes_per_sandbox = (uint32_t)node.cfg.sniproxy_handshakes_per_sandbox,
+		.handshakes = (uint32_t)node.cfg.sniproxy_handshakes,
+		.handoff = node.sni_handoff,
+		.handoff_arg = &node,
+	};
+	if (kiln_sniproxy_start(&sc, &node.sni, err) != KILN_OK)
+		return err->code;
 	return KILN_OK;
 }
 
 static void net_exit(void)
 {
+	kiln_sniproxy_stop(node.sni);
+	node.sni = NULL;
 	kiln_dns_proxy_stop(node.dns);
 	node.dns = NULL;
 }
