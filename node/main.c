@@ -368,6 +368,16 @@ static void hostnet_exit(void)
 		log_info("nftables table of node \"%s\" removed", node.cfg.node_id);
 }
 
+/*
+ * The name-checking proxy's hand-off (kiln_sniproxy_handoff_fn): connections to a host the
+ * sandbox holds secrets for go to the injector, every other one is spliced by the proxy.
+ */
+static int sni_handoff(void *arg, const char *sandbox_id, int guest_fd, const void *pre,
+		       size_t pre_len, const char *host, const struct sockaddr_storage *upstream)
+{
+	return inject_handoff(arg, sandbox_id, guest_fd, pre, pre_len, host, upstream);
+}
+
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
@@ -391,7 +401,7 @@ static int net_init(struct kiln_error *err)
 		.max_conns = (uint32_t)node.cfg.sniproxy_conns,
 		.handshakes_per_sandbox = (uint32_t)node.cfg.sniproxy_handshakes_per_sandbox,
 		.handshakes = (uint32_t)node.cfg.sniproxy_handshakes,
-		.handoff = node.sni_handoff,
+		.handoff = sni_handoff,
 		.handoff_arg = &node,
 	};
 	if (kiln_sniproxy_start(&sc, &node.sni, err) != KILN_OK)

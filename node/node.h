@@ -70,14 +70,6 @@ struct node {
 	struct jwks_cache *keys;
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
 	struct kiln_sniproxy *sni;	/* checks names on TCP 80/443 (netpolicy/sniproxy.h) */
-	/*
-	 * The name-checking proxy's one hand-off point (netpolicy/sniproxy.h,
-	 * kiln_sniproxy_handoff_fn): called with the node as `arg` after a connection's name was
-	 * read and checked; returns 1 when it took the connection (the secrets' injecting proxy),
-	 * 0 to let the proxy splice. NULL: splice as usual. Set before net_init (main.c).
-	 */
-	int (*sni_handoff)(void *node, const char *sandbox_id, int guest_fd, const void *pre,
-			   size_t pre_len, const char *host, const struct sockaddr_storage *upstream);
 	struct auth_master_key mk;	/* seals snapshots that leave the node */
 	struct snapstore *store;	/* tenants' buckets; NULL without a master key */
 	struct inject *inject;		/* secrets' injecting proxy (inject.h); NULL without a master key */
