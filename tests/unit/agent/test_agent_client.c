@@ -287,11 +287,62 @@ static void file_errors_map_to_codes(void)
 	snprintf(p, sizeof(p), "%s/absent", tmpdir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_fd(a, p, fd, 100, NULL, &err), KILN_E_NOT_FOUND);
-	snprintf(p, sizeof(p), "%s/no-dir/x", tmpdir);
+	/* a parent that is a file, not a directory: not found, and nothing made under it */
+	snprintf(p, sizeof(p), "%s/plain", tmpdir);
+	close(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+	snprintf(p, sizeof(p), "%s/plain/sub/x", tmpdir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_E_NOT_FOUND);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_fd(a, tmpdir, fd, 100, NULL, &err), KILN_E_INVALID);
+	CHECK(agent_alive(a));
+	close(fd);
+	stop_agent(a, pid);
+}
+
+/*
+ * A write makes the missing parent directories (0755), as `mkdir -p` would; a write that fails
+ * afterwards removes the ones it made, and leaves alone those that were there.
+ */
+static void file_write_makes_parent_directories(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct stat st;
+	char p[192], d[192];
+	int fd = open("/dev/null", O_RDONLY);
+
+	snprintf(p, sizeof(p), "%s/mk/a/b/c.txt", tmpdir);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	CHECK(stat(p, &st) == 0 && S_ISREG(st.st_mode));
+	snprintf(d, sizeof(d), "%s/mk/a/b", tmpdir);
+	CHECK(stat(d, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0755);
+	/* again beside it: the directories are there now, nothing to make */
+	snprintf(p, sizeof(p), "%s/mk/a/b/d.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	/* slashes doubled and trailing dots are the same directories */
+	snprintf(p, sizeof(p), "%s//mk/./a//e.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	snprintf(d, sizeof(d), "%s/mk/a/e.txt", tmpdir);
+	CHECK(access(d, F_OK) == 0);
+	/* a write over the size it announced fails: the directories it made go with it */
+	int big = open("/dev/zero", O_RDONLY);
+
+	snprintf(p, sizeof(p), "%s/mk/a/new1/new2/x", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, big, 64 * 1024, &err), KILN_E_TOO_LARGE);
+	close(big);
+	/* the agent takes frames in order: after the next request's answer the cancel is done */
+	snprintf(d, sizeof(d), "%s/mk/a/f.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, d, 0, fd, 100, &err), KILN_OK);
+	snprintf(d, sizeof(d), "%s/mk/a/new1", tmpdir);
+	CHECK(access(d, F_OK) != 0);
+	snprintf(d, sizeof(d), "%s/mk/a/b", tmpdir);
+	CHECK(access(d, F_OK) == 0);
 	CHECK(agent_alive(a));
 	close(fd);
 	stop_agent(a, pid);
@@ -366,10 +417,23 @@ static void exec_and_files_run_as_the_named_user(void)
 	CHECK_INT(agent_file_write_as(a, p, 0600, "nobody", fd_src, &fd, 100, &err), KILN_OK);
 	CHECK(stat(p, &st) == 0 && st.st_uid == pw->pw_uid && st.st_gid == pw->pw_gid &&
 	      (st.st_mode & 0777) == 0600);
+	/* the parents a write for nobody makes are nobody's */
+	snprintf(p, sizeof(p), "%s/sub/y/mine", own);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_OK);
+	snprintf(p, sizeof(p), "%s/sub/y", own);
+	CHECK(stat(p, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == pw->pw_uid &&
+	      st.st_gid == pw->pw_gid);
+	snprintf(p, sizeof(p), "%s/sub", own);
+	CHECK(stat(p, &st) == 0 && st.st_uid == pw->pw_uid);
+	snprintf(p, sizeof(p), "%s/mine", own);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_as(a, p, "nobody", discard, NULL, 100, NULL, &err), KILN_OK);
 	/* where nobody may not write: forbidden, nothing left behind */
 	snprintf(p, sizeof(p), "%s/not-mine", dir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_E_FORBIDDEN);
+	snprintf(p, sizeof(p), "%s/not-mine-dir/x", dir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_E_FORBIDDEN);
 	snprintf(want, sizeof(want), "ls -A '%s' | wc -l", dir);
@@ -679,6 +743,7 @@ int main(int argc, char **argv)
 	TEST(execs_run_at_once);
 	TEST(file_round_trip_is_byte_exact);
 	TEST(file_errors_map_to_codes);
+	TEST(file_write_makes_parent_directories);
 	TEST(exec_and_files_run_as_the_named_user);
 	TEST(large_output_arrives_whole_through_flow_control);
 	TEST(agent_itself_rejects_bad_requests);

@@ -25,6 +25,10 @@
 #define AGENT_OUT_MAX (AGENT_OUT_HIGH + 2 * (AGENT_HDR_SIZE + AGENT_MAX_PAYLOAD))	/* bytes */
 #define AGENT_DRAIN_GRACE_MS 250	/* after exit, how long to wait for pipes held by others */
 #define AGENT_MAX_ENV_DEFAULTS 256
+/* the PATH of every exec that sets none: busybox's applets (build-image.sh) come last, so a
+ * package installed later shadows them */
+#define AGENT_BASE_PATH \
+	"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/lib/busybox"
 
 struct session;
 

@@ -531,7 +531,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (!getenv("PATH"))
-		setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+		setenv("PATH", AGENT_BASE_PATH, 1);
 	agent_decoder_init(&s.dec, s.payload);
 	if (inherited >= 0) {
 		s.test_mode = true;
