@@ -25,6 +25,7 @@
 #include "netpolicy/dns.h"
 #include "node/connlog.h"
 #include "node/node.h"
+#include "node/ports.h"
 
 #define SB_GROW_WAIT_MS 30000	/* for the guest to see its grown disk (agent_grow_root) */
 
@@ -198,6 +199,7 @@ void sb_release(struct node *n, struct sandbox *sb)
 	char run_dir[256], state_dir[640];
 
 	if (sb->agent) {
+		ports_drain(n, sb);	/* no port stream outlives the channel it runs on */
 		agent_free(sb->agent);
 		sb->agent = NULL;
 	}
