@@ -1,5 +1,6 @@
 """Port streams: kiln-node carries a byte stream to 127.0.0.1:PORT inside a sandbox over its
-agent's channel (GET /v1/sandboxes/{id}/ports/{port}/stream, Upgrade: kiln-port; docs/ports.md).
+agent's channel (GET /v1/sandboxes/{id}/ports/{port}/stream, Upgrade: kiln-port; docs/ports.md),
+and kiln-gateway passes it on to the sandbox's owner (GET /v1/sandboxes/{id}/connect?port=N).
 
 One sandbox (a real microVM) serves the cases: a Python HTTP server answers through the stream, a
 chunked response arrives piece by piece as the guest writes it, an echo server returns 1 MiB both
@@ -8,6 +9,7 @@ for a port nobody listens on, 401 without a node token, 404 with another tenant'
 """
 import json
 import os
+import urllib.parse
 import socket
 import subprocess
 import threading
@@ -137,6 +139,46 @@ class PortStreamTests(unittest.TestCase):
                    f"Host: node\r\nConnection: Upgrade\r\nUpgrade: {upgrade}\r\n{auth}\r\n").encode())
         status, head, rest = read_head(s)
         return status, s, head, rest
+
+    def gw_stream(self, port, key=None, upgrade="kiln-port"):
+        """Opens a port stream through the gateway's API; returns (status, socket, head, rest)."""
+        u = urllib.parse.urlparse(self.stack.gw.url)
+        s = socket.create_connection((u.hostname, u.port), timeout=60)
+        self.addCleanup(s.close)
+        auth = f"Authorization: {key['Authorization']}\r\n" if key else ""
+        s.sendall((f"GET /v1/sandboxes/{self.sb}/connect?port={port} HTTP/1.1\r\n"
+                   f"Host: x\r\nConnection: Upgrade\r\nUpgrade: {upgrade}\r\n{auth}\r\n").encode())
+        status, head, rest = read_head(s)
+        return status, s, head, rest
+
+    def test_gateway_carries_the_stream_to_its_owner_only(self):
+        status, s, head, rest = self.gw_stream(8000, self.key)
+        self.assertEqual(status, 101, head)
+        s.sendall(b"GET /index.html HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        reply = recv_all(s, rest)
+        self.assertIn(b" 200 ", reply.split(b"\r\n", 1)[0])
+        self.assertIn(b"hello from the sandbox", reply)
+        # a mebibyte both ways at once through gateway, node and agent
+        status, s, head, rest = self.gw_stream(8002, self.key)
+        self.assertEqual(status, 101, head)
+        payload = os.urandom(1 << 20)
+        got = [rest]
+        t = threading.Thread(target=lambda: got.append(recv_all(s)))
+        t.start()
+        s.sendall(payload)
+        s.shutdown(socket.SHUT_WR)
+        t.join(120)
+        self.assertEqual(b"".join(got), payload)
+        # the errors, as the node gave them or the gateway's own
+        status, s, head, rest = self.gw_stream(8999, self.key)
+        self.assertEqual(status, 502, head)
+        self.assertIn(b"port_closed", rest)
+        self.assertEqual(self.gw_stream(8000)[0], 401)
+        r = self.stack.gw.request("POST", "/v1/tenants", {"name": "stranger"}, self.stack.admin)
+        other = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+        self.assertEqual(self.gw_stream(8000, other)[0], 404)
+        self.assertEqual(self.gw_stream(0, self.key)[0], 422)
+        self.assertEqual(self.gw_stream(8000, self.key, upgrade="websocket")[0], 400)
 
     def test_http_server_answers_through_the_stream(self):
         status, s, head, rest = self.stream(8000, self.token)
