@@ -4,7 +4,8 @@
  * port forward). The gateway checks the caller owns the sandbox, opens the same upgrade on the
  * sandbox's node (node/ports.h) under a node token, and once the node answered 101 splices the
  * two connections; any other answer of the node (502 port_closed, 504 port_timeout, 409, 429...)
- * is passed on as it came. Only a client that asks for `Upgrade: kiln-port` gets a stream, which
+ * is passed on as it came. Without an Upgrade header the same request is a probe: 200
+ * {"port", "listening"}, from a stream opened and dropped at once. Only a client that asks for `Upgrade: kiln-port` gets a stream, which
  * no browser can send, so nothing a sandbox serves is ever a page of the API's origin.
  */
 #include <errno.h>
@@ -262,7 +263,10 @@ static void port_stream(struct http_req *req)
 		http_reply_error(req, KILN_E_INVALID, "query parameter port must be 1..65535");
 		return;
 	}
-	if (!up || strcasecmp(up, "kiln-port") != 0) {
+	/* Without the upgrade the request is a probe: does anything listen on the port? */
+	bool probe = !up;
+
+	if (up && strcasecmp(up, "kiln-port") != 0) {
 		http_reply_error(req, KILN_E_BAD_REQUEST,
 				 "a port stream is a request with Upgrade: kiln-port");
 		return;
@@ -334,9 +338,20 @@ static void port_stream(struct http_req *req)
 				break;
 			have += (size_t)k;
 		}
+		head[have] = '\0';
+		if (probe && status == 502 && strstr(head + head_len, "\"port_closed\"")) {
+			http_reply_json(req, 200, json_pack("{s:I, s:b}", "port", (json_int_t)port,
+							    "listening", 0));
+			goto out;
+		}
 		if (head_value(head, "Retry-After", retry, sizeof(retry)))
 			http_reply_header(req, "Retry-After", retry);
 		http_reply_data(req, status, "application/json", head + head_len, have - head_len);
+		goto out;
+	}
+	if (probe) {	/* it listens; closing our end ends the node's stream */
+		http_reply_json(req, 200, json_pack("{s:I, s:b}", "port", (json_int_t)port, "listening",
+						    1));
 		goto out;
 	}
 	sp = calloc(1, sizeof(*sp));
