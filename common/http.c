@@ -372,6 +372,8 @@ void http_reply_stream(struct http_req *req, int status, const char *content_typ
 	reply_queue(req, status, resp);
 }
 
+static void conn_mark_upgraded(struct http_req *req);
+
 struct upgrade_ctx {
 	http_upgrade_cb run;
 	void *cls;
@@ -442,6 +444,7 @@ void http_reply_upgrade(struct http_req *req, const char *protocol, http_upgrade
 	u->cls = cls;
 	u->fd = -1;
 	MHD_add_response_header(resp, "Upgrade", protocol);
+	conn_mark_upgraded(req);
 	reply_queue(req, 101, resp);
 }
 
@@ -521,7 +524,8 @@ void http_req_set_object(struct http_req *req, const char *object_id)
 #define PROXY_V2_MAX 1024	/* the longest v2 header we take */
 #define WATCH_TICK_MS 200
 
-enum conn_phase { PH_HEADERS, PH_BODY, PH_HANDLING };
+/* PH_UPGRADED: the connection left HTTP (http_reply_upgrade); no deadline applies any more. */
+enum conn_phase { PH_HEADERS, PH_BODY, PH_HANDLING, PH_UPGRADED };
 
 /* One accepted socket (the socket_context of libmicrohttpd). */
 struct conn {
@@ -1256,10 +1260,20 @@ static void conn_phase(struct http_server *srv, struct conn *cc, enum conn_phase
 	if (!cc)
 		return;
 	pthread_mutex_lock(&srv->lock);
+	if (cc->phase == PH_UPGRADED) {	/* never back to HTTP */
+		pthread_mutex_unlock(&srv->lock);
+		return;
+	}
 	cc->phase = phase;
 	cc->body_bytes = 0;
 	clock_gettime(CLOCK_MONOTONIC, &cc->t);
 	pthread_mutex_unlock(&srv->lock);
+}
+
+/* Exempts the request's connection from the deadlines: it leaves HTTP with this reply. */
+static void conn_mark_upgraded(struct http_req *req)
+{
+	conn_phase(req->srv, conn_of(req->conn), PH_UPGRADED);
 }
 
 /*

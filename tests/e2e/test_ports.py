@@ -98,7 +98,8 @@ def recv_all(s, rest=b""):
 class PortStreamTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.stack = kiln.Stack()
+        # A short header timeout: an upgraded connection must not be held to it (see below).
+        cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2"})
         cls.addClassCleanup(cls.stack.cleanup)
         gw = cls.stack.gw
         r = gw.request("POST", "/v1/tenants", {"name": "ports"}, cls.stack.admin)
@@ -179,6 +180,24 @@ class PortStreamTests(unittest.TestCase):
         self.assertEqual(self.gw_stream(8000, other)[0], 404)
         self.assertEqual(self.gw_stream(0, self.key)[0], 422)
         self.assertEqual(self.gw_stream(8000, self.key, upgrade="websocket")[0], 400)
+        # without the upgrade, a probe: does anything listen?
+        sbp = f"/v1/sandboxes/{self.sb}/connect?port="
+        r = self.stack.gw.request("GET", sbp + "8000", headers=self.key)
+        self.assertEqual((r.status, r.json()), (200, {"port": 8000, "listening": True}), r)
+        r = self.stack.gw.request("GET", sbp + "8999", headers=self.key)
+        self.assertEqual((r.status, r.json()), (200, {"port": 8999, "listening": False}), r)
+        r = self.stack.gw.request("GET", sbp + "8000", headers=other)
+        self.assertEqual(r.status, 404, r)
+
+    def test_an_idle_stream_outlives_the_header_timeout(self):
+        # the gateway closes connections that send no request within http_header_timeout_s (2 s
+        # here); an upgraded one carries no more requests and is not subject to it
+        status, s, head, rest = self.gw_stream(8002, self.key)
+        self.assertEqual(status, 101, head)
+        time.sleep(5)
+        s.sendall(b"still there")
+        s.shutdown(socket.SHUT_WR)
+        self.assertEqual(recv_all(s, rest), b"still there")
 
     def test_http_server_answers_through_the_stream(self):
         status, s, head, rest = self.stream(8000, self.token)
