@@ -83,7 +83,16 @@ def read_head(s):
         data += d
     head, _, rest = data.partition(b"\r\n\r\n")
     status = int(head.split(b" ", 2)[1]) if head else 0
-    return status, head.decode("latin-1"), rest
+    text = head.decode("latin-1")
+    if status != 101:  # an error's whole body
+        length = [int(l.split(":", 1)[1]) for l in text.split("\r\n")
+                  if l.lower().startswith("content-length:")]
+        while length and len(rest) < length[0]:
+            d = s.recv(4096)
+            if not d:
+                break
+            rest += d
+    return status, text, rest
 
 
 def recv_all(s, rest=b""):
@@ -99,7 +108,8 @@ class PortStreamTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         # A short header timeout: an upgraded connection must not be held to it (see below).
-        cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2"})
+        cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2"},
+                               node_env={"KILN_PORT_STREAMS_MAX_PER_SANDBOX": "5"})
         cls.addClassCleanup(cls.stack.cleanup)
         gw = cls.stack.gw
         r = gw.request("POST", "/v1/tenants", {"name": "ports"}, cls.stack.admin)
@@ -198,6 +208,30 @@ class PortStreamTests(unittest.TestCase):
         s.sendall(b"still there")
         s.shutdown(socket.SHUT_WR)
         self.assertEqual(recv_all(s, rest), b"still there")
+
+    def test_streams_at_once_are_capped_per_sandbox(self):
+        # port_streams_max_per_sandbox is 5 on this node: the sixth at the latest is 429 naming it
+        opened, refused = [], None
+        for _ in range(7):
+            status, s, head, rest = self.stream(8002, self.token)
+            if status == 101:
+                opened.append(s)
+                continue
+            refused = (status, head, rest)
+            break
+        self.assertIsNotNone(refused, "7 streams open at once")
+        self.assertEqual(refused[0], 429, refused)
+        self.assertIn(b"port_streams_max_per_sandbox", refused[2])
+        self.assertLessEqual(len(opened), 5)
+        for s in opened:
+            s.close()
+        # once they ended, streams open again
+        for _ in range(100):
+            status, s, head, rest = self.stream(8002, self.token)
+            if status == 101:
+                break
+            time.sleep(0.1)
+        self.assertEqual(status, 101, head)
 
     def test_http_server_answers_through_the_stream(self):
         status, s, head, rest = self.stream(8000, self.token)
