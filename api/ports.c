@@ -38,7 +38,57 @@ struct splice {
 	int node;		/* the node's socket after its 101 */
 	char *early;		/* node bytes read past its head */
 	size_t early_len;
+	char tenant[AUTH_CLAIM_MAX];	/* its count in `tenants` */
 };
+
+/* Streams (and probes) each tenant holds open through this gateway: port_streams_max_per_tenant. */
+struct tenant_count {
+	struct tenant_count *next;
+	char tenant[AUTH_CLAIM_MAX];
+	long long n;
+};
+
+static pthread_mutex_t tenants_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tenant_count *tenants;
+
+/* Counts a stream in for `tenant`; false at the limit (or out of memory). */
+static bool tenant_take(const char *tenant, long long max)
+{
+	struct tenant_count *t;
+	bool ok = false;
+
+	pthread_mutex_lock(&tenants_lock);
+	for (t = tenants; t && strcmp(t->tenant, tenant) != 0; t = t->next)
+		;
+	if (!t && (t = calloc(1, sizeof(*t)))) {
+		snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
+		t->next = tenants;
+		tenants = t;
+	}
+	if (t && t->n < max) {
+		t->n++;
+		ok = true;
+	}
+	pthread_mutex_unlock(&tenants_lock);
+	return ok;
+}
+
+static void tenant_give(const char *tenant)
+{
+	pthread_mutex_lock(&tenants_lock);
+	for (struct tenant_count **pp = &tenants; *pp; pp = &(*pp)->next) {
+		struct tenant_count *t = *pp;
+
+		if (strcmp(t->tenant, tenant) == 0) {
+			if (--t->n <= 0) {
+				*pp = t->next;
+				free(t);
+			}
+			break;
+		}
+	}
+	pthread_mutex_unlock(&tenants_lock);
+}
 
 static long long mono_ms(void)
 {
@@ -190,6 +240,7 @@ static void splice_run(void *cls, int fd, const char *extra, size_t extra_len)
 		}
 	}
 	close(sp->node);
+	tenant_give(sp->tenant);
 	free(sp->early);
 	free(sp);
 }
@@ -248,6 +299,7 @@ static void port_stream(struct http_req *req)
 	struct splice *sp = NULL;
 	size_t have = 0;
 	int fd = -1, status;
+	bool taken = false;	/* a count of the tenant's, given back at the end unless spliced */
 	enum kiln_err rc;
 
 	http_req_set_object(req, id);
@@ -275,6 +327,14 @@ static void port_stream(struct http_req *req)
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", state);
 		return;
 	}
+	if (!tenant_take(gw_principal(req)->tenant_id, gw->cfg.port_streams_max_per_tenant)) {
+		http_reply_header(req, "Retry-After", "1");
+		http_reply_error(req, KILN_E_RATE_LIMITED,
+				 "too many port streams at once: port_streams_max_per_tenant is %lld",
+				 gw->cfg.port_streams_max_per_tenant);
+		return;
+	}
+	taken = true;
 	token = node_token(req, id);
 	head = malloc(NODE_HEAD_MAX + 1);
 	if (!token || !head) {
@@ -361,6 +421,7 @@ static void port_stream(struct http_req *req)
 	}
 	sp->node = fd;
 	fd = -1;
+	snprintf(sp->tenant, sizeof(sp->tenant), "%s", gw_principal(req)->tenant_id);
 	if (have > head_len) {
 		sp->early = malloc(have - head_len);
 		if (!sp->early) {
@@ -372,8 +433,11 @@ static void port_stream(struct http_req *req)
 		memcpy(sp->early, head + head_len, have - head_len);
 		sp->early_len = have - head_len;
 	}
+	taken = false;	/* the splice gives it back */
 	http_reply_upgrade(req, "kiln-port", splice_run, sp);
 out:
+	if (taken)
+		tenant_give(gw_principal(req)->tenant_id);
 	if (fd >= 0)
 		close(fd);
 	free(token);

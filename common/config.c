@@ -143,6 +143,9 @@ const struct cfg_def config_table[] = {
 	{ "port_streams_max_per_sandbox", CFG_INT, F(port_streams_max_per_sandbox), "64", 1, 64,
 	  NULL, false, "port streams one sandbox carries at once on its node (more: 429 naming the "
 	  "limit; the guest's agent carries 64 at most)" },
+	{ "port_streams_max_per_tenant", CFG_INT, F(port_streams_max_per_tenant), "64", 1, 65536,
+	  NULL, false, "port streams (and probes) one tenant holds open at once through one gateway "
+	  "(more: 429 naming the limit)" },
 	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
 	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
 	  "least; older output is dropped)" },

@@ -108,7 +108,8 @@ class PortStreamTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         # A short header timeout: an upgraded connection must not be held to it (see below).
-        cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2"},
+        cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2",
+                                            "KILN_PORT_STREAMS_MAX_PER_TENANT": "4"},
                                node_env={"KILN_PORT_STREAMS_MAX_PER_SANDBOX": "5"})
         cls.addClassCleanup(cls.stack.cleanup)
         gw = cls.stack.gw
@@ -228,6 +229,29 @@ class PortStreamTests(unittest.TestCase):
         # once they ended, streams open again
         for _ in range(100):
             status, s, head, rest = self.stream(8002, self.token)
+            if status == 101:
+                break
+            time.sleep(0.1)
+        self.assertEqual(status, 101, head)
+
+    def test_streams_at_once_are_capped_per_tenant_at_the_gateway(self):
+        # port_streams_max_per_tenant is 4 on this gateway: the fifth at the latest is 429
+        opened, refused = [], None
+        for _ in range(6):
+            status, s, head, rest = self.gw_stream(8002, self.key)
+            if status == 101:
+                opened.append(s)
+                continue
+            refused = (status, head, rest)
+            break
+        self.assertIsNotNone(refused, "6 streams open at once")
+        self.assertEqual(refused[0], 429, refused)
+        self.assertIn(b"port_streams_max_per_tenant", refused[2])
+        self.assertLessEqual(len(opened), 4)
+        for s in opened:
+            s.close()
+        for _ in range(100):
+            status, s, head, rest = self.gw_stream(8002, self.key)
             if status == 101:
                 break
             time.sleep(0.1)
