@@ -143,6 +143,15 @@ const struct cfg_def config_table[] = {
 	  "execs one sandbox runs at once on its node (more: 429 naming the limit)" },
 	{ "exec_max_per_tenant", CFG_INT, F(exec_max_per_tenant), "16", 1, 65536, NULL, false,
 	  "execs one tenant's sandboxes run at once on one node (more: 429 naming the limit)" },
+	{ "port_connect_timeout_ms", CFG_INT, F(port_connect_timeout_ms), "10000", 100, 600000, NULL,
+	  false, "milliseconds a sandbox's port may take to accept a stream's connection (more: 504 "
+	  "port_timeout)" },
+	{ "port_streams_max_per_sandbox", CFG_INT, F(port_streams_max_per_sandbox), "64", 1, 64,
+	  NULL, false, "port streams one sandbox carries at once on its node (more: 429 naming the "
+	  "limit; the guest's agent carries 64 at most)" },
+	{ "port_streams_max_per_tenant", CFG_INT, F(port_streams_max_per_tenant), "64", 1, 65536,
+	  NULL, false, "port streams (and probes) one tenant holds open at once through one gateway "
+	  "(more: 429 naming the limit)" },
 	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
 	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
 	  "least; older output is dropped)" },

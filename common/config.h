@@ -77,6 +77,9 @@ struct kiln_config {
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
 	long long node_exec_memory_max;	/* bytes all execs' output may hold at once on a node */
 	long long exec_max_per_sandbox;	/* execs a sandbox runs at once */
+	long long port_connect_timeout_ms;	/* a port stream's connect in the guest */
+	long long port_streams_max_per_sandbox;	/* port streams a sandbox carries at once */
+	long long port_streams_max_per_tenant;	/* port streams a tenant holds through a gateway */
 	long long exec_max_per_tenant;	/* execs a tenant's sandboxes run at once on a node */
 	long long console_max_bytes;	/* guest console kept on disk per sandbox */
 	long long disk_iops_per_vcpu;	/* disk throttle per whole vCPU, 0 = none */

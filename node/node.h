@@ -176,5 +176,10 @@ enum kiln_err jwks_verify(struct jwks_cache *k, const char *token, size_t len,
 extern const struct http_route node_routes[];
 extern const size_t node_routes_len;
 bool node_before(struct http_req *req, const struct http_route *route);
+/*
+ * The sandbox a request names, if this node holds it for the token's tenant (a reference the
+ * caller sb_put()s); otherwise replies 404 and returns NULL.
+ */
+struct sandbox *node_request_sandbox(struct http_req *req);
 
 #endif

@@ -32,6 +32,7 @@
 #include "node/fork.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
+#include "node/ports.h"
 #include "node/resume.h"
 #include "node/node.h"
 #include "node/nodereq.h"
@@ -101,6 +102,11 @@ static struct sandbox *request_sandbox(struct http_req *req)
 	if (!sb)
 		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
 	return sb;
+}
+
+struct sandbox *node_request_sandbox(struct http_req *req)
+{
+	return request_sandbox(req);
 }
 
 /* The sandbox as Postgres has it (sandbox_json), or NULL when it cannot be read. */
@@ -1576,6 +1582,7 @@ const struct http_route node_routes[] = {
 	{ "DELETE", "/v1/sandboxes/{id}", sandbox_delete, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/timeout", sandbox_timeout, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/ports/{port}/stream", ports_stream, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, TOKEN, HTTP_BODY_STREAM, upload_sink,
 	  FILE_MAX },
 	{ "GET", "/v1/sandboxes/{id}/files", files_get, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },

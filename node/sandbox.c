@@ -27,6 +27,7 @@
 #include "netpolicy/sniproxy.h"
 #include "node/connlog.h"
 #include "node/node.h"
+#include "node/ports.h"
 
 #define SB_GROW_WAIT_MS 30000	/* for the guest to see its grown disk (agent_grow_root) */
 
@@ -201,6 +202,7 @@ void sb_release(struct node *n, struct sandbox *sb)
 
 	inject_drop(n->inject, sb->id);	/* its secrets leave memory with its VM */
 	if (sb->agent) {
+		ports_drain(n, sb);	/* no port stream outlives the channel it runs on */
 		agent_free(sb->agent);
 		sb->agent = NULL;
 	}

@@ -33,6 +33,8 @@ static const struct {
 	{ KILN_E_RATE_LIMITED, 429, "rate_limited", true },
 	{ KILN_E_NOT_IMPLEMENTED, 501, "not_implemented", true },
 	{ KILN_E_SANDBOX_FAILED, 502, "sandbox_failed", true },
+	{ KILN_E_PORT_CLOSED, 502, "port_closed", true },
+	{ KILN_E_PORT_TIMEOUT, 504, "port_timeout", true },
 	{ KILN_E_NO_CAPACITY, 503, "no_capacity", true },
 	{ KILN_E_UNAVAILABLE, 503, "unavailable", true },
 	{ KILN_E_IO, 500, "internal", false },
