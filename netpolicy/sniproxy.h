@@ -41,7 +41,8 @@
  * injecting proxy, node/inject.c): called from the connection's thread after the name was read
  * and checked (it matches an allow rule and the dialled address was answered for it), before
  * anything is sent upstream. `pre` holds the bytes read from the guest so far (the ClientHello or
- * the first request head, and whatever followed); `upstream` is the checked address and port.
+ * the first request head, and whatever followed); `upstream` is the checked address and port;
+ * `sandbox_id` is the id the sandbox was added with (kiln_sbnet's network id).
  * Returns 1 when it took the connection (it now owns guest_fd and must close it), 0 to let the
  * proxy connect and splice as usual. NULL (the default): always splice.
  */

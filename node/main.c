@@ -370,12 +370,22 @@ static void hostnet_exit(void)
 
 /*
  * The name-checking proxy's hand-off (kiln_sniproxy_handoff_fn): connections to a host the
- * sandbox holds secrets for go to the injector, every other one is spliced by the proxy.
+ * sandbox holds secrets for go to the injector, every other one is spliced by the proxy. The
+ * proxy knows a sandbox by its network id (a shortened id, kiln_sniproxy_add), the injector by its
+ * id: the registry maps one to the other (a sandbox gone meanwhile: spliced, its flows are cut).
  */
-static int sni_handoff(void *arg, const char *sandbox_id, int guest_fd, const void *pre,
+static int sni_handoff(void *arg, const char *net_id, int guest_fd, const void *pre,
 		       size_t pre_len, const char *host, const struct sockaddr_storage *upstream)
 {
-	return inject_handoff(arg, sandbox_id, guest_fd, pre, pre_len, host, upstream);
+	struct node *n = arg;
+	char id[sizeof(n->sandboxes->id)] = "";
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (struct sandbox *it = n->sandboxes; it && !id[0]; it = it->next)
+		if (strcmp(it->net_id, net_id) == 0)
+			snprintf(id, sizeof(id), "%s", it->id);
+	pthread_mutex_unlock(&n->reg_lock);
+	return id[0] ? inject_handoff(n, id, guest_fd, pre, pre_len, host, upstream) : 0;
 }
 
 static int net_init(struct kiln_error *err)
