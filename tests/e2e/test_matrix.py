@@ -393,7 +393,7 @@ class TenantMatrix(unittest.TestCase):
                 seen |= set(listening(ns))
 
         gw_addr = "127.0.0.1:%d" % self.gw.port
-        kinds, unknown, dns_ns, vm_sockets = set(), [], set(), []
+        kinds, unknown, dns_ns, proxy_ns, vm_sockets = set(), [], set(), set(), []
         for who, netid, local, ns in sorted(seen, key=str):
             if who == "gateway" and netid == "tcp" and local == gw_addr and ns is None:
                 kinds.add("gateway-api")
@@ -402,6 +402,12 @@ class TenantMatrix(unittest.TestCase):
             elif who == "node" and netid in ("tcp", "udp") and local == "172.16.0.1:53" and ns:
                 kinds.add("dns-proxy")
                 dns_ns.add(ns)
+            elif (who == "node" and netid == "tcp" and ns
+                  and local in ("172.16.0.1:15001", "[fdff:6b69:6c6e::1]:15001")):
+                # The name-checking proxy's transparent listener (bpf/policy.h NP_PROXY_PORT):
+                # reached only through np_from_guest's hand-over of TCP 80/443, never dialled.
+                kinds.add("name-proxy")
+                proxy_ns.add(ns)
             elif (who == "node-child" and netid == "u_str" and ns
                   and re.fullmatch(r"/run/kiln/%s/sb_[a-z2-7]+/[a-z]+\.sock" % self.stack.node.node_id,
                                    local)):
@@ -411,7 +417,7 @@ class TenantMatrix(unittest.TestCase):
             else:
                 unknown.append((who, netid, local, ns))
         self.assertEqual(unknown, [], "listeners this test does not cover")
-        self.assertEqual(kinds, {"gateway-api", "node-api", "dns-proxy", "vm-control"}, seen)
+        self.assertEqual(kinds, {"gateway-api", "node-api", "dns-proxy", "name-proxy", "vm-control"}, seen)
         # A VM's sockets: in its own sandbox's namespace, and only their owner may connect (each
         # VM's QEMU runs as a uid of its own; kiln-node is root): no other VM's QEMU can.
         owners = {}
@@ -429,6 +435,7 @@ class TenantMatrix(unittest.TestCase):
         running = self.db.sql(f"SELECT count(*) FROM sandboxes WHERE node_id = "
                               f"'{self.stack.node.node_id}' AND state = 'running'")
         self.assertEqual(len(dns_ns), int(running), dns_ns)
+        self.assertEqual(proxy_ns, dns_ns)
         # From B's guest, A's sandbox namespace (its uplink address) takes no connection.
         a_ns = None
         for ns in dns_ns:
@@ -448,6 +455,12 @@ class TenantMatrix(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/sandboxes/{self.B.ids['sandbox']}/exec",
                             {"code": probe % "172.16.0.1"}, self.B.key, timeout=120)
         self.assertEqual((r.status, r.json().get("stdout", "").strip()), (200, "open"), r)
+        # B's guest cannot dial its own namespace's name-checking proxy: only np_from_guest's
+        # hand-over of a checked flow reaches that listener.
+        r = self.gw.request("POST", f"/v1/sandboxes/{self.B.ids['sandbox']}/exec",
+                            {"code": probe.replace("53))", "15001))") % "172.16.0.1"}, self.B.key,
+                            timeout=120)
+        self.assertEqual((r.status, r.json().get("stdout", "").strip()), (200, "closed"), r)
 
     def test_4_node_listener_takes_no_tenant_credential(self):
         before = self.a_view()
