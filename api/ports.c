@@ -245,21 +245,6 @@ static void splice_run(void *cls, int fd, const char *extra, size_t extra_len)
 	free(sp);
 }
 
-/* The route's {port}: 1..65535, digits only; -1 otherwise. */
-static long port_param(const char *s)
-{
-	long v = 0;
-
-	if (!s || !*s || strlen(s) > 5)
-		return -1;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return -1;
-		v = v * 10 + (*s - '0');
-	}
-	return v >= 1 && v <= 65535 ? v : -1;
-}
-
 /* The node address of the caller's sandbox `id`: KILN_OK, KILN_E_NOT_FOUND or KILN_E_UNAVAILABLE. */
 static enum kiln_err sandbox_node(struct http_req *req, const char *id, char *state, size_t slen,
 				  char *address, size_t alen)
@@ -294,7 +279,7 @@ static void port_stream(struct http_req *req)
 	struct gateway *gw = http_req_app(req);
 	const char *id = http_req_param(req, "id");
 	const char *up = http_req_header(req, "Upgrade");
-	long port = port_param(http_req_query(req, "port"));
+	long port = http_port_value(http_req_query(req, "port"));
 	char state[16], address[256], *token = NULL, *head = NULL;
 	struct splice *sp = NULL;
 	size_t have = 0;

@@ -1532,6 +1532,20 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	atomic_fetch_sub(&srv->in_flight, 1);
 }
 
+long http_port_value(const char *s)
+{
+	long v = 0;
+
+	if (!s || !*s || strlen(s) > 5)
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return -1;
+		v = v * 10 + (*s - '0');
+	}
+	return v >= 1 && v <= 65535 ? v : -1;
+}
+
 /* ---- start and stop ---- */
 
 static int parse_listen(const char *listen, struct sockaddr_in *sa)

@@ -127,6 +127,9 @@ const char *http_req_id(const struct http_req *req);
 const char *http_req_client(const struct http_req *req);
 /* The path parameter `name` of the route ({id}), or NULL. */
 const char *http_req_param(const struct http_req *req, const char *name);
+
+/* A TCP port given as a route parameter or query value: 1..65535 in digits only; -1 otherwise. */
+long http_port_value(const char *s);
 /* A request header or query argument, or NULL. */
 const char *http_req_header(const struct http_req *req, const char *name);
 const char *http_req_query(const struct http_req *req, const char *name);

@@ -175,26 +175,11 @@ out:
 	conn_end(pc);
 }
 
-/* The route's {port}: 1..65535, digits only. */
-static long port_of(const char *s)
-{
-	long v = 0;
-
-	if (!s || !*s || strlen(s) > 5)
-		return -1;
-	for (; *s; s++) {
-		if (*s < '0' || *s > '9')
-			return -1;
-		v = v * 10 + (*s - '0');
-	}
-	return v >= 1 && v <= 65535 ? v : -1;
-}
-
 void ports_stream(struct http_req *req)
 {
 	struct node *n = http_req_app(req);
 	const char *up = http_req_header(req, "Upgrade");
-	long port = port_of(http_req_param(req, "port"));
+	long port = http_port_value(http_req_param(req, "port"));
 	struct kiln_error err = { 0 };
 	struct port_conn *pc;
 	struct sandbox *sb;

@@ -118,6 +118,21 @@ static void test_every_code_replies_as_it_always_did(void)
 	}
 }
 
+/* Ports in routes and queries: 1..65535 in plain digits, nothing else. */
+static void test_port_values(void)
+{
+	CHECK(http_port_value("1") == 1);
+	CHECK(http_port_value("8080") == 8080);
+	CHECK(http_port_value("65535") == 65535);
+	CHECK(http_port_value("0") == -1);
+	CHECK(http_port_value("65536") == -1);
+	CHECK(http_port_value("008080") == -1);
+	CHECK(http_port_value("+80") == -1);
+	CHECK(http_port_value("80 ") == -1);
+	CHECK(http_port_value("") == -1);
+	CHECK(http_port_value(NULL) == -1);
+}
+
 int main(void)
 {
 	struct http_server_opts opts = {
@@ -138,6 +153,7 @@ int main(void)
 		return 1;
 	}
 	TEST(test_every_code_replies_as_it_always_did);
+	TEST(test_port_values);
 	rc = test_summary();
 	http_server_stop(srv, 2);
 	curl_global_cleanup();
