@@ -920,12 +920,12 @@ def main():
     args = ap.parse_args()
     TOOL = args.tool
     if os.geteuid() != 0:
-        print("SKIP: needs root (network namespaces, tc, eBPF)")
-        return 77
+        print("FAIL: needs root (network namespaces, tc, eBPF)")
+        return 1
     for t in ("ip", "ping"):
         if not shutil.which(t):
-            print("SKIP: needs %s" % t)
-            return 77
+            print("FAIL: needs %s" % t)
+            return 1
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     setup()
