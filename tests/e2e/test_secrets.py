@@ -17,7 +17,6 @@ Run as a script: it builds the host and internet namespaces of test_egress.py an
 inside the host one; setUpClass adds the recording servers and their DNS (tlsrecord.py) to the
 internet.
 """
-import datetime
 import json
 import mmap
 import os
@@ -28,12 +27,8 @@ import tempfile
 import threading
 import unittest
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
-
 import kiln
+import testca
 import test_egress
 
 KILN = os.path.join(kiln.BUILD, "cli", "kiln")
@@ -54,37 +49,14 @@ ADDR = {HOST: "198.51.100.30", ROGUE: "198.51.100.31"}
 DNS = "198.51.100.53"
 
 
-def _ca(name):
-    key = ec.generate_private_key(ec.SECP256R1())
-    subj = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subj).issuer_name(subj)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(key, hashes.SHA256()))
-    return key, cert
-
-
 def _leaf(ca_key, ca_cert, host, d):
     """Writes a certificate for `host` signed by the CA, and its key, into `d`; returns both paths."""
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
+    key, cert = testca.make_leaf(ca_key, ca_cert, host)
     cf, kf = os.path.join(d, host + ".crt"), os.path.join(d, host + ".key")
     with open(cf, "wb") as f:
-        f.write(cert.public_bytes(serialization.Encoding.PEM))
+        f.write(testca.pem_cert(cert))
     with open(kf, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))
+        f.write(testca.pem_key(key))
     return cf, kf
 
 
@@ -126,11 +98,11 @@ class SecretsTests(unittest.TestCase):
         cls.addClassCleanup(cls.tmp.cleanup)
         d = cls.tmp.name
         os.chmod(d, 0o755)
-        trusted_key, trusted = _ca("kiln e2e upstream CA")
-        rogue_key, rogue = _ca("kiln e2e rogue CA")
+        trusted_key, trusted = testca.make_ca("kiln e2e upstream CA")
+        rogue_key, rogue = testca.make_ca("kiln e2e rogue CA")
         cls.trusted_ca = os.path.join(d, "upstream-ca.pem")
         with open(cls.trusted_ca, "wb") as f:
-            f.write(trusted.public_bytes(serialization.Encoding.PEM))
+            f.write(testca.pem_cert(trusted))
         specs = []
         for host, (ck, cc) in ((HOST, (trusted_key, trusted)), (ROGUE, (rogue_key, rogue))):
             specs.append("%s=%s,%s,%s" % ((host, ADDR[host]) + _leaf(ck, cc, host, d)))

@@ -21,49 +21,12 @@ import time
 import unittest
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+
+from testca import make_ca, make_leaf, pem_cert, pem_key
 
 SERVE = os.environ.get("KILN_INJECT_SERVE", "")
 HOST = "api.test"
 SECRET = "Bearer s3cr3t-value-9f27c1"
-
-
-def make_ca(name):
-    key = ec.generate_private_key(ec.SECP256R1())
-    subj = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder().subject_name(subj).issuer_name(subj)
-            .public_key(key.public_key()).serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .sign(key, hashes.SHA256()))
-    return key, cert
-
-
-def make_leaf(ca_key, ca_cert, host):
-    key = ec.generate_private_key(ec.SECP256R1())
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
-            .issuer_name(ca_cert.subject).public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
-            .sign(ca_key, hashes.SHA256()))
-    return key, cert
-
-
-def pem_cert(cert):
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def pem_key(key):
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption())
 
 
 class Recorder(http.server.BaseHTTPRequestHandler):
