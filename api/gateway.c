@@ -18,6 +18,7 @@
 
 #include "api/authn.h"
 #include "api/debt.h"
+#include "api/e2b.h"
 #include "auth/masterkey.h"
 #include "common/daemon.h"
 #include "common/log.h"
@@ -160,6 +161,17 @@ static void http_exit(void)
 	gw.http = NULL;
 }
 
+/* E2B's API on its own listener (config e2b_listen; api/e2b.h), calling this gateway's API. */
+static int e2b_init(struct kiln_error *err)
+{
+	return e2b_start(&gw, http_server_port(gw.http), err);
+}
+
+static void e2b_exit(void)
+{
+	e2b_stop(GRACE_S);
+}
+
 /* The operator's allow list of storage endpoints (config storage_allow, common/netaddr.h). */
 static int storage_allow_init(struct kiln_error *err)
 {
@@ -251,6 +263,7 @@ static const struct daemon_stage stages[] = {
 	{ "redis", redis_init, redis_exit },
 	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "http", http_init, http_exit },
+	{ "e2b", e2b_init, e2b_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
 

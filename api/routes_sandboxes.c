@@ -277,11 +277,48 @@ out:
 
 /* ---- GET /v1/sandboxes, GET /v1/sandboxes/{id} ---- */
 
+/*
+ * `?state=`: one state or several, comma-separated (at most one of each); writes a Postgres text
+ * array literal of them to `out`. Replies 422 and returns false when one is not a state.
+ */
+static bool list_states(struct http_req *req, const char *state, char *out, size_t n)
+{
+	const char *p = state;
+	size_t used = 0;
+
+	out[used++] = '{';
+	while (*p) {
+		size_t len = strcspn(p, ",");
+		bool ok = false;
+
+		for (int i = 0; states[i]; i++)
+			ok = ok || (strlen(states[i]) == len && strncmp(states[i], p, len) == 0);
+		if (!ok || used + len + 2 >= n) {
+			http_reply_error(req, KILN_E_INVALID, "state must be one or more of creating, "
+							      "running, paused, stopped, error (comma-separated)");
+			return false;
+		}
+		if (used > 1)
+			out[used++] = ',';
+		memcpy(out + used, p, len);
+		used += len;
+		p += len;
+		if (*p == ',' && *++p == '\0') {
+			http_reply_error(req, KILN_E_INVALID, "state must not end with a comma");
+			return false;
+		}
+	}
+	out[used++] = '}';
+	out[used] = '\0';
+	return true;
+}
+
 static void sandbox_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
-	const char *state = http_req_query(req, "state");
+	const char *state = http_req_query(req, "state"), *meta = http_req_query(req, "metadata");
+	char state_set[128];
 	struct gw_page page;
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
@@ -290,13 +327,17 @@ static void sandbox_list(struct http_req *req)
 
 	if (!gw_page_parse(req, 50, 100, "sb_", &page))
 		return;
-	if (state) {
-		bool ok = false;
-		for (int i = 0; states[i]; i++)
-			ok = ok || strcmp(states[i], state) == 0;
+	if (state && !list_states(req, state, state_set, sizeof(state_set)))
+		return;
+	if (meta) {
+		/* Only the sandboxes whose metadata holds every key of this object with its value. */
+		json_t *m = strlen(meta) <= APIREQ_METADATA_MAX ? json_loads(meta, 0, NULL) : NULL;
+		bool ok = json_is_object(m);
+
+		json_decref(m);
 		if (!ok) {
-			http_reply_error(req, KILN_E_INVALID, "state must be one of creating, running, "
-							      "paused, stopped, error");
+			http_reply_error(req, KILN_E_INVALID, "metadata must be a JSON object (at most "
+							      "%d bytes)", APIREQ_METADATA_MAX);
 			return;
 		}
 	}
@@ -307,11 +348,12 @@ static void sandbox_list(struct http_req *req)
 		 "SELECT sandbox_json(s)::text, "
 		 "(extract(epoch FROM s.created_at) * 1000000)::bigint || '.' || s.id "
 		 "FROM sandboxes s WHERE s.tenant_id = $1 AND s.deleted_at IS NULL "
-		 "AND ($2::text IS NULL OR s.state = $2) "
+		 "AND ($2::text[] IS NULL OR s.state = ANY ($2::text[])) "
 		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
 		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
+		 "AND ($6::jsonb IS NULL OR s.metadata @> $6::jsonb) "
 		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
-		 who->tenant_id, state, page.t, page.id, page.lim);
+		 who->tenant_id, state ? state_set : NULL, page.t, page.id, page.lim, meta);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);

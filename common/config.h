@@ -32,6 +32,7 @@ struct kiln_config {
 
 	/* kiln-gateway */
 	char *listen;		/* host:port */
+	char *e2b_listen;	/* host:port of the E2B-compatible API; "" = off */
 	long long db_pool_size;	/* Postgres connections per process */
 	long long http_max_connections;
 	long long http_body_max;	/* bytes, JSON bodies */

@@ -206,16 +206,24 @@ class Gateway(Daemon):
     the first one makes the operator's admin key, readable as `admin_key`."""
 
     def __init__(self, database_url, redis_url, extra_env=None, master_key=None,
-                 listen_host="127.0.0.1"):
+                 listen_host="127.0.0.1", e2b=False):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.master_key = master_key or secrets.token_hex(32)
         self.admin_key_file = tempfile.mktemp(prefix="kiln-admin-key-")
         env = {"KILN_LISTEN": f"{listen_host}:{self.port}", "KILN_DATABASE_URL": database_url,
                "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
-               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file}
+               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file,
+               "KILN_E2B_LISTEN": ""}  # off unless asked for (e2b_port): its default is fixed
+        self.e2b_port = None
+        if e2b:
+            self.e2b_port = free_port()
+            env["KILN_E2B_LISTEN"] = f"{listen_host}:{self.e2b_port}"
+            self.e2b_url = f"http://127.0.0.1:{self.e2b_port}"
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
+        if self.e2b_port:
+            self.wait_tcp(self.e2b_port)
         self.wait_tcp(self.port)
 
     @property
@@ -358,11 +366,11 @@ class Node(Daemon):
 class Stack:
     """A gateway and a node on a database of their own, an admin key and a tenant's key."""
 
-    def __init__(self, node_env=None, gateway_env=None):
+    def __init__(self, node_env=None, gateway_env=None, e2b=False):
         env = services_env()
         self.db = fresh_database()
         try:
-            self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env)
+            self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env, e2b=e2b)
             self.node = self.add_node(node_env)
         except Exception:
             self.db.drop()

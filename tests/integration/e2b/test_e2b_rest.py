@@ -1,0 +1,242 @@
+"""E2B's REST API on kiln-gateway's E2B listener (api/e2b.c, docs/e2b.md): the shapes the `e2b`
+SDKs depend on, without VMs. Sandboxes are rows written straight into the test's database (no
+node holds them), which is all get, list, pause's refusal and kill need.
+
+The error shape is the SDKs' contract: `{"code": <the HTTP status as an integer>, "message"}`;
+`kill()` returning false and SandboxNotFoundError hang on `code == 404` in the body.
+"""
+import http.client
+import json
+import unittest
+import urllib.parse
+
+import kiln
+
+GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
+            "KILN_TENANT_RATE_LIMIT_RPS": "100000", "KILN_TENANT_RATE_LIMIT_BURST": "100000"}
+
+
+class E2bRest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.services = kiln.services_env()
+        cls.db = kiln.fresh_database()
+        try:
+            cls.gw = kiln.Gateway(cls.db.url, cls.services["KILN_REDIS_URL"], GENEROUS, e2b=True)
+        except Exception:
+            cls.db.drop()
+            raise
+        admin = {"Authorization": "Bearer " + cls.gw.admin_key}
+        cls.tenants = {}
+        for name in ("acme", "other"):
+            r = cls.gw.request("POST", "/v1/tenants", {"name": name}, admin)
+            assert r.status == 201, r
+            cls.tenants[name] = (r.json()["tenant"]["id"], r.json()["api_key"]["key"])
+        acme = cls.tenants["acme"][0]
+        # 7 of acme's sandboxes, newest last: 4 running (team a: 3), 1 creating, 1 paused, 1 stopped.
+        rows = [("sb_e2btest0", "running", {"team": "a", "n": "0"}),
+                ("sb_e2btest1", "running", {"team": "a", "n": "1"}),
+                ("sb_e2btest2", "paused", {"team": "a", "a b": "c&d"}),
+                ("sb_e2btest3", "running", {"team": "b"}),
+                ("sb_e2btest4", "stopped", {"team": "a"}),
+                ("sb_e2btest5", "creating", {"team": "a"}),
+                ("sb_e2btest6", "running", {})]
+        values = ",".join(
+            f"('{i}', '{acme}', '{st}', 'python', 1000, 512, 10, 300, "
+            f"'{json.dumps(md)}'::jsonb, now() - interval '{100 - k} seconds', "
+            f"now() + interval '300 seconds')"
+            for k, (i, st, md) in enumerate(rows))
+        cls.db.sql("INSERT INTO sandboxes (id, tenant_id, state, template, vcpu_milli, memory_mib, "
+                   "disk_gib, timeout_s, metadata, created_at, expires_at) VALUES " + values)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.gw.cleanup()
+        cls.db.drop()
+
+    def e2b(self, method, path, body=None, tenant="acme", headers=None):
+        h = {"X-API-Key": self.tenants[tenant][1]} if tenant else {}
+        h.update(headers or {})
+        return kiln.http(method, self.gw.e2b_url + path, body, h)
+
+    def assertE2bError(self, r, status):
+        self.assertEqual(r.status, status, r)
+        body = r.json()
+        self.assertEqual(body["code"], status, body)
+        self.assertIsInstance(body["message"], str)
+        self.assertTrue(body["message"])
+        return body["message"]
+
+    def test_key_is_required_and_checked(self):
+        self.assertIn("X-API-Key", self.assertE2bError(self.e2b("GET", "/v2/sandboxes", tenant=None), 401))
+        r = self.e2b("GET", "/v2/sandboxes", tenant=None, headers={"X-API-Key": "kiln_nope"})
+        self.assertE2bError(r, 401)
+
+    def test_get_maps_the_sandbox(self):
+        r = self.e2b("GET", "/sandboxes/sb_e2btest2")
+        self.assertEqual(r.status, 200, r)
+        d = r.json()
+        self.assertEqual(d["sandboxID"], "sb_e2btest2")
+        self.assertEqual(d["state"], "paused")
+        self.assertEqual(d["metadata"], {"team": "a", "a b": "c&d"})
+        self.assertEqual((d["cpuCount"], d["memoryMB"], d["diskSizeMB"]), (1, 512, 10240))
+        self.assertEqual(d["envdVersion"], "0.4.0")
+        for k in ("templateID", "clientID", "startedAt", "endAt", "lifecycle", "volumeMounts"):
+            self.assertIn(k, d)
+        self.assertEqual(self.e2b("GET", "/sandboxes/sb_e2btest5").json()["state"], "running")
+
+    def test_not_found_everywhere(self):
+        # Unknown, stopped, another tenant's, and not an id at all: 404 with code 404.
+        for path in ("/sandboxes/sb_nope", "/sandboxes/sb_e2btest4", "/sandboxes/sb_x.y"):
+            self.assertE2bError(self.e2b("GET", path), 404)
+        self.assertE2bError(self.e2b("GET", "/sandboxes/sb_e2btest0", tenant="other"), 404)
+        self.assertE2bError(self.e2b("DELETE", "/sandboxes/sb_e2btest0", tenant="other"), 404)
+        self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest0/timeout", {"timeout": 30},
+                                     tenant="other"), 404)
+        self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest0/pause", {}, tenant="other"), 404)
+        self.assertE2bError(self.e2b("POST", "/v2/sandboxes/sb_e2btest0/connect", {},
+                                     tenant="other"), 404)
+        self.assertE2bError(self.e2b("GET", "/sandboxes/sb_e2btest0/metrics", tenant="other"), 404)
+        self.assertE2bError(self.e2b("PUT", "/sandboxes/sb_e2btest0/network", {},
+                                     tenant="other"), 404)
+        # ... and the other tenant's list does not show acme's.
+        self.assertEqual(self.e2b("GET", "/v2/sandboxes", tenant="other").json(), [])
+
+    def test_pause_of_a_paused_sandbox_is_409(self):
+        self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest2/pause", {}), 409)
+
+    def test_metrics_of_own_sandbox(self):
+        r = self.e2b("GET", "/sandboxes/sb_e2btest0/metrics?start=0&end=1")
+        self.assertEqual((r.status, r.json()), (200, []))
+
+    def list_all(self, query, limit):
+        ids, token, pages = [], None, 0
+        while True:
+            q = dict(query, limit=str(limit))
+            if token:
+                q["nextToken"] = token
+            r = self.e2b("GET", "/v2/sandboxes?" + urllib.parse.urlencode(q))
+            self.assertEqual(r.status, 200, r)
+            page = r.json()
+            self.assertLessEqual(len(page), limit)
+            ids += [s["sandboxID"] for s in page]
+            pages += 1
+            token = r.headers.get("X-Next-Token")
+            if not token:
+                return ids, pages
+            self.assertLess(pages, 20)
+
+    def test_list_pages_and_filters(self):
+        ids, pages = self.list_all({}, 2)
+        # Newest first; the stopped one is not E2B's to show.
+        self.assertEqual(ids, ["sb_e2btest6", "sb_e2btest5", "sb_e2btest3", "sb_e2btest2",
+                               "sb_e2btest1", "sb_e2btest0"])
+        self.assertGreaterEqual(pages, 3)
+        ids, _ = self.list_all({"state": "paused"}, 2)
+        self.assertEqual(ids, ["sb_e2btest2"])
+        ids, _ = self.list_all({"state": "running"}, 100)
+        self.assertEqual(ids, ["sb_e2btest6", "sb_e2btest5", "sb_e2btest3", "sb_e2btest1",
+                               "sb_e2btest0"])
+        # The SDK's metadata filter: key=value pairs form-encoded, each part encoded once more.
+        enc = lambda md: urllib.parse.urlencode({urllib.parse.quote(k, safe=""): urllib.parse.quote(v, safe="")
+                                                 for k, v in md.items()})
+        ids, _ = self.list_all({"metadata": enc({"team": "a"}), "state": "running,paused"}, 1)
+        self.assertEqual(ids, ["sb_e2btest5", "sb_e2btest2", "sb_e2btest1", "sb_e2btest0"])
+        ids, _ = self.list_all({"metadata": enc({"a b": "c&d"})}, 100)
+        self.assertEqual(ids, ["sb_e2btest2"])
+        ids, _ = self.list_all({"metadata": enc({"team": "a", "n": "1"})}, 100)
+        self.assertEqual(ids, ["sb_e2btest1"])
+        listed = self.e2b("GET", "/v2/sandboxes?limit=1").json()[0]
+        for k in ("sandboxID", "templateID", "clientID", "startedAt", "endAt", "state", "cpuCount",
+                  "memoryMB", "diskSizeMB", "envdVersion", "metadata"):
+            self.assertIn(k, listed)
+
+    def test_list_bad_input(self):
+        for q in ("limit=0", "limit=101", "limit=x", "state=stopped", "state=running,",
+                  "startedAfter=2026-01-01T00:00:00Z", "order=asc", "nextToken=garbage",
+                  "metadata=novalue"):
+            with self.subTest(q=q):
+                self.assertE2bError(self.e2b("GET", "/v2/sandboxes?" + q), 400)
+
+    def test_legacy_list_is_running_only(self):
+        r = self.e2b("GET", "/sandboxes?metadata=" + urllib.parse.quote("team=a"))
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(sorted(s["sandboxID"] for s in r.json()),
+                         ["sb_e2btest0", "sb_e2btest1", "sb_e2btest5"])
+
+    def test_create_refuses_what_it_cannot_map(self):
+        cases = [({"templateID": "code-interpreter-v1"}, 400, "code-interpreter-v1"),
+                 ({"templateID": "base", "autoPause": True}, 400, "autoPause"),
+                 ({"templateID": "base", "autoResume": {"enabled": True}}, 400, "autoResume"),
+                 ({"templateID": "base", "mcp": {"x": {}}}, 400, "mcp"),
+                 ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, 400,
+                  "volumeMounts"),
+                 ({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}, 400, "denyOut"),
+                 ({"templateID": "base", "network": {"egressProxy": {"address": "x:1"}}}, 400,
+                  "egressProxy"),
+                 ({"templateID": "base", "timeout": 0}, 400, "timeout"),
+                 ({"templateID": 7}, 400, "templateID"),
+                 ({"templateID": "my-template"}, 404, "my-template")]
+        for body, status, word in cases:
+            with self.subTest(body=body):
+                self.assertIn(word, self.assertE2bError(self.e2b("POST", "/v2/sandboxes", body), status))
+        self.assertE2bError(self.e2b("POST", "/v2/sandboxes", b"{nope",
+                                     headers={"Content-Type": "application/json"}), 400)
+        # A Kiln refusal comes back in E2B's shape too (a bad env name is Kiln's 422: E2B's 400).
+        r = self.e2b("POST", "/v2/sandboxes", {"templateID": "base", "envVars": {"1BAD": "x"}})
+        self.assertIn(r.status, (400, 402, 503), r)
+        self.assertE2bError(r, r.status)
+
+    def test_chunked_body_and_underscore_headers(self):
+        # As the SDK sends them: a chunked JSON body and header names with underscores.
+        url = urllib.parse.urlparse(self.gw.e2b_url)
+        c = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
+        body = json.dumps({"templateID": "code-interpreter-v1"}).encode()
+        c.putrequest("POST", "/v2/sandboxes")
+        for k, v in (("X-API-Key", self.tenants["acme"][1]), ("Content-Type", "application/json"),
+                     ("Transfer-Encoding", "chunked"), ("lang_version", "20.20.2"),
+                     ("sdk_runtime", "node")):
+            c.putheader(k, v)
+        c.endheaders()
+        c.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body))
+        r = c.getresponse()
+        data = json.loads(r.read())
+        c.close()
+        self.assertEqual((r.status, data["code"]), (400, 400))
+        self.assertIn("code-interpreter-v1", data["message"])
+
+    def test_unmapped_routes_are_refused_in_e2b_shape(self):
+        self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest0/fork", {}), 501)
+
+    def test_kill(self):
+        self.db.sql(f"INSERT INTO sandboxes (id, tenant_id, state, template, vcpu_milli, memory_mib, "
+                    f"disk_gib, timeout_s, expires_at) VALUES ('sb_e2bkill', "
+                    f"'{self.tenants['acme'][0]}', 'running', 'python', 1000, 512, 10, 300, "
+                    f"now() + interval '300 seconds')")
+        r = self.e2b("DELETE", "/sandboxes/sb_e2bkill")
+        self.assertEqual((r.status, r.data), (204, b""), r)
+        self.assertE2bError(self.e2b("DELETE", "/sandboxes/sb_e2bkill"), 404)
+        self.assertE2bError(self.e2b("GET", "/sandboxes/sb_e2bkill"), 404)
+
+    def test_rate_limit_is_the_api_s(self):
+        # The API's own limits apply: a tenant with a tiny rate gets 429 in E2B's shape.
+        gw = kiln.Gateway(self.db.url, self.services["KILN_REDIS_URL"],
+                          {"KILN_RATE_LIMIT_RPS": "1", "KILN_RATE_LIMIT_BURST": "2"},
+                          master_key=self.gw.master_key, e2b=True)
+        try:
+            statuses = []
+            for _ in range(6):
+                r = kiln.http("GET", gw.e2b_url + "/v2/sandboxes",
+                              headers={"X-API-Key": self.tenants["other"][1]})
+                statuses.append(r.status)
+                if r.status == 429:
+                    self.assertEqual(r.json()["code"], 429)
+                    self.assertIn("rate_limit_rps", r.json()["message"])
+                    self.assertTrue(r.headers.get("Retry-After"))
+            self.assertIn(429, statuses)
+        finally:
+            gw.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main()
