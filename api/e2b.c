@@ -13,12 +13,14 @@
 #include "api/e2b.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <curl/curl.h>
 #include <openssl/evp.h>
@@ -38,7 +40,9 @@
 #define DENY_ALL_RULE "deny-all.invalid"	/* an allow list that matches nothing (RFC 6761) */
 
 static struct http_server *e2b_http;
-static char api_base[96];		/* http://127.0.0.1:<port> of the gateway's API */
+static struct http_server *inner_http;	/* the gateway's API on inner_sock, for the handlers */
+static char inner_dir[64];		/* a 0700 directory of the process's own */
+static char inner_sock[96];		/* inner_dir/api.sock */
 static unsigned char token_key[32];	/* derived from the master key: envdAccessTokens */
 
 /* ---- replies in E2B's shape ---- */
@@ -104,7 +108,7 @@ static bool api_call(struct http_req *req, const char *method, const char *path,
 		     struct answer *a)
 {
 	const char *key = http_req_header(req, "X-API-Key");
-	char auth[KEY_MAX + 32], url[sizeof(api_base) + 2048], fwd[96];
+	char auth[KEY_MAX + 32], url[2048 + 16];
 	struct curl_slist *h = NULL;
 	struct kiln_error err = { 0 };
 	struct httpc hc = { 0 };
@@ -127,13 +131,9 @@ static bool api_call(struct http_req *req, const char *method, const char *path,
 		e2b_error(req, 400, "the request is too long");
 		return false;
 	}
-	snprintf(url, sizeof(url), "%s%s", api_base, path);
+	snprintf(url, sizeof(url), "http://kiln%s", path);
 	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key);
-	/* Believed only when the operator lists the loopback address in http_trusted_proxies. */
-	snprintf(fwd, sizeof(fwd), "X-Forwarded-For: %s", http_req_client(req));
 	h = curl_slist_append(h, auth);
-	if (h && http_req_client(req)[0])
-		h = curl_slist_append(h, fwd);
 	if (h && body)
 		h = curl_slist_append(h, "Content-Type: application/json");
 	if (body)
@@ -143,12 +143,15 @@ static bool api_call(struct http_req *req, const char *method, const char *path,
 		goto out;
 	}
 	rc = httpc_open(&hc,
-			&(struct httpc_opts){ .url = url, .timeout_ms = CALL_TIMEOUT_MS,
+			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock,
+					      .timeout_ms = CALL_TIMEOUT_MS,
 					      .connect_timeout_ms = 5000, .body = &a->body,
 					      .method = method, .post_data = text,
 					      .post_len = text ? strlen(text) : 0, .headers = h,
-					      .on_header = on_header, .header_arg = a, .strict = true },
+					      .on_header = on_header, .header_arg = a },
 			&err);
+	if (rc == KILN_OK)
+		curl_easy_setopt(hc.curl, CURLOPT_NOPROXY, "*");	/* our own socket, never a proxy */
 	if (rc == KILN_OK && body && strcmp(method, "POST") != 0) {
 		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, text);
 		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
@@ -1123,49 +1126,69 @@ static const struct http_route routes[] = {
 	{ "GET", "/sandboxes/metrics", e2b_unmapped, 0, 0, NULL, 0 },
 };
 
-enum kiln_err e2b_start(struct gateway *gw, unsigned api_port, struct kiln_error *err)
+enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
+			struct kiln_error *err)
 {
-	const char *listen = gw->cfg.e2b_listen, *api = gw->cfg.listen ? gw->cfg.listen : "";
-	const char *colon = strrchr(api, ':');
-	int hlen = colon ? (int)(colon - api) : 0;
+	const char *listen = gw->cfg.e2b_listen;
+	struct http_server_opts inner = *api;
 	enum kiln_err rc;
 
 	if (!listen || !listen[0])
 		return KILN_OK;
-	/* The API's own address, or loopback when it listens on every address. */
-	if (hlen == 0 || !strncmp(api, "0.0.0.0", (size_t)hlen) || !strncmp(api, "*", (size_t)hlen))
-		snprintf(api_base, sizeof(api_base), "http://127.0.0.1:%u", api_port);
-	else if (!strncmp(api, "[::]", (size_t)hlen))
-		snprintf(api_base, sizeof(api_base), "http://[::1]:%u", api_port);
-	else
-		snprintf(api_base, sizeof(api_base), "http://%.*s:%u", hlen, api, api_port);
 	rc = auth_master_derive(&gw->mk, "e2b-envd-token", token_key, sizeof(token_key), err);
 	if (rc != KILN_OK)
 		return rc;
+	snprintf(inner_dir, sizeof(inner_dir), "/tmp/kiln-gateway-e2b.XXXXXX");
+	if (!mkdtemp(inner_dir)) {
+		inner_dir[0] = '\0';
+		return kiln_error_set(err, KILN_E_IO, "cannot make a directory in /tmp: %s",
+				      strerror(errno));
+	}
+	snprintf(inner_sock, sizeof(inner_sock), "%s/api.sock", inner_dir);
+	/* Only this process can reach it (the directory is 0700); no address to count by. */
+	inner.listen = NULL;
+	inner.unix_path = inner_sock;
+	inner.max_per_addr = 0;
+	inner.header_timeout_s = 0;
+	inner.body_min_rate = 0;
+	inner.trusted_proxies = NULL;
+	inner_http = http_server_start(&inner, err);
+	if (!inner_http)
+		goto fail;
 	e2b_http = http_server_start(
 		&(struct http_server_opts){
 			.listen = listen,
-			.max_connections = (unsigned)gw->cfg.http_max_connections,
-			.body_max = (size_t)gw->cfg.http_body_max,
-			.timeout_s = (unsigned)gw->cfg.http_timeout_s,
-			.max_per_addr = (unsigned)gw->cfg.http_max_connections_per_addr,
-			.header_timeout_s = (unsigned)gw->cfg.http_header_timeout_s,
-			.body_min_rate = (unsigned)gw->cfg.http_body_min_rate,
-			.trusted_proxies = gw->cfg.http_trusted_proxies,
+			.max_connections = api->max_connections,
+			.body_max = api->body_max,
+			.timeout_s = api->timeout_s,
+			.max_per_addr = api->max_per_addr,
+			.header_timeout_s = api->header_timeout_s,
+			.body_min_rate = api->body_min_rate,
+			.trusted_proxies = api->trusted_proxies,
 			.routes = routes,
 			.nroutes = sizeof(routes) / sizeof(routes[0]),
 			.app = gw,
 		},
 		err);
 	if (!e2b_http)
-		return err->code ? err->code : KILN_E_INTERNAL;
+		goto fail;
 	log_info("E2B API listening on \"%s\"", listen);
 	return KILN_OK;
+fail:
+	e2b_stop(0);
+	return err->code ? err->code : KILN_E_INTERNAL;
 }
 
 void e2b_stop(unsigned grace_s)
 {
 	http_server_stop(e2b_http, grace_s);
 	e2b_http = NULL;
+	http_server_stop(inner_http, grace_s);
+	inner_http = NULL;
+	if (inner_dir[0]) {
+		unlink(inner_sock);
+		rmdir(inner_dir);
+		inner_dir[0] = '\0';
+	}
 	explicit_bzero(token_key, sizeof(token_key));
 }

@@ -12,12 +12,15 @@
 #define E2B_TOKEN_HEX 32		/* characters of an envdAccessToken */
 
 /*
- * Starts the E2B listener on gw->cfg.e2b_listen (nothing when it is empty). Its handlers call
- * the gateway's own API at `api_port` on the loopback address with the caller's key, so every
- * request meets the same authentication, scopes, rate limits, audit, plan limits and metering as
- * a Kiln request. KILN_OK, or the error that kept it from listening.
+ * Starts the E2B listener on gw->cfg.e2b_listen (nothing when it is empty), and for its handlers
+ * an inner API server: the gateway's own routes and hooks (`api`, the API server's settings) on
+ * a Unix socket of its own, which the handlers call with the caller's key. So every E2B request
+ * meets the same authentication, scopes, rate limits, in-flight bound, audit, plan limits and
+ * metering as a Kiln request, and the per-address limits count the E2B client's address (at the
+ * E2B listener) rather than the gateway's own. KILN_OK, or the error that kept it from listening.
  */
-enum kiln_err e2b_start(struct gateway *gw, unsigned api_port, struct kiln_error *err);
+enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
+			struct kiln_error *err);
 
 /* Stops the listener (letting requests finish for at most `grace_s` seconds); safe to repeat. */
 void e2b_stop(unsigned grace_s);

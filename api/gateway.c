@@ -129,9 +129,10 @@ static void redis_exit(void)
 	gw.rds = NULL;
 }
 
-static int http_init(struct kiln_error *err)
+/* The API server's settings (the E2B listener's inner API server takes the same). */
+static void http_opts(struct http_server_opts *o)
 {
-	struct http_server_opts o = {
+	*o = (struct http_server_opts){
 		.listen = gw.cfg.listen,
 		.max_connections = (unsigned)gw.cfg.http_max_connections,
 		.body_max = (size_t)gw.cfg.http_body_max,
@@ -147,7 +148,13 @@ static int http_init(struct kiln_error *err)
 		.done = gw_done,
 		.app = &gw,
 	};
+}
 
+static int http_init(struct kiln_error *err)
+{
+	struct http_server_opts o;
+
+	http_opts(&o);
 	gw.http = http_server_start(&o, err);
 	if (!gw.http)
 		return err->code;
@@ -164,7 +171,10 @@ static void http_exit(void)
 /* E2B's API on its own listener (config e2b_listen; api/e2b.h), calling this gateway's API. */
 static int e2b_init(struct kiln_error *err)
 {
-	return e2b_start(&gw, http_server_port(gw.http), err);
+	struct http_server_opts o;
+
+	http_opts(&o);
+	return e2b_start(&gw, &o, err);
 }
 
 static void e2b_exit(void)

@@ -7,6 +7,8 @@ The error shape is the SDKs' contract: `{"code": <the HTTP status as an integer>
 """
 import http.client
 import json
+import socket
+import time
 import unittest
 import urllib.parse
 
@@ -236,6 +238,31 @@ class E2bRest(unittest.TestCase):
             self.assertIn(429, statuses)
         finally:
             gw.cleanup()
+
+
+class E2bAddressLimits(unittest.TestCase):
+    """The API's per-address connection cap counts E2B clients by their own address: the E2B
+    listener's calls of the API do not share one (the gateway's) address among all clients."""
+
+    def test_api_connections_of_one_address_do_not_block_e2b_clients(self):
+        services = kiln.services_env()
+        db = kiln.fresh_database()
+        self.addCleanup(db.drop)
+        gw = kiln.Gateway(db.url, services["KILN_REDIS_URL"],
+                          dict(GENEROUS, KILN_HTTP_MAX_CONNECTIONS_PER_ADDR="2"), e2b=True)
+        self.addCleanup(gw.cleanup)
+        r = gw.request("POST", "/v1/tenants", {"name": "acme"},
+                       {"Authorization": "Bearer " + gw.admin_key})
+        self.assertEqual(r.status, 201, r)
+        key = r.json()["api_key"]["key"]
+        # Two idle connections from this (loopback) address use up its cap on the API listener.
+        held = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(2)]
+        self.addCleanup(lambda: [s.close() for s in held])
+        time.sleep(0.5)
+        r = kiln.http("GET", gw.url + "/v1/sandboxes", headers={"Authorization": "Bearer " + key})
+        self.assertEqual(r.status, 429, r)  # the cap holds on the API listener
+        r = kiln.http("GET", gw.e2b_url + "/v2/sandboxes", headers={"X-API-Key": key})
+        self.assertEqual((r.status, r.json()), (200, []), r)
 
 
 if __name__ == "__main__":
