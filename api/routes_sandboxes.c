@@ -287,6 +287,10 @@ static bool list_states(struct http_req *req, const char *state, char *out, size
 	size_t used = 0;
 
 	out[used++] = '{';
+	if (!*p) {
+		http_reply_error(req, KILN_E_INVALID, "state must not be empty");
+		return false;
+	}
 	while (*p) {
 		size_t len = strcspn(p, ",");
 		bool ok = false;

@@ -1,9 +1,9 @@
 // E2B's `e2b` SDK (2.51.0, unchanged) against Kiln's E2B-compatible API, configured only by
 // E2B_API_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
 // through create, getInfo, list with a metadata filter, setTimeout, pause, connect (resume),
-// getMetrics and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
+// updateNetwork, getMetrics and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
-import { Sandbox, SandboxNotFoundError } from 'e2b'
+import { ALL_TRAFFIC, Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 
@@ -44,6 +44,14 @@ async function main() {
   info = await sbx.getInfo()
   assert.ok(info.endAt.getTime() > Date.now() + 500_000, `endAt after setTimeout ${info.endAt}`)
   step('setTimeout')
+
+  // Egress through the SDK onto Kiln's rules (the driver checks the API took each one).
+  await sbx.updateNetwork({ allowInternetAccess: false })
+  await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['203.0.113.7', 'pypi.org'] })
+  await assert.rejects(sbx.updateNetwork({ denyOut: ['10.0.0.0/8'] }),
+    (e) => e instanceof SandboxError && /denyOut/.test(e.message))
+  await sbx.updateNetwork({})
+  step('updateNetwork')
 
   const metrics = await sbx.getMetrics()
   assert.ok(Array.isArray(metrics))

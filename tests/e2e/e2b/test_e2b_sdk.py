@@ -9,6 +9,7 @@ plan-limited and audited like any other): the test checks its record and its aud
 """
 import json
 import os
+import re
 import subprocess
 import time
 import unittest
@@ -46,7 +47,7 @@ class E2bSdk(unittest.TestCase):
                                             f"{out.stderr[-3000:]}")
         self.assertTrue(seen["ok"])
         self.assertEqual([s if isinstance(s, str) else next(iter(s)) for s in seen["steps"]],
-                         ["create", "getInfo", "list", "setTimeout", "getMetrics", "otherTenant",
+                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "otherTenant",
                           "pause", "connect", "kill"])
         sandbox = seen["steps"][0]["create"]
         # The Kiln record is the same sandbox: made, and deleted by the SDK's kill.
@@ -63,6 +64,9 @@ class E2bSdk(unittest.TestCase):
         for want in (r"POST /v1/sandboxes 201", r"POST /v1/sandboxes/\{id\}/pause 2\d\d",
                      r"POST /v1/sandboxes/\{id\}/resume 2\d\d", r"DELETE /v1/sandboxes/\{id\} 204"):
             self.assertRegex(rows, want)
+        # Three egress updates the API took (deny all; two rules; open again), the bad one never
+        # reached it.
+        self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/egress 200", rows)), 3, rows)
         print(f"e2b SDK run: {took:.1f} s", flush=True)
 
 
