@@ -937,16 +937,95 @@ out:
 	json_decref(meta);
 }
 
+/* A unix time in seconds (E2B's start and end), else -1. */
+static long long unix_param(const char *q)
+{
+	char *end = NULL;
+	long long v;
+
+	if (!q)
+		return -2;	/* absent */
+	v = strtoll(q, &end, 10);
+	return q[0] && !*end && v >= 0 && v < 253402300800LL ? v : -1;
+}
+
+static void rfc3339_of(long long t, char *out, size_t n)
+{
+	time_t tt = (time_t)t;
+	struct tm tm;
+
+	gmtime_r(&tt, &tm);
+	strftime(out, n, "%Y-%m-%dT%H:%M:%SZ", &tm);
+}
+
 /*
- * GET /sandboxes/{sandboxID}/metrics: [] (Kiln keeps no per-sandbox CPU, memory and disk
- * samples yet; docs/e2b.md); 404 as everywhere for a sandbox that is not the caller's.
+ * GET /sandboxes/{sandboxID}/metrics?start=&end= (unix seconds; default the last 15 minutes):
+ * the sandbox's usage series (GET /v1/sandboxes/{id}/usage, what the meter recorded), one sample
+ * per bucket of at least 5 s: cpuUsedPct from its CPU time over the bucket and its vCPUs, memUsed
+ * the bucket's peak, memTotal and diskTotal its size. Kiln samples no disk use or page cache:
+ * diskUsed and memCache are 0. 404 as everywhere for a sandbox that is not the caller's.
  */
 static void e2b_metrics(struct http_req *req)
 {
-	struct answer a;
+	long long start = unix_param(http_req_query(req, "start"));
+	long long end = unix_param(http_req_query(req, "end")), step;
+	struct answer a, u = { 0 };
+	char path[256], from[32], to[32];
+	json_t *out = NULL, *p;
+	double vcpus;
+	size_t i;
 
-	if (sandbox_read(req, param_id(req, "sandboxID"), &a))
-		http_reply_json(req, 200, json_array());
+	memset(&a, 0, sizeof(a));
+	if (start == -1 || end == -1) {
+		e2b_error(req, 400, "start and end must be unix times in seconds");
+		return;
+	}
+	if (end == -2)
+		end = (long long)time(NULL);
+	if (start == -2)
+		start = end - 900;
+	if (start >= end) {
+		e2b_error(req, 400, "start must be before end");
+		return;
+	}
+	if (!sandbox_read(req, param_id(req, "sandboxID"), &a))
+		goto out;
+	step = (end - start + 3599) / 3600;
+	if (step < 5)
+		step = 5;
+	rfc3339_of(start, from, sizeof(from));
+	rfc3339_of(end, to, sizeof(to));
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/usage?from=%s&to=%s&step=%llds",
+		 json_str(a.json, "id", ""), from, to, step);
+	if (!api_call(req, "GET", path, NULL, &u))
+		goto out;
+	if (u.status != 200 || !json_is_array(json_object_get(u.json, "points"))) {
+		reply_api_error(req, &u);
+		goto out;
+	}
+	vcpus = json_number_value(json_object_get(a.json, "vcpus"));
+	out = json_array();
+	json_array_foreach(json_object_get(u.json, "points"), i, p) {
+		const char *t = json_str(p, "t", "");
+		struct tm tm = { 0 };
+		double pct = vcpus > 0 ? (double)json_int(p, "cpu_ms", 0) / ((double)step * 10.0 * vcpus)
+				       : 0;
+
+		if (!strptime(t, "%Y-%m-%dT%H:%M:%S", &tm))
+			continue;
+		json_array_append_new(
+			out, json_pack("{s:s, s:I, s:I, s:f, s:I, s:I, s:I, s:I, s:I}", "timestamp", t,
+				       "timestampUnix", (json_int_t)timegm(&tm), "cpuCount",
+				       (json_int_t)(vcpus < 1 ? 1 : ceil(vcpus)), "cpuUsedPct",
+				       pct > 100 ? 100.0 : pct, "memUsed",
+				       (json_int_t)json_int(p, "mem_bytes", 0), "memTotal",
+				       (json_int_t)json_int(a.json, "memory_mib", 0) << 20, "memCache",
+				       (json_int_t)0, "diskUsed", (json_int_t)0, "diskTotal",
+				       (json_int_t)json_int(a.json, "disk_gib", 0) << 30));
+	}
+	http_reply_json(req, 200, out);
+out:
+	answer_free(&u);
 	answer_free(&a);
 }
 

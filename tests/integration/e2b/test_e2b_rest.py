@@ -8,6 +8,7 @@ The error shape is the SDKs' contract: `{"code": <the HTTP status as an integer>
 import http.client
 import json
 import socket
+import subprocess
 import time
 import unittest
 import urllib.parse
@@ -107,9 +108,29 @@ class E2bRest(unittest.TestCase):
     def test_pause_of_a_paused_sandbox_is_409(self):
         self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest2/pause", {}), 409)
 
-    def test_metrics_of_own_sandbox(self):
-        r = self.e2b("GET", "/sandboxes/sb_e2btest0/metrics?start=0&end=1")
-        self.assertEqual((r.status, r.json()), (200, []))
+    def test_metrics_are_the_usage_series(self):
+        # The meter's per-second series (Redis, "t:cpu_us:mem:rx:tx:ucr"): 10 s at 50 % of 1
+        # vCPU, then 10 s idle, within one E2B sample of 5 s each.
+        now = int(time.time()) // 5 * 5 - 60
+        sock = self.services["KILN_REDIS_URL"][len("unix:"):]
+        args = []
+        for k in range(20):
+            t = now + k
+            args += [str(t), f"{t}:{500000 if k < 10 else 0}:{100 << 20}:0:0:1"]
+        subprocess.run(["redis-cli", "-s", sock, "ZADD", "kiln:usage:sb_e2btest1", *args],
+                       check=True, capture_output=True)
+        r = self.e2b("GET", f"/sandboxes/sb_e2btest1/metrics?start={now}&end={now + 20}")
+        self.assertEqual(r.status, 200, r)
+        m = r.json()
+        self.assertEqual([x["timestampUnix"] for x in m], [now, now + 5, now + 10, now + 15])
+        self.assertEqual([x["cpuUsedPct"] for x in m], [50.0, 50.0, 0.0, 0.0])
+        self.assertEqual({x["memUsed"] for x in m}, {100 << 20})
+        self.assertEqual({(x["cpuCount"], x["memTotal"], x["diskTotal"]) for x in m},
+                         {(1, 512 << 20, 10 << 30)})
+        # Without a range: the last 15 minutes; nothing recorded for this one.
+        self.assertEqual(self.e2b("GET", "/sandboxes/sb_e2btest0/metrics").json(), [])
+        for q in ("start=x", "start=10&end=5", "end=-1"):
+            self.assertE2bError(self.e2b("GET", "/sandboxes/sb_e2btest0/metrics?" + q), 400)
 
     def list_all(self, query, limit):
         ids, token, pages = [], None, 0
