@@ -1067,8 +1067,11 @@ out:
 static json_t *snapshot_of(const json_t *s)
 {
 	const char *name = json_str(s, "name", NULL);
+	json_t *names = json_array();
 
-	return json_pack("{s:s, s:[s?]}", "snapshotID", json_str(s, "id", ""), "names", name);
+	if (name)
+		json_array_append_new(names, json_string(name));
+	return json_pack("{s:s, s:o}", "snapshotID", json_str(s, "id", ""), "names", names);
 }
 
 /* POST /sandboxes/{sandboxID}/snapshots {"name"?}: 201 {snapshotID, names} */

@@ -1,7 +1,7 @@
 // E2B's `e2b` SDK (2.51.0, unchanged) against Kiln's E2B-compatible API, configured only by
 // E2B_API_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
 // through create, getInfo, list with a metadata filter, setTimeout, pause, connect (resume),
-// updateNetwork, getMetrics and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
+// updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
 import { ALL_TRAFFIC, Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
 import assert from 'node:assert/strict'
@@ -81,6 +81,23 @@ async function main() {
   const same = await Sandbox.connect(sbx.sandboxId) // running: 200, the same sandbox
   assert.equal(same.envdAccessToken, token)
   step('connect')
+
+  // A snapshot of it, a sandbox from the snapshot, the snapshot's delete.
+  const snap = await again.createSnapshot({ name: `e2b-${run}` })
+  assert.match(snap.snapshotId, /^snap_/)
+  assert.deepEqual(snap.names, [`e2b-${run}`])
+  let snaps = await Sandbox.listSnapshots({ sandboxId: sbx.sandboxId }).nextItems()
+  assert.deepEqual(snaps.map((s) => s.snapshotId), [snap.snapshotId])
+  snaps = await Sandbox.listSnapshots({ ...other, sandboxId: sbx.sandboxId }).nextItems()
+  assert.deepEqual(snaps, [])
+  const child = await Sandbox.create(snap.snapshotId, { metadata: { suite: run, role: 'child' } })
+  assert.notEqual(child.sandboxId, sbx.sandboxId)
+  assert.equal((await child.getInfo()).state, 'running')
+  await child.kill()
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId, other), false)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), true)
+  assert.equal(await Sandbox.deleteSnapshot(snap.snapshotId), false)
+  step('snapshots')
 
   await again.kill()
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId), SandboxNotFoundError)

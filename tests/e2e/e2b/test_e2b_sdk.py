@@ -48,7 +48,7 @@ class E2bSdk(unittest.TestCase):
         self.assertTrue(seen["ok"])
         self.assertEqual([s if isinstance(s, str) else next(iter(s)) for s in seen["steps"]],
                          ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "otherTenant",
-                          "pause", "connect", "kill"])
+                          "pause", "connect", "snapshots", "kill"])
         sandbox = seen["steps"][0]["create"]
         # The Kiln record is the same sandbox: made, and deleted by the SDK's kill.
         r = self.stack.gw.request("GET", f"/v1/sandboxes/{sandbox}", None,
