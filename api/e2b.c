@@ -1250,6 +1250,7 @@ enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 			.routes = routes,
 			.nroutes = sizeof(routes) / sizeof(routes[0]),
 			.app = gw,
+			.flat_errors = true,
 		},
 		err);
 	if (!e2b_http)

@@ -313,8 +313,11 @@ void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt,
 	/* A code whose detail stays in the log shows as "internal" with only the generic text. */
 	if (!kiln_err_shown(code))
 		snprintf(msg, sizeof(msg), "%s", kiln_strerror(KILN_E_INTERNAL));
-	body = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", kiln_err_api_code(code), "message",
-			 msg, "request_id", req->id);
+	if (req->srv->opts.flat_errors)
+		body = json_pack("{s:i, s:s}", "code", kiln_err_status(code), "message", msg);
+	else
+		body = json_pack("{s:{s:s, s:s, s:s}}", "error", "code", kiln_err_api_code(code),
+				 "message", msg, "request_id", req->id);
 	http_reply_json(req, kiln_err_status(code), body);
 }
 

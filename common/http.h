@@ -80,6 +80,11 @@ struct http_server_opts {
 	void *app;			/* handed to handlers via http_req_app() */
 	bool trust_request_id;		/* take a caller's X-Request-Id (kiln-node: the gateway's) */
 	/*
+	 * Errors as `{"code": <HTTP status>, "message": ...}` (E2B's shape, api/e2b.c) instead of
+	 * docs/errors.md's, for every http_reply_error of this server, the engine's own included.
+	 */
+	bool flat_errors;
+	/*
 	 * Limits against hostile clients (0 = off). Only on a TCP listener, whose sockets the engine
 	 * accepts itself before handing them to libmicrohttpd.
 	 */

@@ -244,6 +244,10 @@ class E2bRest(unittest.TestCase):
 
     def test_unmapped_routes_are_refused_in_e2b_shape(self):
         self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest0/fork", {}), 501)
+        # The engine's own refusals too: no route, a body over http_body_max.
+        self.assertE2bError(self.e2b("GET", "/v3/templates"), 404)
+        self.assertE2bError(self.e2b("POST", "/v2/sandboxes", b"{" + b" " * (2 << 20) + b"}",
+                                     headers={"Content-Type": "application/json"}), 413)
 
     def test_kill(self):
         self.db.sql(f"INSERT INTO sandboxes (id, tenant_id, state, template, vcpu_milli, memory_mib, "
