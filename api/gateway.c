@@ -18,6 +18,7 @@
 
 #include "api/authn.h"
 #include "api/debt.h"
+#include "api/ports.h"
 #include "auth/masterkey.h"
 #include "common/daemon.h"
 #include "common/log.h"
@@ -160,6 +161,17 @@ static void http_exit(void)
 	gw.http = NULL;
 }
 
+/* The port URL listener (config ports_listen, api/portproxy.c), beside the API's. */
+static int ports_init(struct kiln_error *err)
+{
+	return portproxy_start(&gw, err);
+}
+
+static void ports_exit(void)
+{
+	portproxy_stop();
+}
+
 /* The operator's allow list of storage endpoints (config storage_allow, common/netaddr.h). */
 static int storage_allow_init(struct kiln_error *err)
 {
@@ -251,6 +263,7 @@ static const struct daemon_stage stages[] = {
 	{ "redis", redis_init, redis_exit },
 	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "http", http_init, http_exit },
+	{ "port URLs", ports_init, ports_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
 

@@ -213,7 +213,9 @@ class Gateway(Daemon):
         self.admin_key_file = tempfile.mktemp(prefix="kiln-admin-key-")
         env = {"KILN_LISTEN": f"{listen_host}:{self.port}", "KILN_DATABASE_URL": database_url,
                "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
-               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file}
+               "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file,
+               # the port URL listener on a port of the kernel's choice (the API tells its URLs)
+               "KILN_PORTS_LISTEN": f"{listen_host}:0"}
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
         self.wait_tcp(self.port)

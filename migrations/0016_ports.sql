@@ -1,0 +1,10 @@
+-- Ports a tenant made public (docs/ports.md): a public port of a sandbox answers on its port URL
+-- without a credential. Opt-in per port; a port without a row (or with public false) is private.
+-- The rows go with their sandbox.
+CREATE TABLE sandbox_ports (
+    sandbox_id  text NOT NULL REFERENCES sandboxes(id) ON DELETE CASCADE,
+    port        integer NOT NULL CHECK (port BETWEEN 1 AND 65535),
+    public      boolean NOT NULL DEFAULT false,
+    updated_at  timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (sandbox_id, port)
+);
