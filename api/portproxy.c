@@ -43,6 +43,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
 #include "api/ports.h"
 #include "auth/crypto.h"
 #include "auth/scopes.h"
@@ -306,6 +308,7 @@ struct target {
 	char state[16];
 	char address[256];
 	bool public;
+	bool auto_resume;	/* a request resumes it while paused */
 };
 
 static enum kiln_err target_load(const char *id, long port, struct target *t)
@@ -322,7 +325,8 @@ static enum kiln_err target_load(const char *id, long port, struct target *t)
 		return KILN_E_UNAVAILABLE;
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.tenant_id, s.state, coalesce(n.address, ''), EXISTS (SELECT 1 FROM "
-		 "sandbox_ports p WHERE p.sandbox_id = s.id AND p.port = $2::int AND p.public) "
+		 "sandbox_ports p WHERE p.sandbox_id = s.id AND p.port = $2::int AND p.public), "
+		 "coalesce((SELECT auto_resume FROM sandbox_settings WHERE sandbox_id = s.id), false) "
 		 "FROM sandboxes s LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.deleted_at IS NULL",
 		 id, ptext);
@@ -333,6 +337,7 @@ static enum kiln_err target_load(const char *id, long port, struct target *t)
 		snprintf(t->state, sizeof(t->state), "%s", pg_res_str(res, 0, 1));
 		snprintf(t->address, sizeof(t->address), "%s", pg_res_str(res, 0, 2));
 		t->public = pg_res_bool(res, 0, 3);
+		t->auto_resume = pg_res_bool(res, 0, 4);
 	}
 	pg_res_free(res);
 	return rc == KILN_OK ? KILN_OK : KILN_E_UNAVAILABLE;
@@ -500,6 +505,128 @@ static void linger_close(int fd)
 		if (left <= 0 || poll(&p, 1, (int)left) != 1 || read(fd, buf, sizeof(buf)) <= 0)
 			break;
 	}
+}
+
+#define WAKE_BODY_MAX 4096
+#define WAKE_RUNNING_MS 120000	/* how long a resumed sandbox may take to show as running */
+#define WAKE_LISTEN_RETRY_MS 200
+
+struct wake_body {
+	char data[WAKE_BODY_MAX + 1];
+	size_t len;
+};
+
+static size_t wake_write(char *p, size_t size, size_t n, void *arg)
+{
+	struct wake_body *b = arg;
+	size_t k = size * n, room = WAKE_BODY_MAX - b->len;
+
+	memcpy(b->data + b->len, p, k < room ? k : room);
+	b->len += k < room ? k : room;
+	b->data[b->len] = '\0';
+	return k;
+}
+
+/*
+ * Resumes the paused sandbox `id` for `who` through this gateway's own API (POST
+ * /v1/sandboxes/{id}/resume under a one-minute token of the tenant's): the same admission (402
+ * at zero credits, plan limits), placement and audit as the tenant's own call. Returns true when
+ * it was resumed (or is being resumed by another request: 409); otherwise replies with the API's
+ * answer and returns false.
+ */
+static bool wake(int fd, const struct principal *who, const char *id, const char *rid)
+{
+	struct gateway *gw = px.gw;
+	char sub[AUTH_CLAIM_MAX], url[512], host[256], hdr[1200], hrid[64];
+	struct auth_token_params tp = {
+		.iss = GW_ISSUER, .aud = AUTH_AUD_API, .sub = sub, .tid = who->tenant_id,
+		.scopes = AUTH_SCOPE_SANDBOX_WRITE, .now = time(NULL), .ttl_s = 60,
+	};
+	struct kiln_error err = { 0 };
+	struct wake_body *b = calloc(1, sizeof(*b));
+	struct curl_slist *h = NULL;
+	char *token = NULL, *colon;
+	long status = 0;
+	CURL *cu = NULL;
+	bool ok = false;
+
+	/* the caller's own key, or for a public or signed request one of the sandbox's own */
+	if (strncmp(who->key_id, "key_", 4) == 0)
+		snprintf(sub, sizeof(sub), "%s", who->key_id);
+	else
+		snprintf(sub, sizeof(sub), "port_url_%s", id);
+	if (!b || signing_sign(gw->signing, &tp, &token, NULL, &err) != KILN_OK) {
+		reply_error(fd, KILN_E_INTERNAL, rid, NULL, "cannot resume the sandbox");
+		goto out;
+	}
+	snprintf(host, sizeof(host), "%s", gw->cfg.listen);
+	colon = strrchr(host, ':');
+	if (colon)
+		*colon = '\0';
+	if (!host[0] || !strcmp(host, "0.0.0.0"))
+		snprintf(host, sizeof(host), "127.0.0.1");
+	else if (!strcmp(host, "[::]") || !strcmp(host, "::"))
+		snprintf(host, sizeof(host), "[::1]");
+	snprintf(url, sizeof(url), "http://%s:%u/v1/sandboxes/%s/resume", host,
+		 http_server_port(gw->http), id);
+	snprintf(hdr, sizeof(hdr), "Authorization: Bearer %s", token);
+	snprintf(hrid, sizeof(hrid), "X-Request-Id: %s", rid);
+	cu = curl_easy_init();
+	if (cu)
+		h = curl_slist_append(curl_slist_append(h, hdr), hrid);
+	if (!cu || !h) {
+		reply_error(fd, KILN_E_NOMEM, rid, NULL, "out of memory");
+		goto out;
+	}
+	curl_easy_setopt(cu, CURLOPT_URL, url);
+	curl_easy_setopt(cu, CURLOPT_POST, 1L);
+	curl_easy_setopt(cu, CURLOPT_POSTFIELDS, "");
+	curl_easy_setopt(cu, CURLOPT_HTTPHEADER, h);
+	curl_easy_setopt(cu, CURLOPT_WRITEFUNCTION, wake_write);
+	curl_easy_setopt(cu, CURLOPT_WRITEDATA, b);
+	curl_easy_setopt(cu, CURLOPT_TIMEOUT, 600L);
+	curl_easy_setopt(cu, CURLOPT_NOSIGNAL, 1L);
+	curl_easy_setopt(cu, CURLOPT_PROTOCOLS_STR, "http");
+	if (curl_easy_perform(cu) != CURLE_OK ||
+	    curl_easy_getinfo(cu, CURLINFO_RESPONSE_CODE, &status) != CURLE_OK || !status) {
+		reply_error(fd, KILN_E_UNAVAILABLE, rid, NULL, "the sandbox could not be resumed");
+		goto out;
+	}
+	if (status == 200 || status == 409) {
+		ok = true;
+	} else {
+		/* the API's answer as it came: 402 insufficient_credits, 403 quota_exceeded, 503... */
+		struct port_node pn = { .fd = -1, .status = (int)status, .buf = b->data,
+					.have = b->len, .head_len = 0 };
+
+		log_info("port URL: resuming \"%s\" was answered %ld", id, status);
+		reply_node(fd, &pn, rid);
+	}
+out:
+	curl_slist_free_all(h);
+	if (cu)
+		curl_easy_cleanup(cu);
+	if (token) {
+		explicit_bzero(token, strlen(token));
+		free(token);
+	}
+	free(b);
+	return ok;
+}
+
+/* Whether a request without a credential may resume sandbox `id` now (port_public_wakes_per_hour). */
+static bool wake_take(const char *id)
+{
+	struct timespec ts;
+	struct rl_result rl;
+	char bucket[128];
+	long long per = px.gw->cfg.port_public_wakes_per_hour;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	snprintf(bucket, sizeof(bucket), "portwake:%s", id);
+	ratelimit_take(px.gw->rl, bucket, per, 3600000, per,
+		       (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &rl);
+	return rl.allowed;
 }
 
 /* Serves the one request of connection `pc`. */
@@ -685,6 +812,27 @@ static void serve(struct pconn *pc)
 		snprintf(who.key_id, sizeof(who.key_id), "signed_url");
 		who.scopes = AUTH_SCOPE_SANDBOX_WRITE;
 	}
+	bool woke = false;
+
+	if (!strcmp(t.state, "paused") && t.auto_resume) {
+		/* auto_resume: the request resumes it and waits for it (docs/ports.md) */
+		if (!strcmp(who.key_id, "public") && !wake_take(id)) {
+			reply_error(pc->fd, KILN_E_RATE_LIMITED, rid, "Retry-After: 60\r\n",
+				    "requests without a credential resumed this sandbox too often: "
+				    "port_public_wakes_per_hour is %lld",
+				    gw->cfg.port_public_wakes_per_hour);
+			goto out;
+		}
+		if (!wake(pc->fd, &who, id, rid))
+			goto out;
+		woke = true;
+		for (long long until = mono_ms() + WAKE_RUNNING_MS;
+		     strcmp(t.state, "running") != 0 && mono_ms() < until;) {
+			usleep(250000);
+			if (target_load(id, port, &t) != KILN_OK || !t.found)
+				break;
+		}
+	}
 	if (strcmp(t.state, "running") != 0) {
 		reply_error(pc->fd, KILN_E_CONFLICT, rid, NULL, "the sandbox is %s", t.state);
 		goto out;
@@ -697,6 +845,15 @@ static void serve(struct pconn *pc)
 	}
 	taken = true;
 	enum kiln_err rc = port_node_open(gw, &who, id, t.address, port, rid, &pn);
+
+	/* Just resumed: the request waits for the guest's server to listen again. */
+	for (long long until = mono_ms() + gw->cfg.port_connect_timeout_ms;
+	     woke && rc == KILN_OK && pn.status == 502 && mono_ms() < until &&
+	     strstr(pn.buf + pn.head_len, "\"port_closed\"");) {
+		port_node_free(&pn);
+		usleep(WAKE_LISTEN_RETRY_MS * 1000);
+		rc = port_node_open(gw, &who, id, t.address, port, rid, &pn);
+	}
 
 	if (rc != KILN_OK) {
 		reply_error(pc->fd, rc, rid, NULL, "%s",

@@ -534,7 +534,7 @@ out:
 	pg_release(gw->pg, c);
 }
 
-/* GET /v1/sandboxes/{id}/ports: the sandbox's public ports. */
+/* GET /v1/sandboxes/{id}/ports: the sandbox's public ports, and its auto_resume. */
 static void ports_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -542,52 +542,94 @@ static void ports_list(struct http_req *req)
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c = gw_db(req);
-	json_t *items;
+	json_t *ports, *items, *p;
+	size_t i;
 	enum kiln_err rc;
 
 	if (!c)
 		return;
 	http_req_set_object(req, id);
 	rc = PGQ(c, &res, &err,
-		 "SELECT p.port FROM sandboxes s JOIN sandbox_ports p ON p.sandbox_id = s.id "
-		 "AND p.public WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL "
-		 "ORDER BY p.port",
+		 "SELECT coalesce((SELECT auto_resume FROM sandbox_settings WHERE sandbox_id = s.id), "
+		 "false), array_to_json(ARRAY(SELECT port FROM sandbox_ports p WHERE p.sandbox_id = "
+		 "s.id AND p.public ORDER BY port))::text "
+		 "FROM sandboxes s WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, gw_principal(req)->tenant_id);
 	pg_release(gw->pg, c);
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		pg_res_free(res);
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return;
+	}
 	if (rc != KILN_OK) {
+		pg_res_free(res);
 		gw_fail(req, rc, &err);
 		return;
 	}
-	if (pg_res_rows(res) == 0) {	/* none, or no such sandbox of the caller's */
-		struct pg_res *one = NULL;
-
-		if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
-			pg_res_free(res);
-			gw_fail(req, KILN_E_UNAVAILABLE, &err);
-			return;
-		}
-		rc = PGQ(c, &one, &err,
-			 "SELECT 1 FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND "
-			 "deleted_at IS NULL",
-			 id, gw_principal(req)->tenant_id);
-		pg_release(gw->pg, c);
-		if (rc == KILN_OK && pg_res_rows(one) != 1)
-			rc = KILN_E_NOT_FOUND;
-		pg_res_free(one);
-		if (rc != KILN_OK) {
-			pg_res_free(res);
-			if (rc == KILN_E_NOT_FOUND)
-				http_reply_error(req, rc, "no sandbox \"%s\"", id);
-			else
-				gw_fail(req, rc, &err);
-			return;
-		}
-	}
+	ports = json_loads(pg_res_str(res, 0, 1), 0, NULL);
 	items = json_array();
-	for (int i = 0; i < pg_res_rows(res); i++)
-		json_array_append_new(items, port_json(id, pg_res_int(res, i, 0, 0), true));
+	json_array_foreach(ports, i, p)
+		json_array_append_new(items, port_json(id, (long)json_integer_value(p), true));
+	json_decref(ports);
+	http_reply_json(req, 200, json_pack("{s:o, s:b}", "ports", items, "auto_resume",
+					    pg_res_bool(res, 0, 0)));
 	pg_res_free(res);
-	http_reply_json(req, 200, json_pack("{s:o}", "ports", items));
+}
+
+bool port_settings_create(struct http_req *req, const char *id)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = gw_db(req);
+	enum kiln_err rc;
+
+	if (!c)
+		return false;
+	rc = PGQ(c, NULL, &err,
+		 "INSERT INTO sandbox_settings (sandbox_id, auto_resume) VALUES ($1, true) "
+		 "ON CONFLICT (sandbox_id) DO UPDATE SET auto_resume = true, updated_at = now()",
+		 id);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	return rc == KILN_OK;
+}
+
+/* PATCH /v1/sandboxes/{id} {"auto_resume"}: the sandbox's settings of the gateway's own. */
+static void sandbox_patch(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "auto_resume", JF_BOOL, true, 0 } };
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	json_t *body = gw_body(req, fields, 1);
+	bool on;
+	enum kiln_err rc;
+
+	if (!body)
+		return;
+	on = json_is_true(json_object_get(body, "auto_resume"));
+	json_decref(body);
+	if (!(c = gw_db(req)))
+		return;
+	http_req_set_object(req, id);
+	rc = PGQ(c, &res, &err,
+		 "INSERT INTO sandbox_settings (sandbox_id, auto_resume) "
+		 "SELECT id, $3::boolean FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND "
+		 "deleted_at IS NULL "
+		 "ON CONFLICT (sandbox_id) DO UPDATE SET auto_resume = $3::boolean, updated_at = now() "
+		 "RETURNING 1",
+		 id, gw_principal(req)->tenant_id, on ? "true" : "false");
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else if (pg_res_rows(res) != 1)
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	else
+		http_reply_json(req, 200, json_pack("{s:s, s:b}", "id", id, "auto_resume", on));
+	pg_res_free(res);
 }
 
 /* PUT and DELETE /v1/sandboxes/{id}/ports/{port}/public: opt a port in or out of public access. */
@@ -710,6 +752,8 @@ static void port_url_sign(struct http_req *req)
 static const struct http_route routes[] = {
 	{ "GET", "/v1/sandboxes/{id}/connect", port_stream,
 	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "PATCH", "/v1/sandboxes/{id}", sandbox_patch, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/ports", ports_list, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/ports/{port}", port_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/ports/{port}/url", port_url_sign, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,

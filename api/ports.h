@@ -43,6 +43,12 @@ void port_node_free(struct port_node *pn);
 bool port_head_value(const char *head, const char *name, char *out, size_t cap);
 
 /*
+ * Records auto_resume for the sandbox `id` a create request is making (before its node makes
+ * it): true, or false after replying 503.
+ */
+bool port_settings_create(struct http_req *req, const char *id);
+
+/*
  * The port URL listener (config ports_listen), started after the API's (portproxy.c). The
  * stop waits for its connections, which it ends, before the gateway's pools go away.
  */

@@ -165,6 +165,9 @@ const struct cfg_def config_table[] = {
 	{ "port_public_max_per_sandbox", CFG_INT, F(port_public_max_per_sandbox), "16", 1, 65535,
 	  NULL, false, "ports one sandbox may make public at once (more: 403 quota_exceeded naming "
 	  "the limit)" },
+	{ "port_public_wakes_per_hour", CFG_INT, F(port_public_wakes_per_hour), "60", 1, 3600, NULL,
+	  false, "times per hour (a burst of as many) requests without a credential to a public port "
+	  "may resume one paused sandbox with auto_resume (more: 429 naming the limit)" },
 	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
 	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
 	  "least; older output is dropped)" },

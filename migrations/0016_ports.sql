@@ -8,3 +8,13 @@ CREATE TABLE sandbox_ports (
     updated_at  timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (sandbox_id, port)
 );
+
+-- A sandbox's settings of the gateway's own (docs/ports.md): auto_resume, whether a request to
+-- one of its port URLs resumes it while it is paused. Set by the create request or PATCH
+-- /v1/sandboxes/{id}; no row is the default (false). Keyed by the sandbox's id without a
+-- foreign key: the gateway writes it before the node makes the sandbox's row.
+CREATE TABLE sandbox_settings (
+    sandbox_id   text PRIMARY KEY,
+    auto_resume  boolean NOT NULL DEFAULT false,
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import struct
+import sys
 import urllib.parse
 import socket
 import subprocess
@@ -197,7 +198,8 @@ class PortStreamTests(unittest.TestCase):
         # A short header timeout: an upgraded connection must not be held to it (see below).
         cls.stack = kiln.Stack(gateway_env={"KILN_HTTP_HEADER_TIMEOUT_S": "2",
                                             "KILN_PORT_STREAMS_MAX_PER_TENANT": "4",
-                                            "KILN_PORT_PUBLIC_MAX_PER_SANDBOX": "2"},
+                                            "KILN_PORT_PUBLIC_MAX_PER_SANDBOX": "2",
+                                            "KILN_PORT_PUBLIC_WAKES_PER_HOUR": "1"},
                                node_env={"KILN_PORT_STREAMS_MAX_PER_SANDBOX": "5"})
         cls.addClassCleanup(cls.stack.cleanup)
         gw = cls.stack.gw
@@ -631,7 +633,7 @@ class PortStreamTests(unittest.TestCase):
         sbp = f"/v1/sandboxes/{self.sb}/ports"
         self.assertEqual(self.port_request(8000, "/index.html")[0], 401)
         r = self.stack.gw.request("GET", sbp, headers=self.key)
-        self.assertEqual((r.status, r.json()), (200, {"ports": []}), r)
+        self.assertEqual((r.status, r.json()), (200, {"ports": [], "auto_resume": False}), r)
         r = self.stack.gw.request("PUT", sbp + "/8000/public", None, self.other)
         self.assertEqual(r.status, 404, r)
         r = self.stack.gw.request("PUT", sbp + "/8000/public", None, self.key)
@@ -664,7 +666,7 @@ class PortStreamTests(unittest.TestCase):
         signed = urllib.parse.urlparse(self.cli("port", self.sb, "8000", "--signed", "60").strip())
         self.assertEqual(self.port_request(8000, signed.path + "?" + signed.query)[0], 302)
         r = self.stack.gw.request("GET", sbp, headers=self.key)
-        self.assertEqual(r.json(), {"ports": []})
+        self.assertEqual(r.json(), {"ports": [], "auto_resume": False})
         self.assertEqual(self.stack.gw.request("GET", sbp + "/0", headers=self.key).status, 422)
         self.assertEqual(self.stack.gw.request("GET", sbp + "/8000", headers=self.other).status, 404)
 
@@ -713,6 +715,75 @@ class PortStreamTests(unittest.TestCase):
         s2.sendall(b"pong")
         s2.shutdown(socket.SHUT_WR)
         self.assertEqual(recv_all(s2, rest), b"pong")
+
+
+    def state(self):
+        return self.stack.gw.request("GET", f"/v1/sandboxes/{self.sb}", headers=self.key).json()["state"]
+
+    def wait_state(self, want, seconds=180):
+        for _ in range(seconds * 2):
+            if self.state() == want:
+                return
+            time.sleep(0.5)
+        self.fail(f"the sandbox is {self.state()}, not {want}, after {seconds} s")
+
+    def test_zz_a_paused_sandbox_with_auto_resume_answers_and_pauses_again(self):
+        # runs last: it leaves the sandbox paused and its tenant without credits
+        gw, sbp = self.stack.gw, f"/v1/sandboxes/{self.sb}"
+        self.assertEqual(gw.request("PATCH", sbp, {"auto_resume": True}, self.other).status, 404)
+        self.assertEqual(gw.request("PATCH", sbp, {"auto_resume": "yes"}, self.key).status, 400)
+        self.assertEqual(gw.request("PATCH", sbp, {}, self.key).status, 400)
+        r = gw.request("GET", sbp + "/ports", headers=self.key)
+        self.assertFalse(r.json()["auto_resume"], r)
+        # without auto_resume a paused sandbox's port URL is 409, and it stays paused
+        r = gw.request("PUT", sbp + "/timeout", {"timeout_s": 10}, self.key)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(gw.request("POST", sbp + "/pause", None, self.key, timeout=300).status, 200)
+        self.assertEqual(self.port_request(8000, "/index.html", self.key)[0], 409)
+        self.assertEqual(self.state(), "paused")
+        r = gw.request("PATCH", sbp, {"auto_resume": True}, self.key)
+        self.assertEqual((r.status, r.json()), (200, {"id": self.sb, "auto_resume": True}), r)
+        self.assertTrue(gw.request("GET", sbp + "/ports", headers=self.key).json()["auto_resume"])
+        # a request resumes it and is held until the guest's server answers
+        s = socket.create_connection(("127.0.0.1", self.ports_port), timeout=300)
+        self.addCleanup(s.close)
+        t0 = time.monotonic()
+        s.sendall((f"GET /index.html HTTP/1.1\r\nHost: {self.host(8000)}\r\n"
+                   f"Authorization: {self.key['Authorization']}\r\n\r\n").encode())
+        first = s.recv(65536)
+        ttfb = time.monotonic() - t0
+        reply = recv_all(s, first)
+        s.close()
+        self.assertTrue(reply.startswith(b"HTTP/1.0 200"), reply[:300])
+        self.assertIn(b"hello from the sandbox", reply)
+        print(f"auto-resume: time to first byte {ttfb:.2f} s", file=sys.stderr)
+        self.assertEqual(self.state(), "running")
+        # timeout_s started again with the resume: it pauses by itself as usual
+        self.wait_state("paused", 120)
+        # a public port wakes it too, port_public_wakes_per_hour (1 here) times an hour
+        self.assertEqual(gw.request("PUT", sbp + "/ports/8000/public", None, self.key).status, 200)
+        status, head, body = self.port_request(8000, "/index.html")
+        self.assertEqual((status, body), (200, b"hello from the sandbox\n"), head)
+        self.assertIn(gw.request("POST", sbp + "/pause", None, self.key, timeout=300).status, (200, 409))
+        self.wait_state("paused", 120)
+        status, head, body = self.port_request(8000, "/index.html")
+        self.assertEqual(status, 429, head)
+        self.assertIn(b"port_public_wakes_per_hour", body)
+        self.assertEqual(self.state(), "paused")
+        # a tenant at zero credits gets 402 and the sandbox stays paused
+        self.stack.db.sql(
+            "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+            "amount_ucr, tenant_id) SELECT 'tx_ports_spent', 'test:ports-spent', 'usage', a.id, "
+            f"'system:revenue', 500000000, '{self.tenant_id}' FROM ledger_accounts a "
+            f"WHERE a.tenant_id = '{self.tenant_id}' AND a.kind = 'grant'")
+        # the gateways' cached balance (metering/billing.c) is read again
+        sock = kiln.services_env()["KILN_REDIS_URL"][len("unix:"):]
+        subprocess.run(["redis-cli", "-s", sock, "DEL", "kiln:bal:" + self.tenant_id], check=True,
+                       capture_output=True)
+        status, head, body = self.port_request(8000, "/index.html", self.key)
+        self.assertEqual(status, 402, head)
+        self.assertIn(b"insufficient_credits", body)
+        self.assertEqual(self.state(), "paused")
 
 
 if __name__ == "__main__":
