@@ -352,7 +352,7 @@ static int head_forward(int node, const struct request *r, bool upgrade)
 	struct buf b;
 	int rc = 0;
 
-	buf_init(&b, HEAD_MAX * 2);
+	buf_init(&b, HEAD_MAX * 3);	/* a Cookie may double ("a;b" becomes "a; b") */
 	rc |= buf_appendf(&b, "%s %s %s\r\n", r->method, r->target, r->version);
 	for (int i = 0; i < r->nh; i++) {
 		const struct header *h = &r->h[i];
@@ -363,13 +363,13 @@ static int head_forward(int node, const struct request *r, bool upgrade)
 				 is(h, "Proxy-Connection") || is(h, "Upgrade")))
 			continue;
 		if (is(h, "Cookie")) {
-			char *kept = malloc(h->vlen + 1);
+			char *kept = malloc(2 * h->vlen + 1);	/* "a;b" becomes "a; b" */
 
-			if (!kept) {
+			if (!kept || !porturl_cookie_strip(h->value, kept, 2 * h->vlen + 1)) {
+				free(kept);
 				rc = -1;
 				break;
 			}
-			porturl_cookie_strip(h->value, kept);
 			if (*kept)
 				rc |= buf_appendf(&b, "Cookie: %s\r\n", kept);
 			free(kept);

@@ -169,22 +169,32 @@ bool porturl_cookie_get(const char *header, const char *name, char *out, size_t 
 	return false;
 }
 
-void porturl_cookie_strip(const char *header, char *out)
+bool porturl_cookie_strip(const char *header, char *out, size_t cap)
 {
 	struct cookie_pair c;
 	size_t n = 0;
+	bool fits = true;
 
+	if (!cap)
+		return false;
 	for (const char *p = header; p && (p = cookie_next(p, &c));) {
+		size_t len = (size_t)(c.end - c.start);
+
 		if (c.nlen >= 5 && strncasecmp(c.name, "kiln_", 5) == 0)
 			continue;
+		if (n + (n ? 2 : 0) + len >= cap) {
+			fits = false;
+			break;
+		}
 		if (n) {
 			memcpy(out + n, "; ", 2);
 			n += 2;
 		}
-		memcpy(out + n, c.start, (size_t)(c.end - c.start));
-		n += (size_t)(c.end - c.start);
+		memcpy(out + n, c.start, len);
+		n += len;
 	}
 	out[n] = '\0';
+	return fits;
 }
 
 bool porturl_query_take(const char *target, const char *name, char *out, char *val, size_t cap)

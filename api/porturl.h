@@ -49,10 +49,12 @@ enum porturl_verdict porturl_verify(const unsigned char key[PORTURL_KEY_LEN], co
 bool porturl_cookie_get(const char *header, const char *name, char *out, size_t cap);
 
 /*
- * The Cookie header without the cookies whose names begin with "kiln_" (Kiln's own), into `out`
- * (at least strlen(header) + 1 bytes); "" when none is left.
+ * The Cookie header without the cookies whose names begin with "kiln_" (Kiln's own), the others
+ * joined by "; ", into `out` of `cap` bytes; "" when none is left. The result may be longer than
+ * the header ("a;b" gives "a; b"): 2 * strlen(header) + 1 bytes always hold it. False when it did
+ * not fit (`out` then holds the pairs that did, and is never written past `cap`).
  */
-void porturl_cookie_strip(const char *header, char *out);
+bool porturl_cookie_strip(const char *header, char *out, size_t cap);
 
 /*
  * A request target without the query parameter `name` (all its occurrences) into `out` (at least

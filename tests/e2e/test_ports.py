@@ -482,7 +482,7 @@ class PortStreamTests(unittest.TestCase):
         key = self.key["Authorization"].split(" ", 1)[1]
         status, head, body = self.port_request(
             8004, "/upload?x=1", dict(self.key, **{"X-API-Key": key,
-                                                  "Cookie": "theme=dark; kiln_port=1.abc; a=b"}),
+                                                  "Cookie": "theme=dark; kiln_port=1.abc;a=b;c=d;e=f"}),
             method="POST", chunks=[b"first part,", b"second part", b""])
         self.assertEqual(status, 200, head)
         got = json.loads(body)
@@ -492,7 +492,7 @@ class PortStreamTests(unittest.TestCase):
         self.assertNotIn("authorization", got["head"].lower())
         self.assertNotIn("x-api-key", got["head"].lower())
         self.assertNotIn("kiln_port", got["head"])
-        self.assertIn("Cookie: theme=dark; a=b\r\n", got["head"])
+        self.assertIn("Cookie: theme=dark; a=b; c=d; e=f\r\n", got["head"])
         self.assertIn(f"Host: {self.host(8004)}\r\n", got["head"])
         # a request pipelined after the first one's body is not forwarded: the mirror's answer is
         # the first request's alone, and the connection ends after it
