@@ -65,7 +65,7 @@ enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *
 		{ "timeout_s", JF_INT, false, 0 },	{ "env", JF_OBJECT, false, 0 },
 		{ "metadata", JF_OBJECT, false, 0 },	{ "egress", JF_OBJECT, false, 0 },
 		{ "bandwidth", JF_OBJECT, false, 0 },	{ "snapshot_id", JF_STRING, false, 64 },
-		{ "secrets", JF_ARRAY, false, 0 },
+		{ "secrets", JF_ARRAY, false, 0 },	{ "auto_resume", JF_BOOL, false, 0 },
 	};
 	json_t *body, *v;
 	double vcpus;

@@ -668,6 +668,33 @@ static void inflight_drop(const char *tenant_id)
 	pthread_mutex_unlock(&inflight_lock);
 }
 
+enum kiln_err gw_authenticate(struct gateway *gw, const char *header, struct principal *who,
+			      struct kiln_error *err)
+{
+	struct auth_credential cred;
+	bool suspended = false;
+	enum kiln_err rc = auth_bearer_parse(header, strlen(header), &cred, err);
+
+	if (rc == KILN_OK)
+		rc = cred.kind == AUTH_CRED_API_KEY ? auth_api_key(gw, cred.value, cred.len, who, err)
+						    : auth_jwt(gw, cred.value, cred.len, who, err);
+	if (rc != KILN_OK) {
+		if (rc == KILN_E_UNAVAILABLE)
+			return rc;
+		if (rc != KILN_E_UNAUTHENTICATED) {
+			kiln_error_clear(err);
+			kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid credential");
+		}
+		return KILN_E_UNAUTHENTICATED;
+	}
+	kiln_error_clear(err);
+	if (tenant_suspended(gw, who->tenant_id, &suspended, err) != KILN_OK)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the database is unavailable");
+	if (suspended)
+		return kiln_error_set(err, KILN_E_SUSPENDED, "the tenant is suspended by the operator");
+	return KILN_OK;
+}
+
 bool gw_before(struct http_req *req, const struct http_route *route)
 {
 	struct gateway *gw = http_req_app(req);

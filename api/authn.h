@@ -36,6 +36,16 @@ bool gw_before(struct http_req *req, const struct http_route *route);
 void gw_audit(struct http_req *req, const struct http_route *route, int status);
 void gw_done(struct http_req *req, const struct http_route *route, int status);
 
+struct gateway;
+
+/*
+ * Checks a credential outside the API's routes (the ports listener, api/portproxy.c): `header`
+ * is an Authorization value ("Bearer <key or token>"). Fills `who`; KILN_E_UNAUTHENTICATED,
+ * KILN_E_SUSPENDED or KILN_E_UNAVAILABLE with `err` set otherwise. No rate limit is taken.
+ */
+enum kiln_err gw_authenticate(struct gateway *gw, const char *header, struct principal *who,
+			      struct kiln_error *err);
+
 /* Forgets a key at once on this gateway (after revocation). */
 void gw_key_cache_forget(const char *key_id);
 

@@ -19,6 +19,7 @@
 #include "api/authn.h"
 #include "api/debt.h"
 #include "api/e2b.h"
+#include "api/ports.h"
 #include "auth/masterkey.h"
 #include "common/daemon.h"
 #include "common/log.h"
@@ -182,6 +183,17 @@ static void e2b_exit(void)
 	e2b_stop(GRACE_S);
 }
 
+/* The port URL listener (config ports_listen, api/portproxy.c), beside the API's. */
+static int ports_init(struct kiln_error *err)
+{
+	return portproxy_start(&gw, err);
+}
+
+static void ports_exit(void)
+{
+	portproxy_stop();
+}
+
 /* The operator's allow list of storage endpoints (config storage_allow, common/netaddr.h). */
 static int storage_allow_init(struct kiln_error *err)
 {
@@ -274,6 +286,9 @@ static const struct daemon_stage stages[] = {
 	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "http", http_init, http_exit },
 	{ "e2b", e2b_init, e2b_exit },
+}
+
+	{ "port URLs", ports_init, ports_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
 

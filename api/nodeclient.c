@@ -417,8 +417,11 @@ char *node_escape(const char *s)
 
 char *node_token(struct http_req *req, const char *sandbox_id)
 {
-	struct gateway *gw = http_req_app(req);
-	const struct principal *who = gw_principal(req);
+	return node_token_for(http_req_app(req), gw_principal(req), sandbox_id);
+}
+
+char *node_token_for(struct gateway *gw, const struct principal *who, const char *sandbox_id)
+{
 	struct auth_token_params tp = {
 		.iss = GW_ISSUER,
 		.aud = AUTH_AUD_NODE,

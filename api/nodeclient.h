@@ -68,6 +68,10 @@ void node_stream_finish(struct http_req *req, struct node_stream *ns);
  * frees it), for connections the caller makes itself (api/ports.c); NULL when it cannot be signed.
  */
 char *node_token(struct http_req *req, const char *sandbox_id);
+struct gateway;
+
+/* The same for `who`, outside any request (the ports listener, api/portproxy.c). */
+char *node_token_for(struct gateway *gw, const struct principal *who, const char *sandbox_id);
 
 /* `s` escaped for a URL's query; the caller frees it with free(). NULL when out of memory. */
 char *node_escape(const char *s);

@@ -25,6 +25,7 @@
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "api/nodeclient.h"
+#include "api/ports.h"
 #include "auth/scopes.h"
 #include "common/log.h"
 
@@ -51,8 +52,7 @@ struct tenant_count {
 static pthread_mutex_t tenants_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tenant_count *tenants;
 
-/* Counts a stream in for `tenant`; false at the limit (or out of memory). */
-static bool tenant_take(const char *tenant, long long max)
+bool port_tenant_take(const char *tenant, long long max)
 {
 	struct tenant_count *t;
 	bool ok = false;
@@ -73,7 +73,7 @@ static bool tenant_take(const char *tenant, long long max)
 	return ok;
 }
 
-static void tenant_give(const char *tenant)
+void port_tenant_give(const char *tenant)
 {
 	pthread_mutex_lock(&tenants_lock);
 	for (struct tenant_count **pp = &tenants; *pp; pp = &(*pp)->next) {
@@ -164,8 +164,7 @@ static int write_all(int fd, const void *p, size_t len)
 	return 0;
 }
 
-/* A header's value in a head (lines "Name: value\r\n"), copied into `out`; false when absent. */
-static bool head_value(const char *head, const char *name, char *out, size_t cap)
+bool port_head_value(const char *head, const char *name, char *out, size_t cap)
 {
 	size_t nl = strlen(name);
 
@@ -240,7 +239,7 @@ static void splice_run(void *cls, int fd, const char *extra, size_t extra_len)
 		}
 	}
 	close(sp->node);
-	tenant_give(sp->tenant);
+	port_tenant_give(sp->tenant);
 	free(sp->early);
 	free(sp);
 }
@@ -274,16 +273,106 @@ static enum kiln_err sandbox_node(struct http_req *req, const char *id, char *st
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
 }
 
+enum kiln_err port_node_open(struct gateway *gw, const struct principal *who, const char *id,
+			     const char *address, long port, const char *request_id,
+			     struct port_node *pn)
+{
+	char *token = NULL, *head;
+	size_t have = 0;
+	int fd = -1;
+	enum kiln_err rc = KILN_E_UNAVAILABLE;
+
+	memset(pn, 0, sizeof(*pn));
+	pn->fd = -1;
+	head = pn->buf = malloc(NODE_HEAD_MAX + 1);
+	token = node_token_for(gw, who, id);
+	if (!token || !head) {
+		rc = head ? KILN_E_INTERNAL : KILN_E_NOMEM;
+		goto out;
+	}
+	fd = address[0] ? node_connect(address) : -1;
+	if (fd < 0)
+		goto out;
+	snprintf(head, NODE_HEAD_MAX,
+		 "GET /v1/sandboxes/%s/ports/%ld/stream HTTP/1.1\r\nHost: node\r\n"
+		 "Connection: Upgrade\r\nUpgrade: kiln-port\r\nAuthorization: Bearer %s\r\n"
+		 "X-Request-Id: %s\r\n\r\n",
+		 id, port, token, request_id);
+	if (write_all(fd, head, strlen(head)) < 0)
+		goto out;
+	/* The node's answer: its head, and for anything but 101 a short JSON body. */
+	long long deadline = mono_ms() + gw->cfg.port_connect_timeout_ms + NODE_HEAD_SLACK_MS;
+	char *end = NULL;
+
+	head[0] = '\0';
+	while (!end && have < NODE_HEAD_MAX) {
+		struct pollfd p = { fd, POLLIN, 0 };
+		long long left = deadline - mono_ms();
+		ssize_t k;
+
+		if (left <= 0 || poll(&p, 1, (int)left) != 1)
+			break;
+		k = read(fd, head + have, NODE_HEAD_MAX - have);
+		if (k <= 0)
+			break;
+		have += (size_t)k;
+		head[have] = '\0';
+		end = strstr(head, "\r\n\r\n");
+	}
+	if (!end || sscanf(head, "HTTP/1.%*d %d", &pn->status) != 1)
+		goto out;
+	pn->head_len = (size_t)(end + 4 - head);
+	if (pn->status != 101) {
+		char clen[24] = "0";
+		size_t want;
+
+		port_head_value(head, "Content-Length", clen, sizeof(clen));
+		want = (size_t)strtoul(clen, NULL, 10);
+		if (want > NODE_HEAD_MAX - pn->head_len)
+			want = NODE_HEAD_MAX - pn->head_len;
+		while (have - pn->head_len < want) {
+			struct pollfd p = { fd, POLLIN, 0 };
+			ssize_t k;
+
+			if (poll(&p, 1, 5000) != 1)
+				break;
+			k = read(fd, head + have, pn->head_len + want - have);
+			if (k <= 0)
+				break;
+			have += (size_t)k;
+		}
+		head[have] = '\0';
+	} else {
+		pn->fd = fd;
+		fd = -1;
+	}
+	pn->have = have;
+	rc = KILN_OK;
+out:
+	if (fd >= 0)
+		close(fd);
+	free(token);
+	return rc;
+}
+
+void port_node_free(struct port_node *pn)
+{
+	if (pn->fd >= 0)
+		close(pn->fd);
+	pn->fd = -1;
+	free(pn->buf);
+	pn->buf = NULL;
+}
+
 static void port_stream(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
 	const char *id = http_req_param(req, "id");
 	const char *up = http_req_header(req, "Upgrade");
 	long port = http_port_value(http_req_query(req, "port"));
-	char state[16], address[256], *token = NULL, *head = NULL;
+	char state[16], address[256];
+	struct port_node pn = { .fd = -1 };
 	struct splice *sp = NULL;
-	size_t have = 0;
-	int fd = -1, status;
 	bool taken = false;	/* a count of the tenant's, given back at the end unless spliced */
 	enum kiln_err rc;
 
@@ -312,7 +401,7 @@ static void port_stream(struct http_req *req)
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", state);
 		return;
 	}
-	if (!tenant_take(gw_principal(req)->tenant_id, gw->cfg.port_streams_max_per_tenant)) {
+	if (!port_tenant_take(gw_principal(req)->tenant_id, gw->cfg.port_streams_max_per_tenant)) {
 		http_reply_header(req, "Retry-After", "1");
 		http_reply_error(req, KILN_E_RATE_LIMITED,
 				 "too many port streams at once: port_streams_max_per_tenant is %lld",
@@ -320,78 +409,26 @@ static void port_stream(struct http_req *req)
 		return;
 	}
 	taken = true;
-	token = node_token(req, id);
-	head = malloc(NODE_HEAD_MAX + 1);
-	if (!token || !head) {
-		http_reply_error(req, KILN_E_INTERNAL, "cannot sign the node's token");
+	rc = port_node_open(gw, gw_principal(req), id, address, port, http_req_id(req), &pn);
+	if (rc != KILN_OK) {
+		if (rc == KILN_E_UNAVAILABLE)
+			http_reply_error(req, rc, "the sandbox's node cannot be reached");
+		else
+			http_reply_error(req, rc, "cannot open the stream");
 		goto out;
 	}
-	fd = address[0] ? node_connect(address) : -1;
-	if (fd < 0) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the sandbox's node cannot be reached");
-		goto out;
-	}
-	snprintf(head, NODE_HEAD_MAX,
-		 "GET /v1/sandboxes/%s/ports/%ld/stream HTTP/1.1\r\nHost: node\r\n"
-		 "Connection: Upgrade\r\nUpgrade: kiln-port\r\nAuthorization: Bearer %s\r\n"
-		 "X-Request-Id: %s\r\n\r\n",
-		 id, port, token, http_req_id(req));
-	if (write_all(fd, head, strlen(head)) < 0) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the sandbox's node cannot be reached");
-		goto out;
-	}
-	/* The node's answer: its head, and for anything but 101 a short JSON body. */
-	long long deadline = mono_ms() + gw->cfg.port_connect_timeout_ms + NODE_HEAD_SLACK_MS;
-	char *end = NULL;
+	if (pn.status != 101) {
+		char retry[24];
+		const char *body = pn.buf + pn.head_len;
 
-	while (!end && have < NODE_HEAD_MAX) {
-		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = deadline - mono_ms();
-		ssize_t k;
-
-		if (left <= 0 || poll(&p, 1, (int)left) != 1)
-			break;
-		k = read(fd, head + have, NODE_HEAD_MAX - have);
-		if (k <= 0)
-			break;
-		have += (size_t)k;
-		head[have] = '\0';
-		end = strstr(head, "\r\n\r\n");
-	}
-	if (!end || sscanf(head, "HTTP/1.%*d %d", &status) != 1) {
-		http_reply_error(req, KILN_E_UNAVAILABLE, "the sandbox's node did not answer");
-		goto out;
-	}
-	size_t head_len = (size_t)(end + 4 - head);
-
-	if (status != 101) {
-		char clen[24] = "0", retry[24];
-		size_t want;
-
-		head_value(head, "Content-Length", clen, sizeof(clen));
-		want = (size_t)strtoul(clen, NULL, 10);
-		if (want > NODE_HEAD_MAX - head_len)
-			want = NODE_HEAD_MAX - head_len;
-		while (have - head_len < want) {
-			struct pollfd p = { fd, POLLIN, 0 };
-			ssize_t k;
-
-			if (poll(&p, 1, 5000) != 1)
-				break;
-			k = read(fd, head + have, head_len + want - have);
-			if (k <= 0)
-				break;
-			have += (size_t)k;
-		}
-		head[have] = '\0';
-		if (probe && status == 502 && strstr(head + head_len, "\"port_closed\"")) {
+		if (probe && pn.status == 502 && strstr(body, "\"port_closed\"")) {
 			http_reply_json(req, 200, json_pack("{s:I, s:b}", "port", (json_int_t)port,
 							    "listening", 0));
 			goto out;
 		}
-		if (head_value(head, "Retry-After", retry, sizeof(retry)))
+		if (port_head_value(pn.buf, "Retry-After", retry, sizeof(retry)))
 			http_reply_header(req, "Retry-After", retry);
-		http_reply_data(req, status, "application/json", head + head_len, have - head_len);
+		http_reply_data(req, pn.status, "application/json", body, pn.have - pn.head_len);
 		goto out;
 	}
 	if (probe) {	/* it listens; closing our end ends the node's stream */
@@ -404,33 +441,326 @@ static void port_stream(struct http_req *req)
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
 		goto out;
 	}
-	sp->node = fd;
-	fd = -1;
 	snprintf(sp->tenant, sizeof(sp->tenant), "%s", gw_principal(req)->tenant_id);
-	if (have > head_len) {
-		sp->early = malloc(have - head_len);
+	if (pn.have > pn.head_len) {
+		sp->early = malloc(pn.have - pn.head_len);
 		if (!sp->early) {
-			close(sp->node);
 			free(sp);
 			http_reply_error(req, KILN_E_NOMEM, "out of memory");
 			goto out;
 		}
-		memcpy(sp->early, head + head_len, have - head_len);
-		sp->early_len = have - head_len;
+		memcpy(sp->early, pn.buf + pn.head_len, pn.have - pn.head_len);
+		sp->early_len = pn.have - pn.head_len;
 	}
+	sp->node = pn.fd;
+	pn.fd = -1;
 	taken = false;	/* the splice gives it back */
 	http_reply_upgrade(req, "kiln-port", splice_run, sp);
 out:
 	if (taken)
-		tenant_give(gw_principal(req)->tenant_id);
-	if (fd >= 0)
-		close(fd);
-	free(token);
-	free(head);
+		port_tenant_give(gw_principal(req)->tenant_id);
+	port_node_free(&pn);
+}
+
+/*
+ * The caller's sandbox `id` (404 otherwise) and the route's {port} (422 otherwise): true, or false
+ * after replying.
+ */
+static bool port_route_args(struct http_req *req, struct pg_conn *c, long *port)
+{
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	http_req_set_object(req, id);
+	rc = PGQ(c, &res, &err,
+		 "SELECT 1 FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND deleted_at IS NULL",
+		 id, gw_principal(req)->tenant_id);
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		pg_res_free(res);
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return false;
+	}
+	pg_res_free(res);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return false;
+	}
+	*port = http_port_value(http_req_param(req, "port"));
+	if (*port < 0) {
+		http_reply_error(req, KILN_E_INVALID, "the port must be 1..65535");
+		return false;
+	}
+	return true;
+}
+
+/* {"port", "public", "url"} of a port of sandbox `id`. */
+static json_t *port_json(const char *id, long port, bool public)
+{
+	char url[512];
+
+	portproxy_url(id, port, url, sizeof(url));
+	return json_pack("{s:I, s:b, s:s}", "port", (json_int_t)port, "public", public, "url", url);
+}
+
+/* GET /v1/sandboxes/{id}/ports/{port}: the port's URL and whether it is public. */
+static void port_get(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c = gw_db(req);
+	char ptext[8];
+	long port;
+	enum kiln_err rc;
+
+	if (!c)
+		return;
+	if (!port_route_args(req, c, &port))
+		goto out;
+	snprintf(ptext, sizeof(ptext), "%ld", port);
+	rc = PGQ(c, &res, &err,
+		 "SELECT public FROM sandbox_ports WHERE sandbox_id = $1 AND port = $2::int", id,
+		 ptext);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else
+		http_reply_json(req, 200, port_json(id, port, pg_res_rows(res) == 1 &&
+							      pg_res_bool(res, 0, 0)));
+	pg_res_free(res);
+out:
+	pg_release(gw->pg, c);
+}
+
+/* GET /v1/sandboxes/{id}/ports: the sandbox's public ports, and its auto_resume. */
+static void ports_list(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c = gw_db(req);
+	json_t *ports, *items, *p;
+	size_t i;
+	enum kiln_err rc;
+
+	if (!c)
+		return;
+	http_req_set_object(req, id);
+	rc = PGQ(c, &res, &err,
+		 "SELECT coalesce((SELECT auto_resume FROM sandbox_settings WHERE sandbox_id = s.id), "
+		 "false), array_to_json(ARRAY(SELECT port FROM sandbox_ports p WHERE p.sandbox_id = "
+		 "s.id AND p.public ORDER BY port))::text "
+		 "FROM sandboxes s WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
+		 id, gw_principal(req)->tenant_id);
+	pg_release(gw->pg, c);
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		pg_res_free(res);
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+		return;
+	}
+	if (rc != KILN_OK) {
+		pg_res_free(res);
+		gw_fail(req, rc, &err);
+		return;
+	}
+	ports = json_loads(pg_res_str(res, 0, 1), 0, NULL);
+	items = json_array();
+	json_array_foreach(ports, i, p)
+		json_array_append_new(items, port_json(id, (long)json_integer_value(p), true));
+	json_decref(ports);
+	http_reply_json(req, 200, json_pack("{s:o, s:b}", "ports", items, "auto_resume",
+					    pg_res_bool(res, 0, 0)));
+	pg_res_free(res);
+}
+
+bool port_settings_create(struct http_req *req, const char *id)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = gw_db(req);
+	enum kiln_err rc;
+
+	if (!c)
+		return false;
+	rc = PGQ(c, NULL, &err,
+		 "INSERT INTO sandbox_settings (sandbox_id, auto_resume) VALUES ($1, true) "
+		 "ON CONFLICT (sandbox_id) DO UPDATE SET auto_resume = true, updated_at = now()",
+		 id);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	return rc == KILN_OK;
+}
+
+/* PATCH /v1/sandboxes/{id} {"auto_resume"}: the sandbox's settings of the gateway's own. */
+static void sandbox_patch(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "auto_resume", JF_BOOL, true, 0 } };
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	json_t *body = gw_body(req, fields, 1);
+	bool on;
+	enum kiln_err rc;
+
+	if (!body)
+		return;
+	on = json_is_true(json_object_get(body, "auto_resume"));
+	json_decref(body);
+	if (!(c = gw_db(req)))
+		return;
+	http_req_set_object(req, id);
+	rc = PGQ(c, &res, &err,
+		 "INSERT INTO sandbox_settings (sandbox_id, auto_resume) "
+		 "SELECT id, $3::boolean FROM sandboxes WHERE id = $1 AND tenant_id = $2 AND "
+		 "deleted_at IS NULL "
+		 "ON CONFLICT (sandbox_id) DO UPDATE SET auto_resume = $3::boolean, updated_at = now() "
+		 "RETURNING 1",
+		 id, gw_principal(req)->tenant_id, on ? "true" : "false");
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else if (pg_res_rows(res) != 1)
+		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
+	else
+		http_reply_json(req, 200, json_pack("{s:s, s:b}", "id", id, "auto_resume", on));
+	pg_res_free(res);
+}
+
+/* PUT and DELETE /v1/sandboxes/{id}/ports/{port}/public: opt a port in or out of public access. */
+static void port_public_set(struct http_req *req, bool public)
+{
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c = gw_db(req);
+	char ptext[8], max[24];
+	long port;
+	enum kiln_err rc;
+
+	if (!c)
+		return;
+	if (!port_route_args(req, c, &port))
+		goto out;
+	snprintf(ptext, sizeof(ptext), "%ld", port);
+	snprintf(max, sizeof(max), "%lld", gw->cfg.port_public_max_per_sandbox);
+	if (public) {
+		/*
+		 * Under the sandbox's row lock, so two calls at once cannot both pass the count: the
+		 * INSERT's own snapshot is taken after the lock was granted.
+		 */
+		rc = PGQ0(c, NULL, &err, "BEGIN");
+		if (rc == KILN_OK)
+			rc = PGQ(c, NULL, &err, "SELECT 1 FROM sandboxes WHERE id = $1 FOR UPDATE", id);
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, &err,
+				 "INSERT INTO sandbox_ports (sandbox_id, port, public) "
+				 "SELECT $1, $2::int, true WHERE "
+				 "EXISTS (SELECT 1 FROM sandbox_ports WHERE sandbox_id = $1 AND "
+				 "port = $2::int AND public) OR "
+				 "(SELECT count(*) FROM sandbox_ports WHERE sandbox_id = $1 AND public) "
+				 "< $3::int "
+				 "ON CONFLICT (sandbox_id, port) DO UPDATE SET public = true, "
+				 "updated_at = now() RETURNING 1",
+				 id, ptext, max);
+		if (rc == KILN_OK)
+			rc = PGQ0(c, NULL, &err, "COMMIT");
+		else
+			PGQ0(c, NULL, &(struct kiln_error){ 0 }, "ROLLBACK");
+		if (rc == KILN_OK && pg_res_rows(res) != 1) {
+			http_reply_error(req, KILN_E_QUOTA,
+					 "the sandbox has %lld public ports: port_public_max_per_sandbox "
+					 "is %lld",
+					 gw->cfg.port_public_max_per_sandbox,
+					 gw->cfg.port_public_max_per_sandbox);
+			goto out;
+		}
+	} else {
+		rc = PGQ(c, &res, &err,
+			 "DELETE FROM sandbox_ports WHERE sandbox_id = $1 AND port = $2::int", id,
+			 ptext);
+	}
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else
+		http_reply_json(req, 200, port_json(id, port, public));
+out:
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+}
+
+static void port_public_put(struct http_req *req)
+{
+	port_public_set(req, true);
+}
+
+static void port_public_delete(struct http_req *req)
+{
+	port_public_set(req, false);
+}
+
+/* POST /v1/sandboxes/{id}/ports/{port}/url {"expires_in_s"}: a signed URL of the port. */
+static void port_url_sign(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "expires_in_s", JF_INT, false, 0 } };
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_param(req, "id");
+	struct pg_conn *c;
+	json_t *body = gw_body(req, fields, 1);
+	char url[512], tok[PORTURL_TOKEN_MAX], at[32];
+	long long ttl, expires;
+	long port;
+	bool ok;
+
+	if (!body)
+		return;
+	ttl = json_int(body, "expires_in_s", 3600);
+	json_decref(body);
+	if (!(c = gw_db(req)))
+		return;
+	ok = port_route_args(req, c, &port);
+	pg_release(gw->pg, c);
+	if (!ok)
+		return;
+	if (ttl < 1 || ttl > gw->cfg.port_url_ttl_max_s) {
+		http_reply_error(req, KILN_E_INVALID,
+				 "expires_in_s must be 1..%lld (port_url_ttl_max_s)",
+				 gw->cfg.port_url_ttl_max_s);
+		return;
+	}
+	expires = (long long)time(NULL) + ttl;
+	porturl_sign(portproxy_key(), id, port, expires, tok);
+	portproxy_url(id, port, url, sizeof(url));
+	size_t n = strlen(url);
+
+	snprintf(url + n, sizeof(url) - n, "/?%s=%s", PORTURL_QUERY, tok);
+	time_t e = (time_t)expires;
+	struct tm tm;
+
+	gmtime_r(&e, &tm);
+	strftime(at, sizeof(at), "%Y-%m-%dT%H:%M:%SZ", &tm);
+	http_reply_json(req, 200, json_pack("{s:I, s:s, s:s}", "port", (json_int_t)port, "url", url,
+					    "expires_at", at));
 }
 
 static const struct http_route routes[] = {
 	{ "GET", "/v1/sandboxes/{id}/connect", port_stream,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "PATCH", "/v1/sandboxes/{id}", sandbox_patch, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/ports", ports_list, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/ports/{port}", port_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/ports/{port}/url", port_url_sign, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
+	  NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/ports/{port}/public", port_public_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,
+	  0, NULL, 0 },
+	{ "DELETE", "/v1/sandboxes/{id}/ports/{port}/public", port_public_delete,
 	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 };
 

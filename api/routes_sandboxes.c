@@ -12,6 +12,7 @@
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "api/nodeclient.h"
+#include "api/ports.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
 #include "common/log.h"
@@ -244,6 +245,8 @@ static void sandbox_create(struct http_req *req)
 	if (!gw_new_id(req, "sb_", id, sizeof(id)))
 		goto out;
 	http_req_set_object(req, id);
+	if (json_is_true(json_object_get(body, "auto_resume")) && !port_settings_create(req, id))
+		goto out;	/* its setting first (api/ports.c): the node then makes the sandbox */
 	/* The node validates env, egress and bandwidth (422 naming the bad one) before it boots. */
 	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:O?, s:O?}", "template",
 		       "python",

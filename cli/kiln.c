@@ -679,6 +679,56 @@ static int cmd_egress(int argc, char **argv)
 	return rc;
 }
 
+/*
+ * kiln port ID PORT [--public | --private | --signed SECONDS]: prints the port's URL (making the
+ * port public or private first, or a signed URL valid SECONDS); --json prints the answer.
+ */
+static int cmd_port(int argc, char **argv)
+{
+	char path[256], suffix[64];
+	const char *method = "GET", *mode = argc > 3 ? argv[3] : NULL;
+	json_t *res = NULL, *body = NULL;
+	long port;
+	char *end;
+	int rc;
+
+	if (argc < 3 || argc > 5)
+		return usage_error("port takes a sandbox id, a port and --public, --private or "
+				   "--signed SECONDS");
+	port = strtol(argv[2], &end, 10);
+	if (*end || port < 1 || port > 65535 || argv[2][0] == '0' || argv[2][0] == '+')
+		return usage_error("'%s' is not a port (1..65535)", argv[2]);
+	snprintf(suffix, sizeof(suffix), "/ports/%ld", port);
+	if (mode && !strcmp(mode, "--public") && argc == 4) {
+		method = "PUT";
+		strcat(suffix, "/public");
+	} else if (mode && !strcmp(mode, "--private") && argc == 4) {
+		method = "DELETE";
+		strcat(suffix, "/public");
+	} else if (mode && !strcmp(mode, "--signed") && argc == 5) {
+		double secs;
+
+		if (!parse_num(argv[4], &secs) || secs < 1 || secs != (long long)secs)
+			return usage_error("--signed takes whole seconds, not '%s'", argv[4]);
+		method = "POST";
+		strcat(suffix, "/url");
+		body = json_pack("{s:I}", "expires_in_s", (json_int_t)secs);
+	} else if (mode) {
+		return usage_error("port takes --public, --private or --signed SECONDS, not '%s'", mode);
+	}
+	if ((rc = sandbox_path(path, sizeof(path), argv[1], suffix))) {
+		json_decref(body);
+		return rc;
+	}
+	rc = call(method, path, body, &res);
+	if (rc == 0 && as_json)
+		print_json(res);
+	else if (rc == 0)
+		printf("%s\n", json_string_value(json_object_get(res, "url")) ?: "?");
+	json_decref(res);
+	return rc;
+}
+
 /* Prints a secret list: "host<TAB>header" lines, or (--json) the answer. */
 static void print_secrets(json_t *res)
 {
@@ -941,6 +991,7 @@ static const struct command {
 	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
 	{ "template", cmd_template, "list | rm NAME|ID", "your templates (id, name, newest version and its status, the ready one); delete one with all its versions" },
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
+	{ "port", cmd_port, "ID PORT [--public | --private | --signed SECONDS]", "the URL of a server in the sandbox (docs/ports.md); make the port public (no credential needed) or private again, or a signed URL valid SECONDS" },
 	{ "secret", cmd_secret, "ID HOST HEADER [--value V] | ID --clear | ls ID", "bind a secret header to a host rule (value from stdin; replaces the set), remove them, list them" },
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },

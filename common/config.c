@@ -154,6 +154,22 @@ const struct cfg_def config_table[] = {
 	{ "port_streams_max_per_tenant", CFG_INT, F(port_streams_max_per_tenant), "64", 1, 65536,
 	  NULL, false, "port streams (and probes) one tenant holds open at once through one gateway "
 	  "(more: 429 naming the limit)" },
+	{ "ports_listen", CFG_STRING, F(ports_listen), "127.0.0.1:8082", 0, 0, NULL, false,
+	  "address of the gateway's port URL listener, host:port: servers in sandboxes at "
+	  "{port}-{id}.{ports_domain}, never the API (docs/ports.md)" },
+	{ "ports_domain", CFG_STRING, F(ports_domain), "localhost", 0, 0, NULL, false,
+	  "the domain of port URLs {port}-{id}.{ports_domain}; its names must resolve to the ports "
+	  "listener (localhost's do in browsers)" },
+	{ "ports_max_connections", CFG_INT, F(ports_max_connections), "1024", 1, 65536, NULL, false,
+	  "connections the port URL listener holds at once (one thread each; more: 503 and closed)" },
+	{ "port_url_ttl_max_s", CFG_INT, F(port_url_ttl_max_s), "86400", 60, 31536000, NULL, false,
+	  "longest life in seconds a signed port URL may ask for (expires_in_s; more: 422)" },
+	{ "port_public_max_per_sandbox", CFG_INT, F(port_public_max_per_sandbox), "16", 1, 65535,
+	  NULL, false, "ports one sandbox may make public at once (more: 403 quota_exceeded naming "
+	  "the limit)" },
+	{ "port_public_wakes_per_hour", CFG_INT, F(port_public_wakes_per_hour), "60", 1, 3600, NULL,
+	  false, "times per hour (a burst of as many) requests without a credential to a public port "
+	  "may resume one paused sandbox with auto_resume (more: 429 naming the limit)" },
 	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
 	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
 	  "least; older output is dropped)" },

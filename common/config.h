@@ -81,6 +81,12 @@ struct kiln_config {
 	long long port_connect_timeout_ms;	/* a port stream's connect in the guest */
 	long long port_streams_max_per_sandbox;	/* port streams a sandbox carries at once */
 	long long port_streams_max_per_tenant;	/* port streams a tenant holds through a gateway */
+	char *ports_listen;	/* the port URLs' listener, host:port (api/portproxy.c) */
+	char *ports_domain;	/* port URLs are {port}-{id}.{ports_domain} */
+	long long ports_max_connections;	/* connections the ports listener holds at once */
+	long long port_url_ttl_max_s;	/* longest life of a signed port URL */
+	long long port_public_max_per_sandbox;	/* ports one sandbox may make public */
+	long long port_public_wakes_per_hour;	/* auto-resumes public requests may cause per sandbox */
 	long long exec_max_per_tenant;	/* execs a tenant's sandboxes run at once on a node */
 	long long console_max_bytes;	/* guest console kept on disk per sandbox */
 	long long disk_iops_per_vcpu;	/* disk throttle per whole vCPU, 0 = none */

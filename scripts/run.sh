@@ -41,6 +41,7 @@ chmod 0600 "$KILN_VAR/master.key"
 
 listen=${KILN_LISTEN:-127.0.0.1:8080}
 e2b_listen=${KILN_E2B_LISTEN-127.0.0.1:8081}
+ports_listen=${KILN_PORTS_LISTEN:-127.0.0.1:8082}
 cat >"$KILN_VAR/kiln.conf" <<EOT
 # Written by make run; environment variables KILN_<NAME> override these.
 database_url = host=$KILN_RUN user=kiln dbname=kiln
@@ -51,6 +52,7 @@ master_key_file = $KILN_VAR/master.key
 admin_key_file = $KILN_VAR/admin.key
 listen = $listen
 e2b_listen = $e2b_listen
+ports_listen = $ports_listen
 node_id = node-$KILN_ID
 gateway_url = http://$listen
 guest_kernel = $KILN_GUEST_KERNEL
@@ -95,6 +97,8 @@ kiln_daemon kiln-node "$KILN_ROOT/build/node/kiln-node"
 kiln_daemon kiln-meter "$KILN_ROOT/build/metering/kiln-meter"
 
 url="http://$listen"
+# Port URLs: http://{port}-{sandbox id without sb_}.localhost:PORT (docs/ports.md).
+ports_url="http://localhost:${ports_listen##*:}"
 for ((i = 0; i < 300; i++)); do
   curl -fsS "$url/healthz" >/dev/null 2>&1 && break
   for d in kiln-gateway kiln-node; do
@@ -117,6 +121,7 @@ admin_key=""
 [ -s "$KILN_VAR/admin.key" ] && admin_key=$(cat "$KILN_VAR/admin.key")
 (umask 077 && cat >"$KILN_VAR/kiln.env" <<EOT
 KILN_URL=$url
+KILN_PORTS_URL=$ports_url
 KILN_ADMIN_KEY=$admin_key
 KILN_DATA_DIR=$KILN_DATA
 KILN_RUN_DIR=$KILN_RUN
@@ -128,6 +133,7 @@ EOT
 [ ${#running[@]} -gt 0 ] && echo "already running: ${running[*]}"
 echo "Kiln is up."
 echo "  KILN_URL=$url"
+echo "  KILN_PORTS_URL=$ports_url   (servers in sandboxes: {port}-{id}.localhost; docs/ports.md)"
 echo "  KILN_ADMIN_KEY=$admin_key"
 [ -n "$e2b_listen" ] && echo "  E2B_API_URL=http://$e2b_listen (E2B's SDKs, with E2B_API_KEY a tenant's key; docs/e2b.md)"
 echo "(also in $KILN_VAR/kiln.env; logs in $KILN_VAR/log/; stop with: make stop)"

@@ -214,7 +214,9 @@ class Gateway(Daemon):
         env = {"KILN_LISTEN": f"{listen_host}:{self.port}", "KILN_DATABASE_URL": database_url,
                "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
                "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file,
-               "KILN_E2B_LISTEN": ""}  # off unless asked for (e2b_port): its default is fixed
+               "KILN_E2B_LISTEN": "",  # off unless asked for (e2b_port): its default is fixed
+               # the port URL listener on a port of the kernel's choice (the API tells its URLs)
+               "KILN_PORTS_LISTEN": f"{listen_host}:0"}
         self.e2b_port = None
         if e2b:
             self.e2b_port = free_port()
