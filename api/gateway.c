@@ -286,8 +286,6 @@ static const struct daemon_stage stages[] = {
 	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "http", http_init, http_exit },
 	{ "e2b", e2b_init, e2b_exit },
-}
-
 	{ "port URLs", ports_init, ports_exit },
 };
 #define NSTAGES (sizeof(stages) / sizeof(stages[0]))
