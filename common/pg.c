@@ -1,5 +1,5 @@
 /*
- * pg.c - a pool of libpq connections with reset on failure (see pg.h).
+ * pg.c - a pool of libpq connections with reset on failure and primary switches (see pg.h).
  */
 #include "pg.h"
 
@@ -14,7 +14,13 @@
 struct pg_conn {
 	PGconn *conn;
 	bool busy;
+	bool drop;	/* lost, read-only or shutting down: closed and reopened on the next acquire */
+	unsigned gen;	/* the pool's generation when it was opened */
+	struct pg *pool;
 };
+
+/* Set on this thread when a statement failed because the primary went away (pg_switch_seen). */
+static __thread bool switch_seen;
 
 struct pg {
 	char *conninfo;
@@ -22,6 +28,9 @@ struct pg {
 	struct pg_conn *conns;
 	pthread_mutex_t lock;
 	pthread_cond_t freed;
+	/* Bumped when a connection saw the primary go away: the others, opened before, are reopened
+	 * on their next acquire instead of failing one more request each. */
+	_Atomic unsigned gen;
 };
 
 struct pg_res {
@@ -43,6 +52,8 @@ struct pg *pg_new(const char *conninfo, int size)
 		return NULL;
 	}
 	p->size = size;
+	for (int i = 0; i < size; i++)
+		p->conns[i].pool = p;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->freed, NULL);
 	return p;
@@ -71,17 +82,22 @@ static void pg_notice(void *arg, const char *message)
 /* Opens (or reopens) `c`'s connection. Returns 0 when it is usable. */
 static int pg_conn_open(struct pg *p, struct pg_conn *c)
 {
-	char info[4352];
+	/* The configured string (key=value or URI, one host or several) is expanded as dbname;
+	 * the later connect_timeout bounds each host's connect so a down database fails fast. */
+	const char *const keys[] = { "dbname", "connect_timeout", NULL };
+	const char *const vals[] = { p->conninfo, "3", NULL };
 
-	if (c->conn && PQstatus(c->conn) == CONNECTION_OK)
+	unsigned gen = p->gen;
+
+	if (c->conn && !c->drop && c->gen == gen && PQstatus(c->conn) == CONNECTION_OK)
 		return 0;
 	if (c->conn) {
 		PQfinish(c->conn);
 		c->conn = NULL;
 	}
-	/* Bound the connect so a down database fails fast instead of hanging a request. */
-	snprintf(info, sizeof(info), "%s connect_timeout=3", p->conninfo);
-	c->conn = PQconnectdb(info);
+	c->drop = false;
+	c->gen = gen;
+	c->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(c->conn) != CONNECTION_OK) {
 		log_warn("postgres connect failed: %s", PQerrorMessage(c->conn));
 		PQfinish(c->conn);
@@ -122,7 +138,7 @@ void pg_release(struct pg *p, struct pg_conn *c)
 	if (!c)
 		return;
 	/* A connection returned mid-transaction (an error path) must not leak its transaction. */
-	if (c->conn && PQstatus(c->conn) == CONNECTION_OK &&
+	if (c->conn && !c->drop && PQstatus(c->conn) == CONNECTION_OK &&
 	    PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
 		PGresult *r = PQexec(c->conn, "ROLLBACK");
 		PQclear(r);
@@ -133,6 +149,24 @@ void pg_release(struct pg *p, struct pg_conn *c)
 	pthread_mutex_unlock(&p->lock);
 }
 
+bool pg_sqlstate_switch(const char *state)
+{
+	/* 08: connection exceptions; 57P01-57P03: admin shutdown, crash shutdown, cannot connect
+	 * now; 25006: read-only transaction (a standby, or a demoted primary). */
+	return strncmp(state, "08", 2) == 0 || strcmp(state, "57P01") == 0 ||
+	       strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0 ||
+	       strcmp(state, "25006") == 0;
+}
+
+bool pg_switch_seen(bool clear)
+{
+	bool seen = switch_seen;
+
+	if (clear)
+		switch_seen = false;
+	return seen;
+}
+
 static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_error *err)
 {
 	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
@@ -141,9 +175,16 @@ static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_erro
 	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
 		return KILN_OK;
 	state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-	if (PQstatus(c->conn) != CONNECTION_OK || !state || strncmp(state, "08", 2) == 0 ||
-	    strcmp(state, "57P01") == 0)
+	if (PQstatus(c->conn) != CONNECTION_OK || !state || pg_sqlstate_switch(state)) {
+		/* The server this connection reached is gone or no longer the primary: close it so
+		 * the next acquire asks the connection string's hosts for the one that is. */
+		c->drop = true;
+		c->pool->gen++;
+		switch_seen = true;
+		log_warn("postgres: %s; the connection is dropped and reopened on the primary",
+			 state ? state : "connection lost");
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
+	}
 	if (strcmp(state, "23505") == 0)
 		return kiln_error_set(err, KILN_E_CONFLICT, "unique violation");
 	log_error("postgres error %s: %s", state, PQresultErrorMessage(res));
