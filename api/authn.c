@@ -52,6 +52,7 @@ unsigned char gw_pepper[32];
 #define IDEM_KEY_MAX 255
 #define IDEM_WAIT_MS 2000	/* how long a retry waits for the first request's response */
 #define IDEM_POLL_MS 10
+#define IDEM_CLAIMS_MAX 3	/* claims of a key whose record keeps vanishing (failed requests) */
 
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
@@ -425,7 +426,10 @@ static void idempotency_replay(struct gateway *gw, struct http_req *req,
  * response for the same one, 409 while the first is still running. The first request stores
  * its response in the done hook, just after its reply went out, so a client that retries at
  * once can find the record still open for a moment: wait up to IDEM_WAIT_MS for it (without
- * holding a connection the first request needs) before answering 409. Always returns false.
+ * holding a connection the first request needs) before answering 409. Returns false after
+ * replying; true, without replying, when the record went away meanwhile (the first request
+ * failed with a 5xx and freed the key, as it does when a failover cut it short): the caller
+ * claims the key again and this request runs.
  */
 static bool idempotency_existing(struct gateway *gw, struct http_req *req, struct req_state *st,
 				 const char *key, const char *sum)
@@ -457,11 +461,12 @@ static bool idempotency_existing(struct gateway *gw, struct http_req *req, struc
 			break;
 		nanosleep(&(struct timespec){ 0, IDEM_POLL_MS * 1000000L }, NULL);
 	}
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		pg_res_free(res);
+		return true;
+	}
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "the database is unavailable");
-	else if (pg_res_rows(res) != 1)
-		/* The first request failed (5xx) and freed the key meanwhile: let the client retry. */
-		http_reply_error(req, KILN_E_CONFLICT, "retry the request");
 	else if (!same)
 		http_reply_error(req, KILN_E_INVALID, "Idempotency-Key was used with a different request");
 	else if (!done)
@@ -487,6 +492,7 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 	char sum[65], ttl[24];
 	enum kiln_err rc;
 	bool run = false;
+	int claims = 0;
 
 	if (!key || strcmp(http_req_method(req), "POST") != 0)
 		return true;
@@ -496,6 +502,7 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 		return false;
 	}
 	body_sha256(req, sum);
+again:
 	rc = pg_acquire(gw->pg, &c, &err);
 	if (rc != KILN_OK) {
 		http_reply_error(req, rc, "the database is unavailable");
@@ -521,7 +528,13 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 		pg_res_free(res);
 		res = NULL;
 		pg_release(gw->pg, c);
-		return idempotency_existing(gw, req, st, key, sum);
+		if (!idempotency_existing(gw, req, st, key, sum))
+			return false;
+		if (++claims < IDEM_CLAIMS_MAX)
+			goto again;
+		http_reply_error(req, KILN_E_CONFLICT,
+				 "a request with this Idempotency-Key keeps failing: retry it");
+		return false;
 	}
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "the database is unavailable");
