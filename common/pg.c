@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "common/log.h"
 
@@ -214,12 +216,75 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 	return KILN_OK;
 }
 
+#define COMMIT_RESOLVE_MS 10000	/* how long an unanswered COMMIT's fate is asked after */
+
+/*
+ * The fate of transaction `xid` whose COMMIT went unanswered (its server went away): asked of
+ * the primary the pool reaches now, on `c` reopened (txid_status: the standby that took over has
+ * the same transaction ids). 1 committed, 0 not, -1 unknown (no primary within the bound).
+ */
+static int commit_resolve(struct pg_conn *c, const char *xid)
+{
+	struct timespec start, now;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		if (pg_conn_open(c->pool, c) == 0) {
+			const char *params[1] = { xid };
+			PGresult *res = PQexecParams(c->conn, "SELECT txid_status($1::bigint)", 1, NULL,
+						     params, NULL, NULL, 0);
+			int fate = -1;
+
+			if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+				fate = strcmp(PQgetvalue(res, 0, 0), "committed") == 0 ? 1 : 0;
+			else
+				c->drop = true;
+			PQclear(res);
+			if (fate >= 0)
+				return fate;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >=
+		    COMMIT_RESOLVE_MS)
+			return -1;
+		nanosleep(&(struct timespec){ 0, 200 * 1000000L }, NULL);
+	}
+}
+
+/* Whether `sql` is a COMMIT (what pg_exec callers write: "COMMIT", any case, maybe a ';'). */
+static bool is_commit(const char *sql)
+{
+	return strncasecmp(sql, "COMMIT", 6) == 0 && (sql[6] == '\0' || sql[6] == ';');
+}
+
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err)
 {
-	PGresult *res = PQexec(c->conn, sql);
-	enum kiln_err rc = pg_check(c, res, err);
+	char xid[24] = "";
+	PGresult *res;
+	enum kiln_err rc;
 
+	/* A COMMIT whose answer is lost in a failover may or may not have committed: note the
+	 * transaction's id first, so its fate can be asked of the new primary. */
+	if (is_commit(sql) && PQtransactionStatus(c->conn) == PQTRANS_INTRANS) {
+		res = PQexec(c->conn, "SELECT txid_current_if_assigned()");
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		    !PQgetisnull(res, 0, 0))
+			snprintf(xid, sizeof(xid), "%s", PQgetvalue(res, 0, 0));
+		PQclear(res);
+	}
+	res = PQexec(c->conn, sql);
+	rc = pg_check(c, res, err);
 	PQclear(res);
+	if (rc == KILN_E_UNAVAILABLE && xid[0] && c->drop) {
+		int fate = commit_resolve(c, xid);
+
+		log_warn("postgres: the COMMIT of transaction %s went unanswered; it %s", xid,
+			 fate > 0 ? "committed" : fate == 0 ? "did not commit" : "is unknown");
+		if (fate > 0) {
+			kiln_error_clear(err);
+			return KILN_OK;
+		}
+	}
 	return rc;
 }
 

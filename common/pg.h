@@ -46,7 +46,13 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 		 ((const char *[]){ NULL, __VA_ARGS__ }) + 1)
 #define PGQ0(c, out, err, sql) pg_query((c), (out), (err), (sql), 0, NULL)
 
-/* Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. */
+/*
+ * Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. A COMMIT
+ * whose answer is lost because the server went away (a failover) is not reported as failed when
+ * it did commit: its transaction's fate is asked of the primary the pool reaches then
+ * (txid_status, for up to 10 s), and KILN_OK returned when it committed; `c` is a fresh
+ * connection afterwards either way.
+ */
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err);
 
 int pg_res_rows(const struct pg_res *r);
