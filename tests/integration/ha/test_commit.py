@@ -137,6 +137,7 @@ class LostCommitTest(unittest.TestCase):
         # The signup's free tier is in the ledger once.
         self.assertEqual(self.db.sql(
             f"SELECT count(*) FROM ledger_transfers WHERE tenant_id = '{tid}'"), "1")
+        self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
 
 
 if __name__ == "__main__":
