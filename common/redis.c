@@ -75,7 +75,7 @@ struct rds *rds_new(const char *url, int timeout_ms)
 	return r;
 }
 
-/* Splits "host:port" into a copy of the host and the port; -1 when malformed. */
+/* Splits "host:port" ("[v6]:port") into a copy of the host and the port; -1 when malformed. */
 static int addr_split(const char *s, size_t n, char **host, int *port)
 {
 	const char *colon = memrchr(s, ':', n);
@@ -87,7 +87,10 @@ static int addr_split(const char *s, size_t n, char **host, int *port)
 	p = strtol(colon + 1, &end, 10);
 	if (end != s + n || p <= 0 || p > 65535)
 		return -1;
-	*host = strndup(s, (size_t)(colon - s));
+	if (s[0] == '[' && colon[-1] == ']' && colon - s > 2)	/* [v6 address]:port */
+		*host = strndup(s + 1, (size_t)(colon - s - 2));
+	else
+		*host = strndup(s, (size_t)(colon - s));
 	*port = (int)p;
 	return *host ? 0 : -1;
 }
