@@ -754,7 +754,9 @@ static void conn_raw_error(int fd, enum kiln_err code, const char *msg)
 					       : kiln_err_status(code) == 429 ? "Too Many Requests"
 					       : kiln_err_status(code) == 400 ? "Bad Request"
 					       : "Service Unavailable",
-			blen, id, kiln_err_status(code) == 429 ? "Retry-After: 1\r\n" : "");
+			blen, id,
+			kiln_err_status(code) == 429 || kiln_err_status(code) == 503 ? "Retry-After: 1\r\n"
+										     : "");
 	if (send(fd, head, (size_t)hlen, MSG_DONTWAIT | MSG_NOSIGNAL) == hlen)
 		send(fd, body, (size_t)blen, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
