@@ -52,6 +52,7 @@ unsigned char gw_pepper[32];
 #define IDEM_KEY_MAX 255
 #define IDEM_WAIT_MS 2000	/* how long a retry waits for the first request's response */
 #define IDEM_POLL_MS 10
+#define IDEM_CLAIMS_MAX 3	/* claims of a key whose record keeps vanishing (failed requests) */
 
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
@@ -99,6 +100,7 @@ struct req_state {
 	bool has_principal;
 	bool in_flight;		/* counted in its tenant's in-flight requests */
 	char idem_key[IDEM_KEY_MAX + 1];	/* set while this request owns an idempotency row */
+	char idem_sum[65];	/* its body's SHA-256, hex */
 };
 
 #define INFLIGHT_BUCKETS 1024
@@ -424,7 +426,10 @@ static void idempotency_replay(struct gateway *gw, struct http_req *req,
  * response for the same one, 409 while the first is still running. The first request stores
  * its response in the done hook, just after its reply went out, so a client that retries at
  * once can find the record still open for a moment: wait up to IDEM_WAIT_MS for it (without
- * holding a connection the first request needs) before answering 409. Always returns false.
+ * holding a connection the first request needs) before answering 409. Returns false after
+ * replying; true, without replying, when the record went away meanwhile (the first request
+ * failed with a 5xx and freed the key, as it does when a failover cut it short): the caller
+ * claims the key again and this request runs.
  */
 static bool idempotency_existing(struct gateway *gw, struct http_req *req, struct req_state *st,
 				 const char *key, const char *sum)
@@ -456,11 +461,12 @@ static bool idempotency_existing(struct gateway *gw, struct http_req *req, struc
 			break;
 		nanosleep(&(struct timespec){ 0, IDEM_POLL_MS * 1000000L }, NULL);
 	}
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		pg_res_free(res);
+		return true;
+	}
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "the database is unavailable");
-	else if (pg_res_rows(res) != 1)
-		/* The first request failed (5xx) and freed the key meanwhile: let the client retry. */
-		http_reply_error(req, KILN_E_CONFLICT, "retry the request");
 	else if (!same)
 		http_reply_error(req, KILN_E_INVALID, "Idempotency-Key was used with a different request");
 	else if (!done)
@@ -486,6 +492,7 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 	char sum[65], ttl[24];
 	enum kiln_err rc;
 	bool run = false;
+	int claims = 0;
 
 	if (!key || strcmp(http_req_method(req), "POST") != 0)
 		return true;
@@ -495,6 +502,7 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 		return false;
 	}
 	body_sha256(req, sum);
+again:
 	rc = pg_acquire(gw->pg, &c, &err);
 	if (rc != KILN_OK) {
 		http_reply_error(req, rc, "the database is unavailable");
@@ -513,13 +521,20 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 			 st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum);
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		snprintf(st->idem_key, sizeof(st->idem_key), "%s", key);
+		memcpy(st->idem_sum, sum, sizeof(st->idem_sum));
 		http_req_keep_reply(req);
 		run = true;
 	} else if (rc == KILN_OK) {
 		pg_res_free(res);
 		res = NULL;
 		pg_release(gw->pg, c);
-		return idempotency_existing(gw, req, st, key, sum);
+		if (!idempotency_existing(gw, req, st, key, sum))
+			return false;
+		if (++claims < IDEM_CLAIMS_MAX)
+			goto again;
+		http_reply_error(req, KILN_E_CONFLICT,
+				 "a request with this Idempotency-Key keeps failing: retry it");
+		return false;
 	}
 	if (rc != KILN_OK)
 		http_reply_error(req, rc, "the database is unavailable");
@@ -528,7 +543,17 @@ static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct r
 	return run;
 }
 
-/* Stores the reply of a request that owned an idempotency row (or frees the key on a 5xx). */
+/*
+ * Stores the reply of a request that owned an idempotency row (or frees the key on a 5xx).
+ *
+ * Across a Postgres failover this must still happen, or the key stays "in progress" and a retry
+ * gets 409 until idempotency_ttl_s: the claim may have reached the standby while this request's
+ * own work failed (5xx: the row must go), or its work committed and its reply went out (the reply
+ * must be stored, or a retry runs it twice). So a failure to reach Postgres is retried for up to
+ * idempotency_finish_s seconds (the reply is out already; only this thread waits). The outcome is
+ * written with an upsert: a claim the old primary took but never shipped to the standby is
+ * recreated with the outcome, since the work itself ran on the new primary.
+ */
 static void idempotency_finish(struct gateway *gw, struct http_req *req, struct req_state *st,
 			       int status)
 {
@@ -537,6 +562,8 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 	char code[12], *sealed = NULL, ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
 	size_t len = 0;
 	const char *body = http_req_reply_body(req, &len);
+	long long deadline = now_ms() + gw->cfg.idempotency_finish_s * 1000;
+	enum kiln_err rc;
 
 	if (status < 500 && body && len) {
 		idempotency_ad(st, st->idem_key, ad, sizeof(ad));
@@ -546,22 +573,36 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 			status = 500;	/* forget the key: the client's retry runs again */
 		}
 	}
-	if (pg_acquire(gw->pg, &c, &err) != KILN_OK) {
-		log_warn("idempotency record of \"%s\" left open: postgres is unavailable",
-			 http_req_path(req));
-		free(sealed);
-		return;
-	}
 	snprintf(code, sizeof(code), "%d", status);
-	if (status >= 500)
-		PGQ(c, NULL, &err, "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2",
-		    st->who.tenant_id, st->idem_key);
-	else
-		PGQ(c, NULL, &err,
-		    "UPDATE idempotency SET status = $3::int, response = $4 "
-		    "WHERE tenant_id = $1 AND key = $2",
-		    st->who.tenant_id, st->idem_key, code, sealed ? sealed : "");
-	pg_release(gw->pg, c);
+	for (int attempt = 0;; attempt++) {
+		kiln_error_clear(&err);
+		rc = pg_acquire(gw->pg, &c, &err);
+		if (rc == KILN_OK) {
+			if (status >= 500)
+				rc = PGQ(c, NULL, &err,
+					 "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 "
+					 "AND status IS NULL",
+					 st->who.tenant_id, st->idem_key);
+			else
+				rc = PGQ(c, NULL, &err,
+					 "INSERT INTO idempotency (tenant_id, key, method, path, "
+					 "body_sha256, status, response) "
+					 "VALUES ($1, $2, $5, $6, $7, $3::int, $4) "
+					 "ON CONFLICT (tenant_id, key) DO UPDATE SET status = $3::int, "
+					 "response = $4 WHERE idempotency.status IS NULL",
+					 st->who.tenant_id, st->idem_key, code, sealed ? sealed : "",
+					 http_req_method(req), http_req_path(req), st->idem_sum);
+			pg_release(gw->pg, c);
+		}
+		if (rc != KILN_E_UNAVAILABLE || now_ms() >= deadline)
+			break;
+		if (attempt == 0)
+			log_warn("idempotency record of \"%s\": postgres is unavailable; retrying for up "
+				 "to %lld s", http_req_path(req), gw->cfg.idempotency_finish_s);
+		nanosleep(&(struct timespec){ 0, 200 * 1000000L }, NULL);
+	}
+	if (rc != KILN_OK)
+		log_warn("idempotency record of \"%s\" left open: %s", http_req_path(req), err.msg);
 	free(sealed);
 }
 

@@ -19,6 +19,7 @@
 #include "api/authn.h"
 #include "api/debt.h"
 #include "api/e2b.h"
+#include "api/failover.h"
 #include "api/ports.h"
 #include "auth/masterkey.h"
 #include "common/daemon.h"
@@ -112,10 +113,11 @@ static void signing_exit(void)
 
 static int redis_init(struct kiln_error *err)
 {
-	gw.rds = rds_new(gw.cfg.redis_url, 500);
+	gw.rds = rds_open(&gw.cfg, 500);
 	if (!gw.rds)
-		return kiln_error_set(err, KILN_E_INVALID, "setting \"redis_url\": bad address \"%s\"",
-				      gw.cfg.redis_url);
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "setting \"redis_url\" or \"redis_sentinels\": bad address \"%s\"",
+				      *gw.cfg.redis_sentinels ? gw.cfg.redis_sentinels : gw.cfg.redis_url);
 	gw.rl = ratelimit_new(gw.rds);
 	if (!gw.rl)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -276,6 +278,12 @@ static void sweep_exit(void)
 	sweep_started = false;
 }
 
+/* The live balances rebuilt after a Redis failover (api/failover.h). */
+static int failover_init(struct kiln_error *err)
+{
+	return gw_failover_start(&gw, err);
+}
+
 static const struct daemon_stage stages[] = {
 	{ "routes", routes_init, routes_exit },
 	{ "storage allow list", storage_allow_init, storage_allow_exit },
@@ -284,6 +292,7 @@ static const struct daemon_stage stages[] = {
 	{ "signing keys", signing_init, signing_exit },
 	{ "redis", redis_init, redis_exit },
 	{ "idempotency sweep", sweep_init, sweep_exit },
+	{ "redis failover", failover_init, gw_failover_stop },
 	{ "http", http_init, http_exit },
 	{ "e2b", e2b_init, e2b_exit },
 	{ "port URLs", ports_init, ports_exit },

@@ -22,7 +22,12 @@ const struct cfg_def config_table[] = {
 	{ "database_url", CFG_STRING, F(database_url), "host=127.0.0.1 port=5432 dbname=kiln", 0, 0,
 	  NULL, false, "libpq connection string of the Postgres database" },
 	{ "redis_url", CFG_STRING, F(redis_url), "127.0.0.1:6379", 0, 0, NULL, false,
-	  "Redis address: host:port or unix:/path/to/socket" },
+	  "Redis address: host:port or unix:/path/to/socket (unused when redis_sentinels is set)" },
+	{ "redis_sentinels", CFG_STRING, F(redis_sentinels), "", 0, 0, NULL, false,
+	  "Redis Sentinel addresses, host:port comma-separated (at most 8): Redis is the primary "
+	  "they name redis_master_name; empty: redis_url" },
+	{ "redis_master_name", CFG_STRING, F(redis_master_name), "kiln", 0, 0, NULL, false,
+	  "the name Redis Sentinel monitors Kiln's Redis primary under (redis_sentinels)" },
 	{ "data_dir", CFG_STRING, F(data_dir), "var", 0, 0, NULL, false,
 	  "directory of persistent state" },
 	{ "run_dir", CFG_STRING, F(run_dir), "/run/kiln", 0, 0, NULL, false,
@@ -81,6 +86,9 @@ const struct cfg_def config_table[] = {
 	  "seconds an Idempotency-Key's record is kept; a key reused after that is a new request" },
 	{ "idempotency_sweep_s", CFG_INT, F(idempotency_sweep_s), "60", 1, 86400, NULL, false,
 	  "seconds between the gateway's sweeps of expired Idempotency-Key records" },
+	{ "idempotency_finish_s", CFG_INT, F(idempotency_finish_s), "30", 0, 3600, NULL, false,
+	  "seconds a gateway keeps trying to record a request's outcome under its Idempotency-Key "
+	  "while Postgres is down or switching primaries (after the reply; 0: one try)" },
 	{ "snapshot_delete_after_zero_days", CFG_INT, F(snapshot_delete_after_zero_days), "0", 0,
 	  3650, NULL, false,
 	  "days a tenant's ledger balance may stay at or below zero before the gateway deletes its "

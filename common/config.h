@@ -22,6 +22,8 @@ struct kiln_config {
 	bool log_json;
 	char *database_url;	/* libpq connection string */
 	char *redis_url;	/* host:port or unix:/path */
+	char *redis_sentinels;	/* host:port,...: Sentinel discovery instead of redis_url */
+	char *redis_master_name;	/* the primary's name in Sentinel */
 	char *data_dir;		/* persistent state */
 	char *run_dir;		/* sockets and pid files; short path */
 	char *master_key_file;	/* file holding the hex master key */
@@ -50,6 +52,7 @@ struct kiln_config {
 	long long tenant_max_in_flight;	/* a tenant's requests in progress at once, per gateway */
 	long long idempotency_ttl_s;	/* an Idempotency-Key record's lifetime */
 	long long idempotency_sweep_s;	/* seconds between sweeps of expired records */
+	long long idempotency_finish_s;	/* seconds an outcome's record is retried over a failover */
 	long long snapshot_delete_after_zero_days;	/* paused sandboxes of a tenant at/below zero
 							   this long are deleted; 0: never */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */

@@ -61,6 +61,9 @@
 	X(KILN_E_NO_CAPACITY, "no_capacity", 503, true, "no node has room for the sandbox")        \
 	/* a dependency (Postgres, Redis, a node) is down */                                       \
 	X(KILN_E_UNAVAILABLE, "unavailable", 503, true, "a dependency is unavailable")             \
+	/* Postgres's primary went away mid-request (a failover): retry, same Idempotency-Key */ \
+	X(KILN_E_DB_SWITCH, "database_switch", 503, true,                                          \
+	  "the database's primary changed during the request; retry it")                          \
 	/* a local I/O error */                                                                    \
 	X(KILN_E_IO, "io_error", 500, false, "input/output error")                                 \
 	/* out of memory */                                                                        \

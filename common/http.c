@@ -23,6 +23,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -30,6 +31,7 @@
 #include <unistd.h>
 
 #include "common/json.h"
+#include "common/pg.h"
 #include "common/log.h"
 
 /*
@@ -230,6 +232,15 @@ static void reply_queue(struct http_req *req, int status, struct MHD_Response *r
 	MHD_destroy_response(resp);
 }
 
+/* Whether the coming reply has a header `name` already. */
+static bool reply_has_header(const struct http_req *req, const char *name)
+{
+	for (const struct header *h = req->headers; h; h = h->next)
+		if (strcasecmp(h->name, name) == 0)
+			return true;
+	return false;
+}
+
 void http_reply_header(struct http_req *req, const char *name, const char *value)
 {
 	struct header *h = calloc(1, sizeof(*h));
@@ -310,6 +321,17 @@ void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt,
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
+	/* Postgres unreachable because its primary went away during this request (pg.h): say so,
+	 * so the client knows to retry with the same Idempotency-Key. */
+	if (code == KILN_E_UNAVAILABLE && pg_switch_seen(true)) {
+		code = KILN_E_DB_SWITCH;
+		snprintf(msg, sizeof(msg),
+			 "the database's primary changed while the request ran (a failover): retry it "
+			 "with the same Idempotency-Key");
+	}
+	/* Every 503 says when to come back, unless its caller said it already. */
+	if (kiln_err_status(code) == 503 && !reply_has_header(req, "Retry-After"))
+		http_reply_header(req, "Retry-After", "1");
 	/* A code whose detail stays in the log shows as "internal" with only the generic text. */
 	if (!kiln_err_shown(code))
 		snprintf(msg, sizeof(msg), "%s", kiln_strerror(KILN_E_INTERNAL));
@@ -735,7 +757,9 @@ static void conn_raw_error(int fd, enum kiln_err code, const char *msg)
 					       : kiln_err_status(code) == 429 ? "Too Many Requests"
 					       : kiln_err_status(code) == 400 ? "Bad Request"
 					       : "Service Unavailable",
-			blen, id, kiln_err_status(code) == 429 ? "Retry-After: 1\r\n" : "");
+			blen, id,
+			kiln_err_status(code) == 429 || kiln_err_status(code) == 503 ? "Retry-After: 1\r\n"
+										     : "");
 	if (send(fd, head, (size_t)hlen, MSG_DONTWAIT | MSG_NOSIGNAL) == hlen)
 		send(fd, body, (size_t)blen, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
@@ -1409,6 +1433,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 				memcpy(req->id, given, 21);
 		}
 		atomic_fetch_add(&srv->in_flight, 1);
+		pg_switch_seen(true);	/* a flag left by this thread's previous request */
 		*con_cls = req;
 		conn_phase(srv, cc, PH_BODY);
 		client_ok = !cc || conn_request_client(srv, cc, req);

@@ -1,5 +1,5 @@
 /*
- * pg.c - a pool of libpq connections with reset on failure (see pg.h).
+ * pg.c - a pool of libpq connections with reset on failure and primary switches (see pg.h).
  */
 #include "pg.h"
 
@@ -8,13 +8,21 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <time.h>
 
 #include "common/log.h"
 
 struct pg_conn {
 	PGconn *conn;
 	bool busy;
+	bool drop;	/* lost, read-only or shutting down: closed and reopened on the next acquire */
+	unsigned gen;	/* the pool's generation when it was opened */
+	struct pg *pool;
 };
+
+/* Set on this thread when a statement failed because the primary went away (pg_switch_seen). */
+static __thread bool switch_seen;
 
 struct pg {
 	char *conninfo;
@@ -22,6 +30,9 @@ struct pg {
 	struct pg_conn *conns;
 	pthread_mutex_t lock;
 	pthread_cond_t freed;
+	/* Bumped when a connection saw the primary go away: the others, opened before, are reopened
+	 * on their next acquire instead of failing one more request each. */
+	_Atomic unsigned gen;
 };
 
 struct pg_res {
@@ -43,6 +54,8 @@ struct pg *pg_new(const char *conninfo, int size)
 		return NULL;
 	}
 	p->size = size;
+	for (int i = 0; i < size; i++)
+		p->conns[i].pool = p;
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->freed, NULL);
 	return p;
@@ -71,17 +84,22 @@ static void pg_notice(void *arg, const char *message)
 /* Opens (or reopens) `c`'s connection. Returns 0 when it is usable. */
 static int pg_conn_open(struct pg *p, struct pg_conn *c)
 {
-	char info[4352];
+	/* The configured string (key=value or URI, one host or several) is expanded as dbname;
+	 * the later connect_timeout bounds each host's connect so a down database fails fast. */
+	const char *const keys[] = { "dbname", "connect_timeout", NULL };
+	const char *const vals[] = { p->conninfo, "3", NULL };
 
-	if (c->conn && PQstatus(c->conn) == CONNECTION_OK)
+	unsigned gen = p->gen;
+
+	if (c->conn && !c->drop && c->gen == gen && PQstatus(c->conn) == CONNECTION_OK)
 		return 0;
 	if (c->conn) {
 		PQfinish(c->conn);
 		c->conn = NULL;
 	}
-	/* Bound the connect so a down database fails fast instead of hanging a request. */
-	snprintf(info, sizeof(info), "%s connect_timeout=3", p->conninfo);
-	c->conn = PQconnectdb(info);
+	c->drop = false;
+	c->gen = gen;
+	c->conn = PQconnectdbParams(keys, vals, 1);
 	if (PQstatus(c->conn) != CONNECTION_OK) {
 		log_warn("postgres connect failed: %s", PQerrorMessage(c->conn));
 		PQfinish(c->conn);
@@ -122,7 +140,7 @@ void pg_release(struct pg *p, struct pg_conn *c)
 	if (!c)
 		return;
 	/* A connection returned mid-transaction (an error path) must not leak its transaction. */
-	if (c->conn && PQstatus(c->conn) == CONNECTION_OK &&
+	if (c->conn && !c->drop && PQstatus(c->conn) == CONNECTION_OK &&
 	    PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
 		PGresult *r = PQexec(c->conn, "ROLLBACK");
 		PQclear(r);
@@ -133,6 +151,24 @@ void pg_release(struct pg *p, struct pg_conn *c)
 	pthread_mutex_unlock(&p->lock);
 }
 
+bool pg_sqlstate_switch(const char *state)
+{
+	/* 08: connection exceptions; 57P01-57P03: admin shutdown, crash shutdown, cannot connect
+	 * now; 25006: read-only transaction (a standby, or a demoted primary). */
+	return strncmp(state, "08", 2) == 0 || strcmp(state, "57P01") == 0 ||
+	       strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0 ||
+	       strcmp(state, "25006") == 0;
+}
+
+bool pg_switch_seen(bool clear)
+{
+	bool seen = switch_seen;
+
+	if (clear)
+		switch_seen = false;
+	return seen;
+}
+
 static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_error *err)
 {
 	ExecStatusType st = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
@@ -141,9 +177,16 @@ static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_erro
 	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
 		return KILN_OK;
 	state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-	if (PQstatus(c->conn) != CONNECTION_OK || !state || strncmp(state, "08", 2) == 0 ||
-	    strcmp(state, "57P01") == 0)
+	if (PQstatus(c->conn) != CONNECTION_OK || !state || pg_sqlstate_switch(state)) {
+		/* The server this connection reached is gone or no longer the primary: close it so
+		 * the next acquire asks the connection string's hosts for the one that is. */
+		c->drop = true;
+		c->pool->gen++;
+		switch_seen = true;
+		log_warn("postgres: %s; the connection is dropped and reopened on the primary",
+			 state ? state : "connection lost");
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "postgres is unavailable");
+	}
 	if (strcmp(state, "23505") == 0)
 		return kiln_error_set(err, KILN_E_CONFLICT, "unique violation");
 	log_error("postgres error %s: %s", state, PQresultErrorMessage(res));
@@ -173,12 +216,75 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 	return KILN_OK;
 }
 
+#define COMMIT_RESOLVE_MS 10000	/* how long an unanswered COMMIT's fate is asked after */
+
+/*
+ * The fate of transaction `xid` whose COMMIT went unanswered (its server went away): asked of
+ * the primary the pool reaches now, on `c` reopened (txid_status: the standby that took over has
+ * the same transaction ids). 1 committed, 0 not, -1 unknown (no primary within the bound).
+ */
+static int commit_resolve(struct pg_conn *c, const char *xid)
+{
+	struct timespec start, now;
+
+	clock_gettime(CLOCK_MONOTONIC, &start);
+	for (;;) {
+		if (pg_conn_open(c->pool, c) == 0) {
+			const char *params[1] = { xid };
+			PGresult *res = PQexecParams(c->conn, "SELECT txid_status($1::bigint)", 1, NULL,
+						     params, NULL, NULL, 0);
+			int fate = -1;
+
+			if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1)
+				fate = strcmp(PQgetvalue(res, 0, 0), "committed") == 0 ? 1 : 0;
+			else
+				c->drop = true;
+			PQclear(res);
+			if (fate >= 0)
+				return fate;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if ((now.tv_sec - start.tv_sec) * 1000 + (now.tv_nsec - start.tv_nsec) / 1000000 >=
+		    COMMIT_RESOLVE_MS)
+			return -1;
+		nanosleep(&(struct timespec){ 0, 200 * 1000000L }, NULL);
+	}
+}
+
+/* Whether `sql` is a COMMIT (what pg_exec callers write: "COMMIT", any case, maybe a ';'). */
+static bool is_commit(const char *sql)
+{
+	return strncasecmp(sql, "COMMIT", 6) == 0 && (sql[6] == '\0' || sql[6] == ';');
+}
+
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err)
 {
-	PGresult *res = PQexec(c->conn, sql);
-	enum kiln_err rc = pg_check(c, res, err);
+	char xid[24] = "";
+	PGresult *res;
+	enum kiln_err rc;
 
+	/* A COMMIT whose answer is lost in a failover may or may not have committed: note the
+	 * transaction's id first, so its fate can be asked of the new primary. */
+	if (is_commit(sql) && PQtransactionStatus(c->conn) == PQTRANS_INTRANS) {
+		res = PQexec(c->conn, "SELECT txid_current_if_assigned()");
+		if (PQresultStatus(res) == PGRES_TUPLES_OK && PQntuples(res) == 1 &&
+		    !PQgetisnull(res, 0, 0))
+			snprintf(xid, sizeof(xid), "%s", PQgetvalue(res, 0, 0));
+		PQclear(res);
+	}
+	res = PQexec(c->conn, sql);
+	rc = pg_check(c, res, err);
 	PQclear(res);
+	if (rc == KILN_E_UNAVAILABLE && xid[0] && c->drop) {
+		int fate = commit_resolve(c, xid);
+
+		log_warn("postgres: the COMMIT of transaction %s went unanswered; it %s", xid,
+			 fate > 0 ? "committed" : fate == 0 ? "did not commit" : "is unknown");
+		if (fate > 0) {
+			kiln_error_clear(err);
+			return KILN_OK;
+		}
+	}
 	return rc;
 }
 

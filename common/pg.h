@@ -3,7 +3,11 @@
  *
  * A connection is taken with pg_acquire() and handed back with pg_release(). A connection that
  * broke is reset on the next acquire, so a restarted Postgres is picked up without restarting the
- * process. Results are `struct pg_res`, a thin owner of libpq's result: PGresult never leaves this
+ * process. The connection string may name several hosts (libpq's `host=a,b port=x,y
+ * target_session_attrs=read-write`, or a postgresql:// URI with a host list): a connection whose
+ * statement failed because its server went away, shut down or turned read-only (SQLSTATE 08*,
+ * 57P01-57P03, 25006) is closed, and the next acquire connects to whichever host is the primary
+ * now (docs/operations.md, "Postgres: primary and standby"). Results are `struct pg_res`, a thin owner of libpq's result: PGresult never leaves this
  * module. Every call that reaches Postgres returns an enum kiln_err: KILN_E_UNAVAILABLE when it
  * cannot be reached, KILN_E_CONFLICT on a unique violation, KILN_E_INTERNAL on any other SQL error.
  */
@@ -42,7 +46,13 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 		 ((const char *[]){ NULL, __VA_ARGS__ }) + 1)
 #define PGQ0(c, out, err, sql) pg_query((c), (out), (err), (sql), 0, NULL)
 
-/* Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. */
+/*
+ * Runs a statement that returns no rows (BEGIN, COMMIT, DDL); same errors as pg_query. A COMMIT
+ * whose answer is lost because the server went away (a failover) is not reported as failed when
+ * it did commit: its transaction's fate is asked of the primary the pool reaches then
+ * (txid_status, for up to 10 s), and KILN_OK returned when it committed; `c` is a fresh
+ * connection afterwards either way.
+ */
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err);
 
 int pg_res_rows(const struct pg_res *r);
@@ -53,6 +63,16 @@ const char *pg_res_str(const struct pg_res *r, int row, int col);
 long long pg_res_int(const struct pg_res *r, int row, int col, long long def);
 bool pg_res_bool(const struct pg_res *r, int row, int col);
 void pg_res_free(struct pg_res *r);
+
+/* Whether SQLSTATE `state` says the server is gone or not the primary (the pool reconnects). */
+bool pg_sqlstate_switch(const char *state);
+
+/*
+ * Whether a statement on this thread failed because the primary went away (a lost connection, a
+ * shutdown, a read-only server) since the flag was last cleared; `clear` clears it. The HTTP engine
+ * reads it to answer such a request 503 `database_switch` (common/err.h).
+ */
+bool pg_switch_seen(bool clear);
 
 /* Checks that Postgres answers (select 1) within the pool's connect timeout. */
 enum kiln_err pg_ping(struct pg *pool, struct kiln_error *err);

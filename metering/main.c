@@ -141,10 +141,11 @@ static void signing_exit(void)
 
 static int redis_init(struct kiln_error *err)
 {
-	km.rds = rds_new(km.cfg.redis_url, 1000);
+	km.rds = rds_open(&km.cfg, 1000);
 	if (!km.rds)
-		return kiln_error_set(err, KILN_E_INVALID, "setting \"redis_url\": bad address \"%s\"",
-				      km.cfg.redis_url);
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "setting \"redis_url\" or \"redis_sentinels\": bad address \"%s\"",
+				      *km.cfg.redis_sentinels ? km.cfg.redis_sentinels : km.cfg.redis_url);
 	return KILN_OK;
 }
 

@@ -37,6 +37,7 @@ static const struct {
 	{ KILN_E_PORT_TIMEOUT, 504, "port_timeout", true },
 	{ KILN_E_NO_CAPACITY, 503, "no_capacity", true },
 	{ KILN_E_UNAVAILABLE, 503, "unavailable", true },
+	{ KILN_E_DB_SWITCH, 503, "database_switch", true },
 	{ KILN_E_IO, 500, "internal", false },
 	{ KILN_E_NOMEM, 500, "internal", false },
 	{ KILN_E_INTERNAL, 500, "internal", false },

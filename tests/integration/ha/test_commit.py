@@ -1,0 +1,144 @@
+"""test_commit.py - a COMMIT whose answer is lost in a failover neither doubles nor loses a request.
+
+When Postgres's primary goes away just after it committed a transaction but before its answer
+reached kiln-gateway, the gateway cannot tell from the broken connection whether the work is
+done. Answering 503 (and freeing the Idempotency-Key) would make the client's retry run the work
+a second time: a second tenant for one signup. common/pg.c asks the primary it reaches next for
+the transaction's fate (txid_status) and reports a COMMIT that did commit as done.
+
+The test puts a small TCP proxy between the gateway and the services fixture's Postgres. Armed,
+the proxy passes the next COMMIT on to Postgres and then cuts both sides of that connection
+without passing the answer back: exactly a lost answer. A signup sent then must answer 201, once;
+its retry with the same key replays it; the database holds one tenant of that name.
+"""
+import os
+import secrets
+import socket
+import struct
+import threading
+import time
+import unittest
+
+import kiln
+
+
+class CommitCutter:
+    """127.0.0.1:port -> the Postgres Unix socket `target`; cut() arms the next COMMIT's cut."""
+
+    def __init__(self, target):
+        self.target = target
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.port = self.sock.getsockname()[1]
+        self.armed = threading.Event()
+        self.cuts = 0
+        self.closing = False
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def accept(self):
+        while not self.closing:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(self.target)
+            except OSError:
+                c.close()
+                continue
+            state = {"cut": False}
+            threading.Thread(target=self.upstream, args=(c, s, state), daemon=True).start()
+            threading.Thread(target=self.downstream, args=(s, c, state), daemon=True).start()
+
+    @staticmethod
+    def recv_exact(sock, n):
+        data = b""
+        while len(data) < n:
+            chunk = sock.recv(n - len(data))
+            if not chunk:
+                raise EOFError
+            data += chunk
+        return data
+
+    def upstream(self, c, s, state):
+        """Client to server, message by message (the startup message has no type byte)."""
+        try:
+            (n,) = struct.unpack("!I", self.recv_exact(c, 4))
+            s.sendall(struct.pack("!I", n) + self.recv_exact(c, n - 4))
+            while True:
+                head = self.recv_exact(c, 5)
+                body = self.recv_exact(c, struct.unpack("!I", head[1:])[0] - 4)
+                commit = head[:1] == b"Q" and body.rstrip(b"\0;").strip().upper() == b"COMMIT"
+                if commit and self.armed.is_set():
+                    self.armed.clear()
+                    state["cut"] = True     # the answer is not passed back
+                    s.sendall(head + body)
+                    time.sleep(0.5)         # Postgres commits meanwhile
+                    self.cuts += 1
+                    break
+                s.sendall(head + body)
+        except (EOFError, OSError):
+            pass
+        for x in (c, s):
+            try:
+                x.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            x.close()
+
+    def downstream(self, s, c, state):
+        try:
+            while True:
+                data = s.recv(65536)
+                if not data or state["cut"]:
+                    break
+                c.sendall(data)
+        except OSError:
+            pass
+
+    def close(self):
+        self.closing = True
+        self.sock.close()
+
+
+class LostCommitTest(unittest.TestCase):
+    def setUp(self):
+        self.db = kiln.fresh_database()
+        self.addCleanup(self.db.drop)
+        sockdir = kiln.services_env()["KILN_TEST_SOCKDIR"]
+        self.proxy = CommitCutter(os.path.join(sockdir, ".s.PGSQL.5432"))
+        self.addCleanup(self.proxy.close)
+        self.gw = kiln.Gateway(
+            f"host=127.0.0.1 port={self.proxy.port} user=kiln dbname={self.db.name} "
+            "sslmode=disable", kiln.services_env()["KILN_REDIS_URL"])
+        self.addCleanup(self.gw.cleanup)
+        deadline = time.time() + 30
+        while not self.gw.admin_key and time.time() < deadline:
+            time.sleep(0.1)
+        self.assertTrue(self.gw.admin_key)
+
+    def test_a_signup_whose_commit_answer_is_lost_is_done_once(self):
+        name = "lost-" + secrets.token_hex(4)
+        headers = {"Authorization": "Bearer " + self.gw.admin_key,
+                   "Idempotency-Key": "signup-" + name}
+        self.proxy.armed.set()
+        first = self.gw.request("POST", "/v1/tenants", {"name": name}, headers)
+        self.assertEqual(self.proxy.cuts, 1, "the proxy cut no COMMIT")
+        # The work committed: the gateway must say so, not 503.
+        self.assertEqual(first.status, 201, first)
+        tid = first.json()["tenant"]["id"]
+        again = self.gw.request("POST", "/v1/tenants", {"name": name}, headers)
+        self.assertEqual(again.status, 201, again)
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+        self.assertEqual(again.json()["tenant"]["id"], tid)
+        self.assertEqual(self.db.sql(f"SELECT id FROM tenants WHERE name = '{name}'"), tid)
+        # The signup's free tier is in the ledger once.
+        self.assertEqual(self.db.sql(
+            f"SELECT count(*) FROM ledger_transfers WHERE tenant_id = '{tid}'"), "1")
+        self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
+
+
+if __name__ == "__main__":
+    unittest.main()
