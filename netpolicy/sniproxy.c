@@ -1,6 +1,7 @@
 /*
  * sniproxy.c - the name-checking transparent proxy for TCP 80 and 443 (see sniproxy.h): one
- * accepting thread for every sandbox's listeners, one thread per connection.
+ * accepting thread for every sandbox's listeners, one thread per connection; once checked, bytes
+ * no one needs to see move socket to socket through a pipe (splice), never through user space.
  */
 #include "netpolicy/sniproxy.h"
 
@@ -26,6 +27,7 @@
 #define WRITE_TIMEOUT_S 30
 #define RECHECK_MS 1000
 #define COPY_BUF 65536
+#define PIPE_BYTES (1 << 20)	/* each direction's splice pipe, if the system allows it */
 
 struct bucket {
 	uint64_t milli;		/* tokens x 1000 */
@@ -241,6 +243,52 @@ static int dial(struct conn *c)
 	return 0;
 }
 
+/*
+ * Moves what `from` has ready to `to` through the pipe `pp` without copying it to user space
+ * (splice(2): socket to pipe, then pipe to socket). Called when poll says `from` is readable; the
+ * pipe is empty on entry and on a successful return. Writes to `to` block as write_all's do
+ * (SO_SNDTIMEO). Returns the bytes moved, 0 at the end of `from`, -EAGAIN when it had nothing
+ * after all, or another -errno.
+ */
+static ssize_t splice_once(int from, int to, const int pp[2], size_t max)
+{
+	ssize_t k = splice(from, NULL, pp[1], NULL, max, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+	if (k < 0)
+		return errno == EINTR ? -EAGAIN : -errno;
+	for (ssize_t left = k; left > 0;) {
+		ssize_t w = splice(pp[0], NULL, to, NULL, (size_t)left, SPLICE_F_MOVE);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EPIPE;
+		left -= w;
+	}
+	return k;
+}
+
+/* A pipe for splice_once, as large as the system lets it be up to PIPE_BYTES; 0 or -errno. */
+static int pipe_open(int pp[2], size_t *size)
+{
+	if (pipe2(pp, O_CLOEXEC | O_NONBLOCK) < 0) {
+		pp[0] = pp[1] = -1;
+		return -errno;
+	}
+	int got = fcntl(pp[1], F_SETPIPE_SZ, PIPE_BYTES);
+	if (got < 0)
+		got = fcntl(pp[1], F_GETPIPE_SZ);
+	*size = got > 0 ? (size_t)got : 65536;
+	return 0;
+}
+
+static void pipe_close(int pp[2])
+{
+	if (pp[0] >= 0)
+		close(pp[0]);
+	if (pp[1] >= 0)
+		close(pp[1]);
+	pp[0] = pp[1] = -1;
+}
+
 /* HTTP/1.x: the guest's bytes, each request head checked before it goes upstream. */
 struct http {
 	struct kiln_body body;
@@ -332,6 +380,9 @@ static void conn_run(struct conn *c)
 	enum kiln_sni_status st = KILN_SNI_MORE;
 	uint32_t tmo = c->px->cfg.name_timeout_ms;
 	uint64_t end = now_ms() + tmo;
+	/* splice pipes: guest to upstream, upstream to guest (-1: copy through user space) */
+	int gpp[2] = {-1, -1}, upp[2] = {-1, -1};
+	size_t gps = 0, ups = 0;
 	if (!pb || !ub)
 		goto reset;
 
@@ -392,6 +443,13 @@ static void conn_run(struct conn *c)
 	if (pump_guest(c, &h, pb, &pn) < 0)
 		goto reset;
 
+	/* bytes go through the kernel (splice) whenever no one needs to see them: from the
+	 * upstream unless a 101 is awaited, from the guest once the connection is opaque (TLS,
+	 * or switched protocols) and nothing of it waits in pb */
+	if (pipe_open(gpp, &gps) < 0 || pipe_open(upp, &ups) < 0) {
+		pipe_close(gpp);
+		pipe_close(upp);
+	}
 	bool g_eof = false, u_eof = false;
 	uint64_t last_check = now_ms();
 	while (!(g_eof && u_eof)) {
@@ -416,7 +474,16 @@ static void conn_run(struct conn *c)
 		}
 		if (r <= 0)
 			continue;
-		if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+		if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR)) && h.spliced && !pn &&
+		    gpp[0] >= 0) {
+			ssize_t k = splice_once(c->g, c->u, gpp, gps);
+			if (k < 0 && k != -EAGAIN)
+				goto reset;
+			if (k == 0) {
+				g_eof = true;
+				shutdown(c->u, SHUT_WR);
+			}
+		} else if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->g, pb + pn, KILN_SNI_MAX_IN - pn);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -429,7 +496,18 @@ static void conn_run(struct conn *c)
 					goto reset;
 			}
 		}
-		if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+		if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) && !h.hold &&
+		    upp[0] >= 0) {
+			ssize_t k = splice_once(c->u, c->g, upp, ups);
+			if (k < 0 && k != -EAGAIN)
+				goto reset;
+			if (k == 0) {
+				u_eof = true;
+				shutdown(c->g, SHUT_WR);
+			} else if (k > 0 && pn && pump_guest(c, &h, pb, &pn) < 0) {
+				goto reset;
+			}
+		} else if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->u, ub, COPY_BUF);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -462,6 +540,8 @@ out:
 		close(c->u);
 	if (c->g >= 0)
 		close(c->g);
+	pipe_close(gpp);
+	pipe_close(upp);
 	free(pb);
 	free(ub);
 }
