@@ -1,6 +1,7 @@
 /*
  * routes_connlog.c - GET /v1/admin/sandboxes/{id}/connections: a sandbox's connection log (the
- * flows its guest opened and the attempts the policy refused, as its nodes wrote them; see
+ * flows its guest opened and the attempts the policy refused, as its nodes wrote them, with the
+ * name-checking proxy's name and decision and the injecting proxy's requests; see
  * docs/network-policy.md), for the operator answering an abuse report. Admin scope only: tenants
  * get 403. Newest first, paged by the row's sequence number.
  */
@@ -56,7 +57,8 @@ static void connections_list(struct http_req *req)
 		rc = PGQ(c, &res, &err,
 			 "SELECT id, tenant_id, node_id, rfc3339(opened_at), rfc3339(last_seen_at), "
 			 "verdict, family, proto, host(dst), dst_port, src_port, dns_name, bytes_out, "
-			 "bytes_in, packets_out, packets_in FROM sandbox_connections "
+			 "bytes_in, packets_out, packets_in, proxy_decision, requests::text "
+			 "FROM sandbox_connections "
 			 "WHERE sandbox_id = $1 AND ($2::bigint IS NULL OR id < $2::bigint) "
 			 "AND ($3::timestamptz IS NULL OR opened_at >= $3::timestamptz) "
 			 "AND ($4::timestamptz IS NULL OR opened_at < $4::timestamptz) "
@@ -72,9 +74,11 @@ static void connections_list(struct http_req *req)
 	rows = gw_page_rows(&page, res);
 	for (int i = 0; i < rows; i++) {
 		const char *tenant = pg_res_get(res, i, 1), *dns = pg_res_get(res, i, 11);
+		const char *dec = pg_res_get(res, i, 16), *rq = pg_res_get(res, i, 17);
+		json_t *reqs = rq ? json_loads(rq, 0, NULL) : NULL;
 		json_array_append_new(
 			arr, json_pack("{s:s, s:o, s:s, s:s, s:s, s:s, s:I, s:s, s:s, s:I, s:I, s:o, "
-				       "s:I, s:I, s:I, s:I}",
+				       "s:I, s:I, s:I, s:I, s:o, s:o}",
 				       "id", pg_res_str(res, i, 0),
 				       "tenant_id", tenant ? json_string(tenant) : json_null(),
 				       "node_id", pg_res_str(res, i, 2),
@@ -90,7 +94,9 @@ static void connections_list(struct http_req *req)
 				       "bytes_out", (json_int_t)pg_res_int(res, i, 12, 0),
 				       "bytes_in", (json_int_t)pg_res_int(res, i, 13, 0),
 				       "packets_out", (json_int_t)pg_res_int(res, i, 14, 0),
-				       "packets_in", (json_int_t)pg_res_int(res, i, 15, 0)));
+				       "packets_in", (json_int_t)pg_res_int(res, i, 15, 0),
+				       "proxy_decision", dec ? json_string(dec) : json_null(),
+				       "requests", reqs ? reqs : json_null()));
 	}
 	next = pg_res_rows(res) > page.limit ? json_string(pg_res_str(res, page.limit - 1, 0))
 					     : json_null();

@@ -238,6 +238,9 @@ const struct cfg_def config_table[] = {
 	  "of those, connections one sandbox may have relayed at once" },
 	{ "connlog_interval_s", CFG_INT, F(connlog_interval_s), "5", 1, 300, NULL, false,
 	  "seconds between the node's reads of its sandboxes' connection logs" },
+	{ "connlog_requests_per_conn", CFG_INT, F(connlog_requests_per_conn), "100", 1, 10000, NULL,
+	  false, "requests of one connection through the injecting proxy the connection log records "
+	  "(more are relayed, not logged)" },
 	{ "templates", CFG_BOOL, F(templates), "true", 0, 1, NULL, false,
 	  "create sandboxes by restoring a pre-booted template of their shape (cold boot until "
 	  "one is ready)" },

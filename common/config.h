@@ -108,6 +108,7 @@ struct kiln_config {
 	long long connlog_max_per_minute;	/* connection-log rows a sandbox may add a minute */
 	long long connlog_retention_days;	/* connection-log rows older are deleted */
 	long long connlog_interval_s;		/* how often the node reads the connection logs */
+	long long connlog_requests_per_conn;	/* injector requests logged per connection */
 	long long secrets_max;			/* secrets one sandbox may hold */
 	long long secret_value_max;		/* bytes of one secret's value */
 	char *inject_ca_file;			/* upstream trust of the injecting proxy (NULL: system) */

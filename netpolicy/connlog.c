@@ -296,3 +296,26 @@ const char *kiln_conn_proto(uint8_t proto, char buf[8])
 	snprintf(buf, 8, "%u", proto);
 	return buf;
 }
+
+const char *kiln_proxy_decision_name(enum kiln_proxy_decision d)
+{
+	switch (d) {
+	case KILN_PROXY_ALLOWED:
+		return "allowed";
+	case KILN_PROXY_NO_RULE:
+		return "no_rule";
+	case KILN_PROXY_NOT_ANSWERED:
+		return "not_answered";
+	case KILN_PROXY_DENIED_RANGE:
+		return "denied_range";
+	case KILN_PROXY_UNSUPPORTED:
+		return "unsupported";
+	case KILN_PROXY_NO_NAME:
+		return "no_name";
+	case KILN_PROXY_OVER_CAP:
+		return "over_cap";
+	case KILN_PROXY_CUT:
+		return "cut";
+	}
+	return "unknown";
+}

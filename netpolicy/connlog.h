@@ -11,9 +11,15 @@
 #ifndef KILN_NETPOLICY_CONNLOG_H
 #define KILN_NETPOLICY_CONNLOG_H
 
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
 
 #include "common/err.h"
 
@@ -32,6 +38,87 @@ struct kiln_conn {
 	uint64_t bytes_out, bytes_in, packets_out, packets_in;
 	bool is_new;		/* from the ring: a row to insert; else an update of a live flow */
 };
+
+/*
+ * What a proxy of the node adds to a flow's row (docs/network-policy.md, "Connection log"): the
+ * name-checking proxy's decision about a connection it took, and each request the injecting proxy
+ * relayed on one. The flow is found by the guest's side of it (family, address and port dialled,
+ * the guest's port) and the note's time.
+ */
+enum kiln_note_kind {
+	KILN_NOTE_DECISION = 1,	/* the name-checking proxy's decision (name, decision, detail) */
+	KILN_NOTE_REQUEST = 2,	/* one request the injector relayed (method ... secret) */
+};
+
+/* The name-checking proxy's decisions ("allowed" lets it through; any other refuses or cuts). */
+enum kiln_proxy_decision {
+	KILN_PROXY_ALLOWED = 1,
+	KILN_PROXY_NO_RULE,		/* no host rule covers the name for this port */
+	KILN_PROXY_NOT_ANSWERED,	/* the sandbox's DNS did not answer the name with this address */
+	KILN_PROXY_DENIED_RANGE,	/* the address is in an always-denied range */
+	KILN_PROXY_UNSUPPORTED,		/* CONNECT, HTTP/2, h2c, ECH, bad framing, not TLS nor HTTP */
+	KILN_PROXY_NO_NAME,		/* no SNI, no Host, or none within the time allowed */
+	KILN_PROXY_OVER_CAP,		/* over a connection or handshake cap (detail: its name) */
+	KILN_PROXY_CUT,			/* allowed, then cut by a rule change */
+};
+
+#define KILN_NOTE_NAME_MAX 253
+#define KILN_NOTE_PATH_MAX 256
+
+struct kiln_conn_note {
+	enum kiln_note_kind kind;
+	uint8_t family;		/* 4 or 6 */
+	uint16_t gport;		/* the guest's port */
+	uint16_t rport;		/* the port the guest dialled */
+	uint8_t raddr[16];	/* the address the guest dialled (IPv4 in raddr[0..3]) */
+	uint64_t at_ns;		/* CLOCK_MONOTONIC of the note */
+	char name[KILN_NOTE_NAME_MAX + 1];	/* checked name (decision) or the request's Host */
+	enum kiln_proxy_decision decision;	/* KILN_NOTE_DECISION */
+	char detail[48];	/* KILN_PROXY_OVER_CAP: the limit's name; else "" */
+	char method[24];	/* KILN_NOTE_REQUEST: method, path without query, status, whether */
+	char path[KILN_NOTE_PATH_MAX + 1];	/* a secret header was added */
+	int status;		/* the answer's status (the injector's own: 400, 403, 502), 0: none */
+	bool secret;
+};
+
+/*
+ * Fills the flow part of `note` (family, raddr, rport, gport, at_ns) from a connection the proxy
+ * accepted: its own address is what the guest dialled, its peer the guest. 0 or -errno. (Inline:
+ * the injector uses it without linking the eBPF side.)
+ */
+static inline int kiln_conn_note_flow(struct kiln_conn_note *note, int accepted_fd)
+{
+	struct sockaddr_storage me, peer;
+	socklen_t ml = sizeof(me), pl = sizeof(peer);
+	struct timespec ts;
+
+	if (getsockname(accepted_fd, (struct sockaddr *)&me, &ml) < 0 ||
+	    getpeername(accepted_fd, (struct sockaddr *)&peer, &pl) < 0)
+		return -errno;
+	if (me.ss_family == AF_INET && peer.ss_family == AF_INET) {
+		note->family = 4;
+		memcpy(note->raddr, &((struct sockaddr_in *)&me)->sin_addr, 4);
+		note->rport = ntohs(((struct sockaddr_in *)&me)->sin_port);
+		note->gport = ntohs(((struct sockaddr_in *)&peer)->sin_port);
+	} else if (me.ss_family == AF_INET6 && peer.ss_family == AF_INET6) {
+		note->family = 6;
+		memcpy(note->raddr, &((struct sockaddr_in6 *)&me)->sin6_addr, 16);
+		note->rport = ntohs(((struct sockaddr_in6 *)&me)->sin6_port);
+		note->gport = ntohs(((struct sockaddr_in6 *)&peer)->sin6_port);
+	} else {
+		return -EAFNOSUPPORT;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	note->at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	return 0;
+}
+
+/* The decision's name in the log: "allowed", "no_rule", "not_answered", "denied_range",
+ * "unsupported", "no_name", "over_cap", "cut". */
+const char *kiln_proxy_decision_name(enum kiln_proxy_decision d);
+
+/* Receives notes (a proxy's hook into the connection log). `sandbox` is the id the proxy knows it by. */
+typedef void (*kiln_conn_note_fn)(void *arg, const char *sandbox, const struct kiln_conn_note *note);
 
 struct kiln_connlog;
 

@@ -1,6 +1,7 @@
 /*
  * sniproxy.c - the name-checking transparent proxy for TCP 80 and 443 (see sniproxy.h): one
- * accepting thread for every sandbox's listeners, one thread per connection.
+ * accepting thread for every sandbox's listeners, one thread per connection; once checked, bytes
+ * no one needs to see move socket to socket through a pipe (splice), never through user space.
  */
 #include "netpolicy/sniproxy.h"
 
@@ -26,6 +27,7 @@
 #define WRITE_TIMEOUT_S 30
 #define RECHECK_MS 1000
 #define COPY_BUF 65536
+#define PIPE_BYTES (1 << 20)	/* each direction's splice pipe, if the system allows it */
 
 struct bucket {
 	uint64_t milli;		/* tokens x 1000 */
@@ -65,6 +67,8 @@ struct conn {
 	uint8_t addr[16];
 	uint16_t dport;
 	char host[KILN_HOST_MAX + 1];	/* the name last checked */
+	struct kiln_conn_note note;	/* the flow, for the connection log */
+	bool noted_allowed;
 };
 
 static uint64_t now_ms(void)
@@ -126,7 +130,7 @@ static int write_all(int fd, const uint8_t *p, size_t n)
  * covers it, the sandbox's DNS proxy answered it with that address (expired answers count for a
  * connection already open), and the address is in no always-denied range.
  */
-static bool name_ok(struct conn *c, const char *name, bool live)
+static enum kiln_proxy_decision name_check(struct conn *c, const char *name, bool live)
 {
 	uint16_t ports[16];
 	enum kiln_egress_mode mode;
@@ -134,9 +138,42 @@ static bool name_ok(struct conn *c, const char *name, bool live)
 	bool port = false;
 	for (size_t i = 0; i < n; i++)
 		port |= ports[i] == 0 || ports[i] == c->dport;
-	return mode == KILN_EGRESS_ALLOWLIST && port &&
-	       kiln_policy_name_pinned(c->sb->pol, name, c->family, c->addr, live) &&
-	       !kiln_policy_addr_denied(c->sb->pol, c->family, c->addr);
+	if (mode != KILN_EGRESS_ALLOWLIST || !port)
+		return KILN_PROXY_NO_RULE;
+	if (!kiln_policy_name_pinned(c->sb->pol, name, c->family, c->addr, live))
+		return KILN_PROXY_NOT_ANSWERED;
+	if (kiln_policy_addr_denied(c->sb->pol, c->family, c->addr))
+		return KILN_PROXY_DENIED_RANGE;
+	return KILN_PROXY_ALLOWED;
+}
+
+static bool name_ok(struct conn *c, const char *name, bool live)
+{
+	return name_check(c, name, live) == KILN_PROXY_ALLOWED;
+}
+
+/* Hands the connection log a decision about this connection (name may be NULL). */
+static void note(struct kiln_sniproxy *px, const char *sandbox, struct kiln_conn_note *nt,
+		 enum kiln_proxy_decision d, const char *name, const char *detail)
+{
+	if (!px->cfg.note)
+		return;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	nt->kind = KILN_NOTE_DECISION;
+	nt->at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	nt->decision = d;
+	snprintf(nt->name, sizeof(nt->name), "%s", name ? name : "");
+	snprintf(nt->detail, sizeof(nt->detail), "%s", detail ? detail : "");
+	px->cfg.note(px->cfg.note_arg, sandbox, nt);
+}
+
+static void note_allowed(struct conn *c)
+{
+	if (c->noted_allowed)
+		return;
+	c->noted_allowed = true;
+	note(c->px, c->sb->id, &c->note, KILN_PROXY_ALLOWED, c->host, NULL);
 }
 
 /* Counts one event of the connection's sandbox and of the node; returns the sandbox's count. */
@@ -164,9 +201,10 @@ static bool dead(struct conn *c)
 	return d;
 }
 
-static void refuse(struct conn *c, const char *why, const char *name)
+static void refuse(struct conn *c, enum kiln_proxy_decision d, const char *why, const char *name)
 {
 	kiln_policy_count_drop(c->sb->pol);
+	note(c->px, c->sb->id, &c->note, d, name, NULL);
 	uint64_t n = count(c, offsetof(struct kiln_sniproxy_stats, refused));
 	if (!worth_logging(n))
 		return;
@@ -205,6 +243,52 @@ static int dial(struct conn *c)
 	return 0;
 }
 
+/*
+ * Moves what `from` has ready to `to` through the pipe `pp` without copying it to user space
+ * (splice(2): socket to pipe, then pipe to socket). Called when poll says `from` is readable; the
+ * pipe is empty on entry and on a successful return. Writes to `to` block as write_all's do
+ * (SO_SNDTIMEO). Returns the bytes moved, 0 at the end of `from`, -EAGAIN when it had nothing
+ * after all, or another -errno.
+ */
+static ssize_t splice_once(int from, int to, const int pp[2], size_t max)
+{
+	ssize_t k = splice(from, NULL, pp[1], NULL, max, SPLICE_F_NONBLOCK | SPLICE_F_MOVE);
+	if (k < 0)
+		return errno == EINTR ? -EAGAIN : -errno;
+	for (ssize_t left = k; left > 0;) {
+		ssize_t w = splice(pp[0], NULL, to, NULL, (size_t)left, SPLICE_F_MOVE);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0)
+			return w < 0 ? -errno : -EPIPE;
+		left -= w;
+	}
+	return k;
+}
+
+/* A pipe for splice_once, as large as the system lets it be up to PIPE_BYTES; 0 or -errno. */
+static int pipe_open(int pp[2], size_t *size)
+{
+	if (pipe2(pp, O_CLOEXEC | O_NONBLOCK) < 0) {
+		pp[0] = pp[1] = -1;
+		return -errno;
+	}
+	int got = fcntl(pp[1], F_SETPIPE_SZ, PIPE_BYTES);
+	if (got < 0)
+		got = fcntl(pp[1], F_GETPIPE_SZ);
+	*size = got > 0 ? (size_t)got : 65536;
+	return 0;
+}
+
+static void pipe_close(int pp[2])
+{
+	if (pp[0] >= 0)
+		close(pp[0]);
+	if (pp[1] >= 0)
+		close(pp[1]);
+	pp[0] = pp[1] = -1;
+}
+
 /* HTTP/1.x: the guest's bytes, each request head checked before it goes upstream. */
 struct http {
 	struct kiln_body body;
@@ -234,7 +318,7 @@ static int pump_guest(struct conn *c, struct http *h, uint8_t *pb, size_t *pn)
 			int done;
 			long k = kiln_body_feed(&h->body, d, n, &done);
 			if (k < 0) {
-				refuse(c, "bad request body framing", c->host);
+				refuse(c, KILN_PROXY_UNSUPPORTED, "bad request body framing", c->host);
 				return -1;
 			}
 			if (k > 0 && write_all(c->u, d, (size_t)k) < 0)
@@ -252,19 +336,21 @@ static int pump_guest(struct conn *c, struct http *h, uint8_t *pb, size_t *pn)
 		enum kiln_sni_status st = kiln_sni_parse_http(d, n, &s);
 		if (st == KILN_SNI_MORE) {
 			if (n >= KILN_SNI_MAX_HEAD) {
-				refuse(c, "request head too large", NULL);
+				refuse(c, KILN_PROXY_UNSUPPORTED, "request head too large", NULL);
 				return -1;
 			}
 			break;
 		}
 		if (st != KILN_SNI_OK) {
-			refuse(c, st == KILN_SNI_REFUSED ? "CONNECT, HTTP/2 or h2c" :
+			refuse(c, st == KILN_SNI_NONAME ? KILN_PROXY_NO_NAME : KILN_PROXY_UNSUPPORTED,
+			       st == KILN_SNI_REFUSED ? "CONNECT, HTTP/2 or h2c" :
 				  st == KILN_SNI_TOOBIG ? "request head too large" :
 				  "not a well-formed HTTP/1.x request with a Host", NULL);
 			return -1;
 		}
-		if (!name_ok(c, s.host, false)) {
-			refuse(c, "no rule for this name at this address", s.host);
+		enum kiln_proxy_decision dec = name_check(c, s.host, false);
+		if (dec != KILN_PROXY_ALLOWED) {
+			refuse(c, dec, kiln_proxy_decision_name(dec), s.host);
 			return -1;
 		}
 		snprintf(c->host, sizeof(c->host), "%s", s.host);
@@ -294,6 +380,9 @@ static void conn_run(struct conn *c)
 	enum kiln_sni_status st = KILN_SNI_MORE;
 	uint32_t tmo = c->px->cfg.name_timeout_ms;
 	uint64_t end = now_ms() + tmo;
+	/* splice pipes: guest to upstream, upstream to guest (-1: copy through user space) */
+	int gpp[2] = {-1, -1}, upp[2] = {-1, -1};
+	size_t gps = 0, ups = 0;
 	if (!pb || !ub)
 		goto reset;
 
@@ -316,18 +405,22 @@ static void conn_run(struct conn *c)
 		pn += (size_t)k;
 	}
 	if (st != KILN_SNI_OK) {
-		refuse(c, st == KILN_SNI_MORE ? "no name within the time allowed" :
+		refuse(c, st == KILN_SNI_MORE || st == KILN_SNI_NONAME ? KILN_PROXY_NO_NAME
+								       : KILN_PROXY_UNSUPPORTED,
+		       st == KILN_SNI_MORE ? "no name within the time allowed" :
 			  st == KILN_SNI_REFUSED ? "CONNECT, HTTP/2, h2c or encrypted ClientHello" :
 			  st == KILN_SNI_NONAME ? "no name (no SNI, no Host)" :
 			  st == KILN_SNI_TOOBIG ? "ClientHello or request head too large" :
 			  "neither TLS nor HTTP/1.x", NULL);
 		goto reset;
 	}
-	if (!name_ok(c, s.host, false)) {
-		refuse(c, "no rule for this name at this address", s.host);
+	enum kiln_proxy_decision d = name_check(c, s.host, false);
+	if (d != KILN_PROXY_ALLOWED) {
+		refuse(c, d, kiln_proxy_decision_name(d), s.host);
 		goto reset;
 	}
 	snprintf(c->host, sizeof(c->host), "%s", s.host);
+	note_allowed(c);
 	if (c->px->cfg.handoff &&
 	    c->px->cfg.handoff(c->px->cfg.handoff_arg, c->sb->id, c->g, pb, pn, s.host, &c->dst) == 1) {
 		c->g = -1;	/* it is the hand-off's now */
@@ -350,6 +443,13 @@ static void conn_run(struct conn *c)
 	if (pump_guest(c, &h, pb, &pn) < 0)
 		goto reset;
 
+	/* bytes go through the kernel (splice) whenever no one needs to see them: from the
+	 * upstream unless a 101 is awaited, from the guest once the connection is opaque (TLS,
+	 * or switched protocols) and nothing of it waits in pb */
+	if (pipe_open(gpp, &gps) < 0 || pipe_open(upp, &ups) < 0) {
+		pipe_close(gpp);
+		pipe_close(upp);
+	}
 	bool g_eof = false, u_eof = false;
 	uint64_t last_check = now_ms();
 	while (!(g_eof && u_eof)) {
@@ -368,12 +468,22 @@ static void conn_run(struct conn *c)
 				log_info("sniproxy: %s: cut \"%s\": the rules no longer allow it",
 					 c->sb->id, c->host);
 				count(c, offsetof(struct kiln_sniproxy_stats, cut));
+				note(c->px, c->sb->id, &c->note, KILN_PROXY_CUT, c->host, NULL);
 				goto cut;
 			}
 		}
 		if (r <= 0)
 			continue;
-		if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
+		if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR)) && h.spliced && !pn &&
+		    gpp[0] >= 0) {
+			ssize_t k = splice_once(c->g, c->u, gpp, gps);
+			if (k < 0 && k != -EAGAIN)
+				goto reset;
+			if (k == 0) {
+				g_eof = true;
+				shutdown(c->u, SHUT_WR);
+			}
+		} else if (!g_eof && (p[0].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->g, pb + pn, KILN_SNI_MAX_IN - pn);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -386,7 +496,18 @@ static void conn_run(struct conn *c)
 					goto reset;
 			}
 		}
-		if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
+		if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR)) && !h.hold &&
+		    upp[0] >= 0) {
+			ssize_t k = splice_once(c->u, c->g, upp, ups);
+			if (k < 0 && k != -EAGAIN)
+				goto reset;
+			if (k == 0) {
+				u_eof = true;
+				shutdown(c->g, SHUT_WR);
+			} else if (k > 0 && pn && pump_guest(c, &h, pb, &pn) < 0) {
+				goto reset;
+			}
+		} else if (!u_eof && (p[1].revents & (POLLIN | POLLHUP | POLLERR))) {
 			ssize_t k = read(c->u, ub, COPY_BUF);
 			if (k < 0 && errno != EAGAIN && errno != EINTR)
 				goto reset;
@@ -419,6 +540,8 @@ out:
 		close(c->u);
 	if (c->g >= 0)
 		close(c->g);
+	pipe_close(gpp);
+	pipe_close(upp);
 	free(pb);
 	free(ub);
 }
@@ -456,6 +579,8 @@ static void accept_one(struct kiln_sniproxy *px, struct psb *sb, int lfd)
 	c->sb = sb;
 	c->g = g;
 	c->u = -1;
+	if (px->cfg.note && kiln_conn_note_flow(&c->note, g) < 0)
+		c->note.family = 0;	/* noted without its flow: the log cannot match it */
 	if (c->dst.ss_family == AF_INET) {
 		struct sockaddr_in *a = (struct sockaddr_in *)&c->dst;
 		c->family = 4;
@@ -473,9 +598,9 @@ static void accept_one(struct kiln_sniproxy *px, struct psb *sb, int lfd)
 	if (sb->dead)
 		over = "removal of the sandbox";
 	else if (sb->st.live >= px->cfg.max_conns_per_sandbox)
-		over = "sniproxy_max_conns_per_sandbox";
+		over = "sniproxy_conns_per_sandbox";
 	else if (px->st.live >= px->cfg.max_conns)
-		over = "sniproxy_max_conns";
+		over = "sniproxy_conns";
 	else if (!bucket_take(&sb->hs, t))
 		over = "sniproxy_handshakes_per_sandbox";
 	else if (!bucket_take(&px->hs, t))
@@ -496,6 +621,8 @@ static void accept_one(struct kiln_sniproxy *px, struct psb *sb, int lfd)
 			log_info("sniproxy: %s: connection reset: over %s (%llu so far)", sb->id, over,
 				 (unsigned long long)n_over);
 		kiln_policy_count_drop(sb->pol);
+		if (strncmp(over, "sniproxy_", 9) == 0)
+			note(px, sb->id, &c->note, KILN_PROXY_OVER_CAP, NULL, over);
 		rst_close(g);
 		free(c);
 		return;

@@ -27,6 +27,7 @@
 #include <sys/socket.h>
 
 #include "common/err.h"
+#include "netpolicy/connlog.h"
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 
@@ -58,6 +59,12 @@ struct kiln_sniproxy_config {
 	uint32_t name_timeout_ms;	/* 0: KILN_SNIPROXY_NAME_TIMEOUT_MS */
 	kiln_sniproxy_handoff_fn handoff;
 	void *handoff_arg;
+	/* The connection log's hook (NULL: none): called, from the connection's thread (the
+	 * accepting one for a cap), with the sandbox's network id and a KILN_NOTE_DECISION for
+	 * every connection the proxy takes: allowed (once, at the first check), refused and why,
+	 * or cut. On HTTP a later request refused notes again with its name. Must not block. */
+	kiln_conn_note_fn note;
+	void *note_arg;
 };
 
 struct kiln_sniproxy_stats {

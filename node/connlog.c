@@ -28,7 +28,19 @@ struct cl_sb {
 	struct cl_sb *next;
 };
 
+/* The proxies' notes on one sandbox's flows, waiting for the next pass. */
+struct cl_notes {
+	char id[48];
+	struct kiln_conn_note *v;
+	size_t n, cap;
+	uint64_t lost;			/* over the cap since the last pass */
+	bool attached;			/* to a batch of this pass */
+	struct cl_notes *next;
+};
+
 static struct {
+	pthread_mutex_t nmu;		/* notes (taken by proxies' threads, never held long) */
+	struct cl_notes *notes;
 	pthread_mutex_t mu;		/* passes and flushes, one at a time */
 	pthread_cond_t wake;
 	pthread_t thread;
@@ -36,7 +48,82 @@ static struct {
 	struct node *n;
 	struct cl_sb *list;
 	time_t last_sweep;
-} cl = { .mu = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER };
+} cl = { .nmu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
+	  .wake = PTHREAD_COND_INITIALIZER };
+
+void connlog_note(void *arg, const char *sandbox_id, const struct kiln_conn_note *note)
+{
+	struct node *n = arg;
+	size_t max = n && n->cfg.connlog_max_per_minute > 0 ? (size_t)n->cfg.connlog_max_per_minute
+							    : 600;
+	struct cl_notes *q;
+
+	if (!note->family || strlen(sandbox_id) >= sizeof(q->id))
+		return;
+	pthread_mutex_lock(&cl.nmu);
+	for (q = cl.notes; q && strcmp(q->id, sandbox_id); q = q->next)
+		;
+	if (!q && (q = calloc(1, sizeof(*q)))) {
+		snprintf(q->id, sizeof(q->id), "%s", sandbox_id);
+		q->next = cl.notes;
+		cl.notes = q;
+	}
+	if (q && q->n == q->cap && q->cap < max) {
+		size_t nc = q->cap ? 2 * q->cap : 16;
+		struct kiln_conn_note *v = realloc(q->v, (nc < max ? nc : max) * sizeof(*v));
+		if (v) {
+			q->v = v;
+			q->cap = nc < max ? nc : max;
+		}
+	}
+	if (q && q->n < q->cap)
+		q->v[q->n++] = *note;
+	else if (q)
+		q->lost++;
+	pthread_mutex_unlock(&cl.nmu);
+}
+
+/* Takes the notes waiting for sandbox `id` (NULL: every sandbox's), as a list the caller frees. */
+static struct cl_notes *notes_take(const char *id)
+{
+	struct cl_notes *got = NULL, **pp, *q;
+
+	pthread_mutex_lock(&cl.nmu);
+	for (pp = &cl.notes; (q = *pp);) {
+		if (id && strcmp(q->id, id)) {
+			pp = &q->next;
+			continue;
+		}
+		*pp = q->next;
+		q->next = got;
+		got = q;
+	}
+	pthread_mutex_unlock(&cl.nmu);
+	return got;
+}
+
+static void notes_free(struct cl_notes *q)
+{
+	while (q) {
+		struct cl_notes *next = q->next;
+		free(q->v);
+		free(q);
+		q = next;
+	}
+}
+
+/* Puts the notes of batch b's sandbox (if any) into it. */
+static void notes_attach(struct connlog_batch *b, struct cl_notes *list)
+{
+	for (struct cl_notes *q = list; q; q = q->next)
+		if (!q->attached && !strcmp(q->id, b->sandbox_id)) {
+			b->notes = q->v;
+			b->nnotes = q->n;
+			b->over_cap += q->lost;
+			q->attached = true;
+			return;
+		}
+}
 
 static uint64_t clock_ns(clockid_t id)
 {
@@ -127,6 +214,8 @@ static void pass(void)
 	size_t cap = 0, nb = 0;
 	char (*ids)[2][AUTH_CLAIM_MAX] = NULL;
 	size_t nids = 0;
+	/* before the rings: every flow a note is about is in its ring (or its table) by now */
+	struct cl_notes *notes = notes_take(NULL);
 
 	pthread_mutex_lock(&n->reg_lock);
 	for (struct sandbox *sb = n->sandboxes; sb; sb = sb->next)
@@ -158,11 +247,28 @@ static void pass(void)
 			b = p;
 			cap = nc;
 		}
-		read_one(s, &b[nb++]);
+		read_one(s, &b[nb]);
+		notes_attach(&b[nb++], notes);
+	}
+	/* notes of sandboxes not read in this pass (flushed meanwhile): their rows are there */
+	for (struct cl_notes *q = notes; q; q = q->next) {
+		if (q->attached)
+			continue;
+		if (nb == cap) {
+			size_t nc = cap ? 2 * cap : 16;
+			struct connlog_batch *p = realloc(b, nc * sizeof(*p));
+			if (!p)
+				break;
+			b = p;
+			cap = nc;
+		}
+		b[nb] = (struct connlog_batch){ .sandbox_id = q->id, .tenant_id = "" };
+		notes_attach(&b[nb++], notes);
 	}
 	write_pass(b, nb);
 	free(b);
 	free(ids);
+	notes_free(notes);
 	/* sandboxes gone without a flush (the node lost them) */
 	for (pp = &cl.list; (s = *pp);) {
 		if (s->live) {
@@ -239,6 +345,7 @@ void connlog_stop(struct node *n)
 		sb_free(s);
 	}
 	pthread_mutex_unlock(&cl.mu);
+	notes_free(notes_take(NULL));	/* of sandboxes the last pass no longer had */
 }
 
 void connlog_flush(struct node *n, struct sandbox *sb)
@@ -249,9 +356,11 @@ void connlog_flush(struct node *n, struct sandbox *sb)
 	if (!cl.n)
 		cl.n = n;
 	pthread_mutex_lock(&cl.mu);
+	struct cl_notes *notes = notes_take(sb->id);
 	s = entry(sb->id, sb->tenant_id);
 	if (s) {
 		read_one(s, &b);
+		notes_attach(&b, notes);
 		write_pass(&b, 1);
 		for (pp = &cl.list; *pp; pp = &(*pp)->next)
 			if (*pp == s) {
@@ -261,4 +370,5 @@ void connlog_flush(struct node *n, struct sandbox *sb)
 		sb_free(s);
 	}
 	pthread_mutex_unlock(&cl.mu);
+	notes_free(notes);
 }

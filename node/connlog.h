@@ -30,6 +30,13 @@ void connlog_stop(struct node *n);
  */
 void connlog_flush(struct node *n, struct sandbox *sb);
 
+/*
+ * Queues a proxy's note on a flow of sandbox `sandbox_id` (its id, not its network id) for the
+ * next pass (kiln_conn_note_fn; `arg` is the node). At most connlog_max_per_minute notes of one
+ * sandbox wait at once; the rest are counted as lost (over_cap). Never blocks on Postgres.
+ */
+void connlog_note(void *arg, const char *sandbox_id, const struct kiln_conn_note *note);
+
 /* --- the rows (connlog_store.c, a library of its own so tests link it alone) --- */
 
 /* One sandbox's share of a pass. */
@@ -39,11 +46,17 @@ struct connlog_batch {
 	const struct kiln_conn *conns;	/* is_new: inserted; else an update of a logged flow */
 	size_t n;
 	uint64_t ring_full, over_cap;	/* events lost since the last pass */
+	const struct kiln_conn_note *notes;	/* the proxies' notes on its flows, oldest first */
+	size_t nnotes;
 };
 
 /*
  * Writes one pass to Postgres: one multi-row insert of the new rows (a row already there keeps the
- * larger counts), one update of the live flows' counts and last packet, one upsert of the losses.
+ * larger counts), one update of the live flows' counts and last packet, one update of the rows the
+ * proxies' notes are about (the sandbox's latest TCP row of that guest port, address and port
+ * opened before the note: the checked name in dns_name, the decision in proxy_decision, a refusal
+ * turning the verdict to denied, the injector's requests appended to requests), one upsert of the
+ * losses. A note whose flow has no row (the row was over the cap) changes nothing.
  * `real_minus_mono_ns` turns the programs' CLOCK_MONOTONIC times into wall-clock times.
  */
 enum kiln_err connlog_store(struct pg *pg, const char *node_id, const struct connlog_batch *b,

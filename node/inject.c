@@ -68,6 +68,9 @@ struct conn {
 	size_t pre_len, pre_off;
 	struct rbuf gin, uin;
 	bool up_failed;		/* the upstream could not be reached or verified */
+	int replied;		/* the status of the injector's own last answer */
+	int noted;		/* requests noted in the connection log */
+	struct kiln_conn_note nt;	/* the flow (family 0: unknown) */
 	struct conn *next;
 };
 
@@ -119,6 +122,8 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 		inj->o.idle_timeout_s = 60;
 	if (inj->o.connect_timeout_s <= 0)
 		inj->o.connect_timeout_s = 10;
+	if (inj->o.requests_per_conn <= 0)
+		inj->o.requests_per_conn = 100;
 	if (!inj->o.port)
 		inj->o.port = 443;
 	pthread_mutex_init(&inj->lock, NULL);
@@ -693,8 +698,41 @@ static void reply(struct conn *c, int status, const char *reason, const char *ms
 			 "Connection: close\r\n\r\n%s\n",
 			 status, reason, strlen(msg) + 1, msg);
 
+	c->replied = status;
 	if (n > 0 && (size_t)n < sizeof(out))
 		ssl_write_all(c->g, out, (size_t)n);
+}
+
+/*
+ * Hands the connection log one relayed (or refused) request: its method, Host, the target's path
+ * without query or fragment, the status the guest got and whether a secret was added.
+ */
+static void note_request(struct conn *c, const char *method, const char *host, const char *target,
+			 size_t target_len, int status, bool secret)
+{
+	struct inject *inj = c->inj;
+	size_t plen = 0;
+
+	if (!inj->o.note || !c->nt.family || c->noted >= inj->o.requests_per_conn)
+		return;
+	c->noted++;
+	{
+		struct timespec ts;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		c->nt.at_ns = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	}
+	c->nt.kind = KILN_NOTE_REQUEST;
+	snprintf(c->nt.method, sizeof(c->nt.method), "%s", method);
+	snprintf(c->nt.name, sizeof(c->nt.name), "%s", host);
+	while (plen < target_len && target[plen] != '?' && target[plen] != '#' &&
+	       plen < KILN_NOTE_PATH_MAX)
+		plen++;
+	memcpy(c->nt.path, target, plen);
+	c->nt.path[plen] = '\0';
+	c->nt.status = status;
+	c->nt.secret = secret;
+	inj->o.note(inj->o.note_arg, c->sandbox, &c->nt);
 }
 
 static void set_timeouts(int fd, int seconds)
@@ -807,9 +845,13 @@ static bool relay_one(struct conn *c)
 	char *sp1, *sp2;
 	size_t blen = 0, mlen;
 	int k, r, status = 0;
-	bool http10, more = false, head_req;
+	bool http10, more = false, head_req, sent = false;
 	char *out = NULL;
 	size_t olen = 0;
+
+	c->replied = 0;
+	host[0] = '\0';
+	sp1 = sp2 = NULL;
 
 	r = head_read(&c->gin, &req);
 	if (r <= 0) {
@@ -906,6 +948,7 @@ static bool relay_one(struct conn *c)
 		    !ssl_write_all(c->u, "\r\n", 2))
 			goto out;
 	}
+	sent = true;
 	if (rf.expect_continue && !ssl_write_all(c->g, "HTTP/1.1 100 Continue\r\n\r\n", 25))
 		goto out;
 	if (rf.chunked ? !copy_chunked(&c->gin, c->u)
@@ -938,6 +981,9 @@ static bool relay_one(struct conn *c)
 		copy_eof(&c->uin, c->g);	/* delimited by the close: the connection ends */
 	more = more && !rf.close && !pf.close;
 out:
+	if (method[0] && sp1 && sp2)
+		note_request(c, method, host[0] ? host : c->host, sp1 + 1, (size_t)(sp2 - sp1 - 1),
+			     c->replied ? c->replied : status, blen > 0 && sent);
 	if (block)
 		auth_secret_free(block, blen);
 	if (out)
@@ -1091,6 +1137,8 @@ int inject_connection(struct inject *inj, const char *sandbox_id, int guest_fd, 
 	c->addr = *upstream;
 	c->gfd = guest_fd;
 	c->ufd = -1;
+	if (inj->o.note && kiln_conn_note_flow(&c->nt, guest_fd) < 0)
+		c->nt.family = 0;
 	if (pre_len)
 		memcpy(c->pre, pre, pre_len);
 	c->pre_len = pre_len;

@@ -22,6 +22,7 @@
 #include <sys/socket.h>
 
 #include "common/err.h"
+#include "netpolicy/connlog.h"
 #include "netpolicy/rules.h"
 #include "node/tenantca.h"
 
@@ -40,6 +41,13 @@ struct inject_opts {
 	unsigned short port;	/* the upstream port whose connections it takes (0: 443) */
 	const struct kiln_cidr *deny;	/* upstream addresses never dialled (egress_deny), copied */
 	size_t ndeny;
+	/* The connection log's hook (NULL: none): a KILN_NOTE_REQUEST for each of the first
+	 * requests_per_conn requests of a connection (method, Host, path without its query, the
+	 * status, whether a secret header was added; never a header's value), with the sandbox's
+	 * id. Called from the connection's thread; must not block. */
+	kiln_conn_note_fn note;
+	void *note_arg;
+	int requests_per_conn;	/* requests of one connection noted (0: 100) */
 };
 
 /* One secret, as the injector keeps it in memory. */

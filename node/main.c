@@ -301,7 +301,11 @@ static int store_init(struct kiln_error *err)
 					  .connections_max = (int)node.cfg.inject_connections_max,
 					  .per_sandbox_max =
 						  (int)node.cfg.inject_connections_per_sandbox,
-					  .deny = deny };
+					  .deny = deny,
+					  .note = connlog_note,
+					  .note_arg = &node,
+					  .requests_per_conn =
+						  (int)node.cfg.connlog_requests_per_conn };
 		if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &io.ndeny,
 					    err) != KILN_OK ||
 		    inject_new(&io, &node.inject, err) != KILN_OK)
@@ -388,6 +392,21 @@ static int sni_handoff(void *arg, const char *net_id, int guest_fd, const void *
 	return id[0] ? inject_handoff(n, id, guest_fd, pre, pre_len, host, upstream) : 0;
 }
 
+/* The name-checking proxy's notes for the connection log: its network id to the sandbox's id. */
+static void sni_note(void *arg, const char *net_id, const struct kiln_conn_note *note)
+{
+	struct node *n = arg;
+	char id[sizeof(n->sandboxes->id)] = "";
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (struct sandbox *it = n->sandboxes; it && !id[0]; it = it->next)
+		if (strcmp(it->net_id, net_id) == 0)
+			snprintf(id, sizeof(id), "%s", it->id);
+	pthread_mutex_unlock(&n->reg_lock);
+	if (id[0])
+		connlog_note(n, id, note);
+}
+
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
@@ -413,6 +432,8 @@ static int net_init(struct kiln_error *err)
 		.handshakes = (uint32_t)node.cfg.sniproxy_handshakes,
 		.handoff = sni_handoff,
 		.handoff_arg = &node,
+		.note = sni_note,
+		.note_arg = &node,
 	};
 	if (kiln_sniproxy_start(&sc, &node.sni, err) != KILN_OK)
 		return err->code;

@@ -15,6 +15,7 @@ import http.server
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "integration",
                                 "inject"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "tests", "harness"))
 from test_inject import make_ca, make_leaf, pem_cert, pem_key  # noqa: E402
 
 HOST = "api.test"

@@ -10,12 +10,17 @@ import os
 import secrets
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
 import kiln
+import testca
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# a real HTTPS server (tlsrecord.py) whose certificate a test CA signed, on an address fakenet's DNS
+# gives two names (tls.example.test, tlstwin.example.test) and does not serve itself
+TLS_ADDR, TLS_NAME, TLS_TWIN, TLS_DNS = "203.0.113.20", "tls.example.test", "tlstwin.example.test", "198.51.100.59"
 FAKENET = os.path.join(kiln.ROOT, "tests", "integration", "netpolicy", "fakenet.py")
 INET = ["203.0.113.%d" % i for i in range(10, 18)] + ["198.51.100.21", "198.51.100.22", "192.0.2.53",
                                                       "169.254.169.254", "2001:db8:1::10",
@@ -291,6 +296,73 @@ class EgressTests(unittest.TestCase):
             time.sleep(0.5)
         else:
             self.fail("the upstream connection stayed open: " + ss.stdout)
+
+    def test_real_clients_reach_an_allowed_name_not_its_twin_and_the_log_says_why(self):
+        # curl and Node in the guest, with the test CA (the guest's bundle untouched: --cacert,
+        # NODE_EXTRA_CA_CERTS); the server's certificate names both names, so only the
+        # name-checking proxy can refuse the twin
+        ns = os.environ["KILN_E2E_INET_NS"]
+        d = tempfile.mkdtemp(prefix="kiln-egress-tls-")
+        self.addCleanup(subprocess.run, ["rm", "-rf", d])
+        os.chmod(d, 0o755)
+        ca_key, ca = testca.make_ca("kiln e2e egress CA")
+        key, cert = testca.make_leaf(ca_key, ca, TLS_NAME, also=[TLS_TWIN])
+        for name, data in (("ca.pem", testca.pem_cert(ca)), ("leaf.crt", testca.pem_cert(cert)),
+                           ("leaf.key", testca.pem_key(key))):
+            with open(os.path.join(d, name), "wb") as f:
+                f.write(data)
+        log = os.path.join(d, "requests.jsonl")
+        open(log, "w").close()
+        for a in (TLS_ADDR, TLS_DNS):
+            subprocess.run(["ip", "-n", ns, "addr", "replace", a + "/32", "dev", "lo"], check=True)
+        p = subprocess.Popen(["ip", "netns", "exec", ns, sys.executable, os.path.join(HERE, "tlsrecord.py"),
+                              log, TLS_DNS, "%s=%s,%s,%s" % (TLS_NAME, TLS_ADDR, os.path.join(d, "leaf.crt"),
+                                                              os.path.join(d, "leaf.key"))],
+                             stdout=subprocess.PIPE, text=True)
+        self.addCleanup(p.wait)
+        self.addCleanup(p.kill)
+        self.assertEqual(p.stdout.readline().strip(), "ready")
+        self.assertEqual(self.egress([TLS_NAME]).status, 200)
+        ca_pem = testca.pem_cert(ca).decode()
+        node_js = (
+            "const https = require('https'), tls = require('tls');"
+            "https.get('https://%s/node', r => { let b = ''; r.on('data', c => b += c);"
+            " r.on('end', () => { console.log('node-ok', r.statusCode, b.split(' ')[1]);"
+            "  const s = tls.connect({host: '%s', port: 443, servername: '%s', rejectUnauthorized: false},"
+            "   () => { console.log('node-twin', 'connected'); s.destroy(); });"
+            "  s.on('error', e => console.log('node-twin', e.code)); }); })"
+            ".on('error', e => console.log('node-ok', e.code));" % (TLS_NAME, TLS_ADDR, TLS_TWIN))
+        script = (
+            "cat > /tmp/e2e-ca.pem <<'EOF'\n%sEOF\n"
+            "getent hosts %s | cut -d' ' -f1\n"
+            "curl -sS -m 20 --cacert /tmp/e2e-ca.pem https://%s/curl; echo curl-rc=$?\n"
+            "curl -sS -k -m 20 --resolve %s:443:%s https://%s/twin-curl 2>/dev/null; echo twin-rc=$?\n"
+            "NODE_EXTRA_CA_CERTS=/tmp/e2e-ca.pem node -e \"$NODE_JS\"\n"
+            % (ca_pem, TLS_NAME, TLS_NAME, TLS_TWIN, TLS_ADDR, TLS_TWIN))
+        r = self.gw.request("POST", f"/v1/sandboxes/{self.a['id']}/exec",
+                            {"cmd": ["sh", "-c", script], "env": {"NODE_JS": node_js}, "timeout_s": 120},
+                            self.key, timeout=150)
+        self.assertEqual(r.status, 200, r)
+        out = r.json()["stdout"].split()
+        # the twin fails at the reset: curl 35 (TLS connect) or 56 (receive), Node ECONNRESET
+        self.assertEqual(out[:4], [TLS_ADDR, "ok", "/curl", "curl-rc=0"], r.json())
+        self.assertIn(out[4], ("twin-rc=35", "twin-rc=56"), r.json())
+        self.assertEqual(out[5:], ["node-ok", "200", "/node", "node-twin", "ECONNRESET"], r.json())
+        with open(log) as f:
+            paths = [json.loads(line)["path"] for line in f if line.strip()]
+        self.assertEqual(sorted(paths), ["/curl", "/node"])
+        # the connection log: each flow's checked name and the proxy's decision
+        want = "%s,allowed,allowed;%s,no_rule,denied" % (TLS_NAME, TLS_TWIN)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            rows = self.stack.db.sql(
+                "SELECT string_agg(DISTINCT concat_ws(',', dns_name, proxy_decision, verdict), ';') "
+                f"FROM sandbox_connections WHERE sandbox_id = '{self.a['id']}' AND host(dst) = '{TLS_ADDR}' "
+                "AND dst_port = 443").strip()
+            if rows == want:
+                break
+            time.sleep(1)
+        self.assertEqual(rows, want)
 
     def test_a_bad_rule_is_422_naming_it_and_nothing_changes(self):
         self.assertEqual(self.egress(["sub.example.com"]).status, 200)

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import unittest
 
 import kiln
@@ -305,6 +306,27 @@ class SecretsTests(unittest.TestCase):
             self.assertEqual([v for k, v in g["headers"] if k.lower() == "authorization"],
                              [SECRET], g)
         self.assertEqual(got[0]["peer"], got[1]["peer"], "curl's two requests on two connections")
+        # the connection log: each request on its flow's row, whether a secret was added, never
+        # the value (nor the guest's own header)
+        want = ";".join("GET,%s,%s,%s" % (h, p, st) for h, p, st in (
+            (HOST, "/curl1", "200,true"), (HOST, "/curl2", "200,true"), (HOST, "/node", "200,true"),
+            (HOST, "/requests", "200,true"), (ROGUE, "/steal", "502,false"),
+            (HOST, "/urllib", "200,true")))
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            rows = self.stack.db.sql(
+                "SELECT string_agg(concat_ws(',', e->>'method', e->>'host', e->>'path', e->>'status', "
+                "e->>'secret'), ';' ORDER BY e->>'path') FROM sandbox_connections c, "
+                f"jsonb_array_elements(c.requests) e WHERE c.sandbox_id = '{self.sb['id']}' AND "
+                "e->>'path' IN ('/curl1', '/curl2', '/node', '/requests', '/steal', '/urllib')").strip()
+            if rows == want:
+                break
+            time.sleep(1)
+        self.assertEqual(rows, want)
+        logged = self.stack.db.sql("SELECT string_agg(requests::text || coalesce(dns_name, ''), '') "
+                                   "FROM sandbox_connections")
+        self.assertNotIn("e2e-s3cret", logged)
+        self.assertNotIn("guest-forged", logged)
 
     def test_8_another_tenants_sandbox_with_a_rule_for_the_host_gets_no_header(self):
         start = len(self.seen())

@@ -27,13 +27,14 @@ def make_ca(name):
     return key, cert
 
 
-def make_leaf(ca_key, ca_cert, host):
-    """A certificate for `host` (CN and DNS SAN) signed by the CA: (key, certificate)."""
+def make_leaf(ca_key, ca_cert, host, also=()):
+    """A certificate for `host` (CN and DNS SAN; `also`: more SANs) signed by the CA: (key, certificate)."""
     key = ec.generate_private_key(ec.SECP256R1())
     cert = (_validity(x509.CertificateBuilder()
                       .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, host)]))
                       .issuer_name(ca_cert.subject).public_key(key.public_key()))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(host)]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(h) for h in [host, *also]]),
+                           critical=False)
             .sign(ca_key, hashes.SHA256()))
     return key, cert
 

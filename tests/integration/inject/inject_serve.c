@@ -6,6 +6,9 @@
  *
  * Usage: inject_serve --host NAME --upstream PORT --ca-file PEM --ca-out PEM [--pre N]
  *                     [--max N] [--per-sandbox N] [--deny-loopback] [--handoff-from-netns] [--secret HOST HEADER VALUE]...
+ *                     [--notes FILE [--requests-per-conn N]]
+ * --notes appends the injector's notes for the connection log to FILE, one a line:
+ * "SANDBOX METHOD HOST PATH STATUS SECRET(0/1) PORT GUEST-PORT".
  * Writes the tenant CA's certificate to --ca-out, prints the port it listens on, then serves
  * until killed.
  */
@@ -13,6 +16,7 @@
 #include <sched.h>
 #include <stdbool.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +27,19 @@
 #include "node/tenantca.h"
 
 #define MAX_SECRETS 16
+
+static FILE *notes;
+static pthread_mutex_t notes_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void note(void *arg, const char *sb, const struct kiln_conn_note *n)
+{
+	(void)arg;
+	pthread_mutex_lock(&notes_mu);
+	fprintf(notes, "%s %s %s %s %d %d %u %u\n", sb, n->method, n->name, n->path, n->status,
+		n->secret, n->rport, n->gport);
+	fflush(notes);
+	pthread_mutex_unlock(&notes_mu);
+}
 
 int main(int argc, char **argv)
 {
@@ -64,6 +81,15 @@ int main(int argc, char **argv)
 			static struct kiln_cidr lo = { .family = 4, .plen = 8, .addr = { 127 } };
 			o.deny = &lo;
 			o.ndeny = 1;
+		} else if (strcmp(argv[i], "--notes") == 0 && i + 1 < argc) {
+			notes = fopen(argv[++i], "a");
+			if (!notes) {
+				perror(argv[i]);
+				return 2;
+			}
+			o.note = note;
+		} else if (strcmp(argv[i], "--requests-per-conn") == 0 && i + 1 < argc) {
+			o.requests_per_conn = atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--pre") == 0 && i + 1 < argc) {
 			pre = (size_t)atoi(argv[++i]);
 		} else if (strcmp(argv[i], "--secret") == 0 && i + 3 < argc && n < MAX_SECRETS) {

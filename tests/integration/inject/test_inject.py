@@ -241,6 +241,41 @@ class InjectTest(unittest.TestCase):
             self.assertEqual(up.seen[start:], [], (method, path))
             conn.close()
 
+    def test_connection_log_notes_requests_never_values(self):
+        notes = os.path.join(self.tmp.name, "notes-%d.log" % len(self.procs))
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)],
+                              extra=("--notes", notes, "--requests-per-conn", "4"))
+        conn = _Conn(port, ssl.create_default_context(cafile=ca))
+        self.assertEqual(self.request(conn, "GET", "/a/b?token=q-secret#frag")[0], 200)
+        self.assertEqual(self.request(conn, "POST", "/up", body=b"x" * 10)[0], 200)
+        self.assertEqual(self.request(conn, "GET", "/other", host="other.test")[0], 200)
+        self.assertEqual(self.request(conn, "GET", "/redirect")[0], 302)
+        self.assertEqual(self.request(conn, "GET", "/fifth")[0], 200)  # over the cap: not noted
+        conn.close()
+        conn = _Conn(port, ssl.create_default_context(cafile=ca))
+        self.assertEqual(self.request(conn, "TRACE", "/t")[0], 403)
+        conn.close()
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            with open(notes) as f:
+                lines = [l.split() for l in f.read().splitlines()]
+            if len(lines) >= 5:
+                break
+            time.sleep(0.1)
+        got = [l[:6] for l in lines]
+        self.assertEqual(got, [
+            ["sb_test", "GET", HOST, "/a/b", "200", "1"],
+            ["sb_test", "POST", HOST, "/up", "200", "1"],
+            ["sb_test", "GET", "other.test", "/other", "200", "0"],
+            ["sb_test", "GET", HOST, "/redirect", "302", "1"],
+            ["sb_test", "TRACE", HOST, "/t", "403", "0"]])
+        # the flow: the port the client dialled and its own port
+        self.assertTrue(all(l[6] == str(port) and 0 < int(l[7]) < 65536 for l in lines), lines)
+        with open(notes) as f:
+            text = f.read()
+        self.assertNotIn(SECRET, text)
+        self.assertNotIn("q-secret", text)
+
     def test_untrusted_upstream_gets_nothing(self):
         up = self.servers["rogue"]
         port, ca = self.serve("rogue", [(HOST, "Authorization", SECRET)])

@@ -34,6 +34,9 @@ DNS = {
     "rebind.test": [("A", "10.0.0.5"), ("A", "169.254.169.254"), ("A", "203.0.113.15")],
     "v6.test": [("AAAA", "2001:db8:1::10")],
     "other.test": [("A", "198.51.100.22")],
+    # two names on an address fakenet does not serve: test_egress.py's real HTTPS server
+    "tls.example.test": [("A", "203.0.113.20")],
+    "tlstwin.example.test": [("A", "203.0.113.20")],
     # 300 addresses: over 512 bytes, so only TCP carries them; the first one is served here
     "many.test": [("A", "203.0.113.10")] + [("A", "198.18.%d.%d" % (i // 200, 1 + i % 200)) for i in range(299)],
 }

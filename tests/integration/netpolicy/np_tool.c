@@ -35,7 +35,9 @@
  *                                     the name-checking proxy too (caps: NP_SNI_CONNS_PER_SANDBOX,
  *                                     NP_SNI_CONNS, NP_SNI_HS_PER_SANDBOX, NP_SNI_HS); prints its
  *                                     counters ("sniproxy accepted=.. spliced=.. refused=..
- *                                     over_cap=.. cut=..") at the end
+ *                                     over_cap=.. cut=..") at the end, after its notes for
+ *                                     the connection log, one a line ("note ID DECISION PORT
+ *                                     GPORT NAME", NAME "-" when none)
  *     destroy ID                      devices, netns and pins
  *     testrun N                       ns per packet of np_from_guest (BPF_PROG_TEST_RUN)
  *     replace-time ID N REPEAT        time to replace N rules live
@@ -43,6 +45,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -248,6 +251,25 @@ out:
 }
 
 /* Drains a sandbox's connection log once and prints it as JSON lines. */
+/* The name-checking proxy's notes, kept until the end (printing at once could block it). */
+static pthread_mutex_t notes_mu = PTHREAD_MUTEX_INITIALIZER;
+static char notes[1000][600];
+static size_t nnotes;
+
+static void keep_note(void *arg, const char *sb, const struct kiln_conn_note *n)
+{
+	(void)arg;
+	pthread_mutex_lock(&notes_mu);
+	if (nnotes < sizeof(notes) / sizeof(notes[0])) {
+		char d[64];
+		snprintf(d, sizeof(d), "%s%s%s", kiln_proxy_decision_name(n->decision),
+			 n->detail[0] ? ":" : "", n->detail);
+		snprintf(notes[nnotes++], sizeof(notes[0]), "note %s %s %u %u %s", sb, d, n->rport,
+			 n->gport, n->name[0] ? n->name : "-");
+	}
+	pthread_mutex_unlock(&notes_mu);
+}
+
 static int cmd_connlog(const char *id, uint32_t max)
 {
 	struct kiln_error err = {0};
@@ -427,6 +449,7 @@ int main(int argc, char **argv)
 				sc.handshakes_per_sandbox = (uint32_t)atoi(v);
 			if ((v = getenv("NP_SNI_HS")))
 				sc.handshakes = (uint32_t)atoi(v);
+			sc.note = keep_note;
 			if (kiln_sniproxy_start(&sc, &sp, &err))
 				return fail(&err);
 		}
@@ -455,6 +478,10 @@ int main(int argc, char **argv)
 		if (sp) {
 			struct kiln_sniproxy_stats st;
 			kiln_sniproxy_stats(sp, NULL, &st);
+			pthread_mutex_lock(&notes_mu);
+			for (size_t j = 0; j < nnotes; j++)
+				printf("%s\n", notes[j]);
+			pthread_mutex_unlock(&notes_mu);
 			printf("sniproxy accepted=%llu spliced=%llu refused=%llu over_cap=%llu cut=%llu\n",
 			       (unsigned long long)st.accepted, (unsigned long long)st.spliced,
 			       (unsigned long long)st.refused, (unsigned long long)st.over_cap,

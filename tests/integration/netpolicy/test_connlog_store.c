@@ -1,8 +1,9 @@
 /*
  * test_connlog_store.c - the connection log's rows (node/connlog_store.c) against the real
  * Postgres of the ctest fixture "services", migrated with the real migrations (each run makes its
- * own database): a pass inserts new rows once and updates live flows' counts, losses add up, and
- * the retention sweep deletes exactly the rows past it, in batches.
+ * own database): a pass inserts new rows once and updates live flows' counts, losses add up, the
+ * proxies' notes land on their flows' rows, and the retention sweep deletes exactly the rows past
+ * it, in batches.
  */
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -107,6 +108,103 @@ static void test_pass_inserts_then_updates(void)
 	CHECK_STR(got, "5000");
 }
 
+static struct kiln_conn_note decision(const char *addr, uint16_t port, uint16_t gport,
+				      uint64_t at_ns, enum kiln_proxy_decision d, const char *name)
+{
+	struct kiln_conn_note n = { .kind = KILN_NOTE_DECISION, .family = 4, .rport = port,
+				    .gport = gport, .at_ns = at_ns, .decision = d };
+	inet_pton(AF_INET, addr, n.raddr);
+	snprintf(n.name, sizeof(n.name), "%s", name);
+	return n;
+}
+
+static struct kiln_conn_note request(const char *addr, uint16_t port, uint16_t gport,
+				     uint64_t at_ns, const char *method, const char *host,
+				     const char *path, int status, bool secret)
+{
+	struct kiln_conn_note n = { .kind = KILN_NOTE_REQUEST, .family = 4, .rport = port,
+				    .gport = gport, .at_ns = at_ns, .status = status,
+				    .secret = secret };
+	inet_pton(AF_INET, addr, n.raddr);
+	snprintf(n.method, sizeof(n.method), "%s", method);
+	snprintf(n.name, sizeof(n.name), "%s", host);
+	snprintf(n.path, sizeof(n.path), "%s", path);
+	return n;
+}
+
+/* The proxies' notes land on their flows' rows: name, decision (a refusal denies), requests. */
+static void test_notes_name_decision_and_requests(void)
+{
+	struct kiln_error err = { 0 };
+	int64_t off = 1767323045LL * 1000000000LL - 1000000000LL;
+	const uint64_t s = 1000000000ull;
+	struct kiln_conn c[4] = {
+		conn("203.0.113.10", 443, IPPROTO_TCP, 1 * s, true),
+		conn("203.0.113.10", 80, IPPROTO_TCP, 1 * s, true),
+		conn("203.0.113.11", 443, IPPROTO_TCP, 2 * s, true),
+		conn("203.0.113.12", 443, IPPROTO_TCP, 2 * s, true),
+	};
+	char got[1024];
+
+	c[0].gport = 40001;
+	c[1].gport = 40002;
+	c[2].gport = 40003;
+	c[3].gport = 40004;
+	struct kiln_conn_note n[] = {
+		decision("203.0.113.10", 443, 40001, 1 * s + 5000, KILN_PROXY_ALLOWED,
+			 "sub.example.com"),
+		request("203.0.113.10", 443, 40001, 2 * s, "GET", "sub.example.com", "/a", 200,
+			true),
+		request("203.0.113.10", 443, 40001, 3 * s, "POST", "other.example.com", "/b\xff\"",
+			201, false),
+		decision("203.0.113.10", 80, 40002, 1 * s + 7000, KILN_PROXY_NOT_ANSWERED,
+			 "twin.example.com"),
+		decision("203.0.113.11", 443, 40003, 2 * s, KILN_PROXY_OVER_CAP, ""),
+		decision("203.0.113.12", 443, 40004, 2 * s, KILN_PROXY_ALLOWED, "a.example.com"),
+		decision("203.0.113.12", 443, 40004, 3 * s, KILN_PROXY_CUT, "a.example.com"),
+		/* no row for this flow (over the log's cap): nothing changes, nothing fails */
+		decision("203.0.113.99", 443, 40009, 2 * s, KILN_PROXY_NO_RULE, "x.example.com"),
+	};
+	snprintf(n[4].detail, sizeof(n[4].detail), "sniproxy_conns_per_sandbox");
+	struct connlog_batch b = { .sandbox_id = "sb_cln", .tenant_id = "tn_cl", .conns = c,
+				   .n = 4, .notes = n, .nnotes = sizeof(n) / sizeof(n[0]) };
+	CHECK_INT(connlog_store(pg, "node-a", &b, 1, off, &err), KILN_OK);
+	one("SELECT string_agg(concat_ws(',', src_port, verdict, coalesce(dns_name, '-'), "
+	    "coalesce(proxy_decision, '-'), coalesce(requests::text, '-')), ';' ORDER BY src_port) "
+	    "FROM sandbox_connections WHERE sandbox_id = 'sb_cln'", got, sizeof(got));
+	CHECK_STR(got, "40001,allowed,sub.example.com,allowed,"
+		       "[{\"host\": \"sub.example.com\", \"path\": \"/a\", \"method\": \"GET\", "
+		       "\"secret\": true, \"status\": 200}, {\"host\": \"other.example.com\", "
+		       "\"path\": \"/b\u00ff\\\"\", \"method\": \"POST\", \"secret\": false, "
+		       "\"status\": 201}];"
+		       "40002,denied,twin.example.com,not_answered,-;"
+		       "40003,denied,-,over_cap:sniproxy_conns_per_sandbox,-;"
+		       "40004,allowed,a.example.com,cut,-");
+
+	/* a later pass appends; a later refusal on the same connection (HTTP keep-alive) denies;
+	 * a new flow on the same ports gets the notes made after it opened */
+	struct kiln_conn c2[1] = { conn("203.0.113.10", 443, IPPROTO_TCP, 100 * s, true) };
+	c2[0].gport = 40002;
+	c2[0].rport = 80;
+	struct kiln_conn_note n2[] = {
+		request("203.0.113.10", 443, 40001, 10 * s, "DELETE", "sub.example.com", "/c", 403,
+			false),
+		decision("203.0.113.10", 80, 40002, 101 * s, KILN_PROXY_ALLOWED, "sub.example.com"),
+	};
+	struct connlog_batch b2 = { .sandbox_id = "sb_cln", .tenant_id = "tn_cl", .conns = c2,
+				    .n = 1, .notes = n2, .nnotes = 2 };
+	CHECK_INT(connlog_store(pg, "node-a", &b2, 1, off, &err), KILN_OK);
+	one("SELECT jsonb_array_length(requests) || ',' || (requests->2->>'method') FROM "
+	    "sandbox_connections WHERE sandbox_id = 'sb_cln' AND src_port = 40001", got,
+	    sizeof(got));
+	CHECK_STR(got, "3,DELETE");
+	one("SELECT string_agg(concat_ws(',', rfc3339(opened_at), verdict, dns_name, "
+	    "proxy_decision), ';' ORDER BY opened_at) FROM sandbox_connections "
+	    "WHERE sandbox_id = 'sb_cln' AND src_port = 40002", got, sizeof(got));
+	CHECK_STR(got, "2026-01-02T03:04:05Z,denied,twin.example.com,not_answered;"
+		       "2026-01-02T03:05:44Z,allowed,sub.example.com,allowed");
+}
+
 static void test_sweep_deletes_old_rows_in_batches(void)
 {
 	struct kiln_error err = { 0 };
@@ -143,6 +241,7 @@ int main(void)
 	pg = db.pg;
 
 	TEST(test_pass_inserts_then_updates);
+	TEST(test_notes_name_decision_and_requests);
 	TEST(test_sweep_deletes_old_rows_in_batches);
 
 	rc = test_summary();

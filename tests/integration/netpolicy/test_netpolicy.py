@@ -790,12 +790,14 @@ def sni_proxy(**env):
 
 
 def sni_stop():
-    """Stops the proxies; returns their counters."""
+    """Stops the proxies; returns their counters (their notes for the connection log, "note SB
+    DECISION PORT GPORT NAME" lines, go to sni["notes"])."""
     p = sni.pop("p", None)
     if not p:
         return {}
     p.terminate()
     out, _ = p.communicate(timeout=30)
+    sni["notes"] = [l.split()[1:] for l in out.splitlines() if l.startswith("note ")]
     for l in out.splitlines():
         if l.startswith("sniproxy "):
             return {k: int(v) for k, v in (w.split("=") for w in l.split()[1:])}
@@ -845,6 +847,15 @@ def test_names_checked_on_a_shared_address():
     assert "host=anything.example" in out, out
     st = sni_stop()
     assert st["refused"] >= 5 and st["spliced"] >= 5, st
+    # the connection log's notes: each connection's checked name and the decision, and why
+    notes = [(n[1], n[2], n[4]) for n in sni["notes"] if n[0] == SB_C]
+    for want in (("allowed", "80", "sub.example.com"), ("allowed", "443", "sub.example.com"),
+                 ("no_rule", "80", "twin.example.com"), ("no_rule", "443", "twin.example.com"),
+                 ("not_answered", "80", "twin.example.com"), ("allowed", "80", "twin.example.com"),
+                 ("allowed", "80", "v6.test"), ("no_rule", "80", "sub.example.com")):
+        assert want in notes, (want, notes)
+    # every note names the guest's port of its flow
+    assert all(int(n[3]) > 0 for n in sni["notes"]), sni["notes"]
     apply(SB_C)
 
 
@@ -869,6 +880,7 @@ def test_names_rule_change_cuts_a_live_connection():
     assert out.strip() == "TIMEOUT", "the still-allowed connection ended: " + out
     st = sni_stop()
     assert st["cut"] == 1, st
+    assert ("cut", "sub.example.com") in [(n[1], n[4]) for n in sni["notes"]], sni["notes"]
     apply(SB_C)
 
 
@@ -892,6 +904,8 @@ def test_names_proxy_caps_per_sandbox_and_handshakes():
     flood.wait(10)
     st = sni_stop()
     assert st["over_cap"] == 12, st
+    capped = [n for n in sni["notes"] if n[1] == "over_cap:sniproxy_conns_per_sandbox"]
+    assert len(capped) == 12 and all(n[0] == SB_C for n in capped), sni["notes"]
     # new connections a second
     sni_proxy(NP_SNI_HS_PER_SANDBOX="5")
     out = probe(NS_GC, "webflood", "203.0.113.10", 80, "sub.example.com", 20).stdout
