@@ -409,10 +409,6 @@ static enum kiln_err step_one(struct build *b, const struct df_step *s, struct k
 
 /* ---- the context ---- */
 
-struct fd_src {
-	int fd;
-};
-
 /* Copies the tar in and unpacks it; then applies the .dockerignore found in it. */
 static enum kiln_err build_context(struct build *b, struct kiln_error *err)
 {
@@ -551,8 +547,9 @@ static enum kiln_err build_start(struct build *b, const char *start_cmd, const c
 	} else if (b->df.start_argv) {
 		cmd[0] = '\0';
 		for (size_t i = 0; i < b->df.start_argc; i++) {
-			if ((i && len + 1 >= sizeof(cmd)) || (i && (cmd[len++] = ' ', false)) ||
-			    !sh_quote(cmd, sizeof(cmd), &len, b->df.start_argv[i]))
+			if (i && len + 1 < sizeof(cmd))
+				cmd[len++] = ' ';
+			if (!sh_quote(cmd, sizeof(cmd), &len, b->df.start_argv[i]))
 				return kiln_error_set(err, KILN_E_INVALID,
 						      "the start command is too long");
 		}
