@@ -1,7 +1,8 @@
 """Templates built from a Dockerfile in a builder microVM, and sandboxes created from them.
 
 On the fake internet of test_egress (its main() builds the host and internet namespaces) this test
-serves one file over plain HTTP (api.test:8000). One template is built through the public API and
+serves one file over plain HTTP (api.test:8000). One template is built with `kiln template build`
+(the CLI: tar of the context without what .dockerignore excludes, upload, the log followed) and
 shared by the cases: its Dockerfile COPYs a small Python package from the build context (whose
 .dockerignore leaves a file out), RUNs a step that fetches the file from the test server (the
 template's egress allows api.test only), sets ENV and WORKDIR, and starts a long-running HTTP server
@@ -28,6 +29,7 @@ import kiln
 import test_egress
 
 HOST, PORT = "198.51.100.21", 8000  # api.test
+KILN = os.path.join(kiln.BUILD, "cli", "kiln")
 FETCHED = "fetched from the fake internet\n"
 
 SERVER = r'''
@@ -93,20 +95,30 @@ class TemplateBuildTests(unittest.TestCase):
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("tbuild-a")
         cls.other = cls.stack.tenant("tbuild-b")
+        # The shared build goes through the CLI, as a user types it: kiln template build DIR.
+        ctx = os.path.join(cls.www, "web")
+        for name, text in {
+                "Dockerfile.web": DOCKERFILE,
+                ".dockerignore": "# not for the image\npkg/secret.txt\nnotes/\n",
+                "pkg/__init__.py": "NAME = 'kilnpkg'\n",
+                "pkg/util.py": "def twice(x):\n    return 2 * x\n",
+                "pkg/secret.txt": "left out\n",
+                "notes/todo.txt": "not sent\n"}.items():
+            os.makedirs(os.path.dirname(os.path.join(ctx, name)), exist_ok=True)
+            with open(os.path.join(ctx, name), "w") as f:
+                f.write(text)
         t0 = time.monotonic()
-        cls.tmpl, cls.version = cls.template("web", {
-            "ready_cmd": "curl -sf http://127.0.0.1:8080/name.txt",
-            "egress": {"rules": ["api.test"]}})
-        cls.put_dockerfile(cls.tmpl, cls.version, DOCKERFILE)
-        cls.put_source(cls.tmpl, cls.version, context_tar({
-            "Dockerfile": DOCKERFILE,
-            ".dockerignore": "# not for the image\npkg/secret.txt\n",
-            "pkg/__init__.py": "NAME = 'kilnpkg'\n",
-            "pkg/util.py": "def twice(x):\n    return 2 * x\n",
-            "pkg/secret.txt": "left out\n",
-        }))
-        cls.log, cls.end = cls.follow(cls.tmpl, cls.version)
+        env = dict(os.environ, KILN_URL=cls.gw.url, KILN_API_KEY=cls.key["Authorization"][7:])
+        cls.cli = subprocess.run([KILN, "template", "build", "-f", os.path.join(ctx, "Dockerfile.web"),
+                                  "--name", "web", "--ready", "curl -sf http://127.0.0.1:8080/name.txt",
+                                  "--allow", "api.test", ctx], env=env, capture_output=True, text=True,
+                                 timeout=900)
         cls.build_seconds = time.monotonic() - t0
+        assert cls.cli.returncode == 0, cls.cli.stderr
+        cls.tmpl, name, version = cls.cli.stdout.strip().split("\t")
+        assert name == "web" and version == "v1", cls.cli.stdout
+        cls.version = 1
+        cls.log, cls.end = cls.follow(cls.tmpl, cls.version)  # kept after the build: replayed
         print(f"\ntemplate build: {cls.build_seconds:.1f} s", file=sys.stderr)
 
     # ---------------------------------------------------------------- helpers
@@ -177,7 +189,9 @@ class TemplateBuildTests(unittest.TestCase):
     def test_a_failing_run_fails_the_build_with_its_log_and_nothing_to_create_from(self):
         tmpl, version = self.template("broken")
         self.put_dockerfile(tmpl, version, FAILING)
-        self.put_source(tmpl, version, context_tar({"Dockerfile": FAILING}))
+        # sent through the API with what its .dockerignore excludes: the builder leaves it out
+        self.put_source(tmpl, version, context_tar({"Dockerfile": FAILING, ".dockerignore": "junk\n",
+                                                    "junk/a.txt": "x", "kept.txt": "y"}))
         # while it builds, the tenant's next build is past template_max_builds (1 here)
         other, v2 = self.template("waiting")
         self.put_dockerfile(other, v2, "FROM base\nRUN true\n")
@@ -188,6 +202,7 @@ class TemplateBuildTests(unittest.TestCase):
         log, end = self.follow(tmpl, version)
         self.assertEqual(end["status"], "failed", (end, log))
         self.assertIn("Dockerfile line 3: RUN failed (exit status 3)", end["reason"])
+        self.assertIn("# .dockerignore: 2 paths of the context left out", log)  # junk/ and junk/a.txt
         self.assertIn("about to fail", log)
         self.assertIn("this step fails", log)
         self.assertNotIn("never reached", log)
@@ -236,6 +251,10 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertEqual(self.end["status"], "ready", (self.end, self.log))
         self.assertIn("built hello from kiln", self.log)
         self.assertIn("# step", self.log)
+        # the CLI printed the same log as it came, and sent no path .dockerignore leaves out
+        self.assertIn("built hello from kiln", self.cli.stderr)
+        self.assertIn("3 left out by .dockerignore", self.cli.stderr)  # notes/ and what is in it
+        self.assertIn("# .dockerignore: 0 paths of the context left out", self.log)
         got = self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).json()
         self.assertEqual(got["latest_ready_version"], self.version)
         self.assertEqual(got["versions"][0]["env"], {"GREETING": "hello from kiln", "APP_HOME": "/srv/app"})
@@ -245,6 +264,12 @@ class TemplateBuildTests(unittest.TestCase):
         t0 = time.monotonic()
         sb = self.create({"template": "web"}).json()
         print(f"create from the built template: {time.monotonic() - t0:.2f} s", file=sys.stderr)
+        env = dict(os.environ, KILN_URL=self.gw.url, KILN_API_KEY=self.key["Authorization"][7:])
+        p = subprocess.run([KILN, "create", "--template", "web"], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{p.stdout.strip()}", None, self.key)
+        self.assertEqual(self.sh({"id": p.stdout.strip()}, "cat /srv/app/name.txt")["stdout"], "kilnpkg\n")
         self.assertEqual(sb["memory_mib"], 512)
         snap = self.stack.db.sql(f"SELECT snapshot_id FROM template_versions WHERE template_id = '{self.tmpl}'"
                                  f" AND version = {self.version}")
