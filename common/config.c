@@ -106,8 +106,8 @@ const struct cfg_def config_table[] = {
 	  "past it the build fails naming the setting" },
 	{ "template_image_max_bytes", CFG_INT, F(template_image_max_bytes), "8589934592", 1 << 20,
 	  1LL << 42, NULL, false,
-	  "bytes a built template's root file system may use; past it the build fails naming the "
-	  "setting" },
+	  "bytes a built template's image (memory and disk, as the host measures it) may take; past "
+	  "it the build fails naming the setting" },
 	{ "template_build_log_max_bytes", CFG_INT, F(template_build_log_max_bytes), "1048576", 4096,
 	  1LL << 30, NULL, false,
 	  "bytes of one template build's log that are kept (the rest is cut, saying so)" },

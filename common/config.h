@@ -58,7 +58,7 @@ struct kiln_config {
 	long long template_source_max_bytes;	/* bytes of a build context upload */
 	long long template_max_builds;	/* template builds of one tenant running at once */
 	long long template_build_max_s;	/* seconds one template build may take */
-	long long template_image_max_bytes;	/* bytes a built image's file system may use */
+	long long template_image_max_bytes;	/* bytes a built image (memory + disk) may take */
 	long long template_build_log_max_bytes;	/* bytes of one build's log kept */
 
 	/* kiln-node */

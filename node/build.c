@@ -16,8 +16,9 @@
  *      values in its environment, COPY/ADD as cp(1) inside the guest from the unpacked context,
  *      every output line into the build log (template_build_log, read by the gateway);
  *   4. starts the start command (the version's start_cmd, else CMD/ENTRYPOINT) detached, waits
- *      for the ready check (ready_cmd exiting 0), checks the file system's size against
- *      template_image_max_bytes, and snapshots memory and disk (shared, like a base template):
+ *      for the ready check (ready_cmd exiting 0), and snapshots memory and disk (shared, like a
+ *      base template), whose size the host measures against template_image_max_bytes (the
+ *      guest's own figure is checked before, to fail early):
  *      that snapshot (kind build) is the version's warm image, restored copy-on-write by every
  *      create from it;
  *   5. deletes the builder sandbox. The whole build is bounded by template_build_max_s.
@@ -619,11 +620,12 @@ static enum kiln_err build_size(struct build *b, struct kiln_error *err)
 		      &out, "measuring the image", err);
 	if (rc == KILN_OK) {
 		used = out.data ? atoll(out.data) : 0;
-		build_log(b, "# image: %lld bytes in use", used);
+		/* The guest's word, checked early; the host measures the saved image again. */
+		build_log(b, "# file system: %lld bytes in use", used);
 		if (used > b->n->cfg.template_image_max_bytes)
 			rc = kiln_error_set(err, KILN_E_QUOTA,
-					    "the image uses %lld bytes, more than template_image_max_bytes "
-					    "(%lld)",
+					    "the image's file system uses %lld bytes, more than "
+					    "template_image_max_bytes (%lld)",
 					    used, b->n->cfg.template_image_max_bytes);
 	}
 	free(out.data);
@@ -636,6 +638,7 @@ static enum kiln_err build_snapshot(struct build *b, const char *snap, struct ki
 	struct node *n = b->n;
 	struct sandbox *sb = b->sb;
 	char dir[600], v[16], *env = NULL;
+	struct pg_res *res = NULL;
 	struct pg_conn *c;
 	enum kiln_err rc;
 
@@ -658,16 +661,32 @@ static enum kiln_err build_snapshot(struct build *b, const char *snap, struct ki
 		rc = pg_exec(c, "BEGIN", err);
 		if (rc == KILN_OK)
 			rc = snap_record_public(n, c, sb, snap, "build", NULL, dir, err);
+		/* The image's size as the host measured it (memory + disk), not as the guest says. */
 		if (rc == KILN_OK)
-			rc = PGQ(c, NULL, err,
-				 "UPDATE snapshots SET deleted_at = NULL WHERE id = $1", snap);
+			rc = PGQ(c, &res, err,
+				 "UPDATE snapshots SET deleted_at = NULL WHERE id = $1 RETURNING size_bytes",
+				 snap);
+		if (rc == KILN_OK && pg_res_int(res, 0, 0, 0) > n->cfg.template_image_max_bytes)
+			rc = kiln_error_set(err, KILN_E_QUOTA,
+					    "the image takes %lld bytes (memory and disk), more than "
+					    "template_image_max_bytes (%lld)",
+					    pg_res_int(res, 0, 0, 0), n->cfg.template_image_max_bytes);
 		if (rc == KILN_OK)
-			rc = PGQ(c, NULL, err,
+			build_log(b, "# image: %lld bytes (memory and disk)", pg_res_int(res, 0, 0, 0));
+		pg_res_free(res);
+		res = NULL;
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, err,
 				 "UPDATE template_versions SET status = 'ready', snapshot_id = $3, "
 				 "env = $4::jsonb, workdir = $5, run_user = $6, finished_at = now(), "
 				 "builder_id = NULL WHERE template_id = $1 AND version = $2::int "
-				 "AND status = 'building'",
+				 "AND status = 'building' AND template_id IN "
+				 "(SELECT id FROM templates WHERE deleted_at IS NULL) RETURNING 1",
 				 b->tmpl, v, snap, env ? env : "{}", b->workdir, b->user);
+		if (rc == KILN_OK && pg_res_rows(res) != 1)
+			rc = kiln_error_set(err, KILN_E_CONFLICT,
+					    "the template was deleted during its build");
+		pg_res_free(res);
 		if (rc == KILN_OK)
 			rc = pg_exec(c, "COMMIT", err);
 		else

@@ -257,6 +257,11 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertIn("# .dockerignore: 0 paths of the context left out", self.log)
         got = self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).json()
         self.assertEqual(got["latest_ready_version"], self.version)
+        # the build ran in a sandbox of the tenant (billed as sandbox time), deleted once saved
+        builder = self.stack.db.sql(
+            "SELECT s.tenant_id = t.tenant_id, s.deleted_at IS NOT NULL FROM sandboxes s, templates t "
+            f"WHERE t.id = '{self.tmpl}' AND s.metadata->>'kiln.template_build' = '{self.tmpl}/{self.version}'")
+        self.assertEqual(builder.split("|"), ["t", "t"], builder)
         self.assertEqual(got["versions"][0]["env"], {"GREETING": "hello from kiln", "APP_HOME": "/srv/app"})
         # another shape is 422 naming the template's
         r = self.create({"template": "web", "memory_mib": 1024}, expect=422)
