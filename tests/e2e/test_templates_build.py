@@ -8,8 +8,9 @@ shared by the cases: its Dockerfile COPYs a small Python package from the build 
 template's egress allows api.test only), sets ENV and WORKDIR, and starts a long-running HTTP server
 (CMD) that the template's ready check waits for. A sandbox created from it sees the files, the
 environment and the running server; another shape is 422 naming the template's. A failing RUN
-fails its build with its log and leaves nothing to create from (and, while it runs, the tenant's
-next build is past template_max_builds); an unsupported instruction is 422 naming its line and a
+fails its build with its log and leaves nothing to create from (its RUN steps reach the fake
+internet but not the host's services, as a sandbox; while it runs, the tenant's next build is past
+template_max_builds); an unsupported instruction is 422 naming its line and a
 context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
 template route and cannot create from it; deleting the template leaves its sandboxes running.
 """
@@ -54,8 +55,13 @@ RUN python3 -c "import pkg; print(pkg.NAME)" > name.txt && echo "built $GREETING
 CMD ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1"]
 """
 
+# Its egress is open, yet the host's services (its address, its database port, the sandboxes'
+# gateway, the metadata address) stay closed to a RUN exactly as to a sandbox (test_egress).
 FAILING = """FROM base
 RUN echo about to fail
+RUN for a in 192.0.2.1:80 192.0.2.1:5432 10.200.0.1:80 169.254.169.254:80 203.0.113.10:80; do \\
+      if timeout 5 bash -c "exec 3<>/dev/tcp/${a%:*}/${a#*:}" 2>/dev/null; \\
+      then echo "reached $a"; else echo "blocked $a"; fi; done
 RUN sleep 5 && echo this step fails >&2 && exit 3
 RUN echo never reached
 """
@@ -201,7 +207,10 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertEqual(got["versions"][0]["status"], "pending", got)
         log, end = self.follow(tmpl, version)
         self.assertEqual(end["status"], "failed", (end, log))
-        self.assertIn("Dockerfile line 3: RUN failed (exit status 3)", end["reason"])
+        self.assertIn("Dockerfile line 6: RUN failed (exit status 3)", end["reason"])
+        for a in ("192.0.2.1:80", "192.0.2.1:5432", "10.200.0.1:80", "169.254.169.254:80"):
+            self.assertIn(f"blocked {a}\n", log)
+        self.assertIn("reached 203.0.113.10:80\n", log)
         self.assertIn("# .dockerignore: 2 paths of the context left out", log)  # junk/ and junk/a.txt
         self.assertIn("about to fail", log)
         self.assertIn("this step fails", log)
