@@ -189,24 +189,24 @@ static enum kiln_err version_resolve(struct http_req *req, struct pg_conn *c, ch
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
 
-	if (q) {
+	/* The caller's template first: another tenant's is 404 whatever else the request holds. */
+	rc = PGQ(c, &res, err,
+		 "SELECT (SELECT max(v.version) FROM template_versions v WHERE v.template_id = t.id) "
+		 "FROM templates t WHERE t.tenant_id = $1 AND t.id = $2 AND t.deleted_at IS NULL",
+		 gw_principal(req)->tenant_id, id);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no template \"%s\"", id);
+	if (rc == KILN_OK && q) {
 		char *end = NULL;
 		long n = strtol(q, &end, 10);
 		if (!*q || *end || n < 1 || n > 1000000)
-			return kiln_error_set(err, KILN_E_INVALID,
-					      "version must be a number from 1 to 1000000");
-		snprintf(v, 16, "%ld", n);
-		return KILN_OK;
-	}
-	rc = PGQ(c, &res, err,
-		 "SELECT max(v.version) FROM template_versions v JOIN templates t "
-		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 "
-		 "AND t.deleted_at IS NULL",
-		 gw_principal(req)->tenant_id, id);
-	if (rc == KILN_OK && !pg_res_get(res, 0, 0))
-		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no template \"%s\"", id);
-	else if (rc == KILN_OK)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "version must be a number from 1 to 1000000");
+		else
+			snprintf(v, 16, "%ld", n);
+	} else if (rc == KILN_OK) {
 		snprintf(v, 16, "%s", pg_res_str(res, 0, 0));
+	}
 	pg_res_free(res);
 	return rc;
 }
@@ -263,34 +263,27 @@ static void templates_dockerfile(struct http_req *req)
 	enum kiln_err rc;
 
 	http_req_set_object(req, http_req_param(req, "id"));
-	rc = dockerfile_parse(text ? text : "", text ? len : 0, &df, &err);
-	dockerfile_free(&df);
-	if (rc != KILN_OK) {
-		http_reply_error(req, rc, "%s", err.msg);
-		return;
-	}
-	if (memchr(text, '\0', len)) {
-		http_reply_error(req, KILN_E_INVALID, "the Dockerfile holds a NUL byte");
-		return;
-	}
-	copy = strndup(text, len);
-	if (!copy) {
-		http_reply_error(req, KILN_E_NOMEM, "out of memory");
-		return;
-	}
 	c = gw_db(req);
-	if (!c) {
-		free(copy);
+	if (!c)
 		return;
-	}
+	/* Whose template first (404), then the text (413, 422), then the version's state (409). */
 	rc = version_resolve(req, c, v, &err);
+	if (rc == KILN_OK) {
+		rc = dockerfile_parse(text ? text : "", text ? len : 0, &df, &err);
+		dockerfile_free(&df);
+	}
+	if (rc == KILN_OK && memchr(text, '\0', len))
+		rc = kiln_error_set(&err, KILN_E_INVALID, "the Dockerfile holds a NUL byte");
+	copy = rc == KILN_OK ? strndup(text, len) : NULL;
+	if (rc == KILN_OK && !copy)
+		rc = kiln_error_set(&err, KILN_E_NOMEM, "out of memory");
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, &err,
-		 "UPDATE template_versions v SET dockerfile = $4 FROM templates t "
-		 "WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
-		 "AND v.version = $3::int AND t.deleted_at IS NULL AND v.status = 'pending' "
-		 "RETURNING 1",
-		 who->tenant_id, http_req_param(req, "id"), v, copy);
+			 "UPDATE template_versions v SET dockerfile = $4 FROM templates t "
+			 "WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+			 "AND v.version = $3::int AND t.deleted_at IS NULL AND v.status = 'pending' "
+			 "RETURNING 1",
+			 who->tenant_id, http_req_param(req, "id"), v, copy);
 	free(copy);
 	if (rc == KILN_OK && pg_res_rows(res) != 1)
 		rc = version_not_pending(req, c, v, "a Dockerfile is given to", &err);
