@@ -209,7 +209,9 @@ class TemplateLimits(GatewayCase):
         self.expect(self.call("PUT", base + "/dockerfile?version=2", "FROM base\n", h), 404, "not_found")
         self.expect(self.call("PUT", base + "/dockerfile?version=x", "FROM base\n", h), 422, "invalid")
         for method, path, body in (("PUT", "/dockerfile", "FROM base\n"), ("PUT", "/source", b"tar"),
-                                   ("GET", "/log", None)):
+                                   ("GET", "/log", None),
+                                   # whose template is decided before the body is read: no 422
+                                   ("PUT", "/dockerfile", "not a Dockerfile\n")):
             self.expect(self.call(method, base + path, body, other), 404, "not_found")
         # no node to build on: the version stays pending
         r = self.call("PUT", base + "/source", b"tar", h)
