@@ -77,9 +77,14 @@ enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *
 	if (rc != KILN_OK)
 		return rc;
 	body = out->body;
-	if (strcmp(json_str(body, "template", "python"), "python") != 0)
+	out->template = json_str(body, "template", "base");
+	if (strcmp(out->template, "base") == 0 || strcmp(out->template, "python") == 0)
+		out->template = NULL;
+	else if (apireq_template_name("template", out->template, err) != KILN_OK)
+		return KILN_E_INVALID;
+	else if (out->template && json_str(body, "snapshot_id", NULL))
 		return kiln_error_set(err, KILN_E_INVALID,
-				      "template: the only template is \"python\"");
+				      "template and snapshot_id exclude each other");
 	v = json_object_get(body, "vcpus");
 	vcpus = json_is_number(v) ? json_number_value(v) : 1.0;
 	mem = json_int(body, "memory_mib", 512);

@@ -33,10 +33,12 @@ enum kiln_err apireq_name(const char *field, const char *name, struct kiln_error
 bool apireq_rfc3339(const char *s);
 
 /*
- * POST /v1/sandboxes: template "python" (the only one), vcpus a multiple of 0.25 from 0.25 to 8
- * (default 1), memory_mib 256 to 16384 (512), disk_gib 10 to 60 (10), timeout_s 1 to 86400 (300),
- * metadata at most APIREQ_METADATA_MAX bytes as JSON (413). env, egress and bandwidth are the
- * node's to check. The caller frees it all with apireq_create_free(), also after a failure.
+ * POST /v1/sandboxes: template "base" (or its alias "python"; `template` NULL) or the name of a
+ * tenant's template (apireq_template_name; 422 naming `template` otherwise, and with snapshot_id),
+ * vcpus a multiple of 0.25 from 0.25 to 8 (default 1), memory_mib 256 to 16384 (512), disk_gib
+ * 10 to 60 (10), timeout_s 1 to 86400 (300), metadata at most APIREQ_METADATA_MAX bytes as JSON
+ * (413). env, egress and bandwidth are the node's to check. The caller frees it all with
+ * apireq_create_free(), also after a failure.
  */
 struct apireq_create {
 	json_t *body;
@@ -44,6 +46,7 @@ struct apireq_create {
 	long long timeout_s;
 	char *metadata;		/* owned: the metadata object's compact JSON text, "{}" */
 	const char *snapshot_id;	/* NULL when absent; points into body */
+	const char *template;	/* a tenant's template (apireq_template_name), NULL for the base */
 };
 enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *out,
 			    struct kiln_error *err);

@@ -177,6 +177,73 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 	return ok;
 }
 
+/*
+ * The tenant's template cr->template: its latest ready version's warm image (`snap`), the node
+ * holding it (`address`), its shape into *milli and *mem (a create asking another is 422 naming
+ * the template's), its disk into *disk unless a larger one is asked (a smaller one is 422), its
+ * ENV into *env (a new object). Replies and returns false when it cannot be used.
+ */
+static bool template_source(struct http_req *req, struct pg_conn *c, const struct apireq_create *cr,
+			    long long *milli, long long *mem, long long *disk, char *snap,
+			    size_t slen, char *address, size_t alen, json_t **env)
+{
+	const struct principal *who = gw_principal(req);
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	bool ok = false;
+	long long tv, tm, td;
+	enum kiln_err rc;
+
+	rc = PGQ(c, &res, &err,
+		 "SELECT v.snapshot_id, n.address, v.vcpu_milli, v.memory_mib, v.disk_gib, "
+		 "coalesce(v.env, '{}'::jsonb)::text FROM templates t "
+		 "JOIN template_versions v ON v.template_id = t.id "
+		 "JOIN snapshots s ON s.id = v.snapshot_id AND s.deleted_at IS NULL "
+		 "JOIN nodes n ON n.id = s.node_id "
+		 "WHERE t.tenant_id = $1 AND t.name = $2 AND t.deleted_at IS NULL "
+		 "AND v.status = 'ready' ORDER BY v.version DESC LIMIT 1",
+		 who->tenant_id, cr->template);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return false;
+	}
+	if (pg_res_rows(res) != 1) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no template \"%s\" with a ready version",
+				 cr->template);
+		goto out;
+	}
+	tv = pg_res_int(res, 0, 2, 0);
+	tm = pg_res_int(res, 0, 3, 0);
+	td = pg_res_int(res, 0, 4, 0);
+	if ((json_object_get(cr->body, "vcpus") && *milli != tv) ||
+	    (json_object_get(cr->body, "memory_mib") && *mem != tm)) {
+		http_reply_error(req, KILN_E_INVALID,
+				 "template \"%s\" has %lld.%03lld vCPUs and %lld MiB of memory: "
+				 "leave vcpus and memory_mib out or ask for those",
+				 cr->template, tv / 1000, tv % 1000, tm);
+		goto out;
+	}
+	if (json_object_get(cr->body, "disk_gib") && *disk < td) {
+		http_reply_error(req, KILN_E_INVALID,
+				 "disk_gib must be at least %lld, the size of template \"%s\"", td,
+				 cr->template);
+		goto out;
+	}
+	if (!json_object_get(cr->body, "disk_gib"))
+		*disk = td;
+	*milli = tv;
+	*mem = tm;
+	snprintf(snap, slen, "%s", pg_res_str(res, 0, 0));
+	snprintf(address, alen, "%s", pg_res_str(res, 0, 1));
+	*env = json_loads(pg_res_str(res, 0, 5), 0, NULL);
+	ok = *env != NULL;
+	if (!ok)
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+out:
+	pg_res_free(res);
+	return ok;
+}
+
 static void sandbox_create(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -188,6 +255,8 @@ static void sandbox_create(struct http_req *req)
 	json_t *body, *nb = NULL;
 	struct pg_conn *c = NULL;
 	char id[AUTH_ID_MAX], address[256] = "", path[128], *text = NULL, *meta;
+	char snap_of[AUTH_ID_MAX] = "";
+	json_t *tenv = NULL;
 	long long mem, disk, tmo, milli;
 
 	if (apireq_create(btext, blen, &cr, &perr) != KILN_OK) {
@@ -201,9 +270,15 @@ static void sandbox_create(struct http_req *req)
 	disk = cr.disk_gib;
 	tmo = cr.timeout_s;
 	c = gw_db(req);
+	if (c && cr.template &&
+	    !template_source(req, c, &cr, &milli, &mem, &disk, snap_of, sizeof(snap_of), address,
+			     sizeof(address), &tenv))
+		goto out;
 	if (!c || !admit(req, c, 1, (unsigned)milli, (unsigned)mem))
 		goto out;
-	if (json_str(body, "snapshot_id", NULL)) {
+	if (cr.template) {
+		/* from the template's warm image, on the node that holds it */
+	} else if (json_str(body, "snapshot_id", NULL)) {
 		/*
 		 * From a snapshot: on the node that holds it, in the snapshot's shape, with its disk
 		 * or a larger one when disk_gib asks (never a smaller one).
@@ -248,15 +323,19 @@ static void sandbox_create(struct http_req *req)
 	if (json_is_true(json_object_get(body, "auto_resume")) && !port_settings_create(req, id))
 		goto out;	/* its setting first (api/ports.c): the node then makes the sandbox */
 	/* The node validates env, egress and bandwidth (422 naming the bad one) before it boots. */
-	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:O?, s:O?}", "template",
-		       "python",
+	if (tenv && json_is_object(json_object_get(body, "env")))
+		json_object_update(tenv, json_object_get(body, "env"));	/* the caller's win */
+	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:o?, s:O?}", "template",
+		       cr.template ? cr.template : "python",
 		       "vcpu_milli", (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib",
 		       (json_int_t)disk, "timeout_s", (json_int_t)tmo, "env",
-		       json_object_get(body, "env"), "metadata", json_loads(meta ? meta : "{}", 0, NULL),
+		       tenv ? tenv : json_object_get(body, "env"), "metadata",
+		       json_loads(meta ? meta : "{}", 0, NULL),
 		       "egress", json_object_get(body, "egress"), "bandwidth",
 		       json_object_get(body, "bandwidth"), "snapshot_id",
-		       json_object_get(body, "snapshot_id"), "secrets",
-		       json_object_get(body, "secrets"));
+		       snap_of[0] ? json_string(snap_of)
+				  : json_incref(json_object_get(body, "snapshot_id")),
+		       "secrets", json_object_get(body, "secrets"));
 	text = nb ? json_dumps(nb, JSON_COMPACT) : NULL;
 	if (!text) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -275,6 +354,7 @@ out:
 		explicit_bzero(text, strlen(text));	/* it may carry secrets' values */
 	free(text);
 	json_decref(nb);
+	json_decref(tenv);
 	apireq_create_free(&cr);
 }
 

@@ -3,15 +3,29 @@
  * templates, each a name with numbered versions. POST /v1/templates adds a version (making the
  * template when the name is new); GET lists and gets them; DELETE removes a template with all its
  * versions. Every query is scoped by the caller's tenant: another tenant's template is 404.
+ *
+ * A version (?version=N, the newest when left out) is built from a Dockerfile and a build
+ * context: PUT .../dockerfile stores the
+ * Dockerfile once parsed (422 naming the line), PUT .../source streams the context (a tar) to the
+ * node chosen for the build, which builds it (node/build.c); GET .../log follows the build's log
+ * as server-sent events.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "api/apireq.h"
 #include "api/authn.h"
 #include "api/gateway.h"
+#include "api/nodeclient.h"
 #include "auth/scopes.h"
+#include "common/dockerfile.h"
+#include "common/pump.h"
+
+#define TEMPLATE_NODE_FRESH_S "10"	/* as routes_sandboxes.c: older heartbeats get no work */
+#define TEMPLATE_SOURCE_MAX ((size_t)1 << 42)	/* the route's bound; the setting is checked */
 
 /* POST /v1/templates: 201 {id, name, version}, or 403 naming the limit reached. */
 static void templates_create(struct http_req *req)
@@ -145,9 +159,13 @@ static void templates_delete(struct http_req *req)
 	if (!c)
 		return;
 	http_req_set_object(req, id);
+	/* Its images go once no sandbox made from them stands on them (node/lifecycle.c, snap_gc). */
 	rc = PGQ(c, &res, &err,
-		 "UPDATE templates SET deleted_at = now() WHERE tenant_id = $1 "
-		 "AND id = $2 AND deleted_at IS NULL RETURNING id",
+		 "WITH t AS (UPDATE templates SET deleted_at = now() WHERE tenant_id = $1 "
+		 "AND id = $2 AND deleted_at IS NULL RETURNING id), "
+		 "s AS (UPDATE snapshots SET deleted_at = now() WHERE kind = 'build' AND tenant_id = $1 "
+		 "AND deleted_at IS NULL AND id IN (SELECT v.snapshot_id FROM template_versions v "
+		 "JOIN t ON t.id = v.template_id)) SELECT id FROM t",
 		 who->tenant_id, id);
 	pg_release(gw->pg, c);
 	if (rc == KILN_OK && pg_res_rows(res) == 0)
@@ -159,6 +177,470 @@ static void templates_delete(struct http_req *req)
 		http_reply_empty(req, 204);
 }
 
+/*
+ * The version a version route names: ?version=N (1 to 1000000), or the template's newest when
+ * absent, as text into `v`. KILN_E_INVALID for a malformed one, KILN_E_NOT_FOUND when the caller
+ * has no such template (another tenant's included); `err` says it.
+ */
+static enum kiln_err version_resolve(struct http_req *req, struct pg_conn *c, char v[16],
+				     struct kiln_error *err)
+{
+	const char *q = http_req_query(req, "version"), *id = http_req_param(req, "id");
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	/* The caller's template first: another tenant's is 404 whatever else the request holds. */
+	rc = PGQ(c, &res, err,
+		 "SELECT (SELECT max(v.version) FROM template_versions v WHERE v.template_id = t.id) "
+		 "FROM templates t WHERE t.tenant_id = $1 AND t.id = $2 AND t.deleted_at IS NULL",
+		 gw_principal(req)->tenant_id, id);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no template \"%s\"", id);
+	if (rc == KILN_OK && q) {
+		char *end = NULL;
+		long n = strtol(q, &end, 10);
+		if (!*q || *end || n < 1 || n > 1000000)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "version must be a number from 1 to 1000000");
+		else
+			snprintf(v, 16, "%ld", n);
+	} else if (rc == KILN_OK) {
+		snprintf(v, 16, "%s", pg_res_str(res, 0, 0));
+	}
+	pg_res_free(res);
+	return rc;
+}
+
+/*
+ * Why a version could not be changed (missing: 404; not pending or without its Dockerfile: 409)
+ * into `err`; returns its code.
+ */
+static enum kiln_err version_not_pending(struct http_req *req, struct pg_conn *c, const char *v,
+					 const char *what, struct kiln_error *err)
+{
+	const struct principal *who = gw_principal(req);
+	const char *id = http_req_param(req, "id");
+	struct pg_res *res = NULL;
+	enum kiln_err rc;
+
+	rc = PGQ(c, &res, err,
+		 "SELECT v.status, v.dockerfile IS NOT NULL FROM template_versions v "
+		 "JOIN templates t ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 "
+		 "AND v.version = $3::int AND t.deleted_at IS NULL",
+		 who->tenant_id, id, v);
+	if (rc != KILN_OK)
+		;
+	else if (pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no version %s of template \"%s\"", v, id);
+	else if (strcmp(pg_res_str(res, 0, 0), "pending") != 0)
+		rc = kiln_error_set(err, KILN_E_CONFLICT,
+				    "version %s of template \"%s\" is %s: %s only a pending version",
+				    v, id, pg_res_str(res, 0, 0), what);
+	else
+		rc = kiln_error_set(err, KILN_E_CONFLICT,
+				    "version %s of template \"%s\" has no Dockerfile yet: PUT "
+				    "/v1/templates/%s/dockerfile?version=%s first",
+				    v, id, id, v);
+	pg_res_free(res);
+	return rc;
+}
+
+/*
+ * PUT /v1/templates/{id}/dockerfile[?version=N]: the version's Dockerfile, parsed (422 naming
+ * the line, 413 past DOCKERFILE_MAX_BYTES) and stored while the version is pending. 204.
+ */
+static void templates_dockerfile(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	struct kiln_error err = { 0 };
+	struct dockerfile df = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	char *copy, v[16];
+	enum kiln_err rc;
+
+	http_req_set_object(req, http_req_param(req, "id"));
+	c = gw_db(req);
+	if (!c)
+		return;
+	/* Whose template first (404), then the text (413, 422), then the version's state (409). */
+	rc = version_resolve(req, c, v, &err);
+	if (rc == KILN_OK) {
+		rc = dockerfile_parse(text ? text : "", text ? len : 0, &df, &err);
+		dockerfile_free(&df);
+	}
+	if (rc == KILN_OK && memchr(text, '\0', len))
+		rc = kiln_error_set(&err, KILN_E_INVALID, "the Dockerfile holds a NUL byte");
+	copy = rc == KILN_OK ? strndup(text, len) : NULL;
+	if (rc == KILN_OK && !copy)
+		rc = kiln_error_set(&err, KILN_E_NOMEM, "out of memory");
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, &err,
+			 "UPDATE template_versions v SET dockerfile = $4 FROM templates t "
+			 "WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+			 "AND v.version = $3::int AND t.deleted_at IS NULL AND v.status = 'pending' "
+			 "RETURNING 1",
+			 who->tenant_id, http_req_param(req, "id"), v, copy);
+	free(copy);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = version_not_pending(req, c, v, "a Dockerfile is given to", &err);
+	if (rc != KILN_OK)
+		gw_fail(req, rc, &err);
+	else
+		http_reply_empty(req, 204);
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+}
+
+/* A build context streaming through to the node that builds it. */
+struct source_up {
+	struct node_stream *ns;
+	int fd;
+	long long bytes;
+	bool started;		/* the version was moved to building */
+	enum kiln_err refused;	/* why the upload was not taken, `err` saying it */
+	struct kiln_error err;
+	char v[16];		/* the version */
+};
+
+static void source_up_free(void *p)
+{
+	struct source_up *u = p;
+
+	if (u->fd >= 0)
+		close(u->fd);
+	node_stream_abort(u->ns);
+	free(u);
+}
+
+/*
+ * Chooses the node (the one holding the FROM template's image, else the freshest with the most
+ * free memory), moves the version to building there under template_max_builds, and starts the
+ * call that streams the context to it. Does not reply (the body is still coming): a refusal is
+ * returned with its message in u->err.
+ */
+static enum kiln_err source_start(struct http_req *req, struct source_up *u)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	const char *id = http_req_param(req, "id"), *v = u->v;
+	struct kiln_error *err = &u->err;
+	struct dockerfile df = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	char node[128] = "", address[256] = "", path[256], maxb[24];
+	bool from_base = true;
+	enum kiln_err rc;
+
+	if (pg_acquire(gw->pg, &c, err) != KILN_OK)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the database is unavailable");
+	rc = version_resolve(req, c, u->v, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+		 "SELECT v.dockerfile FROM template_versions v JOIN templates t "
+		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 "
+		 "AND v.version = $3::int AND t.deleted_at IS NULL AND v.status = 'pending' "
+		 "AND v.dockerfile IS NOT NULL",
+		 who->tenant_id, id, v);
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		const char *text = pg_res_str(res, 0, 0);
+		rc = dockerfile_parse(text, strlen(text), &df, err);
+	} else if (rc == KILN_OK) {
+		rc = version_not_pending(req, c, v, "a source is given to", err);
+	}
+	pg_res_free(res);
+	res = NULL;
+	if (rc == KILN_OK)
+		from_base = strcmp(df.from, "base") == 0 || strcmp(df.from, "python") == 0;
+	if (rc == KILN_OK && !from_base)
+		rc = PGQ(c, &res, err,
+			 "SELECT n.id, n.address FROM templates t JOIN template_versions v "
+			 "ON v.template_id = t.id JOIN snapshots s ON s.id = v.snapshot_id "
+			 "JOIN nodes n ON n.id = s.node_id WHERE t.tenant_id = $1 AND t.name = $2 "
+			 "AND t.deleted_at IS NULL AND v.status = 'ready' "
+			 "ORDER BY v.version DESC LIMIT 1",
+			 who->tenant_id, df.from);
+	else if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "SELECT n.id, n.address FROM nodes n WHERE n.heartbeat_at > now() - "
+			 "interval '" TEMPLATE_NODE_FRESH_S " seconds' ORDER BY n.memory_mib - "
+			 "(SELECT coalesce(sum(s.memory_mib), 0) FROM sandboxes s WHERE s.node_id = n.id "
+			 "AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')) DESC, n.id "
+			 "LIMIT 1");
+	if (rc == KILN_OK && pg_res_rows(res) != 1) {
+		rc = !from_base ? kiln_error_set(err, KILN_E_INVALID,
+						 "FROM %s: the tenant has no ready template of that "
+						 "name",
+						 df.from)
+				: kiln_error_set(err, KILN_E_NO_CAPACITY, "no node can build now");
+	} else if (rc == KILN_OK) {
+		snprintf(node, sizeof(node), "%s", pg_res_str(res, 0, 0));
+		snprintf(address, sizeof(address), "%s", pg_res_str(res, 0, 1));
+	}
+	dockerfile_free(&df);
+	pg_res_free(res);
+	res = NULL;
+	snprintf(maxb, sizeof(maxb), "%lld", gw->cfg.template_max_builds);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "SELECT state, quota FROM template_build_start($1, $2, $3::int, $4, $5::int)",
+			 who->tenant_id, id, v, node, maxb);
+	if (rc == KILN_OK && pg_res_get(res, 0, 1))
+		rc = kiln_error_set(err, KILN_E_RATE_LIMITED, "%s", pg_res_str(res, 0, 1));
+	else if (rc == KILN_OK && (!pg_res_get(res, 0, 0) ||
+				   strcmp(pg_res_str(res, 0, 0), "pending") != 0))
+		rc = version_not_pending(req, c, v, "a source is given to", err);
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+	if (rc != KILN_OK)
+		return rc;
+	u->started = true;
+	snprintf(path, sizeof(path), "/v1/builds/%s/source?version=%s", id, v);
+	u->ns = node_stream_start(req, &(struct node_call){ .address = address, .method = "PUT",
+							     .path = path, .sandbox_id = id, .who = who,
+							     .upload_fd = -1,
+							     .content_type = "application/x-tar" },
+				  &u->fd);
+	if (!u->ns)
+		return kiln_error_set(err, KILN_E_NOMEM, "the node cannot be called");
+	return KILN_OK;
+}
+
+static enum kiln_err source_sink(struct http_req *req, const char *data, size_t len)
+{
+	struct gateway *gw = http_req_app(req);
+	struct source_up *u = http_req_hctx(req);
+
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return KILN_E_NOMEM;
+		u->fd = -1;
+		http_req_set_hctx(req, u, source_up_free);
+		u->refused = source_start(req, u);
+	}
+	if (u->refused)
+		return u->refused;
+	if (u->bytes + (long long)len > gw->cfg.template_source_max_bytes)
+		return u->refused = KILN_E_TOO_LARGE;
+	u->bytes += (long long)len;
+	while (len) {
+		ssize_t w = write(u->fd, data, len);
+		if (w < 0)
+			return KILN_E_UNAVAILABLE;	/* the node hung up: its answer says why */
+		data += w;
+		len -= (size_t)w;
+	}
+	return KILN_OK;
+}
+
+/* Puts a version whose upload never reached its node back to pending. */
+static void source_undo(struct http_req *req, const char *v)
+{
+	struct gateway *gw = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
+		return;
+	PGQ(c, NULL, &err,
+	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL "
+	    "FROM templates t WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+	    "AND v.version = $3::int AND v.status = 'building' AND v.builder_id IS NULL",
+	    gw_principal(req)->tenant_id, http_req_param(req, "id"), v);
+	pg_release(gw->pg, c);
+}
+
+/*
+ * PUT /v1/templates/{id}/source[?version=N]: the build context (a tar holding what the
+ * Dockerfile COPYs), at most template_source_max_bytes; 202 and the build runs.
+ */
+static void templates_source(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	struct source_up *u = http_req_hctx(req);
+	struct kiln_error err = { 0 };
+	enum kiln_err src = http_req_stream_error(req, &err);
+
+	http_req_set_object(req, http_req_param(req, "id"));
+	if (!u && src == KILN_OK) {
+		source_sink(req, NULL, 0);	/* an empty body: start it to get the node's answer */
+		u = http_req_hctx(req);
+	}
+	if (!u) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	if (src == KILN_E_TOO_LARGE || u->refused == KILN_E_TOO_LARGE) {
+		if (u->started)
+			source_undo(req, u->v);
+		http_reply_error(req, KILN_E_TOO_LARGE,
+				 "the build context is larger than template_source_max_bytes (%lld "
+				 "bytes)",
+				 gw->cfg.template_source_max_bytes);
+		return;
+	}
+	if (u->refused) {
+		if (u->started)
+			source_undo(req, u->v);
+		if (u->refused == KILN_E_RATE_LIMITED)
+			http_reply_header(req, "Retry-After", "30");
+		gw_fail(req, u->refused, &u->err);
+		return;
+	}
+	if (src != KILN_OK && src != KILN_E_UNAVAILABLE) {
+		source_undo(req, u->v);
+		http_reply_error(req, src, "the upload failed");
+		return;
+	}
+	close(u->fd);
+	u->fd = -1;
+	node_stream_finish(req, u->ns);	/* the node's answer; it undoes a failed upload itself */
+	u->ns = NULL;
+}
+
+/* The build log followed as server-sent events. */
+struct log_follow {
+	struct gateway *gw;
+	char tenant[AUTH_CLAIM_MAX], id[AUTH_ID_MAX], v[16];
+};
+
+static void log_follow_free(void *p)
+{
+	free(p);
+}
+
+/* Writes one SSE event of JSON `j` (consumed). -1 when the client left. */
+static int sse_event(struct pump *p, const char *event, json_t *j)
+{
+	char *text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+	char head[64];
+	int rc = -1;
+
+	json_decref(j);
+	if (!text)
+		return -1;
+	snprintf(head, sizeof(head), "event: %s\ndata: ", event);
+	if (pump_write(p, head, strlen(head)) == 0 && pump_write(p, text, strlen(text)) == 0 &&
+	    pump_write(p, "\n\n", 2) == 0)
+		rc = 0;
+	free(text);
+	return rc;
+}
+
+static void log_produce(struct pump *p, void *ctx)
+{
+	struct log_follow *f = ctx;
+	struct kiln_error err = { 0 };
+	char seq[24] = "0";
+	time_t give_up = time(NULL) + f->gw->cfg.template_build_max_s + 300;
+
+	pump_ready(p, 200, "text/event-stream");
+	for (;;) {
+		struct pg_res *res = NULL, *st = NULL;
+		struct pg_conn *c;
+		bool building = false;
+		size_t rows = 0;
+
+		if (pg_acquire(f->gw->pg, &c, &err) != KILN_OK) {
+			sse_event(p, "error", json_pack("{s:s}", "message", "the database is unavailable"));
+			return;
+		}
+		if (PGQ(c, &res, &err,
+			"SELECT seq, chunk FROM template_build_log WHERE template_id = $1 "
+			"AND version = $2::int AND seq > $3::bigint ORDER BY seq LIMIT 200",
+			f->id, f->v, seq) == KILN_OK)
+			rows = pg_res_rows(res);
+		for (size_t i = 0; i < rows; i++) {
+			snprintf(seq, sizeof(seq), "%s", pg_res_str(res, i, 0));
+			if (sse_event(p, "log", json_pack("{s:s}", "text", pg_res_str(res, i, 1))) != 0) {
+				pg_res_free(res);
+				pg_release(f->gw->pg, c);
+				return;
+			}
+		}
+		pg_res_free(res);
+		if (rows == 0 &&
+		    PGQ(c, &st, &err,
+			"SELECT status, reason FROM template_versions WHERE template_id = $1 "
+			"AND version = $2::int",
+			f->id, f->v) == KILN_OK &&
+		    pg_res_rows(st) == 1) {
+			building = strcmp(pg_res_str(st, 0, 0), "building") == 0;
+			if (!building || time(NULL) > give_up) {
+				sse_event(p, "end", json_pack("{s:s, s:s?}", "status", pg_res_str(st, 0, 0),
+							      "reason", pg_res_get(st, 0, 1)
+									    ? pg_res_str(st, 0, 1)
+									    : NULL));
+				pg_res_free(st);
+				pg_release(f->gw->pg, c);
+				return;
+			}
+		}
+		pg_res_free(st);
+		pg_release(f->gw->pg, c);
+		if (rows == 0) {
+			/* a comment keeps the connection alive and tells when the client left */
+			if (pump_write(p, ":\n\n", 3) != 0)
+				return;
+			usleep(500 * 1000);
+		}
+	}
+}
+
+/* GET /v1/templates/{id}/log[?version=N]: the build's log, followed while it runs. */
+static void templates_log(struct http_req *req)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct log_follow *f;
+	struct pg_conn *c;
+	struct pump *p;
+	char v[16];
+	enum kiln_err rc;
+
+	c = gw_db(req);
+	if (!c)
+		return;
+	rc = version_resolve(req, c, v, &err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, &err,
+		 "SELECT 1 FROM template_versions v JOIN templates t ON t.id = v.template_id "
+		 "WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
+		 "AND t.deleted_at IS NULL",
+		 who->tenant_id, http_req_param(req, "id"), v);
+	pg_release(gw->pg, c);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(&err, KILN_E_NOT_FOUND, "no version %s of template \"%s\"", v,
+				    http_req_param(req, "id"));
+	pg_res_free(res);
+	if (rc != KILN_OK) {
+		gw_fail(req, rc, &err);
+		return;
+	}
+	f = calloc(1, sizeof(*f));
+	if (!f) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	f->gw = gw;
+	snprintf(f->tenant, sizeof(f->tenant), "%s", who->tenant_id);
+	snprintf(f->id, sizeof(f->id), "%s", http_req_param(req, "id"));
+	snprintf(f->v, sizeof(f->v), "%s", v);
+	p = pump_start(log_produce, f, log_follow_free);
+	if (!p) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	pump_wait_ready(p, NULL, 0);
+	http_reply_stream(req, 200, "text/event-stream", pump_read, p, pump_release);
+}
+
 static const struct http_route routes[] = {
 	{ "POST", "/v1/templates", templates_create, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL,
 	  0 },
@@ -167,6 +649,12 @@ static const struct http_route routes[] = {
 	  0 },
 	{ "DELETE", "/v1/templates/{id}", templates_delete, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
 	  NULL, 0 },
+	{ "PUT", "/v1/templates/{id}/dockerfile", templates_dockerfile,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "PUT", "/v1/templates/{id}/source", templates_source,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, HTTP_BODY_STREAM, source_sink, TEMPLATE_SOURCE_MAX },
+	{ "GET", "/v1/templates/{id}/log", templates_log,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
 };
 
 const struct route_group routes_templates = { routes, sizeof(routes) / sizeof(routes[0]) };

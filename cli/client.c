@@ -148,15 +148,17 @@ int client_stream(struct client *c, const char *path, const char *json, client_e
 	CURL *curl;
 	int status;
 
-	if (!prepare(c, &h, "POST", path, NULL, &headers))
+	if (!prepare(c, &h, json ? "POST" : "GET", path, NULL, &headers))
 		return 0;
 	curl = h.curl;
 	buf_init(&s.line, SSE_LINE_MAX);
 	buf_init(&s.data, SSE_LINE_MAX);
 	s.curl = curl;
-	headers = curl_slist_append(headers, "Content-Type: application/json");
+	if (json) {
+		headers = curl_slist_append(headers, "Content-Type: application/json");
+		curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
+	}
 	headers = curl_slist_append(headers, "Accept: text/event-stream");
-	curl_easy_setopt(curl, CURLOPT_POSTFIELDS, json);
 	curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, to_sse);
 	curl_easy_setopt(curl, CURLOPT_WRITEDATA, &s);
 	status = perform(c, &h, headers);

@@ -38,8 +38,8 @@ int client_call(struct client *c, const char *method, const char *path, const st
 typedef void (*client_event_fn)(void *ctx, const char *event, const char *data);
 
 /*
- * POSTs the JSON `json` to `path` asking for text/event-stream and hands each event to `fn` as
- * it comes. An answer that is not a stream (an error) is kept in `out`. Returns the status or 0.
+ * POSTs the JSON `json` to `path` (GETs it when `json` is NULL) asking for text/event-stream and
+ * hands each event to `fn` as it comes. An answer that is not a stream (an error) is kept in `out`. Returns the status or 0.
  */
 int client_stream(struct client *c, const char *path, const char *json, client_event_fn fn, void *ctx,
 		  struct buf *out);

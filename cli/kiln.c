@@ -17,10 +17,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <libgen.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cli/client.h"
+#include "common/dockerfile.h"
 
 #define EXIT_API 1
 #define EXIT_USAGE 2
@@ -134,7 +139,8 @@ static int cmd_create(int argc, char **argv)
 		{ "vcpus", required_argument, NULL, 'c' },   { "memory", required_argument, NULL, 'm' },
 		{ "disk", required_argument, NULL, 'd' },    { "timeout", required_argument, NULL, 't' },
 		{ "env", required_argument, NULL, 'e' },     { "snapshot", required_argument, NULL, 's' },
-		{ "allow", required_argument, NULL, 'a' },   { NULL, 0, NULL, 0 },
+		{ "allow", required_argument, NULL, 'a' },   { "template", required_argument, NULL, 'T' },
+		{ NULL, 0, NULL, 0 },
 	};
 	json_t *body = json_object(), *env = json_object(), *rules = json_array(), *sb = NULL;
 	int o, rc = 0;
@@ -145,6 +151,8 @@ static int cmd_create(int argc, char **argv)
 			rc = add_env(env, optarg);
 		} else if (o == 's') {
 			json_object_set_new(body, "snapshot_id", json_string(optarg));
+		} else if (o == 'T') {
+			json_object_set_new(body, "template", json_string(optarg));
 		} else if (o == 'a') {
 			json_array_append_new(rules, json_string(optarg));
 		} else if (o == '?') {
@@ -606,7 +614,280 @@ static int template_id(const char *arg, char *out, size_t len)
 	return EXIT_API;
 }
 
-/* template list | template rm NAME|ID */
+/* ---- template build ---- */
+
+/* The context walk of `template build`: paths kept, NUL-separated, for tar -T. */
+static struct {
+	const char *root;
+	size_t root_len;
+	struct dockerignore *di;
+	FILE *list;
+	size_t kept, left_out;
+} walk;
+
+static int walk_one(const char *path, const struct stat *st, int type, struct FTW *f)
+{
+	const char *rel = path + walk.root_len;
+
+	(void)st;
+	(void)f;
+	while (*rel == '/')
+		rel++;
+	if (!*rel)
+		return 0;
+	if (type == FTW_DNR || type == FTW_NS) {
+		fprintf(stderr, "kiln: %s cannot be read\n", path);
+		return 1;
+	}
+	if (dockerignore_excluded(walk.di, rel)) {
+		walk.left_out++;
+		return 0;
+	}
+	/* Directories go in without their contents (--no-recursion): only kept paths travel. */
+	fwrite(rel, 1, strlen(rel) + 1, walk.list);
+	walk.kept++;
+	return 0;
+}
+
+/* The whole of a small file into a malloc'd buffer; NULL (errno set) when it cannot be read. */
+static char *read_small(const char *path, size_t max, size_t *len)
+{
+	FILE *f = fopen(path, "rb");
+	char *data = f ? malloc(max + 1) : NULL;
+
+	if (!data) {
+		if (f)
+			fclose(f);
+		return NULL;
+	}
+	*len = fread(data, 1, max + 1, f);
+	fclose(f);
+	if (*len > max) {
+		free(data);
+		errno = EFBIG;
+		return NULL;
+	}
+	data[*len] = '\0';
+	return data;
+}
+
+/* Prints the build log's events as they come; remembers the end. */
+struct follow {
+	char status[16];
+	char reason[1024];
+};
+
+static void follow_event(void *ctx, const char *event, const char *data)
+{
+	struct follow *f = ctx;
+	json_t *j = json_loads(data, 0, NULL);
+
+	if (!strcmp(event, "log")) {
+		fputs(json_string_value(json_object_get(j, "text")) ?: "", stderr);
+	} else if (!strcmp(event, "end")) {
+		snprintf(f->status, sizeof(f->status), "%s",
+			 json_string_value(json_object_get(j, "status")) ?: "");
+		snprintf(f->reason, sizeof(f->reason), "%s",
+			 json_string_value(json_object_get(j, "reason")) ?: "");
+	} else if (!strcmp(event, "error")) {
+		snprintf(f->reason, sizeof(f->reason), "%s",
+			 json_string_value(json_object_get(j, "message")) ?: data);
+	}
+	json_decref(j);
+}
+
+/* PUTs the file `path` to `url_path`. 0 or an exit code. */
+static int put_file(const char *url_path, const char *path, json_t **out)
+{
+	struct client_body b = { 0 };
+	struct buf reply;
+	struct stat st;
+	int status, rc = 0;
+
+	b.file = fopen(path, "rb");
+	if (!b.file || fstat(fileno(b.file), &st) != 0) {
+		fprintf(stderr, "kiln: %s: %s\n", path, strerror(errno));
+		if (b.file)
+			fclose(b.file);
+		return EXIT_API;
+	}
+	b.file_size = st.st_size;
+	buf_init(&reply, CLIENT_BODY_MAX);
+	status = client_call(&cli, "PUT", url_path, &b, &reply);
+	fclose(b.file);
+	if (status < 200 || status > 299)
+		rc = api_error(status, &reply);
+	else if (out)
+		*out = reply.len ? json_loadb(reply.data, reply.len, 0, NULL) : NULL;
+	buf_release(&reply);
+	return rc;
+}
+
+/*
+ * template build [-f Dockerfile] [--name N] [--vcpus N] [--memory MIB] [--disk GIB] [--start CMD]
+ * [--ready CMD] [--allow RULE]... DIR: a new version of template N (default: DIR's name) built
+ * from DIR, tarred with tar(1) without what its .dockerignore excludes; the log as it comes.
+ */
+static int template_build(int argc, char **argv)
+{
+	static const struct option opts[] = {
+		{ "file", required_argument, NULL, 'f' },    { "name", required_argument, NULL, 'n' },
+		{ "vcpus", required_argument, NULL, 'c' },   { "memory", required_argument, NULL, 'm' },
+		{ "disk", required_argument, NULL, 'd' },    { "start", required_argument, NULL, 's' },
+		{ "ready", required_argument, NULL, 'r' },   { "allow", required_argument, NULL, 'a' },
+		{ NULL, 0, NULL, 0 },
+	};
+	const char *file = NULL, *name = NULL, *dir;
+	char dfpath[4096], dipath[4096], tmpdir[] = "/tmp/kiln-build-XXXXXX", listp[64], tarp[64];
+	char path[512], namebuf[256];
+	double vcpus = 1, mem = 512, disk = 10;
+	json_t *body = json_object(), *rules = json_array(), *made = NULL;
+	struct dockerignore di = { 0 };
+	struct kiln_error kerr = { 0 };
+	struct follow fol = { 0 };
+	struct buf reply;
+	char *text = NULL;
+	size_t len = 0;
+	int o, rc = 0, status;
+	bool tmp = false;
+
+	while (rc == 0 && (o = getopt_long(argc, argv, "f:", opts, NULL)) != -1) {
+		if (o == 'f')
+			file = optarg;
+		else if (o == 'n')
+			name = optarg;
+		else if (o == 's')
+			json_object_set_new(body, "start_cmd", json_string(optarg));
+		else if (o == 'r')
+			json_object_set_new(body, "ready_cmd", json_string(optarg));
+		else if (o == 'a')
+			json_array_append_new(rules, json_string(optarg));
+		else if (o == '?')
+			rc = EXIT_USAGE;
+		else if (!parse_num(optarg, o == 'c' ? &vcpus : o == 'm' ? &mem : &disk))
+			rc = usage_error("'%s' is not a number", optarg);
+	}
+	if (rc == 0 && optind + 1 != argc)
+		rc = usage_error("template build takes one directory, the build context");
+	if (rc)
+		goto out;
+	dir = argv[optind];
+	snprintf(dfpath, sizeof(dfpath), "%s", file ? file : "");
+	if (!file)
+		snprintf(dfpath, sizeof(dfpath), "%s/Dockerfile", dir);
+	if (!name) {
+		snprintf(namebuf, sizeof(namebuf), "%s", dir);
+		name = basename(namebuf);
+	}
+	text = read_small(dfpath, DOCKERFILE_MAX_BYTES, &len);
+	if (!text) {
+		fprintf(stderr, "kiln: %s: %s\n", dfpath, strerror(errno));
+		rc = EXIT_API;
+		goto out;
+	}
+	/* The .dockerignore, as the builder will apply it again. */
+	snprintf(dipath, sizeof(dipath), "%s/.dockerignore", dir);
+	{
+		size_t dlen = 0;
+		char *ign = read_small(dipath, 16u << 20, &dlen);
+		if (ign && dockerignore_parse(ign, dlen, &di, &kerr) != KILN_OK) {
+			fprintf(stderr, "kiln: %s: %s\n", dipath, kerr.msg);
+			rc = EXIT_USAGE;
+		}
+		free(ign);
+		if (rc)
+			goto out;
+	}
+	if (!mkdtemp(tmpdir)) {
+		fprintf(stderr, "kiln: %s: %s\n", tmpdir, strerror(errno));
+		rc = EXIT_API;
+		goto out;
+	}
+	tmp = true;
+	snprintf(listp, sizeof(listp), "%s/list", tmpdir);
+	snprintf(tarp, sizeof(tarp), "%s/context.tar", tmpdir);
+	walk.root = dir;
+	walk.root_len = strlen(dir);
+	walk.di = &di;
+	walk.list = fopen(listp, "wb");
+	if (!walk.list || nftw(dir, walk_one, 32, FTW_PHYS) != 0 || fclose(walk.list) != 0) {
+		fprintf(stderr, "kiln: %s: the build context cannot be read\n", dir);
+		rc = EXIT_API;
+		goto out;
+	}
+	{
+		pid_t pid = fork();
+		int st = 0;
+
+		if (pid == 0) {
+			execlp("tar", "tar", "-c", "-f", tarp, "-C", dir, "--null", "--no-recursion",
+			       "-T", listp, (char *)NULL);
+			_exit(127);
+		}
+		if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+			fprintf(stderr, "kiln: tar of %s failed\n", dir);
+			rc = EXIT_API;
+			goto out;
+		}
+	}
+	fprintf(stderr, "kiln: context %s: %zu paths, %zu left out by .dockerignore\n", dir, walk.kept,
+		walk.left_out);
+	json_object_set_new(body, "name", json_string(name));
+	json_object_set_new(body, "vcpus", json_real(vcpus));
+	json_object_set_new(body, "memory_mib", json_integer((json_int_t)mem));
+	json_object_set_new(body, "disk_gib", json_integer((json_int_t)disk));
+	if (json_array_size(rules))
+		json_object_set_new(body, "egress", json_pack("{s:O}", "rules", rules));
+	rc = call("POST", "/v1/templates", body, &made);
+	body = NULL;
+	if (rc)
+		goto out;
+	snprintf(path, sizeof(path), "/v1/templates/%s/dockerfile?version=%lld",
+		 json_string_value(json_object_get(made, "id")),
+		 (long long)json_integer_value(json_object_get(made, "version")));
+	if ((rc = put_file(path, dfpath, NULL)))
+		goto out;
+	snprintf(path, sizeof(path), "/v1/templates/%s/source?version=%lld",
+		 json_string_value(json_object_get(made, "id")),
+		 (long long)json_integer_value(json_object_get(made, "version")));
+	if ((rc = put_file(path, tarp, NULL)))
+		goto out;
+	snprintf(path, sizeof(path), "/v1/templates/%s/log?version=%lld",
+		 json_string_value(json_object_get(made, "id")),
+		 (long long)json_integer_value(json_object_get(made, "version")));
+	buf_init(&reply, CLIENT_BODY_MAX);
+	status = client_stream(&cli, path, NULL, follow_event, &fol, &reply);
+	if (status != 200)
+		rc = api_error(status, &reply);
+	buf_release(&reply);
+	if (rc)
+		goto out;
+	if (strcmp(fol.status, "ready") != 0) {
+		fprintf(stderr, "kiln: the build %s: %s\n", fol.status[0] ? fol.status : "did not end",
+			fol.reason);
+		rc = EXIT_API;
+		goto out;
+	}
+	if (as_json)
+		print_json(made);
+	else
+		printf("%s\t%s\tv%lld\n", json_string_value(json_object_get(made, "id")), name,
+		       (long long)json_integer_value(json_object_get(made, "version")));
+out:
+	if (tmp) {
+		unlink(listp);
+		unlink(tarp);
+		rmdir(tmpdir);
+	}
+	dockerignore_free(&di);
+	free(text);
+	json_decref(made);
+	json_decref(rules);
+	json_decref(body);
+	return rc;
+}
+
+/* template list | template rm NAME|ID | template build ... DIR */
 static int cmd_template(int argc, char **argv)
 {
 	char id[128], path[256];
@@ -643,7 +924,9 @@ static int cmd_template(int argc, char **argv)
 		snprintf(path, sizeof(path), "/v1/templates/%s", id);
 		return call("DELETE", path, NULL, NULL);
 	}
-	return usage_error("template takes 'list' or 'rm NAME|ID'");
+	if (argc >= 2 && !strcmp(argv[1], "build"))
+		return template_build(argc - 1, argv + 1);
+	return usage_error("template takes 'list', 'rm NAME|ID' or 'build [-f DOCKERFILE] [--name N] DIR'");
 }
 
 static int cmd_egress(int argc, char **argv)
@@ -976,7 +1259,7 @@ static const struct command {
 	int (*fn)(int argc, char **argv);
 	const char *args, *what;
 } commands[] = {
-	{ "create", cmd_create, "[--vcpus N] [--memory MIB] [--disk GIB] [--timeout S] [--env K=V]... [--allow RULE]... [--snapshot ID]", "create a sandbox; prints its id" },
+	{ "create", cmd_create, "[--vcpus N] [--memory MIB] [--disk GIB] [--timeout S] [--env K=V]... [--allow RULE]... [--snapshot ID | --template NAME]", "create a sandbox (from the base, a snapshot or your template); prints its id" },
 	{ "list", cmd_list, "[STATE]", "your sandboxes" },
 	{ "get", cmd_simple, "ID", "one sandbox" },
 	{ "delete", cmd_simple, "ID", "delete a sandbox (and its pause snapshot)" },
@@ -990,6 +1273,7 @@ static const struct command {
 	{ "timeout", cmd_timeout, "ID SECONDS", "set the sandbox's timeout from now" },
 	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
 	{ "template", cmd_template, "list | rm NAME|ID", "your templates (id, name, newest version and its status, the ready one); delete one with all its versions" },
+	{ "template", cmd_template, "build [-f DOCKERFILE] [--name N] [--vcpus N] [--memory MIB] [--disk GIB] [--start CMD] [--ready CMD] [--allow RULE]... DIR", "a new version of template N (default: DIR's name) built from DIR (tarred without what .dockerignore excludes); its log as it comes" },
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
 	{ "port", cmd_port, "ID PORT [--public | --private | --signed SECONDS]", "the URL of a server in the sandbox (docs/ports.md); make the port public (no credential needed) or private again, or a signed URL valid SECONDS" },
 	{ "secret", cmd_secret, "ID HOST HEADER [--value V] | ID --clear | ls ID", "bind a secret header to a host rule (value from stdin; replaces the set), remove them, list them" },

@@ -104,6 +104,23 @@ const struct cfg_def config_table[] = {
 	{ "template_max_versions", CFG_INT, F(template_max_versions), "100", 1, 100000, NULL, false,
 	  "versions one template may have; past it POST /v1/templates of its name is 403 "
 	  "quota_exceeded" },
+	{ "template_source_max_bytes", CFG_INT, F(template_source_max_bytes), "2147483648", 1,
+	  1LL << 40, NULL, false,
+	  "bytes of a template version's build context (PUT .../source); past it 413 naming the "
+	  "setting" },
+	{ "template_max_builds", CFG_INT, F(template_max_builds), "2", 1, 1000, NULL, false,
+	  "template builds one tenant may run at once; past it PUT .../source is 429 naming the "
+	  "setting" },
+	{ "template_build_max_s", CFG_INT, F(template_build_max_s), "1800", 10, 86400, NULL, false,
+	  "seconds one template build may take, its steps, start command and ready check included; "
+	  "past it the build fails naming the setting" },
+	{ "template_image_max_bytes", CFG_INT, F(template_image_max_bytes), "8589934592", 1 << 20,
+	  1LL << 42, NULL, false,
+	  "bytes a built template's image (memory and disk, as the host measures it) may take; past "
+	  "it the build fails naming the setting" },
+	{ "template_build_log_max_bytes", CFG_INT, F(template_build_log_max_bytes), "1048576", 4096,
+	  1LL << 30, NULL, false,
+	  "bytes of one template build's log that are kept (the rest is cut, saying so)" },
 	{ "node_listen", CFG_STRING, F(node_listen), NULL, 0, 0, NULL, false,
 	  "kiln-node's API: unix:/path or host:port (default unix:<run_dir>/node.sock)" },
 	{ "node_address", CFG_STRING, F(node_address), NULL, 0, 0, NULL, false,

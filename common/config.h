@@ -59,6 +59,11 @@ struct kiln_config {
 	char *admin_key_file;		/* where the operator's first admin key is written */
 	long long template_max_per_tenant;	/* live templates of one tenant */
 	long long template_max_versions;	/* versions of one template */
+	long long template_source_max_bytes;	/* bytes of a build context upload */
+	long long template_max_builds;	/* template builds of one tenant running at once */
+	long long template_build_max_s;	/* seconds one template build may take */
+	long long template_image_max_bytes;	/* bytes a built image (memory + disk) may take */
+	long long template_build_log_max_bytes;	/* bytes of one build's log kept */
 
 	/* kiln-node */
 	char *node_listen;		/* unix:/path or host:port of the node's API */

@@ -20,7 +20,7 @@
 /* The shape of the tenant's named snapshot `snap` on this node. */
 static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char *tenant,
 				    unsigned *vcpu_milli, unsigned *mem_mib, unsigned *disk_gib,
-				    struct kiln_error *err)
+				    bool *build, struct kiln_error *err)
 {
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
@@ -28,8 +28,8 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 
 	if (rc == KILN_OK) {
 		rc = PGQ(c, &res, err,
-			 "SELECT vcpu_milli, memory_mib, disk_gib FROM snapshots WHERE id = $1 "
-			 "AND tenant_id = $2 AND node_id = $3 AND kind = 'named' "
+			 "SELECT vcpu_milli, memory_mib, disk_gib, kind = 'build' FROM snapshots "
+			 "WHERE id = $1 AND tenant_id = $2 AND node_id = $3 AND kind IN ('named', 'build') "
 			 "AND deleted_at IS NULL",
 			 snap, tenant, n->cfg.node_id);
 		pg_release(n->pg, c);
@@ -38,6 +38,7 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 		*vcpu_milli = (unsigned)pg_res_int(res, 0, 0, 0);
 		*mem_mib = (unsigned)pg_res_int(res, 0, 1, 0);
 		*disk_gib = (unsigned)pg_res_int(res, 0, 2, 0);
+		*build = strcmp(pg_res_str(res, 0, 3), "t") == 0;
 	} else if (rc == KILN_OK) {
 		rc = KILN_E_NOT_FOUND;
 	}
@@ -110,13 +111,15 @@ static enum kiln_err create_record(struct node *n, struct sandbox *sb, const str
 
 /* Starts the recorded `sb`'s VM: from the snapshot, the template `tpl`, or cold. */
 static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct create_req *r,
-			       const char *tpl, struct kiln_error *err)
+			       const char *tpl, bool build, struct kiln_error *err)
 {
 	enum kiln_err rc;
 	char dir[600];
 
+	/* A template version's warm image is shared by its sandboxes, like a base template's. */
 	if (r->from_snap)
-		return snap_restore_new(n, sb, r->from_snap, VMM_MEM_COPY, &r->init, true, err);
+		return snap_restore_new(n, sb, r->from_snap, build ? VMM_MEM_PRIVATE : VMM_MEM_COPY,
+					&r->init, true, err);
 	if (!tpl[0])
 		return sb_boot(n, sb, &r->init, err);
 	/* The fast path: the template's memory mapped privately, a fresh identity. */
@@ -141,6 +144,7 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	unsigned vcpu_milli = r->vcpu_milli, mem_mib = r->mem_mib, disk_gib = r->disk_gib;
 	char tpl[AUTH_ID_MAX] = "";
 	struct sandbox *sb = NULL;
+	bool build = false;
 	enum kiln_err rc;
 
 	/*
@@ -151,7 +155,7 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 		unsigned snap_disk = 0;
 
 		rc = snapshot_shape(n, r->from_snap, r->tenant_id, &vcpu_milli, &mem_mib, &snap_disk,
-				    err);
+				    &build, err);
 		if (rc != KILN_OK)
 			return rc;
 		if (disk_gib < snap_disk)
@@ -189,7 +193,7 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 			       : node_error(err, rc, "the database is unavailable");
 	}
 	sb->expires_at = time(NULL) + r->timeout_s;
-	rc = create_vm(n, sb, r, tpl, err);
+	rc = create_vm(n, sb, r, tpl, build, err);
 	if (rc == KILN_OK && r->secrets && r->secrets->n) {
 		rc = secrets_store(n, r->id, r->tenant_id, r->secrets, err);
 		if (rc == KILN_OK)

@@ -35,6 +35,7 @@
 #include "node/node.h"
 #include "node/storage_sync.h"
 #include "node/template.h"
+#include "node/build.h"
 
 static struct node node;
 
@@ -487,6 +488,7 @@ static int api_init(struct kiln_error *err)
 	if (connlog_start(&node, err) != KILN_OK)
 		return err->code;
 	tpl_init(&node);
+	build_init(&node);
 	log_info("node \"%s\" serving at \"%s\" (%s, %s)", node.cfg.node_id, node_address(),
 		 node.cfg.hypervisor, node.accel);
 	return KILN_OK;
@@ -515,6 +517,7 @@ static void api_exit(void)
 	if (node.ticker)
 		pthread_join(node.ticker, NULL);
 	tpl_exit(&node);
+	build_exit(&node);
 	http_server_stop(node.http, 30);
 	node.http = NULL;
 	/*

@@ -37,6 +37,7 @@
 #include "node/node.h"
 #include "node/nodereq.h"
 #include "node/template.h"
+#include "node/build.h"
 #include "node/storage_sync.h"
 
 #define FILE_MAX (100ull << 20)		/* bytes of one file, each way */
@@ -1574,6 +1575,18 @@ static void sandbox_snapshot(struct http_req *req)
 	free(name);
 }
 
+/* ---- PUT /v1/builds/{id}/source: a template version's build context (build.c) ---- */
+
+static enum kiln_err build_sink(struct http_req *req, const char *data, size_t len)
+{
+	return build_source_sink(req, claims_of(req)->tid, data, len);
+}
+
+static void build_source(struct http_req *req)
+{
+	build_source_done(req, claims_of(req)->tid);
+}
+
 #define TOKEN 1u	/* the route needs a node token */
 
 const struct http_route node_routes[] = {
@@ -1595,5 +1608,7 @@ const struct http_route node_routes[] = {
 	{ "POST", "/v1/sandboxes/{id}/resume", sandbox_resume, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/snapshots", sandbox_snapshot, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/builds/{id}/source", build_source, TOKEN, HTTP_BODY_STREAM, build_sink,
+	  (size_t)1 << 42 },
 };
 const size_t node_routes_len = sizeof(node_routes) / sizeof(node_routes[0]);

@@ -25,7 +25,8 @@ class Operation:
     refs     [(where, name, kind)]: query parameters ("query") and top-level body properties
              ("body") whose schema names an object kind
     query    {name: value} for the required query parameters (their example)
-    body     a minimal valid request body: a dict for JSON, bytes for a raw upload, or None
+    body     a minimal valid request body: a dict for JSON, bytes for a raw upload (the media
+             type's example when it has one), or None
     """
 
     def __init__(self, api, method, path, op, item):
@@ -63,7 +64,8 @@ class Operation:
                     self.refs.append(("body", name, kind))
         elif content:
             self.content_type = next(iter(content))
-            self.body = b"kiln tenant matrix\n"
+            example = content[self.content_type].get("example")
+            self.body = example.encode() if isinstance(example, str) else b"kiln tenant matrix\n"
 
     def __repr__(self):
         return "%s %s" % (self.method, self.path)

@@ -1,5 +1,8 @@
 """The template routes (docs/templates.md) through real HTTP against kiln-gateway and Postgres:
-versions by name, shapes and bad input, tenant isolation, deletion and the per-tenant limits."""
+versions by name, shapes and bad input, tenant isolation, deletion and the per-tenant limits; the
+build routes' checks before any node is involved (the Dockerfile parsed on upload, a source only
+for a pending version with its Dockerfile, the log of a version not building) and creates naming
+a template without a ready version (the builds themselves: tests/e2e/test_templates_build.py)."""
 import threading
 import unittest
 
@@ -187,6 +190,55 @@ class TemplateLimits(GatewayCase):
         self.assertIn("template_max_versions", r.json()["error"]["message"])
         t = self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()["templates"]
         self.assertEqual([x["latest_version"]["version"] for x in t], [2])
+
+    def test_the_dockerfile_is_parsed_on_upload_and_a_build_needs_it_and_a_pending_version(self):
+        tid, _, h = self.new_tenant("builds")
+        _, _, other = self.new_tenant("other")
+        t = self.expect(self.call("POST", "/v1/templates", spec("web"), h), 201).json()
+        base = "/v1/templates/" + t["id"]
+        stored = "SELECT coalesce(dockerfile, '<none>') || '|' || status FROM template_versions WHERE template_id = '%s'"
+        r = self.expect(self.call("PUT", base + "/dockerfile", "FROM base\nRUN true\nEXPOSE 80\n", h), 422, "invalid")
+        self.assertIn("Dockerfile line 3: EXPOSE is not supported", r.json()["error"]["message"])
+        self.assertEqual(self.db.sql(stored % t["id"]), "<none>|pending")
+        # no Dockerfile yet: no build
+        r = self.expect(self.call("PUT", base + "/source", b"tar", h), 409, "conflict")
+        self.assertIn("no Dockerfile yet", r.json()["error"]["message"])
+        self.expect(self.call("PUT", base + "/dockerfile?version=1", "FROM base\nRUN true\n", h), 204)
+        self.assertEqual(self.db.sql(stored % t["id"]), "FROM base\nRUN true\n|pending")
+        # the version named: another is 404, a malformed one 422; another tenant's template 404
+        self.expect(self.call("PUT", base + "/dockerfile?version=2", "FROM base\n", h), 404, "not_found")
+        self.expect(self.call("PUT", base + "/dockerfile?version=x", "FROM base\n", h), 422, "invalid")
+        for method, path, body in (("PUT", "/dockerfile", "FROM base\n"), ("PUT", "/source", b"tar"),
+                                   ("GET", "/log", None),
+                                   # whose template is decided before the body is read: no 422
+                                   ("PUT", "/dockerfile", "not a Dockerfile\n")):
+            self.expect(self.call(method, base + path, body, other), 404, "not_found")
+        # no node to build on: the version stays pending
+        r = self.call("PUT", base + "/source", b"tar", h)
+        self.assertEqual(r.status, 503, r)
+        self.assertIn("no node can build now", r.json()["error"]["message"])
+        self.assertEqual(self.db.sql(stored % t["id"]), "FROM base\nRUN true\n|pending")
+        # the log of a version that is not building ends at once, with its status
+        r = self.expect(self.call("GET", base + "/log", headers=h), 200)
+        self.assertTrue(r.headers["Content-Type"].startswith("text/event-stream"), r.headers)
+        self.assertIn('event: end\ndata: {"status":"pending","reason":null}', r.data.decode())
+        # a version that is no longer pending takes no Dockerfile and no source
+        self.db.sql("UPDATE template_versions SET status = 'failed' WHERE template_id = '%s'" % t["id"])
+        r = self.expect(self.call("PUT", base + "/dockerfile", "FROM base\n", h), 409, "conflict")
+        self.assertIn("is failed", r.json()["error"]["message"])
+        self.expect(self.call("PUT", base + "/source", b"tar", h), 409, "conflict")
+
+    def test_create_from_a_template_needs_a_ready_version_of_the_callers(self):
+        _, _, h = self.new_tenant("creates")
+        self.expect(self.call("POST", "/v1/templates", spec("web"), h), 201)
+        r = self.expect(self.call("POST", "/v1/sandboxes", {"template": "web"}, h), 404, "not_found")
+        self.assertIn('no template "web" with a ready version', r.json()["error"]["message"])
+        self.expect(self.call("POST", "/v1/sandboxes", {"template": "nope"}, h), 404, "not_found")
+        r = self.expect(self.call("POST", "/v1/sandboxes", {"template": "Not A Name"}, h), 422, "invalid")
+        self.assertIn("template must be", r.json()["error"]["message"])
+        r = self.expect(self.call("POST", "/v1/sandboxes", {"template": "web", "snapshot_id": "snap_x"}, h),
+                        422, "invalid")
+        self.assertIn("exclude each other", r.json()["error"]["message"])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,1121 @@
+/*
+ * build.c - template builds on this node (build.h, docs/templates.md).
+ *
+ * The gateway parses a version's Dockerfile when it is uploaded, moves the version to building on
+ * one node (at most template_max_builds per tenant) and streams the build context here, where it
+ * is written to <data_dir>/builds/<node>/<template>-<version>.tar and never read: nothing of it
+ * is unpacked or run on the host. A thread then:
+ *
+ *   1. creates a builder sandbox of the tenant from the FROM template (the base's warm image, or
+ *      the tenant's template's) under the version's egress rules: an ordinary sandbox, billed as
+ *      sandbox time and listed with metadata {"kiln.template_build": "<id>/<version>"};
+ *   2. copies the tar in with the agent's file op and unpacks it there with tar(1); the
+ *      .dockerignore is read from the guest, matched here (common/dockerfile.c) against the
+ *      listing the guest gives, and what it excludes is removed in the guest;
+ *   3. runs each step through the agent's exec: RUN as USER in WORKDIR with the ENV and ARG
+ *      values in its environment, COPY/ADD as cp(1) inside the guest from the unpacked context,
+ *      every output line into the build log (template_build_log, read by the gateway);
+ *   4. starts the start command (the version's start_cmd, else CMD/ENTRYPOINT) detached, waits
+ *      for the ready check (ready_cmd exiting 0), and snapshots memory and disk (shared, like a
+ *      base template), whose size the host measures against template_image_max_bytes (the
+ *      guest's own figure is checked before, to fail early):
+ *      that snapshot (kind build) is the version's warm image, restored copy-on-write by every
+ *      create from it;
+ *   5. deletes the builder sandbox. The whole build is bounded by template_build_max_s.
+ *
+ * A failing step, limit or error marks the version failed with the reason (also in the log) and
+ * leaves nothing else behind: no snapshot, no builder.
+ */
+#include "node/build.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "auth/apikey.h"
+#include "common/dockerfile.h"
+#include "common/fsutil.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "netpolicy/policy.h"
+#include "node/create.h"
+#include "node/lifecycle.h"
+#include "node/nodereq.h"
+#include "vmm/agent.h"
+#include "vmm/hv.h"
+
+#define BUILD_DIR "/var/tmp/kiln-build"	/* in the guest: the tar and the unpacked context */
+#define BUILD_CTX BUILD_DIR "/ctx"
+#define BUILD_CAPTURE_MAX (16u << 20)	/* bytes of a listing or .dockerignore read back */
+#define BUILD_STDIN_MAX (256u << 10)	/* bytes of paths handed to one rm in the guest */
+#define BUILD_ENV_MAX 1024		/* ENV and ARG variables of one build */
+#define BUILD_READY_TRY_MS 10000	/* one run of the ready check */
+
+static pthread_mutex_t builds_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t builds_cond = PTHREAD_COND_INITIALIZER;
+static int builds_running;
+
+/* One upload, then one build. */
+struct build {
+	struct node *n;
+	char tmpl[AUTH_ID_MAX];
+	int version;
+	char tenant[AUTH_CLAIM_MAX];
+	char tar[600];
+	int fd;
+	long long bytes;
+	enum kiln_err refused;		/* why the upload was not taken */
+	/* the build */
+	char builder[AUTH_ID_MAX];
+	struct sandbox *sb;
+	time_t deadline;
+	long long log_bytes;
+	bool log_cut;
+	struct dockerfile df;
+	char *env[BUILD_ENV_MAX + 1];	/* "K=v" of ENV and ARG, NULL-terminated */
+	size_t nenv;
+	json_t *image_env;		/* ENV only, for the sandboxes made from it */
+	char *workdir, *user;
+	char reason[KILN_ERRMSG_MAX];
+};
+
+static void build_free(struct build *b)
+{
+	if (!b)
+		return;
+	if (b->fd >= 0)
+		close(b->fd);
+	dockerfile_free(&b->df);
+	for (size_t i = 0; i < b->nenv; i++)
+		free(b->env[i]);
+	json_decref(b->image_env);
+	free(b->workdir);
+	free(b->user);
+	free(b);
+}
+
+/* ---- the log ---- */
+
+/* Appends `len` bytes to the version's log, as text: control bytes but \n and \t become '?'. */
+static void build_log_raw(struct build *b, const char *data, size_t len)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char *t, v[16];
+	long long max = b->n->cfg.template_build_log_max_bytes;
+
+	if (b->log_cut || !len)
+		return;
+	if (b->log_bytes + (long long)len > max) {
+		len = (size_t)(max - b->log_bytes);
+		b->log_cut = true;
+	}
+	t = malloc(len + 64);
+	if (!t)
+		return;
+	for (size_t i = 0; i < len; i++) {
+		unsigned char ch = (unsigned char)data[i];
+		t[i] = (ch == '\n' || ch == '\t' || (ch >= 0x20 && ch < 0x7f)) ? (char)ch : '?';
+	}
+	t[len] = '\0';
+	if (b->log_cut)
+		snprintf(t + len, 64, "\n[the log is cut: template_build_log_max_bytes]\n");
+	b->log_bytes += (long long)len;
+	snprintf(v, sizeof(v), "%d", b->version);
+	if (pg_acquire(b->n->pg, &c, &err) == KILN_OK) {
+		if (PGQ(c, NULL, &err,
+			"INSERT INTO template_build_log (template_id, version, chunk) "
+			"VALUES ($1, $2::int, $3)",
+			b->tmpl, v, t) != KILN_OK)
+			log_warn("build log of %s/%d not written: %s", b->tmpl, b->version, err.msg);
+		pg_release(b->n->pg, c);
+	}
+	free(t);
+}
+
+static void build_log(struct build *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void build_log(struct build *b, const char *fmt, ...)
+{
+	char line[KILN_ERRMSG_MAX + 256];
+	va_list ap;
+	int k;
+
+	va_start(ap, fmt);
+	k = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+	va_end(ap);
+	if (k < 0)
+		return;
+	if ((size_t)k > sizeof(line) - 2)
+		k = (int)sizeof(line) - 2;
+	line[k++] = '\n';
+	build_log_raw(b, line, (size_t)k);
+}
+
+static int log_output(void *ctx, enum agent_stream stream, const uint8_t *data, size_t len)
+{
+	(void)stream;
+	build_log_raw(ctx, (const char *)data, len);
+	return 0;
+}
+
+/* ---- running things in the builder ---- */
+
+/* Milliseconds left of the build, at least 1; 0 once it is over. */
+static uint32_t build_left_ms(const struct build *b)
+{
+	time_t now = time(NULL);
+
+	return now >= b->deadline ? 0 : (uint32_t)((b->deadline - now) * 1000);
+}
+
+static enum kiln_err build_timeout(struct build *b, struct kiln_error *err)
+{
+	return kiln_error_set(err, KILN_E_QUOTA,
+			      "the build took longer than template_build_max_s (%lld s)",
+			      b->n->cfg.template_build_max_s);
+}
+
+struct capture {
+	char *data;
+	size_t len, cap;
+	bool over;
+};
+
+static int capture_output(void *ctx, enum agent_stream stream, const uint8_t *data, size_t len)
+{
+	struct capture *c = ctx;
+
+	if (stream != AGENT_STDOUT)
+		return 0;
+	if (c->len + len + 1 > BUILD_CAPTURE_MAX) {
+		c->over = true;
+		return 1;
+	}
+	if (c->len + len + 1 > c->cap) {
+		size_t cap = (c->len + len + 1) * 2;
+		char *p = realloc(c->data, cap);
+		if (!p)
+			return 1;
+		c->data = p;
+		c->cap = cap;
+	}
+	memcpy(c->data + c->len, data, len);
+	c->len += len;
+	c->data[c->len] = '\0';
+	return 0;
+}
+
+/*
+ * Runs `x` in the builder within the build's time; the output goes to the log, or to `cap` when
+ * given. *code is the exit status (a timeout is the build's limit).
+ */
+static enum kiln_err build_exec(struct build *b, struct agent_exec_req *x, struct capture *cap,
+				int *code, struct kiln_error *err)
+{
+	struct agent_exec_result res = { 0 };
+	uint32_t left = build_left_ms(b);
+	enum kiln_err rc;
+
+	if (!left)
+		return build_timeout(b, err);
+	if (b->n->stopping)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the node is stopping");
+	if (!x->timeout_ms || x->timeout_ms > left)
+		x->timeout_ms = left;
+	pthread_mutex_lock(&b->n->reg_lock);
+	b->sb->execs++;
+	pthread_mutex_unlock(&b->n->reg_lock);
+	if (!b->sb->agent)
+		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the builder sandbox stopped");
+	else
+		rc = agent_exec(b->sb->agent, x, cap ? capture_output : log_output, cap ? (void *)cap : b,
+				&res, err);
+	pthread_mutex_lock(&b->n->reg_lock);
+	b->sb->execs--;
+	pthread_mutex_unlock(&b->n->reg_lock);
+	if (rc != KILN_OK)
+		return cap && cap->over ? kiln_error_set(err, KILN_E_TOO_LARGE,
+							 "the guest's answer is larger than %u bytes",
+							 BUILD_CAPTURE_MAX)
+					: rc;
+	if (res.timed_out && build_left_ms(b) == 0)
+		return build_timeout(b, err);
+	*code = res.exit_code;
+	return KILN_OK;
+}
+
+/* Runs shell code as root in the builder; a non-zero exit fails with `what`. */
+static enum kiln_err build_sh(struct build *b, const char *code, const char *const *args,
+			      struct capture *cap, const char *what, struct kiln_error *err)
+{
+	const char *argv[16] = { "/bin/sh", "-c", code, "sh" };
+	struct agent_exec_req x = { .argv = argv };
+	int st = 0, k = 4;
+	enum kiln_err rc;
+
+	for (; args && *args && k < 15; args++)
+		argv[k++] = *args;
+	argv[k] = NULL;
+	rc = build_exec(b, &x, cap, &st, err);
+	if (rc == KILN_OK && st != 0)
+		rc = kiln_error_set(err, KILN_E_INVALID, "%s failed (exit status %d)", what, st);
+	return rc;
+}
+
+/* ---- the steps ---- */
+
+/* Sets `name` to `value` in the build's environment (ENV and ARG). */
+static enum kiln_err env_set(struct build *b, const char *name, const char *value, bool image,
+			     struct kiln_error *err)
+{
+	size_t nl = strlen(name);
+	char *kv;
+
+	if (image && json_object_set_new(b->image_env, name, json_string(value)) != 0)
+		return kiln_error_set(err, KILN_E_INVALID, "ENV %s: the value is not valid UTF-8",
+				      name);
+	if (asprintf(&kv, "%s=%s", name, value) < 0)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	for (size_t i = 0; i < b->nenv; i++)
+		if (strncmp(b->env[i], name, nl) == 0 && b->env[i][nl] == '=') {
+			free(b->env[i]);
+			b->env[i] = kv;
+			return KILN_OK;
+		}
+	if (b->nenv >= BUILD_ENV_MAX) {
+		free(kv);
+		return kiln_error_set(err, KILN_E_INVALID, "more than %d variables", BUILD_ENV_MAX);
+	}
+	b->env[b->nenv++] = kv;
+	b->env[b->nenv] = NULL;
+	return KILN_OK;
+}
+
+/* The account part of a USER value (a group given after ':' is not applied). */
+static void user_of(const char *spec, char *out, size_t len)
+{
+	size_t k = strcspn(spec, ":");
+
+	snprintf(out, len, "%.*s", (int)(k < len ? k : len - 1), spec);
+}
+
+static enum kiln_err step_run(struct build *b, const struct df_step *s, struct kiln_error *err)
+{
+	const char *argv[DOCKERFILE_MAX_STEPS + 1];
+	char user[64] = "";
+	struct agent_exec_req x = { .env = (const char *const *)b->env, .cwd = b->workdir };
+	int st = 0;
+	enum kiln_err rc;
+
+	if (s->shell) {
+		x.shell = s->argv[0];
+	} else {
+		size_t k = s->argc < DOCKERFILE_MAX_STEPS ? s->argc : DOCKERFILE_MAX_STEPS;
+		for (size_t i = 0; i < k; i++)
+			argv[i] = s->argv[i];
+		argv[k] = NULL;
+		x.argv = argv;
+	}
+	if (b->user) {
+		user_of(b->user, user, sizeof(user));
+		x.user = user;
+	}
+	rc = build_exec(b, &x, NULL, &st, err);
+	if (rc == KILN_OK && st != 0)
+		rc = kiln_error_set(err, KILN_E_INVALID,
+				    "Dockerfile line %u: RUN failed (exit status %d)", s->line, st);
+	return rc;
+}
+
+/*
+ * COPY/ADD: the sources (wildcards expanded by the guest's shell, nothing else: no command
+ * substitution reaches them) copied from the unpacked context; a directory's contents go into
+ * the destination, as Docker does.
+ */
+static enum kiln_err step_copy(struct build *b, const struct df_step *s, struct kiln_error *err)
+{
+	static const char script[] =
+		"set -e; cd " BUILD_CTX "; dest=$1; chown=$2; shift 2; IFS=\n"
+		"for s in \"$@\"; do found=\n"
+		"  for f in $s; do\n"
+		"    [ -e \"$f\" ] || [ -L \"$f\" ] || continue; found=1\n"
+		"    if [ -d \"$f\" ] && [ ! -L \"$f\" ]; then mkdir -p \"$dest\"; cp -a \"$f\"/. \"$dest\"/;"
+		"      t=$dest\n"
+		"    else case $dest in */) mkdir -p \"$dest\"; cp -a \"$f\" \"$dest\"; t=$dest${f##*/};;"
+		"      *) mkdir -p \"$(dirname \"$dest\")\"; cp -a \"$f\" \"$dest\"; t=$dest;; esac\n"
+		"    fi\n"
+		"    [ -z \"$chown\" ] || chown -R \"$chown\" \"$t\"\n"
+		"  done\n"
+		"  [ -n \"$found\" ] || { echo \"no file in the build context matches $s\" >&2; exit 1; }\n"
+		"done\n";
+	const char *argv[DOCKERFILE_MAX_STEPS + 8] = { "/bin/sh", "-c", script, "sh" };
+	struct agent_exec_req x = { .argv = argv };
+	size_t k = 4;
+	int st = 0;
+	enum kiln_err rc;
+
+	if (s->argc < 2 || s->argc > DOCKERFILE_MAX_STEPS)
+		return kiln_error_set(err, KILN_E_INVALID, "Dockerfile line %u: bad %s", s->line,
+				      dockerfile_kind_name(s->kind));
+	argv[k++] = s->argv[s->argc - 1];
+	argv[k++] = s->chown ? s->chown : "";
+	for (size_t i = 0; i + 1 < s->argc; i++)
+		argv[k++] = s->argv[i];
+	argv[k] = NULL;
+	rc = build_exec(b, &x, NULL, &st, err);
+	if (rc == KILN_OK && st != 0)
+		rc = kiln_error_set(err, KILN_E_INVALID, "Dockerfile line %u: %s failed", s->line,
+				    dockerfile_kind_name(s->kind));
+	return rc;
+}
+
+static enum kiln_err step_one(struct build *b, const struct df_step *s, struct kiln_error *err)
+{
+	enum kiln_err rc = KILN_OK;
+
+	switch (s->kind) {
+	case DF_RUN:
+		return step_run(b, s, err);
+	case DF_COPY:
+	case DF_ADD:
+		return step_copy(b, s, err);
+	case DF_ENV:
+	case DF_ARG:
+		for (size_t i = 0; rc == KILN_OK && i + 1 < s->argc; i += 2)
+			if (s->argv[i + 1])
+				rc = env_set(b, s->argv[i], s->argv[i + 1], s->kind == DF_ENV, err);
+		return rc;
+	case DF_WORKDIR: {
+		const char *args[] = { s->argv[0], NULL };
+		free(b->workdir);
+		b->workdir = strdup(s->argv[0]);
+		if (!b->workdir)
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return build_sh(b, "mkdir -p -- \"$1\"", args, NULL, "WORKDIR", err);
+	}
+	case DF_USER:
+		free(b->user);
+		b->user = strdup(s->argv[0]);
+		return b->user ? KILN_OK : kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	return KILN_OK;
+}
+
+/* ---- the context ---- */
+
+/* Copies the tar in and unpacks it; then applies the .dockerignore found in it. */
+static enum kiln_err build_context(struct build *b, struct kiln_error *err)
+{
+	struct capture ign = { 0 }, list = { 0 };
+	struct dockerignore di = { 0 };
+	enum kiln_err rc;
+	int fd;
+
+	rc = build_sh(b, "rm -rf " BUILD_DIR " && mkdir -p " BUILD_CTX, NULL, NULL,
+		      "making the build directory", err);
+	if (rc != KILN_OK)
+		return rc;
+	fd = open(b->tar, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return fs_err(err, -errno, "open", b->tar);
+	rc = agent_file_write_fd(b->sb->agent, BUILD_DIR "/context.tar", 0600, fd,
+				 (uint64_t)b->n->cfg.template_source_max_bytes, err);
+	close(fd);
+	if (rc != KILN_OK)
+		return rc;
+	rc = build_sh(b, "tar -x --no-same-owner -f " BUILD_DIR "/context.tar -C " BUILD_CTX
+			 " && rm -f " BUILD_DIR "/context.tar",
+		      NULL, NULL, "unpacking the build context (is it a tar?)", err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = build_sh(b, "cat " BUILD_CTX "/.dockerignore 2>/dev/null || true", NULL, &ign,
+		      "reading .dockerignore", err);
+	if (rc == KILN_OK && ign.len)
+		rc = dockerignore_parse(ign.data, ign.len, &di, err);
+	if (rc == KILN_OK && di.n)
+		rc = build_sh(b, "cd " BUILD_CTX " && find . -mindepth 1 -printf '%y%P\\0'", NULL,
+			      &list, "listing the build context", err);
+	if (rc == KILN_OK && di.n) {
+		/* Excluded files go; excluded directories go when nothing in them was kept. */
+		char *files = malloc(BUILD_STDIN_MAX), *dirs = malloc(list.len + 1);
+		size_t fl = 0, dl = 0, excluded = 0;
+
+		if (!files || !dirs)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		for (size_t i = 0; rc == KILN_OK && i < list.len;) {
+			const char *e = list.data + i;
+			size_t el = strnlen(e, list.len - i);
+			char type = e[0];
+
+			i += el + 1;
+			if (el < 2 || !dockerignore_excluded(&di, e + 1))
+				continue;
+			excluded++;
+			if (type == 'd') {
+				memcpy(dirs + dl, e + 1, el);	/* with its NUL */
+				dl += el;
+				continue;
+			}
+			if (fl + el > BUILD_STDIN_MAX) {
+				struct agent_exec_req x = {
+					.argv = (const char *const[]){ "sh", "-c",
+						"cd " BUILD_CTX " && xargs -0 rm -f --", NULL },
+					.stdin_data = files, .stdin_len = fl };
+				int st = 0;
+				rc = build_exec(b, &x, NULL, &st, err);
+				if (rc == KILN_OK && st)
+					rc = kiln_error_set(err, KILN_E_INVALID, "applying .dockerignore failed");
+				fl = 0;
+			}
+			memcpy(files + fl, e + 1, el);
+			fl += el;
+		}
+		if (rc == KILN_OK && fl) {
+			struct agent_exec_req x = {
+				.argv = (const char *const[]){ "sh", "-c",
+					"cd " BUILD_CTX " && xargs -0 rm -f --", NULL },
+				.stdin_data = files, .stdin_len = fl };
+			int st = 0;
+			rc = build_exec(b, &x, NULL, &st, err);
+			if (rc == KILN_OK && st)
+				rc = kiln_error_set(err, KILN_E_INVALID, "applying .dockerignore failed");
+		}
+		/* Deepest first: the listing has parents before children. */
+		for (size_t end = dl; rc == KILN_OK && end > 0;) {
+			size_t start = end - 1;
+			while (start > 0 && dirs[start - 1] != '\0')
+				start--;
+			{
+				const char *args[] = { dirs + start, NULL };
+				rc = build_sh(b, "cd " BUILD_CTX " && rmdir -- \"$1\" 2>/dev/null || true",
+					      args, NULL, "applying .dockerignore", err);
+			}
+			end = start;
+		}
+		if (rc == KILN_OK)
+			build_log(b, "# .dockerignore: %zu paths of the context left out", excluded);
+		free(files);
+		free(dirs);
+	}
+	dockerignore_free(&di);
+	free(ign.data);
+	free(list.data);
+	return rc;
+}
+
+/* ---- the end: start, ready, size, snapshot ---- */
+
+/* `s` as one single-quoted shell word appended to `out`; false when it does not fit. */
+static bool sh_quote(char *out, size_t cap, size_t *len, const char *s)
+{
+	if (*len + 3 > cap)
+		return false;
+	out[(*len)++] = '\'';
+	for (; *s; s++) {
+		if (*s == '\'') {
+			if (*len + 5 > cap)
+				return false;
+			memcpy(out + *len, "'\\''", 4);
+			*len += 4;
+		} else {
+			if (*len + 3 > cap)
+				return false;
+			out[(*len)++] = *s;
+		}
+	}
+	out[(*len)++] = '\'';
+	out[*len] = '\0';
+	return true;
+}
+
+static enum kiln_err build_start(struct build *b, const char *start_cmd, const char *ready_cmd,
+				 struct kiln_error *err)
+{
+	char cmd[DOCKERFILE_MAX_LINE + 1024], user[64] = "";
+	size_t len = 0;
+	enum kiln_err rc;
+	int st = 0;
+
+	if (start_cmd) {
+		snprintf(cmd, sizeof(cmd), "%s", start_cmd);
+	} else if (b->df.start_argv) {
+		cmd[0] = '\0';
+		for (size_t i = 0; i < b->df.start_argc; i++) {
+			if (i && len + 1 < sizeof(cmd))
+				cmd[len++] = ' ';
+			if (!sh_quote(cmd, sizeof(cmd), &len, b->df.start_argv[i]))
+				return kiln_error_set(err, KILN_E_INVALID,
+						      "the start command is too long");
+		}
+	} else {
+		cmd[0] = '\0';
+	}
+	if (b->user)
+		user_of(b->user, user, sizeof(user));
+	if (cmd[0]) {
+		/* Detached from the exec: it outlives it, its output in /var/log/kiln-start.log. */
+		struct agent_exec_req x = {
+			.argv = (const char *const[]){ "/bin/sh", "-c",
+				"setsid sh -c \"$1\" </dev/null >>/var/log/kiln-start.log 2>&1 &",
+				"sh", cmd, NULL },
+			.env = (const char *const *)b->env, .cwd = b->workdir,
+			.user = user[0] ? user : NULL };
+		if (user[0]) {
+			const char *args[] = { user, NULL };
+			rc = build_sh(b, "touch /var/log/kiln-start.log && chown \"$1\" /var/log/kiln-start.log",
+				      args, NULL, "preparing the start command's log", err);
+			if (rc != KILN_OK)
+				return rc;
+		}
+		build_log(b, "# start: %s", cmd);
+		rc = build_exec(b, &x, NULL, &st, err);
+		if (rc == KILN_OK && st)
+			rc = kiln_error_set(err, KILN_E_INVALID, "the start command could not start");
+		if (rc != KILN_OK)
+			return rc;
+	}
+	if (!ready_cmd)
+		return KILN_OK;
+	build_log(b, "# ready check: %s", ready_cmd);
+	for (;;) {
+		struct agent_exec_req x = { .shell = ready_cmd, .env = (const char *const *)b->env,
+					    .cwd = b->workdir, .user = user[0] ? user : NULL,
+					    .timeout_ms = BUILD_READY_TRY_MS };
+		struct capture quiet = { 0 };
+
+		rc = build_exec(b, &x, &quiet, &st, err);
+		free(quiet.data);
+		if (rc != KILN_OK)
+			return rc == KILN_E_QUOTA ? kiln_error_set(err, KILN_E_QUOTA,
+								   "the ready check did not pass within "
+								   "template_build_max_s (%lld s)",
+								   b->n->cfg.template_build_max_s)
+						  : rc;
+		if (st == 0)
+			return KILN_OK;
+		sleep(1);
+		if (!build_left_ms(b))
+			return kiln_error_set(err, KILN_E_QUOTA,
+					      "the ready check did not pass within "
+					      "template_build_max_s (%lld s)",
+					      b->n->cfg.template_build_max_s);
+	}
+}
+
+/* The guest's root file system's bytes in use against template_image_max_bytes. */
+static enum kiln_err build_size(struct build *b, struct kiln_error *err)
+{
+	struct capture out = { 0 };
+	long long used;
+	enum kiln_err rc;
+
+	rc = build_sh(b, "rm -rf " BUILD_DIR "; sync; df -B1 --output=used / | tail -n 1", NULL,
+		      &out, "measuring the image", err);
+	if (rc == KILN_OK) {
+		used = out.data ? atoll(out.data) : 0;
+		/* The guest's word, checked early; the host measures the saved image again. */
+		build_log(b, "# file system: %lld bytes in use", used);
+		if (used > b->n->cfg.template_image_max_bytes)
+			rc = kiln_error_set(err, KILN_E_QUOTA,
+					    "the image's file system uses %lld bytes, more than "
+					    "template_image_max_bytes (%lld)",
+					    used, b->n->cfg.template_image_max_bytes);
+	}
+	free(out.data);
+	return rc;
+}
+
+/* Saves the builder as the version's warm image and records the version ready. */
+static enum kiln_err build_snapshot(struct build *b, const char *snap, struct kiln_error *err)
+{
+	struct node *n = b->n;
+	struct sandbox *sb = b->sb;
+	char dir[600], v[16], *env = NULL;
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	enum kiln_err rc;
+
+	snap_dir(n, snap, dir, sizeof(dir));
+	pthread_mutex_lock(&sb->lock);
+	if (sb->state != SB_RUNNING || !sb->vm)
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "the builder sandbox is %s",
+				    sb_state_name(sb->state));
+	else
+		rc = save_policy_public(sb, dir, err);
+	if (rc == KILN_OK)
+		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
+	if (rc == KILN_OK)
+		rc = write_manifest_public(n, sb, dir, err);
+	if (rc == KILN_OK)
+		rc = pg_acquire(n->pg, &c, err);
+	if (rc == KILN_OK) {
+		env = json_dumps(b->image_env, JSON_COMPACT);
+		snprintf(v, sizeof(v), "%d", b->version);
+		rc = pg_exec(c, "BEGIN", err);
+		if (rc == KILN_OK)
+			rc = snap_record_public(n, c, sb, snap, "build", NULL, dir, err);
+		/* The image's size as the host measured it (memory + disk), not as the guest says. */
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, err,
+				 "UPDATE snapshots SET deleted_at = NULL WHERE id = $1 RETURNING size_bytes",
+				 snap);
+		if (rc == KILN_OK && pg_res_int(res, 0, 0, 0) > n->cfg.template_image_max_bytes)
+			rc = kiln_error_set(err, KILN_E_QUOTA,
+					    "the image takes %lld bytes (memory and disk), more than "
+					    "template_image_max_bytes (%lld)",
+					    pg_res_int(res, 0, 0, 0), n->cfg.template_image_max_bytes);
+		if (rc == KILN_OK)
+			build_log(b, "# image: %lld bytes (memory and disk)", pg_res_int(res, 0, 0, 0));
+		pg_res_free(res);
+		res = NULL;
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, err,
+				 "UPDATE template_versions SET status = 'ready', snapshot_id = $3, "
+				 "env = $4::jsonb, workdir = $5, run_user = $6, finished_at = now(), "
+				 "builder_id = NULL WHERE template_id = $1 AND version = $2::int "
+				 "AND status = 'building' AND template_id IN "
+				 "(SELECT id FROM templates WHERE deleted_at IS NULL) RETURNING 1",
+				 b->tmpl, v, snap, env ? env : "{}", b->workdir, b->user);
+		if (rc == KILN_OK && pg_res_rows(res) != 1)
+			rc = kiln_error_set(err, KILN_E_CONFLICT,
+					    "the template was deleted during its build");
+		pg_res_free(res);
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", err);
+		else
+			pg_exec(c, "ROLLBACK", NULL);
+		pg_release(n->pg, c);
+	}
+	free(env);
+	/* The builder's VM ended inside the snapshot (or failed): it is deleted either way. */
+	{
+		struct kiln_error derr = { 0 };
+		struct record_fence f = sb_fence(n, sb);
+		if (record_deleted(n->pg, NULL, &f, &derr) != KILN_OK)
+			log_error("the builder \"%s\" not recorded deleted: %s", sb->id, derr.msg);
+		sb_teardown(n, sb);
+		sb->state = SB_STOPPED;
+	}
+	pthread_mutex_unlock(&sb->lock);
+	if (rc != KILN_OK)
+		snap_remove_files(dir);
+	return rc;
+}
+
+/* ---- the build ---- */
+
+/* The version's row; fails when it is no longer building here. */
+static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_cmd,
+				char **egress, unsigned shape[3], char **from_snap,
+				struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	char v[16];
+	enum kiln_err rc = pg_acquire(b->n->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	snprintf(v, sizeof(v), "%d", b->version);
+	rc = PGQ(c, &res, err,
+		 "SELECT v.dockerfile, v.start_cmd, v.ready_cmd, v.egress::text, v.vcpu_milli, "
+		 "v.memory_mib, v.disk_gib FROM template_versions v JOIN templates t "
+		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
+		 "AND v.status = 'building' AND v.node_id = $4 AND v.dockerfile IS NOT NULL",
+		 b->tenant, b->tmpl, v, b->n->cfg.node_id);
+	if (rc == KILN_OK && pg_res_rows(res) != 1)
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "the version is not building here");
+	if (rc == KILN_OK) {
+		const char *df = pg_res_str(res, 0, 0);
+		rc = dockerfile_parse(df, strlen(df), &b->df, err);
+	}
+	if (rc == KILN_OK) {
+		*start_cmd = pg_res_get(res, 0, 1) ? strdup(pg_res_str(res, 0, 1)) : NULL;
+		*ready_cmd = pg_res_get(res, 0, 2) ? strdup(pg_res_str(res, 0, 2)) : NULL;
+		*egress = pg_res_get(res, 0, 3) ? strdup(pg_res_str(res, 0, 3)) : NULL;
+		for (int i = 0; i < 3; i++)
+			shape[i] = (unsigned)pg_res_int(res, 0, 4 + i, 0);
+	}
+	pg_res_free(res);
+	res = NULL;
+	/* FROM another template of the tenant: its latest ready version's image, held here. */
+	if (rc == KILN_OK && strcmp(b->df.from, "base") != 0 && strcmp(b->df.from, "python") != 0) {
+		rc = PGQ(c, &res, err,
+			 "SELECT v.snapshot_id, s.node_id = $3, v.vcpu_milli, v.memory_mib "
+			 "FROM templates t JOIN template_versions v ON v.template_id = t.id "
+			 "JOIN snapshots s ON s.id = v.snapshot_id AND s.deleted_at IS NULL "
+			 "WHERE t.tenant_id = $1 AND t.name = $2 AND t.deleted_at IS NULL "
+			 "AND v.status = 'ready' ORDER BY v.version DESC LIMIT 1",
+			 b->tenant, b->df.from, b->n->cfg.node_id);
+		if (rc == KILN_OK && pg_res_rows(res) != 1)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "FROM %s: the tenant has no ready template of that name",
+					    b->df.from);
+		else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 1), "t") != 0)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "FROM %s: its image is on another node", b->df.from);
+		else if (rc == KILN_OK && ((unsigned)pg_res_int(res, 0, 2, 0) != shape[0] ||
+					   (unsigned)pg_res_int(res, 0, 3, 0) != shape[1]))
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "FROM %s: a template built upon another has its vCPUs and "
+					    "memory",
+					    b->df.from);
+		else if (rc == KILN_OK)
+			*from_snap = strdup(pg_res_str(res, 0, 0));
+	}
+	pg_res_free(res);
+	pg_release(b->n->pg, c);
+	return rc;
+}
+
+/* Marks the version failed with `why`, unless it left building. */
+static void build_failed(struct build *b, const char *why)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char v[16];
+
+	snprintf(v, sizeof(v), "%d", b->version);
+	if (pg_acquire(b->n->pg, &c, &err) != KILN_OK) {
+		log_error("build %s/%d failed, not recorded: %s", b->tmpl, b->version, why);
+		return;
+	}
+	if (PGQ(c, NULL, &err,
+		"UPDATE template_versions SET status = 'failed', reason = $3, finished_at = now(), "
+		"builder_id = NULL WHERE template_id = $1 AND version = $2::int "
+		"AND status = 'building'",
+		b->tmpl, v, why) != KILN_OK)
+		log_error("build %s/%d failed, not recorded: %s", b->tmpl, b->version, err.msg);
+	pg_release(b->n->pg, c);
+}
+
+static enum kiln_err build_run(struct build *b, struct kiln_error *err)
+{
+	struct node *n = b->n;
+	char *start_cmd = NULL, *ready_cmd = NULL, *egress = NULL, *from_snap = NULL;
+	char meta[256], snap[AUTH_ID_MAX], v[16];
+	unsigned shape[3] = { 0 };
+	struct kiln_ruleset rules = { 0 };
+	struct kiln_cidr deny[2 * KILN_DENY_MAX];
+	size_t ndeny = 0;
+	json_t *ej = NULL;
+	struct pg_conn *c;
+	enum kiln_err rc;
+
+	b->deadline = time(NULL) + n->cfg.template_build_max_s;
+	b->image_env = json_object();
+	if (!b->image_env)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = build_load(b, &start_cmd, &ready_cmd, &egress, shape, &from_snap, err);
+	if (rc == KILN_OK && egress) {
+		ej = json_loads(egress, 0, NULL);
+		rc = kiln_policy_deny_ranges(n->cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, err);
+		if (rc == KILN_OK)
+			rc = nodereq_egress(ej, deny, ndeny, &rules, err);
+	}
+	if (rc == KILN_OK)
+		rc = auth_new_id("sb_", b->builder, sizeof(b->builder));
+	if (rc == KILN_OK)
+		rc = auth_new_id("snap_", snap, sizeof(snap));
+	if (rc == KILN_OK && pg_acquire(n->pg, &c, err) == KILN_OK) {
+		snprintf(v, sizeof(v), "%d", b->version);
+		PGQ(c, NULL, err,
+		    "UPDATE template_versions SET builder_id = $3 WHERE template_id = $1 "
+		    "AND version = $2::int",
+		    b->tmpl, v, b->builder);
+		pg_release(n->pg, c);
+	}
+	if (rc == KILN_OK) {
+		struct create_req r = {
+			.id = b->builder, .tenant_id = b->tenant, .template_name = b->df.from,
+			.metadata = meta, .from_snap = from_snap, .vcpu_milli = shape[0],
+			.mem_mib = shape[1], .disk_gib = shape[2],
+			.timeout_s = n->cfg.template_build_max_s + 600,
+			.init = { .egress = egress ? &rules : NULL },
+		};
+		snprintf(meta, sizeof(meta), "{\"kiln.template_build\": \"%s/%d\"}", b->tmpl,
+			 b->version);
+		build_log(b, "# builder sandbox %s from %s", b->builder, b->df.from);
+		rc = create_sandbox(n, &r, err);
+	}
+	if (rc == KILN_OK) {
+		b->sb = sb_get(n, b->builder);
+		if (!b->sb)
+			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the builder sandbox is gone");
+	}
+	if (rc == KILN_OK) {
+		build_log(b, "# build context: %lld bytes", b->bytes);
+		rc = build_context(b, err);
+	}
+	for (size_t i = 0; rc == KILN_OK && i < b->df.nsteps; i++) {
+		const struct df_step *s = &b->df.steps[i];
+		build_log(b, "# step %zu/%zu (line %u): %s %s", i + 1, b->df.nsteps, s->line,
+			  dockerfile_kind_name(s->kind), s->argc ? s->argv[0] : "");
+		rc = step_one(b, s, err);
+	}
+	if (rc == KILN_OK)
+		rc = build_start(b, start_cmd, ready_cmd, err);
+	if (rc == KILN_OK)
+		rc = build_size(b, err);
+	if (rc == KILN_OK)
+		rc = build_snapshot(b, snap, err);
+	if (rc != KILN_OK && b->sb) {
+		struct kiln_error derr = { 0 };
+		pthread_mutex_lock(&b->sb->lock);
+		if (b->sb->state != SB_STOPPED) {
+			struct record_fence f = sb_fence(n, b->sb);
+			if (record_deleted(n->pg, NULL, &f, &derr) != KILN_OK)
+				log_error("the builder \"%s\" not recorded deleted: %s", b->builder,
+					  derr.msg);
+			sb_teardown(n, b->sb);
+			b->sb->state = SB_STOPPED;
+		}
+		pthread_mutex_unlock(&b->sb->lock);
+	}
+	if (b->sb)
+		sb_put(n, b->sb);
+	b->sb = NULL;
+	json_decref(ej);
+	kiln_ruleset_free(&rules);
+	free(start_cmd);
+	free(ready_cmd);
+	free(egress);
+	free(from_snap);
+	return rc;
+}
+
+static void *build_thread(void *arg)
+{
+	struct build *b = arg;
+	struct kiln_error err = { 0 };
+	enum kiln_err rc;
+	time_t t0 = time(NULL);
+
+	log_info("building template %s version %d", b->tmpl, b->version);
+	rc = build_run(b, &err);
+	unlink(b->tar);
+	if (rc == KILN_OK) {
+		build_log(b, "# ready in %lld s", (long long)(time(NULL) - t0));
+		log_info("template %s version %d ready", b->tmpl, b->version);
+	} else {
+		build_log(b, "# failed: %s", err.msg);
+		build_failed(b, err.msg);
+		log_warn("template %s version %d failed: %s", b->tmpl, b->version, err.msg);
+	}
+	build_free(b);
+	pthread_mutex_lock(&builds_lock);
+	builds_running--;
+	pthread_cond_broadcast(&builds_cond);
+	pthread_mutex_unlock(&builds_lock);
+	return NULL;
+}
+
+/* ---- the upload ---- */
+
+static void upload_free(void *p)
+{
+	struct build *b = p;
+
+	if (b && b->tar[0])
+		unlink(b->tar);	/* not handed to a build */
+	build_free(b);
+}
+
+/* Takes the upload when version ?version of {id} is building here for `tenant`. */
+static enum kiln_err upload_begin(struct http_req *req, const char *tenant, struct build *b)
+{
+	struct node *n = http_req_app(req);
+	const char *ver = http_req_query(req, "version");
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	char dir[600], *end = NULL;
+	long v = ver ? strtol(ver, &end, 10) : 0;
+	enum kiln_err rc;
+
+	if (!ver || !end || *end || v < 1 || v > 1000000)
+		return KILN_E_INVALID;
+	b->version = (int)v;
+	snprintf(b->tmpl, sizeof(b->tmpl), "%s", http_req_param(req, "id"));
+	snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
+	rc = pg_acquire(n->pg, &c, &err);
+	if (rc != KILN_OK)
+		return KILN_E_UNAVAILABLE;
+	rc = PGQ(c, &res, &err,
+		 "SELECT 1 FROM template_versions v JOIN templates t ON t.id = v.template_id "
+		 "WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
+		 "AND v.status = 'building' AND v.node_id = $4 AND v.builder_id IS NULL",
+		 tenant, b->tmpl, ver, n->cfg.node_id);
+	pg_release(n->pg, c);
+	if (rc != KILN_OK)
+		rc = KILN_E_UNAVAILABLE;
+	else if (pg_res_rows(res) != 1)
+		rc = KILN_E_NOT_FOUND;
+	pg_res_free(res);
+	if (rc != KILN_OK)
+		return rc;
+	if (!fs_path(dir, "%s/builds/%s", n->cfg.data_dir, n->cfg.node_id) ||
+	    fs_mkdir_p(dir, 0700) != 0 ||
+	    !fs_path(b->tar, "%s/%s-%d.tar", dir, b->tmpl, b->version))
+		return KILN_E_IO;
+	b->fd = open(b->tar, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (b->fd < 0) {
+		b->tar[0] = '\0';
+		return KILN_E_IO;
+	}
+	return KILN_OK;
+}
+
+enum kiln_err build_source_sink(struct http_req *req, const char *tenant, const char *data,
+				size_t len)
+{
+	struct node *n = http_req_app(req);
+	struct build *b = http_req_hctx(req);
+
+	if (!b) {
+		b = calloc(1, sizeof(*b));
+		if (!b)
+			return KILN_E_NOMEM;
+		b->fd = -1;
+		b->n = n;
+		http_req_set_hctx(req, b, upload_free);
+		b->refused = upload_begin(req, tenant, b);
+	}
+	if (b->refused)
+		return b->refused;
+	if (b->bytes + (long long)len > n->cfg.template_source_max_bytes)
+		return b->refused = KILN_E_TOO_LARGE;
+	b->bytes += (long long)len;
+	while (len) {
+		ssize_t w = write(b->fd, data, len);
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w < 0)
+			return b->refused = KILN_E_IO;
+		data += w;
+		len -= (size_t)w;
+	}
+	return KILN_OK;
+}
+
+/* Puts a version whose upload failed back to pending: nothing of it changed. */
+static void upload_undo(struct node *n, const char *tenant, const char *tmpl, const char *ver)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (!ver || pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return;
+	PGQ(c, NULL, &err,
+	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL "
+	    "FROM templates t WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+	    "AND v.version = $3::int AND v.status = 'building' AND v.node_id = $4 "
+	    "AND v.builder_id IS NULL",
+	    tenant, tmpl, ver, n->cfg.node_id);
+	pg_release(n->pg, c);
+}
+
+void build_source_done(struct http_req *req, const char *tenant)
+{
+	struct node *n = http_req_app(req);
+	struct build *b = http_req_hctx(req);
+	struct kiln_error err = { 0 };
+	enum kiln_err src = http_req_stream_error(req, &err);
+	const char *id = http_req_param(req, "id"), *ver = http_req_query(req, "version");
+	pthread_t th;
+
+	if (!b && src == KILN_OK) {
+		/* an empty body: the sink never ran with data */
+		src = build_source_sink(req, tenant, NULL, 0);
+		b = http_req_hctx(req);
+	}
+	if (b && b->refused)
+		src = b->refused;
+	if (src == KILN_E_NOT_FOUND) {
+		http_reply_error(req, src, "template \"%s\" has no version %s building on this node",
+				 id, ver ? ver : "?");
+		return;	/* not ours to undo */
+	}
+	if (src == KILN_OK && (!b || b->bytes == 0))
+		src = KILN_E_INVALID;
+	if (src == KILN_OK && fsync(b->fd) != 0)
+		src = KILN_E_IO;
+	if (src != KILN_OK) {
+		upload_undo(n, tenant, id, ver);
+		if (src == KILN_E_TOO_LARGE)
+			http_reply_error(req, src,
+					 "the build context is larger than template_source_max_bytes "
+					 "(%lld bytes)",
+					 n->cfg.template_source_max_bytes);
+		else if (src == KILN_E_INVALID)
+			http_reply_error(req, src, "the build context must be a non-empty tar");
+		else
+			http_reply_error(req, src == KILN_E_NOMEM ? src : KILN_E_UNAVAILABLE,
+					 "the build context could not be stored");
+		return;
+	}
+	close(b->fd);
+	b->fd = -1;
+	{
+		/* The build takes the upload over; the request's copy is left empty. */
+		struct build *t = malloc(sizeof(*t));
+		if (!t) {
+			upload_undo(n, tenant, id, ver);
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+			return;	/* upload_free removes the file */
+		}
+		*t = *b;
+		b->tar[0] = '\0';
+		b = t;
+	}
+	pthread_mutex_lock(&builds_lock);
+	builds_running++;
+	pthread_mutex_unlock(&builds_lock);
+	if (n->stopping || pthread_create(&th, NULL, build_thread, b) != 0) {
+		pthread_mutex_lock(&builds_lock);
+		builds_running--;
+		pthread_mutex_unlock(&builds_lock);
+		unlink(b->tar);
+		build_free(b);
+		upload_undo(n, tenant, id, ver);
+		http_reply_error(req, KILN_E_UNAVAILABLE, "the build could not start");
+		return;
+	}
+	pthread_detach(th);
+	http_reply_json(req, 202, json_pack("{s:s, s:i, s:s}", "id", id, "version", atoi(ver),
+					    "status", "building"));
+}
+
+void build_init(struct node *n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char dir[600];
+
+	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
+		PGQ(c, NULL, &err,
+		    "UPDATE template_versions SET status = 'failed', finished_at = now(), "
+		    "reason = 'the node restarted during the build', builder_id = NULL "
+		    "WHERE node_id = $1 AND status = 'building'",
+		    n->cfg.node_id);
+		pg_release(n->pg, c);
+	}
+	if (fs_path(dir, "%s/builds/%s", n->cfg.data_dir, n->cfg.node_id))
+		fs_remove_tree(dir);
+}
+
+void build_exit(struct node *n)
+{
+	(void)n;
+	pthread_mutex_lock(&builds_lock);
+	while (builds_running > 0)
+		pthread_cond_wait(&builds_cond, &builds_lock);
+	pthread_mutex_unlock(&builds_lock);
+}

@@ -1,0 +1,312 @@
+"""Templates built from a Dockerfile in a builder microVM, and sandboxes created from them.
+
+On the fake internet of test_egress (its main() builds the host and internet namespaces) this test
+serves one file over plain HTTP (api.test:8000). One template is built with `kiln template build`
+(the CLI: tar of the context without what .dockerignore excludes, upload, the log followed) and
+shared by the cases: its Dockerfile COPYs a small Python package from the build context (whose
+.dockerignore leaves a file out), RUNs a step that fetches the file from the test server (the
+template's egress allows api.test only), sets ENV and WORKDIR, and starts a long-running HTTP server
+(CMD) that the template's ready check waits for. A sandbox created from it sees the files, the
+environment and the running server; another shape is 422 naming the template's. A failing RUN
+fails its build with its log and leaves nothing to create from (its RUN steps reach the fake
+internet but not the host's services, as a sandbox; while it runs, the tenant's next build is past
+template_max_builds); an unsupported instruction is 422 naming its line and a
+context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
+template route and cannot create from it; deleting the template leaves its sandboxes running.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import shutil
+import time
+import unittest
+import urllib.request
+
+import kiln
+import test_egress
+
+HOST, PORT = "198.51.100.21", 8000  # api.test
+KILN = os.path.join(kiln.BUILD, "cli", "kiln")
+FETCHED = "fetched from the fake internet\n"
+
+SERVER = r'''
+import http.server, os, sys
+os.chdir(sys.argv[3])
+class H(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *a):
+        pass
+s = http.server.ThreadingHTTPServer((sys.argv[1], int(sys.argv[2])), H)
+print("ready", flush=True)
+s.serve_forever()
+'''
+
+DOCKERFILE = f"""# syntax=docker/dockerfile:1
+FROM base
+ARG GREETING_WORD=hello
+ENV GREETING="$GREETING_WORD from kiln" APP_HOME=/srv/app
+WORKDIR /srv/app
+COPY pkg/ ./pkg/
+RUN curl -fsS --max-time 30 http://api.test:{PORT}/data.txt -o fetched.txt
+RUN python3 -c "import pkg; print(pkg.NAME)" > name.txt && echo "built $GREETING"
+CMD ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1"]
+"""
+
+# Its egress is open, yet the host's services (its address, its database port, the sandboxes'
+# gateway, the metadata address) stay closed to a RUN exactly as to a sandbox (test_egress).
+FAILING = """FROM base
+RUN echo about to fail
+RUN for a in 192.0.2.1:80 192.0.2.1:5432 10.200.0.1:80 169.254.169.254:80 203.0.113.10:80; do \\
+      if timeout 5 bash -c "exec 3<>/dev/tcp/${a%:*}/${a#*:}" 2>/dev/null; \\
+      then echo "reached $a"; else echo "blocked $a"; fi; done
+RUN sleep 5 && echo this step fails >&2 && exit 3
+RUN echo never reached
+"""
+
+
+def context_tar(files):
+    """A tar of {path: text} in memory."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, text in files.items():
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+class TemplateBuildTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.www = tempfile.mkdtemp(prefix="kiln-tbuild-www-")
+        cls.addClassCleanup(shutil.rmtree, cls.www, True)
+        with open(os.path.join(cls.www, "data.txt"), "w") as f:
+            f.write(FETCHED)
+        p = subprocess.Popen(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], sys.executable,
+                              "-c", SERVER, HOST, str(PORT), cls.www], stdout=subprocess.PIPE, text=True)
+        cls.addClassCleanup(p.wait)
+        cls.addClassCleanup(p.kill)
+        assert p.stdout.readline().strip() == "ready"
+
+        cls.stack = kiln.Stack(node_env={"KILN_DNS_UPSTREAM": "192.0.2.53", "KILN_TEMPLATES": "true",
+                                         "KILN_TEMPLATE_DEFAULT": "true"},
+                               gateway_env={"KILN_TEMPLATE_SOURCE_MAX_BYTES": str(1 << 20),
+                                            "KILN_TEMPLATE_MAX_BUILDS": "1"})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant("tbuild-a")
+        cls.other = cls.stack.tenant("tbuild-b")
+        # The shared build goes through the CLI, as a user types it: kiln template build DIR.
+        ctx = os.path.join(cls.www, "web")
+        for name, text in {
+                "Dockerfile.web": DOCKERFILE,
+                ".dockerignore": "# not for the image\npkg/secret.txt\nnotes/\n",
+                "pkg/__init__.py": "NAME = 'kilnpkg'\n",
+                "pkg/util.py": "def twice(x):\n    return 2 * x\n",
+                "pkg/secret.txt": "left out\n",
+                "notes/todo.txt": "not sent\n"}.items():
+            os.makedirs(os.path.dirname(os.path.join(ctx, name)), exist_ok=True)
+            with open(os.path.join(ctx, name), "w") as f:
+                f.write(text)
+        t0 = time.monotonic()
+        env = dict(os.environ, KILN_URL=cls.gw.url, KILN_API_KEY=cls.key["Authorization"][7:])
+        cls.cli = subprocess.run([KILN, "template", "build", "-f", os.path.join(ctx, "Dockerfile.web"),
+                                  "--name", "web", "--ready", "curl -sf http://127.0.0.1:8080/name.txt",
+                                  "--allow", "api.test", ctx], env=env, capture_output=True, text=True,
+                                 timeout=900)
+        cls.build_seconds = time.monotonic() - t0
+        assert cls.cli.returncode == 0, cls.cli.stderr
+        cls.tmpl, name, version = cls.cli.stdout.strip().split("\t")
+        assert name == "web" and version == "v1", cls.cli.stdout
+        cls.version = 1
+        cls.log, cls.end = cls.follow(cls.tmpl, cls.version)  # kept after the build: replayed
+        print(f"\ntemplate build: {cls.build_seconds:.1f} s", file=sys.stderr)
+
+    # ---------------------------------------------------------------- helpers
+
+    @classmethod
+    def template(cls, name, extra=None, key=None):
+        body = {"name": name, "vcpus": 1, "memory_mib": 512, "disk_gib": 10}
+        body.update(extra or {})
+        r = cls.gw.request("POST", "/v1/templates", body, key or cls.key)
+        assert r.status == 201, r
+        return r.json()["id"], r.json()["version"]
+
+    @classmethod
+    def put_dockerfile(cls, tmpl, version, text, expect=204):
+        r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile?version={version}", text,
+                           dict(cls.key, **{"Content-Type": "text/plain"}))
+        assert r.status == expect, r
+        return r
+
+    @classmethod
+    def put_source(cls, tmpl, version, data, expect=202, key=None):
+        r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/source?version={version}", data,
+                           dict(key or cls.key, **{"Content-Type": "application/x-tar"}), timeout=120)
+        assert r.status == expect, r
+        return r
+
+    @classmethod
+    def follow(cls, tmpl, version, timeout=900):
+        """The build's log followed to its end: (text, the end event's data)."""
+        req = urllib.request.Request(f"{cls.gw.url}/v1/templates/{tmpl}/log?version={version}",
+                                     headers=dict(cls.key, Accept="text/event-stream"))
+        text, event, end = [], None, None
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            assert r.status == 200, r.status
+            assert r.headers["Content-Type"].startswith("text/event-stream")
+            for raw in r:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "log":
+                        text.append(data["text"])
+                    elif event == "end":
+                        end = data
+                        break
+                    elif event == "error":
+                        raise AssertionError(data)
+        return "".join(text), end
+
+    def create(self, body, key=None, expect=201):
+        r = self.gw.request("POST", "/v1/sandboxes", dict({"timeout_s": 3600}, **body), key or self.key,
+                            timeout=300)
+        self.assertEqual(r.status, expect, r)
+        if expect == 201:
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{r.json()['id']}", None,
+                            key or self.key)
+        return r
+
+    def sh(self, sb, cmd):
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["sh", "-c", cmd]}, self.key,
+                            timeout=120)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    # ---------------------------------------------------------------- cases
+
+    def test_a_failing_run_fails_the_build_with_its_log_and_nothing_to_create_from(self):
+        tmpl, version = self.template("broken")
+        self.put_dockerfile(tmpl, version, FAILING)
+        # sent through the API with what its .dockerignore excludes: the builder leaves it out
+        self.put_source(tmpl, version, context_tar({"Dockerfile": FAILING, ".dockerignore": "junk\n",
+                                                    "junk/a.txt": "x", "kept.txt": "y"}))
+        # while it builds, the tenant's next build is past template_max_builds (1 here)
+        other, v2 = self.template("waiting")
+        self.put_dockerfile(other, v2, "FROM base\nRUN true\n")
+        r = self.put_source(other, v2, context_tar({"a": "b"}), expect=429)
+        self.assertIn("template_max_builds", r.json()["error"]["message"])
+        got = self.gw.request("GET", f"/v1/templates/{other}", None, self.key).json()
+        self.assertEqual(got["versions"][0]["status"], "pending", got)
+        log, end = self.follow(tmpl, version)
+        self.assertEqual(end["status"], "failed", (end, log))
+        self.assertIn("Dockerfile line 6: RUN failed (exit status 3)", end["reason"])
+        for a in ("192.0.2.1:80", "192.0.2.1:5432", "10.200.0.1:80", "169.254.169.254:80"):
+            self.assertIn(f"blocked {a}\n", log)
+        self.assertIn("reached 203.0.113.10:80\n", log)
+        self.assertIn("# .dockerignore: 2 paths of the context left out", log)  # junk/ and junk/a.txt
+        self.assertIn("about to fail", log)
+        self.assertIn("this step fails", log)
+        self.assertNotIn("never reached", log)
+        got = self.gw.request("GET", f"/v1/templates/{tmpl}", None, self.key).json()
+        self.assertEqual(got["versions"][0]["status"], "failed")
+        self.assertIsNone(got["latest_ready_version"])
+        r = self.create({"template": "broken"}, expect=404)
+        self.assertIn("broken", r.json()["error"]["message"])
+        # its builder is gone, and no image of it was kept
+        builders = self.stack.db.sql("SELECT count(*) FROM sandboxes WHERE deleted_at IS NULL AND "
+                                     f"metadata->>'kiln.template_build' = '{tmpl}/{version}'")
+        self.assertEqual(builders, "0")
+        snaps = self.stack.db.sql(f"SELECT count(*) FROM snapshots WHERE kind = 'build' AND deleted_at IS NULL "
+                                  f"AND id IN (SELECT snapshot_id FROM template_versions WHERE template_id = '{tmpl}')")
+        self.assertEqual(snaps, "0")
+
+    def test_an_unsupported_instruction_or_a_too_large_context_changes_nothing(self):
+        tmpl, version = self.template("refused")
+        r = self.put_dockerfile(tmpl, version, "FROM base\nRUN true\nEXPOSE 80\n", expect=422)
+        self.assertIn("Dockerfile line 3: EXPOSE is not supported", r.json()["error"]["message"])
+        # no Dockerfile yet: the source is refused
+        r = self.put_source(tmpl, version, context_tar({"a": "b"}), expect=409)
+        self.assertIn("no Dockerfile", r.json()["error"]["message"])
+        self.put_dockerfile(tmpl, version, "FROM base\nRUN true\n")
+        r = self.put_source(tmpl, version, b"\0" * ((1 << 20) + 4096), expect=413)
+        self.assertIn("template_source_max_bytes", r.json()["error"]["message"])
+        got = self.gw.request("GET", f"/v1/templates/{tmpl}", None, self.key).json()
+        self.assertEqual(got["versions"][0]["status"], "pending", got)
+
+    def test_another_tenant_gets_404_on_every_template_route_and_cannot_create_from_it(self):
+        o = self.other
+        for method, path, body in (
+                ("GET", f"/v1/templates/{self.tmpl}", None),
+                ("GET", f"/v1/templates/{self.tmpl}/log?version={self.version}", None),
+                ("PUT", f"/v1/templates/{self.tmpl}/dockerfile?version={self.version}", "FROM base\n"),
+                ("PUT", f"/v1/templates/{self.tmpl}/source?version={self.version}", b"x" * 512),
+                ("DELETE", f"/v1/templates/{self.tmpl}", None)):
+            r = self.gw.request(method, path, body, o)
+            self.assertEqual(r.status, 404, (method, path, r))
+        self.create({"template": "web"}, key=o, expect=404)
+        r = self.gw.request("GET", "/v1/templates", None, o)
+        self.assertEqual(r.json()["templates"], [])
+        self.assertEqual(self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).status, 200)
+
+    def test_the_sandbox_from_the_template_has_its_files_env_and_server_and_outlives_its_deletion(self):
+        self.assertEqual(self.end["status"], "ready", (self.end, self.log))
+        self.assertIn("built hello from kiln", self.log)
+        self.assertIn("# step", self.log)
+        # the CLI printed the same log as it came, and sent no path .dockerignore leaves out
+        self.assertIn("built hello from kiln", self.cli.stderr)
+        self.assertIn("3 left out by .dockerignore", self.cli.stderr)  # notes/ and what is in it
+        self.assertIn("# .dockerignore: 0 paths of the context left out", self.log)
+        got = self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).json()
+        self.assertEqual(got["latest_ready_version"], self.version)
+        # the build ran in a sandbox of the tenant (billed as sandbox time), deleted once saved
+        builder = self.stack.db.sql(
+            "SELECT s.tenant_id = t.tenant_id, s.deleted_at IS NOT NULL FROM sandboxes s, templates t "
+            f"WHERE t.id = '{self.tmpl}' AND s.metadata->>'kiln.template_build' = '{self.tmpl}/{self.version}'")
+        self.assertEqual(builder.split("|"), ["t", "t"], builder)
+        self.assertEqual(got["versions"][0]["env"], {"GREETING": "hello from kiln", "APP_HOME": "/srv/app"})
+        # another shape is 422 naming the template's
+        r = self.create({"template": "web", "memory_mib": 1024}, expect=422)
+        self.assertIn("512 MiB", r.json()["error"]["message"])
+        t0 = time.monotonic()
+        sb = self.create({"template": "web"}).json()
+        print(f"create from the built template: {time.monotonic() - t0:.2f} s", file=sys.stderr)
+        env = dict(os.environ, KILN_URL=self.gw.url, KILN_API_KEY=self.key["Authorization"][7:])
+        p = subprocess.run([KILN, "create", "--template", "web"], env=env, capture_output=True, text=True,
+                           timeout=300)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{p.stdout.strip()}", None, self.key)
+        self.assertEqual(self.sh({"id": p.stdout.strip()}, "cat /srv/app/name.txt")["stdout"], "kilnpkg\n")
+        self.assertEqual(sb["memory_mib"], 512)
+        snap = self.stack.db.sql(f"SELECT snapshot_id FROM template_versions WHERE template_id = '{self.tmpl}'"
+                                 f" AND version = {self.version}")
+        lineage = self.stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes WHERE id = '{sb['id']}'")
+        self.assertIn(snap, lineage.split(","))
+        out = self.sh(sb, "cat /srv/app/fetched.txt; cat /srv/app/name.txt; echo \"$GREETING|$APP_HOME\";"
+                          " ls /srv/app/pkg | grep -v __pycache__; curl -sf http://127.0.0.1:8080/name.txt")
+        self.assertEqual(out["exit_code"], 0, out)
+        self.assertEqual(out["stdout"], FETCHED + "kilnpkg\nhello from kiln|/srv/app\n"
+                         "__init__.py\nutil.py\nkilnpkg\n")
+        out = self.sh(sb, "cd /srv/app && python3 -c 'import pkg.util; print(pkg.util.twice(21))'")
+        self.assertEqual(out["stdout"], "42\n", out)
+        # the build context is not left in the image
+        out = self.sh(sb, "ls /var/tmp/kiln-build 2>&1 || true")
+        self.assertIn("No such file", out["stdout"])
+        # deleting the template leaves the sandbox running; no new sandbox comes from it
+        r = self.gw.request("DELETE", f"/v1/templates/{self.tmpl}", None, self.key)
+        self.assertEqual(r.status, 204, r)
+        out = self.sh(sb, "curl -sf http://127.0.0.1:8080/name.txt && cat /srv/app/fetched.txt")
+        self.assertEqual(out["stdout"], "kilnpkg\n" + FETCHED, out)
+        self.create({"template": "web"}, expect=404)
+
+
+if __name__ == "__main__":
+    sys.argv[1:] = sys.argv[1:] or ["test_templates_build"]
+    sys.exit(test_egress.main())
