@@ -69,7 +69,9 @@ class E2bSdk(unittest.TestCase):
         # Three egress updates the API took (deny all; two rules; open again), the bad one never
         # reached it.
         self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/egress 200", rows)), 3, rows)
-        print(f"e2b SDK run: {took:.1f} s", flush=True)
+        steps = {k: v for s in seen["steps"] if isinstance(s, dict) for k, v in s.items()}
+        print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, data plane "
+              f"checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
