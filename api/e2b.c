@@ -23,13 +23,17 @@
 #include <unistd.h>
 
 #include <curl/curl.h>
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "auth/bearer.h"
 #include "auth/crypto.h"
+#include "auth/scopes.h"
 #include "common/buf.h"
 #include "common/httpc.h"
 #include "common/log.h"
+#include "common/pg.h"
 
 #define KEY_MAX 512			/* bytes of an X-API-Key we pass on */
 #define ID_MAX 64			/* bytes of a sandbox or snapshot id */
@@ -40,6 +44,7 @@
 #define DENY_ALL_RULE "deny-all.invalid"	/* an allow list that matches nothing (RFC 6761) */
 
 static struct http_server *e2b_http;
+static struct http_server *envd_http;	/* the sandbox data plane (e2b_sandbox_listen) */
 static struct http_server *inner_http;	/* the gateway's API on inner_sock, for the handlers */
 static char inner_dir[64];		/* a 0700 directory of the process's own */
 static char inner_sock[96];		/* inner_dir/api.sock */
@@ -100,6 +105,54 @@ static void answer_free(struct answer *a)
 }
 
 /*
+ * Calls the API on the inner socket: `method` `path` with the `len` bytes of `data` (NULL: no
+ * body) of type `ctype`, with `auth` as its Authorization header, reading at most `max` bytes of
+ * answer. KILN_OK with `a` filled once the API answered, whatever its status.
+ */
+static enum kiln_err inner_call(const char *auth, const char *method, const char *path,
+				const char *ctype, const char *data, size_t len, size_t max,
+				struct answer *a, struct kiln_error *err)
+{
+	char url[2048 + 16], type[160];
+	struct curl_slist *h = NULL;
+	struct httpc hc = { 0 };
+	enum kiln_err rc;
+
+	memset(a, 0, sizeof(*a));
+	buf_init(&a->body, max);
+	if (strlen(path) >= 2048)
+		return kiln_error_set(err, KILN_E_INVALID, "the request is too long");
+	snprintf(url, sizeof(url), "http://kiln%s", path);
+	snprintf(type, sizeof(type), "Content-Type: %s", ctype ? ctype : "application/json");
+	h = curl_slist_append(h, auth);
+	if (h && data)
+		h = curl_slist_append(h, type);
+	if (!h)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = httpc_open(&hc,
+			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock,
+					      .timeout_ms = CALL_TIMEOUT_MS,
+					      .connect_timeout_ms = 5000, .body = &a->body,
+					      .method = method, .post_data = data,
+					      .post_len = data ? len : 0, .headers = h,
+					      .on_header = on_header, .header_arg = a },
+			err);
+	if (rc == KILN_OK)
+		curl_easy_setopt(hc.curl, CURLOPT_NOPROXY, "*");	/* our own socket, never a proxy */
+	if (rc == KILN_OK && data && strcmp(method, "POST") != 0) {
+		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, data);
+		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)len);
+	}
+	if (rc == KILN_OK)
+		rc = httpc_perform(&hc, &a->status, err);
+	if (rc == KILN_OK)
+		a->json = a->body.len ? json_loadb(a->body.data, a->body.len, 0, NULL) : NULL;
+	httpc_close(&hc);
+	curl_slist_free_all(h);
+	return rc;
+}
+
+/*
  * Calls the API: `method` `path` with the JSON `body` (NULL: none) as the caller (its X-API-Key).
  * True with `a` filled once the API answered, whatever its status; false after replying (401 for
  * no key, 503 when the API could not be reached).
@@ -108,13 +161,10 @@ static bool api_call(struct http_req *req, const char *method, const char *path,
 		     struct answer *a)
 {
 	const char *key = http_req_header(req, "X-API-Key");
-	char auth[KEY_MAX + 32], url[2048 + 16];
-	struct curl_slist *h = NULL;
+	char auth[KEY_MAX + 32];
 	struct kiln_error err = { 0 };
-	struct httpc hc = { 0 };
 	char *text = NULL;
 	bool ok = false;
-	enum kiln_err rc;
 
 	memset(a, 0, sizeof(*a));
 	buf_init(&a->body, ANSWER_MAX);
@@ -131,43 +181,22 @@ static bool api_call(struct http_req *req, const char *method, const char *path,
 		e2b_error(req, 400, "the request is too long");
 		return false;
 	}
-	snprintf(url, sizeof(url), "http://kiln%s", path);
 	snprintf(auth, sizeof(auth), "Authorization: Bearer %s", key);
-	h = curl_slist_append(h, auth);
-	if (h && body)
-		h = curl_slist_append(h, "Content-Type: application/json");
 	if (body)
 		text = json_dumps(body, JSON_COMPACT);
-	if (!h || (body && !text)) {
+	if (body && !text) {
 		e2b_error(req, 500, "out of memory");
 		goto out;
 	}
-	rc = httpc_open(&hc,
-			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock,
-					      .timeout_ms = CALL_TIMEOUT_MS,
-					      .connect_timeout_ms = 5000, .body = &a->body,
-					      .method = method, .post_data = text,
-					      .post_len = text ? strlen(text) : 0, .headers = h,
-					      .on_header = on_header, .header_arg = a },
-			&err);
-	if (rc == KILN_OK)
-		curl_easy_setopt(hc.curl, CURLOPT_NOPROXY, "*");	/* our own socket, never a proxy */
-	if (rc == KILN_OK && body && strcmp(method, "POST") != 0) {
-		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDS, text);
-		curl_easy_setopt(hc.curl, CURLOPT_POSTFIELDSIZE, (long)strlen(text));
-	}
-	if (rc == KILN_OK)
-		rc = httpc_perform(&hc, &a->status, &err);
-	if (rc != KILN_OK) {
+	if (inner_call(auth, method, path, NULL, text, text ? strlen(text) : 0, ANSWER_MAX, a,
+		       &err) != KILN_OK) {
 		log_warn("e2b: the API did not answer %s %s: %s", method, path, err.msg);
 		e2b_error(req, 503, "the service is unavailable; try again");
 		goto out;
 	}
-	a->json = a->body.len ? json_loadb(a->body.data, a->body.len, 0, NULL) : NULL;
 	ok = true;
 out:
-	httpc_close(&hc);
-	curl_slist_free_all(h);
+	explicit_bzero(auth, sizeof(auth));
 	if (text) {
 		explicit_bzero(text, strlen(text));	/* env values may be secrets */
 		free(text);
@@ -1178,6 +1207,641 @@ out:
 }
 
 /* What E2B has and Kiln does not map yet (docs/e2b.md): 501 in E2B's shape. */
+/* ---- the sandbox data plane: envd (port 49983) on e2b_sandbox_listen ---- */
+
+#define ENVD_PORT 49983			/* E2b-Sandbox-Port of envd */
+#define ENVD_TOKEN_TTL_S 120		/* seconds of the token a data-plane request calls the API with */
+#define ENVD_FILE_MAX (100u << 20)	/* bytes of a file read: the API's own cap */
+#define ENVD_FS_TIMEOUT_S 60		/* seconds a filesystem RPC may take in the guest */
+#define ENVD_USER_MAX 33		/* bytes of a user name */
+#define ENVD_DEFAULT_USER "user"	/* E2B's default user */
+
+/* A data-plane request: its sandbox, the user it acts as, and the API credential for it. */
+struct envd {
+	char id[ID_MAX];
+	char user[ENVD_USER_MAX];
+	char auth[AUTH_HEADER_MAX + 32];	/* "Authorization: Bearer <token of the owner>" */
+};
+
+/* envd's token refusal, E2B's words. */
+static void envd_unauthorized(struct http_req *req)
+{
+	e2b_error(req, 401, "unauthorized access, please provide a valid access token or method "
+			    "signing if supported");
+}
+
+/* Replies a Connect error: `code` (Connect's name) with its HTTP status, JSON. */
+static void rpc_error(struct http_req *req, const char *code, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+static void rpc_error(struct http_req *req, const char *code, const char *fmt, ...)
+{
+	static const struct { const char *code; int status; } map[] = {
+		{ "not_found", 404 }, { "already_exists", 409 }, { "invalid_argument", 400 },
+		{ "failed_precondition", 400 }, { "unauthenticated", 401 },
+		{ "permission_denied", 403 }, { "resource_exhausted", 429 },
+		{ "unavailable", 503 }, { "deadline_exceeded", 504 }, { "unimplemented", 501 },
+	};
+	char msg[KILN_ERRMSG_MAX];
+	int status = 500;
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	for (size_t i = 0; i < sizeof(map) / sizeof(map[0]); i++)
+		if (!strcmp(map[i].code, code))
+			status = map[i].status;
+	http_reply_json(req, status, json_pack("{s:s, s:s}", "code", code, "message", msg));
+}
+
+/* Whether `s` is a user name the guest could have ([a-z_][a-z0-9_-]*, < ENVD_USER_MAX). */
+static bool user_ok(const char *s)
+{
+	size_t n = strlen(s);
+
+	if (n == 0 || n >= ENVD_USER_MAX || !(islower((unsigned char)s[0]) || s[0] == '_'))
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!islower((unsigned char)s[i]) && !isdigit((unsigned char)s[i]) && s[i] != '_' &&
+		    s[i] != '-')
+			return false;
+	return true;
+}
+
+/* The user of an RPC: `Authorization: Basic base64("<user>:")`, else the default; false if bad. */
+static bool rpc_user(struct http_req *req, char out[ENVD_USER_MAX])
+{
+	const char *h = http_req_header(req, "Authorization");
+	unsigned char dec[96];
+	int n;
+
+	snprintf(out, ENVD_USER_MAX, "%s", ENVD_DEFAULT_USER);
+	if (!h || !h[0])
+		return true;
+	if (strncasecmp(h, "Basic ", 6) != 0 || strlen(h + 6) > 4 * (sizeof(dec) / 3) - 4)
+		return false;
+	n = EVP_DecodeBlock(dec, (const unsigned char *)h + 6, (int)strlen(h + 6));
+	if (n <= 0)
+		return false;
+	while (n > 0 && dec[n - 1] == '\0')	/* EVP_DecodeBlock counts padding as zeros */
+		n--;
+	dec[n] = '\0';
+	if (!strchr((char *)dec, ':'))
+		return false;
+	*strchr((char *)dec, ':') = '\0';
+	if (!user_ok((char *)dec))
+		return false;
+	memcpy(out, dec, strlen((char *)dec) + 1);	/* user_ok: shorter than ENVD_USER_MAX */
+	return true;
+}
+
+/*
+ * Opens a data-plane request: the sandbox of E2b-Sandbox-Id on E2b-Sandbox-Port 49983, its
+ * X-Access-Token checked (401 otherwise: the token is the only credential here), the sandbox
+ * running (502 otherwise, as E2B's proxy answers for a sandbox that is gone or paused), and a
+ * short token of its owner's signed for the API calls. True with `e` filled; false after replying.
+ */
+static bool envd_open(struct http_req *req, struct envd *e)
+{
+	struct gateway *gw = http_req_app(req);
+	const char *id = http_req_header(req, "E2b-Sandbox-Id");
+	const char *port = http_req_header(req, "E2b-Sandbox-Port");
+	const char *tok = http_req_header(req, "X-Access-Token");
+	char want[E2B_TOKEN_HEX + 1], *jwt = NULL;
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = NULL;
+	struct pg_res *r = NULL;
+	bool ok = false, running;
+	size_t n = id ? strlen(id) : 0;
+
+	memset(e, 0, sizeof(*e));
+	if (n == 0 || n >= ID_MAX) {
+		e2b_error(req, 400, "missing or malformed E2b-Sandbox-Id header");
+		return false;
+	}
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)id[i]) && id[i] != '_' && id[i] != '-') {
+			e2b_error(req, 400, "missing or malformed E2b-Sandbox-Id header");
+			return false;
+		}
+	if (!port || http_port_value(port) != ENVD_PORT) {
+		e2b_error(req, 502, "port %.8s of sandbox \"%s\" is not served on this URL: only %d "
+				    "(envd) is (docs/e2b.md)", port ? port : "(none)", id, ENVD_PORT);
+		return false;
+	}
+	token_of(id, want);
+	if (!tok || strlen(tok) != E2B_TOKEN_HEX || !want[0] ||
+	    CRYPTO_memcmp(tok, want, E2B_TOKEN_HEX) != 0) {
+		envd_unauthorized(req);
+		return false;
+	}
+	snprintf(e->id, sizeof(e->id), "%s", id);
+	if (pg_acquire(gw->pg, &c, &err) != KILN_OK ||
+	    PGQ(c, &r, &err, "SELECT tenant_id, state FROM sandboxes WHERE id = $1", id) != KILN_OK) {
+		log_warn("e2b: data plane: cannot read sandbox %s: %s", id, err.msg);
+		e2b_error(req, 503, "the service is unavailable; try again");
+		goto out;
+	}
+	running = pg_res_rows(r) == 1 && (!strcmp(pg_res_str(r, 0, 1), "running") ||
+					 !strcmp(pg_res_str(r, 0, 1), "creating"));
+	if (!running) {
+		e2b_error(req, 502, "sandbox \"%s\" is not running (it was killed, paused or never "
+				    "existed)", id);
+		goto out;
+	}
+	if (signing_sign(gw->signing,
+			 &(struct auth_token_params){ .iss = GW_ISSUER, .aud = AUTH_AUD_API,
+						      .sub = "e2b-envd", .tid = pg_res_str(r, 0, 0),
+						      .scopes = AUTH_SCOPE_SANDBOX_READ |
+								AUTH_SCOPE_SANDBOX_WRITE,
+						      .now = time(NULL), .ttl_s = ENVD_TOKEN_TTL_S },
+			 &jwt, NULL, &err) != KILN_OK) {
+		log_warn("e2b: data plane: cannot sign a token: %s", err.msg);
+		e2b_error(req, 500, "internal error");
+		goto out;
+	}
+	snprintf(e->auth, sizeof(e->auth), "Authorization: Bearer %s", jwt);
+	ok = true;
+out:
+	pg_res_free(r);
+	if (c)
+		pg_release(gw->pg, c);
+	if (jwt) {
+		explicit_bzero(jwt, strlen(jwt));
+		free(jwt);
+	}
+	return ok;
+}
+
+static void envd_close(struct envd *e)
+{
+	explicit_bzero(e->auth, sizeof(e->auth));
+}
+
+/*
+ * The absolute path envd would use for `p` as user `user`: `~` and `~/...` under the home
+ * directory, a relative path under it too. False when it does not fit or is empty.
+ */
+static bool envd_path(const char *p, const char *user, char *out, size_t n)
+{
+	char home[64];
+	int w;
+
+	snprintf(home, sizeof(home), strcmp(user, "root") ? "/home/%s" : "/root", user);
+	if (!p || !p[0])
+		w = snprintf(out, n, "%s", home);
+	else if (p[0] == '/')
+		w = snprintf(out, n, "%s", p);
+	else if (p[0] == '~' && (p[1] == '\0' || p[1] == '/'))
+		w = snprintf(out, n, "%s%s", home, p + 1);
+	else
+		w = snprintf(out, n, "%s/%s", home, p);
+	return w > 0 && (size_t)w < n && !memchr(out, '\0', (size_t)w);
+}
+
+/* `s` percent-encoded for a query value into `out` (n bytes); false when it does not fit. */
+static bool query_escape(const char *s, char *out, size_t n)
+{
+	size_t k = 0;
+
+	for (; *s; s++) {
+		if (k + 4 >= n)
+			return false;
+		if (isalnum((unsigned char)*s) || strchr("-._~/", *s))
+			out[k++] = *s;
+		else
+			k += (size_t)snprintf(out + k, n - k, "%%%02X", (unsigned char)*s);
+	}
+	out[k] = '\0';
+	return true;
+}
+
+/* The user of a /files request: `username`, else the default; replies 401 and false if bad. */
+static bool files_user(struct http_req *req, struct envd *e)
+{
+	const char *u = http_req_query(req, "username");
+
+	snprintf(e->user, sizeof(e->user), "%s", u && u[0] ? u : ENVD_DEFAULT_USER);
+	if (!user_ok(e->user)) {
+		e2b_error(req, 401, "invalid user \"%.40s\"", u);
+		return false;
+	}
+	return true;
+}
+
+/* Replies a files error of the API in envd's REST shape. */
+static void files_error(struct http_req *req, const struct envd *e, const char *path,
+			const struct answer *a)
+{
+	const char *msg = json_string_value(json_object_get(json_object_get(a->json, "error"),
+							    "message"));
+
+	switch (a->status) {
+	case 404:
+		e2b_error(req, 404, "path '%s' does not exist", path);
+		break;
+	case 409:
+		e2b_error(req, 502, "sandbox \"%s\" is not running", e->id);
+		break;
+	case 422:
+		e2b_error(req, 400, "%s", msg ? msg : "invalid path or user");
+		break;
+	case 413:
+		e2b_error(req, 413, "the file is too large");
+		break;
+	default:
+		reply_api_error(req, a);
+	}
+}
+
+/* GET /files?path=&username=: the file's bytes. */
+static void envd_files_get(struct http_req *req)
+{
+	char path[4096], q[3 * 4096 + 64], url[sizeof(q) + 128];
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	struct envd e;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!files_user(req, &e))
+		goto out;
+	if (!envd_path(http_req_query(req, "path"), e.user, path, sizeof(path)) ||
+	    !query_escape(path, q, sizeof(q))) {
+		e2b_error(req, 400, "invalid path");
+		goto out;
+	}
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=%s&user=%s", e.id, q, e.user);
+	if (inner_call(e.auth, "GET", url, NULL, NULL, 0, ENVD_FILE_MAX, &a, &err) != KILN_OK) {
+		e2b_error(req, 503, "the service is unavailable; try again");
+		goto out;
+	}
+	if (a.status == 200)
+		http_reply_data(req, 200, "application/octet-stream", a.body.data, a.body.len);
+	else
+		files_error(req, &e, path, &a);
+out:
+	answer_free(&a);
+	envd_close(&e);
+}
+
+/* Writes `len` bytes at `path` (absolute) as e->user; replies an error and false if it failed. */
+static bool file_put(struct http_req *req, const struct envd *e, const char *path,
+		     const char *data, size_t len)
+{
+	char q[3 * 4096 + 64], url[sizeof(q) + 128];
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	bool ok = false;
+
+	if (!query_escape(path, q, sizeof(q))) {
+		e2b_error(req, 400, "invalid path");
+		return false;
+	}
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/files?path=%s&user=%s", e->id, q, e->user);
+	if (inner_call(e->auth, "PUT", url, "application/octet-stream", data ? data : "", len,
+		       ANSWER_MAX, &a, &err) != KILN_OK)
+		e2b_error(req, 503, "the service is unavailable; try again");
+	else if (a.status != 204 && a.status != 200)
+		files_error(req, e, path, &a);
+	else
+		ok = true;
+	answer_free(&a);
+	return ok;
+}
+
+/* `[{"path","name","type":"file"}]`'s entry for `path`. */
+static json_t *written_of(const char *path)
+{
+	const char *slash = strrchr(path, '/');
+
+	return json_pack("{s:s, s:s, s:s}", "path", path, "name", slash ? slash + 1 : path, "type",
+			 "file");
+}
+
+/* memmem for the multipart reader. */
+static const char *find(const char *h, size_t hn, const char *n, size_t nn)
+{
+	for (size_t i = 0; nn && i + nn <= hn; i++)
+		if (h[i] == n[0] && !memcmp(h + i, n, nn))
+			return h + i;
+	return NULL;
+}
+
+/*
+ * A part's filename from its headers (`hdr`, `n` bytes): undici's escapes %22, %0A, %0D decoded
+ * (and only those). False when there is none or it does not fit `out`.
+ */
+static bool part_filename(const char *hdr, size_t n, char *out, size_t size)
+{
+	const char *p = find(hdr, n, "filename=\"", 10), *end;
+	size_t k = 0;
+
+	if (!p)
+		return false;
+	p += 10;
+	end = memchr(p, '"', n - (size_t)(p - hdr));
+	if (!end)
+		return false;
+	while (p < end) {
+		char c = *p++;
+
+		if (c == '%' && end - p >= 2 && (!strncasecmp(p, "22", 2) || !strncasecmp(p, "0A", 2) ||
+						 !strncasecmp(p, "0D", 2))) {
+			c = !strncasecmp(p, "22", 2) ? '"' : !strncasecmp(p, "0A", 2) ? '\n' : '\r';
+			p += 2;
+		}
+		if (k + 1 >= size)
+			return false;
+		out[k++] = c;
+	}
+	out[k] = '\0';
+	return k > 0;
+}
+
+/*
+ * POST /files[?path=&username=]: multipart/form-data, one part `file` per file, the target in the
+ * part's filename (the `path` parameter wins for a single part), or application/octet-stream with
+ * `path`. Parents are made, files replaced whole, owned by the user. Answers the written entries.
+ */
+static void envd_files_post(struct http_req *req)
+{
+	const char *ctype = http_req_header(req, "Content-Type"), *qpath = http_req_query(req, "path");
+	char boundary[128], name[4096], path[4096];
+	size_t len = 0, blen;
+	const char *body = http_req_body(req, &len), *p, *end, *b;
+	json_t *out = json_array();
+	struct envd e;
+
+	if (!envd_open(req, &e)) {
+		json_decref(out);
+		return;
+	}
+	if (!files_user(req, &e))
+		goto out;
+	if (ctype && !strncasecmp(ctype, "application/octet-stream", 24)) {
+		if (!qpath || !envd_path(qpath, e.user, path, sizeof(path))) {
+			e2b_error(req, 400, "an application/octet-stream upload needs a path");
+			goto out;
+		}
+		if (file_put(req, &e, path, body, len)) {
+			json_array_append_new(out, written_of(path));
+			http_reply_json(req, 200, json_incref(out));
+		}
+		goto out;
+	}
+	b = ctype && !strncasecmp(ctype, "multipart/form-data", 19) ? strstr(ctype, "boundary=") : NULL;
+	if (!b || snprintf(boundary, sizeof(boundary), "\r\n--%s", b + 9) >= (int)sizeof(boundary) ||
+	    strlen(boundary) < 5) {
+		e2b_error(req, 400, "the upload must be multipart/form-data with a boundary or "
+				    "application/octet-stream");
+		goto out;
+	}
+	blen = strlen(boundary);
+	/* The body starts with the first delimiter (no CRLF before it). */
+	if (len < blen - 2 || memcmp(body, boundary + 2, blen - 2) != 0) {
+		e2b_error(req, 400, "malformed multipart body");
+		goto out;
+	}
+	p = body + blen - 2;
+	for (;;) {
+		const char *hend, *data;
+
+		if (end = body + len, end - p >= 2 && !memcmp(p, "--", 2))
+			break;	/* the closing delimiter */
+		if (end - p < 2 || memcmp(p, "\r\n", 2) != 0) {
+			e2b_error(req, 400, "malformed multipart body");
+			goto out;
+		}
+		p += 2;
+		hend = find(p, (size_t)(end - p), "\r\n\r\n", 4);
+		if (!hend) {
+			e2b_error(req, 400, "malformed multipart body");
+			goto out;
+		}
+		data = hend + 4;
+		end = find(data, (size_t)(body + len - data), boundary, blen);
+		if (!end) {
+			e2b_error(req, 400, "malformed multipart body: no closing boundary");
+			goto out;
+		}
+		if (!part_filename(p, (size_t)(hend - p), name, sizeof(name))) {
+			e2b_error(req, 400, "a multipart part has no filename");
+			goto out;
+		}
+		if (!envd_path(qpath && qpath[0] ? qpath : name, e.user, path, sizeof(path))) {
+			e2b_error(req, 400, "invalid path");
+			goto out;
+		}
+		if (!file_put(req, &e, path, data, (size_t)(end - data)))
+			goto out;
+		json_array_append_new(out, written_of(path));
+		p = end + blen;
+	}
+	if (json_array_size(out) == 0) {
+		e2b_error(req, 400, "the upload holds no file");
+		goto out;
+	}
+	http_reply_json(req, 200, json_incref(out));
+out:
+	json_decref(out);
+	envd_close(&e);
+}
+
+/* GET /health: 204 while the sandbox runs (502 when it does not, as E2B's proxy answers). */
+static void envd_health(struct http_req *req)
+{
+	struct envd e;
+
+	if (!envd_open(req, &e))
+		return;
+	http_reply_empty(req, 204);
+	envd_close(&e);
+}
+
+/*
+ * The filesystem RPCs, run in the guest as the user by Python (argv: op, path[, path2 | depth]).
+ * It prints one JSON object: the RPC's answer, or {"error": <Connect code>, "message": ...}.
+ */
+static const char FS_PY[] =
+	"import datetime,grp,json,os,pwd,shutil,stat,sys\n"
+	"def nm(f,i):\n"
+	" try: return f(i)[0]\n"
+	" except KeyError: return str(i)\n"
+	"def perm(m):\n"
+	" t='d' if stat.S_ISDIR(m) else 'L' if stat.S_ISLNK(m) else '-'\n"
+	" return t+''.join(c if m&(256>>i) else '-' for i,c in enumerate('rwxrwxrwx'))\n"
+	"def ent(p):\n"
+	" s=os.lstat(p);m=s.st_mode\n"
+	" t=2 if stat.S_ISDIR(m) else 3 if stat.S_ISLNK(m) else 1\n"
+	" e={'name':os.path.basename(p) or '/','type':['','FILE_TYPE_FILE','FILE_TYPE_DIRECTORY',"
+	"'FILE_TYPE_SYMLINK'][t],'path':p,'size':str(s.st_size),'mode':m&0o777,'permissions':perm(m),"
+	"'owner':nm(pwd.getpwuid,s.st_uid),'group':nm(grp.getgrgid,s.st_gid),'modifiedTime':"
+	"datetime.datetime.fromtimestamp(s.st_mtime,datetime.timezone.utc).strftime("
+	"'%Y-%m-%dT%H:%M:%S.%fZ')}\n"
+	" if t==3: e['symlinkTarget']=os.path.realpath(p)\n"
+	" return e\n"
+	"def walk(p,d,out):\n"
+	" for n in sorted(os.listdir(p)):\n"
+	"  c=os.path.join(p,n);e=ent(c);out.append(e)\n"
+	"  if d>1 and e['type']=='FILE_TYPE_DIRECTORY': walk(c,d-1,out)\n"
+	"def run(a):\n"
+	" op,p=a[0],os.path.normpath(a[1])\n"
+	" if op=='stat': return {'entry':ent(p)}\n"
+	" if op=='list':\n"
+	"  if not os.path.isdir(p):\n"
+	"   os.lstat(p); return {'error':'invalid_argument','message':'path %s is not a directory'%p}\n"
+	"  out=[];walk(p,int(a[2]),out);return {'entries':out}\n"
+	" if op=='mkdir':\n"
+	"  if os.path.lexists(p):\n"
+	"   if os.path.isdir(p): return {'error':'already_exists','message':'directory %s already exists'%p}\n"
+	"   return {'error':'invalid_argument','message':'path %s exists and is not a directory'%p}\n"
+	"  os.makedirs(p);return {'entry':ent(p)}\n"
+	" if op=='move':\n"
+	"  d=os.path.normpath(a[2]);os.lstat(p);os.makedirs(os.path.dirname(d),exist_ok=True)\n"
+	"  os.rename(p,d);return {'entry':ent(d)}\n"
+	" if op=='remove':\n"
+	"  if os.path.isdir(p) and not os.path.islink(p): shutil.rmtree(p)\n"
+	"  else: os.remove(p)\n"
+	"  return {}\n"
+	"try: r=run(sys.argv[1:])\n"
+	"except FileNotFoundError as x: r={'error':'not_found','message':'path %s does not exist'%"
+	"(x.filename or sys.argv[2])}\n"
+	"except PermissionError as x: r={'error':'permission_denied','message':str(x)}\n"
+	"except (NotADirectoryError,IsADirectoryError,FileExistsError,ValueError) as x: "
+	"r={'error':'invalid_argument','message':str(x)}\n"
+	"except OSError as x: r={'error':'internal','message':str(x)}\n"
+	"print(json.dumps(r))\n";
+
+/*
+ * Runs the filesystem operation `op` on `path` (and `arg`: a second path or a depth; NULL: none)
+ * as the RPC's user and replies its answer (unary JSON) or its Connect error.
+ */
+static void fs_rpc(struct http_req *req, const char *op, const char *field, const char *field2)
+{
+	size_t len = 0;
+	const char *text = http_req_body(req, &len), *out, *code;
+	char path[4096], path2[4096], depth[16], url[128];
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	json_t *b = NULL, *call = NULL, *res = NULL;
+	char *call_text = NULL;
+	struct envd e;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!rpc_user(req, e.user)) {
+		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
+		goto out;
+	}
+	b = json_loadb(text ? text : "", len, 0, NULL);
+	if (!json_is_object(b)) {
+		rpc_error(req, "invalid_argument", "the request must be a JSON object");
+		goto out;
+	}
+	if (!json_is_string(json_object_get(b, field)) ||
+	    !envd_path(json_string_value(json_object_get(b, field)), e.user, path, sizeof(path))) {
+		rpc_error(req, "invalid_argument", "%s must be a path", field);
+		goto out;
+	}
+	call = json_pack("{s:[s, s, s, s, s], s:s, s:i}", "cmd", "python3", "-c", FS_PY, op, path,
+			 "user", e.user, "timeout_s", ENVD_FS_TIMEOUT_S);
+	if (field2 && !strcmp(field2, "depth")) {
+		json_int_t d = json_is_integer(json_object_get(b, "depth")) ?
+				       json_integer_value(json_object_get(b, "depth")) : 1;
+
+		if (d < 1 || d > 64) {
+			rpc_error(req, "invalid_argument", "depth must be from 1 to 64");
+			goto out;
+		}
+		snprintf(depth, sizeof(depth), "%lld", (long long)d);
+		json_array_append_new(json_object_get(call, "cmd"), json_string(depth));
+	} else if (field2) {
+		if (!json_is_string(json_object_get(b, field2)) ||
+		    !envd_path(json_string_value(json_object_get(b, field2)), e.user, path2,
+			       sizeof(path2))) {
+			rpc_error(req, "invalid_argument", "%s must be a path", field2);
+			goto out;
+		}
+		json_array_append_new(json_object_get(call, "cmd"), json_string(path2));
+	}
+	call_text = call ? json_dumps(call, JSON_COMPACT) : NULL;
+	if (!call_text) {
+		rpc_error(req, "internal", "out of memory");
+		goto out;
+	}
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/exec", e.id);
+	if (inner_call(e.auth, "POST", url, NULL, call_text, strlen(call_text), ANSWER_MAX, &a,
+		       &err) != KILN_OK) {
+		rpc_error(req, "unavailable", "the service is unavailable; try again");
+		goto out;
+	}
+	if (a.status == 409 || a.status == 502) {
+		rpc_error(req, "unavailable", "sandbox \"%s\" is not running", e.id);
+		goto out;
+	}
+	if (a.status == 422) {
+		rpc_error(req, "unauthenticated", "user \"%s\" is not in the sandbox", e.user);
+		goto out;
+	}
+	if (a.status != 200) {
+		rpc_error(req, a.status == 429 ? "resource_exhausted" : "internal",
+			  "the operation failed (status %ld)", a.status);
+		goto out;
+	}
+	out = json_str(a.json, "stdout", "");
+	res = json_loads(out, 0, NULL);
+	if (!json_is_object(res) || json_int(a.json, "exit_code", 1) != 0) {
+		log_warn("e2b: data plane: %s in %s failed: %.200s", op, e.id,
+			 json_str(a.json, "stderr", ""));
+		rpc_error(req, "internal", "the operation failed in the sandbox");
+		goto out;
+	}
+	code = json_string_value(json_object_get(res, "error"));
+	if (code)
+		rpc_error(req, code, "%s", json_str(res, "message", code));
+	else
+		http_reply_json(req, 200, json_incref(res));
+out:
+	json_decref(b);
+	json_decref(call);
+	json_decref(res);
+	free(call_text);
+	answer_free(&a);
+	envd_close(&e);
+}
+
+static void fs_stat(struct http_req *req) { fs_rpc(req, "stat", "path", NULL); }
+static void fs_list(struct http_req *req) { fs_rpc(req, "list", "path", "depth"); }
+static void fs_mkdir(struct http_req *req) { fs_rpc(req, "mkdir", "path", NULL); }
+static void fs_move(struct http_req *req) { fs_rpc(req, "move", "source", "destination"); }
+static void fs_remove(struct http_req *req) { fs_rpc(req, "remove", "path", NULL); }
+
+/* An RPC of envd's this server does not serve yet: Connect's `unimplemented`. */
+static void envd_unimplemented(struct http_req *req)
+{
+	struct envd e;
+
+	if (!envd_open(req, &e))
+		return;
+	rpc_error(req, "unimplemented", "%s is not supported by this server yet (docs/e2b.md)",
+		  http_req_path(req));
+	envd_close(&e);
+}
+
+static const struct http_route envd_routes[] = {
+	{ "GET", "/health", envd_health, 0, 0, NULL, 0 },
+	{ "GET", "/files", envd_files_get, 0, 0, NULL, 0 },
+	{ "POST", "/files", envd_files_post, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/Stat", fs_stat, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/ListDir", fs_list, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/MakeDir", fs_mkdir, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/Move", fs_move, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/Remove", fs_remove, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/{method}", envd_unimplemented, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/{method}", envd_unimplemented, 0, 0, NULL, 0 },
+};
+
 static void e2b_unmapped(struct http_req *req)
 {
 	e2b_error(req, 501, "%s %s is not supported by this server yet (docs/e2b.md)",
@@ -1211,11 +1875,11 @@ static const struct http_route routes[] = {
 enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 			struct kiln_error *err)
 {
-	const char *listen = gw->cfg.e2b_listen;
+	const char *listen = gw->cfg.e2b_listen, *dp = gw->cfg.e2b_sandbox_listen;
 	struct http_server_opts inner = *api;
 	enum kiln_err rc;
 
-	if (!listen || !listen[0])
+	if ((!listen || !listen[0]) && (!dp || !dp[0]))
 		return KILN_OK;
 	rc = auth_master_derive(&gw->mk, "e2b-envd-token", token_key, sizeof(token_key), err);
 	if (rc != KILN_OK)
@@ -1237,7 +1901,8 @@ enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 	inner_http = http_server_start(&inner, err);
 	if (!inner_http)
 		goto fail;
-	e2b_http = http_server_start(
+	if (listen && listen[0])
+		e2b_http = http_server_start(
 		&(struct http_server_opts){
 			.listen = listen,
 			.max_connections = api->max_connections,
@@ -1253,9 +1918,31 @@ enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 			.flat_errors = true,
 		},
 		err);
-	if (!e2b_http)
+	if (listen && listen[0] && !e2b_http)
 		goto fail;
-	log_info("E2B API listening on \"%s\"", listen);
+	if (e2b_http)
+		log_info("E2B API listening on \"%s\"", listen);
+	if (dp && dp[0]) {
+		envd_http = http_server_start(
+			&(struct http_server_opts){
+				.listen = dp,
+				.max_connections = api->max_connections,
+				.body_max = api->body_max,
+				.timeout_s = api->timeout_s,
+				.max_per_addr = api->max_per_addr,
+				.header_timeout_s = api->header_timeout_s,
+				.body_min_rate = api->body_min_rate,
+				.trusted_proxies = api->trusted_proxies,
+				.routes = envd_routes,
+				.nroutes = sizeof(envd_routes) / sizeof(envd_routes[0]),
+				.app = gw,
+				.flat_errors = true,
+			},
+			err);
+		if (!envd_http)
+			goto fail;
+		log_info("E2B sandbox data plane listening on \"%s\"", dp);
+	}
 	return KILN_OK;
 fail:
 	e2b_stop(0);
@@ -1264,6 +1951,8 @@ fail:
 
 void e2b_stop(unsigned grace_s)
 {
+	http_server_stop(envd_http, grace_s);
+	envd_http = NULL;
 	http_server_stop(e2b_http, grace_s);
 	e2b_http = NULL;
 	http_server_stop(inner_http, grace_s);

@@ -46,6 +46,9 @@ const struct cfg_def config_table[] = {
 	  "address the gateway listens on, host:port" },
 	{ "e2b_listen", CFG_STRING, F(e2b_listen), "127.0.0.1:8081", 0, 0, NULL, false,
 	  "address of the gateway's E2B-compatible API (docs/e2b.md), host:port; empty: off" },
+	{ "e2b_sandbox_listen", CFG_STRING, F(e2b_sandbox_listen), "127.0.0.1:8083", 0, 0, NULL,
+	  false, "address of the gateway's E2B sandbox data plane, E2B_SANDBOX_URL (docs/e2b.md), "
+	  "host:port; empty: off" },
 	{ "db_pool_size", CFG_INT, F(db_pool_size), "8", 1, 64, NULL, false,
 	  "Postgres connections each process keeps (the gateway 4 more for its audit trail)" },
 	{ "http_max_connections", CFG_INT, F(http_max_connections), "1024", 1, 65536, NULL, false,

@@ -35,6 +35,7 @@ struct kiln_config {
 	/* kiln-gateway */
 	char *listen;		/* host:port */
 	char *e2b_listen;	/* host:port of the E2B-compatible API; "" = off */
+	char *e2b_sandbox_listen;	/* host:port of E2B's sandbox data plane; "" = off */
 	long long db_pool_size;	/* Postgres connections per process */
 	long long http_max_connections;
 	long long http_body_max;	/* bytes, JSON bodies */

@@ -42,6 +42,7 @@ chmod 0600 "$KILN_VAR/master.key"
 listen=${KILN_LISTEN:-127.0.0.1:8080}
 e2b_listen=${KILN_E2B_LISTEN-127.0.0.1:8081}
 ports_listen=${KILN_PORTS_LISTEN:-127.0.0.1:8082}
+e2b_sandbox_listen=${KILN_E2B_SANDBOX_LISTEN-127.0.0.1:8083}
 cat >"$KILN_VAR/kiln.conf" <<EOT
 # Written by make run; environment variables KILN_<NAME> override these.
 database_url = host=$KILN_RUN user=kiln dbname=kiln
@@ -53,6 +54,7 @@ admin_key_file = $KILN_VAR/admin.key
 listen = $listen
 e2b_listen = $e2b_listen
 ports_listen = $ports_listen
+e2b_sandbox_listen = $e2b_sandbox_listen
 node_id = node-$KILN_ID
 gateway_url = http://$listen
 guest_kernel = $KILN_GUEST_KERNEL
@@ -126,6 +128,7 @@ KILN_ADMIN_KEY=$admin_key
 KILN_DATA_DIR=$KILN_DATA
 KILN_RUN_DIR=$KILN_RUN
 E2B_API_URL=${e2b_listen:+http://$e2b_listen}
+E2B_SANDBOX_URL=${e2b_sandbox_listen:+http://$e2b_sandbox_listen}
 EOT
 )
 
@@ -136,6 +139,7 @@ echo "  KILN_URL=$url"
 echo "  KILN_PORTS_URL=$ports_url   (servers in sandboxes: {port}-{id}.localhost; docs/ports.md)"
 echo "  KILN_ADMIN_KEY=$admin_key"
 [ -n "$e2b_listen" ] && echo "  E2B_API_URL=http://$e2b_listen (E2B's SDKs, with E2B_API_KEY a tenant's key; docs/e2b.md)"
+[ -n "$e2b_sandbox_listen" ] && echo "  E2B_SANDBOX_URL=http://$e2b_sandbox_listen (E2B's sandbox data plane: files; docs/e2b.md)"
 echo "(also in $KILN_VAR/kiln.env; logs in $KILN_VAR/log/; stop with: make stop)"
 echo "Usage dashboard: $url/ (sign in with a tenant's API key)"
 echo "Command-line client: $KILN_ROOT/build/cli/kiln (KILN_URL and KILN_API_KEY; docs/cli.md)"

@@ -21,7 +21,7 @@ set -a; . "$envfile"; set +a
 
 port_gw=$((20000 + RANDOM % 10000))
 port_bare=$((port_gw + 1))
-KILN_MASTER_KEY=$(openssl rand -hex 32) KILN_LISTEN=127.0.0.1:$port_gw KILN_E2B_LISTEN= KILN_PORTS_LISTEN=127.0.0.1:0 KILN_LOG_LEVEL=warn \
+KILN_MASTER_KEY=$(openssl rand -hex 32) KILN_LISTEN=127.0.0.1:$port_gw KILN_E2B_LISTEN= KILN_E2B_SANDBOX_LISTEN= KILN_PORTS_LISTEN=127.0.0.1:0 KILN_LOG_LEVEL=warn \
   "$build/api/kiln-gateway" >/dev/null 2>&1 &
 pids+=($!)
 "$build/bench/bench-bare-mhd" "$port_bare" &

@@ -215,6 +215,7 @@ class Gateway(Daemon):
                "KILN_REDIS_URL": redis_url, "KILN_LOG_LEVEL": "debug",
                "KILN_MASTER_KEY": self.master_key, "KILN_ADMIN_KEY_FILE": self.admin_key_file,
                "KILN_E2B_LISTEN": "",  # off unless asked for (e2b_port): its default is fixed
+               "KILN_E2B_SANDBOX_LISTEN": "",
                # the port URL listener on a port of the kernel's choice (the API tells its URLs)
                "KILN_PORTS_LISTEN": f"{listen_host}:0"}
         self.e2b_port = None
@@ -222,10 +223,14 @@ class Gateway(Daemon):
             self.e2b_port = free_port()
             env["KILN_E2B_LISTEN"] = f"{listen_host}:{self.e2b_port}"
             self.e2b_url = f"http://127.0.0.1:{self.e2b_port}"
+            self.e2b_sandbox_port = free_port()
+            env["KILN_E2B_SANDBOX_LISTEN"] = f"{listen_host}:{self.e2b_sandbox_port}"
+            self.e2b_sandbox_url = f"http://127.0.0.1:{self.e2b_sandbox_port}"
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
         if self.e2b_port:
             self.wait_tcp(self.e2b_port)
+            self.wait_tcp(self.e2b_sandbox_port)
         self.wait_tcp(self.port)
 
     @property

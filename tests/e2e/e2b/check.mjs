@@ -1,9 +1,12 @@
 // E2B's `e2b` SDK (2.51.0, unchanged) against Kiln's E2B-compatible API, configured only by
-// E2B_API_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
-// through create, getInfo, list with a metadata filter, setTimeout, pause, connect (resume),
+// E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
+// through create, getInfo, list with a metadata filter, setTimeout, files on the data plane (write,
+// read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), pause,
+// connect (resume),
 // updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
-import { ALL_TRAFFIC, Sandbox, SandboxError, SandboxNotFoundError } from 'e2b'
+import { ALL_TRAFFIC, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError,
+  SandboxNotFoundError } from 'e2b'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 
@@ -14,7 +17,8 @@ const run = randomBytes(6).toString('hex')
 let sbx
 
 async function main() {
-  assert.ok(process.env.E2B_API_URL && process.env.E2B_API_KEY && other.apiKey)
+  assert.ok(process.env.E2B_API_URL && process.env.E2B_SANDBOX_URL && process.env.E2B_API_KEY &&
+    other.apiKey)
 
   sbx = await Sandbox.create({ metadata: { suite: run, role: 'first' }, timeoutMs: 120_000 })
   const token = sbx.envdAccessToken
@@ -57,6 +61,83 @@ async function main() {
   assert.ok(Array.isArray(metrics))
   step('getMetrics', metrics.length)
 
+  // Files on the data plane (E2B_SANDBOX_URL), as E2B's default user `user`.
+  let t0 = Date.now()
+  const w = await sbx.files.write('hello.txt', 'hello kiln\n')
+  assert.equal(w.path, '/home/user/hello.txt')
+  assert.equal(w.name, 'hello.txt')
+  assert.equal(await sbx.files.read('/home/user/hello.txt'), 'hello kiln\n')
+  assert.equal(await sbx.files.read('hello.txt'), 'hello kiln\n')
+  const ws = await sbx.files.write([{ path: '/home/user/d/a.txt', data: 'A' },
+    { path: 'd/b "q".txt', data: new Uint8Array([0, 1, 2, 255]) }])
+  assert.deepEqual(ws.map((e) => e.path), ['/home/user/d/a.txt', '/home/user/d/b "q".txt'])
+  assert.deepEqual([...await sbx.files.read('d/b "q".txt', { format: 'bytes' })], [0, 1, 2, 255])
+  assert.equal((await sbx.files.write('empty', '')).path, '/home/user/empty')
+  assert.equal(await sbx.files.read('empty'), '')
+  assert.equal(await sbx.files.makeDir('/home/user/d/sub'), true)
+  assert.equal(await sbx.files.makeDir('/home/user/d/sub'), false) // already there
+  let ls = await sbx.files.list('/home/user/d')
+  assert.deepEqual(ls.map((e) => [e.name, e.type, e.path]), [['a.txt', 'file', '/home/user/d/a.txt'],
+    ['b "q".txt', 'file', '/home/user/d/b "q".txt'], ['sub', 'dir', '/home/user/d/sub']])
+  assert.equal(ls[0].size, 1)
+  assert.equal(ls[0].owner, 'user')
+  assert.equal(ls[0].permissions, '-rw-r--r--')
+  assert.ok(ls[0].modifiedTime instanceof Date && ls[0].modifiedTime.getTime() > Date.now() - 3_600_000)
+  assert.equal(await sbx.files.exists('/home/user/d/a.txt'), true)
+  assert.equal(await sbx.files.exists('/home/user/nothing'), false)
+  const moved = await sbx.files.rename('/home/user/d/a.txt', '/home/user/d/sub/c.txt')
+  assert.equal(moved.path, '/home/user/d/sub/c.txt')
+  ls = await sbx.files.list('/home/user/d', { depth: 2 })
+  assert.deepEqual(ls.map((e) => e.path).sort(), ['/home/user/d/b "q".txt', '/home/user/d/sub',
+    '/home/user/d/sub/c.txt'])
+  await assert.rejects(sbx.files.list('/home/user/nothing'), FileNotFoundError)
+  await assert.rejects(sbx.files.list('/home/user/hello.txt'), InvalidArgumentError)
+  await assert.rejects(sbx.files.read('/home/user/nothing'), FileNotFoundError)
+  await sbx.files.remove('/home/user/d')
+  assert.equal(await sbx.files.exists('/home/user/d'), false)
+  await assert.rejects(sbx.files.write('/root/x', 'no'), SandboxError) // `user` may not write there
+  step('files', Date.now() - t0) // milliseconds, printed by the driver
+  t0 = Date.now()
+
+  // The data plane's own checks: the token, the sandbox, the port.
+  const dp = async (path, headers, body) => fetch(process.env.E2B_SANDBOX_URL + path, {
+    method: body === undefined ? 'GET' : 'POST', body,
+    headers: { 'E2b-Sandbox-Id': sbx.sandboxId, 'E2b-Sandbox-Port': '49983',
+      'Content-Type': 'application/json', ...headers },
+  })
+  let r = await dp('/files?path=/home/user/hello.txt', {})
+  assert.equal(r.status, 401, 'no token')
+  assert.equal((await r.json()).code, 401)
+  r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': '0'.repeat(32) })
+  assert.equal(r.status, 401, 'wrong token')
+  r = await dp('/filesystem.Filesystem/Stat', { 'X-Access-Token': token.slice(0, 31) + (token[31] === '0' ? '1' : '0') },
+    '{"path":"/home/user"}')
+  assert.equal(r.status, 401, 'wrong token (RPC)')
+  r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': token })
+  assert.equal(r.status, 200)
+  assert.equal(await r.text(), 'hello kiln\n')
+  r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': token, 'E2b-Sandbox-Port': '49999' })
+  assert.equal(r.status, 502, 'another port')
+  r = await dp('/process.Process/List', { 'X-Access-Token': token }, '{}')
+  assert.equal(r.status, 501)
+  assert.equal((await r.json()).code, 'unimplemented')
+  // Another tenant's sandbox: its token does not open this one, nor this one's token it.
+  const theirs = await Sandbox.create({ ...other, metadata: { suite: run, role: 'theirs' } })
+  try {
+    r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': theirs.envdAccessToken })
+    assert.equal(r.status, 401, "another sandbox's token")
+    r = await dp('/files?path=/etc/hostname', { 'X-Access-Token': token, 'E2b-Sandbox-Id': theirs.sandboxId })
+    assert.equal(r.status, 401, "this token on another tenant's sandbox")
+    await theirs.files.write('/home/user/theirs.txt', 'theirs')
+    assert.equal(await sbx.files.exists('/home/user/theirs.txt'), false)
+  } finally {
+    await theirs.kill()
+  }
+  r = await dp('/files?path=/etc/hostname', { 'X-Access-Token': theirs.envdAccessToken,
+    'E2b-Sandbox-Id': theirs.sandboxId })
+  assert.equal(r.status, 502, 'a killed sandbox')
+  step('dataPlane', Date.now() - t0)
+
   // Another tenant's key sees nothing of it.
   await assert.rejects(Sandbox.getInfo(sbx.sandboxId, other), SandboxNotFoundError)
   await assert.rejects(Sandbox.setTimeout(sbx.sandboxId, 10_000, other), SandboxNotFoundError)
@@ -69,6 +150,8 @@ async function main() {
 
   assert.equal(await sbx.pause(), true)
   assert.equal((await sbx.getInfo()).state, 'paused')
+  await assert.rejects(sbx.files.read('/home/user/hello.txt'), (e) => e instanceof SandboxError &&
+    !(e instanceof FileNotFoundError)) // the data plane answers 502 while it is paused
   assert.equal(await sbx.pause(), false) // already paused: 409
   found = await Sandbox.list({ query: { metadata: { suite: run }, state: ['paused'] } }).nextItems()
   assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId])
@@ -78,6 +161,7 @@ async function main() {
   assert.equal(again.sandboxId, sbx.sandboxId)
   assert.equal(again.envdAccessToken, token) // the same token across pause and resume
   assert.equal((await again.getInfo()).state, 'running')
+  assert.equal(await again.files.read('/home/user/hello.txt'), 'hello kiln\n') // kept, same token
   const same = await Sandbox.connect(sbx.sandboxId) // running: 200, the same sandbox
   assert.equal(same.envdAccessToken, token)
   step('connect')

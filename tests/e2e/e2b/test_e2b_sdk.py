@@ -1,6 +1,6 @@
 """E2B's own JavaScript SDK (npm `e2b`, pinned by package-lock.json) against a real Kiln: a real
 gateway with its E2B listener, a real kiln-node with QEMU microVMs, Postgres and Redis. The SDK is
-configured by E2B_API_URL and E2B_API_KEY alone; check.mjs says what it asserts. The packages are
+configured by E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY alone; check.mjs says what it asserts. The packages are
 installed once per lock from the npm registry into the cache (kiln.npm_modules), never into the
 clone or the build directory.
 
@@ -36,6 +36,7 @@ class E2bSdk(unittest.TestCase):
         _, other = self.tenant("e2b-other")
         env = {"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/root"),
                "E2B_API_URL": self.stack.gw.e2b_url, "E2B_API_KEY": key,
+               "E2B_SANDBOX_URL": self.stack.gw.e2b_sandbox_url,
                "E2B_OTHER_API_KEY": other}
         t0 = time.monotonic()
         out = subprocess.run(["node", "check.mjs"], cwd=HERE, env=env, capture_output=True,
@@ -47,7 +48,8 @@ class E2bSdk(unittest.TestCase):
                                             f"{out.stderr[-3000:]}")
         self.assertTrue(seen["ok"])
         self.assertEqual([s if isinstance(s, str) else next(iter(s)) for s in seen["steps"]],
-                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "otherTenant",
+                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "files", "dataPlane",
+                          "otherTenant",
                           "pause", "connect", "snapshots", "kill"])
         sandbox = seen["steps"][0]["create"]
         # The Kiln record is the same sandbox: made, and deleted by the SDK's kill.
@@ -67,7 +69,9 @@ class E2bSdk(unittest.TestCase):
         # Three egress updates the API took (deny all; two rules; open again), the bad one never
         # reached it.
         self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/egress 200", rows)), 3, rows)
-        print(f"e2b SDK run: {took:.1f} s", flush=True)
+        steps = {k: v for s in seen["steps"] if isinstance(s, dict) for k, v in s.items()}
+        print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, data plane "
+              f"checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

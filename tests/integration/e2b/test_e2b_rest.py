@@ -249,6 +249,36 @@ class E2bRest(unittest.TestCase):
         self.assertE2bError(self.e2b("POST", "/v2/sandboxes", b"{" + b" " * (2 << 20) + b"}",
                                      headers={"Content-Type": "application/json"}), 413)
 
+    def test_data_plane_refuses_without_the_sandbox_token(self):
+        def dp(method, path, headers, body=None):
+            return kiln.http(method, self.gw.e2b_sandbox_url + path, body, headers)
+        target = {"E2b-Sandbox-Id": "sb_e2btest0", "E2b-Sandbox-Port": "49983"}
+        for method, path, body in (("GET", "/files?path=/etc/passwd", None),
+                                   ("POST", "/files?path=/tmp/x", b"x"),
+                                   ("GET", "/health", None),
+                                   ("POST", "/filesystem.Filesystem/Stat", {"path": "/"}),
+                                   ("POST", "/filesystem.Filesystem/Remove", {"path": "/"}),
+                                   ("POST", "/process.Process/Start", {})):
+            for token in (None, "0" * 32, "x", "0" * 33):
+                h = dict(target, **({"X-Access-Token": token} if token else {}))
+                msg = self.assertE2bError(dp(method, path, h, body), 401)
+                self.assertIn("access token", msg)
+            # An API key is no credential here.
+            h = dict(target, **{"X-API-Key": self.tenants["acme"][1],
+                                "Authorization": "Bearer " + self.tenants["acme"][1]})
+            self.assertE2bError(dp(method, path, h, body), 401)
+        # No or a malformed sandbox id: 400; a port other than envd's: 502 naming it.
+        self.assertE2bError(dp("GET", "/health", {"E2b-Sandbox-Port": "49983"}), 400)
+        self.assertE2bError(dp("GET", "/health", {"E2b-Sandbox-Id": "../x",
+                                                  "E2b-Sandbox-Port": "49983"}), 400)
+        for port in ("49999", "8080", "", "nope"):
+            msg = self.assertE2bError(dp("GET", "/health", dict(target, **{"E2b-Sandbox-Port": port})), 502)
+            self.assertIn("49983", msg)
+        # No audit record, no file: nothing reached the API.
+        rows = self.db.sql("SELECT count(*) FROM audit_log WHERE object_id = 'sb_e2btest0' "
+                           "AND route LIKE '%files%'")
+        self.assertEqual(rows, "0")
+
     def test_kill(self):
         self.db.sql(f"INSERT INTO sandboxes (id, tenant_id, state, template, vcpu_milli, memory_mib, "
                     f"disk_gib, timeout_s, expires_at) VALUES ('sb_e2bkill', "
