@@ -189,6 +189,8 @@ const struct cfg_def config_table[] = {
 	{ "meter_live_ttl_s", CFG_INT, F(meter_live_ttl_s), "30", 3, 3600, NULL, false,
 	  "kiln-meter: seconds after a meter's last tick that its unflushed charges (its live "
 	  "balance field in Redis) are dropped by other meters and readers" },
+	{ "meter_log_keep_s", CFG_INT, F(meter_log_keep_s), "86400", 600, 31536000, NULL, false,
+	  "kiln-meter: seconds a sandbox generation's state changes are kept once billed" },
 	{ "meter_cgroup_root", CFG_STRING, F(meter_cgroup_root), NULL, 0, 0, NULL, false,
 	  "kiln-meter: where the cgroup hierarchies are mounted (default /sys/fs/cgroup)" },
 	{ "meter_pin_root", CFG_STRING, F(meter_pin_root), NULL, 0, 0, NULL, false,

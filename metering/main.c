@@ -170,6 +170,7 @@ static int meter_init(struct kiln_error *err)
 		.mono_ns = km.clock_file ? test_clock_mono : NULL,
 		.clock_ctx = (void *)km.clock_file,
 		.live_ttl_s = km.cfg.meter_live_ttl_s,
+		.log_keep_s = km.cfg.meter_log_keep_s,
 		.pause = km.pauser ? pauser_ask : NULL,
 		.pause_ctx = km.pauser,
 		.test_flush_hold_ms = km.flush_hold_ms,

@@ -32,6 +32,8 @@
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
 #define LIVE_TTL_DEFAULT_S 30
+#define LOG_KEEP_DEFAULT_S 86400
+#define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
 
 enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
 
@@ -41,6 +43,7 @@ static const char *const bstate_names[] = { "none", "running", "paused" };
 struct mwin {
 	int64_t ws;		/* window start, s */
 	long long gen;
+	char gnode[ID_MAX];	/* the node of `gen` */
 	int64_t ps, pe;		/* the part of the window billed, ns */
 	long long ucr;
 	uint64_t cpu_ns, rx, tx;
@@ -64,6 +67,10 @@ struct msb {
 	uint64_t rem;		/* fine units, < PRICE_FINE_PER_UCR */
 	struct cg *cg;
 	bool ended, seen;
+	bool mine;		/* `gen` is this node's (a generation never changes node) */
+	char gnode[ID_MAX];	/* the node `gen` runs on */
+	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
+	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
 	struct mwin *w;
 	size_t nw, capw;
@@ -116,6 +123,7 @@ struct meter {
 	int64_t since;		/* ns, wall: rows changed after this are read too */
 	int64_t last_tick;	/* ns */
 	int64_t last_expiry_ws;
+	int64_t last_trim_ws;
 	struct meter_stats st;
 	uint64_t ticks_missed;
 };
@@ -361,6 +369,7 @@ static struct mwin *win_get(struct msb *s, long long gen, int64_t ws, int64_t t0
 	memset(w, 0, sizeof(*w));
 	w->ws = ws;
 	w->gen = gen;
+	snprintf(w->gnode, sizeof(w->gnode), "%s", s->gnode);
 	w->ps = t0;
 	return w;
 }
@@ -443,6 +452,19 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 	}
 }
 
+/* A state change of a sandbox (a row of sandbox_state_log): from `at` on, `gen` is in `st`. */
+struct ment {
+	long long seq;
+	long long gen;
+	enum bstate st;
+	int64_t at;		/* ns, on the label clock */
+	const char *node;	/* its node ("" when none) */
+	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
+				 * dead while the sandbox is here now */
+	bool has_cpu;
+	uint64_t cpu;		/* the generation's CPU counter at `at` (a pause's vCPU stop) */
+};
+
 /* A row of the tick's query. */
 struct mrow {
 	const char *id, *tenant, *state;
@@ -450,11 +472,16 @@ struct mrow {
 	unsigned mem_mib, disk_gib;
 	uint64_t snap_mib;
 	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
+	bool here;		/* the sandbox is on this node now */
 	bool has_m;
 	long long m_gen;
 	const char *m_state;
+	const char *m_node;
+	bool m_mine;		/* the billed-up-to point's generation is billed by this meter */
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
+	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
+	size_t ne;
 };
 
 /* Whether the sandbox of `r` is done for good: stopped, failed or deleted. */
@@ -472,18 +499,26 @@ static enum bstate bstate_of(const char *state)
 	return BS_NONE;
 }
 
-/* Starts tracking the sandbox of `r`, from the ledger's billed-up-to point when there is one. */
+/*
+ * Starts tracking the sandbox of `r` from the ledger's billed-up-to point when there is one, else
+ * from its creation: its state changes (r->e) say what it did since.
+ */
 static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 {
 	struct msb *s = sb_add(m, r->id, r->tenant);
 
+	(void)now;
 	if (!s)
 		return NULL;
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	if (r->has_m && r->m_gen <= r->gen) {
+	snprintf(s->gnode, sizeof(s->gnode), "%s", m->node);
+	if (r->has_m && r->m_mine && r->m_gen <= r->gen) {
+		/* Its generation's billed-up-to point (of this node's, or taken over). */
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->m_node);
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
+		s->mine = r->m_mine;
 		s->last_t = r->m_last;
 		s->cpu_at = r->m_cpu;
 		s->rx_at = r->m_rx;
@@ -491,19 +526,15 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->rem = r->m_rem % PRICE_FINE_PER_UCR;
 		return s;
 	}
-	s->gen = r->gen;
-	s->rem = r->has_m ? r->m_rem % PRICE_FINE_PER_UCR : 0;
-	s->state = bstate_of(r->state);
-	if (s->state != BS_NONE && !r->deleted) {
-		s->last_t = r->changed;
-	} else if (strcmp(r->state, "stopped") == 0 || (r->deleted && s->state != BS_NONE)) {
-		/* It ran and ended while no meter watched: bill its life. */
-		s->state = BS_RUN;
-		s->last_t = r->created;
-	} else {
-		s->state = BS_NONE;
-		s->last_t = now;
-	}
+	/* Never billed here: from its creation, in no state until its first change says one
+	 * (another node's point is not where this node's time stands). */
+	s->gen = r->e && r->ne ? r->e[0].gen : r->gen;
+	if (r->e && r->ne && *r->e[0].node)
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->e[0].node);
+	s->rem = 0;
+	s->state = BS_NONE;
+	s->mine = r->e && r->ne ? r->e[0].mine : r->here;
+	s->last_t = r->e && r->ne && r->e[0].at < r->created ? r->e[0].at : r->created;
 	return s;
 }
 
@@ -539,14 +570,40 @@ static void sb_read(struct meter *m, struct msb *s, bool *has_cpu, uint64_t *cpu
 	}
 }
 
-/* Bills the sandbox `s` of row `r` up to `now`. */
+/* A stretch of a sandbox's time in one generation and state, between two of its changes. */
+struct mpiece {
+	int64_t t0, t1;
+	long long gen;
+	const char *node;	/* the node of `gen` */
+	enum bstate st;
+	bool mine;
+	bool has_cpu;		/* the generation's CPU counter at t1 is known */
+	uint64_t cpu;
+};
+
+#define PIECES_MAX 64
+
+/*
+ * Bills the sandbox `s` of row `r` up to `now`, piece by piece over its state changes since its
+ * billed-up-to point (r->e): each piece in its own state, under its own generation, when that
+ * generation is this node's (another node's meter bills the others). CPU is the cumulative
+ * counter's delta: up to a change that recorded the counter (a pause's vCPU stop) the running
+ * time before it gets exactly its delta, and what the VM used after (writing the snapshot) is
+ * left out; the current generation's running time since gets what the cgroup shows now. Time
+ * between a change and the moment it is recorded is billed when it is recorded, in the right
+ * state, as long as its window is not in the ledger yet.
+ */
 static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_t now)
 {
-	int64_t end = now, seg_t[3];
-	enum bstate seg_st[2] = { BS_NONE, BS_NONE }, cur = bstate_of(r->state);
-	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0, dcpu = 0, drx = 0, dtx = 0;
-	bool has_cpu, has_net, ended = false;
-	int nseg;
+	struct mpiece pc[PIECES_MAX];
+	int64_t end = now, t;
+	enum bstate cur_st = s->state;
+	long long cur_gen = s->gen;
+	const char *cur_node = s->gnode;
+	bool cur_mine = s->mine;
+	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0;
+	bool has_cpu = false, has_net = false, ended = false;
+	size_t np = 0;
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
@@ -557,7 +614,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		int64_t tend = INT64_MAX;
 		if (r->deleted)
 			tend = r->deleted;
-		if (cur == BS_NONE && r->changed < tend)
+		if (bstate_of(r->state) == BS_NONE && r->changed < tend)
 			tend = r->changed;
 		if (tend <= now) {
 			end = tend;
@@ -566,70 +623,123 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 	if (end < s->last_t)
 		end = s->last_t;
-	if (r->gen != s->gen) {
-		/* A new generation (restored, moved): the old one is billed in its state until
-		 * the change; the new one's counters start from zero. */
-		int64_t t1 = r->changed < s->last_t ? s->last_t : (r->changed > end ? end : r->changed);
-		bill_span(m, s, s->last_t, t1, s->state, 0, 0, 0, now);
-		s->gen = r->gen;
-		s->cpu_at = s->rx_at = s->tx_at = 0;
-		s->state = cur;
-		cg_free(s->cg);
-		s->cg = NULL;
+	/* The pieces: from last_t to each change (in the state before it), then to `end`. */
+	t = s->last_t;
+	for (size_t i = 0; i < r->ne; i++) {
+		const struct ment *e = &r->e[i];
+		if (e->at > end)
+			break;
+		if (np == PIECES_MAX - 1) {
+			/* More changes than pieces: the rest next tick, from this one on. */
+			end = t;
+			ended = false;
+			break;
+		}
+		if (e->seq > s->seq)
+			s->seq = e->seq;
+		if (e->at > t) {
+			pc[np++] = (struct mpiece){ .t0 = t, .t1 = e->at, .gen = cur_gen, .st = cur_st,
+						    .mine = cur_mine, .node = cur_node,
+						    .has_cpu = e->has_cpu && e->gen == cur_gen,
+						    .cpu = e->cpu };
+			t = e->at;
+		} else if (np && e->has_cpu && e->gen == pc[np - 1].gen && e->at == pc[np - 1].t1) {
+			pc[np - 1].has_cpu = true;
+			pc[np - 1].cpu = e->cpu;
+		}
+		cur_gen = e->gen;
+		cur_st = e->st;
+		cur_mine = e->mine;
+		cur_node = *e->node ? e->node : m->node;
 	}
-	sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
-	if (has_cpu) {
-		if (cpu < s->cpu_at)
-			s->cpu_at = 0;	/* restarted: the counter began again */
-		dcpu = cpu - s->cpu_at;
-	}
-	if (has_net) {
-		if (rx < s->rx_at || tx < s->tx_at)
-			s->rx_at = s->tx_at = 0;
-		drx = rx - s->rx_at;
-		dtx = tx - s->tx_at;
+	if (end > t || np == 0)
+		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
+					    .st = cur_st, .mine = cur_mine, .node = cur_node };
+	/* The cgroup of this node holds the counters of the generation it runs now. */
+	if (r->here && cur_mine && cur_gen == r->gen && !ended) {
+		if (cur_gen != s->gen) {
+			cg_free(s->cg);
+			s->cg = NULL;
+		}
+		sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
+		pc[np - 1].has_cpu = has_cpu;
+		pc[np - 1].cpu = cpu;
 	}
 	s->t_mem = mem;
-	/* At most two stretches since last_t: the billed state until the change, then the new. */
-	seg_t[0] = s->last_t;
-	if (r->changed > s->last_t && r->changed < end && cur != s->state && !ended) {
-		seg_t[1] = r->changed;
-		seg_t[2] = end;
-		seg_st[0] = s->state;
-		seg_st[1] = cur;
-		nseg = 2;
-	} else {
-		seg_t[1] = end;
-		seg_st[0] = (r->changed <= s->last_t && !ended) ? cur : s->state;
-		nseg = 1;
-	}
-	{
-		uint64_t run = 0, all = (uint64_t)(end - s->last_t), c_left = dcpu, r_left = drx,
-			 x_left = dtx;
-		for (int i = 0; i < nseg; i++)
-			if (seg_st[i] == BS_RUN)
-				run += (uint64_t)(seg_t[i + 1] - seg_t[i]);
-		for (int i = 0; i < nseg; i++) {
-			uint64_t d = (uint64_t)(seg_t[i + 1] - seg_t[i]);
-			bool last_run = true;
-			uint64_t c = 0, rr, xx;
-			for (int j = i + 1; j < nseg; j++)
-				if (seg_st[j] == BS_RUN)
-					last_run = false;
-			if (seg_st[i] == BS_RUN)
-				c = last_run ? c_left : (run ? price_share(dcpu, d, run) : 0);
-			rr = i == nseg - 1 ? r_left : (all ? price_share(drx, d, all) : 0);
-			xx = i == nseg - 1 ? x_left : (all ? price_share(dtx, d, all) : 0);
-			c_left -= c;
-			r_left -= rr;
-			x_left -= xx;
-			bill_span(m, s, seg_t[i], seg_t[i + 1], seg_st[i], c, rr, xx, now);
+	for (size_t i = 0; i < np;) {
+		/* A group: pieces of one generation up to one whose end counter is known. */
+		size_t j = i;
+		uint64_t dcpu = 0, drx = 0, dtx = 0, run = 0, all = 0;
+		while (j + 1 < np && pc[j + 1].gen == pc[i].gen && !pc[j].has_cpu)
+			j++;
+		if (!pc[i].mine) {
+			/* Another node's generation: its meter bills it. */
+			i = j + 1;
+			continue;
 		}
-		/* CPU measured while not running (booting, pausing) moves the counter unbilled. */
-		s->cpu_at += c_left;
-		s->rx_at += r_left;
-		s->tx_at += x_left;
-		s->state = seg_st[nseg - 1];
+		if (pc[i].gen != s->gen) {
+			/* A new generation (restored, moved): its counters start from zero. */
+			s->gen = pc[i].gen;
+			s->mine = true;
+			if (pc[i].node != s->gnode)
+				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
+			s->cpu_at = s->rx_at = s->tx_at = 0;
+		}
+		if (pc[j].has_cpu) {
+			if (pc[j].cpu < s->cpu_at)
+				s->cpu_at = 0;	/* restarted: the counter began again */
+			dcpu = pc[j].cpu - s->cpu_at;
+		}
+		if (j == np - 1 && has_net) {
+			if (rx < s->rx_at || tx < s->tx_at)
+				s->rx_at = s->tx_at = 0;
+			drx = rx - s->rx_at;
+			dtx = tx - s->tx_at;
+		}
+		for (size_t k = i; k <= j; k++) {
+			all += (uint64_t)(pc[k].t1 - pc[k].t0);
+			if (pc[k].st == BS_RUN)
+				run += (uint64_t)(pc[k].t1 - pc[k].t0);
+		}
+		{
+			uint64_t c_left = dcpu, r_left = drx, x_left = dtx;
+			for (size_t k = i; k <= j; k++) {
+				uint64_t d = (uint64_t)(pc[k].t1 - pc[k].t0), c = 0, rr, xx;
+				bool last_run = true;
+				for (size_t q = k + 1; q <= j; q++)
+					if (pc[q].st == BS_RUN)
+						last_run = false;
+				if (pc[k].st == BS_RUN)
+					c = last_run ? c_left : (run ? price_share(dcpu, d, run) : 0);
+				rr = k == j ? r_left : (all ? price_share(drx, d, all) : 0);
+				xx = k == j ? x_left : (all ? price_share(dtx, d, all) : 0);
+				c_left -= c;
+				r_left -= rr;
+				x_left -= xx;
+				bill_span(m, s, pc[k].t0, pc[k].t1, pc[k].st, c, rr, xx, now);
+				s->state = pc[k].st;
+			}
+			/* CPU measured while not running (booting, writing a pause snapshot) moves
+			 * the counter unbilled. */
+			s->cpu_at += c_left;
+			s->rx_at += r_left;
+			s->tx_at += x_left;
+		}
+		i = j + 1;
+	}
+	if (cur_mine && cur_gen != s->gen) {
+		/* Back on this node under a new generation at `end` exactly. */
+		s->gen = cur_gen;
+		s->mine = true;
+		if (cur_node != s->gnode)
+			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
+		s->cpu_at = s->rx_at = s->tx_at = 0;
+	}
+	if (cur_mine)
+		s->state = cur_st;
+	if (!cur_mine && !ended) {
+		/* Its generation now is another node's: this meter's part ends at its last piece. */
+		ended = true;
 	}
 	if (!ended && s->state != BS_NONE) {
 		/* What it costs now, per second: its allocation, and CPU at this tick's pace. */
@@ -648,7 +758,14 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			u.cpu_ns = s->t_cpu;	/* a sliver of a tick says little about the pace */
 		s->ten->t_burn += price_fine(&m->o.card, &u);
 	}
-	if (ended) {
+	if (ended && !s->mine) {
+		/* None of its time was this node's: nothing to record. */
+		s->ended = true;
+		s->state = BS_NONE;
+		s->ten->nsb--;
+		cg_free(s->cg);
+		s->cg = NULL;
+	} else if (ended) {
 		/* Recorded as billed state "none", so the ledger knows this sandbox is done. With
 		 * nothing unflushed, in the window that starts at its end or holds it: the window
 		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
@@ -683,13 +800,39 @@ static const char rows_sql[] =
 	"(extract(epoch FROM s.deleted_at) * 1000000)::bigint, "
 	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
 	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine, "
-	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot) "
-	"FROM sandboxes s LEFT JOIN meter_sandboxes m ON m.sandbox_id = s.id "
-	"WHERE s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
+	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode "
+	/* The billed-up-to point of its newest generation of this node, else of its newest. */
+	"FROM sandboxes s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
+	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
+	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, mm.generation DESC LIMIT 1) m "
+	"    ON true "
+	"WHERE (s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
 	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
-	"    OR s.deleted_at IS NOT NULL)))";
+	"    OR s.deleted_at IS NOT NULL)))) "
+	/* A running or paused stretch on this node, ended by a later change, that no window of
+	 * its generation covers yet (the sandbox moved on before this node's meter billed it). */
+	"OR s.id IN (SELECT l.sandbox_id FROM sandbox_state_log l "
+	"    JOIN LATERAL (SELECT n.at FROM sandbox_state_log n WHERE n.sandbox_id = l.sandbox_id "
+	"        AND (n.at, n.seq) > (l.at, l.seq) ORDER BY n.at, n.seq LIMIT 1) nx ON true "
+	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
+	"    AND NOT EXISTS (SELECT 1 FROM usage_windows u WHERE u.sandbox_id = l.sandbox_id "
+	"        AND u.generation = l.generation "
+	"        AND u.window_start > nx.at - interval '3601 seconds' "
+	"        AND coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1000000)::bigint * 1000) "
+	"            >= (extract(epoch FROM nx.at) * 1000000)::bigint * 1000)) "
+	"ORDER BY s.id COLLATE \"C\"";
+
+/* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
+ * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
+static const char log_sql[] =
+	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
+	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq FROM sandbox_state_log "
+	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
+	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
 
 static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 {
@@ -704,6 +847,9 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
 	r->created = pg_res_int(res, i, 8, 0) * 1000;
 	r->snap_mib = (uint64_t)pg_res_int(res, i, 16, 0);
+	r->here = pg_res_bool(res, i, 17);
+	r->m_mine = pg_res_bool(res, i, 18);
+	r->m_node = pg_res_str(res, i, 19);
 	r->has_m = pg_res_get(res, i, 9) != NULL;
 	if (r->has_m) {
 		r->m_gen = pg_res_int(res, i, 9, 0);
@@ -983,11 +1129,11 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   "\"ws\":%" PRId64 ",\"we\":%" PRId64 ",\"ps\":%" PRId64 ",\"pe\":%" PRId64
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
-			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 "}",
+			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\"}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode);
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -1037,7 +1183,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "BEGIN", err);
 	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err, "SELECT meter_flush($1::jsonb, $2)", j.data, m->o.card.version);
+		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush($1::jsonb, $2)", j.data,
+			 m->o.card.version);
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
 			 m->o.test_flush_hold_ms);
@@ -1056,7 +1203,20 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 			pg_release(m->pg, c);
 		return rc;
 	}
-	log_debug("flushed %zu windows, %lld new", nitems, pg_res_int(res, 0, 0, 0));
+	log_debug("flushed %zu windows, %d sandbox generations refused", nitems, pg_res_rows(res));
+	/*
+	 * Refused: time of that generation is in the ledger already (another meter billed it).
+	 * What this meter holds of it is dropped and it is tracked again from the ledger's
+	 * billed-up-to point on the next tick.
+	 */
+	for (int i = 0; i < pg_res_rows(res); i++) {
+		struct msb *s = sb_find(m, pg_res_str(res, i, 0));
+		if (!s)
+			continue;
+		log_warn("sandbox \"%s\" generation %lld: billed already by another meter; billing "
+			 "on from the ledger", s->id, pg_res_int(res, i, 1, 0));
+		s->resync = true;
+	}
 	pg_res_free(res);
 	/* The windows are in the ledger: drop them and the charges from `pending`. */
 	{
@@ -1068,7 +1228,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 			struct msb *s = m->sbs[i];
 			size_t keep = 0;
 			for (size_t k = 0; k < s->nw; k++) {
-				if (win_done(m, &s->w[k], now)) {
+				if (s->resync || win_done(m, &s->w[k], now)) {
 					s->ten->pending -= s->w[k].ucr;
 					continue;
 				}
@@ -1145,6 +1305,28 @@ static void meter_expire(struct meter *m, int64_t now)
 }
 
 /*
+ * Once per window: drops the state changes billed longer than `log_keep_s` ago
+ * (sandbox_state_log_trim(), migrations/0014). Any meter may; a failure is retried next window.
+ */
+static void meter_log_trim(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char keep[32];
+	int64_t ws = price_window_start(now, m->o.window_s);
+
+	if (ws == m->last_trim_ws || pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	snprintf(keep, sizeof(keep), "%lld seconds", (long long)m->o.log_keep_s);
+	m->st.pg_calls++;
+	if (PGQ(c, NULL, &err, "SELECT sandbox_state_log_trim($1::interval)", keep) == KILN_OK)
+		m->last_trim_ws = ws;
+	else
+		log_warn("cannot trim the state changes: %s", err.msg);
+	pg_release(m->pg, c);
+}
+
+/*
  * Asks for pauses of the running sandboxes of tenants at or below zero (they are billed all the
  * same: the balance goes negative until the pause lands). Without a pause hook (no master key)
  * it logs an error for each such tenant every PAUSE_RETRY_NS instead.
@@ -1187,7 +1369,9 @@ static void meter_gc(struct meter *m)
 
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
-		if (s->ended && s->nw == 0 && !s->seen) {
+		if ((s->ended && s->nw == 0 && !s->seen) || s->resync) {
+			if (!s->ended)
+				s->ten->nsb--;
 			sb_free(s);
 			removed = true;
 			continue;
@@ -1245,6 +1429,8 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		m->o.now_ns = clock_real;
 	if (m->o.live_ttl_s < 1)
 		m->o.live_ttl_s = LIVE_TTL_DEFAULT_S;
+	if (m->o.log_keep_s < 1)
+		m->o.log_keep_s = LOG_KEEP_DEFAULT_S;
 	if (m->o.series_s < 1)
 		m->o.series_s = 900;
 	snprintf(m->node, sizeof(m->node), "%s", opts->node_id);
@@ -1340,6 +1526,253 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	return KILN_OK;
 }
 
+/* Reads the state changes of the sandboxes of `r` (sorted by id) from `from_ns` on into *out. */
+static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, struct pg_res **out)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct buf ids;
+	char from[24];
+	enum kiln_err rc;
+
+	buf_init(&ids, 64u << 20);
+	if (buf_appends(&ids, "{"))
+		return -ENOMEM;
+	for (int i = 0; i < n; i++)
+		if (buf_appendf(&ids, "%s%s", i ? "," : "", r[i].id)) {
+			buf_release(&ids);
+			return -ENOMEM;
+		}
+	if (buf_appends(&ids, "}")) {
+		buf_release(&ids);
+		return -ENOMEM;
+	}
+	snprintf(from, sizeof(from), "%" PRId64, from_ns / 1000 - 1);
+	rc = pg_acquire(m->pg, &c, &err);
+	if (rc == KILN_OK) {
+		rc = PGQ(c, out, &err, log_sql, m->node, ids.data, from);
+		m->st.pg_calls++;
+		pg_release(m->pg, c);
+	}
+	buf_release(&ids);
+	if (rc != KILN_OK) {
+		log_warn("cannot read the state changes: %s", err.msg);
+		return -EIO;
+	}
+	return 0;
+}
+
+/*
+ * The sandboxes here now whose earlier generations ran on a node whose meter is dead (its alive
+ * key gone from Redis, meter_live_ttl_s after its last tick): this meter bills that time (what the
+ * dead meter never flushed; the ledger's fence refuses it if that meter comes back and bills it
+ * first). One Redis round trip, only when such a stretch is there; Redis unreachable: nothing is
+ * taken over this tick.
+ */
+static void meter_take_over(struct meter *m, struct mrow *r, int rows)
+{
+	static const char lua[] =
+		"local out = {}\n"
+		"for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end\n"
+		"return out\n";
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct argv a = { 0 };
+	const char **nodes = NULL;
+	size_t nn = 0, cap = 0;
+	char nk[24];
+
+	buf_init(&a.arena, 1u << 20);
+	for (int i = 0; i < rows; i++) {
+		if (!r[i].here)
+			continue;
+		for (size_t k = 0; k <= r[i].ne; k++) {
+			const char *nd = k < r[i].ne ? (r[i].e[k].mine ? "" : r[i].e[k].node)
+						     : (r[i].has_m && !r[i].m_mine ? r[i].m_node : "");
+			bool known = !*nd;
+			for (size_t q = 0; q < nn && !known; q++)
+				known = strcmp(nodes[q], nd) == 0;
+			if (known)
+				continue;
+			if (nn == cap) {
+				const char **g = realloc(nodes, (cap ? cap * 2 : 8) * sizeof(*g));
+				if (!g)
+					goto out;
+				nodes = g;
+				cap = cap ? cap * 2 : 8;
+			}
+			nodes[nn++] = nd;
+		}
+	}
+	if (!nn)
+		goto out;
+	snprintf(nk, sizeof(nk), "%zu", nn);
+	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
+		goto out;
+	for (size_t q = 0; q < nn; q++)
+		if (argv_addf(&a, BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nodes[q]))
+			goto out;
+	argv_fix(&a);
+	m->st.redis_calls++;
+	if (rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err) != KILN_OK ||
+	    rep.type != RDS_ARRAY || rep.n != nn) {
+		log_warn("cannot tell which meters are alive: %s", err.msg);
+		goto out;
+	}
+	for (size_t q = 0; q < nn; q++) {
+		if (rep.elem[q].integer)
+			continue;
+		log_info("the meter of node \"%s\" is gone: its sandboxes here are billed here",
+			 nodes[q]);
+		for (int i = 0; i < rows; i++) {
+			if (!r[i].here)
+				continue;
+			for (size_t k = 0; k < r[i].ne; k++)
+				if (strcmp(r[i].e[k].node, nodes[q]) == 0)
+					((struct ment *)r[i].e)[k].mine = true;
+			if (r[i].has_m && strcmp(r[i].m_node, nodes[q]) == 0)
+				r[i].m_mine = true;
+		}
+	}
+out:
+	rds_reply_release(&rep);
+	argv_release(&a);
+	free(nodes);
+}
+
+/*
+ * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
+ * changes of all since the oldest billed-up-to point among them (one query), and bills each
+ * over its own. -ENOMEM, or -EIO when the changes cannot be read (nothing billed this tick).
+ */
+static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_t now)
+{
+	struct mrow *r = calloc((size_t)rows, sizeof(*r));
+	struct msb **sv = calloc((size_t)rows, sizeof(*sv));
+	struct ment *ev = NULL;
+	struct pg_res *lres = NULL;
+	int64_t from = INT64_MAX;
+	int ne = 0, rc = 0;
+
+	if (!r || !sv) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < rows; i++) {
+		row_parse(res, i, &r[i]);
+		if (m->off) {
+			/* The node's times are wall-clock: on the label clock after a step. */
+			r[i].changed += r[i].changed ? m->off : 0;
+			r[i].deleted += r[i].deleted ? m->off : 0;
+			r[i].created += r[i].created ? m->off : 0;
+		}
+		sv[i] = sb_find(m, r[i].id);
+		{
+			/* Untracked: from its point, or from its creation when the point is
+			 * another node's (it may be taken over below). */
+			int64_t t = sv[i] ? sv[i]->last_t : r[i].has_m ? r[i].m_last : r[i].created;
+			if (!sv[i] && r[i].created < t && (!r[i].m_mine || r[i].m_gen > r[i].gen))
+				t = r[i].created;
+			if (t < from)
+				from = t;
+		}
+	}
+	if ((rc = log_read(m, r, rows, from - m->off - LOG_LATE_NS, &lres)) != 0)
+		goto out;
+	ne = pg_res_rows(lres);
+	ev = calloc((size_t)ne + 1, sizeof(*ev));
+	if (!ev) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Both sorted by id (byte order): each row's changes are a run of `ev`. */
+	for (int i = 0, k = 0; k < ne; k++) {
+		const char *id = pg_res_str(lres, k, 0);
+		const char *st = pg_res_str(lres, k, 2);
+		struct ment *e = &ev[k];
+
+		while (i < rows && strcmp(r[i].id, id) < 0)
+			i++;
+		if (i == rows)
+			break;
+		if (strcmp(r[i].id, id) != 0)
+			continue;
+		e->gen = pg_res_int(lres, k, 1, 0);
+		e->st = bstate_of(st);
+		e->at = pg_res_int(lres, k, 3, 0) * 1000 + m->off;
+		e->mine = pg_res_bool(lres, k, 4);
+		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
+		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
+		e->node = pg_res_str(lres, k, 6);
+		e->seq = pg_res_int(lres, k, 7, 0);
+		if (!r[i].e)
+			r[i].e = e;
+		r[i].ne++;
+	}
+	meter_take_over(m, r, rows);
+	for (int i = 0; i < rows; i++) {
+		struct msb *s = sv[i];
+		struct ment only;
+
+		if (!r[i].ne && !r[i].has_m) {
+			/* No change logged (trimmed): where the row stands now. */
+			only = (struct ment){ .gen = r[i].gen, .st = row_terminal(&r[i]) ? BS_NONE
+									     : bstate_of(r[i].state),
+					      .at = r[i].deleted ? r[i].deleted : r[i].changed,
+					      .mine = r[i].here };
+			r[i].e = &only;
+			r[i].ne = 1;
+		}
+		if (!s) {
+			s = sb_track(m, &r[i], now);
+			if (!s) {
+				log_error("out of memory tracking sandbox \"%s\"", r[i].id);
+				continue;
+			}
+			/* The changes before its billed-up-to point are in it. */
+			for (size_t k = 0; k < r[i].ne; k++)
+				if (r[i].e[k].at < s->last_t && r[i].e[k].seq > s->seq)
+					s->seq = r[i].e[k].seq;
+		}
+		s->seen = true;
+		if (s->ended) {
+			/* Back after it ended (here again under a new generation): bill it again. */
+			bool back = false;
+			for (size_t k = 0; k < r[i].ne && !back; k++)
+				back = r[i].e[k].at >= s->last_t && r[i].e[k].mine &&
+				       r[i].e[k].st != BS_NONE && (r[i].e[k].gen != s->gen || !s->mine);
+			if (!back)
+				continue;
+			s->ended = false;
+			s->ten->nsb++;
+		}
+		/* The changes from its billed-up-to point on, and those logged since the last tick
+		 * with an earlier time (billed in the old state up to the point): from the point. */
+		{
+			struct ment *e = (struct ment *)r[i].e;
+			size_t w = 0;
+			for (size_t k = 0; k < r[i].ne; k++) {
+				if (e[k].at < s->last_t) {
+					if (e[k].seq <= s->seq)
+						continue;
+					e[k].at = s->last_t;
+				}
+				e[w++] = e[k];
+			}
+			r[i].ne = w;
+		}
+		s->t_start = s->last_t;
+		sb_bill(m, s, &r[i], now);
+		s->t_has = s->last_t > s->t_start || s->t_cpu || s->t_rx || s->t_tx;
+	}
+out:
+	pg_res_free(lres);
+	free(ev);
+	free(sv);
+	free(r);
+	return rc;
+}
+
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
@@ -1381,38 +1814,8 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
 	}
 	rows = pg_res_rows(res);
-	for (int i = 0; i < rows; i++) {
-		struct mrow r;
-		struct msb *s;
-
-		row_parse(res, i, &r);
-		if (m->off) {
-			/* The node's times are wall-clock: on the label clock after a step. */
-			r.changed += r.changed ? m->off : 0;
-			r.deleted += r.deleted ? m->off : 0;
-			r.created += r.created ? m->off : 0;
-		}
-		s = sb_find(m, r.id);
-		if (!s) {
-			s = sb_track(m, &r, now);
-			if (!s) {
-				log_error("out of memory tracking sandbox \"%s\"", r.id);
-				continue;
-			}
-		}
-		s->seen = true;
-		if (s->ended) {
-			/* Back after it ended (restarted under a new generation): bill it again. */
-			if (row_terminal(&r) || bstate_of(r.state) == BS_NONE ||
-			    (r.gen == s->gen && r.changed <= s->last_t))
-				continue;
-			s->ended = false;
-			s->ten->nsb++;
-		}
-		s->t_start = s->last_t;
-		sb_bill(m, s, &r, now);
-		s->t_has = s->last_t > s->t_start || s->t_cpu || s->t_rx || s->t_tx;
-	}
+	if (rows > 0 && meter_bill_rows(m, res, rows, now) != 0)
+		log_error("out of memory billing this tick's sandboxes");
 	pg_res_free(res);
 	/* Tracked but gone from the node's rows (moved, or the row vanished): billing ends. */
 	for (size_t i = 0; i < m->nsbs; i++) {
@@ -1434,6 +1837,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		kiln_error_clear(err);
 	}
 	meter_expire(m, m->wall);
+	meter_log_trim(m, m->wall);
 	meter_gc(m);
 	m->last_tick = now;
 	m->since = m->wall - 2 * m->o.window_s * PRICE_NS_PER_S;

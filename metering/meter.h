@@ -51,6 +51,8 @@ struct meter_opts {
 	void *clock_ctx;
 	/* seconds a live field outlives its meter's last tick in Redis; 0: 30 */
 	int64_t live_ttl_s;
+	/* seconds the state changes of sandboxes (sandbox_state_log) are kept once billed; 0: a day */
+	int64_t log_keep_s;
 	/* asks for a sandbox to be paused (its tenant is out of credits); NULL: nobody is paused */
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;
