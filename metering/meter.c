@@ -86,6 +86,16 @@ struct mten {
 	long long burn_sent;	/* the burn rate Redis last got */
 	uint64_t t_rx, t_tx;
 	int nsb;		/* sandboxes not ended */
+	/*
+	 * What enforcement goes by when an input fails (meter_enforce): a balance at a reference
+	 * point (Redis's answer, or the ledger less this meter's unflushed charges) and this
+	 * meter's charges to the tenant at that point; the estimate is that balance less the
+	 * charges since, and less the burn rate over the time not billed while Postgres is away.
+	 */
+	long long flushed;	/* µcr of this meter's charges put in the ledger, ever */
+	long long ref_bal, ref_charged;
+	bool has_ref;
+	int64_t bal_at;		/* label ns of the tick whose Redis answer set `balance` */
 	struct mten *hnext;
 };
 
@@ -115,6 +125,7 @@ struct meter {
 	int64_t since;		/* ns, wall: rows changed after this are read too */
 	int64_t last_tick;	/* ns */
 	int64_t last_expiry_ws;
+	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
 	struct meter_stats st;
 	uint64_t ticks_missed;
 };
@@ -945,6 +956,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 			} else {
 				ts[i]->has_balance = true;
 				ts[i]->balance = rep.elem[0].elem[i].integer;
+				ts[i]->bal_at = now;
 			}
 		}
 		if (nmiss) {
@@ -994,6 +1006,38 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 static bool win_done(const struct meter *m, const struct mwin *w, int64_t now)
 {
 	return (w->ws + m->o.window_s) * PRICE_NS_PER_S <= now;
+}
+
+/*
+ * Sets every tenant's ledger half in Redis from Postgres (on `c`) and this meter's live field to
+ * its unflushed charges, in one atomic step (billing_sync). When Redis cannot take it, the next
+ * tick that reaches Redis does it (sync_due): until then Redis's ledger half misses what the
+ * flushes put in the ledger while this meter's live field no longer counts it.
+ */
+static void meter_sync(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	const char **tids = calloc(m->ntens + 1, sizeof(*tids));
+	long long *lives = calloc(m->ntens + 1, sizeof(*lives));
+
+	m->sync_due = true;
+	if (tids && lives) {
+		for (size_t i = 0; i < m->ntens; i++) {
+			tids[i] = m->tens[i]->id;
+			lives[i] = m->tens[i]->pending;
+		}
+		m->st.redis_calls++;
+		m->st.pg_calls++;
+		if (billing_sync(m->rds, c, m->ntens, tids, m->live_field, lives, &err) == KILN_OK) {
+			for (size_t i = 0; i < m->ntens; i++)
+				m->tens[i]->sent = m->tens[i]->pending;
+			m->sync_due = false;
+		} else {
+			log_warn("cannot move flushed charges in redis (retried): %s", err.msg);
+		}
+	}
+	free(tids);
+	free(lives);
 }
 
 /*
@@ -1060,16 +1104,13 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	pg_res_free(res);
 	/* The windows are in the ledger: drop them and the charges from `pending`. */
 	{
-		const char **tids = calloc(m->ntens + 1, sizeof(*tids));
-		long long *lives = calloc(m->ntens + 1, sizeof(*lives));
-		size_t ntouched = 0;
-
 		for (size_t i = 0; i < m->nsbs; i++) {
 			struct msb *s = m->sbs[i];
 			size_t keep = 0;
 			for (size_t k = 0; k < s->nw; k++) {
 				if (win_done(m, &s->w[k], now)) {
 					s->ten->pending -= s->w[k].ucr;
+					s->ten->flushed += s->w[k].ucr;
 					continue;
 				}
 				s->w[keep++] = s->w[k];
@@ -1079,25 +1120,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->st.windows_flushed += nitems;
 		m->st.flushes++;
 		m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
-		if (tids && lives) {
-			for (size_t i = 0; i < m->ntens; i++) {
-				tids[ntouched] = m->tens[i]->id;
-				lives[ntouched++] = m->tens[i]->pending;
-			}
-			m->st.redis_calls++;
-			m->st.pg_calls++;
-			kiln_error_clear(err);
-			if (billing_sync(m->rds, c, ntouched, tids, m->live_field, lives, err) ==
-			    KILN_OK) {
-				for (size_t i = 0; i < m->ntens; i++)
-					m->tens[i]->sent = m->tens[i]->pending;
-			} else {
-				log_warn("cannot move flushed charges in redis: %s", err->msg);
-				kiln_error_clear(err);
-			}
-		}
-		free(tids);
-		free(lives);
+		meter_sync(m, c);
 	}
 	pg_release(m->pg, c);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
@@ -1144,12 +1167,88 @@ static void meter_expire(struct meter *m, int64_t now)
 	pg_release(m->pg, c);
 }
 
-/* Asks for pauses of the running sandboxes of tenants at or below zero. */
-static void meter_enforce(struct meter *m, int64_t now)
+/*
+ * Reads from the ledger the balance of every tenant with a sandbox here whose balance Redis did
+ * not answer at this tick (Redis unreachable, or it lost the balance): the reference becomes the
+ * ledger less this meter's unflushed charges. Other meters' unflushed charges are not in it (at
+ * most a window each, docs/metering.md). Nothing changes when Postgres cannot be read.
+ */
+static void ledger_refresh(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf arr;
+	size_t n = 0;
+
+	buf_init(&arr, 64u << 20);
+	buf_appends(&arr, "{");
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		if (t->bal_at == now || t->nsb <= 0)
+			continue;
+		/* ids are [a-z0-9_]; quoted all the same */
+		if (buf_appendf(&arr, "%s\"%s\"", n ? "," : "", t->id)) {
+			buf_release(&arr);
+			return;
+		}
+		n++;
+	}
+	buf_appends(&arr, "}");
+	if (!n || pg_acquire(m->pg, &c, &err) != KILN_OK) {
+		buf_release(&arr);
+		return;
+	}
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err,
+		"SELECT u.t, coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances b "
+		"WHERE b.tenant_id = u.t), 0) FROM unnest($1::text[]) u(t)",
+		arr.data) == KILN_OK) {
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			struct mten *t = ten_find(m, pg_res_str(res, i, 0));
+			if (!t)
+				continue;
+			t->ref_bal = pg_res_int(res, i, 1, 0) - t->pending;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+	} else {
+		log_warn("cannot read balances from the ledger: %s", err.msg);
+	}
+	pg_res_free(res);
+	pg_release(m->pg, c);
+	buf_release(&arr);
+}
+
+/*
+ * Asks for pauses of the running sandboxes of tenants at or below zero, by what this meter knows
+ * at `now`: the balance Redis answered at this tick; else (Redis unreachable, or the balance
+ * lost) the last reference, Redis's or the ledger's (ledger_refresh), less this meter's charges
+ * since; and while Postgres cannot be read (`billed` false: nothing was billed since the last
+ * tick that could), less the tenant's burn rate over the time since that tick. Enforcement thus
+ * goes on whichever input is away; the overdraft each fault allows is in docs/metering.md.
+ */
+static void meter_enforce(struct meter *m, int64_t now, bool billed)
 {
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
-		t->frozen = t->has_balance && t->balance <= 0;
+		long long est;
+		if (t->has_balance && t->bal_at == now) {
+			t->ref_bal = t->balance;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+		if (!t->has_ref) {
+			t->frozen = false;
+			continue;
+		}
+		est = t->ref_bal - (t->pending + t->flushed - t->ref_charged);
+		if (!billed && m->last_tick && now > m->last_tick)
+			est -= (long long)(t->t_burn * (uint64_t)(now - m->last_tick) / PRICE_NS_PER_S /
+					   PRICE_FINE_PER_UCR);
+		t->frozen = est <= 0;
+		if (t->frozen && t->bal_at != now)
+			t->balance = est;	/* for the log line */
 	}
 	if (!m->o.pause)
 		return;
@@ -1165,6 +1264,22 @@ static void meter_enforce(struct meter *m, int64_t now)
 			 s->ten->balance, s->id);
 		m->o.pause(m->o.pause_ctx, s->id, s->tenant);
 	}
+}
+
+/*
+ * A tick whose rows could not be read (Postgres away): nothing is billed (the next tick that
+ * reads them bills the whole time), but the tracked sandboxes are enforced on: Redis gets this
+ * meter's figures and answers the balances, and meter_enforce takes off the burn rate since the
+ * last billed tick.
+ */
+static void meter_tick_blind(struct meter *m, int64_t now)
+{
+	for (size_t i = 0; i < m->nsbs; i++)
+		m->sbs[i]->t_has = false;
+	for (size_t i = 0; i < m->ntens; i++)
+		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
+	redis_tick(m, now);
+	meter_enforce(m, now, false);
 }
 
 /* Forgets sandboxes that ended and are in the ledger, and tenants with nothing left. */
@@ -1354,6 +1469,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	}
 	if (rc != KILN_OK) {
 		m->st.ticks_failed++;
+		meter_tick_blind(m, now);
 		return rc;
 	}
 	m->st.ticks++;
@@ -1415,8 +1531,18 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	m->st.sandboxes = 0;
 	for (size_t i = 0; i < m->nsbs; i++)
 		m->st.sandboxes += !m->sbs[i]->ended;
+	if (m->sync_due) {
+		/* A flush could not reach Redis: its ledger half first, so it answers right. */
+		struct pg_conn *sc;
+		struct kiln_error serr = { 0 };
+		if (pg_acquire(m->pg, &sc, &serr) == KILN_OK) {
+			meter_sync(m, sc);
+			pg_release(m->pg, sc);
+		}
+	}
 	redis_tick(m, now);
-	meter_enforce(m, now);
+	ledger_refresh(m, now);
+	meter_enforce(m, now, true);
 	if (meter_flush(m, now, err) != KILN_OK) {
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
