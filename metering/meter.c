@@ -11,6 +11,7 @@
 #include "meter.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -49,6 +50,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
 struct mten;
@@ -126,6 +128,18 @@ struct meter {
 	int64_t last_tick;	/* ns */
 	int64_t last_expiry_ws;
 	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
+	/* The flush thread (opts.flush_thread): one flush in flight at a time, under flock. */
+	bool fthread;
+	pthread_t fth;
+	pthread_mutex_t flock;
+	pthread_cond_t fcond;
+	enum { FL_IDLE, FL_QUEUED, FL_DONE, FL_FAILED } fstate;
+	bool fstop;
+	struct buf fjson;	/* the queued flush's items */
+	size_t fitems;
+	int64_t ffirst_read;
+	double fsecs;		/* how long its transaction took */
+	struct kiln_error ferr;
 	struct meter_stats st;
 	uint64_t ticks_missed;
 };
@@ -664,7 +678,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * nothing unflushed, in the window that starts at its end or holds it: the window
 		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
 		 * it whole, leaving the sandbox billed as running and read again on every tick. */
-		struct mwin *w = s->nw ? &s->w[s->nw - 1]
+		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight ? &s->w[s->nw - 1]
 				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
@@ -1041,19 +1055,150 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
 }
 
 /*
- * Writes every finished window to the ledger in one transaction, then moves their charges from
- * the live part of the balances to the ledger part in Redis.
+ * One flush's transaction: `items` (a JSON array of windows, json_item) into the ledger with
+ * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them)
+ * on a connection of its own. KILN_OK once committed; on failure nothing was (it is retried).
+ */
+static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
+				  struct kiln_error *err)
+{
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(m->pg, &c, err);
+
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err, "SELECT meter_flush_set($1::jsonb, $2)", items, m->o.card.version);
+	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
+		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
+			 m->o.test_flush_hold_ms);
+		usleep(m->o.test_flush_hold_ms * 1000u);
+	}
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	if (rc != KILN_OK && c) {
+		struct kiln_error ignore = { 0 };
+		pg_exec(c, "ROLLBACK", &ignore);
+	}
+	if (rc == KILN_OK)
+		log_debug("flushed %zu windows, %lld new", nitems, pg_res_int(res, 0, 0, 0));
+	pg_res_free(res);
+	if (c)
+		pg_release(m->pg, c);
+	return rc;
+}
+
+/* The flush thread: commits each flush the tick hands it; the tick applies the outcome. */
+static void *flush_main(void *arg)
+{
+	struct meter *m = arg;
+
+	pthread_mutex_lock(&m->flock);
+	for (;;) {
+		struct timespec t0, t1;
+		struct kiln_error err = { 0 };
+		enum kiln_err rc;
+
+		while (m->fstate != FL_QUEUED && !m->fstop)
+			pthread_cond_wait(&m->fcond, &m->flock);
+		if (m->fstate != FL_QUEUED)
+			break;
+		pthread_mutex_unlock(&m->flock);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		rc = flush_commit(m, m->fjson.data, m->fitems, &err);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		pthread_mutex_lock(&m->flock);
+		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+		m->ferr = err;
+		m->fstate = rc == KILN_OK ? FL_DONE : FL_FAILED;
+	}
+	pthread_mutex_unlock(&m->flock);
+	return NULL;
+}
+
+/*
+ * The outcome of the flush in flight, on the tick's thread: committed, its windows leave memory
+ * and their charges move from `pending` to the ledger part of the balances in Redis
+ * (meter_sync); failed, they are sent again by the next flush. Nothing when none finished.
+ */
+static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_read, double secs)
+{
+	struct pg_conn *c;
+	struct kiln_error err = { 0 };
+
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		size_t keep = 0;
+		for (size_t k = 0; k < s->nw; k++) {
+			if (s->w[k].inflight && ok) {
+				s->ten->pending -= s->w[k].ucr;
+				s->ten->flushed += s->w[k].ucr;
+				continue;
+			}
+			s->w[k].inflight = false;
+			s->w[keep++] = s->w[k];
+		}
+		s->nw = keep;
+	}
+	if (!ok)
+		return;
+	m->st.windows_flushed += nitems;
+	m->st.flushes++;
+	m->st.pg_calls += 3;
+	m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
+	m->st.flush_s = secs;
+	m->st.flush_windows = nitems;
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		meter_sync(m, c);
+		pg_release(m->pg, c);
+	} else {
+		m->sync_due = true;
+	}
+}
+
+/*
+ * Writes every finished window to the ledger, then moves their charges from the live part of the
+ * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
+ * applies the outcome of the flush in flight, if it finished, and hands the thread the next one
+ * (one in flight at a time, so windows commit in order): it never waits for Postgres. Else the
+ * flush runs here. A flush that fails is sent again, whole, by a later tick; the ledger skips a
+ * window it has already, so nothing is charged twice.
  */
 static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error *err)
 {
 	struct buf j;
-	struct pg_conn *c = NULL;
-	struct pg_res *res = NULL;
 	size_t nitems = 0;
 	int64_t first_read = 0;
 	struct timespec t_start, t_end;
 	enum kiln_err rc;
 
+	if (m->fthread) {
+		bool busy, ok = false, done;
+		size_t fitems;
+		int64_t ffirst;
+		double fsecs = 0;
+
+		pthread_mutex_lock(&m->flock);
+		done = m->fstate == FL_DONE || m->fstate == FL_FAILED;
+		busy = m->fstate == FL_QUEUED;
+		if (done) {
+			ok = m->fstate == FL_DONE;
+			if (!ok)
+				*err = m->ferr;
+			fsecs = m->fsecs;
+			m->fstate = FL_IDLE;
+		}
+		fitems = m->fitems;
+		ffirst = m->ffirst_read;
+		pthread_mutex_unlock(&m->flock);
+		if (done)
+			flush_apply(m, ok, fitems, ffirst, fsecs);
+		if (busy)
+			return KILN_OK;
+		if (done && !ok)
+			return err->code;	/* sent again by the next tick */
+	}
 	buf_init(&j, FLUSH_JSON_MAX);
 	if (buf_appends(&j, "["))
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -1064,8 +1209,12 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 				continue;
 			if (json_item(&j, m, s, &s->w[k])) {
 				buf_release(&j);
+				for (size_t a = 0; a < m->nsbs; a++)
+					for (size_t b = 0; b < m->sbs[a]->nw; b++)
+						m->sbs[a]->w[b].inflight = false;
 				return kiln_error_set(err, KILN_E_NOMEM, "flush too large");
 			}
+			s->w[k].inflight = true;
 			if (!first_read || s->w[k].first_read < first_read)
 				first_read = s->w[k].first_read;
 			nitems++;
@@ -1076,58 +1225,25 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		return KILN_OK;
 	}
 	buf_appends(&j, "]");
+	if (m->fthread) {
+		pthread_mutex_lock(&m->flock);
+		buf_release(&m->fjson);
+		m->fjson = j;
+		m->fitems = nitems;
+		m->ffirst_read = first_read;
+		m->fstate = FL_QUEUED;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		return KILN_OK;
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
-	rc = pg_acquire(m->pg, &c, err);
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "BEGIN", err);
-	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err, "SELECT meter_flush($1::jsonb, $2)", j.data, m->o.card.version);
-	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
-		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
-			 m->o.test_flush_hold_ms);
-		usleep(m->o.test_flush_hold_ms * 1000u);
-	}
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "COMMIT", err);
-	m->st.pg_calls += 3;
-	buf_release(&j);
-	if (rc != KILN_OK) {
-		struct kiln_error ignore = { 0 };
-		if (c)
-			pg_exec(c, "ROLLBACK", &ignore);
-		pg_res_free(res);
-		if (c)
-			pg_release(m->pg, c);
-		return rc;
-	}
-	log_debug("flushed %zu windows, %lld new", nitems, pg_res_int(res, 0, 0, 0));
-	pg_res_free(res);
-	/* The windows are in the ledger: drop them and the charges from `pending`. */
-	{
-		for (size_t i = 0; i < m->nsbs; i++) {
-			struct msb *s = m->sbs[i];
-			size_t keep = 0;
-			for (size_t k = 0; k < s->nw; k++) {
-				if (win_done(m, &s->w[k], now)) {
-					s->ten->pending -= s->w[k].ucr;
-					s->ten->flushed += s->w[k].ucr;
-					continue;
-				}
-				s->w[keep++] = s->w[k];
-			}
-			s->nw = keep;
-		}
-		m->st.windows_flushed += nitems;
-		m->st.flushes++;
-		m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
-		meter_sync(m, c);
-	}
-	pg_release(m->pg, c);
+	rc = flush_commit(m, j.data, nitems, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
-	m->st.flush_s = (double)(t_end.tv_sec - t_start.tv_sec) +
-			(double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9;
-	m->st.flush_windows = nitems;
-	return KILN_OK;
+	buf_release(&j);
+	flush_apply(m, rc == KILN_OK, nitems, first_read,
+		    (double)(t_end.tv_sec - t_start.tv_sec) +
+			    (double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9);
+	return rc;
 }
 
 /* Expires the grants whose time came, once per window; re-reads the balances they changed. */
@@ -1364,6 +1480,16 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		 m->node);
 	m->pg = pg;
 	m->rds = rds;
+	pthread_mutex_init(&m->flock, NULL);
+	pthread_cond_init(&m->fcond, NULL);
+	if (opts->flush_thread) {
+		if (pthread_create(&m->fth, NULL, flush_main, m) != 0) {
+			kiln_error_set(err, KILN_E_NOMEM, "cannot start the flush thread");
+			meter_free(m);
+			return NULL;
+		}
+		m->fthread = true;
+	}
 	return m;
 }
 
@@ -1371,6 +1497,17 @@ void meter_free(struct meter *m)
 {
 	if (!m)
 		return;
+	if (m->fthread) {
+		/* A flush in flight commits or not; either way the ledger says where billing stands. */
+		pthread_mutex_lock(&m->flock);
+		m->fstop = true;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		pthread_join(m->fth, NULL);
+	}
+	buf_release(&m->fjson);
+	pthread_mutex_destroy(&m->flock);
+	pthread_cond_destroy(&m->fcond);
 	for (size_t i = 0; i < m->nsbs; i++)
 		sb_free(m->sbs[i]);
 	for (size_t i = 0; i < m->ntens; i++)

@@ -55,6 +55,9 @@ struct meter_opts {
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;
 	unsigned test_flush_hold_ms;	/* test hook: hold each flush's transaction open this long */
+	/* flush from a thread of its own (the tick hands it the windows and never waits for
+	 * Postgres); false: each tick flushes before it returns */
+	bool flush_thread;
 };
 
 struct meter_stats {

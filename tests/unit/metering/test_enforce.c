@@ -87,6 +87,9 @@ static int64_t aligned_now(void)
 	return (t - t % WINDOW) * S;
 }
 
+static bool flush_thread;
+static unsigned flush_hold_ms;
+
 static struct meter *new_meter(struct pg *mpg, struct rds *mrds)
 {
 	struct kiln_error err = { 0 };
@@ -98,6 +101,8 @@ static struct meter *new_meter(struct pg *mpg, struct rds *mrds)
 		.series_s = 900,
 		.now_ns = fake_clock,
 		.pause = on_pause,
+		.flush_thread = flush_thread,
+		.test_flush_hold_ms = flush_hold_ms,
 	};
 	struct meter *m;
 
@@ -221,6 +226,96 @@ static void test_catch_up_tick_enforces_at_once(void)
 	meter_free(m);
 }
 
+static double mono_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Ticks to `until_ns` (a fake second each); returns the longest tick, real seconds. */
+static double tick_timed(struct meter *m, int64_t until_ns)
+{
+	struct kiln_error err = { 0 };
+	double worst = 0;
+
+	while (fake_now + S <= until_ns) {
+		double t0 = mono_s(), d;
+		fake_now += S;
+		kiln_error_clear(&err);
+		meter_tick(m, &err);
+		d = mono_s() - t0;
+		worst = d > worst ? d : worst;
+	}
+	return worst;
+}
+
+static long long used(const char *t)
+{
+	return sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+		       "WHERE tenant_id = '%s' AND kind = 'usage'", t);
+}
+
+/*
+ * The flush on its own thread: with each flush's transaction held open 2.5 s, no tick lasts more
+ * than half a second (KILN_TEST_FLUSH_INLINE=1 runs the same with the flush in the tick, and
+ * fails); the windows reach the ledger once committed; a flush cut off with Postgres mid
+ * transaction is sent again and the ledger ends exact, each window once.
+ */
+static void test_flush_thread_keeps_ticks_short_and_retries(void)
+{
+	char t[32], sb[32], sock[160], info[400];
+	int64_t t0 = aligned_now();
+	const char *port = strrchr(pg_sock, '.');
+	struct sockproxy px;
+	struct pg *mpg;
+	struct meter *m;
+	double worst;
+
+	snprintf(sock, sizeof(sock), "%s/.s.PGSQL%s", scratch, port);
+	CHECK(sockproxy_start(&px, sock, pg_sock) == 0);
+	snprintf(info, sizeof(info), "host=%s port=%s user=kiln dbname=%s connect_timeout=2", scratch,
+		 port + 1, db.name);
+	mpg = pg_new(info, 4);
+	new_tenant(t, sizeof(t), 1000000000LL);
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	flush_thread = !getenv("KILN_TEST_FLUSH_INLINE");
+	flush_hold_ms = 2500;
+	m = new_meter(mpg, rds);
+	worst = tick_timed(m, t0 + 12 * S);	/* the first window is handed over at 10 s */
+	fprintf(stderr, "longest tick while a flush is held: %.3f s\n", worst);
+	CHECK(worst < 0.5);
+	usleep(3500 * 1000);
+	tick_timed(m, t0 + 13 * S);	/* applies the committed flush */
+	CHECK_INT(used(t), 10 * 257);
+	/* The next flush (at 20 s) loses Postgres while it holds its transaction. */
+	tick_timed(m, t0 + 20 * S);
+	usleep(500 * 1000);
+	sockproxy_cut(&px);
+	usleep(3000 * 1000);
+	tick_timed(m, t0 + 21 * S);	/* learns it failed */
+	sockproxy_mend(&px);
+	CHECK_INT(used(t), 10 * 257);
+	flush_hold_ms = 0;
+	sql("UPDATE sandboxes SET state = 'stopped', state_changed_at = to_timestamp(%lld) "
+	    "WHERE id = '%s'", (long long)(t0 / S + 30), sb);
+	for (int i = 0; i < 40 && sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = "
+					   "'%s' AND state = 'none'", sb) == 0; i++) {
+		tick_timed(m, fake_now + S);
+		usleep(300 * 1000);
+	}
+	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s'", sb), 3);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE sandbox_id = '%s'", sb), 3);
+	meter_free(m);
+	pg_free(mpg);
+	sockproxy_stop(&px);
+	flush_thread = false;
+	flush_hold_ms = 0;
+}
+
 int main(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
@@ -260,6 +355,7 @@ int main(void)
 	TEST(test_redis_down_tenant_crossing_zero_is_paused);
 	TEST(test_postgres_down_tenant_crossing_zero_is_paused);
 	TEST(test_catch_up_tick_enforces_at_once);
+	TEST(test_flush_thread_keeps_ticks_short_and_retries);
 
 	rc = test_summary();
 	rmdir(scratch);
