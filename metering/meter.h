@@ -8,7 +8,8 @@
  * sends, in one Redis round trip for the whole host, each tenant's unflushed charges (the live
  * part of its balance), the per-second usage series and bandwidth totals. Every `window_s`
  * seconds the charges of each finished, aligned window go to the Postgres ledger in one
- * transaction (meter_flush() in migrations/0004_metering.sql) together with each sandbox's
+ * transaction (meter_flush_set() in migrations/0015_flush_set.sql; from a thread of its own
+ * with opts.flush_thread, so the tick never waits for Postgres) together with each sandbox's
  * billed-up-to point, so a meter that crashes, or stays down for a while, picks up exactly where
  * the ledger ends: nothing charged twice, nothing lost but what the counters cannot tell.
  *
@@ -90,9 +91,12 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
 
 /*
  * One tick at the clock's now: bills every sandbox of the node since its last tick, debits Redis,
- * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows and expires
- * the grants whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was
- * billed: the next tick covers the time); Redis or flush failures are retried by later ticks.
+ * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows (or hands
+ * them to the flush thread and applies the outcome of the one before) and expires the grants
+ * whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was billed: the
+ * next tick covers the time; the tracked sandboxes are still enforced on, from the balance Redis
+ * answers less the burn rate since the last billed tick); Redis or flush failures are retried by
+ * later ticks, and enforcement goes on from what the meter knows (docs/metering.md).
  */
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err);
 
