@@ -109,6 +109,7 @@ struct meter {
 	struct pg *pg;
 	struct rds *rds;
 	bool started;
+	bool pg_started;	/* meter_start's Postgres part is done (Redis's may not be) */
 	struct msb **sbs;	/* every tracked sandbox */
 	size_t nsbs, capsbs;
 	struct msb **sbh;	/* hash of sbs by id */
@@ -1527,6 +1528,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	char cpu[24], mem[24], disk[24], snap[24], a[24], b[24], cc[24], d[24], key[160];
 	enum kiln_err rc;
 
+	if (m->pg_started)
+		goto redis;	/* Postgres's part is done; Redis was away */
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc != KILN_OK)
 		return rc;
@@ -1568,6 +1571,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)
 		return rc;
+	m->pg_started = true;
+redis:
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:tenants", m->node);
 	m->st.redis_calls++;
 	rc = RDS(m->rds, &rep, err, "EVAL", reset_lua, "1", key, m->live_field);
@@ -1591,10 +1596,12 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 
 	if (!m->started) {
 		rc = meter_start(m, err);
-		if (rc != KILN_OK) {
+		if (rc != KILN_OK && !m->pg_started) {
 			m->st.ticks_failed++;
 			return rc;
 		}
+		/* Redis away at start: bill, and enforce from the ledger, until it answers. */
+		kiln_error_clear(err);
 	}
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);

@@ -85,7 +85,8 @@ void meter_free(struct meter *m);
  * Prepares Postgres and Redis: records the rate card and the default plan limits, and drops this
  * node's live charges left in Redis by an earlier run (its unflushed charges died with it; the
  * next ticks bill that time again from the ledger's billed-up-to point). Call once before ticks;
- * ticks call it again until it succeeds.
+ * ticks call it again until it succeeds, and tick (bill, and enforce from the ledger) once its
+ * Postgres part is done even while Redis is away.
  */
 enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
 

@@ -167,6 +167,43 @@ static void test_redis_down_tenant_crossing_zero_is_paused(void)
 	sockproxy_stop(&px);
 }
 
+/* A meter started while Redis is away (its start cannot finish): it bills and pauses all the same. */
+static void test_meter_started_without_redis_still_pauses(void)
+{
+	char t[32], sb[32], sock[160];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct sockproxy px;
+	struct meter_opts o = {
+		.node_id = node,
+		.cgroup_root = "/nonexistent-cgroup-root",
+		.pin_root = "",
+		.window_s = WINDOW,
+		.series_s = 900,
+		.now_ns = fake_clock,
+		.pause = on_pause,
+	};
+	struct rds *mrds;
+	struct meter *m;
+
+	snprintf(sock, sizeof(sock), "%s/redis2.sock", scratch);
+	CHECK(sockproxy_start(&px, sock, redis_sock) == 0);
+	snprintf(sock, sizeof(sock), "unix:%s/redis2.sock", scratch);
+	mrds = rds_new(sock, 500);
+	sockproxy_cut(&px);
+	new_tenant(t, sizeof(t), 3000);
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	price_card_init(&o.card, 1000, MIB_PRICE, 1, 1024);
+	m = meter_new(&o, pg, mrds, &err);
+	CHECK(m && meter_start(m, &err) != KILN_OK);
+	CHECK_INT(tick_until_paused(m, t0, t0 + 20 * S, sb), 12);
+	meter_free(m);
+	rds_free(mrds);
+	sockproxy_stop(&px);
+}
+
 /* Postgres unreachable for the meter from the 2nd second: no rows can be read, yet it pauses. */
 static void test_postgres_down_tenant_crossing_zero_is_paused(void)
 {
@@ -354,6 +391,7 @@ int main(void)
 
 	TEST(test_redis_down_tenant_crossing_zero_is_paused);
 	TEST(test_postgres_down_tenant_crossing_zero_is_paused);
+	TEST(test_meter_started_without_redis_still_pauses);
 	TEST(test_catch_up_tick_enforces_at_once);
 	TEST(test_flush_thread_keeps_ticks_short_and_retries);
 
