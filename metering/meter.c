@@ -1159,10 +1159,42 @@ static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_r
 }
 
 /*
+ * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
+ * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
+ * anything: between the commit and this (under a tick) a balance read fresh from the ledger counts
+ * those windows twice. KILN_OK, or the failed flush's error (its windows go again).
+ */
+static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
+{
+	bool ok = false, done;
+	size_t fitems;
+	int64_t ffirst;
+	double fsecs = 0;
+
+	if (!m->fthread)
+		return KILN_OK;
+	pthread_mutex_lock(&m->flock);
+	done = m->fstate == FL_DONE || m->fstate == FL_FAILED;
+	if (done) {
+		ok = m->fstate == FL_DONE;
+		if (!ok)
+			*err = m->ferr;
+		fsecs = m->fsecs;
+		m->fstate = FL_IDLE;
+	}
+	fitems = m->fitems;
+	ffirst = m->ffirst_read;
+	pthread_mutex_unlock(&m->flock);
+	if (done)
+		flush_apply(m, ok, fitems, ffirst, fsecs);
+	return done && !ok ? err->code : KILN_OK;
+}
+
+/*
  * Writes every finished window to the ledger, then moves their charges from the live part of the
  * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
- * applies the outcome of the flush in flight, if it finished, and hands the thread the next one
- * (one in flight at a time, so windows commit in order): it never waits for Postgres. Else the
+ * hands the thread the next one when none is in flight (so windows commit in order; the outcome
+ * is applied by flush_poll at the start of a later tick): it never waits for Postgres. Else the
  * flush runs here. A flush that fails is sent again, whole, by a later tick; the ledger skips a
  * window it has already, so nothing is charged twice.
  */
@@ -1175,30 +1207,12 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	enum kiln_err rc;
 
 	if (m->fthread) {
-		bool busy, ok = false, done;
-		size_t fitems;
-		int64_t ffirst;
-		double fsecs = 0;
-
+		bool busy;
 		pthread_mutex_lock(&m->flock);
-		done = m->fstate == FL_DONE || m->fstate == FL_FAILED;
-		busy = m->fstate == FL_QUEUED;
-		if (done) {
-			ok = m->fstate == FL_DONE;
-			if (!ok)
-				*err = m->ferr;
-			fsecs = m->fsecs;
-			m->fstate = FL_IDLE;
-		}
-		fitems = m->fitems;
-		ffirst = m->ffirst_read;
+		busy = m->fstate != FL_IDLE;
 		pthread_mutex_unlock(&m->flock);
-		if (done)
-			flush_apply(m, ok, fitems, ffirst, fsecs);
 		if (busy)
-			return KILN_OK;
-		if (done && !ok)
-			return err->code;	/* sent again by the next tick */
+			return KILN_OK;	/* one flush in flight at a time */
 	}
 	buf_init(&j, FLUSH_JSON_MAX);
 	if (buf_appends(&j, "["))
@@ -1601,6 +1615,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			return rc;
 		}
 		/* Redis away at start: bill, and enforce from the ledger, until it answers. */
+		kiln_error_clear(err);
+	}
+	if (flush_poll(m, err) != KILN_OK) {
+		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
 	now = meter_clock(m);
