@@ -236,6 +236,47 @@ static void test_postgres_down_tenant_crossing_zero_is_paused(void)
 }
 
 /*
+ * Redis and Postgres both unreachable for the meter from the 2nd second: it goes by the balance
+ * Redis last answered less the burn rate since the last billed tick, and pauses on time.
+ */
+static void test_redis_and_postgres_down_tenant_crossing_zero_is_paused(void)
+{
+	char t[32], sb[32], sock[160], info[400];
+	int64_t t0 = aligned_now();
+	struct sockproxy ppx, rpx;
+	struct pg *mpg;
+	struct rds *mrds;
+	struct meter *m;
+	const char *port = strrchr(pg_sock, '.');
+
+	snprintf(sock, sizeof(sock), "%s/.s.PGSQL%s", scratch, port);
+	CHECK(sockproxy_start(&ppx, sock, pg_sock) == 0);
+	snprintf(info, sizeof(info), "host=%s port=%s user=kiln dbname=%s connect_timeout=2", scratch,
+		 port + 1, db.name);
+	mpg = pg_new(info, 2);
+	snprintf(sock, sizeof(sock), "%s/redis3.sock", scratch);
+	CHECK(sockproxy_start(&rpx, sock, redis_sock) == 0);
+	snprintf(sock, sizeof(sock), "unix:%s/redis3.sock", scratch);
+	mrds = rds_new(sock, 500);
+	new_tenant(t, sizeof(t), 3000);
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter(mpg, mrds);
+	CHECK_INT(tick_until_paused(m, t0, t0 + 2 * S, sb), 0);
+	sockproxy_cut(&ppx);
+	sockproxy_cut(&rpx);
+	CHECK_INT(tick_until_paused(m, t0, t0 + 20 * S, sb), 12);
+	sockproxy_mend(&ppx);
+	sockproxy_mend(&rpx);
+	meter_free(m);
+	pg_free(mpg);
+	rds_free(mrds);
+	sockproxy_stop(&ppx);
+	sockproxy_stop(&rpx);
+}
+
+/*
  * A meter down for a minute while its tenant's credits ran out, Redis restarted without data
  * meanwhile: the next run's first tick bills the minute and asks the pause on that same tick.
  */
@@ -391,6 +432,7 @@ int main(void)
 
 	TEST(test_redis_down_tenant_crossing_zero_is_paused);
 	TEST(test_postgres_down_tenant_crossing_zero_is_paused);
+	TEST(test_redis_and_postgres_down_tenant_crossing_zero_is_paused);
 	TEST(test_meter_started_without_redis_still_pauses);
 	TEST(test_catch_up_tick_enforces_at_once);
 	TEST(test_flush_thread_keeps_ticks_short_and_retries);
