@@ -83,7 +83,7 @@ static int db_init(struct kiln_error *err)
 	int applied = 0;
 	enum kiln_err rc;
 
-	km.pg = pg_new(km.cfg.database_url, 2);
+	km.pg = pg_new(km.cfg.database_url, 4);	/* the tick, the flush, the pauses, the signer */
 	if (!km.pg)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = migrate_apply(km.pg, migrations, migrations_count, &applied, err);
@@ -174,6 +174,7 @@ static int meter_init(struct kiln_error *err)
 		.pause = km.pauser ? pauser_ask : NULL,
 		.pause_ctx = km.pauser,
 		.test_flush_hold_ms = km.flush_hold_ms,
+		.flush_thread = true,
 	};
 	enum kiln_err rc;
 

@@ -11,6 +11,7 @@
 #include "meter.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <inttypes.h>
 #include <stdint.h>
@@ -52,6 +53,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
 struct mten;
@@ -94,6 +96,16 @@ struct mten {
 	long long burn_sent;	/* the burn rate Redis last got */
 	uint64_t t_rx, t_tx;
 	int nsb;		/* sandboxes not ended */
+	/*
+	 * What enforcement goes by when an input fails (meter_enforce): a balance at a reference
+	 * point (Redis's answer, or the ledger less this meter's unflushed charges) and this
+	 * meter's charges to the tenant at that point; the estimate is that balance less the
+	 * charges since, and less the burn rate over the time not billed while Postgres is away.
+	 */
+	long long flushed;	/* µcr of this meter's charges put in the ledger, ever */
+	long long ref_bal, ref_charged;
+	bool has_ref;
+	int64_t bal_at;		/* label ns of the tick whose Redis answer set `balance` */
 	struct mten *hnext;
 };
 
@@ -105,6 +117,7 @@ struct meter {
 	struct pg *pg;
 	struct rds *rds;
 	bool started;
+	bool pg_started;	/* meter_start's Postgres part is done (Redis's may not be) */
 	struct msb **sbs;	/* every tracked sandbox */
 	size_t nsbs, capsbs;
 	struct msb **sbh;	/* hash of sbs by id */
@@ -124,6 +137,20 @@ struct meter {
 	int64_t last_tick;	/* ns */
 	int64_t last_expiry_ws;
 	int64_t last_trim_ws;
+	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
+	/* The flush thread (opts.flush_thread): one flush in flight at a time, under flock. */
+	bool fthread;
+	pthread_t fth;
+	pthread_mutex_t flock;
+	pthread_cond_t fcond;
+	enum { FL_IDLE, FL_QUEUED, FL_DONE, FL_FAILED } fstate;
+	bool fstop;
+	struct buf fjson;	/* the queued flush's items */
+	struct buf frefused;	/* the pairs its ledger refused: "<sandbox>\t<generation>\n" each */
+	size_t fitems;
+	int64_t ffirst_read;
+	double fsecs;		/* how long its transaction took */
+	struct kiln_error ferr;
 	struct meter_stats st;
 	uint64_t ticks_missed;
 };
@@ -770,7 +797,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * nothing unflushed, in the window that starts at its end or holds it: the window
 		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
 		 * it whole, leaving the sandbox billed as running and read again on every tick. */
-		struct mwin *w = s->nw ? &s->w[s->nw - 1]
+		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight ? &s->w[s->nw - 1]
 				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
@@ -1091,6 +1118,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 			} else {
 				ts[i]->has_balance = true;
 				ts[i]->balance = rep.elem[0].elem[i].integer;
+				ts[i]->bal_at = now;
 			}
 		}
 		if (nmiss) {
@@ -1143,19 +1171,239 @@ static bool win_done(const struct meter *m, const struct mwin *w, int64_t now)
 }
 
 /*
- * Writes every finished window to the ledger in one transaction, then moves their charges from
- * the live part of the balances to the ledger part in Redis.
+ * Sets every tenant's ledger half in Redis from Postgres (on `c`) and this meter's live field to
+ * its unflushed charges, in one atomic step (billing_sync). When Redis cannot take it, the next
+ * tick that reaches Redis does it (sync_due): until then Redis's ledger half misses what the
+ * flushes put in the ledger while this meter's live field no longer counts it.
+ */
+static void meter_sync(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	const char **tids = calloc(m->ntens + 1, sizeof(*tids));
+	long long *lives = calloc(m->ntens + 1, sizeof(*lives));
+
+	m->sync_due = true;
+	if (tids && lives) {
+		for (size_t i = 0; i < m->ntens; i++) {
+			tids[i] = m->tens[i]->id;
+			lives[i] = m->tens[i]->pending;
+		}
+		m->st.redis_calls++;
+		m->st.pg_calls++;
+		if (billing_sync(m->rds, c, m->ntens, tids, m->live_field, lives, &err) == KILN_OK) {
+			for (size_t i = 0; i < m->ntens; i++)
+				m->tens[i]->sent = m->tens[i]->pending;
+			m->sync_due = false;
+		} else {
+			log_warn("cannot move flushed charges in redis (retried): %s", err.msg);
+		}
+	}
+	free(tids);
+	free(lives);
+}
+
+/*
+ * One flush's transaction: `items` (a JSON array of windows, json_item) into the ledger with
+ * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them)
+ * on a connection of its own. KILN_OK once committed, with the (sandbox, generation) pairs the
+ * ledger refused (time of them billed already: flush_apply) appended to `refused` as
+ * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
+ */
+static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
+				  struct buf *refused, struct kiln_error *err)
+{
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(m->pg, &c, err);
+
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "BEGIN", err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
+			 m->o.card.version);
+	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
+		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
+			 m->o.test_flush_hold_ms);
+		usleep(m->o.test_flush_hold_ms * 1000u);
+	}
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	if (rc != KILN_OK && c) {
+		struct kiln_error ignore = { 0 };
+		pg_exec(c, "ROLLBACK", &ignore);
+	}
+	if (rc == KILN_OK) {
+		log_debug("flushed %zu windows, %d sandbox generations refused", nitems,
+			  pg_res_rows(res));
+		for (int i = 0; i < pg_res_rows(res); i++)
+			if (buf_appendf(refused, "%s\t%lld\n", pg_res_str(res, i, 0),
+					pg_res_int(res, i, 1, 0)))
+				log_error("out of memory noting a refused window of \"%s\"",
+					  pg_res_str(res, i, 0));
+	}
+	pg_res_free(res);
+	if (c)
+		pg_release(m->pg, c);
+	return rc;
+}
+
+/* The flush thread: commits each flush the tick hands it; the tick applies the outcome. */
+static void *flush_main(void *arg)
+{
+	struct meter *m = arg;
+
+	pthread_mutex_lock(&m->flock);
+	for (;;) {
+		struct timespec t0, t1;
+		struct kiln_error err = { 0 };
+		enum kiln_err rc;
+
+		while (m->fstate != FL_QUEUED && !m->fstop)
+			pthread_cond_wait(&m->fcond, &m->flock);
+		if (m->fstate != FL_QUEUED)
+			break;
+		pthread_mutex_unlock(&m->flock);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		buf_reset(&m->frefused);
+		rc = flush_commit(m, m->fjson.data, m->fitems, &m->frefused, &err);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		pthread_mutex_lock(&m->flock);
+		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+		m->ferr = err;
+		m->fstate = rc == KILN_OK ? FL_DONE : FL_FAILED;
+	}
+	pthread_mutex_unlock(&m->flock);
+	return NULL;
+}
+
+/*
+ * The outcome of the flush in flight, on the tick's thread: committed, its windows leave memory
+ * and their charges move from `pending` to the ledger part of the balances in Redis
+ * (meter_sync); failed, they are sent again by the next flush. Nothing when none finished.
+ * A sandbox with a pair in `refused` (time of that generation is in the ledger already: another
+ * meter billed it) is marked resync: every window this meter holds of it is dropped, and
+ * meter_gc forgets it, so the next tick tracks it again from the ledger's billed-up-to point.
+ */
+static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_read, double secs,
+			const char *refused)
+{
+	struct pg_conn *c;
+	struct kiln_error err = { 0 };
+
+	for (const char *p = ok && refused ? refused : ""; *p;) {
+		const char *tab = strchr(p, '\t'), *nl = strchr(p, '\n');
+		char id[ID_MAX];
+		struct msb *s;
+
+		if (!tab || !nl || tab > nl)
+			break;
+		snprintf(id, sizeof(id), "%.*s", (int)(tab - p), p);
+		s = sb_find(m, id);
+		if (s) {
+			log_warn("sandbox \"%s\" generation %.*s: billed already by another meter; "
+				 "billing on from the ledger", s->id, (int)(nl - tab - 1), tab + 1);
+			s->resync = true;
+		}
+		p = nl + 1;
+	}
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		size_t keep = 0;
+		for (size_t k = 0; k < s->nw; k++) {
+			/* What was sent counts as put in the ledger: a refused window's time was
+			 * billed by another meter, so the estimate (meter_enforce) errs low. */
+			if (s->w[k].inflight && ok) {
+				s->ten->pending -= s->w[k].ucr;
+				s->ten->flushed += s->w[k].ucr;
+				continue;
+			}
+			if (s->resync) {
+				s->ten->pending -= s->w[k].ucr;
+				continue;
+			}
+			s->w[k].inflight = false;
+			s->w[keep++] = s->w[k];
+		}
+		s->nw = keep;
+	}
+	if (!ok)
+		return;
+	m->st.windows_flushed += nitems;
+	m->st.flushes++;
+	m->st.pg_calls += 3;
+	m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
+	m->st.flush_s = secs;
+	m->st.flush_windows = nitems;
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		meter_sync(m, c);
+		pg_release(m->pg, c);
+	} else {
+		m->sync_due = true;
+	}
+}
+
+static void meter_gc(struct meter *m);
+
+/*
+ * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
+ * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
+ * anything: between the commit and this (under a tick) a balance read fresh from the ledger counts
+ * those windows twice. KILN_OK, or the failed flush's error (its windows go again).
+ */
+static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
+{
+	bool ok = false, done;
+	size_t fitems;
+	int64_t ffirst;
+	double fsecs = 0;
+
+	if (!m->fthread)
+		return KILN_OK;
+	pthread_mutex_lock(&m->flock);
+	done = m->fstate == FL_DONE || m->fstate == FL_FAILED;
+	if (done) {
+		ok = m->fstate == FL_DONE;
+		if (!ok)
+			*err = m->ferr;
+		fsecs = m->fsecs;
+		m->fstate = FL_IDLE;
+	}
+	fitems = m->fitems;
+	ffirst = m->ffirst_read;
+	pthread_mutex_unlock(&m->flock);
+	if (done) {
+		flush_apply(m, ok, fitems, ffirst, fsecs, m->frefused.data);
+		if (ok && m->frefused.len)
+			meter_gc(m);	/* before this tick bills a refused sandbox on */
+	}
+	return done && !ok ? err->code : KILN_OK;
+}
+
+/*
+ * Writes every finished window to the ledger, then moves their charges from the live part of the
+ * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
+ * hands the thread the next one when none is in flight (so windows commit in order; the outcome
+ * is applied by flush_poll at the start of a later tick): it never waits for Postgres. Else the
+ * flush runs here. A flush that fails is sent again, whole, by a later tick; the ledger skips a
+ * window it has already, so nothing is charged twice.
  */
 static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error *err)
 {
 	struct buf j;
-	struct pg_conn *c = NULL;
-	struct pg_res *res = NULL;
 	size_t nitems = 0;
 	int64_t first_read = 0;
 	struct timespec t_start, t_end;
 	enum kiln_err rc;
+	struct buf refused;
 
+	if (m->fthread) {
+		bool busy;
+		pthread_mutex_lock(&m->flock);
+		busy = m->fstate != FL_IDLE;
+		pthread_mutex_unlock(&m->flock);
+		if (busy)
+			return KILN_OK;	/* one flush in flight at a time */
+	}
 	buf_init(&j, FLUSH_JSON_MAX);
 	if (buf_appends(&j, "["))
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -1166,8 +1414,12 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 				continue;
 			if (json_item(&j, m, s, &s->w[k])) {
 				buf_release(&j);
+				for (size_t a = 0; a < m->nsbs; a++)
+					for (size_t b = 0; b < m->sbs[a]->nw; b++)
+						m->sbs[a]->w[b].inflight = false;
 				return kiln_error_set(err, KILN_E_NOMEM, "flush too large");
 			}
+			s->w[k].inflight = true;
 			if (!first_read || s->w[k].first_read < first_read)
 				first_read = s->w[k].first_read;
 			nitems++;
@@ -1178,93 +1430,28 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		return KILN_OK;
 	}
 	buf_appends(&j, "]");
+	if (m->fthread) {
+		pthread_mutex_lock(&m->flock);
+		buf_release(&m->fjson);
+		m->fjson = j;
+		m->fitems = nitems;
+		m->ffirst_read = first_read;
+		m->fstate = FL_QUEUED;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		return KILN_OK;
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
-	rc = pg_acquire(m->pg, &c, err);
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "BEGIN", err);
-	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush($1::jsonb, $2)", j.data,
-			 m->o.card.version);
-	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
-		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
-			 m->o.test_flush_hold_ms);
-		usleep(m->o.test_flush_hold_ms * 1000u);
-	}
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "COMMIT", err);
-	m->st.pg_calls += 3;
-	buf_release(&j);
-	if (rc != KILN_OK) {
-		struct kiln_error ignore = { 0 };
-		if (c)
-			pg_exec(c, "ROLLBACK", &ignore);
-		pg_res_free(res);
-		if (c)
-			pg_release(m->pg, c);
-		return rc;
-	}
-	log_debug("flushed %zu windows, %d sandbox generations refused", nitems, pg_res_rows(res));
-	/*
-	 * Refused: time of that generation is in the ledger already (another meter billed it).
-	 * What this meter holds of it is dropped and it is tracked again from the ledger's
-	 * billed-up-to point on the next tick.
-	 */
-	for (int i = 0; i < pg_res_rows(res); i++) {
-		struct msb *s = sb_find(m, pg_res_str(res, i, 0));
-		if (!s)
-			continue;
-		log_warn("sandbox \"%s\" generation %lld: billed already by another meter; billing "
-			 "on from the ledger", s->id, pg_res_int(res, i, 1, 0));
-		s->resync = true;
-	}
-	pg_res_free(res);
-	/* The windows are in the ledger: drop them and the charges from `pending`. */
-	{
-		const char **tids = calloc(m->ntens + 1, sizeof(*tids));
-		long long *lives = calloc(m->ntens + 1, sizeof(*lives));
-		size_t ntouched = 0;
-
-		for (size_t i = 0; i < m->nsbs; i++) {
-			struct msb *s = m->sbs[i];
-			size_t keep = 0;
-			for (size_t k = 0; k < s->nw; k++) {
-				if (s->resync || win_done(m, &s->w[k], now)) {
-					s->ten->pending -= s->w[k].ucr;
-					continue;
-				}
-				s->w[keep++] = s->w[k];
-			}
-			s->nw = keep;
-		}
-		m->st.windows_flushed += nitems;
-		m->st.flushes++;
-		m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
-		if (tids && lives) {
-			for (size_t i = 0; i < m->ntens; i++) {
-				tids[ntouched] = m->tens[i]->id;
-				lives[ntouched++] = m->tens[i]->pending;
-			}
-			m->st.redis_calls++;
-			m->st.pg_calls++;
-			kiln_error_clear(err);
-			if (billing_sync(m->rds, c, ntouched, tids, m->live_field, lives, err) ==
-			    KILN_OK) {
-				for (size_t i = 0; i < m->ntens; i++)
-					m->tens[i]->sent = m->tens[i]->pending;
-			} else {
-				log_warn("cannot move flushed charges in redis: %s", err->msg);
-				kiln_error_clear(err);
-			}
-		}
-		free(tids);
-		free(lives);
-	}
-	pg_release(m->pg, c);
+	buf_init(&refused, FLUSH_JSON_MAX);
+	rc = flush_commit(m, j.data, nitems, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
-	m->st.flush_s = (double)(t_end.tv_sec - t_start.tv_sec) +
-			(double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9;
-	m->st.flush_windows = nitems;
-	return KILN_OK;
+	buf_release(&j);
+	flush_apply(m, rc == KILN_OK, nitems, first_read,
+		    (double)(t_end.tv_sec - t_start.tv_sec) +
+			    (double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9,
+		    refused.data);
+	buf_release(&refused);
+	return rc;
 }
 
 /* Expires the grants whose time came, once per window; re-reads the balances they changed. */
@@ -1327,15 +1514,87 @@ static void meter_log_trim(struct meter *m, int64_t now)
 }
 
 /*
- * Asks for pauses of the running sandboxes of tenants at or below zero (they are billed all the
- * same: the balance goes negative until the pause lands). Without a pause hook (no master key)
- * it logs an error for each such tenant every PAUSE_RETRY_NS instead.
+ * Reads from the ledger the balance of every tenant with a sandbox here whose balance Redis did
+ * not answer at this tick (Redis unreachable, or it lost the balance): the reference becomes the
+ * ledger less this meter's unflushed charges. Other meters' unflushed charges are not in it (at
+ * most a window each, docs/metering.md). Nothing changes when Postgres cannot be read.
  */
-static void meter_enforce(struct meter *m, int64_t now)
+static void ledger_refresh(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf arr;
+	size_t n = 0;
+
+	buf_init(&arr, 64u << 20);
+	buf_appends(&arr, "{");
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		if (t->bal_at == now || t->nsb <= 0)
+			continue;
+		/* ids are [a-z0-9_]; quoted all the same */
+		if (buf_appendf(&arr, "%s\"%s\"", n ? "," : "", t->id)) {
+			buf_release(&arr);
+			return;
+		}
+		n++;
+	}
+	buf_appends(&arr, "}");
+	if (!n || pg_acquire(m->pg, &c, &err) != KILN_OK) {
+		buf_release(&arr);
+		return;
+	}
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err,
+		"SELECT u.t, coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances b "
+		"WHERE b.tenant_id = u.t), 0) FROM unnest($1::text[]) u(t)",
+		arr.data) == KILN_OK) {
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			struct mten *t = ten_find(m, pg_res_str(res, i, 0));
+			if (!t)
+				continue;
+			t->ref_bal = pg_res_int(res, i, 1, 0) - t->pending;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+	} else {
+		log_warn("cannot read balances from the ledger: %s", err.msg);
+	}
+	pg_res_free(res);
+	pg_release(m->pg, c);
+	buf_release(&arr);
+}
+
+/*
+ * Asks for pauses of the running sandboxes of tenants at or below zero, by what this meter knows
+ * at `now`: the balance Redis answered at this tick; else (Redis unreachable, or the balance
+ * lost) the last reference, Redis's or the ledger's (ledger_refresh), less this meter's charges
+ * since; and while Postgres cannot be read (`billed` false: nothing was billed since the last
+ * tick that could), less the tenant's burn rate over the time since that tick. Enforcement thus
+ * goes on whichever input is away; the overdraft each fault allows is in docs/metering.md.
+ */
+static void meter_enforce(struct meter *m, int64_t now, bool billed)
 {
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
-		t->frozen = t->has_balance && t->balance <= 0;
+		long long est;
+		if (t->has_balance && t->bal_at == now) {
+			t->ref_bal = t->balance;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+		if (!t->has_ref) {
+			t->frozen = false;
+			continue;
+		}
+		est = t->ref_bal - (t->pending + t->flushed - t->ref_charged);
+		if (!billed && m->last_tick && now > m->last_tick)
+			est -= (long long)(t->t_burn * (uint64_t)(now - m->last_tick) / PRICE_NS_PER_S /
+					   PRICE_FINE_PER_UCR);
+		t->frozen = est <= 0;
+		if (t->frozen && t->bal_at != now)
+			t->balance = est;	/* for the log line */
 	}
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
@@ -1359,6 +1618,22 @@ static void meter_enforce(struct meter *m, int64_t now)
 			 s->ten->balance, s->id);
 		m->o.pause(m->o.pause_ctx, s->id, s->tenant);
 	}
+}
+
+/*
+ * A tick whose rows could not be read (Postgres away): nothing is billed (the next tick that
+ * reads them bills the whole time), but the tracked sandboxes are enforced on: Redis gets this
+ * meter's figures and answers the balances, and meter_enforce takes off the burn rate since the
+ * last billed tick.
+ */
+static void meter_tick_blind(struct meter *m, int64_t now)
+{
+	for (size_t i = 0; i < m->nsbs; i++)
+		m->sbs[i]->t_has = false;
+	for (size_t i = 0; i < m->ntens; i++)
+		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
+	redis_tick(m, now);
+	meter_enforce(m, now, false);
 }
 
 /* Forgets sandboxes that ended and are in the ledger, and tenants with nothing left. */
@@ -1447,6 +1722,17 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		 m->node);
 	m->pg = pg;
 	m->rds = rds;
+	buf_init(&m->frefused, FLUSH_JSON_MAX);
+	pthread_mutex_init(&m->flock, NULL);
+	pthread_cond_init(&m->fcond, NULL);
+	if (opts->flush_thread) {
+		if (pthread_create(&m->fth, NULL, flush_main, m) != 0) {
+			kiln_error_set(err, KILN_E_NOMEM, "cannot start the flush thread");
+			meter_free(m);
+			return NULL;
+		}
+		m->fthread = true;
+	}
 	return m;
 }
 
@@ -1454,6 +1740,18 @@ void meter_free(struct meter *m)
 {
 	if (!m)
 		return;
+	if (m->fthread) {
+		/* A flush in flight commits or not; either way the ledger says where billing stands. */
+		pthread_mutex_lock(&m->flock);
+		m->fstop = true;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		pthread_join(m->fth, NULL);
+	}
+	buf_release(&m->fjson);
+	buf_release(&m->frefused);
+	pthread_mutex_destroy(&m->flock);
+	pthread_cond_destroy(&m->fcond);
 	for (size_t i = 0; i < m->nsbs; i++)
 		sb_free(m->sbs[i]);
 	for (size_t i = 0; i < m->ntens; i++)
@@ -1473,6 +1771,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	char cpu[24], mem[24], disk[24], snap[24], a[24], b[24], cc[24], d[24], key[160];
 	enum kiln_err rc;
 
+	if (m->pg_started)
+		goto redis;	/* Postgres's part is done; Redis was away */
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc != KILN_OK)
 		return rc;
@@ -1514,6 +1814,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)
 		return rc;
+	m->pg_started = true;
+redis:
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:tenants", m->node);
 	m->st.redis_calls++;
 	rc = RDS(m->rds, &rep, err, "EVAL", reset_lua, "1", key, m->live_field);
@@ -1784,10 +2086,16 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 
 	if (!m->started) {
 		rc = meter_start(m, err);
-		if (rc != KILN_OK) {
+		if (rc != KILN_OK && !m->pg_started) {
 			m->st.ticks_failed++;
 			return rc;
 		}
+		/* Redis away at start: bill, and enforce from the ledger, until it answers. */
+		kiln_error_clear(err);
+	}
+	if (flush_poll(m, err) != KILN_OK) {
+		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
+		kiln_error_clear(err);
 	}
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
@@ -1799,6 +2107,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	}
 	if (rc != KILN_OK) {
 		m->st.ticks_failed++;
+		meter_tick_blind(m, now);
 		return rc;
 	}
 	m->st.ticks++;
@@ -1830,8 +2139,18 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	m->st.sandboxes = 0;
 	for (size_t i = 0; i < m->nsbs; i++)
 		m->st.sandboxes += !m->sbs[i]->ended;
+	if (m->sync_due) {
+		/* A flush could not reach Redis: its ledger half first, so it answers right. */
+		struct pg_conn *sc;
+		struct kiln_error serr = { 0 };
+		if (pg_acquire(m->pg, &sc, &serr) == KILN_OK) {
+			meter_sync(m, sc);
+			pg_release(m->pg, sc);
+		}
+	}
 	redis_tick(m, now);
-	meter_enforce(m, now);
+	ledger_refresh(m, now);
+	meter_enforce(m, now, true);
 	if (meter_flush(m, now, err) != KILN_OK) {
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);

@@ -8,7 +8,8 @@
  * sends, in one Redis round trip for the whole host, each tenant's unflushed charges (the live
  * part of its balance), the per-second usage series and bandwidth totals. Every `window_s`
  * seconds the charges of each finished, aligned window go to the Postgres ledger in one
- * transaction (meter_flush() in migrations/0004_metering.sql) together with each sandbox's
+ * transaction (meter_flush_set() in migrations/0015_flush_set.sql; from a thread of its own
+ * with opts.flush_thread, so the tick never waits for Postgres) together with each sandbox's
  * billed-up-to point, so a meter that crashes, or stays down for a while, picks up exactly where
  * the ledger ends: nothing charged twice, nothing lost but what the counters cannot tell.
  *
@@ -57,6 +58,9 @@ struct meter_opts {
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;
 	unsigned test_flush_hold_ms;	/* test hook: hold each flush's transaction open this long */
+	/* flush from a thread of its own (the tick hands it the windows and never waits for
+	 * Postgres); false: each tick flushes before it returns */
+	bool flush_thread;
 };
 
 struct meter_stats {
@@ -83,15 +87,19 @@ void meter_free(struct meter *m);
  * Prepares Postgres and Redis: records the rate card and the default plan limits, and drops this
  * node's live charges left in Redis by an earlier run (its unflushed charges died with it; the
  * next ticks bill that time again from the ledger's billed-up-to point). Call once before ticks;
- * ticks call it again until it succeeds.
+ * ticks call it again until it succeeds, and tick (bill, and enforce from the ledger) once its
+ * Postgres part is done even while Redis is away.
  */
 enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
 
 /*
  * One tick at the clock's now: bills every sandbox of the node since its last tick, debits Redis,
- * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows and expires
- * the grants whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was
- * billed: the next tick covers the time); Redis or flush failures are retried by later ticks.
+ * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows (or hands
+ * them to the flush thread and applies the outcome of the one before) and expires the grants
+ * whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was billed: the
+ * next tick covers the time; the tracked sandboxes are still enforced on, from the balance Redis
+ * answers less the burn rate since the last billed tick); Redis or flush failures are retried by
+ * later ticks, and enforcement goes on from what the meter knows (docs/metering.md).
  */
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err);
 

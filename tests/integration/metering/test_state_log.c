@@ -120,6 +120,8 @@ static long long used_gen(const char *sb, int gen)
 		       "WHERE sandbox_id = '%s' AND generation = %d", sb, gen);
 }
 
+static bool flush_thread;	/* new meters flush from their thread (as kiln-meter does) */
+
 /* A meter of node `nd` on the fake clock; `cg_root` NULL for none. */
 static struct meter *new_meter(const char *nd, const char *cg_root)
 {
@@ -131,6 +133,7 @@ static struct meter *new_meter(const char *nd, const char *cg_root)
 		.window_s = WINDOW,
 		.series_s = 900,
 		.now_ns = fake_clock,
+		.flush_thread = flush_thread,
 	};
 	struct meter *m;
 
@@ -161,6 +164,30 @@ static void tick(struct meter *const *ms, int n, int64_t until_ns)
 static void tick1(struct meter *m, int64_t until_ns)
 {
 	tick(&m, 1, until_ns);
+}
+
+/*
+ * With the flush thread: lets each meter's flushes in flight finish and be applied (a tick
+ * applies a finished one, and hands the thread the next), at the same fake time, until the
+ * ledger's usage of tenant `t` holds still for a few rounds (at most 20 s).
+ */
+static void drain(struct meter *const *ms, int n, const char *t)
+{
+	struct kiln_error err = { 0 };
+	long long last = -1;
+	int still = 0;
+
+	for (int round = 0; flush_thread && round < 100 && still < 4; round++) {
+		long long u;
+		usleep(200 * 1000);
+		for (int i = 0; i < n; i++)
+			if (ms[i] && meter_tick(ms[i], &err) != KILN_OK)
+				kiln_error_clear(&err);
+		u = sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+			    "WHERE tenant_id = '%s' AND kind = 'usage'", t);
+		still = u == last ? still + 1 : 0;
+		last = u;
+	}
 }
 
 /* A window-aligned fake time `back_s` seconds before the host's now. */
@@ -344,6 +371,7 @@ static void test_two_meters_of_one_node_bill_each_second_once(void)
 	tick1(ms[0], t0 + 45 * S);	/* the second stalls */
 	stop_at(sb, t0 + total_ns);
 	tick(ms, 2, t0 + 62 * S);
+	drain(ms, 2, t);
 	/* 50 s running in all, split at the restore, each generation's charge exact */
 	fine = (unsigned __int128)(restore_ns - t0) * (256 * 1024 + 1024);
 	CHECK_INT(used_gen(sb, 1), (long long)(fine / PRICE_FINE_PER_UCR));
@@ -351,8 +379,23 @@ static void test_two_meters_of_one_node_bill_each_second_once(void)
 	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE sandbox_id = '%s' "
 			  "AND period_end > to_timestamp(%lld / 1e6)",
 			  sb, (long long)((t0 + total_ns) / 1000)), 0);
+	/* Nothing left unflushed: a refused meter dropped its charges of the sandbox with it. */
+	CHECK_INT(meter_pending(ms[0], t), 0);
+	CHECK_INT(meter_pending(ms[1], t), 0);
 	meter_free(ms[0]);
 	meter_free(ms[1]);
+}
+
+/*
+ * The same with each meter flushing from its thread, as kiln-meter does: the stalled meter's
+ * refused pairs come back from the thread and are applied by a later tick, which drops what it
+ * holds of the sandbox before billing it on from the ledger.
+ */
+static void test_two_meters_with_flush_threads_bill_each_second_once(void)
+{
+	flush_thread = true;
+	test_two_meters_of_one_node_bill_each_second_once();
+	flush_thread = false;
 }
 
 /* Writes `usec` as the CPU counter of the v2 cgroup of `sb` under `root`. */
@@ -574,6 +617,7 @@ int main(void)
 	TEST(test_moved_and_billed_there_first_still_bills_the_time_before_the_move);
 	TEST(test_moved_away_and_back_bills_each_generation_once);
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
+	TEST(test_two_meters_with_flush_threads_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
