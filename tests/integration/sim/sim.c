@@ -656,6 +656,9 @@ static void on_pause(void *ctx, const char *sandbox_id, const char *tenant_id)
 		struct sbx *s = W.sb[i];
 		if (strcmp(s->id, sandbox_id) != 0)
 			continue;
+		if (opt.verbose > 1)
+			fprintf(stderr, "t=%.3f pause asked for %s (%s)\n", (double)(W.t - T0) / 1e9,
+				s->id, s->st == SB_RUNNING ? "running" : "not running");
 		if (s->st == SB_RUNNING && !s->pause_at) {
 			s->pause_at = W.t + rnd_in(100, PAUSE_DELAY_MAX_MS) * MS;
 			s->pause_gen = s->gen;
@@ -848,8 +851,12 @@ static void check_zero_bound(void)
 				}
 			continue;
 		}
-		if (!t->zero_since)
+		if (!t->zero_since) {
 			t->zero_since = W.t;
+			if (opt.verbose > 1)
+				fprintf(stderr, "t=%.3f tenant %d at zero: %lld\n",
+					(double)(W.t - T0) / 1e9, ti, b);
+		}
 		for (int i = 0; i < W.nsb; i++) {
 			struct sbx *s = W.sb[i];
 			if (s->ten != ti || s->st != SB_RUNNING)
@@ -1129,6 +1136,10 @@ static void apply(const struct ev *e)
 	struct sbx *s = e->kind <= 5 ? W.sb[e->arg] : NULL;
 
 	W.t = e->at;
+	if (opt.verbose > 1 && e->kind != 6 && e->kind != 7)
+		fprintf(stderr, "t=%.3f %s %s gen %lld node %d\n", (double)(W.t - T0) / 1e9,
+			(const char *[]){ "boot", "pause(asked)", "pause", "resume", "delete", "fork" }[e->kind],
+			s->id, s->gen, s->node);
 	if (s) {
 		/* the CPU of every running VM up to this instant, so each change sees it */
 		cpu_advance(s, W.t);
@@ -1543,12 +1554,21 @@ int main(int argc, char **argv)
 			seeds[nseeds++] = seeds[0] + (uint64_t)k;
 	}
 	if (nrandom) {
-		uint64_t base = (uint64_t)time(NULL) * 1000003ULL ^ (uint64_t)getpid();
-		printf("random seeds:");
-		for (int k = 0; k < nrandom && nseeds < 4096; k++) {
-			rng = base + (uint64_t)k;
-			seeds[nseeds] = rnd() % 1000000000ULL;
-			printf(" %" PRIu64, seeds[nseeds++]);
+		/* drawn from the time, and run between the fixed ones (so a budget that ends the
+		 * list early still runs some of each) */
+		uint64_t base = (uint64_t)time(NULL) * 1000003ULL ^ (uint64_t)getpid(), fixed[4096];
+		int nfixed = nseeds;
+		memcpy(fixed, seeds, sizeof(fixed[0]) * (size_t)nfixed);
+		nseeds = 0;
+		printf("seeds drawn from the time:");
+		for (int k = 0; (k < nrandom || k < nfixed) && nseeds < 4095; k++) {
+			if (k < nfixed)
+				seeds[nseeds++] = fixed[k];
+			if (k < nrandom) {
+				rng = base + (uint64_t)k;
+				seeds[nseeds] = rnd() % 1000000000ULL;
+				printf(" %" PRIu64, seeds[nseeds++]);
+			}
 		}
 		printf("\n");
 	}
