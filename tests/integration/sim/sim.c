@@ -212,7 +212,7 @@ static struct world {
 } W;
 
 static struct testdb tdb;	/* the template database, migrated once */
-static char sockdir[512];
+static char sockdir[600];
 
 static void problem(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void problem(const char *fmt, ...)
@@ -1284,7 +1284,7 @@ static const char *faults_str(unsigned f, char *out, size_t n)
 /* Runs seed `seed`: 0 when every invariant held, 1 when one broke, 2 on a simulation error. */
 static int run_seed(uint64_t seed)
 {
-	char url[700], fs[200], path[700];
+	char url[800], fs[200], path[700];
 	struct timespec a, b;
 	int rc;
 
