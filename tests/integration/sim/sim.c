@@ -105,6 +105,7 @@ static struct {
 	unsigned faults;
 	int tenants, nodes;
 	int verbose;
+	bool self_test;
 } opt = { .steps = 900, .faults = F_EXPIRY | F_LATE, .tenants = 3, .nodes = 2 };
 
 /* --- the seeded random source (splitmix64) --- */
@@ -1281,6 +1282,82 @@ static const char *faults_str(unsigned f, char *out, size_t n)
 	return out;
 }
 
+/* Whether check_run() now reports a problem starting with `prefix`; forgets the problems. */
+static bool caught(const char *prefix)
+{
+	bool found = false;
+
+	W.nproblems = 0;
+	check_run();
+	for (int i = 0; i < W.nproblems && i < MAX_PROBLEMS; i++)
+		found |= strncmp(W.problems[i], prefix, strlen(prefix)) == 0;
+	if (!found)
+		printf("  self-test: a planted fault went unseen by \"%s\"\n", prefix);
+	W.nproblems = 0;
+	return found;
+}
+
+/*
+ * --self-test: after a seed that kept every invariant, plants one fault at a time in the
+ * database or Redis and requires check_run() to report it under the right invariant (a check
+ * that cannot fail proves nothing). Returns the number of plants that went unseen.
+ */
+static int self_test(void)
+{
+	struct sbx *s = NULL;
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[128];
+	int missed = 0;
+
+	for (int i = 0; i < W.nsb && !s; i++)
+		if (W.sb[i]->ng)
+			s = W.sb[i];
+	if (!s) {
+		printf("  self-test: the seed made no sandbox\n");
+		return 1;
+	}
+	/* a window of a generation charged twice over: 1 µcr more in a window never billed */
+	wsql("SELECT meter_flush(jsonb_build_array(jsonb_build_object('sb', '%s', 'tenant', '%s', "
+	     "'node', '%s', 'gen', %lld, 'ws', %lld, 'we', %lld, 'ps', %lld, 'pe', %lld, 'ucr', 1, "
+	     "'cpu', 0, 'mem_bs', 0, 'rx', 0, 'tx', 0, 'state', 'none', 't', 0, 'cpu_at', 0, "
+	     "'rx_at', 0, 'tx_at', 0, 'rem', 0)), '%s')",
+	     s->id, W.ten[s->ten].id, W.node_id[s->node], s->g[0].gen, (long long)(T0 / S - 1000),
+	     (long long)(T0 / S - 990), (long long)(T0 - 1000 * S), (long long)(T0 - 990 * S),
+	     card.version);
+	missed += !caught("charged=expected");
+	/* Redis's ledger half off by one µcr */
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", W.ten[s->ten].id);
+	RDS(W.rds, &rep, &err, "HINCRBY", key, "ledger", "1");
+	rds_reply_release(&rep);
+	missed += !caught("redis=ledger");
+	/* an account's kept balance off its transfers */
+	wsql("UPDATE ledger_account_balances SET balance_ucr = balance_ucr + 1 WHERE account_id = "
+	     "(SELECT min(account_id) FROM ledger_account_balances WHERE tenant_id = '%s')",
+	     W.ten[s->ten].id);
+	missed += !caught("debits=credits");
+	/* a usage transfer without its window */
+	wsql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	     "amount_ucr, tenant_id, sandbox_id) SELECT 'tx_selftest', 'selftest', 'usage', "
+	     "min(account_id), 'system:revenue', 1, '%s', '%s' FROM ledger_account_balances "
+	     "WHERE tenant_id = '%s'",
+	     W.ten[s->ten].id, s->id, W.ten[s->ten].id);
+	missed += !caught("debits=credits: tenant");
+	/* a deleted sandbox still billed as running */
+	wsql("UPDATE meter_sandboxes SET state = 'running' WHERE sandbox_id = '%s'", s->id);
+	missed += !caught("ended");
+	/* what is left in an expired grant */
+	wsql("INSERT INTO ledger_accounts (id, tenant_id, kind, expires_at) VALUES ('grant:tx_st', "
+	     "'%s', 'grant', now());"
+	     "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	     "amount_ucr, tenant_id) VALUES ('tx_st', 'selftest:grant', 'grant', 'system:issuance', "
+	     "'grant:tx_st', 5, '%s');"
+	     "INSERT INTO grant_expiries (account_id, amount_ucr) VALUES ('grant:tx_st', 0)",
+	     W.ten[s->ten].id, W.ten[s->ten].id);
+	missed += !caught("expiry");
+	return missed;
+}
+
 /* Runs seed `seed`: 0 when every invariant held, 1 when one broke, 2 on a simulation error. */
 static int run_seed(uint64_t seed)
 {
@@ -1362,6 +1439,13 @@ static int run_seed(uint64_t seed)
 		second(true);
 	if (!W.sim_error)
 		check_run();
+	if (opt.self_test && !W.sim_error && !W.nproblems) {
+		int missed = self_test();
+		if (missed)
+			problem("self-test: %d planted faults went unseen", missed);
+		else
+			printf("seed %" PRIu64 ": self-test: every planted fault was caught\n", seed);
+	}
 	W.windows = W.sim_error ? 0 : q_int("SELECT count(*) FROM usage_windows");
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	rc = W.sim_error ? 2 : W.nproblems ? 1 : 0;
@@ -1470,12 +1554,15 @@ static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kiln-sim [--seed N | --seeds N,N,...] [--count K] [--random K] [--steps S]\n"
-		"                [--tenants T] [--nodes N] [--faults=KIND,...] [--budget SECONDS] [-v]\n"
+		"                [--tenants T] [--nodes N] [--faults=KIND,...] [--budget SECONDS]\n"
+		"                [--self-test] [-v [-v]]\n"
 		"\n"
 		"Runs the billing simulation for each seed (--seed N --count K: N..N+K-1; --random K:\n"
 		"K seeds drawn from the time, printed) over S simulated seconds (default 900), on the\n"
 		"services fixture's Postgres and Redis (KILN_SERVICES_ENV). --budget stops starting\n"
 		"seeds after that many seconds. Exit 0 when every seed kept every invariant.\n"
+		"--self-test: after each seed, plant faults in the ledger and Redis one at a time; each\n"
+		"must be reported by its invariant.\n"
 		"Fault kinds (--faults=a,b; 'all'; 'none'; default expiry,late):\n");
 	for (size_t i = 0; i < sizeof(fault_names) / sizeof(fault_names[0]); i++)
 		fprintf(f, "  %-11s %s\n", fault_names[i].name, fault_names[i].what);
@@ -1497,6 +1584,8 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(argv[i], "-v")) {
 			opt.verbose++;
+		} else if (!strcmp(argv[i], "--self-test")) {
+			opt.self_test = true;
 		} else if (!strncmp(argv[i], "--faults=", 9)) {
 			if (parse_faults(argv[i] + 9, &opt.faults))
 				return 2;
