@@ -64,7 +64,7 @@
 #define CG_GRACE (2 * S)		/* a VM's cgroup outlives its end this long */
 #define PAUSE_DELAY_MAX_MS 2000		/* a requested pause lands within this */
 #define ZERO_BOUND_S 4			/* running at zero: a tick + the pause's delay + 1 s */
-#define MAX_PROBLEMS 12
+#define MAX_PROBLEMS 200		/* kept; at most 4 of each invariant printed */
 
 enum {
 	F_CRASH = 1 << 0,
@@ -206,7 +206,7 @@ static struct world {
 	int64_t fault_until;	/* some fault active or its effects settling until then */
 	int snaps;
 	/* results */
-	char problems[MAX_PROBLEMS][320];
+	char problems[MAX_PROBLEMS][240];
 	int nproblems;
 	long windows, grants, pauses_applied, crashes, faults_applied;
 	bool sim_error;
@@ -1457,10 +1457,19 @@ static int run_seed(uint64_t seed)
 		       W.faults_applied, W.pauses_applied,
 		       (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9);
 	if (rc) {
-		for (int i = 0; i < W.nproblems && i < MAX_PROBLEMS; i++)
-			printf("  %s\n", W.problems[i]);
-		if (W.nproblems > MAX_PROBLEMS)
-			printf("  ... and %d more\n", W.nproblems - MAX_PROBLEMS);
+		int shown = 0;
+		for (int i = 0; i < W.nproblems && i < MAX_PROBLEMS; i++) {
+			size_t k = strcspn(W.problems[i], ":");
+			int same = 0;
+			for (int j = 0; j < i; j++)
+				same += strncmp(W.problems[j], W.problems[i], k + 1) == 0;
+			if (same < 4) {
+				printf("  %s\n", W.problems[i]);
+				shown++;
+			}
+		}
+		if (W.nproblems > shown)
+			printf("  ... and %d more\n", W.nproblems - shown);
 		printf("  replay: kiln-sim --seed %" PRIu64 " --steps %ld --tenants %d --nodes %d "
 		       "--faults=%s\n",
 		       seed, opt.steps, opt.tenants, opt.nodes, fs);
