@@ -67,7 +67,7 @@ for p in "${pids[@]}"; do wait "$p" || rc=1; done
 grep -h -A14 ': FAIL' "$work"/job*.out || true
 seeds=0 failed=0 hours=0
 for f in "$work"/job*.out; do
-  line=$(grep '^kiln-sim: ' "$f" | tail -1)
+  line=$(grep '^kiln-sim: ' "$f" | tail -1 || true)
   [ -n "$line" ] || { echo "a job ended without its summary:"; cat "${f%.out}.err"; rc=1; continue; }
   read -r fl of rn h <<<"$(sed -E 's/^kiln-sim: ([0-9]+) of ([0-9]+) seeds failed, ([0-9.]+) simulated hours.*/\1 \2 x \3/' <<<"$line")"
   failed=$((failed + fl)) seeds=$((seeds + of))
