@@ -1372,6 +1372,27 @@ static int self_test(void)
 	return missed;
 }
 
+/*
+ * Connects `pool` once, trying for up to 20 s (a loaded machine can take longer than libpq's
+ * connect_timeout to start a backend). Every pool of the simulation uses one connection at a
+ * time and keeps it, so none connects again unless the simulation breaks it.
+ */
+static bool pg_warm(struct pg *pool)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	for (int i = 0; i < 20; i++) {
+		if (pg_acquire(pool, &c, &err) == KILN_OK) {
+			pg_release(pool, c);
+			return true;
+		}
+		sleep(1);
+	}
+	fprintf(stderr, "kiln-sim: postgres: %s\n", err.msg);
+	return false;
+}
+
 /* Runs seed `seed`: 0 when every invariant held, 1 when one broke, 2 on a simulation error. */
 static int run_seed(uint64_t seed)
 {
@@ -1408,6 +1429,12 @@ static int run_seed(uint64_t seed)
 	W.rds = rds_new(tdb.redis_url, 2000);
 	W.dead_pg = pg_new("host=/nonexistent-kiln-sim user=kiln dbname=none", 1);
 	W.dead_rds = rds_new("unix:/nonexistent-kiln-sim/redis.sock", 200);
+	if (!pg_warm(W.pg)) {
+		world_free();
+		rm_tree(W.cg_root);
+		admin_sql("DROP DATABASE IF EXISTS %s WITH (FORCE)", W.db);
+		return 2;
+	}
 	W.t = T0;
 	db_clock(W.t);
 	for (int ti = 0; ti < opt.tenants; ti++) {
@@ -1429,6 +1456,8 @@ static int run_seed(uint64_t seed)
 		sm->node = n < opt.nodes ? n : 0;
 		sm->pg = pg_new(url, 2);
 		sm->rds = rds_new(tdb.redis_url, 2000);
+		if (!pg_warm(sm->pg))
+			sim_fail("a meter's pool cannot connect");
 		meter_up(sm);
 	}
 	/* every tenant starts with credits (the free tier, or little under `zero`) */
