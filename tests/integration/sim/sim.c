@@ -1079,9 +1079,17 @@ static void faults(bool drain)
 	}
 }
 
+enum ev_kind {
+	EV_BOOT, EV_PAUSE_ASKED, EV_PAUSE, EV_RESUME, EV_DELETE, EV_FORK,	/* arg: a sandbox */
+	EV_CREATE, EV_GRANT,						/* arg: a tenant */
+};
+
+static const char *const ev_names[] = { "boot", "pause (asked by a meter)", "pause", "resume",
+					"delete", "fork" };
+
 struct ev {
 	int64_t at;
-	int kind;	/* 0 boot, 1 pause asked, 2 pause, 3 resume, 4 delete, 5 fork, 6 create, 7 grant */
+	enum ev_kind kind;
 	int arg;
 };
 
@@ -1106,40 +1114,40 @@ static int events(struct ev *ev, int max, bool drain)
 			continue;
 		if (s->st == SB_CREATING) {
 			if (s->boot_at < W.t + S)
-				ev[n++] = (struct ev){ s->boot_at > W.t ? s->boot_at : W.t + off, 0, i };
+				ev[n++] = (struct ev){ s->boot_at > W.t ? s->boot_at : W.t + off, EV_BOOT, i };
 			continue;
 		}
 		if (s->pause_at && s->pause_at < W.t + S && s->st == SB_RUNNING) {
-			ev[n++] = (struct ev){ s->pause_at > W.t ? s->pause_at : W.t + off, 1, i };
+			ev[n++] = (struct ev){ s->pause_at > W.t ? s->pause_at : W.t + off, EV_PAUSE_ASKED, i };
 			continue;
 		}
 		if (W.t + off < s->changed + MIN_GAP)
 			continue;
 		if (drain) {
-			ev[n++] = (struct ev){ W.t + off, 4, i };
+			ev[n++] = (struct ev){ W.t + off, EV_DELETE, i };
 			continue;
 		}
 		if (s->st == SB_RUNNING) {
 			if (chance(800))
-				ev[n++] = (struct ev){ W.t + off, 2, i };
+				ev[n++] = (struct ev){ W.t + off, EV_PAUSE, i };
 			else if (chance(300))
-				ev[n++] = (struct ev){ W.t + off, 4, i };
+				ev[n++] = (struct ev){ W.t + off, EV_DELETE, i };
 			else if (chance(300) && live < 40)
-				ev[n++] = (struct ev){ W.t + off, 5, i };
+				ev[n++] = (struct ev){ W.t + off, EV_FORK, i };
 		} else if (s->st == SB_PAUSED) {
 			if (chance(1500))
-				ev[n++] = (struct ev){ W.t + off, 3, i };
+				ev[n++] = (struct ev){ W.t + off, EV_RESUME, i };
 			else if (chance(300))
-				ev[n++] = (struct ev){ W.t + off, 4, i };
+				ev[n++] = (struct ev){ W.t + off, EV_DELETE, i };
 		}
 	}
 	if (drain)
 		goto out;
 	for (int ti = 0; ti < opt.tenants && n < max; ti++) {
 		if (live < 30 && chance(live < 4 ? 3000 : 800))
-			ev[n++] = (struct ev){ W.t + rnd_in(1, 999999) * 1000, 6, ti };
+			ev[n++] = (struct ev){ W.t + rnd_in(1, 999999) * 1000, EV_CREATE, ti };
 		if (n < max && chance(opt.faults & F_ZERO ? 500 : 150))
-			ev[n++] = (struct ev){ W.t + rnd_in(1, 999999) * 1000, 7, ti };
+			ev[n++] = (struct ev){ W.t + rnd_in(1, 999999) * 1000, EV_GRANT, ti };
 	}
 out:
 	qsort(ev, (size_t)n, sizeof(*ev), ev_cmp);
@@ -1148,23 +1156,20 @@ out:
 
 static void apply(const struct ev *e)
 {
-	struct sbx *s = e->kind <= 5 ? W.sb[e->arg] : NULL;
+	struct sbx *s = e->kind <= EV_FORK ? W.sb[e->arg] : NULL;
 
 	W.t = e->at;
-	if (opt.verbose > 1 && e->kind != 6 && e->kind != 7)
+	if (s && opt.verbose > 1)
 		fprintf(stderr, "t=%.3f %s %s gen %lld node %d\n", (double)(W.t - T0) / 1e9,
-			(const char *[]){ "boot", "pause(asked)", "pause", "resume", "delete", "fork" }[e->kind],
-			s->id, s->gen, s->node);
-	if (s) {
-		/* the CPU of every running VM up to this instant, so each change sees it */
-		cpu_advance(s, W.t);
-	}
+			ev_names[e->kind], s->id, s->gen, s->node);
+	if (s)
+		cpu_advance(s, W.t);	/* the CPU this VM used up to the change */
 	switch (e->kind) {
-	case 0:
+	case EV_BOOT:
 		if (s->st == SB_CREATING)
 			op_boot(s);
 		break;
-	case 1:
+	case EV_PAUSE_ASKED:
 		if (s->st == SB_RUNNING && s->gen == s->pause_gen) {
 			op_pause(s);
 			W.pauses_applied++;
@@ -1172,26 +1177,26 @@ static void apply(const struct ev *e)
 			s->pause_at = 0;
 		}
 		break;
-	case 2:
+	case EV_PAUSE:
 		if (s->st == SB_RUNNING)
 			op_pause(s);
 		break;
-	case 3:
+	case EV_RESUME:
 		if (s->st == SB_PAUSED)
 			op_resume(s, (opt.faults & F_MOVE) && chance(50000));
 		break;
-	case 4:
+	case EV_DELETE:
 		if (s->st != SB_GONE)
 			op_delete(s);
 		break;
-	case 5:
+	case EV_FORK:
 		if (s->st == SB_RUNNING)
 			op_fork(s);
 		break;
-	case 6:
+	case EV_CREATE:
 		op_create(e->arg);
 		break;
-	case 7: {
+	case EV_GRANT: {
 		long long amt = opt.faults & F_ZERO ? rnd_in(20, 400) * 1000 : rnd_in(1, 50) * 1000000000LL;
 		int64_t exp = (opt.faults & F_EXPIRY) && chance(40000) ? rnd_in(60, 900) * S : 0;
 		op_grant(e->arg, amt, exp);
