@@ -1861,3 +1861,9 @@ long long meter_pending(const struct meter *m, const char *tenant_id)
 
 	return t ? t->pending : 0;
 }
+
+void meter_set_backends(struct meter *m, struct pg *pg, struct rds *rds)
+{
+	m->pg = pg;
+	m->rds = rds;
+}
