@@ -655,8 +655,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	if (end > t || np == 0)
 		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
 					    .st = cur_st, .mine = cur_mine, .node = cur_node };
-	/* The cgroup of this node holds the counters of the generation it runs now. */
-	if (r->here && cur_mine && cur_gen == r->gen && !ended) {
+	/* The cgroup of this node holds the counters of the generation it runs now; one that
+	 * ended since the last read holds its final counter while the group is still there. */
+	if (r->here && cur_mine && cur_gen == r->gen) {
 		if (cur_gen != s->gen) {
 			cg_free(s->cg);
 			s->cg = NULL;
