@@ -607,7 +607,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	s->snap_mib = r->snap_mib;
+	/* A generation has one pause snapshot at most; a resume (a new generation) drops it from
+	 * the row, so an earlier generation's paused time still to bill keeps the size seen. */
+	if (r->gen == s->gen)
+		s->snap_mib = r->snap_mib;
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
 		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
@@ -685,6 +688,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
+			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : 0;
 		}
 		if (pc[j].has_cpu) {
 			if (pc[j].cpu < s->cpu_at)
@@ -735,6 +739,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
+		s->snap_mib = cur_gen == r->gen ? r->snap_mib : 0;
 	}
 	if (cur_mine)
 		s->state = cur_st;
