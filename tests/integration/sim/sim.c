@@ -137,6 +137,7 @@ enum sst { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_GONE };
 
 struct genrec {
 	long long gen;
+	int node;			/* the node it ran on */
 	unsigned __int128 cum_end;	/* fine units of the sandbox up to this generation's end */
 };
 
@@ -400,6 +401,7 @@ static void gen_end(struct sbx *s)
 	}
 	s->g = g;
 	s->g[s->ng].gen = s->gen;
+	s->g[s->ng].node = s->node;
 	s->g[s->ng].cum_end = s->cum;
 	s->ng++;
 }
@@ -900,12 +902,16 @@ static void check_run(void)
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 
-	/* 1. charged = Σ price x time, per sandbox and generation, to the µcr */
+	/* 1. charged = Σ price x time, per sandbox and generation, to the µcr; the sub-µcr
+	 * remainder is carried from generation to generation by each node's meter (a node that
+	 * never billed the sandbox starts it at zero: docs/metering.md, "Faults", limits) */
 	for (int i = 0; i < W.nsb; i++) {
 		const struct sbx *s = W.sb[i];
-		unsigned __int128 prev = 0;
+		unsigned __int128 prev = 0, rem[MAXN] = { 0 };
 		for (size_t k = 0; k < s->ng; k++) {
-			long long want = (long long)(s->g[k].cum_end / FINE - prev / FINE);
+			unsigned __int128 f = rem[s->g[k].node] + (s->g[k].cum_end - prev);
+			long long want = (long long)(f / FINE);
+			rem[s->g[k].node] = f % FINE;
 			long long got = q_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE "
 					      "sandbox_id = '%s' AND generation = %lld",
 					      s->id, s->g[k].gen);
