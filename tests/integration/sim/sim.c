@@ -723,10 +723,12 @@ static void meter_crash(struct smeter *sm, int64_t down_ns)
 	W.crashes++;
 }
 
+/* Whether a meter of `node` runs with its Postgres (without it no tick reads a balance's
+ * sandboxes, so none can ask for a pause). */
 static bool node_meter_running(int node)
 {
 	for (int i = 0; i < W.nmt; i++)
-		if (W.mt[i].node == node && W.mt[i].m)
+		if (W.mt[i].node == node && W.mt[i].m && !W.mt[i].pg_down_until)
 			return true;
 	return false;
 }
@@ -887,7 +889,8 @@ static void check_zero_bound(void)
 			    W.t - s->zero_run_since > (ZERO_BOUND_S + s->zero_down_s) * S) {
 				s->zero_reported = true;
 				problem("overdraft bound: t=%.0f s: %s of tenant %d (balance %lld µcr) "
-					"ran %.0f s at or below zero (bound %d s + %lld s with no meter)",
+					"ran %.0f s at or below zero (bound %d s + %lld s with no meter "
+					"or its Postgres down)",
 					(double)(W.t - T0) / 1e9, s->id, ti, b,
 					(double)(W.t - s->zero_run_since) / 1e9, ZERO_BOUND_S,
 					(long long)s->zero_down_s);
@@ -1354,14 +1357,15 @@ static int self_test(void)
 		printf("  self-test: the seed made no sandbox\n");
 		return 1;
 	}
-	/* a window of a generation charged twice over: 1 µcr more in a window never billed */
+	/* a window of a generation charged twice over: 1 µcr more in a window never billed (after
+	 * its billed time: meter_flush() refuses one that overlaps it) */
 	wsql("SELECT meter_flush(jsonb_build_array(jsonb_build_object('sb', '%s', 'tenant', '%s', "
 	     "'node', '%s', 'gen', %lld, 'ws', %lld, 'we', %lld, 'ps', %lld, 'pe', %lld, 'ucr', 1, "
 	     "'cpu', 0, 'mem_bs', 0, 'rx', 0, 'tx', 0, 'state', 'none', 't', 0, 'cpu_at', 0, "
 	     "'rx_at', 0, 'tx_at', 0, 'rem', 0)), '%s')",
-	     s->id, W.ten[s->ten].id, W.node_id[s->node], s->g[0].gen, (long long)(T0 / S - 1000),
-	     (long long)(T0 / S - 990), (long long)(T0 - 1000 * S), (long long)(T0 - 990 * S),
-	     card.version);
+	     s->id, W.ten[s->ten].id, W.node_id[s->node], s->g[0].gen, (long long)(T0 / S + 1000000),
+	     (long long)(T0 / S + 1000010), (long long)(T0 + 1000000 * S),
+	     (long long)(T0 + 1000010 * S), card.version);
 	missed += !caught("charged=expected");
 	/* Redis's ledger half off by one µcr */
 	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", W.ten[s->ten].id);
