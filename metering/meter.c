@@ -634,7 +634,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	s->snap_mib = r->snap_mib;
+	/* A generation has one pause snapshot at most; a resume (a new generation) drops it from
+	 * the row, so an earlier generation's paused time still to bill keeps the size seen. */
+	if (r->gen == s->gen)
+		s->snap_mib = r->snap_mib;
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
 		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
@@ -682,8 +685,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	if (end > t || np == 0)
 		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
 					    .st = cur_st, .mine = cur_mine, .node = cur_node };
-	/* The cgroup of this node holds the counters of the generation it runs now. */
-	if (r->here && cur_mine && cur_gen == r->gen && !ended) {
+	/* The cgroup of this node holds the counters of the generation it runs now; one that
+	 * ended since the last read holds its final counter while the group is still there. */
+	if (r->here && cur_mine && cur_gen == r->gen) {
 		if (cur_gen != s->gen) {
 			cg_free(s->cg);
 			s->cg = NULL;
@@ -711,6 +715,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
+			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : 0;
 		}
 		if (pc[j].has_cpu) {
 			if (pc[j].cpu < s->cpu_at)
@@ -761,6 +766,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
+		s->snap_mib = cur_gen == r->gen ? r->snap_mib : 0;
 	}
 	if (cur_mine)
 		s->state = cur_st;
@@ -2179,4 +2185,10 @@ long long meter_pending(const struct meter *m, const char *tenant_id)
 	struct mten *t = ten_find((struct meter *)m, tenant_id);
 
 	return t ? t->pending : 0;
+}
+
+void meter_set_backends(struct meter *m, struct pg *pg, struct rds *rds)
+{
+	m->pg = pg;
+	m->rds = rds;
 }

@@ -111,4 +111,8 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out);
 /* µcr charged but not yet in the ledger, for `tenant_id` (0 when unknown). For tests. */
 long long meter_pending(const struct meter *m, const char *tenant_id);
 
+/* Test hook (the simulation, tests/integration/sim): the Postgres pool and Redis client the meter
+ * uses from its next call on, so a test points a running meter at a dead address and back. */
+void meter_set_backends(struct meter *m, struct pg *pg, struct rds *rds);
+
 #endif

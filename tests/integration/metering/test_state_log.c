@@ -505,6 +505,113 @@ static void test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu(void)
 }
 
 /*
+ * A sandbox deleted between two ticks while its VM's group is still there (the node removes it
+ * after the record): the next tick reads the group's final counter, so the CPU used between the
+ * last read and the deletion is billed (before, an ended sandbox's group was not read again and
+ * up to a second of its CPU went unbilled).
+ */
+static void test_cpu_up_to_the_deletion_is_billed(void)
+{
+	char t[32], nd[32], sb[32], root[] = "/tmp/kiln-events-cg-XXXXXX", dir[512];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *m;
+	FILE *c;
+
+	if (!mkdtemp(root)) {
+		CHECK(!"mkdtemp");
+		return;
+	}
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	snprintf(dir, sizeof(dir), "%s/cgroup.controllers", root);
+	c = fopen(dir, "w");
+	if (!c) {
+		CHECK(!"cgroup.controllers");
+		return;
+	}
+	fprintf(c, "cpu memory pids\n");
+	fclose(c);
+	snprintf(dir, sizeof(dir), "%s/kiln", root);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s", root, nd);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s", root, nd, sb);
+	mkdir(dir, 0700);
+	cg_write(root, nd, sb, 0);
+	fake_now = t0;
+	m = new_meter(nd, root);
+	/* 0.5 s of CPU a second while it runs; deleted at 5.6 s with the counter at 2.8 s */
+	for (int i = 1; i <= 5; i++) {
+		cg_write(root, nd, sb, 500000LL * i);
+		tick1(m, t0 + i * S);
+	}
+	cg_write(root, nd, sb, 2800000LL);
+	sql("UPDATE sandboxes SET state = 'stopped', deleted_at = to_timestamp(%lld / 1e6), "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)((t0 + 5 * S + 6 * S / 10) / 1000),
+	    (long long)((t0 + 5 * S + 6 * S / 10) / 1000), sb);
+	tick1(m, t0 + 6 * S);
+	tick1(m, t0 + 22 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(cpu_ns), 0) FROM usage_windows WHERE sandbox_id = '%s'",
+			  sb), 2800000000LL);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' AND "
+			  "state <> 'none'", sb), 0);
+	meter_free(m);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s/cpu.stat", root, nd, sb);
+	unlink(dir);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s/memory.current", root, nd, sb);
+	unlink(dir);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s", root, nd, sb);
+	rmdir(dir);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s", root, nd);
+	rmdir(dir);
+	snprintf(dir, sizeof(dir), "%s/kiln", root);
+	rmdir(dir);
+	snprintf(dir, sizeof(dir), "%s/cgroup.controllers", root);
+	unlink(dir);
+	rmdir(root);
+}
+
+/*
+ * A pause snapshot smaller than the guest's memory, resumed mid-second: the paused time up to the
+ * resume is billed at the snapshot's size, also its last sliver, billed by the tick after the
+ * resume (before, the row no longer named the snapshot then and the sliver was billed at the
+ * guest's memory).
+ */
+static void test_paused_until_the_resume_billed_at_the_snapshots_size(void)
+{
+	char t[32], nd[32], sb[32];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 5 * S);
+	/* Paused at 5 s into a snapshot of 64 MiB (the guest has 256) */
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib) VALUES ('snap_%s', '%s', '%s', '%s', 'pause', %lld, 1000, 256, 1);"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', net_index = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    sb, t, sb, nd, 64LL << 20, sb, (long long)((t0 + 5 * S) / 1000), sb);
+	tick1(m, t0 + 12 * S);
+	/* Resumed at 12.5 s: the row names no snapshot any more */
+	sql("UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+	    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)((t0 + 12 * S + S / 2) / 1000), sb);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	tick1(m, t0 + 32 * S);
+	/* 12.5 s running at 257 µcr/s, 7.5 s paused at 256 (64 MiB at 4096 µcr/GiB-s) */
+	CHECK_INT(used(t), (RUN_UCR * 25) / 2 + (PAUSED_UCR / 4 * 15) / 2);
+	CHECK_INT(used_gen(sb, 1), RUN_UCR * 5 + (PAUSED_UCR / 4 * 15) / 2);
+	meter_free(m);
+}
+
+/*
  * A vCPU stop logged after a tick already billed past its time (the tick fell between the stop
  * and its log): the pause is applied from that tick on, not lost (before, the change's time was
  * behind the billed-up-to point and the sandbox stayed billed as running through its pause).
@@ -619,6 +726,8 @@ int main(void)
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
 	TEST(test_two_meters_with_flush_threads_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
+	TEST(test_cpu_up_to_the_deletion_is_billed);
+	TEST(test_paused_until_the_resume_billed_at_the_snapshots_size);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);
