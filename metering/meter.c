@@ -803,7 +803,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * nothing unflushed, in the window that starts at its end or holds it: the window
 		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
 		 * it whole, leaving the sandbox billed as running and read again on every tick. */
-		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight ? &s->w[s->nw - 1]
+		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
+				       ? &s->w[s->nw - 1]
 				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
@@ -1949,6 +1950,185 @@ out:
 }
 
 /*
+ * The earlier generations of this node's sandboxes that ran on another node whose meter is
+ * gone for good: their billed-up-to point in the ledger is before the generation's end (the
+ * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
+ * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs)
+ * and that generation's changes between the point and the end ("<state> <µs>", comma-separated).
+ * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
+ */
+static const char tails_sql[] =
+	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
+	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
+	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text, "
+	"    ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
+	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
+	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
+	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes "
+	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
+	"JOIN LATERAL (SELECT (extract(epoch FROM min(n.at)) * 1000000)::bigint AS at_us "
+	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
+	"    AND n.generation > mm.generation) e ON e.at_us IS NOT NULL "
+	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
+	"AND coalesce(mm.gen_node, mm.node_id) <> $1 AND mm.last_t_ns < e.at_us * 1000 "
+	"ORDER BY 1, 3";
+
+/*
+ * Bills the tail of the generation of row `i` of `res` (tails_sql) into `s`: from its ledger point
+ * to its end, piece by piece over its changes, with no CPU or traffic (its counters were on the
+ * other host), then its end recorded as billed state "none" so nobody takes it again. The
+ * windows carry that generation and its node; the ledger's fence refuses them if the other
+ * meter comes back and bills that time first. `s`'s own billing point is left as it was.
+ */
+static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
+{
+	struct msb save = *s;
+	const char *chg = pg_res_str(res, i, 10);
+	int64_t t = pg_res_int(res, i, 5, 0), end = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+	enum bstate st = bstate_of(pg_res_str(res, i, 4));
+	struct mwin *w;
+
+	s->gen = pg_res_int(res, i, 2, 0);
+	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
+	s->mine = true;
+	s->last_t = t;
+	s->state = st;
+	s->rem = (uint64_t)pg_res_int(res, i, 6, 0) % PRICE_FINE_PER_UCR;
+	s->mem_mib = (unsigned)pg_res_int(res, i, 7, 0);
+	s->disk_gib = (unsigned)pg_res_int(res, i, 8, 0);
+	s->snap_mib = 0;	/* not known here: the guest's memory */
+	s->cpu_at = (uint64_t)pg_res_int(res, i, 11, 0);
+	s->rx_at = (uint64_t)pg_res_int(res, i, 12, 0);
+	s->tx_at = (uint64_t)pg_res_int(res, i, 13, 0);
+	log_info("sandbox \"%s\" generation %lld: the meter of node \"%s\" is gone; its time from "
+		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
+	while (*chg) {
+		char name[16] = "";
+		long long us = 0;
+		int64_t at;
+		if (sscanf(chg, "%15s %lld", name, &us) != 2)
+			break;
+		at = us * 1000 + m->off;
+		if (at > s->last_t && at < end) {
+			bill_span(m, s, s->last_t, at, st, 0, 0, 0, now);
+			s->state = st;
+		}
+		st = bstate_of(name);
+		chg = strchr(chg, ',');
+		chg = chg ? chg + 1 : "";
+	}
+	if (end > s->last_t)
+		bill_span(m, s, s->last_t, end, st, 0, 0, 0, now);
+	/* Its end, in the window holding it or starting at it (as sb_bill records an end). */
+	w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
+		    ? &s->w[s->nw - 1]
+		    : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s), s->last_t);
+	if (w) {
+		if (!w->pe) {
+			w->pe = s->last_t;
+			w->first_read = now;
+			w->cpu_at = s->cpu_at;
+			w->rx_at = s->rx_at;
+			w->tx_at = s->tx_at;
+			w->rem = s->rem;
+		}
+		w->state = BS_NONE;
+	}
+	s->gen = save.gen;
+	snprintf(s->gnode, sizeof(s->gnode), "%s", save.gnode);
+	s->mine = save.mine;
+	s->last_t = save.last_t;
+	s->state = save.state;
+	s->rem = save.rem;
+	s->mem_mib = save.mem_mib;
+	s->disk_gib = save.disk_gib;
+	s->snap_mib = save.snap_mib;
+	s->cpu_at = save.cpu_at;
+	s->rx_at = save.rx_at;
+	s->tx_at = save.tx_at;
+}
+
+/*
+ * A generation of a sandbox here now that ran on another node whose meter died for good (its
+ * alive key gone from Redis) before it billed that generation to its end: this meter bills the
+ * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
+ * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
+ * is there; Postgres or Redis unreachable: nothing is taken this tick.
+ */
+static void meter_take_tails(struct meter *m, int64_t now)
+{
+	static const char lua[] =
+		"local out = {}\n"
+		"for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end\n"
+		"return out\n";
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct rds_reply rep = { 0 };
+	struct argv a = { 0 };
+	char nk[24];
+	int rows;
+
+	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
+		pg_release(m->pg, c);
+		log_warn("cannot read the generations left by other nodes: %s", err.msg);
+		return;
+	}
+	pg_release(m->pg, c);
+	rows = pg_res_rows(res);
+	if (!rows)
+		goto out;
+	buf_init(&a.arena, 1u << 20);
+	snprintf(nk, sizeof(nk), "%d", rows);
+	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
+		goto out;
+	for (int i = 0; i < rows; i++)
+		if (argv_addf(&a, BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX,
+			      pg_res_str(res, i, 3)))
+			goto out;
+	argv_fix(&a);
+	m->st.redis_calls++;
+	if (rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err) != KILN_OK ||
+	    rep.type != RDS_ARRAY || rep.n != (size_t)rows) {
+		log_warn("cannot tell which meters are alive: %s", err.msg);
+		goto out;
+	}
+	for (int i = 0; i < rows; i++) {
+		const char *id = pg_res_str(res, i, 0);
+		long long gen = pg_res_int(res, i, 2, 0);
+		struct msb *s;
+		bool taking = false;
+
+		if (rep.elem[i].integer)
+			continue;	/* its meter lives: it bills its generation itself */
+		s = sb_find(m, id);
+		if (!s) {
+			/* Not tracked (it ended here and was forgotten): tracked as ended. */
+			s = sb_add(m, id, pg_res_str(res, i, 1));
+			if (!s) {
+				log_error("out of memory billing sandbox \"%s\"", id);
+				continue;
+			}
+			s->ended = true;
+			s->ten->nsb--;
+			s->gen = pg_res_int(res, i, 2, 0);
+			s->last_t = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+		}
+		for (size_t k = 0; k < s->nw && !taking; k++)
+			taking = s->w[k].gen == gen;
+		if (!taking)
+			tail_bill(m, s, res, i, now);
+	}
+out:
+	rds_reply_release(&rep);
+	argv_release(&a);
+	pg_res_free(res);
+}
+
+/*
  * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
  * changes of all since the oldest billed-up-to point among them (one query), and bills each
  * over its own. -ENOMEM, or -EIO when the changes cannot be read (nothing billed this tick).
@@ -2132,6 +2312,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	if (rows > 0 && meter_bill_rows(m, res, rows, now) != 0)
 		log_error("out of memory billing this tick's sandboxes");
 	pg_res_free(res);
+	meter_take_tails(m, now);
 	/* Tracked but gone from the node's rows (moved, or the row vanished): billing ends. */
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
