@@ -11,6 +11,8 @@
  *   generation up to the move;
  * - a sandbox moved away and back while its first node's meter was down: each generation billed
  *   once, by its own node's meter;
+ * - a sandbox moved away from a node whose meter died for good: the new node's meter bills the
+ *   old generation from the dead meter's last point to the move, once;
  * - two meters of one node, one of them stalled across a restore (a new generation without a
  *   state change): every second billed once;
  * - a pause billed from the stop of its vCPUs, the CPU of writing its snapshot left out (a cgroup
@@ -337,6 +339,59 @@ static void test_moved_away_and_back_bills_each_generation_once(void)
 	CHECK_INT(used_gen(sb, 2), 16 * RUN_UCR + 2 * PAUSED_UCR);
 	CHECK_INT(used_gen(sb, 3), 18 * RUN_UCR);
 	CHECK_INT(used(t), 46 * RUN_UCR + 4 * PAUSED_UCR);
+	meter_free(ms[0]);
+	meter_free(ms[1]);
+}
+
+/*
+ * Moved from A to B after A's meter died for good (its alive key still there when B's meter first
+ * saw the move, gone later): B's meter bills generation 1 from A's last flushed point to the move,
+ * once; A's meter coming back afterwards bills nothing of it again (before, the stretch from A's
+ * point to the move was never billed: B had passed it while A still looked alive).
+ */
+static void test_dead_meters_generation_billed_to_the_move_once(void)
+{
+	char t[32], a[32], b[32], sb[32], key[128];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *ms[2];
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	const char *del[2] = { "DEL", key };
+
+	new_node(a, sizeof(a));
+	new_node(b, sizeof(b));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, a, sb, sizeof(sb), t0);
+	fake_now = t0;
+	ms[0] = new_meter(a, NULL);
+	tick1(ms[0], t0 + 11 * S);	/* generation 1 billed up to 10 in the ledger */
+	drain(ms, 1, t);
+	CHECK_INT(used_gen(sb, 1), 10 * RUN_UCR);
+	meter_free(ms[0]);	/* dead: its alive key lasts its TTL */
+	ms[0] = NULL;
+	sql("UPDATE sandboxes SET generation = generation + 1, node_id = '%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    b, (long long)((t0 + 20 * S) / 1000), sb);
+	fake_now = t0 + 21 * S;
+	ms[1] = new_meter(b, NULL);
+	tick1(ms[1], t0 + 30 * S);	/* A still looks alive: B bills generation 2 alone */
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, a);
+	CHECK(rds_command(rds, 2, del, NULL, &rep, &err) == KILN_OK);
+	rds_reply_release(&rep);
+	tick1(ms[1], t0 + 40 * S);
+	stop_at(sb, t0 + 40 * S);
+	tick1(ms[1], t0 + 52 * S);
+	drain(&ms[1], 1, t);
+	CHECK_INT(used_gen(sb, 1), 20 * RUN_UCR);
+	CHECK_INT(used_gen(sb, 2), 20 * RUN_UCR);
+	/* A's meter back: nothing of generation 1 billed twice. */
+	ms[0] = new_meter(a, NULL);
+	tick(ms, 2, t0 + 64 * S);
+	drain(ms, 2, t);
+	CHECK_INT(used_gen(sb, 1), 20 * RUN_UCR);
+	CHECK_INT(used(t), 40 * RUN_UCR);
+	CHECK_INT(meter_pending(ms[0], t), 0);
+	CHECK_INT(meter_pending(ms[1], t), 0);
 	meter_free(ms[0]);
 	meter_free(ms[1]);
 }
@@ -723,6 +778,7 @@ int main(void)
 	TEST(test_moved_before_first_flush_bills_the_time_before_the_move);
 	TEST(test_moved_and_billed_there_first_still_bills_the_time_before_the_move);
 	TEST(test_moved_away_and_back_bills_each_generation_once);
+	TEST(test_dead_meters_generation_billed_to_the_move_once);
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
 	TEST(test_two_meters_with_flush_threads_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
