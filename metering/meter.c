@@ -693,8 +693,12 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			s->cg = NULL;
 		}
 		sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
-		pc[np - 1].has_cpu = has_cpu;
-		pc[np - 1].cpu = cpu;
+		/* A counter logged at the piece's end (a deletion's) is the VM's own; the group
+		 * read after it may hold the teardown's CPU too, or be gone. */
+		if (!pc[np - 1].has_cpu) {
+			pc[np - 1].has_cpu = has_cpu;
+			pc[np - 1].cpu = cpu;
+		}
 	}
 	s->t_mem = mem;
 	for (size_t i = 0; i < np;) {

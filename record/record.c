@@ -231,6 +231,40 @@ enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct rec
 		      f->id, f->node_id, g);
 }
 
+enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				 unsigned long long cpu_ns, struct kiln_error *err)
+{
+	struct kiln_error ignore = { 0 };
+	struct pg_conn *c = tx;
+	char g[24], cpu[24];
+	enum kiln_err rc = KILN_OK;
+
+	fmt_ll(g, sizeof(g), f->generation);
+	snprintf(cpu, sizeof(cpu), "%llu", cpu_ns);
+	if (!c)
+		rc = pg_acquire(pg, &c, err);
+	if (rc == KILN_OK && !tx)
+		rc = pg_exec(c, "BEGIN", err);
+	/* The deletion's own row of the log, with the counter: the trigger then finds it logged
+	 * (same generation, state and instant) and adds none. */
+	if (rc == KILN_OK)
+		rc = FENCED(pg, c, "the deletion's CPU counter", f->id, NULL, err,
+			    "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
+			    "cpu_ns) SELECT id, generation, 'deleted', now(), node_id, $4::bigint "
+			    "FROM sandboxes WHERE " FENCE " RETURNING seq",
+			    f->id, f->node_id, g, cpu);
+	if (rc == KILN_OK)
+		rc = record_deleted(pg, c, f, err);
+	if (!tx && c) {
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", err);
+		else
+			pg_exec(c, "ROLLBACK", &ignore);
+		pg_release(pg, c);
+	}
+	return rc;
+}
+
 enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     long long timeout_s, struct kiln_error *err)
 {

@@ -125,6 +125,15 @@ enum kiln_err record_stopped(struct pg *pg, struct pg_conn *tx, const struct rec
 enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     struct kiln_error *err);
 
+/*
+ * record_deleted() of a running sandbox with its generation's cgroup CPU counter at the deletion
+ * (`cpu_ns`, read just before), logged with the deletion's row of sandbox_state_log in one
+ * transaction (its own when `tx` is NULL): the meter bills the CPU up to the deletion from the
+ * log, even when the VM's group is gone before it reads it again (a meter down, docs/metering.md).
+ */
+enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				 unsigned long long cpu_ns, struct kiln_error *err);
+
 /* A new timeout: `timeout_s`, expiring that long from now. */
 enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     long long timeout_s, struct kiln_error *err);

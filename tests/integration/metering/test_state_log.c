@@ -18,7 +18,7 @@
  * - a pause billed from the stop of its vCPUs, the CPU of writing its snapshot left out (a cgroup
  *   v2 tree of files the meter reads, record_vcpus_stopped()); a stop logged after a tick passed
  *   its time applied from that tick; a pause that failed after the stop paused only until the
- *   vCPUs went on;
+ *   vCPUs went on; a deletion logged with the group's counter billed to it, the group gone;
  * - the log's trim.
  */
 #include <errno.h>
@@ -628,6 +628,90 @@ static void test_cpu_up_to_the_deletion_is_billed(void)
 	rmdir(root);
 }
 
+/* Removes the fake cgroup tree of `sb` made under `root` (as test_cpu_up_to_the_deletion_is_billed
+ * makes it); with `all`, the tree's root too. */
+static void cg_tree_remove(const char *root, const char *nd, const char *sb, bool all)
+{
+	static const char *const files[] = { "cpu.stat", "memory.current" };
+	char dir[512];
+
+	for (size_t i = 0; i < sizeof(files) / sizeof(files[0]); i++) {
+		snprintf(dir, sizeof(dir), "%s/kiln/%s/%s/%s", root, nd, sb, files[i]);
+		unlink(dir);
+	}
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s", root, nd, sb);
+	rmdir(dir);
+	if (!all)
+		return;
+	snprintf(dir, sizeof(dir), "%s/kiln/%s", root, nd);
+	rmdir(dir);
+	snprintf(dir, sizeof(dir), "%s/kiln", root);
+	rmdir(dir);
+	snprintf(dir, sizeof(dir), "%s/cgroup.controllers", root);
+	unlink(dir);
+	rmdir(root);
+}
+
+/*
+ * A running sandbox deleted while its node's meter was down, its VM's group gone before a meter
+ * read it again: the deletion logged with the group's counter (record_deleted_cpu, as kiln-node
+ * deletes) bills its CPU up to the deletion (before, the CPU since the last read was lost).
+ */
+static void test_cpu_logged_at_the_deletion_is_billed_with_the_group_gone(void)
+{
+	char t[32], nd[32], sb[32], root[] = "/tmp/kiln-events-cg-XXXXXX", dir[512];
+	int64_t t0 = aligned(3 * 60), del;
+	struct meter *m;
+	struct kiln_error err = { 0 };
+	FILE *c;
+
+	if (!mkdtemp(root)) {
+		CHECK(!"mkdtemp");
+		return;
+	}
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	snprintf(dir, sizeof(dir), "%s/cgroup.controllers", root);
+	c = fopen(dir, "w");
+	if (!c) {
+		CHECK(!"cgroup.controllers");
+		return;
+	}
+	fprintf(c, "cpu memory pids\n");
+	fclose(c);
+	snprintf(dir, sizeof(dir), "%s/kiln", root);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s", root, nd);
+	mkdir(dir, 0700);
+	snprintf(dir, sizeof(dir), "%s/kiln/%s/%s", root, nd, sb);
+	mkdir(dir, 0700);
+	cg_write(root, nd, sb, 0);
+	fake_now = t0;
+	m = new_meter(nd, root);
+	for (int i = 1; i <= 5; i++) {
+		cg_write(root, nd, sb, 500000LL * i);
+		tick1(m, t0 + i * S);
+	}
+	meter_free(m);	/* down, nothing flushed */
+	cg_write(root, nd, sb, 4000000LL);
+	CHECK(record_deleted_cpu(pg, NULL, &(struct record_fence){ sb, nd, 1 }, 4000000000ULL,
+				 &err) == KILN_OK);
+	cg_tree_remove(root, nd, sb, false);	/* the group goes with the VM */
+	del = (int64_t)sql_int("SELECT (extract(epoch FROM deleted_at) * 1000000)::bigint "
+			       "FROM sandboxes WHERE id = '%s'", sb) * 1000;
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND state = 'deleted'", sb), 1);
+	m = new_meter(nd, root);
+	tick1(m, del + 2 * WINDOW * S + 2 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(cpu_ns), 0) FROM usage_windows WHERE sandbox_id = '%s'",
+			  sb), 4000000000LL);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' AND "
+			  "state <> 'none'", sb), 0);
+	meter_free(m);
+	cg_tree_remove(root, nd, sb, true);
+}
+
 /*
  * A pause snapshot smaller than the guest's memory, resumed mid-second: the paused time up to the
  * resume is billed at the snapshot's size, also its last sliver, billed by the tick after the
@@ -783,6 +867,7 @@ int main(void)
 	TEST(test_two_meters_with_flush_threads_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
 	TEST(test_cpu_up_to_the_deletion_is_billed);
+	TEST(test_cpu_logged_at_the_deletion_is_billed_with_the_group_gone);
 	TEST(test_paused_until_the_resume_billed_at_the_snapshots_size);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);

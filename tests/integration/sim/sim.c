@@ -613,7 +613,10 @@ static void op_delete(struct sbx *s)
 
 	db_clock(W.t);
 	cpu_advance(s, W.t);
-	if (record_deleted(W.pg, NULL, &f, &err) != KILN_OK)
+	/* As node/routes.c: a running VM's deletion is logged with its group's CPU counter. */
+	if (s->st == SB_RUNNING ? record_deleted_cpu(W.pg, NULL, &f,
+						     (unsigned long long)s->cpu_us * 1000, &err) != KILN_OK
+				: record_deleted(W.pg, NULL, &f, &err) != KILN_OK)
 		sim_fail("record_deleted %s: %s", s->id, err.msg);
 	model_close(s, W.t);
 	gen_end(s);
