@@ -1957,8 +1957,9 @@ out:
  * The earlier generations of this node's sandboxes that ran on another node whose meter is
  * gone for good: their billed-up-to point in the ledger is before the generation's end (the
  * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
- * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs)
- * and that generation's changes between the point and the end ("<state> <µs>", comma-separated).
+ * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
+ * that generation's changes between the point and the end ("<state> <µs>", comma-separated), its
+ * counters at the point and its pause snapshot's size (MiB, NULL when none).
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
@@ -1968,7 +1969,11 @@ static const char tails_sql[] =
 	"    ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
-	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes "
+	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
+	/* its pause snapshot: the newest made before its end (a generation pauses once) */
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "
+	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"JOIN LATERAL (SELECT (extract(epoch FROM min(n.at)) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
@@ -2000,7 +2005,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	s->rem = (uint64_t)pg_res_int(res, i, 6, 0) % PRICE_FINE_PER_UCR;
 	s->mem_mib = (unsigned)pg_res_int(res, i, 7, 0);
 	s->disk_gib = (unsigned)pg_res_int(res, i, 8, 0);
-	s->snap_mib = 0;	/* not known here: the guest's memory */
+	s->snap_mib = (uint64_t)pg_res_int(res, i, 14, 0);	/* 0: the guest's memory */
 	s->cpu_at = (uint64_t)pg_res_int(res, i, 11, 0);
 	s->rx_at = (uint64_t)pg_res_int(res, i, 12, 0);
 	s->tx_at = (uint64_t)pg_res_int(res, i, 13, 0);

@@ -397,6 +397,50 @@ static void test_dead_meters_generation_billed_to_the_move_once(void)
 }
 
 /*
+ * The same with the sandbox paused on A after A's meter's last flush (on a snapshot of 128 MiB),
+ * then resumed on B: the stretch B's meter takes over is billed in its states, paused at the
+ * snapshot's size.
+ */
+static void test_dead_meters_generation_paused_billed_at_its_snapshots_size(void)
+{
+	char t[32], a[32], b[32], sb[32], key[128];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *ms[2];
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	const char *del[2] = { "DEL", key };
+
+	new_node(a, sizeof(a));
+	new_node(b, sizeof(b));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, a, sb, sizeof(sb), t0);
+	fake_now = t0;
+	ms[0] = new_meter(a, NULL);
+	tick1(ms[0], t0 + 11 * S);
+	drain(ms, 1, t);
+	meter_free(ms[0]);
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib, created_at) VALUES ('sn_%s', '%s', '%s', '%s', 'pause', %lld, "
+	    "1000, 256, 1, to_timestamp(%lld / 1e6))",
+	    sb, t, sb, a, 128LL << 20, (long long)((t0 + 12 * S) / 1000));
+	pause_at(sb, t0 + 12 * S);
+	resume_at(sb, b, t0 + 20 * S);
+	fake_now = t0 + 21 * S;
+	ms[1] = new_meter(b, NULL);
+	tick1(ms[1], t0 + 30 * S);
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, a);
+	CHECK(rds_command(rds, 2, del, NULL, &rep, &err) == KILN_OK);
+	rds_reply_release(&rep);
+	tick1(ms[1], t0 + 40 * S);
+	stop_at(sb, t0 + 40 * S);
+	tick1(ms[1], t0 + 52 * S);
+	drain(&ms[1], 1, t);
+	CHECK_INT(used_gen(sb, 1), 12 * RUN_UCR + 8 * PAUSED_UCR / 2);
+	CHECK_INT(used_gen(sb, 2), 20 * RUN_UCR);
+	meter_free(ms[1]);
+}
+
+/*
  * Two meters of one node, the second stalled across a restore (record_restored: a new
  * generation, no new state time): both bill the generations split at the restore's own time, and
  * the windows the stalled one sends for time the other billed are refused, so every second is
@@ -863,6 +907,7 @@ int main(void)
 	TEST(test_moved_and_billed_there_first_still_bills_the_time_before_the_move);
 	TEST(test_moved_away_and_back_bills_each_generation_once);
 	TEST(test_dead_meters_generation_billed_to_the_move_once);
+	TEST(test_dead_meters_generation_paused_billed_at_its_snapshots_size);
 	TEST(test_two_meters_of_one_node_bill_each_second_once);
 	TEST(test_two_meters_with_flush_threads_bill_each_second_once);
 	TEST(test_pause_billed_from_the_vcpu_stop_without_the_snapshot_cpu);
