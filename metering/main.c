@@ -17,6 +17,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -238,9 +239,19 @@ static void run(void)
 		int64_t now = mono_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
 		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
 
-		while (!daemon_stopping() &&
-		       clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-			;
+		/* until the next whole second; a finished flush is applied as soon as it ends */
+		for (int64_t t = mono_ns(); !daemon_stopping() && t < next; t = mono_ns()) {
+			struct pollfd p = { .fd = meter_flush_fd(km.meter), .events = POLLIN };
+			int ms = (int)((next - t + 999999) / 1000000);
+
+			if (p.fd < 0) {
+				if (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != EINTR)
+					break;
+				continue;
+			}
+			if (poll(&p, 1, ms) > 0)
+				meter_flush_settle(km.meter);
+		}
 		if (daemon_stopping())
 			break;
 		now = mono_ns();

@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -145,6 +146,7 @@ struct meter {
 	pthread_cond_t fcond;
 	enum { FL_IDLE, FL_QUEUED, FL_DONE, FL_FAILED } fstate;
 	bool fstop;
+	int fevent;		/* eventfd the flush thread signals when a flush finished (meter_flush_fd) */
 	struct buf fjson;	/* the queued flush's items */
 	struct buf frefused;	/* the pairs its ledger refused: "<sandbox>\t<generation>\n" each */
 	size_t fitems;
@@ -1282,6 +1284,11 @@ static void *flush_main(void *arg)
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 		m->ferr = err;
 		m->fstate = rc == KILN_OK ? FL_DONE : FL_FAILED;
+		if (m->fevent >= 0) {
+			uint64_t one = 1;
+			ssize_t w = write(m->fevent, &one, sizeof(one));
+			(void)w;	/* a full counter is a wake-up already pending */
+		}
 	}
 	pthread_mutex_unlock(&m->flock);
 	return NULL;
@@ -1708,6 +1715,7 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 		return NULL;
 	}
+	m->fevent = -1;
 	m->o = *opts;
 	if (!m->o.mono_ns)
 		m->o.mono_ns = m->o.now_ns ? m->o.now_ns : clock_mono;
@@ -1737,6 +1745,12 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 	pthread_mutex_init(&m->flock, NULL);
 	pthread_cond_init(&m->fcond, NULL);
 	if (opts->flush_thread) {
+		m->fevent = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (m->fevent < 0) {
+			kiln_error_set(err, KILN_E_NOMEM, "cannot make the flush thread's eventfd");
+			meter_free(m);
+			return NULL;
+		}
 		if (pthread_create(&m->fth, NULL, flush_main, m) != 0) {
 			kiln_error_set(err, KILN_E_NOMEM, "cannot start the flush thread");
 			meter_free(m);
@@ -1759,6 +1773,8 @@ void meter_free(struct meter *m)
 		pthread_mutex_unlock(&m->flock);
 		pthread_join(m->fth, NULL);
 	}
+	if (m->fevent >= 0)
+		close(m->fevent);
 	buf_release(&m->fjson);
 	buf_release(&m->frefused);
 	pthread_mutex_destroy(&m->flock);
@@ -2268,6 +2284,24 @@ out:
 	free(sv);
 	free(r);
 	return rc;
+}
+
+int meter_flush_fd(const struct meter *m)
+{
+	return m->fevent;
+}
+
+void meter_flush_settle(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+	uint64_t n;
+
+	if (m->fevent < 0)
+		return;
+	while (read(m->fevent, &n, sizeof(n)) > 0)
+		;
+	if (m->started && flush_poll(m, &err) != KILN_OK)
+		log_warn("cannot flush to the ledger (will retry): %s", err.msg);
 }
 
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)

@@ -103,6 +103,15 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
  */
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err);
 
+/*
+ * The flush thread's wake-up: a descriptor that becomes readable when a flush it committed (or
+ * failed) waits to be applied; -1 without the flush thread. meter_flush_settle() applies it at
+ * once, on the ticking thread, so the ledger and Redis's live field count a committed flush twice
+ * only for the moment between its commit and that call, not until the next tick.
+ */
+int meter_flush_fd(const struct meter *m);
+void meter_flush_settle(struct meter *m);
+
 /* Counts `n` ticks that never ran (the loop woke up late), for the metrics. */
 void meter_note_missed(struct meter *m, uint64_t n);
 
