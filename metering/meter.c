@@ -509,6 +509,7 @@ struct mrow {
 	bool m_mine;		/* the billed-up-to point's generation is billed by this meter */
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
+	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
 	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
 	size_t ne;
 };
@@ -553,6 +554,10 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->rx_at = r->m_rx;
 		s->tx_at = r->m_tx;
 		s->rem = r->m_rem % PRICE_FINE_PER_UCR;
+		/* An earlier generation's paused time still to bill: at its snapshot's size (a
+		 * meter that never saw it, restarted after the resume, reads it here). */
+		if (r->m_gen < r->gen)
+			s->snap_mib = r->m_snap_mib;
 		return s;
 	}
 	/* Never billed here: from its creation, in no state until its first change says one
@@ -841,7 +846,14 @@ static const char rows_sql[] =
 	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
 	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine, "
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
-	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode "
+	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
+	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
+	 * current one's only): the newest made before that generation's end. */
+	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	"FROM sandboxes s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
 	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
@@ -899,6 +911,7 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 		r->m_rx = (uint64_t)pg_res_int(res, i, 13, 0);
 		r->m_tx = (uint64_t)pg_res_int(res, i, 14, 0);
 		r->m_rem = (uint64_t)pg_res_int(res, i, 15, 0);
+		r->m_snap_mib = (uint64_t)pg_res_int(res, i, 20, 0);
 	}
 }
 

@@ -795,6 +795,50 @@ static void test_paused_until_the_resume_billed_at_the_snapshots_size(void)
 }
 
 /*
+ * A meter that crashed while a sandbox was paused into a snapshot smaller than the guest, and
+ * came back after its resume: the fresh meter bills the paused time from the ledger's point to
+ * the resume at the snapshot's size, though the row names no snapshot any more (before, it had
+ * never seen the size and billed that stretch at the guest's memory).
+ */
+static void test_crashed_meter_bills_paused_time_to_the_resume_at_the_snapshots_size(void)
+{
+	char t[32], nd[32], sb[32];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 5 * S);
+	/* Paused at 5 s into a snapshot of 64 MiB (the guest has 256) */
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib, created_at) VALUES ('snap_%s', '%s', '%s', '%s', 'pause', %lld, "
+	    "1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', net_index = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    sb, t, sb, nd, 64LL << 20, (long long)((t0 + 5 * S) / 1000), sb,
+	    (long long)((t0 + 5 * S) / 1000), sb);
+	/* The ledger holds up to 10 s; the meter dies at 12 s with 10 to 12 s unflushed */
+	tick1(m, t0 + 12 * S);
+	meter_free(m);
+	/* Resumed at 12.5 s while no meter ran: the row names no snapshot any more */
+	sql("UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+	    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)((t0 + 12 * S + S / 2) / 1000), sb);
+	fake_now = t0 + 15 * S;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	tick1(m, t0 + 32 * S);
+	/* 12.5 s running at 257 µcr/s, 7.5 s paused at 256 (64 MiB at 4096 µcr/GiB-s) */
+	CHECK_INT(used_gen(sb, 1), RUN_UCR * 5 + (PAUSED_UCR / 4 * 15) / 2);
+	CHECK_INT(used(t), (RUN_UCR * 25) / 2 + (PAUSED_UCR / 4 * 15) / 2);
+	meter_free(m);
+}
+
+/*
  * A vCPU stop logged after a tick already billed past its time (the tick fell between the stop
  * and its log): the pause is applied from that tick on, not lost (before, the change's time was
  * behind the billed-up-to point and the sandbox stayed billed as running through its pause).
@@ -914,6 +958,7 @@ int main(void)
 	TEST(test_cpu_up_to_the_deletion_is_billed);
 	TEST(test_cpu_logged_at_the_deletion_is_billed_with_the_group_gone);
 	TEST(test_paused_until_the_resume_billed_at_the_snapshots_size);
+	TEST(test_crashed_meter_bills_paused_time_to_the_resume_at_the_snapshots_size);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);

@@ -546,9 +546,10 @@ static void op_pause(struct sbx *s)
 		s->snap_mib = (uint64_t)s->mem * (uint64_t)rnd_in(30, 110) / 100;
 	snprintf(s->snap, sizeof(s->snap), "sn_%s_%d", W.tag, W.snaps++);
 	db_clock(W.t);
+	/* created_at now(): the simulated instant (the column's default is the host's clock) */
 	wsql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-	     "vcpu_milli, memory_mib, disk_gib) VALUES ('%s', '%s', '%s', '%s', 'pause', %llu, "
-	     "%u, %u, %u)",
+	     "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s', '%s', '%s', '%s', 'pause', "
+	     "%llu, %u, %u, %u, now())",
 	     s->snap, W.ten[s->ten].id, s->id, W.node_id[s->node],
 	     (unsigned long long)s->snap_mib << 20, s->vcpu, s->mem, s->disk);
 	cpu_advance(s, W.t);
