@@ -492,6 +492,7 @@ struct ment {
 				 * dead while the sandbox is here now */
 	bool has_cpu;
 	uint64_t cpu;		/* the generation's CPU counter at `at` (a pause's vCPU stop) */
+	uint64_t snap_mib;	/* a pause of an ended generation: its snapshot, MiB (0: unknown) */
 };
 
 /* A row of the tick's query. */
@@ -617,6 +618,15 @@ struct mpiece {
 
 #define PIECES_MAX 64
 
+/* The pause snapshot of `r`'s ended generation `gen` as its changes name it, MiB (0: unknown). */
+static uint64_t row_gen_snap(const struct mrow *r, long long gen)
+{
+	for (size_t i = 0; i < r->ne; i++)
+		if (r->e[i].gen == gen && r->e[i].snap_mib)
+			return r->e[i].snap_mib;
+	return 0;
+}
+
 /*
  * Bills the sandbox `s` of row `r` up to `now`, piece by piece over its state changes since its
  * billed-up-to point (r->e): each piece in its own state, under its own generation, when that
@@ -726,7 +736,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
-			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : 0;
+			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : row_gen_snap(r, pc[i].gen);
 		}
 		if (pc[j].has_cpu) {
 			if (pc[j].cpu < s->cpu_at)
@@ -777,7 +787,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
-		s->snap_mib = cur_gen == r->gen ? r->snap_mib : 0;
+		s->snap_mib = cur_gen == r->gen ? r->snap_mib : row_gen_snap(r, cur_gen);
 	}
 	if (cur_mine)
 		s->state = cur_st;
@@ -882,7 +892,15 @@ static const char rows_sql[] =
  * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
-	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq FROM sandbox_state_log "
+	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
+	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
+	 * sandbox's row names the current generation's only) */
+	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
 
@@ -2231,6 +2249,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
 		e->node = pg_res_str(lres, k, 6);
 		e->seq = pg_res_int(lres, k, 7, 0);
+		e->snap_mib = (uint64_t)pg_res_int(lres, k, 8, 0);
 		if (!r[i].e)
 			r[i].e = e;
 		r[i].ne++;

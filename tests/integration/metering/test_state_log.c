@@ -838,6 +838,63 @@ static void test_crashed_meter_bills_paused_time_to_the_resume_at_the_snapshots_
 	meter_free(m);
 }
 
+/* Paused at `at_ns` into a new pause snapshot of `mib` MiB made then. */
+static void pause_into(const char *t, const char *nd, const char *sb, const char *snap, int mib,
+		       int64_t at_ns)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
+	    "memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', 'pause', %lld, "
+	    "1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', net_index = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    snap, sb, t, sb, nd, (long long)mib << 20, (long long)(at_ns / 1000), snap, sb,
+	    (long long)(at_ns / 1000), sb);
+}
+
+/* Resumed at `at_ns` on its node: a new generation; the row names no snapshot any more. */
+static void resume_here(const char *sb, int64_t at_ns)
+{
+	sql("UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+	    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)(at_ns / 1000), sb);
+}
+
+/*
+ * A meter down across pause -> resume -> pause -> resume, each pause into a snapshot smaller than
+ * the guest: the generation in between, which the fresh meter never saw at all, has its paused
+ * time billed at its own snapshot's size (before, at the guest's memory).
+ */
+static void test_crashed_meter_bills_a_generation_in_between_at_its_snapshots_size(void)
+{
+	char t[32], nd[32], sb[32];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 5 * S);
+	pause_into(t, nd, sb, "sa", 64, t0 + 5 * S);
+	tick1(m, t0 + 12 * S);
+	meter_free(m);
+	resume_here(sb, t0 + 13 * S);
+	pause_into(t, nd, sb, "sb", 64, t0 + 15 * S);
+	resume_here(sb, t0 + 18 * S);
+	fake_now = t0 + 19 * S;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	tick1(m, t0 + 32 * S);
+	/* paused 8 s, then 3 s, each at 256 µcr/s (64 MiB at 4096 µcr/GiB-s) */
+	CHECK_INT(used_gen(sb, 1), RUN_UCR * 5 + PAUSED_UCR / 4 * 8);
+	CHECK_INT(used_gen(sb, 2), RUN_UCR * 2 + PAUSED_UCR / 4 * 3);
+	CHECK_INT(used_gen(sb, 3), RUN_UCR * 2);
+	CHECK_INT(used(t), RUN_UCR * 9 + PAUSED_UCR / 4 * 11);
+	meter_free(m);
+}
+
 /*
  * A vCPU stop logged after a tick already billed past its time (the tick fell between the stop
  * and its log): the pause is applied from that tick on, not lost (before, the change's time was
@@ -959,6 +1016,7 @@ int main(void)
 	TEST(test_cpu_logged_at_the_deletion_is_billed_with_the_group_gone);
 	TEST(test_paused_until_the_resume_billed_at_the_snapshots_size);
 	TEST(test_crashed_meter_bills_paused_time_to_the_resume_at_the_snapshots_size);
+	TEST(test_crashed_meter_bills_a_generation_in_between_at_its_snapshots_size);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);
