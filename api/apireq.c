@@ -65,6 +65,7 @@ enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *
 		{ "timeout_s", JF_INT, false, 0 },	{ "env", JF_OBJECT, false, 0 },
 		{ "metadata", JF_OBJECT, false, 0 },	{ "egress", JF_OBJECT, false, 0 },
 		{ "bandwidth", JF_OBJECT, false, 0 },	{ "snapshot_id", JF_STRING, false, 64 },
+		{ "secrets", JF_ARRAY, false, 0 },
 	};
 	json_t *body, *v;
 	double vcpus;
@@ -352,4 +353,103 @@ void apireq_storage_free(json_t *body)
 	if (secret)
 		OPENSSL_cleanse((char *)secret, strlen(secret));
 	json_decref(body);
+}
+
+enum kiln_err apireq_template_name(const char *field, const char *name, struct kiln_error *err)
+{
+	size_t i, n = strlen(name);
+
+	if (n == 0 || n > APIREQ_TEMPLATE_NAME_MAX || !isalnum((unsigned char)name[0]) ||
+	    isupper((unsigned char)name[0]))
+		goto bad;
+	for (i = 0; i < n; i++)
+		if (!(islower((unsigned char)name[i]) || isdigit((unsigned char)name[i]) ||
+		      name[i] == '.' || name[i] == '_' || name[i] == '-'))
+			goto bad;
+	if (strncmp(name, "tmpl_", 5) == 0)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "%s may not start with \"tmpl_\" (templates' ids do)", field);
+	if (strcmp(name, "base") == 0 || strcmp(name, "python") == 0)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "%s: \"%s\" is the base image's name; choose another", field,
+				      name);
+	return KILN_OK;
+bad:
+	return kiln_error_set(err, KILN_E_INVALID,
+			      "%s must be 1 to %d characters of a-z, 0-9, '.', '_' and '-', "
+			      "starting with a letter or a digit",
+			      field, APIREQ_TEMPLATE_NAME_MAX);
+}
+
+enum kiln_err apireq_template(const char *text, size_t len, struct apireq_template *out,
+			      struct kiln_error *err)
+{
+	static const struct json_field fields[] = {
+		{ "name", JF_STRING, true, 0 },
+		{ "vcpus", JF_NUMBER, true, 0 },
+		{ "memory_mib", JF_INT, true, 0 },
+		{ "disk_gib", JF_INT, true, 0 },
+		{ "start_cmd", JF_STRING, false, APIREQ_TEMPLATE_CMD_MAX },
+		{ "ready_cmd", JF_STRING, false, APIREQ_TEMPLATE_CMD_MAX },
+		{ "egress", JF_OBJECT, false, 0 },
+	};
+	const char *cmds[] = { "start_cmd", "ready_cmd" };
+	json_t *body, *eg;
+	double vcpus;
+	long long mem, disk, milli;
+	enum kiln_err rc;
+	size_t i;
+
+	memset(out, 0, sizeof(*out));
+	rc = json_parse_body(text, len, fields, NFIELDS(fields), &out->body, err);
+	if (rc != KILN_OK)
+		return rc;
+	body = out->body;
+	out->name = json_str(body, "name", "");
+	rc = apireq_template_name("name", out->name, err);
+	if (rc != KILN_OK)
+		return rc;
+	vcpus = json_number_value(json_object_get(body, "vcpus"));
+	mem = json_int(body, "memory_mib", 0);
+	disk = json_int(body, "disk_gib", 0);
+	if (!(vcpus >= 0.25 && vcpus <= 8) || (milli = llround(vcpus * 1000)) % 250 != 0)
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "vcpus must be a multiple of 0.25 from 0.25 to 8");
+	if (mem < 256 || mem > 16384)
+		return kiln_error_set(err, KILN_E_INVALID, "memory_mib must be from 256 to 16384");
+	if (disk < 10 || disk > 60)
+		return kiln_error_set(err, KILN_E_INVALID, "disk_gib must be from 10 to 60");
+	for (i = 0; i < 2; i++) {
+		json_t *v = json_object_get(body, cmds[i]);
+
+		if (!v || json_is_null(v))
+			continue;
+		if (json_string_length(v) == 0 || strlen(json_string_value(v)) != json_string_length(v))
+			return kiln_error_set(err, KILN_E_INVALID,
+					      "%s must be a non-empty command line without NUL",
+					      cmds[i]);
+	}
+	out->start_cmd = json_str(body, "start_cmd", NULL);
+	out->ready_cmd = json_str(body, "ready_cmd", NULL);
+	eg = json_object_get(body, "egress");
+	if (json_is_object(eg)) {
+		out->egress = json_dumps(eg, JSON_COMPACT);
+		if (!out->egress)
+			return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		if (strlen(out->egress) > APIREQ_TEMPLATE_EGRESS_MAX)
+			return kiln_error_set(err, KILN_E_TOO_LARGE,
+					      "egress is larger than %d bytes",
+					      APIREQ_TEMPLATE_EGRESS_MAX);
+	}
+	out->vcpu_milli = (unsigned)milli;
+	out->mem_mib = (unsigned)mem;
+	out->disk_gib = (unsigned)disk;
+	return KILN_OK;
+}
+
+void apireq_template_free(struct apireq_template *t)
+{
+	free(t->egress);
+	json_decref(t->body);
+	memset(t, 0, sizeof(*t));
 }

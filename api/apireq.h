@@ -114,4 +114,33 @@ enum kiln_err apireq_storage(const char *text, size_t len, json_t **body, struct
 			     struct kiln_error *err);
 void apireq_storage_free(json_t *body);
 
+#define APIREQ_TEMPLATE_NAME_MAX 63	/* bytes of a template's name */
+#define APIREQ_TEMPLATE_CMD_MAX 4096	/* bytes of a template's start_cmd or ready_cmd */
+#define APIREQ_TEMPLATE_EGRESS_MAX 16384	/* bytes of a template's egress rules, as JSON */
+
+/*
+ * A template's name: 1 to APIREQ_TEMPLATE_NAME_MAX bytes of [a-z0-9._-], the first a letter or a
+ * digit, not starting with "tmpl_" (ids do) and not "base" or "python" (the base image's names);
+ * 422 naming `field` otherwise.
+ */
+enum kiln_err apireq_template_name(const char *field, const char *name, struct kiln_error *err);
+
+/*
+ * POST /v1/templates: name (apireq_template_name), vcpus, memory_mib and disk_gib (required, the
+ * ranges of a sandbox's), start_cmd and ready_cmd (shell command lines of 1 to
+ * APIREQ_TEMPLATE_CMD_MAX bytes, no NUL), egress (an object; the node checks its rules, 413 past
+ * APIREQ_TEMPLATE_EGRESS_MAX bytes). Strings point into out->body; out->egress is owned (compact
+ * JSON, NULL when absent). The caller frees it all with apireq_template_free(), also after a
+ * failure.
+ */
+struct apireq_template {
+	json_t *body;
+	const char *name, *start_cmd, *ready_cmd;	/* the commands NULL when absent */
+	char *egress;
+	unsigned vcpu_milli, mem_mib, disk_gib;
+};
+enum kiln_err apireq_template(const char *text, size_t len, struct apireq_template *out,
+			      struct kiln_error *err);
+void apireq_template_free(struct apireq_template *t);
+
 #endif

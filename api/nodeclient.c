@@ -414,3 +414,25 @@ char *node_escape(const char *s)
 	curl_free(e);
 	return copy;
 }
+
+char *node_token(struct http_req *req, const char *sandbox_id)
+{
+	struct gateway *gw = http_req_app(req);
+	const struct principal *who = gw_principal(req);
+	struct auth_token_params tp = {
+		.iss = GW_ISSUER,
+		.aud = AUTH_AUD_NODE,
+		.sub = who->key_id,
+		.tid = who->tenant_id,
+		.sbx = sandbox_id,
+		.scopes = who->scopes,
+		.now = time(NULL),
+		.ttl_s = NODE_TOKEN_TTL_S,
+	};
+	struct kiln_error err = { 0 };
+	char *token = NULL;
+
+	if (signing_sign(gw->signing, &tp, &token, NULL, &err) != KILN_OK)
+		return NULL;
+	return token;
+}

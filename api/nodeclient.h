@@ -63,6 +63,12 @@ struct node_stream *node_stream_start(struct http_req *req, const struct node_ca
 				      int *body_fd);
 /* Waits for the node's answer to a streamed call and replies with it. Frees `ns`. */
 void node_stream_finish(struct http_req *req, struct node_stream *ns);
+/*
+ * A node token for the request's caller and `sandbox_id`, as every call carries (the caller
+ * frees it), for connections the caller makes itself (api/ports.c); NULL when it cannot be signed.
+ */
+char *node_token(struct http_req *req, const char *sandbox_id);
+
 /* `s` escaped for a URL's query; the caller frees it with free(). NULL when out of memory. */
 char *node_escape(const char *s);
 

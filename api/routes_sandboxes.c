@@ -245,13 +245,15 @@ static void sandbox_create(struct http_req *req)
 		goto out;
 	http_req_set_object(req, id);
 	/* The node validates env, egress and bandwidth (422 naming the bad one) before it boots. */
-	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:O?}", "template", "python",
+	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:O?, s:O?}", "template",
+		       "python",
 		       "vcpu_milli", (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib",
 		       (json_int_t)disk, "timeout_s", (json_int_t)tmo, "env",
 		       json_object_get(body, "env"), "metadata", json_loads(meta ? meta : "{}", 0, NULL),
 		       "egress", json_object_get(body, "egress"), "bandwidth",
 		       json_object_get(body, "bandwidth"), "snapshot_id",
-		       json_object_get(body, "snapshot_id"));
+		       json_object_get(body, "snapshot_id"), "secrets",
+		       json_object_get(body, "secrets"));
 	text = nb ? json_dumps(nb, JSON_COMPACT) : NULL;
 	if (!text) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -266,6 +268,8 @@ static void sandbox_create(struct http_req *req)
 out:
 	if (c)
 		pg_release(gw->pg, c);
+	if (text)
+		explicit_bzero(text, strlen(text));	/* it may carry secrets' values */
 	free(text);
 	json_decref(nb);
 	apireq_create_free(&cr);

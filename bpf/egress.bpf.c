@@ -52,6 +52,7 @@ const volatile __u32 gw_ip4 = 0;
 const volatile __u32 nat_ip4 = 0;
 const volatile __u8 guest_ip6[16] = {};
 const volatile __u8 guest_ll6[16] = {};
+const volatile __u8 gw_ip6[16] = {};
 const volatile __u8 nat_ip6[16] = {};
 
 struct {
@@ -102,6 +103,15 @@ struct {
 	__type(value, struct np_dns_val);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dns SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, NP_MAX_NAMES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct np_name_key);
+	__type(value, struct np_name_val);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} names SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -372,10 +382,43 @@ static __always_inline int allowed(const struct pkt *p, const __u8 *raddr, __u16
 	if (best >= 0)
 		return 1;
 	if (!icmp && dns_ok(p, raddr, rport, now, is_new))
-		return 1;
+		return 2;
 	if (!smtp && !dns53 && dns_ok(p, raddr, 0, now, is_new))
-		return 1;
+		return 2;
 	return 0;
+}
+
+/*
+ * Hands a SYN to the name-checking proxy: its listener in this netns (on the gateway's address,
+ * NP_PROXY_PORT) takes the connection whatever its destination (bpf_sk_assign; the mark's policy
+ * route makes the destination local). 0, or -1 when no proxy listens (the SYN is dropped).
+ */
+static __always_inline int steer_syn(struct __sk_buff *skb, const struct pkt *p)
+{
+	struct bpf_sock_tuple t = {};
+	__u32 tlen;
+	if (p->family == 4) {
+		t.ipv4.daddr = gw_ip4;
+		t.ipv4.dport = bpf_htons(NP_PROXY_PORT);
+		tlen = sizeof(t.ipv4);
+	} else {
+		/* read through volatile: a plain copy of this const would fold to its zero initialiser */
+		const volatile __u32 *g = (const volatile __u32 *)gw_ip6;
+		t.ipv6.daddr[0] = g[0];
+		t.ipv6.daddr[1] = g[1];
+		t.ipv6.daddr[2] = g[2];
+		t.ipv6.daddr[3] = g[3];
+		t.ipv6.dport = bpf_htons(NP_PROXY_PORT);
+		tlen = sizeof(t.ipv6);
+	}
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, tlen, BPF_F_CURRENT_NETNS, 0);
+	if (!sk)
+		return -1;
+	long r = -1;
+	if (sk->state == BPF_TCP_LISTEN)
+		r = bpf_sk_assign(skb, sk, 0);
+	bpf_sk_release(sk);
+	return r == 0 ? 0 : -1;
 }
 
 static __always_inline __u64 flow_timeout(__u8 proto)
@@ -533,26 +576,53 @@ int np_from_guest(struct __sk_buff *skb)
 	struct np_flow_val *fv = bpf_map_lookup_elem(&flows, &fk);
 	int live = fv && now - fv->last_ns < flow_timeout(p.proto);
 
+	/* Names are checked on the wire (NP_CFG_NAMECHECK) for TCP 80 and 443 to learnt addresses. */
+	int names = (c->flags & NP_CFG_NAMECHECK) && mode == NP_MODE_ALLOWLIST;
+	int web = p.dport == bpf_htons(80) || p.dport == bpf_htons(443);
+	__u32 proxied = live ? fv->flags & NP_FLOW_PROXIED : 0;
+
 	if (!(live && fv->gen == gen)) {
-		if (!allowed(&p, p.dst, p.dport, mode, now, !live)) {
+		int a = allowed(&p, p.dst, p.dport, mode, now, !live);
+		/* QUIC to a name-checked address: refused, so that clients fall back to TCP */
+		if (a == 2 && names && p.proto == IPPROTO_UDP && p.dport == bpf_htons(443))
+			a = 0;
+		if (!a) {
 			if (fv)
 				bpf_map_delete_elem(&flows, &fk);
 			else
 				conn_event(&fk, now, NP_CONN_DENIED);
 			return finish(skb, V_POLICY, 1);
 		}
+		if (!live) {
+			proxied = a == 2 && names && p.proto == IPPROTO_TCP && web ? NP_FLOW_PROXIED : 0;
+			if (proxied && !p.syn)
+				return finish(skb, V_POLICY, 1);	/* no connection to hand over */
+		}
 		if (!live && !take_conn(now))
 			return finish(skb, V_RATE, 1);
 		if (live) {
 			fv->gen = gen;
 		} else {
+			if (proxied && steer_syn(skb, &p) < 0)
+				return finish(skb, V_POLICY, 1);
 			/* the first packet is counted here: the entry is made with it */
-			struct np_flow_val nv = {.gen = gen, .last_ns = now, .opened_ns = now,
-						 .bytes_out = skb->len, .packets_out = 1};
+			struct np_flow_val nv = {.gen = gen, .flags = proxied, .last_ns = now,
+						 .opened_ns = now, .bytes_out = skb->len,
+						 .packets_out = 1};
 			bpf_map_update_elem(&flows, &fk, &nv, BPF_ANY);
 			conn_event(&fk, now, NP_CONN_OPENED);
 			fv = 0;
+			if (proxied) {
+				skb->mark = NP_PROXY_MARK;
+				return finish(skb, take_bytes(skb->len, now) ? V_PASS : V_QUOTA, 1);
+			}
 		}
+	}
+	if (proxied) {
+		/* every packet of a proxied flow is delivered to the proxy's socket */
+		if (p.syn && steer_syn(skb, &p) < 0)
+			return finish(skb, V_POLICY, 1);
+		skb->mark = NP_PROXY_MARK;
 	}
 	if (fv && now - fv->last_ns > 1000000000ULL)
 		fv->last_ns = now;

@@ -19,6 +19,7 @@
 #define NP_MAX_RULESET 2048	/* rules in one set */
 #define NP_MAX_DENY 256		/* entries per always-denied trie */
 #define NP_MAX_DNS 8192		/* addresses learnt from DNS answers */
+#define NP_MAX_NAMES 8192	/* name-and-address pins (user space only) */
 #define NP_MAX_FLOWS 65536	/* guest-initiated flows tracked (LRU) */
 #define NP_CONNLOG_RING (256 * 1024)	/* bytes of the `connlog` ring buffer (a power of 2) */
 
@@ -31,8 +32,24 @@ struct np_cfg {
 	__u32 mode;		/* NP_MODE_* */
 	__u32 gen;		/* bumped after every rule change; flows re-check policy on a mismatch */
 	__u32 nrules;		/* entries in `rules` */
-	__u32 pad;
+	__u32 flags;		/* NP_CFG_* */
 };
+
+/*
+ * NP_CFG_NAMECHECK: the node's name-checking proxy listens in this sandbox's netns (on the
+ * gateway's addresses, port NP_PROXY_PORT, IP_TRANSPARENT). In allowlist mode a new TCP flow to
+ * port 80 or 443 that only a learnt (DNS) address allows is handed to it: its SYN with
+ * bpf_sk_assign, every packet of it marked NP_PROXY_MARK (a policy route in the netns, table
+ * NP_PROXY_TABLE, makes every address local for that mark), and UDP to port 443 (QUIC) to such an
+ * address is refused. The node sets it when its proxy first serves the sandbox and never clears
+ * it: while no proxy listens (a node restarting) those SYNs are dropped. Without the flag (a
+ * loader without the proxy) learnt addresses are plain address rules.
+ */
+#define NP_CFG_NAMECHECK 1u
+#define NP_PROXY_PORT 15001
+#define NP_PROXY_MARK 0x4b4e
+#define NP_PROXY_TABLE 19278
+#define NP_FLOW_PROXIED 1u	/* np_flow_val.flags: the flow goes to the name-checking proxy */
 
 /*
  * Live limits, map `limits` (array, one element). User space writes the settings with BPF_F_LOCK;
@@ -163,6 +180,22 @@ struct np_dns_val {
 	char name[256];		/* the name it answered, for purging when rules change */
 };
 
+/*
+ * Map `names` (hash, user space only): what the sandbox's DNS proxy answered for each name, one
+ * entry per (name, address), for the name-checking proxy: a connection naming N to address A is
+ * let through only while (N, A) is here. Kept beside `dns` (same TTL floor, cap and expiry), so it
+ * survives a kiln-node restart; `dns` keeps one name per address, this keeps every name.
+ */
+struct np_name_key {
+	__u8 family;		/* 4 or 6 */
+	__u8 pad[3];
+	__u8 addr[16];
+	char name[256];		/* normalised (lowercase, no final dot), zero-padded */
+};
+struct np_name_val {
+	__u64 expires_ns;	/* CLOCK_MONOTONIC, as np_dns_val */
+};
+
 /* Map `rules` (hash, user space only): rule i's canonical text, i < np_cfg.nrules. */
 #define NP_RULE_TEXT 272
 struct np_rule_text {
@@ -180,7 +213,7 @@ struct np_flow_key {
 };
 struct np_flow_val {
 	__u32 gen;		/* np_cfg.gen when policy last allowed it */
-	__u32 pad;
+	__u32 flags;		/* NP_FLOW_* */
 	__u64 last_ns;		/* last packet either way, refreshed at most once a second */
 	__u64 opened_ns;	/* when the flow was recorded (CLOCK_MONOTONIC): its identity */
 	__u64 bytes_out;	/* guest to remote, let through (frame lengths) */

@@ -1,6 +1,6 @@
 /*
- * kiln.c - the command-line client: sandboxes, exec, files, snapshots, egress and billing through
- * the public API (docs/cli.md).
+ * kiln.c - the command-line client: sandboxes, exec, files, snapshots, templates, egress and
+ * billing through the public API (docs/cli.md).
  *
  *   kiln [--url URL] [--key KEY] [--json] COMMAND [ARG...]
  *
@@ -563,6 +563,89 @@ static int cmd_snapshot(int argc, char **argv)
 	return rc;
 }
 
+/*
+ * The id of the caller's template `arg`: `arg` itself when it is an id (tmpl_…), else the id of
+ * the template of that name, found in the listing. 0 or an exit code (1 when there is none).
+ */
+static int template_id(const char *arg, char *out, size_t len)
+{
+	char path[512], *cursor = NULL;
+	json_t *page = NULL, *t;
+	size_t i;
+	int rc = 0;
+
+	if (strncmp(arg, "tmpl_", 5) == 0) {
+		if (strspn(arg, "abcdefghijklmnopqrstuvwxyz0123456789_") != strlen(arg) ||
+		    strlen(arg) >= len)
+			return usage_error("'%s' is not a template id", arg);
+		snprintf(out, len, "%s", arg);
+		return 0;
+	}
+	for (;;) {
+		snprintf(path, sizeof(path), "/v1/templates?limit=100%s%s", cursor ? "&cursor=" : "",
+			 cursor ? cursor : "");
+		free(cursor);
+		cursor = NULL;
+		if ((rc = call("GET", path, NULL, &page)))
+			return rc;
+		json_array_foreach(json_object_get(page, "templates"), i, t) {
+			if (strcmp(json_string_value(json_object_get(t, "name")) ?: "", arg) == 0) {
+				snprintf(out, len, "%s", json_string_value(json_object_get(t, "id")));
+				json_decref(page);
+				return 0;
+			}
+		}
+		if (json_is_string(json_object_get(page, "next_cursor")))
+			cursor = strdup(json_string_value(json_object_get(page, "next_cursor")));
+		json_decref(page);
+		page = NULL;
+		if (!cursor)
+			break;
+	}
+	fprintf(stderr, "kiln: no template \"%s\"\n", arg);
+	return EXIT_API;
+}
+
+/* template list | template rm NAME|ID */
+static int cmd_template(int argc, char **argv)
+{
+	char id[128], path[256];
+	json_t *page = NULL, *t;
+	size_t i;
+	int rc;
+
+	if (argc == 2 && !strcmp(argv[1], "list")) {
+		rc = call("GET", "/v1/templates?limit=100", NULL, &page);
+		if (rc == 0 && as_json) {
+			print_json(page);
+		} else if (rc == 0) {
+			json_array_foreach(json_object_get(page, "templates"), i, t) {
+				json_t *v = json_object_get(t, "latest_version");
+				json_t *ready = json_object_get(t, "latest_ready_version");
+
+				char r[32] = "none";
+
+				if (json_is_integer(ready))
+					snprintf(r, sizeof(r), "v%lld", (long long)json_integer_value(ready));
+				printf("%s\t%s\tv%lld %s\tready: %s\n",
+				       json_string_value(json_object_get(t, "id")),
+				       json_string_value(json_object_get(t, "name")),
+				       (long long)json_integer_value(json_object_get(v, "version")),
+				       json_string_value(json_object_get(v, "status")) ?: "", r);
+			}
+		}
+		json_decref(page);
+		return rc;
+	}
+	if (argc == 3 && !strcmp(argv[1], "rm")) {
+		if ((rc = template_id(argv[2], id, sizeof(id))))
+			return rc;
+		snprintf(path, sizeof(path), "/v1/templates/%s", id);
+		return call("DELETE", path, NULL, NULL);
+	}
+	return usage_error("template takes 'list' or 'rm NAME|ID'");
+}
+
 static int cmd_egress(int argc, char **argv)
 {
 	char path[256];
@@ -592,6 +675,88 @@ static int cmd_egress(int argc, char **argv)
 		json_array_foreach(json_object_get(res, "rules"), i, r)
 			printf("%s\n", json_string_value(r));
 	}
+	json_decref(res);
+	return rc;
+}
+
+/* Prints a secret list: "host<TAB>header" lines, or (--json) the answer. */
+static void print_secrets(json_t *res)
+{
+	size_t i;
+	json_t *s;
+
+	if (as_json) {
+		print_json(res);
+		return;
+	}
+	json_array_foreach(json_object_get(res, "secrets"), i, s)
+		printf("%s\t%s\n", json_string_value(json_object_get(s, "host")),
+		       json_string_value(json_object_get(s, "header")));
+}
+
+/*
+ * kiln secret ls ID; kiln secret ID --clear; kiln secret ID HOST HEADER [--value V]: the value
+ * from --value or stdin (one trailing newline dropped). The API replaces the whole set, and never
+ * returns values: setting one secret this way replaces the sandbox's others.
+ */
+static int cmd_secret(int argc, char **argv)
+{
+	char path[256], *value = NULL;
+	const char *given = NULL;
+	json_t *res = NULL, *set;
+	int rc, k = 0;
+	const char *pos[4];
+
+	if (argc >= 2 && strcmp(argv[1], "ls") == 0) {
+		if (argc != 3)
+			return usage_error("secret ls takes a sandbox id");
+		if ((rc = sandbox_path(path, sizeof(path), argv[2], "/secrets")))
+			return rc;
+		rc = call("GET", path, NULL, &res);
+		if (rc == 0)
+			print_secrets(res);
+		json_decref(res);
+		return rc;
+	}
+	for (int i = 1; i < argc; i++) {
+		if (strcmp(argv[i], "--value") == 0 && i + 1 < argc)
+			given = argv[++i];
+		else if (strncmp(argv[i], "--value=", 8) == 0)
+			given = argv[i] + 8;
+		else if (strcmp(argv[i], "--clear") == 0)
+			pos[k < 4 ? k++ : 3] = "";
+		else if (k < 4)
+			pos[k++] = argv[i];
+		else
+			return usage_error("secret takes ID HOST HEADER");
+	}
+	if (k == 0 || (sandbox_path(path, sizeof(path), pos[0], "/secrets")))
+		return k ? EXIT_USAGE : usage_error("secret takes ID HOST HEADER, ID --clear, or ls ID");
+	if (k == 2 && !pos[1][0]) {
+		set = json_array();	/* --clear */
+	} else if (k == 3 && pos[1][0] && pos[2][0]) {
+		if (given) {
+			value = strdup(given);
+		} else {
+			value = read_all(stdin, 65536);
+			if (value && strlen(value) && value[strlen(value) - 1] == '\n')
+				value[strlen(value) - 1] = '\0';
+			if (value && strlen(value) && value[strlen(value) - 1] == '\r')
+				value[strlen(value) - 1] = '\0';
+		}
+		if (!value || !value[0]) {
+			free(value);
+			return usage_error("the secret's value comes from --value or stdin, and is empty");
+		}
+		set = json_pack("[{s:s, s:s, s:s}]", "host", pos[1], "header", pos[2], "value", value);
+		explicit_bzero(value, strlen(value));
+		free(value);
+	} else {
+		return usage_error("secret takes ID HOST HEADER, ID --clear, or ls ID");
+	}
+	rc = call("PUT", path, json_pack("{s:o}", "secrets", set), &res);
+	if (rc == 0)
+		print_secrets(res);
 	json_decref(res);
 	return rc;
 }
@@ -774,7 +939,9 @@ static const struct command {
 	{ "fork", cmd_fork, "ID [--count N]", "children of a running sandbox in its state" },
 	{ "timeout", cmd_timeout, "ID SECONDS", "set the sandbox's timeout from now" },
 	{ "snapshot", cmd_snapshot, "ID [NAME]", "a named snapshot; prints its id" },
+	{ "template", cmd_template, "list | rm NAME|ID", "your templates (id, name, newest version and its status, the ready one); delete one with all its versions" },
 	{ "egress", cmd_egress, "ID [RULE... | open]", "show, set or reopen outbound rules" },
+	{ "secret", cmd_secret, "ID HOST HEADER [--value V] | ID --clear | ls ID", "bind a secret header to a host rule (value from stdin; replaces the set), remove them, list them" },
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
 	{ "admin", cmd_admin, "suspend|unsuspend TENANT", "operator: suspend a tenant (its keys refused, its sandboxes paused) or lift it" },

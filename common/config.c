@@ -88,6 +88,12 @@ const struct cfg_def config_table[] = {
 	  "within this bound)" },
 	{ "admin_key_file", CFG_STRING, F(admin_key_file), NULL, 0, 0, NULL, false,
 	  "file the operator's first admin API key is written to when the database has none" },
+	{ "template_max_per_tenant", CFG_INT, F(template_max_per_tenant), "50", 1, 100000, NULL,
+	  false, "templates (docs/templates.md) one tenant may have; past it POST /v1/templates of a "
+	  "new name is 403 quota_exceeded" },
+	{ "template_max_versions", CFG_INT, F(template_max_versions), "100", 1, 100000, NULL, false,
+	  "versions one template may have; past it POST /v1/templates of its name is 403 "
+	  "quota_exceeded" },
 	{ "node_listen", CFG_STRING, F(node_listen), NULL, 0, 0, NULL, false,
 	  "kiln-node's API: unix:/path or host:port (default unix:<run_dir>/node.sock)" },
 	{ "node_address", CFG_STRING, F(node_address), NULL, 0, 0, NULL, false,
@@ -137,6 +143,15 @@ const struct cfg_def config_table[] = {
 	  "execs one sandbox runs at once on its node (more: 429 naming the limit)" },
 	{ "exec_max_per_tenant", CFG_INT, F(exec_max_per_tenant), "16", 1, 65536, NULL, false,
 	  "execs one tenant's sandboxes run at once on one node (more: 429 naming the limit)" },
+	{ "port_connect_timeout_ms", CFG_INT, F(port_connect_timeout_ms), "10000", 100, 600000, NULL,
+	  false, "milliseconds a sandbox's port may take to accept a stream's connection (more: 504 "
+	  "port_timeout)" },
+	{ "port_streams_max_per_sandbox", CFG_INT, F(port_streams_max_per_sandbox), "64", 1, 64,
+	  NULL, false, "port streams one sandbox carries at once on its node (more: 429 naming the "
+	  "limit; the guest's agent carries 64 at most)" },
+	{ "port_streams_max_per_tenant", CFG_INT, F(port_streams_max_per_tenant), "64", 1, 65536,
+	  NULL, false, "port streams (and probes) one tenant holds open at once through one gateway "
+	  "(more: 429 naming the limit)" },
 	{ "console_max_bytes", CFG_INT, F(console_max_bytes), "1048576", 65536, 1073741824, NULL,
 	  false, "bytes of a sandbox's guest console kept on the node's disk (the newest half at "
 	  "least; older output is dropped)" },
@@ -168,11 +183,33 @@ const struct cfg_def config_table[] = {
 	  "sandboxes' ranges are denied even when left out" },
 	{ "dns_pending_per_sandbox", CFG_INT, F(dns_pending_per_sandbox), "64", 1, 4096, NULL, false,
 	  "DNS queries one sandbox may have waiting on the upstream resolver (more are REFUSED)" },
+	{ "sniproxy_conns_per_sandbox", CFG_INT, F(sniproxy_conns_per_sandbox), "256", 1, 65536,
+	  NULL, false, "connections one sandbox may have open through the name-checking proxy at once "
+	  "(more are reset)" },
+	{ "sniproxy_conns", CFG_INT, F(sniproxy_conns), "4096", 1, 1000000, NULL, false,
+	  "connections all sandboxes of the node may have open through the name-checking proxy" },
+	{ "sniproxy_handshakes_per_sandbox", CFG_INT, F(sniproxy_handshakes_per_sandbox), "50", 1,
+	  100000, NULL, false, "new connections a second one sandbox may open through the "
+	  "name-checking proxy (more are reset)" },
+	{ "sniproxy_handshakes", CFG_INT, F(sniproxy_handshakes), "1000", 1, 1000000, NULL, false,
+	  "new connections a second all sandboxes may open through the name-checking proxy" },
 	{ "connlog_max_per_minute", CFG_INT, F(connlog_max_per_minute), "600", 1, 1000000, NULL,
 	  false, "connections (and refused attempts) a sandbox's connection log records per minute; "
 	  "more are counted as lost" },
 	{ "connlog_retention_days", CFG_INT, F(connlog_retention_days), "30", 1, 3650, NULL, false,
 	  "days the connection log keeps a row" },
+	{ "secrets_max", CFG_INT, F(secrets_max), "16", 0, 256, NULL, false,
+	  "secrets (host, header, value) one sandbox may hold (PUT /v1/sandboxes/{id}/secrets)" },
+	{ "secret_value_max", CFG_INT, F(secret_value_max), "8192", 1, 65536, NULL, false,
+	  "bytes of one secret's value" },
+	{ "inject_ca_file", CFG_STRING, F(inject_ca_file), NULL, 0, 0, NULL, false,
+	  "PEM file of the CAs the injecting proxy trusts for secrets' upstreams (default: the "
+	  "system's trust store)" },
+	{ "inject_connections_max", CFG_INT, F(inject_connections_max), "256", 1, 65536, NULL, false,
+	  "connections the injecting proxy of a node relays at once (for hosts with secrets)" },
+	{ "inject_connections_per_sandbox", CFG_INT, F(inject_connections_per_sandbox), "32", 1,
+	  65536, NULL, false,
+	  "of those, connections one sandbox may have relayed at once" },
 	{ "connlog_interval_s", CFG_INT, F(connlog_interval_s), "5", 1, 300, NULL, false,
 	  "seconds between the node's reads of its sandboxes' connection logs" },
 	{ "templates", CFG_BOOL, F(templates), "true", 0, 1, NULL, false,

@@ -53,6 +53,8 @@ struct kiln_config {
 							   this long are deleted; 0: never */
 	long long key_cache_s;		/* seconds an authenticated key is trusted from cache */
 	char *admin_key_file;		/* where the operator's first admin key is written */
+	long long template_max_per_tenant;	/* live templates of one tenant */
+	long long template_max_versions;	/* versions of one template */
 
 	/* kiln-node */
 	char *node_listen;		/* unix:/path or host:port of the node's API */
@@ -75,6 +77,9 @@ struct kiln_config {
 	long long exec_output_max;	/* bytes of stdout (and of stderr) an exec returns in JSON */
 	long long node_exec_memory_max;	/* bytes all execs' output may hold at once on a node */
 	long long exec_max_per_sandbox;	/* execs a sandbox runs at once */
+	long long port_connect_timeout_ms;	/* a port stream's connect in the guest */
+	long long port_streams_max_per_sandbox;	/* port streams a sandbox carries at once */
+	long long port_streams_max_per_tenant;	/* port streams a tenant holds through a gateway */
 	long long exec_max_per_tenant;	/* execs a tenant's sandboxes run at once on a node */
 	long long console_max_bytes;	/* guest console kept on disk per sandbox */
 	long long disk_iops_per_vcpu;	/* disk throttle per whole vCPU, 0 = none */
@@ -86,9 +91,18 @@ struct kiln_config {
 	long long conn_burst;
 	char *egress_deny;		/* CIDRs no egress rule can open ("host": the host's own) */
 	long long dns_pending_per_sandbox;	/* UDP queries one sandbox may have upstream */
+	long long sniproxy_conns_per_sandbox;	/* name-checking proxy: connections at once */
+	long long sniproxy_conns;
+	long long sniproxy_handshakes_per_sandbox;	/* new connections a second */
+	long long sniproxy_handshakes;
 	long long connlog_max_per_minute;	/* connection-log rows a sandbox may add a minute */
 	long long connlog_retention_days;	/* connection-log rows older are deleted */
 	long long connlog_interval_s;		/* how often the node reads the connection logs */
+	long long secrets_max;			/* secrets one sandbox may hold */
+	long long secret_value_max;		/* bytes of one secret's value */
+	char *inject_ca_file;			/* upstream trust of the injecting proxy (NULL: system) */
+	long long inject_connections_max;	/* connections the injecting proxy relays at once */
+	long long inject_connections_per_sandbox;	/* of which one sandbox's */
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_idle_s;	/* retire a template unused this long */

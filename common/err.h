@@ -53,6 +53,10 @@
 	X(KILN_E_NOT_IMPLEMENTED, "not_implemented", 501, true, "not offered by this server")      \
 	/* the VM died or its agent stopped answering */                                           \
 	X(KILN_E_SANDBOX_FAILED, "sandbox_failed", 502, true, "the sandbox stopped answering")     \
+	/* nothing listens on a sandbox's port (port URLs, docs/ports.md) */                       \
+	X(KILN_E_PORT_CLOSED, "port_closed", 502, true, "nothing listens on the sandbox's port")  \
+	/* a sandbox's port did not answer in time */                                              \
+	X(KILN_E_PORT_TIMEOUT, "port_timeout", 504, true, "the sandbox's port did not answer")    \
 	/* no node can take the sandbox */                                                         \
 	X(KILN_E_NO_CAPACITY, "no_capacity", 503, true, "no node has room for the sandbox")        \
 	/* a dependency (Postgres, Redis, a node) is down */                                       \

@@ -372,6 +372,82 @@ void http_reply_stream(struct http_req *req, int status, const char *content_typ
 	reply_queue(req, status, resp);
 }
 
+static void conn_mark_upgraded(struct http_req *req);
+
+struct upgrade_ctx {
+	http_upgrade_cb run;
+	void *cls;
+	int fd;
+	char *extra;
+	size_t extra_len;
+	struct MHD_UpgradeResponseHandle *urh;
+};
+
+static void *upgrade_main(void *arg)
+{
+	struct upgrade_ctx *u = arg;
+
+	u->run(u->cls, u->fd, u->extra, u->extra_len);
+	MHD_upgrade_action(u->urh, MHD_UPGRADE_ACTION_CLOSE);
+	free(u->extra);
+	free(u);
+	return NULL;
+}
+
+static void upgrade_handler(void *cls, struct MHD_Connection *connection, void *req_cls,
+			    const char *extra_in, size_t extra_in_size, MHD_socket sock,
+			    struct MHD_UpgradeResponseHandle *urh)
+{
+	struct upgrade_ctx *u = cls;
+	pthread_attr_t attr;
+	pthread_t t;
+	int rc;
+
+	(void)connection;
+	(void)req_cls;
+	u->fd = sock;
+	u->urh = urh;
+	u->extra = extra_in_size ? malloc(extra_in_size) : NULL;
+	if (u->extra) {
+		memcpy(u->extra, extra_in, extra_in_size);
+		u->extra_len = extra_in_size;
+	}
+	if (extra_in_size && !u->extra) {
+		rc = -1;
+	} else {
+		pthread_attr_init(&attr);
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		pthread_attr_setstacksize(&attr, HTTP_THREAD_STACK);
+		rc = pthread_create(&t, &attr, upgrade_main, u);
+		pthread_attr_destroy(&attr);
+	}
+	if (rc != 0) {
+		u->run(u->cls, -1, NULL, 0);
+		MHD_upgrade_action(urh, MHD_UPGRADE_ACTION_CLOSE);
+		free(u->extra);
+		free(u);
+	}
+}
+
+void http_reply_upgrade(struct http_req *req, const char *protocol, http_upgrade_cb run, void *cls)
+{
+	struct upgrade_ctx *u = calloc(1, sizeof(*u));
+	struct MHD_Response *resp = u ? MHD_create_response_for_upgrade(upgrade_handler, u) : NULL;
+
+	if (!resp) {
+		free(u);
+		run(cls, -1, NULL, 0);
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	u->run = run;
+	u->cls = cls;
+	u->fd = -1;
+	MHD_add_response_header(resp, "Upgrade", protocol);
+	conn_mark_upgraded(req);
+	reply_queue(req, 101, resp);
+}
+
 /* ---- accessors ---- */
 
 void *http_req_app(const struct http_req *req) { return req->srv->opts.app; }
@@ -448,7 +524,8 @@ void http_req_set_object(struct http_req *req, const char *object_id)
 #define PROXY_V2_MAX 1024	/* the longest v2 header we take */
 #define WATCH_TICK_MS 200
 
-enum conn_phase { PH_HEADERS, PH_BODY, PH_HANDLING };
+/* PH_UPGRADED: the connection left HTTP (http_reply_upgrade); no deadline applies any more. */
+enum conn_phase { PH_HEADERS, PH_BODY, PH_HANDLING, PH_UPGRADED };
 
 /* One accepted socket (the socket_context of libmicrohttpd). */
 struct conn {
@@ -1183,10 +1260,20 @@ static void conn_phase(struct http_server *srv, struct conn *cc, enum conn_phase
 	if (!cc)
 		return;
 	pthread_mutex_lock(&srv->lock);
+	if (cc->phase == PH_UPGRADED) {	/* never back to HTTP */
+		pthread_mutex_unlock(&srv->lock);
+		return;
+	}
 	cc->phase = phase;
 	cc->body_bytes = 0;
 	clock_gettime(CLOCK_MONOTONIC, &cc->t);
 	pthread_mutex_unlock(&srv->lock);
+}
+
+/* Exempts the request's connection from the deadlines: it leaves HTTP with this reply. */
+static void conn_mark_upgraded(struct http_req *req)
+{
+	conn_phase(req->srv, conn_of(req->conn), PH_UPGRADED);
 }
 
 /*
@@ -1445,6 +1532,20 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
 	atomic_fetch_sub(&srv->in_flight, 1);
 }
 
+long http_port_value(const char *s)
+{
+	long v = 0;
+
+	if (!s || !*s || strlen(s) > 5)
+		return -1;
+	for (; *s; s++) {
+		if (*s < '0' || *s > '9')
+			return -1;
+		v = v * 10 + (*s - '0');
+	}
+	return v >= 1 && v <= 65535 ? v : -1;
+}
+
 /* ---- start and stop ---- */
 
 static int parse_listen(const char *listen, struct sockaddr_in *sa)
@@ -1539,7 +1640,7 @@ struct http_server *http_server_start(const struct http_server_opts *opts, struc
 	struct http_server *srv = calloc(1, sizeof(*srv));
 	struct sockaddr_in sa;
 	unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
-			 MHD_USE_POLL | MHD_USE_ERROR_LOG;
+			 MHD_USE_POLL | MHD_USE_ERROR_LOG | MHD_ALLOW_UPGRADE;
 	int rc;
 
 	if (!srv) {

@@ -127,6 +127,9 @@ const char *http_req_id(const struct http_req *req);
 const char *http_req_client(const struct http_req *req);
 /* The path parameter `name` of the route ({id}), or NULL. */
 const char *http_req_param(const struct http_req *req, const char *name);
+
+/* A TCP port given as a route parameter or query value: 1..65535 in digits only; -1 otherwise. */
+long http_port_value(const char *s);
 /* A request header or query argument, or NULL. */
 const char *http_req_header(const struct http_req *req, const char *name);
 const char *http_req_query(const struct http_req *req, const char *name);
@@ -174,6 +177,17 @@ void http_reply_error(struct http_req *req, enum kiln_err code, const char *fmt,
 typedef ssize_t (*http_stream_cb)(void *cls, char *buf, size_t max);
 void http_reply_stream(struct http_req *req, int status, const char *content_type,
 		       http_stream_cb read_cb, void *cls, void (*free_cb)(void *));
+
+/*
+ * Switches the connection to another protocol: replies 101 with `Upgrade: protocol`, then runs
+ * `run(cls, fd, extra, extra_len)` on a thread of its own with the connection's socket and the
+ * bytes the client sent after the request already read (`extra`); the engine closes the socket
+ * when `run` returns. If the reply cannot be made, `run` is called with fd -1 at once (to free
+ * `cls`) and the client gets an error. The request must have asked for the upgrade (a client
+ * sending `Connection: Upgrade`).
+ */
+typedef void (*http_upgrade_cb)(void *cls, int fd, const char *extra, size_t extra_len);
+void http_reply_upgrade(struct http_req *req, const char *protocol, http_upgrade_cb run, void *cls);
 
 /* The HTTP status API replies give `code`: kiln_err_status(), the error table's column. */
 int http_status_of(enum kiln_err code);

@@ -26,11 +26,11 @@
 
 enum {
 	M_CFG, M_LIMITS, M_COUNTERS, M_ALLOW4, M_ALLOW4P, M_ALLOW6, M_ALLOW6P, M_DENY4, M_DENY6,
-	M_DNS, M_FLOWS, M_RULES, M_CONNLOG, M__COUNT
+	M_DNS, M_FLOWS, M_RULES, M_CONNLOG, M_NAMES, M__COUNT
 };
 static const char *const map_names[M__COUNT] = {
 	"cfg", "limits", "counters", "allow4", "allow4p", "allow6", "allow6p", "deny4", "deny6",
-	"dns", "flows", "rules", "connlog",
+	"dns", "flows", "rules", "connlog", "names",
 };
 
 struct kiln_policy {
@@ -380,6 +380,8 @@ static enum kiln_err set_rodata(struct egress_bpf *s, const struct kiln_sbnet *n
 	memcpy((void *)s->rodata->guest_ip6, a, 16);
 	inet_pton(AF_INET6, KILN_GUEST_LL6, a);
 	memcpy((void *)s->rodata->guest_ll6, a, 16);
+	inet_pton(AF_INET6, KILN_GATEWAY_IP6, a);
+	memcpy((void *)s->rodata->gw_ip6, a, 16);
 	memcpy((void *)s->rodata->nat_ip6, net->nat_ip6, 16);
 	unsigned mac[6];
 	if (sscanf(KILN_GUEST_MAC, "%x:%x:%x:%x:%x:%x", &mac[0], &mac[1], &mac[2], &mac[3],
@@ -455,7 +457,7 @@ enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct ki
 	struct bpf_map *maps[M__COUNT] = {
 		s->maps.cfg, s->maps.limits, s->maps.counters, s->maps.allow4, s->maps.allow4p,
 		s->maps.allow6, s->maps.allow6p, s->maps.deny4, s->maps.deny6, s->maps.dns,
-		s->maps.flows, s->maps.rules, s->maps.connlog,
+		s->maps.flows, s->maps.rules, s->maps.connlog, s->maps.names,
 	};
 	for (int i = 0; i < M__COUNT; i++)
 		p->fd[i] = dup(bpf_map__fd(maps[i]));
@@ -668,6 +670,17 @@ static void refresh_rules(struct kiln_policy *p, const struct np_cfg *c)
 	p->rules_loaded = true;
 }
 
+/*
+ * Deletes the name pins that match `drop` (rs: names no rule of rs covers; NULL: expired ones no
+ * live flow uses, now = mono time). Returns how many went.
+ */
+static int names_sweep(struct kiln_policy *p, const struct kiln_ruleset *rs, uint64_t now);
+
+static void purge_names(struct kiln_policy *p, const struct kiln_ruleset *rs)
+{
+	names_sweep(p, rs, 0);
+}
+
 /* Deletes learnt addresses whose name no rule of rs covers any more (on that port). */
 static void purge_dns(struct kiln_policy *p, const struct kiln_ruleset *rs)
 {
@@ -703,6 +716,7 @@ static void purge_dns(struct kiln_policy *p, const struct kiln_ruleset *rs)
 	for (size_t i = 0; i < n; i++)
 		bpf_map_delete_elem(p->fd[M_DNS], &gone[i]);
 	free(gone);
+	purge_names(p, rs);
 }
 
 static enum kiln_err policy_apply(struct kiln_policy *p, const struct kiln_ruleset *rs,
@@ -988,6 +1002,22 @@ static enum kiln_err read_counters(int fd, struct kiln_counters *out, struct kil
 	return KILN_OK;
 }
 
+void kiln_policy_count_drop(struct kiln_policy *p)
+{
+	int ncpu = libbpf_num_possible_cpus();
+	struct np_counters *v = ncpu > 0 ? calloc((size_t)ncpu, sizeof(*v)) : NULL;
+	uint32_t k = 0;
+	pthread_mutex_lock(&p->mu);
+	if (v && bpf_map_lookup_elem(p->fd[M_COUNTERS], &k, v) == 0) {
+		/* CPU 0's slot: the programs add without atomics, so a packet counted on CPU 0 at
+		 * this very moment may be lost; the count stays a lower bound */
+		v[0].drop_policy_packets++;
+		bpf_map_update_elem(p->fd[M_COUNTERS], &k, v, BPF_ANY);
+	}
+	pthread_mutex_unlock(&p->mu);
+	free(v);
+}
+
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,
 					struct kiln_error *err)
@@ -1029,6 +1059,18 @@ size_t kiln_policy_host_ports(struct kiln_policy *p, const char *name, uint16_t 
 	return n;
 }
 
+static int name_key(struct np_name_key *k, const char *name, int family, const uint8_t *addr)
+{
+	memset(k, 0, sizeof(*k));
+	size_t n = strlen(name);
+	if ((family != 4 && family != 6) || n == 0 || n >= sizeof(k->name))
+		return -1;
+	k->family = (uint8_t)family;
+	memcpy(k->addr, addr, family == 4 ? 4 : 16);
+	memcpy(k->name, name, n);
+	return 0;
+}
+
 static void dns_key(struct np_dns_key *k, int family, const uint8_t *addr, uint16_t port)
 {
 	memset(k, 0, sizeof(*k));
@@ -1051,6 +1093,13 @@ enum kiln_err kiln_policy_dns_learn(struct kiln_policy *p, const char *name, int
 	memset(&v, 0, sizeof(v));
 	v.expires_ns = mono_ns() + (uint64_t)ttl_s * 1000000000ull;
 	snprintf(v.name, sizeof(v.name), "%s", name);
+	/* The pin first: an address the allow map has is always one a name check can find. */
+	struct np_name_key nk;
+	struct np_name_val nv = {.expires_ns = v.expires_ns};
+	if (name_key(&nk, name, family, addr) < 0)
+		return kiln_error_set(err, KILN_E_INVALID, "bad name");
+	if (bpf_map_update_elem(p->fd[M_NAMES], &nk, &nv, BPF_ANY) < 0)
+		return kiln_error_set(err, KILN_E_IO, "pin name: %s", strerror(errno));
 	if (bpf_map_update_elem(p->fd[M_DNS], &k, &v, BPF_ANY) < 0)
 		return kiln_error_set(err, KILN_E_IO, "learn address: %s", strerror(errno));
 	return KILN_OK;
@@ -1067,6 +1116,36 @@ void kiln_policy_dns_forget(struct kiln_policy *p, const char *name, int family,
 		if (strcmp(v.name, name) == 0)
 			bpf_map_delete_elem(p->fd[M_DNS], &k);
 	}
+	struct np_name_key nk;
+	if (name_key(&nk, name, family, addr) == 0)
+		bpf_map_delete_elem(p->fd[M_NAMES], &nk);
+}
+
+
+enum kiln_err kiln_policy_set_namecheck(struct kiln_policy *p, bool on, struct kiln_error *err)
+{
+	pthread_mutex_lock(&p->mu);
+	struct np_cfg c;
+	int rc = get_cfg(p, &c);
+	if (rc == 0) {
+		c.flags = on ? c.flags | NP_CFG_NAMECHECK : c.flags & ~NP_CFG_NAMECHECK;
+		rc = put_cfg(p, &c);
+	}
+	pthread_mutex_unlock(&p->mu);
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "set name check: %s", strerror(-rc));
+	return KILN_OK;
+}
+
+bool kiln_policy_name_pinned(struct kiln_policy *p, const char *name, int family,
+			     const uint8_t *addr, bool expired_ok)
+{
+	struct np_name_key k;
+	struct np_name_val v;
+	if (name_key(&k, name, family, addr) < 0 ||
+	    bpf_map_lookup_elem(p->fd[M_NAMES], &k, &v) < 0)
+		return false;
+	return expired_ok || v.expires_ns > mono_ns();
 }
 
 static uint64_t timeout_of(uint8_t proto)
@@ -1074,9 +1153,67 @@ static uint64_t timeout_of(uint8_t proto)
 	return proto == 6 ? NP_FLOW_TCP_NS : proto == 17 ? NP_FLOW_UDP_NS : NP_FLOW_ICMP_NS;
 }
 
+static int names_sweep(struct kiln_policy *p, const struct kiln_ruleset *rs, uint64_t now)
+{
+	struct np_name_key cur, next;
+	void *prev = NULL;
+	size_t cap = 64, n = 0;
+	struct np_name_key *gone = malloc(cap * sizeof(*gone));
+	if (!gone)
+		return 0;
+	while (bpf_map_get_next_key(p->fd[M_NAMES], prev, &next) == 0) {
+		struct np_name_val v;
+		bool drop = false;
+		if (rs) {
+			uint16_t ports[16];
+			next.name[sizeof(next.name) - 1] = '\0';
+			drop = kiln_rules_match_host(rs, next.name, ports, 16) == 0;
+		} else if (bpf_map_lookup_elem(p->fd[M_NAMES], &next, &v) == 0) {
+			drop = v.expires_ns <= now;
+		}
+		if (drop) {
+			if (n == cap) {
+				struct np_name_key *g2 = realloc(gone, cap * 2 * sizeof(*gone));
+				if (!g2)
+					break;
+				gone = g2;
+				cap *= 2;
+			}
+			gone[n++] = next;
+		}
+		cur = next;
+		prev = &cur;
+	}
+	if (!rs && n) {
+		/* keep those a live flow still uses: its connection was checked against them */
+		struct np_flow_key fc, fn;
+		void *fp = NULL;
+		while (bpf_map_get_next_key(p->fd[M_FLOWS], fp, &fn) == 0) {
+			struct np_flow_val fv;
+			if (bpf_map_lookup_elem(p->fd[M_FLOWS], &fn, &fv) == 0 &&
+			    now - fv.last_ns < timeout_of(fn.proto)) {
+				for (size_t i = 0; i < n; i++)
+					if (gone[i].family == fn.family &&
+					    memcmp(gone[i].addr, fn.raddr, 16) == 0)
+						gone[i].family = 0;	/* kept */
+			}
+			fc = fn;
+			fp = &fc;
+		}
+	}
+	int deleted = 0;
+	for (size_t i = 0; i < n; i++)
+		if (gone[i].family && bpf_map_delete_elem(p->fd[M_NAMES], &gone[i]) == 0)
+			deleted++;
+	free(gone);
+	return deleted;
+}
+
+
 int kiln_policy_dns_gc(struct kiln_policy *p)
 {
 	uint64_t now = mono_ns();
+	names_sweep(p, NULL, now);
 	struct np_dns_key cur, next;
 	void *prev = NULL;
 	struct np_dns_key expired[256];

@@ -142,6 +142,9 @@ enum kiln_err kiln_policy_get_bandwidth(struct kiln_policy *p, struct kiln_bandw
 enum kiln_err kiln_policy_set_conn_limit(struct kiln_policy *p, uint32_t per_second,
 					 uint32_t burst, struct kiln_error *err);
 
+/* Counts one packet dropped by policy (the name-checking proxy's refusals). */
+void kiln_policy_count_drop(struct kiln_policy *p);
+
 /* For kiln-meter: reads a sandbox's counters from its pin, with no handle. */
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,
@@ -165,7 +168,24 @@ enum kiln_err kiln_policy_dns_learn(struct kiln_policy *p, const char *name, int
 void kiln_policy_dns_forget(struct kiln_policy *p, const char *name, int family,
 			    const uint8_t *addr, uint16_t port);
 
-/* Deletes expired learnt addresses that no live flow uses. Returns how many went. */
+/*
+ * Turns the hand-over of name-checked flows to the node's proxy on or off (NP_CFG_NAMECHECK in
+ * bpf/policy.h). The proxy turns it on when it first serves the sandbox and leaves it on: while
+ * no proxy listens (a node restarting), such SYNs are dropped rather than let through. Live.
+ */
+enum kiln_err kiln_policy_set_namecheck(struct kiln_policy *p, bool on, struct kiln_error *err);
+
+/*
+ * Whether the DNS proxy answered `name` (normalised) with addr (4 or 16 bytes by family): its
+ * name-and-address pin (map `names`), kept as long as the learnt address (the same TTL floor and
+ * cap), through kiln-node restarts, until a rule change leaves the name uncovered. expired_ok:
+ * an expired pin counts too (a live connection checked again after a rule change).
+ */
+bool kiln_policy_name_pinned(struct kiln_policy *p, const char *name, int family,
+			     const uint8_t *addr, bool expired_ok);
+
+/* Deletes expired learnt addresses, and expired name pins, that no live flow uses. Returns how
+ * many addresses went. */
 int kiln_policy_dns_gc(struct kiln_policy *p);
 
 /* Whether an address must never be learnt from DNS (private, host, metadata, sandbox ranges). */

@@ -190,6 +190,13 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	}
 	sb->expires_at = time(NULL) + r->timeout_s;
 	rc = create_vm(n, sb, r, tpl, err);
+	if (rc == KILN_OK && r->secrets && r->secrets->n) {
+		rc = secrets_store(n, r->id, r->tenant_id, r->secrets, err);
+		if (rc == KILN_OK)
+			rc = secrets_activate(n, sb, r->secrets, err);
+		if (rc != KILN_OK)
+			secrets_forget(n, r->id);
+	}
 	if (rc != KILN_OK) {
 		char why[KILN_ERRMSG_MAX];
 		struct kiln_error rerr = { 0 };

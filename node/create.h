@@ -6,6 +6,7 @@
 #define KILN_NODE_CREATE_H
 
 #include "node/node.h"
+#include "node/secrets.h"
 
 /* A create as the route parsed it. */
 struct create_req {
@@ -18,6 +19,7 @@ struct create_req {
 	unsigned disk_gib;		/* with from_snap: at least the snapshot's (else 422) */
 	long long timeout_s;
 	struct sb_init init;
+	struct secrets_set *secrets;	/* checked against init.egress, or NULL (node/secrets.h) */
 };
 
 /*

@@ -15,6 +15,7 @@
 #include "metering/plan.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
+#include "node/secrets.h"
 #include "node/create.h"
 #include "node/fork.h"
 #include "node/lifecycle.h"
@@ -108,6 +109,8 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 		struct sandbox *k = kids[made];
 		pthread_mutex_lock(&k->lock);
 		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, err);
+		if (rc == KILN_OK)
+			rc = secrets_inherit(n, parent->id, k, err);	/* forks inherit them */
 		if (rc == KILN_OK) {
 			struct record_fence kf = sb_fence(n, k);
 			rc = record_running(n->pg, c, &kf, err);
@@ -131,6 +134,7 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 			pthread_mutex_lock(&kids[i]->lock);
 			sb_teardown(n, kids[i]);
 			pthread_mutex_unlock(&kids[i]->lock);
+			secrets_forget(n, kids[i]->id);
 			/* none recorded when their insert was rolled back: nothing to delete then */
 			if (kids[i]->generation &&
 			    record_deleted(n->pg, c, &kf, &kerr) != KILN_OK)

@@ -21,10 +21,12 @@
 #include "auth/masterkey.h"
 #include "migrations/migrate.h"
 #include "netpolicy/dns.h"
+#include "netpolicy/sniproxy.h"
 #include "vmm/accel.h"
 #include "common/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "node/inject.h"
 #include "node/connlog.h"
 #include "node/lifecycle.h"
 #include "node/netsetup.h"
@@ -293,6 +295,18 @@ static int store_init(struct kiln_error *err)
 		log_warn("snapshots stay on this node: %s", kerr.msg);
 		return KILN_OK;
 	}
+	{	/* secrets need the master key too (node/secrets.h) */
+		static struct kiln_cidr deny[2 * KILN_DENY_MAX];
+		struct inject_opts io = { .ca_file = node.cfg.inject_ca_file,
+					  .connections_max = (int)node.cfg.inject_connections_max,
+					  .per_sandbox_max =
+						  (int)node.cfg.inject_connections_per_sandbox,
+					  .deny = deny };
+		if (kiln_policy_deny_ranges(node.cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &io.ndeny,
+					    err) != KILN_OK ||
+		    inject_new(&io, &node.inject, err) != KILN_OK)
+			return err->code;
+	}
 	node.s3.retries = 2;	/* s3_client_new's default */
 	node.s3.allow = node.storage_allow;
 	sc.s3 = &node.s3;
@@ -314,6 +328,8 @@ static void store_exit(void)
 {
 	snapstore_shutdown(node.store);
 	node.store = NULL;
+	inject_free(node.inject);
+	node.inject = NULL;
 	auth_master_key_wipe(&node.mk);
 	netaddr_allow_free(node.storage_allow);
 	node.storage_allow = NULL;
@@ -352,6 +368,26 @@ static void hostnet_exit(void)
 		log_info("nftables table of node \"%s\" removed", node.cfg.node_id);
 }
 
+/*
+ * The name-checking proxy's hand-off (kiln_sniproxy_handoff_fn): connections to a host the
+ * sandbox holds secrets for go to the injector, every other one is spliced by the proxy. The
+ * proxy knows a sandbox by its network id (a shortened id, kiln_sniproxy_add), the injector by its
+ * id: the registry maps one to the other (a sandbox gone meanwhile: spliced, its flows are cut).
+ */
+static int sni_handoff(void *arg, const char *net_id, int guest_fd, const void *pre,
+		       size_t pre_len, const char *host, const struct sockaddr_storage *upstream)
+{
+	struct node *n = arg;
+	char id[sizeof(n->sandboxes->id)] = "";
+
+	pthread_mutex_lock(&n->reg_lock);
+	for (struct sandbox *it = n->sandboxes; it && !id[0]; it = it->next)
+		if (strcmp(it->net_id, net_id) == 0)
+			snprintf(id, sizeof(id), "%s", it->id);
+	pthread_mutex_unlock(&n->reg_lock);
+	return id[0] ? inject_handoff(n, id, guest_fd, pre, pre_len, host, upstream) : 0;
+}
+
 static int net_init(struct kiln_error *err)
 {
 	char upstream[160];
@@ -370,11 +406,23 @@ static int net_init(struct kiln_error *err)
 	if (kiln_dns_proxy_start(&dc, &node.dns, err) != KILN_OK)
 		return err->code;
 	log_info("guests' DNS goes to \"%s\"", upstream);
+	struct kiln_sniproxy_config sc = {
+		.max_conns_per_sandbox = (uint32_t)node.cfg.sniproxy_conns_per_sandbox,
+		.max_conns = (uint32_t)node.cfg.sniproxy_conns,
+		.handshakes_per_sandbox = (uint32_t)node.cfg.sniproxy_handshakes_per_sandbox,
+		.handshakes = (uint32_t)node.cfg.sniproxy_handshakes,
+		.handoff = sni_handoff,
+		.handoff_arg = &node,
+	};
+	if (kiln_sniproxy_start(&sc, &node.sni, err) != KILN_OK)
+		return err->code;
 	return KILN_OK;
 }
 
 static void net_exit(void)
 {
+	kiln_sniproxy_stop(node.sni);
+	node.sni = NULL;
 	kiln_dns_proxy_stop(node.dns);
 	node.dns = NULL;
 }

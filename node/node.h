@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include "common/http.h"
@@ -31,7 +32,9 @@ struct jwks_cache;
 struct vmm_vm;
 struct agent;
 struct kiln_dns_proxy;
+struct kiln_sniproxy;
 struct snapstore;
+struct inject;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -54,6 +57,7 @@ struct sandbox {
 	bool has_net;
 	struct kiln_policy *pol;	/* the eBPF policy on its devices */
 	bool dns_added;
+	bool sni_added;		/* the name-checking proxy serves it */
 	uid_t uid;
 	bool has_uid;
 	struct sandbox *next;
@@ -65,8 +69,10 @@ struct node {
 	struct http_server *http;
 	struct jwks_cache *keys;
 	struct kiln_dns_proxy *dns;	/* serves every sandbox's 172.16.0.1:53 */
+	struct kiln_sniproxy *sni;	/* checks names on TCP 80/443 (netpolicy/sniproxy.h) */
 	struct auth_master_key mk;	/* seals snapshots that leave the node */
 	struct snapstore *store;	/* tenants' buckets; NULL without a master key */
+	struct inject *inject;		/* secrets' injecting proxy (inject.h); NULL without a master key */
 	struct netaddr_allow *storage_allow;	/* config storage_allow, parsed */
 	struct s3_opts s3;		/* the buckets' client settings (its allow list above) */
 	char listen_path[108];		/* the Unix socket, when listening on one */
@@ -170,5 +176,10 @@ enum kiln_err jwks_verify(struct jwks_cache *k, const char *token, size_t len,
 extern const struct http_route node_routes[];
 extern const size_t node_routes_len;
 bool node_before(struct http_req *req, const struct http_route *route);
+/*
+ * The sandbox a request names, if this node holds it for the token's tenant (a reference the
+ * caller sb_put()s); otherwise replies 404 and returns NULL.
+ */
+struct sandbox *node_request_sandbox(struct http_req *req);
 
 #endif

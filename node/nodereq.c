@@ -145,6 +145,7 @@ enum kiln_err nodereq_create(const char *text, size_t len, struct nodereq_create
 		{ "env", JF_OBJECT, false, 0 },
 		{ "metadata", JF_OBJECT, false, 0 },
 		{ "egress", JF_OBJECT, false, 0 },
+		{ "secrets", JF_ARRAY, false, 0 },
 		{ "bandwidth", JF_OBJECT, false, 0 },
 		{ "snapshot_id", JF_STRING, false, 64 },
 	};
@@ -181,6 +182,7 @@ enum kiln_err nodereq_create(const char *text, size_t len, struct nodereq_create
 	out->template_name = json_str(body, "template", "python");
 	out->from_snap = json_str(body, "snapshot_id", NULL);
 	out->egress = present(body, "egress");
+	out->secrets = present(body, "secrets");
 	out->bandwidth = present(body, "bandwidth");
 	out->metadata = json_is_object(json_object_get(body, "metadata"))
 				? json_dumps(json_object_get(body, "metadata"), JSON_COMPACT)

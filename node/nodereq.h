@@ -67,6 +67,7 @@ struct nodereq_create {
 	char **env;			/* owned (nodereq_env) */
 	char *metadata;			/* owned: the metadata object's compact JSON text, "{}" */
 	const json_t *egress, *bandwidth;	/* borrowed from body */
+	const json_t *secrets;			/* borrowed; checked by secrets_parse */
 };
 enum kiln_err nodereq_create(const char *text, size_t len, struct nodereq_create *out,
 			     struct kiln_error *err);

@@ -11,6 +11,7 @@
 
 #include "common/log.h"
 #include "metering/plan.h"
+#include "node/secrets.h"
 #include "node/lifecycle.h"
 #include "node/resume.h"
 #include "node/storage_sync.h"
@@ -63,6 +64,8 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	pthread_mutex_lock(&sb->lock);
 	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
 	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, err);
+	if (rc == KILN_OK)
+		rc = secrets_restore(n, sb, err);	/* its secrets, or it stays paused */
 	if (rc == KILN_OK)
 		rc = pg_acquire(n->pg, &c, err);
 	if (rc == KILN_OK) {

@@ -27,10 +27,12 @@
 #include "vmm/jail.h"
 #include "auth/apikey.h"
 #include "metering/plan.h"
+#include "node/secrets.h"
 #include "node/create.h"
 #include "node/fork.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
+#include "node/ports.h"
 #include "node/resume.h"
 #include "node/node.h"
 #include "node/nodereq.h"
@@ -100,6 +102,11 @@ static struct sandbox *request_sandbox(struct http_req *req)
 	if (!sb)
 		http_reply_error(req, KILN_E_NOT_FOUND, "no sandbox \"%s\"", id);
 	return sb;
+}
+
+struct sandbox *node_request_sandbox(struct http_req *req)
+{
+	return request_sandbox(req);
 }
 
 /* The sandbox as Postgres has it (sandbox_json), or NULL when it cannot be read. */
@@ -265,6 +272,17 @@ static void sandbox_bandwidth(struct http_req *req)
 	sandbox_netcfg(req, false);
 }
 
+/* PUT /secrets: replaces the set (node/secrets.c). */
+static void sandbox_secrets(struct http_req *req)
+{
+	struct sandbox *sb = request_sandbox(req);
+
+	if (sb) {
+		secrets_put_route(req, sb);
+		sb_put(http_req_app(req), sb);
+	}
+}
+
 /* ---- POST /v1/sandboxes/{id} ---- */
 
 static void sandbox_create(struct http_req *req)
@@ -272,6 +290,7 @@ static void sandbox_create(struct http_req *req)
 	struct node *n = http_req_app(req);
 	struct kiln_ruleset rules = { 0 };
 	struct kiln_bandwidth bw;
+	struct secrets_set secrets = { 0 };
 	struct create_req r = { .id = http_req_param(req, "id"), .tenant_id = claims_of(req)->tid };
 	struct nodereq_create c;
 	struct kiln_error err = { 0 };
@@ -294,6 +313,14 @@ static void sandbox_create(struct http_req *req)
 			goto out;
 		r.init.bandwidth = &bw;
 	}
+	/* secrets: bound to exact host rules of this very request's egress */
+	if (c.secrets && json_array_size(c.secrets)) {
+		if (secrets_parse(&n->cfg, c.secrets, &rules, &secrets, &err) != KILN_OK) {
+			http_reply_error(req, err.code, "%s", err.msg);
+			goto out;
+		}
+		r.secrets = &secrets;
+	}
 	r.vcpu_milli = c.vcpu_milli;
 	r.mem_mib = c.mem_mib;
 	r.disk_gib = c.disk_gib;
@@ -307,6 +334,7 @@ static void sandbox_create(struct http_req *req)
 	else
 		reply_sandbox(req, 201, r.id);
 out:
+	secrets_set_free(&secrets);
 	kiln_ruleset_free(&rules);
 	nodereq_create_free(&c);
 }
@@ -343,6 +371,7 @@ static void delete_record_only(struct http_req *req)
 		http_reply_error(req, rc, "the deletion could not be recorded: %s", err.msg);
 		return;
 	}
+	secrets_forget(n, id);
 	/* its pause snapshot's files go with the next snap_gc */
 	log_info("sandbox \"%s\" (%s) deleted", id, r.state);
 	http_reply_empty(req, 204);
@@ -381,6 +410,7 @@ static void sandbox_delete(struct http_req *req)
 	if (rc == KILN_OK) {
 		sb_teardown(n, sb);
 		sb->state = SB_STOPPED;
+		secrets_forget(n, sb->id);
 	}
 	pthread_mutex_unlock(&sb->lock);
 	if (rc != KILN_OK) {
@@ -866,6 +896,7 @@ static void sse_produce(struct pump *p, void *ctx)
 
 	j->p = p;
 	pump_ready(p, 200, "text/event-stream");
+	secrets_exec_env(j->n, j->sb->id, &j->e->env);	/* out of memory: as asked */
 	agent_req_of(j->e, &a);
 	rc = agent_exec(j->sb->agent, &a, sse_output, j, &r, &err);
 	if (rc == KILN_OK) {
@@ -976,6 +1007,7 @@ static void sandbox_exec(struct http_req *req)
 		return;
 	}
 	charged = EXEC_MEM_SLACK;	/* the texts' charges are theirs until they are freed */
+	secrets_exec_env(n, sb->id, &e->env);	/* out of memory: as asked */
 	agent_req_of(e, &a);
 	rc = agent_exec(sb->agent, &a, capture_output, &cap, &r, &err);
 	exec_leave(n, sb);
@@ -1559,6 +1591,7 @@ const struct http_route node_routes[] = {
 	{ "DELETE", "/v1/sandboxes/{id}", sandbox_delete, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/timeout", sandbox_timeout, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/ports/{port}/stream", ports_stream, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, TOKEN, HTTP_BODY_STREAM, upload_sink,
 	  FILE_MAX },
 	{ "GET", "/v1/sandboxes/{id}/files", files_get, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
@@ -1566,6 +1599,7 @@ const struct http_route node_routes[] = {
 	{ "PUT", "/v1/sandboxes/{id}/egress", sandbox_egress, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/bandwidth", sandbox_bandwidth, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "PUT", "/v1/sandboxes/{id}/secrets", sandbox_secrets, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/pause", sandbox_pause, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/resume", sandbox_resume, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/fork", sandbox_fork, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },

@@ -23,8 +23,11 @@
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
+#include "node/inject.h"
+#include "netpolicy/sniproxy.h"
 #include "node/connlog.h"
 #include "node/node.h"
+#include "node/ports.h"
 
 #define SB_GROW_WAIT_MS 30000	/* for the guest to see its grown disk (agent_grow_root) */
 
@@ -197,7 +200,9 @@ void sb_release(struct node *n, struct sandbox *sb)
 	struct kiln_error err = { 0 };
 	char run_dir[256], state_dir[640];
 
+	inject_drop(n->inject, sb->id);	/* its secrets leave memory with its VM */
 	if (sb->agent) {
+		ports_drain(n, sb);	/* no port stream outlives the channel it runs on */
 		agent_free(sb->agent);
 		sb->agent = NULL;
 	}
@@ -208,7 +213,11 @@ void sb_release(struct node *n, struct sandbox *sb)
 	}
 	if (sb->has_net)
 		connlog_flush(n, sb);	/* the VM is gone: its last flows, before the pins go */
-	/* The proxy's sockets keep the netns alive: they go first (netpolicy/netns.h). */
+	/* The proxies' sockets keep the netns alive: they go first (netpolicy/netns.h). */
+	if (sb->sni_added) {
+		kiln_sniproxy_remove(n->sni, sb->net_id);
+		sb->sni_added = false;
+	}
 	if (sb->dns_added) {
 		kiln_dns_proxy_remove(n->dns, sb->net_id);
 		sb->dns_added = false;
@@ -254,6 +263,10 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 	if (rc == KILN_OK) {
 		rc = kiln_dns_proxy_add(n->dns, &sb->net, sb->pol, err);
 		sb->dns_added = rc == KILN_OK;
+	}
+	if (rc == KILN_OK) {
+		rc = kiln_sniproxy_add(n->sni, &sb->net, sb->pol, err);
+		sb->sni_added = rc == KILN_OK;
 	}
 	return rc;
 }

@@ -42,6 +42,12 @@ struct call {
 	struct frame *head, *tail;
 	size_t queued;		/* bytes of data in the queue */
 	pthread_cond_t cond;	/* signalled when a frame arrives or the connection dies */
+	/* A port stream (agent_port_open): windows instead of the queue bound. */
+	bool stream;
+	bool aborted;		/* agent_port_abort(): wake and fail every wait */
+	bool failed;		/* the guest ended the stream with an ERROR */
+	uint32_t credit;	/* bytes the host may still send */
+	uint32_t inflight;	/* bytes the guest sent that the host has not acknowledged */
 };
 
 struct agent {
@@ -55,6 +61,7 @@ struct agent {
 	uint32_t next_id;
 	bool dead;
 	bool hello_sent;	/* the first HELLO (which starts a new session in the guest) went out */
+	unsigned agent_major;	/* N of the agent's "kiln-agent/N" (its last HELLO_OK), or 0 */
 	char dead_msg[160];
 	pthread_mutex_t wlock;	/* one writer at a time on fd */
 };
@@ -125,13 +132,39 @@ static void deliver(struct agent *a, const struct agent_hdr *h, const uint8_t *p
 	pthread_mutex_lock(&a->lock);
 	for (;;) {
 		c = call_find_locked(a, h->id);
-		if (!c || a->dead || c->queued == 0 || c->queued + h->len <= CALL_QUEUE_MAX)
+		if (!c || a->dead || c->stream || c->queued == 0 ||
+		    c->queued + h->len <= CALL_QUEUE_MAX)
 			break;
 		pthread_cond_wait(&a->space, &a->lock);
 	}
 	if (!c || a->dead) {
 		pthread_mutex_unlock(&a->lock);
 		return;
+	}
+	if (c->stream) {
+		/* The windows bound a stream's queue: a guest past them breaks the protocol. */
+		uint32_t more;
+
+		if (h->type == AGENT_T_STREAM_WINDOW) {
+			if (agent_parse_u32(payload, h->len, &more) < 0 ||
+			    (uint64_t)c->credit + more > AGENT_STREAM_WINDOW)
+				mark_dead_locked(a, "bad stream window from the guest");
+			else
+				c->credit += more;
+			pthread_cond_broadcast(&c->cond);
+			pthread_mutex_unlock(&a->lock);
+			return;
+		}
+		if (h->type == AGENT_T_STREAM_DATA) {
+			if ((uint64_t)c->inflight + h->len > AGENT_STREAM_WINDOW) {
+				mark_dead_locked(a, "guest overran a stream window");
+				pthread_mutex_unlock(&a->lock);
+				return;
+			}
+			c->inflight += h->len;
+		}
+		if (h->type == AGENT_T_ERROR)
+			c->failed = true;
 	}
 	f = malloc(sizeof(*f) + h->len);
 	if (!f) {
@@ -551,6 +584,12 @@ enum kiln_err agent_hello(struct agent *a, int timeout_ms, struct agent_hello_in
 				    m.version, AGENT_PROTO_VERSION);
 		goto cleanup;
 	}
+	char version[48];
+
+	sanitize(version, sizeof(version), m.agent_version.p, m.agent_version.len);
+	pthread_mutex_lock(&a->lock);
+	a->agent_major = agent_version_major(version);
+	pthread_mutex_unlock(&a->lock);
 	if (out) {
 		out->version = m.version;
 		sanitize(out->kernel_release, sizeof(out->kernel_release), m.kernel_release.p,
@@ -1019,4 +1058,265 @@ enum kiln_err agent_grow_root(struct agent *a, uint64_t min_bytes, uint32_t wait
 	free(f);
 	call_end(a, c);
 	return rc;
+}
+
+/* --- port streams --- */
+
+struct agent_port {
+	struct agent *a;
+	struct call *c;
+	struct frame *cur;	/* the data frame being read */
+	size_t cur_off;
+	bool rd_end;		/* the guest's side ended (STREAM_END or ERROR) */
+	bool wr_end;		/* STREAM_END sent */
+	bool broken;		/* a failure: close() cancels */
+};
+
+enum kiln_err agent_port_open(struct agent *a, uint16_t port, int timeout_ms,
+			      struct agent_port **out, struct kiln_error *err)
+{
+	struct agent_port *p = NULL;
+	struct frame *f = NULL;
+	struct call *c = NULL;
+	uint8_t payload[2];
+	struct agent_wr w;
+	enum kiln_err rc;
+	unsigned major;
+	int wrc;
+
+	*out = NULL;
+	if (port == 0)
+		return kiln_error_set(err, KILN_E_INVALID, "port 0");
+	pthread_mutex_lock(&a->lock);
+	major = a->agent_major;
+	pthread_mutex_unlock(&a->lock);
+	if (major < AGENT_PORT_STREAMS_MIN_VERSION)
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED,
+				      "the sandbox's agent predates port streams");
+	p = calloc(1, sizeof(*p));
+	c = p ? call_begin(a) : NULL;
+	if (!c) {
+		free(p);
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	pthread_mutex_lock(&a->lock);
+	c->stream = true;
+	c->credit = AGENT_STREAM_WINDOW;
+	pthread_mutex_unlock(&a->lock);
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u16(&w, port);
+	rc = send_frame(a, AGENT_T_PORT_OPEN, 0, c->id, payload, w.len, err);
+	if (rc)
+		goto fail;
+	wrc = call_next(a, c, mono_ms() + timeout_ms, &f);
+	if (wrc == -ETIMEDOUT) {
+		send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+		rc = kiln_error_set(err, KILN_E_PORT_TIMEOUT, "port %u did not accept in %d ms",
+				    port, timeout_ms);
+		goto fail;
+	}
+	if (wrc < 0) {
+		rc = wait_error(a, wrc, err);
+		goto fail;
+	}
+	if (f->type == AGENT_T_ERROR) {
+		struct agent_error_msg m;
+
+		if (agent_parse_error(f->data, f->len, &m) == 0 && m.status == AGENT_S_REFUSED)
+			rc = kiln_error_set(err, KILN_E_PORT_CLOSED, "nothing listens on port %u",
+					    port);
+		else
+			rc = guest_error(a, f, err);
+		goto fail;
+	}
+	uint64_t zero;
+
+	if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &zero) < 0) {
+		rc = protocol_violation(a, "bad reply to a port open", err);
+		goto fail;
+	}
+	free(f);
+	p->a = a;
+	p->c = c;
+	*out = p;
+	return KILN_OK;
+fail:
+	free(f);
+	call_end(a, c);
+	free(p);
+	return rc;
+}
+
+/* Acknowledges `len` bytes the caller consumed, so the guest may send as many more. */
+static int port_ack(struct agent_port *p, uint32_t len)
+{
+	uint8_t b[4];
+	struct agent_wr w;
+
+	pthread_mutex_lock(&p->a->lock);
+	p->c->inflight -= len;
+	pthread_mutex_unlock(&p->a->lock);
+	agent_wr_init(&w, b, sizeof(b));
+	agent_wr_u32(&w, len);
+	return send_frame(p->a, AGENT_T_STREAM_WINDOW, 0, p->c->id, b, w.len, NULL) ? -EPIPE : 0;
+}
+
+ssize_t agent_port_read(struct agent_port *p, void *buf, size_t cap, int timeout_ms)
+{
+	struct agent *a = p->a;
+	struct call *c = p->c;
+	int64_t deadline = timeout_ms < 0 ? -1 : mono_ms() + timeout_ms;
+	struct frame *f;
+
+	for (;;) {
+		if (p->cur) {
+			size_t n = p->cur->len - p->cur_off;
+
+			if (n > cap)
+				n = cap;
+			memcpy(buf, p->cur->data + p->cur_off, n);
+			p->cur_off += n;
+			if (p->cur_off == p->cur->len) {
+				uint32_t len = p->cur->len;
+
+				free(p->cur);
+				p->cur = NULL;
+				if (len && port_ack(p, len) < 0) {
+					p->broken = true;
+					return -EPIPE;
+				}
+			}
+			if (n > 0)
+				return (ssize_t)n;
+			continue;
+		}
+		if (p->rd_end)
+			return 0;
+		pthread_mutex_lock(&a->lock);
+		while (!c->head && !a->dead && !c->aborted) {
+			if (deadline >= 0 && mono_ms() >= deadline) {
+				pthread_mutex_unlock(&a->lock);
+				return -ETIMEDOUT;
+			}
+			if (deadline < 0) {
+				pthread_cond_wait(&c->cond, &a->lock);
+			} else {
+				struct timespec ts = { (time_t)(deadline / 1000),
+						       (long)(deadline % 1000) * 1000000 };
+
+				pthread_cond_timedwait(&c->cond, &a->lock, &ts);
+			}
+		}
+		if (c->aborted || !c->head) {
+			bool aborted = c->aborted;
+
+			pthread_mutex_unlock(&a->lock);
+			p->broken = true;
+			return aborted ? -ECANCELED : -EPIPE;
+		}
+		f = c->head;
+		c->head = f->next;
+		if (!c->head)
+			c->tail = NULL;
+		c->queued -= f->len;
+		pthread_mutex_unlock(&a->lock);
+		switch (f->type) {
+		case AGENT_T_STREAM_DATA:
+			p->cur = f;
+			p->cur_off = 0;
+			continue;
+		case AGENT_T_STREAM_END: {
+			uint32_t flen = f->len;
+
+			free(f);
+			if (flen != 0) {
+				mark_dead(a, "malformed stream end");
+				p->broken = true;
+				return -EPIPE;
+			}
+			p->rd_end = true;
+			return 0;
+		}
+		case AGENT_T_ERROR:
+			free(f);
+			p->rd_end = true;
+			p->broken = true;
+			return -ECONNRESET;
+		default:
+			free(f);
+			mark_dead(a, "unexpected frame in a port stream");
+			p->broken = true;
+			return -EPIPE;
+		}
+	}
+}
+
+int agent_port_write(struct agent_port *p, const void *data, size_t len)
+{
+	struct agent *a = p->a;
+	struct call *c = p->c;
+	const uint8_t *d = data;
+
+	if (p->wr_end)
+		return -EPIPE;
+	while (len > 0) {
+		uint32_t chunk;
+		int rc = 0;
+
+		pthread_mutex_lock(&a->lock);
+		while (c->credit == 0 && !a->dead && !c->aborted && !c->failed)
+			pthread_cond_wait(&c->cond, &a->lock);
+		if (a->dead)
+			rc = -EPIPE;
+		else if (c->aborted)
+			rc = -ECANCELED;
+		else if (c->failed)
+			rc = -ECONNRESET;
+		chunk = len < AGENT_CHUNK ? (uint32_t)len : AGENT_CHUNK;
+		if (chunk > c->credit)
+			chunk = c->credit;
+		if (rc == 0)
+			c->credit -= chunk;
+		pthread_mutex_unlock(&a->lock);
+		if (rc == 0 && send_frame(a, AGENT_T_STREAM_DATA, 0, c->id, d, chunk, NULL))
+			rc = -EPIPE;
+		if (rc < 0)
+			return rc;
+		d += chunk;
+		len -= chunk;
+	}
+	return 0;
+}
+
+int agent_port_shutdown(struct agent_port *p)
+{
+	if (p->wr_end)
+		return 0;
+	p->wr_end = true;
+	return send_frame(p->a, AGENT_T_STREAM_END, 0, p->c->id, NULL, 0, NULL) ? -EPIPE : 0;
+}
+
+void agent_port_abort(struct agent_port *p)
+{
+	pthread_mutex_lock(&p->a->lock);
+	p->c->aborted = true;
+	pthread_cond_broadcast(&p->c->cond);
+	pthread_mutex_unlock(&p->a->lock);
+}
+
+void agent_port_close(struct agent_port *p)
+{
+	bool cancel;
+
+	if (!p)
+		return;
+	pthread_mutex_lock(&p->a->lock);
+	cancel = p->c->aborted || p->c->failed || !p->rd_end || !p->wr_end || p->broken;
+	cancel = cancel && !p->a->dead;
+	pthread_mutex_unlock(&p->a->lock);
+	if (cancel)
+		send_frame(p->a, AGENT_T_CANCEL, 0, p->c->id, NULL, 0, NULL);
+	free(p->cur);
+	call_end(p->a, p->c);
+	free(p);
 }

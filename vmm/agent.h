@@ -18,6 +18,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "common/err.h"
 
@@ -183,6 +184,45 @@ enum kiln_err agent_set_identity(struct agent *a, const struct agent_identity *i
 #define AGENT_GROW_GRACE_MS 120000	/* beyond the wait, for the resize itself */
 enum kiln_err agent_grow_root(struct agent *a, uint64_t min_bytes, uint32_t wait_ms,
 			      uint64_t *fs_bytes, struct kiln_error *err);
+
+/*
+ * Port streams: a TCP connection to 127.0.0.1:`port` inside the guest, its bytes carried over the
+ * agent's channel both ways with per-stream windows (docs/agent-protocol.md), so a slow reader
+ * on either side slows that stream only. One thread may read while another writes; neither call
+ * may run twice at once on one stream.
+ */
+struct agent_port;
+
+/*
+ * Opens a stream to `port`, waiting up to `timeout_ms` for the guest's connect. KILN_E_PORT_CLOSED
+ * when nothing listens there, KILN_E_PORT_TIMEOUT when the connect did not finish in time,
+ * KILN_E_RATE_LIMITED when the guest carries too many streams (64), KILN_E_NOT_IMPLEMENTED for an
+ * agent older than port streams, KILN_E_SANDBOX_FAILED when the guest stops answering.
+ */
+enum kiln_err agent_port_open(struct agent *a, uint16_t port, int timeout_ms,
+			      struct agent_port **out, struct kiln_error *err);
+
+/*
+ * Reads up to `cap` bytes the guest's server sent, waiting up to `timeout_ms` (-1: until some
+ * come). Returns the bytes read, 0 when the server ended its side, -ETIMEDOUT, -ECONNRESET when
+ * the guest's socket failed, -ECANCELED after agent_port_abort(), -EPIPE when the channel died.
+ */
+ssize_t agent_port_read(struct agent_port *p, void *buf, size_t cap, int timeout_ms);
+
+/*
+ * Sends all of `data` to the guest's server, waiting while the stream's window is full. Returns
+ * 0, or -ECONNRESET, -ECANCELED, -EPIPE as agent_port_read().
+ */
+int agent_port_write(struct agent_port *p, const void *data, size_t len);
+
+/* Ends the host's direction (the server reads EOF); reading goes on. 0 or -EPIPE. */
+int agent_port_shutdown(struct agent_port *p);
+
+/* From any thread: makes every wait of `p` return -ECANCELED (its peer went away). */
+void agent_port_abort(struct agent_port *p);
+
+/* Ends the stream (cancelling it in the guest unless both sides ended cleanly) and frees it. */
+void agent_port_close(struct agent_port *p);
 
 /* Closes the connection, stops the reader thread and frees `a`. Accepts NULL. No call may be
  * running on `a`. */

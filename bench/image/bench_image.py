@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
 import kiln  # noqa: E402
-from bench_vm import on_term, smaps_rollup, vm_pids  # noqa: E402
+from bench_vm import on_term, smaps_rollup, vm_pids, wait_template  # noqa: E402
 
 MIB = 1 << 20
 SHAPE = {"vcpus": 1, "memory_mib": 512, "disk_gib": 10}  # the default template's shape
@@ -73,17 +73,7 @@ def measure(label, env, runs, nmem):
                      "max_snapshot_bytes) VALUES ('bench', 64, 64000, 65536, 53687091200); "
                      "UPDATE tenants SET plan = 'bench' WHERE name = 'bench'")
         node_id = stack.node.node_id
-        template = None
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline and not template:
-            template = stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
-                                    f"AND node_id = '{node_id}'")
-            if not template:
-                time.sleep(0.5)
-        if not template:
-            raise RuntimeError("no template was built")
-        while time.monotonic() < deadline and f'template "{template}"' not in stack.node.output():
-            time.sleep(0.1)
+        template, _, _ = wait_template(stack, 900)
         t_ready = time.monotonic() - t_node
         print(f"{label}: template {template} ready {t_ready:.1f} s after the node was started", flush=True)
 

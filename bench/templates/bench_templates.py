@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
 import kiln  # noqa: E402
-from bench_vm import on_term, resident_bytes, scan_smaps, smaps_rollup, vm_pids  # noqa: E402
+from bench_vm import on_term, resident_bytes, scan_smaps, smaps_rollup, vm_pids, wait_template  # noqa: E402
 
 MIB = 1 << 20
 SHAPE = {"vcpus": 1, "memory_mib": 512, "disk_gib": 10}  # the default shape, spelled out
@@ -80,21 +80,10 @@ def main():
         node_id = stack.node.node_id
         accel = stack.db.sql(f"SELECT accelerator FROM nodes WHERE id = '{node_id}'") or "?"
 
-        template = None
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and not template:
-            template = stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
-                                    f"AND node_id = '{node_id}'")
-            if not template:
-                time.sleep(0.5)
-        if not template:
-            raise RuntimeError("no template was built")
-        t_template = time.monotonic() - t_node
-        # The row is written before the build's VM is torn down and the template marked ready in
-        # the node: a create in that window still cold-boots. Wait for the node's own word.
-        while time.monotonic() < deadline and f'template "{template}"' not in stack.node.output():
-            time.sleep(0.1)
-        t_usable = time.monotonic() - t_node
+        waited_from = time.monotonic() - t_node
+        template, t_template, t_usable = wait_template(stack, 600)
+        t_template += waited_from
+        t_usable += waited_from
         tdir = f"{stack.node.data_dir}/snaps/{node_id}/{template}"
         t_alloc = du_bytes(tdir)
         print(f"template {template}: row {t_template:.1f} s, usable {t_usable:.1f} s after the node was "

@@ -191,6 +191,31 @@ class BareVM:
             os.unlink(self.mem)
 
 
+# ---- templates ----
+
+def wait_template(stack, timeout=900):
+    """Waits for the node of `stack` to build its template and take it into use: (its id, seconds
+    from now until its snapshots row appeared, seconds until the node said it is ready). The row
+    is written before the build's VM is torn down and the template marked ready in the node: a
+    create in that window still cold-boots, so the node's own word is the end of the wait.
+    RuntimeError when no template appears within `timeout` seconds."""
+    t0 = time.monotonic()
+    deadline = t0 + timeout
+    node_id = stack.node.node_id
+    template = None
+    while time.monotonic() < deadline and not template:
+        template = stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
+                                f"AND node_id = '{node_id}'")
+        if not template:
+            time.sleep(0.5)
+    if not template:
+        raise RuntimeError("no template was built")
+    t_row = time.monotonic() - t0
+    while time.monotonic() < deadline and f'template "{template}"' not in stack.node.output():
+        time.sleep(0.1)
+    return template, t_row, time.monotonic() - t0
+
+
 # ---- memory of one VMM process ----
 
 def vm_pids(node_id, sandbox_id):

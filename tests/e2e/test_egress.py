@@ -22,14 +22,39 @@ INET = ["203.0.113.%d" % i for i in range(10, 18)] + ["198.51.100.21", "198.51.1
                                                       "2001:db8:2::20"]
 PROBE = r'''
 import socket, sys
-def tcp(host, port, t=3):
+# Ports 80 and 443 to an address only a host rule allows are name-checked (kiln-node's
+# name-checking proxy): a probe there names the host its address was learnt from.
+NAMES = {"203.0.113.10": "sub.example.com", "203.0.113.11": "example.com",
+         "203.0.113.12": "a.wild.test", "203.0.113.13": "x.y.wild.test",
+         "203.0.113.15": "rebind.test", "203.0.113.16": "wild.test", "198.51.100.21": "api.test",
+         "198.51.100.22": "other.test", "2001:db8:1::10": "v6.test"}
+def tcp(host, port, t=3, name=None):
     try:
         s = socket.create_connection((host, port), timeout=t)
         s.settimeout(t)
+        if port in (80, 443):
+            s.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % (name or NAMES.get(host, host)).encode())
         d = s.recv(64)
         s.close()
         return "ok" if d else "empty"
     except Exception as e:
+        return "fail"
+def tls(host, sni, t=5):
+    # a real ClientHello (Python's ssl) naming sni; "ok" when the server's greeting comes back
+    import ssl
+    o = ssl.MemoryBIO()
+    c = ssl.create_default_context().wrap_bio(ssl.MemoryBIO(), o, server_hostname=sni)
+    try:
+        c.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    try:
+        s = socket.create_connection((host, 443), timeout=t)
+        s.settimeout(t)
+        s.sendall(o.read())
+        d = s.recv(64)
+        return "ok" if d.startswith(b"hello") else "empty"
+    except Exception:
         return "fail"
 def dns(name, family=socket.AF_INET):
     try:
@@ -122,7 +147,7 @@ class EgressTests(unittest.TestCase):
         self.assertEqual(self.run_py(
             "print(tcp('203.0.113.10', 80),"
             " len({a[4][0] for a in socket.getaddrinfo('many.test', 80, socket.AF_INET)}),"
-            " tcp('203.0.113.10', 80))"), ["fail", "300", "ok"])
+            " tcp('203.0.113.10', 80, name='many.test'))"), ["fail", "300", "ok"])
 
     def test_dns_to_a_foreign_resolver_is_dropped_once_rules_exist(self):
         self.assertEqual(self.run_py("print(udp_dns('192.0.2.53'))"), ["answered"])
@@ -208,6 +233,64 @@ class EgressTests(unittest.TestCase):
         got_data, seconds = res["out"]
         self.assertEqual(got_data, "True")
         self.assertLess(int(seconds), 11, "the stream went on after its rule was removed")
+
+    def test_names_on_a_shared_address_are_checked_on_the_wire(self):
+        # sub.example.com and twin.example.com are both 203.0.113.10 (fakenet.py)
+        self.assertEqual(self.egress(["sub.example.com"]).status, 200)
+        self.assertEqual(self.run_py(
+            "print(dns('sub.example.com'), tcp('203.0.113.10', 80), tls('203.0.113.10', 'sub.example.com'),"
+            " tcp('203.0.113.10', 80, name='twin.example.com'), tls('203.0.113.10', 'twin.example.com'),"
+            " tcp('203.0.113.10', 443, name='twin.example.com'))"),
+            ["203.0.113.10", "ok", "ok", "fail", "fail", "fail"])
+        # a changed rule cuts a live connection that no longer matches
+        self.assertEqual(self.egress(["sub.example.com", "twin.example.com"]).status, 200)
+        import threading
+        res = {}
+
+        def hold():
+            # one keep-alive connection asking sub.example.com again every 0.5 s, for at most
+            # 30 s: it ends at the first request left unanswered (cut: reset, or dropped)
+            res["out"] = self.run_py(
+                "import time\nprint(dns('sub.example.com'))\n"
+                "s = socket.create_connection(('203.0.113.10', 80), timeout=3)\n"
+                "s.settimeout(3)\nt0 = time.time(); n = 0; end = 'timeout'\n"
+                "while time.time() - t0 < 30:\n"
+                "    try:\n"
+                "        s.sendall(b'GET / HTTP/1.1\\r\\nHost: sub.example.com\\r\\n\\r\\n')\n"
+                "        d = s.recv(4096)\n"
+                "    except Exception as e:\n        end = type(e).__name__; break\n"
+                "    if not d:\n        end = 'eof'; break\n"
+                "    n += 1\n    time.sleep(0.5)\n"
+                "print(n > 0, end, round(time.time() - t0))", timeout=60)
+        t = threading.Thread(target=hold)
+        t.start()
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            ss = subprocess.run(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], "ss", "-Htn",
+                                 "state", "established", "( sport = :80 )"],
+                                capture_output=True, text=True)
+            if ss.stdout.strip():
+                break
+            time.sleep(0.2)
+        else:
+            self.fail("the guest's connection to sub.example.com:80 never came up")
+        time.sleep(1)
+        self.assertEqual(self.egress(["twin.example.com"]).status, 200)
+        t.join(90)
+        addr, answered, end, seconds = res["out"]
+        self.assertEqual((addr, answered), ("203.0.113.10", "True"), res)
+        self.assertLess(int(seconds), 25, "the connection went on after its rule was removed")
+        # and the proxy closed its side upstream
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            ss = subprocess.run(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], "ss", "-Htn",
+                                 "state", "established", "( sport = :80 )"],
+                                capture_output=True, text=True)
+            if not ss.stdout.strip():
+                break
+            time.sleep(0.5)
+        else:
+            self.fail("the upstream connection stayed open: " + ss.stdout)
 
     def test_a_bad_rule_is_422_naming_it_and_nothing_changes(self):
         self.assertEqual(self.egress(["sub.example.com"]).status, 200)

@@ -1,11 +1,13 @@
-"""The base image as a developer meets it: pip, npm, git, curl and the ordinary account `user`.
+"""The base image as a developer meets it: pip, npm, apt, git, curl and the ordinary account `user`.
 
 One real sandbox on the fake internet of test_egress (its main() builds the host and internet
 namespaces). On the internet side this test serves, over plain HTTP, a PEP 503 simple index with a
-pure-python wheel it builds itself (api.test:8000) and a minimal npm registry, a package document
-and its tarball (other.test:8000). `pip install` (outside a venv, as root and as `user`) and
-`npm install` work when the sandbox's egress names the index and fail with the tool's own error
-when its rules leave it out.
+pure-python wheel it builds itself and a signed apt repository (api.test:8000), and a minimal npm
+registry, a package document and its tarball (other.test:8000). `pip install` (outside a venv, as
+root and as `user`) and `npm install` work when the sandbox's egress names the index and fail with
+the tool's own error when its rules leave it out; `apt-get update && apt-get install` of a package
+of the test repository (its Release signed with a key made for the run) works through the node's
+network, and the package's command wins over busybox's applet of the same name.
 """
 import base64
 import hashlib
@@ -93,6 +95,53 @@ def make_npm_tarball():
     return buf.getvalue()
 
 
+# The test repository's package: `wget`, whose command busybox also has (build-image.sh links the
+# applet in /usr/local/lib/busybox, last on PATH), so the installed one must win.
+APT_SCRIPT = b"#!/bin/sh\necho kiln-wget 99\n"
+
+
+def make_apt_repo(folder):
+    """A flat apt repository in `folder` (the .deb, Packages, Release and its clearsigned
+    InRelease) signed with a throwaway ed25519 key; returns the key's public keyring (bytes)."""
+    work = tempfile.mkdtemp(prefix="kiln-image-apt-")
+    try:
+        pkg = os.path.join(work, "pkg")
+        os.makedirs(os.path.join(pkg, "DEBIAN"))
+        os.makedirs(os.path.join(pkg, "usr", "bin"))
+        with open(os.path.join(pkg, "DEBIAN", "control"), "w") as f:
+            f.write("Package: wget\nVersion: 99.0-1\nArchitecture: all\n"
+                    "Maintainer: Kiln tests <tests@kiln.invalid>\nDescription: a test package\n")
+        with open(os.path.join(pkg, "usr", "bin", "wget"), "wb") as f:
+            f.write(APT_SCRIPT)
+        os.chmod(os.path.join(pkg, "usr", "bin", "wget"), 0o755)
+        os.makedirs(folder)
+        subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", pkg,
+                        os.path.join(folder, "wget_99.0-1_all.deb")], check=True, capture_output=True)
+        packages = subprocess.run(["dpkg-scanpackages", "-m", "."], cwd=folder, check=True,
+                                  capture_output=True).stdout
+        with open(os.path.join(folder, "Packages"), "wb") as f:
+            f.write(packages)
+        release = ("Origin: kiln-test\nLabel: kiln-test\nSuite: kiln\nCodename: kiln\n"
+                   "Date: Sat, 01 Jan 2000 00:00:00 UTC\nArchitectures: all amd64\nSHA256:\n"
+                   f" {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n")
+        with open(os.path.join(folder, "Release"), "w") as f:
+            f.write(release)
+        home = os.path.join(work, "gpg")
+        os.mkdir(home, 0o700)
+        gpg = ["gpg", "--homedir", home, "--batch", "--quiet", "--pinentry-mode", "loopback",
+               "--passphrase", ""]
+        try:
+            subprocess.run(gpg + ["--quick-gen-key", "Kiln test repository <tests@kiln.invalid>",
+                                  "ed25519", "sign", "1d"], check=True, capture_output=True)
+            subprocess.run(gpg + ["--yes", "--clearsign", "-o", os.path.join(folder, "InRelease"),
+                                  os.path.join(folder, "Release")], check=True, capture_output=True)
+            return subprocess.run(gpg + ["--export"], check=True, capture_output=True).stdout
+        finally:
+            subprocess.run(["gpgconf", "--homedir", home, "--kill", "all"], capture_output=True)
+    finally:
+        shutil.rmtree(work, True)
+
+
 class ImageTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -122,6 +171,7 @@ class ImageTests(unittest.TestCase):
                                                    hashlib.sha512(tgz).digest()).decode()}}}}
         with open(os.path.join(cls.www, "npm", "kiln-pkg", "_index"), "w") as f:
             json.dump(doc, f)
+        cls.apt_key = make_apt_repo(os.path.join(cls.www, "pip", "apt"))
         cls.servers = []
         for addr, sub in ((PIP_HOST, "pip"), (NPM_HOST, "npm")):
             p = subprocess.Popen(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], sys.executable,
@@ -210,6 +260,48 @@ class ImageTests(unittest.TestCase):
         code, out, err = self.sh(npm + " && node -e 'console.log(require(\"kiln-pkg\"))'")
         self.assertEqual(code, 0, (out, err))
         self.assertEqual(out.split("\n")[-2], "42")
+
+    def test_apt_installs_from_a_signed_repository_and_the_package_shadows_busybox(self):
+        # busybox's wget until a package brings its own; its applets are on every PATH
+        code, out, err = self.sh("command -v wget; su user -c 'command -v ip'; sudo -n sh -c 'command -v ps';"
+                                 " su - user -c 'command -v ping'; ls /usr/local/bin")
+        self.assertEqual(code, 0, (out, err))
+        self.assertEqual(out.split("\n")[:4], ["/usr/local/lib/busybox/wget", "/usr/local/lib/busybox/ip",
+                                                "/usr/local/lib/busybox/ps", "/usr/local/lib/busybox/ping"])
+        self.assertNotIn("wget", out.split("\n")[4:], "a busybox link in /usr/local/bin")
+        # the repository's key through the files API (its parent folder made on the way)
+        r = self.gw.request("PUT", f"/v1/sandboxes/{self.sb['id']}/files?path=/etc/apt/keyrings/kiln/test.gpg",
+                            self.apt_key, dict(self.key, **{"Content-Type": "application/octet-stream"}))
+        self.assertEqual(r.status, 204, r)
+        self.egress(["api.test"])
+        code, out, err = self.sh(
+            f"echo 'deb [signed-by=/etc/apt/keyrings/kiln/test.gpg] http://api.test:{PORT}/apt/ ./' "
+            "> /etc/apt/sources.list.d/kiln-test.list && mv /etc/apt/sources.list /root/sources.list.debian"
+            " && apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends wget;"
+            " rc=$?; mv /root/sources.list.debian /etc/apt/sources.list; exit $rc")
+        self.assertEqual(code, 0, (out, err))
+        self.assertIn(f"http://api.test:{PORT}/apt ./ InRelease", out)
+        self.assertNotIn("NO_PUBKEY", out + err)
+        code, out, err = self.sh("command -v wget; wget; dpkg-query -W wget; su - user -c wget")
+        self.assertEqual((code, out), (0, "/usr/bin/wget\nkiln-wget 99\nwget\t99.0-1\nkiln-wget 99\n"),
+                         err)
+
+    def test_a_file_written_as_user_makes_its_parents_its_own(self):
+        base = f"/v1/sandboxes/{self.sb['id']}/files"
+        octet = dict(self.key, **{"Content-Type": "application/octet-stream"})
+        r = self.gw.request("PUT", base + "?path=/home/user/a/b/c.txt&user=user", b"deep\n", octet)
+        self.assertEqual(r.status, 204, r)
+        code, out, err = self.sh("cd /home/user && stat -c '%u:%g %a %n' a a/b a/b/c.txt && cat a/b/c.txt")
+        self.assertEqual((code, out), (0, "1000:1000 755 a\n1000:1000 755 a/b\n1000:1000 644 a/b/c.txt\ndeep\n"),
+                         err)
+        # where the user may not make the folder: 403, and nothing made
+        r = self.gw.request("PUT", base + "?path=/etc/kiln-probe-dir/x&user=user", b"x", octet)
+        self.assertEqual(r.status, 403, r)
+        # under a file: 404
+        r = self.gw.request("PUT", base + "?path=/home/user/a/b/c.txt/d", b"x", octet)
+        self.assertEqual(r.status, 404, r)
+        code, out, err = self.sh("ls -d /etc/kiln-probe-dir 2>&1; ls /home/user/a/b")
+        self.assertEqual(out, "ls: cannot access '/etc/kiln-probe-dir': No such file or directory\nc.txt\n")
 
     def test_curl_reaches_an_allowed_server_only(self):
         self.egress(["api.test"])

@@ -46,7 +46,8 @@ import metertest as mt  # noqa: E402  (kiln-meter as the metering tests run it)
 GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
             "KILN_TENANT_RATE_LIMIT_RPS": "100000", "KILN_TENANT_RATE_LIMIT_BURST": "100000",
             "KILN_CREATE_LIMIT_RPM": "1000", "KILN_TENANT_CREATE_LIMIT_RPM": "1000"}
-PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_"}
+PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_",
+          "template": "tmpl_"}
 A_FILE = "/root/data.csv"
 
 
@@ -174,6 +175,11 @@ class TenantMatrix(unittest.TestCase):
             r = cls.gw.request("POST", "/v1/api-keys", {"name": "second", "scopes": ["sandbox:read"]}, t.key)
             assert r.status == 201, r
             t.ids["api_key"] = r.json()["id"]
+            r = cls.gw.request("POST", "/v1/templates",
+                               {"name": "tpl-" + t.name, "vcpus": 1, "memory_mib": 512, "disk_gib": 10},
+                               t.key)
+            assert r.status == 201, r
+            t.ids["template"] = r.json()["id"]
         cls.A_ids = set(cls.A.ids.values())
 
     # -------------------------------------------------------------------------------- helpers
@@ -226,6 +232,8 @@ class TenantMatrix(unittest.TestCase):
             "bandwidth": bw,
             "snapshots": sorted((s["id"], s["sandbox_id"], s.get("name"))
                                 for s in get("/v1/snapshots").json()["snapshots"]),
+            "templates": sorted(json.dumps(x, sort_keys=True)
+                                for x in get("/v1/templates").json()["templates"]),
             "keys": sorted((k["id"], k["revoked_at"], k.get("expires_at"), tuple(k["scopes"]))
                            for k in get("/v1/api-keys").json()["api_keys"]),
             "granted": get("/v1/billing/balance").json()["granted_ucr"],
@@ -385,7 +393,7 @@ class TenantMatrix(unittest.TestCase):
                 seen |= set(listening(ns))
 
         gw_addr = "127.0.0.1:%d" % self.gw.port
-        kinds, unknown, dns_ns, vm_sockets = set(), [], set(), []
+        kinds, unknown, dns_ns, proxy_ns, vm_sockets = set(), [], set(), set(), []
         for who, netid, local, ns in sorted(seen, key=str):
             if who == "gateway" and netid == "tcp" and local == gw_addr and ns is None:
                 kinds.add("gateway-api")
@@ -394,6 +402,12 @@ class TenantMatrix(unittest.TestCase):
             elif who == "node" and netid in ("tcp", "udp") and local == "172.16.0.1:53" and ns:
                 kinds.add("dns-proxy")
                 dns_ns.add(ns)
+            elif (who == "node" and netid == "tcp" and ns
+                  and local in ("172.16.0.1:15001", "[fdff:6b69:6c6e::1]:15001")):
+                # The name-checking proxy's transparent listener (bpf/policy.h NP_PROXY_PORT):
+                # reached only through np_from_guest's hand-over of TCP 80/443, never dialled.
+                kinds.add("name-proxy")
+                proxy_ns.add(ns)
             elif (who == "node-child" and netid == "u_str" and ns
                   and re.fullmatch(r"/run/kiln/%s/sb_[a-z2-7]+/[a-z]+\.sock" % self.stack.node.node_id,
                                    local)):
@@ -403,7 +417,7 @@ class TenantMatrix(unittest.TestCase):
             else:
                 unknown.append((who, netid, local, ns))
         self.assertEqual(unknown, [], "listeners this test does not cover")
-        self.assertEqual(kinds, {"gateway-api", "node-api", "dns-proxy", "vm-control"}, seen)
+        self.assertEqual(kinds, {"gateway-api", "node-api", "dns-proxy", "name-proxy", "vm-control"}, seen)
         # A VM's sockets: in its own sandbox's namespace, and only their owner may connect (each
         # VM's QEMU runs as a uid of its own; kiln-node is root): no other VM's QEMU can.
         owners = {}
@@ -421,6 +435,7 @@ class TenantMatrix(unittest.TestCase):
         running = self.db.sql(f"SELECT count(*) FROM sandboxes WHERE node_id = "
                               f"'{self.stack.node.node_id}' AND state = 'running'")
         self.assertEqual(len(dns_ns), int(running), dns_ns)
+        self.assertEqual(proxy_ns, dns_ns)
         # From B's guest, A's sandbox namespace (its uplink address) takes no connection.
         a_ns = None
         for ns in dns_ns:
@@ -440,6 +455,12 @@ class TenantMatrix(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/sandboxes/{self.B.ids['sandbox']}/exec",
                             {"code": probe % "172.16.0.1"}, self.B.key, timeout=120)
         self.assertEqual((r.status, r.json().get("stdout", "").strip()), (200, "open"), r)
+        # B's guest cannot dial its own namespace's name-checking proxy: only np_from_guest's
+        # hand-over of a checked flow reaches that listener.
+        r = self.gw.request("POST", f"/v1/sandboxes/{self.B.ids['sandbox']}/exec",
+                            {"code": probe.replace("53))", "15001))") % "172.16.0.1"}, self.B.key,
+                            timeout=120)
+        self.assertEqual((r.status, r.json().get("stdout", "").strip()), (200, "closed"), r)
 
     def test_4_node_listener_takes_no_tenant_credential(self):
         before = self.a_view()

@@ -362,6 +362,27 @@ static void node_netcfg(const char *t, size_t n, bool egress)
 	json_decref(body);
 }
 
+/* POST /v1/templates: a valid name, a sandbox's shape, bounded commands and egress. */
+static void gw_template(const char *t, size_t n)
+{
+	struct kiln_error err = { 0 };
+	struct apireq_template x;
+	enum kiln_err rc = apireq_template(t, n, &x, &err);
+
+	if (rc != KILN_OK) {
+		refused(rc, &err);
+	} else {
+		CHECK(apireq_template_name("name", x.name, &err) == KILN_OK);
+		CHECK(x.vcpu_milli >= 250 && x.vcpu_milli <= 8000 && x.vcpu_milli % 250 == 0);
+		CHECK(x.mem_mib >= 256 && x.mem_mib <= 16384);
+		CHECK(x.disk_gib >= 10 && x.disk_gib <= 60);
+		CHECK(!x.start_cmd || (x.start_cmd[0] && strlen(x.start_cmd) <= APIREQ_TEMPLATE_CMD_MAX));
+		CHECK(!x.ready_cmd || (x.ready_cmd[0] && strlen(x.ready_cmd) <= APIREQ_TEMPLATE_CMD_MAX));
+		CHECK(!x.egress || strlen(x.egress) <= APIREQ_TEMPLATE_EGRESS_MAX);
+	}
+	apireq_template_free(&x);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
 	const char *t;
@@ -371,7 +392,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		return 0;
 	t = (const char *)data + 1;
 	n = size - 1;
-	switch (data[0] % 14) {
+	switch (data[0] % 15) {
 	case 0: gw_create(t, n); break;
 	case 1: gw_fork(t, n); break;
 	case 2: gw_key(t, n); break;
@@ -385,6 +406,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	case 10: node_fork(t, n); break;
 	case 11: node_snapshot(t, n); break;
 	case 12: node_netcfg(t, n, true); break;
+	case 14: gw_template(t, n); break;
 	default: node_netcfg(t, n, false); break;
 	}
 	return 0;

@@ -53,6 +53,9 @@ bool agent_type_from_guest(uint8_t type)
 	case AGENT_T_STDOUT:
 	case AGENT_T_STDERR:
 	case AGENT_T_EXIT:
+	case AGENT_T_STREAM_DATA:
+	case AGENT_T_STREAM_WINDOW:
+	case AGENT_T_STREAM_END:
 		return true;
 	default:
 		return false;
@@ -71,6 +74,10 @@ bool agent_type_from_host(uint8_t type)
 	case AGENT_T_GROW_ROOT:
 	case AGENT_T_FILE_DATA:
 	case AGENT_T_FILE_END:
+	case AGENT_T_PORT_OPEN:
+	case AGENT_T_STREAM_DATA:
+	case AGENT_T_STREAM_WINDOW:
+	case AGENT_T_STREAM_END:
 		return true;
 	default:
 		return false;
@@ -340,6 +347,37 @@ int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v)
 	agent_rd_init(&r, p, len);
 	*v = agent_rd_u64(&r);
 	return agent_rd_done(&r) ? 0 : -EBADMSG;
+}
+
+int agent_parse_u32(const uint8_t *p, size_t len, uint32_t *v)
+{
+	struct agent_rd r;
+
+	agent_rd_init(&r, p, len);
+	*v = agent_rd_u32(&r);
+	return agent_rd_done(&r) ? 0 : -EBADMSG;
+}
+
+int agent_parse_u16(const uint8_t *p, size_t len, uint16_t *v)
+{
+	struct agent_rd r;
+
+	agent_rd_init(&r, p, len);
+	*v = agent_rd_u16(&r);
+	return agent_rd_done(&r) ? 0 : -EBADMSG;
+}
+
+unsigned agent_version_major(const char *v)
+{
+	static const char prefix[] = "kiln-agent/";
+	unsigned n = 0;
+	size_t i = sizeof(prefix) - 1;
+
+	if (strncmp(v, prefix, i) != 0 || v[i] < '0' || v[i] > '9')
+		return 0;
+	for (; v[i] >= '0' && v[i] <= '9' && n < 100000; i++)
+		n = n * 10 + (unsigned)(v[i] - '0');
+	return n;
 }
 
 bool agent_path_ok(const char *path, size_t len)

@@ -39,6 +39,8 @@
 #define AGENT_MAX_TEXT 4096		/* bytes of a message or a release string */
 #define AGENT_MAX_USER 32		/* bytes of a user name */
 #define AGENT_MAX_GROW_WAIT_MS 60000	/* GROW_ROOT: longest wait for the guest to see its disk */
+#define AGENT_STREAM_WINDOW 262144	/* bytes of a port stream either side may have unacknowledged */
+#define AGENT_PORT_STREAMS_MIN_VERSION 2	/* agents "kiln-agent/N" with N >= this serve PORT_OPEN */
 
 enum agent_type {
 	/* host -> guest */
@@ -49,9 +51,13 @@ enum agent_type {
 	AGENT_T_SET_IDENTITY = 0x05,	/* see struct agent_identity_msg */
 	AGENT_T_CANCEL = 0x06,		/* (empty) abort request `id`: kill an exec, drop a write */
 	AGENT_T_GROW_ROOT = 0x07,	/* u64 min disk bytes, u32 wait ms: grow the root fs online */
+	AGENT_T_PORT_OPEN = 0x08,	/* u16 port: a TCP stream to 127.0.0.1:port; OK or ERROR */
 	/* both directions */
 	AGENT_T_FILE_DATA = 0x10,	/* raw bytes of the file */
 	AGENT_T_FILE_END = 0x11,	/* host->guest: commit the write (empty); guest->host: u64 size */
+	AGENT_T_STREAM_DATA = 0x12,	/* raw bytes of a port stream, within the peer's window */
+	AGENT_T_STREAM_WINDOW = 0x13,	/* u32 bytes of STREAM_DATA consumed: the peer may send more */
+	AGENT_T_STREAM_END = 0x14,	/* (empty) the sender's direction of the stream ended */
 	/* guest -> host */
 	AGENT_T_HELLO_OK = 0x81,	/* see struct agent_hello_msg */
 	AGENT_T_OK = 0x82,		/* u64 value (bytes written; 0 otherwise) */
@@ -78,6 +84,7 @@ enum agent_status {
 	AGENT_S_EXISTS = 7,	/* the id is already in use */
 	AGENT_S_INTERNAL = 8,	/* anything else */
 	AGENT_S_DENIED = 9,	/* the user the request runs as may not do it (EACCES, EPERM) */
+	AGENT_S_REFUSED = 10,	/* PORT_OPEN: nothing listens on the port */
 };
 
 struct agent_hdr {
@@ -200,6 +207,15 @@ int agent_parse_exit(const uint8_t *p, size_t len, struct agent_exit_msg *m);
 int agent_parse_error(const uint8_t *p, size_t len, struct agent_error_msg *m);
 /* OK and the guest's FILE_END carry one u64. */
 int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v);
+/* STREAM_WINDOW and PORT_OPEN's port: one u32, resp. one u16. */
+int agent_parse_u32(const uint8_t *p, size_t len, uint32_t *v);
+int agent_parse_u16(const uint8_t *p, size_t len, uint16_t *v);
+
+/*
+ * The major version of an agent version string "kiln-agent/N" (HELLO_OK), or 0 when it has
+ * another form. PORT_OPEN needs AGENT_PORT_STREAMS_MIN_VERSION.
+ */
+unsigned agent_version_major(const char *agent_version);
 
 /*
  * True when `path` (len bytes, no NUL inside) is acceptable to the agent: absolute, at most

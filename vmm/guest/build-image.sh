@@ -230,14 +230,31 @@ install -D -m 755 "$work/kiln-agent" "$root/usr/local/bin/kiln-agent"
 rm -rf "$root"/var/cache/apt/* "$root"/var/lib/apt/lists/* "$root"/var/log/*.log \
 	"$root"/usr/share/doc-base "$root"/usr/share/bug
 ln -sf /bin/busybox "$root/sbin/init"
-# Busybox applets the essential variant lacks (ip, ps, ping, vi, wget...) become commands.
+# Busybox applets the essential variant lacks (ip, ps, ping, vi, wget...) become commands, in a
+# folder of their own at the end of every PATH (the agent's, login shells', sudo's): a package
+# installed later (`apt-get install wget`) lands before it and wins.
+bbdir=usr/local/lib/busybox
+mkdir -p "$root/$bbdir"
 for applet in $(chroot "$root" /bin/busybox --list); do
 	case "$applet" in init | linuxrc | \[ | \[\[) continue ;; esac
-	for d in bin sbin usr/bin usr/sbin usr/local/bin; do
+	for d in bin sbin usr/bin usr/sbin usr/local/bin usr/local/sbin; do
 		[ -e "$root/$d/$applet" ] || [ -L "$root/$d/$applet" ] && continue 2
 	done
-	ln -s /bin/busybox "$root/usr/local/bin/$applet"
+	ln -s /bin/busybox "$root/$bbdir/$applet"
 done
+mkdir -p "$root/etc/profile.d"
+printf '%s\n' '# kiln: busybox applets the image lacks, after every other command' \
+	'case ":$PATH:" in *:/'"$bbdir"':*) ;; *) PATH="$PATH:/'"$bbdir"'" ;; esac' \
+	>"$root/etc/profile.d/kiln-busybox.sh"
+mkdir -p "$root/etc/sudoers.d"
+echo "Defaults secure_path=\"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/$bbdir\"" \
+	>"$root/etc/sudoers.d/kiln-path"
+chmod 440 "$root/etc/sudoers.d/kiln-path"
+# su's PATH (login.defs' ENV_PATH and ENV_SUPATH) ends with it too.
+if [ -f "$root/etc/login.defs" ]; then
+	sed -i -E "s|^(ENV_(SU)?PATH[[:space:]]+PATH=.*[^[:space:]])[[:space:]]*\$|\1:/$bbdir|" \
+		"$root/etc/login.defs"
+fi
 # apt: the operator's mirror only (never the host's sources), empty lists until `apt-get update`,
 # and the directories apt expects. pip: no EXTERNALLY-MANAGED marker, the sandbox is the user's.
 rm -rf "$root/etc/apt/sources.list.d" && mkdir -p "$root/etc/apt/sources.list.d"

@@ -333,7 +333,7 @@ static void bad_paths_give_invalid_and_not_found(void)
 	CHECK_INT(agent_file_read_fd(agent, "/root/absent-file", fd, 1000, NULL, &err),
 		  KILN_E_NOT_FOUND);
 	kiln_error_clear(&err);
-	CHECK_INT(agent_file_write_fd(agent, "/no/such/dir/x", 0, fd, 1000, &err), KILN_E_NOT_FOUND);
+	CHECK_INT(agent_file_write_fd(agent, "/etc/passwd/x", 0, fd, 1000, &err), KILN_E_NOT_FOUND);
 	close(fd);
 	CHECK(agent_alive(agent));
 }

@@ -2,7 +2,9 @@
 """The fake internet's servers, run inside a test network namespace.
 
   fakenet.py ADDR...        TCP on every address: 80, 443, 8080, 25, 5432 answer one line and
-                            close; 7000 streams a line every 50 ms; 8081 streams bytes as fast as
+                            close (80 and 443 then answer each request head with a line
+                            "host=<its Host>" until the client closes, GET /bulk/N with N
+                            bytes after it); 7000 streams a line every 50 ms; 8081 streams bytes as fast as
                             it can. UDP echo on 9999 of each address. DNS on 53 (UDP and TCP) of
                             each address whose last IPv4 byte is 53, from the table below; a UDP
                             answer over 512 bytes comes truncated (TC, no records), as from a
@@ -20,6 +22,7 @@ import time
 TTL = 60
 DNS = {
     "sub.example.com": [("A", "203.0.113.10")],
+    "twin.example.com": [("A", "203.0.113.10")],    # two names on one address
     "example.com": [("A", "203.0.113.11")],
     "wild.test": [("A", "203.0.113.16")],
     "a.wild.test": [("A", "203.0.113.12")],
@@ -106,8 +109,35 @@ class Handler(socketserver.BaseRequestHandler):
                     self.request.sendall(chunk)
             else:
                 self.request.sendall(b"hello from %s:%d\n" % (local.encode(), port))
+                if port in (80, 443):
+                    self.web()
         except OSError:
             pass
+
+
+    def web(self):
+        """After the greeting, 80 and 443 answer each request head with the Host it named."""
+        self.request.settimeout(30)
+        buf = b""
+        while True:
+            b = self.request.recv(4096)
+            if not b:
+                return
+            buf += b
+            while b"\r\n\r\n" in buf:
+                head, buf = buf.split(b"\r\n\r\n", 1)
+                host = [l.split(b":", 1)[1].strip() for l in head.split(b"\r\n")
+                        if l.lower().startswith(b"host:")]
+                if head.startswith(b"GET /bulk/"):
+                    # GET /bulk/N: N bytes after the "host=" line (benchmarks)
+                    n = int(head.split()[1].split(b"/")[2])
+                    self.request.sendall(b"host=%s\n" % (host[0] if host else b"-"))
+                    chunk = b"x" * 65536
+                    while n > 0:
+                        self.request.sendall(chunk[:n])
+                        n -= min(n, len(chunk))
+                    continue
+                self.request.sendall(b"host=%s\n" % (host[0] if host else b"-"))
 
 
 class TCP(socketserver.ThreadingTCPServer):

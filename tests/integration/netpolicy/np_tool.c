@@ -25,10 +25,17 @@
  *                                     refills that long (as if the bucket sat idle that long)
  *     conn ID PER_SECOND BURST
  *     counters ID                     print name=value lines
+ *     pins ID                         print the name-and-address pins: NAME ADDR SECONDS_LEFT
+ *     pinned ID NAME ADDR             exit 0 when the DNS proxy answered NAME with ADDR (an
+ *                                     unexpired name-and-address pin), 1 when not
  *     connlog ID MAX_PER_MINUTE       drain the connection log once (capped at MAX_PER_MINUTE
  *                                     events), print one JSON object per flow or refused
  *                                     attempt, then {"ring_lost":N,"over_cap":N}
- *     dns UPSTREAM ID:INDEX...        run the DNS proxy until SIGTERM or SIGINT
+ *     dns UPSTREAM ID:INDEX...        run the DNS proxy until SIGTERM or SIGINT; with NP_SNIPROXY=1
+ *                                     the name-checking proxy too (caps: NP_SNI_CONNS_PER_SANDBOX,
+ *                                     NP_SNI_CONNS, NP_SNI_HS_PER_SANDBOX, NP_SNI_HS); prints its
+ *                                     counters ("sniproxy accepted=.. spliced=.. refused=..
+ *                                     over_cap=.. cut=..") at the end
  *     destroy ID                      devices, netns and pins
  *     testrun N                       ns per packet of np_from_guest (BPF_PROG_TEST_RUN)
  *     replace-time ID N REPEAT        time to replace N rules live
@@ -57,6 +64,7 @@
 #include "netpolicy/netns.h"
 #include "netpolicy/policy.h"
 #include "netpolicy/rules.h"
+#include "netpolicy/sniproxy.h"
 
 static const char *node = "test";
 static const char *pin_root = NULL;
@@ -407,6 +415,21 @@ int main(int argc, char **argv)
 		struct kiln_dns_proxy *px;
 		if (kiln_dns_proxy_start(&dc, &px, &err))
 			return fail(&err);
+		struct kiln_sniproxy *sp = NULL;
+		if (getenv("NP_SNIPROXY")) {
+			struct kiln_sniproxy_config sc = {0};
+			const char *v;
+			if ((v = getenv("NP_SNI_CONNS_PER_SANDBOX")))
+				sc.max_conns_per_sandbox = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_CONNS")))
+				sc.max_conns = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_HS_PER_SANDBOX")))
+				sc.handshakes_per_sandbox = (uint32_t)atoi(v);
+			if ((v = getenv("NP_SNI_HS")))
+				sc.handshakes = (uint32_t)atoi(v);
+			if (kiln_sniproxy_start(&sc, &sp, &err))
+				return fail(&err);
+		}
 		struct kiln_policy *pols[64];
 		char ids[64][16];
 		int k = 0;
@@ -419,7 +442,8 @@ int main(int argc, char **argv)
 			struct kiln_sbnet net;
 			if (kiln_sbnet_describe(a[j], (uint32_t)atoi(colon + 1), &net, &err) ||
 			    open_pol(a[j], net.index, 0, &pols[k], &err) ||
-			    kiln_dns_proxy_add(px, &net, pols[k], &err))
+			    kiln_dns_proxy_add(px, &net, pols[k], &err) ||
+			    (sp && kiln_sniproxy_add(sp, &net, pols[k], &err)))
 				return fail(&err);
 		}
 		signal(SIGTERM, on_sig);
@@ -428,10 +452,22 @@ int main(int argc, char **argv)
 		fflush(stdout);
 		while (!stop)
 			pause();
+		if (sp) {
+			struct kiln_sniproxy_stats st;
+			kiln_sniproxy_stats(sp, NULL, &st);
+			printf("sniproxy accepted=%llu spliced=%llu refused=%llu over_cap=%llu cut=%llu\n",
+			       (unsigned long long)st.accepted, (unsigned long long)st.spliced,
+			       (unsigned long long)st.refused, (unsigned long long)st.over_cap,
+			       (unsigned long long)st.cut);
+			fflush(stdout);
+		}
 		for (int j = 0; j < k; j++) {
+			if (sp)
+				kiln_sniproxy_remove(sp, ids[j]);
 			kiln_dns_proxy_remove(px, ids[j]);
 			kiln_policy_close(pols[j]);
 		}
+		kiln_sniproxy_stop(sp);
 		kiln_dns_proxy_stop(px);
 		return 0;
 	}
@@ -534,6 +570,34 @@ int main(int argc, char **argv)
 			printf("tokens=%llu burst_left=%llu refill_frac=%llu last_ns=%llu\n",
 			       (unsigned long long)l.tokens, (unsigned long long)l.burst_left,
 			       (unsigned long long)l.refill_frac, (unsigned long long)l.last_ns);
+		}
+	} else if (!strcmp(cmd, "pins") && n == 1) {
+		int fd = kiln_policy_map_fd(p, "names");
+		struct np_name_key k, cur;
+		void *prev = NULL;
+		struct timespec ts;
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+		while (bpf_map_get_next_key(fd, prev, &k) == 0) {
+			struct np_name_val v;
+			if (bpf_map_lookup_elem(fd, &k, &v) == 0) {
+				char t[INET6_ADDRSTRLEN];
+				inet_ntop(k.family == 4 ? AF_INET : AF_INET6, k.addr, t, sizeof(t));
+				k.name[sizeof(k.name) - 1] = '\0';
+				printf("%s %s %lld\n", k.name, t,
+				       (long long)((int64_t)(v.expires_ns - now) / 1000000000));
+			}
+			cur = k;
+			prev = &cur;
+		}
+	} else if (!strcmp(cmd, "pinned") && n == 3) {
+		uint8_t addr[16];
+		int fam = strchr(a[2], ':') ? 6 : 4;
+		if (inet_pton(fam == 4 ? AF_INET : AF_INET6, a[2], addr) != 1) {
+			fprintf(stderr, "bad address \"%s\"\n", a[2]);
+			rc = 64;
+		} else {
+			rc = kiln_policy_name_pinned(p, a[1], fam, addr, false) ? 0 : 1;
 		}
 	} else if (!strcmp(cmd, "conn") && n == 3) {
 		if (kiln_policy_set_conn_limit(p, (uint32_t)atoi(a[1]), (uint32_t)atoi(a[2]), &err))

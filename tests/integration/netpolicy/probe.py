@@ -20,6 +20,19 @@
   probe.py udpburst ADDR PORT COUNT        COUNT new UDP flows at once; prints how many answered
   probe.py udpspray ADDR PORT COUNT        COUNT datagrams to one address, waiting for none
   probe.py listen PORT                     accepts TCP on every address until killed
+  probe.py http ADDR PORT HOST...          one keep-alive connection, one GET per HOST (each
+                                           after the last answer); prints each line the server
+                                           sent, then RESET or EOF as the connection ended
+  probe.py tls ADDR PORT SNI               sends a real ClientHello (Python's ssl) naming SNI;
+                                           prints the first line the server sent, or RESET/EOF
+  probe.py httphold ADDR PORT HOST SECS    one GET, its answer, then prints "open" and waits up
+                                           to SECS for the connection to end: prints RESET, EOF
+                                           or TIMEOUT
+  probe.py bulk ADDR PORT HOST BYTES       connects, waits for the greeting, then GET /bulk/BYTES:
+                                           prints the ms from the request to the first byte of
+                                           the answer and the MB/s of the whole download
+  probe.py webflood ADDR PORT HOST COUNT   COUNT connections at once, each sending a GET for
+                                           HOST and held open; prints "ok=N reset=M"
 """
 import os
 import random
@@ -304,6 +317,151 @@ def udpspray(addr, port, count):
     return 0
 
 
+def lines_until_end(s, want, deadline):
+    """Reads until `want` lines arrived or the connection ended; returns (lines, end)."""
+    buf = b""
+    while buf.count(b"\n") < want:
+        s.settimeout(max(0.1, deadline - time.time()))
+        try:
+            b = s.recv(4096)
+        except ConnectionResetError:
+            return buf.decode(errors="replace").splitlines(), "RESET"
+        except socket.timeout:
+            return buf.decode(errors="replace").splitlines(), "TIMEOUT"
+        if not b:
+            return buf.decode(errors="replace").splitlines(), "EOF"
+        buf += b
+    return buf.decode(errors="replace").splitlines(), None
+
+
+def http(addr, port, hosts, timeout=10):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    deadline = time.time() + timeout
+    try:
+        s.connect((addr, port))
+        for i, h in enumerate(hosts):
+            s.sendall(b"GET /%d HTTP/1.1\r\nHost: %s\r\n\r\n" % (i, h.encode()))
+            # the server greets first (one line), then answers each request with a line
+            lines, end = lines_until_end(s, 2 if i == 0 else 1, deadline)
+            for l in lines:
+                print(l)
+            if end:
+                print(end)
+                return 1
+    except OSError as e:
+        print("RESET" if isinstance(e, ConnectionResetError) else "FAIL %s" % e)
+        return 1
+    return 0
+
+
+def tls(addr, port, sni, timeout=10):
+    import ssl
+    ctx = ssl.create_default_context()
+    inc, out = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(inc, out, server_hostname=sni)
+    try:
+        obj.do_handshake()
+    except ssl.SSLWantReadError:
+        pass
+    hello = out.read()
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    try:
+        s.connect((addr, port))
+        # in three segments: the proxy must put the ClientHello together
+        for i in range(3):
+            s.sendall(hello[i * len(hello) // 3:(i + 1) * len(hello) // 3])
+            time.sleep(0.05)
+        lines, end = lines_until_end(s, 1, time.time() + timeout)
+        for l in lines:
+            print(l)
+        if end:
+            print(end)
+        return 0 if lines else 1
+    except OSError as e:
+        print("RESET" if isinstance(e, ConnectionResetError) else "FAIL %s" % e)
+        return 1
+
+
+def httphold(addr, port, host, secs):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(10)
+    try:
+        s.connect((addr, port))
+        s.sendall(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+        lines, end = lines_until_end(s, 2, time.time() + 10)
+        if end:
+            print(end)
+            return 1
+        print("open", flush=True)
+        lines, end = lines_until_end(s, 1, time.time() + secs)
+        print(end or "DATA")
+    except OSError as e:
+        print("RESET" if isinstance(e, ConnectionResetError) else "FAIL %s" % e)
+        return 1
+    return 0
+
+
+def bulk(addr, port, host, nbytes):
+    s = socket.socket(family(addr), socket.SOCK_STREAM)
+    s.settimeout(60)
+    s.connect((addr, port))
+    s.sendall(b"GET /x HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+    lines_until_end(s, 2, time.time() + 30)    # greeting, host= (the path is checked now)
+    t0 = time.time()
+    s.sendall(b"GET /bulk/%d HTTP/1.1\r\nHost: %s\r\n\r\n" % (nbytes, host.encode()))
+    got = len(s.recv(65536))
+    t1 = time.time()
+    want = nbytes + len("host=%s\n" % host)
+    while got < want:
+        b = s.recv(1 << 20)
+        if not b:
+            break
+        got += len(b)
+    t2 = time.time()
+    print("%.3f %.1f %d" % ((t1 - t0) * 1000, got / (t2 - t0) / 1e6, got))
+    return 0 if got == want else 1
+
+
+def webflood(addr, port, host, count):
+    socks = []
+    for _ in range(count):
+        s = socket.socket(family(addr), socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect((addr, port))
+        except BlockingIOError:
+            pass
+        socks.append(s)
+    ok = reset = 0
+    deadline = time.time() + 20
+    pending = list(socks)
+    sent = set()
+    while pending and time.time() < deadline:
+        _, w, _ = select.select([], [s for s in pending if s not in sent], [], 0.2)
+        for s in w:
+            try:
+                s.send(b"GET / HTTP/1.1\r\nHost: %s\r\n\r\n" % host.encode())
+            except OSError:
+                pass
+            sent.add(s)
+        r, _, _ = select.select(pending, [], [], 0.2)
+        for s in r:
+            try:
+                b = s.recv(4096)
+            except OSError:
+                b = b""
+            if b:
+                ok += 1
+            else:
+                reset += 1
+            pending.remove(s)
+    print("ok=%d reset=%d" % (ok, reset))
+    time.sleep(float(os.environ.get("PROBE_HOLD", "0")))
+    return 0
+
+
 def listen(port):
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -318,6 +476,16 @@ def listen(port):
 
 def main():
     cmd, a = sys.argv[1], sys.argv[2:]
+    if cmd == "http":
+        return http(a[0], int(a[1]), a[2:])
+    if cmd == "tls":
+        return tls(a[0], int(a[1]), a[2])
+    if cmd == "httphold":
+        return httphold(a[0], int(a[1]), a[2], float(a[3]))
+    if cmd == "bulk":
+        return bulk(a[0], int(a[1]), a[2], int(a[3]))
+    if cmd == "webflood":
+        return webflood(a[0], int(a[1]), a[2], int(a[3]))
     if cmd == "tcp":
         return tcp(a[0], int(a[1]), float(a[2]) if len(a) > 2 else 1.5)
     if cmd == "udp":

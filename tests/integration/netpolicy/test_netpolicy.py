@@ -30,6 +30,11 @@ TAG = "kt" + secrets.token_hex(3)
 NS_H, NS_I, NS_GA, NS_GB = TAG + "h", TAG + "i", TAG + "ga", TAG + "gb"
 SB_A, SB_B = TAG + "a", TAG + "b"
 IDX_A, IDX_B = 1, 2
+# name-checked sandboxes (the name-checking proxy runs for them only): C and D
+NS_GC, NS_GD = TAG + "gc", TAG + "gd"
+SB_C, SB_D = TAG + "s", TAG + "t"
+IDX_C, IDX_D = 4, 5
+sni = {}
 NAT_A, NAT_B = "10.200.0.6", "10.200.0.10"
 NODE = "test-" + TAG
 PIN_ROOT = "/sys/fs/bpf/kiln"
@@ -96,7 +101,7 @@ def cleanup():
                 p.kill()
     for sb in created_sandboxes:
         sh(TOOL, "--netns", NS_H, "--node", NODE, "destroy", sb, check=False)
-    for ns in (NS_GA, NS_GB, NS_I, NS_H):
+    for ns in (NS_GA, NS_GB, NS_GC, NS_GD, NS_I, NS_H):
         sh("ip", "netns", "del", ns, check=False)
     shutil.rmtree(os.path.join(PIN_ROOT, NODE), ignore_errors=True)
     try:
@@ -337,6 +342,45 @@ def test_host_rules_through_dns():
     assert not ok(NS_GA, "tcp", "198.51.100.21", 80), "host:port opened another port"
 
 
+def pinned(sb, name, addr):
+    return tool("pinned", sb, name, addr, check=False).returncode == 0
+
+
+def test_name_pins_keep_what_dns_answered_per_name():
+    apply(SB_A)    # forgets what earlier tests learnt
+    apply(SB_A, "sub.example.com", "twin.example.com", "api.test")
+    assert not pinned(SB_A, "sub.example.com", "203.0.113.10"), "pinned before any answer"
+    assert "203.0.113.10" in probe(NS_GA, "dns", "sub.example.com").stdout
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10")
+    # the address is learnt, but twin.example.com was never answered with it
+    assert not pinned(SB_A, "twin.example.com", "203.0.113.10")
+    assert not pinned(SB_A, "api.test", "203.0.113.10")
+    assert not pinned(SB_B, "sub.example.com", "203.0.113.10"), "A's pin seen in B"
+    assert "203.0.113.10" in probe(NS_GA, "dns", "twin.example.com").stdout
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10"), "second name evicted the first"
+    tool("attach", SB_A, str(IDX_A))        # a restarted node keeps them
+    assert pinned(SB_A, "sub.example.com", "203.0.113.10")
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    apply(SB_A, "twin.example.com", "api.test")    # a rule change forgets uncovered names
+    assert not pinned(SB_A, "sub.example.com", "203.0.113.10")
+    assert pinned(SB_A, "twin.example.com", "203.0.113.10")
+    apply(SB_A)
+    assert not pinned(SB_A, "twin.example.com", "203.0.113.10")
+
+
+def test_name_pins_last_as_long_as_the_learnt_address():
+    # the fake answers carry TTL 60, between the proxy's floor (5 s here) and cap (3600 s)
+    apply(SB_A)
+    apply(SB_A, "sub.example.com")
+    assert "203.0.113.10" in probe(NS_GA, "dns", "sub.example.com").stdout
+    pins = [l.split() for l in tool("pins", SB_A).stdout.splitlines()]
+    assert len(pins) == 1 and pins[0][:2] == ["sub.example.com", "203.0.113.10"], pins
+    assert 50 <= int(pins[0][2]) <= 60, pins
+    apply(SB_A)
+    assert tool("pins", SB_A).stdout == ""
+
+
 def test_wildcard_rules():
     apply(SB_A, "*.wild.test")
     assert "rcode=3" in probe(NS_GA, "dns", "wild.test").stdout, "apex matched the wildcard"
@@ -507,7 +551,7 @@ def test_bandwidth_quota_drops_and_recharges():
         assert c["drop_quota_packets"] > 0
         out = tool("bw-get", SB_A).stdout
         assert "quota_bytes=200000" in out and "unmetered=0" in out, out
-        time.sleep(2.5)
+        time.sleep(1.2)
         assert ok(NS_GA, "tcp", "203.0.113.11", 80), "bucket did not recharge"
     finally:
         tool("bw", SB_A, "0", "0", "0", "0", "1")
@@ -721,6 +765,144 @@ def test_sandboxes_isolated_from_each_other():
     apply(SB_B)
 
 
+# ---- names checked on the wire (netpolicy/sniproxy.c) ----
+
+def sni_proxy(**env):
+    """(Re)starts the DNS and name-checking proxies of sandboxes C and D with these caps."""
+    if not sni.get("made"):
+        sni["made"] = True
+        for sb, idx, g in ((SB_C, IDX_C, NS_GC), (SB_D, IDX_D, NS_GD)):
+            sh("ip", "netns", "add", g)
+            created_sandboxes.append(sb)
+            tool("create", sb, str(idx), g)
+            for _ in range(10):
+                if in_ns(g, "ping", "-c1", "-W1", "203.0.113.10").returncode == 0:
+                    break
+    sni_stop()
+    e = dict(os.environ, NP_DNS_MIN_TTL="5", NP_SNIPROXY="1", **env)
+    p = subprocess.Popen([TOOL, "--netns", NS_H, "--node", NODE, "dns", "192.0.2.53",
+                          "%s:%d" % (SB_C, IDX_C), "%s:%d" % (SB_D, IDX_D)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=e)
+    procs.append(p)
+    if "ready" not in p.stdout.readline():
+        raise RuntimeError("dns and name-checking proxies: " + p.stderr.read())
+    sni["p"] = p
+
+
+def sni_stop():
+    """Stops the proxies; returns their counters."""
+    p = sni.pop("p", None)
+    if not p:
+        return {}
+    p.terminate()
+    out, _ = p.communicate(timeout=30)
+    for l in out.splitlines():
+        if l.startswith("sniproxy "):
+            return {k: int(v) for k, v in (w.split("=") for w in l.split()[1:])}
+    return {}
+
+
+def test_names_checked_on_a_shared_address():
+    sni_proxy()
+    apply(SB_C)
+    apply(SB_C, "sub.example.com")
+    assert "203.0.113.10" in probe(NS_GC, "dns", "sub.example.com").stdout
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "sub.example.com").stdout
+    assert "hello from 203.0.113.10:80" in out and "host=sub.example.com" in out, out
+    # twin.example.com is on the same address; no rule names it
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "twin.example.com").stdout
+    assert "RESET" in out and "hello" not in out, out
+    out = probe(NS_GC, "tls", "203.0.113.10", 443, "sub.example.com").stdout
+    assert "hello from 203.0.113.10:443" in out, out
+    out = probe(NS_GC, "tls", "203.0.113.10", 443, "twin.example.com").stdout
+    assert "RESET" in out and "hello" not in out, out
+    # every request of a keep-alive connection is checked
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "sub.example.com", "sub.example.com",
+                "twin.example.com").stdout.split()
+    assert out.count("host=sub.example.com") == 2 and out[-1] == "RESET", out
+    # a rule for twin.example.com is not enough: DNS must have answered it with this address
+    apply(SB_C, "sub.example.com", "twin.example.com")
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "twin.example.com").stdout
+    assert "RESET" in out, out
+    assert "203.0.113.10" in probe(NS_GC, "dns", "twin.example.com").stdout
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "twin.example.com").stdout
+    assert "host=twin.example.com" in out, out
+    # QUIC (UDP 443) to a name-checked address is refused in the kernel
+    before = counters(SB_C)["drop_policy_packets"]
+    probe(NS_GC, "udp", "203.0.113.10", 443, 0.3)
+    assert counters(SB_C)["drop_policy_packets"] > before
+    # IPv6 the same way
+    apply(SB_C, "v6.test")
+    out = probe(NS_GC, "dns", "v6.test", "172.16.0.1", "AAAA").stdout
+    assert "2001:db8:1::10" in out, "AAAA " + out
+    out = probe(NS_GC, "http", "2001:db8:1::10", 80, "v6.test").stdout
+    assert "host=v6.test" in out, "v6 " + out
+    out = probe(NS_GC, "http", "2001:db8:1::10", 80, "sub.example.com").stdout
+    assert "RESET" in out, out
+    # an address rule is not name-checked
+    apply(SB_C, "203.0.113.10:80")
+    out = probe(NS_GC, "http", "203.0.113.10", 80, "anything.example").stdout
+    assert "host=anything.example" in out, out
+    st = sni_stop()
+    assert st["refused"] >= 5 and st["spliced"] >= 5, st
+    apply(SB_C)
+
+
+def test_names_rule_change_cuts_a_live_connection():
+    sni_proxy()
+    apply(SB_C)
+    apply(SB_C, "sub.example.com", "twin.example.com")
+    for n in ("sub.example.com", "twin.example.com"):
+        assert "203.0.113.10" in probe(NS_GC, "dns", n).stdout
+    hold = spawn(["ip", "netns", "exec", NS_GC, sys.executable, os.path.join(HERE, "probe.py"),
+                  "httphold", "203.0.113.10", "80", "sub.example.com", "20"], wait_ready=False)
+    kept = spawn(["ip", "netns", "exec", NS_GC, sys.executable, os.path.join(HERE, "probe.py"),
+                  "httphold", "203.0.113.10", "80", "twin.example.com", "6"], wait_ready=False)
+    assert hold.stdout.readline().strip() == "open"
+    assert kept.stdout.readline().strip() == "open"
+    t0 = time.time()
+    apply(SB_C, "twin.example.com")
+    out, _ = hold.communicate(timeout=30)
+    assert out.strip() == "RESET", out
+    assert time.time() - t0 < 10, "cut too late"
+    out, _ = kept.communicate(timeout=30)
+    assert out.strip() == "TIMEOUT", "the still-allowed connection ended: " + out
+    st = sni_stop()
+    assert st["cut"] == 1, st
+    apply(SB_C)
+
+
+def test_names_proxy_caps_per_sandbox_and_handshakes():
+    sni_proxy(NP_SNI_CONNS_PER_SANDBOX="8")
+    for sb, g in ((SB_C, NS_GC), (SB_D, NS_GD)):
+        apply(sb)
+        apply(sb, "sub.example.com")
+        assert "203.0.113.10" in probe(g, "dns", "sub.example.com").stdout
+    flood = subprocess.Popen(["ip", "netns", "exec", NS_GC, "env", "PROBE_HOLD=8",
+                              sys.executable, os.path.join(HERE, "probe.py"), "webflood",
+                              "203.0.113.10", "80", "sub.example.com", "20"],
+                             stdout=subprocess.PIPE, text=True)
+    procs.append(flood)
+    line = flood.stdout.readline()
+    assert line.strip() == "ok=8 reset=12", line
+    # while C holds its 8, D is not affected
+    out = probe(NS_GD, "http", "203.0.113.10", 80, "sub.example.com").stdout
+    assert "host=sub.example.com" in out, out
+    flood.terminate()
+    flood.wait(10)
+    st = sni_stop()
+    assert st["over_cap"] == 12, st
+    # new connections a second
+    sni_proxy(NP_SNI_HS_PER_SANDBOX="5")
+    out = probe(NS_GC, "webflood", "203.0.113.10", 80, "sub.example.com", 20).stdout
+    ok_n = int(out.split()[0].split("=")[1])
+    assert 5 <= ok_n <= 10, out   # the burst, and what refilled meanwhile
+    st = sni_stop()
+    assert st["over_cap"] >= 10, st
+    apply(SB_C)
+    apply(SB_D)
+
+
 def test_destroy_removes_everything():
     tool("create", TAG + "c", "3")
     created_sandboxes.append(TAG + "c")
@@ -738,12 +920,12 @@ def main():
     args = ap.parse_args()
     TOOL = args.tool
     if os.geteuid() != 0:
-        print("SKIP: needs root (network namespaces, tc, eBPF)")
-        return 77
+        print("FAIL: needs root (network namespaces, tc, eBPF)")
+        return 1
     for t in ("ip", "ping"):
         if not shutil.which(t):
-            print("SKIP: needs %s" % t)
-            return 77
+            print("FAIL: needs %s" % t)
+            return 1
     atexit.register(cleanup)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     setup()

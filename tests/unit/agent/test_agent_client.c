@@ -5,6 +5,7 @@
  * usage: test_agent_client PATH-TO-KILN-AGENT
  */
 #include <errno.h>
+#include <netinet/in.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <pwd.h>
@@ -108,7 +109,7 @@ static void hello_reports_version_and_kernel(void)
 	CHECK_INT(agent_hello(a, 5000, &h, &err), KILN_OK);
 	CHECK_INT(h.version, AGENT_PROTO_VERSION);
 	CHECK(h.kernel_release[0] != '\0');
-	CHECK_STR(h.agent_version, "kiln-agent/1");
+	CHECK_STR(h.agent_version, "kiln-agent/2");
 	stop_agent(a, pid);
 }
 
@@ -287,11 +288,62 @@ static void file_errors_map_to_codes(void)
 	snprintf(p, sizeof(p), "%s/absent", tmpdir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_fd(a, p, fd, 100, NULL, &err), KILN_E_NOT_FOUND);
-	snprintf(p, sizeof(p), "%s/no-dir/x", tmpdir);
+	/* a parent that is a file, not a directory: not found, and nothing made under it */
+	snprintf(p, sizeof(p), "%s/plain", tmpdir);
+	close(open(p, O_WRONLY | O_CREAT | O_TRUNC, 0644));
+	snprintf(p, sizeof(p), "%s/plain/sub/x", tmpdir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_E_NOT_FOUND);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_fd(a, tmpdir, fd, 100, NULL, &err), KILN_E_INVALID);
+	CHECK(agent_alive(a));
+	close(fd);
+	stop_agent(a, pid);
+}
+
+/*
+ * A write makes the missing parent directories (0755), as `mkdir -p` would; a write that fails
+ * afterwards removes the ones it made, and leaves alone those that were there.
+ */
+static void file_write_makes_parent_directories(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct stat st;
+	char p[192], d[192];
+	int fd = open("/dev/null", O_RDONLY);
+
+	snprintf(p, sizeof(p), "%s/mk/a/b/c.txt", tmpdir);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	CHECK(stat(p, &st) == 0 && S_ISREG(st.st_mode));
+	snprintf(d, sizeof(d), "%s/mk/a/b", tmpdir);
+	CHECK(stat(d, &st) == 0 && S_ISDIR(st.st_mode) && (st.st_mode & 0777) == 0755);
+	/* again beside it: the directories are there now, nothing to make */
+	snprintf(p, sizeof(p), "%s/mk/a/b/d.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	/* slashes doubled and trailing dots are the same directories */
+	snprintf(p, sizeof(p), "%s//mk/./a//e.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, fd, 100, &err), KILN_OK);
+	snprintf(d, sizeof(d), "%s/mk/a/e.txt", tmpdir);
+	CHECK(access(d, F_OK) == 0);
+	/* a write over the size it announced fails: the directories it made go with it */
+	int big = open("/dev/zero", O_RDONLY);
+
+	snprintf(p, sizeof(p), "%s/mk/a/new1/new2/x", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, p, 0, big, 64 * 1024, &err), KILN_E_TOO_LARGE);
+	close(big);
+	/* the agent takes frames in order: after the next request's answer the cancel is done */
+	snprintf(d, sizeof(d), "%s/mk/a/f.txt", tmpdir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_fd(a, d, 0, fd, 100, &err), KILN_OK);
+	snprintf(d, sizeof(d), "%s/mk/a/new1", tmpdir);
+	CHECK(access(d, F_OK) != 0);
+	snprintf(d, sizeof(d), "%s/mk/a/b", tmpdir);
+	CHECK(access(d, F_OK) == 0);
 	CHECK(agent_alive(a));
 	close(fd);
 	stop_agent(a, pid);
@@ -366,10 +418,23 @@ static void exec_and_files_run_as_the_named_user(void)
 	CHECK_INT(agent_file_write_as(a, p, 0600, "nobody", fd_src, &fd, 100, &err), KILN_OK);
 	CHECK(stat(p, &st) == 0 && st.st_uid == pw->pw_uid && st.st_gid == pw->pw_gid &&
 	      (st.st_mode & 0777) == 0600);
+	/* the parents a write for nobody makes are nobody's */
+	snprintf(p, sizeof(p), "%s/sub/y/mine", own);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_OK);
+	snprintf(p, sizeof(p), "%s/sub/y", own);
+	CHECK(stat(p, &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == pw->pw_uid &&
+	      st.st_gid == pw->pw_gid);
+	snprintf(p, sizeof(p), "%s/sub", own);
+	CHECK(stat(p, &st) == 0 && st.st_uid == pw->pw_uid);
+	snprintf(p, sizeof(p), "%s/mine", own);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_read_as(a, p, "nobody", discard, NULL, 100, NULL, &err), KILN_OK);
 	/* where nobody may not write: forbidden, nothing left behind */
 	snprintf(p, sizeof(p), "%s/not-mine", dir);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_E_FORBIDDEN);
+	snprintf(p, sizeof(p), "%s/not-mine-dir/x", dir);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_file_write_as(a, p, 0, "nobody", fd_src, &fd, 100, &err), KILN_E_FORBIDDEN);
 	snprintf(want, sizeof(want), "ls -A '%s' | wc -l", dir);
@@ -657,6 +722,346 @@ static void grow_root_replies_are_checked(void)
 	CHECK_INT(agent_grow_root(NULL, 1, AGENT_MAX_GROW_WAIT_MS + 1, NULL, &err), KILN_E_INVALID);
 }
 
+
+/* --- port streams --- */
+
+/* A listening TCP socket on 127.0.0.1 with an ephemeral port; stores the port. */
+static int tcp_listen(uint16_t *port)
+{
+	struct sockaddr_in sa = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sa);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	CHECK(fd >= 0);
+	CHECK(bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0);
+	CHECK(listen(fd, 16) == 0);
+	CHECK(getsockname(fd, (struct sockaddr *)&sa, &sl) == 0);
+	*port = ntohs(sa.sin_port);
+	return fd;
+}
+
+/* What a test server does with its one connection. */
+enum srv_mode { SRV_ECHO, SRV_SEND, SRV_SINK, SRV_RESET };
+
+struct srv {
+	int lfd;
+	enum srv_mode mode;
+	size_t send_bytes;	/* SRV_SEND: bytes sent, then the server closes */
+	int release;		/* SRV_SINK: a pipe; the server closes when it becomes readable */
+};
+
+static void *srv_main(void *arg)
+{
+	struct srv *sv = arg;
+	int fd = accept(sv->lfd, NULL, NULL);
+	static __thread uint8_t buf[65536];
+
+	if (fd < 0)
+		return NULL;
+	if (sv->mode == SRV_ECHO) {
+		ssize_t n;
+
+		while ((n = read(fd, buf, sizeof(buf))) > 0)
+			CHECK(write(fd, buf, (size_t)n) == n);
+	} else if (sv->mode == SRV_SEND) {
+		for (size_t sent = 0; sent < sv->send_bytes;) {
+			size_t k = sv->send_bytes - sent < sizeof(buf) ? sv->send_bytes - sent : sizeof(buf);
+
+			memset(buf, (int)(sent / sizeof(buf)) & 0xff, k);
+			if (write(fd, buf, k) != (ssize_t)k)
+				break;
+			sent += k;
+		}
+	} else if (sv->mode == SRV_SINK) {
+		char c;
+
+		CHECK(read(sv->release, &c, 1) >= 0);
+	} else {
+		struct linger l = { 1, 0 };
+
+		setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	}
+	close(fd);
+	return NULL;
+}
+
+struct pwriter {
+	struct agent_port *p;
+	const uint8_t *data;
+	size_t len;
+	int rc;
+};
+
+static void *pwriter_main(void *arg)
+{
+	struct pwriter *w = arg;
+
+	w->rc = agent_port_write(w->p, w->data, w->len);
+	if (w->rc == 0)
+		w->rc = agent_port_shutdown(w->p);
+	return NULL;
+}
+
+/* 3 MiB (twelve windows) through an echo server and back, both ways at once, byte-exact. */
+static void port_stream_echoes_both_ways(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct srv sv = { .mode = SRV_ECHO };
+	size_t len = 3u << 20, got = 0;
+	uint8_t *data = malloc(len), *back = malloc(len);
+	struct agent_port *p = NULL;
+	pthread_t st, wt;
+	uint16_t port;
+	ssize_t n;
+
+	for (size_t i = 0; i < len; i++)
+		data[i] = (uint8_t)(i * 7 + (i >> 13));
+	sv.lfd = tcp_listen(&port);
+	pthread_create(&st, NULL, srv_main, &sv);
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_port_open(a, port, 5000, &p, &err), KILN_OK);
+	struct pwriter w = { p, data, len, -1 };
+
+	pthread_create(&wt, NULL, pwriter_main, &w);
+	while ((n = agent_port_read(p, back + got, len - got, 10000)) > 0)
+		got += (size_t)n;
+	CHECK_INT(n, 0);	/* the server closed after our end */
+	pthread_join(wt, NULL);
+	CHECK_INT(w.rc, 0);
+	CHECK_INT(got, len);
+	CHECK(memcmp(data, back, len) == 0);
+	agent_port_close(p);
+	pthread_join(st, NULL);
+	close(sv.lfd);
+	/* the agent is still well: another request is served */
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	free(data);
+	free(back);
+	stop_agent(a, pid);
+}
+
+/*
+ * A stream whose reader stops does not stall the channel: the guest holds back at the window,
+ * an exec is served meanwhile, and every byte still arrives once the reader goes on.
+ */
+static void port_stream_slow_reader_stalls_only_itself(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct srv sv = { .mode = SRV_SEND, .send_bytes = 16u << 20 };
+	struct agent_port *p = NULL;
+	struct agent_exec_result r;
+	struct capture cap = { 0 };
+	const char *argv[] = { "/bin/echo", "still here", NULL };
+	struct agent_exec_req req = { .argv = argv, .timeout_ms = 10000 };
+	static uint8_t buf[65536];
+	size_t got = 0;
+	pthread_t st;
+	uint16_t port;
+	ssize_t n;
+	bool ok = true;
+
+	sv.lfd = tcp_listen(&port);
+	pthread_create(&st, NULL, srv_main, &sv);
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_port_open(a, port, 5000, &p, &err), KILN_OK);
+	usleep(300 * 1000);	/* the server has filled its socket and the window by now */
+	int64_t t0 = now_ms();
+
+	CHECK_INT(agent_exec(a, &req, on_output, &cap, &r, &err), KILN_OK);
+	CHECK(now_ms() - t0 < 5000);
+	CHECK_STR(cap.out, "still here\n");
+	while ((n = agent_port_read(p, buf, sizeof(buf), 10000)) > 0) {
+		for (ssize_t i = 0; i < n; i++)
+			ok = ok && buf[i] == (uint8_t)(((got + (size_t)i) / 65536) & 0xff);
+		got += (size_t)n;
+	}
+	CHECK_INT(n, 0);
+	CHECK_INT(got, 16u << 20);
+	CHECK(ok);
+	CHECK_INT(agent_port_shutdown(p), 0);
+	agent_port_close(p);
+	pthread_join(st, NULL);
+	close(sv.lfd);
+	stop_agent(a, pid);
+}
+
+/*
+ * Nothing listening is KILN_E_PORT_CLOSED; a reset by the server reaches the reader; a writer
+ * blocked on a server that never reads is woken by agent_port_abort.
+ */
+static void port_stream_errors(void)
+{
+	pid_t pid;
+	struct agent *a = spawn_agent(&pid);
+	struct kiln_error err = { 0 };
+	struct agent_port *p = NULL;
+	uint8_t buf[256];
+	uint16_t port;
+	pthread_t st, wt;
+	int rel[2];
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	/* a port nobody listens on: bind one, learn its number, close it */
+	close(tcp_listen(&port));
+	CHECK_INT(agent_port_open(a, port, 5000, &p, &err), KILN_E_PORT_CLOSED);
+	CHECK(p == NULL);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_port_open(a, 0, 5000, &p, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+
+	/* the server resets the connection */
+	struct srv sv = { .mode = SRV_RESET };
+
+	sv.lfd = tcp_listen(&port);
+	pthread_create(&st, NULL, srv_main, &sv);
+	CHECK_INT(agent_port_open(a, port, 5000, &p, &err), KILN_OK);
+	pthread_join(st, NULL);
+	CHECK_INT(agent_port_read(p, buf, sizeof(buf), 10000), -ECONNRESET);
+	agent_port_close(p);
+	close(sv.lfd);
+
+	/* a server that never reads: the writer blocks at the window until aborted */
+	CHECK(pipe(rel) == 0);
+	sv = (struct srv){ .mode = SRV_SINK, .release = rel[0] };
+	sv.lfd = tcp_listen(&port);
+	pthread_create(&st, NULL, srv_main, &sv);
+	CHECK_INT(agent_port_open(a, port, 5000, &p, &err), KILN_OK);
+	size_t big = 64u << 20;
+	uint8_t *data = calloc(1, big);
+	struct pwriter w = { p, data, big, 1 };
+
+	pthread_create(&wt, NULL, pwriter_main, &w);
+	usleep(1000 * 1000);
+	CHECK_INT(w.rc, 1);	/* still blocked */
+	agent_port_abort(p);
+	pthread_join(wt, NULL);
+	CHECK_INT(w.rc, -ECANCELED);
+	CHECK_INT(agent_port_read(p, buf, sizeof(buf), 1000), -ECANCELED);
+	agent_port_close(p);
+	CHECK(write(rel[1], "x", 1) == 1);
+	pthread_join(st, NULL);
+	close(sv.lfd);
+	close(rel[0]);
+	close(rel[1]);
+	free(data);
+	/* the agent serves on */
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	stop_agent(a, pid);
+}
+
+/* Encodes a guest frame into `out`; returns its size. */
+static size_t guest_frame(uint8_t *out, uint8_t type, uint32_t id, const void *p, size_t len)
+{
+	struct agent_hdr h = { AGENT_PROTO_VERSION, type, 0, id, (uint32_t)len };
+
+	agent_hdr_encode(&h, out);
+	if (len)
+		memcpy(out + AGENT_HDR_SIZE, p, len);
+	return AGENT_HDR_SIZE + len;
+}
+
+/* A scripted guest: says hello as `version`, then answers PORT_OPEN as `mode` says. */
+struct pguest {
+	int fd;
+	const char *version;
+	int mode;	/* 0: never answer; 1: OK, then data past the window */
+};
+
+static void *pguest_main(void *arg)
+{
+	struct pguest *g = arg;
+	static __thread uint8_t buf[AGENT_HDR_SIZE + 65536];
+	uint8_t pl[256];
+	struct agent_hdr h;
+	struct agent_wr w;
+
+	if (raw_recv(g->fd, &h, buf, sizeof(buf)) != AGENT_T_HELLO)
+		return NULL;
+	agent_wr_init(&w, pl, sizeof(pl));
+	agent_wr_u16(&w, AGENT_PROTO_VERSION);
+	agent_wr_str(&w, "6.1.0");
+	agent_wr_str(&w, "boot");
+	agent_wr_str(&w, g->version);
+	agent_wr_u64(&w, 1);
+	size_t n = guest_frame(buf, AGENT_T_HELLO_OK, h.id, pl, w.len);
+
+	CHECK(write(g->fd, buf, n) == (ssize_t)n);
+	if (raw_recv(g->fd, &h, buf, sizeof(buf)) != AGENT_T_PORT_OPEN || g->mode == 0)
+		return NULL;
+	uint32_t id = h.id;
+
+	n = guest_frame(buf, AGENT_T_OK, id, "\0\0\0\0\0\0\0\0", 8);
+	CHECK(write(g->fd, buf, n) == (ssize_t)n);
+	static __thread uint8_t chunk[65536];
+
+	for (int i = 0; i < 5; i++) {	/* 320 KiB against a 256 KiB window */
+		n = guest_frame(buf, AGENT_T_STREAM_DATA, id, chunk, sizeof(chunk));
+		if (write(g->fd, buf, n) != (ssize_t)n)
+			break;
+	}
+	return NULL;
+}
+
+static enum kiln_err port_against(struct pguest *g, struct agent **out, struct agent_port **p,
+				  int timeout_ms)
+{
+	int sv[2];
+	struct kiln_error err = { 0 };
+	pthread_t t;
+	enum kiln_err rc;
+
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	g->fd = sv[1];
+	pthread_create(&t, NULL, pguest_main, g);
+	*out = agent_open_fd(sv[0], &err);
+	CHECK_INT(agent_hello(*out, 2000, NULL, &err), KILN_OK);
+	rc = agent_port_open(*out, 8080, timeout_ms, p, &err);
+	if (rc == KILN_E_NOT_IMPLEMENTED)
+		shutdown(g->fd, SHUT_RD);	/* nothing was sent: wake the guest's read */
+	pthread_join(t, NULL);
+	return rc;
+}
+
+/* The host refuses an old agent, times out a silent one, and drops one that overruns a window. */
+static void port_stream_hostile_guests(void)
+{
+	struct agent *a;
+	struct agent_port *p = NULL;
+	struct pguest g = { -1, "kiln-agent/1", 1 };
+	uint8_t *buf = malloc(1u << 20);
+	ssize_t n;
+	size_t got = 0;
+
+	CHECK_INT(port_against(&g, &a, &p, 2000), KILN_E_NOT_IMPLEMENTED);
+	agent_free(a);
+	close(g.fd);
+	g = (struct pguest){ -1, "kiln-agent/2", 0 };
+	int64_t t0 = now_ms();
+
+	CHECK_INT(port_against(&g, &a, &p, 300), KILN_E_PORT_TIMEOUT);
+	CHECK(now_ms() - t0 < 3000);
+	CHECK(agent_alive(a));
+	agent_free(a);
+	close(g.fd);
+	g = (struct pguest){ -1, "kiln-agent/2", 1 };
+	CHECK_INT(port_against(&g, &a, &p, 2000), KILN_OK);
+	for (int i = 0; i < 200 && agent_alive(a); i++)
+		usleep(10 * 1000);
+	CHECK(!agent_alive(a));
+	while ((n = agent_port_read(p, buf + got, (1u << 20) - got, 2000)) > 0)
+		got += (size_t)n;
+	CHECK_INT(n, -EPIPE);
+	CHECK(got <= AGENT_STREAM_WINDOW);
+	agent_port_close(p);
+	agent_free(a);
+	close(g.fd);
+	free(buf);
+}
+
 int main(int argc, char **argv)
 {
 	char cmd[128];
@@ -679,11 +1084,16 @@ int main(int argc, char **argv)
 	TEST(execs_run_at_once);
 	TEST(file_round_trip_is_byte_exact);
 	TEST(file_errors_map_to_codes);
+	TEST(file_write_makes_parent_directories);
 	TEST(exec_and_files_run_as_the_named_user);
 	TEST(large_output_arrives_whole_through_flow_control);
 	TEST(agent_itself_rejects_bad_requests);
 	TEST(hostile_guests_fail_the_sandbox);
 	TEST(grow_root_replies_are_checked);
+	TEST(port_stream_echoes_both_ways);
+	TEST(port_stream_slow_reader_stalls_only_itself);
+	TEST(port_stream_errors);
+	TEST(port_stream_hostile_guests);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

@@ -335,6 +335,29 @@ static void optional_user_field_is_root_when_absent_and_checked_when_present(voi
 	CHECK(!agent_rd_user(&r, &user));
 }
 
+
+/* Port streams: who may send which frame, the small decoders, the agent version. */
+static void port_stream_types_and_versions(void)
+{
+	uint32_t v32;
+	uint16_t v16;
+
+	CHECK(agent_type_from_host(AGENT_T_PORT_OPEN) && !agent_type_from_guest(AGENT_T_PORT_OPEN));
+	CHECK(agent_type_from_host(AGENT_T_STREAM_DATA) && agent_type_from_guest(AGENT_T_STREAM_DATA));
+	CHECK(agent_type_from_host(AGENT_T_STREAM_WINDOW) &&
+	      agent_type_from_guest(AGENT_T_STREAM_WINDOW));
+	CHECK(agent_type_from_host(AGENT_T_STREAM_END) && agent_type_from_guest(AGENT_T_STREAM_END));
+	CHECK(agent_parse_u32((const uint8_t *)"\0\1\0\0", 4, &v32) == 0 && v32 == 65536);
+	CHECK(agent_parse_u32((const uint8_t *)"\0\1\0\0\0", 5, &v32) < 0);
+	CHECK(agent_parse_u16((const uint8_t *)"\x1f\x90", 2, &v16) == 0 && v16 == 8080);
+	CHECK(agent_parse_u16((const uint8_t *)"\x1f", 1, &v16) < 0);
+	CHECK_INT(agent_version_major("kiln-agent/2"), 2);
+	CHECK_INT(agent_version_major("kiln-agent/12"), 12);
+	CHECK_INT(agent_version_major("kiln-agent/"), 0);
+	CHECK_INT(agent_version_major("other/9"), 0);
+	CHECK_INT(agent_version_major(""), 0);
+}
+
 int main(void)
 {
 	TEST(header_round_trip_keeps_every_field);
@@ -350,5 +373,6 @@ int main(void)
 	TEST(path_hostname_and_env_checks);
 	TEST(user_names_follow_the_gateways_rule);
 	TEST(optional_user_field_is_root_when_absent_and_checked_when_present);
+	TEST(port_stream_types_and_versions);
 	return test_summary();
 }

@@ -33,6 +33,8 @@ static const struct {
 	{ KILN_E_RATE_LIMITED, 429, "rate_limited", true },
 	{ KILN_E_NOT_IMPLEMENTED, 501, "not_implemented", true },
 	{ KILN_E_SANDBOX_FAILED, 502, "sandbox_failed", true },
+	{ KILN_E_PORT_CLOSED, 502, "port_closed", true },
+	{ KILN_E_PORT_TIMEOUT, 504, "port_timeout", true },
 	{ KILN_E_NO_CAPACITY, 503, "no_capacity", true },
 	{ KILN_E_UNAVAILABLE, 503, "unavailable", true },
 	{ KILN_E_IO, 500, "internal", false },
@@ -116,6 +118,21 @@ static void test_every_code_replies_as_it_always_did(void)
 	}
 }
 
+/* Ports in routes and queries: 1..65535 in plain digits, nothing else. */
+static void test_port_values(void)
+{
+	CHECK(http_port_value("1") == 1);
+	CHECK(http_port_value("8080") == 8080);
+	CHECK(http_port_value("65535") == 65535);
+	CHECK(http_port_value("0") == -1);
+	CHECK(http_port_value("65536") == -1);
+	CHECK(http_port_value("008080") == -1);
+	CHECK(http_port_value("+80") == -1);
+	CHECK(http_port_value("80 ") == -1);
+	CHECK(http_port_value("") == -1);
+	CHECK(http_port_value(NULL) == -1);
+}
+
 int main(void)
 {
 	struct http_server_opts opts = {
@@ -136,6 +153,7 @@ int main(void)
 		return 1;
 	}
 	TEST(test_every_code_replies_as_it_always_did);
+	TEST(test_port_values);
 	rc = test_summary();
 	http_server_stop(srv, 2);
 	curl_global_cleanup();

@@ -267,8 +267,8 @@ def check_structure(d, public_paths):
         responses = op.get("responses") or {}
         if not responses:
             d.err("%s: no responses" % name)
-        if not any(str(s).startswith("2") for s in responses):
-            d.err("%s: no 2xx response" % name)
+        if not any(str(s).startswith("2") or str(s) == "101" for s in responses):
+            d.err("%s: no 2xx (or 101 Switching Protocols) response" % name)
         for status, resp in responses.items():
             status = str(status)
             r = d.resolve(resp) or {}

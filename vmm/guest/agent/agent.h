@@ -3,7 +3,8 @@
  *
  * kiln-agent runs in the guest as a child of init. main.c owns the session with the host (the
  * virtio-serial port, frame decoding, the bounded output queue, the poll loop) and the small
- * requests (HELLO, SET_IDENTITY); exec.c runs commands; files.c streams files in and out. It is
+ * requests (HELLO, SET_IDENTITY); exec.c runs commands; files.c streams files in and out; ports.c
+ * carries port streams to the guest's loopback. It is
  * single-threaded: every descriptor is non-blocking except regular files, and no step waits on the
  * host, so a slow host only stalls the bulk producers (child pipes, file reads), never the loop.
  */
@@ -18,13 +19,18 @@
 
 #include "agent_proto.h"
 
-#define AGENT_VERSION_STRING "kiln-agent/1"
+#define AGENT_VERSION_STRING "kiln-agent/2"	/* 2: port streams */
 #define AGENT_MAX_EXECS 64	/* concurrent execs */
 #define AGENT_MAX_FILES 32	/* concurrent file transfers */
+#define AGENT_MAX_PORTS 64	/* concurrent port streams */
 #define AGENT_OUT_HIGH (2u << 20)	/* bytes queued for the host above which producers pause */
 #define AGENT_OUT_MAX (AGENT_OUT_HIGH + 2 * (AGENT_HDR_SIZE + AGENT_MAX_PAYLOAD))	/* bytes */
 #define AGENT_DRAIN_GRACE_MS 250	/* after exit, how long to wait for pipes held by others */
 #define AGENT_MAX_ENV_DEFAULTS 256
+/* the PATH of every exec that sets none: busybox's applets (build-image.sh) come last, so a
+ * package installed later shadows them */
+#define AGENT_BASE_PATH \
+	"/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/lib/busybox"
 
 struct session;
 
@@ -111,5 +117,19 @@ void file_pump(struct session *s);
 bool file_pending(void);
 /* Drops every transfer (the host went away). */
 void file_reset(void);
+
+/* ports.c: PORT_OPEN and the STREAM_* frames of a port stream */
+void port_open(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void port_data(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void port_window(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void port_end(struct session *s, uint32_t id);
+void port_cancel(uint32_t id);
+bool port_active(uint32_t id);
+/* Adds the sockets of port streams that wait for something to `pfd` (at most `max`). */
+int port_poll_fill(struct session *s, struct pollfd *pfd, int max);
+/* Handles the poll results for the entries port_poll_fill added. */
+void port_poll_done(struct session *s, struct pollfd *pfd, int n);
+/* Closes every stream (the host went away). */
+void port_reset(void);
 
 #endif

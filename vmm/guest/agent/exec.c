@@ -28,7 +28,7 @@
 
 #include "agent.h"
 
-#define BASE_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+#define BASE_PATH AGENT_BASE_PATH
 
 struct exec {
 	bool used;

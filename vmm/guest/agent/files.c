@@ -5,12 +5,13 @@
  * str user (absent: root). The data
  * follows in FILE_DATA frames and FILE_END commits: the bytes go to a temporary file beside the
  * target, which is synced and renamed over it, so readers see the old file or the whole new one.
- * The parent directory must exist (no directories are created). On any error the agent sends one
- * ERROR, removes the temporary file and ignores the rest of that id's frames.
+ * Missing parent directories are made first (mode 0755, as `mkdir -p`). On any error the agent
+ * sends one ERROR, removes the temporary file and the directories this write made (those still
+ * empty), and ignores the rest of that id's frames.
  *
- * A write for a user creates, syncs and renames its temporary file with the user's file system
- * identity (user.c): the new file is the user's, and a directory the user may not write to refuses
- * it (AGENT_S_DENIED). A read for a user opens the file with its identity in the same way. An
+ * A write for a user makes its parents and creates, syncs and renames its temporary file with the
+ * user's file system identity (user.c): the new file and directories are the user's, and a
+ * directory the user may not write to refuses it (AGENT_S_DENIED). A read for a user opens the file with its identity in the same way. An
  * unknown user is an INVALID error.
  *
  * FILE_READ payload: str path, and optionally str user. The reply is FILE_DATA frames of at most AGENT_CHUNK bytes, produced
@@ -37,6 +38,7 @@ struct xfer {
 	uint64_t bytes;		/* moved so far */
 	char path[AGENT_MAX_PATH + 1];
 	char tmp[AGENT_MAX_PATH + 32];	/* the temporary file of a write */
+	size_t made;		/* > 0: path[0..made) is the first directory this write made */
 };
 
 static struct xfer xfers[AGENT_MAX_FILES];
@@ -65,16 +67,40 @@ static struct xfer *xfer_alloc(struct session *s, uint32_t id)
 	return NULL;
 }
 
-/* Ends a transfer; a write that did not commit loses its temporary file. */
+/*
+ * Removes the directories a write made, deepest first, down to path[0..made); rmdir leaves any
+ * that something else filled meanwhile. Runs with the writer's file system identity.
+ */
+static void unmake_parents(struct xfer *x)
+{
+	char dir[AGENT_MAX_PATH + 1];
+	size_t n = strlen(x->path);
+
+	memcpy(dir, x->path, n + 1);
+	while (n > x->made) {
+		while (n > 0 && dir[n - 1] != '/')	/* drop the last component */
+			n--;
+		while (n > 1 && dir[n - 1] == '/')
+			n--;
+		dir[n] = '\0';
+		if (n < x->made || rmdir(dir) < 0)
+			break;
+	}
+}
+
+/* Ends a transfer; a write that did not commit loses its temporary file and the parents it made. */
 static void xfer_release(struct xfer *x)
 {
 	if (x->fd >= 0)
 		close(x->fd);
-	if (!x->reading && x->tmp[0]) {
+	if (!x->reading && (x->tmp[0] || x->made)) {
 		/* as the user: the directory is the user's to change meanwhile */
 		bool as = user_fs_enter(&x->cred) == 0;
 
-		unlink(x->tmp);
+		if (x->tmp[0])
+			unlink(x->tmp);
+		if (x->made)
+			unmake_parents(x);
 		if (as)
 			user_fs_leave(&x->cred);
 	}
@@ -150,6 +176,32 @@ static bool read_path(struct session *s, uint32_t id, struct agent_rd *r, char *
 	return true;
 }
 
+/*
+ * Makes the missing directories above x->path, each 0755 (less the umask) with the caller's file
+ * system identity, recording in x->made where the first one it made ends. 0, or -errno of the
+ * first mkdir that failed for another reason than the directory being there.
+ */
+static int make_parents(struct xfer *x)
+{
+	char dir[AGENT_MAX_PATH + 1];
+	size_t n = strlen(x->path);
+
+	memcpy(dir, x->path, n + 1);
+	for (size_t i = 1; i < n; i++) {
+		if (dir[i] != '/' || dir[i - 1] == '/')
+			continue;
+		dir[i] = '\0';
+		int rc = mkdir(dir, 0755);
+
+		dir[i] = '/';
+		if (rc == 0 && !x->made)
+			x->made = i;
+		else if (rc < 0 && errno != EEXIST)
+			return -errno;
+	}
+	return 0;
+}
+
 void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t len)
 {
 	struct agent_rd r;
@@ -173,6 +225,14 @@ void file_write_open(struct session *s, uint32_t id, const uint8_t *p, size_t le
 	if (stat(x->path, &st) == 0 && S_ISDIR(st.st_mode)) {
 		user_fs_leave(&x->cred);
 		session_error(s, id, AGENT_S_INVALID, EISDIR, "path is a directory");
+		goto fail;
+	}
+	int mrc = make_parents(x);
+
+	if (mrc < 0) {
+		user_fs_leave(&x->cred);
+		session_error(s, id, mrc == -ENOSPC || mrc == -EDQUOT ? AGENT_S_TOO_LARGE : path_status(-mrc),
+			      -mrc, "cannot make the parent directories: %s", strerror(-mrc));
 		goto fail;
 	}
 	snprintf(dir, sizeof(dir), "%s", x->path);
@@ -249,6 +309,7 @@ void file_write_end(struct session *s, uint32_t id)
 		return;
 	}
 	x->tmp[0] = '\0';
+	x->made = 0;	/* committed: the directories stay */
 	agent_wr_init(&w, buf, sizeof(buf));
 	agent_wr_u64(&w, x->bytes);
 	session_send(s, AGENT_T_OK, 0, id, buf, w.len);

@@ -28,7 +28,7 @@
 #include "agent.h"
 
 #define PORT_NAME_DEFAULT "kiln.agent"
-#define POLL_MAX (2 + 3 * AGENT_MAX_EXECS)
+#define POLL_MAX (2 + 3 * AGENT_MAX_EXECS + AGENT_MAX_PORTS)
 
 struct session {
 	int fd;			/* the port (or --fd), non-blocking */
@@ -316,7 +316,7 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 		session_error(s, h->id, AGENT_S_PROTO, 0, "unexpected frame type %u", h->type);
 		return;
 	}
-	bool busy = exec_active(h->id) || file_active(h->id);
+	bool busy = exec_active(h->id) || file_active(h->id) || port_active(h->id);
 
 	switch (h->type) {
 	case AGENT_T_HELLO:
@@ -324,6 +324,7 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 			/* A new host connection: whatever the last one started is orphaned. */
 			exec_reset();
 			file_reset();
+			port_reset();
 		}
 		handle_hello(s, h->id);
 		break;
@@ -357,9 +358,25 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 	case AGENT_T_GROW_ROOT:
 		grow_root(s, h->id, p, h->len);
 		break;
+	case AGENT_T_PORT_OPEN:
+		if (busy)
+			session_error(s, h->id, AGENT_S_EXISTS, 0, "request id in use");
+		else
+			port_open(s, h->id, p, h->len);
+		break;
+	case AGENT_T_STREAM_DATA:
+		port_data(s, h->id, p, h->len);
+		break;
+	case AGENT_T_STREAM_WINDOW:
+		port_window(s, h->id, p, h->len);
+		break;
+	case AGENT_T_STREAM_END:
+		port_end(s, h->id);
+		break;
 	case AGENT_T_CANCEL:
 		exec_cancel(h->id);
 		file_cancel(h->id);
+		port_cancel(h->id);
 		break;
 	}
 }
@@ -440,6 +457,7 @@ static void session_reset(struct session *s)
 {
 	exec_reset();
 	file_reset();
+	port_reset();
 	s->out_off = s->out_len = 0;
 	s->desync = false;
 	agent_decoder_init(&s->dec, s->payload);
@@ -531,7 +549,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (!getenv("PATH"))
-		setenv("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", 1);
+		setenv("PATH", AGENT_BASE_PATH, 1);
 	agent_decoder_init(&s.dec, s.payload);
 	if (inherited >= 0) {
 		s.test_mode = true;
@@ -548,15 +566,16 @@ int main(int argc, char **argv)
 			logmsg("host connected");
 		}
 		struct pollfd pfd[POLL_MAX];
-		int n = 0, nexec, timeout;
+		int n = 0, nexec, nport, timeout;
 
 		pfd[n++] = (struct pollfd){ s.fd, (short)(POLLIN | (s.out_len > s.out_off ? POLLOUT : 0)), 0 };
 		pfd[n++] = (struct pollfd){ sigfd, POLLIN, 0 };
 		nexec = exec_poll_fill(&s, pfd + n, POLL_MAX - n);
+		nport = port_poll_fill(&s, pfd + n + nexec, POLL_MAX - n - nexec);
 		timeout = exec_next_timeout();
 		if (file_pending() && session_has_room(&s))
 			timeout = 0;
-		if (poll(pfd, (nfds_t)(n + nexec), timeout) < 0 && errno != EINTR) {
+		if (poll(pfd, (nfds_t)(n + nexec + nport), timeout) < 0 && errno != EINTR) {
 			logmsg("poll: %s", strerror(errno));
 			return 1;
 		}
@@ -574,6 +593,7 @@ int main(int argc, char **argv)
 			gone = true;
 		if (!gone) {
 			exec_poll_done(&s, pfd + 2, nexec);
+			port_poll_done(&s, pfd + 2 + nexec, nport);
 			exec_tick(&s);
 			file_pump(&s);
 			gone = session_flush(&s) < 0;

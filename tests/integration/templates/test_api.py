@@ -1,0 +1,193 @@
+"""The template routes (docs/templates.md) through real HTTP against kiln-gateway and Postgres:
+versions by name, shapes and bad input, tenant isolation, deletion and the per-tenant limits."""
+import threading
+import unittest
+
+from authtest import GatewayCase
+
+TIME_RE = r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$"
+SHAPE = {"vcpus": 1, "memory_mib": 512, "disk_gib": 10}
+
+
+def spec(name, **extra):
+    body = {"name": name}
+    body.update(SHAPE)
+    body.update(extra)
+    return body
+
+
+class TemplateRoutes(GatewayCase):
+    def rows(self, tid):
+        return self.db.sql("SELECT (SELECT count(*) FROM templates WHERE tenant_id = '%s'), "
+                           "(SELECT count(*) FROM template_versions v JOIN templates t "
+                           "ON t.id = v.template_id WHERE t.tenant_id = '%s')" % (tid, tid))
+
+    def test_a_name_gets_versions_and_get_shows_them_newest_first(self):
+        _, _, h = self.new_tenant("versions")
+        r = self.expect(self.call("POST", "/v1/templates",
+                                  spec("web", start_cmd="python3 -m http.server 8000",
+                                       ready_cmd="curl -sf localhost:8000",
+                                       egress={"rules": ["pypi.org"]}), h), 201)
+        first = r.json()
+        self.assertEqual(set(first), {"id", "name", "version"})
+        self.assertRegex(first["id"], r"^tmpl_[a-z2-7]{26}$")
+        self.assertEqual((first["name"], first["version"]), ("web", 1))
+        r = self.expect(self.call("POST", "/v1/templates",
+                                  {"name": "web", "vcpus": 2.5, "memory_mib": 1024, "disk_gib": 20}, h), 201)
+        self.assertEqual(r.json(), {"id": first["id"], "name": "web", "version": 2})
+        t = self.expect(self.call("GET", "/v1/templates/" + first["id"], headers=h), 200).json()
+        self.assertEqual((t["id"], t["name"], t["latest_ready_version"]), (first["id"], "web", None))
+        self.assertRegex(t["created_at"], TIME_RE)
+        self.assertEqual([v["version"] for v in t["versions"]], [2, 1])
+        v2, v1 = t["versions"]
+        self.assertEqual((v2["vcpus"], v2["memory_mib"], v2["disk_gib"]), (2.5, 1024, 20))
+        self.assertEqual((v2["start_cmd"], v2["ready_cmd"], v2["egress"]), (None, None, None))
+        self.assertEqual((v1["vcpus"], v1["memory_mib"], v1["disk_gib"]), (1, 512, 10))
+        self.assertEqual(v1["start_cmd"], "python3 -m http.server 8000")
+        self.assertEqual(v1["ready_cmd"], "curl -sf localhost:8000")
+        self.assertEqual(v1["egress"], {"rules": ["pypi.org"]})
+        for v in (v1, v2):
+            self.assertEqual((v["status"], v["reason"], v["finished_at"]), ("pending", None, None))
+            self.assertRegex(v["created_at"], TIME_RE)
+        # Another name is another template; the listing has both, newest first.
+        other = self.expect(self.call("POST", "/v1/templates", spec("worker"), h), 201).json()
+        self.assertNotEqual(other["id"], first["id"])
+        self.assertEqual(other["version"], 1)
+        listing = self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()
+        self.assertEqual([x["id"] for x in listing["templates"]], [other["id"], first["id"]])
+        self.assertIsNone(listing["next_cursor"])
+        # A listing carries each template's newest version only.
+        item = listing["templates"][1]
+        self.assertEqual(set(item), {"id", "name", "created_at", "latest_ready_version", "latest_version"})
+        self.assertEqual(item["latest_version"], v2)
+        self.assertIsNone(item["latest_ready_version"])
+        page = self.expect(self.call("GET", "/v1/templates?limit=1", headers=h), 200).json()
+        self.assertEqual([x["id"] for x in page["templates"]], [other["id"]])
+        page = self.expect(self.call("GET", "/v1/templates?limit=1&cursor=" + page["next_cursor"],
+                                     headers=h), 200).json()
+        self.assertEqual([x["id"] for x in page["templates"]], [first["id"]])
+
+    def test_bad_input_is_refused_naming_the_field_and_changes_nothing(self):
+        tid, _, h = self.new_tenant("bad")
+        cases = [
+            ({"vcpus": 1, "memory_mib": 512, "disk_gib": 10}, 400, "name"),
+            (spec("x", colour="red"), 400, "colour"),
+            ({"name": "x", "memory_mib": 512, "disk_gib": 10}, 400, "vcpus"),
+            (spec(""), 422, "name"),
+            (spec("Web"), 422, "name"),
+            (spec("-web"), 422, "name"),
+            (spec("a/b"), 422, "name"),
+            (spec("x" * 64), 422, "name"),
+            (spec("base"), 422, "base"),
+            (spec("python"), 422, "python"),
+            (spec("tmpl_abc"), 422, "tmpl_"),
+            (dict(spec("x"), vcpus=0.3), 422, "vcpus"),
+            (dict(spec("x"), vcpus=9), 422, "vcpus"),
+            (dict(spec("x"), memory_mib=128), 422, "memory_mib"),
+            (dict(spec("x"), disk_gib=61), 422, "disk_gib"),
+            (spec("x", start_cmd=""), 422, "start_cmd"),
+            (spec("x", ready_cmd="a\u0000b"), 400, ""),
+            (spec("x", start_cmd="x" * 4097), 413, "start_cmd"),
+            (spec("x", egress=["pypi.org"]), 400, "egress"),
+            (spec("x", egress={"rules": ["h%d.example.com" % i for i in range(1500)]}), 413, "egress"),
+        ]
+        code = {400: "bad_request", 413: "too_large", 422: "invalid"}
+        for body, status, word in cases:
+            with self.subTest(body=str(body)[:80]):
+                r = self.expect(self.call("POST", "/v1/templates", body, h), status, code[status])
+                self.assertIn(word, r.json()["error"]["message"])
+        self.assertEqual(self.rows(tid), "0|0")
+        self.expect(self.call("POST", "/v1/templates", spec("x" * 63), h), 201)
+
+    def test_another_tenant_gets_404_everywhere_and_sees_nothing(self):
+        _, _, ha = self.new_tenant("a")
+        _, _, hb = self.new_tenant("b")
+        a = self.expect(self.call("POST", "/v1/templates", spec("shared-name"), ha), 201).json()
+        self.expect(self.call("GET", "/v1/templates/" + a["id"], headers=hb), 404, "not_found")
+        self.expect(self.call("DELETE", "/v1/templates/" + a["id"], headers=hb), 404, "not_found")
+        listing = self.expect(self.call("GET", "/v1/templates", headers=hb), 200)
+        self.assertEqual(listing.json()["templates"], [])
+        # The same name is B's own template, version 1, and does not touch A's.
+        b = self.expect(self.call("POST", "/v1/templates", spec("shared-name"), hb), 201).json()
+        self.assertNotEqual(b["id"], a["id"])
+        self.assertEqual(b["version"], 1)
+        t = self.expect(self.call("GET", "/v1/templates/" + a["id"], headers=ha), 200).json()
+        self.assertEqual([v["version"] for v in t["versions"]], [1])
+
+    def test_delete_is_204_then_404_and_frees_the_name(self):
+        _, _, h = self.new_tenant("del")
+        a = self.expect(self.call("POST", "/v1/templates", spec("gone"), h), 201).json()
+        self.expect(self.call("POST", "/v1/templates", spec("gone"), h), 201)
+        self.expect(self.call("DELETE", "/v1/templates/" + a["id"], headers=h), 204)
+        self.expect(self.call("GET", "/v1/templates/" + a["id"], headers=h), 404, "not_found")
+        self.expect(self.call("DELETE", "/v1/templates/" + a["id"], headers=h), 404, "not_found")
+        self.expect(self.call("DELETE", "/v1/templates/tmpl_" + "a" * 26, headers=h), 404, "not_found")
+        self.assertEqual(self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()["templates"], [])
+        again = self.expect(self.call("POST", "/v1/templates", spec("gone"), h), 201).json()
+        self.assertNotEqual(again["id"], a["id"])
+        self.assertEqual(again["version"], 1)
+
+    def test_a_retry_with_the_same_idempotency_key_adds_no_second_version(self):
+        tid, _, h = self.new_tenant("idem")
+        hk = dict(h, **{"Idempotency-Key": "build-web-1"})
+        first = self.expect(self.call("POST", "/v1/templates", spec("web"), hk), 201)
+        again = self.expect(self.call("POST", "/v1/templates", spec("web"), hk), 201)
+        self.assertEqual(again.json(), first.json())
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+        self.assertEqual(self.rows(tid), "1|1")
+        self.expect(self.call("POST", "/v1/templates", spec("other"), hk), 422, "invalid")
+        self.assertEqual(self.rows(tid), "1|1")
+
+    def test_scopes_read_and_write(self):
+        _, _, h = self.new_tenant("scopes")
+        ro = {"Authorization": "Bearer " + self.new_key(h, ["sandbox:read"])["key"]}
+        a = self.expect(self.call("POST", "/v1/templates", spec("s"), h), 201).json()
+        self.expect(self.call("POST", "/v1/templates", spec("s"), ro), 403, "forbidden")
+        self.expect(self.call("DELETE", "/v1/templates/" + a["id"], headers=ro), 403, "forbidden")
+        self.expect(self.call("GET", "/v1/templates/" + a["id"], headers=ro), 200)
+        self.expect(self.call("GET", "/v1/templates", headers=ro), 200)
+        self.expect(self.call("GET", "/v1/templates"), 401, "unauthenticated")
+
+
+class TemplateLimits(GatewayCase):
+    EXTRA_ENV = {"KILN_TEMPLATE_MAX_PER_TENANT": "3", "KILN_TEMPLATE_MAX_VERSIONS": "2"}
+
+    def test_templates_per_tenant_is_403_naming_the_limit_even_when_raced(self):
+        tid, _, h = self.new_tenant("many")
+        _, _, other = self.new_tenant("other")
+        results = []
+
+        def post(i):
+            results.append(self.call("POST", "/v1/templates", spec("t%d" % i), h))
+        threads = [threading.Thread(target=post, args=(i,)) for i in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        self.assertEqual(sorted(r.status for r in results), [201] * 3 + [403] * 5)
+        for r in results:
+            if r.status == 403:
+                self.expect(r, 403, "quota_exceeded")
+                self.assertIn("template_max_per_tenant", r.json()["error"]["message"])
+        self.assertEqual(self.db.sql("SELECT count(*) FROM templates WHERE tenant_id = '%s'" % tid), "3")
+        # A new version of an existing name is no new template; another tenant is not affected.
+        made = [r.json() for r in results if r.status == 201]
+        r = self.expect(self.call("POST", "/v1/templates", spec(made[0]["name"]), h), 201)
+        self.assertEqual(r.json()["version"], 2)
+        self.expect(self.call("POST", "/v1/templates", spec("fine"), other), 201)
+        # Deleting one frees a place.
+        self.expect(self.call("DELETE", "/v1/templates/" + made[1]["id"], headers=h), 204)
+        self.expect(self.call("POST", "/v1/templates", spec("later"), h), 201)
+
+    def test_versions_per_template_is_403_naming_the_limit(self):
+        _, _, h = self.new_tenant("versions")
+        for v in (1, 2):
+            self.assertEqual(self.expect(self.call("POST", "/v1/templates", spec("v"), h), 201).json()["version"], v)
+        r = self.expect(self.call("POST", "/v1/templates", spec("v"), h), 403, "quota_exceeded")
+        self.assertIn("template_max_versions", r.json()["error"]["message"])
+        t = self.expect(self.call("GET", "/v1/templates", headers=h), 200).json()["templates"]
+        self.assertEqual([x["latest_version"]["version"] for x in t], [2])
+
+
+if __name__ == "__main__":
+    unittest.main()
