@@ -172,6 +172,7 @@ static int meter_init(struct kiln_error *err)
 		.clock_ctx = (void *)km.clock_file,
 		.live_ttl_s = km.cfg.meter_live_ttl_s,
 		.log_keep_s = km.cfg.meter_log_keep_s,
+		.commit_wait_ms = km.cfg.meter_commit_wait_ms ? km.cfg.meter_commit_wait_ms : -1,
 		.pause = km.pauser ? pauser_ask : NULL,
 		.pause_ctx = km.pauser,
 		.test_flush_hold_ms = km.flush_hold_ms,

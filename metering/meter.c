@@ -36,6 +36,10 @@
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
+#define COMMIT_WAIT_DEFAULT_MS 10000
+/* The application_name a flush's transaction runs under: it writes no state change, so the
+ * ticks' high-water mark (commit_lag_sql) does not wait for it. */
+#define FLUSH_APP_NAME "kiln-meter flush"
 
 enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
 
@@ -136,6 +140,8 @@ struct meter {
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
 	int64_t last_tick;	/* ns */
+	int64_t commit_wait_ns;	/* the longest a tick's billing waits for an open transaction (<0: never) */
+	int64_t lag;		/* ns: how far this tick's billing stays behind its clock (commit_lag) */
 	int64_t last_expiry_ws;
 	int64_t last_trim_ws;
 	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
@@ -1261,7 +1267,7 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
-		rc = pg_exec(c, "BEGIN", err);
+		rc = pg_exec(c, "BEGIN; SET LOCAL application_name = '" FLUSH_APP_NAME "'", err);
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
 			 m->o.card.version);
@@ -1756,6 +1762,9 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		m->o.live_ttl_s = LIVE_TTL_DEFAULT_S;
 	if (m->o.log_keep_s < 1)
 		m->o.log_keep_s = LOG_KEEP_DEFAULT_S;
+	m->commit_wait_ns = m->o.commit_wait_ms < 0 ? -1
+			    : (m->o.commit_wait_ms ? m->o.commit_wait_ms : COMMIT_WAIT_DEFAULT_MS) *
+				      (PRICE_NS_PER_S / 1000);
 	if (m->o.series_s < 1)
 		m->o.series_s = 900;
 	snprintf(m->node, sizeof(m->node), "%s", opts->node_id);
@@ -2336,12 +2345,53 @@ void meter_flush_settle(struct meter *m)
 		log_warn("cannot flush to the ledger (will retry): %s", err.msg);
 }
 
+/*
+ * How long ago (µs, on the database's clock) the oldest transaction still open in this database
+ * began, at most $1 µs: a state change it writes carries that start as its time (now()) or a
+ * later one, and commits after this tick reads the rows. Meters' flushes write none (they run
+ * as FLUSH_APP_NAME); backends of other roles show no start without pg_read_all_stats and are
+ * not waited for. Read before the rows, so a transaction that commits after their snapshot was
+ * open here or began after this read.
+ */
+static const char commit_lag_sql[] =
+	"SELECT least($1::bigint, greatest(0, coalesce((extract(epoch FROM statement_timestamp() "
+	"    - min(xact_start)) * 1000000)::bigint, 0))) "
+	"FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+	"AND backend_type = 'client backend' AND xact_start IS NOT NULL "
+	"AND application_name IS DISTINCT FROM '" FLUSH_APP_NAME "'";
+
+/*
+ * The tick's high-water mark: how far behind `now` this tick bills (m->lag). A sandbox's end (or
+ * any state change) committed after the tick read its row as running carries a time no earlier
+ * than the start of its transaction, open when the tick looked; billing stops at the oldest
+ * such start, so no running time past an end is billed (the end is billed at its own time when
+ * it is seen). Waits at most commit_wait_ns; a transaction open longer than that holds billing
+ * that far behind. KILN_OK, or the error of the query (the tick fails like its rows query).
+ */
+static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	char cap[24];
+	enum kiln_err rc;
+
+	m->lag = 0;
+	if (m->commit_wait_ns < 0)
+		return KILN_OK;
+	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns / 1000);
+	rc = PGQ(c, &res, err, commit_lag_sql, cap);
+	m->st.pg_calls++;
+	if (rc == KILN_OK && pg_res_rows(res) == 1)
+		m->lag = pg_res_int(res, 0, 0, 0) * 1000;
+	pg_res_free(res);
+	return rc;
+}
+
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	char node_since[24];
-	int64_t now;
+	int64_t now, hw;
 	enum kiln_err rc;
 	int rows;
 
@@ -2361,8 +2411,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {
+		rc = commit_lag(m, c, err);
 		snprintf(node_since, sizeof(node_since), "%" PRId64, m->since / 1000);
-		rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
 		m->st.pg_calls++;
 		pg_release(m->pg, c);
 	}
@@ -2372,6 +2424,11 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		return rc;
 	}
 	m->st.ticks++;
+	/* Billed up to the high-water mark: no transaction still open can log a change before it. */
+	hw = now - m->lag;
+	if (m->lag > PRICE_NS_PER_S / 10)
+		log_debug("billing up to %.3f s behind the clock: a transaction open that long may "
+			  "still change a sandbox", (double)m->lag / 1e9);
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
 		s->seen = false;
@@ -2384,10 +2441,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
 	}
 	rows = pg_res_rows(res);
-	if (rows > 0 && meter_bill_rows(m, res, rows, now) != 0)
+	if (rows > 0 && meter_bill_rows(m, res, rows, hw) != 0)
 		log_error("out of memory billing this tick's sandboxes");
 	pg_res_free(res);
-	meter_take_tails(m, now);
+	meter_take_tails(m, hw);
 	/* Tracked but gone from the node's rows (moved, or the row vanished): billing ends. */
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
@@ -2413,7 +2470,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	redis_tick(m, now);
 	ledger_refresh(m, now);
 	meter_enforce(m, now, true);
-	if (meter_flush(m, now, err) != KILN_OK) {
+	if (meter_flush(m, hw, err) != KILN_OK) {
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}

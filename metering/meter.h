@@ -54,6 +54,13 @@ struct meter_opts {
 	int64_t live_ttl_s;
 	/* seconds the state changes of sandboxes (sandbox_state_log) are kept once billed; 0: a day */
 	int64_t log_keep_s;
+	/*
+	 * ms a tick's billing may stay behind its clock for a transaction still open in the
+	 * database, whose state change (an end) would carry its start as its time: billing stops
+	 * at the oldest such start, never past an end committed late. 0: 10 s; < 0: never waits
+	 * (a change committed after a tick passed its time is applied from that tick on).
+	 */
+	int64_t commit_wait_ms;
 	/* asks for a sandbox to be paused (its tenant is out of credits); NULL: nobody is paused */
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;
