@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,35 +49,61 @@ static struct {
 	unsigned flush_hold_ms;
 } km;
 
-/* The test clock `id` (CLOCK_REALTIME or CLOCK_MONOTONIC) plus the offsets read from the file. */
-static int64_t test_clock_of(const char *path, clockid_t id)
+/*
+ * The test clocks: the host's clock plus the offsets written in the file. The wall clock reads
+ * the file; the monotonic clock takes the offset that read found (the meter reads the wall clock
+ * first, then the monotonic one), so the two are read microseconds apart and a step written to
+ * the file is measured as written, not less the time a second read of the file took.
+ */
+static struct {
+	pthread_mutex_t lock;
+	bool read;
+	double off;
+} tclk = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void test_clock_read(const char *path, double *off, double *step)
 {
-	struct timespec ts;
-	double off = 0, step = 0;
 	FILE *f = fopen(path, "r");
 
+	*off = *step = 0;
 	if (f) {
-		int n = fscanf(f, "%lf %lf", &off, &step);
+		int n = fscanf(f, "%lf %lf", off, step);
 		if (n < 1)
-			off = 0;
+			*off = 0;
 		if (n < 2)
-			step = 0;
+			*step = 0;
 		fclose(f);
 	}
-	clock_gettime(id, &ts);
-	if (id != CLOCK_REALTIME)
-		step = 0;
-	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)((off + step) * 1e9);
 }
 
 static int64_t test_clock(void *ctx)
 {
-	return test_clock_of((const char *)ctx, CLOCK_REALTIME);
+	struct timespec ts;
+	double off, step;
+
+	test_clock_read((const char *)ctx, &off, &step);
+	pthread_mutex_lock(&tclk.lock);
+	tclk.off = off;
+	tclk.read = true;
+	pthread_mutex_unlock(&tclk.lock);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)((off + step) * 1e9);
 }
 
 static int64_t test_clock_mono(void *ctx)
 {
-	return test_clock_of((const char *)ctx, CLOCK_MONOTONIC);
+	struct timespec ts;
+	double off, step;
+	bool read;
+
+	pthread_mutex_lock(&tclk.lock);
+	read = tclk.read;
+	off = tclk.off;
+	pthread_mutex_unlock(&tclk.lock);
+	if (!read)
+		test_clock_read((const char *)ctx, &off, &step);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)(off * 1e9);
 }
 
 static int db_init(struct kiln_error *err)
