@@ -72,6 +72,9 @@ struct msb {
 	int64_t last_t;		/* ns: billed up to */
 	uint64_t cpu_at, rx_at, tx_at;	/* cumulative counters of `gen` at last_t */
 	uint64_t rem;		/* fine units, < PRICE_FINE_PER_UCR */
+	/* The remainder of this node's generations while `gen` is another node's (taken over):
+	 * each node's generations carry their own (gen_rem_switch). */
+	uint64_t rem_home;
 	struct cg *cg;
 	bool ended, seen;
 	bool mine;		/* `gen` is this node's (a generation never changes node) */
@@ -634,6 +637,28 @@ static uint64_t row_gen_snap(const struct mrow *r, long long gen)
 }
 
 /*
+ * The sub-µcr remainder as `s` goes on to a generation of `node`: a sandbox's generations on one
+ * node carry one remainder from each to the next, whichever meter bills them (a meter that starts
+ * from the ledger takes its node's newest point's). A generation of another node this meter takes
+ * over starts from zero (that node's remainder is in its own points), and the remainder of this
+ * node's generations waits for the next one of them: a taken-over generation never moves it.
+ */
+static void gen_rem_switch(struct meter *m, struct msb *s, const char *node)
+{
+	bool home = strcmp(s->gnode, m->node) == 0, home_next = strcmp(node, m->node) == 0;
+
+	if (home && !home_next) {
+		s->rem_home = s->rem;
+		s->rem = 0;
+	} else if (!home && home_next) {
+		s->rem = s->rem_home;
+		s->rem_home = 0;
+	} else if (!home && strcmp(s->gnode, node) != 0) {
+		s->rem = 0;
+	}
+}
+
+/*
  * Bills the sandbox `s` of row `r` up to `now`, piece by piece over its state changes since its
  * billed-up-to point (r->e): each piece in its own state, under its own generation, when that
  * generation is this node's (another node's meter bills the others). CPU is the cumulative
@@ -739,6 +764,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			/* A new generation (restored, moved): its counters start from zero. */
 			s->gen = pc[i].gen;
 			s->mine = true;
+			gen_rem_switch(m, s, pc[i].node);
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
@@ -790,6 +816,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		/* Back on this node under a new generation at `end` exactly. */
 		s->gen = cur_gen;
 		s->mine = true;
+		gen_rem_switch(m, s, cur_node);
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
