@@ -2041,15 +2041,16 @@ out:
  * gone for good: their billed-up-to point in the ledger is before the generation's end (the
  * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
  * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
- * that generation's changes between the point and the end ("<state> <µs>", comma-separated), its
+ * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
+ * when none>", comma-separated), its
  * counters at the point and its pause snapshot's size (MiB, NULL when none).
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
-	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text, "
-	"    ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
+	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
@@ -2067,8 +2068,9 @@ static const char tails_sql[] =
 
 /*
  * Bills the tail of the generation of row `i` of `res` (tails_sql) into `s`: from its ledger point
- * to its end, piece by piece over its changes, with no CPU or traffic (its counters were on the
- * other host), then its end recorded as billed state "none" so nobody takes it again. The
+ * to its end, piece by piece over its changes, with no traffic (its counters were on the other
+ * host) and the CPU its changes logged (a pause's vCPU stop: the running time up to it gets the
+ * counter's delta from the ledger's point; none after the last such change), then its end recorded as billed state "none" so nobody takes it again. The
  * windows carry that generation and its node; the ledger's fence refuses them if the other
  * meter comes back and bills that time first. `s`'s own billing point is left as it was.
  */
@@ -2096,14 +2098,21 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
 	while (*chg) {
 		char name[16] = "";
-		long long us = 0;
+		long long us = 0, cpu = -1;
 		int64_t at;
-		if (sscanf(chg, "%15s %lld", name, &us) != 2)
+		uint64_t dcpu = 0;
+		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
 			break;
 		at = us * 1000 + m->off;
+		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
+			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
-			bill_span(m, s, s->last_t, at, st, 0, 0, 0, now);
+			/* CPU up to a logged counter: the running time's; a piece not running
+			 * moves the counter unbilled (bill_span bills CPU of running time only). */
+			bill_span(m, s, s->last_t, at, st, dcpu, 0, 0, now);
 			s->state = st;
+		} else if (dcpu) {
+			s->cpu_at += dcpu;
 		}
 		st = bstate_of(name);
 		chg = strchr(chg, ',');
