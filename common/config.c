@@ -275,6 +275,11 @@ const struct cfg_def config_table[] = {
 	{ "meter_live_ttl_s", CFG_INT, F(meter_live_ttl_s), "30", 3, 3600, NULL, false,
 	  "kiln-meter: seconds after a meter's last tick that its unflushed charges (its live "
 	  "balance field in Redis) are dropped by other meters and readers" },
+	{ "meter_log_keep_s", CFG_INT, F(meter_log_keep_s), "86400", 600, 31536000, NULL, false,
+	  "kiln-meter: seconds a sandbox generation's state changes are kept once billed" },
+	{ "meter_commit_wait_ms", CFG_INT, F(meter_commit_wait_ms), "10000", 0, 60000, NULL, false,
+	  "kiln-meter: ms billing may stay behind the clock for a database transaction still open "
+	  "(a sandbox's end it commits late is billed to its own time; 0: never waits)" },
 	{ "meter_cgroup_root", CFG_STRING, F(meter_cgroup_root), NULL, 0, 0, NULL, false,
 	  "kiln-meter: where the cgroup hierarchies are mounted (default /sys/fs/cgroup)" },
 	{ "meter_pin_root", CFG_STRING, F(meter_pin_root), NULL, 0, 0, NULL, false,

@@ -128,6 +128,8 @@ struct kiln_config {
 	long long meter_window_s;	/* ledger window, seconds */
 	long long meter_series_s;	/* seconds of per-second usage kept in Redis */
 	long long meter_live_ttl_s;	/* a stopped meter's live fields are dropped after this */
+	long long meter_log_keep_s;	/* billed state changes are kept this long */
+	long long meter_commit_wait_ms;	/* billing waits this long at most for an open transaction */
 	char *meter_cgroup_root;	/* cgroup mount root (default /sys/fs/cgroup) */
 	char *meter_pin_root;		/* eBPF pin root (default /sys/fs/bpf/kiln) */
 	long long price_cpu_ucr_per_cpu_s;	/* µcr per CPU-second used */

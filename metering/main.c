@@ -17,6 +17,8 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <poll.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -47,35 +49,61 @@ static struct {
 	unsigned flush_hold_ms;
 } km;
 
-/* The test clock `id` (CLOCK_REALTIME or CLOCK_MONOTONIC) plus the offsets read from the file. */
-static int64_t test_clock_of(const char *path, clockid_t id)
+/*
+ * The test clocks: the host's clock plus the offsets written in the file. The wall clock reads
+ * the file; the monotonic clock takes the offset that read found (the meter reads the wall clock
+ * first, then the monotonic one), so the two are read microseconds apart and a step written to
+ * the file is measured as written, not less the time a second read of the file took.
+ */
+static struct {
+	pthread_mutex_t lock;
+	bool read;
+	double off;
+} tclk = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static void test_clock_read(const char *path, double *off, double *step)
 {
-	struct timespec ts;
-	double off = 0, step = 0;
 	FILE *f = fopen(path, "r");
 
+	*off = *step = 0;
 	if (f) {
-		int n = fscanf(f, "%lf %lf", &off, &step);
+		int n = fscanf(f, "%lf %lf", off, step);
 		if (n < 1)
-			off = 0;
+			*off = 0;
 		if (n < 2)
-			step = 0;
+			*step = 0;
 		fclose(f);
 	}
-	clock_gettime(id, &ts);
-	if (id != CLOCK_REALTIME)
-		step = 0;
-	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)((off + step) * 1e9);
 }
 
 static int64_t test_clock(void *ctx)
 {
-	return test_clock_of((const char *)ctx, CLOCK_REALTIME);
+	struct timespec ts;
+	double off, step;
+
+	test_clock_read((const char *)ctx, &off, &step);
+	pthread_mutex_lock(&tclk.lock);
+	tclk.off = off;
+	tclk.read = true;
+	pthread_mutex_unlock(&tclk.lock);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)((off + step) * 1e9);
 }
 
 static int64_t test_clock_mono(void *ctx)
 {
-	return test_clock_of((const char *)ctx, CLOCK_MONOTONIC);
+	struct timespec ts;
+	double off, step;
+	bool read;
+
+	pthread_mutex_lock(&tclk.lock);
+	read = tclk.read;
+	off = tclk.off;
+	pthread_mutex_unlock(&tclk.lock);
+	if (!read)
+		test_clock_read((const char *)ctx, &off, &step);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec + (int64_t)(off * 1e9);
 }
 
 static int db_init(struct kiln_error *err)
@@ -83,7 +111,7 @@ static int db_init(struct kiln_error *err)
 	int applied = 0;
 	enum kiln_err rc;
 
-	km.pg = pg_new(km.cfg.database_url, 2);
+	km.pg = pg_new(km.cfg.database_url, 4);	/* the tick, the flush, the pauses, the signer */
 	if (!km.pg)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = migrate_apply(km.pg, migrations, migrations_count, &applied, err);
@@ -171,9 +199,12 @@ static int meter_init(struct kiln_error *err)
 		.mono_ns = km.clock_file ? test_clock_mono : NULL,
 		.clock_ctx = (void *)km.clock_file,
 		.live_ttl_s = km.cfg.meter_live_ttl_s,
+		.log_keep_s = km.cfg.meter_log_keep_s,
+		.commit_wait_ms = km.cfg.meter_commit_wait_ms ? km.cfg.meter_commit_wait_ms : -1,
 		.pause = km.pauser ? pauser_ask : NULL,
 		.pause_ctx = km.pauser,
 		.test_flush_hold_ms = km.flush_hold_ms,
+		.flush_thread = true,
 	};
 	enum kiln_err rc;
 
@@ -237,9 +268,19 @@ static void run(void)
 		int64_t now = mono_ns(), next = (now / PRICE_NS_PER_S + 1) * PRICE_NS_PER_S;
 		struct timespec ts = { .tv_sec = next / PRICE_NS_PER_S, .tv_nsec = 0 };
 
-		while (!daemon_stopping() &&
-		       clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
-			;
+		/* until the next whole second; a finished flush is applied as soon as it ends */
+		for (int64_t t = mono_ns(); !daemon_stopping() && t < next; t = mono_ns()) {
+			struct pollfd p = { .fd = meter_flush_fd(km.meter), .events = POLLIN };
+			int ms = (int)((next - t + 999999) / 1000000);
+
+			if (p.fd < 0) {
+				if (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) != EINTR)
+					break;
+				continue;
+			}
+			if (poll(&p, 1, ms) > 0)
+				meter_flush_settle(km.meter);
+		}
 		if (daemon_stopping())
 			break;
 		now = mono_ns();

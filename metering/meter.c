@@ -11,12 +11,14 @@
 #include "meter.h"
 
 #include <errno.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <inttypes.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -32,6 +34,12 @@
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
 #define LIVE_TTL_DEFAULT_S 30
+#define LOG_KEEP_DEFAULT_S 86400
+#define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
+#define COMMIT_WAIT_DEFAULT_MS 10000
+/* The application_name a flush's transaction runs under: it writes no state change, so the
+ * ticks' high-water mark (commit_lag_sql) does not wait for it. */
+#define FLUSH_APP_NAME "kiln-meter flush"
 
 enum bstate { BS_NONE = 0, BS_RUN, BS_PAUSED };
 
@@ -41,6 +49,7 @@ static const char *const bstate_names[] = { "none", "running", "paused" };
 struct mwin {
 	int64_t ws;		/* window start, s */
 	long long gen;
+	char gnode[ID_MAX];	/* the node of `gen` */
 	int64_t ps, pe;		/* the part of the window billed, ns */
 	long long ucr;
 	uint64_t cpu_ns, rx, tx;
@@ -49,6 +58,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
 struct mten;
@@ -62,8 +72,15 @@ struct msb {
 	int64_t last_t;		/* ns: billed up to */
 	uint64_t cpu_at, rx_at, tx_at;	/* cumulative counters of `gen` at last_t */
 	uint64_t rem;		/* fine units, < PRICE_FINE_PER_UCR */
+	/* The remainder of this node's generations while `gen` is another node's (taken over):
+	 * each node's generations carry their own (gen_rem_switch). */
+	uint64_t rem_home;
 	struct cg *cg;
 	bool ended, seen;
+	bool mine;		/* `gen` is this node's (a generation never changes node) */
+	char gnode[ID_MAX];	/* the node `gen` runs on */
+	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
+	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
 	struct mwin *w;
 	size_t nw, capw;
@@ -87,6 +104,16 @@ struct mten {
 	long long burn_sent;	/* the burn rate Redis last got */
 	uint64_t t_rx, t_tx;
 	int nsb;		/* sandboxes not ended */
+	/*
+	 * What enforcement goes by when an input fails (meter_enforce): a balance at a reference
+	 * point (Redis's answer, or the ledger less this meter's unflushed charges) and this
+	 * meter's charges to the tenant at that point; the estimate is that balance less the
+	 * charges since, and less the burn rate over the time not billed while Postgres is away.
+	 */
+	long long flushed;	/* µcr of this meter's charges put in the ledger, ever */
+	long long ref_bal, ref_charged;
+	bool has_ref;
+	int64_t bal_at;		/* label ns of the tick whose Redis answer set `balance` */
 	struct mten *hnext;
 };
 
@@ -98,6 +125,7 @@ struct meter {
 	struct pg *pg;
 	struct rds *rds;
 	bool started;
+	bool pg_started;	/* meter_start's Postgres part is done (Redis's may not be) */
 	struct msb **sbs;	/* every tracked sandbox */
 	size_t nsbs, capsbs;
 	struct msb **sbh;	/* hash of sbs by id */
@@ -115,7 +143,25 @@ struct meter {
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
 	int64_t last_tick;	/* ns */
+	int64_t commit_wait_ns;	/* the longest a tick's billing waits for an open transaction (<0: never) */
+	int64_t lag;		/* ns: how far this tick's billing stays behind its clock (commit_lag) */
 	int64_t last_expiry_ws;
+	int64_t last_trim_ws;
+	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
+	/* The flush thread (opts.flush_thread): one flush in flight at a time, under flock. */
+	bool fthread;
+	pthread_t fth;
+	pthread_mutex_t flock;
+	pthread_cond_t fcond;
+	enum { FL_IDLE, FL_QUEUED, FL_DONE, FL_FAILED } fstate;
+	bool fstop;
+	int fevent;		/* eventfd the flush thread signals when a flush finished (meter_flush_fd) */
+	struct buf fjson;	/* the queued flush's items */
+	struct buf frefused;	/* the pairs its ledger refused: "<sandbox>\t<generation>\n" each */
+	size_t fitems;
+	int64_t ffirst_read;
+	double fsecs;		/* how long its transaction took */
+	struct kiln_error ferr;
 	struct meter_stats st;
 	uint64_t ticks_missed;
 };
@@ -361,6 +407,7 @@ static struct mwin *win_get(struct msb *s, long long gen, int64_t ws, int64_t t0
 	memset(w, 0, sizeof(*w));
 	w->ws = ws;
 	w->gen = gen;
+	snprintf(w->gnode, sizeof(w->gnode), "%s", s->gnode);
 	w->ps = t0;
 	return w;
 }
@@ -443,6 +490,20 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 	}
 }
 
+/* A state change of a sandbox (a row of sandbox_state_log): from `at` on, `gen` is in `st`. */
+struct ment {
+	long long seq;
+	long long gen;
+	enum bstate st;
+	int64_t at;		/* ns, on the label clock */
+	const char *node;	/* its node ("" when none) */
+	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
+				 * dead while the sandbox is here now */
+	bool has_cpu;
+	uint64_t cpu;		/* the generation's CPU counter at `at` (a pause's vCPU stop) */
+	uint64_t snap_mib;	/* a pause of an ended generation: its snapshot, MiB (0: unknown) */
+};
+
 /* A row of the tick's query. */
 struct mrow {
 	const char *id, *tenant, *state;
@@ -450,11 +511,17 @@ struct mrow {
 	unsigned mem_mib, disk_gib;
 	uint64_t snap_mib;
 	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
+	bool here;		/* the sandbox is on this node now */
 	bool has_m;
 	long long m_gen;
 	const char *m_state;
+	const char *m_node;
+	bool m_mine;		/* the billed-up-to point's generation is billed by this meter */
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
+	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
+	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
+	size_t ne;
 };
 
 /* Whether the sandbox of `r` is done for good: stopped, failed or deleted. */
@@ -472,38 +539,46 @@ static enum bstate bstate_of(const char *state)
 	return BS_NONE;
 }
 
-/* Starts tracking the sandbox of `r`, from the ledger's billed-up-to point when there is one. */
+/*
+ * Starts tracking the sandbox of `r` from the ledger's billed-up-to point when there is one, else
+ * from its creation: its state changes (r->e) say what it did since.
+ */
 static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 {
 	struct msb *s = sb_add(m, r->id, r->tenant);
 
+	(void)now;
 	if (!s)
 		return NULL;
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	if (r->has_m && r->m_gen <= r->gen) {
+	snprintf(s->gnode, sizeof(s->gnode), "%s", m->node);
+	if (r->has_m && r->m_mine && r->m_gen <= r->gen) {
+		/* Its generation's billed-up-to point (of this node's, or taken over). */
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->m_node);
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
+		s->mine = r->m_mine;
 		s->last_t = r->m_last;
 		s->cpu_at = r->m_cpu;
 		s->rx_at = r->m_rx;
 		s->tx_at = r->m_tx;
 		s->rem = r->m_rem % PRICE_FINE_PER_UCR;
+		/* An earlier generation's paused time still to bill: at its snapshot's size (a
+		 * meter that never saw it, restarted after the resume, reads it here). */
+		if (r->m_gen < r->gen)
+			s->snap_mib = r->m_snap_mib;
 		return s;
 	}
-	s->gen = r->gen;
-	s->rem = r->has_m ? r->m_rem % PRICE_FINE_PER_UCR : 0;
-	s->state = bstate_of(r->state);
-	if (s->state != BS_NONE && !r->deleted) {
-		s->last_t = r->changed;
-	} else if (strcmp(r->state, "stopped") == 0 || (r->deleted && s->state != BS_NONE)) {
-		/* It ran and ended while no meter watched: bill its life. */
-		s->state = BS_RUN;
-		s->last_t = r->created;
-	} else {
-		s->state = BS_NONE;
-		s->last_t = now;
-	}
+	/* Never billed here: from its creation, in no state until its first change says one
+	 * (another node's point is not where this node's time stands). */
+	s->gen = r->e && r->ne ? r->e[0].gen : r->gen;
+	if (r->e && r->ne && *r->e[0].node)
+		snprintf(s->gnode, sizeof(s->gnode), "%s", r->e[0].node);
+	s->rem = 0;
+	s->state = BS_NONE;
+	s->mine = r->e && r->ne ? r->e[0].mine : r->here;
+	s->last_t = r->e && r->ne && r->e[0].at < r->created ? r->e[0].at : r->created;
 	return s;
 }
 
@@ -539,25 +614,85 @@ static void sb_read(struct meter *m, struct msb *s, bool *has_cpu, uint64_t *cpu
 	}
 }
 
-/* Bills the sandbox `s` of row `r` up to `now`. */
+/* A stretch of a sandbox's time in one generation and state, between two of its changes. */
+struct mpiece {
+	int64_t t0, t1;
+	long long gen;
+	const char *node;	/* the node of `gen` */
+	enum bstate st;
+	bool mine;
+	bool has_cpu;		/* the generation's CPU counter at t1 is known */
+	uint64_t cpu;
+};
+
+#define PIECES_MAX 64
+
+/* The pause snapshot of `r`'s ended generation `gen` as its changes name it, MiB (0: unknown). */
+static uint64_t row_gen_snap(const struct mrow *r, long long gen)
+{
+	for (size_t i = 0; i < r->ne; i++)
+		if (r->e[i].gen == gen && r->e[i].snap_mib)
+			return r->e[i].snap_mib;
+	return 0;
+}
+
+/*
+ * The sub-µcr remainder as `s` goes on to a generation of `node`: a sandbox's generations on one
+ * node carry one remainder from each to the next, whichever meter bills them (a meter that starts
+ * from the ledger takes its node's newest point's). A generation of another node this meter takes
+ * over starts from zero (that node's remainder is in its own points), and the remainder of this
+ * node's generations waits for the next one of them: a taken-over generation never moves it.
+ */
+static void gen_rem_switch(struct meter *m, struct msb *s, const char *node)
+{
+	bool home = strcmp(s->gnode, m->node) == 0, home_next = strcmp(node, m->node) == 0;
+
+	if (home && !home_next) {
+		s->rem_home = s->rem;
+		s->rem = 0;
+	} else if (!home && home_next) {
+		s->rem = s->rem_home;
+		s->rem_home = 0;
+	} else if (!home && strcmp(s->gnode, node) != 0) {
+		s->rem = 0;
+	}
+}
+
+/*
+ * Bills the sandbox `s` of row `r` up to `now`, piece by piece over its state changes since its
+ * billed-up-to point (r->e): each piece in its own state, under its own generation, when that
+ * generation is this node's (another node's meter bills the others). CPU is the cumulative
+ * counter's delta: up to a change that recorded the counter (a pause's vCPU stop) the running
+ * time before it gets exactly its delta, and what the VM used after (writing the snapshot) is
+ * left out; the current generation's running time since gets what the cgroup shows now. Time
+ * between a change and the moment it is recorded is billed when it is recorded, in the right
+ * state, as long as its window is not in the ledger yet.
+ */
 static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_t now)
 {
-	int64_t end = now, seg_t[3];
-	enum bstate seg_st[2] = { BS_NONE, BS_NONE }, cur = bstate_of(r->state);
-	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0, dcpu = 0, drx = 0, dtx = 0;
-	bool has_cpu, has_net, ended = false;
-	int nseg;
+	struct mpiece pc[PIECES_MAX];
+	int64_t end = now, t;
+	enum bstate cur_st = s->state;
+	long long cur_gen = s->gen;
+	const char *cur_node = s->gnode;
+	bool cur_mine = s->mine;
+	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0;
+	bool has_cpu = false, has_net = false, ended = false;
+	size_t np = 0;
 
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
-	s->snap_mib = r->snap_mib;
+	/* A generation has one pause snapshot at most; a resume (a new generation) drops it from
+	 * the row, so an earlier generation's paused time still to bill keeps the size seen. */
+	if (r->gen == s->gen)
+		s->snap_mib = r->snap_mib;
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
 		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
 		int64_t tend = INT64_MAX;
 		if (r->deleted)
 			tend = r->deleted;
-		if (cur == BS_NONE && r->changed < tend)
+		if (bstate_of(r->state) == BS_NONE && r->changed < tend)
 			tend = r->changed;
 		if (tend <= now) {
 			end = tend;
@@ -566,70 +701,132 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 	if (end < s->last_t)
 		end = s->last_t;
-	if (r->gen != s->gen) {
-		/* A new generation (restored, moved): the old one is billed in its state until
-		 * the change; the new one's counters start from zero. */
-		int64_t t1 = r->changed < s->last_t ? s->last_t : (r->changed > end ? end : r->changed);
-		bill_span(m, s, s->last_t, t1, s->state, 0, 0, 0, now);
-		s->gen = r->gen;
-		s->cpu_at = s->rx_at = s->tx_at = 0;
-		s->state = cur;
-		cg_free(s->cg);
-		s->cg = NULL;
+	/* The pieces: from last_t to each change (in the state before it), then to `end`. */
+	t = s->last_t;
+	for (size_t i = 0; i < r->ne; i++) {
+		const struct ment *e = &r->e[i];
+		if (e->at > end)
+			break;
+		if (np == PIECES_MAX - 1) {
+			/* More changes than pieces: the rest next tick, from this one on. */
+			end = t;
+			ended = false;
+			break;
+		}
+		if (e->seq > s->seq)
+			s->seq = e->seq;
+		if (e->at > t) {
+			pc[np++] = (struct mpiece){ .t0 = t, .t1 = e->at, .gen = cur_gen, .st = cur_st,
+						    .mine = cur_mine, .node = cur_node,
+						    .has_cpu = e->has_cpu && e->gen == cur_gen,
+						    .cpu = e->cpu };
+			t = e->at;
+		} else if (np && e->has_cpu && e->gen == pc[np - 1].gen && e->at == pc[np - 1].t1) {
+			pc[np - 1].has_cpu = true;
+			pc[np - 1].cpu = e->cpu;
+		}
+		cur_gen = e->gen;
+		cur_st = e->st;
+		cur_mine = e->mine;
+		cur_node = *e->node ? e->node : m->node;
 	}
-	sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
-	if (has_cpu) {
-		if (cpu < s->cpu_at)
-			s->cpu_at = 0;	/* restarted: the counter began again */
-		dcpu = cpu - s->cpu_at;
-	}
-	if (has_net) {
-		if (rx < s->rx_at || tx < s->tx_at)
-			s->rx_at = s->tx_at = 0;
-		drx = rx - s->rx_at;
-		dtx = tx - s->tx_at;
+	if (end > t || np == 0)
+		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
+					    .st = cur_st, .mine = cur_mine, .node = cur_node };
+	/* The cgroup of this node holds the counters of the generation it runs now; one that
+	 * ended since the last read holds its final counter while the group is still there. */
+	if (r->here && cur_mine && cur_gen == r->gen) {
+		if (cur_gen != s->gen) {
+			cg_free(s->cg);
+			s->cg = NULL;
+		}
+		sb_read(m, s, &has_cpu, &cpu, &mem, &has_net, &rx, &tx);
+		/* A counter logged at the piece's end (a deletion's) is the VM's own; the group
+		 * read after it may hold the teardown's CPU too, or be gone. */
+		if (!pc[np - 1].has_cpu) {
+			pc[np - 1].has_cpu = has_cpu;
+			pc[np - 1].cpu = cpu;
+		}
 	}
 	s->t_mem = mem;
-	/* At most two stretches since last_t: the billed state until the change, then the new. */
-	seg_t[0] = s->last_t;
-	if (r->changed > s->last_t && r->changed < end && cur != s->state && !ended) {
-		seg_t[1] = r->changed;
-		seg_t[2] = end;
-		seg_st[0] = s->state;
-		seg_st[1] = cur;
-		nseg = 2;
-	} else {
-		seg_t[1] = end;
-		seg_st[0] = (r->changed <= s->last_t && !ended) ? cur : s->state;
-		nseg = 1;
-	}
-	{
-		uint64_t run = 0, all = (uint64_t)(end - s->last_t), c_left = dcpu, r_left = drx,
-			 x_left = dtx;
-		for (int i = 0; i < nseg; i++)
-			if (seg_st[i] == BS_RUN)
-				run += (uint64_t)(seg_t[i + 1] - seg_t[i]);
-		for (int i = 0; i < nseg; i++) {
-			uint64_t d = (uint64_t)(seg_t[i + 1] - seg_t[i]);
-			bool last_run = true;
-			uint64_t c = 0, rr, xx;
-			for (int j = i + 1; j < nseg; j++)
-				if (seg_st[j] == BS_RUN)
-					last_run = false;
-			if (seg_st[i] == BS_RUN)
-				c = last_run ? c_left : (run ? price_share(dcpu, d, run) : 0);
-			rr = i == nseg - 1 ? r_left : (all ? price_share(drx, d, all) : 0);
-			xx = i == nseg - 1 ? x_left : (all ? price_share(dtx, d, all) : 0);
-			c_left -= c;
-			r_left -= rr;
-			x_left -= xx;
-			bill_span(m, s, seg_t[i], seg_t[i + 1], seg_st[i], c, rr, xx, now);
+	for (size_t i = 0; i < np;) {
+		/* A group: pieces of one generation up to one whose end counter is known. */
+		size_t j = i;
+		uint64_t dcpu = 0, drx = 0, dtx = 0, run = 0, all = 0;
+		while (j + 1 < np && pc[j + 1].gen == pc[i].gen && !pc[j].has_cpu)
+			j++;
+		if (!pc[i].mine) {
+			/* Another node's generation: its meter bills it. */
+			i = j + 1;
+			continue;
 		}
-		/* CPU measured while not running (booting, pausing) moves the counter unbilled. */
-		s->cpu_at += c_left;
-		s->rx_at += r_left;
-		s->tx_at += x_left;
-		s->state = seg_st[nseg - 1];
+		if (pc[i].gen != s->gen) {
+			/* A new generation (restored, moved): its counters start from zero. */
+			s->gen = pc[i].gen;
+			s->mine = true;
+			gen_rem_switch(m, s, pc[i].node);
+			if (pc[i].node != s->gnode)
+				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
+			s->cpu_at = s->rx_at = s->tx_at = 0;
+			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : row_gen_snap(r, pc[i].gen);
+		}
+		if (pc[j].has_cpu) {
+			if (pc[j].cpu < s->cpu_at)
+				s->cpu_at = 0;	/* restarted: the counter began again */
+			dcpu = pc[j].cpu - s->cpu_at;
+		}
+		if (j == np - 1 && has_net) {
+			if (rx < s->rx_at || tx < s->tx_at)
+				s->rx_at = s->tx_at = 0;
+			drx = rx - s->rx_at;
+			dtx = tx - s->tx_at;
+		}
+		for (size_t k = i; k <= j; k++) {
+			all += (uint64_t)(pc[k].t1 - pc[k].t0);
+			if (pc[k].st == BS_RUN)
+				run += (uint64_t)(pc[k].t1 - pc[k].t0);
+		}
+		{
+			uint64_t c_left = dcpu, r_left = drx, x_left = dtx;
+			for (size_t k = i; k <= j; k++) {
+				uint64_t d = (uint64_t)(pc[k].t1 - pc[k].t0), c = 0, rr, xx;
+				bool last_run = true;
+				for (size_t q = k + 1; q <= j; q++)
+					if (pc[q].st == BS_RUN)
+						last_run = false;
+				if (pc[k].st == BS_RUN)
+					c = last_run ? c_left : (run ? price_share(dcpu, d, run) : 0);
+				rr = k == j ? r_left : (all ? price_share(drx, d, all) : 0);
+				xx = k == j ? x_left : (all ? price_share(dtx, d, all) : 0);
+				c_left -= c;
+				r_left -= rr;
+				x_left -= xx;
+				bill_span(m, s, pc[k].t0, pc[k].t1, pc[k].st, c, rr, xx, now);
+				s->state = pc[k].st;
+			}
+			/* CPU measured while not running (booting, writing a pause snapshot) moves
+			 * the counter unbilled. */
+			s->cpu_at += c_left;
+			s->rx_at += r_left;
+			s->tx_at += x_left;
+		}
+		i = j + 1;
+	}
+	if (cur_mine && cur_gen != s->gen) {
+		/* Back on this node under a new generation at `end` exactly. */
+		s->gen = cur_gen;
+		s->mine = true;
+		gen_rem_switch(m, s, cur_node);
+		if (cur_node != s->gnode)
+			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
+		s->cpu_at = s->rx_at = s->tx_at = 0;
+		s->snap_mib = cur_gen == r->gen ? r->snap_mib : row_gen_snap(r, cur_gen);
+	}
+	if (cur_mine)
+		s->state = cur_st;
+	if (!cur_mine && !ended) {
+		/* Its generation now is another node's: this meter's part ends at its last piece. */
+		ended = true;
 	}
 	if (!ended && s->state != BS_NONE) {
 		/* What it costs now, per second: its allocation, and CPU at this tick's pace. */
@@ -648,12 +845,20 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			u.cpu_ns = s->t_cpu;	/* a sliver of a tick says little about the pace */
 		s->ten->t_burn += price_fine(&m->o.card, &u);
 	}
-	if (ended) {
+	if (ended && !s->mine) {
+		/* None of its time was this node's: nothing to record. */
+		s->ended = true;
+		s->state = BS_NONE;
+		s->ten->nsb--;
+		cg_free(s->cg);
+		s->cg = NULL;
+	} else if (ended) {
 		/* Recorded as billed state "none", so the ledger knows this sandbox is done. With
 		 * nothing unflushed, in the window that starts at its end or holds it: the window
 		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
 		 * it whole, leaving the sandbox billed as running and read again on every tick. */
-		struct mwin *w = s->nw ? &s->w[s->nw - 1]
+		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
+				       ? &s->w[s->nw - 1]
 				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
 						 s->last_t);
 		if (w) {
@@ -683,13 +888,54 @@ static const char rows_sql[] =
 	"(extract(epoch FROM s.deleted_at) * 1000000)::bigint, "
 	"(extract(epoch FROM s.created_at) * 1000000)::bigint, "
 	"m.generation, m.state, m.last_t_ns, m.cpu_ns, m.rx_bytes, m.tx_bytes, m.remainder_fine, "
-	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot) "
-	"FROM sandboxes s LEFT JOIN meter_sandboxes m ON m.sandbox_id = s.id "
-	"WHERE s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
+	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
+	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
+	 * current one's only): the newest made before that generation's end. */
+	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	/* The billed-up-to point of its newest generation of this node, else of its newest. */
+	"FROM sandboxes s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
+	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
+	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, mm.generation DESC LIMIT 1) m "
+	"    ON true "
+	"WHERE (s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
 	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
-	"    OR s.deleted_at IS NOT NULL)))";
+	"    OR s.deleted_at IS NOT NULL)))) "
+	/* A running or paused stretch on this node, ended by a later change, that no window of
+	 * its generation covers yet (the sandbox moved on before this node's meter billed it). */
+	"OR s.id IN (SELECT l.sandbox_id FROM sandbox_state_log l "
+	"    JOIN LATERAL (SELECT n.at FROM sandbox_state_log n WHERE n.sandbox_id = l.sandbox_id "
+	"        AND (n.at, n.seq) > (l.at, l.seq) ORDER BY n.at, n.seq LIMIT 1) nx ON true "
+	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
+	"    AND NOT EXISTS (SELECT 1 FROM usage_windows u WHERE u.sandbox_id = l.sandbox_id "
+	"        AND u.generation = l.generation "
+	"        AND u.window_start > nx.at - interval '3601 seconds' "
+	"        AND coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1000000)::bigint * 1000) "
+	"            >= (extract(epoch FROM nx.at) * 1000000)::bigint * 1000)) "
+	"ORDER BY s.id COLLATE \"C\"";
+
+/* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
+ * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
+static const char log_sql[] =
+	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
+	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
+	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
+	 * sandbox's row names the current generation's only) */
+	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	"FROM sandbox_state_log l "
+	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
+	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
 
 static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 {
@@ -704,6 +950,9 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
 	r->created = pg_res_int(res, i, 8, 0) * 1000;
 	r->snap_mib = (uint64_t)pg_res_int(res, i, 16, 0);
+	r->here = pg_res_bool(res, i, 17);
+	r->m_mine = pg_res_bool(res, i, 18);
+	r->m_node = pg_res_str(res, i, 19);
 	r->has_m = pg_res_get(res, i, 9) != NULL;
 	if (r->has_m) {
 		r->m_gen = pg_res_int(res, i, 9, 0);
@@ -713,6 +962,7 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 		r->m_rx = (uint64_t)pg_res_int(res, i, 13, 0);
 		r->m_tx = (uint64_t)pg_res_int(res, i, 14, 0);
 		r->m_rem = (uint64_t)pg_res_int(res, i, 15, 0);
+		r->m_snap_mib = (uint64_t)pg_res_int(res, i, 20, 0);
 	}
 }
 
@@ -945,6 +1195,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 			} else {
 				ts[i]->has_balance = true;
 				ts[i]->balance = rep.elem[0].elem[i].integer;
+				ts[i]->bal_at = now;
 			}
 		}
 		if (nmiss) {
@@ -983,11 +1234,11 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   "\"ws\":%" PRId64 ",\"we\":%" PRId64 ",\"ps\":%" PRId64 ",\"pe\":%" PRId64
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
-			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 "}",
+			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\"}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode);
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -997,19 +1248,244 @@ static bool win_done(const struct meter *m, const struct mwin *w, int64_t now)
 }
 
 /*
- * Writes every finished window to the ledger in one transaction, then moves their charges from
- * the live part of the balances to the ledger part in Redis.
+ * Sets every tenant's ledger half in Redis from Postgres (on `c`) and this meter's live field to
+ * its unflushed charges, in one atomic step (billing_sync). When Redis cannot take it, the next
+ * tick that reaches Redis does it (sync_due): until then Redis's ledger half misses what the
+ * flushes put in the ledger while this meter's live field no longer counts it.
+ */
+static void meter_sync(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	const char **tids = calloc(m->ntens + 1, sizeof(*tids));
+	long long *lives = calloc(m->ntens + 1, sizeof(*lives));
+
+	m->sync_due = true;
+	if (tids && lives) {
+		for (size_t i = 0; i < m->ntens; i++) {
+			tids[i] = m->tens[i]->id;
+			lives[i] = m->tens[i]->pending;
+		}
+		m->st.redis_calls++;
+		m->st.pg_calls++;
+		if (billing_sync(m->rds, c, m->ntens, tids, m->live_field, lives, &err) == KILN_OK) {
+			for (size_t i = 0; i < m->ntens; i++)
+				m->tens[i]->sent = m->tens[i]->pending;
+			m->sync_due = false;
+		} else {
+			log_warn("cannot move flushed charges in redis (retried): %s", err.msg);
+		}
+	}
+	free(tids);
+	free(lives);
+}
+
+/*
+ * One flush's transaction: `items` (a JSON array of windows, json_item) into the ledger with
+ * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them)
+ * on a connection of its own. KILN_OK once committed, with the (sandbox, generation) pairs the
+ * ledger refused (time of them billed already: flush_apply) appended to `refused` as
+ * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
+ */
+static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
+				  struct buf *refused, struct kiln_error *err)
+{
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = pg_acquire(m->pg, &c, err);
+
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "BEGIN; SET LOCAL application_name = '" FLUSH_APP_NAME "'", err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
+			 m->o.card.version);
+	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
+		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
+			 m->o.test_flush_hold_ms);
+		usleep(m->o.test_flush_hold_ms * 1000u);
+	}
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", err);
+	if (rc != KILN_OK && c) {
+		struct kiln_error ignore = { 0 };
+		pg_exec(c, "ROLLBACK", &ignore);
+	}
+	if (rc == KILN_OK) {
+		log_debug("flushed %zu windows, %d sandbox generations refused", nitems,
+			  pg_res_rows(res));
+		for (int i = 0; i < pg_res_rows(res); i++)
+			if (buf_appendf(refused, "%s\t%lld\n", pg_res_str(res, i, 0),
+					pg_res_int(res, i, 1, 0)))
+				log_error("out of memory noting a refused window of \"%s\"",
+					  pg_res_str(res, i, 0));
+	}
+	pg_res_free(res);
+	if (c)
+		pg_release(m->pg, c);
+	return rc;
+}
+
+/* The flush thread: commits each flush the tick hands it; the tick applies the outcome. */
+static void *flush_main(void *arg)
+{
+	struct meter *m = arg;
+
+	pthread_mutex_lock(&m->flock);
+	for (;;) {
+		struct timespec t0, t1;
+		struct kiln_error err = { 0 };
+		enum kiln_err rc;
+
+		while (m->fstate != FL_QUEUED && !m->fstop)
+			pthread_cond_wait(&m->fcond, &m->flock);
+		if (m->fstate != FL_QUEUED)
+			break;
+		pthread_mutex_unlock(&m->flock);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		buf_reset(&m->frefused);
+		rc = flush_commit(m, m->fjson.data, m->fitems, &m->frefused, &err);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		pthread_mutex_lock(&m->flock);
+		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
+		m->ferr = err;
+		m->fstate = rc == KILN_OK ? FL_DONE : FL_FAILED;
+		if (m->fevent >= 0) {
+			uint64_t one = 1;
+			ssize_t w = write(m->fevent, &one, sizeof(one));
+			(void)w;	/* a full counter is a wake-up already pending */
+		}
+	}
+	pthread_mutex_unlock(&m->flock);
+	return NULL;
+}
+
+/*
+ * The outcome of the flush in flight, on the tick's thread: committed, its windows leave memory
+ * and their charges move from `pending` to the ledger part of the balances in Redis
+ * (meter_sync); failed, they are sent again by the next flush. Nothing when none finished.
+ * A sandbox with a pair in `refused` (time of that generation is in the ledger already: another
+ * meter billed it) is marked resync: every window this meter holds of it is dropped, and
+ * meter_gc forgets it, so the next tick tracks it again from the ledger's billed-up-to point.
+ */
+static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_read, double secs,
+			const char *refused)
+{
+	struct pg_conn *c;
+	struct kiln_error err = { 0 };
+
+	for (const char *p = ok && refused ? refused : ""; *p;) {
+		const char *tab = strchr(p, '\t'), *nl = strchr(p, '\n');
+		char id[ID_MAX];
+		struct msb *s;
+
+		if (!tab || !nl || tab > nl)
+			break;
+		snprintf(id, sizeof(id), "%.*s", (int)(tab - p), p);
+		s = sb_find(m, id);
+		if (s) {
+			log_warn("sandbox \"%s\" generation %.*s: billed already by another meter; "
+				 "billing on from the ledger", s->id, (int)(nl - tab - 1), tab + 1);
+			s->resync = true;
+		}
+		p = nl + 1;
+	}
+	for (size_t i = 0; i < m->nsbs; i++) {
+		struct msb *s = m->sbs[i];
+		size_t keep = 0;
+		for (size_t k = 0; k < s->nw; k++) {
+			/* What was sent counts as put in the ledger: a refused window's time was
+			 * billed by another meter, so the estimate (meter_enforce) errs low. */
+			if (s->w[k].inflight && ok) {
+				s->ten->pending -= s->w[k].ucr;
+				s->ten->flushed += s->w[k].ucr;
+				continue;
+			}
+			if (s->resync) {
+				s->ten->pending -= s->w[k].ucr;
+				continue;
+			}
+			s->w[k].inflight = false;
+			s->w[keep++] = s->w[k];
+		}
+		s->nw = keep;
+	}
+	if (!ok)
+		return;
+	m->st.windows_flushed += nitems;
+	m->st.flushes++;
+	m->st.pg_calls += 3;
+	m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
+	m->st.flush_s = secs;
+	m->st.flush_windows = nitems;
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		meter_sync(m, c);
+		pg_release(m->pg, c);
+	} else {
+		m->sync_due = true;
+	}
+}
+
+static void meter_gc(struct meter *m);
+
+/*
+ * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
+ * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
+ * anything: between the commit and this (under a tick) a balance read fresh from the ledger counts
+ * those windows twice. KILN_OK, or the failed flush's error (its windows go again).
+ */
+static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
+{
+	bool ok = false, done;
+	size_t fitems;
+	int64_t ffirst;
+	double fsecs = 0;
+
+	if (!m->fthread)
+		return KILN_OK;
+	pthread_mutex_lock(&m->flock);
+	done = m->fstate == FL_DONE || m->fstate == FL_FAILED;
+	if (done) {
+		ok = m->fstate == FL_DONE;
+		if (!ok)
+			*err = m->ferr;
+		fsecs = m->fsecs;
+		m->fstate = FL_IDLE;
+	}
+	fitems = m->fitems;
+	ffirst = m->ffirst_read;
+	pthread_mutex_unlock(&m->flock);
+	if (done) {
+		flush_apply(m, ok, fitems, ffirst, fsecs, m->frefused.data);
+		if (ok && m->frefused.len)
+			meter_gc(m);	/* before this tick bills a refused sandbox on */
+	}
+	return done && !ok ? err->code : KILN_OK;
+}
+
+/*
+ * Writes every finished window to the ledger, then moves their charges from the live part of the
+ * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
+ * hands the thread the next one when none is in flight (so windows commit in order; the outcome
+ * is applied by flush_poll at the start of a later tick): it never waits for Postgres. Else the
+ * flush runs here. A flush that fails is sent again, whole, by a later tick; the ledger skips a
+ * window it has already, so nothing is charged twice.
  */
 static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error *err)
 {
 	struct buf j;
-	struct pg_conn *c = NULL;
-	struct pg_res *res = NULL;
 	size_t nitems = 0;
 	int64_t first_read = 0;
 	struct timespec t_start, t_end;
 	enum kiln_err rc;
+	struct buf refused;
 
+	if (m->fthread) {
+		bool busy;
+		pthread_mutex_lock(&m->flock);
+		busy = m->fstate != FL_IDLE;
+		pthread_mutex_unlock(&m->flock);
+		if (busy)
+			return KILN_OK;	/* one flush in flight at a time */
+	}
 	buf_init(&j, FLUSH_JSON_MAX);
 	if (buf_appends(&j, "["))
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -1020,8 +1496,12 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 				continue;
 			if (json_item(&j, m, s, &s->w[k])) {
 				buf_release(&j);
+				for (size_t a = 0; a < m->nsbs; a++)
+					for (size_t b = 0; b < m->sbs[a]->nw; b++)
+						m->sbs[a]->w[b].inflight = false;
 				return kiln_error_set(err, KILN_E_NOMEM, "flush too large");
 			}
+			s->w[k].inflight = true;
 			if (!first_read || s->w[k].first_read < first_read)
 				first_read = s->w[k].first_read;
 			nitems++;
@@ -1032,79 +1512,28 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		return KILN_OK;
 	}
 	buf_appends(&j, "]");
+	if (m->fthread) {
+		pthread_mutex_lock(&m->flock);
+		buf_release(&m->fjson);
+		m->fjson = j;
+		m->fitems = nitems;
+		m->ffirst_read = first_read;
+		m->fstate = FL_QUEUED;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		return KILN_OK;
+	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
-	rc = pg_acquire(m->pg, &c, err);
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "BEGIN", err);
-	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err, "SELECT meter_flush($1::jsonb, $2)", j.data, m->o.card.version);
-	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
-		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
-			 m->o.test_flush_hold_ms);
-		usleep(m->o.test_flush_hold_ms * 1000u);
-	}
-	if (rc == KILN_OK)
-		rc = pg_exec(c, "COMMIT", err);
-	m->st.pg_calls += 3;
-	buf_release(&j);
-	if (rc != KILN_OK) {
-		struct kiln_error ignore = { 0 };
-		if (c)
-			pg_exec(c, "ROLLBACK", &ignore);
-		pg_res_free(res);
-		if (c)
-			pg_release(m->pg, c);
-		return rc;
-	}
-	log_debug("flushed %zu windows, %lld new", nitems, pg_res_int(res, 0, 0, 0));
-	pg_res_free(res);
-	/* The windows are in the ledger: drop them and the charges from `pending`. */
-	{
-		const char **tids = calloc(m->ntens + 1, sizeof(*tids));
-		long long *lives = calloc(m->ntens + 1, sizeof(*lives));
-		size_t ntouched = 0;
-
-		for (size_t i = 0; i < m->nsbs; i++) {
-			struct msb *s = m->sbs[i];
-			size_t keep = 0;
-			for (size_t k = 0; k < s->nw; k++) {
-				if (win_done(m, &s->w[k], now)) {
-					s->ten->pending -= s->w[k].ucr;
-					continue;
-				}
-				s->w[keep++] = s->w[k];
-			}
-			s->nw = keep;
-		}
-		m->st.windows_flushed += nitems;
-		m->st.flushes++;
-		m->st.flush_lag_s = (double)(label_now(m) - first_read) / 1e9;
-		if (tids && lives) {
-			for (size_t i = 0; i < m->ntens; i++) {
-				tids[ntouched] = m->tens[i]->id;
-				lives[ntouched++] = m->tens[i]->pending;
-			}
-			m->st.redis_calls++;
-			m->st.pg_calls++;
-			kiln_error_clear(err);
-			if (billing_sync(m->rds, c, ntouched, tids, m->live_field, lives, err) ==
-			    KILN_OK) {
-				for (size_t i = 0; i < m->ntens; i++)
-					m->tens[i]->sent = m->tens[i]->pending;
-			} else {
-				log_warn("cannot move flushed charges in redis: %s", err->msg);
-				kiln_error_clear(err);
-			}
-		}
-		free(tids);
-		free(lives);
-	}
-	pg_release(m->pg, c);
+	buf_init(&refused, FLUSH_JSON_MAX);
+	rc = flush_commit(m, j.data, nitems, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
-	m->st.flush_s = (double)(t_end.tv_sec - t_start.tv_sec) +
-			(double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9;
-	m->st.flush_windows = nitems;
-	return KILN_OK;
+	buf_release(&j);
+	flush_apply(m, rc == KILN_OK, nitems, first_read,
+		    (double)(t_end.tv_sec - t_start.tv_sec) +
+			    (double)(t_end.tv_nsec - t_start.tv_nsec) / 1e9,
+		    refused.data);
+	buf_release(&refused);
+	return rc;
 }
 
 /* Expires the grants whose time came, once per window; re-reads the balances they changed. */
@@ -1145,15 +1574,109 @@ static void meter_expire(struct meter *m, int64_t now)
 }
 
 /*
- * Asks for pauses of the running sandboxes of tenants at or below zero (they are billed all the
- * same: the balance goes negative until the pause lands). Without a pause hook (no master key)
- * it logs an error for each such tenant every PAUSE_RETRY_NS instead.
+ * Once per window: drops the state changes billed longer than `log_keep_s` ago
+ * (sandbox_state_log_trim(), migrations/0014). Any meter may; a failure is retried next window.
  */
-static void meter_enforce(struct meter *m, int64_t now)
+static void meter_log_trim(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char keep[32];
+	int64_t ws = price_window_start(now, m->o.window_s);
+
+	if (ws == m->last_trim_ws || pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	snprintf(keep, sizeof(keep), "%lld seconds", (long long)m->o.log_keep_s);
+	m->st.pg_calls++;
+	if (PGQ(c, NULL, &err, "SELECT sandbox_state_log_trim($1::interval)", keep) == KILN_OK)
+		m->last_trim_ws = ws;
+	else
+		log_warn("cannot trim the state changes: %s", err.msg);
+	pg_release(m->pg, c);
+}
+
+/*
+ * Reads from the ledger the balance of every tenant with a sandbox here whose balance Redis did
+ * not answer at this tick (Redis unreachable, or it lost the balance): the reference becomes the
+ * ledger less this meter's unflushed charges. Other meters' unflushed charges are not in it (at
+ * most a window each, docs/metering.md). Nothing changes when Postgres cannot be read.
+ */
+static void ledger_refresh(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf arr;
+	size_t n = 0;
+
+	buf_init(&arr, 64u << 20);
+	buf_appends(&arr, "{");
+	for (size_t i = 0; i < m->ntens; i++) {
+		struct mten *t = m->tens[i];
+		if (t->bal_at == now || t->nsb <= 0)
+			continue;
+		/* ids are [a-z0-9_]; quoted all the same */
+		if (buf_appendf(&arr, "%s\"%s\"", n ? "," : "", t->id)) {
+			buf_release(&arr);
+			return;
+		}
+		n++;
+	}
+	buf_appends(&arr, "}");
+	if (!n || pg_acquire(m->pg, &c, &err) != KILN_OK) {
+		buf_release(&arr);
+		return;
+	}
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err,
+		"SELECT u.t, coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances b "
+		"WHERE b.tenant_id = u.t), 0) FROM unnest($1::text[]) u(t)",
+		arr.data) == KILN_OK) {
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			struct mten *t = ten_find(m, pg_res_str(res, i, 0));
+			if (!t)
+				continue;
+			t->ref_bal = pg_res_int(res, i, 1, 0) - t->pending;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+	} else {
+		log_warn("cannot read balances from the ledger: %s", err.msg);
+	}
+	pg_res_free(res);
+	pg_release(m->pg, c);
+	buf_release(&arr);
+}
+
+/*
+ * Asks for pauses of the running sandboxes of tenants at or below zero, by what this meter knows
+ * at `now`: the balance Redis answered at this tick; else (Redis unreachable, or the balance
+ * lost) the last reference, Redis's or the ledger's (ledger_refresh), less this meter's charges
+ * since; and while Postgres cannot be read (`billed` false: nothing was billed since the last
+ * tick that could), less the tenant's burn rate over the time since that tick. Enforcement thus
+ * goes on whichever input is away; the overdraft each fault allows is in docs/metering.md.
+ */
+static void meter_enforce(struct meter *m, int64_t now, bool billed)
 {
 	for (size_t i = 0; i < m->ntens; i++) {
 		struct mten *t = m->tens[i];
-		t->frozen = t->has_balance && t->balance <= 0;
+		long long est;
+		if (t->has_balance && t->bal_at == now) {
+			t->ref_bal = t->balance;
+			t->ref_charged = t->pending + t->flushed;
+			t->has_ref = true;
+		}
+		if (!t->has_ref) {
+			t->frozen = false;
+			continue;
+		}
+		est = t->ref_bal - (t->pending + t->flushed - t->ref_charged);
+		if (!billed && m->last_tick && now > m->last_tick)
+			est -= (long long)(t->t_burn * (uint64_t)(now - m->last_tick) / PRICE_NS_PER_S /
+					   PRICE_FINE_PER_UCR);
+		t->frozen = est <= 0;
+		if (t->frozen && t->bal_at != now)
+			t->balance = est;	/* for the log line */
 	}
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
@@ -1179,6 +1702,22 @@ static void meter_enforce(struct meter *m, int64_t now)
 	}
 }
 
+/*
+ * A tick whose rows could not be read (Postgres away): nothing is billed (the next tick that
+ * reads them bills the whole time), but the tracked sandboxes are enforced on: Redis gets this
+ * meter's figures and answers the balances, and meter_enforce takes off the burn rate since the
+ * last billed tick.
+ */
+static void meter_tick_blind(struct meter *m, int64_t now)
+{
+	for (size_t i = 0; i < m->nsbs; i++)
+		m->sbs[i]->t_has = false;
+	for (size_t i = 0; i < m->ntens; i++)
+		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
+	redis_tick(m, now);
+	meter_enforce(m, now, false);
+}
+
 /* Forgets sandboxes that ended and are in the ledger, and tenants with nothing left. */
 static void meter_gc(struct meter *m)
 {
@@ -1187,7 +1726,9 @@ static void meter_gc(struct meter *m)
 
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
-		if (s->ended && s->nw == 0 && !s->seen) {
+		if ((s->ended && s->nw == 0 && !s->seen) || s->resync) {
+			if (!s->ended)
+				s->ten->nsb--;
 			sb_free(s);
 			removed = true;
 			continue;
@@ -1238,6 +1779,7 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 		return NULL;
 	}
+	m->fevent = -1;
 	m->o = *opts;
 	if (!m->o.mono_ns)
 		m->o.mono_ns = m->o.now_ns ? m->o.now_ns : clock_mono;
@@ -1245,6 +1787,11 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		m->o.now_ns = clock_real;
 	if (m->o.live_ttl_s < 1)
 		m->o.live_ttl_s = LIVE_TTL_DEFAULT_S;
+	if (m->o.log_keep_s < 1)
+		m->o.log_keep_s = LOG_KEEP_DEFAULT_S;
+	m->commit_wait_ns = m->o.commit_wait_ms < 0 ? -1
+			    : (m->o.commit_wait_ms ? m->o.commit_wait_ms : COMMIT_WAIT_DEFAULT_MS) *
+				      (PRICE_NS_PER_S / 1000);
 	if (m->o.series_s < 1)
 		m->o.series_s = 900;
 	snprintf(m->node, sizeof(m->node), "%s", opts->node_id);
@@ -1261,6 +1808,23 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 		 m->node);
 	m->pg = pg;
 	m->rds = rds;
+	buf_init(&m->frefused, FLUSH_JSON_MAX);
+	pthread_mutex_init(&m->flock, NULL);
+	pthread_cond_init(&m->fcond, NULL);
+	if (opts->flush_thread) {
+		m->fevent = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+		if (m->fevent < 0) {
+			kiln_error_set(err, KILN_E_NOMEM, "cannot make the flush thread's eventfd");
+			meter_free(m);
+			return NULL;
+		}
+		if (pthread_create(&m->fth, NULL, flush_main, m) != 0) {
+			kiln_error_set(err, KILN_E_NOMEM, "cannot start the flush thread");
+			meter_free(m);
+			return NULL;
+		}
+		m->fthread = true;
+	}
 	return m;
 }
 
@@ -1268,6 +1832,20 @@ void meter_free(struct meter *m)
 {
 	if (!m)
 		return;
+	if (m->fthread) {
+		/* A flush in flight commits or not; either way the ledger says where billing stands. */
+		pthread_mutex_lock(&m->flock);
+		m->fstop = true;
+		pthread_cond_signal(&m->fcond);
+		pthread_mutex_unlock(&m->flock);
+		pthread_join(m->fth, NULL);
+	}
+	if (m->fevent >= 0)
+		close(m->fevent);
+	buf_release(&m->fjson);
+	buf_release(&m->frefused);
+	pthread_mutex_destroy(&m->flock);
+	pthread_cond_destroy(&m->fcond);
 	for (size_t i = 0; i < m->nsbs; i++)
 		sb_free(m->sbs[i]);
 	for (size_t i = 0; i < m->ntens; i++)
@@ -1287,6 +1865,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	char cpu[24], mem[24], disk[24], snap[24], a[24], b[24], cc[24], d[24], key[160];
 	enum kiln_err rc;
 
+	if (m->pg_started)
+		goto redis;	/* Postgres's part is done; Redis was away */
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc != KILN_OK)
 		return rc;
@@ -1328,6 +1908,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)
 		return rc;
+	m->pg_started = true;
+redis:
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:tenants", m->node);
 	m->st.redis_calls++;
 	rc = RDS(m->rds, &rep, err, "EVAL", reset_lua, "1", key, m->live_field);
@@ -1340,35 +1922,549 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	return KILN_OK;
 }
 
+/* Reads the state changes of the sandboxes of `r` (sorted by id) from `from_ns` on into *out. */
+static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, struct pg_res **out)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct buf ids;
+	char from[24];
+	enum kiln_err rc;
+
+	buf_init(&ids, 64u << 20);
+	if (buf_appends(&ids, "{"))
+		return -ENOMEM;
+	for (int i = 0; i < n; i++)
+		if (buf_appendf(&ids, "%s%s", i ? "," : "", r[i].id)) {
+			buf_release(&ids);
+			return -ENOMEM;
+		}
+	if (buf_appends(&ids, "}")) {
+		buf_release(&ids);
+		return -ENOMEM;
+	}
+	snprintf(from, sizeof(from), "%" PRId64, from_ns / 1000 - 1);
+	rc = pg_acquire(m->pg, &c, &err);
+	if (rc == KILN_OK) {
+		rc = PGQ(c, out, &err, log_sql, m->node, ids.data, from);
+		m->st.pg_calls++;
+		pg_release(m->pg, c);
+	}
+	buf_release(&ids);
+	if (rc != KILN_OK) {
+		log_warn("cannot read the state changes: %s", err.msg);
+		return -EIO;
+	}
+	return 0;
+}
+
+/*
+ * The sandboxes here now whose earlier generations ran on a node whose meter is dead (its alive
+ * key gone from Redis, meter_live_ttl_s after its last tick): this meter bills that time (what the
+ * dead meter never flushed; the ledger's fence refuses it if that meter comes back and bills it
+ * first). One Redis round trip, only when such a stretch is there; Redis unreachable: nothing is
+ * taken over this tick.
+ */
+static void meter_take_over(struct meter *m, struct mrow *r, int rows)
+{
+	static const char lua[] =
+		"local out = {}\n"
+		"for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end\n"
+		"return out\n";
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct argv a = { 0 };
+	const char **nodes = NULL;
+	size_t nn = 0, cap = 0;
+	char nk[24];
+
+	buf_init(&a.arena, 1u << 20);
+	for (int i = 0; i < rows; i++) {
+		if (!r[i].here)
+			continue;
+		for (size_t k = 0; k <= r[i].ne; k++) {
+			const char *nd = k < r[i].ne ? (r[i].e[k].mine ? "" : r[i].e[k].node)
+						     : (r[i].has_m && !r[i].m_mine ? r[i].m_node : "");
+			bool known = !*nd;
+			for (size_t q = 0; q < nn && !known; q++)
+				known = strcmp(nodes[q], nd) == 0;
+			if (known)
+				continue;
+			if (nn == cap) {
+				const char **g = realloc(nodes, (cap ? cap * 2 : 8) * sizeof(*g));
+				if (!g)
+					goto out;
+				nodes = g;
+				cap = cap ? cap * 2 : 8;
+			}
+			nodes[nn++] = nd;
+		}
+	}
+	if (!nn)
+		goto out;
+	snprintf(nk, sizeof(nk), "%zu", nn);
+	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
+		goto out;
+	for (size_t q = 0; q < nn; q++)
+		if (argv_addf(&a, BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nodes[q]))
+			goto out;
+	argv_fix(&a);
+	m->st.redis_calls++;
+	if (rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err) != KILN_OK ||
+	    rep.type != RDS_ARRAY || rep.n != nn) {
+		log_warn("cannot tell which meters are alive: %s", err.msg);
+		goto out;
+	}
+	for (size_t q = 0; q < nn; q++) {
+		if (rep.elem[q].integer)
+			continue;
+		log_info("the meter of node \"%s\" is gone: its sandboxes here are billed here",
+			 nodes[q]);
+		for (int i = 0; i < rows; i++) {
+			if (!r[i].here)
+				continue;
+			for (size_t k = 0; k < r[i].ne; k++)
+				if (strcmp(r[i].e[k].node, nodes[q]) == 0)
+					((struct ment *)r[i].e)[k].mine = true;
+			if (r[i].has_m && strcmp(r[i].m_node, nodes[q]) == 0)
+				r[i].m_mine = true;
+		}
+	}
+out:
+	rds_reply_release(&rep);
+	argv_release(&a);
+	free(nodes);
+}
+
+/*
+ * The earlier generations of this node's sandboxes that ran on another node whose meter is
+ * gone for good: their billed-up-to point in the ledger is before the generation's end (the
+ * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
+ * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
+ * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
+ * when none>", comma-separated), its
+ * counters at the point and its pause snapshot's size (MiB, NULL when none).
+ * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
+ */
+static const char tails_sql[] =
+	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
+	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
+	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
+	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
+	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
+	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
+	/* its pause snapshot: the newest made before its end (a generation pauses once) */
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "
+	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
+	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
+	"JOIN LATERAL (SELECT (extract(epoch FROM min(n.at)) * 1000000)::bigint AS at_us "
+	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
+	"    AND n.generation > mm.generation) e ON e.at_us IS NOT NULL "
+	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
+	"AND coalesce(mm.gen_node, mm.node_id) <> $1 AND mm.last_t_ns < e.at_us * 1000 "
+	"ORDER BY 1, 3";
+
+/*
+ * Bills the tail of the generation of row `i` of `res` (tails_sql) into `s`: from its ledger point
+ * to its end, piece by piece over its changes, with no traffic (its counters were on the other
+ * host) and the CPU its changes logged (a pause's vCPU stop: the running time up to it gets the
+ * counter's delta from the ledger's point; none after the last such change), then its end recorded as billed state "none" so nobody takes it again. The
+ * windows carry that generation and its node; the ledger's fence refuses them if the other
+ * meter comes back and bills that time first. `s`'s own billing point is left as it was.
+ */
+static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
+{
+	struct msb save = *s;
+	const char *chg = pg_res_str(res, i, 10);
+	int64_t t = pg_res_int(res, i, 5, 0), end = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+	enum bstate st = bstate_of(pg_res_str(res, i, 4));
+	struct mwin *w;
+
+	s->gen = pg_res_int(res, i, 2, 0);
+	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
+	s->mine = true;
+	s->last_t = t;
+	s->state = st;
+	s->rem = (uint64_t)pg_res_int(res, i, 6, 0) % PRICE_FINE_PER_UCR;
+	s->mem_mib = (unsigned)pg_res_int(res, i, 7, 0);
+	s->disk_gib = (unsigned)pg_res_int(res, i, 8, 0);
+	s->snap_mib = (uint64_t)pg_res_int(res, i, 14, 0);	/* 0: the guest's memory */
+	s->cpu_at = (uint64_t)pg_res_int(res, i, 11, 0);
+	s->rx_at = (uint64_t)pg_res_int(res, i, 12, 0);
+	s->tx_at = (uint64_t)pg_res_int(res, i, 13, 0);
+	log_info("sandbox \"%s\" generation %lld: the meter of node \"%s\" is gone; its time from "
+		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
+	while (*chg) {
+		char name[16] = "";
+		long long us = 0, cpu = -1;
+		int64_t at;
+		uint64_t dcpu = 0;
+		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
+			break;
+		at = us * 1000 + m->off;
+		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
+			dcpu = (uint64_t)cpu - s->cpu_at;
+		if (at > s->last_t && at < end) {
+			/* CPU up to a logged counter: the running time's; a piece not running
+			 * moves the counter unbilled (bill_span bills CPU of running time only). */
+			bill_span(m, s, s->last_t, at, st, dcpu, 0, 0, now);
+			s->state = st;
+		} else if (dcpu) {
+			s->cpu_at += dcpu;
+		}
+		st = bstate_of(name);
+		chg = strchr(chg, ',');
+		chg = chg ? chg + 1 : "";
+	}
+	if (end > s->last_t)
+		bill_span(m, s, s->last_t, end, st, 0, 0, 0, now);
+	/* Its end, in the window holding it or starting at it (as sb_bill records an end). */
+	w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
+		    ? &s->w[s->nw - 1]
+		    : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s), s->last_t);
+	if (w) {
+		if (!w->pe) {
+			w->pe = s->last_t;
+			w->first_read = now;
+			w->cpu_at = s->cpu_at;
+			w->rx_at = s->rx_at;
+			w->tx_at = s->tx_at;
+			w->rem = s->rem;
+		}
+		w->state = BS_NONE;
+	}
+	s->gen = save.gen;
+	snprintf(s->gnode, sizeof(s->gnode), "%s", save.gnode);
+	s->mine = save.mine;
+	s->last_t = save.last_t;
+	s->state = save.state;
+	s->rem = save.rem;
+	s->mem_mib = save.mem_mib;
+	s->disk_gib = save.disk_gib;
+	s->snap_mib = save.snap_mib;
+	s->cpu_at = save.cpu_at;
+	s->rx_at = save.rx_at;
+	s->tx_at = save.tx_at;
+}
+
+/*
+ * A generation of a sandbox here now that ran on another node whose meter died for good (its
+ * alive key gone from Redis) before it billed that generation to its end: this meter bills the
+ * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
+ * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
+ * is there; Postgres or Redis unreachable: nothing is taken this tick.
+ */
+static void meter_take_tails(struct meter *m, int64_t now)
+{
+	static const char lua[] =
+		"local out = {}\n"
+		"for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end\n"
+		"return out\n";
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct rds_reply rep = { 0 };
+	struct argv a = { 0 };
+	char nk[24];
+	int rows;
+
+	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
+		pg_release(m->pg, c);
+		log_warn("cannot read the generations left by other nodes: %s", err.msg);
+		return;
+	}
+	pg_release(m->pg, c);
+	rows = pg_res_rows(res);
+	if (!rows)
+		goto out;
+	buf_init(&a.arena, 1u << 20);
+	snprintf(nk, sizeof(nk), "%d", rows);
+	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
+		goto out;
+	for (int i = 0; i < rows; i++)
+		if (argv_addf(&a, BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX,
+			      pg_res_str(res, i, 3)))
+			goto out;
+	argv_fix(&a);
+	m->st.redis_calls++;
+	if (rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err) != KILN_OK ||
+	    rep.type != RDS_ARRAY || rep.n != (size_t)rows) {
+		log_warn("cannot tell which meters are alive: %s", err.msg);
+		goto out;
+	}
+	for (int i = 0; i < rows; i++) {
+		const char *id = pg_res_str(res, i, 0);
+		long long gen = pg_res_int(res, i, 2, 0);
+		struct msb *s;
+		bool taking = false;
+
+		if (rep.elem[i].integer)
+			continue;	/* its meter lives: it bills its generation itself */
+		s = sb_find(m, id);
+		if (!s) {
+			/* Not tracked (it ended here and was forgotten): tracked as ended. */
+			s = sb_add(m, id, pg_res_str(res, i, 1));
+			if (!s) {
+				log_error("out of memory billing sandbox \"%s\"", id);
+				continue;
+			}
+			s->ended = true;
+			s->ten->nsb--;
+			s->gen = pg_res_int(res, i, 2, 0);
+			s->last_t = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+		}
+		for (size_t k = 0; k < s->nw && !taking; k++)
+			taking = s->w[k].gen == gen;
+		if (!taking)
+			tail_bill(m, s, res, i, now);
+	}
+out:
+	rds_reply_release(&rep);
+	argv_release(&a);
+	pg_res_free(res);
+}
+
+/*
+ * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
+ * changes of all since the oldest billed-up-to point among them (one query), and bills each
+ * over its own. -ENOMEM, or -EIO when the changes cannot be read (nothing billed this tick).
+ */
+static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_t now)
+{
+	struct mrow *r = calloc((size_t)rows, sizeof(*r));
+	struct msb **sv = calloc((size_t)rows, sizeof(*sv));
+	struct ment *ev = NULL;
+	struct pg_res *lres = NULL;
+	int64_t from = INT64_MAX;
+	int ne = 0, rc = 0;
+
+	if (!r || !sv) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	for (int i = 0; i < rows; i++) {
+		row_parse(res, i, &r[i]);
+		if (m->off) {
+			/* The node's times are wall-clock: on the label clock after a step. */
+			r[i].changed += r[i].changed ? m->off : 0;
+			r[i].deleted += r[i].deleted ? m->off : 0;
+			r[i].created += r[i].created ? m->off : 0;
+		}
+		sv[i] = sb_find(m, r[i].id);
+		{
+			/* Untracked: from its point, or from its creation when the point is
+			 * another node's (it may be taken over below). */
+			int64_t t = sv[i] ? sv[i]->last_t : r[i].has_m ? r[i].m_last : r[i].created;
+			if (!sv[i] && r[i].created < t && (!r[i].m_mine || r[i].m_gen > r[i].gen))
+				t = r[i].created;
+			if (t < from)
+				from = t;
+		}
+	}
+	if ((rc = log_read(m, r, rows, from - m->off - LOG_LATE_NS, &lres)) != 0)
+		goto out;
+	ne = pg_res_rows(lres);
+	ev = calloc((size_t)ne + 1, sizeof(*ev));
+	if (!ev) {
+		rc = -ENOMEM;
+		goto out;
+	}
+	/* Both sorted by id (byte order): each row's changes are a run of `ev`. */
+	for (int i = 0, k = 0; k < ne; k++) {
+		const char *id = pg_res_str(lres, k, 0);
+		const char *st = pg_res_str(lres, k, 2);
+		struct ment *e = &ev[k];
+
+		while (i < rows && strcmp(r[i].id, id) < 0)
+			i++;
+		if (i == rows)
+			break;
+		if (strcmp(r[i].id, id) != 0)
+			continue;
+		e->gen = pg_res_int(lres, k, 1, 0);
+		e->st = bstate_of(st);
+		e->at = pg_res_int(lres, k, 3, 0) * 1000 + m->off;
+		e->mine = pg_res_bool(lres, k, 4);
+		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
+		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
+		e->node = pg_res_str(lres, k, 6);
+		e->seq = pg_res_int(lres, k, 7, 0);
+		e->snap_mib = (uint64_t)pg_res_int(lres, k, 8, 0);
+		if (!r[i].e)
+			r[i].e = e;
+		r[i].ne++;
+	}
+	meter_take_over(m, r, rows);
+	for (int i = 0; i < rows; i++) {
+		struct msb *s = sv[i];
+		struct ment only;
+
+		if (!r[i].ne && !r[i].has_m) {
+			/* No change logged (trimmed): where the row stands now. */
+			only = (struct ment){ .gen = r[i].gen, .st = row_terminal(&r[i]) ? BS_NONE
+									     : bstate_of(r[i].state),
+					      .at = r[i].deleted ? r[i].deleted : r[i].changed,
+					      .mine = r[i].here };
+			r[i].e = &only;
+			r[i].ne = 1;
+		}
+		if (!s) {
+			s = sb_track(m, &r[i], now);
+			if (!s) {
+				log_error("out of memory tracking sandbox \"%s\"", r[i].id);
+				continue;
+			}
+			/* The changes before its billed-up-to point are in it. */
+			for (size_t k = 0; k < r[i].ne; k++)
+				if (r[i].e[k].at < s->last_t && r[i].e[k].seq > s->seq)
+					s->seq = r[i].e[k].seq;
+		}
+		s->seen = true;
+		if (s->ended) {
+			/* Back after it ended (here again under a new generation): bill it again. */
+			bool back = false;
+			for (size_t k = 0; k < r[i].ne && !back; k++)
+				back = r[i].e[k].at >= s->last_t && r[i].e[k].mine &&
+				       r[i].e[k].st != BS_NONE && (r[i].e[k].gen != s->gen || !s->mine);
+			if (!back)
+				continue;
+			s->ended = false;
+			s->ten->nsb++;
+		}
+		/* The changes from its billed-up-to point on, and those logged since the last tick
+		 * with an earlier time (billed in the old state up to the point): from the point. */
+		{
+			struct ment *e = (struct ment *)r[i].e;
+			size_t w = 0;
+			for (size_t k = 0; k < r[i].ne; k++) {
+				if (e[k].at < s->last_t) {
+					if (e[k].seq <= s->seq)
+						continue;
+					e[k].at = s->last_t;
+				}
+				e[w++] = e[k];
+			}
+			r[i].ne = w;
+		}
+		s->t_start = s->last_t;
+		sb_bill(m, s, &r[i], now);
+		s->t_has = s->last_t > s->t_start || s->t_cpu || s->t_rx || s->t_tx;
+	}
+out:
+	pg_res_free(lres);
+	free(ev);
+	free(sv);
+	free(r);
+	return rc;
+}
+
+int meter_flush_fd(const struct meter *m)
+{
+	return m->fevent;
+}
+
+void meter_flush_settle(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+	uint64_t n;
+
+	if (m->fevent < 0)
+		return;
+	while (read(m->fevent, &n, sizeof(n)) > 0)
+		;
+	if (m->started && flush_poll(m, &err) != KILN_OK)
+		log_warn("cannot flush to the ledger (will retry): %s", err.msg);
+}
+
+/*
+ * How long ago (µs, on the database's clock) the oldest transaction still open in this database
+ * began, at most $1 µs: a state change it writes carries that start as its time (now()) or a
+ * later one, and commits after this tick reads the rows. Meters' flushes write none (they run
+ * as FLUSH_APP_NAME); backends of other roles show no start without pg_read_all_stats and are
+ * not waited for. Read before the rows, so a transaction that commits after their snapshot was
+ * open here or began after this read.
+ */
+static const char commit_lag_sql[] =
+	"SELECT least($1::bigint, greatest(0, coalesce((extract(epoch FROM statement_timestamp() "
+	"    - min(xact_start)) * 1000000)::bigint, 0))) "
+	"FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+	"AND backend_type = 'client backend' AND xact_start IS NOT NULL "
+	"AND application_name IS DISTINCT FROM '" FLUSH_APP_NAME "'";
+
+/*
+ * The tick's high-water mark: how far behind `now` this tick bills (m->lag). A sandbox's end (or
+ * any state change) committed after the tick read its row as running carries a time no earlier
+ * than the start of its transaction, open when the tick looked; billing stops at the oldest
+ * such start, so no running time past an end is billed (the end is billed at its own time when
+ * it is seen). Waits at most commit_wait_ns; a transaction open longer than that holds billing
+ * that far behind. KILN_OK, or the error of the query (the tick fails like its rows query).
+ */
+static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	char cap[24];
+	enum kiln_err rc;
+
+	m->lag = 0;
+	if (m->commit_wait_ns < 0)
+		return KILN_OK;
+	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns / 1000);
+	rc = PGQ(c, &res, err, commit_lag_sql, cap);
+	m->st.pg_calls++;
+	if (rc == KILN_OK && pg_res_rows(res) == 1)
+		m->lag = pg_res_int(res, 0, 0, 0) * 1000;
+	pg_res_free(res);
+	return rc;
+}
+
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	char node_since[24];
-	int64_t now;
+	int64_t now, hw;
 	enum kiln_err rc;
 	int rows;
 
 	if (!m->started) {
 		rc = meter_start(m, err);
-		if (rc != KILN_OK) {
+		if (rc != KILN_OK && !m->pg_started) {
 			m->st.ticks_failed++;
 			return rc;
 		}
+		/* Redis away at start: bill, and enforce from the ledger, until it answers. */
+		kiln_error_clear(err);
+	}
+	if (flush_poll(m, err) != KILN_OK) {
+		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
+		kiln_error_clear(err);
 	}
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {
+		rc = commit_lag(m, c, err);
 		snprintf(node_since, sizeof(node_since), "%" PRId64, m->since / 1000);
-		rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
+		if (rc == KILN_OK)
+			rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
 		m->st.pg_calls++;
 		pg_release(m->pg, c);
 	}
 	if (rc != KILN_OK) {
 		m->st.ticks_failed++;
+		meter_tick_blind(m, now);
 		return rc;
 	}
 	m->st.ticks++;
+	/* Billed up to the high-water mark: no transaction still open can log a change before it. */
+	hw = now - m->lag;
+	if (m->lag > PRICE_NS_PER_S / 10)
+		log_debug("billing up to %.3f s behind the clock: a transaction open that long may "
+			  "still change a sandbox", (double)m->lag / 1e9);
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
 		s->seen = false;
@@ -1381,39 +2477,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
 	}
 	rows = pg_res_rows(res);
-	for (int i = 0; i < rows; i++) {
-		struct mrow r;
-		struct msb *s;
-
-		row_parse(res, i, &r);
-		if (m->off) {
-			/* The node's times are wall-clock: on the label clock after a step. */
-			r.changed += r.changed ? m->off : 0;
-			r.deleted += r.deleted ? m->off : 0;
-			r.created += r.created ? m->off : 0;
-		}
-		s = sb_find(m, r.id);
-		if (!s) {
-			s = sb_track(m, &r, now);
-			if (!s) {
-				log_error("out of memory tracking sandbox \"%s\"", r.id);
-				continue;
-			}
-		}
-		s->seen = true;
-		if (s->ended) {
-			/* Back after it ended (restarted under a new generation): bill it again. */
-			if (row_terminal(&r) || bstate_of(r.state) == BS_NONE ||
-			    (r.gen == s->gen && r.changed <= s->last_t))
-				continue;
-			s->ended = false;
-			s->ten->nsb++;
-		}
-		s->t_start = s->last_t;
-		sb_bill(m, s, &r, now);
-		s->t_has = s->last_t > s->t_start || s->t_cpu || s->t_rx || s->t_tx;
-	}
+	if (rows > 0 && meter_bill_rows(m, res, rows, hw) != 0)
+		log_error("out of memory billing this tick's sandboxes");
 	pg_res_free(res);
+	meter_take_tails(m, hw);
 	/* Tracked but gone from the node's rows (moved, or the row vanished): billing ends. */
 	for (size_t i = 0; i < m->nsbs; i++) {
 		struct msb *s = m->sbs[i];
@@ -1427,13 +2494,24 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 	m->st.sandboxes = 0;
 	for (size_t i = 0; i < m->nsbs; i++)
 		m->st.sandboxes += !m->sbs[i]->ended;
+	if (m->sync_due) {
+		/* A flush could not reach Redis: its ledger half first, so it answers right. */
+		struct pg_conn *sc;
+		struct kiln_error serr = { 0 };
+		if (pg_acquire(m->pg, &sc, &serr) == KILN_OK) {
+			meter_sync(m, sc);
+			pg_release(m->pg, sc);
+		}
+	}
 	redis_tick(m, now);
-	meter_enforce(m, now);
-	if (meter_flush(m, now, err) != KILN_OK) {
+	ledger_refresh(m, now);
+	meter_enforce(m, now, true);
+	if (meter_flush(m, hw, err) != KILN_OK) {
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
 	meter_expire(m, m->wall);
+	meter_log_trim(m, m->wall);
 	meter_gc(m);
 	m->last_tick = now;
 	m->since = m->wall - 2 * m->o.window_s * PRICE_NS_PER_S;
@@ -1456,4 +2534,10 @@ long long meter_pending(const struct meter *m, const char *tenant_id)
 	struct mten *t = ten_find((struct meter *)m, tenant_id);
 
 	return t ? t->pending : 0;
+}
+
+void meter_set_backends(struct meter *m, struct pg *pg, struct rds *rds)
+{
+	m->pg = pg;
+	m->rds = rds;
 }

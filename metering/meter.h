@@ -8,7 +8,8 @@
  * sends, in one Redis round trip for the whole host, each tenant's unflushed charges (the live
  * part of its balance), the per-second usage series and bandwidth totals. Every `window_s`
  * seconds the charges of each finished, aligned window go to the Postgres ledger in one
- * transaction (meter_flush() in migrations/0004_metering.sql) together with each sandbox's
+ * transaction (meter_flush_set() in migrations/0015_flush_set.sql; from a thread of its own
+ * with opts.flush_thread, so the tick never waits for Postgres) together with each sandbox's
  * billed-up-to point, so a meter that crashes, or stays down for a while, picks up exactly where
  * the ledger ends: nothing charged twice, nothing lost but what the counters cannot tell.
  *
@@ -51,10 +52,22 @@ struct meter_opts {
 	void *clock_ctx;
 	/* seconds a live field outlives its meter's last tick in Redis; 0: 30 */
 	int64_t live_ttl_s;
+	/* seconds the state changes of sandboxes (sandbox_state_log) are kept once billed; 0: a day */
+	int64_t log_keep_s;
+	/*
+	 * ms a tick's billing may stay behind its clock for a transaction still open in the
+	 * database, whose state change (an end) would carry its start as its time: billing stops
+	 * at the oldest such start, never past an end committed late. 0: 10 s; < 0: never waits
+	 * (a change committed after a tick passed its time is applied from that tick on).
+	 */
+	int64_t commit_wait_ms;
 	/* asks for a sandbox to be paused (its tenant is out of credits); NULL: nobody is paused */
 	void (*pause)(void *ctx, const char *sandbox_id, const char *tenant_id);
 	void *pause_ctx;
 	unsigned test_flush_hold_ms;	/* test hook: hold each flush's transaction open this long */
+	/* flush from a thread of its own (the tick hands it the windows and never waits for
+	 * Postgres); false: each tick flushes before it returns */
+	bool flush_thread;
 };
 
 struct meter_stats {
@@ -81,17 +94,30 @@ void meter_free(struct meter *m);
  * Prepares Postgres and Redis: records the rate card and the default plan limits, and drops this
  * node's live charges left in Redis by an earlier run (its unflushed charges died with it; the
  * next ticks bill that time again from the ledger's billed-up-to point). Call once before ticks;
- * ticks call it again until it succeeds.
+ * ticks call it again until it succeeds, and tick (bill, and enforce from the ledger) once its
+ * Postgres part is done even while Redis is away.
  */
 enum kiln_err meter_start(struct meter *m, struct kiln_error *err);
 
 /*
  * One tick at the clock's now: bills every sandbox of the node since its last tick, debits Redis,
- * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows and expires
- * the grants whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was
- * billed: the next tick covers the time); Redis or flush failures are retried by later ticks.
+ * asks for pauses of sandboxes whose tenant is at zero, flushes the finished windows (or hands
+ * them to the flush thread and applies the outcome of the one before) and expires the grants
+ * whose time came. KILN_E_UNAVAILABLE when Postgres could not be read (nothing was billed: the
+ * next tick covers the time; the tracked sandboxes are still enforced on, from the balance Redis
+ * answers less the burn rate since the last billed tick); Redis or flush failures are retried by
+ * later ticks, and enforcement goes on from what the meter knows (docs/metering.md).
  */
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err);
+
+/*
+ * The flush thread's wake-up: a descriptor that becomes readable when a flush it committed (or
+ * failed) waits to be applied; -1 without the flush thread. meter_flush_settle() applies it at
+ * once, on the ticking thread, so the ledger and Redis's live field count a committed flush twice
+ * only for the moment between its commit and that call, not until the next tick.
+ */
+int meter_flush_fd(const struct meter *m);
+void meter_flush_settle(struct meter *m);
 
 /* Counts `n` ticks that never ran (the loop woke up late), for the metrics. */
 void meter_note_missed(struct meter *m, uint64_t n);
@@ -100,5 +126,9 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out);
 
 /* µcr charged but not yet in the ledger, for `tenant_id` (0 when unknown). For tests. */
 long long meter_pending(const struct meter *m, const char *tenant_id);
+
+/* Test hook (the simulation, tests/integration/sim): the Postgres pool and Redis client the meter
+ * uses from its next call on, so a test points a running meter at a dead address and back. */
+void meter_set_backends(struct meter *m, struct pg *pg, struct rds *rds);
 
 #endif

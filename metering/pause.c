@@ -17,7 +17,8 @@
 #include "common/log.h"
 
 #define PAUSE_QUEUE_MAX 1024
-#define PAUSE_WORKERS 4
+#define PAUSE_WORKERS_MAX 256	/* pauses in flight at once */
+#define PAUSE_WORKER_STACK (512u << 10)
 #define PAUSE_TOKEN_TTL_S 60
 #define PAUSE_TIMEOUT_S 120	/* a pause writes a snapshot: give it time */
 
@@ -29,16 +30,19 @@ struct pauser {
 	struct pg *pg;
 	struct signing *signing;
 	char node[64];
+	char addr[512];		/* the node's address as last read (under `lock`) */
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	pthread_cond_t cond, done;
 	struct pause_job q[PAUSE_QUEUE_MAX];
 	size_t head, n;
 	bool stopping;
-	pthread_t workers[PAUSE_WORKERS];
-	int nworkers;
+	int nworkers, idle;	/* workers running; of which waiting for a job */
 };
 
-/* The node's address from `nodes`, into `out`; false when unknown. */
+/*
+ * The node's address from `nodes`, into `out`; the last one read when Postgres cannot be reached
+ * (enforcement goes on while it is away); false when never known.
+ */
 static bool node_address(struct pauser *p, char *out, size_t n)
 {
 	struct kiln_error err = { 0 };
@@ -46,15 +50,22 @@ static bool node_address(struct pauser *p, char *out, size_t n)
 	struct pg_res *res = NULL;
 	bool ok = false;
 
-	if (pg_acquire(p->pg, &c, &err) != KILN_OK)
-		return false;
-	if (PGQ(c, &res, &err, "SELECT address FROM nodes WHERE id = $1", p->node) == KILN_OK &&
-	    pg_res_rows(res) == 1) {
-		snprintf(out, n, "%s", pg_res_str(res, 0, 0));
+	if (pg_acquire(p->pg, &c, &err) == KILN_OK) {
+		if (PGQ(c, &res, &err, "SELECT address FROM nodes WHERE id = $1", p->node) == KILN_OK &&
+		    pg_res_rows(res) == 1) {
+			pthread_mutex_lock(&p->lock);
+			snprintf(p->addr, sizeof(p->addr), "%s", pg_res_str(res, 0, 0));
+			pthread_mutex_unlock(&p->lock);
+		}
+		pg_res_free(res);
+		pg_release(p->pg, c);
+	}
+	pthread_mutex_lock(&p->lock);
+	if (p->addr[0]) {
+		snprintf(out, n, "%s", p->addr);
 		ok = true;
 	}
-	pg_res_free(res);
-	pg_release(p->pg, c);
+	pthread_mutex_unlock(&p->lock);
 	return ok;
 }
 
@@ -122,6 +133,11 @@ out:
 	log_ctx_clear();
 }
 
+/*
+ * A worker: takes queued pauses one at a time and blocks on each for its whole exchange. Workers
+ * are started on demand (pauser_ask) so every queued pause has one: a pause writing its snapshot
+ * never holds up another. It ends when the pauser stops.
+ */
 static void *worker(void *arg)
 {
 	struct pauser *p = arg;
@@ -130,9 +146,14 @@ static void *worker(void *arg)
 		struct pause_job j;
 
 		pthread_mutex_lock(&p->lock);
-		while (!p->n && !p->stopping)
+		while (!p->n && !p->stopping) {
+			p->idle++;
 			pthread_cond_wait(&p->cond, &p->lock);
+			p->idle--;
+		}
 		if (!p->n) {
+			if (--p->nworkers == 0)
+				pthread_cond_broadcast(&p->done);
 			pthread_mutex_unlock(&p->lock);
 			return NULL;
 		}
@@ -144,9 +165,27 @@ static void *worker(void *arg)
 	}
 }
 
+/* Starts one more (detached) worker; called with p->lock held. False when it cannot. */
+static bool worker_start(struct pauser *p)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	bool ok;
+
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	pthread_attr_setstacksize(&attr, PAUSE_WORKER_STACK);
+	ok = pthread_create(&t, &attr, worker, p) == 0;
+	pthread_attr_destroy(&attr);
+	if (ok)
+		p->nworkers++;
+	return ok;
+}
+
 struct pauser *pauser_new(struct pg *pg, struct signing *signing, const char *node_id)
 {
 	struct pauser *p = calloc(1, sizeof(*p));
+	bool ok;
 
 	if (!p)
 		return NULL;
@@ -155,10 +194,11 @@ struct pauser *pauser_new(struct pg *pg, struct signing *signing, const char *no
 	snprintf(p->node, sizeof(p->node), "%s", node_id);
 	pthread_mutex_init(&p->lock, NULL);
 	pthread_cond_init(&p->cond, NULL);
-	for (int i = 0; i < PAUSE_WORKERS; i++)
-		if (pthread_create(&p->workers[p->nworkers], NULL, worker, p) == 0)
-			p->nworkers++;
-	if (!p->nworkers) {
+	pthread_cond_init(&p->done, NULL);
+	pthread_mutex_lock(&p->lock);
+	ok = worker_start(p);
+	pthread_mutex_unlock(&p->lock);
+	if (!ok) {
 		pauser_free(p);
 		return NULL;
 	}
@@ -173,11 +213,12 @@ void pauser_free(struct pauser *p)
 	p->stopping = true;
 	p->n = 0;
 	pthread_cond_broadcast(&p->cond);
+	while (p->nworkers > 0)
+		pthread_cond_wait(&p->done, &p->lock);
 	pthread_mutex_unlock(&p->lock);
-	for (int i = 0; i < p->nworkers; i++)
-		pthread_join(p->workers[i], NULL);
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->cond);
+	pthread_cond_destroy(&p->done);
 	free(p);
 }
 
@@ -191,6 +232,9 @@ void pauser_ask(void *ctx, const char *sandbox_id, const char *tenant_id)
 		snprintf(j->sandbox, sizeof(j->sandbox), "%s", sandbox_id);
 		snprintf(j->tenant, sizeof(j->tenant), "%s", tenant_id);
 		p->n++;
+		/* Every queued pause has a worker of its own, so they all go at once. */
+		if (p->n > (size_t)p->idle && p->nworkers < PAUSE_WORKERS_MAX && !worker_start(p))
+			log_warn("cannot start a pause worker: \"%s\" waits for one", sandbox_id);
 		pthread_cond_signal(&p->cond);
 	} else {
 		log_warn("pause queue full: sandbox \"%s\" not paused this time", sandbox_id);

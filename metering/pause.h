@@ -2,9 +2,10 @@
  * pause.h - kiln-meter's requests to pause sandboxes whose tenant ran out of credits.
  *
  * Each request is POST <node address>/v1/sandboxes/{id}/pause with a node token signed as the
- * gateway signs them (auth/signing.h, aud kiln-node, the tenant and the sandbox), sent from a few
- * worker threads so a slow pause (it writes a snapshot) never holds up the meter's tick. A
- * sandbox is only ever paused, never destroyed.
+ * gateway signs them (auth/signing.h, aud kiln-node, the tenant and the sandbox), each from a
+ * worker thread of its own (started on demand, up to 256 in flight), so neither the meter's tick
+ * nor another pause waits for a pause writing its snapshot: any number of sandboxes at zero on a
+ * node are asked at once. A sandbox is only ever paused, never destroyed.
  */
 #ifndef KILN_METERING_PAUSE_H
 #define KILN_METERING_PAUSE_H
@@ -15,7 +16,8 @@
 struct signing;
 struct pauser;
 
-/* Workers for node `node_id`, whose address is read from `nodes`. NULL when out of memory. */
+/* Workers for node `node_id`, whose address is read from `nodes` (the last one read is used while
+ * Postgres is away). NULL when out of memory. */
 struct pauser *pauser_new(struct pg *pg, struct signing *signing, const char *node_id);
 
 /* Stops the workers (requests in flight finish) and frees. Accepts NULL. */

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth/apikey.h"
@@ -134,6 +135,29 @@ static void pause_plan_unreserve(struct node *n, const char *snap_id)
 }
 
 /*
+ * Stops the vCPUs of `sb` and logs the instant with its cgroup CPU counter (record_vcpus_stopped),
+ * so the pause is billed from the stop and the CPU of writing the snapshot is not billed as the
+ * guest's (docs/metering.md). A stop or a log that fails only costs that exactness: the
+ * snapshot stops the VM itself and the pause is then billed from its record.
+ */
+static void pause_stop_vcpus(struct node *n, struct sandbox *sb)
+{
+	struct kiln_error err = { 0 };
+	struct record_fence f = sb_fence(n, sb);
+	struct cg_usage u = { 0 };
+	struct timespec ts;
+
+	if (vmm_pause(sb->vm, &err) != KILN_OK || vmm_usage(sb->vm, &u, &err) != KILN_OK) {
+		log_warn("pause of \"%s\": the vCPUs' stop not logged: %s", sb->id, err.msg);
+		return;
+	}
+	clock_gettime(CLOCK_REALTIME, &ts);
+	if (record_vcpus_stopped(n->pg, NULL, &f, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec,
+				 u.cpu_ns, &err) != KILN_OK)
+		log_warn("pause of \"%s\": the vCPUs' stop not logged: %s", sb->id, err.msg);
+}
+
+/*
  * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot
  * (the VMM ends), the policy again with the bandwidth bucket's final level, and the manifest.
  * On failure the snapshot is removed and the VM goes on if its VMM still lives; if the VMM
@@ -146,6 +170,8 @@ enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
 	struct vmm_status st = { 0 };
 	enum kiln_err rc = save_policy_public(sb, dir, err);
 
+	if (rc == KILN_OK)
+		pause_stop_vcpus(n, sb);
 	if (rc == KILN_OK)
 		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
 	/*
@@ -173,7 +199,13 @@ enum kiln_err pause_save(struct node *n, struct sandbox *sb, const char *dir,
 	if (vmm_status(sb->vm, &st, &ignore) == KILN_OK && st.alive) {
 		struct kiln_error why = *err;
 
+		struct record_fence f = sb_fence(n, sb);
+		struct timespec ts;
+
 		vmm_resume(sb->vm, &ignore);
+		clock_gettime(CLOCK_REALTIME, &ts);
+		record_vcpus_resumed(n->pg, NULL, &f, (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec,
+				     &ignore);
 		snap_remove_files(dir);
 		log_warn("pause of \"%s\" failed, the sandbox runs on: %s", sb->id, why.msg);
 		kiln_error_clear(err);

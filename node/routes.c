@@ -395,10 +395,19 @@ static void sandbox_delete(struct http_req *req)
 		delete_record_only(req);
 		return;
 	}
-	/* Recorded first: a delete that cannot be recorded changes nothing, the VM included. */
+	/* Recorded first: a delete that cannot be recorded changes nothing, the VM included. With
+	 * the group's CPU counter when the VM runs, so the meter bills its CPU up to the deletion
+	 * even if the group is gone before it reads it. */
 	pthread_mutex_lock(&sb->lock);
 	f = sb_fence(n, sb);
-	rc = record_deleted(n->pg, NULL, &f, &err);
+	{
+		struct cg_usage u = { 0 };
+		struct kiln_error uerr = { 0 };
+		if (sb->vm && vmm_usage(sb->vm, &u, &uerr) == KILN_OK)
+			rc = record_deleted_cpu(n->pg, NULL, &f, u.cpu_ns, &err);
+		else
+			rc = record_deleted(n->pg, NULL, &f, &err);
+	}
 	if (rc == KILN_OK) {
 		sb_teardown(n, sb);
 		sb->state = SB_STOPPED;

@@ -137,8 +137,42 @@ enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct reco
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the pause", f->id, NULL, err,
 		      "UPDATE sandboxes SET state = 'paused', pause_snapshot = $4, net_index = NULL, "
-		      "error = NULL, state_changed_at = now() WHERE " FENCE " RETURNING id",
+		      "error = NULL, state_changed_at = coalesce((SELECT CASE WHEN l.state = 'paused' "
+		      "THEN l.at END FROM sandbox_state_log l WHERE l.sandbox_id = $1 "
+		      "AND l.generation = $3::bigint ORDER BY l.at DESC, l.seq DESC LIMIT 1), now()) "
+		      "WHERE " FENCE " RETURNING id",
 		      f->id, f->node_id, g, snap);
+}
+
+enum kiln_err record_vcpus_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				   long long at_ns, unsigned long long cpu_ns,
+				   struct kiln_error *err)
+{
+	char g[24], at[24], cpu[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	snprintf(at, sizeof(at), "%lld", at_ns / 1000);
+	snprintf(cpu, sizeof(cpu), "%llu", cpu_ns);
+	return FENCED(pg, tx, "the vCPU stop", f->id, NULL, err,
+		      "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
+		      "cpu_ns) SELECT id, generation, 'paused', to_timestamp($4::bigint / 1e6), "
+		      "node_id, $5::bigint FROM sandboxes WHERE " FENCE " AND state = 'running' "
+		      "RETURNING seq",
+		      f->id, f->node_id, g, at, cpu);
+}
+
+enum kiln_err record_vcpus_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				   long long at_ns, struct kiln_error *err)
+{
+	char g[24], at[24];
+
+	fmt_ll(g, sizeof(g), f->generation);
+	snprintf(at, sizeof(at), "%lld", at_ns / 1000);
+	return FENCED(pg, tx, "the vCPU restart", f->id, NULL, err,
+		      "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id) "
+		      "SELECT id, generation, 'running', to_timestamp($4::bigint / 1e6), node_id "
+		      "FROM sandboxes WHERE " FENCE " AND state = 'running' RETURNING seq",
+		      f->id, f->node_id, g, at);
 }
 
 enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
@@ -195,6 +229,40 @@ enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct rec
 		      "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
 		      "state_changed_at = now() WHERE " FENCE " RETURNING id",
 		      f->id, f->node_id, g);
+}
+
+enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				 unsigned long long cpu_ns, struct kiln_error *err)
+{
+	struct kiln_error ignore = { 0 };
+	struct pg_conn *c = tx;
+	char g[24], cpu[24];
+	enum kiln_err rc = KILN_OK;
+
+	fmt_ll(g, sizeof(g), f->generation);
+	snprintf(cpu, sizeof(cpu), "%llu", cpu_ns);
+	if (!c)
+		rc = pg_acquire(pg, &c, err);
+	if (rc == KILN_OK && !tx)
+		rc = pg_exec(c, "BEGIN", err);
+	/* The deletion's own row of the log, with the counter: the trigger then finds it logged
+	 * (same generation, state and instant) and adds none. */
+	if (rc == KILN_OK)
+		rc = FENCED(pg, c, "the deletion's CPU counter", f->id, NULL, err,
+			    "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
+			    "cpu_ns) SELECT id, generation, 'deleted', now(), node_id, $4::bigint "
+			    "FROM sandboxes WHERE " FENCE " RETURNING seq",
+			    f->id, f->node_id, g, cpu);
+	if (rc == KILN_OK)
+		rc = record_deleted(pg, c, f, err);
+	if (!tx && c) {
+		if (rc == KILN_OK)
+			rc = pg_exec(c, "COMMIT", err);
+		else
+			pg_exec(c, "ROLLBACK", &ignore);
+		pg_release(pg, c);
+	}
+	return rc;
 }
 
 enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,

@@ -70,9 +70,29 @@ enum kiln_err record_create_failed(struct pg *pg, struct pg_conn *tx,
 				   const struct record_fence *f, const char *why,
 				   struct kiln_error *err);
 
-/* State paused on its complete snapshot `snap`; the network slot is given back. */
+/*
+ * State paused on its complete snapshot `snap`; the network slot is given back. Its time is the
+ * stop of its vCPUs when record_vcpus_stopped() logged one for this generation (and nothing
+ * since), else now.
+ */
 enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			    const char *snap, struct kiln_error *err);
+
+/*
+ * The vCPUs of running sandbox `f` stopped at `at_ns` (ns since the epoch, the node's wall clock)
+ * for a pause, with its generation's cgroup CPU counter at `cpu_ns`: logged as its change to
+ * paused at that instant (sandbox_state_log, migrations/0014), so the meter bills the pause from
+ * the stop and leaves the CPU of writing the snapshot out. The row keeps state running until
+ * record_paused(), which takes this instant as the pause's time; a pause that fails logs the
+ * vCPUs going on with record_vcpus_resumed().
+ */
+enum kiln_err record_vcpus_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				   long long at_ns, unsigned long long cpu_ns,
+				   struct kiln_error *err);
+
+/* The vCPUs of `f` went on at `at_ns` after a pause that failed: logged as running again. */
+enum kiln_err record_vcpus_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				   long long at_ns, struct kiln_error *err);
 
 /* What a resume records. */
 struct record_resume {
@@ -104,6 +124,15 @@ enum kiln_err record_stopped(struct pg *pg, struct pg_conn *tx, const struct rec
 /* Deleted: state stopped, gone for the API, the network slot given back. */
 enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     struct kiln_error *err);
+
+/*
+ * record_deleted() of a running sandbox with its generation's cgroup CPU counter at the deletion
+ * (`cpu_ns`, read just before), logged with the deletion's row of sandbox_state_log in one
+ * transaction (its own when `tx` is NULL): the meter bills the CPU up to the deletion from the
+ * log, even when the VM's group is gone before it reads it again (a meter down, docs/metering.md).
+ */
+enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
+				 unsigned long long cpu_ns, struct kiln_error *err);
 
 /* A new timeout: `timeout_s`, expiring that long from now. */
 enum kiln_err record_timeout(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,

@@ -1,14 +1,24 @@
 /*
  * bench_meter.c - kiln-meter's cost per tick for 1, 100 and 1,000 VMs, and ledger flush
- * throughput against a plain INSERT loop, in the same run.
+ * throughput against bare multi-row INSERTs into the same table, in the same run.
  *
  * Real cgroups (vmm/cgroup.h, v1 or v2 as the host has them) each holding an idle `sleep` stand
- * in for VMs; rows in `sandboxes` put them on a node of their own (one tenant per ten VMs). The
- * meter runs in this process with an injected clock that moves one second per tick, so ticks run
- * back to back; CPU time is this process's (getrusage) and Redis's own (INFO cpu), per tick.
- * Usage: bench-meter DATABASE_URL REDIS_URL [TICKS]. Needs root; removes its cgroups at the end.
+ * in for VMs, each with a real pinned eBPF counters map (a per-CPU array as kiln-node pins it,
+ * under a pin root of the bench's own); rows in `sandboxes` put them on a node of their own (one
+ * tenant per ten VMs). The meter runs in this process with its flush thread, as kiln-meter does,
+ * and an injected clock that moves one second per tick, so ticks run back to back; CPU time is
+ * this process's (getrusage: the tick and the flush thread), Redis's own (INFO cpu) and
+ * Postgres's (every process of its postmaster, /proc), per tick. The flush figures: one
+ * meter_flush_set() of 1,000 and 10,000 windows (one transfer each), the meter_flush() loop it
+ * replaced, and the same number of rows as bare INSERTs of 1,000 rows each, in one transaction.
+ * Usage: bench-meter DATABASE_URL REDIS_URL [TICKS]; KILN_TEST_PGDATA names the Postgres data
+ * directory (its CPU is not counted without it). Needs root; removes its cgroups and pins.
  */
+#include <bpf/bpf.h>
+#include <dirent.h>
+#include <errno.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,6 +27,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bpf/policy.h"
+#include "common/buf.h"
 #include "common/log.h"
 #include "metering/meter.h"
 #include "migrations/migrate.h"
@@ -68,6 +80,89 @@ static double redis_cpu(struct rds *r)
 	return sys + user;
 }
 
+/* CPU seconds of the Postgres postmaster of KILN_TEST_PGDATA and all its children; 0 without. */
+static double pg_cpu(void)
+{
+	const char *data = getenv("KILN_TEST_PGDATA");
+	char path[600], buf[1024];
+	long pm = 0, hz = sysconf(_SC_CLK_TCK);
+	double total = 0;
+	DIR *d;
+	struct dirent *e;
+	FILE *f;
+
+	if (!data)
+		return 0;
+	snprintf(path, sizeof(path), "%s/postmaster.pid", data);
+	if (!(f = fopen(path, "r")))
+		return 0;
+	if (fscanf(f, "%ld", &pm) != 1)
+		pm = 0;
+	fclose(f);
+	if (pm <= 0 || !(d = opendir("/proc")))
+		return 0;
+	while ((e = readdir(d))) {
+		long pid = atol(e->d_name), ppid;
+		unsigned long ut, st;
+		char *p;
+		if (pid <= 0)
+			continue;
+		snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+		if (!(f = fopen(path, "r")))
+			continue;
+		p = fgets(buf, sizeof(buf), f);
+		fclose(f);
+		if (!p || !(p = strrchr(buf, ')')))
+			continue;
+		/* after ") ": state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime stime */
+		if (sscanf(p + 2, "%*c %ld %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ppid, &ut,
+			   &st) != 3)
+			continue;
+		if (pid == pm || ppid == pm)
+			total += (double)(ut + st) / (double)hz;
+	}
+	closedir(d);
+	return total;
+}
+
+/* A real pinned counters map for sandbox `sb` of `node` under `root` (as kiln-node pins it). */
+static int pin_counters(const char *root, const char *node, const char *sb)
+{
+	char path[512];
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/%s", root, node);
+	mkdir(path, 0700);
+	snprintf(path, sizeof(path), "%s/%s/%s", root, node, sb);
+	mkdir(path, 0700);
+	snprintf(path, sizeof(path), "%s/%s/%s/counters", root, node, sb);
+	fd = bpf_map_create(BPF_MAP_TYPE_PERCPU_ARRAY, "counters", sizeof(uint32_t),
+			    sizeof(struct np_counters), 1, NULL);
+	if (fd < 0)
+		return -errno;
+	if (bpf_obj_pin(fd, path) < 0) {
+		int e = -errno;
+		close(fd);
+		return e;
+	}
+	close(fd);
+	return 0;
+}
+
+static void unpin_counters(const char *root, const char *node, const char *sb)
+{
+	char path[512];
+
+	snprintf(path, sizeof(path), "%s/%s/%s/counters", root, node, sb);
+	unlink(path);
+	snprintf(path, sizeof(path), "%s/%s/%s", root, node, sb);
+	rmdir(path);
+	snprintf(path, sizeof(path), "%s/%s", root, node);
+	rmdir(path);
+}
+
+static char pin_root[128];
+
 static void sql(struct pg *pg, const char *q)
 {
 	struct kiln_error err = { 0 };
@@ -93,7 +188,7 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 	struct kiln_error err = { 0 };
 	struct meter_stats st0, st1;
 	struct meter *m;
-	double cpu = 0, wall = 0, rcpu0, worst = 0, flush_s = 0;
+	double cpu = 0, wall = 0, rcpu0, pcpu0, worst = 0, flush_s = 0;
 	uint64_t flush_w = 0, flushes = 0;
 	int made = 0;
 
@@ -140,12 +235,15 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 		}
 		vms[i].pid = pid;
 		cg_attach(vms[i].cg, pid);
+		if ((r = pin_counters(pin_root, node, name)) < 0)
+			fprintf(stderr, "pin %s: %s\n", name, strerror(-r));
 		made++;
 	}
 	fake_now = ((int64_t)time(NULL) + 5) * S;
 	fake_now -= fake_now % (WINDOW * S);
 	o.node_id = node;
-	o.pin_root = NULL;	/* the real pin root: no pins there, a failed open per VM */
+	o.pin_root = pin_root;	/* a real pinned map per VM */
+	o.flush_thread = true;
 	o.window_s = WINDOW;
 	o.series_s = 900;
 	o.now_ns = fake_clock;
@@ -160,6 +258,7 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 	meter_tick(m, &err);
 	meter_get_stats(m, &st0);
 	rcpu0 = redis_cpu(rds);
+	pcpu0 = pg_cpu();
 	for (int i = 0; i < ticks; i++) {
 		double c0, w0, dw;
 
@@ -181,10 +280,14 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 		}
 	}
 	meter_get_stats(m, &st1);
-	printf("| %d | %.2f | %.2f | %.1f | %.2f | %.2f | %.1f |\n", made, cpu / ticks * 1e3,
-	       (redis_cpu(rds) - rcpu0) / ticks * 1e3, wall / ticks * 1e3, worst * 1e3,
-	       (double)(st1.redis_calls - st0.redis_calls) / ticks,
-	       flush_s > 0 ? (double)flush_w / flush_s : 0.0);
+	{
+		double rc = (redis_cpu(rds) - rcpu0) / ticks, pc = (pg_cpu() - pcpu0) / ticks;
+		printf("| %d | %.2f | %.2f | %.2f | %.1f %% | %.1f | %.2f | %.2f | %.1f |\n", made,
+		       cpu / ticks * 1e3, rc * 1e3, pc * 1e3, (cpu / ticks + rc + pc) * 100,
+		       wall / ticks * 1e3, worst * 1e3,
+		       (double)(st1.redis_calls - st0.redis_calls) / ticks,
+		       flush_s > 0 ? (double)flush_w / flush_s : 0.0);
+	}
 	fflush(stdout);
 	meter_free(m);
 	{
@@ -202,9 +305,12 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 		}
 	}
 	for (int i = 0; i < made; i++) {
+		char name[64];
 		kill(vms[i].pid, SIGKILL);
 		waitpid(vms[i].pid, NULL, 0);
 		cg_destroy(vms[i].cg);
+		snprintf(name, sizeof(name), "sb_%s_%d", node, i);
+		unpin_counters(pin_root, node, name);
 	}
 	for (size_t k = 0; k < 4; k++)
 		if (node_dirs[k][0])
@@ -214,34 +320,118 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 	sql(pg, q);
 }
 
-/* `n` single-row INSERTs into ledger_transfers in one transaction: transfers per second. */
-static double insert_loop(struct pg *pg, int n)
+/* Tenants of the flush bench: one per ten sandboxes, each with a grant that covers everything. */
+static void flush_tenants(struct pg *pg, const char *tag, int ntenants)
+{
+	char q[1024];
+
+	snprintf(q, sizeof(q),
+		 "INSERT INTO tenants (id, name) SELECT 'tn_%s_' || i, 'bench' FROM generate_series(0, %d) i;"
+		 "INSERT INTO ledger_accounts (id, tenant_id, kind) SELECT 'grant:%s_' || i, 'tn_%s_' || i, "
+		 "'grant' FROM generate_series(0, %d) i;"
+		 "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+		 "amount_ucr, tenant_id) SELECT 'tx_%s_' || i, 'g:%s_' || i, 'grant', 'system:issuance', "
+		 "'grant:%s_' || i, 1000000000000, 'tn_%s_' || i FROM generate_series(0, %d) i",
+		 tag, ntenants - 1, tag, tag, ntenants - 1, tag, tag, tag, tag, ntenants - 1);
+	sql(pg, q);
+}
+
+/*
+ * One flush of `n` windows (1,000 sandboxes, n / 1,000 windows each, one tenant per ten) through
+ * `fn` (meter_flush_set or meter_flush) in one transaction: transfers per second.
+ */
+static double flush_rate(struct pg *pg, const char *fn, int n)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	char id[64], amount[16] = "1";
+	struct pg_res *res = NULL;
+	struct buf j;
+	char tag[48], q[128];
+	int per = n / 1000 > 0 ? n / 1000 : 1, nsb = n / per;
+	long long before, after;
 	double t0;
 
-	sql(pg, "INSERT INTO tenants (id, name) VALUES ('tn_insert_loop', 'bench') "
-		"ON CONFLICT DO NOTHING;"
-		"INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES "
-		"('grant:insert_loop', 'tn_insert_loop', 'grant') ON CONFLICT DO NOTHING");
+	snprintf(tag, sizeof(tag), "f%s%d_%d", fn + 6, n, (int)getpid());
+	flush_tenants(pg, tag, (nsb + 9) / 10);
+	buf_init(&j, 256u << 20);
+	buf_appends(&j, "[");
+	for (int s = 0; s < nsb; s++)
+		for (int w = 0; w < per; w++) {
+			long long ws = 1700000000LL + 10LL * w;
+			buf_appendf(&j,
+				    "%s{\"sb\":\"sb_%s_%d\",\"tenant\":\"tn_%s_%d\",\"node\":\"%s\","
+				    "\"gen\":1,\"ws\":%lld,\"we\":%lld,\"ps\":%lld,\"pe\":%lld,"
+				    "\"ucr\":%d,\"cpu\":1000,\"mem_bs\":2684354560,\"rx\":0,\"tx\":0,"
+				    "\"state\":\"running\",\"t\":%lld,\"cpu_at\":%d,\"rx_at\":0,"
+				    "\"tx_at\":0,\"rem\":7}",
+				    j.len > 1 ? "," : "", tag, s, tag, s / 10, tag, ws, ws + 10,
+				    ws * 1000000000LL, (ws + 10) * 1000000000LL, 1000 + s % 100,
+				    (ws + 10) * 1000000000LL, 1000 * (w + 1));
+		}
+	buf_appends(&j, "]");
 	if (pg_acquire(pg, &c, &err) != KILN_OK)
 		exit(1);
+	PGQ0(c, &res, &err, "SELECT count(*) FROM ledger_transfers");
+	before = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	snprintf(q, sizeof(q), "SELECT %s($1::jsonb, 'bench')", fn);
 	t0 = mono_s();
 	pg_exec(c, "BEGIN", &err);
-	for (int i = 0; i < n; i++) {
-		snprintf(id, sizeof(id), "tx_loop_%d_%d", (int)getpid(), i);
-		PGQ(c, NULL, &err,
-		    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
-		    "amount_ucr, tenant_id) VALUES ($1, $1, 'usage', 'grant:insert_loop', "
-		    "'system:revenue', $2::bigint, 'tn_insert_loop')",
-		    id, amount);
-	}
+	if (PGQ(c, NULL, &err, q, j.data) != KILN_OK)
+		fprintf(stderr, "%s: %s\n", fn, err.msg);
 	pg_exec(c, "COMMIT", &err);
 	t0 = mono_s() - t0;
+	res = NULL;
+	PGQ0(c, &res, &err, "SELECT count(*) FROM ledger_transfers");
+	after = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
 	pg_release(pg, c);
-	return n / t0;
+	buf_release(&j);
+	return (double)(after - before) / t0;
+}
+
+/*
+ * The baseline: `n` transfers into ledger_transfers (its balance trigger included) as bare
+ * INSERTs of 1,000 rows each, in one transaction: transfers per second.
+ */
+static double insert_rows(struct pg *pg, int n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct buf q;
+	double t0, total = 0;
+
+	sql(pg, "INSERT INTO tenants (id, name) VALUES ('tn_insert_rows', 'bench') "
+		"ON CONFLICT DO NOTHING;"
+		"INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES "
+		"('grant:insert_rows', 'tn_insert_rows', 'grant') ON CONFLICT DO NOTHING");
+	if (pg_acquire(pg, &c, &err) != KILN_OK)
+		exit(1);
+	buf_init(&q, 64u << 20);
+	pg_exec(c, "BEGIN", &err);
+	for (int i = 0; i < n; i += 1000) {
+		q.len = 0;
+		buf_appends(&q, "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, "
+				"credit_account, amount_ucr, tenant_id, sandbox_id, period_start, "
+				"period_end, rate_card) VALUES ");
+		for (int k = i; k < i + 1000 && k < n; k++)
+			buf_appendf(&q, "%s('tx_rows_%d_%d_%d', 'usage:rows_%d_%d_%d', 'usage', "
+					"'grant:insert_rows', 'system:revenue', %d, 'tn_insert_rows', "
+					"'sb_rows', to_timestamp(1700000000), to_timestamp(1700000010), "
+					"'bench')",
+				    k > i ? "," : "", (int)getpid(), n, k, (int)getpid(), n, k,
+				    1000 + k % 100);
+		t0 = mono_s();
+		if (pg_exec(c, q.data, &err) != KILN_OK)
+			fprintf(stderr, "insert: %s\n", err.msg);
+		total += mono_s() - t0;
+	}
+	t0 = mono_s();
+	pg_exec(c, "COMMIT", &err);
+	total += mono_s() - t0;
+	pg_release(pg, c);
+	buf_release(&q);
+	return n / total;
 }
 
 int main(int argc, char **argv)
@@ -257,19 +447,38 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("bench-meter", KLOG_WARN, false);
-	pg = pg_new(argv[1], 2);
+	pg = pg_new(argv[1], 4);
 	rds = rds_new(argv[2], 5000);
 	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
 		fprintf(stderr, "migrations: %s\n", err.msg);
 		return 1;
 	}
-	printf("%d ticks per size, window %d s (a flush every %d ticks)\n\n", ticks, WINDOW, WINDOW);
-	printf("| VMs | meter CPU ms/tick | Redis CPU ms/tick | wall ms/tick | worst tick ms | "
-	       "Redis round trips/tick | flush transfers/s |\n|---|---|---|---|---|---|---|\n");
+	sql(pg, "INSERT INTO rate_cards (version, cpu_ucr_per_cpu_s, mem_ucr_per_gib_s, "
+		"disk_ucr_per_gib_s, snapshot_ucr_per_gib_s) VALUES ('bench', 100, 50, 2, 1) "
+		"ON CONFLICT DO NOTHING");
+	printf("flush: one transaction of N windows (one transfer each) against bare INSERTs of 1,000 "
+	       "rows each into ledger_transfers, same run\n\n"
+	       "| windows | meter_flush_set transfers/s | meter_flush (loop) transfers/s | bare INSERTs "
+	       "transfers/s | set / bare |\n|---|---|---|---|---|\n");
+	for (int n = 1000; n <= 10000; n *= 10) {
+		double set = flush_rate(pg, "meter_flush_set", n), loop = flush_rate(pg, "meter_flush", n),
+		       bare = insert_rows(pg, n);
+		printf("| %d | %.0f | %.0f | %.0f | %.2f |\n", n, set, loop, bare, set / bare);
+		fflush(stdout);
+	}
+	snprintf(pin_root, sizeof(pin_root), "/sys/fs/bpf/kiln-bench-%d", (int)getpid());
+	if (mkdir(pin_root, 0700) < 0) {
+		fprintf(stderr, "%s: %s\n", pin_root, strerror(errno));
+		return 1;
+	}
+	printf("\n%d ticks per size, window %d s (a flush every %d ticks, on the flush thread)\n\n",
+	       ticks, WINDOW, WINDOW);
+	printf("| VMs | meter CPU ms/tick | Redis CPU ms/tick | Postgres CPU ms/tick | of a core | "
+	       "wall ms/tick | worst tick ms | Redis round trips/tick | flush transfers/s |\n"
+	       "|---|---|---|---|---|---|---|---|---|\n");
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
 		run_size(pg, rds, sizes[i], ticks);
-	printf("\nplain INSERT loop, 1000 single-row INSERTs in one transaction: %.0f transfers/s\n",
-	       insert_loop(pg, 1000));
+	rmdir(pin_root);
 	pg_free(pg);
 	rds_free(rds);
 	return 0;

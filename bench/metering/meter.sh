@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# bench/metering/meter.sh BUILD_DIR [TICKS]: kiln-meter's tick cost for 1, 100 and 1,000 VMs
-# (real cgroups with idle processes) and ledger flush throughput vs a plain INSERT loop, on a
-# Postgres and Redis pair of its own. Needs root (cgroups).
+# bench/metering/meter.sh BUILD_DIR [TICKS]: ledger flush throughput (the set-based flush, the
+# loop it replaced, bare multi-row INSERTs into the same table) and kiln-meter's tick cost for 1,
+# 100 and 1,000 VMs (real cgroups with idle processes, real pinned eBPF counter maps; the meter's,
+# Redis's and Postgres's CPU), on a Postgres and Redis pair of its own. Needs root (cgroups, bpffs).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
@@ -10,4 +11,4 @@ envfile=$(mktemp /tmp/kiln-bench-meter-XXXXXX)
 trap '"$root/tests/harness/services.sh" stop "$envfile" >/dev/null' EXIT
 "$root/tests/harness/services.sh" start "$envfile" >/dev/null
 . "$envfile"
-"$build/metering/bench-meter" "$KILN_DATABASE_URL" "$KILN_REDIS_URL" "$ticks"
+KILN_TEST_PGDATA=$KILN_TEST_PGDATA "$build/metering/bench-meter" "$KILN_DATABASE_URL" "$KILN_REDIS_URL" "$ticks"

@@ -306,9 +306,10 @@ def ledger_balance(db, tenant):
 
 
 def billed(db, sb):
-    """(last_t_ns, cpu_ns, remainder_fine, state) of the sandbox's billed-up-to point, or None."""
+    """(last_t_ns, cpu_ns, remainder_fine, state) of the billed-up-to point of the sandbox's newest
+    billed generation, or None."""
     r = db.sql(f"SELECT last_t_ns, cpu_ns, remainder_fine, state FROM meter_sandboxes"
-               f" WHERE sandbox_id = '{sb}'")
+               f" WHERE sandbox_id = '{sb}' ORDER BY generation DESC LIMIT 1")
     if not r:
         return None
     a, b, c, d = r.split("|")
