@@ -1872,6 +1872,29 @@ static const struct http_route routes[] = {
 	{ "GET", "/sandboxes/metrics", e2b_unmapped, 0, 0, NULL, 0 },
 };
 
+/* One of the facade's public listeners at `listen`: the API's limits (`api`), E2B's error shape. */
+static struct http_server *facade_start(const struct http_server_opts *api, const char *listen,
+					const struct http_route *table, size_t nroutes,
+					struct gateway *gw, struct kiln_error *err)
+{
+	return http_server_start(
+		&(struct http_server_opts){
+			.listen = listen,
+			.max_connections = api->max_connections,
+			.body_max = api->body_max,
+			.timeout_s = api->timeout_s,
+			.max_per_addr = api->max_per_addr,
+			.header_timeout_s = api->header_timeout_s,
+			.body_min_rate = api->body_min_rate,
+			.trusted_proxies = api->trusted_proxies,
+			.routes = table,
+			.nroutes = nroutes,
+			.app = gw,
+			.flat_errors = true,
+		},
+		err);
+}
+
 enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 			struct kiln_error *err)
 {
@@ -1901,44 +1924,16 @@ enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 	inner_http = http_server_start(&inner, err);
 	if (!inner_http)
 		goto fail;
-	if (listen && listen[0])
-		e2b_http = http_server_start(
-		&(struct http_server_opts){
-			.listen = listen,
-			.max_connections = api->max_connections,
-			.body_max = api->body_max,
-			.timeout_s = api->timeout_s,
-			.max_per_addr = api->max_per_addr,
-			.header_timeout_s = api->header_timeout_s,
-			.body_min_rate = api->body_min_rate,
-			.trusted_proxies = api->trusted_proxies,
-			.routes = routes,
-			.nroutes = sizeof(routes) / sizeof(routes[0]),
-			.app = gw,
-			.flat_errors = true,
-		},
-		err);
-	if (listen && listen[0] && !e2b_http)
-		goto fail;
-	if (e2b_http)
+	if (listen && listen[0]) {
+		e2b_http = facade_start(api, listen, routes, sizeof(routes) / sizeof(routes[0]), gw,
+					err);
+		if (!e2b_http)
+			goto fail;
 		log_info("E2B API listening on \"%s\"", listen);
+	}
 	if (dp && dp[0]) {
-		envd_http = http_server_start(
-			&(struct http_server_opts){
-				.listen = dp,
-				.max_connections = api->max_connections,
-				.body_max = api->body_max,
-				.timeout_s = api->timeout_s,
-				.max_per_addr = api->max_per_addr,
-				.header_timeout_s = api->header_timeout_s,
-				.body_min_rate = api->body_min_rate,
-				.trusted_proxies = api->trusted_proxies,
-				.routes = envd_routes,
-				.nroutes = sizeof(envd_routes) / sizeof(envd_routes[0]),
-				.app = gw,
-				.flat_errors = true,
-			},
-			err);
+		envd_http = facade_start(api, dp, envd_routes,
+					 sizeof(envd_routes) / sizeof(envd_routes[0]), gw, err);
 		if (!envd_http)
 			goto fail;
 		log_info("E2B sandbox data plane listening on \"%s\"", dp);
