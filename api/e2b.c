@@ -877,24 +877,36 @@ static bool list_page(struct http_req *req, const char *state, const json_t *met
 	return true;
 }
 
+/* The `limit` query (1-100, default 100) into *limit; false after answering 400. */
+static bool page_limit(struct http_req *req, long *limit)
+{
+	const char *lq = http_req_query(req, "limit");
+	char *end = NULL;
+
+	*limit = 100;
+	if (!lq)
+		return true;
+	*limit = strtol(lq, &end, 10);
+	if (!lq[0] || *end || *limit < 1 || *limit > 100) {
+		e2b_error(req, 400, "limit must be a whole number from 1 to 100");
+		return false;
+	}
+	return true;
+}
+
 /* GET /v2/sandboxes?state=&metadata=&limit=&nextToken= (X-Next-Token when there is more) */
 static void e2b_list(struct http_req *req)
 {
-	const char *lq = http_req_query(req, "limit"), *mq = http_req_query(req, "metadata");
+	const char *mq = http_req_query(req, "metadata");
 	const char *tmpl = http_req_query(req, "template"), *next;
 	json_t *meta = NULL, *out = json_array(), *e;
 	struct answer a = { 0 };
-	char states[64], *end = NULL;
+	char states[64];
 	long limit = 100;
 	size_t i;
 
-	if (lq) {
-		limit = strtol(lq, &end, 10);
-		if (!lq[0] || *end || limit < 1 || limit > 100) {
-			e2b_error(req, 400, "limit must be a whole number from 1 to 100");
-			goto out;
-		}
-	}
+	if (!page_limit(req, &limit))
+		goto out;
 	if (http_req_query(req, "startedAfter")) {
 		e2b_error(req, 400, "startedAfter is not supported by this server");
 		goto out;
@@ -1138,21 +1150,16 @@ out:
 /* GET /snapshots?sandboxID=&limit=&nextToken=: the caller's snapshots (X-Next-Token). */
 static void e2b_snapshot_list(struct http_req *req)
 {
-	const char *sid = http_req_query(req, "sandboxID"), *lq = http_req_query(req, "limit");
+	const char *sid = http_req_query(req, "sandboxID");
 	const char *cursor = http_req_query(req, "nextToken"), *next;
-	char path[1024] = "/v1/snapshots", *end = NULL;
+	char path[1024] = "/v1/snapshots";
 	json_t *out = json_array(), *e, *items;
 	struct answer a = { 0 };
 	long limit = 100;
 	size_t i;
 
-	if (lq) {
-		limit = strtol(lq, &end, 10);
-		if (!lq[0] || *end || limit < 1 || limit > 100) {
-			e2b_error(req, 400, "limit must be a whole number from 1 to 100");
-			goto out;
-		}
-	}
+	if (!page_limit(req, &limit))
+		goto out;
 	if (http_req_query(req, "name")) {
 		e2b_error(req, 400, "name is not supported by this server's snapshot listing");
 		goto out;
