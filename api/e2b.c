@@ -221,6 +221,18 @@ static void reply_api_error(struct http_req *req, const struct answer *a)
 	e2b_error(req, status, "%s", msg ? msg : "the request failed");
 }
 
+/* 204 when the API's call of sandbox `id` succeeded, E2B's 404 when it found no such sandbox,
+ * else its error in E2B's shape. */
+static void reply_sandbox_done(struct http_req *req, const char *id, const struct answer *a)
+{
+	if (a->status >= 200 && a->status < 300)
+		http_reply_empty(req, 204);
+	else if (a->status == 404)
+		e2b_not_found(req, id);
+	else
+		reply_api_error(req, a);
+}
+
 /* A path parameter that is an id of ours ([A-Za-z0-9_-], 1..ID_MAX-1 bytes), else NULL. */
 static const char *param_id(struct http_req *req, const char *name)
 {
@@ -582,12 +594,7 @@ static void e2b_kill(struct http_req *req)
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s", id);
 	if (!api_call(req, "DELETE", path, NULL, &a))
 		goto out;
-	if (a.status == 204 || a.status == 200)
-		http_reply_empty(req, 204);
-	else if (a.status == 404)
-		e2b_not_found(req, id);
-	else
-		reply_api_error(req, &a);
+	reply_sandbox_done(req, id, &a);
 out:
 	answer_free(&a);
 }
@@ -655,12 +662,7 @@ static void e2b_pause(struct http_req *req)
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s/pause", id);
 	if (!api_call(req, "POST", path, NULL, &p))
 		goto out;
-	if (p.status >= 200 && p.status < 300)
-		http_reply_empty(req, 204);
-	else if (p.status == 404)
-		e2b_not_found(req, id);
-	else
-		reply_api_error(req, &p);
+	reply_sandbox_done(req, id, &p);
 out:
 	answer_free(&p);
 	answer_free(&a);
@@ -1091,12 +1093,7 @@ static void e2b_network(struct http_req *req)
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s/egress", id);
 	if (!api_call(req, "PUT", path, kb, &a))
 		goto out;
-	if (a.status >= 200 && a.status < 300)
-		http_reply_empty(req, 204);
-	else if (a.status == 404)
-		e2b_not_found(req, id);
-	else
-		reply_api_error(req, &a);
+	reply_sandbox_done(req, id, &a);
 out:
 	answer_free(&a);
 	json_decref(kb);
