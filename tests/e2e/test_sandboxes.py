@@ -305,10 +305,14 @@ class SandboxTests(unittest.TestCase):
     def test_shape_validation_names_the_field(self):
         for body, field in (({"vcpus": 9}, "vcpus"), ({"vcpus": 0.3}, "vcpus"), ({"memory_mib": 128}, "memory_mib"),
                             ({"disk_gib": 61}, "disk_gib"), ({"timeout_s": 90000}, "timeout_s"),
-                            ({"template": "ruby"}, "template")):
+                            ({"template": "Ruby!"}, "template")):
             r = self.gw.request("POST", "/v1/sandboxes", body, self.key)
             self.assertEqual(r.status, 422, (body, r))
             self.assertIn(field, r.json()["error"]["message"])
+        # A template name the tenant has not (or another tenant has) is one answer: 404, naming it.
+        r = self.gw.request("POST", "/v1/sandboxes", {"template": "ruby"}, self.key)
+        self.assertEqual((r.status, r.json()["error"]["code"]), (404, "not_found"), r)
+        self.assertIn('"ruby"', r.json()["error"]["message"])
         r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": "lots"}, self.key)
         self.assertEqual(r.status, 400)
         r = self.gw.request("POST", "/v1/sandboxes", {"colour": "red"}, self.key)
