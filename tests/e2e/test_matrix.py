@@ -36,6 +36,7 @@ import subprocess
 import sys
 import threading
 import unittest
+from urllib.parse import urlsplit
 
 import kiln
 import openapi_ops
@@ -48,6 +49,9 @@ GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
             "KILN_CREATE_LIMIT_RPM": "1000", "KILN_TENANT_CREATE_LIMIT_RPM": "1000"}
 PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_",
           "template": "tmpl_"}
+# Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
+# reached (and refused) through the sandbox that the path names first.
+PART = {"port": "8000"}
 A_FILE = "/root/data.csv"
 
 
@@ -128,9 +132,9 @@ def error_code(r):
 def control_rank(op):
     """The order of the calls on B's own objects: what B's later calls need goes last."""
     tail = op.path.rsplit("/", 1)[-1]
-    if op.method == "DELETE":
-        return (9, op.path.startswith("/v1/sandboxes"))
-    return ({"PUT": 1, "GET": 2}.get(op.method, 3 + {"pause": 1, "resume": 2}.get(tail, 0)), False)
+    if op.method == "DELETE":  # a part of a sandbox (its port's publicity) before the sandbox
+        return (9, op.path.startswith("/v1/sandboxes"), -op.path.count("/"))
+    return ({"PUT": 1, "GET": 2}.get(op.method, 3 + {"pause": 1, "resume": 2}.get(tail, 0)), False, 0)
 
 
 class TenantMatrix(unittest.TestCase):
@@ -186,7 +190,7 @@ class TenantMatrix(unittest.TestCase):
 
     def call(self, op, ids, headers, refs=None):
         """`op` with its path parameters from `ids` (by kind) and its references from `refs`."""
-        params = {p: ids[kind] for p, kind in op.path_objects.items()}
+        params = {p: PART[kind] if kind in PART else ids[kind] for p, kind in op.path_objects.items()}
         query, body = {}, op.body
         if isinstance(body, dict):
             body = dict(body)
@@ -272,7 +276,7 @@ class TenantMatrix(unittest.TestCase):
         self.assertIn(op.access, ("admin", "tenant", "public"),
                       "%r: no x-kiln-access in docs/openapi.yaml" % op)
         for p, kind in op.path_objects.items():
-            self.assertIn(kind, PREFIX, "%r: path parameter {%s} names no object this test "
+            self.assertIn(kind, set(PREFIX) | set(PART), "%r: path parameter {%s} names no object this test "
                           "makes (x-kiln-object %r)" % (op, p, kind))
         for where, name, kind in op.refs:
             self.assertIn(kind, PREFIX, "%r: %s %s names no object this test makes" % (op, where, name))
@@ -393,10 +397,17 @@ class TenantMatrix(unittest.TestCase):
                 seen |= set(listening(ns))
 
         gw_addr = "127.0.0.1:%d" % self.gw.port
+        # The port URL listener (docs/ports.md), bound where the API's port URLs say.
+        r = self.gw.request("GET", f"/v1/sandboxes/{self.A.ids['sandbox']}/ports/{PART['port']}",
+                            headers=self.A.key)
+        self.assertEqual(r.status, 200, r)
+        ports_addr = "127.0.0.1:%s" % urlsplit(r.json()["url"]).port
         kinds, unknown, dns_ns, proxy_ns, vm_sockets = set(), [], set(), set(), []
         for who, netid, local, ns in sorted(seen, key=str):
             if who == "gateway" and netid == "tcp" and local == gw_addr and ns is None:
                 kinds.add("gateway-api")
+            elif who == "gateway" and netid == "tcp" and local == ports_addr and ns is None:
+                kinds.add("gateway-ports")
             elif who == "node" and netid == "u_str" and local == self.stack.node.sock and ns is None:
                 kinds.add("node-api")
             elif who == "node" and netid in ("tcp", "udp") and local == "172.16.0.1:53" and ns:
@@ -417,7 +428,8 @@ class TenantMatrix(unittest.TestCase):
             else:
                 unknown.append((who, netid, local, ns))
         self.assertEqual(unknown, [], "listeners this test does not cover")
-        self.assertEqual(kinds, {"gateway-api", "node-api", "dns-proxy", "name-proxy", "vm-control"}, seen)
+        self.assertEqual(kinds, {"gateway-api", "gateway-ports", "node-api", "dns-proxy", "name-proxy",
+                                 "vm-control"}, seen)
         # A VM's sockets: in its own sandbox's namespace, and only their owner may connect (each
         # VM's QEMU runs as a uid of its own; kiln-node is root): no other VM's QEMU can.
         owners = {}
