@@ -400,6 +400,15 @@ static bool list_states(struct http_req *req, const char *state, char *out, size
 	return true;
 }
 
+
+/*
+ * A sandbox's JSON as the API shows it: sandbox_json() (migrations) with the gateway's own
+ * settings of it (`auto_resume`, sandbox_settings, docs/ports.md). Over a row `s` of sandboxes.
+ */
+#define SANDBOX_JSON_SQL                                                                      \
+	"(sandbox_json(s) || jsonb_build_object('auto_resume', coalesce((SELECT ss.auto_resume " \
+	"FROM sandbox_settings ss WHERE ss.sandbox_id = s.id), false)))::text"
+
 static void sandbox_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -432,7 +441,7 @@ static void sandbox_list(struct http_req *req)
 	if (!c)
 		return;
 	rc = PGQ(c, &res, &err,
-		 "SELECT sandbox_json(s)::text, "
+		 "SELECT " SANDBOX_JSON_SQL ", "
 		 "(extract(epoch FROM s.created_at) * 1000000)::bigint || '.' || s.id "
 		 "FROM sandboxes s WHERE s.tenant_id = $1 AND s.deleted_at IS NULL "
 		 "AND ($2::text[] IS NULL OR s.state = ANY ($2::text[])) "
@@ -462,7 +471,7 @@ static void sandbox_get(struct http_req *req)
 	if (!c)
 		return;
 	rc = PGQ(c, &res, &err,
-		 "SELECT sandbox_json(s)::text FROM sandboxes s "
+		 "SELECT " SANDBOX_JSON_SQL " FROM sandboxes s "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
 		 id, who->tenant_id);
 	pg_release(gw->pg, c);

@@ -1018,6 +1018,54 @@ void kiln_policy_count_drop(struct kiln_policy *p)
 	free(v);
 }
 
+uint64_t kiln_policy_charge(struct kiln_policy *p, bool tx, uint64_t want)
+{
+	int ncpu = libbpf_num_possible_cpus();
+	struct np_counters *v = ncpu > 0 ? calloc((size_t)ncpu, sizeof(*v)) : NULL;
+	uint64_t take = 0;
+	uint32_t k = 0;
+	struct np_limits l;
+
+	if (!v || !want)
+		goto out;
+	pthread_mutex_lock(&p->mu);
+	if (bpf_map_lookup_elem_flags(p->fd[M_LIMITS], &k, &l, BPF_F_LOCK) < 0)
+		goto unlock;
+	if (l.unmetered) {
+		take = want;
+	} else {
+		/* as the program's take_bytes(), but a part of `want` when less is left */
+		np_bucket_refill(&l, mono_ns());
+		take = want < l.burst_left + l.tokens ? want : l.burst_left + l.tokens;
+		if (take <= l.burst_left) {
+			l.burst_left -= take;
+		} else {
+			l.tokens -= take - l.burst_left;
+			l.burst_left = 0;
+		}
+		if (bpf_map_update_elem(p->fd[M_LIMITS], &k, &l, BPF_F_LOCK) < 0) {
+			take = 0;
+			goto unlock;
+		}
+	}
+	if (take && bpf_map_lookup_elem(p->fd[M_COUNTERS], &k, v) == 0) {
+		/* CPU 0's slot, as kiln_policy_count_drop() */
+		if (tx) {
+			v[0].tx_bytes += take;
+			v[0].tx_packets++;
+		} else {
+			v[0].rx_bytes += take;
+			v[0].rx_packets++;
+		}
+		bpf_map_update_elem(p->fd[M_COUNTERS], &k, v, BPF_ANY);
+	}
+unlock:
+	pthread_mutex_unlock(&p->mu);
+out:
+	free(v);
+	return take;
+}
+
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,
 					struct kiln_error *err)

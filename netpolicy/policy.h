@@ -145,6 +145,17 @@ enum kiln_err kiln_policy_set_conn_limit(struct kiln_policy *p, uint32_t per_sec
 /* Counts one packet dropped by policy (the name-checking proxy's refusals). */
 void kiln_policy_count_drop(struct kiln_policy *p);
 
+/*
+ * Bytes the node carries for the sandbox past its devices (port streams, node/ports.c), charged
+ * like its own traffic: takes up to `want` bytes from the bandwidth bucket (all of them when
+ * unmetered; the one-time burst first) and counts what it took in `counters` as tx (guest to
+ * outside) or rx, one packet per call. Returns the bytes taken, 0 when the bucket is empty
+ * (nothing counted). The bucket is read and written back under the map's lock, not held in
+ * between: a packet the program charges in that gap is not charged (as for the other settings'
+ * writes); the counters go to CPU 0's slot (kiln_policy_count_drop()).
+ */
+uint64_t kiln_policy_charge(struct kiln_policy *p, bool tx, uint64_t want);
+
 /* For kiln-meter: reads a sandbox's counters from its pin, with no handle. */
 enum kiln_err kiln_counters_read_pinned(const char *pin_root, const char *node_id,
 					const char *sandbox_id, struct kiln_counters *out,

@@ -5,7 +5,10 @@
  * for it before the sandbox's agent goes away (pause, delete, failure). Once upgraded, a stream
  * runs two loops: the upgrade's thread copies the guest's bytes to the client, a second thread
  * the client's to the guest; each side's end is passed on as a half-close, and an error on
- * either side ends both (the guest's socket is reset by a CANCEL).
+ * either side ends both (the guest's socket is reset by a CANCEL). Every byte either way is
+ * charged to the sandbox's bandwidth bucket and counters (kiln_policy_charge) before it moves on,
+ * so one quota and one usage figure cover the guest's own traffic and its ports': a stream whose
+ * bucket is empty waits for the refill, and its window stops the other side meanwhile.
  */
 #include "node/ports.h"
 
@@ -17,6 +20,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/log.h"
@@ -24,6 +28,7 @@
 #include "node/node.h"
 
 #define PORT_IO_CHUNK 65536
+#define PORT_QUOTA_WAIT_MS 20	/* how often a stream with an empty bucket looks again */
 
 struct port_conn {
 	struct port_conn *next;
@@ -31,8 +36,10 @@ struct port_conn {
 	struct sandbox *sb;		/* a reference */
 	struct agent *agent;		/* sb's agent when the stream opened */
 	struct agent_port *p;		/* NULL until open */
+	struct kiln_policy *pol;	/* sb's policy when the stream opened (NULL: none) */
 	int fd;				/* the client's socket once upgraded, else -1 */
 	bool drained;			/* ports_drain() ended it */
+	bool failed;			/* one side failed: the other stops waiting for quota */
 	char request_id[24];
 };
 
@@ -105,6 +112,69 @@ static int write_all(int fd, const uint8_t *p, size_t len)
 	return 0;
 }
 
+/*
+ * Charges up to len (> 0) bytes the stream carries (tx: from the guest) to the sandbox's
+ * bandwidth bucket, waiting while it is empty. Returns how many it charged (all without a
+ * policy), or 0 when the stream was drained or failed meanwhile.
+ */
+static size_t quota_take(struct port_conn *pc, bool tx, size_t len)
+{
+	const struct timespec wait = { 0, PORT_QUOTA_WAIT_MS * 1000000L };
+
+	if (!pc->pol)
+		return len;
+	for (;;) {
+		size_t k = (size_t)kiln_policy_charge(pc->pol, tx, len);
+
+		if (k)
+			return k;
+		pthread_mutex_lock(&reg_lock);
+		bool stop = pc->drained || pc->failed;
+
+		pthread_mutex_unlock(&reg_lock);
+		if (stop)
+			return 0;
+		nanosleep(&wait, NULL);
+	}
+}
+
+/* Writes len bytes to the guest, each charged first (quota_take); 0, or -1 on an end or error. */
+static int guest_write(struct port_conn *pc, const void *buf, size_t len)
+{
+	const uint8_t *p = buf;
+
+	while (len > 0) {
+		size_t k = quota_take(pc, false, len);
+
+		if (!k || agent_port_write(pc->p, p, k) < 0)
+			return -1;
+		p += k;
+		len -= k;
+	}
+	return 0;
+}
+
+/* Writes len bytes to the client, each charged first (quota_take); 0, or -1 on an end or error. */
+static int client_write(struct port_conn *pc, int fd, const uint8_t *p, size_t len)
+{
+	while (len > 0) {
+		size_t k = quota_take(pc, true, len);
+
+		if (!k || write_all(fd, p, k) < 0)
+			return -1;
+		p += k;
+		len -= k;
+	}
+	return 0;
+}
+
+static void mark_failed(struct port_conn *pc)
+{
+	pthread_mutex_lock(&reg_lock);
+	pc->failed = true;
+	pthread_mutex_unlock(&reg_lock);
+}
+
 /* The client's bytes to the guest, until the client's end (passed on) or an error. */
 static void *client_to_guest(void *arg)
 {
@@ -120,13 +190,15 @@ static void *client_to_guest(void *arg)
 		k = read(pc->fd, buf, PORT_IO_CHUNK);
 		if (k < 0 && errno == EINTR)
 			continue;
-		if (k <= 0 || agent_port_write(pc->p, buf, (size_t)k) < 0)
+		if (k <= 0 || guest_write(pc, buf, (size_t)k) < 0)
 			break;
 	}
-	if (k == 0)
+	if (k == 0) {
 		agent_port_shutdown(pc->p);
-	else
+	} else {
+		mark_failed(pc);
 		agent_port_abort(pc->p);
+	}
 	free(buf);
 	return NULL;
 }
@@ -151,17 +223,18 @@ static void stream_run(void *cls, int fd, const char *extra, size_t extra_len)
 	buf = malloc(PORT_IO_CHUNK);
 	if (drained || !buf)
 		goto out;
-	if (extra_len && agent_port_write(pc->p, extra, extra_len) < 0)
+	if (extra_len && guest_write(pc, extra, extra_len) < 0)
 		goto out;
 	if (pthread_create(&t, NULL, client_to_guest, pc) != 0)
 		goto out;
 	started = true;
 	while ((k = agent_port_read(pc->p, buf, PORT_IO_CHUNK, -1)) > 0)
-		if (write_all(fd, buf, (size_t)k) < 0)
+		if (client_write(pc, fd, buf, (size_t)k) < 0)
 			break;
 	if (k == 0) {
 		shutdown(fd, SHUT_WR);	/* the server ended: the client reads EOF */
 	} else {
+		mark_failed(pc);
 		agent_port_abort(pc->p);
 		shutdown(fd, SHUT_RDWR);
 	}
@@ -235,6 +308,23 @@ void ports_stream(struct http_req *req)
 		return;
 	}
 	pc->agent = sb->agent;
+	pc->pol = sb->pol;
+	if (pc->pol) {
+		/* an empty bucket refuses new streams as it drops the guest's new flows */
+		struct kiln_bandwidth bw;
+
+		if (kiln_policy_get_bandwidth(pc->pol, &bw, &err) == KILN_OK && !bw.unmetered &&
+		    bw.remaining_bytes == 0) {
+			conn_end(pc);
+			http_reply_header(req, "Retry-After", "1");
+			http_reply_error(req, KILN_E_RATE_LIMITED,
+					 "the sandbox's bandwidth quota is spent (quota_bytes %llu, "
+					 "refilled by %llu bytes every %u s): try again once it refills",
+					 (unsigned long long)bw.quota_bytes,
+					 (unsigned long long)bw.refill_bytes, bw.refill_interval_s);
+			return;
+		}
+	}
 	rc = agent_port_open(pc->agent, (uint16_t)port, (int)n->cfg.port_connect_timeout_ms, &pc->p,
 			     &err);
 	if (rc != KILN_OK) {
