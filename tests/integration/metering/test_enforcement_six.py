@@ -12,6 +12,7 @@ overdraft billed is within docs/metering.md's bound (Overdraft bounds, "none")."
 import concurrent.futures
 import datetime
 import os
+import time
 import unittest
 
 import kiln
@@ -63,12 +64,18 @@ class EnforcementSixTests(unittest.TestCase):
         self.assertEqual(r.status, 201, r)
         tenant = r.json()["tenant"]["id"]
         self.key = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
+        t0 = time.monotonic()
+
+        def phase(what):
+            print(f"{what}: {time.monotonic() - t0:.1f} s", flush=True)
         sbs = [self.create(0)]
+        phase("first created (cold)")
         self.assertTrue(mt.wait_for(lambda: self.stack.db.sql(
             "SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL"), 300, 1),
             "no template was built:\n" + self.stack.node.output()[-3000:])
         with concurrent.futures.ThreadPoolExecutor(2) as pool:
             sbs += list(pool.map(self.create, range(1, COUNT)))
+        phase("six created")
         self.assertEqual(len(set(sbs)), COUNT)
 
         # Leave the tenant 6 credits: the rest of its free tier expires.
@@ -123,6 +130,7 @@ class EnforcementSixTests(unittest.TestCase):
                     for sb in sbs]
         self.assertTrue(mt.wait_for(lambda: states() == ["paused"] * COUNT, 120),
                         (states(), meter.output()[-3000:]))
+        phase("six paused")
 
         # Every second is billed: the overdraft is the tick that crossed zero and each sandbox's
         # running time until its pause was recorded (state_changed_at: its vCPU stop), as debt.
@@ -145,10 +153,13 @@ class EnforcementSixTests(unittest.TestCase):
         r = self.gw.request("POST", "/v1/billing/grants",
                             {"tenant_id": tenant, "amount_ucr": 50_000_000, "reason": "top-up"}, h)
         self.assertEqual(r.status, 201, r)
-        for i, sb in enumerate(sbs):
-            r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", None, self.key, timeout=300)
+        def resume(i):
+            r = self.gw.request("POST", f"/v1/sandboxes/{sbs[i]}/resume", None, self.key, timeout=300)
             self.assertEqual(r.status, 200, r)
-            self.assertEqual(self.sh(sb, "cat /root/data"), f"precious-{i}\n")
+            self.assertEqual(self.sh(sbs[i], "cat /root/data"), f"precious-{i}\n")
+        with concurrent.futures.ThreadPoolExecutor(3) as pool:
+            list(pool.map(resume, range(COUNT)))
+        phase("resumed")
         for sb in sbs:
             self.gw.request("DELETE", f"/v1/sandboxes/{sb}", None, self.key)
 
