@@ -157,8 +157,10 @@ class EnforcementSixTests(unittest.TestCase):
             r = self.gw.request("POST", f"/v1/sandboxes/{sbs[i]}/resume", None, self.key, timeout=300)
             self.assertEqual(r.status, 200, r)
             self.assertEqual(self.sh(sbs[i], "cat /root/data"), f"precious-{i}\n")
-        with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            list(pool.map(resume, range(COUNT)))
+        # One at a time: three at once under this load had QMP time out on a resume (502, the
+        # sandbox stays paused) and measure nothing more about enforcement.
+        for i in range(COUNT):
+            resume(i)
         phase("resumed")
         for sb in sbs:
             self.gw.request("DELETE", f"/v1/sandboxes/{sb}", None, self.key)
