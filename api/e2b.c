@@ -34,6 +34,7 @@
 #include "common/httpc.h"
 #include "common/log.h"
 #include "common/pg.h"
+#include "common/pump.h"
 
 #define KEY_MAX 512			/* bytes of an X-API-Key we pass on */
 #define ID_MAX 64			/* bytes of a sandbox or snapshot id */
@@ -1821,6 +1822,366 @@ static void fs_mkdir(struct http_req *req) { fs_rpc(req, "mkdir", "path", NULL);
 static void fs_move(struct http_req *req) { fs_rpc(req, "move", "source", "destination"); }
 static void fs_remove(struct http_req *req) { fs_rpc(req, "remove", "path", NULL); }
 
+/*
+ * process.Process/Start: a server-streaming Connect RPC mapped onto the API's streamed exec
+ * (`Accept: text/event-stream`). A producer thread (common/pump.h) reads the exec's server-sent
+ * events from the inner socket as they come and writes each as a Connect envelope: a start event,
+ * data events (the output base64, as protobuf JSON carries bytes), one end event, then the
+ * end-of-stream envelope. Nothing is held but the event being read.
+ */
+#define PROC_TIMEOUT_MAX_S 3600		/* the exec API's cap on timeout_s */
+#define PROC_TIMEOUT_DEFAULT_S 3600	/* no Connect-Timeout-Ms (the SDK's timeoutMs: 0) */
+#define PROC_LINE_MAX (256u << 10)	/* bytes of one event line (16 KiB of output, escaped) */
+#define PROC_ERR_MAX (64u << 10)	/* bytes of an error answer of the API */
+
+static unsigned proc_next_pid = 1000;	/* the start event's pid: a number of the stream's own */
+
+struct proc_run {
+	struct pump *p;
+	char auth[AUTH_HEADER_MAX + 32];
+	char url[128];
+	char *call;		/* the exec request, JSON */
+	long timeout_ms;
+	unsigned pid;
+	long status;		/* the API's status, from its status line */
+	bool closed;		/* the end-of-stream envelope is written */
+	bool ended;		/* the end event is written */
+	bool gone;		/* the client went away */
+	char event[16];		/* the name of the event being read */
+	struct buf line;	/* the line being read */
+	struct buf err;		/* a non-200 answer */
+};
+
+static void proc_free(void *arg)
+{
+	struct proc_run *r = arg;
+
+	explicit_bzero(r->auth, sizeof(r->auth));
+	if (r->call) {
+		explicit_bzero(r->call, strlen(r->call));	/* envs may be secrets */
+		free(r->call);
+	}
+	buf_release(&r->line);
+	buf_release(&r->err);
+	free(r);
+}
+
+/* The envelope of `msg` (stolen) with `flags` (0 a message, 2 the end of the stream) in `out`. */
+static int envelope_of(struct buf *out, unsigned flags, json_t *msg)
+{
+	char *text = msg ? json_dumps(msg, JSON_COMPACT) : NULL;
+	size_t n = text ? strlen(text) : 0;
+	unsigned char head[5] = { (unsigned char)flags, (unsigned char)(n >> 24),
+				  (unsigned char)(n >> 16), (unsigned char)(n >> 8), (unsigned char)n };
+	int rc = text ? 0 : -ENOMEM;
+
+	if (!rc)
+		rc = buf_append(out, head, sizeof(head));
+	if (!rc)
+		rc = buf_append(out, text, n);
+	json_decref(msg);
+	free(text);
+	return rc;
+}
+
+/* Writes the envelope of `msg` (stolen) to the stream. 0, or -1 when the client is gone. */
+static int proc_frame(struct proc_run *r, unsigned flags, json_t *msg)
+{
+	struct buf b;
+	int rc;
+
+	buf_init(&b, PROC_LINE_MAX * 2);
+	rc = envelope_of(&b, flags, msg);
+	if (!rc && !r->gone && pump_write(r->p, b.data, b.len) != 0)
+		r->gone = true;
+	buf_release(&b);
+	return rc || r->gone ? -1 : 0;
+}
+
+/* Ends the stream with Connect's error `code`. */
+static void proc_fail(struct proc_run *r, const char *code, const char *msg)
+{
+	if (r->closed)
+		return;
+	r->closed = true;
+	proc_frame(r, 2, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
+}
+
+/* One event of the exec's stream (`data` its JSON). 0, or -1 to stop reading. */
+static int proc_event(struct proc_run *r, const char *data, size_t len)
+{
+	json_t *d = json_loadb(data, len, 0, NULL);
+	int rc = 0;
+
+	if (!strcmp(r->event, "stdout") || !strcmp(r->event, "stderr")) {
+		const char *s = json_string_value(json_object_get(d, "data"));
+		size_t n = json_string_length(json_object_get(d, "data"));
+		unsigned char *b64 = s ? malloc(4 * ((n + 2) / 3) + 1) : NULL;
+
+		if (!b64) {
+			rc = -1;
+		} else {
+			EVP_EncodeBlock(b64, (const unsigned char *)s, (int)n);
+			rc = proc_frame(r, 0, json_pack("{s:{s:{s:s}}}", "event", "data", r->event,
+						       (char *)b64));
+			free(b64);
+		}
+	} else if (!strcmp(r->event, "exit")) {
+		long long code = json_int(d, "exit_code", -1);
+		bool killed = json_is_true(json_object_get(d, "timed_out"));
+		char status[48];
+		json_t *end;
+
+		if (killed)
+			snprintf(status, sizeof(status), "signal: killed");
+		else
+			snprintf(status, sizeof(status), "exit status %lld", code);
+		end = json_pack("{s:I, s:b, s:s}", "exitCode", killed ? -1LL : code, "exited",
+				!killed, "status", status);
+		if (end && (killed || code != 0))
+			json_object_set_new(end, "error", json_string(status));
+		r->ended = true;
+		rc = proc_frame(r, 0, json_pack("{s:{s:o}}", "event", "end", end));
+		if (!rc)
+			r->closed = true, rc = proc_frame(r, 2, json_object());
+	} else if (!strcmp(r->event, "error")) {
+		const json_t *e = json_object_get(d, "error");
+		const char *code = json_str(e, "code", "");
+
+		/* invalid: a user the guest lacks; not_found: a cwd that is not a directory */
+		proc_fail(r, !strcmp(code, "invalid") || !strcmp(code, "not_found") ?
+				     "invalid_argument" :
+			     !strcmp(code, "forbidden") ? "permission_denied" : "unavailable",
+			  json_str(e, "message", "the sandbox failed"));
+		rc = -1;
+	}
+	json_decref(d);
+	return rc;
+}
+
+/* libcurl: each header line of the exec's answer; its status, and the start event after them. */
+static size_t proc_header(char *p, size_t size, size_t n, void *arg)
+{
+	struct proc_run *r = arg;
+	size_t len = size * n;
+	long st;
+
+	if (len > 9 && !strncmp(p, "HTTP/", 5) && strchr(p, ' ') &&
+	    sscanf(strchr(p, ' '), " %ld", &st) == 1)
+		r->status = st;
+	else if ((len == 2 && p[0] == '\r') || (len == 1 && p[0] == '\n')) {
+		if (r->status == 200 &&
+		    proc_frame(r, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid",
+					       (json_int_t)r->pid)) != 0)
+			return 0;
+	}
+	return len;
+}
+
+/* libcurl: the exec's answer as it comes, read line by line into events. */
+static size_t proc_write(char *p, size_t size, size_t n, void *arg)
+{
+	struct proc_run *r = arg;
+	size_t len = size * n;
+
+	if (r->status != 200) {
+		buf_append(&r->err, p, len < PROC_ERR_MAX - r->err.len ? len : 0);
+		return len;
+	}
+	for (size_t i = 0; i < len; i++) {
+		const char *l;
+
+		if (p[i] != '\n') {
+			if (buf_append(&r->line, p + i, 1) != 0)
+				return 0;	/* a line past PROC_LINE_MAX: not the API's */
+			continue;
+		}
+		l = r->line.data ? r->line.data : "";
+		if (r->line.len == 0)
+			r->event[0] = '\0';
+		else if (r->line.len > 7 && !strncmp(l, "event: ", 7))
+			snprintf(r->event, sizeof(r->event), "%.*s", (int)(r->line.len - 7), l + 7);
+		else if (r->line.len > 6 && !strncmp(l, "data: ", 6) && !r->closed &&
+			 proc_event(r, l + 6, r->line.len - 6) != 0)
+			return 0;
+		buf_reset(&r->line);
+	}
+	return len;
+}
+
+/* The producer: runs the exec and writes its events, always ending with an end-of-stream. */
+static void proc_produce(struct pump *p, void *arg)
+{
+	struct proc_run *r = arg;
+	struct curl_slist *h = NULL;
+	struct httpc hc = { 0 };
+	struct kiln_error err = { 0 };
+	char url[256];
+	long status = 0;
+	enum kiln_err rc;
+
+	r->p = p;
+	pump_ready(p, 200, "application/connect+json");
+	snprintf(url, sizeof(url), "http://kiln%s", r->url);
+	h = curl_slist_append(h, r->auth);
+	if (h)
+		h = curl_slist_append(h, "Content-Type: application/json");
+	if (h)
+		h = curl_slist_append(h, "Accept: text/event-stream");
+	if (!h) {
+		proc_fail(r, "internal", "out of memory");
+		return;
+	}
+	rc = httpc_open(&hc,
+			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock,
+					      .timeout_ms = r->timeout_ms,
+					      .connect_timeout_ms = 5000, .method = "POST",
+					      .post_data = r->call, .post_len = strlen(r->call),
+					      .headers = h, .on_write = proc_write, .write_arg = r,
+					      .on_header = proc_header, .header_arg = r },
+			&err);
+	if (rc == KILN_OK) {
+		curl_easy_setopt(hc.curl, CURLOPT_NOPROXY, "*");
+		rc = httpc_perform(&hc, &status, &err);
+	}
+	httpc_close(&hc);
+	curl_slist_free_all(h);
+	if (r->closed || r->gone)
+		return;
+	if (r->status == 200 || rc != KILN_OK) {
+		proc_fail(r, "unavailable", r->status == 200 ? "the process's stream was cut"
+							     : "the service is unavailable; try again");
+	} else {
+		json_t *j = json_loadb(r->err.data ? r->err.data : "", r->err.len, 0, NULL);
+		const char *msg = json_str(json_object_get(j, "error"), "message", "the call failed");
+
+		proc_fail(r, r->status == 422 ? "invalid_argument" :
+			     r->status == 429 ? "resource_exhausted" :
+			     r->status == 403 ? "permission_denied" :
+			     r->status == 409 || r->status == 502 || r->status == 404 ? "unavailable"
+										     : "internal",
+			  r->status == 409 || r->status == 502 || r->status == 404 ?
+				  "the sandbox is not running" : msg);
+		json_decref(j);
+	}
+}
+
+/* A stream that is only its end-of-stream envelope with Connect's error `code`. */
+static void proc_refuse(struct http_req *req, const char *code, const char *msg)
+{
+	struct buf b;
+
+	buf_init(&b, 64 << 10);
+	if (envelope_of(&b, 2, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg)))
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+	else
+		http_reply_data(req, 200, "application/connect+json", b.data, b.len);
+	buf_release(&b);
+}
+
+/*
+ * POST /process.Process/Start: one envelope {process: {cmd, args, envs, cwd}, stdin, pty} run as
+ * the RPC's user until Connect-Timeout-Ms (at most PROC_TIMEOUT_MAX_S), streamed as it runs.
+ */
+static void proc_start(struct http_req *req)
+{
+	size_t len = 0;
+	const unsigned char *body = (const unsigned char *)http_req_body(req, &len);
+	const char *tms = http_req_header(req, "Connect-Timeout-Ms");
+	char cwd[4096];
+	struct proc_run *r = NULL;
+	json_t *b = NULL, *pr, *call = NULL, *cmd, *env, *v;
+	long long timeout_s = PROC_TIMEOUT_DEFAULT_S;
+	struct pump *p;
+	struct envd e;
+	size_t i;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!rpc_user(req, e.user)) {
+		proc_refuse(req, "unauthenticated", "invalid user in the Authorization header");
+		goto out;
+	}
+	if (!body || len < 5 || body[0] != 0 ||
+	    ((size_t)body[1] << 24 | (size_t)body[2] << 16 | (size_t)body[3] << 8 | body[4]) !=
+		    len - 5 ||
+	    !json_is_object(b = json_loadb((const char *)body + 5, len - 5, 0, NULL))) {
+		proc_refuse(req, "invalid_argument",
+			    "the request must be one uncompressed Connect envelope of a JSON object");
+		goto out;
+	}
+	pr = json_object_get(b, "process");
+	cmd = json_array();
+	json_array_append(cmd, json_object_get(pr, "cmd"));
+	json_array_foreach(json_object_get(pr, "args"), i, v)
+		json_array_append(cmd, v);
+	env = json_object_get(pr, "envs");
+	if (!json_is_string(json_object_get(pr, "cmd")) || !json_string_length(json_object_get(pr, "cmd")) ||
+	    (json_object_get(pr, "args") && !json_is_array(json_object_get(pr, "args"))) ||
+	    (env && !json_is_object(env))) {
+		json_decref(cmd);
+		proc_refuse(req, "invalid_argument", "process.cmd must be a command, args a list "
+						     "and envs an object of strings");
+		goto out;
+	}
+	if (json_object_get(b, "pty") || json_is_true(json_object_get(b, "stdin"))) {
+		json_decref(cmd);
+		proc_refuse(req, "unimplemented", "a PTY and stdin are not supported by this server "
+						  "yet (docs/e2b.md)");
+		goto out;
+	}
+	if (tms) {
+		char *end = NULL;
+		long long ms = strtoll(tms, &end, 10);
+
+		if (end == tms || *end || ms <= 0) {
+			json_decref(cmd);
+			proc_refuse(req, "invalid_argument", "Connect-Timeout-Ms must be a number");
+			goto out;
+		}
+		timeout_s = ms / 1000 + (ms % 1000 != 0);
+		if (timeout_s > PROC_TIMEOUT_MAX_S)
+			timeout_s = PROC_TIMEOUT_MAX_S;
+	}
+	call = json_pack("{s:o, s:s, s:I}", "cmd", cmd, "user", e.user, "timeout_s",
+			 (json_int_t)timeout_s);
+	if (call && env)
+		json_object_set(call, "env", env);
+	if (call && json_is_string(json_object_get(pr, "cwd"))) {
+		if (!envd_path(json_string_value(json_object_get(pr, "cwd")), e.user, cwd,
+			       sizeof(cwd))) {
+			proc_refuse(req, "invalid_argument", "cwd must be a path");
+			goto out;
+		}
+		json_object_set_new(call, "cwd", json_string(cwd));
+	}
+	r = calloc(1, sizeof(*r));
+	if (!call || !r || !(r->call = json_dumps(call, JSON_COMPACT))) {
+		proc_refuse(req, "internal", "out of memory");
+		goto out;
+	}
+	memcpy(r->auth, e.auth, sizeof(r->auth));
+	snprintf(r->url, sizeof(r->url), "/v1/sandboxes/%s/exec", e.id);
+	r->timeout_ms = (timeout_s + 60) * 1000;
+	r->pid = __atomic_add_fetch(&proc_next_pid, 1, __ATOMIC_RELAXED);
+	buf_init(&r->line, PROC_LINE_MAX);
+	buf_init(&r->err, PROC_ERR_MAX);
+	p = pump_start(proc_produce, r, proc_free);
+	r = NULL;	/* the pump's now, freed even when it did not start */
+	if (!p) {
+		proc_refuse(req, "resource_exhausted", "too many streams at once; try again");
+		goto out;
+	}
+	pump_wait_ready(p, NULL, 0);
+	http_reply_stream(req, 200, "application/connect+json", pump_read, p, pump_release);
+out:
+	if (r)
+		proc_free(r);
+	json_decref(b);
+	json_decref(call);
+	envd_close(&e);
+}
+
 /* An RPC of envd's this server does not serve yet: Connect's `unimplemented`. */
 static void envd_unimplemented(struct http_req *req)
 {
@@ -1843,6 +2204,7 @@ static const struct http_route envd_routes[] = {
 	{ "POST", "/filesystem.Filesystem/Move", fs_move, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/Remove", fs_remove, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/{method}", envd_unimplemented, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/Start", proc_start, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/{method}", envd_unimplemented, 0, 0, NULL, 0 },
 };
 

@@ -1,11 +1,12 @@
 // E2B's `e2b` SDK (2.51.0, unchanged) against Kiln's E2B-compatible API, configured only by
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
 // through create, getInfo, list with a metadata filter, setTimeout, files on the data plane (write,
-// read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), pause,
+// read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), commands
+// (run with output and exit code, a failing one, streamed callbacks), pause,
 // connect (resume),
 // updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
-import { ALL_TRAFFIC, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError,
+import { ALL_TRAFFIC, CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError,
   SandboxNotFoundError } from 'e2b'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
@@ -97,6 +98,34 @@ async function main() {
   assert.equal(await sbx.files.exists('/home/user/d'), false)
   await assert.rejects(sbx.files.write('/root/x', 'no'), SandboxError) // `user` may not write there
   step('files', Date.now() - t0) // milliseconds, printed by the driver
+  t0 = Date.now()
+
+  // Commands: envd's process.Start streamed from Kiln's exec, as `user` in its home.
+  let res = await sbx.commands.run(`python3 -c 'import os,sys; print("out", os.getuid(), os.getcwd()); ` +
+    `print("err \u00e9", file=sys.stderr)'`)
+  assert.equal(res.exitCode, 0)
+  assert.equal(res.stdout, 'out 1000 /home/user\n')
+  assert.equal(res.stderr, 'err \u00e9\n')
+  res = await sbx.commands.run('echo "$KILN_E2B_V" && pwd', { envs: { KILN_E2B_V: 'v 1' }, cwd: '/tmp' })
+  assert.equal(res.stdout, 'v 1\n/tmp\n')
+  await assert.rejects(sbx.commands.run('python3 -c "import sys; print(1); sys.exit(3)"'),
+    (e) => e instanceof CommandExitError && e.exitCode === 3 && e.stdout === '1\n' && e.error === 'exit status 3')
+  await assert.rejects(sbx.commands.run('true', { cwd: '/nothing/here' }), InvalidArgumentError)
+  // Output as it comes: callbacks in order, the first long before the command ends.
+  const seen = []
+  const t1 = Date.now()
+  res = await sbx.commands.run('for i in 1 2 3; do echo o$i; echo e$i >&2; sleep 0.6; done', {
+    onStdout: (d) => seen.push(['o', d, Date.now()]), onStderr: (d) => seen.push(['e', d, Date.now()]) })
+  const tEnd = Date.now()
+  assert.equal(res.stdout, 'o1\no2\no3\n')
+  assert.equal(res.stderr, 'e1\ne2\ne3\n')
+  assert.equal(seen.filter((x) => x[0] === 'o').map((x) => x[1]).join(''), res.stdout)
+  assert.equal(seen.filter((x) => x[0] === 'e').map((x) => x[1]).join(''), res.stderr)
+  const rounds = seen.map((x) => Number(x[1].match(/\d/)[0]))
+  assert.deepEqual(rounds, [...rounds].sort(), `callbacks out of order: ${JSON.stringify(seen)}`)
+  assert.ok(tEnd - seen[0][2] >= 800, `the first output came ${tEnd - seen[0][2]} ms before the end ` +
+    `(after ${seen[0][2] - t1} ms): not streamed`)
+  step('commands', Date.now() - t0)
   t0 = Date.now()
 
   // The data plane's own checks: the token, the sandbox, the port.

@@ -48,7 +48,7 @@ class E2bSdk(unittest.TestCase):
                                             f"{out.stderr[-3000:]}")
         self.assertTrue(seen["ok"])
         self.assertEqual([s if isinstance(s, str) else next(iter(s)) for s in seen["steps"]],
-                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "files", "dataPlane",
+                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "files", "commands", "dataPlane",
                           "otherTenant",
                           "pause", "connect", "snapshots", "kill"])
         sandbox = seen["steps"][0]["create"]
@@ -70,8 +70,8 @@ class E2bSdk(unittest.TestCase):
         # reached it.
         self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/egress 200", rows)), 3, rows)
         steps = {k: v for s in seen["steps"] if isinstance(s, dict) for k, v in s.items()}
-        print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, data plane "
-              f"checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
+        print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, commands "
+              f"{steps['commands'] / 1000:.1f} s, data plane checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":
