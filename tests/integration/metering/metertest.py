@@ -16,6 +16,7 @@ Where the cgroups are comes from KILN_TEST_CGROUPS (docs/testing.md):
   a real group's would be: a little CPU at start, then `busy_loops` worth, then none.
 """
 import atexit
+import datetime
 import os
 import secrets
 import shutil
@@ -351,3 +352,32 @@ def wait_for(pred, timeout=30, step=0.2):
             return v
         time.sleep(step)
     return pred()
+
+
+def log_time(line):
+    """The time (epoch seconds) a daemon's log line carries."""
+    stamp = line.split(" ", 1)[0]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+def leave_credits(db, redis_url, tenant, sandboxes, ucr):
+    """The tenant keeps `ucr` of its 500 free credits (the rest expires), its live balance is
+    rebuilt from the ledger, and its running `sandboxes` are billed up to now, as if a meter had
+    run all along (so a meter's first tick bills one second)."""
+    grant = db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}' AND kind = 'grant'")
+    db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
+           f" amount_ucr, tenant_id, reason) VALUES ('tx_test_{tenant}', 'test-expiry:{tenant}',"
+           f" 'expiry', '{grant}', 'system:expired', {500_000_000 - ucr}, '{tenant}', 'test')")
+    redis_cli(redis_url, "DEL", "kiln:bal:" + tenant)
+    ids = ", ".join(f"'{sb}'" for sb in sandboxes)
+    db.sql("INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, state,"
+           " last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) SELECT id, tenant_id,"
+           " node_id, generation, 'running', (extract(epoch FROM now()) * 1e9)::bigint, 0, 0,"
+           f" 0, 0 FROM sandboxes WHERE id IN ({ids})")
+
+
+# Memory alone priced: a 256 MiB sandbox costs 200,000 µcr a second.
+MEMORY_ONLY_PRICES = {"KILN_PRICE_MEM_UCR_PER_GIB_S": "800000", "KILN_PRICE_DISK_UCR_PER_GIB_S": "0",
+                      "KILN_PRICE_CPU_UCR_PER_CPU_S": "0", "KILN_PRICE_SNAPSHOT_UCR_PER_GIB_S": "0",
+                      "KILN_METER_PIN_ROOT": ""}

@@ -5,7 +5,6 @@ node tokens with the same master key. The tenant is left 1 credit; the meter's p
 sandbox cost 0.2 credits a second. The guest writes its clock to a file every 0.1 s, so the
 moment its vCPUs stopped shows in the file after resume (the gap), measured against the meter's
 log line of the tick that took the balance to zero."""
-import datetime
 import os
 import time
 import unittest
@@ -19,12 +18,6 @@ while True:
         f.write('%.3f\\n' % time.time())
     time.sleep(0.1)
 """
-
-
-def log_time(line):
-    stamp = line.split(" ", 1)[0]
-    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
 
 
 class EnforcementTests(unittest.TestCase):
@@ -60,31 +53,18 @@ class EnforcementTests(unittest.TestCase):
 
         # Leave the tenant 1 credit: the rest of its free tier expires.
         db = self.stack.db
-        grant = db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}' AND kind = 'grant'")
-        db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
-               f" amount_ucr, tenant_id, reason) VALUES ('tx_test_{tenant}', 'test-expiry:{tenant}',"
-               f" 'expiry', '{grant}', 'system:expired', 499000000, '{tenant}', 'test')")
-        mt.redis_cli(kiln.services_env()["KILN_REDIS_URL"], "DEL", "kiln:bal:" + tenant)
-        # Billed up to now (as if a meter had run all along), so the first tick is one second.
-        db.sql("INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, state,"
-               " last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) SELECT id, tenant_id,"
-               " node_id, generation, 'running', (extract(epoch FROM now()) * 1e9)::bigint, 0, 0,"
-               f" 0, 0 FROM sandboxes WHERE id = '{sb}'")
+        mt.leave_credits(db, kiln.services_env()["KILN_REDIS_URL"], tenant, [sb], 1_000_000)
         self.assertEqual(mt.ledger_balance(db, tenant), 1_000_000)
 
         # 256 MiB at 800,000 µcr per GiB-second: 200,000 µcr a second, zero in 5 s.
         meter = mt.Meter(db.url, kiln.services_env()["KILN_REDIS_URL"], self.stack.node.node_id,
                          master_key=self.gw.master_key,
-                         extra_env={"KILN_PRICE_MEM_UCR_PER_GIB_S": "800000",
-                                    "KILN_PRICE_DISK_UCR_PER_GIB_S": "0",
-                                    "KILN_PRICE_CPU_UCR_PER_CPU_S": "0",
-                                    "KILN_PRICE_SNAPSHOT_UCR_PER_GIB_S": "0",
-                                    "KILN_METER_PIN_ROOT": ""})
+                         extra_env=mt.MEMORY_ONLY_PRICES)
         self.addCleanup(meter.cleanup)
         line = mt.wait_for(lambda: next((l for l in meter.output().splitlines()
                                          if "out of credits" in l and sb in l), None), 30)
         self.assertIsNotNone(line, meter.output()[-3000:])
-        t_zero = log_time(line)
+        t_zero = mt.log_time(line)
 
         def state():
             return self.gw.request("GET", f"/v1/sandboxes/{sb}", headers=self.key).json()["state"]

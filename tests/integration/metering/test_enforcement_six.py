@@ -10,7 +10,6 @@ meter's own log line of the tick that saw zero to each sandbox's vCPU stop as th
 host's clock. Then nothing is lost: after a grant each sandbox resumes with its file, and the
 overdraft billed is within docs/metering.md's bound (Overdraft bounds, "none")."""
 import concurrent.futures
-import datetime
 import os
 import time
 import unittest
@@ -26,12 +25,6 @@ PRICE_UCR_S = 200_000  # 256 MiB at 800,000 µcr per GiB-second
 # top, and the exact figure printed (bench/metering/pause6.sh records it in docs/benchmarks.md).
 PROMISE_S = 2.0
 LOAD_ALLOWANCE_S = 2.0
-
-
-def log_time(line):
-    stamp = line.split(" ", 1)[0]
-    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
 
 
 class EnforcementSixTests(unittest.TestCase):
@@ -80,26 +73,12 @@ class EnforcementSixTests(unittest.TestCase):
 
         # Leave the tenant 6 credits: the rest of its free tier expires.
         db = self.stack.db
-        grant = db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}' AND kind = 'grant'")
-        db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
-               f" amount_ucr, tenant_id, reason) VALUES ('tx_test_{tenant}', 'test-expiry:{tenant}',"
-               f" 'expiry', '{grant}', 'system:expired', 494000000, '{tenant}', 'test')")
-        mt.redis_cli(kiln.services_env()["KILN_REDIS_URL"], "DEL", "kiln:bal:" + tenant)
-        # Billed up to now (as if a meter had run all along), so the first tick is one second.
-        ids = ", ".join(f"'{sb}'" for sb in sbs)
-        db.sql("INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, state,"
-               " last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) SELECT id, tenant_id,"
-               " node_id, generation, 'running', (extract(epoch FROM now()) * 1e9)::bigint, 0, 0,"
-               f" 0, 0 FROM sandboxes WHERE id IN ({ids})")
+        mt.leave_credits(db, kiln.services_env()["KILN_REDIS_URL"], tenant, sbs, 6_000_000)
         self.assertEqual(mt.ledger_balance(db, tenant), 6_000_000)
 
         meter = mt.Meter(db.url, kiln.services_env()["KILN_REDIS_URL"], self.stack.node.node_id,
                          master_key=self.gw.master_key,
-                         extra_env={"KILN_PRICE_MEM_UCR_PER_GIB_S": "800000",
-                                    "KILN_PRICE_DISK_UCR_PER_GIB_S": "0",
-                                    "KILN_PRICE_CPU_UCR_PER_CPU_S": "0",
-                                    "KILN_PRICE_SNAPSHOT_UCR_PER_GIB_S": "0",
-                                    "KILN_METER_PIN_ROOT": ""})
+                         extra_env=mt.MEMORY_ONLY_PRICES)
         self.addCleanup(meter.cleanup)
 
         def zero_lines():
@@ -108,7 +87,7 @@ class EnforcementSixTests(unittest.TestCase):
         self.assertTrue(mt.wait_for(lambda: all(any(sb in l for l in zero_lines()) for sb in sbs),
                                     60), meter.output()[-3000:])
         # Zero seen: the first tick that logged the tenant out of credits.
-        t_zero = min(log_time(l) for l in zero_lines())
+        t_zero = min(mt.log_time(l) for l in zero_lines())
 
         def stops():
             rows = db.sql("SELECT sandbox_id || ' ' || extract(epoch FROM min(at)) FROM"
