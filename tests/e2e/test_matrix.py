@@ -517,7 +517,11 @@ class TenantMatrix(unittest.TestCase):
             # The same call by B on B's own object is not a 404: the path and body are good.
             r = self.call(op, self.B.ids, self.B.key, refs=self.B.ids)
             with self.subTest(op=repr(op), credential="B's key on B's own"):
-                self.assertTrue(r.status < 300 or r.status == 409, r)
+                # 409: the state does not allow it; 429 rate_limited: a port stream of B's whose
+                # bandwidth quota an earlier call set to nothing (docs/ports.md, "Metering").
+                self.assertTrue(r.status < 300 or r.status == 409 or
+                                (r.status == 429 and error_code(r) == "rate_limited"
+                                 and "bandwidth quota" in r.json()["error"]["message"]), r)
         self.assertEqual(self.a_view(), before)
 
     def test_6_a_paused_sandbox_is_404_to_another_tenant(self):
