@@ -769,10 +769,12 @@ def disk_fill(s, seconds):
 
 
 def disk_io(s, seconds):
-    """A writes with O_DIRECT and reads its disk as fast as it can for `seconds`: both together
-    stay within the throttle (disk_mibps_per_vcpu) and B keeps answering."""
+    """A writes with O_DIRECT (what the throttle lets through in `seconds`) while it reads its
+    disk as fast as it can: both together stay within the throttle (disk_mibps_per_vcpu) and B
+    keeps answering. The writer is not interrupted: a signal that reached dd before its handler
+    (a slow start on a loaded host) would leave no report to read."""
     out = s.sh(f"(timeout -s INT {seconds} dd if=/dev/vda of=/dev/null bs=1M iflag=direct 2>/dev/null &); "
-               f"timeout -s INT {seconds} dd if=/dev/zero of=/root/io bs=1M count=100000 oflag=direct 2>&1 "
+               f"dd if=/dev/zero of=/root/io bs=1M count={DISK_MIBPS * seconds} oflag=direct 2>&1 "
                "| tail -n 1; rm -f /root/io; sync", seconds=seconds + 120)
     line = out["stdout"].strip()
     # busybox or coreutils: "N bytes ... copied, S s, R MB/s"
