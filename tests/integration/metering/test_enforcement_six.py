@@ -89,6 +89,8 @@ class EnforcementSixTests(unittest.TestCase):
         # Zero seen: the first tick that logged the tenant out of credits.
         t_zero = min(mt.log_time(l) for l in zero_lines())
 
+        ids = ", ".join(f"'{sb}'" for sb in sbs)
+
         def stops():
             rows = db.sql("SELECT sandbox_id || ' ' || extract(epoch FROM min(at)) FROM"
                           f" sandbox_state_log WHERE sandbox_id IN ({ids}) AND state = 'paused'"
