@@ -397,7 +397,7 @@ static void test_flush_thread_keeps_ticks_short_and_retries(void)
 int main(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[512], sockdir[400] = "";
+	char line[512], sockdir[512] = "", pattern[600];
 	FILE *f;
 	glob_t g;
 	int rc;
@@ -417,8 +417,8 @@ int main(void)
 		fclose(f);
 	}
 	snprintf(redis_sock, sizeof(redis_sock), "%s", db.redis_url + 5);
-	snprintf(line, sizeof(line), "%s/.s.PGSQL.[0-9]*[0-9]", sockdir);
-	if (glob(line, 0, NULL, &g) != 0 || g.gl_pathc < 1) {
+	snprintf(pattern, sizeof(pattern), "%s/.s.PGSQL.[0-9]*[0-9]", sockdir);
+	if (glob(pattern, 0, NULL, &g) != 0 || g.gl_pathc < 1) {
 		fprintf(stderr, "no Postgres socket in \"%s\"\n", sockdir);
 		return 1;
 	}
