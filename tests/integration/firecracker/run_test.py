@@ -11,8 +11,8 @@ No VM runs here: fc_standin.py answers Firecracker's API as its published OpenAP
      them validated against the spec, and the jailer command lines;
   4. checks that the stand-in catches spec violations and Firecracker's ordering rules (negative
      tests, sent directly over its socket).
-Exit 77 (skip) when not root (the driver chowns jail files and makes cgroups); 1 without the spec
-(it is vendored in tests/fixtures/firecracker/, so a missing one is a fault).
+Exit 1 when not root (the driver chowns jail files and makes cgroups: a missing privilege is a
+failure, never a skip) and without the spec (it is vendored in tests/fixtures/firecracker/).
 """
 import argparse
 import glob
@@ -305,8 +305,8 @@ def main():
     args = ap.parse_args()
     spec = os.environ.get("FC_OPENAPI_SPEC", args.spec)
     if os.geteuid() != 0:
-        print("skip: needs root (the driver chowns jail files to the VM's uid and makes cgroups)")
-        return 77
+        print("FAIL: needs root (the driver chowns jail files to the VM's uid and makes cgroups)")
+        return 1
     if not os.path.isfile(spec):
         print("FAIL: the Firecracker OpenAPI document is not at %s (set FC_OPENAPI_SPEC)" % spec)
         return 1
