@@ -309,48 +309,35 @@ class PortStreamTests(unittest.TestCase):
 
     def test_streams_at_once_are_capped_per_sandbox(self):
         # port_streams_max_per_sandbox is 5 on this node: the sixth at the latest is 429 naming it
-        opened, refused = [], None
-        for _ in range(7):
-            status, s, head, rest = self.stream(8002, self.token)
-            if status == 101:
-                opened.append(s)
-                continue
-            refused = (status, head, rest)
-            break
-        self.assertIsNotNone(refused, "7 streams open at once")
-        self.assertEqual(refused[0], 429, refused)
-        self.assertIn(b"port_streams_max_per_sandbox", refused[2])
-        self.assertLessEqual(len(opened), 5)
-        for s in opened:
-            s.close()
-        # once they ended, streams open again
-        for _ in range(100):
-            status, s, head, rest = self.stream(8002, self.token)
-            if status == 101:
-                break
-            time.sleep(0.1)
-        self.assertEqual(status, 101, head)
+        self.assert_streams_capped(lambda: self.stream(8002, self.token), 5,
+                                   b"port_streams_max_per_sandbox")
 
     def test_streams_at_once_are_capped_at_the_gateway_per_tenant(self):
         # runs before the per-sandbox case: streams that case closes may still be ending on the
         # node (the guest sees each end over the agent), which would meet the node's cap first
         # port_streams_max_per_tenant is 4 on this gateway: the fifth at the latest is 429
+        self.assert_streams_capped(lambda: self.gw_stream(8002, self.key), 4,
+                                   b"port_streams_max_per_tenant")
+
+    def assert_streams_capped(self, open_stream, cap, limit):
+        """At most `cap` streams of open_stream() are open at once, the next is 429 naming
+        `limit`, and once they end streams open again."""
         opened, refused = [], None
-        for _ in range(6):
-            status, s, head, rest = self.gw_stream(8002, self.key)
+        for _ in range(cap + 2):
+            status, s, head, rest = open_stream()
             if status == 101:
                 opened.append(s)
                 continue
             refused = (status, head, rest)
             break
-        self.assertIsNotNone(refused, "6 streams open at once")
+        self.assertIsNotNone(refused, "%d streams open at once" % (cap + 2))
         self.assertEqual(refused[0], 429, refused)
-        self.assertIn(b"port_streams_max_per_tenant", refused[2])
-        self.assertLessEqual(len(opened), 4)
+        self.assertIn(limit, refused[2])
+        self.assertLessEqual(len(opened), cap)
         for s in opened:
             s.close()
         for _ in range(100):
-            status, s, head, rest = self.gw_stream(8002, self.key)
+            status, s, head, rest = open_stream()
             if status == 101:
                 break
             time.sleep(0.1)
