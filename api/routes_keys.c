@@ -120,7 +120,15 @@ static void keys_create(struct http_req *req)
 		goto out;
 	if (expires && !valid_expiry(req, c, expires))
 		goto out;
-	out = gw_key_create(c, who->tenant_id, name, scopes, expires, &err);
+	/* In a transaction of its own, though one statement: a COMMIT whose answer a Postgres
+	 * switch loses is resolved on the new primary (pg_exec), where a lone statement's lost
+	 * answer would read as a failure and the client's retry would make a second key. */
+	out = pg_exec(c, "BEGIN", &err) == KILN_OK ?
+		      gw_key_create(c, who->tenant_id, name, scopes, expires, &err) : NULL;
+	if (out && pg_exec(c, "COMMIT", &err) != KILN_OK) {
+		json_decref(out);
+		out = NULL;	/* pg_release rolls back */
+	}
 	if (!out) {
 		gw_fail(req, err.code ? err.code : KILN_E_INTERNAL, &err);
 		goto out;

@@ -10,6 +10,11 @@ The test puts a small TCP proxy between the gateway and the services fixture's P
 the proxy passes the next COMMIT on to Postgres and then cuts both sides of that connection
 without passing the answer back: exactly a lost answer. A signup sent then must answer 201, once;
 its retry with the same key replays it; the database holds one tenant of that name.
+
+Armed with a statement's text instead, the proxy cuts after the Sync that follows that
+statement's Parse: the answer of one statement is lost, committed or not. An API key's create cut
+there must leave one key of its name after the client's retry with the same Idempotency-Key, never
+a second one.
 """
 import os
 import secrets
@@ -32,6 +37,7 @@ class CommitCutter:
         self.sock.listen(64)
         self.port = self.sock.getsockname()[1]
         self.armed = threading.Event()
+        self.statement = None       # armed on this statement's Parse instead of a COMMIT
         self.cuts = 0
         self.closing = False
         threading.Thread(target=self.accept, daemon=True).start()
@@ -67,10 +73,16 @@ class CommitCutter:
         try:
             (n,) = struct.unpack("!I", self.recv_exact(c, 4))
             s.sendall(struct.pack("!I", n) + self.recv_exact(c, n - 4))
+            parsed = False
             while True:
                 head = self.recv_exact(c, 5)
                 body = self.recv_exact(c, struct.unpack("!I", head[1:])[0] - 4)
                 commit = head[:1] == b"Q" and body.rstrip(b"\0;").strip().upper() == b"COMMIT"
+                if (self.statement and self.armed.is_set() and head[:1] == b"P"
+                        and self.statement in body):
+                    parsed = True
+                if self.statement:
+                    commit = parsed and head[:1] == b"S"
                 if commit and self.armed.is_set():
                     self.armed.clear()
                     state["cut"] = True     # the answer is not passed back
@@ -137,6 +149,24 @@ class LostCommitTest(unittest.TestCase):
         # The signup's free tier is in the ledger once.
         self.assertEqual(self.db.sql(
             f"SELECT count(*) FROM ledger_transfers WHERE tenant_id = '{tid}'"), "1")
+        self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
+
+    def test_a_key_create_whose_answer_is_lost_leaves_one_key(self):
+        name = "lostkey-" + secrets.token_hex(4)
+        headers = {"Authorization": "Bearer " + self.gw.admin_key,
+                   "Idempotency-Key": "key-" + name}
+        self.proxy.statement = b"INSERT INTO api_keys"
+        self.proxy.armed.set()
+        first = self.gw.request("POST", "/v1/api-keys", {"name": name, "scopes": ["sandbox:read"]}, headers)
+        self.assertEqual(self.proxy.cuts, 1, f"the proxy cut no statement: {first!r}")
+        self.assertIn(first.status, (201, 503), first)
+        again = self.gw.request("POST", "/v1/api-keys", {"name": name, "scopes": ["sandbox:read"]}, headers)
+        self.assertEqual(again.status, 201, again)
+        if first.status == 201:
+            self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+            self.assertEqual(again.json()["id"], first.json()["id"])
+        self.assertEqual(self.db.sql(
+            f"SELECT count(*) FROM api_keys WHERE name = '{name}'"), "1")
         self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
 
 
