@@ -268,6 +268,7 @@ static void node_drain(struct http_req *req)
 	enum kiln_err rc;
 
 	http_req_set_object(req, id);
+	gw_nodes_down(gw);
 	c = gw_db(req);
 	if (!c)
 		goto out;
@@ -276,11 +277,12 @@ static void node_drain(struct http_req *req)
 		 "UPDATE nodes SET drain_at = coalesce(drain_at, now()) WHERE id = $1 "
 		 "RETURNING address, down_at IS NOT NULL",
 		 id);
-	if (rc == KILN_OK && pg_res_rows(res) == 1 && !pg_res_bool(res, 0, 1))
+	if (rc == KILN_OK && pg_res_rows(res) == 1)
 		rc = PGQ(c, &sbs, &err,
-			 "SELECT id, tenant_id, state FROM sandboxes WHERE node_id = $1 "
-			 "AND deleted_at IS NULL AND state IN ('running', 'paused') "
-			 "AND delete_requested_at IS NULL ORDER BY created_at, id",
+			 "SELECT s.id, s.tenant_id, s.state, coalesce(p.status, '') FROM sandboxes s "
+			 "LEFT JOIN snapshots p ON p.id = s.pause_snapshot WHERE s.node_id = $1 "
+			 "AND s.deleted_at IS NULL AND s.state IN ('running', 'paused') "
+			 "AND s.delete_requested_at IS NULL ORDER BY s.created_at, s.id",
 			 id);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
@@ -291,18 +293,22 @@ static void node_drain(struct http_req *req)
 		http_reply_error(req, KILN_E_NOT_FOUND, "no node \"%s\"", id);
 		goto out;
 	}
-	if (pg_res_bool(res, 0, 1)) {
-		http_reply_error(req, KILN_E_CONFLICT,
-				 "node \"%s\" is down: its paused sandboxes resume elsewhere on their "
-				 "own, its running ones are lost",
-				 id);
-		goto out;
-	}
 	snprintf(address, sizeof(address), "%s", pg_res_str(res, 0, 0));
 	log_info("draining node \"%s\": %d sandboxes", id, pg_res_rows(sbs));
-	for (int i = 0; i < pg_res_rows(sbs); i++)
-		drain_one(req, id, address, pg_res_str(sbs, i, 0), pg_res_str(sbs, i, 1),
-			  pg_res_str(sbs, i, 2), &d);
+	for (int i = 0; i < pg_res_rows(sbs); i++) {
+		if (!pg_res_bool(res, 0, 1)) {
+			drain_one(req, id, address, pg_res_str(sbs, i, 0), pg_res_str(sbs, i, 1),
+				  pg_res_str(sbs, i, 2), &d);
+			continue;
+		}
+		/* Down: nothing to call; its running sandboxes were lost, its paused ones wait. */
+		drain_keep(&d, pg_res_str(sbs, i, 0), pg_res_str(sbs, i, 2),
+			   !strcmp(pg_res_str(sbs, i, 3), "stored")
+				   ? "the node is down; paused, stored in its bucket: it resumes on "
+				     "another node"
+				   : "the node is down and its snapshot is only there: it resumes once "
+				     "the node is back");
+	}
 	http_reply_json(req, 200, json_pack("{s:s, s:O, s:O}", "node", id, "moved", d.moved,
 					    "kept", d.kept));
 out:

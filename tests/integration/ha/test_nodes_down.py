@@ -144,6 +144,16 @@ class NodesDownTests(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/admin/nodes/{live}/undrain", headers=self.admin)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.nodes()[live]["state"], "up")
+        # A node that is down: only marked; its paused sandboxes listed with where they resume.
+        dead = self.node(300)
+        kept_local, kept_stored = self.sandbox(dead, "paused", "local"), self.sandbox(dead, "paused", "stored")
+        r = self.gw.request("POST", f"/v1/admin/nodes/{dead}/drain", headers=self.admin)
+        self.assertEqual(r.status, 200, r)
+        kept = {k["id"]: k["reason"] for k in r.json()["kept"]}
+        self.assertEqual(set(kept), {kept_local, kept_stored}, r.json())
+        self.assertIn("only there", kept[kept_local])
+        self.assertIn("bucket", kept[kept_stored])
+        self.assertEqual(self.nodes()[dead]["state"], "down")
 
 
 if __name__ == "__main__":
