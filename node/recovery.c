@@ -457,16 +457,14 @@ int recovery_fence(struct node *n)
 			continue;
 		}
 		if (sb->state == SB_RUNNING && sb->generation == pg_res_int(res, i, 1, -1)) {
-			kiln_error_clear(&err);
-			/* Its vCPUs first: not one more instruction of it runs. */
-			if (sb->vm && vmm_pause(sb->vm, &err) != KILN_OK)
-				log_warn("cannot stop the vCPUs of \"%s\": %s", sb->id, err.msg);
+			log_warn("sandbox \"%s\" (generation %lld) is no longer this node's (moved on, "
+				 "lost or deleted while it was away): its VM is stopped and discarded",
+				 sb->id, sb->generation);
+			/* The VMM killed first (sb_release), without a word to it: no QMP round trip
+			 * stands between the fence and the last instruction of the guest. */
 			sb_teardown(n, sb);
 			sb->state = SB_STOPPED;
 			fenced++;
-			log_warn("sandbox \"%s\" (generation %lld) is no longer this node's (moved on, "
-				 "lost or deleted while it was away): its VM was stopped and discarded",
-				 sb->id, sb->generation);
 		}
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(n, sb);

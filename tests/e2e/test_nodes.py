@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import unittest
 
@@ -165,6 +166,34 @@ class NodeLossTests(unittest.TestCase):
         self.assertEqual(r.status, 404, r)
         r = self.gw.request("DELETE", f"/v1/sandboxes/{sleeper}", headers=self.key, timeout=120)
         self.assertEqual(r.status, 204, r)
+
+    def test_b_two_creates_at_once_on_a_node_with_room_for_one_place_one(self):
+        # A node with room for one sandbox, the only one placement may use (the first drained).
+        one = self.stack.add_node(dict(ENV, KILN_NODE_MAX_SANDBOXES="1"))
+        self.addCleanup(one.cleanup)
+        a = self.stack.node.node_id
+        r = self.gw.request("POST", f"/v1/admin/nodes/{a}/drain", headers=self.stack.admin, timeout=600)
+        self.assertEqual(r.status, 200, r)
+        self.addCleanup(self.gw.request, "POST", f"/v1/admin/nodes/{a}/undrain", None, self.stack.admin)
+        got = []
+
+        def create():
+            got.append(self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256, "timeout_s": 600}, self.key,
+                                       timeout=300))
+        threads = [threading.Thread(target=create) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        codes = sorted(r.status for r in got)
+        self.assertEqual(codes, [201, 503], got)
+        made = next(r for r in got if r.status == 201).json()
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{made['id']}", None, self.key, False, 120)
+        self.assertEqual(made["node"], one.node_id)
+        refused = next(r for r in got if r.status == 503).json()["error"]
+        self.assertEqual(refused["code"], "no_capacity", refused)
+        # Nothing of the refused one is left: one live sandbox on the node.
+        self.assertEqual(self.nodes()[one.node_id]["used"]["running"], 1)
 
 
 if __name__ == "__main__":
