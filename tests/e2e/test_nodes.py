@@ -24,6 +24,8 @@ ENV = dict(s3env.ALLOW_ENV, KILN_NODE_DOWN_AFTER_S=str(DOWN_AFTER))
 
 
 class NodeLossTests(unittest.TestCase):
+    figures = {}  # what bench/ha/down.sh reports: seconds from a node's stop to each step
+
     @classmethod
     def setUpClass(cls):
         cls.s3 = s3env.S3Server()
@@ -90,6 +92,7 @@ class NodeLossTests(unittest.TestCase):
             self.assertEqual(got["lost_reason"], "node_down", got)
             self.assertGreaterEqual(took, DOWN_AFTER - 1.5)
             print(f"marked down {took:.1f} s after its node stopped (bound {DOWN_AFTER} s)", file=sys.stderr)
+            self.figures["marked_down_s"] = took
             self.assertEqual(self.nodes()[a.node_id]["state"], "down")
             self.assertEqual(self.stack.db.sql(f"SELECT count(*) FROM nodes WHERE id = '{a.node_id}' "
                                                "AND down_at IS NOT NULL"), "1")
@@ -117,6 +120,8 @@ class NodeLossTests(unittest.TestCase):
             self.assertEqual(r.status, 200, r)
             self.assertEqual(r.json()["node"], b.node_id)
             print(f"resumed on the other node in {time.time() - t0:.1f} s", file=sys.stderr)
+            self.figures["resume_s"] = time.time() - t0
+            self.figures["stop_to_running_elsewhere_s"] = time.time() - stopped
             self.assertEqual(self.sh(sleeper, "cat /root/data"), "precious\n")
             self.assertTrue(kiln.vm_pids(a.node_id, runner), "the stopped node's QEMU should still be there")
         finally:
