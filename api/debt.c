@@ -15,7 +15,6 @@
 #include "record/record.h"
 
 #define DEBT_SUBJECT "kiln-gateway:debt"	/* the node token's subject for these deletes */
-#define DEBT_NODE_FRESH_S "10"	/* a node whose heartbeat is older is down (routes_sandboxes.c) */
 
 /* Writes the audit event of every period at or below zero not noticed yet (once: the update). */
 static enum kiln_err debt_notice(struct pg_conn *c, const char *days, struct kiln_error *err)
@@ -39,7 +38,7 @@ static enum kiln_err debt_notice(struct pg_conn *c, const char *days, struct kil
  * its node's address (empty: none), whether that node is live, and its generation.
  */
 static enum kiln_err debt_decide(struct pg_conn *c, const char *id, const char *tenant,
-				 const char *days, bool *go, char *addr, size_t addr_len,
+				 const char *days, const char *down_after, bool *go, char *addr, size_t addr_len,
 				 bool *alive, long long *gen, struct kiln_error *err)
 {
 	struct pg_res *res = NULL;
@@ -54,8 +53,8 @@ static enum kiln_err debt_decide(struct pg_conn *c, const char *id, const char *
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 			 "SELECT s.delete_requested_at IS NOT NULL, coalesce(n.address, ''), "
-			 "coalesce(n.heartbeat_at > now() - interval '" DEBT_NODE_FRESH_S " seconds', "
-			 "false), s.generation FROM sandboxes s "
+			 "coalesce(" GW_NODE_FRESH_SQL("n", "$4") ", false), s.generation "
+			 "FROM sandboxes s "
 			 "LEFT JOIN nodes n ON n.id = s.node_id "
 			 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.state = 'paused' "
 			 "AND s.deleted_at IS NULL AND (s.delete_requested_at IS NOT NULL OR ("
@@ -63,7 +62,7 @@ static enum kiln_err debt_decide(struct pg_conn *c, const char *id, const char *
 			 "          AND d.since <= now() - make_interval(days => $3::int)) "
 			 "  AND (SELECT coalesce(sum(b.balance_ucr), 0) FROM ledger_account_balances b "
 			 "       WHERE b.tenant_id = s.tenant_id) <= 0))",
-			 id, tenant, days);
+			 id, tenant, days, down_after);
 	if (rc != KILN_OK || pg_res_rows(res) != 1)
 		goto out;
 	decided = pg_res_bool(res, 0, 0);
@@ -165,7 +164,7 @@ enum kiln_err gw_debt_sweep(struct gateway *gw, long long *deleted, struct kiln_
 		bool go = false, alive = false;
 		long long gen = 0;
 
-		rc = debt_decide(c, id, tenant, days, &go, addr, sizeof(addr), &alive, &gen, err);
+		rc = debt_decide(c, id, tenant, days, gw_node_down_after_s(gw), &go, addr, sizeof(addr), &alive, &gen, err);
 		if (rc == KILN_OK && go) {
 			(*deleted)++;
 			debt_delete(gw, id, tenant, addr, alive, gen);

@@ -37,7 +37,7 @@ static int routes_init(struct kiln_error *err)
 {
 	const struct route_group *groups[] = { &routes_ops, &routes_dashboard, &routes_keys, &routes_tenants, &routes_connlog,
 						&routes_audit, &routes_sandboxes, &routes_snapshots, &routes_storage, &routes_templates,
-						&routes_secrets, &routes_ports, &routes_billing };
+						&routes_secrets, &routes_ports, &routes_nodes, &routes_billing };
 	size_t n = 0, k = 0;
 
 	for (size_t g = 0; g < sizeof(groups) / sizeof(groups[0]); g++)

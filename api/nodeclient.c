@@ -321,7 +321,7 @@ enum kiln_err node_call_sync(struct http_req *req, const struct node_call *call,
 		return KILN_E_INTERNAL;	/* job_new replied */
 	buf_init(&b, NODE_SYNC_MAX);
 	j->mem = &b;
-	j->timeout_ms = NODE_SYNC_TIMEOUT_MS;
+	j->timeout_ms = call->timeout_ms ? call->timeout_ms : NODE_SYNC_TIMEOUT_MS;
 	job_run(j);
 	*status = j->status;
 	job_free(j);
@@ -345,7 +345,7 @@ enum kiln_err node_call_bg(struct gateway *gw, const char *request_id, const str
 		return why;
 	buf_init(&b, NODE_SYNC_MAX);
 	j->mem = &b;
-	j->timeout_ms = NODE_SYNC_TIMEOUT_MS;
+	j->timeout_ms = call->timeout_ms ? call->timeout_ms : NODE_SYNC_TIMEOUT_MS;
 	job_run(j);
 	*status = j->status;
 	job_free(j);

@@ -23,6 +23,7 @@ struct node_call {
 	int upload_fd;		/* or a streamed body read from this descriptor until its end; -1 */
 	const char *content_type;	/* of the body */
 	const char *accept;	/* passed on, or NULL */
+	long timeout_ms;	/* of a call answered into memory; 0: NODE_SYNC_TIMEOUT_MS */
 };
 
 /*

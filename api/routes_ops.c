@@ -17,8 +17,9 @@ static bool nodes_alive(struct gateway *gw)
 
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return false;
-	if (PGQ0(c, &res, &err,
-		 "SELECT 1 FROM nodes WHERE heartbeat_at > now() - interval '10 seconds' LIMIT 1") ==
+	if (PGQ(c, &res, &err,
+		 "SELECT 1 FROM nodes n WHERE " GW_NODE_FRESH_SQL("n", "$1") " LIMIT 1",
+		 gw_node_down_after_s(gw)) ==
 	    KILN_OK)
 		ok = pg_res_rows(res) == 1;
 	pg_res_free(res);
@@ -67,12 +68,13 @@ static void fleet_metrics(struct gateway *gw, struct buf *out)
 	}
 	pg_res_free(res);
 	res = NULL;
-	if (PGQ0(c, &res, &err,
+	if (PGQ(c, &res, &err,
 		 "SELECT n.id, n.max_sandboxes, n.vcpu_milli, n.memory_mib, count(s.id), "
 		 "coalesce(sum(s.vcpu_milli), 0), coalesce(sum(s.memory_mib), 0), "
-		 "(n.heartbeat_at > now() - interval '10 seconds')::int FROM nodes n "
+		 "(" GW_NODE_FRESH_SQL("n", "$1") ")::int FROM nodes n "
 		 "LEFT JOIN sandboxes s ON s.node_id = n.id AND s.deleted_at IS NULL "
-		 "AND s.state IN ('creating', 'running') GROUP BY n.id ORDER BY n.id") == KILN_OK) {
+		 "AND s.state IN ('creating', 'running') GROUP BY n.id ORDER BY n.id",
+		 gw_node_down_after_s(gw)) == KILN_OK) {
 		buf_appends(out, "# HELP kiln_node_capacity What a node hands out: sandboxes, "
 				 "thousandths of vCPUs, MiB.\n# TYPE kiln_node_capacity gauge\n"
 				 "# HELP kiln_node_used What the node's live sandboxes hold.\n"

@@ -20,17 +20,19 @@
 #include "metering/plan.h"
 #include "record/record.h"
 
-#define NODE_FRESH_S "10"	/* a node whose heartbeat is older is not given work */
 #define FILE_MAX (100u << 20)
 
-static const char *const states[] = { "creating", "running", "paused", "stopped", "error", NULL };
+static const char *const states[] = { "creating", "running", "paused", "stopped", "error", "lost", NULL };
 
 /* The sandbox row a request names, when it is the caller's and not deleted. */
 struct sb_row {
 	char id[64];
 	char state[16];
 	char node_address[256];
-	bool node_alive;	/* its node's heartbeat is fresh */
+	bool node_alive;	/* its node's heartbeat is fresh and it is not marked down */
+	bool node_draining;	/* its node takes no new work (POST /v1/admin/nodes/{id}/drain) */
+	char node_id[64];
+	char snap_status[16];	/* its pause snapshot's (local, uploading, stored, failed), or "" */
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	long long generation;	/* the record's generation when read (fences the gateway's write) */
 };
@@ -47,18 +49,23 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
+	char after[24];
 	enum kiln_err rc;
 
 	http_req_set_object(req, id);
+	gw_nodes_down(gw);
+	snprintf(after, sizeof(after), "%s", gw_node_down_after_s(gw));
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return KILN_E_UNAVAILABLE;
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.id, s.state, coalesce(n.address, ''), "
-		 "coalesce(n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds', false), "
-		 "s.vcpu_milli, s.memory_mib, s.generation, s.disk_gib FROM sandboxes s "
+		 "coalesce(" GW_NODE_FRESH_SQL("n", "$3") ", false), "
+		 "s.vcpu_milli, s.memory_mib, s.generation, s.disk_gib, n.drain_at IS NOT NULL, "
+		 "coalesce(s.node_id, ''), coalesce((SELECT p.status FROM snapshots p "
+		 "WHERE p.id = s.pause_snapshot), '') FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
-		 id, who->tenant_id);
+		 id, who->tenant_id, after);
 	pg_release(gw->pg, c);
 	if (rc == KILN_OK && pg_res_rows(res) != 1)
 		rc = KILN_E_NOT_FOUND;
@@ -71,6 +78,9 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		out->mem_mib = (unsigned)pg_res_int(res, 0, 5, 0);
 		out->generation = pg_res_int(res, 0, 6, 0);
 		out->disk_gib = (unsigned)pg_res_int(res, 0, 7, 0);
+		out->node_draining = pg_res_bool(res, 0, 8);
+		snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, 0, 9));
+		snprintf(out->snap_status, sizeof(out->snap_status), "%s", pg_res_str(res, 0, 10));
 	}
 	pg_res_free(res);
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
@@ -129,20 +139,26 @@ static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsig
 }
 
 /*
- * Picks the live node with the most free memory that also has room for `disk_gib` of disk (the
- * disk_gib its live sandboxes, paused ones included, hold against the disk it promises: its
- * nodes.disk_gib); false (replied 503 naming vCPUs, memory and disk) when there is none. The
- * node admits the disk again under its own lock as it records the sandbox (node/create.c).
+ * Picks the live node (fresh heartbeat, not down, not draining) with the most free capacity that
+ * has room for the sandbox: its count, vCPUs and memory against what its running sandboxes hold,
+ * and `disk_gib` of disk against the disk it promises (nodes.disk_gib; paused sandboxes hold
+ * theirs too). The most free capacity: the largest mean of the fractions of its vCPUs, memory
+ * and disk left once the sandbox is there (a node that does not report its disk counts its disk
+ * as free). One statement. False (replied 503 naming vCPUs, memory and disk) when there is
+ * none. Two placements at once may both pick a node with room for one: the node admits each
+ * again under its own lock as it reserves it (node/create.c), and the second gets 503.
  */
 static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
 		  unsigned disk_gib, char *address, size_t alen)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
-	char v[16], m[16], d[16];
+	char v[16], m[16], d[16], after[24];
 	enum kiln_err rc;
 	bool ok;
 
+	gw_nodes_down(http_req_app(req));
+	snprintf(after, sizeof(after), "%s", gw_node_down_after_s(http_req_app(req)));
 	snprintf(v, sizeof(v), "%u", vcpu_milli);
 	snprintf(m, sizeof(m), "%u", mem_mib);
 	snprintf(d, sizeof(d), "%u", disk_gib);
@@ -155,12 +171,16 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 		 "  WHERE s.node_id = n.id AND s.deleted_at IS NULL "
 		 "  AND s.state IN ('creating', 'running', 'paused')"
 		 ") u ON true "
-		 "WHERE n.heartbeat_at > now() - interval '" NODE_FRESH_S " seconds' "
+		 "WHERE " GW_NODE_LIVE_SQL("n", "$4") " "
 		 "AND u.k < n.max_sandboxes AND u.v + $1::int <= n.vcpu_milli "
 		 "AND u.m + $2::int <= n.memory_mib "
 		 "AND (n.disk_gib IS NULL OR u.d + $3::int <= n.disk_gib) "
-		 "ORDER BY n.memory_mib - u.m DESC, n.id LIMIT 1",
-		 v, m, d);
+		 "ORDER BY ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
+		 "  + (n.memory_mib - u.m - $2::int)::float8 / greatest(n.memory_mib, 1) "
+		 "  + CASE WHEN n.disk_gib IS NULL THEN 1 "
+		 "    ELSE (n.disk_gib - u.d - $3::int)::float8 / greatest(n.disk_gib, 1) END) DESC, "
+		 "n.id LIMIT 1",
+		 v, m, d, after);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return false;
@@ -437,6 +457,7 @@ static void sandbox_list(struct http_req *req)
 			return;
 		}
 	}
+	gw_nodes_down(gw);
 	c = gw_db(req);
 	if (!c)
 		return;
@@ -465,9 +486,11 @@ static void sandbox_get(struct http_req *req)
 	const char *id = http_req_param(req, "id");
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
-	struct pg_conn *c = gw_db(req);
+	struct pg_conn *c;
 	enum kiln_err rc;
 
+	gw_nodes_down(gw);	/* a sandbox of a node whose heartbeat lapsed shows lost */
+	c = gw_db(req);
 	if (!c)
 		return;
 	rc = PGQ(c, &res, &err,
@@ -560,7 +583,8 @@ static void sandbox_delete(struct http_req *req)
 	if (!sandbox_lookup(req, &sb))
 		return;
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s", sb.id);
-	if (sb.node_address[0]) {
+	/* A lost sandbox: no node runs it (a node that comes back discards its VM, fenced). */
+	if (sb.node_address[0] && strcmp(sb.state, "lost") != 0) {
 		rc = node_call_sync(req, &(struct node_call){ .address = sb.node_address,
 							      .method = "DELETE", .path = path,
 							      .sandbox_id = sb.id, .who = gw_principal(req),
@@ -583,7 +607,7 @@ static void sandbox_delete(struct http_req *req)
 		http_reply_empty(req, 204);
 		return;
 	}
-	if (sb.node_address[0] && status != 404) {
+	if (sb.node_address[0] && strcmp(sb.state, "lost") != 0 && status != 404) {
 		/* The node refused or failed (its record could not be written): its answer, as is. */
 		http_reply_data(req, (int)status, "application/json", body ? body : "", len);
 		free(body);
@@ -647,8 +671,23 @@ static void sandbox_resume(struct http_req *req)
 
 	if (!sandbox_lookup(req, &sb))
 		return;
+	if (!strcmp(sb.state, "lost")) {
+		http_reply_error(req, KILN_E_CONFLICT,
+				 "the sandbox is lost: node \"%s\" went down while it ran (node_down); "
+				 "only its delete is left",
+				 sb.node_id);
+		return;
+	}
 	if (strcmp(sb.state, "paused") != 0) {
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s, not paused", sb.state);
+		return;
+	}
+	if (!sb.node_alive && strcmp(sb.snap_status, "stored") != 0) {
+		/* Its node is down and its snapshot is on that node's disk alone. */
+		http_reply_error(req, KILN_E_UNAVAILABLE,
+				 "the sandbox's snapshot is only on node \"%s\", which is down (its "
+				 "tenant's bucket does not hold it): it resumes once that node is back",
+				 sb.node_id);
 		return;
 	}
 	{
@@ -659,8 +698,8 @@ static void sandbox_resume(struct http_req *req)
 		if (!c)
 			return;
 		ok = admit(req, c, 1, sb.vcpu_milli, sb.mem_mib);
-		/* Its node is gone: another one resumes it from the tenant's bucket. */
-		if (ok && !sb.node_alive)
+		/* Its node is gone or drained: another one resumes it from the tenant's bucket. */
+		if (ok && (!sb.node_alive || (sb.node_draining && !strcmp(sb.snap_status, "stored"))))
 			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.node_address,
 				   sizeof(sb.node_address));
 		pg_release(gw->pg, c);

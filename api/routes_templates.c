@@ -24,7 +24,6 @@
 #include "common/dockerfile.h"
 #include "common/pump.h"
 
-#define TEMPLATE_NODE_FRESH_S "10"	/* as routes_sandboxes.c: older heartbeats get no work */
 #define TEMPLATE_SOURCE_MAX ((size_t)1 << 42)	/* the route's bound; the setting is checked */
 
 /* POST /v1/templates: 201 {id, name, version}, or 403 naming the limit reached. */
@@ -365,11 +364,11 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 			 who->tenant_id, df.from);
 	else if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
-			 "SELECT n.id, n.address FROM nodes n WHERE n.heartbeat_at > now() - "
-			 "interval '" TEMPLATE_NODE_FRESH_S " seconds' ORDER BY n.memory_mib - "
+			 "SELECT n.id, n.address FROM nodes n WHERE " GW_NODE_LIVE_SQL("n", "$1")
+			 " ORDER BY n.memory_mib - "
 			 "(SELECT coalesce(sum(s.memory_mib), 0) FROM sandboxes s WHERE s.node_id = n.id "
 			 "AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')) DESC, n.id "
-			 "LIMIT 1");
+			 "LIMIT 1", gw_node_down_after_s(gw));
 	if (rc == KILN_OK && pg_res_rows(res) != 1) {
 		rc = !from_base ? kiln_error_set(err, KILN_E_INVALID,
 						 "FROM %s: the tenant has no ready template of that "

@@ -266,6 +266,12 @@ const struct cfg_def config_table[] = {
 	  "one is ready)" },
 	{ "template_default", CFG_BOOL, F(template_default), "true", 0, 1, NULL, false,
 	  "build the template of the default shape (1 vCPU, 512 MiB, 10 GiB) when the node starts" },
+	{ "node_down_after_s", CFG_INT, F(node_down_after_s), "10", 3, 3600, NULL, false,
+	  "seconds after a node's last heartbeat that it is marked down: no work for it, its running "
+	  "sandboxes lost (node_down), its paused ones resumable elsewhere from their bucket" },
+	{ "node_drain_wait_s", CFG_INT, F(node_drain_wait_s), "300", 10, 3600, NULL, false,
+	  "seconds a drain (POST /v1/admin/nodes/{id}/drain) waits for each sandbox's pause, its "
+	  "snapshot's upload to its bucket and its resume elsewhere" },
 	{ "template_idle_s", CFG_INT, F(template_idle_s), "1800", 60, 604800, NULL, false,
 	  "seconds an unused template is kept before it is retired" },
 	{ "meter_window_s", CFG_INT, F(meter_window_s), "10", 1, 3600, NULL, false,

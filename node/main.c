@@ -28,6 +28,7 @@
 #include "vmm/orphan.h"
 #include "node/inject.h"
 #include "node/connlog.h"
+#include "node/drain.h"
 #include "node/lifecycle.h"
 #include "node/netsetup.h"
 #include "node/pause.h"
@@ -193,11 +194,30 @@ static enum kiln_err heartbeat(struct kiln_error *err)
 		 "VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8, $9::bigint) "
 		 "ON CONFLICT (id) DO UPDATE SET address = $2, vcpu_milli = $3::int, "
 		 "memory_mib = $4::int, max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, "
-		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now()",
+		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now(), down_at = NULL",
 		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
 		 node.cfg.guest_image_hash, disk);
 	pg_release(node.pg, c);
-	return rc;
+	if (rc != KILN_OK)
+		return rc;
+	/*
+	 * Then (a mark of down that came before this heartbeat is seen): the VMs of sandboxes that
+	 * are no longer this node's are stopped and discarded, and the other nodes whose heartbeat
+	 * lapsed are marked down (whoever sees a lapse first marks it; record_nodes_down).
+	 */
+	recovery_fence(&node);
+	{
+		struct kiln_error derr = { 0 };
+		int marked = 0;
+
+		if (record_nodes_down(node.pg, NULL, node.cfg.node_down_after_s, &marked, &derr) !=
+		    KILN_OK)
+			log_warn("cannot mark the nodes whose heartbeat lapsed as down: %s", derr.msg);
+		else if (marked)
+			log_warn("%d other nodes marked down: no heartbeat for %lld s", marked,
+				 node.cfg.node_down_after_s);
+	}
+	return KILN_OK;
 }
 
 /* Stops every sandbox past its expiry (the VM and its resources; the record stays). */
@@ -569,7 +589,11 @@ static const struct daemon_stage stages[] = {
 
 static void usage(FILE *out)
 {
-	fprintf(out, "usage: kiln-node [--config FILE]\n\n");
+	fprintf(out, "usage: kiln-node [--config FILE] [drain]\n\n"
+		     "  drain  ask the gateway (gateway_url) to drain this node (node_id): no new\n"
+		     "         sandboxes here, each paused and moved through its tenant's bucket,\n"
+		     "         the running ones resumed on other nodes (an admin key: KILN_ADMIN_KEY\n"
+		     "         or admin_key_file)\n\n");
 	config_help(out);
 }
 
@@ -577,6 +601,7 @@ int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
 	const char *config_path = NULL;
+	bool drain = false;
 	int status = 0;
 
 	for (int i = 1; i < argc; i++) {
@@ -585,6 +610,8 @@ int main(int argc, char **argv)
 			return 0;
 		} else if (!strcmp(argv[i], "--config") && i + 1 < argc) {
 			config_path = argv[++i];
+		} else if (!strcmp(argv[i], "drain")) {
+			drain = true;
 		} else {
 			usage(stderr);
 			return 2;
@@ -597,6 +624,12 @@ int main(int argc, char **argv)
 	log_init("kiln-node", (enum log_level)log_level_parse(node.cfg.log_level),
 		 node.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
+	if (drain) {
+		status = drain_command(&node.cfg);
+		config_release(&node.cfg);
+		curl_global_cleanup();
+		return status;
+	}
 	status = daemon_run(stages, NSTAGES);
 	config_release(&node.cfg);
 	curl_global_cleanup();

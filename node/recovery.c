@@ -2,7 +2,8 @@
  * recovery.c - what a restarted kiln-node does before it serves (recovery.h): the sandboxes its
  * earlier run left running are taken over and paused (their VMs outlive the node), pauses cut
  * short are finished from their files, then every host resource of that run is freed; a sandbox
- * whose state could not be had is recorded as stopped.
+ * whose state could not be had is recorded as stopped. At every heartbeat, the VMs of sandboxes
+ * that are no longer this node's (moved on, or lost while it was marked down) are fenced off.
  */
 #include <glob.h>
 #include <stdio.h>
@@ -374,4 +375,100 @@ static enum kiln_err delete_requested(const struct record *r, void *arg)
 enum kiln_err recovery_deletes(struct node *n, struct kiln_error *err)
 {
 	return record_each(n->pg, n->cfg.node_id, NULL, true, delete_requested, n, err);
+}
+
+/* The running sandboxes of the registry as Postgres arrays: "{id,...}" and "{generation,...}". */
+static bool fence_arrays(struct node *n, char **ids, char **gens)
+{
+	size_t cap = 64, il = 0, gl = 0;
+	bool ok = true;
+
+	*ids = malloc(cap);
+	*gens = malloc(cap);
+	if (!*ids || !*gens)
+		ok = false;
+	pthread_mutex_lock(&n->reg_lock);
+	for (struct sandbox *sb = n->sandboxes; sb && ok; sb = sb->next) {
+		if (sb->state != SB_RUNNING)
+			continue;
+		if (il + sizeof(sb->id) + 2 > cap || gl + 24 > cap) {
+			char *a = realloc(*ids, cap * 2), *b = a ? realloc(*gens, cap * 2) : NULL;
+
+			if (a)
+				*ids = a;
+			if (b)
+				*gens = b;
+			ok = a && b;
+			cap *= 2;
+			if (!ok)
+				break;
+		}
+		il += (size_t)snprintf(*ids + il, cap - il, "%s%s", il ? "," : "{", sb->id);
+		gl += (size_t)snprintf(*gens + gl, cap - gl, "%s%lld", gl ? "," : "{", sb->generation);
+	}
+	pthread_mutex_unlock(&n->reg_lock);
+	if (ok) {
+		snprintf(*ids + il, cap - il, "%s}", il ? "" : "{");
+		snprintf(*gens + gl, cap - gl, "%s}", gl ? "" : "{");
+	}
+	return ok;
+}
+
+int recovery_fence(struct node *n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	char *ids = NULL, *gens = NULL;
+	int fenced = 0;
+	enum kiln_err rc;
+
+	if (!fence_arrays(n, &ids, &gens) || !strcmp(ids, "{}")) {
+		free(ids);
+		free(gens);
+		return 0;
+	}
+	/* Held at this generation, here, live and not lost: anything else is no longer ours. */
+	rc = pg_acquire(n->pg, &c, &err);
+	if (rc == KILN_OK) {
+		rc = PGQ(c, &res, &err,
+			 "SELECT h.id, h.gen FROM unnest($1::text[], $2::bigint[]) AS h(id, gen) "
+			 "WHERE NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.id = h.id "
+			 "AND s.node_id = $3 AND s.generation = h.gen AND s.deleted_at IS NULL "
+			 "AND s.state IN ('creating', 'running', 'paused', 'error'))",
+			 ids, gens, n->cfg.node_id);
+		pg_release(n->pg, c);
+	}
+	if (rc != KILN_OK) {
+		log_warn("cannot check which sandboxes are still this node's: %s", err.msg);
+		free(ids);
+		free(gens);
+		return -1;
+	}
+	free(ids);
+	free(gens);
+	for (int i = 0; i < pg_res_rows(res); i++) {
+		struct sandbox *sb = sb_get(n, pg_res_str(res, i, 0));
+
+		if (!sb)
+			continue;
+		if (pthread_mutex_trylock(&sb->lock) != 0) {
+			sb_put(n, sb);	/* in a lifecycle change: looked at again next time */
+			continue;
+		}
+		if (sb->state == SB_RUNNING && sb->generation == pg_res_int(res, i, 1, -1)) {
+			log_warn("sandbox \"%s\" (generation %lld) is no longer this node's (moved on, "
+				 "lost or deleted while it was away): its VM is stopped and discarded",
+				 sb->id, sb->generation);
+			/* The VMM killed first (sb_release), without a word to it: no QMP round trip
+			 * stands between the fence and the last instruction of the guest. */
+			sb_teardown(n, sb);
+			sb->state = SB_STOPPED;
+			fenced++;
+		}
+		pthread_mutex_unlock(&sb->lock);
+		sb_put(n, sb);
+	}
+	pg_res_free(res);
+	return fenced;
 }

@@ -22,4 +22,14 @@ enum kiln_err recovery_run(struct node *n, struct kiln_error *err);
  */
 enum kiln_err recovery_deletes(struct node *n, struct kiln_error *err);
 
+/*
+ * Fences this node off the sandboxes that are no longer its own: each running VM whose record
+ * moved to another node or a later generation, was marked lost (this node was marked down while
+ * it was away: node_down), or was deleted has its vCPUs stopped and is then discarded with every
+ * host resource it held; it never runs on. The record is not written (it is not this node's).
+ * A sandbox busy in a lifecycle change is looked at again by the next call. Returns how many
+ * were fenced, or -1 when Postgres could not be read (nothing done). Runs with every heartbeat.
+ */
+int recovery_fence(struct node *n);
+
 #endif

@@ -320,6 +320,28 @@ enum kiln_err record_delete_requested(struct pg *pg, struct pg_conn *tx, const c
 	return rc;
 }
 
+enum kiln_err record_nodes_down(struct pg *pg, struct pg_conn *tx, long long after_s, int *marked,
+				struct kiln_error *err)
+{
+	struct pg_conn *c = tx;
+	struct pg_res *res = NULL;
+	char after[24];
+	enum kiln_err rc = KILN_OK;
+
+	snprintf(after, sizeof(after), "%lld", after_s);
+	if (!c)
+		rc = pg_acquire(pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err, "SELECT * FROM nodes_mark_down($1::int)", after);
+	if (rc == KILN_OK && marked)
+		*marked = pg_res_rows(res);
+	pg_res_free(res);
+	if (!tx)
+		pg_release(pg, c);
+	return rc;
+}
+
 #define RECORD_COLUMNS                                                                            \
 	"id, tenant_id, coalesce(node_id, ''), state, coalesce(pause_snapshot, ''), vcpu_milli, "  \
 	"memory_mib, disk_gib, timeout_s, generation, delete_requested_at IS NOT NULL"

@@ -190,4 +190,13 @@ enum kiln_err record_each(struct pg *pg, const char *node_id, const char *states
 			  enum kiln_err (*fn)(const struct record *r, void *arg), void *arg,
 			  struct kiln_error *err);
 
+/*
+ * Marks every node whose heartbeat is older than `after_s` seconds down, and the sandboxes it
+ * was running (or creating) lost with the reason node_down, billed up to its last heartbeat
+ * (nodes_mark_down(), migrations/0019): one statement with row locks, so of two callers that see
+ * a lapse at once one marks it. *marked (may be NULL) gets how many nodes this call marked.
+ */
+enum kiln_err record_nodes_down(struct pg *pg, struct pg_conn *tx, long long after_s, int *marked,
+				struct kiln_error *err);
+
 #endif

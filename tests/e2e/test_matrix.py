@@ -50,8 +50,9 @@ GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
 PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "snap_",
           "template": "tmpl_"}
 # Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
-# reached (and refused) through the sandbox that the path names first.
-PART = {"port": "8000"}
+# reached (and refused) through the sandbox that the path names first. A node is the operator's:
+# a spare one with no room (setUpClass), so that its drain moves nothing of the tenants'.
+PART = {"port": "8000", "node": "matrix-spare"}
 A_FILE = "/root/data.csv"
 
 
@@ -145,6 +146,9 @@ class TenantMatrix(unittest.TestCase):
         cls.stack = kiln.Stack(gateway_env=GENEROUS)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw, cls.db, cls.admin = cls.stack.gw, cls.stack.db, cls.stack.admin
+        cls.db.sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+                   "accelerator, image_hash) VALUES ('matrix-spare', 'unix:/nonexistent', 0, 0, 0, 'qemu', "
+                   "'tcg', '')")
         cls.meter = mt.Meter(cls.db.url, kiln.services_env()["KILN_REDIS_URL"],
                              cls.stack.node.node_id, master_key=cls.gw.master_key)
         cls.addClassCleanup(cls.meter.cleanup)
