@@ -51,7 +51,7 @@ PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "sna
           "template": "tmpl_"}
 # Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
 # reached (and refused) through the sandbox that the path names first.
-PART = {"port": "8000"}
+PART = {"port": "8000", "process": "1"}
 A_FILE = "/root/data.csv"
 
 
