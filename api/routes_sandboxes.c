@@ -655,6 +655,68 @@ static void sandbox_exec(struct http_req *req)
 		forward(req, &sb, "/exec", true);
 }
 
+/* ---- processes: forwarded to the node (docs/sandboxes.md) ---- */
+
+/*
+ * Forwards a processes request of a running sandbox to its node: `what` after the {pid} (NULL
+ * for the collection), with ?replay and ?eof passed on. A {pid} that is not a number is 404 here.
+ */
+static void processes_forward(struct http_req *req, const char *what, bool with_body)
+{
+	const char *pid = http_req_param(req, "pid");
+	const char *replay = http_req_query(req, "replay"), *eof = http_req_query(req, "eof");
+	char suffix[128];
+	struct sb_row sb;
+
+	if (pid && (!pid[0] || strlen(pid) > 10 || strspn(pid, "0123456789") != strlen(pid))) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no process \"%.32s\"", pid);
+		return;
+	}
+	if ((replay && strcmp(replay, "0") && strcmp(replay, "1")) ||
+	    (eof && strcmp(eof, "0") && strcmp(eof, "1"))) {
+		http_reply_error(req, KILN_E_INVALID, "replay and eof are 0 or 1");
+		return;
+	}
+	if (!pid)
+		snprintf(suffix, sizeof(suffix), "/processes");
+	else
+		snprintf(suffix, sizeof(suffix), "/processes/%s/%s%s%s", pid, what,
+			 replay ? (strcmp(replay, "0") ? "?replay=1" : "?replay=0") : "",
+			 eof ? (strcmp(eof, "0") ? "?eof=1" : "?eof=0") : "");
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, suffix, with_body);
+}
+
+static void processes_start(struct http_req *req)
+{
+	processes_forward(req, NULL, true);
+}
+
+static void processes_list(struct http_req *req)
+{
+	processes_forward(req, NULL, false);
+}
+
+static void processes_stream(struct http_req *req)
+{
+	processes_forward(req, "stream", false);
+}
+
+static void processes_stdin(struct http_req *req)
+{
+	processes_forward(req, "stdin", true);
+}
+
+static void processes_signal(struct http_req *req)
+{
+	processes_forward(req, "signal", true);
+}
+
+static void processes_resize(struct http_req *req)
+{
+	processes_forward(req, "resize", true);
+}
+
 /* ---- pause, resume, fork ---- */
 
 static void sandbox_pause(struct http_req *req)
@@ -952,6 +1014,18 @@ static const struct http_route routes[] = {
 	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0,
 	  NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes", processes_start,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/processes", processes_list, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ,
+	  0, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/processes/{pid}/stream", processes_stream,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", processes_stdin,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/signal", processes_signal,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/resize", processes_resize,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/files", files_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL,
 	  0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,

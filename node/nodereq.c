@@ -331,6 +331,89 @@ bad:
 	return rc;
 }
 
+enum kiln_err nodereq_proc(const char *text, size_t len, struct proc_req **out,
+			   struct kiln_error *err)
+{
+	json_error_t jerr;
+	json_t *body = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr), *pty, *v;
+	struct proc_req *p = NULL;
+	enum kiln_err rc;
+	char *rest = NULL;
+	bool timed;
+
+	*out = NULL;
+	if (!body || !json_is_object(body)) {
+		json_decref(body);
+		return kiln_error_set(err, KILN_E_BAD_REQUEST, "the body must be a JSON object");
+	}
+	if (!(p = calloc(1, sizeof(*p))))
+		goto nomem;
+	v = json_object_get(body, "tag");
+	if (v && !json_is_null(v)) {
+		if (!json_is_string(v) || json_string_length(v) > AGENT_MAX_TAG ||
+		    strlen(json_string_value(v)) != json_string_length(v)) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "tag must be a string of at most %d bytes",
+					    AGENT_MAX_TAG);
+			goto bad;
+		}
+		if (!(p->tag = strdup(json_string_value(v))))
+			goto nomem;
+	}
+	pty = json_object_get(body, "pty");
+	if (pty && !json_is_null(pty)) {
+		json_int_t r = json_integer_value(json_object_get(pty, "rows"));
+		json_int_t c = json_integer_value(json_object_get(pty, "cols"));
+
+		if (!json_is_object(pty) || r < 1 || r > AGENT_MAX_PTY_DIM || c < 1 ||
+		    c > AGENT_MAX_PTY_DIM) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "pty must be {\"rows\", \"cols\"}, each 1..%d",
+					    AGENT_MAX_PTY_DIM);
+			goto bad;
+		}
+		p->rows = (unsigned)r;
+		p->cols = (unsigned)c;
+	}
+	if ((v = json_object_get(body, "argv"))) {
+		if (json_object_get(body, "cmd")) {
+			rc = kiln_error_set(err, KILN_E_INVALID, "give one of cmd and argv");
+			goto bad;
+		}
+		json_incref(v);
+		json_object_set_new(body, "cmd", v);
+	}
+	json_object_del(body, "argv");
+	json_object_del(body, "tag");
+	json_object_del(body, "pty");
+	timed = json_object_get(body, "timeout_s") && !json_is_null(json_object_get(body, "timeout_s"));
+	if (!(rest = json_dumps(body, JSON_COMPACT)))
+		goto nomem;
+	rc = nodereq_exec(rest, strlen(rest), &p->e, err);
+	if (rc != KILN_OK)
+		goto bad;
+	if (!timed)
+		p->e->timeout_ms = 0;
+	free(rest);
+	json_decref(body);
+	*out = p;
+	return KILN_OK;
+nomem:
+	rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+bad:
+	free(rest);
+	proc_req_free(p);
+	json_decref(body);
+	return rc;
+}
+
+void proc_req_free(struct proc_req *p)
+{
+	if (!p)
+		return;
+	exec_req_free(p->e);
+	free(p->tag);
+	free(p);
+}
+
 enum kiln_err nodereq_user(const char *name, const char **out, struct kiln_error *err)
 {
 	*out = NULL;

@@ -102,6 +102,22 @@ enum kiln_err nodereq_exec(const char *text, size_t len, struct exec_req **out,
  */
 enum kiln_err nodereq_user(const char *name, const char **out, struct kiln_error *err);
 
+/* A process's start (POST /v1/sandboxes/{id}/processes), parsed. */
+struct proc_req {
+	struct exec_req *e;	/* as nodereq_exec; timeout_ms 0 (none) when timeout_s is absent */
+	char *tag;		/* owned; NULL when none */
+	unsigned rows, cols;	/* a PTY's size, 0 for pipes */
+};
+
+/*
+ * Parses a process start: an exec body (nodereq_exec; `argv` is another name for `cmd`) with tag
+ * (at most 64 bytes), pty {rows, cols} (each 1..1000) and a timeout_s that is none when absent.
+ * The caller frees *out with proc_req_free().
+ */
+enum kiln_err nodereq_proc(const char *text, size_t len, struct proc_req **out,
+			   struct kiln_error *err);
+void proc_req_free(struct proc_req *p);
+
 /* Frees an exec_req. Accepts NULL. */
 void exec_req_free(struct exec_req *e);
 

@@ -1057,6 +1057,451 @@ static void sandbox_exec(struct http_req *req)
 	sb_put(n, sb);
 }
 
+/* ---- processes: detached execs, by pid (docs/sandboxes.md) ---- */
+
+/* Replies for a failed agent_proc_* call: what the guest refused it says; a dead guest is 502. */
+static void proc_fail(struct http_req *req, struct node *n, struct sandbox *sb, enum kiln_err rc,
+		      const struct kiln_error *err)
+{
+	if (rc == KILN_E_RATE_LIMITED)
+		http_reply_header(req, "Retry-After", "1");
+	if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED ||
+	    rc == KILN_E_NOT_FOUND || rc == KILN_E_FORBIDDEN || rc == KILN_E_CONFLICT ||
+	    rc == KILN_E_NOT_IMPLEMENTED || rc == KILN_E_NOMEM) {
+		http_reply_error(req, rc, "%s", err->msg);
+	} else {
+		sandbox_failed(n, sb);
+		http_reply_error(req, KILN_E_SANDBOX_FAILED, "the sandbox stopped answering");
+	}
+}
+
+/* The running sandbox of a processes request and its {pid}; replies and returns NULL otherwise. */
+static struct sandbox *proc_sandbox(struct http_req *req, uint32_t *pid)
+{
+	struct node *n = http_req_app(req);
+	const char *p = http_req_param(req, "pid");
+	struct sandbox *sb;
+	char *end;
+	unsigned long v = 0;
+
+	if (pid) {
+		errno = 0;
+		v = p && p[0] >= '1' && p[0] <= '9' ? strtoul(p, &end, 10) : 0;
+		if (!v || errno || *end || v > 0x7fffffffUL) {
+			http_reply_error(req, KILN_E_NOT_FOUND, "no process \"%s\"", p ? p : "");
+			return NULL;
+		}
+		*pid = (uint32_t)v;
+	}
+	sb = request_sandbox(req);
+	if (sb && !require_running(req, sb)) {
+		sb_put(n, sb);
+		return NULL;
+	}
+	return sb;
+}
+
+/* POST /v1/sandboxes/{id}/processes: starts a detached process; 201 {"pid"}. */
+static void processes_start(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	struct proc_req *pr = NULL;
+	struct agent_proc_req a;
+	struct sandbox *sb;
+	uint32_t pid = 0;
+	enum kiln_err rc;
+	char body[64];
+
+	if (nodereq_proc(text, len, &pr, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	if (!(sb = proc_sandbox(req, NULL))) {
+		proc_req_free(pr);
+		return;
+	}
+	secrets_exec_env(n, sb->id, &pr->e->env);	/* out of memory: as asked */
+	memset(&a, 0, sizeof(a));
+	agent_req_of(pr->e, &a.exec);
+	a.tag = pr->tag;
+	a.rows = (uint16_t)pr->rows;
+	a.cols = (uint16_t)pr->cols;
+	rc = agent_proc_start(sb->agent, &a, &pid, &err);
+	if (rc == KILN_OK) {
+		snprintf(body, sizeof(body), "{\"pid\":%u}", pid);
+		http_reply_data(req, 201, "application/json", body, strlen(body));
+	} else {
+		proc_fail(req, n, sb, rc, &err);
+	}
+	proc_req_free(pr);
+	sb_put(n, sb);
+}
+
+/* Appends a JSON array of the strings of `v` to `arr`; false when out of memory. */
+static bool json_strv(json_t *arr, char **v)
+{
+	for (size_t i = 0; v && v[i]; i++) {
+		/* guest bytes: invalid UTF-8 cannot be a JSON string, so it is shown as \ufffd */
+		json_t *s = json_stringn(v[i], strlen(v[i]));
+
+		if (!s)
+			s = json_string("\xef\xbf\xbd");
+		if (!s || json_array_append_new(arr, s) < 0)
+			return false;
+	}
+	return true;
+}
+
+static int list_entry(void *ctx, const struct agent_proc_info *p)
+{
+	json_t *arr = ctx, *o = json_object(), *argv = json_array(), *env = json_array();
+
+	if (!o || !argv || !env || !json_strv(argv, p->argv) || !json_strv(env, p->env_names)) {
+		json_decref(o);
+		json_decref(argv);
+		json_decref(env);
+		return -1;
+	}
+	json_object_set_new(o, "pid", json_integer(p->pid));
+	json_object_set_new(o, "tag", json_stringn(p->tag, strlen(p->tag)) ? json_stringn(p->tag, strlen(p->tag)) : json_string(""));
+	json_object_set_new(o, "argv", argv);
+	json_object_set_new(o, "env", env);
+	json_object_set_new(o, "cwd", json_stringn(p->cwd, strlen(p->cwd)) ? json_stringn(p->cwd, strlen(p->cwd)) : json_string(""));
+	json_object_set_new(o, "pty", json_boolean(p->pty));
+	json_object_set_new(o, "running", json_boolean(p->running));
+	json_object_set_new(o, "exit_code", p->running ? json_null() : json_integer(p->exit_code));
+	return json_array_append_new(arr, o) < 0 ? -1 : 0;
+}
+
+/* GET /v1/sandboxes/{id}/processes: the processes the guest keeps, running and ended. */
+static void processes_list(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct sandbox *sb = proc_sandbox(req, NULL);
+	json_t *arr, *o;
+	enum kiln_err rc;
+	char *text;
+
+	if (!sb)
+		return;
+	arr = json_array();
+	rc = arr ? agent_proc_list(sb->agent, list_entry, arr, &err)
+		 : kiln_error_set(&err, KILN_E_NOMEM, "out of memory");
+	if (rc == KILN_OK) {
+		o = json_object();
+		if (o && json_object_set(o, "processes", arr) == 0 &&
+		    (text = json_dumps(o, JSON_COMPACT))) {
+			http_reply_data(req, 200, "application/json", text, strlen(text));
+			free(text);
+		} else {
+			http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		}
+		json_decref(o);
+	} else {
+		proc_fail(req, n, sb, rc, &err);
+	}
+	json_decref(arr);
+	sb_put(n, sb);
+}
+
+struct attach_job {
+	char request_id[24];
+	struct node *n;
+	struct sandbox *sb;	/* a reference */
+	uint32_t pid;
+	bool replay;
+	struct pump *p;
+	struct jtext out, err;
+	int idle;		/* seconds of silence since the last line */
+};
+
+#define ATTACH_KEEPALIVE_S 10	/* a keepalive line after this much silence finds a client gone */
+
+/* Sends `n` bytes of output (n <= SSE_CHUNK) as one NDJSON line; `final` flushes a held sequence. */
+static int attach_line(struct attach_job *j, enum agent_stream s, const uint8_t *data, size_t n,
+		       bool final)
+{
+	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
+
+	buf_reset(&t->b);
+	buf_appendf(&t->b, "{\"type\":\"%s\",\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
+	t->base = t->b.len;
+	jtext_add(t, data, n, final);
+	if (t->b.len == t->base)
+		return 0;
+	buf_appends(&t->b, "\"}\n");
+	return pump_write(j->p, t->b.data, t->b.len);
+}
+
+static int attach_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
+{
+	struct attach_job *j = ctx;
+
+	if (!len) {
+		if (++j->idle < ATTACH_KEEPALIVE_S)
+			return 0;
+		j->idle = 0;
+		return pump_write(j->p, "{\"type\":\"keepalive\"}\n", 21) < 0 ? -1 : 0;
+	}
+	j->idle = 0;
+	while (len > 0) {
+		size_t n = len < SSE_CHUNK ? len : SSE_CHUNK;
+
+		if (attach_line(j, s, data, n, false) < 0)
+			return -1;	/* the client left: the process goes on */
+		data += n;
+		len -= n;
+	}
+	return 0;
+}
+
+static void attach_produce(struct pump *p, void *ctx)
+{
+	struct attach_job *j = ctx;
+	struct agent_exec_result r = { 0 };
+	struct kiln_error err = { 0 };
+	uint64_t dropped = 0;
+	enum kiln_err rc;
+	char line[2048];
+
+	j->p = p;
+	pump_ready(p, 200, "application/x-ndjson");
+	snprintf(line, sizeof(line), "{\"type\":\"start\",\"pid\":%u}\n", j->pid);
+	if (pump_write(p, line, strlen(line)) < 0)
+		return;
+	rc = agent_proc_attach(j->sb->agent, j->pid, j->replay, attach_output, j, &dropped, &r, &err);
+	if (rc == KILN_OK) {
+		attach_line(j, AGENT_STDOUT, (const uint8_t *)"", 0, true);
+		attach_line(j, AGENT_STDERR, (const uint8_t *)"", 0, true);
+		snprintf(line, sizeof(line),
+			 "{\"type\":\"exit\",\"exit_code\":%d,\"signal\":%d,\"timed_out\":%s,"
+			 "\"duration_ms\":%llu,\"dropped_bytes\":%llu}\n",
+			 r.exit_code, r.signal, r.timed_out ? "true" : "false",
+			 (unsigned long long)r.duration_ms, (unsigned long long)dropped);
+	} else if (rc == KILN_E_IO) {
+		return;	/* the client left */
+	} else {
+		bool told = rc == KILN_E_NOT_FOUND || rc == KILN_E_CONFLICT || rc == KILN_E_NOT_IMPLEMENTED;
+		json_t *msg = json_string(told ? err.msg : "the attach failed");
+		char *m = msg ? json_dumps(msg, JSON_ENCODE_ANY) : NULL;
+
+		if (rc == KILN_E_SANDBOX_FAILED)
+			sandbox_failed(j->n, j->sb);
+		snprintf(line, sizeof(line),
+			 "{\"type\":\"error\",\"error\":{\"code\":\"%s\",\"message\":%s,\"request_id\":\"%s\"}}\n",
+			 kiln_err_name(http_status_of(rc) == 500 ? KILN_E_INTERNAL : rc),
+			 m ? m : "\"the attach failed\"", j->request_id);
+		free(m);
+		json_decref(msg);
+	}
+	pump_write(p, line, strlen(line));
+}
+
+static void attach_free(void *ctx)
+{
+	struct attach_job *j = ctx;
+
+	exec_leave(j->n, j->sb);
+	exec_mem_give(j->n, SSE_WINDOW);
+	buf_release(&j->out.b);
+	buf_release(&j->err.b);
+	sb_put(j->n, j->sb);
+	free(j);
+}
+
+/*
+ * GET /v1/sandboxes/{id}/processes/{pid}/stream[?replay=0]: NDJSON of the process's output (the
+ * buffered tail first, unless replay=0) and its exit. Counted as an exec (exec_max_per_*) and in
+ * the node's exec memory while it streams. A client that leaves only detaches.
+ */
+static void processes_stream(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	const char *replay = http_req_query(req, "replay");
+	struct attach_job *j;
+	struct sandbox *sb;
+	struct pump *p;
+	uint32_t pid;
+
+	if (replay && strcmp(replay, "0") && strcmp(replay, "1")) {
+		http_reply_error(req, KILN_E_INVALID, "replay must be 0 or 1");
+		return;
+	}
+	if (!(sb = proc_sandbox(req, &pid)))
+		return;
+	if (!exec_enter(req, n, sb)) {
+		sb_put(n, sb);
+		return;
+	}
+	if (!exec_mem_admit(req, n, SSE_WINDOW)) {
+		exec_leave(n, sb);
+		sb_put(n, sb);
+		return;
+	}
+	if (!(j = calloc(1, sizeof(*j)))) {
+		exec_mem_give(n, SSE_WINDOW);
+		exec_leave(n, sb);
+		sb_put(n, sb);
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	snprintf(j->request_id, sizeof(j->request_id), "%s", http_req_id(req));
+	j->n = n;
+	j->sb = sb;
+	j->pid = pid;
+	j->replay = !replay || strcmp(replay, "0") != 0;
+	jtext_init(&j->out, SSE_CHUNK * 6 + 16, NULL, NULL);
+	jtext_init(&j->err, SSE_CHUNK * 6 + 16, NULL, NULL);
+	j->out.b.max = j->err.b.max = SSE_EVENT_MAX;
+	p = pump_start(attach_produce, j, attach_free);
+	if (!p) {
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+		return;
+	}
+	pump_wait_ready(p, NULL, 0);
+	http_reply_stream(req, 200, "application/x-ndjson", pump_read, p, pump_release);
+}
+
+#define PROC_STDIN_BODY_MAX (1u << 20)	/* bytes of one stdin request */
+
+/* POST /v1/sandboxes/{id}/processes/{pid}/stdin[?eof=1]: the body's bytes to its stdin; 204. */
+static void processes_stdin(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	const char *eof = http_req_query(req, "eof");
+	size_t len, off = 0;
+	const char *body = http_req_body(req, &len);
+	enum kiln_err rc = KILN_OK;
+	struct sandbox *sb;
+	uint32_t pid;
+
+	if (eof && strcmp(eof, "0") && strcmp(eof, "1")) {
+		http_reply_error(req, KILN_E_INVALID, "eof must be 0 or 1");
+		return;
+	}
+	if (len > PROC_STDIN_BODY_MAX) {
+		http_reply_error(req, KILN_E_TOO_LARGE, "stdin of at most %u bytes at once",
+				 PROC_STDIN_BODY_MAX);
+		return;
+	}
+	if (!(sb = proc_sandbox(req, &pid)))
+		return;
+	bool end = eof && !strcmp(eof, "1");
+
+	do {
+		size_t k = len - off < AGENT_PROC_STDIN_CHUNK ? len - off : AGENT_PROC_STDIN_CHUNK;
+
+		rc = agent_proc_stdin(sb->agent, pid, body + off, k, end && off + k == len, &err);
+		off += k;
+	} while (rc == KILN_OK && off < len);
+	if (rc == KILN_OK)
+		http_reply_empty(req, 204);
+	else
+		proc_fail(req, n, sb, rc, &err);
+	sb_put(n, sb);
+}
+
+/* A signal's name (SIGTERM or TERM) or number; 0 when unknown. */
+static int signal_of(const json_t *v)
+{
+	static const struct {
+		const char *name;
+		int no;
+	} sigs[] = { { "HUP", 1 }, { "INT", 2 },	{ "QUIT", 3 },	{ "KILL", 9 }, { "USR1", 10 },
+		     { "USR2", 12 }, { "TERM", 15 }, { "CONT", 18 }, { "STOP", 19 }, { "WINCH", 28 } };
+	const char *s;
+
+	if (json_is_integer(v))
+		return json_integer_value(v) >= 1 && json_integer_value(v) <= 64 ? (int)json_integer_value(v) : 0;
+	if (!json_is_string(v))
+		return 0;
+	s = json_string_value(v);
+	if (!strncmp(s, "SIG", 3))
+		s += 3;
+	for (size_t i = 0; i < sizeof(sigs) / sizeof(sigs[0]); i++)
+		if (!strcmp(s, sigs[i].name))
+			return sigs[i].no;
+	return 0;
+}
+
+/* POST /v1/sandboxes/{id}/processes/{pid}/signal {"signal"}: 204. */
+static void processes_signal(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "signal", JF_ANY, true, 0 } };
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL;
+	struct sandbox *sb;
+	enum kiln_err rc;
+	uint32_t pid;
+	int sig;
+
+	if (json_parse_body(text, len, fields, 1, &body, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	sig = signal_of(json_object_get(body, "signal"));
+	json_decref(body);
+	if (!sig) {
+		http_reply_error(req, KILN_E_INVALID, "signal must be a signal's name (SIGTERM, SIGKILL, "
+				 "SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGCONT, SIGSTOP, SIGWINCH) or "
+				 "number 1..64");
+		return;
+	}
+	if (!(sb = proc_sandbox(req, &pid)))
+		return;
+	rc = agent_proc_signal(sb->agent, pid, sig, &err);
+	if (rc == KILN_OK)
+		http_reply_empty(req, 204);
+	else
+		proc_fail(req, n, sb, rc, &err);
+	sb_put(n, sb);
+}
+
+/* POST /v1/sandboxes/{id}/processes/{pid}/resize {"rows", "cols"}: a PTY's new size; 204. */
+static void processes_resize(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "rows", JF_INT, true, 0 },
+						    { "cols", JF_INT, true, 0 } };
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len);
+	json_t *body = NULL;
+	struct sandbox *sb;
+	enum kiln_err rc;
+	long long rows, cols;
+	uint32_t pid;
+
+	if (json_parse_body(text, len, fields, 2, &body, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		return;
+	}
+	rows = json_int(body, "rows", 0);
+	cols = json_int(body, "cols", 0);
+	json_decref(body);
+	if (rows < 1 || rows > AGENT_PROC_PTY_MAX || cols < 1 || cols > AGENT_PROC_PTY_MAX) {
+		http_reply_error(req, KILN_E_INVALID, "rows and cols must be from 1 to %d",
+				 AGENT_PROC_PTY_MAX);
+		return;
+	}
+	if (!(sb = proc_sandbox(req, &pid)))
+		return;
+	rc = agent_proc_resize(sb->agent, pid, (uint16_t)rows, (uint16_t)cols, &err);
+	if (rc == KILN_OK)
+		http_reply_empty(req, 204);
+	else
+		proc_fail(req, n, sb, rc, &err);
+	sb_put(n, sb);
+}
+
 /* ---- files ---- */
 
 /*
@@ -1604,6 +2049,16 @@ const struct http_route node_routes[] = {
 	{ "DELETE", "/v1/sandboxes/{id}", sandbox_delete, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/timeout", sandbox_timeout, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/exec", sandbox_exec, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes", processes_start, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/processes", processes_list, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/processes/{pid}/stream", processes_stream, TOKEN, HTTP_BODY_BUFFER,
+	  NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/stdin", processes_stdin, TOKEN, HTTP_BODY_BUFFER,
+	  NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/signal", processes_signal, TOKEN,
+	  HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/resize", processes_resize, TOKEN,
+	  HTTP_BODY_BUFFER, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/ports/{port}/stream", ports_stream, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, TOKEN, HTTP_BODY_STREAM, upload_sink,
 	  FILE_MAX },

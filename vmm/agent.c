@@ -435,6 +435,9 @@ static enum kiln_err guest_error(struct agent *a, const struct frame *f, struct 
 	case AGENT_S_DENIED:
 		code = KILN_E_FORBIDDEN;
 		break;
+	case AGENT_S_TAKEN_OVER:
+		code = KILN_E_CONFLICT;
+		break;
 	case AGENT_S_PROTO:
 	case AGENT_S_EXISTS:
 	case AGENT_S_INTERNAL:
@@ -629,18 +632,12 @@ static bool encode_exec(struct agent_wr *w, const struct agent_exec_req *req, si
 	return !w->overflow;
 }
 
-enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
-			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
-			 struct kiln_error *err)
+/* Checks an exec request's fields and counts argv and env; KILN_OK or KILN_E_INVALID. */
+static enum kiln_err exec_check(const struct agent_exec_req *req, size_t *argcp, size_t *envcp,
+				struct kiln_error *err)
 {
-	struct call *c = NULL;
-	struct frame *f = NULL;
-	uint8_t *payload = NULL;
-	struct agent_wr w;
 	size_t argc = 0, envc = 0;
-	enum kiln_err rc;
 
-	memset(res, 0, sizeof(*res));
 	if (!req->shell)
 		while (req->argv && req->argv[argc])
 			argc++;
@@ -657,6 +654,25 @@ enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
 		return kiln_error_set(err, KILN_E_INVALID, "cwd must be an absolute path");
 	if (req->user && !agent_user_ok(req->user, strlen(req->user)))
 		return kiln_error_set(err, KILN_E_INVALID, "user must be a user name");
+	*argcp = argc;
+	*envcp = envc;
+	return KILN_OK;
+}
+
+enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
+			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
+			 struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t *payload = NULL;
+	struct agent_wr w;
+	size_t argc = 0, envc = 0;
+	enum kiln_err rc;
+
+	memset(res, 0, sizeof(*res));
+	if ((rc = exec_check(req, &argc, &envc, err)))
+		return rc;
 	agent_wr_init(&w, NULL, 0);
 	encode_exec(&w, req, argc, envc);
 	if (w.len > AGENT_MAX_PAYLOAD)
@@ -1319,4 +1335,368 @@ void agent_port_close(struct agent_port *p)
 	free(p->cur);
 	call_end(p->a, p->c);
 	free(p);
+}
+
+/* --- detached processes (version 3) --- */
+
+/* KILN_OK when the agent serves the PROC_* frames; refuses before anything is sent otherwise. */
+static enum kiln_err procs_supported(struct agent *a, struct kiln_error *err)
+{
+	unsigned major;
+
+	pthread_mutex_lock(&a->lock);
+	major = a->agent_major;
+	pthread_mutex_unlock(&a->lock);
+	if (major < AGENT_PROCS_MIN_VERSION)
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED,
+				      "the sandbox's agent (version %u) predates processes (version %u): "
+				      "recreate the sandbox from a current image", major,
+				      AGENT_PROCS_MIN_VERSION);
+	return KILN_OK;
+}
+
+/*
+ * Sends one request and waits (the io timeout) for its OK, whose value goes to *v (may be NULL),
+ * or its ERROR. Any other frame breaks the protocol.
+ */
+static enum kiln_err simple_call(struct agent *a, uint8_t type, uint16_t flags, const void *payload,
+				 size_t len, uint64_t *v, struct kiln_error *err)
+{
+	struct call *c = call_begin(a);
+	struct frame *f = NULL;
+	enum kiln_err rc;
+	uint64_t val;
+	int wrc;
+
+	if (!c)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = send_frame(a, type, flags, c->id, payload, len, err);
+	if (rc)
+		goto cleanup;
+	wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
+	if (wrc < 0) {
+		rc = wait_error(a, wrc, err);
+		goto cleanup;
+	}
+	if (f->type == AGENT_T_ERROR) {
+		rc = guest_error(a, f, err);
+	} else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &val) < 0) {
+		rc = protocol_violation(a, "bad reply to a process request", err);
+	} else {
+		if (v)
+			*v = val;
+		rc = KILN_OK;
+	}
+cleanup:
+	free(f);
+	call_end(a, c);
+	return rc;
+}
+
+enum kiln_err agent_proc_start(struct agent *a, const struct agent_proc_req *req, uint32_t *pid,
+			       struct kiln_error *err)
+{
+	const struct agent_exec_req *x = &req->exec;
+	size_t argc = 0, envc = 0;
+	uint8_t *payload = NULL;
+	struct agent_wr w;
+	enum kiln_err rc;
+	uint64_t v = 0;
+	bool pty = req->rows || req->cols;
+	uint16_t flags = AGENT_EXEC_F_DETACHED | (x->shell ? AGENT_EXEC_F_SHELL : 0) |
+			 (pty ? AGENT_EXEC_F_PTY : 0);
+
+	*pid = 0;
+	if ((rc = procs_supported(a, err)) || (rc = exec_check(x, &argc, &envc, err)))
+		return rc;
+	if (req->tag && (strlen(req->tag) > AGENT_MAX_TAG))
+		return kiln_error_set(err, KILN_E_INVALID, "a tag is at most %d bytes", AGENT_MAX_TAG);
+	if (pty && (req->rows < 1 || req->rows > AGENT_PROC_PTY_MAX || req->cols < 1 ||
+		    req->cols > AGENT_PROC_PTY_MAX))
+		return kiln_error_set(err, KILN_E_INVALID, "a PTY's rows and cols are 1..%d",
+				      AGENT_PROC_PTY_MAX);
+	for (int pass = 0; pass < 2; pass++) {
+		agent_wr_init(&w, payload, payload ? w.len : 0);
+		agent_wr_u32(&w, x->timeout_ms);
+		agent_wr_str(&w, x->cwd ? x->cwd : "");
+		if (x->shell) {
+			agent_wr_u32(&w, 1);
+			agent_wr_str(&w, x->shell);
+		} else {
+			agent_wr_u32(&w, (uint32_t)argc);
+			for (size_t i = 0; i < argc; i++)
+				agent_wr_str(&w, x->argv[i]);
+		}
+		agent_wr_u32(&w, (uint32_t)envc);
+		for (size_t i = 0; i < envc; i++)
+			agent_wr_str(&w, x->env[i]);
+		agent_wr_bytes(&w, x->stdin_data, x->stdin_len);
+		agent_wr_str(&w, x->user ? x->user : "");
+		agent_wr_str(&w, req->tag ? req->tag : "");
+		agent_wr_u16(&w, req->rows);
+		agent_wr_u16(&w, req->cols);
+		if (pass == 0) {
+			if (w.len > AGENT_MAX_PAYLOAD)
+				return kiln_error_set(err, KILN_E_TOO_LARGE,
+						      "process request of %zu bytes over the %u cap",
+						      w.len, AGENT_MAX_PAYLOAD);
+			if (!(payload = malloc(w.len)))
+				return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		}
+	}
+	rc = simple_call(a, AGENT_T_EXEC, flags, payload, w.len, &v, err);
+	free(payload);
+	if (rc == KILN_OK && (v == 0 || v > 0x7fffffff))
+		rc = protocol_violation(a, "bad pid from the guest", err);
+	if (rc == KILN_OK)
+		*pid = (uint32_t)v;
+	return rc;
+}
+
+enum kiln_err agent_proc_attach(struct agent *a, uint32_t pid, bool replay,
+				agent_output_fn on_output, void *ctx, uint64_t *dropped,
+				struct agent_exec_result *res, struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t payload[5];
+	struct agent_wr w;
+	enum kiln_err rc;
+	bool acked = false;
+	int64_t deadline;
+
+	memset(res, 0, sizeof(*res));
+	if (dropped)
+		*dropped = 0;
+	if ((rc = procs_supported(a, err)))
+		return rc;
+	if (!(c = call_begin(a)))
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, pid);
+	agent_wr_u8(&w, replay ? 1 : 0);
+	rc = send_frame(a, AGENT_T_PROC_ATTACH, 0, c->id, payload, w.len, err);
+	if (rc)
+		goto cleanup;
+	deadline = mono_ms() + a->io_timeout_ms;
+	for (;;) {
+		int wrc = call_next(a, c, acked ? mono_ms() + 1000 : deadline, &f);
+
+		if (wrc == -ETIMEDOUT && acked) {
+			/* a second of silence: the caller may have lost its client */
+			if (on_output && on_output(ctx, AGENT_STDOUT, NULL, 0) != 0) {
+				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+				rc = kiln_error_set(err, KILN_E_IO, "attach consumer stopped");
+				goto cleanup;
+			}
+			continue;
+		}
+		if (wrc < 0) {
+			rc = wait_error(a, wrc, err);
+			goto cleanup;
+		}
+		if (!acked) {
+			uint64_t d;
+
+			if (f->type == AGENT_T_ERROR) {
+				rc = guest_error(a, f, err);
+				goto cleanup;
+			}
+			if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &d) < 0) {
+				rc = protocol_violation(a, "bad reply to an attach", err);
+				goto cleanup;
+			}
+			if (dropped)
+				*dropped = d;
+			acked = true;
+		} else if (f->type == AGENT_T_STDOUT || f->type == AGENT_T_STDERR) {
+			enum agent_stream s = f->type == AGENT_T_STDOUT ? AGENT_STDOUT : AGENT_STDERR;
+
+			*(s == AGENT_STDOUT ? &res->stdout_bytes : &res->stderr_bytes) += f->len;
+			if (on_output && f->len && on_output(ctx, s, f->data, f->len) != 0) {
+				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+				rc = kiln_error_set(err, KILN_E_IO, "attach consumer stopped");
+				goto cleanup;
+			}
+		} else if (f->type == AGENT_T_EXIT) {
+			struct agent_exit_msg m;
+
+			if (agent_parse_exit(f->data, f->len, &m) < 0) {
+				rc = protocol_violation(a, "malformed exit frame", err);
+				goto cleanup;
+			}
+			res->exit_code = m.exit_code;
+			res->signal = (int)m.signal;
+			res->timed_out = m.timed_out;
+			res->duration_ms = m.duration_ms;
+			rc = KILN_OK;
+			goto cleanup;
+		} else if (f->type == AGENT_T_ERROR) {
+			rc = guest_error(a, f, err);
+			goto cleanup;
+		} else {
+			rc = protocol_violation(a, "unexpected frame during an attach", err);
+			goto cleanup;
+		}
+		free(f);
+		f = NULL;
+	}
+cleanup:
+	free(f);
+	call_end(a, c);
+	return rc;
+}
+
+/* Copies `n` strings of a list the parser checked into a NULL-terminated vector; NULL: no memory. */
+static char **list_dup(const struct agent_bytes *raw, uint32_t n)
+{
+	char **v = calloc((size_t)n + 1, sizeof(*v));
+	struct agent_rd r;
+
+	if (!v)
+		return NULL;
+	agent_rd_init(&r, raw->p, raw->len);
+	for (uint32_t i = 0; i < n; i++) {
+		struct agent_bytes b = agent_list_next(&r);
+
+		if (!(v[i] = strndup(b.p ? (const char *)b.p : "", b.len))) {
+			for (uint32_t k = 0; k < i; k++)
+				free(v[k]);
+			free(v);
+			return NULL;
+		}
+	}
+	return v;
+}
+
+static void strv_free(char **v)
+{
+	for (size_t i = 0; v && v[i]; i++)
+		free(v[i]);
+	free(v);
+}
+
+enum kiln_err agent_proc_list(struct agent *a, agent_proc_fn fn, void *ctx, struct kiln_error *err)
+{
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	enum kiln_err rc, nomem = KILN_OK;
+	bool stop = false;
+	unsigned count = 0;
+
+	if ((rc = procs_supported(a, err)))
+		return rc;
+	if (!(c = call_begin(a)))
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = send_frame(a, AGENT_T_PROC_LIST, 0, c->id, NULL, 0, err);
+	if (rc)
+		goto cleanup;
+	for (;;) {
+		int wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
+		uint64_t n;
+
+		if (wrc < 0) {
+			rc = wait_error(a, wrc, err);
+			goto cleanup;
+		}
+		if (f->type == AGENT_T_ERROR) {
+			rc = guest_error(a, f, err);
+			goto cleanup;
+		}
+		if (f->type == AGENT_T_OK) {
+			rc = agent_parse_u64(f->data, f->len, &n) < 0 || n != count
+				     ? protocol_violation(a, "bad end of a process list", err)
+				     : KILN_OK;
+			goto cleanup;
+		}
+		struct agent_proc_entry_msg m;
+
+		if (f->type != AGENT_T_PROC_ENTRY || agent_parse_proc_entry(f->data, f->len, &m) < 0 ||
+		    ++count > AGENT_PROC_MAX) {
+			rc = protocol_violation(a, "bad process list entry", err);
+			goto cleanup;
+		}
+		if (!stop && fn) {
+			char *tag = strndup(m.tag.p ? (const char *)m.tag.p : "", m.tag.len);
+			char *cwd = strndup(m.cwd.p ? (const char *)m.cwd.p : "", m.cwd.len);
+			char **argv = list_dup(&m.argv_raw, m.argc);
+			char **envn = list_dup(&m.env_raw, m.envc);
+
+			if (!tag || !cwd || !argv || !envn) {
+				stop = true;
+				nomem = KILN_E_NOMEM;
+			} else {
+				struct agent_proc_info pi = { m.pid, m.running, m.pty, m.exit_code,
+							      tag, cwd, argv, envn };
+
+				stop = fn(ctx, &pi) != 0;
+			}
+			free(tag);
+			free(cwd);
+			strv_free(argv);
+			strv_free(envn);
+		}
+		free(f);
+		f = NULL;
+	}
+cleanup:
+	free(f);
+	call_end(a, c);
+	if (rc == KILN_OK && nomem)
+		rc = kiln_error_set(err, nomem, "out of memory");
+	return rc;
+}
+
+enum kiln_err agent_proc_signal(struct agent *a, uint32_t pid, int signo, struct kiln_error *err)
+{
+	uint8_t payload[8];
+	struct agent_wr w;
+	enum kiln_err rc;
+
+	if ((rc = procs_supported(a, err)))
+		return rc;
+	if (signo < 1 || signo > 64)
+		return kiln_error_set(err, KILN_E_INVALID, "signal %d is not 1..64", signo);
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, pid);
+	agent_wr_u32(&w, (uint32_t)signo);
+	return simple_call(a, AGENT_T_PROC_SIGNAL, 0, payload, w.len, NULL, err);
+}
+
+enum kiln_err agent_proc_stdin(struct agent *a, uint32_t pid, const void *data, size_t len,
+			       bool eof, struct kiln_error *err)
+{
+	uint8_t payload[9 + AGENT_PROC_STDIN_CHUNK];
+	struct agent_wr w;
+	enum kiln_err rc;
+
+	if ((rc = procs_supported(a, err)))
+		return rc;
+	if (len > AGENT_PROC_STDIN_CHUNK)
+		return kiln_error_set(err, KILN_E_TOO_LARGE, "stdin of %zu bytes at once over the %u cap",
+				      len, AGENT_PROC_STDIN_CHUNK);
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, pid);
+	agent_wr_u8(&w, eof ? 1 : 0);
+	agent_wr_bytes(&w, data, len);
+	return simple_call(a, AGENT_T_PROC_STDIN, 0, payload, w.len, NULL, err);
+}
+
+enum kiln_err agent_proc_resize(struct agent *a, uint32_t pid, uint16_t rows, uint16_t cols,
+				struct kiln_error *err)
+{
+	uint8_t payload[8];
+	struct agent_wr w;
+	enum kiln_err rc;
+
+	if ((rc = procs_supported(a, err)))
+		return rc;
+	if (rows < 1 || rows > AGENT_PROC_PTY_MAX || cols < 1 || cols > AGENT_PROC_PTY_MAX)
+		return kiln_error_set(err, KILN_E_INVALID, "a PTY's rows and cols are 1..%d",
+				      AGENT_PROC_PTY_MAX);
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, pid);
+	agent_wr_u16(&w, rows);
+	agent_wr_u16(&w, cols);
+	return simple_call(a, AGENT_T_PROC_RESIZE, 0, payload, w.len, NULL, err);
 }

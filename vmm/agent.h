@@ -224,6 +224,78 @@ void agent_port_abort(struct agent_port *p);
 /* Ends the stream (cancelling it in the guest unless both sides ended cleanly) and frees it. */
 void agent_port_close(struct agent_port *p);
 
+/*
+ * Detached processes (agents of version 3, "kiln-agent/3", and later; an older agent gives
+ * KILN_E_NOT_IMPLEMENTED without anything sent, since its decoder would end the session). A
+ * process outlives the request that started it, until it ends, its timeout passes or a signal
+ * kills it; the guest keeps its last AGENT_PROC_RING_BYTES of output for a later attach. Processes
+ * are named by their pid in the guest. Each call below waits at most the io timeout for the
+ * guest's answer (an attach: for its first answer) and gives KILN_E_NOT_FOUND for a pid the guest
+ * does not keep.
+ */
+#define AGENT_PROC_RING_BYTES (1u << 20)	/* the guest's per-process output ring */
+#define AGENT_PROC_MAX 32			/* processes a guest keeps, running or ended */
+#define AGENT_PROC_STDIN_CHUNK 65536		/* bytes of one agent_proc_stdin() call, at most */
+#define AGENT_PROC_PTY_MAX 1000			/* rows or columns of a PTY */
+
+struct agent_proc_req {
+	struct agent_exec_req exec;	/* stdin_data is the first stdin; timeout_ms its lifetime */
+	const char *tag;		/* <= 64 bytes, no NUL; NULL: none */
+	uint16_t rows, cols;		/* both 1..AGENT_PROC_PTY_MAX for a PTY, both 0 for pipes */
+};
+
+/*
+ * Starts a detached process and stores its pid. Errors as agent_exec(), KILN_E_RATE_LIMITED also
+ * when the guest keeps AGENT_PROC_MAX processes that all still run.
+ */
+enum kiln_err agent_proc_start(struct agent *a, const struct agent_proc_req *req, uint32_t *pid,
+			       struct kiln_error *err);
+
+/*
+ * Streams process `pid`'s output to `on_output` until it ends, then fills `res` (duration and
+ * byte counts as agent_exec's). With `replay` the output the guest kept comes first (*dropped
+ * (may be NULL) is how many bytes of the process's output the guest had to drop before it); without,
+ * only what comes next. On a second of silence `on_output` is called with len 0 so the caller may
+ * stop (a client gone). When `on_output` returns non-zero the attach ends (KILN_E_IO) and the
+ * process goes on. KILN_E_CONFLICT when a later attach took the process over.
+ */
+enum kiln_err agent_proc_attach(struct agent *a, uint32_t pid, bool replay,
+				agent_output_fn on_output, void *ctx, uint64_t *dropped,
+				struct agent_exec_result *res, struct kiln_error *err);
+
+/* One process as agent_proc_list() reports it; everything valid during the callback only. */
+struct agent_proc_info {
+	uint32_t pid;
+	bool running;
+	bool pty;
+	int exit_code;		/* -1 while it runs */
+	const char *tag;	/* "" when none */
+	const char *cwd;
+	char **argv;		/* NULL-terminated, as run (shell code as /bin/sh -c CODE) */
+	char **env_names;	/* NULL-terminated names of the env it was given */
+};
+
+/* Returns 0 to go on; anything else stops the listing (the call still reads the guest's reply). */
+typedef int (*agent_proc_fn)(void *ctx, const struct agent_proc_info *p);
+
+/* Lists the processes the guest keeps, running and ended, calling `fn` for each. */
+enum kiln_err agent_proc_list(struct agent *a, agent_proc_fn fn, void *ctx, struct kiln_error *err);
+
+/* Sends signal `signo` (1..64) to process `pid`'s process group. */
+enum kiln_err agent_proc_signal(struct agent *a, uint32_t pid, int signo, struct kiln_error *err);
+
+/*
+ * Queues `len` (<= AGENT_PROC_STDIN_CHUNK) bytes for process `pid`'s stdin, then with `eof`
+ * closes it (a PTY gets ^D instead). KILN_E_RATE_LIMITED when the process has too much unread
+ * (256 KiB), KILN_E_INVALID when its stdin is closed.
+ */
+enum kiln_err agent_proc_stdin(struct agent *a, uint32_t pid, const void *data, size_t len,
+			       bool eof, struct kiln_error *err);
+
+/* Resizes process `pid`'s PTY. KILN_E_INVALID for a process without one. */
+enum kiln_err agent_proc_resize(struct agent *a, uint32_t pid, uint16_t rows, uint16_t cols,
+				struct kiln_error *err);
+
 /* Closes the connection, stops the reader thread and frees `a`. Accepts NULL. No call may be
  * running on `a`. */
 void agent_free(struct agent *a);

@@ -52,7 +52,7 @@ PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "sna
 # Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
 # reached (and refused) through the sandbox that the path names first. A node is the operator's:
 # a spare one with no room (setUpClass), so that its drain moves nothing of the tenants'.
-PART = {"port": "8000", "node": "matrix-spare"}
+PART = {"port": "8000", "node": "matrix-spare", "process": "1"}
 A_FILE = "/root/data.csv"
 
 

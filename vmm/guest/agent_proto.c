@@ -53,6 +53,7 @@ bool agent_type_from_guest(uint8_t type)
 	case AGENT_T_STDOUT:
 	case AGENT_T_STDERR:
 	case AGENT_T_EXIT:
+	case AGENT_T_PROC_ENTRY:
 	case AGENT_T_STREAM_DATA:
 	case AGENT_T_STREAM_WINDOW:
 	case AGENT_T_STREAM_END:
@@ -75,6 +76,11 @@ bool agent_type_from_host(uint8_t type)
 	case AGENT_T_FILE_DATA:
 	case AGENT_T_FILE_END:
 	case AGENT_T_PORT_OPEN:
+	case AGENT_T_PROC_ATTACH:
+	case AGENT_T_PROC_LIST:
+	case AGENT_T_PROC_SIGNAL:
+	case AGENT_T_PROC_STDIN:
+	case AGENT_T_PROC_RESIZE:
 	case AGENT_T_STREAM_DATA:
 	case AGENT_T_STREAM_WINDOW:
 	case AGENT_T_STREAM_END:
@@ -338,6 +344,48 @@ int agent_parse_error(const uint8_t *p, size_t len, struct agent_error_msg *m)
 	m->sys_errno = agent_rd_u32(&r);
 	m->message = agent_rd_text(&r, AGENT_MAX_TEXT);
 	return agent_rd_done(&r) ? 0 : -EBADMSG;
+}
+
+/* Reads `n` text strings of at most `max` bytes each; the span they took goes to *raw. */
+static void rd_text_list(struct agent_rd *r, uint32_t n, uint32_t max, struct agent_bytes *raw)
+{
+	size_t start = r->off;
+
+	for (uint32_t i = 0; i < n && !r->bad; i++)
+		agent_rd_text(r, max);
+	raw->p = r->bad ? NULL : r->p + start;
+	raw->len = r->bad ? 0 : (uint32_t)(r->off - start);
+}
+
+int agent_parse_proc_entry(const uint8_t *p, size_t len, struct agent_proc_entry_msg *m)
+{
+	struct agent_rd r;
+
+	memset(m, 0, sizeof(*m));
+	agent_rd_init(&r, p, len);
+	m->pid = agent_rd_u32(&r);
+	m->running = agent_rd_u8(&r);
+	m->pty = agent_rd_u8(&r);
+	m->exit_code = (int32_t)agent_rd_u32(&r);
+	m->tag = agent_rd_text(&r, AGENT_MAX_TAG);
+	m->cwd = agent_rd_text(&r, AGENT_MAX_PATH);
+	m->argc = agent_rd_u32(&r);
+	if (m->argc > AGENT_MAX_ARGS)
+		r.bad = true;
+	rd_text_list(&r, m->argc, AGENT_MAX_PAYLOAD, &m->argv_raw);
+	m->envc = agent_rd_u32(&r);
+	if (m->envc > AGENT_MAX_ENV)
+		r.bad = true;
+	rd_text_list(&r, m->envc, AGENT_MAX_PAYLOAD, &m->env_raw);
+	if (!agent_rd_done(&r) || m->pid == 0 || m->pid > 0x7fffffffu || m->running > 1 ||
+	    m->pty > 1 || m->exit_code < -1 || m->exit_code > 255 || (m->running && m->exit_code != -1))
+		return -EBADMSG;
+	return 0;
+}
+
+struct agent_bytes agent_list_next(struct agent_rd *r)
+{
+	return agent_rd_text(r, AGENT_MAX_PAYLOAD);
 }
 
 int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v)

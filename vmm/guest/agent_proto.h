@@ -41,6 +41,10 @@
 #define AGENT_MAX_GROW_WAIT_MS 60000	/* GROW_ROOT: longest wait for the guest to see its disk */
 #define AGENT_STREAM_WINDOW 262144	/* bytes of a port stream either side may have unacknowledged */
 #define AGENT_PORT_STREAMS_MIN_VERSION 2	/* agents "kiln-agent/N" with N >= this serve PORT_OPEN */
+#define AGENT_PROCS_MIN_VERSION 3	/* ... with N >= this serve the PROC_* frames and EXEC's
+					   DETACHED and PTY flags */
+#define AGENT_MAX_TAG 64		/* bytes of a process's tag */
+#define AGENT_PROC_STDIN_MAX 65536	/* bytes of one PROC_STDIN frame's data */
 
 enum agent_type {
 	/* host -> guest */
@@ -52,6 +56,12 @@ enum agent_type {
 	AGENT_T_CANCEL = 0x06,		/* (empty) abort request `id`: kill an exec, drop a write */
 	AGENT_T_GROW_ROOT = 0x07,	/* u64 min disk bytes, u32 wait ms: grow the root fs online */
 	AGENT_T_PORT_OPEN = 0x08,	/* u16 port: a TCP stream to 127.0.0.1:port; OK or ERROR */
+	/* version 3 (AGENT_PROCS_MIN_VERSION): detached processes, by pid */
+	AGENT_T_PROC_ATTACH = 0x09,	/* u32 pid, u8 replay: OK(u64 dropped bytes), then output, EXIT */
+	AGENT_T_PROC_LIST = 0x0a,	/* (empty): PROC_ENTRY per process, then OK(u64 count) */
+	AGENT_T_PROC_SIGNAL = 0x0b,	/* u32 pid, u32 signo (1..64): OK or ERROR */
+	AGENT_T_PROC_STDIN = 0x0c,	/* u32 pid, u8 eof, bytes data: OK or ERROR */
+	AGENT_T_PROC_RESIZE = 0x0d,	/* u32 pid, u16 rows, u16 cols (a PTY's): OK or ERROR */
 	/* both directions */
 	AGENT_T_FILE_DATA = 0x10,	/* raw bytes of the file */
 	AGENT_T_FILE_END = 0x11,	/* host->guest: commit the write (empty); guest->host: u64 size */
@@ -65,6 +75,7 @@ enum agent_type {
 	AGENT_T_STDOUT = 0x84,		/* raw bytes */
 	AGENT_T_STDERR = 0x85,		/* raw bytes */
 	AGENT_T_EXIT = 0x86,		/* see struct agent_exit_msg */
+	AGENT_T_PROC_ENTRY = 0x87,	/* see struct agent_proc_entry_msg */
 };
 
 /* HELLO flags */
@@ -72,6 +83,15 @@ enum agent_type {
 
 /* EXEC flags */
 #define AGENT_EXEC_F_SHELL 0x0001	/* argv has one entry: code for /bin/sh -c */
+/*
+ * Version 3. With either flag the payload ends with a trailer every field of which is present:
+ * str user (empty: root), str tag (<= AGENT_MAX_TAG, may be empty), u16 rows, u16 cols (both
+ * 1..AGENT_MAX_PTY_DIM with PTY, 0 otherwise).
+ */
+#define AGENT_EXEC_F_DETACHED 0x0002	/* the process outlives the request: OK(u64 pid) at once, its
+					   output kept in a ring for PROC_ATTACH */
+#define AGENT_EXEC_F_PTY 0x0004		/* on a pseudo-terminal of rows x cols; needs DETACHED */
+#define AGENT_MAX_PTY_DIM 1000		/* rows or columns of a PTY */
 
 /* Error statuses in an ERROR frame. */
 enum agent_status {
@@ -85,6 +105,7 @@ enum agent_status {
 	AGENT_S_INTERNAL = 8,	/* anything else */
 	AGENT_S_DENIED = 9,	/* the user the request runs as may not do it (EACCES, EPERM) */
 	AGENT_S_REFUSED = 10,	/* PORT_OPEN: nothing listens on the port */
+	AGENT_S_TAKEN_OVER = 11,	/* PROC_ATTACH: a later attach took the process's output over */
 };
 
 struct agent_hdr {
@@ -134,6 +155,20 @@ struct agent_exit_msg {
 	uint32_t signal;	/* the signal that ended the process, 0 if it exited */
 	bool timed_out;
 	uint64_t duration_ms;
+};
+
+/* One process of a PROC_LIST reply (PROC_ENTRY). */
+struct agent_proc_entry_msg {
+	uint32_t pid;
+	uint8_t running;		/* 1 while it runs, 0 once it ended */
+	uint8_t pty;			/* 1 for a PTY process */
+	int32_t exit_code;		/* as agent_exit_msg; -1 while it runs */
+	struct agent_bytes tag;		/* text */
+	struct agent_bytes cwd;		/* text */
+	uint32_t argc;			/* argv: argc text strings from argv_at */
+	struct agent_bytes argv_raw;	/* the argc strings, each u32 length + bytes */
+	uint32_t envc;			/* names of the env it was given (no values) */
+	struct agent_bytes env_raw;	/* the envc names, each u32 length + bytes */
 };
 
 struct agent_error_msg {
@@ -205,6 +240,17 @@ void agent_wr_raw(struct agent_wr *w, const void *p, size_t len);
 int agent_parse_hello_ok(const uint8_t *p, size_t len, struct agent_hello_msg *m);
 int agent_parse_exit(const uint8_t *p, size_t len, struct agent_exit_msg *m);
 int agent_parse_error(const uint8_t *p, size_t len, struct agent_error_msg *m);
+/*
+ * PROC_ENTRY: u32 pid, u8 running, u8 pty, u32 exit code (as two's complement, -1 while it runs),
+ * str tag, str cwd, u32 argc, argc x str, u32 envc, envc x str (env names). Checks every string
+ * (text, bounded, argc <= AGENT_MAX_ARGS, envc <= AGENT_MAX_ENV); 0 or -EBADMSG.
+ */
+int agent_parse_proc_entry(const uint8_t *p, size_t len, struct agent_proc_entry_msg *m);
+/*
+ * The next string of a list checked by agent_parse_proc_entry (argv_raw or env_raw), read with
+ * `r` initialised over that list. Never fails on a list the parser accepted.
+ */
+struct agent_bytes agent_list_next(struct agent_rd *r);
 /* OK and the guest's FILE_END carry one u64. */
 int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v);
 /* STREAM_WINDOW and PORT_OPEN's port: one u32, resp. one u16. */

@@ -396,13 +396,58 @@ static void fixed_network_config_is_set(void)
 	CHECK_STR(c.out, "172.16.0.2/30\n172.16.0.1\nnameserver 172.16.0.1\n");
 }
 
+/* Stops an attach once `until` came. */
+struct until_cap {
+	struct capture c;
+	const char *until;
+};
+
+static int until_output(void *ctx, enum agent_stream s, const uint8_t *d, size_t n)
+{
+	struct until_cap *u = ctx;
+
+	if (n)
+		on_output(&u->c, s, d, n);
+	return u->until && strstr(u->c.out, u->until) ? 1 : 0;
+}
+
+/* A PTY in the real guest: the shell sees its terminal's size, and a resize. */
+static void pty_shell_sees_its_size(void)
+{
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .argv = (const char *const[]){ "/bin/sh", NULL } },
+				      .rows = 30, .cols = 90 };
+	struct agent_exec_result r;
+	struct until_cap u = { .until = "30 90" };
+	uint32_t pid = 0;
+
+	CHECK_INT(agent_proc_start(agent, &req, &pid, &err), KILN_OK);
+	CHECK_INT(agent_proc_stdin(agent, pid, "stty size\n", 10, false, &err), KILN_OK);
+	CHECK_INT(agent_proc_attach(agent, pid, true, until_output, &u, NULL, &r, &err), KILN_E_IO);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_resize(agent, pid, 50, 120, &err), KILN_OK);
+	CHECK_INT(agent_proc_stdin(agent, pid, "stty size; exit 3\n", 18, false, &err), KILN_OK);
+	u = (struct until_cap){ .until = NULL };
+	CHECK_INT(agent_proc_attach(agent, pid, false, until_output, &u, NULL, &r, &err), KILN_OK);
+	CHECK(strstr(u.c.out, "50 120") != NULL);
+	CHECK_INT(r.exit_code, 3);
+}
+
 static void reconnect_gets_a_new_session(void)
 {
 	struct kiln_error err = { 0 };
 	struct agent_hello_info h;
 	struct capture c;
 	struct agent_exec_result r;
+	struct agent_proc_req req = { .exec = { .shell = "echo before; read x; echo got $x" },
+				      .tag = "survivor" };
+	struct until_cap u = { .until = "before" };
+	uint32_t pid = 0;
 
+	/* a detached process outlives the host's connection; a foreground exec does not */
+	CHECK_INT(agent_proc_start(agent, &req, &pid, &err), KILN_OK);
+	CHECK_INT(agent_proc_attach(agent, pid, true, until_output, &u, NULL, &r, &err), KILN_E_IO);
+	kiln_error_clear(&err);
 	agent_free(agent);
 	agent = agent_connect(sock, 5000, &err);
 	CHECK(agent != NULL);
@@ -411,6 +456,11 @@ static void reconnect_gets_a_new_session(void)
 	CHECK_INT(agent_hello(agent, 10000, &h, &err), KILN_OK);
 	CHECK_INT(run_shell("echo again", 10000, &c, &r), 0);
 	CHECK_STR(c.out, "again\n");
+	CHECK_INT(agent_proc_stdin(agent, pid, "z\n", 2, false, &err), KILN_OK);
+	u = (struct until_cap){ .until = NULL };
+	CHECK_INT(agent_proc_attach(agent, pid, true, until_output, &u, NULL, &r, &err), KILN_OK);
+	CHECK_STR(u.c.out, "before\ngot z\n");
+	CHECK_INT(r.exit_code, 0);
 }
 
 int main(int argc, char **argv)
@@ -469,6 +519,7 @@ int main(int argc, char **argv)
 	TEST(bad_paths_give_invalid_and_not_found);
 	TEST(identity_changes_hostname_env_and_clock);
 	TEST(fixed_network_config_is_set);
+	TEST(pty_shell_sees_its_size);
 	TEST(reconnect_gets_a_new_session);
 	rc = test_summary();
 out:

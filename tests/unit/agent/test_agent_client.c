@@ -109,7 +109,7 @@ static void hello_reports_version_and_kernel(void)
 	CHECK_INT(agent_hello(a, 5000, &h, &err), KILN_OK);
 	CHECK_INT(h.version, AGENT_PROTO_VERSION);
 	CHECK(h.kernel_release[0] != '\0');
-	CHECK_STR(h.agent_version, "kiln-agent/2");
+	CHECK_STR(h.agent_version, "kiln-agent/3");
 	stop_agent(a, pid);
 }
 
@@ -1062,6 +1062,348 @@ static void port_stream_hostile_guests(void)
 	free(buf);
 }
 
+/* ---- detached processes (version 3) ---- */
+
+/* An attach's consumer: keeps the output; stops the attach once `until` shows up (if set). */
+struct pcap {
+	char out[1u << 16];
+	size_t len;
+	uint64_t total;
+	char last[9];		/* the last 8 bytes seen */
+	const char *until;
+	int stop_after_ms;	/* > 0: stop on the first silence tick past this long */
+	int64_t t0;
+};
+
+static int pcap_output(void *ctx, enum agent_stream s, const uint8_t *d, size_t n)
+{
+	struct pcap *c = ctx;
+
+	if (!n)	/* a second of silence */
+		return c->stop_after_ms > 0 && now_ms() - c->t0 > c->stop_after_ms;
+	c->total += n;
+	for (size_t i = 0; i < n; i++) {
+		memmove(c->last, c->last + 1, 7);
+		c->last[7] = (char)d[i];
+	}
+	if (c->len + n < sizeof(c->out) - 1) {
+		memcpy(c->out + c->len, d, n);
+		c->len += n;
+		c->out[c->len] = '\0';
+	}
+	return c->until && strstr(c->out, c->until) ? 1 : 0;
+}
+
+struct plist {
+	int n;
+	uint32_t pid;
+	bool found, running;
+	int exit_code;
+	char tag[80], cwd[256], argv2[256], env0[64];
+	int argc;
+};
+
+static int plist_entry(void *ctx, const struct agent_proc_info *p)
+{
+	struct plist *l = ctx;
+
+	l->n++;
+	if (p->pid != l->pid)
+		return 0;
+	l->found = true;
+	l->running = p->running;
+	l->exit_code = p->exit_code;
+	snprintf(l->tag, sizeof(l->tag), "%s", p->tag);
+	snprintf(l->cwd, sizeof(l->cwd), "%s", p->cwd);
+	for (l->argc = 0; p->argv[l->argc]; l->argc++)
+		;
+	snprintf(l->argv2, sizeof(l->argv2), "%s", l->argc > 2 ? p->argv[2] : "");
+	snprintf(l->env0, sizeof(l->env0), "%s", p->env_names[0] ? p->env_names[0] : "");
+	return 0;
+}
+
+static void procs_outlive_attach_take_stdin_and_signals(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	const char *env[] = { "GREETING=hi", NULL };
+	struct agent_proc_req req = { .exec = { .shell = "echo start $GREETING; read line; echo got:$line; "
+							 "exec sleep 60",
+						.env = env, .cwd = "/tmp" },
+				      .tag = "my-tag" };
+	struct agent_exec_result r;
+	struct pcap c = { .until = "start hi" };
+	struct plist l = { 0 };
+	uint64_t dropped = 1;
+	uint32_t pid = 0;
+
+	CHECK(a != NULL);
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_OK);
+	CHECK(pid > 0);
+	/* the first attach replays from the start and leaves when it saw enough */
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, &dropped, &r, &err), KILN_E_IO);
+	CHECK_INT(dropped, 0);
+	CHECK(strstr(c.out, "start hi\n") != NULL);
+	kiln_error_clear(&err);
+	/* it still runs: listed, and it takes stdin */
+	l.pid = pid;
+	CHECK_INT(agent_proc_list(a, plist_entry, &l, &err), KILN_OK);
+	CHECK(l.found && l.running);
+	CHECK_INT(l.exit_code, -1);
+	CHECK_STR(l.tag, "my-tag");
+	CHECK_STR(l.cwd, "/tmp");
+	CHECK_INT(l.argc, 3);
+	CHECK(strstr(l.argv2, "read line") != NULL);
+	CHECK_STR(l.env0, "GREETING");
+	CHECK_INT(agent_proc_stdin(a, (uint32_t)pid, "hello\n", 6, false, &err), KILN_OK);
+	c = (struct pcap){ .until = "got:hello" };
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, NULL, &r, &err), KILN_E_IO);
+	CHECK(strstr(c.out, "start hi\ngot:hello\n") != NULL);
+	kiln_error_clear(&err);
+	/* a signal ends it; an attach without replay sees only the exit */
+	CHECK_INT(agent_proc_signal(a, pid, SIGKILL, &err), KILN_OK);
+	c = (struct pcap){ 0 };
+	CHECK_INT(agent_proc_attach(a, pid, false, pcap_output, &c, NULL, &r, &err), KILN_OK);
+	CHECK_INT(c.len, 0);
+	CHECK_INT(r.signal, SIGKILL);
+	CHECK_INT(r.exit_code, 128 + SIGKILL);
+	l = (struct plist){ .pid = pid };
+	CHECK_INT(agent_proc_list(a, plist_entry, &l, &err), KILN_OK);
+	CHECK(l.found && !l.running);
+	CHECK_INT(l.exit_code, 128 + SIGKILL);
+	/* an ended process takes no signal or stdin; an unknown pid is not found */
+	CHECK_INT(agent_proc_signal(a, pid, SIGTERM, &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_stdin(a, pid, "x", 1, false, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_signal(a, 999999, SIGTERM, &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_attach(a, 999999, true, pcap_output, &c, NULL, &r, &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	CHECK(agent_alive(a));
+	stop_agent(a, apid);
+}
+
+static void proc_stdin_eof_and_timeout(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .shell = "wc -c" } };
+	struct agent_proc_req slow = { .exec = { .shell = "sleep 60", .timeout_ms = 300 } };
+	struct agent_exec_result r;
+	struct pcap c = { 0 };
+	uint32_t pid = 0;
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_OK);
+	CHECK_INT(agent_proc_stdin(a, pid, "abc", 3, false, &err), KILN_OK);
+	CHECK_INT(agent_proc_stdin(a, pid, "de", 2, true, &err), KILN_OK);
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, NULL, &r, &err), KILN_OK);
+	CHECK_INT(atoi(c.out), 5);
+	CHECK_INT(r.exit_code, 0);
+	CHECK_INT(agent_proc_start(a, &slow, &pid, &err), KILN_OK);
+	c = (struct pcap){ 0 };
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, NULL, &r, &err), KILN_OK);
+	CHECK(r.timed_out);
+	CHECK_INT(r.signal, SIGKILL);
+	stop_agent(a, apid);
+}
+
+/* Output nobody reads is kept to the ring's size, the oldest dropped and counted. */
+static void proc_ring_keeps_the_tail(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .shell = "head -c 3000000 /dev/zero; echo; echo THE-END" } };
+	struct agent_exec_result r;
+	struct pcap c = { .stop_after_ms = 30000 };
+	struct plist l = { 0 };
+	uint64_t dropped = 0;
+	uint32_t pid = 0;
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_OK);
+	l.pid = pid;
+	for (int i = 0; i < 300; i++) {
+		l.found = false;
+		CHECK_INT(agent_proc_list(a, plist_entry, &l, &err), KILN_OK);
+		if (l.found && !l.running)
+			break;
+		usleep(50 * 1000);
+	}
+	CHECK(l.found && !l.running);
+	c.t0 = now_ms();
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, &dropped, &r, &err), KILN_OK);
+	CHECK_INT(r.exit_code, 0);
+	CHECK(c.total <= AGENT_PROC_RING_BYTES);
+	CHECK(c.total > AGENT_PROC_RING_BYTES - 64 * 1024);
+	CHECK_INT(dropped + c.total, 3000000 + 1 + 8);
+	CHECK_STR(c.last, "THE-END\n");
+	stop_agent(a, apid);
+}
+
+static void proc_pty_runs_a_shell_with_resize(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .argv = (const char *const[]){ "/bin/sh", NULL } },
+				      .rows = 24, .cols = 80 };
+	struct agent_exec_result r;
+	struct pcap c = { .until = "24 80" };
+	uint32_t pid = 0;
+	const char *cmd = "tty; stty size; echo h''i\n";
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_OK);
+	CHECK_INT(agent_proc_stdin(a, pid, cmd, strlen(cmd), false, &err), KILN_OK);
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, NULL, &r, &err), KILN_E_IO);
+	kiln_error_clear(&err);
+	CHECK(strstr(c.out, "/dev/pts/") != NULL);
+	CHECK_INT(agent_proc_resize(a, pid, 40, 100, &err), KILN_OK);
+	cmd = "stty size\n";
+	CHECK_INT(agent_proc_stdin(a, pid, cmd, strlen(cmd), false, &err), KILN_OK);
+	c = (struct pcap){ .until = "40 100" };
+	CHECK_INT(agent_proc_attach(a, pid, true, pcap_output, &c, NULL, &r, &err), KILN_E_IO);
+	CHECK(strstr(c.out, "hi") != NULL);
+	kiln_error_clear(&err);
+	/* end of input is ^D: the shell exits */
+	CHECK_INT(agent_proc_stdin(a, pid, NULL, 0, true, &err), KILN_OK);
+	c = (struct pcap){ 0 };
+	CHECK_INT(agent_proc_attach(a, pid, false, pcap_output, &c, NULL, &r, &err), KILN_OK);
+	CHECK_INT(r.exit_code, 0);
+	/* a process on pipes has no terminal to resize */
+	req = (struct agent_proc_req){ .exec = { .shell = "sleep 30" } };
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_OK);
+	CHECK_INT(agent_proc_resize(a, pid, 10, 10, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_resize(a, pid, 0, 10, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	req.rows = 2000;
+	req.cols = 10;
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_E_INVALID);
+	stop_agent(a, apid);
+}
+
+struct attacher {
+	struct agent *a;
+	uint32_t pid;
+	enum kiln_err rc;
+};
+
+static void *attacher_main(void *arg)
+{
+	struct attacher *t = arg;
+	struct kiln_error err = { 0 };
+	struct agent_exec_result r;
+	struct pcap *c = calloc(1, sizeof(*c));
+
+	c->t0 = now_ms();
+	c->stop_after_ms = 30000;
+	t->rc = agent_proc_attach(t->a, t->pid, false, pcap_output, c, NULL, &r, &err);
+	free(c);
+	return NULL;
+}
+
+/* The caps: processes, stdin unread, a stdin frame; a later attach takes over. */
+static void proc_limits_hold(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .shell = "exec sleep 60" } };
+	uint32_t pids[AGENT_PROC_MAX], pid;
+	static uint8_t chunk[AGENT_PROC_STDIN_CHUNK + 1];
+	enum kiln_err rc = KILN_OK;
+	int i;
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	for (i = 0; i < AGENT_PROC_MAX; i++)
+		CHECK_INT(agent_proc_start(a, &req, &pids[i], &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_E_RATE_LIMITED);
+	CHECK(strstr(err.msg, "too many processes") != NULL);
+	kiln_error_clear(&err);
+	/* an ended process gives its place */
+	CHECK_INT(agent_proc_signal(a, pids[0], SIGKILL, &err), KILN_OK);
+	for (i = 0; i < 100; i++) {
+		rc = agent_proc_start(a, &req, &pid, &err);
+		kiln_error_clear(&err);
+		if (rc == KILN_OK)
+			break;
+		usleep(50 * 1000);
+	}
+	CHECK_INT(rc, KILN_OK);
+	/* sleep never reads: its pipe fills, then the agent's 256 KiB, then it is refused */
+	for (i = 0; i < 32 && (rc = agent_proc_stdin(a, pids[1], chunk, AGENT_PROC_STDIN_CHUNK, false,
+						     &err)) == KILN_OK; i++)
+		;
+	CHECK_INT(rc, KILN_E_RATE_LIMITED);
+	CHECK(i >= 4 && i <= 6);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_stdin(a, pids[2], chunk, sizeof(chunk), false, &err), KILN_E_TOO_LARGE);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_signal(a, pids[2], 0, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	/* two attaches: the later one takes the process over */
+	struct attacher t1 = { a, pids[3], KILN_OK };
+	pthread_t th;
+
+	pthread_create(&th, NULL, attacher_main, &t1);
+	usleep(300 * 1000);
+	struct attacher t2 = { a, pids[3], KILN_OK };
+	pthread_t th2;
+
+	pthread_create(&th2, NULL, attacher_main, &t2);
+	pthread_join(th, NULL);
+	CHECK_INT(t1.rc, KILN_E_CONFLICT);
+	CHECK_INT(agent_proc_signal(a, pids[3], SIGTERM, &err), KILN_OK);
+	pthread_join(th2, NULL);
+	CHECK_INT(t2.rc, KILN_OK);
+	CHECK(agent_alive(a));
+	stop_agent(a, apid);
+}
+
+/* A version-2 agent gets no process frame: the host refuses first and the session goes on. */
+static void procs_refused_to_an_old_agent(void)
+{
+	struct pguest g = { -1, "kiln-agent/2", 0 };
+	struct kiln_error err = { 0 };
+	struct agent_proc_req req = { .exec = { .shell = "true" } };
+	struct agent_exec_result r;
+	struct agent *a;
+	uint32_t pid = 7;
+	int sv[2];
+	pthread_t t;
+
+	socketpair(AF_UNIX, SOCK_STREAM, 0, sv);
+	g.fd = sv[1];
+	pthread_create(&t, NULL, pguest_main, &g);
+	a = agent_open_fd(sv[0], &err);
+	CHECK_INT(agent_hello(a, 2000, NULL, &err), KILN_OK);
+	CHECK_INT(agent_proc_start(a, &req, &pid, &err), KILN_E_NOT_IMPLEMENTED);
+	CHECK(strstr(err.msg, "predates processes") != NULL);
+	CHECK_INT(pid, 0);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_attach(a, 5, true, NULL, NULL, NULL, &r, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_list(a, NULL, NULL, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_signal(a, 5, 9, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_stdin(a, 5, "x", 1, false, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_proc_resize(a, 5, 5, 5, &err), KILN_E_NOT_IMPLEMENTED);
+	CHECK(agent_alive(a));
+	shutdown(g.fd, SHUT_RD);
+	pthread_join(t, NULL);
+	agent_free(a);
+	close(g.fd);
+}
+
 int main(int argc, char **argv)
 {
 	char cmd[128];
@@ -1094,6 +1436,12 @@ int main(int argc, char **argv)
 	TEST(port_stream_slow_reader_stalls_only_itself);
 	TEST(port_stream_errors);
 	TEST(port_stream_hostile_guests);
+	TEST(procs_outlive_attach_take_stdin_and_signals);
+	TEST(proc_stdin_eof_and_timeout);
+	TEST(proc_ring_keeps_the_tail);
+	TEST(proc_pty_runs_a_shell_with_resize);
+	TEST(proc_limits_hold);
+	TEST(procs_refused_to_an_old_agent);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

@@ -358,6 +358,89 @@ static void port_stream_types_and_versions(void)
 	CHECK_INT(agent_version_major(""), 0);
 }
 
+/* Encodes a PROC_ENTRY with the given fields into buf; returns its length. */
+static size_t proc_entry(uint8_t *buf, size_t cap, uint32_t pid, uint8_t running, int32_t code,
+			 uint32_t argc, const char *const *argv, const char *extra, size_t extra_len)
+{
+	struct agent_wr w;
+
+	agent_wr_init(&w, buf, cap);
+	agent_wr_u32(&w, pid);
+	agent_wr_u8(&w, running);
+	agent_wr_u8(&w, 0);
+	agent_wr_u32(&w, (uint32_t)code);
+	agent_wr_str(&w, "tag");
+	agent_wr_str(&w, "/home/user");
+	agent_wr_u32(&w, argc);
+	for (uint32_t i = 0; argv && argv[i]; i++)
+		agent_wr_str(&w, argv[i]);
+	agent_wr_u32(&w, 1);
+	agent_wr_str(&w, "PATH");
+	agent_wr_raw(&w, extra, extra_len);
+	return w.len;
+}
+
+static void proc_entry_decoder_checks_every_field(void)
+{
+	uint8_t buf[512];
+	const char *argv[] = { "/bin/sh", "-c", "echo hi", NULL };
+	struct agent_proc_entry_msg m;
+	struct agent_rd r;
+	size_t n;
+
+	n = proc_entry(buf, sizeof(buf), 42, 1, -1, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), 0);
+	CHECK_INT(m.pid, 42);
+	CHECK_INT(m.running, 1);
+	CHECK_INT(m.exit_code, -1);
+	CHECK_INT(m.argc, 3);
+	CHECK_INT(m.envc, 1);
+	CHECK(m.tag.len == 3 && memcmp(m.tag.p, "tag", 3) == 0);
+	agent_rd_init(&r, m.argv_raw.p, m.argv_raw.len);
+	struct agent_bytes b = agent_list_next(&r);
+
+	CHECK(b.len == 7 && memcmp(b.p, "/bin/sh", 7) == 0);
+	agent_list_next(&r);
+	b = agent_list_next(&r);
+	CHECK(b.len == 7 && memcmp(b.p, "echo hi", 7) == 0);
+	CHECK(agent_rd_done(&r));
+	/* an ended one carries its code */
+	n = proc_entry(buf, sizeof(buf), 42, 0, 137, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), 0);
+	CHECK_INT(m.exit_code, 137);
+	/* trailing bytes, a running process with a code, a code out of range, pid 0, argc past
+	   the strings, argc over the cap */
+	n = proc_entry(buf, sizeof(buf), 42, 1, -1, 3, argv, "x", 1);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 42, 1, 0, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 42, 0, 256, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 0, 1, -1, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 42, 1, -1, 9, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 42, 1, -1, AGENT_MAX_ARGS + 1, NULL, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+	n = proc_entry(buf, sizeof(buf), 42, 2, -1, 3, argv, NULL, 0);
+	CHECK_INT(agent_parse_proc_entry(buf, n, &m), -EBADMSG);
+}
+
+static void proc_types_and_versions(void)
+{
+	uint8_t t[] = { AGENT_T_PROC_ATTACH, AGENT_T_PROC_LIST, AGENT_T_PROC_SIGNAL,
+			AGENT_T_PROC_STDIN, AGENT_T_PROC_RESIZE };
+
+	for (size_t i = 0; i < sizeof(t); i++) {
+		CHECK(agent_type_from_host(t[i]));
+		CHECK(!agent_type_from_guest(t[i]));
+	}
+	CHECK(agent_type_from_guest(AGENT_T_PROC_ENTRY));
+	CHECK(!agent_type_from_host(AGENT_T_PROC_ENTRY));
+	CHECK(agent_version_major("kiln-agent/2") < AGENT_PROCS_MIN_VERSION);
+	CHECK(agent_version_major("kiln-agent/3") >= AGENT_PROCS_MIN_VERSION);
+}
+
 int main(void)
 {
 	TEST(header_round_trip_keeps_every_field);
@@ -374,5 +457,7 @@ int main(void)
 	TEST(user_names_follow_the_gateways_rule);
 	TEST(optional_user_field_is_root_when_absent_and_checked_when_present);
 	TEST(port_stream_types_and_versions);
+	TEST(proc_entry_decoder_checks_every_field);
+	TEST(proc_types_and_versions);
 	return test_summary();
 }

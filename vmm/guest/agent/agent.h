@@ -19,7 +19,11 @@
 
 #include "agent_proto.h"
 
-#define AGENT_VERSION_STRING "kiln-agent/2"	/* 2: port streams */
+#define AGENT_VERSION_STRING "kiln-agent/3"	/* 2: port streams; 3: detached processes */
+#define AGENT_MAX_PROCS 32	/* detached processes kept (running or ended), of the execs */
+#define AGENT_PROC_RING (1u << 20)	/* bytes of output kept per detached process */
+#define AGENT_PROC_STDIN_PENDING (256u << 10)	/* bytes of stdin a process may have unread */
+#define AGENT_PROC_ENTRY_MAX 16384	/* bytes of one PROC_ENTRY: longer argv and env are cut */
 #define AGENT_MAX_EXECS 64	/* concurrent execs */
 #define AGENT_MAX_FILES 32	/* concurrent file transfers */
 #define AGENT_MAX_PORTS 64	/* concurrent port streams */
@@ -66,8 +70,17 @@ void exec_poll_done(struct session *s, struct pollfd *pfd, int n);
 void exec_tick(struct session *s);
 /* Milliseconds until the next exec deadline, or -1. */
 int exec_next_timeout(void);
-/* Kills every exec and forgets it (the host went away). */
+/* Kills every foreground exec and forgets it (the host went away); detached processes go on,
+ * unattached. */
 void exec_reset(void);
+/* Kills every exec and process, detached ones too (the agent itself ends: --fd mode). */
+void exec_shutdown(void);
+/* PROC_* requests (version 3), each answered at once; ATTACH's output follows from exec_tick. */
+void proc_attach(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void proc_list(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void proc_signal(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void proc_stdin(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void proc_resize(struct session *s, uint32_t id, const uint8_t *p, size_t len);
 
 /* user.c */
 #define AGENT_MAX_GROUPS 64	/* supplementary groups of a user */

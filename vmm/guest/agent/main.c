@@ -3,8 +3,8 @@
  *
  * The agent finds the virtio-serial port named "kiln.agent" (/sys/class/virtio-ports/<p>/name),
  * opens /dev/<p> and serves frames (agent_proto.h). When the host disconnects (EOF or POLLHUP on
- * the port) every exec is killed and every transfer dropped, since ids belong to one session; the
- * agent then waits for the host to connect again. With --fd N it serves an inherited descriptor
+ * the port) every exec is killed and every transfer dropped, since ids belong to one session
+ * (detached processes go on, unattached); the agent then waits for the host to connect again. With --fd N it serves an inherited descriptor
  * instead (tests) and exits at EOF.
  *
  * It also answers HELLO (version, kernel release, boot id) and SET_IDENTITY (hostname, sandbox id,
@@ -364,6 +364,24 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 		else
 			port_open(s, h->id, p, h->len);
 		break;
+	case AGENT_T_PROC_ATTACH:
+		if (busy)
+			session_error(s, h->id, AGENT_S_EXISTS, 0, "request id in use");
+		else
+			proc_attach(s, h->id, p, h->len);
+		break;
+	case AGENT_T_PROC_LIST:
+		proc_list(s, h->id, p, h->len);
+		break;
+	case AGENT_T_PROC_SIGNAL:
+		proc_signal(s, h->id, p, h->len);
+		break;
+	case AGENT_T_PROC_STDIN:
+		proc_stdin(s, h->id, p, h->len);
+		break;
+	case AGENT_T_PROC_RESIZE:
+		proc_resize(s, h->id, p, h->len);
+		break;
 	case AGENT_T_STREAM_DATA:
 		port_data(s, h->id, p, h->len);
 		break;
@@ -602,8 +620,10 @@ int main(int argc, char **argv)
 			logmsg("host disconnected");
 			s.fd = -1;
 			session_reset(&s);
-			if (s.test_mode)
+			if (s.test_mode) {
+				exec_shutdown();
 				return 0;
+			}
 		}
 	}
 }
