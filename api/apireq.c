@@ -80,6 +80,11 @@ enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *
 	out->template = json_str(body, "template", "base");
 	if (strcmp(out->template, "base") == 0 || strcmp(out->template, "python") == 0)
 		out->template = NULL;
+	else if (strcmp(out->template, APIREQ_CODEINT) == 0 && json_str(body, "snapshot_id", NULL))
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "template and snapshot_id exclude each other");
+	else if (strcmp(out->template, APIREQ_CODEINT) == 0)
+		out->builtin = APIREQ_CODEINT, out->template = NULL;
 	else if (apireq_template_name("template", out->template, err) != KILN_OK)
 		return KILN_E_INVALID;
 	else if (out->template && json_str(body, "snapshot_id", NULL))
@@ -374,9 +379,10 @@ enum kiln_err apireq_template_name(const char *field, const char *name, struct k
 	if (strncmp(name, "tmpl_", 5) == 0)
 		return kiln_error_set(err, KILN_E_INVALID,
 				      "%s may not start with \"tmpl_\" (templates' ids do)", field);
-	if (strcmp(name, "base") == 0 || strcmp(name, "python") == 0)
+	if (strcmp(name, "base") == 0 || strcmp(name, "python") == 0 ||
+	    strcmp(name, APIREQ_CODEINT) == 0)
 		return kiln_error_set(err, KILN_E_INVALID,
-				      "%s: \"%s\" is the base image's name; choose another", field,
+				      "%s: \"%s\" is a built-in image's name; choose another", field,
 				      name);
 	return KILN_OK;
 bad:

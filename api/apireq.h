@@ -33,7 +33,8 @@ enum kiln_err apireq_name(const char *field, const char *name, struct kiln_error
 bool apireq_rfc3339(const char *s);
 
 /*
- * POST /v1/sandboxes: template "base" (or its alias "python"; `template` NULL) or the name of a
+ * POST /v1/sandboxes: template "base" (or its alias "python"; `template` NULL), the built-in
+ * "code-interpreter-v1" (`builtin`; `template` NULL), or the name of a
  * tenant's template (apireq_template_name; 422 naming `template` otherwise, and with snapshot_id),
  * vcpus a multiple of 0.25 from 0.25 to 8 (default 1), memory_mib 256 to 16384 (512), disk_gib
  * 10 to 60 (10), timeout_s 1 to 86400 (300), metadata at most APIREQ_METADATA_MAX bytes as JSON
@@ -47,6 +48,7 @@ struct apireq_create {
 	char *metadata;		/* owned: the metadata object's compact JSON text, "{}" */
 	const char *snapshot_id;	/* NULL when absent; points into body */
 	const char *template;	/* a tenant's template (apireq_template_name), NULL for the base */
+	const char *builtin;	/* APIREQ_CODEINT when that built-in template is asked, else NULL */
 };
 enum kiln_err apireq_create(const char *text, size_t len, struct apireq_create *out,
 			    struct kiln_error *err);
@@ -117,6 +119,7 @@ enum kiln_err apireq_storage(const char *text, size_t len, json_t **body, struct
 			     struct kiln_error *err);
 void apireq_storage_free(json_t *body);
 
+#define APIREQ_CODEINT "code-interpreter-v1"	/* the code interpreter's built-in template */
 #define APIREQ_TEMPLATE_NAME_MAX 63	/* bytes of a template's name */
 #define APIREQ_TEMPLATE_CMD_MAX 4096	/* bytes of a template's start_cmd or ready_cmd */
 #define APIREQ_TEMPLATE_EGRESS_MAX 16384	/* bytes of a template's egress rules, as JSON */

@@ -27,6 +27,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 
+#include "api/apireq.h"
 #include "auth/bearer.h"
 #include "auth/crypto.h"
 #include "auth/scopes.h"
@@ -46,6 +47,7 @@
 
 static struct http_server *e2b_http;
 static struct http_server *envd_http;	/* the sandbox data plane (e2b_sandbox_listen) */
+static char dp_domain[300];		/* `domain` of a Sandbox: "{ports_domain}:{its port}", or "" */
 static struct http_server *inner_http;	/* the gateway's API on inner_sock, for the handlers */
 static char inner_dir[64];		/* a 0700 directory of the process's own */
 static char inner_sock[96];		/* inner_dir/api.sock */
@@ -255,7 +257,7 @@ static const char *param_id(struct http_req *req, const char *name)
  * under a key derived from the master key ("e2b-envd-token"): the same across pause and resume,
  * and any process with the master key (the data plane) can check it without a lookup.
  */
-static void token_of(const char *id, char out[E2B_TOKEN_HEX + 1])
+void e2b_token_of(const char *id, char out[E2B_TOKEN_HEX + 1])
 {
 	unsigned char mac[EVP_MAX_MD_SIZE];
 	unsigned int len = 0;
@@ -305,11 +307,11 @@ static json_t *sandbox_of(const json_t *sb)
 	const char *id = json_str(sb, "id", "");
 	char token[E2B_TOKEN_HEX + 1];
 
-	token_of(id, token);
-	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:n, s:n}", "sandboxID", id, "templateID",
+	e2b_token_of(id, token);
+	return json_pack("{s:s, s:s, s:s, s:s, s:s, s:s, s:n, s:s?}", "sandboxID", id, "templateID",
 			 json_str(sb, "template", "python"), "alias", json_str(sb, "template", "python"),
 			 "clientID", "kiln", "envdVersion", E2B_ENVD_VERSION, "envdAccessToken", token,
-			 "trafficAccessToken", "domain");
+			 "trafficAccessToken", "domain", dp_domain[0] ? dp_domain : NULL);
 }
 
 /* `ListedSandbox` (detail false) or `SandboxDetail` (true). */
@@ -513,13 +515,11 @@ static void e2b_create(struct http_req *req)
 		json_object_set_new(kb, "template", json_string("python"));
 	} else if (!strncmp(tmpl, "snap_", 5)) {
 		json_object_set_new(kb, "snapshot_id", json_string(tmpl));
-	} else if (!strcmp(tmpl, "code-interpreter-v1")) {
-		e2b_error(req, 400, "template \"code-interpreter-v1\" (E2B's code interpreter) is not "
-				    "available on this server yet; use \"base\"");
-		goto out;
+	} else if (!strcmp(tmpl, APIREQ_CODEINT)) {
+		json_object_set_new(kb, "template", json_string(APIREQ_CODEINT));
 	} else {
-		e2b_error(req, 404, "template \"%s\" not found: this server has \"base\" and the "
-				    "tenant's snapshots", tmpl);
+		e2b_error(req, 404, "template \"%s\" not found: this server has \"base\", "
+				    "\"code-interpreter-v1\" and the tenant's snapshots", tmpl);
 		goto out;
 	}
 	if ((v = json_object_get(b, "metadata")) && !json_is_null(v))
@@ -1334,7 +1334,7 @@ static bool envd_open(struct http_req *req, struct envd *e)
 				    "(envd) is (docs/e2b.md)", port ? port : "(none)", id, ENVD_PORT);
 		return false;
 	}
-	token_of(id, want);
+	e2b_token_of(id, want);
 	if (!tok || strlen(tok) != E2B_TOKEN_HEX || !want[0] ||
 	    CRYPTO_memcmp(tok, want, E2B_TOKEN_HEX) != 0) {
 		envd_unauthorized(req);
@@ -2194,6 +2194,13 @@ static void envd_unimplemented(struct http_req *req)
 	envd_close(&e);
 }
 
+/* A path envd does not serve, on port 49983. */
+static void envd_no_route(struct http_req *req)
+{
+	e2b_error(req, 404, "no route %s %s on envd (port 49983)", http_req_method(req),
+		  http_req_path(req));
+}
+
 static const struct http_route envd_routes[] = {
 	{ "GET", "/health", envd_health, 0, 0, NULL, 0 },
 	{ "GET", "/files", envd_files_get, 0, 0, NULL, 0 },
@@ -2206,6 +2213,8 @@ static const struct http_route envd_routes[] = {
 	{ "POST", "/filesystem.Filesystem/{method}", envd_unimplemented, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/Start", proc_start, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/{method}", envd_unimplemented, 0, 0, NULL, 0 },
+	/* any other path or method: a guest port's (e2b_port_before), else no such envd route */
+	{ "*", "*", envd_no_route, 0, 0, NULL, 0 },
 };
 
 static void e2b_unmapped(struct http_req *req)
@@ -2241,7 +2250,8 @@ static const struct http_route routes[] = {
 /* One of the facade's public listeners at `listen`: the API's limits (`api`), E2B's error shape. */
 static struct http_server *facade_start(const struct http_server_opts *api, const char *listen,
 					const struct http_route *table, size_t nroutes,
-					struct gateway *gw, struct kiln_error *err)
+					http_before_hook before, struct gateway *gw,
+					struct kiln_error *err)
 {
 	return http_server_start(
 		&(struct http_server_opts){
@@ -2255,6 +2265,7 @@ static struct http_server *facade_start(const struct http_server_opts *api, cons
 			.trusted_proxies = api->trusted_proxies,
 			.routes = table,
 			.nroutes = nroutes,
+			.before = before,
 			.app = gw,
 			.flat_errors = true,
 		},
@@ -2291,18 +2302,23 @@ enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 	if (!inner_http)
 		goto fail;
 	if (listen && listen[0]) {
-		e2b_http = facade_start(api, listen, routes, sizeof(routes) / sizeof(routes[0]), gw,
-					err);
+		e2b_http = facade_start(api, listen, routes, sizeof(routes) / sizeof(routes[0]), NULL,
+					gw, err);
 		if (!e2b_http)
 			goto fail;
 		log_info("E2B API listening on \"%s\"", listen);
 	}
 	if (dp && dp[0]) {
 		envd_http = facade_start(api, dp, envd_routes,
-					 sizeof(envd_routes) / sizeof(envd_routes[0]), gw, err);
+					 sizeof(envd_routes) / sizeof(envd_routes[0]),
+					 e2b_port_before, gw, err);
 		if (!envd_http)
 			goto fail;
 		log_info("E2B sandbox data plane listening on \"%s\"", dp);
+		/* getHost(port) of the SDK: {port}-{id}.{domain}, which the data plane routes too */
+		if (gw->cfg.ports_domain && gw->cfg.ports_domain[0])
+			snprintf(dp_domain, sizeof(dp_domain), "%s:%u", gw->cfg.ports_domain,
+				 http_server_port(envd_http));
 	}
 	return KILN_OK;
 fail:
@@ -2314,6 +2330,7 @@ void e2b_stop(unsigned grace_s)
 {
 	http_server_stop(envd_http, grace_s);
 	envd_http = NULL;
+	dp_domain[0] = '\0';
 	http_server_stop(e2b_http, grace_s);
 	e2b_http = NULL;
 	http_server_stop(inner_http, grace_s);

@@ -22,6 +22,16 @@
 enum kiln_err e2b_start(struct gateway *gw, const struct http_server_opts *api,
 			struct kiln_error *err);
 
+/* The envdAccessToken of sandbox `id` (E2B_TOKEN_HEX hex digits; "" before e2b_start). */
+void e2b_token_of(const char *id, char out[E2B_TOKEN_HEX + 1]);
+
+/*
+ * The data plane's before hook (e2b_code.c): a request for a guest port other than envd's
+ * (E2b-Sandbox-Port, or a Host `{port}-{id}.{ports_domain}`) is forwarded to that port of the
+ * sandbox and answered here (false); envd's requests go on to their routes (true).
+ */
+bool e2b_port_before(struct http_req *req, const struct http_route *route);
+
 /* Stops the listener (letting requests finish for at most `grace_s` seconds); safe to repeat. */
 void e2b_stop(unsigned grace_s);
 

@@ -346,7 +346,7 @@ static void sandbox_create(struct http_req *req)
 	if (tenv && json_is_object(json_object_get(body, "env")))
 		json_object_update(tenv, json_object_get(body, "env"));	/* the caller's win */
 	nb = json_pack("{s:s, s:I, s:I, s:I, s:I, s:O?, s:o, s:O?, s:O?, s:o?, s:O?}", "template",
-		       cr.template ? cr.template : "python",
+		       cr.template ? cr.template : cr.builtin ? cr.builtin : "python",
 		       "vcpu_milli", (json_int_t)milli, "memory_mib", (json_int_t)mem, "disk_gib",
 		       (json_int_t)disk, "timeout_s", (json_int_t)tmo, "env",
 		       tenv ? tenv : json_object_get(body, "env"), "metadata",

@@ -150,6 +150,9 @@ const struct cfg_def config_table[] = {
 	  "guest initramfs" },
 	{ "guest_rootfs", CFG_STRING, F(guest_rootfs), NULL, 0, 0, NULL, false,
 	  "guest root file system image" },
+	{ "guest_codeint_rootfs", CFG_STRING, F(guest_codeint_rootfs), "", 0, 0, NULL, false,
+	  "root file system of the code interpreter's image (template code-interpreter-v1; "
+	  "build-image.sh --print-env); empty: that template is refused" },
 	{ "guest_cmdline", CFG_STRING, F(guest_cmdline), NULL, 0, 0, NULL, false,
 	  "guest kernel command line" },
 	{ "guest_image_hash", CFG_STRING, F(guest_image_hash), "", 0, 0, NULL, false,

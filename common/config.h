@@ -80,6 +80,7 @@ struct kiln_config {
 	char *guest_kernel;
 	char *guest_initrd;
 	char *guest_rootfs;
+	char *guest_codeint_rootfs;	/* the code interpreter's image (code-interpreter-v1), or "" */
 	char *guest_cmdline;
 	char *guest_image_hash;
 	char *guest_apt_mirror;		/* Debian mirror the image is built from and names */

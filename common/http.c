@@ -13,6 +13,7 @@
 #include "http.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <microhttpd.h>
@@ -197,9 +198,11 @@ static const struct http_route *route_find(struct http_server *srv, struct http_
 	for (size_t i = 0; i < srv->opts.nroutes; i++) {
 		const struct http_route *r = &srv->opts.routes[i];
 
-		if (!route_match(r->pattern, req->path, req))
+		if (strcmp(r->pattern, "*") == 0)
+			req->nparams = 0;
+		else if (!route_match(r->pattern, req->path, req))
 			continue;
-		if (strcmp(r->method, req->method) != 0) {
+		if (strcmp(r->method, "*") != 0 && strcmp(r->method, req->method) != 0) {
 			*method_mismatch = true;
 			continue;
 		}
@@ -494,6 +497,55 @@ const char *http_req_param(const struct http_req *req, const char *name)
 const char *http_req_header(const struct http_req *req, const char *name)
 {
 	return MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, name);
+}
+
+static void query_escape_into(struct buf *b, const char *s)
+{
+	static const char hex[] = "0123456789ABCDEF";
+
+	for (; s && *s; s++) {
+		unsigned char ch = (unsigned char)*s;
+
+		if (isalnum(ch) || ch == '-' || ch == '_' || ch == '.' || ch == '~') {
+			buf_append(b, s, 1);
+		} else {
+			char e[3] = { '%', hex[ch >> 4], hex[ch & 15] };
+
+			buf_append(b, e, 3);
+		}
+	}
+}
+
+static enum MHD_Result query_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+				 const char *value)
+{
+	struct buf *b = cls;
+
+	(void)kind;
+	if (b->len)
+		buf_append(b, "&", 1);
+	query_escape_into(b, key);
+	if (value) {
+		buf_append(b, "=", 1);
+		query_escape_into(b, value);
+	}
+	return MHD_YES;
+}
+
+char *http_req_query_string(const struct http_req *req)
+{
+	struct buf b;
+	char *s;
+
+	buf_init(&b, 1 << 20);
+	MHD_get_connection_values(req->conn, MHD_GET_ARGUMENT_KIND, query_arg, &b);
+	s = malloc(b.len + 1);
+	if (s) {
+		memcpy(s, b.data ? b.data : "", b.len);
+		s[b.len] = '\0';
+	}
+	buf_release(&b);
+	return s;
 }
 
 const char *http_req_query(const struct http_req *req, const char *name)

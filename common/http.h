@@ -41,8 +41,8 @@ enum http_body_mode {
 };
 
 struct http_route {
-	const char *method;	/* "GET", "POST", ... */
-	const char *pattern;	/* "/v1/sandboxes/{id}/exec": {name} matches one segment */
+	const char *method;	/* "GET", "POST", ...; "*" any */
+	const char *pattern;	/* "/v1/sandboxes/{id}/exec": {name} matches one segment; "*" any path */
 	http_handler handler;
 	unsigned scope;		/* passed to the before hook; 0 = public */
 	enum http_body_mode body_mode;
@@ -138,6 +138,11 @@ long http_port_value(const char *s);
 /* A request header or query argument, or NULL. */
 const char *http_req_header(const struct http_req *req, const char *name);
 const char *http_req_query(const struct http_req *req, const char *name);
+/*
+ * The request's query, its arguments percent-encoded again and joined by '&' (a form a proxy can
+ * pass on), malloc'd; "" when it has none, NULL when out of memory.
+ */
+char *http_req_query_string(const struct http_req *req);
 /* The buffered body (NUL-terminated) and its length. */
 const char *http_req_body(const struct http_req *req, size_t *len);
 /* What stopped a streamed body (KILN_OK when it was complete). */

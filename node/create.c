@@ -175,11 +175,19 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 		if (vmm_spec_check(&probe, err) != KILN_OK)
 			return node_error(err, KILN_E_INVALID, "%s", err->msg);
 	}
+	/* code-interpreter-v1: the code interpreter's image (vmm/guest/codeint/), built in. */
+	bool codeint = !r->from_snap && r->template_name &&
+		       strcmp(r->template_name, "code-interpreter-v1") == 0;
+
+	if (codeint && !(n->cfg.guest_codeint_rootfs && n->cfg.guest_codeint_rootfs[0]))
+		return node_error(err, KILN_E_UNAVAILABLE,
+				  "this node has no code interpreter image (guest_codeint_rootfs)");
 	rc = sb_reserve(n, r->id, r->tenant_id, vcpu_milli, mem_mib, disk_gib, &sb, err);
 	if (rc != KILN_OK)
 		return rc;
+	sb->codeint = codeint;
 	if (!r->from_snap)
-		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, tpl, sizeof(tpl));
+		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, codeint, tpl, sizeof(tpl));
 	pthread_mutex_lock(&sb->lock);
 	rc = create_record(n, sb, r, tpl, err);
 	if (rc != KILN_OK) {

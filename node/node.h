@@ -60,6 +60,7 @@ struct sandbox {
 	bool sni_added;		/* the name-checking proxy serves it */
 	uid_t uid;
 	bool has_uid;
+	bool codeint;		/* booted from the code interpreter's image (code-interpreter-v1) */
 	struct sandbox *next;
 };
 

@@ -314,7 +314,7 @@ static void sb_spec(struct node *n, const struct sandbox *sb, struct vmm_spec *s
 	spec->disk_gib = sb->disk_gib;
 	spec->kernel = n->cfg.guest_kernel;
 	spec->initrd = n->cfg.guest_initrd;
-	spec->rootfs = n->cfg.guest_rootfs;
+	spec->rootfs = sb->codeint ? n->cfg.guest_codeint_rootfs : n->cfg.guest_rootfs;
 	spec->cmdline_extra = n->cfg.guest_cmdline;
 	spec->netns_path = b->netns_path;
 	spec->tap = KILN_NET_TAP;

@@ -9,6 +9,11 @@
  * a fork child gets one. No interpreter is kept running in the template: a parked Python would
  * carry one `random` state into every sandbox.
  *
+ * The code interpreter's image (guest_codeint_rootfs, template code-interpreter-v1) has templates
+ * of its own, built the same way, except that its worker (vmm/guest/codeint/server.py, started by
+ * the image's init) must answer on guest port 49999 before the snapshot: it is kept running in
+ * the template with numpy, pandas and matplotlib imported, and reseeds each context it forks.
+ *
  * Templates are node-local rows of `snapshots` (kind template) keyed by the image hash and the
  * shape; a node that starts with another image (a changed recipe) retires the old ones and builds
  * new ones. Sandboxes made from a template list it in their lineage, so its files stay while they
@@ -35,6 +40,7 @@
 
 struct tpl {
 	unsigned vcpu_milli, mem_mib, disk_gib;
+	bool codeint;		/* of the code interpreter's image */
 	char snap_id[AUTH_ID_MAX];	/* when ready */
 	bool ready, building;
 	time_t last_used;
@@ -66,6 +72,7 @@ static void *tpl_build(void *arg)
 		rc = sb_reserve(n, vm_id, "", t->vcpu_milli, t->mem_mib, t->disk_gib, &sb, &err);
 	if (rc != KILN_OK)
 		goto out;
+	sb->codeint = t->codeint;
 	pthread_mutex_lock(&sb->lock);
 	rc = sb_boot(n, sb, NULL, &err);
 	if (rc == KILN_OK && !n->stopping) {
@@ -78,6 +85,26 @@ static void *tpl_build(void *arg)
 		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, &err);
 		if (rc == KILN_OK && res.exit_code != 0)
 			rc = kiln_error_set(&err, KILN_E_INTERNAL, "warming Python failed");
+	}
+	if (rc == KILN_OK && t->codeint && !n->stopping) {
+		/* The code interpreter's worker answers (its imports done) before the snapshot. */
+		static const char *const argv[] = { "python3", "-c",
+			"import time, urllib.request\n"
+			"for i in range(600):\n"
+			"    try:\n"
+			"        urllib.request.urlopen('http://127.0.0.1:49999/health', timeout=5)\n"
+			"        break\n"
+			"    except OSError:\n"
+			"        time.sleep(0.5)\n"
+			"else:\n"
+			"    raise SystemExit(1)\n",
+			NULL };
+		struct agent_exec_req x = { .argv = argv, .timeout_ms = 600000 };
+		struct agent_exec_result res = { 0 };
+		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, &err);
+		if (rc == KILN_OK && res.exit_code != 0)
+			rc = kiln_error_set(&err, KILN_E_INTERNAL,
+					    "the code interpreter did not answer on port 49999");
 	}
 	if (rc == KILN_OK && n->stopping)
 		rc = kiln_error_set(&err, KILN_E_UNAVAILABLE, "the node is stopping");
@@ -117,8 +144,8 @@ out:
 	}
 	pthread_mutex_unlock(&tpl_lock);
 	if (rc == KILN_OK)
-		log_info("template \"%s\" of %u mvCPU, %u MiB ready in %.1f s", snap, t->vcpu_milli,
-			 t->mem_mib, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
+		log_info("template \"%s\"%s of %u mvCPU, %u MiB ready in %.1f s", snap,
+			 t->codeint ? " (code interpreter)" : "", t->vcpu_milli, t->mem_mib, (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9);
 	else
 		log_warn("template of %u mvCPU, %u MiB not built: %s", t->vcpu_milli, t->mem_mib,
 			 err.msg);
@@ -126,13 +153,15 @@ out:
 }
 
 /* Finds or makes the slot of a shape; called with tpl_lock held. NULL when all are taken. */
-static struct tpl *tpl_slot(struct node *n, unsigned vcpu, unsigned mem, unsigned disk)
+static struct tpl *tpl_slot(struct node *n, unsigned vcpu, unsigned mem, unsigned disk,
+			    bool codeint)
 {
 	struct tpl *free_slot = NULL;
 
 	for (int i = 0; i < TPL_MAX; i++) {
 		struct tpl *t = &templates[i];
-		if (t->n && t->vcpu_milli == vcpu && t->mem_mib == mem && t->disk_gib == disk)
+		if (t->n && t->vcpu_milli == vcpu && t->mem_mib == mem && t->disk_gib == disk &&
+		    t->codeint == codeint)
 			return t;
 		if (!t->n && !free_slot)
 			free_slot = t;
@@ -143,6 +172,7 @@ static struct tpl *tpl_slot(struct node *n, unsigned vcpu, unsigned mem, unsigne
 		free_slot->vcpu_milli = vcpu;
 		free_slot->mem_mib = mem;
 		free_slot->disk_gib = disk;
+		free_slot->codeint = codeint;
 	}
 	return free_slot;
 }
@@ -180,7 +210,9 @@ void tpl_init(struct node *n)
 	if (!n->cfg.template_default)
 		return;
 	pthread_mutex_lock(&tpl_lock);
-	tpl_start(tpl_slot(n, TPL_DEFAULT_VCPU, TPL_DEFAULT_MEM, TPL_DEFAULT_DISK));
+	tpl_start(tpl_slot(n, TPL_DEFAULT_VCPU, TPL_DEFAULT_MEM, TPL_DEFAULT_DISK, false));
+	if (n->cfg.guest_codeint_rootfs && n->cfg.guest_codeint_rootfs[0])
+		tpl_start(tpl_slot(n, TPL_DEFAULT_VCPU, TPL_DEFAULT_MEM, TPL_DEFAULT_DISK, true));
 	pthread_mutex_unlock(&tpl_lock);
 }
 
@@ -198,7 +230,7 @@ void tpl_exit(struct node *n)
 }
 
 bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
-		char *out, size_t len)
+		bool codeint, char *out, size_t len)
 {
 	struct tpl *t;
 	bool ready = false;
@@ -206,7 +238,7 @@ bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned 
 	if (!n->cfg.templates)
 		return false;
 	pthread_mutex_lock(&tpl_lock);
-	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib);
+	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib, codeint);
 	if (t && t->ready) {
 		snprintf(out, len, "%s", t->snap_id);
 		t->last_used = time(NULL);

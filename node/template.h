@@ -17,11 +17,11 @@ void tpl_init(struct node *n);
 void tpl_exit(struct node *n);
 
 /*
- * The ready template of a shape: its snapshot id into `out` and true, or false (and a build of it
+ * The ready template of a shape (of the code interpreter's image when `codeint`): its snapshot id into `out` and true, or false (and a build of it
  * starts in the background, so the next create of that shape is fast).
  */
 bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
-		char *out, size_t len);
+		bool codeint, char *out, size_t len);
 
 /* Marks a template broken (a restore from it failed): it is rebuilt on the next create. */
 void tpl_discard(struct node *n, const char *snap_id);

@@ -13,7 +13,8 @@ bash "$KILN_ROOT/scripts/deps"
 cmake -S "$KILN_ROOT" -B "$KILN_ROOT/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$KILN_ROOT/build" -j2 >/dev/null
 
-# The guest image (kernel, initramfs, root file system), cached outside the checkout by the hash
+# The guest image (kernel, initramfs, root file system), and the code interpreter's image
+# (template code-interpreter-v1, docs/e2b.md), each cached outside the checkout by the hash
 # of its recipe: minutes the first time, instant afterwards. KILN_GUEST_APT_MIRROR names the
 # operator's Debian mirror (default http://deb.debian.org/debian).
 eval "$(bash "$KILN_ROOT/vmm/guest/build-image.sh" --print-env)"
@@ -60,6 +61,7 @@ gateway_url = http://$listen
 guest_kernel = $KILN_GUEST_KERNEL
 guest_initrd = $KILN_GUEST_INITRD
 guest_rootfs = $KILN_GUEST_ROOTFS
+guest_codeint_rootfs = $KILN_GUEST_CODEINT_ROOTFS
 guest_image_hash = $KILN_GUEST_IMAGE_HASH
 guest_apt_mirror = ${KILN_GUEST_APT_MIRROR:-http://deb.debian.org/debian}
 guest_cmdline = root=/dev/vda rootfstype=ext4 rw

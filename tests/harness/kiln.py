@@ -340,6 +340,7 @@ class Node(Daemon):
                "KILN_GUEST_KERNEL": img["KILN_GUEST_KERNEL"],
                "KILN_GUEST_INITRD": img["KILN_GUEST_INITRD"],
                "KILN_GUEST_ROOTFS": img["KILN_GUEST_ROOTFS"],
+               "KILN_GUEST_CODEINT_ROOTFS": img.get("KILN_GUEST_CODEINT_ROOTFS", ""),
                "KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"],
                "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw",
                # Templates cost a VM boot of their own: tests that want them say so.

@@ -12,6 +12,13 @@
 #   build-image.sh --hash       prints only the recipe hash (no build)
 #   build-image.sh --prune      removes cached images of other recipes and unused base tarballs
 #                               (only when no sandbox's disk layer still sits on one)
+#   build-image.sh --variant codeint [option]
+#                               the same for the code interpreter's image (code-interpreter-v1):
+#                               the base's recipe plus codeint/ (its packages.txt, its rootfs
+#                               overlay with the worker server.py, the inittab line starting it),
+#                               hashed with it; --print-env prints KILN_GUEST_CODEINT_ROOTFS and
+#                               KILN_GUEST_CODEINT_HASH. The base's --print-env builds it too and
+#                               appends those lines, so `make run` and the tests get both.
 #
 # KILN_GUEST_APT_MIRROR (config guest_apt_mirror, default http://deb.debian.org/debian) is the
 # operator's Debian mirror: the build fetches from it and the image's /etc/apt/sources.list names
@@ -46,6 +53,12 @@ modules=(virtio_ring virtio virtio_mmio virtio_console failover net_failover vir
 rootfs_slack_mib=128
 
 mode=paths
+variant=""
+if [ "${1:-}" = --variant ]; then
+	[ "${2:-}" = codeint ] || { echo "build-image.sh: unknown variant '${2:-}'" >&2; exit 2; }
+	variant=$2
+	shift 2
+fi
 case "${1:-}" in
 "") ;;
 --print-env) mode=env ;;
@@ -76,6 +89,14 @@ recipe_hash() {
 				printf '%s\0' "$f"
 				sha256sum <"$f"
 			done
+		if [ -n "$variant" ]; then
+			printf 'variant %s\n' "$variant"
+			find "$variant" -type f ! -name '*~' -print0 | LC_ALL=C sort -z |
+				while IFS= read -r -d '' f; do
+					printf '%s\0' "$f"
+					sha256sum <"$f"
+				done
+		fi
 		printf '%s\n' "${mirrors[@]}"
 	) | sha256sum | cut -c1-64
 }
@@ -86,7 +107,10 @@ out=$cache/$hash
 print_result() {
 	local kver
 	kver=$(cat "$out/kernel-release")
-	if [ "$mode" = env ]; then
+	if [ "$mode" = env ] && [ -n "$variant" ]; then
+		echo "KILN_GUEST_CODEINT_ROOTFS=$out/rootfs.ext4"
+		echo "KILN_GUEST_CODEINT_HASH=$hash"
+	elif [ "$mode" = env ]; then
 		echo "KILN_GUEST_KERNEL=$out/vmlinuz"
 		echo "KILN_GUEST_INITRD=$out/initrd.img"
 		echo "KILN_GUEST_ROOTFS=$out/rootfs.ext4"
@@ -94,6 +118,8 @@ print_result() {
 		echo "KILN_GUEST_KERNEL_RELEASE=$kver"
 		echo "KILN_GUEST_CMDLINE=\"$cmdline\""
 		echo "KILN_GUEST_AGENT_PORT=kiln.agent"
+		# The code interpreter's image, built (or found) the same way.
+		bash "$here/build-image.sh" --variant codeint --print-env
 	else
 		echo "$out/vmlinuz"
 		echo "$out/initrd.img"
@@ -110,12 +136,19 @@ if [ "$mode" = prune ]; then
 	[ -d "$cache" ] || exit 0
 	keep_base=""
 	[ -f "$out/base-key" ] && keep_base=$(cat "$out/base-key")
+	keep_hash=""
+	if [ -z "$variant" ]; then
+		keep_hash=$(bash "$here/build-image.sh" --variant codeint --hash)
+		vout=$cache/$keep_hash
+		[ -f "$vout/base-key" ] && keep_base="$keep_base $(cat "$vout/base-key")"
+	fi
 	for d in "$cache"/*/ "$cache"/.build-*/; do
 		[ -d "$d" ] || continue
 		h=$(basename "$d")
 		h=${h#.build-}
 		h=${h%.*}
 		[ "$h" = "$hash" ] && continue
+		[ "$h" = "$keep_hash" ] && continue
 		# Skip anything a build holds the lock of right now.
 		exec 8>"$cache/.lock-$h"
 		if flock -n 8; then
@@ -129,7 +162,7 @@ if [ "$mode" = prune ]; then
 		[ -f "$b" ] || continue
 		k=$(basename "$b" .tar)
 		k=${k#base-}
-		[ "$k" = "$keep_base" ] && continue
+		case " $keep_base " in *" $k "*) continue ;; esac
 		echo "build-image.sh: removing '$b'" >&2
 		rm -f "$b"
 	done
@@ -194,7 +227,8 @@ gcc -static -O2 -g0 -s -std=gnu11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wno-unuse
 	-I"$here" -o "$work/kiln-agent" "$here"/agent/*.c "$here/agent_proto.c"
 
 # 4. Root filesystem. The Debian base is cached by its own recipe, so agent changes rebuild fast.
-pkgs=$(grep -v '^[[:space:]]*\(#\|$\)' "$here/packages.txt" | paste -sd, -)
+pkgs=$(cat "$here/packages.txt" ${variant:+"$here/$variant/packages.txt"} |
+	grep -v '^[[:space:]]*\(#\|$\)' | paste -sd, -)
 dpkgopts=(
 	--dpkgopt='path-exclude=/usr/share/doc/*'
 	--dpkgopt='path-include=/usr/share/doc/*/copyright'
@@ -221,6 +255,11 @@ root=$work/root
 mkdir "$root"
 tar -C "$root" --numeric-owner -xpf "$base"
 cp -a "$here/rootfs/." "$root/"
+if [ -n "$variant" ]; then
+	cp -a "$here/$variant/rootfs/." "$root/"
+	grep -v '^#' "$here/$variant/inittab" >>"$root/etc/inittab"
+fi
+[ -z "$variant" ] || chown -R 0:0 "$root/usr/local/lib/kiln"
 chown -R 0:0 "$root/etc/kiln" "$root/etc/inittab" "$root/etc/hostname" "$root/etc/hosts" \
 	"$root/etc/resolv.conf"
 install -D -m 755 "$work/kiln-agent" "$root/usr/local/bin/kiln-agent"

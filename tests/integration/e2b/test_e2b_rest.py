@@ -202,8 +202,7 @@ class E2bRest(unittest.TestCase):
                          ["sb_e2btest0", "sb_e2btest1", "sb_e2btest5"])
 
     def test_create_refuses_what_it_cannot_map(self):
-        cases = [({"templateID": "code-interpreter-v1"}, 400, "code-interpreter-v1"),
-                 ({"templateID": "base", "autoPause": True}, 400, "autoPause"),
+        cases = [({"templateID": "base", "autoPause": True}, 400, "autoPause"),
                  ({"templateID": "base", "autoResume": {"enabled": True}}, 400, "autoResume"),
                  ({"templateID": "base", "mcp": {"x": {}}}, 400, "mcp"),
                  ({"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}, 400,
@@ -228,7 +227,7 @@ class E2bRest(unittest.TestCase):
         # As the SDK sends them: a chunked JSON body and header names with underscores.
         url = urllib.parse.urlparse(self.gw.e2b_url)
         c = http.client.HTTPConnection(url.hostname, url.port, timeout=30)
-        body = json.dumps({"templateID": "code-interpreter-v1"}).encode()
+        body = json.dumps({"templateID": "base", "autoPause": True}).encode()
         c.putrequest("POST", "/v2/sandboxes")
         for k, v in (("X-API-Key", self.tenants["acme"][1]), ("Content-Type", "application/json"),
                      ("Transfer-Encoding", "chunked"), ("lang_version", "20.20.2"),
@@ -240,7 +239,7 @@ class E2bRest(unittest.TestCase):
         data = json.loads(r.read())
         c.close()
         self.assertEqual((r.status, data["code"]), (400, 400))
-        self.assertIn("code-interpreter-v1", data["message"])
+        self.assertIn("autoPause", data["message"])
 
     def test_unmapped_routes_are_refused_in_e2b_shape(self):
         self.assertE2bError(self.e2b("POST", "/sandboxes/sb_e2btest0/fork", {}), 501)
@@ -267,13 +266,23 @@ class E2bRest(unittest.TestCase):
             h = dict(target, **{"X-API-Key": self.tenants["acme"][1],
                                 "Authorization": "Bearer " + self.tenants["acme"][1]})
             self.assertE2bError(dp(method, path, h, body), 401)
-        # No or a malformed sandbox id: 400; a port other than envd's: 502 naming it.
+        # No or a malformed sandbox id or port: 400.
         self.assertE2bError(dp("GET", "/health", {"E2b-Sandbox-Port": "49983"}), 400)
         self.assertE2bError(dp("GET", "/health", {"E2b-Sandbox-Id": "../x",
                                                   "E2b-Sandbox-Port": "49983"}), 400)
-        for port in ("49999", "8080", "", "nope"):
-            msg = self.assertE2bError(dp("GET", "/health", dict(target, **{"E2b-Sandbox-Port": port})), 502)
-            self.assertIn("49983", msg)
+        for port in ("", "nope", "0"):
+            self.assertE2bError(dp("GET", "/health", dict(target, **{"E2b-Sandbox-Port": port})), 400)
+        # Another guest port (api/e2b_code.c): code never runs without the token; a port of the
+        # user's needs it for anything; the code interpreter's contexts do not.
+        for token in (None, "0" * 32):
+            h = dict(target, **{"E2b-Sandbox-Port": "49999"}, **({"X-Access-Token": token} if token else {}))
+            self.assertIn("access token", self.assertE2bError(dp("POST", "/execute", h, {"code": "1"}), 401))
+            h = dict(target, **{"E2b-Sandbox-Port": "8080"}, **({"X-Access-Token": token} if token else {}))
+            self.assertE2bError(dp("GET", "/", h), 401)
+            self.assertE2bError(kiln.http("GET", self.gw.e2b_sandbox_url + "/", None,
+                                          {"Host": "8080-e2btest0.localhost", **({"X-Access-Token": token} if token else {})}), 401)
+        # Past the guards, a sandbox with no node to reach: 502, as E2B's proxy answers.
+        self.assertE2bError(dp("GET", "/contexts", dict(target, **{"E2b-Sandbox-Port": "49999"})), 502)
         # No audit record, no file: nothing reached the API.
         rows = self.db.sql("SELECT count(*) FROM audit_log WHERE object_id = 'sb_e2btest0' "
                            "AND route LIKE '%files%'")
