@@ -648,6 +648,7 @@ static void serve(struct pconn *pc)
 	long long deadline = mono_ms() + hto * 1000;
 	unsigned long long length = 0;
 	bool taken = false, upgrade = false, chunked = false;
+	unsigned long long ticket = 0;	/* the count of port_streams_max_per_tenant taken */
 	unsigned char rnd[8];
 
 	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
@@ -837,7 +838,7 @@ static void serve(struct pconn *pc)
 		reply_error(pc->fd, KILN_E_CONFLICT, rid, NULL, "the sandbox is %s", t.state);
 		goto out;
 	}
-	if (!port_tenant_take(who.tenant_id, gw->cfg.port_streams_max_per_tenant)) {
+	if (!port_tenant_take(who.tenant_id, gw->cfg.port_streams_max_per_tenant, &ticket)) {
 		reply_error(pc->fd, KILN_E_RATE_LIMITED, rid, "Retry-After: 1\r\n",
 			    "too many port streams at once: port_streams_max_per_tenant is %lld",
 			    gw->cfg.port_streams_max_per_tenant);
@@ -891,7 +892,7 @@ static void serve(struct pconn *pc)
 	pthread_join(down, NULL);
 out:
 	if (taken)
-		port_tenant_give(who.tenant_id);
+		port_tenant_give(who.tenant_id, ticket);
 	pthread_mutex_lock(&px.lock);
 	pc->node = -1;
 	pthread_mutex_unlock(&px.lock);
@@ -1038,6 +1039,10 @@ enum kiln_err portproxy_start(struct gateway *gw, struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_INTERNAL, "cannot start the port URL listener");
 	}
 	px.started = true;
+	int rc = port_counts_attach(gw->rds);
+
+	if (rc != 0)	/* the streams are counted on this gateway alone */
+		log_warn("port streams: cannot count them in redis: %s", strerror(-rc));
 	log_info("port URLs: listening on \"%s\" for {port}-{id}.%s", gw->cfg.ports_listen,
 		 gw->cfg.ports_domain);
 	return KILN_OK;
@@ -1045,6 +1050,7 @@ enum kiln_err portproxy_start(struct gateway *gw, struct kiln_error *err)
 
 void portproxy_stop(void)
 {
+	port_counts_detach();	/* the API's streams still ending are given back here alone */
 	if (!px.started)
 		return;
 	shutdown(px.lfd, SHUT_RDWR);

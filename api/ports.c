@@ -25,6 +25,7 @@
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "api/nodeclient.h"
+#include "api/portcount.h"
 #include "api/ports.h"
 #include "auth/scopes.h"
 #include "common/log.h"
@@ -33,61 +34,41 @@
 #define NODE_HEAD_SLACK_MS 10000	/* beyond the node's own port_connect_timeout_ms */
 #define NODE_HEAD_MAX 16384	/* bytes of the node's answer head and error body */
 #define SPLICE_CHUNK 65536
+#define PORT_STREAM_LEASE_MS 30000	/* a stream counted in Redis, renewed by its gateway */
 
 /* The two connections of an upgraded stream. */
 struct splice {
 	int node;		/* the node's socket after its 101 */
 	char *early;		/* node bytes read past its head */
 	size_t early_len;
-	char tenant[AUTH_CLAIM_MAX];	/* its count in `tenants` */
+	char tenant[AUTH_CLAIM_MAX];	/* its count of port_streams_max_per_tenant */
+	unsigned long long ticket;
 };
 
-/* Streams (and probes) each tenant holds open through this gateway: port_streams_max_per_tenant. */
-struct tenant_count {
-	struct tenant_count *next;
-	char tenant[AUTH_CLAIM_MAX];
-	long long n;
-};
+/*
+ * Streams (and probes) each tenant holds open: port_streams_max_per_tenant, counted across the
+ * gateways sharing a Redis, with this gateway's own count while Redis is down (portcount.h).
+ */
+static struct portcount counts = PORTCOUNT_INIT;
 
-static pthread_mutex_t tenants_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct tenant_count *tenants;
-
-bool port_tenant_take(const char *tenant, long long max)
+bool port_tenant_take(const char *tenant, long long max, unsigned long long *ticket)
 {
-	struct tenant_count *t;
-	bool ok = false;
-
-	pthread_mutex_lock(&tenants_lock);
-	for (t = tenants; t && strcmp(t->tenant, tenant) != 0; t = t->next)
-		;
-	if (!t && (t = calloc(1, sizeof(*t)))) {
-		snprintf(t->tenant, sizeof(t->tenant), "%s", tenant);
-		t->next = tenants;
-		tenants = t;
-	}
-	if (t && t->n < max) {
-		t->n++;
-		ok = true;
-	}
-	pthread_mutex_unlock(&tenants_lock);
-	return ok;
+	return portcount_take(&counts, tenant, max, ticket, NULL);
 }
 
-void port_tenant_give(const char *tenant)
+void port_tenant_give(const char *tenant, unsigned long long ticket)
 {
-	pthread_mutex_lock(&tenants_lock);
-	for (struct tenant_count **pp = &tenants; *pp; pp = &(*pp)->next) {
-		struct tenant_count *t = *pp;
+	portcount_give(&counts, tenant, ticket);
+}
 
-		if (strcmp(t->tenant, tenant) == 0) {
-			if (--t->n <= 0) {
-				*pp = t->next;
-				free(t);
-			}
-			break;
-		}
-	}
-	pthread_mutex_unlock(&tenants_lock);
+int port_counts_attach(struct rds *rds)
+{
+	return portcount_attach(&counts, rds, PORT_STREAM_LEASE_MS);
+}
+
+void port_counts_detach(void)
+{
+	portcount_detach(&counts);
 }
 
 static long long mono_ms(void)
@@ -239,7 +220,7 @@ static void splice_run(void *cls, int fd, const char *extra, size_t extra_len)
 		}
 	}
 	close(sp->node);
-	port_tenant_give(sp->tenant);
+	port_tenant_give(sp->tenant, sp->ticket);
 	free(sp->early);
 	free(sp);
 }
@@ -374,6 +355,7 @@ static void port_stream(struct http_req *req)
 	struct port_node pn = { .fd = -1 };
 	struct splice *sp = NULL;
 	bool taken = false;	/* a count of the tenant's, given back at the end unless spliced */
+	unsigned long long ticket = 0;
 	enum kiln_err rc;
 
 	http_req_set_object(req, id);
@@ -401,7 +383,8 @@ static void port_stream(struct http_req *req)
 		http_reply_error(req, KILN_E_CONFLICT, "the sandbox is %s", state);
 		return;
 	}
-	if (!port_tenant_take(gw_principal(req)->tenant_id, gw->cfg.port_streams_max_per_tenant)) {
+	if (!port_tenant_take(gw_principal(req)->tenant_id, gw->cfg.port_streams_max_per_tenant,
+			      &ticket)) {
 		http_reply_header(req, "Retry-After", "1");
 		http_reply_error(req, KILN_E_RATE_LIMITED,
 				 "too many port streams at once: port_streams_max_per_tenant is %lld",
@@ -442,6 +425,7 @@ static void port_stream(struct http_req *req)
 		goto out;
 	}
 	snprintf(sp->tenant, sizeof(sp->tenant), "%s", gw_principal(req)->tenant_id);
+	sp->ticket = ticket;
 	if (pn.have > pn.head_len) {
 		sp->early = malloc(pn.have - pn.head_len);
 		if (!sp->early) {
@@ -458,7 +442,7 @@ static void port_stream(struct http_req *req)
 	http_reply_upgrade(req, "kiln-port", splice_run, sp);
 out:
 	if (taken)
-		port_tenant_give(gw_principal(req)->tenant_id);
+		port_tenant_give(gw_principal(req)->tenant_id, ticket);
 	port_node_free(&pn);
 }
 

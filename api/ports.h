@@ -14,11 +14,17 @@
 #include "api/porturl.h"
 
 /*
- * Counts a stream in for `tenant` unless it holds `max` already (port_streams_max_per_tenant):
- * returns whether it was counted; each true is undone by port_tenant_give().
+ * Counts a stream in for `tenant` unless it holds `max` already (port_streams_max_per_tenant,
+ * across the gateways sharing a Redis; api/portcount.h): returns whether it was counted, with
+ * *ticket naming it; each true is undone by port_tenant_give() with that ticket.
  */
-bool port_tenant_take(const char *tenant, long long max);
-void port_tenant_give(const char *tenant);
+bool port_tenant_take(const char *tenant, long long max, unsigned long long *ticket);
+void port_tenant_give(const char *tenant, unsigned long long ticket);
+
+/* Counts in the gateway's Redis from now on (0 or -errno); until the detach, at the stop. */
+struct rds;
+int port_counts_attach(struct rds *rds);
+void port_counts_detach(void);
 
 /* A node's answer to a stream's upgrade. */
 struct port_node {

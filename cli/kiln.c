@@ -1137,9 +1137,50 @@ static bool time_arg(const char *t)
 }
 
 /*
+ * Prints `s` (NULL or empty: "-"), every control character as '?': a name or path a guest chose
+ * can neither end the line nor move to another column.
+ */
+static void print_clean(const char *s)
+{
+	if (!s || !*s) {
+		fputs("-", stdout);
+		return;
+	}
+	for (; *s; s++)
+		putchar((unsigned char)*s < 0x20 || *s == 0x7f ? '?' : *s);
+}
+
+/*
+ * One connection's requests through the injecting proxy, "METHOD HOST PATH STATUS" each (with
+ * " +secret" when a secret header was added), "; " between them; "-" when none.
+ */
+static void print_requests(const json_t *reqs)
+{
+	const json_t *q;
+	size_t i;
+
+	if (!json_is_array(reqs) || json_array_size(reqs) == 0) {
+		fputs("-", stdout);
+		return;
+	}
+	json_array_foreach(reqs, i, q) {
+		if (i)
+			fputs("; ", stdout);
+		print_clean(json_string_value(json_object_get(q, "method")));
+		putchar(' ');
+		print_clean(json_string_value(json_object_get(q, "host")));
+		putchar(' ');
+		print_clean(json_string_value(json_object_get(q, "path")));
+		printf(" %lld%s", (long long)json_integer_value(json_object_get(q, "status")),
+		       json_is_true(json_object_get(q, "secret")) ? " +secret" : "");
+	}
+}
+
+/*
  * kiln admin connections SANDBOX [SINCE [UNTIL]] (the operator's admin key): the sandbox's
  * connection log, newest first, every page: opened, last seen, verdict, protocol, destination,
- * port, bytes and packets out and in; then what the log lost, when anything.
+ * port, bytes and packets out and in, the name the name-checking proxy checked and its decision,
+ * and the injecting proxy's requests ("-" for none); then what the log lost, when anything.
  */
 static int admin_connections(int argc, char **argv)
 {
@@ -1168,8 +1209,8 @@ static int admin_connections(int argc, char **argv)
 		if (as_json) {
 			print_json(r);
 		} else {
-			json_array_foreach(json_object_get(r, "connections"), i, c)
-				printf("%s\t%s\t%s\t%s\t%s\t%lld\t%lld\t%lld\t%lld\t%lld\n",
+			json_array_foreach(json_object_get(r, "connections"), i, c) {
+				printf("%s\t%s\t%s\t%s\t%s\t%lld\t%lld\t%lld\t%lld\t%lld\t",
 				       json_string_value(json_object_get(c, "opened_at")),
 				       json_string_value(json_object_get(c, "last_seen_at")),
 				       json_string_value(json_object_get(c, "verdict")),
@@ -1180,6 +1221,13 @@ static int admin_connections(int argc, char **argv)
 				       (long long)json_integer_value(json_object_get(c, "bytes_in")),
 				       (long long)json_integer_value(json_object_get(c, "packets_out")),
 				       (long long)json_integer_value(json_object_get(c, "packets_in")));
+				print_clean(json_string_value(json_object_get(c, "dns_name")));
+				putchar('\t');
+				print_clean(json_string_value(json_object_get(c, "proxy_decision")));
+				putchar('\t');
+				print_requests(json_object_get(c, "requests"));
+				putchar('\n');
+			}
 		}
 		const char *next = json_string_value(json_object_get(r, "next_cursor"));
 		snprintf(cursor, sizeof(cursor), "%s", next ? next : "");
@@ -1280,7 +1328,7 @@ static const struct command {
 	{ "balance", cmd_balance, "", "your credits" },
 	{ "api", cmd_api, "METHOD /PATH [JSON]", "any API call; the answer as it is" },
 	{ "admin", cmd_admin, "suspend|unsuspend TENANT", "operator: suspend a tenant (its keys refused, its sandboxes paused) or lift it" },
-	{ "admin", cmd_admin, "connections SANDBOX [SINCE [UNTIL]]", "operator: the sandbox's connection log (opened, last seen, verdict, proto, address, port, bytes and packets out and in)" },
+	{ "admin", cmd_admin, "connections SANDBOX [SINCE [UNTIL]]", "operator: the sandbox's connection log (opened, last seen, verdict, proto, address, port, bytes and packets out and in, checked name, proxy decision, injected requests)" },
 	{ "help", cmd_help, "", "this text" },
 };
 

@@ -183,8 +183,8 @@ const struct cfg_def config_table[] = {
 	  NULL, false, "port streams one sandbox carries at once on its node (more: 429 naming the "
 	  "limit; the guest's agent carries 64 at most)" },
 	{ "port_streams_max_per_tenant", CFG_INT, F(port_streams_max_per_tenant), "64", 1, 65536,
-	  NULL, false, "port streams (and probes) one tenant holds open at once through one gateway "
-	  "(more: 429 naming the limit)" },
+	  NULL, false, "port streams (and probes) one tenant holds open at once, counted across gateways "
+	  "in Redis (each gateway's own count while Redis is down; more: 429 naming the limit)" },
 	{ "ports_listen", CFG_STRING, F(ports_listen), "127.0.0.1:8082", 0, 0, NULL, false,
 	  "address of the gateway's port URL listener, host:port: servers in sandboxes at "
 	  "{port}-{id}.{ports_domain}, never the API (docs/ports.md)" },

@@ -17,6 +17,8 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "auth/crypto.h"
@@ -24,6 +26,8 @@
 #include "node/inject.h"
 
 #define SECRETS_PER_HOST_MAX 64
+#define UP_SESSIONS_MAX 256	/* upstream TLS sessions kept for resumption, one per host and address */
+#define UP_SESSION_LIFE_S 3600	/* the longest a kept session is offered, whatever its ticket says */
 #define LINE_MAX_BYTES 8192	/* a chunk-size or trailer line */
 
 struct entry {
@@ -35,6 +39,14 @@ struct entry {
 };
 
 struct conn;
+
+/* An upstream's TLS session, offered again on the next connection to the same host and address. */
+struct up_session {
+	char host[TENANTCA_HOST_MAX + 1];
+	struct sockaddr_storage addr;
+	SSL_SESSION *s;
+	time_t kept;
+};
 
 struct inject {
 	pthread_mutex_t lock;	/* everything below */
@@ -48,6 +60,9 @@ struct inject {
 	struct kiln_cidr *deny;	/* o.deny copied */
 	int host_ns;		/* the network namespace inject_new() ran in, or -1 */
 	ino_t host_ns_ino;
+	pthread_mutex_t slock;	/* sessions */
+	struct up_session sessions[UP_SESSIONS_MAX];
+	size_t snext;		/* the slot a new host takes when all are used */
 };
 
 /* A buffered reader over one TLS side. */
@@ -68,6 +83,7 @@ struct conn {
 	size_t pre_len, pre_off;
 	struct rbuf gin, uin;
 	bool up_failed;		/* the upstream could not be reached or verified */
+	bool up_resumed;	/* its TLS session was a kept one resumed */
 	int replied;		/* the status of the injector's own last answer */
 	int noted;		/* requests noted in the connection log */
 	struct kiln_conn_note nt;	/* the flow (family 0: unknown) */
@@ -104,6 +120,81 @@ static struct entry **entry_find(struct inject *inj, const char *sandbox_id)
 	return p;
 }
 
+static bool same_addr(const struct sockaddr_storage *a, const struct sockaddr_storage *b)
+{
+	if (a->ss_family != b->ss_family)
+		return false;
+	if (a->ss_family == AF_INET)
+		return memcmp(&((const struct sockaddr_in *)a)->sin_addr,
+			      &((const struct sockaddr_in *)b)->sin_addr, 4) == 0 &&
+		       ((const struct sockaddr_in *)a)->sin_port ==
+			       ((const struct sockaddr_in *)b)->sin_port;
+	return memcmp(&((const struct sockaddr_in6 *)a)->sin6_addr,
+		      &((const struct sockaddr_in6 *)b)->sin6_addr, 16) == 0 &&
+	       ((const struct sockaddr_in6 *)a)->sin6_port ==
+		       ((const struct sockaddr_in6 *)b)->sin6_port;
+}
+
+/*
+ * A new upstream session (OpenSSL's callback, for a verified handshake or a ticket after it): kept
+ * for the connection's host and address, replacing the one before. Returns 1: the slot owns it.
+ */
+static int session_new(SSL *ssl, SSL_SESSION *s)
+{
+	struct conn *c = SSL_get_app_data(ssl);
+	struct inject *inj;
+	struct up_session *slot = NULL;
+
+	if (!c || !SSL_SESSION_is_resumable(s))
+		return 0;
+	inj = c->inj;
+	pthread_mutex_lock(&inj->slock);
+	for (size_t i = 0; i < UP_SESSIONS_MAX && !slot; i++)
+		if (inj->sessions[i].s && strcmp(inj->sessions[i].host, c->host) == 0 &&
+		    same_addr(&inj->sessions[i].addr, &c->addr))
+			slot = &inj->sessions[i];
+	for (size_t i = 0; i < UP_SESSIONS_MAX && !slot; i++)
+		if (!inj->sessions[i].s)
+			slot = &inj->sessions[i];
+	if (!slot) {
+		slot = &inj->sessions[inj->snext];
+		inj->snext = (inj->snext + 1) % UP_SESSIONS_MAX;
+	}
+	SSL_SESSION_free(slot->s);
+	snprintf(slot->host, sizeof(slot->host), "%s", c->host);
+	slot->addr = c->addr;
+	slot->s = s;
+	slot->kept = time(NULL);
+	pthread_mutex_unlock(&inj->slock);
+	return 1;
+}
+
+/* The kept session for c's host and address (a reference the caller frees), or NULL. */
+static SSL_SESSION *session_find(struct inject *inj, const struct conn *c)
+{
+	SSL_SESSION *s = NULL;
+	time_t now = time(NULL);
+
+	pthread_mutex_lock(&inj->slock);
+	for (size_t i = 0; i < UP_SESSIONS_MAX; i++) {
+		struct up_session *u = &inj->sessions[i];
+
+		if (!u->s || strcmp(u->host, c->host) != 0 || !same_addr(&u->addr, &c->addr))
+			continue;
+		if (now - u->kept < UP_SESSION_LIFE_S &&
+		    now < (time_t)(SSL_SESSION_get_time(u->s) + SSL_SESSION_get_timeout(u->s)) &&
+		    SSL_SESSION_is_resumable(u->s) && SSL_SESSION_up_ref(u->s) == 1) {
+			s = u->s;
+		} else {
+			SSL_SESSION_free(u->s);
+			u->s = NULL;
+		}
+		break;
+	}
+	pthread_mutex_unlock(&inj->slock);
+	return s;
+}
+
 enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struct kiln_error *err)
 {
 	struct inject *inj = calloc(1, sizeof(*inj));
@@ -127,6 +218,7 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 	if (!inj->o.port)
 		inj->o.port = 443;
 	pthread_mutex_init(&inj->lock, NULL);
+	pthread_mutex_init(&inj->slock, NULL);
 	pthread_cond_init(&inj->idle, NULL);
 	inj->host_ns = open("/proc/thread-self/ns/net", O_RDONLY | O_CLOEXEC);
 	{
@@ -161,6 +253,10 @@ enum kiln_err inject_new(const struct inject_opts *o, struct inject **out, struc
 	}
 	SSL_CTX_set_verify(inj->up, SSL_VERIFY_PEER, NULL);
 	SSL_CTX_set_options(inj->up, SSL_OP_NO_RENEGOTIATION | SSL_OP_NO_COMPRESSION);
+	/* upstream sessions resumed: a kept one spares the next connection a full handshake */
+	SSL_CTX_set_session_cache_mode(inj->up,
+				       SSL_SESS_CACHE_CLIENT | SSL_SESS_CACHE_NO_INTERNAL_STORE);
+	SSL_CTX_sess_set_new_cb(inj->up, session_new);
 	*out = inj;
 	return KILN_OK;
 }
@@ -185,6 +281,9 @@ void inject_free(struct inject *inj)
 	}
 	pthread_mutex_unlock(&inj->lock);
 	SSL_CTX_free(inj->up);
+	for (size_t i = 0; i < UP_SESSIONS_MAX; i++)
+		SSL_SESSION_free(inj->sessions[i].s);
+	pthread_mutex_destroy(&inj->slock);
 	free(inj->deny);
 	if (inj->host_ns >= 0)
 		close(inj->host_ns);
@@ -780,10 +879,20 @@ static bool upstream_open(struct conn *c)
 	fl = fcntl(c->ufd, F_GETFL);
 	fcntl(c->ufd, F_SETFL, fl & ~O_NONBLOCK);
 	set_timeouts(c->ufd, inj->o.connect_timeout_s);
+	/* whole records are written: none waits for the peer's ACK of the one before */
+	setsockopt(c->ufd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
 	c->u = SSL_new(inj->up);
 	if (!c->u || !SSL_set_tlsext_host_name(c->u, c->host) || !SSL_set1_host(c->u, c->host) ||
-	    !SSL_set_fd(c->u, c->ufd))
+	    !SSL_set_fd(c->u, c->ufd) || !SSL_set_app_data(c->u, c))
 		goto fail;
+	{
+		SSL_SESSION *s = session_find(inj, c);
+
+		if (s) {	/* verified for this host when it was made */
+			SSL_set_session(c->u, s);
+			SSL_SESSION_free(s);
+		}
+	}
 	if (SSL_connect(c->u) != 1) {
 		verify = SSL_get_verify_result(c->u);
 		log_warn("inject: sandbox \"%s\": upstream \"%s\" refused: %s", c->sandbox, c->host,
@@ -793,6 +902,7 @@ static bool upstream_open(struct conn *c)
 	}
 	set_timeouts(c->ufd, inj->o.idle_timeout_s);
 	c->uin.ssl = c->u;
+	c->up_resumed = SSL_session_reused(c->u) == 1;
 	return true;
 fail:
 	ERR_clear_error();
@@ -931,12 +1041,14 @@ static bool relay_one(struct conn *c)
 		memcpy(out + olen, block, blen);
 		olen += blen;
 	}
+	memcpy(out + olen, "\r\n", 2);	/* one record: the head's end never waits on its start */
+	olen += 2;
 	if (!c->u && (c->up_failed || !upstream_open(c))) {
 		reply(c, 502, "Bad Gateway", "kiln: the upstream could not be reached or its "
 					     "certificate did not verify; nothing was sent");
 		goto out;
 	}
-	if (!ssl_write_all(c->u, out, olen) || !ssl_write_all(c->u, "\r\n", 2)) {
+	if (!ssl_write_all(c->u, out, olen)) {
 		/* an upstream that closed while idle: once more on a new connection */
 		ERR_clear_error();
 		SSL_free(c->u);
@@ -944,8 +1056,7 @@ static bool relay_one(struct conn *c)
 		close(c->ufd);
 		c->ufd = -1;
 		c->uin.off = c->uin.len = 0;
-		if (!upstream_open(c) || !ssl_write_all(c->u, out, olen) ||
-		    !ssl_write_all(c->u, "\r\n", 2))
+		if (!upstream_open(c) || !ssl_write_all(c->u, out, olen))
 			goto out;
 	}
 	sent = true;
@@ -1003,6 +1114,7 @@ static void *conn_main(void *arg)
 	BIO *bio = NULL;
 
 	set_timeouts(c->gfd, inj->o.idle_timeout_s);
+	setsockopt(c->gfd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
 	pthread_once(&pre_once, pre_init);
 	if (!ctx || !pre_method) {
 		log_warn("inject: sandbox \"%s\": no certificate for \"%s\": %s", c->sandbox, c->host,
@@ -1041,6 +1153,8 @@ static void *conn_main(void *arg)
 	while (relay_one(c))
 		;
 	SSL_shutdown(c->g);
+	if (c->u)	/* a clean end keeps its session resumable (session_new) */
+		SSL_shutdown(c->u);
 out:
 	ERR_clear_error();
 	SSL_free(c->g);

@@ -1,7 +1,8 @@
 """bench_inject.py - throughput and time to first byte of an HTTPS download through the injecting
 proxy (inject_serve on loopback) against the same download straight from the TLS server, rounds
 interleaved in one run. curl does the downloads; the server is Python's, serving MIB MiB from
-memory (the same server both ways, so its own cost cancels out of the ratio).
+memory (the same server both ways, so its own cost cancels out of the ratio). With --serve-base,
+a second injector (say, a build from before a change) is measured in the same rounds too.
 """
 import argparse
 import os
@@ -24,6 +25,7 @@ HOST = "api.test"
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--serve", required=True)
+    ap.add_argument("--serve-base", help="another inject_serve, measured alongside")
     ap.add_argument("--mib", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=5)
     a = ap.parse_args()
@@ -57,12 +59,16 @@ def main():
         httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
         threading.Thread(target=httpd.serve_forever, daemon=True).start()
         up = httpd.server_address[1]
-        proc = subprocess.Popen([a.serve, "--host", HOST, "--upstream", str(up), "--ca-file",
-                                 paths["ca.pem"], "--ca-out", paths["tenant.pem"], "--secret",
-                                 HOST, "Authorization", "Bearer bench"],
-                                stdout=subprocess.PIPE, text=True)
-        port = int(proc.stdout.readline())
-        ways = {"direct": (up, paths["ca.pem"]), "inject": (port, paths["tenant.pem"])}
+        procs, ways = [], {"direct": (up, paths["ca.pem"])}
+        for name, serve in (("inject", a.serve), ("base", a.serve_base)):
+            if not serve:
+                continue
+            out = os.path.join(d, name + ".pem")
+            procs.append(subprocess.Popen([serve, "--host", HOST, "--upstream", str(up),
+                                           "--ca-file", paths["ca.pem"], "--ca-out", out,
+                                           "--secret", HOST, "Authorization", "Bearer bench"],
+                                          stdout=subprocess.PIPE, text=True))
+            ways[name] = (int(procs[-1].stdout.readline()), out)
         res = {w: {"mbps": [], "ttfb_ms": []} for w in ways}
         try:
             for _ in range(a.rounds):
@@ -75,8 +81,9 @@ def main():
                     res[w]["ttfb_ms"].append(float(out[0]) * 1000)
                     res[w]["mbps"].append(float(out[1]) * 8 / 1e6)
         finally:
-            proc.kill()
-            proc.wait()
+            for proc in procs:
+                proc.kill()
+                proc.wait()
             httpd.shutdown()
     med = {w: {k: statistics.median(v) for k, v in r.items()} for w, r in res.items()}
     for w in ways:
@@ -84,8 +91,10 @@ def main():
               f"(runs {', '.join('%.0f' % x for x in res[w]['mbps'])}); "
               f"first byte median {med[w]['ttfb_ms']:6.2f} ms "
               f"(runs {', '.join('%.2f' % x for x in res[w]['ttfb_ms'])})")
-    print(f"inject/direct throughput {med['inject']['mbps'] / med['direct']['mbps']:.2f}x; "
-          f"first byte +{med['inject']['ttfb_ms'] - med['direct']['ttfb_ms']:.2f} ms")
+    for w in ways:
+        if w != "direct":
+            print(f"{w}/direct throughput {med[w]['mbps'] / med['direct']['mbps']:.2f}x; "
+                  f"first byte +{med[w]['ttfb_ms'] - med['direct']['ttfb_ms']:.2f} ms")
 
 
 if __name__ == "__main__":

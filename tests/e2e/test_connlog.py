@@ -115,9 +115,10 @@ class ConnlogTests(unittest.TestCase):
                            text=True, timeout=60)
         self.assertEqual(p.returncode, 0, p.stderr)
         lines = [l.split("\t") for l in p.stdout.splitlines()]
+        # an address rule's flow: no checked name, no proxy decision, no injected requests
         self.assertIn([row["opened_at"], row["last_seen_at"], "allowed", "tcp", "203.0.113.10",
                        "9000", str(row["bytes_out"]), str(row["bytes_in"]),
-                       str(row["packets_out"]), str(row["packets_in"])], lines)
+                       str(row["packets_out"]), str(row["packets_in"]), "-", "-", "-"], lines)
         env["KILN_API_KEY"] = self.key["Authorization"].split()[1]
         p = subprocess.run([kiln_cli, "admin", "connections", sb], env=env, capture_output=True,
                            text=True, timeout=60)

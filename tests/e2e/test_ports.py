@@ -208,9 +208,14 @@ class PortStreamTests(unittest.TestCase):
         assert r.status == 201, r
         cls.tenant_id = r.json()["tenant"]["id"]
         cls.key = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
-        r = gw.request("POST", "/v1/sandboxes", {"memory_mib": 512}, cls.key, timeout=300)
+        r = gw.request("POST", "/v1/sandboxes", {"memory_mib": 512, "auto_resume": True}, cls.key,
+                       timeout=300)
         assert r.status == 201, r
         cls.sb = r.json()["id"]
+        # the create's own answer shows auto_resume, as GET does (the last case sets it again)
+        assert r.json().get("auto_resume") is True, r.json()
+        r = gw.request("PATCH", f"/v1/sandboxes/{cls.sb}", {"auto_resume": False}, cls.key)
+        assert (r.status, r.json()) == (200, {"id": cls.sb, "auto_resume": False}), r
         cls.exec(["python3", "-c", f"open('/root/srv.py', 'w').write({SERVER!r})"])
         cls.exec(["sh", "-c", "nohup python3 /root/srv.py >/root/srv.log 2>&1 &"])
         wait = ("import socket, time\n"

@@ -51,6 +51,7 @@ class Recorder(http.server.BaseHTTPRequestHandler):
     def _handle(self):
         body = self._body()
         self.server.seen.append((self.command, self.path, self.headers, body))
+        self.server.resumed[self.path] = self.connection.session_reused
         if self.path == "/redirect":
             self.send_response(302)
             self.send_header("Location", "https://elsewhere.test/")
@@ -81,6 +82,7 @@ class Upstream:
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
         self.httpd.daemon_threads = True
         self.httpd.seen = []
+        self.httpd.resumed = {}  # path: whether its connection's TLS session was resumed
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert_file, key_file)
         self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
@@ -172,6 +174,21 @@ class InjectTest(unittest.TestCase):
         self.assertIsNone(seen[4][2].get("Authorization"))
         self.assertIsNone(seen[4][2].get("X-Api-Key"))
         conn.close()
+
+    def test_upstream_session_resumed_by_the_next_connection(self):
+        # the injector keeps the upstream's TLS session: the next guest connection's upstream
+        # handshake is a resumption, not a full one (the first byte waits less)
+        up = self.servers["good"]
+        port, ca = self.serve("good", [(HOST, "Authorization", SECRET)])
+        ctx = ssl.create_default_context(cafile=ca)
+        for path in ("/first", "/second", "/third"):
+            conn = _Conn(port, ctx)
+            st, body, _ = self.request(conn, "GET", path)
+            self.assertEqual(st, 200, body)
+            conn.close()
+        self.assertEqual([up.httpd.resumed[p] for p in ("/first", "/second", "/third")],
+                         [False, True, True])
+        self.assertEqual([s[2].get("Authorization") for s in up.seen[-3:]], [SECRET] * 3)
 
     def test_bodies_stream_both_ways_and_redirects_pass_through(self):
         up = self.servers["good"]
