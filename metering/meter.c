@@ -33,6 +33,7 @@
 #define FLUSH_JSON_MAX (256u << 20)
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
+#define STEPS_KEPT 16		/* forward steps remembered for points read from the ledger */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -139,6 +140,10 @@ struct meter {
 	bool clk_set, clk_behind;
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
+	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
+	 * on by step_by[i] (its tracked points did; one read later from the ledger must too). */
+	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT];
+	int nsteps;
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
@@ -229,6 +234,13 @@ static int64_t meter_clock(struct meter *m)
 		log_warn("the wall clock stepped %.3f s ahead of the meter's: not billed", (double)step / 1e9);
 		for (size_t i = 0; i < m->nsbs; i++)
 			m->sbs[i]->last_t += step;
+		if (m->nsteps == STEPS_KEPT) {
+			memmove(m->step_at, m->step_at + 1, sizeof(m->step_at[0]) * (STEPS_KEPT - 1));
+			memmove(m->step_by, m->step_by + 1, sizeof(m->step_by[0]) * (STEPS_KEPT - 1));
+			m->nsteps--;
+		}
+		m->step_at[m->nsteps] = l;
+		m->step_by[m->nsteps++] = step;
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
@@ -543,6 +555,20 @@ static enum bstate bstate_of(const char *state)
  * Starts tracking the sandbox of `r` from the ledger's billed-up-to point when there is one, else
  * from its creation: its state changes (r->e) say what it did since.
  */
+/*
+ * A billed-up-to point read from the ledger, on this meter's label clock: a point from before a
+ * forward step this meter followed moves on by that step, as the points it tracked did then
+ * (another meter of the node wrote it before the step; billed from where it stood, the step's
+ * time would be billed: kiln-sim `clock`, seed 1, +144,955 µcr).
+ */
+static int64_t step_shift(const struct meter *m, int64_t t)
+{
+	for (int i = 0; i < m->nsteps; i++)
+		if (t < m->step_at[i])
+			t += m->step_by[i];
+	return t;
+}
+
 static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 {
 	struct msb *s = sb_add(m, r->id, r->tenant);
@@ -559,7 +585,7 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
 		s->mine = r->m_mine;
-		s->last_t = r->m_last;
+		s->last_t = step_shift(m, r->m_last);
 		s->cpu_at = r->m_cpu;
 		s->rx_at = r->m_rx;
 		s->tx_at = r->m_tx;
@@ -683,9 +709,16 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	s->mem_mib = r->mem_mib;
 	s->disk_gib = r->disk_gib;
 	/* A generation has one pause snapshot at most; a resume (a new generation) drops it from
-	 * the row, so an earlier generation's paused time still to bill keeps the size seen. */
-	if (r->gen == s->gen)
+	 * the row, so an earlier generation's paused time still to bill keeps the size seen, or
+	 * takes the one its pause row names: a meter that could not read while the generation
+	 * paused and ended (its Postgres away) never saw it in the row. */
+	if (r->gen == s->gen) {
 		s->snap_mib = r->snap_mib;
+	} else {
+		uint64_t g = row_gen_snap(r, s->gen);
+		if (g)
+			s->snap_mib = g;
+	}
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
 		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */

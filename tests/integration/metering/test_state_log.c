@@ -16,7 +16,8 @@
  * - two meters of one node, one of them stalled across a restore (a new generation without a
  *   state change): every second billed once;
  * - a pause billed from the stop of its vCPUs, the CPU of writing its snapshot left out (a cgroup
- *   v2 tree of files the meter reads, record_vcpus_stopped()); a stop logged after a tick passed
+ *   v2 tree of files the meter reads, record_vcpus_stopped()); a generation paused and ended
+ *   while the meter's Postgres was away billed at its snapshot's size; a stop logged after a tick passed
  *   its time applied from that tick; a pause that failed after the stop paused only until the
  *   vCPUs went on; a deletion logged with the group's counter billed to it, the group gone;
  * - the log's trim.
@@ -896,6 +897,41 @@ static void test_crashed_meter_bills_a_generation_in_between_at_its_snapshots_si
 }
 
 /*
+ * A meter whose Postgres went away while a sandbox paused into a snapshot smaller than the guest
+ * and resumed (a new generation): once Postgres answers, the row names the new generation only,
+ * and the ended one's paused time is billed at its own snapshot's size, which its pause row names
+ * (before, at the guest's memory: the meter had seen the generation running only; kiln-sim `pg`,
+ * seed 2, -25 µcr).
+ */
+static void test_meter_without_postgres_bills_a_paused_generation_at_its_snapshots_size(void)
+{
+	char t[32], nd[32], sb[32];
+	int64_t t0 = aligned(3 * 60);
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, nd, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 4 * S);
+	meter_set_backends(m, dead, rds);
+	pause_into(t, nd, sb, "sa", 64, t0 + 5 * S);
+	resume_here(sb, t0 + 13 * S);
+	tick1(m, t0 + 18 * S);
+	meter_set_backends(m, pg, rds);
+	tick1(m, t0 + 20 * S);
+	stop_at(sb, t0 + 20 * S);
+	tick1(m, t0 + 32 * S);
+	/* paused 8 s at 256 µcr/s (64 MiB at 4096 µcr/GiB-s), then 7 s running */
+	CHECK_INT(used_gen(sb, 1), RUN_UCR * 5 + PAUSED_UCR / 4 * 8);
+	CHECK_INT(used_gen(sb, 2), RUN_UCR * 7);
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
  * A vCPU stop logged after a tick already billed past its time (the tick fell between the stop
  * and its log): the pause is applied from that tick on, not lost (before, the change's time was
  * behind the billed-up-to point and the sandbox stayed billed as running through its pause).
@@ -1017,6 +1053,7 @@ int main(void)
 	TEST(test_paused_until_the_resume_billed_at_the_snapshots_size);
 	TEST(test_crashed_meter_bills_paused_time_to_the_resume_at_the_snapshots_size);
 	TEST(test_crashed_meter_bills_a_generation_in_between_at_its_snapshots_size);
+	TEST(test_meter_without_postgres_bills_a_paused_generation_at_its_snapshots_size);
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);
