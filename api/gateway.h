@@ -54,6 +54,13 @@ extern const struct route_group routes_snapshots;	/* /v1/snapshots */
 extern const struct route_group routes_billing;	/* /v1/billing/..., /v1/usage, sandbox usage */
 extern const struct route_group routes_storage;	/* /v1/storage */
 extern const struct route_group routes_templates;	/* /v1/templates... */
+/*
+ * The exec body `text` with the defaults of the template sandbox `sb_id` came from (its image's
+ * WORKDIR as "cwd", its USER as "user") filled in where the caller left them out: *out is the new
+ * body (free it), NULL when nothing is added. Fails only when Postgres or memory does.
+ */
+enum kiln_err templates_exec_defaults(struct pg_conn *c, const char *sb_id, const char *text,
+				      size_t len, char **out, struct kiln_error *err);
 extern const struct route_group routes_secrets;	/* /v1/sandboxes/{id}/secrets */
 extern const struct route_group routes_nodes;	/* /v1/admin/nodes (routes_nodes.c) */
 extern const struct route_group routes_ports;	/* /v1/sandboxes/{id}/connect */

@@ -510,12 +510,23 @@ static void sandbox_get(struct http_req *req)
 
 /* ---- DELETE, timeout, exec: forwarded ---- */
 
+static void forward_body(struct http_req *req, const struct sb_row *sb, const char *suffix,
+			 bool with_body, const char *body, size_t len);
+
 static void forward(struct http_req *req, const struct sb_row *sb, const char *suffix,
 		    bool with_body)
 {
-	char path[4352];
 	size_t len = 0;
 	const char *body = with_body ? http_req_body(req, &len) : NULL;
+
+	forward_body(req, sb, suffix, with_body, body, len);
+}
+
+/* forward() with `body` in place of the request's. */
+static void forward_body(struct http_req *req, const struct sb_row *sb, const char *suffix,
+			 bool with_body, const char *body, size_t len)
+{
+	char path[4352];
 	const char *q = http_req_query(req, "path"), *user = http_req_query(req, "user");
 
 	snprintf(path, sizeof(path), "/v1/sandboxes/%s%s", sb->id, suffix);
@@ -651,8 +662,23 @@ static void sandbox_exec(struct http_req *req)
 		http_reply_error(req, err.code, "%s", err.msg);
 		return;
 	}
-	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
-		forward(req, &sb, "/exec", true);
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb)) {
+		/* its template's WORKDIR and USER where the caller gives none (routes_templates.c) */
+		struct gateway *gw = http_req_app(req);
+		struct pg_conn *c = gw_db(req);
+		char *nb = NULL;
+		enum kiln_err rc;
+
+		if (!c)
+			return;
+		rc = templates_exec_defaults(c, sb.id, body, len, &nb, &err);
+		pg_release(gw->pg, c);
+		if (rc != KILN_OK)
+			gw_fail(req, rc, &err);
+		else
+			forward_body(req, &sb, "/exec", true, nb ? nb : body, nb ? strlen(nb) : len);
+		free(nb);
+	}
 }
 
 /* ---- processes: forwarded to the node (docs/sandboxes.md) ---- */

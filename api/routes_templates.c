@@ -300,6 +300,7 @@ struct source_up {
 	int fd;
 	long long bytes;
 	bool started;		/* the version was moved to building */
+	bool image;		/* ?format=oci-archive: an OCI image archive, not a build context */
 	enum kiln_err refused;	/* why the upload was not taken, `err` saying it */
 	struct kiln_error err;
 	char v[16];		/* the version */
@@ -337,14 +338,18 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	if (pg_acquire(gw->pg, &c, err) != KILN_OK)
 		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the database is unavailable");
 	rc = version_resolve(req, c, u->v, err);
-	if (rc == KILN_OK)
+	if (rc == KILN_OK && u->image)
+		;	/* an image import: no Dockerfile, built on the node with the most memory */
+	else if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 		 "SELECT v.dockerfile FROM template_versions v JOIN templates t "
 		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 "
 		 "AND v.version = $3::int AND t.deleted_at IS NULL AND v.status = 'pending' "
 		 "AND v.dockerfile IS NOT NULL",
 		 who->tenant_id, id, v);
-	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+	if (rc == KILN_OK && u->image) {
+		;
+	} else if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		const char *text = pg_res_str(res, 0, 0);
 		rc = dockerfile_parse(text, strlen(text), &df, err);
 	} else if (rc == KILN_OK) {
@@ -352,7 +357,7 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	}
 	pg_res_free(res);
 	res = NULL;
-	if (rc == KILN_OK)
+	if (rc == KILN_OK && !u->image)
 		from_base = strcmp(df.from, "base") == 0 || strcmp(df.from, "python") == 0;
 	if (rc == KILN_OK && !from_base)
 		rc = PGQ(c, &res, err,
@@ -383,12 +388,23 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	pg_res_free(res);
 	res = NULL;
 	snprintf(maxb, sizeof(maxb), "%lld", gw->cfg.template_max_builds);
-	if (rc == KILN_OK)
+	if (rc == KILN_OK && u->image)
+		rc = PGQ(c, &res, err,
+			 "SELECT state, quota, has_df FROM "
+			 "template_image_start($1, $2, $3::int, $4, $5::int)",
+			 who->tenant_id, id, v, node, maxb);
+	else if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 			 "SELECT state, quota FROM template_build_start($1, $2, $3::int, $4, $5::int)",
 			 who->tenant_id, id, v, node, maxb);
 	if (rc == KILN_OK && pg_res_get(res, 0, 1))
 		rc = kiln_error_set(err, KILN_E_RATE_LIMITED, "%s", pg_res_str(res, 0, 1));
+	else if (rc == KILN_OK && u->image && pg_res_get(res, 0, 2) &&
+		 strcmp(pg_res_str(res, 0, 2), "t") == 0)
+		rc = kiln_error_set(err, KILN_E_CONFLICT,
+				    "version %s of template \"%s\" has a Dockerfile: an image is "
+				    "imported into a version without one",
+				    v, id);
 	else if (rc == KILN_OK && (!pg_res_get(res, 0, 0) ||
 				   strcmp(pg_res_str(res, 0, 0), "pending") != 0))
 		rc = version_not_pending(req, c, v, "a source is given to", err);
@@ -397,7 +413,8 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	if (rc != KILN_OK)
 		return rc;
 	u->started = true;
-	snprintf(path, sizeof(path), "/v1/builds/%s/source?version=%s", id, v);
+	snprintf(path, sizeof(path), "/v1/builds/%s/source?version=%s%s", id, v,
+		 u->image ? "&format=oci-archive" : "");
 	u->ns = node_stream_start(req, &(struct node_call){ .address = address, .method = "PUT",
 							     .path = path, .sandbox_id = id, .who = who,
 							     .upload_fd = -1,
@@ -412,6 +429,7 @@ static enum kiln_err source_sink(struct http_req *req, const char *data, size_t 
 {
 	struct gateway *gw = http_req_app(req);
 	struct source_up *u = http_req_hctx(req);
+	const char *fmt;
 
 	if (!u) {
 		u = calloc(1, sizeof(*u));
@@ -419,7 +437,13 @@ static enum kiln_err source_sink(struct http_req *req, const char *data, size_t 
 			return KILN_E_NOMEM;
 		u->fd = -1;
 		http_req_set_hctx(req, u, source_up_free);
-		u->refused = source_start(req, u);
+		fmt = http_req_query(req, "format");
+		u->image = fmt && strcmp(fmt, "oci-archive") == 0;
+		if (fmt && !u->image && strcmp(fmt, "context") != 0)
+			u->refused = kiln_error_set(&u->err, KILN_E_INVALID,
+						    "format must be context or oci-archive");
+		else
+			u->refused = source_start(req, u);
 	}
 	if (u->refused)
 		return u->refused;
@@ -446,16 +470,19 @@ static void source_undo(struct http_req *req, const char *v)
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return;
 	PGQ(c, NULL, &err,
-	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL "
-	    "FROM templates t WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL, "
+	    "source_format = 'context' FROM templates t WHERE t.id = v.template_id "
+	    "AND t.tenant_id = $1 AND t.id = $2 "
 	    "AND v.version = $3::int AND v.status = 'building' AND v.builder_id IS NULL",
 	    gw_principal(req)->tenant_id, http_req_param(req, "id"), v);
 	pg_release(gw->pg, c);
 }
 
 /*
- * PUT /v1/templates/{id}/source[?version=N]: the build context (a tar holding what the
- * Dockerfile COPYs), at most template_source_max_bytes; 202 and the build runs.
+ * PUT /v1/templates/{id}/source[?version=N][&format=oci-archive]: the build context (a tar
+ * holding what the Dockerfile COPYs), or with format=oci-archive an OCI image archive to import
+ * into a version without a Dockerfile (`oci-archive`: a tar of an OCI image layout), at most
+ * template_source_max_bytes; 202 and the build runs.
  */
 static void templates_source(struct http_req *req)
 {
@@ -499,6 +526,52 @@ static void templates_source(struct http_req *req)
 	u->fd = -1;
 	node_stream_finish(req, u->ns);	/* the node's answer; it undoes a failed upload itself */
 	u->ns = NULL;
+}
+
+enum kiln_err templates_exec_defaults(struct pg_conn *c, const char *sb_id, const char *text,
+				      size_t len, char **out, struct kiln_error *err)
+{
+	json_t *body = json_loadb(text ? text : "", len, 0, NULL);
+	bool cwd, user;
+	struct pg_res *res = NULL;
+	enum kiln_err rc = KILN_OK;
+
+	*out = NULL;
+	if (!json_is_object(body)) {
+		json_decref(body);
+		return KILN_OK;	/* the node says what is wrong with it */
+	}
+	cwd = json_object_get(body, "cwd") != NULL;
+	user = json_object_get(body, "user") != NULL;
+	if (!cwd || !user)
+		/* the newest template version in the sandbox's lineage: the one it was made from */
+		rc = PGQ(c, &res, err,
+			 "SELECT v.workdir, v.run_user FROM sandboxes s JOIN template_versions v "
+			 "ON v.snapshot_id = ANY (s.lineage) WHERE s.id = $1 AND v.status = 'ready' "
+			 "ORDER BY v.finished_at DESC LIMIT 1",
+			 sb_id);
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		bool changed = false;
+
+		if (!cwd && pg_res_get(res, 0, 0)) {
+			json_object_set_new(body, "cwd", json_string(pg_res_str(res, 0, 0)));
+			changed = true;
+		}
+		if (!user && pg_res_get(res, 0, 1)) {
+			/* the account part: a ":group" of USER is not applied (docs/templates.md) */
+			const char *u = pg_res_str(res, 0, 1);
+			json_object_set_new(body, "user", json_stringn(u, strcspn(u, ":")));
+			changed = true;
+		}
+		if (changed) {
+			*out = json_dumps(body, JSON_COMPACT);
+			if (!*out)
+				rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		}
+	}
+	pg_res_free(res);
+	json_decref(body);
+	return rc;
 }
 
 /* The build log followed as server-sent events. */

@@ -72,6 +72,7 @@ struct build {
 	int fd;
 	long long bytes;
 	enum kiln_err refused;		/* why the upload was not taken */
+	bool image;			/* an OCI image archive to import, not a build context */
 	/* the build */
 	char builder[AUTH_ID_MAX];
 	struct sandbox *sb;
@@ -510,6 +511,185 @@ static enum kiln_err build_context(struct build *b, struct kiln_error *err)
 	return rc;
 }
 
+/* ---- an imported image ---- */
+
+#define IMAGE_NEW "/kiln-new"		/* in the builder: umoci's bundle; its rootfs becomes / */
+
+/*
+ * The builder's root replaced by the unpacked image's, by a Python process of the base image that
+ * has loaded all it needs before the first rename (nothing is executed from the old root once it
+ * goes): every entry of / but the mount points moves aside and is deleted, the image's entries
+ * take its place. It prints the bytes in use on / afterwards.
+ */
+static const char image_swap_py[] =
+	"import os, shutil, sys\n"
+	"keep = {'proc', 'sys', 'dev', 'run', 'tmp', 'lost+found', 'kiln-new', 'kiln-old'}\n"
+	"new = '" IMAGE_NEW "/rootfs'\n"
+	"os.mkdir('/kiln-old')\n"
+	"for e in os.listdir('/'):\n"
+	"    if e not in keep:\n"
+	"        os.rename('/' + e, '/kiln-old/' + e)\n"
+	"for e in os.listdir(new):\n"
+	"    if e not in keep:\n"
+	"        os.rename(new + '/' + e, '/' + e)\n"
+	"shutil.rmtree('/kiln-old')\n"
+	"shutil.rmtree('" IMAGE_NEW "')\n"
+	"os.sync()\n"
+	"st = os.statvfs('/')\n"
+	"sys.stdout.write('%d\\n' % ((st.f_blocks - st.f_bfree) * st.f_frsize))\n";
+
+/*
+ * The image's runtime configuration (umoci's config.json): its ENV becomes the version's, its
+ * working directory the WORKDIR and its uid, named by the image's /etc/passwd, the USER.
+ */
+static enum kiln_err image_config(struct build *b, const char *text, size_t len,
+				  struct kiln_error *err)
+{
+	json_t *cfg = json_loadb(text, len, 0, NULL), *proc, *env, *v;
+	const char *cwd;
+	size_t i;
+	enum kiln_err rc = KILN_OK;
+
+	proc = cfg ? json_object_get(cfg, "process") : NULL;
+	if (!json_is_object(proc)) {
+		json_decref(cfg);
+		return kiln_error_set(err, KILN_E_INVALID, "the image's configuration is unreadable");
+	}
+	env = json_object_get(proc, "env");
+	json_array_foreach(env, i, v) {
+		const char *kv = json_string_value(v), *eq = kv ? strchr(kv, '=') : NULL;
+		char name[256];
+
+		if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof(name))
+			continue;
+		snprintf(name, sizeof(name), "%.*s", (int)(eq - kv), kv);
+		rc = env_set(b, name, eq + 1, true, err);
+		if (rc != KILN_OK)
+			break;
+	}
+	cwd = json_string_value(json_object_get(proc, "cwd"));
+	if (rc == KILN_OK && cwd && cwd[0] == '/' && strcmp(cwd, "/") != 0) {
+		b->workdir = strdup(cwd);
+		if (!b->workdir)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	json_decref(cfg);
+	return rc;
+}
+
+/*
+ * Imports the uploaded OCI image archive: copies it into the builder (the base image, which
+ * holds umoci), unpacks it there with tar(1) into an OCI layout and with umoci into a root file
+ * system (layers in order, whiteouts, ownership, xattrs), adds Kiln's pieces (the static agent,
+ * init's table, the network files), reads the image's configuration, and makes the image's root
+ * the builder's. Nothing of the archive is read on the host.
+ */
+static enum kiln_err build_image(struct build *b, struct kiln_error *err)
+{
+	static const char unpack[] =
+		"set -e; cd " BUILD_DIR "\n"
+		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci; rm -f image.tar\n"
+		"if [ ! -f oci/oci-layout ]; then\n"
+		"  if [ -f oci/manifest.json ]; then\n"
+		"    echo 'a docker save archive: only oci-archive is imported; convert it with"
+		" skopeo copy docker-archive:FILE oci-archive:FILE' >&2; exit 3; fi\n"
+		"  echo 'not an OCI image archive: it holds no oci-layout file' >&2; exit 2\n"
+		"fi\n"
+		"tag=$(umoci ls --layout oci | head -n 1)\n"
+		"[ -n \"$tag\" ] || { echo 'the archive names no image"
+		" (org.opencontainers.image.ref.name in index.json)' >&2; exit 2; }\n"
+		"echo \"# unpacking oci:$tag\"\n"
+		"umoci unpack --image \"oci:$tag\" " IMAGE_NEW "\n"
+		"rm -rf oci\n"
+		"r=" IMAGE_NEW "/rootfs\n"
+		"[ -x \"$r/bin/sh\" ] || [ -L \"$r/bin/sh\" ] ||"
+		" echo '# the image has no /bin/sh: commands run only in exec form' \n"
+		"for d in proc sys dev run tmp; do rm -rf \"$r/$d\"; done\n"
+		"rm -rf \"$r/usr/local/bin/kiln-agent\" \"$r/etc/inittab\" \"$r/etc/kiln\"\n"
+		"mkdir -p \"$r/usr/local/bin\" \"$r/etc\"\n"
+		"cp /usr/local/bin/kiln-agent \"$r/usr/local/bin/kiln-agent\"\n"
+		"cp /etc/inittab \"$r/etc/inittab\"; cp -r /etc/kiln \"$r/etc/kiln\"\n"
+		"for f in hosts resolv.conf hostname; do rm -f \"$r/etc/$f\"; cp /etc/$f \"$r/etc/$f\"; done\n";
+	struct capture cfg = { 0 }, user = { 0 }, used = { 0 };
+	enum kiln_err rc;
+	long long bytes;
+	int fd;
+
+	rc = build_sh(b, "rm -rf " BUILD_DIR " " IMAGE_NEW " /kiln-old && mkdir -p " BUILD_DIR,
+		      NULL, NULL, "making the build directory", err);
+	if (rc != KILN_OK)
+		return rc;
+	fd = open(b->tar, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return fs_err(err, -errno, "open", b->tar);
+	rc = agent_file_write_fd(b->sb->agent, BUILD_DIR "/image.tar", 0600, fd,
+				 (uint64_t)b->n->cfg.template_source_max_bytes, err);
+	close(fd);
+	if (rc == KILN_OK)
+		rc = build_sh(b, unpack, NULL, NULL, "unpacking the image", err);
+	if (rc == KILN_OK)
+		rc = build_sh(b, "cat " IMAGE_NEW "/config.json", NULL, &cfg,
+			      "reading the image's configuration", err);
+	if (rc == KILN_OK)
+		rc = image_config(b, cfg.data ? cfg.data : "", cfg.len, err);
+	if (rc == KILN_OK) {
+		/* The image's uid by its name in the image's own /etc/passwd, as the agent takes it. */
+		static const char who[] =
+			"import json, sys\n"
+			"u = json.load(open('" IMAGE_NEW "/config.json'))['process']['user'].get('uid', 0)\n"
+			"if u:\n"
+			"    for l in open('" IMAGE_NEW "/rootfs/etc/passwd', errors='replace'):\n"
+			"        f = l.split(':')\n"
+			"        if len(f) > 2 and f[2] == str(u):\n"
+			"            sys.stdout.write(f[0])\n"
+			"            break\n"
+			"    else:\n"
+			"        sys.exit(\"the image's user (uid %d) has no account in its /etc/passwd\" % u)\n";
+		const char *argv[] = { "/usr/bin/python3", "-c", who, NULL };
+		struct agent_exec_req x = { .argv = argv };
+		int st = 0;
+
+		rc = build_exec(b, &x, &user, &st, err);
+		if (rc == KILN_OK && st != 0)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "the image's user has no account in its /etc/passwd");
+	}
+	if (rc == KILN_OK && user.len) {
+		b->user = strdup(user.data);
+		if (!b->user)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	if (rc == KILN_OK) {
+		const char *argv[] = { "/usr/bin/python3", "-c", image_swap_py, NULL };
+		struct agent_exec_req x = { .argv = argv };
+		int st = 0;
+
+		rc = build_exec(b, &x, &used, &st, err);
+		if (rc == KILN_OK && st != 0)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "making the image the root file system failed (exit "
+					    "status %d)",
+					    st);
+	}
+	if (rc == KILN_OK) {
+		/* The guest's word, checked early; the host measures the saved image again. */
+		bytes = used.data ? atoll(used.data) : 0;
+		build_log(b, "# image unpacked: env %zu, workdir %s, user %s; file system: %lld bytes "
+			  "in use",
+			  json_object_size(b->image_env), b->workdir ? b->workdir : "/",
+			  b->user ? b->user : "root", bytes);
+		if (bytes > b->n->cfg.template_image_max_bytes)
+			rc = kiln_error_set(err, KILN_E_QUOTA,
+					    "the image's file system uses %lld bytes, more than "
+					    "template_image_max_bytes (%lld)",
+					    bytes, b->n->cfg.template_image_max_bytes);
+	}
+	free(cfg.data);
+	free(user.data);
+	free(used.data);
+	return rc;
+}
+
 /* ---- the end: start, ready, size, snapshot ---- */
 
 /* `s` as one single-quoted shell word appended to `out`; false when it does not fit. */
@@ -728,11 +908,17 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 		 "SELECT v.dockerfile, v.start_cmd, v.ready_cmd, v.egress::text, v.vcpu_milli, "
 		 "v.memory_mib, v.disk_gib FROM template_versions v JOIN templates t "
 		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
-		 "AND v.status = 'building' AND v.node_id = $4 AND v.dockerfile IS NOT NULL",
-		 b->tenant, b->tmpl, v, b->n->cfg.node_id);
+		 "AND v.status = 'building' AND v.node_id = $4 AND v.source_format = $5 "
+		 "AND (v.dockerfile IS NOT NULL OR v.source_format = 'oci-archive')",
+		 b->tenant, b->tmpl, v, b->n->cfg.node_id, b->image ? "oci-archive" : "context");
 	if (rc == KILN_OK && pg_res_rows(res) != 1)
 		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "the version is not building here");
-	if (rc == KILN_OK) {
+	if (rc == KILN_OK && b->image) {
+		/* An import builds upon the base's image, in which umoci unpacks it. */
+		b->df.from = strdup("base");
+		if (!b->df.from)
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	} else if (rc == KILN_OK) {
 		const char *df = pg_res_str(res, 0, 0);
 		rc = dockerfile_parse(df, strlen(df), &b->df, err);
 	}
@@ -850,7 +1036,10 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		if (!b->sb)
 			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the builder sandbox is gone");
 	}
-	if (rc == KILN_OK) {
+	if (rc == KILN_OK && b->image) {
+		build_log(b, "# image archive: %lld bytes", b->bytes);
+		rc = build_image(b, err);
+	} else if (rc == KILN_OK) {
 		build_log(b, "# build context: %lld bytes", b->bytes);
 		rc = build_context(b, err);
 	}
@@ -862,7 +1051,7 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 	}
 	if (rc == KILN_OK)
 		rc = build_start(b, start_cmd, ready_cmd, err);
-	if (rc == KILN_OK)
+	if (rc == KILN_OK && !b->image)	/* an import measured its file system in build_image */
 		rc = build_size(b, err);
 	if (rc == KILN_OK)
 		rc = build_snapshot(b, snap, err);
@@ -942,6 +1131,8 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 
 	if (!ver || !end || *end || v < 1 || v > 1000000)
 		return KILN_E_INVALID;
+	b->image = http_req_query(req, "format") &&
+		   strcmp(http_req_query(req, "format"), "oci-archive") == 0;
 	b->version = (int)v;
 	snprintf(b->tmpl, sizeof(b->tmpl), "%s", http_req_param(req, "id"));
 	snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
@@ -951,8 +1142,9 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 	rc = PGQ(c, &res, &err,
 		 "SELECT 1 FROM template_versions v JOIN templates t ON t.id = v.template_id "
 		 "WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
-		 "AND v.status = 'building' AND v.node_id = $4 AND v.builder_id IS NULL",
-		 tenant, b->tmpl, ver, n->cfg.node_id);
+		 "AND v.status = 'building' AND v.node_id = $4 AND v.builder_id IS NULL "
+		 "AND v.source_format = $5",
+		 tenant, b->tmpl, ver, n->cfg.node_id, b->image ? "oci-archive" : "context");
 	pg_release(n->pg, c);
 	if (rc != KILN_OK)
 		rc = KILN_E_UNAVAILABLE;
@@ -1014,8 +1206,8 @@ static void upload_undo(struct node *n, const char *tenant, const char *tmpl, co
 	if (!ver || pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return;
 	PGQ(c, NULL, &err,
-	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL "
-	    "FROM templates t WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
+	    "UPDATE template_versions v SET status = 'pending', node_id = NULL, started_at = NULL, "
+	    "source_format = 'context' FROM templates t WHERE t.id = v.template_id AND t.tenant_id = $1 AND t.id = $2 "
 	    "AND v.version = $3::int AND v.status = 'building' AND v.node_id = $4 "
 	    "AND v.builder_id IS NULL",
 	    tenant, tmpl, ver, n->cfg.node_id);

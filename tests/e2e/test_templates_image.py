@@ -1,0 +1,216 @@
+"""Templates imported from an OCI image archive, unpacked by umoci inside the builder microVM.
+
+The test makes its own input on the host side: a tiny userland without Python (the host's static
+busybox, an /etc/os-release, an account `app`) in two layers, the second deleting a file of the
+first with a whiteout, written as an OCI image layout whose config sets ENV, WorkingDir and User,
+and packed as an `oci-archive` tar. Kiln never reads it on the host: it is uploaded with
+`PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder. A sandbox created
+from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
+ownership kept, no Python), whose WorkingDir and User are the defaults of an exec that names
+neither; a Dockerfile `FROM` the imported template builds on it; an archive
+that is not an OCI layout fails its build naming why, and a version with a Dockerfile is 409.
+"""
+import gzip
+import hashlib
+import io
+import json
+import os
+import sys
+import tarfile
+import time
+import unittest
+import urllib.request
+
+import kiln
+
+BUSYBOX = "/bin/busybox"  # the host's static busybox: the imported userland's only program
+
+
+def _tar(entries):
+    """A tar (bytes) of entries (name, kind, data-or-target, uid, mode)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, kind, data, uid, mode in entries:
+            info = tarfile.TarInfo(name)
+            info.uid = info.gid = uid
+            info.mode = mode
+            info.mtime = 1700000000
+            if kind == "dir":
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            elif kind == "link":
+                info.type = tarfile.SYMTYPE
+                info.linkname = data
+                tar.addfile(info)
+            else:
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def oci_archive():
+    """An oci-archive (a tar of an OCI image layout) of a two-layer busybox userland."""
+    with open(BUSYBOX, "rb") as f:
+        bb = f.read()
+    base = [("bin", "dir", None, 0, 0o755), ("bin/busybox", "file", bb, 0, 0o755)]
+    for applet in ("sh", "cat", "echo", "ls", "id", "pwd", "stat", "tar", "rm", "mkdir", "cp",
+                   "chown", "setsid", "sleep", "touch", "dirname", "env", "xargs", "rmdir", "sync",
+                   "df", "tail", "head", "wc", "grep", "find", "mv", "ln", "chmod"):
+        base.append((f"bin/{applet}", "link", "busybox", 0, 0o777))
+    base += [("etc", "dir", None, 0, 0o755),
+             ("etc/os-release", "file", b'NAME="Kiln mini"\nID=kilnmini\n', 0, 0o644),
+             ("etc/passwd", "file", b"root:x:0:0:root:/root:/bin/sh\napp:x:1000:1000:app:/home/app:/bin/sh\n",
+              0, 0o644),
+             ("etc/group", "file", b"root:x:0:\napp:x:1000:\n", 0, 0o644),
+             ("etc/gone.txt", "file", b"deleted by the next layer\n", 0, 0o644),
+             ("home", "dir", None, 0, 0o755), ("home/app", "dir", None, 1000, 0o755),
+             ("root", "dir", None, 0, 0o700)]
+    top = [("etc", "dir", None, 0, 0o755), ("etc/.wh.gone.txt", "file", b"", 0, 0o644),
+           ("srv", "dir", None, 0, 0o755), ("srv/app", "dir", None, 1000, 0o755),
+           ("srv/app/hello.txt", "file", b"hello from the image\n", 1000, 0o644)]
+    blobs, layers, diff_ids = {}, [], []
+
+    def blob(data):
+        d = "sha256:" + hashlib.sha256(data).hexdigest()
+        blobs[d] = data
+        return d
+    for entries in (base, top):
+        raw = _tar(entries)
+        gz = gzip.compress(raw, mtime=0)
+        diff_ids.append("sha256:" + hashlib.sha256(raw).hexdigest())
+        layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                       "digest": blob(gz), "size": len(gz)})
+    config = json.dumps({"architecture": "amd64", "os": "linux",
+                         "config": {"Env": ["PATH=/bin", "GREETING=from the image"],
+                                    "WorkingDir": "/srv/app", "User": "app"},
+                         "rootfs": {"type": "layers", "diff_ids": diff_ids}}).encode()
+    manifest = json.dumps({"schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                           "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
+                                      "digest": blob(config), "size": len(config)},
+                           "layers": layers}).encode()
+    index = json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": blob(manifest),
+         "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": "latest"}}]}).encode()
+    entries = [("oci-layout", "file", b'{"imageLayoutVersion": "1.0.0"}', 0, 0o644),
+               ("index.json", "file", index, 0, 0o644), ("blobs", "dir", None, 0, 0o755),
+               ("blobs/sha256", "dir", None, 0, 0o755)]
+    entries += [(f"blobs/sha256/{d[7:]}", "file", data, 0, 0o644) for d, data in blobs.items()]
+    return _tar(entries)
+
+
+class TemplateImageTests(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true"})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant("timage-a")
+        cls.tmpl, v = cls.template("mini")
+        t0 = time.monotonic()
+        cls.put_source(cls.tmpl, v, oci_archive(), fmt="oci-archive")
+        cls.log, cls.end = cls.follow(cls.tmpl, v)
+        print(f"\nimage import: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+
+    @classmethod
+    def template(cls, name):
+        r = cls.gw.request("POST", "/v1/templates", {"name": name, "vcpus": 1, "memory_mib": 512, "disk_gib": 10},
+                           cls.key)
+        assert r.status == 201, r
+        return r.json()["id"], r.json()["version"]
+
+    @classmethod
+    def put_source(cls, tmpl, version, data, fmt=None, expect=202):
+        q = f"&format={fmt}" if fmt else ""
+        r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/source?version={version}{q}", data,
+                           dict(cls.key, **{"Content-Type": "application/x-tar"}), timeout=120)
+        assert r.status == expect, r
+        return r
+
+    @classmethod
+    def follow(cls, tmpl, version, timeout=900):
+        """The build's log followed to its end: (text, the end event's data)."""
+        req = urllib.request.Request(f"{cls.gw.url}/v1/templates/{tmpl}/log?version={version}",
+                                     headers=dict(cls.key, Accept="text/event-stream"))
+        text, event, end = [], None, None
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            for raw in r:
+                line = raw.decode().rstrip("\n")
+                if line.startswith("event: "):
+                    event = line[7:]
+                elif line.startswith("data: "):
+                    data = json.loads(line[6:])
+                    if event == "log":
+                        text.append(data["text"])
+                    elif event == "end":
+                        end = data
+                        break
+        return "".join(text), end
+
+    def create(self, template):
+        r = self.gw.request("POST", "/v1/sandboxes", {"template": template, "timeout_s": 3600}, self.key,
+                            timeout=300)
+        self.assertEqual(r.status, 201, r)
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{r.json()['id']}", None, self.key)
+        return r.json()
+
+    def exec(self, sb, argv, **kw):
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", dict({"cmd": argv}, **kw), self.key,
+                            timeout=120)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
+    def test_a_sandbox_from_the_imported_image_runs_exec_in_its_userland(self):
+        self.assertEqual(self.end["status"], "ready", (self.end, self.log))
+        self.assertIn("# unpacking oci:latest", self.log)
+        got = self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).json()["versions"][0]
+        self.assertEqual((got["workdir"], got["user"]), ("/srv/app", "app"), got)
+        # the image's Env (umoci may add HOME for the user)
+        self.assertEqual({k: got["env"].get(k) for k in ("PATH", "GREETING")},
+                         {"PATH": "/bin", "GREETING": "from the image"}, got)
+        sb = self.create("mini")
+        out = self.exec(sb, ["/bin/sh", "-c", "echo ok; cat /etc/os-release"], user="root")
+        self.assertEqual((out["exit_code"], out["stdout"]), (0, 'ok\nNAME="Kiln mini"\nID=kilnmini\n'), out)
+        # the whiteout of the second layer applied, its ownership kept, no Python, the image's ENV
+        out = self.exec(sb, ["/bin/sh", "-c", "ls /etc/gone.txt; stat -c %u:%g /srv/app/hello.txt; "
+                             "cat /srv/app/hello.txt; ls /usr/bin/python3 /usr/lib/python3 2>&1 | wc -l; "
+                             "ls /usr; echo \"$GREETING\""], user="root")
+        self.assertEqual(out["stdout"], "1000:1000\nhello from the image\n2\nlocal\nfrom the image\n", out)
+        self.assertIn("gone.txt", out["stderr"])
+        # the image's WorkingDir and User are the defaults of an exec that names neither
+        out = self.exec(sb, ["/bin/sh", "-c", "pwd; id -u; echo mine > own.txt; stat -c %u own.txt"])
+        self.assertEqual((out["exit_code"], out["stdout"]), (0, "/srv/app\n1000\n1000\n"), out)
+        out = self.exec(sb, ["/bin/sh", "-c", "pwd; id -u"], cwd="/home", user="root")
+        self.assertEqual(out["stdout"], "/home\n0\n", out)
+
+    def test_a_dockerfile_builds_from_the_imported_template(self):
+        self.assertEqual(self.end["status"], "ready", (self.end, self.log))
+        tmpl, v = self.template("onmini")
+        df = "FROM mini\nRUN echo built on the import > /srv/built.txt\nCOPY note.txt /srv/\n"
+        r = self.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile?version={v}", df,
+                            dict(self.key, **{"Content-Type": "text/plain"}))
+        self.assertEqual(r.status, 204, r)
+        ctx = _tar([("note.txt", "file", b"from the context\n", 0, 0o644)])
+        # a version holding a Dockerfile takes no image
+        r = self.put_source(tmpl, v, ctx, fmt="oci-archive", expect=409)
+        self.assertIn("has a Dockerfile", r.json()["error"]["message"])
+        self.put_source(tmpl, v, ctx)
+        log, end = self.follow(tmpl, v)
+        self.assertEqual(end["status"], "ready", (end, log))
+        sb = self.create("onmini")
+        out = self.exec(sb, ["/bin/sh", "-c", "cat /srv/built.txt /srv/note.txt /etc/os-release"], user="root")
+        self.assertEqual(out["stdout"], 'built on the import\nfrom the context\nNAME="Kiln mini"\nID=kilnmini\n',
+                         out)
+
+    def test_an_archive_that_is_not_an_oci_layout_fails_its_build_naming_why(self):
+        tmpl, v = self.template("notoci")
+        self.put_source(tmpl, v, _tar([("manifest.json", "file", b"[]", 0, 0o644)]), fmt="oci-archive")
+        log, end = self.follow(tmpl, v)
+        self.assertEqual(end["status"], "failed", (end, log))
+        self.assertIn("unpacking the image failed", end["reason"])
+        self.assertIn("a docker save archive", log)
+        r = self.put_source(tmpl, v, b"x", fmt="squashfs", expect=422)
+        self.assertIn("format", r.json()["error"]["message"])
+
+
+if __name__ == "__main__":
+    unittest.main()
