@@ -22,7 +22,7 @@ static char tenant[64];
 static int services_redis(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[600];
+	char line[512];
 	FILE *f;
 
 	if (!envf || !(f = fopen(envf, "r"))) {
