@@ -1623,8 +1623,14 @@ static int template_open(void)
 	struct pg_conn *c;
 	FILE *f;
 
-	if (testdb_open(&tdb, "simtpl") != 0)
-		return -1;
+	/* Two kiln-sim processes migrating their templates at once (scripts/sim.sh's jobs) can
+	 * collide in a shared catalog (a unique violation): the later one tries again. */
+	for (int tries = 0; testdb_open(&tdb, "simtpl") != 0; tries++) {
+		if (tries == 4)
+			return -1;
+		fprintf(stderr, "the template database: trying again\n");
+		sleep(2 + (unsigned)tries * 3);
+	}
 	f = envf ? fopen(envf, "r") : NULL;
 	while (f && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';
