@@ -1613,7 +1613,15 @@ static const char sim_schema[] =
 	"CREATE FUNCTION sim.stamp() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
 	"  NEW.created_at := sim.now(); NEW.state_changed_at := sim.now(); RETURN NEW; END $$;"
 	"CREATE TRIGGER sim_stamp BEFORE INSERT ON public.sandboxes FOR EACH ROW "
-	"  EXECUTE FUNCTION sim.stamp();";
+	"  EXECUTE FUNCTION sim.stamp();"
+	/* Grants and accounts too: an expiry counts the grants made after it by created_at (on the
+	 * host's clock, every later grant counted as made after any simulated expiry). */
+	"CREATE FUNCTION sim.stamp_created() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+	"  NEW.created_at := sim.now(); RETURN NEW; END $$;"
+	"CREATE TRIGGER sim_stamp BEFORE INSERT ON public.ledger_transfers FOR EACH ROW "
+	"  EXECUTE FUNCTION sim.stamp_created();"
+	"CREATE TRIGGER sim_stamp BEFORE INSERT ON public.ledger_accounts FOR EACH ROW "
+	"  EXECUTE FUNCTION sim.stamp_created();";
 
 static int template_open(void)
 {
@@ -1623,8 +1631,14 @@ static int template_open(void)
 	struct pg_conn *c;
 	FILE *f;
 
-	if (testdb_open(&tdb, "simtpl") != 0)
-		return -1;
+	/* Two kiln-sim processes migrating their templates at once (scripts/sim.sh's jobs) can
+	 * collide in a shared catalog (a unique violation): the later one tries again. */
+	for (int tries = 0; testdb_open(&tdb, "simtpl") != 0; tries++) {
+		if (tries == 4)
+			return -1;
+		fprintf(stderr, "the template database: trying again\n");
+		sleep(2 + (unsigned)tries * 3);
+	}
 	f = envf ? fopen(envf, "r") : NULL;
 	while (f && fgets(line, sizeof(line), f)) {
 		line[strcspn(line, "\n")] = '\0';

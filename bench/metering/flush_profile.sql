@@ -1,0 +1,86 @@
+-- bench/metering/flush_profile.sql: where the time of a ledger flush goes (issue 14), run by
+-- bench/metering/flush_profile.sh on a migrated database of its own. Each step writes :n transfers
+-- into ledger_transfers in a transaction it rolls back, and psql's \timing prints its time:
+--   1. kiln_new_id('tx_') alone, :n times (every transfer's id), against md5() of as many;
+--   2. bare INSERTs of :n usage transfers from one grant (a tenant with many windows), with the
+--      table's triggers; then without the per-row balance trigger (ledger_transfers_balances);
+--      then without any trigger (session_replication_role = replica: no foreign-key checks either);
+--   3. the same from :n / 10 grants of as many tenants (the bench's flush: one tenant per ten
+--      sandboxes), with the triggers;
+--   4. the overlap check of meter_flush_set() (0015) on :n flush items in a temporary table, as
+--      one UPDATE with a correlated EXISTS over the table itself, then as two joins (EXPLAIN
+--      ANALYZE's execution times).
+\timing on
+\echo '1. ids: kiln_new_id() x :n, then md5() x :n'
+SELECT count(kiln_new_id('tx_')) FROM generate_series(1, :n);
+SELECT count(md5(g::text)) FROM generate_series(1, :n) g;
+
+\echo '2a. :n transfers from one grant, every trigger'
+BEGIN;
+INSERT INTO tenants (id, name) VALUES ('tn_prof', 'p');
+INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:prof', 'tn_prof', 'grant');
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, reason)
+VALUES ('tx_profg', 'g:prof', 'grant', 'system:issuance', 'grant:prof', 1000000000000, 'tn_prof', 'p');
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, sandbox_id, period_start, period_end, rate_card)
+SELECT 'tx_p' || g, 'usage:p:' || g, 'usage', 'grant:prof', 'system:revenue', 1, 'tn_prof', 'sb_p', now(), now(), :'card'
+FROM generate_series(1, :n) g;
+ROLLBACK;
+
+\echo '2b. the same without the per-row balance trigger'
+BEGIN;
+INSERT INTO tenants (id, name) VALUES ('tn_prof', 'p');
+INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:prof', 'tn_prof', 'grant');
+ALTER TABLE ledger_transfers DISABLE TRIGGER ledger_transfers_balances;
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, sandbox_id, period_start, period_end, rate_card)
+SELECT 'tx_p' || g, 'usage:p:' || g, 'usage', 'grant:prof', 'system:revenue', 1, 'tn_prof', 'sb_p', now(), now(), :'card'
+FROM generate_series(1, :n) g;
+ROLLBACK;
+
+\echo '2c. the same without any trigger'
+BEGIN;
+INSERT INTO tenants (id, name) VALUES ('tn_prof', 'p');
+INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:prof', 'tn_prof', 'grant');
+SET LOCAL session_replication_role = replica;
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, sandbox_id, period_start, period_end, rate_card)
+SELECT 'tx_p' || g, 'usage:p:' || g, 'usage', 'grant:prof', 'system:revenue', 1, 'tn_prof', 'sb_p', now(), now(), :'card'
+FROM generate_series(1, :n) g;
+ROLLBACK;
+
+\echo '3. :n transfers from :n / 10 grants, every trigger'
+BEGIN;
+INSERT INTO tenants (id, name) SELECT 'tn_prof' || i, 'p' FROM generate_series(0, :n / 10 - 1) i;
+INSERT INTO ledger_accounts (id, tenant_id, kind) SELECT 'grant:prof' || i, 'tn_prof' || i, 'grant' FROM generate_series(0, :n / 10 - 1) i;
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, reason)
+SELECT 'tx_profg' || i, 'g:prof' || i, 'grant', 'system:issuance', 'grant:prof' || i, 1000000000000, 'tn_prof' || i, 'p'
+FROM generate_series(0, :n / 10 - 1) i;
+INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, amount_ucr, tenant_id, sandbox_id, period_start, period_end, rate_card)
+SELECT 'tx_p' || g, 'usage:p:' || g, 'usage', 'grant:prof' || (g % (:n / 10)), 'system:revenue', 1, 'tn_prof' || (g % (:n / 10)), 'sb_p', now(), now(), :'card'
+FROM generate_series(1, :n) g;
+ROLLBACK;
+
+\echo '4. meter_flush_set()''s overlap check on :n items (one sandbox per ten), as 0015 writes it, then split in two joins'
+BEGIN;
+CREATE TEMP TABLE mfi ON COMMIT DROP AS
+SELECT 'sb_' || (g % (:n / 10)) AS sb, 1::bigint AS gen, (g / (:n / 10)) * 10 AS ws, g::bigint AS ord,
+       (g / (:n / 10)) * 10000000000::bigint AS ps, ((g / (:n / 10)) * 10 + 10) * 1000000000::bigint AS pe,
+       ((g / (:n / 10)) * 10 + 10)::bigint AS we, true AS first, false AS bad
+FROM generate_series(0, :n - 1) g;
+EXPLAIN ANALYZE UPDATE mfi f SET bad = true
+WHERE EXISTS (SELECT 1 FROM usage_windows u
+              WHERE u.sandbox_id = f.sb AND u.generation = f.gen
+                AND u.window_start >= to_timestamp(f.ws)
+                AND coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1e9)::bigint) > f.ps)
+   OR EXISTS (SELECT 1 FROM mfi j
+              WHERE j.sb = f.sb AND j.gen = f.gen AND j.ord < f.ord AND j.first
+                AND j.ws >= f.ws AND coalesce(j.pe, j.we * 1000000000) > f.ps);
+EXPLAIN ANALYZE UPDATE mfi f SET bad = true
+WHERE EXISTS (SELECT 1 FROM usage_windows u
+              WHERE u.sandbox_id = f.sb AND u.generation = f.gen
+                AND u.window_start >= to_timestamp(f.ws)
+                AND coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1e9)::bigint) > f.ps);
+EXPLAIN ANALYZE UPDATE mfi f SET bad = true
+FROM (SELECT DISTINCT f2.ord FROM mfi f2 JOIN mfi j ON j.sb = f2.sb AND j.gen = f2.gen
+      WHERE j.ord < f2.ord AND j.first AND j.ws >= f2.ws
+        AND coalesce(j.pe, j.we * 1000000000) > f2.ps) b
+WHERE b.ord = f.ord;
+ROLLBACK;
