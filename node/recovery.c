@@ -98,7 +98,7 @@ static void remove_unrecorded(const char *dir, const char *sandbox, time_t mtime
 	bool keep = snap_verify(u->n, dir, &err) == KILN_OK &&
 		    (PGQ(u->c, &res, &err,
 			 "SELECT 1 FROM sandboxes WHERE id = $1 AND node_id = $2 AND deleted_at IS NULL "
-			 "AND state IN ('running', 'error')",
+			 "AND state IN ('running', 'error', 'lost')",
 			 sandbox, u->n->cfg.node_id) != KILN_OK ||
 		     pg_res_rows(res) > 0);
 
@@ -182,8 +182,9 @@ static enum kiln_err recover_running(struct node *n, struct sandbox *sb, char *s
 
 /*
  * After a restart, before anything of the earlier run is cleaned up: every sandbox the database
- * still shows running (or failed) on this node ends paused with a complete snapshot where its state
- * can be had (one still being created is not: its create failed). A VM still running (VMMs
+ * still shows running (or failed, or lost: this node was marked down while it was away, and a lost
+ * sandbox never runs anywhere else) on this node at its generation ends paused with a complete
+ * snapshot where its state can be had (one still being created is not: its create failed). A VM still running (VMMs
  * outlive their node) is taken over and paused; a pause cut short after its VMM ended is finished
  * from its files. Snapshot directories nothing records are then removed. Returns how many
  * sandboxes were recorded as paused, or -1 when Postgres could not be read (nothing done).
@@ -199,7 +200,7 @@ static int snap_recover(struct node *n)
 		return -1;
 	if (PGQ(c, &res, &err,
 		"SELECT id, tenant_id, vcpu_milli, memory_mib, disk_gib, generation FROM sandboxes "
-		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('running', 'error')",
+		"WHERE node_id = $1 AND deleted_at IS NULL AND state IN ('running', 'error', 'lost')",
 		n->cfg.node_id) != KILN_OK) {
 		pg_release(n->pg, c);
 		return -1;

@@ -200,6 +200,32 @@ class NodeLossTests(unittest.TestCase):
         # Nothing of the refused one is left: one live sandbox on the node.
         self.assertEqual(self.nodes()[one.node_id]["used"]["running"], 1)
 
+    def test_c_a_node_killed_and_marked_down_brings_its_lost_sandbox_back_paused_with_its_files(self):
+        # The nodes the earlier tests stopped may still look alive for a few seconds: out of
+        # placement, so the sandbox goes to the first node.
+        for nid in self.nodes():
+            if nid != self.stack.node.node_id:
+                r = self.gw.request("POST", f"/v1/admin/nodes/{nid}/drain", headers=self.stack.admin)
+                self.assertEqual(r.status, 200, r)
+        sb = self.create()
+        self.assertEqual(self.get(sb)["node"], self.stack.node.node_id)
+        self.sh(sb, "echo kept > /root/data")
+        self.stack.node.stop(signal.SIGKILL)
+        deadline = time.time() + DOWN_AFTER + 30
+        while time.time() < deadline and self.get(sb)["state"] != "lost":
+            time.sleep(0.5)
+        self.assertEqual(self.get(sb)["state"], "lost")
+        # Back on its state directory: the VM outlived its node and the sandbox ran nowhere else,
+        # so it is paused whole instead of discarded.
+        self.stack.restart_node(ENV)
+        got = self.get(sb)
+        self.assertEqual(got["state"], "paused", got)
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", headers=self.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.sh(sb, "cat /root/data"), "kept\n")
+        r = self.gw.request("DELETE", f"/v1/sandboxes/{sb}", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 204, r)
+
 
 if __name__ == "__main__":
     unittest.main()
