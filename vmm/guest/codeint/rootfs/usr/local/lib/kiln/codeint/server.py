@@ -220,6 +220,14 @@ class Context:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 devnull = os.open("/dev/null", os.O_RDONLY)
                 os.dup2(devnull, 0)
+                # Nothing of the server's stays open here: a client's connection held by a
+                # context would never see its end.
+                for name in os.listdir("/proc/self/fd"):
+                    if int(name) > 2 and int(name) != child.fileno():
+                        try:
+                            os.close(int(name))
+                        except OSError:
+                            pass
                 context_main(child, self.cwd)
             finally:
                 os._exit(0)
