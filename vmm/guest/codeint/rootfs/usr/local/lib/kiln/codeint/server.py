@@ -220,14 +220,11 @@ class Context:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 devnull = os.open("/dev/null", os.O_RDONLY)
                 os.dup2(devnull, 0)
-                # Nothing of the server's stays open here: a client's connection held by a
-                # context would never see its end.
-                for name in os.listdir("/proc/self/fd"):
-                    if int(name) > 2 and int(name) != child.fileno():
-                        try:
-                            os.close(int(name))
-                        except OSError:
-                            pass
+                # No client's connection stays open here: one held by a context would never
+                # see its end. Closed through their objects, so no descriptor is closed twice.
+                for cw in list(conns):
+                    s = cw.transport.get_extra_info("socket")
+                    getattr(s, "_sock", s).close()
                 context_main(child, self.cwd)
             finally:
                 os._exit(0)
@@ -249,6 +246,7 @@ class Context:
 
 contexts = {"default": Context("default", "python", HOME)}
 listener = None
+conns = set()      # the writers of the clients' open connections
 
 
 def reap(*_):
@@ -342,6 +340,7 @@ async def execute(w, req):
 
 
 async def handle(r, w):
+    conns.add(w)
     try:
         head = await r.readuntil(b"\r\n\r\n")
         if len(head) > HEAD_MAX:
@@ -401,6 +400,7 @@ async def handle(r, w):
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
         pass
     finally:
+        conns.discard(w)
         try:
             w.close()
         except Exception:
