@@ -249,14 +249,23 @@ listener = None
 conns = set()      # the writers of the clients' open connections
 
 
+ended = {}         # pid -> how a context's process ended (its wait status, decoded)
+
+
 def reap(*_):
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if os.WIFSIGNALED(status):
+            ended[pid] = "killed by signal %d" % os.WTERMSIG(status)
+        else:
+            ended[pid] = "exit status %d" % os.waitstatus_to_exitcode(status)
+        while len(ended) > 256:
+            ended.pop(next(iter(ended)))
 
 
 async def reply(w, status, body=b"", ctype="application/json"):
@@ -323,10 +332,13 @@ async def execute(w, req):
             except (ValueError, asyncio.LimitOverrunError, ConnectionError, OSError):
                 line = b""
             if not line:    # the context died (os._exit, a kill, a restart, out of memory)
+                await asyncio.sleep(0.2)    # its SIGCHLD, for how it ended
+                how = ended.get(pid, "")
                 if ctx.pid == pid:
                     ctx.stop()
                 line = (json.dumps({"type": "error", "name": "ContextDied",
-                                    "value": "the context's process ended; it starts afresh",
+                                    "value": "the context's process ended (%s); it starts afresh"
+                                             % (how or "unknown"),
                                     "traceback": ""}) + "\n" +
                         json.dumps({"type": "end_of_execution"}) + "\n").encode()
             if not client_gone:
