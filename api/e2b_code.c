@@ -18,12 +18,13 @@
  * E2B_CODE_WAIT_MS.
  *
  * The request (its method, path and query, body, Content-Type and Accept) is sent to the guest
- * with libcurl over the node's stream, and the guest's status, Content-Type and body come back
+ * as HTTP/1.0 over the node's stream, and the guest's status, Content-Type and body come back
  * as they are produced (a producer thread, common/pump.h), so /execute's NDJSON lines are
  * flushed one by one. WebSocket upgrades are not carried here (the ports listener carries them).
  */
 #include <ctype.h>
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,14 +32,14 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <curl/curl.h>
 #include <openssl/crypto.h>
 
 #include "api/apireq.h"
 #include "api/e2b.h"
 #include "api/ports.h"
+#include "auth/scopes.h"
 #include "common/http.h"
-#include "common/httpc.h"
+#include "common/buf.h"
 #include "common/log.h"
 #include "common/pg.h"
 #include "common/pump.h"
@@ -48,10 +49,12 @@
 #define E2B_CODE_WAIT_MS 90000		/* a closed 49999 retried this long (a cold boot's imports) */
 #define E2B_PORT_TIMEOUT_S 3600		/* a forwarded exchange's whole time */
 #define E2B_FWD_ID_MAX 64		/* bytes of a sandbox id */
+#define FWD_CHUNK 65536			/* bytes read from the guest at a time; its head at most */
+#define FWD_HEAD_MAX 16384		/* bytes of the request's head */
 
 struct fwd {
 	struct pump *p;
-	int fd;			/* the node's stream to the guest port, until libcurl takes it */
+	int fd;			/* the node's stream to the guest port */
 	long port;
 	char tenant[AUTH_CLAIM_MAX];	/* its port stream count, given back at the end */
 	char method[16];
@@ -59,8 +62,6 @@ struct fwd {
 	char *body;
 	size_t body_len;
 	char ctype[256], accept[256];
-	long status;		/* the guest's, from its status line */
-	char reply_type[128];
 	bool ready;		/* pump_ready called */
 };
 
@@ -76,125 +77,140 @@ static void fwd_free(void *arg)
 	free(f);
 }
 
-/* libcurl: the connection is the node's stream, already open to the guest's port. */
-static curl_socket_t fwd_socket(void *arg, curlsocktype purpose, struct curl_sockaddr *addr)
+static int fwd_write_all(int fd, const char *p, size_t n)
 {
-	struct fwd *f = arg;
-	int fd = f->fd;
+	while (n) {
+		ssize_t k = write(fd, p, n);
 
-	(void)purpose;
-	(void)addr;
-	f->fd = -1;	/* libcurl's now: it closes it */
-	return fd >= 0 ? fd : CURL_SOCKET_BAD;
-}
-
-static int fwd_sockopt(void *arg, curl_socket_t fd, curlsocktype purpose)
-{
-	(void)arg;
-	(void)fd;
-	(void)purpose;
-	return CURL_SOCKOPT_ALREADY_CONNECTED;
-}
-
-/* libcurl: the guest's header lines; at their end the reply's status and type go out. */
-static size_t fwd_header(char *p, size_t size, size_t n, void *arg)
-{
-	struct fwd *f = arg;
-	size_t len = size * n;
-	long st;
-
-	if (len > 9 && !strncmp(p, "HTTP/", 5) && strchr(p, ' ') &&
-	    sscanf(strchr(p, ' '), " %ld", &st) == 1) {
-		f->status = st;
-		f->reply_type[0] = '\0';
-	} else if (len > 13 && !strncasecmp(p, "Content-Type:", 13)) {
-		const char *v = p + 13;
-		size_t k;
-
-		while (v < p + len && (*v == ' ' || *v == '\t'))
-			v++;
-		k = (size_t)(p + len - v);
-		while (k && (v[k - 1] == '\r' || v[k - 1] == '\n' || v[k - 1] == ' '))
-			k--;
-		snprintf(f->reply_type, sizeof(f->reply_type), "%.*s", (int)k, v);
-	} else if (((len == 2 && p[0] == '\r') || (len == 1 && p[0] == '\n')) && f->status >= 200 &&
-		   !f->ready) {
-		f->ready = true;
-		pump_ready(f->p, (int)f->status,
-			   f->reply_type[0] ? f->reply_type : "application/octet-stream");
+		if (k < 0 && errno == EINTR)
+			continue;
+		if (k <= 0)
+			return -1;
+		p += k;
+		n -= (size_t)k;
 	}
-	return len;
+	return 0;
 }
 
-/* libcurl: the guest's body as it comes, straight to the client. */
-static size_t fwd_write(char *p, size_t size, size_t n, void *arg)
+/* Reads what comes within the exchange's time: bytes, 0 at the end, -1 on an error or timeout. */
+static ssize_t fwd_read(int fd, char *p, size_t n, long long deadline_ms)
 {
-	struct fwd *f = arg;
-	size_t len = size * n;
+	struct timespec ts;
 
-	if (!f->ready) {
-		f->ready = true;
-		pump_ready(f->p, f->status >= 200 ? (int)f->status : 502, "application/octet-stream");
+	for (;;) {
+		struct pollfd pfd = { fd, POLLIN, 0 };
+		long long now;
+		ssize_t k;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+		if (now >= deadline_ms || poll(&pfd, 1, (int)(deadline_ms - now > 60000 ? 60000
+										     : deadline_ms - now)) < 0)
+			return -1;
+		if (!(pfd.revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
+		k = read(fd, p, n);
+		if (k < 0 && errno == EINTR)
+			continue;
+		return k;
 	}
-	return pump_write(f->p, p, len) == 0 ? len : 0;
 }
 
-/* The producer: one exchange with the guest's port over the node's stream. */
+/*
+ * The producer: one HTTP/1.0 exchange with the guest's port over the node's stream (1.0, so the
+ * answer is never chunked: it ends with the guest's close or its Content-Length), the answer's
+ * status and Content-Type, then its body as it comes.
+ */
 static void fwd_produce(struct pump *p, void *arg)
 {
 	struct fwd *f = arg;
-	struct curl_slist *h = NULL;
-	struct httpc hc = { 0 };
-	struct kiln_error err = { 0 };
-	char url[4200], line[300];
-	long status = 0;
-	enum kiln_err rc;
+	struct timespec ts;
+	struct buf head;
+	char *buf = malloc(FWD_CHUNK + 1), *end = NULL;
+	size_t have = 0;
+	long long deadline, left = -1;
+	const char *why = "no answer";
+	int status = 0;
 
 	f->p = p;
-	snprintf(url, sizeof(url), "http://127.0.0.1:%ld%s", f->port, f->target);
-	h = curl_slist_append(h, "Expect:");
-	if (h && f->ctype[0]) {
-		snprintf(line, sizeof(line), "Content-Type: %s", f->ctype);
-		h = curl_slist_append(h, line);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	deadline = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + E2B_PORT_TIMEOUT_S * 1000LL;
+	buf_init(&head, FWD_HEAD_MAX);
+	if (!buf || buf_appendf(&head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%ld\r\nConnection: close\r\n"
+				     "Content-Length: %zu\r\n", f->method, f->target, f->port,
+			       f->body_len) != 0 ||
+	    (f->ctype[0] && buf_appendf(&head, "Content-Type: %s\r\n", f->ctype) != 0) ||
+	    (f->accept[0] && buf_appendf(&head, "Accept: %s\r\n", f->accept) != 0) ||
+	    buf_append(&head, "\r\n", 2) != 0) {
+		why = "out of memory";
+		goto fail;
 	}
-	if (h && f->accept[0]) {
-		snprintf(line, sizeof(line), "Accept: %s", f->accept);
-		h = curl_slist_append(h, line);
+	if (fwd_write_all(f->fd, head.data, head.len) != 0 ||
+	    (f->body_len && fwd_write_all(f->fd, f->body, f->body_len) != 0)) {
+		why = "the stream was cut";
+		goto fail;
 	}
-	rc = h ? httpc_open(&hc,
-			    &(struct httpc_opts){ .url = url, .timeout_ms = E2B_PORT_TIMEOUT_S * 1000L,
-						  .connect_timeout_ms = 5000,
-						  .method = f->body_len ? "POST" : f->method,
-						  .post_data = f->body, .post_len = f->body_len,
-						  .headers = h, .on_write = fwd_write, .write_arg = f,
-						  .on_header = fwd_header, .header_arg = f,
-						  .open_socket = fwd_socket, .open_socket_arg = f },
-			    &err)
-		   : KILN_E_NOMEM;
-	if (rc == KILN_OK) {
-		if (f->body_len && strcmp(f->method, "POST") != 0)
-			curl_easy_setopt(hc.curl, CURLOPT_CUSTOMREQUEST, f->method);
-		curl_easy_setopt(hc.curl, CURLOPT_NOPROXY, "*");
-		curl_easy_setopt(hc.curl, CURLOPT_SOCKOPTFUNCTION, fwd_sockopt);
-		curl_easy_setopt(hc.curl, CURLOPT_FORBID_REUSE, 1L);
-		curl_easy_setopt(hc.curl, CURLOPT_HTTP_CONTENT_DECODING, 0L);
-		rc = httpc_perform(&hc, &status, &err);
+	/* the answer's head */
+	while (!end && have < FWD_CHUNK) {
+		ssize_t k = fwd_read(f->fd, buf + have, FWD_CHUNK - have, deadline);
+
+		if (k <= 0)
+			break;
+		have += (size_t)k;
+		buf[have] = '\0';
+		end = strstr(buf, "\r\n\r\n");
 	}
-	httpc_close(&hc);
-	curl_slist_free_all(h);
+	if (!end || sscanf(buf, "HTTP/1.%*d %d", &status) != 1 || status < 100 || status > 599) {
+		why = have ? "not an HTTP answer" : "no answer";
+		goto fail;
+	}
+	{
+		char type[128] = "application/octet-stream", clen[24];
+
+		*end = '\0';
+		port_head_value(buf, "Content-Type", type, sizeof(type));
+		if (port_head_value(buf, "Content-Length", clen, sizeof(clen)))
+			left = strtoll(clen, NULL, 10);
+		f->ready = true;
+		pump_ready(p, status, type);
+	}
+	{
+		size_t off = (size_t)(end + 4 - buf), n = have - off;
+
+		for (;;) {
+			ssize_t k;
+
+			if (left >= 0 && (long long)n > left)
+				n = (size_t)left;
+			if (n && pump_write(p, buf + off, n) != 0)
+				break;
+			if (left >= 0 && (left -= (long long)n) == 0)
+				break;
+			k = fwd_read(f->fd, buf, FWD_CHUNK, deadline);
+			if (k <= 0)
+				break;
+			off = 0;
+			n = (size_t)k;
+		}
+	}
+	goto out;
+fail:
 	if (!f->ready) {
-		char msg[160];
-		int k;
+		char *text;
+		json_t *j = json_pack("{s:i, s:s+}", "code", 502, "message",
+				      "the guest port did not answer: ", why);
 
 		f->ready = true;
 		pump_ready(p, 502, "application/json");
-		k = snprintf(msg, sizeof(msg),
-			     "{\"code\":502,\"message\":\"port %ld of the sandbox did not answer\"}",
-			     f->port);
-		pump_write(p, msg, (size_t)k);
+		text = j ? json_dumps(j, JSON_COMPACT) : NULL;
+		if (text)
+			pump_write(p, text, strlen(text));
+		free(text);
+		json_decref(j);
 	}
-	if (rc != KILN_OK)
-		log_debug("e2b: port %ld: the exchange ended: %s", f->port, err.msg);
+out:
+	buf_release(&head);
+	free(buf);
 }
 
 /* E2B's error shape with `status`. */
@@ -284,7 +300,10 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 		goto out;
 	}
 	if (pg_res_rows(r) == 1) {
+		/* the node's token for the stream: the sandbox's tenant, as the data plane */
 		snprintf(who.tenant_id, sizeof(who.tenant_id), "%s", pg_res_str(r, 0, 0));
+		snprintf(who.key_id, sizeof(who.key_id), "e2b-data-plane");
+		who.scopes = AUTH_SCOPE_SANDBOX_WRITE;
 		snprintf(state, sizeof(state), "%s", pg_res_str(r, 0, 1));
 		snprintf(address, sizeof(address), "%s", pg_res_str(r, 0, 2));
 		codeint = !strcmp(pg_res_str(r, 0, 3), "t");
@@ -311,8 +330,12 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 		struct timespec ts;
 		long long now;
 
-		if (port_node_open(gw, &who, id, address, port, http_req_id(req), &pn) != KILN_OK) {
-			dp_error(req, 502, "the sandbox's node cannot be reached");
+		enum kiln_err orc = port_node_open(gw, &who, id, address, port, http_req_id(req), &pn);
+
+		if (orc != KILN_OK) {
+			dp_error(req, orc == KILN_E_UNAVAILABLE ? 502 : 500,
+				 orc == KILN_E_UNAVAILABLE ? "the sandbox's node cannot be reached"
+							   : "cannot open the stream");
 			goto out;
 		}
 		if (pn.status == 101)

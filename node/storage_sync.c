@@ -878,7 +878,13 @@ static enum kiln_err localize(struct snapstore *s, const char *work, const char 
 		json_decref(m);
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	}
-	c2 = json_pack("[s, s]", s->base_image, own);
+	/* the image the layer was made on when this node has it (the code interpreter's, or the
+	 * base's of the same path), else this node's base image */
+	const char *base = json_string_value(json_array_get(chain, 0));
+
+	if (!base || access(base, R_OK) != 0)
+		base = s->base_image;
+	c2 = json_pack("[s, s]", base, own);
 	if (!c2 || json_object_set_new(m, "disk_chain", c2) < 0)
 		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if (rc == KILN_OK)

@@ -220,6 +220,11 @@ class Context:
                 signal.signal(signal.SIGCHLD, signal.SIG_DFL)
                 devnull = os.open("/dev/null", os.O_RDONLY)
                 os.dup2(devnull, 0)
+                # No client's connection stays open here: one held by a context would never
+                # see its end. Closed through their objects, so no descriptor is closed twice.
+                for cw in list(conns):
+                    s = cw.transport.get_extra_info("socket")
+                    getattr(s, "_sock", s).close()
                 context_main(child, self.cwd)
             finally:
                 os._exit(0)
@@ -241,16 +246,26 @@ class Context:
 
 contexts = {"default": Context("default", "python", HOME)}
 listener = None
+conns = set()      # the writers of the clients' open connections
+
+
+ended = {}         # pid -> how a context's process ended (its wait status, decoded)
 
 
 def reap(*_):
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return
         if pid == 0:
             return
+        if os.WIFSIGNALED(status):
+            ended[pid] = "killed by signal %d" % os.WTERMSIG(status)
+        else:
+            ended[pid] = "exit status %d" % os.waitstatus_to_exitcode(status)
+        while len(ended) > 256:
+            ended.pop(next(iter(ended)))
 
 
 async def reply(w, status, body=b"", ctype="application/json"):
@@ -317,10 +332,13 @@ async def execute(w, req):
             except (ValueError, asyncio.LimitOverrunError, ConnectionError, OSError):
                 line = b""
             if not line:    # the context died (os._exit, a kill, a restart, out of memory)
+                await asyncio.sleep(0.2)    # its SIGCHLD, for how it ended
+                how = ended.get(pid, "")
                 if ctx.pid == pid:
                     ctx.stop()
                 line = (json.dumps({"type": "error", "name": "ContextDied",
-                                    "value": "the context's process ended; it starts afresh",
+                                    "value": "the context's process ended (%s); it starts afresh"
+                                             % (how or "unknown"),
                                     "traceback": ""}) + "\n" +
                         json.dumps({"type": "end_of_execution"}) + "\n").encode()
             if not client_gone:
@@ -334,6 +352,7 @@ async def execute(w, req):
 
 
 async def handle(r, w):
+    conns.add(w)
     try:
         head = await r.readuntil(b"\r\n\r\n")
         if len(head) > HEAD_MAX:
@@ -393,6 +412,7 @@ async def handle(r, w):
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError, ValueError):
         pass
     finally:
+        conns.discard(w)
         try:
             w.close()
         except Exception:
