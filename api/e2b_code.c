@@ -57,6 +57,7 @@ struct fwd {
 	int fd;			/* the node's stream to the guest port */
 	long port;
 	char tenant[AUTH_CLAIM_MAX];	/* its port stream count, given back at the end */
+	unsigned long long ticket;	/* that count's ticket (port_tenant_take) */
 	char method[16];
 	char *target;		/* path and query */
 	char *body;
@@ -71,7 +72,7 @@ static void fwd_free(void *arg)
 
 	if (f->fd >= 0)
 		close(f->fd);
-	port_tenant_give(f->tenant);
+	port_tenant_give(f->tenant, f->ticket);
 	free(f->target);
 	free(f->body);
 	free(f);
@@ -261,6 +262,7 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 	struct fwd *f = NULL;
 	struct pump *p;
 	bool taken = false, need_token, codeint = false;
+	unsigned long long ticket = 0;	/* the count of port_streams_max_per_tenant taken */
 	long port = -1;
 	size_t n, blen = 0;
 	const char *body;
@@ -315,7 +317,7 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 				   "existed)");
 		goto out;
 	}
-	if (!port_tenant_take(who.tenant_id, gw->cfg.port_streams_max_per_tenant)) {
+	if (!port_tenant_take(who.tenant_id, gw->cfg.port_streams_max_per_tenant, &ticket)) {
 		char msg[160];
 
 		snprintf(msg, sizeof(msg), "too many port streams at once: "
@@ -380,6 +382,7 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 	pn.fd = -1;
 	snprintf(f->method, sizeof(f->method), "%s", http_req_method(req));
 	snprintf(f->tenant, sizeof(f->tenant), "%s", who.tenant_id);
+	f->ticket = ticket;
 	if (http_req_header(req, "Content-Type"))
 		snprintf(f->ctype, sizeof(f->ctype), "%s", http_req_header(req, "Content-Type"));
 	if (http_req_header(req, "Accept"))
@@ -410,6 +413,6 @@ out:
 		free(f);
 	}
 	if (taken)
-		port_tenant_give(who.tenant_id);
+		port_tenant_give(who.tenant_id, ticket);
 	return false;
 }
