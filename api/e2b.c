@@ -2300,6 +2300,8 @@ static void proc_unary(struct http_req *req, const struct envd *e, unsigned pid,
 		rpc_error(req, "unavailable", "the service is unavailable; try again");
 	else if (a.status == 204)
 		http_reply_json(req, 200, json_object());
+	else if (a.status == 409 && strcmp(what, "resize") != 0)
+		rpc_error(req, "not_found", "process %u has ended", pid);	/* kill(): false */
 	else
 		rpc_error(req, proc_code(a.status), "%s",
 			  a.status == 404 ? "process not found" :
