@@ -1823,31 +1823,30 @@ static void fs_move(struct http_req *req) { fs_rpc(req, "move", "source", "desti
 static void fs_remove(struct http_req *req) { fs_rpc(req, "remove", "path", NULL); }
 
 /*
- * process.Process/Start: a server-streaming Connect RPC mapped onto the API's streamed exec
- * (`Accept: text/event-stream`). A producer thread (common/pump.h) reads the exec's server-sent
- * events from the inner socket as they come and writes each as a Connect envelope: a start event,
- * data events (the output base64, as protobuf JSON carries bytes), one end event, then the
- * end-of-stream envelope. Nothing is held but the event being read.
+ * process.Process/Start and Connect: server-streaming Connect RPCs mapped onto the API's processes
+ * (docs/sandboxes.md). Start starts a detached process (POST .../processes: its real pid, and it
+ * outlives the stream: only its timeout or a signal ends it) and closes its stdin unless the call
+ * asked for one; both then read its NDJSON stream (GET .../processes/{pid}/stream) from the inner
+ * socket as it comes and write each line as a Connect envelope: the start event, data events (the
+ * output base64, as protobuf JSON carries bytes; `pty` for a PTY), one end event, then the
+ * end-of-stream envelope. Nothing is held but the line being read.
  */
-#define PROC_TIMEOUT_MAX_S 3600		/* the exec API's cap on timeout_s */
-#define PROC_TIMEOUT_DEFAULT_S 3600	/* no Connect-Timeout-Ms (the SDK's timeoutMs: 0) */
-#define PROC_LINE_MAX (256u << 10)	/* bytes of one event line (16 KiB of output, escaped) */
+#define PROC_TIMEOUT_MAX_S 3600		/* the processes API's cap on timeout_s */
+#define PROC_LINE_MAX (256u << 10)	/* bytes of one NDJSON line (16 KiB of output, escaped) */
 #define PROC_ERR_MAX (64u << 10)	/* bytes of an error answer of the API */
-
-static unsigned proc_next_pid = 1000;	/* the start event's pid: a number of the stream's own */
 
 struct proc_run {
 	struct pump *p;
 	char auth[AUTH_HEADER_MAX + 32];
-	char url[128];
-	char *call;		/* the exec request, JSON */
-	long timeout_ms;
+	char id[ID_MAX];
+	char *call;		/* Start: the process's request, JSON; NULL for Connect */
+	bool close_stdin;	/* Start without stdin: EOF at once, as envd's /dev/null */
+	bool pty;		/* its output is `pty` data */
+	bool replay;		/* Start: from its first output; Connect: only what comes next */
 	unsigned pid;
-	long status;		/* the API's status, from its status line */
+	long status;		/* the stream's status */
 	bool closed;		/* the end-of-stream envelope is written */
-	bool ended;		/* the end event is written */
 	bool gone;		/* the client went away */
-	char event[16];		/* the name of the event being read */
 	struct buf line;	/* the line being read */
 	struct buf err;		/* a non-200 answer */
 };
@@ -1907,13 +1906,25 @@ static void proc_fail(struct proc_run *r, const char *code, const char *msg)
 	proc_frame(r, 2, json_pack("{s:{s:s, s:s}}", "error", "code", code, "message", msg));
 }
 
-/* One event of the exec's stream (`data` its JSON). 0, or -1 to stop reading. */
-static int proc_event(struct proc_run *r, const char *data, size_t len)
+/* Connect's code for an error answer of the processes API. */
+static const char *proc_code(long status)
 {
-	json_t *d = json_loadb(data, len, 0, NULL);
+	return status == 422 || status == 400 ? "invalid_argument" :
+	       status == 404 ? "not_found" :
+	       status == 429 ? "resource_exhausted" :
+	       status == 403 ? "permission_denied" :
+	       status == 501 ? "unimplemented" :
+	       status == 409 || status == 502 || status == 503 ? "unavailable" : "internal";
+}
+
+/* One NDJSON line of the process's stream. 0, or -1 to stop reading. */
+static int proc_line(struct proc_run *r, const char *text, size_t len)
+{
+	json_t *d = json_loadb(text, len, 0, NULL);
+	const char *type = json_str(d, "type", "");
 	int rc = 0;
 
-	if (!strcmp(r->event, "stdout") || !strcmp(r->event, "stderr")) {
+	if (!strcmp(type, "stdout") || !strcmp(type, "stderr")) {
 		const char *s = json_string_value(json_object_get(d, "data"));
 		size_t n = json_string_length(json_object_get(d, "data"));
 		unsigned char *b64 = s ? malloc(4 * ((n + 2) / 3) + 1) : NULL;
@@ -1922,36 +1933,36 @@ static int proc_event(struct proc_run *r, const char *data, size_t len)
 			rc = -1;
 		} else {
 			EVP_EncodeBlock(b64, (const unsigned char *)s, (int)n);
-			rc = proc_frame(r, 0, json_pack("{s:{s:{s:s}}}", "event", "data", r->event,
-						       (char *)b64));
+			rc = proc_frame(r, 0, json_pack("{s:{s:{s:s}}}", "event", "data",
+						       r->pty ? "pty" : type, (char *)b64));
 			free(b64);
 		}
-	} else if (!strcmp(r->event, "exit")) {
-		long long code = json_int(d, "exit_code", -1);
-		bool killed = json_is_true(json_object_get(d, "timed_out"));
+	} else if (!strcmp(type, "exit")) {
+		long long code = json_int(d, "exit_code", -1), sig = json_int(d, "signal", 0);
 		char status[48];
 		json_t *end;
 
-		if (killed)
-			snprintf(status, sizeof(status), "signal: killed");
+		/* envd's words (Go's ProcessState): a signal's end is exit code -1, not exited */
+		if (sig)
+			snprintf(status, sizeof(status), "signal: %s",
+				 sig == 9 ? "killed" : sig == 15 ? "terminated" : sig == 2 ? "interrupt" : "other");
 		else
 			snprintf(status, sizeof(status), "exit status %lld", code);
-		end = json_pack("{s:I, s:b, s:s}", "exitCode", killed ? -1LL : code, "exited",
-				!killed, "status", status);
-		if (end && (killed || code != 0))
+		end = json_pack("{s:I, s:b, s:s}", "exitCode", sig ? -1LL : code, "exited", !sig,
+				"status", status);
+		if (end && (sig || code != 0))
 			json_object_set_new(end, "error", json_string(status));
-		r->ended = true;
 		rc = proc_frame(r, 0, json_pack("{s:{s:o}}", "event", "end", end));
 		if (!rc)
 			r->closed = true, rc = proc_frame(r, 2, json_object());
-	} else if (!strcmp(r->event, "error")) {
+	} else if (!strcmp(type, "keepalive")) {
+		rc = proc_frame(r, 0, json_pack("{s:{s:{}}}", "event", "keepalive"));
+	} else if (!strcmp(type, "error")) {
 		const json_t *e = json_object_get(d, "error");
 		const char *code = json_str(e, "code", "");
 
-		/* invalid: a user the guest lacks; not_found: a cwd that is not a directory */
-		proc_fail(r, !strcmp(code, "invalid") || !strcmp(code, "not_found") ?
-				     "invalid_argument" :
-			     !strcmp(code, "forbidden") ? "permission_denied" : "unavailable",
+		proc_fail(r, !strcmp(code, "not_found") ? "not_found" :
+			     !strcmp(code, "conflict") ? "aborted" : "unavailable",
 			  json_str(e, "message", "the sandbox failed"));
 		rc = -1;
 	}
@@ -1959,7 +1970,7 @@ static int proc_event(struct proc_run *r, const char *data, size_t len)
 	return rc;
 }
 
-/* libcurl: each header line of the exec's answer; its status, and the start event after them. */
+/* libcurl: the stream's status line. */
 static size_t proc_header(char *p, size_t size, size_t n, void *arg)
 {
 	struct proc_run *r = arg;
@@ -1969,16 +1980,10 @@ static size_t proc_header(char *p, size_t size, size_t n, void *arg)
 	if (len > 9 && !strncmp(p, "HTTP/", 5) && strchr(p, ' ') &&
 	    sscanf(strchr(p, ' '), " %ld", &st) == 1)
 		r->status = st;
-	else if ((len == 2 && p[0] == '\r') || (len == 1 && p[0] == '\n')) {
-		if (r->status == 200 &&
-		    proc_frame(r, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid",
-					       (json_int_t)r->pid)) != 0)
-			return 0;
-	}
 	return len;
 }
 
-/* libcurl: the exec's answer as it comes, read line by line into events. */
+/* libcurl: the stream as it comes, read line by line. */
 static size_t proc_write(char *p, size_t size, size_t n, void *arg)
 {
 	struct proc_run *r = arg;
@@ -1989,54 +1994,83 @@ static size_t proc_write(char *p, size_t size, size_t n, void *arg)
 		return len;
 	}
 	for (size_t i = 0; i < len; i++) {
-		const char *l;
-
 		if (p[i] != '\n') {
 			if (buf_append(&r->line, p + i, 1) != 0)
 				return 0;	/* a line past PROC_LINE_MAX: not the API's */
 			continue;
 		}
-		l = r->line.data ? r->line.data : "";
-		if (r->line.len == 0)
-			r->event[0] = '\0';
-		else if (r->line.len > 7 && !strncmp(l, "event: ", 7))
-			snprintf(r->event, sizeof(r->event), "%.*s", (int)(r->line.len - 7), l + 7);
-		else if (r->line.len > 6 && !strncmp(l, "data: ", 6) && !r->closed &&
-			 proc_event(r, l + 6, r->line.len - 6) != 0)
+		if (r->line.len && !r->closed && proc_line(r, r->line.data, r->line.len) != 0)
 			return 0;
 		buf_reset(&r->line);
 	}
 	return len;
 }
 
-/* The producer: runs the exec and writes its events, always ending with an end-of-stream. */
+/* Ends the stream after an error answer `a` of the API (its message when it says one). */
+static void proc_fail_answer(struct proc_run *r, long status, const json_t *j)
+{
+	const char *msg = json_str(json_object_get(j, "error"), "message", "the call failed");
+
+	proc_fail(r, proc_code(status),
+		  status == 409 || status == 502 ? "the sandbox is not running" : msg);
+}
+
+/* The producer: starts the process (Start), then relays its stream, always ending the stream. */
 static void proc_produce(struct pump *p, void *arg)
 {
 	struct proc_run *r = arg;
 	struct curl_slist *h = NULL;
 	struct httpc hc = { 0 };
 	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
 	char url[256];
 	long status = 0;
 	enum kiln_err rc;
 
 	r->p = p;
 	pump_ready(p, 200, "application/connect+json");
-	snprintf(url, sizeof(url), "http://kiln%s", r->url);
+	if (r->call) {
+		snprintf(url, sizeof(url), "/v1/sandboxes/%s/processes", r->id);
+		if (inner_call(r->auth, "POST", url, NULL, r->call, strlen(r->call), PROC_ERR_MAX, &a,
+			       &err) != KILN_OK) {
+			proc_fail(r, "unavailable", "the service is unavailable; try again");
+			goto out;
+		}
+		if (a.status != 201 || !json_is_integer(json_object_get(a.json, "pid"))) {
+			const char *m = json_str(json_object_get(a.json, "error"), "message", "");
+
+			/* what the guest refused (a cwd that is not a directory): envd's spawn failure */
+			if (a.status == 404 && !strncmp(m, "guest:", 6))
+				proc_fail(r, "invalid_argument", m);
+			else
+				proc_fail_answer(r, a.status == 404 ? 409 : a.status, a.json);
+			goto out;
+		}
+		r->pid = (unsigned)json_integer_value(json_object_get(a.json, "pid"));
+		answer_free(&a);
+		memset(&a, 0, sizeof(a));
+		if (r->close_stdin) {
+			snprintf(url, sizeof(url), "/v1/sandboxes/%s/processes/%u/stdin?eof=1", r->id,
+				 r->pid);
+			inner_call(r->auth, "POST", url, "application/octet-stream", "", 0, PROC_ERR_MAX,
+				   &a, &err);	/* a process that ended already: nothing to close */
+			answer_free(&a);
+			memset(&a, 0, sizeof(a));
+		}
+	}
+	if (proc_frame(r, 0, json_pack("{s:{s:{s:I}}}", "event", "start", "pid",
+				       (json_int_t)r->pid)) != 0)
+		goto out;
+	snprintf(url, sizeof(url), "http://kiln/v1/sandboxes/%s/processes/%u/stream?replay=%d", r->id,
+		 r->pid, r->replay ? 1 : 0);
 	h = curl_slist_append(h, r->auth);
-	if (h)
-		h = curl_slist_append(h, "Content-Type: application/json");
-	if (h)
-		h = curl_slist_append(h, "Accept: text/event-stream");
 	if (!h) {
 		proc_fail(r, "internal", "out of memory");
-		return;
+		goto out;
 	}
 	rc = httpc_open(&hc,
-			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock,
-					      .timeout_ms = r->timeout_ms,
-					      .connect_timeout_ms = 5000, .method = "POST",
-					      .post_data = r->call, .post_len = strlen(r->call),
+			&(struct httpc_opts){ .url = url, .unix_socket = inner_sock, .timeout_ms = 0,
+					      .connect_timeout_ms = 5000, .method = "GET",
 					      .headers = h, .on_write = proc_write, .write_arg = r,
 					      .on_header = proc_header, .header_arg = r },
 			&err);
@@ -2047,23 +2081,18 @@ static void proc_produce(struct pump *p, void *arg)
 	httpc_close(&hc);
 	curl_slist_free_all(h);
 	if (r->closed || r->gone)
-		return;
+		goto out;
 	if (r->status == 200 || rc != KILN_OK) {
 		proc_fail(r, "unavailable", r->status == 200 ? "the process's stream was cut"
 							     : "the service is unavailable; try again");
 	} else {
 		json_t *j = json_loadb(r->err.data ? r->err.data : "", r->err.len, 0, NULL);
-		const char *msg = json_str(json_object_get(j, "error"), "message", "the call failed");
 
-		proc_fail(r, r->status == 422 ? "invalid_argument" :
-			     r->status == 429 ? "resource_exhausted" :
-			     r->status == 403 ? "permission_denied" :
-			     r->status == 409 || r->status == 502 || r->status == 404 ? "unavailable"
-										     : "internal",
-			  r->status == 409 || r->status == 502 || r->status == 404 ?
-				  "the sandbox is not running" : msg);
+		proc_fail_answer(r, r->status, j);
 		json_decref(j);
 	}
+out:
+	answer_free(&a);
 }
 
 /* A stream that is only its end-of-stream envelope with Connect's error `code`. */
@@ -2079,20 +2108,52 @@ static void proc_refuse(struct http_req *req, const char *code, const char *msg)
 	buf_release(&b);
 }
 
-/*
- * POST /process.Process/Start: one envelope {process: {cmd, args, envs, cwd}, stdin, pty} run as
- * the RPC's user until Connect-Timeout-Ms (at most PROC_TIMEOUT_MAX_S), streamed as it runs.
- */
-static void proc_start(struct http_req *req)
+/* The JSON object of a request of one uncompressed Connect envelope, or NULL. */
+static json_t *envelope_body(struct http_req *req)
 {
 	size_t len = 0;
 	const unsigned char *body = (const unsigned char *)http_req_body(req, &len);
+
+	if (!body || len < 5 || body[0] != 0 ||
+	    ((size_t)body[1] << 24 | (size_t)body[2] << 16 | (size_t)body[3] << 8 | body[4]) != len - 5)
+		return NULL;
+	json_t *b = json_loadb((const char *)body + 5, len - 5, 0, NULL);
+
+	if (!json_is_object(b)) {
+		json_decref(b);
+		return NULL;
+	}
+	return b;
+}
+
+/* Starts the producer of `r` (taken, also on failure) and streams its answer. */
+static void proc_stream(struct http_req *req, struct proc_run *r)
+{
+	struct pump *p;
+
+	buf_init(&r->line, PROC_LINE_MAX);
+	buf_init(&r->err, PROC_ERR_MAX);
+	p = pump_start(proc_produce, r, proc_free);	/* frees r even when it did not start */
+	if (!p) {
+		proc_refuse(req, "resource_exhausted", "too many streams at once; try again");
+		return;
+	}
+	pump_wait_ready(p, NULL, 0);
+	http_reply_stream(req, 200, "application/connect+json", pump_read, p, pump_release);
+}
+
+/*
+ * POST /process.Process/Start: one envelope {process: {cmd, args, envs, cwd}, stdin, pty, tag}
+ * run as the RPC's user until Connect-Timeout-Ms (at most PROC_TIMEOUT_MAX_S; none without it),
+ * streamed as it runs; it outlives the stream.
+ */
+static void proc_start(struct http_req *req)
+{
 	const char *tms = http_req_header(req, "Connect-Timeout-Ms");
 	char cwd[4096];
 	struct proc_run *r = NULL;
-	json_t *b = NULL, *pr, *call = NULL, *cmd, *env, *v;
-	long long timeout_s = PROC_TIMEOUT_DEFAULT_S;
-	struct pump *p;
+	json_t *b = NULL, *pr, *call = NULL, *cmd, *env, *v, *pty;
+	long long timeout_s = 0;
 	struct envd e;
 	size_t i;
 
@@ -2102,10 +2163,7 @@ static void proc_start(struct http_req *req)
 		proc_refuse(req, "unauthenticated", "invalid user in the Authorization header");
 		goto out;
 	}
-	if (!body || len < 5 || body[0] != 0 ||
-	    ((size_t)body[1] << 24 | (size_t)body[2] << 16 | (size_t)body[3] << 8 | body[4]) !=
-		    len - 5 ||
-	    !json_is_object(b = json_loadb((const char *)body + 5, len - 5, 0, NULL))) {
+	if (!(b = envelope_body(req))) {
 		proc_refuse(req, "invalid_argument",
 			    "the request must be one uncompressed Connect envelope of a JSON object");
 		goto out;
@@ -2116,18 +2174,14 @@ static void proc_start(struct http_req *req)
 	json_array_foreach(json_object_get(pr, "args"), i, v)
 		json_array_append(cmd, v);
 	env = json_object_get(pr, "envs");
+	pty = json_object_get(json_object_get(b, "pty"), "size");
 	if (!json_is_string(json_object_get(pr, "cmd")) || !json_string_length(json_object_get(pr, "cmd")) ||
 	    (json_object_get(pr, "args") && !json_is_array(json_object_get(pr, "args"))) ||
-	    (env && !json_is_object(env))) {
+	    (env && !json_is_object(env)) ||
+	    (json_object_get(b, "pty") && !json_is_object(pty))) {
 		json_decref(cmd);
-		proc_refuse(req, "invalid_argument", "process.cmd must be a command, args a list "
-						     "and envs an object of strings");
-		goto out;
-	}
-	if (json_object_get(b, "pty") || json_is_true(json_object_get(b, "stdin"))) {
-		json_decref(cmd);
-		proc_refuse(req, "unimplemented", "a PTY and stdin are not supported by this server "
-						  "yet (docs/e2b.md)");
+		proc_refuse(req, "invalid_argument", "process.cmd must be a command, args a list, "
+						     "envs an object of strings and pty {size}");
 		goto out;
 	}
 	if (tms) {
@@ -2143,10 +2197,17 @@ static void proc_start(struct http_req *req)
 		if (timeout_s > PROC_TIMEOUT_MAX_S)
 			timeout_s = PROC_TIMEOUT_MAX_S;
 	}
-	call = json_pack("{s:o, s:s, s:I}", "cmd", cmd, "user", e.user, "timeout_s",
-			 (json_int_t)timeout_s);
+	call = json_pack("{s:o, s:s}", "cmd", cmd, "user", e.user);
+	if (call && timeout_s)
+		json_object_set_new(call, "timeout_s", json_integer(timeout_s));
 	if (call && env)
 		json_object_set(call, "env", env);
+	if (call && json_is_string(json_object_get(b, "tag")))
+		json_object_set(call, "tag", json_object_get(b, "tag"));
+	if (call && pty)
+		json_object_set_new(call, "pty", json_pack("{s:I, s:I}",
+				    "rows", json_integer_value(json_object_get(pty, "rows")),
+				    "cols", json_integer_value(json_object_get(pty, "cols"))));
 	if (call && json_is_string(json_object_get(pr, "cwd"))) {
 		if (!envd_path(json_string_value(json_object_get(pr, "cwd")), e.user, cwd,
 			       sizeof(cwd))) {
@@ -2161,24 +2222,270 @@ static void proc_start(struct http_req *req)
 		goto out;
 	}
 	memcpy(r->auth, e.auth, sizeof(r->auth));
-	snprintf(r->url, sizeof(r->url), "/v1/sandboxes/%s/exec", e.id);
-	r->timeout_ms = (timeout_s + 60) * 1000;
-	r->pid = __atomic_add_fetch(&proc_next_pid, 1, __ATOMIC_RELAXED);
-	buf_init(&r->line, PROC_LINE_MAX);
-	buf_init(&r->err, PROC_ERR_MAX);
-	p = pump_start(proc_produce, r, proc_free);
-	r = NULL;	/* the pump's now, freed even when it did not start */
-	if (!p) {
-		proc_refuse(req, "resource_exhausted", "too many streams at once; try again");
-		goto out;
-	}
-	pump_wait_ready(p, NULL, 0);
-	http_reply_stream(req, 200, "application/connect+json", pump_read, p, pump_release);
+	snprintf(r->id, sizeof(r->id), "%s", e.id);
+	r->pty = pty != NULL;
+	r->close_stdin = !pty && !json_is_true(json_object_get(b, "stdin"));
+	r->replay = true;
+	proc_stream(req, r);
+	r = NULL;
 out:
 	if (r)
 		proc_free(r);
 	json_decref(b);
 	json_decref(call);
+	envd_close(&e);
+}
+
+/* The pid of a request's `process` selector; 0 (after replying `code`'s error) when it has none. */
+static unsigned proc_selected(struct http_req *req, const json_t *b, bool stream)
+{
+	const json_t *sel = json_object_get(b, "process"), *pid = json_object_get(sel, "pid");
+	const char *msg = json_object_get(sel, "tag") ? "selecting a process by tag is not supported "
+							"by this server (docs/e2b.md)"
+						      : "process.pid must be a pid";
+	const char *code = json_object_get(sel, "tag") ? "unimplemented" : "invalid_argument";
+
+	if (json_is_integer(pid) && json_integer_value(pid) >= 1 && json_integer_value(pid) <= 0x7fffffff)
+		return (unsigned)json_integer_value(pid);
+	if (stream)
+		proc_refuse(req, code, msg);
+	else
+		rpc_error(req, code, "%s", msg);
+	return 0;
+}
+
+/* POST /process.Process/Connect: {process: {pid}}: the process's output from now on, then its end. */
+static void proc_connect(struct http_req *req)
+{
+	struct proc_run *r = NULL;
+	json_t *b = NULL;
+	struct envd e;
+	unsigned pid;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!(b = envelope_body(req))) {
+		proc_refuse(req, "invalid_argument",
+			    "the request must be one uncompressed Connect envelope of a JSON object");
+		goto out;
+	}
+	if (!(pid = proc_selected(req, b, true)))
+		goto out;
+	if (!(r = calloc(1, sizeof(*r)))) {
+		proc_refuse(req, "internal", "out of memory");
+		goto out;
+	}
+	memcpy(r->auth, e.auth, sizeof(r->auth));
+	snprintf(r->id, sizeof(r->id), "%s", e.id);
+	r->pid = pid;
+	proc_stream(req, r);
+out:
+	json_decref(b);
+	envd_close(&e);
+}
+
+/*
+ * A unary process RPC: `method` `what` of process {pid} with `data` (`len` bytes of `ctype`);
+ * replies {} on success, else Connect's error.
+ */
+static void proc_unary(struct http_req *req, const struct envd *e, unsigned pid, const char *what,
+		       const char *query, const char *ctype, const char *data, size_t len)
+{
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	char url[256];
+
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/processes/%u/%s%s", e->id, pid, what, query);
+	if (inner_call(e->auth, "POST", url, ctype, data, len, PROC_ERR_MAX, &a, &err) != KILN_OK)
+		rpc_error(req, "unavailable", "the service is unavailable; try again");
+	else if (a.status == 204)
+		http_reply_json(req, 200, json_object());
+	else if (a.status == 409 && strcmp(what, "resize") != 0)
+		rpc_error(req, "not_found", "process %u has ended", pid);	/* kill(): false */
+	else
+		rpc_error(req, proc_code(a.status), "%s",
+			  a.status == 404 ? "process not found" :
+			  json_str(json_object_get(a.json, "error"), "message", "the call failed"));
+	answer_free(&a);
+}
+
+/* The JSON body of a unary RPC, or NULL after replying invalid_argument. */
+static json_t *unary_body(struct http_req *req)
+{
+	size_t len = 0;
+	const char *text = http_req_body(req, &len);
+	json_t *b = json_loadb(text ? text : "", len, 0, NULL);
+
+	if (!json_is_object(b)) {
+		json_decref(b);
+		rpc_error(req, "invalid_argument", "the request must be a JSON object");
+		return NULL;
+	}
+	return b;
+}
+
+/* POST /process.Process/SendInput {process: {pid}, input: {stdin|pty: base64}}. */
+static void proc_input(struct http_req *req)
+{
+	json_t *b = NULL, *in;
+	const char *s;
+	unsigned char *dec = NULL;
+	struct envd e;
+	unsigned pid;
+	int n;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!(b = unary_body(req)) || !(pid = proc_selected(req, b, false)))
+		goto out;
+	in = json_object_get(b, "input");
+	s = json_string_value(json_object_get(in, "stdin"));
+	if (!s)
+		s = json_string_value(json_object_get(in, "pty"));
+	if (!s || strlen(s) % 4 || strlen(s) > 4 * ((1u << 20) / 3)) {
+		rpc_error(req, "invalid_argument", "input must be {stdin} or {pty}: base64, at most 1 MiB");
+		goto out;
+	}
+	if (!(dec = malloc(strlen(s) / 4 * 3 + 1))) {
+		rpc_error(req, "internal", "out of memory");
+		goto out;
+	}
+	n = EVP_DecodeBlock(dec, (const unsigned char *)s, (int)strlen(s));
+	if (n < 0) {
+		rpc_error(req, "invalid_argument", "input is not base64");
+		goto out;
+	}
+	for (size_t k = strlen(s); k > 0 && s[k - 1] == '=' && n > 0; k--)
+		n--;	/* EVP_DecodeBlock counts padding as bytes */
+	proc_unary(req, &e, pid, "stdin", "", "application/octet-stream", (const char *)dec,
+		   (size_t)n);
+out:
+	free(dec);
+	json_decref(b);
+	envd_close(&e);
+}
+
+/* POST /process.Process/CloseStdin {process: {pid}}. */
+static void proc_close_stdin(struct http_req *req)
+{
+	json_t *b = NULL;
+	struct envd e;
+	unsigned pid;
+
+	if (!envd_open(req, &e))
+		return;
+	if ((b = unary_body(req)) && (pid = proc_selected(req, b, false)))
+		proc_unary(req, &e, pid, "stdin", "?eof=1", "application/octet-stream", "", 0);
+	json_decref(b);
+	envd_close(&e);
+}
+
+/* POST /process.Process/SendSignal {process: {pid}, signal: "SIGNAL_SIGKILL"|"SIGNAL_SIGTERM"}. */
+static void proc_signal(struct http_req *req)
+{
+	json_t *b = NULL;
+	const char *sig;
+	char body[32];
+	struct envd e;
+	unsigned pid;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!(b = unary_body(req)) || !(pid = proc_selected(req, b, false)))
+		goto out;
+	sig = json_str(b, "signal", "");
+	if (strcmp(sig, "SIGNAL_SIGKILL") && strcmp(sig, "SIGNAL_SIGTERM") && strcmp(sig, "9") &&
+	    strcmp(sig, "15") && json_integer_value(json_object_get(b, "signal")) != 9 &&
+	    json_integer_value(json_object_get(b, "signal")) != 15) {
+		rpc_error(req, "invalid_argument", "signal must be SIGNAL_SIGKILL or SIGNAL_SIGTERM");
+		goto out;
+	}
+	snprintf(body, sizeof(body), "{\"signal\":%d}",
+		 strstr(sig, "KILL") || !strcmp(sig, "9") ||
+				 json_integer_value(json_object_get(b, "signal")) == 9 ? 9 : 15);
+	proc_unary(req, &e, pid, "signal", "", NULL, body, strlen(body));
+out:
+	json_decref(b);
+	envd_close(&e);
+}
+
+/* POST /process.Process/Update {process: {pid}, pty: {size: {cols, rows}}}: a PTY's resize. */
+static void proc_update(struct http_req *req)
+{
+	json_t *b = NULL, *size;
+	char body[64];
+	struct envd e;
+	unsigned pid;
+
+	if (!envd_open(req, &e))
+		return;
+	if (!(b = unary_body(req)) || !(pid = proc_selected(req, b, false)))
+		goto out;
+	size = json_object_get(json_object_get(b, "pty"), "size");
+	if (!json_is_integer(json_object_get(size, "rows")) || !json_is_integer(json_object_get(size, "cols"))) {
+		rpc_error(req, "invalid_argument", "pty.size must be {cols, rows}");
+		goto out;
+	}
+	snprintf(body, sizeof(body), "{\"rows\":%lld,\"cols\":%lld}",
+		 (long long)json_integer_value(json_object_get(size, "rows")),
+		 (long long)json_integer_value(json_object_get(size, "cols")));
+	proc_unary(req, &e, pid, "resize", "", NULL, body, strlen(body));
+out:
+	json_decref(b);
+	envd_close(&e);
+}
+
+/* POST /process.Process/List {}: the running processes, E2B's ProcessInfo (config always set). */
+static void proc_list(struct http_req *req)
+{
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	json_t *out = NULL, *arr, *pr;
+	char url[160];
+	struct envd e;
+	size_t i;
+
+	if (!envd_open(req, &e))
+		return;
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/processes", e.id);
+	if (inner_call(e.auth, "GET", url, NULL, NULL, 0, ANSWER_MAX, &a, &err) != KILN_OK) {
+		rpc_error(req, "unavailable", "the service is unavailable; try again");
+		goto out;
+	}
+	if (a.status != 200) {
+		rpc_error(req, proc_code(a.status), "%s",
+			  json_str(json_object_get(a.json, "error"), "message", "the call failed"));
+		goto out;
+	}
+	arr = json_array();
+	json_array_foreach(json_object_get(a.json, "processes"), i, pr) {
+		const json_t *argv = json_object_get(pr, "argv");
+		json_t *args = json_array(), *envs = json_object(), *v, *info;
+		size_t k;
+
+		if (!json_is_true(json_object_get(pr, "running")) || !json_is_string(json_array_get(argv, 0)) ||
+		    !json_is_string(json_object_get(pr, "cwd")))
+			continue;
+		json_array_foreach(argv, k, v)
+			if (k > 0)
+				json_array_append(args, v);
+		/* the guest keeps only the names of a process's env: E2B's envs show them empty */
+		json_array_foreach(json_object_get(pr, "env"), k, v)
+			if (json_is_string(v))
+				json_object_set_new(envs, json_string_value(v), json_string(""));
+		info = json_pack("{s:{s:O, s:o, s:o, s:O}, s:O}", "config", "cmd",
+				 json_array_get(argv, 0), "args", args, "envs", envs, "cwd",
+				 json_object_get(pr, "cwd"),
+				 "pid", json_object_get(pr, "pid"));
+		if (info && json_string_length(json_object_get(pr, "tag")))
+			json_object_set(info, "tag", json_object_get(pr, "tag"));
+		if (info)
+			json_array_append_new(arr, info);
+	}
+	out = json_pack("{s:o}", "processes", arr);
+	http_reply_json(req, 200, out);
+out:
+	answer_free(&a);
 	envd_close(&e);
 }
 
@@ -2212,6 +2519,12 @@ static const struct http_route envd_routes[] = {
 	{ "POST", "/filesystem.Filesystem/Remove", fs_remove, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/{method}", envd_unimplemented, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/Start", proc_start, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/Connect", proc_connect, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/List", proc_list, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/SendInput", proc_input, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/SendSignal", proc_signal, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/CloseStdin", proc_close_stdin, 0, 0, NULL, 0 },
+	{ "POST", "/process.Process/Update", proc_update, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/{method}", envd_unimplemented, 0, 0, NULL, 0 },
 	/* any other path or method: a guest port's (e2b_port_before), else no such envd route */
 	{ "*", "*", envd_no_route, 0, 0, NULL, 0 },

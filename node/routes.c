@@ -1063,6 +1063,13 @@ static void sandbox_exec(struct http_req *req)
 static void proc_fail(struct http_req *req, struct node *n, struct sandbox *sb, enum kiln_err rc,
 		      const struct kiln_error *err)
 {
+	/* the guest keeps an ended process (list, stream): it exists, but takes no signal, resize or
+	   stdin (nor does a closed stdin) */
+	if ((rc == KILN_E_NOT_FOUND && strstr(err->msg, "has ended")) ||
+	    (rc == KILN_E_INVALID && strstr(err->msg, "is closed"))) {
+		http_reply_error(req, KILN_E_CONFLICT, "%s", err->msg);
+		return;
+	}
 	if (rc == KILN_E_RATE_LIMITED)
 		http_reply_header(req, "Retry-After", "1");
 	if (rc == KILN_E_INVALID || rc == KILN_E_TOO_LARGE || rc == KILN_E_RATE_LIMITED ||

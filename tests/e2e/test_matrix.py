@@ -52,7 +52,7 @@ PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "sna
 # Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
 # reached (and refused) through the sandbox that the path names first. A node is the operator's:
 # a spare one with no room (setUpClass), so that its drain moves nothing of the tenants'.
-PART = {"port": "8000", "node": "matrix-spare", "process": "1"}
+PART = {"port": "8000", "node": "matrix-spare", "process": "1"}  # "process": B's process, started in setUpClass
 A_FILE = "/root/data.csv"
 
 
@@ -188,6 +188,12 @@ class TenantMatrix(unittest.TestCase):
                                t.key)
             assert r.status == 201, r
             t.ids["template"] = r.json()["id"]
+        # A process of B's, ended at once (so its stream ends too): the process routes' {pid}, which
+        # B's own calls find (409 for a signal or resize of an ended process, 422 for its stdin).
+        r = cls.gw.request("POST", f"/v1/sandboxes/{cls.B.ids['sandbox']}/processes",
+                           {"cmd": ["true"]}, cls.B.key, timeout=120)
+        assert r.status == 201, r
+        PART["process"] = str(r.json()["pid"])
         cls.A_ids = set(cls.A.ids.values())
 
     # -------------------------------------------------------------------------------- helpers

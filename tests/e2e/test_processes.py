@@ -79,9 +79,9 @@ class ProcessTests(unittest.TestCase):
         self.assertEqual((end[-1]["exit_code"], end[-1]["signal"]), (137, 9))
         self.assertEqual(text(end), "")
         r = self.gw.request("POST", f"{self.base}/{pid}/signal", {"signal": "SIGTERM"}, self.key)
-        self.assertEqual(r.status, 404, r)
+        self.assertEqual(r.status, 409, r)  # ended: kept and listed, but past signals
         r = self.gw.request("POST", f"{self.base}/{pid}/stdin", b"late", self.key)
-        self.assertEqual(r.status, 422, r)
+        self.assertEqual(r.status, 409, r)
 
     def test_a_pty_shell_sees_its_size_and_a_resize(self):
         pid = self.start({"cmd": ["/bin/sh"], "pty": {"rows": 24, "cols": 80}})

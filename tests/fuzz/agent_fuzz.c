@@ -44,6 +44,27 @@ static void check_payload(const struct agent_hdr *h, const uint8_t *p)
 	case AGENT_T_FILE_END:
 		agent_parse_u64(p, h->len, &v);
 		break;
+	case AGENT_T_PROC_ENTRY: {
+		/* a process list entry: every string of its lists within the payload, none with NUL */
+		struct agent_proc_entry_msg pe;
+		struct agent_rd r;
+
+		if (agent_parse_proc_entry(p, h->len, &pe) != 0)
+			break;
+		if (pe.tag.len > AGENT_MAX_TAG || pe.argc > AGENT_MAX_ARGS || pe.envc > AGENT_MAX_ENV ||
+		    (pe.running && pe.exit_code != -1))
+			abort();
+		agent_rd_init(&r, pe.argv_raw.p, pe.argv_raw.len);
+		for (uint32_t i = 0; i < pe.argc; i++) {
+			struct agent_bytes b = agent_list_next(&r);
+
+			if (r.bad || (b.len && memchr(b.p, 0, b.len)))
+				abort();
+		}
+		if (!agent_rd_done(&r))
+			abort();
+		break;
+	}
 	case AGENT_T_FILE_READ: {
 		/* the guest's reading of a host frame: str path, optional str user */
 		struct agent_rd r;

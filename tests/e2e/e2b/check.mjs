@@ -2,7 +2,8 @@
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
 // through create, getInfo, list with a metadata filter, setTimeout, files on the data plane (write,
 // read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), commands
-// (run with output and exit code, a failing one, streamed callbacks), pause,
+// (run with output and exit code, a failing one, streamed callbacks, a background command's stdin,
+// list, connect and kill, a PTY), pause,
 // connect (resume),
 // updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
@@ -125,6 +126,33 @@ async function main() {
   assert.deepEqual(rounds, [...rounds].sort(), `callbacks out of order: ${JSON.stringify(seen)}`)
   assert.ok(tEnd - seen[0][2] >= 800, `the first output came ${tEnd - seen[0][2]} ms before the end ` +
     `(after ${seen[0][2] - t1} ms): not streamed`)
+  // Background processes outlive their stream: stdin, list, connect after the stream dropped, kill.
+  const until = async (f, what) => {
+    for (let i = 0; i < 300 && !f(); i++) await new Promise((r) => setTimeout(r, 100))
+    assert.ok(f(), what)
+  }
+  const bg = await sbx.commands.run('read x; echo got:$x; exec sleep 600', { background: true, stdin: true })
+  assert.ok(bg.pid > 1)
+  await sbx.commands.sendStdin(bg.pid, 'hi\n')
+  await until(() => bg.stdout.includes('got:hi\n'), `no stdin echo: ${JSON.stringify(bg.stdout)}`)
+  assert.ok((await sbx.commands.list()).some((p) => p.pid === bg.pid && p.args.join(' ').includes('read x')))
+  await bg.disconnect()
+  let later = ''
+  const re = await sbx.commands.connect(bg.pid, { onStdout: (d) => { later += d } })
+  assert.equal(await sbx.commands.kill(bg.pid), true)
+  await assert.rejects(re.wait(), (e) => e instanceof CommandExitError && e.error === 'signal: killed')
+  assert.equal(later, '')
+  assert.equal(await sbx.commands.kill(bg.pid), false)
+  assert.ok(!(await sbx.commands.list()).some((p) => p.pid === bg.pid))
+  // A PTY: input, output, resize, kill.
+  let screen = ''
+  const term = await sbx.pty.create({ cols: 80, rows: 24, onData: (d) => { screen += new TextDecoder().decode(d) } })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('echo h""i; stty size\n'))
+  await until(() => screen.includes('hi') && screen.includes('24 80'), `pty: ${JSON.stringify(screen)}`)
+  await sbx.pty.resize(term.pid, { cols: 100, rows: 40 })
+  await sbx.pty.sendInput(term.pid, new TextEncoder().encode('stty size\n'))
+  await until(() => screen.includes('40 100'), `pty resize: ${JSON.stringify(screen)}`)
+  assert.equal(await sbx.pty.kill(term.pid), true)
   step('commands', Date.now() - t0)
   t0 = Date.now()
 
@@ -147,8 +175,8 @@ async function main() {
   assert.equal(await r.text(), 'hello kiln\n')
   r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': token, 'E2b-Sandbox-Port': '49999' })
   assert.equal(r.status, 502, 'another port')
-  r = await dp('/process.Process/List', { 'X-Access-Token': token }, '{}')
-  assert.equal(r.status, 501)
+  r = await dp('/process.Process/StreamInput', { 'X-Access-Token': token }, '{}')
+  assert.equal(r.status, 501) // client streaming: the SDK never calls it
   assert.equal((await r.json()).code, 'unimplemented')
   // Another tenant's sandbox: its token does not open this one, nor this one's token it.
   const theirs = await Sandbox.create({ ...other, metadata: { suite: run, role: 'theirs' } })
