@@ -5,6 +5,11 @@
 --    correlated EXISTS over the flush's own items, a scan of them all for every window; it is now
 --    a join of the items with themselves, in a statement of its own. Which windows are bad is the
 --    same set.
+-- 2. ledger_account_balances (0004) kept by a statement-level trigger: each account a statement's
+--    transfers touch is upserted once with their sum, in account order, instead of once per
+--    transfer (a flush of many windows from one grant updated its row once per window). It fires
+--    before billing_debts_apply() (0013) as the row trigger did: AFTER triggers of one level fire
+--    by name, ledger_transfers_balances before ledger_transfers_debts.
 
 CREATE OR REPLACE FUNCTION meter_flush_set(items jsonb, card text)
 RETURNS TABLE (refused_sandbox text, refused_generation bigint) LANGUAGE plpgsql AS $$
@@ -156,3 +161,24 @@ BEGIN
                  GROUP BY f.sb, f.gen ORDER BY min(f.ord);
     DROP TABLE meter_flush_items, meter_flush_grants, meter_flush_slow;
 END $$;
+
+CREATE OR REPLACE FUNCTION ledger_account_balance_apply() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO ledger_account_balances AS b (account_id, tenant_id, balance_ucr)
+    SELECT a.id, a.tenant_id, d.delta
+    FROM (SELECT account, sum(amount)::bigint AS delta
+          FROM (SELECT credit_account AS account, amount_ucr AS amount FROM new_rows
+                WHERE credit_account NOT LIKE 'system:%'
+                UNION ALL
+                SELECT debit_account, -amount_ucr FROM new_rows
+                WHERE debit_account NOT LIKE 'system:%') m
+          GROUP BY account) d
+    JOIN ledger_accounts a ON a.id = d.account
+    ORDER BY a.id
+    ON CONFLICT (account_id) DO UPDATE SET balance_ucr = b.balance_ucr + EXCLUDED.balance_ucr;
+    RETURN NULL;
+END $$;
+DROP TRIGGER ledger_transfers_balances ON ledger_transfers;
+CREATE TRIGGER ledger_transfers_balances AFTER INSERT ON ledger_transfers
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION ledger_account_balance_apply();
