@@ -10,6 +10,9 @@
 --    transfer (a flush of many windows from one grant updated its row once per window). It fires
 --    before billing_debts_apply() (0013) as the row trigger did: AFTER triggers of one level fire
 --    by name, ledger_transfers_balances before ledger_transfers_debts.
+-- 3. kiln_new_id() (0004) with the same ids from the same random bits: the 16 bytes of a random
+--    UUID as 26 base32 characters, most significant bits first, the last 3 bits padded with two
+--    zero bits; one expression over the UUID as a bit string instead of a loop over its bytes.
 
 CREATE OR REPLACE FUNCTION meter_flush_set(items jsonb, card text)
 RETURNS TABLE (refused_sandbox text, refused_generation bigint) LANGUAGE plpgsql AS $$
@@ -182,3 +185,37 @@ DROP TRIGGER ledger_transfers_balances ON ledger_transfers;
 CREATE TRIGGER ledger_transfers_balances AFTER INSERT ON ledger_transfers
     REFERENCING NEW TABLE AS new_rows
     FOR EACH STATEMENT EXECUTE FUNCTION ledger_account_balance_apply();
+
+CREATE OR REPLACE FUNCTION kiln_new_id(prefix text) RETURNS text LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    a constant text := 'abcdefghijklmnopqrstuvwxyz234567';
+    v constant bit(128) := ('x' || replace(gen_random_uuid()::text, '-', ''))::bit(128);
+BEGIN
+    RETURN prefix ||
+        substr(a, substring(v FROM 1 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 6 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 11 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 16 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 21 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 26 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 31 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 36 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 41 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 46 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 51 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 56 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 61 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 66 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 71 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 76 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 81 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 86 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 91 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 96 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 101 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 106 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 111 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 116 FOR 5)::int + 1, 1) ||
+        substr(a, substring(v FROM 121 FOR 5)::int + 1, 1) ||
+        substr(a, (substring(v FROM 126 FOR 3) || B'00')::bit(5)::int + 1, 1);
+END $$;
