@@ -8,9 +8,9 @@
 --      then without any trigger (session_replication_role = replica: no foreign-key checks either);
 --   3. the same from :n / 10 grants of as many tenants (the bench's flush: one tenant per ten
 --      sandboxes), with the triggers;
---   4. the overlap check of meter_flush_set() as 0015 wrote it (0025 splits it so) on :n flush items in a temporary table, as
---      one UPDATE with a correlated EXISTS over the table itself, then as two joins (EXPLAIN
---      ANALYZE's execution times).
+--   4. the overlap check of meter_flush_set() on :n flush items in a temporary table, as 0015
+--      wrote it (one UPDATE with a correlated EXISTS over the table itself), then as two joins
+--      as 0025 writes it (EXPLAIN ANALYZE's execution times).
 \timing on
 \echo '1. ids: kiln_new_id() x :n, then md5() x :n'
 SELECT count(kiln_new_id('tx_')) FROM generate_series(1, :n);
