@@ -3,13 +3,14 @@
 -- into ledger_transfers in a transaction it rolls back, and psql's \timing prints its time:
 --   1. kiln_new_id('tx_') alone, :n times (every transfer's id), against md5() of as many;
 --   2. bare INSERTs of :n usage transfers from one grant (a tenant with many windows), with the
---      table's triggers; then without the per-row balance trigger (ledger_transfers_balances);
+--      table's triggers; then without the balance trigger (ledger_transfers_balances, per row
+--      before migration 0025, per statement since);
 --      then without any trigger (session_replication_role = replica: no foreign-key checks either);
 --   3. the same from :n / 10 grants of as many tenants (the bench's flush: one tenant per ten
 --      sandboxes), with the triggers;
---   4. the overlap check of meter_flush_set() (0015) on :n flush items in a temporary table, as
---      one UPDATE with a correlated EXISTS over the table itself, then as two joins (EXPLAIN
---      ANALYZE's execution times).
+--   4. the overlap check of meter_flush_set() on :n flush items in a temporary table, as 0015
+--      wrote it (one UPDATE with a correlated EXISTS over the table itself), then as two joins
+--      as 0025 writes it (EXPLAIN ANALYZE's execution times).
 \timing on
 \echo '1. ids: kiln_new_id() x :n, then md5() x :n'
 SELECT count(kiln_new_id('tx_')) FROM generate_series(1, :n);
@@ -26,7 +27,7 @@ SELECT 'tx_p' || g, 'usage:p:' || g, 'usage', 'grant:prof', 'system:revenue', 1,
 FROM generate_series(1, :n) g;
 ROLLBACK;
 
-\echo '2b. the same without the per-row balance trigger'
+\echo '2b. the same without the balance trigger'
 BEGIN;
 INSERT INTO tenants (id, name) VALUES ('tn_prof', 'p');
 INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:prof', 'tn_prof', 'grant');
