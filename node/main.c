@@ -340,6 +340,7 @@ static int store_init(struct kiln_error *err)
 	sc.node_id = node.cfg.node_id;
 	sc.snap_root = node.snap_root;
 	sc.base_image = node.cfg.guest_rootfs;
+	sc.codeint_image = node.cfg.guest_codeint_rootfs;
 	node.store = snapstore_open(&sc, err);
 	if (!node.store)
 		return err->code ? err->code : KILN_E_INTERNAL;

@@ -52,6 +52,7 @@ struct snapstore {
 	struct pg *pg;
 	const struct auth_master_key *mk;
 	char *node_id, *snap_root, *base_image;
+	char *codeint_image;	/* "" when the node has none */
 	unsigned upload_tries, retry_delay_ms;
 	struct s3_opts s3;
 	bool has_s3;
@@ -651,6 +652,7 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 	s->node_id = strdup(cfg->node_id);
 	s->snap_root = strdup(cfg->snap_root);
 	s->base_image = strdup(cfg->base_image);
+	s->codeint_image = strdup(cfg->codeint_image ? cfg->codeint_image : "");
 	s->n_workers = cfg->workers ? cfg->workers : 2;
 	s->upload_tries = cfg->upload_tries ? cfg->upload_tries : 5;
 	s->retry_delay_ms = cfg->retry_delay_ms ? cfg->retry_delay_ms : 2000;
@@ -661,10 +663,11 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 	s->on_part = cfg->on_part;
 	s->on_part_arg = cfg->on_part_arg;
 	s->workers = calloc(s->n_workers, sizeof(*s->workers));
-	if (!s->node_id || !s->snap_root || !s->base_image || !s->workers) {
+	if (!s->node_id || !s->snap_root || !s->base_image || !s->codeint_image || !s->workers) {
 		free(s->node_id);
 		free(s->snap_root);
 		free(s->base_image);
+		free(s->codeint_image);
 		free(s->workers);
 		free(s);
 		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -709,6 +712,7 @@ void snapstore_shutdown(struct snapstore *s)
 	free(s->node_id);
 	free(s->snap_root);
 	free(s->base_image);
+	free(s->codeint_image);
 	free(s->workers);
 	free(s);
 }
@@ -878,11 +882,11 @@ static enum kiln_err localize(struct snapstore *s, const char *work, const char 
 		json_decref(m);
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	}
-	/* the image the layer was made on when this node has it (the code interpreter's, or the
-	 * base's of the same path), else this node's base image */
+	/* The code interpreter's image when the layer was made on this node's copy of it, else this
+	 * node's base image: never another path the manifest names, whatever file is there. */
 	const char *base = json_string_value(json_array_get(chain, 0));
 
-	if (!base || access(base, R_OK) != 0)
+	if (!base || !s->codeint_image[0] || strcmp(base, s->codeint_image) != 0)
 		base = s->base_image;
 	c2 = json_pack("[s, s]", base, own);
 	if (!c2 || json_object_set_new(m, "disk_chain", c2) < 0)

@@ -59,6 +59,9 @@ struct snapstore_config {
 	const char *snap_root;			/* <data_dir>/snaps/<node>: <snap_root>/<snap id>/ */
 	const char *base_image;			/* this node's raw guest image (guest_rootfs): the base
 						   of a fetched snapshot's disk */
+	const char *codeint_image;		/* the code interpreter's image (guest_codeint_rootfs),
+						   or NULL/"": kept as a fetched snapshot's base when
+						   its layer was made on it */
 	unsigned workers;			/* uploads at once; 0: 2 */
 	unsigned upload_tries;			/* tries of an upload that finds the bucket unreachable,
 						   before it is `failed`; 0: 5 */
