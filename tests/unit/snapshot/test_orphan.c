@@ -293,12 +293,12 @@ int main(void)
 	int rc;
 
 	if (geteuid() != 0) {
-		fprintf(stderr, "skip: needs root (cgroups, bind mounts)\n");
-		return 77;
+		fprintf(stderr, "test_orphan: needs root (cgroups, bind mounts)\n");
+		return 1;
 	}
 	if (cg_detect(NULL) < 0) {
-		fprintf(stderr, "skip: no usable cgroup hierarchy under /sys/fs/cgroup\n");
-		return 77;
+		fprintf(stderr, "test_orphan: no usable cgroup hierarchy under /sys/fs/cgroup\n");
+		return 1;
 	}
 	pathf(node, sizeof(node), "orph%d", (int)getpid());
 	pathf(other, sizeof(other), "%s-b", node);
