@@ -422,12 +422,10 @@ static bool list_states(struct http_req *req, const char *state, char *out, size
 
 
 /*
- * A sandbox's JSON as the API shows it: sandbox_json() (migrations) with the gateway's own
- * settings of it (`auto_resume`, sandbox_settings, docs/ports.md). Over a row `s` of sandboxes.
+ * A sandbox's JSON as the API shows it, over a row `s` of sandboxes: sandbox_json() (migrations;
+ * since 0024 it carries the gateway's own settings of it, `auto_resume`, docs/ports.md).
  */
-#define SANDBOX_JSON_SQL                                                                      \
-	"(sandbox_json(s) || jsonb_build_object('auto_resume', coalesce((SELECT ss.auto_resume " \
-	"FROM sandbox_settings ss WHERE ss.sandbox_id = s.id), false)))::text"
+#define SANDBOX_JSON_SQL "sandbox_json(s)::text"
 
 static void sandbox_list(struct http_req *req)
 {
