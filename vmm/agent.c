@@ -659,6 +659,52 @@ static enum kiln_err exec_check(const struct agent_exec_req *req, size_t *argcp,
 	return KILN_OK;
 }
 
+/*
+ * One frame of a process's stream, after its exec or its attach was accepted: output counted in
+ * `res` and handed to on_output (a consumer that stops cancels the call), the EXIT recorded in
+ * `res`. Returns true to read on; false when the call is over, with *rc KILN_OK at the EXIT or an
+ * error in `err`. `who` names the consumer and `during` the call in messages.
+ */
+static bool stream_frame(struct agent *a, struct call *c, const struct frame *f,
+			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
+			 const char *who, const char *during, enum kiln_err *rc, struct kiln_error *err)
+{
+	if (f->type == AGENT_T_STDOUT || f->type == AGENT_T_STDERR) {
+		enum agent_stream s = f->type == AGENT_T_STDOUT ? AGENT_STDOUT : AGENT_STDERR;
+
+		*(s == AGENT_STDOUT ? &res->stdout_bytes : &res->stderr_bytes) += f->len;
+		if (on_output && f->len && on_output(ctx, s, f->data, f->len) != 0) {
+			send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
+			*rc = kiln_error_set(err, KILN_E_IO, "%s consumer stopped", who);
+			return false;
+		}
+		return true;
+	}
+	if (f->type == AGENT_T_EXIT) {
+		struct agent_exit_msg m;
+
+		if (agent_parse_exit(f->data, f->len, &m) < 0) {
+			*rc = protocol_violation(a, "malformed exit frame", err);
+			return false;
+		}
+		res->exit_code = m.exit_code;
+		res->signal = (int)m.signal;
+		res->timed_out = m.timed_out;
+		res->duration_ms = m.duration_ms;
+		*rc = KILN_OK;
+		return false;
+	}
+	if (f->type == AGENT_T_ERROR) {
+		*rc = guest_error(a, f, err);
+		return false;
+	}
+	char why[64];
+
+	snprintf(why, sizeof(why), "unexpected frame during %s", during);
+	*rc = protocol_violation(a, why, err);
+	return false;
+}
+
 enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
 			 agent_output_fn on_output, void *ctx, struct agent_exec_result *res,
 			 struct kiln_error *err)
@@ -702,35 +748,8 @@ enum kiln_err agent_exec(struct agent *a, const struct agent_exec_req *req,
 			rc = wait_error(a, wrc, err);
 			goto cleanup;
 		}
-		if (f->type == AGENT_T_STDOUT || f->type == AGENT_T_STDERR) {
-			enum agent_stream s = f->type == AGENT_T_STDOUT ? AGENT_STDOUT : AGENT_STDERR;
-
-			*(s == AGENT_STDOUT ? &res->stdout_bytes : &res->stderr_bytes) += f->len;
-			if (on_output && f->len && on_output(ctx, s, f->data, f->len) != 0) {
-				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
-				rc = kiln_error_set(err, KILN_E_IO, "exec output consumer stopped");
-				goto cleanup;
-			}
-		} else if (f->type == AGENT_T_EXIT) {
-			struct agent_exit_msg m;
-
-			if (agent_parse_exit(f->data, f->len, &m) < 0) {
-				rc = protocol_violation(a, "malformed exit frame", err);
-				goto cleanup;
-			}
-			res->exit_code = m.exit_code;
-			res->signal = (int)m.signal;
-			res->timed_out = m.timed_out;
-			res->duration_ms = m.duration_ms;
-			rc = KILN_OK;
+		if (!stream_frame(a, c, f, on_output, ctx, res, "exec output", "exec", &rc, err))
 			goto cleanup;
-		} else if (f->type == AGENT_T_ERROR) {
-			rc = guest_error(a, f, err);
-			goto cleanup;
-		} else {
-			rc = protocol_violation(a, "unexpected frame during exec", err);
-			goto cleanup;
-		}
 		free(f);
 		f = NULL;
 	}
@@ -1509,33 +1528,7 @@ enum kiln_err agent_proc_attach(struct agent *a, uint32_t pid, bool replay,
 			if (dropped)
 				*dropped = d;
 			acked = true;
-		} else if (f->type == AGENT_T_STDOUT || f->type == AGENT_T_STDERR) {
-			enum agent_stream s = f->type == AGENT_T_STDOUT ? AGENT_STDOUT : AGENT_STDERR;
-
-			*(s == AGENT_STDOUT ? &res->stdout_bytes : &res->stderr_bytes) += f->len;
-			if (on_output && f->len && on_output(ctx, s, f->data, f->len) != 0) {
-				send_frame(a, AGENT_T_CANCEL, 0, c->id, NULL, 0, NULL);
-				rc = kiln_error_set(err, KILN_E_IO, "attach consumer stopped");
-				goto cleanup;
-			}
-		} else if (f->type == AGENT_T_EXIT) {
-			struct agent_exit_msg m;
-
-			if (agent_parse_exit(f->data, f->len, &m) < 0) {
-				rc = protocol_violation(a, "malformed exit frame", err);
-				goto cleanup;
-			}
-			res->exit_code = m.exit_code;
-			res->signal = (int)m.signal;
-			res->timed_out = m.timed_out;
-			res->duration_ms = m.duration_ms;
-			rc = KILN_OK;
-			goto cleanup;
-		} else if (f->type == AGENT_T_ERROR) {
-			rc = guest_error(a, f, err);
-			goto cleanup;
-		} else {
-			rc = protocol_violation(a, "unexpected frame during an attach", err);
+		} else if (!stream_frame(a, c, f, on_output, ctx, res, "attach", "an attach", &rc, err)) {
 			goto cleanup;
 		}
 		free(f);
