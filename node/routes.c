@@ -856,19 +856,31 @@ struct sse_job {
  */
 #define SSE_WINDOW (2ull * (SSE_EVENT_MAX + 1) + (64u << 10) + (64u << 10))
 
-/* Sends `n` bytes of output (n <= SSE_CHUNK) as one event; `final` flushes a held sequence. */
-static int sse_event(struct sse_job *j, enum agent_stream s, const uint8_t *data, size_t n, bool final)
+/*
+ * Writes `n` bytes of a stream's output to `p` as one JSON string in `t`'s buffer, after `head`,
+ * the stream's name and `mid`, and before `tail`; nothing when all of it is held back (a split
+ * UTF-8 sequence: `final` flushes it). Returns pump_write()'s result, or 0.
+ */
+static int jtext_frame(struct pump *p, struct jtext *t, enum agent_stream s, const char *head,
+		       const char *mid, const char *tail, const uint8_t *data, size_t n, bool final)
 {
-	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
-
 	buf_reset(&t->b);
-	buf_appendf(&t->b, "event: %s\ndata: {\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
+	buf_appends(&t->b, head);
+	buf_appends(&t->b, s == AGENT_STDOUT ? "stdout" : "stderr");
+	buf_appends(&t->b, mid);
 	t->base = t->b.len;
 	jtext_add(t, data, n, final);
 	if (t->b.len == t->base)
 		return 0;
-	buf_appends(&t->b, "\"}\n\n");
-	return pump_write(j->p, t->b.data, t->b.len);
+	buf_appends(&t->b, tail);
+	return pump_write(p, t->b.data, t->b.len);
+}
+
+/* Sends `n` bytes of output (n <= SSE_CHUNK) as one event; `final` flushes a held sequence. */
+static int sse_event(struct sse_job *j, enum agent_stream s, const uint8_t *data, size_t n, bool final)
+{
+	return jtext_frame(j->p, s == AGENT_STDOUT ? &j->out : &j->err, s,
+			   "event: ", "\ndata: {\"data\":\"", "\"}\n\n", data, n, final);
 }
 
 static int sse_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
@@ -1232,16 +1244,8 @@ struct attach_job {
 static int attach_line(struct attach_job *j, enum agent_stream s, const uint8_t *data, size_t n,
 		       bool final)
 {
-	struct jtext *t = s == AGENT_STDOUT ? &j->out : &j->err;
-
-	buf_reset(&t->b);
-	buf_appendf(&t->b, "{\"type\":\"%s\",\"data\":\"", s == AGENT_STDOUT ? "stdout" : "stderr");
-	t->base = t->b.len;
-	jtext_add(t, data, n, final);
-	if (t->b.len == t->base)
-		return 0;
-	buf_appends(&t->b, "\"}\n");
-	return pump_write(j->p, t->b.data, t->b.len);
+	return jtext_frame(j->p, s == AGENT_STDOUT ? &j->out : &j->err, s,
+			   "{\"type\":\"", "\",\"data\":\"", "\"}\n", data, n, final);
 }
 
 static int attach_output(void *ctx, enum agent_stream s, const uint8_t *data, size_t len)
