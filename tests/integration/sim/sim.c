@@ -165,6 +165,7 @@ struct sbx {
 	long long pause_gen;
 	int64_t zero_run_since;	/* running while its tenant is at zero since (0: not) */
 	int64_t zero_down_s;	/* of which seconds with no meter on its node */
+	bool zero_rds;		/* some of them with a meter of the tenant without Redis */
 	bool zero_reported;
 };
 
@@ -205,6 +206,7 @@ static struct world {
 	int64_t alive_at[MAXN];	/* last tick of the node's meter with Redis up, true ns */
 	int64_t late_at[MAXN];	/* the last second a meter of the node woke late (skipped it) */
 	bool alive_dropped[MAXN];
+	int64_t last_on[MAXN][MAXT];	/* the last second a sandbox of the tenant was on the node */
 	int64_t fault_until;	/* some fault active or its effects settling until then */
 	int snaps;
 	/* results */
@@ -853,24 +855,42 @@ static long long model_balance(int ti)
 	return W.ten[ti].granted - W.ten[ti].expired_seen - used;
 }
 
+/* Whether the tenant's charges on `node` may still be unflushed: it had a sandbox there within
+ * the last window (a deleted or moved one's last window is flushed at the window's end). */
+static bool tenant_recent_on(int ti, int node)
+{
+	return W.last_on[node][ti] && W.t - W.last_on[node][ti] <= WINDOW * S;
+}
+
 /*
  * Whether this second counts as one without enforcement for a running sandbox of tenant `ti` on
  * `node`: its node's meter is down (crash) or without Postgres (pg) or skipped the second (late),
- * or so is the meter of another node where the tenant has a sandbox: that node's usage reaches
- * no other meter's balance until its meter bills again, so the tenant's zero is not seen there
- * either (docs/metering.md, "Overdraft bounds").
+ * or so is the meter of another node where the tenant has had a sandbox within the last window:
+ * that node's usage reaches no other meter's balance until its meter bills again, so the
+ * tenant's zero is not seen there either (docs/metering.md, "Overdraft bounds").
  */
 static bool zero_unenforced(int ti, int node)
 {
-	bool seen[MAXN] = { false };
-
-	seen[node] = true;
-	for (int i = 0; i < W.nsb; i++)
-		if (W.sb[i]->ten == ti && W.sb[i]->st != SB_GONE)
-			seen[W.sb[i]->node] = true;
 	for (int n = 0; n < opt.nodes; n++)
-		if (seen[n] && (!node_meter_running(n) || W.late_at[n] == W.t))
+		if ((n == node || tenant_recent_on(ti, n)) &&
+		    (!node_meter_running(n) || W.late_at[n] == W.t))
 			return true;
+	return false;
+}
+
+/*
+ * Whether a meter of a node where tenant `ti` has had a sandbox within the last window runs
+ * without Redis: its charges reach the other meters through the ledger only, at its next flush,
+ * and it sees theirs the same way (docs/metering.md, "Overdraft bounds", Redis down: plus a
+ * window and a flush).
+ */
+static bool zero_without_redis(int ti)
+{
+	for (int i = 0; i < W.nmt; i++) {
+		const struct smeter *sm = &W.mt[i];
+		if (sm->m && sm->rds_down_until && tenant_recent_on(ti, sm->node))
+			return true;
+	}
 	return false;
 }
 
@@ -880,6 +900,9 @@ static bool zero_unenforced(int ti, int node)
  */
 static void check_zero_bound(void)
 {
+	for (int i = 0; i < W.nsb; i++)
+		if (W.sb[i]->st != SB_GONE)
+			W.last_on[W.sb[i]->node][W.sb[i]->ten] = W.t;
 	for (int ti = 0; ti < opt.tenants; ti++) {
 		long long b = model_balance(ti);
 		struct tenant *t = &W.ten[ti];
@@ -907,19 +930,24 @@ static void check_zero_bound(void)
 				s->zero_run_since = W.t;
 				s->zero_reported = false;
 				s->zero_down_s = 0;
+				s->zero_rds = false;
 				continue;
 			}
 			if (zero_unenforced(ti, s->node))
 				s->zero_down_s++;
+			if (zero_without_redis(ti))
+				s->zero_rds = true;
 			if (!s->zero_reported &&
-			    W.t - s->zero_run_since > (ZERO_BOUND_S + s->zero_down_s) * S) {
+			    W.t - s->zero_run_since > (ZERO_BOUND_S + s->zero_down_s +
+						       (s->zero_rds ? WINDOW + 1 : 0)) * S) {
 				s->zero_reported = true;
 				problem("overdraft bound: t=%.0f s: %s of tenant %d (balance %lld µcr) "
 					"ran %.0f s at or below zero (bound %d s + %lld s with a meter "
-					"of the tenant down, without Postgres or late)",
+					"of the tenant down, without Postgres or late + %d s with one "
+					"without Redis)",
 					(double)(W.t - T0) / 1e9, s->id, ti, b,
 					(double)(W.t - s->zero_run_since) / 1e9, ZERO_BOUND_S,
-					(long long)s->zero_down_s);
+					(long long)s->zero_down_s, s->zero_rds ? WINDOW + 1 : 0);
 			}
 		}
 	}
