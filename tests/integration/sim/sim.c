@@ -207,6 +207,7 @@ static struct world {
 	int64_t late_at[MAXN];	/* the last second a meter of the node woke late (skipped it) */
 	bool alive_dropped[MAXN];
 	int64_t last_on[MAXN][MAXT];	/* the last second a sandbox of the tenant was on the node */
+	int64_t billed_to[MAXN];	/* the last window end a meter of the node ran at (with Postgres) */
 	int64_t fault_until;	/* some fault active or its effects settling until then */
 	int snaps;
 	/* results */
@@ -856,10 +857,13 @@ static long long model_balance(int ti)
 }
 
 /* Whether the tenant's charges on `node` may still be unflushed: it had a sandbox there within
- * the last window (a deleted or moved one's last window is flushed at the window's end). */
+ * the last window (a deleted or moved one's last window is flushed at the window's end), or since
+ * the last window end a meter of the node ran at (one down since holds that time unbilled). */
 static bool tenant_recent_on(int ti, int node)
 {
-	return W.last_on[node][ti] && W.t - W.last_on[node][ti] <= WINDOW * S;
+	int64_t on = W.last_on[node][ti];
+
+	return on && (W.t - on <= WINDOW * S || on >= W.billed_to[node]);
 }
 
 /*
@@ -903,6 +907,10 @@ static void check_zero_bound(void)
 	for (int i = 0; i < W.nsb; i++)
 		if (W.sb[i]->st != SB_GONE)
 			W.last_on[W.sb[i]->node][W.sb[i]->ten] = W.t;
+	if ((W.t / S) % WINDOW == 0)
+		for (int n = 0; n < opt.nodes; n++)
+			if (node_meter_running(n))
+				W.billed_to[n] = W.t;
 	for (int ti = 0; ti < opt.tenants; ti++) {
 		long long b = model_balance(ti);
 		struct tenant *t = &W.ten[ti];
