@@ -75,7 +75,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 def serve():
     """Starts the server on a free port of 127.0.0.1 in a thread of its own; returns it (its
     port: server_address[1]; stop it with shutdown() and server_close())."""
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    class Server(http.server.ThreadingHTTPServer):
+        request_queue_size = 128  # not the default 5: a burst must not wait out a SYN's retry
+
+    srv = Server(("127.0.0.1", 0), _Handler)
     srv.daemon_threads = True
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     return srv
