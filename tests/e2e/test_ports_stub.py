@@ -2,11 +2,13 @@
 (docs/vmm.md) runs each sandbox's guest agent, the build's own kiln-agent, as a process on the
 host, so the port stream ends at an HTTP server on the host's loopback (portserver.py). This is
 the setup bench/ports/stub.sh measures; the test keeps it working: a request, a streamed reply,
-a WebSocket echo both ways, a port nothing listens on, and the hook's agent changing nothing of
-the host's (its uid is the sandbox's, the host name stays).
+a WebSocket echo both ways, a port nothing listens on, a signed URL's cookie that a forged one
+for the parent domain does not shadow, and the hook's agent changing nothing of the host's (its
+uid is the sandbox's, the host name stays).
 """
 import base64
 import os
+import re
 import socket
 import time
 import unittest
@@ -85,6 +87,24 @@ class PortsStubTests(unittest.TestCase):
         for msg in (b"one", b"y" * 3000):
             s.sendall(ps.ws_frame(msg, masked=True))
             self.assertEqual(ws.frame(), msg)
+
+    def test_a_cookie_tossed_for_the_parent_domain_does_not_shadow_the_origins_own(self):
+        r = self.stack.gw.request("POST", f"/v1/sandboxes/{self.sb}/ports/{self.port}/url",
+                                  {"expires_in_s": 120}, self.key)
+        self.assertEqual(r.status, 200, r)
+        u = urllib.parse.urlparse(r.json()["url"])
+        data = ps.get(self.addr, f"GET {u.path}?{u.query} HTTP/1.1\r\nHost: {self.host}\r\n\r\n"
+                      .encode())
+        self.assertTrue(data.startswith(b"HTTP/1.1 302"), data[:300])
+        mine = re.search(rb"Set-Cookie: (kiln_port=[^;]+);", data).group(1).decode()
+        # another sandbox's page set kiln_port for the parent domain; the browser sends both
+        forged = "kiln_port=" + mine.split("=", 1)[1][:-1] + ("0" if mine[-1] != "0" else "1")
+        for cookie, want in ((f"{forged}; {mine}", b"HTTP/1.1 200"),
+                             (f"{mine}; {forged}", b"HTTP/1.1 200"),
+                             (forged, b"HTTP/1.1 403")):
+            data = ps.get(self.addr, f"GET / HTTP/1.1\r\nHost: {self.host}\r\nCookie: {cookie}\r\n\r\n"
+                          .encode())
+            self.assertTrue(data.startswith(want), (cookie, data[:300]))
 
     def test_the_hooks_agent_changes_nothing_of_the_hosts(self):
         # the agent took the sandbox's identity (its host name and clock) without touching the host's
