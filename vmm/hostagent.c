@@ -48,6 +48,7 @@
 
 struct hv_vm {
 	char id[VMM_ID_MAX + 1];
+	char run_dir[PATH_MAX], state_dir[PATH_MAX];
 	char agent_path[PATH_MAX], log_path[PATH_MAX];
 	struct hv_proc proc;
 	struct cg *cg;
@@ -108,10 +109,13 @@ static enum kiln_err ha_destroy(struct hv_vm *vm, struct kiln_error *err)
 	if (!vm)
 		return KILN_OK;
 	hv_proc_kill(&vm->proc, -1);
-	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
+	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)	/* frees the handle */
 		rc = fs_err(err, r, "cannot remove cgroup of vm", vm->id);
-	cg_free(vm->cg);
-	unlink(vm->agent_path);
+	vm->cg = NULL;
+	fs_remove(vm->agent_path, err, &rc);
+	fs_remove(vm->log_path, err, &rc);
+	fs_remove_dir(vm->run_dir, err, &rc);
+	fs_remove_dir(vm->state_dir, err, &rc);
 	free(vm);
 	return rc;
 }
@@ -136,7 +140,8 @@ static enum kiln_err ha_create(const struct vmm_spec *s, struct hv_vm **out, str
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	hv_proc_init(&vm->proc);
 	snprintf(vm->id, sizeof(vm->id), "%s", s->id);
-	if (!fs_path(vm->agent_path, "%s/agent.sock", s->run_dir) ||
+	if (!fs_path(vm->run_dir, "%s", s->run_dir) || !fs_path(vm->state_dir, "%s", s->state_dir) ||
+	    !fs_path(vm->agent_path, "%s/agent.sock", s->run_dir) ||
 	    !fs_path(vm->log_path, "%s/agent.log", s->state_dir) ||
 	    strlen(vm->agent_path) >= sizeof(sa.sun_path)) {
 		free(vm);

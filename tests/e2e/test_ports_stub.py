@@ -106,9 +106,8 @@ class PortsStubTests(unittest.TestCase):
                           .encode())
             self.assertTrue(data.startswith(want), (cookie, data[:300]))
 
-    def test_the_hooks_agent_changes_nothing_of_the_hosts(self):
-        # the agent took the sandbox's identity (its host name and clock) without touching the host's
-        self.assertEqual(socket.gethostname(), self.hostname)
+    def agents(self):
+        """/proc/PID/status of the node's hook agents (the build's kiln-agent in its cgroups)."""
         agents = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
@@ -119,11 +118,28 @@ class PortsStubTests(unittest.TestCase):
                 continue
             if exe == kiln.HOSTAGENT and f"/{self.stack.node.node_id}/" in cg:
                 agents.append(st)
+        return agents
+
+    def test_the_hooks_agent_changes_nothing_of_the_hosts(self):
+        # the agent took the sandbox's identity (its host name and clock) without touching the host's
+        self.assertEqual(socket.gethostname(), self.hostname)
+        agents = self.agents()
         self.assertEqual(len(agents), 1, agents)
         uids = [line.split()[1:] for line in agents[0].splitlines() if line.startswith("Uid:")][0]
         self.assertNotIn("0", uids)
         self.assertIn("NoNewPrivs:\t1", agents[0])
         self.assertIn("Seccomp:\t2", agents[0])
+
+
+    def test_zz_a_deleted_sandbox_leaves_no_agent_nor_socket(self):
+        r = self.stack.gw.request("DELETE", f"/v1/sandboxes/{self.sb}", None, self.key, timeout=60)
+        self.assertIn(r.status, (200, 204), r)
+        self.assertEqual(self.agents(), [])
+        socks = [os.path.join(d, f) for d, _, fs in os.walk(self.stack.node.run_dir)
+                 for f in fs if f == "agent.sock"]
+        self.assertEqual(socks, [])
+        data = ps.get(self.addr, self.head("/"))
+        self.assertTrue(data.startswith(b"HTTP/1.1 404"), data[:200])
 
 
 if __name__ == "__main__":
