@@ -30,6 +30,7 @@ import unittest
 import kiln
 import metertest as mt
 from portserver import WsReader, read_head, recv_all, ws_accept, ws_frame
+from portserver import arrivals as arrivals_of
 
 SERVER = r'''
 import http.server, socket, threading, time
@@ -330,15 +331,7 @@ class PortStreamTests(unittest.TestCase):
         status, s, head, rest = self.stream(8001, self.token)
         self.assertEqual(status, 101, head)
         s.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
-        arrivals, data = [], rest
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            data += d
-            for i in range(3):
-                if f"{i}\n".encode() in data and len(arrivals) == i:
-                    arrivals.append(time.monotonic())
+        data, arrivals = arrivals_of(s, rest=rest)
         self.assertEqual(len(arrivals), 3, data)
         # the guest sleeps 1 s between chunks: each arrived before the next was written
         self.assertGreater(arrivals[2] - arrivals[0], 1.0, arrivals)
@@ -475,15 +468,7 @@ class PortStreamTests(unittest.TestCase):
         self.addCleanup(s.close)
         s.sendall((f"GET / HTTP/1.1\r\nHost: {self.host(8001)}\r\n"
                    f"Authorization: {self.key['Authorization']}\r\n\r\n").encode())
-        arrivals, data = [], b""
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            data += d
-            for i in range(3):
-                if f"{i}\n".encode() in data and len(arrivals) == i:
-                    arrivals.append(time.monotonic())
+        data, arrivals = arrivals_of(s)
         self.assertTrue(data.startswith(b"HTTP/1.1 200"), data[:100])
         self.assertIn(b"Transfer-Encoding: chunked", data)
         self.assertEqual(len(arrivals), 3, data)

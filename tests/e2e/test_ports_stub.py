@@ -10,7 +10,6 @@ import base64
 import os
 import re
 import socket
-import time
 import unittest
 import urllib.parse
 
@@ -60,14 +59,7 @@ class PortsStubTests(unittest.TestCase):
         s = socket.create_connection(self.addr, timeout=60)
         self.addCleanup(s.close)
         s.sendall(self.head("/drip"))
-        arrivals, data = [], b""
-        while True:
-            d = s.recv(65536)
-            if not d:
-                break
-            data += d
-            while len(arrivals) < 3 and b"%d\n" % len(arrivals) in data:
-                arrivals.append(time.monotonic())
+        data, arrivals = ps.arrivals(s)
         self.assertTrue(data.startswith(b"HTTP/1.1 200"), data[:200])
         self.assertEqual(len(arrivals), 3, data)
         self.assertGreater(arrivals[2] - arrivals[0], 1.5 * ps.DRIP_S, arrivals)

@@ -152,6 +152,19 @@ def recv_all(s, rest=b""):
         data += d
 
 
+def arrivals(s, parts=3, rest=b""):
+    """Reads `s` to its end after `rest`; returns (the bytes, the moments the parts "0\n",
+    "1\n", ... of a dripped reply were first seen, in order)."""
+    seen, data = [], rest
+    while True:
+        d = s.recv(65536)
+        if not d:
+            return data, seen
+        data += d
+        while len(seen) < parts and b"%d\n" % len(seen) in data:
+            seen.append(time.monotonic())
+
+
 def get(addr, head, timeout=60):
     """One request `head` (bytes) on a new connection to `addr`; returns the whole answer."""
     s = socket.create_connection(addr, timeout=timeout)
