@@ -634,7 +634,7 @@ static void serve(struct pconn *pc)
 {
 	struct gateway *gw = px.gw;
 	char *head = malloc(HEAD_MAX + 1), *end = NULL, rid[48], id[PORTURL_ID_MAX];
-	char *target2 = NULL, sig[PORTURL_TOKEN_MAX + 1], cookie[PORTURL_TOKEN_MAX + 1];
+	char *target2 = NULL, sig[PORTURL_TOKEN_MAX + 1];
 	struct request *r = calloc(1, sizeof(*r));
 	struct port_node pn = { .fd = -1 };
 	struct principal who = { 0 };
@@ -784,21 +784,18 @@ static void serve(struct pconn *pc)
 		snprintf(who.key_id, sizeof(who.key_id), "public");
 		who.scopes = AUTH_SCOPE_SANDBOX_WRITE;
 	} else {
-		bool has_cookie = false;
+		enum porturl_verdict v = PORTURL_NONE;
+		long long now = (long long)time(NULL);
 
-		for (int i = 0; i < r->nh && !has_cookie; i++)
+		for (int i = 0; i < r->nh; i++)
 			if (is(&r->h[i], "Cookie"))
-				has_cookie = porturl_cookie_get(r->h[i].value, PORTURL_COOKIE, cookie,
-								sizeof(cookie));
-		if (!has_cookie) {
+				porturl_cookie_verify(r->h[i].value, px.key, id, port, now, &v);
+		if (v == PORTURL_NONE) {
 			reply_error(pc->fd, KILN_E_UNAUTHENTICATED, rid, "WWW-Authenticate: Bearer\r\n",
 				    "a port URL needs the tenant's API key or token (Authorization or "
 				    "X-API-Key), a signed URL's cookie, or a public port");
 			goto out;
 		}
-		enum porturl_verdict v = porturl_verify(px.key, id, port, cookie, strlen(cookie),
-							(long long)time(NULL));
-
 		if (v != PORTURL_OK) {
 			reply_error(pc->fd, KILN_E_FORBIDDEN, rid, NULL, "%s",
 				    v == PORTURL_EXPIRED ? "the signed URL's cookie has expired"

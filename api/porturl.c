@@ -150,23 +150,23 @@ static const char *cookie_next(const char *p, struct cookie_pair *c)
 	return p;
 }
 
-bool porturl_cookie_get(const char *header, const char *name, char *out, size_t cap)
+void porturl_cookie_verify(const char *header, const unsigned char key[PORTURL_KEY_LEN],
+			   const char *id, long port, long long now, enum porturl_verdict *v)
 {
+	static const int rank[] = { [PORTURL_NONE] = 0, [PORTURL_FORGED] = 1,
+						      [PORTURL_EXPIRED] = 2, [PORTURL_OK] = 3 };
+	size_t nl = strlen(PORTURL_COOKIE);
 	struct cookie_pair c;
-	size_t nl = strlen(name);
 
 	for (const char *p = header; p && (p = cookie_next(p, &c));) {
-		if (c.nlen == nl && memcmp(c.name, name, nl) == 0) {
-			size_t vl = c.end > c.value ? (size_t)(c.end - c.value) : 0;
+		if (c.nlen != nl || memcmp(c.name, PORTURL_COOKIE, nl) != 0)
+			continue;
+		size_t vl = c.end > c.value ? (size_t)(c.end - c.value) : 0;
+		enum porturl_verdict one = porturl_verify(key, id, port, c.value, vl, now);
 
-			if (vl >= cap)
-				return false;
-			memcpy(out, c.value, vl);
-			out[vl] = '\0';
-			return true;
-		}
+		if (rank[one] > rank[*v])
+			*v = one;
 	}
-	return false;
 }
 
 bool porturl_cookie_strip(const char *header, char *out, size_t cap)

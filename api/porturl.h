@@ -36,6 +36,7 @@ enum porturl_verdict {
 	PORTURL_OK = 0,
 	PORTURL_FORGED,		/* malformed, or not made with this key for this origin */
 	PORTURL_EXPIRED,	/* genuine, but its expiry passed (`now` >= expires) */
+	PORTURL_NONE,		/* porturl_cookie_verify: no cookie of the signed URL's */
 };
 
 /* Checks `token` (`len` bytes) for (id, port) at Unix time `now`, in constant time for the MAC. */
@@ -43,10 +44,15 @@ enum porturl_verdict porturl_verify(const unsigned char key[PORTURL_KEY_LEN], co
 				    long port, const char *token, size_t len, long long now);
 
 /*
- * The value of cookie `name` in a Cookie header (`a=1; b=2`) into `out`; false when absent or
- * longer than `cap` - 1.
+ * The signed URL's cookies (PORTURL_COOKIE) in a Cookie header (`a=1; b=2`), each checked for
+ * (id, port) at `now` as porturl_verify does, their verdicts folded into `*v` (PORTURL_OK over
+ * PORTURL_EXPIRED over PORTURL_FORGED), which the caller starts at PORTURL_NONE and may carry over
+ * several Cookie headers. Every cookie of the name counts, not the first: a page of another
+ * sandbox under the same parent domain can set one for all of them (`Domain=`, "cookie
+ * tossing"), and its forged cookie must not shadow the genuine one of this origin.
  */
-bool porturl_cookie_get(const char *header, const char *name, char *out, size_t cap);
+void porturl_cookie_verify(const char *header, const unsigned char key[PORTURL_KEY_LEN],
+			   const char *id, long port, long long now, enum porturl_verdict *v);
 
 /*
  * The Cookie header without the cookies whose names begin with "kiln_" (Kiln's own), the others

@@ -12,7 +12,7 @@
 #define F(field) offsetof(struct kiln_config, field)
 
 static const char *const log_levels[] = { "debug", "info", "warn", "error", NULL };
-static const char *const hypervisors[] = { "qemu", "firecracker", NULL };
+static const char *const hypervisors[] = { "qemu", "firecracker", "hostagent", NULL };
 
 const struct cfg_def config_table[] = {
 	{ "log_level", CFG_STRING, F(log_level), "info", 0, 0, log_levels, true,
@@ -141,7 +141,10 @@ const struct cfg_def config_table[] = {
 	{ "node_disk_overcommit_pct", CFG_INT, F(node_disk_overcommit_pct), "100", 10, 1000, NULL,
 	  false, "disk promised to sandboxes, percent of node_disk_gib (over 100 risks ENOSPC in guests)" },
 	{ "hypervisor", CFG_STRING, F(hypervisor), "qemu", 0, 0, hypervisors, false,
-	  "the VMM driver" },
+	  "the VMM driver (hostagent: a bench and test hook running the guest agent on the host, "
+	  "never for tenants; docs/vmm.md)" },
+	{ "hypervisor_binary", CFG_STRING, F(hypervisor_binary), "", 0, 0, NULL, false,
+	  "the VMM driver's program; empty: its default (hostagent: the kiln-agent binary, required)" },
 	{ "tcg_tb_size_mib", CFG_INT, F(tcg_tb_size_mib), "32", 8, 1024, NULL, false,
 	  "TCG translation cache per VM, MiB (software emulation only)" },
 	{ "guest_kernel", CFG_STRING, F(guest_kernel), NULL, 0, 0, NULL, false,

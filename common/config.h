@@ -76,6 +76,7 @@ struct kiln_config {
 	long long node_disk_gib;	/* disk for sandboxes, GiB; 0: the size of data_dir's file system */
 	long long node_disk_overcommit_pct;	/* disk promised to sandboxes, % of node_disk_gib */
 	char *hypervisor;		/* qemu */
+	char *hypervisor_binary;	/* the driver's program; "": its default */
 	long long tcg_tb_size_mib;	/* TCG translation cache per VM */
 	char *guest_kernel;
 	char *guest_initrd;

@@ -323,6 +323,8 @@ static void sb_spec(struct node *n, const struct sandbox *sb, struct vmm_spec *s
 	spec->uid = sb->uid;
 	spec->gid = sb->uid;
 	spec->tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
+	spec->hv_binary = n->cfg.hypervisor_binary && *n->cfg.hypervisor_binary ?
+			  n->cfg.hypervisor_binary : NULL;
 	spec->console_max = (unsigned long long)n->cfg.console_max_bytes;
 	/* disk throttle scaled from the whole vCPUs the guest sees */
 	spec->disk_iops = (unsigned)n->cfg.disk_iops_per_vcpu * vmm_vcpus_whole(sb->vcpu_milli);

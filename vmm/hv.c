@@ -24,7 +24,7 @@ struct vmm_vm {
 };
 
 extern const struct hv_ops hv_firecracker_ops;	/* vmm/firecracker.c */
-static const struct hv_ops *const drivers[] = { &hv_qemu_ops, &hv_firecracker_ops };
+static const struct hv_ops *const drivers[] = { &hv_qemu_ops, &hv_firecracker_ops, &hv_hostagent_ops };
 
 const struct hv_ops *hv_find(const char *name)
 {

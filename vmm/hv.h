@@ -115,6 +115,7 @@ struct hv_ops {
 
 extern const struct hv_ops hv_qemu_ops;
 extern const struct hv_ops hv_firecracker_ops;
+extern const struct hv_ops hv_hostagent_ops;	/* a bench and test hook (vmm/hostagent.c) */
 
 /* The driver called `name` ("qemu"), or NULL. */
 const struct hv_ops *hv_find(const char *name);

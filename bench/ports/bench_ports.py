@@ -23,13 +23,13 @@ import os
 import socket
 import statistics
 import sys
-import threading
 import time
 import urllib.parse
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 import kiln  # noqa: E402
+from portbench import burst, pct  # noqa: E402
 
 WAKES = 3
 
@@ -66,11 +66,6 @@ for _ in range(n):
     lat.append(time.perf_counter() - t)
 print(json.dumps({"lat": lat, "wall": time.perf_counter() - t0}))
 '''
-
-
-def pct(xs, p):
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(len(xs) * p))]
 
 
 def main():
@@ -124,25 +119,7 @@ def main():
         t0 = time.perf_counter()
         host = [one() for _ in range(n)]
         host_wall = time.perf_counter() - t0
-        lat_c, lock, left = [], threading.Lock(), [n]
-
-        def worker():
-            while True:
-                with lock:
-                    if left[0] == 0:
-                        return
-                    left[0] -= 1
-                x = one()
-                with lock:
-                    lat_c.append(x)
-
-        t0 = time.perf_counter()
-        ts = [threading.Thread(target=worker) for _ in range(conc)]
-        for t in ts:
-            t.start()
-        for t in ts:
-            t.join()
-        conc_wall = time.perf_counter() - t0
+        lat_c, conc_wall = burst(one, n, conc)
         wakes, resumes = [], []
         gw.request("PATCH", f"/v1/sandboxes/{sb}", {"auto_resume": True}, auth)
         for _ in range(WAKES):

@@ -322,14 +322,23 @@ def guest_image():
     return _IMAGE
 
 
+# The hostagent hook's "guest": the agent binary itself stands in for the image's files, which
+# the node checks exist but its driver never opens.
+HOSTAGENT = os.path.join(BUILD, "vmm", "guest", "kiln-agent")
+HOSTAGENT_IMAGE = {"KILN_GUEST_KERNEL": HOSTAGENT, "KILN_GUEST_INITRD": HOSTAGENT,
+                   "KILN_GUEST_ROOTFS": HOSTAGENT, "KILN_GUEST_IMAGE_HASH": "hostagent"}
+
+
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
     def __init__(self, database_url, gateway_url, extra_env=None, node_id=None, data_dir=None,
-                 tcp_address=None):
+                 tcp_address=None, hostagent=False):
         """`tcp_address`: serve the node's API on TCP on every address, gateways reaching it at
-        that host (as a node on a private network), instead of on its Unix socket."""
-        img = guest_image()
+        that host (as a node on a private network), instead of on its Unix socket.
+        `hostagent`: the node's bench and test hook (hypervisor "hostagent", docs/vmm.md): each
+        sandbox's guest is the build's kiln-agent run on the host, no VM and no guest image."""
+        img = HOSTAGENT_IMAGE if hostagent else guest_image()
         self.node_id = node_id or "t" + secrets.token_hex(4)
         self.run_dir = f"/run/kt-{self.node_id}"
         self.data_dir = data_dir or tempfile.mkdtemp(prefix="kiln-node-")
@@ -349,6 +358,8 @@ class Node(Daemon):
             self.port = free_port()
             env.update({"KILN_NODE_LISTEN": f"0.0.0.0:{self.port}",
                         "KILN_NODE_ADDRESS": f"http://{tcp_address}:{self.port}"})
+        if hostagent:
+            env.update({"KILN_HYPERVISOR": "hostagent", "KILN_HYPERVISOR_BINARY": HOSTAGENT})
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "node", "kiln-node"), env)
         if tcp_address:
@@ -374,22 +385,23 @@ class Node(Daemon):
 class Stack:
     """A gateway and a node on a database of their own, an admin key and a tenant's key."""
 
-    def __init__(self, node_env=None, gateway_env=None, e2b=False):
+    def __init__(self, node_env=None, gateway_env=None, e2b=False, hostagent=False):
         env = services_env()
         self.db = fresh_database()
         try:
             self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env, e2b=e2b)
-            self.node = self.add_node(node_env)
+            self.node = self.add_node(node_env, hostagent=hostagent)
         except Exception:
             self.db.drop()
             raise
         self.admin = {"Authorization": "Bearer " + self.gw.admin_key}
 
-    def add_node(self, extra_env=None, node_id=None, data_dir=None):
+    def add_node(self, extra_env=None, node_id=None, data_dir=None, hostagent=False):
         """Another kiln-node of this stack (same database, gateway and master key)."""
         env = {"KILN_MASTER_KEY": self.gw.master_key}
         env.update(extra_env or {})
-        return Node(self.db.url, self.gw.url, env, node_id=node_id, data_dir=data_dir)
+        return Node(self.db.url, self.gw.url, env, node_id=node_id, data_dir=data_dir,
+                    hostagent=hostagent)
 
     def restart_node(self, extra_env=None):
         """The same node (id and data) started again, as after a crash or an upgrade."""

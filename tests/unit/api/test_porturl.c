@@ -77,7 +77,7 @@ static void signatures(void)
 
 static void cookies(void)
 {
-	char out[256], v[128];
+	char out[256];
 
 	CHECK(porturl_cookie_strip("a=1; kiln_port=xyz; b=2", out, sizeof(out)));
 	CHECK_STR(out, "a=1; b=2");
@@ -98,10 +98,47 @@ static void cookies(void)
 	CHECK_STR(roomy, "x=1; y=2; z=3");
 	free(tight);
 	free(roomy);
-	CHECK(porturl_cookie_get("a=1; kiln_port=tok.en ; b=2", "kiln_port", v, sizeof(v)));
-	CHECK_STR(v, "tok.en");
-	CHECK(!porturl_cookie_get("a=1; xkiln_port=1", "kiln_port", v, sizeof(v)));
-	CHECK(!porturl_cookie_get("kiln_port=0123456789", "kiln_port", v, 5));
+}
+
+/* The verdict of the kiln_port cookies in the Cookie headers `hdrs` (NULL-terminated). */
+static enum porturl_verdict cookie_verdict(const unsigned char *key, const char *const *hdrs)
+{
+	enum porturl_verdict v = PORTURL_NONE;
+
+	for (; *hdrs; hdrs++)
+		porturl_cookie_verify(*hdrs, key, "sb_abc", 8000, 1500, &v);
+	return v;
+}
+
+static void cookie_verdicts(void)
+{
+	unsigned char key[PORTURL_KEY_LEN];
+	char tok[PORTURL_TOKEN_MAX], old[PORTURL_TOKEN_MAX], other[PORTURL_TOKEN_MAX];
+	char good[256], stale[256], tossed[256], tossed2[256], two[256];
+
+	memset(key, 7, sizeof(key));
+	porturl_sign(key, "sb_abc", 8000, 2000, tok);
+	porturl_sign(key, "sb_abc", 8000, 1000, old);
+	porturl_sign(key, "sb_evil", 8000, 2000, other);
+	snprintf(good, sizeof(good), "a=1; kiln_port=%s ; b=2", tok);
+	snprintf(stale, sizeof(stale), "kiln_port=%s", old);
+	/* a cookie another sandbox's page set for the parent domain comes first: the genuine
+	   one of this origin after it still counts, whichever order the browser sends them in */
+	snprintf(tossed, sizeof(tossed), "kiln_port=%s; kiln_port=%s", other, tok);
+	snprintf(tossed2, sizeof(tossed2), "kiln_port=junk; kiln_port=%s; kiln_port=%s", old, tok);
+	snprintf(two, sizeof(two), "kiln_port=%s; kiln_port=junk", old);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ good, NULL }), PORTURL_OK);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ tossed, NULL }), PORTURL_OK);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ tossed2, NULL }), PORTURL_OK);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ "kiln_port=junk", good, NULL }), PORTURL_OK);
+	/* expired over forged; forged alone; none */
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ stale, NULL }), PORTURL_EXPIRED);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ two, NULL }), PORTURL_EXPIRED);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ "kiln_port=junk; kiln_port=", NULL }),
+		  PORTURL_FORGED);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ "a=1; xkiln_port=1; kiln_portx=2", NULL }),
+		  PORTURL_NONE);
+	CHECK_INT(cookie_verdict(key, (const char *const[]){ NULL }), PORTURL_NONE);
 }
 
 static void query(void)
@@ -173,6 +210,7 @@ int main(void)
 	TEST(host_names);
 	TEST(signatures);
 	TEST(cookies);
+	TEST(cookie_verdicts);
 	TEST(query);
 	TEST(chunked);
 	return test_summary();
