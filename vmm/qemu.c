@@ -144,9 +144,15 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 		arg_add(&b, "%s", a->initrd);
 	}
 	arg_add(&b, "-append");
-	/* under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers */
+	/*
+	 * Under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers.
+	 * And no speculation mitigations: on an Intel model the kernel would isolate its page tables
+	 * (PTI), and each CR3 switch flushes TCG's software TLB (boot and fork-heavy work twice as
+	 * slow). They guard a CPU's hardware user/kernel boundary, which TCG's guest does not run on
+	 * (QEMU's software MMU checks every access), inside a guest whose user is root anyway.
+	 */
 	arg_add(&b, "console=ttyS0 reboot=t panic=-1 quiet%s%s%s",
-		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable" : "",
+		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable mitigations=off" : "",
 		a->cmdline_extra ? " " : "", a->cmdline_extra ? a->cmdline_extra : "");
 	arg_add(&b, "-chardev");
 	arg_add(&b, "socket,id=qmp,path=%s,server=on,wait=off", a->qmp_sock);

@@ -88,6 +88,7 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	for (char **p = argv; *p; p++)
 		CHECK(strncmp(*p, "file,", 5) != 0);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "tsc=reliable") != NULL);
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " mitigations=off") != NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " root=/dev/vda") != NULL);
 	CHECK(!has_arg(argv, "-incoming"));
 	CHECK(!has_arg(argv, "-S"));
