@@ -85,3 +85,18 @@ int accel_qemu_arg(enum accel a, unsigned tb_size_mib, char *out, size_t outlen)
 		n = snprintf(out, outlen, "tcg,tb-size=%u", tb_size_mib ? tb_size_mib : ACCEL_TB_SIZE_DEFAULT);
 	return n < 0 || (size_t)n >= outlen ? -ENOSPC : 0;
 }
+
+const char *accel_cpu_model(enum accel a)
+{
+	return a == ACCEL_KVM ? "host" : ACCEL_CPU_TCG;
+}
+
+const char *accel_cpu_legacy(enum accel a)
+{
+	return a == ACCEL_KVM ? "host" : ACCEL_CPU_TCG_LEGACY;
+}
+
+bool accel_cpu_valid(enum accel a, const char *cpu)
+{
+	return cpu && (strcmp(cpu, accel_cpu_model(a)) == 0 || strcmp(cpu, accel_cpu_legacy(a)) == 0);
+}

@@ -28,4 +28,25 @@ const char *accel_name(enum accel a);
  */
 int accel_qemu_arg(enum accel a, unsigned tb_size_mib, char *out, size_t outlen);
 
+/*
+ * QEMU's CPU model (-cpu) for new VMs: "host" under KVM; under TCG "Nehalem-v1", an Intel CPU
+ * whose features TCG executes whole (QEMU runs it with `enforce`). QEMU's default under TCG,
+ * "qemu64", is an AMD family 15 that libraries read as an Opteron with 3DNow!: Debian's OpenBLAS
+ * (numpy's BLAS) then runs its Opteron kernels, whose `femms` TCG refuses as the model does not
+ * offer 3DNow! (SIGILL; OpenBLAS #5831).
+ */
+#define ACCEL_CPU_TCG "Nehalem-v1"
+#define ACCEL_CPU_TCG_LEGACY "qemu64"	/* VMs started before the model was chosen (no -cpu) */
+
+const char *accel_cpu_model(enum accel a);
+
+/*
+ * The model of a VM recorded without one (a snapshot or record of an earlier release): what QEMU
+ * ran it under then, "host" under KVM and "qemu64" under TCG.
+ */
+const char *accel_cpu_legacy(enum accel a);
+
+/* True when a VM of accelerator `a` may run under model `cpu` (one of the two above). */
+bool accel_cpu_valid(enum accel a, const char *cpu);
+
 #endif

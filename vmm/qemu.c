@@ -105,7 +105,8 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++)
 		if (has_comma(paths[i]))
 			return -EINVAL;
-	if (accel_qemu_arg(a->accel, a->tb_size_mib, accel, sizeof(accel)) < 0)
+	if (accel_qemu_arg(a->accel, a->tb_size_mib, accel, sizeof(accel)) < 0 ||
+	    (a->cpu && !accel_cpu_valid(a->accel, a->cpu)))
 		return -EINVAL;
 
 	arg_add(&b, "%s", a->binary ? a->binary : QEMU_BINARY_DEFAULT);
@@ -113,10 +114,9 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	arg_add(&b, "microvm,memory-backend=mem");
 	arg_add(&b, "-accel");
 	arg_add(&b, "%s", accel);
-	if (a->accel == ACCEL_KVM) {
-		arg_add(&b, "-cpu");
-		arg_add(&b, "host");
-	}
+	/* under TCG, `enforce`: QEMU refuses to start rather than offer a feature TCG lacks */
+	arg_add(&b, "-cpu");
+	arg_add(&b, "%s%s", a->cpu ? a->cpu : accel_cpu_model(a->accel), a->accel == ACCEL_TCG ? ",enforce" : "");
 	arg_add(&b, "-smp");
 	arg_add(&b, "%u", a->vcpus);
 	arg_add(&b, "-m");
@@ -144,9 +144,15 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 		arg_add(&b, "%s", a->initrd);
 	}
 	arg_add(&b, "-append");
-	/* under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers */
+	/*
+	 * Under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers.
+	 * And no speculation mitigations: on an Intel model the kernel would isolate its page tables
+	 * (PTI), and each CR3 switch flushes TCG's software TLB (boot and fork-heavy work twice as
+	 * slow). They guard a CPU's hardware user/kernel boundary, which TCG's guest does not run on
+	 * (QEMU's software MMU checks every access), inside a guest whose user is root anyway.
+	 */
 	arg_add(&b, "console=ttyS0 reboot=t panic=-1 quiet%s%s%s",
-		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable" : "",
+		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable mitigations=off" : "",
 		a->cmdline_extra ? " " : "", a->cmdline_extra ? a->cmdline_extra : "");
 	arg_add(&b, "-chardev");
 	arg_add(&b, "socket,id=qmp,path=%s,server=on,wait=off", a->qmp_sock);
@@ -233,6 +239,7 @@ struct hv_vm {
 	char node[VMM_ID_MAX + 1];
 	unsigned vcpus, vcpu_milli, mem_mib;
 	enum accel accel;
+	char cpu[16];		/* QEMU's CPU model: accel_cpu_model(), or a snapshot's or record's */
 	char run_dir[PATH_MAX], state_dir[PATH_MAX];
 	char qmp_path[PATH_MAX], agent_path[PATH_MAX], serial_path[PATH_MAX], log_path[PATH_MAX];
 	char serial_sock[PATH_MAX], serial_old[PATH_MAX];
@@ -271,6 +278,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	vm->vcpus = vmm_vcpus_whole(s->vcpu_milli);
 	vm->mem_mib = s->mem_mib;
 	vm->accel = accel_detect();
+	snprintf(vm->cpu, sizeof(vm->cpu), "%s", accel_cpu_model(vm->accel));
 	hv_proc_init(&vm->proc);
 	vm->has_net = s->netns_path != NULL;
 	ok &= fs_path(vm->run_dir, "%s", s->run_dir);
@@ -379,13 +387,14 @@ static int record_write(const struct hv_vm *vm)
 
 	for (unsigned k = 0; chain && vm->disk_path[0] && k <= vm->depth; k++)
 		json_array_append_new(chain, json_string(vm->chain[k]));
-	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s, s:I}",
+	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s, s:I, s:s}",
 		      "id", vm->id, "node", vm->node, "vcpu_milli", (int)vm->vcpu_milli,
 		      "mem_mib", (int)vm->mem_mib, "run_dir", vm->run_dir, "kernel", vm->kernel,
 		      "initrd", vm->initrd, "disk", vm->disk_path, "chain", chain,
 		      "mem_path", vm->mem_path, "mem_owned", vm->mem_owned, "net", vm->has_net,
 		      "pid", (int)vm->proc.pid, "start_ticks", (json_int_t)vm->start_ticks,
-		      "hypervisor_version", vm->hv_version, "console_max", (json_int_t)vm->console_max);
+		      "hypervisor_version", vm->hv_version, "console_max", (json_int_t)vm->console_max,
+		      "cpu", vm->cpu);
 	if (!m)
 		return -ENOMEM;
 	r = hv_base_json_write(vm->record_path, m, JSON_COMPACT);
@@ -431,6 +440,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.binary = s->hv_binary,
 		.accel = vm->accel,
 		.tb_size_mib = s->tb_size_mib,
+		.cpu = vm->cpu,
 		.vcpus = vm->vcpus,
 		.mem_mib = vm->mem_mib,
 		/* names relative to the jail root, QEMU's working directory (jail.h) */
@@ -711,9 +721,9 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 
 	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return -ENAMETOOLONG;
-	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
+	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
 		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
-		      "machine", "microvm", "accel", accel_name(vm->accel), "memory", mode,
+		      "machine", "microvm", "accel", accel_name(vm->accel), "cpu", vm->cpu, "memory", mode,
 		      "vcpus", (int)vm->vcpus, "vcpu_milli", (int)vm->vcpu_milli, "mem_mib", (int)vm->mem_mib,
 		      "disk", n > 0, "net", vm->has_net,
 		      "disk_chain", NULL, "kernel", vm->kernel,
@@ -933,6 +943,23 @@ static enum kiln_err adopt_run(struct hv_vm *vm, struct kiln_error *err)
 	return rc;
 }
 
+/*
+ * Sets vm->cpu from a manifest's or record's "cpu", the model QEMU ran the VM under (its guest
+ * saw that model's CPUID and goes on with it); one written before the field existed ran under
+ * accel_cpu_legacy(). False for a model this node does not run.
+ */
+static bool cpu_from(struct hv_vm *vm, const json_t *m)
+{
+	const char *cpu = json_string_value(json_object_get(m, "cpu"));
+
+	if (!json_object_get(m, "cpu"))
+		cpu = accel_cpu_legacy(vm->accel);
+	if (!accel_cpu_valid(vm->accel, cpu))
+		return false;
+	snprintf(vm->cpu, sizeof(vm->cpu), "%s", cpu);
+	return true;
+}
+
 static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struct kiln_error *err)
 {
 	char path[PATH_MAX];
@@ -979,6 +1006,10 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 	snprintf(vm->mem_path, sizeof(vm->mem_path), "%s", json_string_value(json_object_get(m, "mem_path")) ?: "");
 	snprintf(vm->hv_version, sizeof(vm->hv_version), "%s",
 		 json_string_value(json_object_get(m, "hypervisor_version")) ?: "");
+	if (!cpu_from(vm, m)) {
+		rc = kiln_error_set(err, KILN_E_INVALID, "'%s': CPU model unknown", path);
+		goto out;
+	}
 	vm->mem_owned = json_is_true(json_object_get(m, "mem_owned"));
 	vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;
 	for (size_t k = 0; k < json_array_size(chain) && k <= DISK_CHAIN_MAX; k++)
@@ -1044,6 +1075,8 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 	else if (!accel || strcmp(accel, accel_name(vm->accel)))
 		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s' was taken under %s, this host runs %s",
 				    snap_dir, accel ? accel : "?", accel_name(vm->accel));
+	else if (!cpu_from(vm, m))
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': CPU model differs", snap_dir);
 	else if (json_integer_value(json_object_get(m, "vcpus")) != (json_int_t)vm->vcpus ||
 		 json_integer_value(json_object_get(m, "mem_mib")) != (json_int_t)vm->mem_mib)
 		rc = kiln_error_set(err, KILN_E_CONFLICT, "snapshot '%s': shape differs (vcpus, memory)", snap_dir);

@@ -17,6 +17,7 @@ struct qemu_args {
 	const char *binary;
 	enum accel accel;
 	unsigned tb_size_mib;	/* TCG only; 0 = ACCEL_TB_SIZE_DEFAULT */
+	const char *cpu;	/* -cpu model (accel_cpu_valid), or NULL for accel_cpu_model() */
 	unsigned vcpus;		/* whole vCPUs */
 	unsigned mem_mib;
 	const char *mem_path;	/* memory-backend-file */

@@ -4,7 +4,7 @@
 // read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), commands
 // (run with output and exit code, a failing one, streamed callbacks, a background command's stdin,
 // list, connect and kill, a PTY), pause,
-// connect (resume),
+// connect (resume) with a file and a running process intact,
 // updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
 import { ALL_TRAFFIC, CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError,
@@ -22,7 +22,8 @@ async function main() {
   assert.ok(process.env.E2B_API_URL && process.env.E2B_SANDBOX_URL && process.env.E2B_API_KEY &&
     other.apiKey)
 
-  sbx = await Sandbox.create({ metadata: { suite: run, role: 'first' }, timeoutMs: 120_000 })
+  const tCreate = Date.now()
+  sbx = await Sandbox.create({ metadata: { suite: run, role: 'first' }, timeoutMs: 240_000 })
   const token = sbx.envdAccessToken
   assert.match(sbx.sandboxId, /^sb_/)
   assert.match(token, /^[0-9a-f]{32}$/)
@@ -34,7 +35,8 @@ async function main() {
   assert.deepEqual(info.metadata, { suite: run, role: 'first' })
   assert.ok(info.startedAt instanceof Date && !isNaN(info.startedAt))
   const end1 = info.endAt.getTime()
-  assert.ok(end1 > Date.now() + 60_000 && end1 <= Date.now() + 125_000, `endAt ${info.endAt}`)
+  // 240 s from the create (a cold boot on a loaded host may take a good part of it)
+  assert.ok(end1 >= tCreate + 235_000 && end1 <= Date.now() + 245_000, `endAt ${info.endAt}`)
   step('getInfo')
 
   let found = await Sandbox.list({ query: { metadata: { suite: run } } }).nextItems()
@@ -205,6 +207,14 @@ async function main() {
   assert.equal((await sbx.getInfo()).state, 'running')
   step('otherTenant')
 
+  // A process that runs across pause and resume: started in the background, its stream dropped.
+  let before = ''
+  const counter = await sbx.commands.run('i=0; while :; do i=$((i+1)); echo n$i; sleep 0.2; done',
+    { background: true, onStdout: (d) => { before += d } })
+  await until(() => /n3\n/.test(before), `counter: ${JSON.stringify(before)}`)
+  await counter.disconnect()
+  const counted = (text) => (text.match(/n\d+\n/g) || []).map((m) => Number(m.slice(1, -1)))
+
   assert.equal(await sbx.pause(), true)
   assert.equal((await sbx.getInfo()).state, 'paused')
   await assert.rejects(sbx.files.read('/home/user/hello.txt'), (e) => e instanceof SandboxError &&
@@ -221,6 +231,18 @@ async function main() {
   assert.equal(await again.files.read('/home/user/hello.txt'), 'hello kiln\n') // kept, same token
   const same = await Sandbox.connect(sbx.sandboxId) // running: 200, the same sandbox
   assert.equal(same.envdAccessToken, token)
+  // The counter is the same process after resume: listed, and counting on from where it was (a
+  // process started afresh would count from 1), one step at a time.
+  assert.ok((await again.commands.list()).some((p) => p.pid === counter.pid && p.args.join(' ').includes('while')),
+    'the counter is not listed after resume')
+  let after = ''
+  const rec = await again.commands.connect(counter.pid, { onStdout: (d) => { after += d } })
+  await until(() => counted(after).length >= 3, `no output after resume: ${JSON.stringify(after)}`)
+  const last = Math.max(...counted(before)), nums = counted(after)
+  assert.ok(nums[0] > last, `counted ${nums[0]} after resume, ${last} before pause`)
+  assert.deepEqual(nums.slice(0, 3), [nums[0], nums[0] + 1, nums[0] + 2])
+  assert.equal(await again.commands.kill(counter.pid), true)
+  await assert.rejects(rec.wait(), (e) => e instanceof CommandExitError && e.error === 'signal: killed')
   step('connect')
 
   // A snapshot of it, a sandbox from the snapshot, the snapshot's delete.

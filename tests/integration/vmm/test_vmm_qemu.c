@@ -12,7 +12,8 @@
  *  - destroy leaves no process, cgroup or file;
  *  - a VM is taken over from its state dir (as a restarted node does): the handle sees it running,
  *    continues it when it was stopped, and a shared snapshot through it ends the VMM and restores;
- *    a VMM that has died gives a handle that is not alive and has no snapshot to finish.
+ *    a VMM that has died gives a handle that is not alive and has no snapshot to finish;
+ *  - QEMU runs under the CPU model of the snapshot's manifest; an unknown model is refused.
  * The guest is a busybox initramfs whose /init prints "KILN-GUEST-BOOTED" then "kiln-tick N" every
  * 0.2 s (mkimage.sh; run.sh passes its paths in KILN_GUEST_KERNEL/INITRD).
  * Exit 77 (skip) when not root or QEMU is missing.
@@ -32,7 +33,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "test.h"
+#include "vmm/accel.h"
 #include "vmm/cgroup.h"
 #include "vmm/disk.h"
 #include "vmm/hv.h"
@@ -164,6 +168,44 @@ static bool same_ns(const char *a, const char *b)
 	struct stat sa, sb;
 
 	return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_ino == sb.st_ino && sa.st_dev == sb.st_dev;
+}
+
+/* Sets "cpu" of the snapshot's manifest.json to `cpu`. */
+static void manifest_cpu(const char *snap, const char *cpu)
+{
+	char path[PATH_MAX];
+	json_t *m;
+
+	snprintf(path, sizeof(path), "%s/manifest.json", snap);
+	m = json_load_file(path, 0, NULL);
+	CHECK(m != NULL);
+	if (!m)
+		return;
+	json_object_set_new(m, "cpu", json_string(cpu));
+	CHECK(json_dump_file(m, path, 0) == 0);
+	json_decref(m);
+}
+
+/* True when the process's command line holds `arg` as one argument. */
+static bool cmdline_has(pid_t pid, const char *arg)
+{
+	char path[64], buf[8192];
+	ssize_t n;
+	int fd;
+
+	snprintf(path, sizeof(path), "/proc/%d/cmdline", (int)pid);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return false;
+	n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	if (n < 0)
+		return false;
+	buf[n] = '\0';
+	for (ssize_t i = 0; i < n; i += (ssize_t)strlen(buf + i) + 1)
+		if (strcmp(buf + i, arg) == 0)
+			return true;
+	return false;
 }
 
 /* kB of Shared_Clean + Shared_Dirty in the mapping of `size_kb` kB in /proc/<pid>/smaps. */
@@ -435,6 +477,8 @@ static void test_lifecycle(void)
 
 		vmm_status(b, &sb_st, NULL);
 		vmm_status(c, &sc_st, NULL);
+		/* the model it was taken under */
+		CHECK(cmdline_has(sb_st.pid, accel_detect() == ACCEL_TCG ? ACCEL_CPU_TCG ",enforce" : "host"));
 		kb_b = shared_kb_of_mapping(sb_st.pid, 256 * 1024);
 		kb_c = shared_kb_of_mapping(sc_st.pid, 256 * 1024);
 		fprintf(stderr, "guest memory shared between the children: %ld kB and %ld kB\n", kb_b, kb_c);
@@ -454,6 +498,12 @@ static void test_lifecycle(void)
 		CHECK(vmm_resume(p, NULL) == KILN_OK);
 		CHECK(wait_tick_after(vmm_serial_log(p), last, 5000));
 		spec_for(&sd, "d", run_d, state_d, lease_uid());
+		/* a model this node does not run is refused, before anything of the snapshot is used */
+		manifest_cpu(snap2, "Opteron_G1");
+		CHECK(vmm_restore("qemu", &sd, snap2, VMM_MEM_MOVE, &d, &err) == KILN_E_CONFLICT);
+		CHECK(d == NULL);
+		memset(&err, 0, sizeof(err));
+		manifest_cpu(snap2, accel_detect() == ACCEL_TCG ? ACCEL_CPU_TCG : "host");
 		CHECK(vmm_restore("qemu", &sd, snap2, VMM_MEM_MOVE, &d, &err) == KILN_OK);
 		if (err.code)
 			fprintf(stderr, "full restore: %s\n", err.msg);

@@ -63,6 +63,8 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	CHECK_STR(argv[0], QEMU_BINARY_DEFAULT);
 	CHECK_STR(opt_value(argv, "-M", "microvm"), "microvm,memory-backend=mem");
 	CHECK_STR(opt_value(argv, "-accel", ""), "tcg,tb-size=64");
+	/* an Intel model TCG runs whole, never QEMU's default qemu64 (read as a 3DNow! Opteron) */
+	CHECK_STR(opt_value(argv, "-cpu", ""), "Nehalem-v1,enforce");
 	CHECK_STR(opt_value(argv, "-smp", ""), "2");
 	CHECK_STR(opt_value(argv, "-object", "memory-backend-file"),
 		  "memory-backend-file,id=mem,size=256M,mem-path=mem,share=on");
@@ -86,6 +88,7 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	for (char **p = argv; *p; p++)
 		CHECK(strncmp(*p, "file,", 5) != 0);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "tsc=reliable") != NULL);
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " mitigations=off") != NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " root=/dev/vda") != NULL);
 	CHECK(!has_arg(argv, "-incoming"));
 	CHECK(!has_arg(argv, "-S"));
@@ -93,6 +96,29 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	for (char **p = argv; *p; p++)
 		CHECK(strstr(*p, "elevateprivileges") == NULL);
 	qemu_argv_free(argv);
+}
+
+/* A restore runs under the model the snapshot was taken under; an unknown one is refused. */
+static void test_cmdline_cpu_model(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL;
+
+	a.cpu = "qemu64";
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	CHECK_STR(opt_value(argv, "-cpu", ""), "qemu64,enforce");
+	qemu_argv_free(argv);
+	argv = NULL;
+	a.cpu = "host";		/* KVM's, not TCG's */
+	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
+	a.cpu = "qemu64,+3dnow";
+	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
+	a.accel = ACCEL_KVM;
+	a.cpu = "Nehalem-v1";
+	CHECK_INT(qemu_argv_build(&a, &argv), -EINVAL);
+	CHECK(argv == NULL);
+	CHECK(accel_cpu_valid(ACCEL_KVM, "host"));
+	CHECK(!accel_cpu_valid(ACCEL_TCG, NULL));
 }
 
 static void test_cmdline_restore_private_without_net_and_disk(void)
@@ -214,6 +240,7 @@ int main(void)
 	TEST(test_cmdline_refuses_commas_in_paths);
 	TEST(test_cmdline_disk_throttle);
 	TEST(test_accel_from_cpuinfo);
+	TEST(test_cmdline_cpu_model);
 	TEST(test_spec_shape_and_checks);
 	return test_summary();
 }
