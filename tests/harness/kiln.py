@@ -322,6 +322,32 @@ def guest_image():
     return _IMAGE
 
 
+def image_copy(suffix):
+    """Another guest image for an upgrade test: the test image's kernel, initramfs and root file
+    system under a new directory beside the image cache (hard links where they can be) and the
+    hash `<its hash>-<suffix>`. Returns (the directory, which the caller removes; the node
+    settings that name it)."""
+    img = guest_image()
+    d = tempfile.mkdtemp(prefix=f"test-image-{suffix}-",
+                         dir=os.path.dirname(os.path.dirname(img["KILN_GUEST_ROOTFS"])))
+    os.chmod(d, 0o755)
+    env = {"KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"] + "-" + suffix}
+    for key in ("KILN_GUEST_KERNEL", "KILN_GUEST_INITRD", "KILN_GUEST_ROOTFS"):
+        env[key] = os.path.join(d, os.path.basename(img[key]))
+        try:
+            os.link(img[key], env[key])
+        except OSError:
+            shutil.copyfile(img[key], env[key])
+    return d, env
+
+
+def vm_files(node, sandbox_id):
+    """The kernel and disk base a sandbox's VM runs on (its VM record, vmm/qemu.c)."""
+    with open(os.path.join(node.data_dir, "vms", node.node_id, sandbox_id, "vm.json")) as f:
+        rec = json.load(f)
+    return rec["kernel"], rec["chain"][0]
+
+
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
@@ -366,9 +392,12 @@ class Node(Daemon):
         raise RuntimeError("kiln-node did not listen:\n" + self.output())
 
     def cleanup(self, keep_data=False):
-        """Stops the node; its data directory stays when `keep_data` (a restart follows)."""
+        """Stops the node; its data directory (and its pins of guest images) stay when
+        `keep_data` (a restart follows)."""
         super().cleanup()
         subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
+        if not keep_data:
+            reap.remove_pins(self.node_id)
 
 
 class Stack:
