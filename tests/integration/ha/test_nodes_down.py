@@ -157,12 +157,22 @@ class NodesDownTests(unittest.TestCase):
         self.assertIn("bucket", kept[kept_stored])
         self.assertEqual(self.nodes()[dead]["state"], "down")
 
+    def wait_state(self, node_id, state):
+        """The node as the admin route shows it, once in `state` (its socket is up a moment
+        before its first heartbeat) or after 15 s."""
+        deadline = time.time() + 15
+        while True:
+            got = self.nodes().get(node_id, {})
+            if got.get("state") == state or time.time() > deadline:
+                return got
+            time.sleep(0.2)
+
     def test_z_a_cleanly_stopped_node_leaves_placement_at_once_and_a_restart_puts_it_back(self):
         # A real kiln-node (no sandbox, so no VM), the only node placement may use.
         node = kiln.Node(self.db.url, self.gw.url, {"KILN_NODE_DOWN_AFTER_S": "30"})
         self.addCleanup(node.cleanup)
         self.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id <> '{node.node_id}'")
-        self.assertEqual(self.nodes()[node.node_id]["state"], "up")
+        self.assertEqual(self.wait_state(node.node_id, "up")["state"], "up")
         # Its image is recorded (migrations/0030) for the restores of its snapshots.
         img = kiln.guest_image()
         self.assertEqual(self.db.sql(f"SELECT rootfs FROM node_images WHERE node_id = '{node.node_id}' "
@@ -184,7 +194,7 @@ class NodesDownTests(unittest.TestCase):
         again = kiln.Node(self.db.url, self.gw.url, {"KILN_NODE_DOWN_AFTER_S": "30"},
                           node_id=node.node_id, data_dir=node.data_dir)
         self.addCleanup(again.cleanup)
-        got = self.nodes()[node.node_id]
+        got = self.wait_state(node.node_id, "up")
         self.assertEqual(got["state"], "up", got)
         self.assertIsNone(got["stopped_at"], got)
 
