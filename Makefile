@@ -1,11 +1,15 @@
 # The two commands: `make run` and `make test`. See README.md.
-.PHONY: run test stop clean-state build bench fuzz
+.PHONY: run test test-ha stop clean-state build bench fuzz
 
 run:
 	@bash scripts/run.sh
 
 test:
 	@bash scripts/test.sh
+
+# The long high-availability test: not part of `make test` (docs/testing.md).
+test-ha:
+	@bash scripts/test-ha.sh
 
 stop:
 	@bash scripts/stop.sh

@@ -68,12 +68,14 @@ extern const struct route_group routes_ports;	/* /v1/sandboxes/{id}/connect */
 /*
  * Nodes (routes_nodes.c): GW_NODE_LIVE_SQL(alias, param) is the SQL condition of a node that
  * may be given work: its heartbeat younger than node_down_after_s (the query parameter `param`,
- * gw_node_down_after_s()'s text: this thread's buffer), not marked down, not draining. gw_nodes_down() marks the nodes
+ * gw_node_down_after_s()'s text: this thread's buffer), not marked down, not draining, not
+ * stopping or stopped cleanly (migrations/0029). gw_nodes_down() marks the nodes
  * whose heartbeat lapsed down (their running sandboxes lost), at most once a second.
  */
 #define GW_NODE_FRESH_SQL(n, p) \
 	"(" n ".heartbeat_at > now() - make_interval(secs => " p "::int) AND " n ".down_at IS NULL)"
-#define GW_NODE_LIVE_SQL(n, p) "(" GW_NODE_FRESH_SQL(n, p) " AND " n ".drain_at IS NULL)"
+#define GW_NODE_LIVE_SQL(n, p) \
+	"(" GW_NODE_FRESH_SQL(n, p) " AND " n ".drain_at IS NULL AND " n ".stopped_at IS NULL)"
 const char *gw_node_down_after_s(const struct gateway *gw);
 void gw_nodes_down(struct gateway *gw);
 

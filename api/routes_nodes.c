@@ -72,10 +72,12 @@ static void nodes_list(struct http_req *req)
 		 "SELECT coalesce(jsonb_agg(jsonb_build_object("
 		 "  'id', n.id, 'address', n.address, "
 		 "  'state', CASE WHEN n.down_at IS NOT NULL THEN 'down' "
+		 "    WHEN n.stopped_at IS NOT NULL THEN 'stopped' "
 		 "    WHEN n.heartbeat_at <= now() - make_interval(secs => $1::int) THEN 'stale' "
 		 "    WHEN n.drain_at IS NOT NULL THEN 'draining' ELSE 'up' END, "
 		 "  'heartbeat_at', rfc3339(n.heartbeat_at), 'down_at', rfc3339(n.down_at), "
-		 "  'drain_at', rfc3339(n.drain_at), 'image_hash', n.image_hash, "
+		 "  'drain_at', rfc3339(n.drain_at), 'stopped_at', rfc3339(n.stopped_at), "
+		 "  'image_hash', n.image_hash, "
 		 "  'capacity', jsonb_build_object('vcpus', n.vcpu_milli::float8 / 1000, "
 		 "    'memory_mib', n.memory_mib, 'disk_gib', n.disk_gib, "
 		 "    'max_sandboxes', n.max_sandboxes), "
@@ -178,7 +180,8 @@ static void drain_wait_stored(struct gateway *gw, const char *id, char *out, siz
 
 /*
  * The live node other than `except` with the most free capacity for the shape of sandbox `id`
- * (as a create's placement), into `address`; false when none has room.
+ * (as a create's placement) that has the guest image of its pause snapshot (node_images), into
+ * `address`; false when none has room.
  */
 static bool drain_target(struct gateway *gw, const char *id, const char *except, char *address,
 			 size_t alen, char *node, size_t nlen)
@@ -204,6 +207,9 @@ static bool drain_target(struct gateway *gw, const char *id, const char *except,
 		"AND u.k < n.max_sandboxes AND u.v + x.vcpu_milli <= n.vcpu_milli "
 		"AND u.m + x.memory_mib <= n.memory_mib "
 		"AND (n.disk_gib IS NULL OR u.d + x.disk_gib <= n.disk_gib) "
+		"AND NOT EXISTS (SELECT 1 FROM snapshots p WHERE p.id = x.pause_snapshot "
+		"  AND p.image_hash IS NOT NULL AND NOT EXISTS (SELECT 1 FROM node_images i "
+		"    WHERE i.node_id = n.id AND i.image_hash = p.image_hash)) "
 		"ORDER BY n.memory_mib - u.m DESC, n.id LIMIT 1",
 		id, except, after) == KILN_OK && pg_res_rows(res) == 1) {
 		snprintf(address, alen, "%s", pg_res_str(res, 0, 0));
@@ -245,7 +251,8 @@ static void drain_one(struct http_req *req, const char *node_id, const char *add
 		return;
 	}
 	if (!drain_target(gw, id, node_id, to, sizeof(to), to_node, sizeof(to_node))) {
-		drain_keep(d, id, "paused", "no other node has room: it stays paused, in its bucket");
+		drain_keep(d, id, "paused", "no other node has room and its guest image: it stays "
+					    "paused, in its bucket");
 		return;
 	}
 	st = drain_call(req, to, id, tenant, "/resume");

@@ -30,9 +30,11 @@ struct sb_row {
 	char state[16];
 	char node_address[256];
 	bool node_alive;	/* its node's heartbeat is fresh and it is not marked down */
-	bool node_draining;	/* its node takes no new work (POST /v1/admin/nodes/{id}/drain) */
+	bool node_draining;	/* its node takes no new work (POST /v1/admin/nodes/{id}/drain, or
+				   a clean stop: migrations/0029) */
 	char node_id[64];
 	char snap_status[16];	/* its pause snapshot's (local, uploading, stored, failed), or "" */
+	char snap_image[128];	/* its pause snapshot's guest image (hash), or "" */
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	long long generation;	/* the record's generation when read (fences the gateway's write) */
 };
@@ -60,8 +62,10 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 	rc = PGQ(c, &res, &err,
 		 "SELECT s.id, s.state, coalesce(n.address, ''), "
 		 "coalesce(" GW_NODE_FRESH_SQL("n", "$3") ", false), "
-		 "s.vcpu_milli, s.memory_mib, s.generation, s.disk_gib, n.drain_at IS NOT NULL, "
+		 "s.vcpu_milli, s.memory_mib, s.generation, s.disk_gib, "
+		 "n.drain_at IS NOT NULL OR n.stopped_at IS NOT NULL, "
 		 "coalesce(s.node_id, ''), coalesce((SELECT p.status FROM snapshots p "
+		 "WHERE p.id = s.pause_snapshot), ''), coalesce((SELECT p.image_hash FROM snapshots p "
 		 "WHERE p.id = s.pause_snapshot), '') FROM sandboxes s "
 		 "LEFT JOIN nodes n ON n.id = s.node_id "
 		 "WHERE s.id = $1 AND s.tenant_id = $2 AND s.deleted_at IS NULL",
@@ -81,6 +85,7 @@ static enum kiln_err sandbox_find(struct http_req *req, struct sb_row *out)
 		out->node_draining = pg_res_bool(res, 0, 8);
 		snprintf(out->node_id, sizeof(out->node_id), "%s", pg_res_str(res, 0, 9));
 		snprintf(out->snap_status, sizeof(out->snap_status), "%s", pg_res_str(res, 0, 10));
+		snprintf(out->snap_image, sizeof(out->snap_image), "%s", pg_res_str(res, 0, 11));
 	}
 	pg_res_free(res);
 	return rc == KILN_OK || rc == KILN_E_NOT_FOUND ? rc : KILN_E_UNAVAILABLE;
@@ -139,9 +144,10 @@ static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsig
 }
 
 /*
- * Picks the live node (fresh heartbeat, not down, not draining) with the most free capacity that
- * has room for the sandbox: its count, vCPUs and memory against what its running sandboxes hold,
- * and `disk_gib` of disk against the disk it promises (nodes.disk_gib; paused sandboxes hold
+ * Picks the live node (fresh heartbeat, not down, not draining, not stopped) with the most free
+ * capacity that has room for the sandbox, and has guest image `image` when it is not "" (the
+ * pause snapshot's of a sandbox resumed elsewhere: node_images, migrations/0030): its count,
+ * vCPUs and memory against what its running sandboxes hold, and `disk_gib` of disk against the disk it promises (nodes.disk_gib; paused sandboxes hold
  * theirs too). The most free capacity: the largest mean of the fractions of its vCPUs, memory
  * and disk left once the sandbox is there (a node that does not report its disk counts its disk
  * as free). One statement. False (replied 503 naming vCPUs, memory and disk) when there is
@@ -149,7 +155,7 @@ static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsig
  * again under its own lock as it reserves it (node/create.c), and the second gets 503.
  */
 static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
-		  unsigned disk_gib, char *address, size_t alen)
+		  unsigned disk_gib, const char *image, char *address, size_t alen)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
@@ -175,12 +181,14 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 		 "AND u.k < n.max_sandboxes AND u.v + $1::int <= n.vcpu_milli "
 		 "AND u.m + $2::int <= n.memory_mib "
 		 "AND (n.disk_gib IS NULL OR u.d + $3::int <= n.disk_gib) "
+		 "AND ($5 = '' OR EXISTS (SELECT 1 FROM node_images i WHERE i.node_id = n.id "
+		 "  AND i.image_hash = $5)) "
 		 "ORDER BY ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
 		 "  + (n.memory_mib - u.m - $2::int)::float8 / greatest(n.memory_mib, 1) "
 		 "  + CASE WHEN n.disk_gib IS NULL THEN 1 "
 		 "    ELSE (n.disk_gib - u.d - $3::int)::float8 / greatest(n.disk_gib, 1) END) DESC, "
 		 "n.id LIMIT 1",
-		 v, m, d, after);
+		 v, m, d, after, image);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return false;
@@ -191,8 +199,10 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 	else
 		http_reply_error(req, KILN_E_NO_CAPACITY,
 				 "no node has room for this sandbox (%u.%03u vCPUs, %u MiB of memory, "
-				 "%u GiB of disk)",
-				 vcpu_milli / 1000, vcpu_milli % 1000, mem_mib, disk_gib);
+				 "%u GiB of disk)%s%s%s",
+				 vcpu_milli / 1000, vcpu_milli % 1000, mem_mib, disk_gib,
+				 image[0] ? " and its snapshot's guest image \"" : "", image,
+				 image[0] ? "\"" : "");
 	pg_res_free(res);
 	return ok;
 }
@@ -331,7 +341,7 @@ static void sandbox_create(struct http_req *req)
 			goto out;
 		if (!asked)
 			disk = snap_disk;
-	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, address,
+	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, "", address,
 			  sizeof(address))) {
 		goto out;
 	}
@@ -786,8 +796,8 @@ static void sandbox_resume(struct http_req *req)
 		ok = admit(req, c, 1, sb.vcpu_milli, sb.mem_mib);
 		/* Its node is gone or drained: another one resumes it from the tenant's bucket. */
 		if (ok && (!sb.node_alive || (sb.node_draining && !strcmp(sb.snap_status, "stored"))))
-			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.node_address,
-				   sizeof(sb.node_address));
+			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.snap_image,
+				   sb.node_address, sizeof(sb.node_address));
 		pg_release(gw->pg, c);
 		if (!ok)
 			return;

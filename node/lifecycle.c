@@ -38,6 +38,7 @@
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "vmm/agent.h"
+#include "node/images.h"
 #include "vmm/guest/agent_proto.h"
 #include "vmm/hv.h"
 #include "node/lifecycle.h"
@@ -158,7 +159,11 @@ enum kiln_err snap_load_policy(const char *dir, struct kiln_ruleset *rs, struct 
 	return rc;
 }
 
-/* The manifest of a snapshot of `sb` just written into `dir`. */
+/*
+ * The manifest of a snapshot of `sb` just written into `dir`, naming the image its VM runs on: the
+ * one it was booted or restored on, or for a VM an earlier run left, the image whose kernel the
+ * VMM's part of the manifest names.
+ */
 enum kiln_err write_manifest_public(struct node *n, const struct sandbox *sb, const char *dir,
 				    struct kiln_error *err)
 {
@@ -168,8 +173,19 @@ enum kiln_err write_manifest_public(struct node *n, const struct sandbox *sb, co
 	snprintf(m.hypervisor, sizeof(m.hypervisor), "%s", n->cfg.hypervisor);
 	snprintf(m.machine, sizeof(m.machine), "microvm");
 	snprintf(m.accel, sizeof(m.accel), "%s", n->accel);
-	snprintf(m.image_hash, sizeof(m.image_hash), "%s",
-		 n->cfg.guest_image_hash[0] ? n->cfg.guest_image_hash : "unknown");
+	if (sb->image_hash[0]) {
+		snprintf(m.image_hash, sizeof(m.image_hash), "%s", sb->image_hash);
+	} else {
+		char path[700];
+		json_t *vm;
+
+		snprintf(path, sizeof(path), "%s/manifest.json", dir);
+		vm = json_load_file(path, 0, NULL);
+		images_hash_of_kernel(n->pg, n->cfg.node_id,
+				      json_string_value(json_object_get(vm, "kernel")),
+				      node_image_hash(n), m.image_hash, sizeof(m.image_hash));
+		json_decref(vm);
+	}
 	m.vcpu_milli = sb->vcpu_milli;
 	m.mem_mib = sb->mem_mib;
 	m.disk_gib = sb->disk_gib;
@@ -177,17 +193,28 @@ enum kiln_err write_manifest_public(struct node *n, const struct sandbox *sb, co
 	return snapshot_manifest_write(dir, &m, err);
 }
 
+/*
+ * Any guest image: a snapshot restores on the one it was taken from (images.h), which sb_restore
+ * checks. The agent inside may speak this release's protocol or the one before.
+ */
 enum kiln_err snap_verify(struct node *n, const char *dir, struct kiln_error *err)
 {
 	struct snapshot_expect e = {
 		.hypervisor = n->cfg.hypervisor,
 		.machine = "microvm",
 		.accel = n->accel,
-		.image_hash = n->cfg.guest_image_hash[0] ? n->cfg.guest_image_hash : "unknown",
-		.agent_protocol = AGENT_PROTO_VERSION,
 	};
+	struct snapshot_meta meta;
+	enum kiln_err rc = snapshot_verify(dir, &e, &meta, err);
 
-	return snapshot_verify(dir, &e, NULL, err);
+	if (rc == KILN_OK && (meta.agent_protocol > AGENT_PROTO_VERSION ||
+			      meta.agent_protocol + 1 < AGENT_PROTO_VERSION))
+		rc = kiln_error_set(err, KILN_E_INVALID,
+				    "snapshot \"%s\": agent protocol %u, this node speaks %u and %u",
+				    dir, meta.agent_protocol,
+				    AGENT_PROTO_VERSION > 1 ? AGENT_PROTO_VERSION - 1 : 1,
+				    AGENT_PROTO_VERSION);
+	return rc;
 }
 
 static long long dir_bytes;
@@ -218,12 +245,22 @@ void snap_remove_files(const char *dir)
 	fs_remove_tree_or_warn(dir);
 }
 
-/* Records a snapshot taken of `sb` (on connection `c`, inside the caller's transaction or not). */
+/*
+ * Records a snapshot taken of `sb` (on connection `c`, inside the caller's transaction or not),
+ * with the image its manifest names.
+ */
 enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct sandbox *sb,
 				 const char *snap_id, const char *kind, const char *name,
 				 const char *dir, struct kiln_error *err)
 {
-	char size[24], v[16], m[16], d[16];
+	char size[24], v[16], m[16], d[16], image[IMAGE_HASH_MAX], path[700];
+	json_t *man;
+
+	snprintf(path, sizeof(path), "%s/manifest.json", dir);
+	man = json_load_file(path, 0, NULL);
+	snprintf(image, sizeof(image), "%s",
+		 json_string_value(json_object_get(man, "image_hash")) ?: node_image_hash(n));
+	json_decref(man);
 
 	snprintf(size, sizeof(size), "%lld", snapshot_size(dir));
 	snprintf(v, sizeof(v), "%u", sb->vcpu_milli);
@@ -231,10 +268,10 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 	snprintf(d, sizeof(d), "%u", sb->disk_gib);
 	return PGQ(c, NULL, err,
 		   "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, name, size_bytes, "
-		   "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at) "
+		   "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at, image_hash) "
 		   "SELECT $1, $2, $3, $4, $5, $6, $7::bigint, $8::int, $9::int, $10::int, s.lineage, "
-		   "CASE WHEN $5 = 'named' THEN NULL ELSE now() END FROM sandboxes s WHERE s.id = $3",
-		   snap_id, sb->tenant_id, sb->id, n->cfg.node_id, kind, name, size, v, m, d);
+		   "CASE WHEN $5 = 'named' THEN NULL ELSE now() END, $11 FROM sandboxes s WHERE s.id = $3",
+		   snap_id, sb->tenant_id, sb->id, n->cfg.node_id, kind, name, size, v, m, d, image);
 }
 
 enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *snap_id,

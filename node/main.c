@@ -26,6 +26,7 @@
 #include "common/fsutil.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "node/images.h"
 #include "node/inject.h"
 #include "node/connlog.h"
 #include "node/drain.h"
@@ -145,6 +146,9 @@ static int db_init(struct kiln_error *err)
 	rc = db_wait(err);
 	if (rc == KILN_OK)
 		rc = migrate_apply(node.pg, migrations, migrations_count, &applied, err);
+	/* before recovery, which may pause VMs of an earlier run's image */
+	if (rc == KILN_OK)
+		rc = images_register(&node, err);
 	return rc;
 }
 
@@ -194,7 +198,8 @@ static enum kiln_err heartbeat(struct kiln_error *err)
 		 "VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8, $9::bigint) "
 		 "ON CONFLICT (id) DO UPDATE SET address = $2, vcpu_milli = $3::int, "
 		 "memory_mib = $4::int, max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, "
-		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now(), down_at = NULL",
+		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now(), down_at = NULL, "
+		 "stopped_at = NULL",
 		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
 		 node.cfg.guest_image_hash, disk);
 	pg_release(node.pg, c);
@@ -254,12 +259,56 @@ static void expire_sandboxes(void)
 	}
 }
 
+/*
+ * A stopping node's heartbeat: only its time, so that the pauses of its stop (seconds each) do
+ * not let it lapse and its sandboxes be reported lost meanwhile; the stop's mark stays.
+ */
+static void heartbeat_stopping(void)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(node.pg, &c, &err) != KILN_OK)
+		return;
+	if (PGQ(c, NULL, &err, "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND down_at IS NULL",
+		node.cfg.node_id) != KILN_OK)
+		log_warn("heartbeat failed: %s", err.msg);
+	pg_release(node.pg, c);
+}
+
+/*
+ * The clean stop's mark (nodes.stopped_at, migrations/0029): from here no gateway places a new
+ * sandbox, move or build on this node; the next start's first heartbeat clears it.
+ */
+static void mark_stopped(void)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(node.pg, &c, &err) == KILN_OK) {
+		if (PGQ(c, NULL, &err, "UPDATE nodes SET stopped_at = now() WHERE id = $1",
+			node.cfg.node_id) == KILN_OK)
+			log_info("node \"%s\" stopping: out of placement", node.cfg.node_id);
+		pg_release(node.pg, c);
+	}
+	if (err.code != KILN_OK)
+		log_warn("the stop of the node not recorded (it stays placed on until its heartbeat "
+			 "lapses): %s", err.msg);
+}
+
 static void *ticker(void *arg)
 {
 	unsigned tick = 0;
 
-	while (!node.stopping) {
+	while (!node.ticker_quit) {
 		struct kiln_error err = { 0 };
+
+		if (node.stopping) {
+			if (tick++ % 2 == 0)
+				heartbeat_stopping();
+			sleep(1);
+			continue;
+		}
 
 		if (tick++ % 2 == 0 && heartbeat(&err) != KILN_OK)
 			log_warn("heartbeat failed: %s", err.msg);
@@ -269,6 +318,7 @@ static void *ticker(void *arg)
 			if (recovery_deletes(&node, &err) != KILN_OK)
 				log_warn("requested deletes not carried out: %s", err.msg);
 			snap_gc(&node);
+			images_pin(&node);
 			tpl_evict_idle(&node, node.cfg.template_idle_s);
 		}
 		sleep(1);
@@ -341,6 +391,9 @@ static int store_init(struct kiln_error *err)
 	sc.snap_root = node.snap_root;
 	sc.base_image = node.cfg.guest_rootfs;
 	sc.codeint_image = node.cfg.guest_codeint_rootfs;
+	sc.image_hash = node_image_hash(&node);
+	sc.kernel = node.cfg.guest_kernel;
+	sc.initrd = node.cfg.guest_initrd;
 	node.store = snapstore_open(&sc, err);
 	if (!node.store)
 		return err->code ? err->code : KILN_E_INTERNAL;
@@ -504,6 +557,7 @@ static int api_init(struct kiln_error *err)
 		chmod(node.listen_path, 0600);
 	if (heartbeat(err) != KILN_OK)
 		return err->code;
+	images_pin(&node);
 	if (pthread_create(&node.ticker, NULL, ticker, NULL) != 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the ticker");
 	if (connlog_start(&node, err) != KILN_OK)
@@ -534,9 +588,8 @@ static void node_cgroups_remove(void)
 
 static void api_exit(void)
 {
-	node.stopping = true;
-	if (node.ticker)
-		pthread_join(node.ticker, NULL);
+	node.stopping = true;	/* the ticker renews only the heartbeat from here */
+	mark_stopped();
 	tpl_exit(&node);
 	build_exit(&node);
 	http_server_stop(node.http, 30);
@@ -571,6 +624,9 @@ static void api_exit(void)
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);
 	}
+	node.ticker_quit = true;
+	if (node.ticker)
+		pthread_join(node.ticker, NULL);
 	connlog_stop(&node);	/* after the pauses, which flushed their sandboxes' logs */
 	node_cgroups_remove();
 	jwks_free(node.keys);

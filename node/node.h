@@ -61,6 +61,7 @@ struct sandbox {
 	uid_t uid;
 	bool has_uid;
 	bool codeint;		/* booted from the code interpreter's image (code-interpreter-v1) */
+	char image_hash[128];	/* the guest image its VM runs on (images.h); "" when not known */
 	struct sandbox *next;
 };
 
@@ -90,7 +91,8 @@ struct node {
 	long long pause_reserved;	/* bytes of snapshot space pauses in progress have claimed */
 	/* bytes execs' output buffers hold or have claimed, at most node_exec_memory_max (routes.c) */
 	_Atomic unsigned long long exec_mem_used;
-	volatile bool stopping;
+	volatile bool stopping;		/* a clean stop began: the ticker renews only the heartbeat */
+	volatile bool ticker_quit;	/* the stop's pauses are done: the ticker ends */
 	pthread_t ticker;
 };
 
@@ -159,6 +161,12 @@ static inline struct record_fence sb_fence(const struct node *n, const struct sa
 void sb_failed(struct node *n, struct sandbox *sb, const char *why);
 
 const char *sb_state_name(enum sb_state st);
+
+/* The hash of the node's configured guest image (guest_image_hash), "unknown" when unset. */
+static inline const char *node_image_hash(const struct node *n)
+{
+	return n->cfg.guest_image_hash[0] ? n->cfg.guest_image_hash : "unknown";
+}
 
 /* Replaces whatever error `err` holds with `code` and a new message; returns `code`. */
 enum kiln_err node_error(struct kiln_error *err, enum kiln_err code, const char *fmt, ...)

@@ -23,6 +23,7 @@
 #include "vmm/jail.h"
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
+#include "node/images.h"
 #include "node/inject.h"
 #include "netpolicy/sniproxy.h"
 #include "node/connlog.h"
@@ -410,6 +411,7 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 	if (rc != KILN_OK)
 		return rc;
 	sb_spec(n, sb, &spec, &b);
+	snprintf(sb->image_hash, sizeof(sb->image_hash), "%s", node_image_hash(n));
 	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
@@ -430,9 +432,12 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	struct agent_hello_info hello;
 	struct vmm_spec spec;
 	struct spec_bufs b;
-	enum kiln_err rc = KILN_OK;
+	enum kiln_err rc;
 
-	if (!sb->has_net)
+	/* On the image it was taken from (its kernel, initramfs and disk base), or not at all. */
+	rc = images_of_snapshot(n->cfg.node_id, snap_dir, node_image_hash(n), sb->image_hash,
+				sizeof(sb->image_hash), err);
+	if (rc == KILN_OK && !sb->has_net)
 		rc = sb_net_up(n, sb, init, err);
 	if (rc != KILN_OK)
 		return rc;

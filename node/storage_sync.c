@@ -11,6 +11,7 @@
  * Once the object exists, src/ and port.tmp/ go; once it is stored and the row says so, all goes.
  */
 #include "common/fsutil.h"
+#include "node/images.h"
 #include "node/storage_sync.h"
 
 #include <dirent.h>
@@ -53,6 +54,7 @@ struct snapstore {
 	const struct auth_master_key *mk;
 	char *node_id, *snap_root, *base_image;
 	char *codeint_image;	/* "" when the node has none */
+	char *image_hash, *kernel, *initrd;	/* "" when not given */
 	unsigned upload_tries, retry_delay_ms;
 	struct s3_opts s3;
 	bool has_s3;
@@ -653,6 +655,9 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 	s->snap_root = strdup(cfg->snap_root);
 	s->base_image = strdup(cfg->base_image);
 	s->codeint_image = strdup(cfg->codeint_image ? cfg->codeint_image : "");
+	s->image_hash = strdup(cfg->image_hash ? cfg->image_hash : "");
+	s->kernel = strdup(cfg->kernel ? cfg->kernel : "");
+	s->initrd = strdup(cfg->initrd ? cfg->initrd : "");
 	s->n_workers = cfg->workers ? cfg->workers : 2;
 	s->upload_tries = cfg->upload_tries ? cfg->upload_tries : 5;
 	s->retry_delay_ms = cfg->retry_delay_ms ? cfg->retry_delay_ms : 2000;
@@ -663,7 +668,11 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 	s->on_part = cfg->on_part;
 	s->on_part_arg = cfg->on_part_arg;
 	s->workers = calloc(s->n_workers, sizeof(*s->workers));
-	if (!s->node_id || !s->snap_root || !s->base_image || !s->codeint_image || !s->workers) {
+	if (!s->node_id || !s->snap_root || !s->base_image || !s->codeint_image || !s->image_hash ||
+	    !s->kernel || !s->initrd || !s->workers) {
+		free(s->image_hash);
+		free(s->kernel);
+		free(s->initrd);
 		free(s->node_id);
 		free(s->snap_root);
 		free(s->base_image);
@@ -712,6 +721,9 @@ void snapstore_shutdown(struct snapstore *s)
 	free(s->node_id);
 	free(s->snap_root);
 	free(s->base_image);
+	free(s->image_hash);
+	free(s->kernel);
+	free(s->initrd);
 	free(s->codeint_image);
 	free(s->workers);
 	free(s);
@@ -858,7 +870,10 @@ unsigned snapstore_resume_pending(struct snapstore *s)
 	return queued;
 }
 
-/* Rewrites the disk chain of a fetched snapshot in `work` for its place `final` on this node. */
+/*
+ * Rewrites the disk chain, kernel and initramfs of a fetched snapshot in `work` for its place
+ * `final` on this node.
+ */
 static enum kiln_err localize(struct snapstore *s, const char *work, const char *final,
 			      struct kiln_error *err)
 {
@@ -882,14 +897,37 @@ static enum kiln_err localize(struct snapstore *s, const char *work, const char 
 		json_decref(m);
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot root too long");
 	}
-	/* The code interpreter's image when the layer was made on this node's copy of it, else this
-	 * node's base image: never another path the manifest names, whatever file is there. */
+	/*
+	 * The files of the image the snapshot was taken on, as this node has them: its configured
+	 * image's, or those node_images records for that hash here (refused when it has none). The
+	 * code interpreter's root file system when the layer was made on that image's copy of it,
+	 * else its base: never another path the manifest names, whatever file is there.
+	 */
 	const char *base = json_string_value(json_array_get(chain, 0));
+	const char *hash = json_string_value(json_object_get(m, "image_hash"));
+	const char *rootfs = s->base_image, *codeint = s->codeint_image;
+	const char *kernel = s->kernel, *initrd = s->initrd;
+	struct node_image img;
 
-	if (!base || !s->codeint_image[0] || strcmp(base, s->codeint_image) != 0)
-		base = s->base_image;
+	if (s->image_hash[0] && hash && strcmp(hash, s->image_hash) != 0) {
+		rc = images_find(s->pg, s->node_id, hash, &img, err);
+		if (rc != KILN_OK) {
+			json_decref(m);
+			return rc;
+		}
+		rootfs = img.rootfs;
+		codeint = img.codeint_rootfs;
+		kernel = img.kernel;
+		initrd = img.initrd;
+	}
+	if (!base || !codeint[0] || strcmp(base, codeint) != 0)
+		base = rootfs;
 	c2 = json_pack("[s, s]", base, own);
 	if (!c2 || json_object_set_new(m, "disk_chain", c2) < 0)
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if (rc == KILN_OK && kernel[0] &&
+	    (json_object_set_new(m, "kernel", json_string(kernel)) < 0 ||
+	     json_object_set_new(m, "initrd", initrd[0] ? json_string(initrd) : json_null()) < 0))
 		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	if (rc == KILN_OK)
 		rc = manifest_save(work, m, err);

@@ -62,6 +62,12 @@ struct snapstore_config {
 	const char *codeint_image;		/* the code interpreter's image (guest_codeint_rootfs),
 						   or NULL/"": kept as a fetched snapshot's base when
 						   its layer was made on it */
+	const char *image_hash;			/* this node's image (guest_image_hash), its kernel and
+						   initramfs: a fetched snapshot of another image is
+						   put on this node's files of that image (node_images,
+						   images.h), or refused; NULL: every snapshot is
+						   taken for this node's image */
+	const char *kernel, *initrd;
 	unsigned workers;			/* uploads at once; 0: 2 */
 	unsigned upload_tries;			/* tries of an upload that finds the bucket unreachable,
 						   before it is `failed`; 0: 5 */

@@ -1091,6 +1091,24 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 		if (!p || p[0] != '/' || !fs_path(vm->chain[k], "%s", p))
 			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad disk chain", snap_dir);
 	}
+	/*
+	 * The guest's kernel and initramfs are the ones it was taken with (its memory holds what they
+	 * loaded), not the spec's: a node whose configured image changed restores the snapshot on the
+	 * image it was taken from, as the disk chain's base already is. A snapshot whose manifest
+	 * names none (older ones) takes the spec's.
+	 */
+	if (rc == KILN_OK) {
+		const char *k = json_string_value(json_object_get(m, "kernel"));
+		json_t *ird = json_object_get(m, "initrd");
+
+		if (k && (k[0] != '/' || !fs_path(vm->kernel, "%s", k)))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad kernel path", snap_dir);
+		else if (k && json_is_string(ird) && (json_string_value(ird)[0] != '/' ||
+						     !fs_path(vm->initrd, "%s", json_string_value(ird))))
+			rc = kiln_error_set(err, KILN_E_INVALID, "snapshot '%s': bad initrd path", snap_dir);
+		else if (k && json_is_null(ird))
+			vm->initrd[0] = '\0';
+	}
 	if (rc == KILN_OK) {
 		*shared = strcmp(mode, "shared") == 0;
 		vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;

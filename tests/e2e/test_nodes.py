@@ -1,12 +1,14 @@
 """Many hosts: a node whose heartbeat lapses is marked down, its running sandboxes reported lost,
 its paused ones (snapshots in their tenant's bucket) resumed on another node; the node, back,
 discards the VMs that are no longer its own (fenced by generation); a drain moves a node's
-sandboxes to another with their files and egress rules (docs/operations.md, Many hosts).
+sandboxes to another with their files and egress rules; a snapshot restores on the guest image it
+was taken from after the node's image changed (docs/operations.md, Many hosts).
 
 Two kiln-node processes on one gateway and Postgres, the bucket a real S3-compatible server
 (tests/integration/s3). The first node is stopped with SIGSTOP: its QEMUs go on running, as a
 host cut off from the network would, until it comes back."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -223,6 +225,56 @@ class NodeLossTests(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", headers=self.key, timeout=300)
         self.assertEqual(r.status, 200, r)
         self.assertEqual(self.sh(sb, "cat /root/data"), "kept\n")
+        r = self.gw.request("DELETE", f"/v1/sandboxes/{sb}", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 204, r)
+
+    def test_d_a_snapshot_restores_on_the_image_it_was_taken_from(self):
+        # Image A: the test image's files under another directory and hash (kiln.image_copy);
+        # image B: the test image itself. The sandbox is paused on A, the node restarted on B.
+        img = kiln.guest_image()
+        a_dir, a = kiln.image_copy("a")
+        self.addCleanup(shutil.rmtree, a_dir, True)
+        hash_a = a["KILN_GUEST_IMAGE_HASH"]
+        for nid in self.nodes():
+            if nid != self.stack.node.node_id:
+                self.stack.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id = '{nid}'")
+        node = self.stack.restart_node(dict(ENV, **a))
+        sb = self.create()
+        self.assertEqual(kiln.vm_files(node, sb), (a["KILN_GUEST_KERNEL"], a["KILN_GUEST_ROOTFS"]))
+        self.sh(sb, "echo on-a > /root/data; setsid sleep 100000 </dev/null >/dev/null 2>&1 & "
+                    "echo $! > /root/pid")
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/pause", headers=self.key, timeout=180)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.stack.db.sql(f"SELECT p.image_hash FROM sandboxes s JOIN snapshots p "
+                                           f"ON p.id = s.pause_snapshot WHERE s.id = '{sb}'"), hash_a)
+
+        # The node upgraded to B: A stays pinned against pruning while the snapshot needs it;
+        # the resume restores on A with its memory (the process lives on) and files.
+        node = self.stack.restart_node(ENV)
+        self.assertTrue(os.path.exists(os.path.join(a_dir, ".kiln-pin-" + node.node_id)),
+                        "image A is not pinned")
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", headers=self.key, timeout=300)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(kiln.vm_files(node, sb), (a["KILN_GUEST_KERNEL"], a["KILN_GUEST_ROOTFS"]))
+        self.assertEqual(self.sh(sb, "cat /root/data; kill -0 $(cat /root/pid) && echo alive"),
+                         "on-a\nalive\n")
+        # A new sandbox: on B.
+        new = self.create()
+        self.assertEqual(kiln.vm_files(node, new), (img["KILN_GUEST_KERNEL"], img["KILN_GUEST_ROOTFS"]))
+        r = self.gw.request("DELETE", f"/v1/sandboxes/{new}", headers=self.key, timeout=120)
+        self.assertEqual(r.status, 204, r)
+
+        # A node that lacks A (its kernel gone) refuses the restore, naming the image; nothing
+        # changes: the sandbox stays paused on A's snapshot.
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/pause", headers=self.key, timeout=180)
+        self.assertEqual(r.status, 200, r)
+        os.unlink(a["KILN_GUEST_KERNEL"])
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb}/resume", headers=self.key, timeout=300)
+        self.assertEqual(r.status, 409, r)
+        self.assertIn(hash_a, r.json()["error"]["message"])
+        self.assertIn("lacks guest image", r.json()["error"]["message"])
+        self.assertEqual(self.get(sb)["state"], "paused")
+        self.assertFalse(kiln.vm_pids(node.node_id, sb), "a VM of the refused restore runs")
         r = self.gw.request("DELETE", f"/v1/sandboxes/{sb}", headers=self.key, timeout=120)
         self.assertEqual(r.status, 204, r)
 

@@ -329,6 +329,32 @@ HOSTAGENT_IMAGE = {"KILN_GUEST_KERNEL": HOSTAGENT, "KILN_GUEST_INITRD": HOSTAGEN
                    "KILN_GUEST_ROOTFS": HOSTAGENT, "KILN_GUEST_IMAGE_HASH": "hostagent"}
 
 
+def image_copy(suffix):
+    """Another guest image for an upgrade test: the test image's kernel, initramfs and root file
+    system under a new directory beside the image cache (hard links where they can be) and the
+    hash `<its hash>-<suffix>`. Returns (the directory, which the caller removes; the node
+    settings that name it)."""
+    img = guest_image()
+    d = tempfile.mkdtemp(prefix=f"test-image-{suffix}-",
+                         dir=os.path.dirname(os.path.dirname(img["KILN_GUEST_ROOTFS"])))
+    os.chmod(d, 0o755)
+    env = {"KILN_GUEST_IMAGE_HASH": img["KILN_GUEST_IMAGE_HASH"] + "-" + suffix}
+    for key in ("KILN_GUEST_KERNEL", "KILN_GUEST_INITRD", "KILN_GUEST_ROOTFS"):
+        env[key] = os.path.join(d, os.path.basename(img[key]))
+        try:
+            os.link(img[key], env[key])
+        except OSError:
+            shutil.copyfile(img[key], env[key])
+    return d, env
+
+
+def vm_files(node, sandbox_id):
+    """The kernel and disk base a sandbox's VM runs on (its VM record, vmm/qemu.c)."""
+    with open(os.path.join(node.data_dir, "vms", node.node_id, sandbox_id, "vm.json")) as f:
+        rec = json.load(f)
+    return rec["kernel"], rec["chain"][0]
+
+
 class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
@@ -361,10 +387,12 @@ class Node(Daemon):
         if hostagent:
             env.update({"KILN_HYPERVISOR": "hostagent", "KILN_HYPERVISOR_BINARY": HOSTAGENT})
         env.update(extra_env or {})
+        self.log_level = env["KILN_LOG_LEVEL"]
         super().__init__(os.path.join(BUILD, "node", "kiln-node"), env)
         if tcp_address:
             self.sock = None
             self.wait_tcp(self.port, 60)
+            self.wait_serving()
             return
         self.sock = os.path.join(self.run_dir, "node.sock")
         deadline = time.time() + 30
@@ -372,14 +400,30 @@ class Node(Daemon):
             if not self.alive():
                 raise RuntimeError("kiln-node exited:\n" + self.output())
             if os.path.exists(self.sock):
+                self.wait_serving()
                 return
             time.sleep(0.05)
         raise RuntimeError("kiln-node did not listen:\n" + self.output())
 
+    def wait_serving(self):
+        """Until the node logs that it serves: its first heartbeat is in (node/main.c), so it
+        is placed on (a restart after a clean stop clears the stop's mark with it). Not with a
+        log level that hides the line (warn, error)."""
+        if self.log_level not in ("debug", "info"):
+            return
+        deadline = time.time() + 30
+        while "serving at" not in self.output():
+            if not self.alive() or time.time() > deadline:
+                raise RuntimeError("kiln-node did not start serving:\n" + self.output())
+            time.sleep(0.05)
+
     def cleanup(self, keep_data=False):
-        """Stops the node; its data directory stays when `keep_data` (a restart follows)."""
+        """Stops the node; its data directory (and its pins of guest images) stay when
+        `keep_data` (a restart follows)."""
         super().cleanup()
         subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
+        if not keep_data:
+            reap.remove_pins(self.node_id)
 
 
 class Stack:

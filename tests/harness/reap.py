@@ -134,6 +134,21 @@ def net_id(sandbox_id):
     return (sandbox_id.split("_", 1)[1] if "_" in sandbox_id else sandbox_id)[:13]
 
 
+def remove_pins(node):
+    """Removes the guest-image pins (node/images.h) of test node `node`: in the image cache and in
+    the test images beside it (kiln.image_copy). Returns the files removed."""
+    cache = os.environ.get("KILN_IMAGE_CACHE", "/var/cache/kiln/images")
+    gone = []
+    for p in (glob.glob(os.path.join(cache, "*", ".kiln-pin-" + node)) +
+              glob.glob(os.path.join(os.path.dirname(cache), "test-image-*", ".kiln-pin-" + node))):
+        try:
+            os.unlink(p)
+            gone.append(p)
+        except FileNotFoundError:
+            pass
+    return gone
+
+
 def reap_node(rec, log, problems):
     node = rec["node_id"]
     if not NODE_ID.match(node):
@@ -212,6 +227,8 @@ def reap_node(rec, log, problems):
         log.append(f"cgroups {top}: removed")
     for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
         os.unlink(p)
+        log.append(f"{p}: removed")
+    for p in remove_pins(node):
         log.append(f"{p}: removed")
     for d in (rec.get("run_dir"), rec.get("data_dir")):
         if d and os.path.isdir(d) and (d.startswith("/run/kt-") or d.startswith("/tmp/kiln-node-")):

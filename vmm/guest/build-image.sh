@@ -10,8 +10,11 @@
 #   build-image.sh              builds if needed, prints the paths of the image's files
 #   build-image.sh --print-env  the same as KILN_GUEST_*=... lines (for `eval` or an env file)
 #   build-image.sh --hash       prints only the recipe hash (no build)
-#   build-image.sh --prune      removes cached images of other recipes and unused base tarballs
-#                               (only when no sandbox's disk layer still sits on one)
+#   build-image.sh --prune      removes cached images of other recipes and unused base tarballs,
+#                               but never one a kiln-node pinned: a file `.kiln-pin-<node>` in
+#                               its directory, kept while a snapshot or a VM of that node's
+#                               uses the image (node/images.h; a removed node's pins are the
+#                               operator's to delete)
 #   build-image.sh --variant codeint [option]
 #                               the same for the code interpreter's image (code-interpreter-v1):
 #                               the base's recipe plus codeint/ (its packages.txt, its rootfs
@@ -149,6 +152,13 @@ if [ "$mode" = prune ]; then
 		h=${h%.*}
 		[ "$h" = "$hash" ] && continue
 		[ "$h" = "$keep_hash" ] && continue
+		pins=$(find "$d" -maxdepth 1 -name '.kiln-pin-*' -printf '%f ' 2>/dev/null || true)
+		if [ -n "$pins" ]; then
+			echo "build-image.sh: keeping '$d': in use (${pins% })" >&2
+			# its base tarball too: a build of it again needs it
+			[ -f "$d/base-key" ] && keep_base="$keep_base $(cat "$d/base-key")"
+			continue
+		fi
 		# Skip anything a build holds the lock of right now.
 		exec 8>"$cache/.lock-$h"
 		if flock -n 8; then

@@ -5,7 +5,9 @@ heartbeats would (migrations/0019, api/routes_nodes.c).
   sandbox becomes lost (node_down) at its last heartbeat, its paused one stays paused;
 - two markers at once (one holding its transaction open) mark it once and log one change;
 - a paused sandbox whose snapshot is only on the down node's disk: resume is 503 naming the node;
-- GET /v1/admin/nodes shows each node's state, capacity and use; only an admin sees it."""
+- GET /v1/admin/nodes shows each node's state, capacity and use; only an admin sees it;
+- a real kiln-node (no VM) stopped cleanly is out of placement at once, its heartbeat still
+  fresh, and back when it starts again (migrations/0029)."""
 import secrets
 import subprocess
 import threading
@@ -154,6 +156,47 @@ class NodesDownTests(unittest.TestCase):
         self.assertIn("only there", kept[kept_local])
         self.assertIn("bucket", kept[kept_stored])
         self.assertEqual(self.nodes()[dead]["state"], "down")
+
+    def wait_state(self, node_id, state):
+        """The node as the admin route shows it, once in `state` (its socket is up a moment
+        before its first heartbeat) or after 15 s."""
+        deadline = time.time() + 15
+        while True:
+            got = self.nodes().get(node_id, {})
+            if got.get("state") == state or time.time() > deadline:
+                return got
+            time.sleep(0.2)
+
+    def test_z_a_cleanly_stopped_node_leaves_placement_at_once_and_a_restart_puts_it_back(self):
+        # A real kiln-node (no sandbox, so no VM), the only node placement may use.
+        node = kiln.Node(self.db.url, self.gw.url, {"KILN_NODE_DOWN_AFTER_S": "30"})
+        self.addCleanup(node.cleanup)
+        self.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id <> '{node.node_id}'")
+        self.assertEqual(self.wait_state(node.node_id, "up")["state"], "up")
+        # Its image is recorded (migrations/0030) for the restores of its snapshots.
+        img = kiln.guest_image()
+        self.assertEqual(self.db.sql(f"SELECT rootfs FROM node_images WHERE node_id = '{node.node_id}' "
+                                     f"AND image_hash = '{img['KILN_GUEST_IMAGE_HASH']}'"),
+                         img["KILN_GUEST_ROOTFS"])
+
+        self.assertEqual(node.stop(), 0, node.output())
+        # At once, its heartbeat still fresh: stopped, and a create fits nowhere (no VM is booted).
+        self.assertEqual(self.db.sql(f"SELECT heartbeat_at > now() - interval '30 seconds' AND "
+                                     f"stopped_at IS NOT NULL FROM nodes WHERE id = '{node.node_id}'"), "t")
+        got = self.nodes()[node.node_id]
+        self.assertEqual(got["state"], "stopped", got)
+        self.assertTrue(got["stopped_at"], got)
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
+        self.assertEqual(r.status, 503, r)
+        self.assertEqual(r.json()["error"]["code"], "no_capacity", r)
+
+        # Started again on its state: placed on again (up, the mark cleared by its heartbeat).
+        again = kiln.Node(self.db.url, self.gw.url, {"KILN_NODE_DOWN_AFTER_S": "30"},
+                          node_id=node.node_id, data_dir=node.data_dir)
+        self.addCleanup(again.cleanup)
+        got = self.wait_state(node.node_id, "up")
+        self.assertEqual(got["state"], "up", got)
+        self.assertIsNone(got["stopped_at"], got)
 
 
 if __name__ == "__main__":
