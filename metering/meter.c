@@ -940,17 +940,25 @@ static const char rows_sql[] =
 	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
 	"    OR s.deleted_at IS NOT NULL)))) "
-	/* A running or paused stretch on this node, ended by a later change, that no window of
-	 * its generation covers yet (the sandbox moved on before this node's meter billed it). */
+	/* A running or paused stretch on this node, ended by the next change (in the log's order,
+	 * `seq`: a change logged after a backward step of the wall clock carries an earlier time),
+	 * that no window of its generation covers yet (the sandbox moved on before this node's
+	 * meter billed it), or whose generation went on on another node and is not recorded as
+	 * ended (billed state "none"): its windows, on this meter's clock, may reach past that
+	 * change's wall-clock time without reaching the change. */
 	"OR s.id IN (SELECT l.sandbox_id FROM sandbox_state_log l "
-	"    JOIN LATERAL (SELECT n.at FROM sandbox_state_log n WHERE n.sandbox_id = l.sandbox_id "
-	"        AND (n.at, n.seq) > (l.at, l.seq) ORDER BY n.at, n.seq LIMIT 1) nx ON true "
+	"    JOIN LATERAL (SELECT n.at, n.generation, n.node_id FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq ORDER BY n.seq LIMIT 1) nx "
+	"        ON true "
 	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
-	"    AND NOT EXISTS (SELECT 1 FROM usage_windows u WHERE u.sandbox_id = l.sandbox_id "
+	"    AND (NOT EXISTS (SELECT 1 FROM usage_windows u WHERE u.sandbox_id = l.sandbox_id "
 	"        AND u.generation = l.generation "
 	"        AND u.window_start > nx.at - interval '3601 seconds' "
 	"        AND coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1000000)::bigint * 1000) "
-	"            >= (extract(epoch FROM nx.at) * 1000000)::bigint * 1000)) "
+	"            >= (extract(epoch FROM nx.at) * 1000000)::bigint * 1000) "
+	"    OR (nx.generation > l.generation AND nx.node_id IS DISTINCT FROM $1 "
+	"        AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
+	"            AND mm.generation = l.generation AND mm.state = 'none')))) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from

@@ -308,6 +308,45 @@ static void test_expiry_ignores_grants_made_after_it(void)
 	meter_free(m);
 }
 
+/*
+ * What an expiring grant keeps against the overdraft is the debt as it stands at its expiry, not
+ * at its making: a grant that expires sooner nets part of the debt when the later grant is made,
+ * then is spent on usage first (earliest expiry first), so the debt the later grant pays grows by
+ * it. The tenant ends at zero: no credit lost or invented. (kiln-sim's expiry check wanted no more
+ * kept than the debt at the making, and seed 7002 failed it with a ledger like this one.)
+ */
+static void test_expiry_keeps_the_debt_at_its_expiry(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 11 * S);
+	CHECK_INT(ledger_bal(t), -2570);
+	grant(t, 1000, t0 / S + 30, "a");
+	grant(t, 10000, t0 / S + 45, "b");	/* made at a debt of 1570 */
+	tick_until(m, t0 + 20 * S);
+	stop_sandbox(sb, t0 + 20 * S);
+	tick_until(m, t0 + 31 * S);
+	/* [t0+10, t0+20): 1000 from a, 1570 from b; a expires empty */
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "debit_account = 'grant:tx_%s_a' AND kind = 'usage'", t), 1000);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'expiry'", t), 0);
+	tick_until(m, t0 + 51 * S);
+	/* b had 8430 left, the tenant 5860: b keeps 2570, the whole debt at its expiry */
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 5860);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'grant:tx_%s_b'", t), 2570);
+	CHECK_INT(ledger_bal(t), 0);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -326,6 +365,7 @@ int main(void)
 	TEST(test_expiry_after_downtime_keeps_the_debt);
 	TEST(test_expiry_of_a_grant_that_paid_a_debt);
 	TEST(test_expiry_ignores_grants_made_after_it);
+	TEST(test_expiry_keeps_the_debt_at_its_expiry);
 
 	rc = test_summary();
 	rds_free(rds);
