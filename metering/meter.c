@@ -1577,7 +1577,14 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	return rc;
 }
 
-/* Expires the grants whose time came, once per window; re-reads the balances they changed. */
+/*
+ * Expires the grants whose time came two windows ago, once per window; re-reads the balances they
+ * changed. The windows that started before a grant's expiry draw from it (ledger_draw()) only
+ * until the expiry is posted, and every meter flushes such a window at its end, so the expiry
+ * waits a window more than the last of them: run at the expiry, it took the grant's credits while
+ * another node's window before it, flushed a moment later, was drawn from another grant or the
+ * overdraft.
+ */
 static void meter_expire(struct meter *m, int64_t now)
 {
 	struct kiln_error err = { 0 };
@@ -1585,12 +1592,13 @@ static void meter_expire(struct meter *m, int64_t now)
 	struct pg_res *res = NULL;
 	char at[32];
 	int64_t ws = price_window_start(now, m->o.window_s);
+	int64_t due = now - 2 * m->o.window_s * PRICE_NS_PER_S;
 
 	if (ws == m->last_expiry_ws)
 		return;
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
 		return;
-	snprintf(at, sizeof(at), "%.6f", (double)(now / 1000) / 1e6);
+	snprintf(at, sizeof(at), "%.6f", (double)(due / 1000) / 1e6);
 	m->st.pg_calls++;
 	if (PGQ(c, &res, &err, "SELECT DISTINCT t FROM ledger_expire_grants(to_timestamp($1::float8)) t",
 		at) == KILN_OK) {

@@ -260,7 +260,7 @@ static void test_expiry_of_a_grant_that_paid_a_debt(void)
 	tick_until(m, t0 + 20 * S);
 	CHECK_INT(ledger_bal(t), -2570);
 	grant(t, 3000, t0 / S + 25, "b");
-	tick_until(m, t0 + 31 * S);
+	tick_until(m, t0 + 51 * S);	/* the expiry runs two windows after its time */
 	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
 			  "tenant_id = '%s' AND kind = 'expiry'", t), 3000 - 2570);
 	CHECK_INT(ledger_bal(t), 0);
@@ -301,7 +301,7 @@ static void test_expiry_ignores_grants_made_after_it(void)
 	grant_made_at(t, 3000, t0 / S + 25, "g", t0 / S + 21);	/* pays the debt: 430 left */
 	tick_until(m, t0 + 28 * S);
 	grant_made_at(t, 5000, 0, "h", t0 / S + 28);	/* after g's expiry, before it runs */
-	tick_until(m, t0 + 31 * S);
+	tick_until(m, t0 + 51 * S);	/* the expiry runs two windows after its time */
 	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
 			  "tenant_id = '%s' AND kind = 'expiry'", t), 430);
 	CHECK_INT(ledger_bal(t), 5000);
@@ -337,7 +337,7 @@ static void test_expiry_keeps_the_debt_at_its_expiry(void)
 			  "debit_account = 'grant:tx_%s_a' AND kind = 'usage'", t), 1000);
 	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
 			  "kind = 'expiry'", t), 0);
-	tick_until(m, t0 + 51 * S);
+	tick_until(m, t0 + 71 * S);	/* b's expiry runs two windows after its time */
 	/* b had 8430 left, the tenant 5860: b keeps 2570, the whole debt at its expiry */
 	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
 			  "tenant_id = '%s' AND kind = 'expiry'", t), 5860);

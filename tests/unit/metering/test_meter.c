@@ -324,7 +324,11 @@ static void test_grant_expiry_is_a_transfer(void)
 	grant(t, 300, 0, "never");
 	fake_now = t0;
 	m = new_meter();
-	tick_until(m, t0 + 12 * S);
+	/* Not before two windows have passed since its time (meter_expire()): 5 s + 20 s. */
+	tick_until(m, t0 + 22 * S);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'expiry'", t), 0);
+	tick_until(m, t0 + 32 * S);
 	CHECK_INT(sql_int("SELECT amount_ucr FROM ledger_transfers WHERE tenant_id = '%s' AND "
 			  "kind = 'expiry' AND idem_key = 'expiry:grant:tx_%s_soon'", t, t), 700);
 	CHECK_INT(ledger_bal(t), 300);
