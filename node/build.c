@@ -1221,6 +1221,14 @@ static enum kiln_err layer_keep(struct build *b, struct kiln_error *err)
 	builder_end(b);
 	if (rc == KILN_OK)
 		rc = builder_new(b, snap, err);
+	if (rc == KILN_E_SANDBOX_FAILED && !b->n->stopping) {
+		/* A restore that failed left nothing behind (create.h): once more, as a build is long. */
+		build_log(b, "# restoring the builder from layer %s failed (%s): once more", snap,
+			  err->msg);
+		builder_end(b);
+		kiln_error_clear(err);
+		rc = builder_new(b, snap, err);
+	}
 	return rc;
 }
 
