@@ -158,13 +158,19 @@ static void templates_delete(struct http_req *req)
 	if (!c)
 		return;
 	http_req_set_object(req, id);
-	/* Its images go once no sandbox made from them stands on them (node/lifecycle.c, snap_gc). */
+	/*
+	 * Its images and the cached layers its builds made go once no sandbox or image stands on them
+	 * (node/lifecycle.c, snap_gc).
+	 */
 	rc = PGQ(c, &res, &err,
 		 "WITH t AS (UPDATE templates SET deleted_at = now() WHERE tenant_id = $1 "
 		 "AND id = $2 AND deleted_at IS NULL RETURNING id), "
+		 "l AS (DELETE FROM template_layers WHERE tenant_id = $1 AND template_id IN "
+		 "(SELECT id FROM t) RETURNING snapshot_id), "
 		 "s AS (UPDATE snapshots SET deleted_at = now() WHERE kind = 'build' AND tenant_id = $1 "
-		 "AND deleted_at IS NULL AND id IN (SELECT v.snapshot_id FROM template_versions v "
-		 "JOIN t ON t.id = v.template_id)) SELECT id FROM t",
+		 "AND deleted_at IS NULL AND (id IN (SELECT v.snapshot_id FROM template_versions v "
+		 "JOIN t ON t.id = v.template_id) OR id IN (SELECT snapshot_id FROM l))) "
+		 "SELECT id FROM t",
 		 who->tenant_id, id);
 	pg_release(gw->pg, c);
 	if (rc == KILN_OK && pg_res_rows(res) == 0)
@@ -317,8 +323,8 @@ static void source_up_free(void *p)
 }
 
 /*
- * Chooses the node (the one holding the FROM template's image, else the freshest with the most
- * free memory), moves the version to building there under template_max_builds, and starts the
+ * Chooses the node (the one holding the FROM template's image, else the freshest holding layers
+ * of the tenant's builds, then with the most free memory), moves the version to building there under template_max_builds, and starts the
  * call that streams the context to it. Does not reply (the body is still coming): a refusal is
  * returned with its message in u->err.
  */
@@ -370,10 +376,11 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	else if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 			 "SELECT n.id, n.address FROM nodes n WHERE " GW_NODE_LIVE_SQL("n", "$1")
-			 " ORDER BY n.memory_mib - "
+			 " ORDER BY EXISTS (SELECT 1 FROM template_layers l WHERE l.tenant_id = $2 "
+			 "AND l.node_id = n.id) DESC, n.memory_mib - "
 			 "(SELECT coalesce(sum(s.memory_mib), 0) FROM sandboxes s WHERE s.node_id = n.id "
 			 "AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')) DESC, n.id "
-			 "LIMIT 1", gw_node_down_after_s(gw));
+			 "LIMIT 1", gw_node_down_after_s(gw), who->tenant_id);
 	if (rc == KILN_OK && pg_res_rows(res) != 1) {
 		rc = !from_base ? kiln_error_set(err, KILN_E_INVALID,
 						 "FROM %s: the tenant has no ready template of that "

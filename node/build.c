@@ -39,11 +39,14 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+
 #include "auth/apikey.h"
 #include "common/dockerfile.h"
 #include "common/fsutil.h"
 #include "common/json.h"
 #include "common/log.h"
+#include "metering/plan.h"
 #include "netpolicy/policy.h"
 #include "node/create.h"
 #include "node/lifecycle.h"
@@ -57,6 +60,7 @@
 #define BUILD_STDIN_MAX (256u << 10)	/* bytes of paths handed to one rm in the guest */
 #define BUILD_ENV_MAX 1024		/* ENV and ARG variables of one build */
 #define BUILD_READY_TRY_MS 10000	/* one run of the ready check */
+#define LAYER_KEY_LEN 64		/* hex SHA-256 */
 
 static pthread_mutex_t builds_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t builds_cond = PTHREAD_COND_INITIALIZER;
@@ -85,6 +89,12 @@ struct build {
 	json_t *image_env;		/* ENV only, for the sandboxes made from it */
 	char *workdir, *user;
 	char reason[KILN_ERRMSG_MAX];
+	/* the builders and the layer cache */
+	const char *egress;		/* the version's egress rules (JSON text), or NULL: open */
+	struct kiln_ruleset *rules;	/* those rules parsed, or NULL */
+	unsigned shape[3];		/* vCPUs (milli), memory (MiB), disk (GiB) */
+	bool cache;			/* each disk step's result is kept as a layer */
+	char key[LAYER_KEY_LEN + 1];	/* the layer key of the steps so far */
 };
 
 static void build_free(struct build *b)
@@ -812,8 +822,13 @@ static enum kiln_err build_size(struct build *b, struct kiln_error *err)
 	return rc;
 }
 
-/* Saves the builder as the version's warm image and records the version ready. */
-static enum kiln_err build_snapshot(struct build *b, const char *snap, struct kiln_error *err)
+/*
+ * Saves the builder's memory and disk as snapshot `snap` (its VM ends in it, and the builder is
+ * deleted either way): with `layer`, a cached layer of the tenant under the key b->key; without,
+ * the version's warm image, and the version is recorded ready.
+ */
+static enum kiln_err build_save(struct build *b, const char *snap, bool layer,
+				struct kiln_error *err)
 {
 	struct node *n = b->n;
 	struct sandbox *sb = b->sb;
@@ -846,16 +861,38 @@ static enum kiln_err build_snapshot(struct build *b, const char *snap, struct ki
 			rc = PGQ(c, &res, err,
 				 "UPDATE snapshots SET deleted_at = NULL WHERE id = $1 RETURNING size_bytes",
 				 snap);
-		if (rc == KILN_OK && pg_res_int(res, 0, 0, 0) > n->cfg.template_image_max_bytes)
+		/* A layer of the same key (another build's, at the same time) is replaced. */
+		if (rc == KILN_OK && layer) {
+			pg_res_free(res);
+			res = NULL;
+			rc = PGQ(c, &res, err,
+				 "WITH old AS (UPDATE snapshots SET deleted_at = now() WHERE id IN "
+				 "(SELECT snapshot_id FROM template_layers WHERE tenant_id = $1 "
+				 "AND node_id = $2 AND key = $3) AND id <> $4 AND deleted_at IS NULL) "
+				 "INSERT INTO template_layers (tenant_id, node_id, key, snapshot_id, "
+				 "template_id) SELECT $1, $2, $3, $4, $5 FROM templates WHERE id = $5 "
+				 "AND deleted_at IS NULL ON CONFLICT (tenant_id, node_id, key) "
+				 "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, "
+				 "template_id = EXCLUDED.template_id, created_at = now(), used_at = now() "
+				 "RETURNING (SELECT size_bytes FROM snapshots WHERE id = $4)",
+				 b->tenant, n->cfg.node_id, b->key, snap, b->tmpl);
+			if (rc == KILN_OK && pg_res_rows(res) != 1)
+				rc = kiln_error_set(err, KILN_E_CONFLICT,
+						    "the template was deleted during its build");
+		}
+		if (rc == KILN_OK && layer)
+			build_log(b, "# layer %.12s kept: %lld bytes (memory and disk)", b->key,
+				  pg_res_int(res, 0, 0, 0));
+		if (rc == KILN_OK && !layer && pg_res_int(res, 0, 0, 0) > n->cfg.template_image_max_bytes)
 			rc = kiln_error_set(err, KILN_E_QUOTA,
 					    "the image takes %lld bytes (memory and disk), more than "
 					    "template_image_max_bytes (%lld)",
 					    pg_res_int(res, 0, 0, 0), n->cfg.template_image_max_bytes);
-		if (rc == KILN_OK)
+		if (rc == KILN_OK && !layer)
 			build_log(b, "# image: %lld bytes (memory and disk)", pg_res_int(res, 0, 0, 0));
 		pg_res_free(res);
 		res = NULL;
-		if (rc == KILN_OK)
+		if (rc == KILN_OK && !layer)
 			rc = PGQ(c, &res, err,
 				 "UPDATE template_versions SET status = 'ready', snapshot_id = $3, "
 				 "env = $4::jsonb, workdir = $5, run_user = $6, finished_at = now(), "
@@ -863,7 +900,7 @@ static enum kiln_err build_snapshot(struct build *b, const char *snap, struct ki
 				 "AND status = 'building' AND template_id IN "
 				 "(SELECT id FROM templates WHERE deleted_at IS NULL) RETURNING 1",
 				 b->tmpl, v, snap, env ? env : "{}", b->workdir, b->user);
-		if (rc == KILN_OK && pg_res_rows(res) != 1)
+		if (rc == KILN_OK && !layer && pg_res_rows(res) != 1)
 			rc = kiln_error_set(err, KILN_E_CONFLICT,
 					    "the template was deleted during its build");
 		pg_res_free(res);
@@ -982,34 +1019,16 @@ static void build_failed(struct build *b, const char *why)
 	pg_release(b->n->pg, c);
 }
 
-static enum kiln_err build_run(struct build *b, struct kiln_error *err)
+/* ---- builders and the layer cache ---- */
+
+/* Creates the next builder sandbox of the build, from `from_snap` (NULL: the base's template). */
+static enum kiln_err builder_new(struct build *b, const char *from_snap, struct kiln_error *err)
 {
 	struct node *n = b->n;
-	char *start_cmd = NULL, *ready_cmd = NULL, *egress = NULL, *from_snap = NULL;
-	char meta[256], snap[AUTH_ID_MAX], v[16];
-	unsigned shape[3] = { 0 };
-	struct kiln_ruleset rules = { 0 };
-	struct kiln_cidr deny[2 * KILN_DENY_MAX];
-	size_t ndeny = 0;
-	json_t *ej = NULL;
+	char meta[256], v[16];
 	struct pg_conn *c;
-	enum kiln_err rc;
+	enum kiln_err rc = auth_new_id("sb_", b->builder, sizeof(b->builder));
 
-	b->deadline = time(NULL) + n->cfg.template_build_max_s;
-	b->image_env = json_object();
-	if (!b->image_env)
-		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	rc = build_load(b, &start_cmd, &ready_cmd, &egress, shape, &from_snap, err);
-	if (rc == KILN_OK && egress) {
-		ej = json_loads(egress, 0, NULL);
-		rc = kiln_policy_deny_ranges(n->cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, err);
-		if (rc == KILN_OK)
-			rc = nodereq_egress(ej, deny, ndeny, &rules, err);
-	}
-	if (rc == KILN_OK)
-		rc = auth_new_id("sb_", b->builder, sizeof(b->builder));
-	if (rc == KILN_OK)
-		rc = auth_new_id("snap_", snap, sizeof(snap));
 	if (rc == KILN_OK && pg_acquire(n->pg, &c, err) == KILN_OK) {
 		snprintf(v, sizeof(v), "%d", b->version);
 		PGQ(c, NULL, err,
@@ -1021,20 +1040,326 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 	if (rc == KILN_OK) {
 		struct create_req r = {
 			.id = b->builder, .tenant_id = b->tenant, .template_name = b->df.from,
-			.metadata = meta, .from_snap = from_snap, .vcpu_milli = shape[0],
-			.mem_mib = shape[1], .disk_gib = shape[2],
+			.metadata = meta, .from_snap = from_snap, .vcpu_milli = b->shape[0],
+			.mem_mib = b->shape[1], .disk_gib = b->shape[2],
 			.timeout_s = n->cfg.template_build_max_s + 600,
-			.init = { .egress = egress ? &rules : NULL },
+			.init = { .egress = b->rules },
 		};
 		snprintf(meta, sizeof(meta), "{\"kiln.template_build\": \"%s/%d\"}", b->tmpl,
 			 b->version);
-		build_log(b, "# builder sandbox %s from %s", b->builder, b->df.from);
 		rc = create_sandbox(n, &r, err);
 	}
 	if (rc == KILN_OK) {
 		b->sb = sb_get(n, b->builder);
 		if (!b->sb)
 			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the builder sandbox is gone");
+	}
+	return rc;
+}
+
+/* Deletes the current builder unless its VM already ended in a snapshot (build_save). */
+static void builder_end(struct build *b)
+{
+	struct node *n = b->n;
+
+	if (!b->sb)
+		return;
+	pthread_mutex_lock(&b->sb->lock);
+	if (b->sb->state != SB_STOPPED) {
+		struct kiln_error derr = { 0 };
+		struct record_fence f = sb_fence(n, b->sb);
+		if (record_deleted(n->pg, NULL, &f, &derr) != KILN_OK)
+			log_error("the builder \"%s\" not recorded deleted: %s", b->builder, derr.msg);
+		sb_teardown(n, b->sb);
+		b->sb->state = SB_STOPPED;
+	}
+	pthread_mutex_unlock(&b->sb->lock);
+	sb_put(n, b->sb);
+	b->sb = NULL;
+}
+
+/* b->key := SHA-256 of b->key and `parts` (each with its length, so no two lists hash alike). */
+static enum kiln_err key_chain(struct build *b, const char *const *parts, size_t nparts,
+			       struct kiln_error *err)
+{
+	static const char hex[] = "0123456789abcdef";
+	unsigned char md[EVP_MAX_MD_SIZE];
+	unsigned int mdlen = 0;
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	bool ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) &&
+		  EVP_DigestUpdate(ctx, b->key, strlen(b->key));
+
+	for (size_t i = 0; ok && i < nparts; i++) {
+		const char *p = parts[i] ? parts[i] : "";
+		char len[24];
+
+		snprintf(len, sizeof(len), "\n%zu:", strlen(p));
+		ok = EVP_DigestUpdate(ctx, len, strlen(len)) && EVP_DigestUpdate(ctx, p, strlen(p));
+	}
+	ok = ok && EVP_DigestFinal_ex(ctx, md, &mdlen) && mdlen * 2 == LAYER_KEY_LEN;
+	EVP_MD_CTX_free(ctx);
+	if (!ok)
+		return kiln_error_set(err, KILN_E_INTERNAL, "hashing a layer key failed");
+	for (unsigned i = 0; i < mdlen; i++) {
+		b->key[2 * i] = hex[md[i] >> 4];
+		b->key[2 * i + 1] = hex[md[i] & 15];
+	}
+	b->key[LAYER_KEY_LEN] = '\0';
+	return KILN_OK;
+}
+
+/*
+ * The hash of what a COPY/ADD reads from the context: its sources as written, and for every path
+ * they match (in byte order) its type, mode, owner, size and link target, and every file's
+ * SHA-256. Computed in the guest (the host never reads the context), so a guest that lies about
+ * it can only spoil its own tenant's cache; a userland lacking a tool for it turns the cache off.
+ */
+static enum kiln_err ctx_hash(struct build *b, const struct df_step *s, char out[LAYER_KEY_LEN + 1],
+			      struct kiln_error *err)
+{
+	static const char script[] =
+		"set -e; export LC_ALL=C; cd " BUILD_CTX "; IFS='\n'\n"
+		"{ for s in \"$@\"; do printf 'source %s\\n' \"$s\"; for f in $s; do\n"
+		"    [ -e \"$f\" ] || [ -L \"$f\" ] || continue\n"
+		"    find \"$f\" -print0 | sort -z | xargs -0 -r stat -c '%F %a %u:%g %s %N' --\n"
+		"    find \"$f\" -type f -print0 | sort -z | xargs -0 -r sha256sum --\n"
+		"  done; done; } > " BUILD_DIR "/hash.in\n"
+		"sha256sum < " BUILD_DIR "/hash.in | cut -c1-64; rm -f " BUILD_DIR "/hash.in\n";
+	const char *argv[DOCKERFILE_MAX_STEPS + 8] = { "/bin/sh", "-c", script, "sh" };
+	struct agent_exec_req x = { .argv = argv };
+	struct capture cap = { 0 };
+	size_t k = 4;
+	int st = 0;
+	enum kiln_err rc;
+
+	for (size_t i = 0; i + 1 < s->argc && k < DOCKERFILE_MAX_STEPS + 7; i++)
+		argv[k++] = s->argv[i];
+	argv[k] = NULL;
+	rc = build_exec(b, &x, &cap, &st, err);
+	if (rc == KILN_OK && (st != 0 || cap.len != LAYER_KEY_LEN + 1 ||
+			      strspn(cap.data, "0123456789abcdef") != LAYER_KEY_LEN))
+		rc = kiln_error_set(err, KILN_E_INVALID,
+				    "hashing the context files of line %u failed (exit status %d)",
+				    s->line, st);
+	if (rc == KILN_OK)
+		snprintf(out, LAYER_KEY_LEN + 1, "%s", cap.data);
+	free(cap.data);
+	return rc;
+}
+
+/* Chains step `s` into b->key: the instruction, the ENV/ARG, USER and WORKDIR in effect, `ctx`. */
+static enum kiln_err key_step(struct build *b, const struct df_step *s, const char *ctx,
+			      struct kiln_error *err)
+{
+	const char *parts[DOCKERFILE_MAX_STEPS + BUILD_ENV_MAX + 16];
+	char line[16];
+	size_t k = 0;
+
+	parts[k++] = dockerfile_kind_name(s->kind);
+	parts[k++] = s->shell ? "shell" : "exec";
+	snprintf(line, sizeof(line), "%zu", s->argc);
+	parts[k++] = line;
+	for (size_t i = 0; i < s->argc && i < DOCKERFILE_MAX_STEPS; i++)
+		parts[k++] = s->argv[i] ? s->argv[i] : "\x01(unset)";
+	parts[k++] = s->chown;
+	parts[k++] = b->user;
+	parts[k++] = b->workdir;
+	parts[k++] = ctx;
+	for (size_t i = 0; i < b->nenv; i++)
+		parts[k++] = b->env[i];
+	return key_chain(b, parts, k, err);
+}
+
+/* The newest kept layer of the tenant on this node under b->key, into `snap`; false if none. */
+static bool layer_find(struct build *b, char snap[AUTH_ID_MAX])
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	bool found = false;
+
+	if (pg_acquire(b->n->pg, &c, &err) != KILN_OK)
+		return false;
+	if (PGQ(c, &res, &err,
+		"UPDATE template_layers l SET used_at = now() FROM snapshots s "
+		"WHERE l.tenant_id = $1 AND l.node_id = $2 AND l.key = $3 AND s.id = l.snapshot_id "
+		"AND s.tenant_id = $1 AND s.node_id = $2 AND s.deleted_at IS NULL "
+		"AND s.purged_at IS NULL RETURNING l.snapshot_id",
+		b->tenant, b->n->cfg.node_id, b->key) == KILN_OK && pg_res_rows(res) == 1) {
+		snprintf(snap, AUTH_ID_MAX, "%s", pg_res_str(res, 0, 0));
+		found = true;
+	}
+	pg_res_free(res);
+	pg_release(b->n->pg, c);
+	return found;
+}
+
+/*
+ * After a disk step: the builder's memory and disk kept as a layer under b->key, and the build
+ * goes on in a new builder restored from it (milliseconds: the same shared snapshot as a
+ * template's). A tenant at its snapshot limit keeps no more layers of this build (it goes on).
+ */
+static enum kiln_err layer_keep(struct build *b, struct kiln_error *err)
+{
+	struct kiln_error perr = { 0 };
+	char snap[AUTH_ID_MAX];
+	struct pg_conn *c;
+	enum kiln_err rc = pg_acquire(b->n->pg, &c, err);
+
+	if (rc != KILN_OK)
+		return rc;
+	rc = plan_snapshot_check(c, b->tenant, &perr);
+	pg_release(b->n->pg, c);
+	if (rc != KILN_OK) {
+		b->cache = false;
+		build_log(b, "# layer cache: no more layers kept (%s)", perr.msg);
+		return KILN_OK;
+	}
+	rc = auth_new_id("snap_", snap, sizeof(snap));
+	if (rc == KILN_OK)
+		rc = build_save(b, snap, true, err);
+	builder_end(b);
+	if (rc == KILN_OK)
+		rc = builder_new(b, snap, err);
+	if (rc == KILN_E_SANDBOX_FAILED && !b->n->stopping) {
+		/* A restore that failed left nothing behind (create.h): once more, as a build is long. */
+		build_log(b, "# restoring the builder from layer %s failed (%s): once more", snap,
+			  err->msg);
+		builder_end(b);
+		kiln_error_clear(err);
+		rc = builder_new(b, snap, err);
+	}
+	return rc;
+}
+
+/* Ends the current builder and goes on from cached layer `snap`; with `ctx`, with the context. */
+static enum kiln_err layer_resume(struct build *b, const char *snap, bool ctx,
+				  struct kiln_error *err)
+{
+	enum kiln_err rc;
+
+	builder_end(b);
+	build_log(b, "# builder sandbox from cached layer %s", snap);
+	rc = builder_new(b, snap, err);
+	if (rc == KILN_OK && ctx)
+		rc = build_context(b, err);
+	return rc;
+}
+
+static bool step_writes_disk(const struct df_step *s)
+{
+	return s->kind == DF_RUN || s->kind == DF_COPY || s->kind == DF_ADD || s->kind == DF_WORKDIR;
+}
+
+/*
+ * The steps, with the layer cache: the key of each step chains its parent's (the FROM image and
+ * the shape and egress of the build first); while every disk step so far has a kept layer, the
+ * step is not run ("(cached)" in the log) and only its effect on the build's state (ENV, ARG,
+ * USER, WORKDIR) is taken; at the first that has none, the build goes on from the deepest layer
+ * found, and every disk step after it keeps its own.
+ */
+static enum kiln_err build_steps(struct build *b, const char *from_snap, struct kiln_error *err)
+{
+	char hit[AUTH_ID_MAX] = "", snap[AUTH_ID_MAX], shape[3][16];
+	bool lookup = b->cache;
+	size_t cached = 0;
+	enum kiln_err rc = KILN_OK;
+
+	for (int i = 0; i < 3; i++)
+		snprintf(shape[i], sizeof(shape[i]), "%u", b->shape[i]);
+	{
+		const char *parts[] = { "kiln-layer-1", b->n->cfg.guest_image_hash, from_snap ? from_snap : "base",
+					shape[0], shape[1], shape[2], b->egress };
+		b->key[0] = '\0';
+		if (b->cache)
+			rc = key_chain(b, parts, sizeof(parts) / sizeof(parts[0]), err);
+	}
+	for (size_t i = 0; rc == KILN_OK && i < b->df.nsteps; i++) {
+		const struct df_step *s = &b->df.steps[i];
+		bool disk = step_writes_disk(s);
+		char ctx[LAYER_KEY_LEN + 1] = "";
+
+		if (b->cache && (s->kind == DF_COPY || s->kind == DF_ADD)) {
+			struct kiln_error herr = { 0 };
+			if (ctx_hash(b, s, ctx, &herr) != KILN_OK) {
+				if (herr.code == KILN_E_QUOTA || b->n->stopping) {
+					*err = herr;
+					return herr.code;
+				}
+				b->cache = false;
+				build_log(b, "# layer cache off from line %u: %s", s->line, herr.msg);
+			}
+		}
+		if (b->cache)
+			rc = key_step(b, s, ctx, err);
+		if (rc == KILN_OK && lookup && disk && b->cache && layer_find(b, snap)) {
+			snprintf(hit, sizeof(hit), "%s", snap);
+			cached++;
+			build_log(b, "# step %zu/%zu (line %u): %s %s (cached)", i + 1, b->df.nsteps,
+				  s->line, dockerfile_kind_name(s->kind), s->argc ? s->argv[0] : "");
+			if (s->kind == DF_WORKDIR) {
+				free(b->workdir);
+				b->workdir = strdup(s->argv[0]);
+				if (!b->workdir)
+					rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+			}
+			continue;
+		}
+		if (rc == KILN_OK && lookup && disk) {
+			bool copies = false;	/* a later step reads the context */
+			for (size_t j = i; j < b->df.nsteps; j++)
+				copies |= b->df.steps[j].kind == DF_COPY || b->df.steps[j].kind == DF_ADD;
+			lookup = false;
+			if (hit[0])
+				rc = layer_resume(b, hit, copies, err);
+		}
+		if (rc != KILN_OK)
+			break;
+		build_log(b, "# step %zu/%zu (line %u): %s %s", i + 1, b->df.nsteps, s->line,
+			  dockerfile_kind_name(s->kind), s->argc ? s->argv[0] : "");
+		rc = step_one(b, s, err);
+		if (rc == KILN_OK && disk && b->cache)
+			rc = layer_keep(b, err);
+	}
+	if (rc == KILN_OK && lookup && hit[0])
+		rc = layer_resume(b, hit, false, err);
+	if (rc == KILN_OK && cached)
+		build_log(b, "# layer cache: %zu steps cached", cached);
+	return rc;
+}
+
+/* ---- the build ---- */
+
+static enum kiln_err build_run(struct build *b, struct kiln_error *err)
+{
+	struct node *n = b->n;
+	char *start_cmd = NULL, *ready_cmd = NULL, *egress = NULL, *from_snap = NULL;
+	char snap[AUTH_ID_MAX];
+	struct kiln_ruleset rules = { 0 };
+	struct kiln_cidr deny[2 * KILN_DENY_MAX];
+	size_t ndeny = 0;
+	json_t *ej = NULL;
+	enum kiln_err rc;
+
+	b->deadline = time(NULL) + n->cfg.template_build_max_s;
+	b->image_env = json_object();
+	if (!b->image_env)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	rc = build_load(b, &start_cmd, &ready_cmd, &egress, b->shape, &from_snap, err);
+	if (rc == KILN_OK && egress) {
+		ej = json_loads(egress, 0, NULL);
+		rc = kiln_policy_deny_ranges(n->cfg.egress_deny, deny, 2 * KILN_DENY_MAX, &ndeny, err);
+		if (rc == KILN_OK)
+			rc = nodereq_egress(ej, deny, ndeny, &rules, err);
+		b->rules = &rules;
+	}
+	b->egress = egress;
+	b->cache = !b->image;	/* an import is one step: nothing to cache */
+	if (rc == KILN_OK)
+		rc = auth_new_id("snap_", snap, sizeof(snap));
+	if (rc == KILN_OK) {
+		build_log(b, "# builder sandbox from %s", b->df.from);
+		rc = builder_new(b, from_snap, err);
 	}
 	if (rc == KILN_OK && b->image) {
 		build_log(b, "# image archive: %lld bytes", b->bytes);
@@ -1043,34 +1368,17 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		build_log(b, "# build context: %lld bytes", b->bytes);
 		rc = build_context(b, err);
 	}
-	for (size_t i = 0; rc == KILN_OK && i < b->df.nsteps; i++) {
-		const struct df_step *s = &b->df.steps[i];
-		build_log(b, "# step %zu/%zu (line %u): %s %s", i + 1, b->df.nsteps, s->line,
-			  dockerfile_kind_name(s->kind), s->argc ? s->argv[0] : "");
-		rc = step_one(b, s, err);
-	}
+	if (rc == KILN_OK)
+		rc = build_steps(b, from_snap, err);
 	if (rc == KILN_OK)
 		rc = build_start(b, start_cmd, ready_cmd, err);
 	if (rc == KILN_OK && !b->image)	/* an import measured its file system in build_image */
 		rc = build_size(b, err);
 	if (rc == KILN_OK)
-		rc = build_snapshot(b, snap, err);
-	if (rc != KILN_OK && b->sb) {
-		struct kiln_error derr = { 0 };
-		pthread_mutex_lock(&b->sb->lock);
-		if (b->sb->state != SB_STOPPED) {
-			struct record_fence f = sb_fence(n, b->sb);
-			if (record_deleted(n->pg, NULL, &f, &derr) != KILN_OK)
-				log_error("the builder \"%s\" not recorded deleted: %s", b->builder,
-					  derr.msg);
-			sb_teardown(n, b->sb);
-			b->sb->state = SB_STOPPED;
-		}
-		pthread_mutex_unlock(&b->sb->lock);
-	}
-	if (b->sb)
-		sb_put(n, b->sb);
-	b->sb = NULL;
+		rc = build_save(b, snap, false, err);
+	builder_end(b);
+	b->rules = NULL;
+	b->egress = NULL;
 	json_decref(ej);
 	kiln_ruleset_free(&rules);
 	free(start_cmd);

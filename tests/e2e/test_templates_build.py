@@ -10,13 +10,18 @@ template's egress allows api.test only), sets ENV and WORKDIR, and starts a long
 environment and the running server; another shape is 422 naming the template's. A failing RUN
 fails its build with its log and leaves nothing to create from (its RUN steps reach the fake
 internet but not the host's services, as a sandbox; while it runs, the tenant's next build is past
-template_max_builds); an unsupported instruction is 422 naming its line and a
+template_max_builds); a second template whose Dockerfile differs in its last line only reuses
+the first build's cached layers (the log marks those steps cached; a sandbox from it has all of
+them), another tenant's build of the same first lines as the failing one reuses none of its
+layers, and deleting the template deletes its
+layers; an unsupported instruction is 422 naming its line and a
 context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
 template route and cannot create from it; deleting the template leaves its sandboxes running.
 """
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tarfile
@@ -32,6 +37,7 @@ import test_egress
 HOST, PORT = "198.51.100.21", 8000  # api.test
 KILN = os.path.join(kiln.BUILD, "cli", "kiln")
 FETCHED = "fetched from the fake internet\n"
+LAYER_KEPT = re.compile(r"^# layer [0-9a-f]{12} kept: \d+ bytes", re.M)
 
 SERVER = r'''
 import http.server, os, sys
@@ -113,14 +119,10 @@ class TemplateBuildTests(unittest.TestCase):
             os.makedirs(os.path.dirname(os.path.join(ctx, name)), exist_ok=True)
             with open(os.path.join(ctx, name), "w") as f:
                 f.write(text)
+        cls.ctx = ctx
         t0 = time.monotonic()
-        env = dict(os.environ, KILN_URL=cls.gw.url, KILN_API_KEY=cls.key["Authorization"][7:])
-        cls.cli = subprocess.run([KILN, "template", "build", "-f", os.path.join(ctx, "Dockerfile.web"),
-                                  "--name", "web", "--ready", "curl -sf http://127.0.0.1:8080/name.txt",
-                                  "--allow", "api.test", ctx], env=env, capture_output=True, text=True,
-                                 timeout=900)
+        cls.cli = cls.cli_build(cls.key, os.path.join(ctx, "Dockerfile.web"), "web", 8080)
         cls.build_seconds = time.monotonic() - t0
-        assert cls.cli.returncode == 0, cls.cli.stderr
         cls.tmpl, name, version = cls.cli.stdout.strip().split("\t")
         assert name == "web" and version == "v1", cls.cli.stdout
         cls.version = 1
@@ -128,6 +130,16 @@ class TemplateBuildTests(unittest.TestCase):
         print(f"\ntemplate build: {cls.build_seconds:.1f} s", file=sys.stderr)
 
     # ---------------------------------------------------------------- helpers
+
+    @classmethod
+    def cli_build(cls, key, dockerfile, name, port):
+        """`kiln template build` of the shared context with `dockerfile`, its server on `port`."""
+        env = dict(os.environ, KILN_URL=cls.gw.url, KILN_API_KEY=key["Authorization"][7:])
+        p = subprocess.run([KILN, "template", "build", "-f", dockerfile, "--name", name, "--ready",
+                            f"curl -sf http://127.0.0.1:{port}/name.txt", "--allow", "api.test", cls.ctx],
+                           env=env, capture_output=True, text=True, timeout=900)
+        assert p.returncode == 0, p.stderr
+        return p
 
     @classmethod
     def template(cls, name, extra=None, key=None):
@@ -152,10 +164,10 @@ class TemplateBuildTests(unittest.TestCase):
         return r
 
     @classmethod
-    def follow(cls, tmpl, version, timeout=900):
+    def follow(cls, tmpl, version, timeout=900, key=None):
         """The build's log followed to its end: (text, the end event's data)."""
         req = urllib.request.Request(f"{cls.gw.url}/v1/templates/{tmpl}/log?version={version}",
-                                     headers=dict(cls.key, Accept="text/event-stream"))
+                                     headers=dict(key or cls.key, Accept="text/event-stream"))
         text, event, end = [], None, None
         with urllib.request.urlopen(req, timeout=timeout) as r:
             assert r.status == 200, r.status
@@ -227,6 +239,59 @@ class TemplateBuildTests(unittest.TestCase):
         snaps = self.stack.db.sql(f"SELECT count(*) FROM snapshots WHERE kind = 'build' AND deleted_at IS NULL "
                                   f"AND id IN (SELECT snapshot_id FROM template_versions WHERE template_id = '{tmpl}')")
         self.assertEqual(snaps, "0")
+        # the steps that passed were kept as layers: the same lines again start from them, but
+        # not for another tenant, whose build of the same first lines reuses none of them
+        self.assertEqual(len(LAYER_KEPT.findall(log)), 2, log)
+        prefix = "\n".join(FAILING.splitlines()[:2]) + "\nRUN exit 7\n"
+        r = self.gw.request("POST", "/v1/templates", {"name": "broken", "vcpus": 1, "memory_mib": 512,
+                                                      "disk_gib": 10}, self.other)
+        self.assertEqual(r.status, 201, r)
+        theirs = r.json()["id"]
+        r = self.gw.request("PUT", f"/v1/templates/{theirs}/dockerfile?version=1", prefix,
+                            dict(self.other, **{"Content-Type": "text/plain"}))
+        self.assertEqual(r.status, 204, r)
+        self.put_source(theirs, 1, context_tar({"a": "b"}), key=self.other)
+        log, end = self.follow(theirs, 1, key=self.other)
+        self.assertEqual(end["status"], "failed", (end, log))
+        self.assertIn("Dockerfile line 3: RUN failed (exit status 7)", end["reason"])
+        self.assertNotIn("(cached)", log)
+        self.assertIn("about to fail", log)
+        self.assertEqual(len(LAYER_KEPT.findall(log)), 1, log)
+        r = self.gw.request("DELETE", f"/v1/templates/{theirs}", None, self.other)
+        self.assertEqual(r.status, 204, r)
+
+    def test_a_rebuild_with_its_last_line_changed_reuses_the_cached_layers(self):
+        # The first build kept a layer for each step that wrote the disk (WORKDIR, COPY, RUN, RUN).
+        self.assertEqual(len(LAYER_KEPT.findall(self.log)), 4, self.log)
+        rebuilt = DOCKERFILE.replace('"8080"', '"8081"')
+        self.assertEqual(rebuilt.splitlines()[:-1], DOCKERFILE.splitlines()[:-1])
+        path = os.path.join(self.www, "Dockerfile.rebuilt")
+        with open(path, "w") as f:
+            f.write(rebuilt)
+        t0 = time.monotonic()
+        p = self.cli_build(self.key, path, "web-rebuilt", 8081)
+        seconds = time.monotonic() - t0
+        tmpl = p.stdout.split("\t")[0]
+        log, end = self.follow(tmpl, 1)
+        print(f"rebuild with the last line changed: {seconds:.1f} s", file=sys.stderr)
+        self.assertEqual(end["status"], "ready", (end, log))
+        # every step above the changed line came from the cache: none of them ran again
+        for step in ("WORKDIR /srv/app", "COPY pkg", "RUN curl", "RUN python3"):
+            self.assertRegex(log, rf"# step \d/6 \(line \d\): {step}[^\n]* \(cached\)\n")
+        self.assertIn("# layer cache: 4 steps cached", log)
+        self.assertNotIn("built hello from kiln", log)
+        self.assertEqual(LAYER_KEPT.findall(log), [])  # no new layer
+        # the cached layers are snapshots the tenant keeps (they count against its snapshot limit)
+        tenant = self.stack.db.sql(f"SELECT tenant_id FROM templates WHERE id = '{self.tmpl}'")
+        kept = self.stack.db.sql(
+            "SELECT count(*), min(s.size_bytes) > 0 FROM template_layers l JOIN snapshots s ON "
+            f"s.id = l.snapshot_id WHERE l.tenant_id = '{tenant}' AND s.deleted_at IS NULL "
+            f"AND s.kind = 'build' AND l.template_id = '{self.tmpl}'")
+        self.assertEqual(kept, "4|t")
+        sb = self.create({"template": "web-rebuilt"}).json()
+        out = self.sh(sb, "cat /srv/app/fetched.txt /srv/app/name.txt; echo \"$GREETING\"; "
+                          "curl -sf http://127.0.0.1:8081/name.txt")
+        self.assertEqual(out["stdout"], FETCHED + "kilnpkg\nhello from kiln\nkilnpkg\n", out)
 
     def test_an_unsupported_instruction_or_a_too_large_context_changes_nothing(self):
         tmpl, version = self.template("refused")
@@ -267,10 +332,12 @@ class TemplateBuildTests(unittest.TestCase):
         got = self.gw.request("GET", f"/v1/templates/{self.tmpl}", None, self.key).json()
         self.assertEqual(got["latest_ready_version"], self.version)
         # the build ran in a sandbox of the tenant (billed as sandbox time), deleted once saved
+        # (one builder, then one restored from each layer kept)
         builder = self.stack.db.sql(
-            "SELECT s.tenant_id = t.tenant_id, s.deleted_at IS NOT NULL FROM sandboxes s, templates t "
-            f"WHERE t.id = '{self.tmpl}' AND s.metadata->>'kiln.template_build' = '{self.tmpl}/{self.version}'")
-        self.assertEqual(builder.split("|"), ["t", "t"], builder)
+            "SELECT count(*), bool_and(s.tenant_id = t.tenant_id), bool_and(s.deleted_at IS NOT NULL) "
+            f"FROM sandboxes s, templates t WHERE t.id = '{self.tmpl}' "
+            f"AND s.metadata->>'kiln.template_build' = '{self.tmpl}/{self.version}'")
+        self.assertEqual(builder.split("|"), ["5", "t", "t"], builder)
         self.assertEqual(got["versions"][0]["env"], {"GREETING": "hello from kiln", "APP_HOME": "/srv/app"})
         # another shape is 422 naming the template's
         r = self.create({"template": "web", "memory_mib": 1024}, expect=422)
@@ -300,8 +367,16 @@ class TemplateBuildTests(unittest.TestCase):
         out = self.sh(sb, "ls /var/tmp/kiln-build 2>&1 || true")
         self.assertIn("No such file", out["stdout"])
         # deleting the template leaves the sandbox running; no new sandbox comes from it
+        layers = self.stack.db.sql(
+            f"SELECT string_agg(quote_literal(snapshot_id), ',') FROM template_layers WHERE template_id = '{self.tmpl}'")
+        self.assertEqual(layers.count(","), 3, layers)
         r = self.gw.request("DELETE", f"/v1/templates/{self.tmpl}", None, self.key)
         self.assertEqual(r.status, 204, r)
+        # the layers its build kept go with it (their files once no image stands on them)
+        self.assertEqual(self.stack.db.sql(
+            f"SELECT count(*) FROM template_layers WHERE template_id = '{self.tmpl}'"), "0")
+        self.assertEqual(self.stack.db.sql(
+            f"SELECT count(*) FROM snapshots WHERE id IN ({layers}) AND deleted_at IS NULL"), "0")
         out = self.sh(sb, "curl -sf http://127.0.0.1:8080/name.txt && cat /srv/app/fetched.txt")
         self.assertEqual(out["stdout"], "kilnpkg\n" + FETCHED, out)
         self.create({"template": "web"}, expect=404)
