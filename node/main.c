@@ -8,6 +8,7 @@
 #include <curl/curl.h>
 #include <errno.h>
 #include <glob.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -180,14 +181,28 @@ static const char *node_address(void)
 	return addr;
 }
 
+/*
+ * Serialises the heartbeat's upsert (which clears a clean stop's mark) with the start of a clean
+ * stop: a heartbeat in flight when the stop begins commits before the stop's mark, never after.
+ */
+static pthread_mutex_t heartbeat_lock = PTHREAD_MUTEX_INITIALIZER;
+
 static enum kiln_err heartbeat(struct kiln_error *err)
 {
 	struct pg_conn *c;
 	char vcpu[24], mem[24], max[24], disk[24];
-	enum kiln_err rc = pg_acquire(node.pg, &c, err);
+	enum kiln_err rc;
 
-	if (rc != KILN_OK)
+	pthread_mutex_lock(&heartbeat_lock);
+	if (node.stopping) {
+		pthread_mutex_unlock(&heartbeat_lock);
+		return KILN_OK;
+	}
+	rc = pg_acquire(node.pg, &c, err);
+	if (rc != KILN_OK) {
+		pthread_mutex_unlock(&heartbeat_lock);
 		return rc;
+	}
 	snprintf(vcpu, sizeof(vcpu), "%lld", node.cfg.node_vcpu_milli);
 	snprintf(mem, sizeof(mem), "%lld", node.cfg.node_memory_mib);
 	snprintf(max, sizeof(max), "%lld", node.cfg.node_max_sandboxes);
@@ -203,6 +218,7 @@ static enum kiln_err heartbeat(struct kiln_error *err)
 		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
 		 node.cfg.guest_image_hash, disk);
 	pg_release(node.pg, c);
+	pthread_mutex_unlock(&heartbeat_lock);
 	if (rc != KILN_OK)
 		return rc;
 	/*
@@ -588,7 +604,9 @@ static void node_cgroups_remove(void)
 
 static void api_exit(void)
 {
+	pthread_mutex_lock(&heartbeat_lock);
 	node.stopping = true;	/* the ticker renews only the heartbeat from here */
+	pthread_mutex_unlock(&heartbeat_lock);
 	mark_stopped();
 	tpl_exit(&node);
 	build_exit(&node);

@@ -85,7 +85,9 @@ static void agent_child(int lfd, int logfd, uid_t uid, gid_t gid, char *const ar
 	struct sock_fprog prog = { .len = sizeof(filter) / sizeof(filter[0]), .filter = filter };
 	int c;
 
-	prctl(PR_SET_PDEATHSIG, SIGKILL);
+	/* The log's descriptor out of the way of the channel's (3). */
+	if (logfd <= 3 && (logfd = fcntl(logfd, F_DUPFD, 10)) < 0)
+		_exit(126);
 	c = accept4(lfd, NULL, NULL, 0);
 	if (c < 0 || dup2(c, 3) < 0 || dup2(logfd, 1) < 0 || dup2(logfd, 2) < 0)
 		_exit(126);
@@ -181,6 +183,8 @@ static enum kiln_err ha_create(const struct vmm_spec *s, struct hv_vm **out, str
 	vm->proc.child = true;
 	if (vm->proc.pidfd < 0 || (r = cg_attach(vm->cg, pid)) < 0) {
 		rc = fs_err(err, vm->proc.pidfd < 0 ? -errno : r, "cannot hold the agent of vm", s->id);
+		if (vm->proc.pidfd < 0)
+			kill(pid, SIGKILL);	/* ha_destroy() signals through the pidfd */
 		goto fail;
 	}
 	*out = vm;
