@@ -251,7 +251,7 @@ static enum kiln_err lex(struct ps *p, const char *s, bool split, bool expand, s
 	bool inword = false;
 	size_t i = 0;
 
-	while (s[i] && p->rc == KILN_OK) {
+	while (p->rc == KILN_OK && s[i]) {
 		char c = s[i];
 
 		if (split && isspace((unsigned char)c)) {
@@ -300,7 +300,11 @@ static enum kiln_err lex(struct ps *p, const char *s, bool split, bool expand, s
 					i++;
 				}
 			}
-			if (p->rc == KILN_OK && s[i] != '"') {
+			/* A failed substitution may have stopped at the string's end: never step
+			 * past it. */
+			if (p->rc != KILN_OK)
+				break;
+			if (s[i] != '"') {
 				fail(p, KILN_E_INVALID, "a \" quote is not closed");
 				break;
 			}
