@@ -9,9 +9,10 @@
  *   1. creates a builder sandbox of the tenant from the FROM template (the base's warm image, or
  *      the tenant's template's) under the version's egress rules: an ordinary sandbox, billed as
  *      sandbox time and listed with metadata {"kiln.template_build": "<id>/<version>"};
- *   2. copies the tar in with the agent's file op and unpacks it there with tar(1); the
- *      .dockerignore is read from the guest, matched here (common/dockerfile.c) against the
- *      listing the guest gives, and what it excludes is removed in the guest;
+ *   2. at the first COPY/ADD (the steps before never see it), copies the tar in with the agent's
+ *      file op and unpacks it there with tar(1); the .dockerignore is read from the guest,
+ *      matched here (common/dockerfile.c) against the listing the guest gives, and what it
+ *      excludes is removed in the guest;
  *   3. runs each step through the agent's exec: RUN as USER in WORKDIR with the ENV and ARG
  *      values in its environment, COPY/ADD as cp(1) inside the guest from the unpacked context,
  *      every output line into the build log (template_build_log, read by the gateway);
