@@ -226,6 +226,7 @@ class TemplateBuildTests(unittest.TestCase):
         # no COPY/ADD: the context is never copied into the builder, so no RUN reads it
         self.assertNotIn("# .dockerignore", log)
         self.assertIn("context unseen\n", log)
+        self.assertNotIn("context seen\n", log)
         self.assertIn("about to fail", log)
         self.assertIn("this step fails", log)
         self.assertNotIn("never reached", log)
