@@ -13,8 +13,10 @@ internet but not the host's services, as a sandbox; while it runs, the tenant's 
 template_max_builds); a second template whose Dockerfile differs in its last line only reuses
 the first build's cached layers (the log marks those steps cached; a sandbox from it has all of
 them), another tenant's build of the same first lines as the failing one reuses none of its
-layers, and deleting the template deletes its
-layers; an unsupported instruction is 422 naming its line and a
+layers (a RUN above the first COPY finds no build context in the builder); with that tenant's
+snapshot limit at twice its layers' bytes its next build evicts its least recently used layer, and
+a layer whose files are gone is dropped by a rebuild that goes on uncached; deleting the template
+deletes its layers; an unsupported instruction is 422 naming its line and a
 context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
 template route and cannot create from it; deleting the template leaves its sandboxes running.
 """
