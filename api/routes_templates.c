@@ -323,9 +323,10 @@ static void source_up_free(void *p)
 }
 
 /*
- * Chooses the node (the one holding the FROM template's image, else the freshest holding layers
- * of the tenant's builds, then with the most free memory), moves the version to building there under template_max_builds, and starts the
- * call that streams the context to it. Does not reply (the body is still coming): a refusal is
+ * Chooses the node (the one holding the FROM template's image; else, first among the live nodes
+ * with room for the version's shape, one holding layers of the tenant's builds, then the one with
+ * the most free memory), moves the version to building there under template_max_builds, and
+ * starts the call that streams the context to it. Does not reply (the body is still coming): a refusal is
  * returned with its message in u->err.
  */
 static enum kiln_err source_start(struct http_req *req, struct source_up *u)
@@ -375,12 +376,20 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 			 who->tenant_id, df.from);
 	else if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
-			 "SELECT n.id, n.address FROM nodes n WHERE " GW_NODE_LIVE_SQL("n", "$1")
-			 " ORDER BY EXISTS (SELECT 1 FROM template_layers l WHERE l.tenant_id = $2 "
-			 "AND l.node_id = n.id) DESC, n.memory_mib - "
-			 "(SELECT coalesce(sum(s.memory_mib), 0) FROM sandboxes s WHERE s.node_id = n.id "
-			 "AND s.deleted_at IS NULL AND s.state IN ('creating', 'running')) DESC, n.id "
-			 "LIMIT 1", gw_node_down_after_s(gw), who->tenant_id);
+			 "SELECT n.id, n.address FROM nodes n LEFT JOIN LATERAL ("
+			 "  SELECT count(*) FILTER (WHERE s.state <> 'paused') AS k, "
+			 "  coalesce(sum(s.vcpu_milli) FILTER (WHERE s.state <> 'paused'), 0) AS v, "
+			 "  coalesce(sum(s.memory_mib) FILTER (WHERE s.state <> 'paused'), 0) AS m, "
+			 "  coalesce(sum(s.disk_gib), 0) AS d FROM sandboxes s WHERE s.node_id = n.id "
+			 "  AND s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused')"
+			 ") u ON true, template_versions b WHERE b.template_id = $3 "
+			 "AND b.version = $4::int AND " GW_NODE_LIVE_SQL("n", "$1")
+			 " ORDER BY (u.k < n.max_sandboxes AND u.v + b.vcpu_milli <= n.vcpu_milli "
+			 "AND u.m + b.memory_mib <= n.memory_mib "
+			 "AND (n.disk_gib IS NULL OR u.d + b.disk_gib <= n.disk_gib)) DESC, "
+			 "EXISTS (SELECT 1 FROM template_layers l WHERE l.tenant_id = $2 "
+			 "AND l.node_id = n.id) DESC, n.memory_mib - u.m DESC, n.id "
+			 "LIMIT 1", gw_node_down_after_s(gw), who->tenant_id, id, v);
 	if (rc == KILN_OK && pg_res_rows(res) != 1) {
 		rc = !from_base ? kiln_error_set(err, KILN_E_INVALID,
 						 "FROM %s: the tenant has no ready template of that "

@@ -70,50 +70,87 @@ enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned coun
 		  "(SELECT coalesce(sum(bytes), 0) FROM snapshot_reservations r WHERE r.tenant_id = t.id " \
 		  " AND r.created_at > now() - interval '1 hour') "
 
-/* The tenant's snapshot limit and what it keeps and has reserved, under the tenant's plan lock. */
+/* The bytes of the tenant's cached layers of template builds (node/build.c), part of SNAP_USED. */
+#define LAYERS_USED "(SELECT coalesce(sum(x.size_bytes), 0) FROM template_layers l JOIN snapshots x " \
+		    " ON x.id = l.snapshot_id AND x.deleted_at IS NULL AND x.purged_at IS NULL " \
+		    " WHERE l.tenant_id = t.id) "
+
+/*
+ * The tenant's snapshot limit and what it keeps and has reserved (`layers` of it cached layers of
+ * template builds), under the tenant's plan lock.
+ */
 static enum kiln_err snap_usage(struct pg_conn *c, const char *tenant_id, long long *max_b,
-				long long *used, struct kiln_error *err)
+				long long *used, long long *layers, struct kiln_error *err)
 {
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
 
 	/*
-	 * What the tenant keeps: named snapshots not deleted, and pause and fork snapshots whose
-	 * files are still on a node (internal ones are marked deleted but kept while used); and what
-	 * pauses in progress have reserved.
+	 * What the tenant keeps: named snapshots and cached layers not deleted, and pause and fork
+	 * snapshots whose files are still on a node (internal ones are marked deleted but kept while
+	 * used); and what pauses in progress have reserved.
 	 */
 	rc = tenant_row(c,
-			"SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), " SNAP_USED
-			PLAN_FROM "WHERE t.id = $1",
+			"SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes), " SNAP_USED ", "
+			LAYERS_USED PLAN_FROM "WHERE t.id = $1",
 			tenant_id, &res, err);
 	if (rc != KILN_OK)
 		return rc;
 	*max_b = pg_res_int(res, 0, 0, 0);
 	*used = pg_res_int(res, 0, 1, 0);
+	*layers = pg_res_int(res, 0, 2, 0);
 	pg_res_free(res);
 	return KILN_OK;
 }
 
+/* What the tenant's cached layers take of `used`, for the errors at the limit: "" when none. */
+static const char *layers_part(long long layers, char *buf, size_t len)
+{
+	if (layers <= 0)
+		return "";
+	snprintf(buf, len,
+		 " (%lld MiB of them cached layers of template builds, which go with their "
+		 "templates or are evicted by builds)",
+		 layers >> 20);
+	return buf;
+}
+
+enum kiln_err plan_snapshot_limit(struct pg_conn *c, const char *tenant_id, long long *max_b,
+				  struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	enum kiln_err rc = tenant_row(c,
+				      "SELECT coalesce(p.max_snapshot_bytes, d.max_snapshot_bytes) "
+				      PLAN_FROM "WHERE t.id = $1",
+				      tenant_id, &res, err);
+
+	if (rc == KILN_OK)
+		*max_b = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	return rc;
+}
+
 enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err)
 {
-	long long max_b, used;
-	enum kiln_err rc = snap_usage(c, tenant_id, &max_b, &used, err);
+	long long max_b, used, layers;
+	char part[256];
+	enum kiln_err rc = snap_usage(c, tenant_id, &max_b, &used, &layers, err);
 
 	if (rc != KILN_OK)
 		return rc;
 	if (used >= max_b)
 		return kiln_error_set(err, KILN_E_QUOTA,
-				      "the plan allows %lld MiB of snapshots and %lld MiB are kept: "
-				      "delete snapshots or sandboxes to go on",
-				      max_b >> 20, used >> 20);
+				      "the plan allows %lld MiB of snapshots and %lld MiB are kept%s: "
+				      "delete snapshots, sandboxes or templates to go on",
+				      max_b >> 20, used >> 20, layers_part(layers, part, sizeof(part)));
 	return KILN_OK;
 }
 
 enum kiln_err plan_snapshot_reserve(struct pg_conn *c, const char *tenant_id, const char *snap_id,
 				    long long bytes, bool forced, struct kiln_error *err)
 {
-	long long max_b, used;
-	char b[24];
+	long long max_b, used, layers;
+	char b[24], part[256];
 	enum kiln_err rc;
 
 	if (bytes < 0)
@@ -121,14 +158,15 @@ enum kiln_err plan_snapshot_reserve(struct pg_conn *c, const char *tenant_id, co
 	rc = PGQ(c, NULL, err, "SELECT pg_advisory_xact_lock(hashtextextended('kiln-plan:' || $1, 0))",
 		 tenant_id);
 	if (rc == KILN_OK)
-		rc = snap_usage(c, tenant_id, &max_b, &used, err);
+		rc = snap_usage(c, tenant_id, &max_b, &used, &layers, err);
 	if (rc != KILN_OK)
 		return rc;
 	if (!forced && used + bytes > max_b)
 		return kiln_error_set(err, KILN_E_QUOTA,
 				      "the plan allows %lld MiB of snapshots (max_snapshot_bytes): "
-				      "%lld MiB are kept or being written and this snapshot needs %lld MiB",
-				      max_b >> 20, used >> 20, (bytes + (1 << 20) - 1) >> 20);
+				      "%lld MiB are kept or being written%s and this snapshot needs %lld MiB",
+				      max_b >> 20, used >> 20, layers_part(layers, part, sizeof(part)),
+				      (bytes + (1 << 20) - 1) >> 20);
 	snprintf(b, sizeof(b), "%lld", bytes);
 	return PGQ(c, NULL, err,
 		   "INSERT INTO snapshot_reservations (snapshot_id, tenant_id, bytes) "

@@ -24,10 +24,15 @@
 enum kiln_err plan_check(struct pg_conn *c, const char *tenant_id, unsigned count, unsigned vcpu_milli,
 			 unsigned mem_mib, struct kiln_error *err);
 
+/* The tenant's max_snapshot_bytes (its plan's, else the default plan's). */
+enum kiln_err plan_snapshot_limit(struct pg_conn *c, const char *tenant_id, long long *max_b,
+				  struct kiln_error *err);
+
 /*
- * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, the
- * pause and fork snapshots still on a node, and what pauses in progress have reserved). Part of
- * billing_admit; also checked before a named snapshot is taken.
+ * KILN_E_QUOTA when the tenant keeps its plan's snapshot bytes already (named snapshots, cached
+ * layers and images of template builds, the pause and fork snapshots still on a node, and what
+ * pauses in progress have reserved); the message says what of it cached layers take and how they
+ * go. Part of billing_admit; also checked before a named snapshot is taken.
  */
 enum kiln_err plan_snapshot_check(struct pg_conn *c, const char *tenant_id, struct kiln_error *err);
 

@@ -9,9 +9,10 @@
  *   1. creates a builder sandbox of the tenant from the FROM template (the base's warm image, or
  *      the tenant's template's) under the version's egress rules: an ordinary sandbox, billed as
  *      sandbox time and listed with metadata {"kiln.template_build": "<id>/<version>"};
- *   2. copies the tar in with the agent's file op and unpacks it there with tar(1); the
- *      .dockerignore is read from the guest, matched here (common/dockerfile.c) against the
- *      listing the guest gives, and what it excludes is removed in the guest;
+ *   2. at the first COPY/ADD (the steps before never see it), copies the tar in with the agent's
+ *      file op and unpacks it there with tar(1); the .dockerignore is read from the guest,
+ *      matched here (common/dockerfile.c) against the listing the guest gives, and what it
+ *      excludes is removed in the guest;
  *   3. runs each step through the agent's exec: RUN as USER in WORKDIR with the ENV and ARG
  *      values in its environment, COPY/ADD as cp(1) inside the guest from the unpacked context,
  *      every output line into the build log (template_build_log, read by the gateway);
@@ -94,7 +95,11 @@ struct build {
 	struct kiln_ruleset *rules;	/* those rules parsed, or NULL */
 	unsigned shape[3];		/* vCPUs (milli), memory (MiB), disk (GiB) */
 	bool cache;			/* each disk step's result is kept as a layer */
+	bool ctx_in;			/* the current builder holds the unpacked context */
+	bool ctx_keyed;			/* the context's hash is in b->key */
 	char key[LAYER_KEY_LEN + 1];	/* the layer key of the steps so far */
+	/* the layers this build stands on, never evicted by it: "{snap_a,snap_b}" (a text[]) */
+	char chain[(DOCKERFILE_MAX_STEPS + 1) * AUTH_ID_MAX + 3];
 };
 
 static void build_free(struct build *b)
@@ -518,6 +523,7 @@ static enum kiln_err build_context(struct build *b, struct kiln_error *err)
 	dockerignore_free(&di);
 	free(ign.data);
 	free(list.data);
+	b->ctx_in = rc == KILN_OK;
 	return rc;
 }
 
@@ -822,6 +828,164 @@ static enum kiln_err build_size(struct build *b, struct kiln_error *err)
 	return rc;
 }
 
+/* ---- the layer cache's records ---- */
+
+/* Adds snapshot `snap` to the layers this build stands on (b->chain, a text[] literal). */
+static void chain_add(struct build *b, const char *snap)
+{
+	size_t len = strlen(b->chain), sl = strlen(snap);
+
+	if (len + sl + 3 > sizeof(b->chain))
+		return;
+	if (len < 2) {
+		b->chain[0] = '{';
+		len = 1;
+	} else {
+		b->chain[len - 1] = ',';
+	}
+	memcpy(b->chain + len, snap, sl);
+	memcpy(b->chain + len + sl, "}", 2);
+}
+
+/*
+ * Records snapshot `snap` (marked deleted by snap_record_public) as the tenant's layer under
+ * b->key, in the caller's transaction, under the tenant's plan lock. A live layer another build
+ * kept under that key first stays (a build may be resuming from it): this one's snapshot stays
+ * deleted, its files going once the builder restored from it ends. Then the tenant's least
+ * recently used layers, but those this build stands on, are evicted while its layers take more
+ * than half of max_snapshot_bytes; when this build's own layers alone take more, the new one is
+ * not kept either and the build keeps no more.
+ */
+static enum kiln_err layer_record(struct build *b, struct pg_conn *c, const char *snap,
+				  struct kiln_error *err)
+{
+	struct node *n = b->n;
+	struct pg_res *res = NULL;
+	long long size, left, cap = 0;
+	char capb[24];
+	enum kiln_err rc;
+
+	rc = PGQ(c, NULL, err,
+		 "SELECT pg_advisory_xact_lock(hashtextextended('kiln-plan:' || $1, 0))", b->tenant);
+	if (rc == KILN_OK)
+		rc = plan_snapshot_limit(c, b->tenant, &cap, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, &res, err,
+			 "WITH ins AS (INSERT INTO template_layers (tenant_id, node_id, key, snapshot_id, "
+			 "template_id) SELECT $1, $2, $3, $4, $5 FROM templates WHERE id = $5 "
+			 "AND deleted_at IS NULL ON CONFLICT (tenant_id, node_id, key) DO UPDATE SET "
+			 "snapshot_id = EXCLUDED.snapshot_id, template_id = EXCLUDED.template_id, "
+			 "created_at = now(), used_at = now() WHERE NOT EXISTS (SELECT 1 FROM snapshots s "
+			 "WHERE s.id = template_layers.snapshot_id AND s.deleted_at IS NULL "
+			 "AND s.purged_at IS NULL) RETURNING 1), "
+			 "un AS (UPDATE snapshots SET deleted_at = NULL WHERE id = $4 "
+			 "AND EXISTS (SELECT 1 FROM ins) RETURNING size_bytes) "
+			 "SELECT (SELECT size_bytes FROM un), "
+			 "EXISTS (SELECT 1 FROM templates WHERE id = $5 AND deleted_at IS NULL)",
+			 b->tenant, n->cfg.node_id, b->key, snap, b->tmpl);
+	if (rc != KILN_OK) {
+		pg_res_free(res);
+		return rc;
+	}
+	if (strcmp(pg_res_str(res, 0, 1), "t") != 0)
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "the template was deleted during its build");
+	else if (!pg_res_get(res, 0, 0))
+		build_log(b, "# layer %.12s: another build kept it first; this one is not kept",
+			  b->key);
+	if (rc != KILN_OK || !pg_res_get(res, 0, 0)) {
+		pg_res_free(res);
+		return rc;
+	}
+	size = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	res = NULL;
+	chain_add(b, snap);
+	snprintf(capb, sizeof(capb), "%lld", cap / 2);
+	rc = PGQ(c, &res, err,
+		 "WITH ls AS (SELECT l.node_id, l.key, l.snapshot_id, l.used_at, s.size_bytes, "
+		 "l.snapshot_id = ANY ($2::text[]) AS mine FROM template_layers l JOIN snapshots s "
+		 "ON s.id = l.snapshot_id AND s.deleted_at IS NULL AND s.purged_at IS NULL "
+		 "WHERE l.tenant_id = $1), "
+		 "tot AS (SELECT coalesce(sum(size_bytes), 0) AS total FROM ls), "
+		 "ev AS (SELECT x.* FROM (SELECT ls.*, sum(size_bytes) OVER (ORDER BY used_at, node_id, "
+		 "key ROWS UNBOUNDED PRECEDING) AS freed FROM ls WHERE NOT mine) x, tot "
+		 "WHERE tot.total - (x.freed - x.size_bytes) > $3::bigint), "
+		 "del AS (DELETE FROM template_layers l USING ev WHERE l.tenant_id = $1 "
+		 "AND l.node_id = ev.node_id AND l.key = ev.key RETURNING l.snapshot_id), "
+		 "sd AS (UPDATE snapshots SET deleted_at = now() WHERE id IN (SELECT snapshot_id FROM del) "
+		 "AND deleted_at IS NULL) "
+		 "SELECT (SELECT count(*) FROM del), "
+		 "(SELECT total FROM tot) - (SELECT coalesce(sum(size_bytes), 0) FROM ev)",
+		 b->tenant, b->chain, capb);
+	if (rc != KILN_OK) {
+		pg_res_free(res);
+		return rc;
+	}
+	left = pg_res_int(res, 0, 1, 0);
+	if (pg_res_int(res, 0, 0, 0) > 0)
+		build_log(b, "# layer cache: %lld least recently used layers evicted (a tenant's "
+			  "layers are kept within half of max_snapshot_bytes, %lld MiB)",
+			  pg_res_int(res, 0, 0, 0), (cap / 2) >> 20);
+	pg_res_free(res);
+	if (left > cap / 2) {
+		b->cache = false;
+		build_log(b, "# layer cache: this build's layers would take %lld MiB, more than half "
+			  "of max_snapshot_bytes (%lld MiB): no more layers kept", left >> 20,
+			  (cap / 2) >> 20);
+		return PGQ(c, NULL, err,
+			   "WITH d AS (DELETE FROM template_layers WHERE tenant_id = $1 AND node_id = $2 "
+			   "AND key = $3 AND snapshot_id = $4) "
+			   "UPDATE snapshots SET deleted_at = now() WHERE id = $4",
+			   b->tenant, n->cfg.node_id, b->key, snap);
+	}
+	build_log(b, "# layer %.12s kept: %lld bytes (memory and disk)", b->key, size);
+	return KILN_OK;
+}
+
+/* Removes cached layer `snap` of the tenant (its row, and its snapshot marked deleted). */
+static void layer_drop(struct build *b, const char *snap)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(b->n->pg, &c, &err) != KILN_OK) {
+		log_warn("the broken layer \"%s\" is not dropped: %s", snap, err.msg);
+		return;
+	}
+	if (PGQ(c, NULL, &err,
+		"WITH d AS (DELETE FROM template_layers WHERE tenant_id = $1 AND snapshot_id = $2) "
+		"UPDATE snapshots SET deleted_at = now() WHERE id = $2 AND tenant_id = $1 "
+		"AND kind = 'build' AND deleted_at IS NULL",
+		b->tenant, snap) != KILN_OK)
+		log_warn("the broken layer \"%s\" is not dropped: %s", snap, err.msg);
+	pg_release(b->n->pg, c);
+}
+
+void build_layers_gc(struct node *n, const char *tenant)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return;
+	if (PGQ(c, &res, &err,
+		"WITH d AS (DELETE FROM template_layers l USING snapshots s WHERE l.node_id = $1 "
+		"AND ($2 = '' OR l.tenant_id = $2) AND s.id = l.snapshot_id "
+		"AND (s.image_hash IS DISTINCT FROM $3 OR s.deleted_at IS NOT NULL "
+		"OR NOT EXISTS (SELECT 1 FROM templates t WHERE t.id = l.template_id "
+		"AND t.deleted_at IS NULL)) RETURNING l.snapshot_id) "
+		"UPDATE snapshots SET deleted_at = now() WHERE id IN (SELECT snapshot_id FROM d) "
+		"AND kind = 'build' AND deleted_at IS NULL RETURNING id",
+		n->cfg.node_id, tenant ? tenant : "", node_image_hash(n)) != KILN_OK)
+		log_warn("cached layers not collected: %s", err.msg);
+	else if (pg_res_rows(res) > 0)
+		log_info("%d cached layers dropped (their template deleted or of another image)",
+			 pg_res_rows(res));
+	pg_res_free(res);
+	pg_release(n->pg, c);
+}
+
 /*
  * Saves the builder's memory and disk as snapshot `snap` (its VM ends in it, and the builder is
  * deleted either way): with `layer`, a cached layer of the tenant under the key b->key; without,
@@ -857,32 +1021,12 @@ static enum kiln_err build_save(struct build *b, const char *snap, bool layer,
 		if (rc == KILN_OK)
 			rc = snap_record_public(n, c, sb, snap, "build", NULL, dir, err);
 		/* The image's size as the host measured it (memory + disk), not as the guest says. */
-		if (rc == KILN_OK)
+		if (rc == KILN_OK && !layer)
 			rc = PGQ(c, &res, err,
 				 "UPDATE snapshots SET deleted_at = NULL WHERE id = $1 RETURNING size_bytes",
 				 snap);
-		/* A layer of the same key (another build's, at the same time) is replaced. */
-		if (rc == KILN_OK && layer) {
-			pg_res_free(res);
-			res = NULL;
-			rc = PGQ(c, &res, err,
-				 "WITH old AS (UPDATE snapshots SET deleted_at = now() WHERE id IN "
-				 "(SELECT snapshot_id FROM template_layers WHERE tenant_id = $1 "
-				 "AND node_id = $2 AND key = $3) AND id <> $4 AND deleted_at IS NULL) "
-				 "INSERT INTO template_layers (tenant_id, node_id, key, snapshot_id, "
-				 "template_id) SELECT $1, $2, $3, $4, $5 FROM templates WHERE id = $5 "
-				 "AND deleted_at IS NULL ON CONFLICT (tenant_id, node_id, key) "
-				 "DO UPDATE SET snapshot_id = EXCLUDED.snapshot_id, "
-				 "template_id = EXCLUDED.template_id, created_at = now(), used_at = now() "
-				 "RETURNING (SELECT size_bytes FROM snapshots WHERE id = $4)",
-				 b->tenant, n->cfg.node_id, b->key, snap, b->tmpl);
-			if (rc == KILN_OK && pg_res_rows(res) != 1)
-				rc = kiln_error_set(err, KILN_E_CONFLICT,
-						    "the template was deleted during its build");
-		}
 		if (rc == KILN_OK && layer)
-			build_log(b, "# layer %.12s kept: %lld bytes (memory and disk)", b->key,
-				  pg_res_int(res, 0, 0, 0));
+			rc = layer_record(b, c, snap, err);
 		if (rc == KILN_OK && !layer && pg_res_int(res, 0, 0, 0) > n->cfg.template_image_max_bytes)
 			rc = kiln_error_set(err, KILN_E_QUOTA,
 					    "the image takes %lld bytes (memory and disk), more than "
@@ -1049,6 +1193,7 @@ static enum kiln_err builder_new(struct build *b, const char *from_snap, struct 
 			 b->version);
 		rc = create_sandbox(n, &r, err);
 	}
+	b->ctx_in = false;
 	if (rc == KILN_OK) {
 		b->sb = sb_get(n, b->builder);
 		if (!b->sb)
@@ -1109,38 +1254,35 @@ static enum kiln_err key_chain(struct build *b, const char *const *parts, size_t
 }
 
 /*
- * The hash of what a COPY/ADD reads from the context: its sources as written, and for every path
- * they match (in byte order) its type, mode, owner, size and link target, and every file's
- * SHA-256. Computed in the guest (the host never reads the context), so a guest that lies about
- * it can only spoil its own tenant's cache; a userland lacking a tool for it turns the cache off.
+ * The hash of the whole context (after .dockerignore), chained into the key at the first COPY/ADD:
+ * for every path (in byte order) its type, mode, owner, size and link target, and every file's
+ * SHA-256. Every step from that one on may read the context (a RUN too, as it lies in the
+ * builder from then on), so every key from there on covers all of it; the steps before never see
+ * it (it is copied in at the first COPY/ADD). Computed in the guest (the host never reads the
+ * context), so a guest that lies about it can only spoil its own tenant's cache; a userland
+ * lacking a tool for it turns the cache off.
  */
-static enum kiln_err ctx_hash(struct build *b, const struct df_step *s, char out[LAYER_KEY_LEN + 1],
+static enum kiln_err ctx_hash(struct build *b, unsigned line, char out[LAYER_KEY_LEN + 1],
 			      struct kiln_error *err)
 {
 	static const char script[] =
-		"set -e; export LC_ALL=C; cd " BUILD_CTX "; IFS='\n'\n"
-		"{ for s in \"$@\"; do printf 'source %s\\n' \"$s\"; for f in $s; do\n"
-		"    [ -e \"$f\" ] || [ -L \"$f\" ] || continue\n"
-		"    find \"$f\" -print0 | sort -z | xargs -0 -r stat -c '%F %a %u:%g %s %N' --\n"
-		"    find \"$f\" -type f -print0 | sort -z | xargs -0 -r sha256sum --\n"
-		"  done; done; } > " BUILD_DIR "/hash.in\n"
+		"set -e; export LC_ALL=C; cd " BUILD_CTX "\n"
+		"{ find . -print0 | sort -z | xargs -0 -r stat -c '%F %a %u:%g %s %N' --\n"
+		"  find . -type f -print0 | sort -z | xargs -0 -r sha256sum --; } > " BUILD_DIR
+		"/hash.in\n"
 		"sha256sum < " BUILD_DIR "/hash.in | cut -c1-64; rm -f " BUILD_DIR "/hash.in\n";
-	const char *argv[DOCKERFILE_MAX_STEPS + 8] = { "/bin/sh", "-c", script, "sh" };
+	const char *argv[] = { "/bin/sh", "-c", script, NULL };
 	struct agent_exec_req x = { .argv = argv };
 	struct capture cap = { 0 };
-	size_t k = 4;
 	int st = 0;
 	enum kiln_err rc;
 
-	for (size_t i = 0; i + 1 < s->argc && k < DOCKERFILE_MAX_STEPS + 7; i++)
-		argv[k++] = s->argv[i];
-	argv[k] = NULL;
 	rc = build_exec(b, &x, &cap, &st, err);
 	if (rc == KILN_OK && (st != 0 || cap.len != LAYER_KEY_LEN + 1 ||
 			      strspn(cap.data, "0123456789abcdef") != LAYER_KEY_LEN))
 		rc = kiln_error_set(err, KILN_E_INVALID,
-				    "hashing the context files of line %u failed (exit status %d)",
-				    s->line, st);
+				    "hashing the build context at line %u failed (exit status %d)",
+				    line, st);
 	if (rc == KILN_OK)
 		snprintf(out, LAYER_KEY_LEN + 1, "%s", cap.data);
 	free(cap.data);
@@ -1187,6 +1329,7 @@ static bool layer_find(struct build *b, char snap[AUTH_ID_MAX])
 		"AND s.purged_at IS NULL RETURNING l.snapshot_id",
 		b->tenant, b->n->cfg.node_id, b->key) == KILN_OK && pg_res_rows(res) == 1) {
 		snprintf(snap, AUTH_ID_MAX, "%s", pg_res_str(res, 0, 0));
+		chain_add(b, snap);
 		found = true;
 	}
 	pg_res_free(res);
@@ -1232,8 +1375,19 @@ static enum kiln_err layer_keep(struct build *b, struct kiln_error *err)
 	return rc;
 }
 
-/* Ends the current builder and goes on from cached layer `snap`; with `ctx`, with the context. */
-static enum kiln_err layer_resume(struct build *b, const char *snap, bool ctx,
+/* Whether a builder restored from a cached layer failed for the layer's sake, not the tenant's. */
+static bool layer_broken(const struct build *b, enum kiln_err rc)
+{
+	return !b->n->stopping && rc != KILN_E_QUOTA && rc != KILN_E_CREDITS &&
+	       rc != KILN_E_SUSPENDED && rc != KILN_E_RATE_LIMITED && rc != KILN_E_NO_CAPACITY &&
+	       rc != KILN_E_UNAVAILABLE && rc != KILN_E_DB_SWITCH && rc != KILN_E_NOMEM;
+}
+
+/*
+ * Ends the current builder and goes on from cached layer `snap`. When that layer does not
+ * restore, its name goes into `broken` (build_steps drops it and starts again uncached).
+ */
+static enum kiln_err layer_resume(struct build *b, const char *snap, char broken[AUTH_ID_MAX],
 				  struct kiln_error *err)
 {
 	enum kiln_err rc;
@@ -1241,8 +1395,8 @@ static enum kiln_err layer_resume(struct build *b, const char *snap, bool ctx,
 	builder_end(b);
 	build_log(b, "# builder sandbox from cached layer %s", snap);
 	rc = builder_new(b, snap, err);
-	if (rc == KILN_OK && ctx)
-		rc = build_context(b, err);
+	if (rc != KILN_OK && layer_broken(b, rc))
+		snprintf(broken, AUTH_ID_MAX, "%s", snap);
 	return rc;
 }
 
@@ -1252,36 +1406,40 @@ static bool step_writes_disk(const struct df_step *s)
 }
 
 /*
- * The steps, with the layer cache: the key of each step chains its parent's (the FROM image and
- * the shape and egress of the build first); while every disk step so far has a kept layer, the
- * step is not run ("(cached)" in the log) and only its effect on the build's state (ENV, ARG,
- * USER, WORKDIR) is taken; at the first that has none, the build goes on from the deepest layer
- * found, and every disk step after it keeps its own.
+ * One pass over the steps, with the layer cache: the key of each step chains its parent's (the
+ * FROM image and the shape and egress of the build first); with `lookup`, while every disk step
+ * so far has a kept layer, the step is not run ("(cached)" in the log) and only its effect on the
+ * build's state (ENV, ARG, USER, WORKDIR) is taken; at the first that has none, the build goes on
+ * from the deepest layer found, and every disk step after it keeps its own. The context is copied
+ * into the builder at the first COPY/ADD that needs it, its hash chained into the key there.
  */
-static enum kiln_err build_steps(struct build *b, const char *from_snap, struct kiln_error *err)
+static enum kiln_err steps_pass(struct build *b, const char *from_snap, bool lookup,
+				char broken[AUTH_ID_MAX], struct kiln_error *err)
 {
 	char hit[AUTH_ID_MAX] = "", snap[AUTH_ID_MAX], shape[3][16];
-	bool lookup = b->cache;
 	size_t cached = 0;
 	enum kiln_err rc = KILN_OK;
 
 	for (int i = 0; i < 3; i++)
 		snprintf(shape[i], sizeof(shape[i]), "%u", b->shape[i]);
 	{
-		const char *parts[] = { "kiln-layer-1", b->n->cfg.guest_image_hash, from_snap ? from_snap : "base",
+		const char *parts[] = { "kiln-layer-2", b->n->cfg.guest_image_hash, from_snap ? from_snap : "base",
 					shape[0], shape[1], shape[2], b->egress };
 		b->key[0] = '\0';
+		b->ctx_keyed = false;
 		if (b->cache)
 			rc = key_chain(b, parts, sizeof(parts) / sizeof(parts[0]), err);
 	}
 	for (size_t i = 0; rc == KILN_OK && i < b->df.nsteps; i++) {
 		const struct df_step *s = &b->df.steps[i];
-		bool disk = step_writes_disk(s);
+		bool disk = step_writes_disk(s), copy = s->kind == DF_COPY || s->kind == DF_ADD;
 		char ctx[LAYER_KEY_LEN + 1] = "";
 
-		if (b->cache && (s->kind == DF_COPY || s->kind == DF_ADD)) {
+		if (copy && !b->ctx_in && (!lookup || !b->ctx_keyed))
+			rc = build_context(b, err);
+		if (rc == KILN_OK && b->cache && copy && !b->ctx_keyed) {
 			struct kiln_error herr = { 0 };
-			if (ctx_hash(b, s, ctx, &herr) != KILN_OK) {
+			if (ctx_hash(b, s->line, ctx, &herr) != KILN_OK) {
 				if (herr.code == KILN_E_QUOTA || b->n->stopping) {
 					*err = herr;
 					return herr.code;
@@ -1289,8 +1447,9 @@ static enum kiln_err build_steps(struct build *b, const char *from_snap, struct 
 				b->cache = false;
 				build_log(b, "# layer cache off from line %u: %s", s->line, herr.msg);
 			}
+			b->ctx_keyed = b->cache;
 		}
-		if (b->cache)
+		if (rc == KILN_OK && b->cache)
 			rc = key_step(b, s, ctx, err);
 		if (rc == KILN_OK && lookup && disk && b->cache && layer_find(b, snap)) {
 			snprintf(hit, sizeof(hit), "%s", snap);
@@ -1306,12 +1465,11 @@ static enum kiln_err build_steps(struct build *b, const char *from_snap, struct 
 			continue;
 		}
 		if (rc == KILN_OK && lookup && disk) {
-			bool copies = false;	/* a later step reads the context */
-			for (size_t j = i; j < b->df.nsteps; j++)
-				copies |= b->df.steps[j].kind == DF_COPY || b->df.steps[j].kind == DF_ADD;
 			lookup = false;
 			if (hit[0])
-				rc = layer_resume(b, hit, copies, err);
+				rc = layer_resume(b, hit, broken, err);
+			if (rc == KILN_OK && copy && !b->ctx_in)
+				rc = build_context(b, err);
 		}
 		if (rc != KILN_OK)
 			break;
@@ -1322,9 +1480,49 @@ static enum kiln_err build_steps(struct build *b, const char *from_snap, struct 
 			rc = layer_keep(b, err);
 	}
 	if (rc == KILN_OK && lookup && hit[0])
-		rc = layer_resume(b, hit, false, err);
+		rc = layer_resume(b, hit, broken, err);
 	if (rc == KILN_OK && cached)
 		build_log(b, "# layer cache: %zu steps cached", cached);
+	return rc;
+}
+
+/* The build's state back to its start (ENV, ARG, USER, WORKDIR), for a pass from the FROM image. */
+static void state_reset(struct build *b)
+{
+	for (size_t i = 0; i < b->nenv; i++)
+		free(b->env[i]);
+	b->nenv = 0;
+	b->env[0] = NULL;
+	free(b->workdir);
+	free(b->user);
+	b->workdir = b->user = NULL;
+	json_object_clear(b->image_env);
+}
+
+/*
+ * The steps: a pass with the layer cache; when a cached layer it found does not restore, that
+ * layer is dropped (its row, its snapshot marked deleted), and the steps run again from the FROM
+ * image in a new builder, keeping new layers.
+ */
+static enum kiln_err build_steps(struct build *b, const char *from_snap, struct kiln_error *err)
+{
+	char broken[AUTH_ID_MAX] = "";
+	enum kiln_err rc = steps_pass(b, from_snap, b->cache, broken, err);
+
+	if (rc == KILN_OK || !broken[0])
+		return rc;
+	build_log(b, "# cached layer %s does not restore (%s): dropped; the build goes on uncached "
+		  "from a new builder", broken, err->msg);
+	log_warn("template %s: cached layer \"%s\" does not restore (%s): dropped", b->tmpl, broken,
+		 err->msg);
+	layer_drop(b, broken);
+	kiln_error_clear(err);
+	builder_end(b);
+	state_reset(b);
+	build_log(b, "# builder sandbox from %s", b->df.from);
+	rc = builder_new(b, from_snap, err);
+	if (rc == KILN_OK)
+		rc = steps_pass(b, from_snap, false, broken, err);
 	return rc;
 }
 
@@ -1365,8 +1563,9 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		build_log(b, "# image archive: %lld bytes", b->bytes);
 		rc = build_image(b, err);
 	} else if (rc == KILN_OK) {
+		/* Copied into the builder at the first COPY/ADD: the steps before it never see it. */
 		build_log(b, "# build context: %lld bytes", b->bytes);
-		rc = build_context(b, err);
+		build_layers_gc(n, b->tenant);
 	}
 	if (rc == KILN_OK)
 		rc = build_steps(b, from_snap, err);

@@ -27,6 +27,13 @@ void build_source_done(struct http_req *req, const char *tenant);
 /* Fails the builds an earlier run of this node left building (their builder VMs are gone). */
 void build_init(struct node *n);
 
+/*
+ * Drops this node's cached layers (of `tenant`, or of every tenant when NULL) that no build will
+ * use again: of a template since deleted, of another guest image than the node's, or whose
+ * snapshot is deleted. Their files go in snap_gc once nothing stands on them.
+ */
+void build_layers_gc(struct node *n, const char *tenant);
+
 /* Waits for the running builds to end (they stop early once n->stopping is set). */
 void build_exit(struct node *n);
 

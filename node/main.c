@@ -333,6 +333,7 @@ static void *ticker(void *arg)
 			kiln_error_clear(&err);
 			if (recovery_deletes(&node, &err) != KILN_OK)
 				log_warn("requested deletes not carried out: %s", err.msg);
+			build_layers_gc(&node, NULL);
 			snap_gc(&node);
 			images_pin(&node);
 			tpl_evict_idle(&node, node.cfg.template_idle_s);

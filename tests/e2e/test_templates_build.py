@@ -13,8 +13,10 @@ internet but not the host's services, as a sandbox; while it runs, the tenant's 
 template_max_builds); a second template whose Dockerfile differs in its last line only reuses
 the first build's cached layers (the log marks those steps cached; a sandbox from it has all of
 them), another tenant's build of the same first lines as the failing one reuses none of its
-layers, and deleting the template deletes its
-layers; an unsupported instruction is 422 naming its line and a
+layers (a RUN above the first COPY finds no build context in the builder); with that tenant's
+snapshot limit at twice its layers' bytes its next build evicts its least recently used layer, and
+a layer whose files are gone is dropped by a rebuild that goes on uncached; deleting the template
+deletes its layers; an unsupported instruction is 422 naming its line and a
 context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
 template route and cannot create from it; deleting the template leaves its sandboxes running.
 """
@@ -64,7 +66,7 @@ CMD ["python3", "-m", "http.server", "8080", "--bind", "127.0.0.1"]
 # Its egress is open, yet the host's services (its address, its database port, the sandboxes'
 # gateway, the metadata address) stay closed to a RUN exactly as to a sandbox (test_egress).
 FAILING = """FROM base
-RUN echo about to fail
+RUN echo about to fail; if [ -e /var/tmp/kiln-build ]; then echo context seen; else echo context unseen; fi
 RUN for a in 192.0.2.1:80 192.0.2.1:5432 10.200.0.1:80 169.254.169.254:80 203.0.113.10:80; do \\
       if timeout 5 bash -c "exec 3<>/dev/tcp/${a%:*}/${a#*:}" 2>/dev/null; \\
       then echo "reached $a"; else echo "blocked $a"; fi; done
@@ -223,7 +225,10 @@ class TemplateBuildTests(unittest.TestCase):
         for a in ("192.0.2.1:80", "192.0.2.1:5432", "10.200.0.1:80", "169.254.169.254:80"):
             self.assertIn(f"blocked {a}\n", log)
         self.assertIn("reached 203.0.113.10:80\n", log)
-        self.assertIn("# .dockerignore: 2 paths of the context left out", log)  # junk/ and junk/a.txt
+        # no COPY/ADD: the context is never copied into the builder, so no RUN reads it
+        self.assertNotIn("# .dockerignore", log)
+        self.assertIn("context unseen\n", log)
+        self.assertNotIn("context seen\n", log)
         self.assertIn("about to fail", log)
         self.assertIn("this step fails", log)
         self.assertNotIn("never reached", log)
@@ -242,7 +247,9 @@ class TemplateBuildTests(unittest.TestCase):
         # the steps that passed were kept as layers: the same lines again start from them, but
         # not for another tenant, whose build of the same first lines reuses none of them
         self.assertEqual(len(LAYER_KEPT.findall(log)), 2, log)
-        prefix = "\n".join(FAILING.splitlines()[:2]) + "\nRUN exit 7\n"
+        # (its COPY brings the context in, sent through the API with what its .dockerignore
+        # excludes: the builder leaves it out)
+        prefix = "\n".join(FAILING.splitlines()[:2]) + "\nCOPY . /tmp/ctx/\nRUN exit 7\n"
         r = self.gw.request("POST", "/v1/templates", {"name": "broken", "vcpus": 1, "memory_mib": 512,
                                                       "disk_gib": 10}, self.other)
         self.assertEqual(r.status, 201, r)
@@ -250,15 +257,68 @@ class TemplateBuildTests(unittest.TestCase):
         r = self.gw.request("PUT", f"/v1/templates/{theirs}/dockerfile?version=1", prefix,
                             dict(self.other, **{"Content-Type": "text/plain"}))
         self.assertEqual(r.status, 204, r)
-        self.put_source(theirs, 1, context_tar({"a": "b"}), key=self.other)
+        self.put_source(theirs, 1, context_tar({"Dockerfile": prefix, ".dockerignore": "junk\n",
+                                                "junk/a.txt": "x", "kept.txt": "y"}), key=self.other)
         log, end = self.follow(theirs, 1, key=self.other)
         self.assertEqual(end["status"], "failed", (end, log))
-        self.assertIn("Dockerfile line 3: RUN failed (exit status 7)", end["reason"])
+        self.assertIn("Dockerfile line 4: RUN failed (exit status 7)", end["reason"])
         self.assertNotIn("(cached)", log)
         self.assertIn("about to fail", log)
-        self.assertEqual(len(LAYER_KEPT.findall(log)), 1, log)
+        self.assertIn("# .dockerignore: 2 paths of the context left out", log)  # junk/ and junk/a.txt
+        self.assertEqual(len(LAYER_KEPT.findall(log)), 2, log)
+        self.layers_are_evicted_and_a_broken_one_dropped(theirs)
         r = self.gw.request("DELETE", f"/v1/templates/{theirs}", None, self.other)
         self.assertEqual(r.status, 204, r)
+
+    def layers_are_evicted_and_a_broken_one_dropped(self, theirs):
+        """The other tenant's two layers, then its snapshot limit at twice their bytes: a build's
+        new layer evicts the least recently used, keeping the layers within half the limit; then
+        that new layer's files removed, a rebuild drops it and goes on uncached."""
+        db = self.stack.db.sql
+        tenant = db(f"SELECT tenant_id FROM templates WHERE id = '{theirs}'")
+        layers = ("SELECT l.snapshot_id, s.size_bytes FROM template_layers l JOIN snapshots s ON "
+                  f"s.id = l.snapshot_id AND s.deleted_at IS NULL WHERE l.tenant_id = '{tenant}' "
+                  "ORDER BY l.used_at, l.created_at")
+        before = [r.split("|") for r in db(layers).splitlines()]
+        self.assertEqual(len(before), 2, before)
+        cap = sum(int(b) for _, b in before)
+        plan = db(f"SELECT plan FROM tenants WHERE id = '{tenant}'")
+        db("INSERT INTO plan_limits SELECT 'tbuild-small', max_sandboxes, max_vcpu_milli, max_memory_mib, "
+           f"{2 * cap} FROM plan_limits WHERE plan = 'default'")
+        db(f"UPDATE tenants SET plan = 'tbuild-small' WHERE id = '{tenant}'")
+        self.addCleanup(db, "DELETE FROM plan_limits WHERE plan = 'tbuild-small'")
+        self.addCleanup(db, f"UPDATE tenants SET plan = '{plan}' WHERE id = '{tenant}'")
+        small = "FROM base\nRUN echo evicting > /evict.txt\n"
+
+        def build():
+            r = self.gw.request("POST", "/v1/templates", {"name": "evict", "vcpus": 1, "memory_mib": 512,
+                                                          "disk_gib": 10}, self.other)
+            self.assertEqual(r.status, 201, r)
+            tmpl, version = r.json()["id"], r.json()["version"]
+            self.addCleanup(self.gw.request, "DELETE", f"/v1/templates/{tmpl}", None, self.other)
+            r = self.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile?version={version}", small,
+                                dict(self.other, **{"Content-Type": "text/plain"}))
+            self.assertEqual(r.status, 204, r)
+            self.put_source(tmpl, version, context_tar({"a": "b"}), key=self.other)
+            log, end = self.follow(tmpl, version, key=self.other)
+            self.assertEqual(end["status"], "ready", (end, log))
+            return log
+
+        log = build()
+        self.assertEqual(len(LAYER_KEPT.findall(log)), 1, log)
+        self.assertRegex(log, r"# layer cache: [12] least recently used layers evicted")
+        after = [r.split("|") for r in db(layers).splitlines()]
+        self.assertNotIn(before[0][0], [i for i, _ in after])  # the least recently used went first
+        self.assertLessEqual(sum(int(b) for _, b in after), cap)
+        self.assertEqual(db(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{before[0][0]}'"), "t")
+        new = after[-1][0]
+        # A layer whose files are gone: the rebuild drops it and builds uncached, keeping a new one.
+        shutil.rmtree(os.path.join(self.stack.node.data_dir, "snaps", self.stack.node.node_id, new))
+        log = build()
+        self.assertIn(f"# cached layer {new} does not restore", log)
+        self.assertEqual(len(LAYER_KEPT.findall(log)), 1, log)
+        self.assertEqual(db(f"SELECT count(*) FROM template_layers WHERE snapshot_id = '{new}'"), "0")
+        self.assertEqual(db(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{new}'"), "t")
 
     def test_a_rebuild_with_its_last_line_changed_reuses_the_cached_layers(self):
         # The first build kept a layer for each step that wrote the disk (WORKDIR, COPY, RUN, RUN).

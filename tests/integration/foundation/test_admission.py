@@ -59,7 +59,20 @@ class AdmissionTests(unittest.TestCase):
         r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
         self.assertEqual(r.status, 403, r)
         self.assertIn("snapshots", r.json()["error"]["message"])
+        self.assertNotIn("layers", r.json()["error"]["message"])
         self.assertEqual(self.sandboxes(), 0)
+        # cached layers of template builds taking part: the message names them and how they go
+        self.sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, kind, size_bytes, vcpu_milli, memory_mib,"
+                 f" disk_gib) VALUES ('snap_l', '{self.tenant}', 'sb_l', 'build', 3145728, 1000, 256, 10)")
+        self.sql("INSERT INTO template_layers (tenant_id, node_id, key, snapshot_id, template_id) VALUES "
+                 f"('{self.tenant}', 'node-x', '{'0' * 64}', 'snap_l', 'tpl_x')")
+        r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
+        self.assertEqual(r.status, 403, r)
+        self.assertIn("4 MiB are kept (3 MiB of them cached layers of template builds, which go with "
+                      "their templates or are evicted by builds): delete snapshots, sandboxes or "
+                      "templates to go on", r.json()["error"]["message"])
+        self.sql("DELETE FROM template_layers WHERE snapshot_id = 'snap_l'")
+        self.sql("UPDATE snapshots SET deleted_at = now(), purged_at = now() WHERE id = 'snap_l'")
         self.sql("UPDATE snapshots SET deleted_at = now(), purged_at = now() WHERE id = 'snap_x'")
         r = self.gw.request("POST", "/v1/sandboxes", {"memory_mib": 256}, self.key)
         self.assertNotEqual(r.status, 403, r)

@@ -1,8 +1,12 @@
 """The template routes (docs/templates.md) through real HTTP against kiln-gateway and Postgres:
 versions by name, shapes and bad input, tenant isolation, deletion and the per-tenant limits; the
 build routes' checks before any node is involved (the Dockerfile parsed on upload, a source only
-for a pending version with its Dockerfile, the log of a version not building) and creates naming
+for a pending version with its Dockerfile, the log of a version not building), which node a build
+goes to (one with room for its shape before one holding the tenant's layers) and creates naming
 a template without a ready version (the builds themselves: tests/e2e/test_templates_build.py)."""
+import os
+import socket
+import tempfile
 import threading
 import unittest
 
@@ -227,6 +231,47 @@ class TemplateLimits(GatewayCase):
         r = self.expect(self.call("PUT", base + "/dockerfile", "FROM base\n", h), 409, "conflict")
         self.assertIn("is failed", r.json()["error"]["message"])
         self.expect(self.call("PUT", base + "/source", b"tar", h), 409, "conflict")
+
+    def test_a_build_goes_to_a_node_with_room_before_one_holding_the_tenants_layers(self):
+        tid, _, h = self.new_tenant("placement")
+        t = self.expect(self.call("POST", "/v1/templates", spec("web"), h), 201).json()  # 512 MiB
+        base = "/v1/templates/" + t["id"]
+        self.expect(self.call("PUT", base + "/dockerfile", "FROM base\nRUN true\n", h), 204)
+        # two live nodes that only listen: one without room for 512 MiB holding the tenant's
+        # layers, one with room and none
+        tmp = tempfile.mkdtemp(prefix="kiln-place-")
+        called = []
+
+        def serve(ls, node):
+            # the node's side: the call comes in and is closed unanswered
+            try:
+                conn, _ = ls.accept()
+                called.append(node)
+                conn.close()
+            except OSError:
+                pass
+
+        for node, mib in (("node-place-full", 256), ("node-place-room", 4096)):
+            path = os.path.join(tmp, node + ".sock")
+            ls = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            ls.bind(path)
+            ls.listen(4)
+            ls.settimeout(30)
+            th = threading.Thread(target=serve, args=(ls, node), daemon=True)
+            th.start()
+            self.addCleanup(th.join)
+            self.addCleanup(ls.close)
+            self.addCleanup(ls.shutdown, socket.SHUT_RDWR)
+            self.db.sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+                        f"accelerator, image_hash) VALUES ('{node}', 'unix:{path}', 4000, {mib}, 10, 'qemu', "
+                        "'kvm', 'x')")
+            self.addCleanup(self.db.sql, f"UPDATE nodes SET down_at = now() WHERE id = '{node}'")
+        self.db.sql("INSERT INTO template_layers (tenant_id, node_id, key, snapshot_id, template_id) VALUES "
+                    f"('{tid}', 'node-place-full', '{'0' * 64}', 'snap_place', '{t['id']}')")
+        self.addCleanup(self.db.sql, "DELETE FROM template_layers WHERE snapshot_id = 'snap_place'")
+        r = self.call("PUT", base + "/source", b"tar", h)
+        self.assertNotEqual(r.status, 202, r)  # the node never answered
+        self.assertEqual(called, ["node-place-room"])
 
     def test_create_from_a_template_needs_a_ready_version_of_the_callers(self):
         _, _, h = self.new_tenant("creates")
