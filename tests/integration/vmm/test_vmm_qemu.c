@@ -16,7 +16,7 @@
  *  - QEMU runs under the CPU model of the snapshot's manifest; an unknown model is refused.
  * The guest is a busybox initramfs whose /init prints "KILN-GUEST-BOOTED" then "kiln-tick N" every
  * 0.2 s (mkimage.sh; run.sh passes its paths in KILN_GUEST_KERNEL/INITRD).
- * Exit 77 (skip) when not root or QEMU is missing.
+ * Fails when not root or QEMU is missing (never a skip: tests/skip-allowed.txt).
  */
 #include <errno.h>
 #include <fcntl.h>

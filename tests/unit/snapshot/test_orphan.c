@@ -5,7 +5,7 @@
  * kiln/<node>/<id>, a run dir with a socket, logs and a bind mount on a jail mount point, a uid
  * lease, a /dev/shm memory file. Beside them: a VM the node keeps, a VM of another node id (whose
  * memory file name collides with one of ours), and a process in one of our VM's cgroups that is not
- * a VMM. Needs root (cgroups, mounts); exits 77 otherwise.
+ * a VMM. Needs root (cgroups, mounts); fails without it (never a skip: tests/skip-allowed.txt).
  */
 #include <errno.h>
 #include <fcntl.h>
