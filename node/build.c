@@ -1293,15 +1293,19 @@ static enum kiln_err ctx_hash(struct build *b, unsigned line, char out[LAYER_KEY
 static enum kiln_err key_step(struct build *b, const struct df_step *s, const char *ctx,
 			      struct kiln_error *err)
 {
-	const char *parts[DOCKERFILE_MAX_STEPS + BUILD_ENV_MAX + 16];
+	/* every argument and variable: two steps that differ in any never share a key */
+	const char **parts = calloc(s->argc + b->nenv + 8, sizeof(*parts));
 	char line[16];
 	size_t k = 0;
+	enum kiln_err rc;
 
+	if (!parts)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	parts[k++] = dockerfile_kind_name(s->kind);
 	parts[k++] = s->shell ? "shell" : "exec";
 	snprintf(line, sizeof(line), "%zu", s->argc);
 	parts[k++] = line;
-	for (size_t i = 0; i < s->argc && i < DOCKERFILE_MAX_STEPS; i++)
+	for (size_t i = 0; i < s->argc; i++)
 		parts[k++] = s->argv[i] ? s->argv[i] : "\x01(unset)";
 	parts[k++] = s->chown;
 	parts[k++] = b->user;
@@ -1309,7 +1313,9 @@ static enum kiln_err key_step(struct build *b, const struct df_step *s, const ch
 	parts[k++] = ctx;
 	for (size_t i = 0; i < b->nenv; i++)
 		parts[k++] = b->env[i];
-	return key_chain(b, parts, k, err);
+	rc = key_chain(b, parts, k, err);
+	free(parts);
+	return rc;
 }
 
 /* The newest kept layer of the tenant on this node under b->key, into `snap`; false if none. */
