@@ -155,6 +155,7 @@ void images_pin(struct node *n)
 	struct pg_res *res = NULL;
 	static char pinned[PIN_DIRS_MAX][PATH_MAX];	/* the ticker's thread only */
 	size_t npinned = 0;
+	bool overflow = false;	/* past PIN_DIRS_MAX pins: unpin nothing this round */
 
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return;
@@ -188,7 +189,8 @@ void images_pin(struct node *n)
 				for (size_t k = 0; k < npinned && !keep; k++)
 					keep = strcmp(pinned[k], dir) == 0;
 				if (used && !keep) {
-					int fd = open(pin, O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+					int fd = open(pin, O_WRONLY | O_CREAT | O_NOFOLLOW | O_CLOEXEC,
+						      0644);
 
 					if (fd >= 0)
 						close(fd);
@@ -197,7 +199,9 @@ void images_pin(struct node *n)
 							 pg_res_str(res, i, 0), pin, strerror(errno));
 					if (npinned < PIN_DIRS_MAX)
 						snprintf(pinned[npinned++], PATH_MAX, "%s", dir);
-				} else if (!used && !keep && unlink(pin) == 0) {
+					else
+						overflow = true;
+				} else if (!used && !keep && !overflow && unlink(pin) == 0) {
 					log_info("guest image \"%s\" is no longer used here: unpinned",
 						 pg_res_str(res, i, 0));
 				}
