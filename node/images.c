@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -15,6 +16,7 @@
 #include "common/log.h"
 #include "node/images.h"
 #include "node/node.h"
+#include "vmm/snapshot.h"
 
 enum kiln_err images_check(const char *node_id, const char *hash, const char *kernel,
 			   const char *initrd, const char *rootfs, struct kiln_error *err)
@@ -30,16 +32,23 @@ enum kiln_err images_check(const char *node_id, const char *hash, const char *ke
 	return KILN_OK;
 }
 
+json_t *images_manifest(const char *dir)
+{
+	char path[PATH_MAX];
+	struct stat st;
+
+	if (!fs_path(path, "%s/manifest.json", dir) || stat(path, &st) != 0 ||
+	    st.st_size > SNAPSHOT_MANIFEST_MAX)
+		return NULL;
+	return json_load_file(path, 0, NULL);
+}
+
 enum kiln_err images_of_snapshot(const char *node_id, const char *dir, const char *fallback,
 				 char *hash, size_t len, struct kiln_error *err)
 {
-	char path[PATH_MAX];
-	json_t *m;
+	json_t *m = images_manifest(dir);
 	enum kiln_err rc;
 
-	if (!fs_path(path, "%s/manifest.json", dir))
-		return kiln_error_set(err, KILN_E_INVALID, "snapshot directory too long");
-	m = json_load_file(path, 0, NULL);
 	if (!m)
 		return kiln_error_set(err, KILN_E_INVALID, "snapshot \"%s\": no readable manifest", dir);
 	{

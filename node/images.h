@@ -18,6 +18,8 @@
 #include <limits.h>
 #include <stdbool.h>
 
+#include <jansson.h>
+
 #include "common/err.h"
 #include "common/pg.h"
 
@@ -42,6 +44,12 @@ enum kiln_err images_find(struct pg *pg, const char *node_id, const char *hash,
  */
 enum kiln_err images_check(const char *node_id, const char *hash, const char *kernel,
 			   const char *initrd, const char *rootfs, struct kiln_error *err);
+
+/*
+ * The parsed manifest.json of snapshot directory `dir`, driver's fields included (a new reference
+ * the caller drops with json_decref), or NULL when it is missing, too large or does not parse.
+ */
+json_t *images_manifest(const char *dir);
 
 /*
  * The image snapshot directory `dir` was taken on: its manifest's image_hash (`fallback` for a

@@ -176,11 +176,8 @@ enum kiln_err write_manifest_public(struct node *n, const struct sandbox *sb, co
 	if (sb->image_hash[0]) {
 		snprintf(m.image_hash, sizeof(m.image_hash), "%s", sb->image_hash);
 	} else {
-		char path[700];
-		json_t *vm;
+		json_t *vm = images_manifest(dir);
 
-		snprintf(path, sizeof(path), "%s/manifest.json", dir);
-		vm = json_load_file(path, 0, NULL);
 		images_hash_of_kernel(n->pg, n->cfg.node_id,
 				      json_string_value(json_object_get(vm, "kernel")),
 				      node_image_hash(n), m.image_hash, sizeof(m.image_hash));
@@ -253,11 +250,9 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 				 const char *snap_id, const char *kind, const char *name,
 				 const char *dir, struct kiln_error *err)
 {
-	char size[24], v[16], m[16], d[16], image[IMAGE_HASH_MAX], path[700];
-	json_t *man;
+	char size[24], v[16], m[16], d[16], image[IMAGE_HASH_MAX];
+	json_t *man = images_manifest(dir);
 
-	snprintf(path, sizeof(path), "%s/manifest.json", dir);
-	man = json_load_file(path, 0, NULL);
 	snprintf(image, sizeof(image), "%s",
 		 json_string_value(json_object_get(man, "image_hash")) ?: node_image_hash(n));
 	json_decref(man);
