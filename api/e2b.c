@@ -361,6 +361,82 @@ static bool denies_all(const json_t *v)
 	return true;
 }
 
+/* Whether `host` is one of the strings of `allow` (case aside). */
+static bool allowed_exactly(const json_t *allow, const char *host)
+{
+	size_t i;
+	json_t *e;
+
+	json_array_foreach(allow, i, e)
+		if (json_is_string(e) && strcasecmp(json_string_value(e), host) == 0)
+			return true;
+	return false;
+}
+
+/*
+ * Kiln's secrets for E2B's `network.rules` ({host: [{transform: {headers: {name: value}}}]}):
+ * *secrets is a new array of {host, header, value}, or NULL when `rules` is absent. Kiln binds a
+ * secret to an exact host rule, so a host with headers must be an entry of `allow` (NULL unless
+ * the network denies everything else); wildcards, IAM placeholders and anything but headers are
+ * refused (400 replied, false). Kiln's API checks the rest (header names, values, addresses).
+ */
+static bool secrets_of(struct http_req *req, const json_t *rules, const json_t *allow,
+		       json_t **secrets)
+{
+	const char *host, *name;
+	json_t *list, *rule, *t, *h, *v;
+	size_t i;
+
+	if (!rules || json_is_null(rules))
+		return true;
+	if (!json_is_object(rules)) {
+		e2b_error(req, 400, "network.rules must be an object of hosts to lists of rules");
+		return false;
+	}
+	*secrets = json_array();
+	json_object_foreach((json_t *)rules, host, list) {
+		if (!json_is_array(list)) {
+			e2b_error(req, 400, "network.rules[\"%s\"] must be a list of rules", host);
+			goto bad;
+		}
+		json_array_foreach(list, i, rule) {
+			t = json_object_get(rule, "transform");
+			h = json_object_get(t, "headers");
+			if (!json_is_object(rule) || json_object_size(rule) > (t ? 1u : 0u) ||
+			    (t && !json_is_null(t) && (!json_is_object(t) ||
+			    json_object_size(t) > (h ? 1u : 0u) || (h && !json_is_object(h))))) {
+				e2b_error(req, 400, "network.rules[\"%s\"]: this server maps only "
+						    "transform.headers (docs/e2b.md)", host);
+				goto bad;
+			}
+			if (json_object_size(h) && strchr(host, '*')) {
+				e2b_error(req, 400, "network.rules[\"%s\"]: headers bind to one exact host "
+						    "on this server, not a wildcard", host);
+				goto bad;
+			}
+			if (json_object_size(h) && !allowed_exactly(allow, host)) {
+				e2b_error(req, 400, "network.rules[\"%s\"]: headers need the host in "
+						    "allowOut, with denyOut 0.0.0.0/0 (docs/e2b.md)", host);
+				goto bad;
+			}
+			json_object_foreach(h, name, v) {
+				if (!json_is_string(v) || strstr(json_string_value(v), "${e2b.")) {
+					e2b_error(req, 400, "network.rules[\"%s\"]: header \"%s\" must be a "
+							    "plain string (no IAM placeholders)", host, name);
+					goto bad;
+				}
+				json_array_append_new(*secrets, json_pack("{s:s, s:s, s:O}", "host", host,
+									   "header", name, "value", v));
+			}
+		}
+	}
+	return true;
+bad:
+	json_decref(*secrets);
+	*secrets = NULL;
+	return false;
+}
+
 /*
  * Kiln's egress rules for E2B's `allow_internet_access` and `network` (either NULL): *rules is
  * a new array (empty: open) or NULL when neither names egress. Kiln's rules are an allow list, so
@@ -368,16 +444,16 @@ static bool denies_all(const json_t *v)
  * no Kiln equivalent is refused (400 replied, false).
  */
 static bool egress_of(struct http_req *req, const json_t *internet, const json_t *net,
-		      json_t **rules)
+		      json_t **rules, json_t **secrets)
 {
 	const json_t *allow = json_object_get(net, "allowOut"), *deny = json_object_get(net, "denyOut");
-	static const char *const unmapped[] = { "rules", "egressProxy", "maskRequestHost",
-						"httpsPorts", NULL };
+	static const char *const unmapped[] = { "egressProxy", "maskRequestHost", "httpsPorts", NULL };
 	bool closed;
 	size_t i;
 	json_t *e;
 
 	*rules = NULL;
+	*secrets = NULL;
 	if (internet && !json_is_boolean(internet)) {
 		e2b_error(req, 400, "allow_internet_access must be true or false");
 		return false;
@@ -411,6 +487,8 @@ static bool egress_of(struct http_req *req, const json_t *internet, const json_t
 			return false;
 		}
 	closed = json_is_false(internet) || denies_all(deny);
+	if (!secrets_of(req, json_object_get(net, "rules"), closed ? allow : NULL, secrets))
+		return false;
 	if (!internet && !net)
 		return true;
 	*rules = json_array();
@@ -441,6 +519,16 @@ static json_t *e2b_body(struct http_req *req)
 		return NULL;
 	}
 	return b;
+}
+
+/* Wipes the request's body: it may carry secrets' values (network.rules' headers, envVars). */
+static void wipe_body(struct http_req *req)
+{
+	size_t len = 0;
+	const char *text = http_req_body(req, &len);
+
+	if (text && len)
+		explicit_bzero((void *)text, len);
 }
 
 /* A `timeout` field: seconds, 1..86400; *out `def` when absent. Replies 400 when malformed. */
@@ -494,7 +582,7 @@ static bool refuse_unmapped(struct http_req *req, const json_t *b)
 /* POST /v2/sandboxes, POST /sandboxes */
 static void e2b_create(struct http_req *req)
 {
-	json_t *b = e2b_body(req), *kb = NULL, *rules = NULL, *v;
+	json_t *b = e2b_body(req), *kb = NULL, *rules = NULL, *secrets = NULL, *v;
 	const char *tmpl;
 	long long timeout;
 	struct answer a = { 0 };
@@ -508,7 +596,7 @@ static void e2b_create(struct http_req *req)
 	}
 	if (refuse_unmapped(req, b) || !timeout_field(req, b, DEFAULT_TIMEOUT_S, &timeout) ||
 	    !egress_of(req, json_object_get(b, "allow_internet_access"), json_object_get(b, "network"),
-		       &rules))
+		       &rules, &secrets))
 		goto out;
 	kb = json_pack("{s:I}", "timeout_s", (json_int_t)timeout);
 	if (!strcmp(tmpl, "base") || !strcmp(tmpl, "python")) {
@@ -528,6 +616,8 @@ static void e2b_create(struct http_req *req)
 		json_object_set(kb, "env", v);
 	if (rules && json_array_size(rules))
 		json_object_set_new(kb, "egress", json_pack("{s:O}", "rules", rules));
+	if (json_array_size(secrets))
+		json_object_set(kb, "secrets", secrets);
 	if (!api_call(req, "POST", "/v1/sandboxes", kb, &a))
 		goto out;
 	if (a.status != 201 || !json_is_object(a.json)) {
@@ -542,8 +632,10 @@ static void e2b_create(struct http_req *req)
 out:
 	answer_free(&a);
 	json_decref(rules);
+	json_decref(secrets);
 	json_decref(kb);
 	json_decref(b);
+	wipe_body(req);
 }
 
 /*
@@ -1073,13 +1165,17 @@ out:
 	answer_free(&a);
 }
 
-/* PUT /sandboxes/{sandboxID}/network: replaces the egress rules (the API's PUT .../egress). */
+/*
+ * PUT /sandboxes/{sandboxID}/network: replaces the egress rules (the API's PUT .../egress), then
+ * the secrets when `rules` is given or the sandbox has some (E2B: an omitted field is cleared).
+ * A refused secrets set puts the earlier rules back, so a refusal changes nothing.
+ */
 static void e2b_network(struct http_req *req)
 {
 	const char *id = param_id(req, "sandboxID");
-	json_t *b = e2b_body(req), *rules = NULL, *kb = NULL;
-	struct answer a = { 0 };
-	char path[128];
+	json_t *b = e2b_body(req), *rules = NULL, *secrets = NULL, *kb = NULL;
+	struct answer a = { 0 }, old = { 0 }, s = { 0 };
+	char path[128], spath[128];
 
 	if (!b)
 		return;
@@ -1087,19 +1183,64 @@ static void e2b_network(struct http_req *req)
 		e2b_not_found(req, http_req_param(req, "sandboxID"));
 		goto out;
 	}
-	if (!egress_of(req, json_object_get(b, "allow_internet_access"), b, &rules))
+	if (!egress_of(req, json_object_get(b, "allow_internet_access"), b, &rules, &secrets))
 		goto out;
+	snprintf(path, sizeof(path), "/v1/sandboxes/%s/egress", id);
+	snprintf(spath, sizeof(spath), "/v1/sandboxes/%s/secrets", id);
+	if (!secrets) {
+		if (!api_call(req, "GET", spath, NULL, &s))
+			goto out;
+		if (s.status != 200) {
+			reply_sandbox_done(req, id, &s);
+			goto out;
+		}
+		if (json_array_size(json_object_get(s.json, "secrets")))
+			secrets = json_array();
+		answer_free(&s);
+		memset(&s, 0, sizeof(s));
+	}
+	if (secrets && !api_call(req, "GET", path, NULL, &old))
+		goto out;
+	if (secrets && old.status != 200) {
+		reply_sandbox_done(req, id, &old);
+		goto out;
+	}
 	kb = json_pack("{s:o}", "rules", rules ? rules : json_array());
 	rules = NULL;
-	snprintf(path, sizeof(path), "/v1/sandboxes/%s/egress", id);
 	if (!api_call(req, "PUT", path, kb, &a))
 		goto out;
-	reply_sandbox_done(req, id, &a);
+	if (!secrets || a.status < 200 || a.status > 299) {
+		reply_sandbox_done(req, id, &a);
+		goto out;
+	}
+	json_decref(kb);
+	kb = json_pack("{s:O}", "secrets", secrets);
+	if (!api_call(req, "PUT", spath, kb, &s))
+		goto out;
+	if (s.status < 200 || s.status > 299) {
+		struct answer back = { 0 };
+
+		json_decref(kb);
+		kb = json_pack("{s:O}", "rules", json_object_get(old.json, "rules"));
+		if (!api_call(req, "PUT", path, kb, &back)) {
+			answer_free(&back);
+			goto out;
+		}
+		if (back.status < 200 || back.status > 299)
+			log_warn("e2b: sandbox %s: the secrets were refused (%ld) and its earlier egress "
+				 "rules could not be put back (%ld)", id, s.status, back.status);
+		answer_free(&back);
+	}
+	reply_sandbox_done(req, id, &s);
 out:
 	answer_free(&a);
+	answer_free(&old);
+	answer_free(&s);
 	json_decref(kb);
 	json_decref(rules);
+	json_decref(secrets);
 	json_decref(b);
+	wipe_body(req);
 }
 
 /* E2B's SnapshotInfo of a Kiln snapshot. */

@@ -298,9 +298,9 @@ class EgressTests(unittest.TestCase):
             self.fail("the upstream connection stayed open: " + ss.stdout)
 
     def test_real_clients_reach_an_allowed_name_not_its_twin_and_the_log_says_why(self):
-        # curl and Node in the guest, with the test CA (the guest's bundle untouched: --cacert,
-        # NODE_EXTRA_CA_CERTS); the server's certificate names both names, so only the
-        # name-checking proxy can refuse the twin
+        # curl, Python (urllib) and Node in the guest, with the test CA (the guest's bundle
+        # untouched: --cacert, cafile, NODE_EXTRA_CA_CERTS); the server's certificate names both
+        # names, so only the name-checking proxy can refuse the twin
         ns = os.environ["KILN_E2E_INET_NS"]
         d = tempfile.mkdtemp(prefix="kiln-egress-tls-")
         self.addCleanup(subprocess.run, ["rm", "-rf", d])
@@ -337,20 +337,27 @@ class EgressTests(unittest.TestCase):
             "getent hosts %s | cut -d' ' -f1\n"
             "curl -sS -m 20 --cacert /tmp/e2e-ca.pem https://%s/curl; echo curl-rc=$?\n"
             "curl -sS -k -m 20 --resolve %s:443:%s https://%s/twin-curl 2>/dev/null; echo twin-rc=$?\n"
+            "python3 -c \"$PY_HTTPS\"\n"
             "NODE_EXTRA_CA_CERTS=/tmp/e2e-ca.pem node -e \"$NODE_JS\"\n"
             % (ca_pem, TLS_NAME, TLS_NAME, TLS_TWIN, TLS_ADDR, TLS_TWIN))
+        py_https = ("import ssl, urllib.request\n"
+                    "c = ssl.create_default_context(cafile='/tmp/e2e-ca.pem')\n"
+                    "r = urllib.request.urlopen('https://%s/python', context=c, timeout=20)\n"
+                    "print('python-ok', r.status, r.read().split()[1].decode())\n" % TLS_NAME)
         r = self.gw.request("POST", f"/v1/sandboxes/{self.a['id']}/exec",
-                            {"cmd": ["sh", "-c", script], "env": {"NODE_JS": node_js}, "timeout_s": 120},
+                            {"cmd": ["sh", "-c", script], "env": {"NODE_JS": node_js, "PY_HTTPS": py_https},
+                             "timeout_s": 120},
                             self.key, timeout=150)
         self.assertEqual(r.status, 200, r)
         out = r.json()["stdout"].split()
         # the twin fails at the reset: curl 35 (TLS connect) or 56 (receive), Node ECONNRESET
         self.assertEqual(out[:4], [TLS_ADDR, "ok", "/curl", "curl-rc=0"], r.json())
         self.assertIn(out[4], ("twin-rc=35", "twin-rc=56"), r.json())
-        self.assertEqual(out[5:], ["node-ok", "200", "/node", "node-twin", "ECONNRESET"], r.json())
+        self.assertEqual(out[5:], ["python-ok", "200", "/python", "node-ok", "200", "/node", "node-twin",
+                                   "ECONNRESET"], r.json())
         with open(log) as f:
             paths = [json.loads(line)["path"] for line in f if line.strip()]
-        self.assertEqual(sorted(paths), ["/curl", "/node"])
+        self.assertEqual(sorted(paths), ["/curl", "/node", "/python"])
         # the connection log: each flow's checked name and the proxy's decision
         want = "%s,allowed,allowed;%s,no_rule,denied" % (TLS_NAME, TLS_TWIN)
         deadline = time.time() + 60
@@ -435,8 +442,10 @@ class EgressTests(unittest.TestCase):
         self.assertGreaterEqual(int(self.run_py(code, sb=self.b)[0]), 50_000_000)
 
 
-def main():
-    """Builds the host and internet namespaces, runs the tests inside the host one, cleans up."""
+def with_fake_internet(cmd):
+    """Builds the host and internet namespaces, runs `cmd` inside the host one (with
+    KILN_E2E_INET_NS naming the internet's), cleans up; returns its exit status. bench/egress
+    runs its real-VM bench this way too."""
     tag = "ke" + secrets.token_hex(3)
     ns_h, ns_i = tag + "h", tag + "i"
     procs = []
@@ -473,10 +482,7 @@ def main():
         env = dict(os.environ, KILN_E2E_INET_NS=ns_i)
         # nsenter, not `ip netns exec`: that one mounts a fresh /sys, hiding the cgroup and
         # bpf file systems the node needs.
-        # through the harness's runner, as every Python test: a skip is not a pass
-        runner = os.path.join(HERE, "..", "harness", "unittest_run.py")
-        r = subprocess.run(["nsenter", "--net=/run/netns/" + ns_h, sys.executable, runner]
-                           + (sys.argv[1:] or ["test_egress"]), cwd=HERE, env=env)
+        r = subprocess.run(["nsenter", "--net=/run/netns/" + ns_h] + cmd, cwd=HERE, env=env)
         return r.returncode
     finally:
         for p in procs:
@@ -484,6 +490,13 @@ def main():
             p.wait()
         for ns in (ns_h, ns_i):
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def main():
+    """The tests inside the host namespace, through the harness's runner as every Python test (a
+    skip is not a pass)."""
+    runner = os.path.join(HERE, "..", "harness", "unittest_run.py")
+    return with_fake_internet([sys.executable, runner] + (sys.argv[1:] or ["test_egress"]))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ with NXDOMAIN. On ADDR:443, an HTTP/1.1 server over TLS with CERT and KEY (a kee
 connection serves many requests) appends one JSON line to LOG for each request: the name it
 serves, the client's address and port, method, path and every header as [name, value] pairs in
 order. Each answer is 200 with the body "ok <path> <MARK>\n", MARK the environment's
-TLSRECORD_MARK: it never echoes a header. Prints "ready" once every socket listens.
+TLSRECORD_MARK: it never echoes a header; GET /bulk/N answers N bytes (bench/egress). Prints
+"ready" once every socket listens.
 """
 import http.server
 import json
@@ -41,6 +42,9 @@ class Recorder(http.server.BaseHTTPRequestHandler):
                "method": self.command, "path": self.path, "headers": list(self.headers.items())}
         with LOCK, open(self.server.log, "a") as f:
             f.write(json.dumps(rec) + "\n")
+        if self.path.startswith("/bulk/") and self.path[6:].isdigit():
+            self._bulk(int(self.path[6:]))
+            return
         out = ("ok %s %s\n" % (self.path, os.environ.get("TLSRECORD_MARK", ""))).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain")
@@ -48,6 +52,17 @@ class Recorder(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(out)
+
+    def _bulk(self, n):
+        # GET /bulk/N: N bytes (bench/egress)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/octet-stream")
+        self.send_header("Content-Length", str(n))
+        self.end_headers()
+        chunk = b"x" * 65536
+        while n > 0 and self.command != "HEAD":
+            self.wfile.write(chunk[:n])
+            n -= min(n, len(chunk))
 
     do_GET = do_POST = do_HEAD = _handle
 

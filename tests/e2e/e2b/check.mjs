@@ -55,9 +55,14 @@ async function main() {
 
   // Egress through the SDK onto Kiln's rules (the driver checks the API took each one).
   await sbx.updateNetwork({ allowInternetAccess: false })
-  await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['203.0.113.7', 'pypi.org'] })
+  // rules' headers become a Kiln secret for the exact host; {} below clears it again
+  await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['203.0.113.7', 'pypi.org'],
+    rules: { 'pypi.org': [{ transform: { headers: { 'X-Api-Key': 'e2b-rule-value' } } }] } })
   await assert.rejects(sbx.updateNetwork({ denyOut: ['10.0.0.0/8'] }),
     (e) => e instanceof SandboxError && /denyOut/.test(e.message))
+  await assert.rejects(sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['*.pypi.org'],
+    rules: { '*.pypi.org': [{ transform: { headers: { 'X-Api-Key': 'v' } } }] } }),
+  (e) => e instanceof SandboxError && /wildcard/.test(e.message))
   await sbx.updateNetwork({})
   step('updateNetwork')
 

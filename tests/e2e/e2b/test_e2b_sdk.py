@@ -69,6 +69,9 @@ class E2bSdk(unittest.TestCase):
         # Three egress updates the API took (deny all; two rules; open again), the bad one never
         # reached it.
         self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/egress 200", rows)), 3, rows)
+        # network.rules' header as a secret of the exact host, then cleared by the update
+        # without rules; the wildcard's refused update reached neither
+        self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/secrets 200", rows)), 2, rows)
         steps = {k: v for s in seen["steps"] if isinstance(s, dict) for k, v in s.items()}
         print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, commands "
               f"{steps['commands'] / 1000:.1f} s, data plane checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)

@@ -210,6 +210,24 @@ class E2bRest(unittest.TestCase):
                  ({"templateID": "base", "network": {"denyOut": ["10.0.0.0/8"]}}, 400, "denyOut"),
                  ({"templateID": "base", "network": {"egressProxy": {"address": "x:1"}}}, 400,
                   "egressProxy"),
+                 # network.rules' headers map onto Kiln's secrets only for an exact allowOut host
+                 # of a closed network; the rest is refused before anything is made
+                 ({"templateID": "base", "network": {"rules": {"api.test": [
+                     {"transform": {"headers": {"X-Key": "v"}}}]}}}, 400, "allowOut"),
+                 ({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["x.test"],
+                                                     "rules": {"api.test": [{"transform": {
+                                                         "headers": {"X-Key": "v"}}}]}}}, 400, "allowOut"),
+                 ({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["*.api.test"],
+                                                     "rules": {"*.api.test": [{"transform": {
+                                                         "headers": {"X-Key": "v"}}}]}}}, 400, "wildcard"),
+                 ({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["api.test"],
+                                                     "rules": {"api.test": [{"transform": {"headers": {
+                                                         "X-Key": "Bearer ${e2b.identity.tokens.aws}"}}}]}}},
+                  400, "IAM"),
+                 ({"templateID": "base", "network": {"denyOut": ["0.0.0.0/0"], "allowOut": ["api.test"],
+                                                     "rules": {"api.test": [{"transform": {
+                                                         "body": "x"}}]}}}, 400, "transform.headers"),
+                 ({"templateID": "base", "network": {"rules": ["api.test"]}}, 400, "rules"),
                  ({"templateID": "base", "timeout": 0}, 400, "timeout"),
                  ({"templateID": 7}, 400, "templateID"),
                  ({"templateID": "my-template"}, 404, "my-template")]
