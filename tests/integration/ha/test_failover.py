@@ -75,7 +75,11 @@ def wait_for(what, pred, seconds):
 class Services:
     """Postgres primary + standby, Redis primary + replica + sentinel; stop() ends them by pid."""
 
-    def __init__(self):
+    def __init__(self, host="127.0.0.1", clients=None):
+        """`host`: an address of this host every service listens on besides 127.0.0.1, and the
+        one the sentinel knows the Redis primary by (so daemons in other network namespaces reach
+        them: tests/ha/rolling.py); `clients`: a CIDR Postgres trusts connections from besides."""
+        self.host, self.clients = host, clients
         self.dir = tempfile.mkdtemp(prefix="kiln-ha-")
         shutil.chown(self.dir, USER, USER)
         os.chmod(self.dir, 0o755)
@@ -97,7 +101,7 @@ class Services:
         os.makedirs(sock, exist_ok=True)
         shutil.chown(sock, USER, USER)
         self.spawn(name, [PG_BIN + "/postgres", "-D", self.path(name), "-c", f"port={port}",
-                          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sock}",
+                          "-c", f"listen_addresses={','.join(sorted({'127.0.0.1', self.host}))}", "-c", f"unix_socket_directories={sock}",
                           "-c", "wal_level=replica", "-c", "max_wal_senders=4",
                           "-c", "hot_standby=on", "-c", "wal_sender_timeout=10s"])
         wait_for(f"postgres {name}", lambda: subprocess.run(
@@ -110,16 +114,16 @@ class Services:
         self.pg1, self.pg2 = kiln.free_port(), kiln.free_port()
         self.r1, self.r2, self.sent = kiln.free_port(), kiln.free_port(), kiln.free_port()
         for name, port, extra in (("redis1", self.r1, []),
-                                  ("redis2", self.r2, ["--replicaof", "127.0.0.1", str(self.r1)])):
+                                  ("redis2", self.r2, ["--replicaof", self.host, str(self.r1)])):
             os.makedirs(self.path(name), exist_ok=True)
             shutil.chown(self.path(name), USER, USER)
-            self.spawn(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            self.spawn(name, ["redis-server", "--port", str(port), "--bind", *sorted({"127.0.0.1", self.host}),
                               "--dir", self.path(name), "--save", "", "--appendonly", "no",
                               *extra])
         conf = self.path("sentinel.conf")
         with open(conf, "w") as f:
-            f.write(f"port {self.sent}\nbind 127.0.0.1\ndir {self.dir}\n"
-                    f"sentinel monitor {MASTER} 127.0.0.1 {self.r1} 1\n"
+            f.write(f"port {self.sent}\nbind {' '.join(sorted({'127.0.0.1', self.host}))}\ndir {self.dir}\n"
+                    f"sentinel monitor {MASTER} {self.host} {self.r1} 1\n"
                     f"sentinel down-after-milliseconds {MASTER} 3000\n"
                     f"sentinel failover-timeout {MASTER} 20000\n")
         shutil.chown(conf, USER, USER)
@@ -129,6 +133,8 @@ class Services:
              "--encoding=UTF8", "--locale=C.UTF-8"])
         with open(self.path("pg1", "pg_hba.conf"), "a") as f:
             f.write("host replication all 127.0.0.1/32 trust\n")
+            if self.clients:
+                f.write(f"host all all {self.clients} trust\n")
         self.postgres("pg1", self.pg1)
         self.psql(self.pg1, "postgres", "CREATE DATABASE kiln")
         run([PG_BIN + "/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.pg1), "-U", USER,
