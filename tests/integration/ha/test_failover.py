@@ -119,10 +119,13 @@ class Services:
             shutil.chown(self.path(name), USER, USER)
             self.spawn(name, ["redis-server", "--port", str(port), "--bind", *sorted({"127.0.0.1", self.host}),
                               "--dir", self.path(name), "--save", "", "--appendonly", "no",
+                              # `host` is this machine's own (the namespaces' side of their veths)
+                              "--protected-mode", "no" if self.host != "127.0.0.1" else "yes",
                               *extra])
         conf = self.path("sentinel.conf")
         with open(conf, "w") as f:
             f.write(f"port {self.sent}\nbind {' '.join(sorted({'127.0.0.1', self.host}))}\ndir {self.dir}\n"
+                    f"protected-mode {'no' if self.host != '127.0.0.1' else 'yes'}\n"
                     f"sentinel monitor {MASTER} {self.host} {self.r1} 1\n"
                     f"sentinel down-after-milliseconds {MASTER} 3000\n"
                     f"sentinel failover-timeout {MASTER} 20000\n")
