@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# A node's death (issue 19): the time from a node stopping (SIGSTOP: no heartbeat, its QEMUs left
-# running) to its running sandbox reported lost and the node marked down, and then the resume of
-# its paused sandbox on the other node from the tenant's bucket (restore included). Runs
-# tests/e2e/test_nodes.py's first test RUNS times (two kiln-node processes, a real gateway and
-# S3 server, node_down_after_s 5); needs root, QEMU and the guest image.
-# Usage: bench/ha/down.sh BUILD_DIR [RUNS]   (default 3; about 3 minutes a run)
+# A node's death (issue 19): the time from a node killed with -9 (its kiln-meter with it) to its
+# running sandboxes reported lost and the node marked down (from then its paused sandboxes are
+# resumable elsewhere), and to its paused sandbox running on the other node from the tenant's
+# bucket (restore included). Runs tests/e2e/test_nodes.py's first test RUNS times (two
+# kiln-node + kiln-meter pairs in namespaces of their own, two gateways behind HAProxy, a real
+# S3 server, node_down_after_s 3); needs root, QEMU and the guest image.
+# Usage: bench/ha/down.sh BUILD_DIR [RUNS]   (default 3; a few minutes a run)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

@@ -1,12 +1,14 @@
 """rolling.py - `make test-ha` (scripts/test-ha.sh; not part of `make test`, docs/testing.md): a
-rolling upgrade of three kiln-node processes to a new guest image under a steady stream of exec,
-with Postgres's streaming standby and Redis Sentinel in place (docs/operations.md, "Rolling
-upgrades").
+rolling upgrade of three kiln-node + kiln-meter pairs, each pair in a network namespace of its
+own (kiln.Netns, as on a host of its own), to a new guest image under a steady stream of exec, with
+Postgres's streaming standby and Redis Sentinel in place and two gateways behind HAProxy
+(docs/operations.md, "Rolling upgrades").
 
 Services of its own (tests/integration/ha/test_failover.py's Services: a Postgres 15 primary and a
 streaming standby, a Redis primary, its replica and a sentinel); every Kiln process connects with
 the multi-host libpq string and finds Redis through the sentinel. A real S3-compatible server
-holds the tenant's bucket (tests/integration/s3). Three nodes start on image A (the test image);
+holds the tenant's bucket (tests/integration/s3). Every service listens on this host's address
+facing the first namespace. Three nodes start on image A (the test image);
 each sandbox gets a file and a process of its own, then a worker per sandbox runs exec after exec,
 each with its own Idempotency-Key, retrying one on 502-504 or a lost connection with the same key
 and on 409 (its sandbox paused for its move: it did not run) as a new request, until it succeeds. Each node in turn is drained (its sandboxes paused and moved
@@ -115,34 +117,51 @@ class RollingUpgradeTest(unittest.TestCase):
 
     def test_a_rolling_upgrade_to_a_new_guest_image_loses_nothing(self):
         t_start = time.time()
-        svc = Services()
+        # Each node with its meter on a host of its own (a network namespace); Postgres, Redis,
+        # the sentinel, the bucket and HAProxy in front of two gateways on this host's address
+        # facing the first, which every namespace reaches through its default route.
+        nets = []
+        for _ in range(3):
+            nets.append(kiln.Netns())
+            self.addCleanup(nets[-1].remove)
+        host = nets[0].host_addr
+        svc = Services(host, "172.31.0.0/16")
         self.addCleanup(svc.stop)
         svc.start()
-        s3 = s3env.S3Server()
+        s3 = s3env.S3Server(host)
         self.addCleanup(s3.stop)
-        db_url = (f"host=127.0.0.1,127.0.0.1 port={svc.pg1},{svc.pg2} user={USER} dbname=kiln "
+        db_url = (f"host={host},{host} port={svc.pg1},{svc.pg2} user={USER} dbname=kiln "
                   "target_session_attrs=read-write")
-        common = dict(s3env.ALLOW_ENV, KILN_REDIS_SENTINELS=f"127.0.0.1:{svc.sent}",
+        common = dict(KILN_STORAGE_ALLOW=host, KILN_REDIS_SENTINELS=f"{host}:{svc.sent}",
                       KILN_REDIS_MASTER_NAME=MASTER, KILN_LOG_LEVEL="info")
-        self.gw = gw = kiln.Gateway(db_url, "127.0.0.1:1", extra_env=common)
-        self.addCleanup(gw.cleanup)
-        wait_for("the admin key", lambda: gw.admin_key, 30)
-        admin = {"Authorization": "Bearer " + gw.admin_key}
+        gws = []
+        for _ in range(2):
+            gws.append(kiln.Gateway(db_url, "127.0.0.1:1", master_key=gws[0].master_key if gws else None,
+                                    extra_env=dict(common, KILN_HTTP_TRUSTED_PROXIES="127.0.0.1")))
+            self.addCleanup(gws[-1].cleanup)
+            wait_for("the gateway's admin key", lambda: gws[0].admin_key, 30)
+        admin = {"Authorization": "Bearer " + gws[0].admin_key}
+        self.gw = gw = kiln.Haproxy([g.port for g in gws], host)
+        self.addCleanup(gw.stop)
+        gw.wait_serving(lambda: gw.request("GET", "/v1/.well-known/jwks.json").status == 200)
 
         # Image A is the test image; image B its files under another directory and hash.
         img = kiln.guest_image()
         b_dir, image_b = kiln.image_copy("b")
         self.addCleanup(shutil.rmtree, b_dir, True)
 
-        node_env = dict(common, KILN_MASTER_KEY=gw.master_key)
-        nodes = [kiln.Node(db_url, gw.url, node_env) for _ in range(3)]
+        node_env = dict(common, KILN_MASTER_KEY=gws[0].master_key)
+        nodes = [kiln.Node(db_url, gw.url, node_env, netns=ns) for ns in nets]
         self.addCleanup(lambda: [n.cleanup() for n in nodes])
+        meters = [kiln.Meter(db_url, "127.0.0.1:1", n.node_id, node_env, netns=ns) for n, ns in zip(nodes, nets)]
+        self.addCleanup(lambda: [m.cleanup() for m in meters])
         r = gw.request("POST", "/v1/tenants", {"name": "ha-rolling"}, admin)
         self.assertEqual(r.status, 201, r)
         self.key = {"Authorization": "Bearer " + r.json()["api_key"]["key"]}
         r = gw.request("PUT", "/v1/storage", dict(s3.target(prefix="kiln/"), kind="s3"), self.key)
         self.assertEqual(r.status, 200, r)
-        note(f"services, gateway and 3 nodes up in {time.time() - t_start:.0f} s")
+        note(f"services, 2 gateways behind HAProxy and 3 nodes with their meters up in "
+             f"{time.time() - t_start:.0f} s")
 
         sandboxes = []
         for i in range(SANDBOXES):
@@ -168,9 +187,11 @@ class RollingUpgradeTest(unittest.TestCase):
                 self.assertEqual(r.status, 200, r)
                 self.assertFalse(r.json().get("kept"), r.json())
                 t1 = time.time()
+                meters[i].cleanup()
                 node.cleanup(keep_data=True)
                 nodes[i] = kiln.Node(db_url, gw.url, dict(node_env, **image_b), node_id=node.node_id,
-                                     data_dir=node.data_dir)
+                                     data_dir=node.data_dir, netns=nets[i])
+                meters[i] = kiln.Meter(db_url, "127.0.0.1:1", node.node_id, node_env, netns=nets[i])
                 t2 = time.time()
                 r = gw.request("POST", f"/v1/admin/nodes/{node.node_id}/undrain", headers=admin)
                 self.assertEqual(r.status, 200, r)

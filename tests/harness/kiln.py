@@ -126,12 +126,14 @@ _NODE_BORN = {}
 class Daemon:
     """A Kiln daemon started from the build tree with KILN_* settings; stop() ends it by pid."""
 
-    def __init__(self, binary, env, args=()):
+    def __init__(self, binary, env, args=(), netns=None):
+        """`netns`: a Netns the daemon runs in (its network only: nsenter keeps the mounts)."""
         self.log = tempfile.NamedTemporaryFile(prefix="kiln-log-", suffix=".log", delete=False)
         full_env = dict(os.environ)
         full_env.update(env)
-        self.proc = subprocess.Popen([binary, *args], env=full_env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.netns = netns
+        self.proc = subprocess.Popen([*(netns.enter() if netns else []), binary, *args], env=full_env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         self.record = None
         self.register(binary)
 
@@ -148,6 +150,8 @@ class Daemon:
             born = _NODE_BORN.setdefault(node_id, started)
             rec.update(kind="node", node_id=node_id, run_dir=getattr(self, "run_dir", None),
                        data_dir=getattr(self, "data_dir", None), born=min(born, started))
+            if self.netns:
+                rec["netns"] = self.netns.name
         self.record = os.path.join(reg, f"{rec['kind']}-{self.proc.pid}-{started}.json")
         with open(self.record + ".tmp", "w") as f:
             json.dump(rec, f)
@@ -175,14 +179,14 @@ class Daemon:
                 self.proc.wait()
         return self.proc.returncode
 
-    def wait_tcp(self, port, seconds=30):
-        """Waits until the daemon accepts on 127.0.0.1:`port`; raises with its log if it ends first."""
+    def wait_tcp(self, port, seconds=30, host="127.0.0.1"):
+        """Waits until the daemon accepts on `host`:`port`; raises with its log if it ends first."""
         deadline = time.time() + seconds
         while time.time() < deadline:
             if not self.alive():
                 raise RuntimeError(f"{self.proc.args[0]} exited:\n" + self.output())
             try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                with socket.create_connection((host, port), timeout=0.2):
                     return
             except OSError:
                 time.sleep(0.05)
@@ -359,9 +363,11 @@ class Node(Daemon):
     """kiln-node with a unique id, its own run and data directories; stop() tears its VMs down."""
 
     def __init__(self, database_url, gateway_url, extra_env=None, node_id=None, data_dir=None,
-                 tcp_address=None, hostagent=False):
+                 tcp_address=None, hostagent=False, netns=None):
         """`tcp_address`: serve the node's API on TCP on every address, gateways reaching it at
         that host (as a node on a private network), instead of on its Unix socket.
+        `netns`: a Netns the node runs in, as on a host of its own: it serves on TCP at the
+        namespace's address (tcp_address), its sandboxes' networks and nftables table inside it.
         `hostagent`: the node's bench and test hook (hypervisor "hostagent", docs/vmm.md): each
         sandbox's guest is the build's kiln-agent run on the host, no VM and no guest image."""
         img = HOSTAGENT_IMAGE if hostagent else guest_image()
@@ -380,6 +386,8 @@ class Node(Daemon):
                "KILN_GUEST_CMDLINE": "root=/dev/vda rootfstype=ext4 rw",
                # Templates cost a VM boot of their own: tests that want them say so.
                "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false"}
+        if netns:
+            tcp_address = netns.addr
         if tcp_address:
             self.port = free_port()
             env.update({"KILN_NODE_LISTEN": f"0.0.0.0:{self.port}",
@@ -388,10 +396,10 @@ class Node(Daemon):
             env.update({"KILN_HYPERVISOR": "hostagent", "KILN_HYPERVISOR_BINARY": HOSTAGENT})
         env.update(extra_env or {})
         self.log_level = env["KILN_LOG_LEVEL"]
-        super().__init__(os.path.join(BUILD, "node", "kiln-node"), env)
+        super().__init__(os.path.join(BUILD, "node", "kiln-node"), env, netns=netns)
         if tcp_address:
             self.sock = None
-            self.wait_tcp(self.port, 60)
+            self.wait_tcp(self.port, 60, host=netns.addr if netns else "127.0.0.1")
             self.wait_serving()
             return
         self.sock = os.path.join(self.run_dir, "node.sock")
@@ -424,6 +432,110 @@ class Node(Daemon):
         subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
         if not keep_data:
             reap.remove_pins(self.node_id)
+
+
+class Netns:
+    """A network namespace standing for a host of its own: `kn<hex>`, wired to this one by a veth
+    pair on a /30 of 172.31.0.0/16 (`addr` inside, `host_addr` on this side, the namespace's
+    default route), loopback up. Daemons started in it (Daemon's `netns`) reach every address of
+    this host (Postgres and Redis over their Unix sockets, a server listening on `host_addr`), and
+    this host reaches them at `addr`. remove() deletes it with everything in it (its veth, its
+    sandboxes' veths and a node's nftables table); the reaper does too (the node's record)."""
+
+    def __init__(self):
+        self.name = "kn" + secrets.token_hex(4)
+        self.link = "kh" + self.name[2:]
+        base = secrets.randbelow(1 << 14) * 4  # a random /30 of 172.31.0.0/16
+        self.host_addr = f"172.31.{base >> 8}.{(base & 255) + 1}"
+        self.addr = f"172.31.{base >> 8}.{(base & 255) + 2}"
+        subprocess.run(["ip", "netns", "add", self.name], check=True)
+        try:
+            for cmd in (["link", "add", self.link, "type", "veth", "peer", "name", "eth0", "netns", self.name],
+                        ["addr", "add", self.host_addr + "/30", "dev", self.link],
+                        ["link", "set", self.link, "up"],
+                        ["-n", self.name, "link", "set", "lo", "up"],
+                        ["-n", self.name, "addr", "add", self.addr + "/30", "dev", "eth0"],
+                        ["-n", self.name, "link", "set", "eth0", "up"],
+                        ["-n", self.name, "route", "add", "default", "via", self.host_addr]):
+                subprocess.run(["ip", *cmd], check=True, capture_output=True)
+        except Exception:
+            self.remove()
+            raise
+
+    def enter(self):
+        """The command prefix that runs a program in it. nsenter, not `ip netns exec`, which mounts
+        a /sys of its own, hiding the cgroups and BPF pins a node and a meter use."""
+        return ["nsenter", "--net=/run/netns/" + self.name]
+
+    def remove(self):
+        subprocess.run(["ip", "netns", "del", self.name], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.link], capture_output=True)
+
+
+class Meter(Daemon):
+    """kiln-meter for `node_id` (each node's host runs one), in the node's Netns when given."""
+
+    def __init__(self, database_url, redis_url, node_id, extra_env=None, netns=None):
+        env = {"KILN_DATABASE_URL": database_url, "KILN_REDIS_URL": redis_url,
+               "KILN_NODE_ID": node_id, "KILN_LOG_LEVEL": "info"}
+        env.update(extra_env or {})
+        self.node_id = node_id
+        super().__init__(os.path.join(BUILD, "metering", "kiln-meter"), env, netns=netns)
+
+
+class Haproxy:
+    """HAProxy (Debian's package) balancing TCP connections over gateways at `ports` on
+    127.0.0.1, each sent a PROXY v2 header (the gateways trust 127.0.0.1: http_trusted_proxies),
+    health-checked every 300 ms; it listens at `host`:`port` (`url`). Stopped by its pid."""
+
+    def __init__(self, ports, host="127.0.0.1"):
+        self.port = free_port()
+        self.host = host
+        self.url = f"http://{host}:{self.port}"
+        self.cfg = tempfile.NamedTemporaryFile("w", prefix="kiln-haproxy-", suffix=".cfg", delete=False)
+        servers = "".join(f"    server g{i} 127.0.0.1:{p} send-proxy-v2 check inter 300 fall 1 rise 2\n"
+                          for i, p in enumerate(ports))
+        self.cfg.write(
+            "global\n    maxconn 256\n"
+            "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 600s\n"
+            "    timeout server 600s\n    retries 2\n    option redispatch\n"
+            f"frontend api\n    bind {host}:{self.port}\n    default_backend gateways\n"
+            "backend gateways\n    balance roundrobin\n" + servers)
+        self.cfg.close()
+        self.proc = subprocess.Popen(["haproxy", "-db", "-f", self.cfg.name],
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+    def request(self, method, path, body=None, headers=None, raw=False, timeout=60):
+        return http(method, self.url + path, body, headers, raw, timeout)
+
+    def wait_serving(self, up=None, seconds=20):
+        """Until a request through it is answered 200 and every server is up in its checks
+        (`up`: a function that makes one such request and says whether it passed)."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("haproxy exited:\n" + self.proc.stdout.read().decode(errors="replace"))
+            try:
+                if up():
+                    time.sleep(1)  # the other servers' checks: rise 2 of inter 300 ms
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise RuntimeError("haproxy does not pass requests on")
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if os.environ.get("KILN_TEST_SHOW_LOGS"):
+            print(self.proc.stdout.read().decode(errors="replace"))
+        self.proc.stdout.close()
+        os.unlink(self.cfg.name)
 
 
 class Stack:

@@ -18,7 +18,8 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   of that id) are
   killed; then each of its sandboxes' netns (kiln-<net id>) and host veth (kv<net id>) is removed,
   its nftables table (inet kiln_<node>), its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
-  guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories.
+  guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories, and the network
+  namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one.
 
 Node ids are unique per test ("t" + 8 hex digits), so nothing of another run or of `make run` is
 touched. Prints one line per thing removed; exit status 0, or 1 when something could not be
@@ -234,6 +235,12 @@ def reap_node(rec, log, problems):
         if d and os.path.isdir(d) and (d.startswith("/run/kt-") or d.startswith("/tmp/kiln-node-")):
             shutil.rmtree(d, ignore_errors=True)
             log.append(f"{d}: removed")
+    # The namespace it ran in as a host of its own (kiln.Netns), with its veth and nftables table.
+    ns = rec.get("netns") or ""
+    if re.match(r"^kn[0-9a-f]{8}$", ns) and os.path.exists(f"/run/netns/{ns}"):
+        r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
+        (log if r.returncode == 0 else problems).append(f"netns {ns}: removed" if r.returncode == 0
+                                                        else f"netns {ns}: {r.stderr.strip()}")
 
 
 def reap(registry):

@@ -75,7 +75,11 @@ def wait_for(what, pred, seconds):
 class Services:
     """Postgres primary + standby, Redis primary + replica + sentinel; stop() ends them by pid."""
 
-    def __init__(self):
+    def __init__(self, host="127.0.0.1", clients=None):
+        """`host`: an address of this host every service listens on besides 127.0.0.1, and the
+        one the sentinel knows the Redis primary by (so daemons in other network namespaces reach
+        them: tests/ha/rolling.py); `clients`: a CIDR Postgres trusts connections from besides."""
+        self.host, self.clients = host, clients
         self.dir = tempfile.mkdtemp(prefix="kiln-ha-")
         shutil.chown(self.dir, USER, USER)
         os.chmod(self.dir, 0o755)
@@ -97,45 +101,55 @@ class Services:
         os.makedirs(sock, exist_ok=True)
         shutil.chown(sock, USER, USER)
         self.spawn(name, [PG_BIN + "/postgres", "-D", self.path(name), "-c", f"port={port}",
-                          "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sock}",
+                          "-c", f"listen_addresses={','.join(sorted({'127.0.0.1', self.host}))}", "-c", f"unix_socket_directories={sock}",
                           "-c", "wal_level=replica", "-c", "max_wal_senders=4",
                           "-c", "hot_standby=on", "-c", "wal_sender_timeout=10s"])
         wait_for(f"postgres {name}", lambda: subprocess.run(
             [PG_BIN + "/pg_isready", "-q", "-h", "127.0.0.1", "-p", str(port)]).returncode == 0, 60)
 
     def start(self):
+        """Redis, its replica and the sentinel start first and settle while Postgres is made
+        (initdb and pg_basebackup without their fsyncs: nothing here outlives a crash of the
+        machine, and the promotion test stops the primary cleanly)."""
         self.pg1, self.pg2 = kiln.free_port(), kiln.free_port()
         self.r1, self.r2, self.sent = kiln.free_port(), kiln.free_port(), kiln.free_port()
-        run([PG_BIN + "/initdb", "-D", self.path("pg1"), "-U", USER, "--auth=trust",
-             "--encoding=UTF8", "--locale=C.UTF-8"])
-        with open(self.path("pg1", "pg_hba.conf"), "a") as f:
-            f.write("host replication all 127.0.0.1/32 trust\n")
-        self.postgres("pg1", self.pg1)
-        self.psql(self.pg1, "postgres", "CREATE DATABASE kiln")
-        run([PG_BIN + "/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.pg1), "-U", USER,
-             "-D", self.path("pg2"), "-R", "-X", "stream", "-c", "fast"])
-        self.postgres("pg2", self.pg2)
-        wait_for("the standby streaming", lambda: self.psql(
-            self.pg1, "postgres", "SELECT count(*) FROM pg_stat_replication") == "1", 60)
-
         for name, port, extra in (("redis1", self.r1, []),
-                                  ("redis2", self.r2, ["--replicaof", "127.0.0.1", str(self.r1)])):
+                                  ("redis2", self.r2, ["--replicaof", self.host, str(self.r1)])):
             os.makedirs(self.path(name), exist_ok=True)
             shutil.chown(self.path(name), USER, USER)
-            self.spawn(name, ["redis-server", "--port", str(port), "--bind", "127.0.0.1",
+            self.spawn(name, ["redis-server", "--port", str(port), "--bind", *sorted({"127.0.0.1", self.host}),
                               "--dir", self.path(name), "--save", "", "--appendonly", "no",
+                              # `host` is this machine's own (the namespaces' side of their veths)
+                              "--protected-mode", "no" if self.host != "127.0.0.1" else "yes",
                               *extra])
-            wait_for(name, lambda p=port: redis(p, "PING") == "PONG", 30)
-        wait_for("the redis replica in sync", lambda: "master_link_status:up" in redis(
-            self.r2, "INFO", "replication"), 30)
         conf = self.path("sentinel.conf")
         with open(conf, "w") as f:
-            f.write(f"port {self.sent}\nbind 127.0.0.1\ndir {self.dir}\n"
-                    f"sentinel monitor {MASTER} 127.0.0.1 {self.r1} 1\n"
+            f.write(f"port {self.sent}\nbind {' '.join(sorted({'127.0.0.1', self.host}))}\ndir {self.dir}\n"
+                    f"protected-mode {'no' if self.host != '127.0.0.1' else 'yes'}\n"
+                    f"sentinel monitor {MASTER} {self.host} {self.r1} 1\n"
                     f"sentinel down-after-milliseconds {MASTER} 3000\n"
                     f"sentinel failover-timeout {MASTER} 20000\n")
         shutil.chown(conf, USER, USER)
         self.spawn("sentinel", ["redis-server", conf, "--sentinel"])
+
+        run([PG_BIN + "/initdb", "-D", self.path("pg1"), "-U", USER, "--auth=trust", "--no-sync",
+             "--encoding=UTF8", "--locale=C.UTF-8"])
+        with open(self.path("pg1", "pg_hba.conf"), "a") as f:
+            f.write("host replication all 127.0.0.1/32 trust\n")
+            if self.clients:
+                f.write(f"host all all {self.clients} trust\n")
+        self.postgres("pg1", self.pg1)
+        self.psql(self.pg1, "postgres", "CREATE DATABASE kiln")
+        run([PG_BIN + "/pg_basebackup", "-h", "127.0.0.1", "-p", str(self.pg1), "-U", USER,
+             "-D", self.path("pg2"), "-R", "-X", "stream", "-c", "fast", "--no-sync"])
+        self.postgres("pg2", self.pg2)
+        wait_for("the standby streaming", lambda: self.psql(
+            self.pg1, "postgres", "SELECT count(*) FROM pg_stat_replication") == "1", 60)
+
+        for name, port in (("redis1", self.r1), ("redis2", self.r2)):
+            wait_for(name, lambda p=port: redis(p, "PING") == "PONG", 30)
+        wait_for("the redis replica in sync", lambda: "master_link_status:up" in redis(
+            self.r2, "INFO", "replication"), 30)
         wait_for("the sentinel to know the replica", lambda: str(self.r2) in redis(
             self.sent, "SENTINEL", "replicas", MASTER), 60)
 
@@ -260,6 +274,7 @@ class FailoverTest(unittest.TestCase):
         self.svc = Services()
         self.addCleanup(self.svc.stop)
         self.svc.start()
+        note("postgres primary and standby, redis, its replica and the sentinel up")
         s = self.svc
         self.gw = kiln.Gateway(
             f"host=127.0.0.1,127.0.0.1 port={s.pg1},{s.pg2} user={USER} dbname=kiln "
@@ -273,6 +288,7 @@ class FailoverTest(unittest.TestCase):
                        "KILN_TENANT_MAX_IN_FLIGHT": "1000"})
         self.addCleanup(self.gw.cleanup)
         wait_for("the admin key", lambda: self.gw.admin_key, 30)
+        note("gateway up")
 
     def test_promotion_and_sentinel_failover_lose_nothing(self):
         s, gw = self.svc, self.gw
@@ -281,7 +297,7 @@ class FailoverTest(unittest.TestCase):
         for t in workers:
             t.start()
         try:
-            time.sleep(4)
+            wait_for("requests done before the switches", lambda: len(stream.done) >= 8, 60)
             note(f"{len(stream.done)} sequences done; stopping the Postgres primary")
             # Postgres: the primary stops (fast shutdown), the standby is promoted.
             before_pg = len(stream.done)

@@ -9,12 +9,9 @@ with 429 naming 127.0.0.5 (were HAProxy's address counted, the refusal would nam
 hit 127.0.0.6 too). Then one gateway is killed with -9: HAProxy's checks take it out, and requests
 go on through the other. Every process started is stopped by its pid.
 """
-import os
 import secrets
 import signal
 import socket
-import subprocess
-import tempfile
 import time
 import unittest
 
@@ -62,48 +59,10 @@ class HaproxyTest(unittest.TestCase):
             gw = kiln.Gateway(self.db.url, env["KILN_REDIS_URL"], extra_env=extra, master_key=key)
             self.addCleanup(gw.cleanup)
             self.gws.append(gw)
-        self.port = kiln.free_port()
-        self.cfg = tempfile.NamedTemporaryFile("w", prefix="kiln-haproxy-", suffix=".cfg",
-                                               delete=False)
-        self.addCleanup(os.unlink, self.cfg.name)
-        servers = "".join(
-            f"    server g{i} 127.0.0.1:{gw.port} send-proxy-v2 check inter 300 fall 1 rise 2\n"
-            for i, gw in enumerate(self.gws))
-        self.cfg.write(
-            "global\n    maxconn 256\n"
-            "defaults\n    mode tcp\n    timeout connect 2s\n    timeout client 30s\n"
-            "    timeout server 30s\n    retries 2\n    option redispatch\n"
-            f"frontend api\n    bind 127.0.0.1:{self.port}\n    default_backend gateways\n"
-            "backend gateways\n    balance roundrobin\n" + servers)
-        self.cfg.close()
-        self.haproxy = subprocess.Popen(["haproxy", "-db", "-f", self.cfg.name],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        self.addCleanup(self.stop_haproxy)
-        deadline = time.time() + 20
-        last = None
-        while time.time() < deadline:
-            try:
-                last = get(self.port, "127.0.0.1")[:2]
-                if last[0] == 200:
-                    break
-            except OSError as e:
-                last = e
-            time.sleep(0.1)
-        else:
-            self.fail(f"haproxy does not pass requests on: {last!r}")
-        time.sleep(1)   # both servers up in HAProxy's checks
-
-    def stop_haproxy(self):
-        if self.haproxy.poll() is None:
-            self.haproxy.send_signal(signal.SIGTERM)
-            try:
-                self.haproxy.wait(10)
-            except subprocess.TimeoutExpired:
-                self.haproxy.kill()
-                self.haproxy.wait()
-        if os.environ.get("KILN_TEST_SHOW_LOGS"):
-            print(self.haproxy.stdout.read().decode(errors="replace"))
-        self.haproxy.stdout.close()
+        self.haproxy = kiln.Haproxy([gw.port for gw in self.gws])
+        self.addCleanup(self.haproxy.stop)
+        self.port = self.haproxy.port
+        self.haproxy.wait_serving(lambda: get(self.port, "127.0.0.1")[0] == 200)
 
     def test_client_address_and_a_dead_gateway(self):
         # Round robin: the first two connections of 127.0.0.5 land on different gateways and are

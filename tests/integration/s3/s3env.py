@@ -38,7 +38,7 @@ def npm_modules():
     return kiln.npm_modules(HERE, CACHE)
 
 
-def _wait_port(port, proc, what, log):
+def _wait_port(port, proc, what, log, host="127.0.0.1"):
     deadline = time.time() + 30
     while time.time() < deadline:
         if proc.poll() is not None:
@@ -46,7 +46,7 @@ def _wait_port(port, proc, what, log):
                 raise RuntimeError(f"{what} exited:\n{f.read()}")
         try:
             import socket
-            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+            with socket.create_connection((host, port), timeout=0.2):
                 return
         except OSError:
             time.sleep(0.05)
@@ -56,12 +56,15 @@ def _wait_port(port, proc, what, log):
 class S3Server:
     """s3rver behind the checking proxy; `endpoint` is the proxy's URL."""
 
-    def __init__(self):
+    def __init__(self, host="127.0.0.1"):
+        """`host`: the address the checking proxy (the endpoint) listens on; the daemons that use
+        it need KILN_STORAGE_ALLOW naming it (ALLOW_ENV names 127.0.0.1)."""
         npm_modules()
         self.dir = tempfile.mkdtemp(prefix="kiln-s3rver-")
         self.s3_port = kiln.free_port()
         self.port = kiln.free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
+        self.host = host
+        self.endpoint = f"http://{host}:{self.port}"
         self.direct = f"http://127.0.0.1:{self.s3_port}"
         self.log = os.path.join(self.dir, "requests.log")
         self.s3rver = None
@@ -70,8 +73,8 @@ class S3Server:
         with open(plog, "w") as out:
             self.proxy = subprocess.Popen(
                 ["node", os.path.join(HERE, "sigv4_proxy.js"), str(self.port), str(self.s3_port),
-                 SECRET, self.log], stdout=out, stderr=subprocess.STDOUT, cwd=HERE)
-        _wait_port(self.port, self.proxy, "sigv4_proxy.js", plog)
+                 SECRET, self.log, host], stdout=out, stderr=subprocess.STDOUT, cwd=HERE)
+        _wait_port(self.port, self.proxy, "sigv4_proxy.js", plog, host)
 
     def start_s3rver(self):
         slog = os.path.join(self.dir, "s3rver.out")

@@ -6,14 +6,14 @@
 // XAmzContentSHA256Mismatch); one that passes goes to s3rver. One line per request goes to the
 // log file: "<METHOD> <path?query> <status>", which the tests count.
 //
-//   node sigv4_proxy.js LISTEN_PORT UPSTREAM_PORT SECRET LOGFILE
+//   node sigv4_proxy.js LISTEN_PORT UPSTREAM_PORT SECRET LOGFILE [LISTEN_HOST (127.0.0.1)]
 "use strict";
 const crypto = require("crypto");
 const fs = require("fs");
 const http = require("http");
 const { SignatureV4 } = require("@smithy/signature-v4");
 
-const [listenPort, upstreamPort, secret, logFile] = process.argv.slice(2);
+const [listenPort, upstreamPort, secret, logFile, listenHost] = process.argv.slice(2);
 
 class Sha256 {
   constructor(key) { this.h = key ? crypto.createHmac("sha256", key) : crypto.createHash("sha256"); }
@@ -102,4 +102,4 @@ http.createServer((req, res) => {
     });
     up.end(body);
   });
-}).listen(+listenPort, "127.0.0.1", () => console.log("listening"));
+}).listen(+listenPort, listenHost || "127.0.0.1", () => console.log("listening"));
