@@ -463,7 +463,7 @@ static void tenant_usage(struct http_req *req)
 	rc = PGQ(c, &res, &err,
 		 /* a kept snapshot's storage is billed under the snapshot's id (migrations/0033) */
 		 "SELECT to_char(day, 'YYYY-MM-DD'), sandbox_id, cpu / 1000000, mem, rx, tx, ucr, "
-		 "CASE WHEN EXISTS (SELECT 1 FROM snapshots sn WHERE sn.id = sandbox_id "
+		 "CASE WHEN EXISTS (SELECT 1 FROM snapshots sn WHERE sn.id = d.sandbox_id "
 		 "AND sn.kept_since IS NOT NULL) THEN 'storage' ELSE 'sandbox' END FROM ("
 		 "  SELECT (window_start AT TIME ZONE 'UTC')::date AS day, sandbox_id, "
 		 "  sum(cpu_ns) AS cpu, sum(mem_byte_s) AS mem, sum(rx_bytes) AS rx, "
