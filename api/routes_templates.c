@@ -557,7 +557,8 @@ enum kiln_err templates_builds_sweep(struct gateway *gw, int *failed, struct kil
 	rc = pg_acquire(gw->pg, &c, err);
 	if (rc != KILN_OK)
 		return rc;
-	rc = PGQ(c, &res, err, "SELECT template_builds_fail_hung($1::bigint, $2::bigint)", max, grace);
+	rc = PGQ(c, &res, err, "SELECT template_builds_fail_hung($1::bigint, $2::bigint)", max,
+		 grace);
 	if (rc == KILN_OK)
 		*failed = (int)pg_res_int(res, 0, 0, 0);
 	pg_res_free(res);

@@ -934,7 +934,8 @@ static const char rows_sql[] =
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
 	 * to their deletion, of no memory and no disk, their pause snapshot themselves. */
-	"FROM meter_billables s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
+	"FROM meter_billables s "
+	"LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
 	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
 	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, mm.generation DESC LIMIT 1) m "
 	"    ON true "

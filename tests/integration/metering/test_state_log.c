@@ -1033,9 +1033,9 @@ static void test_log_trimmed_once_billed(void)
 static void new_snapshot(const char *id, const char *t, const char *nd, const char *kind, int mib,
 			 int64_t at_ns, bool deleted)
 {
-	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, vcpu_milli, "
-	    "memory_mib, disk_gib, created_at, deleted_at) VALUES ('%s', '%s', 'sb_none', '%s', '%s', "
-	    "%lld, 1000, 256, 1, to_timestamp(%lld / 1e6), %s)",
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at, deleted_at) VALUES ('%s', '%s', "
+	    "'sb_none', '%s', '%s', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6), %s)",
 	    id, t, nd, kind, (long long)mib << 20, (long long)(at_ns / 1000),
 	    deleted ? "now()" : "NULL");
 }
