@@ -242,6 +242,14 @@ static void *sweep_main(void *arg)
 		kiln_error_clear(&err);
 		if (gw_debt_sweep(&gw, &deleted, &err) != KILN_OK)
 			log_warn("debt sweep: %s", err.msg);
+		kiln_error_clear(&err);
+		{
+			int failed = 0;
+			if (templates_builds_sweep(&gw, &failed, &err) != KILN_OK)
+				log_warn("template builds sweep: %s", err.msg);
+			else if (failed)
+				log_warn("template builds sweep: %d builds failed as hung", failed);
+		}
 		pthread_mutex_lock(&sweep_lock);
 	}
 	pthread_mutex_unlock(&sweep_lock);

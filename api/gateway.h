@@ -61,6 +61,13 @@ extern const struct route_group routes_templates;	/* /v1/templates... */
  */
 enum kiln_err templates_exec_defaults(struct pg_conn *c, const char *sb_id, const char *text,
 				      size_t len, char **out, struct kiln_error *err);
+/*
+ * Fails the template builds still `building` TEMPLATE_BUILD_GRACE_S past template_build_max_s
+ * (their node hung, or lost its database at the end), naming the cause, and releases what they
+ * held (migrations/0034): the gateways' periodic work. *failed: how many.
+ */
+#define TEMPLATE_BUILD_GRACE_S 300
+enum kiln_err templates_builds_sweep(struct gateway *gw, int *failed, struct kiln_error *err);
 extern const struct route_group routes_secrets;	/* /v1/sandboxes/{id}/secrets */
 extern const struct route_group routes_nodes;	/* /v1/admin/nodes (routes_nodes.c) */
 extern const struct route_group routes_ports;	/* /v1/sandboxes/{id}/connect */

@@ -461,7 +461,10 @@ static void tenant_usage(struct http_req *req)
 	}
 	snprintf(lim, sizeof(lim), "%d", limit + 1);
 	rc = PGQ(c, &res, &err,
-		 "SELECT to_char(day, 'YYYY-MM-DD'), sandbox_id, cpu / 1000000, mem, rx, tx, ucr FROM ("
+		 /* a kept snapshot's storage is billed under the snapshot's id (migrations/0033) */
+		 "SELECT to_char(day, 'YYYY-MM-DD'), sandbox_id, cpu / 1000000, mem, rx, tx, ucr, "
+		 "CASE WHEN EXISTS (SELECT 1 FROM snapshots sn WHERE sn.id = d.sandbox_id "
+		 "AND sn.kept_since IS NOT NULL) THEN 'storage' ELSE 'sandbox' END FROM ("
 		 "  SELECT (window_start AT TIME ZONE 'UTC')::date AS day, sandbox_id, "
 		 "  sum(cpu_ns) AS cpu, sum(mem_byte_s) AS mem, sum(rx_bytes) AS rx, "
 		 "  sum(tx_bytes) AS tx, sum(ucr) AS ucr FROM usage_windows "
@@ -483,8 +486,9 @@ static void tenant_usage(struct http_req *req)
 	rows = pg_res_rows(res);
 	for (int i = 0; i < rows && i < limit; i++)
 		json_array_append_new(
-			arr, json_pack("{s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "day",
+			arr, json_pack("{s:s, s:s, s:s, s:I, s:I, s:I, s:I, s:I}", "day",
 				       pg_res_str(res, i, 0), "sandbox_id", pg_res_str(res, i, 1),
+				       "kind", pg_res_str(res, i, 7),
 				       "cpu_ms", (json_int_t)pg_res_int(res, i, 2, 0), "mem_byte_s",
 				       (json_int_t)pg_res_int(res, i, 3, 0), "rx_bytes",
 				       (json_int_t)pg_res_int(res, i, 4, 0), "tx_bytes",

@@ -544,6 +544,28 @@ static void templates_source(struct http_req *req)
 	u->ns = NULL;
 }
 
+enum kiln_err templates_builds_sweep(struct gateway *gw, int *failed, struct kiln_error *err)
+{
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char max[24], grace[24];
+	enum kiln_err rc;
+
+	*failed = 0;
+	snprintf(max, sizeof(max), "%lld", gw->cfg.template_build_max_s);
+	snprintf(grace, sizeof(grace), "%d", TEMPLATE_BUILD_GRACE_S);
+	rc = pg_acquire(gw->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, &res, err, "SELECT template_builds_fail_hung($1::bigint, $2::bigint)", max,
+		 grace);
+	if (rc == KILN_OK)
+		*failed = (int)pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	pg_release(gw->pg, c);
+	return rc;
+}
+
 enum kiln_err templates_exec_defaults(struct pg_conn *c, const char *sb_id, const char *text,
 				      size_t len, char **out, struct kiln_error *err)
 {
@@ -624,7 +646,7 @@ static void log_produce(struct pump *p, void *ctx)
 	struct log_follow *f = ctx;
 	struct kiln_error err = { 0 };
 	char seq[24] = "0";
-	time_t give_up = time(NULL) + f->gw->cfg.template_build_max_s + 300;
+	time_t give_up = time(NULL) + f->gw->cfg.template_build_max_s + TEMPLATE_BUILD_GRACE_S;
 
 	pump_ready(p, 200, "text/event-stream");
 	for (;;) {

@@ -931,7 +931,11 @@ static const char rows_sql[] =
 	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation) "
 	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
-	"FROM sandboxes s LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
+	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
+	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
+	 * to their deletion, of no memory and no disk, their pause snapshot themselves. */
+	"FROM meter_billables s "
+	"LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
 	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
 	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, mm.generation DESC LIMIT 1) m "
 	"    ON true "

@@ -23,7 +23,7 @@ struct rate_card {
 	long long cpu_ucr_cpu_s;	/* µcr per CPU-second of measured use */
 	long long mem_ucr_gib_s;	/* µcr per GiB-second of memory allocated, running */
 	long long disk_ucr_gib_s;	/* µcr per GiB-second of disk allocated, running */
-	long long snap_ucr_gib_s;	/* µcr per GiB-second of a paused sandbox's snapshot */
+	long long snap_ucr_gib_s;	/* µcr per GiB-second of a kept snapshot (metering.md) */
 };
 
 /* Fills `card` and derives its version from the prices ("cpu100-mem50-disk2-snap1"). */

@@ -7,6 +7,9 @@ const FAST_MS = 2000;   // balance and the chosen sandbox's series
 const SLOW_MS = 10000;  // the sandbox list and the daily totals
 const $ = (id) => document.getElementById(id);
 let selected = null;
+let chosenTemplate = null;
+let chosenVersion = null;
+let logAbort = null;
 let timers = [];
 
 class ApiError extends Error {
@@ -114,6 +117,8 @@ async function loadDays() {
     const tr = document.createElement("tr");
     cell(tr, d.day);
     cell(tr, d.sandbox_id);
+    // storage: a kept snapshot (named, a template's image, a cached layer) at the snapshot price
+    cell(tr, d.kind === "storage" ? "storage" : "sandbox", "kind-" + d.kind);
     cell(tr, (d.cpu_ms / 1000).toFixed(1) + " s");
     const gibh = d.mem_byte_s / 2 ** 30 / 3600;
     cell(tr, gibh >= 1 ? gibh.toFixed(2) + " GiB·h" : (gibh * 1024).toFixed(1) + " MiB·h");
@@ -123,6 +128,122 @@ async function loadDays() {
     body.appendChild(tr);
   }
   $("no-days").hidden = days.totals.length > 0;
+}
+
+// The tenant's templates, each with its newest version; the chosen one's versions and build log.
+async function loadTemplates() {
+  const list = await api("/v1/templates?limit=100");
+  const body = $("templates").tBodies[0];
+  body.replaceChildren();
+  for (const t of list.templates) {
+    const v = t.latest_version || {};
+    const tr = document.createElement("tr");
+    tr.dataset.id = t.id;
+    if (t.id === chosenTemplate) tr.classList.add("selected");
+    cell(tr, t.name);
+    cell(tr, v.version ? "v" + v.version : "–");
+    cell(tr, v.status || "–", "state-" + v.status);
+    cell(tr, v.reason || "");
+    cell(tr, when(t.created_at));
+    tr.addEventListener("click", () => chooseTemplate(t.id));
+    body.appendChild(tr);
+  }
+  $("no-templates").hidden = list.templates.length > 0;
+  if (!chosenTemplate && list.templates.length) chooseTemplate(list.templates[0].id);
+}
+
+async function loadVersions() {
+  if (!chosenTemplate) return;
+  const t = await api("/v1/templates/" + encodeURIComponent(chosenTemplate));
+  $("template-detail").hidden = false;
+  $("template-name").textContent = t.name;
+  const body = $("versions").tBodies[0];
+  body.replaceChildren();
+  for (const v of t.versions) {
+    const tr = document.createElement("tr");
+    tr.dataset.version = String(v.version);
+    if (v.version === chosenVersion) tr.classList.add("selected");
+    cell(tr, "v" + v.version);
+    cell(tr, v.status, "state-" + v.status);
+    cell(tr, v.reason || "");
+    cell(tr, `${v.vcpus} vCPU, ${v.memory_mib} MiB, ${v.disk_gib} GiB`);
+    cell(tr, when(v.started_at));
+    cell(tr, when(v.finished_at));
+    tr.addEventListener("click", () => chooseVersion(v.version, v.status));
+    body.appendChild(tr);
+  }
+  if (chosenVersion === null && t.versions.length) chooseVersion(t.versions[0].version, t.versions[0].status);
+}
+
+function chooseTemplate(id) {
+  chosenTemplate = id;
+  chosenVersion = null;
+  for (const tr of $("templates").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.id === id);
+  run(loadVersions);
+}
+
+function chooseVersion(version, status) {
+  chosenVersion = version;
+  for (const tr of $("versions").tBodies[0].rows) tr.classList.toggle("selected", tr.dataset.version === String(version));
+  followLog(chosenTemplate, version, status).catch((err) => {
+    if (err.name === "AbortError") return;
+    if (err.status === 401) signOut(err);
+    else showError("board-error", err);
+  });
+}
+
+// The build log (server-sent events, kept after the build): followed while it runs, each line
+// put in as text; the end event says how the build ended.
+async function followLog(id, version, status) {
+  if (logAbort) logAbort.abort();
+  logAbort = new AbortController();
+  const pre = $("build-log");
+  pre.textContent = "";
+  $("log-version").textContent = "v" + version;
+  if (status === "pending") {
+    $("log-state").textContent = "(not built yet: waiting for its source)";
+    return;
+  }
+  $("log-state").textContent = "(following)";
+  const r = await fetch(`/v1/templates/${encodeURIComponent(id)}/log?version=${version}`, {
+    headers: { Authorization: "Bearer " + sessionStorage.getItem(KEY), Accept: "text/event-stream" },
+    signal: logAbort.signal,
+  });
+  if (!r.ok) {
+    let err = {};
+    try {
+      err = (await r.json()).error || {};
+    } catch (e) {
+      err = {};
+    }
+    throw new ApiError(r.status, err.code || "error", err.message || "the server answered " + r.status);
+  }
+  const reader = r.body.getReader();
+  const text = new TextDecoder();
+  let buf = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) break;
+    buf += text.decode(value, { stream: true });
+    let cut;
+    while ((cut = buf.indexOf("\n\n")) >= 0) {
+      const block = buf.slice(0, cut);
+      buf = buf.slice(cut + 2);
+      let event = "message";
+      let data = "";
+      for (const line of block.split("\n")) {
+        if (line.startsWith("event: ")) event = line.slice(7);
+        else if (line.startsWith("data: ")) data += line.slice(6);
+      }
+      if (!data) continue;
+      const d = JSON.parse(data);
+      if (event === "log") pre.textContent += d.text;
+      else if (event === "end") {
+        $("log-state").textContent = `(${d.status}${d.reason ? ": " + d.reason : ""})`;
+        pre.dataset.ended = d.status;
+      }
+    }
+  }
 }
 
 // Draws `series` (arrays of numbers, one value a second, same length) into the chart's SVG.
@@ -218,16 +339,21 @@ async function signIn() {
   $("board").hidden = false;
   $("signout").hidden = false;
   every(FAST_MS, [loadBalance, loadSeries]);
-  every(SLOW_MS, [loadSandboxes, loadDays]);
+  every(SLOW_MS, [loadSandboxes, loadDays, loadTemplates, loadVersions]);
 }
 
 function signOut(err) {
   timers.forEach(clearInterval);
   timers = [];
   selected = null;
+  chosenTemplate = null;
+  chosenVersion = null;
+  if (logAbort) logAbort.abort();
+  logAbort = null;
   sessionStorage.removeItem(KEY);
   $("board").hidden = true;
   $("detail").hidden = true;
+  $("template-detail").hidden = true;
   $("signout").hidden = true;
   $("signin").hidden = false;
   $("key").value = "";

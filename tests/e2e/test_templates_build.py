@@ -17,7 +17,9 @@ layers (a RUN above the first COPY finds no build context in the builder); with 
 snapshot limit at twice its layers' bytes its next build evicts its least recently used layer, and
 a layer whose files are gone is dropped by a rebuild that goes on uncached; deleting the template
 deletes its layers; an unsupported instruction is 422 naming its line and a
-context past template_source_max_bytes is 413, both leaving the version pending; another tenant gets 404 on every
+context past template_source_max_bytes is 413, both leaving the version pending; on a second node
+started with small limits, a build past template_build_max_s and one past template_image_max_bytes
+fail naming them; another tenant gets 404 on every
 template route and cannot create from it; deleting the template leaves its sandboxes running.
 """
 import io
@@ -152,9 +154,9 @@ class TemplateBuildTests(unittest.TestCase):
         return r.json()["id"], r.json()["version"]
 
     @classmethod
-    def put_dockerfile(cls, tmpl, version, text, expect=204):
+    def put_dockerfile(cls, tmpl, version, text, expect=204, key=None):
         r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile?version={version}", text,
-                           dict(cls.key, **{"Content-Type": "text/plain"}))
+                           dict(key or cls.key, **{"Content-Type": "text/plain"}))
         assert r.status == expect, r
         return r
 
@@ -319,6 +321,39 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertEqual(len(LAYER_KEPT.findall(log)), 1, log)
         self.assertEqual(db(f"SELECT count(*) FROM template_layers WHERE snapshot_id = '{new}'"), "0")
         self.assertEqual(db(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{new}'"), "t")
+
+    def test_the_build_time_and_image_size_limits_fail_a_build_naming_them(self):
+        # A node with small limits that takes the builds of new tenants while it is up (the most
+        # free memory, no layers of theirs elsewhere); the limit of concurrent builds is hit in
+        # test_a_failing_run_... above.
+        node = self.stack.add_node({"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                    "KILN_NODE_MEMORY_MIB": str(1 << 24), "KILN_TEMPLATE_BUILD_MAX_S": "30",
+                                    "KILN_TEMPLATE_IMAGE_MAX_BYTES": str(1 << 20)})
+        self.addCleanup(self.stack.db.sql, f"UPDATE nodes SET down_at = now() WHERE id = '{node.node_id}'")
+        self.addCleanup(node.cleanup)
+        # its base template pre-booted first, so each builder is a restore, well within 30 s
+        deadline = time.monotonic() + 600
+        while self.stack.db.sql(f"SELECT count(*) FROM snapshots WHERE node_id = '{node.node_id}' "
+                                "AND kind = 'template' AND deleted_at IS NULL") == "0":
+            self.assertLess(time.monotonic(), deadline, "the second node never pre-booted its template")
+            time.sleep(1)
+        ends = {}
+        # one after the other: two builders restored at once on a loaded host may each take most
+        # of the 30 s
+        for name, dockerfile in (("big", "FROM base\nENV A=b\n"), ("slow", "FROM base\nRUN sleep 600\n")):
+            key = self.stack.tenant("tlimit-" + name)
+            tmpl, version = self.template(name, key=key)
+            self.put_dockerfile(tmpl, version, dockerfile, key=key)
+            self.put_source(tmpl, version, context_tar({"a": "b"}), key=key)
+            log, end = self.follow(tmpl, version, key=key)
+            self.assertEqual(end["status"], "failed", (end, log))
+            self.assertEqual(self.stack.db.sql(f"SELECT node_id FROM template_versions WHERE template_id = "
+                                               f"'{tmpl}'"), node.node_id)
+            self.assertIn(end["reason"], log)  # the log's last line
+            ends[name] = end["reason"]
+        self.assertIn("took longer than template_build_max_s (30 s)", ends["slow"])
+        self.assertRegex(ends["big"], r"the image's file system uses \d+ bytes, more than "
+                         r"template_image_max_bytes \(1048576\)")
 
     def test_a_rebuild_with_its_last_line_changed_reuses_the_cached_layers(self):
         # The first build kept a layer for each step that wrote the disk (WORKDIR, COPY, RUN, RUN).

@@ -1,10 +1,10 @@
-// check.js URL KEY NARROW_KEY SANDBOX_ID: walks the dashboard in Debian's Chromium (headless) as a
+// check.js URL KEY NARROW_KEY SANDBOX_ID TEMPLATE_ID: walks the dashboard in Debian's Chromium (headless) as a
 // user would and prints what it saw as one JSON object; test_dashboard.py judges it. With
 // KILN_DASHBOARD_SCREENSHOT=<file.png> it also saves the page once the charts are drawn.
 "use strict";
 const { chromium } = require("playwright-core");
 
-const [url, key, narrowKey, sandbox] = process.argv.slice(2);
+const [url, key, narrowKey, sandbox, template] = process.argv.slice(2);
 const seen = { console_errors: [], page_errors: [], csp_violations: [] };
 // The sign-in attempts with bad keys fail on purpose: the browser logs those answers.
 const EXPECTED = /Failed to load resource: the server responded with a status of 40[13]/;
@@ -73,8 +73,33 @@ async function signIn(page, k) {
     seen.mem_points_later = await page.$eval("#chart-mem svg", (svg) => Number(svg.dataset.points));
 
     // the daily totals come from the ledger: the meter flushes them every few seconds
-    await page.waitForSelector(`#days tbody tr`, { timeout: 60000 });
-    seen.day_row = await page.$$eval("#days tbody tr:first-child td", (tds) => tds.map((td) => td.textContent));
+    // (the sandbox's row: the template build's builder sandbox has one too)
+    await page.waitForFunction((id) => [...document.querySelectorAll("#days tbody tr td:nth-child(2)")]
+      .some((td) => td.textContent === id), sandbox, { timeout: 60000 });
+    seen.day_row = await page.$$eval("#days tbody tr", (trs, id) => trs.map((tr) =>
+      [...tr.cells].map((td) => td.textContent)).find((r) => r[1] === id), sandbox);
+
+    // kept snapshots (the failed build's cached layer) are billed as storage: their own rows
+    await page.waitForFunction(() => [...document.querySelectorAll("#days tbody tr td:nth-child(3)")]
+      .some((td) => td.textContent === "storage"), null, { timeout: 90000 });
+    seen.storage_row = await page.$$eval("#days tbody tr", (trs) => trs.map((tr) =>
+      [...tr.cells].map((td) => td.textContent)).find((r) => r[2] === "storage"));
+
+    // the templates: the newest version of each, the chosen one's versions and their build logs
+    const trow = `#templates tr[data-id="${template}"]`;
+    await page.waitForSelector(trow);
+    seen.template_row = await page.$$eval(`${trow} td`, (tds) => tds.map((td) => td.textContent));
+    await page.click(trow);
+    await page.waitForSelector("#template-detail:not([hidden]) #versions tbody tr");
+    seen.versions = await page.$$eval("#versions tbody tr", (trs) => trs.map((tr) =>
+      [...tr.cells].map((td) => td.textContent)));
+    seen.pending_log_state = await page.textContent("#log-state");
+    await page.click('#versions tr[data-version="1"]');
+    await page.waitForFunction(() => document.getElementById("build-log").dataset.ended === "failed",
+      null, { timeout: 60000 });
+    seen.log = await page.textContent("#build-log");
+    seen.log_state = await page.textContent("#log-state");
+    seen.log_version = await page.textContent("#log-version");
 
     // a reload keeps the session (this tab's storage); "Forget key" ends it
     await page.reload();

@@ -1028,6 +1028,83 @@ static void test_log_trimmed_once_billed(void)
 	meter_free(m);
 }
 
+/* Snapshot `id` of tenant `t` on `nd`, `mib` MiB, of `kind`, made at `at_ns`, deleted at once
+ * when `deleted` (as node/build.c records a build's snapshot before it keeps it). */
+static void new_snapshot(const char *id, const char *t, const char *nd, const char *kind, int mib,
+			 int64_t at_ns, bool deleted)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at, deleted_at) VALUES ('%s', '%s', "
+	    "'sb_none', '%s', '%s', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6), %s)",
+	    id, t, nd, kind, (long long)mib << 20, (long long)(at_ns / 1000),
+	    deleted ? "now()" : "NULL");
+}
+
+static void snapshot_deleted_at(const char *id, int64_t at_ns)
+{
+	sql("UPDATE snapshots SET deleted_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)(at_ns / 1000), id);
+}
+
+/*
+ * What a tenant keeps is billed as storage at the snapshot price, per second, from its keeping to
+ * its deletion, on the path of a paused sandbox's snapshot: a named snapshot, a template's image
+ * and a cached layer (kind build), one kept and deleted while the meter was down (billed when it
+ * is back, once); a build snapshot never kept, a pause snapshot (billed with its paused sandbox)
+ * and a fork snapshot are not. Before, none of them was billed.
+ */
+static void test_kept_snapshots_billed_as_storage(void)
+{
+	char t[32], nd[32], named[40], image[40], down[40], never[40], pause[40], fork[40];
+	int64_t t0 = aligned(3 * 60);
+	struct meter *m;
+
+	new_node(nd, sizeof(nd));
+	new_tenant(t, sizeof(t));
+	snprintf(named, sizeof(named), "snap_n%s", t);
+	snprintf(image, sizeof(image), "snap_i%s", t);
+	snprintf(down, sizeof(down), "snap_d%s", t);
+	snprintf(never, sizeof(never), "snap_x%s", t);
+	snprintf(pause, sizeof(pause), "snap_p%s", t);
+	snprintf(fork, sizeof(fork), "snap_f%s", t);
+	fake_now = t0;
+	m = new_meter(nd, NULL);
+	new_snapshot(named, t, nd, "named", 512, t0 + 2 * S, false);
+	new_snapshot(image, t, nd, "build", 256, t0 + 4 * S, false);
+	new_snapshot(never, t, nd, "build", 4096, t0 + 4 * S, true);
+	new_snapshot(pause, t, nd, "pause", 4096, t0 + 4 * S, false);
+	new_snapshot(fork, t, nd, "fork", 4096, t0 + 4 * S, false);
+	tick1(m, t0 + 16 * S);
+	snapshot_deleted_at(named, t0 + 17 * S);
+	tick1(m, t0 + 31 * S);
+	drain(&m, 1, t);
+	meter_free(m);		/* down across the keeping and the deletion of `down` */
+	new_snapshot(down, t, nd, "named", 256, t0 + 33 * S, false);
+	snapshot_deleted_at(down, t0 + 38 * S);
+	fake_now = t0 + 45 * S;
+	m = new_meter(nd, NULL);
+	tick1(m, t0 + 51 * S);
+	snapshot_deleted_at(image, t0 + 52 * S);
+	tick1(m, t0 + 72 * S);
+	drain(&m, 1, t);
+	/* 512 MiB for 15 s, 256 MiB for 48 s and for 5 s; 4 µcr per MiB-second */
+	CHECK_INT(used_gen(named, 1), 15 * 2 * PAUSED_UCR);
+	CHECK_INT(used_gen(image, 1), 48 * PAUSED_UCR);
+	CHECK_INT(used_gen(down, 1), 5 * PAUSED_UCR);
+	CHECK_INT(used_gen(never, 1) + used_gen(pause, 1) + used_gen(fork, 1), 0);
+	CHECK_INT(used(t), (30 + 48 + 5) * PAUSED_UCR);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id IN ('%s', '%s', "
+			  "'%s') AND state = 'none'", named, image, down), 3);
+	/* A build snapshot recorded deleted and kept (its deletion cleared) is kept from then. */
+	sql("UPDATE snapshots SET deleted_at = NULL WHERE id = '%s'", never);
+	CHECK_INT(sql_int("SELECT count(*) FROM snapshots WHERE id = '%s' "
+			  "AND kept_since > now() - interval '1 minute'", never), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND state = 'paused'", never), 1);
+	snapshot_deleted_at(never, t0 + 90 * S);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -1057,6 +1134,7 @@ int main(void)
 	TEST(test_stop_logged_after_a_tick_passed_it_applies_from_the_tick);
 	TEST(test_failed_pause_is_paused_only_while_its_vcpus_were_stopped);
 	TEST(test_log_trimmed_once_billed);
+	TEST(test_kept_snapshots_billed_as_storage);
 
 	rc = test_summary();
 	rds_free(rds);

@@ -4,10 +4,12 @@ build routes' checks before any node is involved (the Dockerfile parsed on uploa
 for a pending version with its Dockerfile, the log of a version not building), which node a build
 goes to (one with room for its shape before one holding the tenant's layers) and creates naming
 a template without a ready version (the builds themselves: tests/e2e/test_templates_build.py)."""
+import json
 import os
 import socket
 import tempfile
 import threading
+import time
 import unittest
 
 from authtest import GatewayCase
@@ -284,6 +286,108 @@ class TemplateLimits(GatewayCase):
         r = self.expect(self.call("POST", "/v1/sandboxes", {"template": "web", "snapshot_id": "snap_x"}, h),
                         422, "invalid")
         self.assertIn("exclude each other", r.json()["error"]["message"])
+
+
+class TemplateBuildsStuck(GatewayCase):
+    """A version `building` whose node goes down, or whose build never ends, is failed naming the
+    cause, with what the build held released (migrations/0034). The builds are rows as a node
+    writes them while it builds (no VM): the node is a row whose heartbeat lapses."""
+
+    EXTRA_ENV = {"KILN_IDEMPOTENCY_SWEEP_S": "1"}
+
+    def building(self, h, name):
+        """A template whose version 1 builds on a new live node in builder sandbox `sb`, with a
+        line of log: (template id, node, builder)."""
+        tid = self.expect(self.call("POST", "/v1/templates", spec(name), h), 201).json()["id"]
+        self.expect(self.call("PUT", f"/v1/templates/{tid}/dockerfile", "FROM base\nRUN sleep 1d\n", h), 204)
+        node, builder = "node-stuck-" + os.urandom(4).hex(), "sb_stuck" + os.urandom(4).hex()
+        self.db.sql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+                    f"accelerator, image_hash) VALUES ('{node}', 'unix:/nonexistent', 4000, 4096, 10, 'qemu', "
+                    "'kvm', 'x')")
+        self.addCleanup(self.db.sql, f"UPDATE nodes SET down_at = now() WHERE id = '{node}'")
+        self.db.sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+                    "disk_gib, timeout_s, expires_at, metadata) SELECT '%s', tenant_id, '%s', 'running', "
+                    "'base', 1000, 512, 10, 3600, now() + interval '1 hour', "
+                    "jsonb_build_object('kiln.template_build', id || '/1') FROM templates WHERE id = '%s'"
+                    % (builder, node, tid))
+        self.db.sql(f"UPDATE template_versions SET status = 'building', node_id = '{node}', started_at = now(), "
+                    f"builder_id = '{builder}' WHERE template_id = '{tid}' AND version = 1;"
+                    "INSERT INTO template_build_log (template_id, version, chunk) "
+                    f"VALUES ('{tid}', 1, '# step 1/1 (line 2): RUN sleep 1d\n')")
+        return tid, node, builder
+
+    def slot_free(self, tenant, tid):
+        """Whether a pending version 2 of `tid` may start building under template_max_builds = 1
+        (it is left building when it may)."""
+        self.expect(self.call("POST", "/v1/templates", spec(self.name_of(tid)), self.h), 201)
+        self.db.sql(f"UPDATE template_versions SET dockerfile = 'FROM base' WHERE template_id = '{tid}' "
+                    "AND version = 2")
+        quota = self.db.sql(f"SELECT quota FROM template_build_start('{tenant}', '{tid}', 2, 'nd', 1)")
+        return quota == ""
+
+    def name_of(self, tid):
+        return self.db.sql(f"SELECT name FROM templates WHERE id = '{tid}'")
+
+    def log_of(self, tid, version):
+        """The build log's events: [(event, data)]."""
+        r = self.expect(self.call("GET", f"/v1/templates/{tid}/log?version={version}", headers=self.h), 200)
+        events, ev = [], None
+        for line in r.data.decode().splitlines():
+            if line.startswith("event: "):
+                ev = line[7:]
+            elif line.startswith("data: "):
+                events.append((ev, json.loads(line[6:])))
+        return events
+
+    def test_a_build_whose_node_goes_down_fails_naming_it_and_releases_what_it_held(self):
+        tenant, _, self.h = self.new_tenant("stuck")
+        tid, node, builder = self.building(self.h, "web")
+        self.assertFalse(self.slot_free(tenant, tid), "the running build holds the only slot")
+        # the node's heartbeat lapses; a gateway marks it down (GET /v1/admin/nodes looks)
+        self.db.sql(f"UPDATE nodes SET heartbeat_at = now() - interval '1 hour' WHERE id = '{node}'")
+        self.expect(self.call("GET", "/v1/admin/nodes", headers=self.admin), 200)
+        v1 = self.expect(self.call("GET", f"/v1/templates/{tid}", headers=self.h), 200).json()["versions"][-1]
+        self.assertEqual(v1["status"], "failed")
+        self.assertIn(f"the build node {node} went down during the build (its heartbeat lapsed",
+                      v1["reason"])
+        self.assertIsNotNone(v1["finished_at"])
+        log = self.log_of(tid, 1)  # kept, the reason its last line
+        self.assertEqual(log, [("log", {"text": "# step 1/1 (line 2): RUN sleep 1d\n"}),
+                               ("log", {"text": v1["reason"] + "\n"}),
+                               ("end", {"status": "failed", "reason": v1["reason"]})])
+        # released: the builder's deletion asked for (its node carries it out when back), the
+        # tenant's build slot; nothing is left building on the node
+        self.assertEqual(self.db.sql(f"SELECT state, delete_requested_at IS NOT NULL FROM sandboxes "
+                                     f"WHERE id = '{builder}'"), "lost|t")
+        self.assertEqual(self.db.sql(f"SELECT count(*) FROM template_versions WHERE node_id = '{node}' "
+                                     "AND (status = 'building' OR builder_id IS NOT NULL)"), "0")
+        self.assertTrue(self.slot_free(tenant, tid))
+        # marked down again (another gateway that saw the lapse too) changes nothing more
+        self.db.sql(f"UPDATE nodes SET down_at = NULL WHERE id = '{node}'")
+        self.expect(self.call("GET", "/v1/admin/nodes", headers=self.admin), 200)
+        self.assertEqual(self.db.sql(f"SELECT count(*) FROM template_build_log WHERE template_id = '{tid}' "
+                                     "AND version = 1"), "2")
+
+    def test_a_build_that_never_ends_on_a_live_node_is_failed_as_hung(self):
+        tenant, _, self.h = self.new_tenant("hung")
+        tid, node, builder = self.building(self.h, "web")
+        # started longer ago than template_build_max_s (1800 s) and the grace (300 s)
+        self.db.sql(f"UPDATE template_versions SET started_at = now() - interval '2101 seconds' "
+                    f"WHERE template_id = '{tid}'")
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            v1 = self.expect(self.call("GET", f"/v1/templates/{tid}", headers=self.h), 200).json()["versions"][-1]
+            if v1["status"] != "building":
+                break
+            time.sleep(0.5)
+        self.assertEqual(v1["status"], "failed")
+        self.assertEqual(v1["reason"], f"the build on node {node} did not end within template_build_max_s "
+                         "(1800 s) and 300 s more: taken as hung")
+        self.assertEqual(self.log_of(tid, 1)[-2:], [("log", {"text": v1["reason"] + "\n"}),
+                                                    ("end", {"status": "failed", "reason": v1["reason"]})])
+        self.assertEqual(self.db.sql(f"SELECT delete_requested_at IS NOT NULL FROM sandboxes "
+                                     f"WHERE id = '{builder}'"), "t")
+        self.assertTrue(self.slot_free(tenant, tid))
 
 
 if __name__ == "__main__":
