@@ -140,6 +140,11 @@ struct meter {
 	bool clk_set, clk_behind;
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
+	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
+	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
+	int64_t resume_l, resume_m;
+	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
+	int64_t clk_now_l;
 	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
 	 * on by step_by[i] (its tracked points did; one read later from the ledger must too). */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT];
@@ -165,6 +170,7 @@ struct meter {
 	struct buf frefused;	/* the pairs its ledger refused: "<sandbox>\t<generation>\n" each */
 	size_t fitems;
 	int64_t ffirst_read;
+	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -198,6 +204,20 @@ static int64_t clock_mono(void *ctx)
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
+/* The host's boot id (the epoch of CLOCK_MONOTONIC) into out, or "" when it cannot be read. */
+static void boot_id_read(char *out, size_t n)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+	out[0] = '\0';
+	if (!f)
+		return;
+	if (!fgets(out, (int)n, f))
+		out[0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	fclose(f);
+}
+
 /* The wall clock: labels, grant expiry, the node's timestamps. */
 static int64_t now_ns(struct meter *m)
 {
@@ -212,8 +232,9 @@ static int64_t label_now(struct meter *m)
 
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
- * monotonic time only. Started at the wall clock, or at the newest billed-up-to point of the
- * node when that is later (a meter restarted after a backward step goes on from the ledger).
+ * monotonic time only. Started where the node's last flush left it, on this host's monotonic
+ * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
+ * at the wall clock; never before the newest billed-up-to point of the node.
  * When the wall clock is found ahead of it (a forward step), it follows, and every tracked
  * sandbox's billed-up-to point moves by the same amount: the step is never billed. Behind it (a
  * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
@@ -224,7 +245,11 @@ static int64_t meter_clock(struct meter *m)
 	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l;
 
 	if (!m->clk_set) {
-		m->clk_l0 = w > m->start_floor ? w : m->start_floor;
+		/* On the host of the node's last flush, in that flush's frame (a backward step of
+		 * the wall clock made before this start shifts nothing); else at the wall clock. */
+		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
+		if (m->clk_l0 < m->start_floor)
+			m->clk_l0 = m->start_floor;
 		m->clk_m0 = mono;
 		m->clk_set = true;
 	}
@@ -257,6 +282,8 @@ static int64_t meter_clock(struct meter *m)
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;
+	m->clk_now_l = l;
+	m->clk_now_m = mono;
 	return l;
 }
 
@@ -1328,10 +1355,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  struct buf *refused, struct kiln_error *err)
+				  int64_t clk_l, int64_t clk_m, struct buf *refused,
+				  struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
+	char l[24], mono[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1339,6 +1368,17 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
 			 m->o.card.version);
+	/* The frame of this flush's label clock, for the node's next meter on this host. */
+	if (rc == KILN_OK && m->boot[0]) {
+		snprintf(l, sizeof(l), "%" PRId64, clk_l);
+		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
+		rc = PGQ(c, NULL, err,
+			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns) "
+			 "VALUES ($1, $2, $3, $4) ON CONFLICT (node_id) DO UPDATE SET "
+			 "boot_id = $2, label_ns = $3, mono_ns = $4, updated_at = now() "
+			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
+			 m->node, m->boot, l, mono);
+	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
 			 m->o.test_flush_hold_ms);
@@ -1383,7 +1423,8 @@ static void *flush_main(void *arg)
 		pthread_mutex_unlock(&m->flock);
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
-		rc = flush_commit(m, m->fjson.data, m->fitems, &m->frefused, &err);
+		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, &m->frefused,
+				  &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -1559,6 +1600,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fjson = j;
 		m->fitems = nitems;
 		m->ffirst_read = first_read;
+		m->fclk_l = m->clk_now_l;
+		m->fclk_m = m->clk_now_m;
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
 		pthread_mutex_unlock(&m->flock);
@@ -1566,7 +1609,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
-	rc = flush_commit(m, j.data, nitems, &refused, err);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -1830,6 +1873,10 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 	}
 	m->fevent = -1;
 	m->o = *opts;
+	if (opts->boot_id)
+		snprintf(m->boot, sizeof(m->boot), "%s", opts->boot_id);
+	else if (!opts->mono_ns && !opts->now_ns)
+		boot_id_read(m->boot, sizeof(m->boot));
 	if (!m->o.mono_ns)
 		m->o.mono_ns = m->o.now_ns ? m->o.now_ns : clock_mono;
 	if (!m->o.now_ns)
@@ -1953,6 +2000,20 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 		m->since = oldest && oldest < floor_ns ? oldest : floor_ns;
 	}
 	pg_res_free(res);
+	res = NULL;
+	/* The frame of the node's last flush, when it ran on this host since its boot. */
+	if (rc == KILN_OK && m->boot[0]) {
+		rc = PGQ(c, &res, err,
+			 "SELECT label_ns, mono_ns FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 m->node, m->boot);
+		m->st.pg_calls++;
+		if (rc == KILN_OK && pg_res_rows(res) == 1) {
+			m->resume = true;
+			m->resume_l = pg_res_int(res, 0, 0, 0);
+			m->resume_m = pg_res_int(res, 0, 1, 0);
+		}
+		pg_res_free(res);
+	}
 	pg_release(m->pg, c);
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)

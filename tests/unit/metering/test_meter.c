@@ -35,6 +35,7 @@ static struct pg *pg;
 static struct rds *rds;
 static char node[32];
 static int64_t fake_now, fake_mono;
+static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -77,6 +78,7 @@ static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 		.series_s = 900,
 		.now_ns = fake_clock,
 		.mono_ns = mono ? fake_mono_clock : NULL,
+		.boot_id = boot,
 		.live_ttl_s = live_ttl_s,
 		.pause = on_pause,
 	};
@@ -420,6 +422,48 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 }
 
 /*
+ * A meter restarted on the same host after a backward step of the wall clock goes on in the frame
+ * its node's last flush saved (meter_clocks: the label clock at a point of the monotonic clock),
+ * so the node's timestamps keep their place (kiln-sim `clock`, seed 9102). Before, it started
+ * at the ledger's newest billed-up-to point, 9 s behind, and read the sandbox's end 9 s early:
+ * 16 s billed of 25.
+ */
+static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 13)
+			fake_now -= 3600 * S;	/* the wall clock steps back an hour */
+		if (i == 19) {			/* a crash at 18 ([0, 10) flushed) and a restart */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 26)
+			stop_sandbox(sb, fake_now);	/* at 25, on the stepped wall clock */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -541,6 +585,7 @@ int main(void)
 	TEST(test_grant_expiry_is_a_transfer);
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
+	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
