@@ -2447,16 +2447,19 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			s->ten->nsb++;
 		}
 		/* The changes from its billed-up-to point on, and those logged since the last tick
-		 * with an earlier time (billed in the old state up to the point): from the point. */
+		 * with an earlier time (billed in the old state up to the point): from the point.
+		 * Never one applied already (or in the point), whatever its time reads: after a
+		 * backward step of the wall clock, a change logged before it reads that much later
+		 * (kiln-sim `clock`, seed 9108). One sandbox's changes are logged in the order of
+		 * its row's updates, so a later `seq` is a later change. */
 		{
 			struct ment *e = (struct ment *)r[i].e;
 			size_t w = 0;
 			for (size_t k = 0; k < r[i].ne; k++) {
-				if (e[k].at < s->last_t) {
-					if (e[k].seq <= s->seq)
-						continue;
+				if (e[k].seq ? e[k].seq <= s->seq : e[k].at < s->last_t)
+					continue;	/* (no seq: the row's own state, not logged) */
+				if (e[k].at < s->last_t)
 					e[k].at = s->last_t;
-				}
 				e[w++] = e[k];
 			}
 			r[i].ne = w;

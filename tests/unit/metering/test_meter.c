@@ -464,6 +464,49 @@ static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
 }
 
 /*
+ * A state change applied once is never applied again, whatever its time reads: after a backward
+ * step of the wall clock, the changes logged before it carry times that, shifted by the step,
+ * fall after the billed-up-to point (kiln-sim `clock`, seed 9108: a moved sandbox's first
+ * generation's rows read again 156 s on, its second generation's paused time billed at nothing
+ * from there, -5,891 µcr). Here the creation's `running` row would come back 100 s on and bill
+ * the paused sandbox as running.
+ */
+static void test_changes_before_a_backward_step_are_not_applied_again(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 140; i++) {
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+		if (i == 21)			/* at 20, paused into a snapshot of 512 MiB */
+			sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, "
+			    "size_bytes, vcpu_milli, memory_mib, disk_gib) VALUES ('snap_%s', '%s', "
+			    "'%s', '%s', 'pause', %lld, 1000, 256, 1);"
+			    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    sb, t, sb, node, 512LL << 20, sb, (long long)(fake_now / 1000), sb);
+		if (i == 121)
+			stop_sandbox(sb, fake_now);	/* at 120 */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	/* 20 s running at 257, 100 s paused at 512 */
+	CHECK_INT(used(t), 20 * 257 + 100 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -586,6 +629,7 @@ int main(void)
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
+	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
