@@ -98,6 +98,26 @@ static struct meter *new_meter(void)
 	return new_meter_with(false, 0);
 }
 
+/* One fake second on both clocks, then a tick that must succeed. */
+static void tick_both(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+
+	fake_now += S;
+	fake_mono += S;
+	CHECK_INT(meter_tick(m, &err), KILN_OK);
+}
+
+/* A tenant with credits and a running sandbox of it since t0, both clocks at t0. */
+static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
+{
+	new_tenant(t, tn);
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sbn, t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+}
+
 static void test_charge_is_exact_over_injected_time(void)
 {
 	char t[32], sb[32];
@@ -410,11 +430,8 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 					  "AND kind = 'expiry'", t), 1);
 	}
 	stop_sandbox(sb, fake_now);	/* on the (stepped) wall clock, as the node records it */
-	for (int i = 0; i < 12; i++) {
-		fake_now += S;
-		fake_mono += S;
-		CHECK_INT(meter_tick(m, &err), KILN_OK);
-	}
+	for (int i = 0; i < 12; i++)
+		tick_both(m);
 	CHECK_INT(used(t), 36 * 257);
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
@@ -432,15 +449,10 @@ static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
 	struct meter *m;
 	bool ok;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	fake_mono = 5000 * S;
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
 	boot = "test-boot";
 	m = new_meter_with(true, 0);
 	for (int i = 1; i <= 40; i++) {
@@ -452,9 +464,7 @@ static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
 		}
 		if (i == 26)
 			stop_sandbox(sb, fake_now);	/* at 25, on the stepped wall clock */
-		fake_now += S;
-		fake_mono += S;
-		CHECK_INT(meter_tick(m, &err), KILN_OK);
+		tick_both(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 25 * 257);
@@ -475,14 +485,9 @@ static void test_changes_before_a_backward_step_are_not_applied_again(void)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
 	struct meter *m;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	fake_mono = 5000 * S;
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
 	m = new_meter_with(true, 0);
 	for (int i = 1; i <= 140; i++) {
 		if (i == 11)
@@ -496,9 +501,7 @@ static void test_changes_before_a_backward_step_are_not_applied_again(void)
 			    sb, t, sb, node, 512LL << 20, sb, (long long)(fake_now / 1000), sb);
 		if (i == 121)
 			stop_sandbox(sb, fake_now);	/* at 120 */
-		fake_now += S;
-		fake_mono += S;
-		CHECK_INT(meter_tick(m, &err), KILN_OK);
+		tick_both(m);
 	}
 	/* 20 s running at 257, 100 s paused at 512 */
 	CHECK_INT(used(t), 20 * 257 + 100 * 512);
