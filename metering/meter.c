@@ -2429,9 +2429,16 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				log_error("out of memory tracking sandbox \"%s\"", r[i].id);
 				continue;
 			}
-			/* The changes before its billed-up-to point are in it. */
+			/* The changes before its billed-up-to point are in it; every change of its
+			 * generation when that point is the generation's end (the sandbox ended in
+			 * it: a backward step of the wall clock can make them read as later, and a
+			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110). */
+			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
+				      s->state == BS_NONE && row_terminal(&r[i]);
 			for (size_t k = 0; k < r[i].ne; k++)
-				if (r[i].e[k].at < s->last_t && r[i].e[k].seq > s->seq)
+				if ((r[i].e[k].at < s->last_t ||
+				     (in_end && r[i].e[k].gen == s->gen)) &&
+				    r[i].e[k].seq > s->seq)
 					s->seq = r[i].e[k].seq;
 		}
 		s->seen = true;

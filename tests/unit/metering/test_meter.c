@@ -510,6 +510,33 @@ static void test_changes_before_a_backward_step_are_not_applied_again(void)
 }
 
 /*
+ * A sandbox whose end is in the ledger is not billed again when a backward step of the wall
+ * clock makes it read as changed lately: the meter tracks it again from the ledger's point (its
+ * end), and every change of that generation is in it, whatever its time reads (kiln-sim
+ * `clock`, seed 9110: sandboxes deleted before a 394 s backward step billed again from their
+ * creation 394 s on, +21,070 to +60,317 µcr). Here the sandbox's 20 s would be billed twice.
+ */
+static void test_an_ended_sandbox_is_not_billed_again_after_a_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 21)
+			stop_sandbox(sb, fake_now);	/* at 20 */
+		if (i == 41)
+			fake_now -= 100 * S;	/* at 40 ([10, 20) and its end flushed) */
+		tick_both(m);
+	}
+	CHECK_INT(used(t), 20 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -633,6 +660,7 @@ int main(void)
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
+	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
