@@ -149,6 +149,10 @@ struct meter {
 	 * on by step_by[i] (its tracked points did; one read later from the ledger must too). */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT];
 	int nsteps;
+	/* The offsets (label - wall) in force before each backward step this meter followed,
+	 * newest last: a change logged before a step reads in its own (kiln-sim `clock`, 9110). */
+	int64_t back_off[STEPS_KEPT];
+	int nback;
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
@@ -275,9 +279,17 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
-	} else if (!m->clk_behind) {
-		log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
-			 (double)(l - w) / 1e9);
+	} else if (l - w - m->off > STEP_TOLERANCE_NS) {
+		/* Stepped back (again): the offset in force before it, for the changes logged
+		 * before it that this meter has not read yet. */
+		if (!m->clk_behind)
+			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
+				 (double)(l - w) / 1e9);
+		if (m->nback == STEPS_KEPT) {
+			memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
+			m->nback--;
+		}
+		m->back_off[m->nback++] = m->off;
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
@@ -2399,6 +2411,14 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
 		e->at = pg_res_int(lres, k, 3, 0) * 1000 + m->off;
+		/* Read ahead of this tick by more than a step's tolerance after a backward step:
+		 * logged before it, in the frame then in force (the newest that puts it no later
+		 * than now). */
+		for (int b = m->nback - 1; b >= 0 && e->at > now + STEP_TOLERANCE_NS; b--) {
+			int64_t at = pg_res_int(lres, k, 3, 0) * 1000 + m->back_off[b];
+			if (at <= now + STEP_TOLERANCE_NS)
+				e->at = at;
+		}
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);

@@ -537,6 +537,41 @@ static void test_an_ended_sandbox_is_not_billed_again_after_a_backward_step(void
 }
 
 /*
+ * A change logged before a backward step of the wall clock and read after it is placed in the
+ * frame in force when it was logged, not 100 s on in the new one (kiln-sim `clock`, seed 9110: a
+ * boot logged just before a 394 s step was read 394 s on, the pause 14 s later came first, and
+ * the running time between was billed as creating, -36,358 µcr). Here the pause would be
+ * applied 100 s late: 100 s more running, 100 s less paused.
+ */
+static void test_a_change_logged_before_a_backward_step_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 11) {	/* at 10, paused into 512 MiB; then the wall clock steps back 100 s */
+			sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, "
+			    "size_bytes, vcpu_milli, memory_mib, disk_gib) VALUES ('snap_%s', '%s', "
+			    "'%s', '%s', 'pause', %lld, 1000, 256, 1);"
+			    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    sb, t, sb, node, 512LL << 20, sb, (long long)(fake_now / 1000), sb);
+			fake_now -= 100 * S;
+		}
+		if (i == 151)
+			stop_sandbox(sb, fake_now);	/* at 150 */
+		tick_both(m);
+	}
+	/* 10 s running at 257, 140 s paused at 512 */
+	CHECK_INT(used(t), 10 * 257 + 140 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -661,6 +696,7 @@ int main(void)
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
+	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
