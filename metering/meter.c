@@ -140,10 +140,19 @@ struct meter {
 	bool clk_set, clk_behind;
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
+	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
+	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
+	int64_t resume_l, resume_m;
+	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
+	int64_t clk_now_l;
 	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
 	 * on by step_by[i] (its tracked points did; one read later from the ledger must too). */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT];
 	int nsteps;
+	/* The offsets (label - wall) in force before each backward step this meter followed,
+	 * newest last: a change logged before a step reads in its own (kiln-sim `clock`, 9110). */
+	int64_t back_off[STEPS_KEPT];
+	int nback;
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
@@ -165,6 +174,7 @@ struct meter {
 	struct buf frefused;	/* the pairs its ledger refused: "<sandbox>\t<generation>\n" each */
 	size_t fitems;
 	int64_t ffirst_read;
+	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -198,6 +208,20 @@ static int64_t clock_mono(void *ctx)
 	return (int64_t)ts.tv_sec * PRICE_NS_PER_S + ts.tv_nsec;
 }
 
+/* The host's boot id (the epoch of CLOCK_MONOTONIC) into out, or "" when it cannot be read. */
+static void boot_id_read(char *out, size_t n)
+{
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+	out[0] = '\0';
+	if (!f)
+		return;
+	if (!fgets(out, (int)n, f))
+		out[0] = '\0';
+	out[strcspn(out, "\n")] = '\0';
+	fclose(f);
+}
+
 /* The wall clock: labels, grant expiry, the node's timestamps. */
 static int64_t now_ns(struct meter *m)
 {
@@ -212,8 +236,9 @@ static int64_t label_now(struct meter *m)
 
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
- * monotonic time only. Started at the wall clock, or at the newest billed-up-to point of the
- * node when that is later (a meter restarted after a backward step goes on from the ledger).
+ * monotonic time only. Started where the node's last flush left it, on this host's monotonic
+ * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
+ * at the wall clock; never before the newest billed-up-to point of the node.
  * When the wall clock is found ahead of it (a forward step), it follows, and every tracked
  * sandbox's billed-up-to point moves by the same amount: the step is never billed. Behind it (a
  * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
@@ -224,7 +249,11 @@ static int64_t meter_clock(struct meter *m)
 	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l;
 
 	if (!m->clk_set) {
-		m->clk_l0 = w > m->start_floor ? w : m->start_floor;
+		/* On the host of the node's last flush, in that flush's frame (a backward step of
+		 * the wall clock made before this start shifts nothing); else at the wall clock. */
+		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
+		if (m->clk_l0 < m->start_floor)
+			m->clk_l0 = m->start_floor;
 		m->clk_m0 = mono;
 		m->clk_set = true;
 	}
@@ -250,13 +279,23 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
-	} else if (!m->clk_behind) {
-		log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
-			 (double)(l - w) / 1e9);
+	} else if (l - w - m->off > STEP_TOLERANCE_NS) {
+		/* Stepped back (again): the offset in force before it, for the changes logged
+		 * before it that this meter has not read yet. */
+		if (!m->clk_behind)
+			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
+				 (double)(l - w) / 1e9);
+		if (m->nback == STEPS_KEPT) {
+			memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
+			m->nback--;
+		}
+		m->back_off[m->nback++] = m->off;
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;
+	m->clk_now_l = l;
+	m->clk_now_m = mono;
 	return l;
 }
 
@@ -1332,10 +1371,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  struct buf *refused, struct kiln_error *err)
+				  int64_t clk_l, int64_t clk_m, struct buf *refused,
+				  struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
+	char l[24], mono[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1343,6 +1384,17 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
 			 m->o.card.version);
+	/* The frame of this flush's label clock, for the node's next meter on this host. */
+	if (rc == KILN_OK && m->boot[0]) {
+		snprintf(l, sizeof(l), "%" PRId64, clk_l);
+		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
+		rc = PGQ(c, NULL, err,
+			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns) "
+			 "VALUES ($1, $2, $3, $4) ON CONFLICT (node_id) DO UPDATE SET "
+			 "boot_id = $2, label_ns = $3, mono_ns = $4, updated_at = now() "
+			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
+			 m->node, m->boot, l, mono);
+	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
 			 m->o.test_flush_hold_ms);
@@ -1387,7 +1439,8 @@ static void *flush_main(void *arg)
 		pthread_mutex_unlock(&m->flock);
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
-		rc = flush_commit(m, m->fjson.data, m->fitems, &m->frefused, &err);
+		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, &m->frefused,
+				  &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -1563,6 +1616,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fjson = j;
 		m->fitems = nitems;
 		m->ffirst_read = first_read;
+		m->fclk_l = m->clk_now_l;
+		m->fclk_m = m->clk_now_m;
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
 		pthread_mutex_unlock(&m->flock);
@@ -1570,7 +1625,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
-	rc = flush_commit(m, j.data, nitems, &refused, err);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -1834,6 +1889,10 @@ struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds
 	}
 	m->fevent = -1;
 	m->o = *opts;
+	if (opts->boot_id)
+		snprintf(m->boot, sizeof(m->boot), "%s", opts->boot_id);
+	else if (!opts->mono_ns && !opts->now_ns)
+		boot_id_read(m->boot, sizeof(m->boot));
 	if (!m->o.mono_ns)
 		m->o.mono_ns = m->o.now_ns ? m->o.now_ns : clock_mono;
 	if (!m->o.now_ns)
@@ -1957,6 +2016,20 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 		m->since = oldest && oldest < floor_ns ? oldest : floor_ns;
 	}
 	pg_res_free(res);
+	res = NULL;
+	/* The frame of the node's last flush, when it ran on this host since its boot. */
+	if (rc == KILN_OK && m->boot[0]) {
+		rc = PGQ(c, &res, err,
+			 "SELECT label_ns, mono_ns FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 m->node, m->boot);
+		m->st.pg_calls++;
+		if (rc == KILN_OK && pg_res_rows(res) == 1) {
+			m->resume = true;
+			m->resume_l = pg_res_int(res, 0, 0, 0);
+			m->resume_m = pg_res_int(res, 0, 1, 0);
+		}
+		pg_res_free(res);
+	}
 	pg_release(m->pg, c);
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)
@@ -2342,6 +2415,14 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
 		e->at = pg_res_int(lres, k, 3, 0) * 1000 + m->off;
+		/* Read ahead of this tick by more than a step's tolerance after a backward step:
+		 * logged before it, in the frame then in force (the newest that puts it no later
+		 * than now). */
+		for (int b = m->nback - 1; b >= 0 && e->at > now + STEP_TOLERANCE_NS; b--) {
+			int64_t at = pg_res_int(lres, k, 3, 0) * 1000 + m->back_off[b];
+			if (at <= now + STEP_TOLERANCE_NS)
+				e->at = at;
+		}
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
@@ -2372,9 +2453,16 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				log_error("out of memory tracking sandbox \"%s\"", r[i].id);
 				continue;
 			}
-			/* The changes before its billed-up-to point are in it. */
+			/* The changes before its billed-up-to point are in it; every change of its
+			 * generation when that point is the generation's end (the sandbox ended in
+			 * it: a backward step of the wall clock can make them read as later, and a
+			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110). */
+			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
+				      s->state == BS_NONE && row_terminal(&r[i]);
 			for (size_t k = 0; k < r[i].ne; k++)
-				if (r[i].e[k].at < s->last_t && r[i].e[k].seq > s->seq)
+				if ((r[i].e[k].at < s->last_t ||
+				     (in_end && r[i].e[k].gen == s->gen)) &&
+				    r[i].e[k].seq > s->seq)
 					s->seq = r[i].e[k].seq;
 		}
 		s->seen = true;
@@ -2390,16 +2478,19 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			s->ten->nsb++;
 		}
 		/* The changes from its billed-up-to point on, and those logged since the last tick
-		 * with an earlier time (billed in the old state up to the point): from the point. */
+		 * with an earlier time (billed in the old state up to the point): from the point.
+		 * Never one applied already (or in the point), whatever its time reads: after a
+		 * backward step of the wall clock, a change logged before it reads that much later
+		 * (kiln-sim `clock`, seed 9108). One sandbox's changes are logged in the order of
+		 * its row's updates, so a later `seq` is a later change. */
 		{
 			struct ment *e = (struct ment *)r[i].e;
 			size_t w = 0;
 			for (size_t k = 0; k < r[i].ne; k++) {
-				if (e[k].at < s->last_t) {
-					if (e[k].seq <= s->seq)
-						continue;
+				if (e[k].seq ? e[k].seq <= s->seq : e[k].at < s->last_t)
+					continue;	/* (no seq: the row's own state, not logged) */
+				if (e[k].at < s->last_t)
 					e[k].at = s->last_t;
-				}
 				e[w++] = e[k];
 			}
 			r[i].ne = w;

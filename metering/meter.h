@@ -16,7 +16,9 @@
  * Two clocks, both injectable so tests can move them (the host clock is never stepped): elapsed
  * time, what is billed, is measured on the monotonic clock (`opts.mono_ns`); the wall clock
  * (`opts.now_ns`) only labels it. The meter's label clock starts at the wall clock (or at the
- * newest billed-up-to point of its node, if later) and advances by monotonic time; it follows a
+ * newest billed-up-to point of its node, if later; or, on the host its node's last flush ran on,
+ * where that flush's label clock stands now on the monotonic clock) and advances by monotonic
+ * time; it follows a
  * forward step of the wall clock by moving every tracked sandbox's billed-up-to point with it
  * (nothing is billed for the step) and stays ahead after a backward step (ticks go on; the
  * node's timestamps are read shifted by the difference). Grant expiry is a wall-clock date: it
@@ -50,6 +52,14 @@ struct meter_opts {
 	/* the monotonic clock, ns; NULL: CLOCK_MONOTONIC, or now_ns when only that is injected */
 	int64_t (*mono_ns)(void *ctx);
 	void *clock_ctx;
+	/*
+	 * The epoch of the monotonic clock (the host's boot): a meter that starts where the same
+	 * epoch's label clock was saved by its node's last flush (meter_clocks) goes on in that
+	 * frame, so a wall-clock step made before it started (a meter restarted after a backward
+	 * step) moves none of its node's timestamps. NULL: /proc/sys/kernel/random/boot_id, or,
+	 * with mono_ns injected, no such frame (it starts at the wall clock).
+	 */
+	const char *boot_id;
 	/* seconds a live field outlives its meter's last tick in Redis; 0: 30 */
 	int64_t live_ttl_s;
 	/* seconds the state changes of sandboxes (sandbox_state_log) are kept once billed; 0: a day */

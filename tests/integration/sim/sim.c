@@ -700,6 +700,8 @@ static void meter_up(struct smeter *sm)
 		.series_s = 120,
 		.now_ns = clk_wall,
 		.mono_ns = clk_mono,
+		/* One host: the monotonic clock goes on across a meter's crash and restart. */
+		.boot_id = W.tag,
 		/* Redis's own clock would expire the alive keys in real seconds: the simulation
 		 * drops them itself after SIM_TTL_S of its time. */
 		.live_ttl_s = 3600,

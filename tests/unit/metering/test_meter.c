@@ -35,6 +35,7 @@ static struct pg *pg;
 static struct rds *rds;
 static char node[32];
 static int64_t fake_now, fake_mono;
+static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -77,6 +78,7 @@ static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 		.series_s = 900,
 		.now_ns = fake_clock,
 		.mono_ns = mono ? fake_mono_clock : NULL,
+		.boot_id = boot,
 		.live_ttl_s = live_ttl_s,
 		.pause = on_pause,
 	};
@@ -94,6 +96,26 @@ static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 static struct meter *new_meter(void)
 {
 	return new_meter_with(false, 0);
+}
+
+/* One fake second on both clocks, then a tick that must succeed. */
+static void tick_both(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+
+	fake_now += S;
+	fake_mono += S;
+	CHECK_INT(meter_tick(m, &err), KILN_OK);
+}
+
+/* A tenant with credits and a running sandbox of it since t0, both clocks at t0. */
+static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
+{
+	new_tenant(t, tn);
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sbn, t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
 }
 
 static void test_charge_is_exact_over_injected_time(void)
@@ -408,14 +430,144 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 					  "AND kind = 'expiry'", t), 1);
 	}
 	stop_sandbox(sb, fake_now);	/* on the (stepped) wall clock, as the node records it */
-	for (int i = 0; i < 12; i++) {
-		fake_now += S;
-		fake_mono += S;
-		CHECK_INT(meter_tick(m, &err), KILN_OK);
-	}
+	for (int i = 0; i < 12; i++)
+		tick_both(m);
 	CHECK_INT(used(t), 36 * 257);
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A meter restarted on the same host after a backward step of the wall clock goes on in the frame
+ * its node's last flush saved (meter_clocks: the label clock at a point of the monotonic clock),
+ * so the node's timestamps keep their place (kiln-sim `clock`, seed 9102). Before, it started
+ * at the ledger's newest billed-up-to point, 9 s behind, and read the sandbox's end 9 s early:
+ * 16 s billed of 25.
+ */
+static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 13)
+			fake_now -= 3600 * S;	/* the wall clock steps back an hour */
+		if (i == 19) {			/* a crash at 18 ([0, 10) flushed) and a restart */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 26)
+			stop_sandbox(sb, fake_now);	/* at 25, on the stepped wall clock */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A state change applied once is never applied again, whatever its time reads: after a backward
+ * step of the wall clock, the changes logged before it carry times that, shifted by the step,
+ * fall after the billed-up-to point (kiln-sim `clock`, seed 9108: a moved sandbox's first
+ * generation's rows read again 156 s on, its second generation's paused time billed at nothing
+ * from there, -5,891 µcr). Here the creation's `running` row would come back 100 s on and bill
+ * the paused sandbox as running.
+ */
+static void test_changes_before_a_backward_step_are_not_applied_again(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 140; i++) {
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+		if (i == 21)			/* at 20, paused into a snapshot of 512 MiB */
+			sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, "
+			    "size_bytes, vcpu_milli, memory_mib, disk_gib) VALUES ('snap_%s', '%s', "
+			    "'%s', '%s', 'pause', %lld, 1000, 256, 1);"
+			    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    sb, t, sb, node, 512LL << 20, sb, (long long)(fake_now / 1000), sb);
+		if (i == 121)
+			stop_sandbox(sb, fake_now);	/* at 120 */
+		tick_both(m);
+	}
+	/* 20 s running at 257, 100 s paused at 512 */
+	CHECK_INT(used(t), 20 * 257 + 100 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
+ * A sandbox whose end is in the ledger is not billed again when a backward step of the wall
+ * clock makes it read as changed lately: the meter tracks it again from the ledger's point (its
+ * end), and every change of that generation is in it, whatever its time reads (kiln-sim
+ * `clock`, seed 9110: sandboxes deleted before a 394 s backward step billed again from their
+ * creation 394 s on, +21,070 to +60,317 µcr). Here the sandbox's 20 s would be billed twice.
+ */
+static void test_an_ended_sandbox_is_not_billed_again_after_a_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 21)
+			stop_sandbox(sb, fake_now);	/* at 20 */
+		if (i == 41)
+			fake_now -= 100 * S;	/* at 40 ([10, 20) and its end flushed) */
+		tick_both(m);
+	}
+	CHECK_INT(used(t), 20 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
+ * A change logged before a backward step of the wall clock and read after it is placed in the
+ * frame in force when it was logged, not 100 s on in the new one (kiln-sim `clock`, seed 9110: a
+ * boot logged just before a 394 s step was read 394 s on, the pause 14 s later came first, and
+ * the running time between was billed as creating, -36,358 µcr). Here the pause would be
+ * applied 100 s late: 100 s more running, 100 s less paused.
+ */
+static void test_a_change_logged_before_a_backward_step_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 11) {	/* at 10, paused into 512 MiB; then the wall clock steps back 100 s */
+			sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, "
+			    "size_bytes, vcpu_milli, memory_mib, disk_gib) VALUES ('snap_%s', '%s', "
+			    "'%s', '%s', 'pause', %lld, 1000, 256, 1);"
+			    "UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    sb, t, sb, node, 512LL << 20, sb, (long long)(fake_now / 1000), sb);
+			fake_now -= 100 * S;
+		}
+		if (i == 151)
+			stop_sandbox(sb, fake_now);	/* at 150 */
+		tick_both(m);
+	}
+	/* 10 s running at 257, 140 s paused at 512 */
+	CHECK_INT(used(t), 10 * 257 + 140 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
 }
 
@@ -541,6 +693,10 @@ int main(void)
 	TEST(test_grant_expiry_is_a_transfer);
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
+	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
+	TEST(test_changes_before_a_backward_step_are_not_applied_again);
+	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
+	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
