@@ -1382,6 +1382,28 @@ static enum kiln_err procs_supported(struct agent *a, struct kiln_error *err)
 }
 
 /*
+ * Waits until `deadline` for call c's next frame: KILN_OK with *f (the caller frees it) when it is
+ * not an ERROR, the ERROR's code, or the wait's failure (*f NULL then).
+ */
+static enum kiln_err next_reply(struct agent *a, struct call *c, int64_t deadline,
+				struct frame **f, struct kiln_error *err)
+{
+	int wrc = call_next(a, c, deadline, f);
+	enum kiln_err rc;
+
+	if (wrc < 0) {
+		*f = NULL;
+		return wait_error(a, wrc, err);
+	}
+	if ((*f)->type != AGENT_T_ERROR)
+		return KILN_OK;
+	rc = guest_error(a, *f, err);
+	free(*f);
+	*f = NULL;
+	return rc;
+}
+
+/*
  * Sends one request and waits (the io timeout) for its OK, whose value goes to *v (may be NULL),
  * or its ERROR. Any other frame breaks the protocol.
  */
@@ -1392,22 +1414,14 @@ static enum kiln_err simple_call(struct agent *a, uint8_t type, uint16_t flags, 
 	struct frame *f = NULL;
 	enum kiln_err rc;
 	uint64_t val;
-	int wrc;
 
 	if (!c)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = send_frame(a, type, flags, c->id, payload, len, err);
-	if (rc)
+	if (rc || (rc = next_reply(a, c, mono_ms() + a->io_timeout_ms, &f, err)))
 		goto cleanup;
-	wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
-	if (wrc < 0) {
-		rc = wait_error(a, wrc, err);
-		goto cleanup;
-	}
-	if (f->type == AGENT_T_ERROR) {
-		rc = guest_error(a, f, err);
-	} else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &val) < 0) {
-		rc = protocol_violation(a, "bad reply to a process request", err);
+	if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &val) < 0) {
+		rc = protocol_violation(a, "bad reply to a request", err);
 	} else {
 		if (v)
 			*v = val;
@@ -1757,17 +1771,8 @@ enum kiln_err agent_watch_read(struct agent *a, uint32_t wid, uint32_t wait_ms, 
 	agent_wr_u32(&w, wid);
 	agent_wr_u32(&w, wait_ms);
 	rc = send_frame(a, AGENT_T_WATCH_READ, 0, c->id, payload, w.len, err);
-	if (rc)
+	if (rc || (rc = next_reply(a, c, mono_ms() + wait_ms + a->io_timeout_ms, &f, err)))
 		goto cleanup;
-	wrc = call_next(a, c, mono_ms() + wait_ms + a->io_timeout_ms, &f);
-	if (wrc < 0) {
-		rc = wait_error(a, wrc, err);
-		goto cleanup;
-	}
-	if (f->type == AGENT_T_ERROR) {
-		rc = guest_error(a, f, err);
-		goto cleanup;
-	}
 	if (f->type != AGENT_T_WATCH_EVENTS || agent_parse_watch_events(f->data, f->len, &m) < 0) {
 		rc = protocol_violation(a, "bad reply to a watch read", err);
 		goto cleanup;

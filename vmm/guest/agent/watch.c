@@ -365,7 +365,8 @@ void watch_add(struct session *s, uint32_t id, const uint8_t *p, size_t len)
 	int idx = -1, rc;
 	bool as;
 	struct stat st;
-	uint64_t v;
+	struct agent_wr wr;
+	uint8_t ok[8];
 
 	agent_rd_init(&r, p, len);
 	recursive = agent_rd_u8(&r);
@@ -423,12 +424,9 @@ void watch_add(struct session *s, uint32_t id, const uint8_t *p, size_t len)
 	}
 	next_wid = next_wid == UINT32_MAX ? 1 : next_wid + 1;
 	w->idle_since = now_ms();
-	v = w->wid;
-	uint8_t ok[8];
-
-	for (int i = 0; i < 8; i++)
-		ok[i] = (uint8_t)(v >> (56 - 8 * i));
-	session_send(s, AGENT_T_OK, 0, id, ok, sizeof(ok));
+	agent_wr_init(&wr, ok, sizeof(ok));
+	agent_wr_u64(&wr, w->wid);
+	session_send(s, AGENT_T_OK, 0, id, ok, wr.len);
 }
 
 /* The watch a READ or REMOVE names; NULL after sending the ERROR. */
