@@ -1731,13 +1731,38 @@ static const char FS_PY[] =
 	"print(json.dumps(r))\n";
 
 /*
+ * Opens a unary RPC: the data plane's checks (envd_open), the RPC's user and its JSON object in
+ * *b. False after replying (`e` closed).
+ */
+static bool unary_open(struct http_req *req, struct envd *e, json_t **b)
+{
+	size_t len = 0;
+	const char *text = http_req_body(req, &len);
+
+	*b = NULL;
+	if (!envd_open(req, e))
+		return false;
+	if (!rpc_user(req, e->user)) {
+		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
+	} else {
+		*b = json_loadb(text ? text : "", len, 0, NULL);
+		if (json_is_object(*b))
+			return true;
+		rpc_error(req, "invalid_argument", "the request must be a JSON object");
+	}
+	json_decref(*b);
+	*b = NULL;
+	envd_close(e);
+	return false;
+}
+
+/*
  * Runs the filesystem operation `op` on `path` (and `arg`: a second path or a depth; NULL: none)
  * as the RPC's user and replies its answer (unary JSON) or its Connect error.
  */
 static void fs_rpc(struct http_req *req, const char *op, const char *field, const char *field2)
 {
-	size_t len = 0;
-	const char *text = http_req_body(req, &len), *out, *code;
+	const char *out, *code;
 	char path[4096], path2[4096], depth[16], url[128];
 	struct kiln_error err = { 0 };
 	struct answer a = { 0 };
@@ -1745,17 +1770,8 @@ static void fs_rpc(struct http_req *req, const char *op, const char *field, cons
 	char *call_text = NULL;
 	struct envd e;
 
-	if (!envd_open(req, &e))
+	if (!unary_open(req, &e, &b))
 		return;
-	if (!rpc_user(req, e.user)) {
-		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
-		goto out;
-	}
-	b = json_loadb(text ? text : "", len, 0, NULL);
-	if (!json_is_object(b)) {
-		rpc_error(req, "invalid_argument", "the request must be a JSON object");
-		goto out;
-	}
 	if (!json_is_string(json_object_get(b, field)) ||
 	    !envd_path(json_string_value(json_object_get(b, field)), e.user, path, sizeof(path))) {
 		rpc_error(req, "invalid_argument", "%s must be a path", field);
@@ -2714,8 +2730,7 @@ static long long watcher_of(struct http_req *req, const json_t *b)
  */
 static void fs_watcher(struct http_req *req, const char *op)
 {
-	size_t len = 0;
-	const char *text = http_req_body(req, &len), *msg;
+	const char *msg;
 	struct kiln_error err = { 0 };
 	struct answer a = { 0 };
 	json_t *b = NULL, *events = NULL, *ev;
@@ -2724,17 +2739,8 @@ static void fs_watcher(struct http_req *req, const char *op)
 	struct envd e;
 	size_t i;
 
-	if (!envd_open(req, &e))
+	if (!unary_open(req, &e, &b))
 		return;
-	if (!rpc_user(req, e.user)) {
-		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
-		goto out;
-	}
-	b = json_loadb(text ? text : "", len, 0, NULL);
-	if (!json_is_object(b)) {
-		rpc_error(req, "invalid_argument", "the request must be a JSON object");
-		goto out;
-	}
 	if (!strcmp(op, "create") ? !(call = watch_call(req, &e, b, false)) : !(wid = watcher_of(req, b)))
 		goto out;
 	if (call)
