@@ -945,8 +945,8 @@ static bool query_add(char *path, size_t n, const char *name, const char *value)
  * One page of the API's listing: `state` (the API's states), `meta` (a JSON object filter, or
  * NULL), `limit`, `cursor` (or NULL). True with the answer; false after replying.
  */
-static bool list_page(struct http_req *req, const char *state, const json_t *meta, int limit,
-		      const char *cursor, struct answer *a)
+static bool list_page(struct http_req *req, const char *state, const json_t *meta,
+		      const char *tmpl, int limit, const char *cursor, struct answer *a)
 {
 	char path[4096] = "/v1/sandboxes", lim[16], *mt = NULL;
 	bool ok;
@@ -956,7 +956,8 @@ static bool list_page(struct http_req *req, const char *state, const json_t *met
 	ok = query_add(path, sizeof(path), "state", state) &&
 	     query_add(path, sizeof(path), "limit", lim) &&
 	     (!cursor || query_add(path, sizeof(path), "cursor", cursor)) &&
-	     (!mt || query_add(path, sizeof(path), "metadata", mt));
+	     (!mt || query_add(path, sizeof(path), "metadata", mt)) &&
+	     (!tmpl || query_add(path, sizeof(path), "template", tmpl));
 	free(mt);
 	memset(a, 0, sizeof(*a));
 	if (!ok) {
@@ -1016,12 +1017,10 @@ static void e2b_list(struct http_req *req)
 	}
 	if (!states_of(req, http_req_query(req, "state"), states, sizeof(states)))
 		goto out;
-	if (tmpl && strcmp(tmpl, "base") != 0 && strcmp(tmpl, "python") != 0) {
-		http_reply_json(req, 200, out);	/* no sandbox of another template exists */
-		out = NULL;
-		goto out;
-	}
-	if (!list_page(req, states, meta, (int)limit, http_req_query(req, "nextToken"), &a))
+	/* E2B's base is Kiln's python; any other name is the template's own */
+	if (tmpl && !strcmp(tmpl, "base"))
+		tmpl = "python";
+	if (!list_page(req, states, meta, tmpl, (int)limit, http_req_query(req, "nextToken"), &a))
 		goto out;
 	json_array_foreach(json_object_get(a.json, "sandboxes"), i, e)
 		json_array_append_new(out, detail_of(e, false));
@@ -1052,7 +1051,7 @@ static void e2b_list_legacy(struct http_req *req)
 		struct answer a;
 		const char *next;
 
-		if (!list_page(req, "creating,running", meta, 100, cursor, &a)) {
+		if (!list_page(req, "creating,running", meta, NULL, 100, cursor, &a)) {
 			answer_free(&a);
 			goto out;
 		}
@@ -1365,6 +1364,7 @@ out:
 /* A data-plane request: its sandbox, the user it acts as, and the API credential for it. */
 struct envd {
 	char id[ID_MAX];
+	char tid[64];				/* its tenant */
 	char user[ENVD_USER_MAX];
 	char auth[AUTH_HEADER_MAX + 32];	/* "Authorization: Bearer <token of the owner>" */
 };
@@ -1441,6 +1441,29 @@ static bool rpc_user(struct http_req *req, char out[ENVD_USER_MAX])
 	return true;
 }
 
+/* Signs `auth` (n bytes) anew: a token of ENVD_TOKEN_TTL_S of tenant `tid`. False (logged) on
+ * failure. */
+static bool envd_sign(struct gateway *gw, const char *tid, char *auth, size_t n)
+{
+	struct kiln_error err = { 0 };
+	char *jwt = NULL;
+
+	if (signing_sign(gw->signing,
+			 &(struct auth_token_params){ .iss = GW_ISSUER, .aud = AUTH_AUD_API,
+						      .sub = "e2b-envd", .tid = tid,
+						      .scopes = AUTH_SCOPE_SANDBOX_READ |
+								AUTH_SCOPE_SANDBOX_WRITE,
+						      .now = time(NULL), .ttl_s = ENVD_TOKEN_TTL_S },
+			 &jwt, NULL, &err) != KILN_OK) {
+		log_warn("e2b: data plane: cannot sign a token: %s", err.msg);
+		return false;
+	}
+	snprintf(auth, n, "Authorization: Bearer %s", jwt);
+	explicit_bzero(jwt, strlen(jwt));
+	free(jwt);
+	return true;
+}
+
 /*
  * Opens a data-plane request: the sandbox of E2b-Sandbox-Id on E2b-Sandbox-Port 49983, its
  * X-Access-Token checked (401 otherwise: the token is the only credential here), the sandbox
@@ -1453,7 +1476,7 @@ static bool envd_open(struct http_req *req, struct envd *e)
 	const char *id = http_req_header(req, "E2b-Sandbox-Id");
 	const char *port = http_req_header(req, "E2b-Sandbox-Port");
 	const char *tok = http_req_header(req, "X-Access-Token");
-	char want[E2B_TOKEN_HEX + 1], *jwt = NULL;
+	char want[E2B_TOKEN_HEX + 1];
 	struct kiln_error err = { 0 };
 	struct pg_conn *c = NULL;
 	struct pg_res *r = NULL;
@@ -1495,27 +1518,16 @@ static bool envd_open(struct http_req *req, struct envd *e)
 				    "existed)", id);
 		goto out;
 	}
-	if (signing_sign(gw->signing,
-			 &(struct auth_token_params){ .iss = GW_ISSUER, .aud = AUTH_AUD_API,
-						      .sub = "e2b-envd", .tid = pg_res_str(r, 0, 0),
-						      .scopes = AUTH_SCOPE_SANDBOX_READ |
-								AUTH_SCOPE_SANDBOX_WRITE,
-						      .now = time(NULL), .ttl_s = ENVD_TOKEN_TTL_S },
-			 &jwt, NULL, &err) != KILN_OK) {
-		log_warn("e2b: data plane: cannot sign a token: %s", err.msg);
+	snprintf(e->tid, sizeof(e->tid), "%s", pg_res_str(r, 0, 0));
+	if (!envd_sign(gw, e->tid, e->auth, sizeof(e->auth))) {
 		e2b_error(req, 500, "internal error");
 		goto out;
 	}
-	snprintf(e->auth, sizeof(e->auth), "Authorization: Bearer %s", jwt);
 	ok = true;
 out:
 	pg_res_free(r);
 	if (c)
 		pg_release(gw->pg, c);
-	if (jwt) {
-		explicit_bzero(jwt, strlen(jwt));
-		free(jwt);
-	}
 	return ok;
 }
 
@@ -1860,13 +1872,38 @@ static const char FS_PY[] =
 	"print(json.dumps(r))\n";
 
 /*
+ * Opens a unary RPC: the data plane's checks (envd_open), the RPC's user and its JSON object in
+ * *b. False after replying (`e` closed).
+ */
+static bool unary_open(struct http_req *req, struct envd *e, json_t **b)
+{
+	size_t len = 0;
+	const char *text = http_req_body(req, &len);
+
+	*b = NULL;
+	if (!envd_open(req, e))
+		return false;
+	if (!rpc_user(req, e->user)) {
+		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
+	} else {
+		*b = json_loadb(text ? text : "", len, 0, NULL);
+		if (json_is_object(*b))
+			return true;
+		rpc_error(req, "invalid_argument", "the request must be a JSON object");
+	}
+	json_decref(*b);
+	*b = NULL;
+	envd_close(e);
+	return false;
+}
+
+/*
  * Runs the filesystem operation `op` on `path` (and `arg`: a second path or a depth; NULL: none)
  * as the RPC's user and replies its answer (unary JSON) or its Connect error.
  */
 static void fs_rpc(struct http_req *req, const char *op, const char *field, const char *field2)
 {
-	size_t len = 0;
-	const char *text = http_req_body(req, &len), *out, *code;
+	const char *out, *code;
 	char path[4096], path2[4096], depth[16], url[128];
 	struct kiln_error err = { 0 };
 	struct answer a = { 0 };
@@ -1874,17 +1911,8 @@ static void fs_rpc(struct http_req *req, const char *op, const char *field, cons
 	char *call_text = NULL;
 	struct envd e;
 
-	if (!envd_open(req, &e))
+	if (!unary_open(req, &e, &b))
 		return;
-	if (!rpc_user(req, e.user)) {
-		rpc_error(req, "unauthenticated", "invalid user in the Authorization header");
-		goto out;
-	}
-	b = json_loadb(text ? text : "", len, 0, NULL);
-	if (!json_is_object(b)) {
-		rpc_error(req, "invalid_argument", "the request must be a JSON object");
-		goto out;
-	}
 	if (!json_is_string(json_object_get(b, field)) ||
 	    !envd_path(json_string_value(json_object_get(b, field)), e.user, path, sizeof(path))) {
 		rpc_error(req, "invalid_argument", "%s must be a path", field);
@@ -1990,6 +2018,10 @@ struct proc_run {
 	bool gone;		/* the client went away */
 	struct buf line;	/* the line being read */
 	struct buf err;		/* a non-200 answer */
+	/* WatchDir */
+	struct gateway *gw;
+	char tid[64];		/* the tenant its calls are signed for */
+	long long deadline_ms;	/* Connect-Timeout-Ms on the monotonic clock; 0: none */
 };
 
 static void proc_free(void *arg)
@@ -2267,14 +2299,14 @@ static json_t *envelope_body(struct http_req *req)
 	return b;
 }
 
-/* Starts the producer of `r` (taken, also on failure) and streams its answer. */
-static void proc_stream(struct http_req *req, struct proc_run *r)
+/* Starts `produce` on `r` (taken, also on failure) and streams its answer. */
+static void proc_stream(struct http_req *req, struct proc_run *r, pump_fn produce)
 {
 	struct pump *p;
 
 	buf_init(&r->line, PROC_LINE_MAX);
 	buf_init(&r->err, PROC_ERR_MAX);
-	p = pump_start(proc_produce, r, proc_free);	/* frees r even when it did not start */
+	p = pump_start(produce, r, proc_free);	/* frees r even when it did not start */
 	if (!p) {
 		proc_refuse(req, "resource_exhausted", "too many streams at once; try again");
 		return;
@@ -2284,31 +2316,49 @@ static void proc_stream(struct http_req *req, struct proc_run *r)
 }
 
 /*
+ * Opens a server-streaming RPC: the data plane's checks (envd_open), the RPC's user and its one
+ * envelope in *b, with Connect-Timeout-Ms in *ms (0: none). False after replying (`e` closed).
+ */
+static bool stream_open(struct http_req *req, struct envd *e, json_t **b, long long *ms)
+{
+	const char *tms = http_req_header(req, "Connect-Timeout-Ms");
+	char *end = NULL;
+
+	*b = NULL;
+	*ms = 0;
+	if (!envd_open(req, e))
+		return false;
+	if (!rpc_user(req, e->user))
+		proc_refuse(req, "unauthenticated", "invalid user in the Authorization header");
+	else if (!(*b = envelope_body(req)))
+		proc_refuse(req, "invalid_argument",
+			    "the request must be one uncompressed Connect envelope of a JSON object");
+	else if (tms && ((*ms = strtoll(tms, &end, 10)) <= 0 || end == tms || *end))
+		proc_refuse(req, "invalid_argument", "Connect-Timeout-Ms must be a number");
+	else
+		return true;
+	json_decref(*b);
+	*b = NULL;
+	envd_close(e);
+	return false;
+}
+
+/*
  * POST /process.Process/Start: one envelope {process: {cmd, args, envs, cwd}, stdin, pty, tag}
  * run as the RPC's user until Connect-Timeout-Ms (at most PROC_TIMEOUT_MAX_S; none without it),
  * streamed as it runs; it outlives the stream.
  */
 static void proc_start(struct http_req *req)
 {
-	const char *tms = http_req_header(req, "Connect-Timeout-Ms");
 	char cwd[4096];
 	struct proc_run *r = NULL;
 	json_t *b = NULL, *pr, *call = NULL, *cmd, *env, *v, *pty;
-	long long timeout_s = 0;
+	long long timeout_s = 0, ms;
 	struct envd e;
 	size_t i;
 
-	if (!envd_open(req, &e))
+	if (!stream_open(req, &e, &b, &ms))
 		return;
-	if (!rpc_user(req, e.user)) {
-		proc_refuse(req, "unauthenticated", "invalid user in the Authorization header");
-		goto out;
-	}
-	if (!(b = envelope_body(req))) {
-		proc_refuse(req, "invalid_argument",
-			    "the request must be one uncompressed Connect envelope of a JSON object");
-		goto out;
-	}
 	pr = json_object_get(b, "process");
 	cmd = json_array();
 	json_array_append(cmd, json_object_get(pr, "cmd"));
@@ -2325,15 +2375,7 @@ static void proc_start(struct http_req *req)
 						     "envs an object of strings and pty {size}");
 		goto out;
 	}
-	if (tms) {
-		char *end = NULL;
-		long long ms = strtoll(tms, &end, 10);
-
-		if (end == tms || *end || ms <= 0) {
-			json_decref(cmd);
-			proc_refuse(req, "invalid_argument", "Connect-Timeout-Ms must be a number");
-			goto out;
-		}
+	if (ms) {
 		timeout_s = ms / 1000 + (ms % 1000 != 0);
 		if (timeout_s > PROC_TIMEOUT_MAX_S)
 			timeout_s = PROC_TIMEOUT_MAX_S;
@@ -2367,7 +2409,7 @@ static void proc_start(struct http_req *req)
 	r->pty = pty != NULL;
 	r->close_stdin = !pty && !json_is_true(json_object_get(b, "stdin"));
 	r->replay = true;
-	proc_stream(req, r);
+	proc_stream(req, r, proc_produce);
 	r = NULL;
 out:
 	if (r)
@@ -2419,7 +2461,7 @@ static void proc_connect(struct http_req *req)
 	memcpy(r->auth, e.auth, sizeof(r->auth));
 	snprintf(r->id, sizeof(r->id), "%s", e.id);
 	r->pid = pid;
-	proc_stream(req, r);
+	proc_stream(req, r, proc_produce);
 out:
 	json_decref(b);
 	envd_close(&e);
@@ -2630,6 +2672,263 @@ out:
 	envd_close(&e);
 }
 
+/*
+ * filesystem.Filesystem/WatchDir (server-streaming) and the polling watchers (CreateWatcher,
+ * GetWatcherEvents, RemoveWatcher), on the API's directory watches (docs/sandboxes.md: inotify in
+ * the guest, as the user). WatchDir adds a watch, sends the start event, then reads the watch with
+ * waits of WATCH_POLL_MS, writing each event as it comes (a keepalive after an empty wait, which
+ * finds a client gone) until the client leaves, Connect-Timeout-Ms passes, the directory goes
+ * away or events were lost; the watch is removed at the end. The calls are signed anew each time,
+ * as a stream may outlive one token.
+ */
+#define WATCH_POLL_MS 10000		/* the wait of one read of a watch */
+#define WATCH_ANSWER_MAX (4u << 20)	/* bytes of a read's answer (256 events of 4 KiB names) */
+
+/* envd's EventType of the API's event type. */
+static const char *watch_type(const char *t)
+{
+	return !strcmp(t, "create") ? "EVENT_TYPE_CREATE" : !strcmp(t, "write") ? "EVENT_TYPE_WRITE" :
+	       !strcmp(t, "remove") ? "EVENT_TYPE_REMOVE" : !strcmp(t, "rename") ? "EVENT_TYPE_RENAME" :
+	       !strcmp(t, "chmod") ? "EVENT_TYPE_CHMOD" : "EVENT_TYPE_UNSPECIFIED";
+}
+
+/* Connect's code and message for an error answer `a` of the watches API. */
+static const char *watch_code(const struct answer *a, const char **msg)
+{
+	const char *m = json_str(json_object_get(a->json, "error"), "message", "the call failed");
+
+	*msg = m;
+	/* a node of the previous release (a rolling upgrade) has no watches route */
+	if (a->status == 404 && !strcmp(m, "no such route")) {
+		*msg = "the sandbox's node predates directory watches";
+		return "unimplemented";
+	}
+	/* a 404 the guest said (a missing directory, a watch that ended) is the watch's; any other
+	   404 is the sandbox's: gone */
+	if (a->status == 404 && strncmp(m, "guest:", 6)) {
+		*msg = "the sandbox is not running";
+		return "unavailable";
+	}
+	if (a->status == 409 || a->status == 502)
+		*msg = "the sandbox is not running";
+	return proc_code(a->status);
+}
+
+static long long mono_now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void watch_produce(struct pump *p, void *arg)
+{
+	struct proc_run *r = arg;
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	const char *msg;
+	char url[256];
+	json_int_t wid = 0;
+
+	r->p = p;
+	pump_ready(p, 200, "application/connect+json");
+	snprintf(url, sizeof(url), "/v1/sandboxes/%s/watches", r->id);
+	if (inner_call(r->auth, "POST", url, NULL, r->call, strlen(r->call), PROC_ERR_MAX, &a,
+		       &err) != KILN_OK) {
+		proc_fail(r, "unavailable", "the service is unavailable; try again");
+		goto out;
+	}
+	if (a.status != 201 || (wid = json_int(a.json, "id", 0)) <= 0) {
+		const char *code = watch_code(&a, &msg);
+
+		proc_fail(r, code, msg);
+		goto out;
+	}
+	/* WatchDirResponse's oneof is its own: {"start":{}}, not under an `event` field */
+	if (proc_frame(r, 0, json_pack("{s:{}}", "start")) != 0)
+		goto out;
+	while (!r->closed && !r->gone) {
+		long long left = r->deadline_ms ? r->deadline_ms - mono_now_ms() : WATCH_POLL_MS;
+		const json_t *ev;
+		size_t i;
+
+		if (left <= 0) {
+			proc_fail(r, "deadline_exceeded", "the watch's Connect-Timeout-Ms passed");
+			break;
+		}
+		answer_free(&a);
+		memset(&a, 0, sizeof(a));
+		snprintf(url, sizeof(url), "/v1/sandboxes/%s/watches/%lld?wait_ms=%lld", r->id,
+			 (long long)wid, left < WATCH_POLL_MS ? left : WATCH_POLL_MS);
+		if (!envd_sign(r->gw, r->tid, r->auth, sizeof(r->auth)) ||
+		    inner_call(r->auth, "GET", url, NULL, NULL, 0, WATCH_ANSWER_MAX, &a, &err) != KILN_OK) {
+			proc_fail(r, "unavailable", "the service is unavailable; try again");
+			break;
+		}
+		if (a.status != 200) {
+			const char *code = watch_code(&a, &msg);
+
+			proc_fail(r, code, msg);
+			break;
+		}
+		json_array_foreach(json_object_get(a.json, "events"), i, ev)
+			if (proc_frame(r, 0, json_pack("{s:{s:s, s:s}}", "filesystem", "name",
+						       json_str(ev, "name", ""), "type",
+						       watch_type(json_str(ev, "type", "")))) != 0)
+				break;
+		if (!json_array_size(json_object_get(a.json, "events")) &&
+		    proc_frame(r, 0, json_pack("{s:{}}", "keepalive")) != 0)
+			break;
+		if (json_is_true(json_object_get(a.json, "dropped")))
+			proc_fail(r, "resource_exhausted", "the sandbox queued more events than it "
+							   "keeps (4096) and dropped some: watch again");
+		else if (json_is_true(json_object_get(a.json, "ended")) && !r->gone)
+			r->closed = true, proc_frame(r, 2, json_object());	/* the directory is gone */
+	}
+	if (wid > 0 && envd_sign(r->gw, r->tid, r->auth, sizeof(r->auth))) {
+		answer_free(&a);
+		memset(&a, 0, sizeof(a));
+		snprintf(url, sizeof(url), "/v1/sandboxes/%s/watches/%lld", r->id, (long long)wid);
+		inner_call(r->auth, "DELETE", url, NULL, NULL, 0, PROC_ERR_MAX, &a, &err);
+	}
+out:
+	answer_free(&a);
+}
+
+/* The API's request for a watch of the RPC's {path, recursive}; NULL after replying. */
+static char *watch_call(struct http_req *req, const struct envd *e, const json_t *b, bool stream)
+{
+	char path[4096], *text = NULL;
+	json_t *call;
+
+	if (!json_is_string(json_object_get(b, "path")) ||
+	    !envd_path(json_string_value(json_object_get(b, "path")), e->user, path, sizeof(path))) {
+		if (stream)
+			proc_refuse(req, "invalid_argument", "path must be a path");
+		else
+			rpc_error(req, "invalid_argument", "path must be a path");
+		return NULL;
+	}
+	call = json_pack("{s:s, s:b, s:s}", "path", path, "recursive",
+			 json_is_true(json_object_get(b, "recursive")), "user", e->user);
+	if (!call || !(text = json_dumps(call, JSON_COMPACT))) {
+		if (stream)
+			proc_refuse(req, "internal", "out of memory");
+		else
+			rpc_error(req, "internal", "out of memory");
+	}
+	json_decref(call);
+	return text;
+}
+
+/* POST /filesystem.Filesystem/WatchDir: {path, recursive} as the RPC's user, streamed. */
+static void fs_watch(struct http_req *req)
+{
+	struct proc_run *r = NULL;
+	json_t *b = NULL;
+	struct envd e;
+	long long ms;
+
+	if (!stream_open(req, &e, &b, &ms))
+		return;
+	if (!(r = calloc(1, sizeof(*r)))) {
+		proc_refuse(req, "internal", "out of memory");
+		goto out;
+	}
+	if (!(r->call = watch_call(req, &e, b, true))) {
+		free(r);
+		goto out;
+	}
+	memcpy(r->auth, e.auth, sizeof(r->auth));
+	snprintf(r->id, sizeof(r->id), "%s", e.id);
+	snprintf(r->tid, sizeof(r->tid), "%s", e.tid);
+	r->gw = http_req_app(req);
+	r->deadline_ms = ms ? mono_now_ms() + ms : 0;
+	proc_stream(req, r, watch_produce);
+out:
+	json_decref(b);
+	envd_close(&e);
+}
+
+/* The watch of a polling RPC's {watcherId}; 0 after replying. */
+static long long watcher_of(struct http_req *req, const json_t *b)
+{
+	const char *s = json_string_value(json_object_get(b, "watcherId"));
+	char *end = NULL;
+	long long v = s && s[0] >= '1' && s[0] <= '9' && strlen(s) <= 10 ? strtoll(s, &end, 10) : 0;
+
+	if (v <= 0 || *end || v > 0xffffffffLL) {
+		rpc_error(req, "invalid_argument", "watcherId must be a watcher's id");
+		return 0;
+	}
+	return v;
+}
+
+/*
+ * CreateWatcher {path, recursive}, GetWatcherEvents {watcherId}, RemoveWatcher {watcherId}: a
+ * watch the client polls (the guest ends it after a minute without a poll).
+ */
+static void fs_watcher(struct http_req *req, const char *op)
+{
+	const char *msg;
+	struct kiln_error err = { 0 };
+	struct answer a = { 0 };
+	json_t *b = NULL, *events = NULL, *ev;
+	char url[256], *call = NULL;
+	long long wid = 0;
+	struct envd e;
+	size_t i;
+
+	if (!unary_open(req, &e, &b))
+		return;
+	if (!strcmp(op, "create") ? !(call = watch_call(req, &e, b, false)) : !(wid = watcher_of(req, b)))
+		goto out;
+	if (call)
+		snprintf(url, sizeof(url), "/v1/sandboxes/%s/watches", e.id);
+	else
+		snprintf(url, sizeof(url), "/v1/sandboxes/%s/watches/%lld%s", e.id, wid,
+			 !strcmp(op, "read") ? "?wait_ms=0" : "");
+	if (inner_call(e.auth, call ? "POST" : !strcmp(op, "read") ? "GET" : "DELETE", url, NULL, call,
+		       call ? strlen(call) : 0, WATCH_ANSWER_MAX, &a, &err) != KILN_OK) {
+		rpc_error(req, "unavailable", "the service is unavailable; try again");
+		goto out;
+	}
+	if (a.status >= 300) {
+		const char *code = watch_code(&a, &msg);
+
+		rpc_error(req, code, "%s", msg);
+	} else if (call) {
+		char id[24];
+
+		snprintf(id, sizeof(id), "%lld", (long long)json_int(a.json, "id", 0));
+		http_reply_json(req, 200, json_pack("{s:s}", "watcherId", id));
+	} else if (!strcmp(op, "read")) {
+		if (json_is_true(json_object_get(a.json, "dropped"))) {
+			rpc_error(req, "resource_exhausted", "the sandbox queued more events than it "
+							     "keeps (4096) and dropped some: watch again");
+			goto out;
+		}
+		events = json_array();
+		json_array_foreach(json_object_get(a.json, "events"), i, ev)
+			json_array_append_new(events, json_pack("{s:s, s:s}", "name",
+								json_str(ev, "name", ""), "type",
+								watch_type(json_str(ev, "type", ""))));
+		http_reply_json(req, 200, json_pack("{s:o}", "events", events));
+	} else {
+		http_reply_json(req, 200, json_object());
+	}
+out:
+	free(call);
+	json_decref(b);
+	answer_free(&a);
+	envd_close(&e);
+}
+
+static void fs_watcher_create(struct http_req *req) { fs_watcher(req, "create"); }
+static void fs_watcher_events(struct http_req *req) { fs_watcher(req, "read"); }
+static void fs_watcher_remove(struct http_req *req) { fs_watcher(req, "remove"); }
+
 /* An RPC of envd's this server does not serve yet: Connect's `unimplemented`. */
 static void envd_unimplemented(struct http_req *req)
 {
@@ -2658,6 +2957,10 @@ static const struct http_route envd_routes[] = {
 	{ "POST", "/filesystem.Filesystem/MakeDir", fs_mkdir, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/Move", fs_move, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/Remove", fs_remove, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/WatchDir", fs_watch, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/CreateWatcher", fs_watcher_create, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/GetWatcherEvents", fs_watcher_events, 0, 0, NULL, 0 },
+	{ "POST", "/filesystem.Filesystem/RemoveWatcher", fs_watcher_remove, 0, 0, NULL, 0 },
 	{ "POST", "/filesystem.Filesystem/{method}", envd_unimplemented, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/Start", proc_start, 0, 0, NULL, 0 },
 	{ "POST", "/process.Process/Connect", proc_connect, 0, 0, NULL, 0 },

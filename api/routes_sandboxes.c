@@ -442,6 +442,7 @@ static void sandbox_list(struct http_req *req)
 	struct gateway *gw = http_req_app(req);
 	const struct principal *who = gw_principal(req);
 	const char *state = http_req_query(req, "state"), *meta = http_req_query(req, "metadata");
+	const char *tmpl = http_req_query(req, "template");
 	char state_set[128];
 	struct gw_page page;
 	struct kiln_error err = { 0 };
@@ -465,6 +466,10 @@ static void sandbox_list(struct http_req *req)
 			return;
 		}
 	}
+	if (tmpl && strlen(tmpl) > 256) {
+		http_reply_error(req, KILN_E_INVALID, "template is at most 256 bytes");
+		return;
+	}
 	gw_nodes_down(gw);
 	c = gw_db(req);
 	if (!c)
@@ -477,8 +482,9 @@ static void sandbox_list(struct http_req *req)
 		 "AND ($3::text IS NULL OR (s.created_at, s.id) < "
 		 "     (to_timestamp($3::bigint / 1000000.0), $4::text)) "
 		 "AND ($6::jsonb IS NULL OR s.metadata @> $6::jsonb) "
+		 "AND ($7::text IS NULL OR s.template = $7) "
 		 "ORDER BY s.created_at DESC, s.id DESC LIMIT $5::int",
-		 who->tenant_id, state ? state_set : NULL, page.t, page.id, page.lim, meta);
+		 who->tenant_id, state ? state_set : NULL, page.t, page.id, page.lim, meta, tmpl);
 	pg_release(gw->pg, c);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
@@ -691,6 +697,12 @@ static void sandbox_exec(struct http_req *req)
 
 /* ---- processes: forwarded to the node (docs/sandboxes.md) ---- */
 
+/* True when `s` is 1 to `max` decimal digits. */
+static bool digits(const char *s, size_t max)
+{
+	return s[0] && strlen(s) <= max && strspn(s, "0123456789") == strlen(s);
+}
+
 /*
  * Forwards a processes request of a running sandbox to its node: `what` after the {pid} (NULL
  * for the collection), with ?replay and ?eof passed on. A {pid} that is not a number is 404 here.
@@ -702,7 +714,7 @@ static void processes_forward(struct http_req *req, const char *what, bool with_
 	char suffix[128];
 	struct sb_row sb;
 
-	if (pid && (!pid[0] || strlen(pid) > 10 || strspn(pid, "0123456789") != strlen(pid))) {
+	if (pid && !digits(pid, 10)) {
 		http_reply_error(req, KILN_E_NOT_FOUND, "no process \"%.32s\"", pid);
 		return;
 	}
@@ -749,6 +761,39 @@ static void processes_signal(struct http_req *req)
 static void processes_resize(struct http_req *req)
 {
 	processes_forward(req, "resize", true);
+}
+
+/* ---- directory watches: forwarded to the node (docs/sandboxes.md) ---- */
+
+/* Forwards a watches request of a running sandbox; {wid} a number (404 otherwise), ?wait_ms kept. */
+static void watches_forward(struct http_req *req, bool with_body)
+{
+	const char *wid = http_req_param(req, "wid"), *wait = http_req_query(req, "wait_ms");
+	char suffix[96];
+	struct sb_row sb;
+
+	if (wid && !digits(wid, 10)) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no watch \"%.32s\"", wid);
+		return;
+	}
+	if (wait && !digits(wait, 5)) {
+		http_reply_error(req, KILN_E_INVALID, "wait_ms must be from 0 to 30000");
+		return;
+	}
+	snprintf(suffix, sizeof(suffix), "/watches%s%s%s%s", wid ? "/" : "", wid ? wid : "",
+		 wait ? "?wait_ms=" : "", wait ? wait : "");
+	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
+		forward(req, &sb, suffix, with_body);
+}
+
+static void watches_add(struct http_req *req)
+{
+	watches_forward(req, true);
+}
+
+static void watches_read(struct http_req *req)
+{
+	watches_forward(req, false);
 }
 
 /* ---- pause, resume, fork ---- */
@@ -1060,6 +1105,12 @@ static const struct http_route routes[] = {
 	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/resize", processes_resize,
 	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE, 0, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/watches", watches_add, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0,
+	  NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/watches/{wid}", watches_read,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
+	{ "DELETE", "/v1/sandboxes/{id}/watches/{wid}", watches_read,
+	  ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/files", files_get, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_READ, 0, NULL,
 	  0 },
 	{ "PUT", "/v1/sandboxes/{id}/files", files_put, ROUTE_AUTH | AUTH_SCOPE_SANDBOX_WRITE,

@@ -1513,6 +1513,153 @@ static void processes_resize(struct http_req *req)
 	sb_put(n, sb);
 }
 
+/* ---- directory watches (docs/sandboxes.md) ---- */
+
+#define WATCH_WAIT_DEFAULT_MS 0
+
+/* proc_fail() for a watch: an I/O error in the guest (inotify's limits) is the guest's, not a
+ * failed sandbox. */
+static void watch_fail(struct http_req *req, struct node *n, struct sandbox *sb, enum kiln_err rc,
+		       const struct kiln_error *err)
+{
+	if (rc == KILN_E_IO)
+		http_reply_error(req, KILN_E_INTERNAL, "%s", err->msg);
+	else
+		proc_fail(req, n, sb, rc, err);
+}
+
+/* The {wid} of a watches request; 0 after replying 404. */
+static uint32_t watch_id(struct http_req *req)
+{
+	const char *p = http_req_param(req, "wid");
+	unsigned long v = 0;
+	char *end = NULL;
+
+	errno = 0;
+	if (p && p[0] >= '1' && p[0] <= '9')
+		v = strtoul(p, &end, 10);
+	if (!v || errno || *end || v > UINT32_MAX) {
+		http_reply_error(req, KILN_E_NOT_FOUND, "no watch \"%.32s\"", p ? p : "");
+		return 0;
+	}
+	return (uint32_t)v;
+}
+
+/* POST /v1/sandboxes/{id}/watches {"path", "recursive"?, "user"?}: 201 {"id"}. */
+static void watches_add(struct http_req *req)
+{
+	static const struct json_field fields[] = { { "path", JF_STRING, true, 4095 },
+						    { "recursive", JF_BOOL, false, 0 },
+						    { "user", JF_STRING, false, 64 } };
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	size_t len;
+	const char *text = http_req_body(req, &len), *user = NULL, *path;
+	json_t *body = NULL;
+	struct sandbox *sb;
+	enum kiln_err rc;
+	uint32_t wid = 0;
+	char out[64];
+
+	if (json_parse_body(text, len, fields, 3, &body, &err) != KILN_OK ||
+	    nodereq_user(json_string_value(json_object_get(body, "user")), &user, &err) != KILN_OK) {
+		http_reply_error(req, err.code, "%s", err.msg);
+		json_decref(body);
+		return;
+	}
+	path = json_string_value(json_object_get(body, "path"));
+	if (path[0] != '/') {
+		http_reply_error(req, KILN_E_INVALID, "path must be an absolute path inside the sandbox");
+		json_decref(body);
+		return;
+	}
+	if ((sb = proc_sandbox(req, NULL))) {
+		rc = agent_watch_add(sb->agent, path, json_is_true(json_object_get(body, "recursive")),
+				     user, &wid, &err);
+		if (rc == KILN_OK) {
+			snprintf(out, sizeof(out), "{\"id\":%u}", wid);
+			http_reply_data(req, 201, "application/json", out, strlen(out));
+		} else {
+			watch_fail(req, n, sb, rc, &err);
+		}
+		sb_put(n, sb);
+	}
+	json_decref(body);
+}
+
+static int watch_event(void *ctx, int type, const char *name)
+{
+	static const char *const names[] = { "", "create", "write", "remove", "rename", "chmod" };
+	json_t *o = json_pack("{s:s, s:s%}", "type", names[type], "name", name, strlen(name));
+
+	/* guest bytes: a name that is not UTF-8 is shown as \ufffd */
+	if (!o)
+		o = json_pack("{s:s, s:s}", "type", names[type], "name", "\xef\xbf\xbd");
+	return !o || json_array_append_new(ctx, o) < 0 ? -1 : 0;
+}
+
+/*
+ * GET /v1/sandboxes/{id}/watches/{wid}[?wait_ms=N]: the events queued, waiting up to N ms
+ * (<= 30000) for the first; 200 {"events", "dropped", "ended"}.
+ */
+static void watches_read(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	const char *q = http_req_query(req, "wait_ms");
+	unsigned long wait = WATCH_WAIT_DEFAULT_MS;
+	json_t *events = NULL, *o = NULL;
+	struct sandbox *sb;
+	bool dropped = false, ended = false;
+	enum kiln_err rc;
+	uint32_t wid;
+	char *end = NULL;
+
+	if (q) {
+		errno = 0;
+		wait = strtoul(q, &end, 10);
+		if (!q[0] || *end || errno || wait > AGENT_WATCH_WAIT_MS_MAX || q[0] == '-') {
+			http_reply_error(req, KILN_E_INVALID, "wait_ms must be from 0 to %d",
+					 AGENT_WATCH_WAIT_MS_MAX);
+			return;
+		}
+	}
+	if (!(wid = watch_id(req)) || !(sb = proc_sandbox(req, NULL)))
+		return;
+	events = json_array();
+	rc = events ? agent_watch_read(sb->agent, wid, (uint32_t)wait, watch_event, events, &dropped,
+				       &ended, &err)
+		    : kiln_error_set(&err, KILN_E_NOMEM, "out of memory");
+	if (rc == KILN_OK &&
+	    (o = json_pack("{s:O, s:b, s:b}", "events", events, "dropped", dropped, "ended", ended)))
+		http_reply_json(req, 200, o);
+	else if (rc == KILN_OK)
+		http_reply_error(req, KILN_E_NOMEM, "out of memory");
+	else
+		watch_fail(req, n, sb, rc, &err);
+	json_decref(events);
+	sb_put(n, sb);
+}
+
+/* DELETE /v1/sandboxes/{id}/watches/{wid}: 204. */
+static void watches_remove(struct http_req *req)
+{
+	struct node *n = http_req_app(req);
+	struct kiln_error err = { 0 };
+	struct sandbox *sb;
+	enum kiln_err rc;
+	uint32_t wid;
+
+	if (!(wid = watch_id(req)) || !(sb = proc_sandbox(req, NULL)))
+		return;
+	rc = agent_watch_remove(sb->agent, wid, &err);
+	if (rc == KILN_OK)
+		http_reply_empty(req, 204);
+	else
+		watch_fail(req, n, sb, rc, &err);
+	sb_put(n, sb);
+}
+
 /* ---- files ---- */
 
 /*
@@ -2068,6 +2215,10 @@ const struct http_route node_routes[] = {
 	  NULL, 0 },
 	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/signal", processes_signal, TOKEN,
 	  HTTP_BODY_BUFFER, NULL, 0 },
+	{ "POST", "/v1/sandboxes/{id}/watches", watches_add, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "GET", "/v1/sandboxes/{id}/watches/{wid}", watches_read, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },
+	{ "DELETE", "/v1/sandboxes/{id}/watches/{wid}", watches_remove, TOKEN, HTTP_BODY_BUFFER, NULL,
+	  0 },
 	{ "POST", "/v1/sandboxes/{id}/processes/{pid}/resize", processes_resize, TOKEN,
 	  HTTP_BODY_BUFFER, NULL, 0 },
 	{ "GET", "/v1/sandboxes/{id}/ports/{port}/stream", ports_stream, TOKEN, HTTP_BODY_BUFFER, NULL, 0 },

@@ -1358,20 +1358,49 @@ void agent_port_close(struct agent_port *p)
 
 /* --- detached processes (version 3) --- */
 
-/* KILN_OK when the agent serves the PROC_* frames; refuses before anything is sent otherwise. */
-static enum kiln_err procs_supported(struct agent *a, struct kiln_error *err)
+/* KILN_OK when the agent is of version `min` or later (it serves `what`); refuses before anything
+ * is sent otherwise, since an older agent's decoder would end the session. */
+static enum kiln_err version_at_least(struct agent *a, unsigned min, const char *what,
+				      struct kiln_error *err)
 {
 	unsigned major;
 
 	pthread_mutex_lock(&a->lock);
 	major = a->agent_major;
 	pthread_mutex_unlock(&a->lock);
-	if (major < AGENT_PROCS_MIN_VERSION)
+	if (major < min)
 		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED,
-				      "the sandbox's agent (version %u) predates processes (version %u): "
-				      "recreate the sandbox from a current image", major,
-				      AGENT_PROCS_MIN_VERSION);
+				      "the sandbox's agent (version %u) predates %s (version %u): "
+				      "recreate the sandbox from a current image", major, what, min);
 	return KILN_OK;
+}
+
+/* KILN_OK when the agent serves the PROC_* frames. */
+static enum kiln_err procs_supported(struct agent *a, struct kiln_error *err)
+{
+	return version_at_least(a, AGENT_PROCS_MIN_VERSION, "processes", err);
+}
+
+/*
+ * Waits until `deadline` for call c's next frame: KILN_OK with *f (the caller frees it) when it is
+ * not an ERROR, the ERROR's code, or the wait's failure (*f NULL then).
+ */
+static enum kiln_err next_reply(struct agent *a, struct call *c, int64_t deadline,
+				struct frame **f, struct kiln_error *err)
+{
+	int wrc = call_next(a, c, deadline, f);
+	enum kiln_err rc;
+
+	if (wrc < 0) {
+		*f = NULL;
+		return wait_error(a, wrc, err);
+	}
+	if ((*f)->type != AGENT_T_ERROR)
+		return KILN_OK;
+	rc = guest_error(a, *f, err);
+	free(*f);
+	*f = NULL;
+	return rc;
 }
 
 /*
@@ -1385,22 +1414,14 @@ static enum kiln_err simple_call(struct agent *a, uint8_t type, uint16_t flags, 
 	struct frame *f = NULL;
 	enum kiln_err rc;
 	uint64_t val;
-	int wrc;
 
 	if (!c)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = send_frame(a, type, flags, c->id, payload, len, err);
-	if (rc)
+	if (rc || (rc = next_reply(a, c, mono_ms() + a->io_timeout_ms, &f, err)))
 		goto cleanup;
-	wrc = call_next(a, c, mono_ms() + a->io_timeout_ms, &f);
-	if (wrc < 0) {
-		rc = wait_error(a, wrc, err);
-		goto cleanup;
-	}
-	if (f->type == AGENT_T_ERROR) {
-		rc = guest_error(a, f, err);
-	} else if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &val) < 0) {
-		rc = protocol_violation(a, "bad reply to a process request", err);
+	if (f->type != AGENT_T_OK || agent_parse_u64(f->data, f->len, &val) < 0) {
+		rc = protocol_violation(a, "bad reply to a request", err);
 	} else {
 		if (v)
 			*v = val;
@@ -1692,4 +1713,102 @@ enum kiln_err agent_proc_resize(struct agent *a, uint32_t pid, uint16_t rows, ui
 	agent_wr_u16(&w, rows);
 	agent_wr_u16(&w, cols);
 	return simple_call(a, AGENT_T_PROC_RESIZE, 0, payload, w.len, NULL, err);
+}
+
+/* --- directory watches (version 4) --- */
+
+enum kiln_err agent_watch_add(struct agent *a, const char *path, bool recursive, const char *user,
+			      uint32_t *wid, struct kiln_error *err)
+{
+	uint8_t payload[1 + 4 + AGENT_MAX_PATH + 4 + AGENT_MAX_USER];
+	struct agent_wr w;
+	enum kiln_err rc;
+	uint64_t v = 0;
+
+	*wid = 0;
+	if ((rc = version_at_least(a, AGENT_WATCH_MIN_VERSION, "directory watches", err)))
+		return rc;
+	if (!path || !agent_path_ok(path, strlen(path)))
+		return kiln_error_set(err, KILN_E_INVALID, "a watch's path must be absolute");
+	if (user && !agent_user_ok(user, strlen(user)))
+		return kiln_error_set(err, KILN_E_INVALID, "bad user name");
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u8(&w, recursive ? 1 : 0);
+	agent_wr_str(&w, path);
+	if (user)
+		agent_wr_str(&w, user);	/* none: root */
+	rc = simple_call(a, AGENT_T_WATCH_ADD, 0, payload, w.len, &v, err);
+	if (rc == KILN_OK && (v == 0 || v > UINT32_MAX))
+		rc = protocol_violation(a, "bad watch id from the guest", err);
+	if (rc == KILN_OK)
+		*wid = (uint32_t)v;
+	return rc;
+}
+
+_Static_assert(AGENT_WATCH_WAIT_MS_MAX == AGENT_WATCH_WAIT_MAX_MS, "the guest's wait cap");
+
+enum kiln_err agent_watch_read(struct agent *a, uint32_t wid, uint32_t wait_ms, agent_watch_fn fn,
+			       void *ctx, bool *dropped, bool *ended, struct kiln_error *err)
+{
+	struct agent_watch_events_msg m;
+	struct call *c = NULL;
+	struct frame *f = NULL;
+	uint8_t payload[8];
+	struct agent_wr w;
+	struct agent_rd r;
+	enum kiln_err rc;
+	int wrc;
+
+	*dropped = *ended = false;
+	if ((rc = version_at_least(a, AGENT_WATCH_MIN_VERSION, "directory watches", err)))
+		return rc;
+	if (wait_ms > AGENT_WATCH_WAIT_MAX_MS)
+		return kiln_error_set(err, KILN_E_INVALID, "a watch's wait is at most %d ms",
+				      AGENT_WATCH_WAIT_MAX_MS);
+	if (!(c = call_begin(a)))
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, wid);
+	agent_wr_u32(&w, wait_ms);
+	rc = send_frame(a, AGENT_T_WATCH_READ, 0, c->id, payload, w.len, err);
+	if (rc || (rc = next_reply(a, c, mono_ms() + wait_ms + a->io_timeout_ms, &f, err)))
+		goto cleanup;
+	if (f->type != AGENT_T_WATCH_EVENTS || agent_parse_watch_events(f->data, f->len, &m) < 0) {
+		rc = protocol_violation(a, "bad reply to a watch read", err);
+		goto cleanup;
+	}
+	*dropped = (m.flags & AGENT_WATCH_F_DROPPED) != 0;
+	*ended = (m.flags & AGENT_WATCH_F_ENDED) != 0;
+	agent_rd_init(&r, m.events_raw.p, m.events_raw.len);
+	for (uint32_t i = 0; i < m.count; i++) {
+		struct agent_bytes name;
+		int type = agent_watch_next(&r, &name);
+		char *text = strndup((const char *)name.p, name.len);
+
+		if (!text) {
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+			goto cleanup;
+		}
+		wrc = fn ? fn(ctx, type, text) : 0;
+		free(text);
+		if (wrc)
+			break;
+	}
+cleanup:
+	free(f);
+	call_end(a, c);
+	return rc;
+}
+
+enum kiln_err agent_watch_remove(struct agent *a, uint32_t wid, struct kiln_error *err)
+{
+	uint8_t payload[4];
+	struct agent_wr w;
+	enum kiln_err rc;
+
+	if ((rc = version_at_least(a, AGENT_WATCH_MIN_VERSION, "directory watches", err)))
+		return rc;
+	agent_wr_init(&w, payload, sizeof(payload));
+	agent_wr_u32(&w, wid);
+	return simple_call(a, AGENT_T_WATCH_REMOVE, 0, payload, w.len, NULL, err);
 }

@@ -296,6 +296,36 @@ enum kiln_err agent_proc_stdin(struct agent *a, uint32_t pid, const void *data, 
 enum kiln_err agent_proc_resize(struct agent *a, uint32_t pid, uint16_t rows, uint16_t cols,
 				struct kiln_error *err);
 
+/*
+ * Directory watches (agents of version 4, "kiln-agent/4", and later; an older agent gives
+ * KILN_E_NOT_IMPLEMENTED without anything sent). A watch is inotify in the guest on a directory
+ * (recursive: and every directory below it), as `user` (NULL: root), whose events the guest
+ * queues until read. The guest holds at most AGENT_WATCH_MAX watches (KILN_E_RATE_LIMITED beyond)
+ * and a bounded queue; a watch nobody reads for a minute, and every watch when the host
+ * reconnects, ends (KILN_E_NOT_FOUND after).
+ */
+#define AGENT_WATCH_MAX 16
+#define AGENT_WATCH_WAIT_MS_MAX 30000	/* longest wait of a read */
+
+/* Adds a watch on directory `path`: KILN_E_NOT_FOUND missing, KILN_E_INVALID not a directory,
+ * KILN_E_FORBIDDEN not readable by the user. */
+enum kiln_err agent_watch_add(struct agent *a, const char *path, bool recursive, const char *user,
+			      uint32_t *wid, struct kiln_error *err);
+
+/* One event: `type` an enum agent_watch_event, `name` relative to the directory. 0 to go on. */
+typedef int (*agent_watch_fn)(void *ctx, int type, const char *name);
+
+/*
+ * Reads watch `wid`'s queued events, waiting up to `wait_ms` (<= AGENT_WATCH_WAIT_MS_MAX) for the
+ * first; none is not an error. *dropped: events were lost to a full queue; *ended: the directory
+ * went away, these were its last events and the watch is gone.
+ */
+enum kiln_err agent_watch_read(struct agent *a, uint32_t wid, uint32_t wait_ms, agent_watch_fn fn,
+			       void *ctx, bool *dropped, bool *ended, struct kiln_error *err);
+
+/* Ends watch `wid`. */
+enum kiln_err agent_watch_remove(struct agent *a, uint32_t wid, struct kiln_error *err);
+
 /* Closes the connection, stops the reader thread and frees `a`. Accepts NULL. No call may be
  * running on `a`. */
 void agent_free(struct agent *a);

@@ -54,6 +54,7 @@ bool agent_type_from_guest(uint8_t type)
 	case AGENT_T_STDERR:
 	case AGENT_T_EXIT:
 	case AGENT_T_PROC_ENTRY:
+	case AGENT_T_WATCH_EVENTS:
 	case AGENT_T_STREAM_DATA:
 	case AGENT_T_STREAM_WINDOW:
 	case AGENT_T_STREAM_END:
@@ -81,6 +82,9 @@ bool agent_type_from_host(uint8_t type)
 	case AGENT_T_PROC_SIGNAL:
 	case AGENT_T_PROC_STDIN:
 	case AGENT_T_PROC_RESIZE:
+	case AGENT_T_WATCH_ADD:
+	case AGENT_T_WATCH_READ:
+	case AGENT_T_WATCH_REMOVE:
 	case AGENT_T_STREAM_DATA:
 	case AGENT_T_STREAM_WINDOW:
 	case AGENT_T_STREAM_END:
@@ -386,6 +390,40 @@ int agent_parse_proc_entry(const uint8_t *p, size_t len, struct agent_proc_entry
 struct agent_bytes agent_list_next(struct agent_rd *r)
 {
 	return agent_rd_text(r, AGENT_MAX_PAYLOAD);
+}
+
+int agent_parse_watch_events(const uint8_t *p, size_t len, struct agent_watch_events_msg *m)
+{
+	struct agent_rd r;
+	size_t start;
+
+	memset(m, 0, sizeof(*m));
+	agent_rd_init(&r, p, len);
+	m->flags = agent_rd_u8(&r);
+	m->count = agent_rd_u32(&r);
+	if (m->count > AGENT_WATCH_MAX_EVENTS || (m->flags & ~(AGENT_WATCH_F_DROPPED | AGENT_WATCH_F_ENDED)))
+		r.bad = true;
+	start = r.off;
+	for (uint32_t i = 0; i < m->count && !r.bad; i++) {
+		uint8_t t = agent_rd_u8(&r);
+		struct agent_bytes n = agent_rd_text(&r, AGENT_MAX_PATH);
+
+		if (t < AGENT_WATCH_CREATE || t > AGENT_WATCH_CHMOD || n.len == 0)
+			r.bad = true;
+	}
+	if (!agent_rd_done(&r))
+		return -EBADMSG;
+	m->events_raw.p = p + start;
+	m->events_raw.len = (uint32_t)(len - start);
+	return 0;
+}
+
+uint8_t agent_watch_next(struct agent_rd *r, struct agent_bytes *name)
+{
+	uint8_t t = agent_rd_u8(r);
+
+	*name = agent_rd_text(r, AGENT_MAX_PATH);
+	return t;
 }
 
 int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v)

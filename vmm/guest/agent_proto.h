@@ -43,6 +43,8 @@
 #define AGENT_PORT_STREAMS_MIN_VERSION 2	/* agents "kiln-agent/N" with N >= this serve PORT_OPEN */
 #define AGENT_PROCS_MIN_VERSION 3	/* ... with N >= this serve the PROC_* frames and EXEC's
 					   DETACHED and PTY flags */
+#define AGENT_WATCH_MIN_VERSION 4	/* ... with N >= this serve the WATCH_* frames */
+#define AGENT_WATCH_WAIT_MAX_MS 30000	/* WATCH_READ: longest wait for an event */
 #define AGENT_MAX_TAG 64		/* bytes of a process's tag */
 #define AGENT_PROC_STDIN_MAX 65536	/* bytes of one PROC_STDIN frame's data */
 
@@ -62,6 +64,11 @@ enum agent_type {
 	AGENT_T_PROC_SIGNAL = 0x0b,	/* u32 pid, u32 signo (1..64): OK or ERROR */
 	AGENT_T_PROC_STDIN = 0x0c,	/* u32 pid, u8 eof, bytes data: OK or ERROR */
 	AGENT_T_PROC_RESIZE = 0x0d,	/* u32 pid, u16 rows, u16 cols (a PTY's): OK or ERROR */
+	/* version 4 (AGENT_WATCH_MIN_VERSION): directory watches (inotify), by watch id */
+	AGENT_T_WATCH_ADD = 0x0e,	/* u8 recursive, str path, [str user]: OK(u64 watch id) */
+	AGENT_T_WATCH_READ = 0x0f,	/* u32 watch id, u32 wait ms: WATCH_EVENTS when events are
+					   queued or the wait is over, or ERROR */
+	AGENT_T_WATCH_REMOVE = 0x15,	/* u32 watch id: OK or ERROR */
 	/* both directions */
 	AGENT_T_FILE_DATA = 0x10,	/* raw bytes of the file */
 	AGENT_T_FILE_END = 0x11,	/* host->guest: commit the write (empty); guest->host: u64 size */
@@ -76,6 +83,7 @@ enum agent_type {
 	AGENT_T_STDERR = 0x85,		/* raw bytes */
 	AGENT_T_EXIT = 0x86,		/* see struct agent_exit_msg */
 	AGENT_T_PROC_ENTRY = 0x87,	/* see struct agent_proc_entry_msg */
+	AGENT_T_WATCH_EVENTS = 0x88,	/* see struct agent_watch_events_msg */
 };
 
 /* HELLO flags */
@@ -171,6 +179,31 @@ struct agent_proc_entry_msg {
 	struct agent_bytes env_raw;	/* the envc names, each u32 length + bytes */
 };
 
+/* Event types of a watch: E2B's (envd's EventType) numbers. */
+enum agent_watch_event {
+	AGENT_WATCH_CREATE = 1,	/* IN_CREATE, IN_MOVED_TO */
+	AGENT_WATCH_WRITE = 2,	/* IN_MODIFY */
+	AGENT_WATCH_REMOVE = 3,	/* IN_DELETE */
+	AGENT_WATCH_RENAME = 4,	/* IN_MOVED_FROM */
+	AGENT_WATCH_CHMOD = 5,	/* IN_ATTRIB */
+};
+
+/* WATCH_EVENTS flags */
+#define AGENT_WATCH_F_DROPPED 0x01	/* events were dropped since the last read (a full queue) */
+#define AGENT_WATCH_F_ENDED 0x02	/* the watch is over (its directory went away): these are
+					   its last events */
+#define AGENT_WATCH_MAX_EVENTS 256	/* events of one WATCH_EVENTS frame, at most */
+
+/*
+ * WATCH_EVENTS: u8 flags, u32 count, count x (u8 type, str name). A name is relative to the
+ * watched directory ("sub/file" below a subdirectory of a recursive watch), never empty.
+ */
+struct agent_watch_events_msg {
+	uint8_t flags;
+	uint32_t count;			/* <= AGENT_WATCH_MAX_EVENTS */
+	struct agent_bytes events_raw;	/* the count events, checked */
+};
+
 struct agent_error_msg {
 	uint32_t status;	/* enum agent_status; other values are possible from a bad guest */
 	uint32_t sys_errno;
@@ -251,6 +284,10 @@ int agent_parse_proc_entry(const uint8_t *p, size_t len, struct agent_proc_entry
  * `r` initialised over that list. Never fails on a list the parser accepted.
  */
 struct agent_bytes agent_list_next(struct agent_rd *r);
+/* WATCH_EVENTS: checks every event (a known type, a text name of 1..AGENT_MAX_PATH bytes). */
+int agent_parse_watch_events(const uint8_t *p, size_t len, struct agent_watch_events_msg *m);
+/* The next event of events_raw, read with `r` initialised over it; returns its type. */
+uint8_t agent_watch_next(struct agent_rd *r, struct agent_bytes *name);
 /* OK and the guest's FILE_END carry one u64. */
 int agent_parse_u64(const uint8_t *p, size_t len, uint64_t *v);
 /* STREAM_WINDOW and PORT_OPEN's port: one u32, resp. one u16. */

@@ -1,11 +1,12 @@
 // E2B's `e2b` SDK (2.51.0, unchanged) against Kiln's E2B-compatible API, configured only by
 // E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY (E2B_OTHER_API_KEY: another tenant's key). Drives a real sandbox
-// through create, getInfo, list with a metadata filter, setTimeout, files on the data plane (write,
+// through create, getInfo, list with a metadata filter, setTimeout, updateNetwork (with connection
+// attempts whose verdicts the driver checks), files on the data plane (write,
 // read, list, exists, makeDir, rename, remove; a wrong token and another tenant's refused), commands
 // (run with output and exit code, a failing one, streamed callbacks, a background command's stdin,
-// list, connect and kill, a PTY), pause,
+// list, connect and kill, a PTY), watchDir (and the polling watchers), getMetrics, pause,
 // connect (resume) with a file and a running process intact,
-// updateNetwork, getMetrics, snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
+// snapshots and kill, and another tenant's calls on it. Prints one JSON line: {"ok": true,
 // "steps": [...]} or {"ok": false, "failure": "...", "steps": [...]}; exits 1 on a failure.
 import { ALL_TRAFFIC, CommandExitError, FileNotFoundError, InvalidArgumentError, Sandbox, SandboxError,
   SandboxNotFoundError } from 'e2b'
@@ -46,6 +47,10 @@ async function main() {
   assert.deepEqual(found, [])
   found = await Sandbox.list({ query: { metadata: { suite: run }, state: ['paused'] } }).nextItems()
   assert.deepEqual(found, [])
+  found = await Sandbox.list({ query: { metadata: { suite: run }, template: 'base' } }).nextItems()
+  assert.deepEqual(found.map((s) => s.sandboxId), [sbx.sandboxId])
+  found = await Sandbox.list({ query: { metadata: { suite: run }, template: 'code-interpreter-v1' } }).nextItems()
+  assert.deepEqual(found, [])
   step('list')
 
   await sbx.setTimeout(600_000)
@@ -53,11 +58,17 @@ async function main() {
   assert.ok(info.endAt.getTime() > Date.now() + 500_000, `endAt after setTimeout ${info.endAt}`)
   step('setTimeout')
 
-  // Egress through the SDK onto Kiln's rules (the driver checks the API took each one).
+  // Egress through the SDK onto Kiln's rules (the driver checks the API took each one, and the
+  // eBPF policy's verdicts on these attempts in the connection log: 7001 denied, 7002 allowed,
+  // 7003 denied).
+  const dial = (host, port) => sbx.commands.run(`timeout 2 bash -c 'echo >/dev/tcp/${host}/${port}' || true`)
   await sbx.updateNetwork({ allowInternetAccess: false })
+  await dial('203.0.113.7', 7001)
   // rules' headers become a Kiln secret for the exact host; {} below clears it again
   await sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['203.0.113.7', 'pypi.org'],
     rules: { 'pypi.org': [{ transform: { headers: { 'X-Api-Key': 'e2b-rule-value' } } }] } })
+  await dial('203.0.113.7', 7002)
+  await dial('198.51.100.7', 7003)
   await assert.rejects(sbx.updateNetwork({ denyOut: ['10.0.0.0/8'] }),
     (e) => e instanceof SandboxError && /denyOut/.test(e.message))
   await assert.rejects(sbx.updateNetwork({ denyOut: [ALL_TRAFFIC], allowOut: ['*.pypi.org'],
@@ -66,9 +77,6 @@ async function main() {
   await sbx.updateNetwork({})
   step('updateNetwork')
 
-  const metrics = await sbx.getMetrics()
-  assert.ok(Array.isArray(metrics))
-  step('getMetrics', metrics.length)
 
   // Files on the data plane (E2B_SANDBOX_URL), as E2B's default user `user`.
   let t0 = Date.now()
@@ -163,6 +171,33 @@ async function main() {
   step('commands', Date.now() - t0)
   t0 = Date.now()
 
+  // watchDir: envd's WatchDir stream on a watch in the guest (inotify, as `user`): a file created,
+  // written, renamed and removed, in order; a file the SDK writes; a directory made below a
+  // recursive watch and a file in it; nothing once the watch is stopped.
+  await sbx.files.makeDir('/home/user/w')
+  const events = []
+  const names = () => events.map((e) => `${e[0]}:${e[1]}`)
+  const wh = await sbx.files.watchDir('/home/user/w', (e) => events.push([e.type, e.name]),
+    { recursive: true })
+  await sbx.commands.run('cd ~/w && echo a > f && echo b >> f && mv f g && rm g')
+  await until(() => names().includes('remove:g'), `watchDir: ${JSON.stringify(events)}`)
+  assert.deepEqual(names().filter((n, i, a) => n !== a[i - 1]),
+    ['create:f', 'write:f', 'rename:f', 'create:g', 'remove:g'])
+  events.length = 0
+  await sbx.files.write('w/x.txt', 'x')
+  await sbx.files.makeDir('w/sub')
+  await sbx.files.write('w/sub/y.txt', 'y')
+  await until(() => names().includes('create:sub/y.txt'), `watchDir: ${JSON.stringify(events)}`)
+  assert.deepEqual(names().filter((n) => n.startsWith('create:')), ['create:x.txt', 'create:sub',
+    'create:sub/y.txt'])
+  await wh.stop()
+  events.length = 0
+  await sbx.commands.run('touch ~/w/after && sleep 1')
+  assert.deepEqual(events, [], 'a stopped watcher got events')
+  await assert.rejects(sbx.files.watchDir('/home/user/nothing', () => {}), FileNotFoundError)
+  step('watchDir', Date.now() - t0)
+  t0 = Date.now()
+
   // The data plane's own checks: the token, the sandbox, the port.
   const dp = async (path, headers, body) => fetch(process.env.E2B_SANDBOX_URL + path, {
     method: body === undefined ? 'GET' : 'POST', body,
@@ -182,6 +217,21 @@ async function main() {
   assert.equal(await r.text(), 'hello kiln\n')
   r = await dp('/files?path=/home/user/hello.txt', { 'X-Access-Token': token, 'E2b-Sandbox-Port': '49999' })
   assert.equal(r.status, 502, 'another port')
+  // The polling watchers (other SDKs): created, read, removed.
+  r = await dp('/filesystem.Filesystem/CreateWatcher', { 'X-Access-Token': token }, '{"path":"w"}')
+  assert.equal(r.status, 200)
+  const watcherId = (await r.json()).watcherId
+  await sbx.files.write('w/polled.txt', 'p')
+  r = await dp('/filesystem.Filesystem/GetWatcherEvents', { 'X-Access-Token': token },
+    JSON.stringify({ watcherId }))
+  assert.equal(r.status, 200)
+  assert.deepEqual((await r.json()).events, [{ name: 'polled.txt', type: 'EVENT_TYPE_CREATE' }])
+  r = await dp('/filesystem.Filesystem/RemoveWatcher', { 'X-Access-Token': token }, JSON.stringify({ watcherId }))
+  assert.equal(r.status, 200)
+  r = await dp('/filesystem.Filesystem/GetWatcherEvents', { 'X-Access-Token': token },
+    JSON.stringify({ watcherId }))
+  assert.equal(r.status, 404)
+  assert.equal((await r.json()).code, 'not_found')
   r = await dp('/process.Process/StreamInput', { 'X-Access-Token': token }, '{}')
   assert.equal(r.status, 501) // client streaming: the SDK never calls it
   assert.equal((await r.json()).code, 'unimplemented')
@@ -219,6 +269,18 @@ async function main() {
   await until(() => /n3\n/.test(before), `counter: ${JSON.stringify(before)}`)
   await counter.disconnect()
   const counted = (text) => (text.match(/n\d+\n/g) || []).map((m) => Number(m.slice(1, -1)))
+
+  // The meter's samples of it (the driver runs kiln-meter): its size, and memory used once the
+  // meter has read some (the first bucket may precede its first reading).
+  let samples = []
+  const used = () => samples.some((x) => x.memUsed > 0)
+  for (let i = 0; i < 40 && !used(); i++) {
+    samples = await sbx.getMetrics()
+    if (!used()) await new Promise((r) => setTimeout(r, 500))
+  }
+  assert.ok(used(), `no memory in the metrics: ${JSON.stringify(samples)}`)
+  assert.ok(samples.every((x) => x.cpuCount >= 1 && x.memTotal > 0), JSON.stringify(samples))
+  step('getMetrics', samples.length)
 
   assert.equal(await sbx.pause(), true)
   assert.equal((await sbx.getInfo()).state, 'paused')

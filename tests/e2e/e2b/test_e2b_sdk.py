@@ -5,7 +5,9 @@ installed once per lock from the npm registry into the cache (kiln.npm_modules),
 clone or the build directory.
 
 The sandbox the SDK makes is a Kiln sandbox made by the gateway's own create route (so metered,
-plan-limited and audited like any other): the test checks its record and its audit trail.
+plan-limited and audited like any other): the test checks its record, its audit trail, that a real
+kiln-meter billed the tenant for it, and the eBPF policy's verdicts on the connections it tried
+under the egress rules the SDK set (the connection log).
 """
 import json
 import os
@@ -15,6 +17,7 @@ import time
 import unittest
 
 import kiln
+import metertest as mt
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -25,6 +28,9 @@ class E2bSdk(unittest.TestCase):
         kiln.npm_modules(HERE)
         cls.stack = kiln.Stack(e2b=True)
         cls.addClassCleanup(cls.stack.cleanup)
+        cls.meter = mt.Meter(cls.stack.db.url, kiln.services_env()["KILN_REDIS_URL"],
+                             cls.stack.node.node_id, master_key=cls.stack.gw.master_key)
+        cls.addClassCleanup(cls.meter.cleanup)
 
     def tenant(self, name):
         r = self.stack.gw.request("POST", "/v1/tenants", {"name": name}, self.stack.admin)
@@ -48,9 +54,9 @@ class E2bSdk(unittest.TestCase):
                                             f"{out.stderr[-3000:]}")
         self.assertTrue(seen["ok"])
         self.assertEqual([s if isinstance(s, str) else next(iter(s)) for s in seen["steps"]],
-                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "getMetrics", "files", "commands", "dataPlane",
-                          "otherTenant",
-                          "pause", "connect", "snapshots", "kill"])
+                         ["create", "getInfo", "list", "setTimeout", "updateNetwork", "files", "commands",
+                          "watchDir", "dataPlane", "otherTenant", "getMetrics", "pause", "connect",
+                          "snapshots", "kill"])
         sandbox = seen["steps"][0]["create"]
         # The Kiln record is the same sandbox: made, and deleted by the SDK's kill.
         r = self.stack.gw.request("GET", f"/v1/sandboxes/{sandbox}", None,
@@ -72,9 +78,20 @@ class E2bSdk(unittest.TestCase):
         # network.rules' header as a secret of the exact host, then cleared by the update
         # without rules; the wildcard's refused update reached neither
         self.assertEqual(len(re.findall(r"PUT /v1/sandboxes/\{id\}/secrets 200", rows)), 2, rows)
+        # ... and the eBPF policy enforced them: under deny-all 203.0.113.7 was refused, under
+        # allowOut [203.0.113.7, pypi.org] it was let through and 198.51.100.7 refused (the node
+        # writes a deleted sandbox's last flows before the delete ends).
+        rows = self.stack.db.sql(f"SELECT DISTINCT host(dst) || ':' || dst_port || ' ' || verdict "
+                                 f"FROM sandbox_connections WHERE sandbox_id = '{sandbox}' "
+                                 f"AND dst_port IN (7001, 7002, 7003) ORDER BY 1")
+        self.assertEqual(rows.split(), ["198.51.100.7:7003", "denied", "203.0.113.7:7001", "denied",
+                                        "203.0.113.7:7002", "allowed"], rows)
+        # Metered like any sandbox: kiln-meter billed its run to the tenant's ledger.
+        self.assertIsNotNone(mt.billed(self.stack.db, sandbox))
+        self.assertGreater(mt.ledger_used(self.stack.db, tenant), 0)
         steps = {k: v for s in seen["steps"] if isinstance(s, dict) for k, v in s.items()}
         print(f"e2b SDK run: {took:.1f} s (files {steps['files'] / 1000:.1f} s, commands "
-              f"{steps['commands'] / 1000:.1f} s, data plane checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
+              f"{steps['commands'] / 1000:.1f} s, watchDir {steps['watchDir'] / 1000:.1f} s, data plane checks {steps['dataPlane'] / 1000:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

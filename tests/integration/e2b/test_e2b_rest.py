@@ -45,7 +45,8 @@ class E2bRest(unittest.TestCase):
                 ("sb_e2btest5", "creating", {"team": "a"}),
                 ("sb_e2btest6", "running", {})]
         values = ",".join(
-            f"('{i}', '{acme}', '{st}', 'python', 1000, 512, 10, 300, "
+            f"('{i}', '{acme}', '{st}', '{'code-interpreter-v1' if i == 'sb_e2btest3' else 'python'}', "
+            f"1000, 512, 10, 300, "
             f"'{json.dumps(md)}'::jsonb, now() - interval '{100 - k} seconds', "
             f"now() + interval '300 seconds')"
             for k, (i, st, md) in enumerate(rows))
@@ -169,6 +170,15 @@ class E2bRest(unittest.TestCase):
         self.assertEqual(ids, ["sb_e2btest2"])
         ids, _ = self.list_all({"metadata": enc({"team": "a", "n": "1"})}, 100)
         self.assertEqual(ids, ["sb_e2btest1"])
+        # The SDK's template filter: E2B's base is Kiln's python; another name is its own.
+        ids, _ = self.list_all({"template": "code-interpreter-v1"}, 100)
+        self.assertEqual(ids, ["sb_e2btest3"])
+        ids, _ = self.list_all({"template": "base", "state": "running"}, 2)
+        self.assertEqual(ids, ["sb_e2btest6", "sb_e2btest5", "sb_e2btest1", "sb_e2btest0"])
+        ids, _ = self.list_all({"template": "python", "metadata": enc({"team": "b"})}, 100)
+        self.assertEqual(ids, [])
+        ids, _ = self.list_all({"template": "no-such-template"}, 100)
+        self.assertEqual(ids, [])
         listed = self.e2b("GET", "/v2/sandboxes?limit=1").json()[0]
         for k in ("sandboxID", "templateID", "clientID", "startedAt", "endAt", "state", "cpuCount",
                   "memoryMB", "diskSizeMB", "envdVersion", "metadata"):

@@ -109,7 +109,7 @@ static void hello_reports_version_and_kernel(void)
 	CHECK_INT(agent_hello(a, 5000, &h, &err), KILN_OK);
 	CHECK_INT(h.version, AGENT_PROTO_VERSION);
 	CHECK(h.kernel_release[0] != '\0');
-	CHECK_STR(h.agent_version, "kiln-agent/3");
+	CHECK_STR(h.agent_version, "kiln-agent/4");
 	stop_agent(a, pid);
 }
 
@@ -1380,7 +1380,8 @@ static void procs_refused_to_an_old_agent(void)
 	struct agent_proc_req req = { .exec = { .shell = "true" } };
 	struct agent_exec_result r;
 	struct agent *a;
-	uint32_t pid = 7;
+	uint32_t pid = 7, wid = 0;
+	bool dropped, ended;
 	int sv[2];
 	pthread_t t;
 
@@ -1402,11 +1403,163 @@ static void procs_refused_to_an_old_agent(void)
 	CHECK_INT(agent_proc_stdin(a, 5, "x", 1, false, &err), KILN_E_NOT_IMPLEMENTED);
 	kiln_error_clear(&err);
 	CHECK_INT(agent_proc_resize(a, 5, 5, 5, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_add(a, "/tmp", false, NULL, &wid, &err), KILN_E_NOT_IMPLEMENTED);
+	CHECK(strstr(err.msg, "predates directory watches") != NULL);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_read(a, 1, 0, NULL, NULL, &dropped, &ended, &err), KILN_E_NOT_IMPLEMENTED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_remove(a, 1, &err), KILN_E_NOT_IMPLEMENTED);
 	CHECK(agent_alive(a));
 	shutdown(g.fd, SHUT_RD);
 	pthread_join(t, NULL);
 	agent_free(a);
 	close(g.fd);
+}
+
+/* The events a watch read, "type:name" each, space-separated. */
+struct wcap {
+	char text[8192];
+	int n;
+};
+
+static int wcap_event(void *ctx, int type, const char *name)
+{
+	static const char *const t[] = { "?", "create", "write", "remove", "rename", "chmod" };
+	struct wcap *c = ctx;
+	size_t l = strlen(c->text);
+
+	snprintf(c->text + l, sizeof(c->text) - l, "%s%s:%s", l ? " " : "", t[type], name);
+	c->n++;
+	return 0;
+}
+
+/* Reads watch `wid` until `last` is among its events or 5 s pass; true when it came. */
+static bool wread_until(struct agent *a, uint32_t wid, struct wcap *c, const char *last)
+{
+	struct kiln_error err = { 0 };
+	bool dropped, ended;
+	int64_t end = now_ms() + 5000;
+
+	while (!strstr(c->text, last) && now_ms() < end)
+		if (agent_watch_read(a, wid, 1000, wcap_event, c, &dropped, &ended, &err) != KILN_OK)
+			return false;
+	return strstr(c->text, last) != NULL;
+}
+
+static void watches_report_events_in_order(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	char dir[128], path[256], cmd[600];
+	struct wcap c = { 0 };
+	bool dropped = true, ended = true;
+	uint32_t wid = 0, rwid = 0;
+	int64_t t0;
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	snprintf(dir, sizeof(dir), "%s/watched", tmpdir);
+	CHECK(mkdir(dir, 0755) == 0);
+	CHECK_INT(agent_watch_add(a, dir, false, NULL, &wid, &err), KILN_OK);
+	CHECK(wid > 0);
+	/* nothing yet: a read without a wait answers at once, a read with one after it */
+	CHECK_INT(agent_watch_read(a, wid, 0, wcap_event, &c, &dropped, &ended, &err), KILN_OK);
+	CHECK_INT(c.n, 0);
+	CHECK(!dropped && !ended);
+	t0 = now_ms();
+	CHECK_INT(agent_watch_read(a, wid, 300, wcap_event, &c, &dropped, &ended, &err), KILN_OK);
+	CHECK(now_ms() - t0 >= 250);
+	CHECK_INT(c.n, 0);
+	/* created, written, renamed, chmodded, removed: in order, with envd's types */
+	snprintf(cmd, sizeof(cmd), "cd '%s' && echo a > f && mv f g && chmod 600 g && rm g", dir);
+	CHECK(system(cmd) == 0);
+	CHECK(wread_until(a, wid, &c, "remove:g"));
+	CHECK_STR(c.text, "create:f write:f rename:f create:g chmod:g remove:g");
+	/* a file the agent writes is its file's creation: its temporary file is not shown */
+	memset(&c, 0, sizeof(c));
+	snprintf(path, sizeof(path), "%s/x.txt", dir);
+	{
+		int nul = open("/dev/null", O_RDONLY);
+
+		CHECK_INT(agent_file_write(a, path, 0644, fd_src, &nul, 16, &err), KILN_OK);
+		close(nul);
+	}
+	CHECK(wread_until(a, wid, &c, "create:x.txt"));
+	CHECK(strstr(c.text, "kiln-") == NULL);
+	/* recursive: names below the directory, directories that appear later too */
+	CHECK_INT(agent_watch_add(a, dir, true, NULL, &rwid, &err), KILN_OK);
+	snprintf(cmd, sizeof(cmd), "mkdir '%s/sub'", dir);
+	CHECK(system(cmd) == 0);
+	memset(&c, 0, sizeof(c));
+	CHECK(wread_until(a, rwid, &c, "create:sub"));
+	snprintf(cmd, sizeof(cmd), "touch '%s/sub/deep'", dir);
+	CHECK(system(cmd) == 0);
+	CHECK(wread_until(a, rwid, &c, "create:sub/deep"));
+	/* the non-recursive watch saw the directory, not what is in it */
+	memset(&c, 0, sizeof(c));
+	CHECK(wread_until(a, wid, &c, "create:sub"));
+	CHECK_INT(agent_watch_read(a, wid, 200, wcap_event, &c, &dropped, &ended, &err), KILN_OK);
+	CHECK(strstr(c.text, "deep") == NULL);
+	/* one read at a time; the directory's end ends the watch */
+	CHECK_INT(agent_watch_remove(a, rwid, &err), KILN_OK);
+	CHECK_INT(agent_watch_read(a, rwid, 0, NULL, NULL, &dropped, &ended, &err), KILN_E_NOT_FOUND);
+	snprintf(cmd, sizeof(cmd), "rm -r '%s'", dir);
+	CHECK(system(cmd) == 0);
+	ended = false;
+	for (t0 = now_ms(); !ended && now_ms() - t0 < 5000;)
+		CHECK_INT(agent_watch_read(a, wid, 1000, NULL, NULL, &dropped, &ended, &err), KILN_OK);
+	CHECK(ended);
+	CHECK_INT(agent_watch_read(a, wid, 0, NULL, NULL, &dropped, &ended, &err), KILN_E_NOT_FOUND);
+	CHECK(agent_alive(a));
+	stop_agent(a, apid);
+}
+
+static void watch_limits_hold(void)
+{
+	pid_t apid;
+	struct agent *a = spawn_agent(&apid);
+	struct kiln_error err = { 0 };
+	uint32_t wids[AGENT_WATCH_MAX], wid;
+	char dir[128], path[256], cmd[300];
+	bool dropped = false, ended = false;
+	struct wcap c = { 0 };
+	int i;
+
+	CHECK_INT(agent_hello(a, 5000, NULL, &err), KILN_OK);
+	snprintf(dir, sizeof(dir), "%s/many", tmpdir);
+	CHECK(mkdir(dir, 0755) == 0);
+	snprintf(path, sizeof(path), "%s/file", dir);
+	CHECK(close(open(path, O_CREAT | O_WRONLY, 0644)) == 0);
+	CHECK_INT(agent_watch_add(a, path, false, NULL, &wid, &err), KILN_E_INVALID);
+	CHECK(strstr(err.msg, "not a directory") != NULL);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_add(a, "/nonexistent-dir", false, NULL, &wid, &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_add(a, "relative", false, NULL, &wid, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_add(a, dir, false, "no-such-user", &wid, &err), KILN_E_INVALID);
+	kiln_error_clear(&err);
+	for (i = 0; i < AGENT_WATCH_MAX; i++)
+		CHECK_INT(agent_watch_add(a, dir, false, NULL, &wids[i], &err), KILN_OK);
+	CHECK_INT(agent_watch_add(a, dir, false, NULL, &wid, &err), KILN_E_RATE_LIMITED);
+	kiln_error_clear(&err);
+	CHECK_INT(agent_watch_remove(a, wids[0], &err), KILN_OK);
+	CHECK_INT(agent_watch_remove(a, wids[0], &err), KILN_E_NOT_FOUND);
+	kiln_error_clear(&err);
+	for (i = 2; i < AGENT_WATCH_MAX; i++)
+		CHECK_INT(agent_watch_remove(a, wids[i], &err), KILN_OK);
+	/* more events than the agent keeps: the next read says some were dropped */
+	snprintf(cmd, sizeof(cmd), "cd '%s' && seq 5000 | xargs touch", dir);
+	CHECK(system(cmd) == 0);
+	for (i = 0; i < 200 && !dropped; i++)
+		CHECK_INT(agent_watch_read(a, wids[1], 200, wcap_event, &c, &dropped, &ended, &err),
+			  KILN_OK);
+	CHECK(dropped);
+	CHECK(c.n > 0 && c.n <= 4096);
+	CHECK(!ended);
+	CHECK(agent_alive(a));
+	stop_agent(a, apid);
 }
 
 int main(int argc, char **argv)
@@ -1447,6 +1600,8 @@ int main(int argc, char **argv)
 	TEST(proc_pty_runs_a_shell_with_resize);
 	TEST(proc_limits_hold);
 	TEST(procs_refused_to_an_old_agent);
+	TEST(watches_report_events_in_order);
+	TEST(watch_limits_hold);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (system(cmd) != 0)

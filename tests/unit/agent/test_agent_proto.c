@@ -439,6 +439,7 @@ static void proc_types_and_versions(void)
 	CHECK(!agent_type_from_host(AGENT_T_PROC_ENTRY));
 	CHECK(agent_version_major("kiln-agent/2") < AGENT_PROCS_MIN_VERSION);
 	CHECK(agent_version_major("kiln-agent/3") >= AGENT_PROCS_MIN_VERSION);
+	CHECK(agent_version_major("kiln-agent/3") < AGENT_WATCH_MIN_VERSION);
 }
 
 int main(void)

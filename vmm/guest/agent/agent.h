@@ -19,7 +19,8 @@
 
 #include "agent_proto.h"
 
-#define AGENT_VERSION_STRING "kiln-agent/3"	/* 2: port streams; 3: detached processes */
+#define AGENT_VERSION_STRING "kiln-agent/4"	/* 2: port streams; 3: detached processes;
+						   4: directory watches */
 #define AGENT_MAX_PROCS 32	/* detached processes kept (running or ended), of the execs */
 #define AGENT_PROC_RING (1u << 20)	/* bytes of output kept per detached process */
 #define AGENT_PROC_STDIN_PENDING (256u << 10)	/* bytes of stdin a process may have unread */
@@ -27,6 +28,10 @@
 #define AGENT_MAX_EXECS 64	/* concurrent execs */
 #define AGENT_MAX_FILES 32	/* concurrent file transfers */
 #define AGENT_MAX_PORTS 64	/* concurrent port streams */
+#define AGENT_MAX_WATCHES 16	/* directory watches at once */
+#define AGENT_WATCH_DIRS 4096	/* directories watched in all (recursive watches) */
+#define AGENT_WATCH_QUEUE 4096	/* events queued, unread, in all watches */
+#define AGENT_WATCH_IDLE_MS 60000	/* a watch nobody reads for this long ends */
 #define AGENT_OUT_HIGH (2u << 20)	/* bytes queued for the host above which producers pause */
 #define AGENT_OUT_MAX (AGENT_OUT_HIGH + 2 * (AGENT_HDR_SIZE + AGENT_MAX_PAYLOAD))	/* bytes */
 #define AGENT_DRAIN_GRACE_MS 250	/* after exit, how long to wait for pipes held by others */
@@ -81,6 +86,23 @@ void proc_list(struct session *s, uint32_t id, const uint8_t *p, size_t len);
 void proc_signal(struct session *s, uint32_t id, const uint8_t *p, size_t len);
 void proc_stdin(struct session *s, uint32_t id, const uint8_t *p, size_t len);
 void proc_resize(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+
+/* watch.c: WATCH_ADD, WATCH_READ (answered when events come or its wait ends), WATCH_REMOVE */
+void watch_add(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void watch_read(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+void watch_remove(struct session *s, uint32_t id, const uint8_t *p, size_t len);
+/* Forgets the pending read `id` (CANCEL); true while `id` is a pending read. */
+void watch_cancel(uint32_t id);
+bool watch_active(uint32_t id);
+/* The inotify descriptor while a watch exists (0 or 1 entry). */
+int watch_poll_fill(struct session *s, struct pollfd *pfd, int max);
+void watch_poll_done(struct session *s, struct pollfd *pfd, int n);
+/* Answers reads whose wait is over, ends watches nobody reads. */
+void watch_tick(struct session *s);
+/* Milliseconds until watch_tick has something to do, or -1. */
+int watch_next_timeout(void);
+/* Ends every watch (the host went away). */
+void watch_reset(void);
 
 /* user.c */
 #define AGENT_MAX_GROUPS 64	/* supplementary groups of a user */

@@ -28,7 +28,7 @@
 #include "agent.h"
 
 #define PORT_NAME_DEFAULT "kiln.agent"
-#define POLL_MAX (2 + 3 * AGENT_MAX_EXECS + AGENT_MAX_PORTS)
+#define POLL_MAX (3 + 3 * AGENT_MAX_EXECS + AGENT_MAX_PORTS)
 
 struct session {
 	int fd;			/* the port (or --fd), non-blocking */
@@ -316,7 +316,8 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 		session_error(s, h->id, AGENT_S_PROTO, 0, "unexpected frame type %u", h->type);
 		return;
 	}
-	bool busy = exec_active(h->id) || file_active(h->id) || port_active(h->id);
+	bool busy = exec_active(h->id) || file_active(h->id) || port_active(h->id) ||
+		    watch_active(h->id);
 
 	switch (h->type) {
 	case AGENT_T_HELLO:
@@ -325,6 +326,7 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 			exec_reset();
 			file_reset();
 			port_reset();
+			watch_reset();
 		}
 		handle_hello(s, h->id);
 		break;
@@ -382,6 +384,18 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 	case AGENT_T_PROC_RESIZE:
 		proc_resize(s, h->id, p, h->len);
 		break;
+	case AGENT_T_WATCH_ADD:
+		watch_add(s, h->id, p, h->len);
+		break;
+	case AGENT_T_WATCH_READ:
+		if (busy)
+			session_error(s, h->id, AGENT_S_EXISTS, 0, "request id in use");
+		else
+			watch_read(s, h->id, p, h->len);
+		break;
+	case AGENT_T_WATCH_REMOVE:
+		watch_remove(s, h->id, p, h->len);
+		break;
 	case AGENT_T_STREAM_DATA:
 		port_data(s, h->id, p, h->len);
 		break;
@@ -395,6 +409,7 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 		exec_cancel(h->id);
 		file_cancel(h->id);
 		port_cancel(h->id);
+		watch_cancel(h->id);
 		break;
 	}
 }
@@ -476,6 +491,7 @@ static void session_reset(struct session *s)
 	exec_reset();
 	file_reset();
 	port_reset();
+	watch_reset();
 	s->out_off = s->out_len = 0;
 	s->desync = false;
 	agent_decoder_init(&s->dec, s->payload);
@@ -584,16 +600,20 @@ int main(int argc, char **argv)
 			logmsg("host connected");
 		}
 		struct pollfd pfd[POLL_MAX];
-		int n = 0, nexec, nport, timeout;
+		int n = 0, nexec, nport, nwatch, timeout, wt;
 
 		pfd[n++] = (struct pollfd){ s.fd, (short)(POLLIN | (s.out_len > s.out_off ? POLLOUT : 0)), 0 };
 		pfd[n++] = (struct pollfd){ sigfd, POLLIN, 0 };
 		nexec = exec_poll_fill(&s, pfd + n, POLL_MAX - n);
 		nport = port_poll_fill(&s, pfd + n + nexec, POLL_MAX - n - nexec);
+		nwatch = watch_poll_fill(&s, pfd + n + nexec + nport, POLL_MAX - n - nexec - nport);
 		timeout = exec_next_timeout();
+		wt = watch_next_timeout();
+		if (wt >= 0 && (timeout < 0 || wt < timeout))
+			timeout = wt;
 		if (file_pending() && session_has_room(&s))
 			timeout = 0;
-		if (poll(pfd, (nfds_t)(n + nexec + nport), timeout) < 0 && errno != EINTR) {
+		if (poll(pfd, (nfds_t)(n + nexec + nport + nwatch), timeout) < 0 && errno != EINTR) {
 			logmsg("poll: %s", strerror(errno));
 			return 1;
 		}
@@ -612,7 +632,9 @@ int main(int argc, char **argv)
 		if (!gone) {
 			exec_poll_done(&s, pfd + 2, nexec);
 			port_poll_done(&s, pfd + 2 + nexec, nport);
+			watch_poll_done(&s, pfd + 2 + nexec + nport, nwatch);
 			exec_tick(&s);
+			watch_tick(&s);
 			file_pump(&s);
 			gone = session_flush(&s) < 0;
 		}
