@@ -222,6 +222,18 @@ static void test_digest_equals_plain_reading(void)
 	CHECK_STR(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
+/* Flips one bit of the byte at `off` of `path`, in place. */
+static void flip_byte(const char *path, off_t off)
+{
+	unsigned char c;
+	int fd = open(path, O_RDWR);
+
+	CHECK(pread(fd, &c, 1, off) == 1);
+	c ^= 0x20;
+	CHECK(pwrite(fd, &c, 1, off) == 1);
+	close(fd);
+}
+
 /*
  * The digest cache (snapshot.h): a file hashed once, its times older than the hashing, is
  * remembered; a byte changed in place right after, same size, within the same clock tick or not,
@@ -233,8 +245,6 @@ static void test_digest_cache_sees_a_change_in_place(void)
 	char path[PATH_MAX], first[65], again[65], changed[65], ref[65];
 	struct timespec pause = { 0, 50 * 1000 * 1000 };
 	struct kiln_error err = { 0 };
-	unsigned char c;
-	int fd;
 
 	snprintf(path, sizeof(path), "%s/mem", dir);
 	nanosleep(&pause, NULL);	/* the file's times now older than any hashing's start */
@@ -243,11 +253,7 @@ static void test_digest_cache_sees_a_change_in_place(void)
 	CHECK_STR(again, first);
 	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_OK);
 	for (int round = 0; round < 3; round++) {
-		fd = open(path, O_RDWR);
-		CHECK(pread(fd, &c, 1, 5 * MIB + 8200) == 1);
-		c ^= 0x20;
-		CHECK(pwrite(fd, &c, 1, 5 * MIB + 8200) == 1);
-		close(fd);
+		flip_byte(path, 5 * MIB + 8200);
 		CHECK_INT(snapshot_file_digest(path, changed, NULL, &err), KILN_OK);
 		reference_digest(path, ref);
 		CHECK_STR(changed, ref);
@@ -330,15 +336,9 @@ static void test_verify_refuses_flipped_byte(void)
 	const char *dir = make_snapshot();
 	char path[PATH_MAX];
 	struct kiln_error err = { 0 };
-	unsigned char c;
-	int fd;
 
 	snprintf(path, sizeof(path), "%s/mem", dir);
-	fd = open(path, O_RDWR);
-	CHECK(pread(fd, &c, 1, 5 * MIB + 8200) == 1);
-	c ^= 0x20;
-	CHECK(pwrite(fd, &c, 1, 5 * MIB + 8200) == 1);
-	close(fd);
+	flip_byte(path, 5 * MIB + 8200);
 	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_E_INVALID);
 	CHECK(msg_has(&err, "file 'mem' is corrupt"));
 	rm_rf(dir);
