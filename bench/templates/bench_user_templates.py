@@ -32,7 +32,8 @@ import kiln  # noqa: E402
 
 SHAPE = {"vcpus": 1, "memory_mib": 512}
 NODE_ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-            "KILN_NODE_VCPU_MILLI": "64000", "KILN_NODE_MEMORY_MIB": "32768"}
+            "KILN_NODE_VCPU_MILLI": "64000", "KILN_NODE_MEMORY_MIB": "32768",
+            "KILN_BOOT_TIMEOUT_S": "900"}  # cold boots beside other work under TCG
 
 
 def follow(gw, key, tmpl, version):
