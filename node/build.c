@@ -1187,7 +1187,7 @@ static enum kiln_err builder_new(struct build *b, const char *from_snap, struct 
 			.metadata = meta, .from_snap = from_snap, .vcpu_milli = b->shape[0],
 			.mem_mib = b->shape[1], .disk_gib = b->shape[2],
 			.timeout_s = n->cfg.template_build_max_s + 600,
-			.init = { .egress = b->rules },
+			.init = { .egress = b->rules }, .own_memory = true,
 		};
 		snprintf(meta, sizeof(meta), "{\"kiln.template_build\": \"%s/%d\"}", b->tmpl,
 			 b->version);

@@ -116,15 +116,22 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 	enum kiln_err rc;
 	char dir[600];
 
-	/* A template version's warm image is shared by its sandboxes, like a base template's. */
+	/*
+	 * A template version's warm image is shared by its sandboxes, like a base template's. A
+	 * template's builder owns a copy instead: a VM whose memory is a private map can only be
+	 * saved with all its memory in the state stream, which every create from its image would
+	 * then read whole.
+	 */
 	if (r->from_snap)
-		return snap_restore_new(n, sb, r->from_snap, build ? VMM_MEM_PRIVATE : VMM_MEM_COPY,
+		return snap_restore_new(n, sb, r->from_snap,
+					build && !r->own_memory ? VMM_MEM_PRIVATE : VMM_MEM_COPY,
 					&r->init, true, err);
 	if (!tpl[0])
 		return sb_boot(n, sb, &r->init, err);
 	/* The fast path: the template's memory mapped privately, a fresh identity. */
 	snap_dir(n, tpl, dir, sizeof(dir));
-	rc = sb_restore(n, sb, dir, VMM_MEM_PRIVATE, &r->init, true, err);
+	rc = sb_restore(n, sb, dir, r->own_memory ? VMM_MEM_COPY : VMM_MEM_PRIVATE, &r->init, true,
+			err);
 	if (rc == KILN_OK)
 		return KILN_OK;
 	/* Never fail a create for its template: boot it cold instead. */

@@ -20,6 +20,9 @@ struct create_req {
 	long long timeout_s;
 	struct sb_init init;
 	struct secrets_set *secrets;	/* checked against init.egress, or NULL (node/secrets.h) */
+	bool own_memory;		/* a template's builder: restored into a memory file of its
+					   own (VMM_MEM_COPY), never a private map, so that its
+					   snapshots keep memory in a file a create maps */
 };
 
 /*

@@ -279,10 +279,13 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 	struct sb_init init = { 0 };
 	enum kiln_err rc;
 
+	long long t0 = sb_mono_ms();
+
 	snap_dir(n, snap_id, dir, sizeof(dir));
 	rc = snap_verify(n, dir, err);
 	if (rc != KILN_OK)
 		return rc;
+	log_info("snapshot \"%s\" verified in %lld ms", snap_id, sb_mono_ms() - t0);
 	rc = snap_load_policy(dir, &rs, &bw, err);
 	if (rc != KILN_OK)
 		return rc;

@@ -133,6 +133,9 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
 			 struct kiln_error *err);
 
+/* Milliseconds of CLOCK_MONOTONIC, for the phase timings the node logs. */
+long long sb_mono_ms(void);
+
 /* Sets the guest's clock and entropy, and with `fresh` its id, host name and env defaults. */
 enum kiln_err sb_identity(struct node *n, struct sandbox *sb, bool fresh, const char *const *env,
 			  struct kiln_error *err);

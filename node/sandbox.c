@@ -425,6 +425,14 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 	return rc;
 }
 
+long long sb_mono_ms(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
 			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
 			 struct kiln_error *err)
@@ -433,6 +441,8 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	struct vmm_spec spec;
 	struct spec_bufs b;
 	enum kiln_err rc;
+	/* phase timings, logged: network, VMM restore, agent, disk grown, identity */
+	long long t[6] = { sb_mono_ms() };
 
 	/* On the image it was taken from (its kernel, initramfs and disk base), or not at all. */
 	rc = images_of_snapshot(n->cfg.node_id, snap_dir, node_image_hash(n), sb->image_hash,
@@ -441,14 +451,23 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 		rc = sb_net_up(n, sb, init, err);
 	if (rc != KILN_OK)
 		return rc;
+	t[1] = sb_mono_ms();
 	sb_spec(n, sb, &spec, &b);
 	rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
+	t[2] = sb_mono_ms();
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
+	t[3] = sb_mono_ms();
 	if (rc == KILN_OK)
 		rc = sb_fill_disk(sb, err);
+	t[4] = sb_mono_ms();
 	/* Every restore: the clock set to now and the RNG reseeded; a new sandbox a new identity. */
 	if (rc == KILN_OK)
 		rc = sb_identity(n, sb, fresh, init ? init->env : NULL, err);
+	t[5] = sb_mono_ms();
+	if (rc == KILN_OK)
+		log_info("sandbox \"%s\" restored from %s in %lld ms: network %lld, vmm %lld, "
+			 "agent %lld, disk %lld, identity %lld", sb->id, snap_dir, t[5] - t[0],
+			 t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]);
 	return rc;
 }

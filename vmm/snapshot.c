@@ -15,6 +15,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -461,10 +462,86 @@ out:
 	return rc;
 }
 
+/*
+ * Digests already computed in this process, by file identity (snapshot.h, "digest cache"): a
+ * template's image is verified at every create from it, and hashing its GiBs each time made a
+ * create's time grow with the image's size. An entry holds while the file's device, inode, size,
+ * mtime and ctime are unchanged; any write or chmod moves the ctime. It is kept only when the
+ * file's ctime is older than the clock the kernel stamps files with (CLOCK_REALTIME_COARSE) read
+ * before hashing: a write in that same tick would leave the times as they were.
+ */
+#define DIGEST_CACHE_SLOTS 256
+
+struct digest_entry {
+	dev_t dev;
+	ino_t ino;
+	off_t size;
+	struct timespec mtime, ctime;
+	char hex[65];
+};
+
+static struct {
+	pthread_mutex_t lock;
+	struct digest_entry e[DIGEST_CACHE_SLOTS];
+	unsigned next;		/* slot the next new entry takes (round robin) */
+} digest_cache = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+static bool ts_eq(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec == b->tv_sec && a->tv_nsec == b->tv_nsec;
+}
+
+static bool ts_before(const struct timespec *a, const struct timespec *b)
+{
+	return a->tv_sec < b->tv_sec || (a->tv_sec == b->tv_sec && a->tv_nsec < b->tv_nsec);
+}
+
+static bool digest_entry_of(const struct digest_entry *e, const struct stat *st)
+{
+	return e->hex[0] && e->dev == st->st_dev && e->ino == st->st_ino && e->size == st->st_size &&
+	       ts_eq(&e->mtime, &st->st_mtim) && ts_eq(&e->ctime, &st->st_ctim);
+}
+
+static bool digest_cached(const struct stat *st, char hex[65])
+{
+	bool hit = false;
+
+	pthread_mutex_lock(&digest_cache.lock);
+	for (unsigned i = 0; i < DIGEST_CACHE_SLOTS && !hit; i++)
+		if (digest_entry_of(&digest_cache.e[i], st)) {
+			memcpy(hex, digest_cache.e[i].hex, 65);
+			hit = true;
+		}
+	pthread_mutex_unlock(&digest_cache.lock);
+	return hit;
+}
+
+static void digest_remember(const struct stat *st, const struct timespec *hashed_from,
+			    const char hex[65])
+{
+	struct digest_entry *e;
+	unsigned i;
+
+	if (!ts_before(&st->st_ctim, hashed_from) || !ts_before(&st->st_mtim, hashed_from))
+		return;
+	pthread_mutex_lock(&digest_cache.lock);
+	for (i = 0; i < DIGEST_CACHE_SLOTS; i++)
+		if (digest_cache.e[i].dev == st->st_dev && digest_cache.e[i].ino == st->st_ino)
+			break;
+	if (i == DIGEST_CACHE_SLOTS)
+		i = digest_cache.next++ % DIGEST_CACHE_SLOTS;
+	e = &digest_cache.e[i];
+	*e = (struct digest_entry){ .dev = st->st_dev, .ino = st->st_ino, .size = st->st_size,
+				    .mtime = st->st_mtim, .ctime = st->st_ctim };
+	memcpy(e->hex, hex, 65);
+	pthread_mutex_unlock(&digest_cache.lock);
+}
+
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err)
 {
 	struct stat st;
+	struct timespec from;
 	enum kiln_err rc;
 	int fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
 
@@ -479,7 +556,14 @@ enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *siz
 		close(fd);
 		return kiln_error_set(err, KILN_E_INVALID, "'%s' is not a regular file", path);
 	}
-	rc = digest_fd(fd, path, (uint64_t)st.st_size, hex, err);
+	if (digest_cached(&st, hex)) {
+		rc = KILN_OK;
+	} else {
+		clock_gettime(CLOCK_REALTIME_COARSE, &from);
+		rc = digest_fd(fd, path, (uint64_t)st.st_size, hex, err);
+		if (rc == KILN_OK)
+			digest_remember(&st, &from, hex);
+	}
 	if (rc == KILN_OK && size)
 		*size = (uint64_t)st.st_size;
 	close(fd);

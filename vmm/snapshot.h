@@ -100,6 +100,10 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
 /*
  * Computes the sha256-4k-1m digest of the file at `path` into `hex` (65 bytes) and its size into
  * `*size` (may be NULL). Streams one chunk at a time; holes are not read, zero pages not hashed.
+ * Digest cache: a digest this process computed before is given again without reading the file while
+ * the file's device, inode, size, mtime and ctime are those it had then (at most 256 files; only
+ * for files whose times were older than the hashing's start, so a write in the same clock tick is
+ * never missed). A template's image is verified at each create; it is hashed once.
  */
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err);

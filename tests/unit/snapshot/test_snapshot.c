@@ -222,6 +222,52 @@ static void test_digest_equals_plain_reading(void)
 	CHECK_STR(hex, "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
 
+/* Flips one bit of the byte at `off` of `path`, in place. */
+static void flip_byte(const char *path, off_t off)
+{
+	unsigned char c;
+	int fd = open(path, O_RDWR);
+
+	CHECK(pread(fd, &c, 1, off) == 1);
+	c ^= 0x20;
+	CHECK(pwrite(fd, &c, 1, off) == 1);
+	close(fd);
+}
+
+/*
+ * The digest cache (snapshot.h): a file hashed once, its times older than the hashing, is
+ * remembered; a byte changed in place right after, same size, within the same clock tick or not,
+ * still gives the new digest, and a verify after it refuses the file.
+ */
+static void test_digest_cache_sees_a_change_in_place(void)
+{
+	const char *dir = make_snapshot();
+	char path[PATH_MAX], first[65], again[65], changed[65], ref[65];
+	struct timespec pause = { 0, 50 * 1000 * 1000 };
+	struct kiln_error err = { 0 };
+
+	snprintf(path, sizeof(path), "%s/mem", dir);
+	nanosleep(&pause, NULL);	/* the file's times now older than any hashing's start */
+	CHECK_INT(snapshot_file_digest(path, first, NULL, &err), KILN_OK);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);	/* from the cache */
+	CHECK_STR(again, first);
+	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_OK);
+	for (int round = 0; round < 3; round++) {
+		flip_byte(path, 5 * MIB + 8200);
+		CHECK_INT(snapshot_file_digest(path, changed, NULL, &err), KILN_OK);
+		reference_digest(path, ref);
+		CHECK_STR(changed, ref);
+		if (round % 2 == 0)
+			CHECK(strcmp(changed, first) != 0);
+		else
+			CHECK_STR(changed, first);	/* flipped back: the first content again */
+		nanosleep(&pause, NULL);
+	}
+	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_E_INVALID);	/* flipped 3 times */
+	CHECK(msg_has(&err, "file 'mem' is corrupt"));
+	rm_rf(dir);
+}
+
 static void test_manifest_written_and_verified(void)
 {
 	const char *dir = make_snapshot();
@@ -290,15 +336,9 @@ static void test_verify_refuses_flipped_byte(void)
 	const char *dir = make_snapshot();
 	char path[PATH_MAX];
 	struct kiln_error err = { 0 };
-	unsigned char c;
-	int fd;
 
 	snprintf(path, sizeof(path), "%s/mem", dir);
-	fd = open(path, O_RDWR);
-	CHECK(pread(fd, &c, 1, 5 * MIB + 8200) == 1);
-	c ^= 0x20;
-	CHECK(pwrite(fd, &c, 1, 5 * MIB + 8200) == 1);
-	close(fd);
+	flip_byte(path, 5 * MIB + 8200);
 	CHECK_INT(snapshot_verify(dir, NULL, NULL, &err), KILN_E_INVALID);
 	CHECK(msg_has(&err, "file 'mem' is corrupt"));
 	rm_rf(dir);
@@ -624,6 +664,7 @@ int main(void)
 		return 1;
 	}
 	TEST(test_digest_equals_plain_reading);
+	TEST(test_digest_cache_sees_a_change_in_place);
 	TEST(test_manifest_written_and_verified);
 	TEST(test_manifest_refuses_missing_fields);
 	TEST(test_verify_refuses_truncated_file);
