@@ -726,9 +726,10 @@ static void processes_forward(struct http_req *req, const char *what, bool with_
 	if (!pid)
 		snprintf(suffix, sizeof(suffix), "/processes");
 	else
-		snprintf(suffix, sizeof(suffix), "/processes/%s/%s%s%s", pid, what,
+		snprintf(suffix, sizeof(suffix), "/processes/%s/%s%s%s%s", pid, what,
 			 replay ? (strcmp(replay, "0") ? "?replay=1" : "?replay=0") : "",
-			 eof ? (strcmp(eof, "0") ? "?eof=1" : "?eof=0") : "");
+			 eof ? (replay ? "&" : "?") : "",
+			 eof ? (strcmp(eof, "0") ? "eof=1" : "eof=0") : "");
 	if (sandbox_lookup(req, &sb) && sandbox_running(req, &sb))
 		forward(req, &sb, suffix, with_body);
 }
