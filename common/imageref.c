@@ -213,7 +213,7 @@ enum kiln_err imageref_parse(const char *s, struct imageref *out, struct kiln_er
 		if (!end)
 			break;
 	}
-	snprintf(out->name, sizeof(out->name), "%s", path);
+	memcpy(out->name, path, strlen(path) + 1);	/* at most IMAGEREF_NAME_MAX, checked above */
 	if (!out->tag[0] && !out->digest[0])
 		snprintf(out->tag, sizeof(out->tag), "latest");
 	snprintf(out->canonical, sizeof(out->canonical), "%s/%s%s%s%s%s", out->registry, out->name,
