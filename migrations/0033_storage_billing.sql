@@ -68,3 +68,33 @@ SELECT id, tenant_id, 1, 'paused', 0, 0, kept_since,
 FROM snapshots WHERE kept_since IS NOT NULL;
 
 CREATE INDEX snapshots_kept ON snapshots (node_id) WHERE kept_since IS NOT NULL;
+
+-- The trim of 0014, and the log rows of a kept snapshot once it is billed to its deletion and that
+-- is older than the bound (as an ended sandbox's).
+CREATE OR REPLACE FUNCTION sandbox_state_log_trim(keep interval) RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    n bigint;
+    k bigint;
+    j bigint;
+BEGIN
+    DELETE FROM sandbox_state_log l USING meter_sandboxes m
+    WHERE m.sandbox_id = l.sandbox_id AND m.generation = l.generation
+      AND l.at < to_timestamp(m.last_t_ns / 1e9) - keep
+      AND EXISTS (SELECT 1 FROM sandbox_state_log l2 WHERE l2.sandbox_id = l.sandbox_id
+                  AND l2.generation = l.generation
+                  AND l2.at > l.at AND l2.at < to_timestamp(m.last_t_ns / 1e9) - keep);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    DELETE FROM sandbox_state_log l USING sandboxes s, meter_sandboxes m
+    WHERE s.id = l.sandbox_id AND m.sandbox_id = l.sandbox_id AND m.generation = s.generation
+      AND m.state = 'none'
+      AND s.deleted_at IS NOT NULL AND s.deleted_at < now() - keep
+      AND m.last_t_ns >= (extract(epoch FROM s.deleted_at) * 1e9)::bigint;
+    GET DIAGNOSTICS k = ROW_COUNT;
+    DELETE FROM sandbox_state_log l USING snapshots sn, meter_sandboxes m
+    WHERE sn.id = l.sandbox_id AND m.sandbox_id = l.sandbox_id AND m.generation = 1
+      AND m.state = 'none' AND sn.kept_since IS NOT NULL
+      AND sn.deleted_at IS NOT NULL AND sn.deleted_at < now() - keep
+      AND m.last_t_ns >= (extract(epoch FROM greatest(sn.deleted_at, sn.kept_since)) * 1e9)::bigint;
+    GET DIAGNOSTICS j = ROW_COUNT;
+    RETURN n + k + j;
+END $$;

@@ -4,8 +4,8 @@
 -- template_build_fail() fails one building version with a reason naming the cause, written as the
 -- last line of its log too, and releases what the build held: the tenant's concurrent-build slot
 -- (template_max_builds counts the versions `building`), its builder sandbox (the deletion asked
--- for, carried out by its node when it is back: node/recovery.c; no node holding it, by the debt
--- sweep's path). Its cached layers need nothing: a layer's row and its snapshot are written in one
+-- for, carried out by its node when it restarts: node/recovery.c; a node still up that hung keeps
+-- the builder running until its own bound, template_build_max_s + 600 s). Its cached layers need nothing: a layer's row and its snapshot are written in one
 -- transaction when the layer is kept, so a build cut off leaves none half made (and the layers it
 -- kept stay in the cache, as a failed build's do). A node that was down and comes back finds the
 -- version failed: its build thread, if it still runs, ends without an image (every update of the
@@ -46,9 +46,10 @@ CREATE TRIGGER nodes_down_template_builds AFTER UPDATE OF down_at ON nodes
     FOR EACH ROW WHEN (OLD.down_at IS NULL AND NEW.down_at IS NOT NULL)
     EXECUTE FUNCTION template_builds_node_down();
 
--- A build still `building` `grace_s` seconds past template_build_max_s (`max_s`), on a node that
--- is up (its node bounds every build by max_s and fails it itself: it hung, or lost its database
--- at the end), is failed by the gateways' periodic work (api/gateway.c). Returns how many.
+-- A build still `building` `grace_s` seconds past template_build_max_s (`max_s`) is failed by the
+-- gateways' periodic work (api/gateway.c): its node bounds every build by max_s and fails it
+-- itself, so it hung or lost its database at the end (a node marked down failed its builds
+-- already, above). Returns how many.
 CREATE FUNCTION template_builds_fail_hung(max_s bigint, grace_s bigint) RETURNS integer
 LANGUAGE plpgsql AS $$
 DECLARE

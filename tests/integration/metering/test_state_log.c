@@ -1095,6 +1095,10 @@ static void test_kept_snapshots_billed_as_storage(void)
 	CHECK_INT(used(t), (30 + 48 + 5) * PAUSED_UCR);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id IN ('%s', '%s', "
 			  "'%s') AND state = 'none'", named, image, down), 3);
+	/* Billed to their deletions, their log rows go with the trim, as an ended sandbox's. */
+	CHECK(sql_int("SELECT sandbox_state_log_trim(interval '0 s')") >= 5);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id IN ('%s', '%s', "
+			  "'%s')", named, image, down), 0);
 	/* A build snapshot recorded deleted and kept (its deletion cleared) is kept from then. */
 	sql("UPDATE snapshots SET deleted_at = NULL WHERE id = '%s'", never);
 	CHECK_INT(sql_int("SELECT count(*) FROM snapshots WHERE id = '%s' "

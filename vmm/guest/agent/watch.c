@@ -157,7 +157,10 @@ static int tree_add(int idx, const char *path, const char *rel, int depth)
 	return rc == -ENOSPC ? rc : 0;
 }
 
-/* Sends the pending read of `w` what is queued (at most REPLY_BYTES of it). */
+/*
+ * Sends the pending read of `w` what is queued (at most REPLY_BYTES of it), once the output queue
+ * has room for it (below AGENT_OUT_HIGH, a whole reply always fits).
+ */
 static void watch_answer(struct session *s, struct watch *w)
 {
 	static uint8_t buf[REPLY_BYTES + AGENT_MAX_PATH + 16];
@@ -165,6 +168,12 @@ static void watch_answer(struct session *s, struct watch *w)
 	size_t n = 0, count_at;
 	bool last;
 
+	if (!session_has_room(s)) {
+		/* The output queue is past its high mark: a reply now could be dropped, and its
+		 * events with it. The read stays pending and is tried again shortly. */
+		w->read_deadline = now_ms() + 10;
+		return;
+	}
 	agent_wr_init(&wr, buf, sizeof(buf));
 	agent_wr_u8(&wr, 0);
 	count_at = wr.len;
