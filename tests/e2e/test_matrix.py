@@ -52,7 +52,7 @@ PREFIX = {"tenant": "tn_", "api_key": "key_", "sandbox": "sb_", "snapshot": "sna
 # Path parameters that name a part of an object, the same for every tenant: a sandbox's port is
 # reached (and refused) through the sandbox that the path names first. A node is the operator's:
 # a spare one with no room (setUpClass), so that its drain moves nothing of the tenants'.
-PART = {"port": "8000", "node": "matrix-spare", "process": "1"}  # "process": B's process, started in setUpClass
+PART = {"port": "8000", "node": "matrix-spare", "process": "1", "watch": "1"}  # "process": B's process, started in setUpClass
 A_FILE = "/root/data.csv"
 
 
@@ -524,7 +524,13 @@ class TenantMatrix(unittest.TestCase):
                     self.assertEqual(self.anonymous(r, self.A.ids),
                                      self.anonymous(r0, {k: absent_id(k) for k in PREFIX}), (r, r0))
                     self.assert_no_a_ids(r, repr(op), self.A.ids.values())
-            # The same call by B on B's own object is not a 404: the path and body are good.
+            # The same call by B on B's own object is not a 404: the path and body are good. A
+            # watch nobody reads ends after 60 s: B's is made for the call.
+            if "watch" in op.path_objects.values():
+                r = self.gw.request("POST", f"/v1/sandboxes/{self.B.ids['sandbox']}/watches",
+                                    {"path": "/tmp"}, self.B.key, timeout=120)
+                self.assertEqual(r.status, 201, r)
+                PART["watch"] = str(r.json()["id"])
             r = self.call(op, self.B.ids, self.B.key, refs=self.B.ids)
             with self.subTest(op=repr(op), credential="B's key on B's own"):
                 # 409: the state does not allow it; 429 rate_limited: a port stream of B's whose
