@@ -233,7 +233,7 @@ class NodesTests(unittest.TestCase):
         # bucket: marked down within its bound, once; x and w lost, y paused.
         self.call("POST", y, "/pause", timeout=180)
         self.wait_stored(y)
-        self.assertTrue(kiln.vm_pids(n0.node_id, x), "x has no QEMU")
+        self.assertTrue(kiln.vm_pids(n0.node_id, x), f"x has no QEMU: {self.get(x)}")
         self.meters[0].stop(signal.SIGKILL)
         n0.stop(signal.SIGKILL)
         died = time.time()
