@@ -505,8 +505,11 @@ class TenantMatrix(unittest.TestCase):
                 continue
             creds = self.A.creds() + self.B.creds() + (("none", {}),)
             for who, h in creds:
-                r = node_request(sock, method, url, body, h)
                 with self.subTest(route=f"{method} {path}", credential=who):
+                    try:
+                        r = node_request(sock, method, url, body, h)
+                    except OSError as e:
+                        self.fail(f"node {method} {url} as {who}: {e!r}")
                     self.assertEqual((r.status, error_code(r)), (401, "unauthenticated"), r)
         self.assertEqual(self.a_view(), before)
 
