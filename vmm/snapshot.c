@@ -466,9 +466,11 @@ out:
  * Digests already computed in this process, by file identity (snapshot.h, "digest cache"): a
  * template's image is verified at every create from it, and hashing its GiBs each time made a
  * create's time grow with the image's size. An entry holds while the file's device, inode, size,
- * mtime and ctime are unchanged; any write or chmod moves the ctime. It is kept only when the
- * file's ctime is older than the clock the kernel stamps files with (CLOCK_REALTIME_COARSE) read
- * before hashing: a write in that same tick would leave the times as they were.
+ * mtime and ctime are unchanged: write(2) and chmod move the ctime, but a write through a shared
+ * mapping to a page already dirty does not (docs/security.md, "Not yet limited"). It is kept only
+ * when the file's ctime is older than the clock the kernel stamps files with
+ * (CLOCK_REALTIME_COARSE) read before hashing: a write in that same tick would leave the times as
+ * they were.
  */
 #define DIGEST_CACHE_SLOTS 256
 
