@@ -610,7 +610,9 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
  * Takes a token from the bucket "<kind>:<id>" (`rate` per `period_ms`, at most `burst`). Returns
  * true when the request may go on; false after replying 429 naming `limit` (with Retry-After), or
  * 503 when `need_redis` and Redis could not decide (the local fallback is not shared between
- * gateways, so a creation is not admitted on it).
+ * gateways, so a creation is not admitted on it). Without `need_redis` the token comes from the
+ * gateway's view of the bucket, reconciled with Redis every RATELIMIT_SYNC_MS (api/ratelimit.h);
+ * with it, from Redis itself.
  */
 static bool limit_take(struct http_req *req, struct gateway *gw, const char *kind, const char *id,
 		       long long rate, long long period_ms, long long burst, const char *limit,
@@ -620,7 +622,10 @@ static bool limit_take(struct http_req *req, struct gateway *gw, const char *kin
 	char bucket[160], retry[24];
 
 	snprintf(bucket, sizeof(bucket), "%s:%s", kind, id);
-	ratelimit_take(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
+	if (need_redis)
+		ratelimit_take(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
+	else
+		ratelimit_take_local(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
 	if (need_redis && rl.redis_down) {
 		http_reply_error(req, KILN_E_UNAVAILABLE, "redis is unavailable: nothing was changed");
 		return false;

@@ -118,7 +118,7 @@ static int redis_init(struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_INVALID,
 				      "setting \"redis_url\" or \"redis_sentinels\": bad address \"%s\"",
 				      *gw.cfg.redis_sentinels ? gw.cfg.redis_sentinels : gw.cfg.redis_url);
-	gw.rl = ratelimit_new(gw.rds);
+	gw.rl = ratelimit_new(gw.rds, true);
 	if (!gw.rl)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	return KILN_OK;

@@ -1,5 +1,6 @@
 /*
- * ratelimit.c - token buckets in Redis (one EVALSHA per request) with a local fallback.
+ * ratelimit.c - token buckets in Redis: one script call per request (ratelimit_take), or a local
+ * view reconciled with Redis every RATELIMIT_SYNC_MS (ratelimit_take_local). See ratelimit.h.
  */
 #include "ratelimit.h"
 
@@ -7,14 +8,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/log.h"
 
 /*
- * KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
- * Tokens are kept in thousandths so slow rates refill smoothly.
+ * Both scripts keep a bucket as the hash {t = tokens in thousandths (so slow rates refill
+ * smoothly), ts = ms of the last refill}, and agree on its arithmetic.
+ *
+ * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
  */
-static const char bucket_lua[] =
+static const char take_lua[] =
 	"local rate, period, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])\n"
 	"local cap = burst * 1000\n"
 	"local s = redis.call('HMGET', KEYS[1], 't', 'ts')\n"
@@ -28,29 +32,102 @@ static const char bucket_lua[] =
 	"redis.call('PEXPIRE', KEYS[1], math.ceil(burst * period / rate) + 1000)\n"
 	"return {allowed, wait}\n";
 
-#define LOCAL_SLOTS 1024
+/*
+ * sync: KEYS buckets; ARGV[1] now_ms, then per bucket rate, period_ms, burst, taken (tokens a
+ * gateway already admitted: subtracted even below zero, a debt that refills before the next
+ * token). Returns the tokens (thousandths) each bucket holds afterwards.
+ */
+static const char sync_lua[] =
+	"local now, out = tonumber(ARGV[1]), {}\n"
+	"for i, k in ipairs(KEYS) do\n"
+	"  local a = 2 + (i - 1) * 4\n"
+	"  local rate, period, burst, taken = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])\n"
+	"  local cap = burst * 1000\n"
+	"  local s = redis.call('HMGET', k, 't', 'ts')\n"
+	"  local tokens, ts = tonumber(s[1]), tonumber(s[2])\n"
+	"  if not tokens then tokens, ts = cap, now end\n"
+	"  if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
+	"  tokens = tokens - taken * 1000\n"
+	"  redis.call('HSET', k, 't', tokens, 'ts', ts)\n"
+	"  redis.call('PEXPIRE', k, math.ceil(burst * period / rate) + 1000)\n"
+	"  out[i] = tokens\n"
+	"end\n"
+	"return out\n";
 
+#define LB_SLOTS 4096
+#define LB_NAME_MAX 160
+#define SYNC_BATCH 128		/* buckets per script call */
+#define ACTIVE_MS 1000		/* a bucket used this recently is reconciled even with nothing taken */
+#define IDLE_DROP_MS 60000	/* a bucket unused this long is dropped (read again at its next use) */
+
+/* The gateway's view of a bucket: Redis's tokens at the last sync, less what it took since. */
 struct local_bucket {
-	char name[160];
-	long long tokens;	/* thousandths */
-	long long ts;		/* ms */
+	char name[LB_NAME_MAX];
+	long long rate, period, burst;
+	long long tokens;	/* thousandths; below zero while a debt refills */
+	long long ts;		/* ms the tokens were refilled to */
+	long long unsent;	/* tokens taken here since the last sync */
+	long long used_ms;
+	bool known;		/* read from Redis once (or Redis was down then) */
+	struct local_bucket *next;
+};
+
+struct sync_item {
+	struct local_bucket *b;
+	char name[LB_NAME_MAX];
+	long long rate, period, burst, taken;
 };
 
 struct ratelimit {
 	struct rds *rds;
-	char sha[48];
-	pthread_mutex_t lock;
-	struct local_bucket local[LOCAL_SLOTS];
+	pthread_mutex_t lock;	/* the table and the script hashes */
+	pthread_mutex_t sync_lock;	/* one reconciliation at a time; taken before `lock` */
+	char take_sha[48], sync_sha[48];
+	bool redis_ok;		/* the last sync reached Redis (atomic) */
+	struct local_bucket *table[LB_SLOTS];
+	pthread_t thread;
+	bool has_thread, stop;	/* stop: atomic */
 };
 
-struct ratelimit *ratelimit_new(struct rds *rds)
+static long long clock_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void *sync_main(void *arg)
+{
+	struct ratelimit *rl = arg;
+	struct timespec tick = { 0, RATELIMIT_SYNC_MS * 1000000L };
+
+	while (!__atomic_load_n(&rl->stop, __ATOMIC_ACQUIRE)) {
+		struct kiln_error err = { 0 };
+
+		nanosleep(&tick, NULL);
+		ratelimit_sync(rl, clock_ms(), &err);
+	}
+	return NULL;
+}
+
+struct ratelimit *ratelimit_new(struct rds *rds, bool sync_thread)
 {
 	struct ratelimit *rl = calloc(1, sizeof(*rl));
 
 	if (!rl)
 		return NULL;
 	rl->rds = rds;
+	rl->redis_ok = true;
 	pthread_mutex_init(&rl->lock, NULL);
+	pthread_mutex_init(&rl->sync_lock, NULL);
+	if (sync_thread) {
+		if (pthread_create(&rl->thread, NULL, sync_main, rl) != 0) {
+			ratelimit_free(rl);
+			return NULL;
+		}
+		rl->has_thread = true;
+	}
 	return rl;
 }
 
@@ -58,6 +135,22 @@ void ratelimit_free(struct ratelimit *rl)
 {
 	if (!rl)
 		return;
+	if (rl->has_thread) {
+		struct kiln_error err = { 0 };
+
+		__atomic_store_n(&rl->stop, true, __ATOMIC_RELEASE);
+		pthread_join(rl->thread, NULL);
+		ratelimit_sync(rl, clock_ms(), &err);	/* what was taken since reaches Redis */
+	}
+	for (int i = 0; i < LB_SLOTS; i++) {
+		struct local_bucket *b = rl->table[i], *next;
+
+		for (; b; b = next) {
+			next = b->next;
+			free(b);
+		}
+	}
+	pthread_mutex_destroy(&rl->sync_lock);
 	pthread_mutex_destroy(&rl->lock);
 	free(rl);
 }
@@ -71,30 +164,107 @@ static unsigned long hash_str(const char *s)
 	return h;
 }
 
-/* The same bucket arithmetic in-process; collisions share a bucket, which only makes it stricter. */
-static void local_take(struct ratelimit *rl, const char *bucket, long long rate, long long period,
-		       long long burst, long long now, struct rl_result *out)
+/* The bucket named `name`, made (full, not yet known) when missing; NULL when out of memory. */
+static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long long burst,
+				   long long now)
 {
-	struct local_bucket *b = &rl->local[hash_str(bucket) % LOCAL_SLOTS];
+	struct local_bucket **head = &rl->table[hash_str(name) % LB_SLOTS], *b;
+
+	for (b = *head; b; b = b->next)
+		if (strcmp(b->name, name) == 0)
+			return b;
+	b = calloc(1, sizeof(*b));
+	if (!b)
+		return NULL;
+	snprintf(b->name, sizeof(b->name), "%s", name);
+	b->tokens = burst * 1000;
+	b->ts = now;
+	b->used_ms = now;
+	b->next = *head;
+	*head = b;
+	return b;
+}
+
+/* Refills `b` to `now` and takes a token when it has one. The caller holds rl->lock. */
+static void lb_take(struct local_bucket *b, long long rate, long long period, long long burst,
+		    long long now, struct rl_result *out)
+{
 	long long cap = burst * 1000;
 
-	pthread_mutex_lock(&rl->lock);
-	if (strcmp(b->name, bucket) != 0) {
-		snprintf(b->name, sizeof(b->name), "%s", bucket);
-		b->tokens = cap;
-		b->ts = now;
-	}
+	b->rate = rate;
+	b->period = period;
+	b->burst = burst;
+	b->used_ms = now;
 	if (now > b->ts) {
 		long long add = (now - b->ts) * rate * 1000 / period;
+
 		b->tokens = b->tokens + add > cap ? cap : b->tokens + add;
 		b->ts = now;
 	}
+	if (b->tokens > cap)	/* a smaller burst than before */
+		b->tokens = cap;
 	if (b->tokens >= 1000) {
 		b->tokens -= 1000;
+		b->unsent++;
 		out->allowed = true;
 	} else {
 		out->allowed = false;
 		out->retry_after_ms = ((1000 - b->tokens) * period + rate * 1000 - 1) / (rate * 1000);
+	}
+}
+
+/*
+ * Runs the script `lua` (its hash cached in `sha`) as "EVALSHA <sha> argv[2..argc)": argv[0] and
+ * argv[1] are the caller's two free slots for them. Loads the script once, and again after Redis
+ * lost its script cache (a restart).
+ */
+static enum kiln_err run_script(struct ratelimit *rl, char sha[48], const char *lua, int argc,
+				const char **argv, struct rds_reply *rep, struct kiln_error *err)
+{
+	char cur[48];
+	enum kiln_err rc;
+
+	pthread_mutex_lock(&rl->lock);
+	snprintf(cur, sizeof(cur), "%s", sha);
+	pthread_mutex_unlock(&rl->lock);
+	if (!cur[0]) {
+		rc = RDS(rl->rds, rep, err, "SCRIPT", "LOAD", lua);
+		if (rc == KILN_OK && rep->type == RDS_STR)
+			snprintf(cur, sizeof(cur), "%s", rep->str);
+		rds_reply_release(rep);
+		if (rc != KILN_OK)
+			return rc;
+		pthread_mutex_lock(&rl->lock);
+		snprintf(sha, 48, "%s", cur);
+		pthread_mutex_unlock(&rl->lock);
+	}
+	argv[0] = "EVALSHA";
+	argv[1] = cur;
+	rc = rds_command(rl->rds, argc, argv, NULL, rep, err);
+	if (rc == KILN_E_INTERNAL && strstr(err->msg, "NOSCRIPT")) {
+		kiln_error_clear(err);
+		argv[0] = "EVAL";
+		argv[1] = lua;
+		rc = rds_command(rl->rds, argc, argv, NULL, rep, err);
+	}
+	return rc;
+}
+
+/* Takes from the in-process bucket alone: Redis could not decide. */
+static void fallback_take(struct ratelimit *rl, const char *bucket, long long rate,
+			  long long period, long long burst, long long now, struct rl_result *out)
+{
+	struct local_bucket *b;
+
+	out->redis_down = true;
+	pthread_mutex_lock(&rl->lock);
+	b = lb_get(rl, bucket, burst, now);
+	if (b) {
+		b->known = true;
+		lb_take(b, rate, period, burst, now, out);
+	} else {
+		out->allowed = false;	/* out of memory: refuse rather than admit unlimited */
+		out->retry_after_ms = 1000;
 	}
 	pthread_mutex_unlock(&rl->lock);
 }
@@ -103,7 +273,7 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 		    long long burst, long long now_ms, struct rl_result *out)
 {
 	char key[192], a1[24], a2[24], a3[24], a4[24];
-	struct rds_reply rep;
+	struct rds_reply rep = { 0 };
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
 
@@ -113,35 +283,180 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	snprintf(a2, sizeof(a2), "%lld", period_ms);
 	snprintf(a3, sizeof(a3), "%lld", burst);
 	snprintf(a4, sizeof(a4), "%lld", now_ms);
-
-	if (!rl->sha[0]) {
-		rc = RDS(rl->rds, &rep, &err, "SCRIPT", "LOAD", bucket_lua);
-		if (rc == KILN_OK && rep.type == RDS_STR) {
-			pthread_mutex_lock(&rl->lock);
-			snprintf(rl->sha, sizeof(rl->sha), "%s", rep.str);
-			pthread_mutex_unlock(&rl->lock);
-		}
-		rds_reply_release(&rep);
-		if (rc != KILN_OK)
-			goto fallback;
-	}
-	rc = RDS(rl->rds, &rep, &err, "EVALSHA", rl->sha, "1", key, a1, a2, a3, a4);
-	if (rc == KILN_E_INTERNAL && strstr(err.msg, "NOSCRIPT")) {
-		/* Redis restarted and lost its script cache. */
-		kiln_error_clear(&err);
-		rc = RDS(rl->rds, &rep, &err, "EVAL", bucket_lua, "1", key, a1, a2, a3, a4);
-	}
-	if (rc != KILN_OK)
-		goto fallback;
-	if (rep.type == RDS_ARRAY && rep.n == 2 && rep.elem[0].type == RDS_INT) {
+	rc = run_script(rl, rl->take_sha, take_lua, 8,
+			(const char *[]){ NULL, NULL, "1", key, a1, a2, a3, a4 }, &rep, &err);
+	if (rc == KILN_OK && rep.type == RDS_ARRAY && rep.n == 2 && rep.elem[0].type == RDS_INT) {
 		out->allowed = rep.elem[0].integer == 1;
 		out->retry_after_ms = rep.elem[1].integer;
 		rds_reply_release(&rep);
 		return;
 	}
+	if (rc == KILN_OK)
+		log_warn("unexpected rate limit reply from redis");
 	rds_reply_release(&rep);
-	log_warn("unexpected rate limit reply from redis");
-fallback:
-	out->redis_down = true;
-	local_take(rl, bucket, rate, period_ms, burst, now_ms, out);
+	fallback_take(rl, bucket, rate, period_ms, burst, now_ms, out);
+}
+
+/*
+ * Sends items[0..n) (at most SYNC_BATCH) with their takes at `now` and sets each bucket to what
+ * Redis holds less what was taken here meanwhile. The caller holds sync_lock.
+ */
+static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, int n, long long now,
+				struct kiln_error *err)
+{
+	/* argv: EVALSHA, sha, numkeys, the keys, now, 4 numbers per key */
+	struct sync_args {
+		const char *argv[4 + SYNC_BATCH * 5];
+		char keys[SYNC_BATCH][LB_NAME_MAX + 16];
+		char nums[2 + SYNC_BATCH * 4][24];
+	} *a = malloc(sizeof(*a));
+	struct rds_reply rep = { 0 };
+	int argc = 2;
+	enum kiln_err rc;
+
+	if (!a)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	snprintf(a->nums[0], sizeof(a->nums[0]), "%d", n);
+	a->argv[argc++] = a->nums[0];
+	for (int i = 0; i < n; i++) {
+		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rl:%s", items[i].name);
+		a->argv[argc++] = a->keys[i];
+	}
+	snprintf(a->nums[1], sizeof(a->nums[1]), "%lld", now);
+	a->argv[argc++] = a->nums[1];
+	for (int i = 0; i < n; i++) {
+		long long v[4] = { items[i].rate, items[i].period, items[i].burst, items[i].taken };
+
+		for (int j = 0; j < 4; j++) {
+			char *num = a->nums[2 + i * 4 + j];
+
+			snprintf(num, sizeof(a->nums[0]), "%lld", v[j]);
+			a->argv[argc++] = num;
+		}
+	}
+	rc = run_script(rl, rl->sync_sha, sync_lua, argc, a->argv, &rep, err);
+	free(a);
+	if (rc == KILN_OK && (rep.type != RDS_ARRAY || rep.n != (size_t)n))
+		rc = kiln_error_set(err, KILN_E_INTERNAL, "unexpected rate limit reply from redis");
+	if (rc == KILN_OK) {
+		pthread_mutex_lock(&rl->lock);
+		for (int i = 0; i < n; i++) {
+			struct local_bucket *b = items[i].b;
+
+			if (rep.elem[i].type != RDS_INT)
+				continue;
+			b->tokens = rep.elem[i].integer - b->unsent * 1000;
+			b->ts = now;
+			b->known = true;
+		}
+		pthread_mutex_unlock(&rl->lock);
+	}
+	rds_reply_release(&rep);
+	__atomic_store_n(&rl->redis_ok, rc == KILN_OK, __ATOMIC_RELAXED);
+	return rc;
+}
+
+/* Moves what `b` took into `it` for a sync. The caller holds rl->lock. */
+static void item_take(struct sync_item *it, struct local_bucket *b)
+{
+	it->b = b;
+	snprintf(it->name, sizeof(it->name), "%s", b->name);
+	it->rate = b->rate;
+	it->period = b->period;
+	it->burst = b->burst;
+	it->taken = b->unsent;
+	b->unsent = 0;
+}
+
+enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err)
+{
+	struct sync_item *items = NULL;
+	size_t n = 0, cap = 0;
+	enum kiln_err rc = KILN_OK;
+
+	pthread_mutex_lock(&rl->sync_lock);
+	pthread_mutex_lock(&rl->lock);
+	for (int i = 0; i < LB_SLOTS; i++) {
+		struct local_bucket **pp = &rl->table[i], *b;
+
+		while ((b = *pp)) {
+			if (b->known && !b->unsent && now_ms - b->used_ms >= IDLE_DROP_MS) {
+				*pp = b->next;
+				free(b);
+				continue;
+			}
+			pp = &b->next;
+			if (!b->known || (!b->unsent && now_ms - b->used_ms >= ACTIVE_MS))
+				continue;
+			if (n == cap) {
+				struct sync_item *more = realloc(items, (cap ? cap * 2 : 64) * sizeof(*items));
+
+				if (!more)
+					break;
+				items = more;
+				cap = cap ? cap * 2 : 64;
+			}
+			item_take(&items[n++], b);
+		}
+	}
+	pthread_mutex_unlock(&rl->lock);
+	/* Takes of a batch Redis did not get are dropped: the gateway's own buckets limited them. */
+	for (size_t at = 0; at < n && rc == KILN_OK; at += SYNC_BATCH)
+		rc = sync_batch(rl, items + at, (int)(n - at < SYNC_BATCH ? n - at : SYNC_BATCH),
+				now_ms, err);
+	pthread_mutex_unlock(&rl->sync_lock);
+	free(items);
+	return rc;
+}
+
+/* Reads a bucket not known yet from Redis (or, with Redis down, takes it as full). */
+static void lb_learn(struct ratelimit *rl, const char *bucket, long long now)
+{
+	struct kiln_error err = { 0 };
+	struct sync_item it;
+	struct local_bucket *b;
+
+	pthread_mutex_lock(&rl->sync_lock);
+	pthread_mutex_lock(&rl->lock);
+	b = lb_get(rl, bucket, 0, now);
+	if (!b || b->known) {
+		pthread_mutex_unlock(&rl->lock);
+		pthread_mutex_unlock(&rl->sync_lock);
+		return;
+	}
+	item_take(&it, b);
+	pthread_mutex_unlock(&rl->lock);
+	if (sync_batch(rl, &it, 1, now, &err) != KILN_OK) {
+		pthread_mutex_lock(&rl->lock);
+		b->known = true;	/* the full bucket it was made with */
+		pthread_mutex_unlock(&rl->lock);
+	}
+	pthread_mutex_unlock(&rl->sync_lock);
+}
+
+void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long rate,
+			  long long period_ms, long long burst, long long now_ms,
+			  struct rl_result *out)
+{
+	struct local_bucket *b;
+
+	memset(out, 0, sizeof(*out));
+	pthread_mutex_lock(&rl->lock);
+	b = lb_get(rl, bucket, burst, now_ms);
+	if (b && !b->known) {
+		b->rate = rate;
+		b->period = period_ms;
+		b->burst = burst;
+		pthread_mutex_unlock(&rl->lock);
+		lb_learn(rl, bucket, now_ms);
+		pthread_mutex_lock(&rl->lock);
+	}
+	if (b) {
+		lb_take(b, rate, period_ms, burst, now_ms, out);
+	} else {
+		out->allowed = false;
+		out->retry_after_ms = 1000;
+	}
+	pthread_mutex_unlock(&rl->lock);
+	out->redis_down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 }

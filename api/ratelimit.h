@@ -1,11 +1,23 @@
 /*
- * ratelimit.h - named token buckets in Redis, with a local fallback.
+ * ratelimit.h - named token buckets shared through Redis.
  *
  * The gateway (api/authn.c) keeps, for each API key and for each tenant (all its keys and tokens
  * together), a bucket for all requests (rate per second, burst) and one for sandbox creation (per
- * minute). One Redis round trip (a Lua script) takes a token. When Redis cannot be reached the
- * gateway falls back to an in-process bucket of the same name, so reads keep being served with a
- * limit.
+ * minute), and kiln-gateway's port URLs one per port (api/portproxy.c).
+ *
+ * Two ways to take a token:
+ * - ratelimit_take() asks Redis (one Lua script, one round trip): exact across gateways. Used where
+ *   a token is worth a round trip (creations, port URLs).
+ * - ratelimit_take_local() decides in-process from the gateway's view of the shared bucket, which a
+ *   thread of its own reconciles with Redis every RATELIMIT_SYNC_MS (one script call carrying every
+ *   bucket the gateway used: the tokens it took, and back the tokens Redis holds after everyone's).
+ *   A bucket seen for the first time is read from Redis before its first decision. With one
+ *   gateway this is the shared bucket exactly; with G gateways they can together admit at most
+ *   (G - 1) x (burst + rate x RATELIMIT_SYNC_MS) more than one shared bucket would, and that excess
+ *   is kept in Redis as a debt (tokens below zero) that refills before anyone is served again, so
+ *   over time the rate holds.
+ * When Redis cannot be reached both fall back to the in-process bucket of the same name, so reads
+ * keep being served with a limit; what a gateway took during the outage is not sent afterwards.
  */
 #ifndef KILN_RATELIMIT_H
 #define KILN_RATELIMIT_H
@@ -15,9 +27,13 @@
 #include "common/err.h"
 #include "common/redis.h"
 
+#define RATELIMIT_SYNC_MS 25
+
 struct ratelimit;
 
-struct ratelimit *ratelimit_new(struct rds *rds);
+/* A limiter on `rds`; with `sync_thread` it starts the thread that reconciles local buckets. */
+struct ratelimit *ratelimit_new(struct rds *rds, bool sync_thread);
+/* Stops the thread (after one last reconciliation) and frees. Accepts NULL. */
 void ratelimit_free(struct ratelimit *rl);
 
 struct rl_result {
@@ -32,5 +48,16 @@ struct rl_result {
  */
 void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, long long period_ms,
 		    long long burst, long long now_ms, struct rl_result *out);
+
+/* The same from the local view of the bucket (see above). */
+void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long rate,
+			  long long period_ms, long long burst, long long now_ms,
+			  struct rl_result *out);
+
+/*
+ * One reconciliation of the local buckets with Redis at `now_ms` (what the thread does every
+ * RATELIMIT_SYNC_MS). Returns KILN_OK or the Redis error; buckets idle for a minute are dropped.
+ */
+enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err);
 
 #endif

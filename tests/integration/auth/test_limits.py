@@ -165,7 +165,9 @@ class RedisDownTests(unittest.TestCase):
                              20))
         self.redis("FLUSHALL")
         self.assertEqual(self.gw.request("GET", "/v1/api-keys", headers=self.admin).status, 200)
-        self.assertIn("kiln:rl:req:", self.redis("--scan", "--pattern", "kiln:rl:*"))
+        # A bucket the gateway knows reaches Redis with its next reconciliation (every 25 ms).
+        self.assertTrue(poll(lambda: "kiln:rl:req:" in self.redis("--scan", "--pattern", "kiln:rl:*"),
+                             5))
 
     def redis(self, *args):
         sock = self.env["KILN_REDIS_URL"][len("unix:"):]

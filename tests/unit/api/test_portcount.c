@@ -11,32 +11,13 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "testredis.h"
 
 #include "api/portcount.h"
 #include "common/redis.h"
 
 static char redis_url[512];
 static char tenant[64];
-
-/* The fixture's Redis URL (KILN_SERVICES_ENV): 0, or -1 after printing why. */
-static int services_redis(void)
-{
-	const char *envf = getenv("KILN_SERVICES_ENV");
-	char line[512];
-	FILE *f;
-
-	if (!envf || !(f = fopen(envf, "r"))) {
-		fprintf(stderr, "KILN_SERVICES_ENV is not set: this test needs the services fixture\n");
-		return -1;
-	}
-	while (fgets(line, sizeof(line), f)) {
-		line[strcspn(line, "\n")] = '\0';
-		if (!strncmp(line, "KILN_REDIS_URL=", 15))
-			snprintf(redis_url, sizeof(redis_url), "%s", line + 15);
-	}
-	fclose(f);
-	return redis_url[0] ? 0 : -1;
-}
 
 /* Members of the tenant's set in Redis, expired or not (-1 when Redis does not answer). */
 static long long members(struct rds *r)
@@ -194,7 +175,7 @@ static void streams_admitted_while_down_count_again(void)
 int main(void)
 {
 	srand((unsigned)time(NULL) ^ (unsigned)getpid());
-	if (services_redis() != 0)
+	if (testredis_url(redis_url, sizeof(redis_url)) != 0)
 		return 1;
 	TEST(cap_holds_across_gateways);
 	TEST(dead_gateway_streams_expire_live_ones_are_renewed);

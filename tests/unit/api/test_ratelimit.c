@@ -1,0 +1,224 @@
+/*
+ * test_ratelimit.c - rate-limit buckets taken locally and reconciled with the services fixture's
+ * Redis (api/ratelimit.c). Several limiters on one Redis stand for several gateways; a simulated
+ * clock (each gateway greedy every millisecond, reconciling every RATELIMIT_SYNC_MS) checks what
+ * they admit together against one shared bucket and the bound ratelimit.h states.
+ */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "test.h"
+#include "testredis.h"
+
+#include "api/ratelimit.h"
+#include "common/redis.h"
+
+#define GW_MAX 3
+#define RATE 100		/* tokens per second */
+#define BURST 50
+
+static char redis_url[512];
+
+static void new_bucket(char *name, size_t n)
+{
+	snprintf(name, n, "test:%08x%08x", (unsigned)rand(), (unsigned)rand());
+}
+
+static long long wall_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Tokens (thousandths) Redis holds for `bucket`, or LLONG_MIN when it has none. */
+static long long redis_tokens(struct rds *r, const char *bucket)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[192];
+	long long t = LLONG_MIN;
+
+	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	if (RDS(r, &rep, &err, "HGET", key, "t") == KILN_OK && rep.type == RDS_STR)
+		t = atoll(rep.str);
+	rds_reply_release(&rep);
+	return t;
+}
+
+/*
+ * `g` gateways on one bucket for `ms` simulated milliseconds from the wall clock's now: every
+ * millisecond each takes until refused, then gateway i reconciles when it is i * RATELIMIT_SYNC_MS
+ * / g past a period. All of them read the full bucket before any sends what it took: the worst
+ * case. Returns the requests admitted in total.
+ */
+static long long simulate(int g, long long ms)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *rl[GW_MAX];
+	struct kiln_error err = { 0 };
+	char bucket[64];
+	long long t0 = wall_ms(), admitted = 0;
+
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < g; i++)
+		rl[i] = ratelimit_new(r, false);
+	for (long long t = t0; t < t0 + ms; t++) {
+		for (int i = 0; i < g; i++) {
+			struct rl_result res = { .allowed = true };
+
+			for (int n = 0; n < 1000 && res.allowed; n++) {
+				ratelimit_take_local(rl[i], bucket, RATE, 1000, BURST, t, &res);
+				CHECK(!res.redis_down);
+				admitted += res.allowed;
+			}
+		}
+		for (int i = 0; i < g; i++)
+			if ((t - t0) % RATELIMIT_SYNC_MS == i * RATELIMIT_SYNC_MS / g)
+				CHECK(ratelimit_sync(rl[i], t, &err) == KILN_OK);
+	}
+	for (int i = 0; i < g; i++)
+		ratelimit_free(rl[i]);
+	rds_free(r);
+	return admitted;
+}
+
+/* One gateway is the shared bucket: its burst, then its rate. */
+static void one_gateway_admits_burst_and_rate(void)
+{
+	long long n = simulate(1, 2000);
+
+	fprintf(stderr, "  1 gateway, 2 s: %lld admitted (bucket: %d)\n", n, BURST + 2 * RATE);
+	CHECK(n >= BURST + 2 * RATE - 1 && n <= BURST + 2 * RATE + 1);
+}
+
+/*
+ * G gateways admit at most (G - 1) x (burst + rate x RATELIMIT_SYNC_MS) more than the shared
+ * bucket, once: the excess is a debt in Redis that is repaid before the bucket serves again, so
+ * over a longer run they admit what the one bucket would.
+ */
+static void gateways_overshoot_is_bounded_once(void)
+{
+	for (int g = 2; g <= GW_MAX; g++) {
+		long long bound_over = (g - 1) * (BURST + RATE * RATELIMIT_SYNC_MS / 1000 + 1);
+
+		for (int w = 0; w < 3; w++) {
+			long long ms = (long long[]){ 100, 1000, 4000 }[w];
+			long long ideal = BURST + RATE * ms / 1000, n = simulate(g, ms);
+
+			fprintf(stderr, "  %d gateways, %lld ms: %lld admitted (bucket: %lld, bound: %lld)\n",
+				g, ms, n, ideal, ideal + bound_over);
+			CHECK(n <= ideal + bound_over);
+			CHECK(n >= ideal - 1);
+		}
+	}
+}
+
+/* A bucket new to a gateway is read from Redis first: what another gateway took counts. */
+static void a_new_bucket_is_read_from_redis(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *a = ratelimit_new(r, false), *b = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char bucket[64];
+	long long t = wall_ms();
+	int n = 0;
+
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < BURST + 5; i++) {
+		ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);
+		n += res.allowed;
+	}
+	CHECK_INT(n, BURST);
+	CHECK(!res.allowed && res.retry_after_ms >= 1 && res.retry_after_ms <= 1000 / RATE);
+	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK_INT(redis_tokens(r, bucket), 0);
+	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+	CHECK(!res.allowed && !res.redis_down);
+	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
+	CHECK(res.allowed);
+	ratelimit_free(a);
+	ratelimit_free(b);
+	rds_free(r);
+}
+
+/* The limiter's own thread sends what was taken within a few periods, and at its end. */
+static void the_thread_reconciles_on_its_own(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *a = ratelimit_new(r, true);
+	struct rl_result res;
+	char bucket[64], other[64];
+	long long deadline;
+	int n = 0;
+
+	new_bucket(bucket, sizeof(bucket));
+	new_bucket(other, sizeof(other));
+	CHECK(a != NULL);
+	/* one token a minute: what Redis holds afterwards is what was taken, not a refill */
+	for (int i = 0; i < 5; i++) {
+		ratelimit_take_local(a, bucket, 1, 60000, 3, wall_ms(), &res);
+		n += res.allowed;
+	}
+	CHECK_INT(n, 3);
+	deadline = wall_ms() + 5000;
+	while (redis_tokens(r, bucket) >= 1000 && wall_ms() < deadline)
+		usleep(5000);
+	CHECK(redis_tokens(r, bucket) < 1000);
+	ratelimit_take_local(a, other, 1, 60000, 3, wall_ms(), &res);
+	ratelimit_take_local(a, other, 1, 60000, 3, wall_ms(), &res);
+	ratelimit_free(a);	/* its last reconciliation sends these two at once */
+	CHECK(redis_tokens(r, other) < 2000);
+	rds_free(r);
+}
+
+/* Without Redis a gateway's own bucket holds the limit, both ways of taking. */
+static void without_redis_the_local_bucket_limits(void)
+{
+	char url[128], bucket[64];
+	struct rds *r;
+	struct ratelimit *a;
+	struct rl_result res;
+	long long t = wall_ms();
+	int n = 0, m = 0;
+
+	snprintf(url, sizeof(url), "unix:/nonexistent/kiln-ratelimit-%d.sock", (int)getpid());
+	r = rds_new(url, 500);
+	a = ratelimit_new(r, false);
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < 6; i++) {
+		ratelimit_take_local(a, bucket, 1, 1000, 3, t, &res);
+		CHECK(res.redis_down);
+		n += res.allowed;
+	}
+	CHECK_INT(n, 3);
+	CHECK(!res.allowed && res.retry_after_ms == 1000);
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < 6; i++) {
+		ratelimit_take(a, bucket, 1, 1000, 2, t, &res);
+		CHECK(res.redis_down);
+		m += res.allowed;
+	}
+	CHECK_INT(m, 2);
+	ratelimit_free(a);
+	rds_free(r);
+}
+
+int main(void)
+{
+	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	if (testredis_url(redis_url, sizeof(redis_url)) != 0)
+		return 1;
+	TEST(one_gateway_admits_burst_and_rate);
+	TEST(gateways_overshoot_is_bounded_once);
+	TEST(a_new_bucket_is_read_from_redis);
+	TEST(the_thread_reconciles_on_its_own);
+	TEST(without_redis_the_local_bucket_limits);
+	return test_summary();
+}
