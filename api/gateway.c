@@ -100,6 +100,8 @@ static int signing_init(struct kiln_error *err)
 	gw.signing = signing_new(gw.pg, &gw.mk, err);
 	if (!gw.signing)
 		return err->code ? err->code : KILN_E_INTERNAL;
+	if (signing_start_refresh(gw.signing, err) != KILN_OK)
+		return err->code;
 	if (gw.cfg.admin_key_file)
 		return gw_bootstrap_admin(&gw, gw.cfg.admin_key_file, err);
 	return KILN_OK;

@@ -25,6 +25,11 @@ struct signing {
 	pthread_mutex_t reload_lock;
 	time_t last_reload;	/* read without reload_lock: atomic */
 	time_t last_kid_reload;	/* the last reload an unknown kid asked for */
+	pthread_t refresher;	/* signing_start_refresh(): reloads off the request path */
+	bool has_refresher;	/* atomic */
+	bool stop;		/* under stop_lock */
+	pthread_mutex_t stop_lock;
+	pthread_cond_t stop_cond;
 };
 
 static void kid_ad(const char *kid, char *ad, size_t n)
@@ -153,6 +158,8 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 	s->mk = *mk;
 	pthread_rwlock_init(&s->lock, NULL);
 	pthread_mutex_init(&s->reload_lock, NULL);
+	pthread_mutex_init(&s->stop_lock, NULL);
+	pthread_cond_init(&s->stop_cond, NULL);
 	if (signing_load(pg, mk, &s->kr, err) != KILN_OK) {
 		signing_free(s);
 		return NULL;
@@ -165,6 +172,15 @@ void signing_free(struct signing *s)
 {
 	if (!s)
 		return;
+	if (s->has_refresher) {
+		pthread_mutex_lock(&s->stop_lock);
+		s->stop = true;
+		pthread_cond_signal(&s->stop_cond);
+		pthread_mutex_unlock(&s->stop_lock);
+		pthread_join(s->refresher, NULL);
+	}
+	pthread_cond_destroy(&s->stop_cond);
+	pthread_mutex_destroy(&s->stop_lock);
 	auth_keyring_free(s->kr);
 	auth_master_key_wipe(&s->mk);
 	pthread_rwlock_destroy(&s->lock);
@@ -233,10 +249,10 @@ enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln
 
 /*
  * Reloads the keys when the last load is SIGNING_REFRESH_S old, so a key rotated in by another
- * process signs here too. One request does it; the others go on with the keys they have. A
+ * process signs here too. One caller does it; the others go on with the keys they have. A
  * failure keeps the old keys and is tried again a period later.
  */
-static void refresh(struct signing *s)
+static void reload_if_due(struct signing *s)
 {
 	struct kiln_error err = { 0 };
 	time_t now = time(NULL);
@@ -248,6 +264,44 @@ static void refresh(struct signing *s)
 	if (now - s->last_reload >= SIGNING_REFRESH_S && reload_locked(s, now, &err) != KILN_OK)
 		log_warn("cannot reload the signing keys: %s", err.msg);
 	pthread_mutex_unlock(&s->reload_lock);
+}
+
+/* On a request: the reload when no thread does it (signing_start_refresh). */
+static void refresh(struct signing *s)
+{
+	if (!__atomic_load_n(&s->has_refresher, __ATOMIC_ACQUIRE))
+		reload_if_due(s);
+}
+
+static void *refresh_main(void *arg)
+{
+	struct signing *s = arg;
+
+	pthread_mutex_lock(&s->stop_lock);
+	while (!s->stop) {
+		struct timespec until;
+
+		clock_gettime(CLOCK_REALTIME, &until);
+		until.tv_sec += 1;
+		pthread_cond_timedwait(&s->stop_cond, &s->stop_lock, &until);
+		if (s->stop)
+			break;
+		pthread_mutex_unlock(&s->stop_lock);
+		reload_if_due(s);
+		pthread_mutex_lock(&s->stop_lock);
+	}
+	pthread_mutex_unlock(&s->stop_lock);
+	return NULL;
+}
+
+enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err)
+{
+	if (s->has_refresher)
+		return KILN_OK;
+	if (pthread_create(&s->refresher, NULL, refresh_main, s) != 0)
+		return kiln_error_set(err, KILN_E_INTERNAL, "cannot start the signing key reloader");
+	__atomic_store_n(&s->has_refresher, true, __ATOMIC_RELEASE);
+	return KILN_OK;
 }
 
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,

@@ -25,6 +25,13 @@ struct signing;
 struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err);
 void signing_free(struct signing *s);
 
+/*
+ * Starts a thread that reloads the keys every 5 s; until then, and in a
+ * process that never calls it, the first request past that period reloads them inline. Stopped
+ * by signing_free().
+ */
+enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err);
+
 /* Re-reads the keys from Postgres; at most once a second when `on_unknown_kid`. */
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err);
 
