@@ -54,6 +54,15 @@ unsigned char gw_pepper[32];
 #define IDEM_POLL_MS 10
 #define IDEM_CLAIMS_MAX 3	/* claims of a key whose record keeps vanishing (failed requests) */
 
+/*
+ * A relation to name in a statement's FROM so that its transaction commits without waiting for
+ * its WAL to reach the disk (synchronous_commit off for that transaction alone). What it wrote is
+ * visible to every reader at once; a crash of Postgres can lose it only while no later synchronous
+ * commit has followed (the WAL is flushed in order). Used for the audit trail, last_used_at and
+ * the idempotency claim, never for what moves credits (docs/auth.md, "Commits").
+ */
+#define ASYNC_COMMIT "(SELECT set_config('synchronous_commit', 'off', true)) async_commit"
+
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
 	char hash[AUTH_APIKEY_HASH_LEN + 1];
@@ -269,7 +278,8 @@ static void key_touch(struct gateway *gw, const char *key_id)
 
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return;
-	PGQ(c, NULL, &err, "UPDATE api_keys SET last_used_at = now() WHERE id = $1", key_id);
+	PGQ(c, NULL, &err, "UPDATE api_keys SET last_used_at = now() FROM " ASYNC_COMMIT " WHERE id = $1",
+	    key_id);
 	pg_release(gw->pg, c);
 }
 
@@ -508,17 +518,23 @@ again:
 		http_reply_error(req, rc, "the database is unavailable");
 		return false;
 	}
-	/* A record older than idempotency_ttl_s no longer counts: the key is new again. */
+	/*
+	 * One upsert: a new key, or one whose record is older than idempotency_ttl_s (it no longer
+	 * counts: the key is new again), is claimed; a live record returns no row. The claim commits
+	 * asynchronously: a route's own synchronous commit (every change of credits is one) flushes
+	 * it before its work is durable, so a crash of Postgres cannot keep the work and lose the
+	 * claim; the outcome (idempotency_finish) commits synchronously.
+	 */
 	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
-	rc = PGQ(c, NULL, &err,
-		 "DELETE FROM idempotency WHERE tenant_id = $1 AND key = $2 "
-		 "AND created_at < now() - make_interval(secs => $3::bigint)",
-		 st->who.tenant_id, key, ttl);
-	if (rc == KILN_OK)
-		rc = PGQ(c, &res, &err,
-			 "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
-			 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING 1",
-			 st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum);
+	rc = PGQ(c, &res, &err,
+		 "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
+		 "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
+		 "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
+		 "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
+		 "response = NULL, created_at = now() "
+		 "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
+		 "RETURNING 1",
+		 st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		snprintf(st->idem_key, sizeof(st->idem_key), "%s", key);
 		memcpy(st->idem_sum, sum, sizeof(st->idem_sum));
@@ -873,7 +889,7 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	}
 	if (PGQ(c, NULL, &err,
 		"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "
-		"VALUES ($1, $2, $3, $4, $5, $6::int, $7)",
+		"SELECT $1, $2, $3, $4, $5, $6::int, $7 FROM " ASYNC_COMMIT,
 		st->who.tenant_id, st->who.key_id, method, route->pattern, http_req_object(req), code,
 		http_req_id(req)) != KILN_OK)
 		log_warn("audit record lost: %s", err.msg);
