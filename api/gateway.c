@@ -70,6 +70,9 @@ static int db_init(struct kiln_error *err)
 	rc = migrate_apply(gw.pg, migrations, migrations_count, &applied, err);
 	if (rc == KILN_OK && applied)
 		log_info("applied %d migrations", applied);
+	/* The schema is this version's now: each connection prepares what it runs. */
+	pg_set_prepared(gw.pg, true);
+	pg_set_prepared(gw.audit_pg, true);
 	return rc;
 }
 

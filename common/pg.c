@@ -13,12 +13,18 @@
 
 #include "common/log.h"
 
+/* Statements prepared on one connection (pg_set_prepared); past this many, the rest run unprepared. */
+#define PG_STMT_MAX 128
+
 struct pg_conn {
 	PGconn *conn;
 	bool busy;
 	bool drop;	/* lost, read-only or shutting down: closed and reopened on the next acquire */
 	unsigned gen;	/* the pool's generation when it was opened */
 	struct pg *pool;
+	int nstmts;	/* prepared on `conn` as "k0".. in this order */
+	char *stmts[PG_STMT_MAX];
+	unsigned long stmt_hash[PG_STMT_MAX];
 };
 
 /* Set on this thread when a statement failed because the primary went away (pg_switch_seen). */
@@ -30,6 +36,7 @@ struct pg {
 	struct pg_conn *conns;
 	pthread_mutex_t lock;
 	pthread_cond_t freed;
+	bool prepared;		/* pg_set_prepared() */
 	/* Bumped when a connection saw the primary go away: the others, opened before, are reopened
 	 * on their next acquire instead of failing one more request each. */
 	_Atomic unsigned gen;
@@ -61,13 +68,28 @@ struct pg *pg_new(const char *conninfo, int size)
 	return p;
 }
 
+/* Forgets the statements prepared on `c`: its connection is closed or replaced. */
+static void stmts_forget(struct pg_conn *c)
+{
+	for (int i = 0; i < c->nstmts; i++)
+		free(c->stmts[i]);
+	c->nstmts = 0;
+}
+
+void pg_set_prepared(struct pg *p, bool on)
+{
+	p->prepared = on;
+}
+
 void pg_free(struct pg *p)
 {
 	if (!p)
 		return;
-	for (int i = 0; i < p->size; i++)
+	for (int i = 0; i < p->size; i++) {
 		if (p->conns[i].conn)
 			PQfinish(p->conns[i].conn);
+		stmts_forget(&p->conns[i]);
+	}
 	pthread_mutex_destroy(&p->lock);
 	pthread_cond_destroy(&p->freed);
 	free(p->conns);
@@ -97,6 +119,7 @@ static int pg_conn_open(struct pg *p, struct pg_conn *c)
 		PQfinish(c->conn);
 		c->conn = NULL;
 	}
+	stmts_forget(c);
 	c->drop = false;
 	c->gen = gen;
 	c->conn = PQconnectdbParams(keys, vals, 1);
@@ -193,15 +216,59 @@ static enum kiln_err pg_check(struct pg_conn *c, PGresult *res, struct kiln_erro
 	return kiln_error_set(err, KILN_E_INTERNAL, "database error %s", state);
 }
 
+static unsigned long sql_hash(const char *s)
+{
+	unsigned long h = 5381;
+
+	while (*s)
+		h = h * 33 + (unsigned char)*s++;
+	return h;
+}
+
+/*
+ * The index of `sql` among the statements prepared on `c`, preparing it when it is new and there
+ * is room; -1 to run it unprepared (no room, or it did not prepare: running it reports why).
+ */
+static int stmt_lookup(struct pg_conn *c, const char *sql, int nparams)
+{
+	unsigned long h = sql_hash(sql);
+	char name[16];
+	PGresult *res;
+	bool ok;
+
+	for (int i = 0; i < c->nstmts; i++)
+		if (c->stmt_hash[i] == h && strcmp(c->stmts[i], sql) == 0)
+			return i;
+	/* Inside a transaction a statement that fails to prepare would abort it: not there. */
+	if (c->nstmts == PG_STMT_MAX || PQtransactionStatus(c->conn) != PQTRANS_IDLE)
+		return -1;
+	snprintf(name, sizeof(name), "k%d", c->nstmts);
+	res = PQprepare(c->conn, name, sql, nparams, NULL);
+	ok = res && PQresultStatus(res) == PGRES_COMMAND_OK;
+	PQclear(res);
+	if (!ok || !(c->stmts[c->nstmts] = strdup(sql)))
+		return -1;
+	c->stmt_hash[c->nstmts] = h;
+	return c->nstmts++;
+}
+
 enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error *err,
 		       const char *sql, int nparams, const char *const *params)
 {
 	PGresult *res;
 	enum kiln_err rc;
+	int stmt = c->pool->prepared ? stmt_lookup(c, sql, nparams) : -1;
 
 	if (out)
 		*out = NULL;
-	res = PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	if (stmt >= 0) {
+		char name[16];
+
+		snprintf(name, sizeof(name), "k%d", stmt);
+		res = PQexecPrepared(c->conn, name, nparams, params, NULL, NULL, 0);
+	} else {
+		res = PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	}
 	rc = pg_check(c, res, err);
 	if (rc != KILN_OK || !out) {
 		PQclear(res);

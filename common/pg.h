@@ -27,6 +27,15 @@ struct pg_res;
 struct pg *pg_new(const char *conninfo, int size);
 void pg_free(struct pg *pool);
 
+/*
+ * With `on`, each statement pg_query() runs is prepared on its connection the first time that
+ * connection runs it outside a transaction (at most 128 a connection; a connection reopened
+ * starts with none), and run by name afterwards: Postgres parses it once per connection instead
+ * of every time. For a pool whose statements are fixed strings; set it after migrations, since a
+ * prepared statement whose result columns a schema change alters fails until it is reopened.
+ */
+void pg_set_prepared(struct pg *pool, bool on);
+
 /* Takes a live connection, waiting while all are in use. KILN_E_UNAVAILABLE if none can connect. */
 enum kiln_err pg_acquire(struct pg *pool, struct pg_conn **out, struct kiln_error *err);
 void pg_release(struct pg *pool, struct pg_conn *c);

@@ -22,6 +22,7 @@ struct testdb {
 	struct pg *admin;	/* on the `postgres` database, to create and drop */
 	struct pg *pg;		/* on the scratch database, migrated */
 	char name[48];
+	char url[600];		/* the scratch database's connection string */
 	char redis_url[512];	/* the fixture's Redis, for the tests that need it */
 };
 
@@ -63,8 +64,8 @@ static int testdb_open(struct testdb *db, const char *prefix)
 		return -1;
 	}
 	pg_release(db->admin, c);
-	snprintf(url, sizeof(url), "host=%s user=kiln dbname=%s", sockdir, db->name);
-	db->pg = pg_new(url, 2);
+	snprintf(db->url, sizeof(db->url), "host=%s user=kiln dbname=%s", sockdir, db->name);
+	db->pg = pg_new(db->url, 2);
 	if (migrate_apply(db->pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
 		fprintf(stderr, "migrations: %s\n", err.msg);
 		return -1;

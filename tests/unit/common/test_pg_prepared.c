@@ -1,0 +1,121 @@
+/*
+ * test_pg_prepared.c - statements prepared per pooled connection (pg_set_prepared, common/pg.c)
+ * on a scratch database of the services fixture: a statement is prepared once and run by name
+ * with other parameters, not inside a transaction, a bad one reports its own error, a connection
+ * reopened prepares again, and past the cap statements still run.
+ */
+#include "test.h"
+#include "testdb.h"
+
+static struct testdb db;
+
+/* Runs `sql` with one parameter on `c` and returns its first column (-1 on an error). */
+static long long one(struct pg_conn *c, const char *sql, const char *arg)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	long long v = -1;
+
+	if (PGQ(c, &res, &err, sql, arg) == KILN_OK)
+		v = pg_res_int(res, 0, 0, -1);
+	pg_res_free(res);
+	return v;
+}
+
+/* How many statements of text `sql` are prepared on `c`'s session. */
+static long long prepared(struct pg_conn *c, const char *sql)
+{
+	return one(c, "SELECT count(*) FROM pg_prepared_statements WHERE statement = $1", sql);
+}
+
+static void a_statement_is_prepared_once_and_reused(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct pg_conn *c;
+
+	pg_set_prepared(pg, true);
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, "SELECT $1::int + 1", "1"), 2);
+	CHECK_INT(one(c, "SELECT $1::int + 1", "41"), 42);
+	CHECK_INT(prepared(c, "SELECT $1::int + 1"), 1);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+static void not_prepared_inside_a_transaction(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	pg_set_prepared(pg, true);
+	c = testdb_conn(pg);
+	CHECK(pg_exec(c, "BEGIN", &err) == KILN_OK);
+	CHECK_INT(one(c, "SELECT $1::int * 2", "21"), 42);
+	/* a statement that does not prepare fails with its own error, not a prepare's */
+	CHECK(PGQ(c, NULL, &err, "SELEC $1", "x") == KILN_E_INTERNAL);
+	CHECK(pg_exec(c, "ROLLBACK", &err) == KILN_OK);
+	CHECK_INT(prepared(c, "SELECT $1::int * 2"), 0);
+	CHECK_INT(one(c, "SELECT $1::int * 2", "4"), 8);
+	CHECK_INT(prepared(c, "SELECT $1::int * 2"), 1);
+	kiln_error_clear(&err);
+	CHECK(PGQ(c, NULL, &err, "SELEC $1", "x") == KILN_E_INTERNAL);
+	CHECK(strstr(err.msg, "42601") != NULL);	/* syntax_error */
+	CHECK_INT(one(c, "SELECT $1::int * 2", "5"), 10);	/* the connection goes on */
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+static void a_reopened_connection_prepares_again(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct pg_conn *c;
+	long long pid;
+
+	pg_set_prepared(pg, true);
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, "SELECT $1::int - 1", "1"), 0);
+	pid = one(c, "SELECT pg_backend_pid() + $1::int", "0");
+	pg_release(pg, c);
+	CHECK(testdb_sql_int(db.admin, "SELECT count(*) FROM pg_terminate_backend(%lld)", pid) == 1);
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, "SELECT $1::int - 1", "1"), -1);	/* the lost connection, dropped */
+	pg_release(pg, c);
+	c = testdb_conn(pg);
+	CHECK(one(c, "SELECT pg_backend_pid() + $1::int", "0") != pid);
+	CHECK_INT(one(c, "SELECT $1::int - 1", "3"), 2);
+	CHECK_INT(prepared(c, "SELECT $1::int - 1"), 1);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+static void past_the_cap_statements_still_run(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct pg_conn *c;
+	char sql[64];
+	int right = 0;
+
+	pg_set_prepared(pg, true);
+	c = testdb_conn(pg);
+	for (int i = 0; i < 200; i++) {
+		snprintf(sql, sizeof(sql), "SELECT $1::int + %d", i);
+		right += one(c, sql, "1") == i + 1;
+	}
+	CHECK_INT(right, 200);
+	CHECK(one(c, "SELECT count(*) + $1::int FROM pg_prepared_statements", "0") <= 128);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+int main(void)
+{
+	if (testdb_open(&db, "pgprep") != 0)
+		return 1;
+	TEST(a_statement_is_prepared_once_and_reused);
+	TEST(not_prepared_inside_a_transaction);
+	TEST(a_reopened_connection_prepares_again);
+	TEST(past_the_cap_statements_still_run);
+	testdb_close(&db);
+	return test_summary();
+}
