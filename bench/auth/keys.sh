@@ -1,26 +1,39 @@
 #!/usr/bin/env bash
-# Authenticated GET /v1/api-keys throughput of kiln-gateway, with an API key and with a JWT, each
-# as a ratio to GET /healthz of the same gateway in the same run (wrk; real Postgres and Redis).
-# Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS]
+# Authenticated API throughput of kiln-gateway, each as a ratio to GET /healthz of the same gateway
+# in the same run (wrk; real Postgres and Redis):
+#   GET /v1/api-keys with API keys and with JWTs (ES256), each run cycling through CREDS distinct
+#   credentials (creds.lua): key i and token i are the first key of tenant i and a token of it, so
+#   every listing returns one key whichever credential asks;
+#   POST /v1/tokens with an API key and a fresh Idempotency-Key per request: a mutating route with
+#   its idempotency record and its audit row.
+# Runs are interleaved, /healthz before each (H K H J H P), ROUNDS times; each ratio is to the
+# /healthz run just before it, and the median over the rounds is reported.
+# Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS]
 #
 # What each request costs: /healthz pings Postgres and Redis and looks for a live node (three
 # round trips); /v1/api-keys authenticates (an API key from the gateway's ≤ 5 s key cache and an
-# HMAC check, or an ES256 signature check of the JWT), takes a token from the key's Redis bucket
-# (one EVALSHA) and lists the tenant's keys (one Postgres query). Rate limits are set far above
-# what the run can reach, so no request is throttled; the script fails if any answer is not 2xx.
+# HMAC check, or an ES256 signature check of the JWT, cached per token once verified), takes a
+# token from the key's and the tenant's rate-limit buckets (the gateway's view, reconciled with
+# Redis every 25 ms) and lists the tenant's keys (one Postgres query). Rate limits are set far
+# above what the run can reach, so no request is throttled; the script fails if any answer is not
+# 2xx.
 set -euo pipefail
 build=${1:?build dir}
 secs=${2:-10}
 conns=${3:-8}
+rounds=${4:-3}
+ncreds=${5:-1000}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 envfile=$(mktemp /tmp/kiln-bench-XXXXXX.env)
 keyfile=$(mktemp -u /tmp/kiln-bench-admin-XXXXXX)
+keys=$(mktemp /tmp/kiln-bench-keys-XXXXXX)
+jwts=$(mktemp /tmp/kiln-bench-jwts-XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   "$root/tests/harness/services.sh" stop "$envfile" >/dev/null
-  rm -f "$envfile" "$keyfile"
+  rm -f "$envfile" "$keyfile" "$keys" "$jwts"
 }
 trap cleanup EXIT
 "$root/tests/harness/services.sh" start "$envfile" >/dev/null
@@ -47,38 +60,82 @@ psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -qc \
 health=$(curl -s -o /dev/null -w '%{http_code}' "$url/healthz")
 [ "$health" = 200 ] || { echo "GET /healthz answers $health, not 200" >&2; exit 1; }
 
-# A tenant, its first API key (every tenant scope) and a 15-minute token of that key.
-admin=$(cat "$keyfile")
-key=$(curl -sf -H "Authorization: Bearer $admin" -H 'Content-Type: application/json' \
-  -d '{"name":"bench"}' "$url/v1/tenants" | python3 -c 'import json,sys; print(json.load(sys.stdin)["api_key"]["key"])')
-jwt=$(curl -sf -H "Authorization: Bearer $key" -H 'Content-Type: application/json' \
-  -d '{"ttl_s":900}' "$url/v1/tokens" | python3 -c 'import json,sys; print(json.load(sys.stdin)["token"])')
-for cred in "$key" "$jwt"; do
+# CREDS tenants, the first API key of each (every tenant scope) and a 15-minute token of it.
+python3 - "$url" "$(cat "$keyfile")" "$ncreds" "$keys" "$jwts" <<'PY'
+import http.client, json, sys, urllib.parse
+url, admin, n, keys_path, jwts_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+u = urllib.parse.urlparse(url)
+conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
+def call(path, cred, body):
+    conn.request("POST", path, json.dumps(body),
+                 {"Authorization": "Bearer " + cred, "Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    if r.status // 100 != 2:
+        sys.exit(f"POST {path} answered {r.status}: {data[:200]!r}")
+    return json.loads(data)
+with open(keys_path, "w") as kf, open(jwts_path, "w") as jf:
+    for i in range(n):
+        key = call("/v1/tenants", admin, {"name": f"bench{i}"})["api_key"]["key"]
+        print(key, file=kf)
+        print(call("/v1/tokens", key, {"ttl_s": 900})["token"], file=jf)
+PY
+for cred in "$(head -1 "$keys")" "$(head -1 "$jwts")"; do
   curl -sf -o /dev/null -H "Authorization: Bearer $cred" "$url/v1/api-keys"
 done
 
-# run_wrk URL [CREDENTIAL]: prints "requests/s p50_ms p99_ms non2xx"
+# run_wrk URL [CRED_FILE [get|post]]: prints "requests/s p50_ms p99_ms non2xx". Runs in a
+# subshell, so each run's Idempotency-Keys are told apart by the clock, not by a counter.
 run_wrk() {
-  local hdr=()
-  [ -n "${2:-}" ] && hdr=(-H "Authorization: Bearer $2")
-  wrk -t2 -c"$conns" -d"${secs}s" --latency "${hdr[@]}" "$1" | awk '
+  local script=() nonce
+  nonce=$(date +%s%N)
+  [ -n "${2:-}" ] && script=(-s "$here/creds.lua")
+  wrk -t2 -c"$conns" -d"${secs}s" --latency "${script[@]}" "$1" ${2:+-- "$2" "${3:-get}" "$nonce"} | awk '
     /Requests\/sec/ {rps=$2}
     /^ +50%/ {p50=$2} /^ +99%/ {p99=$2}
     /Non-2xx or 3xx responses/ {bad=$NF}
     function ms(v) { if (v ~ /us$/) return v/1000; if (v ~ /ms$/) return v+0; if (v ~ /s$/) return v*1000; return v }
     END {printf "%.0f %.3f %.3f %d\n", rps, ms(p50), ms(p99), bad}'
 }
-read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$url/healthz")
-read -r k_rps k_p50 k_p99 k_bad < <(run_wrk "$url/v1/api-keys" "$key")
-read -r j_rps j_p50 j_p99 j_bad < <(run_wrk "$url/v1/api-keys" "$jwt")
-printf "%-36s %10s %9s %9s %8s\n" "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx"
-printf "%-36s %10s %9s %9s %8s\n" "GET /healthz (baseline)" "$h_rps" "$h_p50" "$h_p99" "$h_bad"
-printf "%-36s %10s %9s %9s %8s\n" "GET /v1/api-keys, API key" "$k_rps" "$k_p50" "$k_p99" "$k_bad"
-printf "%-36s %10s %9s %9s %8s\n" "GET /v1/api-keys, JWT (ES256)" "$j_rps" "$j_p50" "$j_p99" "$j_bad"
-awk -v k="$k_rps" -v j="$j_rps" -v h="$h_rps" 'BEGIN {
-  printf "ratio API key / healthz: %.2f (aim >= 0.5)\n", k / h
-  printf "ratio JWT / healthz:     %.2f (aim >= 0.7)\n", j / h }'
-if [ "$((h_bad + k_bad + j_bad))" -ne 0 ]; then
+
+# median of the arguments
+median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
+
+printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio load
+bad=0
+rk=() rj=() rp=()
+row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" "$@"; }
+for ((r = 1; r <= rounds; r++)); do
+  for what in key jwt post; do
+    read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$url/healthz")
+    row "$r" "GET /healthz" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$(cut -d' ' -f1 /proc/loadavg)"
+    case $what in
+    key) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$keys"); name="GET /v1/api-keys, API key" ;;
+    jwt) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$jwts"); name="GET /v1/api-keys, JWT (ES256)" ;;
+    post) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/tokens" "$keys" post); name="POST /v1/tokens, Idempotency-Key" ;;
+    esac
+    ratio=$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')
+    row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$(cut -d' ' -f1 /proc/loadavg)"
+    case $what in key) rk+=("$ratio") ;; jwt) rj+=("$ratio") ;; post) rp+=("$ratio") ;; esac
+    bad=$((bad + h_bad + x_bad))
+  done
+done
+echo "median ratio to /healthz over $rounds rounds ($ncreds distinct credentials each):"
+echo "  API key: $(median "${rk[@]}") (aim >= 0.7)"
+echo "  JWT:     $(median "${rj[@]}") (aim >= 0.7)"
+echo "  POST:    $(median "${rp[@]}") (aim >= 0.3)"
+# Every POST was a first use of its key (a replay would be cheaper): one audit row each, and as
+# many stored outcomes.
+audit=$(psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -tAc \
+  "SELECT count(*) FROM audit_log WHERE route = '/v1/tokens' AND status = 201")
+stored=$(psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -tAc \
+  "SELECT count(*) FROM idempotency WHERE key LIKE 'bench-%' AND status = 201")
+echo "POST /v1/tokens: $((audit - ncreds)) audit rows, $stored stored outcomes"
+if [ "$((audit - ncreds))" -ne "$stored" ]; then
+  echo "some POSTs reused an Idempotency-Key: the POST figures do not measure what they say" >&2
+  exit 1
+fi
+if [ "$bad" -ne 0 ]; then
   echo "some answers were not 2xx: the figures above do not measure what they say" >&2
   exit 1
 fi
