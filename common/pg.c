@@ -263,9 +263,16 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
 		*out = NULL;
 	if (stmt >= 0) {
 		char name[16];
+		const char *state;
 
 		snprintf(name, sizeof(name), "k%d", stmt);
 		res = PQexecPrepared(c->conn, name, nparams, params, NULL, NULL, 0);
+		/* A schema change altered its result columns ("cached plan must not change result
+		 * type"): this call fails, and the connection is reopened to prepare it anew. */
+		state = res && PQresultStatus(res) == PGRES_FATAL_ERROR
+				? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+		if (state && strcmp(state, "0A000") == 0)
+			c->drop = true;
 	} else {
 		res = PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
 	}

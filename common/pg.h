@@ -31,8 +31,9 @@ void pg_free(struct pg *pool);
  * With `on`, each statement pg_query() runs is prepared on its connection the first time that
  * connection runs it outside a transaction (at most 128 a connection; a connection reopened
  * starts with none), and run by name afterwards: Postgres parses it once per connection instead
- * of every time. For a pool whose statements are fixed strings; set it after migrations, since a
- * prepared statement whose result columns a schema change alters fails until it is reopened.
+ * of every time. For a pool whose statements are fixed strings; set it after migrations: a
+ * prepared statement whose result columns a schema change altered fails once, and its connection
+ * is reopened on the next acquire.
  */
 void pg_set_prepared(struct pg *pool, bool on);
 

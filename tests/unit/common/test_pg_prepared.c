@@ -2,7 +2,8 @@
  * test_pg_prepared.c - statements prepared per pooled connection (pg_set_prepared, common/pg.c)
  * on a scratch database of the services fixture: a statement is prepared once and run by name
  * with other parameters, not inside a transaction, a bad one reports its own error, a connection
- * reopened prepares again, and past the cap statements still run.
+ * reopened prepares again, past the cap statements still run, and a schema change under one fails
+ * it once.
  */
 #include "test.h"
 #include "testdb.h"
@@ -108,6 +109,29 @@ static void past_the_cap_statements_still_run(void)
 	pg_free(pg);
 }
 
+/* A schema change under a prepared statement fails it once; the reopened connection prepares anew. */
+static void a_schema_change_fails_once(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct pg_conn *c;
+	const char *sql = "SELECT * FROM pgprep_t WHERE a = $1::int";
+
+	testdb_sql(db.pg, "CREATE TABLE pgprep_t (a int); INSERT INTO pgprep_t VALUES (7)");
+	pg_set_prepared(pg, true);
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, sql, "7"), 7);
+	pg_release(pg, c);
+	testdb_sql(db.pg, "ALTER TABLE pgprep_t ADD COLUMN b int");
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, sql, "7"), -1);
+	pg_release(pg, c);
+	c = testdb_conn(pg);
+	CHECK_INT(one(c, sql, "7"), 7);
+	CHECK_INT(prepared(c, sql), 1);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
 int main(void)
 {
 	if (testdb_open(&db, "pgprep") != 0)
@@ -116,6 +140,7 @@ int main(void)
 	TEST(not_prepared_inside_a_transaction);
 	TEST(a_reopened_connection_prepares_again);
 	TEST(past_the_cap_statements_still_run);
+	TEST(a_schema_change_fails_once);
 	testdb_close(&db);
 	return test_summary();
 }
