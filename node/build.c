@@ -598,22 +598,28 @@ static enum kiln_err image_config(struct build *b, const char *text, size_t len,
 }
 
 /*
- * Imports the uploaded OCI image archive: copies it into the builder (the base image, which
- * holds umoci), unpacks it there with tar(1) into an OCI layout and with umoci into a root file
- * system (layers in order, whiteouts, ownership, xattrs), adds Kiln's pieces (the static agent,
- * init's table, the network files), reads the image's configuration, and makes the image's root
- * the builder's. Nothing of the archive is read on the host.
+ * Imports the uploaded image archive: copies it into the builder (the base image, which holds
+ * umoci and skopeo), unpacks it there with tar(1) into an OCI layout (a docker save archive
+ * converted to one by skopeo) and with umoci into a root file system (layers in order,
+ * whiteouts, ownership, xattrs), adds Kiln's pieces (the static agent, init's table, the network
+ * files), reads the image's configuration, and makes the image's root the builder's. Nothing of
+ * the archive is read on the host.
  */
 static enum kiln_err build_image(struct build *b, struct kiln_error *err)
 {
 	static const char unpack[] =
 		"set -e; cd " BUILD_DIR "\n"
-		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci; rm -f image.tar\n"
-		"if [ ! -f oci/oci-layout ]; then\n"
-		"  if [ -f oci/manifest.json ]; then\n"
-		"    echo 'a docker save archive: only oci-archive is imported; convert it with"
-		" skopeo copy docker-archive:FILE oci-archive:FILE' >&2; exit 3; fi\n"
-		"  echo 'not an OCI image archive: it holds no oci-layout file' >&2; exit 2\n"
+		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci\n"
+		"if [ -f oci/oci-layout ]; then rm -f image.tar\n"
+		"elif [ -f oci/manifest.json ]; then\n"
+		"  echo '# a docker save archive: converting its first image with skopeo'\n"
+		"  rm -rf oci\n"
+		"  skopeo --insecure-policy copy --quiet docker-archive:image.tar:@0 oci:oci:latest ||\n"
+		"    { echo 'not a docker save archive skopeo can read' >&2; exit 2; }\n"
+		"  rm -f image.tar\n"
+		"else\n"
+		"  echo 'not an OCI image archive: it holds neither an oci-layout file nor a docker"
+		" save manifest.json' >&2; exit 2\n"
 		"fi\n"
 		"tag=$(umoci ls --layout oci | head -n 1)\n"
 		"[ -n \"$tag\" ] || { echo 'the archive names no image"

@@ -3,20 +3,25 @@
 The test makes its own input on the host side: a tiny userland without Python (the host's static
 busybox, an /etc/os-release, an account `app`) in two layers, the second deleting a file of the
 first with a whiteout, written as an OCI image layout whose config sets ENV, WorkingDir and User,
-and packed as an `oci-archive` tar. Kiln never reads it on the host: it is uploaded with
-`PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder. A sandbox created
+and packed as an `oci-archive` tar; the same image is also turned into a `docker save` archive
+(manifest.json with Config, RepoTags and Layers) by the host's skopeo, on the test's side only.
+Kiln never reads either on the host: each is uploaded with
+`PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder (the docker save
+one converted there by skopeo first), the two imports running at once. A sandbox created
 from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
 ownership kept, no Python), whose WorkingDir and User are the defaults of an exec that names
 neither; a Dockerfile `FROM` the imported template builds on it; an archive
-that is not an OCI layout fails its build naming why, and a version with a Dockerfile is 409.
+that is neither an OCI layout nor a docker save archive fails its build naming why, and a version with a Dockerfile is 409.
 """
 import gzip
 import hashlib
 import io
 import json
 import os
+import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import unittest
 import urllib.request
@@ -98,6 +103,17 @@ def oci_archive():
     return _tar(entries)
 
 
+def docker_save_archive(oci):
+    """The oci-archive `oci` as a `docker save` archive, made by the host's skopeo."""
+    with tempfile.TemporaryDirectory(prefix="kiln-timage-") as d:
+        with open(f"{d}/oci.tar", "wb") as f:
+            f.write(oci)
+        subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", f"oci-archive:{d}/oci.tar:latest",
+                        f"docker-archive:{d}/docker.tar:kiln/mini:latest"], check=True)
+        with open(f"{d}/docker.tar", "rb") as f:
+            return f.read()
+
+
 class TemplateImageTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -106,10 +122,15 @@ class TemplateImageTests(unittest.TestCase):
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("timage-a")
         cls.tmpl, v = cls.template("mini")
+        cls.dtmpl, dv = cls.template("minidocker")
+        oci = oci_archive()
         t0 = time.monotonic()
-        cls.put_source(cls.tmpl, v, oci_archive(), fmt="oci-archive")
+        cls.put_source(cls.tmpl, v, oci, fmt="oci-archive")
+        cls.put_source(cls.dtmpl, dv, docker_save_archive(oci), fmt="oci-archive")
         cls.log, cls.end = cls.follow(cls.tmpl, v)
-        print(f"\nimage import: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        cls.dlog, cls.dend = cls.follow(cls.dtmpl, dv)
+        print(f"\nimage imports (oci-archive and docker save, at once): {time.monotonic() - t0:.1f} s",
+              file=sys.stderr)
 
     @classmethod
     def template(cls, name):
@@ -182,6 +203,15 @@ class TemplateImageTests(unittest.TestCase):
         out = self.exec(sb, ["/bin/sh", "-c", "pwd; id -u"], cwd="/home", user="root")
         self.assertEqual(out["stdout"], "/home\n0\n", out)
 
+    def test_a_docker_save_archive_is_converted_by_skopeo_in_the_builder(self):
+        self.assertEqual(self.dend["status"], "ready", (self.dend, self.dlog))
+        self.assertIn("# a docker save archive: converting its first image with skopeo", self.dlog)
+        self.assertIn("# unpacking oci:latest", self.dlog)
+        # the image's config came through the conversion
+        got = self.gw.request("GET", f"/v1/templates/{self.dtmpl}", None, self.key).json()["versions"][0]
+        self.assertEqual((got["workdir"], got["user"], got["env"].get("GREETING")),
+                         ("/srv/app", "app", "from the image"), got)
+
     def test_a_dockerfile_builds_from_the_imported_template(self):
         self.assertEqual(self.end["status"], "ready", (self.end, self.log))
         tmpl, v = self.template("onmini")
@@ -202,13 +232,20 @@ class TemplateImageTests(unittest.TestCase):
                          out)
 
     def test_an_archive_that_is_not_an_oci_layout_fails_its_build_naming_why(self):
-        tmpl, v = self.template("notoci")
-        self.put_source(tmpl, v, _tar([("manifest.json", "file", b"[]", 0, 0o644)]), fmt="oci-archive")
-        log, end = self.follow(tmpl, v)
-        self.assertEqual(end["status"], "failed", (end, log))
-        self.assertIn("unpacking the image failed", end["reason"])
-        self.assertIn("a docker save archive", log)
-        r = self.put_source(tmpl, v, b"x", fmt="squashfs", expect=422)
+        # a bad manifest.json and no manifest at all, built at once
+        bad = {"notoci": (_tar([("manifest.json", "file", b"[]", 0, 0o644)]), "not a docker save archive skopeo can read"),
+               "notany": (_tar([("hello.txt", "file", b"hi\n", 0, 0o644)]),
+                          "neither an oci-layout file nor a docker save manifest.json")}
+        versions = {}
+        for name, (data, _) in bad.items():
+            tmpl, v = versions[name] = self.template(name)
+            self.put_source(tmpl, v, data, fmt="oci-archive")
+        for name, (_, why) in bad.items():
+            log, end = self.follow(*versions[name])
+            self.assertEqual(end["status"], "failed", (end, log))
+            self.assertIn("unpacking the image failed", end["reason"])
+            self.assertIn(why, log)
+        r = self.put_source(*versions["notoci"], b"x", fmt="squashfs", expect=422)
         self.assertIn("format", r.json()["error"]["message"])
 
 
