@@ -168,8 +168,11 @@ class TemplateImageTests(unittest.TestCase):
         cls.addClassCleanup(shutil.rmtree, regdir, True)
         cls.addClassCleanup(reg.wait)
         cls.addClassCleanup(reg.kill)
-        # the registry's address is a documentation one: refused unless storage_allow names it
-        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true"},
+        # the registry's address is a documentation one: refused unless storage_allow names it;
+        # the three builders may boot at once, before the base's warm template is ready: cold
+        # boots under TCG, given the longer boot timeout test_nodenet gives its node under load
+        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                         "KILN_BOOT_TIMEOUT_S": "600"},
                                gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
                                             "KILN_TEMPLATE_MAX_BUILDS": "3"})
         cls.addClassCleanup(cls.stack.cleanup)
