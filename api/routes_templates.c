@@ -8,8 +8,11 @@
  * context: PUT .../dockerfile stores the
  * Dockerfile once parsed (422 naming the line), PUT .../source streams the context (a tar) to the
  * node chosen for the build, which builds it (node/build.c); GET .../log follows the build's log
- * as server-sent events.
+ * as server-sent events. A version without a Dockerfile takes an image instead: an archive
+ * streamed the same way (?format=oci-archive), or a registry reference to pull (?format=registry,
+ * a JSON body checked and its credentials sealed here; the node is sent no body).
  */
+#include <openssl/crypto.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,11 +23,15 @@
 #include "api/authn.h"
 #include "api/gateway.h"
 #include "api/nodeclient.h"
+#include "auth/crypto.h"
 #include "auth/scopes.h"
 #include "common/dockerfile.h"
+#include "common/imageref.h"
+#include "common/netaddr.h"
 #include "common/pump.h"
 
 #define TEMPLATE_SOURCE_MAX ((size_t)1 << 42)	/* the route's bound; the setting is checked */
+#define PULL_BODY_MAX 16384			/* bytes of a registry pull's JSON body */
 
 /* POST /v1/templates: 201 {id, name, version}, or 403 naming the limit reached. */
 static void templates_create(struct http_req *req)
@@ -306,11 +313,27 @@ struct source_up {
 	int fd;
 	long long bytes;
 	bool started;		/* the version was moved to building */
-	bool image;		/* ?format=oci-archive: an OCI image archive, not a build context */
+	bool image;		/* ?format=oci-archive or registry: an image, not a build context */
+	bool pull;		/* ?format=registry: the body is what to pull, as JSON */
 	enum kiln_err refused;	/* why the upload was not taken, `err` saying it */
 	struct kiln_error err;
 	char v[16];		/* the version */
+	/* a pull */
+	char *body;		/* the JSON body, PULL_BODY_MAX bytes at most */
+	size_t blen;
+	struct imageref ref;
+	char *creds;		/* "username:password", or NULL; wiped when freed */
+	char *sealed;		/* creds sealed for the version's row */
+	bool tls_verify;
 };
+
+/* Wipes and frees a string that may hold a secret. */
+static void secret_str_free(char *s)
+{
+	if (s)
+		OPENSSL_cleanse(s, strlen(s));
+	free(s);
+}
 
 static void source_up_free(void *p)
 {
@@ -319,7 +342,87 @@ static void source_up_free(void *p)
 	if (u->fd >= 0)
 		close(u->fd);
 	node_stream_abort(u->ns);
+	if (u->body)
+		OPENSSL_cleanse(u->body, u->blen);
+	free(u->body);
+	secret_str_free(u->creds);
+	free(u->sealed);
 	free(u);
+}
+
+/*
+ * A pull's body, {"image": REF, "username"?, "password"?, "tls_verify"?}: the reference by
+ * common/imageref, then every address of its registry's host by the storage endpoints' check
+ * (netaddr_check_host with storage_allow). The body is wiped once read.
+ */
+static enum kiln_err pull_parse(struct gateway *gw, struct source_up *u, struct kiln_error *err)
+{
+	json_t *j = json_loadb(u->body ? u->body : "", u->blen, 0, NULL), *tls;
+	const char *image, *user, *pass, *key;
+	struct kiln_error why = { 0 };
+	json_t *val;
+	enum kiln_err rc = KILN_OK;
+
+	if (u->body)
+		OPENSSL_cleanse(u->body, u->blen);
+	if (!json_is_object(j)) {
+		json_decref(j);
+		return kiln_error_set(err, KILN_E_BAD_REQUEST,
+				      "a registry pull's body is a JSON object naming its image");
+	}
+	json_object_foreach(j, key, val) {
+		if (strcmp(key, "image") && strcmp(key, "username") && strcmp(key, "password") &&
+		    strcmp(key, "tls_verify")) {
+			rc = kiln_error_set(err, KILN_E_BAD_REQUEST, "unknown field \"%.64s\"", key);
+			break;
+		}
+	}
+	image = json_string_value(json_object_get(j, "image"));
+	user = json_string_value(json_object_get(j, "username"));
+	pass = json_string_value(json_object_get(j, "password"));
+	tls = json_object_get(j, "tls_verify");
+	if (rc == KILN_OK && !image)
+		rc = kiln_error_set(err, KILN_E_BAD_REQUEST, "image: a string is required");
+	else if (rc == KILN_OK && (!user != !json_object_get(j, "username") ||
+				   !pass != !json_object_get(j, "password")))
+		rc = kiln_error_set(err, KILN_E_BAD_REQUEST, "username and password: strings");
+	else if (rc == KILN_OK && !user != !pass)
+		rc = kiln_error_set(err, KILN_E_INVALID, "username and password: both, or neither");
+	else if (rc == KILN_OK && user && (!*user || strchr(user, ':') || strlen(user) > 256 ||
+					   strlen(pass) > 4096))
+		rc = kiln_error_set(err, KILN_E_INVALID,
+				    "username: 1 to 256 bytes without ':'; password: at most 4096 "
+				    "bytes");
+	else if (rc == KILN_OK && tls && !json_is_boolean(tls))
+		rc = kiln_error_set(err, KILN_E_BAD_REQUEST, "tls_verify: true or false");
+	if (rc == KILN_OK && imageref_parse(image, &u->ref, &why) != KILN_OK)
+		rc = kiln_error_set(err, KILN_E_INVALID, "image: %s", why.msg);
+	if (rc == KILN_OK && user && asprintf(&u->creds, "%s:%s", user, pass) < 0) {
+		u->creds = NULL;
+		rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	}
+	u->tls_verify = !tls || json_is_true(tls);
+	if (pass)
+		OPENSSL_cleanse((char *)pass, strlen(pass));
+	json_decref(j);
+	if (rc == KILN_OK && netaddr_check_host(gw->storage_allow, u->ref.host, &why) != KILN_OK)
+		rc = kiln_error_set(err, KILN_E_INVALID,
+				    "image: the registry %s is refused: %s (the storage endpoints' "
+				    "address check; an operator can allow it with storage_allow)",
+				    u->ref.registry, why.msg);
+	return rc;
+}
+
+/* Seals the pull's credentials bound to the tenant, the template and the version. */
+static enum kiln_err pull_seal(struct gateway *gw, struct source_up *u, const char *tenant,
+			       const char *id, struct kiln_error *err)
+{
+	char ad[AUTH_CLAIM_MAX + AUTH_ID_MAX + 48];
+
+	if (!u->creds)
+		return KILN_OK;
+	snprintf(ad, sizeof(ad), "template-registry:%s:%s:%s", tenant, id, u->v);
+	return auth_seal(&gw->mk, u->creds, strlen(u->creds), ad, strlen(ad), &u->sealed, err);
 }
 
 /*
@@ -404,7 +507,15 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	pg_res_free(res);
 	res = NULL;
 	snprintf(maxb, sizeof(maxb), "%lld", gw->cfg.template_max_builds);
-	if (rc == KILN_OK && u->image)
+	if (rc == KILN_OK && u->pull)
+		rc = pull_seal(gw, u, who->tenant_id, id, err);
+	if (rc == KILN_OK && u->pull)
+		rc = PGQ(c, &res, err,
+			 "SELECT state, quota, has_df FROM "
+			 "template_pull_start($1, $2, $3::int, $4, $5::int, $6, $7, $8::boolean)",
+			 who->tenant_id, id, v, node, maxb, u->ref.canonical, u->sealed,
+			 u->tls_verify ? "true" : "false");
+	else if (rc == KILN_OK && u->image)
 		rc = PGQ(c, &res, err,
 			 "SELECT state, quota, has_df FROM "
 			 "template_image_start($1, $2, $3::int, $4, $5::int)",
@@ -430,7 +541,7 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 		return rc;
 	u->started = true;
 	snprintf(path, sizeof(path), "/v1/builds/%s/source?version=%s%s", id, v,
-		 u->image ? "&format=oci-archive" : "");
+		 u->pull ? "&format=registry" : u->image ? "&format=oci-archive" : "");
 	u->ns = node_stream_start(req, &(struct node_call){ .address = address, .method = "PUT",
 							     .path = path, .sandbox_id = id, .who = who,
 							     .upload_fd = -1,
@@ -439,6 +550,26 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	if (!u->ns)
 		return kiln_error_set(err, KILN_E_NOMEM, "the node cannot be called");
 	return KILN_OK;
+}
+
+/*
+ * Starts a pull whose body has been read: the caller's template first (another tenant's is 404
+ * whatever the body holds), then the body (pull_parse), then source_start. A refusal is
+ * returned with its message in u->err.
+ */
+static enum kiln_err pull_start(struct http_req *req, struct source_up *u)
+{
+	struct gateway *gw = http_req_app(req);
+	struct pg_conn *c;
+	enum kiln_err rc;
+
+	if (pg_acquire(gw->pg, &c, &u->err) != KILN_OK)
+		return kiln_error_set(&u->err, KILN_E_UNAVAILABLE, "the database is unavailable");
+	rc = version_resolve(req, c, u->v, &u->err);
+	pg_release(gw->pg, c);
+	if (rc == KILN_OK)
+		rc = pull_parse(gw, u, &u->err);
+	return rc == KILN_OK ? source_start(req, u) : rc;
 }
 
 static enum kiln_err source_sink(struct http_req *req, const char *data, size_t len)
@@ -454,15 +585,35 @@ static enum kiln_err source_sink(struct http_req *req, const char *data, size_t 
 		u->fd = -1;
 		http_req_set_hctx(req, u, source_up_free);
 		fmt = http_req_query(req, "format");
-		u->image = fmt && strcmp(fmt, "oci-archive") == 0;
+		u->pull = fmt && strcmp(fmt, "registry") == 0;
+		u->image = u->pull || (fmt && strcmp(fmt, "oci-archive") == 0);
 		if (fmt && !u->image && strcmp(fmt, "context") != 0)
 			u->refused = kiln_error_set(&u->err, KILN_E_INVALID,
-						    "format must be context or oci-archive");
-		else
+						    "format must be context, oci-archive or "
+						    "registry");
+		else if (!u->pull)
 			u->refused = source_start(req, u);
 	}
 	if (u->refused)
 		return u->refused;
+	if (u->pull) {
+		/* kept until the body's end: the pull starts once it is read and checked */
+		char *nb;
+
+		if (u->blen + len > PULL_BODY_MAX)
+			return u->refused = kiln_error_set(&u->err, KILN_E_INVALID,
+							   "a registry pull's body is at most %d "
+							   "bytes",
+							   PULL_BODY_MAX);
+		nb = realloc(u->body, u->blen + len + 1);
+		if (!nb)
+			return u->refused = kiln_error_set(&u->err, KILN_E_NOMEM, "out of memory");
+		u->body = nb;
+		if (len)
+			memcpy(u->body + u->blen, data, len);
+		u->blen += len;
+		return KILN_OK;
+	}
 	if (u->bytes + (long long)len > gw->cfg.template_source_max_bytes)
 		return u->refused = KILN_E_TOO_LARGE;
 	u->bytes += (long long)len;
@@ -495,10 +646,11 @@ static void source_undo(struct http_req *req, const char *v)
 }
 
 /*
- * PUT /v1/templates/{id}/source[?version=N][&format=oci-archive]: the build context (a tar
- * holding what the Dockerfile COPYs), or with format=oci-archive an OCI image archive to import
- * into a version without a Dockerfile (`oci-archive`: a tar of an OCI image layout), at most
- * template_source_max_bytes; 202 and the build runs.
+ * PUT /v1/templates/{id}/source[?version=N][&format=oci-archive|registry]: the build context
+ * (a tar holding what the Dockerfile COPYs), or with format=oci-archive an image archive to
+ * import into a version without a Dockerfile (`oci-archive`: a tar of an OCI image layout, or a
+ * `docker save` archive), at most template_source_max_bytes, or with format=registry a JSON
+ * object naming an image to pull (pull_parse); 202 and the build runs.
  */
 static void templates_source(struct http_req *req)
 {
@@ -516,6 +668,8 @@ static void templates_source(struct http_req *req)
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
 		return;
 	}
+	if (u->pull && !u->refused && src == KILN_OK)
+		u->refused = pull_start(req, u);	/* the body read: the node gets an empty one */
 	if (src == KILN_E_TOO_LARGE || u->refused == KILN_E_TOO_LARGE) {
 		if (u->started)
 			source_undo(req, u->v);
@@ -534,7 +688,8 @@ static void templates_source(struct http_req *req)
 		return;
 	}
 	if (src != KILN_OK && src != KILN_E_UNAVAILABLE) {
-		source_undo(req, u->v);
+		if (u->started)
+			source_undo(req, u->v);
 		http_reply_error(req, src, "the upload failed");
 		return;
 	}

@@ -4,6 +4,7 @@
 #include <arpa/inet.h>
 #include <ctype.h>
 #include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -330,4 +331,26 @@ enum kiln_err netaddr_check(const struct netaddr_allow *a, const char *host,
 	return kiln_error_set(err, KILN_E_INVALID,
 			      "the endpoint's host resolves to %s, which is refused",
 			      netaddr_class_text(c));
+}
+
+enum kiln_err netaddr_check_host(const struct netaddr_allow *a, const char *host,
+				 struct kiln_error *err)
+{
+	struct addrinfo hints = { .ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM };
+	struct addrinfo *res = NULL;
+	enum kiln_err rc = KILN_OK;
+	int n = 0;
+
+	if (getaddrinfo(host, NULL, &hints, &res) != 0)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the host cannot be resolved");
+	for (struct addrinfo *ai = res; ai && rc == KILN_OK; ai = ai->ai_next) {
+		if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+			continue;
+		rc = netaddr_check(a, host, ai->ai_addr, err);
+		n++;
+	}
+	freeaddrinfo(res);
+	if (rc == KILN_OK && n == 0)
+		rc = kiln_error_set(err, KILN_E_UNAVAILABLE, "the host cannot be resolved");
+	return rc;
 }

@@ -72,4 +72,12 @@ bool netaddr_allowed(const struct netaddr_allow *a, const char *host, const stru
 enum kiln_err netaddr_check(const struct netaddr_allow *a, const char *host,
 			    const struct sockaddr *sa, struct kiln_error *err);
 
+/*
+ * netaddr_check() of every IPv4 and IPv6 address `host` (a name or an address literal) resolves
+ * to: KILN_OK when all pass, netaddr_check's KILN_E_INVALID at the first refused, or
+ * KILN_E_UNAVAILABLE ("the host cannot be resolved") when it resolves to none.
+ */
+enum kiln_err netaddr_check_host(const struct netaddr_allow *a, const char *host,
+				 struct kiln_error *err);
+
 #endif

@@ -24,6 +24,11 @@
  *      create from it;
  *   5. deletes the builder sandbox. The whole build is bounded by template_build_max_s.
  *
+ * A version without a Dockerfile imports an image instead (build_image): the uploaded archive
+ * (an OCI layout or a docker save archive), or, for a pull, nothing is uploaded and the builder
+ * pulls the version's image_ref with skopeo, its sealed credentials opened here only to be
+ * written to the builder's tmpfs for that command.
+ *
  * A failing step, limit or error marks the version failed with the reason (also in the log) and
  * leaves nothing else behind: no snapshot, no builder.
  */
@@ -36,15 +41,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
 #include <openssl/evp.h>
 
 #include "auth/apikey.h"
+#include "auth/crypto.h"
 #include "common/dockerfile.h"
 #include "common/fsutil.h"
+#include "common/imageref.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "metering/plan.h"
@@ -78,6 +87,10 @@ struct build {
 	long long bytes;
 	enum kiln_err refused;		/* why the upload was not taken */
 	bool image;			/* an OCI image archive to import, not a build context */
+	bool pull;			/* an image pulled from a registry: no upload */
+	char *image_ref;		/* what a pull pulls (common/imageref's canonical form) */
+	char *registry_auth;		/* its credentials, sealed (pull_seal of the gateway) */
+	bool tls_verify;
 	/* the build */
 	char builder[AUTH_ID_MAX];
 	struct sandbox *sb;
@@ -114,7 +127,15 @@ static void build_free(struct build *b)
 	json_decref(b->image_env);
 	free(b->workdir);
 	free(b->user);
+	free(b->image_ref);
+	free(b->registry_auth);
 	free(b);
+}
+
+/* The version's source_format of what `b` builds. */
+static const char *build_format(const struct build *b)
+{
+	return b->pull ? "registry" : b->image ? "oci-archive" : "context";
 }
 
 /* ---- the log ---- */
@@ -597,24 +618,128 @@ static enum kiln_err image_config(struct build *b, const char *text, size_t len,
 	return rc;
 }
 
+#define PULL_AUTH "/run/kiln-pull-auth.json"	/* in the builder (tmpfs): a pull's credentials */
+
 /*
- * Imports the uploaded OCI image archive: copies it into the builder (the base image, which
- * holds umoci), unpacks it there with tar(1) into an OCI layout and with umoci into a root file
- * system (layers in order, whiteouts, ownership, xattrs), adds Kiln's pieces (the static agent,
- * init's table, the network files), reads the image's configuration, and makes the image's root
- * the builder's. Nothing of the archive is read on the host.
+ * A pull's credentials as skopeo's auth file, written into the builder's tmpfs: the sealed
+ * "username:password" opened with the master key (bound to the tenant, template and version as
+ * the gateway sealed it) and base64'd under the registry's key. Never logged.
+ */
+static enum kiln_err pull_auth_write(struct build *b, const struct imageref *ref,
+				     struct kiln_error *err)
+{
+	unsigned char *pt = NULL;
+	size_t ptlen = 0;
+	char ad[AUTH_CLAIM_MAX + AUTH_ID_MAX + 48], *b64 = NULL, *json = NULL;
+	enum kiln_err rc;
+	int fd = -1, n = -1;
+
+	if (!b->n->inject)	/* loaded with the master key, as secrets (node/secrets.c) */
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED,
+				      "registry credentials need a master key on the build's node");
+	snprintf(ad, sizeof(ad), "template-registry:%s:%s:%d", b->tenant, b->tmpl, b->version);
+	rc = auth_open(&b->n->mk, b->registry_auth, strlen(b->registry_auth), ad, strlen(ad),
+			       &pt, &ptlen, err);
+	if (rc == KILN_OK) {
+		b64 = malloc(4 * ((ptlen + 2) / 3) + 1);
+		if (b64)
+			EVP_EncodeBlock((unsigned char *)b64, pt, (int)ptlen);
+		n = b64 ? asprintf(&json, "{\"auths\": {\"%s\": {\"auth\": \"%s\"}}}\n", ref->registry,
+				   b64) : -1;
+		if (n < 0) {
+			json = NULL;
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		}
+	}
+	if (rc == KILN_OK) {
+		fd = memfd_create("kiln-pull-auth", MFD_CLOEXEC);
+		if (fd < 0 || write(fd, json, (size_t)n) != n || lseek(fd, 0, SEEK_SET) != 0)
+			rc = kiln_error_set(err, KILN_E_IO, "the registry's credentials cannot be "
+					    "handed to the builder");
+	}
+	if (rc == KILN_OK)
+		rc = agent_file_write_fd(b->sb->agent, PULL_AUTH, 0600, fd, 65536, err);
+	if (fd >= 0)
+		close(fd);
+	if (b64)
+		OPENSSL_cleanse(b64, strlen(b64));
+	if (json)
+		OPENSSL_cleanse(json, (size_t)n);
+	free(b64);
+	free(json);
+	auth_secret_free(pt, ptlen);
+	return rc;
+}
+
+/*
+ * Brings the image into the builder as an OCI layout `oci` in BUILD_DIR, tagged `latest` or
+ * named by its index: a pull with skopeo (its credentials in PULL_AUTH for the command only), or
+ * the uploaded archive copied in and untarred (a docker save archive converted by skopeo).
+ */
+static enum kiln_err image_fetch(struct build *b, struct kiln_error *err)
+{
+	static const char pull[] =
+		"cd " BUILD_DIR "\n"
+		"echo \"# pulling $1\"\n"
+		"a=--src-no-creds; [ -f " PULL_AUTH " ] && a=--src-authfile=" PULL_AUTH "\n"
+		"skopeo --insecure-policy copy --quiet \"$a\" --src-tls-verify=\"$2\""
+		" \"docker://$1\" oci:oci:latest; s=$?\n"
+		"rm -f " PULL_AUTH "\n"
+		"exit $s\n";
+	static const char unpack[] =
+		"set -e; cd " BUILD_DIR "\n"
+		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci\n"
+		"if [ -f oci/oci-layout ]; then rm -f image.tar\n"
+		"elif [ -f oci/manifest.json ]; then\n"
+		"  echo '# a docker save archive: converting its first image with skopeo'\n"
+		"  rm -rf oci\n"
+		"  skopeo --insecure-policy copy --quiet docker-archive:image.tar:@0 oci:oci:latest ||\n"
+		"    { echo 'not a docker save archive skopeo can read' >&2; exit 2; }\n"
+		"  rm -f image.tar\n"
+		"else\n"
+		"  echo 'not an OCI image archive: it holds neither an oci-layout file nor a docker"
+		" save manifest.json' >&2; exit 2\n"
+		"fi\n";
+	enum kiln_err rc = KILN_OK;
+	int fd;
+
+	if (b->pull) {
+		/* skopeo's docker transport takes a tag or a digest, not both: the digest wins */
+		struct imageref ref;
+		char what[sizeof(ref.canonical)];
+		const char *args[] = { what, b->tls_verify ? "true" : "false", NULL };
+
+		rc = imageref_parse(b->image_ref, &ref, err);
+		snprintf(what, sizeof(what), "%s/%s%s%s", ref.registry, ref.name,
+			 ref.digest[0] ? "@" : ":", ref.digest[0] ? ref.digest : ref.tag);
+		if (rc == KILN_OK && b->registry_auth)
+			rc = pull_auth_write(b, &ref, err);
+		if (rc == KILN_OK)
+			rc = build_sh(b, pull, args, NULL, "pulling the image", err);
+		return rc;
+	}
+	fd = open(b->tar, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return fs_err(err, -errno, "open", b->tar);
+	rc = agent_file_write_fd(b->sb->agent, BUILD_DIR "/image.tar", 0600, fd,
+				 (uint64_t)b->n->cfg.template_source_max_bytes, err);
+	close(fd);
+	if (rc == KILN_OK)
+		rc = build_sh(b, unpack, NULL, NULL, "unpacking the image", err);
+	return rc;
+}
+
+/*
+ * Imports the image: brings it into the builder (the base image, which holds umoci and skopeo)
+ * as an OCI layout (image_fetch), unpacks it there with umoci into a root file system (layers in
+ * order, whiteouts, ownership, xattrs), adds Kiln's pieces (the static agent, init's table, the
+ * network files), reads the image's configuration, and makes the image's root the builder's.
+ * Nothing of the image is read on the host.
  */
 static enum kiln_err build_image(struct build *b, struct kiln_error *err)
 {
 	static const char unpack[] =
 		"set -e; cd " BUILD_DIR "\n"
-		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci; rm -f image.tar\n"
-		"if [ ! -f oci/oci-layout ]; then\n"
-		"  if [ -f oci/manifest.json ]; then\n"
-		"    echo 'a docker save archive: only oci-archive is imported; convert it with"
-		" skopeo copy docker-archive:FILE oci-archive:FILE' >&2; exit 3; fi\n"
-		"  echo 'not an OCI image archive: it holds no oci-layout file' >&2; exit 2\n"
-		"fi\n"
 		"tag=$(umoci ls --layout oci | head -n 1)\n"
 		"[ -n \"$tag\" ] || { echo 'the archive names no image"
 		" (org.opencontainers.image.ref.name in index.json)' >&2; exit 2; }\n"
@@ -633,18 +758,11 @@ static enum kiln_err build_image(struct build *b, struct kiln_error *err)
 	struct capture cfg = { 0 }, user = { 0 }, used = { 0 };
 	enum kiln_err rc;
 	long long bytes;
-	int fd;
 
 	rc = build_sh(b, "rm -rf " BUILD_DIR " " IMAGE_NEW " /kiln-old && mkdir -p " BUILD_DIR,
 		      NULL, NULL, "making the build directory", err);
-	if (rc != KILN_OK)
-		return rc;
-	fd = open(b->tar, O_RDONLY | O_CLOEXEC);
-	if (fd < 0)
-		return fs_err(err, -errno, "open", b->tar);
-	rc = agent_file_write_fd(b->sb->agent, BUILD_DIR "/image.tar", 0600, fd,
-				 (uint64_t)b->n->cfg.template_source_max_bytes, err);
-	close(fd);
+	if (rc == KILN_OK)
+		rc = image_fetch(b, err);
 	if (rc == KILN_OK)
 		rc = build_sh(b, unpack, NULL, NULL, "unpacking the image", err);
 	if (rc == KILN_OK)
@@ -1091,11 +1209,13 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 	snprintf(v, sizeof(v), "%d", b->version);
 	rc = PGQ(c, &res, err,
 		 "SELECT v.dockerfile, v.start_cmd, v.ready_cmd, v.egress::text, v.vcpu_milli, "
-		 "v.memory_mib, v.disk_gib FROM template_versions v JOIN templates t "
+		 "v.memory_mib, v.disk_gib, v.image_ref, v.registry_auth, v.registry_tls_verify "
+		 "FROM template_versions v JOIN templates t "
 		 "ON t.id = v.template_id WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
 		 "AND v.status = 'building' AND v.node_id = $4 AND v.source_format = $5 "
-		 "AND (v.dockerfile IS NOT NULL OR v.source_format = 'oci-archive')",
-		 b->tenant, b->tmpl, v, b->n->cfg.node_id, b->image ? "oci-archive" : "context");
+		 "AND (v.dockerfile IS NOT NULL OR v.source_format <> 'context') "
+		 "AND (v.image_ref IS NOT NULL OR v.source_format <> 'registry')",
+		 b->tenant, b->tmpl, v, b->n->cfg.node_id, build_format(b));
 	if (rc == KILN_OK && pg_res_rows(res) != 1)
 		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "the version is not building here");
 	if (rc == KILN_OK && b->image) {
@@ -1113,6 +1233,13 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 		*egress = pg_res_get(res, 0, 3) ? strdup(pg_res_str(res, 0, 3)) : NULL;
 		for (int i = 0; i < 3; i++)
 			shape[i] = (unsigned)pg_res_int(res, 0, 4 + i, 0);
+	}
+	if (rc == KILN_OK && b->pull) {
+		b->image_ref = strdup(pg_res_str(res, 0, 7));
+		b->registry_auth = pg_res_get(res, 0, 8) ? strdup(pg_res_str(res, 0, 8)) : NULL;
+		b->tls_verify = strcmp(pg_res_str(res, 0, 9), "t") == 0;
+		if (!b->image_ref || (pg_res_get(res, 0, 8) && !b->registry_auth))
+			rc = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	}
 	pg_res_free(res);
 	res = NULL;
@@ -1570,7 +1697,8 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		rc = builder_new(b, from_snap, err);
 	}
 	if (rc == KILN_OK && b->image) {
-		build_log(b, "# image archive: %lld bytes", b->bytes);
+		if (!b->pull)
+			build_log(b, "# image archive: %lld bytes", b->bytes);
 		rc = build_image(b, err);
 	} else if (rc == KILN_OK) {
 		/* Copied into the builder at the first COPY/ADD: the steps before it never see it. */
@@ -1638,7 +1766,7 @@ static void upload_free(void *p)
 static enum kiln_err upload_begin(struct http_req *req, const char *tenant, struct build *b)
 {
 	struct node *n = http_req_app(req);
-	const char *ver = http_req_query(req, "version");
+	const char *ver = http_req_query(req, "version"), *fmt = http_req_query(req, "format");
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
@@ -1648,8 +1776,8 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 
 	if (!ver || !end || *end || v < 1 || v > 1000000)
 		return KILN_E_INVALID;
-	b->image = http_req_query(req, "format") &&
-		   strcmp(http_req_query(req, "format"), "oci-archive") == 0;
+	b->pull = fmt && strcmp(fmt, "registry") == 0;
+	b->image = b->pull || (fmt && strcmp(fmt, "oci-archive") == 0);
 	b->version = (int)v;
 	snprintf(b->tmpl, sizeof(b->tmpl), "%s", http_req_param(req, "id"));
 	snprintf(b->tenant, sizeof(b->tenant), "%s", tenant);
@@ -1661,15 +1789,15 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 		 "WHERE t.tenant_id = $1 AND t.id = $2 AND v.version = $3::int "
 		 "AND v.status = 'building' AND v.node_id = $4 AND v.builder_id IS NULL "
 		 "AND v.source_format = $5",
-		 tenant, b->tmpl, ver, n->cfg.node_id, b->image ? "oci-archive" : "context");
+		 tenant, b->tmpl, ver, n->cfg.node_id, build_format(b));
 	pg_release(n->pg, c);
 	if (rc != KILN_OK)
 		rc = KILN_E_UNAVAILABLE;
 	else if (pg_res_rows(res) != 1)
 		rc = KILN_E_NOT_FOUND;
 	pg_res_free(res);
-	if (rc != KILN_OK)
-		return rc;
+	if (rc != KILN_OK || b->pull)
+		return rc;	/* a pull uploads nothing */
 	if (!fs_path(dir, "%s/builds/%s", n->cfg.data_dir, n->cfg.node_id) ||
 	    fs_mkdir_p(dir, 0700) != 0 ||
 	    !fs_path(b->tar, "%s/%s-%d.tar", dir, b->tmpl, b->version))
@@ -1699,6 +1827,8 @@ enum kiln_err build_source_sink(struct http_req *req, const char *tenant, const 
 	}
 	if (b->refused)
 		return b->refused;
+	if (b->pull && len)
+		return b->refused = KILN_E_INVALID;	/* the gateway sends a pull no body */
 	if (b->bytes + (long long)len > n->cfg.template_source_max_bytes)
 		return b->refused = KILN_E_TOO_LARGE;
 	b->bytes += (long long)len;
@@ -1752,9 +1882,9 @@ void build_source_done(struct http_req *req, const char *tenant)
 				 id, ver ? ver : "?");
 		return;	/* not ours to undo */
 	}
-	if (src == KILN_OK && (!b || b->bytes == 0))
+	if (src == KILN_OK && (!b || (b->bytes == 0 && !b->pull)))
 		src = KILN_E_INVALID;
-	if (src == KILN_OK && fsync(b->fd) != 0)
+	if (src == KILN_OK && !b->pull && fsync(b->fd) != 0)
 		src = KILN_E_IO;
 	if (src != KILN_OK) {
 		upload_undo(n, tenant, id, ver);
@@ -1770,7 +1900,8 @@ void build_source_done(struct http_req *req, const char *tenant)
 					 "the build context could not be stored");
 		return;
 	}
-	close(b->fd);
+	if (b->fd >= 0)
+		close(b->fd);
 	b->fd = -1;
 	{
 		/* The build takes the upload over; the request's copy is left empty. */

@@ -3,27 +3,42 @@
 The test makes its own input on the host side: a tiny userland without Python (the host's static
 busybox, an /etc/os-release, an account `app`) in two layers, the second deleting a file of the
 first with a whiteout, written as an OCI image layout whose config sets ENV, WorkingDir and User,
-and packed as an `oci-archive` tar. Kiln never reads it on the host: it is uploaded with
-`PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder. A sandbox created
-from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
+and packed as an `oci-archive` tar; the same image is also turned into a `docker save` archive
+(manifest.json with Config, RepoTags and Layers) by the host's skopeo, on the test's side only.
+Kiln never reads either on the host: each is uploaded with
+`PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder (the docker save
+one converted there by skopeo first). The same image is also pushed by the host's skopeo to a
+registry (Debian's docker-registry, with a password by htpasswd) that the test starts on the fake
+internet of test_egress, and pulled with `PUT .../source?format=registry`: the builder pulls it
+with skopeo, the password never shows in the log and its sealed copy is gone when the build ends;
+a bad reference, a registry whose address the storage endpoints' check refuses and a malformed
+body are refused (422, or 400 for a malformed body) and leave the version pending. The three
+imports run at once. A sandbox created from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
 ownership kept, no Python), whose WorkingDir and User are the defaults of an exec that names
 neither; a Dockerfile `FROM` the imported template builds on it; an archive
-that is not an OCI layout fails its build naming why, and a version with a Dockerfile is 409.
+that is neither an OCI layout nor a docker save archive fails its build naming why, and a version with a Dockerfile is 409.
 """
 import gzip
 import hashlib
 import io
 import json
 import os
+import shutil
+import socket
+import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 import unittest
 import urllib.request
 
 import kiln
+import test_egress
 
 BUSYBOX = "/bin/busybox"  # the host's static busybox: the imported userland's only program
+REGISTRY = "198.51.100.22:5000"  # other.test on the fake internet, the test's registry
+REG_USER, REG_PASS = "kilnpull", "pw-" + os.urandom(8).hex()
 
 
 def _tar(entries):
@@ -98,18 +113,85 @@ def oci_archive():
     return _tar(entries)
 
 
+def docker_save_archive(oci):
+    """The oci-archive `oci` as a `docker save` archive, made by the host's skopeo."""
+    with tempfile.TemporaryDirectory(prefix="kiln-timage-") as d:
+        with open(f"{d}/oci.tar", "wb") as f:
+            f.write(oci)
+        subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", f"oci-archive:{d}/oci.tar:latest",
+                        f"docker-archive:{d}/docker.tar:kiln/mini:latest"], check=True)
+        with open(f"{d}/docker.tar", "rb") as f:
+            return f.read()
+
+
+def start_registry(oci):
+    """Debian's docker-registry on the fake internet (REGISTRY), with REG_USER's password in an
+    htpasswd file, holding `oci` pushed as kiln/mini:v1 by the host's skopeo. Returns (the
+    process, its directory)."""
+    d = tempfile.mkdtemp(prefix="kiln-timage-reg-")
+    htpasswd = subprocess.run(["htpasswd", "-Bbn", REG_USER, REG_PASS], check=True, capture_output=True,
+                              text=True).stdout
+    with open(f"{d}/htpasswd", "w") as f:
+        f.write(htpasswd)
+    with open(f"{d}/config.yml", "w") as f:
+        f.write(f"version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: {d}/data\n"
+                f"http:\n  addr: {REGISTRY}\nauth:\n  htpasswd:\n    realm: kiln-test\n"
+                f"    path: {d}/htpasswd\n")
+    p = subprocess.Popen(["ip", "netns", "exec", os.environ["KILN_E2E_INET_NS"], "docker-registry", "serve",
+                          f"{d}/config.yml"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        host, port = REGISTRY.split(":")
+        for _ in range(300):
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        with open(f"{d}/oci.tar", "wb") as f:
+            f.write(oci)
+        subprocess.run(["skopeo", "--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false",
+                        f"--dest-creds={REG_USER}:{REG_PASS}", f"oci-archive:{d}/oci.tar:latest",
+                        f"docker://{REGISTRY}/kiln/mini:v1"], check=True)
+    except BaseException:
+        p.kill()
+        p.wait()
+        shutil.rmtree(d, True)
+        raise
+    return p, d
+
+
 class TemplateImageTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true"})
+        oci = oci_archive()
+        reg, regdir = start_registry(oci)
+        cls.addClassCleanup(shutil.rmtree, regdir, True)
+        cls.addClassCleanup(reg.wait)
+        cls.addClassCleanup(reg.kill)
+        # the registry's address is a documentation one: refused unless storage_allow names it;
+        # the three builders may boot at once, before the base's warm template is ready: cold
+        # boots under TCG, given the longer boot timeout test_nodenet gives its node under load
+        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                         "KILN_BOOT_TIMEOUT_S": "600"},
+                               gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
+                                            "KILN_TEMPLATE_MAX_BUILDS": "3"})
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("timage-a")
         cls.tmpl, v = cls.template("mini")
+        cls.dtmpl, dv = cls.template("minidocker")
+        cls.rtmpl, rv = cls.template("minipulled")
         t0 = time.monotonic()
-        cls.put_source(cls.tmpl, v, oci_archive(), fmt="oci-archive")
+        cls.put_source(cls.tmpl, v, oci, fmt="oci-archive")
+        cls.put_source(cls.dtmpl, dv, docker_save_archive(oci), fmt="oci-archive")
+        cls.put_source(cls.rtmpl, rv, json.dumps({"image": f"{REGISTRY}/kiln/mini:v1", "username": REG_USER,
+                                                  "password": REG_PASS, "tls_verify": False}).encode(),
+                       fmt="registry")
         cls.log, cls.end = cls.follow(cls.tmpl, v)
-        print(f"\nimage import: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        cls.dlog, cls.dend = cls.follow(cls.dtmpl, dv)
+        cls.rlog, cls.rend = cls.follow(cls.rtmpl, rv)
+        print(f"\nimage imports (oci-archive, docker save and registry pull, at once): "
+              f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
 
     @classmethod
     def template(cls, name):
@@ -182,6 +264,50 @@ class TemplateImageTests(unittest.TestCase):
         out = self.exec(sb, ["/bin/sh", "-c", "pwd; id -u"], cwd="/home", user="root")
         self.assertEqual(out["stdout"], "/home\n0\n", out)
 
+    def test_a_docker_save_archive_is_converted_by_skopeo_in_the_builder(self):
+        self.assertEqual(self.dend["status"], "ready", (self.dend, self.dlog))
+        self.assertIn("# a docker save archive: converting its first image with skopeo", self.dlog)
+        self.assertIn("# unpacking oci:latest", self.dlog)
+        # the image's config came through the conversion
+        got = self.gw.request("GET", f"/v1/templates/{self.dtmpl}", None, self.key).json()["versions"][0]
+        self.assertEqual((got["workdir"], got["user"], got["env"].get("GREETING")),
+                         ("/srv/app", "app", "from the image"), got)
+
+    def test_an_image_pulled_from_a_registry_with_a_password(self):
+        self.assertEqual(self.rend["status"], "ready", (self.rend, self.rlog))
+        self.assertIn(f"# pulling {REGISTRY}/kiln/mini:v1", self.rlog)
+        got = self.gw.request("GET", f"/v1/templates/{self.rtmpl}", None, self.key).json()["versions"][0]
+        self.assertEqual((got["workdir"], got["user"], got["env"].get("GREETING")),
+                         ("/srv/app", "app", "from the image"), got)
+        # the password is in no log, and its sealed copy went with the build's end
+        for text in (self.rlog, self.stack.gw.output(), self.stack.node.output()):
+            self.assertNotIn(REG_PASS, text)
+        self.assertEqual(self.stack.db.sql(
+            "SELECT source_format, image_ref, registry_auth IS NULL FROM template_versions "
+            f"WHERE template_id = '{self.rtmpl}'"), f"registry|{REGISTRY}/kiln/mini:v1|t")
+        sb = self.create("minipulled")
+        out = self.exec(sb, ["/bin/sh", "-c", "cat /srv/app/hello.txt; ls /etc/gone.txt"])
+        self.assertEqual((out["stdout"], out["exit_code"]), ("hello from the image\n", 1), out)
+
+    def test_a_pull_of_a_bad_reference_or_a_refused_registry_is_refused_and_changes_nothing(self):
+        tmpl, v = self.template("badpull")
+        for body, status, why in (({"image": "alpine:3.20"}, 422, "image: "),
+                                  ({"image": f"{REGISTRY}/Kiln/Mini"}, 422, "image: "),
+                                  ({"image": "127.0.0.1:5000/kiln/mini:v1"}, 422, "loopback address"),
+                                  ({"image": "169.254.169.254/kiln/mini"}, 422, "link-local address"),
+                                  ({"image": "10.1.2.3:5000/kiln/mini"}, 422, "private address"),
+                                  ({"image": f"{REGISTRY}/kiln/mini:v1", "username": REG_USER}, 422, "both"),
+                                  ({"image": f"{REGISTRY}/kiln/mini:v1", "tls_verify": "no"}, 400, "tls_verify"),
+                                  ({"image": f"{REGISTRY}/kiln/mini:v1", "insecure": True}, 400, "unknown field"),
+                                  (None, 400, "JSON object")):
+            data = json.dumps(body).encode() if body is not None else b"not json"
+            r = self.put_source(tmpl, v, data, fmt="registry", expect=status)
+            self.assertIn(why, r.json()["error"]["message"], body)
+            if "address" in why:
+                self.assertIn("storage_allow", r.json()["error"]["message"])
+        got = self.gw.request("GET", f"/v1/templates/{tmpl}", None, self.key).json()["versions"][0]
+        self.assertEqual(got["status"], "pending", got)
+
     def test_a_dockerfile_builds_from_the_imported_template(self):
         self.assertEqual(self.end["status"], "ready", (self.end, self.log))
         tmpl, v = self.template("onmini")
@@ -202,15 +328,23 @@ class TemplateImageTests(unittest.TestCase):
                          out)
 
     def test_an_archive_that_is_not_an_oci_layout_fails_its_build_naming_why(self):
-        tmpl, v = self.template("notoci")
-        self.put_source(tmpl, v, _tar([("manifest.json", "file", b"[]", 0, 0o644)]), fmt="oci-archive")
-        log, end = self.follow(tmpl, v)
-        self.assertEqual(end["status"], "failed", (end, log))
-        self.assertIn("unpacking the image failed", end["reason"])
-        self.assertIn("a docker save archive", log)
-        r = self.put_source(tmpl, v, b"x", fmt="squashfs", expect=422)
+        # a bad manifest.json and no manifest at all, built at once
+        bad = {"notoci": (_tar([("manifest.json", "file", b"[]", 0, 0o644)]), "not a docker save archive skopeo can read"),
+               "notany": (_tar([("hello.txt", "file", b"hi\n", 0, 0o644)]),
+                          "neither an oci-layout file nor a docker save manifest.json")}
+        versions = {}
+        for name, (data, _) in bad.items():
+            tmpl, v = versions[name] = self.template(name)
+            self.put_source(tmpl, v, data, fmt="oci-archive")
+        for name, (_, why) in bad.items():
+            log, end = self.follow(*versions[name])
+            self.assertEqual(end["status"], "failed", (end, log))
+            self.assertIn("unpacking the image failed", end["reason"])
+            self.assertIn(why, log)
+        r = self.put_source(*versions["notoci"], b"x", fmt="squashfs", expect=422)
         self.assertIn("format", r.json()["error"]["message"])
 
 
 if __name__ == "__main__":
-    unittest.main()
+    sys.argv[1:] = sys.argv[1:] or ["test_templates_image"]
+    sys.exit(test_egress.main())

@@ -1,7 +1,7 @@
 /*
  * Unit tests of common/netaddr.h: the class of each kind of address (IPv4, IPv6 and the IPv6
  * forms that carry an IPv4 address), this host's own addresses, the allow list's parser and its
- * matching by address, network and host name.
+ * matching by address, network and host name, and the check of every address a host resolves to.
  */
 #include <arpa/inet.h>
 #include <ifaddrs.h>
@@ -191,6 +191,28 @@ static void test_allow_list(void)
 	}
 }
 
+/* Every address a host resolves to is checked: literals and `localhost` from /etc/hosts. */
+static void test_check_host_checks_each_address_it_resolves_to(void)
+{
+	struct netaddr_allow *a = NULL;
+	struct kiln_error err = { 0 };
+
+	CHECK_INT(netaddr_check_host(NULL, "127.0.0.1", &err), KILN_E_INVALID);
+	CHECK_STR(err.msg, "the endpoint's host resolves to a loopback address, which is refused");
+	kiln_error_clear(&err);
+	CHECK_INT(netaddr_check_host(NULL, "localhost", &err), KILN_E_INVALID);
+	CHECK(strstr(err.msg, "loopback") != NULL);
+	kiln_error_clear(&err);
+	CHECK_INT(netaddr_check_host(NULL, "198.51.100.22", &err), KILN_E_INVALID);
+	CHECK(strstr(err.msg, "reserved") != NULL);
+	kiln_error_clear(&err);
+	CHECK_INT(netaddr_check_host(NULL, "not a host!", &err), KILN_E_UNAVAILABLE);
+	CHECK_INT(netaddr_allow_parse("198.51.100.22", &a, &err), KILN_OK);
+	CHECK_INT(netaddr_check_host(a, "198.51.100.22", &err), KILN_OK);
+	CHECK_INT(netaddr_check_host(a, "127.0.0.1", &err), KILN_E_INVALID);
+	netaddr_allow_free(a);
+}
+
 int main(void)
 {
 	TEST(test_ipv4_classes);
@@ -199,5 +221,6 @@ int main(void)
 	TEST(test_this_hosts_addresses);
 	TEST(test_check_names_the_class_never_the_address);
 	TEST(test_allow_list);
+	TEST(test_check_host_checks_each_address_it_resolves_to);
 	return test_summary();
 }
