@@ -169,8 +169,8 @@ class TemplateImageTests(unittest.TestCase):
         cls.addClassCleanup(reg.wait)
         cls.addClassCleanup(reg.kill)
         # the registry's address is a documentation one: refused unless storage_allow names it;
-        # the three builders may boot at once, before the base's warm template is ready: cold
-        # boots under TCG, given the longer boot timeout test_nodenet gives its node under load
+        # the longer boot timeout test_nodenet gives its node under load (the base's warm
+        # template boots cold, and a builder does too when its shape has no warm template)
         cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
                                          "KILN_BOOT_TIMEOUT_S": "600"},
                                gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
@@ -178,6 +178,12 @@ class TemplateImageTests(unittest.TestCase):
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("timage-a")
+        # the builders restore from the base's warm template once it is ready instead of three cold
+        # boots beside its own
+        t0 = time.monotonic()
+        while "ready in" not in cls.stack.node.output() and time.monotonic() - t0 < 600:
+            time.sleep(1)
+        print(f"\nthe base's warm template ready after {time.monotonic() - t0:.1f} s", file=sys.stderr)
         cls.tmpl, v = cls.template("mini")
         cls.dtmpl, dv = cls.template("minidocker")
         cls.rtmpl, rv = cls.template("minipulled")
