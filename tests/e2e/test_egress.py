@@ -149,33 +149,37 @@ def create(key, body):
 
 def setUpModule():
     """One stack for the egress and the secrets tests (each stack and boot costs tens of seconds
-    under TCG), and their sandboxes booted two at a time: A and B, C with rules and a bandwidth
-    setting given at create, and the secrets tests' two (SecretsTests)."""
+    under TCG), and their sandboxes booted two at a time: A and B, and the secrets tests' two
+    (SecretsTests), the other tenant's with rules and a bandwidth setting given at create."""
     t0 = time.monotonic()
     SecretsTests.internet()
     stack = kiln.Stack(node_env={"KILN_DNS_UPSTREAM": "192.0.2.53", "KILN_SECRETS_MAX": "2",
                                  "KILN_INJECT_CA_FILE": WORLD["trusted_ca"],
                                  # the connection log's rows a second after the flow, not five
-                                 "KILN_CONNLOG_INTERVAL_S": "1"})
+                                 "KILN_CONNLOG_INTERVAL_S": "1",
+                                 # two boots at once beside other work under TCG (as e2e_nodenet)
+                                 "KILN_BOOT_TIMEOUT_S": "600"})
     unittest.addModuleCleanup(stack.cleanup)
     WORLD["stack"] = stack
     t1 = time.monotonic()
     WORLD["key"], WORLD["key_acme"], WORLD["key_rival"] = (
         stack.tenant("egress"), stack.tenant("acme"), stack.tenant("rival"))
     boots = {"a": (WORLD["key"], {}), "b": (WORLD["key"], {}),
-             "c": (WORLD["key"], {"egress": {"rules": ["api.test:443"]},
-                                  "bandwidth": {"quota_bytes": 1 << 20, "refill_bytes": 0,
-                                                "refill_interval_s": 60}}),
              "secrets": (WORLD["key_acme"], {"timeout_s": 1800, "egress": SECRETS_RULES,
-                                         "secrets": [{"host": HOST, "header": "Authorization",
-                                                      "value": SECRET}]}),
-             "rival": (WORLD["key_rival"], {"timeout_s": 1800, "egress": {"rules": [HOST]}})}
+                                             "secrets": [{"host": HOST, "header": "Authorization",
+                                                          "value": SECRET}]}),
+             # the other tenant's: a rule for the secret's host, no secret; and what
+             # test_rules_given_at_create_… checks (a rule and a bandwidth setting at create)
+             "rival": (WORLD["key_rival"], {"timeout_s": 1800,
+                                            "egress": {"rules": [HOST, "api.test:443"]},
+                                            "bandwidth": {"quota_bytes": 1 << 20, "refill_bytes": 0,
+                                                          "refill_interval_s": 60}})}
     # two at a time: a TCG boot is CPU-bound, and more at once on a loaded machine only makes
     # each of them longer (up to the node's boot timeout)
     with concurrent.futures.ThreadPoolExecutor(2) as ex:
         got = dict(zip(boots, ex.map(lambda n: create(*boots[n]), boots)))
     for name, r in got.items():
-        assert r.status == 201, (name, r)
+        assert r.status == 201, (name, r, stack.node.output()[-3000:])
         WORLD[name] = r.json()
     print("time %6.1fs setUpModule (stack %.1fs, %d boots two at a time %.1fs)" % (
         time.monotonic() - t0, t1 - t0, len(boots), time.monotonic() - t1), file=sys.stderr,
@@ -190,9 +194,10 @@ class EgressTests(Timed):
         cls.key = WORLD["key"]
         cls.a, cls.b = WORLD["a"], WORLD["b"]
 
-    def run_py(self, code, sb=None, timeout=60):
+    def run_py(self, code, sb=None, timeout=60, key=None):
         r = self.gw.request("POST", f"/v1/sandboxes/{(sb or self.a)['id']}/exec",
-                            {"code": PROBE + code, "timeout_s": timeout}, self.key, timeout=timeout + 30)
+                            {"code": PROBE + code, "timeout_s": timeout}, key or self.key,
+                            timeout=timeout + 30)
         self.assertEqual(r.status, 200, r)
         out = r.json()
         self.assertEqual(out["exit_code"], 0, out)
@@ -508,14 +513,15 @@ class EgressTests(Timed):
         self.assertEqual(got, ["ok", "fail"])
 
     def test_rules_given_at_create_are_in_force_from_the_first_packet(self):
-        sb = WORLD["c"]     # booted with the others (setUpModule), first used here
-        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
-        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/egress", headers=self.key)
-        self.assertEqual(r.json(), {"rules": ["api.test:443"], "mode": "allowlist"})
-        bw = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/bandwidth", headers=self.key).json()
+        # the secrets tests' other tenant's sandbox, booted with rules and a bandwidth setting
+        # (setUpModule) and first used here: one boot fewer than a sandbox of this test's own
+        sb, key = WORLD["rival"], WORLD["key_rival"]
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/egress", headers=key)
+        self.assertEqual(r.json(), {"rules": [HOST, "api.test:443"], "mode": "allowlist"})
+        bw = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/bandwidth", headers=key).json()
         self.assertEqual((bw["quota_bytes"], bw["unmetered"]), (1 << 20, False))
         self.assertEqual(self.run_py("print(dns('api.test'), *par((tcp, '198.51.100.21', 443), (tcp, '203.0.113.10', 80)))",
-                                     sb=sb),
+                                     sb=sb, key=key),
                          ["198.51.100.21", "ok", "fail"])
         r = self.gw.request("POST", "/v1/sandboxes", {"egress": {"rules": ["bad rule"]}}, self.key)
         self.assertEqual(r.status, 422)
