@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""HTTPS servers that record every request's headers, and the DNS that names them, for
-test_secrets.py; run inside the fake internet's namespace (tests/e2e/test_egress.py builds it).
+"""HTTPS servers that record every request's headers, and the DNS that names them, for the
+secrets tests of test_egress.py; run inside the fake internet's namespace (test_egress.py builds
+it).
 
   tlsrecord.py LOG DNS_ADDR NAME=ADDR,CERT,KEY...
 

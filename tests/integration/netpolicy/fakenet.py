@@ -37,6 +37,9 @@ DNS = {
     # two names on an address fakenet does not serve: test_egress.py's real HTTPS server
     "tls.example.test": [("A", "203.0.113.20")],
     "tlstwin.example.test": [("A", "203.0.113.20")],
+    # test_egress.py's recording servers of the secrets tests (tlsrecord.py)
+    "api.example.test": [("A", "198.51.100.30")],
+    "rogue.example.test": [("A", "198.51.100.31")],
     # 300 addresses: over 512 bytes, so only TCP carries them; the first one is served here
     "many.test": [("A", "203.0.113.10")] + [("A", "198.18.%d.%d" % (i // 200, 1 + i % 200)) for i in range(299)],
 }
