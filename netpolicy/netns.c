@@ -184,17 +184,22 @@ enum kiln_err kiln_sbnet_destroy(const char *id, struct kiln_error *err)
 	enum kiln_err e = kiln_sbnet_describe(id, 0, &d, err);
 	if (e)
 		return e;
+	/*
+	 * The host's end first: deleting a veth removes both ends before `ip` returns, whereas a
+	 * deleted netns takes its end (and with it the pair) down later, from the kernel's cleanup
+	 * work, so the host's end would outlive the destroy for a while.
+	 */
+	char sys[64];
+	snprintf(sys, sizeof(sys), "/sys/class/net/%s", d.host_if);
+	if (access(sys, F_OK) == 0) {
+		const char *argv[] = {"ip", "link", "del", d.host_if, NULL};
+		kiln_run(argv, NULL);	/* gone already if its netns went first */
+	}
 	char path[64];
 	snprintf(path, sizeof(path), "/run/netns/%s", d.netns);
 	if (access(path, F_OK) == 0) {
 		const char *argv[] = {"ip", "netns", "del", d.netns, NULL};
 		e = kiln_run(argv, err);
-	}
-	char sys[64];
-	snprintf(sys, sizeof(sys), "/sys/class/net/%s", d.host_if);
-	if (access(sys, F_OK) == 0) {
-		const char *argv[] = {"ip", "link", "del", d.host_if, NULL};
-		kiln_run(argv, NULL);	/* usually gone with its peer already */
 	}
 	return e;
 }
