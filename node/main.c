@@ -1,9 +1,10 @@
 /*
  * main.c - kiln-node's start, heartbeat and stop.
  *
- * Start order is the table at the bottom, stop order its reverse. Once a second a ticker thread
- * renews the node's heartbeat in Postgres and pauses sandboxes past their expiry. A node that
- * restarts after a crash first takes over what its previous run left (recovery.c).
+ * Start order is the table at the bottom, stop order its reverse. A thread of its own renews the
+ * node's heartbeat in Postgres on a connection of its own; once a second a ticker thread discards
+ * the VMs no longer this node's, marks lapsed nodes down and pauses sandboxes past their expiry.
+ * A node that restarts after a crash first takes over what its previous run left (recovery.c).
  */
 #include <curl/curl.h>
 #include <errno.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "common/daemon.h"
@@ -182,63 +184,168 @@ static const char *node_address(void)
 }
 
 /*
- * Serialises the heartbeat's upsert (which clears a clean stop's mark) with the start of a clean
- * stop: a heartbeat in flight when the stop begins commits before the stop's mark, never after.
+ * The heartbeat runs on a thread of its own with a Postgres connection of its own (node.beat_pg,
+ * a pool of one, reopened by the next beat when it broke), so that neither the ticker's slow work
+ * (pauses at expiry, deletes, image pins) nor requests holding every connection of the node's
+ * pool delay it: a beat later than node_down_after_s gets a live node marked down by another and
+ * its running sandboxes reported lost. It beats every node_down_after_s / 5 (at most every 2 s)
+ * and does only that; the ticker marks other nodes down and fences VMs.
+ *
+ * heartbeat_lock serialises the upsert (which clears a clean stop's mark) with the start of a
+ * clean stop: a heartbeat in flight when the stop begins commits before the stop's mark, never
+ * after. The thread holds it but while it waits for its next beat.
  */
 static pthread_mutex_t heartbeat_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t heartbeat_wake;	/* signalled when the heartbeat is to end */
+static bool heartbeat_quit;		/* under heartbeat_lock */
+static pthread_t heartbeat_thread;
 
+/* A beat's period in milliseconds: node_down_after_s / 5, at most 2 s. */
+static long long heartbeat_period_ms(void)
+{
+	long long ms = node.cfg.node_down_after_s * 1000 / 5;
+
+	return ms > 2000 ? 2000 : ms;
+}
+
+/*
+ * One beat, heartbeat_lock held. Before a clean stop: the node's row with its capacity and image,
+ * its time renewed and any mark of down or of a stop cleared (a mark of down found there is logged:
+ * this node's heartbeat had lapsed). While stopping: only the time, so that the pauses of its stop
+ * (seconds each) do not let it lapse and its sandboxes be reported lost meanwhile; the stop's mark
+ * stays.
+ */
 static enum kiln_err heartbeat(struct kiln_error *err)
 {
 	struct pg_conn *c;
+	struct pg_res *res = NULL;
 	char vcpu[24], mem[24], max[24], disk[24];
-	enum kiln_err rc;
+	enum kiln_err rc = pg_acquire(node.beat_pg, &c, err);
 
-	pthread_mutex_lock(&heartbeat_lock);
+	if (rc != KILN_OK)
+		return rc;
 	if (node.stopping) {
-		pthread_mutex_unlock(&heartbeat_lock);
-		return KILN_OK;
-	}
-	rc = pg_acquire(node.pg, &c, err);
-	if (rc != KILN_OK) {
-		pthread_mutex_unlock(&heartbeat_lock);
+		rc = PGQ(c, NULL, err,
+			 "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND down_at IS NULL",
+			 node.cfg.node_id);
+		pg_release(node.beat_pg, c);
 		return rc;
 	}
 	snprintf(vcpu, sizeof(vcpu), "%lld", node.cfg.node_vcpu_milli);
 	snprintf(mem, sizeof(mem), "%lld", node.cfg.node_memory_mib);
 	snprintf(max, sizeof(max), "%lld", node.cfg.node_max_sandboxes);
 	snprintf(disk, sizeof(disk), "%lld", node.disk_gib);
-	rc = PGQ(c, NULL, err,
-		 "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
-		 "accelerator, image_hash, disk_gib) "
-		 "VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8, $9::bigint) "
-		 "ON CONFLICT (id) DO UPDATE SET address = $2, vcpu_milli = $3::int, "
-		 "memory_mib = $4::int, max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, "
-		 "image_hash = $8, disk_gib = $9::bigint, heartbeat_at = now(), down_at = NULL, "
-		 "stopped_at = NULL",
+	/* The row locked first, so the mark of down it returns is the one this update clears. */
+	rc = PGQ(c, &res, err,
+		 "UPDATE nodes n SET address = $2, vcpu_milli = $3::int, memory_mib = $4::int, "
+		 "max_sandboxes = $5::int, hypervisor = $6, accelerator = $7, image_hash = $8, "
+		 "disk_gib = $9::bigint, heartbeat_at = now(), down_at = NULL, stopped_at = NULL "
+		 "FROM (SELECT id, down_at FROM nodes WHERE id = $1 FOR UPDATE) p WHERE n.id = p.id "
+		 "RETURNING to_char(p.down_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')",
 		 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor, node.accel,
 		 node.cfg.guest_image_hash, disk);
-	pg_release(node.pg, c);
+	if (rc == KILN_OK && pg_res_rows(res) == 0)	/* its first start: the row is made */
+		rc = PGQ(c, NULL, err,
+			 "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, "
+			 "hypervisor, accelerator, image_hash, disk_gib) "
+			 "VALUES ($1, $2, $3::int, $4::int, $5::int, $6, $7, $8, $9::bigint)",
+			 node.cfg.node_id, node_address(), vcpu, mem, max, node.cfg.hypervisor,
+			 node.accel, node.cfg.guest_image_hash, disk);
+	else if (rc == KILN_OK && pg_res_get(res, 0, 0))
+		log_warn("this node had been marked down at %s: its heartbeat lapsed "
+			 "(node_down_after_s %lld); its sandboxes that ran then are lost",
+			 pg_res_get(res, 0, 0), node.cfg.node_down_after_s);
+	pg_res_free(res);
+	pg_release(node.beat_pg, c);
+	return rc;
+}
+
+static void *heartbeat_main(void *arg)
+{
+	long long period = heartbeat_period_ms();
+	struct timespec at, now;
+
+	clock_gettime(CLOCK_MONOTONIC, &at);
+	pthread_mutex_lock(&heartbeat_lock);
+	for (;;) {
+		struct kiln_error err = { 0 };
+
+		at.tv_sec += period / 1000;
+		at.tv_nsec += (period % 1000) * 1000000;
+		if (at.tv_nsec >= 1000000000) {
+			at.tv_sec++;
+			at.tv_nsec -= 1000000000;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (at.tv_sec < now.tv_sec || (at.tv_sec == now.tv_sec && at.tv_nsec < now.tv_nsec))
+			at = now;	/* a beat took longer than the period: the next one at once */
+		while (!heartbeat_quit &&
+		       pthread_cond_timedwait(&heartbeat_wake, &heartbeat_lock, &at) != ETIMEDOUT)
+			;
+		if (heartbeat_quit)
+			break;
+		if (heartbeat(&err) != KILN_OK)
+			log_warn("heartbeat failed: %s", err.msg);
+	}
+	pthread_mutex_unlock(&heartbeat_lock);
+	return NULL;
+}
+
+/* The first beat (the node registers), then the heartbeat's thread. */
+static enum kiln_err heartbeat_start(struct kiln_error *err)
+{
+	pthread_condattr_t ca;
+	enum kiln_err rc;
+
+	node.beat_pg = pg_new(node.cfg.database_url, 1);
+	if (!node.beat_pg)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	pthread_mutex_lock(&heartbeat_lock);
+	rc = heartbeat(err);
 	pthread_mutex_unlock(&heartbeat_lock);
 	if (rc != KILN_OK)
 		return rc;
-	/*
-	 * Then (a mark of down that came before this heartbeat is seen): the VMs of sandboxes that
-	 * are no longer this node's are stopped and discarded, and the other nodes whose heartbeat
-	 * lapsed are marked down (whoever sees a lapse first marks it; record_nodes_down).
-	 */
-	recovery_fence(&node);
-	{
-		struct kiln_error derr = { 0 };
-		int marked = 0;
-
-		if (record_nodes_down(node.pg, NULL, node.cfg.node_down_after_s, &marked, &derr) !=
-		    KILN_OK)
-			log_warn("cannot mark the nodes whose heartbeat lapsed as down: %s", derr.msg);
-		else if (marked)
-			log_warn("%d other nodes marked down: no heartbeat for %lld s", marked,
-				 node.cfg.node_down_after_s);
-	}
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&heartbeat_wake, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&heartbeat_thread, NULL, heartbeat_main, NULL) != 0)
+		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the heartbeat");
 	return KILN_OK;
+}
+
+/* Ends the heartbeat (a beat in flight finishes first) and closes its connection. */
+static void heartbeat_stop(void)
+{
+	if (heartbeat_thread) {
+		pthread_mutex_lock(&heartbeat_lock);
+		heartbeat_quit = true;
+		pthread_cond_signal(&heartbeat_wake);
+		pthread_mutex_unlock(&heartbeat_lock);
+		pthread_join(heartbeat_thread, NULL);
+		heartbeat_thread = 0;
+		pthread_cond_destroy(&heartbeat_wake);
+	}
+	pg_free(node.beat_pg);
+	node.beat_pg = NULL;
+}
+
+/*
+ * The VMs of sandboxes that are no longer this node's are stopped and discarded, and the other
+ * nodes whose heartbeat lapsed are marked down (whoever sees a lapse first marks it;
+ * record_nodes_down). Run by the ticker, about once a second, on the node's pool.
+ */
+static void fence_and_mark_down(void)
+{
+	struct kiln_error err = { 0 };
+	int marked = 0;
+
+	recovery_fence(&node);
+	if (record_nodes_down(node.pg, NULL, node.cfg.node_down_after_s, &marked, &err) != KILN_OK)
+		log_warn("cannot mark the nodes whose heartbeat lapsed as down: %s", err.msg);
+	else if (marked)
+		log_warn("%d other nodes marked down: no heartbeat for %lld s", marked,
+			 node.cfg.node_down_after_s);
 }
 
 /* Stops every sandbox past its expiry (the VM and its resources; the record stays). */
@@ -276,23 +383,6 @@ static void expire_sandboxes(void)
 }
 
 /*
- * A stopping node's heartbeat: only its time, so that the pauses of its stop (seconds each) do
- * not let it lapse and its sandboxes be reported lost meanwhile; the stop's mark stays.
- */
-static void heartbeat_stopping(void)
-{
-	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-
-	if (pg_acquire(node.pg, &c, &err) != KILN_OK)
-		return;
-	if (PGQ(c, NULL, &err, "UPDATE nodes SET heartbeat_at = now() WHERE id = $1 AND down_at IS NULL",
-		node.cfg.node_id) != KILN_OK)
-		log_warn("heartbeat failed: %s", err.msg);
-	pg_release(node.pg, c);
-}
-
-/*
  * The clean stop's mark (nodes.stopped_at, migrations/0029): from here no gateway places a new
  * sandbox, move or build on this node; the next start's first heartbeat clears it.
  */
@@ -312,25 +402,17 @@ static void mark_stopped(void)
 			 "lapses): %s", err.msg);
 }
 
+/* Once a second until a clean stop begins: fencing, expiries, then every 10 s the slower work. */
 static void *ticker(void *arg)
 {
 	unsigned tick = 0;
 
-	while (!node.ticker_quit) {
+	while (!node.stopping) {
 		struct kiln_error err = { 0 };
 
-		if (node.stopping) {
-			if (tick++ % 2 == 0)
-				heartbeat_stopping();
-			sleep(1);
-			continue;
-		}
-
-		if (tick++ % 2 == 0 && heartbeat(&err) != KILN_OK)
-			log_warn("heartbeat failed: %s", err.msg);
+		fence_and_mark_down();
 		expire_sandboxes();
-		if (tick % 10 == 0) {
-			kiln_error_clear(&err);
+		if (++tick % 10 == 0) {
 			if (recovery_deletes(&node, &err) != KILN_OK)
 				log_warn("requested deletes not carried out: %s", err.msg);
 			build_layers_gc(&node, NULL);
@@ -572,7 +654,7 @@ static int api_init(struct kiln_error *err)
 		return err->code;
 	if (node.listen_path[0])
 		chmod(node.listen_path, 0600);
-	if (heartbeat(err) != KILN_OK)
+	if (heartbeat_start(err) != KILN_OK)
 		return err->code;
 	images_pin(&node);
 	if (pthread_create(&node.ticker, NULL, ticker, NULL) != 0)
@@ -606,7 +688,7 @@ static void node_cgroups_remove(void)
 static void api_exit(void)
 {
 	pthread_mutex_lock(&heartbeat_lock);
-	node.stopping = true;	/* the ticker renews only the heartbeat from here */
+	node.stopping = true;	/* the heartbeat renews only its time from here; the ticker ends */
 	pthread_mutex_unlock(&heartbeat_lock);
 	mark_stopped();
 	tpl_exit(&node);
@@ -643,9 +725,9 @@ static void api_exit(void)
 		pthread_mutex_unlock(&sb->lock);
 		sb_put(&node, sb);
 	}
-	node.ticker_quit = true;
 	if (node.ticker)
 		pthread_join(node.ticker, NULL);
+	heartbeat_stop();
 	connlog_stop(&node);	/* after the pauses, which flushed their sandboxes' logs */
 	node_cgroups_remove();
 	jwks_free(node.keys);

@@ -91,9 +91,10 @@ struct node {
 	long long pause_reserved;	/* bytes of snapshot space pauses in progress have claimed */
 	/* bytes execs' output buffers hold or have claimed, at most node_exec_memory_max (routes.c) */
 	_Atomic unsigned long long exec_mem_used;
-	volatile bool stopping;		/* a clean stop began: the ticker renews only the heartbeat */
-	volatile bool ticker_quit;	/* the stop's pauses are done: the ticker ends */
-	pthread_t ticker;
+	volatile bool stopping;		/* a clean stop began: the ticker ends, the heartbeat renews
+					 * only its time */
+	pthread_t ticker;		/* fencing, expiries, deletes, pins (main.c) */
+	struct pg *beat_pg;		/* the heartbeat's own connection (main.c) */
 };
 
 /* --- the registry (sandbox.c) --- */

@@ -18,6 +18,10 @@ One test tells the whole story, so that every guest it boots serves several chec
 - a node only cut off (SIGSTOP: its QEMUs run on) and back discards the VM of its sandbox marked
   lost meanwhile (fenced by generation), and is up again;
 - each node's meter billed what ran on it;
+- no live node is ever marked down: after the spread, the drain, the restarts and the upgrade no
+  sandbox was lost but the dead or cut-off node's, and neither node's log says "this node had been
+  marked down" but after its death or its cut-off (its heartbeat has a thread and a Postgres
+  connection of its own, node/main.c);
 - a node upgraded to a new guest image: a snapshot taken on the old one restores on it (kept and
   pinned), a new sandbox boots on the new one, and a node that lacks the old image refuses the
   restore (409 naming it) and changes nothing.
@@ -38,7 +42,9 @@ sys.path.insert(0, os.path.join(kiln.ROOT, "tests", "integration", "s3"))
 import s3env  # noqa: E402
 
 DOWN_AFTER = 3   # node_down_after_s here (default 10; 3 is its least): the test waits less
-HEARTBEAT_S = 2  # a node's heartbeat period (node/main.c)
+HEARTBEAT_S = min(DOWN_AFTER / 5, 2)  # a node's heartbeat period (node/main.c)
+# What a node logs when its heartbeat finds it had been marked down (its heartbeat had lapsed).
+MARKED_DOWN = "this node had been marked down at"
 
 
 class NodesTests(unittest.TestCase):
@@ -150,6 +156,18 @@ class NodesTests(unittest.TestCase):
         q = f"SELECT p.status FROM sandboxes s JOIN snapshots p ON p.id = s.pause_snapshot WHERE s.id = '{sb}'"
         self.wait(f"{sb}'s snapshot in the bucket", lambda: self.db.sql(q) == "stored", 180)
 
+    def assert_no_live_node_lost(self, lost, marked):
+        """Nothing lost but what the steps so far lost on purpose: `lost` changes to lost in the
+        sandboxes' log in all, and each node's log (of its current run) saying it had been marked
+        down as many times as `marked` gives, one figure per node."""
+        self.assertEqual(self.db.sql("SELECT count(*) FROM sandbox_state_log WHERE state = 'lost'"),
+                         str(lost), self.db.sql("SELECT sandbox_id, at, node_id FROM sandbox_state_log "
+                                                "WHERE state = 'lost'"))
+        for n, want in zip(self.nodes, marked):
+            out = n.output()
+            self.assertEqual(out.count(MARKED_DOWN), want, f"node {n.node_id}: " + "\n".join(
+                line for line in out.splitlines() if MARKED_DOWN in line))
+
     def wait_lost(self, sb, since):
         """Seconds from `since` (the node's death) until `sb` reads as lost."""
         deadline = since + DOWN_AFTER + 30
@@ -228,11 +246,15 @@ class NodesTests(unittest.TestCase):
         self.assertEqual(r.status, 404, r)
         r = self.gw.request("POST", f"/v1/admin/nodes/{n1.node_id}/undrain", headers=self.admin)
         self.assertEqual(r.status, 200, r)
+        # Both nodes lived through the spread and the drain: neither was marked down meanwhile
+        # (a heartbeat held up by the node's other work), nothing was lost.
+        self.assert_no_live_node_lost(0, [0, 0])
 
         # The first node dies (-9, its meter with it) with x and w running and y paused into the
         # bucket: marked down within its bound, once; x and w lost, y paused.
         self.call("POST", y, "/pause", timeout=180)
         self.wait_stored(y)
+        self.assert_no_live_node_lost(0, [0, 0])
         self.assertTrue(kiln.vm_pids(n0.node_id, x), f"x has no QEMU: {self.get(x)}")
         self.meters[0].stop(signal.SIGKILL)
         n0.stop(signal.SIGKILL)
@@ -245,6 +267,7 @@ class NodesTests(unittest.TestCase):
         self.assertEqual(self.db.sql(f"SELECT count(*) FROM nodes WHERE id = '{n0.node_id}' "
                                      "AND down_at IS NOT NULL"), "1")
         self.assertEqual(self.get(y)["state"], "paused")
+        self.assert_no_live_node_lost(2, [0, 0])  # x and w, on the dead node only
         # A lost one: no resume (409), and billing stopped at the node's last heartbeat, or at
         # what its meter had billed when that was later, never after the death.
         r = self.call("POST", x, "/resume", 409)
@@ -285,6 +308,8 @@ class NodesTests(unittest.TestCase):
                                         f"s.id = m.sandbox_id AND m.generation = s.generation WHERE s.id = '{sb}'")
         self.wait("each meter's bill", lambda: (billed(x), billed(y)) == (n0.node_id, n1.node_id), 30)
         self.call("DELETE", w, "", 204, 120)
+        # The first node's new run says, at its first heartbeat, that it had been marked down.
+        self.assert_no_live_node_lost(2, [1, 0])
 
         # The first node only cut off (SIGSTOP: its QEMUs run on): x lost; back, its VM of x is
         # stopped and discarded, never run on, and the node is up again.
@@ -297,6 +322,8 @@ class NodesTests(unittest.TestCase):
         self.wait("the fenced VM gone", lambda: not kiln.vm_pids(n0.node_id, x), 60)
         self.assertIn("is no longer this node's", n0.output())
         self.wait("the node up", lambda: self.node_states()[n0.node_id]["state"] == "up", 30)
+        # Back, its heartbeat says so; the other node was never marked down.
+        self.assert_no_live_node_lost(3, [2, 0])
         got = self.get(y)
         self.assertEqual((got["state"], got["node"]), ("running", n1.node_id))
         self.assertEqual(self.get(x)["state"], "lost")
@@ -332,6 +359,8 @@ class NodesTests(unittest.TestCase):
         self.assertEqual(self.get(y)["state"], "paused")
         self.assertFalse(kiln.vm_pids(n1.node_id, y), "a VM of the refused restore runs")
         self.call("DELETE", y, "", 204, 120)
+        # Through the upgrade (the second node's new run) no live node was marked down.
+        self.assert_no_live_node_lost(3, [2, 0])
 
 
 if __name__ == "__main__":

@@ -8,15 +8,16 @@ Services of its own (tests/integration/ha/test_failover.py's Services: a Postgre
 streaming standby, a Redis primary, its replica and a sentinel); every Kiln process connects with
 the multi-host libpq string and finds Redis through the sentinel. A real S3-compatible server
 holds the tenant's bucket (tests/integration/s3). Every service listens on this host's address
-facing the first namespace. Three nodes start on image A (the test image);
-each sandbox gets a file and a process of its own, then a worker per sandbox runs exec after exec,
+facing the first namespace. Three nodes start on image A (the test image); each sandbox gets a
+file, a process and an egress rule of its own, then a worker per sandbox runs exec after exec,
 each with its own Idempotency-Key, retrying one on 502-504 or a lost connection with the same key
 and on 409 (its sandbox paused for its move: it did not run) as a new request, until it succeeds. Each node in turn is drained (its sandboxes paused and moved
 through the bucket to the others), stopped cleanly, started again on image B (the test image's
 files under another directory and hash, as a new release's image would be) and undrained.
 
 Then: no request failed after its retries; every sandbox runs, with its file, its process (its
-memory) and every acknowledged exec's line; each sandbox restores on the image it was taken from
+memory), its egress rules (in force on the node that holds it now) and every acknowledged exec's
+line; each sandbox restores on the image it was taken from
 (A) while a new one boots on B. It prints its figures (times, execs, retries, the slowest exec).
 `KILN_TEST_HA_SANDBOXES` (default 3) sets how many sandboxes."""
 import os
@@ -115,6 +116,11 @@ class RollingUpgradeTest(unittest.TestCase):
         self.assertEqual(r.status, 200, r)
         return r.json()["stdout"]
 
+    def egress(self, sb):
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb}/egress", headers=self.key)
+        self.assertEqual(r.status, 200, r)
+        return r.json()
+
     def test_a_rolling_upgrade_to_a_new_guest_image_loses_nothing(self):
         t_start = time.time()
         # Each node with its meter on a host of its own (a network namespace); Postgres, Redis,
@@ -172,6 +178,10 @@ class RollingUpgradeTest(unittest.TestCase):
             sandboxes.append(sb)
             self.sh(sb, f"echo data-{i} > /root/data; setsid sleep 100000 </dev/null >/dev/null 2>&1 & "
                         "echo $! > /root/pid")
+            r = gw.request("PUT", f"/v1/sandboxes/{sb}/egress", {"rules": [f"s{i}.example.com"]}, self.key)
+            self.assertEqual(r.status, 200, r)
+        egress = {sb: self.egress(sb) for sb in sandboxes}
+        self.assertTrue(all(e["mode"] == "allowlist" for e in egress.values()), egress)
         placed = {sb: gw.request("GET", f"/v1/sandboxes/{sb}", headers=self.key).json()["node"]
                   for sb in sandboxes}
         note(f"{SANDBOXES} sandboxes on {len(set(placed.values()))} nodes")
@@ -216,6 +226,8 @@ class RollingUpgradeTest(unittest.TestCase):
             logged = [int(x) for x in lines[2:]]
             missing = set(execs.acked[sb]) - set(logged)
             self.assertFalse(missing, f"{sb}: acknowledged execs not in its log: {sorted(missing)[:10]}")
+            # its egress rules in force on the node it runs on now (the route asks that node)
+            self.assertEqual(self.egress(sb), egress[sb])
             # restored on the image it was taken from: A, whatever node it runs on now
             self.assertEqual(kiln.vm_files(by_id[got["node"]], sb),
                              (img["KILN_GUEST_KERNEL"], img["KILN_GUEST_ROOTFS"]))
