@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -189,11 +190,10 @@ enum kiln_err kiln_sbnet_destroy(const char *id, struct kiln_error *err)
 	 * deleted netns takes its end (and with it the pair) down later, from the kernel's cleanup
 	 * work, so the host's end would outlive the destroy for a while.
 	 */
-	char sys[64];
-	snprintf(sys, sizeof(sys), "/sys/class/net/%s", d.host_if);
-	if (access(sys, F_OK) == 0) {
+	/* if_nametoindex asks this thread's netns; /sys/class/net shows the netns /sys was mounted in */
+	if (if_nametoindex(d.host_if) != 0) {
 		const char *argv[] = {"ip", "link", "del", d.host_if, NULL};
-		kiln_run(argv, NULL);	/* gone already if its netns went first */
+		kiln_run(argv, NULL);
 	}
 	char path[64];
 	snprintf(path, sizeof(path), "/run/netns/%s", d.netns);

@@ -935,9 +935,9 @@ def test_destroy_removes_everything():
     tool("create", TAG + "c", "3")
     created_sandboxes.append(TAG + "c")
     tool("destroy", TAG + "c")
-    assert not os.path.exists("/run/netns/kiln-" + TAG + "c")
-    assert not os.path.exists(os.path.join(PIN_ROOT, NODE, TAG + "c"))
-    assert in_ns(NS_H, "ip", "link", "show", "kv" + TAG + "c").returncode != 0
+    assert not os.path.exists("/run/netns/kiln-" + TAG + "c"), "the netns is left"
+    assert not os.path.exists(os.path.join(PIN_ROOT, NODE, TAG + "c")), "the pins are left"
+    assert in_ns(NS_H, "ip", "link", "show", "kv" + TAG + "c").returncode != 0, "the host's veth is left"
 
 
 def main():
