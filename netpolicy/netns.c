@@ -188,9 +188,9 @@ enum kiln_err kiln_sbnet_destroy(const char *id, struct kiln_error *err)
 	/*
 	 * The host's end first: deleting a veth removes both ends before `ip` returns, whereas a
 	 * deleted netns takes its end (and with it the pair) down later, from the kernel's cleanup
-	 * work, so the host's end would outlive the destroy for a while.
+	 * work, so the host's end would outlive the destroy for a while. if_nametoindex asks this
+	 * thread's netns (/sys/class/net shows the one /sys was mounted in).
 	 */
-	/* if_nametoindex asks this thread's netns; /sys/class/net shows the netns /sys was mounted in */
 	if (if_nametoindex(d.host_if) != 0) {
 		const char *argv[] = {"ip", "link", "del", d.host_if, NULL};
 		kiln_run(argv, NULL);
