@@ -1006,7 +1006,9 @@ static const char rows_sql[] =
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
  * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
- * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. Each
+ * sandbox's in the order they were logged (`seq`), never by time: a change logged after a
+ * backward step of the wall clock carries an earlier time than those before it. */
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
@@ -1019,7 +1021,7 @@ static const char log_sql[] =
 	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
-	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
+	"ORDER BY sandbox_id COLLATE \"C\", seq";
 
 static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 {
@@ -2176,7 +2178,7 @@ static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.seq) FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "

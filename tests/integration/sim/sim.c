@@ -1738,7 +1738,7 @@ static int parse_faults(const char *s, unsigned *out)
 static void usage(FILE *f)
 {
 	fprintf(f,
-		"usage: kiln-sim [--seed N | --seeds N,N,...] [--count K] [--random K] [--steps S]\n"
+		"usage: kiln-sim [--seed N | --seeds N[:S],N[:S],...] [--count K] [--random K] [--steps S]\n"
 		"                [--tenants T] [--nodes N] [--faults=KIND,...] [--budget SECONDS]\n"
 		"                [--self-test] [-v [-v]]\n"
 		"\n"
@@ -1746,6 +1746,7 @@ static void usage(FILE *f)
 		"K seeds drawn from the time, printed) over S simulated seconds (default 900), on the\n"
 		"services fixture's Postgres and Redis (KILN_SERVICES_ENV). --budget stops starting\n"
 		"seeds after that many seconds. Exit 0 when every seed kept every invariant.\n"
+		"--seeds N:S runs seed N over S simulated seconds (its prefix), whatever --steps says.\n"
 		"--self-test: after each seed, plant faults in the ledger and Redis one at a time; each\n"
 		"must be reported by its invariant.\n"
 		"Fault kinds (--faults=a,b; 'all'; 'none'; default expiry):\n");
@@ -1756,8 +1757,10 @@ static void usage(FILE *f)
 int main(int argc, char **argv)
 {
 	uint64_t seeds[4096];
+	long steps_of[4096] = { 0 };	/* --seeds N:S: that seed's steps (0: --steps) */
 	int nseeds = 0, count = 1, nrandom = 0, failed = 0, ran = 0;
-	double budget = 0;
+	double budget = 0, hours = 0;
+	long steps_all;
 	bool have_seed = false;
 	struct timespec a, b;
 	char fs[200];
@@ -1789,8 +1792,21 @@ int main(int argc, char **argv)
 			char buf[4096], *tok, *save = NULL;
 			snprintf(buf, sizeof(buf), "%s", v);
 			for (tok = strtok_r(buf, ",", &save); tok && nseeds < 4096;
-			     tok = strtok_r(NULL, ",", &save))
-				seeds[nseeds++] = strtoull(tok, NULL, 10);
+			     tok = strtok_r(NULL, ",", &save)) {
+				char *end;
+				seeds[nseeds] = strtoull(tok, &end, 10);
+				if (*end == ':') {
+					steps_of[nseeds] = strtol(end + 1, &end, 10);
+					if (steps_of[nseeds] < 1)
+						*end = ':';	/* refused below */
+				}
+				if (*end || end == tok) {
+					fprintf(stderr, "kiln-sim: --seeds: \"%s\" is not N or N:S "
+						"(S >= 1)\n", tok);
+					return 2;
+				}
+				nseeds++;
+			}
 			have_seed = true;
 			i++;
 		} else if (!strcmp(argv[i], "--count")) {
@@ -1831,14 +1847,19 @@ int main(int argc, char **argv)
 		/* drawn from the time, and run between the fixed ones (so a budget that ends the
 		 * list early still runs some of each) */
 		uint64_t base = (uint64_t)time(NULL) * 1000003ULL ^ (uint64_t)getpid(), fixed[4096];
+		long fixed_steps[4096];
 		int nfixed = nseeds;
 		memcpy(fixed, seeds, sizeof(fixed[0]) * (size_t)nfixed);
+		memcpy(fixed_steps, steps_of, sizeof(fixed_steps[0]) * (size_t)nfixed);
 		nseeds = 0;
 		printf("seeds drawn from the time:");
 		for (int k = 0; (k < nrandom || k < nfixed) && nseeds < 4095; k++) {
-			if (k < nfixed)
+			if (k < nfixed) {
+				steps_of[nseeds] = fixed_steps[k];
 				seeds[nseeds++] = fixed[k];
+			}
 			if (k < nrandom) {
+				steps_of[nseeds] = 0;
 				rng = base + (uint64_t)k;
 				seeds[nseeds] = rnd() % 1000000000ULL;
 				printf(" %" PRIu64, seeds[nseeds++]);
@@ -1851,6 +1872,7 @@ int main(int argc, char **argv)
 	if (template_open() != 0)
 		return 2;
 	clock_gettime(CLOCK_MONOTONIC, &a);
+	steps_all = opt.steps;
 	for (int i = 0; i < nseeds; i++) {
 		int rc;
 		clock_gettime(CLOCK_MONOTONIC, &b);
@@ -1858,8 +1880,10 @@ int main(int argc, char **argv)
 			printf("budget of %.0f s spent: %d of %d seeds run\n", budget, ran, nseeds);
 			break;
 		}
+		opt.steps = steps_of[i] ? steps_of[i] : steps_all;
 		rc = run_seed(seeds[i]);
 		ran++;
+		hours += (double)opt.steps / 3600.0;
 		if (rc)
 			failed++;
 		if (rc == 2)
@@ -1867,7 +1891,7 @@ int main(int argc, char **argv)
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
 	printf("kiln-sim: %d of %d seeds failed, %.2f simulated hours, faults %s, %.0f s\n", failed,
-	       ran, (double)ran * (double)opt.steps / 3600.0, faults_str(opt.faults, fs, sizeof(fs)),
+	       ran, hours, faults_str(opt.faults, fs, sizeof(fs)),
 	       (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9);
 	testdb_close(&tdb);
 	return failed ? 1 : 0;

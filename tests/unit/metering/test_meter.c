@@ -571,6 +571,63 @@ static void test_a_change_logged_before_a_backward_step_keeps_its_time(void)
 	meter_free(m);
 }
 
+/* One fake second on both clocks, then a tick whose Postgres may be away (its outcome unchecked). */
+static void tick_maybe(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+
+	fake_now += S;
+	fake_mono += S;
+	(void)meter_tick(m, &err);
+}
+
+/*
+ * A sandbox's changes are applied in the order they were logged (`seq`), not by their times: a
+ * change logged after a backward step of the wall clock reads earlier than those logged before
+ * it (kiln-sim `clock`, seed 9120: two sandboxes that ran on a node whose meter had no Postgres,
+ * moved, and ended after a 3,186 s backward step were read with their end first, and their
+ * first generation was charged nothing of 43,077 and 54,835 µcr). Here the meter, without
+ * Postgres across a sandbox's start, a 100 s backward step and its end, reads all three at once
+ * (from the point of another sandbox it bills all along): by time the end came first and the
+ * 20 s it ran were billed nothing.
+ */
+static void test_changes_across_a_backward_step_apply_in_log_order(void)
+{
+	char t[32], sb[32], sb0[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb0, sizeof(sb0), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		if (i == 6)
+			new_sandbox(t, sb, sizeof(sb), fake_now);	/* at 5 */
+		if (i == 16)
+			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+		if (i == 26)
+			stop_sandbox(sb, fake_now);	/* at 25, on the stepped wall clock */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb0, fake_now);	/* at 40 */
+		if (i < 31)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	CHECK_INT(used(t), (20 + 40) * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
 /*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
@@ -697,6 +754,7 @@ int main(void)
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
+	TEST(test_changes_across_a_backward_step_apply_in_log_order);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
