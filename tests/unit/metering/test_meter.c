@@ -474,6 +474,55 @@ static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
 }
 
 /*
+ * A meter restarted across a forward step of the wall clock made while it was down (after a
+ * backward one) places the changes logged before that step in the frame then in force (the
+ * offset its node's last flush saved) and moves them on by the step, as it moves the ledger's
+ * points (kiln-sim `clock`, seed 9119: a sandbox created while its node's meter was down, just
+ * before a 2,918 s forward step, was billed from its creation read in the new frame, the step
+ * with it, +2,194,336 µcr). Here the sandbox created during the outage would be billed from 900 s
+ * before its creation (1,000 s more), or, without the saved offset, 100 s early.
+ */
+static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
+{
+	char t[32], sb[32], sb1[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)
+			new_sandbox(t, sb1, sizeof(sb1), fake_now);	/* at 30, no meter */
+		if (i == 36)
+			fake_now += 1000 * S;	/* at 35, the wall clock steps forward 1,000 s */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 */
+		if (i == 51) {
+			stop_sandbox(sb, fake_now);	/* both end at 50 */
+			stop_sandbox(sb1, fake_now);
+		}
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	/* sb 50 s (the outage's 20 s billed at the restart), sb1 20 s */
+	CHECK_INT(used(t), (50 + 20) * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
  * A state change applied once is never applied again, whatever its time reads: after a backward
  * step of the wall clock, the changes logged before it carry times that, shifted by the step,
  * fall after the billed-up-to point (kiln-sim `clock`, seed 9108: a moved sandbox's first
@@ -628,6 +677,66 @@ static void test_changes_across_a_backward_step_apply_in_log_order(void)
 	pg_free(dead);
 }
 
+/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
+static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
+	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
+	    (long long)(fake_now / 1000), sb);
+}
+
+/*
+ * A generation that paused and was resumed while its meter had no Postgres is billed at its own
+ * pause snapshot's size, the newest made before the next generation's first change in the log's
+ * order, not before the earliest time a later change reads: after a backward step of the wall
+ * clock, the next generation's pause reads earlier than the snapshot (kiln-sim `clock`, seed
+ * 9120: a moved generation's paused time billed at the guest's memory, +1,683 µcr, and another's
+ * at the next generation's snapshot, -1,106). Here the 5 s paused into 512 MiB were billed at
+ * the guest's 256.
+ */
+static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		if (i == 6)
+			pause_into(t, sb, "snap_a", 512);	/* at 5 */
+		if (i == 11)	/* at 10, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
+			    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) "
+			    "WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 16)
+			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+		if (i == 21)
+			pause_into(t, sb, "snap_b", 128);	/* at 20 */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i < 31)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	/* 5 s running, 5 s paused at 512, 10 s running, 20 s paused at 128 */
+	CHECK_INT(used(t), 15 * 257 + 5 * 512 + 20 * 128);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
 /*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
@@ -751,10 +860,12 @@ int main(void)
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
+	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
 	TEST(test_changes_across_a_backward_step_apply_in_log_order);
+	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
