@@ -1512,14 +1512,17 @@ static bool pg_warm(struct pg *pool)
 /* Runs seed `seed`: 0 when every invariant held, 1 when one broke, 2 on a simulation error. */
 static int run_seed(uint64_t seed)
 {
+	static int runs;
 	char url[800], fs[200], path[700];
 	struct timespec a, b;
 	int rc;
 
 	memset(&W, 0, sizeof(W));
 	rng = seed * 0x2545f4914f6cdd1dULL + 1;
-	snprintf(W.tag, sizeof(W.tag), "%" PRIu64 "p%d", seed, (int)getpid());
-	snprintf(W.db, sizeof(W.db), "t_sim_%" PRIu64 "_%d", seed, (int)getpid());
+	/* Named by seed, process and run (a seed may come twice: --seeds 9119,9119:480). */
+	runs++;
+	snprintf(W.tag, sizeof(W.tag), "%" PRIu64 "p%dr%d", seed, (int)getpid(), runs);
+	snprintf(W.db, sizeof(W.db), "t_sim_%" PRIu64 "_%d_%d", seed, (int)getpid(), runs);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	if (!admin_sql("DROP DATABASE IF EXISTS %s WITH (FORCE)", W.db) ||
 	    !admin_sql("CREATE DATABASE %s TEMPLATE %s", W.db, tdb.name) ||
