@@ -1699,7 +1699,11 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
  * until the expiry is posted, and every meter flushes such a window at its end, so the expiry
  * waits a window more than the last of them: run at the expiry, it took the grant's credits while
  * another node's window before it, flushed a moment later, was drawn from another grant or the
- * overdraft.
+ * overdraft. A forward step of the wall clock passes no expiry so: the windows before the step
+ * end when it lands and are flushed after it, so for two windows after it lands nothing passed
+ * by the step is due; then all of it is (kiln-sim `clock`, seed 9143: a grant whose expiry a
+ * 1,018 s forward step passed expired at the step's first tick, another node's window before it,
+ * flushed a moment later, drawn from the overdraft).
  */
 static void meter_expire(struct meter *m, int64_t now)
 {
@@ -1708,8 +1712,14 @@ static void meter_expire(struct meter *m, int64_t now)
 	struct pg_res *res = NULL;
 	char at[32];
 	int64_t ws = price_window_start(now, m->o.window_s);
-	int64_t due = now - 2 * m->o.window_s * PRICE_NS_PER_S;
+	int64_t two = 2 * m->o.window_s * PRICE_NS_PER_S, due = now - two;
 
+	if (m->nsteps) {
+		int k = m->nsteps - 1;
+		if (m->clk_now_l - (m->step_at[k] + m->step_by[k]) < two &&
+		    due > m->step_at[k] - m->step_off[k] - two)
+			due = m->step_at[k] - m->step_off[k] - two;	/* the wall clock when it stepped */
+	}
 	if (ws == m->last_expiry_ws)
 		return;
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)

@@ -418,21 +418,21 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 			fake_now += 3600 * S;
 		if (phase == 2)
 			fake_now -= 7200 * S;
-		for (int i = 0; i < 12; i++) {
+		for (int i = 0; i < (phase == 1 ? 32 : 12); i++) {
 			fake_now += S;
 			fake_mono += S;
 			secs++;
 			CHECK_INT(meter_tick(m, &err), KILN_OK);
 			CHECK_INT(used(t) + meter_pending(m, t), secs * 257LL);
 		}
-		if (phase == 1)	/* the forward step reached the grant's date */
+		if (phase == 1)	/* the forward step passed the grant's date: two windows on, it expired */
 			CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' "
 					  "AND kind = 'expiry'", t), 1);
 	}
 	stop_sandbox(sb, fake_now);	/* on the (stepped) wall clock, as the node records it */
 	for (int i = 0; i < 12; i++)
 		tick_both(m);
-	CHECK_INT(used(t), 36 * 257);
+	CHECK_INT(used(t), 56 * 257);
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
@@ -520,6 +520,56 @@ static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
 	CHECK_INT(used(t), (50 + 20) * 257);
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
+}
+
+/*
+ * A grant's expiry passed by a forward step of the wall clock waits two windows after the step
+ * lands, as one not passed waits two windows after its time: the windows before the step, which
+ * started before the expiry, are flushed by every meter after the step, and draw from the grant
+ * (kiln-sim `clock`, seed 9143: the expiry ran at the step's first tick, and another node's window
+ * before it, flushed a moment later, was drawn from the overdraft, the tenant's debt). Here two
+ * meters of two nodes tick in turn, the first expires, and the second's window from before the
+ * step was drawn from the overdraft.
+ */
+static void test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it(void)
+{
+	char t[32], sb[32], sb1[32], node0[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m0, *m1;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, t0 / S + 30, "soon");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m0 = new_meter_with(true, 0);
+	snprintf(node0, sizeof(node0), "%s", node);
+	(void)aligned_now();	/* a second node */
+	new_sandbox(t, sb1, sizeof(sb1), t0);
+	m1 = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 26)
+			fake_now += 1000 * S;	/* at 25, the wall clock steps 1,000 s ahead */
+		if (i == 51) {
+			stop_sandbox(sb, fake_now);
+			stop_sandbox(sb1, fake_now);
+		}
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m0, &err), KILN_OK);
+		CHECK_INT(meter_tick(m1, &err), KILN_OK);
+	}
+	/* both ran 25 s before the step, from the grant; the expiry took the rest */
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND kind = "
+			  "'usage' AND period_start < to_timestamp(%lld) AND debit_account NOT LIKE "
+			  "'grant:%%'", t, (long long)(t0 / S + 30)), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 1000000 - 2 * 25 * 257);
+	CHECK_INT(used(t), 2 * 50 * 257);
+	meter_free(m1);
+	meter_free(m0);
+	snprintf(node, sizeof(node), "%s", node0);
 }
 
 /*
@@ -861,6 +911,7 @@ int main(void)
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
+	TEST(test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
