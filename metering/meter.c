@@ -143,12 +143,15 @@ struct meter {
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
 	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
 	int64_t resume_l, resume_m;
+	int64_t resume_off;	/* that flush's offset (label - wall) */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
 	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
-	 * on by step_by[i] (its tracked points did; one read later from the ledger must too). */
-	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT];
-	int nsteps;
+	 * on by step_by[i] (its tracked points did; one read later from the ledger must too), and
+	 * the offset (label - wall) in force before each, for the node's times logged before it.
+	 * Those from fwd_from on came after the newest backward step. */
+	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT], step_off[STEPS_KEPT];
+	int nsteps, fwd_from;
 	/* The offsets (label - wall) in force before each backward step this meter followed,
 	 * newest last: a change logged before a step reads in its own (kiln-sim `clock`, 9110). */
 	int64_t back_off[STEPS_KEPT];
@@ -175,6 +178,7 @@ struct meter {
 	size_t fitems;
 	int64_t ffirst_read;
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
+	int64_t fclk_off;	/* and its offset (label - wall) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -234,6 +238,23 @@ static int64_t label_now(struct meter *m)
 	return m->clk_l0 + (m->o.mono_ns(m->o.clock_ctx) - m->clk_m0);
 }
 
+/* Keeps a forward step of the wall clock at label `at`, the label clock moved on by `by`, the
+ * offset before it `off` (node_time(), step_shift()); the oldest goes when STEPS_KEPT are kept. */
+static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
+{
+	if (m->nsteps == STEPS_KEPT) {
+		memmove(m->step_at, m->step_at + 1, sizeof(m->step_at[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_by, m->step_by + 1, sizeof(m->step_by[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_off, m->step_off + 1, sizeof(m->step_off[0]) * (STEPS_KEPT - 1));
+		m->nsteps--;
+		if (m->fwd_from)
+			m->fwd_from--;
+	}
+	m->step_at[m->nsteps] = at;
+	m->step_off[m->nsteps] = off;
+	m->step_by[m->nsteps++] = by;
+}
+
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
@@ -246,12 +267,14 @@ static int64_t label_now(struct meter *m)
  */
 static int64_t meter_clock(struct meter *m)
 {
-	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l;
+	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l, off_before = m->off;
 
 	if (!m->clk_set) {
 		/* On the host of the node's last flush, in that flush's frame (a backward step of
 		 * the wall clock made before this start shifts nothing); else at the wall clock. */
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
+		if (m->resume && mono >= m->resume_m)
+			off_before = m->resume_off;	/* the node's times before a step: that frame's */
 		if (m->clk_l0 < m->start_floor)
 			m->clk_l0 = m->start_floor;
 		m->clk_m0 = mono;
@@ -263,16 +286,20 @@ static int64_t meter_clock(struct meter *m)
 		log_warn("the wall clock stepped %.3f s ahead of the meter's: not billed", (double)step / 1e9);
 		for (size_t i = 0; i < m->nsbs; i++)
 			m->sbs[i]->last_t += step;
-		if (m->nsteps == STEPS_KEPT) {
-			memmove(m->step_at, m->step_at + 1, sizeof(m->step_at[0]) * (STEPS_KEPT - 1));
-			memmove(m->step_by, m->step_by + 1, sizeof(m->step_by[0]) * (STEPS_KEPT - 1));
-			m->nsteps--;
-		}
-		m->step_at[m->nsteps] = l;
-		m->step_by[m->nsteps++] = step;
+		fwd_keep(m, l, step, off_before);
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
+	} else if (off_before - (l - w) > STEP_TOLERANCE_NS && m->clk_now_l) {
+		/* Stepped forward less than the lead a backward step left (the label clock stays
+		 * ahead): nothing to skip, but the node's times logged before it keep the offset
+		 * then in force (kiln-sim `clock`, seed 9192). */
+		fwd_keep(m, l, 0, off_before);
+		if (l - w <= STEP_TOLERANCE_NS) {
+			m->clk_l0 = w;
+			m->clk_m0 = mono;
+			l = w;
+		}
 	} else if (l - w <= STEP_TOLERANCE_NS) {
 		/* No step (NTP slews both clocks alike): the wall clock itself labels, to the ns
 		 * of the node's timestamps. */
@@ -290,6 +317,7 @@ static int64_t meter_clock(struct meter *m)
 			m->nback--;
 		}
 		m->back_off[m->nback++] = m->off;
+		m->fwd_from = m->nsteps;
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
@@ -606,6 +634,44 @@ static int64_t step_shift(const struct meter *m, int64_t t)
 		if (t < m->step_at[i])
 			t += m->step_by[i];
 	return t;
+}
+
+/*
+ * The node's wall-clock time `w` (ns) on this meter's label clock: shifted by the offset in force
+ * now, or, when it was logged before forward steps this meter followed (since its last backward
+ * step), placed in the frame in force before the oldest of them and moved on by each, as the
+ * points it tracked were (kiln-sim `clock`, seed 9119: a sandbox created while its node's meter
+ * was down, just before a 2,918 s forward step, was billed from its creation read in the new
+ * frame, the step's time with it, +2,194,336 µcr). A time after a forward step reads later than
+ * where it landed, a time before it earlier than where it left (by the step).
+ */
+static int64_t node_time(const struct meter *m, int64_t w)
+{
+	int64_t t = w + m->off;
+	int k = m->nsteps;
+
+	while (k > m->fwd_from && w + m->step_off[k - 1] < m->step_at[k - 1])
+		k--;
+	if (k < m->nsteps) {
+		t = w + m->step_off[k];
+		for (int i = k; i < m->nsteps; i++)
+			t += m->step_by[i];
+	}
+	return t;
+}
+
+/* The earliest wall-clock time the node may have logged for label time `t` (node_time's
+ * inverse at its widest: the log is read from there). */
+static int64_t node_wall_from(const struct meter *m, int64_t t)
+{
+	int64_t w = t - m->off, shift = 0;
+
+	for (int i = m->nsteps - 1; i >= m->fwd_from; i--) {
+		shift += m->step_by[i];
+		if (t - m->step_off[i] - shift < w)
+			w = t - m->step_off[i] - shift;
+	}
+	return w;
 }
 
 static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
@@ -963,11 +1029,13 @@ static const char rows_sql[] =
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
 	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
 	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
-	 * current one's only): the newest made before that generation's end. */
+	 * current one's only): the newest made before that generation's end, the first change of a
+	 * later one in the log's order (its time, not the earliest time: a change logged after a
+	 * backward step of the wall clock reads earlier). */
 	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
 	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation) "
+	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation ORDER BY n.seq LIMIT 1) "
 	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
@@ -1006,20 +1074,24 @@ static const char rows_sql[] =
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
  * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
- * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. */
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. Each
+ * sandbox's in the order they were logged (`seq`), never by time: a change logged after a
+ * backward step of the wall clock carries an earlier time than those before it. */
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
 	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
-	 * sandbox's row names the current generation's only) */
+	 * sandbox's row names the current generation's only), the first change of a later
+	 * generation in the log's order */
 	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
 	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT min(n.at) FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation) "
+	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation "
+	"        ORDER BY n.seq LIMIT 1) "
 	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
-	"ORDER BY sandbox_id COLLATE \"C\", at, seq";
+	"ORDER BY sandbox_id COLLATE \"C\", seq";
 
 static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 {
@@ -1371,12 +1443,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  int64_t clk_l, int64_t clk_m, struct buf *refused,
+				  int64_t clk_l, int64_t clk_m, int64_t clk_off, struct buf *refused,
 				  struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24];
+	char l[24], mono[24], off[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1388,12 +1460,13 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
+		snprintf(off, sizeof(off), "%" PRId64, clk_off);
 		rc = PGQ(c, NULL, err,
-			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns) "
-			 "VALUES ($1, $2, $3, $4) ON CONFLICT (node_id) DO UPDATE SET "
-			 "boot_id = $2, label_ns = $3, mono_ns = $4, updated_at = now() "
+			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns) "
+			 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id) DO UPDATE SET "
+			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
-			 m->node, m->boot, l, mono);
+			 m->node, m->boot, l, mono, off);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -1439,8 +1512,8 @@ static void *flush_main(void *arg)
 		pthread_mutex_unlock(&m->flock);
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
-		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, &m->frefused,
-				  &err);
+		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
+				  &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -1618,6 +1691,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->ffirst_read = first_read;
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
+		m->fclk_off = m->off;
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
 		pthread_mutex_unlock(&m->flock);
@@ -1625,7 +1699,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
-	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, &refused, err);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -1642,7 +1716,11 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
  * until the expiry is posted, and every meter flushes such a window at its end, so the expiry
  * waits a window more than the last of them: run at the expiry, it took the grant's credits while
  * another node's window before it, flushed a moment later, was drawn from another grant or the
- * overdraft.
+ * overdraft. A forward step of the wall clock passes no expiry so: the windows before the step
+ * end when it lands and are flushed after it, so for two windows after it lands nothing passed
+ * by the step is due; then all of it is (kiln-sim `clock`, seed 9143: a grant whose expiry a
+ * 1,018 s forward step passed expired at the step's first tick, another node's window before it,
+ * flushed a moment later, drawn from the overdraft).
  */
 static void meter_expire(struct meter *m, int64_t now)
 {
@@ -1651,8 +1729,14 @@ static void meter_expire(struct meter *m, int64_t now)
 	struct pg_res *res = NULL;
 	char at[32];
 	int64_t ws = price_window_start(now, m->o.window_s);
-	int64_t due = now - 2 * m->o.window_s * PRICE_NS_PER_S;
+	int64_t two = 2 * m->o.window_s * PRICE_NS_PER_S, due = now - two;
 
+	if (m->nsteps) {
+		int k = m->nsteps - 1;
+		if (m->clk_now_l - (m->step_at[k] + m->step_by[k]) < two &&
+		    due > m->step_at[k] - m->step_off[k] - two)
+			due = m->step_at[k] - m->step_off[k] - two;	/* the wall clock when it stepped */
+	}
 	if (ws == m->last_expiry_ws)
 		return;
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
@@ -2020,13 +2104,15 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	/* The frame of the node's last flush, when it ran on this host since its boot. */
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
-			 "SELECT label_ns, mono_ns FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 "SELECT label_ns, mono_ns, off_ns FROM meter_clocks "
+			 "WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
 			m->resume = true;
 			m->resume_l = pg_res_int(res, 0, 0, 0);
 			m->resume_m = pg_res_int(res, 0, 1, 0);
+			m->resume_off = pg_res_int(res, 0, 2, 0);
 		}
 		pg_res_free(res);
 	}
@@ -2176,7 +2262,7 @@ static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.at, l.seq) FROM sandbox_state_log l "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.seq) FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
@@ -2185,9 +2271,9 @@ static const char tails_sql[] =
 	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
 	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
-	"JOIN LATERAL (SELECT (extract(epoch FROM min(n.at)) * 1000000)::bigint AS at_us "
+	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
-	"    AND n.generation > mm.generation) e ON e.at_us IS NOT NULL "
+	"    AND n.generation > mm.generation ORDER BY n.seq LIMIT 1) e ON true "
 	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
 	"AND coalesce(mm.gen_node, mm.node_id) <> $1 AND mm.last_t_ns < e.at_us * 1000 "
 	"ORDER BY 1, 3";
@@ -2204,7 +2290,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 {
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
-	int64_t t = pg_res_int(res, i, 5, 0), end = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+	int64_t t = pg_res_int(res, i, 5, 0), end = node_time(m, pg_res_int(res, i, 9, 0) * 1000);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 	struct mwin *w;
 
@@ -2229,7 +2315,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 		uint64_t dcpu = 0;
 		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
 			break;
-		at = us * 1000 + m->off;
+		at = node_time(m, us * 1000);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
@@ -2342,7 +2428,7 @@ static void meter_take_tails(struct meter *m, int64_t now)
 			s->ended = true;
 			s->ten->nsb--;
 			s->gen = pg_res_int(res, i, 2, 0);
-			s->last_t = pg_res_int(res, i, 9, 0) * 1000 + m->off;
+			s->last_t = node_time(m, pg_res_int(res, i, 9, 0) * 1000);
 		}
 		for (size_t k = 0; k < s->nw && !taking; k++)
 			taking = s->w[k].gen == gen;
@@ -2375,12 +2461,10 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	}
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
-		if (m->off) {
-			/* The node's times are wall-clock: on the label clock after a step. */
-			r[i].changed += r[i].changed ? m->off : 0;
-			r[i].deleted += r[i].deleted ? m->off : 0;
-			r[i].created += r[i].created ? m->off : 0;
-		}
+		/* The node's times are wall-clock: on the label clock after a step. */
+		r[i].changed = r[i].changed ? node_time(m, r[i].changed) : 0;
+		r[i].deleted = r[i].deleted ? node_time(m, r[i].deleted) : 0;
+		r[i].created = r[i].created ? node_time(m, r[i].created) : 0;
 		sv[i] = sb_find(m, r[i].id);
 		{
 			/* Untracked: from its point, or from its creation when the point is
@@ -2392,7 +2476,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				from = t;
 		}
 	}
-	if ((rc = log_read(m, r, rows, from - m->off - LOG_LATE_NS, &lres)) != 0)
+	if ((rc = log_read(m, r, rows, node_wall_from(m, from) - LOG_LATE_NS, &lres)) != 0)
 		goto out;
 	ne = pg_res_rows(lres);
 	ev = calloc((size_t)ne + 1, sizeof(*ev));
@@ -2414,7 +2498,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
-		e->at = pg_res_int(lres, k, 3, 0) * 1000 + m->off;
+		e->at = node_time(m, pg_res_int(lres, k, 3, 0) * 1000);
 		/* Read ahead of this tick by more than a step's tolerance after a backward step:
 		 * logged before it, in the frame then in force (the newest that puts it no later
 		 * than now). */

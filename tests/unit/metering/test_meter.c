@@ -418,21 +418,21 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 			fake_now += 3600 * S;
 		if (phase == 2)
 			fake_now -= 7200 * S;
-		for (int i = 0; i < 12; i++) {
+		for (int i = 0; i < (phase == 1 ? 32 : 12); i++) {
 			fake_now += S;
 			fake_mono += S;
 			secs++;
 			CHECK_INT(meter_tick(m, &err), KILN_OK);
 			CHECK_INT(used(t) + meter_pending(m, t), secs * 257LL);
 		}
-		if (phase == 1)	/* the forward step reached the grant's date */
+		if (phase == 1)	/* the forward step passed the grant's date: two windows on, it expired */
 			CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' "
 					  "AND kind = 'expiry'", t), 1);
 	}
 	stop_sandbox(sb, fake_now);	/* on the (stepped) wall clock, as the node records it */
 	for (int i = 0; i < 12; i++)
 		tick_both(m);
-	CHECK_INT(used(t), 36 * 257);
+	CHECK_INT(used(t), 56 * 257);
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
@@ -471,6 +471,105 @@ static void test_meter_restarted_after_a_backward_step_keeps_its_frame(void)
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
+}
+
+/*
+ * A meter restarted across a forward step of the wall clock made while it was down (after a
+ * backward one) places the changes logged before that step in the frame then in force (the
+ * offset its node's last flush saved) and moves them on by the step, as it moves the ledger's
+ * points (kiln-sim `clock`, seed 9119: a sandbox created while its node's meter was down, just
+ * before a 2,918 s forward step, was billed from its creation read in the new frame, the step
+ * with it, +2,194,336 µcr). Here the sandbox created during the outage would be billed from 900 s
+ * before its creation (1,000 s more), or, without the saved offset, 100 s early.
+ */
+static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
+{
+	char t[32], sb[32], sb1[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)
+			new_sandbox(t, sb1, sizeof(sb1), fake_now);	/* at 30, no meter */
+		if (i == 36)
+			fake_now += 1000 * S;	/* at 35, the wall clock steps forward 1,000 s */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 */
+		if (i == 51) {
+			stop_sandbox(sb, fake_now);	/* both end at 50 */
+			stop_sandbox(sb1, fake_now);
+		}
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	/* sb 50 s (the outage's 20 s billed at the restart), sb1 20 s */
+	CHECK_INT(used(t), (50 + 20) * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
+ * A grant's expiry passed by a forward step of the wall clock waits two windows after the step
+ * lands, as one not passed waits two windows after its time: the windows before the step, which
+ * started before the expiry, are flushed by every meter after the step, and draw from the grant
+ * (kiln-sim `clock`, seed 9143: the expiry ran at the step's first tick, and another node's window
+ * before it, flushed a moment later, was drawn from the overdraft, the tenant's debt). Here two
+ * meters of two nodes tick in turn, the first expires, and the second's window from before the
+ * step was drawn from the overdraft.
+ */
+static void test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it(void)
+{
+	char t[32], sb[32], sb1[32], node0[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m0, *m1;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, t0 / S + 30, "soon");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m0 = new_meter_with(true, 0);
+	snprintf(node0, sizeof(node0), "%s", node);
+	(void)aligned_now();	/* a second node */
+	new_sandbox(t, sb1, sizeof(sb1), t0);
+	m1 = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 26)
+			fake_now += 1000 * S;	/* at 25, the wall clock steps 1,000 s ahead */
+		if (i == 51) {
+			stop_sandbox(sb, fake_now);
+			stop_sandbox(sb1, fake_now);
+		}
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m0, &err), KILN_OK);
+		CHECK_INT(meter_tick(m1, &err), KILN_OK);
+	}
+	/* both ran 25 s before the step, from the grant; the expiry took the rest */
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND kind = "
+			  "'usage' AND period_start < to_timestamp(%lld) AND debit_account NOT LIKE "
+			  "'grant:%%'", t, (long long)(t0 / S + 30)), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "tenant_id = '%s' AND kind = 'expiry'", t), 1000000 - 2 * 25 * 257);
+	CHECK_INT(used(t), 2 * 50 * 257);
+	meter_free(m1);
+	meter_free(m0);
+	snprintf(node, sizeof(node), "%s", node0);
 }
 
 /*
@@ -569,6 +668,165 @@ static void test_a_change_logged_before_a_backward_step_keeps_its_time(void)
 	CHECK_INT(used(t), 10 * 257 + 140 * 512);
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
+}
+
+/* One fake second on both clocks, then a tick whose Postgres may be away (its outcome unchecked). */
+static void tick_maybe(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+
+	fake_now += S;
+	fake_mono += S;
+	(void)meter_tick(m, &err);
+}
+
+/*
+ * A sandbox's changes are applied in the order they were logged (`seq`), not by their times: a
+ * change logged after a backward step of the wall clock reads earlier than those logged before
+ * it (kiln-sim `clock`, seed 9120: two sandboxes that ran on a node whose meter had no Postgres,
+ * moved, and ended after a 3,186 s backward step were read with their end first, and their
+ * first generation was charged nothing of 43,077 and 54,835 µcr). Here the meter, without
+ * Postgres across a sandbox's start, a 100 s backward step and its end, reads all three at once
+ * (from the point of another sandbox it bills all along): by time the end came first and the
+ * 20 s it ran were billed nothing.
+ */
+static void test_changes_across_a_backward_step_apply_in_log_order(void)
+{
+	char t[32], sb[32], sb0[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb0, sizeof(sb0), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		if (i == 6)
+			new_sandbox(t, sb, sizeof(sb), fake_now);	/* at 5 */
+		if (i == 16)
+			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+		if (i == 26)
+			stop_sandbox(sb, fake_now);	/* at 25, on the stepped wall clock */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb0, fake_now);	/* at 40 */
+		if (i < 31)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	CHECK_INT(used(t), (20 + 40) * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
+/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
+static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
+	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
+	    (long long)(fake_now / 1000), sb);
+}
+
+/*
+ * A generation that paused and was resumed while its meter had no Postgres is billed at its own
+ * pause snapshot's size, the newest made before the next generation's first change in the log's
+ * order, not before the earliest time a later change reads: after a backward step of the wall
+ * clock, the next generation's pause reads earlier than the snapshot (kiln-sim `clock`, seed
+ * 9120: a moved generation's paused time billed at the guest's memory, +1,683 µcr, and another's
+ * at the next generation's snapshot, -1,106). Here the 5 s paused into 512 MiB were billed at
+ * the guest's 256.
+ */
+static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		if (i == 6)
+			pause_into(t, sb, "snap_a", 512);	/* at 5 */
+		if (i == 11)	/* at 10, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
+			    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) "
+			    "WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 16)
+			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+		if (i == 21)
+			pause_into(t, sb, "snap_b", 128);	/* at 20 */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i < 31)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	/* 5 s running, 5 s paused at 512, 10 s running, 20 s paused at 128 */
+	CHECK_INT(used(t), 15 * 257 + 5 * 512 + 20 * 128);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
+ * A forward step of the wall clock smaller than the lead a backward step left (the label clock
+ * stays ahead) changes the offset of the node's times: a change logged before it and read after
+ * it keeps the offset then in force (kiln-sim `clock`, seed 9192: after steps back of 2,902 and
+ * 184 s, a boot logged just before a 1,255 s forward step was read 1,255 s early, and a sandbox
+ * that ran a minute was charged nothing of 73,026 µcr). Here a pause logged before a 60 s step,
+ * 100 s back, read after it by a meter without Postgres across both, was applied 12 s early.
+ */
+static void test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+		if (i == 16)
+			pause_into(t, sb, "snap_a", 512);	/* at 15 */
+		if (i == 21)
+			fake_now += 60 * S;	/* at 20, 60 s forward: still 40 s behind */
+		if (i == 26)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i < 26)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	/* 15 s running, 25 s paused at 512 */
+	CHECK_INT(used(t), 15 * 257 + 25 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
 }
 
 /*
@@ -694,9 +952,14 @@ int main(void)
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
+	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
+	TEST(test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it);
+	TEST(test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
 	TEST(test_an_ended_sandbox_is_not_billed_again_after_a_backward_step);
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
+	TEST(test_changes_across_a_backward_step_apply_in_log_order);
+	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
