@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test: installs what is missing, builds with AddressSanitizer and UBSan, checks that every
-# test is labelled, runs every test, and fails when a test skipped that tests/skip-allowed.txt does
-# not allow to (docs/testing.md). Arguments go to ctest (e.g. -R metering, -L unit).
+# test is labelled, runs every test, longest first (tests/ctest-costs.txt), and fails when a test
+# skipped that tests/skip-allowed.txt does not allow to (docs/testing.md). Arguments go to ctest
+# (e.g. -R metering, -L unit).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" -ne 0 ]; then
@@ -16,6 +17,9 @@ check="/usr/bin/python3 $root/tests/harness/ctest_check.py"
 allowed=$root/tests/skip-allowed.txt
 cd "$root/build-test"
 $check policy "$root/build-test" "$allowed"
+# The longest tests first (tests/ctest-costs.txt): an aid to the order only, never a reason to stop.
+$check costs "$root/build-test" "$root/tests/ctest-costs.txt" ||
+  echo "test: no typical test times given to ctest; it runs the tests in its own order" >&2
 junit=$root/build-test/Testing/junit.xml
 rm -f "$junit"
 rc=0

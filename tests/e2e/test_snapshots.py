@@ -1,6 +1,7 @@
 """Pause, resume and fork: memory, processes and files survive; children diverge independently."""
 import glob
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -19,6 +20,11 @@ while True:
     time.sleep(0.2)
 """
 COUNTER = "nohup python3 /root/counter.py >/dev/null 2>&1 &"
+# A node's log line at a fault point it holds at (common/fault.c)
+HELD = re.compile(r'fault point "([^"]+)": held')
+# A loaded host (ctest -j2 beside other work) can take minutes to boot a guest under TCG: a boot
+# that runs out of time fails a create, which these tests are not about.
+BOOT = {"KILN_BOOT_TIMEOUT_S": "600"}
 
 
 class Helpers:
@@ -26,10 +32,14 @@ class Helpers:
 
     @classmethod
     def setUpClass(cls):
-        cls.stack = kiln.Stack()
+        cls.stack = kiln.Stack(node_env=BOOT)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
+
+    def restart_node(self, env=None):
+        """The class's node started again (as after a crash), with `env` beside BOOT."""
+        self.stack.restart_node({**BOOT, **(env or {})})
 
     def create(self, **body):
         body.setdefault("memory_mib", 256)
@@ -63,7 +73,11 @@ class Helpers:
 
 
 class SnapshotTests(Helpers, unittest.TestCase):
+    """Each test's sandboxes serve every check that can share them: a boot is the slow part."""
+
     def test_a_counting_process_goes_on_from_exactly_where_it_was_after_pause_and_resume(self):
+        """A counting process goes on after a pause and a resume; deleted paused, the sandbox's
+        snapshot goes with it."""
         sb = self.create()
         self.start_counter(sb, "echo started > /root/marker")
         r = self.post(sb, "pause")
@@ -85,9 +99,13 @@ class SnapshotTests(Helpers, unittest.TestCase):
         # The guest clock caught up: within a few seconds of the host's.
         guest_now = int(self.sh(sb, "date +%s"))
         self.assertLess(abs(guest_now - time.time()), 3)
+        self.deleting_it_paused_removes_its_snapshot(sb)
 
     def test_fork_of_4_children_see_the_parent_state_then_diverge(self):
+        """Forks of bad counts are refused and make nothing; four children see the parent's state,
+        then diverge."""
         parent = self.create()
+        self.fork_bad_counts_are_422_and_change_nothing(parent)
         self.start_counter(parent, "echo parent > /root/who")
         r = self.post(parent, "fork", {"count": 4})
         self.assertEqual(r.status, 201, r)
@@ -125,8 +143,7 @@ class SnapshotTests(Helpers, unittest.TestCase):
             self.assertIn("kiln-" + k["id"].split("_", 1)[1][:13], netns)
             self.assertTrue(vm_pids(self.stack.node.node_id, k["id"]))
 
-    def test_fork_bad_counts_are_422_and_change_nothing(self):
-        sb = self.create()
+    def fork_bad_counts_are_422_and_change_nothing(self, sb):
         for count in (0, 17, -1):
             self.assertEqual(self.post(sb, "fork", {"count": count}).status, 422)
         self.assertEqual(self.post(sb, "fork", {"count": "2"}).status, 400)
@@ -169,8 +186,7 @@ class SnapshotTests(Helpers, unittest.TestCase):
         self.assertEqual(self.gw.request("GET", "/v1/snapshots", headers=other).json()["snapshots"], [])
         self.assertEqual(self.gw.request("POST", "/v1/sandboxes/sb_nope/snapshots", {}, self.key).status, 404)
 
-    def test_deleting_a_paused_sandbox_removes_its_snapshot(self):
-        sb = self.create()
+    def deleting_it_paused_removes_its_snapshot(self, sb):
         pattern = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}/snap_*"
         before = set(glob.glob(pattern))
         self.assertEqual(self.post(sb, "pause").status, 200)
@@ -256,21 +272,52 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         self.assertGreater(len(nums), before)
         return len(nums)
 
+    def hold_at(self, hold, point, seen):
+        """Lets a pause on through each point it holds at (removing `hold`) until it holds at
+        `point`. `seen`: the lines "held" the node had logged before the pause."""
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            # the node makes the file, then logs the line, then waits
+            names = HELD.findall(self.stack.node.output())
+            if len(names) > seen and names[seen] == point:
+                return
+            if len(names) > seen:
+                os.unlink(hold)
+                seen += 1
+            time.sleep(0.02)
+        self.fail(f"the pause did not reach {point}")
+
     def test_a_node_killed_anywhere_inside_a_pause_comes_back_with_the_sandbox_paused_whole(self):
+        # Every node of this test holds at every point of a pause while its hold file can be made:
+        # a pause is let on through the points before the one under test, and the node is killed
+        # (SIGKILL) holding at that one. Without the hold file's folder the points pass (a node
+        # finishing an interrupted pause as it starts, a resume), so no restart is needed to arm
+        # a point, nor a pause and a resume around that restart.
+        folder = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        hold = os.path.join(folder, "held")
+        held = {"KILN_FAULT_HOLD": ",".join(self.CUT_POINTS), "KILN_FAULT_HOLD_FILE": hold}
+        self.restart_node(held)
+        self.addCleanup(self.restart_node)  # the next tests' node holds nowhere
+        self.addCleanup(subprocess.run, ["rm", "-rf", folder])
         sb = self.create()
         self.start_counter(sb, "echo kept > /root/kept")
         count = len(self.log_numbers(sb))
         for point in self.CUT_POINTS:
             with self.subTest(point=point):
-                # paused, so that the node can be restarted with the fault armed
-                self.assertEqual(self.post(sb, "pause").status, 200)
-                self.stack.restart_node({"KILN_FAULT": point})
-                self.assertEqual(self.post(sb, "resume").status, 200)
-                count = self.assert_counter_went_on(sb, count)
-                r = self.post(sb, "pause")
+                os.mkdir(folder)
+                seen = len(HELD.findall(self.stack.node.output()))
+                result = {}
+                pause = threading.Thread(target=lambda: result.update(r=self.post(sb, "pause")))
+                pause.start()
+                try:
+                    self.hold_at(hold, point, seen)
+                    self.stack.node.stop(signal.SIGKILL)
+                finally:
+                    subprocess.run(["rm", "-rf", folder])
+                    pause.join(300)
+                r = result["r"]
                 self.assertIn(r.status, (502, 503), r)
-                self.assertEqual(self.stack.node.proc.wait(30), -signal.SIGKILL, "the fault point was not reached")
-                self.stack.restart_node()
+                self.restart_node(held)
                 self.assertEqual(self.state(sb), "paused")
                 self.assertEqual(vm_pids(self.stack.node.node_id, sb["id"]), set())
                 self.assertLessEqual(self.snapshot_dirs(), self.recorded_snapshots(),
@@ -290,7 +337,7 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         node = self.stack.node
         pids = vm_pids(node.node_id, sb["id"])
         node.stop(signal.SIGKILL)
-        self.stack.restart_node()
+        self.restart_node()
         for pid in pids:
             self.assertFalse(running(pid), f"VMM {pid} of the earlier run left running")
         self.assertEqual(self.state(sb), "paused")
@@ -317,11 +364,14 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         pause.join(120)
         return result["r"]
 
-    def test_a_disk_that_fills_up_during_the_save_fails_the_pause_and_the_sandbox_runs_on(self):
+    def test_a_disk_full_or_filling_up_during_the_save_fails_the_pause_and_the_sandbox_runs_on(self):
         hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
-        self.stack.restart_node({"KILN_FAULT_HOLD": "pause-space-reserved", "KILN_FAULT_HOLD_FILE": hold})
+        self.restart_node({"KILN_FAULT_HOLD": "pause-space-reserved", "KILN_FAULT_HOLD_FILE": hold})
         sb = self.create()
-        self.addCleanup(self.stack.restart_node)  # the next tests' node holds nowhere
+        self.addCleanup(self.restart_node)  # the next tests' node holds nowhere
+        # A disk already too full is refused before the node reserves anything (so before the
+        # point it holds at).
+        self.a_full_disk_refuses_the_pause_and_the_sandbox_runs_on(sb)
         self.start_counter(sb, "echo kept > /root/kept")
         snaps = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}"
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", snaps], check=True)
@@ -350,13 +400,14 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
         self.assert_counter_went_on(sb, count)
 
-    def test_a_full_disk_refuses_the_pause_and_the_sandbox_runs_on(self):
-        sb = self.create()
+    def a_full_disk_refuses_the_pause_and_the_sandbox_runs_on(self, sb):
         self.sh(sb, "echo still-here > /root/f")
         snaps = f"{self.stack.node.data_dir}/snaps/{self.stack.node.node_id}"
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", snaps], check=True)
-        self.addCleanup(subprocess.run, ["umount", "-l", snaps])
-        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/pause", headers=self.key, timeout=120)
+        try:
+            r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/pause", headers=self.key, timeout=120)
+        finally:
+            subprocess.run(["umount", "-l", snaps], check=True)
         self.assertEqual(r.status, 503, r)
         self.assertIn("no room", r.json()["error"]["message"])
         got = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}", headers=self.key).json()

@@ -44,6 +44,8 @@ class VmResourceTests(unittest.TestCase):
             "KILN_NODE_EXEC_MEMORY_MAX": str(EXEC_MEMORY_MAX),
             "KILN_DISK_MIBPS_PER_VCPU": str(DISK_MIBPS),
             "KILN_DISK_IOPS_PER_VCPU": "0",
+            # a loaded host can take minutes to boot three guests under TCG
+            "KILN_BOOT_TIMEOUT_S": "600",
             # freed memory goes back at once: the node's RSS then shows what it holds
             "ASAN_OPTIONS": (asan + ":" if asan else "") + "quarantine_size_mb=1",
         })
@@ -74,6 +76,16 @@ class VmResourceTests(unittest.TestCase):
         dirs = glob.glob(f"{self.stack.node.data_dir}/vms/*/{sb['id']}")
         self.assertEqual(len(dirs), 1, dirs)
         return dirs[0]
+
+    def put_file(self, sb, key, path, data=b""):
+        r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/files?path={path}", data, key)
+        self.assertEqual(r.status, 204, r.data[:300])
+
+    def in_thread(self, fn, *args):
+        """Runs fn(*args) in a thread, started; returns the thread."""
+        t = threading.Thread(target=fn, args=args)
+        t.start()
+        return t
 
     def test_console_flood_stays_capped_on_disk_and_off_run(self):
         sb = self.a
@@ -143,18 +155,28 @@ class VmResourceTests(unittest.TestCase):
         self.assertEqual(events[-1][1], "exit")
         self.assertEqual("".join(d["data"] for _, e, d in events if e == "stdout"), "\u20ac euro\n")
 
+    def wait_file(self, sb, key, path, thread, what):
+        """Until `path` exists in `sb` (its exec in `thread` made it); fails if the exec ended."""
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and thread.is_alive():
+            if self.file_exists(sb, key, path):
+                return
+            time.sleep(0.3)
+        self.fail(f"{what} never made {path}")
+
     def test_too_many_execs_at_once_get_429_naming_the_limit(self):
         results = []
+        # each exec says it runs, then runs on until the test lets it end (at most 120 s)
+        hold = ("touch /tmp/slot-{n}; i=0; while [ ! -e /tmp/go ] && [ $i -lt 600 ]; do sleep 0.2; "
+                "i=$((i+1)); done")
 
-        def run(sb, key):
-            results.append(self.exec(sb, key, {"cmd": ["sleep", "15"]}, timeout=120).status)
+        def run(sb, key, n):
+            results.append(self.exec(sb, key, {"cmd": ["sh", "-c", hold.format(n=n)]}, timeout=200).status)
 
-        threads = [threading.Thread(target=run, args=(self.a, self.key)) for _ in range(2)]
-        threads.append(threading.Thread(target=run, args=(self.b, self.key)))
-        for t in threads:
-            t.start()
-            time.sleep(1)
-        time.sleep(3)
+        threads = []
+        for n, sb in enumerate((self.a, self.a, self.b)):
+            threads.append(self.in_thread(run, sb, self.key, n))
+            self.wait_file(sb, self.key, f"/tmp/slot-{n}", threads[-1], f"exec {n}")
         try:
             r = self.exec(self.a, self.key, {"cmd": ["true"]})
             self.assertEqual(r.status, 429, r.data)
@@ -168,6 +190,8 @@ class VmResourceTests(unittest.TestCase):
             out = self.ok_exec(self.c, self.other, {"cmd": ["echo", "neighbour"]}, timeout=60)
             self.assertEqual(out["stdout"], "neighbour\n")
         finally:
+            for sb in (self.a, self.b):
+                self.put_file(sb, self.key, "/tmp/go")
             for t in threads:
                 t.join()
         self.assertEqual(results, [200, 200, 200])
@@ -197,28 +221,20 @@ class VmResourceTests(unittest.TestCase):
                 time.sleep(0.02)
 
         def held(name, sb):
-            # print, let the node take it all in, say so, then keep it held a while
-            cmd = (f"head -c {big} /dev/zero | tr '\\0' x; sleep 5; touch /tmp/held-{name}; sleep 25; "
+            # print, let the node take it all in, say so, then keep it held until the test has
+            # seen what it holds (at most 120 s)
+            cmd = (f"head -c {big} /dev/zero | tr '\\0' x; sleep 5; touch /tmp/held-{name}; i=0; "
+                   f"while [ ! -e /tmp/release ] && [ $i -lt 600 ]; do sleep 0.2; i=$((i+1)); done; "
                    f"rm -f /tmp/held-{name}")
             results[name] = self.exec(sb, self.key, {"cmd": ["sh", "-c", cmd], "timeout_s": 300}, timeout=400)
-
-        def wait_held(name, sb, t):
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline and t.is_alive():
-                if self.file_exists(sb, self.key, f"/tmp/held-{name}"):
-                    return
-                time.sleep(0.3)
-            self.fail(f"exec {name} never held its output ({results.get(name)})")
 
         sampler = threading.Thread(target=sample)
         sampler.start()
         threads = []
         try:
             for name, sb in (("first", self.a), ("second", self.b)):
-                t = threading.Thread(target=held, args=(name, sb))
-                t.start()
-                threads.append(t)
-                wait_held(name, sb, t)
+                threads.append(self.in_thread(held, name, sb))
+                self.wait_file(sb, self.key, f"/tmp/held-{name}", threads[-1], f"exec {name}")
             # two execs of the tenant run (under its limit of 3): the budget, not the count, refuses
             r = self.exec(self.a, self.key, {"cmd": ["echo", "third"]}, timeout=60)
             self.assertEqual(r.status, 429, r.data[:300])
@@ -230,6 +246,8 @@ class VmResourceTests(unittest.TestCase):
             self.assertEqual(r.status, 429, r.data[:300])
             self.assertIn("node_exec_memory_max", r.json()["error"]["message"])
         finally:
+            for sb in (self.a, self.b):
+                self.put_file(sb, self.key, "/tmp/release")
             for t in threads:
                 t.join()
             done.set()

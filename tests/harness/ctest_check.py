@@ -8,6 +8,12 @@
     ctest_check.py skips <junit file> <skip-allowed.txt>
         After `ctest --output-junit <file>`: fails when a test that did not run to an end (skipped,
         disabled or not run) is not in skip-allowed.txt; prints those that are.
+    ctest_check.py costs <build dir> <ctest-costs.txt>
+        Before a parallel ctest run: gives each test listed in ctest-costs.txt that ctest has not
+        measured yet in that build tree its typical seconds, in ctest's own record of test times
+        (Testing/Temporary/CTestCostData.txt), so that ctest starts the longest tests first. The
+        tests ctest measured keep its figures; the record's list of tests that failed last (which
+        ctest starts first) is kept as it was.
     ctest_check.py self-test
         Plants faults (an unlabelled test, a skip code on an unlisted test, an unlisted skip, a
         disabled test, a listed test without a reason) and fails unless each one is reported.
@@ -95,6 +101,62 @@ def check_skips(junit_path, allowed_path):
     return problems + more, "no test skipped that is not allowed to"
 
 
+COST_DATA = os.path.join("Testing", "Temporary", "CTestCostData.txt")
+
+
+def read_costs(path):
+    """{test name: seconds} from ctest-costs.txt ("name seconds", # comments); bad lines are problems."""
+    costs, problems = {}, []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            fields = line.split("#", 1)[0].split()
+            if not fields:
+                continue
+            try:
+                if len(fields) != 2 or float(fields[1]) < 0:
+                    raise ValueError
+                costs[fields[0]] = float(fields[1])
+            except ValueError:
+                problems.append(f"{path}:{n}: not \"<test name> <seconds>\": {line.strip()}")
+    return costs, problems
+
+
+def merge_cost_data(old, costs):
+    """The text of a CTestCostData.txt: `old`'s (the record ctest wrote, "" if none) with a line
+    "<name> 1 <seconds>" for each test of `costs` it does not have; its "---" section (the tests
+    that failed last) kept."""
+    measured, failed = [], ""
+    lines = old.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if line.strip() == "---":
+            failed = "".join(lines[i:])
+            break
+        if len(line.split()) == 3:  # anything else is a line ctest would not read either
+            measured.append(line if line.endswith("\n") else line + "\n")
+    have = {line.split()[0] for line in measured}
+    seeded = [f"{name} 1 {secs:g}\n" for name, secs in costs.items() if name not in have]
+    return "".join(measured + seeded) + (failed or "---\n")
+
+
+def write_costs(build, costs_path):
+    costs, problems = read_costs(costs_path)
+    if problems:
+        return problems, ""
+    path = os.path.join(build, COST_DATA)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(path) as f:
+            old = f.read()
+    except FileNotFoundError:
+        old = ""
+    text = merge_cost_data(old, costs)
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.rename(path + ".tmp", path)
+    kept = len(old.split("---", 1)[0].splitlines())
+    return [], f"{len(costs)} typical test times given to ctest ({path}; {kept} lines it measured kept)"
+
+
 def self_test():
     """Each planted fault must be reported; the clean inputs must pass."""
     failures = []
@@ -146,6 +208,23 @@ def self_test():
             failures.append(f"allowed skip not noted: {notes}")
         problems, _ = skip_problems(junit, {"kvm": "x", "py": "x", "off": "x"})
         expect("every skip listed", problems, 0)
+
+        costs = os.path.join(d, "costs.txt")
+        with open(costs, "w") as f:
+            f.write("# comment\nlong 600  # note\nshort 5\n")
+        got, problems = read_costs(costs)
+        expect("clean costs", problems, 0)
+        if got != {"long": 600.0, "short": 5.0}:
+            failures.append(f"costs parsing: {got}")
+        with open(costs, "a") as f:
+            f.write("three fields 1\nnegative -1\nword ten\n")
+        expect("bad cost lines", read_costs(costs)[1], 3)
+        fresh = merge_cost_data("", {"long": 600.0, "short": 5.0})
+        if fresh != "long 1 600\nshort 1 5\n---\n":
+            failures.append(f"costs on a fresh tree: {fresh!r}")
+        kept = merge_cost_data("short 3 7.5\n---\nshort\n", {"long": 600.0, "short": 5.0})
+        if kept != "short 3 7.5\nlong 1 600\n---\nshort\n":
+            failures.append(f"costs over ctest's record: {kept!r}")
     return failures, "every planted fault was reported"
 
 
@@ -154,6 +233,8 @@ def main(argv):
         problems, ok = check_policy(argv[1], argv[2])
     elif argv[:1] == ["skips"] and len(argv) == 3:
         problems, ok = check_skips(argv[1], argv[2])
+    elif argv[:1] == ["costs"] and len(argv) == 3:
+        problems, ok = write_costs(argv[1], argv[2])
     elif argv == ["self-test"]:
         problems, ok = self_test()
     else:
