@@ -62,8 +62,11 @@ class TemplateTests(unittest.TestCase):
         before = time.time()
         guest = float(self.sh(a, "date +%s.%N"))
         after = time.time()
+        # set at the create, not the template's frozen time (which would read behind); ahead by
+        # the drift of a guest clock under TCG, whose TSC rate the template's kernel calibrated
+        # under load (1.9 s seen in a minute)
         self.assertGreaterEqual(guest, before - 1.0)
-        self.assertLessEqual(guest, after + 1.0)
+        self.assertLessEqual(guest, after + 5.0)
         print(f"\ncreate from template: {a['_seconds']:.2f} s and {b['_seconds']:.2f} s")
 
     def test_a_template_rebuilt_after_a_recipe_change_is_used_by_the_next_create(self):
