@@ -14,7 +14,9 @@
 
 /*
  * Both scripts keep a bucket as the hash {t = tokens in thousandths (so slow rates refill
- * smoothly), ts = ms of the last refill}, and agree on its arithmetic.
+ * smoothly), ts = ms of the last refill}, and agree on its arithmetic. The key expires a second
+ * after the time its tokens take to refill to the burst, a debt included: a key gone is a full
+ * bucket, so one that expired sooner would write a debt off.
  *
  * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
  */
@@ -29,7 +31,7 @@ static const char take_lua[] =
 	"if tokens >= 1000 then tokens = tokens - 1000; allowed = 1\n"
 	"else wait = math.ceil((1000 - tokens) * period / (rate * 1000)) end\n"
 	"redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)\n"
-	"redis.call('PEXPIRE', KEYS[1], math.ceil(burst * period / rate) + 1000)\n"
+	"redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"return {allowed, wait}\n";
 
 /*
@@ -49,7 +51,7 @@ static const char sync_lua[] =
 	"  if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
 	"  tokens = tokens - taken * 1000\n"
 	"  redis.call('HSET', k, 't', tokens, 'ts', ts)\n"
-	"  redis.call('PEXPIRE', k, math.ceil(burst * period / rate) + 1000)\n"
+	"  redis.call('PEXPIRE', k, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"  out[i] = tokens\n"
 	"end\n"
 	"return out\n";
@@ -66,8 +68,8 @@ struct local_bucket {
 	long long rate, period, burst;
 	long long tokens;	/* thousandths; below zero while a debt refills */
 	long long ts;		/* ms the tokens were refilled to */
-	long long unsent;	/* tokens taken here since the last sync */
-	long long used_ms;
+	long long unsent;	/* tokens taken here since the last sync, Redis up */
+	long long used_ms;	/* CLOCK_MONOTONIC ms of the last use: a wall-clock step drops nothing */
 	bool known;		/* read from Redis once (or Redis was down then) */
 	struct local_bucket *next;
 };
@@ -89,12 +91,22 @@ struct ratelimit {
 	bool has_thread, stop;	/* stop: atomic */
 };
 
-static long long clock_ms(void)
+static long long clock_ms_of(clockid_t id)
 {
 	struct timespec ts;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
+	clock_gettime(id, &ts);
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static long long clock_ms(void)
+{
+	return clock_ms_of(CLOCK_REALTIME);
+}
+
+static long long mono_ms(void)
+{
+	return clock_ms_of(CLOCK_MONOTONIC);
 }
 
 static void *sync_main(void *arg)
@@ -164,9 +176,12 @@ static unsigned long hash_str(const char *s)
 	return h;
 }
 
-/* The bucket named `name`, made (full, not yet known) when missing; NULL when out of memory. */
-static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long long burst,
-				   long long now)
+/*
+ * The bucket named `name`, made (full, with these settings, not yet known) when missing; NULL when
+ * out of memory. The caller holds rl->lock.
+ */
+static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long long rate,
+				   long long period, long long burst, long long now)
 {
 	struct local_bucket **head = &rl->table[hash_str(name) % LB_SLOTS], *b;
 
@@ -177,24 +192,30 @@ static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long 
 	if (!b)
 		return NULL;
 	snprintf(b->name, sizeof(b->name), "%s", name);
+	b->rate = rate;
+	b->period = period;
+	b->burst = burst;
 	b->tokens = burst * 1000;
 	b->ts = now;
-	b->used_ms = now;
+	b->used_ms = mono_ms();
 	b->next = *head;
 	*head = b;
 	return b;
 }
 
-/* Refills `b` to `now` and takes a token when it has one. The caller holds rl->lock. */
+/*
+ * Refills `b` to `now` and takes a token when it has one; with `send`, the token goes to Redis at
+ * the next sync. The caller holds rl->lock.
+ */
 static void lb_take(struct local_bucket *b, long long rate, long long period, long long burst,
-		    long long now, struct rl_result *out)
+		    long long now, bool send, struct rl_result *out)
 {
 	long long cap = burst * 1000;
 
 	b->rate = rate;
 	b->period = period;
 	b->burst = burst;
-	b->used_ms = now;
+	b->used_ms = mono_ms();
 	if (now > b->ts) {
 		long long add = (now - b->ts) * rate * 1000 / period;
 
@@ -205,7 +226,7 @@ static void lb_take(struct local_bucket *b, long long rate, long long period, lo
 		b->tokens = cap;
 	if (b->tokens >= 1000) {
 		b->tokens -= 1000;
-		b->unsent++;
+		b->unsent += send;
 		out->allowed = true;
 	} else {
 		out->allowed = false;
@@ -250,7 +271,11 @@ static enum kiln_err run_script(struct ratelimit *rl, char sha[48], const char *
 	return rc;
 }
 
-/* Takes from the in-process bucket alone: Redis could not decide. */
+/*
+ * Takes from the in-process bucket alone: Redis could not decide. The take is not sent afterwards
+ * (see ratelimit.h); the bucket is known, so syncs bring Redis's tokens back into it once Redis
+ * answers again, and it is dropped when idle.
+ */
 static void fallback_take(struct ratelimit *rl, const char *bucket, long long rate,
 			  long long period, long long burst, long long now, struct rl_result *out)
 {
@@ -258,10 +283,10 @@ static void fallback_take(struct ratelimit *rl, const char *bucket, long long ra
 
 	out->redis_down = true;
 	pthread_mutex_lock(&rl->lock);
-	b = lb_get(rl, bucket, burst, now);
+	b = lb_get(rl, bucket, rate, period, burst, now);
 	if (b) {
 		b->known = true;
-		lb_take(b, rate, period, burst, now, out);
+		lb_take(b, rate, period, burst, now, false, out);
 	} else {
 		out->allowed = false;	/* out of memory: refuse rather than admit unlimited */
 		out->retry_after_ms = 1000;
@@ -368,11 +393,18 @@ static void item_take(struct sync_item *it, struct local_bucket *b)
 	b->unsent = 0;
 }
 
+/* Whether `b` can be sent: the scripts divide by its rate. */
+static bool lb_sendable(const struct local_bucket *b)
+{
+	return b->rate > 0 && b->period > 0 && b->burst >= 0;
+}
+
 enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err)
 {
 	struct sync_item *items = NULL;
 	size_t n = 0, cap = 0;
 	enum kiln_err rc = KILN_OK;
+	long long mono = mono_ms();
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
@@ -380,13 +412,14 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 		struct local_bucket **pp = &rl->table[i], *b;
 
 		while ((b = *pp)) {
-			if (b->known && !b->unsent && now_ms - b->used_ms >= IDLE_DROP_MS) {
+			if (b->known && !b->unsent && mono - b->used_ms >= IDLE_DROP_MS) {
 				*pp = b->next;
 				free(b);
 				continue;
 			}
 			pp = &b->next;
-			if (!b->known || (!b->unsent && now_ms - b->used_ms >= ACTIVE_MS))
+			if (!b->known || !lb_sendable(b) ||
+			    (!b->unsent && mono - b->used_ms >= ACTIVE_MS))
 				continue;
 			if (n == cap) {
 				struct sync_item *more = realloc(items, (cap ? cap * 2 : 64) * sizeof(*items));
@@ -409,8 +442,12 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 	return rc;
 }
 
-/* Reads a bucket not known yet from Redis (or, with Redis down, takes it as full). */
-static void lb_learn(struct ratelimit *rl, const char *bucket, long long now)
+/*
+ * Reads a bucket not known yet from Redis (or, with Redis down or no rate to send, takes it as
+ * full). A bucket missing again is made with these settings.
+ */
+static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, long long period,
+		     long long burst, long long now)
 {
 	struct kiln_error err = { 0 };
 	struct sync_item it;
@@ -418,8 +455,10 @@ static void lb_learn(struct ratelimit *rl, const char *bucket, long long now)
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
-	b = lb_get(rl, bucket, 0, now);
-	if (!b || b->known) {
+	b = lb_get(rl, bucket, rate, period, burst, now);
+	if (!b || b->known || !lb_sendable(b)) {
+		if (b)
+			b->known = true;
 		pthread_mutex_unlock(&rl->lock);
 		pthread_mutex_unlock(&rl->sync_lock);
 		return;
@@ -439,24 +478,26 @@ void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long ra
 			  struct rl_result *out)
 {
 	struct local_bucket *b;
+	bool down;
 
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&rl->lock);
-	b = lb_get(rl, bucket, burst, now_ms);
+	b = lb_get(rl, bucket, rate, period_ms, burst, now_ms);
 	if (b && !b->known) {
-		b->rate = rate;
-		b->period = period_ms;
-		b->burst = burst;
 		pthread_mutex_unlock(&rl->lock);
-		lb_learn(rl, bucket, now_ms);
+		lb_learn(rl, bucket, rate, period_ms, burst, now_ms);
 		pthread_mutex_lock(&rl->lock);
+		/* without the lock a sync may have dropped `b`: look it up again */
+		b = lb_get(rl, bucket, rate, period_ms, burst, now_ms);
 	}
+	/* a take the local bucket decided alone, Redis down, is not sent afterwards (ratelimit.h) */
+	down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 	if (b) {
-		lb_take(b, rate, period_ms, burst, now_ms, out);
+		lb_take(b, rate, period_ms, burst, now_ms, !down, out);
 	} else {
 		out->allowed = false;
 		out->retry_after_ms = 1000;
 	}
 	pthread_mutex_unlock(&rl->lock);
-	out->redis_down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
+	out->redis_down = down;
 }

@@ -15,9 +15,13 @@
  *   gateway this is the shared bucket exactly; with G gateways they can together admit at most
  *   (G - 1) x (burst + rate x RATELIMIT_SYNC_MS) more than one shared bucket would, and that excess
  *   is kept in Redis as a debt (tokens below zero) that refills before anyone is served again, so
- *   over time the rate holds.
+ *   over time the rate holds. The key expires only a second after the debt and the burst have
+ *   refilled (a key gone is a full bucket).
  * When Redis cannot be reached both fall back to the in-process bucket of the same name, so reads
  * keep being served with a limit; what a gateway took during the outage is not sent afterwards.
+ * Creations refuse what the fallback decides (their caller answers 503), so their takes would be
+ * debts for nothing; and for the others, Redis refills a bucket by at most its burst over the
+ * outage, so one gateway's takes within the rate would come back as a debt.
  */
 #ifndef KILN_RATELIMIT_H
 #define KILN_RATELIMIT_H

@@ -18,6 +18,7 @@
 #include "common/redis.h"
 
 #define GW_MAX 3
+#define DEBT_GW 8		/* gateways that build a debt together */
 #define RATE 100		/* tokens per second */
 #define BURST 50
 
@@ -49,6 +50,24 @@ static long long redis_tokens(struct rds *r, const char *bucket)
 		t = atoll(rep.str);
 	rds_reply_release(&rep);
 	return t;
+}
+
+/* Runs "<cmd> kiln:rl:<bucket> [arg]" on `r`; returns its integer reply, or LLONG_MIN. */
+static long long redis_key_cmd(struct rds *r, const char *cmd, const char *bucket, const char *arg)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[192];
+	long long v = LLONG_MIN;
+	enum kiln_err rc;
+
+	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	rc = arg ? RDS(r, &rep, &err, cmd, key, arg) : RDS(r, &rep, &err, cmd, key);
+	if (rc == KILN_OK && rep.type == RDS_INT)
+		v = rep.integer;
+	rds_reply_release(&rep);
+	CHECK(rc == KILN_OK);
+	return v;
 }
 
 /*
@@ -117,6 +136,56 @@ static void gateways_overshoot_is_bounded_once(void)
 			CHECK(n >= ideal - 1);
 		}
 	}
+}
+
+/*
+ * A debt outlives the time a full bucket takes to refill: DEBT_GW gateways spend the bucket each
+ * (a debt of DEBT_GW - 1 bursts), then their callers' clock stands still while Redis's own time
+ * runs past that refill time plus a second (the key's expiry before it counted the debt). A gateway
+ * coming back finds the debt, not a new full bucket.
+ */
+static void a_debt_outlives_a_full_buckets_expiry(void)
+{
+	const long long rate = 1000, burst = 100;	/* a full refill in 100 ms */
+	long long full_expiry = burst * 1000 / rate + 1000, debt = (DEBT_GW - 1) * burst * 1000;
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *rl[DEBT_GW];
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char bucket[64];
+	long long t = wall_ms(), synced, pttl;
+	int n = 0;
+
+	new_bucket(bucket, sizeof(bucket));
+	for (int i = 0; i < DEBT_GW; i++) {
+		rl[i] = ratelimit_new(r, false);
+		ratelimit_take_local(rl[i], bucket, rate, 1000, burst, t, &res);	/* reads the bucket */
+		n += res.allowed;
+	}
+	for (int i = 0; i < DEBT_GW; i++)
+		for (int k = 1; k < burst; k++) {
+			ratelimit_take_local(rl[i], bucket, rate, 1000, burst, t, &res);
+			n += res.allowed;
+		}
+	CHECK_INT(n, DEBT_GW * burst);
+	for (int i = 0; i < DEBT_GW; i++)
+		CHECK(ratelimit_sync(rl[i], t, &err) == KILN_OK);
+	synced = wall_ms();
+	CHECK_INT(redis_tokens(r, bucket), -debt);
+	/* the time to refill the debt and the burst, plus a second */
+	pttl = redis_key_cmd(r, "PTTL", bucket, NULL);
+	CHECK(pttl > full_expiry && pttl <= (burst * 1000 + debt) / rate + 1000);
+	while (wall_ms() < synced + full_expiry + 100)
+		usleep(20000);
+	for (int i = 0; i < DEBT_GW; i++)
+		ratelimit_free(rl[i]);
+	rl[0] = ratelimit_new(r, false);
+	ratelimit_take_local(rl[0], bucket, rate, 1000, burst, t + 1, &res);
+	CHECK(!res.allowed && !res.redis_down);
+	CHECK(res.retry_after_ms >= (debt + 1000) / rate - 1);
+	CHECK(redis_tokens(r, bucket) < 0);
+	ratelimit_free(rl[0]);
+	rds_free(r);
 }
 
 /* A bucket new to a gateway is read from Redis first: what another gateway took counts. */
@@ -210,6 +279,41 @@ static void without_redis_the_local_bucket_limits(void)
 	rds_free(r);
 }
 
+/*
+ * Takes decided while Redis could not answer are not sent afterwards, both ways of taking. Redis
+ * fails here on a key of the wrong type (a script error, as a lost connection is for the caller),
+ * then answers again once it is deleted: the buckets it then holds are full.
+ */
+static void takes_while_redis_fails_are_not_sent(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *a = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char shared[64], local[64];
+	long long t = wall_ms();
+
+	new_bucket(shared, sizeof(shared));
+	new_bucket(local, sizeof(local));
+	redis_key_cmd(r, "SET", shared, "x");
+	redis_key_cmd(r, "SET", local, "x");
+	for (int i = 0; i < 2; i++) {
+		ratelimit_take(a, shared, 1, 60000, 3, t, &res);
+		CHECK(res.allowed && res.redis_down);
+		ratelimit_take_local(a, local, 1, 60000, 3, t, &res);
+		CHECK(res.allowed && res.redis_down);
+	}
+	CHECK_INT(redis_key_cmd(r, "DEL", shared, NULL), 1);
+	CHECK_INT(redis_key_cmd(r, "DEL", local, NULL), 1);
+	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK_INT(redis_tokens(r, shared), 3000);
+	CHECK_INT(redis_tokens(r, local), 3000);
+	ratelimit_take_local(a, local, 1, 60000, 3, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	ratelimit_free(a);
+	rds_free(r);
+}
+
 int main(void)
 {
 	srand((unsigned)time(NULL) ^ (unsigned)getpid());
@@ -217,8 +321,10 @@ int main(void)
 		return 1;
 	TEST(one_gateway_admits_burst_and_rate);
 	TEST(gateways_overshoot_is_bounded_once);
+	TEST(a_debt_outlives_a_full_buckets_expiry);
 	TEST(a_new_bucket_is_read_from_redis);
 	TEST(the_thread_reconciles_on_its_own);
 	TEST(without_redis_the_local_bucket_limits);
+	TEST(takes_while_redis_fails_are_not_sent);
 	return test_summary();
 }
