@@ -63,6 +63,20 @@ unsigned char gw_pepper[32];
  */
 #define ASYNC_COMMIT "(SELECT set_config('synchronous_commit', 'off', true)) async_commit"
 
+/*
+ * PGQ for a statement naming ASYNC_COMMIT. set_config(..., true) lasts until its transaction ends:
+ * inside a transaction a caller opened, it would make that caller's COMMIT, and whatever else the
+ * transaction wrote, asynchronous too. Such a statement is refused there (KILN_E_INTERNAL).
+ */
+#define PGQ_ASYNC(c, out, err, sql, ...)                                                           \
+	(pg_in_transaction(c) ? async_refused(err) : PGQ((c), (out), (err), (sql), __VA_ARGS__))
+
+static enum kiln_err async_refused(struct kiln_error *err)
+{
+	log_error("an asynchronous commit refused inside a transaction");
+	return kiln_error_set(err, KILN_E_INTERNAL, "an asynchronous commit inside a transaction");
+}
+
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
 	char hash[AUTH_APIKEY_HASH_LEN + 1];
@@ -278,8 +292,8 @@ static void key_touch(struct gateway *gw, const char *key_id)
 
 	if (pg_acquire(gw->pg, &c, &err) != KILN_OK)
 		return;
-	PGQ(c, NULL, &err, "UPDATE api_keys SET last_used_at = now() FROM " ASYNC_COMMIT " WHERE id = $1",
-	    key_id);
+	PGQ_ASYNC(c, NULL, &err,
+		  "UPDATE api_keys SET last_used_at = now() FROM " ASYNC_COMMIT " WHERE id = $1", key_id);
 	pg_release(gw->pg, c);
 }
 
@@ -526,15 +540,15 @@ again:
 	 * claim; the outcome (idempotency_finish) commits synchronously.
 	 */
 	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
-	rc = PGQ(c, &res, &err,
-		 "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
-		 "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
-		 "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
-		 "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
-		 "response = NULL, created_at = now() "
-		 "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
-		 "RETURNING 1",
-		 st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
+	rc = PGQ_ASYNC(c, &res, &err,
+		       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
+		       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
+		       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
+		       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
+		       "response = NULL, created_at = now() "
+		       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
+		       "RETURNING 1",
+		       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		snprintf(st->idem_key, sizeof(st->idem_key), "%s", key);
 		memcpy(st->idem_sum, sum, sizeof(st->idem_sum));
@@ -887,7 +901,7 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 			 route->pattern, status);
 		return;
 	}
-	if (PGQ(c, NULL, &err,
+	if (PGQ_ASYNC(c, NULL, &err,
 		"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "
 		"SELECT $1, $2, $3, $4, $5, $6::int, $7 FROM " ASYNC_COMMIT,
 		st->who.tenant_id, st->who.key_id, method, route->pattern, http_req_object(req), code,

@@ -13,13 +13,18 @@
 
 #include "common/log.h"
 
-/* Statements prepared on one connection (pg_set_prepared); past this many, the rest run unprepared. */
+/*
+ * Statements prepared on one connection (pg_set_prepared); past this many, the rest run unprepared.
+ * The first ones run keep their slots: no statement is evicted, since a set of statements wider
+ * than the cap, run in turn, would then be prepared anew on every call.
+ */
 #define PG_STMT_MAX 128
 
 struct pg_conn {
 	PGconn *conn;
 	bool busy;
-	bool drop;	/* lost, read-only or shutting down: closed and reopened on the next acquire */
+	bool drop;	/* lost, read-only or shutting down: closed at release, reopened on acquire */
+	bool stale;	/* a schema change altered a prepared statement: all are prepared anew */
 	unsigned gen;	/* the pool's generation when it was opened */
 	struct pg *pool;
 	int nstmts;	/* prepared on `conn` as "k0".. in this order */
@@ -74,6 +79,7 @@ static void stmts_forget(struct pg_conn *c)
 	for (int i = 0; i < c->nstmts; i++)
 		free(c->stmts[i]);
 	c->nstmts = 0;
+	c->stale = false;
 }
 
 void pg_set_prepared(struct pg *p, bool on)
@@ -162,9 +168,18 @@ void pg_release(struct pg *p, struct pg_conn *c)
 {
 	if (!c)
 		return;
-	/* A connection returned mid-transaction (an error path) must not leak its transaction. */
-	if (c->conn && !c->drop && PQstatus(c->conn) == CONNECTION_OK &&
-	    PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
+	/*
+	 * A connection returned mid-transaction (an error path) must not leak its transaction. One
+	 * to drop is closed now, not on the slot's next acquire: its server may not answer a
+	 * ROLLBACK, and one that does (a read-only error, 25006) would otherwise keep the session
+	 * "idle in transaction (aborted)" until then.
+	 */
+	if (c->conn && c->drop) {
+		PQfinish(c->conn);
+		c->conn = NULL;
+		stmts_forget(c);
+	} else if (c->conn && PQstatus(c->conn) == CONNECTION_OK &&
+		   PQtransactionStatus(c->conn) != PQTRANS_IDLE) {
 		PGresult *r = PQexec(c->conn, "ROLLBACK");
 		PQclear(r);
 	}
@@ -236,6 +251,14 @@ static int stmt_lookup(struct pg_conn *c, const char *sql, int nparams)
 	PGresult *res;
 	bool ok;
 
+	if (c->stale) {
+		/* Until outside a transaction (DEALLOCATE fails in an aborted one), all run unprepared. */
+		if (PQtransactionStatus(c->conn) != PQTRANS_IDLE)
+			return -1;
+		res = PQexec(c->conn, "DEALLOCATE ALL");
+		PQclear(res);
+		stmts_forget(c);
+	}
 	for (int i = 0; i < c->nstmts; i++)
 		if (c->stmt_hash[i] == h && strcmp(c->stmts[i], sql) == 0)
 			return i;
@@ -252,29 +275,62 @@ static int stmt_lookup(struct pg_conn *c, const char *sql, int nparams)
 	return c->nstmts++;
 }
 
+/* Runs `sql`, by name when it is prepared on `c` (`*named`), else unprepared. */
+static PGresult *stmt_exec(struct pg_conn *c, const char *sql, int nparams,
+			   const char *const *params, bool *named)
+{
+	int stmt = c->pool->prepared ? stmt_lookup(c, sql, nparams) : -1;
+	char name[16];
+
+	*named = stmt >= 0;
+	if (stmt < 0)
+		return PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	snprintf(name, sizeof(name), "k%d", stmt);
+	return PQexecPrepared(c->conn, name, nparams, params, NULL, NULL, 0);
+}
+
+/*
+ * Whether `res` is a prepared statement's failure because a schema change altered its result
+ * columns (0A000 is any feature_not_supported: the message, or the plan cache raising it when
+ * the server's messages are translated, tells this one).
+ */
+static bool plan_changed(const PGresult *res)
+{
+	const char *state, *msg, *file;
+
+	if (!res || PQresultStatus(res) != PGRES_FATAL_ERROR)
+		return false;
+	state = PQresultErrorField(res, PG_DIAG_SQLSTATE);
+	msg = PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY);
+	file = PQresultErrorField(res, PG_DIAG_SOURCE_FILE);
+	return state && strcmp(state, "0A000") == 0 &&
+	       ((msg && strcmp(msg, "cached plan must not change result type") == 0) ||
+		(file && strcmp(file, "plancache.c") == 0));
+}
+
 enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error *err,
 		       const char *sql, int nparams, const char *const *params)
 {
 	PGresult *res;
 	enum kiln_err rc;
-	int stmt = c->pool->prepared ? stmt_lookup(c, sql, nparams) : -1;
+	bool named;
 
 	if (out)
 		*out = NULL;
-	if (stmt >= 0) {
-		char name[16];
-		const char *state;
-
-		snprintf(name, sizeof(name), "k%d", stmt);
-		res = PQexecPrepared(c->conn, name, nparams, params, NULL, NULL, 0);
-		/* A schema change altered its result columns ("cached plan must not change result
-		 * type"): this call fails, and the connection is reopened to prepare it anew. */
-		state = res && PQresultStatus(res) == PGRES_FATAL_ERROR
-				? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
-		if (state && strcmp(state, "0A000") == 0)
-			c->drop = true;
-	} else {
-		res = PQexecParams(c->conn, sql, nparams, NULL, params, NULL, NULL, 0);
+	res = stmt_exec(c, sql, nparams, params, &named);
+	if (named && plan_changed(res)) {
+		/*
+		 * Every statement of `c` is prepared anew (a migration may have altered several).
+		 * Outside a transaction the failed statement ran in one of its own, rolled back
+		 * before it did anything: it runs again, prepared anew. Inside one, the caller's
+		 * transaction is aborted and the error is the caller's.
+		 */
+		c->stale = true;
+		if (PQtransactionStatus(c->conn) == PQTRANS_IDLE) {
+			log_info("postgres: a schema change altered a prepared statement; prepared anew");
+			PQclear(res);
+			res = stmt_exec(c, sql, nparams, params, &named);
+		}
 	}
 	rc = pg_check(c, res, err);
 	if (rc != KILN_OK || !out) {
@@ -360,6 +416,13 @@ enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err
 		}
 	}
 	return rc;
+}
+
+bool pg_in_transaction(const struct pg_conn *c)
+{
+	PGTransactionStatusType st = PQtransactionStatus(c->conn);
+
+	return st == PQTRANS_INTRANS || st == PQTRANS_INERROR || st == PQTRANS_ACTIVE;
 }
 
 int pg_res_rows(const struct pg_res *r)

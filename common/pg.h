@@ -31,9 +31,11 @@ void pg_free(struct pg *pool);
  * With `on`, each statement pg_query() runs is prepared on its connection the first time that
  * connection runs it outside a transaction (at most 128 a connection; a connection reopened
  * starts with none), and run by name afterwards: Postgres parses it once per connection instead
- * of every time. For a pool whose statements are fixed strings; set it after migrations: a
- * prepared statement whose result columns a schema change altered fails once, and its connection
- * is reopened on the next acquire.
+ * of every time (the first 128 keep their slots; later ones run unprepared). For a pool whose
+ * statements are fixed strings; set it after migrations. A prepared statement whose result columns
+ * a schema change altered (a newer gateway migrated) makes the connection prepare all of its
+ * statements anew: outside a transaction the call is run again and succeeds; inside one it fails
+ * (the transaction is aborted) and the statements run unprepared until it ends.
  */
 void pg_set_prepared(struct pg *pool, bool on);
 
@@ -64,6 +66,9 @@ enum kiln_err pg_query(struct pg_conn *c, struct pg_res **out, struct kiln_error
  * connection afterwards either way.
  */
 enum kiln_err pg_exec(struct pg_conn *c, const char *sql, struct kiln_error *err);
+
+/* Whether `c` is inside a transaction (BEGIN ran, no COMMIT or ROLLBACK yet; or one failed). */
+bool pg_in_transaction(const struct pg_conn *c);
 
 int pg_res_rows(const struct pg_res *r);
 /* The text of row `row`, column `col`, owned by `r`; NULL for SQL NULL or out of range. */

@@ -2,8 +2,9 @@
  * test_pg_prepared.c - statements prepared per pooled connection (pg_set_prepared, common/pg.c)
  * on a scratch database of the services fixture: a statement is prepared once and run by name
  * with other parameters, not inside a transaction, a bad one reports its own error, a connection
- * reopened prepares again, past the cap statements still run, and a schema change under one fails
- * it once.
+ * reopened prepares again, past the cap statements still run; a schema change under one is run
+ * again prepared anew outside a transaction and fails cleanly inside one; a connection dropped in
+ * a transaction is closed at release; pg_in_transaction.
  */
 #include "test.h"
 #include "testdb.h"
@@ -109,25 +110,111 @@ static void past_the_cap_statements_still_run(void)
 	pg_free(pg);
 }
 
-/* A schema change under a prepared statement fails it once; the reopened connection prepares anew. */
-static void a_schema_change_fails_once(void)
+/* The backend of `c`. */
+static long long backend(struct pg_conn *c)
+{
+	return one(c, "SELECT pg_backend_pid() + $1::int", "0");
+}
+
+/* Outside a transaction, a statement whose result columns a schema change altered runs again. */
+static void a_schema_change_is_run_again_outside_a_transaction(void)
 {
 	struct pg *pg = pg_new(db.url, 1);
 	struct pg_conn *c;
 	const char *sql = "SELECT * FROM pgprep_t WHERE a = $1::int";
+	long long pid;
 
 	testdb_sql(db.pg, "CREATE TABLE pgprep_t (a int); INSERT INTO pgprep_t VALUES (7)");
 	pg_set_prepared(pg, true);
 	c = testdb_conn(pg);
 	CHECK_INT(one(c, sql, "7"), 7);
+	pid = backend(c);
 	pg_release(pg, c);
 	testdb_sql(db.pg, "ALTER TABLE pgprep_t ADD COLUMN b int");
 	c = testdb_conn(pg);
-	CHECK_INT(one(c, sql, "7"), -1);
+	CHECK_INT(one(c, sql, "7"), 7);
+	CHECK_INT(backend(c), pid);		/* the same connection */
+	CHECK_INT(prepared(c, sql), 1);		/* prepared anew */
+	CHECK_INT(one(c, sql, "7"), 7);
 	pg_release(pg, c);
+	pg_free(pg);
+}
+
+/* Inside one, it fails (the caller's transaction is aborted); it is prepared anew once it ends. */
+static void a_schema_change_fails_inside_a_transaction(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	const char *sql = "SELECT * FROM pgprep_u WHERE a = $1::int";
+	long long pid;
+
+	testdb_sql(db.pg, "CREATE TABLE pgprep_u (a int); INSERT INTO pgprep_u VALUES (7)");
+	pg_set_prepared(pg, true);
 	c = testdb_conn(pg);
 	CHECK_INT(one(c, sql, "7"), 7);
+	pid = backend(c);
+	testdb_sql(db.pg, "ALTER TABLE pgprep_u ADD COLUMN b int");
+	CHECK(pg_exec(c, "BEGIN", &err) == KILN_OK);
+	CHECK(PGQ(c, NULL, &err, sql, "7") == KILN_E_INTERNAL);
+	CHECK(strstr(err.msg, "0A000") != NULL);
+	CHECK(pg_in_transaction(c));
+	CHECK(pg_exec(c, "ROLLBACK", &err) == KILN_OK);
+	/* in the next transaction it runs unprepared; then outside one it is prepared anew */
+	CHECK(pg_exec(c, "BEGIN", &err) == KILN_OK);
+	CHECK_INT(one(c, sql, "7"), 7);
+	CHECK(pg_exec(c, "COMMIT", &err) == KILN_OK);
+	CHECK_INT(one(c, sql, "7"), 7);
 	CHECK_INT(prepared(c, sql), 1);
+	CHECK_INT(backend(c), pid);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+/* A read-only error (25006) in a transaction drops the connection: it is closed at release, not
+ * left "idle in transaction (aborted)" until the slot is taken again. */
+static void a_dropped_connection_is_closed_at_release(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	long long pid, left = -1;
+
+	testdb_sql(db.pg, "CREATE TABLE pgprep_ro (a int)");
+	c = testdb_conn(pg);
+	pid = backend(c);
+	CHECK(pg_exec(c, "BEGIN", &err) == KILN_OK);
+	CHECK(pg_exec(c, "SET TRANSACTION READ ONLY", &err) == KILN_OK);
+	CHECK(pg_exec(c, "INSERT INTO pgprep_ro VALUES (1)", &err) == KILN_E_UNAVAILABLE);
+	pg_switch_seen(true);
+	pg_release(pg, c);
+	for (int i = 0; i < 50 && left != 0; i++) {
+		if (i)
+			nanosleep(&(struct timespec){ 0, 100 * 1000000L }, NULL);
+		left = testdb_sql_int(db.admin, "SELECT count(*) FROM pg_stat_activity WHERE pid = %lld",
+				      pid);
+	}
+	CHECK_INT(left, 0);
+	c = testdb_conn(pg);
+	CHECK(backend(c) != pid);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+static void in_transaction_is_told(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = testdb_conn(pg);
+
+	CHECK(!pg_in_transaction(c));
+	CHECK(pg_exec(c, "BEGIN", &err) == KILN_OK);
+	CHECK(pg_in_transaction(c));
+	CHECK(pg_exec(c, "SELEC", &err) == KILN_E_INTERNAL);
+	CHECK(pg_in_transaction(c));	/* aborted, still in it */
+	pg_release(pg, c);		/* rolled back */
+	c = testdb_conn(pg);
+	CHECK(!pg_in_transaction(c));
 	pg_release(pg, c);
 	pg_free(pg);
 }
@@ -140,7 +227,10 @@ int main(void)
 	TEST(not_prepared_inside_a_transaction);
 	TEST(a_reopened_connection_prepares_again);
 	TEST(past_the_cap_statements_still_run);
-	TEST(a_schema_change_fails_once);
+	TEST(a_schema_change_is_run_again_outside_a_transaction);
+	TEST(a_schema_change_fails_inside_a_transaction);
+	TEST(a_dropped_connection_is_closed_at_release);
+	TEST(in_transaction_is_told);
 	testdb_close(&db);
 	return test_summary();
 }
