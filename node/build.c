@@ -684,21 +684,7 @@ static enum kiln_err image_fetch(struct build *b, struct kiln_error *err)
 		"a=--src-no-creds; [ -f " PULL_AUTH " ] && a=--src-authfile=" PULL_AUTH "\n"
 		"skopeo --insecure-policy copy --quiet \"$a\" --src-tls-verify=\"$2\""
 		" \"docker://$1\" oci:oci:latest; s=$?\n"
-		"if [ -f " PULL_AUTH " ]; then\n"
-		"  shred -zu " PULL_AUTH "\n"
-		/*
-		 * skopeo's freed heap and the auth file's freed pages keep the credentials until
-		 * reused, and this builder's memory becomes the template's warm image: every free
-		 * page (but 16 MiB) taken and touched once, so the kernel zeroes it on the way.
-		 */
-		"  python3 -c 'import mmap\n"
-		"f = [int(l.split()[1]) for l in open(\"/proc/meminfo\") if l.startswith(\"MemFree:\")][0]\n"
-		"n = max(0, f - 16384) * 1024 // 4096 * 4096\n"
-		"if n:\n"
-		"    m = mmap.mmap(-1, n)\n"
-		"    for o in range(0, n, 4096): m[o] = 1\n"
-		"' || { echo 'the freed memory of the pull could not be cleared' >&2; exit 3; }\n"
-		"fi\n"
+		"[ -f " PULL_AUTH " ] && shred -zu " PULL_AUTH "\n"
 		"exit $s\n";
 	static const char unpack[] =
 		"set -e; cd " BUILD_DIR "\n"
