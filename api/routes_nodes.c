@@ -30,26 +30,31 @@ const char *gw_node_down_after_s(const struct gateway *gw)
 	return text;
 }
 
+static void nodes_down_now(struct gateway *gw)
+{
+	struct kiln_error err = { 0 };
+	int marked = 0;
+
+	if (record_nodes_down(gw->pg, NULL, gw->cfg.node_down_after_s, &marked, &err) != KILN_OK)
+		log_warn("cannot mark the nodes whose heartbeat lapsed as down: %s", err.msg);
+	else if (marked)
+		log_warn("%d nodes marked down: no heartbeat for %lld s", marked,
+			 gw->cfg.node_down_after_s);
+}
+
 void gw_nodes_down(struct gateway *gw)
 {
 	static _Atomic long long last;
-	struct kiln_error err = { 0 };
 	struct timespec now;
 	long long ms, was;
-	int marked = 0;
 
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
 	was = atomic_load(&last);
 	if (was && ms - was < 1000)
 		return;	/* at most once a second per gateway: the nodes mark each other too */
-	if (!atomic_compare_exchange_strong(&last, &was, ms))
-		return;
-	if (record_nodes_down(gw->pg, NULL, gw->cfg.node_down_after_s, &marked, &err) != KILN_OK)
-		log_warn("cannot mark the nodes whose heartbeat lapsed as down: %s", err.msg);
-	else if (marked)
-		log_warn("%d nodes marked down: no heartbeat for %lld s", marked,
-			 gw->cfg.node_down_after_s);
+	if (atomic_compare_exchange_strong(&last, &was, ms))
+		nodes_down_now(gw);
 }
 
 /* ---- GET /v1/admin/nodes ---- */
@@ -275,7 +280,7 @@ static void node_drain(struct http_req *req)
 	enum kiln_err rc;
 
 	http_req_set_object(req, id);
-	gw_nodes_down(gw);
+	nodes_down_now(gw);	/* a drain acts on whether the node is down: asked now, not within 1 s */
 	c = gw_db(req);
 	if (!c)
 		goto out;
