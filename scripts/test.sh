@@ -23,7 +23,7 @@ $check costs "$root/build-test" "$root/tests/ctest-costs.txt" ||
 junit=$root/build-test/Testing/junit.xml
 rm -f "$junit"
 rc=0
-ctest --output-on-failure --timeout 1500 -j2 --output-junit "$junit" "$@" || rc=$?
+ctest --output-on-failure --timeout 1500 -j2 --test-output-size-passed 65536 --test-output-size-failed 1048576 --output-junit "$junit" "$@" || rc=$?
 if [ -f "$junit" ]; then
   $check skips "$junit" "$allowed" || rc=1
 else
