@@ -27,10 +27,24 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	enum kiln_err rc;
 
 	if (sb) {
-		/* Held here: it runs (or is starting); only a paused sandbox resumes. */
-		rc = node_error(err, KILN_E_CONFLICT, "the sandbox is %s", sb_state_name(sb->state));
+		/*
+		 * Held here: it runs or starts, or its pause is recorded and its VM still being torn
+		 * down (sb_pause); that one leaves the table shortly and is waited for (up to 10 s).
+		 */
 		sb_put(n, sb);
-		return rc;
+		if (record_read(n->pg, id, tenant, n->cfg.node_id, &r, err) == KILN_OK && r.found &&
+		    !strcmp(r.state, "paused"))
+			for (int i = 0; i < 100 && (sb = sb_get(n, id)); i++) {
+				sb_put(n, sb);
+				usleep(100 * 1000);
+			}
+		sb = sb_get(n, id);
+		if (sb) {
+			rc = node_error(err, KILN_E_CONFLICT, "the sandbox is %s",
+					sb_state_name(sb->state));
+			sb_put(n, sb);
+			return rc;
+		}
 	}
 	/* on any node: one paused elsewhere resumes here from the tenant's bucket */
 	if (record_read(n->pg, id, tenant, NULL, &r, err) != KILN_OK)
