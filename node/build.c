@@ -1243,10 +1243,14 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 	}
 	pg_res_free(res);
 	res = NULL;
-	/* FROM another template of the tenant: its latest ready version's image, held here. */
+	/*
+	 * FROM another template of the tenant: its latest ready version's image, held here or in
+	 * the tenant's bucket (the builder's create fetches it: snap_fetch_copy).
+	 */
 	if (rc == KILN_OK && strcmp(b->df.from, "base") != 0 && strcmp(b->df.from, "python") != 0) {
 		rc = PGQ(c, &res, err,
-			 "SELECT v.snapshot_id, s.node_id = $3, v.vcpu_milli, v.memory_mib "
+			 "SELECT v.snapshot_id, snapshot_held(s.id, $3) OR s.status = 'stored', "
+			 "v.vcpu_milli, v.memory_mib "
 			 "FROM templates t JOIN template_versions v ON v.template_id = t.id "
 			 "JOIN snapshots s ON s.id = v.snapshot_id AND s.deleted_at IS NULL "
 			 "WHERE t.tenant_id = $1 AND t.name = $2 AND t.deleted_at IS NULL "
@@ -1258,7 +1262,8 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 					    b->df.from);
 		else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 1), "t") != 0)
 			rc = kiln_error_set(err, KILN_E_INVALID,
-					    "FROM %s: its image is on another node", b->df.from);
+					    "FROM %s: its image is on another node and not in the "
+					    "tenant's bucket", b->df.from);
 		else if (rc == KILN_OK && ((unsigned)pg_res_int(res, 0, 2, 0) != shape[0] ||
 					   (unsigned)pg_res_int(res, 0, 3, 0) != shape[1]))
 			rc = kiln_error_set(err, KILN_E_INVALID,
@@ -1713,6 +1718,8 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		rc = build_size(b, err);
 	if (rc == KILN_OK)
 		rc = build_save(b, snap, false, err);
+	if (rc == KILN_OK)
+		snap_upload(n, snap, b->tenant);	/* to the tenant's bucket, if it has one */
 	builder_end(b);
 	b->rules = NULL;
 	b->egress = NULL;
