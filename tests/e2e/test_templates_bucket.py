@@ -1,12 +1,13 @@
-"""A template's warm image in the tenant's bucket: built on one node, created from on another.
+"""A template's warm image in the tenant's bucket: built on one node, used on another.
 
 Two nodes share Postgres and a tenant's bucket (s3rver behind the proxy that checks every SigV4
 signature and Content-MD5, as in tests/integration/s3). The template is built once, on the first
 node (the second starts after the build was placed); its image is uploaded (`image_status`
-stored, one object). With the first node drained, a create from the template lands on the
-second, which fetches the image from the bucket once (a second create there fetches nothing) and
-restores it: the sandbox sees the file the build wrote. Another tenant sees no template. Deleting
-the template removes its object from the bucket and the second node's copy."""
+stored, one object). With the first node drained, a build FROM the template lands on the second,
+which fetches the image from the bucket for its builder; a create from the template lands there
+too and fetches nothing more (the copy is kept), and its sandbox sees the file the first build
+wrote. Another tenant sees no template. Deleting the templates removes their objects from the
+bucket and the second node's copy."""
 import os
 import sys
 import time
@@ -41,30 +42,36 @@ class TemplateBucketTests(unittest.TestCase):
         assert r.status == 200, r
         cls.first = cls.stack.node
 
-        r = cls.gw.request("POST", "/v1/templates",
-                           {"name": "proof", "vcpus": 1, "memory_mib": 512, "disk_gib": 10}, cls.key)
-        assert r.status == 201, r
-        cls.tmpl = r.json()["id"]
-        r = cls.gw.request("PUT", f"/v1/templates/{cls.tmpl}/dockerfile", DOCKERFILE,
-                           dict(cls.key, **{"Content-Type": "text/plain"}))
-        assert r.status == 204, r
-        r = cls.gw.request("PUT", f"/v1/templates/{cls.tmpl}/source", EMPTY_TAR,
-                           dict(cls.key, **{"Content-Type": "application/x-tar"}), timeout=120)
-        assert r.status == 202, r
+        cls.tmpl = cls.build("proof", DOCKERFILE)
         # Placed on the only node; the second one starts while the first builds.
         cls.second = cls.stack.add_node(s3env.ALLOW_ENV)
         cls.addClassCleanup(cls.second.cleanup)
-        cls.version = cls.wait_version(lambda v: v["status"] != "building" and
+        cls.version = cls.wait_version(cls.tmpl, lambda v: v["status"] != "building" and
                                        (v["status"] != "ready" or v["image_status"] not in (None, "uploading")))
         assert cls.version["status"] == "ready", cls.version
         cls.snap = cls.db.sql(f"SELECT snapshot_id FROM template_versions WHERE template_id = '{cls.tmpl}'")
         print(f"\nbuild and upload: {time.monotonic() - t0:.1f} s", file=sys.stderr)
 
     @classmethod
-    def wait_version(cls, done, seconds=600):
+    def build(cls, name, dockerfile):
+        """A new template `name` built from `dockerfile` (no COPY: an empty context); its id."""
+        r = cls.gw.request("POST", "/v1/templates",
+                           {"name": name, "vcpus": 1, "memory_mib": 512, "disk_gib": 10}, cls.key)
+        assert r.status == 201, r
+        tmpl = r.json()["id"]
+        r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile", dockerfile,
+                           dict(cls.key, **{"Content-Type": "text/plain"}))
+        assert r.status == 204, r
+        r = cls.gw.request("PUT", f"/v1/templates/{tmpl}/source", EMPTY_TAR,
+                           dict(cls.key, **{"Content-Type": "application/x-tar"}), timeout=120)
+        assert r.status == 202, r
+        return tmpl
+
+    @classmethod
+    def wait_version(cls, tmpl, done, seconds=600):
         deadline = time.time() + seconds
         while True:
-            r = cls.gw.request("GET", f"/v1/templates/{cls.tmpl}", headers=cls.key)
+            r = cls.gw.request("GET", f"/v1/templates/{tmpl}", headers=cls.key)
             assert r.status == 200, r
             v = r.json()["versions"][0]
             if done(v) or time.time() > deadline:
@@ -111,25 +118,28 @@ class TemplateBucketTests(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(self.second.data_dir, "snaps", self.second.node_id,
                                                      self.snap)))
 
-        # The first node takes no creates: the create lands on the second, fetched from the bucket.
+        # The first node takes no work: a build FROM the template lands on the second, which
+        # fetches the image from the bucket for its builder (the RUN reads the first build's file).
         self.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id = '{self.first.node_id}'")
         t0 = time.monotonic()
-        sb = self.create()
-        print(f"create with the fetch: {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        self.assertEqual(self.node_of(sb), self.second.node_id, sb)
-        self.assertEqual(self.sh(sb, "cat /root/proof"), "built-on-the-first-node\n")
+        child = self.build("child", "FROM proof\nRUN cat /root/proof > /root/child\n")
+        got = self.wait_version(child, lambda v: v["status"] != "building")
+        print(f"build FROM it on the second node: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        self.assertEqual(got["status"], "ready", got)
+        self.assertEqual(self.db.sql(f"SELECT node_id FROM template_versions WHERE template_id = '{child}'"),
+                         self.second.node_id)
         self.assertEqual(len(self.fetches()), 1, self.fetches())
         self.assertIn(f'snapshot "{self.snap}" fetched from the tenant\'s bucket', self.second.output())
         self.assertEqual(self.db.sql(f"SELECT node_id FROM snapshot_copies WHERE snapshot_id = '{self.snap}'"),
                          self.second.node_id)
 
-        # Kept on that node: the next create there fetches nothing.
+        # A create from the template lands on the second node too, from its copy: no new fetch.
         t0 = time.monotonic()
-        again = self.create()
+        sb = self.create()
         print(f"create from the copy: {time.monotonic() - t0:.1f} s", file=sys.stderr)
-        self.assertEqual(self.node_of(again), self.second.node_id, again)
+        self.assertEqual(self.node_of(sb), self.second.node_id, sb)
+        self.assertEqual(self.sh(sb, "cat /root/proof"), "built-on-the-first-node\n")
         self.assertEqual(len(self.fetches()), 1, self.fetches())
-        self.delete_sandbox(again)
 
         # Another tenant has no such template, whatever the node.
         r = self.gw.request("GET", f"/v1/templates/{self.tmpl}", headers=self.other)
@@ -137,16 +147,19 @@ class TemplateBucketTests(unittest.TestCase):
         r = self.gw.request("POST", "/v1/sandboxes", {"template": "proof"}, self.other)
         self.assertEqual(r.status, 404, r)
 
-        # Deleting the template: once nothing stands on its image, its object leaves the bucket
-        # and its copy the second node.
+        # Deleting the templates: once nothing stands on their images, their objects leave the
+        # bucket and the copy leaves the second node.
         self.delete_sandbox(sb)
-        r = self.gw.request("DELETE", f"/v1/templates/{self.tmpl}", headers=self.key)
-        self.assertEqual(r.status, 204, r)
+        child_key = "snapshots/" + self.db.sql(
+            f"SELECT snapshot_id FROM template_versions WHERE template_id = '{child}'") + ".kiln"
+        for t in (child, self.tmpl):
+            r = self.gw.request("DELETE", f"/v1/templates/{t}", headers=self.key)
+            self.assertEqual(r.status, 204, r)
         copy = os.path.join(self.second.data_dir, "snaps", self.second.node_id, self.snap)
-        deadline = time.time() + 60
-        while time.time() < deadline and (key in self.objects() or os.path.exists(copy)):
+        deadline = time.time() + 120
+        while time.time() < deadline and (set(self.objects()) & {key, child_key} or os.path.exists(copy)):
             time.sleep(1)
-        self.assertNotIn(key, self.objects())
+        self.assertFalse(set(self.objects()) & {key, child_key}, self.objects())
         self.assertFalse(os.path.exists(copy), "the fetched copy stayed")
         self.assertEqual(self.db.sql(f"SELECT count(*) FROM snapshot_copies WHERE snapshot_id = '{self.snap}'"),
                          "0")
