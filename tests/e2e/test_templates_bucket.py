@@ -4,9 +4,10 @@ Two nodes share Postgres and a tenant's bucket (s3rver behind the proxy that che
 signature and Content-MD5, as in tests/integration/s3). The template is built once, on the first
 node (the second starts after the build was placed); its image is uploaded (`image_status`
 stored, one object). With the first node drained, a build FROM the template lands on the second,
-which fetches the image from the bucket for its builder; a create from the template lands there
-too and fetches nothing more (the copy is kept), and its sandbox sees the file the first build
-wrote. Another tenant sees no template. Deleting the templates removes their objects from the
+which fetches the image from the bucket for its builder; its own upload fails (the bucket made to
+vanish meanwhile), which its version says, and it stays usable on that node. A create from the
+first template lands there too and fetches nothing more (the copy is kept), and its sandbox sees
+the file the first build wrote. Another tenant sees no template. Deleting the templates removes their objects from the
 bucket and the second node's copy."""
 import os
 import sys
@@ -86,8 +87,8 @@ class TemplateBucketTests(unittest.TestCase):
     def fetches(self):
         return [p for m, p, st in self.s3.requests() if m == "GET" and self.snap in p]
 
-    def create(self):
-        r = self.gw.request("POST", "/v1/sandboxes", {"template": "proof", "timeout_s": 600}, self.key,
+    def create(self, template="proof"):
+        r = self.gw.request("POST", "/v1/sandboxes", {"template": template, "timeout_s": 600}, self.key,
                             timeout=300)
         self.assertEqual(r.status, 201, r)
         return r.json()
@@ -123,15 +124,30 @@ class TemplateBucketTests(unittest.TestCase):
         self.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id = '{self.first.node_id}'")
         t0 = time.monotonic()
         child = self.build("child", "FROM proof\nRUN cat /root/proof > /root/child\n")
-        got = self.wait_version(child, lambda v: v["status"] != "building")
+        fetched = f'snapshot "{self.snap}" fetched from the tenant\'s bucket'
+        deadline = time.time() + 300
+        while time.time() < deadline and fetched not in self.second.output():
+            time.sleep(0.05)
+        # Once the builder has its image, the bucket goes away (a bucket name that does not exist):
+        # the child's upload fails, saying so, and it stays usable on its node.
+        self.db.sql("UPDATE tenant_storage SET bucket = 'kiln-gone'")
+        got = self.wait_version(child, lambda v: v["status"] != "building" and
+                                v["image_status"] not in (None, "uploading"))
         print(f"build FROM it on the second node: {time.monotonic() - t0:.1f} s", file=sys.stderr)
+        self.db.sql(f"UPDATE tenant_storage SET bucket = '{s3env.BUCKET}'")
         self.assertEqual(got["status"], "ready", got)
         self.assertEqual(self.db.sql(f"SELECT node_id FROM template_versions WHERE template_id = '{child}'"),
                          self.second.node_id)
         self.assertEqual(len(self.fetches()), 1, self.fetches())
-        self.assertIn(f'snapshot "{self.snap}" fetched from the tenant\'s bucket', self.second.output())
+        self.assertIn(fetched, self.second.output())
         self.assertEqual(self.db.sql(f"SELECT node_id FROM snapshot_copies WHERE snapshot_id = '{self.snap}'"),
                          self.second.node_id)
+        self.assertEqual(got["image_status"], "failed", got)
+        self.assertIn("the bucket does not exist", got["image_reason"])
+        sb = self.create("child")
+        self.assertEqual(self.node_of(sb), self.second.node_id, sb)
+        self.assertEqual(self.sh(sb, "cat /root/child"), "built-on-the-first-node\n")
+        self.delete_sandbox(sb)
 
         # A create from the template lands on the second node too, from its copy: no new fetch.
         t0 = time.monotonic()
