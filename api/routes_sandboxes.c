@@ -189,7 +189,8 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 		 "  AND i.image_hash = $5)) "
 		 "AND ($6 = '' OR snapshot_held($6, n.id) OR EXISTS (SELECT 1 FROM snapshots p "
 		 "  WHERE p.id = $6 AND p.status = 'stored')) "
-		 "ORDER BY ($6 <> '' AND snapshot_held($6, n.id)) DESC, ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
+		 "ORDER BY ($6 <> '' AND snapshot_held($6, n.id)) DESC, "
+		 "  ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
 		 "  + (n.memory_mib - u.m - $2::int)::float8 / greatest(n.memory_mib, 1) "
 		 "  + CASE WHEN n.disk_gib IS NULL THEN 1 "
 		 "    ELSE (n.disk_gib - u.d - $3::int)::float8 / greatest(n.disk_gib, 1) END) DESC, "
@@ -217,9 +218,10 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 
 /*
  * The tenant's template cr->template: its latest ready version's warm image (`snap`), that
- * image's guest image hash (`image`, "" when unknown), its shape into *milli and *mem (a create asking another is 422 naming
- * the template's), its disk into *disk unless a larger one is asked (a smaller one is 422), its
- * ENV into *env (a new object). Replies and returns false when it cannot be used.
+ * image's guest image hash (`image`, "" when unknown), its shape into *milli and *mem (a create
+ * asking another is 422 naming the template's), its disk into *disk unless a larger one is asked
+ * (a smaller one is 422), its ENV into *env (a new object). Replies and returns false when it
+ * cannot be used.
  */
 static bool template_source(struct http_req *req, struct pg_conn *c, const struct apireq_create *cr,
 			    long long *milli, long long *mem, long long *disk, char *snap,

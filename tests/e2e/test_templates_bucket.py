@@ -2,13 +2,13 @@
 
 Two nodes share Postgres and a tenant's bucket (s3rver behind the proxy that checks every SigV4
 signature and Content-MD5, as in tests/integration/s3). The template is built once, on the first
-node (the second starts after the build was placed); its image is uploaded (`image_status`
-stored, one object). With the first node drained, a build FROM the template lands on the second,
-which fetches the image from the bucket for its builder; its own upload fails (the bucket made to
-vanish meanwhile), which its version says, and it stays usable on that node. A create from the
-first template lands there too and fetches nothing more (the copy is kept), and its sandbox sees
-the file the first build wrote. Another tenant sees no template. Deleting the templates removes their objects from the
-bucket and the second node's copy."""
+node (the second starts after the build was placed); its image is uploaded (`image_status` stored,
+one object). With the first node drained, a build FROM the template lands on the second, which
+fetches the image from the bucket for its builder; its own upload fails (the bucket made to vanish
+meanwhile), which its version says, and it stays usable on that node. A create from the first
+template lands there too and fetches nothing more (the copy is kept), and its sandbox sees the file
+the first build wrote. Another tenant sees no template. Deleting the templates removes their
+objects from the bucket and the second node's copy."""
 import os
 import sys
 import time
