@@ -153,9 +153,13 @@ static bool admit(struct http_req *req, struct pg_conn *c, unsigned count, unsig
  * as free). One statement. False (replied 503 naming vCPUs, memory and disk) when there is
  * none. Two placements at once may both pick a node with room for one: the node admits each
  * again under its own lock as it reserves it (node/create.c), and the second gets 503.
+ * `snap`, when not "", is a template's image: the nodes holding it come first (snapshot_held,
+ * migrations/0040), and the others are taken only when it is stored in the tenant's bucket (the
+ * node fetches it).
  */
 static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, unsigned mem_mib,
-		  unsigned disk_gib, const char *image, char *address, size_t alen)
+		  unsigned disk_gib, const char *image, const char *snap, char *address,
+		  size_t alen)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
@@ -183,12 +187,15 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 		 "AND (n.disk_gib IS NULL OR u.d + $3::int <= n.disk_gib) "
 		 "AND ($5 = '' OR EXISTS (SELECT 1 FROM node_images i WHERE i.node_id = n.id "
 		 "  AND i.image_hash = $5)) "
-		 "ORDER BY ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
+		 "AND ($6 = '' OR snapshot_held($6, n.id) OR EXISTS (SELECT 1 FROM snapshots p "
+		 "  WHERE p.id = $6 AND p.status = 'stored')) "
+		 "ORDER BY ($6 <> '' AND snapshot_held($6, n.id)) DESC, "
+		 "  ((n.vcpu_milli - u.v - $1::int)::float8 / greatest(n.vcpu_milli, 1) "
 		 "  + (n.memory_mib - u.m - $2::int)::float8 / greatest(n.memory_mib, 1) "
 		 "  + CASE WHEN n.disk_gib IS NULL THEN 1 "
 		 "    ELSE (n.disk_gib - u.d - $3::int)::float8 / greatest(n.disk_gib, 1) END) DESC, "
 		 "n.id LIMIT 1",
-		 v, m, d, after, image);
+		 v, m, d, after, image, snap);
 	if (rc != KILN_OK) {
 		gw_fail(req, rc, &err);
 		return false;
@@ -199,23 +206,26 @@ static bool place(struct http_req *req, struct pg_conn *c, unsigned vcpu_milli, 
 	else
 		http_reply_error(req, KILN_E_NO_CAPACITY,
 				 "no node has room for this sandbox (%u.%03u vCPUs, %u MiB of memory, "
-				 "%u GiB of disk)%s%s%s",
+				 "%u GiB of disk)%s%s%s%s",
 				 vcpu_milli / 1000, vcpu_milli % 1000, mem_mib, disk_gib,
 				 image[0] ? " and its snapshot's guest image \"" : "", image,
-				 image[0] ? "\"" : "");
+				 image[0] ? "\"" : "",
+				 snap[0] ? " that holds the template's image or can fetch it from the "
+					   "tenant's bucket" : "");
 	pg_res_free(res);
 	return ok;
 }
 
 /*
- * The tenant's template cr->template: its latest ready version's warm image (`snap`), the node
- * holding it (`address`), its shape into *milli and *mem (a create asking another is 422 naming
- * the template's), its disk into *disk unless a larger one is asked (a smaller one is 422), its
- * ENV into *env (a new object). Replies and returns false when it cannot be used.
+ * The tenant's template cr->template: its latest ready version's warm image (`snap`), that
+ * image's guest image hash (`image`, "" when unknown), its shape into *milli and *mem (a create
+ * asking another is 422 naming the template's), its disk into *disk unless a larger one is asked
+ * (a smaller one is 422), its ENV into *env (a new object). Replies and returns false when it
+ * cannot be used.
  */
 static bool template_source(struct http_req *req, struct pg_conn *c, const struct apireq_create *cr,
 			    long long *milli, long long *mem, long long *disk, char *snap,
-			    size_t slen, char *address, size_t alen, json_t **env)
+			    size_t slen, char *image, size_t ilen, json_t **env)
 {
 	const struct principal *who = gw_principal(req);
 	struct kiln_error err = { 0 };
@@ -225,11 +235,10 @@ static bool template_source(struct http_req *req, struct pg_conn *c, const struc
 	enum kiln_err rc;
 
 	rc = PGQ(c, &res, &err,
-		 "SELECT v.snapshot_id, n.address, v.vcpu_milli, v.memory_mib, v.disk_gib, "
-		 "coalesce(v.env, '{}'::jsonb)::text FROM templates t "
+		 "SELECT v.snapshot_id, coalesce(s.image_hash, ''), v.vcpu_milli, v.memory_mib, "
+		 "v.disk_gib, coalesce(v.env, '{}'::jsonb)::text FROM templates t "
 		 "JOIN template_versions v ON v.template_id = t.id "
 		 "JOIN snapshots s ON s.id = v.snapshot_id AND s.deleted_at IS NULL "
-		 "JOIN nodes n ON n.id = s.node_id "
 		 "WHERE t.tenant_id = $1 AND t.name = $2 AND t.deleted_at IS NULL "
 		 "AND v.status = 'ready' ORDER BY v.version DESC LIMIT 1",
 		 who->tenant_id, cr->template);
@@ -264,7 +273,7 @@ static bool template_source(struct http_req *req, struct pg_conn *c, const struc
 	*milli = tv;
 	*mem = tm;
 	snprintf(snap, slen, "%s", pg_res_str(res, 0, 0));
-	snprintf(address, alen, "%s", pg_res_str(res, 0, 1));
+	snprintf(image, ilen, "%s", pg_res_str(res, 0, 1));
 	*env = json_loads(pg_res_str(res, 0, 5), 0, NULL);
 	ok = *env != NULL;
 	if (!ok)
@@ -285,7 +294,7 @@ static void sandbox_create(struct http_req *req)
 	json_t *body, *nb = NULL;
 	struct pg_conn *c = NULL;
 	char id[AUTH_ID_MAX], address[256] = "", path[128], *text = NULL, *meta;
-	char snap_of[AUTH_ID_MAX] = "";
+	char snap_of[AUTH_ID_MAX] = "", snap_image[128] = "";
 	json_t *tenv = NULL;
 	long long mem, disk, tmo, milli;
 
@@ -301,13 +310,16 @@ static void sandbox_create(struct http_req *req)
 	tmo = cr.timeout_s;
 	c = gw_db(req);
 	if (c && cr.template &&
-	    !template_source(req, c, &cr, &milli, &mem, &disk, snap_of, sizeof(snap_of), address,
-			     sizeof(address), &tenv))
+	    !template_source(req, c, &cr, &milli, &mem, &disk, snap_of, sizeof(snap_of), snap_image,
+			     sizeof(snap_image), &tenv))
 		goto out;
 	if (!c || !admit(req, c, 1, (unsigned)milli, (unsigned)mem))
 		goto out;
 	if (cr.template) {
-		/* from the template's warm image, on the node that holds it */
+		/* from the template's warm image: on a node holding it, else one that fetches it */
+		if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, snap_image, snap_of,
+			   address, sizeof(address)))
+			goto out;
 	} else if (json_str(body, "snapshot_id", NULL)) {
 		/*
 		 * From a snapshot: on the node that holds it, in the snapshot's shape, with its disk
@@ -341,7 +353,7 @@ static void sandbox_create(struct http_req *req)
 			goto out;
 		if (!asked)
 			disk = snap_disk;
-	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, "", address,
+	} else if (!place(req, c, (unsigned)milli, (unsigned)mem, (unsigned)disk, "", "", address,
 			  sizeof(address))) {
 		goto out;
 	}
@@ -842,7 +854,7 @@ static void sandbox_resume(struct http_req *req)
 		ok = admit(req, c, 1, sb.vcpu_milli, sb.mem_mib);
 		/* Its node is gone or drained: another one resumes it from the tenant's bucket. */
 		if (ok && (!sb.node_alive || (sb.node_draining && !strcmp(sb.snap_status, "stored"))))
-			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.snap_image,
+			ok = place(req, c, sb.vcpu_milli, sb.mem_mib, sb.disk_gib, sb.snap_image, "",
 				   sb.node_address, sizeof(sb.node_address));
 		pg_release(gw->pg, c);
 		if (!ok)

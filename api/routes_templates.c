@@ -441,7 +441,7 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	struct dockerfile df = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
-	char node[128] = "", address[256] = "", path[256], maxb[24];
+	char node[128] = "", address[256] = "", path[256], maxb[24], from_snap[64] = "";
 	bool from_base = true;
 	enum kiln_err rc;
 
@@ -469,15 +469,28 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 	res = NULL;
 	if (rc == KILN_OK && !u->image)
 		from_base = strcmp(df.from, "base") == 0 || strcmp(df.from, "python") == 0;
-	if (rc == KILN_OK && !from_base)
+	/*
+	 * FROM another template of the tenant: its image's snapshot, `from_snap`; the nodes holding
+	 * it come first, and the others only when it is in the tenant's bucket (the node fetches it).
+	 */
+	if (rc == KILN_OK && !from_base) {
 		rc = PGQ(c, &res, err,
-			 "SELECT n.id, n.address FROM templates t JOIN template_versions v "
+			 "SELECT v.snapshot_id FROM templates t JOIN template_versions v "
 			 "ON v.template_id = t.id JOIN snapshots s ON s.id = v.snapshot_id "
-			 "JOIN nodes n ON n.id = s.node_id WHERE t.tenant_id = $1 AND t.name = $2 "
+			 "AND s.deleted_at IS NULL WHERE t.tenant_id = $1 AND t.name = $2 "
 			 "AND t.deleted_at IS NULL AND v.status = 'ready' "
 			 "ORDER BY v.version DESC LIMIT 1",
 			 who->tenant_id, df.from);
-	else if (rc == KILN_OK)
+		if (rc == KILN_OK && pg_res_rows(res) == 1)
+			snprintf(from_snap, sizeof(from_snap), "%s", pg_res_str(res, 0, 0));
+		else if (rc == KILN_OK)
+			rc = kiln_error_set(err, KILN_E_INVALID,
+					    "FROM %s: the tenant has no ready template of that name",
+					    df.from);
+		pg_res_free(res);
+		res = NULL;
+	}
+	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err,
 			 "SELECT n.id, n.address FROM nodes n LEFT JOIN LATERAL ("
 			 "  SELECT count(*) FILTER (WHERE s.state <> 'paused') AS k, "
@@ -487,18 +500,20 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 			 "  AND s.deleted_at IS NULL AND s.state IN ('creating', 'running', 'paused')"
 			 ") u ON true, template_versions b WHERE b.template_id = $3 "
 			 "AND b.version = $4::int AND " GW_NODE_LIVE_SQL("n", "$1")
-			 " ORDER BY (u.k < n.max_sandboxes AND u.v + b.vcpu_milli <= n.vcpu_milli "
+			 " AND ($5 = '' OR snapshot_held($5, n.id) OR EXISTS (SELECT 1 FROM "
+			 "snapshots p WHERE p.id = $5 AND p.status = 'stored')) "
+			 "ORDER BY ($5 <> '' AND snapshot_held($5, n.id)) DESC, "
+			 "(u.k < n.max_sandboxes AND u.v + b.vcpu_milli <= n.vcpu_milli "
 			 "AND u.m + b.memory_mib <= n.memory_mib "
 			 "AND (n.disk_gib IS NULL OR u.d + b.disk_gib <= n.disk_gib)) DESC, "
 			 "EXISTS (SELECT 1 FROM template_layers l WHERE l.tenant_id = $2 "
 			 "AND l.node_id = n.id) DESC, n.memory_mib - u.m DESC, n.id "
-			 "LIMIT 1", gw_node_down_after_s(gw), who->tenant_id, id, v);
+			 "LIMIT 1", gw_node_down_after_s(gw), who->tenant_id, id, v, from_snap);
 	if (rc == KILN_OK && pg_res_rows(res) != 1) {
-		rc = !from_base ? kiln_error_set(err, KILN_E_INVALID,
-						 "FROM %s: the tenant has no ready template of that "
-						 "name",
-						 df.from)
-				: kiln_error_set(err, KILN_E_NO_CAPACITY, "no node can build now");
+		rc = kiln_error_set(err, KILN_E_NO_CAPACITY, "no node can build now%s%s%s",
+				    from_base ? "" : ": none holds the image of ",
+				    from_base ? "" : df.from,
+				    from_base ? "" : " and it is not in the tenant's bucket");
 	} else if (rc == KILN_OK) {
 		snprintf(node, sizeof(node), "%s", pg_res_str(res, 0, 0));
 		snprintf(address, sizeof(address), "%s", pg_res_str(res, 0, 1));

@@ -61,6 +61,7 @@
 #include "node/create.h"
 #include "node/lifecycle.h"
 #include "node/nodereq.h"
+#include "node/storage_sync.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
 
@@ -1169,6 +1170,12 @@ static enum kiln_err build_save(struct build *b, const char *snap, bool layer,
 		if (rc == KILN_OK && !layer && pg_res_rows(res) != 1)
 			rc = kiln_error_set(err, KILN_E_CONFLICT,
 					    "the template was deleted during its build");
+		/* Going to the tenant's bucket (image_upload): shown so from the moment it is ready. */
+		if (rc == KILN_OK && !layer && n->store)
+			rc = PGQ(c, NULL, err,
+				 "UPDATE snapshots SET status = 'uploading', storage = 's3' WHERE id = $1 "
+				 "AND EXISTS (SELECT 1 FROM tenant_storage WHERE tenant_id = $2)",
+				 snap, b->tenant);
 		pg_res_free(res);
 		if (rc == KILN_OK)
 			rc = pg_exec(c, "COMMIT", err);
@@ -1190,6 +1197,30 @@ static enum kiln_err build_save(struct build *b, const char *snap, bool layer,
 	if (rc != KILN_OK)
 		snap_remove_files(dir);
 	return rc;
+}
+
+/*
+ * Starts the upload of the version's image `snap` to the tenant's bucket, when it has one
+ * (docs/templates.md, "The image in the tenant's bucket"). An upload that cannot start leaves the
+ * image on this node, usable, its row `failed` with the reason.
+ */
+static void image_upload(struct build *b, const char *snap)
+{
+	struct kiln_error err = { 0 }, perr = { 0 };
+	char why[KILN_ERRMSG_MAX + 32];
+	struct pg_conn *c;
+
+	if (!b->n->store || snapstore_upload_start(b->n->store, snap, b->tenant, &err) == KILN_OK)
+		return;
+	log_error("upload of the image of %s/%d did not start: %s", b->tmpl, b->version, err.msg);
+	snprintf(why, sizeof(why), "the upload did not start: %s", err.msg);
+	if (pg_acquire(b->n->pg, &c, &perr) != KILN_OK)
+		return;
+	PGQ(c, NULL, &perr,
+	    "UPDATE snapshots SET status = 'failed', storage = 's3', reason = $2 WHERE id = $1 "
+	    "AND status = 'uploading'",
+	    snap, why);
+	pg_release(b->n->pg, c);
 }
 
 /* ---- the build ---- */
@@ -1243,10 +1274,14 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 	}
 	pg_res_free(res);
 	res = NULL;
-	/* FROM another template of the tenant: its latest ready version's image, held here. */
+	/*
+	 * FROM another template of the tenant: its latest ready version's image, held here or in
+	 * the tenant's bucket (the builder's create fetches it: snap_fetch_copy).
+	 */
 	if (rc == KILN_OK && strcmp(b->df.from, "base") != 0 && strcmp(b->df.from, "python") != 0) {
 		rc = PGQ(c, &res, err,
-			 "SELECT v.snapshot_id, s.node_id = $3, v.vcpu_milli, v.memory_mib "
+			 "SELECT v.snapshot_id, snapshot_held(s.id, $3) OR s.status = 'stored', "
+			 "v.vcpu_milli, v.memory_mib "
 			 "FROM templates t JOIN template_versions v ON v.template_id = t.id "
 			 "JOIN snapshots s ON s.id = v.snapshot_id AND s.deleted_at IS NULL "
 			 "WHERE t.tenant_id = $1 AND t.name = $2 AND t.deleted_at IS NULL "
@@ -1258,7 +1293,8 @@ static enum kiln_err build_load(struct build *b, char **start_cmd, char **ready_
 					    b->df.from);
 		else if (rc == KILN_OK && strcmp(pg_res_str(res, 0, 1), "t") != 0)
 			rc = kiln_error_set(err, KILN_E_INVALID,
-					    "FROM %s: its image is on another node", b->df.from);
+					    "FROM %s: its image is on another node and not in the "
+					    "tenant's bucket", b->df.from);
 		else if (rc == KILN_OK && ((unsigned)pg_res_int(res, 0, 2, 0) != shape[0] ||
 					   (unsigned)pg_res_int(res, 0, 3, 0) != shape[1]))
 			rc = kiln_error_set(err, KILN_E_INVALID,
@@ -1713,6 +1749,8 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 		rc = build_size(b, err);
 	if (rc == KILN_OK)
 		rc = build_save(b, snap, false, err);
+	if (rc == KILN_OK)
+		image_upload(b, snap);
 	builder_end(b);
 	b->rules = NULL;
 	b->egress = NULL;

@@ -17,7 +17,10 @@
 #include "node/lifecycle.h"
 #include "node/template.h"
 
-/* The shape of the tenant's named snapshot `snap` on this node. */
+/*
+ * The shape of the tenant's named snapshot `snap` on this node, or of a template's image (kind
+ * `build`) here or in the tenant's bucket: one that is not here yet is fetched (snap_fetch_copy).
+ */
 static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char *tenant,
 				    unsigned *vcpu_milli, unsigned *mem_mib, unsigned *disk_gib,
 				    bool *build, struct kiln_error *err)
@@ -29,7 +32,8 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 	if (rc == KILN_OK) {
 		rc = PGQ(c, &res, err,
 			 "SELECT vcpu_milli, memory_mib, disk_gib, kind = 'build' FROM snapshots "
-			 "WHERE id = $1 AND tenant_id = $2 AND node_id = $3 AND kind IN ('named', 'build') "
+			 "WHERE id = $1 AND tenant_id = $2 AND kind IN ('named', 'build') "
+			 "AND (node_id = $3 OR (kind = 'build' AND status = 'stored')) "
 			 "AND deleted_at IS NULL",
 			 snap, tenant, n->cfg.node_id);
 		pg_release(n->pg, c);
@@ -47,6 +51,14 @@ static enum kiln_err snapshot_shape(struct node *n, const char *snap, const char
 		return node_error(err, rc, rc == KILN_E_NOT_FOUND ? "no snapshot \"%s\""
 								: "the database is unavailable (%s)",
 			       snap);
+	if (*build) {
+		rc = snap_fetch_copy(n, snap, tenant, err);
+		if (rc != KILN_OK)
+			return node_error(err, rc == KILN_E_UNAVAILABLE || rc == KILN_E_NOT_FOUND ||
+						       rc == KILN_E_CONFLICT ? rc : KILN_E_SANDBOX_FAILED,
+					  "the template's image could not be fetched from the tenant's "
+					  "bucket: %s", err->msg);
+	}
 	return KILN_OK;
 }
 

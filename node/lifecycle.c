@@ -59,6 +59,34 @@ void snap_upload(struct node *n, const char *snap_id, const char *tenant_id)
 		log_error("upload of snapshot \"%s\" did not start: %s", snap_id, err.msg);
 }
 
+enum kiln_err snap_fetch_copy(struct node *n, const char *snap_id, const char *tenant_id,
+			      struct kiln_error *err)
+{
+	char dir[600];
+	struct pg_conn *c;
+	enum kiln_err rc;
+
+	snap_dir(n, snap_id, dir, sizeof(dir));
+	if (access(dir, F_OK) == 0)
+		return KILN_OK;
+	if (!n->store)
+		return node_error(err, KILN_E_CONFLICT,
+				  "snapshot \"%s\" is on another node and this node has no access to "
+				  "snapshot buckets", snap_id);
+	/* Recorded first, so that snap_gc finds the files whatever happens after the fetch. */
+	rc = pg_acquire(n->pg, &c, err);
+	if (rc != KILN_OK)
+		return rc;
+	rc = PGQ(c, NULL, err,
+		 "INSERT INTO snapshot_copies (snapshot_id, node_id) SELECT id, $2 FROM snapshots "
+		 "WHERE id = $1 AND tenant_id = $3 ON CONFLICT DO NOTHING",
+		 snap_id, n->cfg.node_id, tenant_id);
+	pg_release(n->pg, c);
+	if (rc == KILN_OK)
+		rc = snapstore_fetch(n->store, snap_id, tenant_id, err);
+	return rc;
+}
+
 /* Writes the sandbox's rules and bandwidth into the snapshot, for the VMs restored from it. */
 enum kiln_err save_policy_public(struct sandbox *sb, const char *dir, struct kiln_error *err)
 {
@@ -304,6 +332,14 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 	return rc;
 }
 
+/* Snapshot `p` is deleted and nothing stands on it: no live sandbox, no live snapshot. */
+#define SNAP_UNUSED_SQL                                                                       \
+	"p.deleted_at IS NOT NULL "                                                           \
+	"AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL "               \
+	"  AND (p.id = ANY (s.lineage) OR s.pause_snapshot = p.id)) "                         \
+	"AND NOT EXISTS (SELECT 1 FROM snapshots q WHERE q.deleted_at IS NULL "               \
+	"  AND p.id = ANY (q.lineage))"
+
 void snap_gc(struct node *n)
 {
 	struct kiln_error err = { 0 };
@@ -313,12 +349,8 @@ void snap_gc(struct node *n)
 	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
 		return;
 	if (PGQ(c, &res, &err,
-		"SELECT p.id, p.storage, coalesce(p.tenant_id, '') FROM snapshots p WHERE p.node_id = $1 AND p.deleted_at IS NOT NULL "
-		"AND p.purged_at IS NULL "
-		"AND NOT EXISTS (SELECT 1 FROM sandboxes s WHERE s.deleted_at IS NULL "
-		"  AND (p.id = ANY (s.lineage) OR s.pause_snapshot = p.id)) "
-		"AND NOT EXISTS (SELECT 1 FROM snapshots q WHERE q.deleted_at IS NULL "
-		"  AND p.id = ANY (q.lineage))",
+		"SELECT p.id, p.storage, coalesce(p.tenant_id, '') FROM snapshots p WHERE p.node_id = $1 "
+		"AND p.purged_at IS NULL AND " SNAP_UNUSED_SQL,
 		n->cfg.node_id) == KILN_OK) {
 		for (int i = 0; i < pg_res_rows(res); i++) {
 			char dir[600];
@@ -337,6 +369,25 @@ void snap_gc(struct node *n)
 			snap_remove_files(dir);
 			PGQ(c, NULL, &err, "UPDATE snapshots SET purged_at = now() WHERE id = $1", id);
 			log_info("removed the files of snapshot \"%s\"", id);
+		}
+	}
+	pg_res_free(res);
+	res = NULL;
+	/* The copies fetched here of other nodes' snapshots (template images) go the same way. */
+	if (PGQ(c, &res, &err,
+		"SELECT p.id FROM snapshot_copies k JOIN snapshots p ON p.id = k.snapshot_id "
+		"WHERE k.node_id = $1 AND " SNAP_UNUSED_SQL,
+		n->cfg.node_id) == KILN_OK) {
+		for (int i = 0; i < pg_res_rows(res); i++) {
+			char dir[600];
+			const char *id = pg_res_str(res, i, 0);
+
+			snap_dir(n, id, dir, sizeof(dir));
+			snap_remove_files(dir);
+			PGQ(c, NULL, &err,
+			    "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2", id,
+			    n->cfg.node_id);
+			log_info("removed the fetched copy of snapshot \"%s\"", id);
 		}
 	}
 	pg_res_free(res);

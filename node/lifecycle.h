@@ -17,6 +17,15 @@ void snap_dir(struct node *n, const char *snap_id, char *out, size_t len);
 void snap_upload(struct node *n, const char *snap_id, const char *tenant_id);
 
 /*
+ * Makes sure the files of the tenant's snapshot `snap_id` (a template's image made on another
+ * node) are here: KILN_OK when they are; else fetched from the tenant's bucket (snapstore_fetch,
+ * verified; its errors) and recorded as this node's copy (snapshot_copies), kept for later creates
+ * until snap_gc removes it with the snapshot. KILN_E_CONFLICT when this node has no store.
+ */
+enum kiln_err snap_fetch_copy(struct node *n, const char *snap_id, const char *tenant_id,
+			      struct kiln_error *err);
+
+/*
  * Verifies the snapshot `snap_id` and restores `sb` (reserved, not yet running) from it, with the
  * snapshot's network policy unless `override` gives one. `fresh`: a new sandbox's identity.
  */
