@@ -346,6 +346,12 @@ int main(int argc, char **argv)
 	}
 	log_init("kiln-gateway", (enum log_level)log_level_parse(gw.cfg.log_level),
 		 gw.cfg.log_json);
+#ifdef KILN_BENCH_NO_AUTH
+	if (!gw_bench_no_auth_allowed(&err)) {
+		fprintf(stderr, "kiln-gateway: %s\n", err.msg);
+		return 2;
+	}
+#endif
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	if (rotate) {
 		char kid[AUTH_KID_MAX] = "";

@@ -6,9 +6,13 @@
 #   every listing returns one key whichever credential asks;
 #   POST /v1/tokens with an API key and a fresh Idempotency-Key per request: a mutating route with
 #   its idempotency record and its audit row.
-# Runs are interleaved, /healthz before each (H K H J H P), ROUNDS times; each ratio is to the
-# /healthz run just before it, and the median over the rounds is reported.
-# Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS]
+# With NOAUTH_BUILD, a build of the bench-only CMake option KILN_BENCH_NO_AUTH=ON (a gateway
+# that skips authentication, api/authn.h), also GET /v1/api-keys on that gateway, started on the
+# same database as tenant 1 with no credential at all: what authentication alone costs is
+# 1 - (the API-key run's req/s / this run's) of the same round.
+# Runs are interleaved, /healthz before each (H K H J H P [H N]), ROUNDS times; each ratio is to
+# the /healthz run just before it, and the median over the rounds is reported.
+# Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS] [NOAUTH_BUILD]
 #
 # What each request costs: /healthz pings Postgres and Redis and looks for a live node (three
 # round trips); /v1/api-keys authenticates (an API key from the gateway's ≤ 5 s key cache and an
@@ -23,34 +27,41 @@ secs=${2:-10}
 conns=${3:-8}
 rounds=${4:-3}
 ncreds=${5:-1000}
+noauth=${6:-}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 envfile=$(mktemp /tmp/kiln-bench-XXXXXX.env)
 keyfile=$(mktemp -u /tmp/kiln-bench-admin-XXXXXX)
 keys=$(mktemp /tmp/kiln-bench-keys-XXXXXX)
 jwts=$(mktemp /tmp/kiln-bench-jwts-XXXXXX)
+tenantf=$(mktemp /tmp/kiln-bench-tenant-XXXXXX)
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
   "$root/tests/harness/services.sh" stop "$envfile" >/dev/null
-  rm -f "$envfile" "$keyfile" "$keys" "$jwts"
+  rm -f "$envfile" "$keyfile" "$keys" "$jwts" "$tenantf"
 }
 trap cleanup EXIT
 "$root/tests/harness/services.sh" start "$envfile" >/dev/null
 set -a; . "$envfile"; set +a
 
+master=$(openssl rand -hex 32)
+# start_gw BUILD PORT: a gateway of BUILD on PORT (and the environment's extra settings)
+start_gw() {
+  KILN_LISTEN=127.0.0.1:$2 KILN_E2B_LISTEN= KILN_E2B_SANDBOX_LISTEN= KILN_PORTS_LISTEN=127.0.0.1:0 KILN_LOG_LEVEL=warn KILN_ADMIN_KEY_FILE=$keyfile \
+    KILN_MASTER_KEY=$master \
+    KILN_RATE_LIMIT_RPS=1000000 KILN_RATE_LIMIT_BURST=1000000 \
+    KILN_TENANT_RATE_LIMIT_RPS=1000000 KILN_TENANT_RATE_LIMIT_BURST=1000000 \
+    "$1/api/kiln-gateway" >/dev/null 2>&1 &
+  pids+=($!)
+  for ((i = 0; i < 100; i++)); do
+    [ -s "$keyfile" ] && curl -s -o /dev/null "http://127.0.0.1:$2/healthz" && break
+    sleep 0.1
+  done
+}
 port=$((20000 + RANDOM % 10000))
 url=http://127.0.0.1:$port
-KILN_LISTEN=127.0.0.1:$port KILN_E2B_LISTEN= KILN_E2B_SANDBOX_LISTEN= KILN_PORTS_LISTEN=127.0.0.1:0 KILN_LOG_LEVEL=warn KILN_ADMIN_KEY_FILE=$keyfile \
-  KILN_MASTER_KEY=$(openssl rand -hex 32) \
-  KILN_RATE_LIMIT_RPS=1000000 KILN_RATE_LIMIT_BURST=1000000 \
-  KILN_TENANT_RATE_LIMIT_RPS=1000000 KILN_TENANT_RATE_LIMIT_BURST=1000000 \
-  "$build/api/kiln-gateway" >/dev/null 2>&1 &
-pids+=($!)
-for ((i = 0; i < 100; i++)); do
-  [ -s "$keyfile" ] && curl -s -o /dev/null "$url/healthz" && break
-  sleep 0.1
-done
+start_gw "$build" "$port"
 # /healthz answers 200 only with a live node; a registered node whose heartbeat stays fresh for
 # the run makes it do its full work and answer 200, as in production.
 psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -qc \
@@ -61,9 +72,9 @@ health=$(curl -s -o /dev/null -w '%{http_code}' "$url/healthz")
 [ "$health" = 200 ] || { echo "GET /healthz answers $health, not 200" >&2; exit 1; }
 
 # CREDS tenants, the first API key of each (every tenant scope) and a 15-minute token of it.
-python3 - "$url" "$(cat "$keyfile")" "$ncreds" "$keys" "$jwts" <<'PY'
+python3 - "$url" "$(cat "$keyfile")" "$ncreds" "$keys" "$jwts" "$tenantf" <<'PY'
 import http.client, json, sys, urllib.parse
-url, admin, n, keys_path, jwts_path = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+url, admin, n, keys_path, jwts_path, tenant_path = sys.argv[1:3] + [int(sys.argv[3])] + sys.argv[4:7]
 u = urllib.parse.urlparse(url)
 conn = http.client.HTTPConnection(u.hostname, u.port, timeout=30)
 def call(path, cred, body):
@@ -76,13 +87,27 @@ def call(path, cred, body):
     return json.loads(data)
 with open(keys_path, "w") as kf, open(jwts_path, "w") as jf:
     for i in range(n):
-        key = call("/v1/tenants", admin, {"name": f"bench{i}"})["api_key"]["key"]
+        made = call("/v1/tenants", admin, {"name": f"bench{i}"})
+        key = made["api_key"]["key"]
         print(key, file=kf)
+        if i == 0:
+            with open(tenant_path, "w") as tf:
+                print(made["tenant"]["id"], file=tf)
         print(call("/v1/tokens", key, {"ttl_s": 900})["token"], file=jf)
 PY
 for cred in "$(head -1 "$keys")" "$(head -1 "$jwts")"; do
   curl -sf -o /dev/null -H "Authorization: Bearer $cred" "$url/v1/api-keys"
 done
+whats="key jwt post"
+if [ -n "$noauth" ]; then
+  nport=$((port + 1))
+  nurl=http://127.0.0.1:$nport
+  KILN_BENCH_NO_AUTH=accept-anyone KILN_BENCH_TENANT=$(cat "$tenantf") start_gw "$noauth" "$nport"
+  # tenant 1's one key, as every authenticated listing returns one key
+  [ "$(curl -sf "$nurl/v1/api-keys" | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["api_keys"]))')" = 1 ] ||
+    { echo "the gateway of $noauth does not list tenant 1's key without a credential" >&2; exit 1; }
+  whats="$whats noauth"
+fi
 
 # run_wrk URL [CRED_FILE [get|post]]: prints "requests/s p50_ms p99_ms non2xx". Runs in a
 # subshell, so each run's Idempotency-Keys are told apart by the clock, not by a counter.
@@ -103,20 +128,26 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? 
 
 printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio load
 bad=0
-rk=() rj=() rp=()
+rk=() rj=() rp=() rn=() rc=()
 row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" "$@"; }
 for ((r = 1; r <= rounds; r++)); do
-  for what in key jwt post; do
+  for what in $whats; do
     read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$url/healthz")
     row "$r" "GET /healthz" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$(cut -d' ' -f1 /proc/loadavg)"
     case $what in
     key) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$keys"); name="GET /v1/api-keys, API key" ;;
     jwt) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$jwts"); name="GET /v1/api-keys, JWT (ES256)" ;;
     post) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/tokens" "$keys" post); name="POST /v1/tokens, Idempotency-Key" ;;
+    noauth) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$nurl/v1/api-keys"); name="GET /v1/api-keys, authentication off" ;;
     esac
     ratio=$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')
     row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$(cut -d' ' -f1 /proc/loadavg)"
-    case $what in key) rk+=("$ratio") ;; jwt) rj+=("$ratio") ;; post) rp+=("$ratio") ;; esac
+    case $what in
+    key) rk+=("$ratio") key_rps=$x_rps ;;
+    jwt) rj+=("$ratio") ;;
+    post) rp+=("$ratio") ;;
+    noauth) rn+=("$ratio") rc+=("$(awk -v k="$key_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')") ;;
+    esac
     bad=$((bad + h_bad + x_bad))
   done
 done
@@ -124,6 +155,10 @@ echo "median ratio to /healthz over $rounds rounds ($ncreds distinct credentials
 echo "  API key: $(median "${rk[@]}") (aim >= 0.7)"
 echo "  JWT:     $(median "${rj[@]}") (aim >= 0.7)"
 echo "  POST:    $(median "${rp[@]}") (aim >= 0.3)"
+if [ -n "$noauth" ]; then
+  echo "  GET /v1/api-keys, authentication off: $(median "${rn[@]}")"
+  echo "authentication's share of GET /v1/api-keys (1 - API key / off, same round): $(median "${rc[@]}") (aim <= 0.15)"
+fi
 # Every POST was a first use of its key (a replay would be cheaper): one audit row each, and as
 # many stored outcomes.
 audit=$(psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -tAc \
