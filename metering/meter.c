@@ -1128,15 +1128,21 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
  * KEYS: per tenant its balance hash and its bandwidth hash and burn hash; then per sandbox its
  * series; then the meter's figures hash, the meters set, the node's tenants set and its alive key.
  * ARGV: live field, node, #tenants, #sandboxes, tick second, trim cutoff (or ''), series ttl,
- * burn stamp, live ttl; per tenant: live, rx, tx, burn rate; per sandbox: series member; then
- * figure pairs. The alive key is set first; another meter's live field whose alive key is gone
+ * burn stamp, live ttl, blind ('1': a tick without Postgres); per tenant: live, rx, tx, burn
+ * rate; per sandbox: series member; then figure pairs. A blind tick sets its live field only
+ * when it is missing (dropped, or Redis lost it) and never deletes it: another meter of the node
+ * that reads Postgres writes the same field with the charges as of now, which a blind meter's,
+ * as of its last billed tick, would hide (kiln-sim `two-meters,zero`, seeds 9170 and 9248: the
+ * other node's meter read the stale charges and paused the tenant's sandbox 5 s after zero).
+ * The alive key is set first; another meter's live field whose alive key is gone
  * is dropped (billing.h). Returns {balances, missing flags}.
  */
 static const char tick_lua[] =
 	"local f, node = ARGV[1], ARGV[2]\n"
 	"local nt, ns = tonumber(ARGV[3]), tonumber(ARGV[4])\n"
 	"local t, cutoff, ttl, stamp = ARGV[5], ARGV[6], ARGV[7], ARGV[8]\n"
-	"local a = 10\n"
+	"local blind = ARGV[10] == '1'\n"
+	"local a = 11\n"
 	"local bal, miss = {}, {}\n"
 	"local tset = KEYS[3 * nt + ns + 3]\n"
 	"redis.call('SET', KEYS[3 * nt + ns + 4], '1', 'EX', ARGV[9])\n"
@@ -1144,7 +1150,9 @@ static const char tick_lua[] =
 	"  local bk, wk, rk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]\n"
 	"  local live, rx, tx, burn = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]\n"
 	"  a = a + 4\n"
-	"  if live == '0' then redis.call('HDEL', bk, f) else redis.call('HSET', bk, f, live) end\n"
+	"  if blind then\n"
+	"    if live ~= '0' then redis.call('HSETNX', bk, f, live) end\n"
+	"  elseif live == '0' then redis.call('HDEL', bk, f) else redis.call('HSET', bk, f, live) end\n"
 	"  if rx > 0 then redis.call('HINCRBY', wk, 'rx', rx) end\n"
 	"  if tx > 0 then redis.call('HINCRBY', wk, 'tx', tx) end\n"
 	"  redis.call('HSET', rk, node, burn .. ':' .. stamp)\n"
@@ -1247,7 +1255,7 @@ static void argv_release(struct argv *a)
 	memset(a, 0, sizeof(*a));
 }
 
-static enum kiln_err redis_tick(struct meter *m, int64_t now)
+static enum kiln_err redis_tick(struct meter *m, int64_t now, bool blind)
 {
 	struct kiln_error err = { 0 };
 	struct rds_reply rep = { 0 };
@@ -1301,6 +1309,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 	e |= argv_addf(&a, "%" PRId64, m->o.series_s + 60);
 	e |= argv_addf(&a, "%" PRId64, m->wall / PRICE_NS_PER_S);	/* read against time() */
 	e |= argv_addf(&a, "%" PRId64, m->o.live_ttl_s);
+	e |= argv_add(&a, blind ? "1" : "0", false);
 	for (size_t i = 0; i < nt; i++) {
 		struct mten *t = ts[i];
 		long long burn = (long long)(t->t_burn / PRICE_FINE_PER_UCR);	/* µcr/s */
@@ -1906,7 +1915,7 @@ static void meter_tick_blind(struct meter *m, int64_t now)
 		m->sbs[i]->t_has = false;
 	for (size_t i = 0; i < m->ntens; i++)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
-	redis_tick(m, now);
+	redis_tick(m, now, true);
 	meter_enforce(m, now, false);
 }
 
@@ -2540,11 +2549,14 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			/* The changes before its billed-up-to point are in it; every change of its
 			 * generation when that point is the generation's end (the sandbox ended in
 			 * it: a backward step of the wall clock can make them read as later, and a
-			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110). */
+			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110); every
+			 * change of an earlier generation (one logged before a backward step can
+			 * read just past the point while the point's own generation's, logged
+			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). */
 			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
 				      s->state == BS_NONE && row_terminal(&r[i]);
 			for (size_t k = 0; k < r[i].ne; k++)
-				if ((r[i].e[k].at < s->last_t ||
+				if ((r[i].e[k].at < s->last_t || r[i].e[k].gen < s->gen ||
 				     (in_end && r[i].e[k].gen == s->gen)) &&
 				    r[i].e[k].seq > s->seq)
 					s->seq = r[i].e[k].seq;
@@ -2731,7 +2743,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			pg_release(m->pg, sc);
 		}
 	}
-	redis_tick(m, now);
+	redis_tick(m, now, false);
 	ledger_refresh(m, now);
 	meter_enforce(m, now, true);
 	if (meter_flush(m, hw, err) != KILN_OK) {

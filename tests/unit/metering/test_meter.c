@@ -830,6 +830,94 @@ static void test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its
 }
 
 /*
+ * A meter that starts tracking a sandbox from the ledger's point (restarted, or re-reading after
+ * a refused window) reads the changes logged from a minute before that point, by wall-clock time:
+ * after a backward step of the wall clock, a change of an earlier generation logged before the
+ * step reads that much later, past the point, while the rows of the point's own generation,
+ * logged after the step, read earlier and are not read at all. Every change of an earlier
+ * generation is in the point (kiln-sim `clock`, seed 9259: a sandbox's boot, logged before a 254 s
+ * backward step, was read 85 s after its second generation's point, paused; its first generation
+ * was billed again as running from there, +20,637 µcr). Here 20 s of the paused second
+ * generation were billed as the first one running.
+ */
+static void test_an_earlier_generations_change_read_after_the_point_is_not_applied(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0 + S / 2);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot-gen";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 135; i++) {
+		if (i == 11)
+			fake_now -= 90 * S;	/* at 10, the wall clock steps back 90 s */
+		if (i == 13)	/* at 12, restored: generation 2 */
+			sql("UPDATE sandboxes SET generation = 2, state_changed_at = "
+			    "to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 16)
+			pause_into(t, sb, "snap_a", 512);	/* at 15 */
+		if (i == 91) {	/* a restart at 90: the start, at 0.5, reads 90.5 */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 121)
+			stop_sandbox(sb, fake_now);	/* at 120 */
+		tick_both(m);
+	}
+	boot = NULL;
+	/* 11.5 s running in generation 1; 3 s running, 105 s paused at 512 in generation 2 */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 2955);
+	CHECK_INT(used(t), 3726 + 105 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
+ * Two meters of one node write one live field; one without Postgres (a blind tick) has only its
+ * charges as of its last billed tick, and must not hide those of the other, which reads Postgres
+ * and bills the node's sandboxes on (kiln-sim `two-meters,zero`, seeds 9170 and 9248: the other
+ * node's meter read the stale charges, and a sandbox ran 5 s at zero against 4). Here Redis
+ * answered the blind meter's 3 s of charges, flushed long since, for the other's 5 s.
+ */
+static void test_a_meter_without_postgres_keeps_the_other_meters_live_field(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	a = new_meter();
+	b = new_meter();
+	for (int i = 1; i <= 25; i++) {
+		if (i == 4)
+			meter_set_backends(b, dead, rds);
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		(void)meter_tick(b, &err);
+	}
+	CHECK_INT(meter_pending(a, t), 5 * 257);
+	CHECK_INT(meter_pending(b, t), 3 * 257);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - 5 * 257);
+	CHECK_INT(used(t), 20 * 257);
+	meter_free(b);
+	meter_free(a);
+	pg_free(dead);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -960,6 +1048,8 @@ int main(void)
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
 	TEST(test_changes_across_a_backward_step_apply_in_log_order);
 	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
+	TEST(test_an_earlier_generations_change_read_after_the_point_is_not_applied);
+	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
