@@ -599,6 +599,10 @@ struct mrow {
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
+	/* A node whose meter is gone, with generations here taken over: its newest point's
+	 * remainder, where its next generation goes on (gen_rem_switch). */
+	char tk_node[ID_MAX];
+	uint64_t tk_rem;
 	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
 	size_t ne;
 };
@@ -768,24 +772,27 @@ static uint64_t row_gen_snap(const struct mrow *r, long long gen)
 }
 
 /*
- * The sub-µcr remainder as `s` goes on to a generation of `node`: a sandbox's generations on one
- * node carry one remainder from each to the next, whichever meter bills them (a meter that starts
- * from the ledger takes its node's newest point's). A generation of another node this meter takes
- * over starts from zero (that node's remainder is in its own points), and the remainder of this
- * node's generations waits for the next one of them: a taken-over generation never moves it.
+ * The sub-µcr remainder as `s` (of row `r`) goes on to a generation of `node`: a sandbox's
+ * generations on one node carry one remainder from each to the next, whichever meter bills them
+ * (a meter that starts from the ledger takes its node's newest point's). A generation of another
+ * node this meter takes over starts from that node's newest point's remainder (r->tk_rem: kiln-sim
+ * `clock`, seed 9244: a generation taken over from zero was charged 1 µcr less than that node's
+ * meter would have), and the remainder of this node's generations waits for the next one of
+ * them: a taken-over generation never moves it.
  */
-static void gen_rem_switch(struct meter *m, struct msb *s, const char *node)
+static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r, const char *node)
 {
 	bool home = strcmp(s->gnode, m->node) == 0, home_next = strcmp(node, m->node) == 0;
+	uint64_t other = strcmp(node, r->tk_node) == 0 ? r->tk_rem : 0;
 
 	if (home && !home_next) {
 		s->rem_home = s->rem;
-		s->rem = 0;
+		s->rem = other;
 	} else if (!home && home_next) {
 		s->rem = s->rem_home;
 		s->rem_home = 0;
 	} else if (!home && strcmp(s->gnode, node) != 0) {
-		s->rem = 0;
+		s->rem = other;
 	}
 }
 
@@ -902,7 +909,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			/* A new generation (restored, moved): its counters start from zero. */
 			s->gen = pc[i].gen;
 			s->mine = true;
-			gen_rem_switch(m, s, pc[i].node);
+			gen_rem_switch(m, s, r, pc[i].node);
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
@@ -954,7 +961,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		/* Back on this node under a new generation at `end` exactly. */
 		s->gen = cur_gen;
 		s->mine = true;
-		gen_rem_switch(m, s, cur_node);
+		gen_rem_switch(m, s, r, cur_node);
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
@@ -2180,6 +2187,46 @@ static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, str
 }
 
 /*
+ * For each sandbox here of `r` (sorted by id), the remainder of its newest point on a node of
+ * `dn` (a Postgres array of nodes whose meter is gone, closed here): where a generation of that
+ * node taken over by this meter goes on (gen_rem_switch). Nothing when Postgres cannot answer.
+ */
+static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf *dn)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf ids;
+	bool e = false;
+
+	buf_init(&ids, 64u << 20);
+	e |= buf_appends(dn, "}") != 0 || buf_appends(&ids, "{") != 0;
+	for (int i = 0; i < rows; i++)
+		if (r[i].here)
+			e |= buf_appendf(&ids, "%s%s", ids.len > 1 ? "," : "", r[i].id) != 0;
+	e |= buf_appends(&ids, "}") != 0;
+	if (!e && pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		m->st.pg_calls++;
+		if (PGQ(c, &res, &err, "SELECT DISTINCT ON (1, 2) mm.sandbox_id, "
+			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine FROM meter_sandboxes mm "
+			"WHERE mm.sandbox_id = ANY($1::text[]) "
+			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
+			"ORDER BY 1, 2, mm.generation DESC", ids.data, dn->data) != KILN_OK)
+			log_warn("cannot read the remainders of the nodes gone: %s", err.msg);
+		pg_release(m->pg, c);
+	}
+	for (int k = 0; k < pg_res_rows(res); k++)
+		for (int i = 0; i < rows; i++)
+			if (strcmp(r[i].id, pg_res_str(res, k, 0)) == 0) {
+				snprintf(r[i].tk_node, sizeof(r[i].tk_node), "%s",
+					 pg_res_str(res, k, 1));
+				r[i].tk_rem = (uint64_t)pg_res_int(res, k, 2, 0) % PRICE_FINE_PER_UCR;
+			}
+	pg_res_free(res);
+	buf_release(&ids);
+}
+
+/*
  * The sandboxes here now whose earlier generations ran on a node whose meter is dead (its alive
  * key gone from Redis, meter_live_ttl_s after its last tick): this meter bills that time (what the
  * dead meter never flushed; the ledger's fence refuses it if that meter comes back and bills it
@@ -2197,9 +2244,13 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 	struct argv a = { 0 };
 	const char **nodes = NULL;
 	size_t nn = 0, cap = 0;
+	struct buf dn;	/* the dead nodes, a Postgres array */
+	bool dead = false;	/* out of memory */
 	char nk[24];
 
 	buf_init(&a.arena, 1u << 20);
+	buf_init(&dn, 1u << 20);
+	dead |= buf_appends(&dn, "{") != 0;
 	for (int i = 0; i < rows; i++) {
 		if (!r[i].here)
 			continue;
@@ -2239,6 +2290,7 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 	for (size_t q = 0; q < nn; q++) {
 		if (rep.elem[q].integer)
 			continue;
+		dead |= buf_appendf(&dn, "%s%s", dn.len > 1 ? "," : "", nodes[q]) != 0;
 		log_info("the meter of node \"%s\" is gone: its sandboxes here are billed here",
 			 nodes[q]);
 		for (int i = 0; i < rows; i++) {
@@ -2251,7 +2303,10 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 				r[i].m_mine = true;
 		}
 	}
+	if (dn.len > 1 && !dead)
+		take_over_rems(m, r, rows, &dn);
 out:
+	buf_release(&dn);
 	rds_reply_release(&rep);
 	argv_release(&a);
 	free(nodes);
