@@ -740,6 +740,39 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
 }
 
 /*
+ * A sandbox of a tenant of its own, running from now, and a meter with no Postgres from its
+ * fourth tick to its `pg_back`th: `at(i, ...)` runs before each of its 60 ticks (a second each),
+ * the sandbox stops at 40; the tenant must have used `want` µcr, nothing left pending.
+ */
+static void run_without_pg(int pg_back, void (*at)(int i, const char *t, const char *sb),
+			   long long want)
+{
+	char t[32], sb[32];
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), aligned_now());
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		at(i, t, sb);
+		if (i == pg_back)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i < pg_back)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	CHECK_INT(used(t), want);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
  * A generation that paused and was resumed while its meter had no Postgres is billed at its own
  * pause snapshot's size, the newest made before the next generation's first change in the log's
  * order, not before the earliest time a later change reads: after a backward step of the wall
@@ -748,43 +781,24 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
  * at the next generation's snapshot, -1,106). Here the 5 s paused into 512 MiB were billed at
  * the guest's 256.
  */
+static void snapshot_across_a_backward_step(int i, const char *t, const char *sb)
+{
+	if (i == 6)
+		pause_into(t, sb, "snap_a", 512);	/* at 5 */
+	if (i == 11)	/* at 10, resumed: a new generation */
+		sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+		    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+		    (long long)(fake_now / 1000), sb);
+	if (i == 16)
+		fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+	if (i == 21)
+		pause_into(t, sb, "snap_b", 128);	/* at 20 */
+}
+
 static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(void)
 {
-	char t[32], sb[32];
-	int64_t t0 = aligned_now();
-	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
-	struct meter *m;
-
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
-	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		if (i == 4)
-			meter_set_backends(m, dead, rds);
-		if (i == 6)
-			pause_into(t, sb, "snap_a", 512);	/* at 5 */
-		if (i == 11)	/* at 10, resumed: a new generation */
-			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
-			    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) "
-			    "WHERE id = '%s'",
-			    (long long)(fake_now / 1000), sb);
-		if (i == 16)
-			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
-		if (i == 21)
-			pause_into(t, sb, "snap_b", 128);	/* at 20 */
-		if (i == 31)
-			meter_set_backends(m, pg, rds);
-		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
-		if (i < 31)
-			tick_maybe(m);
-		else
-			tick_both(m);
-	}
 	/* 5 s running, 5 s paused at 512, 10 s running, 20 s paused at 128 */
-	CHECK_INT(used(t), 15 * 257 + 5 * 512 + 20 * 128);
-	CHECK_INT(meter_pending(m, t), 0);
-	meter_free(m);
-	pg_free(dead);
+	run_without_pg(31, snapshot_across_a_backward_step, 15 * 257 + 5 * 512 + 20 * 128);
 }
 
 /*
@@ -795,38 +809,20 @@ static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(v
  * that ran a minute was charged nothing of 73,026 µcr). Here a pause logged before a 60 s step,
  * 100 s back, read after it by a meter without Postgres across both, was applied 12 s early.
  */
+static void forward_step_within_the_lead(int i, const char *t, const char *sb)
+{
+	if (i == 11)
+		fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+	if (i == 16)
+		pause_into(t, sb, "snap_a", 512);	/* at 15 */
+	if (i == 21)
+		fake_now += 60 * S;	/* at 20, 60 s forward: still 40 s behind */
+}
+
 static void test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time(void)
 {
-	char t[32], sb[32];
-	int64_t t0 = aligned_now();
-	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
-	struct meter *m;
-
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
-	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		if (i == 4)
-			meter_set_backends(m, dead, rds);
-		if (i == 11)
-			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
-		if (i == 16)
-			pause_into(t, sb, "snap_a", 512);	/* at 15 */
-		if (i == 21)
-			fake_now += 60 * S;	/* at 20, 60 s forward: still 40 s behind */
-		if (i == 26)
-			meter_set_backends(m, pg, rds);
-		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
-		if (i < 26)
-			tick_maybe(m);
-		else
-			tick_both(m);
-	}
 	/* 15 s running, 25 s paused at 512 */
-	CHECK_INT(used(t), 15 * 257 + 25 * 512);
-	CHECK_INT(meter_pending(m, t), 0);
-	meter_free(m);
-	pg_free(dead);
+	run_without_pg(26, forward_step_within_the_lead, 15 * 257 + 25 * 512);
 }
 
 /*
