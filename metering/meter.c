@@ -83,6 +83,7 @@ struct msb {
 	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
 	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
+	long long pause_gen;	/* the generation a pause was asked for (a resume makes another) */
 	struct mwin *w;
 	size_t nw, capw;
 	struct mten *ten;
@@ -1907,9 +1908,13 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 			}
 			continue;
 		}
-		if (s->pause_asked && now - s->pause_asked < PAUSE_RETRY_NS)
+		/* Asked again after PAUSE_RETRY_NS if it did not pause; at once when it paused and
+		 * was resumed since (a new generation: kiln-sim seed 883738573, resumed 4 s after
+		 * its pause, at zero a second later, asked again only 10 s after the first time). */
+		if (s->pause_asked && s->pause_gen == s->gen && now - s->pause_asked < PAUSE_RETRY_NS)
 			continue;
 		s->pause_asked = now;
+		s->pause_gen = s->gen;
 		m->st.pauses_asked++;
 		log_info("tenant \"%s\" is out of credits (%lld µcr): pausing sandbox \"%s\"", s->tenant,
 			 s->ten->balance, s->id);

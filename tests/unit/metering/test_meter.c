@@ -118,6 +118,18 @@ static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
 	fake_mono = 5000 * S;
 }
 
+/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
+static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
+	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
+	    (long long)(fake_now / 1000), sb);
+}
+
 static void test_charge_is_exact_over_injected_time(void)
 {
 	char t[32], sb[32];
@@ -389,6 +401,38 @@ static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(voi
 	CHECK(redis_bal(t, &ok) <= 0);
 	/* Asked again after a while, never destroyed. */
 	CHECK(npaused >= 2);
+	meter_free(m);
+}
+
+/*
+ * A sandbox paused at zero and resumed (a new generation) while its tenant is still at zero is
+ * asked to pause again at once, not 10 s after the first request: the wait is for a pause that
+ * did not happen (kiln-sim `pg,zero,...`, seed 883738573: a sandbox paused at 285 s, resumed at
+ * 289 s, its tenant at zero from 290 s, was asked again at 295 s, 5 s at zero against 4).
+ */
+static void test_a_resumed_sandbox_at_zero_is_asked_to_pause_again_at_once(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");	/* 3.9 seconds of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter();
+	tick_until(m, t0 + 4 * S);
+	CHECK_INT(npaused, 1);	/* at 4 */
+	pause_into(t, sb, "snap_z", 256);	/* at 4 */
+	tick_until(m, t0 + 6 * S);
+	sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)((fake_now + S / 2) / 1000), sb);	/* resumed at 6.5 */
+	tick_until(m, t0 + 7 * S);
+	CHECK_INT(npaused, 2);	/* at 7, not 14 */
+	stop_sandbox(sb, fake_now);
+	tick_until(m, t0 + 21 * S);
 	meter_free(m);
 }
 
@@ -725,18 +769,6 @@ static void test_changes_across_a_backward_step_apply_in_log_order(void)
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
 	pg_free(dead);
-}
-
-/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
-static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
-{
-	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
-	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
-	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
-	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
-	    (long long)(fake_now / 1000), sb);
 }
 
 /*
@@ -1128,6 +1160,7 @@ int main(void)
 	TEST(test_usage_drawn_from_grants_earliest_expiry_first);
 	TEST(test_grant_expiry_is_a_transfer);
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
+	TEST(test_a_resumed_sandbox_at_zero_is_asked_to_pause_again_at_once);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
