@@ -83,6 +83,7 @@ struct msb {
 	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
 	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
+	long long pause_gen;	/* the generation a pause was asked for (a resume makes another) */
 	struct mwin *w;
 	size_t nw, capw;
 	struct mten *ten;
@@ -599,6 +600,10 @@ struct mrow {
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
+	/* A node whose meter is gone, with generations here taken over: its newest point's
+	 * remainder, where its next generation goes on (gen_rem_switch). */
+	char tk_node[ID_MAX];
+	uint64_t tk_rem;
 	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
 	size_t ne;
 };
@@ -768,24 +773,27 @@ static uint64_t row_gen_snap(const struct mrow *r, long long gen)
 }
 
 /*
- * The sub-µcr remainder as `s` goes on to a generation of `node`: a sandbox's generations on one
- * node carry one remainder from each to the next, whichever meter bills them (a meter that starts
- * from the ledger takes its node's newest point's). A generation of another node this meter takes
- * over starts from zero (that node's remainder is in its own points), and the remainder of this
- * node's generations waits for the next one of them: a taken-over generation never moves it.
+ * The sub-µcr remainder as `s` (of row `r`) goes on to a generation of `node`: a sandbox's
+ * generations on one node carry one remainder from each to the next, whichever meter bills them
+ * (a meter that starts from the ledger takes its node's newest point's). A generation of another
+ * node this meter takes over starts from that node's newest point's remainder (r->tk_rem: kiln-sim
+ * `clock`, seed 9244: a generation taken over from zero was charged 1 µcr less than that node's
+ * meter would have), and the remainder of this node's generations waits for the next one of
+ * them: a taken-over generation never moves it.
  */
-static void gen_rem_switch(struct meter *m, struct msb *s, const char *node)
+static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r, const char *node)
 {
 	bool home = strcmp(s->gnode, m->node) == 0, home_next = strcmp(node, m->node) == 0;
+	uint64_t other = strcmp(node, r->tk_node) == 0 ? r->tk_rem : 0;
 
 	if (home && !home_next) {
 		s->rem_home = s->rem;
-		s->rem = 0;
+		s->rem = other;
 	} else if (!home && home_next) {
 		s->rem = s->rem_home;
 		s->rem_home = 0;
 	} else if (!home && strcmp(s->gnode, node) != 0) {
-		s->rem = 0;
+		s->rem = other;
 	}
 }
 
@@ -902,7 +910,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			/* A new generation (restored, moved): its counters start from zero. */
 			s->gen = pc[i].gen;
 			s->mine = true;
-			gen_rem_switch(m, s, pc[i].node);
+			gen_rem_switch(m, s, r, pc[i].node);
 			if (pc[i].node != s->gnode)
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
@@ -954,7 +962,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		/* Back on this node under a new generation at `end` exactly. */
 		s->gen = cur_gen;
 		s->mine = true;
-		gen_rem_switch(m, s, cur_node);
+		gen_rem_switch(m, s, r, cur_node);
 		if (cur_node != s->gnode)
 			snprintf(s->gnode, sizeof(s->gnode), "%s", cur_node);
 		s->cpu_at = s->rx_at = s->tx_at = 0;
@@ -1018,6 +1026,25 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 }
 
+/*
+ * The pause snapshot (MiB) of generation G of sandbox X, ended (a later generation is logged):
+ * the newest made by the generation's last pause row (the log's order), else, with that row
+ * trimmed, by the next generation's first change. Not by the next generation's first change
+ * alone: after a backward step of the wall clock between the pause and the resume, the resume
+ * reads earlier than the snapshot (kiln-sim `clock`, seed 627238415: a tail billed at the
+ * guest's memory, +553 µcr). A generation pauses once.
+ */
+#define GEN_SNAP_SQL(X, G)                                                                         \
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "                           \
+	"    WHERE sn.sandbox_id = " X " AND sn.kind = 'pause' AND sn.created_at <= coalesce("     \
+	"    (SELECT p.at FROM sandbox_state_log p WHERE p.sandbox_id = " X " "                    \
+	"        AND p.generation = " G " AND p.state = 'paused' ORDER BY p.seq DESC LIMIT 1), "   \
+	"    (SELECT n.at FROM sandbox_state_log n WHERE n.sandbox_id = " X " "                    \
+	"        AND n.generation > " G " ORDER BY n.seq LIMIT 1)) "                               \
+	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n WHERE n.sandbox_id = " X " "            \
+	"        AND n.generation > " G ") "                                                       \
+	"    ORDER BY sn.created_at DESC LIMIT 1)"
+
 /* --- Postgres: this node's sandboxes --- */
 
 static const char rows_sql[] =
@@ -1029,14 +1056,8 @@ static const char rows_sql[] =
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
 	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
 	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
-	 * current one's only): the newest made before that generation's end, the first change of a
-	 * later one in the log's order (its time, not the earliest time: a change logged after a
-	 * backward step of the wall clock reads earlier). */
-	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
-	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation ORDER BY n.seq LIMIT 1) "
-	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	 * current one's only). */
+	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
@@ -1080,15 +1101,9 @@ static const char rows_sql[] =
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
-	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
-	 * sandbox's row names the current generation's only), the first change of a later
-	 * generation in the log's order */
-	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
-	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation "
-	"        ORDER BY n.seq LIMIT 1) "
-	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	/* a pause of a generation that ended: its snapshot (the sandbox's row names the current
+	 * generation's only) */
+	"CASE WHEN l.state = 'paused' THEN " GEN_SNAP_SQL("l.sandbox_id", "l.generation") " END "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", seq";
@@ -1128,15 +1143,21 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
  * KEYS: per tenant its balance hash and its bandwidth hash and burn hash; then per sandbox its
  * series; then the meter's figures hash, the meters set, the node's tenants set and its alive key.
  * ARGV: live field, node, #tenants, #sandboxes, tick second, trim cutoff (or ''), series ttl,
- * burn stamp, live ttl; per tenant: live, rx, tx, burn rate; per sandbox: series member; then
- * figure pairs. The alive key is set first; another meter's live field whose alive key is gone
+ * burn stamp, live ttl, blind ('1': a tick without Postgres); per tenant: live, rx, tx, burn
+ * rate; per sandbox: series member; then figure pairs. A blind tick sets its live field only
+ * when it is missing (dropped, or Redis lost it) and never deletes it: another meter of the node
+ * that reads Postgres writes the same field with the charges as of now, which a blind meter's,
+ * as of its last billed tick, would hide (kiln-sim `two-meters,zero`, seeds 9170 and 9248: the
+ * other node's meter read the stale charges and paused the tenant's sandbox 5 s after zero).
+ * The alive key is set first; another meter's live field whose alive key is gone
  * is dropped (billing.h). Returns {balances, missing flags}.
  */
 static const char tick_lua[] =
 	"local f, node = ARGV[1], ARGV[2]\n"
 	"local nt, ns = tonumber(ARGV[3]), tonumber(ARGV[4])\n"
 	"local t, cutoff, ttl, stamp = ARGV[5], ARGV[6], ARGV[7], ARGV[8]\n"
-	"local a = 10\n"
+	"local blind = ARGV[10] == '1'\n"
+	"local a = 11\n"
 	"local bal, miss = {}, {}\n"
 	"local tset = KEYS[3 * nt + ns + 3]\n"
 	"redis.call('SET', KEYS[3 * nt + ns + 4], '1', 'EX', ARGV[9])\n"
@@ -1144,7 +1165,9 @@ static const char tick_lua[] =
 	"  local bk, wk, rk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]\n"
 	"  local live, rx, tx, burn = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]\n"
 	"  a = a + 4\n"
-	"  if live == '0' then redis.call('HDEL', bk, f) else redis.call('HSET', bk, f, live) end\n"
+	"  if blind then\n"
+	"    if live ~= '0' then redis.call('HSETNX', bk, f, live) end\n"
+	"  elseif live == '0' then redis.call('HDEL', bk, f) else redis.call('HSET', bk, f, live) end\n"
 	"  if rx > 0 then redis.call('HINCRBY', wk, 'rx', rx) end\n"
 	"  if tx > 0 then redis.call('HINCRBY', wk, 'tx', tx) end\n"
 	"  redis.call('HSET', rk, node, burn .. ':' .. stamp)\n"
@@ -1247,7 +1270,7 @@ static void argv_release(struct argv *a)
 	memset(a, 0, sizeof(*a));
 }
 
-static enum kiln_err redis_tick(struct meter *m, int64_t now)
+static enum kiln_err redis_tick(struct meter *m, int64_t now, bool blind)
 {
 	struct kiln_error err = { 0 };
 	struct rds_reply rep = { 0 };
@@ -1301,6 +1324,7 @@ static enum kiln_err redis_tick(struct meter *m, int64_t now)
 	e |= argv_addf(&a, "%" PRId64, m->o.series_s + 60);
 	e |= argv_addf(&a, "%" PRId64, m->wall / PRICE_NS_PER_S);	/* read against time() */
 	e |= argv_addf(&a, "%" PRId64, m->o.live_ttl_s);
+	e |= argv_add(&a, blind ? "1" : "0", false);
 	for (size_t i = 0; i < nt; i++) {
 		struct mten *t = ts[i];
 		long long burn = (long long)(t->t_burn / PRICE_FINE_PER_UCR);	/* µcr/s */
@@ -1884,9 +1908,13 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 			}
 			continue;
 		}
-		if (s->pause_asked && now - s->pause_asked < PAUSE_RETRY_NS)
+		/* Asked again after PAUSE_RETRY_NS if it did not pause; at once when it paused and
+		 * was resumed since (a new generation: kiln-sim seed 883738573, resumed 4 s after
+		 * its pause, at zero a second later, asked again only 10 s after the first time). */
+		if (s->pause_asked && s->pause_gen == s->gen && now - s->pause_asked < PAUSE_RETRY_NS)
 			continue;
 		s->pause_asked = now;
+		s->pause_gen = s->gen;
 		m->st.pauses_asked++;
 		log_info("tenant \"%s\" is out of credits (%lld µcr): pausing sandbox \"%s\"", s->tenant,
 			 s->ten->balance, s->id);
@@ -1906,7 +1934,7 @@ static void meter_tick_blind(struct meter *m, int64_t now)
 		m->sbs[i]->t_has = false;
 	for (size_t i = 0; i < m->ntens; i++)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
-	redis_tick(m, now);
+	redis_tick(m, now, true);
 	meter_enforce(m, now, false);
 }
 
@@ -2171,6 +2199,46 @@ static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, str
 }
 
 /*
+ * For each sandbox here of `r` (sorted by id), the remainder of its newest point on a node of
+ * `dn` (a Postgres array of nodes whose meter is gone, closed here): where a generation of that
+ * node taken over by this meter goes on (gen_rem_switch). Nothing when Postgres cannot answer.
+ */
+static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf *dn)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf ids;
+	bool e = false;
+
+	buf_init(&ids, 64u << 20);
+	e |= buf_appends(dn, "}") != 0 || buf_appends(&ids, "{") != 0;
+	for (int i = 0; i < rows; i++)
+		if (r[i].here)
+			e |= buf_appendf(&ids, "%s%s", ids.len > 1 ? "," : "", r[i].id) != 0;
+	e |= buf_appends(&ids, "}") != 0;
+	if (!e && pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		m->st.pg_calls++;
+		if (PGQ(c, &res, &err, "SELECT DISTINCT ON (1, 2) mm.sandbox_id, "
+			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine FROM meter_sandboxes mm "
+			"WHERE mm.sandbox_id = ANY($1::text[]) "
+			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
+			"ORDER BY 1, 2, mm.generation DESC", ids.data, dn->data) != KILN_OK)
+			log_warn("cannot read the remainders of the nodes gone: %s", err.msg);
+		pg_release(m->pg, c);
+	}
+	for (int k = 0; k < pg_res_rows(res); k++)
+		for (int i = 0; i < rows; i++)
+			if (strcmp(r[i].id, pg_res_str(res, k, 0)) == 0) {
+				snprintf(r[i].tk_node, sizeof(r[i].tk_node), "%s",
+					 pg_res_str(res, k, 1));
+				r[i].tk_rem = (uint64_t)pg_res_int(res, k, 2, 0) % PRICE_FINE_PER_UCR;
+			}
+	pg_res_free(res);
+	buf_release(&ids);
+}
+
+/*
  * The sandboxes here now whose earlier generations ran on a node whose meter is dead (its alive
  * key gone from Redis, meter_live_ttl_s after its last tick): this meter bills that time (what the
  * dead meter never flushed; the ledger's fence refuses it if that meter comes back and bills it
@@ -2188,9 +2256,13 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 	struct argv a = { 0 };
 	const char **nodes = NULL;
 	size_t nn = 0, cap = 0;
+	struct buf dn;	/* the dead nodes, a Postgres array */
+	bool dead = false;	/* out of memory */
 	char nk[24];
 
 	buf_init(&a.arena, 1u << 20);
+	buf_init(&dn, 1u << 20);
+	dead |= buf_appends(&dn, "{") != 0;
 	for (int i = 0; i < rows; i++) {
 		if (!r[i].here)
 			continue;
@@ -2230,6 +2302,7 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 	for (size_t q = 0; q < nn; q++) {
 		if (rep.elem[q].integer)
 			continue;
+		dead |= buf_appendf(&dn, "%s%s", dn.len > 1 ? "," : "", nodes[q]) != 0;
 		log_info("the meter of node \"%s\" is gone: its sandboxes here are billed here",
 			 nodes[q]);
 		for (int i = 0; i < rows; i++) {
@@ -2242,7 +2315,10 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 				r[i].m_mine = true;
 		}
 	}
+	if (dn.len > 1 && !dead)
+		take_over_rems(m, r, rows, &dn);
 out:
+	buf_release(&dn);
 	rds_reply_release(&rep);
 	argv_release(&a);
 	free(nodes);
@@ -2266,10 +2342,8 @@ static const char tails_sql[] =
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
-	/* its pause snapshot: the newest made before its end (a generation pauses once) */
-	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "
-	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
+	/* its pause snapshot */
+	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") " "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
@@ -2540,11 +2614,14 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			/* The changes before its billed-up-to point are in it; every change of its
 			 * generation when that point is the generation's end (the sandbox ended in
 			 * it: a backward step of the wall clock can make them read as later, and a
-			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110). */
+			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110); every
+			 * change of an earlier generation (one logged before a backward step can
+			 * read just past the point while the point's own generation's, logged
+			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). */
 			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
 				      s->state == BS_NONE && row_terminal(&r[i]);
 			for (size_t k = 0; k < r[i].ne; k++)
-				if ((r[i].e[k].at < s->last_t ||
+				if ((r[i].e[k].at < s->last_t || r[i].e[k].gen < s->gen ||
 				     (in_end && r[i].e[k].gen == s->gen)) &&
 				    r[i].e[k].seq > s->seq)
 					s->seq = r[i].e[k].seq;
@@ -2731,7 +2808,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			pg_release(m->pg, sc);
 		}
 	}
-	redis_tick(m, now);
+	redis_tick(m, now, false);
 	ledger_refresh(m, now);
 	meter_enforce(m, now, true);
 	if (meter_flush(m, hw, err) != KILN_OK) {

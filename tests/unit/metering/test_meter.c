@@ -118,6 +118,18 @@ static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
 	fake_mono = 5000 * S;
 }
 
+/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
+static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
+	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
+	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
+	    (long long)(fake_now / 1000), sb);
+}
+
 static void test_charge_is_exact_over_injected_time(void)
 {
 	char t[32], sb[32];
@@ -389,6 +401,38 @@ static void test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick(voi
 	CHECK(redis_bal(t, &ok) <= 0);
 	/* Asked again after a while, never destroyed. */
 	CHECK(npaused >= 2);
+	meter_free(m);
+}
+
+/*
+ * A sandbox paused at zero and resumed (a new generation) while its tenant is still at zero is
+ * asked to pause again at once, not 10 s after the first request: the wait is for a pause that
+ * did not happen (kiln-sim `pg,zero,...`, seed 883738573: a sandbox paused at 285 s, resumed at
+ * 289 s, its tenant at zero from 290 s, was asked again at 295 s, 5 s at zero against 4).
+ */
+static void test_a_resumed_sandbox_at_zero_is_asked_to_pause_again_at_once(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");	/* 3.9 seconds of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter();
+	tick_until(m, t0 + 4 * S);
+	CHECK_INT(npaused, 1);	/* at 4 */
+	pause_into(t, sb, "snap_z", 256);	/* at 4 */
+	tick_until(m, t0 + 6 * S);
+	sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)((fake_now + S / 2) / 1000), sb);	/* resumed at 6.5 */
+	tick_until(m, t0 + 7 * S);
+	CHECK_INT(npaused, 2);	/* at 7, not 14 */
+	stop_sandbox(sb, fake_now);
+	tick_until(m, t0 + 21 * S);
 	meter_free(m);
 }
 
@@ -727,16 +771,37 @@ static void test_changes_across_a_backward_step_apply_in_log_order(void)
 	pg_free(dead);
 }
 
-/* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
-static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
+/*
+ * A sandbox of a tenant of its own, running from now, and a meter with no Postgres from its
+ * fourth tick to its `pg_back`th: `at(i, ...)` runs before each of its 60 ticks (a second each),
+ * the sandbox stops at 40; the tenant must have used `want` µcr, nothing left pending.
+ */
+static void run_without_pg(int pg_back, void (*at)(int i, const char *t, const char *sb),
+			   long long want)
 {
-	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
-	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
-	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
-	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
-	    (long long)(fake_now / 1000), sb);
+	char t[32], sb[32];
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), aligned_now());
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 4)
+			meter_set_backends(m, dead, rds);
+		at(i, t, sb);
+		if (i == pg_back)
+			meter_set_backends(m, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i < pg_back)
+			tick_maybe(m);
+		else
+			tick_both(m);
+	}
+	CHECK_INT(used(t), want);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
 }
 
 /*
@@ -748,43 +813,70 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
  * at the next generation's snapshot, -1,106). Here the 5 s paused into 512 MiB were billed at
  * the guest's 256.
  */
+static void snapshot_across_a_backward_step(int i, const char *t, const char *sb)
+{
+	if (i == 6)
+		pause_into(t, sb, "snap_a", 512);	/* at 5 */
+	if (i == 11)	/* at 10, resumed: a new generation */
+		sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+		    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+		    (long long)(fake_now / 1000), sb);
+	if (i == 16)
+		fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
+	if (i == 21)
+		pause_into(t, sb, "snap_b", 128);	/* at 20 */
+}
+
 static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(void)
+{
+	/* 5 s running, 5 s paused at 512, 10 s running, 20 s paused at 128 */
+	run_without_pg(31, snapshot_across_a_backward_step, 15 * 257 + 5 * 512 + 20 * 128);
+}
+
+/*
+ * An ended generation's pause snapshot is the newest made by its last pause, not by the next
+ * generation's first change: after a backward step of the wall clock between the pause and the
+ * resume, the resume reads earlier than the snapshot (kiln-sim `clock`, seed 627238415: a
+ * generation paused into a smaller snapshot, resumed on another node after a 3,407 s backward
+ * step while its meter was down, had its tail billed at the guest's memory, +553 µcr). Here a
+ * meter restarted after the resume billed 5 s paused into 512 MiB at the guest's 256.
+ */
+static void test_an_ended_generations_snapshot_is_found_across_a_backward_step(void)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
-	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
 	struct meter *m;
 
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-snap";
 	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		if (i == 4)
-			meter_set_backends(m, dead, rds);
+	for (int i = 1; i <= 45; i++) {
 		if (i == 6)
 			pause_into(t, sb, "snap_a", 512);	/* at 5 */
-		if (i == 11)	/* at 10, resumed: a new generation */
-			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
-			    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) "
-			    "WHERE id = '%s'",
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+		if (i == 13)
+			meter_free(m);	/* a crash at 12, [0, 10) flushed */
+		if (i == 16)	/* at 15, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
 			    (long long)(fake_now / 1000), sb);
-		if (i == 16)
-			fake_now -= 100 * S;	/* at 15, the wall clock steps back 100 s */
 		if (i == 21)
-			pause_into(t, sb, "snap_b", 128);	/* at 20 */
+			m = new_meter_with(true, 0);	/* restarted at 20 */
 		if (i == 31)
-			meter_set_backends(m, pg, rds);
-		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
-		if (i < 31)
-			tick_maybe(m);
-		else
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		if (i >= 13 && i < 21) {
+			fake_now += S;
+			fake_mono += S;
+		} else {
 			tick_both(m);
+		}
 	}
-	/* 5 s running, 5 s paused at 512, 10 s running, 20 s paused at 128 */
-	CHECK_INT(used(t), 15 * 257 + 5 * 512 + 20 * 128);
+	boot = NULL;
+	/* 5 s running, 10 s paused at 512, 15 s running */
+	CHECK_INT(used(t), 20 * 257 + 10 * 512);
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
-	pg_free(dead);
 }
 
 /*
@@ -795,38 +887,156 @@ static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(v
  * that ran a minute was charged nothing of 73,026 µcr). Here a pause logged before a 60 s step,
  * 100 s back, read after it by a meter without Postgres across both, was applied 12 s early.
  */
+static void forward_step_within_the_lead(int i, const char *t, const char *sb)
+{
+	if (i == 11)
+		fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+	if (i == 16)
+		pause_into(t, sb, "snap_a", 512);	/* at 15 */
+	if (i == 21)
+		fake_now += 60 * S;	/* at 20, 60 s forward: still 40 s behind */
+}
+
 static void test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time(void)
+{
+	/* 15 s running, 25 s paused at 512 */
+	run_without_pg(26, forward_step_within_the_lead, 15 * 257 + 25 * 512);
+}
+
+/*
+ * A meter that starts tracking a sandbox from the ledger's point (restarted, or re-reading after
+ * a refused window) reads the changes logged from a minute before that point, by wall-clock time:
+ * after a backward step of the wall clock, a change of an earlier generation logged before the
+ * step reads that much later, past the point, while the rows of the point's own generation,
+ * logged after the step, read earlier and are not read at all. Every change of an earlier
+ * generation is in the point (kiln-sim `clock`, seed 9259: a sandbox's boot, logged before a 254 s
+ * backward step, was read 85 s after its second generation's point, paused; its first generation
+ * was billed again as running from there, +20,637 µcr). Here 20 s of the paused second
+ * generation were billed as the first one running.
+ */
+static void test_an_earlier_generations_change_read_after_the_point_is_not_applied(void)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
-	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
 	struct meter *m;
 
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0 + S / 2);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot-gen";
 	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		if (i == 4)
-			meter_set_backends(m, dead, rds);
+	for (int i = 1; i <= 135; i++) {
 		if (i == 11)
-			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+			fake_now -= 90 * S;	/* at 10, the wall clock steps back 90 s */
+		if (i == 13)	/* at 12, restored: generation 2 */
+			sql("UPDATE sandboxes SET generation = 2, state_changed_at = "
+			    "to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
 		if (i == 16)
 			pause_into(t, sb, "snap_a", 512);	/* at 15 */
-		if (i == 21)
-			fake_now += 60 * S;	/* at 20, 60 s forward: still 40 s behind */
-		if (i == 26)
-			meter_set_backends(m, pg, rds);
-		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
-		if (i < 26)
-			tick_maybe(m);
-		else
-			tick_both(m);
+		if (i == 91) {	/* a restart at 90: the start, at 0.5, reads 90.5 */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 121)
+			stop_sandbox(sb, fake_now);	/* at 120 */
+		tick_both(m);
 	}
-	/* 15 s running, 25 s paused at 512 */
-	CHECK_INT(used(t), 15 * 257 + 25 * 512);
+	boot = NULL;
+	/* 11.5 s running in generation 1; 3 s running, 105 s paused at 512 in generation 2 */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 2955);
+	CHECK_INT(used(t), 3726 + 105 * 512);
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
+}
+
+/*
+ * Two meters of one node write one live field; one without Postgres (a blind tick) has only its
+ * charges as of its last billed tick, and must not hide those of the other, which reads Postgres
+ * and bills the node's sandboxes on (kiln-sim `two-meters,zero`, seeds 9170 and 9248: the other
+ * node's meter read the stale charges, and a sandbox ran 5 s at zero against 4). Here Redis
+ * answered the blind meter's 3 s of charges, flushed long since, for the other's 5 s.
+ */
+static void test_a_meter_without_postgres_keeps_the_other_meters_live_field(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	a = new_meter();
+	b = new_meter();
+	for (int i = 1; i <= 25; i++) {
+		if (i == 4)
+			meter_set_backends(b, dead, rds);
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		(void)meter_tick(b, &err);
+	}
+	CHECK_INT(meter_pending(a, t), 5 * 257);
+	CHECK_INT(meter_pending(b, t), 3 * 257);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - 5 * 257);
+	CHECK_INT(used(t), 20 * 257);
+	meter_free(b);
+	meter_free(a);
 	pg_free(dead);
+}
+
+/*
+ * A generation of a node whose meter is gone, taken over by the meter of the node the sandbox is
+ * on now, carries the remainder of that node's newest point, as that node's meter would have
+ * (kiln-sim `clock`, seed 9244: a generation taken over from zero was charged 1 µcr less). Here
+ * the sandbox runs 10.5 s on node A (a remainder of half a µcr), 10 s on B, 10.5 s on A again
+ * while A's meter is gone, and B's meter takes those over: 2,699 µcr, not 2,698.
+ */
+static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter_with(false, 2);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter_with(false, 2);
+	for (int i = 1; i <= 55; i++) {
+		const char *to = i == 11 || i == 32 ? nb : i == 21 ? na : NULL;
+		if (to)	/* at 10.5 to B, at 20.5 back to A, at 31 to B: a new generation each */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    to, (long long)((fake_now + (i == 32 ? 0 : S / 2)) / 1000), sb);
+		if (i == 21) {	/* A's meter killed for good at 20, its windows flushed */
+			meter_free(a);
+			a = NULL;
+			sleep(3);	/* its alive key past the bound */
+		}
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", sb), 2699);
+	CHECK_INT(used(t), 40 * 257);
+	meter_free(b);
+	snprintf(node, sizeof(node), "%s", na);
 }
 
 /*
@@ -950,6 +1160,7 @@ int main(void)
 	TEST(test_usage_drawn_from_grants_earliest_expiry_first);
 	TEST(test_grant_expiry_is_a_transfer);
 	TEST(test_zero_balance_pauses_within_a_tick_and_overdraft_is_one_tick);
+	TEST(test_a_resumed_sandbox_at_zero_is_asked_to_pause_again_at_once);
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
@@ -960,6 +1171,10 @@ int main(void)
 	TEST(test_a_change_logged_before_a_backward_step_keeps_its_time);
 	TEST(test_changes_across_a_backward_step_apply_in_log_order);
 	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
+	TEST(test_an_earlier_generations_change_read_after_the_point_is_not_applied);
+	TEST(test_an_ended_generations_snapshot_is_found_across_a_backward_step);
+	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
+	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
