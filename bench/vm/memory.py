@@ -19,7 +19,8 @@ MEMINFO = {"cmd": ["grep", "-E", "^(MemTotal|MemFree|MemAvailable):", "/proc/mem
 
 def run(reporting, idle_s):
     quiet = {"KILN_LOG_LEVEL": "info", "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false",
-             "KILN_FREE_PAGE_REPORTING": "1" if reporting else "0"}
+             "KILN_FREE_PAGE_REPORTING": "1" if reporting else "0",
+             "KILN_BOOT_TIMEOUT_S": "600"}  # a boot under TCG on a loaded host
     stack = kiln.Stack(node_env=quiet, gateway_env=quiet)
     sid = key = None
     try:
