@@ -78,6 +78,7 @@ struct kiln_config {
 	char *hypervisor;		/* qemu */
 	char *hypervisor_binary;	/* the driver's program; "": its default */
 	long long tcg_tb_size_mib;	/* TCG translation cache per VM */
+	bool free_page_reporting;	/* booted VMs get the free page reporting balloon */
 	char *guest_kernel;
 	char *guest_initrd;
 	char *guest_rootfs;

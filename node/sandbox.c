@@ -324,6 +324,7 @@ static void sb_spec(struct node *n, const struct sandbox *sb, struct vmm_spec *s
 	spec->uid = sb->uid;
 	spec->gid = sb->uid;
 	spec->tb_size_mib = (unsigned)n->cfg.tcg_tb_size_mib;
+	spec->free_page_reporting = n->cfg.free_page_reporting;
 	spec->hv_binary = n->cfg.hypervisor_binary && *n->cfg.hypervisor_binary ?
 			  n->cfg.hypervisor_binary : NULL;
 	spec->console_max = (unsigned long long)n->cfg.console_max_bytes;

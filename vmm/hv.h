@@ -61,6 +61,8 @@ struct vmm_spec {
 					   serial.log.old, under state_dir); 0 = VMM_CONSOLE_MAX_DEFAULT */
 	unsigned disk_iops;		/* the disk's I/O operations per second (read + write); 0 = none */
 	unsigned long long disk_bps;	/* the disk's bytes per second (read + write); 0 = none */
+	bool free_page_reporting;	/* a booted VM gets a virtio-balloon whose guest hands free
+					   memory back (a restore: as its snapshot was); QEMU only */
 };
 
 #define VMM_CONSOLE_MAX_DEFAULT (1ull << 20)

@@ -199,6 +199,11 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 		arg_add(&b, "-device");
 		arg_add(&b, "virtio-net-device,netdev=n0,mac=%s", VMM_GUEST_MAC);
 	}
+	/* last on the bus: the devices before it keep their places with or without it */
+	if (a->balloon) {
+		arg_add(&b, "-device");
+		arg_add(&b, "virtio-balloon-device,free-page-reporting=on");
+	}
 	/* elevateprivileges=deny would kill QEMU: -runas changes uid after the filter is in place */
 	arg_add(&b, "-sandbox");
 	arg_add(&b, "on,obsolete=deny,spawn=deny,resourcecontrol=deny");
@@ -255,6 +260,7 @@ struct hv_vm {
 	unsigned depth;		/* frozen qcow2 layers between base and disk */
 	char mem_path[PATH_MAX];	/* memory file this VM maps */
 	bool mem_owned;		/* mem_path is this VM's own (share=on), removed on destroy */
+	bool balloon;		/* has the free page reporting balloon (a restore: as its snapshot) */
 	bool has_net;
 	struct jail jail;
 	struct cg *cg;
@@ -281,6 +287,7 @@ static enum kiln_err vm_init(struct hv_vm *vm, const struct vmm_spec *s, struct 
 	snprintf(vm->cpu, sizeof(vm->cpu), "%s", accel_cpu_model(vm->accel));
 	hv_proc_init(&vm->proc);
 	vm->has_net = s->netns_path != NULL;
+	vm->balloon = s->free_page_reporting;
 	ok &= fs_path(vm->run_dir, "%s", s->run_dir);
 	ok &= fs_path(vm->state_dir, "%s", s->state_dir);
 	ok &= fs_path(vm->qmp_path, "%s/qmp.sock", s->run_dir);
@@ -387,11 +394,12 @@ static int record_write(const struct hv_vm *vm)
 
 	for (unsigned k = 0; chain && vm->disk_path[0] && k <= vm->depth; k++)
 		json_array_append_new(chain, json_string(vm->chain[k]));
-	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:i, s:I, s:s, s:I, s:s}",
+	m = json_pack("{s:s, s:s, s:i, s:i, s:s, s:s, s:s, s:s, s:o?, s:s, s:b, s:b, s:b, s:i, s:I, s:s, s:I, s:s}",
 		      "id", vm->id, "node", vm->node, "vcpu_milli", (int)vm->vcpu_milli,
 		      "mem_mib", (int)vm->mem_mib, "run_dir", vm->run_dir, "kernel", vm->kernel,
 		      "initrd", vm->initrd, "disk", vm->disk_path, "chain", chain,
 		      "mem_path", vm->mem_path, "mem_owned", vm->mem_owned, "net", vm->has_net,
+		      "balloon", vm->balloon,
 		      "pid", (int)vm->proc.pid, "start_ticks", (json_int_t)vm->start_ticks,
 		      "hypervisor_version", vm->hv_version, "console_max", (json_int_t)vm->console_max,
 		      "cpu", vm->cpu);
@@ -451,6 +459,7 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.cmdline_extra = s->cmdline_extra,
 		.disk = vm->disk_path[0] ? "disk" : NULL,
 		.tap = s->netns_path ? s->tap : NULL,
+		.balloon = vm->balloon,
 		.qmp_sock = vm->qmp_path,
 		.agent_sock = vm->agent_path,
 		.serial_sock = vm->serial_sock,
@@ -721,11 +730,11 @@ static int write_manifest(const char *snap_dir, const struct hv_vm *vm, const ch
 
 	if (!fs_path(path, "%s/manifest.json", snap_dir))
 		return -ENAMETOOLONG;
-	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:s?, s:s, s:s?, s:I}",
+	m = json_pack("{s:i, s:s, s:s, s:s, s:s, s:s, s:s, s:i, s:i, s:i, s:b, s:b, s:b, s:s?, s:s, s:s?, s:I}",
 		      "format", SNAP_FORMAT, "hypervisor", "qemu", "hypervisor_version", hv_version,
 		      "machine", "microvm", "accel", accel_name(vm->accel), "cpu", vm->cpu, "memory", mode,
 		      "vcpus", (int)vm->vcpus, "vcpu_milli", (int)vm->vcpu_milli, "mem_mib", (int)vm->mem_mib,
-		      "disk", n > 0, "net", vm->has_net,
+		      "disk", n > 0, "net", vm->has_net, "balloon", vm->balloon,
 		      "disk_chain", NULL, "kernel", vm->kernel,
 		      "initrd", vm->initrd[0] ? vm->initrd : NULL, "created", (json_int_t)time(NULL));
 	arr = json_array();
@@ -1011,6 +1020,7 @@ static enum kiln_err qemu_adopt(const char *state_dir, struct hv_vm **out, struc
 		goto out;
 	}
 	vm->mem_owned = json_is_true(json_object_get(m, "mem_owned"));
+	vm->balloon = json_is_true(json_object_get(m, "balloon"));
 	vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;
 	for (size_t k = 0; k < json_array_size(chain) && k <= DISK_CHAIN_MAX; k++)
 		snprintf(vm->chain[k], PATH_MAX, "%s", json_string_value(json_array_get(chain, k)) ?: "");
@@ -1110,6 +1120,8 @@ static enum kiln_err check_manifest(const char *snap_dir, struct hv_vm *vm, bool
 			vm->initrd[0] = '\0';
 	}
 	if (rc == KILN_OK) {
+		/* the devices it was saved with: a snapshot older than the balloon has none */
+		vm->balloon = json_is_true(json_object_get(m, "balloon"));
 		*shared = strcmp(mode, "shared") == 0;
 		vm->depth = json_array_size(chain) ? (unsigned)json_array_size(chain) - 1 : 0;
 		if (!json_array_size(chain))
@@ -1168,13 +1180,17 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		rc = fs_err(err, r, "cannot create the directories of vm", s->id);
 		goto fail;
 	}
-	/* memory: the snapshot's image mapped privately, taken over, or copied; or a fresh file */
+	/*
+	 * memory: the snapshot's image mapped privately, taken over, or copied; or a fresh file.
+	 * QEMU discards a page the balloon is given by punching a hole in the memory file, even in a
+	 * private map: a VM with the balloon never maps a shared image, it gets a copy of its own.
+	 */
 	vm->mem_owned = true;
 	if (!shared)
 		r = mem_file_create(vm->mem_path, vm->mem_mib);
 	else if (from == VMM_MEM_MOVE)
 		r = disk_file_move(mem, vm->mem_path);
-	else if (from == VMM_MEM_COPY)
+	else if (from == VMM_MEM_COPY || vm->balloon)
 		r = disk_file_copy(mem, vm->mem_path);
 	else {
 		vm->mem_owned = false;

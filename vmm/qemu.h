@@ -27,6 +27,7 @@ struct qemu_args {
 	const char *cmdline_extra;	/* or NULL */
 	const char *disk;	/* qcow2 overlay, or NULL */
 	const char *tap;	/* TAP name in the VMM's netns, or NULL */
+	bool balloon;		/* virtio-balloon with free page reporting (docs/vmm.md) */
 	const char *qmp_sock;
 	const char *agent_sock;
 	const char *serial_sock;	/* the guest console (ttyS0): a socket kiln-node drains */

@@ -2,7 +2,8 @@
 and off /run, an exec of 50 MiB of control bytes is cut in bounded node memory, execs at once are
 bounded per sandbox and per tenant (429 naming the limit), the node's exec output memory is bounded
 in all (node_exec_memory_max: the exec over it cut, the next one 429, all of it back afterwards),
-and disk I/O is held to its throttle while a neighbour still answers."""
+disk I/O is held to its throttle while a neighbour still answers, and memory the guest frees goes
+back to the host (free page reporting)."""
 import glob
 import os
 import subprocess
@@ -23,6 +24,38 @@ EXEC_MEMORY_MAX = 32 << 20
 
 
 tree_bytes = kiln.tree_bytes
+
+
+def qemu_pid(sb_id):
+    """The pid of the QEMU running sandbox `sb_id`."""
+    out = subprocess.run(["pgrep", "-f", sb_id], capture_output=True, text=True).stdout
+    for p in out.split():
+        try:
+            with open(f"/proc/{p}/cmdline", "rb") as f:
+                if f.read().split(b"\0")[0].endswith(b"qemu-system-x86_64"):
+                    return int(p)
+        except FileNotFoundError:
+            pass
+    raise AssertionError(f"no qemu for {sb_id}")
+
+
+def guest_ram_rss_kib(pid, mem_mib):
+    """Rss of the QEMU's mapping of its guest memory file (the one of the guest's size)."""
+    size, found = None, None
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            k = line.split()
+            if len(k) >= 6 and "-" in k[0] and k[5].endswith("mem"):
+                size = "mem"
+            elif k and k[0] == "Size:" and size == "mem":
+                size = int(k[1])
+            elif k and k[0] == "Rss:" and size == mem_mib << 10:
+                found = int(k[1])
+                size = None
+            elif len(k) >= 1 and "-" in k[0]:
+                size = None
+    assert found is not None, f"no guest memory mapping in /proc/{pid}/smaps"
+    return found
 
 
 def rss_kib(pid):
@@ -46,6 +79,7 @@ class VmResourceTests(unittest.TestCase):
             "KILN_DISK_IOPS_PER_VCPU": "0",
             # a loaded host can take minutes to boot three guests under TCG
             "KILN_BOOT_TIMEOUT_S": "600",
+            "KILN_FREE_PAGE_REPORTING": "1",
             # freed memory goes back at once: the node's RSS then shows what it holds
             "ASAN_OPTIONS": (asan + ":" if asan else "") + "quarantine_size_mb=1",
         })
@@ -287,6 +321,28 @@ class VmResourceTests(unittest.TestCase):
             self.assertEqual(r.status, 200, r.data[:300])
             self.assertFalse(r.json()["stdout_truncated"], name)
             self.assertEqual(len(r.json()["stdout"]), n)
+
+    def test_memory_the_guest_frees_goes_back_to_the_host(self):
+        pid = qemu_pid(self.b["id"])
+        base = peak = guest_ram_rss_kib(pid, 256)
+        # 160 MiB written page by page (the guest has 256), held 8 s, freed as Python exits
+        prog = "import time; b = b'x' * (160 << 20); time.sleep(8); print(len(b) >> 20)"
+        res = []
+        t = self.in_thread(lambda: res.append(self.exec(self.b, self.key, {"cmd": ["python3", "-c", prog],
+                                                                            "timeout_s": 120}, timeout=180)))
+        while t.is_alive():
+            peak = max(peak, guest_ram_rss_kib(pid, 256))
+            time.sleep(0.5)
+        t.join()
+        self.assertEqual(res[0].status, 200, res[0].data[:300])
+        self.assertEqual(res[0].json()["stdout"], "160\n", res[0].json())
+        self.assertGreater(peak - base, 120 << 10, f"the guest's RAM never grew: {base} -> {peak} KiB")
+        deadline = time.monotonic() + 30
+        now = peak
+        while time.monotonic() < deadline and now - base >= (peak - base) // 4:
+            time.sleep(1)
+            now = guest_ram_rss_kib(pid, 256)
+        self.assertLess(now - base, (peak - base) // 4, f"base {base}, peak {peak}, 30 s later {now} KiB")
 
     def test_disk_io_is_held_to_its_throttle_while_a_neighbour_answers(self):
         qemu = subprocess.run(["pgrep", "-f", f"{self.c['id']}"], capture_output=True, text=True)

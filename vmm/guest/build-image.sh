@@ -51,7 +51,7 @@ mirrors=(
 cmdline="console=ttyS0 quiet lpj=4000000 tsc_early_khz=2000000 tsc=reliable panic=-1 root=/dev/vda rootfstype=ext4 rw"
 # The virtio modules the initramfs loads, in dependency order, then the optional vsock ones.
 modules=(virtio_ring virtio virtio_mmio virtio_console failover net_failover virtio_net virtio_blk
-	 vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport)
+	 virtio_balloon vsock vmw_vsock_virtio_transport_common vmw_vsock_virtio_transport)
 # Free space left in rootfs.ext4 beyond its content (MiB); the VMM grows each sandbox's layer.
 rootfs_slack_mib=128
 

@@ -149,6 +149,28 @@ static void test_cmdline_restore_private_without_net_and_disk(void)
 	qemu_argv_free(argv);
 }
 
+/* The free page reporting balloon: last on the bus, only when asked for. */
+static void test_cmdline_balloon(void)
+{
+	struct qemu_args a = base_args();
+	char **argv = NULL, **last = NULL;
+
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	CHECK(argv && opt_value(argv, "-device", "virtio-balloon") == NULL);
+	qemu_argv_free(argv);
+	argv = NULL;
+	a.balloon = true;
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	if (!argv)
+		return;
+	CHECK_STR(opt_value(argv, "-device", "virtio-balloon"), "virtio-balloon-device,free-page-reporting=on");
+	for (char **p = argv; *p; p++)
+		if (strcmp(*p, "-device") == 0)
+			last = p;
+	CHECK(last && strncmp(last[1], "virtio-balloon-device,", 22) == 0);
+	qemu_argv_free(argv);
+}
+
 static void test_cmdline_refuses_commas_in_paths(void)
 {
 	struct qemu_args a = base_args();
@@ -238,6 +260,7 @@ int main(void)
 	TEST(test_cmdline_cold_boot_jailed_tcg);
 	TEST(test_cmdline_restore_private_without_net_and_disk);
 	TEST(test_cmdline_refuses_commas_in_paths);
+	TEST(test_cmdline_balloon);
 	TEST(test_cmdline_disk_throttle);
 	TEST(test_accel_from_cpuinfo);
 	TEST(test_cmdline_cpu_model);

@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Memory after a burst (issue 18): one sandbox writes 300 MiB in Python and frees it; after an idle
+# wait, the guest's own used memory (MemTotal − MemFree) against the host memory backing its RAM
+# (Rss of QEMU's guest memory mapping), with free page reporting on and off
+# (KILN_FREE_PAGE_REPORTING), QEMU's and TCG's own memory apart. A real kiln-gateway and kiln-node
+# on a database of their own; needs root, QEMU and the guest image.
+# Usage: bench/vm/memory.sh BUILD_DIR [IDLE_S]   (default 10)
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+. "$here/../lib.sh"
+bench_python memory "$here/memory.py" "${1:?build dir}" "${2:-10}"
