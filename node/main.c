@@ -88,6 +88,9 @@ static int check_init(struct kiln_error *err)
 				 node.cfg.node_disk_overcommit_pct);
 	}
 	pthread_mutex_init(&node.reg_lock, NULL);
+	long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+
+	sem_init(&node.vm_starts, 0, cpus > 0 ? (unsigned)cpus : 1);
 	return KILN_OK;
 }
 
@@ -95,6 +98,7 @@ static void check_exit(void)
 {
 	rmdir(node.vm_run_root);	/* only when empty: what a VM left is for orphan cleanup */
 	pthread_mutex_destroy(&node.reg_lock);
+	sem_destroy(&node.vm_starts);
 }
 
 static volatile sig_atomic_t db_wait_stop;

@@ -11,6 +11,7 @@
 #define KILN_NODE_H
 
 #include <pthread.h>
+#include <semaphore.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <sys/socket.h>
@@ -85,6 +86,12 @@ struct node {
 	long long disk_gib;		/* guest disk it may promise: node_disk_gib (or the size of
 					 * vm_state_root's file system) times node_disk_overcommit_pct */
 
+	/*
+	 * VMM starts (vmm_create, vmm_restore) in progress at once: at most the host's CPUs. A start
+	 * is CPU work; twenty at once on two loaded CPUs missed QEMU's 10 s start-up deadline and
+	 * failed (docs/benchmarks.md, "Concurrent creates"; sandbox.c, vm_start_take).
+	 */
+	sem_t vm_starts;
 	pthread_mutex_t reg_lock;	/* the registry below and the capacity in use */
 	struct sandbox *sandboxes;
 	unsigned used_vcpu_milli, used_mem_mib, count;

@@ -401,6 +401,21 @@ static enum kiln_err sb_fill_disk(struct sandbox *sb, struct kiln_error *err)
 	return KILN_OK;
 }
 
+/*
+ * Takes one of the node's VMM starts (node.h), waiting until one is free; vm_start_give gives
+ * it back.
+ */
+static void vm_start_take(struct node *n)
+{
+	while (sem_wait(&n->vm_starts) != 0 && errno == EINTR)
+		;
+}
+
+static void vm_start_give(struct node *n)
+{
+	sem_post(&n->vm_starts);
+}
+
 enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *init,
 		      struct kiln_error *err)
 {
@@ -413,7 +428,9 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 		return rc;
 	sb_spec(n, sb, &spec, &b);
 	snprintf(sb->image_hash, sizeof(sb->image_hash), "%s", node_image_hash(n));
+	vm_start_take(n);
 	rc = vmm_create(n->cfg.hypervisor, &spec, &sb->vm, err);
+	vm_start_give(n);
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, (int)n->cfg.boot_timeout_s * 1000, &hello, err);
 	if (rc == KILN_OK)
@@ -454,7 +471,9 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 		return rc;
 	t[1] = sb_mono_ms();
 	sb_spec(n, sb, &spec, &b);
+	vm_start_take(n);
 	rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
+	vm_start_give(n);
 	t[2] = sb_mono_ms();
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
