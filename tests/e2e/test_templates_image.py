@@ -9,8 +9,11 @@ Kiln never reads either on the host: each is uploaded with
 `PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder (the docker save
 one converted there by skopeo first). The same image is also pushed by the host's skopeo to a
 registry (Debian's docker-registry, with a password by htpasswd) that the test starts on the fake
-internet of test_egress, and pulled with `PUT .../source?format=registry`: the builder pulls it
-with skopeo, the password never shows in the log and its sealed copy is gone when the build ends;
+internet of test_egress, and pulled with `PUT .../source?format=registry`: a puller VM of its own
+pulls it with skopeo, the password never shows in the log, its sealed copy is gone
+when the build ends, and neither it nor skopeo's auth form of it is in any file under the node's
+data and run directories (the template's memory image and disk layers, the logs) or of a sandbox
+made from the template;
 a bad reference, a registry whose address the storage endpoints' check refuses and a malformed
 body are refused (422, or 400 for a malformed body) and leave the version pending. The three
 imports run at once. A sandbox created from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
@@ -18,6 +21,7 @@ ownership kept, no Python), whose WorkingDir and User are the defaults of an exe
 neither; a Dockerfile `FROM` the imported template builds on it; an archive
 that is neither an OCI layout nor a docker save archive fails its build naming why, and a version with a Dockerfile is 409.
 """
+import base64
 import gzip
 import hashlib
 import io
@@ -294,6 +298,18 @@ class TemplateImageTests(unittest.TestCase):
         sb = self.create("minipulled")
         out = self.exec(sb, ["/bin/sh", "-c", "cat /srv/app/hello.txt; ls /etc/gone.txt"])
         self.assertEqual((out["stdout"], out["exit_code"]), ("hello from the image\n", 1), out)
+        # The password, as typed and as the auth file skopeo read carries it, is in no file of the
+        # node: the template's memory image (what every sandbox from it maps as its RAM), its disk
+        # layers, the builders' files, the logs; nor in any file of the sandbox made from it.
+        secret = (REG_PASS, base64.b64encode(f"{REG_USER}:{REG_PASS}".encode()).decode())
+        found = subprocess.run(["grep", "-r", "-l", "-a", "-F", "-D", "skip", "-e", secret[0], "-e", secret[1],
+                                self.stack.node.data_dir, self.stack.node.run_dir],
+                               capture_output=True, text=True)
+        self.assertEqual((found.returncode, found.stdout), (1, ""), found)
+        out = self.exec(sb, ["/bin/sh", "-c", "find / /run /tmp -xdev -type f -print0 | "
+                             "xargs -0 grep -l -F -e \"$0$1\" -e \"$2$3\"; echo end",
+                             secret[0][:4], secret[0][4:], secret[1][:4], secret[1][4:]], user="root")
+        self.assertEqual((out["stdout"], out["exit_code"]), ("end\n", 0), out)
 
     def test_a_pull_of_a_bad_reference_or_a_refused_registry_is_refused_and_changes_nothing(self):
         tmpl, v = self.template("badpull")
