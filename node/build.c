@@ -25,9 +25,11 @@
  *   5. deletes the builder sandbox. The whole build is bounded by template_build_max_s.
  *
  * A version without a Dockerfile imports an image instead (build_image): the uploaded archive
- * (an OCI layout or a docker save archive), or, for a pull, nothing is uploaded and the builder
- * pulls the version's image_ref with skopeo, its sealed credentials opened here only to be
- * written to the builder's tmpfs for that command.
+ * (an OCI layout or a docker save archive), or, for a pull, nothing is uploaded: a VM of its own
+ * (image_pull) pulls the version's image_ref with skopeo, its sealed credentials opened here
+ * only to be written to that VM's tmpfs for that command, and the image it wrote is read out as
+ * an uploaded archive and imported by the builder, which never holds the credentials (the
+ * puller's memory, unlike the builder's, is never saved).
  *
  * A failing step, limit or error marks the version failed with the reason (also in the log) and
  * leaves nothing else behind: no snapshot, no builder.
@@ -131,6 +133,16 @@ static void build_free(struct build *b)
 	free(b->image_ref);
 	free(b->registry_auth);
 	free(b);
+}
+
+/* b->tar := <data_dir>/builds/<node>/<template>-<version>.tar, its directory made. */
+static bool build_tar_path(struct build *b)
+{
+	char dir[600];
+
+	return fs_path(dir, "%s/builds/%s", b->n->cfg.data_dir, b->n->cfg.node_id) &&
+	       fs_mkdir_p(dir, 0700) == 0 &&
+	       fs_path(b->tar, "%s/%s-%d.tar", dir, b->tmpl, b->version);
 }
 
 /* The version's source_format of what `b` builds. */
@@ -674,19 +686,11 @@ static enum kiln_err pull_auth_write(struct build *b, const struct imageref *ref
 
 /*
  * Brings the image into the builder as an OCI layout `oci` in BUILD_DIR, tagged `latest` or
- * named by its index: a pull with skopeo (its credentials in PULL_AUTH for the command only), or
- * the uploaded archive copied in and untarred (a docker save archive converted by skopeo).
+ * named by its index: the archive (uploaded, or written by image_pull) copied in and untarred (a
+ * docker save archive converted by skopeo).
  */
 static enum kiln_err image_fetch(struct build *b, struct kiln_error *err)
 {
-	static const char pull[] =
-		"cd " BUILD_DIR "\n"
-		"echo \"# pulling $1\"\n"
-		"a=--src-no-creds; [ -f " PULL_AUTH " ] && a=--src-authfile=" PULL_AUTH "\n"
-		"skopeo --insecure-policy copy --quiet \"$a\" --src-tls-verify=\"$2\""
-		" \"docker://$1\" oci:oci:latest; s=$?\n"
-		"[ -f " PULL_AUTH " ] && shred -zu " PULL_AUTH "\n"
-		"exit $s\n";
 	static const char unpack[] =
 		"set -e; cd " BUILD_DIR "\n"
 		"mkdir oci; tar -x --no-same-owner -f image.tar -C oci\n"
@@ -701,24 +705,9 @@ static enum kiln_err image_fetch(struct build *b, struct kiln_error *err)
 		"  echo 'not an OCI image archive: it holds neither an oci-layout file nor a docker"
 		" save manifest.json' >&2; exit 2\n"
 		"fi\n";
-	enum kiln_err rc = KILN_OK;
+	enum kiln_err rc;
 	int fd;
 
-	if (b->pull) {
-		/* skopeo's docker transport takes a tag or a digest, not both: the digest wins */
-		struct imageref ref;
-		char what[sizeof(ref.canonical)];
-		const char *args[] = { what, b->tls_verify ? "true" : "false", NULL };
-
-		rc = imageref_parse(b->image_ref, &ref, err);
-		snprintf(what, sizeof(what), "%s/%s%s%s", ref.registry, ref.name,
-			 ref.digest[0] ? "@" : ":", ref.digest[0] ? ref.digest : ref.tag);
-		if (rc == KILN_OK && b->registry_auth)
-			rc = pull_auth_write(b, &ref, err);
-		if (rc == KILN_OK)
-			rc = build_sh(b, pull, args, NULL, "pulling the image", err);
-		return rc;
-	}
 	fd = open(b->tar, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return fs_err(err, -errno, "open", b->tar);
@@ -1332,8 +1321,13 @@ static void build_failed(struct build *b, const char *why)
 
 /* ---- builders and the layer cache ---- */
 
-/* Creates the next builder sandbox of the build, from `from_snap` (NULL: the base's template). */
-static enum kiln_err builder_new(struct build *b, const char *from_snap, struct kiln_error *err)
+/*
+ * Creates the next builder sandbox of the build, from `from_snap` (NULL: the base's template);
+ * `own_memory`: in a memory file of its own, as a builder whose memory is saved needs (else a
+ * private map of the template's, never written anywhere).
+ */
+static enum kiln_err builder_new(struct build *b, const char *from_snap, bool own_memory,
+				 struct kiln_error *err)
 {
 	struct node *n = b->n;
 	char meta[256], v[16];
@@ -1354,7 +1348,7 @@ static enum kiln_err builder_new(struct build *b, const char *from_snap, struct 
 			.metadata = meta, .from_snap = from_snap, .vcpu_milli = b->shape[0],
 			.mem_mib = b->shape[1], .disk_gib = b->shape[2],
 			.timeout_s = n->cfg.template_build_max_s + 600,
-			.init = { .egress = b->rules }, .own_memory = true,
+			.init = { .egress = b->rules }, .own_memory = own_memory,
 		};
 		snprintf(meta, sizeof(meta), "{\"kiln.template_build\": \"%s/%d\"}", b->tmpl,
 			 b->version);
@@ -1388,6 +1382,69 @@ static void builder_end(struct build *b)
 	pthread_mutex_unlock(&b->sb->lock);
 	sb_put(n, b->sb);
 	b->sb = NULL;
+}
+
+/*
+ * A pull, in a VM of its own before the builder's: a sandbox of the tenant from the base's
+ * template under the build's egress rules, its memory a private map that is never saved. The
+ * credentials go to its tmpfs for skopeo alone (PULL_AUTH, shredded when skopeo ends), skopeo
+ * writes the image as an oci-archive, which is read out to b->tar as an upload is (never read
+ * here), and the VM is deleted with all it held: skopeo's freed heap, the kernel's buffers, the
+ * agent's. The builder, whose memory becomes the template's warm image, never sees them.
+ */
+static enum kiln_err image_pull(struct build *b, struct kiln_error *err)
+{
+	static const char pull[] =
+		"mkdir -p " BUILD_DIR " && cd " BUILD_DIR "\n"
+		"echo \"# pulling $1\"\n"
+		"a=--src-no-creds; [ -f " PULL_AUTH " ] && a=--src-authfile=" PULL_AUTH "\n"
+		"skopeo --insecure-policy copy --quiet \"$a\" --src-tls-verify=\"$2\""
+		" \"docker://$1\" oci-archive:image.tar:latest; s=$?\n"
+		"[ -f " PULL_AUTH " ] && shred -zu " PULL_AUTH "\n"
+		"exit $s\n";
+	/* skopeo's docker transport takes a tag or a digest, not both: the digest wins */
+	struct imageref ref;
+	char what[sizeof(ref.canonical)];
+	const char *args[] = { what, b->tls_verify ? "true" : "false", NULL };
+	uint64_t bytes = 0;
+	enum kiln_err rc;
+	int fd;
+
+	rc = imageref_parse(b->image_ref, &ref, err);
+	if (rc != KILN_OK)
+		return rc;
+	snprintf(what, sizeof(what), "%s/%s%s%s", ref.registry, ref.name,
+		 ref.digest[0] ? "@" : ":", ref.digest[0] ? ref.digest : ref.tag);
+	if (!build_tar_path(b)) {
+		b->tar[0] = '\0';
+		return kiln_error_set(err, KILN_E_IO, "the pulled image has no place on the node");
+	}
+	build_log(b, "# puller sandbox from base (its memory is never saved)");
+	rc = builder_new(b, NULL, false, err);
+	if (rc == KILN_OK && b->registry_auth)
+		rc = pull_auth_write(b, &ref, err);
+	if (rc == KILN_OK)
+		rc = build_sh(b, pull, args, NULL, "pulling the image", err);
+	if (rc == KILN_OK) {
+		fd = open(b->tar, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+		if (fd < 0)
+			rc = fs_err(err, -errno, "open", b->tar);
+		else if (!b->sb->agent)
+			rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "the puller sandbox stopped");
+		else
+			rc = agent_file_read_fd(b->sb->agent, BUILD_DIR "/image.tar", fd,
+						(uint64_t)b->n->cfg.template_source_max_bytes, &bytes,
+						err);
+		if (fd >= 0)
+			close(fd);
+		if (rc == KILN_E_TOO_LARGE)
+			rc = kiln_error_set(err, rc, "the pulled image is larger than "
+					    "template_source_max_bytes (%lld bytes)",
+					    b->n->cfg.template_source_max_bytes);
+	}
+	builder_end(b);
+	b->bytes = (long long)bytes;
+	return rc;
 }
 
 /* b->key := SHA-256 of b->key and `parts` (each with its length, so no two lists hash alike). */
@@ -1536,14 +1593,14 @@ static enum kiln_err layer_keep(struct build *b, struct kiln_error *err)
 		rc = build_save(b, snap, true, err);
 	builder_end(b);
 	if (rc == KILN_OK)
-		rc = builder_new(b, snap, err);
+		rc = builder_new(b, snap, true, err);
 	if (rc == KILN_E_SANDBOX_FAILED && !b->n->stopping) {
 		/* A restore that failed left nothing behind (create.h): once more, as a build is long. */
 		build_log(b, "# restoring the builder from layer %s failed (%s): once more", snap,
 			  err->msg);
 		builder_end(b);
 		kiln_error_clear(err);
-		rc = builder_new(b, snap, err);
+		rc = builder_new(b, snap, true, err);
 	}
 	return rc;
 }
@@ -1567,7 +1624,7 @@ static enum kiln_err layer_resume(struct build *b, const char *snap, char broken
 
 	builder_end(b);
 	build_log(b, "# builder sandbox from cached layer %s", snap);
-	rc = builder_new(b, snap, err);
+	rc = builder_new(b, snap, true, err);
 	if (rc != KILN_OK && layer_broken(b, rc))
 		snprintf(broken, AUTH_ID_MAX, "%s", snap);
 	return rc;
@@ -1693,7 +1750,7 @@ static enum kiln_err build_steps(struct build *b, const char *from_snap, struct 
 	builder_end(b);
 	state_reset(b);
 	build_log(b, "# builder sandbox from %s", b->df.from);
-	rc = builder_new(b, from_snap, err);
+	rc = builder_new(b, from_snap, true, err);
 	if (rc == KILN_OK)
 		rc = steps_pass(b, from_snap, false, broken, err);
 	return rc;
@@ -1728,13 +1785,14 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 	b->cache = !b->image;	/* an import is one step: nothing to cache */
 	if (rc == KILN_OK)
 		rc = auth_new_id("snap_", snap, sizeof(snap));
+	if (rc == KILN_OK && b->pull)
+		rc = image_pull(b, err);
 	if (rc == KILN_OK) {
 		build_log(b, "# builder sandbox from %s", b->df.from);
-		rc = builder_new(b, from_snap, err);
+		rc = builder_new(b, from_snap, true, err);
 	}
 	if (rc == KILN_OK && b->image) {
-		if (!b->pull)
-			build_log(b, "# image archive: %lld bytes", b->bytes);
+		build_log(b, "# image archive: %lld bytes", b->bytes);
 		rc = build_image(b, err);
 	} else if (rc == KILN_OK) {
 		/* Copied into the builder at the first COPY/ADD: the steps before it never see it. */
@@ -1808,7 +1866,7 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
-	char dir[600], *end = NULL;
+	char *end = NULL;
 	long v = ver ? strtol(ver, &end, 10) : 0;
 	enum kiln_err rc;
 
@@ -1836,10 +1894,10 @@ static enum kiln_err upload_begin(struct http_req *req, const char *tenant, stru
 	pg_res_free(res);
 	if (rc != KILN_OK || b->pull)
 		return rc;	/* a pull uploads nothing */
-	if (!fs_path(dir, "%s/builds/%s", n->cfg.data_dir, n->cfg.node_id) ||
-	    fs_mkdir_p(dir, 0700) != 0 ||
-	    !fs_path(b->tar, "%s/%s-%d.tar", dir, b->tmpl, b->version))
+	if (!build_tar_path(b)) {
+		b->tar[0] = '\0';
 		return KILN_E_IO;
+	}
 	b->fd = open(b->tar, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (b->fd < 0) {
 		b->tar[0] = '\0';

@@ -9,15 +9,20 @@ Kiln never reads either on the host: each is uploaded with
 `PUT /v1/templates/{id}/source?format=oci-archive` and unpacked in the builder (the docker save
 one converted there by skopeo first). The same image is also pushed by the host's skopeo to a
 registry (Debian's docker-registry, with a password by htpasswd) that the test starts on the fake
-internet of test_egress, and pulled with `PUT .../source?format=registry`: the builder pulls it
-with skopeo, the password never shows in the log and its sealed copy is gone when the build ends;
+internet of test_egress, and pulled with `PUT .../source?format=registry`: a puller VM of its own
+pulls it with skopeo, the password never shows in the log, its sealed copy is gone
+when the build ends, and neither it nor skopeo's auth form of it is in any file under the node's
+data and run directories (the template's memory image and disk layers, the logs) or of a sandbox
+made from the template;
 a bad reference, a registry whose address the storage endpoints' check refuses and a malformed
 body are refused (422, or 400 for a malformed body) and leave the version pending. The three
-imports run at once. A sandbox created from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
+imports and the two failing archives below build at once, the Dockerfile FROM the import as soon as
+it is ready. A sandbox created from the template runs exec in that userland (its /bin/sh, its files, the whiteout applied, the
 ownership kept, no Python), whose WorkingDir and User are the defaults of an exec that names
 neither; a Dockerfile `FROM` the imported template builds on it; an archive
 that is neither an OCI layout nor a docker save archive fails its build naming why, and a version with a Dockerfile is 409.
 """
+import base64
 import gzip
 import hashlib
 import io
@@ -113,6 +118,16 @@ def oci_archive():
     return _tar(entries)
 
 
+# archives that are no image: a bad manifest.json and no manifest at all, with what their builds
+# fail naming
+BAD = {"notoci": (_tar([("manifest.json", "file", b"[]", 0, 0o644)]), "not a docker save archive skopeo can read"),
+       "notany": (_tar([("hello.txt", "file", b"hi\n", 0, 0o644)]),
+                  "neither an oci-layout file nor a docker save manifest.json")}
+# a Dockerfile FROM the imported template, and its context
+ONMINI = "FROM mini\nRUN echo built on the import > /srv/built.txt\nCOPY note.txt /srv/\n"
+ONMINI_CTX = _tar([("note.txt", "file", b"from the context\n", 0, 0o644)])
+
+
 def docker_save_archive(oci):
     """The oci-archive `oci` as a `docker save` archive, made by the host's skopeo."""
     with tempfile.TemporaryDirectory(prefix="kiln-timage-") as d:
@@ -174,7 +189,7 @@ class TemplateImageTests(unittest.TestCase):
         cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
                                          "KILN_BOOT_TIMEOUT_S": "600"},
                                gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
-                                            "KILN_TEMPLATE_MAX_BUILDS": "3"})
+                                            "KILN_TEMPLATE_MAX_BUILDS": "5"})
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant("timage-a")
@@ -193,10 +208,24 @@ class TemplateImageTests(unittest.TestCase):
         cls.put_source(cls.rtmpl, rv, json.dumps({"image": f"{REGISTRY}/kiln/mini:v1", "username": REG_USER,
                                                   "password": REG_PASS, "tls_verify": False}).encode(),
                        fmt="registry")
+        # the two archives that fail (test_an_archive_that_is_not_...) build beside them
+        cls.bad = {}
+        for name, (data, _) in BAD.items():
+            cls.bad[name] = cls.template(name)
+            cls.put_source(*cls.bad[name], data, fmt="oci-archive")
         cls.log, cls.end = cls.follow(cls.tmpl, v)
+        # a Dockerfile FROM the import (test_a_dockerfile_builds_...) as soon as it is ready
+        if cls.end["status"] == "ready":
+            cls.otmpl, ov = cls.template("onmini")
+            r = cls.gw.request("PUT", f"/v1/templates/{cls.otmpl}/dockerfile?version={ov}", ONMINI,
+                               dict(cls.key, **{"Content-Type": "text/plain"}))
+            assert r.status == 204, r
+            # a version holding a Dockerfile takes no image
+            cls.onmini_image = cls.put_source(cls.otmpl, ov, ONMINI_CTX, fmt="oci-archive", expect=409)
+            cls.put_source(cls.otmpl, ov, ONMINI_CTX)
         cls.dlog, cls.dend = cls.follow(cls.dtmpl, dv)
         cls.rlog, cls.rend = cls.follow(cls.rtmpl, rv)
-        print(f"\nimage imports (oci-archive, docker save and registry pull, at once): "
+        print(f"\nimage imports (oci-archive, docker save and registry pull, and two failing, at once): "
               f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
 
     @classmethod
@@ -294,6 +323,23 @@ class TemplateImageTests(unittest.TestCase):
         sb = self.create("minipulled")
         out = self.exec(sb, ["/bin/sh", "-c", "cat /srv/app/hello.txt; ls /etc/gone.txt"])
         self.assertEqual((out["stdout"], out["exit_code"]), ("hello from the image\n", 1), out)
+        # The password, as typed and as the auth file skopeo read carries it, is in no file of the
+        # node: the template's memory image (what every sandbox from it maps as its RAM), its disk
+        # layers, the builders' files, the logs; nor in any file of the sandbox made from it.
+        secret = (REG_PASS, base64.b64encode(f"{REG_USER}:{REG_PASS}".encode()).decode())
+        t0 = time.monotonic()
+        found = subprocess.run(["grep", "-r", "-l", "-a", "-F", "-D", "skip", "-e", secret[0], "-e", secret[1],
+                                self.stack.node.data_dir, self.stack.node.run_dir],
+                               capture_output=True, text=True)
+        du = subprocess.run(["du", "-sb", "--apparent-size", self.stack.node.data_dir], capture_output=True,
+                            text=True).stdout.split()[0]
+        print(f"\nthe password searched for in {du} bytes of the node's files: "
+              f"{time.monotonic() - t0:.1f} s", file=sys.stderr)
+        self.assertEqual((found.returncode, found.stdout), (1, ""), found)
+        out = self.exec(sb, ["/bin/sh", "-c", "find / /run /tmp -xdev -type f -print0 | "
+                             "xargs -0 grep -l -F -e \"$0$1\" -e \"$2$3\"; echo end",
+                             secret[0][:4], secret[0][4:], secret[1][:4], secret[1][4:]], user="root")
+        self.assertEqual((out["stdout"], out["exit_code"]), ("end\n", 0), out)
 
     def test_a_pull_of_a_bad_reference_or_a_refused_registry_is_refused_and_changes_nothing(self):
         tmpl, v = self.template("badpull")
@@ -316,17 +362,9 @@ class TemplateImageTests(unittest.TestCase):
 
     def test_a_dockerfile_builds_from_the_imported_template(self):
         self.assertEqual(self.end["status"], "ready", (self.end, self.log))
-        tmpl, v = self.template("onmini")
-        df = "FROM mini\nRUN echo built on the import > /srv/built.txt\nCOPY note.txt /srv/\n"
-        r = self.gw.request("PUT", f"/v1/templates/{tmpl}/dockerfile?version={v}", df,
-                            dict(self.key, **{"Content-Type": "text/plain"}))
-        self.assertEqual(r.status, 204, r)
-        ctx = _tar([("note.txt", "file", b"from the context\n", 0, 0o644)])
-        # a version holding a Dockerfile takes no image
-        r = self.put_source(tmpl, v, ctx, fmt="oci-archive", expect=409)
-        self.assertIn("has a Dockerfile", r.json()["error"]["message"])
-        self.put_source(tmpl, v, ctx)
-        log, end = self.follow(tmpl, v)
+        # its Dockerfile and context were given in setUpClass, the image refused with 409
+        self.assertIn("has a Dockerfile", self.onmini_image.json()["error"]["message"])
+        log, end = self.follow(self.otmpl, 1)
         self.assertEqual(end["status"], "ready", (end, log))
         sb = self.create("onmini")
         out = self.exec(sb, ["/bin/sh", "-c", "cat /srv/built.txt /srv/note.txt /etc/os-release"], user="root")
@@ -334,20 +372,13 @@ class TemplateImageTests(unittest.TestCase):
                          out)
 
     def test_an_archive_that_is_not_an_oci_layout_fails_its_build_naming_why(self):
-        # a bad manifest.json and no manifest at all, built at once
-        bad = {"notoci": (_tar([("manifest.json", "file", b"[]", 0, 0o644)]), "not a docker save archive skopeo can read"),
-               "notany": (_tar([("hello.txt", "file", b"hi\n", 0, 0o644)]),
-                          "neither an oci-layout file nor a docker save manifest.json")}
-        versions = {}
-        for name, (data, _) in bad.items():
-            tmpl, v = versions[name] = self.template(name)
-            self.put_source(tmpl, v, data, fmt="oci-archive")
-        for name, (_, why) in bad.items():
-            log, end = self.follow(*versions[name])
+        # a bad manifest.json and no manifest at all, built with the imports in setUpClass
+        for name, (_, why) in BAD.items():
+            log, end = self.follow(*self.bad[name])
             self.assertEqual(end["status"], "failed", (end, log))
             self.assertIn("unpacking the image failed", end["reason"])
             self.assertIn(why, log)
-        r = self.put_source(*versions["notoci"], b"x", fmt="squashfs", expect=422)
+        r = self.put_source(*self.bad["notoci"], b"x", fmt="squashfs", expect=422)
         self.assertIn("format", r.json()["error"]["message"])
 
 
