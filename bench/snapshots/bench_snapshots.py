@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
 import kiln  # noqa: E402
-from bench_vm import on_term, resident_bytes, scan_smaps, smaps_rollup, vm_pids  # noqa: E402
+from bench_vm import on_term, resident_bytes, scan_smaps, smaps_rollup, teardown, vm_pids  # noqa: E402
 
 MEM_MIB = 256
 MIB = 1 << 20
@@ -323,20 +323,7 @@ def main():
         print(f"\ntotal bench time: {time.monotonic() - t_start:.0f} s")
         ok = True
     finally:
-        for sid in list(live) if key else []:
-            try:
-                stack.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=key, timeout=60)
-            except Exception:
-                pass
-        if not ok:
-            sys.stderr.write("--- kiln-node log (tail) ---\n" + "\n".join(
-                stack.node.output().splitlines()[-30:]) + "\n")
-        node_id = stack.node.node_id
-        stack.cleanup()
-        left = glob.glob(f"/dev/shm/kiln-{node_id}-*") + glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}") + \
-            glob.glob(f"/run/kiln/{node_id}/*")
-        if left:
-            sys.stderr.write(f"left behind after cleanup: {left}\n")
+        teardown(stack, key, live, ok)
 
 
 if __name__ == "__main__":

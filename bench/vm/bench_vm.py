@@ -563,20 +563,29 @@ def main():
     finally:
         for vm in bare:
             vm.destroy()
-        for sid in list(live) if key else []:
-            try:
-                stack.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=key, timeout=60)
-            except Exception:
-                pass
-        if not ok:
-            sys.stderr.write("--- kiln-node log (tail) ---\n" + "\n".join(
-                stack.node.output().splitlines()[-30:]) + "\n")
-        node_id = stack.node.node_id
-        stack.cleanup()
-        left = glob.glob(f"/dev/shm/kiln-{node_id}-*") + glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}") + \
-            glob.glob(f"/run/kiln/{node_id}/*") + glob.glob(f"/dev/shm/kilnbench-{os.getpid()}-*")
-        if left:
-            sys.stderr.write(f"left behind after cleanup: {left}\n")
+        teardown(stack, key, live, ok, [f"/dev/shm/kilnbench-{os.getpid()}-*"])
+
+
+def teardown(stack, key, live, ok, extra=()):
+    """The end of a bench: its sandboxes `live` deleted (with `key`), the node's log tail when it
+    failed (`ok` false), the stack stopped, and what the node left behind reported (with the
+    paths of the glob patterns `extra`)."""
+    for sid in list(live) if key else []:
+        try:
+            stack.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=key, timeout=60)
+        except Exception:
+            pass
+    if not ok:
+        sys.stderr.write("--- kiln-node log (tail) ---\n" + "\n".join(
+            stack.node.output().splitlines()[-30:]) + "\n")
+    node_id = stack.node.node_id
+    stack.cleanup()
+    left = glob.glob(f"/dev/shm/kiln-{node_id}-*") + glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}") + \
+        glob.glob(f"/run/kiln/{node_id}/*")
+    for pattern in extra:
+        left += glob.glob(pattern)
+    if left:
+        sys.stderr.write(f"left behind after cleanup: {left}\n")
 
 
 if __name__ == "__main__":
