@@ -1026,25 +1026,6 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 }
 
-/*
- * The pause snapshot (MiB) of generation G of sandbox X, ended (a later generation is logged):
- * the newest made by the generation's last pause row (the log's order), else, with that row
- * trimmed, by the next generation's first change. Not by the next generation's first change
- * alone: after a backward step of the wall clock between the pause and the resume, the resume
- * reads earlier than the snapshot (kiln-sim `clock`, seed 627238415: a tail billed at the
- * guest's memory, +553 µcr). A generation pauses once.
- */
-#define GEN_SNAP_SQL(X, G)                                                                         \
-	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "                           \
-	"    WHERE sn.sandbox_id = " X " AND sn.kind = 'pause' AND sn.created_at <= coalesce("     \
-	"    (SELECT p.at FROM sandbox_state_log p WHERE p.sandbox_id = " X " "                    \
-	"        AND p.generation = " G " AND p.state = 'paused' ORDER BY p.seq DESC LIMIT 1), "   \
-	"    (SELECT n.at FROM sandbox_state_log n WHERE n.sandbox_id = " X " "                    \
-	"        AND n.generation > " G " ORDER BY n.seq LIMIT 1)) "                               \
-	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n WHERE n.sandbox_id = " X " "            \
-	"        AND n.generation > " G ") "                                                       \
-	"    ORDER BY sn.created_at DESC LIMIT 1)"
-
 /* --- Postgres: this node's sandboxes --- */
 
 static const char rows_sql[] =
@@ -1056,8 +1037,14 @@ static const char rows_sql[] =
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
 	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
 	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
-	 * current one's only). */
-	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END "
+	 * current one's only): the newest made before that generation's end, the first change of a
+	 * later one in the log's order (its time, not the earliest time: a change logged after a
+	 * backward step of the wall clock reads earlier). */
+	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation ORDER BY n.seq LIMIT 1) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
@@ -1101,9 +1088,15 @@ static const char rows_sql[] =
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
-	/* a pause of a generation that ended: its snapshot (the sandbox's row names the current
-	 * generation's only) */
-	"CASE WHEN l.state = 'paused' THEN " GEN_SNAP_SQL("l.sandbox_id", "l.generation") " END "
+	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
+	 * sandbox's row names the current generation's only), the first change of a later
+	 * generation in the log's order */
+	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
+	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation "
+	"        ORDER BY n.seq LIMIT 1) "
+	"    ORDER BY sn.created_at DESC LIMIT 1) END "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", seq";
@@ -2342,8 +2335,10 @@ static const char tails_sql[] =
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
-	/* its pause snapshot */
-	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") " "
+	/* its pause snapshot: the newest made before its end (a generation pauses once) */
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "
+	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
+	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "

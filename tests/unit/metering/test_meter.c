@@ -834,52 +834,6 @@ static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(v
 }
 
 /*
- * An ended generation's pause snapshot is the newest made by its last pause, not by the next
- * generation's first change: after a backward step of the wall clock between the pause and the
- * resume, the resume reads earlier than the snapshot (kiln-sim `clock`, seed 627238415: a
- * generation paused into a smaller snapshot, resumed on another node after a 3,407 s backward
- * step while its meter was down, had its tail billed at the guest's memory, +553 µcr). Here a
- * meter restarted after the resume billed 5 s paused into 512 MiB at the guest's 256.
- */
-static void test_an_ended_generations_snapshot_is_found_across_a_backward_step(void)
-{
-	char t[32], sb[32];
-	int64_t t0 = aligned_now();
-	struct meter *m;
-
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
-	boot = "test-boot-snap";
-	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 45; i++) {
-		if (i == 6)
-			pause_into(t, sb, "snap_a", 512);	/* at 5 */
-		if (i == 11)
-			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
-		if (i == 13)
-			meter_free(m);	/* a crash at 12, [0, 10) flushed */
-		if (i == 16)	/* at 15, resumed: a new generation */
-			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    (long long)(fake_now / 1000), sb);
-		if (i == 21)
-			m = new_meter_with(true, 0);	/* restarted at 20 */
-		if (i == 31)
-			stop_sandbox(sb, fake_now);	/* at 30 */
-		if (i >= 13 && i < 21) {
-			fake_now += S;
-			fake_mono += S;
-		} else {
-			tick_both(m);
-		}
-	}
-	boot = NULL;
-	/* 5 s running, 10 s paused at 512, 15 s running */
-	CHECK_INT(used(t), 20 * 257 + 10 * 512);
-	CHECK_INT(meter_pending(m, t), 0);
-	meter_free(m);
-}
-
-/*
  * A forward step of the wall clock smaller than the lead a backward step left (the label clock
  * stays ahead) changes the offset of the node's times: a change logged before it and read after
  * it keeps the offset then in force (kiln-sim `clock`, seed 9192: after steps back of 2,902 and
@@ -1172,7 +1126,6 @@ int main(void)
 	TEST(test_changes_across_a_backward_step_apply_in_log_order);
 	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
 	TEST(test_an_earlier_generations_change_read_after_the_point_is_not_applied);
-	TEST(test_an_ended_generations_snapshot_is_found_across_a_backward_step);
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
