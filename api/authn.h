@@ -35,10 +35,11 @@ bool gw_before(struct http_req *req, const struct http_route *route);
 #ifdef KILN_BENCH_NO_AUTH
 /*
  * A bench-only build (CMake -DKILN_BENCH_NO_AUTH=ON): every request of a route that needs a
- * credential is taken as tenant KILN_BENCH_TENANT's, with every tenant scope, without looking at
- * any credential and without the suspension check, in-flight bound and rate limits; the rest (the
- * Idempotency-Key, the audit trail, the route itself) is as usual. Whether the gateway may start:
- * only with KILN_BENCH_NO_AUTH=accept-anyone and KILN_BENCH_TENANT set (else false, err says why).
+ * credential is taken as tenant KILN_BENCH_TENANT's, with every tenant scope (an admin route is
+ * 403), without looking at any credential and without the suspension check, in-flight bound and
+ * rate limits; the rest (the Idempotency-Key, the audit trail, the route itself) is as usual.
+ * Whether the gateway may start: only with KILN_BENCH_NO_AUTH=accept-anyone and KILN_BENCH_TENANT
+ * set (else false, err says why).
  */
 bool gw_bench_no_auth_allowed(struct kiln_error *err);
 #endif
