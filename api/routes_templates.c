@@ -502,6 +502,10 @@ static enum kiln_err source_start(struct http_req *req, struct source_up *u)
 			 "AND b.version = $4::int AND " GW_NODE_LIVE_SQL("n", "$1")
 			 " AND ($5 = '' OR snapshot_held($5, n.id) OR EXISTS (SELECT 1 FROM "
 			 "snapshots p WHERE p.id = $5 AND p.status = 'stored')) "
+			 /* and the guest image that image was made on, as for a create */
+			 "AND ($5 = '' OR EXISTS (SELECT 1 FROM snapshots p WHERE p.id = $5 "
+			 "AND (coalesce(p.image_hash, '') = '' OR EXISTS (SELECT 1 FROM node_images i "
+			 "WHERE i.node_id = n.id AND i.image_hash = p.image_hash)))) "
 			 "ORDER BY ($5 <> '' AND snapshot_held($5, n.id)) DESC, "
 			 "(u.k < n.max_sandboxes AND u.v + b.vcpu_milli <= n.vcpu_milli "
 			 "AND u.m + b.memory_mib <= n.memory_mib "

@@ -59,6 +59,41 @@ void snap_upload(struct node *n, const char *snap_id, const char *tenant_id)
 		log_error("upload of snapshot \"%s\" did not start: %s", snap_id, err.msg);
 }
 
+/*
+ * After the fetch of a copy into `dir` (`rc`): a failed fetch that left no files drops the record
+ * (placement must not count on a copy this node lacks); a copy of a snapshot deleted meanwhile,
+ * whose record snap_gc may have removed before the files came, is removed here (nothing else
+ * would find its files).
+ */
+static enum kiln_err snap_copy_settle(struct node *n, struct pg_conn *c, const char *snap_id,
+				      const char *dir, enum kiln_err rc, struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	bool live;
+
+	if (rc != KILN_OK) {
+		if (access(dir, F_OK) != 0)
+			PGQ(c, NULL, NULL,
+			    "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2",
+			    snap_id, n->cfg.node_id);
+		return rc;
+	}
+	if (PGQ(c, &res, NULL,
+		"SELECT 1 FROM snapshot_copies k JOIN snapshots p ON p.id = k.snapshot_id "
+		"WHERE k.snapshot_id = $1 AND k.node_id = $2 AND p.deleted_at IS NULL",
+		snap_id, n->cfg.node_id) != KILN_OK)
+		return KILN_OK;	/* the record stands; snap_gc settles it once the snapshot goes */
+	live = pg_res_rows(res) > 0;
+	pg_res_free(res);
+	if (live)
+		return KILN_OK;
+	snap_remove_files(dir);
+	PGQ(c, NULL, NULL, "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2",
+	    snap_id, n->cfg.node_id);
+	return node_error(err, KILN_E_NOT_FOUND, "snapshot \"%s\" was deleted while it was fetched",
+			  snap_id);
+}
+
 enum kiln_err snap_fetch_copy(struct node *n, const char *snap_id, const char *tenant_id,
 			      struct kiln_error *err)
 {
@@ -79,11 +114,16 @@ enum kiln_err snap_fetch_copy(struct node *n, const char *snap_id, const char *t
 		return rc;
 	rc = PGQ(c, NULL, err,
 		 "INSERT INTO snapshot_copies (snapshot_id, node_id) SELECT id, $2 FROM snapshots "
-		 "WHERE id = $1 AND tenant_id = $3 ON CONFLICT DO NOTHING",
+		 "WHERE id = $1 AND tenant_id = $3 AND deleted_at IS NULL ON CONFLICT DO NOTHING",
 		 snap_id, n->cfg.node_id, tenant_id);
-	pg_release(n->pg, c);
-	if (rc == KILN_OK)
+	if (rc == KILN_OK) {
+		pg_release(n->pg, c);
 		rc = snapstore_fetch(n->store, snap_id, tenant_id, err);
+		if (pg_acquire(n->pg, &c, NULL) != KILN_OK)
+			return rc;	/* the record stands; snap_gc settles it once the snapshot goes */
+		rc = snap_copy_settle(n, c, snap_id, dir, rc, err);
+	}
+	pg_release(n->pg, c);
 	return rc;
 }
 

@@ -85,7 +85,7 @@ class TemplateBucketTests(unittest.TestCase):
         return [k["key"] for k in got["keys"]]
 
     def fetches(self):
-        return [p for m, p, st in self.s3.requests() if m == "GET" and self.snap in p]
+        return [p for m, p, st in self.s3.requests() if m == "GET" and self.snap in p and st.startswith("2")]
 
     def create(self, template="proof"):
         r = self.gw.request("POST", "/v1/sandboxes", {"template": template, "timeout_s": 600}, self.key,
@@ -122,6 +122,16 @@ class TemplateBucketTests(unittest.TestCase):
         # The first node takes no work: a build FROM the template lands on the second, which
         # fetches the image from the bucket for its builder (the RUN reads the first build's file).
         self.db.sql(f"UPDATE nodes SET drain_at = now() WHERE id = '{self.first.node_id}'")
+        # A fetch that fails (the bucket gone for a moment) fails the create with its reason and
+        # leaves no record of a copy the second node lacks.
+        self.db.sql("UPDATE tenant_storage SET bucket = 'kiln-gone'")
+        r = self.gw.request("POST", "/v1/sandboxes", {"template": "proof", "timeout_s": 600}, self.key,
+                            timeout=300)
+        self.db.sql(f"UPDATE tenant_storage SET bucket = '{s3env.BUCKET}'")
+        self.assertGreaterEqual(r.status, 400, r)
+        self.assertIn("could not be fetched from the tenant's bucket", r.data.decode(errors="replace"))
+        self.assertEqual(self.db.sql(f"SELECT count(*) FROM snapshot_copies WHERE snapshot_id = '{self.snap}'"),
+                         "0")
         t0 = time.monotonic()
         child = self.build("child", "FROM proof\nRUN cat /root/proof > /root/child\n")
         fetched = f'snapshot "{self.snap}" fetched from the tenant\'s bucket'
