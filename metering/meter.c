@@ -139,6 +139,7 @@ struct meter {
 	char alive_key[ID_MAX + 32];
 	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
 	bool clk_set, clk_behind;
+	bool fwd_held;		/* this tick saw a forward step, billed up to it: followed at the next */
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
@@ -261,14 +262,16 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
  * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
  * at the wall clock; never before the newest billed-up-to point of the node.
- * When the wall clock is found ahead of it (a forward step), it follows, and every tracked
- * sandbox's billed-up-to point moves by the same amount: the step is never billed. Behind it (a
+ * When the wall clock is found ahead of it (a forward step), it follows at the next tick (this
+ * one bills up to the second before in the frame before), and every tracked sandbox's
+ * billed-up-to point moves by the same amount: the step is never billed. Behind it (a
  * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
  * Within STEP_TOLERANCE_NS of it (no step), it is the wall clock itself.
  */
 static int64_t meter_clock(struct meter *m)
 {
 	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l, off_before = m->off;
+	bool held;
 
 	if (!m->clk_set) {
 		/* On the host of the node's last flush, in that flush's frame (a backward step of
@@ -282,11 +285,26 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_set = true;
 	}
 	l = m->clk_l0 + (mono - m->clk_m0);
+	/* A forward step seen at this tick is followed at the next: this one bills up to the
+	 * second before it in the frame before (the step came in the last second), so every meter
+	 * of the node places the step alike, however far each had billed: kiln-sim `clock`, seed
+	 * 351001013, a meter that had skipped the tick before a step moved its point, a second
+	 * behind the other meter's, by the step, and billed that second again under a label no
+	 * window of the other's overlaps (+1 s on three sandboxes). */
+	held = m->fwd_held;
+	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && !held;
+	if (m->fwd_held) {
+		int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l;
+		mono -= l - p;
+		l = p;
+		w = l - off_before;
+	}
 	if (w - l > STEP_TOLERANCE_NS) {
 		int64_t step = w - l;
 		log_warn("the wall clock stepped %.3f s ahead of the meter's: not billed", (double)step / 1e9);
-		for (size_t i = 0; i < m->nsbs; i++)
-			m->sbs[i]->last_t += step;
+		for (size_t i = 0; i < m->nsbs; i++)	/* not one read after the step while held */
+			if (!held || m->sbs[i]->last_t <= m->clk_now_l)
+				m->sbs[i]->last_t += step;
 		fwd_keep(m, l, step, off_before);
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
@@ -880,8 +898,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		pc[np++] = (struct mpiece){ .t0 = t, .t1 = end > t ? end : t, .gen = cur_gen,
 					    .st = cur_st, .mine = cur_mine, .node = cur_node };
 	/* The cgroup of this node holds the counters of the generation it runs now; one that
-	 * ended since the last read holds its final counter while the group is still there. */
-	if (r->here && cur_mine && cur_gen == r->gen) {
+	 * ended since the last read holds its final counter while the group is still there. A
+	 * tick that holds a forward step, billed to the second before, leaves a running
+	 * sandbox's counters to the next: they hold the time after it too. */
+	if (r->here && cur_mine && cur_gen == r->gen && (!m->fwd_held || ended)) {
 		if (cur_gen != s->gen) {
 			cg_free(s->cg);
 			s->cg = NULL;
@@ -2571,7 +2591,8 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		/* Read ahead of this tick by more than a step's tolerance after a backward step:
 		 * logged before it, in the frame then in force (the newest that puts it no later
 		 * than now). */
-		for (int b = m->nback - 1; b >= 0 && e->at > now + STEP_TOLERANCE_NS; b--) {
+		for (int b = m->nback - 1; b >= 0 && !m->fwd_held && e->at > now + STEP_TOLERANCE_NS;
+		     b--) {
 			int64_t at = pg_res_int(lres, k, 3, 0) * 1000 + m->back_off[b];
 			if (at <= now + STEP_TOLERANCE_NS)
 				e->at = at;

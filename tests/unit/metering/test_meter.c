@@ -438,8 +438,9 @@ static void test_a_resumed_sandbox_at_zero_is_asked_to_pause_again_at_once(void)
 
 /*
  * The wall clock steps an hour ahead, then two hours back, while monotonic time goes on a second
- * a tick: what is charged is the monotonic time the sandbox ran, ticks go on after the backward
- * step, and a grant whose wall-clock date the forward step reached expires.
+ * a tick: what is charged is the monotonic time the sandbox ran (the tick that sees the forward
+ * step a second behind, the next caught up), ticks go on after the backward step, and a grant
+ * whose wall-clock date the forward step reached expires.
  */
 static void test_clock_steps_bill_monotonic_time_only(void)
 {
@@ -467,7 +468,8 @@ static void test_clock_steps_bill_monotonic_time_only(void)
 			fake_mono += S;
 			secs++;
 			CHECK_INT(meter_tick(m, &err), KILN_OK);
-			CHECK_INT(used(t) + meter_pending(m, t), secs * 257LL);
+			/* the tick that sees the forward step bills up to the second before it */
+			CHECK_INT(used(t) + meter_pending(m, t), (secs - (phase == 1 && i == 0)) * 257LL);
 		}
 		if (phase == 1)	/* the forward step passed the grant's date: two windows on, it expired */
 			CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' "
@@ -946,6 +948,43 @@ static void test_a_meter_without_postgres_keeps_the_other_meters_live_field(void
 }
 
 /*
+ * Two meters of one node, one of which skipped the tick before a forward step, label the time
+ * before the step alike: each bills up to the step in the frame before it and follows at the
+ * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
+ * [10, 11]; the wall clock steps 600 s on at 12 s. Before, a moved its point (10 s, a window's
+ * start) by the step and billed [610, 612], b's [10, 11] in a window a never wrote: 26 s billed
+ * of 25.
+ */
+static void test_two_meters_label_the_time_before_a_forward_step_alike(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 12)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 11)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
  * A generation of a node whose meter is gone, taken over by the meter of the node the sandbox is
  * on now, carries the remainder of that node's newest point, as that node's meter would have
  * (kiln-sim `clock`, seed 9244: a generation taken over from zero was charged 1 µcr less). Here
@@ -1128,6 +1167,7 @@ int main(void)
 	TEST(test_an_earlier_generations_change_read_after_the_point_is_not_applied);
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
+	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
