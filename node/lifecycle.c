@@ -59,6 +59,16 @@ void snap_upload(struct node *n, const char *snap_id, const char *tenant_id)
 		log_error("upload of snapshot \"%s\" did not start: %s", snap_id, err.msg);
 }
 
+/* Drops this node's record of a copy of snapshot `id` (its files gone or never come). */
+static void copy_forget(struct node *n, struct pg_conn *c, const char *id)
+{
+	struct kiln_error err = { 0 };
+
+	if (PGQ(c, NULL, &err, "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2",
+		id, n->cfg.node_id) != KILN_OK)
+		log_warn("the record of the copy of snapshot \"%s\" stays: %s", id, err.msg);
+}
+
 /*
  * After the fetch of a copy into `dir` (`rc`): a failed fetch that left no files drops the record
  * (placement must not count on a copy this node lacks); a copy of a snapshot deleted meanwhile,
@@ -73,9 +83,7 @@ static enum kiln_err snap_copy_settle(struct node *n, struct pg_conn *c, const c
 
 	if (rc != KILN_OK) {
 		if (access(dir, F_OK) != 0)
-			PGQ(c, NULL, NULL,
-			    "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2",
-			    snap_id, n->cfg.node_id);
+			copy_forget(n, c, snap_id);
 		return rc;
 	}
 	if (PGQ(c, &res, NULL,
@@ -88,8 +96,7 @@ static enum kiln_err snap_copy_settle(struct node *n, struct pg_conn *c, const c
 	if (live)
 		return KILN_OK;
 	snap_remove_files(dir);
-	PGQ(c, NULL, NULL, "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2",
-	    snap_id, n->cfg.node_id);
+	copy_forget(n, c, snap_id);
 	return node_error(err, KILN_E_NOT_FOUND, "snapshot \"%s\" was deleted while it was fetched",
 			  snap_id);
 }
@@ -424,9 +431,7 @@ void snap_gc(struct node *n)
 
 			snap_dir(n, id, dir, sizeof(dir));
 			snap_remove_files(dir);
-			PGQ(c, NULL, &err,
-			    "DELETE FROM snapshot_copies WHERE snapshot_id = $1 AND node_id = $2", id,
-			    n->cfg.node_id);
+			copy_forget(n, c, id);
 			log_info("removed the fetched copy of snapshot \"%s\"", id);
 		}
 	}
