@@ -665,6 +665,9 @@ static int api_init(struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the ticker");
 	if (connlog_start(&node, err) != KILN_OK)
 		return err->code;
+	/* Measured before the first boot (the templates'), which tells its guest the figure. */
+	if (strcmp(node.accel, "tcg") == 0)
+		log_info("host TSC: %u kHz, the rate guests are booted with", accel_host_tsc_khz());
 	tpl_init(&node);
 	build_init(&node);
 	log_info("node \"%s\" serving at \"%s\" (%s, %s)", node.cfg.node_id, node_address(),

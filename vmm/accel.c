@@ -5,10 +5,16 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <x86intrin.h>
+#endif
 
 /* True when the space-separated word list [s, end) contains `word`. */
 static bool has_word(const char *s, const char *end, const char *word)
@@ -99,4 +105,67 @@ const char *accel_cpu_legacy(enum accel a)
 bool accel_cpu_valid(enum accel a, const char *cpu)
 {
 	return cpu && (strcmp(cpu, accel_cpu_model(a)) == 0 || strcmp(cpu, accel_cpu_legacy(a)) == 0);
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+/*
+ * One (TSC, CLOCK_MONOTONIC) pair read within a few microseconds of each other, so a preemption
+ * between the two reads does not skew it; false when none of a few tries was that close.
+ */
+static bool tsc_pair(uint64_t *tsc, int64_t *ns)
+{
+	for (int i = 0; i < 32; i++) {
+		struct timespec ts;
+		uint64_t a = __rdtsc(), b;
+
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		b = __rdtsc();
+		if (b - a < 20000) {
+			*tsc = a + (b - a) / 2;
+			*ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+			return true;
+		}
+	}
+	return false;
+}
+
+/* The TSC's rate over 50 ms, in kHz; 0 when it could not be read. */
+static unsigned tsc_rate_once(void)
+{
+	const struct timespec gap = { 0, 50 * 1000 * 1000 };
+	uint64_t t0, t1;
+	int64_t n0, n1;
+
+	if (!tsc_pair(&t0, &n0))
+		return 0;
+	nanosleep(&gap, NULL);
+	if (!tsc_pair(&t1, &n1) || n1 <= n0 || t1 <= t0)
+		return 0;
+	return (unsigned)((t1 - t0) * 1000000 / (uint64_t)(n1 - n0));
+}
+#endif
+
+static unsigned host_tsc_khz = ACCEL_TSC_KHZ_FALLBACK;
+static pthread_once_t host_tsc_once = PTHREAD_ONCE_INIT;
+
+/* The median of three measures; the fallback when one of them fails or is out of range. */
+static void host_tsc_measure(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	unsigned r[3];
+
+	for (int i = 0; i < 3; i++) {
+		r[i] = tsc_rate_once();
+		if (r[i] < 100000 || r[i] > 20000000)
+			return;
+	}
+	host_tsc_khz = r[0] > r[1] ? (r[1] > r[2] ? r[1] : (r[0] > r[2] ? r[2] : r[0]))
+				   : (r[0] > r[2] ? r[0] : (r[1] > r[2] ? r[2] : r[1]));
+#endif
+}
+
+unsigned accel_host_tsc_khz(void)
+{
+	pthread_once(&host_tsc_once, host_tsc_measure);
+	return host_tsc_khz;
 }

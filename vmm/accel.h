@@ -49,4 +49,14 @@ const char *accel_cpu_legacy(enum accel a);
 /* True when a VM of accelerator `a` may run under model `cpu` (one of the two above). */
 bool accel_cpu_valid(enum accel a, const char *cpu);
 
+/*
+ * The rate of this host's TSC in kHz, measured once per process against CLOCK_MONOTONIC (about
+ * 0.15 s, at the first call). Under TCG a guest's TSC is the host's own counter, so a guest told
+ * another rate keeps time at the ratio (told 2 GHz on a 2.6 GHz host, its clock ran 30 % fast):
+ * the guest's kernel gets this figure (qemu_args.tsc_khz). ACCEL_TSC_KHZ_FALLBACK where it cannot
+ * be measured (not x86, or a counter that does not move with time).
+ */
+#define ACCEL_TSC_KHZ_FALLBACK 2000000u
+unsigned accel_host_tsc_khz(void);
+
 #endif

@@ -97,7 +97,7 @@ static bool has_comma(const char *s)
 int qemu_argv_build(const struct qemu_args *a, char ***argv)
 {
 	struct argv_b b = { 0 };
-	char accel[64];
+	char accel[64], tcg[128] = "";
 	const char *paths[] = { a->mem_path, a->kernel, a->initrd, a->disk, a->qmp_sock, a->agent_sock,
 				a->serial_sock, a->chroot, a->tap };
 
@@ -145,14 +145,18 @@ int qemu_argv_build(const struct qemu_args *a, char ***argv)
 	}
 	arg_add(&b, "-append");
 	/*
-	 * Under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers.
+	 * Under TCG the kernel may fail to calibrate the TSC against the PIT and hang: give it numbers,
+	 * the host's TSC rate (the guest's TSC is the host's counter under TCG: told another rate,
+	 * its clock keeps time at the ratio).
 	 * And no speculation mitigations: on an Intel model the kernel would isolate its page tables
 	 * (PTI), and each CR3 switch flushes TCG's software TLB (boot and fork-heavy work twice as
 	 * slow). They guard a CPU's hardware user/kernel boundary, which TCG's guest does not run on
 	 * (QEMU's software MMU checks every access), inside a guest whose user is root anyway.
 	 */
-	arg_add(&b, "console=ttyS0 reboot=t panic=-1 quiet%s%s%s",
-		a->accel == ACCEL_TCG ? " lpj=4000000 tsc_early_khz=2000000 tsc=reliable mitigations=off" : "",
+	if (a->accel == ACCEL_TCG)
+		snprintf(tcg, sizeof(tcg), " lpj=4000000 tsc_early_khz=%u tsc=reliable mitigations=off",
+			 a->tsc_khz ? a->tsc_khz : ACCEL_TSC_KHZ_FALLBACK);
+	arg_add(&b, "console=ttyS0 reboot=t panic=-1 quiet%s%s%s", tcg,
 		a->cmdline_extra ? " " : "", a->cmdline_extra ? a->cmdline_extra : "");
 	arg_add(&b, "-chardev");
 	arg_add(&b, "socket,id=qmp,path=%s,server=on,wait=off", a->qmp_sock);
@@ -448,6 +452,8 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.binary = s->hv_binary,
 		.accel = vm->accel,
 		.tb_size_mib = s->tb_size_mib,
+		/* a restore keeps the rate its guest was booted with */
+		.tsc_khz = vm->accel == ACCEL_TCG && !incoming ? accel_host_tsc_khz() : 0,
 		.cpu = vm->cpu,
 		.vcpus = vm->vcpus,
 		.mem_mib = vm->mem_mib,

@@ -17,6 +17,8 @@ struct qemu_args {
 	const char *binary;
 	enum accel accel;
 	unsigned tb_size_mib;	/* TCG only; 0 = ACCEL_TB_SIZE_DEFAULT */
+	unsigned tsc_khz;	/* TCG only: the TSC rate the guest is told (accel_host_tsc_khz);
+				 * 0 = ACCEL_TSC_KHZ_FALLBACK */
 	const char *cpu;	/* -cpu model (accel_cpu_valid), or NULL for accel_cpu_model() */
 	unsigned vcpus;		/* whole vCPUs */
 	unsigned mem_mib;

@@ -3,6 +3,11 @@
  * /proc/cpuinfo text, and the shape arithmetic and checks of a VM spec.
  */
 #include <errno.h>
+#include <stdio.h>
+#include <time.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 #include <stdlib.h>
 #include <string.h>
 
@@ -88,6 +93,8 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	for (char **p = argv; *p; p++)
 		CHECK(strncmp(*p, "file,", 5) != 0);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", "tsc=reliable") != NULL);
+	/* no rate given: the fallback, never none (the calibration hang) */
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " tsc_early_khz=2000000 ") != NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " mitigations=off") != NULL);
 	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " root=/dev/vda") != NULL);
 	CHECK(!has_arg(argv, "-incoming"));
@@ -96,6 +103,47 @@ static void test_cmdline_cold_boot_jailed_tcg(void)
 	for (char **p = argv; *p; p++)
 		CHECK(strstr(*p, "elevateprivileges") == NULL);
 	qemu_argv_free(argv);
+}
+
+/*
+ * The guest is told the TSC rate it is given, and the host's is measured: under TCG the guest's
+ * TSC is the host's counter, so a wrong rate makes the guest's clock run at the ratio.
+ */
+static void test_cmdline_tsc_rate(void)
+{
+	struct qemu_args a = base_args();
+	struct timespec t0, t1, gap = { 1, 0 };
+	unsigned long long c0a, c0b, c1a, c1b;
+	double us, lo, hi, measured = accel_host_tsc_khz();
+	char **argv = NULL;
+
+	a.tsc_khz = 2596136;
+	CHECK_INT(qemu_argv_build(&a, &argv), 0);
+	CHECK(strstr(opt_value(argv, "-append", "") ?: "", " tsc_early_khz=2596136 ") != NULL);
+	qemu_argv_free(argv);
+	CHECK_INT((int)accel_host_tsc_khz(), (int)measured);	/* measured once */
+#if defined(__x86_64__)
+	/*
+	 * Against the host's TSC over 1 s, each clock reading between two counter readings: the
+	 * counts over the clock's second lie between the inner and the outer pair, whatever
+	 * preempts this thread.
+	 */
+	c0a = __rdtsc();
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	c0b = __rdtsc();
+	nanosleep(&gap, NULL);
+	c1a = __rdtsc();
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	c1b = __rdtsc();
+	us = (t1.tv_sec - t0.tv_sec) * 1e6 + (t1.tv_nsec - t0.tv_nsec) / 1e3;
+	lo = (double)(c1a - c0b) * 1e3 / us;
+	hi = (double)(c1b - c0a) * 1e3 / us;
+	printf("host TSC: %.0f to %.0f kHz here, %.0f kHz by accel_host_tsc_khz\n", lo, hi, measured);
+	CHECK(measured > lo * 0.999 && measured < hi * 1.001);
+#else
+	(void)t0, (void)t1, (void)gap, (void)c0a, (void)c0b, (void)c1a, (void)c1b, (void)us, (void)lo,
+	(void)hi;
+#endif
 }
 
 /* A restore runs under the model the snapshot was taken under; an unknown one is refused. */
@@ -264,6 +312,7 @@ int main(void)
 	TEST(test_cmdline_disk_throttle);
 	TEST(test_accel_from_cpuinfo);
 	TEST(test_cmdline_cpu_model);
+	TEST(test_cmdline_tsc_rate);
 	TEST(test_spec_shape_and_checks);
 	return test_summary();
 }
