@@ -121,6 +121,18 @@ static enum kiln_err create_record(struct node *n, struct sandbox *sb, const str
 	return rc;
 }
 
+/*
+ * Whether a failed restore from a template (`rc`) was the busy host's, not the template's: its VMM
+ * started but did not answer within its start-up deadline, before it read any of the template's
+ * state (vmm_restore), or its agent's socket on the host could not be reached (KILN_E_UNAVAILABLE). Such a restore is tried once more, then the sandbox boots cold and the template
+ * stays for the creates after it. Any other failure (its files, QEMU refusing its state, its guest
+ * not answering) discards the template: it is rebuilt.
+ */
+static bool tpl_failure_busy(enum kiln_err rc)
+{
+	return rc == KILN_E_UNAVAILABLE;
+}
+
 /* Starts the recorded `sb`'s VM: from the snapshot, the template `tpl`, or cold. */
 static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct create_req *r,
 			       const char *tpl, bool build, struct kiln_error *err)
@@ -142,13 +154,25 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 		return sb_boot(n, sb, &r->init, err);
 	/* The fast path: the template's memory mapped privately, a fresh identity. */
 	snap_dir(n, tpl, dir, sizeof(dir));
-	rc = sb_restore(n, sb, dir, r->own_memory ? VMM_MEM_COPY : VMM_MEM_PRIVATE, &r->init, true,
-			err);
-	if (rc == KILN_OK)
-		return KILN_OK;
+	for (int tries = 1;; tries++) {
+		rc = sb_restore(n, sb, dir, r->own_memory ? VMM_MEM_COPY : VMM_MEM_PRIVATE, &r->init,
+				true, err);
+		if (rc == KILN_OK)
+			return KILN_OK;
+		if (!tpl_failure_busy(rc) || tries == 2)
+			break;
+		log_warn("restoring template \"%s\" failed (%s): trying again", tpl, err->msg);
+		sb_release(n, sb);
+		kiln_error_clear(err);
+	}
 	/* Never fail a create for its template: boot it cold instead. */
-	log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err->msg);
-	tpl_discard(n, tpl);
+	if (tpl_failure_busy(rc)) {
+		log_warn("restoring template \"%s\" failed again (%s): booting cold, the template "
+			 "stays", tpl, err->msg);
+	} else {
+		log_warn("restoring template \"%s\" failed (%s): booting cold", tpl, err->msg);
+		tpl_discard(n, tpl);
+	}
 	sb_release(n, sb);
 	kiln_error_clear(err);
 	rc = record_lineage_reset(n->pg, NULL,

@@ -134,6 +134,11 @@ enum kiln_err vmm_spec_check(const struct vmm_spec *spec, struct kiln_error *err
 /* A VM under a driver. */
 struct vmm_vm;
 
+/*
+ * A new VMM process, booted (vmm_create) or from a snapshot (vmm_restore). KILN_E_UNAVAILABLE:
+ * the VMM started but did not answer within its start-up deadline (a busy host); nothing of the
+ * VM is left and the same call may succeed later.
+ */
 enum kiln_err vmm_create(const char *driver, const struct vmm_spec *spec, struct vmm_vm **out,
 			 struct kiln_error *err);
 enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const char *snap_dir,

@@ -441,9 +441,20 @@ static void console_attach(struct hv_vm *vm)
 		log_warn("vm '%s': console not drained (%s): its output is dropped", vm->id, strerror(-r));
 }
 
+/* Milliseconds on CLOCK_MONOTONIC. */
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
 /*
  * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
- * booting. On failure everything this call started is undone (the process is killed and reaped).
+ * booting. On failure everything this call started is undone (the process is killed and reaped):
+ * KILN_E_UNAVAILABLE when QEMU was still alive but had not answered QMP within QMP_CONNECT_MS of
+ * its start (a busy host), KILN_E_SANDBOX_FAILED when it exited.
  */
 static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool incoming,
 			      struct kiln_error *err)
@@ -480,7 +491,8 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	char **argv = NULL;
 	struct jail *j = &vm->jail;
 	enum kiln_err rc = KILN_OK;
-	int r, log_fd = -1;
+	int r, left, log_fd = -1;
+	long long spawned;
 
 	jail_layout(vm);
 	if ((r = jail_prepare(j)) < 0) {
@@ -511,10 +523,23 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		rc = fs_err(err, r, "cannot start", argv[0]);
 		goto out;
 	}
+	spawned = mono_ms();
 	log_debug("vm '%s' qemu pid %d", vm->id, (int)vm->proc.pid);
-	if ((r = qmp_connect(vm->qmp_path, QMP_CONNECT_MS, &vm->qmp)) < 0) {
-		rc = kiln_error_set(err, KILN_E_SANDBOX_FAILED, "vm '%s': no qmp answer (%s): %s",
-				    vm->id, strerror(-r), qemu_log_tail(vm));
+	if (incoming)
+		kiln_fault("vmm-restore-spawned");
+	left = QMP_CONNECT_MS - (int)(mono_ms() - spawned);
+	if ((r = left > 0 ? qmp_connect(vm->qmp_path, left, &vm->qmp) : -ETIMEDOUT) < 0) {
+		/*
+		 * A QEMU still alive past its deadline is one the host is too busy to run: that says
+		 * nothing about what it was to restore (the state is read only after this), and the
+		 * caller may try again. One that exited failed.
+		 */
+		bool slow = hv_proc_alive(&vm->proc);
+
+		rc = kiln_error_set(err, slow ? KILN_E_UNAVAILABLE : KILN_E_SANDBOX_FAILED,
+				    "vm '%s': no qmp answer within %d s (%s; qemu %s): %s", vm->id,
+				    QMP_CONNECT_MS / 1000, strerror(-r), slow ? "still starting" : "exited",
+				    qemu_log_tail(vm));
 		hv_proc_kill(&vm->proc, -1);
 		goto out;
 	}

@@ -517,5 +517,66 @@ class LifecycleTests(unittest.TestCase):
                 self.gw.request("DELETE", f"/v1/sandboxes/{s['id']}", headers=self.key)
 
 
+class TemplateRestoreTests(unittest.TestCase):
+    """A restore from the node's template that a busy host keeps past QEMU's start-up deadline."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        # Held just after QEMU of a restore starts, before the node waits for its QMP greeting.
+        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                         "KILN_FAULT_HOLD": "vmm-restore-spawned",
+                                         "KILN_FAULT_HOLD_FILE": cls.hold})
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.addClassCleanup(lambda: os.path.exists(cls.hold) and os.unlink(cls.hold))
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def template(self, timeout=300):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            got = self.stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
+                                    f"AND node_id = '{self.stack.node.node_id}'")
+            if got:
+                return got.split()[0]
+            time.sleep(1)
+        raise AssertionError("no template was built:\n" + self.stack.node.output()[-3000:])
+
+    def wait_held(self, timeout):
+        deadline = time.monotonic() + timeout
+        while not os.path.exists(self.hold) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.assertTrue(os.path.exists(self.hold), "no restore reached QEMU's start:\n" +
+                        self.stack.node.output()[-3000:])
+
+    def test_a_restore_past_qemus_start_up_deadline_is_tried_again_and_the_template_stays(self):
+        tpl = self.template()
+        result = {}
+        create = threading.Thread(target=lambda: result.update(r=self.gw.request(
+            "POST", "/v1/sandboxes", {"timeout_s": 600}, self.key, timeout=300)))
+        create.start()
+        self.wait_held(120)
+        time.sleep(10.5)  # QEMU's 10 s to answer QMP (vmm/qemu.c, QMP_CONNECT_MS) run out
+        os.unlink(self.hold)
+        self.wait_held(60)  # the one more try: let through at once
+        os.unlink(self.hold)
+        create.join(300)
+        r = result["r"]
+        self.assertEqual(r.status, 201, r)
+        sb = r.json()
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
+        log = self.stack.node.output()
+        self.assertIn("no qmp answer within 10 s", log)
+        self.assertIn("trying again", log)
+        # A restore of the template, not a cold boot; the template kept for the next creates.
+        self.assertEqual(self.stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes "
+                                           f"WHERE id = '{sb['id']}'"), tpl)
+        self.assertEqual(self.stack.db.sql(f"SELECT deleted_at IS NULL FROM snapshots WHERE id = '{tpl}'"), "t")
+        self.assertNotIn("booting cold", log)
+        r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["echo", "up"]}, self.key,
+                            timeout=120)
+        self.assertEqual((r.status, r.json()["stdout"]), (200, "up\n"), r)
+
+
 if __name__ == "__main__":
     unittest.main()
