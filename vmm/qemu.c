@@ -454,7 +454,7 @@ static long long mono_ms(void)
  * Starts QEMU in the jail and connects QMP. `incoming` waits for a migration stream instead of
  * booting. On failure everything this call started is undone (the process is killed and reaped):
  * KILN_E_UNAVAILABLE when QEMU was still alive but had not answered QMP within QMP_CONNECT_MS of
- * its start (a busy host), KILN_E_SANDBOX_FAILED when it exited.
+ * its start (a busy host), KILN_E_SANDBOX_FAILED when it exited or QMP failed otherwise.
  */
 static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool incoming,
 			      struct kiln_error *err)
@@ -534,11 +534,14 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		 * nothing about what it was to restore (the state is read only after this), and the
 		 * caller may try again. One that exited failed.
 		 */
-		bool slow = hv_proc_alive(&vm->proc);
+		bool slow = mono_ms() - spawned >= QMP_CONNECT_MS && hv_proc_alive(&vm->proc);
+		char why[48] = "";
 
+		if (slow)
+			snprintf(why, sizeof(why), " within %d s, qemu still starting",
+				 QMP_CONNECT_MS / 1000);
 		rc = kiln_error_set(err, slow ? KILN_E_UNAVAILABLE : KILN_E_SANDBOX_FAILED,
-				    "vm '%s': no qmp answer within %d s (%s; qemu %s): %s", vm->id,
-				    QMP_CONNECT_MS / 1000, strerror(-r), slow ? "still starting" : "exited",
+				    "vm '%s': no qmp answer%s (%s): %s", vm->id, why, strerror(-r),
 				    qemu_log_tail(vm));
 		hv_proc_kill(&vm->proc, -1);
 		goto out;

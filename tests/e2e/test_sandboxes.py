@@ -566,7 +566,7 @@ class TemplateRestoreTests(unittest.TestCase):
         sb = r.json()
         self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sb['id']}", None, self.key)
         log = self.stack.node.output()
-        self.assertIn("no qmp answer within 10 s", log)
+        self.assertIn("no qmp answer within 10 s, qemu still starting", log)
         self.assertIn("trying again", log)
         # A restore of the template, not a cold boot; the template kept for the next creates.
         self.assertEqual(self.stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes "
