@@ -539,6 +539,43 @@ static void op_fork(struct sbx *p)
 			c->cpu_milli);
 }
 
+/*
+ * As node/pause.c's pause_record(), after the snapshot is written: in one transaction its row
+ * (as snap_record_public(), with the generation of the sandbox's row; created_at now(), the
+ * simulated instant, where the column's default is the host's clock) and the pause itself.
+ */
+static void pause_record(struct sbx *s, const struct record_fence *f)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char q[1024];
+	enum kiln_err rc;
+
+	snprintf(q, sizeof(q),
+		 "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+		 "vcpu_milli, memory_mib, disk_gib, created_at, generation) SELECT '%s', '%s', s.id, "
+		 "'%s', 'pause', %llu, %u, %u, %u, now(), s.generation FROM sandboxes s "
+		 "WHERE s.id = '%s'",
+		 s->snap, W.ten[s->ten].id, W.node_id[s->node], (unsigned long long)s->snap_mib << 20,
+		 s->vcpu, s->mem, s->disk, s->id);
+	if (pg_acquire(W.pg, &c, &err) != KILN_OK) {
+		sim_fail("postgres: %s", err.msg);
+		return;
+	}
+	rc = pg_exec(c, "BEGIN", &err);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, q, &err);
+	if (rc == KILN_OK)
+		rc = record_paused(W.pg, c, f, s->snap, &err);
+	if (rc == KILN_OK)
+		rc = pg_exec(c, "COMMIT", &err);
+	else
+		pg_exec(c, "ROLLBACK", NULL);
+	pg_release(W.pg, c);
+	if (rc != KILN_OK)
+		sim_fail("the pause of %s: %s", s->id, err.msg);
+}
+
 static void op_pause(struct sbx *s)
 {
 	struct kiln_error err = { 0 };
@@ -550,12 +587,6 @@ static void op_pause(struct sbx *s)
 		s->snap_mib = (uint64_t)s->mem * (uint64_t)rnd_in(30, 110) / 100;
 	snprintf(s->snap, sizeof(s->snap), "sn_%s_%d", W.tag, W.snaps++);
 	db_clock(W.t);
-	/* created_at now(): the simulated instant (the column's default is the host's clock) */
-	wsql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-	     "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s', '%s', '%s', '%s', 'pause', "
-	     "%llu, %u, %u, %u, now())",
-	     s->snap, W.ten[s->ten].id, s->id, W.node_id[s->node],
-	     (unsigned long long)s->snap_mib << 20, s->vcpu, s->mem, s->disk);
 	cpu_advance(s, W.t);
 	/* As node/pause.c: the vCPUs stop first and the instant is logged with the group's CPU
 	 * counter; writing the snapshot then burns the VMM's CPU (the counter moves, unbilled:
@@ -565,8 +596,7 @@ static void op_pause(struct sbx *s)
 		sim_fail("record_vcpus_stopped %s: %s", s->id, err.msg);
 	s->cpu_us += (uint64_t)rnd_in(0, 300000);
 	cg_write(s->node, s);
-	if (record_paused(W.pg, NULL, &f, s->snap, &err) != KILN_OK)
-		sim_fail("record_paused %s: %s", s->id, err.msg);
+	pause_record(s, &f);
 	model_close(s, W.t);
 	s->st = SB_PAUSED;
 	s->changed = W.t;
