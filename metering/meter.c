@@ -599,7 +599,7 @@ struct ment {
 				 * dead while the sandbox is here now */
 	bool has_cpu;
 	uint64_t cpu;		/* the generation's CPU counter at `at` (a pause's vCPU stop) */
-	uint64_t snap_mib;	/* a pause of an ended generation: its snapshot, MiB (0: unknown) */
+	uint64_t snap_mib;	/* a pause: its generation's snapshot, MiB (0: unknown) */
 };
 
 /* A row of the tick's query. */
@@ -1046,6 +1046,26 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 }
 
+/*
+ * The pause snapshot (MiB) of generation G of sandbox X: the one recorded with that generation
+ * (snapshots.generation, written with the snapshot in the pause's transaction: migrations/0041).
+ * Not by time: after a backward step of the wall clock between a pause and the resume, the
+ * resume reads earlier than the snapshot (kiln-sim `clock`, seeds 627238415 and 497680908: the
+ * paused time billed at the guest's memory, +553 and +1,091 µcr), and the pause's own log row,
+ * the vCPUs' stop, is written before the snapshot's. A snapshot recorded before that column
+ * (generation NULL) is found as it was then: the newest made before the next generation's first
+ * change in the log's order (none while G has not ended).
+ */
+#define GEN_SNAP_SQL(X, G)                                                                         \
+	"coalesce((SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "                  \
+	"    WHERE sn.sandbox_id = " X " AND sn.kind = 'pause' AND sn.generation = " G " "         \
+	"    ORDER BY sn.created_at DESC LIMIT 1), "                                                \
+	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "                           \
+	"    WHERE sn.sandbox_id = " X " AND sn.kind = 'pause' AND sn.generation IS NULL "         \
+	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "                          \
+	"        WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1) "     \
+	"    ORDER BY sn.created_at DESC LIMIT 1))"
+
 /* --- Postgres: this node's sandboxes --- */
 
 static const char rows_sql[] =
@@ -1057,14 +1077,8 @@ static const char rows_sql[] =
 	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn WHERE sn.id = s.pause_snapshot), "
 	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
 	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
-	 * current one's only): the newest made before that generation's end, the first change of a
-	 * later one in the log's order (its time, not the earliest time: a change logged after a
-	 * backward step of the wall clock reads earlier). */
-	"CASE WHEN m.generation < s.generation THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
-	"    FROM snapshots sn WHERE sn.sandbox_id = s.id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = s.id AND n.generation > m.generation ORDER BY n.seq LIMIT 1) "
-	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	 * current one's only). */
+	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
@@ -1108,15 +1122,9 @@ static const char rows_sql[] =
 static const char log_sql[] =
 	"SELECT sandbox_id, generation, state, (extract(epoch FROM at) * 1000000)::bigint, "
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
-	/* a pause of a generation that ended: its snapshot, the newest made before that end (the
-	 * sandbox's row names the current generation's only), the first change of a later
-	 * generation in the log's order */
-	"CASE WHEN l.state = 'paused' THEN (SELECT (sn.size_bytes + 1048575) / 1048576 "
-	"    FROM snapshots sn WHERE sn.sandbox_id = l.sandbox_id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = l.sandbox_id AND n.generation > l.generation "
-	"        ORDER BY n.seq LIMIT 1) "
-	"    ORDER BY sn.created_at DESC LIMIT 1) END "
+	/* a pause: its generation's snapshot (the sandbox's row names the current generation's
+	 * only) */
+	"CASE WHEN l.state = 'paused' THEN " GEN_SNAP_SQL("l.sandbox_id", "l.generation") " END "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", seq";
@@ -2355,10 +2363,8 @@ static const char tails_sql[] =
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
-	/* its pause snapshot: the newest made before its end (a generation pauses once) */
-	"(SELECT (sn.size_bytes + 1048575) / 1048576 FROM snapshots sn "
-	"    WHERE sn.sandbox_id = mm.sandbox_id AND sn.kind = 'pause' "
-	"    AND sn.created_at <= to_timestamp(e.at_us / 1e6) ORDER BY sn.created_at DESC LIMIT 1) "
+	/* its pause snapshot (a generation pauses once) */
+	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") " "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "

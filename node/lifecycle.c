@@ -319,7 +319,9 @@ void snap_remove_files(const char *dir)
 
 /*
  * Records a snapshot taken of `sb` (on connection `c`, inside the caller's transaction or not),
- * with the image its manifest names.
+ * with the image its manifest names and the generation of `sb` it was taken in (its row's: a
+ * pause records its snapshot in the transaction of record_paused(), which is fenced on that
+ * generation). kiln-meter finds an ended generation's pause snapshot by it (migrations/0041).
  */
 enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct sandbox *sb,
 				 const char *snap_id, const char *kind, const char *name,
@@ -338,9 +340,10 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 	snprintf(d, sizeof(d), "%u", sb->disk_gib);
 	return PGQ(c, NULL, err,
 		   "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, name, size_bytes, "
-		   "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at, image_hash) "
+		   "vcpu_milli, memory_mib, disk_gib, lineage, deleted_at, image_hash, generation) "
 		   "SELECT $1, $2, $3, $4, $5, $6, $7::bigint, $8::int, $9::int, $10::int, s.lineage, "
-		   "CASE WHEN $5 = 'named' THEN NULL ELSE now() END, $11 FROM sandboxes s WHERE s.id = $3",
+		   "CASE WHEN $5 = 'named' THEN NULL ELSE now() END, $11, s.generation "
+		   "FROM sandboxes s WHERE s.id = $3",
 		   snap_id, sb->tenant_id, sb->id, n->cfg.node_id, kind, name, size, v, m, d, image);
 }
 

@@ -118,16 +118,26 @@ static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
 	fake_mono = 5000 * S;
 }
 
+/*
+ * The row of a pause snapshot `snap` of `sb` of `t`, `mib` MiB, made at `at` (ns) in the
+ * sandbox's current generation, as node/lifecycle.c's snap_record_public() writes it.
+ */
+static void snap_row(const char *t, const char *sb, const char *snap, long long mib, int64_t at)
+{
+	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
+	    "vcpu_milli, memory_mib, disk_gib, created_at, generation) SELECT '%s_%s', '%s', s.id, "
+	    "'%s', 'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6), s.generation "
+	    "FROM sandboxes s WHERE s.id = '%s'",
+	    snap, sb, t, node, mib << 20, (long long)(at / 1000), sb);
+}
+
 /* `sb` of `t` paused at the fake now into a pause snapshot `snap` of `mib` MiB made then. */
 static void pause_into(const char *t, const char *sb, const char *snap, long long mib)
 {
-	sql("INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, size_bytes, "
-	    "vcpu_milli, memory_mib, disk_gib, created_at) VALUES ('%s_%s', '%s', '%s', '%s', "
-	    "'pause', %lld, 1000, 256, 1, to_timestamp(%lld / 1e6));"
-	    "UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	snap_row(t, sb, snap, mib, fake_now);
+	sql("UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
 	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-	    snap, sb, t, sb, node, mib << 20, (long long)(fake_now / 1000), snap, sb,
-	    (long long)(fake_now / 1000), sb);
+	    snap, sb, (long long)(fake_now / 1000), sb);
 }
 
 static void test_charge_is_exact_over_injected_time(void)
@@ -836,6 +846,124 @@ static void test_a_paused_generation_keeps_its_snapshot_across_a_backward_step(v
 }
 
 /*
+ * An ended generation's pause snapshot is the one recorded with that generation, not the newest
+ * made before the next generation's first change: after a backward step of the wall clock
+ * between the pause and the resume, the resume reads earlier than the snapshot (kiln-sim
+ * `clock`, seed 627238415: a generation paused into a smaller snapshot, resumed on another node
+ * after a 3,407 s backward step while its meter was down, had its tail billed at the guest's
+ * memory, +553 µcr). Here a meter restarted after the resume billed 5 s paused into 512 MiB at
+ * the guest's 256.
+ */
+static void test_an_ended_generations_snapshot_is_found_across_a_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-snap";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 45; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap_a", 512);	/* at 5 */
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10, the wall clock steps back 100 s */
+		if (i == 13)
+			meter_free(m);	/* a crash at 12, [0, 10) flushed */
+		if (i == 16)	/* at 15, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 21)
+			m = new_meter_with(true, 0);	/* restarted at 20 */
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		if (i >= 13 && i < 21) {
+			fake_now += S;
+			fake_mono += S;
+		} else {
+			tick_both(m);
+		}
+	}
+	boot = NULL;
+	/* 5 s running, 10 s paused at 512, 15 s running */
+	CHECK_INT(used(t), 20 * 257 + 10 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+}
+
+/*
+ * A pause as kiln-node records it: the vCPUs' stop logged first (record_vcpus_stopped()), the
+ * snapshot's row half a second later, with the pause itself at the stop's time (pause_record()).
+ * The sandbox runs from 0, is paused at 5 into 512 MiB and resumed at 15 on node `other`, where
+ * it stops at 30; this node's meter, `crash` true, crashes at 12 and is restarted at 20, else has
+ * no Postgres from 3 to 20. Its generation here must be billed 5 s running and 10 s paused at
+ * the snapshot's size: its snapshot found by the time of its pause row (earlier than the
+ * snapshot's) would be none, the paused time after the meter's last look at the row billed at
+ * the guest's 256 MiB.
+ */
+static void snapshot_after_its_pause_row(bool crash)
+{
+	char t[32], sb[32], other[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	snprintf(other, sizeof(other), "%s", node);
+	t0 = aligned_now();	/* this node */
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 45; i++) {
+		if (i == 4 && !crash)
+			meter_set_backends(m, dead, rds);
+		if (i == 6) {	/* at 5, the vCPUs stop; the snapshot is written by 5.5 */
+			sql("INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
+			    "cpu_ns) SELECT id, generation, 'paused', to_timestamp(%lld / 1e6), node_id, 0 "
+			    "FROM sandboxes WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+			snap_row(t, sb, "snap_a", 512, fake_now + S / 2);
+			sql("UPDATE sandboxes SET state = 'paused', pause_snapshot = 'snap_a_%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    sb, (long long)(fake_now / 1000), sb);
+		}
+		if (i == 13 && crash)
+			meter_free(m);	/* at 12, [0, 10) flushed */
+		if (i == 16)	/* at 15, resumed on the other node: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "node_id = '%s', state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    other, (long long)(fake_now / 1000), sb);
+		if (i == 21 && crash)
+			m = new_meter_with(true, 0);
+		if (i == 21 && !crash)
+			meter_set_backends(m, pg, rds);
+		if (i == 31)
+			stop_sandbox(sb, fake_now);
+		if (crash && i >= 13 && i < 21) {
+			fake_now += S;
+			fake_mono += S;
+		} else if (!crash && i >= 4 && i < 21) {
+			tick_maybe(m);
+		} else {
+			tick_both(m);
+		}
+	}
+	CHECK_INT(used(t), 5 * 257 + 10 * 512);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(dead);
+}
+
+static void test_a_snapshot_recorded_after_its_pause_row_is_found_after_a_restart(void)
+{
+	snapshot_after_its_pause_row(true);
+}
+
+static void test_a_snapshot_recorded_after_its_pause_row_is_found_without_postgres(void)
+{
+	snapshot_after_its_pause_row(false);
+}
+
+/*
  * A forward step of the wall clock smaller than the lead a backward step left (the label clock
  * stays ahead) changes the offset of the node's times: a change logged before it and read after
  * it keeps the offset then in force (kiln-sim `clock`, seed 9192: after steps back of 2,902 and
@@ -1165,6 +1293,9 @@ int main(void)
 	TEST(test_changes_across_a_backward_step_apply_in_log_order);
 	TEST(test_a_paused_generation_keeps_its_snapshot_across_a_backward_step);
 	TEST(test_an_earlier_generations_change_read_after_the_point_is_not_applied);
+	TEST(test_an_ended_generations_snapshot_is_found_across_a_backward_step);
+	TEST(test_a_snapshot_recorded_after_its_pause_row_is_found_after_a_restart);
+	TEST(test_a_snapshot_recorded_after_its_pause_row_is_found_without_postgres);
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
