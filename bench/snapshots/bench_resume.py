@@ -273,10 +273,11 @@ def main():
                 xs = [ph[p] for ph in phases[k] if p in ph]
                 cells.append(f"{statistics.median(xs):.0f} ({min(xs)}–{max(xs)})" if xs else "–")
             print(f"| {p} | " + " | ".join(cells) + " |")
-        print(f"(b: the restore of the template; fetch: from the POST to "
+        print(f"(b: the restore of the template, which is not verified per create; fetch: from the POST to "
               f"the node's line saying the fetch ended; download: the same object fetched again by the "
               f"node's S3 client right after; rest of fetch = fetch − download: decrypt, unpack, verify, "
-              f"move into place; object {statistics.median(objects) / (1 << 20):.1f} MiB median; "
+              f"move into place (the two measured apart: under a changing load it can even come out "
+              f"negative); object {statistics.median(objects) / (1 << 20):.1f} MiB median; "
               f"drop_caches took {statistics.median(drops):.1f} s median, not in any time)")
         print(f"\ntotal bench time: {time.monotonic() - t_start:.0f} s")
         ok = True
