@@ -539,6 +539,36 @@ static void digest_remember(const struct stat *st, const struct timespec *hashed
 	pthread_mutex_unlock(&digest_cache.lock);
 }
 
+/*
+ * Reads into `from` the clock the hashing starts at. A file written in the kernel's current tick
+ * (a pause's files, hashed into its manifest as soon as QEMU has written them) could not be
+ * remembered: first wait for the clock to pass its times, at most DIGEST_SETTLE_MS, stat it again,
+ * so the hash it gets now serves the verify of its resume too.
+ */
+#define DIGEST_SETTLE_MS 20
+static unsigned long digests_hashed;
+
+unsigned long snapshot_digests_hashed(void)
+{
+	return __atomic_load_n(&digests_hashed, __ATOMIC_RELAXED);
+}
+
+static void digest_settle(int fd, struct stat *st, struct timespec *from)
+{
+	const struct timespec ms = { 0, 1000 * 1000 };
+
+	clock_gettime(CLOCK_REALTIME_COARSE, from);
+	if (ts_before(&st->st_ctim, from) && ts_before(&st->st_mtim, from))
+		return;
+	for (int i = 0; i < DIGEST_SETTLE_MS; i++) {
+		nanosleep(&ms, NULL);
+		clock_gettime(CLOCK_REALTIME_COARSE, from);
+		if (ts_before(&st->st_ctim, from) && ts_before(&st->st_mtim, from))
+			break;
+	}
+	fstat(fd, st);	/* a write in the wait moves the times: not remembered then */
+}
+
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err)
 {
@@ -561,7 +591,8 @@ enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *siz
 	if (digest_cached(&st, hex)) {
 		rc = KILN_OK;
 	} else {
-		clock_gettime(CLOCK_REALTIME_COARSE, &from);
+		digest_settle(fd, &st, &from);
+		__atomic_add_fetch(&digests_hashed, 1, __ATOMIC_RELAXED);
 		rc = digest_fd(fd, path, (uint64_t)st.st_size, hex, err);
 		if (rc == KILN_OK)
 			digest_remember(&st, &from, hex);

@@ -103,10 +103,15 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
  * Digest cache: a digest this process computed before is given again without reading the file while
  * the file's device, inode, size, mtime and ctime are those it had then (at most 256 files; only
  * for files whose times were older than the hashing's start, so a write in the same clock tick is
- * never missed). A template's image is verified at each create; it is hashed once.
+ * never missed: a file written in the current tick is hashed once the clock has passed its times,
+ * a wait of a few ms at most). A template's image is verified at each create, a pause's files at
+ * its resume on the same node; each is hashed once.
  */
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err);
+
+/* How many files this process has hashed in full (the digest cache's misses). */
+unsigned long snapshot_digests_hashed(void);
 
 struct auth_master_key;
 

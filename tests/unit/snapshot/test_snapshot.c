@@ -268,6 +268,34 @@ static void test_digest_cache_sees_a_change_in_place(void)
 	rm_rf(dir);
 }
 
+/*
+ * A file hashed in the clock tick it was last written in (a pause's files, hashed into the manifest
+ * as soon as they are written) is remembered all the same: its verify at the resume reads nothing.
+ */
+static void test_digest_cache_keeps_a_file_hashed_as_soon_as_written(void)
+{
+	const char *dir = make_snapshot();
+	char path[PATH_MAX], first[65], again[65], ref[65];
+	struct kiln_error err = { 0 };
+	unsigned long hashed;
+
+	snprintf(path, sizeof(path), "%s/mem", dir);
+	flip_byte(path, 3 * MIB);	/* written now: its times in the current tick */
+	hashed = snapshot_digests_hashed();
+	CHECK_INT(snapshot_file_digest(path, first, NULL, &err), KILN_OK);
+	CHECK(snapshot_digests_hashed() == hashed + 1);
+	reference_digest(path, ref);
+	CHECK_STR(first, ref);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK_STR(again, first);
+	CHECK(snapshot_digests_hashed() == hashed + 1);	/* from the cache */
+	flip_byte(path, 3 * MIB);	/* and a write after it is still seen */
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK(strcmp(again, first) != 0);
+	CHECK(snapshot_digests_hashed() == hashed + 2);
+	rm_rf(dir);
+}
+
 static void test_manifest_written_and_verified(void)
 {
 	const char *dir = make_snapshot();
@@ -665,6 +693,7 @@ int main(void)
 	}
 	TEST(test_digest_equals_plain_reading);
 	TEST(test_digest_cache_sees_a_change_in_place);
+	TEST(test_digest_cache_keeps_a_file_hashed_as_soon_as_written);
 	TEST(test_manifest_written_and_verified);
 	TEST(test_manifest_refuses_missing_fields);
 	TEST(test_verify_refuses_truncated_file);
