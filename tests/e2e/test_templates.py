@@ -4,11 +4,14 @@ import unittest
 
 import kiln
 
+# The base's templates only: the code interpreter's would be a cold boot of its own beside them.
+NODE_ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_GUEST_CODEINT_ROOTFS": ""}
+
 
 class TemplateTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true"})
+        cls.stack = kiln.Stack(node_env=NODE_ENV)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
@@ -71,8 +74,7 @@ class TemplateTests(unittest.TestCase):
 
     def test_a_template_rebuilt_after_a_recipe_change_is_used_by_the_next_create(self):
         stack = self.stack
-        stack.restart_node({"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-                            "KILN_GUEST_IMAGE_HASH": "changed-recipe"})
+        stack.restart_node(dict(NODE_ENV, KILN_GUEST_IMAGE_HASH="changed-recipe"))
         fresh = self.wait_template(image_hash="changed-recipe")
         self.assertNotEqual(fresh, self.template)
         old = stack.db.sql(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{self.template}'")

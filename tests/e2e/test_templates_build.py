@@ -104,9 +104,10 @@ class TemplateBuildTests(unittest.TestCase):
         assert p.stdout.readline().strip() == "ready"
 
         # the longer boot timeout test_nodenet gives its node under load (the base's warm template
-        # boots cold)
+        # boots cold); no code interpreter's template, a cold boot of its own no case uses
         cls.stack = kiln.Stack(node_env={"KILN_DNS_UPSTREAM": "192.0.2.53", "KILN_TEMPLATES": "true",
-                                         "KILN_TEMPLATE_DEFAULT": "true", "KILN_BOOT_TIMEOUT_S": "600"},
+                                         "KILN_TEMPLATE_DEFAULT": "true", "KILN_BOOT_TIMEOUT_S": "600",
+                                         "KILN_GUEST_CODEINT_ROOTFS": ""},
                                gateway_env={"KILN_TEMPLATE_SOURCE_MAX_BYTES": str(1 << 20),
                                             "KILN_TEMPLATE_MAX_BUILDS": "1"})
         cls.addClassCleanup(cls.stack.cleanup)
@@ -335,7 +336,7 @@ class TemplateBuildTests(unittest.TestCase):
         # free memory, no layers of theirs elsewhere); the limit of concurrent builds is hit in
         # test_a_failing_run_... above.
         node = self.stack.add_node({"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-                                    "KILN_NODE_MEMORY_MIB": str(1 << 24), "KILN_TEMPLATE_BUILD_MAX_S": "30",
+                                    "KILN_GUEST_CODEINT_ROOTFS": "", "KILN_NODE_MEMORY_MIB": str(1 << 24), "KILN_TEMPLATE_BUILD_MAX_S": "30",
                                     "KILN_TEMPLATE_IMAGE_MAX_BYTES": str(1 << 20)})
         self.addCleanup(self.stack.db.sql, f"UPDATE nodes SET down_at = now() WHERE id = '{node.node_id}'")
         self.addCleanup(node.cleanup)

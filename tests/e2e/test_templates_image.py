@@ -185,9 +185,10 @@ class TemplateImageTests(unittest.TestCase):
         cls.addClassCleanup(reg.kill)
         # the registry's address is a documentation one: refused unless storage_allow names it;
         # the longer boot timeout test_nodenet gives its node under load (the base's warm
-        # template boots cold, and a builder does too when its shape has no warm template)
+        # template boots cold, and a builder does too when its shape has no warm template); no
+        # code interpreter's template, a cold boot of its own no case uses
         cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-                                         "KILN_BOOT_TIMEOUT_S": "600"},
+                                         "KILN_BOOT_TIMEOUT_S": "600", "KILN_GUEST_CODEINT_ROOTFS": ""},
                                gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
                                             "KILN_TEMPLATE_MAX_BUILDS": "5"})
         cls.addClassCleanup(cls.stack.cleanup)
