@@ -64,6 +64,7 @@
 #include "node/lifecycle.h"
 #include "node/nodereq.h"
 #include "node/storage_sync.h"
+#include "node/template.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
 
@@ -1352,6 +1353,10 @@ static enum kiln_err builder_new(struct build *b, const char *from_snap, bool ow
 		};
 		snprintf(meta, sizeof(meta), "{\"kiln.template_build\": \"%s/%d\"}", b->tmpl,
 			 b->version);
+		/* From the base: its warm template of the shape, waited for when it is still booting
+		 * (a node just started) rather than a cold boot beside it that slows both. */
+		if (!from_snap)
+			tpl_wait(n, b->shape[0], b->shape[1], b->shape[2], build_left_ms(b));
 		rc = create_sandbox(n, &r, err);
 	}
 	b->ctx_in = false;

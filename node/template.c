@@ -51,6 +51,7 @@ struct tpl {
 
 static struct tpl templates[TPL_MAX];
 static pthread_mutex_t tpl_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t tpl_done = PTHREAD_COND_INITIALIZER;	/* a build ended (tpl_wait) */
 
 /* Boots, warms and snapshots one template; runs on its own thread. */
 static void *tpl_build(void *arg)
@@ -142,6 +143,7 @@ out:
 		t->ready = true;
 		t->last_used = time(NULL);
 	}
+	pthread_cond_broadcast(&tpl_done);
 	pthread_mutex_unlock(&tpl_lock);
 	if (rc == KILN_OK)
 		log_info("template \"%s\"%s of %u mvCPU, %u MiB ready in %.1f s", snap,
@@ -246,6 +248,34 @@ bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned 
 	} else if (t) {
 		tpl_start(t);
 	}
+	pthread_mutex_unlock(&tpl_lock);
+	return ready;
+}
+
+bool tpl_wait(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
+	      unsigned timeout_ms)
+{
+	struct timespec until;
+	struct tpl *t;
+	bool ready = false;
+
+	if (!n->cfg.templates)
+		return false;
+	clock_gettime(CLOCK_REALTIME, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec++;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&tpl_lock);
+	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib, false);
+	if (t)
+		tpl_start(t);
+	while (t && t->building && !n->stopping &&
+	       pthread_cond_timedwait(&tpl_done, &tpl_lock, &until) == 0)
+		;
+	ready = t && t->ready;
 	pthread_mutex_unlock(&tpl_lock);
 	return ready;
 }

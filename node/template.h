@@ -23,6 +23,15 @@ void tpl_exit(struct node *n);
 bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
 		bool codeint, char *out, size_t len);
 
+/*
+ * Waits at most `timeout_ms` for the base image's template of a shape, starting its build when
+ * none runs: true once it is ready (a create then restores it), false when it is not (its build
+ * failed or is still running, templates are off, the node is stopping). For a template build's
+ * builder, which would otherwise boot cold beside the template's own boot.
+ */
+bool tpl_wait(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned disk_gib,
+	      unsigned timeout_ms);
+
 /* Marks a template broken (a restore from it failed): it is rebuilt on the next create. */
 void tpl_discard(struct node *n, const char *snap_id);
 

@@ -1,5 +1,8 @@
 """Templates imported from an OCI image archive, unpacked by umoci inside the builder microVM.
 
+Run by e2e_templates_build before its own cases, on its node and database (test_templates_build's
+shared_stack(): one cold boot of the base's warm template for both) through a gateway of its own.
+
 The test makes its own input on the host side: a tiny userland without Python (the host's static
 busybox, an /etc/os-release, an account `app`) in two layers, the second deleting a file of the
 first with a whiteout, written as an OCI image layout whose config sets ENV, WorkingDir and User,
@@ -40,6 +43,7 @@ import urllib.request
 
 import kiln
 import test_egress
+import test_templates_build
 
 BUSYBOX = "/bin/busybox"  # the host's static busybox: the imported userland's only program
 REGISTRY = "198.51.100.22:5000"  # other.test on the fake internet, the test's registry
@@ -183,22 +187,15 @@ class TemplateImageTests(unittest.TestCase):
         cls.addClassCleanup(shutil.rmtree, regdir, True)
         cls.addClassCleanup(reg.wait)
         cls.addClassCleanup(reg.kill)
-        # the registry's address is a documentation one: refused unless storage_allow names it;
-        # the longer boot timeout test_nodenet gives its node under load (the base's warm
-        # template boots cold, and a builder does too when its shape has no warm template)
-        cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
-                                         "KILN_BOOT_TIMEOUT_S": "600"},
-                               gateway_env={"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0],
-                                            "KILN_TEMPLATE_MAX_BUILDS": "5"})
-        cls.addClassCleanup(cls.stack.cleanup)
-        cls.gw = cls.stack.gw
+        # The node and database of test_templates_build's stack (one cold boot of the base's warm
+        # template for both), through a gateway of their own: the registry's address is a
+        # documentation one, refused unless storage_allow names it, and five builds run at once.
+        cls.stack = test_templates_build.shared_stack()
+        cls.gw = kiln.Gateway(cls.stack.db.url, kiln.services_env()["KILN_REDIS_URL"],
+                              {"KILN_STORAGE_ALLOW": REGISTRY.split(":")[0], "KILN_TEMPLATE_MAX_BUILDS": "5"},
+                              master_key=cls.stack.gw.master_key)
+        cls.addClassCleanup(cls.gw.cleanup)
         cls.key = cls.stack.tenant("timage-a")
-        # the builders restore from the base's warm template once it is ready instead of three cold
-        # boots beside its own
-        t0 = time.monotonic()
-        while "ready in" not in cls.stack.node.output() and time.monotonic() - t0 < 600:
-            time.sleep(1)
-        print(f"\nthe base's warm template ready after {time.monotonic() - t0:.1f} s", file=sys.stderr)
         cls.tmpl, v = cls.template("mini")
         cls.dtmpl, dv = cls.template("minidocker")
         cls.rtmpl, rv = cls.template("minipulled")
@@ -315,7 +312,7 @@ class TemplateImageTests(unittest.TestCase):
         self.assertEqual((got["workdir"], got["user"], got["env"].get("GREETING")),
                          ("/srv/app", "app", "from the image"), got)
         # the password is in no log, and its sealed copy went with the build's end
-        for text in (self.rlog, self.stack.gw.output(), self.stack.node.output()):
+        for text in (self.rlog, self.gw.output(), self.stack.gw.output(), self.stack.node.output()):
             self.assertNotIn(REG_PASS, text)
         self.assertEqual(self.stack.db.sql(
             "SELECT source_format, image_ref, registry_auth IS NULL FROM template_versions "
