@@ -769,8 +769,23 @@ enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
 	rc = load_target(s, tenant_id, &t, err);
 	s3_target_wipe(&t);
 	if (rc == KILN_E_NOT_FOUND) {
+		/*
+		 * No bucket: the snapshot stays local. A row already shown `uploading` (a template's
+		 * image, marked so as it became ready) lost its bucket in between: it says so.
+		 */
 		kiln_error_clear(err);
-		return KILN_OK;		/* no bucket: the snapshot stays local */
+		if (pg_acquire(s->pg, &c, err) == KILN_OK) {
+			PGQ(c, NULL, err,
+			    "UPDATE snapshots SET status = 'failed', storage = 's3', reason = $2 "
+			    "WHERE id = $1 AND status = 'uploading'",
+			    snap_id, "the tenant's bucket was removed before the upload started; "
+				     "the snapshot stays on its node");
+			pg_release(s->pg, c);
+		}
+		if (err->code != KILN_OK)
+			log_warn("snapshot \"%s\" left uploading: %s", snap_id, err->msg);
+		kiln_error_clear(err);
+		return KILN_OK;
 	}
 	if (rc == KILN_E_INTERNAL) {
 		struct kiln_error perr = { 0 };

@@ -339,6 +339,19 @@ class SnapstoreTests(unittest.TestCase):
         self.assertEqual(r["rc"], "conflict", r)
         self.assertIn("only on the node that took it", r["message"])
 
+    def test_an_image_shown_uploading_whose_bucket_went_fails_with_the_reason(self):
+        """A template's image is marked `uploading` as it becomes ready; a tenant that removes its
+        bucket before the upload starts leaves it failed with the reason, not uploading for ever."""
+        snap, d, _ = self.make_snapshot(tenant="tn_c", mem_data=MIB)
+        self.db.sql(f"UPDATE snapshots SET status = 'uploading', storage = 's3' WHERE id = '{snap}'")
+        r = self.tool("upload", snap, "tn_c")
+        self.assertEqual(r["rc"], "ok", r)
+        status, storage, reason = self.status(snap)
+        self.assertEqual((status, storage), ("failed", "s3"))
+        self.assertIn("bucket was removed before the upload started", reason)
+        self.assertEqual(self.srv.requests(), [])
+        self.assertEqual(self.work_dirs("node-a"), [])
+
     def test_refused_credentials_fail_with_the_reason(self):
         snap, d, _ = self.make_snapshot(tenant="tn_d", mem_data=MIB)
         r = self.tool("upload", snap, "tn_d")
