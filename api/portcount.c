@@ -11,6 +11,7 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/err.h"
 #include "common/log.h"
 #include "common/redis.h"
@@ -304,13 +305,7 @@ static void *renew_main(void *arg)
 		struct timespec due;
 		long long step = pc->lease_ms / 3 > 0 ? pc->lease_ms / 3 : 1;
 
-		clock_gettime(CLOCK_MONOTONIC, &due);
-		due.tv_sec += step / 1000;
-		due.tv_nsec += (step % 1000) * 1000000L;
-		if (due.tv_nsec >= 1000000000L) {
-			due.tv_sec++;
-			due.tv_nsec -= 1000000000L;
-		}
+		due = clock_after_ms(CLOCK_MONOTONIC, step);
 		while (!pc->stopping &&
 		       pthread_cond_timedwait(&pc->wake, &pc->lock, &due) != ETIMEDOUT)
 			;

@@ -30,6 +30,7 @@
 #include <unistd.h>
 
 #include "auth/storage.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "vmm/disk.h"
 #include "vmm/snapshot.h"
@@ -457,13 +458,7 @@ static bool wait_retry(struct snapstore *s, unsigned ms)
 	struct timespec until;
 	bool stopping;
 
-	clock_gettime(CLOCK_MONOTONIC, &until);
-	until.tv_sec += ms / 1000;
-	until.tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
+	until = clock_after_ms(CLOCK_MONOTONIC, ms);
 	pthread_mutex_lock(&s->lock);
 	while (!s->stopping && pthread_cond_timedwait(&s->work, &s->lock, &until) != ETIMEDOUT)
 		;

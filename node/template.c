@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "auth/apikey.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "vmm/agent.h"
 #include "vmm/hv.h"
@@ -261,13 +262,7 @@ bool tpl_wait(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned di
 
 	if (!n->cfg.templates)
 		return false;
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
+	until = clock_after_ms(CLOCK_REALTIME, timeout_ms);
 	pthread_mutex_lock(&tpl_lock);
 	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib, false);
 	if (t)
