@@ -618,10 +618,15 @@ struct mrow {
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
+	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
 	char tk_node[ID_MAX];
 	uint64_t tk_rem;
+	/* The points in the ledger of the generations of such nodes: rows tk_at to tk_at + tk_n
+	 * of tk_res (take_over_rems); a taken-over generation goes on from its own (tk_point). */
+	const struct pg_res *tk_res;
+	int tk_at, tk_n;
 	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
 	size_t ne;
 };
@@ -697,6 +702,47 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 	return w;
 }
 
+/*
+ * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
+ * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
+ * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
+ * start, plus what is billed of it. The point itself is a label of the clock of the meter that
+ * wrote it, which may run far from this one's (one followed a clock step, the other, restarted
+ * without its frame, did not): read as a label here, a generation taken over from another node
+ * was billed again from its start, under labels 281 s from the other meter's, which the ledger's
+ * fence, comparing labels, took (kiln-sim `clock`, seed 524333160, +106,769 µcr). A generation's
+ * billed time is a prefix of it, so its length is the same on every clock. False when the
+ * generation has no window or no change logged.
+ */
+static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int64_t *t)
+{
+	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
+		return false;
+	*t = node_time(m, pg_res_int(res, i, col, 0) * 1000) + pg_res_int(res, i, col + 1, 0);
+	return true;
+}
+
+/*
+ * The ledger's point of generation `gen` of `r`, taken over from `node` (take_over_rems), on this
+ * meter's label clock (gen_point()) into *t, with its CPU counter and remainder: false when it
+ * has none (its node's meter never flushed it). A taken-over generation goes on from there: what
+ * that node's meter billed is in the ledger.
+ */
+static bool tk_point(const struct meter *m, const struct mrow *r, long long gen, const char *node,
+		     int64_t *t, uint64_t *cpu, uint64_t *rem)
+{
+	for (int k = r->tk_at; k < r->tk_at + r->tk_n; k++)
+		if (pg_res_int(r->tk_res, k, 3, 0) == gen &&
+		    strcmp(pg_res_str(r->tk_res, k, 1), node) == 0) {
+			if (!gen_point(m, r->tk_res, k, 4, t))
+				return false;
+			*cpu = (uint64_t)pg_res_int(r->tk_res, k, 6, 0);
+			*rem = (uint64_t)pg_res_int(r->tk_res, k, 2, 0) % PRICE_FINE_PER_UCR;
+			return true;
+		}
+	return false;
+}
+
 static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 {
 	struct msb *s = sb_add(m, r->id, r->tenant);
@@ -713,7 +759,7 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
 		s->mine = r->m_mine;
-		s->last_t = step_shift(m, r->m_last);
+		s->last_t = r->m_placed ? r->m_last : step_shift(m, r->m_last);
 		s->cpu_at = r->m_cpu;
 		s->rx_at = r->m_rx;
 		s->tx_at = r->m_tx;
@@ -828,7 +874,7 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
 static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_t now)
 {
 	struct mpiece pc[PIECES_MAX];
-	int64_t end = now, t;
+	int64_t end = now, t, from = INT64_MIN;	/* from: a taken-over generation's ledger point */
 	enum bstate cur_st = s->state;
 	long long cur_gen = s->gen;
 	const char *cur_node = s->gnode;
@@ -935,6 +981,22 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 				snprintf(s->gnode, sizeof(s->gnode), "%s", pc[i].node);
 			s->cpu_at = s->rx_at = s->tx_at = 0;
 			s->snap_mib = pc[i].gen == r->gen ? r->snap_mib : row_gen_snap(r, pc[i].gen);
+			/* Taken over from another node: from its own point in the ledger when its
+			 * node's meter flushed it (that meter billed the time before). */
+			from = INT64_MIN;
+			if (strcmp(pc[i].node, m->node) != 0)
+				tk_point(m, r, pc[i].gen, pc[i].node, &from, &s->cpu_at, &s->rem);
+		}
+		if (from > pc[i].t0) {
+			for (size_t k = i; k <= j; k++)
+				if (pc[k].t0 < from)
+					pc[k].t0 = pc[k].t1 < from ? pc[k].t1 : from;
+			if (pc[j].t1 <= from) {
+				/* All of it in the ledger before the point. */
+				s->state = pc[j].st;
+				i = j + 1;
+				continue;
+			}
 		}
 		if (pc[j].has_cpu) {
 			if (pc[j].cpu < s->cpu_at)
@@ -1066,6 +1128,17 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	"        WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1) "     \
 	"    ORDER BY sn.created_at DESC LIMIT 1))"
 
+/* The time (µs) of the first state change of generation G of X, NULL when none is logged. */
+#define GEN_START_SQL(X, G)                                                                        \
+	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
+	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
+/* How far the point P (ns) of generation G of X reaches past the start of its first window, on
+ * the clock of the meter that billed it (gen_point()); NULL when it has no window. */
+#define GEN_BILLED_SQL(X, G, P)                                                                    \
+	"(" P " - (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "  \
+	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G " "            \
+	"    ORDER BY u.window_start LIMIT 1))"
+
 /* --- Postgres: this node's sandboxes --- */
 
 static const char rows_sql[] =
@@ -1078,7 +1151,10 @@ static const char rows_sql[] =
 	"s.node_id IS NOT DISTINCT FROM $1, m.gnode = $1, m.gnode, "
 	/* The pause snapshot of an earlier generation at the billed-up-to point (the row names the
 	 * current one's only). */
-	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END, "
+	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
+	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest. */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
@@ -2222,9 +2298,11 @@ static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, str
 /*
  * For each sandbox here of `r` (sorted by id), the remainder of its newest point on a node of
  * `dn` (a Postgres array of nodes whose meter is gone, closed here): where a generation of that
- * node taken over by this meter goes on (gen_rem_switch). Nothing when Postgres cannot answer.
+ * node taken over by this meter goes on (gen_rem_switch); and the points of its generations on
+ * those nodes (tk_point), in *out (freed by the caller). Nothing when Postgres cannot answer.
  */
-static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf *dn)
+static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf *dn,
+			   struct pg_res **out)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
@@ -2240,8 +2318,11 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 	e |= buf_appends(&ids, "}") != 0;
 	if (!e && pg_acquire(m->pg, &c, &err) == KILN_OK) {
 		m->st.pg_calls++;
-		if (PGQ(c, &res, &err, "SELECT DISTINCT ON (1, 2) mm.sandbox_id, "
-			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine FROM meter_sandboxes mm "
+		if (PGQ(c, &res, &err, "SELECT mm.sandbox_id, "
+			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
+			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") ", "
+			"mm.cpu_ns FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
 			"ORDER BY 1, 2, mm.generation DESC", ids.data, dn->data) != KILN_OK)
@@ -2249,13 +2330,21 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 		pg_release(m->pg, c);
 	}
 	for (int k = 0; k < pg_res_rows(res); k++)
-		for (int i = 0; i < rows; i++)
-			if (strcmp(r[i].id, pg_res_str(res, k, 0)) == 0) {
-				snprintf(r[i].tk_node, sizeof(r[i].tk_node), "%s",
-					 pg_res_str(res, k, 1));
-				r[i].tk_rem = (uint64_t)pg_res_int(res, k, 2, 0) % PRICE_FINE_PER_UCR;
+		for (int i = 0; i < rows; i++) {
+			if (strcmp(r[i].id, pg_res_str(res, k, 0)) != 0)
+				continue;
+			if (!r[i].tk_n++) {
+				r[i].tk_res = res;
+				r[i].tk_at = k;
 			}
-	pg_res_free(res);
+			/* the newest point of each node: the first of its rows */
+			if (k && strcmp(pg_res_str(res, k - 1, 0), r[i].id) == 0 &&
+			    strcmp(pg_res_str(res, k - 1, 1), pg_res_str(res, k, 1)) == 0)
+				continue;
+			snprintf(r[i].tk_node, sizeof(r[i].tk_node), "%s", pg_res_str(res, k, 1));
+			r[i].tk_rem = (uint64_t)pg_res_int(res, k, 2, 0) % PRICE_FINE_PER_UCR;
+		}
+	*out = res;
 	buf_release(&ids);
 }
 
@@ -2266,7 +2355,7 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
  * first). One Redis round trip, only when such a stretch is there; Redis unreachable: nothing is
  * taken over this tick.
  */
-static void meter_take_over(struct meter *m, struct mrow *r, int rows)
+static void meter_take_over(struct meter *m, struct mrow *r, int rows, struct pg_res **tk)
 {
 	static const char lua[] =
 		"local out = {}\n"
@@ -2337,7 +2426,7 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows)
 		}
 	}
 	if (dn.len > 1 && !dead)
-		take_over_rems(m, r, rows, &dn);
+		take_over_rems(m, r, rows, &dn, tk);
 out:
 	buf_release(&dn);
 	rds_reply_release(&rep);
@@ -2352,7 +2441,10 @@ out:
  * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
  * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
  * when none>", comma-separated), its
- * counters at the point and its pause snapshot's size (MiB, NULL when none).
+ * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
+ * generation's start and what is billed of it (gen_point()). The point is on the clock of the
+ * meter that wrote it, the end and the changes on the wall clock: they are compared with the
+ * generation's start plus what is billed of it (wall_ns), the point itself when that is not known.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
@@ -2361,16 +2453,21 @@ static const char tails_sql[] =
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
 	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.seq) FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
-	"    AND l.at > to_timestamp(mm.last_t_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
+	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
-	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") " "
+	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
+	"p.start_us, p.billed_ns "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
+	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
+	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS billed_ns) p0 "
+	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.billed_ns, mm.last_t_ns) "
+	"    AS wall_ns) p "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
 	"    AND n.generation > mm.generation ORDER BY n.seq LIMIT 1) e ON true "
 	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
-	"AND coalesce(mm.gen_node, mm.node_id) <> $1 AND mm.last_t_ns < e.at_us * 1000 "
+	"AND coalesce(mm.gen_node, mm.node_id) <> $1 AND p.wall_ns < e.at_us * 1000 "
 	"ORDER BY 1, 3";
 
 /*
@@ -2389,6 +2486,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 	struct mwin *w;
 
+	gen_point(m, res, i, 15, &t);
 	s->gen = pg_res_int(res, i, 2, 0);
 	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
 	s->mine = true;
@@ -2546,7 +2644,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	struct mrow *r = calloc((size_t)rows, sizeof(*r));
 	struct msb **sv = calloc((size_t)rows, sizeof(*sv));
 	struct ment *ev = NULL;
-	struct pg_res *lres = NULL;
+	struct pg_res *lres = NULL, *tk = NULL;
 	int64_t from = INT64_MAX;
 	int ne = 0, rc = 0;
 
@@ -2560,6 +2658,8 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		r[i].changed = r[i].changed ? node_time(m, r[i].changed) : 0;
 		r[i].deleted = r[i].deleted ? node_time(m, r[i].deleted) : 0;
 		r[i].created = r[i].created ? node_time(m, r[i].created) : 0;
+		if (r[i].has_m && gen_point(m, res, i, 21, &r[i].m_last))
+			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
 		{
 			/* Untracked: from its point, or from its creation when the point is
@@ -2613,7 +2713,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			r[i].e = e;
 		r[i].ne++;
 	}
-	meter_take_over(m, r, rows);
+	meter_take_over(m, r, rows, &tk);
 	for (int i = 0; i < rows; i++) {
 		struct msb *s = sv[i];
 		struct ment only;
@@ -2684,6 +2784,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	}
 out:
 	pg_res_free(lres);
+	pg_res_free(tk);
 	free(ev);
 	free(sv);
 	free(r);

@@ -1161,6 +1161,76 @@ static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
 }
 
 /*
+ * A generation taken over from a node whose meter is taken as gone (its alive key lost with its
+ * Redis) while that meter still billed it, the two meters' label clocks in different frames: the
+ * taker's meter followed a backward step of the wall clock (100 s ahead of it), the other started
+ * after it (on the wall clock). The taker goes on from that generation's point in the ledger,
+ * placed on its own clock (kiln-sim `clock`, seed 524333160: billed from the generation's start
+ * under labels 281 s from the other meter's, which the ledger's fence, comparing labels, took:
+ * +106,769 µcr). Here the sandbox, created after the step, runs 5 s on A, 25 s on B and 10 s on
+ * A again; A's meter, restarted in its frame while the sandbox was on B, takes B's generation
+ * over at its end, 19 s of it flushed by B's meter: 40 s billed, not 59.
+ */
+static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
+			fake_now -= 100 * S;
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+		}
+		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    to, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		if (i == 30) {	/* A's meter restarts, in its node's frame */
+			meter_free(a);
+			snprintf(node, sizeof(node), "%s", na);
+			a = new_meter_with(true, 0);
+		}
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 25 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -1298,6 +1368,7 @@ int main(void)
 	TEST(test_a_snapshot_recorded_after_its_pause_row_is_found_without_postgres);
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
+	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
