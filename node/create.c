@@ -122,15 +122,17 @@ static enum kiln_err create_record(struct node *n, struct sandbox *sb, const str
 }
 
 /*
- * Whether a failed restore from a template (`rc`) was the busy host's, not the template's: its VMM
- * started but did not answer within its start-up deadline, before it read any of the template's
- * state (vmm_restore), or its agent's socket on the host could not be reached (KILN_E_UNAVAILABLE). Such a restore is tried once more, then the sandbox boots cold and the template
- * stays for the creates after it. Any other failure (its files, QEMU refusing its state, its guest
- * not answering) discards the template: it is rebuilt.
+ * Whether a failed restore of `sb` from a template (`rc`) was the busy host's, not the template's:
+ * KILN_E_UNAVAILABLE before any VM of it ran (its VMM did not answer within its start-up deadline,
+ * before it read any of the template's state, or the network's setup met a dependency away). Such
+ * a restore is tried once more, then the sandbox boots cold and the template stays for the
+ * creates after it. Any other failure (its files, QEMU refusing its state, a VM that ran but whose
+ * guest did not answer or whose agent's socket could not be reached) discards the template: it
+ * is rebuilt.
  */
-static bool tpl_failure_busy(enum kiln_err rc)
+static bool tpl_failure_busy(enum kiln_err rc, const struct sandbox *sb)
 {
-	return rc == KILN_E_UNAVAILABLE;
+	return rc == KILN_E_UNAVAILABLE && !sb->vm;
 }
 
 /* Starts the recorded `sb`'s VM: from the snapshot, the template `tpl`, or cold. */
@@ -159,14 +161,14 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 				true, err);
 		if (rc == KILN_OK)
 			return KILN_OK;
-		if (!tpl_failure_busy(rc) || tries == 2)
+		if (!tpl_failure_busy(rc, sb) || tries == 2)
 			break;
 		log_warn("restoring template \"%s\" failed (%s): trying again", tpl, err->msg);
 		sb_release(n, sb);
 		kiln_error_clear(err);
 	}
 	/* Never fail a create for its template: boot it cold instead. */
-	if (tpl_failure_busy(rc)) {
+	if (tpl_failure_busy(rc, sb)) {
 		log_warn("restoring template \"%s\" failed again (%s): booting cold, the template "
 			 "stays", tpl, err->msg);
 	} else {

@@ -526,6 +526,11 @@ static void digest_remember(const struct stat *st, const struct timespec *hashed
 
 	if (!ts_before(&st->st_ctim, hashed_from) || !ts_before(&st->st_mtim, hashed_from))
 		return;
+	/* times in whole seconds (a file system that keeps no more): a write later in that second
+	 * would leave them as they are */
+	if (!st->st_ctim.tv_nsec && !st->st_mtim.tv_nsec &&
+	    hashed_from->tv_sec <= st->st_mtim.tv_sec + 1)
+		return;
 	pthread_mutex_lock(&digest_cache.lock);
 	for (i = 0; i < DIGEST_CACHE_SLOTS; i++)
 		if (digest_cache.e[i].dev == st->st_dev && digest_cache.e[i].ino == st->st_ino)
@@ -566,7 +571,9 @@ static void digest_settle(int fd, struct stat *st, struct timespec *from)
 		if (ts_before(&st->st_ctim, from) && ts_before(&st->st_mtim, from))
 			break;
 	}
-	fstat(fd, st);	/* a write in the wait moves the times: not remembered then */
+	/* a write in the wait moves the times: not remembered then; nothing is when it fails */
+	if (fstat(fd, st) != 0)
+		from->tv_sec = from->tv_nsec = 0;
 }
 
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
