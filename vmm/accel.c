@@ -159,8 +159,15 @@ static void host_tsc_measure(void)
 		if (r[i] < 100000 || r[i] > 20000000)
 			return;
 	}
-	host_tsc_khz = r[0] > r[1] ? (r[1] > r[2] ? r[1] : (r[0] > r[2] ? r[2] : r[0]))
-				   : (r[0] > r[2] ? r[0] : (r[1] > r[2] ? r[2] : r[1]));
+	for (int i = 0; i < 2; i++)	/* the largest to r[2], then the median to r[1] */
+		for (int j = 0; j < 2 - i; j++)
+			if (r[j] > r[j + 1]) {
+				unsigned t = r[j];
+
+				r[j] = r[j + 1];
+				r[j + 1] = t;
+			}
+	host_tsc_khz = r[1];
 #endif
 }
 
