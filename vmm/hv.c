@@ -233,25 +233,38 @@ struct hv_console {
 	int fd;			/* the VMM's console stream */
 	int stop_fd;		/* eventfd: hv_console_stop */
 	int out_fd;		/* the current log file */
-	char path[PATH_MAX], old[PATH_MAX];
+	char path[PATH_MAX], old[PATH_MAX], fresh[PATH_MAX];	/* fresh: the next file, until swapped in */
 	unsigned long long half;	/* bytes one file may hold */
 	unsigned long long size;	/* bytes in the current file */
 	pthread_t thread;
 	volatile bool done;	/* the thread saw the end of the stream */
 };
 
-/* Starts a new current file, the full one becoming "<path>.old". 0 or -errno. */
+/*
+ * Starts a new current file, the full one becoming "<path>.old". The new empty file is swapped in
+ * for the full one in one step (RENAME_EXCHANGE), so a reader never finds "<path>" missing; a file
+ * system without the swap gets the two renames. 0 or -errno.
+ */
 static int console_rotate(struct hv_console *c)
 {
-	int fd;
+	int fd, r;
 
-	if (c->out_fd >= 0 && rename(c->path, c->old) < 0)
-		return -errno;
-	fd = open(c->path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+	if (c->out_fd < 0)
+		return -EBADF;
+	fd = open(c->fresh, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
-	if (c->out_fd >= 0)
-		close(c->out_fd);
+	if (renameat2(AT_FDCWD, c->fresh, AT_FDCWD, c->path, RENAME_EXCHANGE) == 0) {
+		if (rename(c->fresh, c->old) < 0)
+			unlink(c->fresh);	/* the full file is dropped, the new one is in place */
+	} else if ((errno != EINVAL && errno != ENOSYS) || rename(c->path, c->old) < 0 ||
+		   rename(c->fresh, c->path) < 0) {
+		r = -errno;
+		unlink(c->fresh);
+		close(fd);
+		return r;
+	}
+	close(c->out_fd);
 	c->out_fd = fd;
 	c->size = 0;
 	return 0;
@@ -329,7 +342,8 @@ int hv_console_start(int fd, const char *path, unsigned long long max, struct hv
 		goto fail;
 	}
 	if (snprintf(c->path, sizeof(c->path), "%s", path) >= (int)sizeof(c->path) ||
-	    snprintf(c->old, sizeof(c->old), "%s.old", path) >= (int)sizeof(c->old)) {
+	    snprintf(c->old, sizeof(c->old), "%s.old", path) >= (int)sizeof(c->old) ||
+	    snprintf(c->fresh, sizeof(c->fresh), "%s.new", path) >= (int)sizeof(c->fresh)) {
 		r = -ENAMETOOLONG;
 		goto fail;
 	}

@@ -1,10 +1,12 @@
 /*
  * test_console.c - the guest console's drain (hv_console_start): a writer that never stops is
  * drained without blocking, the files on disk never pass the cap, the newest output is kept, and
- * hv_console_finish leaves nothing of the ended stream unwritten.
+ * hv_console_finish leaves nothing of the ended stream unwritten; a reader never finds the
+ * current file missing while it rotates.
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,13 +35,37 @@ static long long now_ms(void)
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-/* 20 MiB through a console capped at 64 KiB: never more than 64 KiB on disk, the newest kept. */
+struct watcher {
+	const char *path;
+	volatile int stop;
+	long long looks, missing;
+};
+
+/* Stats the console's current file without pause until told to stop. */
+static void *watch_file(void *arg)
+{
+	struct watcher *w = arg;
+
+	while (!__atomic_load_n(&w->stop, __ATOMIC_ACQUIRE)) {
+		w->looks++;
+		if (file_size(w->path) < 0)
+			w->missing++;
+	}
+	return NULL;
+}
+
+/*
+ * 20 MiB through a console capped at 64 KiB: never more than 64 KiB on disk, the newest kept, and
+ * the current file is there at every look of a reader during the 600-odd rotations.
+ */
 static void test_console_flood_stays_capped(void)
 {
 	char dir[] = "/tmp/kiln-test-console-XXXXXX", path[256], old[256], tail[64], got[64];
 	struct hv_console *c = NULL;
 	char *chunk = malloc(65536);
 	long long t0, max_seen = 0;
+	struct watcher look = { .path = path };
+	pthread_t watcher;
 	int sv[2], fd;
 
 	CHECK(chunk != NULL);
@@ -48,6 +74,7 @@ static void test_console_flood_stays_capped(void)
 	snprintf(old, sizeof(old), "%s/serial.log.old", dir);
 	CHECK_INT(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 	CHECK_INT(hv_console_start(sv[0], path, CAP, &c), 0);
+	CHECK_INT(pthread_create(&watcher, NULL, watch_file, &look), 0);
 	t0 = now_ms();
 	for (int i = 0; chunk && i < 320; i++) {
 		size_t off = 0;
@@ -74,6 +101,11 @@ static void test_console_flood_stays_capped(void)
 	/* finish: everything written before the EOF is in the file when it returns */
 	hv_console_finish(c);
 	c = NULL;
+	__atomic_store_n(&look.stop, 1, __ATOMIC_RELEASE);
+	pthread_join(watcher, NULL);
+	fprintf(stderr, "  a reader looked %lld times, found the file missing %lld times\n", look.looks, look.missing);
+	CHECK(look.looks > 1000);
+	CHECK_INT(look.missing, 0);
 	fd = open(path, O_RDONLY);
 	memset(got, 0, sizeof(got));
 	CHECK(fd >= 0);
