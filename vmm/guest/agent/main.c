@@ -4,7 +4,9 @@
  * The agent finds the virtio-serial port named "kiln.agent" (/sys/class/virtio-ports/<p>/name),
  * opens /dev/<p> and serves frames (agent_proto.h). When the host disconnects (EOF or POLLHUP on
  * the port) every exec is killed and every transfer dropped, since ids belong to one session
- * (detached processes go on, unattached); the agent then waits for the host to connect again. With --fd N it serves an inherited descriptor
+ * (detached processes go on, unattached); the agent then waits for the host to connect again. A
+ * NEW_SESSION HELLO does the same, and a close the port shows only after it ends nothing
+ * (docs/agent-protocol.md, Connections). With --fd N it serves an inherited descriptor
  * instead (tests) and exits at EOF.
  *
  * It also answers HELLO (version, kernel release, boot id) and SET_IDENTITY (hostname, sandbox id,
@@ -34,6 +36,9 @@ struct session {
 	int fd;			/* the port (or --fd), non-blocking */
 	bool test_mode;		/* --fd: exit at EOF instead of waiting for a reconnect */
 	bool desync;		/* a bad frame came: ignore input until the host reconnects */
+	bool host_away;		/* the port showed the host gone when this input was read */
+	bool hello_seen;	/* a NEW_SESSION HELLO came since the port showed the host connect */
+	int hellos_ahead;	/* NEW_SESSION HELLOs read before the port showed the close before them */
 	struct agent_decoder dec;
 	uint8_t *payload;	/* AGENT_MAX_PAYLOAD bytes for the decoder */
 	uint8_t *out;		/* queued output, AGENT_OUT_MAX bytes */
@@ -309,6 +314,16 @@ cleanup:
 		free(env[i]);
 }
 
+/* Forgets what the session started and what is queued for the host. */
+static void session_drop(struct session *s)
+{
+	exec_reset();
+	file_reset();
+	port_reset();
+	watch_reset();
+	s->out_off = s->out_len = 0;
+}
+
 /* Dispatches one whole frame from the host. */
 static void handle_frame(struct session *s, const struct agent_hdr *h, const uint8_t *p)
 {
@@ -322,11 +337,15 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 	switch (h->type) {
 	case AGENT_T_HELLO:
 		if (h->flags & AGENT_HELLO_F_NEW_SESSION) {
-			/* A new host connection: whatever the last one started is orphaned. */
-			exec_reset();
-			file_reset();
-			port_reset();
-			watch_reset();
+			/*
+			 * A new host connection: whatever the last one started is orphaned, and what
+			 * is still queued for it (a frame cut short included) would only confuse the
+			 * new host, whose HELLO_OK must come first.
+			 */
+			if (s->hello_seen || s->host_away)
+				s->hellos_ahead++;
+			s->hello_seen = true;
+			session_drop(s);
 		}
 		handle_hello(s, h->id);
 		break;
@@ -485,15 +504,13 @@ static int find_port(const char *name, char *dev, size_t cap)
 	return rc;
 }
 
-/* Forgets the session: kills execs, drops transfers and queued bytes. */
+/* Forgets the session: kills execs, drops transfers, queued bytes and a partial frame. */
 static void session_reset(struct session *s)
 {
-	exec_reset();
-	file_reset();
-	port_reset();
-	watch_reset();
-	s->out_off = s->out_len = 0;
+	session_drop(s);
 	s->desync = false;
+	s->hello_seen = false;
+	s->hellos_ahead = 0;
 	agent_decoder_init(&s->dec, s->payload);
 }
 
@@ -625,6 +642,7 @@ int main(int argc, char **argv)
 		}
 		bool gone = false;
 
+		s.host_away = pfd[0].revents & POLLHUP;
 		if (pfd[0].revents & POLLIN)
 			gone = session_read(&s) < 0;
 		else if (pfd[0].revents & (POLLHUP | POLLERR | POLLNVAL))
@@ -639,8 +657,22 @@ int main(int argc, char **argv)
 			gone = session_flush(&s) < 0;
 		}
 		if (gone) {
-			logmsg("host disconnected");
 			s.fd = -1;
+			/*
+			 * The port's close and open events come apart from its data: the next
+			 * connection's NEW_SESSION HELLO may have been read (and answered into the
+			 * queue) before the close of the one before showed, or while it showed. Such
+			 * a close ends nothing: the HELLO did. (After it the next NEW_SESSION HELLO
+			 * counts as a connection's first, so a close the port never showed, as when
+			 * it reports a close and an open at once, cannot leave closes unheeded.)
+			 */
+			if (s.hellos_ahead > 0 && !s.test_mode) {
+				s.hellos_ahead--;
+				s.hello_seen = false;
+				logmsg("host disconnected, connected again already");
+				continue;
+			}
+			logmsg("host disconnected");
 			session_reset(&s);
 			if (s.test_mode) {
 				exec_shutdown();
