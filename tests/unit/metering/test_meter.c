@@ -1076,6 +1076,64 @@ static void test_a_meter_without_postgres_keeps_the_other_meters_live_field(void
 }
 
 /*
+ * A meter that starts tracking a sandbox from the ledger (restarted, or re-reading after a refused
+ * window) starts from an earlier generation of its node billed short of its end before the newest
+ * one billed there: the stretch between was never billed (kiln-sim `clock`, seed 532512775: a
+ * pause and a resume while both meters of node 0 were without Postgres, -1,630 µcr). Here meter
+ * a flushes [0, 10) and crashes at 12; the sandbox pauses at 15 into 512 MiB and is resumed at 20
+ * (generation 2); meter b, without Postgres from 3 to 35, has its first generation's windows
+ * refused (a's [0, 10)) and its second's taken, and re-read from generation 2's point it left
+ * [10, 20) unbilled.
+ */
+static void test_an_earlier_generation_billed_short_of_its_end_is_billed_on(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	a = new_meter();
+	b = new_meter();
+	for (int i = 1; i <= 50; i++) {
+		if (i == 4)
+			meter_set_backends(b, dead, rds);
+		if (i == 13) {
+			meter_free(a);	/* a crash at 12, [0, 10) flushed */
+			a = NULL;
+		}
+		if (i == 16)
+			pause_into(t, sb, "snap_a", 512);	/* at 15 */
+		if (i == 21)	/* at 20, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 36)
+			meter_set_backends(b, pg, rds);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (i < 36)
+			(void)meter_tick(b, &err);
+		else
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* 15 s running and 5 s paused at 512 in generation 1, 20 s running in generation 2 */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 15 * 257 + 5 * 512);
+	CHECK_INT(used(t), 35 * 257 + 5 * 512);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	pg_free(dead);
+}
+
+/*
  * Two meters of one node, one of which skipped the tick before a forward step, label the time
  * before the step alike: each bills up to the step in the frame before it and follows at the
  * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
@@ -1369,6 +1427,7 @@ int main(void)
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
+	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
