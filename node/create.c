@@ -154,8 +154,12 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 					&r->init, true, err);
 	if (!tpl[0])
 		return sb_boot(n, sb, &r->init, err);
-	/* The fast path: the template's memory mapped privately, a fresh identity. */
+	/*
+	 * The fast path: the template's memory mapped privately, a fresh identity. Templates are
+	 * keyed by shape: the template grew its root file system to this very disk_gib at its boot.
+	 */
 	snap_dir(n, tpl, dir, sizeof(dir));
+	sb->disk_filled = true;
 	for (int tries = 1;; tries++) {
 		rc = sb_restore(n, sb, dir, r->own_memory ? VMM_MEM_COPY : VMM_MEM_PRIVATE, &r->init,
 				true, err);

@@ -62,6 +62,9 @@ struct sandbox {
 	uid_t uid;
 	bool has_uid;
 	bool codeint;		/* booted from the code interpreter's image (code-interpreter-v1) */
+	bool disk_filled;	/* its root file system fills disk_gib already: a restore does not
+				 * ask the guest to grow it (the resume of its own pause, a create
+				 * from the template of its shape) */
 	char image_hash[128];	/* the guest image its VM runs on (images.h); "" when not known */
 	struct sandbox *next;
 };

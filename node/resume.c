@@ -76,6 +76,11 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	if (rc != KILN_OK)
 		return rc;
 	pthread_mutex_lock(&sb->lock);
+	/*
+	 * Its root file system grew to its disk before the pause, and the disk's size is the record's,
+	 * which nothing changes: the guest is not asked to grow it again.
+	 */
+	sb->disk_filled = true;
 	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
 	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, err);
 	if (rc == KILN_OK)

@@ -478,7 +478,7 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
 	t[3] = sb_mono_ms();
-	if (rc == KILN_OK)
+	if (rc == KILN_OK && !sb->disk_filled)
 		rc = sb_fill_disk(sb, err);
 	t[4] = sb_mono_ms();
 	/* Every restore: the clock set to now and the RNG reseeded; a new sandbox a new identity. */

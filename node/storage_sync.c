@@ -112,15 +112,47 @@ static bool exists(const char *path)
 	return lstat(path, &st) == 0;
 }
 
-/* A hard link of `src` at `dst` (replaced), or a sparse copy where links cannot be made. */
+/*
+ * A hard link of `src` at `dst` (replaced), or a sparse copy where links cannot be made. The
+ * snapshot's files keep their digests across the links (snapshot_file_link): its resume on this
+ * node does not hash them again.
+ */
 static int link_or_copy(const char *src, const char *dst)
 {
+	int r;
+
 	unlink(dst);
-	if (link(src, dst) == 0)
-		return 0;
-	if (errno != EXDEV && errno != EPERM && errno != EMLINK)
-		return -errno;
+	r = snapshot_file_link(src, dst);
+	if (r == 0 || (r != -EXDEV && r != -EPERM && r != -EMLINK))
+		return r;
 	return disk_file_copy(src, dst);
+}
+
+/*
+ * Removes an upload's staging `path` (a tree of at most a few levels), its files' links first
+ * through snapshot_file_link, so that the snapshot's own files keep their digests.
+ */
+static void remove_staged(const char *path)
+{
+	char child[PATH_MAX];
+	struct dirent *de;
+	DIR *d = opendir(path);
+
+	while (d && (de = readdir(d))) {
+		struct stat st;
+
+		if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..") ||
+		    !fs_path(child, "%s/%s", path, de->d_name) ||
+		    fstatat(dirfd(d), de->d_name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			continue;
+		if (S_ISDIR(st.st_mode))
+			remove_staged(child);
+		else if (S_ISREG(st.st_mode))
+			snapshot_file_link(child, NULL);
+	}
+	if (d)
+		closedir(d);
+	fs_remove_tree_or_warn(path);
 }
 
 /* Whether a directory entry is one of a snapshot's files: no dot names, no *.tmp. */
@@ -263,7 +295,7 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 				      snap_id);
 	if (mkdir(up, 0700) < 0 && errno != EEXIST)
 		return fs_err(err, -errno, "cannot create", up);
-	fs_remove_tree_or_warn(tmp);
+	remove_staged(tmp);
 	if (mkdir(tmp, 0700) < 0)
 		return fs_err(err, -errno, "cannot create", tmp);
 	d = opendir(dir);
@@ -298,13 +330,13 @@ static enum kiln_err stage_links(struct snapstore *s, const char *snap_id, const
 	if (rc == KILN_OK && (r = fs_fsync_path(tmp)) < 0)
 		rc = fs_err(err, r, "cannot sync", tmp);
 	if (rc == KILN_OK) {
-		fs_remove_tree_or_warn(src);
+		remove_staged(src);
 		r = rename(tmp, src) < 0 ? -errno : fs_fsync_path(up);
 		if (r < 0)
 			rc = fs_err(err, r, "cannot rename", tmp);
 	}
 	if (rc != KILN_OK)
-		fs_remove_tree_or_warn(tmp);
+		remove_staged(tmp);
 	return rc;
 }
 
@@ -380,8 +412,8 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 		rc = err->code ? err->code : KILN_E_INVALID;
 	if (rc == KILN_OK) {
 		n = json_array_size(chain);
-		fs_remove_tree_or_warn(port);
-		fs_remove_tree_or_warn(tmp);
+		remove_staged(port);
+		remove_staged(tmp);
 		if (mkdir(port, 0700) < 0)
 			rc = fs_err(err, -errno, "cannot create", port);
 	}
@@ -424,9 +456,9 @@ static enum kiln_err stage_object(struct snapstore *s, const char *snap_id, cons
 	if (rc == KILN_OK && (r = fs_fsync_path(up)) < 0)
 		rc = fs_err(err, r, "cannot sync", up);
 	if (rc == KILN_OK)
-		fs_remove_tree_or_warn(src);
-	fs_remove_tree_or_warn(port);
-	fs_remove_tree_or_warn(tmp);
+		remove_staged(src);
+	remove_staged(port);
+	remove_staged(tmp);
 	json_decref(m);
 	free(meta);
 	return rc;
@@ -559,7 +591,7 @@ out:
 
 		/* the work goes only once the row says stored: else a restart sends it again */
 		if (set_status(s, j->snap_id, "stored", NULL, &perr) == KILN_OK)
-			fs_remove_tree_or_warn(up);
+			remove_staged(up);
 		else
 			log_error("snapshot \"%s\" is stored but its status was not recorded: %s",
 				  j->snap_id, perr.msg);
@@ -569,7 +601,7 @@ out:
 	struct kiln_error perr = { 0 };
 	if (set_status(s, j->snap_id, "failed", err.msg, &perr) != KILN_OK)
 		log_error("status of snapshot \"%s\" not recorded: %s", j->snap_id, perr.msg);
-	fs_remove_tree_or_warn(up);
+	remove_staged(up);
 }
 
 static void *worker(void *arg)
@@ -813,14 +845,14 @@ enum kiln_err snapstore_upload_start(struct snapstore *s, const char *snap_id,
 		}
 	pthread_mutex_unlock(&s->lock);
 	/* the files first (a restart finds an upload without them and stages again) */
-	fs_remove_tree_or_warn(up);
+	remove_staged(up);
 	rc = stage_links(s, snap_id, up, err);
 	if (rc == KILN_OK)
 		rc = set_status(s, snap_id, "uploading", NULL, err);
 	if (rc == KILN_OK)
 		rc = enqueue(s, snap_id, tenant_id, err);
 	if (rc != KILN_OK)
-		fs_remove_tree_or_warn(up);
+		remove_staged(up);
 	return rc;
 }
 

@@ -110,6 +110,13 @@ enum kiln_err snapshot_verify(const char *dir, const struct snapshot_expect *exp
 enum kiln_err snapshot_file_digest(const char *path, char hex[65], uint64_t *size,
 				   struct kiln_error *err);
 
+/*
+ * link(2) of `path` at `to`, or unlink(2) of `path` when `to` is NULL, keeping the file's entry in
+ * the digest cache: the link moves the file's ctime, which alone would make its next digest hash it
+ * again. 0 or -errno.
+ */
+int snapshot_file_link(const char *path, const char *to);
+
 /* How many files this process has hashed in full (the digest cache's misses). */
 unsigned long snapshot_digests_hashed(void);
 

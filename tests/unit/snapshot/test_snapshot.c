@@ -296,6 +296,59 @@ static void test_digest_cache_keeps_a_file_hashed_as_soon_as_written(void)
 	rm_rf(dir);
 }
 
+/*
+ * The node's own links of a file (an upload's staging, snapshot_file_link) keep its digest: made and
+ * removed, the next digest reads nothing. A link made otherwise, or a write after the node's link,
+ * is hashed again.
+ */
+static void test_digest_cache_keeps_a_file_across_the_nodes_links(void)
+{
+	const char *dir = make_snapshot();
+	char path[PATH_MAX], other[PATH_MAX], first[65], again[65], ref[65];
+	struct timespec pause = { 0, 50 * 1000 * 1000 };
+	struct kiln_error err = { 0 };
+	unsigned long hashed;
+
+	snprintf(path, sizeof(path), "%s/mem", dir);
+	snprintf(other, sizeof(other), "%s/mem.link", dir);
+	nanosleep(&pause, NULL);
+	CHECK_INT(snapshot_file_digest(path, first, NULL, &err), KILN_OK);	/* hashed or cached */
+	hashed = snapshot_digests_hashed();
+	nanosleep(&pause, NULL);	/* the link's ctime in a later tick than the hashing's */
+	CHECK_INT(snapshot_file_link(path, other), 0);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK_STR(again, first);
+	CHECK_INT(snapshot_file_digest(other, again, NULL, &err), KILN_OK);	/* the same file */
+	CHECK_STR(again, first);
+	nanosleep(&pause, NULL);
+	CHECK_INT(snapshot_file_link(other, NULL), 0);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK_STR(again, first);
+	CHECK(snapshot_digests_hashed() == hashed);	/* all from the cache */
+	CHECK_INT(snapshot_file_link(path, path), -EEXIST);	/* a failed link changes nothing */
+	CHECK_INT(snapshot_file_link(other, NULL), -ENOENT);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK(snapshot_digests_hashed() == hashed);
+
+	/* a link made without it moves the ctime alone: hashed again */
+	nanosleep(&pause, NULL);
+	CHECK_INT(link(path, other), 0);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	CHECK_STR(again, first);
+	CHECK(snapshot_digests_hashed() == hashed + 1);
+
+	/* a write after the node's link, same size, the next tick or the same: seen */
+	nanosleep(&pause, NULL);
+	CHECK_INT(snapshot_file_link(other, NULL), 0);
+	flip_byte(path, 2 * MIB);
+	CHECK_INT(snapshot_file_digest(path, again, NULL, &err), KILN_OK);
+	reference_digest(path, ref);
+	CHECK_STR(again, ref);
+	CHECK(strcmp(again, first) != 0);
+	CHECK(snapshot_digests_hashed() == hashed + 2);
+	rm_rf(dir);
+}
+
 static void test_manifest_written_and_verified(void)
 {
 	const char *dir = make_snapshot();
@@ -694,6 +747,7 @@ int main(void)
 	TEST(test_digest_equals_plain_reading);
 	TEST(test_digest_cache_sees_a_change_in_place);
 	TEST(test_digest_cache_keeps_a_file_hashed_as_soon_as_written);
+	TEST(test_digest_cache_keeps_a_file_across_the_nodes_links);
 	TEST(test_manifest_written_and_verified);
 	TEST(test_manifest_refuses_missing_fields);
 	TEST(test_verify_refuses_truncated_file);
