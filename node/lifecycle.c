@@ -390,6 +390,47 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 	"AND NOT EXISTS (SELECT 1 FROM snapshots q WHERE q.deleted_at IS NULL "               \
 	"  AND p.id = ANY (q.lineage))"
 
+/*
+ * The objects in their tenants' buckets of deleted template images (kind build) whose node is
+ * gone (stopped, marked down, or its row removed): that node, which deletes them otherwise, may
+ * never come back. Any live node with access to buckets deletes such an object once nothing
+ * stands on its image; the image is then recorded as kept on its node only (storage and status
+ * `local`), so that its node, should it come back, removes the files as a local snapshot's. An
+ * image still `uploading` is left to its node, whose restart finishes or fails that upload.
+ */
+static void snap_gc_gone_objects(struct node *n, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+
+	if (!n->store)
+		return;
+	if (PGQ0(c, &res, &err,
+		 "SELECT p.id, p.tenant_id, p.node_id FROM snapshots p WHERE p.kind = 'build' "
+		 "AND p.storage = 's3' AND p.status = 'stored' AND p.purged_at IS NULL "
+		 "AND p.tenant_id IS NOT NULL AND NOT EXISTS (SELECT 1 FROM nodes o WHERE "
+		 "o.id = p.node_id AND o.down_at IS NULL AND o.stopped_at IS NULL) AND "
+		 SNAP_UNUSED_SQL) != KILN_OK) {
+		log_warn("the images of gone nodes were not looked up: %s", err.msg);
+		return;
+	}
+	for (int i = 0; i < pg_res_rows(res); i++) {
+		struct kiln_error serr = { 0 };
+		const char *id = pg_res_str(res, i, 0);
+
+		if (snapstore_delete(n->store, id, pg_res_str(res, i, 1), &serr) != KILN_OK) {
+			log_warn("snapshot \"%s\" stays in its bucket for now: %s", id, serr.msg);
+			continue;
+		}
+		if (PGQ(c, NULL, &serr, "UPDATE snapshots SET storage = 'local', status = 'local' "
+			"WHERE id = $1 AND storage = 's3'", id) != KILN_OK)
+			log_warn("snapshot \"%s\" left its bucket but its row says not: %s", id, serr.msg);
+		log_info("deleted the object of snapshot \"%s\" from its bucket (its node \"%s\" is gone)",
+			 id, pg_res_str(res, i, 2));
+	}
+	pg_res_free(res);
+}
+
 void snap_gc(struct node *n)
 {
 	struct kiln_error err = { 0 };
@@ -439,5 +480,6 @@ void snap_gc(struct node *n)
 		}
 	}
 	pg_res_free(res);
+	snap_gc_gone_objects(n, c);
 	pg_release(n->pg, c);
 }

@@ -7,8 +7,9 @@ one object). With the first node drained, a build FROM the template lands on the
 fetches the image from the bucket for its builder; its own upload fails (the bucket made to vanish
 meanwhile), which its version says, and it stays usable on that node. A create from the first
 template lands there too and fetches nothing more (the copy is kept), and its sandbox sees the file
-the first build wrote. Another tenant sees no template. Deleting the templates removes their
-objects from the bucket and the second node's copy."""
+the first build wrote. Another tenant sees no template. The first node is then removed (stopped
+for good): deleting the templates removes their objects from the bucket (the first template's by
+the second node, its own node being gone) and the second node's copy."""
 import os
 import sys
 import time
@@ -173,19 +174,38 @@ class TemplateBucketTests(unittest.TestCase):
         r = self.gw.request("POST", "/v1/sandboxes", {"template": "proof"}, self.other)
         self.assertEqual(r.status, 404, r)
 
-        # Deleting the templates: once nothing stands on their images, their objects leave the
-        # bucket and the copy leaves the second node.
+        # The first node is removed (drained above, now stopped for good): the object of the
+        # image it built is left to the nodes still up.
         self.delete_sandbox(sb)
-        child_key = "snapshots/" + self.db.sql(
-            f"SELECT snapshot_id FROM template_versions WHERE template_id = '{child}'") + ".kiln"
+        self.assertEqual(self.first.stop(), 0, self.first.output()[-3000:])
+        self.assertEqual(self.db.sql(f"SELECT stopped_at IS NOT NULL FROM nodes WHERE id = '{self.first.node_id}'"),
+                         "t")
+        self.assertIn(key, self.objects())
+
+        # Deleting the templates: once nothing stands on their images, their objects leave the
+        # bucket (the child's deleted by its node, the second; the first template's, whose node
+        # is gone, by the second too) and the copy leaves the second node.
+        child_snap = self.db.sql(f"SELECT snapshot_id FROM template_versions WHERE template_id = '{child}'")
+        child_key = f"snapshots/{child_snap}.kiln"
         for t in (child, self.tmpl):
             r = self.gw.request("DELETE", f"/v1/templates/{t}", headers=self.key)
             self.assertEqual(r.status, 204, r)
         copy = os.path.join(self.second.data_dir, "snaps", self.second.node_id, self.snap)
+
+        def deletes(snap):
+            return [p for m, p, st in self.s3.requests() if m == "DELETE" and snap in p and st.startswith("2")]
         deadline = time.time() + 120
-        while time.time() < deadline and (set(self.objects()) & {key, child_key} or os.path.exists(copy)):
+        while time.time() < deadline and (set(self.objects()) & {key, child_key} or os.path.exists(copy)
+                                          or not deletes(child_snap)):
             time.sleep(1)
         self.assertFalse(set(self.objects()) & {key, child_key}, self.objects())
+        # (the child's upload failed: its node still asks the bucket to delete its object)
+        self.assertTrue(deletes(child_snap), self.s3.requests()[-20:])
+        self.assertIn(f'deleted the object of snapshot "{self.snap}" from its bucket (its node '
+                      f'"{self.first.node_id}" is gone)', self.second.output())
+        # its row says the image is on its node only, whose files go should it ever come back
+        self.assertEqual(self.db.sql(f"SELECT storage, status FROM snapshots WHERE id = '{self.snap}'"),
+                         "local|local")
         self.assertFalse(os.path.exists(copy), "the fetched copy stayed")
         self.assertEqual(self.db.sql(f"SELECT count(*) FROM snapshot_copies WHERE snapshot_id = '{self.snap}'"),
                          "0")

@@ -17,10 +17,10 @@ layers (a RUN above the first COPY finds no build context in the builder); with 
 snapshot limit at twice its layers' bytes its next build evicts its least recently used layer, and
 a layer whose files are gone is dropped by a rebuild that goes on uncached; deleting the template
 deletes its layers; an unsupported instruction is 422 naming its line and a
-context past template_source_max_bytes is 413, both leaving the version pending; on a second node
-started with small limits, a build past template_build_max_s and one past template_image_max_bytes
-fail naming them, and that node restarted with another guest image (a changed recipe) retires its
-pre-booted template of the base and boots a new one, which the next create restores; another
+context past template_source_max_bytes is 413, both leaving the version pending; the node
+restarted with another guest image (a changed recipe) and small limits retires its pre-booted
+template of the base and boots a new one, which the next create restores, and there a build past
+template_build_max_s and one past template_image_max_bytes, run side by side, fail naming them; another
 tenant gets 404 on every template route and cannot create from it; deleting the template leaves its
 sandboxes running. Two sandboxes created back to back from the base's pre-booted template are
 distinct (host name, id, random streams, files), their clocks set at the create.
@@ -83,6 +83,11 @@ RUN echo never reached
 
 
 _STACK = []
+# The node of shared_stack(): the longer boot timeout test_nodenet gives its node under load (the
+# base's warm template boots cold); no code interpreter's template, a cold boot of its own no case
+# uses.
+NODE_ENV = {"KILN_DNS_UPSTREAM": "192.0.2.53", "KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+            "KILN_BOOT_TIMEOUT_S": "600", "KILN_GUEST_CODEINT_ROOTFS": ""}
 
 
 def shared_stack():
@@ -91,12 +96,7 @@ def shared_stack():
     for all of them, stopped when the process ends. Once that template is ready: each builder
     restores it, rather than boot cold."""
     if not _STACK:
-        # the longer boot timeout test_nodenet gives its node under load (the base's warm template
-        # boots cold); no code interpreter's template, a cold boot of its own no case uses
-        stack = kiln.Stack(node_env={"KILN_DNS_UPSTREAM": "192.0.2.53", "KILN_TEMPLATES": "true",
-                                     "KILN_TEMPLATE_DEFAULT": "true", "KILN_BOOT_TIMEOUT_S": "600",
-                                     "KILN_GUEST_CODEINT_ROOTFS": ""},
-                           gateway_env={"KILN_TEMPLATE_SOURCE_MAX_BYTES": str(1 << 20),
+        stack = kiln.Stack(node_env=NODE_ENV, gateway_env={"KILN_TEMPLATE_SOURCE_MAX_BYTES": str(1 << 20),
                                         "KILN_TEMPLATE_MAX_BUILDS": "1"})
         atexit.register(stack.cleanup)
         _STACK.append(stack)
@@ -363,27 +363,34 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertEqual(db(f"SELECT count(*) FROM template_layers WHERE snapshot_id = '{new}'"), "0")
         self.assertEqual(db(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{new}'"), "t")
 
-    def test_the_build_time_and_image_size_limits_fail_a_build_naming_them(self):
-        # A node with small limits that takes the builds of new tenants while it is up (the most
-        # free memory, no layers of theirs elsewhere); the limit of concurrent builds is hit in
-        # test_a_failing_run_... above.
-        env = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_GUEST_CODEINT_ROOTFS": "",
-               "KILN_NODE_MEMORY_MIB": str(1 << 24), "KILN_TEMPLATE_BUILD_MAX_S": "30",
-               "KILN_TEMPLATE_IMAGE_MAX_BYTES": str(1 << 20)}
-        node = self.stack.add_node(env)
-        running = [node]  # the node's process, replaced by its restart below
-        self.addCleanup(self.stack.db.sql, f"UPDATE nodes SET down_at = now() WHERE id = '{node.node_id}'")
-        self.addCleanup(lambda: running[0].cleanup())
-        # its base template pre-booted first, so each builder is a restore, well within 30 s
-        self.base_template(node)
-        ends = {}
-        # one after the other: two builders restored at once on a loaded host may each take most
-        # of the 30 s
-        for name, dockerfile in (("big", "FROM base\nENV A=b\n"), ("slow", "FROM base\nRUN sleep 600\n")):
+    def test_with_the_node_restarted_with_small_limits_builds_fail_naming_the_time_or_size_limit(self):
+        # The node restarted with small limits and another guest image (a changed recipe): its
+        # base template is retired and a new one boots, the one cold boot of this case (a node of
+        # its own would boot two: its first template, then the one of the changed recipe). The
+        # limit of concurrent builds is hit in test_a_failing_run_... above. Named to run last:
+        # the restart drops the layers of the old image (docs/templates.md, "Dead layers go"),
+        # which the cases before it count.
+        old = self.base_template(self.stack.node)
+        node = self.stack.restart_node(dict(NODE_ENV, KILN_GUEST_IMAGE_HASH="changed-recipe",
+                                            KILN_TEMPLATE_BUILD_MAX_S="30",
+                                            KILN_TEMPLATE_IMAGE_MAX_BYTES=str(1 << 20)))
+        self.a_recipe_change_rebuilds_the_base_template(node, old)
+        # The slow build first: once its RUN sleeps (its builder restored, the 30 s mostly
+        # idle), the big one runs beside it, each of a tenant of its own.
+        builds = {}
+        for name, dockerfile in (("slow", "FROM base\nRUN sleep 600\n"), ("big", "FROM base\nENV A=b\n")):
             key = self.stack.tenant("tlimit-" + name)
             tmpl, version = self.template(name, key=key)
             self.put_dockerfile(tmpl, version, dockerfile, key=key)
             self.put_source(tmpl, version, context_tar({"a": "b"}), key=key)
+            builds[name] = (tmpl, version, key)
+            deadline = time.monotonic() + 300
+            while name == "slow" and "RUN sleep 600" not in self.stack.db.sql(
+                    f"SELECT string_agg(chunk, '') FROM template_build_log WHERE template_id = '{tmpl}'"):
+                self.assertLess(time.monotonic(), deadline, "the slow build's RUN did not start")
+                time.sleep(0.2)
+        ends = {}
+        for name, (tmpl, version, key) in builds.items():
             log, end = self.follow(tmpl, version, key=key)
             self.assertEqual(end["status"], "failed", (end, log))
             self.assertEqual(self.stack.db.sql(f"SELECT node_id FROM template_versions WHERE template_id = "
@@ -393,22 +400,16 @@ class TemplateBuildTests(unittest.TestCase):
         self.assertIn("took longer than template_build_max_s (30 s)", ends["slow"])
         self.assertRegex(ends["big"], r"the image's file system uses \d+ bytes, more than "
                          r"template_image_max_bytes \(1048576\)")
-        self.a_recipe_change_rebuilds_the_base_template(running, env)
 
-    def a_recipe_change_rebuilds_the_base_template(self, running, env):
-        """The node running[0] restarted with another guest image (a changed recipe): its template
-        of the old image is retired, a new one is pre-booted, and the next create restores the new
+    def a_recipe_change_rebuilds_the_base_template(self, node, old):
+        """`node` restarted with another guest image (a changed recipe): its template `old` of
+        the old image is retired, a new one is pre-booted, and the next create restores the new
         one."""
-        node = running[0]
-        old = self.base_template(node)
-        node.cleanup(keep_data=True)
-        node = running[0] = self.stack.add_node(dict(env, KILN_GUEST_IMAGE_HASH="changed-recipe"),
-                                                node_id=node.node_id, data_dir=node.data_dir)
         fresh = self.base_template(node, image_hash="changed-recipe")
         self.assertNotEqual(fresh, old)
         old = self.stack.db.sql(f"SELECT deleted_at IS NOT NULL FROM snapshots WHERE id = '{old}'")
         self.assertEqual(old, "t", "the old template was not retired")
-        sb = self.create({}, key=self.other).json()  # on this node: the most free memory
+        sb = self.create({}, key=self.other).json()
         self.assertEqual(self.lineage(sb), fresh)
 
     def test_a_rebuild_with_its_last_line_changed_reuses_the_cached_layers(self):
