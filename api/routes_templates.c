@@ -833,6 +833,17 @@ static void log_produce(struct pump *p, void *ctx)
 			sse_event(p, "error", json_pack("{s:s}", "message", "the database is unavailable"));
 			return;
 		}
+		/*
+		 * The status is read before the log: the node writes a failed build's lines, its
+		 * reason last, before it marks the build failed, so a status read as ended means the
+		 * log read after it holds them all (of a ready build, all but its "# ready in" line).
+		 */
+		if (PGQ(c, &st, &err,
+			"SELECT status, reason FROM template_versions WHERE template_id = $1 "
+			"AND version = $2::int",
+			f->id, f->v) == KILN_OK &&
+		    pg_res_rows(st) == 1)
+			building = strcmp(pg_res_str(st, 0, 0), "building") == 0;
 		if (PGQ(c, &res, &err,
 			"SELECT seq, chunk FROM template_build_log WHERE template_id = $1 "
 			"AND version = $2::int AND seq > $3::bigint ORDER BY seq LIMIT 200",
@@ -842,27 +853,19 @@ static void log_produce(struct pump *p, void *ctx)
 			snprintf(seq, sizeof(seq), "%s", pg_res_str(res, i, 0));
 			if (sse_event(p, "log", json_pack("{s:s}", "text", pg_res_str(res, i, 1))) != 0) {
 				pg_res_free(res);
+				pg_res_free(st);
 				pg_release(f->gw->pg, c);
 				return;
 			}
 		}
 		pg_res_free(res);
-		if (rows == 0 &&
-		    PGQ(c, &st, &err,
-			"SELECT status, reason FROM template_versions WHERE template_id = $1 "
-			"AND version = $2::int",
-			f->id, f->v) == KILN_OK &&
-		    pg_res_rows(st) == 1) {
-			building = strcmp(pg_res_str(st, 0, 0), "building") == 0;
-			if (!building || time(NULL) > give_up) {
-				sse_event(p, "end", json_pack("{s:s, s:s?}", "status", pg_res_str(st, 0, 0),
-							      "reason", pg_res_get(st, 0, 1)
-									    ? pg_res_str(st, 0, 1)
-									    : NULL));
-				pg_res_free(st);
-				pg_release(f->gw->pg, c);
-				return;
-			}
+		if (rows == 0 && st && pg_res_rows(st) == 1 && (!building || time(NULL) > give_up)) {
+			sse_event(p, "end", json_pack("{s:s, s:s?}", "status", pg_res_str(st, 0, 0),
+						      "reason", pg_res_get(st, 0, 1) ? pg_res_str(st, 0, 1)
+										: NULL));
+			pg_res_free(st);
+			pg_release(f->gw->pg, c);
+			return;
 		}
 		pg_res_free(st);
 		pg_release(f->gw->pg, c);
