@@ -1156,8 +1156,9 @@ static const char rows_sql[] =
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
-	 * first an earlier generation of this node billed short of its end: its point before the
-	 * first window of the next generation billed here (both labels of this node's meters).
+	 * first an earlier generation of this node billed short of its end (the oldest of them):
+	 * its point before the first window of the next generation billed here (both labels of
+	 * this node's meters).
 	 * Tracked from the newest, the stretch between was never billed: kiln-sim `clock`, seeds
 	 * 532512775 and 106248634, a pause and a resume while both meters of the node were
 	 * without Postgres, -1,630 and -30 µcr. */
@@ -1166,17 +1167,18 @@ static const char rows_sql[] =
 	 * to their deletion, of no memory and no disk, their pause snapshot themselves. */
 	"FROM meter_billables s "
 	"LEFT JOIN LATERAL (SELECT mm.*, coalesce(mm.gen_node, mm.node_id) AS gnode "
-	"    FROM meter_sandboxes mm WHERE mm.sandbox_id = s.id "
-	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, "
-	"    coalesce(mm.state <> 'none' AND coalesce(mm.gen_node, mm.node_id) = $1 "
+	"    FROM meter_sandboxes mm CROSS JOIN LATERAL (SELECT "
+	"        coalesce(mm.state <> 'none' AND coalesce(mm.gen_node, mm.node_id) = $1 "
 	"        AND mm.last_t_ns < "
 	"        (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "
 	"         FROM meter_sandboxes m2 JOIN usage_windows u ON u.sandbox_id = m2.sandbox_id "
 	"             AND u.generation = m2.generation "
 	"         WHERE m2.sandbox_id = mm.sandbox_id AND m2.generation > mm.generation "
 	"         AND coalesce(m2.gen_node, m2.node_id) = $1 "
-	"         ORDER BY u.generation, u.window_start LIMIT 1), false) DESC, "
-	"    mm.generation DESC LIMIT 1) m "
+	"         ORDER BY u.generation, u.window_start LIMIT 1), false) AS short) f "
+	"    WHERE mm.sandbox_id = s.id "
+	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, f.short DESC, "
+	"    CASE WHEN f.short THEN mm.generation END, mm.generation DESC LIMIT 1) m "
 	"    ON true "
 	"WHERE (s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "

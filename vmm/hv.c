@@ -347,7 +347,9 @@ int hv_console_start(int fd, const char *path, unsigned long long max, struct hv
 		r = -ENAMETOOLONG;
 		goto fail;
 	}
-	/* a file left by an earlier VMM of this VM (a restore, a taken-over VM) is continued */
+	/* a file left by an earlier VMM of this VM (a restore, a taken-over VM) is continued; a
+	 * next file its drain left unswapped (it ended mid-rotation) is dropped */
+	unlink(c->fresh);
 	c->out_fd = open(c->path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
 	if (c->out_fd < 0) {
 		r = -errno;
