@@ -31,6 +31,12 @@
 
 #define PORT_NAME_DEFAULT "kiln.agent"
 #define POLL_MAX (3 + 3 * AGENT_MAX_EXECS + AGENT_MAX_PORTS)
+/*
+ * A close the port shows this soon after a HELLO read ahead of it is the connection's before; a
+ * later one is the current connection's own (a close and an open shown at once count a HELLO
+ * ahead that no close follows): it ends the session.
+ */
+#define LATE_CLOSE_MS 5000
 
 struct session {
 	int fd;			/* the port (or --fd), non-blocking */
@@ -39,6 +45,7 @@ struct session {
 	bool host_away;		/* the port showed the host gone when this input was read */
 	bool hello_seen;	/* a NEW_SESSION HELLO came since the port showed the host connect */
 	int hellos_ahead;	/* NEW_SESSION HELLOs read before the port showed the close before them */
+	uint64_t ahead_ms;	/* when the last of them was read (now_ms) */
 	struct agent_decoder dec;
 	uint8_t *payload;	/* AGENT_MAX_PAYLOAD bytes for the decoder */
 	uint8_t *out;		/* queued output, AGENT_OUT_MAX bytes */
@@ -342,8 +349,10 @@ static void handle_frame(struct session *s, const struct agent_hdr *h, const uin
 			 * is still queued for it (a frame cut short included) would only confuse the
 			 * new host, whose HELLO_OK must come first.
 			 */
-			if (s->hello_seen || s->host_away)
+			if (s->hello_seen || s->host_away) {
 				s->hellos_ahead++;
+				s->ahead_ms = now_ms();
+			}
 			s->hello_seen = true;
 			session_drop(s);
 		}
@@ -662,11 +671,12 @@ int main(int argc, char **argv)
 			 * The port's close and open events come apart from its data: the next
 			 * connection's NEW_SESSION HELLO may have been read (and answered into the
 			 * queue) before the close of the one before showed, or while it showed. Such
-			 * a close ends nothing: the HELLO did. (After it the next NEW_SESSION HELLO
-			 * counts as a connection's first, so a close the port never showed, as when
-			 * it reports a close and an open at once, cannot leave closes unheeded.)
+			 * a close, shown within LATE_CLOSE_MS of that HELLO, ends nothing: the HELLO
+			 * did. (After it the next NEW_SESSION HELLO counts as a connection's first,
+			 * and a later close ends the session, so a close the port never showed, as
+			 * when it reports a close and an open at once, cannot leave closes unheeded.)
 			 */
-			if (s.hellos_ahead > 0 && !s.test_mode) {
+			if (s.hellos_ahead > 0 && !s.test_mode && now_ms() - s.ahead_ms < LATE_CLOSE_MS) {
 				s.hellos_ahead--;
 				s.hello_seen = false;
 				logmsg("host disconnected, connected again already");
