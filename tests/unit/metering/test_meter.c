@@ -579,6 +579,43 @@ static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
 }
 
 /*
+ * A meter that starts in its node's clock frame saved after a forward step (another meter of the
+ * node followed the step and flushed) keeps that step as one it followed: a point of the ledger
+ * from before it moves on by it (meter_clocks.step_*, migrations/0042). Kiln-sim `clock`, seed
+ * 150252085: a meter restarted a second after a 3,160 s step, in the frame after it, read a
+ * paused sandbox's point from before it and billed the step as paused time, +588,657 µcr. Here
+ * the meter flushes the window up to the step in the frame after it and crashes before its next
+ * flush; the restarted one billed the step as running time before (1,034 s for 40).
+ */
+static void test_a_meter_started_in_the_frame_after_a_forward_step_does_not_bill_it(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd-frame";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 15)
+			fake_now += 1000 * S;	/* at 14, the wall clock steps forward 1,000 s */
+		if (i == 19) {			/* a crash at 18, a restart */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40, on the stepped wall clock */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * A grant's expiry passed by a forward step of the wall clock waits two windows after the step
  * lands, as one not passed waits two windows after its time: the windows before the step, which
  * started before the expiry, are flushed by every meter after the step, and draw from the grant
@@ -1413,6 +1450,7 @@ int main(void)
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
+	TEST(test_a_meter_started_in_the_frame_after_a_forward_step_does_not_bill_it);
 	TEST(test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it);
 	TEST(test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
