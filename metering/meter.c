@@ -119,6 +119,14 @@ struct mten {
 	struct mten *hnext;
 };
 
+/* A forward step of the wall clock a meter followed (meter.step_at[], .step_by[], .step_off[]),
+ * saved with its node's clock frame (meter_clocks.step_*, migrations/0042): `back` when a backward
+ * step came after it. */
+struct mstep {
+	bool set, back;
+	int64_t at, by, off;
+};
+
 struct meter {
 	struct meter_opts o;
 	char node[ID_MAX];
@@ -146,6 +154,7 @@ struct meter {
 	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
+	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
 	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
@@ -181,6 +190,7 @@ struct meter {
 	int64_t ffirst_read;
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
+	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -257,6 +267,18 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 	m->step_by[m->nsteps++] = by;
 }
 
+/* The newest forward step this meter followed, for its node's clock frame (flush_commit()). */
+static struct mstep newest_step(const struct meter *m)
+{
+	struct mstep st = { 0 };
+	int k = m->nsteps - 1;
+
+	if (k >= 0)
+		st = (struct mstep){ .set = true, .back = k < m->fwd_from, .at = m->step_at[k],
+				     .by = m->step_by[k], .off = m->step_off[k] };
+	return st;
+}
+
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
@@ -277,8 +299,18 @@ static int64_t meter_clock(struct meter *m)
 		/* On the host of the node's last flush, in that flush's frame (a backward step of
 		 * the wall clock made before this start shifts nothing); else at the wall clock. */
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
-		if (m->resume && mono >= m->resume_m)
+		if (m->resume && mono >= m->resume_m) {
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
+			/* The frame's newest forward step, followed by the meter that saved it: a
+			 * point of the ledger from before it moves on by it here too (kiln-sim
+			 * `clock`, seed 150252085: a meter started just after a 3,160 s step
+			 * billed it as paused time from a point read from before it). */
+			if (m->resume_step.set) {
+				fwd_keep(m, m->resume_step.at, m->resume_step.by, m->resume_step.off);
+				if (m->resume_step.back)
+					m->fwd_from = m->nsteps;
+			}
+		}
 		if (m->clk_l0 < m->start_floor)
 			m->clk_l0 = m->start_floor;
 		m->clk_m0 = mono;
@@ -704,7 +736,7 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 
 /*
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
- * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
+ * `col` + 1, its billed time, the sum of its windows' lengths, ns: GEN_START_SQL,
  * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
  * start, plus what is billed of it. The point itself is a label of the clock of the meter that
  * wrote it, which may run far from this one's (one followed a clock step, the other, restarted
@@ -1132,12 +1164,14 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_START_SQL(X, G)                                                                        \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
-/* How far the point P (ns) of generation G of X reaches past the start of its first window, on
- * the clock of the meter that billed it (gen_point()); NULL when it has no window. */
-#define GEN_BILLED_SQL(X, G, P)                                                                    \
-	"(" P " - (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "  \
-	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G " "            \
-	"    ORDER BY u.window_start LIMIT 1))"
+/* How much of generation G of X is billed (ns): the sum of its windows' lengths, the same on every
+ * clock (gen_point()); NULL when it has no window. Its last point less its first window's start
+ * counted the forward steps its writer followed (their skipped windows hold nothing), placing a
+ * taken-over generation's point that far ahead (kiln-sim `clock`, seed 796674514). */
+#define GEN_BILLED_SQL(X, G)                                                                       \
+	"(SELECT sum(coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1e9)::bigint) - "       \
+	"            coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint))::bigint " \
+	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G ")"
 
 /* --- Postgres: this node's sandboxes --- */
 
@@ -1154,7 +1188,7 @@ static const char rows_sql[] =
 	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END, "
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the next generation billed here (both labels of
@@ -1580,12 +1614,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  int64_t clk_l, int64_t clk_m, int64_t clk_off, struct buf *refused,
-				  struct kiln_error *err)
+				  int64_t clk_l, int64_t clk_m, int64_t clk_off,
+				  const struct mstep *step, struct buf *refused, struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24];
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1598,12 +1632,20 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
 		snprintf(off, sizeof(off), "%" PRId64, clk_off);
+		snprintf(s_at, sizeof(s_at), "%" PRId64, step->at);
+		snprintf(s_by, sizeof(s_by), "%" PRId64, step->by);
+		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
 		rc = PGQ(c, NULL, err,
-			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns) "
-			 "VALUES ($1, $2, $3, $4, $5) ON CONFLICT (node_id) DO UPDATE SET "
-			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, updated_at = now() "
+			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back) "
+			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10) "
+			 "ON CONFLICT (node_id) DO UPDATE SET "
+			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
+			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
+			 "step_back = $10, updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
-			 m->node, m->boot, l, mono, off);
+			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
+			 s_off, step->back ? "true" : "false");
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -1650,7 +1692,7 @@ static void *flush_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
 		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
-				  &m->frefused, &err);
+				  &m->fstep, &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -1785,6 +1827,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	struct timespec t_start, t_end;
 	enum kiln_err rc;
 	struct buf refused;
+	struct mstep step;
 
 	if (m->fthread) {
 		bool busy;
@@ -1829,6 +1872,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
+		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
 		pthread_mutex_unlock(&m->flock);
@@ -1836,7 +1880,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	}
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
-	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off, &refused, err);
+	step = newest_step(m);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off, &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -2245,8 +2290,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	/* The frame of the node's last flush, when it ran on this host since its boot. */
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
-			 "SELECT label_ns, mono_ns, off_ns FROM meter_clocks "
-			 "WHERE node_id = $1 AND boot_id = $2",
+			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
+			 "step_back FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -2254,6 +2299,12 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 			m->resume_l = pg_res_int(res, 0, 0, 0);
 			m->resume_m = pg_res_int(res, 0, 1, 0);
 			m->resume_off = pg_res_int(res, 0, 2, 0);
+			m->resume_step = (struct mstep){
+				.set = pg_res_get(res, 0, 3) != NULL,
+				.back = strcmp(pg_res_str(res, 0, 6), "t") == 0,
+				.at = pg_res_int(res, 0, 3, 0),
+				.by = pg_res_int(res, 0, 4, 0),
+				.off = pg_res_int(res, 0, 5, 0) };
 		}
 		pg_res_free(res);
 	}
@@ -2337,7 +2388,7 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 		if (PGQ(c, &res, &err, "SELECT mm.sandbox_id, "
 			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") ", "
+			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
 			"mm.cpu_ns FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2476,7 +2527,7 @@ static const char tails_sql[] =
 	"p.start_us, p.billed_ns "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
-	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS billed_ns) p0 "
+	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.billed_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "

@@ -579,6 +579,43 @@ static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
 }
 
 /*
+ * A meter that starts in its node's clock frame saved after a forward step (another meter of the
+ * node followed the step and flushed) keeps that step as one it followed: a point of the ledger
+ * from before it moves on by it (meter_clocks.step_*, migrations/0042). Kiln-sim `clock`, seed
+ * 150252085: a meter restarted a second after a 3,160 s step, in the frame after it, read a
+ * paused sandbox's point from before it and billed the step as paused time, +588,657 µcr. Here
+ * the meter flushes the window up to the step in the frame after it and crashes before its next
+ * flush; the restarted one billed the step as running time before (1,034 s for 40).
+ */
+static void test_a_meter_started_in_the_frame_after_a_forward_step_does_not_bill_it(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd-frame";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 15)
+			fake_now += 1000 * S;	/* at 14, the wall clock steps forward 1,000 s */
+		if (i == 19) {			/* a crash at 18, a restart */
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40, on the stepped wall clock */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * A grant's expiry passed by a forward step of the wall clock waits two windows after the step
  * lands, as one not passed waits two windows after its time: the windows before the step, which
  * started before the expiry, are flushed by every meter after the step, and draw from the grant
@@ -1229,7 +1266,7 @@ static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
  * A again; A's meter, restarted in its frame while the sandbox was on B, takes B's generation
  * over at its end, 19 s of it flushed by B's meter: 40 s billed, not 59.
  */
-static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame(void)
+static void taken_over_case(int64_t fwd_s)
 {
 	char t[32], sb[32], na[32], nb[32], key[96];
 	int64_t t0 = aligned_now();
@@ -1258,6 +1295,8 @@ static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame
 			snprintf(node, sizeof(node), "%s", na);
 			new_sandbox(t, sb, sizeof(sb), fake_now);
 		}
+		if (i == 20)	/* at 19 s, while on B, the wall clock steps forward (both follow) */
+			fake_now += fwd_s * S;
 		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
 			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
 			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
@@ -1286,6 +1325,23 @@ static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame
 	boot = NULL;
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	snprintf(node, sizeof(node), "%s", na);
+}
+
+static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame(void)
+{
+	taken_over_case(0);
+}
+
+/*
+ * The same with a forward step of 1,000 s while the sandbox is on B, which both meters follow: the
+ * taken-over generation's billed time is the sum of its windows' lengths, not its point less its
+ * first window's start, which counted the step and placed the point 1,000 s ahead (kiln-sim
+ * `clock`, seed 796674514: the next generation charged nothing, -105,506 µcr, and the overdraft
+ * bound broken).
+ */
+static void test_a_taken_over_generations_billed_time_leaves_out_a_forward_step(void)
+{
+	taken_over_case(1000);
 }
 
 /*
@@ -1413,6 +1469,7 @@ int main(void)
 	TEST(test_clock_steps_bill_monotonic_time_only);
 	TEST(test_meter_restarted_after_a_backward_step_keeps_its_frame);
 	TEST(test_a_change_logged_before_a_forward_step_moves_on_with_it);
+	TEST(test_a_meter_started_in_the_frame_after_a_forward_step_does_not_bill_it);
 	TEST(test_an_expiry_passed_by_a_forward_step_waits_for_the_windows_before_it);
 	TEST(test_a_change_logged_before_a_forward_step_within_the_lead_keeps_its_time);
 	TEST(test_changes_before_a_backward_step_are_not_applied_again);
@@ -1427,6 +1484,7 @@ int main(void)
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
+	TEST(test_a_taken_over_generations_billed_time_leaves_out_a_forward_step);
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
