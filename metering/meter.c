@@ -736,7 +736,7 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 
 /*
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
- * `col` + 1, its billed time, the sum of its windows' lengths, ns: GEN_START_SQL,
+ * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
  * start, plus what is billed of it. The point itself is a label of the clock of the meter that
  * wrote it, which may run far from this one's (one followed a clock step, the other, restarted
@@ -1164,14 +1164,12 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_START_SQL(X, G)                                                                        \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
-/* How much of generation G of X is billed (ns): the sum of its windows' lengths, the same on every
- * clock (gen_point()); NULL when it has no window. Its last point less its first window's start
- * counted the forward steps its writer followed (their skipped windows hold nothing), placing a
- * taken-over generation's point that far ahead (kiln-sim `clock`, seed 796674514). */
-#define GEN_BILLED_SQL(X, G)                                                                       \
-	"(SELECT sum(coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1e9)::bigint) - "       \
-	"            coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint))::bigint " \
-	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G ")"
+/* How far the point P (ns) of generation G of X reaches past the start of its first window, on
+ * the clock of the meter that billed it (gen_point()); NULL when it has no window. */
+#define GEN_BILLED_SQL(X, G, P)                                                                    \
+	"(" P " - (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "  \
+	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G " "            \
+	"    ORDER BY u.window_start LIMIT 1))"
 
 /* --- Postgres: this node's sandboxes --- */
 
@@ -1188,7 +1186,7 @@ static const char rows_sql[] =
 	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END, "
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the next generation billed here (both labels of
@@ -2388,7 +2386,7 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 		if (PGQ(c, &res, &err, "SELECT mm.sandbox_id, "
 			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") ", "
 			"mm.cpu_ns FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2527,7 +2525,7 @@ static const char tails_sql[] =
 	"p.start_us, p.billed_ns "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
-	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns) p0 "
+	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS billed_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.billed_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
