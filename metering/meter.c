@@ -1189,11 +1189,16 @@ static const char rows_sql[] =
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
-	 * its point before the first window of the next generation billed here (both labels of
+	 * its point before the first window of the generation right after it (the first change of
+	 * a later generation in the log's order), when that one is billed here too (both labels of
 	 * this node's meters).
 	 * Tracked from the newest, the stretch between was never billed: kiln-sim `clock`, seeds
 	 * 532512775 and 106248634, a pause and a resume while both meters of the node were
-	 * without Postgres, -1,630 and -30 µcr. */
+	 * without Postgres, -1,630 and -30 µcr. Not a later generation of this node beyond one
+	 * that ran on another node: the earlier one ended at that move, where its point stands,
+	 * and taken as short it was tracked from there again and again, the generations after it
+	 * billed from their start and refused at every flush (kiln-sim seed 322486188, make
+	 * test's kinds, -2,656 and -4,928 µcr). */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
 	 * to their deletion, of no memory and no disk, their pause snapshot themselves. */
@@ -1205,9 +1210,12 @@ static const char rows_sql[] =
 	"        (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "
 	"         FROM meter_sandboxes m2 JOIN usage_windows u ON u.sandbox_id = m2.sandbox_id "
 	"             AND u.generation = m2.generation "
-	"         WHERE m2.sandbox_id = mm.sandbox_id AND m2.generation > mm.generation "
+	"         WHERE m2.sandbox_id = mm.sandbox_id AND m2.generation = "
+	"             (SELECT n.generation FROM sandbox_state_log n "
+	"              WHERE n.sandbox_id = mm.sandbox_id AND n.generation > mm.generation "
+	"              ORDER BY n.seq LIMIT 1) "
 	"         AND coalesce(m2.gen_node, m2.node_id) = $1 "
-	"         ORDER BY u.generation, u.window_start LIMIT 1), false) AS short) f "
+	"         ORDER BY u.window_start LIMIT 1), false) AS short) f "
 	"    WHERE mm.sandbox_id = s.id "
 	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, f.short DESC, "
 	"    CASE WHEN f.short THEN mm.generation END, mm.generation DESC LIMIT 1) m "

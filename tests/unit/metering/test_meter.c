@@ -1171,6 +1171,71 @@ static void test_an_earlier_generation_billed_short_of_its_end_is_billed_on(void
 }
 
 /*
+ * An earlier generation of a node is short of its end only when the next generation after it is
+ * this node's too: when the sandbox moved to another node in between, that generation ended at
+ * the move, and its point there is its end however far the next generation billed here starts
+ * (kiln-sim seed 322486188, make test's kinds: generation 1 paused on node 0 was moved to node 1
+ * and came back as generation 3 while both meters of node 0 were without Postgres; a meter of
+ * node 0 that tracked the sandbox from the ledger again took generation 1 as short, billed
+ * generation 3 from its start, had it refused and read it again from generation 1, tick after
+ * tick: generations 3 and 4 charged 2,656 and 4,928 µcr short). Here the sandbox runs 10.5 s on
+ * A, 10 s on B and 19.5 s on A again; A's meter is without Postgres from 3 to 25, so it bills
+ * generation 1 up to the move and generation 3 from the return in one tick, and crashes at 30;
+ * the meter started after it must bill generation 3 on: 40 s, every second once.
+ */
+static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 55; i++) {
+		const char *to = i == 11 ? nb : i == 21 ? na : NULL;
+		if (to)	/* at 10.5 to B, at 20.5 back to A: a new generation each */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    to, (long long)((fake_now + S / 2) / 1000), sb);
+		if (i == 4)
+			meter_set_backends(a, dead, rds);
+		if (i == 26)
+			meter_set_backends(a, pg, rds);
+		if (i == 31) {	/* a crash at 30; a fresh meter of A starts */
+			meter_free(a);
+			a = new_meter();
+		}
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		if (i >= 4 && i < 26)
+			(void)meter_tick(a, &err);
+		else
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* generation 3 billed to its end, at 40 */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 3 AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 40 * S)), 1);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(b);
+	meter_free(a);
+	pg_free(dead);
+}
+
+/*
  * Two meters of one node, one of which skipped the tick before a forward step, label the time
  * before the step alike: each bills up to the step in the frame before it and follows at the
  * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
@@ -1466,6 +1531,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
+	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
