@@ -651,6 +651,7 @@ struct mrow {
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
 	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
+	bool m_billed;		/* something of m_gen was billed (its point in "none": its end) */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
 	char tk_node[ID_MAX];
@@ -1186,7 +1187,12 @@ static const char rows_sql[] =
 	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END, "
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END, "
+	/* a point in billed state "none": whether anything of its generation was billed (a
+	 * sandbox still creating has such a point too, billed nothing, before its end) */
+	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
+	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
+	"    AND u.ucr > 0) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -1287,6 +1293,7 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 		r->m_tx = (uint64_t)pg_res_int(res, i, 14, 0);
 		r->m_rem = (uint64_t)pg_res_int(res, i, 15, 0);
 		r->m_snap_mib = (uint64_t)pg_res_int(res, i, 20, 0);
+		r->m_billed = pg_res_bool(res, i, 23);
 	}
 }
 
@@ -2812,9 +2819,13 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * sandbox ended lately be read again: kiln-sim `clock`, seed 9110); every
 			 * change of an earlier generation (one logged before a backward step can
 			 * read just past the point while the point's own generation's, logged
-			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). */
+			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). A point
+			 * in no state is the end only when something of the generation was billed:
+			 * one written while the sandbox was still creating is before all of it (taken
+			 * as its end, a sandbox whose meter crashed while it booted was billed its
+			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). */
 			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
-				      s->state == BS_NONE && row_terminal(&r[i]);
+				      s->state == BS_NONE && r[i].m_billed && row_terminal(&r[i]);
 			for (size_t k = 0; k < r[i].ne; k++)
 				if ((r[i].e[k].at < s->last_t || r[i].e[k].gen < s->gen ||
 				     (in_end && r[i].e[k].gen == s->gen)) &&

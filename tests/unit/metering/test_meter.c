@@ -1236,6 +1236,58 @@ static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
 }
 
 /*
+ * A point in the ledger in billed state "none" is a generation's end only when something of it
+ * was billed: a sandbox still creating (billed nothing, in no state) has such a point too, at the
+ * end of its first window. A meter that tracked it from there after it ended took every change of
+ * the generation as in the point and billed its whole life in no state (kiln-sim seed 793780264,
+ * make test's kinds: a sandbox created at 559 s, its meter crashed at 565 s for the rest of the
+ * run, its 41 s charged 0 of 45,951 µcr). Here the sandbox is created at 5 and boots at 12; the
+ * meter flushes [0, 10) (creating) and crashes at 13; the sandbox pauses at 20 into 512 MiB and
+ * is deleted at 25; a meter started at 30 bills 8 s running and 5 s paused.
+ */
+static void test_a_point_while_creating_is_not_the_generations_end(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	snprintf(sb, sizeof(sb), "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
+	    "'creating', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
+	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6))",
+	    sb, t, node, (long long)((t0 + 5 * S) / 1000), (long long)((t0 + 5 * S) / 1000));
+	fake_now = t0;
+	a = new_meter();
+	for (int i = 1; i <= 45; i++) {
+		if (i == 13)	/* booted at 12 */
+			sql("UPDATE sandboxes SET state = 'running', state_changed_at = "
+			    "to_timestamp(%lld / 1e6) WHERE id = '%s'", (long long)(fake_now / 1000), sb);
+		if (i == 14) {	/* a crash at 13, [0, 10) flushed */
+			meter_free(a);
+			a = NULL;
+		}
+		if (i == 21)
+			pause_into(t, sb, "snap_c", 512);	/* at 20 */
+		if (i == 26)	/* deleted at 25 */
+			sql("UPDATE sandboxes SET state = 'stopped', deleted_at = to_timestamp(%lld / 1e6), "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), (long long)(fake_now / 1000), sb);
+		if (i == 31)
+			a = new_meter();
+		fake_now += S;
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 8 * 257 + 5 * 512);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(a);
+}
+
+/*
  * Two meters of one node, one of which skipped the tick before a forward step, label the time
  * before the step alike: each bills up to the step in the frame before it and follows at the
  * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
@@ -1532,6 +1584,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
+	TEST(test_a_point_while_creating_is_not_the_generations_end);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
