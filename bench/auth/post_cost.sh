@@ -8,6 +8,9 @@
 # With BASE_BUILD, a gateway of another build on the same database is measured the same way
 # right after (its CPU counts the Postgres backends of both gateways; the idle one's are
 # near zero). Runs are interleaved; a ratio is to the /healthz run just before it.
+# PG_SETTINGS="name=value ..." in the environment is set on the cluster (ALTER SYSTEM) before the
+# runs, e.g. "commit_delay=1000 commit_siblings=2" to see what Postgres's own grouping of WAL
+# flushes does.
 # Usage: bench/auth/post_cost.sh BUILD_DIR [BASE_BUILD] [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS]
 set -euo pipefail
 build=${1:?build dir}
@@ -31,6 +34,10 @@ trap cleanup EXIT
 set -a; . "$envfile"; set +a
 sql() { psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -tAqc "$1"; }
 
+for setting in ${PG_SETTINGS:-}; do
+  sql "ALTER SYSTEM SET ${setting%%=*} = '${setting#*=}'" >/dev/null
+done
+sql "SELECT pg_reload_conf()" >/dev/null
 master=$(openssl rand -hex 32)
 # start_gw BUILD PORT: a gateway of BUILD on PORT; its pid in $gw_pid
 start_gw() {
