@@ -253,11 +253,3 @@ enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 		*err = p.err;
 	return p.rc;
 }
-
-void commitq_stats(struct commitq *q, unsigned long long *groups, unsigned long long *rows)
-{
-	pthread_mutex_lock(&q->lock);
-	*groups = q->groups;
-	*rows = q->rows;
-	pthread_mutex_unlock(&q->lock);
-}

@@ -37,7 +37,10 @@ struct commitq_row {
  */
 struct commitq *commitq_new(struct pg *pool, struct kiln_error *err);
 
-/* Writes what is queued, stops the writer and frees the queue. Accepts NULL. */
+/*
+ * Writes what is queued, stops the writer, logs how many groups and rows it wrote (info) and
+ * frees the queue. Accepts NULL.
+ */
 void commitq_free(struct commitq *q);
 
 /*
@@ -50,8 +53,5 @@ void commitq_free(struct commitq *q);
  */
 enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 			    struct kiln_error *err);
-
-/* Groups committed and rows written since the start (for tests and /metrics). */
-void commitq_stats(struct commitq *q, unsigned long long *groups, unsigned long long *rows);
 
 #endif
