@@ -39,6 +39,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "api/commitq.h"
 #include "api/gateway.h"
 #include "auth/bearer.h"
 #include "auth/jwt.h"
@@ -448,9 +449,11 @@ static void idempotency_replay(struct gateway *gw, struct http_req *req,
 /*
  * Answers a request whose Idempotency-Key is taken: 422 for another request, the stored
  * response for the same one, 409 while the first is still running. The first request stores
- * its response in the done hook, just after its reply went out, so a client that retries at
- * once can find the record still open for a moment: wait up to IDEM_WAIT_MS for it (without
- * holding a connection the first request needs) before answering 409. Returns false after
+ * its response before its reply goes out (gw_audit), so a retry of a reply the client saw finds
+ * it; a retry sent before the first reply arrived (a client that timed out) may find the record
+ * still open: wait up to IDEM_WAIT_MS for it (without holding a connection the first request
+ * needs) before answering 409. A 5xx or a 429 frees or stores its key in the done hook, just
+ * after its reply went out, and is waited for the same way. Returns false after
  * replying; true, without replying, when the record went away meanwhile (the first request
  * failed with a 5xx and freed the key, as it does when a failover cut it short): the caller
  * claims the key again and this request runs.
@@ -537,7 +540,7 @@ again:
 	 * counts: the key is new again), is claimed; a live record returns no row. The claim commits
 	 * asynchronously: a route's own synchronous commit (every change of credits is one) flushes
 	 * it before its work is durable, so a crash of Postgres cannot keep the work and lose the
-	 * claim; the outcome (idempotency_finish) commits synchronously.
+	 * claim; the outcome (gw_audit, through the commit queue) commits synchronously.
 	 */
 	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
 	rc = PGQ_ASYNC(c, &res, &err,
@@ -574,39 +577,56 @@ again:
 }
 
 /*
- * Stores the reply of a request that owned an idempotency row (or frees the key on a 5xx).
+ * The reply of a request that owns an Idempotency-Key, sealed for its record: *sealed is NULL
+ * for an empty reply, else the caller frees it. Fails (logged) only when sealing does.
+ */
+static enum kiln_err idempotency_seal(struct gateway *gw, struct http_req *req,
+				      const struct req_state *st, char **sealed)
+{
+	struct kiln_error err = { 0 };
+	char ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
+	size_t len = 0;
+	const char *body = http_req_reply_body(req, &len);
+
+	*sealed = NULL;
+	if (!body || !len)
+		return KILN_OK;
+	idempotency_ad(st, st->idem_key, ad, sizeof(ad));
+	if (auth_seal(&gw->mk, body, len, ad, strlen(ad), sealed, &err) != KILN_OK) {
+		log_warn("cannot seal the response of an Idempotency-Key: %s", err.msg);
+		return err.code ? err.code : KILN_E_INTERNAL;
+	}
+	return KILN_OK;
+}
+
+/*
+ * Stores the reply of a request that owned an idempotency row (or frees the key on a 5xx), on a
+ * connection of `pool`, by itself: the reply hook's way when the commit queue failed (the reply
+ * waits for it), and the done hook's for a 5xx or a 429.
  *
  * Across a Postgres failover this must still happen, or the key stays "in progress" and a retry
  * gets 409 until idempotency_ttl_s: the claim may have reached the standby while this request's
- * own work failed (5xx: the row must go), or its work committed and its reply went out (the reply
- * must be stored, or a retry runs it twice). So a failure to reach Postgres is retried for up to
- * idempotency_finish_s seconds (the reply is out already; only this thread waits). The outcome is
- * written with an upsert: a claim the old primary took but never shipped to the standby is
- * recreated with the outcome, since the work itself ran on the new primary.
+ * own work failed (5xx: the row must go), or its work committed (the reply must be stored, or a
+ * retry runs it twice). So a failure to reach Postgres is retried for up to idempotency_finish_s
+ * seconds; past that the reply goes out with its record left open. The outcome is written with
+ * an upsert: a claim the old primary took but never shipped to the standby is recreated with the
+ * outcome, since the work itself ran on the new primary.
  */
-static void idempotency_finish(struct gateway *gw, struct http_req *req, struct req_state *st,
-			       int status)
+static void idempotency_finish(struct gateway *gw, struct pg *pool, struct http_req *req,
+			       struct req_state *st, int status)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	char code[12], *sealed = NULL, ad[IDEM_KEY_MAX + AUTH_CLAIM_MAX + 32];
-	size_t len = 0;
-	const char *body = http_req_reply_body(req, &len);
+	char code[12], *sealed = NULL;
 	long long deadline = now_ms() + gw->cfg.idempotency_finish_s * 1000;
 	enum kiln_err rc;
 
-	if (status < 500 && body && len) {
-		idempotency_ad(st, st->idem_key, ad, sizeof(ad));
-		if (auth_seal(&gw->mk, body, len, ad, strlen(ad), &sealed, &err) != KILN_OK) {
-			log_warn("cannot seal the response of an Idempotency-Key: %s", err.msg);
-			kiln_error_clear(&err);
-			status = 500;	/* forget the key: the client's retry runs again */
-		}
-	}
+	if (status < 500 && idempotency_seal(gw, req, st, &sealed) != KILN_OK)
+		status = 500;	/* forget the key: the client's retry runs again */
 	snprintf(code, sizeof(code), "%d", status);
 	for (int attempt = 0;; attempt++) {
 		kiln_error_clear(&err);
-		rc = pg_acquire(gw->pg, &c, &err);
+		rc = pg_acquire(pool, &c, &err);
 		if (rc == KILN_OK) {
 			if (status >= 500)
 				rc = PGQ(c, NULL, &err,
@@ -622,7 +642,7 @@ static void idempotency_finish(struct gateway *gw, struct http_req *req, struct 
 					 "response = $4 WHERE idempotency.status IS NULL",
 					 st->who.tenant_id, st->idem_key, code, sealed ? sealed : "",
 					 http_req_method(req), http_req_path(req), st->idem_sum);
-			pg_release(gw->pg, c);
+			pg_release(pool, c);
 		}
 		if (rc != KILN_E_UNAVAILABLE || now_ms() >= deadline)
 			break;
@@ -903,11 +923,33 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 	if (!st || !st->has_principal)
 		return;
 	if (st->idem_key[0])
-		idempotency_finish(gw, req, st, status);
+		idempotency_finish(gw, gw->pg, req, st, status);
 	if (st->in_flight) {
 		st->in_flight = false;
 		inflight_drop(st->who.tenant_id);
 	}
+}
+
+/* Writes the audit row of `row` alone (without the commit queue); a failure loses it (logged). */
+static void audit_write_one(struct gateway *gw, const struct commitq_row *row)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char code[8];
+
+	snprintf(code, sizeof(code), "%d", row->status);
+	if (pg_acquire(gw->audit_pg, &c, &err) != KILN_OK) {
+		log_warn("audit record lost: postgres is unavailable (%s %s %d)", row->method,
+			 row->route, row->status);
+		return;
+	}
+	if (PGQ_ASYNC(c, NULL, &err,
+		"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "
+		"SELECT $1, $2, $3, $4, $5, $6::int, $7 FROM " ASYNC_COMMIT,
+		row->tenant_id, row->key_id, row->method, row->route, row->object_id, code,
+		row->request_id) != KILN_OK)
+		log_warn("audit record lost: %s", err.msg);
+	pg_release(gw->audit_pg, c);
 }
 
 void gw_audit(struct http_req *req, const struct http_route *route, int status)
@@ -916,31 +958,51 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	struct req_state *st = http_req_ctx(req);
 	const char *method = http_req_method(req);
 	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	char code[8];
+	struct commitq_row row;
+	char *sealed = NULL;
 
 	/*
 	 * Rate-limited refusals (429) are not recorded (/metrics counts them): nothing was done, and
 	 * an insert for each would let a tenant hammering the limits queue every thread on this pool.
+	 * A 429 that owns an Idempotency-Key stores it in the done hook.
 	 */
 	if (!st || !st->has_principal || !strcmp(method, "GET") || !strcmp(method, "HEAD") ||
 	    status == 429)
 		return;
 	/*
-	 * Who did what to which object, and how it ended. On a pool of its own: the handler may hold
-	 * connections of the main pool while it replies.
+	 * Who did what to which object, and how it ended; and, for a request that owns an
+	 * Idempotency-Key and did not fail with a 5xx, its reply, stored before the client can see
+	 * it: a retry can then never be answered otherwise, even after a crash of Postgres, and
+	 * finds the record complete at once. Both go to the commit queue (api/commitq.h), on
+	 * connections of their own: the handler may hold connections of the main pool while it
+	 * replies. A 5xx frees its key in the done hook.
 	 */
-	snprintf(code, sizeof(code), "%d", status);
-	if (pg_acquire(gw->audit_pg, &c, &err) != KILN_OK) {
-		log_warn("audit record lost: postgres is unavailable (%s %s %d)", method,
-			 route->pattern, status);
-		return;
+	row = (struct commitq_row){
+		.tenant_id = st->who.tenant_id,
+		.key_id = st->who.key_id,
+		.method = method,
+		.route = route->pattern,
+		.object_id = http_req_object(req),
+		.status = status,
+		.request_id = http_req_id(req),
+	};
+	if (st->idem_key[0] && status < 500 && idempotency_seal(gw, req, st, &sealed) == KILN_OK) {
+		row.idem_key = st->idem_key;
+		row.idem_method = method;
+		row.idem_path = http_req_path(req);
+		row.idem_sha256 = st->idem_sum;
+		row.response = sealed ? sealed : "";
 	}
-	if (PGQ_ASYNC(c, NULL, &err,
-		"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "
-		"SELECT $1, $2, $3, $4, $5, $6::int, $7 FROM " ASYNC_COMMIT,
-		st->who.tenant_id, st->who.key_id, method, route->pattern, http_req_object(req), code,
-		http_req_id(req)) != KILN_OK)
-		log_warn("audit record lost: %s", err.msg);
-	pg_release(gw->audit_pg, c);
+	if (commitq_write(gw->commitq, &row, &err) != KILN_OK) {
+		/*
+		 * Each written alone instead, the outcome still before the reply: retried while
+		 * Postgres is unreachable, for up to idempotency_finish_s (idempotency_finish).
+		 */
+		audit_write_one(gw, &row);
+		if (row.idem_key)
+			idempotency_finish(gw, gw->audit_pg, req, st, status);
+	}
+	if (row.idem_key)
+		st->idem_key[0] = '\0';	/* stored (or given up): nothing left for the done hook */
+	free(sealed);
 }

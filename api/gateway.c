@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "api/authn.h"
+#include "api/commitq.h"
 #include "api/debt.h"
 #include "api/e2b.h"
 #include "api/failover.h"
@@ -82,6 +83,19 @@ static void db_exit(void)
 	pg_free(gw.audit_pg);
 	gw.pg = NULL;
 	gw.audit_pg = NULL;
+}
+
+/* The writer that commits audit rows and Idempotency-Key outcomes in groups (api/commitq.h). */
+static int commitq_init(struct kiln_error *err)
+{
+	gw.commitq = commitq_new(gw.audit_pg, err);
+	return gw.commitq ? KILN_OK : err->code;
+}
+
+static void commitq_exit(void)
+{
+	commitq_free(gw.commitq);
+	gw.commitq = NULL;
 }
 
 /* Reads the master key and derives the API key pepper from it. */
@@ -302,6 +316,7 @@ static const struct daemon_stage stages[] = {
 	{ "storage allow list", storage_allow_init, storage_allow_exit },
 	{ "master key", master_key_init, master_key_exit },
 	{ "postgres", db_init, db_exit },
+	{ "audit writer", commitq_init, commitq_exit },
 	{ "signing keys", signing_init, signing_exit },
 	{ "redis", redis_init, redis_exit },
 	{ "idempotency sweep", sweep_init, sweep_exit },

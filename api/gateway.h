@@ -25,11 +25,14 @@
 #define GW_TOKEN_TTL_DEFAULT 900
 #define GW_AUDIT_POOL 4	/* Postgres connections for the audit trail */
 
+struct commitq;
+
 struct gateway {
 	struct kiln_config cfg;
 	struct auth_master_key mk;
 	struct pg *pg;
 	struct pg *audit_pg;	/* the audit trail's own connections (gw_audit) */
+	struct commitq *commitq;	/* group commit of audit rows and outcomes, on audit_pg */
 	struct rds *rds;
 	struct ratelimit *rl;
 	struct signing *signing;

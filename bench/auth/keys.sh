@@ -10,15 +10,22 @@
 # that skips authentication, api/authn.h), also GET /v1/api-keys on that gateway, started on the
 # same database as tenant 1 with no credential at all: what authentication alone costs is
 # 1 - (the API-key run's req/s / this run's) of the same round.
-# Runs are interleaved, /healthz before each (H K H J H P [H N]), ROUNDS times; each ratio is to
-# the /healthz run just before it, and the median over the rounds is reported.
+# With BASE_BUILD, the build of another commit (a baseline), also POST /v1/tokens on a gateway of
+# that build, started on the same database, each ratio to that gateway's own /healthz.
+# Runs are interleaved, /healthz before each (H K H J H P [H N] [H B]), ROUNDS times; each ratio
+# is to the /healthz run just before it (of the same gateway), and the median over the rounds is
+# reported.
 # Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS] [NOAUTH_BUILD]
+#        [BASE_BUILD]
 #
 # What each request costs: /healthz pings Postgres and Redis and looks for a live node (three
 # round trips); /v1/api-keys authenticates (an API key from the gateway's ≤ 5 s key cache and an
 # HMAC check, or an ES256 signature check of the JWT, cached per token once verified), takes a
 # token from the key's and the tenant's rate-limit buckets (the gateway's view, reconciled with
-# Redis every 25 ms) and lists the tenant's keys (one Postgres query). Rate limits are set far
+# Redis every 25 ms) and lists the tenant's keys (one Postgres query); the POST authenticates the
+# same way, claims its Idempotency-Key (one upsert), reads its key's row, signs a token and waits
+# for the group commit of its audit row and stored outcome (api/commitq.h; one WAL flush per
+# group). bench/auth/post_cost.sh breaks the POST's cost down. Rate limits are set far
 # above what the run can reach, so no request is throttled; the script fails if any answer is not
 # 2xx.
 set -euo pipefail
@@ -28,6 +35,7 @@ conns=${3:-8}
 rounds=${4:-3}
 ncreds=${5:-1000}
 noauth=${6:-}
+base=${7:-}
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 envfile=$(mktemp /tmp/kiln-bench-XXXXXX.env)
@@ -109,6 +117,15 @@ if [ -n "$noauth" ]; then
   whats="$whats noauth"
 fi
 
+if [ -n "$base" ]; then
+  bport=$((port + 2))
+  burl=http://127.0.0.1:$bport
+  start_gw "$base" "$bport"
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "$burl/healthz")" = 200 ] ||
+    { echo "the gateway of $base does not answer GET /healthz with 200" >&2; exit 1; }
+  whats="$whats base"
+fi
+
 # run_wrk URL [CRED_FILE [get|post]]: prints "requests/s p50_ms p99_ms non2xx". Runs in a
 # subshell, so each run's Idempotency-Keys are told apart by the clock, not by a counter.
 run_wrk() {
@@ -128,17 +145,20 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? 
 
 printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio load
 bad=0
-rk=() rj=() rp=() rn=() rc=()
+rk=() rj=() rp=() rn=() rc=() rb=()
 row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" "$@"; }
 for ((r = 1; r <= rounds; r++)); do
   for what in $whats; do
-    read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$url/healthz")
-    row "$r" "GET /healthz" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$(cut -d' ' -f1 /proc/loadavg)"
+    hurl=$url hname="GET /healthz"
+    [ "$what" = base ] && hurl=$burl hname="GET /healthz, BASE_BUILD"
+    read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$hurl/healthz")
+    row "$r" "$hname" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$(cut -d' ' -f1 /proc/loadavg)"
     case $what in
     key) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$keys"); name="GET /v1/api-keys, API key" ;;
     jwt) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$jwts"); name="GET /v1/api-keys, JWT (ES256)" ;;
     post) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/tokens" "$keys" post); name="POST /v1/tokens, Idempotency-Key" ;;
     noauth) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$nurl/v1/api-keys"); name="GET /v1/api-keys, authentication off" ;;
+    base) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$burl/v1/tokens" "$keys" post); name="POST /v1/tokens, BASE_BUILD" ;;
     esac
     ratio=$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')
     row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$(cut -d' ' -f1 /proc/loadavg)"
@@ -146,6 +166,7 @@ for ((r = 1; r <= rounds; r++)); do
     key) rk+=("$ratio") key_rps=$x_rps ;;
     jwt) rj+=("$ratio") ;;
     post) rp+=("$ratio") ;;
+    base) rb+=("$ratio") ;;
     noauth) rn+=("$ratio") rc+=("$(awk -v k="$key_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')") ;;
     esac
     bad=$((bad + h_bad + x_bad))
@@ -155,6 +176,7 @@ echo "median ratio to /healthz over $rounds rounds ($ncreds distinct credentials
 echo "  API key: $(median "${rk[@]}") (aim >= 0.7)"
 echo "  JWT:     $(median "${rj[@]}") (aim >= 0.7)"
 echo "  POST:    $(median "${rp[@]}") (aim >= 0.3)"
+[ -n "$base" ] && echo "  POST, BASE_BUILD ($base): $(median "${rb[@]}")"
 if [ -n "$noauth" ]; then
   echo "  GET /v1/api-keys, authentication off: $(median "${rn[@]}")"
   echo "authentication's share of GET /v1/api-keys (1 - API key / off, same round): $(median "${rc[@]}") (aim <= 0.15)"

@@ -1,6 +1,7 @@
 """GET /v1/audit: the tenant's mutating requests, newest first, with cursor paging, and no other
 tenant's entries."""
 import unittest
+import urllib.parse
 
 from authtest import GatewayCase, bearer, jwt_parts
 
@@ -56,6 +57,17 @@ class AuditTests(GatewayCase):
         self.assertEqual(ids, sorted(ids, reverse=True))
         times = [e["created_at"] for e in entries]
         self.assertEqual(times, sorted(times, reverse=True))
+
+    def test_object_ids_are_recorded_byte_for_byte(self):
+        """Audit rows are written in groups as array literals (api/commitq.c): quotes,
+        backslashes, commas, braces and the word NULL in an id stay what they were."""
+        _, _, h = self.new_tenant("quoted")
+        ids = ['a"b', "c\\d", "e,f", "{g}", "NULL", "h i"]
+        for i in ids:
+            self.expect(self.call("DELETE", "/v1/api-keys/" + urllib.parse.quote(i, safe=""),
+                                  None, h), 404)
+        got = [e["object_id"] for e in self.audit(h, len(ids))]
+        self.assertEqual(got, list(reversed(ids)))
 
     def test_unauthenticated_requests_leave_no_entry(self):
         _, _, h = self.new_tenant("quiet")

@@ -1,0 +1,255 @@
+/*
+ * commitq.c - the group commit of audit rows and Idempotency-Key outcomes (see commitq.h).
+ *
+ * Requests queue a `struct pending` that lives on their own stack and sleep on `done` until the
+ * writer marks it written or failed. The writer takes the whole queue (at most GROUP_MAX rows),
+ * writes it with one statement whose parameters are arrays (unnest), marks every row with the
+ * statement's result and wakes them all. A group holding an outcome commits synchronously, as the
+ * outcome must be durable before its reply goes out; a group of audit rows alone commits without
+ * waiting for the WAL flush, as audit rows did when written one by one.
+ */
+#include "api/commitq.h"
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/buf.h"
+#include "common/log.h"
+#include "common/pg.h"
+
+#define GROUP_MAX 256		/* rows in one statement; the rest wait for the next */
+#define ARRAY_MAX (64u << 20)	/* bytes of one array parameter */
+
+struct pending {
+	const struct commitq_row *row;
+	struct pending *next;
+	bool done;
+	enum kiln_err rc;
+	struct kiln_error err;
+};
+
+struct commitq {
+	struct pg *pool;
+	pthread_t thread;
+	pthread_mutex_t lock;
+	pthread_cond_t work;	/* the writer: rows queued, or stopping */
+	pthread_cond_t done;	/* the requests: a group ended */
+	struct pending *head, **tail;
+	bool stopping;
+	unsigned long long groups, rows;
+};
+
+/* The audit rows' columns, then the outcomes', each an array parameter. */
+enum { A_TENANT, A_KEY, A_METHOD, A_ROUTE, A_OBJECT, A_STATUS, A_REQUEST,
+       O_TENANT, O_KEY, O_METHOD, O_PATH, O_SHA, O_STATUS, O_RESPONSE, NCOLS };
+
+#define AUDIT_INSERT                                                                               \
+	"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "  \
+	"SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "         \
+	"$6::int[], $7::text[])"
+
+/* Audit rows and outcomes: one transaction, committed synchronously (the session's default). */
+static const char both_sql[] =
+	"WITH a AS (" AUDIT_INSERT "), "
+	"o AS (INSERT INTO idempotency (tenant_id, key, method, path, body_sha256, status, response) "
+	"SELECT * FROM unnest($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], "
+	"$13::int[], $14::text[]) "
+	"ON CONFLICT (tenant_id, key) DO UPDATE SET status = excluded.status, "
+	"response = excluded.response WHERE idempotency.status IS NULL) "
+	"SELECT 1";
+
+/*
+ * Audit rows alone: synchronous_commit off for this transaction (api/authn.c ASYNC_COMMIT).
+ * Taken from a subquery run before the insert, as set_config must be before the commit.
+ */
+static const char audit_sql[] =
+	"WITH s AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)) "
+	AUDIT_INSERT " WHERE EXISTS (SELECT 1 FROM s)";
+
+/* Appends `v` to the array literal `b` as one element: quoted, or NULL. */
+static int array_add(struct buf *b, const char *v)
+{
+	int rc = buf_appends(b, b->len > 1 ? "," : "");
+
+	if (rc == 0 && !v)
+		return buf_appends(b, "NULL");
+	rc = rc ? rc : buf_appends(b, "\"");
+	for (const char *s = v; rc == 0 && *s; s++) {
+		const char *run = s;
+
+		while (*s && *s != '"' && *s != '\\')
+			s++;
+		rc = buf_append(b, run, (size_t)(s - run));
+		if (rc == 0 && *s)
+			rc = buf_appendf(b, "\\%c", *s);
+		if (!*s)
+			break;
+	}
+	return rc ? rc : buf_appends(b, "\"");
+}
+
+/* Writes the `n` rows of `group` with one statement; returns its result. */
+static enum kiln_err group_write(struct commitq *q, struct pending *group, int n,
+				 struct kiln_error *err)
+{
+	struct buf col[NCOLS];
+	const char *params[NCOLS];
+	struct pg_conn *c;
+	bool outcomes = false;
+	enum kiln_err rc;
+	int bad = 0;
+
+	for (int i = 0; i < NCOLS; i++) {
+		buf_init(&col[i], ARRAY_MAX);
+		bad |= buf_appends(&col[i], "{");
+	}
+	for (struct pending *p = group; p && n-- > 0; p = p->next) {
+		const struct commitq_row *r = p->row;
+		char code[16];
+
+		snprintf(code, sizeof(code), "%d", r->status);
+		bad |= array_add(&col[A_TENANT], r->tenant_id) | array_add(&col[A_KEY], r->key_id) |
+		       array_add(&col[A_METHOD], r->method) | array_add(&col[A_ROUTE], r->route) |
+		       array_add(&col[A_OBJECT], r->object_id) | array_add(&col[A_STATUS], code) |
+		       array_add(&col[A_REQUEST], r->request_id);
+		if (!r->idem_key)
+			continue;
+		outcomes = true;
+		bad |= array_add(&col[O_TENANT], r->tenant_id) |
+		       array_add(&col[O_KEY], r->idem_key) |
+		       array_add(&col[O_METHOD], r->idem_method) |
+		       array_add(&col[O_PATH], r->idem_path) |
+		       array_add(&col[O_SHA], r->idem_sha256) | array_add(&col[O_STATUS], code) |
+		       array_add(&col[O_RESPONSE], r->response ? r->response : "");
+	}
+	for (int i = 0; i < NCOLS; i++) {
+		bad |= buf_appends(&col[i], "}");
+		params[i] = col[i].data;
+	}
+	if (bad) {
+		rc = kiln_error_set(err, KILN_E_NOMEM, "a group of audit rows is too large");
+		goto out;
+	}
+	rc = pg_acquire(q->pool, &c, err);
+	if (rc != KILN_OK)
+		goto out;
+	rc = outcomes ? pg_query(c, NULL, err, both_sql, NCOLS, params)
+		      : pg_query(c, NULL, err, audit_sql, O_TENANT, params);
+	pg_release(q->pool, c);
+out:
+	for (int i = 0; i < NCOLS; i++)
+		buf_release(&col[i]);
+	return rc;
+}
+
+static void *writer_main(void *arg)
+{
+	struct commitq *q = arg;
+
+	pthread_mutex_lock(&q->lock);
+	for (;;) {
+		struct pending *group, *p;
+		struct kiln_error err = { 0 };
+		enum kiln_err rc;
+		int n = 0;
+
+		while (!q->head && !q->stopping)
+			pthread_cond_wait(&q->work, &q->lock);
+		if (!q->head)
+			break;
+		/* Everything queued, up to GROUP_MAX rows; later arrivals make the next group. */
+		group = q->head;
+		for (p = group; p && n < GROUP_MAX; p = p->next)
+			n++;
+		q->head = p;
+		if (!q->head)
+			q->tail = &q->head;
+		pthread_mutex_unlock(&q->lock);
+
+		rc = group_write(q, group, n, &err);
+		if (rc != KILN_OK)
+			log_warn("a group of %d audit rows and outcomes was not written: %s", n,
+				 err.msg);
+		pg_switch_seen(true);	/* the requests' threads report a failover, not this one */
+
+		pthread_mutex_lock(&q->lock);
+		if (rc == KILN_OK) {
+			q->groups++;
+			q->rows += (unsigned long long)n;
+		}
+		for (p = group; n-- > 0; p = p->next) {
+			p->rc = rc;
+			p->err = err;
+			p->done = true;
+		}
+		pthread_cond_broadcast(&q->done);
+	}
+	pthread_mutex_unlock(&q->lock);
+	return NULL;
+}
+
+struct commitq *commitq_new(struct pg *pool, struct kiln_error *err)
+{
+	struct commitq *q = calloc(1, sizeof(*q));
+
+	if (!q) {
+		kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+		return NULL;
+	}
+	q->pool = pool;
+	q->tail = &q->head;
+	pthread_mutex_init(&q->lock, NULL);
+	pthread_cond_init(&q->work, NULL);
+	pthread_cond_init(&q->done, NULL);
+	if (pthread_create(&q->thread, NULL, writer_main, q) != 0) {
+		kiln_error_set(err, KILN_E_INTERNAL, "cannot start the audit writer");
+		pthread_cond_destroy(&q->done);
+		pthread_cond_destroy(&q->work);
+		pthread_mutex_destroy(&q->lock);
+		free(q);
+		return NULL;
+	}
+	return q;
+}
+
+void commitq_free(struct commitq *q)
+{
+	if (!q)
+		return;
+	pthread_mutex_lock(&q->lock);
+	q->stopping = true;
+	pthread_cond_signal(&q->work);
+	pthread_mutex_unlock(&q->lock);
+	pthread_join(q->thread, NULL);
+	log_info("audit writer: %llu groups, %llu rows", q->groups, q->rows);
+	pthread_cond_destroy(&q->done);
+	pthread_cond_destroy(&q->work);
+	pthread_mutex_destroy(&q->lock);
+	free(q);
+}
+
+enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
+			    struct kiln_error *err)
+{
+	struct pending p = { .row = row };
+
+	if (!q)
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "no audit writer");
+	pthread_mutex_lock(&q->lock);
+	if (q->stopping) {
+		pthread_mutex_unlock(&q->lock);
+		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the audit writer is stopping");
+	}
+	*q->tail = &p;
+	q->tail = &p.next;
+	pthread_cond_signal(&q->work);
+	while (!p.done)
+		pthread_cond_wait(&q->done, &q->lock);
+	pthread_mutex_unlock(&q->lock);
+	if (p.rc != KILN_OK)
+		*err = p.err;
+	return p.rc;
+}
