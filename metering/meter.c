@@ -1189,10 +1189,11 @@ static const char rows_sql[] =
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END, "
 	/* a point in billed state "none": whether anything of its generation was billed (a
-	 * sandbox still creating has such a point too, billed nothing, before its end) */
+	 * sandbox still creating has such a point too, billed nothing, before its end); running
+	 * time counts at a price of 0 too (its memory's byte-seconds) */
 	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
-	"    AND u.ucr > 0) END "
+	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
