@@ -6,7 +6,9 @@ Every test makes its own database (fresh_database) and its own daemons on free p
 stops them by pid when it ends, so tests can run in parallel and never touch `make run`'s.
 Each daemon also records itself in the run's registry (registry_dir(): KILN_TEST_DIR/daemons)
 until it is stopped cleanly: when ctest kills a test at its timeout, the fixture's cleanup
-(services.sh stop) reaps what that test's daemons left (tests/harness/reap.py).
+(services.sh stop) reaps what that test's daemons left (tests/harness/reap.py). Every node id is
+also kept in the run's list of nodes (KILN_TEST_DIR/nodes), against which that cleanup then checks
+that no node of the run left anything on the host (reap.py --check).
 """
 import fcntl
 import glob
@@ -118,6 +120,23 @@ def registry_dir():
     return path
 
 
+def list_node(rec):
+    """Adds a node to the run's list of nodes, KILN_TEST_DIR/nodes/<node id>.json (kept when the
+    node stops: services.sh stop checks that none of them left anything on the host,
+    reap.py --check). The first record of an id stays: it has the earliest start."""
+    try:
+        path = os.path.join(services_env()["KILN_TEST_DIR"], "nodes")
+    except (KeyError, OSError):
+        return
+    os.makedirs(path, exist_ok=True)
+    final = os.path.join(path, rec["node_id"] + ".json")
+    if os.path.exists(final):
+        return
+    with open(final + f".{os.getpid()}.tmp", "w") as f:
+        json.dump({k: rec[k] for k in ("node_id", "run_dir", "born") if rec.get(k)}, f)
+    os.rename(final + f".{os.getpid()}.tmp", final)
+
+
 # The earliest start of each node id in this process: a node started again with the same id
 # (Stack.restart_node) adopts the VMs of the one before, and the reaper must see them as its own.
 _NODE_BORN = {}
@@ -152,6 +171,7 @@ class Daemon:
                        data_dir=getattr(self, "data_dir", None), born=min(born, started))
             if self.netns:
                 rec["netns"] = self.netns.name
+            list_node(rec)
         self.record = os.path.join(reg, f"{rec['kind']}-{self.proc.pid}-{started}.json")
         with open(self.record + ".tmp", "w") as f:
             json.dump(rec, f)
