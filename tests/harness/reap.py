@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """reap.py - removes what the daemons of one test run left behind when a test was killed.
 
-    reap.py REGISTRY_DIR    reap every daemon registered there, then empty the directory
+    reap.py REGISTRY_DIR         reap every daemon registered there, then empty the directory
+    reap.py --check NODES_DIR    name, remove and fail on whatever a node of the run's list left
 
 Every daemon tests/harness/kiln.py starts (kiln-gateway, kiln-node) records itself in the run's
 registry (KILN_TEST_DIR/daemons of services.sh start; one JSON file per daemon: its pid, the
@@ -18,8 +19,15 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   of that id) are
   killed; then each of its sandboxes' netns (kiln-<net id>) and host veth (kv<net id>) is removed,
   its nftables table (inet kiln_<node>), its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
-  guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories, and the network
+  guest memory files (/dev/shm/kiln-<node>-*.mem), its VMs' run directories (/run/kiln/<node>/)
+  and uid leases (/run/kiln/uids/<uid> holding "<node>/<id>", which only the node's own next
+  start would release), its run and data directories, and the network
   namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one.
+
+--check is the end of a run, after the reaper: NODES_DIR is the run's list of every node id
+kiln.py started (KILN_TEST_DIR/nodes, one JSON file each, kept after the node stopped). What any
+of them still has on the host (node_leftovers) is printed, removed as above, and makes the exit
+status 1: a node stopped cleanly leaves nothing, and a killed one was reaped.
 
 Node ids are unique per test ("t" + 8 hex digits), so nothing of another run or of `make run` is
 touched. Prints one line per thing removed; exit status 0, or 1 when something could not be
