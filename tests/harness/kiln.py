@@ -447,11 +447,33 @@ class Node(Daemon):
 
     def cleanup(self, keep_data=False):
         """Stops the node; its data directory (and its pins of guest images) stay when
-        `keep_data` (a restart follows)."""
+        `keep_data` (a restart follows). A node that did not stop cleanly (killed by its test, or
+        at the end of stop()'s wait) and is not started again is reaped here (reap.py), not at
+        the end of the run: its VMs would run on until then, holding their uid leases, run
+        directories, networks and cgroups."""
+        if self.stop() != 0 and not keep_data:
+            self.reap()
         super().cleanup()
         subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
         if not keep_data:
             reap.remove_pins(self.node_id)
+
+
+    def reap(self):
+        """Removes what this stopped node left, as the reaper would, and drops its record (kept
+        when something could not be removed: the end of the run tries again). Its namespace
+        (kiln.Netns) is its test's."""
+        if not self.record or not os.path.exists(self.record):
+            return
+        with open(self.record) as f:
+            rec = json.load(f)
+        rec.pop("netns", None)
+        log, problems = [], []
+        reap.reap_node(rec, log, problems)
+        sys.stderr.write(f"kiln-node {self.node_id} ended with {self.proc.returncode}: reaped\n" +
+                         "".join(f"  {line}\n" for line in log + problems))
+        if not problems:
+            self.unregister()
 
 
 class Netns:

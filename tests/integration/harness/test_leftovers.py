@@ -4,8 +4,10 @@ run started left something behind (reap.py --check on KILN_TEST_DIR/nodes, the r
 ids that kiln.py keeps). Each case runs a services pair of its own, as a test run of its own.
 
 - A node killed with a sandbox (the hook's agent on the host as its guest, no VM) leaves its VM
-  run directory /run/kiln/<node>/<sandbox>/ and the sandbox's uid lease in /run/kiln/uids: the
-  reaper removes both, and the stop passes.
+  run directory /run/kiln/<node>/<sandbox>/ and the sandbox's uid lease in /run/kiln/uids. When
+  its test never cleans it up (killed at its timeout), the reaper at the end of the run removes
+  both, and the stop passes; when its test cleans it up without starting it again, kiln.py reaps
+  it there and then, its guest included.
 - A cleanly stopped node leaves nothing, and the stop passes.
 - What a node of the run left (planted: a VM run directory and a lease naming it) fails the stop,
   is named and removed; the same things of a node id the run did not start are not touched.
@@ -96,15 +98,16 @@ class LeftoverTests(unittest.TestCase):
         self.assertEqual(r.status, 201, r)
         return r.json()["id"]
 
-    def test_a_killed_nodes_vm_dirs_and_uid_leases_go_with_the_reaper(self):
+    def test_a_killed_node_never_stopped_by_its_test_is_reaped_at_the_end_of_the_run(self):
         stack = self.stack()
         node = stack.node.node_id
         sb = self.sandbox(stack)
         self.assertEqual(leases(node), [f"{node}/{sb}"])
         self.assertTrue(os.path.isdir(f"{VM_RUN_ROOT}/{node}/{sb}"))
-        # Killed as a crash test kills it, and never started again: its test stops it no further.
+        # Killed, and its test killed too (ctest's timeout): nothing stops or cleans it up.
         stack.node.stop(signal.SIGKILL)
-        self.down(stack)
+        self.down(stack, node=False)
+        os.unlink(stack.node.log.name)
         self.assertEqual(leases(node), [f"{node}/{sb}"])
         self.assertTrue(os.path.isdir(f"{VM_RUN_ROOT}/{node}/{sb}"))
         r = self.stop()
@@ -112,6 +115,23 @@ class LeftoverTests(unittest.TestCase):
         self.assertEqual(leases(node), [], r.stdout)
         self.assertFalse(os.path.exists(f"{VM_RUN_ROOT}/{node}"), r.stdout)
         self.assertNotIn("check: FAILED", r.stdout)
+
+    def test_a_killed_node_is_reaped_when_its_test_cleans_it_up(self):
+        stack = self.stack()
+        node = stack.node.node_id
+        sb = self.sandbox(stack)
+        agents = kiln.vm_pids(node, sb)
+        self.assertNotEqual(agents, set(), "the sandbox's guest (the hook's agent) is not in its cgroup")
+        # Killed as a crash test kills it, and not started again: its cleanup reaps it at once.
+        stack.node.stop(signal.SIGKILL)
+        self.down(stack)
+        self.assertEqual(leases(node), [])
+        self.assertFalse(os.path.exists(f"{VM_RUN_ROOT}/{node}"))
+        self.assertEqual([p for p in agents if os.path.exists(f"/proc/{p}")], [],
+                         "the sandbox's guest outlived its node's cleanup")
+        self.assertEqual(os.listdir(os.path.join(self.dir, "daemons")), [])
+        r = self.stop()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
     def test_a_cleanly_stopped_node_leaves_nothing(self):
         stack = self.stack()
