@@ -163,7 +163,7 @@ class Daemon:
         if not reg or started is None:
             return
         rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
-               "exe": os.path.realpath(binary)}
+               "exe": os.path.realpath(binary), "log": self.log.name}
         node_id = getattr(self, "node_id", None)
         if os.path.basename(binary) == "kiln-node" and node_id:
             born = _NODE_BORN.setdefault(node_id, started)

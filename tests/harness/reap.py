@@ -22,7 +22,8 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   guest memory files (/dev/shm/kiln-<node>-*.mem), its VMs' run directories (/run/kiln/<node>/)
   and uid leases (/run/kiln/uids/<uid> holding "<node>/<id>", which only the node's own next
   start would release), its run and data directories, and the network
-  namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one.
+  namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one;
+- every daemon's log (kiln.Daemon's /tmp/kiln-log-*.log), which its killed test never removed.
 
 --check is the end of a run, after the reaper: NODES_DIR is the run's list of every node id
 kiln.py started (KILN_TEST_DIR/nodes, one JSON file each, kept after the node stopped). What any
@@ -409,6 +410,11 @@ def reap(registry):
     for path, rec in records:
         if rec.get("kind") == "node":
             reap_node(rec, log, problems)
+        # its output (kiln.Daemon's temporary log), which its killed test never removed
+        out = rec.get("log") or ""
+        if re.match(r"^/tmp/kiln-log-[^/]+\.log$", out) and os.path.exists(out):
+            os.unlink(out)
+            log.append(f"{out}: removed")
         os.unlink(path)
     for line in log:
         print("reap: " + line)

@@ -107,13 +107,13 @@ class LeftoverTests(unittest.TestCase):
         # Killed, and its test killed too (ctest's timeout): nothing stops or cleans it up.
         stack.node.stop(signal.SIGKILL)
         self.down(stack, node=False)
-        os.unlink(stack.node.log.name)
         self.assertEqual(leases(node), [f"{node}/{sb}"])
         self.assertTrue(os.path.isdir(f"{VM_RUN_ROOT}/{node}/{sb}"))
         r = self.stop()
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(leases(node), [], r.stdout)
         self.assertFalse(os.path.exists(f"{VM_RUN_ROOT}/{node}"), r.stdout)
+        self.assertFalse(os.path.exists(stack.node.log.name), r.stdout)
         self.assertNotIn("check: FAILED", r.stdout)
 
     def test_a_killed_node_is_reaped_when_its_test_cleans_it_up(self):

@@ -118,6 +118,11 @@ class ReaperTests(unittest.TestCase):
         net = sb.split("_", 1)[1][:13]  # node/sandbox.c's network id
         records = sorted(os.listdir(self.registry))
         self.assertEqual(len(records), 2, records)
+        logs = []
+        for rec in records:
+            with open(os.path.join(self.registry, rec)) as f:
+                logs.append(json.load(f)["log"])
+        self.assertTrue(all(os.path.exists(p) for p in logs), logs)
 
         # ctest's timeout: the test process dies; its node is killed too (a node killed keeps
         # its VMs running, as one that crashed does), and the gateway lives on.
@@ -164,6 +169,7 @@ class ReaperTests(unittest.TestCase):
         # the VM's run directory and uid lease, which only the node's next start would remove
         self.assertFalse(os.path.exists(f"/run/kiln/{node}"))
         self.assertEqual(leases(node), [])
+        self.assertEqual([p for p in logs if os.path.exists(p)], [], "the daemons' logs are left")
         self.assertEqual([p for p in os.listdir("/proc") if p.isdigit() and node in cmdline(p)], [],
                          "a process naming the node is left")
 
