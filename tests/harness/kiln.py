@@ -6,7 +6,9 @@ Every test makes its own database (fresh_database) and its own daemons on free p
 stops them by pid when it ends, so tests can run in parallel and never touch `make run`'s.
 Each daemon also records itself in the run's registry (registry_dir(): KILN_TEST_DIR/daemons)
 until it is stopped cleanly: when ctest kills a test at its timeout, the fixture's cleanup
-(services.sh stop) reaps what that test's daemons left (tests/harness/reap.py).
+(services.sh stop) reaps what that test's daemons left (tests/harness/reap.py). Every node id is
+also kept in the run's list of nodes (KILN_TEST_DIR/nodes), against which that cleanup then checks
+that no node of the run left anything on the host (reap.py --check).
 """
 import fcntl
 import glob
@@ -118,6 +120,23 @@ def registry_dir():
     return path
 
 
+def list_node(rec):
+    """Adds a node to the run's list of nodes, KILN_TEST_DIR/nodes/<node id>.json (kept when the
+    node stops: services.sh stop checks that none of them left anything on the host,
+    reap.py --check). The first record of an id stays: it has the earliest start."""
+    try:
+        path = os.path.join(services_env()["KILN_TEST_DIR"], "nodes")
+    except (KeyError, OSError):
+        return
+    os.makedirs(path, exist_ok=True)
+    final = os.path.join(path, rec["node_id"] + ".json")
+    if os.path.exists(final):
+        return
+    with open(final + f".{os.getpid()}.tmp", "w") as f:
+        json.dump({k: rec[k] for k in ("node_id", "run_dir", "born") if rec.get(k)}, f)
+    os.rename(final + f".{os.getpid()}.tmp", final)
+
+
 # The earliest start of each node id in this process: a node started again with the same id
 # (Stack.restart_node) adopts the VMs of the one before, and the reaper must see them as its own.
 _NODE_BORN = {}
@@ -144,7 +163,7 @@ class Daemon:
         if not reg or started is None:
             return
         rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
-               "exe": os.path.realpath(binary)}
+               "exe": os.path.realpath(binary), "log": self.log.name}
         node_id = getattr(self, "node_id", None)
         if os.path.basename(binary) == "kiln-node" and node_id:
             born = _NODE_BORN.setdefault(node_id, started)
@@ -152,6 +171,7 @@ class Daemon:
                        data_dir=getattr(self, "data_dir", None), born=min(born, started))
             if self.netns:
                 rec["netns"] = self.netns.name
+            list_node(rec)
         self.record = os.path.join(reg, f"{rec['kind']}-{self.proc.pid}-{started}.json")
         with open(self.record + ".tmp", "w") as f:
             json.dump(rec, f)
@@ -427,11 +447,33 @@ class Node(Daemon):
 
     def cleanup(self, keep_data=False):
         """Stops the node; its data directory (and its pins of guest images) stay when
-        `keep_data` (a restart follows)."""
+        `keep_data` (a restart follows). A node that did not stop cleanly (killed by its test, or
+        at the end of stop()'s wait) and is not started again is reaped here (reap.py), not at
+        the end of the run: its VMs would run on until then, holding their uid leases, run
+        directories, networks and cgroups."""
+        if self.stop() != 0 and not keep_data:
+            self.reap()
         super().cleanup()
         subprocess.run(["rm", "-rf", self.run_dir] + ([] if keep_data else [self.data_dir]))
         if not keep_data:
             reap.remove_pins(self.node_id)
+
+
+    def reap(self):
+        """Removes what this stopped node left, as the reaper would, and drops its record (kept
+        when something could not be removed: the end of the run tries again). Its namespace
+        (kiln.Netns) is its test's."""
+        if not self.record or not os.path.exists(self.record):
+            return
+        with open(self.record) as f:
+            rec = json.load(f)
+        rec.pop("netns", None)
+        log, problems = [], []
+        reap.reap_node(rec, log, problems)
+        sys.stderr.write(f"kiln-node {self.node_id} ended with {self.proc.returncode}: reaped\n" +
+                         "".join(f"  {line}\n" for line in log + problems))
+        if not problems:
+            self.unregister()
 
 
 class Netns:

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """reap.py - removes what the daemons of one test run left behind when a test was killed.
 
-    reap.py REGISTRY_DIR    reap every daemon registered there, then empty the directory
+    reap.py REGISTRY_DIR         reap every daemon registered there, then empty the directory
+    reap.py --check NODES_DIR    name, remove and fail on whatever a node of the run's list left
 
 Every daemon tests/harness/kiln.py starts (kiln-gateway, kiln-node) records itself in the run's
 registry (KILN_TEST_DIR/daemons of services.sh start; one JSON file per daemon: its pid, the
@@ -18,8 +19,16 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   of that id) are
   killed; then each of its sandboxes' netns (kiln-<net id>) and host veth (kv<net id>) is removed,
   its nftables table (inet kiln_<node>), its BPF pins (/sys/fs/bpf/kiln/<node>), its cgroups (kiln/<node> under each hierarchy), its
-  guest memory files (/dev/shm/kiln-<node>-*.mem), its run and data directories, and the network
-  namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one.
+  guest memory files (/dev/shm/kiln-<node>-*.mem), its VMs' run directories (/run/kiln/<node>/)
+  and uid leases (/run/kiln/uids/<uid> holding "<node>/<id>", which only the node's own next
+  start would release), its run and data directories, and the network
+  namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one;
+- every daemon's log (kiln.Daemon's /tmp/kiln-log-*.log), which its killed test never removed.
+
+--check is the end of a run, after the reaper: NODES_DIR is the run's list of every node id
+kiln.py started (KILN_TEST_DIR/nodes, one JSON file each, kept after the node stopped). What any
+of them still has on the host (node_leftovers) is printed, removed as above, and makes the exit
+status 1: a node stopped cleanly leaves nothing, and a killed one was reaped.
 
 Node ids are unique per test ("t" + 8 hex digits), so nothing of another run or of `make run` is
 touched. Prints one line per thing removed; exit status 0, or 1 when something could not be
@@ -37,6 +46,8 @@ import time
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 PIN_ROOT = "/sys/fs/bpf/kiln"
+VM_RUN_ROOT = "/run/kiln"  # vmm/orphan.h VMM_RUN_ROOT_DEFAULT: a node's VMs under <root>/<node>/<id>/
+LEASE_DIR = VM_RUN_ROOT + "/uids"  # vmm/jail.h JAIL_LEASE_DIR: <uid>, holding "<node>/<id>"
 SHM = "/dev/shm"
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
 
@@ -122,12 +133,57 @@ def node_sandboxes(rec, cgroups):
     node = rec["node_id"]
     for top in cgroups:
         ids.update(x for x in os.listdir(top) if os.path.isdir(os.path.join(top, x)))
-    for pattern in (f"{PIN_ROOT}/{node}/*", os.path.join(rec.get("run_dir", "/nonexistent"), "*"),
-                    os.path.join(rec.get("data_dir", "/nonexistent"), "vms", node, "*")):
+    for pattern in (f"{PIN_ROOT}/{node}/*", os.path.join(rec.get("run_dir") or "/nonexistent", "*"),
+                    os.path.join(rec.get("data_dir") or "/nonexistent", "vms", node, "*"),
+                    f"{VM_RUN_ROOT}/{node}/*"):
         ids.update(os.path.basename(p) for p in glob.glob(pattern) if os.path.isdir(p))
     for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
         ids.add(os.path.basename(p)[len(f"kiln-{node}-"):-len(".mem")])
+    ids.update(owner.split("/", 1)[1] for _, owner in node_leases(node))
     return {i for i in ids if re.match(r"^[a-z]+_[a-z0-9]+$", i)}
+
+
+def node_leases(node):
+    """The uid leases (vmm/jail.c) of `node`'s VMs: [(path, owner)], the owner "<node>/<id>"
+    (vmm_lease_owner), so another node's never match."""
+    out = []
+    for p in glob.glob(f"{LEASE_DIR}/*"):
+        if not os.path.basename(p).isdigit():
+            continue
+        try:
+            with open(p) as f:
+                owner = f.read().strip()
+        except OSError:
+            continue
+        if owner.startswith(node + "/") and len(owner) > len(node) + 1:
+            out.append((p, owner))
+    return sorted(out)
+
+
+def mounts_under(path):
+    """The mount points at or below `path` in this mount namespace, deepest first."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            mp = line.split()[4].encode().decode("unicode_escape")
+            if mp == path or mp.startswith(path + "/"):
+                out.append(mp)
+    return sorted(out, key=len, reverse=True)
+
+
+def remove_tree(path, problems):
+    """Removes `path` (a VM run directory: sockets, logs, jail mount points) after detaching what
+    is mounted below it (a VM's jail mounts live in its own mount namespace: normally nothing)."""
+    for mp in mounts_under(path):
+        r = subprocess.run(["umount", "-l", mp], capture_output=True, text=True)
+        if r.returncode != 0:
+            problems.append(f"{mp}: cannot unmount: {r.stderr.strip()}")
+            return False
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        problems.append(f"{path}: could not be removed")
+        return False
+    return True
 
 
 def net_id(sandbox_id):
@@ -229,6 +285,19 @@ def reap_node(rec, log, problems):
     for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
         os.unlink(p)
         log.append(f"{p}: removed")
+    # Its VMs' run directories and uid leases, as the node's own orphan cleanup at its next start
+    # would remove them (vmm/orphan.c): a node that never starts again leaves them otherwise.
+    vm_root = f"{VM_RUN_ROOT}/{node}"
+    if os.path.lexists(vm_root) and remove_tree(vm_root, problems):
+        log.append(f"{vm_root}: removed")
+    for p, owner in node_leases(node):
+        try:
+            os.unlink(p)
+            log.append(f"uid lease {p} ({owner}): released")
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            problems.append(f"uid lease {p} ({owner}): {e.strerror}")
     for p in remove_pins(node):
         log.append(f"{p}: removed")
     for d in (rec.get("run_dir"), rec.get("data_dir")):
@@ -241,6 +310,82 @@ def reap_node(rec, log, problems):
         r = subprocess.run(["ip", "netns", "del", ns], capture_output=True, text=True)
         (log if r.returncode == 0 else problems).append(f"netns {ns}: removed" if r.returncode == 0
                                                         else f"netns {ns}: {r.stderr.strip()}")
+
+
+def node_leftovers(rec):
+    """What of node `rec` (a record of the run's node list) is still on this host: its processes
+    (in its cgroups, or naming its run directory or id, started after it), its VMs' run directory
+    and uid leases, its run directory, cgroups, BPF pins, guest memory files, nftables table and
+    its sandboxes' netns and host veths. One line each."""
+    node = rec["node_id"]
+    born = rec.get("born") or 0
+    run_dir = rec.get("run_dir") or f"/run/kt-{node}"
+    cgroups = node_cgroups(node)
+    left = []
+    procs = cgroup_pids(cgroups)
+    marks = [m for m in (run_dir + "/", f"/{node}/", f"kiln-{node}-") if len(m) > 4]
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            cmd = cmdline_of(d)
+            if cmd and any(m in cmd for m in marks):
+                procs.add(int(d))
+    for pid in sorted(procs):
+        st = start_time(pid)
+        if st is not None and st >= born and not zombie(pid):
+            left.append(f"process {pid}: {cmdline_of(pid)[:80]!r}")
+    for d in (f"{VM_RUN_ROOT}/{node}", run_dir, f"{PIN_ROOT}/{node}"):
+        if os.path.lexists(d):
+            left.append(d + (": " + " ".join(sorted(os.listdir(d))) if os.path.isdir(d) else ""))
+    left.extend(f"uid lease {p}: {owner}" for p, owner in node_leases(node))
+    left.extend(f"cgroup {d}" for d in cgroups)
+    left.extend(glob.glob(f"{SHM}/kiln-{node}-*.mem"))
+    table = "kiln_" + node.replace("-", "_")
+    if shutil.which("nft") and subprocess.run(["nft", "list", "table", "inet", table],
+                                              capture_output=True).returncode == 0:
+        left.append(f"nftables table inet {table}")
+    for sb in sorted(node_sandboxes(rec, cgroups)):
+        nid = net_id(sb)
+        if os.path.exists(f"/run/netns/kiln-{nid}"):
+            left.append(f"netns kiln-{nid} (sandbox {sb})")
+        if os.path.exists(f"/sys/class/net/kv{nid}"):
+            left.append(f"link kv{nid} (sandbox {sb})")
+    return left
+
+
+def check(nodes_dir):
+    """The check at the end of a test run, after the reaper: every node the run started (its list,
+    `nodes_dir`: one JSON file per node id, kept after the node stopped) must have left nothing on
+    the host. What one left is printed, then removed as the reaper removes a killed node's; the
+    exit status is 1 when anything was left. Only the run's own node ids are looked at, so another
+    run's nodes (or `make run`'s) are never touched."""
+    leaks = False
+    problems = []
+    for path in sorted(glob.glob(os.path.join(nodes_dir, "*.json"))):
+        try:
+            with open(path) as f:
+                rec = json.load(f)
+        except (OSError, ValueError) as e:
+            print(f"check: FAILED {path}: unreadable: {e}")
+            leaks = True
+            continue
+        if not NODE_ID.match(rec.get("node_id", "")):
+            print(f"check: FAILED bad node id {rec.get('node_id')!r} in {path}")
+            leaks = True
+            continue
+        left = node_leftovers(rec)
+        if not left:
+            continue
+        leaks = True
+        for line in left:
+            print(f"check: FAILED node {rec['node_id']} left {line}")
+        log = []
+        # Only what a node makes: its data directory, not in the list, is its test's to remove.
+        reap_node(rec, log, problems)
+        for line in log:
+            print("check: " + line)
+    for line in problems:
+        print("check: FAILED " + line)
+    return 1 if leaks or problems else 0
 
 
 def reap(registry):
@@ -265,6 +410,11 @@ def reap(registry):
     for path, rec in records:
         if rec.get("kind") == "node":
             reap_node(rec, log, problems)
+        # its output (kiln.Daemon's temporary log), which its killed test never removed
+        out = rec.get("log") or ""
+        if re.match(r"^/tmp/kiln-log-[^/]+\.log$", out) and os.path.exists(out):
+            os.unlink(out)
+            log.append(f"{out}: removed")
         os.unlink(path)
     for line in log:
         print("reap: " + line)
@@ -274,6 +424,8 @@ def reap(registry):
 
 
 def main(argv):
+    if len(argv) == 3 and argv[1] == "--check":
+        return check(argv[2]) if os.path.isdir(argv[2]) else 0
     if len(argv) != 2:
         sys.stderr.write(__doc__)
         return 2

@@ -9,7 +9,11 @@
 # them cleanly: a test ctest killed at its timeout leaves its node, VMs, netns, TAPs, BPF pins
 # and cgroups behind), then stops both by their pid files and removes the directory. ctest runs
 # stop as the fixture's cleanup, so it runs even when tests fail or time out. It fails when
-# something could not be reaped.
+# something could not be reaped. Then it checks that no node of the run (KILN_TEST_DIR/nodes, the
+# list kiln.py keeps of every node id it started) left anything on the host: VM run directories
+# (/run/kiln/<node>), uid leases naming it, its run directory, cgroups, BPF pins, memory files, its
+# nftables table, its sandboxes' netns and veths, processes. What one left is named, removed, and
+# fails the stop (reap.py --check). Only this run's node ids are looked at.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../scripts/lib.sh"
@@ -40,6 +44,9 @@ stop)
   reaped=0
   if [ -n "$dir" ] && [ -d "$dir/daemons" ]; then
     /usr/bin/python3 "$here/reap.py" "$dir/daemons" || reaped=$?
+  fi
+  if [ -n "$dir" ] && [ -d "$dir/nodes" ]; then
+    /usr/bin/python3 "$here/reap.py" --check "$dir/nodes" || reaped=1
   fi
   if [ -n "$dir" ] && [ -d "$dir" ]; then
     kiln_pg_stop "$dir/pg"

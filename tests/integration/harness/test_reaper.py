@@ -1,8 +1,9 @@
 """The reaper of a killed test (tests/harness/reap.py): a child test starts a gateway, a node and a
 sandbox and is SIGKILLed with its node, as ctest kills a test at its timeout; its QEMU, netns,
-host veth, nftables table, BPF pins and cgroups outlive it. The reaper, run on the child's registry as the
-"services" fixture's cleanup runs it on the run's, leaves none of them, and kills no process whose
-record does not match it (another process now has that pid)."""
+host veth, nftables table, BPF pins, cgroups, VM run directory and uid lease outlive it. The
+reaper, run on the child's registry as the "services" fixture's cleanup runs it on the run's,
+leaves none of them, and kills no process whose record does not match it (another process now
+has that pid)."""
 import glob
 import json
 import os
@@ -80,6 +81,17 @@ def nft_table(node):
                           capture_output=True).returncode == 0
 
 
+def leases(node):
+    """The owners of the uid leases (vmm/jail.h, /run/kiln/uids) naming `node`."""
+    out = []
+    for p in glob.glob("/run/kiln/uids/*"):
+        with open(p) as f:
+            owner = f.read()
+        if owner.startswith(node + "/"):
+            out.append(owner)
+    return sorted(out)
+
+
 class ReaperTests(unittest.TestCase):
     def setUp(self):
         self.tmp = tempfile.mkdtemp(prefix="kiln-reaper-")
@@ -106,6 +118,11 @@ class ReaperTests(unittest.TestCase):
         net = sb.split("_", 1)[1][:13]  # node/sandbox.c's network id
         records = sorted(os.listdir(self.registry))
         self.assertEqual(len(records), 2, records)
+        logs = []
+        for rec in records:
+            with open(os.path.join(self.registry, rec)) as f:
+                logs.append(json.load(f)["log"])
+        self.assertTrue(all(os.path.exists(p) for p in logs), logs)
 
         # ctest's timeout: the test process dies; its node is killed too (a node killed keeps
         # its VMs running, as one that crashed does), and the gateway lives on.
@@ -125,6 +142,8 @@ class ReaperTests(unittest.TestCase):
         self.assertTrue(os.path.isdir(f"/sys/fs/bpf/kiln/{node}"))
         self.assertNotEqual(cgroup_dirs(node), [])
         self.assertTrue(nft_table(node), "the node's nftables table is not there")
+        self.assertTrue(os.path.isdir(f"/run/kiln/{node}/{sb}"))
+        self.assertEqual(leases(node), [f"{node}/{sb}"])
 
         # A record whose pid is now another process (its start time differs): not killed.
         bystander = subprocess.Popen(["sleep", "120"])
@@ -147,6 +166,10 @@ class ReaperTests(unittest.TestCase):
         self.assertFalse(nft_table(node), "the node's nftables table outlived the reaper")
         self.assertEqual(glob.glob(f"/dev/shm/kiln-{node}-*"), [])
         self.assertFalse(os.path.exists(f"/run/kt-{node}"))
+        # the VM's run directory and uid lease, which only the node's next start would remove
+        self.assertFalse(os.path.exists(f"/run/kiln/{node}"))
+        self.assertEqual(leases(node), [])
+        self.assertEqual([p for p in logs if os.path.exists(p)], [], "the daemons' logs are left")
         self.assertEqual([p for p in os.listdir("/proc") if p.isdigit() and node in cmdline(p)], [],
                          "a process naming the node is left")
 
