@@ -243,9 +243,28 @@ void sb_release(struct node *n, struct sandbox *sb)
 	fs_remove_tree_or_warn(state_dir);
 }
 
+/*
+ * Where a sandbox's network setup spends its time, ms (monotonic clock marks turned into
+ * lengths), logged at info so that a slow create or resume can be read off the node's log.
+ */
+enum net_phase { NP_UID, NP_NETNS, NP_POLICY, NP_RULES, NP_DNS, NP_SNI, NP__COUNT };
+
+struct net_times {
+	long long mark;
+	long long ms[NP__COUNT];
+};
+
+static void net_time(struct net_times *t, enum net_phase ph)
+{
+	long long now = sb_mono_ms();
+
+	t->ms[ph] = now - t->mark;
+	t->mark = now;
+}
+
 /* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */
 static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
-			       struct kiln_error *err)
+			       struct net_times *t, struct kiln_error *err)
 {
 	struct kiln_policy_config pc = {
 		.node_id = n->cfg.node_id,
@@ -257,18 +276,22 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 	};
 	enum kiln_err rc = kiln_policy_attach(&pc, &sb->pol, err);
 
+	net_time(t, NP_POLICY);
 	if (rc == KILN_OK && init && init->egress && init->egress->n)
 		rc = kiln_policy_apply_held(sb->pol, init->egress, err);
 	if (rc == KILN_OK && init && init->bandwidth)
 		rc = kiln_policy_set_bandwidth(sb->pol, init->bandwidth, err);
+	net_time(t, NP_RULES);
 	if (rc == KILN_OK) {
 		rc = kiln_dns_proxy_add(n->dns, &sb->net, sb->pol, err);
 		sb->dns_added = rc == KILN_OK;
 	}
+	net_time(t, NP_DNS);
 	if (rc == KILN_OK) {
 		rc = kiln_sniproxy_add(n->sni, &sb->net, sb->pol, err);
 		sb->sni_added = rc == KILN_OK;
 	}
+	net_time(t, NP_SNI);
 	return rc;
 }
 
@@ -277,6 +300,8 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 			       struct kiln_error *err)
 {
 	struct kiln_sbnet_config netcfg = { 0 };
+	struct net_times t = { .mark = sb_mono_ms() };
+	long long start = t.mark;
 	char owner[128];
 	enum kiln_err rc;
 	int r;
@@ -287,6 +312,7 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
 	sb->has_uid = true;
+	net_time(&t, NP_UID);
 	netcfg.id = sb->net_id;
 	netcfg.index = (uint32_t)sb->net_index;
 	netcfg.tap_uid = (int)sb->uid;
@@ -294,7 +320,14 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
-	return sb_policy(n, sb, init, err);
+	net_time(&t, NP_NETNS);
+	rc = sb_policy(n, sb, init, &t, err);
+	if (rc == KILN_OK)
+		log_info("sandbox \"%s\": network up in %lld ms: uid %lld, netns %lld, policy %lld, "
+			 "rules %lld, dns %lld, sni %lld", sb->id, t.mark - start, t.ms[NP_UID],
+			 t.ms[NP_NETNS], t.ms[NP_POLICY], t.ms[NP_RULES], t.ms[NP_DNS],
+			 t.ms[NP_SNI]);
+	return rc;
 }
 
 /* The VM spec of `sb` on this node; the strings point into `bufs`, which must outlive `spec`. */
@@ -459,12 +492,13 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	struct vmm_spec spec;
 	struct spec_bufs b;
 	enum kiln_err rc;
-	/* phase timings, logged: network, VMM restore, agent, disk grown, identity */
-	long long t[6] = { sb_mono_ms() };
+	/* phase timings, logged: images, network, VMM restore, agent, disk grown, identity */
+	long long t[6] = { sb_mono_ms() }, images;
 
 	/* On the image it was taken from (its kernel, initramfs and disk base), or not at all. */
 	rc = images_of_snapshot(n->cfg.node_id, snap_dir, node_image_hash(n), sb->image_hash,
 				sizeof(sb->image_hash), err);
+	images = sb_mono_ms() - t[0];
 	if (rc == KILN_OK && !sb->has_net)
 		rc = sb_net_up(n, sb, init, err);
 	if (rc != KILN_OK)
@@ -487,7 +521,8 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	t[5] = sb_mono_ms();
 	if (rc == KILN_OK)
 		log_info("sandbox \"%s\" restored from %s in %lld ms: network %lld, vmm %lld, "
-			 "agent %lld, disk %lld, identity %lld", sb->id, snap_dir, t[5] - t[0],
-			 t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]);
+			 "agent %lld, disk %lld, identity %lld (images checked in %lld of the network's)",
+			 sb->id, snap_dir, t[5] - t[0], t[1] - t[0], t[2] - t[1], t[3] - t[2],
+			 t[4] - t[3], t[5] - t[4], images);
 	return rc;
 }
