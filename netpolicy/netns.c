@@ -17,6 +17,7 @@
 
 #include "common/log.h"
 #include "common/proc.h"
+#include "netpolicy/rtnl.h"
 
 enum kiln_err kiln_run(const char *const *argv, struct kiln_error *err)
 {
@@ -95,70 +96,63 @@ static int write_sysctl(const char *path, const char *val)
 	return e;
 }
 
-enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln_sbnet *out,
-				struct kiln_error *err)
+/* `name`'s index in the calling thread's namespace, or a negative errno. */
+static int link_index(const char *name)
 {
-	enum kiln_err e = kiln_sbnet_describe(cfg->id, cfg->index, out, err);
-	if (e)
-		return e;
-	char path[64];
-	snprintf(path, sizeof(path), "/run/netns/%s", out->netns);
-	if (access(path, F_OK) == 0)
-		return kiln_error_set(err, KILN_E_CONFLICT, "network namespace \"%s\" exists",
-				      out->netns);
+	unsigned i = if_nametoindex(name);
+	return i ? (int)i : -ENODEV;
+}
 
-	char h4[32], n4[32], h6[64], n6[64], hop4[INET_ADDRSTRLEN], hop6[INET6_ADDRSTRLEN];
-	inet_ntop(AF_INET, out->host_ip4, hop4, sizeof(hop4));
-	inet_ntop(AF_INET6, out->host_ip6, hop6, sizeof(hop6));
-	snprintf(h4, sizeof(h4), "%s/30", hop4);
-	inet_ntop(AF_INET, out->nat_ip4, n4, sizeof(n4));
-	strcat(n4, "/30");
-	snprintf(h6, sizeof(h6), "%s/64", hop6);
-	inet_ntop(AF_INET6, out->nat_ip6, n6, sizeof(n6) - 4);
-	strcat(n6, "/64");
-	const char *ns = out->netns, *hif = out->host_if;
+/*
+ * The host's end of the veth (the other end, the uplink, goes into the netns `nsfd`): its
+ * addresses, then up. On failure *step names what failed.
+ */
+static int host_side(const struct kiln_sbnet *net, int nsfd, const char **step)
+{
+	struct rtnl r;
+	int rc, ifi = 0;
 
-	RUN("ip", "netns", "add", ns);
-	RUN("ip", "link", "add", hif, "type", "veth", "peer", "name", KILN_NET_UPLINK, "netns", ns);
-	RUN("ip", "addr", "add", h4, "dev", hif);
-	RUN("ip", "-6", "addr", "add", h6, "dev", hif, "nodad");
-	RUN("ip", "link", "set", hif, "up");
-	RUN("ip", "-n", ns, "link", "set", "lo", "up");
-	RUN("ip", "-n", ns, "addr", "add", n4, "dev", KILN_NET_UPLINK);
-	RUN("ip", "-n", ns, "-6", "addr", "add", n6, "dev", KILN_NET_UPLINK, "nodad");
-	RUN("ip", "-n", ns, "link", "set", KILN_NET_UPLINK, "up");
-	if (cfg->standin_netns) {
-		RUN("ip", "-n", ns, "link", "add", KILN_NET_TAP, "type", "veth", "peer", "name",
-		    "eth0", "netns", cfg->standin_netns);
-		const char *g = cfg->standin_netns;
-		RUN("ip", "-n", g, "link", "set", "eth0", "address", KILN_GUEST_MAC);
-		RUN("ip", "-n", g, "link", "set", "lo", "up");
-		RUN("ip", "-n", g, "addr", "add", KILN_GUEST_IP4 "/30", "dev", "eth0");
-		RUN("ip", "-n", g, "-6", "addr", "add", KILN_GUEST_IP6 "/64", "dev", "eth0", "nodad");
-		RUN("ip", "-n", g, "link", "set", "eth0", "up");
-		RUN("ip", "-n", g, "route", "add", "default", "via", KILN_GATEWAY_IP4);
-		RUN("ip", "-n", g, "-6", "route", "add", "default", "via", KILN_GATEWAY_IP6);
-	} else if (cfg->tap_uid >= 0) {
-		char uid[16];
-		snprintf(uid, sizeof(uid), "%d", cfg->tap_uid);
-		RUN("ip", "-n", ns, "tuntap", "add", KILN_NET_TAP, "mode", "tap", "user", uid);
-	} else {
-		RUN("ip", "-n", ns, "tuntap", "add", KILN_NET_TAP, "mode", "tap");
-	}
-	RUN("ip", "-n", ns, "link", "set", KILN_NET_TAP, "address", KILN_GATEWAY_MAC);
-	RUN("ip", "-n", ns, "addr", "add", KILN_GATEWAY_IP4 "/30", "dev", KILN_NET_TAP);
-	RUN("ip", "-n", ns, "-6", "addr", "add", KILN_GATEWAY_IP6 "/64", "dev", KILN_NET_TAP,
-	    "nodad");
-	RUN("ip", "-n", ns, "link", "set", KILN_NET_TAP, "up");
-	RUN("ip", "-n", ns, "route", "add", "default", "via", hop4, "dev", KILN_NET_UPLINK);
-	RUN("ip", "-n", ns, "-6", "route", "add", "default", "via", hop6, "dev", KILN_NET_UPLINK);
+	*step = "netlink socket";
+	if ((rc = rtnl_open(&r)) < 0)
+		return rc;
+	*step = "veth";
+	rc = rtnl_veth_add(&r, net->host_if, KILN_NET_UPLINK, nsfd);
+	if (rc == 0 && (ifi = rc = link_index(net->host_if)) > 0)
+		rc = 0;
+	if (rc == 0 && (*step = "host address", 1))
+		rc = rtnl_addr_add(&r, ifi, AF_INET, net->host_ip4, 30);
+	if (rc == 0)
+		rc = rtnl_addr_add(&r, ifi, AF_INET6, net->host_ip6, 64);
+	if (rc == 0 && (*step = "host link up", 1))
+		rc = rtnl_link_up(&r, ifi);
+	rtnl_close(&r);
+	return rc;
+}
 
-	int saved;
-	int rc = kiln_sbnet_enter(out, &saved);
-	if (rc < 0) {
-		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", ns, strerror(-rc));
-		goto fail;
-	}
+/* The TAP's fixed addresses, the same in every sandbox (netns.h). */
+struct gateway {
+	uint8_t mac[6], ip4[4], ip6[16];
+};
+
+static void gateway_of(struct gateway *g)
+{
+	unsigned m[6];
+
+	sscanf(KILN_GATEWAY_MAC, "%x:%x:%x:%x:%x:%x", &m[0], &m[1], &m[2], &m[3], &m[4], &m[5]);
+	for (int i = 0; i < 6; i++)
+		g->mac[i] = (uint8_t)m[i];
+	inet_pton(AF_INET, KILN_GATEWAY_IP4, g->ip4);
+	inet_pton(AF_INET6, KILN_GATEWAY_IP6, g->ip6);
+}
+
+/*
+ * Inside the sandbox's netns (the calling thread entered it): loopback and uplink up with their
+ * addresses, the TAP made (unless a stand-in veth took its place) and addressed, the default
+ * routes out through the uplink, forwarding on. On failure *step names what failed.
+ */
+static int ns_side(const struct kiln_sbnet *net, const struct kiln_sbnet_config *cfg,
+		   const char **step)
+{
 	static const char *const on[][2] = {
 		{"/proc/sys/net/ipv4/ip_forward", "1"},
 		{"/proc/sys/net/ipv6/conf/all/forwarding", "1"},
@@ -166,15 +160,104 @@ enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln
 		{"/proc/sys/net/ipv4/conf/default/rp_filter", "0"},
 		{"/proc/sys/net/ipv6/conf/all/accept_ra", "0"},
 	};
+	struct gateway g;
+	struct rtnl r;
+	int rc, up = 0, tap = 0;
+
+	gateway_of(&g);
+	*step = "netlink socket";
+	if ((rc = rtnl_open(&r)) < 0)
+		return rc;
+	*step = "loopback up";
+	if ((rc = link_index("lo")) > 0)
+		rc = rtnl_link_up(&r, rc);
+	if (rc == 0 && (*step = "uplink", 1) && (up = rc = link_index(KILN_NET_UPLINK)) > 0)
+		rc = rtnl_addr_add(&r, up, AF_INET, net->nat_ip4, 30);
+	if (rc == 0)
+		rc = rtnl_addr_add(&r, up, AF_INET6, net->nat_ip6, 64);
+	if (rc == 0)
+		rc = rtnl_link_up(&r, up);
+	if (rc == 0 && !cfg->standin_netns && (*step = "tap", 1))
+		rc = rtnl_tap_add(KILN_NET_TAP, cfg->tap_uid >= 0 ? (uid_t)cfg->tap_uid : (uid_t)-1);
+	if (rc == 0 && (*step = "tap address", 1) && (tap = rc = link_index(KILN_NET_TAP)) > 0)
+		rc = rtnl_link_set_mac(&r, tap, g.mac);
+	if (rc == 0)
+		rc = rtnl_addr_add(&r, tap, AF_INET, g.ip4, 30);
+	if (rc == 0)
+		rc = rtnl_addr_add(&r, tap, AF_INET6, g.ip6, 64);
+	if (rc == 0 && (*step = "tap up", 1))
+		rc = rtnl_link_up(&r, tap);
+	if (rc == 0 && (*step = "default routes", 1))
+		rc = rtnl_route_default(&r, AF_INET, net->host_ip4, up);
+	if (rc == 0)
+		rc = rtnl_route_default(&r, AF_INET6, net->host_ip6, up);
+	rtnl_close(&r);
 	for (size_t i = 0; i < sizeof(on) / sizeof(on[0]) && rc == 0; i++)
 		if ((rc = write_sysctl(on[i][0], on[i][1])) < 0)
-			e = kiln_error_set(err, KILN_E_IO, "sysctl %s: %s", on[i][0], strerror(-rc));
-	kiln_sbnet_leave(saved);
-	if (rc < 0)
+			*step = on[i][0];
+	return rc;
+}
+
+/*
+ * Made by netlink from this thread rather than by `ip`: one process per step was most of the
+ * time a sandbox's network took on a loaded host (docs/network-policy.md, "Setup time"). Only
+ * the tests' stand-in veth still runs `ip`.
+ */
+enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln_sbnet *out,
+				struct kiln_error *err)
+{
+	enum kiln_err e = kiln_sbnet_describe(cfg->id, cfg->index, out, err);
+	const char *step = "netns";
+	int nsfd, saved, rc;
+	char path[64];
+
+	if (e)
+		return e;
+	snprintf(path, sizeof(path), "/run/netns/%s", out->netns);
+	if (access(path, F_OK) == 0)
+		return kiln_error_set(err, KILN_E_CONFLICT, "network namespace \"%s\" exists",
+				      out->netns);
+	nsfd = rtnl_netns_add(path);
+	if (nsfd < 0)
+		return kiln_error_set(err, KILN_E_IO, "network namespace \"%s\": %s", out->netns,
+				      strerror(-nsfd));
+	rc = host_side(out, nsfd, &step);
+	if (rc < 0) {
+		e = kiln_error_set(err, KILN_E_IO, "network of \"%s\", %s: %s", out->netns, step,
+				   strerror(-rc));
 		goto fail;
-	log_debug("sandbox network \"%s\" created", ns);
+	}
+	if (cfg->standin_netns) {
+		const char *ns = out->netns, *g = cfg->standin_netns;
+		RUN("ip", "-n", ns, "link", "add", KILN_NET_TAP, "type", "veth", "peer", "name",
+		    "eth0", "netns", g);
+		RUN("ip", "-n", g, "link", "set", "eth0", "address", KILN_GUEST_MAC);
+		RUN("ip", "-n", g, "link", "set", "lo", "up");
+		RUN("ip", "-n", g, "addr", "add", KILN_GUEST_IP4 "/30", "dev", "eth0");
+		RUN("ip", "-n", g, "-6", "addr", "add", KILN_GUEST_IP6 "/64", "dev", "eth0", "nodad");
+		RUN("ip", "-n", g, "link", "set", "eth0", "up");
+		RUN("ip", "-n", g, "route", "add", "default", "via", KILN_GATEWAY_IP4);
+		RUN("ip", "-n", g, "-6", "route", "add", "default", "via", KILN_GATEWAY_IP6);
+	}
+	if ((rc = kiln_sbnet_enter(out, &saved)) < 0) {
+		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", out->netns, strerror(-rc));
+		goto fail;
+	}
+	rc = ns_side(out, cfg, &step);
+	if (kiln_sbnet_leave(saved) < 0) {
+		log_error("cannot return from netns \"%s\"", out->netns);
+		abort();
+	}
+	if (rc < 0) {
+		e = kiln_error_set(err, KILN_E_IO, "network of \"%s\", %s: %s", out->netns, step,
+				   strerror(-rc));
+		goto fail;
+	}
+	close(nsfd);
+	log_debug("sandbox network \"%s\" created", out->netns);
 	return KILN_OK;
 fail:
+	close(nsfd);
 	kiln_sbnet_destroy(cfg->id, NULL);
 	return e;
 }

@@ -420,94 +420,139 @@ static enum kiln_err init_state(struct kiln_policy *p, const struct kiln_policy_
 	return KILN_OK;
 }
 
-enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct kiln_policy **out,
-				 struct kiln_error *err)
+/* Programs loaded and maps made (pinned), not yet on any device: kiln_policy_load's result. */
+struct kiln_policy_load {
+	struct egress_bpf *s;
+	struct kiln_policy *p;
+	char sandbox_id[65];
+};
+
+void kiln_policy_load_free(struct kiln_policy_load *l)
+{
+	if (!l)
+		return;
+	kiln_policy_close(l->p);
+	egress_bpf__destroy(l->s);
+	free(l);
+}
+
+enum kiln_err kiln_policy_load(const struct kiln_policy_config *cfg, struct kiln_policy_load **out,
+			       struct kiln_error *err)
 {
 	char dir[256];
+	struct kiln_policy_load *l;
 	enum kiln_err e = pin_dir(cfg, dir, sizeof(dir), err);
+	int rc;
+
+	*out = NULL;
 	if (e)
 		return e;
 	if (!cfg->net)
 		return kiln_error_set(err, KILN_E_INVALID, "attach needs the sandbox network");
 	pthread_once(&libbpf_once, libbpf_setup);
-	int rc = ensure_bpffs(dir);
+	rc = ensure_bpffs(dir);
 	if (rc < 0)
 		return kiln_error_set(err, KILN_E_IO, "mount bpffs: %s", strerror(-rc));
 	rc = mkdirs(dir);
 	if (rc < 0)
 		return kiln_error_set(err, KILN_E_IO, "mkdir \"%s\": %s", dir, strerror(-rc));
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	snprintf(l->sandbox_id, sizeof(l->sandbox_id), "%s", cfg->sandbox_id);
 
 	DECLARE_LIBBPF_OPTS(bpf_object_open_opts, oo, .pin_root_path = dir);
-	struct egress_bpf *s = egress_bpf__open_opts(&oo);
-	if (!s)
-		return kiln_error_set(err, KILN_E_INTERNAL, "open BPF object: %s", strerror(errno));
-	if ((e = set_rodata(s, cfg->net, err)) != KILN_OK)
-		goto out_skel;
-	if ((rc = egress_bpf__load(s)) < 0) {
+	l->s = egress_bpf__open_opts(&oo);
+	if (!l->s) {
+		e = kiln_error_set(err, KILN_E_INTERNAL, "open BPF object: %s", strerror(errno));
+		goto fail;
+	}
+	if ((e = set_rodata(l->s, cfg->net, err)) != KILN_OK)
+		goto fail;
+	if ((rc = egress_bpf__load(l->s)) < 0) {
 		e = kiln_error_set(err, KILN_E_INTERNAL,
 				   "load BPF programs for \"%s\": %s (pinned maps of another "
 				   "layout must be removed first)", cfg->sandbox_id, strerror(-rc));
-		goto out_skel;
+		goto fail;
 	}
-	struct kiln_policy *p = policy_new(dir);
-	if (!p) {
+	l->p = policy_new(dir);
+	if (!l->p) {
 		e = kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-		goto out_skel;
+		goto fail;
 	}
+	struct egress_bpf *s = l->s;
 	struct bpf_map *maps[M__COUNT] = {
 		s->maps.cfg, s->maps.limits, s->maps.counters, s->maps.allow4, s->maps.allow4p,
 		s->maps.allow6, s->maps.allow6p, s->maps.deny4, s->maps.deny6, s->maps.dns,
 		s->maps.flows, s->maps.rules, s->maps.connlog, s->maps.names,
 	};
 	for (int i = 0; i < M__COUNT; i++)
-		p->fd[i] = dup(bpf_map__fd(maps[i]));
-	if ((e = init_state(p, cfg, err)) != KILN_OK)
-		goto out_pol;
-	if ((e = sync_deny(p, cfg->deny, err)) != KILN_OK)
-		goto out_pol;
+		l->p->fd[i] = dup(bpf_map__fd(maps[i]));
+	if ((e = init_state(l->p, cfg, err)) != KILN_OK)
+		goto fail;
+	if ((e = sync_deny(l->p, cfg->deny, err)) != KILN_OK)
+		goto fail;
 	/* the denied ranges may have changed: every live flow re-checks at its next packet */
 	struct np_cfg gc;
-	if ((rc = get_cfg(p, &gc)) == 0) {
+	if ((rc = get_cfg(l->p, &gc)) == 0) {
 		gc.gen++;
-		rc = put_cfg(p, &gc);
+		rc = put_cfg(l->p, &gc);
 	}
 	if (rc < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "bump generation: %s", strerror(-rc));
-		goto out_pol;
+		goto fail;
 	}
+	*out = l;
+	return KILN_OK;
+fail:
+	kiln_policy_load_free(l);
+	return e;
+}
 
-	int saved;
-	if ((rc = kiln_sbnet_enter(cfg->net, &saved)) < 0) {
-		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", cfg->net->netns,
-				   strerror(-rc));
-		goto out_pol;
+enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbnet *net,
+			       struct kiln_policy **out, struct kiln_error *err)
+{
+	struct egress_bpf *s = l->s;
+	enum kiln_err e = KILN_OK;
+	int saved, rc;
+
+	*out = NULL;
+	if ((rc = kiln_sbnet_enter(net, &saved)) < 0) {
+		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", net->netns, strerror(-rc));
+		goto out;
 	}
 	int tap = (int)if_nametoindex(KILN_NET_TAP), up = (int)if_nametoindex(KILN_NET_UPLINK);
 	if (!tap || !up) {
-		e = kiln_error_set(err, KILN_E_NOT_FOUND, "devices of \"%s\" missing",
-				   cfg->net->netns);
+		e = kiln_error_set(err, KILN_E_NOT_FOUND, "devices of \"%s\" missing", net->netns);
 	} else if ((rc = tc_attach(tap, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_from_guest))) < 0 ||
 		   (rc = tc_attach(tap, BPF_TC_EGRESS, bpf_program__fd(s->progs.np_to_guest))) < 0 ||
 		   (rc = tc_attach(up, BPF_TC_EGRESS, bpf_program__fd(s->progs.np_snat))) < 0 ||
 		   (rc = tc_attach(up, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_dnat))) < 0) {
-		e = kiln_error_set(err, KILN_E_IO, "tc attach in \"%s\": %s", cfg->net->netns,
+		e = kiln_error_set(err, KILN_E_IO, "tc attach in \"%s\": %s", net->netns,
 				   strerror(-rc));
 	}
 	if (kiln_sbnet_leave(saved) < 0) {
-		log_error("cannot return from netns \"%s\"", cfg->net->netns);
+		log_error("cannot return from netns \"%s\"", net->netns);
 		abort();
 	}
-	if (e)
-		goto out_pol;
-	egress_bpf__destroy(s);	/* tc keeps the programs; our dups keep the maps */
-	log_info("network policy of \"%s\" attached", cfg->sandbox_id);
-	*out = p;
-	return KILN_OK;
-out_pol:
-	kiln_policy_close(p);
-out_skel:
-	egress_bpf__destroy(s);
+	if (e == KILN_OK) {
+		log_info("network policy of \"%s\" attached", l->sandbox_id);
+		*out = l->p;	/* tc keeps the programs; the policy's dups keep the maps */
+		l->p = NULL;
+	}
+out:
+	kiln_policy_load_free(l);
 	return e;
+}
+
+enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct kiln_policy **out,
+				 struct kiln_error *err)
+{
+	struct kiln_policy_load *l;
+	enum kiln_err e = kiln_policy_load(cfg, &l, err);
+
+	*out = NULL;
+	return e == KILN_OK ? kiln_policy_hook(l, cfg->net, out, err) : e;
 }
 
 enum kiln_err kiln_policy_open(const struct kiln_policy_config *cfg, struct kiln_policy **out,

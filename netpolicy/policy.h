@@ -87,6 +87,21 @@ enum kiln_err kiln_policy_deny_ranges(const char *deny, struct kiln_cidr *out, s
 enum kiln_err kiln_policy_attach(const struct kiln_policy_config *cfg, struct kiln_policy **out,
 				 struct kiln_error *err);
 
+/*
+ * kiln_policy_attach in two steps, so that the first can run before the sandbox's devices exist
+ * (beside other work of a create or resume): kiln_policy_load loads the programs and makes (or
+ * reuses) and pins the maps, exactly as kiln_policy_attach, but attaches nothing; cfg->net need
+ * only be described (kiln_sbnet_describe). kiln_policy_hook then attaches the programs to
+ * net's devices and gives the policy; it frees `l` whatever it returns. kiln_policy_load_free
+ * frees a load never hooked (the pins stay: kiln_policy_unpin). Accepts NULL.
+ */
+struct kiln_policy_load;
+enum kiln_err kiln_policy_load(const struct kiln_policy_config *cfg, struct kiln_policy_load **out,
+			       struct kiln_error *err);
+enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbnet *net,
+			       struct kiln_policy **out, struct kiln_error *err);
+void kiln_policy_load_free(struct kiln_policy_load *l);
+
 /* Opens the pinned maps of an attached sandbox without loading anything (readers, tools). */
 enum kiln_err kiln_policy_open(const struct kiln_policy_config *cfg, struct kiln_policy **out,
 			       struct kiln_error *err);

@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stddef.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "common/log.h"
+#include "netpolicy/rtnl.h"
 #include "netpolicy/sni.h"
 
 #define CONNECT_TIMEOUT_MS 10000
@@ -781,29 +783,47 @@ static int listener(const struct kiln_sbnet *net, int family)
 	return fd;
 }
 
-/* The policy route: packets marked NP_PROXY_MARK are for a local socket, whatever address. */
+/*
+ * The policy route: packets marked NP_PROXY_MARK are for a local socket, whatever address. Set
+ * by netlink from inside the netns (netpolicy/rtnl.h: an `ip` process per step cost most of a
+ * sandbox's network setup on a loaded host).
+ */
+static int proxy_route_here(void)
+{
+	struct rtnl r;
+	int rc = rtnl_open(&r), lo = (int)if_nametoindex("lo");
+
+	if (rc < 0)
+		return rc;
+	if (lo <= 0)
+		rc = -ENODEV;
+	for (int v6 = 0; v6 < 2 && rc == 0; v6++) {
+		int fam = v6 ? AF_INET6 : AF_INET;
+
+		/* one rule: a restarted node deletes the one it made before adding it again */
+		rtnl_rule_fwmark(&r, fam, NP_PROXY_MARK, NP_PROXY_TABLE, false);
+		rc = rtnl_rule_fwmark(&r, fam, NP_PROXY_MARK, NP_PROXY_TABLE, true);
+		if (rc == 0)
+			rc = rtnl_route_local_all(&r, fam, NP_PROXY_TABLE, lo);
+	}
+	rtnl_close(&r);
+	return rc;
+}
+
 static enum kiln_err proxy_route(const struct kiln_sbnet *net, struct kiln_error *err)
 {
-	char mark[16], table[16];
-	snprintf(mark, sizeof(mark), "%#x", NP_PROXY_MARK);
-	snprintf(table, sizeof(table), "%d", NP_PROXY_TABLE);
-	for (int v6 = 0; v6 < 2; v6++) {
-		const char *fam = v6 ? "-6" : "-4";
-		struct kiln_error ignored = {0};
-		/* one rule: a restarted node deletes the one it made before adding it again */
-		const char *del[] = {"ip", fam, "-n", net->netns, "rule", "del", "fwmark", mark,
-				     "lookup", table, NULL};
-		kiln_run(del, &ignored);
-		const char *add[] = {"ip", fam, "-n", net->netns, "rule", "add", "fwmark", mark,
-				     "lookup", table, NULL};
-		const char *route[] = {"ip", fam, "-n", net->netns, "route", "replace", "local",
-				       v6 ? "::/0" : "0.0.0.0/0", "dev", "lo", "table", table, NULL};
-		enum kiln_err e = kiln_run(add, err);
-		if (e == KILN_OK)
-			e = kiln_run(route, err);
-		if (e != KILN_OK)
-			return e;
+	int saved, rc = kiln_sbnet_enter(net, &saved);
+
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", net->netns, strerror(-rc));
+	rc = proxy_route_here();
+	if (kiln_sbnet_leave(saved) < 0) {
+		log_error("cannot return from netns \"%s\"", net->netns);
+		abort();
 	}
+	if (rc < 0)
+		return kiln_error_set(err, KILN_E_IO, "policy route of the name-checking proxy in "
+				      "\"%s\": %s", net->netns, strerror(-rc));
 	return KILN_OK;
 }
 

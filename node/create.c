@@ -14,6 +14,7 @@
 #include "vmm/hv.h"
 #include "vmm/jail.h"
 #include "node/create.h"
+#include "node/netsetup.h"
 #include "node/lifecycle.h"
 #include "node/template.h"
 
@@ -235,6 +236,7 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->codeint = codeint;
+	sb_net_prepare(n, sb);	/* its programs load while its record is written */
 	if (!r->from_snap)
 		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, codeint, tpl, sizeof(tpl));
 	pthread_mutex_lock(&sb->lock);

@@ -64,4 +64,15 @@ int netsetup_blockers(const char *table, char *out, size_t len);
 /* Removes the node's table; nothing when it is not there. Forwarding stays as it is. */
 enum kiln_err netsetup_remove(const char *node_id, struct kiln_error *err);
 
+/*
+ * A sandbox's side (node/sandbox.c): its eBPF programs and maps loaded ahead, on a thread of
+ * their own, right after `sb` has its network slot (sb_reserve) and while the create or resume
+ * does work that needs no network; sb_net_up then only attaches them to the devices it makes.
+ * Optional: without it sb_net_up loads them itself. Whatever happens next, sb_release drops a
+ * load not taken (and its pins).
+ */
+struct node;
+struct sandbox;
+void sb_net_prepare(struct node *n, struct sandbox *sb);
+
 #endif

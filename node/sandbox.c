@@ -24,6 +24,7 @@
 #include "vmm/orphan.h"
 #include "netpolicy/dns.h"
 #include "node/images.h"
+#include "node/netsetup.h"
 #include "node/inject.h"
 #include "netpolicy/sniproxy.h"
 #include "node/connlog.h"
@@ -196,9 +197,13 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 	sb_unregister(n, sb);
 }
 
+static struct net_prep *prep_take(const struct sandbox *sb);
+static void prep_free(struct net_prep *p);
+
 void sb_release(struct node *n, struct sandbox *sb)
 {
 	struct kiln_error err = { 0 };
+	struct net_prep *prep;
 	char run_dir[256], state_dir[640];
 
 	inject_drop(n->inject, sb->id);	/* its secrets leave memory with its VM */
@@ -225,6 +230,14 @@ void sb_release(struct node *n, struct sandbox *sb)
 	}
 	kiln_policy_close(sb->pol);
 	sb->pol = NULL;
+	prep = prep_take(sb);
+	if (prep && !sb->has_net) {
+		/* loaded ahead for a network never made: its pins go here */
+		kiln_error_clear(&err);
+		if (kiln_policy_unpin(NULL, n->cfg.node_id, sb->id, &err) != KILN_OK)
+			log_warn("removing the policy pins of \"%s\": %s", sb->id, err.msg);
+	}
+	prep_free(prep);
 	if (sb->has_net) {
 		kiln_error_clear(&err);
 		if (kiln_sbnet_destroy(sb->net_id, &err) != KILN_OK)
@@ -243,32 +256,161 @@ void sb_release(struct node *n, struct sandbox *sb)
 	fs_remove_tree_or_warn(state_dir);
 }
 
-/* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */
-static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
-			       struct kiln_error *err)
+/*
+ * Where a sandbox's network setup spends its time, ms (monotonic clock marks turned into
+ * lengths), logged at info so that a slow create or resume can be read off the node's log.
+ */
+enum net_phase { NP_UID, NP_NETNS, NP_POLICY, NP_RULES, NP_DNS, NP_SNI, NP__COUNT };
+
+struct net_times {
+	long long mark;
+	long long ms[NP__COUNT];
+	long long loaded_ahead;	/* the programs' load before (sb_net_prepare), -1: none */
+};
+
+static void net_time(struct net_times *t, enum net_phase ph)
 {
-	struct kiln_policy_config pc = {
+	long long now = sb_mono_ms();
+
+	t->ms[ph] = now - t->mark;
+	t->mark = now;
+}
+
+/* The policy of `sb` as this node configures it; `net` may be only described. */
+static struct kiln_policy_config sb_policy_config(struct node *n, const struct sandbox *sb,
+						  const struct kiln_sbnet *net)
+{
+	return (struct kiln_policy_config){
 		.node_id = n->cfg.node_id,
 		.sandbox_id = sb->id,
-		.net = &sb->net,
+		.net = net,
 		.conn_rate = (uint32_t)n->cfg.conn_rate,
 		.conn_burst = (uint32_t)n->cfg.conn_burst,
 		.deny = n->cfg.egress_deny,
 	};
-	enum kiln_err rc = kiln_policy_attach(&pc, &sb->pol, err);
+}
 
+/*
+ * A sandbox's eBPF programs loaded ahead (sb_net_prepare) on a thread of their own, while its
+ * create or resume does what needs no network (its record, its snapshot's verification): the
+ * load is most of the network's setup. Kept here by sandbox until sb_net_up hooks it to the
+ * devices or sb_release drops it; either waits for the thread first.
+ */
+struct net_prep {
+	struct net_prep *next;
+	const struct sandbox *sb;
+	pthread_t thread;
+	struct kiln_policy_config pc;
+	struct kiln_sbnet net;		/* described only: names and addresses */
+	char node_id[64], sandbox_id[48];
+	struct kiln_policy_load *load;	/* on success */
+	enum kiln_err rc;
+	struct kiln_error err;
+	long long ms;			/* the load's own length */
+};
+
+static pthread_mutex_t preps_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct net_prep *preps;
+
+static void *prep_run(void *arg)
+{
+	struct net_prep *p = arg;
+	long long t0 = sb_mono_ms();
+
+	p->rc = kiln_policy_load(&p->pc, &p->load, &p->err);
+	p->ms = sb_mono_ms() - t0;
+	return NULL;
+}
+
+void sb_net_prepare(struct node *n, struct sandbox *sb)
+{
+	struct net_prep *p = calloc(1, sizeof(*p));
+	struct kiln_error err = { 0 };
+
+	if (!p)
+		return;	/* sb_net_up loads them itself */
+	snprintf(p->node_id, sizeof(p->node_id), "%s", n->cfg.node_id);
+	snprintf(p->sandbox_id, sizeof(p->sandbox_id), "%s", sb->id);
+	if (kiln_sbnet_describe(sb->net_id, (uint32_t)sb->net_index, &p->net, &err) != KILN_OK) {
+		free(p);
+		return;
+	}
+	p->pc = sb_policy_config(n, sb, &p->net);
+	p->pc.node_id = p->node_id;
+	p->pc.sandbox_id = p->sandbox_id;
+	p->sb = sb;
+	if (pthread_create(&p->thread, NULL, prep_run, p) != 0) {
+		free(p);
+		return;
+	}
+	pthread_mutex_lock(&preps_lock);
+	p->next = preps;
+	preps = p;
+	pthread_mutex_unlock(&preps_lock);
+}
+
+/* The load prepared for `sb`, its thread ended, out of the registry; NULL when none. */
+static struct net_prep *prep_take(const struct sandbox *sb)
+{
+	struct net_prep **pp, *p = NULL;
+
+	pthread_mutex_lock(&preps_lock);
+	for (pp = &preps; *pp; pp = &(*pp)->next)
+		if ((*pp)->sb == sb) {
+			p = *pp;
+			*pp = p->next;
+			break;
+		}
+	pthread_mutex_unlock(&preps_lock);
+	if (p)
+		pthread_join(p->thread, NULL);
+	return p;
+}
+
+static void prep_free(struct net_prep *p)
+{
+	if (!p)
+		return;
+	kiln_policy_load_free(p->load);
+	free(p);
+}
+
+/* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */
+static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
+			       struct net_times *t, struct kiln_error *err)
+{
+	struct kiln_policy_config pc = sb_policy_config(n, sb, &sb->net);
+	struct net_prep *prep = prep_take(sb);
+	enum kiln_err rc;
+
+	if (prep && prep->rc != KILN_OK) {
+		/* what failed there fails here the same: said once, as any setup failure */
+		kiln_error_clear(err);
+		rc = kiln_error_set(err, prep->rc, "%s", prep->err.msg);
+	} else if (prep) {
+		rc = kiln_policy_hook(prep->load, &sb->net, &sb->pol, err);
+		prep->load = NULL;	/* the hook took it */
+		t->loaded_ahead = prep->ms;
+	} else {
+		rc = kiln_policy_attach(&pc, &sb->pol, err);
+	}
+	prep_free(prep);
+	net_time(t, NP_POLICY);
 	if (rc == KILN_OK && init && init->egress && init->egress->n)
 		rc = kiln_policy_apply_held(sb->pol, init->egress, err);
 	if (rc == KILN_OK && init && init->bandwidth)
 		rc = kiln_policy_set_bandwidth(sb->pol, init->bandwidth, err);
+	net_time(t, NP_RULES);
 	if (rc == KILN_OK) {
 		rc = kiln_dns_proxy_add(n->dns, &sb->net, sb->pol, err);
 		sb->dns_added = rc == KILN_OK;
 	}
+	net_time(t, NP_DNS);
 	if (rc == KILN_OK) {
 		rc = kiln_sniproxy_add(n->sni, &sb->net, sb->pol, err);
 		sb->sni_added = rc == KILN_OK;
 	}
+	net_time(t, NP_SNI);
 	return rc;
 }
 
@@ -277,6 +419,8 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 			       struct kiln_error *err)
 {
 	struct kiln_sbnet_config netcfg = { 0 };
+	struct net_times t = { .mark = sb_mono_ms(), .loaded_ahead = -1 };
+	long long start = t.mark;
 	char owner[128];
 	enum kiln_err rc;
 	int r;
@@ -287,6 +431,7 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
 	sb->has_uid = true;
+	net_time(&t, NP_UID);
 	netcfg.id = sb->net_id;
 	netcfg.index = (uint32_t)sb->net_index;
 	netcfg.tap_uid = (int)sb->uid;
@@ -294,7 +439,14 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
-	return sb_policy(n, sb, init, err);
+	net_time(&t, NP_NETNS);
+	rc = sb_policy(n, sb, init, &t, err);
+	if (rc == KILN_OK)
+		log_info("sandbox \"%s\": network up in %lld ms: uid %lld, netns %lld, policy %lld, "
+			 "rules %lld, dns %lld, sni %lld (programs loaded ahead in %lld)", sb->id,
+			 t.mark - start, t.ms[NP_UID], t.ms[NP_NETNS], t.ms[NP_POLICY],
+			 t.ms[NP_RULES], t.ms[NP_DNS], t.ms[NP_SNI], t.loaded_ahead);
+	return rc;
 }
 
 /* The VM spec of `sb` on this node; the strings point into `bufs`, which must outlive `spec`. */
@@ -459,12 +611,13 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	struct vmm_spec spec;
 	struct spec_bufs b;
 	enum kiln_err rc;
-	/* phase timings, logged: network, VMM restore, agent, disk grown, identity */
-	long long t[6] = { sb_mono_ms() };
+	/* phase timings, logged: images, network, VMM restore, agent, disk grown, identity */
+	long long t[6] = { sb_mono_ms() }, images;
 
 	/* On the image it was taken from (its kernel, initramfs and disk base), or not at all. */
 	rc = images_of_snapshot(n->cfg.node_id, snap_dir, node_image_hash(n), sb->image_hash,
 				sizeof(sb->image_hash), err);
+	images = sb_mono_ms() - t[0];
 	if (rc == KILN_OK && !sb->has_net)
 		rc = sb_net_up(n, sb, init, err);
 	if (rc != KILN_OK)
@@ -487,7 +640,8 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	t[5] = sb_mono_ms();
 	if (rc == KILN_OK)
 		log_info("sandbox \"%s\" restored from %s in %lld ms: network %lld, vmm %lld, "
-			 "agent %lld, disk %lld, identity %lld", sb->id, snap_dir, t[5] - t[0],
-			 t[1] - t[0], t[2] - t[1], t[3] - t[2], t[4] - t[3], t[5] - t[4]);
+			 "agent %lld, disk %lld, identity %lld (images checked in %lld of the network's)",
+			 sb->id, snap_dir, t[5] - t[0], t[1] - t[0], t[2] - t[1], t[3] - t[2],
+			 t[4] - t[3], t[5] - t[4], images);
 	return rc;
 }

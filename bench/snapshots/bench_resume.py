@@ -19,7 +19,9 @@ Per round, in this order:
   (b) template: POST /v1/sandboxes on A → 201, restored from the template (lineage checked).
 Each timed from the POST to its 201 (create) or 200 (resume), and to the first exec (`true`)
 answering. The node's phases for each restore (`snapshot "…" verified in N ms`, `restored from …
-in N ms: network, vmm, agent, disk, identity`) are parsed from its log; for (e) the fetch is the
+in N ms: network, vmm, agent, disk, identity (images checked in N of the network's)`, and the
+network's parts: `network up in N ms: uid, netns, policy, rules, dns, sni (programs loaded ahead
+in N)`, docs/network-policy.md "Setup time") are parsed from its log; for (e) the fetch is the
 time from the POST to the node's `snapshot "…" fetched from the tenant's bucket` line (both on this
 host's clock), and after it the bench downloads the same object once more with the node's own S3
 client (tests/integration/s3/s3_tool get) to split the download from the rest of the fetch.
@@ -62,17 +64,25 @@ RESTORED = re.compile(r"restored from \S+/(snap_[^/\s]+) in (\d+) ms: network (\
                       r"agent (\d+), disk (\d+), identity (\d+)")
 VERIFIED = re.compile(r"snapshot \"(snap_[^\"]+)\" verified in (\d+) ms")
 FETCHED = re.compile(r"snapshot \"(snap_[^\"]+)\" fetched from the tenant's bucket")
-PHASES = ("fetch", "download", "rest of fetch", "verify", "restore", "network", "vmm", "agent", "disk",
-          "identity")
+IMAGES = re.compile(r"\(images checked in (\d+) of the network's\)")
+# the network phase's parts (node/sandbox.c, sb_net_up); "loaded ahead": the eBPF programs' load
+# on a thread of its own before the network phase (sb_net_prepare), not part of it
+NETUP = re.compile(r"sandbox \"([^\"]+)\": network up in (\d+) ms: uid (\d+), netns (\d+), policy (\d+), "
+                   r"rules (\d+), dns (\d+), sni (\d+)(?: \(programs loaded ahead in (-?\d+)\))?")
+NET_PARTS = ("net: uid", "net: netns", "net: policy", "net: rules", "net: dns", "net: sni",
+             "net: loaded ahead")
+PHASES = ("fetch", "download", "rest of fetch", "verify", "restore", "network", "images") + NET_PARTS + (
+          "vmm", "agent", "disk", "identity")
 
 
 def loadavg():
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def log_phases(node, snap, since):
+def log_phases(node, snap, since, sid=None):
     """The phases `node` logged for `snap` after wall time `since`: {phase: ms}, the fetch as the
-    time from `since` to the line saying the fetch ended."""
+    time from `since` to the line saying the fetch ended; with `sid`, the parts of the network
+    phase of that sandbox (the node logs them where it logs them)."""
     out = {}
     for line in node.output().splitlines():
         m = TS.match(line)
@@ -89,6 +99,12 @@ def log_phases(node, snap, since):
         elif (r := RESTORED.search(line)) and r.group(1) == snap:
             for k, g in zip(("restore", "network", "vmm", "agent", "disk", "identity"), range(2, 8)):
                 out[k] = int(r.group(g))
+            if im := IMAGES.search(line):
+                out["images"] = int(im.group(1))
+        elif sid and (u := NETUP.search(line)) and u.group(1) == sid:
+            for k, g in zip(NET_PARTS, range(3, 10)):
+                if u.group(g) is not None and int(u.group(g)) >= 0:
+                    out[k] = int(u.group(g))
     return out
 
 
@@ -190,7 +206,7 @@ def main():
             texec = first_exec(sid, t0)
             if where(sid)[0] != node.node_id:
                 raise RuntimeError(f"{sid} resumed on {where(sid)[0]}, not {node.node_id}")
-            return (t200, texec), log_phases(node, snap, since)
+            return (t200, texec), log_phases(node, snap, since, sid)
 
         def download(snap):
             """Seconds for the node's S3 client to download the snapshot's object again."""
@@ -238,12 +254,12 @@ def main():
             since = time.time()
             sid, t = create(a_node, template)
             times["b"].append(t)
-            phases["b"].append(log_phases(a_node, template, since))
+            phases["b"].append(log_phases(a_node, template, since, sid))
             delete(sid)
             print(f"  round {i + 1}: " + "  ".join(f"{k} {times[k][-1][0]:.2f}/{times[k][-1][1]:.2f}"
                                                    for k, _ in KINDS)
                   + f"  (drop_caches {drops[-1]:.1f} s; load {loadavg()})", flush=True)
-            for k in "de":
+            for k in "bcde":
                 print(f"    {k} phases ms: " + ", ".join(f"{p} {phases[k][-1][p]}" for p in PHASES
                                                       if p in phases[k][-1]), flush=True)
         loads["end"] = loadavg()

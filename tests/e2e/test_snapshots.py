@@ -327,6 +327,35 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
                 self.assertEqual(self.sh(sb, "cat /root/kept"), "kept\n")
                 count = self.assert_counter_went_on(sb, count)
 
+    def test_a_resume_refused_at_its_verification_leaves_no_policy_pins_and_resumes_later(self):
+        # A resume loads the sandbox's eBPF programs and pins their maps ahead, beside the
+        # verification of its snapshot (node/sandbox.c, sb_net_prepare): a resume refused there,
+        # before any network of it exists, must take those pins away again.
+        sb = self.create()
+        rules = ["203.0.113.7:443"]
+        r = self.gw.request("PUT", f"/v1/sandboxes/{sb['id']}/egress", {"rules": rules}, self.key)
+        self.assertEqual(r.status, 200, r)
+        self.assertEqual(self.post(sb, "pause").status, 200)
+        node = self.stack.node
+        snap = self.stack.db.sql(f"SELECT pause_snapshot FROM sandboxes WHERE id = '{sb['id']}'").strip()
+        mem = f"{node.data_dir}/snaps/{node.node_id}/{snap}/mem"
+        pins = f"/sys/fs/bpf/kiln/{node.node_id}/{sb['id']}"
+        size = os.path.getsize(mem)
+        with open(mem, "ab") as f:
+            f.write(b"x")  # one byte more than its manifest says: the verification refuses it
+        try:
+            r = self.post(sb, "resume")
+        finally:
+            os.truncate(mem, size)
+        self.assertGreaterEqual(r.status, 400, r)
+        self.assertEqual(self.state(sb), "paused")
+        self.assertFalse(os.path.exists(pins), f"the refused resume left its policy pins: {pins}")
+        r = self.post(sb, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertTrue(os.path.exists(pins))
+        r = self.gw.request("GET", f"/v1/sandboxes/{sb['id']}/egress", headers=self.key)
+        self.assertEqual(r.json(), {"rules": rules, "mode": "allowlist"})
+
     def test_a_node_killed_with_a_running_sandbox_comes_back_with_it_paused(self):
         sb = self.create()
         self.start_counter(sb, "echo kept > /root/kept")
