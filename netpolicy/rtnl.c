@@ -36,12 +36,15 @@ struct rtnl_req {
 int rtnl_open(struct rtnl *r)
 {
 	struct sockaddr_nl sa = { .nl_family = AF_NETLINK };
+	/* an answer that never comes fails the request instead of blocking its thread */
+	struct timeval tmo = { .tv_sec = 5 };
 
 	r->seq = 0;
 	r->fd = socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_ROUTE);
 	if (r->fd < 0)
 		return -errno;
-	if (bind(r->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+	if (setsockopt(r->fd, SOL_SOCKET, SO_RCVTIMEO, &tmo, sizeof(tmo)) < 0 ||
+	    bind(r->fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
 		int e = -errno;
 
 		close(r->fd);
@@ -109,11 +112,13 @@ static int req_send(struct rtnl *r, struct rtnl_req *q)
 	for (;;) {
 		int len;
 
-		got = recv(r->fd, buf, sizeof(buf), 0);
+		got = recv(r->fd, buf, sizeof(buf), MSG_TRUNC);
 		if (got < 0 && errno == EINTR)
 			continue;
 		if (got < 0)
-			return -errno;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -ETIMEDOUT : -errno;
+		if ((size_t)got > sizeof(buf))
+			return -EMSGSIZE;	/* cut short: its acknowledgement may be lost with it */
 		len = (int)got;
 		for (struct nlmsghdr *h = (struct nlmsghdr *)buf; NLMSG_OK(h, len);
 		     h = NLMSG_NEXT(h, len)) {
@@ -234,7 +239,7 @@ int rtnl_route_local_all(struct rtnl *r, int family, uint32_t table, int oif)
 
 int rtnl_tap_add(const char *name, uid_t owner)
 {
-	struct ifreq ifr = { .ifr_flags = IFF_TAP | IFF_NO_PI };
+	struct ifreq ifr = { .ifr_flags = IFF_TAP | IFF_NO_PI | IFF_TUN_EXCL };
 	int fd = open("/dev/net/tun", O_RDWR | O_CLOEXEC), e = 0;
 
 	if (fd < 0)
