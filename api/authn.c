@@ -930,6 +930,85 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 	}
 }
 
+/*
+ * The length of the valid UTF-8 sequence at `s` (1 to 4), or 0 when its first byte starts none:
+ * the rules Postgres applies to text (no overlong forms, no surrogates, nothing past U+10FFFF).
+ */
+static int utf8_len(const unsigned char *s)
+{
+	unsigned char lo = 0x80, hi = 0xbf;
+	int n;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4;
+	else
+		return 0;
+	if (s[0] == 0xe0)
+		lo = 0xa0;
+	else if (s[0] == 0xed)
+		hi = 0x9f;
+	else if (s[0] == 0xf0)
+		lo = 0x90;
+	else if (s[0] == 0xf4)
+		hi = 0x8f;
+	if (s[1] < lo || s[1] > hi)
+		return 0;
+	for (int i = 2; i < n; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return n;
+}
+
+/*
+ * `s` as valid UTF-8, for a column of the audit row: each byte that starts no valid sequence
+ * becomes the four characters \xNN (hex, upper case). A request can carry any byte (a path's
+ * %FF is decoded into the object id), and Postgres refuses a text that is not UTF-8, which would
+ * refuse the whole group of rows with it. Returns NULL when `s` is valid (or NULL) and needs no
+ * copy, or when memory runs out (`s` is then written as it is, and refused alone); otherwise a
+ * copy the caller frees.
+ */
+static char *utf8_escape(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+	size_t len, bad = 0;
+	char *out, *o;
+
+	if (!s)
+		return NULL;
+	for (size_t i = 0; u[i]; ) {
+		int n = utf8_len(u + i);
+
+		bad += n == 0;
+		i += n ? (size_t)n : 1;
+	}
+	if (!bad)
+		return NULL;
+	len = strlen(s);
+	out = malloc(len + 3 * bad + 1);
+	if (!out)
+		return NULL;
+	o = out;
+	for (size_t i = 0; u[i]; ) {
+		int n = utf8_len(u + i);
+
+		if (n) {
+			memcpy(o, u + i, (size_t)n);
+			o += n;
+			i += (size_t)n;
+		} else {
+			o += sprintf(o, "\\x%02X", u[i++]);
+		}
+	}
+	*o = '\0';
+	return out;
+}
+
 /* Writes the audit row of `row` alone (without the commit queue); a failure loses it (logged). */
 static void audit_write_one(struct gateway *gw, const struct commitq_row *row)
 {
@@ -959,7 +1038,8 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	const char *method = http_req_method(req);
 	struct kiln_error err = { 0 };
 	struct commitq_row row;
-	char *sealed = NULL;
+	enum kiln_err rc;
+	char *sealed = NULL, *object = NULL;
 
 	/*
 	 * Rate-limited refusals (429) are not recorded (/metrics counts them): nothing was done, and
@@ -977,14 +1057,20 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	 * connections of their own: the handler may hold connections of the main pool while it
 	 * replies. A 5xx frees its key in the done hook.
 	 */
+	/*
+	 * The object id is the only column a request can fill with any bytes: the others are the
+	 * principal's ids, the route's method and pattern, and a request id of the server's format.
+	 */
+	object = utf8_escape(http_req_object(req));
 	row = (struct commitq_row){
 		.tenant_id = st->who.tenant_id,
 		.key_id = st->who.key_id,
 		.method = method,
 		.route = route->pattern,
-		.object_id = http_req_object(req),
+		.object_id = object ? object : http_req_object(req),
 		.status = status,
 		.request_id = http_req_id(req),
+		.retry_ms = gw->cfg.idempotency_finish_s * 1000,
 	};
 	if (st->idem_key[0] && status < 500 && idempotency_seal(gw, req, st, &sealed) == KILN_OK) {
 		row.idem_key = st->idem_key;
@@ -993,10 +1079,22 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 		row.idem_sha256 = st->idem_sum;
 		row.response = sealed ? sealed : "";
 	}
-	if (commitq_write(gw->commitq, &row, &err) != KILN_OK) {
+	rc = commitq_write(gw->commitq, &row, &err);
+	if (rc == KILN_E_UNAVAILABLE) {
 		/*
-		 * Each written alone instead, the outcome still before the reply: retried while
-		 * Postgres is unreachable, for up to idempotency_finish_s (idempotency_finish).
+		 * The writer retried the group for idempotency_finish_s: the reply goes out with
+		 * the outcome's record left open, as idempotency_finish leaves it past that time.
+		 */
+		log_warn("audit record lost: %s (%s %s %d)", err.msg, method, route->pattern,
+			 status);
+		if (row.idem_key)
+			log_warn("idempotency record of \"%s\" left open: %s", http_req_path(req),
+				 err.msg);
+	} else if (rc != KILN_OK) {
+		/*
+		 * This row was refused (its group split down to it), or the writer is stopping:
+		 * each written alone instead, the outcome still before the reply, retried while
+		 * Postgres is unreachable for up to idempotency_finish_s (idempotency_finish).
 		 */
 		audit_write_one(gw, &row);
 		if (row.idem_key)
@@ -1005,4 +1103,5 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	if (row.idem_key)
 		st->idem_key[0] = '\0';	/* stored (or given up): nothing left for the done hook */
 	free(sealed);
+	free(object);
 }

@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/buf.h"
 #include "common/log.h"
@@ -22,10 +23,12 @@
 
 #define GROUP_MAX 256		/* rows in one statement; the rest wait for the next */
 #define ARRAY_MAX (64u << 20)	/* bytes of one array parameter */
+#define RETRY_MS 200		/* between attempts at a group while Postgres is unavailable */
 
 struct pending {
 	const struct commitq_row *row;
 	struct pending *next;
+	long long deadline;	/* monotonic ms: the writer retries this row's group until then */
 	bool done;
 	enum kiln_err rc;
 	struct kiln_error err;
@@ -91,6 +94,33 @@ static int array_add(struct buf *b, const char *v)
 	return rc ? rc : buf_appends(b, "\"");
 }
 
+static long long mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * Whether a failed statement was refused for its data (SQLSTATE class 22, data exception, such as
+ * text that is not UTF-8; class 23, integrity constraint violation; or 21000, one key's outcome
+ * twice in one statement) rather than for Postgres being unavailable: another row of the group
+ * is then bad, and the rest can still be written without it. common/pg.c reports 23505 as
+ * KILN_E_CONFLICT and every other SQL error as KILN_E_INTERNAL "database error <SQLSTATE>".
+ */
+static bool data_error(enum kiln_err rc, const struct kiln_error *err)
+{
+	static const char prefix[] = "database error ";
+	const char *state = err->msg + sizeof(prefix) - 1;
+
+	if (rc == KILN_E_CONFLICT)
+		return true;
+	if (rc != KILN_E_INTERNAL || strncmp(err->msg, prefix, sizeof(prefix) - 1) != 0)
+		return false;
+	return !strncmp(state, "22", 2) || !strncmp(state, "23", 2) || !strcmp(state, "21000");
+}
+
 /* Writes the `n` rows of `group` with one statement; returns its result. */
 static enum kiln_err group_write(struct commitq *q, struct pending *group, int n,
 				 struct kiln_error *err)
@@ -145,6 +175,62 @@ out:
 	return rc;
 }
 
+/*
+ * Writes the `n` rows of `group`, again every RETRY_MS while Postgres is unavailable, until the
+ * earliest deadline among them: a failover's new primary is reached on this thread's one
+ * connection, and the rows' requests wait for it instead of each retrying alone.
+ */
+static enum kiln_err group_try(struct commitq *q, struct pending *group, int n,
+			       struct kiln_error *err)
+{
+	long long deadline = group->deadline;
+	struct pending *p = group;
+	enum kiln_err rc;
+
+	for (int i = 0; i < n; i++, p = p->next)
+		if (p->deadline < deadline)
+			deadline = p->deadline;
+	for (int attempt = 0;; attempt++) {
+		kiln_error_clear(err);
+		rc = group_write(q, group, n, err);
+		if (rc != KILN_E_UNAVAILABLE || mono_ms() + RETRY_MS > deadline)
+			return rc;
+		if (attempt == 0)
+			log_warn("a group of %d audit rows and outcomes: %s; retrying for up to %lld ms",
+				 n, err->msg, deadline - mono_ms());
+		nanosleep(&(struct timespec){ 0, RETRY_MS * 1000000L }, NULL);
+	}
+}
+
+/*
+ * Writes the `n` rows of `group` and sets each row's result. A group refused for its data is
+ * split in two and each half written, down to the one row at fault: one bad row (any tenant can
+ * send one) costs the others a few statements, not a write each of their own.
+ */
+static void group_commit(struct commitq *q, struct pending *group, int n)
+{
+	struct kiln_error err = { 0 };
+	struct pending *p = group;
+	enum kiln_err rc;
+
+	rc = group_try(q, group, n, &err);
+	if (rc != KILN_OK && n > 1 && data_error(rc, &err)) {
+		int half = n / 2;
+
+		for (int i = 0; i < half; i++)
+			p = p->next;
+		group_commit(q, group, half);
+		group_commit(q, p, n - half);
+		return;
+	}
+	if (rc != KILN_OK)
+		log_warn("%d audit rows and outcomes not written: %s", n, err.msg);
+	for (int i = 0; i < n; i++, p = p->next) {
+		p->rc = rc;
+		p->err = err;
+	}
+}
+
 static void *writer_main(void *arg)
 {
 	struct commitq *q = arg;
@@ -152,8 +238,6 @@ static void *writer_main(void *arg)
 	pthread_mutex_lock(&q->lock);
 	for (;;) {
 		struct pending *group, *p;
-		struct kiln_error err = { 0 };
-		enum kiln_err rc;
 		int n = 0;
 
 		while (!q->head && !q->stopping)
@@ -169,20 +253,13 @@ static void *writer_main(void *arg)
 			q->tail = &q->head;
 		pthread_mutex_unlock(&q->lock);
 
-		rc = group_write(q, group, n, &err);
-		if (rc != KILN_OK)
-			log_warn("a group of %d audit rows and outcomes was not written: %s", n,
-				 err.msg);
+		group_commit(q, group, n);
 		pg_switch_seen(true);	/* the requests' threads report a failover, not this one */
 
 		pthread_mutex_lock(&q->lock);
-		if (rc == KILN_OK) {
-			q->groups++;
-			q->rows += (unsigned long long)n;
-		}
+		q->groups++;
 		for (p = group; n-- > 0; p = p->next) {
-			p->rc = rc;
-			p->err = err;
+			q->rows += p->rc == KILN_OK;
 			p->done = true;
 		}
 		pthread_cond_broadcast(&q->done);
@@ -234,14 +311,14 @@ void commitq_free(struct commitq *q)
 enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 			    struct kiln_error *err)
 {
-	struct pending p = { .row = row };
+	struct pending p = { .row = row, .deadline = mono_ms() + row->retry_ms };
 
 	if (!q)
-		return kiln_error_set(err, KILN_E_UNAVAILABLE, "no audit writer");
+		return kiln_error_set(err, KILN_E_INTERNAL, "no audit writer");
 	pthread_mutex_lock(&q->lock);
 	if (q->stopping) {
 		pthread_mutex_unlock(&q->lock);
-		return kiln_error_set(err, KILN_E_UNAVAILABLE, "the audit writer is stopping");
+		return kiln_error_set(err, KILN_E_INTERNAL, "the audit writer is stopping");
 	}
 	*q->tail = &p;
 	q->tail = &p.next;

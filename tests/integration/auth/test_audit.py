@@ -1,9 +1,16 @@
 """GET /v1/audit: the tenant's mutating requests, newest first, with cursor paging, and no other
 tenant's entries."""
+import re
+import subprocess
+import threading
+import time
 import unittest
 import urllib.parse
 
-from authtest import GatewayCase, bearer, jwt_parts
+from authtest import GatewayCase, bearer, jwt_parts, poll
+
+# How many statements wait on a lock of audit_log.
+WAITING = "SELECT count(*) FROM pg_locks WHERE relation = 'audit_log'::regclass AND NOT granted"
 
 
 class AuditTests(GatewayCase):
@@ -68,6 +75,104 @@ class AuditTests(GatewayCase):
                                   None, h), 404)
         got = [e["object_id"] for e in self.audit(h, len(ids))]
         self.assertEqual(got, list(reversed(ids)))
+
+    def test_object_ids_that_are_not_utf8_are_recorded_escaped(self):
+        """A path's %FF is decoded into the object id; Postgres refuses text that is not UTF-8,
+        so each byte that starts no valid sequence is recorded as \\xNN, and valid characters
+        (here an e with an acute accent) stay as they are."""
+        _, _, h = self.new_tenant("bytes")
+        statuses = [self.call("DELETE", "/v1/api-keys/" + path, None, h).status
+                    for path in ("%FF", "a%C3%A9%C3b%ED%A0%80")]
+        got = [(e["object_id"], e["status"]) for e in self.audit(h, 2)]
+        self.assertEqual(got, [("a\u00e9\\xC3b\\xED\\xA0\\x80", statuses[1]),
+                               ("\\xFF", statuses[0])])
+
+    def lock_audit_log(self):
+        """A psql session holding a lock of audit_log that blocks inserts; its caller writes
+        COMMIT to its stdin (and closes it) to release it."""
+        locker = subprocess.Popen(["psql", "-h", self.db.sockdir, "-U", "kiln", "-d",
+                                   self.db.name, "-tAq", "-v", "ON_ERROR_STOP=1"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.addCleanup(locker.wait)
+        self.addCleanup(lambda: locker.stdin.closed or locker.stdin.close())
+        locker.stdin.write("BEGIN; LOCK TABLE audit_log IN SHARE MODE; SELECT 'locked';\n")
+        locker.stdin.flush()
+        self.assertEqual(locker.stdout.readline().strip(), "locked")
+        return locker
+
+    def test_a_group_whose_connection_is_lost_is_retried_by_the_writer(self):
+        """The writer's connection is lost while its group waits (its backend is terminated):
+        the writer writes the group again on a new connection, and the requests queued behind it
+        wait for it instead of each writing its row alone on a connection of the audit pool, so
+        no more than one insert ever waits on the lock."""
+        _, _, h = self.new_tenant("retried")
+        locker = self.lock_audit_log()
+        ids = ["lost-%d" % i for i in range(4)]
+        statuses = {}
+
+        def delete(i):
+            statuses[i] = self.call("DELETE", "/v1/api-keys/" + i, None, h).status
+
+        threads = [threading.Thread(target=delete, args=(i,)) for i in ids]
+        threads[0].start()
+        self.assertTrue(poll(lambda: self.db.sql(WAITING) == "1", 30))
+        for t in threads[1:]:
+            t.start()
+        time.sleep(1)   # the others queue behind the first row's group
+        self.db.sql("SELECT pg_terminate_backend(pid) FROM pg_locks "
+                    "WHERE relation = 'audit_log'::regclass AND NOT granted")
+        seen = []
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            seen.append(int(self.db.sql(WAITING)))
+            time.sleep(0.05)
+        locker.stdin.write("COMMIT;\n")
+        locker.stdin.close()
+        for t in threads:
+            t.join()
+        self.assertLessEqual(max(seen), 1, seen)
+        self.assertIn(1, seen)      # the group waits again, on the writer's new connection
+        self.assertEqual(set(statuses.values()), {404}, statuses)
+        got = sorted(e["object_id"] for e in self.audit(h, len(ids)))
+        self.assertEqual(got, ids)
+
+    def test_a_row_refused_in_a_group_fails_alone(self):
+        """A group whose statement Postgres refuses for one row's data is split down to that
+        row: the others commit in the group's halves, and only the bad row is written alone (and
+        refused again). A check constraint refuses one object id; a lock on audit_log holds the
+        writer on a first row while the others queue behind it as one group."""
+        _, _, h = self.new_tenant("split")
+        logged = len(self.gw.output())     # the gateway's log is the class's: this test's part
+        self.db.sql("ALTER TABLE audit_log ADD CONSTRAINT t_refuse_one "
+                    "CHECK (object_id IS DISTINCT FROM 'refused-row') NOT VALID")
+        self.addCleanup(self.db.sql, "ALTER TABLE audit_log DROP CONSTRAINT t_refuse_one")
+        locker = self.lock_audit_log()
+        ids = ["first"] + ["good-%d" % i for i in range(4)] + ["refused-row"] + \
+              ["good-%d" % i for i in range(4, 8)]
+        statuses = {}
+
+        def delete(i):
+            statuses[i] = self.call("DELETE", "/v1/api-keys/" + i, None, h).status
+
+        threads = [threading.Thread(target=delete, args=(i,)) for i in ids]
+        threads[0].start()
+        self.assertTrue(poll(lambda: self.db.sql(WAITING) == "1", 30))
+        for t in threads[1:]:
+            t.start()
+        # The rest reach the queue while the writer waits on the lock (their handlers take no
+        # lock of audit_log); one that came later would only make a group of its own.
+        time.sleep(2)
+        locker.stdin.write("COMMIT;\n")
+        locker.stdin.close()
+        for t in threads:
+            t.join()
+        self.assertEqual(set(statuses.values()), {404}, statuses)
+        got = sorted(e["object_id"] for e in self.audit(h, len(ids) - 1))
+        self.assertEqual(got, sorted(i for i in ids if i != "refused-row"))
+        failed = lambda: re.findall(r"(\d+) audit rows and outcomes (?:was )?not written",
+                                    self.gw.output()[logged:])
+        self.assertTrue(poll(failed, 10))
+        self.assertEqual(failed(), ["1"])
 
     def test_unauthenticated_requests_leave_no_entry(self):
         _, _, h = self.new_tenant("quiet")
