@@ -1031,6 +1031,13 @@ static void audit_write_one(struct gateway *gw, const struct commitq_row *row)
 	pg_release(gw->audit_pg, c);
 }
 
+/*
+ * How long the commit queue's writer retries a group while Postgres is unavailable: a lost
+ * connection or a quick switch of primaries, not a failover's whole length; past it the reply
+ * goes out and an outcome is stored after it (gw_done), as for a 5xx.
+ */
+#define AUDIT_GROUP_RETRY_MS 2000
+
 void gw_audit(struct http_req *req, const struct http_route *route, int status)
 {
 	struct gateway *gw = http_req_app(req);
@@ -1070,7 +1077,7 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 		.object_id = object ? object : http_req_object(req),
 		.status = status,
 		.request_id = http_req_id(req),
-		.retry_ms = gw->cfg.idempotency_finish_s * 1000,
+		.retry_ms = AUDIT_GROUP_RETRY_MS,
 	};
 	if (st->idem_key[0] && status < 500 && idempotency_seal(gw, req, st, &sealed) == KILN_OK) {
 		row.idem_key = st->idem_key;
@@ -1082,14 +1089,16 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	rc = commitq_write(gw->commitq, &row, &err);
 	if (rc == KILN_E_UNAVAILABLE) {
 		/*
-		 * The writer retried the group for idempotency_finish_s: the reply goes out with
-		 * the outcome's record left open, as idempotency_finish leaves it past that time.
+		 * The writer retried the group for AUDIT_GROUP_RETRY_MS: the reply goes out, its
+		 * audit row lost (as one insert's failure loses it); an outcome is stored by the done
+		 * hook after the reply, retried for idempotency_finish_s on its own thread, so that
+		 * no reply waits out a failover and a retry of the key later finds its reply.
 		 */
 		log_warn("audit record lost: %s (%s %s %d)", err.msg, method, route->pattern,
 			 status);
-		if (row.idem_key)
-			log_warn("idempotency record of \"%s\" left open: %s", http_req_path(req),
-				 err.msg);
+		free(sealed);
+		free(object);
+		return;
 	} else if (rc != KILN_OK) {
 		/*
 		 * This row was refused (its group split down to it), or the writer is stopping:

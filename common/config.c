@@ -91,8 +91,8 @@ const struct cfg_def config_table[] = {
 	  "seconds between the gateway's sweeps of expired Idempotency-Key records" },
 	{ "idempotency_finish_s", CFG_INT, F(idempotency_finish_s), "30", 0, 3600, NULL, false,
 	  "seconds a gateway keeps trying to record a request's outcome under its Idempotency-Key "
-	  "while Postgres is down or switching primaries (its group's writer, before the reply; after "
-	  "it for a 5xx or 429; 0: one try)" },
+	  "while Postgres is down or switching primaries (after the reply, when its group could not "
+	  "be written within 2 s; 0: one try)" },
 	{ "snapshot_delete_after_zero_days", CFG_INT, F(snapshot_delete_after_zero_days), "0", 0,
 	  3650, NULL, false,
 	  "days a tenant's ledger balance may stay at or below zero before the gateway deletes its "

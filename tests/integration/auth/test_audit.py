@@ -136,6 +136,45 @@ class AuditTests(GatewayCase):
         got = sorted(e["object_id"] for e in self.audit(h, len(ids)))
         self.assertEqual(got, ids)
 
+    def test_an_outcome_whose_group_stays_unwritten_is_stored_after_the_reply(self):
+        """Postgres unavailable to the writer for longer than its 2 s of retries (its insert's
+        backend terminated again and again while a lock of audit_log holds it): the reply goes
+        out while the lock is still held, without its audit row, and its outcome is stored after
+        it, so a retry of the key replays the same token. Before, the reply waited the whole
+        outage (up to idempotency_finish_s)."""
+        _, _, h = self.new_tenant("outage")
+        locker = self.lock_audit_log()
+        hdrs = dict(h, **{"Idempotency-Key": "outage-1"})
+        got = {}
+
+        def post():
+            got["r"] = self.call("POST", "/v1/tokens", {"ttl_s": 60}, hdrs)
+
+        t = threading.Thread(target=post)
+        t.start()
+        self.assertTrue(poll(lambda: self.db.sql(WAITING) == "1", 30))
+        stop = time.monotonic() + 20
+        while t.is_alive() and time.monotonic() < stop:
+            self.db.sql("SELECT pg_terminate_backend(pid) FROM pg_locks "
+                        "WHERE relation = 'audit_log'::regclass AND NOT granted")
+            time.sleep(0.2)
+        replied_in_outage = not t.is_alive()
+        locker.stdin.write("COMMIT;\n")
+        locker.stdin.close()
+        t.join()
+        self.assertTrue(replied_in_outage, "the reply waited for the audit table's lock")
+        self.assertEqual(got["r"].status, 201, got["r"])
+        token = got["r"].json()["token"]
+        again = None
+        for _ in range(50):     # the done hook stores it just after the reply
+            again = self.call("POST", "/v1/tokens", {"ttl_s": 60}, hdrs)
+            if again.status != 409:
+                break
+            time.sleep(0.2)
+        self.assertEqual(again.status, 201, again)
+        self.assertEqual(again.headers.get("Idempotent-Replayed"), "true", again)
+        self.assertEqual(again.json()["token"], token)
+
     def test_a_row_refused_in_a_group_fails_alone(self):
         """A group whose statement Postgres refuses for one row's data is split down to that
         row: the others commit in the group's halves, and only the bad row is written alone (and
