@@ -28,7 +28,6 @@
 struct pending {
 	const struct commitq_row *row;
 	struct pending *next;
-	long long deadline;	/* monotonic ms: the writer retries this row's group until then */
 	bool done;
 	enum kiln_err rc;
 	struct kiln_error err;
@@ -176,28 +175,33 @@ out:
 }
 
 /*
- * Writes the `n` rows of `group`, again every RETRY_MS while Postgres is unavailable, until the
- * earliest deadline among them: a failover's new primary is reached on this thread's one
- * connection, and the rows' requests wait for it instead of each retrying alone.
+ * Writes the `n` rows of `group`, again every RETRY_MS while Postgres is unavailable, for the
+ * smallest `retry_ms` of its rows from the first failure: a lost connection or a quick switch of
+ * primaries is reached on this thread's one connection, and the rows' requests wait for it instead
+ * of each retrying alone.
  */
 static enum kiln_err group_try(struct commitq *q, struct pending *group, int n,
 			       struct kiln_error *err)
 {
-	long long deadline = group->deadline;
+	long long window = group->row->retry_ms, deadline = 0;
 	struct pending *p = group;
 	enum kiln_err rc;
 
 	for (int i = 0; i < n; i++, p = p->next)
-		if (p->deadline < deadline)
-			deadline = p->deadline;
+		if (p->row->retry_ms < window)
+			window = p->row->retry_ms;
 	for (int attempt = 0;; attempt++) {
 		kiln_error_clear(err);
 		rc = group_write(q, group, n, err);
-		if (rc != KILN_E_UNAVAILABLE || mono_ms() + RETRY_MS > deadline)
+		if (rc != KILN_E_UNAVAILABLE)
+			return rc;
+		if (attempt == 0)
+			deadline = mono_ms() + window;
+		if (mono_ms() + RETRY_MS > deadline)
 			return rc;
 		if (attempt == 0)
 			log_warn("a group of %d audit rows and outcomes: %s; retrying for up to %lld ms",
-				 n, err->msg, deadline - mono_ms());
+				 n, err->msg, window);
 		nanosleep(&(struct timespec){ 0, RETRY_MS * 1000000L }, NULL);
 	}
 }
@@ -311,7 +315,7 @@ void commitq_free(struct commitq *q)
 enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 			    struct kiln_error *err)
 {
-	struct pending p = { .row = row, .deadline = mono_ms() + row->retry_ms };
+	struct pending p = { .row = row };
 
 	if (!q)
 		return kiln_error_set(err, KILN_E_INTERNAL, "no audit writer");

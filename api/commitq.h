@@ -29,7 +29,8 @@ struct commitq_row {
 	 */
 	const char *idem_key, *idem_method, *idem_path, *idem_sha256;
 	const char *response;	/* sealed reply body, "" for none */
-	/* how long the writer retries the row's group while Postgres is unavailable (from queueing) */
+	/* how long the writer retries the row's group while Postgres is unavailable (from the
+	 * group's first failure) */
 	long long retry_ms;
 };
 
@@ -49,12 +50,12 @@ void commitq_free(struct commitq *q);
  * Queues `row` and waits until its group has committed. KILN_OK: the audit row is visible to
  * every reader, and an outcome is durable (its group committed synchronously; a group of audit
  * rows alone commits without waiting for the WAL flush, docs/auth.md "Commits").
- * KILN_E_UNAVAILABLE: Postgres stayed unavailable while the writer retried the group, until the
- * earliest `retry_ms` of its rows ran out (or a connection lost its COMMIT's answer at the last
- * attempt): the row is not written as far as the writer knows, and writing it alone would find
- * Postgres no better. Any other error: the row itself was refused (a group refused for its data
- * is split until only the rows at fault fail), or the queue is being freed (at once): the caller
- * may write the row alone.
+ * KILN_E_UNAVAILABLE: Postgres stayed unavailable while the writer retried the group, for the
+ * smallest `retry_ms` of its rows from its first failure (or a connection lost its COMMIT's
+ * answer at the last attempt): the row is not written as far as the writer knows, and writing it
+ * alone would find Postgres no better. Any other error: the row itself was refused (a group
+ * refused for its data is split until only the rows at fault fail), or the queue is being freed
+ * (at once): the caller may write the row alone.
  */
 enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 			    struct kiln_error *err);

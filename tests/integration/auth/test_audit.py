@@ -100,14 +100,9 @@ class AuditTests(GatewayCase):
         self.assertEqual(locker.stdout.readline().strip(), "locked")
         return locker
 
-    def test_a_group_whose_connection_is_lost_is_retried_by_the_writer(self):
-        """The writer's connection is lost while its group waits (its backend is terminated):
-        the writer writes the group again on a new connection, and the requests queued behind it
-        wait for it instead of each writing its row alone on a connection of the audit pool, so
-        no more than one insert ever waits on the lock."""
-        _, _, h = self.new_tenant("retried")
-        locker = self.lock_audit_log()
-        ids = ["lost-%d" % i for i in range(4)]
+    def deletes_behind_the_lock(self, ids, h):
+        """Starts a DELETE of each of `ids` on its own thread: the first until its audit insert
+        waits on the lock, then the rest. Returns the threads and the statuses they fill in."""
         statuses = {}
 
         def delete(i):
@@ -118,6 +113,17 @@ class AuditTests(GatewayCase):
         self.assertTrue(poll(lambda: self.db.sql(WAITING) == "1", 30))
         for t in threads[1:]:
             t.start()
+        return threads, statuses
+
+    def test_a_group_whose_connection_is_lost_is_retried_by_the_writer(self):
+        """The writer's connection is lost while its group waits (its backend is terminated):
+        the writer writes the group again on a new connection, and the requests queued behind it
+        wait for it instead of each writing its row alone on a connection of the audit pool, so
+        no more than one insert ever waits on the lock."""
+        _, _, h = self.new_tenant("retried")
+        locker = self.lock_audit_log()
+        ids = ["lost-%d" % i for i in range(4)]
+        threads, statuses = self.deletes_behind_the_lock(ids, h)
         time.sleep(1)   # the others queue behind the first row's group
         self.db.sql("SELECT pg_terminate_backend(pid) FROM pg_locks "
                     "WHERE relation = 'audit_log'::regclass AND NOT granted")
@@ -188,16 +194,7 @@ class AuditTests(GatewayCase):
         locker = self.lock_audit_log()
         ids = ["first"] + ["good-%d" % i for i in range(4)] + ["refused-row"] + \
               ["good-%d" % i for i in range(4, 8)]
-        statuses = {}
-
-        def delete(i):
-            statuses[i] = self.call("DELETE", "/v1/api-keys/" + i, None, h).status
-
-        threads = [threading.Thread(target=delete, args=(i,)) for i in ids]
-        threads[0].start()
-        self.assertTrue(poll(lambda: self.db.sql(WAITING) == "1", 30))
-        for t in threads[1:]:
-            t.start()
+        threads, statuses = self.deletes_behind_the_lock(ids, h)
         # The rest reach the queue while the writer waits on the lock (their handlers take no
         # lock of audit_log); one that came later would only make a group of its own.
         time.sleep(2)
