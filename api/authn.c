@@ -452,8 +452,9 @@ static void idempotency_replay(struct gateway *gw, struct http_req *req,
  * its response before its reply goes out (gw_audit), so a retry of a reply the client saw finds
  * it; a retry sent before the first reply arrived (a client that timed out) may find the record
  * still open: wait up to IDEM_WAIT_MS for it (without holding a connection the first request
- * needs) before answering 409. A 5xx or a 429 frees or stores its key in the done hook, just
- * after its reply went out, and is waited for the same way. Returns false after
+ * needs) before answering 409. A 5xx or a 429, or an outcome whose group Postgres did not take
+ * in time, frees or stores its key in the done hook, just after its reply went out, and is
+ * waited for the same way. Returns false after
  * replying; true, without replying, when the record went away meanwhile (the first request
  * failed with a 5xx and freed the key, as it does when a failover cut it short): the caller
  * claims the key again and this request runs.
@@ -1031,13 +1032,6 @@ static void audit_write_one(struct gateway *gw, const struct commitq_row *row)
 	pg_release(gw->audit_pg, c);
 }
 
-/*
- * How long the commit queue's writer retries a group while Postgres is unavailable: a lost
- * connection or a quick switch of primaries, not a failover's whole length; past it the reply
- * goes out and an outcome is stored after it (gw_done), as for a 5xx.
- */
-#define AUDIT_GROUP_RETRY_MS 2000
-
 void gw_audit(struct http_req *req, const struct http_route *route, int status)
 {
 	struct gateway *gw = http_req_app(req);
@@ -1077,7 +1071,6 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 		.object_id = object ? object : http_req_object(req),
 		.status = status,
 		.request_id = http_req_id(req),
-		.retry_ms = AUDIT_GROUP_RETRY_MS,
 	};
 	if (st->idem_key[0] && status < 500 && idempotency_seal(gw, req, st, &sealed) == KILN_OK) {
 		row.idem_key = st->idem_key;
@@ -1089,16 +1082,14 @@ void gw_audit(struct http_req *req, const struct http_route *route, int status)
 	rc = commitq_write(gw->commitq, &row, &err);
 	if (rc == KILN_E_UNAVAILABLE) {
 		/*
-		 * The writer retried the group for AUDIT_GROUP_RETRY_MS: the reply goes out, its
+		 * The writer retried the group (AUDIT_GROUP_RETRY_MS): the reply goes out, its
 		 * audit row lost (as one insert's failure loses it); an outcome is stored by the done
 		 * hook after the reply, retried for idempotency_finish_s on its own thread, so that
 		 * no reply waits out a failover and a retry of the key later finds its reply.
 		 */
 		log_warn("audit record lost: %s (%s %s %d)", err.msg, method, route->pattern,
 			 status);
-		free(sealed);
-		free(object);
-		return;
+		row.idem_key = NULL;	/* the key stays the done hook's */
 	} else if (rc != KILN_OK) {
 		/*
 		 * This row was refused (its group split down to it), or the writer is stopping:

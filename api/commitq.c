@@ -41,6 +41,7 @@ struct commitq {
 	pthread_cond_t done;	/* the requests: a group ended */
 	struct pending *head, **tail;
 	bool stopping;
+	long long retry_ms;	/* how long a group is retried while Postgres is unavailable */
 	unsigned long long groups, rows;
 };
 
@@ -176,32 +177,28 @@ out:
 
 /*
  * Writes the `n` rows of `group`, again every RETRY_MS while Postgres is unavailable, for the
- * smallest `retry_ms` of its rows from the first failure: a lost connection or a quick switch of
- * primaries is reached on this thread's one connection, and the rows' requests wait for it instead
- * of each retrying alone.
+ * queue's `retry_ms` from the first failure: a lost connection or a quick switch of primaries is
+ * reached on this thread's one connection, and the rows' requests wait for it instead of each
+ * retrying alone.
  */
 static enum kiln_err group_try(struct commitq *q, struct pending *group, int n,
 			       struct kiln_error *err)
 {
-	long long window = group->row->retry_ms, deadline = 0;
-	struct pending *p = group;
+	long long deadline = 0;
 	enum kiln_err rc;
 
-	for (int i = 0; i < n; i++, p = p->next)
-		if (p->row->retry_ms < window)
-			window = p->row->retry_ms;
 	for (int attempt = 0;; attempt++) {
 		kiln_error_clear(err);
 		rc = group_write(q, group, n, err);
 		if (rc != KILN_E_UNAVAILABLE)
 			return rc;
 		if (attempt == 0)
-			deadline = mono_ms() + window;
+			deadline = mono_ms() + q->retry_ms;
 		if (mono_ms() + RETRY_MS > deadline)
 			return rc;
 		if (attempt == 0)
 			log_warn("a group of %d audit rows and outcomes: %s; retrying for up to %lld ms",
-				 n, err->msg, window);
+				 n, err->msg, q->retry_ms);
 		nanosleep(&(struct timespec){ 0, RETRY_MS * 1000000L }, NULL);
 	}
 }
@@ -272,7 +269,7 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
-struct commitq *commitq_new(struct pg *pool, struct kiln_error *err)
+struct commitq *commitq_new(struct pg *pool, long long retry_ms, struct kiln_error *err)
 {
 	struct commitq *q = calloc(1, sizeof(*q));
 
@@ -281,6 +278,7 @@ struct commitq *commitq_new(struct pg *pool, struct kiln_error *err)
 		return NULL;
 	}
 	q->pool = pool;
+	q->retry_ms = retry_ms;
 	q->tail = &q->head;
 	pthread_mutex_init(&q->lock, NULL);
 	pthread_cond_init(&q->work, NULL);

@@ -29,16 +29,14 @@ struct commitq_row {
 	 */
 	const char *idem_key, *idem_method, *idem_path, *idem_sha256;
 	const char *response;	/* sealed reply body, "" for none */
-	/* how long the writer retries the row's group while Postgres is unavailable (from the
-	 * group's first failure) */
-	long long retry_ms;
 };
 
 /*
- * Starts the writer on connections of `pool` (the pool must outlive the queue). NULL with `err`
+ * Starts the writer on connections of `pool` (the pool must outlive the queue); a group is
+ * retried for `retry_ms` from its first failure while Postgres is unavailable. NULL with `err`
  * set when the thread cannot start or memory runs out.
  */
-struct commitq *commitq_new(struct pg *pool, struct kiln_error *err);
+struct commitq *commitq_new(struct pg *pool, long long retry_ms, struct kiln_error *err);
 
 /*
  * Writes what is queued, stops the writer, logs how many groups and rows it wrote (info) and
@@ -51,9 +49,9 @@ void commitq_free(struct commitq *q);
  * every reader, and an outcome is durable (its group committed synchronously; a group of audit
  * rows alone commits without waiting for the WAL flush, docs/auth.md "Commits").
  * KILN_E_UNAVAILABLE: Postgres stayed unavailable while the writer retried the group, for the
- * smallest `retry_ms` of its rows from its first failure (or a connection lost its COMMIT's
- * answer at the last attempt): the row is not written as far as the writer knows, and writing it
- * alone would find Postgres no better. Any other error: the row itself was refused (a group
+ * queue's `retry_ms` from its first failure (or a connection lost its COMMIT's answer at the last
+ * attempt): the row is not written as far as the writer knows, and writing it alone would find
+ * Postgres no better. Any other error: the row itself was refused (a group
  * refused for its data is split until only the rows at fault fail), or the queue is being freed
  * (at once): the caller may write the row alone.
  */

@@ -85,10 +85,17 @@ static void db_exit(void)
 	gw.audit_pg = NULL;
 }
 
+/*
+ * How long the commit queue's writer retries a group while Postgres is unavailable: a lost
+ * connection or a quick switch of primaries, not a failover's whole length; past it the reply
+ * goes out and an outcome is stored after it (gw_done), as for a 5xx.
+ */
+#define AUDIT_GROUP_RETRY_MS 2000
+
 /* The writer that commits audit rows and Idempotency-Key outcomes in groups (api/commitq.h). */
 static int commitq_init(struct kiln_error *err)
 {
-	gw.commitq = commitq_new(gw.audit_pg, err);
+	gw.commitq = commitq_new(gw.audit_pg, AUDIT_GROUP_RETRY_MS, err);
 	return gw.commitq ? KILN_OK : err->code;
 }
 
