@@ -105,6 +105,18 @@ def zombie(pid):
         return False
 
 
+def node_processes(node, run_dir, cgroups):
+    """The pids in a node's cgroups, and those whose command line names its run directory or id."""
+    pids = cgroup_pids(cgroups)
+    marks = [m for m in (run_dir + "/", f"/{node}/", f"kiln-{node}-") if len(m) > 4]
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != os.getpid():
+            cmd = cmdline_of(d)
+            if cmd and any(m in cmd for m in marks):
+                pids.add(int(d))
+    return pids
+
+
 def node_cgroups(node):
     """The kiln/<node> cgroup directories of every hierarchy (v1 controllers or v2)."""
     out = []
@@ -216,13 +228,7 @@ def reap_node(rec, log, problems):
     born = rec.get("born") or rec.get("start_time") or 0
     # Its VMs: in its cgroups, or naming its run directory or id; started after the node.
     run_dir = rec.get("run_dir") or ""
-    vms = cgroup_pids(cgroups)
-    marks = [m for m in (run_dir + "/", f"/{node}/", f"kiln-{node}-") if len(m) > 4]
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != os.getpid():
-            cmd = cmdline_of(d)
-            if cmd and any(m in cmd for m in marks):
-                vms.add(int(d))
+    vms = node_processes(node, run_dir, cgroups)
     left = []
     for pid in sorted(vms):
         st = start_time(pid)
@@ -322,13 +328,7 @@ def node_leftovers(rec):
     run_dir = rec.get("run_dir") or f"/run/kt-{node}"
     cgroups = node_cgroups(node)
     left = []
-    procs = cgroup_pids(cgroups)
-    marks = [m for m in (run_dir + "/", f"/{node}/", f"kiln-{node}-") if len(m) > 4]
-    for d in os.listdir("/proc"):
-        if d.isdigit() and int(d) != os.getpid():
-            cmd = cmdline_of(d)
-            if cmd and any(m in cmd for m in marks):
-                procs.add(int(d))
+    procs = node_processes(node, run_dir, cgroups)
     for pid in sorted(procs):
         st = start_time(pid)
         if st is not None and st >= born and not zombie(pid):
