@@ -101,6 +101,23 @@ def fresh_database():
     return Database(services_env()["KILN_TEST_SOCKDIR"])
 
 
+def own_services(case):
+    """A Postgres and Redis pair of the test's own (tests/harness/services.sh), for a test that
+    stops or reconfigures them, stopped at `case`'s cleanup: its env (services_env()) and a fresh
+    database on it."""
+    fd, envfile = tempfile.mkstemp(prefix="kiln-own-services-")
+    os.close(fd)
+    services = os.path.join(ROOT, "tests", "harness", "services.sh")
+    subprocess.run([services, "start", envfile], check=True, capture_output=True)
+    case.addCleanup(subprocess.run, [services, "stop", envfile], capture_output=True)
+    saved = os.environ["KILN_SERVICES_ENV"]
+    os.environ["KILN_SERVICES_ENV"] = envfile
+    try:
+        return services_env(), fresh_database()
+    finally:
+        os.environ["KILN_SERVICES_ENV"] = saved
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

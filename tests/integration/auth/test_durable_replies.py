@@ -16,7 +16,6 @@ It stops Postgres, so it runs a Postgres and Redis pair of its own.
 import os
 import signal
 import subprocess
-import tempfile
 import threading
 import unittest
 import uuid
@@ -24,7 +23,6 @@ import uuid
 import kiln
 from authtest import GENEROUS, bearer
 
-SERVICES = os.path.join(kiln.ROOT, "tests", "harness", "services.sh")
 LIB = os.path.join(kiln.ROOT, "scripts", "lib.sh")
 CLIENTS = 8
 REPLIES = 40  # 201s each client reads before the crash
@@ -33,20 +31,10 @@ ROUNDS = 3
 
 class DurableReplyTests(unittest.TestCase):
     def setUp(self):
-        fd, self.envfile = tempfile.mkstemp(prefix="kiln-own-services-")
-        os.close(fd)
-        subprocess.run([SERVICES, "start", self.envfile], check=True, capture_output=True)
-        self.addCleanup(subprocess.run, [SERVICES, "stop", self.envfile], capture_output=True)
-        saved = os.environ["KILN_SERVICES_ENV"]
-        os.environ["KILN_SERVICES_ENV"] = self.envfile
-        try:
-            self.env = kiln.services_env()
-            self.db = kiln.fresh_database()
-            for sql in ("ALTER SYSTEM SET commit_delay = 100000",
-                        "ALTER SYSTEM SET commit_siblings = 0", "SELECT pg_reload_conf()"):
-                kiln.psql(self.env["KILN_TEST_SOCKDIR"], "postgres", sql)
-        finally:
-            os.environ["KILN_SERVICES_ENV"] = saved
+        self.env, self.db = kiln.own_services(self)
+        for sql in ("ALTER SYSTEM SET commit_delay = 100000",
+                    "ALTER SYSTEM SET commit_siblings = 0", "SELECT pg_reload_conf()"):
+            kiln.psql(self.env["KILN_TEST_SOCKDIR"], "postgres", sql)
         self.gw = None
 
     def shell(self, script):

@@ -2,14 +2,12 @@
 keeps reads going when Redis is down."""
 import os
 import subprocess
-import tempfile
 import time
 import unittest
 
 import kiln
 from authtest import GatewayCase, bearer, poll
 
-SERVICES = os.path.join(kiln.ROOT, "tests", "harness", "services.sh")
 SMALL = {"KILN_RATE_LIMIT_RPS": "2", "KILN_RATE_LIMIT_BURST": "3"}
 
 
@@ -105,17 +103,7 @@ class RedisDownTests(unittest.TestCase):
     """Stops Redis, so it runs a Postgres and Redis pair of its own."""
 
     def setUp(self):
-        fd, self.envfile = tempfile.mkstemp(prefix="kiln-own-services-")
-        os.close(fd)
-        subprocess.run([SERVICES, "start", self.envfile], check=True, capture_output=True)
-        self.addCleanup(subprocess.run, [SERVICES, "stop", self.envfile], capture_output=True)
-        saved = os.environ["KILN_SERVICES_ENV"]
-        os.environ["KILN_SERVICES_ENV"] = self.envfile
-        try:
-            self.env = kiln.services_env()
-            self.db = kiln.fresh_database()
-        finally:
-            os.environ["KILN_SERVICES_ENV"] = saved
+        self.env, self.db = kiln.own_services(self)
         self.gw = kiln.Gateway(self.db.url, self.env["KILN_REDIS_URL"], SMALL)
         self.addCleanup(self.gw.cleanup)
         self.admin = bearer(self.gw.admin_key)
