@@ -723,6 +723,14 @@ static int put_file(const char *url_path, const char *path, json_t **out)
 	return rc;
 }
 
+/* The build context's list and tar, and their temporary directory. */
+static void context_remove(const char *tmpdir, const char *listp, const char *tarp)
+{
+	unlink(listp);
+	unlink(tarp);
+	rmdir(tmpdir);
+}
+
 /*
  * template build [-f Dockerfile] [--name N] [--vcpus N] [--memory MIB] [--disk GIB] [--start CMD]
  * [--ready CMD] [--allow RULE]... DIR: a new version of template N (default: DIR's name) built
@@ -738,7 +746,7 @@ static int template_build(int argc, char **argv)
 		{ NULL, 0, NULL, 0 },
 	};
 	const char *file = NULL, *name = NULL, *dir;
-	char dfpath[4096], dipath[4096], tmpdir[] = "/tmp/kiln-build-XXXXXX", listp[64], tarp[64];
+	char dfpath[4096], dipath[4096], tmpdir[4096], listp[4200], tarp[4200];
 	char path[512], namebuf[256];
 	double vcpus = 1, mem = 512, disk = 10;
 	json_t *body = json_object(), *rules = json_array(), *made = NULL;
@@ -798,6 +806,8 @@ static int template_build(int argc, char **argv)
 		if (rc)
 			goto out;
 	}
+	snprintf(tmpdir, sizeof(tmpdir), "%s/kiln-build-XXXXXX",	/* TMPDIR, as other tools */
+		 getenv("TMPDIR") && *getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp");
 	if (!mkdtemp(tmpdir)) {
 		fprintf(stderr, "kiln: %s: %s\n", tmpdir, strerror(errno));
 		rc = EXIT_API;
@@ -850,7 +860,10 @@ static int template_build(int argc, char **argv)
 	snprintf(path, sizeof(path), "/v1/templates/%s/source?version=%lld",
 		 json_string_value(json_object_get(made, "id")),
 		 (long long)json_integer_value(json_object_get(made, "version")));
-	if ((rc = put_file(path, tarp, NULL)))
+	rc = put_file(path, tarp, NULL);
+	context_remove(tmpdir, listp, tarp);	/* uploaded: none left if the log's wait is cut */
+	tmp = false;
+	if (rc)
 		goto out;
 	snprintf(path, sizeof(path), "/v1/templates/%s/log?version=%lld",
 		 json_string_value(json_object_get(made, "id")),
@@ -874,11 +887,8 @@ static int template_build(int argc, char **argv)
 		printf("%s\t%s\tv%lld\n", json_string_value(json_object_get(made, "id")), name,
 		       (long long)json_integer_value(json_object_get(made, "version")));
 out:
-	if (tmp) {
-		unlink(listp);
-		unlink(tarp);
-		rmdir(tmpdir);
-	}
+	if (tmp)
+		context_remove(tmpdir, listp, tarp);
 	dockerignore_free(&di);
 	free(text);
 	json_decref(made);

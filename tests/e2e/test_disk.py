@@ -3,6 +3,7 @@ it has (node_disk_gib x node_disk_overcommit_pct), a guest cannot grow its layer
 and concurrent pauses cannot pass the plan's max_snapshot_bytes together. And the disk a tenant
 asks for is the guest's: its root file system fills disk_gib however the sandbox was made."""
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -152,6 +153,7 @@ class SnapshotBytesTests(Helpers, unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.hold = os.path.join(tempfile.mkdtemp(prefix="kiln-disk-hold-"), "held")
+        cls.addClassCleanup(shutil.rmtree, os.path.dirname(cls.hold), True)  # after the stack's
         cls.stack = kiln.Stack(node_env={"KILN_FAULT_HOLD": "pause-space-reserved",
                                          "KILN_FAULT_HOLD_FILE": cls.hold, **BOOT})
         cls.addClassCleanup(cls.stack.cleanup)

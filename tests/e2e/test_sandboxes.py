@@ -7,6 +7,7 @@ import platform
 import secrets
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -522,13 +523,14 @@ class TemplateRestoreTests(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        cls.hold = os.path.join(tempfile.gettempdir(), f"kiln-hold-{os.getpid()}-{time.time_ns()}")
+        # after the stack's cleanup: until its node stops, a restore may hold (make it) again
+        cls.addClassCleanup(lambda: os.path.exists(cls.hold) and os.unlink(cls.hold))
         # Held just after QEMU of a restore starts, before the node waits for its QMP greeting.
         cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
                                          "KILN_FAULT_HOLD": "vmm-restore-spawned",
                                          "KILN_FAULT_HOLD_FILE": cls.hold})
         cls.addClassCleanup(cls.stack.cleanup)
-        cls.addClassCleanup(lambda: os.path.exists(cls.hold) and os.unlink(cls.hold))
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
 

@@ -4,6 +4,7 @@ import os
 import re
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -293,7 +294,7 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         # (SIGKILL) holding at that one. Without the hold file's folder the points pass (a node
         # finishing an interrupted pause as it starts, a resume), so no restart is needed to arm
         # a point, nor a pause and a resume around that restart.
-        folder = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        folder = os.path.join(tempfile.gettempdir(), f"kiln-hold-{os.getpid()}-{time.time_ns()}")
         hold = os.path.join(folder, "held")
         held = {"KILN_FAULT_HOLD": ",".join(self.CUT_POINTS), "KILN_FAULT_HOLD_FILE": hold}
         self.restart_node(held)
@@ -394,7 +395,9 @@ class SnapshotFaultTests(Helpers, unittest.TestCase):
         return result["r"]
 
     def test_a_disk_full_or_filling_up_during_the_save_fails_the_pause_and_the_sandbox_runs_on(self):
-        hold = f"/tmp/kiln-hold-{os.getpid()}-{time.time_ns()}"
+        hold = os.path.join(tempfile.gettempdir(), f"kiln-hold-{os.getpid()}-{time.time_ns()}")
+        # after the node below is replaced: until then it may hold (make the file) again
+        self.addCleanup(lambda: os.path.exists(hold) and os.unlink(hold))
         self.restart_node({"KILN_FAULT_HOLD": "pause-space-reserved", "KILN_FAULT_HOLD_FILE": hold})
         sb = self.create()
         self.addCleanup(self.restart_node)  # the next tests' node holds nowhere

@@ -48,6 +48,25 @@ def services_env():
     return env
 
 
+def _use_run_tmpdir():
+    """Puts this process's temporary files (tempfile's, and through TMPDIR those of every
+    program it starts) in the run's own directory, KILN_TEST_DIR/tmp, when it runs under
+    services.sh's fixture: what a test leaves there is named by services.sh stop, which fails
+    the run over it and removes it, instead of staying in /tmp for good."""
+    try:
+        run = services_env()["KILN_TEST_DIR"]
+    except (KeyError, OSError):
+        return
+    tmp = os.path.join(run, "tmp")
+    os.makedirs(tmp, exist_ok=True)
+    os.chmod(tmp, 0o1777)  # as /tmp: the sandboxes' users reach what a test hands them
+    os.environ["TMPDIR"] = tmp
+    tempfile.tempdir = tmp
+
+
+_use_run_tmpdir()
+
+
 def psql(sockdir, db, sql):
     """Runs SQL as the cluster's owner and returns stdout (tuples only, unaligned)."""
     out = subprocess.run(["psql", "-h", sockdir, "-U", "kiln", "-d", db, "-tAqc", sql],
@@ -237,7 +256,8 @@ class Daemon:
             self.unregister()
         if os.environ.get("KILN_TEST_SHOW_LOGS"):
             sys.stderr.write(f"--- {self.proc.args[0]} ---\n{self.output()}\n")
-        os.unlink(self.log.name)
+        if os.path.exists(self.log.name):  # not when cleaned up before
+            os.unlink(self.log.name)
 
 
 class Gateway(Daemon):
@@ -269,10 +289,14 @@ class Gateway(Daemon):
             self.e2b_sandbox_url = f"http://127.0.0.1:{self.e2b_sandbox_port}"
         env.update(extra_env or {})
         super().__init__(os.path.join(BUILD, "api", "kiln-gateway"), env)
-        if self.e2b_port:
-            self.wait_tcp(self.e2b_port)
-            self.wait_tcp(self.e2b_sandbox_port)
-        self.wait_tcp(self.port)
+        try:
+            if self.e2b_port:
+                self.wait_tcp(self.e2b_port)
+                self.wait_tcp(self.e2b_sandbox_port)
+            self.wait_tcp(self.port)
+        except BaseException:
+            self.cleanup()  # its process, log and admin key file: the caller never gets it
+            raise
 
     @property
     def admin_key(self):
@@ -434,6 +458,16 @@ class Node(Daemon):
         env.update(extra_env or {})
         self.log_level = env["KILN_LOG_LEVEL"]
         super().__init__(os.path.join(BUILD, "node", "kiln-node"), env, netns=netns)
+        try:
+            self.wait_started(tcp_address, netns)
+        except BaseException:
+            # the caller never gets it: its process and what it made go now (its data directory
+            # only when this made it)
+            self.cleanup(keep_data=data_dir is not None)
+            raise
+
+    def wait_started(self, tcp_address, netns):
+        """Until the node serves on TCP (`tcp_address`) or on its Unix socket."""
         if tcp_address:
             self.sock = None
             self.wait_tcp(self.port, 60, host=netns.addr if netns else "127.0.0.1")
@@ -603,10 +637,13 @@ class Stack:
     def __init__(self, node_env=None, gateway_env=None, e2b=False, hostagent=False):
         env = services_env()
         self.db = fresh_database()
+        self.gw = None
         try:
             self.gw = Gateway(self.db.url, env["KILN_REDIS_URL"], gateway_env, e2b=e2b)
             self.node = self.add_node(node_env, hostagent=hostagent)
         except Exception:
+            if self.gw:
+                self.gw.cleanup()
             self.db.drop()
             raise
         self.admin = {"Authorization": "Bearer " + self.gw.admin_key}

@@ -23,7 +23,8 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   and uid leases (/run/kiln/uids/<uid> holding "<node>/<id>", which only the node's own next
   start would release), its run and data directories, and the network
   namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one;
-- every daemon's log (kiln.Daemon's /tmp/kiln-log-*.log), which its killed test never removed.
+- every daemon's log (kiln.Daemon's kiln-log-*.log in /tmp or the run's KILN_TEST_DIR/tmp), which
+  its killed test never removed.
 
 --check is the end of a run, after the reaper: NODES_DIR is the run's list of every node id
 kiln.py started (KILN_TEST_DIR/nodes, one JSON file each, kept after the node stopped). What any
@@ -50,6 +51,14 @@ VM_RUN_ROOT = "/run/kiln"  # vmm/orphan.h VMM_RUN_ROOT_DEFAULT: a node's VMs und
 LEASE_DIR = VM_RUN_ROOT + "/uids"  # vmm/jail.h JAIL_LEASE_DIR: <uid>, holding "<node>/<id>"
 SHM = "/dev/shm"
 NODE_ID = re.compile(r"^[A-Za-z0-9_-]{1,40}$")
+# Where kiln.py's temporary files are: /tmp, or a run's own KILN_TEST_DIR/tmp (services.sh's
+# /tmp/kt-XXXXXX), the only places the reaper removes them from.
+HARNESS_TEMP = r"/tmp/(?:kt-[A-Za-z0-9]+/tmp/)?"
+
+
+def harness_temp(path, prefix, suffix=""):
+    """Whether `path` is one of kiln.py's temporary files or folders named `prefix`...`suffix`."""
+    return re.match(rf"^{HARNESS_TEMP}{re.escape(prefix)}[^/]+{re.escape(suffix)}$", path) is not None
 
 
 def start_time(pid):
@@ -307,7 +316,7 @@ def reap_node(rec, log, problems):
     for p in remove_pins(node):
         log.append(f"{p}: removed")
     for d in (rec.get("run_dir"), rec.get("data_dir")):
-        if d and os.path.isdir(d) and (d.startswith("/run/kt-") or d.startswith("/tmp/kiln-node-")):
+        if d and os.path.isdir(d) and (d.startswith("/run/kt-") or harness_temp(d, "kiln-node-")):
             shutil.rmtree(d, ignore_errors=True)
             log.append(f"{d}: removed")
     # The namespace it ran in as a host of its own (kiln.Netns), with its veth and nftables table.
@@ -412,7 +421,7 @@ def reap(registry):
             reap_node(rec, log, problems)
         # its output (kiln.Daemon's temporary log), which its killed test never removed
         out = rec.get("log") or ""
-        if re.match(r"^/tmp/kiln-log-[^/]+\.log$", out) and os.path.exists(out):
+        if harness_temp(out, "kiln-log-", ".log") and os.path.exists(out):
             os.unlink(out)
             log.append(f"{out}: removed")
         os.unlink(path)

@@ -13,7 +13,9 @@
 # list kiln.py keeps of every node id it started) left anything on the host: VM run directories
 # (/run/kiln/<node>), uid leases naming it, its run directory, cgroups, BPF pins, memory files, its
 # nftables table, its sandboxes' netns and veths, processes. What one left is named, removed, and
-# fails the stop (reap.py --check). Only this run's node ids are looked at.
+# fails the stop (reap.py --check). Only this run's node ids are looked at. Last, what tests left
+# in the run's temporary directory (KILN_TEST_DIR/tmp, their TMPDIR: tests/harness/kiln.py) is
+# named and fails the stop too; it goes with the directory.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../../scripts/lib.sh"
@@ -47,6 +49,12 @@ stop)
   fi
   if [ -n "$dir" ] && [ -d "$dir/nodes" ]; then
     /usr/bin/python3 "$here/reap.py" --check "$dir/nodes" || reaped=1
+  fi
+  if [ -n "$dir" ] && [ -d "$dir/tmp" ]; then
+    while IFS= read -r -d '' left; do
+      echo "check: FAILED a test left $left"
+      reaped=1
+    done < <(find "$dir/tmp" -mindepth 1 -maxdepth 1 -print0)
   fi
   if [ -n "$dir" ] && [ -d "$dir" ]; then
     kiln_pg_stop "$dir/pg"

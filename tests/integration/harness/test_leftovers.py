@@ -11,12 +11,17 @@ ids that kiln.py keeps). Each case runs a services pair of its own, as a test ru
 - A cleanly stopped node leaves nothing, and the stop passes.
 - What a node of the run left (planted: a VM run directory and a lease naming it) fails the stop,
   is named and removed; the same things of a node id the run did not start are not touched.
+- What a test left in the run's temporary directory (KILN_TEST_DIR/tmp, the tests' TMPDIR) fails
+  the stop, is named and removed.
+- A gateway or a node that exits at its start leaves none of the harness's temporary files (its
+  log, the admin key's file) nor its record.
 """
 import os
 import secrets
 import shutil
 import signal
 import subprocess
+import tempfile
 import unittest
 
 import kiln
@@ -66,7 +71,7 @@ def unplant(node, lease):
 class LeftoverTests(unittest.TestCase):
     def setUp(self):
         # A test run of its own: its own Postgres, Redis, registry and list of nodes.
-        self.envfile = f"/tmp/kiln-leftovers-{secrets.token_hex(4)}.env"
+        self.envfile = os.path.join(tempfile.gettempdir(), f"kiln-leftovers-{secrets.token_hex(4)}.env")
         subprocess.run([SERVICES, "start", self.envfile], check=True, capture_output=True)
         self.addCleanup(subprocess.run, [SERVICES, "stop", self.envfile], capture_output=True)
         saved = os.environ["KILN_SERVICES_ENV"]
@@ -172,6 +177,47 @@ class LeftoverTests(unittest.TestCase):
         self.assertTrue(os.path.exists(f"{VM_RUN_ROOT}/{theirs}/sb_theirs/vm.log"))
         with open(theirs_lease) as f:
             self.assertEqual(f.read(), f"{theirs}/sb_theirs")
+
+    def test_what_a_test_left_in_the_runs_temporary_directory_fails_the_stop(self):
+        # The run's TMPDIR (kiln.py points tempfile and the daemons at it): a file and a folder
+        # a test made and never removed.
+        tmp = os.path.join(self.dir, "tmp")
+        os.makedirs(tmp, exist_ok=True)
+        with open(os.path.join(tmp, "kiln-admin-key-left"), "w") as f:
+            f.write("key\n")
+        os.makedirs(os.path.join(tmp, "kiln-place-left", "inside"))
+        r = self.stop()
+        self.assertNotEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn(f"check: FAILED a test left {tmp}/kiln-admin-key-left", r.stdout)
+        self.assertIn(f"check: FAILED a test left {tmp}/kiln-place-left", r.stdout)
+        self.assertNotIn("inside", r.stdout)  # what is in a folder goes with it, unnamed
+        self.assertFalse(os.path.exists(self.dir), r.stdout)
+
+    def test_a_daemon_that_never_starts_leaves_nothing(self):
+        # The harness's temporary files (a daemon's log, a gateway's admin key file) of a gateway
+        # and a node that exit at start over a setting they refuse: their test never gets them
+        # to clean up.
+        private = tempfile.mkdtemp(prefix="kiln-start-")
+        self.addCleanup(shutil.rmtree, private, True)
+        saved = tempfile.tempdir
+        tempfile.tempdir = private
+        self.addCleanup(setattr, tempfile, "tempdir", saved)
+        db = kiln.fresh_database()
+        redis = kiln.services_env()["KILN_REDIS_URL"]
+        with self.assertRaisesRegex(RuntimeError, "exited"):
+            kiln.Gateway(db.url, redis, {"KILN_HTTP_BODY_MAX": "many"})
+        gw = kiln.Gateway(db.url, redis)
+        try:
+            with self.assertRaisesRegex(RuntimeError, "exited"):
+                kiln.Node(db.url, gw.url, {"KILN_MASTER_KEY": gw.master_key,
+                                           "KILN_NODE_MAX_SANDBOXES": "many"}, hostagent=True)
+        finally:
+            gw.cleanup()
+            db.drop()
+        self.assertEqual(os.listdir(private), [])
+        self.assertEqual(os.listdir(os.path.join(self.dir, "daemons")), [])
+        r = self.stop()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
 
 
 if __name__ == "__main__":

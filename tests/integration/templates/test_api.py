@@ -6,6 +6,7 @@ goes to (one with room for its shape before one holding the tenant's layers) and
 a template without a ready version (the builds themselves: tests/e2e/test_templates_build.py)."""
 import json
 import os
+import shutil
 import socket
 import tempfile
 import threading
@@ -242,6 +243,7 @@ class TemplateLimits(GatewayCase):
         # two live nodes that only listen: one without room for 512 MiB holding the tenant's
         # layers, one with room and none
         tmp = tempfile.mkdtemp(prefix="kiln-place-")
+        self.addCleanup(shutil.rmtree, tmp, True)
         called = []
 
         def serve(ls, node):
