@@ -200,6 +200,8 @@ class Daemon:
             return
         rec = {"kind": os.path.basename(binary), "pid": self.proc.pid, "start_time": started,
                "exe": os.path.realpath(binary), "log": self.log.name}
+        if getattr(self, "admin_key_file", None):
+            rec["admin_key_file"] = self.admin_key_file
         node_id = getattr(self, "node_id", None)
         if os.path.basename(binary) == "kiln-node" and node_id:
             born = _NODE_BORN.setdefault(node_id, started)

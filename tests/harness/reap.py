@@ -23,8 +23,8 @@ ctest runs even after a timeout) runs this on the run's registry. For each recor
   and uid leases (/run/kiln/uids/<uid> holding "<node>/<id>", which only the node's own next
   start would release), its run and data directories, and the network
   namespace it ran in as a host of its own (kn<hex>, kiln.Netns) when it had one;
-- every daemon's log (kiln.Daemon's kiln-log-*.log in /tmp or the run's KILN_TEST_DIR/tmp), which
-  its killed test never removed.
+- every daemon's log (kiln.Daemon's kiln-log-*.log in /tmp or the run's KILN_TEST_DIR/tmp) and a
+  gateway's admin key file (kiln-admin-key-*), which its killed test never removed.
 
 --check is the end of a run, after the reaper: NODES_DIR is the run's list of every node id
 kiln.py started (KILN_TEST_DIR/nodes, one JSON file each, kept after the node stopped). What any
@@ -419,11 +419,13 @@ def reap(registry):
     for path, rec in records:
         if rec.get("kind") == "node":
             reap_node(rec, log, problems)
-        # its output (kiln.Daemon's temporary log), which its killed test never removed
-        out = rec.get("log") or ""
-        if harness_temp(out, "kiln-log-", ".log") and os.path.exists(out):
-            os.unlink(out)
-            log.append(f"{out}: removed")
+        # its output (kiln.Daemon's temporary log) and a gateway's admin key file, which its
+        # killed test never removed
+        for out, prefix, suffix in ((rec.get("log") or "", "kiln-log-", ".log"),
+                                    (rec.get("admin_key_file") or "", "kiln-admin-key-", "")):
+            if harness_temp(out, prefix, suffix) and os.path.exists(out):
+                os.unlink(out)
+                log.append(f"{out}: removed")
         os.unlink(path)
     for line in log:
         print("reap: " + line)

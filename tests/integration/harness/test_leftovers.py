@@ -14,7 +14,8 @@ ids that kiln.py keeps). Each case runs a services pair of its own, as a test ru
 - What a test left in the run's temporary directory (KILN_TEST_DIR/tmp, the tests' TMPDIR) fails
   the stop, is named and removed.
 - A gateway or a node that exits at its start leaves none of the harness's temporary files (its
-  log, the admin key's file) nor its record.
+  log, the admin key's file) nor its record; a gateway its test never stops leaves neither after
+  the reaper.
 """
 import os
 import secrets
@@ -192,6 +193,18 @@ class LeftoverTests(unittest.TestCase):
         self.assertIn(f"check: FAILED a test left {tmp}/kiln-place-left", r.stdout)
         self.assertNotIn("inside", r.stdout)  # what is in a folder goes with it, unnamed
         self.assertFalse(os.path.exists(self.dir), r.stdout)
+
+    def test_a_gateway_never_stopped_by_its_test_leaves_no_file(self):
+        # Its test killed at its timeout: the reaper ends the gateway and removes its log and the
+        # admin key file it wrote.
+        db = kiln.fresh_database()
+        gw = kiln.Gateway(db.url, kiln.services_env()["KILN_REDIS_URL"])
+        self.assertTrue(gw.admin_key)
+        r = self.stop()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertFalse(gw.alive())
+        self.assertFalse(os.path.exists(gw.admin_key_file), r.stdout)
+        self.assertFalse(os.path.exists(gw.log.name), r.stdout)
 
     def test_a_daemon_that_never_starts_leaves_nothing(self):
         # The harness's temporary files (a daemon's log, a gateway's admin key file) of a gateway
