@@ -736,6 +736,22 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 }
 
 /*
+ * The node's wall-clock time `w` of a change already logged (ns) on this meter's label clock, at
+ * the tick labelled `now`: node_time(), but read ahead of the tick by more than a step's
+ * tolerance after a backward step, it was logged before that step, in the frame then in force
+ * (the newest that puts it no later than the tick).
+ */
+static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
+{
+	int64_t t = node_time(m, w);
+
+	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
+		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS)
+			t = w + m->back_off[b];
+	return t;
+}
+
+/*
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
@@ -757,7 +773,8 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 {
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
-	*t = node_time(m, pg_res_int(res, i, col, 0) * 1000) + pg_res_int(res, i, col + 1, 0);
+	*t = node_time_logged(m, pg_res_int(res, i, col, 0) * 1000, m->clk_now_l) +
+	     pg_res_int(res, i, col + 1, 0);
 	return true;
 }
 
@@ -2789,16 +2806,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
-		e->at = node_time(m, pg_res_int(lres, k, 3, 0) * 1000);
-		/* Read ahead of this tick by more than a step's tolerance after a backward step:
-		 * logged before it, in the frame then in force (the newest that puts it no later
-		 * than now). */
-		for (int b = m->nback - 1; b >= 0 && !m->fwd_held && e->at > now + STEP_TOLERANCE_NS;
-		     b--) {
-			int64_t at = pg_res_int(lres, k, 3, 0) * 1000 + m->back_off[b];
-			if (at <= now + STEP_TOLERANCE_NS)
-				e->at = at;
-		}
+		e->at = node_time_logged(m, pg_res_int(lres, k, 3, 0) * 1000, now);
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
