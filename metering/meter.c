@@ -736,6 +736,22 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 }
 
 /*
+ * The node's wall-clock time `w` of a change already logged (ns) on this meter's label clock, at
+ * the tick labelled `now`: node_time(), but read ahead of the tick by more than a step's
+ * tolerance after a backward step, it was logged before that step, in the frame then in force
+ * (the newest that puts it no later than the tick).
+ */
+static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
+{
+	int64_t t = node_time(m, w);
+
+	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
+		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS)
+			t = w + m->back_off[b];
+	return t;
+}
+
+/*
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
@@ -744,14 +760,21 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
  * without its frame, did not): read as a label here, a generation taken over from another node
  * was billed again from its start, under labels 281 s from the other meter's, which the ledger's
  * fence, comparing labels, took (kiln-sim `clock`, seed 524333160, +106,769 µcr). A generation's
- * billed time is a prefix of it, so its length is the same on every clock. False when the
- * generation has no window or no change logged.
+ * billed time is a prefix of it, and its length (its windows' billed periods, GEN_BILLED_SQL) is
+ * the same on every clock; the start, moved on by the forward steps this meter followed after it
+ * (node_time()), is where a point from before them stands too (step_shift()). Not the point less
+ * its first window's start on the writer's labels: those jumped by each forward step the writer
+ * followed, so a step both meters followed counted twice. A generation taken over across steps
+ * of +3,247 and +1,184 s read as billed 4,429 s past its end, and the next generation, billed
+ * from there, was charged nothing (kiln-sim `clock`, seed 796674514, -105,506 µcr). False when
+ * the generation has no window or no change logged.
  */
 static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int64_t *t)
 {
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
-	*t = node_time(m, pg_res_int(res, i, col, 0) * 1000) + pg_res_int(res, i, col + 1, 0);
+	*t = node_time_logged(m, pg_res_int(res, i, col, 0) * 1000, m->clk_now_l) +
+	     pg_res_int(res, i, col + 1, 0);
 	return true;
 }
 
@@ -1166,11 +1189,19 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
 /* How far the point P (ns) of generation G of X reaches past the start of its first window, on
- * the clock of the meter that billed it (gen_point()); NULL when it has no window. */
-#define GEN_BILLED_SQL(X, G, P)                                                                    \
+ * the clock of the meter that billed it: what is billed of it and the forward steps of the wall
+ * clock in it, so about where the wall clock stood at P (tails_sql); NULL when it has no window. */
+#define GEN_REACH_SQL(X, G, P)                                                                     \
 	"(" P " - (SELECT coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint) "  \
 	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G " "            \
 	"    ORDER BY u.window_start LIMIT 1))"
+/* What is billed of generation G of X, ns: the sum of its windows' billed periods, each the
+ * difference of two labels of the meter that billed it, so the same on every clock, and no
+ * forward step of the wall clock in it (gen_point()); NULL when it has no window. */
+#define GEN_BILLED_SQL(X, G)                                                                       \
+	"(SELECT sum(coalesce(u.pe_ns, (extract(epoch FROM u.window_end) * 1e9)::bigint) "         \
+	"    - coalesce(u.ps_ns, (extract(epoch FROM u.window_start) * 1e9)::bigint))::bigint "    \
+	"    FROM usage_windows u WHERE u.sandbox_id = " X " AND u.generation = " G ")"
 
 /* --- Postgres: this node's sandboxes --- */
 
@@ -1187,7 +1218,7 @@ static const char rows_sql[] =
 	"CASE WHEN m.generation < s.generation THEN " GEN_SNAP_SQL("s.id", "m.generation") " END, "
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation", "m.last_t_ns") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END, "
 	/* a point in billed state "none": whether anything of its generation was billed (a
 	 * sandbox still creating has such a point too, billed nothing, before its end); running
 	 * time counts at a price of 0 too (its memory's byte-seconds) */
@@ -2402,7 +2433,7 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 		if (PGQ(c, &res, &err, "SELECT mm.sandbox_id, "
 			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") ", "
+			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
 			"mm.cpu_ns FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2541,8 +2572,9 @@ static const char tails_sql[] =
 	"p.start_us, p.billed_ns "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
-	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS billed_ns) p0 "
-	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.billed_ns, mm.last_t_ns) "
+	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns, "
+	"    " GEN_REACH_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS reach_ns) p0 "
+	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.reach_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
@@ -2774,16 +2806,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
-		e->at = node_time(m, pg_res_int(lres, k, 3, 0) * 1000);
-		/* Read ahead of this tick by more than a step's tolerance after a backward step:
-		 * logged before it, in the frame then in force (the newest that puts it no later
-		 * than now). */
-		for (int b = m->nback - 1; b >= 0 && !m->fwd_held && e->at > now + STEP_TOLERANCE_NS;
-		     b--) {
-			int64_t at = pg_res_int(lres, k, 3, 0) * 1000 + m->back_off[b];
-			if (at <= now + STEP_TOLERANCE_NS)
-				e->at = at;
-		}
+		e->at = node_time_logged(m, pg_res_int(lres, k, 3, 0) * 1000, now);
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);

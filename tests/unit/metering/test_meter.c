@@ -1443,6 +1443,139 @@ static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame
 }
 
 /*
+ * A generation taken over across a forward step of the wall clock that both meters followed, A
+ * by less than B (A's label clock kept the lead a backward step left). What is billed of it is
+ * its windows' billed time, placed from its start across the steps the taker followed
+ * (gen_point()). Before, it was the point less its first window's start on B's labels, which
+ * jumped by B's step, and the taker moved the start on by its own step too: the step counted
+ * twice (kiln-sim `clock`, seed 796674514: a generation taken over across steps of +3,247 and
+ * +1,184 s read as billed 4,429 s past its end, and the next one was charged nothing of 105,506
+ * µcr). As in the case above, the sandbox runs 5 s on A, 25 s on B (across the step) and 10 s on
+ * A again, B's meter without its alive key from 35 s: 40 s billed, not 70.
+ */
+static void test_a_taken_over_generation_across_a_forward_step_is_placed_once(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
+			fake_now -= 100 * S;
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+		}
+		if (i == 20)	/* 1,000 s forward: A follows 900 s of it (its lead), B all */
+			fake_now += 1000 * S;
+		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    to, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 25 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * A generation taken over whose start was logged before a backward step of the wall clock the
+ * taker followed: its start is placed in the frame in force when it was logged, as a change read
+ * late is (gen_point()). Placed with the offset after the step, it stood the step's length late,
+ * and so did the generation's point: the next generation, billed from there, was charged nothing
+ * (kiln-sim `clock`, seed 997291951: a generation of node 1 started 44 s before a 2,921 s
+ * backward step, taken over by node 0's meter when node 1's lost Redis, its next two generations
+ * on node 0 charged nothing of 67,499 and 34,352 µcr). As above, but the wall clock steps 200 s
+ * back at 20 s (the sandbox on B since 11 s): 40 s billed, not 70.
+ */
+static void test_a_taken_over_generation_started_before_a_backward_step_keeps_its_start(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
+			fake_now -= 100 * S;
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+		}
+		if (i == 20)	/* 200 s back: both meters keep going */
+			fake_now -= 200 * S;
+		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    to, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 25 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
  * A meter killed for good leaves its live field; its sandbox is recovered on another node, whose
  * meter bills it again from the ledger's billed-up-to point. Once the dead meter's field is
  * older than the bound, the other meter's tick drops it: Redis's balance is the ledger's less
@@ -1582,6 +1715,8 @@ int main(void)
 	TEST(test_a_meter_without_postgres_keeps_the_other_meters_live_field);
 	TEST(test_a_taken_over_generation_carries_its_nodes_remainder);
 	TEST(test_a_taken_over_generation_goes_on_from_its_point_in_another_frame);
+	TEST(test_a_taken_over_generation_across_a_forward_step_is_placed_once);
+	TEST(test_a_taken_over_generation_started_before_a_backward_step_keeps_its_start);
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
