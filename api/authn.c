@@ -44,6 +44,7 @@
 #include "auth/bearer.h"
 #include "auth/jwt.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 unsigned char gw_pepper[32];
@@ -139,12 +140,10 @@ struct inflight {
 static struct inflight *inflight_table[INFLIGHT_BUCKETS];
 static pthread_mutex_t inflight_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* ms since the epoch: key expiry is a wall-clock time, and cache ages are compared with it */
 static long long now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return clock_ms_of(CLOCK_REALTIME);
 }
 
 static unsigned hash_of(const char *s)
