@@ -764,6 +764,85 @@ static void inflight_drop(const char *tenant_id)
 	pthread_mutex_unlock(&inflight_lock);
 }
 
+/*
+ * The length of the valid UTF-8 sequence at `s` (1 to 4), or 0 when its first byte starts none:
+ * the rules Postgres applies to text (no overlong forms, no surrogates, nothing past U+10FFFF).
+ */
+static int utf8_len(const unsigned char *s)
+{
+	unsigned char lo = 0x80, hi = 0xbf;
+	int n;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4;
+	else
+		return 0;
+	if (s[0] == 0xe0)
+		lo = 0xa0;
+	else if (s[0] == 0xed)
+		hi = 0x9f;
+	else if (s[0] == 0xf0)
+		lo = 0x90;
+	else if (s[0] == 0xf4)
+		hi = 0x8f;
+	if (s[1] < lo || s[1] > hi)
+		return 0;
+	for (int i = 2; i < n; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return n;
+}
+
+/* Whether `s` is valid UTF-8 throughout (utf8_len's rules). */
+static bool utf8_valid(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+
+	for (size_t i = 0; u[i]; ) {
+		int n = utf8_len(u + i);
+
+		if (!n)
+			return false;
+		i += (size_t)n;
+	}
+	return true;
+}
+
+/*
+ * Answers 404 when a path parameter of `route` ({id}, {wid}, ...) is not valid UTF-8 and returns
+ * false; true when every one is. The engine decodes %XX, so a parameter can hold any byte, while
+ * every id the API hands out is ASCII: such a parameter names nothing, and as a statement's text
+ * Postgres would refuse it (a 500). Checked before the Idempotency-Key is claimed, so such a
+ * request stores nothing.
+ */
+static bool params_utf8(struct http_req *req, const struct http_route *route)
+{
+	char name[HTTP_PARAM_MAX];
+
+	for (const char *p = strchr(route->pattern, '{'); p; p = strchr(p, '{')) {
+		size_t n = strcspn(++p, "}");
+		const char *v;
+
+		if (n >= sizeof(name))
+			continue;
+		memcpy(name, p, n);
+		name[n] = '\0';
+		v = http_req_param(req, name);
+		if (v && !utf8_valid(v)) {
+			http_reply_error(req, KILN_E_NOT_FOUND,
+					 "not found: the path parameter \"%s\" is not UTF-8", name);
+			return false;
+		}
+	}
+	return true;
+}
+
 enum kiln_err gw_authenticate(struct gateway *gw, const char *header, struct principal *who,
 			      struct kiln_error *err)
 {
@@ -824,7 +903,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 	enum kiln_err rc;
 
 	if (route->scope == 0)
-		return true;
+		return params_utf8(req, route);
 	st = calloc(1, sizeof(*st));
 	if (!st) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -842,7 +921,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 					 "authentication serves no admin route");
 			return false;
 		}
-		return idempotency_claim(gw, req, st);
+		return params_utf8(req, route) && idempotency_claim(gw, req, st);
 	}
 #endif
 
@@ -891,6 +970,8 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
+	if (!params_utf8(req, route))
+		return false;
 	/* Before the rate limits: past its bound a tenant's requests cost no Redis round trip. */
 	if (!inflight_take(st->who.tenant_id, (unsigned)gw->cfg.tenant_max_in_flight)) {
 		http_reply_header(req, "Retry-After", "1");
@@ -928,41 +1009,6 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 		st->in_flight = false;
 		inflight_drop(st->who.tenant_id);
 	}
-}
-
-/*
- * The length of the valid UTF-8 sequence at `s` (1 to 4), or 0 when its first byte starts none:
- * the rules Postgres applies to text (no overlong forms, no surrogates, nothing past U+10FFFF).
- */
-static int utf8_len(const unsigned char *s)
-{
-	unsigned char lo = 0x80, hi = 0xbf;
-	int n;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (s[0] == 0xe0)
-		lo = 0xa0;
-	else if (s[0] == 0xed)
-		hi = 0x9f;
-	else if (s[0] == 0xf0)
-		lo = 0x90;
-	else if (s[0] == 0xf4)
-		hi = 0x8f;
-	if (s[1] < lo || s[1] > hi)
-		return 0;
-	for (int i = 2; i < n; i++)
-		if (s[i] < 0x80 || s[i] > 0xbf)
-			return 0;
-	return n;
 }
 
 /*
