@@ -819,7 +819,7 @@ static bool utf8_valid(const char *s)
  * false; true when every one is. The engine decodes %XX, so a parameter can hold any byte, while
  * every id the API hands out is ASCII: such a parameter names nothing, and as a statement's text
  * Postgres would refuse it (a 500). Checked before the Idempotency-Key is claimed, so such a
- * request stores nothing.
+ * request stores nothing but its audit row, with the parameter as its object (escaped).
  */
 static bool params_utf8(struct http_req *req, const struct http_route *route)
 {
@@ -835,6 +835,7 @@ static bool params_utf8(struct http_req *req, const struct http_route *route)
 		name[n] = '\0';
 		v = http_req_param(req, name);
 		if (v && !utf8_valid(v)) {
+			http_req_set_object(req, v);	/* audited as it came, escaped */
 			http_reply_error(req, KILN_E_NOT_FOUND,
 					 "not found: the path parameter \"%s\" is not UTF-8", name);
 			return false;
