@@ -44,9 +44,11 @@
 #include "auth/bearer.h"
 #include "auth/jwt.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 unsigned char gw_pepper[32];
+struct auth_apikey_pepper *gw_pepper_prepared;
 
 #define KEY_CACHE_SLOTS 4096
 #define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key */
@@ -125,6 +127,7 @@ struct req_state {
 	bool in_flight;		/* counted in its tenant's in-flight requests */
 	char idem_key[IDEM_KEY_MAX + 1];	/* set while this request owns an idempotency row */
 	char idem_sum[65];	/* its body's SHA-256, hex */
+	struct gw_key_row key_row;	/* read by the claim (ROUTE_API_KEY_ONLY) */
 };
 
 #define INFLIGHT_BUCKETS 1024
@@ -139,12 +142,10 @@ struct inflight {
 static struct inflight *inflight_table[INFLIGHT_BUCKETS];
 static pthread_mutex_t inflight_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* ms since the epoch: key expiry is a wall-clock time, and cache ages are compared with it */
 static long long now_ms(void)
 {
-	struct timespec ts;
-
-	clock_gettime(CLOCK_REALTIME, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+	return clock_ms_of(CLOCK_REALTIME);
 }
 
 static unsigned hash_of(const char *s)
@@ -168,6 +169,18 @@ void gw_tenant_cache_forget(const char *tenant_id)
 	pthread_mutex_lock(&tenant_cache_lock);
 	if (strcmp(e->tenant_id, tenant_id) == 0)
 		memset(e, 0, sizeof(*e));
+	pthread_mutex_unlock(&tenant_cache_lock);
+}
+
+/* Caches whether tenant `tenant_id` is suspended, as read from Postgres at `fetched_ms`. */
+static void tenant_cache_put(const char *tenant_id, bool suspended, long long fetched_ms)
+{
+	struct tenant_entry *slot = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
+
+	pthread_mutex_lock(&tenant_cache_lock);
+	snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
+	slot->suspended = suspended;
+	slot->fetched_ms = fetched_ms;
 	pthread_mutex_unlock(&tenant_cache_lock);
 }
 
@@ -218,11 +231,7 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 	}
 	if (rc == KILN_OK) {
 		*suspended = pg_res_rows(res) != 1 || pg_res_bool(res, 0, 0);
-		pthread_mutex_lock(&tenant_cache_lock);
-		snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
-		slot->suspended = *suspended;
-		slot->fetched_ms = now;
-		pthread_mutex_unlock(&tenant_cache_lock);
+		tenant_cache_put(tenant_id, *suspended, now);
 	} else if (hit) {	/* an early read that failed: the entry is still valid */
 		kiln_error_clear(err);
 		rc = KILN_OK;
@@ -249,20 +258,33 @@ const struct principal *gw_principal(const struct http_req *req)
 	return st && st->has_principal ? &st->who : NULL;
 }
 
-/* Reads the key row into `e`. KILN_E_NOT_FOUND when there is no such key. */
+const struct gw_key_row *gw_key_row(const struct http_req *req)
+{
+	const struct req_state *st = http_req_ctx(req);
+
+	return st && st->key_row.read ? &st->key_row : NULL;
+}
+
+/*
+ * Reads the key row into `e`, and in the same statement whether its tenant is suspended, into
+ * the tenant cache: the request goes on to ask that, and its entry expires about when the key's
+ * does, so one round trip serves both. KILN_E_NOT_FOUND when there is no such key.
+ */
 static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct key_entry *e,
 			       struct kiln_error *err)
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
+	long long now = now_ms();
 	enum kiln_err rc = pg_acquire(gw->pg, &c, err);
 
 	if (rc != KILN_OK)
 		return rc;
 	rc = PGQ(c, &res, err,
-		 "SELECT secret_hash, tenant_id, scopes, revoked_at IS NULL, "
-		 "coalesce(floor(extract(epoch FROM expires_at) * 1000)::bigint, 0) "
-		 "FROM api_keys WHERE id = $1",
+		 "SELECT k.secret_hash, k.tenant_id, k.scopes, k.revoked_at IS NULL, "
+		 "coalesce(floor(extract(epoch FROM k.expires_at) * 1000)::bigint, 0), "
+		 "t.suspended_at IS NOT NULL OR t.id IS NULL "
+		 "FROM api_keys k LEFT JOIN tenants t ON t.id = k.tenant_id WHERE k.id = $1",
 		 key_id);
 	if (rc == KILN_OK && pg_res_rows(res) == 0)
 		rc = KILN_E_NOT_FOUND;
@@ -278,7 +300,8 @@ static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct ke
 			e->scopes = 0;
 		e->usable = pg_res_bool(res, 0, 3);
 		e->expires_ms = pg_res_int(res, 0, 4, 0);
-		e->fetched_ms = now_ms();
+		e->fetched_ms = now;
+		tenant_cache_put(e->tenant_id, pg_res_bool(res, 0, 5), now);
 	}
 	pg_res_free(res);
 	pg_release(gw->pg, c);
@@ -355,7 +378,8 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 		if (rc != KILN_OK)
 			return rc;
 	}
-	if (!auth_apikey_verify(&key, gw_pepper, sizeof(gw_pepper), e.hash))
+	if (!(gw_pepper_prepared ? auth_apikey_verify_prepared(&key, gw_pepper_prepared, e.hash)
+				 : auth_apikey_verify(&key, gw_pepper, sizeof(gw_pepper), e.hash)))
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid API key");
 	if (!e.usable)
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key was revoked");
@@ -509,9 +533,12 @@ static bool idempotency_existing(struct gateway *gw, struct http_req *req, struc
 /*
  * Claims the Idempotency-Key of a mutating POST. Returns true when the request should run (a
  * first use; st->idem_key is then set); false after replying (a replay, a mismatch, a request
- * with the same key still running, or a database error).
+ * with the same key still running, or a database error). With `key_row` (a route of
+ * ROUTE_API_KEY_ONLY) the same statement reads the caller's key's row into st->key_row: the
+ * route needs it fresh, and it rides on the claim's round trip instead of one of its own.
  */
-static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct req_state *st)
+static bool idempotency_claim(struct gateway *gw, struct http_req *req, struct req_state *st,
+			      bool key_row)
 {
 	const char *key = http_req_header(req, "Idempotency-Key");
 	struct kiln_error err = { 0 };
@@ -544,16 +571,39 @@ again:
 	 * claim; the outcome (gw_audit, through the commit queue) commits synchronously.
 	 */
 	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
-	rc = PGQ_ASYNC(c, &res, &err,
-		       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
-		       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
-		       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
-		       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
-		       "response = NULL, created_at = now() "
-		       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
-		       "RETURNING 1",
-		       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
+	if (key_row)	/* the key's row as of this statement's snapshot, as the route would read it */
+		rc = PGQ_ASYNC(c, &res, &err,
+			       "WITH k AS (SELECT revoked_at IS NULL AS live, "
+			       "floor(extract(epoch FROM expires_at))::bigint AS exp FROM api_keys "
+			       "WHERE id = $7 AND tenant_id = $1) "
+			       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
+			       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
+			       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
+			       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
+			       "response = NULL, created_at = now() "
+			       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
+			       "RETURNING 1, EXISTS (SELECT 1 FROM k), (SELECT live FROM k), "
+			       "(SELECT exp FROM k)",
+			       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl,
+			       st->who.key_id);
+	else
+		rc = PGQ_ASYNC(c, &res, &err,
+			       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
+			       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
+			       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
+			       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
+			       "response = NULL, created_at = now() "
+			       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
+			       "RETURNING 1",
+			       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
+		if (key_row) {
+			st->key_row.read = true;
+			st->key_row.exists = pg_res_bool(res, 0, 1);
+			st->key_row.live = st->key_row.exists && pg_res_bool(res, 0, 2);
+			st->key_row.expires = pg_res_get(res, 0, 3) != NULL;
+			st->key_row.expires_s = pg_res_int(res, 0, 3, 0);
+		}
 		snprintf(st->idem_key, sizeof(st->idem_key), "%s", key);
 		memcpy(st->idem_sum, sum, sizeof(st->idem_sum));
 		http_req_keep_reply(req);
@@ -765,6 +815,86 @@ static void inflight_drop(const char *tenant_id)
 	pthread_mutex_unlock(&inflight_lock);
 }
 
+/*
+ * The length of the valid UTF-8 sequence at `s` (1 to 4), or 0 when its first byte starts none:
+ * the rules Postgres applies to text (no overlong forms, no surrogates, nothing past U+10FFFF).
+ */
+static int utf8_len(const unsigned char *s)
+{
+	unsigned char lo = 0x80, hi = 0xbf;
+	int n;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4;
+	else
+		return 0;
+	if (s[0] == 0xe0)
+		lo = 0xa0;
+	else if (s[0] == 0xed)
+		hi = 0x9f;
+	else if (s[0] == 0xf0)
+		lo = 0x90;
+	else if (s[0] == 0xf4)
+		hi = 0x8f;
+	if (s[1] < lo || s[1] > hi)
+		return 0;
+	for (int i = 2; i < n; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return n;
+}
+
+/* Whether `s` is valid UTF-8 throughout (utf8_len's rules). */
+static bool utf8_valid(const char *s)
+{
+	const unsigned char *u = (const unsigned char *)s;
+
+	for (size_t i = 0; u[i]; ) {
+		int n = utf8_len(u + i);
+
+		if (!n)
+			return false;
+		i += (size_t)n;
+	}
+	return true;
+}
+
+/*
+ * Answers 404 when a path parameter of `route` ({id}, {wid}, ...) is not valid UTF-8 and returns
+ * false; true when every one is. The engine decodes %XX, so a parameter can hold any byte, while
+ * every id the API hands out is ASCII: such a parameter names nothing, and as a statement's text
+ * Postgres would refuse it (a 500). Checked before the Idempotency-Key is claimed, so such a
+ * request stores nothing but its audit row, with the parameter as its object (escaped).
+ */
+static bool params_utf8(struct http_req *req, const struct http_route *route)
+{
+	char name[HTTP_PARAM_MAX];
+
+	for (const char *p = strchr(route->pattern, '{'); p; p = strchr(p, '{')) {
+		size_t n = strcspn(++p, "}");
+		const char *v;
+
+		if (n >= sizeof(name))
+			continue;
+		memcpy(name, p, n);
+		name[n] = '\0';
+		v = http_req_param(req, name);
+		if (v && !utf8_valid(v)) {
+			http_req_set_object(req, v);	/* audited as it came, escaped */
+			http_reply_error(req, KILN_E_NOT_FOUND,
+					 "not found: the path parameter \"%s\" is not UTF-8", name);
+			return false;
+		}
+	}
+	return true;
+}
+
 enum kiln_err gw_authenticate(struct gateway *gw, const char *header, struct principal *who,
 			      struct kiln_error *err)
 {
@@ -825,7 +955,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 	enum kiln_err rc;
 
 	if (route->scope == 0)
-		return true;
+		return params_utf8(req, route);
 	st = calloc(1, sizeof(*st));
 	if (!st) {
 		http_reply_error(req, KILN_E_NOMEM, "out of memory");
@@ -843,7 +973,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 					 "authentication serves no admin route");
 			return false;
 		}
-		return idempotency_claim(gw, req, st);
+		return params_utf8(req, route) && idempotency_claim(gw, req, st, false);
 	}
 #endif
 
@@ -892,6 +1022,8 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
+	if (!params_utf8(req, route))
+		return false;
 	/* Before the rate limits: past its bound a tenant's requests cost no Redis round trip. */
 	if (!inflight_take(st->who.tenant_id, (unsigned)gw->cfg.tenant_max_in_flight)) {
 		http_reply_header(req, "Retry-After", "1");
@@ -913,7 +1045,7 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 	     !limit_take(req, gw, "tcreate", st->who.tenant_id, gw->cfg.tenant_create_limit_rpm,
 			 60000, gw->cfg.tenant_create_limit_rpm, "tenant_create_limit_rpm", true)))
 		return false;
-	return idempotency_claim(gw, req, st);
+	return idempotency_claim(gw, req, st, route->scope & ROUTE_API_KEY_ONLY);
 }
 
 void gw_done(struct http_req *req, const struct http_route *route, int status)
@@ -929,41 +1061,6 @@ void gw_done(struct http_req *req, const struct http_route *route, int status)
 		st->in_flight = false;
 		inflight_drop(st->who.tenant_id);
 	}
-}
-
-/*
- * The length of the valid UTF-8 sequence at `s` (1 to 4), or 0 when its first byte starts none:
- * the rules Postgres applies to text (no overlong forms, no surrogates, nothing past U+10FFFF).
- */
-static int utf8_len(const unsigned char *s)
-{
-	unsigned char lo = 0x80, hi = 0xbf;
-	int n;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (s[0] == 0xe0)
-		lo = 0xa0;
-	else if (s[0] == 0xed)
-		hi = 0x9f;
-	else if (s[0] == 0xf0)
-		lo = 0x90;
-	else if (s[0] == 0xf4)
-		hi = 0x8f;
-	if (s[1] < lo || s[1] > hi)
-		return 0;
-	for (int i = 2; i < n; i++)
-		if (s[i] < 0x80 || s[i] > 0xbf)
-			return 0;
-	return n;
 }
 
 /*

@@ -17,7 +17,7 @@
 #include "auth/jwt.h"
 
 #define ROUTE_AUTH (1u << 31)		/* needs a credential, even without a scope */
-#define ROUTE_API_KEY_ONLY (1u << 30)	/* a JWT is not enough (POST /v1/tokens) */
+#define ROUTE_API_KEY_ONLY (1u << 30)	/* a JWT is not enough (POST /v1/tokens); gw_key_row() */
 #define ROUTE_CREATES (1u << 29)	/* counts against the creation bucket; 503 without Redis */
 #define ROUTE_SCOPE_MASK 0xffffu
 
@@ -30,6 +30,22 @@ struct principal {
 
 /* The authenticated caller of a request that passed gw_before(); NULL on public routes. */
 const struct principal *gw_principal(const struct http_req *req);
+
+/* The caller's API key's row in Postgres, as the Idempotency-Key claim read it. */
+struct gw_key_row {
+	bool read;		/* the claim read it */
+	bool exists;		/* the key is the tenant's */
+	bool live;		/* exists and not revoked */
+	bool expires;		/* it has an expires_at */
+	long long expires_s;	/* its expires_at, seconds since the epoch, rounded down */
+};
+
+/*
+ * The row of the caller's API key as the claim of its Idempotency-Key read it in the same
+ * statement (on a ROUTE_API_KEY_ONLY route, called with an Idempotency-Key), or NULL: the route
+ * then reads the row itself. Fresh from Postgres, never from the key cache.
+ */
+const struct gw_key_row *gw_key_row(const struct http_req *req);
 
 bool gw_before(struct http_req *req, const struct http_route *route);
 #ifdef KILN_BENCH_NO_AUTH
@@ -72,7 +88,8 @@ struct gateway;
  */
 enum kiln_err gw_idempotency_sweep(struct gateway *gw, long long *deleted, struct kiln_error *err);
 
-/* The API key pepper, derived from the master key at start. */
+/* The API key pepper, derived from the master key at start, and it prepared for checks. */
 extern unsigned char gw_pepper[32];
+extern struct auth_apikey_pepper *gw_pepper_prepared;
 
 #endif

@@ -18,6 +18,7 @@
 #include <time.h>
 
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/pg.h"
 
@@ -92,14 +93,6 @@ static int array_add(struct buf *b, const char *v)
 			break;
 	}
 	return rc ? rc : buf_appends(b, "\"");
-}
-
-static long long mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /*
@@ -193,8 +186,8 @@ static enum kiln_err group_try(struct commitq *q, struct pending *group, int n,
 		if (rc != KILN_E_UNAVAILABLE)
 			return rc;
 		if (attempt == 0)
-			deadline = mono_ms() + q->retry_ms;
-		if (mono_ms() + RETRY_MS > deadline)
+			deadline = clock_mono_ms() + q->retry_ms;
+		if (clock_mono_ms() + RETRY_MS > deadline)
 			return rc;
 		if (attempt == 0)
 			log_warn("a group of %d audit rows and outcomes: %s; retrying for up to %lld ms",

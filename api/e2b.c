@@ -32,6 +32,7 @@
 #include "auth/crypto.h"
 #include "auth/scopes.h"
 #include "common/buf.h"
+#include "common/clock.h"
 #include "common/httpc.h"
 #include "common/log.h"
 #include "common/pg.h"
@@ -2714,14 +2715,6 @@ static const char *watch_code(const struct answer *a, const char **msg)
 	return proc_code(a->status);
 }
 
-static long long mono_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static void watch_produce(struct pump *p, void *arg)
 {
 	struct proc_run *r = arg;
@@ -2749,7 +2742,7 @@ static void watch_produce(struct pump *p, void *arg)
 	if (proc_frame(r, 0, json_pack("{s:{}}", "start")) != 0)
 		goto out;
 	while (!r->closed && !r->gone) {
-		long long left = r->deadline_ms ? r->deadline_ms - mono_now_ms() : WATCH_POLL_MS;
+		long long left = r->deadline_ms ? r->deadline_ms - clock_mono_ms() : WATCH_POLL_MS;
 		const json_t *ev;
 		size_t i;
 
@@ -2844,7 +2837,7 @@ static void fs_watch(struct http_req *req)
 	snprintf(r->id, sizeof(r->id), "%s", e.id);
 	snprintf(r->tid, sizeof(r->tid), "%s", e.tid);
 	r->gw = http_req_app(req);
-	r->deadline_ms = ms ? mono_now_ms() + ms : 0;
+	r->deadline_ms = ms ? clock_mono_ms() + ms : 0;
 	proc_stream(req, r, watch_produce);
 out:
 	json_decref(b);

@@ -39,6 +39,7 @@
 #include "api/ports.h"
 #include "auth/scopes.h"
 #include "common/http.h"
+#include "common/clock.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "common/pg.h"
@@ -96,15 +97,11 @@ static int fwd_write_all(int fd, const char *p, size_t n)
 /* Reads what comes within the exchange's time: bytes, 0 at the end, -1 on an error or timeout. */
 static ssize_t fwd_read(int fd, char *p, size_t n, long long deadline_ms)
 {
-	struct timespec ts;
-
 	for (;;) {
 		struct pollfd pfd = { fd, POLLIN, 0 };
-		long long now;
+		long long now = clock_mono_ms();
 		ssize_t k;
 
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 		if (now >= deadline_ms || poll(&pfd, 1, (int)(deadline_ms - now > 60000 ? 60000
 										     : deadline_ms - now)) < 0)
 			return -1;
@@ -125,7 +122,6 @@ static ssize_t fwd_read(int fd, char *p, size_t n, long long deadline_ms)
 static void fwd_produce(struct pump *p, void *arg)
 {
 	struct fwd *f = arg;
-	struct timespec ts;
 	struct buf head;
 	char *buf = malloc(FWD_CHUNK + 1), *end = NULL;
 	size_t have = 0;
@@ -134,8 +130,7 @@ static void fwd_produce(struct pump *p, void *arg)
 	int status = 0;
 
 	f->p = p;
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	deadline = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000 + E2B_PORT_TIMEOUT_S * 1000LL;
+	deadline = clock_mono_ms() + E2B_PORT_TIMEOUT_S * 1000LL;
 	buf_init(&head, FWD_HEAD_MAX);
 	if (!buf || buf_appendf(&head, "%s %s HTTP/1.0\r\nHost: 127.0.0.1:%ld\r\nConnection: close\r\n"
 				     "Content-Length: %zu\r\n", f->method, f->target, f->port,
@@ -329,7 +324,6 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 	}
 	taken = true;
 	for (long long until = 0;;) {
-		struct timespec ts;
 		long long now;
 
 		enum kiln_err orc = port_node_open(gw, &who, id, address, port, http_req_id(req), &pn);
@@ -342,8 +336,7 @@ bool e2b_port_before(struct http_req *req, const struct http_route *route)
 		}
 		if (pn.status == 101)
 			break;
-		clock_gettime(CLOCK_MONOTONIC, &ts);
-		now = (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+		now = clock_mono_ms();
 		if (!until)
 			until = now + E2B_CODE_WAIT_MS;
 		if (port != E2B_CODE_PORT || !codeint || pn.status != 502 ||

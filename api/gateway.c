@@ -105,18 +105,26 @@ static void commitq_exit(void)
 	gw.commitq = NULL;
 }
 
-/* Reads the master key and derives the API key pepper from it. */
+/* Reads the master key, derives the API key pepper from it and prepares that for checks. */
 static int master_key_init(struct kiln_error *err)
 {
 	if (masterkey_load(&gw.cfg, &gw.mk, err) != KILN_OK)
 		return err->code;
-	return auth_master_derive(&gw.mk, "apikey-pepper", gw_pepper, sizeof(gw_pepper), err);
+	if (auth_master_derive(&gw.mk, "apikey-pepper", gw_pepper, sizeof(gw_pepper), err) !=
+	    KILN_OK)
+		return err->code;
+	gw_pepper_prepared = auth_apikey_pepper_new(gw_pepper, sizeof(gw_pepper));
+	if (!gw_pepper_prepared)
+		return kiln_error_set(err, KILN_E_NOMEM, "cannot prepare the api key pepper");
+	return KILN_OK;
 }
 
 static void master_key_exit(void)
 {
 	auth_master_key_wipe(&gw.mk);
 	memset(gw_pepper, 0, sizeof(gw_pepper));
+	auth_apikey_pepper_free(gw_pepper_prepared);
+	gw_pepper_prepared = NULL;
 }
 
 static int signing_init(struct kiln_error *err)

@@ -48,6 +48,7 @@
 #include "api/ports.h"
 #include "auth/crypto.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 #define HEAD_MAX 16384		/* bytes of a request's head */
@@ -89,14 +90,6 @@ void portproxy_url(const char *id, long port, char *out, size_t cap)
 		dl--;
 	snprintf(out, cap, "http://%ld-%s.%.*s:%u", port, strncmp(id, "sb_", 3) ? id : id + 3,
 		 (int)dl, domain, px.port);
-}
-
-static long long mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static int write_all(int fd, const void *p, size_t len)
@@ -495,12 +488,12 @@ static int upstream(int client, int node, const char *early, size_t early_len, b
 static void linger_close(int fd)
 {
 	char buf[4096];
-	long long until = mono_ms() + LINGER_MS;
+	long long until = clock_mono_ms() + LINGER_MS;
 
 	shutdown(fd, SHUT_WR);
 	for (;;) {
 		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = until - mono_ms();
+		long long left = until - clock_mono_ms();
 
 		if (left <= 0 || poll(&p, 1, (int)left) != 1 || read(fd, buf, sizeof(buf)) <= 0)
 			break;
@@ -617,15 +610,12 @@ out:
 /* Whether a request without a credential may resume sandbox `id` now (port_public_wakes_per_hour). */
 static bool wake_take(const char *id)
 {
-	struct timespec ts;
 	struct rl_result rl;
 	char bucket[128];
 	long long per = px.gw->cfg.port_public_wakes_per_hour;
 
-	clock_gettime(CLOCK_REALTIME, &ts);
 	snprintf(bucket, sizeof(bucket), "portwake:%s", id);
-	ratelimit_take(px.gw->rl, bucket, per, 3600000, per,
-		       (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000, &rl);
+	ratelimit_take(px.gw->rl, bucket, per, 3600000, per, clock_ms_of(CLOCK_REALTIME), &rl);
 	return rl.allowed;
 }
 
@@ -645,7 +635,7 @@ static void serve(struct pconn *pc)
 	size_t have = 0;
 	long port = 0;
 	long long hto = gw->cfg.http_header_timeout_s ? gw->cfg.http_header_timeout_s : 10;
-	long long deadline = mono_ms() + hto * 1000;
+	long long deadline = clock_mono_ms() + hto * 1000;
 	unsigned long long length = 0;
 	bool taken = false, upgrade = false, chunked = false;
 	unsigned long long ticket = 0;	/* the count of port_streams_max_per_tenant taken */
@@ -660,7 +650,7 @@ static void serve(struct pconn *pc)
 	/* The head, within the header timeout. */
 	while (!end) {
 		struct pollfd p = { pc->fd, POLLIN, 0 };
-		long long left = deadline - mono_ms();
+		long long left = deadline - clock_mono_ms();
 		ssize_t k;
 
 		if (have == HEAD_MAX) {
@@ -824,8 +814,8 @@ static void serve(struct pconn *pc)
 		if (!wake(pc->fd, &who, id, rid))
 			goto out;
 		woke = true;
-		for (long long until = mono_ms() + WAKE_RUNNING_MS;
-		     strcmp(t.state, "running") != 0 && mono_ms() < until;) {
+		for (long long until = clock_mono_ms() + WAKE_RUNNING_MS;
+		     strcmp(t.state, "running") != 0 && clock_mono_ms() < until;) {
 			usleep(250000);
 			if (target_load(id, port, &t) != KILN_OK || !t.found)
 				break;
@@ -845,8 +835,8 @@ static void serve(struct pconn *pc)
 	enum kiln_err rc = port_node_open(gw, &who, id, t.address, port, rid, &pn);
 
 	/* Just resumed: the request waits for the guest's server to listen again. */
-	for (long long until = mono_ms() + gw->cfg.port_connect_timeout_ms;
-	     woke && rc == KILN_OK && pn.status == 502 && mono_ms() < until &&
+	for (long long until = clock_mono_ms() + gw->cfg.port_connect_timeout_ms;
+	     woke && rc == KILN_OK && pn.status == 502 && clock_mono_ms() < until &&
 	     strstr(pn.buf + pn.head_len, "\"port_closed\"");) {
 		port_node_free(&pn);
 		usleep(WAKE_LISTEN_RETRY_MS * 1000);

@@ -28,6 +28,7 @@
 #include "api/portcount.h"
 #include "api/ports.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 #define NODE_CONNECT_MS 5000	/* to reach the node's listener */
@@ -69,14 +70,6 @@ int port_counts_attach(struct rds *rds)
 void port_counts_detach(void)
 {
 	portcount_detach(&counts);
-}
-
-static long long mono_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Connects to a node address ("unix:/path" or "http://host:port"); a socket or -1. */
@@ -282,13 +275,13 @@ enum kiln_err port_node_open(struct gateway *gw, const struct principal *who, co
 	if (write_all(fd, head, strlen(head)) < 0)
 		goto out;
 	/* The node's answer: its head, and for anything but 101 a short JSON body. */
-	long long deadline = mono_ms() + gw->cfg.port_connect_timeout_ms + NODE_HEAD_SLACK_MS;
+	long long deadline = clock_mono_ms() + gw->cfg.port_connect_timeout_ms + NODE_HEAD_SLACK_MS;
 	char *end = NULL;
 
 	head[0] = '\0';
 	while (!end && have < NODE_HEAD_MAX) {
 		struct pollfd p = { fd, POLLIN, 0 };
-		long long left = deadline - mono_ms();
+		long long left = deadline - clock_mono_ms();
 		ssize_t k;
 
 		if (left <= 0 || poll(&p, 1, (int)left) != 1)

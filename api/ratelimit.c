@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 
 /*
@@ -91,22 +92,9 @@ struct ratelimit {
 	bool has_thread, stop;	/* stop: atomic */
 };
 
-static long long clock_ms_of(clockid_t id)
-{
-	struct timespec ts;
-
-	clock_gettime(id, &ts);
-	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
-
 static long long clock_ms(void)
 {
 	return clock_ms_of(CLOCK_REALTIME);
-}
-
-static long long mono_ms(void)
-{
-	return clock_ms_of(CLOCK_MONOTONIC);
 }
 
 static void *sync_main(void *arg)
@@ -197,7 +185,7 @@ static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long 
 	b->burst = burst;
 	b->tokens = burst * 1000;
 	b->ts = now;
-	b->used_ms = mono_ms();
+	b->used_ms = clock_mono_ms();
 	b->next = *head;
 	*head = b;
 	return b;
@@ -215,7 +203,7 @@ static void lb_take(struct local_bucket *b, long long rate, long long period, lo
 	b->rate = rate;
 	b->period = period;
 	b->burst = burst;
-	b->used_ms = mono_ms();
+	b->used_ms = clock_mono_ms();
 	if (now > b->ts) {
 		long long add = (now - b->ts) * rate * 1000 / period;
 
@@ -404,7 +392,7 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 	struct sync_item *items = NULL;
 	size_t n = 0, cap = 0;
 	enum kiln_err rc = KILN_OK;
-	long long mono = mono_ms();
+	long long mono = clock_mono_ms();
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);

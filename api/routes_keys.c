@@ -220,9 +220,11 @@ static void tokens_create(struct http_req *req)
 	char *token = NULL, exp[32];
 	uint32_t scopes = who ? who->scopes : 0, asked = 0;
 	bool has_scopes;
+	const struct gw_key_row *row;
+	struct gw_key_row kr = { 0 };
 	struct pg_res *res = NULL;
 	struct pg_conn *c;
-	long long ttl, key_exp;
+	long long ttl;
 	time_t e, now;
 	struct tm tm;
 	enum kiln_err rc;
@@ -247,29 +249,37 @@ static void tokens_create(struct http_req *req)
 	}
 	/*
 	 * A token must not outlive its key: exp is capped at the key's expires_at, rounded down to
-	 * the second. The row is read here rather than trusted from the key cache (up to 5 s old),
-	 * so a key revoked or expired on another gateway mints nothing either.
+	 * the second. The row is read from Postgres rather than trusted from the key cache (up to
+	 * 5 s old), so a key revoked or expired on another gateway mints nothing either: by the
+	 * claim of the request's Idempotency-Key, in the same statement (gw_key_row), or here.
 	 */
-	c = gw_db(req);
-	if (!c)
-		goto out;
-	rc = PGQ(c, &res, &err,
-		 "SELECT revoked_at IS NULL, floor(extract(epoch FROM expires_at))::bigint "
-		 "FROM api_keys WHERE id = $1 AND tenant_id = $2",
-		 who->key_id, who->tenant_id);
-	pg_release(gw->pg, c);
-	if (rc != KILN_OK) {
-		gw_fail(req, rc, &err);
-		goto out;
+	if ((row = gw_key_row(req))) {
+		kr = *row;
+	} else {
+		c = gw_db(req);
+		if (!c)
+			goto out;
+		rc = PGQ(c, &res, &err,
+			 "SELECT revoked_at IS NULL, floor(extract(epoch FROM expires_at))::bigint "
+			 "FROM api_keys WHERE id = $1 AND tenant_id = $2",
+			 who->key_id, who->tenant_id);
+		pg_release(gw->pg, c);
+		if (rc != KILN_OK) {
+			gw_fail(req, rc, &err);
+			goto out;
+		}
+		kr.exists = pg_res_rows(res) == 1;
+		kr.live = kr.exists && pg_res_bool(res, 0, 0);
+		kr.expires = kr.exists && pg_res_get(res, 0, 1) != NULL;
+		kr.expires_s = kr.exists ? pg_res_int(res, 0, 1, 0) : 0;
 	}
 	now = time(NULL);
-	if (pg_res_rows(res) == 0 || !pg_res_bool(res, 0, 0)) {
+	if (!kr.live) {
 		http_reply_error(req, KILN_E_UNAUTHENTICATED, "the API key was revoked");
 		goto out;
 	}
-	key_exp = pg_res_int(res, 0, 1, 0);	/* 0: the key never expires */
-	if (pg_res_get(res, 0, 1) && key_exp - (long long)now < ttl)
-		ttl = key_exp - (long long)now;
+	if (kr.expires && kr.expires_s - (long long)now < ttl)
+		ttl = kr.expires_s - (long long)now;
 	if (ttl < 1) {
 		http_reply_error(req, KILN_E_UNAUTHENTICATED, "the API key has expired");
 		goto out;

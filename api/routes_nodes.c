@@ -17,6 +17,7 @@
 #include "api/nodeclient.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "record/record.h"
 
@@ -45,11 +46,8 @@ static void nodes_down_now(struct gateway *gw)
 void gw_nodes_down(struct gateway *gw)
 {
 	static _Atomic long long last;
-	struct timespec now;
-	long long ms, was;
+	long long ms = clock_mono_ms(), was;
 
-	clock_gettime(CLOCK_MONOTONIC, &now);
-	ms = (long long)now.tv_sec * 1000 + now.tv_nsec / 1000000;
 	was = atomic_load(&last);
 	if (was && ms - was < 1000)
 		return;	/* at most once a second per gateway: the nodes mark each other too */

@@ -22,20 +22,13 @@
 #include "auth/storage.h"
 #include "auth/apikey.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/s3.h"
 
 #define STORAGE_PROBE_KEY ".kiln-write-check-"	/* + a fresh id */
 #define STORAGE_CONNECT_MS 5000	/* connect timeout of the test write, and the least time an
 				   unreachable bucket takes to answer */
-
-static int64_t now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* Writes, reads back and deletes a small object with `t`. Replies 422 and returns false if not. */
 static bool storage_try(struct http_req *req, const struct s3_target *t, const char *tenant_id)
@@ -44,7 +37,7 @@ static bool storage_try(struct http_req *req, const struct s3_target *t, const c
 	struct s3_opts o = { .connect_timeout_ms = STORAGE_CONNECT_MS, .request_timeout_s = 15,
 			     .retries = 0, .allow = gw->storage_allow };
 	struct kiln_error err = { 0 };
-	int64_t start = now_ms();
+	int64_t start = clock_mono_ms();
 	struct s3_object_info info;
 	char id[AUTH_ID_MAX], key[sizeof(STORAGE_PROBE_KEY) + AUTH_ID_MAX], body[160];
 	struct s3_client *c;
@@ -86,7 +79,7 @@ static bool storage_try(struct http_req *req, const struct s3_target *t, const c
 	s3_client_free(c);
 	if (rc == KILN_E_UNAVAILABLE) {
 		/* As slow as a silent port, whatever answered (a closed port answers at once). */
-		int64_t left = STORAGE_CONNECT_MS - (now_ms() - start);
+		int64_t left = STORAGE_CONNECT_MS - (clock_mono_ms() - start);
 
 		if (left > 0) {
 			struct timespec ts = { left / 1000, (long)(left % 1000) * 1000000L };

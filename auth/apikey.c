@@ -1,15 +1,23 @@
 /*
  * apikey.c - making, parsing and checking API keys, and opaque random ids (see apikey.h).
  */
+/*
+ * SHA256_Init and its kin are deprecated in OpenSSL 3 in favour of EVP, whose per-call set-up is
+ * what a prepared pepper avoids (auth_apikey_pepper_new): they are used for that alone.
+ */
+#define OPENSSL_SUPPRESS_DEPRECATED
+
 #include "auth/apikey.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <openssl/crypto.h>
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <openssl/rand.h>
+#include <openssl/sha.h>
 
 #include "auth/encode.h"
 
@@ -49,20 +57,15 @@ enum kiln_err auth_new_id(const char *prefix, char *out, size_t outlen)
 	return KILN_OK;
 }
 
-enum kiln_err auth_apikey_hash(const struct auth_apikey *key, const unsigned char *pepper,
-			       size_t pepper_len, char hash[AUTH_APIKEY_HASH_LEN + 1],
-			       struct kiln_error *err)
+#define HASH_MSG_MAX (sizeof(HASH_DOMAIN) + AUTH_KEY_ID_LEN + 1 + AUTH_APIKEY_SECRET_LEN)
+
+/* The message the hash is over, into `msg` (HASH_MSG_MAX bytes); returns its length. */
+static size_t hash_msg(const struct auth_apikey *key, unsigned char *msg)
 {
-	unsigned char msg[sizeof(HASH_DOMAIN) + AUTH_KEY_ID_LEN + 1 + AUTH_APIKEY_SECRET_LEN];
-	unsigned char mac[EVP_MAX_MD_SIZE];
-	unsigned int maclen = 0;
 	size_t idl = strnlen(key->key_id, sizeof(key->key_id));
 	size_t sl = strnlen(key->secret, sizeof(key->secret));
 	size_t n = 0;
 
-	hash[0] = '\0';
-	if (!pepper || pepper_len < PEPPER_MIN || pepper_len > 1024)
-		return kiln_error_set(err, KILN_E_INTERNAL, "api key pepper must be 16 to 1024 bytes");
 	/* The domain and the key id are NUL-separated so no two inputs run together. */
 	memcpy(msg, HASH_DOMAIN, sizeof(HASH_DOMAIN));
 	n += sizeof(HASH_DOMAIN);
@@ -71,6 +74,22 @@ enum kiln_err auth_apikey_hash(const struct auth_apikey *key, const unsigned cha
 	msg[n++] = '\0';
 	memcpy(msg + n, key->secret, sl);
 	n += sl;
+	return n;
+}
+
+enum kiln_err auth_apikey_hash(const struct auth_apikey *key, const unsigned char *pepper,
+			       size_t pepper_len, char hash[AUTH_APIKEY_HASH_LEN + 1],
+			       struct kiln_error *err)
+{
+	unsigned char msg[HASH_MSG_MAX];
+	unsigned char mac[EVP_MAX_MD_SIZE];
+	unsigned int maclen = 0;
+	size_t n;
+
+	hash[0] = '\0';
+	if (!pepper || pepper_len < PEPPER_MIN || pepper_len > 1024)
+		return kiln_error_set(err, KILN_E_INTERNAL, "api key pepper must be 16 to 1024 bytes");
+	n = hash_msg(key, msg);
 	if (!HMAC(EVP_sha256(), pepper, (int)pepper_len, msg, n, mac, &maclen) || maclen != 32) {
 		OPENSSL_cleanse(msg, sizeof(msg));
 		return kiln_error_set(err, KILN_E_INTERNAL, "hmac-sha-256 failed");
@@ -140,6 +159,69 @@ bool auth_apikey_verify(const struct auth_apikey *key, const unsigned char *pepp
 	if (auth_apikey_hash(key, pepper, pepper_len, hash, NULL) != KILN_OK)
 		return false;
 	ok = CRYPTO_memcmp(hash, stored_hash, AUTH_APIKEY_HASH_LEN) == 0;
+	OPENSSL_cleanse(hash, sizeof(hash));
+	return ok;
+}
+
+/* HMAC-SHA-256 (RFC 2104) with its key's inner and outer pads already hashed. */
+struct auth_apikey_pepper {
+	SHA256_CTX inner, outer;
+};
+
+struct auth_apikey_pepper *auth_apikey_pepper_new(const unsigned char *pepper, size_t pepper_len)
+{
+	unsigned char k[SHA256_CBLOCK] = { 0 }, pad[SHA256_CBLOCK];
+	struct auth_apikey_pepper *p;
+
+	if (!pepper || pepper_len < PEPPER_MIN || pepper_len > 1024 || !(p = malloc(sizeof(*p))))
+		return NULL;
+	if (pepper_len > sizeof(k))	/* a key longer than a block is hashed first */
+		SHA256(pepper, pepper_len, k);
+	else
+		memcpy(k, pepper, pepper_len);
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k[i] ^ 0x36;
+	SHA256_Init(&p->inner);
+	SHA256_Update(&p->inner, pad, sizeof(pad));
+	for (size_t i = 0; i < sizeof(pad); i++)
+		pad[i] = k[i] ^ 0x5c;
+	SHA256_Init(&p->outer);
+	SHA256_Update(&p->outer, pad, sizeof(pad));
+	OPENSSL_cleanse(k, sizeof(k));
+	OPENSSL_cleanse(pad, sizeof(pad));
+	return p;
+}
+
+void auth_apikey_pepper_free(struct auth_apikey_pepper *p)
+{
+	if (!p)
+		return;
+	OPENSSL_cleanse(p, sizeof(*p));
+	free(p);
+}
+
+bool auth_apikey_verify_prepared(const struct auth_apikey *key,
+				 const struct auth_apikey_pepper *pepper, const char *stored_hash)
+{
+	unsigned char msg[HASH_MSG_MAX], mac[SHA256_DIGEST_LENGTH];
+	char hash[AUTH_APIKEY_HASH_LEN + 1];
+	SHA256_CTX c;
+	bool ok;
+
+	if (!pepper || !stored_hash ||
+	    strnlen(stored_hash, AUTH_APIKEY_HASH_LEN + 1) != AUTH_APIKEY_HASH_LEN)
+		return false;
+	c = pepper->inner;
+	SHA256_Update(&c, msg, hash_msg(key, msg));
+	SHA256_Final(mac, &c);
+	c = pepper->outer;
+	SHA256_Update(&c, mac, sizeof(mac));
+	SHA256_Final(mac, &c);
+	auth_hex_encode(mac, sizeof(mac), hash, sizeof(hash));
+	ok = CRYPTO_memcmp(hash, stored_hash, AUTH_APIKEY_HASH_LEN) == 0;
+	OPENSSL_cleanse(&c, sizeof(c));
+	OPENSSL_cleanse(msg, sizeof(msg));
+	OPENSSL_cleanse(mac, sizeof(mac));
 	OPENSSL_cleanse(hash, sizeof(hash));
 	return ok;
 }

@@ -1,11 +1,30 @@
 /*
- * clock.h - the absolute time `ms` milliseconds from now on a clock, for the deadlines of
+ * clock.h - time in milliseconds on a clock (clock_ms_of, clock_mono_ms for intervals and
+ * deadlines), and the absolute time `ms` milliseconds from now on a clock, for the deadlines of
  * pthread_cond_timedwait (CLOCK_REALTIME, or the condition's clock when it was set to another).
  */
 #ifndef KILN_CLOCK_H
 #define KILN_CLOCK_H
 
 #include <time.h>
+
+/* The time on `clock` in milliseconds (since the epoch for CLOCK_REALTIME). */
+static inline long long clock_ms_of(clockid_t clock)
+{
+	struct timespec t;
+
+	clock_gettime(clock, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
+/*
+ * Milliseconds on CLOCK_MONOTONIC: what deadlines, timeouts and intervals are measured in, as a
+ * step of the wall clock (NTP, an operator) moves none of them.
+ */
+static inline long long clock_mono_ms(void)
+{
+	return clock_ms_of(CLOCK_MONOTONIC);
+}
 
 static inline struct timespec clock_after_ms(clockid_t clock, long long ms)
 {

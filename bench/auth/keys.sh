@@ -23,7 +23,7 @@
 # HMAC check, or an ES256 signature check of the JWT, cached per token once verified), takes a
 # token from the key's and the tenant's rate-limit buckets (the gateway's view, reconciled with
 # Redis every 25 ms) and lists the tenant's keys (one Postgres query); the POST authenticates the
-# same way, claims its Idempotency-Key (one upsert), reads its key's row, signs a token and waits
+# same way, claims its Idempotency-Key and reads its key's row (one upsert), signs a token and waits
 # for the group commit of its audit row and stored outcome (api/commitq.h; one WAL flush per
 # group). bench/auth/post_cost.sh breaks the POST's cost down. Rate limits are set far
 # above what the run can reach, so no request is throttled; the script fails if any answer is not

@@ -8,6 +8,9 @@
 # With BASE_BUILD, a gateway of another build on the same database is measured the same way
 # right after (its CPU counts the Postgres backends of both gateways; the idle one's are
 # near zero). Runs are interleaved; a ratio is to the /healthz run just before it.
+# With GETS=1 in the environment each gateway also runs GET /v1/api-keys with the API keys in turn
+# (as keys.sh's API-key run; with synchronous_commit on only), so that what authentication costs a
+# read can be told apart per process against /healthz.
 # PG_SETTINGS="name=value ..." in the environment is set on the cluster (ALTER SYSTEM) before the
 # runs, e.g. "commit_delay=1000 commit_siblings=2" to see what Postgres's own grouping of WAL
 # flushes does.
@@ -91,12 +94,12 @@ ticks() {
   done
   echo $out
 }
-# run URL GW_PID [post NONCE]: prints "req/s p50_ms non2xx cpu_ms_pg cpu_ms_redis cpu_ms_gw" per request
+# run URL GW_PID [post|get NONCE]: prints "req/s p50_ms non2xx cpu_ms_pg cpu_ms_redis cpu_ms_gw" per request
 run() {
   local before after out
   before=$(ticks "$2")
   out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency ${3:+-s "$here/creds.lua"} "$1" \
-        ${3:+-- "$keys" post "$4"} | awk '
+        ${3:+-- "$keys" "$3" "$4"} | awk '
     /Requests\/sec/ {rps=$2} /^ +50%/ {p50=$2} /Non-2xx or 3xx responses/ {bad=$NF}
     function ms(v) { if (v ~ /us$/) return v/1000; if (v ~ /ms$/) return v+0; if (v ~ /s$/) return v*1000; return v }
     END {printf "%.0f %.3f %d\n", rps, ms(p50), bad}')
@@ -104,7 +107,7 @@ run() {
   echo "$out" "$before" "$after" | awk -v s="$secs" '{n = $1 * s; if (n < 1) n = 1;
     printf "%s %s %s %.3f %.3f %.3f\n", $1, $2, $3, ($7-$4)*10/n, ($8-$5)*10/n, ($9-$6)*10/n}'
 }
-printf "%-5s %-9s %-26s %8s %8s %7s %7s %7s %7s %7s %6s %s\n" round sync gateway req/s "p50 ms" non2xx \
+printf "%-5s %-9s %-38s %8s %8s %7s %7s %7s %7s %7s %6s %s\n" round sync gateway req/s "p50 ms" non2xx \
   "pg ms" "rds ms" "gw ms" "cpu ms" ratio load
 bad=0
 for ((r = 1; r <= rounds; r++)); do
@@ -117,11 +120,17 @@ for ((r = 1; r <= rounds; r++)); do
       name=$([ "$b" = "$build" ] && echo BUILD || echo BASE_BUILD)
       read -r h_rps h_p50 h_bad h_pg h_rd h_gw < <(run "http://127.0.0.1:$p/healthz" "$pid")
       read -r x_rps x_p50 x_bad x_pg x_rd x_gw < <(run "http://127.0.0.1:$p/v1/tokens" "$pid" post "$r$sync$p$(date +%s%N)")
+      rows=("GET /healthz|$h_rps|$h_p50|$h_bad|$h_pg|$h_rd|$h_gw|-"
+            "POST /v1/tokens|$x_rps|$x_p50|$x_bad|$x_pg|$x_rd|$x_gw|$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')")
+      if [ -n "${GETS:-}" ] && [ "$sync" = on ]; then
+        read -r k_rps k_p50 k_bad k_pg k_rd k_gw < <(run "http://127.0.0.1:$p/v1/api-keys" "$pid" get 0)
+        rows+=("GET /v1/api-keys, API key|$k_rps|$k_p50|$k_bad|$k_pg|$k_rd|$k_gw|$(awk -v x="$k_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')")
+        bad=$((bad + k_bad))
+      fi
       load=$(cut -d' ' -f1 /proc/loadavg)
-      for row in "GET /healthz|$h_rps|$h_p50|$h_bad|$h_pg|$h_rd|$h_gw|-" \
-                 "POST /v1/tokens|$x_rps|$x_p50|$x_bad|$x_pg|$x_rd|$x_gw|$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')"; do
+      for row in "${rows[@]}"; do
         IFS='|' read -r what rps p50 nb pg rd gwc ratio <<<"$row"
-        printf "%-5s %-9s %-26s %8s %8s %7s %7s %7s %7s %7s %6s %s\n" "$r" "$sync" "$name, $what" "$rps" "$p50" "$nb" \
+        printf "%-5s %-9s %-38s %8s %8s %7s %7s %7s %7s %7s %6s %s\n" "$r" "$sync" "$name, $what" "$rps" "$p50" "$nb" \
           "$pg" "$rd" "$gwc" "$(awk -v a="$pg" -v b="$rd" -v c="$gwc" 'BEGIN {printf "%.3f", a + b + c}')" "$ratio" "$load"
       done
       bad=$((bad + h_bad + x_bad))

@@ -1,8 +1,11 @@
 """Bad credentials and bad bodies: the error code of docs/errors.md, and nothing in the database changes."""
 import datetime
+import glob
+import os
+import re
 import unittest
 
-from authtest import GatewayCase, bearer
+from authtest import TENANT_SCOPES, GatewayCase, bearer
 
 
 class BadInputTests(GatewayCase):
@@ -20,6 +23,40 @@ class BadInputTests(GatewayCase):
         r = self.expect(self.call(method, path, body, headers), status, code)
         self.assertEqual(self.counts(), before, f"{method} {path} {body!r} changed the database")
         return r
+
+    # --- Path parameters -----------------------------------------------------------------
+
+    def test_path_parameters_that_are_not_utf8_are_404_and_change_nothing(self):
+        """Every route of the API with a path parameter ({id}, {wid}, {pid}, {port}), read from
+        the gateway's route tables, with %FF (or another byte sequence that is not UTF-8) in
+        each parameter in turn: 404 not_found with the error model, nothing stored."""
+        api = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "api")
+        routes = set()
+        for src in glob.glob(os.path.join(api, "*.c")):
+            with open(src) as f:
+                routes.update(re.findall(r'\{ "(GET|POST|PUT|PATCH|DELETE)", "(/v1/[^"]*\{[^"]*)"',
+                                         f.read()))
+        self.assertGreaterEqual(len(routes), 45, routes)
+        valid = {"port": "8080", "pid": "1", "wid": "w_x"}
+        full = self.new_key(self.h, TENANT_SCOPES, name="all")
+        tenant = bearer(full["key"])
+        before = self.counts()  # once around the whole loop: a psql per request is slow
+        for method, pattern in sorted(routes):
+            params = re.findall(r"\{(\w+)\}", pattern)
+            for bad in params:
+                for raw in ("%FF", "sb_%C3%28x", "%ED%A0%80"):
+                    path = pattern
+                    for p in params:
+                        path = path.replace("{" + p + "}", raw if p == bad else valid.get(p, "x1"))
+                    hdr = dict(self.admin if "/admin/" in pattern or "/tenants/" in pattern
+                               else tenant)
+                    if method == "POST":
+                        hdr["Idempotency-Key"] = f"utf8-{method}-{path}"
+                    with self.subTest(method=method, path=path):
+                        self.expect(self.call(method, path, {} if method not in ("GET", "DELETE")
+                                              else None, hdr), 404, "not_found")
+        self.assertEqual(self.counts(), before, "a request with a parameter that is not UTF-8 "
+                         "changed the database")
 
     # --- Authorization -------------------------------------------------------------------
 

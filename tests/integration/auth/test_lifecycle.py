@@ -53,6 +53,36 @@ class RevocationTests(GatewayCase):
         # The tenant's other key is untouched.
         self.expect(self.call("GET", "/v1/api-keys", headers=h, gw=self.gw2), 200)
 
+    def test_a_key_revoked_on_another_gateway_mints_no_token_while_cached_here(self):
+        """POST /v1/tokens reads its key's row from Postgres, not the key cache: revoked through
+        gw2, the key still lists on gw (its cache, up to 5 s) but mints nothing there, with an
+        Idempotency-Key (the claim's statement reads the row) or without one (the route does);
+        and a key that expires in a minute caps the token's exp either way."""
+        _, _, h = self.new_tenant()
+        k = self.new_key(h, ["keys:write"])
+        kh = bearer(k["key"])
+        self.expect(self.call("GET", "/v1/api-keys", headers=kh), 200)
+        self.expect(self.call("DELETE", f"/v1/api-keys/{k['id']}", headers=h, gw=self.gw2), 204)
+        self.expect(self.call("GET", "/v1/api-keys", headers=kh), 200)  # still cached here
+        r = self.expect(self.call("POST", "/v1/tokens", {}, dict(kh, **{"Idempotency-Key": "rv-1"})),
+                        401, "unauthenticated")
+        self.assertIn("revoked", r.json()["error"]["message"])
+        r = self.expect(self.call("POST", "/v1/tokens", {}, kh), 401, "unauthenticated")
+        self.assertIn("revoked", r.json()["error"]["message"])
+        # A retry of the refused request replays its refusal; no token was ever minted.
+        r = self.call("POST", "/v1/tokens", {}, dict(kh, **{"Idempotency-Key": "rv-1"}))
+        self.assertEqual(r.status, 401, r)
+        self.assertEqual(r.headers.get("Idempotent-Replayed"), "true")
+
+        soon = (datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(seconds=60))
+        k2 = self.new_key(h, ["keys:write"], expires_at=soon.strftime("%Y-%m-%dT%H:%M:%SZ"))
+        k2h = bearer(k2["key"])
+        for hdr in (dict(k2h, **{"Idempotency-Key": "exp-1"}), k2h):
+            t = self.expect(self.call("POST", "/v1/tokens", {"ttl_s": 900}, hdr), 201).json()
+            _, claims = jwt_parts(t["token"])
+            self.assertLessEqual(claims["exp"], int(soon.timestamp()))
+            self.assertGreater(claims["exp"], int(soon.timestamp()) - 10)
+
     def test_revocation_through_the_second_gateway_is_immediate_there(self):
         _, _, h = self.new_tenant()
         k = self.new_key(h, ["keys:write"])

@@ -175,6 +175,53 @@ static void parse_refuses_garbled_keys(void)
 	CHECK_INT(parse_str(buf), KILN_OK);
 }
 
+/*
+ * A prepared pepper gives auth_apikey_verify()'s answer: for peppers of 16, 32, 64 (one block),
+ * 65 and 1024 bytes (longer than a block: hashed first, as HMAC does), the right key passes and a
+ * wrong secret, key id or pepper fails; a pepper out of bounds is not prepared.
+ */
+static void prepared_pepper_verifies_as_hmac_does(void)
+{
+	static unsigned char big[1025];
+	const size_t lens[] = { 16, 32, 64, 65, 1024 };
+	struct auth_apikey_pepper *pp, *other;
+	struct auth_apikey_new k, k2;
+	struct auth_apikey p;
+
+	for (size_t i = 0; i < sizeof(big); i++)
+		big[i] = (unsigned char)(i * 7 + 3);
+	other = auth_apikey_pepper_new(pepper2, sizeof(pepper2));
+	CHECK(other != NULL);
+	for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+		pp = auth_apikey_pepper_new(big, lens[l]);
+		CHECK(pp != NULL);
+		for (int round = 0; round < 20; round++) {
+			CHECK_INT(auth_apikey_generate(big, lens[l], &k, NULL), KILN_OK);
+			CHECK_INT(auth_apikey_generate(big, lens[l], &k2, NULL), KILN_OK);
+			CHECK_INT(auth_apikey_parse(k.key, strlen(k.key), &p, NULL), KILN_OK);
+			CHECK(auth_apikey_verify(&p, big, lens[l], k.hash));
+			CHECK(auth_apikey_verify_prepared(&p, pp, k.hash));
+			CHECK(!auth_apikey_verify_prepared(&p, pp, k2.hash));
+			CHECK(!auth_apikey_verify_prepared(&p, other, k.hash));
+			CHECK(!auth_apikey_verify_prepared(&p, NULL, k.hash));
+			CHECK(!auth_apikey_verify_prepared(&p, pp, NULL));
+			CHECK(!auth_apikey_verify_prepared(&p, pp, ""));
+			memcpy(p.key_id, k2.key_id, sizeof(p.key_id));
+			CHECK(!auth_apikey_verify_prepared(&p, pp, k.hash));
+			CHECK_INT(auth_apikey_parse(k.key, strlen(k.key), &p, NULL), KILN_OK);
+			p.secret[round % AUTH_APIKEY_SECRET_LEN] ^= 1;
+			CHECK(!auth_apikey_verify_prepared(&p, pp, k.hash));
+			CHECK(!auth_apikey_verify(&p, big, lens[l], k.hash));
+		}
+		auth_apikey_pepper_free(pp);
+	}
+	auth_apikey_pepper_free(other);
+	auth_apikey_pepper_free(NULL);
+	CHECK(auth_apikey_pepper_new(big, 15) == NULL);
+	CHECK(auth_apikey_pepper_new(big, 1025) == NULL);
+	CHECK(auth_apikey_pepper_new(NULL, 32) == NULL);
+}
+
 int main(void)
 {
 	TEST(b64url_known_vectors_round_trip);
@@ -182,6 +229,7 @@ int main(void)
 	TEST(new_id_refuses_bad_prefixes);
 	TEST(generated_key_parses_and_verifies);
 	TEST(verify_refuses_wrong_secret_pepper_or_key_id);
+	TEST(prepared_pepper_verifies_as_hmac_does);
 	TEST(generate_refuses_short_pepper);
 	TEST(parse_refuses_garbled_keys);
 	return test_summary();
