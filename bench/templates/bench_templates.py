@@ -279,6 +279,7 @@ def main():
         print(f"counting that whole page cache as the template sandboxes' too: "
               f"({t_mem['Pss'] / MIB:.1f} + {t_extra['image_resident'] / MIB:.1f}) / {c_mem['Pss'] / MIB:.1f} = "
               f"{(t_mem['Pss'] + t_extra['image_resident']) / c_mem['Pss']:.2f}")
+
         def host(m):
             """Pss, with a VM's own memory file counted whole (resident) instead of its mapped part."""
             return m["Pss"] - (m["guest_pss"] if m["own_resident"] else 0) + m["own_resident"]
