@@ -5,9 +5,10 @@
 # run; the memory (PSS) of sandboxes made from one template against as many cold-booted ones. A
 # real kiln-gateway and kiln-node (jailed QEMU microVMs) on a database of their own; needs root,
 # QEMU and the guest image (vmm/guest/build-image.sh builds it on first use).
-# Usage: bench/templates/templates.sh BUILD_DIR [TEMPLATE_RUNS] [COLD_RUNS] [MEM_VMS]
-#        (defaults 20 20 20; about 10 minutes on a 2-core machine)
+# Usage: bench/templates/templates.sh BUILD_DIR [TEMPLATE_RUNS] [COLD_RUNS] [MEM_VMS] [REPORTING]
+#        (defaults 20 20 20 off; about 10 minutes on a 2-core machine; REPORTING on: both sides
+#        with free page reporting, KILN_FREE_PAGE_REPORTING=1)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
-bench_python templates "$here/bench_templates.py" "${1:?build dir}" "${2:-20}" "${3:-20}" "${4:-20}"
+bench_python templates "$here/bench_templates.py" "${1:?build dir}" "${2:-20}" "${3:-20}" "${4:-20}" "${5:-off}"

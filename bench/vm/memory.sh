@@ -4,8 +4,11 @@
 # (Rss of QEMU's guest memory mapping), with free page reporting on and off
 # (KILN_FREE_PAGE_REPORTING), QEMU's and TCG's own memory apart. A real kiln-gateway and kiln-node
 # on a database of their own; needs root, QEMU and the guest image.
-# Usage: bench/vm/memory.sh BUILD_DIR [IDLE_S]   (default 10)
+# Usage: bench/vm/memory.sh BUILD_DIR [IDLE_S [VARIANTS [MEM_MIB [BURST_MIB]]]]
+#        (defaults 10, on,off, 512, 300; a variant on:N also puts
+#        page_reporting.page_reporting_order=N on the guest's kernel command line, on=N writes N to
+#        /sys/module/page_reporting/parameters/page_reporting_order in the guest before the burst)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"
-bench_python memory "$here/memory.py" "${1:?build dir}" "${2:-10}"
+bench_python memory "$here/memory.py" "${1:?build dir}" "${2:-10}" "${3:-on,off}" "${4:-512}" "${5:-300}"
