@@ -236,10 +236,10 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->codeint = codeint;
-	sb_net_prepare(n, sb);	/* its programs load while its record is written */
 	if (!r->from_snap)
 		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, codeint, tpl, sizeof(tpl));
 	pthread_mutex_lock(&sb->lock);
+	sb_net_prepare(n, sb);	/* its programs load while its record is written */
 	rc = create_record(n, sb, r, tpl, err);
 	if (rc != KILN_OK) {
 		sb_teardown(n, sb);

@@ -197,7 +197,7 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 	sb_unregister(n, sb);
 }
 
-static struct net_prep *prep_take(const struct sandbox *sb);
+static struct net_prep *prep_take(struct sandbox *sb);
 static void prep_free(struct net_prep *p);
 
 void sb_release(struct node *n, struct sandbox *sb)
@@ -293,12 +293,10 @@ static struct kiln_policy_config sb_policy_config(struct node *n, const struct s
 /*
  * A sandbox's eBPF programs loaded ahead (sb_net_prepare) on a thread of their own, while its
  * create or resume does what needs no network (its record, its snapshot's verification): the
- * load is most of the network's setup. Kept here by sandbox until sb_net_up hooks it to the
- * devices or sb_release drops it; either waits for the thread first.
+ * load is most of the network's setup. Held in the sandbox's net_prep until sb_net_up hooks it
+ * to the devices or sb_release drops it; either waits for the thread first.
  */
 struct net_prep {
-	struct net_prep *next;
-	const struct sandbox *sb;
 	pthread_t thread;
 	struct kiln_policy_config pc;
 	struct kiln_sbnet net;		/* described only: names and addresses */
@@ -308,9 +306,6 @@ struct net_prep {
 	struct kiln_error err;
 	long long ms;			/* the load's own length */
 };
-
-static pthread_mutex_t preps_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct net_prep *preps;
 
 static void *prep_run(void *arg)
 {
@@ -324,9 +319,12 @@ static void *prep_run(void *arg)
 
 void sb_net_prepare(struct node *n, struct sandbox *sb)
 {
-	struct net_prep *p = calloc(1, sizeof(*p));
+	struct net_prep *p;
 	struct kiln_error err = { 0 };
 
+	if (sb->net_prep || sb->has_net)
+		return;	/* loading already, or hooked */
+	p = calloc(1, sizeof(*p));
 	if (!p)
 		return;	/* sb_net_up loads them itself */
 	snprintf(p->node_id, sizeof(p->node_id), "%s", n->cfg.node_id);
@@ -338,30 +336,19 @@ void sb_net_prepare(struct node *n, struct sandbox *sb)
 	p->pc = sb_policy_config(n, sb, &p->net);
 	p->pc.node_id = p->node_id;
 	p->pc.sandbox_id = p->sandbox_id;
-	p->sb = sb;
 	if (pthread_create(&p->thread, NULL, prep_run, p) != 0) {
 		free(p);
 		return;
 	}
-	pthread_mutex_lock(&preps_lock);
-	p->next = preps;
-	preps = p;
-	pthread_mutex_unlock(&preps_lock);
+	sb->net_prep = p;
 }
 
-/* The load prepared for `sb`, its thread ended, out of the registry; NULL when none. */
-static struct net_prep *prep_take(const struct sandbox *sb)
+/* The load prepared for `sb`, its thread ended, taken out of it; NULL when none. */
+static struct net_prep *prep_take(struct sandbox *sb)
 {
-	struct net_prep **pp, *p = NULL;
+	struct net_prep *p = sb->net_prep;
 
-	pthread_mutex_lock(&preps_lock);
-	for (pp = &preps; *pp; pp = &(*pp)->next)
-		if ((*pp)->sb == sb) {
-			p = *pp;
-			*pp = p->next;
-			break;
-		}
-	pthread_mutex_unlock(&preps_lock);
+	sb->net_prep = NULL;
 	if (p)
 		pthread_join(p->thread, NULL);
 	return p;
