@@ -171,6 +171,7 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 		log_warn("restoring template \"%s\" failed (%s): trying again", tpl, err->msg);
 		sb_release(n, sb);
 		kiln_error_clear(err);
+		sb_net_prepare(n, sb);	/* the release dropped the first load */
 	}
 	/* Never fail a create for its template: boot it cold instead. */
 	if (tpl_failure_busy(rc, sb)) {
