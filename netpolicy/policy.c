@@ -20,6 +20,7 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <linux/pkt_cls.h>
 
 #include "common/log.h"
 #include "egress.skel.h"
@@ -509,6 +510,14 @@ fail:
 	return e;
 }
 
+struct kiln_policy *kiln_policy_load_take(struct kiln_policy_load *l)
+{
+	struct kiln_policy *p = l->p;
+
+	l->p = NULL;
+	return p;
+}
+
 enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbnet *net,
 			       struct kiln_policy **out, struct kiln_error *err)
 {
@@ -516,18 +525,23 @@ enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbn
 	enum kiln_err e = KILN_OK;
 	int saved, rc;
 
-	*out = NULL;
+	if (out)
+		*out = NULL;
 	if ((rc = kiln_sbnet_enter(net, &saved)) < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", net->netns, strerror(-rc));
 		goto out;
 	}
+	/*
+	 * The uplink's NAT first, the TAP's two programs last: a TAP gated by kiln_policy_gate
+	 * passes nothing until its own program replaces the gate, and then finds the NAT in place.
+	 */
 	int tap = (int)if_nametoindex(KILN_NET_TAP), up = (int)if_nametoindex(KILN_NET_UPLINK);
 	if (!tap || !up) {
 		e = kiln_error_set(err, KILN_E_NOT_FOUND, "devices of \"%s\" missing", net->netns);
-	} else if ((rc = tc_attach(tap, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_from_guest))) < 0 ||
+	} else if ((rc = tc_attach(up, BPF_TC_EGRESS, bpf_program__fd(s->progs.np_snat))) < 0 ||
+		   (rc = tc_attach(up, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_dnat))) < 0 ||
 		   (rc = tc_attach(tap, BPF_TC_EGRESS, bpf_program__fd(s->progs.np_to_guest))) < 0 ||
-		   (rc = tc_attach(up, BPF_TC_EGRESS, bpf_program__fd(s->progs.np_snat))) < 0 ||
-		   (rc = tc_attach(up, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_dnat))) < 0) {
+		   (rc = tc_attach(tap, BPF_TC_INGRESS, bpf_program__fd(s->progs.np_from_guest))) < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "tc attach in \"%s\": %s", net->netns,
 				   strerror(-rc));
 	}
@@ -537,11 +551,48 @@ enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbn
 	}
 	if (e == KILN_OK) {
 		log_info("network policy of \"%s\" attached", l->sandbox_id);
-		*out = l->p;	/* tc keeps the programs; the policy's dups keep the maps */
-		l->p = NULL;
+		if (out) {
+			*out = l->p;	/* tc keeps the programs; the policy's dups keep the maps */
+			l->p = NULL;
+		}
 	}
 out:
 	kiln_policy_load_free(l);
+	return e;
+}
+
+enum kiln_err kiln_policy_gate(const struct kiln_sbnet *net, struct kiln_error *err)
+{
+	/* r0 = TC_ACT_SHOT; exit: every packet dropped, verified in microseconds */
+	const struct bpf_insn drop[] = {
+		{ .code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .imm = TC_ACT_SHOT },
+		{ .code = BPF_JMP | BPF_EXIT },
+	};
+	enum kiln_err e = KILN_OK;
+	int fd, saved, rc;
+
+	pthread_once(&libbpf_once, libbpf_setup);
+	fd = bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, "kiln_gate", "GPL", drop,
+			   sizeof(drop) / sizeof(drop[0]), NULL);
+	if (fd < 0)
+		return kiln_error_set(err, KILN_E_INTERNAL, "load the gate program: %s",
+				      strerror(-fd));
+	if ((rc = kiln_sbnet_enter(net, &saved)) < 0) {
+		close(fd);
+		return kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", net->netns, strerror(-rc));
+	}
+	int tap = (int)if_nametoindex(KILN_NET_TAP);
+	if (!tap)
+		e = kiln_error_set(err, KILN_E_NOT_FOUND, "no %s in \"%s\"", KILN_NET_TAP, net->netns);
+	else if ((rc = tc_attach(tap, BPF_TC_INGRESS, fd)) < 0 ||
+		 (rc = tc_attach(tap, BPF_TC_EGRESS, fd)) < 0)
+		e = kiln_error_set(err, KILN_E_IO, "tc attach of the gate in \"%s\": %s",
+				   net->netns, strerror(-rc));
+	if (kiln_sbnet_leave(saved) < 0) {
+		log_error("cannot return from netns \"%s\"", net->netns);
+		abort();
+	}
+	close(fd);	/* tc holds the program */
 	return e;
 }
 

@@ -4,6 +4,7 @@
  *
  * Lifecycle, as kiln-node drives it per sandbox:
  *   kiln_sbnet_create()            netns kiln-<id>, TAP "tap0" for the VMM, veth kv<id>
+ *   kiln_policy_gate()             (optional) tap0 drops everything until the attach
  *   kiln_policy_attach()           programs on tap0 and kn0; maps pinned; egress open
  *   kiln_policy_apply()            rules from the create request (or later PUTs)
  *   kiln_dns_proxy_add()           the sandbox's resolver on 172.16.0.1:53
@@ -101,6 +102,22 @@ enum kiln_err kiln_policy_load(const struct kiln_policy_config *cfg, struct kiln
 enum kiln_err kiln_policy_hook(struct kiln_policy_load *l, const struct kiln_sbnet *net,
 			       struct kiln_policy **out, struct kiln_error *err);
 void kiln_policy_load_free(struct kiln_policy_load *l);
+
+/*
+ * The policy of load `l` before its programs are on any device, given to the caller (who closes
+ * it, kiln_policy_close): its maps take the rules, the bandwidth and the proxies' entries first,
+ * and kiln_policy_hook(l, net, NULL, err) then only attaches. NULL when already taken or hooked.
+ */
+struct kiln_policy *kiln_policy_load_take(struct kiln_policy_load *l);
+
+/*
+ * Closes the sandbox's TAP both ways before its VMM starts: a program that drops every packet
+ * on the TAP's ingress (from the guest) and egress (to the guest), at the place its own programs
+ * take (kiln_policy_hook replaces it atomically: no packet ever passes unchecked). So the VM can
+ * start while the programs still load; the guest's network works from the hook on. Needs the
+ * devices (kiln_sbnet_create); the gate goes with them.
+ */
+enum kiln_err kiln_policy_gate(const struct kiln_sbnet *net, struct kiln_error *err);
 
 /* Opens the pinned maps of an attached sandbox without loading anything (readers, tools). */
 enum kiln_err kiln_policy_open(const struct kiln_policy_config *cfg, struct kiln_policy **out,

@@ -171,6 +171,7 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 		log_warn("restoring template \"%s\" failed (%s): trying again", tpl, err->msg);
 		sb_release(n, sb);
 		kiln_error_clear(err);
+		sb_net_prepare(n, sb);	/* the release dropped the first load */
 	}
 	/* Never fail a create for its template: boot it cold instead. */
 	if (tpl_failure_busy(rc, sb)) {
@@ -236,10 +237,10 @@ enum kiln_err create_sandbox(struct node *n, const struct create_req *r, struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->codeint = codeint;
-	sb_net_prepare(n, sb);	/* its programs load while its record is written */
 	if (!r->from_snap)
 		tpl_lookup(n, vcpu_milli, mem_mib, disk_gib, codeint, tpl, sizeof(tpl));
 	pthread_mutex_lock(&sb->lock);
+	sb_net_prepare(n, sb);	/* its programs load while its record is written */
 	rc = create_record(n, sb, r, tpl, err);
 	if (rc != KILN_OK) {
 		sb_teardown(n, sb);

@@ -19,6 +19,7 @@
 #include "node/create.h"
 #include "node/fork.h"
 #include "node/lifecycle.h"
+#include "node/netsetup.h"
 
 enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *tenant,
 			   const char *const *ids, size_t count, struct kiln_error *err)
@@ -46,6 +47,12 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 		}
 		return rc;
 	}
+	/* The children's programs load while the parent's snapshot is taken and the rows written. */
+	for (size_t i = 0; i < count; i++) {
+		pthread_mutex_lock(&kids[i]->lock);
+		sb_net_prepare(n, kids[i]);
+		pthread_mutex_unlock(&kids[i]->lock);
+	}
 	pthread_mutex_lock(&parent->lock);
 	rc = parent->state == SB_RUNNING ? auth_new_id("snap_", snap, sizeof(snap)) : KILN_E_CONFLICT;
 	if (rc == KILN_OK) {
@@ -70,7 +77,9 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 			vmm_resume(parent->vm, &ignore);
 		pthread_mutex_unlock(&parent->lock);
 		for (size_t i = 0; i < count; i++) {
+			pthread_mutex_lock(&kids[i]->lock);
 			sb_teardown(n, kids[i]);
+			pthread_mutex_unlock(&kids[i]->lock);
 			sb_put(n, kids[i]);
 		}
 		if (c)

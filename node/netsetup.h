@@ -66,10 +66,12 @@ enum kiln_err netsetup_remove(const char *node_id, struct kiln_error *err);
 
 /*
  * A sandbox's side (node/sandbox.c): its eBPF programs and maps loaded ahead, on a thread of
- * their own, right after `sb` has its network slot (sb_reserve) and while the create or resume
- * does work that needs no network; sb_net_up then only attaches them to the devices it makes.
- * Optional: without it sb_net_up loads them itself. Whatever happens next, sb_release drops a
- * load not taken (and its pins).
+ * their own, right after `sb` has its network slot (sb_reserve) and while the create, resume or
+ * fork does work that needs no network (and, for a restore, while its VMM starts behind a gated
+ * TAP); the network's setup then only fills the maps and attaches the programs to the devices it
+ * made. Optional: without it the setup loads them itself. Whatever happens next, sb_release drops a
+ * load not taken (and its pins). The load is held in sb->net_prep: called with sb->lock held;
+ * nothing when one is loading already or the sandbox's network is up.
  */
 struct node;
 struct sandbox;

@@ -36,6 +36,7 @@ struct kiln_dns_proxy;
 struct kiln_sniproxy;
 struct snapstore;
 struct inject;
+struct net_prep;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -59,6 +60,8 @@ struct sandbox {
 	struct kiln_policy *pol;	/* the eBPF policy on its devices */
 	bool dns_added;
 	bool sni_added;		/* the name-checking proxy serves it */
+	struct net_prep *net_prep;	/* its eBPF programs loading ahead (sb_net_prepare), taken
+					 * by its network's setup or dropped by sb_release; or NULL */
 	uid_t uid;
 	bool has_uid;
 	bool codeint;		/* booted from the code interpreter's image (code-interpreter-v1) */

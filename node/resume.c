@@ -76,8 +76,8 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	rc = sb_reserve(n, id, tenant, r.vcpu_milli, r.mem_mib, r.disk_gib, &sb, err);
 	if (rc != KILN_OK)
 		return rc;
-	sb_net_prepare(n, sb);	/* its programs load while its snapshot is verified */
 	pthread_mutex_lock(&sb->lock);
+	sb_net_prepare(n, sb);	/* its programs load while its snapshot is verified */
 	/*
 	 * Its root file system grew to its disk before the pause, and the disk's size is the record's,
 	 * which nothing changes: the guest is not asked to grow it again.

@@ -197,7 +197,7 @@ void sb_teardown(struct node *n, struct sandbox *sb)
 	sb_unregister(n, sb);
 }
 
-static struct net_prep *prep_take(const struct sandbox *sb);
+static struct net_prep *prep_take(struct sandbox *sb);
 static void prep_free(struct net_prep *p);
 
 void sb_release(struct node *n, struct sandbox *sb)
@@ -260,7 +260,9 @@ void sb_release(struct node *n, struct sandbox *sb)
  * Where a sandbox's network setup spends its time, ms (monotonic clock marks turned into
  * lengths), logged at info so that a slow create or resume can be read off the node's log.
  */
-enum net_phase { NP_UID, NP_NETNS, NP_POLICY, NP_RULES, NP_DNS, NP_SNI, NP__COUNT };
+enum net_phase {
+	NP_UID, NP_NETNS, NP_GATE, NP_POLICY, NP_RULES, NP_DNS, NP_SNI, NP_ATTACH, NP__COUNT
+};
 
 struct net_times {
 	long long mark;
@@ -293,12 +295,10 @@ static struct kiln_policy_config sb_policy_config(struct node *n, const struct s
 /*
  * A sandbox's eBPF programs loaded ahead (sb_net_prepare) on a thread of their own, while its
  * create or resume does what needs no network (its record, its snapshot's verification): the
- * load is most of the network's setup. Kept here by sandbox until sb_net_up hooks it to the
- * devices or sb_release drops it; either waits for the thread first.
+ * load is most of the network's setup. Held in the sandbox's net_prep until sb_net_up hooks it
+ * to the devices or sb_release drops it; either waits for the thread first.
  */
 struct net_prep {
-	struct net_prep *next;
-	const struct sandbox *sb;
 	pthread_t thread;
 	struct kiln_policy_config pc;
 	struct kiln_sbnet net;		/* described only: names and addresses */
@@ -308,9 +308,6 @@ struct net_prep {
 	struct kiln_error err;
 	long long ms;			/* the load's own length */
 };
-
-static pthread_mutex_t preps_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct net_prep *preps;
 
 static void *prep_run(void *arg)
 {
@@ -324,9 +321,12 @@ static void *prep_run(void *arg)
 
 void sb_net_prepare(struct node *n, struct sandbox *sb)
 {
-	struct net_prep *p = calloc(1, sizeof(*p));
+	struct net_prep *p;
 	struct kiln_error err = { 0 };
 
+	if (sb->net_prep || sb->has_net)
+		return;	/* loading already, or hooked */
+	p = calloc(1, sizeof(*p));
 	if (!p)
 		return;	/* sb_net_up loads them itself */
 	snprintf(p->node_id, sizeof(p->node_id), "%s", n->cfg.node_id);
@@ -338,30 +338,19 @@ void sb_net_prepare(struct node *n, struct sandbox *sb)
 	p->pc = sb_policy_config(n, sb, &p->net);
 	p->pc.node_id = p->node_id;
 	p->pc.sandbox_id = p->sandbox_id;
-	p->sb = sb;
 	if (pthread_create(&p->thread, NULL, prep_run, p) != 0) {
 		free(p);
 		return;
 	}
-	pthread_mutex_lock(&preps_lock);
-	p->next = preps;
-	preps = p;
-	pthread_mutex_unlock(&preps_lock);
+	sb->net_prep = p;
 }
 
-/* The load prepared for `sb`, its thread ended, out of the registry; NULL when none. */
-static struct net_prep *prep_take(const struct sandbox *sb)
+/* The load prepared for `sb`, its thread ended, taken out of it; NULL when none. */
+static struct net_prep *prep_take(struct sandbox *sb)
 {
-	struct net_prep **pp, *p = NULL;
+	struct net_prep *p = sb->net_prep;
 
-	pthread_mutex_lock(&preps_lock);
-	for (pp = &preps; *pp; pp = &(*pp)->next)
-		if ((*pp)->sb == sb) {
-			p = *pp;
-			*pp = p->next;
-			break;
-		}
-	pthread_mutex_unlock(&preps_lock);
+	sb->net_prep = NULL;
 	if (p)
 		pthread_join(p->thread, NULL);
 	return p;
@@ -375,26 +364,36 @@ static void prep_free(struct net_prep *p)
 	free(p);
 }
 
-/* Attaches the eBPF policy to the sandbox's devices, applies its first rules, serves its DNS. */
-static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
-			       struct net_times *t, struct kiln_error *err)
+/*
+ * The sandbox's eBPF policy: its programs' load taken (waited for) or made here, its maps given
+ * the first rules and bandwidth and its DNS and name-checking proxies, and only then the
+ * programs attached to its devices (replacing the gate, if any: the guest's traffic meets the
+ * whole policy from its first packet). Logs where the network's setup spent its time.
+ */
+static enum kiln_err sb_net_policy(struct node *n, struct sandbox *sb, const struct sb_init *init,
+				   struct net_times *t, struct kiln_error *err)
 {
 	struct kiln_policy_config pc = sb_policy_config(n, sb, &sb->net);
 	struct net_prep *prep = prep_take(sb);
-	enum kiln_err rc;
+	struct kiln_policy_load *load = NULL;
+	enum kiln_err rc = KILN_OK;
+	long long total = 0;
 
+	t->mark = sb_mono_ms();
 	if (prep && prep->rc != KILN_OK) {
 		/* what failed there fails here the same: said once, as any setup failure */
 		kiln_error_clear(err);
 		rc = kiln_error_set(err, prep->rc, "%s", prep->err.msg);
 	} else if (prep) {
-		rc = kiln_policy_hook(prep->load, &sb->net, &sb->pol, err);
-		prep->load = NULL;	/* the hook took it */
+		load = prep->load;
+		prep->load = NULL;
 		t->loaded_ahead = prep->ms;
 	} else {
-		rc = kiln_policy_attach(&pc, &sb->pol, err);
+		rc = kiln_policy_load(&pc, &load, err);
 	}
 	prep_free(prep);
+	if (rc == KILN_OK)
+		sb->pol = kiln_policy_load_take(load);	/* closed by sb_release */
 	net_time(t, NP_POLICY);
 	if (rc == KILN_OK && init && init->egress && init->egress->n)
 		rc = kiln_policy_apply_held(sb->pol, init->egress, err);
@@ -411,27 +410,44 @@ static enum kiln_err sb_policy(struct node *n, struct sandbox *sb, const struct 
 		sb->sni_added = rc == KILN_OK;
 	}
 	net_time(t, NP_SNI);
+	if (rc == KILN_OK)
+		rc = kiln_policy_hook(load, &sb->net, NULL, err);
+	else
+		kiln_policy_load_free(load);
+	net_time(t, NP_ATTACH);
+	for (int i = 0; i < NP__COUNT; i++)
+		total += t->ms[i];
+	if (rc == KILN_OK)
+		log_info("sandbox \"%s\": network up in %lld ms: uid %lld, netns %lld, gate %lld, "
+			 "policy %lld, rules %lld, dns %lld, sni %lld, attach %lld (programs loaded "
+			 "ahead in %lld)", sb->id, total, t->ms[NP_UID], t->ms[NP_NETNS],
+			 t->ms[NP_GATE], t->ms[NP_POLICY], t->ms[NP_RULES], t->ms[NP_DNS],
+			 t->ms[NP_SNI], t->ms[NP_ATTACH], t->loaded_ahead);
 	return rc;
 }
 
-/* The uid lease, network namespace with its TAP, eBPF policy and DNS service of a sandbox. */
-static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct sb_init *init,
-			       struct kiln_error *err)
+/*
+ * The uid lease and the network namespace with its TAP. With `gate` the TAP passes nothing
+ * either way (kiln_policy_gate) until sb_net_policy attaches the programs, so that the VM may
+ * start before them.
+ */
+static enum kiln_err sb_net_base(struct node *n, struct sandbox *sb, bool gate,
+				 struct net_times *t, struct kiln_error *err)
 {
 	struct kiln_sbnet_config netcfg = { 0 };
-	struct net_times t = { .mark = sb_mono_ms(), .loaded_ahead = -1 };
-	long long start = t.mark;
 	char owner[128];
 	enum kiln_err rc;
 	int r;
 
+	t->mark = sb_mono_ms();
+	t->loaded_ahead = -1;
 	vmm_lease_owner(n->cfg.node_id, sb->id, owner, sizeof(owner));
 	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, owner, &sb->uid);
 	if (r < 0)
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
 	sb->has_uid = true;
-	net_time(&t, NP_UID);
+	net_time(t, NP_UID);
 	netcfg.id = sb->net_id;
 	netcfg.index = (uint32_t)sb->net_index;
 	netcfg.tap_uid = (int)sb->uid;
@@ -439,14 +455,21 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
-	net_time(&t, NP_NETNS);
-	rc = sb_policy(n, sb, init, &t, err);
-	if (rc == KILN_OK)
-		log_info("sandbox \"%s\": network up in %lld ms: uid %lld, netns %lld, policy %lld, "
-			 "rules %lld, dns %lld, sni %lld (programs loaded ahead in %lld)", sb->id,
-			 t.mark - start, t.ms[NP_UID], t.ms[NP_NETNS], t.ms[NP_POLICY],
-			 t.ms[NP_RULES], t.ms[NP_DNS], t.ms[NP_SNI], t.loaded_ahead);
+	net_time(t, NP_NETNS);
+	if (gate)
+		rc = kiln_policy_gate(&sb->net, err);
+	net_time(t, NP_GATE);
 	return rc;
+}
+
+/* The uid lease, network namespace with its TAP, eBPF policy and DNS service of a sandbox. */
+static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct sb_init *init,
+			       struct kiln_error *err)
+{
+	struct net_times t = { 0 };
+	enum kiln_err rc = sb_net_base(n, sb, false, &t, err);
+
+	return rc == KILN_OK ? sb_net_policy(n, sb, init, &t, err) : rc;
 }
 
 /* The VM spec of `sb` on this node; the strings point into `bufs`, which must outlive `spec`. */
@@ -610,16 +633,23 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	struct agent_hello_info hello;
 	struct vmm_spec spec;
 	struct spec_bufs b;
+	struct net_times nt = { 0 };
+	bool net_due = !sb->has_net;
 	enum kiln_err rc;
-	/* phase timings, logged: images, network, VMM restore, agent, disk grown, identity */
-	long long t[6] = { sb_mono_ms() }, images;
+	/* phase timings, logged: images, network, VMM restore, agent, policy, disk, identity */
+	long long t[7] = { sb_mono_ms() }, images;
 
 	/* On the image it was taken from (its kernel, initramfs and disk base), or not at all. */
 	rc = images_of_snapshot(n->cfg.node_id, snap_dir, node_image_hash(n), sb->image_hash,
 				sizeof(sb->image_hash), err);
 	images = sb_mono_ms() - t[0];
-	if (rc == KILN_OK && !sb->has_net)
-		rc = sb_net_up(n, sb, init, err);
+	/*
+	 * The namespace and a gated TAP before the VMM, the policy after it: its programs finish
+	 * loading (sb_net_prepare) while QEMU starts and the guest answers, and the guest's packets
+	 * are dropped until they are attached.
+	 */
+	if (rc == KILN_OK && net_due)
+		rc = sb_net_base(n, sb, true, &nt, err);
 	if (rc != KILN_OK)
 		return rc;
 	t[1] = sb_mono_ms();
@@ -631,17 +661,32 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
 	t[3] = sb_mono_ms();
+	if (rc == KILN_OK && net_due) {
+		rc = sb_net_policy(n, sb, init, &nt, err);
+		if (rc != KILN_OK) {
+			/* a setup failure, as before the VMM: none of it ran for the caller */
+			struct kiln_error ignore = { 0 };
+
+			agent_free(sb->agent);
+			sb->agent = NULL;
+			vmm_destroy(sb->vm, &ignore);
+			sb->vm = NULL;
+		}
+	}
+	t[4] = sb_mono_ms();
 	if (rc == KILN_OK && !sb->disk_filled)
 		rc = sb_fill_disk(sb, err);
-	t[4] = sb_mono_ms();
+	t[5] = sb_mono_ms();
 	/* Every restore: the clock set to now and the RNG reseeded; a new sandbox a new identity. */
 	if (rc == KILN_OK)
 		rc = sb_identity(n, sb, fresh, init ? init->env : NULL, err);
-	t[5] = sb_mono_ms();
+	t[6] = sb_mono_ms();
 	if (rc == KILN_OK)
+		/* policy, between agent and disk in time, last: the benches read the others */
 		log_info("sandbox \"%s\" restored from %s in %lld ms: network %lld, vmm %lld, "
-			 "agent %lld, disk %lld, identity %lld (images checked in %lld of the network's)",
-			 sb->id, snap_dir, t[5] - t[0], t[1] - t[0], t[2] - t[1], t[3] - t[2],
-			 t[4] - t[3], t[5] - t[4], images);
+			 "agent %lld, disk %lld, identity %lld, policy %lld (after the agent; images "
+			 "checked in %lld of the network's)", sb->id, snap_dir, t[6] - t[0],
+			 t[1] - t[0], t[2] - t[1], t[3] - t[2], t[5] - t[4], t[6] - t[5], t[4] - t[3],
+			 images);
 	return rc;
 }

@@ -19,12 +19,13 @@ Per round, in this order:
   (b) template: POST /v1/sandboxes on A → 201, restored from the template (lineage checked).
 Each timed from the POST to its 201 (create) or 200 (resume), and to the first exec (`true`)
 answering. The node's phases for each restore (`snapshot "…" verified in N ms`, `restored from …
-in N ms: network, vmm, agent, disk, identity (images checked in N of the network's)`, and the
-network's parts: `network up in N ms: uid, netns, policy, rules, dns, sni (programs loaded ahead
-in N)`, docs/network-policy.md "Setup time") are parsed from its log; for (e) the fetch is the
-time from the POST to the node's `snapshot "…" fetched from the tenant's bucket` line (both on this
-host's clock), and after it the bench downloads the same object once more with the node's own S3
-client (tests/integration/s3/s3_tool get) to split the download from the rest of the fetch.
+in N ms: network, vmm, agent, disk, identity, policy (after the agent; images checked in N of the
+network's)`, and the network's parts: `network up in N ms: uid, netns, gate, policy, rules, dns,
+sni, attach (programs loaded ahead in N)`, docs/network-policy.md "Setup time") are parsed from
+its log; for (e) the fetch is the time from the POST to the node's `snapshot "…" fetched from the
+tenant's bucket` line (both on this host's clock), and after it the bench downloads the same
+object once more with the node's own S3 client (tests/integration/s3/s3_tool get) to split the
+download from the rest of the fetch.
 
 usage: bench_resume.py [ROUNDS]
 """
@@ -61,18 +62,21 @@ KINDS = (("a", "cold boot of the base image (node B, templates off): create"),
          ("e", "resume on the other node from the tenant's bucket"))
 TS = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3})Z ")
 RESTORED = re.compile(r"restored from \S+/(snap_[^/\s]+) in (\d+) ms: network (\d+), vmm (\d+), "
-                      r"agent (\d+), disk (\d+), identity (\d+)")
+                      r"agent (\d+), disk (\d+), identity (\d+)(?:, policy (\d+))?")
 VERIFIED = re.compile(r"snapshot \"(snap_[^\"]+)\" verified in (\d+) ms")
 FETCHED = re.compile(r"snapshot \"(snap_[^\"]+)\" fetched from the tenant's bucket")
-IMAGES = re.compile(r"\(images checked in (\d+) of the network's\)")
-# the network phase's parts (node/sandbox.c, sb_net_up); "loaded ahead": the eBPF programs' load
-# on a thread of its own before the network phase (sb_net_prepare), not part of it
-NETUP = re.compile(r"sandbox \"([^\"]+)\": network up in (\d+) ms: uid (\d+), netns (\d+), policy (\d+), "
-                   r"rules (\d+), dns (\d+), sni (\d+)(?: \(programs loaded ahead in (-?\d+)\))?")
-NET_PARTS = ("net: uid", "net: netns", "net: policy", "net: rules", "net: dns", "net: sni",
-             "net: loaded ahead")
+IMAGES = re.compile(r"images checked in (\d+) of the network's\)")
+# the network's parts (node/sandbox.c, sb_net_base and sb_net_policy); since the gate, a restore
+# sets up uid, netns and gate before the VMM and the rest ("policy" in the restore line) after
+# the agent's hello; "loaded ahead": the eBPF programs' load on a thread of its own from the
+# sandbox's slot on (sb_net_prepare), not part of either
+NETUP = re.compile(r"sandbox \"([^\"]+)\": network up in (\d+) ms: uid (\d+), netns (\d+), "
+                   r"(?:gate (\d+), )?policy (\d+), rules (\d+), dns (\d+), sni (\d+)"
+                   r"(?:, attach (\d+))?(?: \(programs loaded ahead in (-?\d+)\))?")
+NET_PARTS = ("net: uid", "net: netns", "net: gate", "net: policy", "net: rules", "net: dns",
+             "net: sni", "net: attach", "net: loaded ahead")
 PHASES = ("fetch", "download", "rest of fetch", "verify", "restore", "network", "images") + NET_PARTS + (
-          "vmm", "agent", "disk", "identity")
+          "vmm", "agent", "policy", "disk", "identity")
 
 
 def loadavg():
@@ -97,12 +101,14 @@ def log_phases(node, snap, since, sid=None):
         elif (f := FETCHED.search(line)) and f.group(1) == snap:
             out["fetch"] = round((at - since) * 1000)
         elif (r := RESTORED.search(line)) and r.group(1) == snap:
-            for k, g in zip(("restore", "network", "vmm", "agent", "disk", "identity"), range(2, 8)):
-                out[k] = int(r.group(g))
+            for k, g in zip(("restore", "network", "vmm", "agent", "disk", "identity", "policy"),
+                            range(2, 9)):
+                if r.group(g) is not None:
+                    out[k] = int(r.group(g))
             if im := IMAGES.search(line):
                 out["images"] = int(im.group(1))
         elif sid and (u := NETUP.search(line)) and u.group(1) == sid:
-            for k, g in zip(NET_PARTS, range(3, 10)):
+            for k, g in zip(NET_PARTS, range(3, 12)):
                 if u.group(g) is not None and int(u.group(g)) >= 0:
                     out[k] = int(u.group(g))
     return out

@@ -143,6 +143,14 @@ class SnapshotTests(Helpers, unittest.TestCase):
         for k in kids + [parent]:
             self.assertIn("kiln-" + k["id"].split("_", 1)[1][:13], netns)
             self.assertTrue(vm_pids(self.stack.node.node_id, k["id"]))
+        # each child's eBPF programs were loaded ahead, beside the parent's snapshot (sandbox.c)
+        log = self.stack.node.output()
+        for k in kids:
+            m = re.search(r'sandbox "%s": network up in \d+ ms: .*\(programs loaded ahead in '
+                          r'(-?\d+)\)' % re.escape(k["id"]), log)
+            self.assertTrue(m, "no network line for " + k["id"])
+            self.assertGreaterEqual(int(m.group(1)), 0,
+                                    "the child's programs were not loaded ahead")
 
     def fork_bad_counts_are_422_and_change_nothing(self, sb):
         for count in (0, 17, -1):

@@ -6,6 +6,9 @@
  *     (--deny: the operator's egress_deny for create/attach; NP_DNS_PENDING: the proxy's share)
  *     create ID INDEX [GUEST_NETNS]   netns + devices (stand-in veth into GUEST_NETNS) + attach
  *     attach ID INDEX                 load and attach again, reusing the pinned maps
+ *     gated ID INDEX GUEST_NETNS      netns + devices (stand-in veth into GUEST_NETNS) + the gate
+ *                                     (kiln_policy_gate) only, as kiln-node leaves them while a
+ *                                     restored VM starts; `attach` then replaces the gate
  *     apply ID [RULE...]              replace the rules (none: reopen)
  *     force ID RULE                   write an address rule straight into the allow maps, past
  *                                     every check, and switch to allowlist mode (as a bug or an
@@ -393,13 +396,16 @@ int main(int argc, char **argv)
 	struct kiln_error err = {0};
 	struct kiln_policy *p = NULL;
 
-	if (!strcmp(cmd, "create") && n >= 2) {
+	if ((!strcmp(cmd, "create") && n >= 2) || (!strcmp(cmd, "gated") && n == 3)) {
 		struct kiln_sbnet net;
 		struct kiln_sbnet_config c = {.id = a[0], .index = (uint32_t)atoi(a[1]), .tap_uid = -1,
 					      .standin_netns = n >= 3 ? a[2] : NULL};
+		bool gated = !strcmp(cmd, "gated");
 		if (kiln_sbnet_create(&c, &net, &err))
 			return fail(&err);
-		if (open_pol(a[0], c.index, 1, &p, &err)) {
+		int rc = gated ? (int)kiln_policy_gate(&net, &err)
+			       : open_pol(a[0], c.index, 1, &p, &err);
+		if (rc) {
 			kiln_sbnet_destroy(a[0], NULL);
 			return fail(&err);
 		}
@@ -407,7 +413,7 @@ int main(int argc, char **argv)
 		inet_ntop(AF_INET, net.nat_ip4, nat, sizeof(nat));
 		inet_ntop(AF_INET6, net.nat_ip6, nat6, sizeof(nat6));
 		printf("netns=%s host_if=%s nat4=%s nat6=%s pins=%s\n", net.netns, net.host_if, nat,
-		       nat6, kiln_policy_pin_dir(p));
+		       nat6, p ? kiln_policy_pin_dir(p) : "");
 		kiln_policy_close(p);
 		return 0;
 	}

@@ -18,6 +18,7 @@ Usage: test_netpolicy.py --tool PATH/np_tool
 import argparse
 import atexit
 import concurrent.futures
+import json
 import os
 import secrets
 import shutil
@@ -43,10 +44,12 @@ INET_ADDRS = ["203.0.113.%d" % i for i in range(10, 18)] + [
     "198.51.100.20", "198.51.100.21", "198.51.100.22", "198.51.100.53", "192.0.2.53",
     "169.254.169.254", "2001:db8:1::10", "2001:db8:2::10", "64:ff9b::cb00:710a"]
 NAT64 = "64:ff9b::cb00:710a"
+KILN_GUEST_IP4 = "172.16.0.2"  # netpolicy/netns.h
 
 TOOL = None
 procs = []
 created_sandboxes = []
+gated_ns = []
 
 
 def sh(*args, check=True, timeout=30):
@@ -110,7 +113,7 @@ def cleanup():
                 p.kill()
     for sb in created_sandboxes:
         sh(TOOL, "--netns", NS_H, "--node", NODE, "destroy", sb, check=False)
-    for ns in (NS_GA, NS_GB, NS_GC, NS_GD, NS_I, NS_H):
+    for ns in [NS_GA, NS_GB, NS_GC, NS_GD, NS_I, NS_H] + gated_ns:
         sh("ip", "netns", "del", ns, check=False)
     shutil.rmtree(os.path.join(PIN_ROOT, NODE), ignore_errors=True)
     try:
@@ -447,6 +450,48 @@ def test_ingress_closed():
                    "the host reached the guest": (NS_H, "tcp", NAT_A, 8000),
                    "replies to the guest's flows pass": (NS_GA, "tcp", "203.0.113.10", 80)})
     assert got == ["replies to the guest's flows pass"], got
+
+
+def link_packets(ns, dev, way):
+    """The packets device `dev` of netns `ns` counted, `way` "tx" or "rx"."""
+    out = sh("ip", "-n", ns, "-s", "-j", "link", "show", dev).stdout
+    return json.loads(out)[0]["stats64"][way]["packets"]
+
+
+def test_gated_tap_passes_nothing_until_the_policy_is_attached():
+    """kiln-node starts a restored VM on a gated TAP while its policy still loads
+    (kiln_policy_gate): nothing the guest sends leaves its namespace and nothing reaches it, not
+    even what its policy would allow, until the policy's programs replace the gate; from then on
+    the policy decides (open egress here)."""
+    sb, g = TAG + "g", TAG + "gg"
+    gated_ns.append(g)
+    sh("ip", "netns", "add", g)
+    created_sandboxes.append(sb)
+    out = tool("gated", sb, "6", g).stdout
+    netns = dict(kv.split("=", 1) for kv in out.split())["netns"]
+    # the guest's packets reach the TAP (its neighbour queries at least: the gate drops the
+    # answers too) and none is forwarded to the uplink; without the gate all 200 are
+    tap_rx, up_tx = link_packets(netns, "tap0", "rx"), link_packets(netns, "kn0", "tx")
+    sent = int(probe(g, "udpspray", "203.0.113.10", 9999, 200).stdout)
+    assert sent == 200, sent
+    assert not ok(g, "tcp", "203.0.113.10", 80, 2), "a TCP connection left through the gate"
+    arrived = link_packets(netns, "tap0", "rx") - tap_rx
+    left = link_packets(netns, "kn0", "tx") - up_tx
+    assert arrived > 0, "nothing the guest sent reached the TAP"
+    assert left < 10, "%d packets left through the gate" % left
+    # to the guest: its gateway's own pings are dropped on the TAP's way out
+    tap_tx = link_packets(netns, "tap0", "tx")
+    assert in_ns(netns, "ping", "-c3", "-i0.2", "-W1", KILN_GUEST_IP4).returncode != 0, \
+        "a ping reached the guest through the gate"
+    assert link_packets(netns, "tap0", "tx") - tap_tx == 0, "packets went to the guest"
+    tool("attach", sb, "6")
+    for _ in range(10):
+        if in_ns(g, "ping", "-c1", "-W1", "203.0.113.10").returncode == 0:
+            break
+    got = reached({"the guest reached the internet (TCP)": (g, "tcp", "203.0.113.10", 80),
+                   "the guest reached the internet (UDP)": (g, "udp", "203.0.113.10", 9999)})
+    assert sorted(got) == ["the guest reached the internet (TCP)",
+                           "the guest reached the internet (UDP)"], got
 
 
 def test_live_replacement_cuts_removed_flow():
