@@ -1022,8 +1022,6 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
-	if (!params_utf8(req, route))
-		return false;
 	/* Before the rate limits: past its bound a tenant's requests cost no Redis round trip. */
 	if (!inflight_take(st->who.tenant_id, (unsigned)gw->cfg.tenant_max_in_flight)) {
 		http_reply_header(req, "Retry-After", "1");
@@ -1044,6 +1042,9 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 			 gw->cfg.create_limit_rpm, "create_limit_rpm", true) ||
 	     !limit_take(req, gw, "tcreate", st->who.tenant_id, gw->cfg.tenant_create_limit_rpm,
 			 60000, gw->cfg.tenant_create_limit_rpm, "tenant_create_limit_rpm", true)))
+		return false;
+	/* After the limits: a refused parameter's request is audited, so it takes its tokens. */
+	if (!params_utf8(req, route))
 		return false;
 	return idempotency_claim(gw, req, st, route->scope & ROUTE_API_KEY_ONLY);
 }
