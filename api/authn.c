@@ -45,6 +45,7 @@
 #include "auth/jwt.h"
 #include "auth/scopes.h"
 #include "common/clock.h"
+#include "common/fault.h"
 #include "common/log.h"
 
 unsigned char gw_pepper[32];
@@ -106,6 +107,8 @@ struct tenant_entry {
 
 static struct tenant_entry tenant_cache[TENANT_CACHE_SLOTS];
 static pthread_mutex_t tenant_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Tenants forgotten so far (gw_tenant_cache_forget): a read begun before one is not cached. */
+static unsigned long tenant_forgets;
 
 /* Held while an entry of a slot (key or tenant, by slot number) is read from Postgres. */
 #define FETCH_LOCKS 64
@@ -167,20 +170,40 @@ void gw_tenant_cache_forget(const char *tenant_id)
 	struct tenant_entry *e = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
 
 	pthread_mutex_lock(&tenant_cache_lock);
+	tenant_forgets++;
 	if (strcmp(e->tenant_id, tenant_id) == 0)
 		memset(e, 0, sizeof(*e));
 	pthread_mutex_unlock(&tenant_cache_lock);
 }
 
-/* Caches whether tenant `tenant_id` is suspended, as read from Postgres at `fetched_ms`. */
-static void tenant_cache_put(const char *tenant_id, bool suspended, long long fetched_ms)
+/* The count of forgets, noted before a read whose answer tenant_cache_put may cache. */
+static unsigned long tenant_cache_forgets(void)
+{
+	unsigned long n;
+
+	pthread_mutex_lock(&tenant_cache_lock);
+	n = tenant_forgets;
+	pthread_mutex_unlock(&tenant_cache_lock);
+	return n;
+}
+
+/*
+ * Caches whether tenant `tenant_id` is suspended, as read from Postgres at `fetched_ms` by a read
+ * begun when tenant_cache_forgets() was `forgets`. Not when a tenant was forgotten since: the
+ * read may have seen the row from before a suspension that forget was for, and caching it would
+ * let the tenant's keys in for up to key_cache_s.
+ */
+static void tenant_cache_put(const char *tenant_id, bool suspended, long long fetched_ms,
+			     unsigned long forgets)
 {
 	struct tenant_entry *slot = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
 
 	pthread_mutex_lock(&tenant_cache_lock);
-	snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
-	slot->suspended = suspended;
-	slot->fetched_ms = fetched_ms;
+	if (tenant_forgets == forgets) {
+		snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
+		slot->suspended = suspended;
+		slot->fetched_ms = fetched_ms;
+	}
 	pthread_mutex_unlock(&tenant_cache_lock);
 }
 
@@ -196,6 +219,7 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 	struct tenant_entry *slot = &tenant_cache[n];
 	pthread_mutex_t *fetching = &tenant_fetch_locks[n % FETCH_LOCKS];
 	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
+	unsigned long forgets;
 	bool hit;
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
@@ -223,6 +247,7 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 		}
 	}
 	now = now_ms();
+	forgets = tenant_cache_forgets();
 	rc = pg_acquire(gw->pg, &c, err);
 	if (rc == KILN_OK) {
 		rc = PGQ(c, &res, err, "SELECT suspended_at IS NOT NULL FROM tenants WHERE id = $1",
@@ -231,7 +256,7 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 	}
 	if (rc == KILN_OK) {
 		*suspended = pg_res_rows(res) != 1 || pg_res_bool(res, 0, 0);
-		tenant_cache_put(tenant_id, *suspended, now);
+		tenant_cache_put(tenant_id, *suspended, now, forgets);
 	} else if (hit) {	/* an early read that failed: the entry is still valid */
 		kiln_error_clear(err);
 		rc = KILN_OK;
@@ -276,6 +301,7 @@ static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct ke
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	long long now = now_ms();
+	unsigned long forgets = tenant_cache_forgets();
 	enum kiln_err rc = pg_acquire(gw->pg, &c, err);
 
 	if (rc != KILN_OK)
@@ -301,7 +327,8 @@ static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct ke
 		e->usable = pg_res_bool(res, 0, 3);
 		e->expires_ms = pg_res_int(res, 0, 4, 0);
 		e->fetched_ms = now;
-		tenant_cache_put(e->tenant_id, pg_res_bool(res, 0, 5), now);
+		kiln_fault("gw-key-read");	/* a test suspends the tenant here */
+		tenant_cache_put(e->tenant_id, pg_res_bool(res, 0, 5), now, forgets);
 	}
 	pg_res_free(res);
 	pg_release(gw->pg, c);
@@ -1022,8 +1049,6 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 		return false;
 	}
 
-	if (!params_utf8(req, route))
-		return false;
 	/* Before the rate limits: past its bound a tenant's requests cost no Redis round trip. */
 	if (!inflight_take(st->who.tenant_id, (unsigned)gw->cfg.tenant_max_in_flight)) {
 		http_reply_header(req, "Retry-After", "1");
@@ -1044,6 +1069,9 @@ bool gw_before(struct http_req *req, const struct http_route *route)
 			 gw->cfg.create_limit_rpm, "create_limit_rpm", true) ||
 	     !limit_take(req, gw, "tcreate", st->who.tenant_id, gw->cfg.tenant_create_limit_rpm,
 			 60000, gw->cfg.tenant_create_limit_rpm, "tenant_create_limit_rpm", true)))
+		return false;
+	/* After the limits: a refused parameter's request is audited, so it takes its tokens. */
+	if (!params_utf8(req, route))
 		return false;
 	return idempotency_claim(gw, req, st, route->scope & ROUTE_API_KEY_ONLY);
 }

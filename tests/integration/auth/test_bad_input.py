@@ -5,6 +5,7 @@ import os
 import re
 import unittest
 
+import kiln
 from authtest import TENANT_SCOPES, GatewayCase, bearer
 
 
@@ -57,6 +58,18 @@ class BadInputTests(GatewayCase):
                                               else None, hdr), 404, "not_found")
         self.assertEqual(self.counts(), before, "a request with a parameter that is not UTF-8 "
                          "changed the database")
+
+    def test_parameters_that_are_not_utf8_take_the_rate_limits_tokens(self):
+        """Such a request is audited (a row per mutating request): it passes the rate limits
+        first, so a tenant cannot write audit rows past them."""
+        gw = kiln.Gateway(self.db.url, self.services["KILN_REDIS_URL"],
+                          {"KILN_RATE_LIMIT_RPS": "1", "KILN_RATE_LIMIT_BURST": "2"},
+                          master_key=self.gw.master_key)
+        self.addCleanup(gw.cleanup)
+        statuses = [gw.request("DELETE", "/v1/api-keys/%FF", None, self.h).status
+                    for _ in range(8)]
+        self.assertEqual(statuses[0], 404, statuses)
+        self.assertIn(429, statuses)
 
     # --- Authorization -------------------------------------------------------------------
 

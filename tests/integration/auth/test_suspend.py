@@ -2,6 +2,10 @@
 suspended tenant's API keys and tokens get 403 `suspended` on every route of docs/openapi.yaml,
 nothing of it is deleted, another tenant is untouched, a tenant cannot suspend, and unsuspending
 lets the same keys and tokens in again. (Pausing its running sandboxes needs a VM: e2e_suspend.)"""
+import os
+import shutil
+import tempfile
+import threading
 import time
 import unittest
 
@@ -112,6 +116,29 @@ class SuspendTests(GatewayCase):
         self.expect(self.unsuspend(self.tid), 200)
         self.assertTrue(poll(lambda: self.call("GET", "/v1/api-keys", headers=self.h,
                                                gw=gw2).status == 200, 8, 0.2))
+
+    def test_a_key_read_across_the_suspension_does_not_let_the_tenant_in(self):
+        """On the gateway that suspends: a read of the tenant's key row (which reads its
+        suspension too) begun before the suspension and ended after its forgetting of the tenant
+        must not cache the tenant as not suspended for key_cache_s."""
+        folder = os.path.join(tempfile.gettempdir(), f"kiln-hold-{os.getpid()}-{time.time_ns()}")
+        hold = os.path.join(folder, "held")  # the point passes while its folder is missing
+        self.addCleanup(shutil.rmtree, folder, True)
+        gw2 = kiln.Gateway(self.db.url, self.services["KILN_REDIS_URL"],
+                           {"KILN_FAULT_HOLD": "gw-key-read", "KILN_FAULT_HOLD_FILE": hold},
+                           master_key=self.gw.master_key)
+        self.addCleanup(gw2.cleanup)
+        admin = bearer(self.new_token(self.admin, scopes=["admin"]))  # reads no key row on gw2
+        os.mkdir(folder)
+        held = threading.Thread(target=self.call, args=("GET", "/v1/api-keys"),
+                                kwargs={"headers": self.h, "gw": gw2})
+        held.start()
+        self.assertTrue(poll(lambda: os.path.exists(hold), 30, 0.05), gw2.output()[-2000:])
+        self.expect(self.call("POST", f"/v1/tenants/{self.tid}/suspend", None, admin, gw=gw2),
+                    200)
+        shutil.rmtree(folder)
+        held.join(60)
+        self.expect(self.call("GET", "/v1/api-keys", headers=self.h, gw=gw2), 403, "suspended")
 
 
 if __name__ == "__main__":
