@@ -598,31 +598,26 @@ again:
 	 * claim; the outcome (gw_audit, through the commit queue) commits synchronously.
 	 */
 	snprintf(ttl, sizeof(ttl), "%lld", gw->cfg.idempotency_ttl_s);
+#define CLAIM_SQL								\
+	"INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "		\
+	"SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "				\
+	"ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "		\
+	"path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "	\
+	"response = NULL, created_at = now() "						\
+	"WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
 	if (key_row)	/* the key's row as of this statement's snapshot, as the route would read it */
 		rc = PGQ_ASYNC(c, &res, &err,
 			       "WITH k AS (SELECT revoked_at IS NULL AS live, "
 			       "floor(extract(epoch FROM expires_at))::bigint AS exp FROM api_keys "
-			       "WHERE id = $7 AND tenant_id = $1) "
-			       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
-			       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
-			       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
-			       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
-			       "response = NULL, created_at = now() "
-			       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
+			       "WHERE id = $7 AND tenant_id = $1) " CLAIM_SQL
 			       "RETURNING 1, EXISTS (SELECT 1 FROM k), (SELECT live FROM k), "
 			       "(SELECT exp FROM k)",
 			       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl,
 			       st->who.key_id);
 	else
-		rc = PGQ_ASYNC(c, &res, &err,
-			       "INSERT INTO idempotency (tenant_id, key, method, path, body_sha256) "
-			       "SELECT $1, $2, $3, $4, $5 FROM " ASYNC_COMMIT " "
-			       "ON CONFLICT (tenant_id, key) DO UPDATE SET method = excluded.method, "
-			       "path = excluded.path, body_sha256 = excluded.body_sha256, status = NULL, "
-			       "response = NULL, created_at = now() "
-			       "WHERE idempotency.created_at < now() - make_interval(secs => $6::bigint) "
-			       "RETURNING 1",
+		rc = PGQ_ASYNC(c, &res, &err, CLAIM_SQL "RETURNING 1",
 			       st->who.tenant_id, key, http_req_method(req), http_req_path(req), sum, ttl);
+#undef CLAIM_SQL
 	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		if (key_row) {
 			st->key_row.read = true;
