@@ -70,8 +70,26 @@ static void e2b_error(struct http_req *req, int status, const char *fmt, ...)
 	http_reply_json(req, status, json_pack("{s:i, s:s}", "code", status, "message", msg));
 }
 
+/* Whether `id` could be an id of ours: [A-Za-z0-9_-], 1..ID_MAX-1 bytes. */
+static bool id_shaped(const char *id)
+{
+	size_t n = id ? strlen(id) : 0;
+
+	if (n == 0 || n >= ID_MAX)
+		return false;
+	for (size_t i = 0; i < n; i++)
+		if (!isalnum((unsigned char)id[i]) && id[i] != '_' && id[i] != '-')
+			return false;
+	return true;
+}
+
+/* The id is echoed only when it could be one: any byte would do in a path, UTF-8 or not. */
 static void e2b_not_found(struct http_req *req, const char *id)
 {
+	if (!id_shaped(id)) {
+		e2b_error(req, 404, "the sandbox doesn't exist or you don't have access to it");
+		return;
+	}
 	e2b_error(req, 404, "sandbox \"%s\" doesn't exist or you don't have access to it", id);
 }
 
@@ -241,14 +259,8 @@ static void reply_sandbox_done(struct http_req *req, const char *id, const struc
 static const char *param_id(struct http_req *req, const char *name)
 {
 	const char *id = http_req_param(req, name);
-	size_t n = id ? strlen(id) : 0;
 
-	if (n == 0 || n >= ID_MAX)
-		return NULL;
-	for (size_t i = 0; i < n; i++)
-		if (!isalnum((unsigned char)id[i]) && id[i] != '_' && id[i] != '-')
-			return NULL;
-	return id;
+	return id_shaped(id) ? id : NULL;
 }
 
 /* ---- shapes ---- */

@@ -326,6 +326,17 @@ class E2bRest(unittest.TestCase):
         self.assertE2bError(self.e2b("DELETE", "/sandboxes/sb_e2bkill"), 404)
         self.assertE2bError(self.e2b("GET", "/sandboxes/sb_e2bkill"), 404)
 
+    def test_an_id_that_is_not_utf8_is_404_with_its_body(self):
+        # The id is not echoed into the message (a JSON string must be UTF-8): the error body
+        # comes whole, on every route with a sandbox id.
+        for method, path in (("GET", "/sandboxes/%FF"), ("DELETE", "/sandboxes/sb_%C3%28x"),
+                             ("POST", "/sandboxes/%ED%A0%80/pause"),
+                             ("POST", "/sandboxes/%FF/timeout")):
+            with self.subTest(method=method, path=path):
+                body = {"timeout": 60} if path.endswith("/timeout") else None
+                msg = self.assertE2bError(self.e2b(method, path, body), 404)
+                self.assertIn("doesn't exist", msg)
+
     def test_rate_limit_is_the_api_s(self):
         # The API's own limits apply: a tenant with a tiny rate gets 429 in E2B's shape.
         gw = kiln.Gateway(self.db.url, self.services["KILN_REDIS_URL"],
