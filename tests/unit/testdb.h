@@ -17,6 +17,7 @@
 
 #include "common/pg.h"
 #include "migrations/migrate.h"
+#include "test.h"
 
 struct testdb {
 	struct pg *admin;	/* on the `postgres` database, to create and drop */
@@ -49,7 +50,7 @@ static int testdb_open(struct testdb *db, const char *prefix)
 			snprintf(db->redis_url, sizeof(db->redis_url), "%s", line + 15);
 	}
 	fclose(f);
-	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	test_seed();
 	snprintf(db->name, sizeof(db->name), "t_%s_%08x", prefix, (unsigned)rand());
 	snprintf(url, sizeof(url), "host=%s user=kiln dbname=postgres", sockdir);
 	db->admin = pg_new(url, 1);

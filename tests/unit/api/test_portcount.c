@@ -174,7 +174,7 @@ static void streams_admitted_while_down_count_again(void)
 
 int main(void)
 {
-	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	test_seed();
 	if (testredis_url(redis_url, sizeof(redis_url)) != 0)
 		return 1;
 	TEST(cap_holds_across_gateways);

@@ -316,7 +316,7 @@ static void takes_while_redis_fails_are_not_sent(void)
 
 int main(void)
 {
-	srand((unsigned)time(NULL) ^ (unsigned)getpid());
+	test_seed();
 	if (testredis_url(redis_url, sizeof(redis_url)) != 0)
 		return 1;
 	TEST(one_gateway_admits_burst_and_rate);
