@@ -15,7 +15,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/buf.h"
 #include "common/clock.h"
@@ -28,6 +30,7 @@
 
 struct pending {
 	const struct commitq_row *row;
+	char id[33];		/* the audit row's row_id (uuid, hex), chosen before its first attempt */
 	struct pending *next;
 	bool done;
 	enum kiln_err rc;
@@ -47,20 +50,25 @@ struct commitq {
 };
 
 /* The audit rows' columns, then the outcomes', each an array parameter. */
-enum { A_TENANT, A_KEY, A_METHOD, A_ROUTE, A_OBJECT, A_STATUS, A_REQUEST,
+enum { A_TENANT, A_KEY, A_METHOD, A_ROUTE, A_OBJECT, A_STATUS, A_REQUEST, A_ID,
        O_TENANT, O_KEY, O_METHOD, O_PATH, O_SHA, O_STATUS, O_RESPONSE, NCOLS };
 
+/*
+ * A row whose id is there already was written by an attempt whose answer was lost (a connection
+ * cut after its commit): the group's next attempt skips it (migrations/0045_audit_row_id.sql).
+ */
 #define AUDIT_INSERT                                                                               \
-	"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id) "  \
-	"SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], "         \
-	"$6::int[], $7::text[])"
+	"INSERT INTO audit_log (tenant_id, key_id, method, route, object_id, status, request_id, "  \
+	"row_id) SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[], " \
+	"$6::int[], $7::text[], $8::uuid[])"
+#define AUDIT_SKIP_WRITTEN " ON CONFLICT (row_id) DO NOTHING"
 
 /* Audit rows and outcomes: one transaction, committed synchronously (the session's default). */
 static const char both_sql[] =
-	"WITH a AS (" AUDIT_INSERT "), "
+	"WITH a AS (" AUDIT_INSERT AUDIT_SKIP_WRITTEN "), "
 	"o AS (INSERT INTO idempotency (tenant_id, key, method, path, body_sha256, status, response) "
-	"SELECT * FROM unnest($8::text[], $9::text[], $10::text[], $11::text[], $12::text[], "
-	"$13::int[], $14::text[]) "
+	"SELECT * FROM unnest($9::text[], $10::text[], $11::text[], $12::text[], $13::text[], "
+	"$14::int[], $15::text[]) "
 	"ON CONFLICT (tenant_id, key) DO UPDATE SET status = excluded.status, "
 	"response = excluded.response WHERE idempotency.status IS NULL) "
 	"SELECT 1";
@@ -71,7 +79,7 @@ static const char both_sql[] =
  */
 static const char audit_sql[] =
 	"WITH s AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)) "
-	AUDIT_INSERT " WHERE EXISTS (SELECT 1 FROM s)";
+	AUDIT_INSERT " WHERE EXISTS (SELECT 1 FROM s)" AUDIT_SKIP_WRITTEN;
 
 /* Appends `v` to the array literal `b` as one element: quoted, or NULL. */
 static int array_add(struct buf *b, const char *v)
@@ -137,7 +145,7 @@ static enum kiln_err group_write(struct commitq *q, struct pending *group, int n
 		bad |= array_add(&col[A_TENANT], r->tenant_id) | array_add(&col[A_KEY], r->key_id) |
 		       array_add(&col[A_METHOD], r->method) | array_add(&col[A_ROUTE], r->route) |
 		       array_add(&col[A_OBJECT], r->object_id) | array_add(&col[A_STATUS], code) |
-		       array_add(&col[A_REQUEST], r->request_id);
+		       array_add(&col[A_REQUEST], r->request_id) | array_add(&col[A_ID], p->id);
 		if (!r->idem_key)
 			continue;
 		outcomes = true;
@@ -172,7 +180,8 @@ out:
  * Writes the `n` rows of `group`, again every RETRY_MS while Postgres is unavailable, for the
  * queue's `retry_ms` from the first failure: a lost connection or a quick switch of primaries is
  * reached on this thread's one connection, and the rows' requests wait for it instead of each
- * retrying alone.
+ * retrying alone. An attempt that committed but lost its answer is not told from one that did
+ * not: the next inserts only the audit rows whose ids are not there yet (AUDIT_SKIP_WRITTEN).
  */
 static enum kiln_err group_try(struct commitq *q, struct pending *group, int n,
 			       struct kiln_error *err)
@@ -262,6 +271,34 @@ static void *writer_main(void *arg)
 	return NULL;
 }
 
+/*
+ * A new audit row id: 128 random bits in hex (a uuid to Postgres). Two rows with the same id
+ * would lose one, so when the kernel gives no random bytes (it blocks rather than fail once
+ * seeded) the id is made of the wall clock in ns, the process id and a counter of this process.
+ */
+static void row_id_new(char out[33])
+{
+	static const char hex[] = "0123456789abcdef";
+	static unsigned long long counter;
+	unsigned char rnd[16];
+
+	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+		struct timespec ts;
+		unsigned long long ns, n = __atomic_add_fetch(&counter, 1, __ATOMIC_RELAXED);
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ns = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+		n ^= (unsigned long long)getpid() << 40;
+		memcpy(rnd, &ns, 8);
+		memcpy(rnd + 8, &n, 8);
+	}
+	for (int i = 0; i < 16; i++) {
+		out[2 * i] = hex[rnd[i] >> 4];
+		out[2 * i + 1] = hex[rnd[i] & 15];
+	}
+	out[32] = '\0';
+}
+
 struct commitq *commitq_new(struct pg *pool, long long retry_ms, struct kiln_error *err)
 {
 	struct commitq *q = calloc(1, sizeof(*q));
@@ -310,6 +347,7 @@ enum kiln_err commitq_write(struct commitq *q, const struct commitq_row *row,
 
 	if (!q)
 		return kiln_error_set(err, KILN_E_INTERNAL, "no audit writer");
+	row_id_new(p.id);	/* the same in every attempt at its group */
 	pthread_mutex_lock(&q->lock);
 	if (q->stopping) {
 		pthread_mutex_unlock(&q->lock);

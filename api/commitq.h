@@ -48,6 +48,8 @@ void commitq_free(struct commitq *q);
  * Queues `row` and waits until its group has committed. KILN_OK: the audit row is visible to
  * every reader, and an outcome is durable (its group committed synchronously; a group of audit
  * rows alone commits without waiting for the WAL flush, docs/auth.md "Commits").
+ * A group attempted again after a lost answer records the row once: its id, chosen here before
+ * the first attempt, is skipped when that attempt had committed it.
  * KILN_E_UNAVAILABLE: Postgres stayed unavailable while the writer retried the group, for the
  * queue's `retry_ms` from its first failure (or a connection lost its COMMIT's answer at the last
  * attempt): the row is not written as far as the writer knows, and writing it alone would find

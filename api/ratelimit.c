@@ -60,7 +60,7 @@ static const char sync_lua[] =
 #define LB_SLOTS 4096
 #define LB_NAME_MAX 160
 #define SYNC_BATCH 128		/* buckets per script call */
-#define ACTIVE_MS 1000		/* a bucket used this recently is reconciled even with nothing taken */
+#define ACTIVE_MS 1000		/* after an outage, a bucket used this recently is read back */
 #define IDLE_DROP_MS 60000	/* a bucket unused this long is dropped (read again at its next use) */
 
 /* The gateway's view of a bucket: Redis's tokens at the last sync, less what it took since. */
@@ -70,6 +70,7 @@ struct local_bucket {
 	long long tokens;	/* thousandths; below zero while a debt refills */
 	long long ts;		/* ms the tokens were refilled to */
 	long long unsent;	/* tokens taken here since the last sync, Redis up */
+	bool refused;		/* a take was refused since the last sync */
 	long long used_ms;	/* CLOCK_MONOTONIC ms of the last use: a wall-clock step drops nothing */
 	bool known;		/* read from Redis once (or Redis was down then) */
 	struct local_bucket *next;
@@ -218,6 +219,7 @@ static void lb_take(struct local_bucket *b, long long rate, long long period, lo
 		out->allowed = true;
 	} else {
 		out->allowed = false;
+		b->refused = true;
 		out->retry_after_ms = ((1000 - b->tokens) * period + rate * 1000 - 1) / (rate * 1000);
 	}
 }
@@ -379,6 +381,7 @@ static void item_take(struct sync_item *it, struct local_bucket *b)
 	it->burst = b->burst;
 	it->taken = b->unsent;
 	b->unsent = 0;
+	b->refused = false;
 }
 
 /* Whether `b` can be sent: the scripts divide by its rate. */
@@ -387,12 +390,30 @@ static bool lb_sendable(const struct local_bucket *b)
 	return b->rate > 0 && b->period > 0 && b->burst >= 0;
 }
 
+/*
+ * Whether a sync sends `b`: when it took a token or refused one since the last sync, so that idle
+ * buckets cost Redis nothing. An idle bucket's view is its last reading refilled at the rate, and
+ * its next take is followed within a period by a reading of what all gateways took, as before. A
+ * refusal is read too: a bucket in debt learns the other gateways' takes while its callers wait,
+ * rather than admitting from its own refill (what it admits is then what it was before idle
+ * buckets were left out). After a round that did not reach Redis (`down`), also a bucket used
+ * within ACTIVE_MS with nothing to send: its reading tells the gateway that Redis answers again
+ * and brings back Redis's tokens in place of the outage's local takes. The caller holds rl->lock.
+ */
+static bool lb_due(const struct local_bucket *b, bool down, long long mono)
+{
+	if (!b->known || !lb_sendable(b))
+		return false;
+	return b->unsent > 0 || b->refused || (down && mono - b->used_ms < ACTIVE_MS);
+}
+
 enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err)
 {
 	struct sync_item *items = NULL;
 	size_t n = 0, cap = 0;
 	enum kiln_err rc = KILN_OK;
 	long long mono = clock_mono_ms();
+	bool down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
@@ -406,8 +427,7 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 				continue;
 			}
 			pp = &b->next;
-			if (!b->known || !lb_sendable(b) ||
-			    (!b->unsent && mono - b->used_ms >= ACTIVE_MS))
+			if (!lb_due(b, down, mono))
 				continue;
 			if (n == cap) {
 				struct sync_item *more = realloc(items, (cap ? cap * 2 : 64) * sizeof(*items));

@@ -10,7 +10,8 @@
  *   a token is worth a round trip (creations, port URLs).
  * - ratelimit_take_local() decides in-process from the gateway's view of the shared bucket, which a
  *   thread of its own reconciles with Redis every RATELIMIT_SYNC_MS (one script call carrying every
- *   bucket the gateway used: the tokens it took, and back the tokens Redis holds after everyone's).
+ *   bucket that took or refused a token since the last call: the tokens it took, and back the
+ *   tokens Redis holds after everyone's; an idle bucket is not sent).
  *   A bucket seen for the first time is read from Redis before its first decision. With one
  *   gateway this is the shared bucket exactly; with G gateways they can together admit at most
  *   (G - 1) x (burst + rate x RATELIMIT_SYNC_MS) more than one shared bucket would, and that excess
@@ -60,7 +61,9 @@ void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long ra
 
 /*
  * One reconciliation of the local buckets with Redis at `now_ms` (what the thread does every
- * RATELIMIT_SYNC_MS). Returns KILN_OK or the Redis error; buckets idle for a minute are dropped.
+ * RATELIMIT_SYNC_MS): sends the buckets that took or refused a token since the last one (and,
+ * after a round that did not reach Redis, those used within a second). Returns KILN_OK or the
+ * Redis error; buckets idle for a minute are dropped.
  */
 enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err);
 

@@ -15,6 +15,11 @@ Armed with a statement's text instead, the proxy cuts after the Sync that follow
 statement's Parse: the answer of one statement is lost, committed or not. An API key's create cut
 there must leave one key of its name after the client's retry with the same Idempotency-Key, never
 a second one.
+
+With `executed` set as well, the proxy cuts after the Sync that follows an Execute of that
+statement (prepared on the connection before or not): the statement has run and, outside a
+transaction, committed; only its answer is lost. The commit queue's group of audit rows cut there
+is written again by the writer (api/commitq.c), and its request's audit row must be there once.
 """
 import os
 import secrets
@@ -38,6 +43,7 @@ class CommitCutter:
         self.port = self.sock.getsockname()[1]
         self.armed = threading.Event()
         self.statement = None       # armed on this statement's Parse instead of a COMMIT
+        self.executed = False       # with statement: cut after its Execute's Sync instead
         self.cuts = 0
         self.closing = False
         threading.Thread(target=self.accept, daemon=True).start()
@@ -74,15 +80,32 @@ class CommitCutter:
             (n,) = struct.unpack("!I", self.recv_exact(c, 4))
             s.sendall(struct.pack("!I", n) + self.recv_exact(c, n - 4))
             parsed = False
+            names = set()           # statements prepared on this connection with the text
+            bound = executed = False
             while True:
                 head = self.recv_exact(c, 5)
                 body = self.recv_exact(c, struct.unpack("!I", head[1:])[0] - 4)
-                commit = head[:1] == b"Q" and body.rstrip(b"\0;").strip().upper() == b"COMMIT"
-                if (self.statement and self.armed.is_set() and head[:1] == b"P"
+                kind = head[:1]
+                commit = kind == b"Q" and body.rstrip(b"\0;").strip().upper() == b"COMMIT"
+                if (self.statement and self.armed.is_set() and kind == b"P"
                         and self.statement in body):
                     parsed = True
-                if self.statement:
-                    commit = parsed and head[:1] == b"S"
+                if self.statement and kind == b"P":
+                    name = body.split(b"\0", 1)[0]
+                    if self.statement in body:
+                        names.add(name)
+                    else:
+                        names.discard(name)     # the unnamed statement, replaced
+                elif kind == b"B":
+                    bound = body.split(b"\0", 2)[1] in names
+                elif kind == b"E" and bound:
+                    executed = True
+                if self.statement and self.executed:
+                    commit = executed and kind == b"S"
+                elif self.statement:
+                    commit = parsed and kind == b"S"
+                if kind == b"S" and not (commit and self.armed.is_set()):
+                    executed = False
                 if commit and self.armed.is_set():
                     self.armed.clear()
                     state["cut"] = True     # the answer is not passed back
@@ -168,6 +191,42 @@ class LostCommitTest(unittest.TestCase):
         self.assertEqual(self.db.sql(
             f"SELECT count(*) FROM api_keys WHERE name = '{name}'"), "1")
         self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
+
+    def test_an_audit_group_whose_answer_is_lost_is_written_once(self):
+        """The commit queue's insert commits, its answer is lost, and the writer writes the group
+        again on a new connection: the requests' audit rows are there once each, with and
+        without an outcome in the group (an Idempotency-Key's stored reply)."""
+        auth = {"Authorization": "Bearer " + self.gw.admin_key}
+        self.proxy.statement = b"INSERT INTO audit_log"
+        self.proxy.executed = True
+        for keyed in (False, True):
+            with self.subTest(keyed=keyed):
+                self.audit_cut_once(auth, keyed)
+        self.assertIn("retrying", self.gw.output())
+        self.assertEqual(self.gw.stop(), 0, self.gw.output()[-4000:])
+
+    def audit_cut_once(self, auth, keyed):
+        """One POST whose audit insert is cut after it ran; its audit row is there once."""
+        name = "auditcut-" + secrets.token_hex(4)
+        headers = dict(auth, **({"Idempotency-Key": "k-" + name} if keyed else {}))
+        cuts = self.proxy.cuts
+        self.proxy.armed.set()
+        first = self.gw.request("POST", "/v1/api-keys",
+                                {"name": name, "scopes": ["sandbox:read"]}, headers)
+        self.assertEqual(self.proxy.cuts, cuts + 1, f"the proxy cut no insert: {first!r}")
+        self.assertEqual(first.status, 201, first)
+        rid = first.headers["X-Request-Id"]
+        self.assertEqual(self.db.sql(
+            f"SELECT count(*) FROM audit_log WHERE request_id = '{rid}'"), "1",
+            f"keyed={keyed}: the audit row of {rid} is not there once")
+        self.assertEqual(self.db.sql(
+            f"SELECT count(*) FROM api_keys WHERE name = '{name}'"), "1")
+        if keyed:
+            again = self.gw.request("POST", "/v1/api-keys",
+                                    {"name": name, "scopes": ["sandbox:read"]}, headers)
+            self.assertEqual(again.status, 201, again)
+            self.assertEqual(again.headers.get("Idempotent-Replayed"), "true")
+            self.assertEqual(again.json()["id"], first.json()["id"])
 
 
 if __name__ == "__main__":

@@ -314,6 +314,87 @@ static void takes_while_redis_fails_are_not_sent(void)
 	rds_free(r);
 }
 
+/*
+ * A reconciliation sends only the buckets that took a token since the one before: a bucket used
+ * a moment ago but idle since costs Redis nothing. Its key, deleted behind the gateway's back, is
+ * not written again until the bucket takes a token; the bucket that did take is sent.
+ */
+static void an_idle_bucket_is_not_sent(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *a = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char idle[64], busy[64];
+	long long t = wall_ms();
+
+	new_bucket(idle, sizeof(idle));
+	new_bucket(busy, sizeof(busy));
+	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	ratelimit_take_local(a, busy, 1, 60000, 3, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK_INT(redis_tokens(r, idle), 2000);
+	CHECK_INT(redis_key_cmd(r, "DEL", idle, NULL), 1);
+	for (int round = 1; round <= 3; round++) {
+		ratelimit_take_local(a, busy, 1, 60000, 3, t, &res);
+		CHECK(res.allowed == (round < 3) && !res.redis_down);
+		CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+		CHECK_INT(redis_key_cmd(r, "EXISTS", idle, NULL), 0);
+	}
+	CHECK_INT(redis_tokens(r, busy), 0);
+	/* its next take is sent, against what Redis holds now (a key gone is a full bucket) */
+	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
+	CHECK(res.allowed);
+	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK_INT(redis_tokens(r, idle), 2000);
+	ratelimit_free(a);
+	rds_free(r);
+}
+
+/*
+ * A bucket refused a token is not idle: its reconciliation reads what the other gateways took
+ * meanwhile, so it keeps refusing while their debt lasts instead of admitting from its own
+ * refill. Two gateways read a full bucket and spend it each (a debt of one burst); the first,
+ * refused and reconciled, still refuses once its own view would have refilled a token.
+ */
+static void a_refused_bucket_reads_the_others_takes(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *a = ratelimit_new(r, false), *b = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char bucket[64];
+	long long t = wall_ms();
+	int n = 0;
+
+	new_bucket(bucket, sizeof(bucket));
+	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);	/* both read it full */
+	n += res.allowed;
+	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+	n += res.allowed;
+	for (int i = 1; i < BURST; i++) {
+		ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);
+		n += res.allowed;
+		ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+		n += res.allowed;
+	}
+	CHECK_INT(n, 2 * BURST);
+	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK(ratelimit_sync(b, t, &err) == KILN_OK);
+	CHECK_INT(redis_tokens(r, bucket), -BURST * 1000);
+	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t + 1, &res);
+	CHECK(!res.allowed);
+	CHECK(ratelimit_sync(a, t + 1, &err) == KILN_OK);
+	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
+	CHECK(!res.allowed);
+	CHECK(res.retry_after_ms >= BURST * 1000 / RATE - 1000 / RATE);
+	ratelimit_free(a);
+	ratelimit_free(b);
+	rds_free(r);
+}
+
 int main(void)
 {
 	test_seed();
@@ -326,5 +407,7 @@ int main(void)
 	TEST(the_thread_reconciles_on_its_own);
 	TEST(without_redis_the_local_bucket_limits);
 	TEST(takes_while_redis_fails_are_not_sent);
+	TEST(an_idle_bucket_is_not_sent);
+	TEST(a_refused_bucket_reads_the_others_takes);
 	return test_summary();
 }
