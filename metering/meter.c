@@ -1097,7 +1097,15 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		i = j + 1;
 	}
 	if (cur_mine && cur_gen != s->gen) {
-		/* Back on this node under a new generation at `end` exactly. */
+		/* Back on this node under a new generation at `end` exactly: billed from there.
+		 * The pieces before it were another node's (none billed here moved last_t), so
+		 * the point still stood where tracking began, the sandbox's creation when it was
+		 * never billed here: a sandbox moved here at the instant of this meter's tick was
+		 * billed from its creation under its new generation, the time the old node's meter
+		 * billed again (15,420 µcr for 10,280:
+		 * test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move). */
+		if (s->last_t < end)
+			s->last_t = end;
 		s->gen = cur_gen;
 		s->mine = true;
 		gen_rem_switch(m, s, r, cur_node);

@@ -1236,6 +1236,51 @@ static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
 }
 
 /*
+ * A sandbox moved to another node at the instant of that node's tick, the first tick of its
+ * meter that sees it, is billed there from the move: its new generation's first piece is of no
+ * length at that tick, and the meter went on from the sandbox's creation (where it starts a
+ * sandbox never billed here) as if the move were then, billing the time node A's meter billed
+ * already again, under the new generation, which no window of A's overlaps. Here the sandbox
+ * runs 20 s on A, moves to B at 20 exactly (B's tick), and stops at 40: 40 s, each once.
+ */
+static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 55; i++) {
+		if (i == 20)	/* at 20, the time of this tick: to B, a new generation */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    nb, (long long)((fake_now + S) / 1000), sb);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 20 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
  * A point in the ledger in billed state "none" is a generation's end only when something of it
  * was billed: a sandbox still creating (billed nothing, in no state) has such a point too, at the
  * end of its first window. A meter that tracked it from there after it ended took every change of
@@ -1720,6 +1765,7 @@ int main(void)
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
+	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
