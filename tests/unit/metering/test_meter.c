@@ -1281,6 +1281,62 @@ static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(v
 }
 
 /*
+ * A generation that ends within a tick in which the next one of the sandbox is billed here has
+ * its end recorded (billed state "none" at its end), as a generation that ends with nothing
+ * after it here does: else its point stays in its last state, and the stretch on this node that
+ * went on on another node without its end in the ledger is read again by every tick, for ever,
+ * and taken as a dead meter's tail to bill. Here the sandbox runs on A from 0, is moved to B at
+ * 10.2 and back to A at 10.6 (generations 2 and 3, both within A's tick at 11), and stops at 30.
+ */
+static void test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 45; i++) {
+		if (i == 11) {	/* at 10.2 to B, at 10.6 back to A */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    nb, (long long)((fake_now + S / 5) / 1000), sb);
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)((fake_now + 3 * S / 5) / 1000), sb);
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 1 AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 10 * S + S / 5)), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	/* 10.2 s and 19.4 s on A (one remainder), 0.4 s on B: every second once */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation IN (1, 3)", sb), 29.6 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 102);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
  * A point in the ledger in billed state "none" is a generation's end only when something of it
  * was billed: a sandbox still creating (billed nothing, in no state) has such a point too, at the
  * end of its first window. A meter that tracked it from there after it ended took every change of
@@ -1766,6 +1822,7 @@ int main(void)
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
 	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
+	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
