@@ -1336,6 +1336,65 @@ static void test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded
 	meter_free(a);
 }
 
+/* Runs `q` on the scratch database: 0 when it succeeds, else 1 with its message in `err`. */
+static int sql_try(struct kiln_error *err, const char *q)
+{
+	struct pg_conn *c = conn();
+	int rc = pg_exec(c, q, err) == KILN_OK ? 0 : 1;
+
+	pg_release(pg, c);
+	return rc;
+}
+
+/*
+ * A sandbox creating or running does not change node without a new generation in the same
+ * UPDATE (migrations/0043): two nodes' meters would bill one generation. The refused update
+ * changes nothing (node, generation, state log); a move with a new generation, and a paused
+ * sandbox's node changed alone, are taken.
+ */
+static void test_a_move_without_a_new_generation_is_refused(void)
+{
+	char t[32], sb[32], na[32], nb[32], q[512];
+	struct kiln_error err = { 0 };
+	long long logged;
+	int64_t t0 = aligned_now();
+
+	snprintf(na, sizeof(na), "%s", node);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	snprintf(node, sizeof(node), "%s", na);
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	sql("UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", na, sb);	/* same node */
+	logged = sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s'", sb);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	CHECK(strstr(err.msg, "23514") != NULL);	/* check_violation */
+	/* From creating too, and to running from paused (a resume without its generation) */
+	sql("UPDATE sandboxes SET state = 'creating' WHERE id = '%s'", sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	sql("UPDATE sandboxes SET state = 'paused' WHERE id = '%s'", sb);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', state = 'running' WHERE id = '%s'",
+		 nb, sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandboxes WHERE id = '%s' AND node_id = '%s' "
+			  "AND generation = 1 AND state = 'paused'", sb, na), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND node_id = '%s'", sb, nb), 0);
+	/* A paused sandbox's node alone: nothing bills it as running there */
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", na, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	/* A move: a new generation in the same UPDATE, as record_resumed() writes it */
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', state = 'running', "
+		 "generation = generation + 1 WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandboxes WHERE id = '%s' AND node_id = '%s' "
+			  "AND generation = 2 AND state = 'running'", sb, nb), 1);
+	CHECK(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s'", sb) > logged);
+}
+
 /*
  * A point in the ledger in billed state "none" is a generation's end only when something of it
  * was billed: a sandbox still creating (billed nothing, in no state) has such a point too, at the
@@ -1823,6 +1882,7 @@ int main(void)
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
 	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
 	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
+	TEST(test_a_move_without_a_new_generation_is_refused);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
