@@ -1281,6 +1281,52 @@ static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(v
 }
 
 /*
+ * The same back on a node whose meter billed an earlier generation: moved back at the instant of
+ * its meter's tick, the sandbox is billed there from the return, not from the point where that
+ * meter's earlier generation ended (the other node's time billed again). Here it runs on A from
+ * 0, moves to B at 10.5, back to A at 30 exactly (A's tick), and stops at 45: 45 s, each once
+ * (8,867 µcr for generation 3's 15 s before, 16,576 in all).
+ */
+static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 11 || i == 30)	/* at 10.5 to B; at 30, A's tick, back to A */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    i == 11 ? nb : na,
+			    (long long)((fake_now + (i == 11 ? S / 2 : S)) / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);	/* at 45 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", sb), 15 * 257);
+	/* 45 s less the half µcr each node's remainder keeps (10.5 s on A, 19.5 s on B) */
+	CHECK_INT(used(t), 45 * 257 - 1);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
  * A generation that ends within a tick in which the next one of the sandbox is billed here has
  * its end recorded (billed state "none" at its end), as a generation that ends with nothing
  * after it here does: else its point stays in its last state, and the stretch on this node that
@@ -1881,6 +1927,7 @@ int main(void)
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
 	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
+	TEST(test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return);
 	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
 	TEST(test_a_move_without_a_new_generation_is_refused);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
