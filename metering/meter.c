@@ -1059,8 +1059,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		}
 		if (pc[i].gen != s->gen) {
 			/* A new generation (restored, moved): its counters start from zero; the
-			 * generation before, when this meter billed it, ended where it stands. */
-			if (s->mine)
+			 * generation before, when this meter billed it, ended where it stands (not
+			 * recorded again when its point says so already). */
+			if (s->mine && s->state != BS_NONE)
 				sb_gen_end(m, s, now);
 			s->gen = pc[i].gen;
 			s->mine = true;
@@ -1136,7 +1137,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * billed from its creation under its new generation, the time the old node's meter
 		 * billed again (15,420 µcr for 10,280:
 		 * test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move). */
-		if (s->mine)
+		if (s->mine && s->state != BS_NONE)
 			sb_gen_end(m, s, now);
 		if (s->last_t < end)
 			s->last_t = end;
