@@ -918,6 +918,35 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
 }
 
 /*
+ * Records the end of the generation `s` bills (s->gen, this meter's) at s->last_t as billed state
+ * "none", so the ledger knows that generation is done: when the sandbox ends, and when its next
+ * generation is billed in the same tick (a generation left in its last state was read again by
+ * every tick as one that went on on another node without its end: rows_sql). With nothing
+ * unflushed, in the window that starts at its end or holds it: the window before an end on a
+ * boundary is in the ledger already, and meter_flush() would skip it whole, leaving the sandbox
+ * billed as running and read again on every tick. Call before s->gen moves on.
+ */
+static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
+{
+	struct mwin *w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
+			       ? &s->w[s->nw - 1]
+			       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
+					 s->last_t);
+
+	if (!w)
+		return;
+	if (!w->pe) {
+		w->pe = s->last_t;
+		w->first_read = now;
+		w->cpu_at = s->cpu_at;
+		w->rx_at = s->rx_at;
+		w->tx_at = s->tx_at;
+		w->rem = s->rem;
+	}
+	w->state = BS_NONE;
+}
+
+/*
  * Bills the sandbox `s` of row `r` up to `now`, piece by piece over its state changes since its
  * billed-up-to point (r->e): each piece in its own state, under its own generation, when that
  * generation is this node's (another node's meter bills the others). CPU is the cumulative
@@ -1029,7 +1058,11 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			continue;
 		}
 		if (pc[i].gen != s->gen) {
-			/* A new generation (restored, moved): its counters start from zero. */
+			/* A new generation (restored, moved): its counters start from zero; the
+			 * generation before, when this meter billed it, ended where it stands (not
+			 * recorded again when its point says so already). */
+			if (s->mine && s->state != BS_NONE)
+				sb_gen_end(m, s, now);
 			s->gen = pc[i].gen;
 			s->mine = true;
 			gen_rem_switch(m, s, r, pc[i].node);
@@ -1097,7 +1130,17 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		i = j + 1;
 	}
 	if (cur_mine && cur_gen != s->gen) {
-		/* Back on this node under a new generation at `end` exactly. */
+		/* Back on this node under a new generation at `end` exactly: billed from there.
+		 * The pieces before it were another node's (none billed here moved last_t), so
+		 * the point still stood where tracking began, the sandbox's creation when it was
+		 * never billed here: a sandbox moved here at the instant of this meter's tick was
+		 * billed from its creation under its new generation, the time the old node's meter
+		 * billed again (15,420 µcr for 10,280:
+		 * test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move). */
+		if (s->mine && s->state != BS_NONE)
+			sb_gen_end(m, s, now);
+		if (s->last_t < end)
+			s->last_t = end;
 		s->gen = cur_gen;
 		s->mine = true;
 		gen_rem_switch(m, s, r, cur_node);
@@ -1137,25 +1180,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		cg_free(s->cg);
 		s->cg = NULL;
 	} else if (ended) {
-		/* Recorded as billed state "none", so the ledger knows this sandbox is done. With
-		 * nothing unflushed, in the window that starts at its end or holds it: the window
-		 * before an end on a boundary is in the ledger already, and meter_flush() would skip
-		 * it whole, leaving the sandbox billed as running and read again on every tick. */
-		struct mwin *w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
-				       ? &s->w[s->nw - 1]
-				       : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s),
-						 s->last_t);
-		if (w) {
-			if (!w->pe) {
-				w->pe = s->last_t;
-				w->first_read = now;
-				w->cpu_at = s->cpu_at;
-				w->rx_at = s->rx_at;
-				w->tx_at = s->tx_at;
-				w->rem = s->rem;
-			}
-			w->state = BS_NONE;
-		}
+		sb_gen_end(m, s, now);
 		s->ended = true;
 		s->state = BS_NONE;
 		s->ten->nsb--;

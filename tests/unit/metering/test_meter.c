@@ -1236,6 +1236,212 @@ static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
 }
 
 /*
+ * A sandbox moved to another node at the instant of that node's tick, the first tick of its
+ * meter that sees it, is billed there from the move: its new generation's first piece is of no
+ * length at that tick, and the meter went on from the sandbox's creation (where it starts a
+ * sandbox never billed here) as if the move were then, billing the time node A's meter billed
+ * already again, under the new generation, which no window of A's overlaps. Here the sandbox
+ * runs 20 s on A, moves to B at 20 exactly (B's tick), and stops at 40: 40 s, each once.
+ */
+static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 55; i++) {
+		if (i == 20)	/* at 20, the time of this tick: to B, a new generation */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    nb, (long long)((fake_now + S) / 1000), sb);
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 20 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
+ * The same back on a node whose meter billed an earlier generation: moved back at the instant of
+ * its meter's tick, the sandbox is billed there from the return, not from the point where that
+ * meter's earlier generation ended (the other node's time billed again). Here it runs on A from
+ * 0, moves to B at 10.5, back to A at 30 exactly (A's tick), and stops at 45: 45 s, each once
+ * (8,867 µcr for generation 3's 15 s before, 16,576 in all).
+ */
+static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 11 || i == 30)	/* at 10.5 to B; at 30, A's tick, back to A */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    i == 11 ? nb : na,
+			    (long long)((fake_now + (i == 11 ? S / 2 : S)) / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);	/* at 45 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", sb), 15 * 257);
+	/* 45 s less the half µcr each node's remainder keeps (10.5 s on A, 19.5 s on B) */
+	CHECK_INT(used(t), 45 * 257 - 1);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/*
+ * A generation that ends within a tick in which the next one of the sandbox is billed here has
+ * its end recorded (billed state "none" at its end), as a generation that ends with nothing
+ * after it here does: else its point stays in its last state, and the stretch on this node that
+ * went on on another node without its end in the ledger is read again by every tick, for ever,
+ * and taken as a dead meter's tail to bill. Here the sandbox runs on A from 0, is moved to B at
+ * 10.2 and back to A at 10.6 (generations 2 and 3, both within A's tick at 11), and stops at 30.
+ */
+static void test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter();
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter();
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 45; i++) {
+		if (i == 11) {	/* at 10.2 to B, at 10.6 back to A */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    nb, (long long)((fake_now + S / 5) / 1000), sb);
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)((fake_now + 3 * S / 5) / 1000), sb);
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		fake_now += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 1 AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 10 * S + S / 5)), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	/* 10.2 s and 19.4 s on A (one remainder), 0.4 s on B: every second once */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation IN (1, 3)", sb), 29.6 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 102);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+}
+
+/* Runs `q` on the scratch database: 0 when it succeeds, else 1 with its message in `err`. */
+static int sql_try(struct kiln_error *err, const char *q)
+{
+	struct pg_conn *c = conn();
+	int rc = pg_exec(c, q, err) == KILN_OK ? 0 : 1;
+
+	pg_release(pg, c);
+	return rc;
+}
+
+/*
+ * A sandbox creating or running does not change node without a new generation in the same
+ * UPDATE (migrations/0043): two nodes' meters would bill one generation. The refused update
+ * changes nothing (node, generation, state log); a move with a new generation, and a paused
+ * sandbox's node changed alone, are taken.
+ */
+static void test_a_move_without_a_new_generation_is_refused(void)
+{
+	char t[32], sb[32], na[32], nb[32], q[512];
+	struct kiln_error err = { 0 };
+	long long logged;
+	int64_t t0 = aligned_now();
+
+	snprintf(na, sizeof(na), "%s", node);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	snprintf(node, sizeof(node), "%s", na);
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	sql("UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", na, sb);	/* same node */
+	logged = sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s'", sb);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	CHECK(strstr(err.msg, "23514") != NULL);	/* check_violation */
+	/* From creating too, and to running from paused (a resume without its generation) */
+	sql("UPDATE sandboxes SET state = 'creating' WHERE id = '%s'", sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	sql("UPDATE sandboxes SET state = 'paused' WHERE id = '%s'", sb);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', state = 'running' WHERE id = '%s'",
+		 nb, sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandboxes WHERE id = '%s' AND node_id = '%s' "
+			  "AND generation = 1 AND state = 'paused'", sb, na), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND node_id = '%s'", sb, nb), 0);
+	/* A paused sandbox's node alone: nothing bills it as running there */
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", na, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	/* A move: a new generation in the same UPDATE, as record_resumed() writes it */
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', state = 'running', "
+		 "generation = generation + 1 WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandboxes WHERE id = '%s' AND node_id = '%s' "
+			  "AND generation = 2 AND state = 'running'", sb, nb), 1);
+	CHECK(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s'", sb) > logged);
+}
+
+/*
  * A point in the ledger in billed state "none" is a generation's end only when something of it
  * was billed: a sandbox still creating (billed nothing, in no state) has such a point too, at the
  * end of its first window. A meter that tracked it from there after it ended took every change of
@@ -1720,6 +1926,10 @@ int main(void)
 	TEST(test_an_earlier_generation_billed_short_of_its_end_is_billed_on);
 	TEST(test_a_generation_that_moved_away_is_not_short_of_its_end);
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
+	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
+	TEST(test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return);
+	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
+	TEST(test_a_move_without_a_new_generation_is_refused);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
