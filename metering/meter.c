@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "auth/apikey.h"
 #include "common/buf.h"
 #include "common/log.h"
 #include "metering/billing.h"
@@ -1625,17 +1626,22 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 		     const struct mwin *w)
 {
 	unsigned __int128 mem_bs = w->mib_ns * 1048576u / PRICE_NS_PER_S;
+	char id[AUTH_ID_MAX], idj[AUTH_ID_MAX + 2] = "null";
 
+	/* Its first transfer's id (migrations/0044; without one, Postgres makes it). */
+	if (auth_new_id("tx_", id, sizeof(id)) == KILN_OK)
+		snprintf(idj, sizeof(idj), "\"%s\"", id);
 	return buf_appendf(b,
 			   "%s{\"sb\":\"%s\",\"tenant\":\"%s\",\"node\":\"%s\",\"gen\":%lld,"
 			   "\"ws\":%" PRId64 ",\"we\":%" PRId64 ",\"ps\":%" PRId64 ",\"pe\":%" PRId64
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
-			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\"}",
+			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\""
+			   ",\"id\":%s}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj);
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -1678,7 +1684,8 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
 
 /*
  * One flush's transaction: `items` (a JSON array of windows, json_item) into the ledger with
- * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them)
+ * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them;
+ * its newest form in migrations/0044_flush_fast.sql, which reads `items` as json)
  * on a connection of its own. KILN_OK once committed, with the (sandbox, generation) pairs the
  * ledger refused (time of them billed already: flush_apply) appended to `refused` as
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
@@ -1695,7 +1702,7 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = pg_exec(c, "BEGIN; SET LOCAL application_name = '" FLUSH_APP_NAME "'", err);
 	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::jsonb, $2)", items,
+		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::json, $2)", items,
 			 m->o.card.version);
 	/* The frame of this flush's label clock, for the node's next meter on this host. */
 	if (rc == KILN_OK && m->boot[0]) {

@@ -2,7 +2,8 @@
 # bench/metering/flush_profile.sh BUILD_DIR [N]: where the time of a ledger flush goes, on a
 # Postgres of its own (tests/harness/services.sh) migrated by BUILD_DIR's kiln-migrate: the
 # steps of bench/metering/flush_profile.sql (transfer ids, the balance trigger, the
-# other triggers, one grant against one per ten windows) for 1,000 and N (default 10,000)
+# other triggers, one grant against one per ten windows, the items' text as jsonb and as json)
+# for 1,000 and N (default 10,000)
 # transfers, each time as psql's \timing prints it. docs/benchmarks.md has the figures.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)

@@ -10,7 +10,10 @@
 --      sandboxes), with the triggers;
 --   4. the overlap check of meter_flush_set() on :n flush items in a temporary table, as 0015
 --      wrote it (one UPDATE with a correlated EXISTS over the table itself), then as two joins
---      as 0025 writes it (EXPLAIN ANALYZE's execution times).
+--      as 0025 writes it (EXPLAIN ANALYZE's execution times);
+--   5. a flush's :n items (the bench's shape, each with its transfer id) read from their text as
+--      0037 read them (parsed as jsonb, then jsonb_array_elements() and jsonb_to_record()) and as
+--      0044 reads them (one json_to_recordset()).
 \timing on
 \echo '1. ids: kiln_new_id() x :n, then md5() x :n'
 SELECT count(kiln_new_id('tx_')) FROM generate_series(1, :n);
@@ -85,3 +88,28 @@ FROM (SELECT DISTINCT f2.ord FROM mfi f2 JOIN mfi j ON j.sb = f2.sb AND j.gen = 
         AND coalesce(j.pe, j.we * 1000000000) > f2.ps) b
 WHERE b.ord = f.ord;
 ROLLBACK;
+
+\echo '5. :n flush items from their text: as jsonb (0037), then as json (0044)'
+\timing off
+CREATE TEMP TABLE flush_text AS
+SELECT json_agg(json_build_object('sb', 'sb_' || s, 'tenant', 'tn_' || (s / 10), 'node', 'n1',
+        'gen', 1, 'ws', 1700000000 + 10 * w, 'we', 1700000010 + 10 * w,
+        'ps', (1700000000 + 10 * w) * 1000000000::bigint,
+        'pe', (1700000010 + 10 * w) * 1000000000::bigint, 'ucr', 1000 + s % 100, 'cpu', 1000,
+        'mem_bs', 2684354560, 'rx', 0, 'tx', 0, 'state', 'running',
+        't', (1700000010 + 10 * w) * 1000000000::bigint, 'cpu_at', 1000 * (w + 1), 'rx_at', 0,
+        'tx_at', 0, 'rem', 7, 'gnode', '', 'id', kiln_new_id('tx_')))::text AS t
+FROM generate_series(0, :n / 10 - 1) s, generate_series(0, 9) w;
+\timing on
+SELECT count(*) FROM flush_text, jsonb_array_elements(t::jsonb) e,
+     jsonb_to_record(e) AS x(sb text, tenant text, node text, gen bigint, ws bigint, we bigint,
+                             ps bigint, pe bigint, ucr bigint, cpu bigint, mem_bs bigint,
+                             rx bigint, tx bigint, state text, t bigint, cpu_at bigint,
+                             rx_at bigint, tx_at bigint, rem bigint, gnode text);
+SELECT count(*) FROM flush_text,
+     json_to_recordset(t::json) AS x(sb text, tenant text, node text, gen bigint, ws bigint,
+                                     we bigint, ps bigint, pe bigint, ucr bigint, cpu bigint,
+                                     mem_bs bigint, rx bigint, tx bigint, state text, t bigint,
+                                     cpu_at bigint, rx_at bigint, tx_at bigint, rem bigint,
+                                     gnode text, id text);
+DROP TABLE flush_text;

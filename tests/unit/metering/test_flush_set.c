@@ -10,7 +10,7 @@
  * what order), every transfer (key, account, amount, period), every usage window with its
  * period and every billed-up-to point (per generation, with its node and gen_node) must be the
  * same. A replay of the second flush charges nothing and is refused alike. A failing seed prints
- * itself.
+ * itself. Then the transfer ids kiln-meter sends with the windows (migrations/0044).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,6 +257,109 @@ static void test_set_flush_draws_as_the_loop_did(void)
 	CHECK(refusing_seeds >= 30);
 }
 
+/* One window of sandbox "<t>_s" (generation 1) starting at BASE_S + ws, of `ucr`, with `id` (a JSON
+ * value: a string, or null). */
+static void id_item(struct buf *b, const char *t, int ws, int ucr, const char *id)
+{
+	long long s = BASE_S + ws;
+
+	buf_appendf(b,
+		    "%s{\"sb\":\"%s_s\",\"tenant\":\"%s\",\"node\":\"n\",\"gen\":1,\"ws\":%lld,"
+		    "\"we\":%lld,\"ps\":%lld,\"pe\":%lld,\"ucr\":%d,\"cpu\":0,\"mem_bs\":0,"
+		    "\"rx\":0,\"tx\":0,\"state\":\"running\",\"t\":%lld,\"cpu_at\":0,\"rx_at\":0,"
+		    "\"tx_at\":0,\"rem\":0,\"gnode\":\"\",\"id\":%s}",
+		    b->len > 1 ? "," : "", t, t, s, s + 10, s * 1000000000LL, (s + 10) * 1000000000LL,
+		    ucr, (s + 10) * 1000000000LL, id);
+}
+
+/* Whether meter_flush_set($1::<type>) of `items` succeeded; the refused pairs' count in *nref. */
+static bool flush_as(const char *type, const char *items_json, int *nref)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = testdb_conn(pg);
+	struct pg_res *res = NULL;
+	char q[128];
+	bool ok;
+
+	snprintf(q, sizeof(q), "SELECT * FROM meter_flush_set($1::%s, 'card')", type);
+	ok = PGQ(c, &res, &err, q, items_json) == KILN_OK;
+	*nref = ok ? pg_res_rows(res) : -1;
+	if (!ok)
+		fprintf(stderr, "(expected for the bad id) meter_flush_set: %s\n", err.msg);
+	pg_res_free(res);
+	pg_release(pg, c);
+	return ok;
+}
+
+/*
+ * The meter's transfer ids (migrations/0044): a window's first transfer takes the id sent with
+ * it, its further ones (the overdraft past its grant) and a window sent without one get an id
+ * of the same form from Postgres; a replay with the same ids is refused and charges nothing; a
+ * flush with an id not of that form fails whole, writing nothing; the flush runs without JIT.
+ */
+static void test_flush_takes_the_meters_transfer_ids(void)
+{
+	const char *t = "fid", *u = "fidbad";
+	const char *a = "\"tx_aaaaaaaaaaaaaaaaaaaaaaaaa2\"", *b = "\"tx_bbbbbbbbbbbbbbbbbbbbbbbbb7\"";
+	struct buf j;
+	int nref;
+
+	buf_init(&j, 1u << 20);
+	sql("INSERT INTO tenants (id, name) VALUES ('%s', 'flush'), ('%s', 'flush');"
+	    "INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:%s', '%s', 'grant'),"
+	    " ('grant:%s', '%s', 'grant');"
+	    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	    "amount_ucr, tenant_id, reason) VALUES ('tx_fid', 'g:fid', 'grant', 'system:issuance', "
+	    "'grant:%s', 1500, '%s', 'test'), ('tx_fidbad', 'g:fidbad', 'grant', 'system:issuance', "
+	    "'grant:%s', 1500, '%s', 'test')",
+	    t, u, t, t, u, u, t, t, u, u);
+	/* 1,000 from the grant; 500 from it and 500 from the overdraft; no id sent. */
+	buf_appends(&j, "[");
+	id_item(&j, t, 0, 1000, a);
+	id_item(&j, t, 10, 1000, b);
+	id_item(&j, t, 20, 300, "null");
+	buf_appends(&j, "]");
+	CHECK(flush_as("json", j.data, &nref));
+	CHECK_INT(nref, 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = 'usage:fid_s:1:%lld' "
+			  "AND id = 'tx_aaaaaaaaaaaaaaaaaaaaaaaaa2' AND amount_ucr = 1000",
+			  BASE_S), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = 'usage:fid_s:1:%lld' "
+			  "AND id = 'tx_bbbbbbbbbbbbbbbbbbbbbbbbb7' AND debit_account = 'grant:fid' "
+			  "AND amount_ucr = 500", BASE_S + 10), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = 'usage:fid_s:1:%lld:2' "
+			  "AND id ~ '^tx_[a-z2-7]{26}$' AND id <> 'tx_bbbbbbbbbbbbbbbbbbbbbbbbb7' "
+			  "AND debit_account = 'overdraft:fid' AND amount_ucr = 500", BASE_S + 10), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = 'usage:fid_s:1:%lld' "
+			  "AND id ~ '^tx_[a-z2-7]{26}$' AND amount_ucr = 300", BASE_S + 20), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = 'fid'"), 5);
+
+	/* The same flush again, through 0037's signature (jsonb): refused, nothing charged. */
+	CHECK(flush_as("jsonb", j.data, &nref));
+	CHECK_INT(nref, 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = 'fid'"), 5);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'overdraft:fid'"), -800);
+
+	/* A bad id after a good window: the flush fails, and nothing of it is in the ledger. */
+	buf_reset(&j);
+	buf_appends(&j, "[");
+	id_item(&j, u, 0, 1000, "\"tx_cccccccccccccccccccccccccc\"");
+	id_item(&j, u, 10, 1000, "\"tx_1; DROP TABLE tenants\"");
+	buf_appends(&j, "]");
+	CHECK(!flush_as("json", j.data, &nref));
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = 'fidbad'"), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE tenant_id = 'fidbad'"), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE tenant_id = 'fidbad'"), 0);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'grant:fidbad'"), 1500);
+
+	/* JIT stays off in the flush's statements whatever the server's setting. */
+	CHECK_INT(sql_int("SELECT count(*) FROM pg_proc WHERE proname = 'meter_flush_set' "
+			  "AND 'jit=off' = ANY(proconfig)"), 1);
+	buf_release(&j);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -269,6 +372,7 @@ int main(void)
 	sql("INSERT INTO rate_cards (version, cpu_ucr_per_cpu_s, mem_ucr_per_gib_s, disk_ucr_per_gib_s, "
 	    "snapshot_ucr_per_gib_s) VALUES ('card', 1, 1, 1, 1)");
 	TEST(test_set_flush_draws_as_the_loop_did);
+	TEST(test_flush_takes_the_meters_transfer_ids);
 	rc = test_summary();
 	testdb_close(&db);
 	return rc;
