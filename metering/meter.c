@@ -1082,8 +1082,11 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 				if (pc[k].t0 < from)
 					pc[k].t0 = pc[k].t1 < from ? pc[k].t1 : from;
 			if (pc[j].t1 <= from) {
-				/* All of it in the ledger before the point. */
-				s->state = pc[j].st;
+				/* All of it in the ledger before the point. A generation a later one
+				 * ended is its own node's meter's to end: this meter billed none of
+				 * it, and an end recorded here at its stale point would overlap
+				 * that meter's windows and be refused at every flush. */
+				s->state = pc[j].gen != r->gen ? BS_NONE : pc[j].st;
 				i = j + 1;
 				continue;
 			}

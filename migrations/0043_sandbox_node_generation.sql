@@ -5,14 +5,14 @@
 -- generation, each from its own clock and counters, and the fence, which compares the time each
 -- billed, would take both where they do not overlap. Every move kiln writes is a new generation
 -- already (record_resumed(), record/record.c, the only statement that sets node_id; a node marked
--- down keeps its sandboxes' node: 0019); this holds any other writer to it. A paused or ended
--- sandbox may change node (nothing bills it there but its snapshot's node, which a resume moves
--- with a new generation).
+-- down keeps its sandboxes' node: 0019); this holds any other writer to it. Paused time is billed
+-- by the node's meter too, so a paused sandbox is held to it as well; an ended one may change node.
 CREATE FUNCTION sandboxes_node_generation_check() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.node_id IS DISTINCT FROM OLD.node_id
-       AND NEW.generation IS NOT DISTINCT FROM OLD.generation
-       AND (OLD.state IN ('creating', 'running') OR NEW.state IN ('creating', 'running')) THEN
+       AND NOT coalesce(NEW.generation > OLD.generation, false)
+       AND (OLD.state IN ('creating', 'running', 'paused')
+            OR NEW.state IN ('creating', 'running', 'paused')) THEN
         RAISE EXCEPTION 'sandbox % moved from node % to node % in state % without a new generation',
             NEW.id, coalesce(OLD.node_id, 'none'), coalesce(NEW.node_id, 'none'), NEW.state
             USING ERRCODE = 'check_violation',

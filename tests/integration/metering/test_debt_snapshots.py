@@ -53,7 +53,8 @@ class DebtSnapshotTests(unittest.TestCase):
     def sandbox(self, tenant, state, node=True):
         sb = mt.add_sandbox(self.db, tenant, self.node, state=state)
         if not node:
-            self.db.sql(f"UPDATE sandboxes SET node_id = NULL WHERE id = '{sb}'")
+            self.db.sql(f"UPDATE sandboxes SET node_id = NULL, generation = generation + 1"
+                        f" WHERE id = '{sb}'")
         return sb
 
     def row(self, sb):
@@ -76,7 +77,8 @@ class DebtSnapshotTests(unittest.TestCase):
         mt.add_node(self.db, live)
         self.db.sql(f"UPDATE nodes SET heartbeat_at = now() + interval '1 hour' WHERE id = '{live}'")
         on_silent_node = self.sandbox(t, "paused")
-        self.db.sql(f"UPDATE sandboxes SET node_id = '{live}' WHERE id = '{on_silent_node}'")
+        self.db.sql(f"UPDATE sandboxes SET node_id = '{live}', generation = generation + 1"
+                    f" WHERE id = '{on_silent_node}'")
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual((b["balance_ucr"], b["debt_ucr"]), (0, 0))
         at = self.db.sql(f"SELECT rfc3339(since + interval '{DAYS} days') FROM billing_debts"

@@ -1393,10 +1393,9 @@ static int sql_try(struct kiln_error *err, const char *q)
 }
 
 /*
- * A sandbox creating or running does not change node without a new generation in the same
- * UPDATE (migrations/0043): two nodes' meters would bill one generation. The refused update
- * changes nothing (node, generation, state log); a move with a new generation, and a paused
- * sandbox's node changed alone, are taken.
+ * A sandbox creating, running or paused does not change node without a new, higher generation
+ * in the same UPDATE (migrations/0043): two nodes' meters would bill one generation. The refused
+ * update changes nothing (node, generation, state log); a move with a new generation is taken.
  */
 static void test_a_move_without_a_new_generation_is_refused(void)
 {
@@ -1427,11 +1426,14 @@ static void test_a_move_without_a_new_generation_is_refused(void)
 			  "AND generation = 1 AND state = 'paused'", sb, na), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
 			  "AND node_id = '%s'", sb, nb), 0);
-	/* A paused sandbox's node alone: nothing bills it as running there */
+	/* Paused too (its node's meter bills its paused time), and never to a lower generation */
 	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", nb, sb);
-	CHECK_INT(sql_try(&err, q), 0);
-	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s' WHERE id = '%s'", na, sb);
-	CHECK_INT(sql_try(&err, q), 0);
+	CHECK_INT(sql_try(&err, q), 1);
+	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', generation = generation - 1 "
+		 "WHERE id = '%s'", nb, sb);
+	CHECK_INT(sql_try(&err, q), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandboxes WHERE id = '%s' AND node_id = '%s' "
+			  "AND generation = 1", sb, na), 1);
 	/* A move: a new generation in the same UPDATE, as record_resumed() writes it */
 	snprintf(q, sizeof(q), "UPDATE sandboxes SET node_id = '%s', state = 'running', "
 		 "generation = generation + 1 WHERE id = '%s'", nb, sb);
