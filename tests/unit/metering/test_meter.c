@@ -1337,8 +1337,8 @@ static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_retur
  * Here the sandbox runs on A from 0, moves to B at 10.5 (generation 2), the wall clock steps 30 s
  * back at 40, A's meter restarts at 55, the sandbox is back on A at 70 (generation 3) and stops
  * at 90; a second sandbox runs on A throughout (A flushes its frame after the step). Before, A
- * read generation 1's changes at 30 and 40.5, past its end at 10.5, and 10.5 s more were billed:
- * generations 1 and 3 charged 10,537 µcr for 7,838.
+ * read generation 1's changes at 30 and 40.5, past its end at 10.5, and billed its running
+ * time again from 30 to 40.5: generation 1 charged 5,397 µcr for 2,698.
  */
 static void test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a_backward_step(void)
 {
