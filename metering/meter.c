@@ -2882,9 +2882,17 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * in no state is the end only when something of the generation was billed:
 			 * one written while the sandbox was still creating is before all of it (taken
 			 * as its end, a sandbox whose meter crashed while it booted was billed its
-			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). */
+			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). A point of an
+			 * earlier generation in no state is its end too: a later one began, so that
+			 * one is over (a meter restarted in the frame after a backward step, which it
+			 * never saw, read the changes of a generation that had moved away the step's
+			 * length later, past its end, and billed its running time again when the
+			 * sandbox came back to its node: kiln-sim seed 31012, +36,212 µcr). */
 			bool in_end = r[i].has_m && r[i].m_gen == r[i].gen && s->gen == r[i].gen &&
 				      s->state == BS_NONE && r[i].m_billed && row_terminal(&r[i]);
+			if (r[i].has_m && r[i].m_mine && r[i].m_gen < r[i].gen &&
+			    s->gen == r[i].m_gen && s->state == BS_NONE && r[i].m_billed)
+				in_end = true;	/* tracked from that earlier generation's end */
 			for (size_t k = 0; k < r[i].ne; k++)
 				if ((r[i].e[k].at < s->last_t || r[i].e[k].gen < s->gen ||
 				     (in_end && r[i].e[k].gen == s->gen)) &&

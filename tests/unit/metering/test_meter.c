@@ -1327,6 +1327,80 @@ static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_retur
 }
 
 /*
+ * A sandbox back on a node whose meter restarted after a backward step of the wall clock (in the
+ * frame its node's last flush saved, so without the step's offset before it) is tracked from the
+ * ledger's point of its earlier generation there, that generation's end: every change of that
+ * generation is in it. Read with the offset after the step, its changes stood the step's length
+ * later, past its end, and its running time was billed again (kiln-sim seed 31012: a generation
+ * of node 1 paused 3 s before a 422 s backward step and moved to node 0; node 1's meter,
+ * restarted since, billed its 10.97 s running again when the sandbox came back, +36,212 µcr).
+ * Here the sandbox runs on A from 0, moves to B at 10.5 (generation 2), the wall clock steps 30 s
+ * back at 40, A's meter restarts at 55, the sandbox is back on A at 70 (generation 3) and stops
+ * at 90; a second sandbox runs on A throughout (A flushes its frame after the step). Before, A
+ * read generation 1's changes at 30 and 40.5, past its end at 10.5, and billed its running
+ * time again from 30 to 40.5: generation 1 charged 5,397 µcr for 2,698.
+ */
+static void test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a_backward_step(void)
+{
+	char t[32], sb[32], sb2[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	new_sandbox(t, sb2, sizeof(sb2), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot";
+	snprintf(na, sizeof(na), "%s", node);
+	a = new_meter_with(true, 0);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter_with(true, 0);
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 120; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 10)	/* at 10.5 to B */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    nb, (long long)((fake_now + S / 2) / 1000), sb);
+		if (i == 40)	/* the wall clock steps 30 s back; both meters follow it */
+			fake_now -= 30 * S;
+		if (i == 55) {	/* A's meter restarts, in the frame of its last flush */
+			meter_free(a);
+			a = new_meter_with(true, 0);
+		}
+		if (i == 70)	/* back on A */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), sb);
+		if (i == 90) {
+			stop_sandbox(sb, fake_now);
+			stop_sandbox(sb2, fake_now);
+		}
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* 10.5 s and 20 s on A (one remainder), 59.5 s on B: every second once */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 10.5 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation IN (1, 3)", sb), 30.5 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 59.5 * 257);
+	CHECK_INT(used(t), (long long)(30.5 * 257) + (long long)(59.5 * 257) + 90 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+}
+
+/*
  * A generation that ends within a tick in which the next one of the sandbox is billed here has
  * its end recorded (billed state "none" at its end), as a generation that ends with nothing
  * after it here does: else its point stays in its last state, and the stretch on this node that
@@ -1930,6 +2004,7 @@ int main(void)
 	TEST(test_a_point_while_creating_is_not_the_generations_end);
 	TEST(test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move);
 	TEST(test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return);
+	TEST(test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a_backward_step);
 	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
 	TEST(test_a_move_without_a_new_generation_is_refused);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
