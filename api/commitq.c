@@ -282,11 +282,8 @@ static void row_id_new(char out[33])
 	static const char hex[] = "0123456789abcdef";
 	static unsigned long long counter;
 	unsigned char id[16];
-	struct timespec ts;
-	unsigned long long ms;
+	unsigned long long ms = (unsigned long long)clock_ms_of(CLOCK_REALTIME);
 
-	clock_gettime(CLOCK_REALTIME, &ts);
-	ms = (unsigned long long)ts.tv_sec * 1000ull + (unsigned long long)ts.tv_nsec / 1000000ull;
 	for (int i = 0; i < 6; i++)
 		id[i] = (unsigned char)(ms >> (40 - 8 * i));
 	if (getrandom(id + 6, 10, 0) != 10) {
