@@ -2632,7 +2632,6 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	const char *chg = pg_res_str(res, i, 10);
 	int64_t t = pg_res_int(res, i, 5, 0), end = node_time(m, pg_res_int(res, i, 9, 0) * 1000);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
-	struct mwin *w;
 
 	gen_point(m, res, i, 15, &t);
 	s->gen = pg_res_int(res, i, 2, 0);
@@ -2673,21 +2672,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	}
 	if (end > s->last_t)
 		bill_span(m, s, s->last_t, end, st, 0, 0, 0, now);
-	/* Its end, in the window holding it or starting at it (as sb_bill records an end). */
-	w = s->nw && !s->w[s->nw - 1].inflight && s->w[s->nw - 1].gen == s->gen
-		    ? &s->w[s->nw - 1]
-		    : win_get(s, s->gen, price_window_start(s->last_t, m->o.window_s), s->last_t);
-	if (w) {
-		if (!w->pe) {
-			w->pe = s->last_t;
-			w->first_read = now;
-			w->cpu_at = s->cpu_at;
-			w->rx_at = s->rx_at;
-			w->tx_at = s->tx_at;
-			w->rem = s->rem;
-		}
-		w->state = BS_NONE;
-	}
+	sb_gen_end(m, s, now);	/* its end, as sb_bill records one */
 	s->gen = save.gen;
 	snprintf(s->gnode, sizeof(s->gnode), "%s", save.gnode);
 	s->mine = save.mine;
