@@ -140,6 +140,40 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
 	    snap, sb, (long long)(fake_now / 1000), sb);
 }
 
+/*
+ * A case of a sandbox moved between two nodes: a tenant `t` with credits, its sandbox `sb` running
+ * on node `na` since t0 (the fake wall clock at t0, the monotonic one at 5,000 s), the meter `a`
+ * of `na` and `b` of a second node `nb`, both new_meter_with(mono, live_ttl_s); `node` is left at
+ * `na`. The case frees the meters it still holds.
+ */
+struct two_nodes {
+	char t[32], sb[32], na[32], nb[32];
+	struct meter *a, *b;
+};
+
+static void two_nodes_start(struct two_nodes *c, int64_t t0, bool mono, int64_t live_ttl_s)
+{
+	new_tenant(c->t, sizeof(c->t));
+	grant(c->t, 1000000000LL, 0, "a");
+	new_sandbox(c->t, c->sb, sizeof(c->sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(c->na, sizeof(c->na), "%s", node);
+	c->a = new_meter_with(mono, live_ttl_s);
+	(void)aligned_now();	/* node B */
+	snprintf(c->nb, sizeof(c->nb), "%s", node);
+	c->b = new_meter_with(mono, live_ttl_s);
+	snprintf(node, sizeof(node), "%s", c->na);
+}
+
+/* `sb` moved to node `to` at `at` (ns): a new generation there, in the same UPDATE (0043). */
+static void move_to(const char *sb, const char *to, int64_t at)
+{
+	sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    to, (long long)(at / 1000), sb);
+}
+
 static void test_charge_is_exact_over_injected_time(void)
 {
 	char t[32], sb[32];
@@ -1958,6 +1992,71 @@ static void test_end_time_ahead_of_the_clock_is_waited_for(void)
 	meter_free(m);
 }
 
+/*
+ * A generation of another node wholly in the ledger, taken over when a later one of this node
+ * follows, is left to its own node's meter: this meter billed none of it and records no end of
+ * it. Before 1a83a29 it ended it at its own stale point (where it stood before that generation):
+ * a window overlapping that node's windows, which the ledger refused, and the sandbox was tracked
+ * again from the ledger (4 windows sent, 3 written). Here the sandbox runs on A from 0, on B from
+ * 10.5 (generation 2) and on A again from 20.5 (generation 3) to 45; A's meter crashes at 25 (its
+ * point is generation 1's end, nothing of generation 3 flushed); B's flushes generation 2 to its
+ * end by 30 and is killed for good at 31; A's meter, restarted at 35, reads generation 2 as taken
+ * over, after the point it starts from (10.5): 45 s billed, each once, nothing refused.
+ */
+static void test_a_taken_over_generation_in_the_ledger_is_not_ended_here(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter_stats st;
+
+	two_nodes_start(&c, t0, false, 2);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 11 || i == 21)	/* at 10.5 to B, at 20.5 back to A */
+			move_to(c.sb, i == 11 ? c.nb : c.na, fake_now + S / 2);
+		if (i == 26) {	/* A's meter crashes at 25 */
+			meter_free(c.a);
+			c.a = NULL;
+		}
+		if (i == 32) {	/* B's killed for good at 31, generation 2 flushed to its end */
+			CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+					  "AND generation = 2 AND node_id = '%s' AND state = 'none' "
+					  "AND last_t_ns = %lld", c.sb, c.nb,
+					  (long long)(t0 + 20 * S + S / 2)), 1);
+			meter_free(c.b);
+			c.b = NULL;
+			sleep(3);	/* its alive key past the bound */
+		}
+		if (i == 36)	/* A's meter restarted at 35 */
+			c.a = new_meter_with(false, 2);
+		if (i == 46)
+			stop_sandbox(c.sb, fake_now);	/* at 45 */
+		fake_now += S;
+		if (c.a)
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		if (c.b)
+			CHECK_INT(meter_tick(c.b, &err), KILN_OK);
+	}
+	/* generation 2 as B billed it, nothing of it written by A */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb), 10 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND node_id <> '%s'", c.sb, c.nb), 0);
+	/* 10.5 s and 24.5 s on A, one remainder */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation IN (1, 3)", c.sb), 35 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 3 AND state = 'none' AND last_t_ns = %lld", c.sb,
+			  (long long)(t0 + 45 * S)), 1);
+	CHECK_INT(used(c.t), 45 * 257);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	/* every window A's restarted meter sent is in the ledger: none refused */
+	meter_get_stats(c.a, &st);
+	CHECK_INT(st.windows_flushed, sql_int("SELECT count(*) FROM usage_windows WHERE "
+					      "sandbox_id = '%s' AND generation = 3", c.sb));
+	meter_free(c.a);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2011,6 +2110,7 @@ int main(void)
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
+	TEST(test_a_taken_over_generation_in_the_ledger_is_not_ended_here);
 
 	rc = test_summary();
 	rds_free(rds);
