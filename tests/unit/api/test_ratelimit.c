@@ -15,6 +15,7 @@
 #include "testredis.h"
 
 #include "api/ratelimit.h"
+#include "common/clock.h"
 #include "common/redis.h"
 
 #define GW_MAX 3
@@ -315,21 +316,30 @@ static void takes_while_redis_fails_are_not_sent(void)
 }
 
 /*
- * A reconciliation sends only the buckets that took a token since the one before: a bucket used
- * a moment ago but idle since costs Redis nothing. Its key, deleted behind the gateway's back, is
- * not written again until the bucket takes a token; the bucket that did take is sent.
+ * A sync of api/ratelimit.c before 63d38a3 sent every bucket used within ACTIVE_MS (its
+ * CLOCK_MONOTONIC ms), taken from or not: a bucket idle for less than that was written again.
  */
-static void an_idle_bucket_is_not_sent(void)
+#define OLD_ACTIVE_MS 1000
+#define IDLE_RUNS 5		/* runs of an_idle_bucket_is_not_sent before it gives up as too slow */
+
+/*
+ * One run of an_idle_bucket_is_not_sent on buckets and a limiter of its own. Returns the
+ * CLOCK_MONOTONIC ms from just before the idle bucket's take to the end of the last sync that must
+ * not send it: each sync reads that clock itself, so only a run shorter than OLD_ACTIVE_MS has
+ * every sync where the old code sent the idle bucket.
+ */
+static long long idle_bucket_run(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
 	struct ratelimit *a = ratelimit_new(r, false);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char idle[64], busy[64];
-	long long t = wall_ms();
+	long long t = wall_ms(), used, span;
 
 	new_bucket(idle, sizeof(idle));
 	new_bucket(busy, sizeof(busy));
+	used = clock_mono_ms();
 	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
 	CHECK(res.allowed && !res.redis_down);
 	ratelimit_take_local(a, busy, 1, 60000, 3, t, &res);
@@ -343,6 +353,7 @@ static void an_idle_bucket_is_not_sent(void)
 		CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
 		CHECK_INT(redis_key_cmd(r, "EXISTS", idle, NULL), 0);
 	}
+	span = clock_mono_ms() - used;
 	CHECK_INT(redis_tokens(r, busy), 0);
 	/* its next take is sent, against what Redis holds now (a key gone is a full bucket) */
 	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
@@ -351,6 +362,35 @@ static void an_idle_bucket_is_not_sent(void)
 	CHECK_INT(redis_tokens(r, idle), 2000);
 	ratelimit_free(a);
 	rds_free(r);
+	return span;
+}
+
+/*
+ * A reconciliation sends only the buckets that took a token since the one before: a bucket used
+ * a moment ago but idle since costs Redis nothing. Its key, deleted behind the gateway's back, is
+ * not written again until the bucket takes a token; the bucket that did take is sent. A run tells
+ * this from the old code only when its syncs come within OLD_ACTIVE_MS of the idle bucket's take
+ * (idle_bucket_run()); a slower one is run again, and the case fails, saying so, when none of
+ * IDLE_RUNS is fast enough.
+ */
+static void an_idle_bucket_is_not_sent(void)
+{
+	long long span = 0;
+	int run;
+
+	for (run = 1; run <= IDLE_RUNS; run++) {
+		span = idle_bucket_run();
+		if (span < OLD_ACTIVE_MS)
+			break;
+		fprintf(stderr, "  run %d: %lld ms from the idle bucket's take to its last sync, not "
+			"under %d ms: it tells nothing%s\n", run, span, OLD_ACTIVE_MS,
+			run < IDLE_RUNS ? "; run again" : "");
+	}
+	if (span >= OLD_ACTIVE_MS)
+		fprintf(stderr, "  no run of %d came under %d ms: this machine is too slow for this "
+			"case to tell an idle bucket from one used a moment ago\n", IDLE_RUNS,
+			OLD_ACTIVE_MS);
+	CHECK(span < OLD_ACTIVE_MS);
 }
 
 /*
