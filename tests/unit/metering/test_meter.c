@@ -1219,53 +1219,41 @@ static void test_an_earlier_generation_billed_short_of_its_end_is_billed_on(void
  */
 static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
 {
-	char t[32], sb[32], na[32], nb[32];
+	struct two_nodes c;
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
 	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
-	struct meter *a, *b;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter();
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter();
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, false, 0);
 	for (int i = 1; i <= 55; i++) {
-		const char *to = i == 11 ? nb : i == 21 ? na : NULL;
+		const char *to = i == 11 ? c.nb : i == 21 ? c.na : NULL;
 		if (to)	/* at 10.5 to B, at 20.5 back to A: a new generation each */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    to, (long long)((fake_now + S / 2) / 1000), sb);
+			move_to(c.sb, to, fake_now + S / 2);
 		if (i == 4)
-			meter_set_backends(a, dead, rds);
+			meter_set_backends(c.a, dead, rds);
 		if (i == 26)
-			meter_set_backends(a, pg, rds);
+			meter_set_backends(c.a, pg, rds);
 		if (i == 31) {	/* a crash at 30; a fresh meter of A starts */
-			meter_free(a);
-			a = new_meter();
+			meter_free(c.a);
+			c.a = new_meter();
 		}
 		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
+			stop_sandbox(c.sb, fake_now);	/* at 40 */
 		fake_now += S;
 		if (i >= 4 && i < 26)
-			(void)meter_tick(a, &err);
+			(void)meter_tick(c.a, &err);
 		else
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	/* generation 3 billed to its end, at 40 */
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
-			  "AND generation = 3 AND state = 'none' AND last_t_ns = %lld", sb,
+			  "AND generation = 3 AND state = 'none' AND last_t_ns = %lld", c.sb,
 			  (long long)(t0 + 40 * S)), 1);
-	CHECK_INT(used(t), 40 * 257);
-	CHECK_INT(meter_pending(a, t), 0);
-	meter_free(b);
-	meter_free(a);
+	CHECK_INT(used(c.t), 40 * 257);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 	pg_free(dead);
 }
 
@@ -1279,39 +1267,27 @@ static void test_a_generation_that_moved_away_is_not_short_of_its_end(void)
  */
 static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(void)
 {
-	char t[32], sb[32], na[32], nb[32];
+	struct two_nodes c;
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct meter *a, *b;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter();
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter();
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, false, 0);
 	for (int i = 1; i <= 55; i++) {
 		if (i == 20)	/* at 20, the time of this tick: to B, a new generation */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    nb, (long long)((fake_now + S) / 1000), sb);
+			move_to(c.sb, c.nb, fake_now + S);
 		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
+			stop_sandbox(c.sb, fake_now);	/* at 40 */
 		fake_now += S;
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 20 * 257);
-	CHECK_INT(used(t), 40 * 257);
-	CHECK_INT(meter_pending(a, t), 0);
-	CHECK_INT(meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
+			  "AND generation = 2", c.sb), 20 * 257);
+	CHECK_INT(used(c.t), 40 * 257);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	CHECK_INT(meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 }
 
 /*
@@ -1323,41 +1299,28 @@ static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(v
  */
 static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_return(void)
 {
-	char t[32], sb[32], na[32], nb[32];
+	struct two_nodes c;
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct meter *a, *b;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter();
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter();
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, false, 0);
 	for (int i = 1; i <= 60; i++) {
 		if (i == 11 || i == 30)	/* at 10.5 to B; at 30, A's tick, back to A */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    i == 11 ? nb : na,
-			    (long long)((fake_now + (i == 11 ? S / 2 : S)) / 1000), sb);
+			move_to(c.sb, i == 11 ? c.nb : c.na, fake_now + (i == 11 ? S / 2 : S));
 		if (i == 46)
-			stop_sandbox(sb, fake_now);	/* at 45 */
+			stop_sandbox(c.sb, fake_now);	/* at 45 */
 		fake_now += S;
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", sb), 15 * 257);
+			  "AND generation = 3", c.sb), 15 * 257);
 	/* 45 s less the half µcr each node's remainder keeps (10.5 s on A, 19.5 s on B) */
-	CHECK_INT(used(t), 45 * 257 - 1);
-	CHECK_INT(meter_pending(a, t), 0);
-	CHECK_INT(meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
+	CHECK_INT(used(c.t), 45 * 257 - 1);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	CHECK_INT(meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 }
 
 /*
@@ -1376,62 +1339,48 @@ static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_retur
  */
 static void test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a_backward_step(void)
 {
-	char t[32], sb[32], sb2[32], na[32], nb[32];
+	struct two_nodes c;
+	char sb2[32];
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct meter *a, *b;
 	bool ok;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	new_sandbox(t, sb2, sizeof(sb2), t0);
-	fake_now = t0;
-	fake_mono = 5000 * S;
 	boot = "test-boot";
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter_with(true, 0);
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter_with(true, 0);
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, true, 0);
+	new_sandbox(c.t, sb2, sizeof(sb2), t0);
 	for (int i = 1; i <= 120; i++) {
 		fake_now += S;
 		fake_mono += S;
 		if (i == 10)	/* at 10.5 to B */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    nb, (long long)((fake_now + S / 2) / 1000), sb);
+			move_to(c.sb, c.nb, fake_now + S / 2);
 		if (i == 40)	/* the wall clock steps 30 s back; both meters follow it */
 			fake_now -= 30 * S;
 		if (i == 55) {	/* A's meter restarts, in the frame of its last flush */
-			meter_free(a);
-			a = new_meter_with(true, 0);
+			meter_free(c.a);
+			c.a = new_meter_with(true, 0);
 		}
 		if (i == 70)	/* back on A */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    na, (long long)(fake_now / 1000), sb);
+			move_to(c.sb, c.na, fake_now);
 		if (i == 90) {
-			stop_sandbox(sb, fake_now);
+			stop_sandbox(c.sb, fake_now);
 			stop_sandbox(sb2, fake_now);
 		}
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	/* 10.5 s and 20 s on A (one remainder), 59.5 s on B: every second once */
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 10.5 * 257);
+			  "AND generation = 1", c.sb), 10.5 * 257);
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation IN (1, 3)", sb), 30.5 * 257);
+			  "AND generation IN (1, 3)", c.sb), 30.5 * 257);
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 59.5 * 257);
-	CHECK_INT(used(t), (long long)(30.5 * 257) + (long long)(59.5 * 257) + 90 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
+			  "AND generation = 2", c.sb), 59.5 * 257);
+	CHECK_INT(used(c.t), (long long)(30.5 * 257) + (long long)(59.5 * 257) + 90 * 257);
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(redis_bal(c.t, &ok), ledger_bal(c.t));
 }
 
 /*
@@ -1444,50 +1393,36 @@ static void test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a
  */
 static void test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded(void)
 {
-	char t[32], sb[32], na[32], nb[32];
+	struct two_nodes c;
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct meter *a, *b;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter();
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter();
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, false, 0);
 	for (int i = 1; i <= 45; i++) {
 		if (i == 11) {	/* at 10.2 to B, at 10.6 back to A */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    nb, (long long)((fake_now + S / 5) / 1000), sb);
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    na, (long long)((fake_now + 3 * S / 5) / 1000), sb);
+			move_to(c.sb, c.nb, fake_now + S / 5);
+			move_to(c.sb, c.na, fake_now + 3 * S / 5);
 		}
 		if (i == 31)
-			stop_sandbox(sb, fake_now);	/* at 30 */
+			stop_sandbox(c.sb, fake_now);	/* at 30 */
 		fake_now += S;
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
-			  "AND generation = 1 AND state = 'none' AND last_t_ns = %lld", sb,
+			  "AND generation = 1 AND state = 'none' AND last_t_ns = %lld", c.sb,
 			  (long long)(t0 + 10 * S + S / 5)), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
-			  "AND state <> 'none'", sb), 0);
+			  "AND state <> 'none'", c.sb), 0);
 	/* 10.2 s and 19.4 s on A (one remainder), 0.4 s on B: every second once */
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation IN (1, 3)", sb), 29.6 * 257);
+			  "AND generation IN (1, 3)", c.sb), 29.6 * 257);
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 102);
-	CHECK_INT(meter_pending(a, t), 0);
-	CHECK_INT(meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
+			  "AND generation = 2", c.sb), 102);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	CHECK_INT(meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 }
 
 /* Runs `q` on the scratch database: 0 when it succeeds, else 1 with its message in `err`. */
@@ -1649,42 +1584,92 @@ static void test_two_meters_label_the_time_before_a_forward_step_alike(void)
  */
 static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
 {
-	char t[32], sb[32], na[32], nb[32];
+	struct two_nodes c;
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct meter *a, *b;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	snprintf(na, sizeof(na), "%s", node);
-	a = new_meter_with(false, 2);
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter_with(false, 2);
+	two_nodes_start(&c, t0, false, 2);
 	for (int i = 1; i <= 55; i++) {
-		const char *to = i == 11 || i == 32 ? nb : i == 21 ? na : NULL;
+		const char *to = i == 11 || i == 32 ? c.nb : i == 21 ? c.na : NULL;
 		if (to)	/* at 10.5 to B, at 20.5 back to A, at 31 to B: a new generation each */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    to, (long long)((fake_now + (i == 32 ? 0 : S / 2)) / 1000), sb);
+			move_to(c.sb, to, fake_now + (i == 32 ? 0 : S / 2));
 		if (i == 21) {	/* A's meter killed for good at 20, its windows flushed */
-			meter_free(a);
-			a = NULL;
+			meter_free(c.a);
+			c.a = NULL;
 			sleep(3);	/* its alive key past the bound */
 		}
 		if (i == 41)
-			stop_sandbox(sb, fake_now);	/* at 40 */
+			stop_sandbox(c.sb, fake_now);	/* at 40 */
 		fake_now += S;
-		if (a)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (c.a)
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", sb), 2699);
+			  "AND generation = 3", c.sb), 2699);
+	CHECK_INT(used(c.t), 40 * 257);
+	meter_free(c.b);
+}
+
+/*
+ * A case of a generation taken over from a meter on another clock frame (the three below): A's
+ * meter starts at 0; at 5 s the wall clock steps 100 s back, B's meter starts after it and the
+ * sandbox is created on A; it moves to B at 11 s and back to A at 36 s (a new generation each)
+ * and stops at 46 s; from 35 s B's meter bills on without its alive key, so A's meter takes B's
+ * generation over. `at(i, &a)` runs at each of the 60 ticks (a second each) before the moves, on
+ * A's meter. Generation 2 must be billed its 25 s and the sandbox 40 s, each once, nothing
+ * pending, and Redis's balance the ledger's.
+ */
+static void taken_over_across_frames(void (*at)(int i, struct meter **a))
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
+			fake_now -= 100 * S;
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+		}
+		at(i, &a);
+		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
+			move_to(sb, to, fake_now);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 25 * 257);
 	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	snprintf(node, sizeof(node), "%s", na);
 }
 
@@ -1699,63 +1684,17 @@ static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
  * A again; A's meter, restarted in its frame while the sandbox was on B, takes B's generation
  * over at its end, 19 s of it flushed by B's meter: 40 s billed, not 59.
  */
+static void a_restarts_at_30(int i, struct meter **a)
+{
+	if (i == 30) {	/* A's meter restarts, in its node's frame */
+		meter_free(*a);
+		*a = new_meter_with(true, 0);
+	}
+}
+
 static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame(void)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
-	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b = NULL;
-	bool ok;
-
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	boot = "test-boot";
-	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
-		fake_now += S;
-		fake_mono += S;
-		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
-			fake_now -= 100 * S;
-			(void)aligned_now();
-			snprintf(nb, sizeof(nb), "%s", node);
-			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
-			b = new_meter_with(true, 0);
-			snprintf(node, sizeof(node), "%s", na);
-			new_sandbox(t, sb, sizeof(sb), fake_now);
-		}
-		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    to, (long long)(fake_now / 1000), sb);
-		if (i == 46)
-			stop_sandbox(sb, fake_now);
-		if (i == 30) {	/* A's meter restarts, in its node's frame */
-			meter_free(a);
-			snprintf(node, sizeof(node), "%s", na);
-			a = new_meter_with(true, 0);
-		}
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b)
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
-	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 25 * 257);
-	CHECK_INT(used(t), 40 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
-	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	taken_over_across_frames(a_restarts_at_30);
 }
 
 /*
@@ -1769,60 +1708,16 @@ static void test_a_taken_over_generation_goes_on_from_its_point_in_another_frame
  * µcr). As in the case above, the sandbox runs 5 s on A, 25 s on B (across the step) and 10 s on
  * A again, B's meter without its alive key from 35 s: 40 s billed, not 70.
  */
+static void forward_step_at_20(int i, struct meter **a)
+{
+	(void)a;
+	if (i == 20)	/* 1,000 s forward: A follows 900 s of it (its lead), B all */
+		fake_now += 1000 * S;
+}
+
 static void test_a_taken_over_generation_across_a_forward_step_is_placed_once(void)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
-	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b = NULL;
-	bool ok;
-
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	boot = "test-boot";
-	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
-		fake_now += S;
-		fake_mono += S;
-		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
-			fake_now -= 100 * S;
-			(void)aligned_now();
-			snprintf(nb, sizeof(nb), "%s", node);
-			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
-			b = new_meter_with(true, 0);
-			snprintf(node, sizeof(node), "%s", na);
-			new_sandbox(t, sb, sizeof(sb), fake_now);
-		}
-		if (i == 20)	/* 1,000 s forward: A follows 900 s of it (its lead), B all */
-			fake_now += 1000 * S;
-		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    to, (long long)(fake_now / 1000), sb);
-		if (i == 46)
-			stop_sandbox(sb, fake_now);
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b)
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
-	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 25 * 257);
-	CHECK_INT(used(t), 40 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
-	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	taken_over_across_frames(forward_step_at_20);
 }
 
 /*
@@ -1835,60 +1730,16 @@ static void test_a_taken_over_generation_across_a_forward_step_is_placed_once(vo
  * on node 0 charged nothing of 67,499 and 34,352 µcr). As above, but the wall clock steps 200 s
  * back at 20 s (the sandbox on B since 11 s): 40 s billed, not 70.
  */
+static void backward_step_at_20(int i, struct meter **a)
+{
+	(void)a;
+	if (i == 20)	/* 200 s back: both meters keep going */
+		fake_now -= 200 * S;
+}
+
 static void test_a_taken_over_generation_started_before_a_backward_step_keeps_its_start(void)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
-	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b = NULL;
-	bool ok;
-
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	boot = "test-boot";
-	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		const char *to = i == 11 ? nb : i == 36 ? na : NULL;
-		fake_now += S;
-		fake_mono += S;
-		if (i == 6) {	/* the wall clock steps back 100 s; B's meter starts after it */
-			fake_now -= 100 * S;
-			(void)aligned_now();
-			snprintf(nb, sizeof(nb), "%s", node);
-			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
-			b = new_meter_with(true, 0);
-			snprintf(node, sizeof(node), "%s", na);
-			new_sandbox(t, sb, sizeof(sb), fake_now);
-		}
-		if (i == 20)	/* 200 s back: both meters keep going */
-			fake_now -= 200 * S;
-		if (to)	/* at 11 s to B, at 36 s back to A: a new generation each */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    to, (long long)(fake_now / 1000), sb);
-		if (i == 46)
-			stop_sandbox(sb, fake_now);
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b)
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
-	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 25 * 257);
-	CHECK_INT(used(t), 40 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
-	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	taken_over_across_frames(backward_step_at_20);
 }
 
 /*
