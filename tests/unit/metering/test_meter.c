@@ -1613,7 +1613,7 @@ static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
 
 /*
  * A case of a generation taken over from a meter on another clock frame (the three below): A's
- * meter starts at 0; at 5 s the wall clock steps 100 s back, B's meter starts after it and the
+ * meter starts at 0; at 6 s the wall clock steps 100 s back, B's meter starts after it and the
  * sandbox is created on A; it moves to B at 11 s and back to A at 36 s (a new generation each)
  * and stops at 46 s; from 35 s B's meter bills on without its alive key, so A's meter takes B's
  * generation over. `at(i, &a)` runs at each of the 60 ticks (a second each) before the moves, on
