@@ -10,10 +10,12 @@
  * `key_cache_s` seconds, dropped at once by the gateway that suspends or unsuspends), for API keys
  * and JWTs alike: a suspended tenant's credentials get 403 `suspended` on every route.
  *
- * When an entry is missing or expired, one request reads it and the others of the same key (or
- * tenant) wait for that read (FETCH_LOCKS striped locks) instead of each querying Postgres; past
- * half its life one request reads it again while the others go on using it. Under load hundreds of
- * requests share a key, and without this every expiry sent them all to the pool at once.
+ * Both caches are set-associative with a lock per set (api/credcache.h), so thousands of keys and
+ * tenants in use stay cached together and requests of different sets never wait for each other.
+ * When an entry is missing or expired, one request reads it and the others of the same set wait
+ * for that read (the set's fetch lock) instead of each querying Postgres; past half its life one
+ * request reads it again while the others go on using it. Under load hundreds of requests share a
+ * key, and without this every expiry sent them all to the pool at once.
  *
  * Rate limits: every request takes a token from its key's bucket (rate_limit_rps/burst) and then
  * from its tenant's (tenant_rate_limit_rps/burst), which all the tenant's keys and tokens share, so
@@ -21,7 +23,8 @@
  * buckets (create_limit_rpm, tenant_create_limit_rpm).
  *
  * In-flight bound: a tenant may have at most `tenant_max_in_flight` requests in progress at once on
- * one gateway (counted from authentication to the reply, checked before the rate limits, so past
+ * one gateway (counted in a hash table under INFLIGHT_LOCKS striped locks, from authentication to
+ * the reply, checked before the rate limits, so past
  * it a request costs no Redis round trip). Rate limits bound how many requests start, not how many
  * wait: tenants that each stay within their rates can together queue every thread on the Postgres
  * pool and on Redis, and everyone else's requests wait behind theirs. Past the bound the next
@@ -40,6 +43,7 @@
 #include <time.h>
 
 #include "api/commitq.h"
+#include "api/credcache.h"
 #include "api/gateway.h"
 #include "auth/bearer.h"
 #include "auth/jwt.h"
@@ -51,7 +55,6 @@
 unsigned char gw_pepper[32];
 struct auth_apikey_pepper *gw_pepper_prepared;
 
-#define KEY_CACHE_SLOTS 4096
 #define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key */
 #define IDEM_KEY_MAX 255
 #define IDEM_WAIT_MS 2000	/* how long a retry waits for the first request's response */
@@ -81,6 +84,7 @@ static enum kiln_err async_refused(struct kiln_error *err)
 	return kiln_error_set(err, KILN_E_INTERNAL, "an asynchronous commit inside a transaction");
 }
 
+/* A key's row, cached under its id in key_cache. */
 struct key_entry {
 	char key_id[AUTH_ID_MAX];
 	char hash[AUTH_APIKEY_HASH_LEN + 1];
@@ -92,37 +96,24 @@ struct key_entry {
 	long long touched_ms;	/* last_used_at written */
 };
 
-static struct key_entry key_cache[KEY_CACHE_SLOTS];
-static pthread_mutex_t key_cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct credcache *key_cache;
 
-#define TENANT_CACHE_SLOTS 4096
 #define SWEEP_BATCH 1000	/* idempotency records deleted per statement */
 #define SWEEP_BATCHES_MAX 100	/* statements per sweep; the next sweep goes on */
 
+/* Whether a tenant is suspended, cached under its id in tenant_cache. */
 struct tenant_entry {
-	char tenant_id[AUTH_CLAIM_MAX];
 	bool suspended;
 	long long fetched_ms;
 };
 
-static struct tenant_entry tenant_cache[TENANT_CACHE_SLOTS];
-static pthread_mutex_t tenant_cache_lock = PTHREAD_MUTEX_INITIALIZER;
-/* Tenants forgotten so far (gw_tenant_cache_forget): a read begun before one is not cached. */
+static struct credcache *tenant_cache;
+/*
+ * Tenants forgotten so far (gw_tenant_cache_forget; atomic): a read begun before one is not
+ * cached. Bumped under the forgotten tenant's set lock, and compared under the set lock of the
+ * tenant a read would cache.
+ */
 static unsigned long tenant_forgets;
-
-/* Held while an entry of a slot (key or tenant, by slot number) is read from Postgres. */
-#define FETCH_LOCKS 64
-static pthread_mutex_t key_fetch_locks[FETCH_LOCKS];
-static pthread_mutex_t tenant_fetch_locks[FETCH_LOCKS];
-static pthread_once_t fetch_locks_once = PTHREAD_ONCE_INIT;
-
-static void fetch_locks_init(void)
-{
-	for (int i = 0; i < FETCH_LOCKS; i++) {
-		pthread_mutex_init(&key_fetch_locks[i], NULL);
-		pthread_mutex_init(&tenant_fetch_locks[i], NULL);
-	}
-}
 
 struct req_state {
 	struct principal who;
@@ -134,6 +125,7 @@ struct req_state {
 };
 
 #define INFLIGHT_BUCKETS 1024
+#define INFLIGHT_LOCKS 64	/* bucket i is guarded by inflight_locks[i % INFLIGHT_LOCKS] */
 
 /* A tenant's requests in progress on this gateway; freed when none is. */
 struct inflight {
@@ -143,7 +135,11 @@ struct inflight {
 };
 
 static struct inflight *inflight_table[INFLIGHT_BUCKETS];
-static pthread_mutex_t inflight_lock = PTHREAD_MUTEX_INITIALIZER;
+/* Each on a cache line of its own, so that tenants of different locks never share one. */
+static union inflight_lock {
+	pthread_mutex_t mu;
+	char pad[64];
+} inflight_locks[INFLIGHT_LOCKS];
 
 /* ms since the epoch: key expiry is a wall-clock time, and cache ages are compared with it */
 static long long now_ms(void)
@@ -160,31 +156,45 @@ static unsigned hash_of(const char *s)
 	return h;
 }
 
-static unsigned slot_of(const char *key_id)
+enum kiln_err gw_authn_init(struct kiln_error *err)
 {
-	return hash_of(key_id) % KEY_CACHE_SLOTS;
+	for (int i = 0; i < INFLIGHT_LOCKS; i++)
+		pthread_mutex_init(&inflight_locks[i].mu, NULL);
+	key_cache = credcache_new(GW_KEY_CACHE_ENTRIES, sizeof(struct key_entry));
+	tenant_cache = credcache_new(GW_TENANT_CACHE_ENTRIES, sizeof(struct tenant_entry));
+	if (!key_cache || !tenant_cache) {
+		gw_authn_exit();
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory for the credential caches");
+	}
+	return KILN_OK;
+}
+
+void gw_authn_exit(void)
+{
+	credcache_free(key_cache);
+	credcache_free(tenant_cache);
+	key_cache = tenant_cache = NULL;
+}
+
+void gw_authn_cache_stats(struct credcache_stats *keys, struct credcache_stats *tenants)
+{
+	credcache_stats(key_cache, keys);
+	credcache_stats(tenant_cache, tenants);
 }
 
 void gw_tenant_cache_forget(const char *tenant_id)
 {
-	struct tenant_entry *e = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
+	struct credcache_set *s = credcache_lock(tenant_cache, tenant_id);
 
-	pthread_mutex_lock(&tenant_cache_lock);
-	tenant_forgets++;
-	if (strcmp(e->tenant_id, tenant_id) == 0)
-		memset(e, 0, sizeof(*e));
-	pthread_mutex_unlock(&tenant_cache_lock);
+	__atomic_add_fetch(&tenant_forgets, 1, __ATOMIC_SEQ_CST);
+	credcache_drop(s, tenant_id);
+	credcache_unlock(s);
 }
 
 /* The count of forgets, noted before a read whose answer tenant_cache_put may cache. */
 static unsigned long tenant_cache_forgets(void)
 {
-	unsigned long n;
-
-	pthread_mutex_lock(&tenant_cache_lock);
-	n = tenant_forgets;
-	pthread_mutex_unlock(&tenant_cache_lock);
-	return n;
+	return __atomic_load_n(&tenant_forgets, __ATOMIC_SEQ_CST);
 }
 
 /*
@@ -196,15 +206,31 @@ static unsigned long tenant_cache_forgets(void)
 static void tenant_cache_put(const char *tenant_id, bool suspended, long long fetched_ms,
 			     unsigned long forgets)
 {
-	struct tenant_entry *slot = &tenant_cache[hash_of(tenant_id) % TENANT_CACHE_SLOTS];
+	struct credcache_set *s = credcache_lock(tenant_cache, tenant_id);
+	struct tenant_entry *e;
 
-	pthread_mutex_lock(&tenant_cache_lock);
-	if (tenant_forgets == forgets) {
-		snprintf(slot->tenant_id, sizeof(slot->tenant_id), "%s", tenant_id);
-		slot->suspended = suspended;
-		slot->fetched_ms = fetched_ms;
+	if (tenant_cache_forgets() == forgets && (e = credcache_slot(s, tenant_id))) {
+		e->suspended = suspended;
+		e->fetched_ms = fetched_ms;
 	}
-	pthread_mutex_unlock(&tenant_cache_lock);
+	credcache_unlock(s);
+}
+
+/*
+ * Whether the tenant cache holds `tenant_id` fetched less than `ttl` ms before `now`: then sets
+ * *suspended, and *age to the entry's age.
+ */
+static bool tenant_cache_get(const char *tenant_id, long long now, long long ttl, bool *suspended,
+			     long long *age)
+{
+	struct credcache_set *s = credcache_lock(tenant_cache, tenant_id);
+	const struct tenant_entry *e = credcache_find(s, tenant_id);
+	bool hit = e && (*age = now - e->fetched_ms) < ttl;
+
+	if (hit)
+		*suspended = e->suspended;
+	credcache_unlock(s);
+	return hit;
 }
 
 /*
@@ -215,9 +241,7 @@ static void tenant_cache_put(const char *tenant_id, bool suspended, long long fe
 static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id, bool *suspended,
 				      struct kiln_error *err)
 {
-	unsigned n = hash_of(tenant_id) % TENANT_CACHE_SLOTS;
-	struct tenant_entry *slot = &tenant_cache[n];
-	pthread_mutex_t *fetching = &tenant_fetch_locks[n % FETCH_LOCKS];
+	pthread_mutex_t *fetching = credcache_fetch_lock(tenant_cache, tenant_id);
 	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
 	unsigned long forgets;
 	bool hit;
@@ -225,22 +249,15 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 	struct pg_res *res = NULL;
 	enum kiln_err rc;
 
-	pthread_once(&fetch_locks_once, fetch_locks_init);
-	pthread_mutex_lock(&tenant_cache_lock);
-	hit = strcmp(slot->tenant_id, tenant_id) == 0 && (age = now - slot->fetched_ms) < ttl;
-	if (hit)
-		*suspended = slot->suspended;
-	pthread_mutex_unlock(&tenant_cache_lock);
+	hit = tenant_cache_get(tenant_id, now, ttl, suspended, &age);
 	/* Past half its life one request reads the entry again while the others still use it. */
 	if (hit && (age < ttl / 2 || pthread_mutex_trylock(fetching) != 0))
 		return KILN_OK;
-	if (!hit) {	/* one reader per slot; the others wait and find its answer */
+	if (!hit) {	/* one reader per set; the others wait and find its answer */
+		long long ignored;
+
 		pthread_mutex_lock(fetching);
-		pthread_mutex_lock(&tenant_cache_lock);
-		hit = strcmp(slot->tenant_id, tenant_id) == 0 && now_ms() - slot->fetched_ms < ttl;
-		if (hit)
-			*suspended = slot->suspended;
-		pthread_mutex_unlock(&tenant_cache_lock);
+		hit = tenant_cache_get(tenant_id, now_ms(), ttl, suspended, &ignored);
 		if (hit) {
 			pthread_mutex_unlock(fetching);
 			return KILN_OK;
@@ -268,12 +285,27 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 
 void gw_key_cache_forget(const char *key_id)
 {
-	struct key_entry *e = &key_cache[slot_of(key_id)];
+	struct credcache_set *s = credcache_lock(key_cache, key_id);
 
-	pthread_mutex_lock(&key_cache_lock);
-	if (strcmp(e->key_id, key_id) == 0)
-		memset(e, 0, sizeof(*e));
-	pthread_mutex_unlock(&key_cache_lock);
+	credcache_drop(s, key_id);
+	credcache_unlock(s);
+}
+
+/*
+ * Whether the key cache holds `key_id` fetched less than `ttl` ms before `now`: then copies it
+ * into *e, and its age into *age.
+ */
+static bool key_cache_get(const char *key_id, long long now, long long ttl, struct key_entry *e,
+			  long long *age)
+{
+	struct credcache_set *s = credcache_lock(key_cache, key_id);
+	const struct key_entry *p = credcache_find(s, key_id);
+	bool hit = p && (*age = now - p->fetched_ms) < ttl;
+
+	if (hit)
+		*e = *p;
+	credcache_unlock(s);
+	return hit;
 }
 
 const struct principal *gw_principal(const struct http_req *req)
@@ -352,7 +384,8 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 				  struct principal *who, struct kiln_error *err)
 {
 	struct auth_apikey key;
-	struct key_entry e, f, *slot;
+	struct key_entry e, f, *p;
+	struct credcache_set *s;
 	pthread_mutex_t *fetching;
 	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
 	bool cached = false, touch = false;
@@ -360,39 +393,29 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 
 	if (auth_apikey_parse(value, len, &key, err) != KILN_OK)
 		return KILN_E_UNAUTHENTICATED;
-	slot = &key_cache[slot_of(key.key_id)];
-	fetching = &key_fetch_locks[slot_of(key.key_id) % FETCH_LOCKS];
-	pthread_once(&fetch_locks_once, fetch_locks_init);
-	pthread_mutex_lock(&key_cache_lock);
-	if (strcmp(slot->key_id, key.key_id) == 0 && (age = now - slot->fetched_ms) < ttl) {
-		e = *slot;
-		cached = true;
-	}
-	pthread_mutex_unlock(&key_cache_lock);
+	fetching = credcache_fetch_lock(key_cache, key.key_id);
+	cached = key_cache_get(key.key_id, now, ttl, &e, &age);
 	/*
-	 * A missing or expired entry: one request per slot reads it and the others wait and find its
+	 * A missing or expired entry: one request per set reads it and the others wait and find its
 	 * answer. Past half its life one request reads it again while the others still use it.
 	 */
 	if (!cached || (age >= ttl / 2 && pthread_mutex_trylock(fetching) == 0)) {
 		bool fresh = false;
 
 		if (!cached) {
+			long long ignored;
+
 			pthread_mutex_lock(fetching);
-			pthread_mutex_lock(&key_cache_lock);
-			if (strcmp(slot->key_id, key.key_id) == 0 &&
-			    now_ms() - slot->fetched_ms < ttl) {
-				e = *slot;
-				cached = fresh = true;
-			}
-			pthread_mutex_unlock(&key_cache_lock);
+			cached = fresh = key_cache_get(key.key_id, now_ms(), ttl, &e, &ignored);
 		}
 		rc = fresh ? KILN_OK : key_fetch(gw, key.key_id, &f, err);
 		if (!fresh && rc == KILN_OK) {
-			pthread_mutex_lock(&key_cache_lock);
-			if (strcmp(slot->key_id, f.key_id) == 0)
-				f.touched_ms = slot->touched_ms;
-			*slot = f;
-			pthread_mutex_unlock(&key_cache_lock);
+			s = credcache_lock(key_cache, f.key_id);
+			if ((p = credcache_slot(s, f.key_id))) {
+				f.touched_ms = p->touched_ms;	/* 0 for an entry just made */
+				*p = f;
+			}
+			credcache_unlock(s);
 			e = f;
 			cached = true;
 		} else if (rc != KILN_OK && rc != KILN_E_NOT_FOUND && cached) {
@@ -413,14 +436,15 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 	if (e.expires_ms && now >= e.expires_ms)
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key has expired");
 
-	pthread_mutex_lock(&key_cache_lock);
-	if (!cached || strcmp(slot->key_id, e.key_id) != 0)
-		*slot = e;
-	if (now - slot->touched_ms >= LAST_USED_EVERY_S * 1000) {
-		slot->touched_ms = now;
+	/* Back into the cache if another key took its place meanwhile. */
+	s = credcache_lock(key_cache, e.key_id);
+	if (!(p = credcache_find(s, e.key_id)) && (p = credcache_slot(s, e.key_id)))
+		*p = e;
+	if (p && now - p->touched_ms >= LAST_USED_EVERY_S * 1000) {
+		p->touched_ms = now;
 		touch = true;
 	}
-	pthread_mutex_unlock(&key_cache_lock);
+	credcache_unlock(s);
 	if (touch)
 		key_touch(gw, e.key_id);
 
@@ -803,10 +827,12 @@ static void req_state_free(void *p)
  */
 static bool inflight_take(const char *tenant_id, unsigned max)
 {
-	struct inflight **head = &inflight_table[hash_of(tenant_id) % INFLIGHT_BUCKETS], *e;
+	unsigned n = hash_of(tenant_id) % INFLIGHT_BUCKETS;
+	struct inflight **head = &inflight_table[n], *e;
+	pthread_mutex_t *lock = &inflight_locks[n % INFLIGHT_LOCKS].mu;
 	bool ok = false;
 
-	pthread_mutex_lock(&inflight_lock);
+	pthread_mutex_lock(lock);
 	for (e = *head; e && strcmp(e->tenant_id, tenant_id) != 0; e = e->next)
 		;
 	if (!e && (e = calloc(1, sizeof(*e)))) {
@@ -818,23 +844,25 @@ static bool inflight_take(const char *tenant_id, unsigned max)
 		e->n++;
 		ok = true;
 	}
-	pthread_mutex_unlock(&inflight_lock);
+	pthread_mutex_unlock(lock);
 	return ok;
 }
 
 /* Undoes one inflight_take() of `tenant_id`. */
 static void inflight_drop(const char *tenant_id)
 {
-	struct inflight **pp = &inflight_table[hash_of(tenant_id) % INFLIGHT_BUCKETS], *e;
+	unsigned n = hash_of(tenant_id) % INFLIGHT_BUCKETS;
+	struct inflight **pp = &inflight_table[n], *e;
+	pthread_mutex_t *lock = &inflight_locks[n % INFLIGHT_LOCKS].mu;
 
-	pthread_mutex_lock(&inflight_lock);
+	pthread_mutex_lock(lock);
 	for (; (e = *pp) && strcmp(e->tenant_id, tenant_id) != 0; pp = &e->next)
 		;
 	if (e && --e->n == 0) {
 		*pp = e->next;
 		free(e);
 	}
-	pthread_mutex_unlock(&inflight_lock);
+	pthread_mutex_unlock(lock);
 }
 
 /*

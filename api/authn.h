@@ -73,6 +73,23 @@ struct gateway;
 enum kiln_err gw_authenticate(struct gateway *gw, const char *header, struct principal *who,
 			      struct kiln_error *err);
 
+struct credcache_stats;
+
+/*
+ * Entries of the API key and tenant caches (api/credcache.h: sets of CREDCACHE_WAYS, a lock per
+ * set), so that thousands of keys and tenants in use stay cached together instead of evicting
+ * each other, and a request waits only for another of the same set.
+ */
+#define GW_KEY_CACHE_ENTRIES 8192
+#define GW_TENANT_CACHE_ENTRIES 8192
+
+/* Makes the key and tenant caches (at the gateway's start); KILN_E_NOMEM with `err` set. */
+enum kiln_err gw_authn_init(struct kiln_error *err);
+/* Frees them (at its stop, after the HTTP server). */
+void gw_authn_exit(void);
+/* The counters of the key cache and of the tenant cache (api/credcache.h), for /metrics. */
+void gw_authn_cache_stats(struct credcache_stats *keys, struct credcache_stats *tenants);
+
 /* Forgets a key at once on this gateway (after revocation). */
 void gw_key_cache_forget(const char *key_id);
 

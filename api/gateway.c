@@ -326,6 +326,12 @@ static int failover_init(struct kiln_error *err)
 	return gw_failover_start(&gw, err);
 }
 
+/* The API key and tenant caches (api/authn.h). */
+static int authn_init(struct kiln_error *err)
+{
+	return gw_authn_init(err);
+}
+
 static const struct daemon_stage stages[] = {
 	{ "routes", routes_init, routes_exit },
 	{ "storage allow list", storage_allow_init, storage_allow_exit },
@@ -336,6 +342,7 @@ static const struct daemon_stage stages[] = {
 	{ "redis", redis_init, redis_exit },
 	{ "idempotency sweep", sweep_init, sweep_exit },
 	{ "redis failover", failover_init, gw_failover_stop },
+	{ "credential caches", authn_init, gw_authn_exit },
 	{ "http", http_init, http_exit },
 	{ "e2b", e2b_init, e2b_exit },
 	{ "port URLs", ports_init, ports_exit },

@@ -82,6 +82,13 @@ struct sync_item {
 	long long rate, period, burst, taken;
 };
 
+/* One script call's arguments: EVALSHA, sha, numkeys, the keys, now, 4 numbers per key. */
+struct sync_args {
+	const char *argv[4 + SYNC_BATCH * 5];
+	char keys[SYNC_BATCH][LB_NAME_MAX + 16];
+	char nums[2 + SYNC_BATCH * 4][24];
+};
+
 struct ratelimit {
 	struct rds *rds;
 	pthread_mutex_t lock;	/* the table and the script hashes */
@@ -89,6 +96,14 @@ struct ratelimit {
 	char take_sha[48], sync_sha[48];
 	bool redis_ok;		/* the last sync reached Redis (atomic) */
 	struct local_bucket *table[LB_SLOTS];
+	/*
+	 * Under sync_lock: a sync's items (grown as needed, kept) and a script call's arguments,
+	 * made once rather than allocated (about 40 KB, and the items' 200 bytes each) every
+	 * RATELIMIT_SYNC_MS.
+	 */
+	struct sync_item *items;
+	size_t items_cap;
+	struct sync_args *args;
 	pthread_t thread;
 	bool has_thread, stop;	/* stop: atomic */
 };
@@ -120,6 +135,11 @@ struct ratelimit *ratelimit_new(struct rds *rds, bool sync_thread)
 		return NULL;
 	rl->rds = rds;
 	rl->redis_ok = true;
+	rl->args = malloc(sizeof(*rl->args));
+	if (!rl->args) {
+		free(rl);
+		return NULL;
+	}
 	pthread_mutex_init(&rl->lock, NULL);
 	pthread_mutex_init(&rl->sync_lock, NULL);
 	if (sync_thread) {
@@ -153,6 +173,8 @@ void ratelimit_free(struct ratelimit *rl)
 	}
 	pthread_mutex_destroy(&rl->sync_lock);
 	pthread_mutex_destroy(&rl->lock);
+	free(rl->items);
+	free(rl->args);
 	free(rl);
 }
 
@@ -319,18 +341,11 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, int n, long long now,
 				struct kiln_error *err)
 {
-	/* argv: EVALSHA, sha, numkeys, the keys, now, 4 numbers per key */
-	struct sync_args {
-		const char *argv[4 + SYNC_BATCH * 5];
-		char keys[SYNC_BATCH][LB_NAME_MAX + 16];
-		char nums[2 + SYNC_BATCH * 4][24];
-	} *a = malloc(sizeof(*a));
+	struct sync_args *a = rl->args;
 	struct rds_reply rep = { 0 };
 	int argc = 2;
 	enum kiln_err rc;
 
-	if (!a)
-		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	snprintf(a->nums[0], sizeof(a->nums[0]), "%d", n);
 	a->argv[argc++] = a->nums[0];
 	for (int i = 0; i < n; i++) {
@@ -350,7 +365,6 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 		}
 	}
 	rc = run_script(rl, rl->sync_sha, sync_lua, argc, a->argv, &rep, err);
-	free(a);
 	if (rc == KILN_OK && (rep.type != RDS_ARRAY || rep.n != (size_t)n))
 		rc = kiln_error_set(err, KILN_E_INTERNAL, "unexpected rate limit reply from redis");
 	if (rc == KILN_OK) {
@@ -409,14 +423,15 @@ static bool lb_due(const struct local_bucket *b, bool down, long long mono)
 
 enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err)
 {
-	struct sync_item *items = NULL;
-	size_t n = 0, cap = 0;
+	struct sync_item *items;
+	size_t n = 0;
 	enum kiln_err rc = KILN_OK;
 	long long mono = clock_mono_ms();
 	bool down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
+	items = rl->items;
 	for (int i = 0; i < LB_SLOTS; i++) {
 		struct local_bucket **pp = &rl->table[i], *b;
 
@@ -429,13 +444,14 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 			pp = &b->next;
 			if (!lb_due(b, down, mono))
 				continue;
-			if (n == cap) {
-				struct sync_item *more = realloc(items, (cap ? cap * 2 : 64) * sizeof(*items));
+			if (n == rl->items_cap) {
+				size_t cap = rl->items_cap ? rl->items_cap * 2 : 64;
+				struct sync_item *more = realloc(items, cap * sizeof(*items));
 
 				if (!more)
 					break;
-				items = more;
-				cap = cap ? cap * 2 : 64;
+				rl->items = items = more;
+				rl->items_cap = cap;
 			}
 			item_take(&items[n++], b);
 		}
@@ -446,7 +462,6 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 		rc = sync_batch(rl, items + at, (int)(n - at < SYNC_BATCH ? n - at : SYNC_BATCH),
 				now_ms, err);
 	pthread_mutex_unlock(&rl->sync_lock);
-	free(items);
 	return rc;
 }
 

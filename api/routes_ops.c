@@ -3,6 +3,8 @@
  */
 #include <string.h>
 
+#include "api/authn.h"
+#include "api/credcache.h"
 #include "api/gateway.h"
 #include "common/buf.h"
 #include "metering/billing.h"
@@ -101,6 +103,32 @@ static void fleet_metrics(struct gateway *gw, struct buf *out)
 	pg_release(gw->pg, c);
 }
 
+/* The key and tenant caches' counters (api/authn.c, api/credcache.h). */
+static void auth_cache_metrics(struct buf *out)
+{
+	struct credcache_stats st[2];
+	static const char *const names[2] = { "key", "tenant" };
+
+	gw_authn_cache_stats(&st[0], &st[1]);
+	buf_appends(out, "# HELP kiln_auth_cache_lookups_total Lookups of the API key and tenant "
+			 "caches, by whether the entry was there (expired or not).\n"
+			 "# TYPE kiln_auth_cache_lookups_total counter\n");
+	for (int i = 0; i < 2; i++)
+		buf_appendf(out, "kiln_auth_cache_lookups_total{cache=\"%s\",found=\"yes\"} %llu\n"
+				 "kiln_auth_cache_lookups_total{cache=\"%s\",found=\"no\"} %llu\n",
+			    names[i], st[i].hits, names[i], st[i].misses);
+	buf_appends(out, "# HELP kiln_auth_cache_evictions_total Entries dropped from a full set for "
+			 "another id.\n# TYPE kiln_auth_cache_evictions_total counter\n");
+	for (int i = 0; i < 2; i++)
+		buf_appendf(out, "kiln_auth_cache_evictions_total{cache=\"%s\"} %llu\n", names[i],
+			    st[i].evictions);
+	buf_appends(out, "# HELP kiln_auth_cache_entries Entries held.\n"
+			 "# TYPE kiln_auth_cache_entries gauge\n");
+	for (int i = 0; i < 2; i++)
+		buf_appendf(out, "kiln_auth_cache_entries{cache=\"%s\"} %llu\n", names[i],
+			    st[i].entries);
+}
+
 static void metrics(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -110,6 +138,7 @@ static void metrics(struct http_req *req)
 	http_server_metrics(gw->http, &out);
 	fleet_metrics(gw, &out);
 	billing_metrics(gw->rds, &out);	/* kiln-meter's lag and missed ticks, from Redis */
+	auth_cache_metrics(&out);
 	http_reply_data(req, 200, "text/plain; version=0.0.4", out.data ? out.data : "", out.len);
 	buf_release(&out);
 }

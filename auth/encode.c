@@ -66,19 +66,24 @@ int auth_hex_encode(const void *in, size_t n, char *out, size_t outlen)
 	return (int)(2 * n);
 }
 
+/*
+ * Each byte's value in base64url, or -1: a table rather than a chain of ranges, since a request
+ * with a JWT checks and decodes its some 400 characters on every request (bearer.c, jwt.c).
+ */
+#define B64_ROW(c) ((c) >= 'A' && (c) <= 'Z' ? (c) - 'A' : (c) >= 'a' && (c) <= 'z' ? (c) - 'a' + 26 \
+		    : (c) >= '0' && (c) <= '9' ? (c) - '0' + 52 : (c) == '-' ? 62 : (c) == '_' ? 63 : -1)
+#define B64_ROW4(c) B64_ROW(c), B64_ROW((c) + 1), B64_ROW((c) + 2), B64_ROW((c) + 3)
+#define B64_ROW16(c) B64_ROW4(c), B64_ROW4((c) + 4), B64_ROW4((c) + 8), B64_ROW4((c) + 12)
+static const signed char b64_table[256] = {
+	B64_ROW16(0), B64_ROW16(16), B64_ROW16(32), B64_ROW16(48),
+	B64_ROW16(64), B64_ROW16(80), B64_ROW16(96), B64_ROW16(112),
+	B64_ROW16(128), B64_ROW16(144), B64_ROW16(160), B64_ROW16(176),
+	B64_ROW16(192), B64_ROW16(208), B64_ROW16(224), B64_ROW16(240),
+};
+
 static int b64_val(char c)
 {
-	if (c >= 'A' && c <= 'Z')
-		return c - 'A';
-	if (c >= 'a' && c <= 'z')
-		return c - 'a' + 26;
-	if (c >= '0' && c <= '9')
-		return c - '0' + 52;
-	if (c == '-')
-		return 62;
-	if (c == '_')
-		return 63;
-	return -1;
+	return b64_table[(unsigned char)c];
 }
 
 int auth_b64url_decode(const char *in, size_t n, void *out, size_t outlen)

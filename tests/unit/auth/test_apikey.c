@@ -36,6 +36,29 @@ static void b64url_known_vectors_round_trip(void)
 	CHECK_INT(auth_hex_decode("01ab", 4, bin, sizeof(bin)), 2);
 }
 
+/* Every byte: in the base64url alphabet exactly when the alphabet lists it, with its index. */
+static void b64url_alphabet_every_byte(void)
+{
+	static const char alpha[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+	int in = 0;
+
+	for (int b = 0; b < 256; b++) {
+		char c = (char)b, four[4] = { c, 'A', 'A', 'A' };
+		const char *at = b ? memchr(alpha, b, 64) : NULL;
+		unsigned char bin[3];
+
+		CHECK(auth_is_b64url(&c, 1) == (at != NULL));
+		if (at) {	/* "cAAA": the first 6 bits are c's index */
+			CHECK_INT(auth_b64url_decode(four, 4, bin, sizeof(bin)), 3);
+			CHECK_INT(bin[0] >> 2, at - alpha);
+		} else {
+			CHECK_INT(auth_b64url_decode(four, 4, bin, sizeof(bin)), -1);
+		}
+		in += at != NULL;
+	}
+	CHECK_INT(in, 64);
+}
+
 static void new_id_has_prefix_and_random_part(void)
 {
 	static const char *const prefixes[] = { "tn_", "key_", "sb_", "snap_", "tx_", "req_" };
@@ -225,6 +248,7 @@ static void prepared_pepper_verifies_as_hmac_does(void)
 int main(void)
 {
 	TEST(b64url_known_vectors_round_trip);
+	TEST(b64url_alphabet_every_byte);
 	TEST(new_id_has_prefix_and_random_part);
 	TEST(new_id_refuses_bad_prefixes);
 	TEST(generated_key_parses_and_verifies);
