@@ -70,8 +70,10 @@ int auth_hex_encode(const void *in, size_t n, char *out, size_t outlen)
  * Each byte's value in base64url, or -1: a table rather than a chain of ranges, since a request
  * with a JWT checks and decodes its some 400 characters on every request (bearer.c, jwt.c).
  */
-#define B64_ROW(c) ((c) >= 'A' && (c) <= 'Z' ? (c) - 'A' : (c) >= 'a' && (c) <= 'z' ? (c) - 'a' + 26 \
-		    : (c) >= '0' && (c) <= '9' ? (c) - '0' + 52 : (c) == '-' ? 62 : (c) == '_' ? 63 : -1)
+#define B64_ROW(c) ((signed char)((c) >= 'A' && (c) <= 'Z' ? (c) - 'A'			   \
+				 : (c) >= 'a' && (c) <= 'z' ? (c) - 'a' + 26		   \
+				 : (c) >= '0' && (c) <= '9' ? (c) - '0' + 52		   \
+				 : (c) == '-' ? 62 : (c) == '_' ? 63 : -1))
 #define B64_ROW4(c) B64_ROW(c), B64_ROW((c) + 1), B64_ROW((c) + 2), B64_ROW((c) + 3)
 #define B64_ROW16(c) B64_ROW4(c), B64_ROW4((c) + 4), B64_ROW4((c) + 8), B64_ROW4((c) + 12)
 static const signed char b64_table[256] = {
