@@ -139,7 +139,7 @@ static struct inflight *inflight_table[INFLIGHT_BUCKETS];
 static union inflight_lock {
 	pthread_mutex_t mu;
 	char pad[64];
-} inflight_locks[INFLIGHT_LOCKS];
+} inflight_locks[INFLIGHT_LOCKS] __attribute__((aligned(64)));
 
 /* ms since the epoch: key expiry is a wall-clock time, and cache ages are compared with it */
 static long long now_ms(void)
@@ -293,10 +293,11 @@ void gw_key_cache_forget(const char *key_id)
 
 /*
  * Whether the key cache holds `key_id` fetched less than `ttl` ms before `now`: then copies it
- * into *e, and its age into *age.
+ * into *e, and its age into *age. *drops is its set's count of drops (revocations) so far: what
+ * is read after this may go into the cache only while it is the same.
  */
 static bool key_cache_get(const char *key_id, long long now, long long ttl, struct key_entry *e,
-			  long long *age)
+			  long long *age, unsigned long *drops)
 {
 	struct credcache_set *s = credcache_lock(key_cache, key_id);
 	const struct key_entry *p = credcache_find(s, key_id);
@@ -304,6 +305,7 @@ static bool key_cache_get(const char *key_id, long long now, long long ttl, stru
 
 	if (hit)
 		*e = *p;
+	*drops = credcache_drops(s);
 	credcache_unlock(s);
 	return hit;
 }
@@ -389,12 +391,13 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 	pthread_mutex_t *fetching;
 	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
 	bool cached = false, touch = false;
+	unsigned long drops;
 	enum kiln_err rc;
 
 	if (auth_apikey_parse(value, len, &key, err) != KILN_OK)
 		return KILN_E_UNAUTHENTICATED;
 	fetching = credcache_fetch_lock(key_cache, key.key_id);
-	cached = key_cache_get(key.key_id, now, ttl, &e, &age);
+	cached = key_cache_get(key.key_id, now, ttl, &e, &age, &drops);
 	/*
 	 * A missing or expired entry: one request per set reads it and the others wait and find its
 	 * answer. Past half its life one request reads it again while the others still use it.
@@ -406,12 +409,14 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 			long long ignored;
 
 			pthread_mutex_lock(fetching);
-			cached = fresh = key_cache_get(key.key_id, now_ms(), ttl, &e, &ignored);
+			cached = fresh = key_cache_get(key.key_id, now_ms(), ttl, &e, &ignored,
+						       &drops);
 		}
 		rc = fresh ? KILN_OK : key_fetch(gw, key.key_id, &f, err);
 		if (!fresh && rc == KILN_OK) {
+			/* not when the key was revoked here since: the row may be from before */
 			s = credcache_lock(key_cache, f.key_id);
-			if ((p = credcache_slot(s, f.key_id))) {
+			if (credcache_drops(s) == drops && (p = credcache_slot(s, f.key_id))) {
 				f.touched_ms = p->touched_ms;	/* 0 for an entry just made */
 				*p = f;
 			}
@@ -436,9 +441,10 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 	if (e.expires_ms && now >= e.expires_ms)
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key has expired");
 
-	/* Back into the cache if another key took its place meanwhile. */
+	/* Back into the cache if another key took its place meanwhile, unless it was revoked here. */
 	s = credcache_lock(key_cache, e.key_id);
-	if (!(p = credcache_find(s, e.key_id)) && (p = credcache_slot(s, e.key_id)))
+	if (!(p = credcache_peek(s, e.key_id)) && credcache_drops(s) == drops &&
+	    (p = credcache_slot(s, e.key_id)))
 		*p = e;
 	if (p && now - p->touched_ms >= LAST_USED_EVERY_S * 1000) {
 		p->touched_ms = now;

@@ -19,6 +19,7 @@ struct credcache_set {
 	char (*ids)[CREDCACHE_ID_MAX];	/* CREDCACHE_WAYS ids; "" for an empty way */
 	unsigned long long stamp;	/* the last use stamp given out */
 	unsigned long long hits, misses, evictions;
+	unsigned long drops;		/* credcache_drop calls, found or not */
 	uint32_t hash[CREDCACHE_WAYS];	/* of each way's id */
 	unsigned long long used[CREDCACHE_WAYS];	/* the stamp of its last find or fill */
 } __attribute__((aligned(64)));
@@ -124,6 +125,13 @@ static size_t way_of(const struct credcache_set *s, const char *id, uint32_t h)
 	return CREDCACHE_WAYS;
 }
 
+void *credcache_peek(struct credcache_set *s, const char *id)
+{
+	size_t i = way_of(s, id, hash_of(id));
+
+	return i == CREDCACHE_WAYS ? NULL : value_of(s, i);
+}
+
 void *credcache_find(struct credcache_set *s, const char *id)
 {
 	size_t i = way_of(s, id, hash_of(id));
@@ -166,12 +174,18 @@ void credcache_drop(struct credcache_set *s, const char *id)
 {
 	size_t i = way_of(s, id, hash_of(id));
 
+	s->drops++;
 	if (i == CREDCACHE_WAYS)
 		return;
 	s->ids[i][0] = '\0';
 	s->hash[i] = 0;
 	s->used[i] = 0;
 	memset(value_of(s, i), 0, s->c->value_size);
+}
+
+unsigned long credcache_drops(const struct credcache_set *s)
+{
+	return s->drops;
 }
 
 void credcache_stats(struct credcache *c, struct credcache_stats *out)

@@ -52,6 +52,8 @@ pthread_mutex_t *credcache_fetch_lock(struct credcache *c, const char *id);
 
 /* In the locked set: the value of `id`, marked as just used, or NULL (a hit or a miss counted). */
 void *credcache_find(struct credcache_set *s, const char *id);
+/* The same, neither marked nor counted: for a second look by one who already found or filled it. */
+void *credcache_peek(struct credcache_set *s, const char *id);
 
 /*
  * In the locked set: the value for `id` to fill in: its own entry when there is one (as it is),
@@ -60,8 +62,14 @@ void *credcache_find(struct credcache_set *s, const char *id);
  */
 void *credcache_slot(struct credcache_set *s, const char *id);
 
-/* In the locked set: empties the entry of `id`, if any. */
+/* In the locked set: empties the entry of `id`, if any, and counts a drop either way. */
 void credcache_drop(struct credcache_set *s, const char *id);
+/*
+ * In the locked set: its drops so far. A caller that read a value from its source notes this
+ * before the read and fills the value in only if it is unchanged, so that a drop (a revocation)
+ * made while it read is never undone by an answer from before it.
+ */
+unsigned long credcache_drops(const struct credcache_set *s);
 
 /* Sums the counters over every set (taking each set's lock in turn). */
 void credcache_stats(struct credcache *c, struct credcache_stats *out);

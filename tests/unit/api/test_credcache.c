@@ -147,6 +147,44 @@ static void long_ids_not_cached(void)
 	credcache_free(NULL);
 }
 
+/*
+ * Every drop in a set counts, found or not (a revocation of a key some request is reading from
+ * Postgres right now, not yet cached), and only in that set; a peek finds without counting.
+ */
+static void drops_count_per_set(void)
+{
+	struct credcache *c = credcache_new(64, sizeof(struct val));
+	char other[1][32];
+	struct credcache_set *s, *o;
+	struct credcache_stats st;
+	unsigned long before;
+
+	CHECK(c != NULL);
+	/* an id of another set: the fetch lock is its set's */
+	for (int i = 0; i < 10000; i++) {
+		snprintf(other[0], sizeof(other[0]), "other-%d", i);
+		if (credcache_fetch_lock(c, other[0]) != credcache_fetch_lock(c, "a-key"))
+			break;
+	}
+	s = credcache_lock(c, "a-key");
+	before = credcache_drops(s);
+	credcache_drop(s, "a-key");	/* not cached yet */
+	CHECK_INT((long long)(credcache_drops(s) - before), 1);
+	((struct val *)credcache_slot(s, "a-key"))->n = 7;
+	CHECK(credcache_peek(s, "a-key") != NULL);
+	CHECK(credcache_peek(s, "b-key") == NULL);
+	credcache_drop(s, "a-key");
+	CHECK_INT((long long)(credcache_drops(s) - before), 2);
+	CHECK(credcache_peek(s, "a-key") == NULL);
+	credcache_unlock(s);
+	o = credcache_lock(c, other[0]);
+	CHECK_INT((long long)credcache_drops(o), 0);
+	credcache_unlock(o);
+	credcache_stats(c, &st);
+	CHECK_INT((long long)(st.hits + st.misses), 0);	/* peeks count nothing */
+	credcache_free(c);
+}
+
 #define THREADS 4
 #define PER_THREAD 200000
 
@@ -220,6 +258,7 @@ int main(void)
 	TEST(thousand_tenants_stay_cached);
 	TEST(full_set_drops_least_recently_used);
 	TEST(long_ids_not_cached);
+	TEST(drops_count_per_set);
 	TEST(threads_lose_nothing);
 	return test_summary();
 }
