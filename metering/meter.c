@@ -164,9 +164,10 @@ struct meter {
 	 * Those from fwd_from on came after the newest backward step. */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT], step_off[STEPS_KEPT];
 	int nsteps, fwd_from;
-	/* The offsets (label - wall) in force before each backward step this meter followed,
-	 * newest last: a change logged before a step reads in its own (kiln-sim `clock`, 9110). */
-	int64_t back_off[STEPS_KEPT];
+	/* The offsets (label - wall) in force before each backward step this meter followed, and
+	 * the label of each, newest last: a change logged before a step reads in its own (kiln-sim
+	 * `clock`, 9110). */
+	int64_t back_off[STEPS_KEPT], back_at[STEPS_KEPT];
 	int nback;
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
@@ -366,8 +367,10 @@ static int64_t meter_clock(struct meter *m)
 				 (double)(l - w) / 1e9);
 		if (m->nback == STEPS_KEPT) {
 			memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
+			memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
 			m->nback--;
 		}
+		m->back_at[m->nback] = l;
 		m->back_off[m->nback++] = m->off;
 		m->fwd_from = m->nsteps;
 	}
@@ -753,29 +756,74 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
 }
 
 /*
+ * The node's wall-clock time `w` of a generation's start, logged in a frame of this meter's clock
+ * before the one node_time() takes (the wall clock's times repeat after a backward step), on the
+ * label clock, such that what is billed of the generation from there (`billed`, ns) ends no later
+ * than its end (`end`, on the label clock): the latest of the frames before a forward or a
+ * backward step this meter followed that puts `w` before that step, moved on by the forward
+ * steps since (step_shift()); else `end` less `billed` (all of the generation is billed).
+ */
+static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed, int64_t end)
+{
+	int64_t best = end - billed;
+	bool found = false;
+
+	for (int k = 0; k < m->nsteps + m->nback; k++) {
+		bool fwd = k < m->nsteps;
+		int64_t x = w + (fwd ? m->step_off[k] : m->back_off[k - m->nsteps]), p;
+
+		if (x >= (fwd ? m->step_at[k] : m->back_at[k - m->nsteps]))
+			continue;	/* not before that step in the frame before it */
+		p = step_shift(m, x);
+		if (p + billed <= end && (!found || p > best)) {
+			best = p;
+			found = true;
+		}
+	}
+	return best;
+}
+
+/*
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
- * GEN_BILLED_SQL) on this meter's label clock, into *t: where this meter places the generation's
- * start, plus what is billed of it. The point itself is a label of the clock of the meter that
- * wrote it, which may run far from this one's (one followed a clock step, the other, restarted
- * without its frame, did not): read as a label here, a generation taken over from another node
- * was billed again from its start, under labels 281 s from the other meter's, which the ledger's
- * fence, comparing labels, took (kiln-sim `clock`, seed 524333160, +106,769 µcr). A generation's
- * billed time is a prefix of it, and its length (its windows' billed periods, GEN_BILLED_SQL) is
- * the same on every clock; the start, moved on by the forward steps this meter followed after it
- * (node_time()), is where a point from before them stands too (step_shift()). Not the point less
- * its first window's start on the writer's labels: those jumped by each forward step the writer
- * followed, so a step both meters followed counted twice. A generation taken over across steps
- * of +3,247 and +1,184 s read as billed 4,429 s past its end, and the next generation, billed
- * from there, was charged nothing (kiln-sim `clock`, seed 796674514, -105,506 µcr). False when
- * the generation has no window or no change logged.
+ * GEN_BILLED_SQL; `end_col`, when not -1, the first change of a later generation, µs, NULL while
+ * there is none: GEN_END_SQL) on this meter's label clock, into *t: where this meter places the
+ * generation's start, plus what is billed of it. The point itself is a label of the clock of the
+ * meter that wrote it, which may run far from this one's (one followed a clock step, the other,
+ * restarted without its frame, did not): read as a label here, a generation taken over from
+ * another node was billed again from its start, under labels 281 s from the other meter's, which
+ * the ledger's fence, comparing labels, took (kiln-sim `clock`, seed 524333160, +106,769 µcr). A
+ * generation's billed time is a prefix of it, and its length (its windows' billed periods,
+ * GEN_BILLED_SQL) is the same on every clock; the start, moved on by the forward steps this meter
+ * followed after it (node_time()), is where a point from before them stands too (step_shift()).
+ * Not the point less its first window's start on the writer's labels: those jumped by each
+ * forward step the writer followed, so a step both meters followed counted twice. A generation
+ * taken over across steps of +3,247 and +1,184 s read as billed 4,429 s past its end, and the
+ * next generation, billed from there, was charged nothing (kiln-sim `clock`, seed 796674514,
+ * -105,506 µcr). The point never stands past the generation's end: placed there, the start was
+ * logged in an earlier frame (node_time_before()). A start logged before a forward step that a
+ * larger backward step then followed reads, with the offset after both, in the frame after the
+ * backward step, the difference of the two steps late: node 0's meter took over a generation of
+ * node 1 started before steps of +2,070 and -2,267 s and placed its point 134.6 s past its end,
+ * and the next generation, billed from there, was charged nothing (kiln-sim seed 31014, one hour
+ * of make test's kinds, -90,397 µcr). False when the generation has no window or no change
+ * logged.
  */
-static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int64_t *t)
+static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int end_col,
+		      int64_t *t)
 {
+	int64_t w, billed, end;
+
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
-	*t = node_time_logged(m, pg_res_int(res, i, col, 0) * 1000, m->clk_now_l) +
-	     pg_res_int(res, i, col + 1, 0);
+	w = pg_res_int(res, i, col, 0) * 1000;
+	billed = pg_res_int(res, i, col + 1, 0);
+	*t = node_time_logged(m, w, m->clk_now_l) + billed;
+	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
+		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000, m->clk_now_l);
+		if (*t > end)
+			*t = node_time_before(m, w, billed, end) + billed;
+	}
 	return true;
 }
 
@@ -791,7 +839,7 @@ static bool tk_point(const struct meter *m, const struct mrow *r, long long gen,
 	for (int k = r->tk_at; k < r->tk_at + r->tk_n; k++)
 		if (pg_res_int(r->tk_res, k, 3, 0) == gen &&
 		    strcmp(pg_res_str(r->tk_res, k, 1), node) == 0) {
-			if (!gen_point(m, r->tk_res, k, 4, t))
+			if (!gen_point(m, r->tk_res, k, 4, 7, t))
 				return false;
 			*cpu = (uint64_t)pg_res_int(r->tk_res, k, 6, 0);
 			*rem = (uint64_t)pg_res_int(r->tk_res, k, 2, 0) % PRICE_FINE_PER_UCR;
@@ -1217,6 +1265,11 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_START_SQL(X, G)                                                                        \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
+/* The time (µs) of the first state change of a generation of X later than G (G's end), NULL when
+ * none is logged. */
+#define GEN_END_SQL(X, G)                                                                          \
+	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
+	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
 /* How far the point P (ns) of generation G of X reaches past the start of its first window, on
  * the clock of the meter that billed it: what is billed of it and the forward steps of the wall
  * clock in it, so about where the wall clock stood at P (tails_sql); NULL when it has no window. */
@@ -1253,7 +1306,9 @@ static const char rows_sql[] =
 	 * time counts at a price of 0 too (its memory's byte-seconds) */
 	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
-	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END "
+	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
+	/* the end of a generation whose point another node's meter wrote (gen_point()) */
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -2469,7 +2524,8 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
 			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
-			"mm.cpu_ns FROM meter_sandboxes mm "
+			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") " "
+			"FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
 			"ORDER BY 1, 2, mm.generation DESC", ids.data, dn->data) != KILN_OK)
@@ -2633,7 +2689,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	int64_t t = pg_res_int(res, i, 5, 0), end = node_time(m, pg_res_int(res, i, 9, 0) * 1000);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
-	gen_point(m, res, i, 15, &t);
+	gen_point(m, res, i, 15, 9, &t);
 	s->gen = pg_res_int(res, i, 2, 0);
 	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
 	s->mine = true;
@@ -2791,7 +2847,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		r[i].changed = r[i].changed ? node_time(m, r[i].changed) : 0;
 		r[i].deleted = r[i].deleted ? node_time(m, r[i].deleted) : 0;
 		r[i].created = r[i].created ? node_time(m, r[i].created) : 0;
-		if (r[i].has_m && gen_point(m, res, i, 21, &r[i].m_last))
+		if (r[i].has_m && gen_point(m, res, i, 21, 24, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
 		{

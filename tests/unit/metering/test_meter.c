@@ -1908,6 +1908,77 @@ static void test_a_taken_over_generation_in_the_ledger_is_not_ended_here(void)
 	meter_free(c.a);
 }
 
+/*
+ * A generation taken over whose start was logged before a forward step of the wall clock that a
+ * larger backward step then followed, both followed by the taker: the wall clock's times repeat
+ * after the backward step, and the start read with the offset after it stood the difference of
+ * the two steps late, its point past the generation's end (gen_point()). The next generation,
+ * billed from there, was charged nothing (kiln-sim seed 31014, one hour of make test's kinds: a
+ * generation of node 1 started before steps of +2,070 and -2,267 s, taken over by node 0's meter
+ * when node 1's crashed, its point placed 134.6 s past its end; the second generation charged
+ * nothing of 90,397 µcr and the sandbox 21 s at zero against a bound of 20). Here the sandbox
+ * runs 30 s on B, then 10 s on A (generation 2), which never billed it before; the wall clock
+ * steps 300 s forward at 15 s and 320 s back at 20 s, B's meter without its alive key from 35 s:
+ * 40 s billed, not 30.
+ */
+static void test_a_taken_over_generation_started_before_a_forward_then_a_backward_step(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 15)	/* 300 s forward: both meters follow it */
+			fake_now += 300 * S;
+		if (i == 20)	/* 320 s back: both meters keep going */
+			fake_now -= 320 * S;
+		if (i == 36)	/* to A: generation 2 */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 35) {	/* B's meter bills on without Redis: its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 30 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -1962,6 +2033,7 @@ int main(void)
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
 	TEST(test_a_taken_over_generation_in_the_ledger_is_not_ended_here);
+	TEST(test_a_taken_over_generation_started_before_a_forward_then_a_backward_step);
 
 	rc = test_summary();
 	rds_free(rds);
