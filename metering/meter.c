@@ -2274,6 +2274,22 @@ static void meter_gc(struct meter *m)
 
 /* --- public --- */
 
+int meter_pg_jit_off(void)
+{
+	const char *old = getenv("PGOPTIONS");
+	char opts[1024];
+	int n;
+
+	if (old && strstr(old, "-c jit=off"))
+		return 0;
+	n = snprintf(opts, sizeof(opts), "%s%s-c jit=off", old ? old : "", old && *old ? " " : "");
+	if (n < 0 || (size_t)n >= sizeof(opts)) {
+		errno = E2BIG;
+		return -1;
+	}
+	return setenv("PGOPTIONS", opts, 1);
+}
+
 struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds *rds,
 			struct kiln_error *err)
 {

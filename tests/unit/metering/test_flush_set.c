@@ -23,6 +23,7 @@
 #include "testdb.h"
 
 static struct pg *pg;
+static const char *db_url;	/* the scratch database, for a connection of its own */
 static int refusing_seeds;	/* seeds whose overlapping flush had windows refused */
 #define sql(...) testdb_sql(pg, __VA_ARGS__)
 #define sql_int(...) testdb_sql_int(pg, __VA_ARGS__)
@@ -360,6 +361,62 @@ static void test_flush_takes_the_meters_transfer_ids(void)
 	buf_release(&j);
 }
 
+/*
+ * Migration 0047: a flush makes no temporary table (0044 made five per flush, and the session's
+ * temporary schema at its first). On a connection of its own, a flush of two tenants' windows,
+ * one of them an overdraft, then the same flush again (refused): the session never had a
+ * temporary schema, and the first flush charged what it should.
+ */
+static void test_flush_makes_no_temporary_tables(void)
+{
+	struct kiln_error err = { 0 };
+	struct pg *own = pg_new(db_url, 1);
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+	const char *t = "ftmp", *u = "ftmp2";
+	struct buf j;
+
+	buf_init(&j, 1u << 20);
+	sql("INSERT INTO tenants (id, name) VALUES ('%s', 'flush'), ('%s', 'flush');"
+	    "INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:%s', '%s', 'grant');"
+	    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+	    "amount_ucr, tenant_id, reason) VALUES ('tx_ftmp', 'g:ftmp', 'grant', 'system:issuance', "
+	    "'grant:%s', 1500, '%s', 'test')",
+	    t, u, t, t, t, t);
+	buf_appends(&j, "[");
+	id_item(&j, t, 0, 1000, "null");
+	id_item(&j, t, 10, 1000, "null");
+	id_item(&j, u, 0, 200, "null");
+	buf_appends(&j, "]");
+	CHECK(own && pg_acquire(own, &c, &err) == KILN_OK);
+	if (!c) {
+		buf_release(&j);
+		pg_free(own);
+		return;
+	}
+	for (int k = 0; k < 2; k++) {
+		CHECK(PGQ(c, &res, &err, "SELECT * FROM meter_flush_set($1::json, 'card')", j.data) ==
+		      KILN_OK);
+		CHECK_INT(pg_res_rows(res), k == 0 ? 0 : 2);	/* the replay: both pairs refused */
+		pg_res_free(res);
+		res = NULL;
+	}
+	CHECK(PGQ0(c, &res, &err, "SELECT pg_my_temp_schema()::oid::bigint") == KILN_OK);
+	CHECK_INT(pg_res_int(res, 0, 0, -1), 0);
+	pg_res_free(res);
+	pg_release(own, c);
+	pg_free(own);
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE tenant_id IN ('%s', '%s')", t, u),
+		  3);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'grant:%s'", t), 0);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'overdraft:%s'", t), -500);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'overdraft:%s'", u), -200);
+	buf_release(&j);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -369,10 +426,12 @@ int main(void)
 	if (testdb_open(&db, "flushset") != 0)
 		return 1;
 	pg = db.pg;
+	db_url = db.url;
 	sql("INSERT INTO rate_cards (version, cpu_ucr_per_cpu_s, mem_ucr_per_gib_s, disk_ucr_per_gib_s, "
 	    "snapshot_ucr_per_gib_s) VALUES ('card', 1, 1, 1, 1)");
 	TEST(test_set_flush_draws_as_the_loop_did);
 	TEST(test_flush_takes_the_meters_transfer_ids);
+	TEST(test_flush_makes_no_temporary_tables);
 	rc = test_summary();
 	testdb_close(&db);
 	return rc;

@@ -1979,6 +1979,41 @@ static void test_a_taken_over_generation_started_before_a_forward_then_a_backwar
 	snprintf(node, sizeof(node), "%s", na);
 }
 
+/*
+ * kiln-meter's connections run without JIT (meter_pg_jit_off(), called at its start): a pool
+ * opened after it sees jit off, while PGOPTIONS keeps what it held before; a second call adds
+ * nothing.
+ */
+static const char *meter_db_url;
+static void test_meter_connections_run_without_jit(void)
+{
+	struct kiln_error err = { 0 };
+	char *saved = getenv("PGOPTIONS") ? strdup(getenv("PGOPTIONS")) : NULL;
+	struct pg *own;
+	struct pg_conn *c = NULL;
+	struct pg_res *res = NULL;
+
+	setenv("PGOPTIONS", "-c statement_timeout=600000", 1);
+	CHECK_INT(meter_pg_jit_off(), 0);
+	CHECK_INT(meter_pg_jit_off(), 0);
+	CHECK(strcmp(getenv("PGOPTIONS"), "-c statement_timeout=600000 -c jit=off") == 0);
+	own = pg_new(meter_db_url, 1);
+	CHECK(own && pg_acquire(own, &c, &err) == KILN_OK);
+	if (c) {
+		CHECK(PGQ0(c, &res, &err, "SELECT current_setting('jit') || ' ' || "
+				      "current_setting('statement_timeout')") == KILN_OK);
+		CHECK(res && strcmp(pg_res_str(res, 0, 0), "off 10min") == 0);
+		pg_res_free(res);
+		pg_release(own, c);
+	}
+	pg_free(own);
+	if (saved)
+		setenv("PGOPTIONS", saved, 1);
+	else
+		unsetenv("PGOPTIONS");
+	free(saved);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -1989,7 +2024,9 @@ int main(void)
 		return 1;
 	pg = db.pg;
 	rds = rds_new(db.redis_url, 2000);
+	meter_db_url = db.url;
 
+	TEST(test_meter_connections_run_without_jit);
 	TEST(test_charge_is_exact_over_injected_time);
 	TEST(test_paused_sandbox_pays_its_snapshot_only);
 	TEST(test_one_redis_round_trip_per_tick_for_many_sandboxes);
