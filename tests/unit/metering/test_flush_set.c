@@ -362,7 +362,7 @@ static void test_flush_takes_the_meters_transfer_ids(void)
 }
 
 /*
- * Migration 0047: a flush makes no temporary table (0044 made five per flush, and the session's
+ * Migration 0046: a flush makes no temporary table (0044 made five per flush, and the session's
  * temporary schema at its first). On a connection of its own, a flush of two tenants' windows,
  * one of them an overdraft, then the same flush again (refused): the session never had a
  * temporary schema, and the first flush charged what it should.

@@ -1,6 +1,6 @@
--- 0047_flush_one_statement (issue 14): meter_flush_set(items json, card) of 0044 with the same
+-- 0046_flush_one_statement (issue 14): meter_flush_set(items json, card) of 0044 with the same
 -- result, its fixed cost and its per-row cost cut (bench/metering/meter.sh; docs/benchmarks.md
--- "The flush with migration 0047" has the figures).
+-- "The flush with migration 0046" has the figures).
 --
 -- 1. No temporary tables. 0044 made and dropped five per flush (catalog rows written and
 --    removed each time, the session's temporary schema set up at its first flush) and planned
