@@ -21,7 +21,8 @@
 -- 3. The windows of tenants that draw one by one (an expiry between their windows) are drawn
 --    with ledger_draw() after the statement, not before it: those tenants and the others are
 --    disjoint, and each tenant's ledger lock is held from the start, so what each tenant is
---    given is the same.
+--    given is the same. Their transfers now come after the others' of the same flush in
+--    ledger_transfers.seq (before them with 0044); nothing compares seq across tenants.
 -- Everything else (the ledger locks first, the fence, the lost windows of a concurrent insert,
 -- the draws, the billed-up-to points, the refused pairs and their order) is 0044's, rule for
 -- rule (tests/unit/metering/test_flush_set.c holds it to 0014's loop).
