@@ -2696,13 +2696,18 @@ static const char tails_sql[] =
  * host) and the CPU its changes logged (a pause's vCPU stop: the running time up to it gets the
  * counter's delta from the ledger's point; none after the last such change), then its end recorded as billed state "none" so nobody takes it again. The
  * windows carry that generation and its node; the ledger's fence refuses them if the other
- * meter comes back and bills that time first. `s`'s own billing point is left as it was.
+ * meter comes back and bills that time first. The end and the changes are read in the frame
+ * they were logged in (node_time_logged() at the tick's label), as gen_point() reads the end:
+ * read with the offset after a backward step that followed the end, the end stood the step's
+ * size late and the tail was billed that much longer, past where the next generation's windows
+ * start (a step of -320 s: 320 s billed twice). `s`'s own billing point is left as it was.
  */
 static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
 {
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
-	int64_t t = pg_res_int(res, i, 5, 0), end = node_time(m, pg_res_int(res, i, 9, 0) * 1000);
+	int64_t t = pg_res_int(res, i, 5, 0);
+	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, m->clk_now_l);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
 	gen_point(m, res, i, 15, 9, &t);
@@ -2727,7 +2732,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 		uint64_t dcpu = 0;
 		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
 			break;
-		at = node_time(m, us * 1000);
+		at = node_time_logged(m, us * 1000, m->clk_now_l);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {

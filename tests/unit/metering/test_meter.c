@@ -2014,6 +2014,139 @@ static void test_meter_connections_run_without_jit(void)
 	free(saved);
 }
 
+/*
+ * A generation taken over whose end (the first change of the next generation) was logged before a
+ * backward step of the wall clock, its tail billed while the clock is still behind that end: the
+ * end and the changes are read in the frame they were logged in, as gen_point() reads them, not
+ * with the offset after the step, which put the end the step's size late and billed the tail that
+ * much longer. Here the sandbox runs 30 s on B, whose meter stops at 30 s, then 10 s on A
+ * (generation 2); the wall clock steps 320 s back at 38 s and B's alive key is gone from 40 s:
+ * 40 s billed, not 360.
+ */
+static void test_a_tail_ended_before_a_backward_step_ends_there(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 36)	/* to A: generation 2 */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), sb);
+		if (i == 38)	/* 320 s back: A's meter follows it */
+			fake_now -= 320 * S;
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b && i <= 30)	/* B's meter stops at 30 s */
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 40) {	/* and its alive key is gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 30 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * A generation taken over whose point passes its end for another reason than a start read in the
+ * wrong frame: its end (the move) logged 4 s late, after its node's meter had flushed the running
+ * time up to 40 s. Its start, logged after a backward step the taker followed and less than the
+ * step's size after it, also reads as before the step in the frame before it, and
+ * node_time_before() moves the point there, the step's size early. That point is not billed from
+ * again: no tail is taken of a generation billed past its end (tails_sql compares the point with
+ * the end on the wall clock), and the next generation is billed from its own start. Here A's
+ * meter follows a 320 s backward step at 3 s; the sandbox runs on B from 6 s, whose meter stops
+ * at 41 s, moves to A at 42 s logged as at 38 s, and stops at 52 s; B's alive key is gone from
+ * 44 s. Billed: what B flushed (34 s) and A's 14 s from the logged move, not 320 s more.
+ */
+static void test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 3)	/* 320 s back: A's meter follows it */
+			fake_now -= 320 * S;
+		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 42)	/* to A: generation 2, logged as 4 s ago */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)((fake_now - 4 * S) / 1000), sb);
+		if (i == 52)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b && i <= 41)	/* B's meter stops at 41 s */
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i >= 44) {	/* and its alive key is gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 34 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 14 * 257);
+	CHECK_INT(used(t), 48 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2071,6 +2204,8 @@ int main(void)
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
 	TEST(test_a_taken_over_generation_in_the_ledger_is_not_ended_here);
 	TEST(test_a_taken_over_generation_started_before_a_forward_then_a_backward_step);
+	TEST(test_a_tail_ended_before_a_backward_step_ends_there);
+	TEST(test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again);
 
 	rc = test_summary();
 	rds_free(rds);
