@@ -806,8 +806,11 @@ static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed
  * backward step, the difference of the two steps late: node 0's meter took over a generation of
  * node 1 started before steps of +2,070 and -2,267 s and placed its point 134.6 s past its end,
  * and the next generation, billed from there, was charged nothing (kiln-sim seed 31014, one hour
- * of make test's kinds, -90,397 µcr). False when the generation has no window or no change
- * logged.
+ * of make test's kinds, -90,397 µcr). A point past the end by no more than a step's tolerance
+ * is the end: the writer billed past it (an end logged late, after its tick flushed the time), no
+ * start read in another frame; moved into an earlier frame, the point stood a backward step's size
+ * early and the generation was billed again from there. False when the generation has no window
+ * or no change logged.
  */
 static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int end_col,
 		      int64_t *t)
@@ -821,8 +824,10 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 	*t = node_time_logged(m, w, m->clk_now_l) + billed;
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
 		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000, m->clk_now_l);
-		if (*t > end)
+		if (*t > end + STEP_TOLERANCE_NS)
 			*t = node_time_before(m, w, billed, end) + billed;
+		else if (*t > end)
+			*t = end;	/* billed past it, not read in another frame */
 	}
 	return true;
 }

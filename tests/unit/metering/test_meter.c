@@ -2147,6 +2147,74 @@ static void test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_bill
 	snprintf(node, sizeof(node), "%s", na);
 }
 
+/*
+ * A generation taken over whose point passes its end by less than a step's tolerance, not because
+ * its start was read in the wrong frame: its end (the move) logged 0.4 s before its node's meter's
+ * last tick, which had flushed the running time to that tick and never saw the move. Its start,
+ * logged after a backward step the taker followed and less than the step's size after it, also
+ * reads as before the step in the frame before it; node_time_before() moved the point there, the
+ * step's size early, and the taker billed the generation again from there (the writer's labels
+ * in another frame, so the ledger's fence took it). Here A's meter follows a 320 s backward step
+ * at 3 s; the sandbox runs on B from 6 s, whose meter ticks last at 40 s; the move to A is logged
+ * as at 39.6 s right after that tick, when B's alive key goes, and the sandbox stops at
+ * 52 s.
+ */
+static void test_a_point_past_its_end_by_less_than_a_step_is_the_end(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 3)	/* 320 s back: A's meter follows it */
+			fake_now -= 320 * S;
+		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 52)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b && i <= 40)	/* B's meter ticks last at 40 s */
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i == 40)	/* to A: generation 2, logged 0.4 s before B's last tick */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)((fake_now - 4 * S / 10) / 1000), sb);
+		if (i >= 40) {	/* and its alive key is gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 34 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 3186);	/* 12.4 s from the logged move */
+	CHECK_INT(used(t), 34 * 257 + 3186);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2206,6 +2274,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_started_before_a_forward_then_a_backward_step);
 	TEST(test_a_tail_ended_before_a_backward_step_ends_there);
 	TEST(test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again);
+	TEST(test_a_point_past_its_end_by_less_than_a_step_is_the_end);
 
 	rc = test_summary();
 	rds_free(rds);
