@@ -2015,15 +2015,28 @@ static void test_meter_connections_run_without_jit(void)
 }
 
 /*
- * A generation taken over whose end (the first change of the next generation) was logged before a
- * backward step of the wall clock, its tail billed while the clock is still behind that end: the
- * end and the changes are read in the frame they were logged in, as gen_point() reads them, not
- * with the offset after the step, which put the end the step's size late and billed the tail that
- * much longer. Here the sandbox runs 30 s on B, whose meter stops at 30 s, then 10 s on A
- * (generation 2); the wall clock steps 320 s back at 38 s and B's alive key is gone from 40 s:
- * 40 s billed, not 360.
+ * The shape of the three cases below: A's meter runs from 0 and B's from 6 s, when the sandbox is
+ * created on B; the wall clock steps 320 s back at `step_at` (A's meter follows it); the sandbox
+ * moves to A (generation 2) at `move_at`, logged `late_ns` before that tick, before the ticks of
+ * that second or, with `move_after_ticks`, after them; B's meter ticks last at `b_last` and its
+ * alive key is gone from `key_gone_from`; the sandbox stops at `stop_at`. Generation 1 must be
+ * billed `gen1` µcr, generation 2 `gen2`, each once.
  */
-static void test_a_tail_ended_before_a_backward_step_ends_there(void)
+struct late_end_shape {
+	int step_at, move_at, b_last, key_gone_from, stop_at;
+	int64_t late_ns;
+	bool move_after_ticks;
+	long long gen1, gen2;
+};
+
+static void move_logged(const char *sb, const char *to, int64_t at)
+{
+	sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'", to,
+	    (long long)(at / 1000), sb);
+}
+
+static void taken_over_with_a_late_end(const struct late_end_shape *x)
 {
 	char t[32], sb[32], na[32], nb[32], key[96];
 	int64_t t0 = aligned_now();
@@ -2042,6 +2055,8 @@ static void test_a_tail_ended_before_a_backward_step_ends_there(void)
 	for (int i = 1; i <= 60; i++) {
 		fake_now += S;
 		fake_mono += S;
+		if (i == x->step_at)	/* 320 s back: A's meter follows it */
+			fake_now -= 320 * S;
 		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
 			(void)aligned_now();
 			snprintf(nb, sizeof(nb), "%s", node);
@@ -2050,33 +2065,49 @@ static void test_a_tail_ended_before_a_backward_step_ends_there(void)
 			new_sandbox(t, sb, sizeof(sb), fake_now);
 			snprintf(node, sizeof(node), "%s", na);
 		}
-		if (i == 36)	/* to A: generation 2 */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    na, (long long)(fake_now / 1000), sb);
-		if (i == 38)	/* 320 s back: A's meter follows it */
-			fake_now -= 320 * S;
-		if (i == 46)
+		if (i == x->move_at && !x->move_after_ticks)
+			move_logged(sb, na, fake_now - x->late_ns);
+		if (i == x->stop_at)
 			stop_sandbox(sb, fake_now);
 		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b && i <= 30)	/* B's meter stops at 30 s */
+		if (b && i <= x->b_last)
 			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i >= 40) {	/* and its alive key is gone */
+		if (i == x->move_at && x->move_after_ticks)
+			move_logged(sb, na, fake_now - x->late_ns);
+		if (i >= x->key_gone_from) {
 			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
 			rds_reply_release(&rep);
 		}
 	}
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 30 * 257);
+			  "AND generation = 1", sb), x->gen1);
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 10 * 257);
-	CHECK_INT(used(t), 40 * 257);
+			  "AND generation = 2", sb), x->gen2);
+	CHECK_INT(used(t), x->gen1 + x->gen2);
 	CHECK_INT(meter_pending(a, t), 0);
 	meter_free(b);
 	meter_free(a);
 	boot = NULL;
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * A generation taken over whose end (the first change of the next generation) was logged before a
+ * backward step of the wall clock, its tail billed while the clock is still behind that end: the
+ * end and the changes are read in the frame they were logged in, as gen_point() reads them, not
+ * with the offset after the step, which put the end the step's size late and billed the tail that
+ * much longer. Here the sandbox runs 30 s on B, whose meter stops at 30 s, then 10 s on A
+ * (generation 2); the wall clock steps 320 s back at 38 s and B's alive key is gone from 40 s:
+ * 40 s billed, not 360.
+ */
+static void test_a_tail_ended_before_a_backward_step_ends_there(void)
+{
+	const struct late_end_shape x = { .step_at = 38, .move_at = 36, .b_last = 30,
+					  .key_gone_from = 40, .stop_at = 46,
+					  .gen1 = 30 * 257, .gen2 = 10 * 257 };
+
+	taken_over_with_a_late_end(&x);
 }
 
 /*
@@ -2093,58 +2124,11 @@ static void test_a_tail_ended_before_a_backward_step_ends_there(void)
  */
 static void test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again(void)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
-	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b = NULL;
-	bool ok;
+	const struct late_end_shape x = { .step_at = 3, .move_at = 42, .late_ns = 4 * S,
+					  .b_last = 41, .key_gone_from = 44, .stop_at = 52,
+					  .gen1 = 34 * 257, .gen2 = 14 * 257 };
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	boot = "test-boot";
-	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		fake_now += S;
-		fake_mono += S;
-		if (i == 3)	/* 320 s back: A's meter follows it */
-			fake_now -= 320 * S;
-		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
-			(void)aligned_now();
-			snprintf(nb, sizeof(nb), "%s", node);
-			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
-			b = new_meter_with(true, 0);
-			new_sandbox(t, sb, sizeof(sb), fake_now);
-			snprintf(node, sizeof(node), "%s", na);
-		}
-		if (i == 42)	/* to A: generation 2, logged as 4 s ago */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    na, (long long)((fake_now - 4 * S) / 1000), sb);
-		if (i == 52)
-			stop_sandbox(sb, fake_now);
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b && i <= 41)	/* B's meter stops at 41 s */
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i >= 44) {	/* and its alive key is gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
-	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 34 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 14 * 257);
-	CHECK_INT(used(t), 48 * 257);
-	CHECK_INT(meter_pending(a, t), 0);
-	meter_free(b);
-	meter_free(a);
-	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	taken_over_with_a_late_end(&x);
 }
 
 /*
@@ -2161,58 +2145,12 @@ static void test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_bill
  */
 static void test_a_point_past_its_end_by_less_than_a_step_is_the_end(void)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
-	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b = NULL;
-	bool ok;
+	const struct late_end_shape x = { .step_at = 3, .move_at = 40, .late_ns = 4 * S / 10,
+					  .move_after_ticks = true, .b_last = 40,
+					  .key_gone_from = 40, .stop_at = 52,
+					  .gen1 = 34 * 257, .gen2 = 3186 };	/* 12.4 s from the logged move */
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	boot = "test-boot";
-	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
-		fake_now += S;
-		fake_mono += S;
-		if (i == 3)	/* 320 s back: A's meter follows it */
-			fake_now -= 320 * S;
-		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
-			(void)aligned_now();
-			snprintf(nb, sizeof(nb), "%s", node);
-			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
-			b = new_meter_with(true, 0);
-			new_sandbox(t, sb, sizeof(sb), fake_now);
-			snprintf(node, sizeof(node), "%s", na);
-		}
-		if (i == 52)
-			stop_sandbox(sb, fake_now);
-		CHECK_INT(meter_tick(a, &err), KILN_OK);
-		if (b && i <= 40)	/* B's meter ticks last at 40 s */
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (i == 40)	/* to A: generation 2, logged 0.4 s before B's last tick */
-			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
-			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
-			    na, (long long)((fake_now - 4 * S / 10) / 1000), sb);
-		if (i >= 40) {	/* and its alive key is gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
-	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 34 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 3186);	/* 12.4 s from the logged move */
-	CHECK_INT(used(t), 34 * 257 + 3186);
-	CHECK_INT(meter_pending(a, t), 0);
-	meter_free(b);
-	meter_free(a);
-	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	taken_over_with_a_late_end(&x);
 }
 
 int main(void)
