@@ -114,6 +114,12 @@ static void balance_get(struct http_req *req)
 					  : json_null()));
 }
 
+/* Whether a ledger entry of `kind` adds to the tenant's balance (its amount shown positive). */
+static bool credits_tenant(const char *kind)
+{
+	return strcmp(kind, "grant") == 0 || strcmp(kind, "expiry_reversal") == 0;
+}
+
 static void ledger_list(struct http_req *req)
 {
 	struct gateway *gw = http_req_app(req);
@@ -134,7 +140,7 @@ static void ledger_list(struct http_req *req)
 	rc = PGQ(c, &res, &err,
 		 "SELECT seq, id, kind, amount_ucr, sandbox_id, rfc3339(period_start), "
 		 "rfc3339(period_end), rfc3339(created_at) FROM ledger_transfers "
-		 "WHERE tenant_id = $1 AND kind IN ('grant', 'usage', 'expiry') "
+		 "WHERE tenant_id = $1 AND kind IN ('grant', 'usage', 'expiry', 'expiry_reversal') "
 		 "AND ($2::bigint IS NULL OR seq < $2::bigint) ORDER BY seq DESC LIMIT $3::int",
 		 who->tenant_id, page.seq, page.lim);
 	pg_release(gw->pg, c);
@@ -149,7 +155,7 @@ static void ledger_list(struct http_req *req)
 		long long amount = pg_res_int(res, i, 3, 0);
 		json_t *e = json_pack("{s:s, s:s, s:I, s:s}", "id", pg_res_str(res, i, 1), "kind", kind,
 				      "amount_ucr",
-				      (json_int_t)(strcmp(kind, "grant") == 0 ? amount : -amount),
+				      (json_int_t)(credits_tenant(kind) ? amount : -amount),
 				      "created_at", pg_res_str(res, i, 7));
 		if (strcmp(kind, "usage") == 0) {
 			if (pg_res_get(res, i, 4))

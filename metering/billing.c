@@ -240,8 +240,9 @@ enum kiln_err billing_balance(struct rds *rds, struct pg_conn *c, const char *te
 	rc = PGQ(c, &res, err,
 		 "SELECT coalesce((SELECT sum(amount_ucr) FROM ledger_transfers "
 		 "  WHERE tenant_id = $1 AND kind = 'grant'), 0), "
-		 "coalesce((SELECT sum(amount_ucr) FROM ledger_transfers "
-		 "  WHERE tenant_id = $1 AND kind = 'expiry'), 0), "
+		 "coalesce((SELECT sum(CASE kind WHEN 'expiry' THEN amount_ucr ELSE -amount_ucr END) "
+		 "  FROM ledger_transfers "
+		 "  WHERE tenant_id = $1 AND kind IN ('expiry', 'expiry_reversal')), 0), "
 		 "coalesce((SELECT sum(balance_ucr) FROM ledger_account_balances "
 		 "  WHERE tenant_id = $1), 0), "
 		 "(SELECT floor(extract(epoch FROM since))::bigint FROM billing_debts WHERE tenant_id = $1)",

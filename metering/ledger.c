@@ -84,7 +84,8 @@ enum kiln_err ledger_balance(struct pg_conn *c, const char *tenant_id, struct le
 	rc = PGQ(c, &res, err,
 		 "SELECT coalesce(sum(amount_ucr) FILTER (WHERE kind = 'grant'), 0),"
 		 "       coalesce(sum(amount_ucr) FILTER (WHERE kind = 'usage'), 0),"
-		 "       coalesce(sum(amount_ucr) FILTER (WHERE kind = 'expiry'), 0) "
+		 "       coalesce(sum(amount_ucr) FILTER (WHERE kind = 'expiry'), 0) - "
+		 "       coalesce(sum(amount_ucr) FILTER (WHERE kind = 'expiry_reversal'), 0) "
 		 "FROM ledger_transfers WHERE tenant_id = $1",
 		 tenant_id);
 	if (rc != KILN_OK)

@@ -51,7 +51,7 @@ struct ledger_balance {
 	long long balance_ucr;	/* what the tenant can still spend */
 	long long granted_ucr;	/* every grant ever */
 	long long used_ucr;	/* usage charged */
-	long long expired_ucr;	/* grants that lapsed unspent */
+	long long expired_ucr;	/* grants that lapsed unspent (expiries less their reversals) */
 };
 
 /* Sums the ledger for `tenant_id`. */

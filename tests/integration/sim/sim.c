@@ -1665,8 +1665,10 @@ static int run_seed(uint64_t seed)
 		if ((W.t / S) % WINDOW == 0) {
 			for (int ti = 0; ti < opt.tenants; ti++)
 				W.ten[ti].expired_seen = q_int(
-					"SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
-					"WHERE tenant_id = '%s' AND kind = 'expiry'", W.ten[ti].id);
+					"SELECT coalesce(sum(CASE kind WHEN 'expiry' THEN amount_ucr "
+					"ELSE -amount_ucr END), 0) FROM ledger_transfers WHERE "
+					"tenant_id = '%s' AND kind IN ('expiry', 'expiry_reversal')",
+					W.ten[ti].id);
 		}
 		if ((W.t / S) % WINDOW == 1 && W.t > W.fault_until && !(opt.faults & F_TWO) &&
 		    !W.sim_error)
@@ -1758,7 +1760,9 @@ static const char sim_schema[] =
 	"CREATE FUNCTION sim.expiry_seq() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
 	"  INSERT INTO sim.expiry_seq SELECT NEW.account_id, coalesce(max(t.seq), 0) "
 	"  FROM public.ledger_transfers t JOIN public.ledger_accounts a ON a.tenant_id = t.tenant_id "
-	"  WHERE a.id = NEW.account_id; RETURN NULL; END $$;"
+	"  WHERE a.id = NEW.account_id "
+	/* an expiry reopened by a late window runs again: where it ran last */
+	"  ON CONFLICT (account_id) DO UPDATE SET seq = EXCLUDED.seq; RETURN NULL; END $$;"
 	"CREATE TRIGGER sim_expiry_seq AFTER INSERT ON public.grant_expiries FOR EACH ROW "
 	"  EXECUTE FUNCTION sim.expiry_seq();";
 

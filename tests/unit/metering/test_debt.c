@@ -16,6 +16,7 @@
 
 #include "common/log.h"
 #include "metering/billing.h"
+#include "metering/ledger.h"
 #include "metering/meter.h"
 #include "migrations/migrate.h"
 #include "test.h"
@@ -347,6 +348,68 @@ static void test_expiry_keeps_the_debt_at_its_expiry(void)
 	meter_free(m);
 }
 
+/*
+ * A window that started before a grant's expiry, flushed after the expiry ran (its meter's
+ * Postgres down, a meter restarted, a clock step the meters followed at different ticks), is
+ * drawn from that grant as it would have been before the expiry: the expiry is taken back and
+ * runs again at once with what the grant has left. Before, the window was drawn from the
+ * tenant's other grant while the expiry kept the credits that should have paid it (kiln-sim seed
+ * 31035: a 262 µcr window, the tenant's balance as of the expiry -262 µcr).
+ */
+static void test_a_window_flushed_after_an_expiry_is_drawn_from_its_grant(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	struct ledger_balance lb;
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 10000, t0 / S + 15, "g");
+	grant(t, 100000, 0, "o");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 9 * S);	/* [t0, t0+10) not flushed yet */
+	/* another meter runs g's expiry before this one flushes: all of g goes */
+	sql("SELECT ledger_expire_grants(to_timestamp(%lld))", (long long)(t0 / S + 15));
+	CHECK_INT(ledger_bal(t), 100000);
+	tick_until(m, t0 + 11 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "debit_account = 'grant:tx_%s_g' AND kind = 'usage'", t), 2570);
+	CHECK_INT(ledger_bal(t), 100000);
+	CHECK_INT(redis_bal(t, &ok), 100000 - meter_pending(m, t));
+	CHECK(ok);
+	/* [t0+10, t0+20) started before the expiry too; [t0+20, t0+30) after it, from o */
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "debit_account = 'grant:tx_%s_g' AND kind = 'usage'", t), 2 * 2570);
+	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
+			  "debit_account = 'grant:tx_%s_o' AND kind = 'usage'", t), 2570);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM grant_expiries WHERE account_id = "
+			  "'grant:tx_%s_g'", t), 10000 - 2 * 2570);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind = 'expiry_reversal'", t), 2);
+	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
+			  "'grant:tx_%s_g'", t), 0);
+	CHECK_INT(ledger_bal(t), 100000 - 2570);
+	CHECK_INT(redis_bal(t, &ok), 100000 - 2570 - meter_pending(m, t));
+	c = conn();
+	CHECK(ledger_balance(c, t, &lb, &err) == KILN_OK);
+	pg_release(pg, c);
+	CHECK_INT(lb.expired_ucr, 10000 - 2 * 2570);
+	CHECK_INT(lb.balance_ucr, 100000 - 2570);
+	CHECK_INT(api_balance(t).granted_ucr, 110000 - (10000 - 2 * 2570));
+	/* the meter's own expiry run later leaves it be */
+	tick_until(m, t0 + 51 * S);
+	CHECK_INT(sql_int("SELECT coalesce(sum(CASE kind WHEN 'expiry' THEN amount_ucr ELSE "
+			  "-amount_ucr END), 0) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind IN ('expiry', 'expiry_reversal')", t), 10000 - 2 * 2570);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -366,6 +429,7 @@ int main(void)
 	TEST(test_expiry_of_a_grant_that_paid_a_debt);
 	TEST(test_expiry_ignores_grants_made_after_it);
 	TEST(test_expiry_keeps_the_debt_at_its_expiry);
+	TEST(test_a_window_flushed_after_an_expiry_is_drawn_from_its_grant);
 
 	rc = test_summary();
 	rds_free(rds);
