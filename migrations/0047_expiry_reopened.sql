@@ -6,7 +6,7 @@
 -- meter has flushed the windows that started before it: but a meter whose Postgres is down, a
 -- crashed meter whose windows the next one bills again from the ledger, or one that followed a
 -- forward step of the wall clock later than the others flushes such a window after the expiry
--- ran. ledger_draw() no longer offers the expired grant to it, so it was drawn from another grant
+-- ran. The draws never offer an expired grant, so that window was drawn from another grant
 -- or the overdraft, while the expiry had taken the credits that should have paid it: debt made by
 -- an expiry (kiln-sim seed 31035, one hour of make test's kinds: a 262 µcr window of 22:55:30
 -- flushed 53 s after the expiry of a grant expiring at 23:00:35 ran, drawn from another grant;
@@ -118,41 +118,205 @@ BEGIN
     END LOOP;
 END $$;
 
--- 0046's meter_flush_set(), unchanged, called by the one below between the reopening and the
--- expiries again.
-ALTER FUNCTION meter_flush_set(json, text) RENAME TO meter_flush_draw;
-
-CREATE FUNCTION meter_flush_set(items json, card text)
+-- 0046's meter_flush_set(), the expiries its windows reopen first (after the tenants' ledger
+-- locks, before the statement that reads the ledger), each reopened grant expired again last.
+-- Everything else is 0046's, rule for rule.
+CREATE OR REPLACE FUNCTION meter_flush_set(items json, card text)
 RETURNS TABLE (refused_sandbox text, refused_generation bigint) LANGUAGE plpgsql
 SET jit = off AS $$
+#variable_conflict use_column
 DECLARE
-    ts text[];
-    pss bigint[];
+    its meter_flush_item[];
+    rsb text[];
+    rgen bigint[];
+    slow_ords bigint[];
+    it record;
     reopened text[];
-    g record;
 BEGIN
-    -- The earliest start of each tenant's charged windows (read from the items apart from
-    -- meter_flush_draw(): no temporary table, 0046), and the tenants' ledger locks, first and in
-    -- the global order, as meter_flush_draw() takes them.
-    SELECT array_agg(s.tenant), array_agg(s.ps) INTO ts, pss
-    FROM (SELECT x.tenant, min(x.ps) AS ps
-          FROM json_to_recordset(items) AS x(tenant text, ps bigint, ucr bigint)
-          WHERE x.ucr > 0 GROUP BY x.tenant) s;
-    PERFORM ledger_lock_tenants(ts);
-    -- The expiries those windows reopen: tenants with an expired grant expiring after their
-    -- earliest start (one join over all of them), then each of those tenants' grants.
+    its := ARRAY(SELECT x FROM json_populate_recordset(NULL::meter_flush_item, items) x);
+    -- The ledger locks of its tenants before anything of the ledger is read (the statement
+    -- below reads the ledger as of its start, after them).
+    PERFORM ledger_lock_tenants(ARRAY(SELECT DISTINCT x.tenant FROM unnest(its) x
+                                      WHERE x.ucr > 0));
+    -- The expiries its windows reopen: each tenant's expired grants expiring after the earliest
+    -- start of its charged windows (one join over all the tenants, then each such tenant's).
     reopened := ARRAY(
         SELECT r.id
-        FROM (SELECT DISTINCT s.tenant, s.ps FROM unnest(ts, pss) AS s(tenant, ps)
+        FROM (SELECT DISTINCT s.tenant, s.ps
+              FROM (SELECT x.tenant, to_timestamp(min(x.ps)::numeric / 1e9) AS ps
+                    FROM unnest(its) x WHERE x.ucr > 0 GROUP BY x.tenant) s
               JOIN ledger_accounts a ON a.tenant_id = s.tenant AND a.kind = 'grant'
-                                    AND a.expires_at > to_timestamp(s.ps::numeric / 1e9)
+                                    AND a.expires_at > s.ps
               JOIN grant_expiries e ON e.account_id = a.id) s
-        CROSS JOIN LATERAL ledger_reopen_expiries(s.tenant, to_timestamp(s.ps::numeric / 1e9))
-            AS r(id));
-    RETURN QUERY SELECT * FROM meter_flush_draw(items, card);
-    -- Each reopened grant expires again, its windows drawn, in the order the expiries run.
-    FOR g IN SELECT a.id FROM ledger_accounts a WHERE a.id = ANY (reopened)
-             ORDER BY a.expires_at, a.id LOOP
-        PERFORM ledger_expire_grant(g.id);
+        CROSS JOIN LATERAL ledger_reopen_expiries(s.tenant, s.ps) AS r(id));
+
+    -- first: the window would be written unless refused (the first of its start in the flush,
+    --   and that start not in the ledger);
+    -- bad: it overlaps billed time of its generation, in the ledger or written before it here;
+    -- refused: the pair's first bad window and every later one of the pair;
+    -- fresh: to be written (first and not refused); written: fresh and inserted (not taken by a
+    --   concurrent flush between this statement's start and its insert).
+    EXECUTE $q$
+    WITH i AS MATERIALIZED (
+        SELECT * FROM unnest($1) WITH ORDINALITY
+            AS x(sb, tenant, node, gen, ws, we, ps, pe, ucr, cpu, mem_bs, rx, tx, state, t,
+                 cpu_at, rx_at, tx_at, rem, gnode, id, ord)),
+    k AS (
+        SELECT ord, sb, gen, ws, row_number() OVER (PARTITION BY sb, gen, ws ORDER BY ord) AS r
+        FROM i),
+    firsts AS (
+        SELECT k.ord FROM k
+        WHERE k.r = 1
+          AND NOT EXISTS (SELECT 1 FROM usage_windows u
+                          WHERE u.sandbox_id = k.sb AND u.generation = k.gen
+                            AND u.window_start = to_timestamp(k.ws))),
+    f AS MATERIALIZED (
+        SELECT i.ord, i.sb, i.gen, i.ws, i.we, i.ps, i.pe, fi.ord IS NOT NULL AS first
+        FROM i LEFT JOIN firsts fi ON fi.ord = i.ord),
+    bad AS (
+        -- one probe of usage_windows' key per item (LIMIT 1: never a scan of the whole ledger)
+        SELECT i.ord FROM i
+        CROSS JOIN LATERAL (SELECT 1 FROM usage_windows u
+                            WHERE u.sandbox_id = i.sb AND u.generation = i.gen
+                              AND u.window_start >= to_timestamp(i.ws)
+                              AND coalesce(u.pe_ns,
+                                           (extract(epoch FROM u.window_end) * 1e9)::bigint)
+                                  > i.ps
+                            LIMIT 1) o
+        UNION
+        SELECT f2.ord
+        FROM f f2 JOIN f j ON j.sb = f2.sb AND j.gen = f2.gen
+        WHERE j.ord < f2.ord AND j.first AND j.ws >= f2.ws
+          AND coalesce(j.pe, j.we * 1000000000) > f2.ps),
+    fl AS MATERIALIZED (
+        SELECT b.ord, b.first,
+               coalesce(b.ord >= min(b.ord) FILTER (WHERE b.bad)
+                                   OVER (PARTITION BY b.sb, b.gen), false) AS refused
+        FROM (SELECT f.ord, f.sb, f.gen, f.first, bd.ord IS NOT NULL AS bad
+              FROM f LEFT JOIN bad bd ON bd.ord = f.ord) b),
+    fresh AS MATERIALIZED (
+        SELECT i.* FROM i JOIN fl ON fl.ord = i.ord WHERE fl.first AND NOT fl.refused),
+    ins AS (
+        INSERT INTO usage_windows (sandbox_id, generation, window_start, window_end, tenant_id,
+                                   cpu_ns, mem_byte_s, rx_bytes, tx_bytes, ucr, rate_card,
+                                   ps_ns, pe_ns)
+        SELECT sb, gen, to_timestamp(ws), to_timestamp(we), tenant, cpu, mem_bs, rx, tx, ucr, $2,
+               ps, pe
+        FROM fresh ORDER BY ord
+        ON CONFLICT DO NOTHING
+        RETURNING sandbox_id, generation, window_start),
+    wr AS MATERIALIZED (
+        SELECT fr.* FROM fresh fr
+        JOIN ins ON ins.sandbox_id = fr.sb AND ins.generation = fr.gen
+                AND ins.window_start = to_timestamp(fr.ws)),
+    -- Grants that can pay for these windows, per tenant, and whether a tenant's windows would
+    -- see different ones (an expiry between their starts): those tenants draw one by one.
+    gr AS MATERIALIZED (
+        SELECT a.tenant_id, a.id, b.balance_ucr, a.expires_at, a.created_at
+        FROM ledger_accounts a JOIN ledger_account_balances b ON b.account_id = a.id
+        WHERE a.kind = 'grant' AND b.balance_ucr > 0
+          AND a.tenant_id IN (SELECT tenant FROM wr WHERE ucr > 0)
+          AND NOT EXISTS (SELECT 1 FROM grant_expiries e WHERE e.account_id = a.id)),
+    slow AS MATERIALIZED (
+        SELECT DISTINCT g.tenant_id FROM gr g
+        JOIN (SELECT tenant, min(ps) AS lo, max(ps) AS hi FROM wr
+              WHERE ucr > 0 GROUP BY tenant) r ON r.tenant = g.tenant_id
+        WHERE g.expires_at > to_timestamp(r.lo::numeric / 1e9)
+          AND g.expires_at <= to_timestamp(r.hi::numeric / 1e9)),
+    -- The rest at once. Stretches of each tenant's windows and of its grants valid for them all.
+    w AS MATERIALIZED (
+        SELECT wr.ord, wr.sb, wr.gen, wr.ws, wr.ps, wr.pe, wr.tenant, wr.id, wr.ucr,
+               sum(wr.ucr) OVER (PARTITION BY wr.tenant ORDER BY wr.ord) AS c_end
+        FROM wr
+        WHERE wr.ucr > 0 AND wr.tenant NOT IN (SELECT tenant_id FROM slow)),
+    od AS (
+        INSERT INTO ledger_accounts (id, tenant_id, kind)
+        SELECT DISTINCT 'overdraft:' || tenant, tenant, 'overdraft' FROM w
+        ON CONFLICT (id) DO NOTHING),
+    lo AS (
+        SELECT tenant, min(ps) AS ps FROM w GROUP BY tenant),
+    g AS MATERIALIZED (
+        SELECT g.tenant_id, g.id, g.expires_at, g.created_at,
+               sum(g.balance_ucr) OVER (PARTITION BY g.tenant_id
+                                        ORDER BY g.expires_at ASC NULLS LAST, g.created_at, g.id)
+                   AS c_end,
+               g.balance_ucr
+        FROM gr g JOIN lo ON lo.tenant = g.tenant_id
+        WHERE g.expires_at IS NULL OR g.expires_at > to_timestamp(lo.ps::numeric / 1e9)),
+    tot AS (
+        SELECT tenant_id, max(c_end) AS total FROM g GROUP BY tenant_id),
+    parts AS (
+        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.tenant, w.id AS tx, g.id AS account,
+               least(w.c_end, g.c_end) - greatest(w.c_end - w.ucr, g.c_end - g.balance_ucr) AS amount,
+               0 AS od, g.expires_at, g.created_at, g.id AS gid
+        FROM w JOIN g ON g.tenant_id = w.tenant
+        WHERE least(w.c_end, g.c_end) > greatest(w.c_end - w.ucr, g.c_end - g.balance_ucr)
+        UNION ALL
+        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.tenant, w.id, 'overdraft:' || w.tenant,
+               w.c_end - greatest(w.c_end - w.ucr, coalesce(tot.total, 0)), 1, NULL, NULL, NULL
+        FROM w LEFT JOIN tot ON tot.tenant_id = w.tenant
+        WHERE w.c_end > coalesce(tot.total, 0)),
+    numbered AS (
+        SELECT p.*,
+               row_number() OVER (PARTITION BY p.ord
+                                  ORDER BY p.od, p.expires_at ASC NULLS LAST, p.created_at, p.gid)
+                   AS k
+        FROM parts p),
+    tr AS (
+        INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,
+                                      amount_ucr, tenant_id, sandbox_id, period_start, period_end,
+                                      rate_card)
+        SELECT CASE WHEN k > 1 OR tx IS NULL THEN kiln_new_id('tx_')
+                    WHEN tx ~ '^tx_[a-z2-7]{26}$' THEN tx
+                    ELSE meter_flush_bad_id(tx) END,
+               'usage:' || sb || ':' || gen || ':' || ws || CASE WHEN k = 1 THEN '' ELSE ':' || k END,
+               'usage', account, 'system:revenue', amount, tenant, sb,
+               to_timestamp(ps::numeric / 1e9), to_timestamp(pe::numeric / 1e9), $2
+        FROM numbered
+        -- (ord, k): the order the numbering sorted them in, so no second sort
+        ORDER BY ord, od, expires_at ASC NULLS LAST, created_at, gid),
+    -- Each (sandbox, generation)'s billed-up-to point: its newest written window (the last of
+    -- the newest time, as the loop's row-by-row upserts leave it), if not older than the
+    -- ledger's.
+    pt AS (
+        INSERT INTO meter_sandboxes AS m (sandbox_id, tenant_id, node_id, generation, state,
+                                          last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine,
+                                          gen_node)
+        SELECT DISTINCT ON (sb, gen) sb, tenant, node, gen, state, t, cpu_at, rx_at, tx_at, rem,
+               coalesce(nullif(gnode, ''), node)
+        FROM wr
+        ORDER BY sb, gen, t DESC, ord DESC
+        ON CONFLICT (sandbox_id, generation) DO UPDATE SET
+            tenant_id = EXCLUDED.tenant_id, node_id = EXCLUDED.node_id,
+            state = EXCLUDED.state, last_t_ns = EXCLUDED.last_t_ns, cpu_ns = EXCLUDED.cpu_ns,
+            rx_bytes = EXCLUDED.rx_bytes, tx_bytes = EXCLUDED.tx_bytes,
+            remainder_fine = EXCLUDED.remainder_fine, gen_node = EXCLUDED.gen_node,
+            updated_at = now()
+        WHERE m.last_t_ns <= EXCLUDED.last_t_ns),
+    rf AS (
+        SELECT f.sb, f.gen, min(f.ord) AS o FROM f JOIN fl ON fl.ord = f.ord
+        WHERE fl.refused GROUP BY f.sb, f.gen)
+    SELECT ARRAY(SELECT rf.sb FROM rf ORDER BY rf.o), ARRAY(SELECT rf.gen FROM rf ORDER BY rf.o),
+           ARRAY(SELECT wr.ord FROM wr
+                 WHERE wr.ucr > 0 AND wr.tenant IN (SELECT tenant_id FROM slow) ORDER BY wr.ord)
+    $q$ INTO rsb, rgen, slow_ords USING its, card;
+
+    -- The tenants with an expiry between their windows, window by window.
+    FOR it IN SELECT x.* FROM unnest(its) WITH ORDINALITY
+                  AS x(sb, tenant, node, gen, ws, we, ps, pe, ucr, cpu, mem_bs, rx, tx, state, t,
+                       cpu_at, rx_at, tx_at, rem, gnode, id, ord)
+              WHERE x.ord = ANY (slow_ords) ORDER BY x.ord LOOP
+        PERFORM ledger_draw(it.tenant, it.ucr,
+                            'usage:' || it.sb || ':' || it.gen || ':' || it.ws, it.sb,
+                            to_timestamp(it.ps::numeric / 1e9), to_timestamp(it.pe::numeric / 1e9),
+                            card);
     END LOOP;
+
+    -- Each reopened grant expires again, its windows drawn, in the order expiries run.
+    FOR it IN SELECT a.id FROM ledger_accounts a WHERE a.id = ANY (reopened)
+              ORDER BY a.expires_at, a.id LOOP
+        PERFORM ledger_expire_grant(it.id);
+    END LOOP;
+
+    RETURN QUERY SELECT * FROM unnest(rsb, rgen);
 END $$;

@@ -200,6 +200,19 @@ class BillingTests(unittest.TestCase):
         self.assertEqual([x["amount_ucr"] for x in got], [-777])
         b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
         self.assertEqual((b["granted_ucr"], b["balance_ucr"]), (500_000_000, 500_000_000))
+        # An expiry taken back (a window from before it flushed after it ran, which the grant then
+        # pays: migrations/0047) adds to the balance and shows as a credit.
+        acct = self.db.sql(f"SELECT id FROM ledger_accounts WHERE tenant_id = '{tenant}'"
+                           " AND expires_at IS NOT NULL")
+        self.db.sql("INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account,"
+                    f" amount_ucr, tenant_id, reason) VALUES ('tx_rev_{tenant}',"
+                    f" 'test-reversal:{tenant}', 'expiry_reversal', 'system:expired', '{acct}', 300,"
+                    f" '{tenant}', 'test')")
+        e = self.gw.request("GET", "/v1/billing/ledger", headers=key).json()["entries"]
+        self.assertEqual([(x["kind"], x["amount_ucr"]) for x in e if x["kind"].startswith("expiry")],
+                         [("expiry_reversal", 300), ("expiry", -777)])
+        b = self.gw.request("GET", "/v1/billing/balance", headers=key).json()
+        self.assertEqual((b["granted_ucr"], b["balance_ucr"]), (500_000_300, 500_000_300))
 
     def test_a_tenant_in_debt_is_billed_shows_a_negative_balance_and_gets_402_on_create(self):
         tenant, key = self.tenant()
