@@ -42,6 +42,7 @@ struct pg {
 	pthread_mutex_t lock;
 	pthread_cond_t freed;
 	bool prepared;		/* pg_set_prepared() */
+	char *on_connect;	/* pg_set_on_connect(); NULL: nothing */
 	/* Bumped when a connection saw the primary go away: the others, opened before, are reopened
 	 * on their next acquire instead of failing one more request each. */
 	_Atomic unsigned gen;
@@ -87,6 +88,19 @@ void pg_set_prepared(struct pg *p, bool on)
 	p->prepared = on;
 }
 
+int pg_set_on_connect(struct pg *p, const char *sql)
+{
+	char *copy = NULL;
+
+	if (sql && !(copy = strdup(sql)))
+		return -1;
+	free(p->on_connect);
+	p->on_connect = copy;
+	/* Connections opened before it lack its settings: they are reopened, as after a switch. */
+	p->gen++;
+	return 0;
+}
+
 void pg_free(struct pg *p)
 {
 	if (!p)
@@ -100,6 +114,7 @@ void pg_free(struct pg *p)
 	pthread_cond_destroy(&p->freed);
 	free(p->conns);
 	free(p->conninfo);
+	free(p->on_connect);
 	free(p);
 }
 
@@ -107,6 +122,20 @@ void pg_free(struct pg *p)
 static void pg_notice(void *arg, const char *message)
 {
 	log_debug("postgres: %s", message);
+}
+
+/* Runs the pool's on-connect statements on `conn`, just opened. -1 (warned) when they failed. */
+static int on_connect_run(PGconn *conn, const char *sql)
+{
+	PGresult *res = PQexec(conn, sql);
+	ExecStatusType st = PQresultStatus(res);
+
+	PQclear(res);
+	if (st == PGRES_COMMAND_OK || st == PGRES_TUPLES_OK)
+		return 0;
+	log_warn("postgres: the statements run on connect failed, the connection is closed: %s",
+		 PQerrorMessage(conn));
+	return -1;
 }
 
 /* Opens (or reopens) `c`'s connection. Returns 0 when it is usable. */
@@ -136,6 +165,11 @@ static int pg_conn_open(struct pg *p, struct pg_conn *c)
 		return -1;
 	}
 	PQsetNoticeProcessor(c->conn, pg_notice, NULL);
+	if (p->on_connect && on_connect_run(c->conn, p->on_connect) < 0) {
+		PQfinish(c->conn);
+		c->conn = NULL;
+		return -1;
+	}
 	return 0;
 }
 

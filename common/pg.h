@@ -39,6 +39,18 @@ void pg_free(struct pg *pool);
  */
 void pg_set_prepared(struct pg *pool, bool on);
 
+/*
+ * Runs `sql` (one statement or several, as PQexec takes them: "SET jit = off") on each connection
+ * the pool opens, right after it connects and before anything else runs on it. Settings made so
+ * hold whatever the connection string's options= or PGOPTIONS say, and need no startup option,
+ * which a connection pooler may refuse (the pooler must keep sessions: one pooling by transaction
+ * would not keep them). A connection on which it fails is closed, with a warning, and the acquire
+ * that opened it fails (KILN_E_UNAVAILABLE). Connections already open are reopened on their next
+ * acquire; NULL runs nothing. Set it before threads share the pool. Returns 0, or -1 when out of
+ * memory (the previous setting stays).
+ */
+int pg_set_on_connect(struct pg *pool, const char *sql);
+
 /* Takes a live connection, waiting while all are in use. KILN_E_UNAVAILABLE if none can connect. */
 enum kiln_err pg_acquire(struct pg *pool, struct pg_conn **out, struct kiln_error *err);
 void pg_release(struct pg *pool, struct pg_conn *c);

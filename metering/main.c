@@ -111,10 +111,8 @@ static int db_init(struct kiln_error *err)
 	int applied = 0;
 	enum kiln_err rc;
 
-	if (meter_pg_jit_off() < 0)
-		log_warn("cannot turn postgres jit off: %s", strerror(errno));
 	km.pg = pg_new(km.cfg.database_url, 4);	/* the tick, the flush, the pauses, the signer */
-	if (!km.pg)
+	if (!km.pg || meter_pg_session(km.pg) < 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 	rc = migrate_apply(km.pg, migrations, migrations_count, &applied, err);
 	if (rc == KILN_OK && applied)

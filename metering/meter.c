@@ -2279,20 +2279,9 @@ static void meter_gc(struct meter *m)
 
 /* --- public --- */
 
-int meter_pg_jit_off(void)
+int meter_pg_session(struct pg *pool)
 {
-	const char *old = getenv("PGOPTIONS");
-	char opts[1024];
-	int n;
-
-	if (old && strstr(old, "-c jit=off"))
-		return 0;
-	n = snprintf(opts, sizeof(opts), "%s%s-c jit=off", old ? old : "", old && *old ? " " : "");
-	if (n < 0 || (size_t)n >= sizeof(opts)) {
-		errno = E2BIG;
-		return -1;
-	}
-	return setenv("PGOPTIONS", opts, 1);
+	return pg_set_on_connect(pool, "SET jit = off");
 }
 
 struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds *rds,

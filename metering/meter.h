@@ -96,16 +96,15 @@ struct meter_stats {
 };
 
 /*
- * Turns JIT off for every Postgres connection the process opens after it: " -c jit=off" is added
- * to PGOPTIONS (what it held stays; a database URL with an options= of its own takes precedence
- * over it). Call it once, before the pool passed to meter_new() connects (kiln-meter's start,
- * bench/metering). The tick's query of the node's sandboxes is costed far above
- * jit_above_cost while the planner's statistics lag a bulk change (thousands of windows and
- * billed-up-to points flushed before autovacuum analyzed them): compiled, it took seconds of
- * Postgres CPU for a query that runs in milliseconds (docs/benchmarks.md). Returns 0, or -1 with
- * errno set when the environment cannot be changed.
+ * Makes each connection `pool` opens run with JIT off (`SET jit = off` on connect,
+ * pg_set_on_connect), whatever the database URL's options= or PGOPTIONS say. Call it right after
+ * pg_new(), before the pool is shared (kiln-meter's start, bench/metering). The tick's query of
+ * the node's sandboxes is costed far above jit_above_cost while the planner's statistics lag a
+ * bulk change (thousands of windows and billed-up-to points flushed before autovacuum analyzed
+ * them): compiled, it took seconds of Postgres CPU for a query that runs in milliseconds
+ * (docs/benchmarks.md). Returns 0, or -1 when out of memory.
  */
-int meter_pg_jit_off(void);
+int meter_pg_session(struct pg *pool);
 
 /* A meter over `pg` and `rds` (both owned by the caller). NULL with `err` set on bad options. */
 struct meter *meter_new(const struct meter_opts *opts, struct pg *pg, struct rds *rds,

@@ -454,8 +454,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("bench-meter", KLOG_WARN, false);
-	meter_pg_jit_off();	/* as kiln-meter's start does */
 	pg = pg_new(argv[1], 4);
+	meter_pg_session(pg);	/* as kiln-meter's start does */
 	rds = rds_new(argv[2], 5000);
 	if (migrate_apply(pg, migrations, migrations_count, &applied, &err) != KILN_OK) {
 		fprintf(stderr, "migrations: %s\n", err.msg);

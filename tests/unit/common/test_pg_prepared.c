@@ -4,7 +4,9 @@
  * with other parameters, not inside a transaction, a bad one reports its own error, a connection
  * reopened prepares again, past the cap statements still run; a schema change under one is run
  * again prepared anew outside a transaction and fails cleanly inside one; a connection dropped in
- * a transaction is closed at release; pg_in_transaction.
+ * a transaction is closed at release; pg_in_transaction. Statements run on each connection the
+ * pool opens (pg_set_on_connect): on every connection, again after a reconnect, on connections
+ * already open once set, and a failing one fails the acquire cleanly.
  */
 #include "test.h"
 #include "testdb.h"
@@ -219,6 +221,121 @@ static void in_transaction_is_told(void)
 	pg_free(pg);
 }
 
+/* The value of setting `name` in `c`'s session ("" on an error). */
+static void setting(struct pg_conn *c, const char *name, char *out, size_t size)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+
+	PGQ(c, &res, &err, "SELECT current_setting($1)", name);
+	snprintf(out, size, "%s", pg_res_str(res, 0, 0));
+	pg_res_free(res);
+}
+
+#define CHECK_SETTING(c, name, want)                        \
+	do {                                                \
+		char v_[64];                                \
+		setting((c), (name), v_, sizeof(v_));       \
+		CHECK_STR(v_, (want));                      \
+	} while (0)
+
+/* pg_set_on_connect's statements run on each connection the pool opens, and again on one reopened
+ * after its backend was terminated. */
+static void on_connect_runs_on_each_connection_and_after_a_reconnect(void)
+{
+	struct pg *pg = pg_new(db.url, 2);
+	struct pg_conn *c[2] = { NULL, NULL };
+	long long pid;
+
+	CHECK_INT(pg_set_on_connect(pg, "SET work_mem = '7MB'; SET application_name = 'pgprep_oc'"),
+		  0);
+	c[0] = testdb_conn(pg);
+	c[1] = testdb_conn(pg);
+	CHECK(backend(c[0]) != backend(c[1]));
+	for (int i = 0; i < 2; i++) {
+		CHECK_SETTING(c[i], "work_mem", "7MB");
+		CHECK_SETTING(c[i], "application_name", "pgprep_oc");
+	}
+	pid = backend(c[0]);
+	pg_release(pg, c[1]);
+	pg_release(pg, c[0]);
+	CHECK(testdb_sql_int(db.admin, "SELECT count(*) FROM pg_terminate_backend(%lld)", pid) == 1);
+	c[0] = testdb_conn(pg);
+	CHECK_INT(backend(c[0]), -1);	/* the terminated connection, dropped */
+	pg_release(pg, c[0]);
+	c[0] = testdb_conn(pg);
+	CHECK(backend(c[0]) != pid && backend(c[0]) > 0);
+	CHECK_SETTING(c[0], "work_mem", "7MB");
+	CHECK_SETTING(c[0], "application_name", "pgprep_oc");
+	pg_release(pg, c[0]);
+	pg_free(pg);
+}
+
+/* Set on a pool whose connection is open, it reopens that connection with its settings. */
+static void on_connect_set_later_reopens_open_connections(void)
+{
+	struct pg *pg = pg_new(db.url, 1);
+	struct pg_conn *c = testdb_conn(pg);
+	long long pid = backend(c);
+	char server[64];
+
+	setting(c, "work_mem", server, sizeof(server));	/* the server's own */
+	CHECK(server[0] && strcmp(server, "7MB") != 0);
+	pg_release(pg, c);
+	CHECK_INT(pg_set_on_connect(pg, "SET work_mem = '7MB'"), 0);
+	c = testdb_conn(pg);
+	CHECK(backend(c) != pid);
+	CHECK_SETTING(c, "work_mem", "7MB");
+	pg_release(pg, c);
+	CHECK_INT(pg_set_on_connect(pg, NULL), 0);	/* none again: the server's own */
+	c = testdb_conn(pg);
+	CHECK_SETTING(c, "work_mem", server);
+	pg_release(pg, c);
+	pg_free(pg);
+}
+
+/* How many sessions named `app` are connected. */
+static long long sessions(const char *app)
+{
+	return testdb_sql_int(db.admin, "SELECT count(*) FROM pg_stat_activity "
+					"WHERE application_name = '%s'", app);
+}
+
+/* A failing on-connect statement fails the acquire (no connection handed out, none left open,
+ * the slot free); with a statement that runs, the same pool connects. */
+static void a_failing_on_connect_statement_fails_the_acquire(void)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c = NULL;
+	char url[700];
+	struct pg *pg;
+	long long left = -1;
+
+	snprintf(url, sizeof(url), "%s application_name=pgprep_ocfail", db.url);
+	pg = pg_new(url, 1);
+	CHECK_INT(pg_set_on_connect(pg, "SET work_mem = '7MB'; SET no_such_setting = 1"), 0);
+	for (int i = 0; i < 2; i++) {	/* twice: the slot was handed back */
+		CHECK_INT(pg_acquire(pg, &c, &err), KILN_E_UNAVAILABLE);
+		CHECK(c == NULL);
+		pg_release(pg, c);	/* one wrongly handed out, so the next acquire cannot hang */
+		c = NULL;
+	}
+	for (int i = 0; i < 50 && left != 0; i++) {
+		if (i)
+			nanosleep(&(struct timespec){ 0, 100 * 1000000L }, NULL);
+		left = sessions("pgprep_ocfail");
+	}
+	CHECK_INT(left, 0);
+	CHECK_INT(pg_set_on_connect(pg, "SET work_mem = '7MB'"), 0);
+	kiln_error_clear(&err);
+	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
+	if (c) {
+		CHECK_SETTING(c, "work_mem", "7MB");
+		pg_release(pg, c);
+	}
+	pg_free(pg);
+}
+
 int main(void)
 {
 	if (testdb_open(&db, "pgprep") != 0)
@@ -231,6 +348,9 @@ int main(void)
 	TEST(a_schema_change_fails_inside_a_transaction);
 	TEST(a_dropped_connection_is_closed_at_release);
 	TEST(in_transaction_is_told);
+	TEST(on_connect_runs_on_each_connection_and_after_a_reconnect);
+	TEST(on_connect_set_later_reopens_open_connections);
+	TEST(a_failing_on_connect_statement_fails_the_acquire);
 	testdb_close(&db);
 	return test_summary();
 }

@@ -1980,38 +1980,36 @@ static void test_a_taken_over_generation_started_before_a_forward_then_a_backwar
 }
 
 /*
- * kiln-meter's connections run without JIT (meter_pg_jit_off(), called at its start): a pool
- * opened after it sees jit off, while PGOPTIONS keeps what it held before; a second call adds
- * nothing.
+ * kiln-meter's connections run without JIT (meter_pg_session(), on its pool at its start): each
+ * connection of the pool reports jit off even when the database URL asks for it on
+ * (options=-c jit=on, which takes precedence over PGOPTIONS), while the URL's other options hold.
  */
 static const char *meter_db_url;
 static void test_meter_connections_run_without_jit(void)
 {
 	struct kiln_error err = { 0 };
-	char *saved = getenv("PGOPTIONS") ? strdup(getenv("PGOPTIONS")) : NULL;
-	struct pg *own;
-	struct pg_conn *c = NULL;
+	struct pg_conn *c[2] = { NULL, NULL };
 	struct pg_res *res = NULL;
+	struct pg *own;
+	char url[700];
 
-	setenv("PGOPTIONS", "-c statement_timeout=600000", 1);
-	CHECK_INT(meter_pg_jit_off(), 0);
-	CHECK_INT(meter_pg_jit_off(), 0);
-	CHECK(strcmp(getenv("PGOPTIONS"), "-c statement_timeout=600000 -c jit=off") == 0);
-	own = pg_new(meter_db_url, 1);
-	CHECK(own && pg_acquire(own, &c, &err) == KILN_OK);
-	if (c) {
-		CHECK(PGQ0(c, &res, &err, "SELECT current_setting('jit') || ' ' || "
-				      "current_setting('statement_timeout')") == KILN_OK);
-		CHECK(res && strcmp(pg_res_str(res, 0, 0), "off 10min") == 0);
+	snprintf(url, sizeof(url), "%s options='-c jit=on -c statement_timeout=600000'",
+		 meter_db_url);
+	own = pg_new(url, 2);
+	CHECK(own && meter_pg_session(own) == 0);
+	for (int i = 0; i < 2; i++)	/* both at once: two connections */
+		CHECK(own && pg_acquire(own, &c[i], &err) == KILN_OK);
+	for (int i = 0; i < 2; i++) {
+		if (!c[i])
+			continue;
+		CHECK(PGQ0(c[i], &res, &err, "SELECT current_setting('jit') || ' ' || "
+					     "current_setting('statement_timeout')") == KILN_OK);
+		CHECK_STR(pg_res_str(res, 0, 0), "off 10min");
 		pg_res_free(res);
-		pg_release(own, c);
+		res = NULL;
+		pg_release(own, c[i]);
 	}
 	pg_free(own);
-	if (saved)
-		setenv("PGOPTIONS", saved, 1);
-	else
-		unsetenv("PGOPTIONS");
-	free(saved);
 }
 
 /*
@@ -2162,6 +2160,7 @@ int main(void)
 	if (testdb_open(&db, "meter") != 0)
 		return 1;
 	pg = db.pg;
+	meter_pg_session(pg);	/* the engine's pool, as kiln-meter's */
 	rds = rds_new(db.redis_url, 2000);
 	meter_db_url = db.url;
 
