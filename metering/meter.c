@@ -169,6 +169,12 @@ struct meter {
 	 * `clock`, 9110). */
 	int64_t back_off[STEPS_KEPT], back_at[STEPS_KEPT];
 	int nback;
+	/* For each of those steps, forward and backward: the state log's sequence (its last value)
+	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
+	 * it was seen. A change logged with a later seq was logged that long after the step, so its
+	 * time is after it, never in the frame before it (node_time_before()). */
+	long long step_seq[STEPS_KEPT], back_seq[STEPS_KEPT];
+	int64_t step_mono[STEPS_KEPT], back_mono[STEPS_KEPT];
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
 	int64_t since;		/* ns, wall: rows changed after this are read too */
@@ -260,12 +266,16 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 		memmove(m->step_at, m->step_at + 1, sizeof(m->step_at[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_by, m->step_by + 1, sizeof(m->step_by[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_off, m->step_off + 1, sizeof(m->step_off[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_seq, m->step_seq + 1, sizeof(m->step_seq[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_mono, m->step_mono + 1, sizeof(m->step_mono[0]) * (STEPS_KEPT - 1));
 		m->nsteps--;
 		if (m->fwd_from)
 			m->fwd_from--;
 	}
 	m->step_at[m->nsteps] = at;
 	m->step_off[m->nsteps] = off;
+	m->step_seq[m->nsteps] = 0;
+	m->step_mono[m->nsteps] = m->o.mono_ns(m->o.clock_ctx);
 	m->step_by[m->nsteps++] = by;
 }
 
@@ -368,8 +378,13 @@ static int64_t meter_clock(struct meter *m)
 		if (m->nback == STEPS_KEPT) {
 			memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
 			memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
+			memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
+			memmove(m->back_mono, m->back_mono + 1,
+				sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
 			m->nback--;
 		}
+		m->back_seq[m->nback] = 0;
+		m->back_mono[m->nback] = mono;
 		m->back_at[m->nback] = l;
 		m->back_off[m->nback++] = m->off;
 		m->fwd_from = m->nsteps;
@@ -762,8 +777,15 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
  * than its end (`end`, on the label clock): the latest of the frames before a forward or a
  * backward step this meter followed that puts `w` before that step, moved on by the forward
  * steps since (step_shift()); else `end` less `billed` (all of the generation is billed).
+ * Not the frame before a step when the start was logged LOG_LATE_NS or more after it (its log
+ * sequence `seq` past the one read then, step_seq/back_seq): its time is after the step. Moved
+ * there, a point past its end because the end was logged late (the writer billed past it), not
+ * because the start was read in the wrong frame, stood the step's size early, and the generation
+ * was billed again from there (a step of -320 s 64 s before the start, the end logged 2 s before
+ * the writer's last flushed tick: 90,464 µcr for 8,738).
  */
-static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed, int64_t end)
+static int64_t node_time_before(const struct meter *m, int64_t w, long long seq, int64_t billed,
+				int64_t end)
 {
 	int64_t best = end - billed;
 	bool found = false;
@@ -771,9 +793,12 @@ static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed
 	for (int k = 0; k < m->nsteps + m->nback; k++) {
 		bool fwd = k < m->nsteps;
 		int64_t x = w + (fwd ? m->step_off[k] : m->back_off[k - m->nsteps]), p;
+		long long after = fwd ? m->step_seq[k] : m->back_seq[k - m->nsteps];
 
 		if (x >= (fwd ? m->step_at[k] : m->back_at[k - m->nsteps]))
 			continue;	/* not before that step in the frame before it */
+		if (seq && after && seq > after)
+			continue;	/* logged well after that step */
 		p = step_shift(m, x);
 		if (p + billed <= end && (!found || p > best)) {
 			best = p;
@@ -787,7 +812,8 @@ static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL; `end_col`, when not -1, the first change of a later generation, µs, NULL while
- * there is none: GEN_END_SQL) on this meter's label clock, into *t: where this meter places the
+ * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL) on
+ * this meter's label clock, into *t: where this meter places the
  * generation's start, plus what is billed of it. The point itself is a label of the clock of the
  * meter that wrote it, which may run far from this one's (one followed a clock step, the other,
  * restarted without its frame, did not): read as a label here, a generation taken over from
@@ -813,7 +839,7 @@ static int64_t node_time_before(const struct meter *m, int64_t w, int64_t billed
  * or no change logged.
  */
 static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int end_col,
-		      int64_t *t)
+		      int seq_col, int64_t *t)
 {
 	int64_t w, billed, end;
 
@@ -825,7 +851,8 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
 		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000, m->clk_now_l);
 		if (*t > end + STEP_TOLERANCE_NS)
-			*t = node_time_before(m, w, billed, end) + billed;
+			*t = node_time_before(m, w, pg_res_int(res, i, seq_col, 0), billed, end) +
+			     billed;
 		else if (*t > end)
 			*t = end;	/* billed past it, not read in another frame */
 	}
@@ -844,7 +871,7 @@ static bool tk_point(const struct meter *m, const struct mrow *r, long long gen,
 	for (int k = r->tk_at; k < r->tk_at + r->tk_n; k++)
 		if (pg_res_int(r->tk_res, k, 3, 0) == gen &&
 		    strcmp(pg_res_str(r->tk_res, k, 1), node) == 0) {
-			if (!gen_point(m, r->tk_res, k, 4, 7, t))
+			if (!gen_point(m, r->tk_res, k, 4, 7, 8, t))
 				return false;
 			*cpu = (uint64_t)pg_res_int(r->tk_res, k, 6, 0);
 			*rem = (uint64_t)pg_res_int(r->tk_res, k, 2, 0) % PRICE_FINE_PER_UCR;
@@ -1270,6 +1297,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_START_SQL(X, G)                                                                        \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
+/* The log sequence of the first state change of generation G of X (node_time_before()). */
+#define GEN_START_SEQ_SQL(X, G)                                                                    \
+	"(SELECT n.seq FROM sandbox_state_log n "                                                  \
+	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
 /* The time (µs) of the first state change of a generation of X later than G (G's end), NULL when
  * none is logged. */
 #define GEN_END_SQL(X, G)                                                                          \
@@ -1313,7 +1344,8 @@ static const char rows_sql[] =
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
-	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -2534,7 +2566,8 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 			"coalesce(mm.gen_node, mm.node_id), mm.remainder_fine, mm.generation, "
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
 			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
-			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") " "
+			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
 			"FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2655,8 +2688,8 @@ out:
  * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
  * when none>", comma-separated), its
  * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
- * generation's start and what is billed of it (gen_point()). The point is on the clock of the
- * meter that wrote it, the end and the changes on the wall clock: they are compared with the
+ * generation's start, what is billed of it and its start's log sequence (gen_point()). The point
+ * is on the clock of the meter that wrote it, the end and the changes on the wall clock: they are compared with the
  * generation's start plus what is billed of it (wall_ns), the point itself when that is not known.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
@@ -2670,7 +2703,7 @@ static const char tails_sql[] =
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
-	"p.start_us, p.billed_ns "
+	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
 	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns, "
@@ -2704,7 +2737,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, m->clk_now_l);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
-	gen_point(m, res, i, 15, 9, &t);
+	gen_point(m, res, i, 15, 9, 17, &t);
 	s->gen = pg_res_int(res, i, 2, 0);
 	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
 	s->mine = true;
@@ -2862,7 +2895,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		r[i].changed = r[i].changed ? node_time(m, r[i].changed) : 0;
 		r[i].deleted = r[i].deleted ? node_time(m, r[i].deleted) : 0;
 		r[i].created = r[i].created ? node_time(m, r[i].created) : 0;
-		if (r[i].has_m && gen_point(m, res, i, 21, 24, &r[i].m_last))
+		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
 		{
@@ -3057,6 +3090,41 @@ static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_
 	return rc;
 }
 
+/*
+ * Reads the state log's sequence for the clock steps seen LOG_LATE_NS or more ago that have none
+ * yet (step_seq, back_seq): one query, only in the ticks after a step. A change logged with a
+ * later seq was logged after that read, so its time is past the step. Nothing when it fails: read
+ * at a later tick, later still, which only puts fewer changes after the step.
+ */
+static void steps_seq_read(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	int64_t mono = m->clk_now_m;
+	bool due = false;
+	long long seq;
+
+	for (int k = 0; k < m->nsteps; k++)
+		due |= !m->step_seq[k] && mono - m->step_mono[k] >= LOG_LATE_NS;
+	for (int b = 0; b < m->nback; b++)
+		due |= !m->back_seq[b] && mono - m->back_mono[b] >= LOG_LATE_NS;
+	if (!due)
+		return;
+	m->st.pg_calls++;
+	if (PGQ0(c, &res, &err, "SELECT last_value FROM sandbox_state_log_seq_seq") != KILN_OK) {
+		log_warn("cannot read the state log's sequence: %s", err.msg);
+		return;
+	}
+	seq = pg_res_int(res, 0, 0, 0);
+	pg_res_free(res);
+	for (int k = 0; k < m->nsteps; k++)
+		if (!m->step_seq[k] && mono - m->step_mono[k] >= LOG_LATE_NS)
+			m->step_seq[k] = seq;
+	for (int b = 0; b < m->nback; b++)
+		if (!m->back_seq[b] && mono - m->back_mono[b] >= LOG_LATE_NS)
+			m->back_seq[b] = seq;
+}
+
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
@@ -3087,6 +3155,8 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		if (rc == KILN_OK)
 			rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
 		m->st.pg_calls++;
+		if (rc == KILN_OK)
+			steps_seq_read(m, c);
 		pg_release(m->pg, c);
 	}
 	if (rc != KILN_OK) {

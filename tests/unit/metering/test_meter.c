@@ -2013,15 +2013,15 @@ static void test_meter_connections_run_without_jit(void)
 }
 
 /*
- * The shape of the three cases below: A's meter runs from 0 and B's from 6 s, when the sandbox is
- * created on B; the wall clock steps 320 s back at `step_at` (A's meter follows it); the sandbox
+ * The shape of the cases below: A's meter runs from 0 and B's from 6 s (`b_start` when set), when
+ * the sandbox is created on B, for 60 ticks (`ticks` when set); the wall clock steps 320 s back at `step_at` (A's meter follows it); the sandbox
  * moves to A (generation 2) at `move_at`, logged `late_ns` before that tick, before the ticks of
  * that second or, with `move_after_ticks`, after them; B's meter ticks last at `b_last` and its
  * alive key is gone from `key_gone_from`; the sandbox stops at `stop_at`. Generation 1 must be
  * billed `gen1` µcr, generation 2 `gen2`, each once.
  */
 struct late_end_shape {
-	int step_at, move_at, b_last, key_gone_from, stop_at;
+	int step_at, move_at, b_last, key_gone_from, stop_at, b_start, ticks;
 	int64_t late_ns;
 	bool move_after_ticks;
 	long long gen1, gen2;
@@ -2050,12 +2050,12 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 	snprintf(na, sizeof(na), "%s", node);
 	boot = "test-boot";
 	a = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
+	for (int i = 1; i <= (x->ticks ? x->ticks : 60); i++) {
 		fake_now += S;
 		fake_mono += S;
 		if (i == x->step_at)	/* 320 s back: A's meter follows it */
 			fake_now -= 320 * S;
-		if (i == 6) {	/* B's meter starts; the sandbox is created on B */
+		if (i == (x->b_start ? x->b_start : 6)) {	/* B's meter starts, the sandbox on B */
 			(void)aligned_now();
 			snprintf(nb, sizeof(nb), "%s", node);
 			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
@@ -2151,6 +2151,25 @@ static void test_a_point_past_its_end_by_less_than_a_step_is_the_end(void)
 	taken_over_with_a_late_end(&x);
 }
 
+/*
+ * The case above with the end logged 2 s before the writer's last flushed tick, more than a
+ * step's tolerance, and the sandbox created on B 67 s after the backward step A's meter followed:
+ * its start, read as before the step in the frame before it, was logged more than LOG_LATE_NS
+ * after the step (its log sequence past the one A's meter read then), so its time is after it
+ * and the point is not moved there (node_time_before()). Before, the point stood the step's
+ * size early and generation 1 was billed again from there (92,006 µcr for 10,280). B's meter bills 40 s to its last tick at 110 s, a window's end, the move is
+ * logged as at 108 s, the sandbox stops at 122 s: 14 s on A.
+ */
+static void test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone(void)
+{
+	const struct late_end_shape x = { .step_at = 3, .b_start = 70, .move_at = 110,
+					  .late_ns = 2 * S, .move_after_ticks = true,
+					  .b_last = 110, .key_gone_from = 110, .stop_at = 122,
+					  .ticks = 130, .gen1 = 40 * 257, .gen2 = 14 * 257 };
+
+	taken_over_with_a_late_end(&x);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2212,6 +2231,7 @@ int main(void)
 	TEST(test_a_tail_ended_before_a_backward_step_ends_there);
 	TEST(test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again);
 	TEST(test_a_point_past_its_end_by_less_than_a_step_is_the_end);
+	TEST(test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone);
 
 	rc = test_summary();
 	rds_free(rds);
