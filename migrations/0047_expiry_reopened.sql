@@ -20,17 +20,30 @@
 -- reopened grant expires again at once, with the same rule as of its expiry time (its transfer's
 -- idempotency key numbered after the first: expiry:<account>:<n>). A grant's net expiry is its
 -- expiry transfers less its reversals; ledger_balance() and billing_balance() count it so.
+-- Only windows the flush will write reopen (not one already in the ledger: a replayed flush, nor
+-- one overlapping billed time, which is refused). The expiry run again counts as made after it
+-- the grants made after its first run (grant_expiries.run_seq, the tenant's newest transfer
+-- then), whatever their time reads, as the first run did by not seeing them. A tenant's period at
+-- or below zero (billing_debts) is kept across the reopening: the reversal, a statement of its
+-- own, lifts the balance for a moment and ended the period, and the re-expiry started another.
+
+CREATE INDEX ledger_accounts_tenant ON ledger_accounts (tenant_id);
+ALTER TABLE grant_expiries ADD COLUMN run_seq bigint;
 
 -- One grant's expiry (the body of 0013's loop): the grant's credits left, but never more than
 -- its tenant's balance as of its expiry (usage of windows from the expiry on added back, grants
--- made after it taken off). The caller holds the tenant's ledger lock. True when it took any.
-CREATE FUNCTION ledger_expire_grant(gid text) RETURNS boolean LANGUAGE plpgsql AS $$
+-- made after it taken off: those stamped after it, and when `first_seq` is given, the expiry run
+-- again, those made after its first run, the tenant's newest transfer then). The caller holds the
+-- tenant's ledger lock. True when it took any.
+CREATE FUNCTION ledger_expire_grant(gid text, first_seq bigint DEFAULT NULL) RETURNS boolean
+LANGUAGE plpgsql AS $$
 DECLARE
     g record;
     bal bigint;
     later bigint;
     amt bigint;
     n integer;
+    run bigint;
 BEGIN
     SELECT a.id, a.tenant_id, a.expires_at,
            coalesce((SELECT min(t.seq) FROM ledger_transfers t WHERE t.credit_account = a.id), 0)
@@ -45,12 +58,18 @@ BEGIN
     INTO later FROM ledger_transfers t
     WHERE t.tenant_id = g.tenant_id AND t.seq > g.gseq
       AND ((t.kind = 'usage' AND t.period_start >= g.expires_at)
-           OR (t.kind = 'grant' AND t.created_at > g.expires_at));
+           OR (t.kind = 'grant' AND (t.created_at > g.expires_at OR t.seq > first_seq)));
     bal := bal + later;
     SELECT least(balance_ucr, greatest(bal, 0)) INTO amt FROM ledger_account_balances
     WHERE account_id = g.id;
     amt := greatest(coalesce(amt, 0), 0);
-    INSERT INTO grant_expiries (account_id, amount_ucr) VALUES (g.id, amt);
+    IF first_seq IS NULL THEN
+        SELECT coalesce(max(t.seq), 0) INTO run FROM ledger_transfers t
+        WHERE t.tenant_id = g.tenant_id;
+    ELSE
+        run := first_seq;
+    END IF;
+    INSERT INTO grant_expiries (account_id, amount_ucr, run_seq) VALUES (g.id, amt, run);
     IF amt = 0 THEN
         RETURN false;
     END IF;
@@ -89,15 +108,17 @@ END $$;
 -- Reopens the expired grants of `tenant` that a window starting at `ps` could have drawn from
 -- (expiring after it) and that hold credits or gave some to their expiry: the expiry's credits
 -- back to the grant, its row gone. The caller holds the tenant's ledger lock and expires each
--- again (ledger_expire_grant()) once the windows are drawn. Returns the grants reopened.
-CREATE FUNCTION ledger_reopen_expiries(tenant text, ps timestamptz) RETURNS SETOF text
-LANGUAGE plpgsql AS $$
+-- again (ledger_expire_grant()) once the windows are drawn. Returns the grants reopened, each
+-- with where its expiry first ran (run_seq; NULL for an expiry from before this migration).
+CREATE FUNCTION ledger_reopen_expiries(tenant text, ps timestamptz)
+RETURNS TABLE (id text, run_seq bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
 DECLARE
     g record;
     n integer;
 BEGIN
     FOR g IN
-        SELECT a.id, e.amount_ucr FROM ledger_accounts a
+        SELECT a.id, e.amount_ucr, e.run_seq FROM ledger_accounts a
         JOIN grant_expiries e ON e.account_id = a.id
         JOIN ledger_account_balances b ON b.account_id = a.id
         WHERE a.tenant_id = tenant AND a.kind = 'grant' AND a.expires_at > ps
@@ -114,7 +135,9 @@ BEGIN
                     'grant expiry reopened by a window that started before it');
         END IF;
         DELETE FROM grant_expiries WHERE account_id = g.id;
-        RETURN NEXT g.id;
+        id := g.id;
+        run_seq := g.run_seq;
+        RETURN NEXT;
     END LOOP;
 END $$;
 
@@ -131,7 +154,10 @@ DECLARE
     rgen bigint[];
     slow_ords bigint[];
     it record;
+    cand text[];
     reopened text[];
+    runs bigint[];
+    debts billing_debts[];
 BEGIN
     its := ARRAY(SELECT x FROM json_populate_recordset(NULL::meter_flush_item, items) x);
     -- The ledger locks of its tenants before anything of the ledger is read (the statement
@@ -139,16 +165,33 @@ BEGIN
     PERFORM ledger_lock_tenants(ARRAY(SELECT DISTINCT x.tenant FROM unnest(its) x
                                       WHERE x.ucr > 0));
     -- The expiries its windows reopen: each tenant's expired grants expiring after the earliest
-    -- start of its charged windows (one join over all the tenants, then each such tenant's).
-    reopened := ARRAY(
-        SELECT r.id
-        FROM (SELECT DISTINCT s.tenant, s.ps
-              FROM (SELECT x.tenant, to_timestamp(min(x.ps)::numeric / 1e9) AS ps
-                    FROM unnest(its) x WHERE x.ucr > 0 GROUP BY x.tenant) s
-              JOIN ledger_accounts a ON a.tenant_id = s.tenant AND a.kind = 'grant'
-                                    AND a.expires_at > s.ps
-              JOIN grant_expiries e ON e.account_id = a.id) s
-        CROSS JOIN LATERAL ledger_reopen_expiries(s.tenant, s.ps) AS r(id));
+    -- start of its charged windows that will be written. First the tenants with an expired grant
+    -- expiring after any of their windows (one join, by index: most flushes stop here), then for
+    -- those the windows not in the ledger already nor overlapping billed time (the statement's
+    -- `bad` probe: a replayed or refused window draws nothing and reopens nothing).
+    cand := ARRAY(
+        SELECT DISTINCT s.tenant
+        FROM (SELECT x.tenant, to_timestamp(min(x.ps)::numeric / 1e9) AS ps
+              FROM unnest(its) x WHERE x.ucr > 0 GROUP BY x.tenant) s
+        JOIN ledger_accounts a ON a.tenant_id = s.tenant AND a.kind = 'grant'
+                              AND a.expires_at > s.ps
+        JOIN grant_expiries e ON e.account_id = a.id);
+    IF cardinality(cand) > 0 THEN
+        -- Their periods at or below zero, kept across the reopening (below).
+        debts := ARRAY(SELECT d FROM billing_debts d WHERE d.tenant_id = ANY (cand));
+        SELECT array_agg(r.id), array_agg(r.run_seq) INTO reopened, runs
+        FROM (SELECT x.tenant, to_timestamp(min(x.ps)::numeric / 1e9) AS ps
+              FROM unnest(its) x
+              WHERE x.ucr > 0 AND x.tenant = ANY (cand)
+                AND NOT EXISTS (SELECT 1 FROM usage_windows u
+                                WHERE u.sandbox_id = x.sb AND u.generation = x.gen
+                                  AND u.window_start >= to_timestamp(x.ws)
+                                  AND coalesce(u.pe_ns,
+                                               (extract(epoch FROM u.window_end) * 1e9)::bigint)
+                                      > x.ps)
+              GROUP BY x.tenant) s
+        CROSS JOIN LATERAL ledger_reopen_expiries(s.tenant, s.ps) AS r;
+    END IF;
 
     -- first: the window would be written unless refused (the first of its start in the flush,
     --   and that start not in the ledger);
@@ -312,11 +355,17 @@ BEGIN
                             card);
     END LOOP;
 
-    -- Each reopened grant expires again, its windows drawn, in the order expiries run.
-    FOR it IN SELECT a.id FROM ledger_accounts a WHERE a.id = ANY (reopened)
-              ORDER BY a.expires_at, a.id LOOP
-        PERFORM ledger_expire_grant(it.id);
+    -- Each reopened grant expires again, its windows drawn, in the order expiries run, counting
+    -- the grants made since its first run as made after it.
+    FOR it IN SELECT r.id, r.run_seq FROM unnest(reopened, runs) AS r(id, run_seq)
+              JOIN ledger_accounts a ON a.id = r.id ORDER BY a.expires_at, a.id LOOP
+        PERFORM ledger_expire_grant(it.id, it.run_seq);
     END LOOP;
+    -- A period at or below zero that went on through the reopening is the one it was: the
+    -- reversal ended it for a moment and the draws or the expiry began it again, since now.
+    UPDATE billing_debts d SET since = o.since, seq = o.seq, noticed_at = o.noticed_at
+    FROM unnest(debts) AS o
+    WHERE d.tenant_id = o.tenant_id AND cardinality(reopened) > 0;
 
     RETURN QUERY SELECT * FROM unnest(rsb, rgen);
 END $$;

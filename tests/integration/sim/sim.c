@@ -1761,8 +1761,9 @@ static const char sim_schema[] =
 	"  INSERT INTO sim.expiry_seq SELECT NEW.account_id, coalesce(max(t.seq), 0) "
 	"  FROM public.ledger_transfers t JOIN public.ledger_accounts a ON a.tenant_id = t.tenant_id "
 	"  WHERE a.id = NEW.account_id "
-	/* an expiry reopened by a late window runs again: where it ran last */
-	"  ON CONFLICT (account_id) DO UPDATE SET seq = EXCLUDED.seq; RETURN NULL; END $$;"
+	/* an expiry reopened by a late window runs again: where it ran first (grant_expiries.
+	 * run_seq: the grants made after that count as after it then too) */
+	"  ON CONFLICT (account_id) DO NOTHING; RETURN NULL; END $$;"
 	"CREATE TRIGGER sim_expiry_seq AFTER INSERT ON public.grant_expiries FOR EACH ROW "
 	"  EXECUTE FUNCTION sim.expiry_seq();";
 

@@ -410,6 +410,89 @@ static void test_a_window_flushed_after_an_expiry_is_drawn_from_its_grant(void)
 	meter_free(m);
 }
 
+/*
+ * A reopened expiry keeps the tenant's period at or below zero: the reversal lifted the balance
+ * for a moment, which ended the period, and the expiry run again began another, since now
+ * (debt_since, the snapshot deletion's countdown and its notice started over). And a replayed
+ * window, already in the ledger, draws nothing and reopens nothing: before, each replay posted a
+ * reversal and an expiry again.
+ */
+static void test_a_reopened_expiry_keeps_the_debt_period_and_a_replay_reopens_nothing(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 10000, t0 / S + 15, "g");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 9 * S);
+	sql("SELECT ledger_expire_grants(to_timestamp(%lld))", (long long)(t0 / S + 15));
+	CHECK_INT(ledger_bal(t), 0);
+	sql("UPDATE billing_debts SET since = now() - interval '3 days', "
+	    "noticed_at = now() - interval '3 days' WHERE tenant_id = '%s'", t);
+	tick_until(m, t0 + 11 * S);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM grant_expiries WHERE account_id = "
+			  "'grant:tx_%s_g'", t), 10000 - 2570);
+	CHECK_INT(ledger_bal(t), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM billing_debts WHERE tenant_id = '%s' AND "
+			  "since < now() - interval '2 days' AND noticed_at < now() - interval '2 days'",
+			  t), 1);
+	/* the first window sent again, as a flush whose commit's reply was lost would */
+	sql("SELECT * FROM meter_flush_set((SELECT json_agg(json_build_object('sb', u.sandbox_id, "
+	    "'tenant', u.tenant_id, 'node', '%s', 'gen', u.generation, 'ws', "
+	    "extract(epoch FROM u.window_start)::bigint, 'we', "
+	    "extract(epoch FROM u.window_end)::bigint, 'ps', u.ps_ns, 'pe', u.pe_ns, 'ucr', u.ucr, "
+	    "'cpu', 0, 'mem_bs', 0, 'rx', 0, 'tx', 0, 'state', 'running', 't', u.pe_ns, 'cpu_at', 0, "
+	    "'rx_at', 0, 'tx_at', 0, 'rem', 0, 'gnode', '', 'id', NULL)) FROM usage_windows u "
+	    "WHERE u.sandbox_id = '%s'), 'test')", node, sb);
+	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s' AND "
+			  "kind IN ('expiry', 'expiry_reversal')", t), 3);
+	CHECK_INT(used(t), 2570);
+	CHECK_INT(ledger_bal(t), 0);
+	meter_free(m);
+}
+
+/*
+ * An expiry run again counts the grants made since its first run as made after it, whatever
+ * their time reads (one stamped before the expiry: a backward step of the wall clock, Postgres's
+ * clock behind the meter's), as its first run did by not seeing them. The grant here paid a debt
+ * of 2,570 µcr first and its first run took the 7,430 left; a grant of 50,000 made after that run
+ * is stamped before the expiry; a late window of 2,570 reopens it. Before, that grant counted as
+ * the expired one's to take, and the expiry took 7,430 again for 4,860: the window cost 5,140 of
+ * the later grant's credits.
+ */
+static void test_a_reopened_expiry_counts_grants_made_after_its_first_run(void)
+{
+	char t[32], sb[32], sb2[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+
+	new_tenant(t, sizeof(t));
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	m = new_meter_pausing(false);
+	tick_until(m, t0 + 10 * S);
+	stop_sandbox(sb, t0 + 10 * S);
+	tick_until(m, t0 + 19 * S);
+	CHECK_INT(ledger_bal(t), -2570);
+	grant(t, 10000, t0 / S + 35, "g");
+	new_sandbox(t, sb2, sizeof(sb2), t0 + 20 * S);
+	tick_until(m, t0 + 29 * S);
+	sql("SELECT ledger_expire_grants(to_timestamp(%lld))", (long long)(t0 / S + 35));
+	CHECK_INT(sql_int("SELECT amount_ucr FROM grant_expiries WHERE account_id = "
+			  "'grant:tx_%s_g'", t), 7430);
+	grant_made_at(t, 50000, 0, "late", t0 / S + 30);
+	tick_until(m, t0 + 31 * S);
+	CHECK_INT(sql_int("SELECT amount_ucr FROM grant_expiries WHERE account_id = "
+			  "'grant:tx_%s_g'", t), 4860);
+	CHECK_INT(used(t), 2 * 2570);
+	CHECK_INT(ledger_bal(t), 60000 - 2 * 2570 - 4860);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -430,6 +513,8 @@ int main(void)
 	TEST(test_expiry_ignores_grants_made_after_it);
 	TEST(test_expiry_keeps_the_debt_at_its_expiry);
 	TEST(test_a_window_flushed_after_an_expiry_is_drawn_from_its_grant);
+	TEST(test_a_reopened_expiry_keeps_the_debt_period_and_a_replay_reopens_nothing);
+	TEST(test_a_reopened_expiry_counts_grants_made_after_its_first_run);
 
 	rc = test_summary();
 	rds_free(rds);
