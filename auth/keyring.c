@@ -23,6 +23,7 @@
 struct cache_entry {
 	unsigned char id[SHA256_DIGEST_LENGTH];	/* SHA-256 of the whole token */
 	int64_t exp;		/* the token's exp; 0 for an empty entry */
+	struct auth_claims claims;	/* what the token was accepted with */
 };
 
 struct cache_set {
@@ -82,8 +83,8 @@ static struct cache_set *cache_slot(struct keyring_cache *c, const unsigned char
 	return &c->sets[set];
 }
 
-bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t now)
+bool keyring_cache_get(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t now, struct auth_claims *out)
 {
 	union cache_lock *lock;
 	struct cache_set *s;
@@ -95,21 +96,33 @@ bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_D
 	pthread_mutex_lock(&lock->l.mu);
 	for (size_t i = 0; i < KEYRING_CACHE_WAYS; i++) {
 		if (s->e[i].exp > now && CRYPTO_memcmp(s->e[i].id, id, SHA256_DIGEST_LENGTH) == 0) {
+			*out = s->e[i].claims;
 			hit = true;
 			break;
 		}
 	}
 	if (hit)
 		lock->l.hits++;
-	else
-		lock->l.misses++;
 	pthread_mutex_unlock(&lock->l.mu);
 	return hit;
 }
 
-void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t exp, int64_t now)
+void keyring_cache_miss(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH])
 {
+	union cache_lock *lock;
+
+	if (!k->verified)
+		return;
+	cache_slot(k->verified, id, &lock);
+	pthread_mutex_lock(&lock->l.mu);
+	lock->l.misses++;
+	pthread_mutex_unlock(&lock->l.mu);
+}
+
+void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       const struct auth_claims *c, int64_t now)
+{
+	int64_t exp = c->exp;
 	union cache_lock *lock;
 	struct cache_set *s;
 	size_t victim = KEYRING_CACHE_WAYS;
@@ -134,12 +147,15 @@ void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_D
 	memmove(&s->e[1], &s->e[0], victim * sizeof(s->e[0]));
 	memcpy(s->e[0].id, id, SHA256_DIGEST_LENGTH);
 	s->e[0].exp = exp;
+	s->e[0].claims = *c;
 	pthread_mutex_unlock(&lock->l.mu);
 }
 
 void auth_jwt_cache_stats(const struct auth_keyring *kr, struct auth_jwt_cache_stats *out)
 {
 	memset(out, 0, sizeof(*out));
+	if (kr)
+		out->decoded = __atomic_load_n(&kr->decoded, __ATOMIC_RELAXED);
 	for (size_t i = 0; kr && i < kr->n; i++) {
 		struct keyring_cache *c = kr->keys[i].verified;
 
