@@ -22,10 +22,10 @@
 # What each request costs: /healthz pings Postgres and Redis and looks for a live node (three
 # round trips); /v1/api-keys authenticates (an API key from the gateway's ≤ 5 s key cache and an
 # HMAC check, or an ES256 signature check of the JWT, its claims cached per token once verified
-# so that the token is not decoded again), takes a
-# token from the key's and the tenant's rate-limit buckets (the gateway's view, reconciled with
-# Redis every 25 ms) and lists the tenant's keys (one Postgres query); the POST authenticates the
-# same way, claims its Idempotency-Key and reads its key's row (one upsert), signs a token and waits
+# so that the token is not decoded again), takes a token from the key's and the tenant's
+# rate-limit buckets (the gateway's view, reconciled with Redis every 25 ms) and lists the
+# tenant's keys (one Postgres query); the POST authenticates the same way, claims its
+# Idempotency-Key and reads its key's row (one upsert), signs a token and waits
 # for the group commit of its audit row and stored outcome (api/commitq.h; one WAL flush per
 # group). bench/auth/post_cost.sh breaks the POST's cost down. Rate limits are set far
 # above what the run can reach, so no request is throttled; the script fails if any answer is not
