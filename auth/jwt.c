@@ -275,13 +275,22 @@ static void token_md_fetch(void)
 	ERR_clear_error();
 }
 
-static void token_id(const char *token, size_t len, unsigned char id[SHA256_DIGEST_LENGTH])
+/*
+ * Writes the token's SHA-256 to `id`. Returns false when neither way of hashing worked (both can
+ * fail to allocate): `id` is then all zeros and names no token, and must not be looked up.
+ */
+static bool token_id(const char *token, size_t len, unsigned char id[SHA256_DIGEST_LENGTH])
 {
+	memset(id, 0, SHA256_DIGEST_LENGTH);
 	pthread_once(&token_md_once, token_md_fetch);
-	if (!token_md || EVP_Digest(token, len, id, NULL, token_md, NULL) != 1) {
-		ERR_clear_error();
-		SHA256((const unsigned char *)token, len, id);
-	}
+	if (token_md && EVP_Digest(token, len, id, NULL, token_md, NULL) == 1)
+		return true;
+	ERR_clear_error();
+	if (SHA256((const unsigned char *)token, len, id))
+		return true;
+	ERR_clear_error();
+	memset(id, 0, SHA256_DIGEST_LENGTH);
+	return false;
 }
 
 /*
@@ -450,13 +459,14 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 			      enum auth_jwt_reason *why, struct kiln_error *err)
 {
 	unsigned char sig[ES256_SIG_LEN], id[SHA256_DIGEST_LENGTH];
-	char kid[AUTH_KID_MAX];
+	char kid[AUTH_KID_MAX] = {0};	/* copied whole into the claims */
 	const char *dot1, *dot2, *detail = "";
 	struct auth_claims c;
 	size_t hl, pl, sl;
 	const struct auth_key *k;
 	json_t *hdr = NULL, *pay = NULL;
 	enum auth_jwt_reason r;
+	bool have_id;
 	int ret;
 
 	memset(&c, 0, sizeof(c));
@@ -473,10 +483,11 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 
 	/*
 	 * These very bytes accepted before: what they say was checked then, what depends on the
-	 * options and the time is checked now.
+	 * options and the time is checked now. A token that could not be hashed has no name to
+	 * look up or to be remembered by: it is verified in full, and nothing else needs its hash.
 	 */
-	token_id(token, len, id);
-	if (cached_claims(kr, id, opts->now, &c)) {
+	have_id = token_id(token, len, id);
+	if (have_id && cached_claims(kr, id, opts->now, &c)) {
 		r = check_claims(&c, opts, &detail);
 		if (r != AUTH_JWT_OK)
 			return refuse(why, r, err, detail);
@@ -514,7 +525,8 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 		return refuse(why, AUTH_JWT_UNKNOWN_KID, err, "unknown kid");
 
 	/* The signature, checked with the key parsed when it joined the keyring. */
-	keyring_cache_miss(k, id);
+	if (have_id)
+		keyring_cache_miss(k, id);
 	if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
 		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "signature is not base64url r||s");
 	ret = es256_verify(k, token, hl + 1 + pl, sig);
@@ -534,7 +546,8 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	if (r != AUTH_JWT_OK)
 		return refuse(why, r, err, detail);
 	memcpy(c.kid, kid, sizeof(c.kid));
-	keyring_cache_put(k, id, &c, opts->now);
+	if (have_id)
+		keyring_cache_put(k, id, &c, opts->now);
 accepted:
 	if (out)
 		*out = c;

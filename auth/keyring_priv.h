@@ -21,7 +21,8 @@
  * that token was accepted with (its `exp` among them), so that a token sent again costs a lookup
  * and the checks against the caller's options and `now`, not a decoding. A token's hash picks its
  * set; a full set drops an expired entry, else its oldest. The sets share KEYRING_CACHE_LOCKS
- * mutexes, so the threads sharing a keyring can use it at once.
+ * mutexes, so the threads sharing a keyring can use it at once. It is 3.54 MiB and made only when
+ * its key first checks a signature, so a keyring built only to read its kids costs none.
  */
 #define KEYRING_CACHE_WAYS 4
 #define KEYRING_CACHE_SETS 1024		/* a power of two */
@@ -42,7 +43,11 @@ struct auth_key {
 	EVP_PKEY_CTX *sign_ctx;		/* EVP_PKEY_sign_init done; NULL for a verify-only key */
 	char *public_pem;	/* SubjectPublicKeyInfo, for auth_keyring_public_pem */
 	size_t public_len;
-	struct keyring_cache *verified;	/* tokens this key verified; freed with the key */
+	/*
+	 * Tokens this key verified: NULL until the key first checks a signature, then set once
+	 * (atomically, by whichever thread gets there first) and freed with the key.
+	 */
+	struct keyring_cache *verified;
 };
 
 struct auth_keyring {
@@ -78,7 +83,10 @@ enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has
 bool keyring_cache_get(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
 		       int64_t now, struct auth_claims *out);
 
-/* Counts a verification by `k` that found nothing in its cache and checks the signature. */
+/*
+ * Counts a verification by `k` that found nothing in its cache and checks the signature; makes the
+ * cache when this is the key's first.
+ */
 void keyring_cache_miss(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH]);
 
 /*

@@ -7,6 +7,7 @@
  * is not decoded again: its claims come from the cache, the same as from the token, and are still
  * refused at exp, once their key has left the keyring, and for any other bytes.
  */
+#include <malloc.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +17,10 @@
 #include "auth/keyring.h"
 #include "auth/scopes.h"
 #include "test.h"
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/allocator_interface.h>
+#endif
 
 #define NOW 1700000000LL
 #define TTL 600
@@ -76,6 +81,16 @@ static enum auth_jwt_reason verify(const struct auth_keyring *k, const char *tok
 	if (why != AUTH_JWT_OK && rc != KILN_E_UNAUTHENTICATED)
 		return (enum auth_jwt_reason)-1;
 	return why;
+}
+
+/* Verifies `tok` into `c`; the reason, as verify(). */
+static enum auth_jwt_reason verify_claims(const struct auth_keyring *k, const char *tok,
+					  const struct auth_verify_opts *o, struct auth_claims *c)
+{
+	enum auth_jwt_reason why = AUTH_JWT_OK;
+	enum kiln_err rc = auth_jwt_verify(k, tok, strlen(tok), o, c, &why, NULL);
+
+	return (why == AUTH_JWT_OK) == (rc == KILN_OK) ? why : (enum auth_jwt_reason)-1;
 }
 
 static struct auth_jwt_cache_stats stats(const struct auth_keyring *k)
@@ -350,6 +365,7 @@ struct worker {
 	const struct auth_keyring *kr;
 	char **good, **bad;
 	int ok, refused, expired, wrong_aud, other;
+	int wrong_tid;		/* accepted with claims that are not the token's own */
 };
 
 static void *work(void *arg)
@@ -362,11 +378,17 @@ static void *work(void *arg)
 	for (int i = 0; i < ROUNDS; i++) {
 		const char *g = w->good[i % TOKENS], *b = w->bad[i % TOKENS];
 		enum auth_jwt_reason r;
+		struct auth_claims c;
+		char tid[16];
 
-		if ((r = verify(w->kr, g, &api_opts)) == AUTH_JWT_OK)
+		/* Each token has its own tid: a torn or another token's entry would show here. */
+		snprintf(tid, sizeof(tid), "tn_%d", i % TOKENS);
+		if ((r = verify_claims(w->kr, g, &api_opts, &c)) == AUTH_JWT_OK)
 			w->ok++;
 		else
 			w->other++;
+		if (r == AUTH_JWT_OK && strcmp(c.tid, tid) != 0)
+			w->wrong_tid++;
 		if ((r = verify(w->kr, b, &api_opts)) == AUTH_JWT_BAD_SIGNATURE)
 			w->refused++;
 		else
@@ -391,8 +413,11 @@ static void four_threads_share_the_cache(void)
 	struct worker w[THREADS];
 	pthread_t th[THREADS];
 	struct auth_jwt_cache_stats s;
+	char tid[TOKENS][16];
 
 	for (int i = 0; i < TOKENS; i++) {
+		snprintf(tid[i], sizeof(tid[i]), "tn_%d", i);
+		p.tid = tid[i];
 		good[i] = sign(kr, &p);
 		bad[i] = good[i] ? one_char_off(good[i], strlen(good[i]) - 10) : NULL;
 		if (!good[i])
@@ -412,6 +437,7 @@ static void four_threads_share_the_cache(void)
 		CHECK_INT(w[i].expired, ROUNDS);
 		CHECK_INT(w[i].wrong_aud, ROUNDS);
 		CHECK_INT(w[i].other, 0);
+		CHECK_INT(w[i].wrong_tid, 0);
 	}
 	s = stats(kr);
 	CHECK_INT(s.entries, TOKENS);
@@ -432,16 +458,6 @@ static void stats_of_nothing_are_zero(void)
 	memset(&s, 0xff, sizeof(s));
 	auth_jwt_cache_stats(NULL, &s);
 	CHECK_INT(s.hits + s.misses + s.entries, 0);
-}
-
-/* Verifies `tok` into `c`; the reason, as verify(). */
-static enum auth_jwt_reason verify_claims(const struct auth_keyring *k, const char *tok,
-					  const struct auth_verify_opts *o, struct auth_claims *c)
-{
-	enum auth_jwt_reason why = AUTH_JWT_OK;
-	enum kiln_err rc = auth_jwt_verify(k, tok, strlen(tok), o, c, &why, NULL);
-
-	return (why == AUTH_JWT_OK) == (rc == KILN_OK) ? why : (enum auth_jwt_reason)-1;
 }
 
 /* Every claim of `a` equals `b`'s. */
@@ -656,6 +672,76 @@ static void evicted_tokens_are_decoded_again(void)
 	auth_keyring_free(kr);
 }
 
+/* Bytes of heap in use (AddressSanitizer keeps its own heap, which mallinfo2 does not see). */
+static size_t heap_in_use(void)
+{
+#if defined(__SANITIZE_ADDRESS__)
+	return __sanitizer_get_current_allocated_bytes();
+#else
+	struct mallinfo2 m = mallinfo2();
+
+	return m.uordblks + m.hblkhd;
+#endif
+}
+
+/*
+ * A key's cache (some 3.5 MiB) is made when the key first checks a signature, not when it joins a
+ * keyring: the gateway builds a whole keyring on each reload only to compare its kids.
+ */
+static void cache_made_on_first_signature_check(void)
+{
+	const size_t cache_min = (size_t)CACHE_ENTRIES * 512;	/* bytes: far below an entry's size */
+	struct auth_token_params p = user_params();
+	struct auth_keyring *kr, *signer = keyring(false);
+	size_t before, added;
+	char *t = sign(signer, &p);
+
+	CHECK(t != NULL);
+	before = heap_in_use();
+	kr = keyring(true);
+	added = heap_in_use() - before;
+	CHECK(added < cache_min);	/* two keys, no cache */
+	CHECK_INT(verify(kr, t, &api_opts), AUTH_JWT_OK);
+	CHECK(heap_in_use() - before >= added + cache_min);	/* kp1's cache, for its first token */
+	CHECK_INT(stats(kr).misses, 1);
+	CHECK_INT(verify(kr, t, &api_opts), AUTH_JWT_OK);
+	CHECK_INT(stats(kr).hits, 1);
+	CHECK_INT(stats(kr).entries, 1);
+	auth_keyring_free(kr);
+	auth_keyring_free(signer);
+	free(t);
+}
+
+/* Leaves `fill` in stack the next call's locals will occupy. */
+static __attribute__((noinline)) void dirty_stack(unsigned char fill)
+{
+	volatile unsigned char junk[16384];
+
+	for (size_t i = 0; i < sizeof(junk); i++)
+		junk[i] = fill;
+}
+
+/* The claims' kid is the key's kid and zeros after it, not what the stack held before. */
+static void claims_kid_is_zero_padded(void)
+{
+	static const char zeros[AUTH_KID_MAX];
+	struct auth_keyring *kr = keyring(false);
+	struct auth_token_params p = user_params();
+	struct auth_claims c;
+	char *t = sign(kr, &p);
+	size_t n = strlen(kp1.kid);
+
+	CHECK(t != NULL);
+	for (int i = 0; t && i < 2; i++) {	/* decoded, then from the cache */
+		dirty_stack(0xa5);
+		CHECK_INT(verify_claims(kr, t, &api_opts, &c), AUTH_JWT_OK);
+		CHECK_STR(c.kid, kp1.kid);
+		CHECK(memcmp(c.kid + n, zeros, sizeof(c.kid) - n) == 0);
+	}
+	free(t);
+	auth_keyring_free(kr);
+}
+
 int main(void)
 {
 	setup();
@@ -672,6 +758,8 @@ int main(void)
 	TEST(cached_token_refused_once_its_key_is_gone);
 	TEST(tampered_token_with_the_cached_prefix_is_not_found);
 	TEST(evicted_tokens_are_decoded_again);
+	TEST(cache_made_on_first_signature_check);
+	TEST(claims_kid_is_zero_padded);
 	auth_jwt_keypair_release(&kp1);
 	auth_jwt_keypair_release(&kp2);
 	return test_summary();
