@@ -6,14 +6,17 @@
  * key, which libjwt 1.10.2 would accept); the key is the keyring's key for that kid; the
  * signature must be the JOSE form, 64 bytes of r||s, and is checked here with OpenSSL against the
  * key parsed once when it joined the keyring (parsing a PEM per token cost more than the ECDSA
- * check itself). A token whose exact bytes that key already verified (its SHA-256 is in the key's
- * cache, see keyring_priv.h) skips only the ECDSA check: the header, the kid and every claim are
- * checked again on every call, and only a token that passed every check joins the cache. The
- * claims are read here too, from the verified payload, with strict types.
+ * check itself). The claims are read here too, from the verified payload, with strict types.
+ * A token whose exact bytes a key of the keyring already accepted (its SHA-256 is in that key's
+ * cache, see keyring_priv.h) is neither decoded nor checked for its signature again: the claims
+ * it was accepted with come from the cache, and only the checks that depend on the caller's
+ * options and `now` (audience, issuer, exp, iat/nbf with leeway, lifetime, sandbox) run again.
+ * Those bytes decide everything else, and only a token that passed every check joins the cache.
  * Tokens are written here the same way: JSON by jansson, ECDSA by OpenSSL with the parsed key.
  */
 #include "auth/jwt.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -258,6 +261,52 @@ cleanup:
 	return rc;
 }
 
+/*
+ * SHA-256 of a whole token, which names it in the caches of verified tokens. The digest is fetched
+ * once: SHA256() looks it up in the provider store on every call, which cost more than hashing a
+ * token's few hundred bytes.
+ */
+static EVP_MD *token_md;
+static pthread_once_t token_md_once = PTHREAD_ONCE_INIT;
+
+static void token_md_fetch(void)
+{
+	token_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+	ERR_clear_error();
+}
+
+/*
+ * Writes the token's SHA-256 to `id`. Returns false when neither way of hashing worked (both can
+ * fail to allocate): `id` is then all zeros and names no token, and must not be looked up.
+ */
+static bool token_id(const char *token, size_t len, unsigned char id[SHA256_DIGEST_LENGTH])
+{
+	memset(id, 0, SHA256_DIGEST_LENGTH);
+	pthread_once(&token_md_once, token_md_fetch);
+	if (token_md && EVP_Digest(token, len, id, NULL, token_md, NULL) == 1)
+		return true;
+	ERR_clear_error();
+	if (SHA256((const unsigned char *)token, len, id))
+		return true;
+	ERR_clear_error();
+	memset(id, 0, SHA256_DIGEST_LENGTH);
+	return false;
+}
+
+/*
+ * The claims a key of `kr` accepted the token named `id` with, if one did and its exp is after
+ * `now`. Each key looks in its own cache (the token's kid is not known without decoding it), so a
+ * key removed from the keyring takes its tokens with it.
+ */
+static bool cached_claims(const struct auth_keyring *kr, const unsigned char id[SHA256_DIGEST_LENGTH],
+			  int64_t now, struct auth_claims *out)
+{
+	for (size_t i = 0; i < kr->n; i++)
+		if (keyring_cache_get(&kr->keys[i], id, now, out))
+			return true;
+	return false;
+}
+
 /* Records a refusal: sets *why, and the error message (first wins). */
 static enum kiln_err refuse(enum auth_jwt_reason *why, enum auth_jwt_reason r,
 			    struct kiln_error *err, const char *detail)
@@ -410,15 +459,14 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 			      enum auth_jwt_reason *why, struct kiln_error *err)
 {
 	unsigned char sig[ES256_SIG_LEN], id[SHA256_DIGEST_LENGTH];
-	char kid[AUTH_KID_MAX];
+	char kid[AUTH_KID_MAX] = {0};	/* copied whole into the claims */
 	const char *dot1, *dot2, *detail = "";
 	struct auth_claims c;
 	size_t hl, pl, sl;
 	const struct auth_key *k;
 	json_t *hdr = NULL, *pay = NULL;
 	enum auth_jwt_reason r;
-	enum kiln_err rc;
-	bool cached;
+	bool have_id;
 	int ret;
 
 	memset(&c, 0, sizeof(c));
@@ -432,6 +480,21 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 		return refuse(why, AUTH_JWT_MALFORMED, err, "empty token");
 	if (len > AUTH_JWT_MAX)
 		return refuse(why, AUTH_JWT_TOO_LARGE, err, "token too long");
+
+	/*
+	 * These very bytes accepted before: what they say was checked then, what depends on the
+	 * options and the time is checked now. A token that could not be hashed has no name to
+	 * look up or to be remembered by: it is verified in full, and nothing else needs its hash.
+	 */
+	have_id = token_id(token, len, id);
+	if (have_id && cached_claims(kr, id, opts->now, &c)) {
+		r = check_claims(&c, opts, &detail);
+		if (r != AUTH_JWT_OK)
+			return refuse(why, r, err, detail);
+		goto accepted;
+	}
+	/* A counter only (auth_jwt_cache_stats); the keyring is otherwise read-only here. */
+	__atomic_fetch_add(&((struct auth_keyring *)kr)->decoded, 1, __ATOMIC_RELAXED);
 
 	/* Three base64url parts separated by dots, each within its cap. */
 	dot1 = memchr(token, '.', len);
@@ -461,22 +524,16 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 	if (!k)
 		return refuse(why, AUTH_JWT_UNKNOWN_KID, err, "unknown kid");
 
-	/*
-	 * The signature, checked with the key parsed when it joined the keyring, unless this key
-	 * verified these very bytes before (the hash covers the header, payload and signature).
-	 */
-	SHA256((const unsigned char *)token, len, id);
-	cached = keyring_cache_hit(k, id, opts->now);
-	if (!cached) {
-		if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
-			return refuse(why, AUTH_JWT_BAD_SIGNATURE, err,
-				      "signature is not base64url r||s");
-		ret = es256_verify(k, token, hl + 1 + pl, sig);
-		if (ret < 0)
-			return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
-		if (ret != 1)
-			return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
-	}
+	/* The signature, checked with the key parsed when it joined the keyring. */
+	if (have_id)
+		keyring_cache_miss(k, id);
+	if (auth_b64url_decode(dot2 + 1, sl, sig, sizeof(sig)) != ES256_SIG_LEN)
+		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "signature is not base64url r||s");
+	ret = es256_verify(k, token, hl + 1 + pl, sig);
+	if (ret < 0)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory verifying a token");
+	if (ret != 1)
+		return refuse(why, AUTH_JWT_BAD_SIGNATURE, err, "bad signature");
 
 	/* The payload just verified, read with our own types. */
 	pay = decode_part(dot1 + 1, pl);
@@ -488,13 +545,13 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 		r = check_claims(&c, opts, &detail);
 	if (r != AUTH_JWT_OK)
 		return refuse(why, r, err, detail);
-	if (!cached)
-		keyring_cache_put(k, id, c.exp, opts->now);
 	memcpy(c.kid, kid, sizeof(c.kid));
+	if (have_id)
+		keyring_cache_put(k, id, &c, opts->now);
+accepted:
 	if (out)
 		*out = c;
 	if (why)
 		*why = AUTH_JWT_OK;
-	rc = KILN_OK;
-	return rc;
+	return KILN_OK;
 }

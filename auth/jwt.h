@@ -9,10 +9,11 @@
  * Verification never lets the token choose how it is checked: the header is parsed here first and
  * anything but `alg: ES256` with a `kid` is refused before the signature is looked at; the key is
  * the keyring's key for that kid (see docs/auth.md for every rule). Each key remembers the tokens
- * whose signature it verified (by SHA-256 of the whole token, until the token's `exp`, at most
- * 4096), and does not check the same bytes' signature again; everything else is checked on every
- * call. Time is always the caller's `now` (seconds since the epoch), never the clock. Claims come
- * back as a plain struct.
+ * it accepted, with their claims (by SHA-256 of the whole token, until the token's `exp`, at most
+ * 4096), and does not decode the same bytes or check their signature again; what depends on the
+ * caller's options and `now` (audience, issuer, exp, iat/nbf, lifetime, sandbox) is checked on
+ * every call. Time is always the caller's `now` (seconds since the epoch), never the clock. Claims
+ * come back as a plain struct.
  */
 #ifndef KILN_AUTH_JWT_H
 #define KILN_AUTH_JWT_H
@@ -106,8 +107,9 @@ enum kiln_err auth_jwt_verify(const struct auth_keyring *kr, const char *token, 
 
 /* What the keys' caches of verified tokens did (see above), summed over the keyring's keys. */
 struct auth_jwt_cache_stats {
-	uint64_t hits;			/* verifications that found the token's signature verified */
+	uint64_t hits;			/* verifications that found the token accepted before */
 	uint64_t misses;		/* verifications that checked the signature */
+	uint64_t decoded;		/* verifications that decoded the token's header (none of the hits) */
 	size_t entries;			/* tokens held now, expired ones included until replaced */
 };
 

@@ -23,6 +23,7 @@
 struct cache_entry {
 	unsigned char id[SHA256_DIGEST_LENGTH];	/* SHA-256 of the whole token */
 	int64_t exp;		/* the token's exp; 0 for an empty entry */
+	struct auth_claims claims;	/* what the token was accepted with */
 };
 
 struct cache_set {
@@ -43,7 +44,10 @@ struct keyring_cache {
 	struct cache_set sets[KEYRING_CACHE_SETS];
 };
 
-/* A new empty cache, or NULL. calloc leaves the entries' pages untouched until they are used. */
+/*
+ * A new empty cache, or NULL. calloc leaves pages fresh from the kernel untouched until entries
+ * use them, but zero-fills reused heap whole: hence a cache only for a key that verifies.
+ */
 static struct keyring_cache *cache_new(void)
 {
 	struct keyring_cache *c = calloc(1, sizeof(*c));
@@ -82,41 +86,86 @@ static struct cache_set *cache_slot(struct keyring_cache *c, const unsigned char
 	return &c->sets[set];
 }
 
-bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t now)
+/* `k`'s cache as it is now (NULL until the key first checks a signature). */
+static struct keyring_cache *cache_of(const struct auth_key *k)
 {
+	return __atomic_load_n(&k->verified, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * `k`'s cache, made on first use: a key that never checks a signature (the gateway builds a whole
+ * keyring on each reload only to compare its kids) never zero-fills one. Threads racing here each
+ * make one; the first to install it wins and the others free theirs. NULL when it cannot be
+ * allocated: the key then verifies everything in full, as a key with no cache does.
+ */
+static struct keyring_cache *cache_made(const struct auth_key *k)
+{
+	struct keyring_cache *c = cache_of(k), *mine, *expected = NULL;
+	/* The pointer is the one member of a keyring's key that verifying may set. */
+	struct keyring_cache **slot = (struct keyring_cache **)&k->verified;
+
+	if (c)
+		return c;
+	mine = cache_new();
+	if (!mine)
+		return NULL;
+	if (__atomic_compare_exchange_n(slot, &expected, mine, false, __ATOMIC_ACQ_REL,
+					__ATOMIC_ACQUIRE))
+		return mine;
+	cache_free(mine);
+	return expected;
+}
+
+bool keyring_cache_get(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t now, struct auth_claims *out)
+{
+	struct keyring_cache *c = cache_of(k);
 	union cache_lock *lock;
 	struct cache_set *s;
 	bool hit = false;
 
-	if (!k->verified)
+	if (!c)
 		return false;
-	s = cache_slot(k->verified, id, &lock);
+	s = cache_slot(c, id, &lock);
 	pthread_mutex_lock(&lock->l.mu);
 	for (size_t i = 0; i < KEYRING_CACHE_WAYS; i++) {
 		if (s->e[i].exp > now && CRYPTO_memcmp(s->e[i].id, id, SHA256_DIGEST_LENGTH) == 0) {
+			*out = s->e[i].claims;
 			hit = true;
 			break;
 		}
 	}
 	if (hit)
 		lock->l.hits++;
-	else
-		lock->l.misses++;
 	pthread_mutex_unlock(&lock->l.mu);
 	return hit;
 }
 
-void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t exp, int64_t now)
+void keyring_cache_miss(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH])
 {
+	struct keyring_cache *c = cache_made(k);
+	union cache_lock *lock;
+
+	if (!c)
+		return;
+	cache_slot(c, id, &lock);
+	pthread_mutex_lock(&lock->l.mu);
+	lock->l.misses++;
+	pthread_mutex_unlock(&lock->l.mu);
+}
+
+void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       const struct auth_claims *c, int64_t now)
+{
+	int64_t exp = c->exp;
+	struct keyring_cache *cache;
 	union cache_lock *lock;
 	struct cache_set *s;
 	size_t victim = KEYRING_CACHE_WAYS;
 
-	if (!k->verified || exp <= now)
+	if (exp <= now || !(cache = cache_made(k)))
 		return;
-	s = cache_slot(k->verified, id, &lock);
+	s = cache_slot(cache, id, &lock);
 	pthread_mutex_lock(&lock->l.mu);
 	/*
 	 * The entry itself when it is there (another thread verified the token too), else an empty
@@ -134,14 +183,17 @@ void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_D
 	memmove(&s->e[1], &s->e[0], victim * sizeof(s->e[0]));
 	memcpy(s->e[0].id, id, SHA256_DIGEST_LENGTH);
 	s->e[0].exp = exp;
+	s->e[0].claims = *c;
 	pthread_mutex_unlock(&lock->l.mu);
 }
 
 void auth_jwt_cache_stats(const struct auth_keyring *kr, struct auth_jwt_cache_stats *out)
 {
 	memset(out, 0, sizeof(*out));
+	if (kr)
+		out->decoded = __atomic_load_n(&kr->decoded, __ATOMIC_RELAXED);
 	for (size_t i = 0; kr && i < kr->n; i++) {
-		struct keyring_cache *c = kr->keys[i].verified;
+		struct keyring_cache *c = cache_of(&kr->keys[i]);
 
 		if (!c)
 			continue;
@@ -366,9 +418,9 @@ enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has
 		key_release(&k);
 		return kiln_error_set(err, KILN_E_QUOTA, "keyring full (%d keys)", AUTH_KEYRING_MAX);
 	}
+	/* k.verified stays NULL until the key first checks a signature (see cache_made). */
 	k.public_pem = pem_out(pkey, false, &k.public_len);
-	k.verified = cache_new();
-	if (!k.public_pem || !k.verified || key_contexts(&k, has_private) != 0) {
+	if (!k.public_pem || key_contexts(&k, has_private) != 0) {
 		key_release(&k);
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory adding a key");
 	}

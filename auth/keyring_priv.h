@@ -10,15 +10,19 @@
 #include <openssl/evp.h>
 #include <openssl/sha.h>
 
+#include "auth/jwt.h"
 #include "auth/keyring.h"
 
 #define AUTH_EC_COORD_LEN 32	/* bytes of a P-256 coordinate */
 
 /*
- * Each key's cache of tokens whose signature it already verified (see auth_jwt_verify): up to
- * KEYRING_CACHE_SETS * KEYRING_CACHE_WAYS entries, each the SHA-256 of a whole token and the
- * token's `exp`. A token's hash picks its set; a full set drops an expired entry, else its oldest.
- * The sets share KEYRING_CACHE_LOCKS mutexes, so the threads sharing a keyring can use it at once.
+ * Each key's cache of tokens it verified (see auth_jwt_verify): up to
+ * KEYRING_CACHE_SETS * KEYRING_CACHE_WAYS entries, each the SHA-256 of a whole token and the claims
+ * that token was accepted with (its `exp` among them), so that a token sent again costs a lookup
+ * and the checks against the caller's options and `now`, not a decoding. A token's hash picks its
+ * set; a full set drops an expired entry, else its oldest. The sets share KEYRING_CACHE_LOCKS
+ * mutexes, so the threads sharing a keyring can use it at once. It is 3.54 MiB and made only when
+ * its key first checks a signature, so a keyring built only to read its kids costs none.
  */
 #define KEYRING_CACHE_WAYS 4
 #define KEYRING_CACHE_SETS 1024		/* a power of two */
@@ -39,13 +43,18 @@ struct auth_key {
 	EVP_PKEY_CTX *sign_ctx;		/* EVP_PKEY_sign_init done; NULL for a verify-only key */
 	char *public_pem;	/* SubjectPublicKeyInfo, for auth_keyring_public_pem */
 	size_t public_len;
-	struct keyring_cache *verified;	/* tokens this key verified; freed with the key */
+	/*
+	 * Tokens this key verified: NULL until the key first checks a signature, then set once
+	 * (atomically, by whichever thread gets there first) and freed with the key.
+	 */
+	struct keyring_cache *verified;
 };
 
 struct auth_keyring {
 	struct auth_key keys[AUTH_KEYRING_MAX];
 	size_t n;
 	int active;		/* index of the signer, -1 when none */
+	uint64_t decoded;	/* verifications that decoded a token (atomic; auth_jwt_cache_stats) */
 };
 
 /* The key named `kid`, or NULL. */
@@ -66,17 +75,26 @@ enum kiln_err keyring_add_pkey(struct auth_keyring *kr, EVP_PKEY *pkey, bool has
 			       char kid[AUTH_KID_MAX], struct kiln_error *err);
 
 /*
- * Whether `k` verified the token whose SHA-256 is `id` and whose `exp` is still after `now`.
- * A miss means the signature must be checked. Thread-safe.
+ * Whether `k` verified the token whose SHA-256 is `id` and whose `exp` is still after `now`; if so,
+ * copies the claims it was accepted with to `out` and counts a hit. Counts nothing when it is not
+ * there: the caller looks in every key of a keyring before it knows the token's kid, and counts
+ * its miss with keyring_cache_miss once it checks the signature. Thread-safe.
  */
-bool keyring_cache_hit(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t now);
+bool keyring_cache_get(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
+		       int64_t now, struct auth_claims *out);
 
 /*
- * Records that `k` verified the token whose SHA-256 is `id`, good until `exp` (its claim; `now`
- * tells which entries have expired). Only a signature that verified may be recorded. Thread-safe.
+ * Counts a verification by `k` that found nothing in its cache and checks the signature; makes the
+ * cache when this is the key's first.
+ */
+void keyring_cache_miss(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH]);
+
+/*
+ * Records that `k` verified the token whose SHA-256 is `id`, with the claims `c` read from it
+ * (kept until `c->exp`; `now` tells which entries have expired). Only a token that passed every
+ * check may be recorded. Thread-safe.
  */
 void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
-		       int64_t exp, int64_t now);
+		       const struct auth_claims *c, int64_t now);
 
 #endif

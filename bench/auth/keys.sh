@@ -14,16 +14,18 @@
 # that build, started on the same database, each ratio to that gateway's own /healthz.
 # Runs are interleaved, /healthz before each (H K H J H P [H N] [H B]), ROUNDS times; each ratio
 # is to the /healthz run just before it (of the same gateway), and the median over the rounds is
-# reported.
+# reported. The `gw us` column is the CPU time (user + system, from /proc/PID/stat before and after
+# the run) the gateway serving the run spent per request, in microseconds.
 # Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS] [NOAUTH_BUILD]
 #        [BASE_BUILD]
 #
 # What each request costs: /healthz pings Postgres and Redis and looks for a live node (three
 # round trips); /v1/api-keys authenticates (an API key from the gateway's ≤ 5 s key cache and an
-# HMAC check, or an ES256 signature check of the JWT, cached per token once verified), takes a
-# token from the key's and the tenant's rate-limit buckets (the gateway's view, reconciled with
-# Redis every 25 ms) and lists the tenant's keys (one Postgres query); the POST authenticates the
-# same way, claims its Idempotency-Key and reads its key's row (one upsert), signs a token and waits
+# HMAC check, or an ES256 signature check of the JWT, its claims cached per token once verified
+# so that the token is not decoded again), takes a token from the key's and the tenant's
+# rate-limit buckets (the gateway's view, reconciled with Redis every 25 ms) and lists the
+# tenant's keys (one Postgres query); the POST authenticates the same way, claims its
+# Idempotency-Key and reads its key's row (one upsert), signs a token and waits
 # for the group commit of its audit row and stored outcome (api/commitq.h; one WAL flush per
 # group). bench/auth/post_cost.sh breaks the POST's cost down. Rate limits are set far
 # above what the run can reach, so no request is throttled; the script fails if any answer is not
@@ -61,6 +63,7 @@ start_gw() {
     KILN_RATE_LIMIT_RPS=1000000 KILN_RATE_LIMIT_BURST=1000000 \
     KILN_TENANT_RATE_LIMIT_RPS=1000000 KILN_TENANT_RATE_LIMIT_BURST=1000000 \
     "$1/api/kiln-gateway" >/dev/null 2>&1 &
+  gw_pid=$!
   pids+=($!)
   for ((i = 0; i < 100; i++)); do
     [ -s "$keyfile" ] && curl -s -o /dev/null "http://127.0.0.1:$2/healthz" && break
@@ -70,6 +73,7 @@ start_gw() {
 port=$((20000 + RANDOM % 10000))
 url=http://127.0.0.1:$port
 start_gw "$build" "$port"
+pid_main=$gw_pid
 # /healthz answers 200 only with a live node; a registered node whose heartbeat stays fresh for
 # the run makes it do its full work and answer 200, as in production.
 psql -h "$KILN_TEST_SOCKDIR" -U kiln -d kiln -qc \
@@ -111,6 +115,7 @@ if [ -n "$noauth" ]; then
   nport=$((port + 1))
   nurl=http://127.0.0.1:$nport
   KILN_BENCH_NO_AUTH=accept-anyone KILN_BENCH_TENANT=$(cat "$tenantf") start_gw "$noauth" "$nport"
+  pid_noauth=$gw_pid
   # tenant 1's one key, as every authenticated listing returns one key
   [ "$(curl -sf "$nurl/v1/api-keys" | python3 -c 'import json, sys; print(len(json.load(sys.stdin)["api_keys"]))')" = 1 ] ||
     { echo "the gateway of $noauth does not list tenant 1's key without a credential" >&2; exit 1; }
@@ -121,53 +126,63 @@ if [ -n "$base" ]; then
   bport=$((port + 2))
   burl=http://127.0.0.1:$bport
   start_gw "$base" "$bport"
+  pid_base=$gw_pid
   [ "$(curl -s -o /dev/null -w '%{http_code}' "$burl/healthz")" = 200 ] ||
     { echo "the gateway of $base does not answer GET /healthz with 200" >&2; exit 1; }
   whats="$whats base"
 fi
 
-# run_wrk URL [CRED_FILE [get|post]]: prints "requests/s p50_ms p99_ms non2xx". Runs in a
-# subshell, so each run's Idempotency-Keys are told apart by the clock, not by a counter.
+# ticks (1/100 s) of CPU the process PID has used so far
+ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
+# run_wrk PID URL [CRED_FILE [get|post]]: prints "requests/s p50_ms p99_ms non2xx gw_us", gw_us
+# being the CPU time of the gateway PID per request. Runs in a subshell, so each run's
+# Idempotency-Keys are told apart by the clock, not by a counter.
 run_wrk() {
-  local script=() nonce
+  local script=() nonce before out pid=$1
+  shift
   nonce=$(date +%s%N)
+  before=$(ticks "$pid")
   [ -n "${2:-}" ] && script=(-s "$here/creds.lua")
-  wrk -t2 -c"$conns" -d"${secs}s" --latency "${script[@]}" "$1" ${2:+-- "$2" "${3:-get}" "$nonce"} | awk '
+  out=$(wrk -t2 -c"$conns" -d"${secs}s" --latency "${script[@]}" "$1" ${2:+-- "$2" "${3:-get}" "$nonce"} | awk '
     /Requests\/sec/ {rps=$2}
     /^ +50%/ {p50=$2} /^ +99%/ {p99=$2}
     /Non-2xx or 3xx responses/ {bad=$NF}
     function ms(v) { if (v ~ /us$/) return v/1000; if (v ~ /ms$/) return v+0; if (v ~ /s$/) return v*1000; return v }
-    END {printf "%.0f %.3f %.3f %d\n", rps, ms(p50), ms(p99), bad}'
+    END {printf "%.0f %.3f %.3f %d\n", rps, ms(p50), ms(p99), bad}')
+  echo "$out" | awk -v t="$(($(ticks "$pid") - before))" -v s="$secs" '{n = $1 * s; if (n < 1) n = 1;
+    printf "%s %s %s %s %.0f\n", $1, $2, $3, $4, t * 10000 / n}'
 }
 
 # median of the arguments
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? v[(NR+1)/2] : (v[NR/2] + v[NR/2+1]) / 2}'; }
 
-printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio load
+printf "%-6s %-36s %10s %9s %9s %8s %7s %6s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio "gw us" load
 bad=0
-rk=() rj=() rp=() rn=() rc=() rb=()
-row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %s\n" "$@"; }
+rk=() rj=() rp=() rn=() rc=() rb=() cj=() uj=() un=()
+row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %6s %s\n" "$@"; }
 for ((r = 1; r <= rounds; r++)); do
   for what in $whats; do
-    hurl=$url hname="GET /healthz"
-    [ "$what" = base ] && hurl=$burl hname="GET /healthz, BASE_BUILD"
-    read -r h_rps h_p50 h_p99 h_bad < <(run_wrk "$hurl/healthz")
-    row "$r" "$hname" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$(cut -d' ' -f1 /proc/loadavg)"
+    hurl=$url hname="GET /healthz" hpid=$pid_main
+    [ "$what" = base ] && hurl=$burl hname="GET /healthz, BASE_BUILD" hpid=$pid_base
+    read -r h_rps h_p50 h_p99 h_bad h_us < <(run_wrk "$hpid" "$hurl/healthz")
+    row "$r" "$hname" "$h_rps" "$h_p50" "$h_p99" "$h_bad" - "$h_us" "$(cut -d' ' -f1 /proc/loadavg)"
     case $what in
-    key) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$keys"); name="GET /v1/api-keys, API key" ;;
-    jwt) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/api-keys" "$jwts"); name="GET /v1/api-keys, JWT (ES256)" ;;
-    post) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$url/v1/tokens" "$keys" post); name="POST /v1/tokens, Idempotency-Key" ;;
-    noauth) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$nurl/v1/api-keys"); name="GET /v1/api-keys, authentication off" ;;
-    base) read -r x_rps x_p50 x_p99 x_bad < <(run_wrk "$burl/v1/tokens" "$keys" post); name="POST /v1/tokens, BASE_BUILD" ;;
+    key) read -r x_rps x_p50 x_p99 x_bad x_us < <(run_wrk "$pid_main" "$url/v1/api-keys" "$keys"); name="GET /v1/api-keys, API key" ;;
+    jwt) read -r x_rps x_p50 x_p99 x_bad x_us < <(run_wrk "$pid_main" "$url/v1/api-keys" "$jwts"); name="GET /v1/api-keys, JWT (ES256)" ;;
+    post) read -r x_rps x_p50 x_p99 x_bad x_us < <(run_wrk "$pid_main" "$url/v1/tokens" "$keys" post); name="POST /v1/tokens, Idempotency-Key" ;;
+    noauth) read -r x_rps x_p50 x_p99 x_bad x_us < <(run_wrk "$pid_noauth" "$nurl/v1/api-keys"); name="GET /v1/api-keys, authentication off" ;;
+    base) read -r x_rps x_p50 x_p99 x_bad x_us < <(run_wrk "$pid_base" "$burl/v1/tokens" "$keys" post); name="POST /v1/tokens, BASE_BUILD" ;;
     esac
     ratio=$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')
-    row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$(cut -d' ' -f1 /proc/loadavg)"
+    row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$x_us" "$(cut -d' ' -f1 /proc/loadavg)"
     case $what in
     key) rk+=("$ratio") key_rps=$x_rps ;;
-    jwt) rj+=("$ratio") ;;
+    jwt) rj+=("$ratio") jwt_rps=$x_rps uj+=("$x_us") ;;
     post) rp+=("$ratio") ;;
     base) rb+=("$ratio") ;;
-    noauth) rn+=("$ratio") rc+=("$(awk -v k="$key_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')") ;;
+    noauth) rn+=("$ratio") un+=("$x_us")
+      rc+=("$(awk -v k="$key_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')")
+      cj+=("$(awk -v k="$jwt_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')") ;;
     esac
     bad=$((bad + h_bad + x_bad))
   done
@@ -180,6 +195,8 @@ echo "  POST:    $(median "${rp[@]}") (aim >= 0.3)"
 if [ -n "$noauth" ]; then
   echo "  GET /v1/api-keys, authentication off: $(median "${rn[@]}")"
   echo "authentication's share of GET /v1/api-keys (1 - API key / off, same round): $(median "${rc[@]}") (aim <= 0.15)"
+  echo "  the same with JWTs (1 - JWT / off, same round): $(median "${cj[@]}")"
+  echo "gateway CPU per GET /v1/api-keys, us: JWT $(median "${uj[@]}"), authentication off $(median "${un[@]}")"
 fi
 # Every POST was a first use of its key (a replay would be cheaper): one audit row each, and as
 # many stored outcomes.
