@@ -298,8 +298,9 @@ static bool token_id(const char *token, size_t len, unsigned char id[SHA256_DIGE
  * `now`. Each key looks in its own cache (the token's kid is not known without decoding it), so a
  * key removed from the keyring takes its tokens with it.
  */
-static bool cached_claims(const struct auth_keyring *kr, const unsigned char id[SHA256_DIGEST_LENGTH],
-			  int64_t now, struct auth_claims *out)
+static bool cached_claims(const struct auth_keyring *kr,
+			  const unsigned char id[SHA256_DIGEST_LENGTH], int64_t now,
+			  struct auth_claims *out)
 {
 	for (size_t i = 0; i < kr->n; i++)
 		if (keyring_cache_get(&kr->keys[i], id, now, out))

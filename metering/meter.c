@@ -781,8 +781,8 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
  * sequence `seq` past the one read then, step_seq/back_seq): its time is after the step. Moved
  * there, a point past its end because the end was logged late (the writer billed past it), not
  * because the start was read in the wrong frame, stood the step's size early, and the generation
- * was billed again from there (a step of -320 s 64 s before the start, the end logged 2 s before
- * the writer's last flushed tick: 90,464 µcr for 8,738).
+ * was billed again from there (a step of -320 s 67 s before the start, the end logged 2 s before
+ * the writer's last flushed tick: 92,006 µcr for 10,280).
  */
 static int64_t node_time_before(const struct meter *m, int64_t w, long long seq, int64_t billed,
 				int64_t end)
@@ -813,8 +813,8 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL; `end_col`, when not -1, the first change of a later generation, µs, NULL while
  * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL) on
- * this meter's label clock, into *t: where this meter places the
- * generation's start, plus what is billed of it. The point itself is a label of the clock of the
+ * this meter's label clock, into *t: where this meter places the generation's start, plus what is
+ * billed of it. The point itself is a label of the clock of the
  * meter that wrote it, which may run far from this one's (one followed a clock step, the other,
  * restarted without its frame, did not): read as a label here, a generation taken over from
  * another node was billed again from its start, under labels 281 s from the other meter's, which
@@ -2689,8 +2689,9 @@ out:
  * when none>", comma-separated), its
  * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
  * generation's start, what is billed of it and its start's log sequence (gen_point()). The point
- * is on the clock of the meter that wrote it, the end and the changes on the wall clock: they are compared with the
- * generation's start plus what is billed of it (wall_ns), the point itself when that is not known.
+ * is on the clock of the meter that wrote it, the end and the changes on the wall clock: they are
+ * compared with the generation's start plus what is billed of it (wall_ns), the point itself when
+ * that is not known.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
