@@ -3097,19 +3097,30 @@ static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_
  * later seq was logged after that read, so its time is past the step. Nothing when it fails: read
  * at a later tick, later still, which only puts fewer changes after the step.
  */
+/* Sets each of the `n` sequences still unread whose step was seen LOG_LATE_NS or more before
+ * `mono` to `seq` (0: only tells whether one is due). */
+static bool steps_seq_set(long long *seqs, const int64_t *seen, int n, int64_t mono, long long seq)
+{
+	bool due = false;
+
+	for (int i = 0; i < n; i++)
+		if (!seqs[i] && mono - seen[i] >= LOG_LATE_NS) {
+			due = true;
+			if (seq)
+				seqs[i] = seq;
+		}
+	return due;
+}
+
 static void steps_seq_read(struct meter *m, struct pg_conn *c)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	int64_t mono = m->clk_now_m;
-	bool due = false;
 	long long seq;
 
-	for (int k = 0; k < m->nsteps; k++)
-		due |= !m->step_seq[k] && mono - m->step_mono[k] >= LOG_LATE_NS;
-	for (int b = 0; b < m->nback; b++)
-		due |= !m->back_seq[b] && mono - m->back_mono[b] >= LOG_LATE_NS;
-	if (!due)
+	if (!steps_seq_set(m->step_seq, m->step_mono, m->nsteps, mono, 0) &&
+	    !steps_seq_set(m->back_seq, m->back_mono, m->nback, mono, 0))
 		return;
 	m->st.pg_calls++;
 	if (PGQ0(c, &res, &err, "SELECT last_value FROM sandbox_state_log_seq_seq") != KILN_OK) {
@@ -3118,12 +3129,8 @@ static void steps_seq_read(struct meter *m, struct pg_conn *c)
 	}
 	seq = pg_res_int(res, 0, 0, 0);
 	pg_res_free(res);
-	for (int k = 0; k < m->nsteps; k++)
-		if (!m->step_seq[k] && mono - m->step_mono[k] >= LOG_LATE_NS)
-			m->step_seq[k] = seq;
-	for (int b = 0; b < m->nback; b++)
-		if (!m->back_seq[b] && mono - m->back_mono[b] >= LOG_LATE_NS)
-			m->back_seq[b] = seq;
+	steps_seq_set(m->step_seq, m->step_mono, m->nsteps, mono, seq);
+	steps_seq_set(m->back_seq, m->back_mono, m->nback, mono, seq);
 }
 
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)

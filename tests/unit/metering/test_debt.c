@@ -243,23 +243,35 @@ static void test_expiry_after_downtime_keeps_the_debt(void)
 }
 
 /*
- * A grant made to a tenant already in debt pays that debt first; when it expires, only what is
- * left of it after the debt goes.
+ * A new tenant `t` in debt of one window: its sandbox ran 10 s from `t0` with no grant (2,570
+ * µcr from the overdraft) and stopped; the meter (no master key) has ticked to `until_s`.
  */
-static void test_expiry_of_a_grant_that_paid_a_debt(void)
+static struct meter *debt_of_one_window(char *t, size_t n, int64_t t0, int until_s)
 {
-	char t[32], sb[32];
-	int64_t t0 = aligned_now();
+	char sb[32];
 	struct meter *m;
 
-	new_tenant(t, sizeof(t));
+	new_tenant(t, n);
 	new_sandbox(t, sb, sizeof(sb), t0);
 	fake_now = t0;
 	m = new_meter_pausing(false);
 	tick_until(m, t0 + 10 * S);
 	stop_sandbox(sb, t0 + 10 * S);
-	tick_until(m, t0 + 20 * S);
+	tick_until(m, t0 + until_s * S);
 	CHECK_INT(ledger_bal(t), -2570);
+	return m;
+}
+
+/*
+ * A grant made to a tenant already in debt pays that debt first; when it expires, only what is
+ * left of it after the debt goes.
+ */
+static void test_expiry_of_a_grant_that_paid_a_debt(void)
+{
+	char t[32];
+	int64_t t0 = aligned_now();
+	struct meter *m = debt_of_one_window(t, sizeof(t), t0, 20);
+
 	grant(t, 3000, t0 / S + 25, "b");
 	tick_until(m, t0 + 51 * S);	/* the expiry runs two windows after its time */
 	CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers WHERE "
@@ -287,18 +299,10 @@ static void grant_made_at(const char *t, long long ucr, int64_t exp_s, const cha
  */
 static void test_expiry_ignores_grants_made_after_it(void)
 {
-	char t[32], sb[32];
+	char t[32];
 	int64_t t0 = aligned_now();
-	struct meter *m;
+	struct meter *m = debt_of_one_window(t, sizeof(t), t0, 21);
 
-	new_tenant(t, sizeof(t));
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	m = new_meter_pausing(false);
-	tick_until(m, t0 + 10 * S);
-	stop_sandbox(sb, t0 + 10 * S);
-	tick_until(m, t0 + 21 * S);
-	CHECK_INT(ledger_bal(t), -2570);
 	grant_made_at(t, 3000, t0 / S + 25, "g", t0 / S + 21);	/* pays the debt: 430 left */
 	tick_until(m, t0 + 28 * S);
 	grant_made_at(t, 5000, 0, "h", t0 / S + 28);	/* after g's expiry, before it runs */
@@ -466,18 +470,10 @@ static void test_a_reopened_expiry_keeps_the_debt_period_and_a_replay_reopens_no
  */
 static void test_a_reopened_expiry_counts_grants_made_after_its_first_run(void)
 {
-	char t[32], sb[32], sb2[32];
+	char t[32], sb2[32];
 	int64_t t0 = aligned_now();
-	struct meter *m;
+	struct meter *m = debt_of_one_window(t, sizeof(t), t0, 19);
 
-	new_tenant(t, sizeof(t));
-	new_sandbox(t, sb, sizeof(sb), t0);
-	fake_now = t0;
-	m = new_meter_pausing(false);
-	tick_until(m, t0 + 10 * S);
-	stop_sandbox(sb, t0 + 10 * S);
-	tick_until(m, t0 + 19 * S);
-	CHECK_INT(ledger_bal(t), -2570);
 	grant(t, 10000, t0 / S + 35, "g");
 	new_sandbox(t, sb2, sizeof(sb2), t0 + 20 * S);
 	tick_until(m, t0 + 29 * S);
