@@ -7,6 +7,7 @@ The error shape is the SDKs' contract: `{"code": <the HTTP status as an integer>
 """
 import http.client
 import json
+import select
 import socket
 import subprocess
 import time
@@ -17,6 +18,51 @@ import kiln
 
 GENEROUS = {"KILN_RATE_LIMIT_RPS": "100000", "KILN_RATE_LIMIT_BURST": "100000",
             "KILN_TENANT_RATE_LIMIT_RPS": "100000", "KILN_TENANT_RATE_LIMIT_BURST": "100000"}
+
+
+def http_from(source, url, headers):
+    """A GET from the loopback address `source` (all of 127/8 is loopback). A connection over
+    the per-address cap is answered at once and closed, maybe before the request is in: sending
+    it may then fail (EPIPE, reset), and the answer is still there to read."""
+    u = urllib.parse.urlsplit(url)
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.settimeout(60)
+        s.bind((source, 0))
+        s.connect((u.hostname, u.port))
+        head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+        try:
+            s.sendall(f"GET {u.path} HTTP/1.1\r\nHost: {u.netloc}\r\n{head}"
+                      "Connection: close\r\n\r\n".encode())
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        r = http.client.HTTPResponse(s)
+        r.begin()
+        return kiln.Response(r.status, r.headers, r.read())
+    finally:
+        s.close()
+
+
+def hex_addr(addr, port):
+    """An IPv4 socket address as /proc/net/tcp writes it."""
+    return "%08X:%04X" % (int.from_bytes(socket.inet_aton(addr), "little"), port)
+
+
+def accepted(port, clients):
+    """Whether the process listening on 127.0.0.1:`port` has accepted every connection whose
+    client end is in `clients`: the kernel's accept queue of the port is empty and each one's
+    server end is past SYN_RECV (established, or closed since by that process)."""
+    queued, states = None, {}
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            local, remote, state, queues = line.split()[1:5]
+            if local != hex_addr("127.0.0.1", port):
+                continue
+            if state == "0A":  # LISTEN: its rx_queue is the accept queue
+                queued = int(queues.split(":")[1], 16)
+            else:
+                states[remote] = state
+    return queued == 0 and all(states.get(hex_addr(*c), "03") != "03" for c in clients)
 
 
 class E2bRest(unittest.TestCase):
@@ -375,16 +421,31 @@ class E2bAddressLimits(unittest.TestCase):
                        {"Authorization": "Bearer " + gw.admin_key})
         self.assertEqual(r.status, 201, r)
         key = r.json()["api_key"]["key"]
-        # Two idle connections from this (loopback) address use up its cap on the API listener.
-        held = [socket.create_connection(("127.0.0.1", gw.port)) for _ in range(2)]
+        # Two idle connections use up their address's cap on the API listener. The address is one
+        # no other connection of this test used: the gateway counts a connection until it has
+        # closed its end, a little after its client read the reply (the POST above, from
+        # 127.0.0.1, can still count when a loaded host makes the next connections). With one
+        # still counted the second held connection is refused, and every GET then admitted.
+        client = "127.0.0.9"
+        held = []
         self.addCleanup(lambda: [s.close() for s in held])
-        for _ in range(50):  # the cap holds on the API listener once it has counted them
-            r = kiln.http("GET", gw.url + "/v1/sandboxes", headers={"Authorization": "Bearer " + key})
-            if r.status == 429:
-                break
-            time.sleep(0.2)
+        for _ in range(2):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(s)
+            s.bind((client, 0))
+            s.connect(("127.0.0.1", gw.port))
+        # Waits until the gateway has accepted both (the kernel's view, not a time): its one
+        # accept thread counts a connection before it takes the next, so the GET comes after both.
+        deadline = time.monotonic() + 60
+        while not accepted(gw.port, [s.getsockname() for s in held]):
+            self.assertLess(time.monotonic(), deadline, "the gateway did not accept them")
+            time.sleep(0.05)
+        r = http_from(client, gw.url + "/v1/sandboxes", {"Authorization": "Bearer " + key})
         self.assertEqual(r.status, 429, r)
-        r = kiln.http("GET", gw.e2b_url + "/v2/sandboxes", headers={"X-API-Key": key})
+        self.assertIn("http_max_connections_per_addr", r.json()["error"]["message"])
+        # Both held connections are still open: the cap held them, it did not refuse them.
+        self.assertEqual(select.select(held, [], [], 0)[0], [], "a held connection was closed")
+        r = http_from(client, gw.e2b_url + "/v2/sandboxes", {"X-API-Key": key})
         self.assertEqual((r.status, r.json()), (200, []), r)
 
 
