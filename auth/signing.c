@@ -262,11 +262,11 @@ static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_er
 		pg_res_free(res);
 		return KILN_OK;
 	}
-	__atomic_fetch_add(&s->builds, 1, __ATOMIC_RELAXED);
 	rc = keyring_of_rows(res, &s->mk, &kr, err);
 	pg_res_free(res);
 	if (rc != KILN_OK)
 		return rc;	/* the rows stay unmatched: the next reload tries them again */
+	__atomic_fetch_add(&s->builds, 1, __ATOMIC_RELAXED);
 	/* Rows that could not be hashed match nothing: the next reload builds again. */
 	s->has_rows_md = hashed;
 	if (hashed)

@@ -41,8 +41,9 @@ enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err);
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err);
 
 /*
- * How many times the stored keys were opened and parsed into a keyring: at signing_new(), then
- * by each reload that found their rows changed. For tests and metrics.
+ * How many keyrings were built of the stored keys (each opened and parsed): at signing_new(),
+ * then by each reload that found their rows changed; a build that failed is not counted. For
+ * tests and metrics.
  */
 uint64_t signing_keyrings_built(struct signing *s);
 

@@ -1,8 +1,9 @@
 /*
  * test_signing.c - the gateway's signing keys in the services fixture's Postgres (auth/signing.c):
  * a reload opens and parses the stored keys only when their rows changed, and still picks up every
- * change: a rotation made by another process, new material under a kid, a retired key leaving,
- * and the reloading thread within its period.
+ * change: a rotation made by another process, new material under a kid, a retired key leaving
+ * (by a row written or by its keep ending), the signer swapped between the same keys, and the
+ * reloading thread within its period.
  */
 #include "test.h"
 #include "testdb.h"
@@ -219,6 +220,60 @@ static void test_the_refresher_picks_up_a_rotation_within_its_period(void)
 	signing_free(s);
 }
 
+/*
+ * A retired key leaves when its keep ends, with no row written: the rows read change by the
+ * database's clock alone. Moving retired_at within the keep changes nothing read, so nothing is
+ * built.
+ */
+static void test_a_retired_key_leaves_when_its_keep_ends_with_no_row_written(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid);
+	struct timespec wait = { 3, 0 };
+
+	rotate(new_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	testdb_sql(db.pg,
+		   "UPDATE signing_keys SET retired_at = now() - make_interval(secs => %d) "
+		   "WHERE kid = '%s'",
+		   SIGNING_RETIRED_KEEP_S - 2, old_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	nanosleep(&wait, NULL);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	CHECK_INT(verify(s, before), AUTH_JWT_UNKNOWN_KID);
+	free(before);
+	signing_free(s);
+}
+
+/* The same keys with the signer swapped (which row is not retired): built, the other signs. */
+static void test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid), *after;
+
+	rotate(new_kid);
+	reload(s);
+	testdb_sql(db.pg,
+		   "UPDATE signing_keys SET retired_at = CASE WHEN kid = '%s' THEN NULL ELSE now() "
+		   "END",
+		   old_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	after = sign(s, kid);
+	CHECK_STR(kid, old_kid);
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	CHECK_INT(verify(s, after), AUTH_JWT_OK);
+	free(before);
+	free(after);
+	signing_free(s);
+}
+
 int main(void)
 {
 	struct kiln_error err = { 0 };
@@ -236,6 +291,8 @@ int main(void)
 	TEST(test_new_material_under_a_kid_is_built_at_the_next_reload);
 	TEST(test_a_key_retired_past_its_keep_stops_verifying_at_the_next_reload);
 	TEST(test_the_refresher_picks_up_a_rotation_within_its_period);
+	TEST(test_a_retired_key_leaves_when_its_keep_ends_with_no_row_written);
+	TEST(test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload);
 	rc = test_summary();
 	auth_master_key_wipe(&mk);
 	testdb_close(&db);
