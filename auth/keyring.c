@@ -5,6 +5,7 @@
 #include "auth/keyring_priv.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,11 +31,16 @@ struct cache_set {
 	struct cache_entry e[KEYRING_CACHE_WAYS];	/* newest first */
 };
 
-/* A mutex and the counts of lookups under it, a cache line each so that they do not bounce. */
+/*
+ * A mutex and the counts of lookups in its sets, a cache line each so that they do not bounce.
+ * Hits are counted under the mutex a lookup holds anyway; a miss holds none (the signature check
+ * comes next), so it is counted with one atomic add rather than a lock taken for the count alone.
+ */
 union cache_lock {
 	struct {
 		pthread_mutex_t mu;
-		uint64_t hits, misses;
+		uint64_t hits;		/* under mu */
+		atomic_uint_least64_t misses;
 	} l;
 	char line[64];
 };
@@ -61,6 +67,7 @@ static struct keyring_cache *cache_new(void)
 			free(c);
 			return NULL;
 		}
+		atomic_init(&c->locks[i].l.misses, 0);
 	}
 	return c;
 }
@@ -93,10 +100,10 @@ static struct keyring_cache *cache_of(const struct auth_key *k)
 }
 
 /*
- * `k`'s cache, made on first use: a key that never checks a signature (the gateway builds a whole
- * keyring on each reload only to compare its kids) never zero-fills one. Threads racing here each
- * make one; the first to install it wins and the others free theirs. NULL when it cannot be
- * allocated: the key then verifies everything in full, as a key with no cache does.
+ * `k`'s cache, made on first use: a key that never checks a signature (in a keyring the gateway
+ * built from changed rows, then freed because it held the same kids) never zero-fills one. Threads
+ * racing here each make one; the first to install it wins and the others free theirs. NULL when
+ * it cannot be allocated: the key then verifies everything in full, as a key with no cache does.
  */
 static struct keyring_cache *cache_made(const struct auth_key *k)
 {
@@ -149,9 +156,7 @@ void keyring_cache_miss(const struct auth_key *k, const unsigned char id[SHA256_
 	if (!c)
 		return;
 	cache_slot(c, id, &lock);
-	pthread_mutex_lock(&lock->l.mu);
-	lock->l.misses++;
-	pthread_mutex_unlock(&lock->l.mu);
+	atomic_fetch_add_explicit(&lock->l.misses, 1, memory_order_relaxed);
 }
 
 void keyring_cache_put(const struct auth_key *k, const unsigned char id[SHA256_DIGEST_LENGTH],
@@ -200,7 +205,8 @@ void auth_jwt_cache_stats(const struct auth_keyring *kr, struct auth_jwt_cache_s
 		for (size_t l = 0; l < KEYRING_CACHE_LOCKS; l++) {
 			pthread_mutex_lock(&c->locks[l].l.mu);
 			out->hits += c->locks[l].l.hits;
-			out->misses += c->locks[l].l.misses;
+			out->misses += atomic_load_explicit(&c->locks[l].l.misses,
+							    memory_order_relaxed);
 			for (size_t set = l; set < KEYRING_CACHE_SETS; set += KEYRING_CACHE_LOCKS)
 				for (size_t w = 0; w < KEYRING_CACHE_WAYS; w++)
 					out->entries += c->sets[set].e[w].exp != 0;

@@ -4,10 +4,14 @@
 #include "signing.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <openssl/evp.h>
+#include <openssl/sha.h>
 
 #include "auth/jwks.h"
 #include "common/log.h"
@@ -23,6 +27,10 @@ struct signing {
 	struct auth_keyring *kr;	/* swapped whole under `lock` */
 	pthread_rwlock_t lock;
 	pthread_mutex_t reload_lock;
+	/* SHA-256 of the rows `kr` was built from (rows_digest), when they could be hashed */
+	unsigned char rows_md[SHA256_DIGEST_LENGTH];	/* under reload_lock */
+	bool has_rows_md;	/* under reload_lock */
+	uint64_t builds;	/* keyrings built from rows (atomic; signing_keyrings_built) */
 	time_t last_reload;	/* read without reload_lock: atomic */
 	time_t last_kid_reload;	/* the last reload an unknown kid asked for */
 	pthread_t refresher;	/* signing_start_refresh(): reloads off the request path */
@@ -60,28 +68,68 @@ static enum kiln_err signing_insert_new(struct pg_conn *c, const struct auth_mas
 	return rc;
 }
 
-/* Builds a keyring from the rows of signing_keys that still verify. */
-static enum kiln_err signing_load(struct pg *pg, const struct auth_master_key *mk,
-				  struct auth_keyring **out, struct kiln_error *err)
+/*
+ * The rows of signing_keys that still verify, newest first (kid last, so that keys made in the
+ * same instant come in the same order on every read): kid, private_sealed, whether it is not
+ * retired. *res is the caller's to free.
+ */
+static enum kiln_err signing_rows(struct pg *pg, struct pg_res **res, struct kiln_error *err)
 {
-	struct auth_keyring *kr = auth_keyring_new();
 	struct pg_conn *c = NULL;
-	struct pg_res *res = NULL;
-	const char *active = NULL;
 	char keep[16];
 	enum kiln_err rc;
+
+	*res = NULL;
+	snprintf(keep, sizeof(keep), "%d", SIGNING_RETIRED_KEEP_S);
+	rc = pg_acquire(pg, &c, err);
+	if (rc == KILN_OK)
+		rc = PGQ(c, res, err,
+			 "SELECT kid, private_sealed, retired_at IS NULL FROM signing_keys "
+			 "WHERE retired_at IS NULL OR retired_at > now() - make_interval(secs => $1::int) "
+			 "ORDER BY created_at DESC, kid LIMIT 16",
+			 keep);
+	pg_release(pg, c);
+	return rc;
+}
+
+/* Feeds one field to `ctx`, its length first, so that no two row sets hash as one. */
+static int digest_field(EVP_MD_CTX *ctx, const char *v)
+{
+	uint64_t n = strlen(v);
+
+	return EVP_DigestUpdate(ctx, &n, sizeof(n)) == 1 && EVP_DigestUpdate(ctx, v, n) == 1 ? 0 : -1;
+}
+
+/*
+ * The SHA-256 of every field of the rows signing_rows() read, in order. Two reads that hash alike
+ * read the same keys, sealed alike, with the same signer: what the gateway's periodic reload
+ * compares before opening or parsing anything. Returns 0, or -1 when OpenSSL cannot hash.
+ */
+static int rows_digest(struct pg_res *res, unsigned char md[SHA256_DIGEST_LENGTH])
+{
+	EVP_MD_CTX *ctx = EVP_MD_CTX_new();
+	int ok = ctx && EVP_DigestInit_ex(ctx, EVP_sha256(), NULL) == 1;
+
+	for (int i = 0; ok && i < pg_res_rows(res); i++)
+		ok = digest_field(ctx, pg_res_str(res, i, 0)) == 0 &&
+		     digest_field(ctx, pg_res_str(res, i, 1)) == 0 &&
+		     digest_field(ctx, pg_res_bool(res, i, 2) ? "t" : "f") == 0;
+	ok = ok && EVP_DigestFinal_ex(ctx, md, NULL) == 1;
+	EVP_MD_CTX_free(ctx);
+	return ok ? 0 : -1;
+}
+
+/* Builds a keyring from the rows signing_rows() read: opens each key and parses it. */
+static enum kiln_err keyring_of_rows(struct pg_res *res, const struct auth_master_key *mk,
+				     struct auth_keyring **out, struct kiln_error *err)
+{
+	struct auth_keyring *kr = auth_keyring_new();
+	const char *active = NULL;
+	enum kiln_err rc = KILN_OK;
 
 	*out = NULL;
 	if (!kr)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	snprintf(keep, sizeof(keep), "%d", SIGNING_RETIRED_KEEP_S);
-	rc = pg_acquire(pg, &c, err);
-	if (rc == KILN_OK)
-		rc = PGQ(c, &res, err,
-			 "SELECT kid, private_sealed, retired_at IS NULL FROM signing_keys "
-			 "WHERE retired_at IS NULL OR retired_at > now() - make_interval(secs => $1::int) "
-			 "ORDER BY created_at DESC LIMIT 16",
-			 keep);
 	for (int i = 0; rc == KILN_OK && i < pg_res_rows(res); i++) {
 		const char *kid = pg_res_str(res, i, 0), *sealed = pg_res_str(res, i, 1);
 		unsigned char *pem = NULL;
@@ -104,8 +152,6 @@ static enum kiln_err signing_load(struct pg *pg, const struct auth_master_key *m
 		if (rc == KILN_OK && active == kid)
 			rc = auth_keyring_set_active(kr, got, err);
 	}
-	pg_res_free(res);
-	pg_release(pg, c);
 	if (rc == KILN_OK && !active)
 		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "no active signing key");
 	if (rc != KILN_OK) {
@@ -114,6 +160,20 @@ static enum kiln_err signing_load(struct pg *pg, const struct auth_master_key *m
 	}
 	*out = kr;
 	return KILN_OK;
+}
+
+/* Builds a keyring from the rows of signing_keys that still verify. */
+static enum kiln_err signing_load(struct pg *pg, const struct auth_master_key *mk,
+				  struct auth_keyring **out, struct kiln_error *err)
+{
+	struct pg_res *res = NULL;
+	enum kiln_err rc = signing_rows(pg, &res, err);
+
+	*out = NULL;
+	if (rc == KILN_OK)
+		rc = keyring_of_rows(res, mk, out, err);
+	pg_res_free(res);
+	return rc;
 }
 
 /* Creates the first key unless one is active; concurrent starts make exactly one. */
@@ -143,6 +203,83 @@ static enum kiln_err signing_ensure(struct pg *pg, const struct auth_master_key 
 	return rc;
 }
 
+/* Whether two keyrings hold the same keys with the same signer. */
+static bool same_keys(const struct auth_keyring *a, const struct auth_keyring *b)
+{
+	const char *sa = auth_keyring_active_kid(a), *sb = auth_keyring_active_kid(b);
+
+	if (auth_keyring_count(a) != auth_keyring_count(b) || !sa || !sb || strcmp(sa, sb) != 0)
+		return false;
+	for (size_t i = 0; i < auth_keyring_count(a); i++)
+		if (!auth_keyring_has(b, auth_keyring_kid_at(a, i)))
+			return false;
+	return true;
+}
+
+/* Makes `kr` the keyring unless it holds the same keys as the one in use; frees the other. */
+static void swap_in(struct signing *s, struct auth_keyring *kr)
+{
+	struct auth_keyring *old;
+	bool same;
+
+	/* Unchanged keys keep their keyring, and with it the cache of tokens already verified. */
+	pthread_rwlock_rdlock(&s->lock);
+	same = same_keys(s->kr, kr);
+	pthread_rwlock_unlock(&s->lock);
+	if (same) {
+		auth_keyring_free(kr);
+		return;
+	}
+	pthread_rwlock_wrlock(&s->lock);
+	old = s->kr;
+	s->kr = kr;
+	pthread_rwlock_unlock(&s->lock);
+	auth_keyring_free(old);
+}
+
+/*
+ * Reads the stored keys and, when their rows differ from those the keyring was built from, builds
+ * a keyring of them and swaps it in. The rows are compared by their hash first: opening each key
+ * with the master key and parsing it (a pairwise check and the contexts of keyring.c) is the cost
+ * of a reload, and the keys seldom change. Any change to a row (a key added, retired, removed, or
+ * sealed anew) or a retired key passing SIGNING_RETIRED_KEEP_S changes the rows read, so it is
+ * still built at this reload. The caller holds reload_lock.
+ */
+static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_error *err)
+{
+	unsigned char md[SHA256_DIGEST_LENGTH];
+	struct auth_keyring *kr = NULL;
+	struct pg_res *res = NULL;
+	bool hashed;
+	enum kiln_err rc;
+
+	__atomic_store_n(&s->last_reload, now, __ATOMIC_RELAXED);
+	rc = signing_rows(s->pg, &res, err);
+	if (rc != KILN_OK)
+		return rc;
+	hashed = rows_digest(res, md) == 0;
+	if (hashed && s->has_rows_md && memcmp(md, s->rows_md, sizeof(md)) == 0) {
+		pg_res_free(res);
+		return KILN_OK;
+	}
+	rc = keyring_of_rows(res, &s->mk, &kr, err);
+	pg_res_free(res);
+	if (rc != KILN_OK)
+		return rc;	/* the rows stay unmatched: the next reload tries them again */
+	__atomic_fetch_add(&s->builds, 1, __ATOMIC_RELAXED);
+	/* Rows that could not be hashed match nothing: the next reload builds again. */
+	s->has_rows_md = hashed;
+	if (hashed)
+		memcpy(s->rows_md, md, sizeof(md));
+	swap_in(s, kr);
+	return KILN_OK;
+}
+
+uint64_t signing_keyrings_built(struct signing *s)
+{
+	return __atomic_load_n(&s->builds, __ATOMIC_RELAXED);
+}
+
 struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err)
 {
 	struct signing *s;
@@ -160,11 +297,11 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 	pthread_mutex_init(&s->reload_lock, NULL);
 	pthread_mutex_init(&s->stop_lock, NULL);
 	pthread_cond_init(&s->stop_cond, NULL);
-	if (signing_load(pg, mk, &s->kr, err) != KILN_OK) {
+	/* No thread shares `s` yet: reload_lock need not be held. */
+	if (reload_locked(s, time(NULL), err) != KILN_OK) {
 		signing_free(s);
 		return NULL;
 	}
-	s->last_reload = time(NULL);
 	return s;
 }
 
@@ -186,46 +323,6 @@ void signing_free(struct signing *s)
 	pthread_rwlock_destroy(&s->lock);
 	pthread_mutex_destroy(&s->reload_lock);
 	free(s);
-}
-
-/* Loads the keys and swaps them in; the caller holds reload_lock. */
-/* Whether two keyrings hold the same keys with the same signer. */
-static bool same_keys(const struct auth_keyring *a, const struct auth_keyring *b)
-{
-	const char *sa = auth_keyring_active_kid(a), *sb = auth_keyring_active_kid(b);
-
-	if (auth_keyring_count(a) != auth_keyring_count(b) || !sa || !sb || strcmp(sa, sb) != 0)
-		return false;
-	for (size_t i = 0; i < auth_keyring_count(a); i++)
-		if (!auth_keyring_has(b, auth_keyring_kid_at(a, i)))
-			return false;
-	return true;
-}
-
-static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_error *err)
-{
-	struct auth_keyring *kr = NULL, *old;
-	bool same;
-	enum kiln_err rc;
-
-	__atomic_store_n(&s->last_reload, now, __ATOMIC_RELAXED);
-	rc = signing_load(s->pg, &s->mk, &kr, err);
-	if (rc != KILN_OK)
-		return rc;
-	/* Unchanged keys keep their keyring, and with it the cache of tokens already verified. */
-	pthread_rwlock_rdlock(&s->lock);
-	same = same_keys(s->kr, kr);
-	pthread_rwlock_unlock(&s->lock);
-	if (same) {
-		auth_keyring_free(kr);
-		return KILN_OK;
-	}
-	pthread_rwlock_wrlock(&s->lock);
-	old = s->kr;
-	s->kr = kr;
-	pthread_rwlock_unlock(&s->lock);
-	auth_keyring_free(old);
-	return KILN_OK;
 }
 
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)

@@ -10,6 +10,7 @@
 #define KILN_SIGNING_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "auth/crypto.h"
 #include "auth/jwt.h"
@@ -32,8 +33,19 @@ void signing_free(struct signing *s);
  */
 enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err);
 
-/* Re-reads the keys from Postgres; at most once a second when `on_unknown_kid`. */
+/*
+ * Re-reads the keys from Postgres; at most once a second when `on_unknown_kid`. The keys are
+ * opened and parsed into a new keyring only when their rows changed since the keyring in use was
+ * built (a hash of the rows read in the one query compares them).
+ */
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err);
+
+/*
+ * How many keyrings were built of the stored keys (each opened and parsed): at signing_new(),
+ * then by each reload that found their rows changed; a build that failed is not counted. For
+ * tests and metrics.
+ */
+uint64_t signing_keyrings_built(struct signing *s);
 
 /* Signs a token with the active key; *token is the caller's to free(). */
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,

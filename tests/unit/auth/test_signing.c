@@ -1,0 +1,300 @@
+/*
+ * test_signing.c - the gateway's signing keys in the services fixture's Postgres (auth/signing.c):
+ * a reload opens and parses the stored keys only when their rows changed, and still picks up every
+ * change: a rotation made by another process, new material under a kid, a retired key leaving
+ * (by a row written or by its keep ending), the signer swapped between the same keys, and the
+ * reloading thread within its period.
+ */
+#include "test.h"
+#include "testdb.h"
+
+#include <time.h>
+
+#include "auth/scopes.h"
+#include "auth/signing.h"
+#include "common/log.h"
+
+static struct testdb db;
+static struct auth_master_key mk;
+
+/* A signing of an empty table: signing_new() makes the first key. */
+static struct signing *fresh_signing(void)
+{
+	struct kiln_error err = { 0 };
+	struct signing *s;
+
+	testdb_sql(db.pg, "DELETE FROM signing_keys");
+	s = signing_new(db.pg, &mk, &err);
+	if (!s) {
+		fprintf(stderr, "signing_new: %s\n", err.msg);
+		exit(1);
+	}
+	return s;
+}
+
+/* A user token of `s`'s signer, its kid to `kid`; NULL (the case failed) when it cannot sign. */
+static char *sign(struct signing *s, char kid[AUTH_KID_MAX])
+{
+	struct auth_token_params p = {
+		.iss = "kiln",
+		.aud = AUTH_AUD_API,
+		.sub = "key_test",
+		.tid = "ten_test",
+		.scopes = AUTH_SCOPES_TENANT,
+		.now = time(NULL),
+		.ttl_s = 900,
+	};
+	struct auth_claims c;
+	struct kiln_error err = { 0 };
+	char *token = NULL;
+
+	if (kid)
+		kid[0] = '\0';
+	if (signing_sign(s, &p, &token, &c, &err) != KILN_OK) {
+		fprintf(stderr, "signing_sign: %s\n", err.msg);
+		test_case_failed = 1;
+		return NULL;
+	}
+	if (kid)
+		snprintf(kid, AUTH_KID_MAX, "%s", c.kid);
+	return token;
+}
+
+/* Why `s` refuses `token`: AUTH_JWT_OK when it verifies. */
+static enum auth_jwt_reason verify(struct signing *s, const char *token)
+{
+	struct auth_verify_opts o = { .aud = AUTH_AUD_API, .iss = "kiln", .now = time(NULL) };
+	enum auth_jwt_reason why = AUTH_JWT_OK;
+	struct kiln_error err = { 0 };
+	struct auth_claims c;
+
+	if (!token)
+		return AUTH_JWT_MALFORMED;
+	signing_verify(s, token, strlen(token), &o, &c, &why, &err);
+	return why;
+}
+
+static void reload(struct signing *s)
+{
+	struct kiln_error err = { 0 };
+
+	if (signing_reload(s, false, &err) != KILN_OK) {
+		fprintf(stderr, "signing_reload: %s\n", err.msg);
+		test_case_failed = 1;
+	}
+}
+
+/* Rotates as `kiln-gateway --rotate-signing-key` does; the new kid to `kid`. */
+static void rotate(char kid[AUTH_KID_MAX])
+{
+	struct kiln_error err = { 0 };
+
+	if (signing_rotate(db.pg, &mk, kid, &err) != KILN_OK) {
+		fprintf(stderr, "signing_rotate: %s\n", err.msg);
+		test_case_failed = 1;
+	}
+}
+
+static void test_a_reload_of_unchanged_keys_builds_no_keyring(void)
+{
+	struct kiln_error err = { 0 };
+	struct signing *s = fresh_signing();
+	char *token = sign(s, NULL);
+
+	CHECK_INT(signing_keyrings_built(s), 1);
+	for (int i = 0; i < 3; i++)
+		reload(s);
+	/* The reload a token of an unknown kid asks for reads the same rows. */
+	CHECK_INT(signing_reload(s, true, &err), KILN_OK);
+	CHECK_INT(signing_keyrings_built(s), 1);
+	CHECK_INT(verify(s, token), AUTH_JWT_OK);
+	free(token);
+	signing_free(s);
+}
+
+static void test_a_key_rotated_elsewhere_signs_after_the_next_reload(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+	char *before = sign(s, old_kid), *after;
+
+	rotate(new_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	after = sign(s, kid);
+	CHECK_STR(kid, new_kid);
+	CHECK(strcmp(old_kid, new_kid) != 0);
+	/* The retired key keeps verifying its tokens. */
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	CHECK_INT(verify(s, after), AUTH_JWT_OK);
+	free(before);
+	free(after);
+	signing_free(s);
+}
+
+/* Seals `kp`'s private key in the row of `kid`, as if that row's material had changed. */
+static void reseal(const char *kid, const struct auth_jwt_keypair *kp)
+{
+	struct kiln_error err = { 0 };
+	char ad[96], *sealed = NULL;
+
+	snprintf(ad, sizeof(ad), "signing_key:%s", kid);
+	if (auth_seal(&mk, kp->private_pem, strlen(kp->private_pem), ad, strlen(ad), &sealed,
+		      &err) != KILN_OK) {
+		fprintf(stderr, "auth_seal: %s\n", err.msg);
+		test_case_failed = 1;
+		return;
+	}
+	testdb_sql(db.pg, "UPDATE signing_keys SET private_sealed = '%s' WHERE kid = '%s'", sealed,
+		   kid);
+	free(sealed);
+}
+
+static void test_new_material_under_a_kid_is_built_at_the_next_reload(void)
+{
+	struct auth_jwt_keypair kp;
+	struct kiln_error err = { 0 };
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid), *after;
+
+	CHECK_INT(auth_jwt_keygen(&kp, &err), KILN_OK);
+	reseal(old_kid, &kp);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	after = sign(s, kid);
+	CHECK_STR(kid, kp.kid);
+	CHECK_INT(verify(s, after), AUTH_JWT_OK);
+	/* The key that signed `before` is in no row any more. */
+	CHECK_INT(verify(s, before), AUTH_JWT_UNKNOWN_KID);
+	auth_jwt_keypair_release(&kp);
+	free(before);
+	free(after);
+	signing_free(s);
+}
+
+static void test_a_key_retired_past_its_keep_stops_verifying_at_the_next_reload(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid);
+
+	rotate(new_kid);
+	reload(s);
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	testdb_sql(db.pg,
+		   "UPDATE signing_keys SET retired_at = now() - make_interval(secs => %d) "
+		   "WHERE kid = '%s'",
+		   SIGNING_RETIRED_KEEP_S + 1, old_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	CHECK_INT(verify(s, before), AUTH_JWT_UNKNOWN_KID);
+	free(before);
+	signing_free(s);
+}
+
+/* The reloading thread alone (no reload asked for) picks a rotation up within its period. */
+static void test_the_refresher_picks_up_a_rotation_within_its_period(void)
+{
+	struct kiln_error err = { 0 };
+	struct signing *s = fresh_signing();
+	char new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX] = "";
+	struct timespec t0, t1, tick = { 0, 100 * 1000 * 1000 };
+	double waited = 0;
+
+	CHECK_INT(signing_start_refresh(s, &err), KILN_OK);
+	rotate(new_kid);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		char *token = sign(s, kid);
+
+		free(token);
+		if (strcmp(kid, new_kid) == 0)
+			break;
+		nanosleep(&tick, NULL);
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		waited = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	} while (waited < 7.0);	/* the period, 5 s, and the thread's 1 s tick, with a margin */
+	CHECK_STR(kid, new_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	signing_free(s);
+}
+
+/*
+ * A retired key leaves when its keep ends, with no row written: the rows read change by the
+ * database's clock alone. Moving retired_at within the keep changes nothing read, so nothing is
+ * built.
+ */
+static void test_a_retired_key_leaves_when_its_keep_ends_with_no_row_written(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid);
+	struct timespec wait = { 3, 0 };
+
+	rotate(new_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	testdb_sql(db.pg,
+		   "UPDATE signing_keys SET retired_at = now() - make_interval(secs => %d) "
+		   "WHERE kid = '%s'",
+		   SIGNING_RETIRED_KEEP_S - 2, old_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	nanosleep(&wait, NULL);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	CHECK_INT(verify(s, before), AUTH_JWT_UNKNOWN_KID);
+	free(before);
+	signing_free(s);
+}
+
+/* The same keys with the signer swapped (which row is not retired): built, the other signs. */
+static void test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload(void)
+{
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX] = "";
+	char *before = sign(s, old_kid), *after;
+
+	rotate(new_kid);
+	reload(s);
+	testdb_sql(db.pg,
+		   "UPDATE signing_keys SET retired_at = CASE WHEN kid = '%s' THEN NULL ELSE now() "
+		   "END",
+		   old_kid);
+	reload(s);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	after = sign(s, kid);
+	CHECK_STR(kid, old_kid);
+	CHECK_INT(verify(s, before), AUTH_JWT_OK);
+	CHECK_INT(verify(s, after), AUTH_JWT_OK);
+	free(before);
+	free(after);
+	signing_free(s);
+}
+
+int main(void)
+{
+	struct kiln_error err = { 0 };
+	int rc;
+
+	log_init("test_signing", KLOG_ERROR, false);
+	if (testdb_open(&db, "signing") != 0)
+		return 1;
+	if (auth_master_key_generate(&mk, &err) != KILN_OK) {
+		fprintf(stderr, "master key: %s\n", err.msg);
+		return 1;
+	}
+	TEST(test_a_reload_of_unchanged_keys_builds_no_keyring);
+	TEST(test_a_key_rotated_elsewhere_signs_after_the_next_reload);
+	TEST(test_new_material_under_a_kid_is_built_at_the_next_reload);
+	TEST(test_a_key_retired_past_its_keep_stops_verifying_at_the_next_reload);
+	TEST(test_the_refresher_picks_up_a_rotation_within_its_period);
+	TEST(test_a_retired_key_leaves_when_its_keep_ends_with_no_row_written);
+	TEST(test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload);
+	rc = test_summary();
+	auth_master_key_wipe(&mk);
+	testdb_close(&db);
+	return rc;
+}
