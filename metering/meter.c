@@ -354,10 +354,14 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
-	} else if (off_before - (l - w) > STEP_TOLERANCE_NS && m->clk_now_l) {
+	} else if (off_before - (l - w) > STEP_TOLERANCE_NS &&
+		   (m->clk_now_l || (framed && l - w <= STEP_TOLERANCE_NS))) {
 		/* Stepped forward less than the lead a backward step left (the label clock stays
 		 * ahead): nothing to skip, but the node's times logged before it keep the offset
-		 * then in force (kiln-sim `clock`, seed 9192). */
+		 * then in force (kiln-sim `clock`, seed 9192). Also a first tick in the saved frame
+		 * that finds the wall clock at its label clock: a step forward while no meter of
+		 * the node ran took the whole lead back (one that left part of it is kept below,
+		 * after the backward step from offset 0 such a tick takes it for). */
 		fwd_keep(m, l, 0, off_before);
 		if (l - w <= STEP_TOLERANCE_NS) {
 			m->clk_l0 = w;
