@@ -305,7 +305,7 @@ static struct mstep newest_step(const struct meter *m)
 static int64_t meter_clock(struct meter *m)
 {
 	int64_t w = now_ns(m), mono = m->o.mono_ns(m->o.clock_ctx), l, off_before = m->off;
-	bool held;
+	bool held, framed = false;	/* framed: this first tick goes on in the saved frame */
 
 	if (!m->clk_set) {
 		/* On the host of the node's last flush, in that flush's frame (a backward step of
@@ -313,6 +313,7 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
 		if (m->resume && mono >= m->resume_m) {
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
+			framed = true;
 			/* The frame's newest forward step, followed by the meter that saved it: a
 			 * point of the ledger from before it moves on by it here too (kiln-sim
 			 * `clock`, seed 150252085: a meter started just after a 3,160 s step
@@ -353,10 +354,14 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
-	} else if (off_before - (l - w) > STEP_TOLERANCE_NS && m->clk_now_l) {
+	} else if (off_before - (l - w) > STEP_TOLERANCE_NS &&
+		   (m->clk_now_l || (framed && l - w <= STEP_TOLERANCE_NS))) {
 		/* Stepped forward less than the lead a backward step left (the label clock stays
 		 * ahead): nothing to skip, but the node's times logged before it keep the offset
-		 * then in force (kiln-sim `clock`, seed 9192). */
+		 * then in force (kiln-sim `clock`, seed 9192). Also a first tick in the saved frame
+		 * that finds the wall clock at its label clock: a step forward while no meter of
+		 * the node ran took the whole lead back (one that left part of it is kept below,
+		 * after the backward step from offset 0 such a tick takes it for). */
 		fwd_keep(m, l, 0, off_before);
 		if (l - w <= STEP_TOLERANCE_NS) {
 			m->clk_l0 = w;
@@ -388,6 +393,15 @@ static int64_t meter_clock(struct meter *m)
 		m->back_at[m->nback] = l;
 		m->back_off[m->nback++] = m->off;
 		m->fwd_from = m->nsteps;
+		/* The first tick in the saved frame finds the wall clock nearer to the label clock
+		 * than that frame's offset: it stepped forward within the lead while no meter of
+		 * the node ran. The node's times logged before it keep the frame's offset, as for
+		 * such a step seen running. Read with the offset after it, a change logged while
+		 * the meter was down stood the step's size early (kiln-sim seed 31049: a paused
+		 * sandbox's deletion read 257 s early, before the ledger's point, and its
+		 * generation ended there, 11 s of paused time unbilled). */
+		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS)
+			fwd_keep(m, l, 0, off_before);
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;

@@ -2170,6 +2170,71 @@ static void test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone(vo
 	taken_over_with_a_late_end(&x);
 }
 
+/*
+ * A meter restarted in its node's frame after a forward step of the wall clock made while it was
+ * down, smaller than the lead a backward step left (the label clock still ahead), keeps that step
+ * as one within the lead: a change logged before it, while the meter was down, keeps the offset
+ * the frame saved (meter_clocks.off_ns), not the one after the step. Kiln-sim seed 31049: a paused
+ * sandbox of node 1 deleted 22 s after a 2,019 s backward step and 2 s after its meter crashed,
+ * then a 257 s forward step; the restarted meter read the deletion 257 s early, before the
+ * ledger's point, and ended the generation there, a window's start: 11 s of paused time unbilled
+ * (7,072 µcr for 8,425). Here a 100 s step back at 12 s, a crash at 24 s ([10, 20) flushed), the
+ * sandbox stopped at 30 s, a step of `fwd_s` forward at 35 s, the restart at 40 s: with 60 s,
+ * 20 s were billed for 30 before.
+ */
+static void stopped_while_down_then_stepped_forward(int64_t fwd_s)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-lead-down";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30, no meter */
+		if (i == 36)
+			fake_now += fwd_s * S;	/* at 35, forward */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+static void test_a_change_logged_before_a_forward_step_within_the_lead_while_down_keeps_its_time(void)
+{
+	stopped_while_down_then_stepped_forward(60);
+}
+
+/*
+ * The same with a forward step that takes the whole lead back (a mistaken step back that a time
+ * server corrected while no meter ran): the restarted meter's first tick finds the wall clock at
+ * its label clock, no step to see, and read the stop with no offset, 100 s early: 20 s billed for
+ * 30 before (5,140 µcr for 7,710).
+ */
+static void test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_frame(void)
+{
+	stopped_while_down_then_stepped_forward(100);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2232,6 +2297,8 @@ int main(void)
 	TEST(test_a_tail_billed_past_a_late_end_after_a_backward_step_is_not_billed_again);
 	TEST(test_a_point_past_its_end_by_less_than_a_step_is_the_end);
 	TEST(test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone);
+	TEST(test_a_change_logged_before_a_forward_step_within_the_lead_while_down_keeps_its_time);
+	TEST(test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_frame);
 
 	rc = test_summary();
 	rds_free(rds);
