@@ -47,8 +47,8 @@ static long long redis_tokens(struct rds *r, const char *bucket)
 	long long t = LLONG_MIN;
 
 	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
-	if (RDS(r, &rep, &err, "HGET", key, "t") == KILN_OK && rep.type == RDS_STR)
-		t = atoll(rep.str);
+	if (RDS(r, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR)
+		t = atoll(rep.str);	/* "<tokens> <ts>" (api/ratelimit.c) */
 	rds_reply_release(&rep);
 	return t;
 }
@@ -282,8 +282,8 @@ static void without_redis_the_local_bucket_limits(void)
 
 /*
  * Takes decided while Redis could not answer are not sent afterwards, both ways of taking. Redis
- * fails here on a key of the wrong type (a script error, as a lost connection is for the caller),
- * then answers again once it is deleted: the buckets it then holds are full.
+ * fails here on a key of the wrong type, a list (a script error, as a lost connection is for the
+ * caller), then answers again once it is deleted: the buckets it then holds are full.
  */
 static void takes_while_redis_fails_are_not_sent(void)
 {
@@ -296,8 +296,8 @@ static void takes_while_redis_fails_are_not_sent(void)
 
 	new_bucket(shared, sizeof(shared));
 	new_bucket(local, sizeof(local));
-	redis_key_cmd(r, "SET", shared, "x");
-	redis_key_cmd(r, "SET", local, "x");
+	redis_key_cmd(r, "RPUSH", shared, "x");
+	redis_key_cmd(r, "RPUSH", local, "x");
 	for (int i = 0; i < 2; i++) {
 		ratelimit_take(a, shared, 1, 60000, 3, t, &res);
 		CHECK(res.allowed && res.redis_down);
@@ -435,6 +435,38 @@ static void a_refused_bucket_reads_the_others_takes(void)
 	rds_free(r);
 }
 
+/*
+ * A bucket kept as the hash {t, ts} of earlier gateways (before buckets were strings) is read as
+ * it is, its debt included, and written back as a string: an upgrade forgives no debt.
+ */
+static void a_hash_bucket_of_earlier_gateways_is_read(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *rl = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct rl_result res;
+	char bucket[64], key[192], debt[24], ts[24];
+	long long t = wall_ms();
+
+	new_bucket(bucket, sizeof(bucket));
+	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	snprintf(debt, sizeof(debt), "%d", -BURST * 1000);	/* a burst's worth */
+	snprintf(ts, sizeof(ts), "%lld", t);
+	CHECK(RDS(r, &rep, &err, "HSET", key, "t", debt, "ts", ts) == KILN_OK);
+	rds_reply_release(&rep);
+	CHECK(redis_key_cmd(r, "PEXPIRE", bucket, "60000") == 1);
+	ratelimit_take_local(rl, bucket, RATE, 1000, BURST, t, &res);
+	CHECK(!res.allowed && !res.redis_down);
+	CHECK(res.retry_after_ms >= (BURST + 1) * 1000 / RATE - 1);
+	ratelimit_take(rl, bucket, RATE, 1000, BURST, t, &res);
+	CHECK(!res.allowed && !res.redis_down);
+	CHECK_INT(redis_tokens(r, bucket), -BURST * 1000);	/* a string now, the debt kept */
+	CHECK(redis_key_cmd(r, "PTTL", bucket, NULL) > 2 * BURST * 1000 / RATE);
+	ratelimit_free(rl);
+	rds_free(r);
+}
+
 int main(void)
 {
 	test_seed();
@@ -449,5 +481,6 @@ int main(void)
 	TEST(takes_while_redis_fails_are_not_sent);
 	TEST(an_idle_bucket_is_not_sent);
 	TEST(a_refused_bucket_reads_the_others_takes);
+	TEST(a_hash_bucket_of_earlier_gateways_is_read);
 	return test_summary();
 }
