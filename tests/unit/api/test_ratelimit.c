@@ -435,34 +435,49 @@ static void a_refused_bucket_reads_the_others_takes(void)
 	rds_free(r);
 }
 
+/* Writes `bucket` as the hash {t, ts} of earlier gateways: in debt by a burst, at `t`. */
+static void hash_bucket_in_debt(struct rds *r, const char *bucket, long long t)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[192], debt[24], ts[24];
+
+	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	snprintf(debt, sizeof(debt), "%d", -BURST * 1000);
+	snprintf(ts, sizeof(ts), "%lld", t);
+	CHECK(RDS(r, &rep, &err, "HSET", key, "t", debt, "ts", ts) == KILN_OK);
+	rds_reply_release(&rep);
+	CHECK(redis_key_cmd(r, "PEXPIRE", bucket, "60000") == 1);
+}
+
 /*
  * A bucket kept as the hash {t, ts} of earlier gateways (before buckets were strings) is read as
- * it is, its debt included, and written back as a string: an upgrade forgives no debt.
+ * it is by both scripts, its debt included, and written back as a string: an upgrade forgives no
+ * debt.
  */
 static void a_hash_bucket_of_earlier_gateways_is_read(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
 	struct ratelimit *rl = ratelimit_new(r, false);
-	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
 	struct rl_result res;
-	char bucket[64], key[192], debt[24], ts[24];
+	char local[64], shared[64];
 	long long t = wall_ms();
 
-	new_bucket(bucket, sizeof(bucket));
-	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
-	snprintf(debt, sizeof(debt), "%d", -BURST * 1000);	/* a burst's worth */
-	snprintf(ts, sizeof(ts), "%lld", t);
-	CHECK(RDS(r, &rep, &err, "HSET", key, "t", debt, "ts", ts) == KILN_OK);
-	rds_reply_release(&rep);
-	CHECK(redis_key_cmd(r, "PEXPIRE", bucket, "60000") == 1);
-	ratelimit_take_local(rl, bucket, RATE, 1000, BURST, t, &res);
+	new_bucket(local, sizeof(local));
+	new_bucket(shared, sizeof(shared));
+	hash_bucket_in_debt(r, local, t);
+	hash_bucket_in_debt(r, shared, t);
+	ratelimit_take_local(rl, local, RATE, 1000, BURST, t, &res);	/* the sync script */
 	CHECK(!res.allowed && !res.redis_down);
 	CHECK(res.retry_after_ms >= (BURST + 1) * 1000 / RATE - 1);
-	ratelimit_take(rl, bucket, RATE, 1000, BURST, t, &res);
+	ratelimit_take(rl, shared, RATE, 1000, BURST, t, &res);	/* the take script */
 	CHECK(!res.allowed && !res.redis_down);
-	CHECK_INT(redis_tokens(r, bucket), -BURST * 1000);	/* a string now, the debt kept */
-	CHECK(redis_key_cmd(r, "PTTL", bucket, NULL) > 2 * BURST * 1000 / RATE);
+	CHECK(res.retry_after_ms >= (BURST + 1) * 1000 / RATE - 1);
+	/* strings now, the debt kept and its expiry with it */
+	CHECK_INT(redis_tokens(r, local), -BURST * 1000);
+	CHECK_INT(redis_tokens(r, shared), -BURST * 1000);
+	CHECK(redis_key_cmd(r, "PTTL", local, NULL) > 2 * BURST * 1000 / RATE);
+	CHECK(redis_key_cmd(r, "PTTL", shared, NULL) > 2 * BURST * 1000 / RATE);
 	ratelimit_free(rl);
 	rds_free(r);
 }
