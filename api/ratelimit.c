@@ -20,11 +20,7 @@
  */
 #define RL_LUA_HELPERS \
 	"local function rl_read(k)\n" \
-	"  local s = redis.pcall('GET', k)\n" \
-	"  if type(s) == 'table' then\n" \
-	"    local h = redis.call('HMGET', k, 't', 'ts')\n" \
-	"    return tonumber(h[1]), tonumber(h[2])\n" \
-	"  end\n" \
+	"  local s = redis.call('GET', k)\n" \
 	"  if not s then return nil, nil end\n" \
 	"  local t, ts = string.match(s, '^(-?%d+) (%d+)$')\n" \
 	"  return tonumber(t), tonumber(ts)\n" \
@@ -40,8 +36,9 @@
  * gone is a full bucket, so one that expired sooner would write a debt off. A string is read with
  * one GET and written with its expiry by one SET ... PX, where a hash took HMGET, HSET and
  * PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation sends every
- * bucket used in the last RATELIMIT_SYNC_MS. A bucket still kept as the hash
- * {t = tokens, ts = ms} of earlier gateways is read as such (GET refuses it) and rewritten.
+ * bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
+ * {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in one rolling upgrade
+ * never read each other's type: each limits with its own buckets until the upgrade ends.
  *
  * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
  */
@@ -337,7 +334,7 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	enum kiln_err rc;
 
 	memset(out, 0, sizeof(*out));
-	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
 	snprintf(a1, sizeof(a1), "%lld", rate);
 	snprintf(a2, sizeof(a2), "%lld", period_ms);
 	snprintf(a3, sizeof(a3), "%lld", burst);
@@ -371,7 +368,7 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 	snprintf(a->nums[0], sizeof(a->nums[0]), "%d", n);
 	a->argv[argc++] = a->nums[0];
 	for (int i = 0; i < n; i++) {
-		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rl:%s", items[i].name);
+		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rls:%s", items[i].name);
 		a->argv[argc++] = a->keys[i];
 	}
 	snprintf(a->nums[1], sizeof(a->nums[1]), "%lld", now);
