@@ -14,25 +14,45 @@
 #include "common/log.h"
 
 /*
- * Both scripts keep a bucket as the hash {t = tokens in thousandths (so slow rates refill
- * smoothly), ts = ms of the last refill}, and agree on its arithmetic. The key expires a second
- * after the time its tokens take to refill to the burst, a debt included: a key gone is a full
- * bucket, so one that expired sooner would write a debt off.
+ * What both scripts start with: rl_read(key) returns a bucket's tokens and ts (nil when the key
+ * is missing), rl_write(key, tokens, ts, ttl_ms) stores them. Both numbers are integers well
+ * below 2^53 (thousandths of a burst, a ms time), which Lua's numbers and "%d" keep exact.
+ */
+#define RL_LUA_HELPERS \
+	"local function rl_read(k)\n" \
+	"  local s = redis.call('GET', k)\n" \
+	"  if not s then return nil, nil end\n" \
+	"  local t, ts = string.match(s, '^(-?%d+) (%d+)$')\n" \
+	"  return tonumber(t), tonumber(ts)\n" \
+	"end\n" \
+	"local function rl_write(k, tokens, ts, ttl)\n" \
+	"  redis.call('SET', k, string.format('%d %d', tokens, ts), 'PX', ttl)\n" \
+	"end\n"
+
+/*
+ * Both scripts keep a bucket as the string "<tokens> <ts>": its tokens in thousandths (so slow
+ * rates refill smoothly) and the ms of its last refill, and agree on its arithmetic. The key
+ * expires a second after the time its tokens take to refill to the burst, a debt included: a key
+ * gone is a full bucket, so one that expired sooner would write a debt off. A string is read with
+ * one GET and written with its expiry by one SET ... PX, where a hash took HMGET, HSET and
+ * PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation sends every
+ * bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
+ * {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in one rolling upgrade
+ * never read each other's type: each limits with its own buckets until the upgrade ends.
  *
  * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
  */
 static const char take_lua[] =
+	RL_LUA_HELPERS
 	"local rate, period, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])\n"
 	"local cap = burst * 1000\n"
-	"local s = redis.call('HMGET', KEYS[1], 't', 'ts')\n"
-	"local tokens, ts = tonumber(s[1]), tonumber(s[2])\n"
+	"local tokens, ts = rl_read(KEYS[1])\n"
 	"if not tokens then tokens, ts = cap, now end\n"
 	"if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
 	"local allowed, wait = 0, 0\n"
 	"if tokens >= 1000 then tokens = tokens - 1000; allowed = 1\n"
 	"else wait = math.ceil((1000 - tokens) * period / (rate * 1000)) end\n"
-	"redis.call('HSET', KEYS[1], 't', tokens, 'ts', ts)\n"
-	"redis.call('PEXPIRE', KEYS[1], math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
+	"rl_write(KEYS[1], tokens, ts, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"return {allowed, wait}\n";
 
 /*
@@ -41,18 +61,17 @@ static const char take_lua[] =
  * token). Returns the tokens (thousandths) each bucket holds afterwards.
  */
 static const char sync_lua[] =
+	RL_LUA_HELPERS
 	"local now, out = tonumber(ARGV[1]), {}\n"
 	"for i, k in ipairs(KEYS) do\n"
 	"  local a = 2 + (i - 1) * 4\n"
 	"  local rate, period, burst, taken = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])\n"
 	"  local cap = burst * 1000\n"
-	"  local s = redis.call('HMGET', k, 't', 'ts')\n"
-	"  local tokens, ts = tonumber(s[1]), tonumber(s[2])\n"
+	"  local tokens, ts = rl_read(k)\n"
 	"  if not tokens then tokens, ts = cap, now end\n"
 	"  if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
 	"  tokens = tokens - taken * 1000\n"
-	"  redis.call('HSET', k, 't', tokens, 'ts', ts)\n"
-	"  redis.call('PEXPIRE', k, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
+	"  rl_write(k, tokens, ts, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"  out[i] = tokens\n"
 	"end\n"
 	"return out\n";
@@ -315,7 +334,7 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	enum kiln_err rc;
 
 	memset(out, 0, sizeof(*out));
-	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
 	snprintf(a1, sizeof(a1), "%lld", rate);
 	snprintf(a2, sizeof(a2), "%lld", period_ms);
 	snprintf(a3, sizeof(a3), "%lld", burst);
@@ -349,7 +368,7 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 	snprintf(a->nums[0], sizeof(a->nums[0]), "%d", n);
 	a->argv[argc++] = a->nums[0];
 	for (int i = 0; i < n; i++) {
-		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rl:%s", items[i].name);
+		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rls:%s", items[i].name);
 		a->argv[argc++] = a->keys[i];
 	}
 	snprintf(a->nums[1], sizeof(a->nums[1]), "%lld", now);

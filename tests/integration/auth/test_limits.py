@@ -154,7 +154,7 @@ class RedisDownTests(unittest.TestCase):
         self.redis("FLUSHALL")
         self.assertEqual(self.gw.request("GET", "/v1/api-keys", headers=self.admin).status, 200)
         # A bucket the gateway knows reaches Redis with its next reconciliation (every 25 ms).
-        self.assertTrue(poll(lambda: "kiln:rl:req:" in self.redis("--scan", "--pattern", "kiln:rl:*"),
+        self.assertTrue(poll(lambda: "kiln:rls:req:" in self.redis("--scan", "--pattern", "kiln:rls:*"),
                              5))
 
     def redis(self, *args):

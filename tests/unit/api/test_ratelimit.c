@@ -46,14 +46,14 @@ static long long redis_tokens(struct rds *r, const char *bucket)
 	char key[192];
 	long long t = LLONG_MIN;
 
-	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
-	if (RDS(r, &rep, &err, "HGET", key, "t") == KILN_OK && rep.type == RDS_STR)
-		t = atoll(rep.str);
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
+	if (RDS(r, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR)
+		t = atoll(rep.str);	/* "<tokens> <ts>" (api/ratelimit.c) */
 	rds_reply_release(&rep);
 	return t;
 }
 
-/* Runs "<cmd> kiln:rl:<bucket> [arg]" on `r`; returns its integer reply, or LLONG_MIN. */
+/* Runs "<cmd> kiln:rls:<bucket> [arg]" on `r`; returns its integer reply, or LLONG_MIN. */
 static long long redis_key_cmd(struct rds *r, const char *cmd, const char *bucket, const char *arg)
 {
 	struct rds_reply rep = { 0 };
@@ -62,7 +62,7 @@ static long long redis_key_cmd(struct rds *r, const char *cmd, const char *bucke
 	long long v = LLONG_MIN;
 	enum kiln_err rc;
 
-	snprintf(key, sizeof(key), "kiln:rl:%s", bucket);
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
 	rc = arg ? RDS(r, &rep, &err, cmd, key, arg) : RDS(r, &rep, &err, cmd, key);
 	if (rc == KILN_OK && rep.type == RDS_INT)
 		v = rep.integer;
@@ -282,8 +282,8 @@ static void without_redis_the_local_bucket_limits(void)
 
 /*
  * Takes decided while Redis could not answer are not sent afterwards, both ways of taking. Redis
- * fails here on a key of the wrong type (a script error, as a lost connection is for the caller),
- * then answers again once it is deleted: the buckets it then holds are full.
+ * fails here on a key of the wrong type, a list (a script error, as a lost connection is for the
+ * caller), then answers again once it is deleted: the buckets it then holds are full.
  */
 static void takes_while_redis_fails_are_not_sent(void)
 {
@@ -296,8 +296,8 @@ static void takes_while_redis_fails_are_not_sent(void)
 
 	new_bucket(shared, sizeof(shared));
 	new_bucket(local, sizeof(local));
-	redis_key_cmd(r, "SET", shared, "x");
-	redis_key_cmd(r, "SET", local, "x");
+	redis_key_cmd(r, "RPUSH", shared, "x");
+	redis_key_cmd(r, "RPUSH", local, "x");
 	for (int i = 0; i < 2; i++) {
 		ratelimit_take(a, shared, 1, 60000, 3, t, &res);
 		CHECK(res.allowed && res.redis_down);
@@ -435,6 +435,77 @@ static void a_refused_bucket_reads_the_others_takes(void)
 	rds_free(r);
 }
 
+/*
+ * An earlier gateway's bucket, the hash {t, ts} at kiln:rl:<bucket>, in debt by a burst at `t`,
+ * with a minute to live.
+ */
+static void hash_bucket_in_debt(struct rds *r, const char *key, long long t)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char debt[24], ts[24];
+
+	snprintf(debt, sizeof(debt), "%d", -BURST * 1000);
+	snprintf(ts, sizeof(ts), "%lld", t);
+	CHECK(RDS(r, &rep, &err, "HSET", key, "t", debt, "ts", ts) == KILN_OK);
+	rds_reply_release(&rep);
+	CHECK(RDS(r, &rep, &err, "PEXPIRE", key, "60000") == KILN_OK && rep.integer == 1);
+	rds_reply_release(&rep);
+}
+
+/* The string or status reply of "<cmd> <key> [arg]" on `r` into `out` ("" when none). */
+static void key_str(struct rds *r, const char *cmd, const char *key, const char *arg, char *out,
+		    size_t n)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	enum kiln_err rc = arg ? RDS(r, &rep, &err, cmd, key, arg) : RDS(r, &rep, &err, cmd, key);
+	bool text = rc == KILN_OK && (rep.type == RDS_STR || rep.type == RDS_STATUS) && rep.str;
+
+	snprintf(out, n, "%s", text ? rep.str : "");
+	rds_reply_release(&rep);
+}
+
+/*
+ * The buckets of earlier gateways (hashes at kiln:rl:) are neither read nor written by both
+ * scripts: during a rolling upgrade a gateway of the earlier version reading a string where it
+ * wants a hash would fail its whole call, as if Redis were down, and refuse creations (503). The
+ * new buckets start full under their own keys; each version limits with its own.
+ */
+static void buckets_of_earlier_gateways_are_left_alone(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *rl = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char local[64], shared[64], old_local[192], old_shared[192], v[64];
+	long long t = wall_ms();
+
+	new_bucket(local, sizeof(local));
+	new_bucket(shared, sizeof(shared));
+	snprintf(old_local, sizeof(old_local), "kiln:rl:%s", local);
+	snprintf(old_shared, sizeof(old_shared), "kiln:rl:%s", shared);
+	hash_bucket_in_debt(r, old_local, t);
+	hash_bucket_in_debt(r, old_shared, t);
+	ratelimit_take_local(rl, local, RATE, 1000, BURST, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);	/* the sync script */
+	ratelimit_take(rl, shared, RATE, 1000, BURST, t, &res);	/* the take script */
+	CHECK(res.allowed && !res.redis_down);
+	CHECK_INT(redis_tokens(r, local), (BURST - 1) * 1000);
+	CHECK_INT(redis_tokens(r, shared), (BURST - 1) * 1000);
+	key_str(r, "TYPE", old_local, NULL, v, sizeof(v));
+	CHECK_STR(v, "hash");
+	key_str(r, "TYPE", old_shared, NULL, v, sizeof(v));
+	CHECK_STR(v, "hash");
+	key_str(r, "HGET", old_local, "t", v, sizeof(v));
+	CHECK_INT(atoll(v), -BURST * 1000);
+	key_str(r, "HGET", old_shared, "t", v, sizeof(v));
+	CHECK_INT(atoll(v), -BURST * 1000);
+	ratelimit_free(rl);
+	rds_free(r);
+}
+
 int main(void)
 {
 	test_seed();
@@ -449,5 +520,6 @@ int main(void)
 	TEST(takes_while_redis_fails_are_not_sent);
 	TEST(an_idle_bucket_is_not_sent);
 	TEST(a_refused_bucket_reads_the_others_takes);
+	TEST(buckets_of_earlier_gateways_are_left_alone);
 	return test_summary();
 }
