@@ -15,8 +15,9 @@
 
 /*
  * What both scripts start with: rl_read(key) returns a bucket's tokens and ts (nil when the key
- * is missing), rl_write(key, tokens, ts, ttl_ms) stores them. Both numbers are integers well
- * below 2^53 (thousandths of a burst, a ms time), which Lua's numbers and "%d" keep exact.
+ * is missing or holds anything else: a full bucket), rl_write(key, tokens, ts, ttl_ms) stores
+ * them. Both numbers are integers well below 2^53 (thousandths of a burst, a ms time), which Lua's
+ * numbers and "%.0f" keep exact ("%d" casts to the server's C long, 32 bits on some builds).
  */
 #define RL_LUA_HELPERS \
 	"local function rl_read(k)\n" \
@@ -26,14 +27,16 @@
 	"  return tonumber(t), tonumber(ts)\n" \
 	"end\n" \
 	"local function rl_write(k, tokens, ts, ttl)\n" \
-	"  redis.call('SET', k, string.format('%d %d', tokens, ts), 'PX', ttl)\n" \
+	"  redis.call('SET', k, string.format('%.0f %.0f', tokens, ts), 'PX', ttl)\n" \
 	"end\n"
 
 /*
  * Both scripts keep a bucket as the string "<tokens> <ts>": its tokens in thousandths (so slow
  * rates refill smoothly) and the ms of its last refill, and agree on its arithmetic. The key
  * expires a second after the time its tokens take to refill to the burst, a debt included: a key
- * gone is a full bucket, so one that expired sooner would write a debt off. A string is read with
+ * gone is a full bucket, so one that expired sooner would write a debt off. A bucket never holds
+ * more than its burst, even read in the millisecond it was written (no refill): with the burst
+ * cut live, tokens above the new one made that time negative, and SET ... PX refuses it. A string is read with
  * one GET and written with its expiry by one SET ... PX, where a hash took HMGET, HSET and
  * PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation sends every
  * bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
@@ -48,7 +51,8 @@ static const char take_lua[] =
 	"local cap = burst * 1000\n"
 	"local tokens, ts = rl_read(KEYS[1])\n"
 	"if not tokens then tokens, ts = cap, now end\n"
-	"if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
+	"if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
+	"if tokens > cap then tokens = cap end\n"
 	"local allowed, wait = 0, 0\n"
 	"if tokens >= 1000 then tokens = tokens - 1000; allowed = 1\n"
 	"else wait = math.ceil((1000 - tokens) * period / (rate * 1000)) end\n"
@@ -69,7 +73,8 @@ static const char sync_lua[] =
 	"  local cap = burst * 1000\n"
 	"  local tokens, ts = rl_read(k)\n"
 	"  if not tokens then tokens, ts = cap, now end\n"
-	"  if now > ts then tokens = math.min(cap, tokens + math.floor((now - ts) * rate * 1000 / period)); ts = now end\n"
+	"  if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
+	"  if tokens > cap then tokens = cap end\n"
 	"  tokens = tokens - taken * 1000\n"
 	"  rl_write(k, tokens, ts, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"  out[i] = tokens\n"

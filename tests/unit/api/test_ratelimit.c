@@ -467,8 +467,8 @@ static void key_str(struct rds *r, const char *cmd, const char *key, const char 
 }
 
 /*
- * The buckets of earlier gateways (hashes at kiln:rl:) are neither read nor written by both
- * scripts: during a rolling upgrade a gateway of the earlier version reading a string where it
+ * The buckets of earlier gateways (hashes at kiln:rl:) are neither read nor written by either
+ * script: during a rolling upgrade a gateway of the earlier version reading a string where it
  * wants a hash would fail its whole call, as if Redis were down, and refuse creations (503). The
  * new buckets start full under their own keys; each version limits with its own.
  */
@@ -506,6 +506,44 @@ static void buckets_of_earlier_gateways_are_left_alone(void)
 	rds_free(r);
 }
 
+/*
+ * A burst cut live (rate_limit_burst is a live setting) while a bucket holds more than the new
+ * one, read in the millisecond it was written (no refill, so no cap before): both scripts keep
+ * the bucket within the new burst and answer. Before, its expiry came out negative and SET ... PX
+ * failed the script: the take read as Redis down, the sync's batch dropped.
+ */
+static void a_burst_cut_live_within_the_millisecond_is_kept(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+	struct ratelimit *rl = ratelimit_new(r, false);
+	struct kiln_error err = { 0 };
+	struct rl_result res;
+	char shared[64], local[64], key[192], want[64], got[64];
+	long long t = wall_ms();
+
+	new_bucket(shared, sizeof(shared));
+	new_bucket(local, sizeof(local));
+	ratelimit_take(rl, shared, RATE, 1000, 10 * BURST, t, &res);	/* the take script */
+	CHECK(res.allowed && !res.redis_down);
+	ratelimit_take(rl, shared, RATE, 1000, BURST, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	CHECK_INT(redis_tokens(r, shared), (BURST - 1) * 1000);
+	/* the whole string, its time to the ms */
+	snprintf(key, sizeof(key), "kiln:rls:%s", shared);
+	snprintf(want, sizeof(want), "%d %lld", (BURST - 1) * 1000, t);
+	key_str(r, "GET", key, NULL, got, sizeof(got));
+	CHECK_STR(got, want);
+	ratelimit_take_local(rl, local, RATE, 1000, 10 * BURST, t, &res);	/* the sync script */
+	CHECK(res.allowed && !res.redis_down);
+	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);
+	ratelimit_take_local(rl, local, RATE, 1000, BURST, t, &res);
+	CHECK(res.allowed && !res.redis_down);
+	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);
+	CHECK(redis_tokens(r, local) <= (BURST - 1) * 1000);
+	ratelimit_free(rl);
+	rds_free(r);
+}
+
 int main(void)
 {
 	test_seed();
@@ -521,5 +559,6 @@ int main(void)
 	TEST(an_idle_bucket_is_not_sent);
 	TEST(a_refused_bucket_reads_the_others_takes);
 	TEST(buckets_of_earlier_gateways_are_left_alone);
+	TEST(a_burst_cut_live_within_the_millisecond_is_kept);
 	return test_summary();
 }
