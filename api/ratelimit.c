@@ -15,9 +15,10 @@
 
 /*
  * What both scripts start with: rl_read(key) returns a bucket's tokens and ts (nil when the key
- * is missing or holds anything else: a full bucket), rl_write(key, tokens, ts, ttl_ms) stores
- * them. Both numbers are integers well below 2^53 (thousandths of a burst, a ms time), which Lua's
- * numbers and "%.0f" keep exact ("%d" casts to the server's C long, 32 bits on some builds).
+ * is missing or its string has another shape: a full bucket), rl_write(key, tokens, ts, ttl_ms)
+ * stores them. Both numbers are integers well below 2^53 (thousandths of a burst, a ms time),
+ * which Lua's numbers and "%.0f" keep exact ("%d" casts to the server's C long, 32 bits on some
+ * builds).
  */
 #define RL_LUA_HELPERS \
 	"local function rl_read(k)\n" \
@@ -36,10 +37,10 @@
  * expires a second after the time its tokens take to refill to the burst, a debt included: a key
  * gone is a full bucket, so one that expired sooner would write a debt off. A bucket never holds
  * more than its burst, even read in the millisecond it was written (no refill): with the burst
- * cut live, tokens above the new one made that time negative, and SET ... PX refuses it. A string is read with
- * one GET and written with its expiry by one SET ... PX, where a hash took HMGET, HSET and
- * PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation sends every
- * bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
+ * cut live, tokens above the new one made that time negative, and SET ... PX refuses it. A
+ * string is read with one GET and written with its expiry by one SET ... PX, where a hash took
+ * HMGET, HSET and PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation
+ * sends every bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
  * {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in one rolling upgrade
  * never read each other's type: each limits with its own buckets until the upgrade ends.
  *

@@ -3106,13 +3106,9 @@ static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_
 }
 
 /*
- * Reads the state log's sequence for the clock steps seen LOG_LATE_NS or more ago that have none
- * yet (step_seq, back_seq): one query, only in the ticks after a step. A change logged with a
- * later seq was logged after that read, so its time is past the step. Nothing when it fails: read
- * at a later tick, later still, which only puts fewer changes after the step.
+ * Sets each of the `n` sequences still unread whose step was seen LOG_LATE_NS or more before
+ * `mono` to `seq` (0: only tells whether one is due).
  */
-/* Sets each of the `n` sequences still unread whose step was seen LOG_LATE_NS or more before
- * `mono` to `seq` (0: only tells whether one is due). */
 static bool steps_seq_set(long long *seqs, const int64_t *seen, int n, int64_t mono, long long seq)
 {
 	bool due = false;
@@ -3126,6 +3122,12 @@ static bool steps_seq_set(long long *seqs, const int64_t *seen, int n, int64_t m
 	return due;
 }
 
+/*
+ * Reads the state log's sequence for the clock steps seen LOG_LATE_NS or more ago that have none
+ * yet (step_seq, back_seq): one query, only in the ticks after a step. A change logged with a
+ * later seq was logged after that read, so its time is past the step. Nothing when it fails: read
+ * at a later tick, later still, which only puts fewer changes after the step.
+ */
 static void steps_seq_read(struct meter *m, struct pg_conn *c)
 {
 	struct kiln_error err = { 0 };
