@@ -2933,6 +2933,8 @@ static void end_in_point_mark(const struct msb *s, struct mrow *r, size_t k, int
 {
 	const struct ment *e = &r->e[k];
 
+	if (!row_terminal(r))
+		return;	/* it goes on (or is lost): no end to part from the point */
 	if (k + 1 != r->ne || !e->seq || e->st != BS_NONE || e->gen != r->gen || e->gen != s->gen ||
 	    !e->mine || !s->mine || s->state == BS_NONE || row_end(r) <= now)
 		return;
