@@ -279,6 +279,24 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 	m->step_by[m->nsteps++] = by;
 }
 
+/* Keeps a backward step of the wall clock at label `at`, seen at monotonic time `mono`, the offset
+ * before it `off` (node_time_logged(), node_time_before()); the oldest goes when STEPS_KEPT are
+ * kept. */
+static void back_keep(struct meter *m, int64_t at, int64_t off, int64_t mono)
+{
+	if (m->nback == STEPS_KEPT) {
+		memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_mono, m->back_mono + 1, sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
+		m->nback--;
+	}
+	m->back_seq[m->nback] = 0;
+	m->back_mono[m->nback] = mono;
+	m->back_at[m->nback] = at;
+	m->back_off[m->nback++] = off;
+}
+
 /* The newest forward step this meter followed, for its node's clock frame (flush_commit()). */
 static struct mstep newest_step(const struct meter *m)
 {
@@ -380,18 +398,19 @@ static int64_t meter_clock(struct meter *m)
 		if (!m->clk_behind)
 			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
 				 (double)(l - w) / 1e9);
-		if (m->nback == STEPS_KEPT) {
-			memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
-			memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
-			memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
-			memmove(m->back_mono, m->back_mono + 1,
-				sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
-			m->nback--;
-		}
-		m->back_seq[m->nback] = 0;
-		m->back_mono[m->nback] = mono;
-		m->back_at[m->nback] = l;
-		m->back_off[m->nback++] = m->off;
+		back_keep(m, l, m->off, mono);
+		/* The first tick in the saved frame finds the wall clock further behind the label
+		 * clock than that frame's offset: it stepped back while no meter of the node ran.
+		 * The node's times logged before that step, while the meter was down, were logged
+		 * in the frame: its offset is kept as the one before the newest step, after the
+		 * offset 0 for the older times (node_time_logged() tries the newest first). With
+		 * offset 0 alone, a change logged in the frame stood the frame's offset early
+		 * (kiln-sim seed 31120: a running sandbox's deletion read 2,807 s early, before
+		 * the ledger's point, and taken as in it; the generation billed as running past
+		 * it, +4,348,463 µcr). */
+		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
+		    l - w - off_before > STEP_TOLERANCE_NS)
+			back_keep(m, l, off_before, mono);
 		m->fwd_from = m->nsteps;
 		/* The first tick in the saved frame finds the wall clock nearer to the label clock
 		 * than that frame's offset: it stepped forward within the lead while no meter of
@@ -695,6 +714,7 @@ struct mrow {
 	int tk_at, tk_n;
 	const struct ment *e;	/* its state changes from its billed-up-to point on, in order */
 	size_t ne;
+	bool end_in_point;	/* it ends at its billed-up-to point (end_in_point_mark()) */
 };
 
 /* Whether the sandbox of `r` is done for good: stopped, failed or deleted. */
@@ -710,6 +730,21 @@ static enum bstate bstate_of(const char *state)
 	if (strcmp(state, "paused") == 0)
 		return BS_PAUSED;
 	return BS_NONE;
+}
+
+/* The end of the sandbox of `r` on the label clock, its deletion or its last change, whichever
+ * came first; INT64_MAX while it goes on. */
+static int64_t row_end(const struct mrow *r)
+{
+	int64_t end = INT64_MAX;
+
+	if (!row_terminal(r))
+		return end;
+	if (r->deleted)
+		end = r->deleted;
+	if (bstate_of(r->state) == BS_NONE && r->changed < end)
+		end = r->changed;
+	return end;
 }
 
 /*
@@ -1078,12 +1113,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 	if (row_terminal(r)) {
 		/* It ends at its deletion or its last change, whichever came first; a time still
-		 * ahead of this meter's clock (clocks of two hosts differ) is waited for. */
-		int64_t tend = INT64_MAX;
-		if (r->deleted)
-			tend = r->deleted;
-		if (bstate_of(r->state) == BS_NONE && r->changed < tend)
-			tend = r->changed;
+		 * ahead of this meter's clock (clocks of two hosts differ) is waited for, unless
+		 * the end's log row is in the point (end_in_point_mark()): then it ends there. */
+		int64_t tend = r->end_in_point ? s->last_t : row_end(r);
 		if (tend <= now) {
 			end = tend;
 			ended = true;
@@ -2887,6 +2919,33 @@ out:
 }
 
 /*
+ * Marks the row `r` of `s` to end at its billed-up-to point (sb_bill()) when its change k,
+ * dropped as in that point, is the row's end while the point says the generation goes on
+ * (running or paused) and the row's own end reads ahead of the tick `now`: the log has the end
+ * at or before the point, the row after the tick. They cannot both be right (the log's row of an
+ * end carries the row's own time), and no reading is known to part them since both are read in
+ * the frame they were logged in; before, the point's state was billed until the row's end, past
+ * the run's end when it stayed ahead (kiln-sim seed 31120: the deletion read 2,807 s early from
+ * the log, 2,196 s late from the row). Ended at the point, none of the time the log has after
+ * the end is billed.
+ */
+static void end_in_point_mark(const struct msb *s, struct mrow *r, size_t k, int64_t now)
+{
+	const struct ment *e = &r->e[k];
+
+	if (!row_terminal(r))
+		return;	/* it goes on (or is lost): no end to part from the point */
+	if (k + 1 != r->ne || !e->seq || e->st != BS_NONE || e->gen != r->gen || e->gen != s->gen ||
+	    !e->mine || !s->mine || s->state == BS_NONE || row_end(r) <= now)
+		return;
+	log_warn("sandbox \"%s\": generation %lld's end (log seq %lld) is in its billed-up-to "
+		 "point, which says it goes on, and the row's end reads %.3f s ahead: ended at the "
+		 "point",
+		 r->id, s->gen, e->seq, (double)(row_end(r) - now) / 1e9);
+	r->end_in_point = true;
+}
+
+/*
  * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
  * changes of all since the oldest billed-up-to point among them (one query), and bills each
  * over its own. -ENOMEM, or -EIO when the changes cannot be read (nothing billed this tick).
@@ -2906,10 +2965,14 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	}
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
-		/* The node's times are wall-clock: on the label clock after a step. */
-		r[i].changed = r[i].changed ? node_time(m, r[i].changed) : 0;
-		r[i].deleted = r[i].deleted ? node_time(m, r[i].deleted) : 0;
-		r[i].created = r[i].created ? node_time(m, r[i].created) : 0;
+		/* The node's times are wall-clock: on the label clock after a step, each in the
+		 * frame it was logged in, as its change's log row is read (below). Read with the
+		 * offset in force, a time logged before a backward step stood the step's size
+		 * ahead, and the row's end was waited for while its state before was billed
+		 * (kiln-sim seed 31120: a deletion read 2,196 s late). */
+		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, now) : 0;
+		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, now) : 0;
+		r[i].created = r[i].created ? node_time_logged(m, r[i].created, now) : 0;
 		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
@@ -3025,8 +3088,10 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			struct ment *e = (struct ment *)r[i].e;
 			size_t w = 0;
 			for (size_t k = 0; k < r[i].ne; k++) {
-				if (e[k].seq ? e[k].seq <= s->seq : e[k].at < s->last_t)
+				if (e[k].seq ? e[k].seq <= s->seq : e[k].at < s->last_t) {
+					end_in_point_mark(s, &r[i], k, now);
 					continue;	/* (no seq: the row's own state, not logged) */
+				}
 				if (e[k].at < s->last_t)
 					e[k].at = s->last_t;
 				e[w++] = e[k];

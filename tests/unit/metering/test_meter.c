@@ -2235,6 +2235,112 @@ static void test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_
 	stopped_while_down_then_stepped_forward(100);
 }
 
+/*
+ * A meter restarted in its node's frame after a backward step of the wall clock made while it was
+ * down reads a change logged before that step, while it was down, with the frame's offset
+ * (meter_clocks.off_ns), both from the log and from the row (state_changed_at, deleted_at).
+ * Kiln-sim seed 31120: a running sandbox of node 1 deleted 10 s after its only meter crashed, 19 s
+ * before a 2,196 s backward step (offset 2,807 s before it), the meter restarted 60 s after the
+ * step: it kept offset 0 as the one before the step, read the deletion's log row 2,807 s early,
+ * before the ledger's point, and took it as in the point, while the row's deleted_at, read with
+ * the offset after the step, stood 2,196 s ahead: the generation was billed as running to the
+ * run's end, its point left running (+4,348,463 µcr). Here a 100 s step back at 12 s, a crash at
+ * 24 s ([10, 20) flushed), the sandbox stopped at 30 s, 50 s more back at 35 s, the restart at
+ * 40 s: before, the stop was read at 80 s and billed running to there (20,560 µcr for 7,710);
+ * with the frame's offset for the log only, the stop was applied at 30 s but the generation
+ * ended at 80 s, where the row's time read, after five windows in no state.
+ */
+static void test_a_change_logged_before_a_backward_step_while_down_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-back-down";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30, no meter */
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 30 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	/* Its generation ended at the stop, not where the row's time read. */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 30 * S)), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	meter_free(m);
+}
+
+/*
+ * A sandbox whose end's log row is in its billed-up-to point, a point that says it still runs,
+ * while the row's own end reads ahead of the clock, ends at the point: never billed on while
+ * the end is waited for. The log's row of an end carries the row's own time, so the two disagree
+ * only when read in different frames (kiln-sim seed 31120, before both were read in the frame
+ * they were logged in: the log's 2,807 s early, the row's 2,196 s late); here the log row is moved
+ * before the point. Running from 0, a crash at 24 s ([10, 20) flushed), stopped at 30 s with its
+ * time 1,000 s ahead and its log row at 15 s, the restart at 40 s: before, billed as running to
+ * the last tick (30,840 µcr for 5,140).
+ */
+static void test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_point(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31) {			/* at 30, no meter */
+			stop_sandbox(sb, t0 + 1000 * S);
+			sql("UPDATE sandbox_state_log SET at = to_timestamp(%lld / 1e6) "
+			    "WHERE sandbox_id = '%s' AND state = 'stopped'",
+			    (long long)((t0 + 15 * S) / 1000), sb);
+		}
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	CHECK_INT(used(t), 20 * 257);	/* to the point */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 20 * S)), 1);
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2299,6 +2405,8 @@ int main(void)
 	TEST(test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone);
 	TEST(test_a_change_logged_before_a_forward_step_within_the_lead_while_down_keeps_its_time);
 	TEST(test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_frame);
+	TEST(test_a_change_logged_before_a_backward_step_while_down_keeps_its_time);
+	TEST(test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_point);
 
 	rc = test_summary();
 	rds_free(rds);
