@@ -2341,6 +2341,64 @@ static void test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_p
 	meter_free(m);
 }
 
+/*
+ * A meter that would begin tracking a sandbox from the ledger's point at the tick that holds a
+ * forward step (billed to the second before it) leaves it to the next tick: that tick places no
+ * change in the frame before a backward step, so a change of the point's generation logged
+ * before one read past the point, was not taken as in it, and was applied again after the step.
+ * One of node 0's two meters, its windows refused, read a paused sandbox from the ledger at such a
+ * tick; its boot, logged before a 1,414 s backward step, read 1,414 s late, and 4.42 s of paused
+ * time were billed as running (kiln-sim seed 31145, +1,217 µcr). Here the sandbox runs from 0,
+ * the wall clock steps back 100 s at 5, the sandbox pauses at 8 (128 MiB), the node's meter A
+ * bills it to 70 and stops at 75, the wall clock steps 300 s forward at 75, and the node's meter
+ * B, without Postgres until then, reads it at the tick that sees the step; the sandbox stops at
+ * 100. Before, B billed 75 to 100 as running: 17,057 µcr for 13,832.
+ */
+static void test_a_sandbox_first_read_at_a_forward_steps_tick_keeps_its_points_state(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	meter_set_backends(b, dead, rds);
+	for (int i = 1; i <= 110; i++) {
+		if (i == 6)
+			fake_now -= 100 * S;	/* at 5, the wall clock steps back 100 s */
+		if (i == 9)
+			pause_into(t, sb, "snap_h", 128);	/* at 8 */
+		if (i == 76) {	/* at 75: meter A stops, the wall clock steps forward */
+			meter_free(a);
+			a = NULL;
+			fake_now += 300 * S;
+			meter_set_backends(b, pg, rds);
+		}
+		if (i == 101)
+			stop_sandbox(sb, fake_now);	/* at 100 */
+		fake_now += S;
+		fake_mono += S;
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (i < 76)
+			(void)meter_tick(b, &err);
+		else
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* 8 s running, 92 s paused at 128 MiB */
+	CHECK_INT(used(t), 8 * 257 + 92 * 128);
+	CHECK_INT(meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	meter_free(b);
+	pg_free(dead);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2407,6 +2465,7 @@ int main(void)
 	TEST(test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_frame);
 	TEST(test_a_change_logged_before_a_backward_step_while_down_keeps_its_time);
 	TEST(test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_point);
+	TEST(test_a_sandbox_first_read_at_a_forward_steps_tick_keeps_its_points_state);
 
 	rc = test_summary();
 	rds_free(rds);
