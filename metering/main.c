@@ -153,6 +153,12 @@ static int signing_init(struct kiln_error *err)
 	km.signing = signing_new(km.pg, &km.mk, err);
 	if (!km.signing)
 		return err->code ? err->code : KILN_E_INTERNAL;
+	/*
+	 * The keys reload on a thread of their own (a connection of km.pg's is counted for it),
+	 * not inline in a pause worker's signing, on the path of a pause.
+	 */
+	if (signing_start_refresh(km.signing, err) != KILN_OK)
+		return err->code;
 	km.pauser = pauser_new(km.pg, km.signing, km.cfg.node_id);
 	if (!km.pauser)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
