@@ -1832,13 +1832,13 @@ static void *build_thread(void *arg)
 	struct build *b = arg;
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
-	time_t t0 = time(NULL);
+	long long t0 = clock_mono_ms();	/* what it took, whatever steps the wall clock took */
 
 	log_info("building template %s version %d", b->tmpl, b->version);
 	rc = build_run(b, &err);
 	unlink(b->tar);
 	if (rc == KILN_OK) {
-		build_log(b, "# ready in %lld s", (long long)(time(NULL) - t0));
+		build_log(b, "# ready in %lld s", (clock_mono_ms() - t0) / 1000);
 		log_info("template %s version %d ready", b->tmpl, b->version);
 	} else {
 		build_log(b, "# failed: %s", err.msg);

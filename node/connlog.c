@@ -43,8 +43,7 @@ static struct {
 	pthread_mutex_t nmu;		/* notes (taken by proxies' threads, never held long) */
 	struct cl_notes *notes;
 	pthread_mutex_t mu;		/* passes and flushes, one at a time */
-	pthread_cond_t wake;		/* on CLOCK_MONOTONIC, made at the first connlog_start() */
-	bool has_wake;
+	pthread_cond_t wake;		/* on CLOCK_MONOTONIC, made by each connlog_start() */
 	pthread_t thread;
 	bool started, stopping;
 	struct node *n;
@@ -318,20 +317,19 @@ static void *collector(void *arg)
 
 enum kiln_err connlog_start(struct node *n, struct kiln_error *err)
 {
+	pthread_condattr_t ca;
+
 	cl.n = n;
 	cl.stopping = false;
-	if (!cl.has_wake) {
-		/* The collector's interval, on the clock a wall-clock step does not move. */
-		pthread_condattr_t ca;
-
-		pthread_condattr_init(&ca);
-		pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-		pthread_cond_init(&cl.wake, &ca);
-		pthread_condattr_destroy(&ca);
-		cl.has_wake = true;
-	}
-	if (pthread_create(&cl.thread, NULL, collector, NULL) != 0)
+	/* The collector's interval, on the clock a wall-clock step does not move. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cl.wake, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&cl.thread, NULL, collector, NULL) != 0) {
+		pthread_cond_destroy(&cl.wake);
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the connection-log collector");
+	}
 	cl.started = true;
 	return KILN_OK;
 }
@@ -346,6 +344,7 @@ void connlog_stop(struct node *n)
 	pthread_cond_signal(&cl.wake);
 	pthread_mutex_unlock(&cl.mu);
 	pthread_join(cl.thread, NULL);
+	pthread_cond_destroy(&cl.wake);
 	cl.started = false;
 	pthread_mutex_lock(&cl.mu);
 	pass();		/* what the sandboxes still registered did since */
