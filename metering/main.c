@@ -158,11 +158,18 @@ static int signing_init(struct kiln_error *err)
 	 * not inline in a pause worker's signing, on the path of a pause.
 	 */
 	if (signing_start_refresh(km.signing, err) != KILN_OK)
-		return err->code;
+		goto fail;
 	km.pauser = pauser_new(km.pg, km.signing, km.cfg.node_id);
-	if (!km.pauser)
-		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
+	if (!km.pauser) {
+		kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
+		goto fail;
+	}
 	return KILN_OK;
+fail:
+	/* A failed stage's exit is not called: the reloading thread must not outlive km.pg. */
+	signing_free(km.signing);
+	km.signing = NULL;
+	return err->code;
 }
 
 static void signing_exit(void)
