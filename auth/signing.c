@@ -20,9 +20,13 @@
 /* Any constant shared by every gateway. */
 #define SIGNING_LOCK_KEY "7310245602"
 /*
- * At most one reload a token naming an unknown kid asks for in this many ms; like
- * SIGNING_REFRESH_S and the refresher's tick, on the monotonic clock.
+ * The clock of the reloads' cadence: SIGNING_REFRESH_S, the refresher's tick and KID_RELOAD_MS.
+ * Cadences, not times: a step of the wall clock (NTP, an operator) must neither stop the reloads
+ * for its size, nor bring one early. Read only through cadence_ms() and the refresher's
+ * condition, so a test's clocks (signing_set_clock_for_test) are asked for this very clock.
  */
+#define SIGNING_CADENCE_CLOCK CLOCK_MONOTONIC
+/* At most one reload a token naming an unknown kid asks for in this many ms. */
 #define KID_RELOAD_MS 1000
 
 struct signing {
@@ -36,10 +40,8 @@ struct signing {
 	bool has_rows_md;	/* under reload_lock */
 	uint64_t builds;	/* keyrings built from rows (atomic; signing_keyrings_built) */
 	/*
-	 * CLOCK_MONOTONIC ms of the last load (read without reload_lock: atomic) and of the last
-	 * reload an unknown kid asked for (under reload_lock). Cadences, not times: a step of the
-	 * wall clock (NTP, an operator) must neither stop the reloads for its size, nor bring one
-	 * early.
+	 * cadence_ms() of the last load (read without reload_lock: atomic) and of the last reload
+	 * an unknown kid asked for (under reload_lock).
 	 */
 	long long last_reload_ms;
 	long long last_kid_reload_ms;
@@ -54,10 +56,11 @@ struct signing {
 	pthread_cond_t stop_cond;
 };
 
-/* The monotonic clock in ms, as `s` reads it. */
-static long long mono_ms(const struct signing *s)
+/* SIGNING_CADENCE_CLOCK in ms, as `s` reads it: the same clock with a test's hook or without. */
+static long long cadence_ms(const struct signing *s)
 {
-	return s->ms_of ? s->ms_of(CLOCK_MONOTONIC, s->clock_ctx) : clock_mono_ms();
+	return s->ms_of ? s->ms_of(SIGNING_CADENCE_CLOCK, s->clock_ctx)
+			: clock_ms_of(SIGNING_CADENCE_CLOCK);
 }
 
 static void kid_ad(const char *kid, char *ad, size_t n)
@@ -328,11 +331,11 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 	pthread_mutex_init(&s->stop_lock, NULL);
 	/* The refresher's tick, on the clock a wall-clock step does not move. */
 	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_condattr_setclock(&ca, SIGNING_CADENCE_CLOCK);
 	pthread_cond_init(&s->stop_cond, &ca);
 	pthread_condattr_destroy(&ca);
 	/* No thread shares `s` yet: reload_lock need not be held. */
-	if (reload_locked(s, mono_ms(s), err) != KILN_OK) {
+	if (reload_locked(s, cadence_ms(s), err) != KILN_OK) {
 		signing_free(s);
 		return NULL;
 	}
@@ -362,9 +365,14 @@ void signing_free(struct signing *s)
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)
 {
 	enum kiln_err rc = KILN_OK;
-	long long now = mono_ms(s);
+	long long now;
 
 	pthread_mutex_lock(&s->reload_lock);
+	/*
+	 * Read once the lock is held: waiting for a slow reload must not make this one store a
+	 * time older than that one's.
+	 */
+	now = cadence_ms(s);
 	/*
 	 * Only reloads for unknown kids count against the once-a-second bound: a key made just
 	 * after a load at start or a periodic one must still be found at its first token.
@@ -388,12 +396,13 @@ enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln
 static void reload_if_due(struct signing *s)
 {
 	struct kiln_error err = { 0 };
-	long long now = mono_ms(s);
+	long long now = cadence_ms(s);
 
 	if (now - __atomic_load_n(&s->last_reload_ms, __ATOMIC_RELAXED) < SIGNING_REFRESH_S * 1000LL)
 		return;
 	if (pthread_mutex_trylock(&s->reload_lock) != 0)
 		return;
+	now = cadence_ms(s);	/* again, under the lock: the time this reload stores */
 	if (now - s->last_reload_ms >= SIGNING_REFRESH_S * 1000LL &&
 	    reload_locked(s, now, &err) != KILN_OK)
 		log_warn("cannot reload the signing keys: %s", err.msg);
@@ -413,7 +422,7 @@ static void *refresh_main(void *arg)
 
 	pthread_mutex_lock(&s->stop_lock);
 	while (!s->stop) {
-		struct timespec until = clock_after_ms(CLOCK_MONOTONIC, 1000);
+		struct timespec until = clock_after_ms(SIGNING_CADENCE_CLOCK, 1000);
 
 		pthread_cond_timedwait(&s->stop_cond, &s->stop_lock, &until);
 		if (s->stop)
@@ -439,8 +448,16 @@ enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err)
 void signing_set_clock_for_test(struct signing *s, long long (*ms_of)(clockid_t clock, void *ctx),
 				void *ctx)
 {
+	pthread_mutex_lock(&s->reload_lock);
 	s->clock_ctx = ctx;
 	s->ms_of = ms_of;
+	/*
+	 * The times kept were read on the clocks replaced: the period, and the bound of unknown
+	 * kids' reloads, start again at the new clocks' now.
+	 */
+	__atomic_store_n(&s->last_reload_ms, cadence_ms(s), __ATOMIC_RELAXED);
+	s->kid_reloaded = false;
+	pthread_mutex_unlock(&s->reload_lock);
 }
 
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,

@@ -57,7 +57,8 @@ uint64_t signing_keyrings_built(struct signing *s);
 /*
  * Tests only: `s` reads its clocks through `ms_of(clock, ctx)` in place of clock_ms_of(clock)
  * (common/clock.h), so a test can step the wall clock or move the monotonic one. Set before
- * signing_start_refresh(); NULL restores the host's clocks.
+ * signing_start_refresh(); NULL restores the host's clocks. The period and the bound of unknown
+ * kids' reloads start again at the new clocks' now (the times kept were read on the old ones).
  */
 void signing_set_clock_for_test(struct signing *s, long long (*ms_of)(clockid_t clock, void *ctx),
 				void *ctx);

@@ -267,8 +267,9 @@ class RotationTests(GatewayCase):
         t0 = time.monotonic()
         self.assertTrue(poll(lambda: f"signing key {new_kid} signs" in meter.output(), 15, 0.1),
                         meter.output())
-        # the period, 5 s, and the thread's 1 s tick, with a margin
-        self.assertLess(time.monotonic() - t0, 7.5)
+        # the period, 5 s, and the thread's 1 s tick, with a margin for a sanitized build under
+        # load; with no reloading thread it is never logged (the poll above fails after 15 s)
+        self.assertLess(time.monotonic() - t0, 12)
         self.assertTrue(meter.alive(), meter.output())
 
 

@@ -4,11 +4,13 @@
  * change: a rotation made by another process, new material under a kid, a retired key leaving
  * (by a row written or by its keep ending), the signer swapped between the same keys, and the
  * reloading thread within its period; the reloads' cadence on the monotonic clock, whatever steps
- * the wall clock takes.
+ * the wall clock takes, restarted by clocks set anew, and taken when a reload runs, not when it
+ * was asked.
  */
 #include "test.h"
 #include "testdb.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include "auth/scopes.h"
@@ -337,7 +339,10 @@ static void test_a_rotation_signs_within_the_period_after_the_wall_clock_steps_b
 	signing_free(s);
 }
 
-/* The same with the reloading thread: it picks the rotation up at its first tick past the period */
+/*
+ * The same with the reloading thread: it picks the rotation up at its first tick past the
+ * period.
+ */
 static void test_the_refresher_picks_up_a_rotation_after_the_wall_clock_steps_back(void)
 {
 	struct kiln_error err = { 0 };
@@ -426,6 +431,81 @@ static void test_unknown_kid_reloads_stay_once_a_second_across_a_wall_clock_step
 	signing_free(s);
 }
 
+/*
+ * Clocks set anew start the period at their own now: the time of the last load, read on the
+ * clocks replaced (an hour ahead here), does not hold the reloads back for that hour.
+ */
+static void test_clocks_set_anew_start_the_period_at_their_now(void)
+{
+	struct test_clocks ahead, tc;
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+
+	clocks_install(s, &ahead);
+	clocks_move(&ahead, 0, HOUR_MS);
+	reload(s);
+	free(sign(s, old_kid));
+	/* the host's clocks again, with no reload asked */
+	tc.wall_ms = clock_ms_of(CLOCK_REALTIME);
+	tc.mono_ms = clock_mono_ms();
+	signing_set_clock_for_test(s, test_clocks_ms_of, &tc);
+	rotate(new_kid);
+	clocks_move(&tc, 0, PERIOD_MS - 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, old_kid);
+	clocks_move(&tc, 0, 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, new_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	signing_free(s);
+}
+
+static void *reload_thread(void *arg)
+{
+	reload(arg);
+	return NULL;
+}
+
+/*
+ * A reload that waited for a slow one stores the time it ran at, not the time it was asked: the
+ * period starts at the later of the two. A first reload is held in its query by a lock on
+ * signing_keys while a second one waits for it, and the clock moves on meanwhile.
+ */
+static void test_a_reload_that_waited_for_another_starts_the_period_when_it_runs(void)
+{
+	struct kiln_error err = { 0 };
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+	struct timespec settle = { 0, 300 * 1000 * 1000 };
+	pthread_t first, second;
+	struct pg_conn *c;
+
+	clocks_install(s, &tc);
+	free(sign(s, old_kid));
+	CHECK_INT(pg_acquire(db.pg, &c, &err), KILN_OK);
+	CHECK_INT(pg_exec(c, "BEGIN", &err), KILN_OK);
+	CHECK_INT(pg_exec(c, "LOCK TABLE signing_keys IN ACCESS EXCLUSIVE MODE", &err), KILN_OK);
+	pthread_create(&first, NULL, reload_thread, s);
+	nanosleep(&settle, NULL);	/* the first one in its query, holding the reload */
+	pthread_create(&second, NULL, reload_thread, s);
+	nanosleep(&settle, NULL);	/* the second one waiting for it */
+	clocks_move(&tc, 0, 3000);
+	CHECK_INT(pg_exec(c, "ROLLBACK", &err), KILN_OK);
+	pg_release(db.pg, c);
+	pthread_join(first, NULL);
+	pthread_join(second, NULL);
+	rotate(new_kid);
+	/* a period from the first reload's time: not yet due from the second's */
+	clocks_move(&tc, 0, PERIOD_MS - 3000);
+	free(sign(s, kid));
+	CHECK_STR(kid, old_kid);
+	clocks_move(&tc, 0, 3000);
+	free(sign(s, kid));
+	CHECK_STR(kid, new_kid);
+	signing_free(s);
+}
+
 int main(void)
 {
 	struct kiln_error err = { 0 };
@@ -449,6 +529,8 @@ int main(void)
 	TEST(test_the_refresher_picks_up_a_rotation_after_the_wall_clock_steps_back);
 	TEST(test_a_forward_step_of_the_wall_clock_reloads_no_more_than_once_a_period);
 	TEST(test_unknown_kid_reloads_stay_once_a_second_across_a_wall_clock_step);
+	TEST(test_clocks_set_anew_start_the_period_at_their_now);
+	TEST(test_a_reload_that_waited_for_another_starts_the_period_when_it_runs);
 	rc = test_summary();
 	auth_master_key_wipe(&mk);
 	testdb_close(&db);
