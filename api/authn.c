@@ -721,7 +721,7 @@ static void idempotency_finish(struct gateway *gw, struct pg *pool, struct http_
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	char code[12], *sealed = NULL;
-	long long deadline = now_ms() + gw->cfg.idempotency_finish_s * 1000;
+	long long deadline = clock_mono_ms() + gw->cfg.idempotency_finish_s * 1000;
 	enum kiln_err rc;
 
 	if (status < 500 && idempotency_seal(gw, req, st, &sealed) != KILN_OK)
@@ -747,7 +747,7 @@ static void idempotency_finish(struct gateway *gw, struct pg *pool, struct http_
 					 http_req_method(req), http_req_path(req), st->idem_sum);
 			pg_release(pool, c);
 		}
-		if (rc != KILN_E_UNAVAILABLE || now_ms() >= deadline)
+		if (rc != KILN_E_UNAVAILABLE || clock_mono_ms() >= deadline)
 			break;
 		if (attempt == 0)
 			log_warn("idempotency record of \"%s\": postgres is unavailable; retrying for up "

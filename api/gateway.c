@@ -129,14 +129,20 @@ static void master_key_exit(void)
 
 static int signing_init(struct kiln_error *err)
 {
+	enum kiln_err rc;
+
 	gw.signing = signing_new(gw.pg, &gw.mk, err);
 	if (!gw.signing)
 		return err->code ? err->code : KILN_E_INTERNAL;
-	if (signing_start_refresh(gw.signing, err) != KILN_OK)
-		return err->code;
-	if (gw.cfg.admin_key_file)
-		return gw_bootstrap_admin(&gw, gw.cfg.admin_key_file, err);
-	return KILN_OK;
+	rc = signing_start_refresh(gw.signing, err);
+	if (rc == KILN_OK && gw.cfg.admin_key_file)
+		rc = gw_bootstrap_admin(&gw, gw.cfg.admin_key_file, err);
+	if (rc != KILN_OK) {
+		/* A failed stage's exit is not called: the reloader must not outlive gw.pg. */
+		signing_free(gw.signing);
+		gw.signing = NULL;
+	}
+	return rc;
 }
 
 static void signing_exit(void)

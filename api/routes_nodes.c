@@ -153,10 +153,10 @@ static long drain_call(struct http_req *req, const char *address, const char *id
  */
 static void drain_wait_stored(struct gateway *gw, const char *id, char *out, size_t len)
 {
-	time_t until = time(NULL) + gw->cfg.node_drain_wait_s;
+	long long until = clock_mono_ms() + gw->cfg.node_drain_wait_s * 1000;
 
 	snprintf(out, len, "timeout");
-	while (time(NULL) < until) {
+	while (clock_mono_ms() < until) {
 		struct kiln_error err = { 0 };
 		struct pg_res *res = NULL;
 		struct pg_conn *c;

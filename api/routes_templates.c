@@ -25,6 +25,7 @@
 #include "api/nodeclient.h"
 #include "auth/crypto.h"
 #include "auth/scopes.h"
+#include "common/clock.h"
 #include "common/dockerfile.h"
 #include "common/imageref.h"
 #include "common/netaddr.h"
@@ -820,7 +821,8 @@ static void log_produce(struct pump *p, void *ctx)
 	struct log_follow *f = ctx;
 	struct kiln_error err = { 0 };
 	char seq[24] = "0";
-	time_t give_up = time(NULL) + f->gw->cfg.template_build_max_s + TEMPLATE_BUILD_GRACE_S;
+	long long give_up = clock_mono_ms() +
+			    (f->gw->cfg.template_build_max_s + TEMPLATE_BUILD_GRACE_S) * 1000;
 
 	pump_ready(p, 200, "text/event-stream");
 	for (;;) {
@@ -859,7 +861,8 @@ static void log_produce(struct pump *p, void *ctx)
 			}
 		}
 		pg_res_free(res);
-		if (rows == 0 && st && pg_res_rows(st) == 1 && (!building || time(NULL) > give_up)) {
+		if (rows == 0 && st && pg_res_rows(st) == 1 &&
+		    (!building || clock_mono_ms() > give_up)) {
 			sse_event(p, "end", json_pack("{s:s, s:s?}", "status", pg_res_str(st, 0, 0),
 						      "reason", pg_res_get(st, 0, 1) ? pg_res_str(st, 0, 1)
 										: NULL));

@@ -14,12 +14,20 @@
 #include <openssl/sha.h>
 
 #include "auth/jwks.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 /* Any constant shared by every gateway. */
 #define SIGNING_LOCK_KEY "7310245602"
-/* Seconds between reloads of the keys, so a rotation reaches every gateway. */
-#define SIGNING_REFRESH_S 5
+/*
+ * The clock of the reloads' cadence: SIGNING_REFRESH_S, the refresher's tick and KID_RELOAD_MS.
+ * Cadences, not times: a step of the wall clock (NTP, an operator) must neither stop the reloads
+ * for its size, nor bring one early. Read only through cadence_ms() and the refresher's
+ * condition, so a test's clocks (signing_set_clock_for_test) are asked for this very clock.
+ */
+#define SIGNING_CADENCE_CLOCK CLOCK_MONOTONIC
+/* At most one reload a token naming an unknown kid asks for in this many ms. */
+#define KID_RELOAD_MS 1000
 
 struct signing {
 	struct pg *pg;
@@ -31,14 +39,29 @@ struct signing {
 	unsigned char rows_md[SHA256_DIGEST_LENGTH];	/* under reload_lock */
 	bool has_rows_md;	/* under reload_lock */
 	uint64_t builds;	/* keyrings built from rows (atomic; signing_keyrings_built) */
-	time_t last_reload;	/* read without reload_lock: atomic */
-	time_t last_kid_reload;	/* the last reload an unknown kid asked for */
+	/*
+	 * cadence_ms() of the last load (read without reload_lock: atomic) and of the last reload
+	 * an unknown kid asked for (under reload_lock).
+	 */
+	long long last_reload_ms;
+	long long last_kid_reload_ms;
+	bool kid_reloaded;	/* last_kid_reload_ms was set (under reload_lock) */
+	/* what the clocks read (clock_ms_of; signing_set_clock_for_test) */
+	long long (*ms_of)(clockid_t clock, void *ctx);
+	void *clock_ctx;
 	pthread_t refresher;	/* signing_start_refresh(): reloads off the request path */
 	bool has_refresher;	/* atomic */
 	bool stop;		/* under stop_lock */
 	pthread_mutex_t stop_lock;
 	pthread_cond_t stop_cond;
 };
+
+/* SIGNING_CADENCE_CLOCK in ms, as `s` reads it: the same clock with a test's hook or without. */
+static long long cadence_ms(const struct signing *s)
+{
+	return s->ms_of ? s->ms_of(SIGNING_CADENCE_CLOCK, s->clock_ctx)
+			: clock_ms_of(SIGNING_CADENCE_CLOCK);
+}
 
 static void kid_ad(const char *kid, char *ad, size_t n)
 {
@@ -216,10 +239,14 @@ static bool same_keys(const struct auth_keyring *a, const struct auth_keyring *b
 	return true;
 }
 
-/* Makes `kr` the keyring unless it holds the same keys as the one in use; frees the other. */
+/*
+ * Makes `kr` the keyring unless it holds the same keys as the one in use; frees the other. The
+ * caller holds reload_lock (so `kr`, once in, stays until this returns).
+ */
 static void swap_in(struct signing *s, struct auth_keyring *kr)
 {
 	struct auth_keyring *old;
+	const char *was, *now;
 	bool same;
 
 	/* Unchanged keys keep their keyring, and with it the cache of tokens already verified. */
@@ -234,6 +261,11 @@ static void swap_in(struct signing *s, struct auth_keyring *kr)
 	old = s->kr;
 	s->kr = kr;
 	pthread_rwlock_unlock(&s->lock);
+	/* A new signer is logged: when a rotation reached this process (at start, the first). */
+	was = auth_keyring_active_kid(old);
+	now = auth_keyring_active_kid(kr);
+	if (now && (!was || strcmp(was, now) != 0))
+		log_info("signing key %s signs", now);
 	auth_keyring_free(old);
 }
 
@@ -245,7 +277,7 @@ static void swap_in(struct signing *s, struct auth_keyring *kr)
  * sealed anew) or a retired key passing SIGNING_RETIRED_KEEP_S changes the rows read, so it is
  * still built at this reload. The caller holds reload_lock.
  */
-static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_error *err)
+static enum kiln_err reload_locked(struct signing *s, long long now_ms, struct kiln_error *err)
 {
 	unsigned char md[SHA256_DIGEST_LENGTH];
 	struct auth_keyring *kr = NULL;
@@ -253,7 +285,7 @@ static enum kiln_err reload_locked(struct signing *s, time_t now, struct kiln_er
 	bool hashed;
 	enum kiln_err rc;
 
-	__atomic_store_n(&s->last_reload, now, __ATOMIC_RELAXED);
+	__atomic_store_n(&s->last_reload_ms, now_ms, __ATOMIC_RELAXED);
 	rc = signing_rows(s->pg, &res, err);
 	if (rc != KILN_OK)
 		return rc;
@@ -283,6 +315,7 @@ uint64_t signing_keyrings_built(struct signing *s)
 struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err)
 {
 	struct signing *s;
+	pthread_condattr_t ca;
 
 	if (signing_ensure(pg, mk, err) != KILN_OK)
 		return NULL;
@@ -296,9 +329,13 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 	pthread_rwlock_init(&s->lock, NULL);
 	pthread_mutex_init(&s->reload_lock, NULL);
 	pthread_mutex_init(&s->stop_lock, NULL);
-	pthread_cond_init(&s->stop_cond, NULL);
+	/* The refresher's tick, on the clock a wall-clock step does not move. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, SIGNING_CADENCE_CLOCK);
+	pthread_cond_init(&s->stop_cond, &ca);
+	pthread_condattr_destroy(&ca);
 	/* No thread shares `s` yet: reload_lock need not be held. */
-	if (reload_locked(s, time(NULL), err) != KILN_OK) {
+	if (reload_locked(s, cadence_ms(s), err) != KILN_OK) {
 		signing_free(s);
 		return NULL;
 	}
@@ -328,16 +365,23 @@ void signing_free(struct signing *s)
 enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln_error *err)
 {
 	enum kiln_err rc = KILN_OK;
-	time_t now = time(NULL);
+	long long now;
 
 	pthread_mutex_lock(&s->reload_lock);
+	/*
+	 * Read once the lock is held: waiting for a slow reload must not make this one store a
+	 * time older than that one's.
+	 */
+	now = cadence_ms(s);
 	/*
 	 * Only reloads for unknown kids count against the once-a-second bound: a key made just
 	 * after a load at start or a periodic one must still be found at its first token.
 	 */
-	if (!on_unknown_kid || s->last_kid_reload != now) {
-		if (on_unknown_kid)
-			s->last_kid_reload = now;
+	if (!on_unknown_kid || !s->kid_reloaded || now - s->last_kid_reload_ms >= KID_RELOAD_MS) {
+		if (on_unknown_kid) {
+			s->last_kid_reload_ms = now;
+			s->kid_reloaded = true;
+		}
 		rc = reload_locked(s, now, err);
 	}
 	pthread_mutex_unlock(&s->reload_lock);
@@ -345,20 +389,22 @@ enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln
 }
 
 /*
- * Reloads the keys when the last load is SIGNING_REFRESH_S old, so a key rotated in by another
- * process signs here too. One caller does it; the others go on with the keys they have. A
- * failure keeps the old keys and is tried again a period later.
+ * Reloads the keys when the last load is SIGNING_REFRESH_S old on the monotonic clock, so a key
+ * rotated in by another process signs here too. One caller does it; the others go on with the
+ * keys they have. A failure keeps the old keys and is tried again a period later.
  */
 static void reload_if_due(struct signing *s)
 {
 	struct kiln_error err = { 0 };
-	time_t now = time(NULL);
+	long long now = cadence_ms(s);
 
-	if (now - __atomic_load_n(&s->last_reload, __ATOMIC_RELAXED) < SIGNING_REFRESH_S)
+	if (now - __atomic_load_n(&s->last_reload_ms, __ATOMIC_RELAXED) < SIGNING_REFRESH_S * 1000LL)
 		return;
 	if (pthread_mutex_trylock(&s->reload_lock) != 0)
 		return;
-	if (now - s->last_reload >= SIGNING_REFRESH_S && reload_locked(s, now, &err) != KILN_OK)
+	now = cadence_ms(s);	/* again, under the lock: the time this reload stores */
+	if (now - s->last_reload_ms >= SIGNING_REFRESH_S * 1000LL &&
+	    reload_locked(s, now, &err) != KILN_OK)
 		log_warn("cannot reload the signing keys: %s", err.msg);
 	pthread_mutex_unlock(&s->reload_lock);
 }
@@ -376,10 +422,8 @@ static void *refresh_main(void *arg)
 
 	pthread_mutex_lock(&s->stop_lock);
 	while (!s->stop) {
-		struct timespec until;
+		struct timespec until = clock_after_ms(SIGNING_CADENCE_CLOCK, 1000);
 
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += 1;
 		pthread_cond_timedwait(&s->stop_cond, &s->stop_lock, &until);
 		if (s->stop)
 			break;
@@ -399,6 +443,21 @@ enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err)
 		return kiln_error_set(err, KILN_E_INTERNAL, "cannot start the signing key reloader");
 	__atomic_store_n(&s->has_refresher, true, __ATOMIC_RELEASE);
 	return KILN_OK;
+}
+
+void signing_set_clock_for_test(struct signing *s, long long (*ms_of)(clockid_t clock, void *ctx),
+				void *ctx)
+{
+	pthread_mutex_lock(&s->reload_lock);
+	s->clock_ctx = ctx;
+	s->ms_of = ms_of;
+	/*
+	 * The times kept were read on the clocks replaced: the period, and the bound of unknown
+	 * kids' reloads, start again at the new clocks' now.
+	 */
+	__atomic_store_n(&s->last_reload_ms, cadence_ms(s), __ATOMIC_RELAXED);
+	s->kid_reloaded = false;
+	pthread_mutex_unlock(&s->reload_lock);
 }
 
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,

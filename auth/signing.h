@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "auth/crypto.h"
 #include "auth/jwt.h"
@@ -19,6 +20,11 @@
 
 /* Seconds a retired key keeps verifying: longer than any token the gateway issues. */
 #define SIGNING_RETIRED_KEEP_S 3600
+/*
+ * Seconds between periodic reloads of the keys, so a rotation reaches every gateway; on the
+ * monotonic clock (signing_start_refresh).
+ */
+#define SIGNING_REFRESH_S 5
 
 struct signing;
 
@@ -27,9 +33,10 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 void signing_free(struct signing *s);
 
 /*
- * Starts a thread that reloads the keys every 5 s; until then, and in a
+ * Starts a thread that reloads the keys every SIGNING_REFRESH_S; until then, and in a
  * process that never calls it, the first request past that period reloads them inline. Stopped
- * by signing_free().
+ * by signing_free(). The period, like the once-a-second bound below, is measured on the
+ * monotonic clock: a step of the wall clock neither stops the reloads nor brings one early.
  */
 enum kiln_err signing_start_refresh(struct signing *s, struct kiln_error *err);
 
@@ -46,6 +53,15 @@ enum kiln_err signing_reload(struct signing *s, bool on_unknown_kid, struct kiln
  * tests and metrics.
  */
 uint64_t signing_keyrings_built(struct signing *s);
+
+/*
+ * Tests only: `s` reads its clocks through `ms_of(clock, ctx)` in place of clock_ms_of(clock)
+ * (common/clock.h), so a test can step the wall clock or move the monotonic one. Set before
+ * signing_start_refresh(); NULL restores the host's clocks. The period and the bound of unknown
+ * kids' reloads start again at the new clocks' now (the times kept were read on the old ones).
+ */
+void signing_set_clock_for_test(struct signing *s, long long (*ms_of)(clockid_t clock, void *ctx),
+				void *ctx);
 
 /* Signs a token with the active key; *token is the caller's to free(). */
 enum kiln_err signing_sign(struct signing *s, const struct auth_token_params *p, char **token,

@@ -153,10 +153,23 @@ static int signing_init(struct kiln_error *err)
 	km.signing = signing_new(km.pg, &km.mk, err);
 	if (!km.signing)
 		return err->code ? err->code : KILN_E_INTERNAL;
+	/*
+	 * The keys reload on a thread of their own (a connection of km.pg's is counted for it),
+	 * not inline in a pause worker's signing, on the path of a pause.
+	 */
+	if (signing_start_refresh(km.signing, err) != KILN_OK)
+		goto fail;
 	km.pauser = pauser_new(km.pg, km.signing, km.cfg.node_id);
-	if (!km.pauser)
-		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
+	if (!km.pauser) {
+		kiln_error_set(err, KILN_E_NOMEM, "cannot start the pause workers");
+		goto fail;
+	}
 	return KILN_OK;
+fail:
+	/* A failed stage's exit is not called: the reloading thread must not outlive km.pg. */
+	signing_free(km.signing);
+	km.signing = NULL;
+	return err->code;
 }
 
 static void signing_exit(void)

@@ -53,6 +53,7 @@
 
 #include "auth/apikey.h"
 #include "auth/crypto.h"
+#include "common/clock.h"
 #include "common/dockerfile.h"
 #include "common/fsutil.h"
 #include "common/imageref.h"
@@ -98,7 +99,7 @@ struct build {
 	/* the build */
 	char builder[AUTH_ID_MAX];
 	struct sandbox *sb;
-	time_t deadline;
+	long long deadline_ms;	/* CLOCK_MONOTONIC: no wall-clock step cuts or stretches it */
 	long long log_bytes;
 	bool log_cut;
 	struct dockerfile df;
@@ -221,9 +222,9 @@ static int log_output(void *ctx, enum agent_stream stream, const uint8_t *data, 
 /* Milliseconds left of the build, at least 1; 0 once it is over. */
 static uint32_t build_left_ms(const struct build *b)
 {
-	time_t now = time(NULL);
+	long long now = clock_mono_ms();
 
-	return now >= b->deadline ? 0 : (uint32_t)((b->deadline - now) * 1000);
+	return now >= b->deadline_ms ? 0 : (uint32_t)(b->deadline_ms - now);
 }
 
 static enum kiln_err build_timeout(struct build *b, struct kiln_error *err)
@@ -1774,7 +1775,7 @@ static enum kiln_err build_run(struct build *b, struct kiln_error *err)
 	json_t *ej = NULL;
 	enum kiln_err rc;
 
-	b->deadline = time(NULL) + n->cfg.template_build_max_s;
+	b->deadline_ms = clock_mono_ms() + n->cfg.template_build_max_s * 1000;
 	b->image_env = json_object();
 	if (!b->image_env)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
@@ -1831,13 +1832,13 @@ static void *build_thread(void *arg)
 	struct build *b = arg;
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
-	time_t t0 = time(NULL);
+	long long t0 = clock_mono_ms();	/* what it took, whatever steps the wall clock took */
 
 	log_info("building template %s version %d", b->tmpl, b->version);
 	rc = build_run(b, &err);
 	unlink(b->tar);
 	if (rc == KILN_OK) {
-		build_log(b, "# ready in %lld s", (long long)(time(NULL) - t0));
+		build_log(b, "# ready in %lld s", (clock_mono_ms() - t0) / 1000);
 		log_info("template %s version %d ready", b->tmpl, b->version);
 	} else {
 		build_log(b, "# failed: %s", err.msg);

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "node/node.h"
 
@@ -42,14 +43,13 @@ static struct {
 	pthread_mutex_t nmu;		/* notes (taken by proxies' threads, never held long) */
 	struct cl_notes *notes;
 	pthread_mutex_t mu;		/* passes and flushes, one at a time */
-	pthread_cond_t wake;
+	pthread_cond_t wake;		/* on CLOCK_MONOTONIC, made by each connlog_start() */
 	pthread_t thread;
 	bool started, stopping;
 	struct node *n;
 	struct cl_sb *list;
-	time_t last_sweep;
-} cl = { .nmu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER,
-	  .wake = PTHREAD_COND_INITIALIZER };
+	long long last_sweep_ms;	/* CLOCK_MONOTONIC; 0: none yet */
+} cl = { .nmu = PTHREAD_MUTEX_INITIALIZER, .mu = PTHREAD_MUTEX_INITIALIZER };
 
 void connlog_note(void *arg, const char *sandbox_id, const struct kiln_conn_note *note)
 {
@@ -284,11 +284,11 @@ static void sweep(void)
 {
 	struct kiln_error err = { 0 };
 	long long gone = 0;
-	time_t now = time(NULL);
+	long long now = clock_mono_ms();
 
-	if (cl.last_sweep && now - cl.last_sweep < SWEEP_EVERY_S)
+	if (cl.last_sweep_ms && now - cl.last_sweep_ms < SWEEP_EVERY_S * 1000LL)
 		return;
-	cl.last_sweep = now;
+	cl.last_sweep_ms = now;
 	if (connlog_sweep(cl.n->pg, cl.n->cfg.connlog_retention_days, SWEEP_BATCH, &gone, &err) !=
 	    KILN_OK)
 		log_warn("connection log sweep: %s", err.msg);
@@ -306,8 +306,7 @@ static void *collector(void *arg)
 
 		pass();
 		sweep();
-		clock_gettime(CLOCK_REALTIME, &until);
-		until.tv_sec += cl.n->cfg.connlog_interval_s;
+		until = clock_after_ms(CLOCK_MONOTONIC, cl.n->cfg.connlog_interval_s * 1000);
 		while (!cl.stopping &&
 		       pthread_cond_timedwait(&cl.wake, &cl.mu, &until) != ETIMEDOUT)
 			;
@@ -318,10 +317,19 @@ static void *collector(void *arg)
 
 enum kiln_err connlog_start(struct node *n, struct kiln_error *err)
 {
+	pthread_condattr_t ca;
+
 	cl.n = n;
 	cl.stopping = false;
-	if (pthread_create(&cl.thread, NULL, collector, NULL) != 0)
+	/* The collector's interval, on the clock a wall-clock step does not move. */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&cl.wake, &ca);
+	pthread_condattr_destroy(&ca);
+	if (pthread_create(&cl.thread, NULL, collector, NULL) != 0) {
+		pthread_cond_destroy(&cl.wake);
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the connection-log collector");
+	}
 	cl.started = true;
 	return KILN_OK;
 }
@@ -336,6 +344,7 @@ void connlog_stop(struct node *n)
 	pthread_cond_signal(&cl.wake);
 	pthread_mutex_unlock(&cl.mu);
 	pthread_join(cl.thread, NULL);
+	pthread_cond_destroy(&cl.wake);
 	cl.started = false;
 	pthread_mutex_lock(&cl.mu);
 	pass();		/* what the sandboxes still registered did since */

@@ -713,8 +713,8 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&s->work, &ca);
+	pthread_cond_init(&s->idle, &ca);
 	pthread_condattr_destroy(&ca);
-	pthread_cond_init(&s->idle, NULL);
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		if (pthread_create(&s->workers[i], NULL, worker, s) != 0) {
 			s->n_workers = i;
@@ -758,16 +758,9 @@ void snapstore_shutdown(struct snapstore *s)
 
 bool snapstore_wait_idle(struct snapstore *s, unsigned timeout_ms)
 {
-	struct timespec until;
+	struct timespec until = clock_after_ms(CLOCK_MONOTONIC, timeout_ms);
 	bool idle;
 
-	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec++;
-		until.tv_nsec -= 1000000000L;
-	}
 	pthread_mutex_lock(&s->lock);
 	while (s->jobs && !s->stopping) {
 		if (timeout_ms == 0)

@@ -44,7 +44,7 @@ struct tpl {
 	bool codeint;		/* of the code interpreter's image */
 	char snap_id[AUTH_ID_MAX];	/* when ready */
 	bool ready, building;
-	time_t last_used;
+	long long last_used_ms;	/* CLOCK_MONOTONIC: a wall-clock step evicts nothing */
 	pthread_t thread;
 	bool joinable;
 	struct node *n;
@@ -52,7 +52,8 @@ struct tpl {
 
 static struct tpl templates[TPL_MAX];
 static pthread_mutex_t tpl_lock = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t tpl_done = PTHREAD_COND_INITIALIZER;	/* a build ended (tpl_wait) */
+/* A build ended (tpl_wait); made anew on CLOCK_MONOTONIC by tpl_init(), before any wait. */
+static pthread_cond_t tpl_done = PTHREAD_COND_INITIALIZER;
 
 /* Boots, warms and snapshots one template; runs on its own thread. */
 static void *tpl_build(void *arg)
@@ -142,7 +143,7 @@ out:
 	if (rc == KILN_OK) {
 		snprintf(t->snap_id, sizeof(t->snap_id), "%s", snap);
 		t->ready = true;
-		t->last_used = time(NULL);
+		t->last_used_ms = clock_mono_ms();
 	}
 	pthread_cond_broadcast(&tpl_done);
 	pthread_mutex_unlock(&tpl_lock);
@@ -201,7 +202,19 @@ void tpl_init(struct node *n)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
+	pthread_condattr_t ca;
 
+	/*
+	 * A builder's wait for its template (tpl_wait), on the clock a wall-clock step does not
+	 * move: a backward step must not stretch a template build past template_build_max_s. No one
+	 * waits yet (builds start with build_init()); broadcasts are made under tpl_lock.
+	 */
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_mutex_lock(&tpl_lock);
+	pthread_cond_init(&tpl_done, &ca);
+	pthread_mutex_unlock(&tpl_lock);
+	pthread_condattr_destroy(&ca);
 	/* Templates of an earlier run (perhaps of another image) are retired. */
 	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
 		PGQ(c, NULL, &err,
@@ -244,7 +257,7 @@ bool tpl_lookup(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned 
 	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib, codeint);
 	if (t && t->ready) {
 		snprintf(out, len, "%s", t->snap_id);
-		t->last_used = time(NULL);
+		t->last_used_ms = clock_mono_ms();
 		ready = true;
 	} else if (t) {
 		tpl_start(t);
@@ -262,7 +275,7 @@ bool tpl_wait(struct node *n, unsigned vcpu_milli, unsigned mem_mib, unsigned di
 
 	if (!n->cfg.templates)
 		return false;
-	until = clock_after_ms(CLOCK_REALTIME, timeout_ms);
+	until = clock_after_ms(CLOCK_MONOTONIC, timeout_ms);
 	pthread_mutex_lock(&tpl_lock);
 	t = tpl_slot(n, vcpu_milli, mem_mib, disk_gib, false);
 	if (t)
@@ -300,7 +313,7 @@ void tpl_discard(struct node *n, const char *snap_id)
 
 void tpl_evict_idle(struct node *n, long idle_s)
 {
-	time_t now = time(NULL);
+	long long now = clock_mono_ms();
 	char gone[TPL_MAX][AUTH_ID_MAX];
 	int k = 0;
 
@@ -309,7 +322,8 @@ void tpl_evict_idle(struct node *n, long idle_s)
 		struct tpl *t = &templates[i];
 		bool is_default = t->vcpu_milli == TPL_DEFAULT_VCPU && t->mem_mib == TPL_DEFAULT_MEM &&
 				  t->disk_gib == TPL_DEFAULT_DISK && n->cfg.template_default;
-		if (t->n == n && t->ready && !is_default && now - t->last_used > idle_s) {
+		if (t->n == n && t->ready && !is_default &&
+		    now - t->last_used_ms > idle_s * 1000LL) {
 			snprintf(gone[k++], AUTH_ID_MAX, "%s", t->snap_id);
 			t->ready = false;
 			t->n = t->joinable ? t->n : NULL;

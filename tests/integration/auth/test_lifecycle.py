@@ -1,8 +1,10 @@
 """Credentials over time: revocation across gateways, expiry of tokens and keys, signing key
-rotation with `kiln-gateway --rotate-signing-key`."""
+rotation with `kiln-gateway --rotate-signing-key` (reaching running gateways and kiln-meter)."""
 import datetime
 import os
+import shutil
 import subprocess
+import tempfile
 import time
 import unittest
 
@@ -244,6 +246,32 @@ class RotationTests(GatewayCase):
                            master_key=self.gw.master_key)
         self.addCleanup(gw2.cleanup)
         self.new_token(self.admin, gw=gw2)
+
+    def test_kiln_meter_loads_a_rotation_within_the_period_with_no_pause_asked(self):
+        # kiln-meter signs the node tokens of its pauses. Its keys reload on a thread of their own,
+        # so a rotation reaches it with no pause asked (none is here), not inline on a pause's path.
+        cgroups = tempfile.mkdtemp(prefix="kiln-cgroup-")
+        self.addCleanup(shutil.rmtree, cgroups, True)
+        meter = kiln.Daemon(os.path.join(kiln.BUILD, "metering", "kiln-meter"),
+                            {"KILN_DATABASE_URL": self.db.url,
+                             "KILN_REDIS_URL": self.services["KILN_REDIS_URL"],
+                             "KILN_NODE_ID": "tn" + os.urandom(4).hex(),
+                             "KILN_MASTER_KEY": self.gw.master_key,
+                             "KILN_METER_CGROUP_ROOT": cgroups,
+                             "KILN_METER_PIN_ROOT": "/nonexistent-pins", "KILN_LOG_LEVEL": "info"})
+        self.addCleanup(meter.cleanup)
+        old_kid = self.db.sql("SELECT kid FROM signing_keys WHERE retired_at IS NULL")
+        self.assertTrue(poll(lambda: f"signing key {old_kid} signs" in meter.output(), 15, 0.1),
+                        meter.output())
+        new_kid = self.rotate()
+        t0 = time.monotonic()
+        self.assertTrue(poll(lambda: f"signing key {new_kid} signs" in meter.output(), 15, 0.1),
+                        meter.output())
+        # the period, 5 s, and the thread's 1 s tick, with a margin for a sanitized build under
+        # load; with no reloading thread it is never logged (the poll above fails after 15 s)
+        self.assertLess(time.monotonic() - t0, 12)
+        self.assertTrue(meter.alive(), meter.output())
+
 
 if __name__ == "__main__":
     unittest.main()

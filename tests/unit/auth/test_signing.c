@@ -3,15 +3,19 @@
  * a reload opens and parses the stored keys only when their rows changed, and still picks up every
  * change: a rotation made by another process, new material under a kid, a retired key leaving
  * (by a row written or by its keep ending), the signer swapped between the same keys, and the
- * reloading thread within its period.
+ * reloading thread within its period; the reloads' cadence on the monotonic clock, whatever steps
+ * the wall clock takes, restarted by clocks set anew, and taken when a reload runs, not when it
+ * was asked.
  */
 #include "test.h"
 #include "testdb.h"
 
+#include <pthread.h>
 #include <time.h>
 
 #include "auth/scopes.h"
 #include "auth/signing.h"
+#include "common/clock.h"
 #include "common/log.h"
 
 static struct testdb db;
@@ -274,6 +278,234 @@ static void test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload
 	signing_free(s);
 }
 
+/*
+ * The clocks a signing reads in the cases below (signing_set_clock_for_test): the host's at
+ * install, then still, moved only by the case, so what is due is the case's to say. Atomic: the
+ * refresher reads them.
+ */
+struct test_clocks {
+	long long wall_ms, mono_ms;
+};
+
+static long long test_clocks_ms_of(clockid_t clock, void *ctx)
+{
+	struct test_clocks *tc = ctx;
+
+	return __atomic_load_n(clock == CLOCK_MONOTONIC ? &tc->mono_ms : &tc->wall_ms,
+			       __ATOMIC_RELAXED);
+}
+
+/* Installs `tc` in `s`, and reloads: the period starts at the clocks' start. */
+static void clocks_install(struct signing *s, struct test_clocks *tc)
+{
+	tc->wall_ms = clock_ms_of(CLOCK_REALTIME);
+	tc->mono_ms = clock_mono_ms();
+	signing_set_clock_for_test(s, test_clocks_ms_of, tc);
+	reload(s);
+}
+
+/* Steps the wall clock by `wall_ms` and lets `mono_ms` pass on the monotonic one. */
+static void clocks_move(struct test_clocks *tc, long long wall_ms, long long mono_ms)
+{
+	__atomic_add_fetch(&tc->wall_ms, wall_ms, __ATOMIC_RELAXED);
+	__atomic_add_fetch(&tc->mono_ms, mono_ms, __ATOMIC_RELAXED);
+}
+
+#define HOUR_MS (3600 * 1000LL)
+#define PERIOD_MS (SIGNING_REFRESH_S * 1000LL)
+
+/*
+ * With the wall clock stepped back an hour, a key rotated in by another process signs here once
+ * the period has passed on the monotonic clock, and not before. On the wall clock, the reloads
+ * stopped for the hour.
+ */
+static void test_a_rotation_signs_within_the_period_after_the_wall_clock_steps_back(void)
+{
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+
+	clocks_install(s, &tc);
+	free(sign(s, old_kid));
+	clocks_move(&tc, -HOUR_MS, 0);
+	rotate(new_kid);
+	clocks_move(&tc, 0, PERIOD_MS - 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, old_kid);
+	clocks_move(&tc, 0, 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, new_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	signing_free(s);
+}
+
+/*
+ * The same with the reloading thread: it picks the rotation up at its first tick past the
+ * period.
+ */
+static void test_the_refresher_picks_up_a_rotation_after_the_wall_clock_steps_back(void)
+{
+	struct kiln_error err = { 0 };
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX] = "";
+	struct timespec tick = { 0, 100 * 1000 * 1000 };
+	long long until;
+
+	clocks_install(s, &tc);
+	CHECK_INT(signing_start_refresh(s, &err), KILN_OK);
+	clocks_move(&tc, -HOUR_MS, 0);
+	rotate(new_kid);
+	clocks_move(&tc, 0, PERIOD_MS);
+	/* the thread's 1 s tick, on the host's monotonic clock, with a margin */
+	until = clock_mono_ms() + 3000;
+	do {
+		free(sign(s, kid));
+		if (strcmp(kid, new_kid) == 0)
+			break;
+		nanosleep(&tick, NULL);
+	} while (clock_mono_ms() < until);
+	CHECK_STR(kid, new_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	signing_free(s);
+}
+
+/*
+ * Steps of the wall clock forward bring no reload: the keys are read once a period of the
+ * monotonic clock, whatever the wall clock does meanwhile. On the wall clock, each step reloaded
+ * at once.
+ */
+static void test_a_forward_step_of_the_wall_clock_reloads_no_more_than_once_a_period(void)
+{
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char first_kid[AUTH_KID_MAX], second_kid[AUTH_KID_MAX] = "", third_kid[AUTH_KID_MAX] = "";
+	char kid[AUTH_KID_MAX];
+
+	clocks_install(s, &tc);
+	free(sign(s, first_kid));
+	rotate(second_kid);
+	for (int i = 0; i < 3; i++) {
+		clocks_move(&tc, HOUR_MS, 1000);
+		free(sign(s, kid));
+		CHECK_STR(kid, first_kid);
+	}
+	clocks_move(&tc, 0, PERIOD_MS - 3000);
+	free(sign(s, kid));
+	CHECK_STR(kid, second_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	/* The period starts again at that reload, steps or not. */
+	rotate(third_kid);
+	clocks_move(&tc, HOUR_MS, PERIOD_MS - 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, second_kid);
+	clocks_move(&tc, 0, 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, third_kid);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	signing_free(s);
+}
+
+/* The reloads tokens of unknown kids ask for stay once a second across a wall-clock step. */
+static void test_unknown_kid_reloads_stay_once_a_second_across_a_wall_clock_step(void)
+{
+	struct kiln_error err = { 0 };
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char kid[AUTH_KID_MAX] = "";
+
+	clocks_install(s, &tc);
+	rotate(kid);
+	CHECK_INT(signing_reload(s, true, &err), KILN_OK);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	rotate(kid);
+	clocks_move(&tc, HOUR_MS, 999);
+	CHECK_INT(signing_reload(s, true, &err), KILN_OK);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	clocks_move(&tc, -2 * HOUR_MS, 0);
+	CHECK_INT(signing_reload(s, true, &err), KILN_OK);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	clocks_move(&tc, 0, 1);
+	CHECK_INT(signing_reload(s, true, &err), KILN_OK);
+	CHECK_INT(signing_keyrings_built(s), 3);
+	signing_free(s);
+}
+
+/*
+ * Clocks set anew start the period at their own now: the time of the last load, read on the
+ * clocks replaced (an hour ahead here), does not hold the reloads back for that hour.
+ */
+static void test_clocks_set_anew_start_the_period_at_their_now(void)
+{
+	struct test_clocks ahead, tc;
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+
+	clocks_install(s, &ahead);
+	clocks_move(&ahead, 0, HOUR_MS);
+	reload(s);
+	free(sign(s, old_kid));
+	/* the host's clocks again, with no reload asked */
+	tc.wall_ms = clock_ms_of(CLOCK_REALTIME);
+	tc.mono_ms = clock_mono_ms();
+	signing_set_clock_for_test(s, test_clocks_ms_of, &tc);
+	rotate(new_kid);
+	clocks_move(&tc, 0, PERIOD_MS - 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, old_kid);
+	clocks_move(&tc, 0, 1);
+	free(sign(s, kid));
+	CHECK_STR(kid, new_kid);
+	CHECK_INT(signing_keyrings_built(s), 2);
+	signing_free(s);
+}
+
+static void *reload_thread(void *arg)
+{
+	reload(arg);
+	return NULL;
+}
+
+/*
+ * A reload that waited for a slow one stores the time it ran at, not the time it was asked: the
+ * period starts at the later of the two. A first reload is held in its query by a lock on
+ * signing_keys while a second one waits for it, and the clock moves on meanwhile.
+ */
+static void test_a_reload_that_waited_for_another_starts_the_period_when_it_runs(void)
+{
+	struct kiln_error err = { 0 };
+	struct test_clocks tc;
+	struct signing *s = fresh_signing();
+	char old_kid[AUTH_KID_MAX], new_kid[AUTH_KID_MAX] = "", kid[AUTH_KID_MAX];
+	struct timespec settle = { 0, 300 * 1000 * 1000 };
+	pthread_t first, second;
+	struct pg_conn *c;
+
+	clocks_install(s, &tc);
+	free(sign(s, old_kid));
+	CHECK_INT(pg_acquire(db.pg, &c, &err), KILN_OK);
+	CHECK_INT(pg_exec(c, "BEGIN", &err), KILN_OK);
+	CHECK_INT(pg_exec(c, "LOCK TABLE signing_keys IN ACCESS EXCLUSIVE MODE", &err), KILN_OK);
+	pthread_create(&first, NULL, reload_thread, s);
+	nanosleep(&settle, NULL);	/* the first one in its query, holding the reload */
+	pthread_create(&second, NULL, reload_thread, s);
+	nanosleep(&settle, NULL);	/* the second one waiting for it */
+	clocks_move(&tc, 0, 3000);
+	CHECK_INT(pg_exec(c, "ROLLBACK", &err), KILN_OK);
+	pg_release(db.pg, c);
+	pthread_join(first, NULL);
+	pthread_join(second, NULL);
+	rotate(new_kid);
+	/* a period from the first reload's time: not yet due from the second's */
+	clocks_move(&tc, 0, PERIOD_MS - 3000);
+	free(sign(s, kid));
+	CHECK_STR(kid, old_kid);
+	clocks_move(&tc, 0, 3000);
+	free(sign(s, kid));
+	CHECK_STR(kid, new_kid);
+	signing_free(s);
+}
+
 int main(void)
 {
 	struct kiln_error err = { 0 };
@@ -293,6 +525,12 @@ int main(void)
 	TEST(test_the_refresher_picks_up_a_rotation_within_its_period);
 	TEST(test_a_retired_key_leaves_when_its_keep_ends_with_no_row_written);
 	TEST(test_a_signer_swapped_between_the_same_keys_signs_at_the_next_reload);
+	TEST(test_a_rotation_signs_within_the_period_after_the_wall_clock_steps_back);
+	TEST(test_the_refresher_picks_up_a_rotation_after_the_wall_clock_steps_back);
+	TEST(test_a_forward_step_of_the_wall_clock_reloads_no_more_than_once_a_period);
+	TEST(test_unknown_kid_reloads_stay_once_a_second_across_a_wall_clock_step);
+	TEST(test_clocks_set_anew_start_the_period_at_their_now);
+	TEST(test_a_reload_that_waited_for_another_starts_the_period_when_it_runs);
 	rc = test_summary();
 	auth_master_key_wipe(&mk);
 	testdb_close(&db);
