@@ -93,7 +93,7 @@ struct key_entry {
 	char hash[AUTH_APIKEY_HASH_LEN + 1];
 	char tenant_id[AUTH_ID_MAX];
 	uint32_t scopes;
-	bool usable;		/* not revoked, not expired at fetch time */
+	bool usable;		/* not revoked at fetch time (expiry: expires_ms) */
 	long long expires_ms;	/* its expires_at, ms since the epoch (wall clock); 0: never */
 	long long fetched_ms;	/* when its read began (mono_ms) */
 	long long touched_ms;	/* when last_used_at was last written (mono_ms), if `touched` */

@@ -98,11 +98,12 @@ void gw_key_cache_forget(const char *key_id);
 void gw_tenant_cache_forget(const char *tenant_id);
 
 /*
- * Tests only: authn.c reads its clocks through `ms_of(clock, ctx)` in place of clock_ms_of(clock)
- * (common/clock.h): CLOCK_MONOTONIC for the ages of the key and tenant caches' entries and the
- * cadence of last_used_at, CLOCK_REALTIME for API keys' expiry and the rate limits. So a test
- * can step the wall clock or move the monotonic one. A JWT's times are checked against time().
- * Set before any request; NULL restores the host's clocks.
+ * Tests only: authn.c reads these clocks through `ms_of(clock, ctx)` in place of
+ * clock_ms_of(clock) (common/clock.h): CLOCK_MONOTONIC for the ages of the key and tenant caches'
+ * entries and the cadence of last_used_at, CLOCK_REALTIME for API keys' expiry and the `now`
+ * passed to the rate limits. So a test can step the wall clock or move the monotonic one. The
+ * host's clocks stay in use for a JWT's times (time()), the Idempotency-Key wait's deadline and
+ * ratelimit.c's own sync with Redis. Set before any request; NULL restores the host's clocks.
  */
 void gw_authn_set_clock_for_test(long long (*ms_of)(clockid_t clock, void *ctx), void *ctx);
 
