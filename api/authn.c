@@ -4,7 +4,10 @@
  *
  * API keys are checked against Postgres and kept in a small in-memory cache for at most
  * `key_cache_s` seconds (≤ 5), so a key revoked on another gateway stops working within that
- * bound; the gateway that revokes drops its entry at once. JWTs are verified locally.
+ * bound; the gateway that revokes drops its entry at once. JWTs are verified locally. The ages of
+ * both caches' entries, and the once-a-minute write of last_used_at, are measured on the
+ * monotonic clock, so a step of the wall clock (NTP, an operator) neither stretches that bound by
+ * its size nor shortens it; a key's expires_at is a date, compared with the wall clock.
  *
  * Whether the caller's tenant is suspended is read from Postgres and cached the same way (at most
  * `key_cache_s` seconds, dropped at once by the gateway that suspends or unsuspends), for API keys
@@ -55,7 +58,7 @@
 unsigned char gw_pepper[32];
 struct auth_apikey_pepper *gw_pepper_prepared;
 
-#define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key */
+#define LAST_USED_EVERY_S 60	/* last_used_at is written at most this often per key (monotonic) */
 #define IDEM_KEY_MAX 255
 #define IDEM_WAIT_MS 2000	/* how long a retry waits for the first request's response */
 #define IDEM_POLL_MS 10
@@ -90,10 +93,11 @@ struct key_entry {
 	char hash[AUTH_APIKEY_HASH_LEN + 1];
 	char tenant_id[AUTH_ID_MAX];
 	uint32_t scopes;
-	bool usable;		/* not revoked, not expired at fetch time */
-	long long expires_ms;	/* 0: never */
-	long long fetched_ms;
-	long long touched_ms;	/* last_used_at written */
+	bool usable;		/* not revoked at fetch time (expiry: expires_ms) */
+	long long expires_ms;	/* its expires_at, ms since the epoch (wall clock); 0: never */
+	long long fetched_ms;	/* when its read began (mono_ms) */
+	long long touched_ms;	/* when last_used_at was last written (mono_ms), if `touched` */
+	bool touched;		/* last_used_at written by this gateway since the entry was made */
 };
 
 static struct credcache *key_cache;
@@ -104,7 +108,7 @@ static struct credcache *key_cache;
 /* Whether a tenant is suspended, cached under its id in tenant_cache. */
 struct tenant_entry {
 	bool suspended;
-	long long fetched_ms;
+	long long fetched_ms;	/* when its read began (mono_ms) */
 };
 
 static struct credcache *tenant_cache;
@@ -141,10 +145,35 @@ static union inflight_lock {
 	char pad[64];
 } inflight_locks[INFLIGHT_LOCKS] __attribute__((aligned(64)));
 
-/* ms since the epoch: key expiry is a wall-clock time, and cache ages are compared with it */
+/* What the clocks read: clock_ms_of(), or a test's (gw_authn_set_clock_for_test). */
+static long long (*clock_hook)(clockid_t clock, void *ctx);
+static void *clock_hook_ctx;
+
+static long long clock_read(clockid_t clock)
+{
+	return clock_hook ? clock_hook(clock, clock_hook_ctx) : clock_ms_of(clock);
+}
+
+/* ms since the epoch, for dates: an API key's expires_at, the rate limits' shared buckets */
 static long long now_ms(void)
 {
-	return clock_ms_of(CLOCK_REALTIME);
+	return clock_read(CLOCK_REALTIME);
+}
+
+/*
+ * ms on the monotonic clock, for the caches' ages and last_used_at's cadence: on the wall
+ * clock, a backward step of N seconds kept a key revoked (or a tenant suspended) on another
+ * gateway working here for N + key_cache_s seconds.
+ */
+static long long mono_ms(void)
+{
+	return clock_read(CLOCK_MONOTONIC);
+}
+
+void gw_authn_set_clock_for_test(long long (*ms_of)(clockid_t clock, void *ctx), void *ctx)
+{
+	clock_hook_ctx = ctx;
+	clock_hook = ms_of;
 }
 
 static unsigned hash_of(const char *s)
@@ -217,8 +246,8 @@ static void tenant_cache_put(const char *tenant_id, bool suspended, long long fe
 }
 
 /*
- * Whether the tenant cache holds `tenant_id` fetched less than `ttl` ms before `now`: then sets
- * *suspended, and *age to the entry's age.
+ * Whether the tenant cache holds `tenant_id` fetched less than `ttl` ms before `now` (mono_ms):
+ * then sets *suspended, and *age to the entry's age.
  */
 static bool tenant_cache_get(const char *tenant_id, long long now, long long ttl, bool *suspended,
 			     long long *age)
@@ -242,7 +271,7 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 				      struct kiln_error *err)
 {
 	pthread_mutex_t *fetching = credcache_fetch_lock(tenant_cache, tenant_id);
-	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
+	long long ttl = gw->cfg.key_cache_s * 1000, now = mono_ms(), age = 0;
 	unsigned long forgets;
 	bool hit;
 	struct pg_conn *c;
@@ -257,13 +286,13 @@ static enum kiln_err tenant_suspended(struct gateway *gw, const char *tenant_id,
 		long long ignored;
 
 		pthread_mutex_lock(fetching);
-		hit = tenant_cache_get(tenant_id, now_ms(), ttl, suspended, &ignored);
+		hit = tenant_cache_get(tenant_id, mono_ms(), ttl, suspended, &ignored);
 		if (hit) {
 			pthread_mutex_unlock(fetching);
 			return KILN_OK;
 		}
 	}
-	now = now_ms();
+	now = mono_ms();
 	forgets = tenant_cache_forgets();
 	rc = pg_acquire(gw->pg, &c, err);
 	if (rc == KILN_OK) {
@@ -292,9 +321,9 @@ void gw_key_cache_forget(const char *key_id)
 }
 
 /*
- * Whether the key cache holds `key_id` fetched less than `ttl` ms before `now`: then copies it
- * into *e, and its age into *age. *drops is its set's count of drops (revocations) so far: what
- * is read after this may go into the cache only while it is the same.
+ * Whether the key cache holds `key_id` fetched less than `ttl` ms before `now` (mono_ms): then
+ * copies it into *e, and its age into *age. *drops is its set's count of drops (revocations) so
+ * far: what is read after this may go into the cache only while it is the same.
  */
 static bool key_cache_get(const char *key_id, long long now, long long ttl, struct key_entry *e,
 			  long long *age, unsigned long *drops)
@@ -334,7 +363,7 @@ static enum kiln_err key_fetch(struct gateway *gw, const char *key_id, struct ke
 {
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	long long now = now_ms();
+	long long now = mono_ms();
 	unsigned long forgets = tenant_cache_forgets();
 	enum kiln_err rc = pg_acquire(gw->pg, &c, err);
 
@@ -389,7 +418,7 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 	struct key_entry e, f, *p;
 	struct credcache_set *s;
 	pthread_mutex_t *fetching;
-	long long ttl = gw->cfg.key_cache_s * 1000, now = now_ms(), age = 0;
+	long long ttl = gw->cfg.key_cache_s * 1000, now = mono_ms(), age = 0;
 	bool cached = false, touch = false;
 	unsigned long drops;
 	enum kiln_err rc;
@@ -409,7 +438,7 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 			long long ignored;
 
 			pthread_mutex_lock(fetching);
-			cached = fresh = key_cache_get(key.key_id, now_ms(), ttl, &e, &ignored,
+			cached = fresh = key_cache_get(key.key_id, mono_ms(), ttl, &e, &ignored,
 						       &drops);
 		}
 		rc = fresh ? KILN_OK : key_fetch(gw, key.key_id, &f, err);
@@ -417,7 +446,9 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 			/* not when the key was revoked here since: the row may be from before */
 			s = credcache_lock(key_cache, f.key_id);
 			if (credcache_drops(s) == drops && (p = credcache_slot(s, f.key_id))) {
-				f.touched_ms = p->touched_ms;	/* 0 for an entry just made */
+				/* the cadence of the entry it refreshes (one just made: untouched) */
+				f.touched_ms = p->touched_ms;
+				f.touched = p->touched;
 				*p = f;
 			}
 			credcache_unlock(s);
@@ -438,7 +469,7 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "invalid API key");
 	if (!e.usable)
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key was revoked");
-	if (e.expires_ms && now >= e.expires_ms)
+	if (e.expires_ms && now_ms() >= e.expires_ms)	/* a date: the wall clock */
 		return kiln_error_set(err, KILN_E_UNAUTHENTICATED, "the API key has expired");
 
 	/* Back into the cache if another key took its place meanwhile, unless it was revoked here. */
@@ -446,8 +477,9 @@ static enum kiln_err auth_api_key(struct gateway *gw, const char *value, size_t 
 	if (!(p = credcache_peek(s, e.key_id)) && credcache_drops(s) == drops &&
 	    (p = credcache_slot(s, e.key_id)))
 		*p = e;
-	if (p && now - p->touched_ms >= LAST_USED_EVERY_S * 1000) {
+	if (p && (!p->touched || now - p->touched_ms >= LAST_USED_EVERY_S * 1000)) {
 		p->touched_ms = now;
+		p->touched = true;
 		touch = true;
 	}
 	credcache_unlock(s);

@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "common/http.h"
 #include "auth/apikey.h"
@@ -95,6 +96,16 @@ void gw_key_cache_forget(const char *key_id);
 
 /* Forgets the cached suspended state of a tenant at once on this gateway (after (un)suspending). */
 void gw_tenant_cache_forget(const char *tenant_id);
+
+/*
+ * Tests only: authn.c reads these clocks through `ms_of(clock, ctx)` in place of
+ * clock_ms_of(clock) (common/clock.h): CLOCK_MONOTONIC for the ages of the key and tenant caches'
+ * entries and the cadence of last_used_at, CLOCK_REALTIME for API keys' expiry and the `now`
+ * passed to the rate limits. So a test can step the wall clock or move the monotonic one. The
+ * host's clocks stay in use for a JWT's times (time()), the Idempotency-Key wait's deadline and
+ * ratelimit.c's own sync with Redis. Set before any request; NULL restores the host's clocks.
+ */
+void gw_authn_set_clock_for_test(long long (*ms_of)(clockid_t clock, void *ctx), void *ctx);
 
 struct gateway;
 
