@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "metering/billing.h"
 
@@ -108,13 +109,8 @@ static void *fo_main(void *arg)
 
 enum kiln_err gw_failover_start(struct gateway *gw, struct kiln_error *err)
 {
-	pthread_condattr_t a;
-
 	fo_gw = gw;
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&fo_cond, &a);
-	pthread_condattr_destroy(&a);
+	clock_cond_init(&fo_cond, CLOCK_MONOTONIC);
 	fo_stopping = false;
 	fo_passes = 0;
 	if (pthread_create(&fo_thread, NULL, fo_main, NULL) != 0) {

@@ -23,6 +23,7 @@
 #include "api/failover.h"
 #include "api/ports.h"
 #include "auth/masterkey.h"
+#include "common/clock.h"
 #include "common/daemon.h"
 #include "common/log.h"
 #include "migrations/migrate.h"
@@ -298,12 +299,7 @@ static void *sweep_main(void *arg)
 
 static int sweep_init(struct kiln_error *err)
 {
-	pthread_condattr_t a;
-
-	pthread_condattr_init(&a);
-	pthread_condattr_setclock(&a, CLOCK_MONOTONIC);
-	pthread_cond_init(&sweep_cond, &a);
-	pthread_condattr_destroy(&a);
+	clock_cond_init(&sweep_cond, CLOCK_MONOTONIC);
 	sweep_stopping = false;
 	if (pthread_create(&sweep_thread, NULL, sweep_main, NULL) != 0) {
 		pthread_cond_destroy(&sweep_cond);

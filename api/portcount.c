@@ -322,24 +322,19 @@ static void *renew_main(void *arg)
 int portcount_attach(struct portcount *pc, struct rds *rds, long long lease_ms)
 {
 	unsigned char raw[12];
-	pthread_condattr_t ca;
 	int rc;
 
 	if (!rds || lease_ms <= 0)
 		return -EINVAL;
 	if (getrandom(raw, sizeof(raw), 0) != (ssize_t)sizeof(raw))
 		return -errno;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_lock(&pc->lock);
 	if (pc->running) {
 		pthread_mutex_unlock(&pc->lock);
-		pthread_condattr_destroy(&ca);
 		return -EBUSY;
 	}
 	pthread_cond_destroy(&pc->wake);
-	pthread_cond_init(&pc->wake, &ca);
-	pthread_condattr_destroy(&ca);
+	clock_cond_init(&pc->wake, CLOCK_MONOTONIC);
 	for (size_t i = 0; i < sizeof(raw); i++)
 		snprintf(pc->instance + 2 * i, sizeof(pc->instance) - 2 * i, "%02x", raw[i]);
 	pc->rds = rds;

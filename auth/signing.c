@@ -315,7 +315,6 @@ uint64_t signing_keyrings_built(struct signing *s)
 struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, struct kiln_error *err)
 {
 	struct signing *s;
-	pthread_condattr_t ca;
 
 	if (signing_ensure(pg, mk, err) != KILN_OK)
 		return NULL;
@@ -330,10 +329,7 @@ struct signing *signing_new(struct pg *pg, const struct auth_master_key *mk, str
 	pthread_mutex_init(&s->reload_lock, NULL);
 	pthread_mutex_init(&s->stop_lock, NULL);
 	/* The refresher's tick, on the clock a wall-clock step does not move. */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, SIGNING_CADENCE_CLOCK);
-	pthread_cond_init(&s->stop_cond, &ca);
-	pthread_condattr_destroy(&ca);
+	clock_cond_init(&s->stop_cond, SIGNING_CADENCE_CLOCK);
 	/* No thread shares `s` yet: reload_lock need not be held. */
 	if (reload_locked(s, cadence_ms(s), err) != KILN_OK) {
 		signing_free(s);

@@ -317,15 +317,10 @@ static void *collector(void *arg)
 
 enum kiln_err connlog_start(struct node *n, struct kiln_error *err)
 {
-	pthread_condattr_t ca;
-
 	cl.n = n;
 	cl.stopping = false;
 	/* The collector's interval, on the clock a wall-clock step does not move. */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&cl.wake, &ca);
-	pthread_condattr_destroy(&ca);
+	clock_cond_init(&cl.wake, CLOCK_MONOTONIC);
 	if (pthread_create(&cl.thread, NULL, collector, NULL) != 0) {
 		pthread_cond_destroy(&cl.wake);
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the connection-log collector");

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/daemon.h"
 #include "common/log.h"
 #include "auth/masterkey.h"
@@ -298,7 +299,6 @@ static void *heartbeat_main(void *arg)
 /* The first beat (the node registers), then the heartbeat's thread. */
 static enum kiln_err heartbeat_start(struct kiln_error *err)
 {
-	pthread_condattr_t ca;
 	enum kiln_err rc;
 
 	node.beat_pg = pg_new(node.cfg.database_url, 1);
@@ -309,10 +309,7 @@ static enum kiln_err heartbeat_start(struct kiln_error *err)
 	pthread_mutex_unlock(&heartbeat_lock);
 	if (rc != KILN_OK)
 		return rc;
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&heartbeat_wake, &ca);
-	pthread_condattr_destroy(&ca);
+	clock_cond_init(&heartbeat_wake, CLOCK_MONOTONIC);
 	if (pthread_create(&heartbeat_thread, NULL, heartbeat_main, NULL) != 0)
 		return kiln_error_set(err, KILN_E_NOMEM, "cannot start the heartbeat");
 	return KILN_OK;

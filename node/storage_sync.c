@@ -664,7 +664,6 @@ static enum kiln_err enqueue(struct snapstore *s, const char *snap_id, const cha
 struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln_error *err)
 {
 	struct snapstore *s;
-	pthread_condattr_t ca;
 
 	if (!cfg || !cfg->pg || !cfg->mk || !cfg->node_id || !cfg->snap_root || !cfg->base_image ||
 	    !cfg->snap_root[0]) {
@@ -710,11 +709,8 @@ struct snapstore *snapstore_open(const struct snapstore_config *cfg, struct kiln
 		return NULL;
 	}
 	pthread_mutex_init(&s->lock, NULL);
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
-	pthread_cond_init(&s->work, &ca);
-	pthread_cond_init(&s->idle, &ca);
-	pthread_condattr_destroy(&ca);
+	clock_cond_init(&s->work, CLOCK_MONOTONIC);
+	clock_cond_init(&s->idle, CLOCK_MONOTONIC);
 	for (unsigned i = 0; i < s->n_workers; i++) {
 		if (pthread_create(&s->workers[i], NULL, worker, s) != 0) {
 			s->n_workers = i;

@@ -202,19 +202,15 @@ void tpl_init(struct node *n)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	pthread_condattr_t ca;
 
 	/*
 	 * A builder's wait for its template (tpl_wait), on the clock a wall-clock step does not
 	 * move: a backward step must not stretch a template build past template_build_max_s. No one
 	 * waits yet (builds start with build_init()); broadcasts are made under tpl_lock.
 	 */
-	pthread_condattr_init(&ca);
-	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_mutex_lock(&tpl_lock);
-	pthread_cond_init(&tpl_done, &ca);
+	clock_cond_init(&tpl_done, CLOCK_MONOTONIC);
 	pthread_mutex_unlock(&tpl_lock);
-	pthread_condattr_destroy(&ca);
 	/* Templates of an earlier run (perhaps of another image) are retired. */
 	if (pg_acquire(n->pg, &c, &err) == KILN_OK) {
 		PGQ(c, NULL, &err,

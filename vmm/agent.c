@@ -25,6 +25,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "vmm/guest/agent_proto.h"
 
 #define CALL_QUEUE_MAX (4u << 20)	/* bytes of frames queued for one call before the reader waits */
@@ -266,14 +267,10 @@ out:
 static struct call *call_begin(struct agent *a)
 {
 	struct call *c = calloc(1, sizeof(*c));
-	pthread_condattr_t attr;
 
 	if (!c)
 		return NULL;
-	pthread_condattr_init(&attr);
-	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-	pthread_cond_init(&c->cond, &attr);
-	pthread_condattr_destroy(&attr);
+	clock_cond_init(&c->cond, CLOCK_MONOTONIC);
 	pthread_mutex_lock(&a->lock);
 	do {
 		c->id = ++a->next_id;
