@@ -2179,20 +2179,20 @@ static void test_a_point_past_a_late_end_is_not_moved_before_a_step_long_gone(vo
  * then a 257 s forward step; the restarted meter read the deletion 257 s early, before the
  * ledger's point, and ended the generation there, a window's start: 11 s of paused time unbilled
  * (7,072 µcr for 8,425). Here a 100 s step back at 12 s, a crash at 24 s ([10, 20) flushed), the
- * sandbox stopped at 30 s, a step of `fwd_s` forward at 35 s, the restart at 40 s: with 60 s,
- * 20 s were billed for 30 before.
+ * sandbox stopped at 30 s, a step of `step_s` at 35 s (forward here; back below), the restart at
+ * 40 s, the case's time starting at `t0` (aligned_now()): with 60 s forward, 20 s were billed for
+ * 30 before.
  */
-static void stopped_while_down_then_stepped_forward(int64_t fwd_s)
+static void stopped_while_down_then_stepped(int64_t step_s, int64_t t0, char sb[32])
 {
-	char t[32], sb[32];
-	int64_t t0 = aligned_now();
+	char t[32];
 	struct meter *m;
 	bool ok;
 
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	clock_case(t, sizeof(t), sb, 32, t0);
 	boot = "test-boot-lead-down";
 	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 60; i++) {
+	for (int i = 1; i <= 120; i++) {
 		if (i == 13)
 			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
 		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
@@ -2202,9 +2202,9 @@ static void stopped_while_down_then_stepped_forward(int64_t fwd_s)
 		if (i == 31)
 			stop_sandbox(sb, fake_now);	/* at 30, no meter */
 		if (i == 36)
-			fake_now += fwd_s * S;	/* at 35, forward */
+			fake_now += step_s * S;	/* at 35, forward or back */
 		if (i == 41)
-			m = new_meter_with(true, 0);	/* restarted at 40 */
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
 		if (m) {
 			tick_both(m);
 		} else {
@@ -2213,7 +2213,7 @@ static void stopped_while_down_then_stepped_forward(int64_t fwd_s)
 		}
 	}
 	boot = NULL;
-	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(used(t), 30 * 257);	/* to the stop, once */
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
@@ -2221,7 +2221,9 @@ static void stopped_while_down_then_stepped_forward(int64_t fwd_s)
 
 static void test_a_change_logged_before_a_forward_step_within_the_lead_while_down_keeps_its_time(void)
 {
-	stopped_while_down_then_stepped_forward(60);
+	char sb[32];
+
+	stopped_while_down_then_stepped(60, aligned_now(), sb);
 }
 
 /*
@@ -2232,7 +2234,9 @@ static void test_a_change_logged_before_a_forward_step_within_the_lead_while_dow
  */
 static void test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_frame(void)
 {
-	stopped_while_down_then_stepped_forward(100);
+	char sb[32];
+
+	stopped_while_down_then_stepped(100, aligned_now(), sb);
 }
 
 /*
@@ -2252,45 +2256,16 @@ static void test_a_forward_step_taking_the_whole_lead_back_while_down_keeps_the_
  */
 static void test_a_change_logged_before_a_backward_step_while_down_keeps_its_time(void)
 {
-	char t[32], sb[32];
 	int64_t t0 = aligned_now();
-	struct meter *m;
-	bool ok;
+	char sb[32];
 
-	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
-	boot = "test-boot-back-down";
-	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 120; i++) {
-		if (i == 13)
-			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
-		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
-			meter_free(m);
-			m = NULL;
-		}
-		if (i == 31)
-			stop_sandbox(sb, fake_now);	/* at 30, no meter */
-		if (i == 36)
-			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
-		if (i == 41)
-			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
-	}
-	boot = NULL;
-	CHECK_INT(used(t), 30 * 257);	/* to the stop, once */
-	CHECK_INT(meter_pending(m, t), 0);
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	stopped_while_down_then_stepped(-50, t0, sb);
 	/* Its generation ended at the stop, not where the row's time read. */
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
 			  "AND state = 'none' AND last_t_ns = %lld", sb,
 			  (long long)(t0 + 30 * S)), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
 			  "AND state <> 'none'", sb), 0);
-	meter_free(m);
 }
 
 /*
