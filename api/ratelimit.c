@@ -21,7 +21,11 @@
  * builds). rl_now(arg) is the time the script runs at: Redis's TIME in ms, so that every gateway
  * refills a bucket on the same clock (Redis 7 replicates a script's effects, not the script, so
  * it may read TIME before writing), or `arg` when a test gives one
- * (ratelimit_set_clock_for_test); gateways pass "".
+ * (ratelimit_set_clock_for_test); gateways pass "". A ts ahead of that time is clamped to it (no
+ * refill until then, and none for the distance): the primary's clock is not every writer's, as a
+ * Sentinel failover moves the buckets to another host's clock and a gateway of the version before
+ * wrote its own wall clock's ms, so a ts in the future would otherwise stop the bucket's refill
+ * until that time came.
  */
 #define RL_LUA_HELPERS \
 	"local function rl_now(arg)\n" \
@@ -34,6 +38,10 @@
 	"  if not s then return nil, nil end\n" \
 	"  local t, ts = string.match(s, '^(-?%d+) (%d+)$')\n" \
 	"  return tonumber(t), tonumber(ts)\n" \
+	"end\n" \
+	"local function rl_clamp(ts, now)\n" \
+	"  if ts > now then return now end\n" \
+	"  return ts\n" \
 	"end\n" \
 	"local function rl_write(k, tokens, ts, ttl)\n" \
 	"  redis.call('SET', k, string.format('%.0f %.0f', tokens, ts), 'PX', ttl)\n" \
@@ -48,15 +56,16 @@
  * cut live, tokens above the new one made that time negative, and SET ... PX refuses it. A
  * string is read with one GET and written with its expiry by one SET ... PX, where a hash took
  * HMGET, HSET and PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation
- * sends every bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
- * {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in one rolling upgrade
- * never read each other's type: each limits with its own buckets until the upgrade ends.
+ * sends every bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:,
+ * where the hashes {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in
+ * one rolling upgrade never read each other's type: each limits with its own buckets until the
+ * upgrade ends.
  * The ts is Redis's time; gateways of the version before it wrote their own wall clock's there,
  * the same epoch ms, so both versions share the keys through a rolling upgrade (each refilling
- * on the clock it has, as before).
+ * on the clock it has, as before; a ts one of them wrote ahead of Redis's is clamped, above).
  *
  * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now ("" for Redis's TIME). Returns
- * {allowed, retry_after_ms, the ms it ran at}.
+ * {allowed, retry_after_ms}.
  */
 static const char take_lua[] =
 	RL_LUA_HELPERS
@@ -64,19 +73,19 @@ static const char take_lua[] =
 	"local cap = burst * 1000\n"
 	"local tokens, ts = rl_read(KEYS[1])\n"
 	"if not tokens then tokens, ts = cap, now end\n"
+	"ts = rl_clamp(ts, now)\n"
 	"if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
 	"if tokens > cap then tokens = cap end\n"
 	"local allowed, wait = 0, 0\n"
 	"if tokens >= 1000 then tokens = tokens - 1000; allowed = 1\n"
 	"else wait = math.ceil((1000 - tokens) * period / (rate * 1000)) end\n"
 	"rl_write(KEYS[1], tokens, ts, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
-	"return {allowed, wait, now}\n";
+	"return {allowed, wait}\n";
 
 /*
  * sync: KEYS buckets; ARGV[1] now ("" for Redis's TIME), then per bucket rate, period_ms, burst,
  * taken (tokens a gateway already admitted: subtracted even below zero, a debt that refills
- * before the next token). Returns the tokens (thousandths) each bucket holds afterwards, then the
- * ms it ran at (the gateway maps its monotonic clock to Redis's with it).
+ * before the next token). Returns the tokens (thousandths) each bucket holds afterwards.
  */
 static const char sync_lua[] =
 	RL_LUA_HELPERS
@@ -87,13 +96,13 @@ static const char sync_lua[] =
 	"  local cap = burst * 1000\n"
 	"  local tokens, ts = rl_read(k)\n"
 	"  if not tokens then tokens, ts = cap, now end\n"
+	"  ts = rl_clamp(ts, now)\n"
 	"  if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
 	"  if tokens > cap then tokens = cap end\n"
 	"  tokens = tokens - taken * 1000\n"
 	"  rl_write(k, tokens, ts, math.ceil((cap - tokens) * period / (rate * 1000)) + 1000)\n"
 	"  out[i] = tokens\n"
 	"end\n"
-	"out[#KEYS + 1] = now\n"
 	"return out\n";
 
 #define LB_SLOTS 4096
@@ -107,7 +116,7 @@ struct local_bucket {
 	char name[LB_NAME_MAX];
 	long long rate, period, burst;
 	long long tokens;	/* thousandths; below zero while a debt refills */
-	long long ts;		/* ms the tokens were refilled to, on the view's clock (view_ms()) */
+	long long ts;		/* gateway_ms() the tokens were refilled to */
 	long long unsent;	/* tokens taken here since the last sync, Redis up */
 	bool refused;		/* a take was refused since the last sync */
 	long long used_ms;	/* gateway_ms() of the last use: a wall-clock step drops nothing */
@@ -134,12 +143,6 @@ struct ratelimit {
 	pthread_mutex_t sync_lock;	/* one reconciliation at a time; taken before `lock` */
 	char take_sha[48], sync_sha[48];
 	bool redis_ok;		/* the last sync reached Redis (atomic) */
-	/*
-	 * Under `lock`: Redis's ms less the gateway's CLOCK_MONOTONIC ms, from the last reply
-	 * (redis_offset_known: a reply came). The local view runs on gateway_ms() + redis_offset.
-	 */
-	long long redis_offset;
-	bool redis_offset_known;
 	/* Tests' clocks (ratelimit_set_clock_for_test); set before use, then only read. */
 	long long (*ms_of)(clockid_t clock, void *ctx);
 	long long (*redis_ms)(void *ctx);
@@ -158,38 +161,13 @@ struct ratelimit {
 };
 
 /*
- * The gateway's clock: CLOCK_MONOTONIC ms (or a test's). Never the wall clock, which NTP or an
- * operator may step: the buckets' time is Redis's (see ratelimit.h).
+ * The local view's clock: CLOCK_MONOTONIC ms (or a test's). Never the wall clock, which NTP or an
+ * operator may step. The view's times are only compared with each other; Redis's buckets run on
+ * Redis's time (see ratelimit.h).
  */
 static long long gateway_ms(struct ratelimit *rl)
 {
 	return rl->ms_of ? rl->ms_of(CLOCK_MONOTONIC, rl->clock_ctx) : clock_mono_ms();
-}
-
-/* The local view's time at gateway_ms() `mono`: Redis's, as of the last reply. Under rl->lock. */
-static long long view_ms(const struct ratelimit *rl, long long mono)
-{
-	return mono + rl->redis_offset;
-}
-
-/*
- * Learns Redis's time `redis_now` from a reply to a call sent at gateway_ms() `sent` and answered
- * at `got`: Redis ran it about halfway. At the first reply the buckets made before it (on
- * CLOCK_MONOTONIC alone) move to Redis's time, so that none refills by the offset at once.
- * The caller holds rl->lock.
- */
-static void learn_redis_time(struct ratelimit *rl, long long redis_now, long long sent,
-			     long long got)
-{
-	long long offset = redis_now - (sent + (got - sent) / 2);
-
-	if (!rl->redis_offset_known) {
-		for (int i = 0; i < LB_SLOTS; i++)
-			for (struct local_bucket *b = rl->table[i]; b; b = b->next)
-				b->ts += offset;
-		rl->redis_offset_known = true;
-	}
-	rl->redis_offset = offset;
 }
 
 /* The scripts' time argument: "" for Redis's TIME, or a test's clock. */
@@ -201,7 +179,8 @@ static void script_now(struct ratelimit *rl, char *buf, size_t n)
 		buf[0] = '\0';
 }
 
-void ratelimit_set_clock_for_test(struct ratelimit *rl, long long (*ms_of)(clockid_t clock, void *ctx),
+void ratelimit_set_clock_for_test(struct ratelimit *rl,
+				  long long (*ms_of)(clockid_t clock, void *ctx),
 				  long long (*redis_ms)(void *ctx), void *ctx)
 {
 	rl->ms_of = ms_of;
@@ -284,11 +263,11 @@ static unsigned long hash_str(const char *s)
 }
 
 /*
- * The bucket named `name`, made (full at view time `now`, with these settings, not yet known)
- * when missing; NULL when out of memory. `mono` is gateway_ms(). The caller holds rl->lock.
+ * The bucket named `name`, made (full at gateway_ms() `now`, with these settings, not yet known)
+ * when missing; NULL when out of memory. The caller holds rl->lock.
  */
 static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long long rate,
-				   long long period, long long burst, long long now, long long mono)
+				   long long period, long long burst, long long now)
 {
 	struct local_bucket **head = &rl->table[hash_str(name) % LB_SLOTS], *b;
 
@@ -304,25 +283,25 @@ static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long 
 	b->burst = burst;
 	b->tokens = burst * 1000;
 	b->ts = now;
-	b->used_ms = mono;
+	b->used_ms = now;
 	b->next = *head;
 	*head = b;
 	return b;
 }
 
 /*
- * Refills `b` to view time `now` (gateway_ms() `mono`) and takes a token when it has one; with
- * `send`, the token goes to Redis at the next sync. The caller holds rl->lock.
+ * Refills `b` to gateway_ms() `now` and takes a token when it has one; with `send`, the token goes
+ * to Redis at the next sync. The caller holds rl->lock.
  */
 static void lb_take(struct local_bucket *b, long long rate, long long period, long long burst,
-		    long long now, long long mono, bool send, struct rl_result *out)
+		    long long now, bool send, struct rl_result *out)
 {
 	long long cap = burst * 1000;
 
 	b->rate = rate;
 	b->period = period;
 	b->burst = burst;
-	b->used_ms = mono;
+	b->used_ms = now;
 	if (now > b->ts) {
 		long long add = (now - b->ts) * rate * 1000 / period;
 
@@ -388,16 +367,15 @@ static void fallback_take(struct ratelimit *rl, const char *bucket, long long ra
 			  long long period, long long burst, struct rl_result *out)
 {
 	struct local_bucket *b;
-	long long mono, now;
+	long long now;
 
 	out->redis_down = true;
 	pthread_mutex_lock(&rl->lock);
-	mono = gateway_ms(rl);
-	now = view_ms(rl, mono);
-	b = lb_get(rl, bucket, rate, period, burst, now, mono);
+	now = gateway_ms(rl);
+	b = lb_get(rl, bucket, rate, period, burst, now);
 	if (b) {
 		b->known = true;
-		lb_take(b, rate, period, burst, now, mono, false, out);
+		lb_take(b, rate, period, burst, now, false, out);
 	} else {
 		out->allowed = false;	/* out of memory: refuse rather than admit unlimited */
 		out->retry_after_ms = 1000;
@@ -412,7 +390,6 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	struct rds_reply rep = { 0 };
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
-	long long sent = gateway_ms(rl);
 
 	memset(out, 0, sizeof(*out));
 	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
@@ -422,13 +399,9 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	script_now(rl, a4, sizeof(a4));
 	rc = run_script(rl, rl->take_sha, take_lua, 8,
 			(const char *[]){ NULL, NULL, "1", key, a1, a2, a3, a4 }, &rep, &err);
-	if (rc == KILN_OK && rep.type == RDS_ARRAY && rep.n == 3 && rep.elem[0].type == RDS_INT &&
-	    rep.elem[1].type == RDS_INT && rep.elem[2].type == RDS_INT) {
+	if (rc == KILN_OK && rep.type == RDS_ARRAY && rep.n == 2 && rep.elem[0].type == RDS_INT) {
 		out->allowed = rep.elem[0].integer == 1;
 		out->retry_after_ms = rep.elem[1].integer;
-		pthread_mutex_lock(&rl->lock);
-		learn_redis_time(rl, rep.elem[2].integer, sent, gateway_ms(rl));
-		pthread_mutex_unlock(&rl->lock);
 		rds_reply_release(&rep);
 		return;
 	}
@@ -440,7 +413,8 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 
 /*
  * Sends items[0..n) (at most SYNC_BATCH) with their takes and sets each bucket to what Redis
- * holds less what was taken here meanwhile, at Redis's time. The caller holds sync_lock.
+ * holds less what was taken here meanwhile, as of the gateway_ms() the call was sent at (Redis's
+ * refill after that is the view's to make). The caller holds sync_lock.
  */
 static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, int n,
 				struct kiln_error *err)
@@ -470,21 +444,17 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 		}
 	}
 	rc = run_script(rl, rl->sync_sha, sync_lua, argc, a->argv, &rep, err);
-	if (rc == KILN_OK && (rep.type != RDS_ARRAY || rep.n != (size_t)n + 1 ||
-			      rep.elem[n].type != RDS_INT))
+	if (rc == KILN_OK && (rep.type != RDS_ARRAY || rep.n != (size_t)n))
 		rc = kiln_error_set(err, KILN_E_INTERNAL, "unexpected rate limit reply from redis");
 	if (rc == KILN_OK) {
-		long long now = rep.elem[n].integer;
-
 		pthread_mutex_lock(&rl->lock);
-		learn_redis_time(rl, now, sent, gateway_ms(rl));
 		for (int i = 0; i < n; i++) {
 			struct local_bucket *b = items[i].b;
 
 			if (rep.elem[i].type != RDS_INT)
 				continue;
 			b->tokens = rep.elem[i].integer - b->unsent * 1000;
-			b->ts = now;
+			b->ts = sent;
 			b->known = true;
 		}
 		pthread_mutex_unlock(&rl->lock);
@@ -584,12 +554,10 @@ static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, l
 	struct kiln_error err = { 0 };
 	struct sync_item it;
 	struct local_bucket *b;
-	long long mono;
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
-	mono = gateway_ms(rl);
-	b = lb_get(rl, bucket, rate, period, burst, view_ms(rl, mono), mono);
+	b = lb_get(rl, bucket, rate, period, burst, gateway_ms(rl));
 	if (!b || b->known || !lb_sendable(b)) {
 		if (b)
 			b->known = true;
@@ -611,25 +579,22 @@ void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long ra
 			  long long period_ms, long long burst, struct rl_result *out)
 {
 	struct local_bucket *b;
-	long long mono;
 	bool down;
 
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&rl->lock);
-	mono = gateway_ms(rl);
-	b = lb_get(rl, bucket, rate, period_ms, burst, view_ms(rl, mono), mono);
+	b = lb_get(rl, bucket, rate, period_ms, burst, gateway_ms(rl));
 	if (b && !b->known) {
 		pthread_mutex_unlock(&rl->lock);
 		lb_learn(rl, bucket, rate, period_ms, burst);
 		pthread_mutex_lock(&rl->lock);
 		/* without the lock a sync may have dropped `b`: look it up again */
-		mono = gateway_ms(rl);
-		b = lb_get(rl, bucket, rate, period_ms, burst, view_ms(rl, mono), mono);
+		b = lb_get(rl, bucket, rate, period_ms, burst, gateway_ms(rl));
 	}
 	/* a take the local bucket decided alone, Redis down, is not sent afterwards (ratelimit.h) */
 	down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 	if (b) {
-		lb_take(b, rate, period_ms, burst, view_ms(rl, mono), mono, !down, out);
+		lb_take(b, rate, period_ms, burst, gateway_ms(rl), !down, out);
 	} else {
 		out->allowed = false;
 		out->retry_after_ms = 1000;

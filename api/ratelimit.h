@@ -24,13 +24,16 @@
  * debts for nothing; and for the others, Redis refills a bucket by at most its burst over the
  * outage, so one gateway's takes within the rate would come back as a debt.
  *
- * The buckets refill on one clock, Redis's (the scripts read its TIME), never on a gateway's wall
- * clock: on the gateways' wall clocks, as they were, a gateway whose clock stepped back stopped
- * refilling every bucket it wrote until its clock caught up, one stepped forward refilled them at
- * once to the burst, and gateways with skewed clocks refilled a shared bucket wrongly. A gateway's view between reconciliations refills
- * on its CLOCK_MONOTONIC, mapped to Redis's time by the offset each reply brings back, so no step
- * of its wall clock moves it either. Before Redis has ever answered (and for the fallback until
- * it does), the view runs on CLOCK_MONOTONIC alone.
+ * The buckets in Redis refill on one clock, the current primary's (the scripts read its TIME),
+ * never on a gateway's wall clock: on the gateways' wall clocks, as they were, a gateway whose
+ * clock stepped back stopped refilling every bucket it wrote until its clock caught up, one
+ * stepped forward refilled them at once to the burst, and gateways with skewed clocks refilled a
+ * shared bucket wrongly. A bucket last refilled ahead of the primary's clock (a Sentinel failover
+ * to a host whose clock is behind, or a gateway of the version before, which wrote its wall
+ * clock's ms) is taken as refilled now: no tokens for that distance, no wait for it either.
+ * A gateway's view (its local buckets, the fallback's included) refills on its CLOCK_MONOTONIC
+ * alone: its times are only compared with each other, a reconciliation's reading counting from
+ * when it was sent, so no step of the gateway's wall clock moves it either.
  */
 #ifndef KILN_RATELIMIT_H
 #define KILN_RATELIMIT_H
@@ -81,7 +84,8 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, struct kiln_error *err);
  * place of Redis's TIME (a simulated clock can then run faster than Redis's). NULLs restore both.
  * Set before the limiter is used.
  */
-void ratelimit_set_clock_for_test(struct ratelimit *rl, long long (*ms_of)(clockid_t clock, void *ctx),
+void ratelimit_set_clock_for_test(struct ratelimit *rl,
+				  long long (*ms_of)(clockid_t clock, void *ctx),
 				  long long (*redis_ms)(void *ctx), void *ctx);
 
 #endif

@@ -3,12 +3,14 @@
  * Redis (api/ratelimit.c). Several limiters on one Redis stand for several gateways; a simulated
  * clock (each gateway greedy every millisecond, reconciling every RATELIMIT_SYNC_MS) checks what
  * they admit together against one shared bucket and the bound ratelimit.h states. The last cases
- * run on the real clocks, Redis's TIME included, with gateways' wall clocks stepped.
+ * run on the real clocks, Redis's TIME included, with the process's wall clock stepped (its
+ * clock_gettime, time and gettimeofday wrapped at link time).
  */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -599,55 +601,146 @@ static void a_burst_cut_live_within_the_millisecond_is_kept(void)
 }
 
 /*
- * The last cases run on the real clocks: Redis's TIME for the buckets, and a gateway whose wall
- * clock reads step_ms off the real one (CLOCK_MONOTONIC real too). SLOW_RATE tokens a second up to
- * SLOW_BURST (a full refill in a second), and a STEP_WAIT_MS wait a quarter of that.
+ * The last cases run on the real clocks: Redis's TIME for the buckets, CLOCK_MONOTONIC for the
+ * gateways' views, and this process's wall clock stepped by set_wall_step(). SLOW_RATE tokens a
+ * second up to SLOW_BURST (a full refill in a second), and a STEP_WAIT_MS wait a quarter of that.
  */
 #define SLOW_RATE 20
 #define SLOW_BURST 20
 #define STEP_WAIT_MS 250
 #define HOUR_MS 3600000LL
 
-struct stepped_clock {
+/*
+ * The process's wall clock: the test links with -Wl,--wrap= clock_gettime, time and gettimeofday
+ * (CMakeLists.txt), so every read of it in this binary, the limiter's and the Redis client's
+ * included, is wall_step_ms off the real one. CLOCK_MONOTONIC is left alone.
+ */
+static long long wall_step_ms;	/* atomic */
+
+int __real_clock_gettime(clockid_t clock, struct timespec *ts);
+time_t __real_time(time_t *t);
+int __real_gettimeofday(struct timeval *tv, void *tz);
+int __wrap_clock_gettime(clockid_t clock, struct timespec *ts);
+time_t __wrap_time(time_t *t);
+int __wrap_gettimeofday(struct timeval *tv, void *tz);
+
+int __wrap_clock_gettime(clockid_t clock, struct timespec *ts)
+{
+	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
+	int rc = __real_clock_gettime(clock, ts);
+	long long ns;
+
+	if (rc != 0 || (clock != CLOCK_REALTIME && clock != CLOCK_REALTIME_COARSE))
+		return rc;
+	ns = (long long)ts->tv_sec * 1000000000 + ts->tv_nsec + step * 1000000;
+	ts->tv_sec = ns / 1000000000;
+	ts->tv_nsec = ns % 1000000000;
+	return rc;
+}
+
+time_t __wrap_time(time_t *t)
+{
+	time_t now = __real_time(NULL) + __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED) / 1000;
+
+	if (t)
+		*t = now;
+	return now;
+}
+
+int __wrap_gettimeofday(struct timeval *tv, void *tz)
+{
+	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
+	int rc = __real_gettimeofday(tv, tz);
+	long long us;
+
+	if (rc != 0 || !tv)
+		return rc;
+	us = (long long)tv->tv_sec * 1000000 + tv->tv_usec + step * 1000;
+	tv->tv_sec = us / 1000000;
+	tv->tv_usec = us % 1000000;
+	return rc;
+}
+
+/* Steps the process's wall clock to `step_ms` off the real one, and checks that it moved. */
+static void set_wall_step(long long step_ms)
+{
+	struct timespec real;
+	long long off;
+
+	__atomic_store_n(&wall_step_ms, step_ms, __ATOMIC_RELAXED);
+	__real_clock_gettime(CLOCK_REALTIME, &real);
+	off = clock_ms_of(CLOCK_REALTIME) - ((long long)real.tv_sec * 1000 + real.tv_nsec / 1000000);
+	CHECK(off >= step_ms && off <= step_ms + 100);
+}
+
+/* Redis's TIME in ms. */
+static long long redis_time_ms(struct rds *r)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	long long ms = LLONG_MIN;
+
+	if (RDS(r, &rep, &err, "TIME") == KILN_OK && rep.type == RDS_ARRAY && rep.n == 2 &&
+	    rep.elem[0].type == RDS_STR && rep.elem[1].type == RDS_STR)
+		ms = atoll(rep.elem[0].str) * 1000 + atoll(rep.elem[1].str) / 1000;
+	rds_reply_release(&rep);
+	CHECK(ms != LLONG_MIN);
+	return ms;
+}
+
+/* The ms of the last refill Redis holds for `bucket` ("<tokens> <ts>"), or LLONG_MIN. */
+static long long redis_ts(struct rds *r, const char *bucket)
+{
+	char key[192], v[64];
+	long long tokens, ts;
+
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
+	key_str(r, "GET", key, NULL, v, sizeof(v));
+	return sscanf(v, "%lld %lld", &tokens, &ts) == 2 ? ts : LLONG_MIN;
+}
+
+/* A gateway on the real clocks whose wall clock is step_ms off the real one while it runs. */
+struct stepped_gateway {
+	struct ratelimit *rl;
+	struct rds *r;
 	long long step_ms;
 };
 
-static long long stepped_clock_ms(clockid_t clock, void *ctx)
+static struct stepped_gateway stepped_gateway(struct rds *r, long long step_ms)
 {
-	const struct stepped_clock *c = ctx;
+	struct stepped_gateway g = { ratelimit_new(r, false), r, step_ms };
 
-	return clock_ms_of(clock) + (clock == CLOCK_REALTIME ? c->step_ms : 0);
-}
-
-static struct ratelimit *stepped_gateway(struct rds *r, struct stepped_clock *c)
-{
-	struct ratelimit *rl = ratelimit_new(r, false);
-
-	CHECK(rl != NULL);
-	ratelimit_set_clock_for_test(rl, stepped_clock_ms, NULL, c);
-	return rl;
+	CHECK(g.rl != NULL);
+	return g;
 }
 
 /*
- * The tokens `rl` takes from `bucket` until one is refused: from Redis (ratelimit_take) or, with
- * `local`, from its view, then reconciled as its thread would.
+ * The tokens `g` takes from `bucket` until one is refused, its wall clock stepped meanwhile: from
+ * Redis (ratelimit_take) or, with `local`, from its view, then reconciled as its thread would.
+ * The bucket's last refill in Redis is then Redis's time of the last script, between two TIMEs
+ * read around the drain, whatever the gateway's wall clock read.
  */
-static int drain(struct ratelimit *rl, const char *bucket, bool local)
+static int drain(const struct stepped_gateway *g, const char *bucket, bool local)
 {
 	struct kiln_error err = { 0 };
 	struct rl_result res = { .allowed = true };
+	long long before = redis_time_ms(g->r), ts;
 	int n = 0;
 
+	set_wall_step(g->step_ms);
 	while (res.allowed && n <= SLOW_BURST * 10) {
 		if (local)
-			ratelimit_take_local(rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
+			ratelimit_take_local(g->rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
 		else
-			ratelimit_take(rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
+			ratelimit_take(g->rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
 		CHECK(!res.redis_down);
 		n += res.allowed;
 	}
 	if (local)
-		CHECK(ratelimit_sync(rl, &err) == KILN_OK);
+		CHECK(ratelimit_sync(g->rl, &err) == KILN_OK);
+	set_wall_step(0);
+	ts = redis_ts(g->r, bucket);
+	CHECK(ts >= before && ts <= redis_time_ms(g->r));
 	return n;
 }
 
@@ -661,10 +754,10 @@ static long long refill_in(long long ms)
 
 /*
  * Waits STEP_WAIT_MS after an empty bucket's last drain, which ran from CLOCK_MONOTONIC `*from` to
- * `*to`, then drains it with `rl` and checks that it refilled at its rate over that time, within a
+ * `*to`, then drains it with `g` and checks that it refilled at its rate over that time, within a
  * token each side: not stopped, not filled at once. Sets `*from` and `*to` to this drain's.
  */
-static void refilled_at_its_rate(struct ratelimit *rl, const char *bucket, bool local,
+static void refilled_at_its_rate(const struct stepped_gateway *g, const char *bucket, bool local,
 				 long long *from, long long *to, const char *what)
 {
 	long long start, end;
@@ -672,7 +765,7 @@ static void refilled_at_its_rate(struct ratelimit *rl, const char *bucket, bool 
 
 	usleep(STEP_WAIT_MS * 1000);
 	start = clock_mono_ms();
-	n = drain(rl, bucket, local);
+	n = drain(g, bucket, local);
 	end = clock_mono_ms();
 	fprintf(stderr, "  %s (%s): %d tokens in %lld-%lld ms (rate %d/s, burst %d)\n", what,
 		local ? "local" : "shared", n, start - *to, end - *from, SLOW_RATE, SLOW_BURST);
@@ -683,108 +776,106 @@ static void refilled_at_its_rate(struct ratelimit *rl, const char *bucket, bool 
 }
 
 /*
- * A gateway's wall clock stepped back an hour, then forward an hour (NTP, an operator): its
- * buckets refill at their rate through both, from Redis and in its view. Before, the scripts ran
- * on that clock: stepped back, every bucket the gateway wrote stopped refilling until its clock
- * caught up; stepped forward, each refilled at once to its burst.
+ * The process's wall clock stepped back an hour, then forward an hour (NTP, an operator), while a
+ * gateway drains a bucket: it refills at its rate through both, from Redis and in the gateway's
+ * view, and Redis stores its own time as the bucket's last refill. Before, the scripts and the
+ * view ran on that clock: stepped back, every bucket the gateway wrote stopped refilling until its
+ * clock caught up; stepped forward, each refilled at once to its burst.
  */
 static void a_wall_clock_step_neither_stops_nor_fills_a_bucket(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
 
 	for (int local = 0; local <= 1; local++) {
-		struct stepped_clock c = { 0 };
-		struct ratelimit *rl = stepped_gateway(r, &c);
+		struct stepped_gateway g = stepped_gateway(r, 0);
 		char bucket[64];
 		long long from, to;
 		int n;
 
 		new_bucket(bucket, sizeof(bucket));
 		from = clock_mono_ms();
-		n = drain(rl, bucket, local);
+		n = drain(&g, bucket, local);
 		to = clock_mono_ms();
 		CHECK(n >= SLOW_BURST && n <= SLOW_BURST + refill_in(to - from) + 1);
-		c.step_ms = -HOUR_MS;
-		refilled_at_its_rate(rl, bucket, local, &from, &to, "wall clock back 1 h");
-		c.step_ms = HOUR_MS;
-		refilled_at_its_rate(rl, bucket, local, &from, &to, "then forward 1 h");
-		ratelimit_free(rl);
+		g.step_ms = -HOUR_MS;
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "wall clock back 1 h");
+		g.step_ms = HOUR_MS;
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "then forward 1 h");
+		ratelimit_free(g.rl);
 	}
 	rds_free(r);
 }
 
 /*
- * Two gateways whose wall clocks are an hour apart share a bucket as one: the one ahead finds
- * what the other spent (not a bucket its clock refilled to the burst), and the one behind then
- * gets the refill of the time that passed (not nothing, as when the bucket's last refill was an
- * hour ahead of its clock).
+ * Two gateways whose wall clocks are an hour apart (the process's clock stepped by an hour while
+ * the second one runs) share a bucket as one: the one ahead finds what the other spent (not a
+ * bucket its clock refilled to the burst), and the one behind then gets the refill of the time
+ * that passed (not nothing, as when the bucket's last refill was an hour ahead of its clock).
  */
 static void gateways_an_hour_apart_share_a_bucket(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
 
 	for (int local = 0; local <= 1; local++) {
-		struct stepped_clock ca = { 0 }, cb = { HOUR_MS };
-		struct ratelimit *a = stepped_gateway(r, &ca), *b = stepped_gateway(r, &cb);
+		struct stepped_gateway a = stepped_gateway(r, 0), b = stepped_gateway(r, HOUR_MS);
 		char bucket[64];
 		long long from, to;
 		int n;
 
 		new_bucket(bucket, sizeof(bucket));
 		from = clock_mono_ms();
-		n = drain(a, bucket, local);
+		n = drain(&a, bucket, local);
 		CHECK(n >= SLOW_BURST);
-		n = drain(b, bucket, local);
+		n = drain(&b, bucket, local);
 		to = clock_mono_ms();
 		fprintf(stderr, "  %s: the gateway an hour ahead took %d of a spent bucket\n",
 			local ? "local" : "shared", n);
 		CHECK(n <= refill_in(to - from) + 1);
 		for (int round = 0; round < 2; round++) {
-			refilled_at_its_rate(a, bucket, local, &from, &to, "the gateway behind");
+			refilled_at_its_rate(&a, bucket, local, &from, &to, "the gateway behind");
 			if (local)	/* b's view admits its own refill until it reads a's takes */
 				continue;
-			n = drain(b, bucket, local);
+			n = drain(&b, bucket, local);
 			to = clock_mono_ms();
 			CHECK(n <= refill_in(to - from) + 1);
 		}
-		ratelimit_free(a);
-		ratelimit_free(b);
+		ratelimit_free(a.rl);
+		ratelimit_free(b.rl);
 	}
 	rds_free(r);
 }
 
 /*
- * A gateway that starts while Redis cannot answer runs its fallback buckets on CLOCK_MONOTONIC
- * alone; at Redis's first reply they move to Redis's time with the gateway's view. Here the
- * fallback bucket's key is a list (its script fails, as with Redis down), another bucket's take
- * brings the first reply, and the fallback bucket, spent a moment before, stays spent: it is not
- * refilled by the distance between the two clocks (decades, to the burst at once).
+ * A bucket whose last refill Redis holds as an hour ahead of its clock (written before a Sentinel
+ * failover to a host whose clock is behind, or by a gateway of the version before with its wall
+ * clock ahead) still refills at its rate, from Redis and in a gateway's view: the scripts take
+ * that time as now. Without the clamp the bucket refilled nothing for the hour.
  */
-static void the_first_reply_keeps_the_fallback_buckets_time(void)
+static void a_bucket_last_refilled_ahead_of_redis_refills_at_its_rate(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct stepped_clock c = { 0 };
-	struct ratelimit *rl = stepped_gateway(r, &c);
-	struct rl_result res;
-	char down[64], up[64];
-	int n = 0;
 
-	new_bucket(down, sizeof(down));
-	new_bucket(up, sizeof(up));
-	redis_key_cmd(r, "RPUSH", down, "x");
-	for (int i = 0; i < 5; i++) {
-		ratelimit_take_local(rl, down, 1, 60000, 3, &res);
-		CHECK(res.redis_down);
-		n += res.allowed;
+	for (int local = 0; local <= 1; local++) {
+		struct stepped_gateway g = stepped_gateway(r, 0);
+		struct rds_reply rep = { 0 };
+		struct kiln_error err = { 0 };
+		char bucket[64], key[192], v[64];
+		long long from, to;
+		int n;
+
+		new_bucket(bucket, sizeof(bucket));
+		snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
+		snprintf(v, sizeof(v), "0 %lld", redis_time_ms(r) + HOUR_MS);
+		CHECK(RDS(r, &rep, &err, "SET", key, v, "PX", "60000") == KILN_OK);
+		rds_reply_release(&rep);
+		from = clock_mono_ms();
+		n = drain(&g, bucket, local);
+		to = clock_mono_ms();
+		CHECK(n <= refill_in(to - from) + 1);
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "last refill 1 h ahead");
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "then");
+		ratelimit_free(g.rl);
 	}
-	CHECK_INT(n, 3);
-	ratelimit_take(rl, up, 1, 60000, 3, &res);
-	CHECK(res.allowed && !res.redis_down);
-	ratelimit_take_local(rl, down, 1, 60000, 3, &res);
-	CHECK(!res.allowed);
-	CHECK(res.retry_after_ms > 50000);
-	CHECK_INT(redis_key_cmd(r, "DEL", down, NULL), 1);
-	ratelimit_free(rl);
 	rds_free(r);
 }
 
@@ -806,6 +897,6 @@ int main(void)
 	TEST(a_burst_cut_live_within_the_millisecond_is_kept);
 	TEST(a_wall_clock_step_neither_stops_nor_fills_a_bucket);
 	TEST(gateways_an_hour_apart_share_a_bucket);
-	TEST(the_first_reply_keeps_the_fallback_buckets_time);
+	TEST(a_bucket_last_refilled_ahead_of_redis_refills_at_its_rate);
 	return test_summary();
 }
