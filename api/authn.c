@@ -154,7 +154,7 @@ static long long clock_read(clockid_t clock)
 	return clock_hook ? clock_hook(clock, clock_hook_ctx) : clock_ms_of(clock);
 }
 
-/* ms since the epoch, for dates: an API key's expires_at, the rate limits' shared buckets */
+/* ms since the epoch, for dates: an API key's expires_at (rate limits run on Redis's time) */
 static long long now_ms(void)
 {
 	return clock_read(CLOCK_REALTIME);
@@ -808,9 +808,9 @@ static bool limit_take(struct http_req *req, struct gateway *gw, const char *kin
 
 	snprintf(bucket, sizeof(bucket), "%s:%s", kind, id);
 	if (need_redis)
-		ratelimit_take(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
+		ratelimit_take(gw->rl, bucket, rate, period_ms, burst, &rl);
 	else
-		ratelimit_take_local(gw->rl, bucket, rate, period_ms, burst, now_ms(), &rl);
+		ratelimit_take_local(gw->rl, bucket, rate, period_ms, burst, &rl);
 	if (need_redis && rl.redis_down) {
 		http_reply_error(req, KILN_E_UNAVAILABLE, "redis is unavailable: nothing was changed");
 		return false;

@@ -615,7 +615,7 @@ static bool wake_take(const char *id)
 	long long per = px.gw->cfg.port_public_wakes_per_hour;
 
 	snprintf(bucket, sizeof(bucket), "portwake:%s", id);
-	ratelimit_take(px.gw->rl, bucket, per, 3600000, per, clock_ms_of(CLOCK_REALTIME), &rl);
+	ratelimit_take(px.gw->rl, bucket, per, 3600000, per, &rl);
 	return rl.allowed;
 }
 

@@ -18,14 +18,30 @@
  * is missing or its string has another shape: a full bucket), rl_write(key, tokens, ts, ttl_ms)
  * stores them. Both numbers are integers well below 2^53 (thousandths of a burst, a ms time),
  * which Lua's numbers and "%.0f" keep exact ("%d" casts to the server's C long, 32 bits on some
- * builds).
+ * builds). rl_now(arg) is the time the script runs at: Redis's TIME in ms, so that every gateway
+ * refills a bucket on the same clock (Redis 7 replicates a script's effects, not the script, so
+ * it may read TIME before writing), or `arg` when a test gives one
+ * (ratelimit_set_clock_for_test); gateways pass "". A ts ahead of that time is clamped to it (no
+ * refill until then, and none for the distance): the primary's clock is not every writer's, as a
+ * Sentinel failover moves the buckets to another host's clock and a gateway of the version before
+ * wrote its own wall clock's ms, so a ts in the future would otherwise stop the bucket's refill
+ * until that time came.
  */
 #define RL_LUA_HELPERS \
+	"local function rl_now(arg)\n" \
+	"  if arg ~= '' then return tonumber(arg) end\n" \
+	"  local t = redis.call('TIME')\n" \
+	"  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)\n" \
+	"end\n" \
 	"local function rl_read(k)\n" \
 	"  local s = redis.call('GET', k)\n" \
 	"  if not s then return nil, nil end\n" \
 	"  local t, ts = string.match(s, '^(-?%d+) (%d+)$')\n" \
 	"  return tonumber(t), tonumber(ts)\n" \
+	"end\n" \
+	"local function rl_clamp(ts, now)\n" \
+	"  if ts > now then return now end\n" \
+	"  return ts\n" \
 	"end\n" \
 	"local function rl_write(k, tokens, ts, ttl)\n" \
 	"  redis.call('SET', k, string.format('%.0f %.0f', tokens, ts), 'PX', ttl)\n" \
@@ -40,18 +56,24 @@
  * cut live, tokens above the new one made that time negative, and SET ... PX refuses it. A
  * string is read with one GET and written with its expiry by one SET ... PX, where a hash took
  * HMGET, HSET and PEXPIRE: Redis's work per bucket is mostly those calls, and the reconciliation
- * sends every bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:, where the hashes
- * {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in one rolling upgrade
- * never read each other's type: each limits with its own buckets until the upgrade ends.
+ * sends every bucket used in the last RATELIMIT_SYNC_MS. The keys are named anew (kiln:rls:,
+ * where the hashes {t, ts} of earlier gateways were kiln:rl:), so gateways of both versions in
+ * one rolling upgrade never read each other's type: each limits with its own buckets until the
+ * upgrade ends.
+ * The ts is Redis's time; gateways of the version before it wrote their own wall clock's there,
+ * the same epoch ms, so both versions share the keys through a rolling upgrade (each refilling
+ * on the clock it has, as before; a ts one of them wrote ahead of Redis's is clamped, above).
  *
- * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now_ms. Returns {allowed, retry_after_ms}.
+ * take: KEYS[1] bucket; ARGV: rate, period_ms, burst, now ("" for Redis's TIME). Returns
+ * {allowed, retry_after_ms}.
  */
 static const char take_lua[] =
 	RL_LUA_HELPERS
-	"local rate, period, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])\n"
+	"local rate, period, burst, now = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), rl_now(ARGV[4])\n"
 	"local cap = burst * 1000\n"
 	"local tokens, ts = rl_read(KEYS[1])\n"
 	"if not tokens then tokens, ts = cap, now end\n"
+	"ts = rl_clamp(ts, now)\n"
 	"if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
 	"if tokens > cap then tokens = cap end\n"
 	"local allowed, wait = 0, 0\n"
@@ -61,19 +83,20 @@ static const char take_lua[] =
 	"return {allowed, wait}\n";
 
 /*
- * sync: KEYS buckets; ARGV[1] now_ms, then per bucket rate, period_ms, burst, taken (tokens a
- * gateway already admitted: subtracted even below zero, a debt that refills before the next
- * token). Returns the tokens (thousandths) each bucket holds afterwards.
+ * sync: KEYS buckets; ARGV[1] now ("" for Redis's TIME), then per bucket rate, period_ms, burst,
+ * taken (tokens a gateway already admitted: subtracted even below zero, a debt that refills
+ * before the next token). Returns the tokens (thousandths) each bucket holds afterwards.
  */
 static const char sync_lua[] =
 	RL_LUA_HELPERS
-	"local now, out = tonumber(ARGV[1]), {}\n"
+	"local now, out = rl_now(ARGV[1]), {}\n"
 	"for i, k in ipairs(KEYS) do\n"
 	"  local a = 2 + (i - 1) * 4\n"
 	"  local rate, period, burst, taken = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])\n"
 	"  local cap = burst * 1000\n"
 	"  local tokens, ts = rl_read(k)\n"
 	"  if not tokens then tokens, ts = cap, now end\n"
+	"  ts = rl_clamp(ts, now)\n"
 	"  if now > ts then tokens = tokens + math.floor((now - ts) * rate * 1000 / period); ts = now end\n"
 	"  if tokens > cap then tokens = cap end\n"
 	"  tokens = tokens - taken * 1000\n"
@@ -93,10 +116,10 @@ struct local_bucket {
 	char name[LB_NAME_MAX];
 	long long rate, period, burst;
 	long long tokens;	/* thousandths; below zero while a debt refills */
-	long long ts;		/* ms the tokens were refilled to */
+	long long ts;		/* gateway_ms() the tokens were refilled to */
 	long long unsent;	/* tokens taken here since the last sync, Redis up */
 	bool refused;		/* a take was refused since the last sync */
-	long long used_ms;	/* CLOCK_MONOTONIC ms of the last use: a wall-clock step drops nothing */
+	long long used_ms;	/* gateway_ms() of the last use: a wall-clock step drops nothing */
 	bool known;		/* read from Redis once (or Redis was down then) */
 	struct local_bucket *next;
 };
@@ -120,6 +143,10 @@ struct ratelimit {
 	pthread_mutex_t sync_lock;	/* one reconciliation at a time; taken before `lock` */
 	char take_sha[48], sync_sha[48];
 	bool redis_ok;		/* the last sync reached Redis (atomic) */
+	/* Tests' clocks (ratelimit_set_clock_for_test); set before use, then only read. */
+	long long (*ms_of)(clockid_t clock, void *ctx);
+	long long (*redis_ms)(void *ctx);
+	void *clock_ctx;
 	struct local_bucket *table[LB_SLOTS];
 	/*
 	 * Under sync_lock: a sync's items (grown as needed, kept) and a script call's arguments,
@@ -133,9 +160,32 @@ struct ratelimit {
 	bool has_thread, stop;	/* stop: atomic */
 };
 
-static long long clock_ms(void)
+/*
+ * The local view's clock: CLOCK_MONOTONIC ms (or a test's). Never the wall clock, which NTP or an
+ * operator may step. The view's times are only compared with each other; Redis's buckets run on
+ * Redis's time (see ratelimit.h).
+ */
+static long long gateway_ms(struct ratelimit *rl)
 {
-	return clock_ms_of(CLOCK_REALTIME);
+	return rl->ms_of ? rl->ms_of(CLOCK_MONOTONIC, rl->clock_ctx) : clock_mono_ms();
+}
+
+/* The scripts' time argument: "" for Redis's TIME, or a test's clock. */
+static void script_now(struct ratelimit *rl, char *buf, size_t n)
+{
+	if (rl->redis_ms)
+		snprintf(buf, n, "%lld", rl->redis_ms(rl->clock_ctx));
+	else
+		buf[0] = '\0';
+}
+
+void ratelimit_set_clock_for_test(struct ratelimit *rl,
+				  long long (*ms_of)(clockid_t clock, void *ctx),
+				  long long (*redis_ms)(void *ctx), void *ctx)
+{
+	rl->ms_of = ms_of;
+	rl->redis_ms = redis_ms;
+	rl->clock_ctx = ctx;
 }
 
 static void *sync_main(void *arg)
@@ -147,7 +197,7 @@ static void *sync_main(void *arg)
 		struct kiln_error err = { 0 };
 
 		nanosleep(&tick, NULL);
-		ratelimit_sync(rl, clock_ms(), &err);
+		ratelimit_sync(rl, &err);
 	}
 	return NULL;
 }
@@ -186,7 +236,7 @@ void ratelimit_free(struct ratelimit *rl)
 
 		__atomic_store_n(&rl->stop, true, __ATOMIC_RELEASE);
 		pthread_join(rl->thread, NULL);
-		ratelimit_sync(rl, clock_ms(), &err);	/* what was taken since reaches Redis */
+		ratelimit_sync(rl, &err);	/* what was taken since reaches Redis */
 	}
 	for (int i = 0; i < LB_SLOTS; i++) {
 		struct local_bucket *b = rl->table[i], *next;
@@ -213,8 +263,8 @@ static unsigned long hash_str(const char *s)
 }
 
 /*
- * The bucket named `name`, made (full, with these settings, not yet known) when missing; NULL when
- * out of memory. The caller holds rl->lock.
+ * The bucket named `name`, made (full at gateway_ms() `now`, with these settings, not yet known)
+ * when missing; NULL when out of memory. The caller holds rl->lock.
  */
 static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long long rate,
 				   long long period, long long burst, long long now)
@@ -233,15 +283,15 @@ static struct local_bucket *lb_get(struct ratelimit *rl, const char *name, long 
 	b->burst = burst;
 	b->tokens = burst * 1000;
 	b->ts = now;
-	b->used_ms = clock_mono_ms();
+	b->used_ms = now;
 	b->next = *head;
 	*head = b;
 	return b;
 }
 
 /*
- * Refills `b` to `now` and takes a token when it has one; with `send`, the token goes to Redis at
- * the next sync. The caller holds rl->lock.
+ * Refills `b` to gateway_ms() `now` and takes a token when it has one; with `send`, the token goes
+ * to Redis at the next sync. The caller holds rl->lock.
  */
 static void lb_take(struct local_bucket *b, long long rate, long long period, long long burst,
 		    long long now, bool send, struct rl_result *out)
@@ -251,7 +301,7 @@ static void lb_take(struct local_bucket *b, long long rate, long long period, lo
 	b->rate = rate;
 	b->period = period;
 	b->burst = burst;
-	b->used_ms = clock_mono_ms();
+	b->used_ms = now;
 	if (now > b->ts) {
 		long long add = (now - b->ts) * rate * 1000 / period;
 
@@ -314,12 +364,14 @@ static enum kiln_err run_script(struct ratelimit *rl, char sha[48], const char *
  * answers again, and it is dropped when idle.
  */
 static void fallback_take(struct ratelimit *rl, const char *bucket, long long rate,
-			  long long period, long long burst, long long now, struct rl_result *out)
+			  long long period, long long burst, struct rl_result *out)
 {
 	struct local_bucket *b;
+	long long now;
 
 	out->redis_down = true;
 	pthread_mutex_lock(&rl->lock);
+	now = gateway_ms(rl);
 	b = lb_get(rl, bucket, rate, period, burst, now);
 	if (b) {
 		b->known = true;
@@ -332,7 +384,7 @@ static void fallback_take(struct ratelimit *rl, const char *bucket, long long ra
 }
 
 void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, long long period_ms,
-		    long long burst, long long now_ms, struct rl_result *out)
+		    long long burst, struct rl_result *out)
 {
 	char key[192], a1[24], a2[24], a3[24], a4[24];
 	struct rds_reply rep = { 0 };
@@ -344,7 +396,7 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	snprintf(a1, sizeof(a1), "%lld", rate);
 	snprintf(a2, sizeof(a2), "%lld", period_ms);
 	snprintf(a3, sizeof(a3), "%lld", burst);
-	snprintf(a4, sizeof(a4), "%lld", now_ms);
+	script_now(rl, a4, sizeof(a4));
 	rc = run_script(rl, rl->take_sha, take_lua, 8,
 			(const char *[]){ NULL, NULL, "1", key, a1, a2, a3, a4 }, &rep, &err);
 	if (rc == KILN_OK && rep.type == RDS_ARRAY && rep.n == 2 && rep.elem[0].type == RDS_INT) {
@@ -356,20 +408,22 @@ void ratelimit_take(struct ratelimit *rl, const char *bucket, long long rate, lo
 	if (rc == KILN_OK)
 		log_warn("unexpected rate limit reply from redis");
 	rds_reply_release(&rep);
-	fallback_take(rl, bucket, rate, period_ms, burst, now_ms, out);
+	fallback_take(rl, bucket, rate, period_ms, burst, out);
 }
 
 /*
- * Sends items[0..n) (at most SYNC_BATCH) with their takes at `now` and sets each bucket to what
- * Redis holds less what was taken here meanwhile. The caller holds sync_lock.
+ * Sends items[0..n) (at most SYNC_BATCH) with their takes and sets each bucket to what Redis
+ * holds less what was taken here meanwhile, as of the gateway_ms() the call was sent at (Redis's
+ * refill after that is the view's to make). The caller holds sync_lock.
  */
-static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, int n, long long now,
+static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, int n,
 				struct kiln_error *err)
 {
 	struct sync_args *a = rl->args;
 	struct rds_reply rep = { 0 };
 	int argc = 2;
 	enum kiln_err rc;
+	long long sent = gateway_ms(rl);
 
 	snprintf(a->nums[0], sizeof(a->nums[0]), "%d", n);
 	a->argv[argc++] = a->nums[0];
@@ -377,7 +431,7 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 		snprintf(a->keys[i], sizeof(a->keys[i]), "kiln:rls:%s", items[i].name);
 		a->argv[argc++] = a->keys[i];
 	}
-	snprintf(a->nums[1], sizeof(a->nums[1]), "%lld", now);
+	script_now(rl, a->nums[1], sizeof(a->nums[1]));
 	a->argv[argc++] = a->nums[1];
 	for (int i = 0; i < n; i++) {
 		long long v[4] = { items[i].rate, items[i].period, items[i].burst, items[i].taken };
@@ -400,7 +454,7 @@ static enum kiln_err sync_batch(struct ratelimit *rl, struct sync_item *items, i
 			if (rep.elem[i].type != RDS_INT)
 				continue;
 			b->tokens = rep.elem[i].integer - b->unsent * 1000;
-			b->ts = now;
+			b->ts = sent;
 			b->known = true;
 		}
 		pthread_mutex_unlock(&rl->lock);
@@ -446,16 +500,17 @@ static bool lb_due(const struct local_bucket *b, bool down, long long mono)
 	return b->unsent > 0 || b->refused || (down && mono - b->used_ms < ACTIVE_MS);
 }
 
-enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln_error *err)
+enum kiln_err ratelimit_sync(struct ratelimit *rl, struct kiln_error *err)
 {
 	struct sync_item *items;
 	size_t n = 0;
 	enum kiln_err rc = KILN_OK;
-	long long mono = clock_mono_ms();
+	long long mono;
 	bool down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
+	mono = gateway_ms(rl);
 	items = rl->items;
 	for (int i = 0; i < LB_SLOTS; i++) {
 		struct local_bucket **pp = &rl->table[i], *b;
@@ -484,8 +539,7 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
 	pthread_mutex_unlock(&rl->lock);
 	/* Takes of a batch Redis did not get are dropped: the gateway's own buckets limited them. */
 	for (size_t at = 0; at < n && rc == KILN_OK; at += SYNC_BATCH)
-		rc = sync_batch(rl, items + at, (int)(n - at < SYNC_BATCH ? n - at : SYNC_BATCH),
-				now_ms, err);
+		rc = sync_batch(rl, items + at, (int)(n - at < SYNC_BATCH ? n - at : SYNC_BATCH), err);
 	pthread_mutex_unlock(&rl->sync_lock);
 	return rc;
 }
@@ -495,7 +549,7 @@ enum kiln_err ratelimit_sync(struct ratelimit *rl, long long now_ms, struct kiln
  * full). A bucket missing again is made with these settings.
  */
 static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, long long period,
-		     long long burst, long long now)
+		     long long burst)
 {
 	struct kiln_error err = { 0 };
 	struct sync_item it;
@@ -503,7 +557,7 @@ static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, l
 
 	pthread_mutex_lock(&rl->sync_lock);
 	pthread_mutex_lock(&rl->lock);
-	b = lb_get(rl, bucket, rate, period, burst, now);
+	b = lb_get(rl, bucket, rate, period, burst, gateway_ms(rl));
 	if (!b || b->known || !lb_sendable(b)) {
 		if (b)
 			b->known = true;
@@ -513,7 +567,7 @@ static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, l
 	}
 	item_take(&it, b);
 	pthread_mutex_unlock(&rl->lock);
-	if (sync_batch(rl, &it, 1, now, &err) != KILN_OK) {
+	if (sync_batch(rl, &it, 1, &err) != KILN_OK) {
 		pthread_mutex_lock(&rl->lock);
 		b->known = true;	/* the full bucket it was made with */
 		pthread_mutex_unlock(&rl->lock);
@@ -522,26 +576,25 @@ static void lb_learn(struct ratelimit *rl, const char *bucket, long long rate, l
 }
 
 void ratelimit_take_local(struct ratelimit *rl, const char *bucket, long long rate,
-			  long long period_ms, long long burst, long long now_ms,
-			  struct rl_result *out)
+			  long long period_ms, long long burst, struct rl_result *out)
 {
 	struct local_bucket *b;
 	bool down;
 
 	memset(out, 0, sizeof(*out));
 	pthread_mutex_lock(&rl->lock);
-	b = lb_get(rl, bucket, rate, period_ms, burst, now_ms);
+	b = lb_get(rl, bucket, rate, period_ms, burst, gateway_ms(rl));
 	if (b && !b->known) {
 		pthread_mutex_unlock(&rl->lock);
-		lb_learn(rl, bucket, rate, period_ms, burst, now_ms);
+		lb_learn(rl, bucket, rate, period_ms, burst);
 		pthread_mutex_lock(&rl->lock);
 		/* without the lock a sync may have dropped `b`: look it up again */
-		b = lb_get(rl, bucket, rate, period_ms, burst, now_ms);
+		b = lb_get(rl, bucket, rate, period_ms, burst, gateway_ms(rl));
 	}
 	/* a take the local bucket decided alone, Redis down, is not sent afterwards (ratelimit.h) */
 	down = !__atomic_load_n(&rl->redis_ok, __ATOMIC_RELAXED);
 	if (b) {
-		lb_take(b, rate, period_ms, burst, now_ms, !down, out);
+		lb_take(b, rate, period_ms, burst, gateway_ms(rl), !down, out);
 	} else {
 		out->allowed = false;
 		out->retry_after_ms = 1000;

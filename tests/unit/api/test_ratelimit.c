@@ -2,12 +2,15 @@
  * test_ratelimit.c - rate-limit buckets taken locally and reconciled with the services fixture's
  * Redis (api/ratelimit.c). Several limiters on one Redis stand for several gateways; a simulated
  * clock (each gateway greedy every millisecond, reconciling every RATELIMIT_SYNC_MS) checks what
- * they admit together against one shared bucket and the bound ratelimit.h states.
+ * they admit together against one shared bucket and the bound ratelimit.h states. The last cases
+ * run on the real clocks, Redis's TIME included, with the process's wall clock stepped (its
+ * clock_gettime, time and gettimeofday wrapped at link time).
  */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -36,6 +39,56 @@ static long long wall_ms(void)
 
 	clock_gettime(CLOCK_REALTIME, &ts);
 	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/*
+ * The simulated clock of the cases' gateways (gateway()): their CLOCK_MONOTONIC and the time
+ * their scripts run at in place of Redis's TIME both read sim_ms, which each take and sync below
+ * sets from its `t` first.
+ */
+static long long sim_ms;
+
+static long long sim_clock_ms(clockid_t clock, void *ctx)
+{
+	(void)ctx;
+	CHECK(clock == CLOCK_MONOTONIC);	/* the limiter reads no other */
+	return sim_ms;
+}
+
+static long long sim_redis_ms(void *ctx)
+{
+	(void)ctx;
+	return sim_ms;
+}
+
+/* A gateway's limiter, without its thread, on the simulated clock. */
+static struct ratelimit *gateway(struct rds *r)
+{
+	struct ratelimit *rl = ratelimit_new(r, false);
+
+	CHECK(rl != NULL);
+	ratelimit_set_clock_for_test(rl, sim_clock_ms, sim_redis_ms, NULL);
+	return rl;
+}
+
+static void take_at(struct ratelimit *rl, const char *bucket, long long rate, long long period,
+		    long long burst, long long t, struct rl_result *out)
+{
+	sim_ms = t;
+	ratelimit_take(rl, bucket, rate, period, burst, out);
+}
+
+static void take_local_at(struct ratelimit *rl, const char *bucket, long long rate,
+			  long long period, long long burst, long long t, struct rl_result *out)
+{
+	sim_ms = t;
+	ratelimit_take_local(rl, bucket, rate, period, burst, out);
+}
+
+static enum kiln_err sync_at(struct ratelimit *rl, long long t, struct kiln_error *err)
+{
+	sim_ms = t;
+	return ratelimit_sync(rl, err);
 }
 
 /* Tokens (thousandths) Redis holds for `bucket`, or LLONG_MIN when it has none. */
@@ -87,20 +140,20 @@ static long long simulate(int g, long long ms)
 
 	new_bucket(bucket, sizeof(bucket));
 	for (int i = 0; i < g; i++)
-		rl[i] = ratelimit_new(r, false);
+		rl[i] = gateway(r);
 	for (long long t = t0; t < t0 + ms; t++) {
 		for (int i = 0; i < g; i++) {
 			struct rl_result res = { .allowed = true };
 
 			for (int n = 0; n < 1000 && res.allowed; n++) {
-				ratelimit_take_local(rl[i], bucket, RATE, 1000, BURST, t, &res);
+				take_local_at(rl[i], bucket, RATE, 1000, BURST, t, &res);
 				CHECK(!res.redis_down);
 				admitted += res.allowed;
 			}
 		}
 		for (int i = 0; i < g; i++)
 			if ((t - t0) % RATELIMIT_SYNC_MS == i * RATELIMIT_SYNC_MS / g)
-				CHECK(ratelimit_sync(rl[i], t, &err) == KILN_OK);
+				CHECK(sync_at(rl[i], t, &err) == KILN_OK);
 	}
 	for (int i = 0; i < g; i++)
 		ratelimit_free(rl[i]);
@@ -141,9 +194,9 @@ static void gateways_overshoot_is_bounded_once(void)
 
 /*
  * A debt outlives the time a full bucket takes to refill: DEBT_GW gateways spend the bucket each
- * (a debt of DEBT_GW - 1 bursts), then their callers' clock stands still while Redis's own time
- * runs past that refill time plus a second (the key's expiry before it counted the debt). A gateway
- * coming back finds the debt, not a new full bucket.
+ * (a debt of DEBT_GW - 1 bursts), then the simulated clock stands still while the real time
+ * Redis expires keys on runs past that refill time plus a second (the key's expiry before it
+ * counted the debt). A gateway coming back finds the debt, not a new full bucket.
  */
 static void a_debt_outlives_a_full_buckets_expiry(void)
 {
@@ -159,18 +212,18 @@ static void a_debt_outlives_a_full_buckets_expiry(void)
 
 	new_bucket(bucket, sizeof(bucket));
 	for (int i = 0; i < DEBT_GW; i++) {
-		rl[i] = ratelimit_new(r, false);
-		ratelimit_take_local(rl[i], bucket, rate, 1000, burst, t, &res);	/* reads the bucket */
+		rl[i] = gateway(r);
+		take_local_at(rl[i], bucket, rate, 1000, burst, t, &res);	/* reads the bucket */
 		n += res.allowed;
 	}
 	for (int i = 0; i < DEBT_GW; i++)
 		for (int k = 1; k < burst; k++) {
-			ratelimit_take_local(rl[i], bucket, rate, 1000, burst, t, &res);
+			take_local_at(rl[i], bucket, rate, 1000, burst, t, &res);
 			n += res.allowed;
 		}
 	CHECK_INT(n, DEBT_GW * burst);
 	for (int i = 0; i < DEBT_GW; i++)
-		CHECK(ratelimit_sync(rl[i], t, &err) == KILN_OK);
+		CHECK(sync_at(rl[i], t, &err) == KILN_OK);
 	synced = wall_ms();
 	CHECK_INT(redis_tokens(r, bucket), -debt);
 	/* the time to refill the debt and the burst, plus a second */
@@ -180,8 +233,8 @@ static void a_debt_outlives_a_full_buckets_expiry(void)
 		usleep(20000);
 	for (int i = 0; i < DEBT_GW; i++)
 		ratelimit_free(rl[i]);
-	rl[0] = ratelimit_new(r, false);
-	ratelimit_take_local(rl[0], bucket, rate, 1000, burst, t + 1, &res);
+	rl[0] = gateway(r);
+	take_local_at(rl[0], bucket, rate, 1000, burst, t + 1, &res);
 	CHECK(!res.allowed && !res.redis_down);
 	CHECK(res.retry_after_ms >= (debt + 1000) / rate - 1);
 	CHECK(redis_tokens(r, bucket) < 0);
@@ -193,7 +246,7 @@ static void a_debt_outlives_a_full_buckets_expiry(void)
 static void a_new_bucket_is_read_from_redis(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *a = ratelimit_new(r, false), *b = ratelimit_new(r, false);
+	struct ratelimit *a = gateway(r), *b = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char bucket[64];
@@ -202,23 +255,26 @@ static void a_new_bucket_is_read_from_redis(void)
 
 	new_bucket(bucket, sizeof(bucket));
 	for (int i = 0; i < BURST + 5; i++) {
-		ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);
+		take_local_at(a, bucket, RATE, 1000, BURST, t, &res);
 		n += res.allowed;
 	}
 	CHECK_INT(n, BURST);
 	CHECK(!res.allowed && res.retry_after_ms >= 1 && res.retry_after_ms <= 1000 / RATE);
-	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK(sync_at(a, t, &err) == KILN_OK);
 	CHECK_INT(redis_tokens(r, bucket), 0);
-	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+	take_local_at(b, bucket, RATE, 1000, BURST, t, &res);
 	CHECK(!res.allowed && !res.redis_down);
-	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
+	take_local_at(b, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
 	CHECK(res.allowed);
 	ratelimit_free(a);
 	ratelimit_free(b);
 	rds_free(r);
 }
 
-/* The limiter's own thread sends what was taken within a few periods, and at its end. */
+/*
+ * The limiter's own thread sends what was taken within a few periods, and at its end (on the real
+ * clocks, Redis's TIME included).
+ */
 static void the_thread_reconciles_on_its_own(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
@@ -233,7 +289,7 @@ static void the_thread_reconciles_on_its_own(void)
 	CHECK(a != NULL);
 	/* one token a minute: what Redis holds afterwards is what was taken, not a refill */
 	for (int i = 0; i < 5; i++) {
-		ratelimit_take_local(a, bucket, 1, 60000, 3, wall_ms(), &res);
+		ratelimit_take_local(a, bucket, 1, 60000, 3, &res);
 		n += res.allowed;
 	}
 	CHECK_INT(n, 3);
@@ -241,8 +297,8 @@ static void the_thread_reconciles_on_its_own(void)
 	while (redis_tokens(r, bucket) >= 1000 && wall_ms() < deadline)
 		usleep(5000);
 	CHECK(redis_tokens(r, bucket) < 1000);
-	ratelimit_take_local(a, other, 1, 60000, 3, wall_ms(), &res);
-	ratelimit_take_local(a, other, 1, 60000, 3, wall_ms(), &res);
+	ratelimit_take_local(a, other, 1, 60000, 3, &res);
+	ratelimit_take_local(a, other, 1, 60000, 3, &res);
 	ratelimit_free(a);	/* its last reconciliation sends these two at once */
 	CHECK(redis_tokens(r, other) < 2000);
 	rds_free(r);
@@ -260,10 +316,10 @@ static void without_redis_the_local_bucket_limits(void)
 
 	snprintf(url, sizeof(url), "unix:/nonexistent/kiln-ratelimit-%d.sock", (int)getpid());
 	r = rds_new(url, 500);
-	a = ratelimit_new(r, false);
+	a = gateway(r);
 	new_bucket(bucket, sizeof(bucket));
 	for (int i = 0; i < 6; i++) {
-		ratelimit_take_local(a, bucket, 1, 1000, 3, t, &res);
+		take_local_at(a, bucket, 1, 1000, 3, t, &res);
 		CHECK(res.redis_down);
 		n += res.allowed;
 	}
@@ -271,7 +327,7 @@ static void without_redis_the_local_bucket_limits(void)
 	CHECK(!res.allowed && res.retry_after_ms == 1000);
 	new_bucket(bucket, sizeof(bucket));
 	for (int i = 0; i < 6; i++) {
-		ratelimit_take(a, bucket, 1, 1000, 2, t, &res);
+		take_at(a, bucket, 1, 1000, 2, t, &res);
 		CHECK(res.redis_down);
 		m += res.allowed;
 	}
@@ -288,7 +344,7 @@ static void without_redis_the_local_bucket_limits(void)
 static void takes_while_redis_fails_are_not_sent(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *a = ratelimit_new(r, false);
+	struct ratelimit *a = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char shared[64], local[64];
@@ -299,17 +355,17 @@ static void takes_while_redis_fails_are_not_sent(void)
 	redis_key_cmd(r, "RPUSH", shared, "x");
 	redis_key_cmd(r, "RPUSH", local, "x");
 	for (int i = 0; i < 2; i++) {
-		ratelimit_take(a, shared, 1, 60000, 3, t, &res);
+		take_at(a, shared, 1, 60000, 3, t, &res);
 		CHECK(res.allowed && res.redis_down);
-		ratelimit_take_local(a, local, 1, 60000, 3, t, &res);
+		take_local_at(a, local, 1, 60000, 3, t, &res);
 		CHECK(res.allowed && res.redis_down);
 	}
 	CHECK_INT(redis_key_cmd(r, "DEL", shared, NULL), 1);
 	CHECK_INT(redis_key_cmd(r, "DEL", local, NULL), 1);
-	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK(sync_at(a, t, &err) == KILN_OK);
 	CHECK_INT(redis_tokens(r, shared), 3000);
 	CHECK_INT(redis_tokens(r, local), 3000);
-	ratelimit_take_local(a, local, 1, 60000, 3, t, &res);
+	take_local_at(a, local, 1, 60000, 3, t, &res);
 	CHECK(res.allowed && !res.redis_down);
 	ratelimit_free(a);
 	rds_free(r);
@@ -331,7 +387,7 @@ static void takes_while_redis_fails_are_not_sent(void)
 static long long idle_bucket_run(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *a = ratelimit_new(r, false);
+	struct ratelimit *a = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char idle[64], busy[64];
@@ -340,25 +396,25 @@ static long long idle_bucket_run(void)
 	new_bucket(idle, sizeof(idle));
 	new_bucket(busy, sizeof(busy));
 	used = clock_mono_ms();
-	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
+	take_local_at(a, idle, 1, 60000, 3, t, &res);
 	CHECK(res.allowed && !res.redis_down);
-	ratelimit_take_local(a, busy, 1, 60000, 3, t, &res);
+	take_local_at(a, busy, 1, 60000, 3, t, &res);
 	CHECK(res.allowed && !res.redis_down);
-	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK(sync_at(a, t, &err) == KILN_OK);
 	CHECK_INT(redis_tokens(r, idle), 2000);
 	CHECK_INT(redis_key_cmd(r, "DEL", idle, NULL), 1);
 	for (int round = 1; round <= 3; round++) {
-		ratelimit_take_local(a, busy, 1, 60000, 3, t, &res);
+		take_local_at(a, busy, 1, 60000, 3, t, &res);
 		CHECK(res.allowed == (round < 3) && !res.redis_down);
-		CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+		CHECK(sync_at(a, t, &err) == KILN_OK);
 		CHECK_INT(redis_key_cmd(r, "EXISTS", idle, NULL), 0);
 	}
 	span = clock_mono_ms() - used;
 	CHECK_INT(redis_tokens(r, busy), 0);
 	/* its next take is sent, against what Redis holds now (a key gone is a full bucket) */
-	ratelimit_take_local(a, idle, 1, 60000, 3, t, &res);
+	take_local_at(a, idle, 1, 60000, 3, t, &res);
 	CHECK(res.allowed);
-	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
+	CHECK(sync_at(a, t, &err) == KILN_OK);
 	CHECK_INT(redis_tokens(r, idle), 2000);
 	ratelimit_free(a);
 	rds_free(r);
@@ -402,7 +458,7 @@ static void an_idle_bucket_is_not_sent(void)
 static void a_refused_bucket_reads_the_others_takes(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *a = ratelimit_new(r, false), *b = ratelimit_new(r, false);
+	struct ratelimit *a = gateway(r), *b = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char bucket[64];
@@ -410,24 +466,24 @@ static void a_refused_bucket_reads_the_others_takes(void)
 	int n = 0;
 
 	new_bucket(bucket, sizeof(bucket));
-	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);	/* both read it full */
+	take_local_at(a, bucket, RATE, 1000, BURST, t, &res);	/* both read it full */
 	n += res.allowed;
-	ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+	take_local_at(b, bucket, RATE, 1000, BURST, t, &res);
 	n += res.allowed;
 	for (int i = 1; i < BURST; i++) {
-		ratelimit_take_local(a, bucket, RATE, 1000, BURST, t, &res);
+		take_local_at(a, bucket, RATE, 1000, BURST, t, &res);
 		n += res.allowed;
-		ratelimit_take_local(b, bucket, RATE, 1000, BURST, t, &res);
+		take_local_at(b, bucket, RATE, 1000, BURST, t, &res);
 		n += res.allowed;
 	}
 	CHECK_INT(n, 2 * BURST);
-	CHECK(ratelimit_sync(a, t, &err) == KILN_OK);
-	CHECK(ratelimit_sync(b, t, &err) == KILN_OK);
+	CHECK(sync_at(a, t, &err) == KILN_OK);
+	CHECK(sync_at(b, t, &err) == KILN_OK);
 	CHECK_INT(redis_tokens(r, bucket), -BURST * 1000);
-	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t + 1, &res);
+	take_local_at(a, bucket, RATE, 1000, BURST, t + 1, &res);
 	CHECK(!res.allowed);
-	CHECK(ratelimit_sync(a, t + 1, &err) == KILN_OK);
-	ratelimit_take_local(a, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
+	CHECK(sync_at(a, t + 1, &err) == KILN_OK);
+	take_local_at(a, bucket, RATE, 1000, BURST, t + 1000 / RATE, &res);
 	CHECK(!res.allowed);
 	CHECK(res.retry_after_ms >= BURST * 1000 / RATE - 1000 / RATE);
 	ratelimit_free(a);
@@ -475,7 +531,7 @@ static void key_str(struct rds *r, const char *cmd, const char *key, const char 
 static void buckets_of_earlier_gateways_are_left_alone(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *rl = ratelimit_new(r, false);
+	struct ratelimit *rl = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char local[64], shared[64], old_local[192], old_shared[192], v[64];
@@ -487,10 +543,10 @@ static void buckets_of_earlier_gateways_are_left_alone(void)
 	snprintf(old_shared, sizeof(old_shared), "kiln:rl:%s", shared);
 	hash_bucket_in_debt(r, old_local, t);
 	hash_bucket_in_debt(r, old_shared, t);
-	ratelimit_take_local(rl, local, RATE, 1000, BURST, t, &res);
+	take_local_at(rl, local, RATE, 1000, BURST, t, &res);
 	CHECK(res.allowed && !res.redis_down);
-	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);	/* the sync script */
-	ratelimit_take(rl, shared, RATE, 1000, BURST, t, &res);	/* the take script */
+	CHECK_INT(sync_at(rl, t, &err), KILN_OK);	/* the sync script */
+	take_at(rl, shared, RATE, 1000, BURST, t, &res);	/* the take script */
 	CHECK(res.allowed && !res.redis_down);
 	CHECK_INT(redis_tokens(r, local), (BURST - 1) * 1000);
 	CHECK_INT(redis_tokens(r, shared), (BURST - 1) * 1000);
@@ -515,7 +571,7 @@ static void buckets_of_earlier_gateways_are_left_alone(void)
 static void a_burst_cut_live_within_the_millisecond_is_kept(void)
 {
 	struct rds *r = rds_new(redis_url, 2000);
-	struct ratelimit *rl = ratelimit_new(r, false);
+	struct ratelimit *rl = gateway(r);
 	struct kiln_error err = { 0 };
 	struct rl_result res;
 	char shared[64], local[64], key[192], want[64], got[64];
@@ -523,9 +579,9 @@ static void a_burst_cut_live_within_the_millisecond_is_kept(void)
 
 	new_bucket(shared, sizeof(shared));
 	new_bucket(local, sizeof(local));
-	ratelimit_take(rl, shared, RATE, 1000, 10 * BURST, t, &res);	/* the take script */
+	take_at(rl, shared, RATE, 1000, 10 * BURST, t, &res);	/* the take script */
 	CHECK(res.allowed && !res.redis_down);
-	ratelimit_take(rl, shared, RATE, 1000, BURST, t, &res);
+	take_at(rl, shared, RATE, 1000, BURST, t, &res);
 	CHECK(res.allowed && !res.redis_down);
 	CHECK_INT(redis_tokens(r, shared), (BURST - 1) * 1000);
 	/* the whole string, its time to the ms */
@@ -533,14 +589,293 @@ static void a_burst_cut_live_within_the_millisecond_is_kept(void)
 	snprintf(want, sizeof(want), "%d %lld", (BURST - 1) * 1000, t);
 	key_str(r, "GET", key, NULL, got, sizeof(got));
 	CHECK_STR(got, want);
-	ratelimit_take_local(rl, local, RATE, 1000, 10 * BURST, t, &res);	/* the sync script */
+	take_local_at(rl, local, RATE, 1000, 10 * BURST, t, &res);	/* the sync script */
 	CHECK(res.allowed && !res.redis_down);
-	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);
-	ratelimit_take_local(rl, local, RATE, 1000, BURST, t, &res);
+	CHECK_INT(sync_at(rl, t, &err), KILN_OK);
+	take_local_at(rl, local, RATE, 1000, BURST, t, &res);
 	CHECK(res.allowed && !res.redis_down);
-	CHECK_INT(ratelimit_sync(rl, t, &err), KILN_OK);
+	CHECK_INT(sync_at(rl, t, &err), KILN_OK);
 	CHECK(redis_tokens(r, local) <= (BURST - 1) * 1000);
 	ratelimit_free(rl);
+	rds_free(r);
+}
+
+/*
+ * The last cases run on the real clocks: Redis's TIME for the buckets, CLOCK_MONOTONIC for the
+ * gateways' views, and this process's wall clock stepped by set_wall_step(). SLOW_RATE tokens a
+ * second up to SLOW_BURST (a full refill in a second), and a STEP_WAIT_MS wait a quarter of that.
+ */
+#define SLOW_RATE 20
+#define SLOW_BURST 20
+#define STEP_WAIT_MS 250
+#define HOUR_MS 3600000LL
+
+/*
+ * The process's wall clock: the test links with -Wl,--wrap= clock_gettime, time and gettimeofday
+ * (CMakeLists.txt), so every read of it in this binary, the limiter's and the Redis client's
+ * included, is wall_step_ms off the real one. CLOCK_MONOTONIC is left alone.
+ */
+static long long wall_step_ms;	/* atomic */
+
+int __real_clock_gettime(clockid_t clock, struct timespec *ts);
+time_t __real_time(time_t *t);
+int __real_gettimeofday(struct timeval *tv, void *tz);
+int __wrap_clock_gettime(clockid_t clock, struct timespec *ts);
+time_t __wrap_time(time_t *t);
+int __wrap_gettimeofday(struct timeval *tv, void *tz);
+
+int __wrap_clock_gettime(clockid_t clock, struct timespec *ts)
+{
+	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
+	int rc = __real_clock_gettime(clock, ts);
+	long long ns;
+
+	if (rc != 0 || (clock != CLOCK_REALTIME && clock != CLOCK_REALTIME_COARSE))
+		return rc;
+	ns = (long long)ts->tv_sec * 1000000000 + ts->tv_nsec + step * 1000000;
+	ts->tv_sec = ns / 1000000000;
+	ts->tv_nsec = ns % 1000000000;
+	return rc;
+}
+
+time_t __wrap_time(time_t *t)
+{
+	time_t now = __real_time(NULL) + __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED) / 1000;
+
+	if (t)
+		*t = now;
+	return now;
+}
+
+int __wrap_gettimeofday(struct timeval *tv, void *tz)
+{
+	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
+	int rc = __real_gettimeofday(tv, tz);
+	long long us;
+
+	if (rc != 0 || !tv)
+		return rc;
+	us = (long long)tv->tv_sec * 1000000 + tv->tv_usec + step * 1000;
+	tv->tv_sec = us / 1000000;
+	tv->tv_usec = us % 1000000;
+	return rc;
+}
+
+/* Steps the process's wall clock to `step_ms` off the real one, and checks that it moved. */
+static void set_wall_step(long long step_ms)
+{
+	struct timespec real;
+	long long off;
+
+	__atomic_store_n(&wall_step_ms, step_ms, __ATOMIC_RELAXED);
+	__real_clock_gettime(CLOCK_REALTIME, &real);
+	off = clock_ms_of(CLOCK_REALTIME) - ((long long)real.tv_sec * 1000 + real.tv_nsec / 1000000);
+	CHECK(off >= step_ms && off <= step_ms + 100);
+}
+
+/* Redis's TIME in ms. */
+static long long redis_time_ms(struct rds *r)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	long long ms = LLONG_MIN;
+
+	if (RDS(r, &rep, &err, "TIME") == KILN_OK && rep.type == RDS_ARRAY && rep.n == 2 &&
+	    rep.elem[0].type == RDS_STR && rep.elem[1].type == RDS_STR)
+		ms = atoll(rep.elem[0].str) * 1000 + atoll(rep.elem[1].str) / 1000;
+	rds_reply_release(&rep);
+	CHECK(ms != LLONG_MIN);
+	return ms;
+}
+
+/* The ms of the last refill Redis holds for `bucket` ("<tokens> <ts>"), or LLONG_MIN. */
+static long long redis_ts(struct rds *r, const char *bucket)
+{
+	char key[192], v[64];
+	long long tokens, ts;
+
+	snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
+	key_str(r, "GET", key, NULL, v, sizeof(v));
+	return sscanf(v, "%lld %lld", &tokens, &ts) == 2 ? ts : LLONG_MIN;
+}
+
+/* A gateway on the real clocks whose wall clock is step_ms off the real one while it runs. */
+struct stepped_gateway {
+	struct ratelimit *rl;
+	struct rds *r;
+	long long step_ms;
+};
+
+static struct stepped_gateway stepped_gateway(struct rds *r, long long step_ms)
+{
+	struct stepped_gateway g = { ratelimit_new(r, false), r, step_ms };
+
+	CHECK(g.rl != NULL);
+	return g;
+}
+
+/*
+ * The tokens `g` takes from `bucket` until one is refused, its wall clock stepped meanwhile: from
+ * Redis (ratelimit_take) or, with `local`, from its view, then reconciled as its thread would.
+ * The bucket's last refill in Redis is then Redis's time of the last script, between two TIMEs
+ * read around the drain, whatever the gateway's wall clock read.
+ */
+static int drain(const struct stepped_gateway *g, const char *bucket, bool local)
+{
+	struct kiln_error err = { 0 };
+	struct rl_result res = { .allowed = true };
+	long long before = redis_time_ms(g->r), ts;
+	int n = 0;
+
+	set_wall_step(g->step_ms);
+	while (res.allowed && n <= SLOW_BURST * 10) {
+		if (local)
+			ratelimit_take_local(g->rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
+		else
+			ratelimit_take(g->rl, bucket, SLOW_RATE, 1000, SLOW_BURST, &res);
+		CHECK(!res.redis_down);
+		n += res.allowed;
+	}
+	if (local)
+		CHECK(ratelimit_sync(g->rl, &err) == KILN_OK);
+	set_wall_step(0);
+	ts = redis_ts(g->r, bucket);
+	CHECK(ts >= before && ts <= redis_time_ms(g->r));
+	return n;
+}
+
+/* The tokens a bucket refills in `ms` at SLOW_RATE, at most SLOW_BURST. */
+static long long refill_in(long long ms)
+{
+	long long n = ms * SLOW_RATE / 1000;
+
+	return n < SLOW_BURST ? n : SLOW_BURST;
+}
+
+/*
+ * Waits STEP_WAIT_MS after an empty bucket's last drain, which ran from CLOCK_MONOTONIC `*from` to
+ * `*to`, then drains it with `g` and checks that it refilled at its rate over that time, within a
+ * token each side: not stopped, not filled at once. Sets `*from` and `*to` to this drain's.
+ */
+static void refilled_at_its_rate(const struct stepped_gateway *g, const char *bucket, bool local,
+				 long long *from, long long *to, const char *what)
+{
+	long long start, end;
+	int n;
+
+	usleep(STEP_WAIT_MS * 1000);
+	start = clock_mono_ms();
+	n = drain(g, bucket, local);
+	end = clock_mono_ms();
+	fprintf(stderr, "  %s (%s): %d tokens in %lld-%lld ms (rate %d/s, burst %d)\n", what,
+		local ? "local" : "shared", n, start - *to, end - *from, SLOW_RATE, SLOW_BURST);
+	CHECK(n >= refill_in(start - *to) - 1);
+	CHECK(n <= refill_in(end - *from) + 1);
+	*from = start;
+	*to = end;
+}
+
+/*
+ * The process's wall clock stepped back an hour, then forward an hour (NTP, an operator), while a
+ * gateway drains a bucket: it refills at its rate through both, from Redis and in the gateway's
+ * view, and Redis stores its own time as the bucket's last refill. Before, the scripts and the
+ * view ran on that clock: stepped back, every bucket the gateway wrote stopped refilling until its
+ * clock caught up; stepped forward, each refilled at once to its burst.
+ */
+static void a_wall_clock_step_neither_stops_nor_fills_a_bucket(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+
+	for (int local = 0; local <= 1; local++) {
+		struct stepped_gateway g = stepped_gateway(r, 0);
+		char bucket[64];
+		long long from, to;
+		int n;
+
+		new_bucket(bucket, sizeof(bucket));
+		from = clock_mono_ms();
+		n = drain(&g, bucket, local);
+		to = clock_mono_ms();
+		CHECK(n >= SLOW_BURST && n <= SLOW_BURST + refill_in(to - from) + 1);
+		g.step_ms = -HOUR_MS;
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "wall clock back 1 h");
+		g.step_ms = HOUR_MS;
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "then forward 1 h");
+		ratelimit_free(g.rl);
+	}
+	rds_free(r);
+}
+
+/*
+ * Two gateways whose wall clocks are an hour apart (the process's clock stepped by an hour while
+ * the second one runs) share a bucket as one: the one ahead finds what the other spent (not a
+ * bucket its clock refilled to the burst), and the one behind then gets the refill of the time
+ * that passed (not nothing, as when the bucket's last refill was an hour ahead of its clock).
+ */
+static void gateways_an_hour_apart_share_a_bucket(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+
+	for (int local = 0; local <= 1; local++) {
+		struct stepped_gateway a = stepped_gateway(r, 0), b = stepped_gateway(r, HOUR_MS);
+		char bucket[64];
+		long long from, to;
+		int n;
+
+		new_bucket(bucket, sizeof(bucket));
+		from = clock_mono_ms();
+		n = drain(&a, bucket, local);
+		CHECK(n >= SLOW_BURST);
+		n = drain(&b, bucket, local);
+		to = clock_mono_ms();
+		fprintf(stderr, "  %s: the gateway an hour ahead took %d of a spent bucket\n",
+			local ? "local" : "shared", n);
+		CHECK(n <= refill_in(to - from) + 1);
+		for (int round = 0; round < 2; round++) {
+			refilled_at_its_rate(&a, bucket, local, &from, &to, "the gateway behind");
+			if (local)	/* b's view admits its own refill until it reads a's takes */
+				continue;
+			n = drain(&b, bucket, local);
+			to = clock_mono_ms();
+			CHECK(n <= refill_in(to - from) + 1);
+		}
+		ratelimit_free(a.rl);
+		ratelimit_free(b.rl);
+	}
+	rds_free(r);
+}
+
+/*
+ * A bucket whose last refill Redis holds as an hour ahead of its clock (written before a Sentinel
+ * failover to a host whose clock is behind, or by a gateway of the version before with its wall
+ * clock ahead) still refills at its rate, from Redis and in a gateway's view: the scripts take
+ * that time as now. Without the clamp the bucket refilled nothing for the hour.
+ */
+static void a_bucket_last_refilled_ahead_of_redis_refills_at_its_rate(void)
+{
+	struct rds *r = rds_new(redis_url, 2000);
+
+	for (int local = 0; local <= 1; local++) {
+		struct stepped_gateway g = stepped_gateway(r, 0);
+		struct rds_reply rep = { 0 };
+		struct kiln_error err = { 0 };
+		char bucket[64], key[192], v[64];
+		long long from, to;
+		int n;
+
+		new_bucket(bucket, sizeof(bucket));
+		snprintf(key, sizeof(key), "kiln:rls:%s", bucket);
+		snprintf(v, sizeof(v), "0 %lld", redis_time_ms(r) + HOUR_MS);
+		CHECK(RDS(r, &rep, &err, "SET", key, v, "PX", "60000") == KILN_OK);
+		rds_reply_release(&rep);
+		from = clock_mono_ms();
+		n = drain(&g, bucket, local);
+		to = clock_mono_ms();
+		CHECK(n <= refill_in(to - from) + 1);
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "last refill 1 h ahead");
+		refilled_at_its_rate(&g, bucket, local, &from, &to, "then");
+		ratelimit_free(g.rl);
+	}
 	rds_free(r);
 }
 
@@ -560,5 +895,8 @@ int main(void)
 	TEST(a_refused_bucket_reads_the_others_takes);
 	TEST(buckets_of_earlier_gateways_are_left_alone);
 	TEST(a_burst_cut_live_within_the_millisecond_is_kept);
+	TEST(a_wall_clock_step_neither_stops_nor_fills_a_bucket);
+	TEST(gateways_an_hour_apart_share_a_bucket);
+	TEST(a_bucket_last_refilled_ahead_of_redis_refills_at_its_rate);
 	return test_summary();
 }
