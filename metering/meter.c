@@ -39,12 +39,15 @@
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
 /* How much earlier than a sandbox's change logged before it a change may be stamped (log_place()):
- * the log's times are not monotone in its sequence. A lost row is stamped at its node's last
- * heartbeat, node_down_after_s (10 s by default) and up to a beat (2 s) before the mark; a
- * transaction commits its rows, stamped at its start, after ones stamped later, and the meter
- * waits meter_commit_wait_ms (10 s by default) for it; the vCPU stop and resume rows take the
- * node's own clock. Below the backward steps the rule is for (seed 31140's: 601 s); a longer
- * node_down_after_s can still stamp a lost row further back. */
+ * the log's times are not monotone in its sequence. A lost row is stamped greatest(heartbeat_at,
+ * s.state_changed_at, ...) (migration 0019), so it inverts only against rows state_changed_at
+ * does not carry (the vCPU rows, a restore's now()), by up to node_down_after_s (10 s by default)
+ * and a beat: about 12 s. A transaction's rows take its start, and nothing bounds how long one
+ * stays open (a resume or a create waiting on plan_check()'s tenant lock), so the tolerance
+ * covers the typical gaps, not every one. The vCPU rows take the node's own clock: a step of one
+ * node's clock but not the database's inverts them by the step's size, which no tolerance
+ * covers. 20 s is above the known lost-row and typical transaction gaps and below the backward
+ * steps the rule is for (seed 31140's: 601 s). */
 #define LOG_ORDER_TOLERANCE_NS (20 * PRICE_NS_PER_S)
 #define COMMIT_WAIT_DEFAULT_MS 10000
 /* The application_name a flush's transaction runs under: it writes no state change, so the
@@ -831,12 +834,17 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
 /*
  * The change `e`, read at `t` (node_time_logged() at the tick), placed no later than `later`, the
  * time of a change of its sandbox logged after it, by more than LOG_ORDER_TOLERANCE_NS: in the
- * newest frame before a backward step this meter followed that puts it there, when it was not
- * logged LOG_LATE_NS or more after the step (its sequence past back_seq, as in
- * node_time_before()); else at `t`. Only past the tolerance: the log's times are not monotone in
- * its sequence, and moved by the step's tolerance, a pause at 30 s that a stop logged after it
- * but stamped 28 s (its node's clock) put in the frame before a 100 s backward step stood 100 s
- * early, raised to the point at 20 s: 8 s of running time billed as paused.
+ * newest frame before a backward step this meter followed that puts it there and before that
+ * step, when it was not logged LOG_LATE_NS or more after the step (its sequence past back_seq);
+ * else at `t`. Both checks are node_time_before()'s: back_seq is read only at a tick that
+ * reaches Postgres LOG_LATE_NS or more after the step, so for a meter without Postgres across
+ * the step the changes logged before it comes back have no sequence bound, and only the step's
+ * instant keeps a change logged after the step out of the frame before it (a pause at 120 s
+ * after a step at 5 s, the meter down from 3 s to 130 s: 14,100 µcr for 23,130). Only past the
+ * tolerance: the log's times are not monotone in its sequence, and moved by the step's
+ * tolerance, a pause at 30 s that a stop logged after it but stamped 28 s (its node's clock) put
+ * in the frame before a 100 s backward step stood 100 s early, raised to the point at 20 s: 8 s
+ * of running time billed as paused.
  */
 static int64_t log_time_before(const struct meter *m, const struct ment *e, int64_t t,
 			       int64_t later)
@@ -846,6 +854,8 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 	for (int b = m->nback - 1; b >= 0; b--) {
 		int64_t x = e->wall + m->back_off[b];
 
+		if (x >= m->back_at[b])
+			continue;	/* not before that step in the frame before it */
 		if (m->back_seq[b] && e->seq > m->back_seq[b])
 			continue;	/* logged well after that step */
 		if (x <= later + LOG_ORDER_TOLERANCE_NS)
@@ -872,7 +882,10 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
  * read that generation's pause, logged 107 s before the step, 443 s late, past the point, and
  * billed the generation again (kiln-sim seed 31121, +161,538 µcr). The log's times are not
  * monotone in its sequence (LOG_ORDER_TOLERANCE_NS): a change is moved only when it reads past a
- * later one by more than that, and only among the changes read.
+ * later one by more than that, and only among the changes read. `later` is the earliest of all
+ * the changes logged after e[k], so one later change placed a step early (a wrong offset before
+ * a step) places every earlier change not yet applied no later than itself, where the tick
+ * alone misread that one change only.
  */
 static void log_place(const struct meter *m, struct ment *e, size_t n)
 {
@@ -2842,7 +2855,9 @@ static const char tails_sql[] =
  * they were logged in (node_time_logged() at the tick's label), as gen_point() reads the end:
  * read with the offset after a backward step that followed the end, the end stood the step's
  * size late and the tail was billed that much longer, past where the next generation's windows
- * start (a step of -320 s: 320 s billed twice). `s`'s own billing point is left as it was.
+ * start (a step of -320 s: 320 s billed twice). They are not placed by the changes logged
+ * after them (log_place() is meter_bill_rows()'s only). `s`'s own billing point is left as it
+ * was.
  */
 static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
 {

@@ -2615,6 +2615,20 @@ static void test_a_short_generations_changes_read_long_after_a_backward_step_kee
 	pg_free(dead);
 }
 
+/*
+ * The sequence bound is read only at a tick that reaches Postgres LOG_LATE_NS or more after the
+ * step; a meter without Postgres across the step reads it when Postgres is back, so a change
+ * logged in between has no bound, and only the step's own instant keeps it from the frame before
+ * the step: the meter down from 3 to 130 across the step at 5, a pause at 120 that a stop
+ * stamped 30 s before it followed (past the 20 s tolerance) was moved into the frame before the
+ * step, although its time after the step's offset is past the step, 100 s early and raised to
+ * the point at 3: 14,100 µcr for 23,130.
+ */
+static void test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it(void)
+{
+	CHECK_INT(stop_stamped_before_its_pause(3, 130, 120, 30), 90 * 257);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2687,6 +2701,7 @@ int main(void)
 	TEST(test_a_change_logged_long_after_a_backward_step_is_not_moved_before_it);
 	TEST(test_a_change_read_within_the_commit_lag_keeps_its_frame);
 	TEST(test_a_short_generations_changes_read_long_after_a_backward_step_keep_their_frame);
+	TEST(test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it);
 
 	rc = test_summary();
 	rds_free(rds);
