@@ -3052,10 +3052,11 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		 * frame it was logged in, as its change's log row is read (below). Read with the
 		 * offset in force, a time logged before a backward step stood the step's size
 		 * ahead, and the row's end was waited for while its state before was billed
-		 * (kiln-sim seed 31120: a deletion read 2,196 s late). */
-		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, now) : 0;
-		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, now) : 0;
-		r[i].created = r[i].created ? node_time_logged(m, r[i].created, now) : 0;
+		 * (kiln-sim seed 31120: a deletion read 2,196 s late). At the tick's label, not at
+		 * `now`, the high-water mark billed up to, as log_place() places the log rows. */
+		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, m->clk_now_l) : 0;
+		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, m->clk_now_l) : 0;
+		r[i].created = r[i].created ? node_time_logged(m, r[i].created, m->clk_now_l) : 0;
 		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);

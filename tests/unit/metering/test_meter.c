@@ -2629,6 +2629,47 @@ static void test_a_change_logged_after_a_backward_step_while_down_is_not_moved_b
 	CHECK_INT(stop_stamped_before_its_pause(3, 130, 120, 30), 90 * 257);
 }
 
+/*
+ * After a backward step of the wall clock (100 s at 12 s), a sandbox created at the tick's label
+ * while a transaction held open 3 s makes the tick bill up to 3 s behind its label (the commit
+ * high-water mark): its times read at the label, in the frame in force. Before, read against the
+ * high-water mark, its creation (ahead of that by more than a step's tolerance) was read in the
+ * frame before the step, 100 s early, and billed from there: 38,550 µcr for 12,850.
+ */
+static void test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force(void)
+{
+	char t[32], sb[32], t2[32], sb2[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg_conn *hold = NULL;
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	new_tenant(t2, sizeof(t2));
+	grant(t2, 1000000000LL, 0, "a");
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 31) {			/* at 30 */
+			hold = conn();
+			CHECK_INT(pg_exec(hold, "BEGIN; SELECT 1", &err), KILN_OK);
+			sleep(3);
+			new_sandbox(t2, sb2, sizeof(sb2), fake_now);
+		}
+		if (i == 34) {
+			CHECK_INT(pg_exec(hold, "ROLLBACK", &err), KILN_OK);
+			pg_release(pg, hold);
+		}
+		tick_both(m);
+	}
+	CHECK_INT(used(t2), 50 * 257);	/* from 30 to 80 */
+	CHECK_INT(meter_pending(m, t2), 0);
+	CHECK_INT(redis_bal(t2, &ok), ledger_bal(t2));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2702,6 +2743,7 @@ int main(void)
 	TEST(test_a_change_read_within_the_commit_lag_keeps_its_frame);
 	TEST(test_a_short_generations_changes_read_long_after_a_backward_step_keep_their_frame);
 	TEST(test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it);
+	TEST(test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force);
 
 	rc = test_summary();
 	rds_free(rds);
