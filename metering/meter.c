@@ -38,6 +38,17 @@
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
+/* How much earlier than a sandbox's change logged before it a change may be stamped (log_place()):
+ * the log's times are not monotone in its sequence. A lost row is stamped greatest(heartbeat_at,
+ * s.state_changed_at, ...) (migration 0019), so it inverts only against rows state_changed_at
+ * does not carry (the vCPU rows, a restore's now()), by up to node_down_after_s (10 s by default)
+ * and a beat: about 12 s. A transaction's rows take its start, and nothing bounds how long one
+ * stays open (a resume or a create waiting on plan_check()'s tenant lock), so the tolerance
+ * covers the typical gaps, not every one. The vCPU rows take the node's own clock: a step of one
+ * node's clock but not the database's inverts them by the step's size, which no tolerance
+ * covers. 20 s is above the known lost-row and typical transaction gaps and below the backward
+ * steps the rule is for (seed 31140's: 601 s). */
+#define LOG_ORDER_TOLERANCE_NS (20 * PRICE_NS_PER_S)
 #define COMMIT_WAIT_DEFAULT_MS 10000
 /* The application_name a flush's transaction runs under: it writes no state change, so the
  * ticks' high-water mark (commit_lag_sql) does not wait for it. */
@@ -677,7 +688,8 @@ struct ment {
 	long long seq;
 	long long gen;
 	enum bstate st;
-	int64_t at;		/* ns, on the label clock */
+	int64_t at;		/* ns, on the label clock (log_place()) */
+	int64_t wall;		/* ns, the node's wall clock as it logged it */
 	const char *node;	/* its node ("" when none) */
 	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
 				 * dead while the sandbox is here now */
@@ -817,6 +829,75 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
 		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS)
 			t = w + m->back_off[b];
 	return t;
+}
+
+/*
+ * The change `e`, read at `t` (node_time_logged() at the tick), placed no later than `later`, the
+ * time of a change of its sandbox logged after it, by more than LOG_ORDER_TOLERANCE_NS: in the
+ * newest frame before a backward step this meter followed that puts it there and before that
+ * step, when it was not logged LOG_LATE_NS or more after the step (its sequence past back_seq);
+ * else at `t`. Both checks are node_time_before()'s: back_seq is read only at a tick that
+ * reaches Postgres LOG_LATE_NS or more after the step, so for a meter without Postgres across
+ * the step the changes logged before it comes back have no sequence bound, and only the step's
+ * instant keeps a change logged after the step out of the frame before it (a pause at 120 s
+ * after a step at 5 s, the meter down from 3 s to 130 s: 14,100 µcr for 23,130). Only past the
+ * tolerance: the log's times are not monotone in its sequence, and moved by the step's
+ * tolerance, a pause at 30 s that a stop logged after it but stamped 28 s (its node's clock) put
+ * in the frame before a 100 s backward step stood 100 s early, raised to the point at 20 s: 8 s
+ * of running time billed as paused.
+ */
+static int64_t log_time_before(const struct meter *m, const struct ment *e, int64_t t,
+			       int64_t later)
+{
+	if (m->fwd_held || t <= later + LOG_ORDER_TOLERANCE_NS)
+		return t;
+	for (int b = m->nback - 1; b >= 0; b--) {
+		int64_t x = e->wall + m->back_off[b];
+
+		if (x >= m->back_at[b])
+			continue;	/* not before that step in the frame before it */
+		if (m->back_seq[b] && e->seq > m->back_seq[b])
+			continue;	/* logged well after that step */
+		if (x <= later + LOG_ORDER_TOLERANCE_NS)
+			return x;
+	}
+	return t;
+}
+
+/*
+ * Places a sandbox's changes `e` (`n` of them, in the log's order) on the label clock at this
+ * tick, the newest first: each at node_time_logged() at the tick's label (clk_now_l, as
+ * gen_point() and tail_bill() read times), then no later than the changes logged after it when
+ * a kept backward-step frame allows it (log_time_before()). Not at the tick's billing end (the
+ * label less m->lag): a change read between the two was logged in this frame, and placed by
+ * the end it was moved into the frame before a backward step, the step's size early.
+ * One sandbox's changes are logged in the order they happen, and the wall clock's times repeat
+ * after a backward step, so a change logged before the step that the offset after it puts
+ * before the tick can still read after the sandbox's later changes: it was logged in the frame
+ * before. Read by the tick alone, a resume on another node logged 434 s before a 601 s backward
+ * step stood 30.5 s past the sandbox's move to this node, and the moved generation was billed
+ * from there (kiln-sim seed 31140: node 1's meter, down across the move, first read the
+ * sandbox 176 s after the step; -13,657 µcr); a meter that tracked a sandbox again from a
+ * generation left short of its end in the ledger, 395 s after a 443 s backward step it followed,
+ * read that generation's pause, logged 107 s before the step, 443 s late, past the point, and
+ * billed the generation again (kiln-sim seed 31121, +161,538 µcr). The log's times are not
+ * monotone in its sequence (LOG_ORDER_TOLERANCE_NS): a change is moved only when it reads past a
+ * later one by more than that, and only among the changes read. `later` is the earliest of all
+ * the changes logged after e[k], so one later change placed a step early (a wrong offset before
+ * a step) places every earlier change not yet applied no later than itself, where the tick
+ * alone misread that one change only.
+ */
+static void log_place(const struct meter *m, struct ment *e, size_t n)
+{
+	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
+
+	for (size_t k = n; k-- > 0;) {
+		e[k].at = node_time_logged(m, e[k].wall, m->clk_now_l);
+		if (later != INT64_MAX)
+			e[k].at = log_time_before(m, &e[k], e[k].at, later);
+		if (e[k].at < later)
+			later = e[k].at;
+	}
 }
 
 /*
@@ -2774,7 +2855,9 @@ static const char tails_sql[] =
  * they were logged in (node_time_logged() at the tick's label), as gen_point() reads the end:
  * read with the offset after a backward step that followed the end, the end stood the step's
  * size late and the tail was billed that much longer, past where the next generation's windows
- * start (a step of -320 s: 320 s billed twice). `s`'s own billing point is left as it was.
+ * start (a step of -320 s: 320 s billed twice). They are not placed by the changes logged
+ * after them (log_place() is meter_bill_rows()'s only). `s`'s own billing point is left as it
+ * was.
  */
 static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
 {
@@ -2969,10 +3052,11 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		 * frame it was logged in, as its change's log row is read (below). Read with the
 		 * offset in force, a time logged before a backward step stood the step's size
 		 * ahead, and the row's end was waited for while its state before was billed
-		 * (kiln-sim seed 31120: a deletion read 2,196 s late). */
-		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, now) : 0;
-		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, now) : 0;
-		r[i].created = r[i].created ? node_time_logged(m, r[i].created, now) : 0;
+		 * (kiln-sim seed 31120: a deletion read 2,196 s late). At the tick's label, not at
+		 * `now`, the high-water mark billed up to, as log_place() places the log rows. */
+		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, m->clk_now_l) : 0;
+		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, m->clk_now_l) : 0;
+		r[i].created = r[i].created ? node_time_logged(m, r[i].created, m->clk_now_l) : 0;
 		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
@@ -3008,7 +3092,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
-		e->at = node_time_logged(m, pg_res_int(lres, k, 3, 0) * 1000, now);
+		e->wall = pg_res_int(lres, k, 3, 0) * 1000;
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
@@ -3019,6 +3103,8 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			r[i].e = e;
 		r[i].ne++;
 	}
+	for (int i = 0; i < rows; i++)
+		log_place(m, (struct ment *)r[i].e, r[i].ne);
 	meter_take_over(m, r, rows, &tk);
 	for (int i = 0; i < rows; i++) {
 		struct msb *s = sv[i];

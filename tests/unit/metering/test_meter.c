@@ -2374,6 +2374,302 @@ static void test_a_sandbox_first_read_at_a_forward_steps_tick_keeps_its_points_s
 	pg_free(dead);
 }
 
+/*
+ * A sandbox's changes logged before a backward step and read after it are placed no later than
+ * the changes logged after it: the offset after the step put them before the tick, so they were
+ * read in the frame after the step, late by the step. Node 1's meter, down across a sandbox's
+ * move to node 1 and restarted 176 s after a 601 s backward step, read a resume on node 0 logged
+ * 434 s before the step at 30.5 s past the move, and billed the moved generation from there
+ * (kiln-sim seed 31140, -13,657 µcr). Here the sandbox runs on A from 0 and pauses at 40 (128
+ * MiB), the wall clock steps back 50 s at 50, B's meter has no Postgres from 55 to 95, the
+ * sandbox resumes on B at 60 and stops at 110. B read the creation at 50 and the pause at 90,
+ * and billed generation 2 from 90: 20 s of 50 (5,140 µcr for 12,850).
+ */
+static void test_a_change_logged_before_a_backward_step_reads_before_the_later_ones(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+
+	two_nodes_start(&c, t0, true, 0);
+	for (int i = 1; i <= 125; i++) {
+		if (i == 41)
+			pause_into(c.t, c.sb, "snap_p", 128);	/* at 40, on A */
+		if (i == 51)
+			fake_now -= 50 * S;	/* at 50, the wall clock steps back 50 s */
+		if (i == 56)
+			meter_set_backends(c.b, dead, rds);	/* B without Postgres at 55 */
+		if (i == 61)	/* at 60, resumed on B: a new generation there */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
+			    "pause_snapshot = NULL, node_id = '%s', "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    c.nb, (long long)(fake_now / 1000), c.sb);
+		if (i == 96)
+			meter_set_backends(c.b, pg, rds);	/* back at 95 */
+		if (i == 111)
+			stop_sandbox(c.sb, fake_now);	/* at 110 */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		if (i >= 56 && i < 96)
+			(void)meter_tick(c.b, &err);
+		else
+			CHECK_INT(meter_tick(c.b, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb), 50 * 257);
+	/* 40 s running and 20 s paused at 128 MiB on A, 50 s running on B */
+	CHECK_INT(used(c.t), 90 * 257 + 20 * 128);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	CHECK_INT(meter_pending(c.b, c.t), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", c.sb), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+	pg_free(dead);
+}
+
+/*
+ * The one meter of a sandbox's node, without Postgres from `down` to `up` s, bills it running
+ * from 0; the wall clock steps back 100 s at 5, the sandbox pauses at `pause` s (128 MiB) and
+ * stops, the stop logged after the pause but stamped `early` s before it (the log's times are
+ * not monotone in its sequence: a lost row takes its node's last heartbeat, a vCPU stop the
+ * node's own clock). Returns what the tenant was charged.
+ */
+static long long stop_stamped_before_its_pause(int down, int up, int pause, int early)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+	long long charged;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= up + 20; i++) {
+		if (i == 6)
+			fake_now -= 100 * S;	/* at 5, the wall clock steps back 100 s */
+		if (i == down + 1)
+			meter_set_backends(m, dead, rds);
+		if (i == pause + 1)
+			pause_into(t, sb, "snap_o", 128);
+		if (i == pause + 2)	/* logged after the pause, stamped before it */
+			stop_sandbox(sb, fake_now - (early + 1) * S);
+		if (i == up + 1)
+			meter_set_backends(m, pg, rds);
+		fake_now += S;
+		fake_mono += S;
+		if (i > down && i <= up)
+			(void)meter_tick(m, &err);
+		else
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	charged = used(t);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	meter_free(m);
+	pg_free(dead);
+	return charged;
+}
+
+/*
+ * A change that reads past a change of its sandbox logged after it by a few seconds stays where
+ * it reads: the log's times are not monotone in its sequence. With the step's tolerance (0.5 s)
+ * in place of LOG_ORDER_TOLERANCE_NS, a pause at 30 that a stop stamped 2 s before it followed
+ * was moved into the frame before a backward step at 5 (100 s early) and raised to the point at
+ * 20: 6,164 µcr, 8 s of running time billed as paused. Not moved, the stop ends the generation
+ * where it reads, at 28, as it did before log_place(): 7,196 µcr.
+ */
+static void test_a_change_stamped_a_little_after_a_later_one_keeps_its_frame(void)
+{
+	CHECK_INT(stop_stamped_before_its_pause(20, 50, 30, 2), 28 * 257);
+}
+
+/*
+ * Nor is a change moved into the frame before a backward step when it was logged LOG_LATE_NS or
+ * more after that step (its sequence past the one read then), however much earlier a later change
+ * is stamped: without that bound, a pause at 120 that a stop stamped 30 s before it followed
+ * (the tolerance is 20 s) moved into the frame before the step at 5, 100 s early, raised to the
+ * point at 70: 20 s of running time billed as paused (20,550 µcr for 23,130).
+ */
+static void test_a_change_logged_long_after_a_backward_step_is_not_moved_before_it(void)
+{
+	CHECK_INT(stop_stamped_before_its_pause(70, 130, 120, 30), 90 * 257);
+}
+
+/*
+ * A change read between the tick's billing end (its label less the wait for a transaction still
+ * open, m->lag) and its label stays where it reads: it was logged in this frame, not before a
+ * backward step. Placed by that billing end, such a change that the offset after a backward step
+ * put just past it was moved into the frame before the step, the step's size early. Here the
+ * sandbox runs from 0, the wall clock steps back 100 s at 5, a transaction stays open 3 s (real
+ * time) from 15 to 25, the sandbox pauses at 20 (128 MiB) and stops at 40. Before, the pause
+ * read 100 s early and was raised to the sandbox's point, about 3 s before it: 7,306 µcr for
+ * 7,700.
+ */
+static void test_a_change_read_within_the_commit_lag_keeps_its_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *own = pg_new(meter_db_url, 1);
+	struct pg_conn *open_tx = NULL;
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 50; i++) {
+		if (i == 6)
+			fake_now -= 100 * S;	/* at 5, the wall clock steps back 100 s */
+		if (i == 16) {	/* at 15: billing waits for a transaction open 3 s */
+			CHECK(pg_acquire(own, &open_tx, &err) == KILN_OK);
+			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
+			nanosleep(&(struct timespec){ .tv_sec = 3 }, NULL);
+		}
+		if (i == 21)
+			pause_into(t, sb, "snap_l", 128);	/* at 20 */
+		if (i == 26 && open_tx) {
+			CHECK(pg_exec(open_tx, "ROLLBACK", &err) == KILN_OK);
+			pg_release(own, open_tx);
+			open_tx = NULL;
+		}
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	/* 20 s running, 20 s paused at 128 MiB */
+	CHECK_INT(used(t), 20 * 257 + 20 * 128);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(own);
+}
+
+/*
+ * A generation left short of its end in the ledger, read again by a live meter of its node long
+ * after a backward step it followed, has the changes it logged before the step placed no later
+ * than the sandbox's later ones: the offset after the step put them before the tick, past the
+ * ledger's point, and they were applied again. A meter of node 0 that tracked a sandbox again from
+ * its generation 1's point, short of its end, 395 s after a 443 s backward step read that
+ * generation's pause, logged 107 s before the step, 443 s late, and billed generation 1 a second
+ * time, paused from the point to its "creation" and running to its "pause" (kiln-sim seed 31121,
+ * +161,538 µcr). Here meter a flushes [0, 10) and crashes at 12; the sandbox pauses at 15 into
+ * 512 MiB and is resumed at 40 (generation 2); the wall clock steps back 60 s at 50; meter b,
+ * without Postgres from 3 to 85, has its first generation's windows refused (a's [0, 10)) and
+ * reads the sandbox from generation 1's point at 10 (its tick at 85), the creation at 60, the
+ * pause at 75 and the resume at 40 (the offset after the step put it past the tick). The
+ * sandbox stops at 110. Before, b billed generation 1 running from 10 to 75 and generation 2
+ * from 75: 28,270 µcr for 34,645.
+ */
+static void test_a_short_generations_changes_read_long_after_a_backward_step_keep_their_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 125; i++) {
+		if (i == 4)
+			meter_set_backends(b, dead, rds);
+		if (i == 13) {
+			meter_free(a);	/* a crash at 12, [0, 10) flushed */
+			a = NULL;
+		}
+		if (i == 16)
+			pause_into(t, sb, "snap_s", 512);	/* at 15 */
+		if (i == 41)	/* at 40, resumed: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 51)
+			fake_now -= 60 * S;	/* at 50, the wall clock steps back 60 s */
+		if (i == 86)
+			meter_set_backends(b, pg, rds);
+		if (i == 111)
+			stop_sandbox(sb, fake_now);	/* at 110 */
+		fake_now += S;
+		fake_mono += S;
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (i < 86)
+			(void)meter_tick(b, &err);
+		else
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* 15 s running and 25 s paused at 512 MiB in generation 1, 70 s running in generation 2 */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 15 * 257 + 25 * 512);
+	CHECK_INT(used(t), 85 * 257 + 25 * 512);
+	CHECK_INT(meter_pending(b, t), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	meter_free(b);
+	pg_free(dead);
+}
+
+/*
+ * The sequence bound is read only at a tick that reaches Postgres LOG_LATE_NS or more after the
+ * step; a meter without Postgres across the step reads it when Postgres is back, so a change
+ * logged in between has no bound, and only the step's own instant keeps it from the frame before
+ * the step: the meter down from 3 to 130 across the step at 5, a pause at 120 that a stop
+ * stamped 30 s before it followed (past the 20 s tolerance) was moved into the frame before the
+ * step, although its time after the step's offset is past the step, 100 s early and raised to
+ * the point at 3: 14,100 µcr for 23,130.
+ */
+static void test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it(void)
+{
+	CHECK_INT(stop_stamped_before_its_pause(3, 130, 120, 30), 90 * 257);
+}
+
+/*
+ * After a backward step of the wall clock (100 s at 12 s), a sandbox created at the tick's label
+ * while a transaction held open 3 s makes the tick bill up to 3 s behind its label (the commit
+ * high-water mark): its times read at the label, in the frame in force. Before, read against the
+ * high-water mark, its creation (ahead of that by more than a step's tolerance) was read in the
+ * frame before the step, 100 s early, and billed from there: 38,550 µcr for 12,850.
+ */
+static void test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force(void)
+{
+	char t[32], sb[32], t2[32], sb2[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg_conn *hold = NULL;
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	new_tenant(t2, sizeof(t2));
+	grant(t2, 1000000000LL, 0, "a");
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 31) {			/* at 30 */
+			hold = conn();
+			CHECK_INT(pg_exec(hold, "BEGIN; SELECT 1", &err), KILN_OK);
+			sleep(3);
+			new_sandbox(t2, sb2, sizeof(sb2), fake_now);
+		}
+		if (i == 34) {
+			CHECK_INT(pg_exec(hold, "ROLLBACK", &err), KILN_OK);
+			pg_release(pg, hold);
+		}
+		tick_both(m);
+	}
+	CHECK_INT(used(t2), 50 * 257);	/* from 30 to 80 */
+	CHECK_INT(meter_pending(m, t2), 0);
+	CHECK_INT(redis_bal(t2, &ok), ledger_bal(t2));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2441,6 +2737,13 @@ int main(void)
 	TEST(test_a_change_logged_before_a_backward_step_while_down_keeps_its_time);
 	TEST(test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_point);
 	TEST(test_a_sandbox_first_read_at_a_forward_steps_tick_keeps_its_points_state);
+	TEST(test_a_change_logged_before_a_backward_step_reads_before_the_later_ones);
+	TEST(test_a_change_stamped_a_little_after_a_later_one_keeps_its_frame);
+	TEST(test_a_change_logged_long_after_a_backward_step_is_not_moved_before_it);
+	TEST(test_a_change_read_within_the_commit_lag_keeps_its_frame);
+	TEST(test_a_short_generations_changes_read_long_after_a_backward_step_keep_their_frame);
+	TEST(test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it);
+	TEST(test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force);
 
 	rc = test_summary();
 	rds_free(rds);
