@@ -155,6 +155,7 @@ struct meter {
 	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
+	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
@@ -169,6 +170,16 @@ struct meter {
 	 * `clock`, 9110). */
 	int64_t back_off[STEPS_KEPT], back_at[STEPS_KEPT];
 	int nback;
+	/* For each, the log sequence a change must be above to be read in the frame before it (0:
+	 * any): a step made while no meter of the node ran is kept with its node's saved frame's
+	 * offset for the changes logged after that frame began only (meter_clocks.log_seq); one
+	 * logged before may be older than the frame's own backward step (meter_clock()). */
+	long long back_min[STEPS_KEPT];
+	/* The state log's sequence (its last value) when this meter's offset took its present
+	 * value, a step seen (0: any, none seen), saved with the frame at each flush
+	 * (meter_clocks.log_seq); frame_seq_due: a step was seen and it is not read yet. */
+	long long frame_seq;
+	bool frame_seq_due;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
@@ -198,6 +209,7 @@ struct meter {
 	int64_t ffirst_read;
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
+	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
@@ -280,17 +292,19 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 }
 
 /* Keeps a backward step of the wall clock at label `at`, seen at monotonic time `mono`, the offset
- * before it `off` (node_time_logged(), node_time_before()); the oldest goes when STEPS_KEPT are
- * kept. */
-static void back_keep(struct meter *m, int64_t at, int64_t off, int64_t mono)
+ * before it `off` for the changes logged with a sequence above `min` (0: any; node_time_logged(),
+ * node_time_before()); the oldest goes when STEPS_KEPT are kept. */
+static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, int64_t mono)
 {
 	if (m->nback == STEPS_KEPT) {
 		memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_mono, m->back_mono + 1, sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_min, m->back_min + 1, sizeof(m->back_min[0]) * (STEPS_KEPT - 1));
 		m->nback--;
 	}
+	m->back_min[m->nback] = min;
 	m->back_seq[m->nback] = 0;
 	m->back_mono[m->nback] = mono;
 	m->back_at[m->nback] = at;
@@ -331,6 +345,7 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
 		if (m->resume && mono >= m->resume_m) {
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
+			m->frame_seq = m->resume_log_seq;	/* the frame goes on */
 			framed = true;
 			/* The frame's newest forward step, followed by the meter that saved it: a
 			 * point of the ledger from before it moves on by it here too (kiln-sim
@@ -398,7 +413,7 @@ static int64_t meter_clock(struct meter *m)
 		if (!m->clk_behind)
 			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
 				 (double)(l - w) / 1e9);
-		back_keep(m, l, m->off, mono);
+		back_keep(m, l, m->off, 0, mono);
 		/* The first tick in the saved frame finds the wall clock further behind the label
 		 * clock than that frame's offset: it stepped back while no meter of the node ran.
 		 * The node's times logged before that step, while the meter was down, were logged
@@ -407,10 +422,14 @@ static int64_t meter_clock(struct meter *m)
 		 * offset 0 alone, a change logged in the frame stood the frame's offset early
 		 * (kiln-sim seed 31120: a running sandbox's deletion read 2,807 s early, before
 		 * the ledger's point, and taken as in it; the generation billed as running past
-		 * it, +4,348,463 µcr). */
+		 * it, +4,348,463 µcr). Only for the changes logged after the frame's offset
+		 * began (meter_clocks.log_seq): one logged before may be older than the frame's
+		 * own backward step, and read in the frame it stood that step's size late, past
+		 * the ledger's point, and was applied again (a pause before a -100 s step, the
+		 * frame's, read 100 s late: +965 µcr in 200 s). */
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
-			back_keep(m, l, off_before, mono);
+			back_keep(m, l, off_before, m->resume_log_seq, mono);
 		m->fwd_from = m->nsteps;
 		/* The first tick in the saved frame finds the wall clock nearer to the label clock
 		 * than that frame's offset: it stepped forward within the lead while no meter of
@@ -422,6 +441,10 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS)
 			fwd_keep(m, l, 0, off_before);
 	}
+	/* A step changed the offset: a new frame, whose changes are those logged from now on
+	 * (frame_seq_read()). Not an offset that drifts less than a step's tolerance a tick. */
+	if (l - w - off_before > STEP_TOLERANCE_NS || off_before - (l - w) > STEP_TOLERANCE_NS)
+		m->frame_seq_due = true;
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;
@@ -678,6 +701,7 @@ struct ment {
 	long long gen;
 	enum bstate st;
 	int64_t at;		/* ns, on the label clock */
+	int64_t w;		/* ns, the node's wall-clock time it was logged at */
 	const char *node;	/* its node ("" when none) */
 	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
 				 * dead while the sandbox is here now */
@@ -693,6 +717,7 @@ struct mrow {
 	unsigned mem_mib, disk_gib;
 	uint64_t snap_mib;
 	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
+	int64_t w_changed, w_deleted, w_created;	/* the same on the node's wall clock */
 	bool here;		/* the sandbox is on this node now */
 	bool has_m;
 	long long m_gen;
@@ -803,18 +828,26 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 	return w;
 }
 
+/* Whether a change logged with sequence `seq` (0: unknown) may be read in the frame before the
+ * kept backward step `b` (back_min: a frame kept for the changes logged after it began only). */
+static bool back_usable(const struct meter *m, int b, long long seq)
+{
+	return !m->back_min[b] || seq > m->back_min[b];
+}
+
 /*
- * The node's wall-clock time `w` of a change already logged (ns) on this meter's label clock, at
- * the tick labelled `now`: node_time(), but read ahead of the tick by more than a step's
- * tolerance after a backward step, it was logged before that step, in the frame then in force
- * (the newest that puts it no later than the tick).
+ * The node's wall-clock time `w` of a change already logged (ns), with log sequence `seq` (0:
+ * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but read ahead
+ * of the tick by more than a step's tolerance after a backward step, it was logged before that
+ * step, in the frame then in force (the newest that puts it no later than the tick and that the
+ * change may be read in: back_usable()).
  */
-static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
+static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
 {
 	int64_t t = node_time(m, w);
 
 	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
-		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS)
+		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
 			t = w + m->back_off[b];
 	return t;
 }
@@ -848,6 +881,8 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 			continue;	/* not before that step in the frame before it */
 		if (seq && after && seq > after)
 			continue;	/* logged well after that step */
+		if (!fwd && !back_usable(m, k - m->nsteps, seq))
+			continue;	/* logged before the frame kept for that step began */
 		p = step_shift(m, x);
 		if (p + billed <= end && (!found || p > best)) {
 			best = p;
@@ -861,8 +896,9 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL; `end_col`, when not -1, the first change of a later generation, µs, NULL while
- * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL) on
- * this meter's label clock, into *t: where this meter places the generation's start, plus what is
+ * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL, and
+ * `seq_col` + 1, when `end_col` is not -1, the end's: GEN_END_SEQ_SQL) on this meter's label
+ * clock, into *t: where this meter places the generation's start, plus what is
  * billed of it. The point itself is a label of the clock of the
  * meter that wrote it, which may run far from this one's (one followed a clock step, the other,
  * restarted without its frame, did not): read as a label here, a generation taken over from
@@ -891,17 +927,19 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 		      int seq_col, int64_t *t)
 {
 	int64_t w, billed, end;
+	long long seq;
 
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
 	w = pg_res_int(res, i, col, 0) * 1000;
 	billed = pg_res_int(res, i, col + 1, 0);
-	*t = node_time_logged(m, w, m->clk_now_l) + billed;
+	seq = pg_res_int(res, i, seq_col, 0);
+	*t = node_time_logged(m, w, seq, m->clk_now_l) + billed;
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
-		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000, m->clk_now_l);
+		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
+				       pg_res_int(res, i, seq_col + 1, 0), m->clk_now_l);
 		if (*t > end + STEP_TOLERANCE_NS)
-			*t = node_time_before(m, w, pg_res_int(res, i, seq_col, 0), billed, end) +
-			     billed;
+			*t = node_time_before(m, w, seq, billed, end) + billed;
 		else if (*t > end)
 			*t = end;	/* billed past it, not read in another frame */
 	}
@@ -1352,6 +1390,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_END_SQL(X, G)                                                                          \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
+/* The log sequence of that first change of a later generation (node_time_logged()). */
+#define GEN_END_SEQ_SQL(X, G)                                                                      \
+	"(SELECT n.seq FROM sandbox_state_log n "                                                  \
+	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
 /* How far the point P (ns) of generation G of X reaches past the start of its first window, on
  * the clock of the meter that billed it: what is billed of it and the forward steps of the wall
  * clock in it, so about where the wall clock stood at P (tails_sql); NULL when it has no window. */
@@ -1391,7 +1433,8 @@ static const char rows_sql[] =
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SEQ_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -1475,9 +1518,9 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 	r->state = pg_res_str(res, i, 3);
 	r->mem_mib = (unsigned)pg_res_int(res, i, 4, 0);
 	r->disk_gib = (unsigned)pg_res_int(res, i, 5, 0);
-	r->changed = pg_res_int(res, i, 6, 0) * 1000;
-	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
-	r->created = pg_res_int(res, i, 8, 0) * 1000;
+	r->w_changed = pg_res_int(res, i, 6, 0) * 1000;
+	r->w_deleted = pg_res_int(res, i, 7, 0) * 1000;
+	r->w_created = pg_res_int(res, i, 8, 0) * 1000;
 	r->snap_mib = (uint64_t)pg_res_int(res, i, 16, 0);
 	r->here = pg_res_bool(res, i, 17);
 	r->m_mine = pg_res_bool(res, i, 18);
@@ -1832,12 +1875,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  int64_t clk_l, int64_t clk_m, int64_t clk_off,
+				  int64_t clk_l, int64_t clk_m, int64_t clk_off, long long frame_seq,
 				  const struct mstep *step, struct buf *refused, struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24];
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "";
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1845,7 +1888,9 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::json, $2)", items,
 			 m->o.card.version);
-	/* The frame of this flush's label clock, for the node's next meter on this host. */
+	/* The frame of this flush's label clock, for the node's next meter on this host, with the
+	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
+	 * now, later than that, so no change logged before the frame's step is read in it). */
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -1853,17 +1898,21 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		snprintf(s_at, sizeof(s_at), "%" PRId64, step->at);
 		snprintf(s_by, sizeof(s_by), "%" PRId64, step->by);
 		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
+		if (frame_seq >= 0)
+			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back) "
-			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10) "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq) "
+			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
+			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
+			 "ELSE 0 END FROM sandbox_state_log_seq_seq))) "
 			 "ON CONFLICT (node_id) DO UPDATE SET "
 			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, updated_at = now() "
+			 "step_back = $10, log_seq = EXCLUDED.log_seq, updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false");
+			 s_off, step->back ? "true" : "false", fseq);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -1910,7 +1959,7 @@ static void *flush_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
 		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
-				  &m->fstep, &m->frefused, &err);
+				  m->fframe_seq, &m->fstep, &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -2090,6 +2139,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
+		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2099,7 +2149,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
-	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off, &step, &refused, err);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
+			  m->frame_seq_due ? -1 : m->frame_seq, &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -2514,7 +2565,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 "step_back, log_seq FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -2528,6 +2579,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 				.at = pg_res_int(res, 0, 3, 0),
 				.by = pg_res_int(res, 0, 4, 0),
 				.off = pg_res_int(res, 0, 5, 0) };
+			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
 		}
 		pg_res_free(res);
 	}
@@ -2613,7 +2665,8 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
 			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
 			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
+			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_END_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
 			"FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2732,32 +2785,33 @@ out:
  * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
  * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
  * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
- * when none>", comma-separated), its
+ * when none> <log sequence>", comma-separated), its
  * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
- * generation's start, what is billed of it and its start's log sequence (gen_point()). The point
- * is on the clock of the meter that wrote it, the end and the changes on the wall clock: they are
- * compared with the generation's start plus what is billed of it (wall_ns), the point itself when
- * that is not known.
+ * generation's start, what is billed of it, its start's log sequence and its end's
+ * (gen_point()). The point is on the clock of the meter that wrote it, the end and the changes
+ * on the wall clock: they are compared with the generation's start plus what is billed of it
+ * (wall_ns), the point itself when that is not known.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.seq) FROM sandbox_state_log l "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
+	"    FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
-	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
+	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", e.seq "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
 	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns, "
 	"    " GEN_REACH_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS reach_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.reach_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
-	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
+	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
 	"    AND n.generation > mm.generation ORDER BY n.seq LIMIT 1) e ON true "
 	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
@@ -2781,7 +2835,8 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
 	int64_t t = pg_res_int(res, i, 5, 0);
-	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, m->clk_now_l);
+	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, pg_res_int(res, i, 18, 0),
+				       m->clk_now_l);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
 	gen_point(m, res, i, 15, 9, 17, &t);
@@ -2801,12 +2856,12 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
 	while (*chg) {
 		char name[16] = "";
-		long long us = 0, cpu = -1;
+		long long us = 0, cpu = -1, seq = 0;
 		int64_t at;
 		uint64_t dcpu = 0;
-		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
+		if (sscanf(chg, "%15s %lld %lld %lld", name, &us, &cpu, &seq) != 4)
 			break;
-		at = node_time_logged(m, us * 1000, m->clk_now_l);
+		at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
@@ -2945,6 +3000,39 @@ static void end_in_point_mark(const struct msb *s, struct mrow *r, size_t k, int
 	r->end_in_point = true;
 }
 
+/* The log sequence of the change of `r` logged at the node's wall-clock time `w` (its newest such
+ * among the log rows read), 0 when none was read. */
+static long long row_time_seq(const struct mrow *r, int64_t w)
+{
+	long long seq = 0;
+
+	for (size_t k = 0; k < r->ne; k++)
+		if (r->e[k].w == w && r->e[k].seq > seq)
+			seq = r->e[k].seq;
+	return seq;
+}
+
+/*
+ * The times of `r` (as row_parse() reads them, the node's wall clock) on the label clock at this
+ * tick's label, each in the frame it was logged in, as the log row of the change that logged it
+ * is read (the row's times are those of its changes: state_changed_at its newest, deleted_at its
+ * deletion, created_at its creation), with that row's sequence when it was read (row_time_seq();
+ * before the log is read, none: the frame kept for the changes logged after the node's saved
+ * frame began is not taken, which reads a time no later, so the log is read from no later). Read
+ * with the offset in force, a time logged before a backward step stood the step's size ahead, and
+ * the row's end was waited for while its state before was billed (kiln-sim seed 31120: a
+ * deletion read 2,196 s late). At the label, not at the high-water mark billed up to
+ * (meter_bill_rows()).
+ */
+static void row_times(const struct meter *m, struct mrow *r)
+{
+	int64_t *t[] = { &r->changed, &r->deleted, &r->created };
+	const int64_t w[] = { r->w_changed, r->w_deleted, r->w_created };
+
+	for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++)
+		*t[k] = w[k] ? node_time_logged(m, w[k], row_time_seq(r, w[k]), m->clk_now_l) : 0;
+}
+
 /*
  * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
  * changes of all since the oldest billed-up-to point among them (one query), and bills each
@@ -2965,15 +3053,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	}
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
-		/* The node's times are wall-clock: on the label clock after a step, each in the
-		 * frame it was logged in, as its change's log row is read (below). Read with the
-		 * offset in force, a time logged before a backward step stood the step's size
-		 * ahead, and the row's end was waited for while its state before was billed
-		 * (kiln-sim seed 31120: a deletion read 2,196 s late). At the tick's label, not at
-		 * `now`, the high-water mark billed up to (below). */
-		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, m->clk_now_l) : 0;
-		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, m->clk_now_l) : 0;
-		r[i].created = r[i].created ? node_time_logged(m, r[i].created, m->clk_now_l) : 0;
+		row_times(m, &r[i]);	/* read again with their log rows' seq, below */
 		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
@@ -3009,22 +3089,25 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
+		e->seq = pg_res_int(lres, k, 7, 0);
+		e->w = pg_res_int(lres, k, 3, 0) * 1000;
 		/* At the tick's label, as gen_point() and tail_bill() read: at `now`, the
 		 * high-water mark up to COMMIT_WAIT_DEFAULT_MS behind it, a change logged after
 		 * `now` plus a step's tolerance but no later than the label read a whole backward
 		 * step early, in the frame before the step (a sandbox created at the label, with a
 		 * transaction held open 3 s after a -100 s step: 38,550 µcr for 12,850). */
-		e->at = node_time_logged(m, pg_res_int(lres, k, 3, 0) * 1000, m->clk_now_l);
+		e->at = node_time_logged(m, e->w, e->seq, m->clk_now_l);
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
 		e->node = pg_res_str(lres, k, 6);
-		e->seq = pg_res_int(lres, k, 7, 0);
 		e->snap_mib = (uint64_t)pg_res_int(lres, k, 8, 0);
 		if (!r[i].e)
 			r[i].e = e;
 		r[i].ne++;
 	}
+	for (int i = 0; i < rows; i++)
+		row_times(m, &r[i]);
 	meter_take_over(m, r, rows, &tk);
 	for (int i = 0; i < rows; i++) {
 		struct msb *s = sv[i];
@@ -3231,6 +3314,32 @@ static void steps_seq_read(struct meter *m, struct pg_conn *c)
 	steps_seq_set(m->back_seq, m->back_mono, m->nback, mono, seq);
 }
 
+/*
+ * Reads the state log's sequence (its last value, 0 while none was taken) for the frame that began
+ * at a step this meter saw (frame_seq_due): one query, only in the tick that sees a step (or the
+ * next that reaches Postgres). The changes logged above it were logged in this frame or a later
+ * one; a meter restarted in the frame after a backward step made while none ran reads only those
+ * in its offset (meter_clock()). Left due when it fails: read later, it only puts fewer changes
+ * in the frame.
+ */
+static void frame_seq_read(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+
+	if (!m->frame_seq_due)
+		return;
+	m->st.pg_calls++;
+	if (PGQ0(c, &res, &err, "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
+		 "FROM sandbox_state_log_seq_seq") != KILN_OK) {
+		log_warn("cannot read the state log's sequence: %s", err.msg);
+		return;
+	}
+	m->frame_seq = pg_res_int(res, 0, 0, 0);
+	m->frame_seq_due = false;
+	pg_res_free(res);
+}
+
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
@@ -3261,8 +3370,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		if (rc == KILN_OK)
 			rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
 		m->st.pg_calls++;
-		if (rc == KILN_OK)
+		if (rc == KILN_OK) {
 			steps_seq_read(m, c);
+			frame_seq_read(m, c);
+		}
 		pg_release(m->pg, c);
 	}
 	if (rc != KILN_OK) {
