@@ -175,16 +175,26 @@ struct meter {
 	 * offset for the changes logged after that frame began only (meter_clocks.log_seq); one
 	 * logged before may be older than the frame's own backward step (meter_clock()). */
 	long long back_min[STEPS_KEPT];
-	/* The state log's sequence (its last value) when this meter's offset took its present
-	 * value, a step seen (0: any, none seen), saved with the frame at each flush
-	 * (meter_clocks.log_seq); frame_seq_due: a step was seen and it is not read yet. */
+	/* The state log's sequence (its last value) at or before the backward step that gave this
+	 * meter's offset its present value (0: any, none seen), saved with the frame at each flush
+	 * (meter_clocks.log_seq): the one read at the last tick before that step (tick_seq); at a
+	 * restarted meter's first tick, none read yet, the one this tick reads (frame_seq_due). */
 	long long frame_seq;
 	bool frame_seq_due;
+	/* The state log's sequence read at the last tick that reached Postgres (commit_lag()),
+	 * tick_seq_set once one has. */
+	long long tick_seq;
+	bool tick_seq_set;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
 	 * time is after it, never in the frame before it (node_time_before()). */
 	long long step_seq[STEPS_KEPT], back_seq[STEPS_KEPT];
+	/* For each forward step, the log sequence a change must be above to be read in the frame
+	 * before it (0: any): a forward step made while no meter of the node ran, kept at the first
+	 * tick in the saved frame, for the changes logged after that frame began only, as back_min
+	 * (node_time_seq()). */
+	long long step_min[STEPS_KEPT];
 	int64_t step_mono[STEPS_KEPT], back_mono[STEPS_KEPT];
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
@@ -280,6 +290,7 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 		memmove(m->step_off, m->step_off + 1, sizeof(m->step_off[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_seq, m->step_seq + 1, sizeof(m->step_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_mono, m->step_mono + 1, sizeof(m->step_mono[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_min, m->step_min + 1, sizeof(m->step_min[0]) * (STEPS_KEPT - 1));
 		m->nsteps--;
 		if (m->fwd_from)
 			m->fwd_from--;
@@ -287,6 +298,7 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 	m->step_at[m->nsteps] = at;
 	m->step_off[m->nsteps] = off;
 	m->step_seq[m->nsteps] = 0;
+	m->step_min[m->nsteps] = 0;
 	m->step_mono[m->nsteps] = m->o.mono_ns(m->o.clock_ctx);
 	m->step_by[m->nsteps++] = by;
 }
@@ -396,6 +408,8 @@ static int64_t meter_clock(struct meter *m)
 		 * the node ran took the whole lead back (one that left part of it is kept below,
 		 * after the backward step from offset 0 such a tick takes it for). */
 		fwd_keep(m, l, 0, off_before);
+		if (framed)	/* for the changes logged in the frame only (below) */
+			m->step_min[m->nsteps - 1] = m->resume_log_seq;
 		if (l - w <= STEP_TOLERANCE_NS) {
 			m->clk_l0 = w;
 			m->clk_m0 = mono;
@@ -437,14 +451,30 @@ static int64_t meter_clock(struct meter *m)
 		 * such a step seen running. Read with the offset after it, a change logged while
 		 * the meter was down stood the step's size early (kiln-sim seed 31049: a paused
 		 * sandbox's deletion read 257 s early, before the ledger's point, and its
-		 * generation ended there, 11 s of paused time unbilled). */
-		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS)
+		 * generation ended there, 11 s of paused time unbilled). Only for the changes
+		 * logged after the frame began, as for a backward step: one logged before it,
+		 * older than the frame's own backward step, takes offset 0, this tick's before the
+		 * step (node_time_seq(); read in the frame, a pause logged before the frame's
+		 * -100 s step stood 100 s late and was applied again: 14,730 µcr for 13,765). */
+		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS) {
 			fwd_keep(m, l, 0, off_before);
+			m->step_min[m->nsteps - 1] = m->resume_log_seq;
+		}
 	}
-	/* A step changed the offset: a new frame, whose changes are those logged from now on
-	 * (frame_seq_read()). Not an offset that drifts less than a step's tolerance a tick. */
-	if (l - w - off_before > STEP_TOLERANCE_NS || off_before - (l - w) > STEP_TOLERANCE_NS)
-		m->frame_seq_due = true;
+	/* A backward step grew the offset: a new frame, whose changes are those logged after the
+	 * last tick before the step read the log's sequence (a bound no later than the step: read
+	 * at the first tick after it that reached Postgres, every change logged in the frame
+	 * before that read lost the frame's offset at a restart and read it early, before the
+	 * ledger's point, taken as in it: 5,140 µcr for 5,654). A change of the older frame logged
+	 * in between reads in this one, late by the step, as it did before the frame kept a
+	 * sequence. A forward step within the lead keeps the frame: the changes logged after the
+	 * backward step and before it keep the frame's offset, not offset 0, a whole lead early.
+	 * A restarted meter's first tick has read none: it takes the one it reads (meter_tick()).
+	 * Not an offset that drifts less than a step's tolerance a tick. */
+	if (l - w - off_before > STEP_TOLERANCE_NS) {
+		m->frame_seq = m->tick_seq;
+		m->frame_seq_due = !m->tick_seq_set;
+	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;
@@ -791,6 +821,27 @@ static int64_t step_shift(const struct meter *m, int64_t t)
 }
 
 /*
+ * node_time() of a change logged with sequence `seq` (0: unknown, any): not in the frame before a
+ * forward step kept for the changes logged above step_min only, when logged no later, but at
+ * offset 0, where the first tick that kept that step stood before it (a change older than the
+ * saved frame, logged in the frame before that frame's own backward step).
+ */
+static int64_t node_time_seq(const struct meter *m, int64_t w, long long seq)
+{
+	int64_t t = w + m->off;
+	int k = m->nsteps;
+
+	while (k > m->fwd_from && w + m->step_off[k - 1] < m->step_at[k - 1])
+		k--;
+	if (k < m->nsteps) {
+		t = w + (seq && seq <= m->step_min[k] ? 0 : m->step_off[k]);
+		for (int i = k; i < m->nsteps; i++)
+			t += m->step_by[i];
+	}
+	return t;
+}
+
+/*
  * The node's wall-clock time `w` (ns) on this meter's label clock: shifted by the offset in force
  * now, or, when it was logged before forward steps this meter followed (since its last backward
  * step), placed in the frame in force before the oldest of them and moved on by each, as the
@@ -801,17 +852,7 @@ static int64_t step_shift(const struct meter *m, int64_t t)
  */
 static int64_t node_time(const struct meter *m, int64_t w)
 {
-	int64_t t = w + m->off;
-	int k = m->nsteps;
-
-	while (k > m->fwd_from && w + m->step_off[k - 1] < m->step_at[k - 1])
-		k--;
-	if (k < m->nsteps) {
-		t = w + m->step_off[k];
-		for (int i = k; i < m->nsteps; i++)
-			t += m->step_by[i];
-	}
-	return t;
+	return node_time_seq(m, w, 0);
 }
 
 /* The earliest wall-clock time the node may have logged for label time `t` (node_time's
@@ -828,11 +869,14 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 	return w;
 }
 
-/* Whether a change logged with sequence `seq` (0: unknown) may be read in the frame before the
- * kept backward step `b` (back_min: a frame kept for the changes logged after it began only). */
+/* Whether a change logged with sequence `seq` (0: unknown, its log row not read) may be read in
+ * the frame before the kept backward step `b` (back_min: a frame kept for the changes logged
+ * after it began only). Unknown, it may, as every change did before frames kept a sequence: a
+ * row's time whose log row is older than the log read, or trimmed, or a deletion logged at
+ * another time than the row's. */
 static bool back_usable(const struct meter *m, int b, long long seq)
 {
-	return !m->back_min[b] || seq > m->back_min[b];
+	return !m->back_min[b] || !seq || seq > m->back_min[b];
 }
 
 /*
@@ -844,7 +888,7 @@ static bool back_usable(const struct meter *m, int b, long long seq)
  */
 static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
 {
-	int64_t t = node_time(m, w);
+	int64_t t = node_time_seq(m, w, seq);
 
 	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
 		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
@@ -3017,8 +3061,8 @@ static long long row_time_seq(const struct mrow *r, int64_t w)
  * tick's label, each in the frame it was logged in, as the log row of the change that logged it
  * is read (the row's times are those of its changes: state_changed_at its newest, deleted_at its
  * deletion, created_at its creation), with that row's sequence when it was read (row_time_seq();
- * before the log is read, none: the frame kept for the changes logged after the node's saved
- * frame began is not taken, which reads a time no later, so the log is read from no later). Read
+ * none before the log is read, or when that log row is not among those read: read as any change,
+ * back_usable()). Read
  * with the offset in force, a time logged before a backward step stood the step's size ahead, and
  * the row's end was waited for while its state before was billed (kiln-sim seed 31120: a
  * deletion read 2,196 s late). At the label, not at the high-water mark billed up to
@@ -3239,7 +3283,8 @@ void meter_flush_settle(struct meter *m)
  */
 static const char commit_lag_sql[] =
 	"SELECT least($1::bigint, greatest(0, coalesce((extract(epoch FROM statement_timestamp() "
-	"    - min(xact_start)) * 1000000)::bigint, 0))) "
+	"    - min(xact_start)) * 1000000)::bigint, 0))), "
+	"(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM sandbox_state_log_seq_seq) "
 	"FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
 	"AND backend_type = 'client backend' AND xact_start IS NOT NULL "
 	"AND application_name IS DISTINCT FROM '" FLUSH_APP_NAME "'";
@@ -3249,8 +3294,10 @@ static const char commit_lag_sql[] =
  * any state change) committed after the tick read its row as running carries a time no earlier
  * than the start of its transaction, open when the tick looked; billing stops at the oldest
  * such start, so no running time past an end is billed (the end is billed at its own time when
- * it is seen). Waits at most commit_wait_ns; a transaction open longer than that holds billing
- * that far behind. KILN_OK, or the error of the query (the tick fails like its rows query).
+ * it is seen). Waits at most commit_wait_ns (never: 0); a transaction open longer than that
+ * holds billing that far behind. With it, the state log's sequence (its last value, 0 while none
+ * was taken) into m->tick_seq: the next backward step's frame begins above it (meter_clock()).
+ * KILN_OK, or the error of the query (the tick fails like its rows query).
  */
 static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_error *err)
 {
@@ -3259,13 +3306,14 @@ static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_
 	enum kiln_err rc;
 
 	m->lag = 0;
-	if (m->commit_wait_ns < 0)
-		return KILN_OK;
-	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns / 1000);
+	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns < 0 ? 0 : m->commit_wait_ns / 1000);
 	rc = PGQ(c, &res, err, commit_lag_sql, cap);
 	m->st.pg_calls++;
-	if (rc == KILN_OK && pg_res_rows(res) == 1)
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		m->lag = pg_res_int(res, 0, 0, 0) * 1000;
+		m->tick_seq = pg_res_int(res, 0, 1, 0);
+		m->tick_seq_set = true;
+	}
 	pg_res_free(res);
 	return rc;
 }
@@ -3314,32 +3362,6 @@ static void steps_seq_read(struct meter *m, struct pg_conn *c)
 	steps_seq_set(m->back_seq, m->back_mono, m->nback, mono, seq);
 }
 
-/*
- * Reads the state log's sequence (its last value, 0 while none was taken) for the frame that began
- * at a step this meter saw (frame_seq_due): one query, only in the tick that sees a step (or the
- * next that reaches Postgres). The changes logged above it were logged in this frame or a later
- * one; a meter restarted in the frame after a backward step made while none ran reads only those
- * in its offset (meter_clock()). Left due when it fails: read later, it only puts fewer changes
- * in the frame.
- */
-static void frame_seq_read(struct meter *m, struct pg_conn *c)
-{
-	struct kiln_error err = { 0 };
-	struct pg_res *res = NULL;
-
-	if (!m->frame_seq_due)
-		return;
-	m->st.pg_calls++;
-	if (PGQ0(c, &res, &err, "SELECT CASE WHEN is_called THEN last_value ELSE 0 END "
-		 "FROM sandbox_state_log_seq_seq") != KILN_OK) {
-		log_warn("cannot read the state log's sequence: %s", err.msg);
-		return;
-	}
-	m->frame_seq = pg_res_int(res, 0, 0, 0);
-	m->frame_seq_due = false;
-	pg_res_free(res);
-}
-
 enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 {
 	struct pg_conn *c;
@@ -3370,10 +3392,8 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		if (rc == KILN_OK)
 			rc = PGQ(c, &res, err, rows_sql, m->node, node_since);
 		m->st.pg_calls++;
-		if (rc == KILN_OK) {
+		if (rc == KILN_OK)
 			steps_seq_read(m, c);
-			frame_seq_read(m, c);
-		}
 		pg_release(m->pg, c);
 	}
 	if (rc != KILN_OK) {
@@ -3382,6 +3402,12 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		return rc;
 	}
 	m->st.ticks++;
+	/* A restarted meter's first tick began a frame (a backward step made while no meter of the
+	 * node ran): its sequence is the one read now, none read before it (meter_clock()). */
+	if (m->frame_seq_due) {
+		m->frame_seq = m->tick_seq;
+		m->frame_seq_due = false;
+	}
 	/* Billed up to the high-water mark: no transaction still open can log a change before it. */
 	hw = now - m->lag;
 	if (m->lag > PRICE_NS_PER_S / 10)

@@ -2526,6 +2526,185 @@ static void test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_fr
 	pg_free(dead);
 }
 
+/*
+ * As test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame, the backward step
+ * made in the outage (100 s back at 20 s, no Postgres from 19 s to 23 s), the stop logged at 22 s
+ * before the meter reached Postgres again: the frame's sequence is the one read at the last tick
+ * before the step, not at the first after it that reached Postgres. Read there, the stop was
+ * logged below it, lost the frame's offset at the restart, read 100 s early, before the ledger's
+ * point at 20 s, and was taken as in it: 5,140 µcr for 5,654.
+ */
+static void test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-step-in-outage";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 20)
+			meter_set_backends(m, dead, rds);	/* no Postgres from 19 */
+		if (i == 21)
+			fake_now -= 100 * S;	/* at 20, the wall clock steps back 100 s */
+		if (i == 23)
+			stop_sandbox(sb, fake_now);	/* at 22, in the frame */
+		if (i == 24)
+			meter_set_backends(m, pg, rds);	/* back at 23: [10, 20) flushed */
+		if (i == 25) {			/* a crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m && i >= 20 && i < 24) {
+			tick_maybe(m);
+		} else if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 22 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
+ * A forward step within the lead a backward step left keeps the frame the backward step began:
+ * the node's saved frame keeps its log sequence (meter_clocks.log_seq). Begun again at the
+ * forward step, a change logged between the two steps, read at a restart after a backward step
+ * made while no meter ran, lost the frame's offset and read at offset 0, the whole lead early,
+ * not only the forward step's size.
+ */
+static void test_a_forward_step_within_the_lead_keeps_the_frames_log_seq(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	long long at_back = -1;
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd-in-lead";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 23)
+			stop_sandbox(sb, fake_now);	/* at 22, in the frame */
+		if (i == 26)
+			at_back = sql_int("SELECT log_seq FROM meter_clocks WHERE node_id = '%s'", node);
+		if (i == 28)
+			fake_now += 30 * S;	/* at 27, 30 s forward, within the lead */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK(at_back > 0);
+	CHECK_INT(sql_int("SELECT log_seq FROM meter_clocks WHERE node_id = '%s'", node), at_back);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND seq > %lld", sb, at_back), 1);	/* the stop, in the frame */
+	meter_free(m);
+}
+
+/*
+ * paused_before_the_frames_step_then_stepped_back_while_down()'s case with a forward step within
+ * the lead while down (30 s at 35 s) in place of the backward one: the pause, logged before the
+ * frame's own backward step, is not read in the saved frame's offset the forward step keeps, but
+ * at offset 0. Read there, it stood 100 s late, past the ledger's point, and was applied again:
+ * 14,730 µcr for 13,765.
+ */
+static void test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-old-frame-fwd";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap", 64);	/* at 5 */
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now += 30 * S;	/* at 35, 30 s forward, within the lead, no meter */
+		if (i == 111)
+			m = new_meter_with(true, 0);	/* restarted at 110, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 195 * 64);	/* running to 5, its snapshot after, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A running sandbox deleted while no meter of the node ran (its meter crashed at 24 s, after a
+ * 100 s backward step at 12 s), one update setting its state time to 28 s and its deletion to
+ * 30 s: the log row says deleted at 28 s, the earlier; no log row has the row's deletion time.
+ * 50 s more back at 35 s, the restart at 40 s in the frame. The deletion time, its log sequence
+ * unknown, reads in the saved frame as any change does, at 30 s.
+ */
+static void test_a_row_time_without_its_log_row_reads_in_the_saved_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-row-time";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)			/* at 30, deleted, its state time 28 */
+			sql("UPDATE sandboxes SET state_changed_at = to_timestamp(%lld / 1e6), "
+			    "deleted_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)((fake_now - 2 * S) / 1000), (long long)(fake_now / 1000), sb);
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 28 * 257);	/* to the deletion's log time */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2596,6 +2775,10 @@ int main(void)
 	TEST(test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_its_older_frame);
 	TEST(test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame);
+	TEST(test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame);
+	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
+	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
+	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 
 	rc = test_summary();
 	rds_free(rds);
