@@ -166,6 +166,7 @@ struct meter {
 	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
+	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
@@ -180,11 +181,31 @@ struct meter {
 	 * `clock`, 9110). */
 	int64_t back_off[STEPS_KEPT], back_at[STEPS_KEPT];
 	int nback;
+	/* For each, the log sequence a change must be above to be read in the frame before it (0:
+	 * any): a step made while no meter of the node ran is kept with its node's saved frame's
+	 * offset for the changes logged after that frame began only (meter_clocks.log_seq); one
+	 * logged before may be older than the frame's own backward step (meter_clock()). */
+	long long back_min[STEPS_KEPT];
+	/* The state log's sequence (its last value) at or before the backward step that gave this
+	 * meter's offset its present value (0: any, none seen), saved with the frame at each flush
+	 * (meter_clocks.log_seq): the one read at the last tick before that step (tick_seq); at a
+	 * restarted meter's first tick, none read yet, the one this tick reads (frame_seq_due). */
+	long long frame_seq;
+	bool frame_seq_due;
+	/* The state log's sequence read at the last tick that reached Postgres (commit_lag()),
+	 * tick_seq_set once one has. */
+	long long tick_seq;
+	bool tick_seq_set;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
 	 * time is after it, never in the frame before it (node_time_before()). */
 	long long step_seq[STEPS_KEPT], back_seq[STEPS_KEPT];
+	/* For each forward step, the log sequence a change must be above to be read in the frame
+	 * before it (0: any): a forward step made while no meter of the node ran, kept at the first
+	 * tick in the saved frame, for the changes logged after that frame began only, as back_min
+	 * (node_time_seq()). */
+	long long step_min[STEPS_KEPT];
 	int64_t step_mono[STEPS_KEPT], back_mono[STEPS_KEPT];
 	int64_t wall;		/* ns: the wall clock at this tick */
 	int64_t off;		/* ns: label clock - wall clock at this tick (node times are shifted by it) */
@@ -209,6 +230,7 @@ struct meter {
 	int64_t ffirst_read;
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
+	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
@@ -279,6 +301,7 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 		memmove(m->step_off, m->step_off + 1, sizeof(m->step_off[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_seq, m->step_seq + 1, sizeof(m->step_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_mono, m->step_mono + 1, sizeof(m->step_mono[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_min, m->step_min + 1, sizeof(m->step_min[0]) * (STEPS_KEPT - 1));
 		m->nsteps--;
 		if (m->fwd_from)
 			m->fwd_from--;
@@ -286,22 +309,25 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 	m->step_at[m->nsteps] = at;
 	m->step_off[m->nsteps] = off;
 	m->step_seq[m->nsteps] = 0;
+	m->step_min[m->nsteps] = 0;
 	m->step_mono[m->nsteps] = m->o.mono_ns(m->o.clock_ctx);
 	m->step_by[m->nsteps++] = by;
 }
 
 /* Keeps a backward step of the wall clock at label `at`, seen at monotonic time `mono`, the offset
- * before it `off` (node_time_logged(), node_time_before()); the oldest goes when STEPS_KEPT are
- * kept. */
-static void back_keep(struct meter *m, int64_t at, int64_t off, int64_t mono)
+ * before it `off` for the changes logged with a sequence above `min` (0: any; node_time_logged(),
+ * node_time_before()); the oldest goes when STEPS_KEPT are kept. */
+static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, int64_t mono)
 {
 	if (m->nback == STEPS_KEPT) {
 		memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_mono, m->back_mono + 1, sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_min, m->back_min + 1, sizeof(m->back_min[0]) * (STEPS_KEPT - 1));
 		m->nback--;
 	}
+	m->back_min[m->nback] = min;
 	m->back_seq[m->nback] = 0;
 	m->back_mono[m->nback] = mono;
 	m->back_at[m->nback] = at;
@@ -342,6 +368,7 @@ static int64_t meter_clock(struct meter *m)
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
 		if (m->resume && mono >= m->resume_m) {
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
+			m->frame_seq = m->resume_log_seq;	/* the frame goes on */
 			framed = true;
 			/* The frame's newest forward step, followed by the meter that saved it: a
 			 * point of the ledger from before it moves on by it here too (kiln-sim
@@ -392,6 +419,8 @@ static int64_t meter_clock(struct meter *m)
 		 * the node ran took the whole lead back (one that left part of it is kept below,
 		 * after the backward step from offset 0 such a tick takes it for). */
 		fwd_keep(m, l, 0, off_before);
+		if (framed)	/* for the changes logged in the frame only (below) */
+			m->step_min[m->nsteps - 1] = m->resume_log_seq;
 		if (l - w <= STEP_TOLERANCE_NS) {
 			m->clk_l0 = w;
 			m->clk_m0 = mono;
@@ -409,7 +438,7 @@ static int64_t meter_clock(struct meter *m)
 		if (!m->clk_behind)
 			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
 				 (double)(l - w) / 1e9);
-		back_keep(m, l, m->off, mono);
+		back_keep(m, l, m->off, 0, mono);
 		/* The first tick in the saved frame finds the wall clock further behind the label
 		 * clock than that frame's offset: it stepped back while no meter of the node ran.
 		 * The node's times logged before that step, while the meter was down, were logged
@@ -418,10 +447,14 @@ static int64_t meter_clock(struct meter *m)
 		 * offset 0 alone, a change logged in the frame stood the frame's offset early
 		 * (kiln-sim seed 31120: a running sandbox's deletion read 2,807 s early, before
 		 * the ledger's point, and taken as in it; the generation billed as running past
-		 * it, +4,348,463 µcr). */
+		 * it, +4,348,463 µcr). Only for the changes logged after the frame's offset
+		 * began (meter_clocks.log_seq): one logged before may be older than the frame's
+		 * own backward step, and read in the frame it stood that step's size late, past
+		 * the ledger's point, and was applied again (a pause before a -100 s step, the
+		 * frame's, read 100 s late: +965 µcr in 200 s). */
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
-			back_keep(m, l, off_before, mono);
+			back_keep(m, l, off_before, m->resume_log_seq, mono);
 		m->fwd_from = m->nsteps;
 		/* The first tick in the saved frame finds the wall clock nearer to the label clock
 		 * than that frame's offset: it stepped forward within the lead while no meter of
@@ -429,9 +462,29 @@ static int64_t meter_clock(struct meter *m)
 		 * such a step seen running. Read with the offset after it, a change logged while
 		 * the meter was down stood the step's size early (kiln-sim seed 31049: a paused
 		 * sandbox's deletion read 257 s early, before the ledger's point, and its
-		 * generation ended there, 11 s of paused time unbilled). */
-		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS)
+		 * generation ended there, 11 s of paused time unbilled). Only for the changes
+		 * logged after the frame began, as for a backward step: one logged before it,
+		 * older than the frame's own backward step, takes offset 0, this tick's before the
+		 * step (node_time_seq(); read in the frame, a pause logged before the frame's
+		 * -100 s step stood 100 s late and was applied again: 14,730 µcr for 13,765). */
+		if (framed && off_before - (l - w) > STEP_TOLERANCE_NS) {
 			fwd_keep(m, l, 0, off_before);
+			m->step_min[m->nsteps - 1] = m->resume_log_seq;
+		}
+	}
+	/* A backward step grew the offset: a new frame, whose changes are those logged after the
+	 * last tick before the step read the log's sequence (a bound no later than the step: read
+	 * at the first tick after it that reached Postgres, every change logged in the frame
+	 * before that read lost the frame's offset at a restart and read it early, before the
+	 * ledger's point, taken as in it: 5,140 µcr for 5,654). A change of the older frame logged
+	 * in between reads in this one, late by the step, as it did before the frame kept a
+	 * sequence. A forward step within the lead keeps the frame: the changes logged after the
+	 * backward step and before it keep the frame's offset, not offset 0, a whole lead early.
+	 * A restarted meter's first tick has read none: it takes the one it reads (meter_tick()).
+	 * Not an offset that drifts less than a step's tolerance a tick. */
+	if (l - w - off_before > STEP_TOLERANCE_NS) {
+		m->frame_seq = m->tick_seq;
+		m->frame_seq_due = !m->tick_seq_set;
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
@@ -689,7 +742,7 @@ struct ment {
 	long long gen;
 	enum bstate st;
 	int64_t at;		/* ns, on the label clock (log_place()) */
-	int64_t wall;		/* ns, the node's wall clock as it logged it */
+	int64_t w;		/* ns, the node's wall-clock time it was logged at */
 	const char *node;	/* its node ("" when none) */
 	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
 				 * dead while the sandbox is here now */
@@ -705,6 +758,7 @@ struct mrow {
 	unsigned mem_mib, disk_gib;
 	uint64_t snap_mib;
 	int64_t changed, deleted, created;	/* ns; deleted 0 when not deleted */
+	int64_t w_changed, w_deleted, w_created;	/* the same on the node's wall clock */
 	bool here;		/* the sandbox is on this node now */
 	bool has_m;
 	long long m_gen;
@@ -778,6 +832,27 @@ static int64_t step_shift(const struct meter *m, int64_t t)
 }
 
 /*
+ * node_time() of a change logged with sequence `seq` (0: unknown, any): not in the frame before a
+ * forward step kept for the changes logged above step_min only, when logged no later, but at
+ * offset 0, where the first tick that kept that step stood before it (a change older than the
+ * saved frame, logged in the frame before that frame's own backward step).
+ */
+static int64_t node_time_seq(const struct meter *m, int64_t w, long long seq)
+{
+	int64_t t = w + m->off;
+	int k = m->nsteps;
+
+	while (k > m->fwd_from && w + m->step_off[k - 1] < m->step_at[k - 1])
+		k--;
+	if (k < m->nsteps) {
+		t = w + (seq && seq <= m->step_min[k] ? 0 : m->step_off[k]);
+		for (int i = k; i < m->nsteps; i++)
+			t += m->step_by[i];
+	}
+	return t;
+}
+
+/*
  * The node's wall-clock time `w` (ns) on this meter's label clock: shifted by the offset in force
  * now, or, when it was logged before forward steps this meter followed (since its last backward
  * step), placed in the frame in force before the oldest of them and moved on by each, as the
@@ -788,17 +863,7 @@ static int64_t step_shift(const struct meter *m, int64_t t)
  */
 static int64_t node_time(const struct meter *m, int64_t w)
 {
-	int64_t t = w + m->off;
-	int k = m->nsteps;
-
-	while (k > m->fwd_from && w + m->step_off[k - 1] < m->step_at[k - 1])
-		k--;
-	if (k < m->nsteps) {
-		t = w + m->step_off[k];
-		for (int i = k; i < m->nsteps; i++)
-			t += m->step_by[i];
-	}
-	return t;
+	return node_time_seq(m, w, 0);
 }
 
 /* The earliest wall-clock time the node may have logged for label time `t` (node_time's
@@ -815,18 +880,29 @@ static int64_t node_wall_from(const struct meter *m, int64_t t)
 	return w;
 }
 
-/*
- * The node's wall-clock time `w` of a change already logged (ns) on this meter's label clock, at
- * the tick labelled `now`: node_time(), but read ahead of the tick by more than a step's
- * tolerance after a backward step, it was logged before that step, in the frame then in force
- * (the newest that puts it no later than the tick).
- */
-static int64_t node_time_logged(const struct meter *m, int64_t w, int64_t now)
+/* Whether a change logged with sequence `seq` (0: unknown, its log row not read) may be read in
+ * the frame before the kept backward step `b` (back_min: a frame kept for the changes logged
+ * after it began only). Unknown, it may, as every change did before frames kept a sequence: a
+ * row's time whose log row is older than the log read, or trimmed, or a deletion logged at
+ * another time than the row's. */
+static bool back_usable(const struct meter *m, int b, long long seq)
 {
-	int64_t t = node_time(m, w);
+	return !m->back_min[b] || !seq || seq > m->back_min[b];
+}
+
+/*
+ * The node's wall-clock time `w` of a change already logged (ns), with log sequence `seq` (0:
+ * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but read ahead
+ * of the tick by more than a step's tolerance after a backward step, it was logged before that
+ * step, in the frame then in force (the newest that puts it no later than the tick and that the
+ * change may be read in: back_usable()).
+ */
+static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
+{
+	int64_t t = node_time_seq(m, w, seq);
 
 	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
-		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS)
+		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
 			t = w + m->back_off[b];
 	return t;
 }
@@ -852,10 +928,12 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 	if (m->fwd_held || t <= later + LOG_ORDER_TOLERANCE_NS)
 		return t;
 	for (int b = m->nback - 1; b >= 0; b--) {
-		int64_t x = e->wall + m->back_off[b];
+		int64_t x = e->w + m->back_off[b];
 
 		if (x >= m->back_at[b])
 			continue;	/* not before that step in the frame before it */
+		if (!back_usable(m, b, e->seq))
+			continue;	/* a frame kept for the changes logged after it began */
 		if (m->back_seq[b] && e->seq > m->back_seq[b])
 			continue;	/* logged well after that step */
 		if (x <= later + LOG_ORDER_TOLERANCE_NS)
@@ -892,7 +970,7 @@ static void log_place(const struct meter *m, struct ment *e, size_t n)
 	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
 
 	for (size_t k = n; k-- > 0;) {
-		e[k].at = node_time_logged(m, e[k].wall, m->clk_now_l);
+		e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
 		if (later != INT64_MAX)
 			e[k].at = log_time_before(m, &e[k], e[k].at, later);
 		if (e[k].at < later)
@@ -929,6 +1007,8 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 			continue;	/* not before that step in the frame before it */
 		if (seq && after && seq > after)
 			continue;	/* logged well after that step */
+		if (!fwd && !back_usable(m, k - m->nsteps, seq))
+			continue;	/* logged before the frame kept for that step began */
 		p = step_shift(m, x);
 		if (p + billed <= end && (!found || p > best)) {
 			best = p;
@@ -942,8 +1022,9 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * A point in the ledger of a generation (columns `col`, its first state change's time, µs, and
  * `col` + 1, how far its billed time reaches past its first window's start, ns: GEN_START_SQL,
  * GEN_BILLED_SQL; `end_col`, when not -1, the first change of a later generation, µs, NULL while
- * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL) on
- * this meter's label clock, into *t: where this meter places the generation's start, plus what is
+ * there is none: GEN_END_SQL; `seq_col`, that first change's log sequence: GEN_START_SEQ_SQL, and
+ * `seq_col` + 1, when `end_col` is not -1, the end's: GEN_END_SEQ_SQL) on this meter's label
+ * clock, into *t: where this meter places the generation's start, plus what is
  * billed of it. The point itself is a label of the clock of the
  * meter that wrote it, which may run far from this one's (one followed a clock step, the other,
  * restarted without its frame, did not): read as a label here, a generation taken over from
@@ -972,17 +1053,19 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 		      int seq_col, int64_t *t)
 {
 	int64_t w, billed, end;
+	long long seq;
 
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
 	w = pg_res_int(res, i, col, 0) * 1000;
 	billed = pg_res_int(res, i, col + 1, 0);
-	*t = node_time_logged(m, w, m->clk_now_l) + billed;
+	seq = pg_res_int(res, i, seq_col, 0);
+	*t = node_time_logged(m, w, seq, m->clk_now_l) + billed;
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
-		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000, m->clk_now_l);
+		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
+				       pg_res_int(res, i, seq_col + 1, 0), m->clk_now_l);
 		if (*t > end + STEP_TOLERANCE_NS)
-			*t = node_time_before(m, w, pg_res_int(res, i, seq_col, 0), billed, end) +
-			     billed;
+			*t = node_time_before(m, w, seq, billed, end) + billed;
 		else if (*t > end)
 			*t = end;	/* billed past it, not read in another frame */
 	}
@@ -1433,6 +1516,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_END_SQL(X, G)                                                                          \
 	"(SELECT (extract(epoch FROM n.at) * 1000000)::bigint FROM sandbox_state_log n "           \
 	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
+/* The log sequence of that first change of a later generation (node_time_logged()). */
+#define GEN_END_SEQ_SQL(X, G)                                                                      \
+	"(SELECT n.seq FROM sandbox_state_log n "                                                  \
+	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
 /* How far the point P (ns) of generation G of X reaches past the start of its first window, on
  * the clock of the meter that billed it: what is billed of it and the forward steps of the wall
  * clock in it, so about where the wall clock stood at P (tails_sql); NULL when it has no window. */
@@ -1472,7 +1559,8 @@ static const char rows_sql[] =
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SEQ_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -1556,9 +1644,9 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
 	r->state = pg_res_str(res, i, 3);
 	r->mem_mib = (unsigned)pg_res_int(res, i, 4, 0);
 	r->disk_gib = (unsigned)pg_res_int(res, i, 5, 0);
-	r->changed = pg_res_int(res, i, 6, 0) * 1000;
-	r->deleted = pg_res_int(res, i, 7, 0) * 1000;
-	r->created = pg_res_int(res, i, 8, 0) * 1000;
+	r->w_changed = pg_res_int(res, i, 6, 0) * 1000;
+	r->w_deleted = pg_res_int(res, i, 7, 0) * 1000;
+	r->w_created = pg_res_int(res, i, 8, 0) * 1000;
 	r->snap_mib = (uint64_t)pg_res_int(res, i, 16, 0);
 	r->here = pg_res_bool(res, i, 17);
 	r->m_mine = pg_res_bool(res, i, 18);
@@ -1913,12 +2001,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  * "<sandbox>\t<generation>\n"; on failure nothing was committed (it is retried).
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
-				  int64_t clk_l, int64_t clk_m, int64_t clk_off,
+				  int64_t clk_l, int64_t clk_m, int64_t clk_off, long long frame_seq,
 				  const struct mstep *step, struct buf *refused, struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24];
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "";
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -1926,7 +2014,9 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::json, $2)", items,
 			 m->o.card.version);
-	/* The frame of this flush's label clock, for the node's next meter on this host. */
+	/* The frame of this flush's label clock, for the node's next meter on this host, with the
+	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
+	 * now, later than that, so no change logged before the frame's step is read in it). */
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -1934,17 +2024,21 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		snprintf(s_at, sizeof(s_at), "%" PRId64, step->at);
 		snprintf(s_by, sizeof(s_by), "%" PRId64, step->by);
 		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
+		if (frame_seq >= 0)
+			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back) "
-			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10) "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq) "
+			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
+			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
+			 "ELSE 0 END FROM sandbox_state_log_seq_seq))) "
 			 "ON CONFLICT (node_id) DO UPDATE SET "
 			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, updated_at = now() "
+			 "step_back = $10, log_seq = EXCLUDED.log_seq, updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false");
+			 s_off, step->back ? "true" : "false", fseq);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -1991,7 +2085,7 @@ static void *flush_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
 		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
-				  &m->fstep, &m->frefused, &err);
+				  m->fframe_seq, &m->fstep, &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -2171,6 +2265,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
+		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2180,7 +2275,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	clock_gettime(CLOCK_MONOTONIC, &t_start);
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
-	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off, &step, &refused, err);
+	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
+			  m->frame_seq_due ? -1 : m->frame_seq, &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -2595,7 +2691,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 "step_back, log_seq FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -2609,6 +2705,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 				.at = pg_res_int(res, 0, 3, 0),
 				.by = pg_res_int(res, 0, 4, 0),
 				.off = pg_res_int(res, 0, 5, 0) };
+			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
 		}
 		pg_res_free(res);
 	}
@@ -2694,7 +2791,8 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 			GEN_START_SQL("mm.sandbox_id", "mm.generation") ", "
 			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
 			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
+			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_END_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
 			"FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2813,32 +2911,33 @@ out:
  * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
  * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
  * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
- * when none>", comma-separated), its
+ * when none> <log sequence>", comma-separated), its
  * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
- * generation's start, what is billed of it and its start's log sequence (gen_point()). The point
- * is on the clock of the meter that wrote it, the end and the changes on the wall clock: they are
- * compared with the generation's start plus what is billed of it (wall_ns), the point itself when
- * that is not known.
+ * generation's start, what is billed of it, its start's log sequence and its end's
+ * (gen_point()). The point is on the clock of the meter that wrote it, the end and the changes
+ * on the wall clock: they are compared with the generation's start plus what is billed of it
+ * (wall_ns), the point itself when that is not known.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text, ',' ORDER BY l.seq) FROM sandbox_state_log l "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
+	"    FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
-	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
+	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", e.seq "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
 	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns, "
 	"    " GEN_REACH_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS reach_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.reach_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
-	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us "
+	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
 	"    AND n.generation > mm.generation ORDER BY n.seq LIMIT 1) e ON true "
 	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
@@ -2864,7 +2963,8 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
 	int64_t t = pg_res_int(res, i, 5, 0);
-	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, m->clk_now_l);
+	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, pg_res_int(res, i, 18, 0),
+				       m->clk_now_l);
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
 	gen_point(m, res, i, 15, 9, 17, &t);
@@ -2884,12 +2984,12 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
 	while (*chg) {
 		char name[16] = "";
-		long long us = 0, cpu = -1;
+		long long us = 0, cpu = -1, seq = 0;
 		int64_t at;
 		uint64_t dcpu = 0;
-		if (sscanf(chg, "%15s %lld %lld", name, &us, &cpu) != 3)
+		if (sscanf(chg, "%15s %lld %lld %lld", name, &us, &cpu, &seq) != 4)
 			break;
-		at = node_time_logged(m, us * 1000, m->clk_now_l);
+		at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
@@ -3028,6 +3128,42 @@ static void end_in_point_mark(const struct msb *s, struct mrow *r, size_t k, int
 	r->end_in_point = true;
 }
 
+/* The change of `r` logged at the node's wall-clock time `w` (its newest such among the log rows
+ * read), NULL when none was read. */
+static const struct ment *row_time_ment(const struct mrow *r, int64_t w)
+{
+	const struct ment *found = NULL;
+
+	for (size_t k = 0; k < r->ne; k++)
+		if (r->e[k].w == w && (!found || r->e[k].seq > found->seq))
+			found = &r->e[k];
+	return found;
+}
+
+/*
+ * The times of `r` (as row_parse() reads them, the node's wall clock) on the label clock at this
+ * tick's label, each where the log row of the change that logged it is placed (the row's times
+ * are those of its changes: state_changed_at its newest, deleted_at its deletion, created_at its
+ * creation; log_place(), so that a row and its log row never disagree), or, when that log row is
+ * not among those read (before the log is read, a change older than the log read, a trimmed
+ * log, a deletion logged at another time than the row's), in the frame it was logged in with no
+ * sequence (node_time_logged(), read as any change: back_usable()). Read with the offset in
+ * force, a time logged before a backward step stood the step's size ahead, and the row's end was
+ * waited for while its state before was billed (kiln-sim seed 31120: a deletion read 2,196 s
+ * late). At the label, not at the high-water mark billed up to (meter_bill_rows()).
+ */
+static void row_times(const struct meter *m, struct mrow *r)
+{
+	int64_t *t[] = { &r->changed, &r->deleted, &r->created };
+	const int64_t w[] = { r->w_changed, r->w_deleted, r->w_created };
+
+	for (size_t k = 0; k < sizeof(t) / sizeof(t[0]); k++) {
+		const struct ment *e = w[k] ? row_time_ment(r, w[k]) : NULL;
+
+		*t[k] = !w[k] ? 0 : e ? e->at : node_time_logged(m, w[k], 0, m->clk_now_l);
+	}
+}
+
 /*
  * Bills every sandbox of the tick's rows `res` up to `now`: tracks the new ones, reads the state
  * changes of all since the oldest billed-up-to point among them (one query), and bills each
@@ -3048,15 +3184,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	}
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
-		/* The node's times are wall-clock: on the label clock after a step, each in the
-		 * frame it was logged in, as its change's log row is read (below). Read with the
-		 * offset in force, a time logged before a backward step stood the step's size
-		 * ahead, and the row's end was waited for while its state before was billed
-		 * (kiln-sim seed 31120: a deletion read 2,196 s late). At the tick's label, not at
-		 * `now`, the high-water mark billed up to, as log_place() places the log rows. */
-		r[i].changed = r[i].changed ? node_time_logged(m, r[i].changed, m->clk_now_l) : 0;
-		r[i].deleted = r[i].deleted ? node_time_logged(m, r[i].deleted, m->clk_now_l) : 0;
-		r[i].created = r[i].created ? node_time_logged(m, r[i].created, m->clk_now_l) : 0;
+		row_times(m, &r[i]);	/* read again with their log rows' placed times, below */
 		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
@@ -3092,19 +3220,21 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			continue;
 		e->gen = pg_res_int(lres, k, 1, 0);
 		e->st = bstate_of(st);
-		e->wall = pg_res_int(lres, k, 3, 0) * 1000;
+		e->seq = pg_res_int(lres, k, 7, 0);
+		e->w = pg_res_int(lres, k, 3, 0) * 1000;	/* placed by log_place(), below */
 		e->mine = pg_res_bool(lres, k, 4);
 		e->has_cpu = pg_res_get(lres, k, 5) != NULL;
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
 		e->node = pg_res_str(lres, k, 6);
-		e->seq = pg_res_int(lres, k, 7, 0);
 		e->snap_mib = (uint64_t)pg_res_int(lres, k, 8, 0);
 		if (!r[i].e)
 			r[i].e = e;
 		r[i].ne++;
 	}
-	for (int i = 0; i < rows; i++)
+	for (int i = 0; i < rows; i++) {
 		log_place(m, (struct ment *)r[i].e, r[i].ne);
+		row_times(m, &r[i]);
+	}
 	meter_take_over(m, r, rows, &tk);
 	for (int i = 0; i < rows; i++) {
 		struct msb *s = sv[i];
@@ -3236,7 +3366,8 @@ void meter_flush_settle(struct meter *m)
  */
 static const char commit_lag_sql[] =
 	"SELECT least($1::bigint, greatest(0, coalesce((extract(epoch FROM statement_timestamp() "
-	"    - min(xact_start)) * 1000000)::bigint, 0))) "
+	"    - min(xact_start)) * 1000000)::bigint, 0))), "
+	"(SELECT CASE WHEN is_called THEN last_value ELSE 0 END FROM sandbox_state_log_seq_seq) "
 	"FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
 	"AND backend_type = 'client backend' AND xact_start IS NOT NULL "
 	"AND application_name IS DISTINCT FROM '" FLUSH_APP_NAME "'";
@@ -3246,8 +3377,10 @@ static const char commit_lag_sql[] =
  * any state change) committed after the tick read its row as running carries a time no earlier
  * than the start of its transaction, open when the tick looked; billing stops at the oldest
  * such start, so no running time past an end is billed (the end is billed at its own time when
- * it is seen). Waits at most commit_wait_ns; a transaction open longer than that holds billing
- * that far behind. KILN_OK, or the error of the query (the tick fails like its rows query).
+ * it is seen). Waits at most commit_wait_ns (never: 0); a transaction open longer than that
+ * holds billing that far behind. With it, the state log's sequence (its last value, 0 while none
+ * was taken) into m->tick_seq: the next backward step's frame begins above it (meter_clock()).
+ * KILN_OK, or the error of the query (the tick fails like its rows query).
  */
 static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_error *err)
 {
@@ -3256,13 +3389,14 @@ static enum kiln_err commit_lag(struct meter *m, struct pg_conn *c, struct kiln_
 	enum kiln_err rc;
 
 	m->lag = 0;
-	if (m->commit_wait_ns < 0)
-		return KILN_OK;
-	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns / 1000);
+	snprintf(cap, sizeof(cap), "%" PRId64, m->commit_wait_ns < 0 ? 0 : m->commit_wait_ns / 1000);
 	rc = PGQ(c, &res, err, commit_lag_sql, cap);
 	m->st.pg_calls++;
-	if (rc == KILN_OK && pg_res_rows(res) == 1)
+	if (rc == KILN_OK && pg_res_rows(res) == 1) {
 		m->lag = pg_res_int(res, 0, 0, 0) * 1000;
+		m->tick_seq = pg_res_int(res, 0, 1, 0);
+		m->tick_seq_set = true;
+	}
 	pg_res_free(res);
 	return rc;
 }
@@ -3351,6 +3485,12 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		return rc;
 	}
 	m->st.ticks++;
+	/* A restarted meter's first tick began a frame (a backward step made while no meter of the
+	 * node ran): its sequence is the one read now, none read before it (meter_clock()). */
+	if (m->frame_seq_due) {
+		m->frame_seq = m->tick_seq;
+		m->frame_seq_due = false;
+	}
 	/* Billed up to the high-water mark: no transaction still open can log a change before it. */
 	hw = now - m->lag;
 	if (m->lag > PRICE_NS_PER_S / 10)

@@ -2670,6 +2670,296 @@ static void test_a_change_between_the_high_water_mark_and_the_label_reads_in_the
 	meter_free(m);
 }
 
+/*
+ * A sandbox paused at 5 s, before a 100 s backward step at 12 s, its meter crashed at 24 s ([10,
+ * 20) flushed: the ledger's point paused at 20 s), 50 s more back at 35 s with no meter, the
+ * restart at `restart` in the node's frame. Its pause was logged before the frame's own backward
+ * step, in the frame before it (its log sequence not above meter_clocks.log_seq): read in the
+ * saved frame, it stood 100 s late, past the point and before the restart, was not taken as in
+ * the point and was applied again.
+ */
+static void paused_before_the_frames_step_then_stepped_back_while_down(int restart)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-old-frame";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap", 64);	/* at 5 */
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == restart + 1)
+			m = new_meter_with(true, 0);	/* restarted in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 195 * 64);	/* running to 5, its snapshot after, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/* Before, 14,730 µcr for 13,765 whether restarted at 110 or 130 s: 5 s more of the pause's running
+ * memory (257 - 64 µcr/s) from the point at 20 s. */
+static void test_a_change_logged_before_the_frames_own_step_keeps_its_older_frame(void)
+{
+	paused_before_the_frames_step_then_stepped_back_while_down(110);
+	paused_before_the_frames_step_then_stepped_back_while_down(130);
+}
+
+/*
+ * A change logged in the frame, after its own backward step but before the frame's last flush,
+ * keeps the frame's offset at a restart after a backward step made while no meter ran: the
+ * frame's log sequence is the one when its offset began (the step seen), not at each flush.
+ * Running from 0, 100 s back at 12 s, the meter without Postgres from 19 s to 23 s (the window
+ * [10, 20) flushed late, at 23 s), the sandbox stopped at 22 s (after the ledger's point at 20 s,
+ * logged before that flush), a crash at 24 s, 50 s more back at 35 s, the restart at 40 s. With
+ * the sequence taken at every flush, the stop lost the frame's offset, read 100 s early, before
+ * the point, and was taken as in it: 20 s billed for 22 (5,140 µcr for 5,654).
+ */
+static void test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-frame-flushed";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 20)
+			meter_set_backends(m, dead, rds);	/* no Postgres from 19 */
+		if (i == 23)
+			stop_sandbox(sb, fake_now);	/* at 22, in the frame */
+		if (i == 24)
+			meter_set_backends(m, pg, rds);	/* back at 23: [10, 20) flushed */
+		if (i == 25) {			/* a crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m && i >= 20 && i < 24) {
+			tick_maybe(m);
+		} else if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 22 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 22 * S)), 1);
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
+ * As test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame, the backward step
+ * made in the outage (100 s back at 20 s, no Postgres from 19 s to 23 s), the stop logged at 22 s
+ * before the meter reached Postgres again: the frame's sequence is the one read at the last tick
+ * before the step, not at the first after it that reached Postgres. Read there, the stop was
+ * logged below it, lost the frame's offset at the restart, read 100 s early, before the ledger's
+ * point at 20 s, and was taken as in it: 5,140 µcr for 5,654.
+ */
+static void test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-step-in-outage";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 20)
+			meter_set_backends(m, dead, rds);	/* no Postgres from 19 */
+		if (i == 21)
+			fake_now -= 100 * S;	/* at 20, the wall clock steps back 100 s */
+		if (i == 23)
+			stop_sandbox(sb, fake_now);	/* at 22, in the frame */
+		if (i == 24)
+			meter_set_backends(m, pg, rds);	/* back at 23: [10, 20) flushed */
+		if (i == 25) {			/* a crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m && i >= 20 && i < 24) {
+			tick_maybe(m);
+		} else if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 22 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
+ * A forward step within the lead a backward step left keeps the frame the backward step began:
+ * the node's saved frame keeps its log sequence (meter_clocks.log_seq). Begun again at the
+ * forward step, a change logged between the two steps, read at a restart after a backward step
+ * made while no meter ran, lost the frame's offset and read at offset 0, the whole lead early,
+ * not only the forward step's size.
+ */
+static void test_a_forward_step_within_the_lead_keeps_the_frames_log_seq(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	long long at_back = -1;
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-fwd-in-lead";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 23)
+			stop_sandbox(sb, fake_now);	/* at 22, in the frame */
+		if (i == 26)
+			at_back = sql_int("SELECT log_seq FROM meter_clocks WHERE node_id = '%s'", node);
+		if (i == 28)
+			fake_now += 30 * S;	/* at 27, 30 s forward, within the lead */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK(at_back > 0);
+	CHECK_INT(sql_int("SELECT log_seq FROM meter_clocks WHERE node_id = '%s'", node), at_back);
+	CHECK_INT(sql_int("SELECT count(*) FROM sandbox_state_log WHERE sandbox_id = '%s' "
+			  "AND seq > %lld", sb, at_back), 1);	/* the stop, in the frame */
+	meter_free(m);
+}
+
+/*
+ * paused_before_the_frames_step_then_stepped_back_while_down()'s case with a forward step within
+ * the lead while down (30 s at 35 s) in place of the backward one: the pause, logged before the
+ * frame's own backward step, is not read in the saved frame's offset the forward step keeps, but
+ * at offset 0. Read there, it stood 100 s late, past the ledger's point, and was applied again:
+ * 14,730 µcr for 13,765.
+ */
+static void test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-old-frame-fwd";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap", 64);	/* at 5 */
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now += 30 * S;	/* at 35, 30 s forward, within the lead, no meter */
+		if (i == 111)
+			m = new_meter_with(true, 0);	/* restarted at 110, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 195 * 64);	/* running to 5, its snapshot after, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A running sandbox deleted while no meter of the node ran (its meter crashed at 24 s, after a
+ * 100 s backward step at 12 s), one update setting its state time to 28 s and its deletion to
+ * 30 s: the log row says deleted at 28 s, the earlier; no log row has the row's deletion time.
+ * 50 s more back at 35 s, the restart at 40 s in the frame. The deletion time, its log sequence
+ * unknown, reads in the saved frame as any change does, at 30 s.
+ */
+static void test_a_row_time_without_its_log_row_reads_in_the_saved_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-row-time";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 31)			/* at 30, deleted, its state time 28 */
+			sql("UPDATE sandboxes SET state_changed_at = to_timestamp(%lld / 1e6), "
+			    "deleted_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)((fake_now - 2 * S) / 1000), (long long)(fake_now / 1000), sb);
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 28 * 257);	/* to the deletion's log time */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -2744,6 +3034,12 @@ int main(void)
 	TEST(test_a_short_generations_changes_read_long_after_a_backward_step_keep_their_frame);
 	TEST(test_a_change_logged_after_a_backward_step_while_down_is_not_moved_before_it);
 	TEST(test_a_change_between_the_high_water_mark_and_the_label_reads_in_the_frame_in_force);
+	TEST(test_a_change_logged_before_the_frames_own_step_keeps_its_older_frame);
+	TEST(test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame);
+	TEST(test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame);
+	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
+	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
+	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 
 	rc = test_summary();
 	rds_free(rds);
