@@ -1434,17 +1434,17 @@ static const char rows_sql[] =
 	/* A running or paused stretch on this node, ended by a later change (in the log's order,
 	 * `seq`), whose generation is not recorded as ended in the ledger: no point of it in billed
 	 * state "none" that billed something (one written while the sandbox was still creating is
-	 * before all of it: the m_billed column's rule). The sandbox moved on before this node's meter
-	 * billed it, or that meter lost it (a window refused) and it left the node.
-	 * Not "a window of its generation reaches the next change's time": a window's end is a label
-	 * of the meter's clock, the change's time the wall clock's, and after backward steps the
-	 * labels run ahead of the wall clock, so a stretch never billed read as covered (kiln-sim
-	 * `clock`, seed 31121: labels 3,467 s ahead, a paused tail of 18.8 s at the ledger's point
-	 * left both meters of node 0 with the sandbox on node 1, never billed). Nor those ends made
-	 * wall again by the node's offset: each window was labelled in the frame in force then, and
-	 * one offset is wrong across steps. The end recorded is a fact of the ledger on no clock,
-	 * whoever wrote it (sb_gen_end(), when a generation ends and when the sandbox leaves the
-	 * node). */
+	 * before all of it: the m_billed column's rule). The sandbox moved on before this node's
+	 * meter billed it, or that meter lost it (a window refused) and it left the node.
+	 * Not "a window of its generation reaches the next change's time": a window's end is a
+	 * label of the meter's clock, the change's time the wall clock's, and after backward steps
+	 * the labels run ahead of the wall clock, so a stretch never billed read as covered
+	 * (kiln-sim `clock`, seed 31121: labels 3,467 s ahead, a paused tail of 18.8 s at the
+	 * ledger's point left both meters of node 0 with the sandbox on node 1, never billed). Nor
+	 * those ends made wall again by the node's offset: each window was labelled in the frame in
+	 * force then, and one offset is wrong across steps. The end recorded is a fact of the ledger
+	 * on no clock, whoever wrote it (sb_gen_end(), when a generation ends and when the sandbox
+	 * leaves the node). */
 	"OR s.id IN (SELECT l.sandbox_id FROM sandbox_state_log l "
 	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
 	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "

@@ -185,13 +185,15 @@ BEGIN
     tot AS (
         SELECT tenant_id, max(c_end) AS total FROM g GROUP BY tenant_id),
     parts AS (
-        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.cont, w.tenant, w.id AS tx, g.id AS account,
+        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.cont, w.tenant, w.id AS tx,
+               g.id AS account,
                least(w.c_end, g.c_end) - greatest(w.c_end - w.ucr, g.c_end - g.balance_ucr) AS amount,
                0 AS od, g.expires_at, g.created_at, g.id AS gid
         FROM w JOIN g ON g.tenant_id = w.tenant
         WHERE least(w.c_end, g.c_end) > greatest(w.c_end - w.ucr, g.c_end - g.balance_ucr)
         UNION ALL
-        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.cont, w.tenant, w.id, 'overdraft:' || w.tenant,
+        SELECT w.ord, w.sb, w.gen, w.ws, w.ps, w.pe, w.cont, w.tenant, w.id,
+               'overdraft:' || w.tenant,
                w.c_end - greatest(w.c_end - w.ucr, coalesce(tot.total, 0)), 1, NULL, NULL, NULL
         FROM w LEFT JOIN tot ON tot.tenant_id = w.tenant
         WHERE w.c_end > coalesce(tot.total, 0)),
@@ -208,7 +210,8 @@ BEGIN
         SELECT CASE WHEN k > 1 OR tx IS NULL THEN kiln_new_id('tx_')
                     WHEN tx ~ '^tx_[a-z2-7]{26}$' THEN tx
                     ELSE meter_flush_bad_id(tx) END,
-               'usage:' || sb || ':' || gen || ':' || ws || CASE WHEN cont THEN '@' || ps ELSE '' END
+               'usage:' || sb || ':' || gen || ':' || ws
+                   || CASE WHEN cont THEN '@' || ps ELSE '' END
                    || CASE WHEN k = 1 THEN '' ELSE ':' || k END,
                'usage', account, 'system:revenue', amount, tenant, sb,
                to_timestamp(ps::numeric / 1e9), to_timestamp(pe::numeric / 1e9), $2

@@ -493,16 +493,18 @@ static void test_flush_continues_a_window_in_the_ledger(void)
 			  (BASE_S + 20) * 1000000000LL), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = "
 			  "'usage:%s_s:1:%lld@%lld' AND amount_ucr = 400 AND period_start = "
-			  "to_timestamp(%lld)", t, BASE_S, (BASE_S + 6) * 1000000000LL, BASE_S + 6), 1);
+			  "to_timestamp(%lld)", t, BASE_S, (BASE_S + 6) * 1000000000LL,
+			  BASE_S + 6), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = "
 			  "'usage:%s_s:1:%lld@%lld' AND amount_ucr = 550", t, BASE_S + 10,
 			  (BASE_S + 14) * 1000000000LL), 1);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
-			  "AND state = 'none' AND last_t_ns = %lld", t, (BASE_S + 20) * 1000000000LL), 1);
+			  "AND state = 'none' AND last_t_ns = %lld", t,
+			  (BASE_S + 20) * 1000000000LL), 1);
 	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
 			  "'grant:%s'", t), 1000000 - 1750);
 
-	/* the continuation again, then a window from inside billed time: refused, nothing charged */
+	/* the continuation again, then a window from inside billed time: refused, none charged */
 	CHECK_INT(flush_one(j.data), 1);
 	buf_reset(&j);
 	buf_appends(&j, "[");
