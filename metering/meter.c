@@ -1053,9 +1053,8 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
  * generation is billed in the same tick (a generation left in its last state was read again by
  * every tick as one that went on on another node without its end: rows_sql). With nothing
  * unflushed, in the window that starts at its end or holds it: the window before an end on a
- * boundary is in the ledger already, and meter_flush() skipped it whole before migration 0049
- * (which takes it as a continuation of no length), leaving the sandbox billed as running and
- * read again on every tick. Call before s->gen moves on.
+ * boundary is in the ledger already, and meter_flush() would skip it whole, leaving the sandbox
+ * billed as running and read again on every tick. Call before s->gen moves on.
  */
 static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 {

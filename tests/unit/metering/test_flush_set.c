@@ -10,9 +10,7 @@
  * what order), every transfer (key, account, amount, period), every usage window with its
  * period and every billed-up-to point (per generation, with its node and gen_node) must be the
  * same. A replay of the second flush charges nothing and is refused alike. A failing seed prints
- * itself. Both forms continue a window in the ledger from its end (migrations/0049: an end marker
- * of no length at a window's start, then that window). Then the transfer ids kiln-meter sends
- * with the windows (migrations/0044), and a continuation's own case.
+ * itself. Then the transfer ids kiln-meter sends with the windows (migrations/0044).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -419,104 +417,6 @@ static void test_flush_makes_no_temporary_tables(void)
 	buf_release(&j);
 }
 
-/* One window of sandbox "<t>_s" (generation 1) starting at BASE_S + ws, billed over [ps, pe) (s
- * from BASE_S), of `ucr`, its point `state` at pe. */
-static void part_item(struct buf *b, const char *t, int ws, int ps, int pe, int ucr,
-		      const char *state)
-{
-	long long s = BASE_S + ws;
-
-	buf_appendf(b,
-		    "%s{\"sb\":\"%s_s\",\"tenant\":\"%s\",\"node\":\"n\",\"gen\":1,\"ws\":%lld,"
-		    "\"we\":%lld,\"ps\":%lld,\"pe\":%lld,\"ucr\":%d,\"cpu\":%d,\"mem_bs\":%d,"
-		    "\"rx\":0,\"tx\":0,\"state\":\"%s\",\"t\":%lld,\"cpu_at\":0,\"rx_at\":0,"
-		    "\"tx_at\":0,\"rem\":0,\"gnode\":\"\",\"id\":null}",
-		    b->len > 1 ? "," : "", t, t, s, s + 10, (BASE_S + ps) * 1000000000LL,
-		    (BASE_S + pe) * 1000000000LL, ucr, pe - ps, 2 * (pe - ps), state,
-		    (BASE_S + pe) * 1000000000LL);
-}
-
-/* meter_flush_set() of `items` (one tenant's): the refused pairs' count. */
-static int flush_one(const char *items_json)
-{
-	int nref = -1;
-
-	CHECK(flush_as("json", items_json, &nref));
-	return nref;
-}
-
-/*
- * Migration 0049: a window whose start is in the ledger is continued when its billed period
- * starts at or after the stored one's end (a meter billing on from the ledger's point in the
- * middle of a window another meter flushed as it stood: kiln-sim `clock`, seed 31121, 4 s of
- * [8,340, 8,350) lost, 506 µcr); before, it was skipped whole as a replay. [0, 6) is in the
- * ledger; [6, 10) of the same window is added to it, charged under its own key, the point moved
- * on, and so is one after a gap ([14, 20) after [10, 12)); the same again is refused and
- * charges nothing, and so is a window from 8 (billed time).
- */
-static void test_flush_continues_a_window_in_the_ledger(void)
-{
-	const char *t = "fcont";
-	struct buf j;
-
-	buf_init(&j, 1u << 20);
-	sql("INSERT INTO tenants (id, name) VALUES ('%s', 'flush');"
-	    "INSERT INTO ledger_accounts (id, tenant_id, kind) VALUES ('grant:%s', '%s', 'grant');"
-	    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
-	    "amount_ucr, tenant_id, reason) VALUES ('tx_fcont', 'g:fcont', 'grant', "
-	    "'system:issuance', 'grant:%s', 1000000, '%s', 'test')",
-	    t, t, t, t, t);
-	buf_appends(&j, "[");
-	part_item(&j, t, 0, 0, 6, 600, "paused");
-	buf_appends(&j, "]");
-	CHECK_INT(flush_one(j.data), 0);
-	/* [6, 10) continues [0, 6), and the next window is written as ever */
-	buf_reset(&j);
-	buf_appends(&j, "[");
-	part_item(&j, t, 0, 6, 10, 400, "paused");
-	part_item(&j, t, 10, 10, 12, 200, "paused");
-	buf_appends(&j, "]");
-	CHECK_INT(flush_one(j.data), 0);
-	/* [14, 20) continues [10, 12) after a gap */
-	buf_reset(&j);
-	buf_appends(&j, "[");
-	part_item(&j, t, 10, 14, 20, 550, "none");
-	buf_appends(&j, "]");
-	CHECK_INT(flush_one(j.data), 0);
-	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s_s' "
-			  "AND window_start = to_timestamp(%lld) AND ps_ns = %lld AND pe_ns = %lld "
-			  "AND ucr = 1000 AND cpu_ns = 10 AND mem_byte_s = 20", t, BASE_S,
-			  BASE_S * 1000000000LL, (BASE_S + 10) * 1000000000LL), 1);
-	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s_s' "
-			  "AND window_start = to_timestamp(%lld) AND ps_ns = %lld AND pe_ns = %lld "
-			  "AND ucr = 750", t, BASE_S + 10, (BASE_S + 10) * 1000000000LL,
-			  (BASE_S + 20) * 1000000000LL), 1);
-	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = "
-			  "'usage:%s_s:1:%lld@%lld' AND amount_ucr = 400 AND period_start = "
-			  "to_timestamp(%lld)", t, BASE_S, (BASE_S + 6) * 1000000000LL,
-			  BASE_S + 6), 1);
-	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE idem_key = "
-			  "'usage:%s_s:1:%lld@%lld' AND amount_ucr = 550", t, BASE_S + 10,
-			  (BASE_S + 14) * 1000000000LL), 1);
-	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
-			  "AND state = 'none' AND last_t_ns = %lld", t,
-			  (BASE_S + 20) * 1000000000LL), 1);
-	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
-			  "'grant:%s'", t), 1000000 - 1750);
-
-	/* the continuation again, then a window from inside billed time: refused, none charged */
-	CHECK_INT(flush_one(j.data), 1);
-	buf_reset(&j);
-	buf_appends(&j, "[");
-	part_item(&j, t, 0, 8, 10, 300, "paused");
-	buf_appends(&j, "]");
-	CHECK_INT(flush_one(j.data), 1);
-	CHECK_INT(sql_int("SELECT count(*) FROM ledger_transfers WHERE tenant_id = '%s'", t), 5);
-	CHECK_INT(sql_int("SELECT balance_ucr FROM ledger_account_balances WHERE account_id = "
-			  "'grant:%s'", t), 1000000 - 1750);
-	buf_release(&j);
-}
-
 int main(void)
 {
 	struct testdb db;
@@ -532,7 +432,6 @@ int main(void)
 	TEST(test_set_flush_draws_as_the_loop_did);
 	TEST(test_flush_takes_the_meters_transfer_ids);
 	TEST(test_flush_makes_no_temporary_tables);
-	TEST(test_flush_continues_a_window_in_the_ledger);
 	rc = test_summary();
 	testdb_close(&db);
 	return rc;
