@@ -2960,6 +2960,75 @@ static void test_a_row_time_without_its_log_row_reads_in_the_saved_frame(void)
 	meter_free(m);
 }
 
+/*
+ * A generation of a node left short of its end in the ledger, the sandbox gone to another node,
+ * is found by the node's meter however far its windows' labels run ahead of the log's wall-clock
+ * times: found when its end is not recorded, not when "no window reaches the next change" (a
+ * label against a wall-clock time; kiln-sim `clock`, seed 31121: labels 3,467 s ahead after
+ * backward steps, a paused tail of 18.8 s never billed). Here the wall clock steps back 60 s at
+ * 2, every meter following it (labels 60 s ahead from there). Meters a1 and a2 of node A, b of
+ * node B; on labels: a2 without Postgres from 3 to 35; a1 flushes [0, 10) and crashes at 12;
+ * the sandbox pauses at 15 into 512 MiB, resumes at 20 (generation 2) and moves to B at 25
+ * (generation 3); a2, back at 36, has generation 1 refused (a1's [0, 10)) and generation 2
+ * taken, and re-reads from the ledger: generation 1's point, running at 10, is short. Before,
+ * a1's window ending at 10 (a label) stood past the pause's wall-clock time, the stretch read as
+ * covered, and [10, 20) was never billed.
+ */
+static void test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a2;
+
+	two_nodes_start(&c, t0, true, 0);
+	a2 = new_meter_with(true, 0);	/* node A's second meter */
+	for (int i = 1; i <= 60; i++) {
+		if (i == 3)
+			fake_now -= 60 * S;	/* at 2, the wall clock steps back 60 s */
+		if (i == 4)
+			meter_set_backends(a2, dead, rds);
+		if (i == 13) {
+			meter_free(c.a);	/* a crash at 12, [0, 10) flushed */
+			c.a = NULL;
+		}
+		if (i == 16)
+			pause_into(c.t, c.sb, "snap_a", 512);	/* at 15 */
+		if (i == 21)	/* at 20, resumed on A: a new generation */
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), c.sb);
+		if (i == 26)
+			move_to(c.sb, c.nb, fake_now);	/* at 25 */
+		if (i == 37)
+			meter_set_backends(a2, pg, rds);
+		if (i == 46)
+			stop_sandbox(c.sb, fake_now);	/* at 45, on B */
+		fake_now += S;
+		fake_mono += S;
+		if (c.a)
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
+		if (i >= 4 && i < 37)
+			(void)meter_tick(a2, &err);
+		else
+			CHECK_INT(meter_tick(a2, &err), KILN_OK);
+		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
+	}
+	/* generation 1: 15 s running, 5 s paused at 512, and its end recorded; generation 2: 5 s */
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", c.sb), 15 * 257 + 5 * 512);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 1 AND state = 'none'", c.sb), 1);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb), 5 * 257);
+	CHECK_INT(used(c.t), 40 * 257 + 5 * 512);
+	CHECK_INT(meter_pending(a2, c.t), 0);
+	meter_free(a2);
+	meter_free(c.b);
+	pg_free(dead);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3040,6 +3109,7 @@ int main(void)
 	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
+	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
 
 	rc = test_summary();
 	rds_free(rds);
