@@ -3148,8 +3148,8 @@ static const struct ment *row_time_ment(const struct mrow *r, int64_t w)
  * The times of `r` (as row_parse() reads them, the node's wall clock) on the label clock at this
  * tick's label, each where the log row of the change that logged it is placed (the row's times
  * are those of its changes: state_changed_at its newest, deleted_at its deletion, created_at its
- * creation; log_place(), so that a row and its log row never disagree), or, when that log row is
- * not among those read (before the log is read, a change older than the log read, a trimmed
+ * creation; log_place(), so that a row and the log row read with it agree), or, when that log row
+ * is not among those read (before the log is read, a change older than the log read, a trimmed
  * log, a deletion logged at another time than the row's), in the frame it was logged in with no
  * sequence (node_time_logged(), read as any change: back_usable()). Read with the offset in
  * force, a time logged before a backward step stood the step's size ahead, and the row's end was
