@@ -3029,6 +3029,106 @@ static void test_a_short_generation_gone_from_its_node_after_a_backward_step_is_
 	pg_free(dead);
 }
 
+/*
+ * A change logged before the saved frame's own backward step (its log sequence not above
+ * meter_clocks.log_seq) is not moved into that frame by a later change it reads past: it goes to
+ * the offset-0 frame. Paused at 5 s (64 MiB), 100 s back at 12 s, a crash at 24 s ([10, 20)
+ * flushed: the ledger's point paused at 20 s), 50 s more back at 35 s with no meter, stopped at
+ * 110 s (in the current frame), the restart at 160 s in the saved frame: the pause, read with the
+ * offset in force, stands at 155 s, more than LOG_ORDER_TOLERANCE_NS past the stop at 110 s, and
+ * is placed at 5 s, in the ledger's point. Moved into the saved frame instead, it stood at 105 s,
+ * past the point, and was applied again: 8,970 µcr for 8,005.
+ */
+static void test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-old-frame-later";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 200; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap", 64);	/* at 5 */
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == 25) {			/* a crash at 24 ([10, 20) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 36)
+			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
+		if (i == 111)
+			stop_sandbox(sb, fake_now);	/* at 110, no meter */
+		if (i == 161)
+			m = new_meter_with(true, 0);	/* restarted at 160, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 105 * 64);	/* running to 5, its snapshot to the stop */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A row's time that is the time of a log row log_place() moved reads where that log row is
+ * placed: the row's end agrees with the log's. Running from 0, its one meter without Postgres
+ * from 35 s to 105 s, stopped at 40 s, 50 s back at 50 s, deleted at 60 s (deleted_at only, its
+ * state time still the stop's). At 105 s the stop reads with the offset in force at 90 s, more
+ * than LOG_ORDER_TOLERANCE_NS past the deletion at 60 s, and is placed at 40 s, in the frame
+ * before the step; the row's end (its state time, the stop's) reads there too. Read with the stop's
+ * sequence alone, the row's end stood at 90 s, behind the deletion at 60 s: the generation was
+ * billed alike (10,280 µcr) but ended at 60 s, after 20 s in no state, not at the stop.
+ */
+static void test_a_rows_time_reads_where_its_moved_log_row_is_placed(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 130; i++) {
+		if (i == 36)
+			meter_set_backends(m, dead, rds);	/* without Postgres at 35 */
+		if (i == 41)
+			stop_sandbox(sb, fake_now);	/* at 40 */
+		if (i == 51)
+			fake_now -= 50 * S;	/* at 50, the wall clock steps back 50 s */
+		if (i == 61)			/* at 60, deleted: deleted_at only */
+			sql("UPDATE sandboxes SET deleted_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    (long long)(fake_now / 1000), sb);
+		if (i == 106)
+			meter_set_backends(m, pg, rds);	/* back at 105 */
+		fake_now += S;
+		fake_mono += S;
+		if (i > 35 && i <= 105)
+			(void)meter_tick(m, &err);
+		else
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 40 * 257);	/* to the stop */
+	/* Its generation ended at the stop's placed time, not at the deletion. */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state = 'none' AND last_t_ns = %lld", sb,
+			  (long long)(t0 + 40 * S)), 1);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+	pg_free(dead);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3110,6 +3210,8 @@ int main(void)
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
+	TEST(test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame);
+	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
 
 	rc = test_summary();
 	rds_free(rds);
