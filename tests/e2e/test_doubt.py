@@ -45,14 +45,17 @@ class UnwaitedNode(kiln.Node):
         self.sock = os.path.join(self.run_dir, "node.sock")
 
     def wait_listening(self, timeout):
+        """Until the node listens and its first heartbeat is in ("serving at", node/main.c): it
+        listens before that beat, and until the beat the gateway still takes it for down (a
+        resume of a sandbox whose snapshot is on it alone answers 503)."""
         deadline = time.time() + timeout
         while time.time() < deadline:
             if not self.alive():
                 raise RuntimeError("kiln-node exited:\n" + self.output())
-            if os.path.exists(self.sock):
+            if os.path.exists(self.sock) and "serving at" in self.output():
                 return
             time.sleep(0.2)
-        raise RuntimeError("kiln-node did not listen:\n" + self.output())
+        raise RuntimeError("kiln-node did not start serving:\n" + self.output())
 
 
 class Api:
