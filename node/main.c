@@ -42,6 +42,7 @@
 #include "node/storage_sync.h"
 #include "node/template.h"
 #include "node/build.h"
+#include "record/record.h"
 
 static struct node node;
 
@@ -759,6 +760,33 @@ static void usage(FILE *out)
 	config_help(out);
 }
 
+static int64_t host_mono_ns(void *ctx)
+{
+	struct timespec ts;
+
+	(void)ctx;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* This host's boot id and CLOCK_MONOTONIC witness each state change the node records
+ * (record_witness_clock()); none when the boot id cannot be read (the changes are then placed
+ * by the meter's frames alone). */
+static void witness_clock_set(void)
+{
+	static char boot[64];
+	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
+
+	if (!f)
+		return;
+	if (fgets(boot, (int)sizeof(boot), f)) {
+		boot[strcspn(boot, "\n")] = '\0';
+		if (boot[0])
+			record_witness_clock(boot, host_mono_ns, NULL);
+	}
+	fclose(f);
+}
+
 int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
@@ -786,6 +814,7 @@ int main(int argc, char **argv)
 	log_init("kiln-node", (enum log_level)log_level_parse(node.cfg.log_level),
 		 node.cfg.log_json);
 	curl_global_init(CURL_GLOBAL_DEFAULT);
+	witness_clock_set();
 	if (drain) {
 		status = drain_command(&node.cfg);
 		config_release(&node.cfg);

@@ -8,6 +8,41 @@
 
 #include "record/record.h"
 
+/* The clock this process witnesses its state changes with (record_witness_clock()): set once at
+ * start, read only after. */
+static struct {
+	char boot[64];
+	int64_t (*mono_ns)(void *ctx);
+	void *ctx;
+} witness_clock;
+
+void record_witness_clock(const char *boot_id, int64_t (*mono_ns)(void *ctx), void *ctx)
+{
+	snprintf(witness_clock.boot, sizeof(witness_clock.boot), "%s",
+		 boot_id && mono_ns ? boot_id : "");
+	witness_clock.mono_ns = mono_ns;
+	witness_clock.ctx = ctx;
+}
+
+/* A change's witness as statement parameters: the boot id and the monotonic time now, both NULL
+ * when this process set no clock (the change is logged without one). */
+struct witness {
+	const char *boot, *mono;
+	char mono_buf[24];
+};
+
+static void witness_now(struct witness *w)
+{
+	w->boot = NULL;
+	w->mono = NULL;
+	if (!witness_clock.boot[0])
+		return;
+	snprintf(w->mono_buf, sizeof(w->mono_buf), "%lld",
+		 (long long)witness_clock.mono_ns(witness_clock.ctx));
+	w->boot = witness_clock.boot;
+	w->mono = w->mono_buf;
+}
+
 /* The fence every state write carries: $1 id, $2 node, $3 generation. */
 #define FENCE "id = $1 AND node_id = $2 AND generation = $3::bigint AND deleted_at IS NULL"
 
@@ -57,7 +92,9 @@ enum kiln_err record_created(struct pg *pg, struct pg_conn *tx, const struct rec
 			     long long *generation, struct kiln_error *err)
 {
 	char v[16], m[16], d[16], t[24], idx[16];
+	struct witness w;
 
+	witness_now(&w);
 	snprintf(v, sizeof(v), "%u", nw->vcpu_milli);
 	snprintf(m, sizeof(m), "%u", nw->mem_mib);
 	snprintf(d, sizeof(d), "%u", nw->disk_gib);
@@ -65,13 +102,14 @@ enum kiln_err record_created(struct pg *pg, struct pg_conn *tx, const struct rec
 	snprintf(idx, sizeof(idx), "%d", nw->net_index);
 	return FENCED(pg, tx, "the create", nw->id, generation, err,
 		      "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-		      "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage) "
+		      "memory_mib, disk_gib, timeout_s, metadata, net_index, expires_at, lineage, "
+		      "log_boot_id, log_mono_ns) "
 		      "VALUES ($1, $2, $3, 'creating', $4, $5::int, $6::int, $7::int, $8::int, "
 		      "$9::jsonb, $10::int, now() + make_interval(secs => $8::int), "
-		      "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}')) "
-		      "ON CONFLICT (id) DO NOTHING RETURNING generation",
+		      "coalesce((SELECT lineage || id FROM snapshots WHERE id = $11), '{}'), $12, "
+		      "$13::bigint) ON CONFLICT (id) DO NOTHING RETURNING generation",
 		      nw->id, nw->tenant_id, nw->node_id, nw->template_name, v, m, d, t,
-		      nw->metadata ? nw->metadata : "{}", idx, nw->lineage_of);
+		      nw->metadata ? nw->metadata : "{}", idx, nw->lineage_of, w.boot, w.mono);
 }
 
 enum kiln_err record_forked(struct pg *pg, struct pg_conn *tx, const struct record_fence *parent,
@@ -79,41 +117,50 @@ enum kiln_err record_forked(struct pg *pg, struct pg_conn *tx, const struct reco
 			    long long *generation, struct kiln_error *err)
 {
 	char g[24], idx[16];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), parent->generation);
 	snprintf(idx, sizeof(idx), "%d", net_index);
 	return FENCED(pg, tx, "the fork", parent->id, generation, err,
 		      "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
 		      "memory_mib, disk_gib, timeout_s, metadata, parent_id, net_index, lineage, "
-		      "expires_at) SELECT $4, tenant_id, node_id, 'creating', template, vcpu_milli, "
-		      "memory_mib, disk_gib, timeout_s, metadata, id, $5::int, lineage || $6::text, "
-		      "now() + make_interval(secs => timeout_s) FROM sandboxes WHERE " FENCE " "
+		      "expires_at, log_boot_id, log_mono_ns) SELECT $4, tenant_id, node_id, "
+		      "'creating', template, vcpu_milli, memory_mib, disk_gib, timeout_s, metadata, "
+		      "id, $5::int, lineage || $6::text, now() + make_interval(secs => timeout_s), $7, "
+		      "$8::bigint FROM sandboxes WHERE " FENCE " "
 		      "ON CONFLICT (id) DO NOTHING RETURNING generation",
-		      parent->id, parent->node_id, g, child_id, idx, snap);
+		      parent->id, parent->node_id, g, child_id, idx, snap, w.boot, w.mono);
 }
 
 enum kiln_err record_running(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the start", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'running', error = NULL, state_changed_at = now() "
+		      "UPDATE sandboxes SET log_boot_id = $4, log_mono_ns = $5::bigint, "
+		      "state = 'running', error = NULL, state_changed_at = now() "
 		      "WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g);
+		      f->id, f->node_id, g, w.boot, w.mono);
 }
 
 enum kiln_err record_failed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			    const char *why, struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the failure", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'error', error = $4, state_changed_at = now() "
+		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
+		      "state = 'error', error = $4, state_changed_at = now() "
 		      "WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g, why);
+		      f->id, f->node_id, g, why, w.boot, w.mono);
 }
 
 enum kiln_err record_create_failed(struct pg *pg, struct pg_conn *tx,
@@ -121,27 +168,33 @@ enum kiln_err record_create_failed(struct pg *pg, struct pg_conn *tx,
 				   struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the failed create", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'error', error = $4, deleted_at = now(), "
+		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
+		      "state = 'error', error = $4, deleted_at = now(), "
 		      "net_index = NULL, state_changed_at = now() WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g, why);
+		      f->id, f->node_id, g, why, w.boot, w.mono);
 }
 
 enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			    const char *snap, struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the pause", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'paused', pause_snapshot = $4, net_index = NULL, "
+		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
+		      "state = 'paused', pause_snapshot = $4, net_index = NULL, "
 		      "error = NULL, state_changed_at = coalesce((SELECT CASE WHEN l.state = 'paused' "
 		      "THEN l.at END FROM sandbox_state_log l WHERE l.sandbox_id = $1 "
 		      "AND l.generation = $3::bigint ORDER BY l.at DESC, l.seq DESC LIMIT 1), now()) "
 		      "WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g, snap);
+		      f->id, f->node_id, g, snap, w.boot, w.mono);
 }
 
 enum kiln_err record_vcpus_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
@@ -149,30 +202,37 @@ enum kiln_err record_vcpus_stopped(struct pg *pg, struct pg_conn *tx, const stru
 				   struct kiln_error *err)
 {
 	char g[24], at[24], cpu[24];
+	struct witness w;
 
+	/* The witness is read here, just after the caller read `at_ns`: the stop's instant on
+	 * the monotonic clock, to the time between the two reads. */
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	snprintf(at, sizeof(at), "%lld", at_ns / 1000);
 	snprintf(cpu, sizeof(cpu), "%llu", cpu_ns);
 	return FENCED(pg, tx, "the vCPU stop", f->id, NULL, err,
 		      "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
-		      "cpu_ns) SELECT id, generation, 'paused', to_timestamp($4::bigint / 1e6), "
-		      "node_id, $5::bigint FROM sandboxes WHERE " FENCE " AND state = 'running' "
-		      "RETURNING seq",
-		      f->id, f->node_id, g, at, cpu);
+		      "cpu_ns, boot_id, mono_ns) SELECT id, generation, 'paused', "
+		      "to_timestamp($4::bigint / 1e6), node_id, $5::bigint, $6, $7::bigint "
+		      "FROM sandboxes WHERE " FENCE " AND state = 'running' RETURNING seq",
+		      f->id, f->node_id, g, at, cpu, w.boot, w.mono);
 }
 
 enum kiln_err record_vcpus_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 				   long long at_ns, struct kiln_error *err)
 {
 	char g[24], at[24];
+	struct witness w;
 
+	witness_now(&w);	/* as record_vcpus_stopped()'s */
 	fmt_ll(g, sizeof(g), f->generation);
 	snprintf(at, sizeof(at), "%lld", at_ns / 1000);
 	return FENCED(pg, tx, "the vCPU restart", f->id, NULL, err,
-		      "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id) "
-		      "SELECT id, generation, 'running', to_timestamp($4::bigint / 1e6), node_id "
+		      "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
+		      "boot_id, mono_ns) SELECT id, generation, 'running', "
+		      "to_timestamp($4::bigint / 1e6), node_id, $5, $6::bigint "
 		      "FROM sandboxes WHERE " FENCE " AND state = 'running' RETURNING seq",
-		      f->id, f->node_id, g, at);
+		      f->id, f->node_id, g, at, w.boot, w.mono);
 }
 
 enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
@@ -180,55 +240,67 @@ enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct rec
 			     struct kiln_error *err)
 {
 	char g[24], idx[16], tmo[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	snprintf(idx, sizeof(idx), "%d", r->net_index);
 	fmt_ll(tmo, sizeof(tmo), r->timeout_s);
 	return FENCED(pg, tx, "the resume", f->id, generation, err,
-		      "UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+		      "UPDATE sandboxes SET log_boot_id = $9, log_mono_ns = $10::bigint, "
+		      "state = 'running', generation = generation + 1, "
 		      "lineage = CASE WHEN $8::boolean THEN ARRAY[pause_snapshot] "
 		      "ELSE lineage || pause_snapshot END, pause_snapshot = NULL, node_id = $5, "
 		      "net_index = $6::int, expires_at = now() + make_interval(secs => $7::int), "
 		      "error = NULL, state_changed_at = now() "
 		      "WHERE " FENCE " AND state = 'paused' AND pause_snapshot = $4 "
 		      "RETURNING generation",
-		      f->id, f->node_id, g, r->snap, r->node_id, idx, tmo, r->moved ? "true" : "false");
+		      f->id, f->node_id, g, r->snap, r->node_id, idx, tmo, r->moved ? "true" : "false", w.boot, w.mono);
 }
 
 enum kiln_err record_restored(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			      const char *snap, long long *generation, struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the restore", f->id, generation, err,
-		      "UPDATE sandboxes SET generation = generation + 1, lineage = lineage || $4::text "
+		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
+		      "generation = generation + 1, lineage = lineage || $4::text "
 		      "WHERE " FENCE " RETURNING generation",
-		      f->id, f->node_id, g, snap);
+		      f->id, f->node_id, g, snap, w.boot, w.mono);
 }
 
 enum kiln_err record_stopped(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     const char *why, struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the stop", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'stopped', error = $4, net_index = NULL, "
+		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
+		      "state = 'stopped', error = $4, net_index = NULL, "
 		      "state_changed_at = now() WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g, why);
+		      f->id, f->node_id, g, why, w.boot, w.mono);
 }
 
 enum kiln_err record_deleted(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
 			     struct kiln_error *err)
 {
 	char g[24];
+	struct witness w;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	return FENCED(pg, tx, "the delete", f->id, NULL, err,
-		      "UPDATE sandboxes SET state = 'stopped', deleted_at = now(), net_index = NULL, "
+		      "UPDATE sandboxes SET log_boot_id = $4, log_mono_ns = $5::bigint, "
+		      "state = 'stopped', deleted_at = now(), net_index = NULL, "
 		      "state_changed_at = now() WHERE " FENCE " RETURNING id",
-		      f->id, f->node_id, g);
+		      f->id, f->node_id, g, w.boot, w.mono);
 }
 
 enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
@@ -237,8 +309,10 @@ enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct
 	struct kiln_error ignore = { 0 };
 	struct pg_conn *c = tx;
 	char g[24], cpu[24];
+	struct witness w;
 	enum kiln_err rc = KILN_OK;
 
+	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
 	snprintf(cpu, sizeof(cpu), "%llu", cpu_ns);
 	if (!c)
@@ -250,9 +324,10 @@ enum kiln_err record_deleted_cpu(struct pg *pg, struct pg_conn *tx, const struct
 	if (rc == KILN_OK)
 		rc = FENCED(pg, c, "the deletion's CPU counter", f->id, NULL, err,
 			    "INSERT INTO sandbox_state_log (sandbox_id, generation, state, at, node_id, "
-			    "cpu_ns) SELECT id, generation, 'deleted', now(), node_id, $4::bigint "
-			    "FROM sandboxes WHERE " FENCE " RETURNING seq",
-			    f->id, f->node_id, g, cpu);
+			    "cpu_ns, boot_id, mono_ns) SELECT id, generation, 'deleted', now(), "
+			    "node_id, $4::bigint, $5, $6::bigint FROM sandboxes WHERE " FENCE " "
+			    "RETURNING seq",
+			    f->id, f->node_id, g, cpu, w.boot, w.mono);
 	if (rc == KILN_OK)
 		rc = record_deleted(pg, c, f, err);
 	if (!tx && c) {

@@ -21,9 +21,22 @@
 #define KILN_RECORD_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "common/err.h"
 #include "common/pg.h"
+
+/*
+ * The clock this process witnesses the state changes it records with: its host's boot id (the
+ * epoch of its CLOCK_MONOTONIC) and `mono_ns`, that clock's time (ns). Each change is logged
+ * with both, read when it is recorded, next to its wall-clock time (sandbox_state_log,
+ * migrations/0051), so a meter on the same boot places it on its own clock exactly, whatever
+ * steps the wall clock took (docs/metering.md, Clocks). Set once at start, before any write:
+ * kiln-node its host's, kiln-sim its simulated host's. A process that sets none (kiln-gateway:
+ * not the node's clock) records its changes with no witness, and so do record_delete_unheld()
+ * and every writer outside this file.
+ */
+void record_witness_clock(const char *boot_id, int64_t (*mono_ns)(void *ctx), void *ctx);
 
 /* Who writes: sandbox `id`, held by node `node_id` at `generation`. */
 struct record_fence {

@@ -6,6 +6,7 @@
  * sandbox no node holds, fenced on the generation it read.
  */
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -280,6 +281,57 @@ static void test_delete_request_of_a_deleted_sandbox_changes_nothing(void)
 		CHECK(strcmp(s.ids[i], id) != 0);
 }
 
+static int64_t witness_mono;	/* the witness clock of the case below, ns */
+
+static int64_t witness_mono_ns(void *ctx)
+{
+	(void)ctx;
+	return witness_mono += 1000;
+}
+
+/*
+ * The state changes recorded by a process that set its witness clock (kiln-node) are logged with
+ * its boot id and monotonic time (migrations/0051), the log rows record/ writes itself too (the
+ * vCPU stop); a later change by a process with none (the gateway's delete) is logged with none,
+ * not with the witness the node's last change left on the row.
+ */
+static void test_changes_are_logged_with_their_writers_witness_only(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], log[512];
+	long long gen, now_gen = 0;
+	struct record_fence f = { .node_id = "node-a" };
+	struct record_resume r = { .snap = "snap_w", .node_id = "node-b", .net_index = 78,
+				   .timeout_s = 300 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	record_witness_clock("boot-rec", witness_mono_ns, NULL);
+	gen = new_sandbox(id, sizeof(id));				/* 1000 */
+	f.id = id;
+	f.generation = gen;
+	CHECK_INT(record_running(pg, NULL, &f, &err), KILN_OK);		/* 2000 */
+	/* stopped after the start's instant (Postgres's now()) */
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, ((long long)time(NULL) + 1) * 1000000000LL, 5,
+				       &err), KILN_OK);			/* 3000 */
+	CHECK_INT(record_paused(pg, NULL, &f, "snap_w", &err), KILN_OK);	/* the stop's row */
+	CHECK_INT(record_resumed(pg, NULL, &f, &r, &now_gen, &err), KILN_OK);	/* 5000 */
+	record_witness_clock(NULL, NULL, NULL);			/* the gateway: no clock */
+	CHECK_INT(record_delete_unheld(pg, NULL, id, now_gen, &err), KILN_OK);
+	snprintf(log, sizeof(log), "(none)");
+	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
+	if (PGQ(c, &res, &err,
+		"SELECT string_agg(state || ':' || coalesce(boot_id, '-') || ':' || "
+		"coalesce(mono_ns::text, '-'), ',' ORDER BY seq) FROM sandbox_state_log "
+		"WHERE sandbox_id = $1",
+		id) == KILN_OK && pg_res_rows(res) == 1)
+		snprintf(log, sizeof(log), "%s", pg_res_str(res, 0, 0));
+	pg_res_free(res);
+	pg_release(pg, c);
+	CHECK_STR(log, "creating:boot-rec:1000,running:boot-rec:2000,paused:boot-rec:3000,"
+		       "running:boot-rec:5000,deleted:-:-");
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -301,6 +353,7 @@ int main(void)
 	TEST(test_delete_requests_are_listed_for_their_node);
 	TEST(test_gateway_delete_with_stale_generation_changes_nothing);
 	TEST(test_delete_request_of_a_deleted_sandbox_changes_nothing);
+	TEST(test_changes_are_logged_with_their_writers_witness_only);
 
 	rc = test_summary();
 	testdb_close(&db);

@@ -1599,6 +1599,9 @@ static int run_seed(uint64_t seed)
 	runs++;
 	snprintf(W.tag, sizeof(W.tag), "%" PRIu64 "p%dr%d", seed, (int)getpid(), runs);
 	snprintf(W.db, sizeof(W.db), "t_sim_%" PRIu64 "_%d_%d", seed, (int)getpid(), runs);
+	/* The nodes record their changes witnessed by the simulated host's clocks, the meters'
+	 * (meter_up()): one host, one boot. */
+	record_witness_clock(W.tag, clk_mono, NULL);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	if (!admin_sql("DROP DATABASE IF EXISTS %s WITH (FORCE)", W.db) ||
 	    !admin_sql("CREATE DATABASE %s TEMPLATE %s", W.db, tdb.name) ||
