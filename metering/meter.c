@@ -743,6 +743,8 @@ struct ment {
 	enum bstate st;
 	int64_t at;		/* ns, on the label clock (log_place()) */
 	int64_t w;		/* ns, the node's wall-clock time it was logged at */
+	const char *boot;	/* its witness (witness_time()): the boot id of its node's host, */
+	int64_t mono;		/* and that host's CLOCK_MONOTONIC at it; boot NULL: none */
 	const char *node;	/* its node ("" when none) */
 	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
 				 * dead while the sandbox is here now */
@@ -908,6 +910,44 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq,
 }
 
 /*
+ * A change's own witness (migrations/0051, record/record.h): logged on this meter's host since
+ * its boot (`boot`, the boot id it was logged with, is this meter's), at `mono` on the monotonic
+ * clock, it stands on the label clock at the tick's label less the monotonic time since, into
+ * *t: where it happened, whatever steps the wall clock took since. The label clock runs on the
+ * monotonic clock and jumps only with the forward steps this meter followed, by which the points
+ * it tracks moved too, as node_time() moves a change logged before them. The wall-clock time
+ * alone cannot place a change logged while no meter of the node ran between two steps: a
+ * restarted meter sees only their net step and read such a change in a frame it never saw, a
+ * step's size early, before the ledger's point, taken as in it (kiln-sim seeds 31117, a
+ * deletion and a resume logged between a -2,134 s and a +123 s step, read 123 s early: -47,509
+ * µcr; 31167, a deletion between two backward steps, -58,776 µcr; 31169, a resume between two
+ * backward steps, +63,819 / -50,806 µcr). False when the change has no witness or one of
+ * another boot (another host, a row from before 0051, a change recorded by a process with no
+ * clock set): the frames read it (node_time_logged() and friends).
+ */
+static bool witness_time(const struct meter *m, const char *boot, int64_t mono, int64_t *t)
+{
+	if (!boot || !m->boot[0] || strcmp(boot, m->boot) != 0 || !m->clk_now_l)
+		return false;
+	*t = m->clk_now_l - (m->clk_now_m - mono);
+	return true;
+}
+
+/* witness_time() of the witness in column `col` of row `i` of `res` ("boot_id mono_ns":
+ * WITNESS_SQL; NULL, or `col` -1: none). */
+static bool witness_col(const struct meter *m, const struct pg_res *res, int i, int col,
+			int64_t *t)
+{
+	const char *v = col >= 0 ? pg_res_get(res, i, col) : NULL;
+	char boot[64];
+	long long mono;
+
+	if (!v || sscanf(v, "%63s %lld", boot, &mono) != 2)
+		return false;
+	return witness_time(m, boot, mono, t);
+}
+
+/*
  * The change `e`, read at `t` (node_time_logged() at the tick), placed no later than `later`, the
  * time of a change of its sandbox logged after it, by more than LOG_ORDER_TOLERANCE_NS: in the
  * newest frame before a backward step this meter followed that puts it there and before that
@@ -944,7 +984,8 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 
 /*
  * Places a sandbox's changes `e` (`n` of them, in the log's order) on the label clock at this
- * tick, the newest first: each at node_time_logged() at the tick's label (clk_now_l, as
+ * tick, the newest first: each witnessed on this meter's boot exactly (witness_time(), moved by
+ * no frame), each without such a witness at node_time_logged() at the tick's label (clk_now_l, as
  * gen_point() and tail_bill() read times), then no later than the changes logged after it when
  * a kept backward-step frame allows it (log_time_before()). Not at the tick's billing end (the
  * label less m->lag): a change read between the two was logged in this frame, and placed by
@@ -970,9 +1011,11 @@ static void log_place(const struct meter *m, struct ment *e, size_t n)
 	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
 
 	for (size_t k = n; k-- > 0;) {
-		e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
-		if (later != INT64_MAX)
-			e[k].at = log_time_before(m, &e[k], e[k].at, later);
+		if (!witness_time(m, e[k].boot, e[k].mono, &e[k].at)) {
+			e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
+			if (later != INT64_MAX)
+				e[k].at = log_time_before(m, &e[k], e[k].at, later);
+		}
 		if (e[k].at < later)
 			later = e[k].at;
 	}
@@ -1047,24 +1090,33 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * is the end: the writer billed past it (an end logged late, after its tick flushed the time), no
  * start read in another frame; moved into an earlier frame, the point stood a backward step's size
  * early and the generation was billed again from there. False when the generation has no window
- * or no change logged.
+ * or no change logged. The start and the end are placed by their witnesses first
+ * (witness_time(): `wit_col` the start's, GEN_START_WIT_SQL, and `wit_col` + 1, when `end_col` is
+ * not -1, the end's, GEN_END_WIT_SQL; -1: none read), by the frames when they have none.
  */
 static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int end_col,
-		      int seq_col, int64_t *t)
+		      int seq_col, int wit_col, int64_t *t)
 {
 	int64_t w, billed, end;
 	long long seq;
+	bool exact;
 
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
 	w = pg_res_int(res, i, col, 0) * 1000;
 	billed = pg_res_int(res, i, col + 1, 0);
 	seq = pg_res_int(res, i, seq_col, 0);
-	*t = node_time_logged(m, w, seq, m->clk_now_l) + billed;
+	exact = witness_col(m, res, i, wit_col, t);
+	if (!exact)
+		*t = node_time_logged(m, w, seq, m->clk_now_l);
+	*t += billed;
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
-		end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
-				       pg_res_int(res, i, seq_col + 1, 0), m->clk_now_l);
-		if (*t > end + STEP_TOLERANCE_NS)
+		if (!witness_col(m, res, i, wit_col >= 0 ? wit_col + 1 : -1, &end))
+			end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
+					       pg_res_int(res, i, seq_col + 1, 0), m->clk_now_l);
+		if (exact && *t > end)
+			*t = end;	/* a start placed exactly: billed past the end, no frame */
+		else if (*t > end + STEP_TOLERANCE_NS)
 			*t = node_time_before(m, w, seq, billed, end) + billed;
 		else if (*t > end)
 			*t = end;	/* billed past it, not read in another frame */
@@ -1084,7 +1136,7 @@ static bool tk_point(const struct meter *m, const struct mrow *r, long long gen,
 	for (int k = r->tk_at; k < r->tk_at + r->tk_n; k++)
 		if (pg_res_int(r->tk_res, k, 3, 0) == gen &&
 		    strcmp(pg_res_str(r->tk_res, k, 1), node) == 0) {
-			if (!gen_point(m, r->tk_res, k, 4, 7, 8, t))
+			if (!gen_point(m, r->tk_res, k, 4, 7, 8, 10, t))
 				return false;
 			*cpu = (uint64_t)pg_res_int(r->tk_res, k, 6, 0);
 			*rem = (uint64_t)pg_res_int(r->tk_res, k, 2, 0) % PRICE_FINE_PER_UCR;
@@ -1520,6 +1572,15 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 #define GEN_END_SEQ_SQL(X, G)                                                                      \
 	"(SELECT n.seq FROM sandbox_state_log n "                                                  \
 	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
+/* A log row L's witness as one text, "boot_id mono_ns", NULL when it has none (witness_col()). */
+#define WITNESS_SQL(L) "(" L ".boot_id || ' ' || " L ".mono_ns)"
+/* The witnesses of the first change of generation G of X, and of G's end (gen_point()). */
+#define GEN_START_WIT_SQL(X, G)                                                                    \
+	"(SELECT " WITNESS_SQL("n") " FROM sandbox_state_log n "                                   \
+	"    WHERE n.sandbox_id = " X " AND n.generation = " G " ORDER BY n.seq LIMIT 1)"
+#define GEN_END_WIT_SQL(X, G)                                                                      \
+	"(SELECT " WITNESS_SQL("n") " FROM sandbox_state_log n "                                   \
+	"    WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1)"
 /* How far the point P (ns) of generation G of X reaches past the start of its first window, on
  * the clock of the meter that billed it: what is billed of it and the forward steps of the wall
  * clock in it, so about where the wall clock stood at P (tails_sql); NULL when it has no window. */
@@ -1560,7 +1621,9 @@ static const char rows_sql[] =
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SEQ_SQL("s.id", "m.generation") " END, "
-	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SEQ_SQL("s.id", "m.generation") " END "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_SEQ_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_START_WIT_SQL("s.id", "m.generation") " END, "
+	"CASE WHEN m.node_id <> $1 THEN " GEN_END_WIT_SQL("s.id", "m.generation") " END "
 	/* The billed-up-to point of its newest generation of this node, else of its newest; but
 	 * first an earlier generation of this node billed short of its end (the oldest of them):
 	 * its point before the first window of the generation right after it (the first change of
@@ -1634,7 +1697,9 @@ static const char log_sql[] =
 	"node_id IS NOT DISTINCT FROM $1, cpu_ns, coalesce(node_id, ''), seq, "
 	/* a pause: its generation's snapshot (the sandbox's row names the current generation's
 	 * only) */
-	"CASE WHEN l.state = 'paused' THEN " GEN_SNAP_SQL("l.sandbox_id", "l.generation") " END "
+	"CASE WHEN l.state = 'paused' THEN " GEN_SNAP_SQL("l.sandbox_id", "l.generation") " END, "
+	/* its witness (witness_time()) */
+	"l.boot_id, l.mono_ns "
 	"FROM sandbox_state_log l "
 	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
 	"ORDER BY sandbox_id COLLATE \"C\", seq";
@@ -2796,7 +2861,9 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 			GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") ", "
 			"mm.cpu_ns, " GEN_END_SQL("mm.sandbox_id", "mm.generation") ", "
 			GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", "
-			GEN_END_SEQ_SQL("mm.sandbox_id", "mm.generation") " "
+			GEN_END_SEQ_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_START_WIT_SQL("mm.sandbox_id", "mm.generation") ", "
+			GEN_END_WIT_SQL("mm.sandbox_id", "mm.generation") " "
 			"FROM meter_sandboxes mm "
 			"WHERE mm.sandbox_id = ANY($1::text[]) "
 			"AND coalesce(mm.gen_node, mm.node_id) = ANY($2::text[]) "
@@ -2927,21 +2994,24 @@ static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text "
+	"    || ' ' || coalesce(" WITNESS_SQL("l") ", '- 0'), ',' ORDER BY l.seq) "
 	"    FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
 	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
-	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", e.seq "
+	"p.start_us, p.billed_ns, " GEN_START_SEQ_SQL("mm.sandbox_id", "mm.generation") ", e.seq, "
+	GEN_START_WIT_SQL("mm.sandbox_id", "mm.generation") ", e.wit "
 	"FROM sandboxes s JOIN meter_sandboxes mm ON mm.sandbox_id = s.id "
 	"CROSS JOIN LATERAL (SELECT " GEN_START_SQL("mm.sandbox_id", "mm.generation") " AS start_us, "
 	"    " GEN_BILLED_SQL("mm.sandbox_id", "mm.generation") " AS billed_ns, "
 	"    " GEN_REACH_SQL("mm.sandbox_id", "mm.generation", "mm.last_t_ns") " AS reach_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(p0.start_us * 1000 + p0.reach_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
-	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq "
+	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
+	"    " WITNESS_SQL("n") " AS wit "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = mm.sandbox_id "
 	"    AND n.generation > mm.generation ORDER BY n.seq LIMIT 1) e ON true "
 	"WHERE s.node_id = $1 AND mm.generation < s.generation AND mm.state <> 'none' "
@@ -2959,19 +3029,22 @@ static const char tails_sql[] =
  * read with the offset after a backward step that followed the end, the end stood the step's
  * size late and the tail was billed that much longer, past where the next generation's windows
  * start (a step of -320 s: 320 s billed twice). They are not placed by the changes logged
- * after them (log_place() is meter_bill_rows()'s only). `s`'s own billing point is left as it
- * was.
+ * after them (log_place() is meter_bill_rows()'s only). A change or an end witnessed on this
+ * meter's boot is placed by its witness first (witness_time()). `s`'s own billing point is left
+ * as it was.
  */
 static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
 {
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
 	int64_t t = pg_res_int(res, i, 5, 0);
-	int64_t end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000, pg_res_int(res, i, 18, 0),
-				       m->clk_now_l);
+	int64_t end;
 	enum bstate st = bstate_of(pg_res_str(res, i, 4));
 
-	gen_point(m, res, i, 15, 9, 17, &t);
+	if (!witness_col(m, res, i, 20, &end))
+		end = node_time_logged(m, pg_res_int(res, i, 9, 0) * 1000,
+				       pg_res_int(res, i, 18, 0), m->clk_now_l);
+	gen_point(m, res, i, 15, 9, 17, 19, &t);
 	s->gen = pg_res_int(res, i, 2, 0);
 	snprintf(s->gnode, sizeof(s->gnode), "%s", pg_res_str(res, i, 3));
 	s->mine = true;
@@ -2987,13 +3060,15 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	log_info("sandbox \"%s\" generation %lld: the meter of node \"%s\" is gone; its time from "
 		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
 	while (*chg) {
-		char name[16] = "";
-		long long us = 0, cpu = -1, seq = 0;
+		char name[16] = "", boot[64] = "";
+		long long us = 0, cpu = -1, seq = 0, mono = 0;
 		int64_t at;
 		uint64_t dcpu = 0;
-		if (sscanf(chg, "%15s %lld %lld %lld", name, &us, &cpu, &seq) != 4)
+		if (sscanf(chg, "%15s %lld %lld %lld %63s %lld", name, &us, &cpu, &seq, boot,
+			   &mono) != 6)
 			break;
-		at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
+		if (!witness_time(m, strcmp(boot, "-") ? boot : NULL, mono, &at))
+			at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
@@ -3189,7 +3264,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
 		row_times(m, &r[i]);	/* read again with their log rows' placed times, below */
-		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, &r[i].m_last))
+		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, 27, &r[i].m_last))
 			r[i].m_placed = true;	/* written by another node's meter */
 		sv[i] = sb_find(m, r[i].id);
 		{
@@ -3231,6 +3306,9 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		e->cpu = (uint64_t)pg_res_int(lres, k, 5, 0);
 		e->node = pg_res_str(lres, k, 6);
 		e->snap_mib = (uint64_t)pg_res_int(lres, k, 8, 0);
+		e->boot = pg_res_get(lres, k, 9) && pg_res_get(lres, k, 10) ? pg_res_str(lres, k, 9)
+									     : NULL;
+		e->mono = pg_res_int(lres, k, 10, 0);
 		if (!r[i].e)
 			r[i].e = e;
 		r[i].ne++;

@@ -3129,6 +3129,224 @@ static void test_a_rows_time_reads_where_its_moved_log_row_is_placed(void)
 	pg_free(dead);
 }
 
+/*
+ * Changes witnessed by their node's clocks (migrations/0051), as record/record.c logs them: the
+ * statement that makes the change sets the sandbox's log_boot_id and log_mono_ns, here the boot
+ * `wboot` and the fake monotonic clock now (for the stop, `mono`: another host's clock).
+ */
+static void stop_witnessed(const char *sb, const char *wboot, int64_t mono)
+{
+	sql("UPDATE sandboxes SET state = 'stopped', state_changed_at = to_timestamp(%lld / 1e6), "
+	    "log_boot_id = '%s', log_mono_ns = %lld WHERE id = '%s'",
+	    (long long)(fake_now / 1000), wboot, (long long)mono, sb);
+}
+
+static void pause_witnessed(const char *t, const char *sb, const char *snap, long long mib,
+			    const char *wboot)
+{
+	snap_row(t, sb, snap, mib, fake_now);
+	sql("UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
+	    "state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', log_mono_ns = %lld "
+	    "WHERE id = '%s'",
+	    snap, sb, (long long)(fake_now / 1000), wboot, (long long)fake_mono, sb);
+}
+
+/* Resumed on this node: a new generation, as record_resumed() writes it. */
+static void resume_witnessed(const char *sb, const char *wboot)
+{
+	sql("UPDATE sandboxes SET state = 'running', generation = generation + 1, "
+	    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6), "
+	    "log_boot_id = '%s', log_mono_ns = %lld WHERE id = '%s'",
+	    (long long)(fake_now / 1000), wboot, (long long)fake_mono, sb);
+}
+
+static long long used_gen(const char *sb, int gen)
+{
+	return sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows "
+		       "WHERE sandbox_id = '%s' AND generation = %d", sb, gen);
+}
+
+/*
+ * Kiln-sim seed 31117: node 1's only meter crashed; the wall clock stepped back 2,134 s and then
+ * forward 123 s (within the lead) while no meter of the node ran; a running sandbox deleted
+ * between the two steps was read with the offset after both, 123 s early, before the ledger's
+ * point, and its generation ended there (-14,198 µcr; a resume logged between them was dropped
+ * the same way, -36,412 µcr of running). Its witness places it exactly. Here: 100 s back at 12,
+ * a crash at 24 ([10, 20) flushed), 50 s back at 27, stopped at 30, 20 s forward at 35, the
+ * restart at 40 (5,140 µcr for 7,710 without the witness: ended at the point, 20).
+ */
+static void test_a_change_logged_between_two_steps_while_down_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-back-fwd-down";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;		/* at 12: back 100 s (offset 100) */
+		if (i == 25) {				/* crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 28)
+			fake_now -= 50 * S;		/* at 27: back 50 s more, no meter (150) */
+		if (i == 31)
+			stop_witnessed(sb, boot, fake_mono);	/* at 30, in offset 150 */
+		if (i == 36)
+			fake_now += 20 * S;		/* at 35: forward 20 s, within the lead (130) */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * Kiln-sim seed 31169: a node's only meter, down across two backward steps (-3,410 s, then
+ * -3,128 s, 6 s apart), restarted in its node's saved frame (offset 2,694), saw one step of
+ * 6,538 s; a resume logged between the two steps, in an offset no meter of the node ran in,
+ * read in the saved frame 3,410 s early, before the ledger's point, and was taken as in it with
+ * the pause logged before it: generation 2 billed as running to generation 3's pause, generation
+ * 3's running time and CPU with it (+63,819 / -50,806 µcr). Both are witnessed: each generation
+ * to its own change. Here: running from 0 (generation 1); back 100 s at 12 (followed: the
+ * frame's offset 100); a crash at 24 ([10, 20) flushed: the point running at 20); paused at 26
+ * (offset 100); back 50 s at 28 (no meter); resumed at 30 (generation 2, offset 150); back 50 s
+ * at 35 (no meter); restarted at 40 in the frame; paused at 60 (offset 200), stopped at 80.
+ * Pause snapshots of 128 MiB. Without the witness: generation 1 15,420 µcr (running to 60),
+ * generation 2 2,560.
+ */
+static void test_a_resume_logged_between_two_backward_steps_while_down_keeps_its_generation(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-back-back-resume";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;		/* at 12: back 100 s (offset 100) */
+		if (i == 25) {				/* crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 27)
+			pause_witnessed(t, sb, "snap_a", 128, boot);	/* at 26, offset 100 */
+		if (i == 29)
+			fake_now -= 50 * S;		/* at 28: back 50 s, no meter (150) */
+		if (i == 31)
+			resume_witnessed(sb, boot);	/* at 30: generation 2, offset 150 */
+		if (i == 36)
+			fake_now -= 50 * S;		/* at 35: back 50 s, no meter (200) */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
+		if (i == 61)
+			pause_witnessed(t, sb, "snap_b", 128, boot);	/* at 60 */
+		if (i == 81)
+			stop_witnessed(sb, boot, fake_mono);	/* at 80 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used_gen(sb, 1), 26 * 257 + 4 * 128);
+	CHECK_INT(used_gen(sb, 2), 30 * 257 + 20 * 128);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * Kiln-sim seed 31167: a node's only meter, down across two backward steps (-2,334 s, then
+ * -3,006 s, 24 s apart), restarted in its node's saved frame, saw one step; a running sandbox's
+ * deletion logged between the two steps read in the saved frame 2,334 s early, before the
+ * ledger's point, and its generation ended there: 70 s of running time and its CPU unbilled
+ * (-58,776 µcr). Witnessed, it ends where it was stopped. Here `wboot` witnesses the stop, at
+ * `mono_by` from the meters' monotonic clock (0 on their boot):
+ * running from 0; back 100 s at 12 (followed: the frame's offset 100); a crash at 24 ([10, 20)
+ * flushed); back 50 s at 26 (no meter); stopped at 30 (offset 150); back `back2_s` at 35 (no
+ * meter); restarted at 40 in the frame. Ticks to 120. Returns the tenant's use.
+ */
+static long long stopped_between_backward_steps_while_down(const char *wboot, int64_t mono_by,
+							    int64_t back2_s)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	long long u;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-back-back-stop";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 120; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;		/* at 12: back 100 s (offset 100) */
+		if (i == 25) {				/* crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 27)
+			fake_now -= 50 * S;		/* at 26: back 50 s, no meter (150) */
+		if (i == 31)
+			stop_witnessed(sb, wboot, fake_mono + mono_by);	/* at 30, offset 150 */
+		if (i == 36)
+			fake_now -= back2_s * S;	/* at 35, no meter */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	u = used(t);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+	return u;
+}
+
+static void test_an_end_logged_between_two_backward_steps_while_down_keeps_its_time(void)
+{
+	/* to the stop, once (5,140 without the witness: ended at the point, 20) */
+	CHECK_INT(stopped_between_backward_steps_while_down("test-boot-back-back-stop", 0, 50),
+		  30 * 257);
+}
+
+/*
+ * A change witnessed on another boot (another host, or this one before a reboot) is on another
+ * monotonic clock: the frames place it, as they did every change before the witness. Here its
+ * monotonic time, read on this meter's clock, stands 1,000 s before the stop (before the
+ * ledger's point: the generation would end there, 20 s billed), and one backward step (50 s at
+ * 26) was made while the meter was down, which the saved frame places exactly (seed 31120).
+ */
+static void test_a_change_witnessed_on_another_boot_is_placed_by_the_frames(void)
+{
+	CHECK_INT(stopped_between_backward_steps_while_down("another-host-boot", -1000 * S, 0),
+		  30 * 257);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3212,6 +3430,10 @@ int main(void)
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
 	TEST(test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame);
 	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
+	TEST(test_a_change_logged_between_two_steps_while_down_keeps_its_time);
+	TEST(test_a_resume_logged_between_two_backward_steps_while_down_keeps_its_generation);
+	TEST(test_an_end_logged_between_two_backward_steps_while_down_keeps_its_time);
+	TEST(test_a_change_witnessed_on_another_boot_is_placed_by_the_frames);
 
 	rc = test_summary();
 	rds_free(rds);
