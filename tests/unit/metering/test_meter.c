@@ -2024,6 +2024,7 @@ struct late_end_shape {
 	int step_at, move_at, b_last, key_gone_from, stop_at, b_start, ticks;
 	int64_t late_ns;
 	bool move_after_ticks;
+	bool witnessed;		/* the move logged with its witness (the meters' boot, now) */
 	long long gen1, gen2;
 };
 
@@ -2063,7 +2064,12 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 			new_sandbox(t, sb, sizeof(sb), fake_now);
 			snprintf(node, sizeof(node), "%s", na);
 		}
-		if (i == x->move_at && !x->move_after_ticks)
+		if (i == x->move_at && !x->move_after_ticks && x->witnessed)
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
+			    "log_mono_ns = %lld WHERE id = '%s'", na,
+			    (long long)((fake_now - x->late_ns) / 1000), boot, (long long)fake_mono, sb);
+		else if (i == x->move_at && !x->move_after_ticks)
 			move_logged(sb, na, fake_now - x->late_ns);
 		if (i == x->stop_at)
 			stop_sandbox(sb, fake_now);
@@ -3347,6 +3353,24 @@ static void test_a_change_witnessed_on_another_boot_is_placed_by_the_frames(void
 		  30 * 257);
 }
 
+/*
+ * A taken-over generation's end and the next generation's start witnessed on the meters' boot are
+ * placed by the witness, not by their wall-clock time: test_a_tail_billed_past_a_late_end_after_a_
+ * backward_step_is_not_billed_again's shape with the move witnessed at 42 s and stamped 4 s late
+ * (the database's clock, which stamps a change's time, ahead of the node's): tail_bill() ends
+ * the tail of generation 1 (gen_point() its point), and log_place() starts generation 2, at
+ * 42 s. Billed: generation 1 from 6 s to the move, 36 s, generation 2 the 10 s from it to the
+ * stop.
+ */
+static void test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness(void)
+{
+	const struct late_end_shape x = { .step_at = 3, .move_at = 42, .late_ns = -4 * S,
+					  .b_last = 41, .key_gone_from = 44, .stop_at = 52,
+					  .witnessed = true, .gen1 = 36 * 257, .gen2 = 10 * 257 };
+
+	taken_over_with_a_late_end(&x);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3434,6 +3458,7 @@ int main(void)
 	TEST(test_a_resume_logged_between_two_backward_steps_while_down_keeps_its_generation);
 	TEST(test_an_end_logged_between_two_backward_steps_while_down_keeps_its_time);
 	TEST(test_a_change_witnessed_on_another_boot_is_placed_by_the_frames);
+	TEST(test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness);
 
 	rc = test_summary();
 	rds_free(rds);
