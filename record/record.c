@@ -187,12 +187,16 @@ enum kiln_err record_paused(struct pg *pg, struct pg_conn *tx, const struct reco
 
 	witness_now(&w);
 	fmt_ll(g, sizeof(g), f->generation);
+	/* At the vCPU stop's instant, the pause takes that stop's witness too (its own, read
+	 * after the snapshot was written, would stand that much late). */
 	return FENCED(pg, tx, "the pause", f->id, NULL, err,
-		      "UPDATE sandboxes SET log_boot_id = $5, log_mono_ns = $6::bigint, "
-		      "state = 'paused', pause_snapshot = $4, net_index = NULL, "
-		      "error = NULL, state_changed_at = coalesce((SELECT CASE WHEN l.state = 'paused' "
-		      "THEN l.at END FROM sandbox_state_log l WHERE l.sandbox_id = $1 "
-		      "AND l.generation = $3::bigint ORDER BY l.at DESC, l.seq DESC LIMIT 1), now()) "
+		      "UPDATE sandboxes SET state = 'paused', pause_snapshot = $4, net_index = NULL, "
+		      "error = NULL, state_changed_at = coalesce(stop.at, now()), "
+		      "log_boot_id = CASE WHEN stop.at IS NULL THEN $5 ELSE stop.boot_id END, "
+		      "log_mono_ns = CASE WHEN stop.at IS NULL THEN $6::bigint ELSE stop.mono_ns END "
+		      "FROM (SELECT 1) one LEFT JOIN (SELECT l.state, l.at, l.boot_id, l.mono_ns "
+		      "FROM sandbox_state_log l WHERE l.sandbox_id = $1 AND l.generation = $3::bigint "
+		      "ORDER BY l.at DESC, l.seq DESC LIMIT 1) stop ON stop.state = 'paused' "
 		      "WHERE " FENCE " RETURNING id",
 		      f->id, f->node_id, g, snap, w.boot, w.mono);
 }

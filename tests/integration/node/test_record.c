@@ -332,6 +332,50 @@ static void test_changes_are_logged_with_their_writers_witness_only(void)
 		       "running:boot-rec:5000,deleted:-:-");
 }
 
+/*
+ * A pause recorded at its vCPU stop's instant takes the stop's witness, not its own, read after
+ * the snapshot was written. Its own row is logged when a row of an earlier generation stands
+ * later than the stop (here generation 1's stop, stamped 10 s ahead: the node's wall clock
+ * ahead of the database's, which stamps the resume).
+ */
+static void test_a_pause_at_its_vcpu_stop_takes_the_stops_witness(void)
+{
+	struct kiln_error err = { 0 };
+	char id[32], log[512];
+	struct record_fence f = { .node_id = "node-a" };
+	struct record_resume r = { .snap = "snap_p", .node_id = "node-a", .net_index = 79,
+				   .timeout_s = 300 };
+	long long now_s = (long long)time(NULL), gen2 = 0;
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	witness_mono = 0;
+	record_witness_clock("boot-rec", witness_mono_ns, NULL);
+	f.generation = new_sandbox(id, sizeof(id));			/* 1000 */
+	f.id = id;
+	CHECK_INT(record_running(pg, NULL, &f, &err), KILN_OK);		/* 2000 */
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, (now_s + 10) * 1000000000LL, 5, &err),
+		  KILN_OK);						/* 3000 */
+	CHECK_INT(record_paused(pg, NULL, &f, "snap_p", &err), KILN_OK);	/* the stop's row */
+	CHECK_INT(record_resumed(pg, NULL, &f, &r, &gen2, &err), KILN_OK);	/* 5000 */
+	f.generation = gen2;
+	CHECK_INT(record_vcpus_stopped(pg, NULL, &f, (now_s + 2) * 1000000000LL, 6, &err),
+		  KILN_OK);						/* 6000 */
+	CHECK_INT(record_paused(pg, NULL, &f, "snap_q", &err), KILN_OK);	/* 7000: not taken */
+	record_witness_clock(NULL, NULL, NULL);
+	snprintf(log, sizeof(log), "(none)");
+	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
+	if (PGQ(c, &res, &err,
+		"SELECT string_agg(state || ':' || coalesce(mono_ns::text, '-'), ',' ORDER BY seq) "
+		"FROM sandbox_state_log WHERE sandbox_id = $1",
+		id) == KILN_OK && pg_res_rows(res) == 1)
+		snprintf(log, sizeof(log), "%s", pg_res_str(res, 0, 0));
+	pg_res_free(res);
+	pg_release(pg, c);
+	CHECK_STR(log, "creating:1000,running:2000,paused:3000,running:5000,paused:6000,"
+		       "paused:6000");
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -354,6 +398,7 @@ int main(void)
 	TEST(test_gateway_delete_with_stale_generation_changes_nothing);
 	TEST(test_delete_request_of_a_deleted_sandbox_changes_nothing);
 	TEST(test_changes_are_logged_with_their_writers_witness_only);
+	TEST(test_a_pause_at_its_vcpu_stop_takes_the_stops_witness);
 
 	rc = test_summary();
 	testdb_close(&db);
