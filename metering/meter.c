@@ -933,6 +933,13 @@ static bool witness_time(const struct meter *m, const char *boot, int64_t mono, 
 	return true;
 }
 
+/* The boot whose witnesses witness_time() reads (NULL: none, this tick): the rows it places
+ * are read whatever their wall-clock time (log_sql, tails_sql). */
+static const char *witness_boot(const struct meter *m)
+{
+	return m->boot[0] && m->clk_now_l ? m->boot : NULL;
+}
+
 /* witness_time() of the witness in column `col` of row `i` of `res` ("boot_id mono_ns":
  * WITNESS_SQL; NULL, or `col` -1: none). */
 static bool witness_col(const struct meter *m, const struct pg_res *res, int i, int col,
@@ -1689,7 +1696,10 @@ static const char rows_sql[] =
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
  * LOG_LATE_NS before the oldest billed-up-to point: a change logged after a tick passed its time
- * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. Each
+ * (a pause's vCPU stop, logged milliseconds after it) is applied from the tick on. A change
+ * witnessed on this meter's boot ($4, NULL: none) is read by its monotonic time from $5 (ns)
+ * on too: its wall-clock time may stand a step's size before $3 (a backward and a forward step
+ * made while no meter of the node ran, seen as their net step only: log_read()). Each
  * sandbox's in the order they were logged (`seq`), never by time: a change logged after a
  * backward step of the wall clock carries an earlier time than those before it. */
 static const char log_sql[] =
@@ -1701,7 +1711,8 @@ static const char log_sql[] =
 	/* its witness (witness_time()) */
 	"l.boot_id, l.mono_ns "
 	"FROM sandbox_state_log l "
-	"WHERE sandbox_id = ANY ($2::text[]) AND at >= to_timestamp($3::bigint / 1e6) "
+	"WHERE sandbox_id = ANY ($2::text[]) AND (at >= to_timestamp($3::bigint / 1e6) "
+	"    OR (l.boot_id = $4 AND l.mono_ns >= $5::bigint)) "
 	"ORDER BY sandbox_id COLLATE \"C\", seq";
 
 static void row_parse(const struct pg_res *res, int i, struct mrow *r)
@@ -2796,13 +2807,22 @@ redis:
 	return KILN_OK;
 }
 
-/* Reads the state changes of the sandboxes of `r` (sorted by id) from `from_ns` on into *out. */
-static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, struct pg_res **out)
+/*
+ * Reads the state changes of the sandboxes of `r` (sorted by id) logged from label time `t` on
+ * into *out: by wall-clock time from node_wall_from(), LOG_LATE_NS earlier, and those witnessed
+ * on this meter's boot by monotonic time from where `t` stood on the monotonic clock, as early.
+ * The wall-clock bound alone misses a change logged between a backward step and a forward one
+ * made while no meter of the node ran: it stands the backward step's size before where the net
+ * step puts it, and one logged in the first min(back, forward) - LOG_LATE_NS after the point was
+ * never read (kiln-sim seed 31117: a -2,134 s and a +123 s step, its first 63 s). The label
+ * clock jumps only forward, so the monotonic bound is never later than `t`'s own.
+ */
+static int log_read(struct meter *m, struct mrow *r, int n, int64_t t, struct pg_res **out)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct buf ids;
-	char from[24];
+	char from[24], mono[24];
 	enum kiln_err rc;
 
 	buf_init(&ids, 64u << 20);
@@ -2817,10 +2837,11 @@ static int log_read(struct meter *m, struct mrow *r, int n, int64_t from_ns, str
 		buf_release(&ids);
 		return -ENOMEM;
 	}
-	snprintf(from, sizeof(from), "%" PRId64, from_ns / 1000 - 1);
+	snprintf(from, sizeof(from), "%" PRId64, (node_wall_from(m, t) - LOG_LATE_NS) / 1000 - 1);
+	snprintf(mono, sizeof(mono), "%" PRId64, m->clk_now_m - (m->clk_now_l - t) - LOG_LATE_NS);
 	rc = pg_acquire(m->pg, &c, &err);
 	if (rc == KILN_OK) {
-		rc = PGQ(c, out, &err, log_sql, m->node, ids.data, from);
+		rc = PGQ(c, out, &err, log_sql, m->node, ids.data, from, witness_boot(m), mono);
 		m->st.pg_calls++;
 		pg_release(m->pg, c);
 	}
@@ -2979,15 +3000,18 @@ out:
 /*
  * The earlier generations of this node's sandboxes that ran on another node whose meter is
  * gone for good: their billed-up-to point in the ledger is before the generation's end (the
- * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
- * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
- * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
- * when none> <log sequence>", comma-separated), its
- * counters at the point and its pause snapshot's size (MiB, NULL when none), then the
- * generation's start, what is billed of it, its start's log sequence and its end's
- * (gen_point()). The point is on the clock of the meter that wrote it, the end and the changes
- * on the wall clock: they are compared with the generation's start plus what is billed of it
- * (wall_ns), the point itself when that is not known.
+ * first change of a later generation) and not "none". $1 this node, $2 this meter's boot
+ * (witness_boot(), NULL: none). Each row: sandbox, tenant, generation, its node, its billed
+ * state and point (ns), remainder, memory, disk, the end (µs), that generation's changes between
+ * the point and the end ("<state> <µs> <CPU counter ns, -1 when none> <log sequence> <witness
+ * boot, - when none> <witness mono ns>", comma-separated), its counters at the point and its
+ * pause snapshot's size (MiB, NULL when none), then the generation's start, what is billed of
+ * it, its start's log sequence and its end's (gen_point()), the start's and the end's witnesses.
+ * The point is on the clock of the meter that wrote it, the end and the changes on the wall
+ * clock: they are compared with the generation's start plus what is billed of it (wall_ns), the
+ * point itself when that is not known. A change witnessed on $2 is read whatever its wall-clock
+ * time, which may stand before that after a backward step the gone meter never saw; tail_bill()
+ * keeps the changes it places between the point and the end.
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
@@ -2998,7 +3022,8 @@ static const char tails_sql[] =
 	"    || ' ' || coalesce(" WITNESS_SQL("l") ", '- 0'), ',' ORDER BY l.seq) "
 	"    FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
-	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
+	"    AND ((l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)) "
+	"        OR l.boot_id = $2)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
@@ -3124,7 +3149,7 @@ static void meter_take_tails(struct meter *m, int64_t now)
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
 		return;
 	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
+	if (PGQ(c, &res, &err, tails_sql, m->node, witness_boot(m)) != KILN_OK) {
 		pg_release(m->pg, c);
 		log_warn("cannot read the generations left by other nodes: %s", err.msg);
 		return;
@@ -3277,7 +3302,7 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				from = t;
 		}
 	}
-	if ((rc = log_read(m, r, rows, node_wall_from(m, from) - LOG_LATE_NS, &lres)) != 0)
+	if ((rc = log_read(m, r, rows, from, &lres)) != 0)
 		goto out;
 	ne = pg_res_rows(lres);
 	ev = calloc((size_t)ne + 1, sizeof(*ev));

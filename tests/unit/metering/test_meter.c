@@ -2025,6 +2025,7 @@ struct late_end_shape {
 	int64_t late_ns;
 	bool move_after_ticks;
 	bool witnessed;		/* the move logged with its witness (the meters' boot, now) */
+	int pause_at;		/* a pause witnessed on B before the move (0: none) */
 	long long gen1, gen2;
 };
 
@@ -2034,6 +2035,9 @@ static void move_logged(const char *sb, const char *to, int64_t at)
 	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'", to,
 	    (long long)(at / 1000), sb);
 }
+
+static void pause_witnessed(const char *t, const char *sb, const char *snap, long long mib,
+			    const char *wboot);
 
 static void taken_over_with_a_late_end(const struct late_end_shape *x)
 {
@@ -2066,11 +2070,14 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 		}
 		if (i == x->move_at && !x->move_after_ticks && x->witnessed)
 			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state = 'running', pause_snapshot = NULL, "
 			    "state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
 			    "log_mono_ns = %lld WHERE id = '%s'", na,
 			    (long long)((fake_now - x->late_ns) / 1000), boot, (long long)fake_mono, sb);
 		else if (i == x->move_at && !x->move_after_ticks)
 			move_logged(sb, na, fake_now - x->late_ns);
+		if (i == x->pause_at)
+			pause_witnessed(t, sb, "snap_tail", 128, boot);
 		if (i == x->stop_at)
 			stop_sandbox(sb, fake_now);
 		CHECK_INT(meter_tick(a, &err), KILN_OK);
@@ -3178,14 +3185,15 @@ static long long used_gen(const char *sb, int gen)
  * between the two steps was read with the offset after both, 123 s early, before the ledger's
  * point, and its generation ended there (-14,198 µcr; a resume logged between them was dropped
  * the same way, -36,412 µcr of running). Its witness places it exactly. Here: 100 s back at 12,
- * a crash at 24 ([10, 20) flushed), 50 s back at 27, stopped at 30, 20 s forward at 35, the
- * restart at 40 (5,140 µcr for 7,710 without the witness: ended at the point, 20).
+ * a crash at 24 ([10, 20) flushed), `back_s` back at 27, stopped at 30, `fwd_s` forward at 35,
+ * the restart at 40. Returns the tenant's use.
  */
-static void test_a_change_logged_between_two_steps_while_down_keeps_its_time(void)
+static long long stopped_between_back_and_forward_steps_while_down(int64_t back_s, int64_t fwd_s)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
 	struct meter *m;
+	long long u;
 	bool ok;
 
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
@@ -3199,11 +3207,11 @@ static void test_a_change_logged_between_two_steps_while_down_keeps_its_time(voi
 			m = NULL;
 		}
 		if (i == 28)
-			fake_now -= 50 * S;		/* at 27: back 50 s more, no meter (150) */
+			fake_now -= back_s * S;		/* at 27: back more, no meter */
 		if (i == 31)
-			stop_witnessed(sb, boot, fake_mono);	/* at 30, in offset 150 */
+			stop_witnessed(sb, boot, fake_mono);	/* at 30 */
 		if (i == 36)
-			fake_now += 20 * S;		/* at 35: forward 20 s, within the lead (130) */
+			fake_now += fwd_s * S;		/* at 35: forward, within the lead */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
 		if (m) {
@@ -3214,10 +3222,18 @@ static void test_a_change_logged_between_two_steps_while_down_keeps_its_time(voi
 		}
 	}
 	boot = NULL;
-	CHECK_INT(used(t), 30 * 257);
+	u = used(t);
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
+	return u;
+}
+
+static void test_a_change_logged_between_two_steps_while_down_keeps_its_time(void)
+{
+	/* back 50 s, forward 20 s: 5,140 µcr for 7,710 without the witness (ended at the
+	 * point, 20) */
+	CHECK_INT(stopped_between_back_and_forward_steps_while_down(50, 20), 30 * 257);
 }
 
 /*
@@ -3371,6 +3387,39 @@ static void test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness
 	taken_over_with_a_late_end(&x);
 }
 
+/*
+ * The same with steps of 100 s back and 80 s forward while down: the restarted meter reads the
+ * log by wall-clock time from its point in the frame after the net step, 20 s back, so a change
+ * logged in the first 80 s - 60 s after the point (at the offset of the step back, 100 s more)
+ * fell below the read and was never seen: the stop at 30, 10 s after the point (20), lost and
+ * the generation ended at the point. A change witnessed on the meter's boot is read from the
+ * monotonic time of the point (log_sql). 5,140 µcr for 7,710 before.
+ */
+static void test_a_change_witnessed_below_the_logs_wall_clock_read_is_read(void)
+{
+	CHECK_INT(stopped_between_back_and_forward_steps_while_down(100, 80), 30 * 257);
+}
+
+/*
+ * A taken-over generation's change witnessed on the meters' boot, logged after a backward step
+ * its node's meter never saw: its wall-clock time stands before the ledger's point, where
+ * tails_sql read no change, so the tail was billed in the state before it. Here B's meter bills
+ * the sandbox from 6 and stops at 30; the wall clock steps 320 s back at 33 (A's meter follows
+ * it); paused on B at 36 (128 MiB); resumed on A at 42, stamped 400 s late (the database's clock
+ * ahead of the node's, so the tail is taken), B's key gone from 44; stopped at 52. Generation 1
+ * is billed running to the pause, paused from it to the move (9,252 µcr before: running to the
+ * move), generation 2 running to the stop.
+ */
+static void test_a_taken_over_generations_witnessed_change_before_its_point_is_read(void)
+{
+	const struct late_end_shape x = { .step_at = 33, .move_at = 42, .late_ns = -400 * S,
+					  .b_last = 30, .key_gone_from = 44, .stop_at = 52,
+					  .witnessed = true, .pause_at = 36,
+					  .gen1 = 30 * 257 + 6 * 128, .gen2 = 10 * 257 };
+
+	taken_over_with_a_late_end(&x);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3459,6 +3508,8 @@ int main(void)
 	TEST(test_an_end_logged_between_two_backward_steps_while_down_keeps_its_time);
 	TEST(test_a_change_witnessed_on_another_boot_is_placed_by_the_frames);
 	TEST(test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness);
+	TEST(test_a_change_witnessed_below_the_logs_wall_clock_read_is_read);
+	TEST(test_a_taken_over_generations_witnessed_change_before_its_point_is_read);
 
 	rc = test_summary();
 	rds_free(rds);
