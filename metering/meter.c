@@ -1106,7 +1106,7 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 {
 	int64_t w, billed, end;
 	long long seq;
-	bool exact, end_exact;
+	bool exact;
 
 	if (!pg_res_get(res, i, col) || !pg_res_get(res, i, col + 1))
 		return false;
@@ -1118,14 +1118,11 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 		*t = node_time_logged(m, w, seq, m->clk_now_l);
 	*t += billed;
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
-		end_exact = witness_col(m, res, i, wit_col >= 0 ? wit_col + 1 : -1, &end);
-		if (!end_exact)
+		if (!witness_col(m, res, i, wit_col >= 0 ? wit_col + 1 : -1, &end))
 			end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
 					       pg_res_int(res, i, seq_col + 1, 0), m->clk_now_l);
-		/* Both placed exactly: billed past the end, no frame. An end the frames placed
-		 * may stand a step early; the start read in that frame keeps the distance to it. */
-		if (exact && end_exact && *t > end)
-			*t = end;
+		if (exact && *t > end)
+			*t = end;	/* a start placed exactly: billed past the end, no frame */
 		else if (*t > end + STEP_TOLERANCE_NS)
 			*t = node_time_before(m, w, seq, billed, end) + billed;
 		else if (*t > end)

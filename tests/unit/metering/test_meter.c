@@ -2026,8 +2026,6 @@ struct late_end_shape {
 	bool move_after_ticks;
 	bool witnessed;		/* the move logged with its witness (the meters' boot, now) */
 	int pause_at;		/* a pause witnessed on B before the move (0: none) */
-	bool start_witnessed;	/* the creation logged with its witness (the meters' boot) */
-	bool total_only;	/* gen1 + gen2 checked as the sandbox's total only */
 	long long gen1, gen2;
 };
 
@@ -2068,9 +2066,6 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
 			b = new_meter_with(true, 0);
 			new_sandbox(t, sb, sizeof(sb), fake_now);
-			if (x->start_witnessed)
-				sql("UPDATE sandbox_state_log SET boot_id = '%s', mono_ns = %lld "
-				    "WHERE sandbox_id = '%s'", boot, (long long)fake_mono, sb);
 			snprintf(node, sizeof(node), "%s", na);
 		}
 		if (i == x->move_at && !x->move_after_ticks && x->witnessed)
@@ -2095,12 +2090,10 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 			rds_reply_release(&rep);
 		}
 	}
-	if (!x->total_only) {
-		CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows "
-				  "WHERE sandbox_id = '%s' AND generation = 1", sb), x->gen1);
-		CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows "
-				  "WHERE sandbox_id = '%s' AND generation = 2", sb), x->gen2);
-	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), x->gen1);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), x->gen2);
 	CHECK_INT(used(t), x->gen1 + x->gen2);
 	CHECK_INT(meter_pending(a, t), 0);
 	meter_free(b);
@@ -3427,27 +3420,6 @@ static void test_a_taken_over_generations_witnessed_change_before_its_point_is_r
 	taken_over_with_a_late_end(&x);
 }
 
-/*
- * A taken-over generation whose start is witnessed on the meters' boot and whose end (the move,
- * no witness) the frames place a step early: logged 10 s late (the database's clock, which
- * stamps it, ahead of the node's), read after A's 320 s backward step ahead of the tick, so in
- * the frame before that step, 310 s early. The start, placed exactly, plus what B billed (6 s to
- * 30 s) stood past that end and was clamped to it: the tail to the move and the time after it
- * lost (24 s billed of the sandbox's 40 s, 6,168 µcr). Read in the end's frame (gen_point()'s
- * search, as without a witness), the point keeps its distance to the end. Here B's meter stops
- * at 30 s, the move is at 36 s, B's key gone from 38 s, stopped at 46 s: 40 s in all. (How the
- * 40 s split between the two generations follows the end's frames placement, not checked.)
- */
-static void test_a_witnessed_start_past_an_end_placed_by_the_frames_keeps_its_tail(void)
-{
-	const struct late_end_shape x = { .step_at = 3, .move_at = 36, .late_ns = -10 * S,
-					  .b_last = 30, .key_gone_from = 38, .stop_at = 46,
-					  .start_witnessed = true, .total_only = true,
-					  .gen1 = 40 * 257, .gen2 = 0 };
-
-	taken_over_with_a_late_end(&x);
-}
-
 int main(void)
 {
 	struct testdb db;
@@ -3538,7 +3510,6 @@ int main(void)
 	TEST(test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness);
 	TEST(test_a_change_witnessed_below_the_logs_wall_clock_read_is_read);
 	TEST(test_a_taken_over_generations_witnessed_change_before_its_point_is_read);
-	TEST(test_a_witnessed_start_past_an_end_placed_by_the_frames_keeps_its_tail);
 
 	rc = test_summary();
 	rds_free(rds);
