@@ -745,6 +745,7 @@ struct ment {
 	int64_t w;		/* ns, the node's wall-clock time it was logged at */
 	const char *boot;	/* its witness (witness_time()): the boot id of its node's host, */
 	int64_t mono;		/* and that host's CLOCK_MONOTONIC at it; boot NULL: none */
+	bool exact;		/* `at` placed by that witness (log_place()) */
 	const char *node;	/* its node ("" when none) */
 	bool mine;		/* billed by this meter: on this node, or on a node whose meter is
 				 * dead while the sandbox is here now */
@@ -1011,20 +1012,31 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
  * later one by more than that, and only among the changes read. `later` is the earliest of all
  * the changes logged after e[k], so one later change placed a step early (a wrong offset before
  * a step) places every earlier change not yet applied no later than itself, where the tick
- * alone misread that one change only.
+ * alone misread that one change only. A witnessed change is never moved, so a change without
+ * one placed a step early could stand before a witnessed change logged before it (a paused
+ * sandbox deleted by kiln-gateway, record_delete_unheld(); nodes_mark_down()): each change
+ * without a witness stands no earlier than the latest witnessed change logged before it.
  */
 static void log_place(const struct meter *m, struct ment *e, size_t n)
 {
 	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
+	int64_t seen = INT64_MIN;	/* the latest witnessed change logged before e[k] */
 
 	for (size_t k = n; k-- > 0;) {
-		if (!witness_time(m, e[k].boot, e[k].mono, &e[k].at)) {
+		e[k].exact = witness_time(m, e[k].boot, e[k].mono, &e[k].at);
+		if (!e[k].exact) {
 			e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
 			if (later != INT64_MAX)
 				e[k].at = log_time_before(m, &e[k], e[k].at, later);
 		}
 		if (e[k].at < later)
 			later = e[k].at;
+	}
+	for (size_t k = 0; k < n; k++) {
+		if (e[k].exact && e[k].at > seen)
+			seen = e[k].at;
+		else if (!e[k].exact && e[k].at < seen)
+			e[k].at = seen;
 	}
 }
 

@@ -3420,6 +3420,59 @@ static void test_a_taken_over_generations_witnessed_change_before_its_point_is_r
 	taken_over_with_a_late_end(&x);
 }
 
+/*
+ * A change without a witness logged after a witnessed one is placed no earlier than it. Here a
+ * paused sandbox is deleted by kiln-gateway (record_delete_unheld(): no witness) between two
+ * backward steps made while no meter of its node ran, its pause witnessed: running from 0; back
+ * 100 s at 12 (followed: the frame's offset 100); a crash at 24 ([10, 20) flushed); back 50 s
+ * at 26 (no meter); paused at 28 (witnessed, 128 MiB); deleted at 32 (offset 150); back 50 s at
+ * 35 (no meter); restarted at 40 in the frame. The deletion, read in the saved frame 50 s early
+ * (-18), stood before the pause (28), which the witness keeps where it was, and before the
+ * ledger's point: the generation ended at the point, 20 (5,140 µcr). Kept at the pause: 28 s
+ * running (7,196), the 4 s paused before the deletion not known (it has no witness).
+ */
+static void test_a_change_without_a_witness_stays_after_the_witnessed_one_before_it(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-unwitnessed-after";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;		/* at 12: back 100 s (offset 100) */
+		if (i == 25) {				/* crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 27)
+			fake_now -= 50 * S;		/* at 26: back 50 s, no meter (150) */
+		if (i == 29)
+			pause_witnessed(t, sb, "snap_d", 128, boot);	/* at 28 */
+		if (i == 33)				/* at 32: deleted, no witness */
+			sql("UPDATE sandboxes SET deleted_at = to_timestamp(%lld / 1e6), "
+			    "state = 'stopped' WHERE id = '%s'", (long long)(fake_now / 1000), sb);
+		if (i == 36)
+			fake_now -= 50 * S;		/* at 35: back 50 s, no meter (200) */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 28 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3510,6 +3563,7 @@ int main(void)
 	TEST(test_a_taken_over_generations_witnessed_end_is_placed_by_its_witness);
 	TEST(test_a_change_witnessed_below_the_logs_wall_clock_read_is_read);
 	TEST(test_a_taken_over_generations_witnessed_change_before_its_point_is_read);
+	TEST(test_a_change_without_a_witness_stays_after_the_witnessed_one_before_it);
 
 	rc = test_summary();
 	rds_free(rds);
