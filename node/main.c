@@ -774,7 +774,7 @@ static int64_t host_mono_ns(void *ctx)
  * by the meter's frames alone). */
 static void witness_clock_set(void)
 {
-	static char boot[64];
+	char boot[64];	/* copied by record_witness_clock() */
 	FILE *f = fopen("/proc/sys/kernel/random/boot_id", "re");
 
 	if (!f)

@@ -25,7 +25,10 @@ void record_witness_clock(const char *boot_id, int64_t (*mono_ns)(void *ctx), vo
 }
 
 /* A change's witness as statement parameters: the boot id and the monotonic time now, both NULL
- * when this process set no clock (the change is logged without one). */
+ * when this process set no clock (the change is logged without one). Read just before the
+ * statement is sent, while a change whose `at` is now() gets its transaction's start: recorded
+ * in a caller's transaction, its witness stands later than its wall-clock time by how long that
+ * transaction had run; on a connection of its own, earlier by the time to reach Postgres. */
 struct witness {
 	const char *boot, *mono;
 	char mono_buf[24];
@@ -259,7 +262,8 @@ enum kiln_err record_resumed(struct pg *pg, struct pg_conn *tx, const struct rec
 		      "error = NULL, state_changed_at = now() "
 		      "WHERE " FENCE " AND state = 'paused' AND pause_snapshot = $4 "
 		      "RETURNING generation",
-		      f->id, f->node_id, g, r->snap, r->node_id, idx, tmo, r->moved ? "true" : "false", w.boot, w.mono);
+		      f->id, f->node_id, g, r->snap, r->node_id, idx, tmo, r->moved ? "true" : "false",
+		      w.boot, w.mono);
 }
 
 enum kiln_err record_restored(struct pg *pg, struct pg_conn *tx, const struct record_fence *f,
