@@ -8,8 +8,8 @@
 
 #include "record/record.h"
 
-/* The clock this process witnesses its state changes with (record_witness_clock()): set once at
- * start, read only after. */
+/* The clock this process witnesses its state changes with (record_witness_clock()): set before
+ * the writes it witnesses (kiln-node once at start, kiln-sim, single-threaded, before each). */
 static struct {
 	char boot[64];
 	int64_t (*mono_ns)(void *ctx);

@@ -31,8 +31,9 @@
  * epoch of its CLOCK_MONOTONIC) and `mono_ns`, that clock's time (ns). Each change is logged
  * with both, read when it is recorded, next to its wall-clock time (sandbox_state_log,
  * migrations/0051), so a meter on the same boot places it on its own clock exactly, whatever
- * steps the wall clock took (docs/metering.md, Clocks). Set once at start, before any write:
- * kiln-node its host's, kiln-sim its simulated host's. A process that sets none (kiln-gateway:
+ * steps the wall clock took (docs/metering.md, Clocks). Set before the writes it witnesses:
+ * kiln-node its host's, once at start; kiln-sim, before each write, the simulated host's of the
+ * node writing (the boot id is copied). A process that sets none (kiln-gateway:
  * not the node's clock) records its changes with no witness, and so do record_delete_unheld()
  * and every writer outside this file.
  */

@@ -198,6 +198,7 @@ static struct world {
 	struct rds *dead_rds;
 	struct tenant ten[MAXT];
 	char node_id[MAXN][48];
+	char node_boot[MAXN][64];	/* each node's host's boot id (witness_as(), meter_up()) */
 	int net_next[MAXN];
 	struct sbx *sb[MAXSB];
 	int nsb;
@@ -261,6 +262,18 @@ static int64_t clk_mono(void *ctx)
 {
 	(void)ctx;
 	return W.t - T0 + MONO0;
+}
+
+/*
+ * The clock node `node` witnesses the changes it records with (record_witness_clock(), process-
+ * wide: set before each write): its own host's boot, on the simulated monotonic clock. Each node
+ * is a host of its own, as in production, so a meter places only its own node's changes by
+ * their witness and another node's by the frames; with one boot for all, every cross-node row
+ * took the witness path, which production never does.
+ */
+static void witness_as(int node)
+{
+	record_witness_clock(W.node_boot[node], clk_mono, NULL);
 }
 
 /* Runs SQL on the world's pool; false (a simulation error) when it fails. */
@@ -491,6 +504,7 @@ static void op_create(int ti)
 	nw.metadata = "{}";
 	nw.net_index = s->net;
 	db_clock(W.t);
+	witness_as(node);
 	if (record_created(W.pg, NULL, &nw, &gen, &err) != KILN_OK)
 		sim_fail("record_created %s: %s", s->id, err.msg);
 	if (opt.verbose > 1)
@@ -504,6 +518,7 @@ static void op_boot(struct sbx *s)
 	struct record_fence f = fence_of(s);
 
 	db_clock(W.t);
+	witness_as(s->node);
 	if (record_running(W.pg, NULL, &f, &err) != KILN_OK)
 		sim_fail("record_running %s: %s", s->id, err.msg);
 	model_close(s, W.t);
@@ -532,6 +547,7 @@ static void op_fork(struct sbx *p)
 	c->cpu_milli = (unsigned)rnd_in(0, p->vcpu);
 	snprintf(snap, sizeof(snap), "sn_%s_%d", W.tag, W.snaps++);
 	db_clock(W.t);
+	witness_as(p->node);
 	if (record_forked(W.pg, NULL, &f, c->id, c->net, snap, &gen, &err) != KILN_OK)
 		sim_fail("record_forked %s: %s", c->id, err.msg);
 	if (opt.verbose > 1)
@@ -562,6 +578,7 @@ static void pause_record(struct sbx *s, const struct record_fence *f)
 		sim_fail("postgres: %s", err.msg);
 		return;
 	}
+	witness_as(s->node);
 	rc = pg_exec(c, "BEGIN", &err);
 	if (rc == KILN_OK)
 		rc = pg_exec(c, q, &err);
@@ -591,6 +608,7 @@ static void op_pause(struct sbx *s)
 	/* As node/pause.c: the vCPUs stop first and the instant is logged with the group's CPU
 	 * counter; writing the snapshot then burns the VMM's CPU (the counter moves, unbilled:
 	 * not in the model). */
+	witness_as(s->node);
 	if (record_vcpus_stopped(W.pg, NULL, &f, wall_of(W.t), (unsigned long long)s->cpu_us * 1000,
 				 &err) != KILN_OK)
 		sim_fail("record_vcpus_stopped %s: %s", s->id, err.msg);
@@ -624,6 +642,7 @@ static void op_resume(struct sbx *s, bool move)
 	r.timeout_s = 86400;
 	r.moved = node != s->node;
 	db_clock(W.t);
+	witness_as(node);	/* the node resuming it records the resume */
 	if (record_resumed(W.pg, NULL, &f, &r, &gen, &err) != KILN_OK) {
 		sim_fail("record_resumed %s: %s", s->id, err.msg);
 		return;
@@ -649,6 +668,7 @@ static void op_delete(struct sbx *s)
 	db_clock(W.t);
 	cpu_advance(s, W.t);
 	/* As node/routes.c: a running VM's deletion is logged with its group's CPU counter. */
+	witness_as(s->node);
 	if (s->st == SB_RUNNING ? record_deleted_cpu(W.pg, NULL, &f,
 						     (unsigned long long)s->cpu_us * 1000, &err) != KILN_OK
 				: record_deleted(W.pg, NULL, &f, &err) != KILN_OK)
@@ -730,8 +750,9 @@ static void meter_up(struct smeter *sm)
 		.series_s = 120,
 		.now_ns = clk_wall,
 		.mono_ns = clk_mono,
-		/* One host: the monotonic clock goes on across a meter's crash and restart. */
-		.boot_id = W.tag,
+		/* Its node's host: the monotonic clock goes on across a meter's crash and
+		 * restart. */
+		.boot_id = W.node_boot[sm->node],
 		/* Redis's own clock would expire the alive keys in real seconds: the simulation
 		 * drops them itself after SIM_TTL_S of its time. */
 		.live_ttl_s = 3600,
@@ -1599,9 +1620,6 @@ static int run_seed(uint64_t seed)
 	runs++;
 	snprintf(W.tag, sizeof(W.tag), "%" PRIu64 "p%dr%d", seed, (int)getpid(), runs);
 	snprintf(W.db, sizeof(W.db), "t_sim_%" PRIu64 "_%d_%d", seed, (int)getpid(), runs);
-	/* The nodes record their changes witnessed by the simulated host's clocks, the meters'
-	 * (meter_up()): one host, one boot. */
-	record_witness_clock(W.tag, clk_mono, NULL);
 	clock_gettime(CLOCK_MONOTONIC, &a);
 	if (!admin_sql("DROP DATABASE IF EXISTS %s WITH (FORCE)", W.db) ||
 	    !admin_sql("CREATE DATABASE %s TEMPLATE %s", W.db, tdb.name) ||
@@ -1641,6 +1659,7 @@ static int run_seed(uint64_t seed)
 	}
 	for (int n = 0; n < opt.nodes; n++) {
 		snprintf(W.node_id[n], sizeof(W.node_id[n]), "nd_%s_%d", W.tag, n);
+		snprintf(W.node_boot[n], sizeof(W.node_boot[n]), "boot_%s_%d", W.tag, n);
 		wsql("INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, "
 		     "hypervisor, accelerator, image_hash) VALUES ('%s', 'unix:/nonexistent', "
 		     "64000, 262144, 256, 'qemu', 'tcg', '')",
