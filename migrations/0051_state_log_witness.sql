@@ -70,3 +70,10 @@ BEGIN
             CASE WHEN witnessed AND NEW.log_boot_id IS NOT NULL THEN NEW.log_mono_ns END);
     RETURN NULL;
 END $$;
+
+-- kiln-meter reads the changes witnessed on its boot by their monotonic time too, OR'd with the
+-- wall-clock bound (log_sql): without an index of its own that arm scans the whole log each
+-- tick (256 sandboxes of 1,440 changes each: a parallel sequential scan, 112 ms for the 768
+-- rows read; 1.8 ms by the wall-clock bound alone). With it, both arms are index scans
+-- (BitmapOr): 2.9 ms, 17 ms cold.
+CREATE INDEX sandbox_state_log_witness ON sandbox_state_log (sandbox_id, boot_id, mono_ns);
