@@ -934,8 +934,8 @@ static bool witness_time(const struct meter *m, const char *boot, int64_t mono, 
 	return true;
 }
 
-/* The boot whose witnesses witness_time() reads (NULL: none, this tick): the rows it places
- * are read whatever their wall-clock time (log_sql, tails_sql). */
+/* The boot whose witnesses witness_time() reads (NULL: none, this tick): log_sql reads the
+ * rows witnessed on it by their monotonic time too. */
 static const char *witness_boot(const struct meter *m)
 {
 	return m->boot[0] && m->clk_now_l ? m->boot : NULL;
@@ -3021,21 +3021,20 @@ out:
  * it, its start's log sequence and its end's (gen_point()), the start's and the end's witnesses.
  * The point is on the clock of the meter that wrote it, the end and the changes on the wall
  * clock: they are compared with the generation's start plus what is billed of it (wall_ns), the
- * point itself when that is not known. A change witnessed on $2 is read whatever its wall-clock
- * time, which may stand before that after a backward step the gone meter never saw; tail_bill()
- * keeps the changes it places between the point and the end.
+ * point itself when that is not known. The changes are read by their wall-clock time only: they
+ * carry the witness of the other node's host, which this meter cannot read (witness_time()), so
+ * one logged after a backward step the gone meter never saw, standing before that, is not read
+ * (docs/metering.md, Clocks: open).
  * Sandboxes move rarely, so this reads a few rows of meter_sandboxes per tick.
  */
 static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text "
-	"    || ' ' || coalesce(" WITNESS_SQL("l") ", '- 0'), ',' ORDER BY l.seq) "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
 	"    FROM sandbox_state_log l "
 	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
-	"    AND ((l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)) "
-	"        OR l.boot_id = $2)), "
+	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
@@ -3066,8 +3065,9 @@ static const char tails_sql[] =
  * read with the offset after a backward step that followed the end, the end stood the step's
  * size late and the tail was billed that much longer, past where the next generation's windows
  * start (a step of -320 s: 320 s billed twice). They are not placed by the changes logged
- * after them (log_place() is meter_bill_rows()'s only). A change or an end witnessed on this
- * meter's boot is placed by its witness first (witness_time()). `s`'s own billing point is left
+ * after them (log_place() is meter_bill_rows()'s only). An end witnessed on this meter's boot (the
+ * next generation's start, on this node) is placed by its witness first (witness_time()); the
+ * changes carry the other host's witness, so the frames place them. `s`'s own billing point is left
  * as it was.
  */
 static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
@@ -3097,15 +3097,13 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	log_info("sandbox \"%s\" generation %lld: the meter of node \"%s\" is gone; its time from "
 		 "%" PRId64 " to %" PRId64 " (ns) is billed here", s->id, s->gen, s->gnode, t, end);
 	while (*chg) {
-		char name[16] = "", boot[64] = "";
-		long long us = 0, cpu = -1, seq = 0, mono = 0;
+		char name[16] = "";
+		long long us = 0, cpu = -1, seq = 0;
 		int64_t at;
 		uint64_t dcpu = 0;
-		if (sscanf(chg, "%15s %lld %lld %lld %63s %lld", name, &us, &cpu, &seq, boot,
-			   &mono) != 6)
+		if (sscanf(chg, "%15s %lld %lld %lld", name, &us, &cpu, &seq) != 4)
 			break;
-		if (!witness_time(m, strcmp(boot, "-") ? boot : NULL, mono, &at))
-			at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
+		at = node_time_logged(m, us * 1000, seq, m->clk_now_l);
 		if (cpu >= 0 && (uint64_t)cpu >= s->cpu_at)
 			dcpu = (uint64_t)cpu - s->cpu_at;
 		if (at > s->last_t && at < end) {
@@ -3161,7 +3159,7 @@ static void meter_take_tails(struct meter *m, int64_t now)
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
 		return;
 	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, tails_sql, m->node, witness_boot(m)) != KILN_OK) {
+	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
 		pg_release(m->pg, c);
 		log_warn("cannot read the generations left by other nodes: %s", err.msg);
 		return;
