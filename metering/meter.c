@@ -2827,7 +2827,13 @@ redis:
  * made while no meter of the node ran: it stands the backward step's size before where the net
  * step puts it, and one logged in the first min(back, forward) - LOG_LATE_NS after the point was
  * never read (kiln-sim seed 31117: a -2,134 s and a +123 s step, its first 63 s). The label
- * clock jumps only forward, so the monotonic bound is never later than `t`'s own.
+ * clock jumps only forward, so for a `t` this meter's clock passed the monotonic bound is never
+ * later than where it passed `t`. Not so for a `t` it started past: a meter started on the same
+ * boot without the node's saved frame starts its label clock at the wall clock, or at
+ * start_floor when that is later, and places `t` on the monotonic clock from there, which can
+ * be later than where the earlier meter's label passed it: at start_floor, by the time from
+ * that meter's billing up to it to this start; at the wall clock, by a forward step made since.
+ * A witnessed change logged in that stretch is read by the wall-clock bound alone.
  */
 static int log_read(struct meter *m, struct mrow *r, int n, int64_t t, struct pg_res **out)
 {
