@@ -48,7 +48,7 @@ typedef enum kiln_err tpl_make_fn(struct node *n, unsigned vcpu_milli, unsigned 
 
 /*
  * Tests only: builds templates with `make` instead of booting a VM (NULL: the node's own again),
- * so that what waits for them and retires them runs without QEMU. Set before tpl_init().
+ * so that what waits for them and retires them runs without QEMU. Set while no build runs.
  */
 void tpl_set_make_for_test(tpl_make_fn *make);
 

@@ -7,12 +7,19 @@
  *
  * The node's own code runs (kiln_node_core), on the services fixture's Postgres. Templates are
  * built by a stand-in instead of a VM (tpl_set_make_for_test): what is under test is the slot's
- * bookkeeping, the waits on it and the retirement, not the boot.
+ * bookkeeping, the waits on it and the retirement, not the boot. Snapshot uploads go to a bucket
+ * on a closed port of this host: what is under test is the wait between tries and the wait for
+ * the uploads to end, not the transfer.
  */
+#include <curl/curl.h>
+#include <netinet/in.h>
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "test.h"
@@ -20,14 +27,20 @@
 #include "wallstep.h"
 
 #include "auth/apikey.h"
+#include "auth/crypto.h"
+#include "auth/storage.h"
 #include "common/clock.h"
+#include "common/fsutil.h"
+#include "common/netaddr.h"
 #include "node/connlog.h"
 #include "node/node.h"
+#include "node/storage_sync.h"
 #include "node/template.h"
 
 #define HOUR_MS 3600000LL
 #define WAIT_MS 1000		/* the timers' waits in these cases */
-#define SLACK_MS 700		/* how late a wait may end on a loaded 2-core host */
+#define SLACK_MS 1500		/* how late a wait may end on a loaded 2-core host: the faults
+				 * end at once, or MAKE_MAX_MS or an hour late */
 #define MAKE_MAX_MS 5000	/* a stand-in build that is never let through ends by itself */
 
 static struct node node;
@@ -107,7 +120,7 @@ static void test_tpl_wait_ends_on_the_monotonic_clock(void)
 	CHECK(took >= WAIT_MS - 50);
 	CHECK(took < WAIT_MS + SLACK_MS);
 
-	/* Let through, the build ends the wait at once, ready. */
+	/* Once let through, the build ends the wait at once, ready. */
 	set_wall_step(0);
 	__atomic_store_n(&make_release, true, __ATOMIC_RELAXED);
 	took = timed_tpl_wait(2000, &ready);
@@ -202,6 +215,126 @@ static void test_connlog_sweep_on_the_monotonic_clock(void)
 	connlog_stop(&node);
 }
 
+/* ---- the snapshot store's waits ---- */
+
+#define TENANT "ten_clock"
+#define TRY_DELAY_MS 1000	/* between an upload's two tries */
+#define IDLE_WAIT_MS 300	/* a snapstore_wait_idle() that must time out */
+
+/* A port of 127.0.0.1 nothing listens on: bound by the kernel's choice, then closed. */
+static int closed_port(void)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t len = sizeof(a);
+	int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
+		port = ntohs(a.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
+/*
+ * A snapshot of TENANT left `uploading` with its packed object staged (`.up-<id>/object.kiln`), as
+ * a restart finds one: snapstore_resume_pending() queues it and its upload goes straight to the
+ * bucket.
+ */
+static void staged_upload(const char *snap_root, const char *snap_id)
+{
+	char path[600];
+	FILE *f;
+
+	testdb_sql(node.pg,
+		   "INSERT INTO snapshots (id, tenant_id, sandbox_id, node_id, kind, storage, status, "
+		   "vcpu_milli, memory_mib, disk_gib) VALUES ('%s', '" TENANT "', 'sb_clock', "
+		   "'node-clock', 'pause', 's3', 'uploading', 1000, 512, 10)",
+		   snap_id);
+	snprintf(path, sizeof(path), "%s/.up-%s", snap_root, snap_id);
+	CHECK(mkdir(path, 0700) == 0);
+	snprintf(path, sizeof(path), "%s/.up-%s/object.kiln", snap_root, snap_id);
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	if (f) {
+		fputs("a packed snapshot's bytes", f);
+		fclose(f);
+	}
+}
+
+/*
+ * An upload that finds the bucket unreachable tries again TRY_DELAY_MS later (wait_retry), and a
+ * wait for the uploads to end gives up after its own time (snapstore_wait_idle): with the wall
+ * clock an hour behind, and then an hour ahead, each wait lasts its monotonic time, neither none
+ * nor an hour. Two tries, then the snapshot is `failed`.
+ */
+static void test_snapstore_waits_on_the_monotonic_clock(void)
+{
+	static const long long steps[] = { -HOUR_MS, HOUR_MS };
+	struct kiln_error err = { 0 };
+	struct auth_master_key mk;
+	struct s3_opts o = { .connect_timeout_ms = 2000 };
+	struct snapstore_config cfg = { 0 };
+	struct netaddr_allow *allow = NULL;
+	struct s3_target t = { 0 };
+	struct snapstore *s;
+	struct pg_conn *c;
+	char root[] = "/tmp/kiln-nodeclock-XXXXXX";
+
+	CHECK(mkdtemp(root) != NULL);
+	CHECK(auth_master_key_load(&mk, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
+				   64, &err) == KILN_OK);
+	CHECK(netaddr_allow_parse("127.0.0.1", &allow, &err) == KILN_OK);
+	testdb_sql(node.pg, "INSERT INTO tenants (id, name) VALUES ('" TENANT "', 'clock')");
+	snprintf(t.endpoint, sizeof(t.endpoint), "http://127.0.0.1:%d", closed_port());
+	snprintf(t.bucket, sizeof(t.bucket), "clock");
+	snprintf(t.region, sizeof(t.region), "us-east-1");
+	snprintf(t.access_key_id, sizeof(t.access_key_id), "AKIDCLOCK");
+	snprintf(t.secret_access_key, sizeof(t.secret_access_key), "secretclock");
+	c = testdb_conn(node.pg);
+	CHECK(storage_save(c, &mk, TENANT, &t, &err) == KILN_OK);
+	pg_release(node.pg, c);
+
+	o.allow = allow;
+	cfg.pg = node.pg;
+	cfg.mk = &mk;
+	cfg.node_id = "node-clock";
+	cfg.snap_root = root;
+	cfg.base_image = "/nonexistent";
+	cfg.workers = 1;
+	cfg.upload_tries = 2;
+	cfg.retry_delay_ms = TRY_DELAY_MS;
+	cfg.s3 = &o;
+	s = snapstore_open(&cfg, &err);
+	CHECK(s != NULL);
+	for (size_t i = 0; s && i < sizeof(steps) / sizeof(steps[0]); i++) {
+		char snap_id[32];
+		long long t0, took;
+
+		snprintf(snap_id, sizeof(snap_id), "snap_clock_up%zu", i);
+		staged_upload(root, snap_id);
+		set_wall_step(steps[i]);
+		t0 = clock_mono_ms();
+		CHECK_INT(snapstore_resume_pending(s), 1);
+		CHECK(!snapstore_wait_idle(s, IDLE_WAIT_MS));	/* the retry is still to come */
+		took = clock_mono_ms() - t0;
+		CHECK(took >= IDLE_WAIT_MS - 50);
+		CHECK(took < IDLE_WAIT_MS + SLACK_MS);
+		CHECK(snapstore_wait_idle(s, MAKE_MAX_MS));
+		took = clock_mono_ms() - t0;
+		CHECK(took >= TRY_DELAY_MS - 50);
+		CHECK(took < TRY_DELAY_MS + SLACK_MS);
+		set_wall_step(0);
+		CHECK_INT(testdb_sql_int(node.pg, "SELECT count(*) FROM snapshots WHERE id = '%s' "
+					 "AND status = 'failed'", snap_id), 1);
+	}
+	snapstore_shutdown(s);
+	netaddr_allow_free(allow);
+	s3_target_wipe(&t);
+	auth_master_key_wipe(&mk);
+	fs_remove_tree_or_warn(root);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -215,11 +348,16 @@ int main(void)
 	node.cfg.connlog_interval_s = 1;
 	node.cfg.connlog_retention_days = 1;
 	pthread_mutex_init(&node.reg_lock, NULL);
+	curl_global_init(CURL_GLOBAL_DEFAULT);
+	testdb_sql(node.pg, "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, "
+		   "hypervisor, accelerator, image_hash) VALUES ('node-clock', 'unix:/nonexistent', "
+		   "8000, 8192, 10, 'qemu', 'tcg', '')");
 	tpl_init(&node);
 
 	TEST(test_tpl_wait_ends_on_the_monotonic_clock);
 	TEST(test_tpl_idle_retirement_on_the_monotonic_clock);
 	TEST(test_connlog_sweep_on_the_monotonic_clock);
+	TEST(test_snapstore_waits_on_the_monotonic_clock);
 
 	set_wall_step(0);
 	node.stopping = true;
