@@ -60,10 +60,20 @@ void wallstep_set(long long step_ms)
 	__atomic_store_n(&wall_step_ms, step_ms, __ATOMIC_RELAXED);
 }
 
-long long wallstep_real_ms(void)
+static long long ms_of(const struct timespec *ts)
 {
-	struct timespec real;
+	return (long long)ts->tv_sec * 1000 + ts->tv_nsec / 1000000;
+}
 
+long long wallstep_offset_ms(void)
+{
+	struct timespec real, stepped;
+
+	/*
+	 * The real clock first, in its own statement: read second, a millisecond turning between
+	 * the two reads would make the offset one short of the step.
+	 */
 	__real_clock_gettime(CLOCK_REALTIME, &real);
-	return (long long)real.tv_sec * 1000 + real.tv_nsec / 1000000;
+	__wrap_clock_gettime(CLOCK_REALTIME, &stepped);
+	return ms_of(&stepped) - ms_of(&real);
 }

@@ -616,7 +616,7 @@ static void set_wall_step(long long step_ms)
 	long long off;
 
 	wallstep_set(step_ms);
-	off = clock_ms_of(CLOCK_REALTIME) - wallstep_real_ms();
+	off = wallstep_offset_ms();
 	CHECK(off >= step_ms && off <= step_ms + 100);
 }
 

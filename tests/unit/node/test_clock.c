@@ -1,15 +1,16 @@
 /*
  * test_clock.c - kiln-node's timers against steps of the wall clock. The process's wall clock is
  * stepped an hour forward and back around each timer (wallstep.h: every CLOCK_REALTIME, time and
- * gettimeofday read in this binary, the node's code included, moves; CLOCK_MONOTONIC does not),
- * and each timer must fire when its monotonic time says: a 1 s wait ends in about 1 s, not at
- * once and not an hour later, and nothing idle is retired early by a forward step.
+ * gettimeofday read in this binary's objects and static libraries, the node's code included,
+ * moves; those in shared libraries such as libpq and libcurl, and CLOCK_MONOTONIC, do not), and
+ * each timer must fire when its monotonic time says: a 1 s wait ends in about 1 s, not at once
+ * and not an hour later, and nothing idle is retired early by a forward step.
  *
  * The node's own code runs (kiln_node_core), on the services fixture's Postgres. Templates are
  * built by a stand-in instead of a VM (tpl_set_make_for_test): what is under test is the slot's
  * bookkeeping, the waits on it and the retirement, not the boot. Snapshot uploads go to a bucket
- * on a closed port of this host: what is under test is the wait between tries and the wait for
- * the uploads to end, not the transfer.
+ * on a port of this host that refuses connections: what is under test is the wait between tries
+ * and the wait for the uploads to end, not the transfer.
  */
 #include <curl/curl.h>
 #include <netinet/in.h>
@@ -51,7 +52,7 @@ static void set_wall_step(long long step_ms)
 	long long off;
 
 	wallstep_set(step_ms);
-	off = clock_ms_of(CLOCK_REALTIME) - wallstep_real_ms();
+	off = wallstep_offset_ms();
 	CHECK(off >= step_ms && off <= step_ms + 100);
 }
 
@@ -221,19 +222,21 @@ static void test_connlog_sweep_on_the_monotonic_clock(void)
 #define TRY_DELAY_MS 1000	/* between an upload's two tries */
 #define IDLE_WAIT_MS 300	/* a snapstore_wait_idle() that must time out */
 
-/* A port of 127.0.0.1 nothing listens on: bound by the kernel's choice, then closed. */
-static int closed_port(void)
+/*
+ * A port of 127.0.0.1 that refuses connections: bound by the kernel's choice and kept bound, not
+ * listening, until the caller closes *fd, so a connect gets ECONNREFUSED and no other process can
+ * take the port meanwhile (closed at once, it could). 0 if none could be had.
+ */
+static int refusing_port(int *fd)
 {
 	struct sockaddr_in a = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	socklen_t len = sizeof(a);
-	int fd = socket(AF_INET, SOCK_STREAM, 0), port = 0;
 
-	if (fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof(a)) == 0 &&
-	    getsockname(fd, (struct sockaddr *)&a, &len) == 0)
-		port = ntohs(a.sin_port);
-	if (fd >= 0)
-		close(fd);
-	return port;
+	*fd = socket(AF_INET, SOCK_STREAM, 0);
+	if (*fd < 0 || bind(*fd, (struct sockaddr *)&a, sizeof(a)) != 0 ||
+	    getsockname(*fd, (struct sockaddr *)&a, &len) != 0)
+		return 0;
+	return ntohs(a.sin_port);
 }
 
 /*
@@ -280,13 +283,15 @@ static void test_snapstore_waits_on_the_monotonic_clock(void)
 	struct snapstore *s;
 	struct pg_conn *c;
 	char root[] = "/tmp/kiln-nodeclock-XXXXXX";
+	int port_fd, port = refusing_port(&port_fd);
 
+	CHECK(port > 0);
 	CHECK(mkdtemp(root) != NULL);
 	CHECK(auth_master_key_load(&mk, "000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f",
 				   64, &err) == KILN_OK);
 	CHECK(netaddr_allow_parse("127.0.0.1", &allow, &err) == KILN_OK);
 	testdb_sql(node.pg, "INSERT INTO tenants (id, name) VALUES ('" TENANT "', 'clock')");
-	snprintf(t.endpoint, sizeof(t.endpoint), "http://127.0.0.1:%d", closed_port());
+	snprintf(t.endpoint, sizeof(t.endpoint), "http://127.0.0.1:%d", port);
 	snprintf(t.bucket, sizeof(t.bucket), "clock");
 	snprintf(t.region, sizeof(t.region), "us-east-1");
 	snprintf(t.access_key_id, sizeof(t.access_key_id), "AKIDCLOCK");
@@ -333,6 +338,8 @@ static void test_snapstore_waits_on_the_monotonic_clock(void)
 	s3_target_wipe(&t);
 	auth_master_key_wipe(&mk);
 	fs_remove_tree_or_warn(root);
+	if (port_fd >= 0)
+		close(port_fd);
 }
 
 int main(void)
