@@ -3129,6 +3129,58 @@ static void test_a_rows_time_reads_where_its_moved_log_row_is_placed(void)
 	pg_free(dead);
 }
 
+/*
+ * A meter restarted in its node's frame after a backward step of the wall clock made while it was
+ * down reads a change logged before its node's last flush in the frame before that step, even
+ * when the frame after it puts the change no later than the tick: that flush's tick read the log's
+ * sequence (meter_clocks.tick_seq), and every change logged no later came before the step.
+ * Kiln-sim seed 31150: a sandbox of node 0 created, booted and paused 440 s before a -433 s step,
+ * made while one meter of the node was down and the other without Postgres; the restarted meter,
+ * tracking it from the ledger's point (paused), read its creation, boot and pause 433 s late,
+ * past the point and before its first tick, and billed 4.1 s of running time again (+9,974 µcr).
+ * Here running from 0, paused at 5 (128 MiB), a crash at 44 ([30, 40) flushed: the point paused at
+ * 40), the wall clock 45 s back at 50, the restart at 60, stopped at 100: before, its start read
+ * at 45 and its pause at 50, and [45, 50) was billed as running again (14,090 µcr for 13,445).
+ */
+static void test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-flush-seq";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 130; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap_f", 128);	/* at 5 */
+		if (i == 45) {			/* a crash at 44 ([30, 40) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 51)
+			fake_now -= 45 * S;	/* at 50, the wall clock steps back 45 s, no meter */
+		if (i == 61)
+			m = new_meter_with(true, 0);	/* restarted at 60, in the frame */
+		if (i == 101)
+			stop_sandbox(sb, fake_now);	/* at 100 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 95 * 128);	/* 5 s running, 95 s paused, once */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3212,6 +3264,7 @@ int main(void)
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
 	TEST(test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame);
 	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
+	TEST(test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down);
 
 	rc = test_summary();
 	rds_free(rds);
