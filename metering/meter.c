@@ -167,7 +167,7 @@ struct meter {
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
 	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
-	long long resume_tick_seq;	/* and the one read at that flush's tick (0: unknown) */
+	long long resume_tick_seq;	/* and the one read before that flush's tick (0: unknown) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
@@ -189,8 +189,8 @@ struct meter {
 	long long back_min[STEPS_KEPT];
 	/* For each, the log sequence at or below which every change was logged before it (0: none
 	 * known): a step made while no meter of the node ran is after the tick of the node's last
-	 * flush, so the sequence read then (meter_clocks.tick_seq) bounds the changes logged
-	 * before it (meter_clock(), node_time_logged()). */
+	 * flush read the wall clock, so the sequence read before that (meter_clocks.tick_seq)
+	 * bounds the changes logged before it (meter_clock(), node_time_logged()). */
 	long long back_pre[STEPS_KEPT];
 	/* The state log's sequence (its last value) at or before the backward step that gave this
 	 * meter's offset its present value (0: any, none seen), saved with the frame at each flush
@@ -202,6 +202,12 @@ struct meter {
 	 * tick_seq_set once one has. */
 	long long tick_seq;
 	bool tick_seq_set;
+	/* The one read before this tick read the wall clock (tick_seq at its start; 0: none), saved
+	 * with the frame at each flush (meter_clocks.tick_seq, flush_tick_seq()): read at this
+	 * tick's own commit_lag(), after meter_clock() and pg_acquire() (a wait for a pooled
+	 * connection, a reconnect after an outage), a change logged after a step made in between
+	 * would pass as logged before it. */
+	long long tick_seq_pre;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
@@ -237,7 +243,7 @@ struct meter {
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
 	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
-	long long ftick_seq;	/* and the log's sequence its tick read (0: none) */
+	long long ftick_seq;	/* and its flush_tick_seq() (0: none) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
@@ -464,10 +470,11 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
 			back_keep(m, l, off_before, m->resume_log_seq, mono);
-		/* That step came after the tick of the node's last flush, which read the log's
-		 * sequence in the frame (meter_clocks.tick_seq): a change logged no later than that
-		 * read was logged before the step, whatever its time reads against this tick (see
-		 * node_time_logged()). A first tick keeps no step before these. */
+		/* That step came after the tick of the node's last flush read the wall clock, and
+		 * that flush saved the log's sequence read before then (meter_clocks.tick_seq): a
+		 * change logged no later than that read was logged before the step, whatever its
+		 * time reads against this tick (see node_time_logged()). A first tick keeps no step
+		 * before these. */
 		if (framed && l - w - off_before > STEP_TOLERANCE_NS)
 			for (int b = 0; b < m->nback; b++)
 				m->back_pre[b] = m->resume_tick_seq;
@@ -907,35 +914,58 @@ static bool back_usable(const struct meter *m, int b, long long seq)
 }
 
 /*
+ * The frame a change logged with sequence `seq` (0: unknown) is read in because it was logged no
+ * later than a sequence read before a kept backward step (back_pre, a restarted meter's saved
+ * tick_seq): the newest frame at or before the newest such step that back_usable() allows; -1
+ * when no kept step bounds it, or none of those frames allows it.
+ */
+static int back_covering(const struct meter *m, long long seq)
+{
+	int b = m->nback - 1;
+
+	if (!seq)
+		return -1;
+	while (b >= 0 && !(m->back_pre[b] && seq <= m->back_pre[b]))
+		b--;
+	while (b >= 0 && !back_usable(m, b, seq))
+		b--;
+	return b;
+}
+
+/*
  * The node's wall-clock time `w` of a change already logged (ns), with log sequence `seq` (0:
- * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but read ahead
- * of the tick by more than a step's tolerance after a backward step, it was logged before that
- * step, in the frame then in force (the newest that puts it no later than the tick and that the
- * change may be read in: back_usable()).
+ * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but
+ *  - logged no later than the sequence a restarted meter's saved frame read before its flush's
+ *    tick (back_pre, a backward step made while no meter of the node ran since that tick), it was
+ *    logged before that step: read in the covering frame (back_covering()), never in one after
+ *    it, whatever it then reads against the tick;
+ *  - read ahead of the tick by more than a step's tolerance after a backward step, it was logged
+ *    before that step, in the frame then in force (the newest that puts it no later than the
+ *    tick and that the change may be read in: back_usable()).
  */
 static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
 {
 	int64_t t = node_time_seq(m, w, seq);
-	int b = m->nback - 1;
+	int b = m->fwd_held ? -1 : back_covering(m, seq);
 
-	/* Logged no later than a sequence read before a kept step (back_pre): in the newest frame
-	 * before that step that it may be read in, never in one after it, even when that one puts
-	 * it no later than the tick. A change logged long enough before a step made while this
-	 * meter was down reads before the tick in the frame after it, that step's size late:
-	 * kiln-sim seed 31150, a paused sandbox's creation, boot and pause, logged 440 s before a
-	 * -433 s step, stood past the ledger's point, and its running time was billed again (+9,974
-	 * µcr). Older frames are tried below as before, when it still reads ahead of the tick. */
-	while (b >= 0 && !(seq && m->back_pre[b] && seq <= m->back_pre[b]))
-		b--;
-	if (b >= 0 && !m->fwd_held) {
-		while (b >= 0 && !back_usable(m, b, seq))
-			b--;
-		if (b >= 0)
-			t = w + m->back_off[b--];
-	} else {
-		b = m->nback - 1;
-	}
-	for (; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
+	/* Kiln-sim seed 31150: by the tick alone, a paused sandbox's creation, boot and pause,
+	 * logged 440 s before a -433 s step made while this meter was down, read before the tick
+	 * in the frame after the step, that step's size late, past the ledger's point, and its
+	 * running time was billed again (+9,974 µcr). A change of a frame begun at a restart (a
+	 * first step made while down) at or below that frame's log_seq, an upper bound read at that
+	 * restart's first tick, may have been logged before or after the first step: it is read in
+	 * the frame before it, that step's size early if logged after it, and so taken as in the
+	 * point: the flush that saved the frame billed past every change logged before that
+	 * restart's first tick, so the point is past it either way. By the tick alone it read the
+	 * second step's size late when that put it no later than the tick, past the point, and was
+	 * applied again (a pause logged 5 s after a -45 s step, read at a second restart after a
+	 * -30 s step, with the resume and pause after it, 30 s late: 5 s of running time billed
+	 * again). Not moved on by the forward steps followed after that step, as a change read in
+	 * the newest frame is (docs/metering.md, open). */
+	if (b >= 0)
+		t = w + m->back_off[b];
+	for (b = b >= 0 ? b - 1 : m->nback - 1;
+	     b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
 		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
 			t = w + m->back_off[b];
 	return t;
@@ -2056,8 +2086,8 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	/* The frame of this flush's label clock, for the node's next meter on this host, with the
 	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
 	 * now, later than that, so no change logged before the frame's step is read in it), and the
-	 * one its tick read (tick_seq: every change logged no later was logged in this frame or an
-	 * older one; 0, none read: no bound). */
+	 * one read before its tick read the wall clock (tick_seq, flush_tick_seq(): every change
+	 * logged no later was logged in this frame or an older one; 0, none read: no bound). */
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -2247,6 +2277,13 @@ static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
 	return done && !ok ? err->code : KILN_OK;
 }
 
+/* The log's sequence a flush saves with its frame (meter_clocks.tick_seq): every change logged no
+ * later was logged before this tick read the wall clock, in this frame or an older one. */
+static long long flush_tick_seq(const struct meter *m)
+{
+	return m->tick_seq_pre;
+}
+
 /*
  * Writes every finished window to the ledger, then moves their charges from the live part of the
  * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
@@ -2309,7 +2346,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
 		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
-		m->ftick_seq = m->tick_seq_set ? m->tick_seq : 0;
+		m->ftick_seq = flush_tick_seq(m);
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2320,8 +2357,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
 	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
-			  m->frame_seq_due ? -1 : m->frame_seq, m->tick_seq_set ? m->tick_seq : 0,
-			  &step, &refused, err);
+			  m->frame_seq_due ? -1 : m->frame_seq, flush_tick_seq(m), &step, &refused,
+			  err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -3514,6 +3551,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
+	m->tick_seq_pre = m->tick_seq_set ? m->tick_seq : 0;	/* before meter_clock() */
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {

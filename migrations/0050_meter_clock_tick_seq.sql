@@ -1,7 +1,9 @@
 -- 0050_meter_clock_tick_seq: with each node's label clock frame (meter_clocks, 0037, 0039, 0042,
 -- 0048), the state log's sequence (sandbox_state_log.seq, the sequence's last value) read at the
--- flushing meter's tick, while its offset was off_ns: every change logged with a sequence no
--- higher was logged by then, in that frame or an older one. A meter that starts in that frame and
+-- tick before the flushing meter's tick, before that tick read the wall clock, while its offset
+-- was off_ns: every change logged with a sequence no higher was logged by then, in that frame or
+-- an older one. The bound relies on the log's sequence having cache 1 (bigserial's default), so
+-- seq <= tick_seq means the seq was drawn before the read. A meter that starts in that frame and
 -- finds the wall clock stepped back since (a step it never saw) reads such a change in the frame
 -- before that step, never in the one after it, however it then stands against the tick
 -- (kiln-meter, metering/meter.c, node_time_logged()). Read by the tick alone, a paused sandbox's
