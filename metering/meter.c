@@ -167,6 +167,7 @@ struct meter {
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
 	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
+	long long resume_tick_seq;	/* and the one read before that flush's tick (0: unknown) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
@@ -186,6 +187,11 @@ struct meter {
 	 * offset for the changes logged after that frame began only (meter_clocks.log_seq); one
 	 * logged before may be older than the frame's own backward step (meter_clock()). */
 	long long back_min[STEPS_KEPT];
+	/* For each, the log sequence at or below which every change was logged before it (0: none
+	 * known): a step made while no meter of the node ran is after the tick of the node's last
+	 * flush read the wall clock, so the sequence read before that (meter_clocks.tick_seq)
+	 * bounds the changes logged before it (meter_clock(), node_time_logged()). */
+	long long back_pre[STEPS_KEPT];
 	/* The state log's sequence (its last value) at or before the backward step that gave this
 	 * meter's offset its present value (0: any, none seen), saved with the frame at each flush
 	 * (meter_clocks.log_seq): the one read at the last tick before that step (tick_seq); at a
@@ -196,6 +202,12 @@ struct meter {
 	 * tick_seq_set once one has. */
 	long long tick_seq;
 	bool tick_seq_set;
+	/* The one read before this tick read the wall clock (tick_seq at its start; 0: none), saved
+	 * with the frame at each flush (meter_clocks.tick_seq, flush_tick_seq()): read at this
+	 * tick's own commit_lag(), after meter_clock() and pg_acquire() (a wait for a pooled
+	 * connection, a reconnect after an outage), a change logged after a step made in between
+	 * would pass as logged before it. */
+	long long tick_seq_pre;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
@@ -231,6 +243,7 @@ struct meter {
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
 	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
+	long long ftick_seq;	/* and its flush_tick_seq() (0: none) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
@@ -325,9 +338,11 @@ static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, i
 		memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_mono, m->back_mono + 1, sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_min, m->back_min + 1, sizeof(m->back_min[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_pre, m->back_pre + 1, sizeof(m->back_pre[0]) * (STEPS_KEPT - 1));
 		m->nback--;
 	}
 	m->back_min[m->nback] = min;
+	m->back_pre[m->nback] = 0;
 	m->back_seq[m->nback] = 0;
 	m->back_mono[m->nback] = mono;
 	m->back_at[m->nback] = at;
@@ -455,6 +470,14 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
 			back_keep(m, l, off_before, m->resume_log_seq, mono);
+		/* That step came after the tick of the node's last flush read the wall clock, and
+		 * that flush saved the log's sequence read before then (meter_clocks.tick_seq): a
+		 * change logged no later than that read was logged before the step, whatever its
+		 * time reads against this tick (see node_time_logged()). A first tick keeps no step
+		 * before these. */
+		if (framed && l - w - off_before > STEP_TOLERANCE_NS)
+			for (int b = 0; b < m->nback; b++)
+				m->back_pre[b] = m->resume_tick_seq;
 		m->fwd_from = m->nsteps;
 		/* The first tick in the saved frame finds the wall clock nearer to the label clock
 		 * than that frame's offset: it stepped forward within the lead while no meter of
@@ -891,17 +914,58 @@ static bool back_usable(const struct meter *m, int b, long long seq)
 }
 
 /*
+ * The frame a change logged with sequence `seq` (0: unknown) is read in because it was logged no
+ * later than a sequence read before a kept backward step (back_pre, a restarted meter's saved
+ * tick_seq): the newest frame at or before the newest such step that back_usable() allows; -1
+ * when no kept step bounds it, or none of those frames allows it.
+ */
+static int back_covering(const struct meter *m, long long seq)
+{
+	int b = m->nback - 1;
+
+	if (!seq)
+		return -1;
+	while (b >= 0 && !(m->back_pre[b] && seq <= m->back_pre[b]))
+		b--;
+	while (b >= 0 && !back_usable(m, b, seq))
+		b--;
+	return b;
+}
+
+/*
  * The node's wall-clock time `w` of a change already logged (ns), with log sequence `seq` (0:
- * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but read ahead
- * of the tick by more than a step's tolerance after a backward step, it was logged before that
- * step, in the frame then in force (the newest that puts it no later than the tick and that the
- * change may be read in: back_usable()).
+ * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but
+ *  - logged no later than the sequence a restarted meter's saved frame read before its flush's
+ *    tick (back_pre, a backward step made while no meter of the node ran since that tick), it was
+ *    logged before that step: read in the covering frame (back_covering()), never in one after
+ *    it, whatever it then reads against the tick;
+ *  - read ahead of the tick by more than a step's tolerance after a backward step, it was logged
+ *    before that step, in the frame then in force (the newest that puts it no later than the
+ *    tick and that the change may be read in: back_usable()).
  */
 static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
 {
 	int64_t t = node_time_seq(m, w, seq);
+	int b = m->fwd_held ? -1 : back_covering(m, seq);
 
-	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
+	/* Kiln-sim seed 31150: by the tick alone, a paused sandbox's creation, boot and pause,
+	 * logged 440 s before a -433 s step made while this meter was down, read before the tick
+	 * in the frame after the step, that step's size late, past the ledger's point, and its
+	 * running time was billed again (+9,974 µcr). A change of a frame begun at a restart (a
+	 * first step made while down) at or below that frame's log_seq, an upper bound read at that
+	 * restart's first tick, may have been logged before or after the first step: it is read in
+	 * the frame before it, that step's size early if logged after it, and so taken as in the
+	 * point: the flush that saved the frame billed past every change logged before that
+	 * restart's first tick, so the point is past it either way. By the tick alone it read the
+	 * second step's size late when that put it no later than the tick, past the point, and was
+	 * applied again (a pause logged 5 s after a -45 s step, read at a second restart after a
+	 * -30 s step, with the resume and pause after it, 30 s late: 5 s of running time billed
+	 * again). Not moved on by the forward steps followed after that step, as a change read in
+	 * the newest frame is (docs/metering.md, open). */
+	if (b >= 0)
+		t = w + m->back_off[b];
+	for (b = b >= 0 ? b - 1 : m->nback - 1;
+	     b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
 		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
 			t = w + m->back_off[b];
 	return t;
@@ -2006,11 +2070,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
 				  int64_t clk_l, int64_t clk_m, int64_t clk_off, long long frame_seq,
-				  const struct mstep *step, struct buf *refused, struct kiln_error *err)
+				  long long tick_seq, const struct mstep *step, struct buf *refused,
+				  struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "";
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -2020,7 +2085,9 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 			 m->o.card.version);
 	/* The frame of this flush's label clock, for the node's next meter on this host, with the
 	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
-	 * now, later than that, so no change logged before the frame's step is read in it). */
+	 * now, later than that, so no change logged before the frame's step is read in it), and the
+	 * one read before its tick read the wall clock (tick_seq, flush_tick_seq(): every change
+	 * logged no later was logged in this frame or an older one; 0, none read: no bound). */
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -2030,19 +2097,21 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
 		if (frame_seq >= 0)
 			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
+		snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq) "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq) "
 			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
 			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
-			 "ELSE 0 END FROM sandbox_state_log_seq_seq))) "
+			 "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint) "
 			 "ON CONFLICT (node_id) DO UPDATE SET "
 			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, log_seq = EXCLUDED.log_seq, updated_at = now() "
+			 "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, "
+			 "updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false", fseq);
+			 s_off, step->back ? "true" : "false", fseq, tseq);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -2089,7 +2158,7 @@ static void *flush_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
 		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
-				  m->fframe_seq, &m->fstep, &m->frefused, &err);
+				  m->fframe_seq, m->ftick_seq, &m->fstep, &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -2208,6 +2277,13 @@ static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
 	return done && !ok ? err->code : KILN_OK;
 }
 
+/* The log's sequence a flush saves with its frame (meter_clocks.tick_seq): every change logged no
+ * later was logged before this tick read the wall clock, in this frame or an older one. */
+static long long flush_tick_seq(const struct meter *m)
+{
+	return m->tick_seq_pre;
+}
+
 /*
  * Writes every finished window to the ledger, then moves their charges from the live part of the
  * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
@@ -2270,6 +2346,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
 		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
+		m->ftick_seq = flush_tick_seq(m);
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2280,7 +2357,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
 	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
-			  m->frame_seq_due ? -1 : m->frame_seq, &step, &refused, err);
+			  m->frame_seq_due ? -1 : m->frame_seq, flush_tick_seq(m), &step, &refused,
+			  err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -2695,7 +2773,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back, log_seq FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 "step_back, log_seq, tick_seq FROM meter_clocks "
+			 "WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -2710,6 +2789,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 				.by = pg_res_int(res, 0, 4, 0),
 				.off = pg_res_int(res, 0, 5, 0) };
 			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
+			m->resume_tick_seq = pg_res_int(res, 0, 8, 0);
 		}
 		pg_res_free(res);
 	}
@@ -3471,6 +3551,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
+	m->tick_seq_pre = m->tick_seq_set ? m->tick_seq : 0;	/* before meter_clock() */
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {

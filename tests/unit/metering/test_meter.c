@@ -140,6 +140,14 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
 	    snap, sb, (long long)(fake_now / 1000), sb);
 }
 
+/* `sb` resumed from its pause at the fake now, in the same generation. */
+static void resume(const char *sb)
+{
+	sql("UPDATE sandboxes SET state = 'running', pause_snapshot = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)(fake_now / 1000), sb);
+}
+
 /*
  * A case of a sandbox moved between two nodes: a tenant `t` with credits, its sandbox `sb` running
  * on node `na` since t0 (the fake wall clock at t0, the monotonic one at 5,000 s), the meter `a`
@@ -3129,6 +3137,121 @@ static void test_a_rows_time_reads_where_its_moved_log_row_is_placed(void)
 	pg_free(dead);
 }
 
+/*
+ * A meter restarted in its node's frame after a backward step of the wall clock made while it was
+ * down reads a change logged before its node's last flush in the frame before that step, even
+ * when the frame after it puts the change no later than the tick: that flush's tick read the log's
+ * sequence (meter_clocks.tick_seq), and every change logged no later came before the step.
+ * Kiln-sim seed 31150: a sandbox of node 0 created, booted and paused 440 s before a -433 s step,
+ * made while one meter of the node was down and the other without Postgres; the restarted meter,
+ * tracking it from the ledger's point (paused), read its creation, boot and pause 433 s late,
+ * past the point and before its first tick, and billed 4.1 s of running time again (+9,974 µcr).
+ * Here running from 0, paused at 5 (128 MiB), a crash at 44 ([30, 40) flushed: the point paused at
+ * 40), the wall clock 45 s back at 50, stopped at 55 (logged while down, after the step), the
+ * restart at 60: by the tick alone, its start read at 45 and its pause at 50, and [45, 50) was
+ * billed as running again (8,330 µcr for 7,685). The stop, logged after the saved flush's tick,
+ * reads in the frame after the step, at 55: with a bound read later than that tick (this
+ * restart's own first tick), it read at 10, before the point, taken as in it, and [40, 55) went
+ * unbilled (5,765 µcr).
+ */
+static void test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-flush-seq";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 130; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap_f", 128);	/* at 5 */
+		if (i == 45) {			/* a crash at 44 ([30, 40) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 51)
+			fake_now -= 45 * S;	/* at 50, the wall clock steps back 45 s, no meter */
+		if (i == 56)
+			stop_sandbox(sb, fake_now);	/* at 55 (wall 10), while down */
+		if (i == 61)
+			m = new_meter_with(true, 0);	/* restarted at 60, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 50 * 128);	/* 5 s running, 50 s paused, once */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * Two restarts, each after a backward step of the wall clock made while the meter was down, and a
+ * change logged between the first step and the first restart: the frame begun at that restart
+ * takes the sequence read at its first tick (meter_clocks.log_seq), so the change is at or below
+ * it, and at the second restart it is read in the frame before the first step (node_time_logged()),
+ * the first step's size early: in the point the first restart's flush saved with that frame, as
+ * it was. By the tick alone, the second restart read it, and the changes after it, the second
+ * step's size late, past the point. Here running from 0, a crash at 44 ([30, 40) flushed), 45 s
+ * back at 50, paused at 55 (wall 10), the restart at 60, resumed at 70 and paused again at 75, a
+ * crash at 84 ([70, 80) flushed: the point paused at 80), 30 s back at 90, the restart at 120,
+ * stopped at 140: by the tick alone, the resume read at 100 and the pause at 105, and [100, 105)
+ * was billed running again (26,305 µcr for 25,660).
+ */
+static void test_a_change_logged_between_a_step_while_down_and_the_restart_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-two-restarts";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 160; i++) {
+		if (i == 45 || i == 85) {	/* crashes at 44 and 84 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 51)
+			fake_now -= 45 * S;	/* at 50, no meter */
+		if (i == 56)
+			pause_into(t, sb, "snap_f", 128);	/* at 55 (wall 10), while down */
+		if (i == 61 || i == 121)
+			m = new_meter_with(true, 0);	/* restarted at 60 and 120 */
+		if (i == 71)
+			resume(sb);			/* at 70 */
+		if (i == 76)
+			pause_into(t, sb, "snap_g", 128);	/* at 75 */
+		if (i == 91)
+			fake_now -= 30 * S;	/* at 90, no meter */
+		if (i == 141)
+			stop_sandbox(sb, fake_now);	/* at 140 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	/* running, paused, running, paused: each once */
+	CHECK_INT(used(t), 55 * 257 + 15 * 128 + 5 * 257 + 65 * 128);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3212,6 +3335,8 @@ int main(void)
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
 	TEST(test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame);
 	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
+	TEST(test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down);
+	TEST(test_a_change_logged_between_a_step_while_down_and_the_restart_keeps_its_time);
 
 	rc = test_summary();
 	rds_free(rds);
