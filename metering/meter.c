@@ -948,20 +948,15 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq,
 	int64_t t = node_time_seq(m, w, seq);
 	int b = m->fwd_held ? -1 : back_covering(m, seq);
 
-	/* Kiln-sim seed 31150: by the tick alone, a paused sandbox's creation, boot and pause,
-	 * logged 440 s before a -433 s step made while this meter was down, read before the tick
-	 * in the frame after the step, that step's size late, past the ledger's point, and its
-	 * running time was billed again (+9,974 µcr). A change of a frame begun at a restart (a
-	 * first step made while down) at or below that frame's log_seq, an upper bound read at that
-	 * restart's first tick, may have been logged before or after the first step: it is read in
-	 * the frame before it, that step's size early if logged after it, and so taken as in the
-	 * point: the flush that saved the frame billed past every change logged before that
-	 * restart's first tick, so the point is past it either way. By the tick alone it read the
-	 * second step's size late when that put it no later than the tick, past the point, and was
-	 * applied again (a pause logged 5 s after a -45 s step, read at a second restart after a
-	 * -30 s step, with the resume and pause after it, 30 s late: 5 s of running time billed
-	 * again). Not moved on by the forward steps followed after that step, as a change read in
-	 * the newest frame is (docs/metering.md, open). */
+	/* Kiln-sim seed 31150: a paused sandbox's changes, logged 440 s before a -433 s step made
+	 * while this meter was down, read by the tick alone in the frame after the step, past the
+	 * ledger's point, and its running time billed again (+9,974 µcr). A change at or below the
+	 * saved frame's tick_seq was logged before the step, so it is read in the frame before it.
+	 * In a frame begun at a restart, a change at or below its log_seq may have been logged after
+	 * that frame's own step and is read early: in the point, except one logged in the window
+	 * that restart's meter had not closed when it crashed (docs/metering.md, Clocks, open); by
+	 * the tick alone it read the later step's size late and was billed again. Not moved on by
+	 * forward steps followed after the step (open). */
 	if (b >= 0)
 		t = w + m->back_off[b];
 	for (b = b >= 0 ? b - 1 : m->nback - 1;
