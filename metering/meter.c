@@ -71,6 +71,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool gen_end;		/* its point is the generation's end (sb_gen_end): the flush marks it */
 	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
@@ -1218,7 +1219,10 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
  * every tick as one that went on on another node without its end: rows_sql). With nothing
  * unflushed, in the window that starts at its end or holds it: the window before an end on a
  * boundary is in the ledger already, and meter_flush() would skip it whole, leaving the sandbox
- * billed as running and read again on every tick. Call before s->gen moves on.
+ * billed as running and read again on every tick. The window is marked as the generation's
+ * end, which the flush records with its point (meter_sandboxes.ended) and the tick's query asks
+ * for: a generation of no length or priced 0 is ended as well as one that billed something.
+ * Call before s->gen moves on.
  */
 static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 {
@@ -1238,6 +1242,23 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 		w->rem = s->rem;
 	}
 	w->state = BS_NONE;
+	w->gen_end = true;
+}
+
+/*
+ * Whether the change `e`, at or before `t` (where the pieces `pc` reach), ends a generation
+ * `gen` of this node later than the one `s` bills, begun in this tick's changes and with no piece
+ * yet: a generation of no length on the label clock (its next change placed at or before its
+ * start after a backward step, or two restores in one transaction). It gets a piece of no
+ * length, so its end is recorded like any other's (sb_gen_end()); skipped, it had no point in the
+ * ledger, and the tick's query read its stretch again on every tick (rows_sql).
+ */
+static bool gen_of_no_length(const struct meter *m, const struct msb *s, const struct mpiece *pc,
+			     size_t np, const struct ment *e, int64_t t, long long gen, bool mine,
+			     const char *node)
+{
+	return e->at <= t && e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
+	       (np == 0 || pc[np - 1].gen != gen);
 }
 
 /*
@@ -1311,6 +1332,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			pc[np - 1].has_cpu = true;
 			pc[np - 1].cpu = e->cpu;
 		}
+		if (gen_of_no_length(m, s, pc, np, e, t, cur_gen, cur_mine, cur_node))
+			pc[np++] = (struct mpiece){ .t0 = t, .t1 = t, .gen = cur_gen, .st = cur_st,
+						    .mine = true, .node = cur_node };
 		cur_gen = e->gen;
 		cur_st = e->st;
 		cur_mine = e->mine;
@@ -1600,10 +1624,15 @@ static const char rows_sql[] =
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
 	"    OR s.deleted_at IS NOT NULL)))) "
 	/* A running or paused stretch on this node, ended by a later change (in the log's order,
-	 * `seq`), whose generation is not recorded as ended in the ledger: no point of it in billed
-	 * state "none" that billed something (one written while the sandbox was still creating is
-	 * before all of it: the m_billed column's rule). The sandbox moved on before this node's
+	 * `seq`), whose generation is not recorded as ended in the ledger: its point not marked as
+	 * its end (meter_sandboxes.ended, migrations/0049: the flush writes the mark sb_gen_end()
+	 * puts on the window of the end, and keeps it). The sandbox moved on before this node's
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
+	 * Not "a point in billed state none that billed something" (a point written while the
+	 * sandbox was still creating is in "none" too, before all of it): a generation of no length
+	 * on the label clock, one priced 0, or one billed to its end whose "none" was never written
+	 * matched every tick for as long as the sandbox lived, its entry never freed and its changes
+	 * read from its old point each tick.
 	 * Not "a window of its generation reaches the next change's time": a window's end is a
 	 * label of the meter's clock, the change's time the wall clock's, and after backward steps
 	 * the labels run ahead of the wall clock, so a stretch never billed read as covered
@@ -1618,10 +1647,7 @@ static const char rows_sql[] =
 	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "
 	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq) "
 	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
-	"        AND mm.generation = l.generation AND mm.state = 'none' "
-	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
-	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
-	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))) "
+	"        AND mm.generation = l.generation AND mm.ended)) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
@@ -1951,11 +1977,12 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
 			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\""
-			   ",\"id\":%s}",
+			   ",\"id\":%s,\"ended\":%s}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj,
+			   w->gen_end ? "true" : "false");
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -2173,6 +2200,13 @@ static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_r
 
 static void meter_gc(struct meter *m);
 
+/* The state log's sequence a flush saves with the frame (meter_clocks.log_seq): -1 while this
+ * meter has not read it yet (frame_seq_due), so flush_commit() saves the sequence now. */
+static long long flush_frame_seq(const struct meter *m)
+{
+	return m->frame_seq_due ? -1 : m->frame_seq;
+}
+
 /*
  * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
  * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
@@ -2269,7 +2303,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
-		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
+		m->fframe_seq = flush_frame_seq(m);
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2280,7 +2314,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
 	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
-			  m->frame_seq_due ? -1 : m->frame_seq, &step, &refused, err);
+			  flush_frame_seq(m), &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -3562,6 +3596,11 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out)
 {
 	*out = m->st;
 	out->ticks_failed += m->ticks_missed;
+}
+
+size_t meter_tracked_for_test(const struct meter *m)
+{
+	return m->nsbs;
 }
 
 long long meter_pending(const struct meter *m, const char *tenant_id)

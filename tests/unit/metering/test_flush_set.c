@@ -83,16 +83,19 @@ static void item(struct buf *b, const char *t, int s, long long gen, int w, long
 {
 	static const char *const gnodes[] = { "", "n", "m" };
 	long long ws = BASE_S + 10LL * w, ucr = rand_r(seed) % 5 ? rand_r(seed) % 9000 : 0;
+	bool none = rand_r(seed) % 6 == 0;
 
+	/* Half the windows in "none" mark their generation's end (sb_gen_end()). */
 	buf_appendf(b,
 		    "%s{\"sb\":\"%s_s%d\",\"tenant\":\"%s\",\"node\":\"%s\",\"gen\":%lld,"
 		    "\"ws\":%lld,\"we\":%lld,\"ps\":%lld,\"pe\":%lld,\"ucr\":%lld,"
 		    "\"cpu\":%d,\"mem_bs\":%d,\"rx\":0,\"tx\":0,\"state\":\"%s\",\"t\":%lld,"
-		    "\"cpu_at\":%d,\"rx_at\":0,\"tx_at\":0,\"rem\":%d,\"gnode\":\"%s\"}",
+		    "\"cpu_at\":%d,\"rx_at\":0,\"tx_at\":0,\"rem\":%d,\"gnode\":\"%s\","
+		    "\"ended\":%s}",
 		    b->len > 1 ? "," : "", t, s, t, rand_r(seed) % 4 ? "n" : "m", gen, ws, ws + 10,
 		    ps_ms * 1000000LL, pe_ms * 1000000LL, ucr, w * 7, w * 11,
-		    rand_r(seed) % 6 == 0 ? "none" : "running", pe_ms * 1000000LL,
-		    (int)(rand_r(seed) % 100), w, gnodes[rand_r(seed) % 3]);
+		    none ? "none" : "running", pe_ms * 1000000LL, (int)(rand_r(seed) % 100), w,
+		    gnodes[rand_r(seed) % 3], none && w % 2 ? "true" : "false");
 }
 
 /*
@@ -176,8 +179,9 @@ static void digest(char *out, size_t n, const char *t)
 		 "';' ORDER BY sandbox_id, generation, window_start) FROM usage_windows "
 		 "WHERE tenant_id = '%s'), '') || '#' || coalesce((SELECT string_agg(replace(sandbox_id || "
 		 "',' || generation || ',' || state || ',' || last_t_ns || ',' || cpu_ns || ',' || "
-		 "remainder_fine || ',' || node_id || ',' || coalesce(gen_node, '-'), '%s', 'T'), ';' "
-		 "ORDER BY sandbox_id, generation) FROM meter_sandboxes WHERE tenant_id = '%s'), '') || "
+		 "remainder_fine || ',' || node_id || ',' || coalesce(gen_node, '-') || ',' || ended, "
+		 "'%s', 'T'), ';' ORDER BY sandbox_id, generation) FROM meter_sandboxes "
+		 "WHERE tenant_id = '%s'), '') || "
 		 "'#' || (SELECT "
 		 "coalesce(sum(balance_ucr), 0) FROM ledger_account_balances WHERE tenant_id = '%s')",
 		 t, t, t, t, t, t, t);
