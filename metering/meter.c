@@ -729,6 +729,7 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 		if (!w->first_read || read_at < w->first_read)
 			w->first_read = read_at;
 		w->state = st;
+		w->gen_end = false;	/* billed on: not where its generation ended */
 		w->cpu_at = s->cpu_at;
 		w->rx_at = s->rx_at;
 		w->tx_at = s->tx_at;

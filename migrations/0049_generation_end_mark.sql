@@ -17,7 +17,9 @@
 -- second meter of the node billing it, a window of it replayed) never clears it. A generation a
 -- later change begins (a move back to the node) is another (sandbox, generation) row, tracked
 -- from its own point. An item without the field (a kiln-meter built before this migration) marks
--- nothing: the meters upgrade with the migration.
+-- nothing: the meters upgrade with the migration. Still read on every tick: a generation billed
+-- to its end whose end's window the flush skips (its start in the ledger already, as a replay),
+-- its mark never written (docs/metering.md, The simulation).
 
 -- Whether the point is its generation's end, recorded by the meter that billed that end.
 ALTER TABLE meter_sandboxes ADD COLUMN ended boolean NOT NULL DEFAULT false;
