@@ -3269,6 +3269,63 @@ static void test_a_sandbox_moved_back_after_its_end_mark_is_billed_on(void)
 	meter_free(c.a);
 }
 
+/* One point of `sb` generation 1 in billed state `st` with remainder `rem`, and when `ucr` or
+ * `mem_bs` is not -1 a window of it with them, on the database of `own`. */
+static void old_point(struct pg *own, const char *sb, const char *st, long long rem, long long ucr,
+		      long long mem_bs)
+{
+	testdb_sql(own, "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
+		   "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) VALUES ('%s', 'tn', "
+		   "'nd', 1, '%s', 0, 0, 0, 0, %lld)", sb, st, rem);
+	if (ucr >= 0)
+		testdb_sql(own, "INSERT INTO usage_windows (sandbox_id, generation, window_start, "
+			   "window_end, tenant_id, cpu_ns, mem_byte_s, rx_bytes, tx_bytes, ucr, "
+			   "rate_card) VALUES ('%s', 1, to_timestamp(0), to_timestamp(10), 'tn', 0, "
+			   "%lld, 0, 0, %lld, 'card')", sb, mem_bs, ucr);
+}
+
+/*
+ * Migration 0049 marks the points already in the ledger as their generation's end where the
+ * tick's stretch clause before it counted them so (in "none", something of the generation billed:
+ * a charge, memory's byte-seconds at a price of 0, or a remainder), and no other: a point in
+ * "none" that billed nothing (written while the sandbox was creating) or one still running stays
+ * open. Migrated on a database of its own, up to 0048 with the points in it, then to the end.
+ */
+static void test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended(void)
+{
+	char url[700], name[48], *dbn;
+	struct kiln_error err = { 0 };
+	struct pg *own;
+	size_t upto = 0;
+	int applied;
+
+	while (upto < migrations_count &&
+	       strcmp(migrations[upto].name, "0049_generation_end_mark.sql") != 0)
+		upto++;
+	CHECK(upto < migrations_count);
+	snprintf(name, sizeof(name), "t_endmark_%08x", (unsigned)rand());
+	sql("CREATE DATABASE %s", name);
+	dbn = strstr(meter_db_url, "dbname=");
+	CHECK(dbn != NULL);
+	if (!dbn)
+		return;
+	snprintf(url, sizeof(url), "%.*sdbname=%s", (int)(dbn - meter_db_url), meter_db_url, name);
+	own = pg_new(url, 1);
+	CHECK_INT(migrate_apply(own, migrations, upto, &applied, &err), KILN_OK);
+	old_point(own, "sb_charged", "none", 0, 257, 0);
+	old_point(own, "sb_mem_only", "none", 0, 0, 2560);
+	old_point(own, "sb_rem_only", "none", 7, -1, -1);
+	old_point(own, "sb_creating", "none", 0, 0, 0);
+	old_point(own, "sb_no_window", "none", 0, -1, -1);
+	old_point(own, "sb_running", "running", 3, 257, 2560);
+	CHECK_INT(migrate_apply(own, migrations, migrations_count, &applied, &err), KILN_OK);
+	CHECK_INT(testdb_sql_int(own, "SELECT (string_agg(sandbox_id, ',' ORDER BY sandbox_id) "
+				 "= 'sb_charged,sb_mem_only,sb_rem_only')::int FROM meter_sandboxes "
+				 "WHERE ended"), 1);
+	pg_free(own);
+	sql("DROP DATABASE %s WITH (FORCE)", name);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3355,6 +3412,7 @@ int main(void)
 	TEST(test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed);
 	TEST(test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed);
 	TEST(test_a_sandbox_moved_back_after_its_end_mark_is_billed_on);
+	TEST(test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended);
 
 	rc = test_summary();
 	rds_free(rds);
