@@ -771,7 +771,7 @@ struct mrow {
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
 	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
-	bool m_billed;		/* something of m_gen was billed (its point in "none": its end) */
+	bool m_billed;		/* m_gen marked ended or billed (its point in "none": its end) */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
 	char tk_node[ID_MAX];
@@ -1247,7 +1247,8 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 }
 
 /*
- * Whether the change `e`, at or before `t` (where the pieces `pc` reach), ends a generation
+ * Whether the change `e`, at `t` (where the pieces `pc` reach: the caller has moved `t` up to
+ * `e`'s time, or `e` reads earlier than it), ends a generation
  * `gen` of this node later than the one `s` bills, begun in this tick's changes and with no piece
  * yet: a generation of no length on the label clock (its next change placed at or before its
  * start after a backward step, or two restores in one transaction). It gets a piece of no
@@ -1258,7 +1259,7 @@ static bool gen_of_no_length(const struct meter *m, const struct msb *s, const s
 			     size_t np, const struct ment *e, int64_t t, long long gen, bool mine,
 			     const char *node)
 {
-	return e->at <= t && e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
+	return e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
 	       (np == 0 || pc[np - 1].gen != gen);
 }
 
@@ -1576,10 +1577,12 @@ static const char rows_sql[] =
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END, "
-	/* a point in billed state "none": whether anything of its generation was billed (a
-	 * sandbox still creating has such a point too, billed nothing, before its end); running
-	 * time counts at a price of 0 too (its memory's byte-seconds) */
-	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
+	/* a point in billed state "none": whether it is its generation's end, marked so
+	 * (sb_gen_end(): one of no length or priced 0 billed nothing) or, a point of before the
+	 * mark, anything of its generation billed (a sandbox still creating has such a point too,
+	 * billed nothing, before its end); running time counts at a price of 0 too (its memory's
+	 * byte-seconds) */
+	"CASE WHEN m.state = 'none' THEN m.ended OR m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
@@ -1631,9 +1634,10 @@ static const char rows_sql[] =
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
 	 * Not "a point in billed state none that billed something" (a point written while the
 	 * sandbox was still creating is in "none" too, before all of it): a generation of no length
-	 * on the label clock, one priced 0, or one billed to its end whose "none" was never written
-	 * matched every tick for as long as the sandbox lived, its entry never freed and its changes
-	 * read from its old point each tick.
+	 * on the label clock, or one priced 0, matched every tick for as long as the sandbox lived,
+	 * its entry never freed and its changes read from its old point each tick. One billed to
+	 * its end whose "none" was never written (its meter lost before the end's flush) is still
+	 * read: its point is not marked, so the stretch stays open for the meter that tracks it.
 	 * Not "a window of its generation reaches the next change's time": a window's end is a
 	 * label of the meter's clock, the change's time the wall clock's, and after backward steps
 	 * the labels run ahead of the wall clock, so a stretch never billed read as covered
@@ -3312,8 +3316,9 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * change of an earlier generation (one logged before a backward step can
 			 * read just past the point while the point's own generation's, logged
 			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). A point
-			 * in no state is the end only when something of the generation was billed:
-			 * one written while the sandbox was still creating is before all of it (taken
+			 * in no state is the end only when marked so (sb_gen_end(): migration 0049)
+			 * or something of the generation was billed (m_billed): one written while
+			 * the sandbox was still creating is before all of it (taken
 			 * as its end, a sandbox whose meter crashed while it booted was billed its
 			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). A point of an
 			 * earlier generation in no state is its end too: a later one began, so that
