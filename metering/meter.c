@@ -71,6 +71,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool gen_end;		/* its point is the generation's end (sb_gen_end): the flush marks it */
 	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
@@ -751,6 +752,7 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 		if (!w->first_read || read_at < w->first_read)
 			w->first_read = read_at;
 		w->state = st;
+		w->gen_end = false;	/* billed on: not where its generation ended */
 		w->cpu_at = s->cpu_at;
 		w->rx_at = s->rx_at;
 		w->tx_at = s->tx_at;
@@ -792,7 +794,7 @@ struct mrow {
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
 	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
-	bool m_billed;		/* something of m_gen was billed (its point in "none": its end) */
+	bool m_billed;		/* m_gen marked ended or billed (its point in "none": its end) */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
 	char tk_node[ID_MAX];
@@ -1277,7 +1279,10 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
  * every tick as one that went on on another node without its end: rows_sql). With nothing
  * unflushed, in the window that starts at its end or holds it: the window before an end on a
  * boundary is in the ledger already, and meter_flush() would skip it whole, leaving the sandbox
- * billed as running and read again on every tick. Call before s->gen moves on.
+ * billed as running and read again on every tick. The window is marked as the generation's
+ * end, which the flush records with its point (meter_sandboxes.ended) and the tick's query asks
+ * for: a generation of no length or priced 0 is ended as well as one that billed something.
+ * Call before s->gen moves on.
  */
 static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 {
@@ -1297,6 +1302,24 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 		w->rem = s->rem;
 	}
 	w->state = BS_NONE;
+	w->gen_end = true;
+}
+
+/*
+ * Whether the change `e`, at `t` (where the pieces `pc` reach: the caller has moved `t` up to
+ * `e`'s time, or `e` reads earlier than it), ends a generation
+ * `gen` of this node later than the one `s` bills, begun in this tick's changes and with no piece
+ * yet: a generation of no length on the label clock (its next change placed at or before its
+ * start after a backward step, or two restores in one transaction). It gets a piece of no
+ * length, so its end is recorded like any other's (sb_gen_end()); skipped, it had no point in the
+ * ledger, and the tick's query read its stretch again on every tick (rows_sql).
+ */
+static bool gen_of_no_length(const struct meter *m, const struct msb *s, const struct mpiece *pc,
+			     size_t np, const struct ment *e, int64_t t, long long gen, bool mine,
+			     const char *node)
+{
+	return e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
+	       (np == 0 || pc[np - 1].gen != gen);
 }
 
 /*
@@ -1370,6 +1393,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			pc[np - 1].has_cpu = true;
 			pc[np - 1].cpu = e->cpu;
 		}
+		if (gen_of_no_length(m, s, pc, np, e, t, cur_gen, cur_mine, cur_node))
+			pc[np++] = (struct mpiece){ .t0 = t, .t1 = t, .gen = cur_gen, .st = cur_st,
+						    .mine = true, .node = cur_node };
 		cur_gen = e->gen;
 		cur_st = e->st;
 		cur_mine = e->mine;
@@ -1610,10 +1636,12 @@ static const char rows_sql[] =
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END, "
-	/* a point in billed state "none": whether anything of its generation was billed (a
-	 * sandbox still creating has such a point too, billed nothing, before its end); running
-	 * time counts at a price of 0 too (its memory's byte-seconds) */
-	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
+	/* a point in billed state "none": whether it is its generation's end, marked so
+	 * (sb_gen_end(): one of no length or priced 0 billed nothing) or, a point of before the
+	 * mark, anything of its generation billed (a sandbox still creating has such a point too,
+	 * billed nothing, before its end); running time counts at a price of 0 too (its memory's
+	 * byte-seconds) */
+	"CASE WHEN m.state = 'none' THEN m.ended OR m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
@@ -1659,10 +1687,16 @@ static const char rows_sql[] =
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
 	"    OR s.deleted_at IS NOT NULL)))) "
 	/* A running or paused stretch on this node, ended by a later change (in the log's order,
-	 * `seq`), whose generation is not recorded as ended in the ledger: no point of it in billed
-	 * state "none" that billed something (one written while the sandbox was still creating is
-	 * before all of it: the m_billed column's rule). The sandbox moved on before this node's
+	 * `seq`), whose generation is not recorded as ended in the ledger: its point not marked as
+	 * its end (meter_sandboxes.ended, migrations/0049: the flush writes the mark sb_gen_end()
+	 * puts on the window of the end, and keeps it). The sandbox moved on before this node's
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
+	 * Not "a point in billed state none that billed something" (a point written while the
+	 * sandbox was still creating is in "none" too, before all of it): a generation of no length
+	 * on the label clock, or one priced 0, matched every tick for as long as the sandbox lived,
+	 * its entry never freed and its changes read from its old point each tick. One billed to
+	 * its end whose "none" was never written (its meter lost before the end's flush) is still
+	 * read: its point is not marked, so the stretch stays open for the meter that tracks it.
 	 * Not "a window of its generation reaches the next change's time": a window's end is a
 	 * label of the meter's clock, the change's time the wall clock's, and after backward steps
 	 * the labels run ahead of the wall clock, so a stretch never billed read as covered
@@ -1677,10 +1711,7 @@ static const char rows_sql[] =
 	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "
 	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq) "
 	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
-	"        AND mm.generation = l.generation AND mm.state = 'none' "
-	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
-	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
-	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))) "
+	"        AND mm.generation = l.generation AND mm.ended)) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
@@ -2010,11 +2041,12 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
 			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\""
-			   ",\"id\":%s}",
+			   ",\"id\":%s,\"ended\":%s}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj,
+			   w->gen_end ? "true" : "false");
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -2237,6 +2269,13 @@ static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_r
 
 static void meter_gc(struct meter *m);
 
+/* The state log's sequence a flush saves with the frame (meter_clocks.log_seq): -1 while this
+ * meter has not read it yet (frame_seq_due), so flush_commit() saves the sequence now. */
+static long long flush_frame_seq(const struct meter *m)
+{
+	return m->frame_seq_due ? -1 : m->frame_seq;
+}
+
 /*
  * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
  * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
@@ -2340,7 +2379,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
-		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
+		m->fframe_seq = flush_frame_seq(m);
 		m->ftick_seq = flush_tick_seq(m);
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
@@ -2352,8 +2391,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
 	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
-			  m->frame_seq_due ? -1 : m->frame_seq, flush_tick_seq(m), &step, &refused,
-			  err);
+			  flush_frame_seq(m), flush_tick_seq(m), &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -3352,8 +3390,9 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * change of an earlier generation (one logged before a backward step can
 			 * read just past the point while the point's own generation's, logged
 			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). A point
-			 * in no state is the end only when something of the generation was billed:
-			 * one written while the sandbox was still creating is before all of it (taken
+			 * in no state is the end only when marked so (sb_gen_end(): migration 0049)
+			 * or something of the generation was billed (m_billed): one written while
+			 * the sandbox was still creating is before all of it (taken
 			 * as its end, a sandbox whose meter crashed while it booted was billed its
 			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). A point of an
 			 * earlier generation in no state is its end too: a later one began, so that
@@ -3638,6 +3677,11 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out)
 {
 	*out = m->st;
 	out->ticks_failed += m->ticks_missed;
+}
+
+size_t meter_tracked_for_test(const struct meter *m)
+{
+	return m->nsbs;
 }
 
 long long meter_pending(const struct meter *m, const char *tenant_id)

@@ -36,6 +36,7 @@ static struct rds *rds;
 static char node[32];
 static int64_t fake_now, fake_mono;
 static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
+static long long snap_price = 1024;	/* the meters' snapshot price, µcr per GiB-s */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -84,7 +85,7 @@ static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 	};
 	struct meter *m;
 
-	price_card_init(&o.card, 1000, MIB_PRICE, 1, 1024);
+	price_card_init(&o.card, 1000, MIB_PRICE, 1, snap_price);
 	m = meter_new(&o, pg, rds, &err);
 	if (!m || meter_start(m, &err) != KILN_OK) {
 		fprintf(stderr, "meter: %s\n", err.msg);
@@ -3252,6 +3253,202 @@ static void test_a_change_logged_between_a_step_while_down_and_the_restart_keeps
 	meter_free(m);
 }
 
+/*
+ * Ticks A and B over fake seconds `from` to `to` (both clocks), `at(i)` first in each; returns
+ * how many sandboxes A still held an entry for after the last tick (meter_tracked_for_test).
+ */
+static size_t ticks_tracked(struct two_nodes *c, int from, int to,
+			    void (*at)(struct two_nodes *c, int i))
+{
+	struct kiln_error err = { 0 };
+
+	for (int i = from; i <= to; i++) {
+		if (at)
+			at(c, i);
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(c->a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c->b, &err), KILN_OK);
+	}
+	return meter_tracked_for_test(c->a);
+}
+
+/* At 10, restored on A (generation 2); the wall clock then steps 2 s back and the sandbox is
+ * moved to B (generation 3), its change logged at or before generation 2's start. */
+static void no_length_after_a_backward_step(struct two_nodes *c, int i)
+{
+	if (i != 11)
+		return;
+	sql("UPDATE sandboxes SET generation = 2, state_changed_at = to_timestamp(%lld / 1e6) "
+	    "WHERE id = '%s'", (long long)(fake_now / 1000), c->sb);
+	fake_now -= 2 * S;
+	move_to(c->sb, c->nb, fake_now);
+}
+
+/*
+ * A generation of no length on the label clock (its next change read at or before its start
+ * after a backward step of the wall clock) is ended by its node's meter like any other: its end
+ * is recorded as its point's mark (meter_sandboxes.ended, migrations/0049), and once flushed the
+ * stretch is no longer read by that meter's ticks. Before, the tick's query took a generation as
+ * ended only when its point in "none" billed something, so this one was read again on every
+ * tick for as long as the sandbox lived (on B here), its entry never freed: A held 1 at 60 s.
+ */
+static void test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 60, no_length_after_a_backward_step), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND state = 'none' AND ended", c.sb), 1);
+	/* and it stays so: no tick of A reads it again while the sandbox runs on B */
+	CHECK_INT(ticks_tracked(&c, 61, 70, NULL), 0);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
+/* Paused at 5 into 64 MiB on A; at 10 restored there, paused (generation 2); at 20 resumed on B
+ * (generation 3). */
+static void paused_only_generation(struct two_nodes *c, int i)
+{
+	if (i == 6)
+		pause_into(c->t, c->sb, "snap", 64);
+	if (i == 11)
+		sql("UPDATE sandboxes SET generation = 2, state_changed_at = to_timestamp(%lld / 1e6) "
+		    "WHERE id = '%s'", (long long)(fake_now / 1000), c->sb);
+	if (i == 21)
+		sql("UPDATE sandboxes SET state = 'running', generation = 3, node_id = '%s', "
+		    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+		    c->nb, (long long)(fake_now / 1000), c->sb);
+}
+
+/*
+ * A generation paused only, its snapshot priced 0, bills nothing; its end is recorded all the
+ * same, and once flushed its node's meter no longer reads it. Before, its point in "none" billed
+ * nothing and it was read on every tick while the sandbox ran on B: A held 1 at 60 s.
+ */
+static void test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	snap_price = 0;
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 60, paused_only_generation), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND state = 'none' AND ended", c.sb), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND ucr = 0 AND mem_byte_s = 0", c.sb),
+		  sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb));
+	/* 5 s running on A (its paused time free), 40 s running on B */
+	CHECK_INT(used(c.t), 5 * 257 + 40 * 257);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+	snap_price = 1024;
+}
+
+/* To B at 10.5 (generation 2); back on A at 21 (generation 3), right after A flushed generation
+ * 1's end (its window [10, 20) at 20); stopped at 40. */
+static void away_and_back(struct two_nodes *c, int i)
+{
+	if (i == 11)
+		move_to(c->sb, c->nb, fake_now + S / 2);
+	if (i == 22)
+		move_to(c->sb, c->na, fake_now);
+	if (i == 41)
+		stop_sandbox(c->sb, fake_now);
+}
+
+/*
+ * A generation's end marked in the ledger is that generation's alone: the sandbox moved away and
+ * back under a new generation right after the mark is billed on its node from the return, and
+ * that generation's own end is marked when it stops.
+ */
+static void test_a_sandbox_moved_back_after_its_end_mark_is_billed_on(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 21, away_and_back), 0);	/* on B, its end flushed */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 1 AND state = 'none' AND ended AND last_t_ns = %lld", c.sb,
+			  (long long)(t0 + 10 * S + S / 2)), 1);
+	(void)ticks_tracked(&c, 22, 60, away_and_back);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", c.sb), 19 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' AND ended",
+			  c.sb), 3);
+	/* 10.5 s and 19 s on A (one remainder), 10.5 s on B: every second once */
+	CHECK_INT(used(c.t), (long long)(29.5 * 257) + (long long)(10.5 * 257));
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
+/* One point of `sb` generation 1 in billed state `st` with remainder `rem`, and when `ucr` or
+ * `mem_bs` is not -1 a window of it with them, on the database of `own`. */
+static void old_point(struct pg *own, const char *sb, const char *st, long long rem, long long ucr,
+		      long long mem_bs)
+{
+	testdb_sql(own, "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
+		   "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) VALUES ('%s', 'tn', "
+		   "'nd', 1, '%s', 0, 0, 0, 0, %lld)", sb, st, rem);
+	if (ucr >= 0)
+		testdb_sql(own, "INSERT INTO usage_windows (sandbox_id, generation, window_start, "
+			   "window_end, tenant_id, cpu_ns, mem_byte_s, rx_bytes, tx_bytes, ucr, "
+			   "rate_card) VALUES ('%s', 1, to_timestamp(0), to_timestamp(10), 'tn', 0, "
+			   "%lld, 0, 0, %lld, 'card')", sb, mem_bs, ucr);
+}
+
+/*
+ * Migration 0049 marks the points already in the ledger as their generation's end where the
+ * tick's stretch clause before it counted them so (in "none", something of the generation billed:
+ * a charge, memory's byte-seconds at a price of 0, or a remainder), and no other: a point in
+ * "none" that billed nothing (written while the sandbox was creating) or one still running stays
+ * open. Migrated on a database of its own, up to 0048 with the points in it, then to the end.
+ */
+static void test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended(void)
+{
+	char url[700], name[48], *dbn;
+	struct kiln_error err = { 0 };
+	struct pg *own;
+	size_t upto = 0;
+	int applied;
+
+	while (upto < migrations_count &&
+	       strcmp(migrations[upto].name, "0049_generation_end_mark.sql") != 0)
+		upto++;
+	CHECK(upto < migrations_count);
+	snprintf(name, sizeof(name), "t_endmark_%08x", (unsigned)rand());
+	sql("CREATE DATABASE %s", name);
+	dbn = strstr(meter_db_url, "dbname=");
+	CHECK(dbn != NULL);
+	if (!dbn)
+		return;
+	snprintf(url, sizeof(url), "%.*sdbname=%s", (int)(dbn - meter_db_url), meter_db_url, name);
+	own = pg_new(url, 1);
+	CHECK_INT(migrate_apply(own, migrations, upto, &applied, &err), KILN_OK);
+	old_point(own, "sb_charged", "none", 0, 257, 0);
+	old_point(own, "sb_mem_only", "none", 0, 0, 2560);
+	old_point(own, "sb_rem_only", "none", 7, -1, -1);
+	old_point(own, "sb_creating", "none", 0, 0, 0);
+	old_point(own, "sb_no_window", "none", 0, -1, -1);
+	old_point(own, "sb_running", "running", 3, 257, 2560);
+	CHECK_INT(migrate_apply(own, migrations, migrations_count, &applied, &err), KILN_OK);
+	CHECK_INT(testdb_sql_int(own, "SELECT (string_agg(sandbox_id, ',' ORDER BY sandbox_id) "
+				 "= 'sb_charged,sb_mem_only,sb_rem_only')::int FROM meter_sandboxes "
+				 "WHERE ended"), 1);
+	pg_free(own);
+	sql("DROP DATABASE %s WITH (FORCE)", name);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3337,6 +3534,10 @@ int main(void)
 	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
 	TEST(test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down);
 	TEST(test_a_change_logged_between_a_step_while_down_and_the_restart_keeps_its_time);
+	TEST(test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed);
+	TEST(test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed);
+	TEST(test_a_sandbox_moved_back_after_its_end_mark_is_billed_on);
+	TEST(test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended);
 
 	rc = test_summary();
 	rds_free(rds);
