@@ -1689,7 +1689,10 @@ static const char rows_sql[] =
 	/* A running or paused stretch on this node, ended by a later change (in the log's order,
 	 * `seq`), whose generation is not recorded as ended in the ledger: its point not marked as
 	 * its end (meter_sandboxes.ended, migrations/0049: the flush writes the mark sb_gen_end()
-	 * puts on the window of the end, and keeps it). The sandbox moved on before this node's
+	 * puts on the window of the end, and keeps it), nor in billed state "none" with something
+	 * of its generation billed (the rule before the mark, for an end the mark misses: a point
+	 * moved on past the marked window by a window of no charge, the sandbox gone and back within
+	 * one window, held for good by the mark alone). The sandbox moved on before this node's
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
 	 * Not "a point in billed state none that billed something" (a point written while the
 	 * sandbox was still creating is in "none" too, before all of it): a generation of no length
@@ -1711,7 +1714,10 @@ static const char rows_sql[] =
 	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "
 	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq) "
 	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
-	"        AND mm.generation = l.generation AND mm.ended)) "
+	"        AND mm.generation = l.generation AND (mm.ended OR (mm.state = 'none' "
+	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
+	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
+	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))))) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from

@@ -3392,6 +3392,45 @@ static void test_a_sandbox_moved_back_after_its_end_mark_is_billed_on(void)
 	meter_free(c.a);
 }
 
+/* To B at 10 (generation 2); back on A at 15 (generation 3) and, after a 2 s backward step of
+ * the wall clock, to B again logged at 13 (generation 4: 3 of no length); stopped at 60. */
+static void back_and_away_within_a_window(struct two_nodes *c, int i)
+{
+	if (i == 11)
+		move_to(c->sb, c->nb, fake_now);
+	if (i == 16) {
+		move_to(c->sb, c->na, fake_now);
+		fake_now -= 2 * S;
+		move_to(c->sb, c->nb, fake_now);
+	}
+	if (i == 61)
+		stop_sandbox(c->sb, fake_now);
+}
+
+/*
+ * A generation whose end the mark misses (generation 1 here: its point moved on to 15 s by a
+ * window of no charge for the time the sandbox spent on B, so not the window sb_gen_end()
+ * marked) still counts as ended when its point in "none" billed something, the rule before the
+ * mark: its node's meter frees the sandbox once it stops. With the mark alone it held the entry
+ * for good, after the stop too (main read it each tick while the sandbox lived, then freed it).
+ */
+static void test_a_generation_ended_before_the_mark_is_freed_when_its_sandbox_stops(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	(void)ticks_tracked(&c, 1, 70, back_and_away_within_a_window);
+	CHECK_INT(ticks_tracked(&c, 71, 90, NULL), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", c.sb), 10 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", c.sb), 0);
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
 /* One point of `sb` generation 1 in billed state `st` with remainder `rem`, and when `ucr` or
  * `mem_bs` is not -1 a window of it with them, on the database of `own`. */
 static void old_point(struct pg *own, const char *sb, const char *st, long long rem, long long ucr,
@@ -3538,6 +3577,7 @@ int main(void)
 	TEST(test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed);
 	TEST(test_a_sandbox_moved_back_after_its_end_mark_is_billed_on);
 	TEST(test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended);
+	TEST(test_a_generation_ended_before_the_mark_is_freed_when_its_sandbox_stops);
 
 	rc = test_summary();
 	rds_free(rds);
