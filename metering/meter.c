@@ -1694,8 +1694,8 @@ static const char rows_sql[] =
 	 * moved on past the marked window by a window of no charge, the sandbox gone and back within
 	 * one window, held for good by the mark alone). The sandbox moved on before this node's
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
-	 * Not "a point in billed state none that billed something" (a point written while the
-	 * sandbox was still creating is in "none" too, before all of it): a generation of no length
+	 * Not that rule alone (a point written while the sandbox was still creating is in "none"
+	 * too, so it needs something billed): a generation of no length
 	 * on the label clock, or one priced 0, matched every tick for as long as the sandbox lived,
 	 * its entry never freed and its changes read from its old point each tick. One billed to
 	 * its end whose "none" was never written (its meter lost before the end's flush) is still
