@@ -1306,17 +1306,14 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 }
 
 /*
- * Whether the change `e`, at `t` (where the pieces `pc` reach: the caller has moved `t` up to
- * `e`'s time, or `e` reads earlier than it), ends a generation
- * `gen` of this node later than the one `s` bills, begun in this tick's changes and with no piece
- * yet: a generation of no length on the label clock (its next change placed at or before its
+ * Whether the change `e` (read where the pieces `pc` reach, or earlier) ends a generation `gen`
+ * of this node later than the one `s` bills, begun in this tick's changes and with no piece yet: a generation of no length on the label clock (its next change placed at or before its
  * start after a backward step, or two restores in one transaction). It gets a piece of no
  * length, so its end is recorded like any other's (sb_gen_end()); skipped, it had no point in the
  * ledger, and the tick's query read its stretch again on every tick (rows_sql).
  */
 static bool gen_of_no_length(const struct meter *m, const struct msb *s, const struct mpiece *pc,
-			     size_t np, const struct ment *e, int64_t t, long long gen, bool mine,
-			     const char *node)
+			     size_t np, const struct ment *e, long long gen, bool mine, const char *node)
 {
 	return e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
 	       (np == 0 || pc[np - 1].gen != gen);
@@ -1393,7 +1390,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			pc[np - 1].has_cpu = true;
 			pc[np - 1].cpu = e->cpu;
 		}
-		if (gen_of_no_length(m, s, pc, np, e, t, cur_gen, cur_mine, cur_node))
+		if (gen_of_no_length(m, s, pc, np, e, cur_gen, cur_mine, cur_node))
 			pc[np++] = (struct mpiece){ .t0 = t, .t1 = t, .gen = cur_gen, .st = cur_st,
 						    .mine = true, .node = cur_node };
 		cur_gen = e->gen;
