@@ -71,6 +71,7 @@ struct mwin {
 	/* the billed-up-to point after it */
 	enum bstate state;
 	uint64_t cpu_at, rx_at, tx_at, rem;
+	bool gen_end;		/* its point is the generation's end (sb_gen_end): the flush marks it */
 	bool inflight;		/* handed to the flush, not known committed yet */
 };
 
@@ -167,6 +168,7 @@ struct meter {
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
 	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
+	long long resume_tick_seq;	/* and the one read before that flush's tick (0: unknown) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
@@ -186,6 +188,11 @@ struct meter {
 	 * offset for the changes logged after that frame began only (meter_clocks.log_seq); one
 	 * logged before may be older than the frame's own backward step (meter_clock()). */
 	long long back_min[STEPS_KEPT];
+	/* For each, the log sequence at or below which every change was logged before it (0: none
+	 * known): a step made while no meter of the node ran is after the tick of the node's last
+	 * flush read the wall clock, so the sequence read before that (meter_clocks.tick_seq)
+	 * bounds the changes logged before it (meter_clock(), node_time_logged()). */
+	long long back_pre[STEPS_KEPT];
 	/* The state log's sequence (its last value) at or before the backward step that gave this
 	 * meter's offset its present value (0: any, none seen), saved with the frame at each flush
 	 * (meter_clocks.log_seq): the one read at the last tick before that step (tick_seq); at a
@@ -196,6 +203,12 @@ struct meter {
 	 * tick_seq_set once one has. */
 	long long tick_seq;
 	bool tick_seq_set;
+	/* The one read before this tick read the wall clock (tick_seq at its start; 0: none), saved
+	 * with the frame at each flush (meter_clocks.tick_seq, flush_tick_seq()): read at this
+	 * tick's own commit_lag(), after meter_clock() and pg_acquire() (a wait for a pooled
+	 * connection, a reconnect after an outage), a change logged after a step made in between
+	 * would pass as logged before it. */
+	long long tick_seq_pre;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
@@ -231,6 +244,7 @@ struct meter {
 	int64_t fclk_l, fclk_m;	/* the label clock and monotonic clock of the tick that queued it */
 	int64_t fclk_off;	/* and its offset (label - wall) */
 	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
+	long long ftick_seq;	/* and its flush_tick_seq() (0: none) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
@@ -325,9 +339,11 @@ static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, i
 		memmove(m->back_seq, m->back_seq + 1, sizeof(m->back_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_mono, m->back_mono + 1, sizeof(m->back_mono[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_min, m->back_min + 1, sizeof(m->back_min[0]) * (STEPS_KEPT - 1));
+		memmove(m->back_pre, m->back_pre + 1, sizeof(m->back_pre[0]) * (STEPS_KEPT - 1));
 		m->nback--;
 	}
 	m->back_min[m->nback] = min;
+	m->back_pre[m->nback] = 0;
 	m->back_seq[m->nback] = 0;
 	m->back_mono[m->nback] = mono;
 	m->back_at[m->nback] = at;
@@ -455,6 +471,14 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
 			back_keep(m, l, off_before, m->resume_log_seq, mono);
+		/* That step came after the tick of the node's last flush read the wall clock, and
+		 * that flush saved the log's sequence read before then (meter_clocks.tick_seq): a
+		 * change logged no later than that read was logged before the step, whatever its
+		 * time reads against this tick (see node_time_logged()). A first tick keeps no step
+		 * before these. */
+		if (framed && l - w - off_before > STEP_TOLERANCE_NS)
+			for (int b = 0; b < m->nback; b++)
+				m->back_pre[b] = m->resume_tick_seq;
 		m->fwd_from = m->nsteps;
 		/* The first tick in the saved frame finds the wall clock nearer to the label clock
 		 * than that frame's offset: it stepped forward within the lead while no meter of
@@ -728,6 +752,7 @@ static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, en
 		if (!w->first_read || read_at < w->first_read)
 			w->first_read = read_at;
 		w->state = st;
+		w->gen_end = false;	/* billed on: not where its generation ended */
 		w->cpu_at = s->cpu_at;
 		w->rx_at = s->rx_at;
 		w->tx_at = s->tx_at;
@@ -772,7 +797,7 @@ struct mrow {
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
 	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
-	bool m_billed;		/* something of m_gen was billed (its point in "none": its end) */
+	bool m_billed;		/* m_gen marked ended or billed (its point in "none": its end) */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
 	char tk_node[ID_MAX];
@@ -894,17 +919,53 @@ static bool back_usable(const struct meter *m, int b, long long seq)
 }
 
 /*
+ * The frame a change logged with sequence `seq` (0: unknown) is read in because it was logged no
+ * later than a sequence read before a kept backward step (back_pre, a restarted meter's saved
+ * tick_seq): the newest frame at or before the newest such step that back_usable() allows; -1
+ * when no kept step bounds it, or none of those frames allows it.
+ */
+static int back_covering(const struct meter *m, long long seq)
+{
+	int b = m->nback - 1;
+
+	if (!seq)
+		return -1;
+	while (b >= 0 && !(m->back_pre[b] && seq <= m->back_pre[b]))
+		b--;
+	while (b >= 0 && !back_usable(m, b, seq))
+		b--;
+	return b;
+}
+
+/*
  * The node's wall-clock time `w` of a change already logged (ns), with log sequence `seq` (0:
- * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but read ahead
- * of the tick by more than a step's tolerance after a backward step, it was logged before that
- * step, in the frame then in force (the newest that puts it no later than the tick and that the
- * change may be read in: back_usable()).
+ * unknown), on this meter's label clock, at the tick labelled `now`: node_time(), but
+ *  - logged no later than the sequence a restarted meter's saved frame read before its flush's
+ *    tick (back_pre, a backward step made while no meter of the node ran since that tick), it was
+ *    logged before that step: read in the covering frame (back_covering()), never in one after
+ *    it, whatever it then reads against the tick;
+ *  - read ahead of the tick by more than a step's tolerance after a backward step, it was logged
+ *    before that step, in the frame then in force (the newest that puts it no later than the
+ *    tick and that the change may be read in: back_usable()).
  */
 static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq, int64_t now)
 {
 	int64_t t = node_time_seq(m, w, seq);
+	int b = m->fwd_held ? -1 : back_covering(m, seq);
 
-	for (int b = m->nback - 1; b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
+	/* Kiln-sim seed 31150: a paused sandbox's changes, logged 440 s before a -433 s step made
+	 * while this meter was down, read by the tick alone in the frame after the step, past the
+	 * ledger's point, and its running time billed again (+9,974 µcr). A change at or below the
+	 * saved frame's tick_seq was logged before the step, so it is read in the frame before it.
+	 * In a frame begun at a restart, a change at or below its log_seq may have been logged after
+	 * that frame's own step and is read early: in the point, except one logged in the window
+	 * that restart's meter had not closed when it crashed (docs/metering.md, Clocks, open); by
+	 * the tick alone it read the later step's size late and was billed again. Not moved on by
+	 * forward steps followed after the step (open). */
+	if (b >= 0)
+		t = w + m->back_off[b];
+	for (b = b >= 0 ? b - 1 : m->nback - 1;
+	     b >= 0 && !m->fwd_held && t > now + STEP_TOLERANCE_NS; b--)
 		if (w + m->back_off[b] <= now + STEP_TOLERANCE_NS && back_usable(m, b, seq))
 			t = w + m->back_off[b];
 	return t;
@@ -1289,7 +1350,10 @@ static void gen_rem_switch(struct meter *m, struct msb *s, const struct mrow *r,
  * every tick as one that went on on another node without its end: rows_sql). With nothing
  * unflushed, in the window that starts at its end or holds it: the window before an end on a
  * boundary is in the ledger already, and meter_flush() would skip it whole, leaving the sandbox
- * billed as running and read again on every tick. Call before s->gen moves on.
+ * billed as running and read again on every tick. The window is marked as the generation's
+ * end, which the flush records with its point (meter_sandboxes.ended) and the tick's query asks
+ * for: a generation of no length or priced 0 is ended as well as one that billed something.
+ * Call before s->gen moves on.
  */
 static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 {
@@ -1309,6 +1373,21 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 		w->rem = s->rem;
 	}
 	w->state = BS_NONE;
+	w->gen_end = true;
+}
+
+/*
+ * Whether the change `e` (read where the pieces `pc` reach, or earlier) ends a generation `gen`
+ * of this node later than the one `s` bills, begun in this tick's changes and with no piece yet: a generation of no length on the label clock (its next change placed at or before its
+ * start after a backward step, or two restores in one transaction). It gets a piece of no
+ * length, so its end is recorded like any other's (sb_gen_end()); skipped, it had no point in the
+ * ledger, and the tick's query read its stretch again on every tick (rows_sql).
+ */
+static bool gen_of_no_length(const struct meter *m, const struct msb *s, const struct mpiece *pc,
+			     size_t np, const struct ment *e, long long gen, bool mine, const char *node)
+{
+	return e->gen != gen && gen > s->gen && mine && strcmp(node, m->node) == 0 &&
+	       (np == 0 || pc[np - 1].gen != gen);
 }
 
 /*
@@ -1382,6 +1461,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			pc[np - 1].has_cpu = true;
 			pc[np - 1].cpu = e->cpu;
 		}
+		if (gen_of_no_length(m, s, pc, np, e, cur_gen, cur_mine, cur_node))
+			pc[np++] = (struct mpiece){ .t0 = t, .t1 = t, .gen = cur_gen, .st = cur_st,
+						    .mine = true, .node = cur_node };
 		cur_gen = e->gen;
 		cur_st = e->st;
 		cur_mine = e->mine;
@@ -1631,10 +1713,12 @@ static const char rows_sql[] =
 	/* a point another node's meter wrote: where it stands on this meter's clock (gen_point()) */
 	"CASE WHEN m.node_id <> $1 THEN " GEN_START_SQL("s.id", "m.generation") " END, "
 	"CASE WHEN m.node_id <> $1 THEN " GEN_BILLED_SQL("s.id", "m.generation") " END, "
-	/* a point in billed state "none": whether anything of its generation was billed (a
-	 * sandbox still creating has such a point too, billed nothing, before its end); running
-	 * time counts at a price of 0 too (its memory's byte-seconds) */
-	"CASE WHEN m.state = 'none' THEN m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
+	/* a point in billed state "none": whether it is its generation's end, marked so
+	 * (sb_gen_end(): one of no length or priced 0 billed nothing) or, a point of before the
+	 * mark, anything of its generation billed (a sandbox still creating has such a point too,
+	 * billed nothing, before its end); running time counts at a price of 0 too (its memory's
+	 * byte-seconds) */
+	"CASE WHEN m.state = 'none' THEN m.ended OR m.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = s.id AND u.generation = m.generation "
 	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)) END, "
 	/* the end of a generation whose point another node's meter wrote (gen_point()) */
@@ -1682,10 +1766,19 @@ static const char rows_sql[] =
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
 	"    OR s.deleted_at IS NOT NULL)))) "
 	/* A running or paused stretch on this node, ended by a later change (in the log's order,
-	 * `seq`), whose generation is not recorded as ended in the ledger: no point of it in billed
-	 * state "none" that billed something (one written while the sandbox was still creating is
-	 * before all of it: the m_billed column's rule). The sandbox moved on before this node's
+	 * `seq`), whose generation is not recorded as ended in the ledger: its point not marked as
+	 * its end (meter_sandboxes.ended, migrations/0049: the flush writes the mark sb_gen_end()
+	 * puts on the window of the end, and keeps it), nor in billed state "none" with something
+	 * of its generation billed (the rule before the mark, for an end the mark misses: a point
+	 * moved on past the marked window by a window of no charge, the sandbox gone and back within
+	 * one window, held for good by the mark alone). The sandbox moved on before this node's
 	 * meter billed it, or that meter lost it (a window refused) and it left the node.
+	 * Not that rule alone (a point written while the sandbox was still creating is in "none"
+	 * too, so it needs something billed): a generation of no length
+	 * on the label clock, or one priced 0, matched every tick for as long as the sandbox lived,
+	 * its entry never freed and its changes read from its old point each tick. One billed to
+	 * its end whose "none" was never written (its meter lost before the end's flush) is still
+	 * read: its point is not marked, so the stretch stays open for the meter that tracks it.
 	 * Not "a window of its generation reaches the next change's time": a window's end is a
 	 * label of the meter's clock, the change's time the wall clock's, and after backward steps
 	 * the labels run ahead of the wall clock, so a stretch never billed read as covered
@@ -1700,10 +1793,10 @@ static const char rows_sql[] =
 	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "
 	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq) "
 	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
-	"        AND mm.generation = l.generation AND mm.state = 'none' "
+	"        AND mm.generation = l.generation AND (mm.ended OR (mm.state = 'none' "
 	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
 	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
-	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))) "
+	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))))) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from
@@ -2039,11 +2132,12 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   ",\"ucr\":%lld,\"cpu\":%" PRIu64 ",\"mem_bs\":%llu,\"rx\":%" PRIu64
 			   ",\"tx\":%" PRIu64 ",\"state\":\"%s\",\"t\":%" PRId64 ",\"cpu_at\":%" PRIu64
 			   ",\"rx_at\":%" PRIu64 ",\"tx_at\":%" PRIu64 ",\"rem\":%" PRIu64 ",\"gnode\":\"%s\""
-			   ",\"id\":%s}",
+			   ",\"id\":%s,\"ended\":%s}",
 			   b->len > 1 ? "," : "", s->id, s->tenant, m->node, w->gen, w->ws,
 			   w->ws + m->o.window_s, w->ps, w->pe, w->ucr, w->cpu_ns,
 			   (unsigned long long)mem_bs, w->rx, w->tx, bstate_names[w->state], w->pe,
-			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj);
+			   w->cpu_at, w->rx_at, w->tx_at, w->rem, w->gnode, idj,
+			   w->gen_end ? "true" : "false");
 }
 
 /* Whether window `w` is over at `now` (its end is behind the clock). */
@@ -2094,11 +2188,12 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
  */
 static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nitems,
 				  int64_t clk_l, int64_t clk_m, int64_t clk_off, long long frame_seq,
-				  const struct mstep *step, struct buf *refused, struct kiln_error *err)
+				  long long tick_seq, const struct mstep *step, struct buf *refused,
+				  struct kiln_error *err)
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "";
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -2108,7 +2203,9 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 			 m->o.card.version);
 	/* The frame of this flush's label clock, for the node's next meter on this host, with the
 	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
-	 * now, later than that, so no change logged before the frame's step is read in it). */
+	 * now, later than that, so no change logged before the frame's step is read in it), and the
+	 * one read before its tick read the wall clock (tick_seq, flush_tick_seq(): every change
+	 * logged no later was logged in this frame or an older one; 0, none read: no bound). */
 	if (rc == KILN_OK && m->boot[0]) {
 		snprintf(l, sizeof(l), "%" PRId64, clk_l);
 		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -2118,19 +2215,21 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
 		if (frame_seq >= 0)
 			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
+		snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq) "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq) "
 			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
 			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
-			 "ELSE 0 END FROM sandbox_state_log_seq_seq))) "
+			 "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint) "
 			 "ON CONFLICT (node_id) DO UPDATE SET "
 			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, log_seq = EXCLUDED.log_seq, updated_at = now() "
+			 "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, "
+			 "updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false", fseq);
+			 s_off, step->back ? "true" : "false", fseq, tseq);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -2177,7 +2276,7 @@ static void *flush_main(void *arg)
 		clock_gettime(CLOCK_MONOTONIC, &t0);
 		buf_reset(&m->frefused);
 		rc = flush_commit(m, m->fjson.data, m->fitems, m->fclk_l, m->fclk_m, m->fclk_off,
-				  m->fframe_seq, &m->fstep, &m->frefused, &err);
+				  m->fframe_seq, m->ftick_seq, &m->fstep, &m->frefused, &err);
 		clock_gettime(CLOCK_MONOTONIC, &t1);
 		pthread_mutex_lock(&m->flock);
 		m->fsecs = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
@@ -2261,6 +2360,13 @@ static void flush_apply(struct meter *m, bool ok, size_t nitems, int64_t first_r
 
 static void meter_gc(struct meter *m);
 
+/* The state log's sequence a flush saves with the frame (meter_clocks.log_seq): -1 while this
+ * meter has not read it yet (frame_seq_due), so flush_commit() saves the sequence now. */
+static long long flush_frame_seq(const struct meter *m)
+{
+	return m->frame_seq_due ? -1 : m->frame_seq;
+}
+
 /*
  * The outcome of the flush thread's flush, if it finished, applied (flush_apply); called first
  * thing in a tick, so the ledger's new windows and Redis's live field agree before the tick sends
@@ -2294,6 +2400,13 @@ static enum kiln_err flush_poll(struct meter *m, struct kiln_error *err)
 			meter_gc(m);	/* before this tick bills a refused sandbox on */
 	}
 	return done && !ok ? err->code : KILN_OK;
+}
+
+/* The log's sequence a flush saves with its frame (meter_clocks.tick_seq): every change logged no
+ * later was logged before this tick read the wall clock, in this frame or an older one. */
+static long long flush_tick_seq(const struct meter *m)
+{
+	return m->tick_seq_pre;
 }
 
 /*
@@ -2357,7 +2470,8 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 		m->fclk_l = m->clk_now_l;
 		m->fclk_m = m->clk_now_m;
 		m->fclk_off = m->off;
-		m->fframe_seq = m->frame_seq_due ? -1 : m->frame_seq;
+		m->fframe_seq = flush_frame_seq(m);
+		m->ftick_seq = flush_tick_seq(m);
 		m->fstep = newest_step(m);
 		m->fstate = FL_QUEUED;
 		pthread_cond_signal(&m->fcond);
@@ -2368,7 +2482,7 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	buf_init(&refused, FLUSH_JSON_MAX);
 	step = newest_step(m);
 	rc = flush_commit(m, j.data, nitems, m->clk_now_l, m->clk_now_m, m->off,
-			  m->frame_seq_due ? -1 : m->frame_seq, &step, &refused, err);
+			  flush_frame_seq(m), flush_tick_seq(m), &step, &refused, err);
 	clock_gettime(CLOCK_MONOTONIC, &t_end);
 	buf_release(&j);
 	flush_apply(m, rc == KILN_OK, nitems, first_read,
@@ -2783,7 +2897,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back, log_seq FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
+			 "step_back, log_seq, tick_seq FROM meter_clocks "
+			 "WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -2798,6 +2913,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 				.by = pg_res_int(res, 0, 4, 0),
 				.off = pg_res_int(res, 0, 5, 0) };
 			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
+			m->resume_tick_seq = pg_res_int(res, 0, 8, 0);
 		}
 		pg_res_free(res);
 	}
@@ -3396,8 +3512,9 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * change of an earlier generation (one logged before a backward step can
 			 * read just past the point while the point's own generation's, logged
 			 * after it, read too early to be read: kiln-sim `clock`, seed 9259). A point
-			 * in no state is the end only when something of the generation was billed:
-			 * one written while the sandbox was still creating is before all of it (taken
+			 * in no state is the end only when marked so (sb_gen_end(): migration 0049)
+			 * or something of the generation was billed (m_billed): one written while
+			 * the sandbox was still creating is before all of it (taken
 			 * as its end, a sandbox whose meter crashed while it booted was billed its
 			 * whole life in no state: kiln-sim seed 793780264, -45,951 µcr). A point of an
 			 * earlier generation in no state is its end too: a later one began, so that
@@ -3590,6 +3707,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
+	m->tick_seq_pre = m->tick_seq_set ? m->tick_seq : 0;	/* before meter_clock() */
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);
 	if (rc == KILN_OK) {
@@ -3681,6 +3799,11 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out)
 {
 	*out = m->st;
 	out->ticks_failed += m->ticks_missed;
+}
+
+size_t meter_tracked_for_test(const struct meter *m)
+{
+	return m->nsbs;
 }
 
 long long meter_pending(const struct meter *m, const char *tenant_id)

@@ -28,6 +28,7 @@
 #define KILN_METERING_METER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/err.h"
@@ -147,6 +148,10 @@ void meter_get_stats(const struct meter *m, struct meter_stats *out);
 
 /* µcr charged but not yet in the ledger, for `tenant_id` (0 when unknown). For tests. */
 long long meter_pending(const struct meter *m, const char *tenant_id);
+
+/* Sandboxes the meter holds an entry for, those that ended and are still read by its ticks too
+ * (meter_get_stats() counts those not ended). For tests. */
+size_t meter_tracked_for_test(const struct meter *m);
 
 /* Test hook (the simulation, tests/integration/sim): the Postgres pool and Redis client the meter
  * uses from its next call on, so a test points a running meter at a dead address and back. */

@@ -55,29 +55,28 @@ static pthread_mutex_t tpl_lock = PTHREAD_MUTEX_INITIALIZER;
 /* A build ended (tpl_wait); made anew on CLOCK_MONOTONIC by tpl_init(), before any wait. */
 static pthread_cond_t tpl_done = PTHREAD_COND_INITIALIZER;
 
-/* Boots, warms and snapshots one template; runs on its own thread. */
-static void *tpl_build(void *arg)
+/*
+ * Boots, warms and snapshots one template of a shape: its snapshot's id into `snap` (of
+ * AUTH_ID_MAX bytes) and its row in `snapshots`.
+ */
+static enum kiln_err tpl_make(struct node *n, unsigned vcpu_milli, unsigned mem_mib,
+			      unsigned disk_gib, bool codeint, char *snap, struct kiln_error *err)
 {
-	struct tpl *t = arg;
-	struct node *n = t->n;
-	struct kiln_error err = { 0 };
 	struct sandbox *sb = NULL;
-	char vm_id[AUTH_ID_MAX], snap[AUTH_ID_MAX], dir[600], v[16], m[16], d[16];
+	char vm_id[AUTH_ID_MAX], dir[600], v[16], m[16], d[16];
 	struct pg_conn *c;
 	enum kiln_err rc;
-	struct timespec t0, t1;
 
-	clock_gettime(CLOCK_MONOTONIC, &t0);
 	rc = auth_new_id("tpl_", vm_id, sizeof(vm_id));
 	if (rc == KILN_OK)
-		rc = auth_new_id("snap_", snap, sizeof(snap));
+		rc = auth_new_id("snap_", snap, AUTH_ID_MAX);
 	if (rc == KILN_OK)
-		rc = sb_reserve(n, vm_id, "", t->vcpu_milli, t->mem_mib, t->disk_gib, &sb, &err);
+		rc = sb_reserve(n, vm_id, "", vcpu_milli, mem_mib, disk_gib, &sb, err);
 	if (rc != KILN_OK)
 		goto out;
-	sb->codeint = t->codeint;
+	sb->codeint = codeint;
 	pthread_mutex_lock(&sb->lock);
-	rc = sb_boot(n, sb, NULL, &err);
+	rc = sb_boot(n, sb, NULL, err);
 	if (rc == KILN_OK && !n->stopping) {
 		/* Python's files into the page cache; nothing keeps running. */
 		static const char *const argv[] = { "python3", "-c",
@@ -85,11 +84,11 @@ static void *tpl_build(void *arg)
 			NULL };
 		struct agent_exec_req x = { .argv = argv, .timeout_ms = 120000 };
 		struct agent_exec_result res = { 0 };
-		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, &err);
+		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, err);
 		if (rc == KILN_OK && res.exit_code != 0)
-			rc = kiln_error_set(&err, KILN_E_INTERNAL, "warming Python failed");
+			rc = kiln_error_set(err, KILN_E_INTERNAL, "warming Python failed");
 	}
-	if (rc == KILN_OK && t->codeint && !n->stopping) {
+	if (rc == KILN_OK && codeint && !n->stopping) {
 		/* The code interpreter's worker answers (its imports done) before the snapshot. */
 		static const char *const argv[] = { "python3", "-c",
 			"import time, urllib.request\n"
@@ -104,27 +103,27 @@ static void *tpl_build(void *arg)
 			NULL };
 		struct agent_exec_req x = { .argv = argv, .timeout_ms = 600000 };
 		struct agent_exec_result res = { 0 };
-		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, &err);
+		rc = agent_exec(sb->agent, &x, NULL, NULL, &res, err);
 		if (rc == KILN_OK && res.exit_code != 0)
-			rc = kiln_error_set(&err, KILN_E_INTERNAL,
+			rc = kiln_error_set(err, KILN_E_INTERNAL,
 					    "the code interpreter did not answer on port 49999");
 	}
 	if (rc == KILN_OK && n->stopping)
-		rc = kiln_error_set(&err, KILN_E_UNAVAILABLE, "the node is stopping");
+		rc = kiln_error_set(err, KILN_E_UNAVAILABLE, "the node is stopping");
 	snap_dir(n, snap, dir, sizeof(dir));
 	if (rc == KILN_OK)
-		rc = save_policy_public(sb, dir, &err);
+		rc = save_policy_public(sb, dir, err);
 	if (rc == KILN_OK)
-		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, &err);
+		rc = vmm_snapshot(sb->vm, dir, VMM_SNAP_SHARED, err);
 	if (rc == KILN_OK)
-		rc = write_manifest_public(n, sb, dir, &err);
+		rc = write_manifest_public(n, sb, dir, err);
 	if (rc == KILN_OK)
-		rc = pg_acquire(n->pg, &c, &err);
+		rc = pg_acquire(n->pg, &c, err);
 	if (rc == KILN_OK) {
-		snprintf(v, sizeof(v), "%u", t->vcpu_milli);
-		snprintf(m, sizeof(m), "%u", t->mem_mib);
-		snprintf(d, sizeof(d), "%u", t->disk_gib);
-		rc = PGQ(c, NULL, &err,
+		snprintf(v, sizeof(v), "%u", vcpu_milli);
+		snprintf(m, sizeof(m), "%u", mem_mib);
+		snprintf(d, sizeof(d), "%u", disk_gib);
+		rc = PGQ(c, NULL, err,
 			 "INSERT INTO snapshots (id, sandbox_id, node_id, kind, vcpu_milli, memory_mib, "
 			 "disk_gib, image_hash) VALUES ($1, $2, $3, 'template', $4::int, $5::int, "
 			 "$6::int, $7)",
@@ -137,6 +136,28 @@ static void *tpl_build(void *arg)
 		snap_remove_files(dir);
 out:
 	sb_put(n, sb);
+	return rc;
+}
+
+/* What builds a template: tpl_make(), or a test's stand-in (tpl_set_make_for_test). */
+static tpl_make_fn *tpl_maker = tpl_make;
+
+void tpl_set_make_for_test(tpl_make_fn *make)
+{
+	tpl_maker = make ? make : tpl_make;
+}
+
+/* Builds one template (tpl_maker) and marks its slot ready or not; runs on its own thread. */
+static void *tpl_build(void *arg)
+{
+	struct tpl *t = arg;
+	struct kiln_error err = { 0 };
+	char snap[AUTH_ID_MAX];
+	enum kiln_err rc;
+	struct timespec t0, t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	rc = tpl_maker(t->n, t->vcpu_milli, t->mem_mib, t->disk_gib, t->codeint, snap, &err);
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	pthread_mutex_lock(&tpl_lock);
 	t->building = false;

@@ -38,4 +38,18 @@ void tpl_discard(struct node *n, const char *snap_id);
 /* Retires templates unused for `idle_s` seconds (their files go once nothing stands on them). */
 void tpl_evict_idle(struct node *n, long idle_s);
 
+/*
+ * What builds one template of a shape on a build's thread: its snapshot's id into `snap` (of
+ * AUTH_ID_MAX bytes), or an error (the template is not ready).
+ */
+typedef enum kiln_err tpl_make_fn(struct node *n, unsigned vcpu_milli, unsigned mem_mib,
+				  unsigned disk_gib, bool codeint, char *snap,
+				  struct kiln_error *err);
+
+/*
+ * Tests only: builds templates with `make` instead of booting a VM (NULL: the node's own again),
+ * so that what waits for them and retires them runs without QEMU. Set while no build runs.
+ */
+void tpl_set_make_for_test(tpl_make_fn *make);
+
 #endif

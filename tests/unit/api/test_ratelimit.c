@@ -4,18 +4,18 @@
  * clock (each gateway greedy every millisecond, reconciling every RATELIMIT_SYNC_MS) checks what
  * they admit together against one shared bucket and the bound ratelimit.h states. The last cases
  * run on the real clocks, Redis's TIME included, with the process's wall clock stepped (its
- * clock_gettime, time and gettimeofday wrapped at link time).
+ * clock_gettime, time and gettimeofday wrapped at link time: wallstep.h).
  */
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/time.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "test.h"
 #include "testredis.h"
+#include "wallstep.h"
 
 #include "api/ratelimit.h"
 #include "common/clock.h"
@@ -610,66 +610,13 @@ static void a_burst_cut_live_within_the_millisecond_is_kept(void)
 #define STEP_WAIT_MS 250
 #define HOUR_MS 3600000LL
 
-/*
- * The process's wall clock: the test links with -Wl,--wrap= clock_gettime, time and gettimeofday
- * (CMakeLists.txt), so every read of it in this binary, the limiter's and the Redis client's
- * included, is wall_step_ms off the real one. CLOCK_MONOTONIC is left alone.
- */
-static long long wall_step_ms;	/* atomic */
-
-int __real_clock_gettime(clockid_t clock, struct timespec *ts);
-time_t __real_time(time_t *t);
-int __real_gettimeofday(struct timeval *tv, void *tz);
-int __wrap_clock_gettime(clockid_t clock, struct timespec *ts);
-time_t __wrap_time(time_t *t);
-int __wrap_gettimeofday(struct timeval *tv, void *tz);
-
-int __wrap_clock_gettime(clockid_t clock, struct timespec *ts)
-{
-	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
-	int rc = __real_clock_gettime(clock, ts);
-	long long ns;
-
-	if (rc != 0 || (clock != CLOCK_REALTIME && clock != CLOCK_REALTIME_COARSE))
-		return rc;
-	ns = (long long)ts->tv_sec * 1000000000 + ts->tv_nsec + step * 1000000;
-	ts->tv_sec = ns / 1000000000;
-	ts->tv_nsec = ns % 1000000000;
-	return rc;
-}
-
-time_t __wrap_time(time_t *t)
-{
-	time_t now = __real_time(NULL) + __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED) / 1000;
-
-	if (t)
-		*t = now;
-	return now;
-}
-
-int __wrap_gettimeofday(struct timeval *tv, void *tz)
-{
-	long long step = __atomic_load_n(&wall_step_ms, __ATOMIC_RELAXED);
-	int rc = __real_gettimeofday(tv, tz);
-	long long us;
-
-	if (rc != 0 || !tv)
-		return rc;
-	us = (long long)tv->tv_sec * 1000000 + tv->tv_usec + step * 1000;
-	tv->tv_sec = us / 1000000;
-	tv->tv_usec = us % 1000000;
-	return rc;
-}
-
 /* Steps the process's wall clock to `step_ms` off the real one, and checks that it moved. */
 static void set_wall_step(long long step_ms)
 {
-	struct timespec real;
 	long long off;
 
-	__atomic_store_n(&wall_step_ms, step_ms, __ATOMIC_RELAXED);
-	__real_clock_gettime(CLOCK_REALTIME, &real);
-	off = clock_ms_of(CLOCK_REALTIME) - ((long long)real.tv_sec * 1000 + real.tv_nsec / 1000000);
+	wallstep_set(step_ms);
+	off = wallstep_offset_ms();
 	CHECK(off >= step_ms && off <= step_ms + 100);
 }
 

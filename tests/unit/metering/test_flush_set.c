@@ -83,16 +83,19 @@ static void item(struct buf *b, const char *t, int s, long long gen, int w, long
 {
 	static const char *const gnodes[] = { "", "n", "m" };
 	long long ws = BASE_S + 10LL * w, ucr = rand_r(seed) % 5 ? rand_r(seed) % 9000 : 0;
+	bool none = rand_r(seed) % 6 == 0;
 
+	/* Half the windows in "none" mark their generation's end (sb_gen_end()). */
 	buf_appendf(b,
 		    "%s{\"sb\":\"%s_s%d\",\"tenant\":\"%s\",\"node\":\"%s\",\"gen\":%lld,"
 		    "\"ws\":%lld,\"we\":%lld,\"ps\":%lld,\"pe\":%lld,\"ucr\":%lld,"
 		    "\"cpu\":%d,\"mem_bs\":%d,\"rx\":0,\"tx\":0,\"state\":\"%s\",\"t\":%lld,"
-		    "\"cpu_at\":%d,\"rx_at\":0,\"tx_at\":0,\"rem\":%d,\"gnode\":\"%s\"}",
+		    "\"cpu_at\":%d,\"rx_at\":0,\"tx_at\":0,\"rem\":%d,\"gnode\":\"%s\","
+		    "\"ended\":%s}",
 		    b->len > 1 ? "," : "", t, s, t, rand_r(seed) % 4 ? "n" : "m", gen, ws, ws + 10,
 		    ps_ms * 1000000LL, pe_ms * 1000000LL, ucr, w * 7, w * 11,
-		    rand_r(seed) % 6 == 0 ? "none" : "running", pe_ms * 1000000LL,
-		    (int)(rand_r(seed) % 100), w, gnodes[rand_r(seed) % 3]);
+		    none ? "none" : "running", pe_ms * 1000000LL, (int)(rand_r(seed) % 100), w,
+		    gnodes[rand_r(seed) % 3], none && w % 2 ? "true" : "false");
 }
 
 /*
@@ -176,8 +179,9 @@ static void digest(char *out, size_t n, const char *t)
 		 "';' ORDER BY sandbox_id, generation, window_start) FROM usage_windows "
 		 "WHERE tenant_id = '%s'), '') || '#' || coalesce((SELECT string_agg(replace(sandbox_id || "
 		 "',' || generation || ',' || state || ',' || last_t_ns || ',' || cpu_ns || ',' || "
-		 "remainder_fine || ',' || node_id || ',' || coalesce(gen_node, '-'), '%s', 'T'), ';' "
-		 "ORDER BY sandbox_id, generation) FROM meter_sandboxes WHERE tenant_id = '%s'), '') || "
+		 "remainder_fine || ',' || node_id || ',' || coalesce(gen_node, '-') || ',' || ended, "
+		 "'%s', 'T'), ';' ORDER BY sandbox_id, generation) FROM meter_sandboxes "
+		 "WHERE tenant_id = '%s'), '') || "
 		 "'#' || (SELECT "
 		 "coalesce(sum(balance_ucr), 0) FROM ledger_account_balances WHERE tenant_id = '%s')",
 		 t, t, t, t, t, t, t);
@@ -417,6 +421,58 @@ static void test_flush_makes_no_temporary_tables(void)
 	buf_release(&j);
 }
 
+/* One window of sandbox "<t>_s" (generation 1, its meter's point in "none") starting at
+ * BASE_S + ws, of 100 µcr, marking the generation's end or not. */
+static void end_item(struct buf *b, const char *t, int ws, bool ended)
+{
+	long long s = BASE_S + ws;
+
+	buf_appendf(b,
+		    "%s{\"sb\":\"%s_s\",\"tenant\":\"%s\",\"node\":\"n\",\"gen\":1,\"ws\":%lld,"
+		    "\"we\":%lld,\"ps\":%lld,\"pe\":%lld,\"ucr\":100,\"cpu\":0,\"mem_bs\":0,"
+		    "\"rx\":0,\"tx\":0,\"state\":\"none\",\"t\":%lld,\"cpu_at\":0,\"rx_at\":0,"
+		    "\"tx_at\":0,\"rem\":0,\"gnode\":\"\",\"ended\":%s}",
+		    b->len > 1 ? "," : "", t, t, s, s + 10, s * 1000000000LL, (s + 10) * 1000000000LL,
+		    (s + 10) * 1000000000LL, ended ? "true" : "false");
+}
+
+/*
+ * A generation's end mark is kept once written (migrations/0049: ended = m.ended OR
+ * EXCLUDED.ended), in both forms of the flush: a later flush of the marked pair without the mark
+ * (a second meter of the node, or a replay of an older window) leaves it ended, and the tick's
+ * query does not read its stretch again.
+ */
+static void test_a_later_flush_keeps_the_end_mark(void)
+{
+	static const char *const fns[] = { "meter_flush", "meter_flush_set" };
+	char out[256];
+
+	for (int k = 0; k < 2; k++) {
+		char t[16];
+		struct buf j;
+
+		snprintf(t, sizeof(t), "fend%d", k);
+		sql("INSERT INTO tenants (id, name) VALUES ('%s', 'flush')", t);
+		buf_init(&j, 4096);
+		buf_appends(&j, "[");
+		end_item(&j, t, 0, true);
+		buf_appends(&j, "]");
+		flush(out, sizeof(out), fns[k], j.data, t, t, t, t);
+		CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
+				  "AND ended", t), 1);
+		buf_reset(&j);
+		buf_appends(&j, "[");
+		end_item(&j, t, 10, false);
+		buf_appends(&j, "]");
+		flush(out, sizeof(out), fns[k], j.data, t, t, t, t);
+		CHECK_STR(out, "");
+		CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
+				  "AND ended AND last_t_ns = %lld", t,
+				  (BASE_S + 20) * 1000000000LL), 1);
+		buf_release(&j);
+	}
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -432,6 +488,7 @@ int main(void)
 	TEST(test_set_flush_draws_as_the_loop_did);
 	TEST(test_flush_takes_the_meters_transfer_ids);
 	TEST(test_flush_makes_no_temporary_tables);
+	TEST(test_a_later_flush_keeps_the_end_mark);
 	rc = test_summary();
 	testdb_close(&db);
 	return rc;

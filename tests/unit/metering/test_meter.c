@@ -36,6 +36,7 @@ static struct rds *rds;
 static char node[32];
 static int64_t fake_now, fake_mono;
 static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
+static long long snap_price = 1024;	/* the meters' snapshot price, µcr per GiB-s */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -84,7 +85,7 @@ static struct meter *new_meter_with(bool mono, int64_t live_ttl_s)
 	};
 	struct meter *m;
 
-	price_card_init(&o.card, 1000, MIB_PRICE, 1, 1024);
+	price_card_init(&o.card, 1000, MIB_PRICE, 1, snap_price);
 	m = meter_new(&o, pg, rds, &err);
 	if (!m || meter_start(m, &err) != KILN_OK) {
 		fprintf(stderr, "meter: %s\n", err.msg);
@@ -138,6 +139,14 @@ static void pause_into(const char *t, const char *sb, const char *snap, long lon
 	sql("UPDATE sandboxes SET state = 'paused', pause_snapshot = '%s_%s', "
 	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
 	    snap, sb, (long long)(fake_now / 1000), sb);
+}
+
+/* `sb` resumed from its pause at the fake now, in the same generation. */
+static void resume(const char *sb)
+{
+	sql("UPDATE sandboxes SET state = 'running', pause_snapshot = NULL, "
+	    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+	    (long long)(fake_now / 1000), sb);
 }
 
 /*
@@ -3146,6 +3155,356 @@ static void test_a_rows_time_reads_where_its_moved_log_row_is_placed(void)
 }
 
 /*
+ * A meter restarted in its node's frame after a backward step of the wall clock made while it was
+ * down reads a change logged before its node's last flush in the frame before that step, even
+ * when the frame after it puts the change no later than the tick: that flush's tick read the log's
+ * sequence (meter_clocks.tick_seq), and every change logged no later came before the step.
+ * Kiln-sim seed 31150: a sandbox of node 0 created, booted and paused 440 s before a -433 s step,
+ * made while one meter of the node was down and the other without Postgres; the restarted meter,
+ * tracking it from the ledger's point (paused), read its creation, boot and pause 433 s late,
+ * past the point and before its first tick, and billed 4.1 s of running time again (+9,974 µcr).
+ * Here running from 0, paused at 5 (128 MiB), a crash at 44 ([30, 40) flushed: the point paused at
+ * 40), the wall clock 45 s back at 50, stopped at 55 (logged while down, after the step), the
+ * restart at 60: by the tick alone, its start read at 45 and its pause at 50, and [45, 50) was
+ * billed as running again (8,330 µcr for 7,685). The stop, logged after the saved flush's tick,
+ * reads in the frame after the step, at 55: with a bound read later than that tick (this
+ * restart's own first tick), it read at 10, before the point, taken as in it, and [40, 55) went
+ * unbilled (5,765 µcr).
+ */
+static void test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-flush-seq";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 130; i++) {
+		if (i == 6)
+			pause_into(t, sb, "snap_f", 128);	/* at 5 */
+		if (i == 45) {			/* a crash at 44 ([30, 40) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 51)
+			fake_now -= 45 * S;	/* at 50, the wall clock steps back 45 s, no meter */
+		if (i == 56)
+			stop_sandbox(sb, fake_now);	/* at 55 (wall 10), while down */
+		if (i == 61)
+			m = new_meter_with(true, 0);	/* restarted at 60, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 5 * 257 + 50 * 128);	/* 5 s running, 50 s paused, once */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * Two restarts, each after a backward step of the wall clock made while the meter was down, and a
+ * change logged between the first step and the first restart: the frame begun at that restart
+ * takes the sequence read at its first tick (meter_clocks.log_seq), so the change is at or below
+ * it, and at the second restart it is read in the frame before the first step (node_time_logged()),
+ * the first step's size early: in the point the first restart's flush saved with that frame, as
+ * it was. By the tick alone, the second restart read it, and the changes after it, the second
+ * step's size late, past the point. Here running from 0, a crash at 44 ([30, 40) flushed), 45 s
+ * back at 50, paused at 55 (wall 10), the restart at 60, resumed at 70 and paused again at 75, a
+ * crash at 84 ([70, 80) flushed: the point paused at 80), 30 s back at 90, the restart at 120,
+ * stopped at 140: by the tick alone, the resume read at 100 and the pause at 105, and [100, 105)
+ * was billed running again (26,305 µcr for 25,660).
+ */
+static void test_a_change_logged_between_a_step_while_down_and_the_restart_keeps_its_time(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-two-restarts";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 160; i++) {
+		if (i == 45 || i == 85) {	/* crashes at 44 and 84 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 51)
+			fake_now -= 45 * S;	/* at 50, no meter */
+		if (i == 56)
+			pause_into(t, sb, "snap_f", 128);	/* at 55 (wall 10), while down */
+		if (i == 61 || i == 121)
+			m = new_meter_with(true, 0);	/* restarted at 60 and 120 */
+		if (i == 71)
+			resume(sb);			/* at 70 */
+		if (i == 76)
+			pause_into(t, sb, "snap_g", 128);	/* at 75 */
+		if (i == 91)
+			fake_now -= 30 * S;	/* at 90, no meter */
+		if (i == 141)
+			stop_sandbox(sb, fake_now);	/* at 140 */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	/* running, paused, running, paused: each once */
+	CHECK_INT(used(t), 55 * 257 + 15 * 128 + 5 * 257 + 65 * 128);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND state <> 'none'", sb), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * Ticks A and B over fake seconds `from` to `to` (both clocks), `at(i)` first in each; returns
+ * how many sandboxes A still held an entry for after the last tick (meter_tracked_for_test).
+ */
+static size_t ticks_tracked(struct two_nodes *c, int from, int to,
+			    void (*at)(struct two_nodes *c, int i))
+{
+	struct kiln_error err = { 0 };
+
+	for (int i = from; i <= to; i++) {
+		if (at)
+			at(c, i);
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(c->a, &err), KILN_OK);
+		CHECK_INT(meter_tick(c->b, &err), KILN_OK);
+	}
+	return meter_tracked_for_test(c->a);
+}
+
+/* At 10, restored on A (generation 2); the wall clock then steps 2 s back and the sandbox is
+ * moved to B (generation 3), its change logged at or before generation 2's start. */
+static void no_length_after_a_backward_step(struct two_nodes *c, int i)
+{
+	if (i != 11)
+		return;
+	sql("UPDATE sandboxes SET generation = 2, state_changed_at = to_timestamp(%lld / 1e6) "
+	    "WHERE id = '%s'", (long long)(fake_now / 1000), c->sb);
+	fake_now -= 2 * S;
+	move_to(c->sb, c->nb, fake_now);
+}
+
+/*
+ * A generation of no length on the label clock (its next change read at or before its start
+ * after a backward step of the wall clock) is ended by its node's meter like any other: its end
+ * is recorded as its point's mark (meter_sandboxes.ended, migrations/0049), and once flushed the
+ * stretch is no longer read by that meter's ticks. Before, the tick's query took a generation as
+ * ended only when its point in "none" billed something, so this one was read again on every
+ * tick for as long as the sandbox lived (on B here), its entry never freed: A held 1 at 60 s.
+ */
+static void test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 60, no_length_after_a_backward_step), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND state = 'none' AND ended", c.sb), 1);
+	/* and it stays so: no tick of A reads it again while the sandbox runs on B */
+	CHECK_INT(ticks_tracked(&c, 61, 70, NULL), 0);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
+/* Paused at 5 into 64 MiB on A; at 10 restored there, paused (generation 2); at 20 resumed on B
+ * (generation 3). */
+static void paused_only_generation(struct two_nodes *c, int i)
+{
+	if (i == 6)
+		pause_into(c->t, c->sb, "snap", 64);
+	if (i == 11)
+		sql("UPDATE sandboxes SET generation = 2, state_changed_at = to_timestamp(%lld / 1e6) "
+		    "WHERE id = '%s'", (long long)(fake_now / 1000), c->sb);
+	if (i == 21)
+		sql("UPDATE sandboxes SET state = 'running', generation = 3, node_id = '%s', "
+		    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+		    c->nb, (long long)(fake_now / 1000), c->sb);
+}
+
+/*
+ * A generation paused only, its snapshot priced 0, bills nothing; its end is recorded all the
+ * same, and once flushed its node's meter no longer reads it. Before, its point in "none" billed
+ * nothing and it was read on every tick while the sandbox ran on B: A held 1 at 60 s.
+ */
+static void test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	snap_price = 0;
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 60, paused_only_generation), 0);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND state = 'none' AND ended", c.sb), 1);
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2 AND ucr = 0 AND mem_byte_s = 0", c.sb),
+		  sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", c.sb));
+	/* 5 s running on A (its paused time free), 40 s running on B */
+	CHECK_INT(used(c.t), 5 * 257 + 40 * 257);
+	CHECK_INT(meter_pending(c.a, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+	snap_price = 1024;
+}
+
+/* To B at 10.5 (generation 2); back on A at 21 (generation 3), right after A flushed generation
+ * 1's end (its window [10, 20) at 20); stopped at 40. */
+static void away_and_back(struct two_nodes *c, int i)
+{
+	if (i == 11)
+		move_to(c->sb, c->nb, fake_now + S / 2);
+	if (i == 22)
+		move_to(c->sb, c->na, fake_now);
+	if (i == 41)
+		stop_sandbox(c->sb, fake_now);
+}
+
+/*
+ * A generation's end marked in the ledger is that generation's alone: the sandbox moved away and
+ * back under a new generation right after the mark is billed on its node from the return, and
+ * that generation's own end is marked when it stops.
+ */
+static void test_a_sandbox_moved_back_after_its_end_mark_is_billed_on(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	CHECK_INT(ticks_tracked(&c, 1, 21, away_and_back), 0);	/* on B, its end flushed */
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
+			  "AND generation = 1 AND state = 'none' AND ended AND last_t_ns = %lld", c.sb,
+			  (long long)(t0 + 10 * S + S / 2)), 1);
+	(void)ticks_tracked(&c, 22, 60, away_and_back);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", c.sb), 19 * 257);
+	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' AND ended",
+			  c.sb), 3);
+	/* 10.5 s and 19 s on A (one remainder), 10.5 s on B: every second once */
+	CHECK_INT(used(c.t), (long long)(29.5 * 257) + (long long)(10.5 * 257));
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
+/* To B at 10 (generation 2); back on A at 15 (generation 3) and, after a 2 s backward step of
+ * the wall clock, to B again logged at 13 (generation 4: 3 of no length); stopped at 60. */
+static void back_and_away_within_a_window(struct two_nodes *c, int i)
+{
+	if (i == 11)
+		move_to(c->sb, c->nb, fake_now);
+	if (i == 16) {
+		move_to(c->sb, c->na, fake_now);
+		fake_now -= 2 * S;
+		move_to(c->sb, c->nb, fake_now);
+	}
+	if (i == 61)
+		stop_sandbox(c->sb, fake_now);
+}
+
+/*
+ * A generation whose end the mark misses (generation 1 here: its point moved on to 15 s by a
+ * window of no charge for the time the sandbox spent on B, so not the window sb_gen_end()
+ * marked) still counts as ended when its point in "none" billed something, the rule before the
+ * mark: its node's meter frees the sandbox once it stops. With the mark alone it held the entry
+ * for good, after the stop too (main read it each tick while the sandbox lived, then freed it).
+ */
+static void test_a_generation_ended_before_the_mark_is_freed_when_its_sandbox_stops(void)
+{
+	struct two_nodes c;
+	int64_t t0 = aligned_now();
+
+	two_nodes_start(&c, t0, true, 0);
+	(void)ticks_tracked(&c, 1, 70, back_and_away_within_a_window);
+	CHECK_INT(ticks_tracked(&c, 71, 90, NULL), 0);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", c.sb), 10 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 3", c.sb), 0);
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
+}
+
+/* One point of `sb` generation 1 in billed state `st` with remainder `rem`, and when `ucr` or
+ * `mem_bs` is not -1 a window of it with them, on the database of `own`. */
+static void old_point(struct pg *own, const char *sb, const char *st, long long rem, long long ucr,
+		      long long mem_bs)
+{
+	testdb_sql(own, "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
+		   "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) VALUES ('%s', 'tn', "
+		   "'nd', 1, '%s', 0, 0, 0, 0, %lld)", sb, st, rem);
+	if (ucr >= 0)
+		testdb_sql(own, "INSERT INTO usage_windows (sandbox_id, generation, window_start, "
+			   "window_end, tenant_id, cpu_ns, mem_byte_s, rx_bytes, tx_bytes, ucr, "
+			   "rate_card) VALUES ('%s', 1, to_timestamp(0), to_timestamp(10), 'tn', 0, "
+			   "%lld, 0, 0, %lld, 'card')", sb, mem_bs, ucr);
+}
+
+/*
+ * Migration 0049 marks the points already in the ledger as their generation's end where the
+ * tick's stretch clause before it counted them so (in "none", something of the generation billed:
+ * a charge, memory's byte-seconds at a price of 0, or a remainder), and no other: a point in
+ * "none" that billed nothing (written while the sandbox was creating) or one still running stays
+ * open. Migrated on a database of its own, up to 0048 with the points in it, then to the end.
+ */
+static void test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended(void)
+{
+	char url[700], name[48], *dbn;
+	struct kiln_error err = { 0 };
+	struct pg *own;
+	size_t upto = 0;
+	int applied;
+
+	while (upto < migrations_count &&
+	       strcmp(migrations[upto].name, "0049_generation_end_mark.sql") != 0)
+		upto++;
+	CHECK(upto < migrations_count);
+	snprintf(name, sizeof(name), "t_endmark_%08x", (unsigned)rand());
+	sql("CREATE DATABASE %s", name);
+	dbn = strstr(meter_db_url, "dbname=");
+	CHECK(dbn != NULL);
+	if (!dbn)
+		return;
+	snprintf(url, sizeof(url), "%.*sdbname=%s", (int)(dbn - meter_db_url), meter_db_url, name);
+	own = pg_new(url, 1);
+	CHECK_INT(migrate_apply(own, migrations, upto, &applied, &err), KILN_OK);
+	old_point(own, "sb_charged", "none", 0, 257, 0);
+	old_point(own, "sb_mem_only", "none", 0, 0, 2560);
+	old_point(own, "sb_rem_only", "none", 7, -1, -1);
+	old_point(own, "sb_creating", "none", 0, 0, 0);
+	old_point(own, "sb_no_window", "none", 0, -1, -1);
+	old_point(own, "sb_running", "running", 3, 257, 2560);
+	CHECK_INT(migrate_apply(own, migrations, migrations_count, &applied, &err), KILN_OK);
+	CHECK_INT(testdb_sql_int(own, "SELECT (string_agg(sandbox_id, ',' ORDER BY sandbox_id) "
+				 "= 'sb_charged,sb_mem_only,sb_rem_only')::int FROM meter_sandboxes "
+				 "WHERE ended"), 1);
+	pg_free(own);
+	sql("DROP DATABASE %s WITH (FORCE)", name);
+}
+
+/*
  * Changes witnessed by their node's clocks (migrations/0051), as record/record.c logs them: the
  * statement that makes the change sets the sandbox's log_boot_id and log_mono_ns, here the boot
  * `wboot` and the fake monotonic clock now (for the stop, `mono`: another host's clock).
@@ -3562,6 +3921,13 @@ int main(void)
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
 	TEST(test_an_older_change_read_past_a_later_one_is_not_moved_into_the_saved_frame);
 	TEST(test_a_rows_time_reads_where_its_moved_log_row_is_placed);
+	TEST(test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_step_while_down);
+	TEST(test_a_change_logged_between_a_step_while_down_and_the_restart_keeps_its_time);
+	TEST(test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed);
+	TEST(test_a_paused_only_generation_priced_0_is_not_read_after_its_end_is_flushed);
+	TEST(test_a_sandbox_moved_back_after_its_end_mark_is_billed_on);
+	TEST(test_the_end_mark_migration_marks_the_points_the_old_clause_took_as_ended);
+	TEST(test_a_generation_ended_before_the_mark_is_freed_when_its_sandbox_stops);
 	TEST(test_a_change_logged_between_two_steps_while_down_keeps_its_time);
 	TEST(test_a_resume_logged_between_two_backward_steps_while_down_keeps_its_generation);
 	TEST(test_an_end_logged_between_two_backward_steps_while_down_keeps_its_time);
