@@ -78,6 +78,7 @@ enum {
 	F_EXPIRY = 1 << 8,	/* grants that expire */
 	F_LATE = 1 << 9,	/* ticks that wake late */
 	F_SNAP = 1 << 10,	/* pause snapshots smaller or larger than the guest's memory */
+	F_GW_DELETE = 1 << 11,	/* paused sandboxes deleted by the gateway (no witness) */
 };
 
 static const struct {
@@ -96,7 +97,19 @@ static const struct {
 	{ "expiry", F_EXPIRY, "grants expiring after 1-15 min" },
 	{ "late", F_LATE, "ticks that wake late (a skipped second, billed by the next tick)" },
 	{ "snapsize", F_SNAP, "pause snapshots of 30-110 % of the guest's memory (else equal)" },
+	{ "gw-delete", F_GW_DELETE, "some deletions of paused sandboxes made by the gateway, "
+				    "with no witness (record_delete_unheld())" },
 };
+
+/*
+ * Which nodes witness the changes they record (--witness): every node (on, as kiln-node since
+ * migrations/0051), none (off, as before it: every change placed by the frames), or the nodes of
+ * even index only (mixed, a rolling upgrade: the others' changes placed by the frames). Chosen by
+ * the node's index, never drawn: a seed runs the same schedule in every mode.
+ */
+enum witness_mode { WITNESS_ON, WITNESS_OFF, WITNESS_MIXED };
+
+static const char *const witness_names[] = { "on", "off", "mixed" };
 
 /* --- options --- */
 
@@ -106,7 +119,8 @@ static struct {
 	int tenants, nodes;
 	int verbose;
 	bool self_test;
-} opt = { .steps = 900, .faults = F_EXPIRY, .tenants = 3, .nodes = 2 };
+	enum witness_mode witness;
+} opt = { .steps = 900, .faults = F_EXPIRY, .tenants = 3, .nodes = 2, .witness = WITNESS_ON };
 
 /* --- the seeded random source (splitmix64) --- */
 
@@ -273,7 +287,12 @@ static int64_t clk_mono(void *ctx)
  */
 static void witness_as(int node)
 {
-	record_witness_clock(W.node_boot[node], clk_mono, NULL);
+	bool witnessed = opt.witness == WITNESS_ON || (opt.witness == WITNESS_MIXED && node % 2 == 0);
+
+	if (witnessed)
+		record_witness_clock(W.node_boot[node], clk_mono, NULL);
+	else
+		record_witness_clock(NULL, NULL, NULL);	/* its changes logged without a witness */
 }
 
 /* Runs SQL on the world's pool; false (a simulation error) when it fails. */
@@ -681,6 +700,26 @@ static void op_delete(struct sbx *s)
 	s->st = SB_GONE;
 	s->changed = W.t;
 	s->pause_at = 0;
+}
+
+/*
+ * gw-delete: a paused sandbox deleted by kiln-gateway, as when no node holds it
+ * (api/routes_sandboxes.c, record_delete_unheld()): fenced on the generation alone and logged
+ * with no witness, whatever --witness says, so its meter places it by the frames.
+ */
+static void op_delete_unheld(struct sbx *s)
+{
+	struct kiln_error err = { 0 };
+
+	db_clock(W.t);
+	if (record_delete_unheld(W.pg, NULL, s->id, s->gen, &err) != KILN_OK)
+		sim_fail("record_delete_unheld %s: %s", s->id, err.msg);
+	model_close(s, W.t);
+	gen_end(s);
+	s->st = SB_GONE;
+	s->changed = W.t;
+	s->pause_at = 0;
+	W.faults_applied++;
 }
 
 static void op_grant(int ti, long long ucr, int64_t expires_in)
@@ -1356,7 +1395,10 @@ static void apply(const struct ev *e)
 			op_resume(s, (opt.faults & F_MOVE) && chance(50000));
 		break;
 	case EV_DELETE:
-		if (s->st != SB_GONE)
+		/* gw-delete draws only when given: other seeds' schedules stay as they were */
+		if (s->st == SB_PAUSED && (opt.faults & F_GW_DELETE) && chance(50000))
+			op_delete_unheld(s);
+		else if (s->st != SB_GONE)
 			op_delete(s);
 		break;
 	case EV_FORK:
@@ -1733,8 +1775,8 @@ static int run_seed(uint64_t seed)
 		if (W.nproblems > shown)
 			printf("  ... and %d more\n", W.nproblems - shown);
 		printf("  replay: kiln-sim --seed %" PRIu64 " --steps %ld --tenants %d --nodes %d "
-		       "--faults=%s\n",
-		       seed, opt.steps, opt.tenants, opt.nodes, fs);
+		       "--faults=%s --witness=%s\n",
+		       seed, opt.steps, opt.tenants, opt.nodes, fs, witness_names[opt.witness]);
 	}
 	fflush(stdout);
 	world_free();
@@ -1851,12 +1893,23 @@ static int parse_faults(const char *s, unsigned *out)
 	return 0;
 }
 
+static int parse_witness(const char *s, enum witness_mode *out)
+{
+	for (size_t i = 0; i < sizeof(witness_names) / sizeof(witness_names[0]); i++)
+		if (!strcmp(s, witness_names[i])) {
+			*out = (enum witness_mode)i;
+			return 0;
+		}
+	fprintf(stderr, "kiln-sim: --witness: \"%s\" is not on, off or mixed\n", s);
+	return -1;
+}
+
 static void usage(FILE *f)
 {
 	fprintf(f,
 		"usage: kiln-sim [--seed N | --seeds N[:S],N[:S],...] [--count K] [--random K] [--steps S]\n"
 		"                [--tenants T] [--nodes N] [--faults=KIND,...] [--budget SECONDS]\n"
-		"                [--self-test] [-v [-v]]\n"
+		"                [--witness=on|off|mixed] [--self-test] [-v [-v]]\n"
 		"\n"
 		"Runs the billing simulation for each seed (--seed N --count K: N..N+K-1; --random K:\n"
 		"K seeds drawn from the time, printed) over S simulated seconds (default 900), on the\n"
@@ -1865,6 +1918,9 @@ static void usage(FILE *f)
 		"--seeds N:S runs seed N over S simulated seconds (its prefix), whatever --steps says.\n"
 		"--self-test: after each seed, plant faults in the ledger and Redis one at a time; each\n"
 		"must be reported by its invariant.\n"
+		"--witness: which nodes log their changes with a witness: on (every node, default), off\n"
+		"(none: every change placed by the frames, as before migrations/0051) or mixed (nodes\n"
+		"of even index only, as in a rolling upgrade). A seed runs the same schedule in each.\n"
 		"Fault kinds (--faults=a,b; 'all'; 'none'; default expiry):\n");
 	for (size_t i = 0; i < sizeof(fault_names) / sizeof(fault_names[0]); i++)
 		fprintf(f, "  %-11s %s\n", fault_names[i].name, fault_names[i].what);
@@ -1892,6 +1948,9 @@ int main(int argc, char **argv)
 			opt.self_test = true;
 		} else if (!strncmp(argv[i], "--faults=", 9)) {
 			if (parse_faults(argv[i] + 9, &opt.faults))
+				return 2;
+		} else if (!strncmp(argv[i], "--witness=", 10)) {
+			if (parse_witness(argv[i] + 10, &opt.witness))
 				return 2;
 		} else if (!v) {
 			usage(stderr);
@@ -2006,8 +2065,9 @@ int main(int argc, char **argv)
 			break;
 	}
 	clock_gettime(CLOCK_MONOTONIC, &b);
-	printf("kiln-sim: %d of %d seeds failed, %.2f simulated hours, faults %s, %.0f s\n", failed,
-	       ran, hours, faults_str(opt.faults, fs, sizeof(fs)),
+	printf("kiln-sim: %d of %d seeds failed, %.2f simulated hours, faults %s, witness %s, "
+	       "%.0f s\n", failed, ran, hours, faults_str(opt.faults, fs, sizeof(fs)),
+	       witness_names[opt.witness],
 	       (double)(b.tv_sec - a.tv_sec) + (double)(b.tv_nsec - a.tv_nsec) / 1e9);
 	testdb_close(&tdb);
 	return failed ? 1 : 0;
