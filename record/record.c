@@ -378,8 +378,12 @@ enum kiln_err record_delete_unheld(struct pg *pg, struct pg_conn *tx, const char
 	char g[24];
 
 	fmt_ll(g, sizeof(g), generation);
+	/* state_changed_at too, as record_deleted(): a meter reading the row takes a stopped
+	 * sandbox's last change as its end (row_end()); left at the pause, the paused time from
+	 * the meter's last point to this delete went unbilled (kiln-sim `gw-delete`). */
 	return FENCED(pg, tx, "the delete", id, NULL, err,
-		      "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL "
+		      "UPDATE sandboxes SET deleted_at = now(), state = 'stopped', net_index = NULL, "
+		      "state_changed_at = now() "
 		      "WHERE id = $1 AND deleted_at IS NULL AND generation = $2::bigint RETURNING id",
 		      id, g);
 }
