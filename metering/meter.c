@@ -1173,6 +1173,9 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * or no change logged. The start and the end are placed by their witnesses first
  * (witness_time(): `wit_col` the start's, GEN_START_WIT_SQL, and `wit_col` + 1, when `end_col` is
  * not -1, the end's, GEN_END_WIT_SQL; -1: none read), by the frames when they have none.
+ * Open: with the start witnessed and the end not, an end the frames place a step early pulls
+ * the exactly placed start's point back to it (`exact && *t > end`), and the search of
+ * node_time_before() is no better (docs/metering.md, Clocks).
  */
 static bool gen_point(const struct meter *m, const struct pg_res *res, int i, int col, int end_col,
 		      int seq_col, int wit_col, int64_t *t)
@@ -3134,11 +3137,10 @@ out:
 /*
  * The earlier generations of this node's sandboxes that ran on another node whose meter is
  * gone for good: their billed-up-to point in the ledger is before the generation's end (the
- * first change of a later generation) and not "none". $1 this node, $2 this meter's boot
- * (witness_boot(), NULL: none). Each row: sandbox, tenant, generation, its node, its billed
- * state and point (ns), remainder, memory, disk, the end (µs), that generation's changes between
- * the point and the end ("<state> <µs> <CPU counter ns, -1 when none> <log sequence> <witness
- * boot, - when none> <witness mono ns>", comma-separated), its counters at the point and its
+ * first change of a later generation) and not "none". $1 this node. Each row: sandbox, tenant,
+ * generation, its node, its billed state and point (ns), remainder, memory, disk, the end (µs),
+ * that generation's changes between the point and the end ("<state> <µs> <CPU counter ns, -1
+ * when none> <log sequence>", comma-separated), its counters at the point and its
  * pause snapshot's size (MiB, NULL when none), then the generation's start, what is billed of
  * it, its start's log sequence and its end's (gen_point()), the start's and the end's witnesses.
  * The point is on the clock of the meter that wrote it, the end and the changes on the wall
