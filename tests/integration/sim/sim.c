@@ -97,8 +97,7 @@ static const struct {
 	{ "expiry", F_EXPIRY, "grants expiring after 1-15 min" },
 	{ "late", F_LATE, "ticks that wake late (a skipped second, billed by the next tick)" },
 	{ "snapsize", F_SNAP, "pause snapshots of 30-110 % of the guest's memory (else equal)" },
-	{ "gw-delete", F_GW_DELETE, "some deletions of paused sandboxes made by the gateway, "
-				    "with no witness (record_delete_unheld())" },
+	{ "gw-delete", F_GW_DELETE, "half the paused sandboxes' deletions by the gateway (unwitnessed)" },
 };
 
 /*
@@ -283,7 +282,8 @@ static int64_t clk_mono(void *ctx)
  * wide: set before each write): its own host's boot, on the simulated monotonic clock. Each node
  * is a host of its own, as in production, so a meter places only its own node's changes by
  * their witness and another node's by the frames; with one boot for all, every cross-node row
- * took the witness path, which production never does.
+ * took the witness path, which production never does. A node that witnesses nothing (--witness
+ * off, or mixed for odd nodes) sets no clock: its changes are logged without a witness.
  */
 static void witness_as(int node)
 {
