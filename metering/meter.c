@@ -1076,28 +1076,38 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
  * alone misread that one change only. A witnessed change is never moved, so a change without
  * one placed a step early could stand before a witnessed change logged before it (a paused
  * sandbox deleted by kiln-gateway, record_delete_unheld(); nodes_mark_down()): each change
- * without a witness stands no earlier than the latest witnessed change logged before it.
+ * without a witness stands no earlier than the latest witnessed change logged before it, and is
+ * kept there before it bounds the changes logged before it (`later`).
  */
 static void log_place(const struct meter *m, struct ment *e, size_t n)
 {
 	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
 	int64_t seen = INT64_MIN;	/* the latest witnessed change logged before e[k] */
 
-	for (size_t k = n; k-- > 0;) {
+	/* The witnessed first, in the log's order: a change without one holds, until placed
+	 * below, the floor it stands no earlier than. */
+	for (size_t k = 0; k < n; k++) {
 		e[k].exact = witness_time(m, e[k].boot, e[k].mono, &e[k].at);
+		if (!e[k].exact)
+			e[k].at = seen;
+		else if (e[k].at > seen)
+			seen = e[k].at;
+	}
+	/* Then newest first, each change without a witness kept at its floor before it bounds the
+	 * earlier ones: unclamped, a change placed a step early after a witnessed one moved an
+	 * earlier change into an earlier frame, though the witnessed one between bounds it. */
+	for (size_t k = n; k-- > 0;) {
 		if (!e[k].exact) {
+			int64_t floor = e[k].at;
+
 			e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
 			if (later != INT64_MAX)
 				e[k].at = log_time_before(m, &e[k], e[k].at, later);
+			if (e[k].at < floor)
+				e[k].at = floor;
 		}
 		if (e[k].at < later)
 			later = e[k].at;
-	}
-	for (size_t k = 0; k < n; k++) {
-		if (e[k].exact && e[k].at > seen)
-			seen = e[k].at;
-		else if (!e[k].exact && e[k].at < seen)
-			e[k].at = seen;
 	}
 }
 

@@ -3841,6 +3841,62 @@ static void test_a_change_without_a_witness_stays_after_the_witnessed_one_before
 	meter_free(m);
 }
 
+/*
+ * A change without a witness logged before a witnessed one is not moved into an earlier frame by
+ * a change without a witness logged after it and placed a step early: log_place() keeps the
+ * later one at the witnessed change before it first. The shape of the case above with the pause
+ * at 22 unwitnessed (10 s after the followed step, before the step's log sequence is read: it
+ * may read in the frame before it) and the sandbox resumed at 28 (generation 2, witnessed):
+ * the deletion at 32, read 50 s early (-18), moved the pause into the frame before the step at
+ * 12 (-78, before the ledger's point at 20), and generation 1 was billed running to the resume,
+ * 28 s (7,196 µcr). Kept: running to 22, paused 6 s (5,654 + 768 = 6,422). Generation 2 ends at
+ * its resume (the deletion kept there: nothing records when it happened).
+ */
+static void test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-unwitnessed-before";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;		/* at 12: back 100 s (offset 100) */
+		if (i == 23)
+			pause_into(t, sb, "snap_e", 128);	/* at 22: paused, no witness */
+		if (i == 25) {				/* crash at 24 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 27)
+			fake_now -= 50 * S;		/* at 26: back 50 s, no meter (150) */
+		if (i == 29)
+			resume_witnessed(sb, boot);	/* at 28: generation 2, witnessed */
+		if (i == 33)				/* at 32: deleted, no witness */
+			sql("UPDATE sandboxes SET deleted_at = to_timestamp(%lld / 1e6), "
+			    "state = 'stopped' WHERE id = '%s'", (long long)(fake_now / 1000), sb);
+		if (i == 36)
+			fake_now -= 50 * S;		/* at 35: back 50 s, no meter (200) */
+		if (i == 41)
+			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used_gen(sb, 1), 22 * 257 + 6 * 128);
+	CHECK_INT(used_gen(sb, 2), 0);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3939,6 +3995,7 @@ int main(void)
 	TEST(test_a_change_witnessed_below_the_logs_wall_clock_read_is_read);
 	TEST(test_a_taken_over_generations_change_before_its_point_is_open);
 	TEST(test_a_change_without_a_witness_stays_after_the_witnessed_one_before_it);
+	TEST(test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_frame);
 
 	rc = test_summary();
 	rds_free(rds);
