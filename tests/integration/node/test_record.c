@@ -380,7 +380,8 @@ static void test_a_pause_at_its_vcpu_stop_takes_the_stops_witness(void)
  * The gateway's delete of a paused sandbox stamps the row's last change with the delete, as a
  * node's delete does: a meter reading the row takes a stopped sandbox's state_changed_at as its
  * end, and with the pause's time there it billed the snapshot only to its last point before the
- * delete (kiln-sim `gw-delete`, seeds 1 to 3: -5,054 µcr on a sandbox paused 119 s).
+ * delete (kiln-sim `gw-delete`: seeds 1 to 3 failed, seed 2 by -5,054 µcr on a sandbox paused
+ * 119 s).
  */
 static void test_gateway_delete_stamps_the_rows_last_change(void)
 {
