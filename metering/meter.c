@@ -1045,6 +1045,20 @@ static int64_t node_time_seq(const struct meter *m, int64_t w, long long seq)
 		if (m->step_by[k] > 0 && t >= m->step_gap[k])
 			t += m->step_by[k];	/* in the held tick's time: labelled past the gap */
 	}
+	/* A label in a gap never passed: read with the offset after a backward step that came
+	 * after the gap's forward step, the change was logged before both (the wall clock's times
+	 * repeat after a backward step), in the frame before the newest forward step it precedes.
+	 * Read in the gap, a meter without Postgres across +600 and -200 s steps billed its point
+	 * from before the forward step as running up to the gap (35 s, refused by the fence). */
+	for (int i = m->fwd_from - 1; i >= 0 && label_out_of_gap(m, t) != t; i--) {
+		int64_t x = w + (seq && seq <= m->step_min[i] ? 0 : m->step_off[i]);
+
+		if (x >= m->step_at[i])
+			continue;	/* not before that step in the frame before it */
+		if (m->step_by[i] > 0 && x >= m->step_gap[i])
+			x += m->step_by[i];
+		t = x;
+	}
 	return t;
 }
 

@@ -3850,9 +3850,10 @@ static void test_a_change_without_a_witness_stays_after_the_witnessed_one_before
  * at 12 (generation 2), stopped at 25, all billed live by a; the wall clock 600 s forward at 40;
  * b's Postgres back at 50. `witnessed`: the changes carry the meters' boot and monotonic time
  * (the seed's), else the frames place them. Before: generation 2 charged 6,682 µcr for 3,341,
- * its windows from 612 s, in the step's gap.
+ * its windows from 612 s, in the step's gap. `then`: a second step of the wall clock at 45 s
+ * while b is still without Postgres, that many seconds forward (> 0) or back (< 0), 0: none.
  */
-static void forward_step_without_postgres_case(bool witnessed)
+static void forward_step_without_postgres_case(bool witnessed, int then)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
@@ -3885,6 +3886,8 @@ static void forward_step_without_postgres_case(bool witnessed)
 			stop_sandbox(sb, fake_now);
 		if (i == 41)
 			fake_now += 600 * S;	/* at 40, the wall clock steps 600 s forward */
+		if (i == 46)
+			fake_now += then * S;	/* at 45, a second step */
 		if (i == 51)
 			meter_set_backends(b, pg, rds);	/* b's Postgres back at 50 */
 		fake_now += S;
@@ -3898,11 +3901,11 @@ static void forward_step_without_postgres_case(bool witnessed)
 	/* generation 1: 8 s running and 4 s paused at 128 MiB; generation 2: 13 s running */
 	CHECK_INT(used_gen(sb, 2), 13 * 257);
 	CHECK_INT(used(t), 21 * 257 + 4 * 128);
-	/* no window in the step's gap of labels, [40, 640): no time passed there */
+	/* no window in the step's gap of labels, [40, 640), where no time passed, nor any later:
+	 * the sandbox stopped at 25 */
 	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND window_start >= to_timestamp(%lld / 1e6) "
-			  "AND window_start < to_timestamp(%lld / 1e6)", sb,
-			  (long long)((t0 + 40 * S) / 1000), (long long)((t0 + 640 * S) / 1000)), 0);
+			  "AND window_start >= to_timestamp(%lld / 1e6)", sb,
+			  (long long)((t0 + 30 * S) / 1000)), 0);
 	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(b);
@@ -3913,12 +3916,27 @@ static void forward_step_without_postgres_case(bool witnessed)
 
 static void test_a_meter_without_postgres_across_a_forward_step_does_not_bill_the_time_before_it_again(void)
 {
-	forward_step_without_postgres_case(false);
+	forward_step_without_postgres_case(false, 0);
 }
 
 static void test_a_meter_without_postgres_across_a_forward_step_reads_witnessed_changes_at_their_labels(void)
 {
-	forward_step_without_postgres_case(true);
+	forward_step_without_postgres_case(true, 0);
+}
+
+/* Two forward steps while b is without Postgres (600 s at 40, 300 s at 45): it keeps a gap for
+ * each, and nothing before either moves. */
+static void test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again(void)
+{
+	forward_step_without_postgres_case(false, 300);
+}
+
+/* A backward step (200 s at 45) after the forward one, while b is still without Postgres: the
+ * gap stays a past stretch of labels, and the changes logged before the forward step keep
+ * their labels. */
+static void test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again(void)
+{
+	forward_step_without_postgres_case(false, -200);
 }
 
 /*
@@ -4078,6 +4096,8 @@ int main(void)
 	TEST(test_a_meter_without_postgres_across_a_forward_step_reads_witnessed_changes_at_their_labels);
 	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_10_is_billed_once);
 	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_30_is_billed_once);
+	TEST(test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again);
+	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
 
 	rc = test_summary();
 	rds_free(rds);
