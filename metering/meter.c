@@ -34,7 +34,7 @@
 #define FLUSH_JSON_MAX (256u << 20)
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
-#define STEPS_KEPT 16		/* forward steps remembered for points read from the ledger */
+#define STEPS_KEPT 16		/* clock steps (and gaps) remembered for the times read later */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -175,10 +175,10 @@ struct meter {
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
-	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
-	 * on by step_by[i] (its tracked points did; one read later from the ledger must too), and
-	 * the offset (label - wall) in force before each, for the node's times logged before it.
-	 * Those from fwd_from on came after the newest backward step. */
+	/* The forward steps this meter followed, oldest first: at label step_at[i] the label clock
+	 * jumped by step_by[i] (a gap, gap_* below), and the offset (label - wall) in force before
+	 * each, for the node's times logged before it. Those from fwd_from on came after the newest
+	 * backward step. */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT], step_off[STEPS_KEPT];
 	int nsteps, fwd_from;
 	/* The label clock's gaps, oldest first: each forward step past the label clock (step_by
@@ -1142,8 +1142,8 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq,
 	 * In a frame begun at a restart, a change at or below its log_seq may have been logged after
 	 * that frame's own step and is read early: in the point, except one logged in the window
 	 * that restart's meter had not closed when it crashed (docs/metering.md, Clocks, open); by
-	 * the tick alone it read the later step's size late and was billed again. Not moved on by
-	 * forward steps followed after the step (open). */
+	 * the tick alone it read the later step's size late and was billed again. A forward step
+	 * followed after the step moves it no more than any other (a gap of labels). */
 	if (b >= 0)
 		t = w + m->back_off[b];
 	for (b = b >= 0 ? b - 1 : m->nback - 1;
