@@ -34,7 +34,7 @@
 #define FLUSH_JSON_MAX (256u << 20)
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
-#define STEPS_KEPT 16		/* forward steps remembered for points read from the ledger */
+#define STEPS_KEPT 16		/* clock steps (and gaps) remembered for the times read later */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -138,6 +138,9 @@ struct mten {
 struct mstep {
 	bool set, back;
 	int64_t at, by, off;
+	/* and the label clock's gaps (meter.gap_*; meter_clocks.gaps_ns, migrations/0052) */
+	int64_t gap_at[STEPS_KEPT], gap_by[STEPS_KEPT];
+	int ngaps;
 };
 
 struct meter {
@@ -172,12 +175,24 @@ struct meter {
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
 	int64_t clk_now_m;	/* the monotonic clock at this tick's label (clk_now_l) */
 	int64_t clk_now_l;
-	/* The forward steps this meter followed, oldest first: label times before step_at[i] moved
-	 * on by step_by[i] (its tracked points did; one read later from the ledger must too), and
-	 * the offset (label - wall) in force before each, for the node's times logged before it.
-	 * Those from fwd_from on came after the newest backward step. */
+	/* The forward steps this meter followed, oldest first: at label step_at[i] the label clock
+	 * jumped by step_by[i] (a gap, gap_* below), and the offset (label - wall) in force before
+	 * each, for the node's times logged before it. Those from fwd_from on came after the newest
+	 * backward step. */
 	int64_t step_at[STEPS_KEPT], step_by[STEPS_KEPT], step_off[STEPS_KEPT];
 	int nsteps, fwd_from;
+	/* The label clock's gaps, oldest first: each forward step past the label clock (step_by
+	 * > 0) left the labels [gap_at[i], gap_at[i] + gap_by[i]) that no real time passed under.
+	 * A label keeps the real instant it named when it was given: billing across a gap bills
+	 * either side of it and nothing in it (label_len(), bill_span()), so every meter of a node
+	 * labels a real instant alike, whenever it bills it (kiln-sim seed 31174). */
+	int64_t gap_at[STEPS_KEPT], gap_by[STEPS_KEPT];
+	int ngaps;
+	/* For each forward step, where its gap begins: the label the tick that held it billed to
+	 * (meter_clock()), at or before step_at. The time from there to step_at, billed after the
+	 * step, is labelled past the gap: a change logged in it before the step reads there too
+	 * (node_time_seq()). */
+	int64_t step_gap[STEPS_KEPT];
 	/* The offsets (label - wall) in force before each backward step this meter followed, and
 	 * the label of each, newest last: a change logged before a step reads in its own (kiln-sim
 	 * `clock`, 9110). */
@@ -305,8 +320,98 @@ static int64_t label_now(struct meter *m)
 	return m->clk_l0 + (m->o.mono_ns(m->o.clock_ctx) - m->clk_m0);
 }
 
+/* Keeps the gap [at, at + by) of the label clock (a forward step past it), unless one at or after
+ * `at` is kept already (a saved frame's gaps and its newest step name the same); the oldest goes
+ * when STEPS_KEPT are kept: a point from before it would bill its gap. */
+static void gap_keep(struct meter *m, int64_t at, int64_t by)
+{
+	if (by <= 0 || (m->ngaps && m->gap_at[m->ngaps - 1] >= at))
+		return;
+	if (m->ngaps == STEPS_KEPT) {
+		memmove(m->gap_at, m->gap_at + 1, sizeof(m->gap_at[0]) * (STEPS_KEPT - 1));
+		memmove(m->gap_by, m->gap_by + 1, sizeof(m->gap_by[0]) * (STEPS_KEPT - 1));
+		m->ngaps--;
+	}
+	m->gap_at[m->ngaps] = at;
+	m->gap_by[m->ngaps++] = by;
+}
+
+/* The real time (ns) between labels t0 and t1 (t0 <= t1): the span less the gaps in it. */
+static int64_t label_len(const struct meter *m, int64_t t0, int64_t t1)
+{
+	int64_t d = t1 - t0;
+
+	for (int i = 0; i < m->ngaps && d > 0; i++) {
+		int64_t a = m->gap_at[i] > t0 ? m->gap_at[i] : t0;
+		int64_t e = m->gap_at[i] + m->gap_by[i] < t1 ? m->gap_at[i] + m->gap_by[i] : t1;
+
+		if (e > a)
+			d -= e - a;
+	}
+	return d > 0 ? d : 0;
+}
+
+/* The label `d` ns of real time after label `t`, over the gaps between. */
+static int64_t label_add(const struct meter *m, int64_t t, int64_t d)
+{
+	for (int i = 0; i < m->ngaps; i++) {
+		int64_t a = m->gap_at[i], e = a + m->gap_by[i];
+
+		if (e <= t)
+			continue;
+		if (t >= a) {
+			t = e;	/* in the gap: real time goes on at its end */
+			continue;
+		}
+		if (t + d <= a)
+			break;
+		d -= a - t;
+		t = e;
+	}
+	return t + d;
+}
+
+/* The label `d` ns of real time before label `t`, over the gaps between. */
+static int64_t label_sub(const struct meter *m, int64_t t, int64_t d)
+{
+	for (int i = m->ngaps - 1; i >= 0; i--) {
+		int64_t a = m->gap_at[i], e = a + m->gap_by[i];
+
+		if (a >= t)
+			continue;
+		if (e >= t) {
+			t = a;	/* in the gap, or at its end: the instant of its start */
+			continue;
+		}
+		if (t - d >= e)
+			break;
+		d -= t - e;
+		t = a;
+	}
+	return t - d;
+}
+
+/* The label `t`, or the end of the gap it falls in: where real time after it is labelled. */
+static int64_t label_out_of_gap(const struct meter *m, int64_t t)
+{
+	for (int i = 0; i < m->ngaps; i++)
+		if (t >= m->gap_at[i] && t < m->gap_at[i] + m->gap_by[i])
+			return m->gap_at[i] + m->gap_by[i];
+	return t;
+}
+
+/* The start of the first gap after label `t`, INT64_MAX when none. */
+static int64_t gap_next(const struct meter *m, int64_t t)
+{
+	for (int i = 0; i < m->ngaps; i++)
+		if (m->gap_at[i] > t)
+			return m->gap_at[i];
+	return INT64_MAX;
+}
+
 /* Keeps a forward step of the wall clock at label `at`, the label clock moved on by `by`, the
- * offset before it `off` (node_time(), step_shift()); the oldest goes when STEPS_KEPT are kept. */
+ * offset before it `off` (node_time()), its gap from `at` (fwd_gap() sets another start); the
+ * oldest goes when STEPS_KEPT are kept. */
 static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 {
 	if (m->nsteps == STEPS_KEPT) {
@@ -316,6 +421,7 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 		memmove(m->step_seq, m->step_seq + 1, sizeof(m->step_seq[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_mono, m->step_mono + 1, sizeof(m->step_mono[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_min, m->step_min + 1, sizeof(m->step_min[0]) * (STEPS_KEPT - 1));
+		memmove(m->step_gap, m->step_gap + 1, sizeof(m->step_gap[0]) * (STEPS_KEPT - 1));
 		m->nsteps--;
 		if (m->fwd_from)
 			m->fwd_from--;
@@ -325,7 +431,21 @@ static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 	m->step_seq[m->nsteps] = 0;
 	m->step_min[m->nsteps] = 0;
 	m->step_mono[m->nsteps] = m->o.mono_ns(m->o.clock_ctx);
+	m->step_gap[m->nsteps] = at;
 	m->step_by[m->nsteps++] = by;
+	gap_keep(m, at, by);
+}
+
+/* The newest kept forward step's gap begins at `from` (<= its step_at): the labels [from,
+ * from + step_by) never passed, and the time from `from` to step_at is labelled after them. */
+static void fwd_gap(struct meter *m, int64_t from)
+{
+	int k = m->nsteps - 1;
+
+	m->step_gap[k] = from;
+	if (m->ngaps && m->gap_at[m->ngaps - 1] == m->step_at[k])
+		m->ngaps--;
+	gap_keep(m, from, m->step_by[k]);
 }
 
 /* Keeps a backward step of the wall clock at label `at`, seen at monotonic time `mono`, the offset
@@ -359,7 +479,42 @@ static struct mstep newest_step(const struct meter *m)
 	if (k >= 0)
 		st = (struct mstep){ .set = true, .back = k < m->fwd_from, .at = m->step_at[k],
 				     .by = m->step_by[k], .off = m->step_off[k] };
+	memcpy(st.gap_at, m->gap_at, sizeof(st.gap_at));
+	memcpy(st.gap_by, m->gap_by, sizeof(st.gap_by));
+	st.ngaps = m->ngaps;
 	return st;
+}
+
+/* The gaps of `st` as a bigint[] literal for meter_clocks.gaps_ns: "{at,by,...}". */
+static void gaps_text(const struct mstep *st, char *out, size_t n)
+{
+	size_t k = (size_t)snprintf(out, n, "{");
+
+	for (int i = 0; i < st->ngaps && k < n; i++)
+		k += (size_t)snprintf(out + k, n - k, "%s%" PRId64 ",%" PRId64, i ? "," : "",
+				      st->gap_at[i], st->gap_by[i]);
+	if (k < n)
+		snprintf(out + k, n - k, "}");
+}
+
+/* The gaps of meter_clocks.gaps_ns's text `v` ("{at,by,...}", NULL: none) into `st`. */
+static void gaps_parse(struct mstep *st, const char *v)
+{
+	char *end;
+
+	st->ngaps = 0;
+	if (!v || *v++ != '{')
+		return;
+	while (*v && *v != '}' && st->ngaps < STEPS_KEPT) {
+		long long at = strtoll(v, &end, 10), by;
+
+		if (*end != ',')
+			break;
+		by = strtoll(end + 1, &end, 10);
+		st->gap_at[st->ngaps] = at;
+		st->gap_by[st->ngaps++] = by;
+		v = *end == ',' ? end + 1 : end;
+	}
 }
 
 /*
@@ -368,8 +523,8 @@ static struct mstep newest_step(const struct meter *m)
  * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
  * at the wall clock; never before the newest billed-up-to point of the node.
  * When the wall clock is found ahead of it (a forward step), it follows at the next tick (this
- * one bills up to the second before in the frame before), and every tracked sandbox's
- * billed-up-to point moves by the same amount: the step is never billed. Behind it (a
+ * one bills up to the second before in the frame before), leaving a gap of labels that no time
+ * passed under: the step is never billed (bill_span() skips the gap). Behind it (a
  * backward step), it keeps going; node timestamps are shifted by the difference (m->off).
  * Within STEP_TOLERANCE_NS of it (no step), it is the wall clock itself.
  */
@@ -386,13 +541,24 @@ static int64_t meter_clock(struct meter *m)
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
 			m->frame_seq = m->resume_log_seq;	/* the frame goes on */
 			framed = true;
-			/* The frame's newest forward step, followed by the meter that saved it: a
-			 * point of the ledger from before it moves on by it here too (kiln-sim
-			 * `clock`, seed 150252085: a meter started just after a 3,160 s step
-			 * billed it as paused time from a point read from before it). */
-			if (m->resume_step.set) {
-				fwd_keep(m, m->resume_step.at, m->resume_step.by, m->resume_step.off);
-				if (m->resume_step.back)
+			/* The frame's gaps and newest forward step, followed by the meter that
+			 * saved it: a point of the ledger from before a gap is billed on over it
+			 * here too (kiln-sim `clock`, seed 150252085: a meter started just after a
+			 * 3,160 s step billed it as paused time from a point read from before it). */
+			const struct mstep *rs = &m->resume_step;
+
+			for (int i = 0; i < rs->ngaps; i++)	/* its meter's gaps, as its own */
+				gap_keep(m, rs->gap_at[i], rs->gap_by[i]);
+			if (rs->set) {
+				fwd_keep(m, rs->at, rs->by, rs->off);
+				/* Its gap, where that meter's held tick began it (migrations/0052). */
+				for (int i = rs->ngaps - 1; i >= 0; i--)
+					if (rs->by > 0 && rs->gap_by[i] == rs->by &&
+					    rs->gap_at[i] <= rs->at) {
+						fwd_gap(m, rs->gap_at[i]);
+						break;
+					}
+				if (rs->back)
 					m->fwd_from = m->nsteps;
 			}
 		}
@@ -419,10 +585,18 @@ static int64_t meter_clock(struct meter *m)
 	if (w - l > STEP_TOLERANCE_NS) {
 		int64_t step = w - l;
 		log_warn("the wall clock stepped %.3f s ahead of the meter's: not billed", (double)step / 1e9);
-		for (size_t i = 0; i < m->nsbs; i++)	/* not one read after the step while held */
-			if (!held || m->sbs[i]->last_t <= m->clk_now_l)
-				m->sbs[i]->last_t += step;
+		/* A gap of labels: the tracked points stay where they are, and billing from them
+		 * skips it (bill_span()). Moved on by the step, a point from before it labelled the
+		 * real time before the step as after it: a meter without Postgres across a 2,086 s
+		 * step, 111 s behind, billed a generation the node's other meter had billed live a
+		 * second time, 2,086 s later on the labels, and the ledger's fence, comparing
+		 * labels, took both (kiln-sim seed 31174, +37,700 µcr). */
 		fwd_keep(m, l, step, off_before);
+		/* Held, the step came after the held tick's label (it billed to there): the gap
+		 * begins there, as every meter of the node places it, and the time since is
+		 * labelled past it, as a change logged then reads (node_time_seq()). */
+		if (held)
+			fwd_gap(m, m->clk_now_l);
 		m->clk_l0 = w;
 		m->clk_m0 = mono;
 		l = w;
@@ -684,27 +858,36 @@ static struct mwin *win_get(struct msb *s, long long gen, int64_t ws, int64_t t0
 
 /*
  * Bills `s` for [t0, t1) in state `st`, with `cpu` ns of CPU and rx/tx bytes measured over it,
- * split at window boundaries (the measured amounts in proportion to time). Advances last_t and
- * the counters. `read_at` is when the counters were read.
+ * split at window boundaries (the measured amounts in proportion to time), less the label
+ * clock's gaps in it (forward steps: no time passed there, no window holds them). Advances
+ * last_t and the counters. `read_at` is when the counters were read.
  */
 static void bill_span(struct meter *m, struct msb *s, int64_t t0, int64_t t1, enum bstate st,
 		      uint64_t cpu, uint64_t rx, uint64_t tx, int64_t read_at)
 {
 	const int64_t wns = m->o.window_s * PRICE_NS_PER_S;
 
-	if (t1 <= t0) {
+	if (label_len(m, t0, t1) == 0) {
 		s->cpu_at += cpu;
 		s->rx_at += rx;
 		s->tx_at += tx;
 		return;
 	}
-	while (t0 < t1) {
+	while ((t0 = label_out_of_gap(m, t0)) < t1) {
 		int64_t ws = price_window_start(t0, m->o.window_s);
 		int64_t pe = ws * PRICE_NS_PER_S + wns < t1 ? ws * PRICE_NS_PER_S + wns : t1;
-		uint64_t num = (uint64_t)(pe - t0), den = (uint64_t)(t1 - t0);
-		uint64_t c = pe == t1 ? cpu : price_share(cpu, num, den);
-		uint64_t r = pe == t1 ? rx : price_share(rx, num, den);
-		uint64_t x = pe == t1 ? tx : price_share(tx, num, den);
+		int64_t g = gap_next(m, t0);
+		uint64_t num, den = (uint64_t)label_len(m, t0, t1);
+		bool last;
+		uint64_t c, r, x;
+
+		if (g < pe)
+			pe = g;	/* up to the gap; on from its end */
+		num = (uint64_t)(pe - t0);
+		last = num == den;	/* the rest of the span: what is left of the amounts */
+		c = last ? cpu : price_share(cpu, num, den);
+		r = last ? rx : price_share(rx, num, den);
+		x = last ? tx : price_share(tx, num, den);
 		struct price_usage u = {
 			.run_ns = st == BS_RUN ? num : 0,
 			.paused_ns = st == BS_PAUSED ? num : 0,
@@ -796,7 +979,6 @@ struct mrow {
 	int64_t m_last;
 	uint64_t m_cpu, m_rx, m_tx, m_rem;
 	uint64_t m_snap_mib;	/* m_gen's pause snapshot when m_gen < gen, MiB (0: none known) */
-	bool m_placed;		/* m_last is on this meter's clock (gen_point()), not its writer's */
 	bool m_billed;		/* m_gen marked ended or billed (its point in "none": its end) */
 	/* A node whose meter is gone, with generations here taken over: its newest point's
 	 * remainder, where its next generation goes on (gen_rem_switch). */
@@ -846,20 +1028,6 @@ static int64_t row_end(const struct mrow *r)
  * from its creation: its state changes (r->e) say what it did since.
  */
 /*
- * A billed-up-to point read from the ledger, on this meter's label clock: a point from before a
- * forward step this meter followed moves on by that step, as the points it tracked did then
- * (another meter of the node wrote it before the step; billed from where it stood, the step's
- * time would be billed: kiln-sim `clock`, seed 1, +144,955 µcr).
- */
-static int64_t step_shift(const struct meter *m, int64_t t)
-{
-	for (int i = 0; i < m->nsteps; i++)
-		if (t < m->step_at[i])
-			t += m->step_by[i];
-	return t;
-}
-
-/*
  * node_time() of a change logged with sequence `seq` (0: unknown, any): not in the frame before a
  * forward step kept for the changes logged above step_min only, when logged no later, but at
  * offset 0, where the first tick that kept that step stood before it (a change older than the
@@ -874,8 +1042,22 @@ static int64_t node_time_seq(const struct meter *m, int64_t w, long long seq)
 		k--;
 	if (k < m->nsteps) {
 		t = w + (seq && seq <= m->step_min[k] ? 0 : m->step_off[k]);
-		for (int i = k; i < m->nsteps; i++)
-			t += m->step_by[i];
+		if (m->step_by[k] > 0 && t >= m->step_gap[k])
+			t += m->step_by[k];	/* in the held tick's time: labelled past the gap */
+	}
+	/* A label in a gap never passed: read with the offset after a backward step that came
+	 * after the gap's forward step, the change was logged before both (the wall clock's times
+	 * repeat after a backward step), in the frame before the newest forward step it precedes.
+	 * Read in the gap, a meter without Postgres across +600 and -200 s steps billed its point
+	 * from before the forward step as running up to the gap (35 s, refused by the fence). */
+	for (int i = m->fwd_from - 1; i >= 0 && label_out_of_gap(m, t) != t; i--) {
+		int64_t x = w + (seq && seq <= m->step_min[i] ? 0 : m->step_off[i]);
+
+		if (x >= m->step_at[i])
+			continue;	/* not before that step in the frame before it */
+		if (m->step_by[i] > 0 && x >= m->step_gap[i])
+			x += m->step_by[i];
+		t = x;
 	}
 	return t;
 }
@@ -883,11 +1065,13 @@ static int64_t node_time_seq(const struct meter *m, int64_t w, long long seq)
 /*
  * The node's wall-clock time `w` (ns) on this meter's label clock: shifted by the offset in force
  * now, or, when it was logged before forward steps this meter followed (since its last backward
- * step), placed in the frame in force before the oldest of them and moved on by each, as the
- * points it tracked were (kiln-sim `clock`, seed 9119: a sandbox created while its node's meter
- * was down, just before a 2,918 s forward step, was billed from its creation read in the new
- * frame, the step's time with it, +2,194,336 µcr). A time after a forward step reads later than
- * where it landed, a time before it earlier than where it left (by the step).
+ * step), in the frame in force before the oldest of them: the label it had then, before the
+ * steps' gaps, the one the node's meters gave that instant live (kiln-sim `clock`, seed 9119: a
+ * sandbox created while its node's meter was down, just before a 2,918 s forward step, was
+ * billed from its creation read in the new frame, the step's time with it, +2,194,336 µcr;
+ * seed 31174: moved on by the step, as points once were, a generation billed live by the node's
+ * other meter was billed again 2,086 s later on the labels). A time after a forward step reads
+ * later than where it landed, a time before it earlier than where it left (by the step).
  */
 static int64_t node_time(const struct meter *m, int64_t w)
 {
@@ -898,13 +1082,11 @@ static int64_t node_time(const struct meter *m, int64_t w)
  * inverse at its widest: the log is read from there). */
 static int64_t node_wall_from(const struct meter *m, int64_t t)
 {
-	int64_t w = t - m->off, shift = 0;
+	int64_t w = t - m->off;
 
-	for (int i = m->nsteps - 1; i >= m->fwd_from; i--) {
-		shift += m->step_by[i];
-		if (t - m->step_off[i] - shift < w)
-			w = t - m->step_off[i] - shift;
-	}
+	for (int i = m->nsteps - 1; i >= m->fwd_from; i--)
+		if (t - m->step_off[i] < w)
+			w = t - m->step_off[i];
 	return w;
 }
 
@@ -960,8 +1142,8 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq,
 	 * In a frame begun at a restart, a change at or below its log_seq may have been logged after
 	 * that frame's own step and is read early: in the point, except one logged in the window
 	 * that restart's meter had not closed when it crashed (docs/metering.md, Clocks, open); by
-	 * the tick alone it read the later step's size late and was billed again. Not moved on by
-	 * forward steps followed after the step (open). */
+	 * the tick alone it read the later step's size late and was billed again. A forward step
+	 * followed after the step moves it no more than any other (a gap of labels). */
 	if (b >= 0)
 		t = w + m->back_off[b];
 	for (b = b >= 0 ? b - 1 : m->nback - 1;
@@ -974,10 +1156,10 @@ static int64_t node_time_logged(const struct meter *m, int64_t w, long long seq,
 /*
  * A change's own witness (migrations/0051, record/record.h): logged on this meter's host since
  * its boot (`boot`, the boot id it was logged with, is this meter's), at `mono` on the monotonic
- * clock, it stands on the label clock at the tick's label less the monotonic time since, into
- * *t: where it happened, whatever steps the wall clock took since. The label clock runs on the
- * monotonic clock and jumps only with the forward steps this meter followed, by which the points
- * it tracks moved too, as node_time() moves a change logged before them. The wall-clock time
+ * clock, it stands on the label clock at the tick's label less the monotonic time since, and less
+ * the gaps the label clock jumped since (the forward steps this meter followed, or its saved
+ * frame's meter did), into *t: where it happened, whatever steps the wall clock took since, the
+ * label the node's meters gave that instant live. The wall-clock time
  * alone cannot place a change logged while no meter of the node ran between two steps: a
  * restarted meter sees only their net step and read such a change in a frame it never saw, a
  * step's size early, before the ledger's point, taken as in it (kiln-sim seeds 31117, a
@@ -992,6 +1174,9 @@ static bool witness_time(const struct meter *m, const char *boot, int64_t mono, 
 	if (!boot || !m->boot[0] || strcmp(boot, m->boot) != 0 || !m->clk_now_l)
 		return false;
 	*t = m->clk_now_l - (m->clk_now_m - mono);
+	for (int i = m->ngaps - 1; i >= 0; i--)
+		if (*t < m->gap_at[i] + m->gap_by[i])
+			*t -= m->gap_by[i];	/* before the jump over this gap */
 	return true;
 }
 
@@ -1116,8 +1301,8 @@ static void log_place(const struct meter *m, struct ment *e, size_t n)
  * before the one node_time() takes (the wall clock's times repeat after a backward step), on the
  * label clock, such that what is billed of the generation from there (`billed`, ns) ends no later
  * than its end (`end`, on the label clock): the latest of the frames before a forward or a
- * backward step this meter followed that puts `w` before that step, moved on by the forward
- * steps since (step_shift()); else `end` less `billed` (all of the generation is billed).
+ * backward step this meter followed that puts `w` before that step; else `end` less `billed`
+ * (all of the generation is billed; real time, over the label clock's gaps: label_sub()).
  * Not the frame before a step when the start was logged LOG_LATE_NS or more after it (its log
  * sequence `seq` past the one read then, step_seq/back_seq): its time is after the step. Moved
  * there, a point past its end because the end was logged late (the writer billed past it), not
@@ -1128,7 +1313,7 @@ static void log_place(const struct meter *m, struct ment *e, size_t n)
 static int64_t node_time_before(const struct meter *m, int64_t w, long long seq, int64_t billed,
 				int64_t end)
 {
-	int64_t best = end - billed;
+	int64_t best = label_sub(m, end, billed);
 	bool found = false;
 
 	for (int k = 0; k < m->nsteps + m->nback; k++) {
@@ -1142,8 +1327,8 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 			continue;	/* logged well after that step */
 		if (!fwd && !back_usable(m, k - m->nsteps, seq))
 			continue;	/* logged before the frame kept for that step began */
-		p = step_shift(m, x);
-		if (p + billed <= end && (!found || p > best)) {
+		p = x;
+		if (label_add(m, p, billed) <= end && (!found || p > best)) {
 			best = p;
 			found = true;
 		}
@@ -1164,8 +1349,11 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
  * another node was billed again from its start, under labels 281 s from the other meter's, which
  * the ledger's fence, comparing labels, took (kiln-sim `clock`, seed 524333160, +106,769 µcr). A
  * generation's billed time is a prefix of it, and its length (its windows' billed periods,
- * GEN_BILLED_SQL) is the same on every clock; the start, moved on by the forward steps this meter
- * followed after it (node_time()), is where a point from before them stands too (step_shift()).
+ * GEN_BILLED_SQL) is the same on every clock, real time: the point is that far past the start
+ * over the gaps of this meter's label clock between (label_add()). The windows hold no time of
+ * a gap of their writer's, but for the part of one inside a window the writer billed on both
+ * sides of it (a step shorter than a window): counted as billed, the point stands that much
+ * late (open).
  * Not the point less its first window's start on the writer's labels: those jumped by each
  * forward step the writer followed, so a step both meters followed counted twice. A generation
  * taken over across steps of +3,247 and +1,184 s read as billed 4,429 s past its end, and the
@@ -1202,7 +1390,7 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 	exact = witness_col(m, res, i, wit_col, t);
 	if (!exact)
 		*t = node_time_logged(m, w, seq, m->clk_now_l);
-	*t += billed;
+	*t = label_add(m, *t, billed);
 	if (end_col >= 0 && pg_res_get(res, i, end_col)) {
 		if (!witness_col(m, res, i, wit_col >= 0 ? wit_col + 1 : -1, &end))
 			end = node_time_logged(m, pg_res_int(res, i, end_col, 0) * 1000,
@@ -1210,7 +1398,7 @@ static bool gen_point(const struct meter *m, const struct pg_res *res, int i, in
 		if (exact && *t > end)
 			*t = end;	/* a start placed exactly: billed past the end, no frame */
 		else if (*t > end + STEP_TOLERANCE_NS)
-			*t = node_time_before(m, w, seq, billed, end) + billed;
+			*t = label_add(m, node_time_before(m, w, seq, billed, end), billed);
 		else if (*t > end)
 			*t = end;	/* billed past it, not read in another frame */
 	}
@@ -1254,7 +1442,7 @@ static struct msb *sb_track(struct meter *m, const struct mrow *r, int64_t now)
 		s->gen = r->m_gen;
 		s->state = bstate_of(r->m_state);
 		s->mine = r->m_mine;
-		s->last_t = r->m_placed ? r->m_last : step_shift(m, r->m_last);
+		s->last_t = r->m_last;	/* a label: the gaps since are skipped as it is billed on */
 		s->cpu_at = r->m_cpu;
 		s->rx_at = r->m_rx;
 		s->tx_at = r->m_tx;
@@ -1558,15 +1746,15 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			drx = rx - s->rx_at;
 			dtx = tx - s->tx_at;
 		}
-		for (size_t k = i; k <= j; k++) {
-			all += (uint64_t)(pc[k].t1 - pc[k].t0);
+		for (size_t k = i; k <= j; k++) {	/* real time: no gap's labels */
+			all += (uint64_t)label_len(m, pc[k].t0, pc[k].t1);
 			if (pc[k].st == BS_RUN)
-				run += (uint64_t)(pc[k].t1 - pc[k].t0);
+				run += (uint64_t)label_len(m, pc[k].t0, pc[k].t1);
 		}
 		{
 			uint64_t c_left = dcpu, r_left = drx, x_left = dtx;
 			for (size_t k = i; k <= j; k++) {
-				uint64_t d = (uint64_t)(pc[k].t1 - pc[k].t0), c = 0, rr, xx;
+				uint64_t d = (uint64_t)label_len(m, pc[k].t0, pc[k].t1), c = 0, rr, xx;
 				bool last_run = true;
 				for (size_t q = k + 1; q <= j; q++)
 					if (pc[q].st == BS_RUN)
@@ -1617,7 +1805,7 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 	if (!ended && s->state != BS_NONE) {
 		/* What it costs now, per second: its allocation, and CPU at this tick's pace. */
-		int64_t span = end - s->t_start;
+		int64_t span = end > s->t_start ? label_len(m, s->t_start, end) : end - s->t_start;
 		struct price_usage u = {
 			.run_ns = s->state == BS_RUN ? (uint64_t)PRICE_NS_PER_S : 0,
 			.paused_ns = s->state == BS_PAUSED ? (uint64_t)PRICE_NS_PER_S : 0,
@@ -2207,6 +2395,7 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
 	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
+	char gaps[STEPS_KEPT * 2 * 22 + 4];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -2229,20 +2418,21 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 		if (frame_seq >= 0)
 			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
 		snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
+		gaps_text(step, gaps, sizeof(gaps));
 		rc = PGQ(c, NULL, err,
 			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq) "
+			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq, gaps_ns) "
 			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
 			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
-			 "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint) "
+			 "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint, $13::bigint[]) "
 			 "ON CONFLICT (node_id) DO UPDATE SET "
 			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, "
+			 "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, gaps_ns = $13, "
 			 "updated_at = now() "
 			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false", fseq, tseq);
+			 s_off, step->back ? "true" : "false", fseq, tseq, gaps);
 	}
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
@@ -2910,7 +3100,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back, log_seq, tick_seq FROM meter_clocks "
+			 "step_back, log_seq, tick_seq, gaps_ns FROM meter_clocks "
 			 "WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
@@ -2927,6 +3117,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 				.off = pg_res_int(res, 0, 5, 0) };
 			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
 			m->resume_tick_seq = pg_res_int(res, 0, 8, 0);
+			gaps_parse(&m->resume_step, pg_res_get(res, 0, 9));
 		}
 		pg_res_free(res);
 	}
@@ -3433,8 +3624,8 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 	for (int i = 0; i < rows; i++) {
 		row_parse(res, i, &r[i]);
 		row_times(m, &r[i]);	/* read again with their log rows' placed times, below */
-		if (r[i].has_m && gen_point(m, res, i, 21, 24, 25, 27, &r[i].m_last))
-			r[i].m_placed = true;	/* written by another node's meter */
+		if (r[i].has_m)	/* written by another node's meter: placed on this clock */
+			(void)gen_point(m, res, i, 21, 24, 25, 27, &r[i].m_last);
 		sv[i] = sb_find(m, r[i].id);
 		{
 			/* Untracked: from its point, or from its creation when the point is

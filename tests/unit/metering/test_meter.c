@@ -3897,6 +3897,162 @@ static void test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_fra
 	meter_free(m);
 }
 
+/*
+ * A meter that bills a stretch late must give it the labels the node's other meter gave it live.
+ * Kiln-sim seed 31174: one of node 0's two meters, without Postgres across a 2,086 s forward
+ * step, moved its point of a sandbox on by the step and read the resume and the deletion logged
+ * before the step moved on by it too: it billed the generation between them, which the node's
+ * other meter had billed live, a second time 2,086 s later on the label clock, where no window
+ * of the other's starts, and the ledger took both (+37,700 µcr). A forward step is a gap of
+ * labels now: nothing before it moves. Here one node, meters a and b, the sandbox running from
+ * 0; b without Postgres from 5 (its window [0, 10) pending to 5); paused at 8 (128 MiB), resumed
+ * at 12 (generation 2), stopped at 25, all billed live by a; the wall clock 600 s forward at 40;
+ * b's Postgres back at 50. `witnessed`: the changes carry the meters' boot and monotonic time
+ * (the seed's), else the frames place them. Before: generation 2 charged 6,682 µcr for 3,341,
+ * its windows from 612 s, in the step's gap. `then`: a second step of the wall clock at 45 s
+ * while b is still without Postgres, that many seconds forward (> 0) or back (< 0), 0: none.
+ */
+static void forward_step_without_postgres_case(bool witnessed, int then)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	if (witnessed)
+		boot = "test-boot-gap";
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 70; i++) {
+		if (i == 6)
+			meter_set_backends(b, dead, rds);	/* b without Postgres from 5 */
+		if (i == 9 && witnessed)
+			pause_witnessed(t, sb, "snap_f", 128, boot);	/* at 8 */
+		else if (i == 9)
+			pause_into(t, sb, "snap_f", 128);
+		if (i == 13 && witnessed)	/* at 12, resumed: generation 2 */
+			resume_witnessed(sb, boot);
+		else if (i == 13)
+			sql("UPDATE sandboxes SET state = 'running', generation = 2, "
+			    "pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6) "
+			    "WHERE id = '%s'", (long long)(fake_now / 1000), sb);
+		if (i == 26 && witnessed)
+			stop_witnessed(sb, boot, fake_mono);	/* at 25 */
+		else if (i == 26)
+			stop_sandbox(sb, fake_now);
+		if (i == 41)
+			fake_now += 600 * S;	/* at 40, the wall clock steps 600 s forward */
+		if (i == 46)
+			fake_now += then * S;	/* at 45, a second step */
+		if (i == 51)
+			meter_set_backends(b, pg, rds);	/* b's Postgres back at 50 */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (i < 51)
+			(void)meter_tick(b, &err);
+		else
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	/* generation 1: 8 s running and 4 s paused at 128 MiB; generation 2: 13 s running */
+	CHECK_INT(used_gen(sb, 2), 13 * 257);
+	CHECK_INT(used(t), 21 * 257 + 4 * 128);
+	/* no window in the step's gap of labels, [40, 640), where no time passed, nor any later:
+	 * the sandbox stopped at 25 */
+	CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND window_start >= to_timestamp(%lld / 1e6)", sb,
+			  (long long)((t0 + 30 * S) / 1000)), 0);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+	pg_free(dead);
+	boot = NULL;
+}
+
+static void test_a_meter_without_postgres_across_a_forward_step_does_not_bill_the_time_before_it_again(void)
+{
+	forward_step_without_postgres_case(false, 0);
+}
+
+static void test_a_meter_without_postgres_across_a_forward_step_reads_witnessed_changes_at_their_labels(void)
+{
+	forward_step_without_postgres_case(true, 0);
+}
+
+/* Two forward steps while b is without Postgres (600 s at 40, 300 s at 45): it keeps a gap for
+ * each, and nothing before either moves. */
+static void test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again(void)
+{
+	forward_step_without_postgres_case(false, 300);
+}
+
+/* A backward step (200 s at 45) after the forward one, while b is still without Postgres: the
+ * gap stays a past stretch of labels, and the changes logged before the forward step keep
+ * their labels. */
+static void test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again(void)
+{
+	forward_step_without_postgres_case(false, -200);
+}
+
+/*
+ * The same generation running through a forward step, one of the node's two meters without
+ * Postgres from `dead_from` to 42 s: the sandbox runs from 0 to 60 s (monotonic), the wall clock
+ * steps 600 s forward at 40. The meter back from its outage bills its stretch under the labels
+ * the live one gave it, and across the step's gap bills the time on either side of it only:
+ * 60 s running, 15,420 µcr (as before the gap, where its relabelled stretch was refused behind
+ * its pending window from before the outage).
+ */
+static void same_generation_through_a_forward_step_case(int dead_from)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == dead_from)
+			meter_set_backends(b, dead, rds);
+		if (i == 41)
+			fake_now += 600 * S;	/* at 40 */
+		if (i == 43)
+			meter_set_backends(b, pg, rds);	/* back at 42 */
+		if (i == 61)
+			stop_sandbox(sb, fake_now);	/* at 60 */
+		fake_now += S;
+		fake_mono += S;
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (i < dead_from || i >= 43)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		else
+			(void)meter_tick(b, &err);
+	}
+	CHECK_INT(used(t), 60 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+	pg_free(dead);
+}
+
+static void test_a_generation_running_through_a_forward_step_without_postgres_from_10_is_billed_once(void)
+{
+	same_generation_through_a_forward_step_case(11);
+}
+
+static void test_a_generation_running_through_a_forward_step_without_postgres_from_30_is_billed_once(void)
+{
+	same_generation_through_a_forward_step_case(31);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -3996,6 +4152,12 @@ int main(void)
 	TEST(test_a_taken_over_generations_change_before_its_point_is_open);
 	TEST(test_a_change_without_a_witness_stays_after_the_witnessed_one_before_it);
 	TEST(test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_frame);
+	TEST(test_a_meter_without_postgres_across_a_forward_step_does_not_bill_the_time_before_it_again);
+	TEST(test_a_meter_without_postgres_across_a_forward_step_reads_witnessed_changes_at_their_labels);
+	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_10_is_billed_once);
+	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_30_is_billed_once);
+	TEST(test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again);
+	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
 
 	rc = test_summary();
 	rds_free(rds);
