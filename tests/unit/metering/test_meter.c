@@ -4053,6 +4053,44 @@ static void test_a_generation_running_through_a_forward_step_without_postgres_fr
 	same_generation_through_a_forward_step_case(31);
 }
 
+/*
+ * Kiln-sim seed 31282: one of a node's two meters, resynced after its late window was refused,
+ * took its sandboxes back from the ledger's point two seconds before a forward step, a second
+ * short of where the node's other meter had billed, and moved that point on by the step: the
+ * second between was billed twice, once at its label before the step and once past it (+220,
+ * +15, +76 µcr on three paused sandboxes). Here meters a and b tick in that order, a skips its
+ * ticks at 26 and 30, the wall clock steps 600 s forward at 32 and the sandbox stops at 40 (real
+ * time). Before the gap design, 10,537 µcr for 10,280.
+ */
+static void test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 50; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 32)
+			fake_now += 600 * S;	/* the wall clock steps 600 s forward */
+		if (i == 41)
+			stop_sandbox(sb, fake_now - S);	/* at 40 s of real time */
+		if (i != 26 && i != 30)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 40 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4158,6 +4196,7 @@ int main(void)
 	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_30_is_billed_once);
 	TEST(test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again);
 	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
+	TEST(test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once);
 
 	rc = test_summary();
 	rds_free(rds);
