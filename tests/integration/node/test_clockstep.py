@@ -142,17 +142,20 @@ class ClockStepTests(unittest.TestCase):
         before = [b for b in beats if b <= stepped]
         after = [b for b in beats if stepped < b <= end]
         self.assertGreaterEqual(len(before), BEFORE_S / PERIOD_S - 1, f"beats before the step: {before}")
-        # No stall: no gap of two periods from the last beat before the step to the end of the watch.
+        # No stall: no gap of three periods from the last beat before the step to the end of the
+        # watch (a wall-clock wait that a backward step stretches stalls for the whole watch; one
+        # beat late on a loaded host is not a stall).
         marks = before[-1:] + after + [end]
         gaps = [round(b - a, 3) for a, b in zip(marks, marks[1:])]
         figures = f"step {offset} s at {stepped:.3f}; beats after it at {[round(b - stepped, 3) for b in after]}; gaps {gaps}"
         print(figures)
-        self.assertLessEqual(max(gaps), 2 * PERIOD_S, "the heartbeat stalled: " + figures)
+        self.assertLessEqual(max(gaps), 3 * PERIOD_S, "the heartbeat stalled: " + figures)
         # No burst: at most one beat a period, and none hard on another's heels (a wall-clock
         # wait that a forward step ends at once beats twice within milliseconds). Each beat is due
-        # at a fixed schedule, so one late beat does not move the next.
+        # at a fixed schedule, so one late beat does not move the next: it may come close to it,
+        # not within a twentieth of a period.
         self.assertLessEqual(len(after), (end - stepped) / PERIOD_S + 1, "the heartbeat bunched: " + figures)
-        self.assertGreaterEqual(min(gaps[:-1]), PERIOD_S / 4, "the heartbeat bunched: " + figures)
+        self.assertGreaterEqual(min(gaps[:-1]), PERIOD_S / 20, "the heartbeat bunched: " + figures)
 
     def test_a_backward_step_does_not_stall_the_heartbeat(self):
         self.assert_beats_through_step(f"-{STEP_S}", -STEP_S)
