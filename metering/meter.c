@@ -517,6 +517,16 @@ static void gaps_parse(struct mstep *st, const char *v)
 	}
 }
 
+/* The saved gap of the saved frame's newest forward step `rs` (where that meter's held tick
+ * began it: the newest of its length starting no later than the step), -1 when none is. */
+static int frame_step_gap(const struct mstep *rs)
+{
+	for (int i = rs->ngaps - 1; rs->set && rs->by > 0 && i >= 0; i--)
+		if (rs->gap_by[i] == rs->by && rs->gap_at[i] <= rs->at)
+			return i;
+	return -1;
+}
+
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
@@ -546,18 +556,19 @@ static int64_t meter_clock(struct meter *m)
 			 * here too (kiln-sim `clock`, seed 150252085: a meter started just after a
 			 * 3,160 s step billed it as paused time from a point read from before it). */
 			const struct mstep *rs = &m->resume_step;
+			int g = frame_step_gap(rs), n = g == rs->ngaps - 1 ? g : rs->ngaps;
 
-			for (int i = 0; i < rs->ngaps; i++)	/* its meter's gaps, as its own */
+			/* Its meter's gaps, as its own, but for its step's (the newest), which
+			 * fwd_keep() and fwd_gap() keep: kept here too, a frame with STEPS_KEPT
+			 * gaps lost its oldest to the step's gap at its label, which fwd_gap()
+			 * then took off (15 of 16 kept; a point from before it billed that gap). */
+			for (int i = 0; i < n; i++)
 				gap_keep(m, rs->gap_at[i], rs->gap_by[i]);
 			if (rs->set) {
 				fwd_keep(m, rs->at, rs->by, rs->off);
 				/* Its gap, where that meter's held tick began it (migrations/0052). */
-				for (int i = rs->ngaps - 1; i >= 0; i--)
-					if (rs->by > 0 && rs->gap_by[i] == rs->by &&
-					    rs->gap_at[i] <= rs->at) {
-						fwd_gap(m, rs->gap_at[i]);
-						break;
-					}
+				if (g >= 0)
+					fwd_gap(m, rs->gap_at[g]);
 				if (rs->back)
 					m->fwd_from = m->nsteps;
 			}

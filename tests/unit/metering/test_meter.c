@@ -4091,6 +4091,51 @@ static void test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_eac
 	meter_free(a);
 }
 
+/*
+ * A meter started in a frame saved with STEPS_KEPT gaps keeps them all: the saved step's gap is
+ * kept once, where the saving meter's held tick began it. Before, it was kept at the step's label
+ * too, which dropped the oldest gap (16 kept), and then taken off: 15 kept and saved back, the
+ * oldest lost (a point from before it billed it). Here one meter follows 16 forward steps of
+ * 100 s (at 3, 6, ..., 48 s), crashes at 59 and restarts in its node's frame; the sandbox stops
+ * at 70.
+ */
+static void test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	long long oldest = 0;
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-all-gaps";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 90; i++) {
+		if (i % 3 == 0 && i <= 48)
+			fake_now += 100 * S;	/* a forward step of 100 s */
+		if (i == 60) {			/* a crash at 59, a restart in the frame */
+			CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks "
+					  "WHERE node_id = '%s'", node), 32);
+			oldest = sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'",
+					 node);
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 71)
+			stop_sandbox(sb, fake_now);	/* at 70 */
+		tick_both(m);
+	}
+	boot = NULL;
+	/* the frame the restarted meter saved: the same 16 gaps, the oldest first */
+	CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks WHERE node_id = '%s'",
+			  node), 32);
+	CHECK_INT(sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node), oldest);
+	CHECK_INT(used(t), 70 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4197,6 +4242,7 @@ int main(void)
 	TEST(test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again);
 	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
 	TEST(test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once);
+	TEST(test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all);
 
 	rc = test_summary();
 	rds_free(rds);
