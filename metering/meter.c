@@ -320,12 +320,14 @@ static int64_t label_now(struct meter *m)
 	return m->clk_l0 + (m->o.mono_ns(m->o.clock_ctx) - m->clk_m0);
 }
 
-/* Keeps the gap [at, at + by) of the label clock (a forward step past it), unless one at or after
- * `at` is kept already (a saved frame's gaps and its newest step name the same); the oldest goes
- * when STEPS_KEPT are kept: a point from before it would bill its gap. */
+/* Keeps the gap [at, at + by) of the label clock (a forward step past it), unless the newest one
+ * kept reaches `at` (a saved frame's gaps and its newest step name the same; overlapping gaps
+ * are no real clock's, and across them label_out_of_gap() lands inside the next one, where
+ * bill_span() bills labels no time passed under and shares more CPU than it measured); the
+ * oldest goes when STEPS_KEPT are kept: a point from before it would bill its gap. */
 static void gap_keep(struct meter *m, int64_t at, int64_t by)
 {
-	if (by <= 0 || (m->ngaps && m->gap_at[m->ngaps - 1] >= at))
+	if (by <= 0 || (m->ngaps && at < m->gap_at[m->ngaps - 1] + m->gap_by[m->ngaps - 1]))
 		return;
 	if (m->ngaps == STEPS_KEPT) {
 		memmove(m->gap_at, m->gap_at + 1, sizeof(m->gap_at[0]) * (STEPS_KEPT - 1));

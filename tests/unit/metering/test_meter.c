@@ -4136,6 +4136,46 @@ static void test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all(voi
 	meter_free(m);
 }
 
+/*
+ * A saved frame whose gaps overlap (a bad row: no clock makes them) is kept without the gap that
+ * overlaps the one before it: across overlapping gaps, label_out_of_gap() lands inside the next
+ * one, where bill_span() bills labels no time passed under and shares more CPU than it measured.
+ * Here a meter's frame, saved at 10 s, is given gaps [2, 5) and [4, 8) s before it restarts at
+ * 10; the frame it saves at its next flush keeps the first only (both before).
+ */
+static void test_a_frame_with_overlapping_gaps_keeps_the_first(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-overlap";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 11) {	/* a crash at 10, its frame's gaps overlapping, a restart */
+			meter_free(m);
+			sql("UPDATE meter_clocks SET gaps_ns = '{%lld,%lld,%lld,%lld}' "
+			    "WHERE node_id = '%s'", (long long)(t0 + 2 * S), (long long)(3 * S),
+			    (long long)(t0 + 4 * S), (long long)(4 * S), node);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks WHERE node_id = '%s'",
+			  node), 2);
+	CHECK_INT(sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node),
+		  t0 + 2 * S);
+	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4243,6 +4283,7 @@ int main(void)
 	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
 	TEST(test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once);
 	TEST(test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all);
+	TEST(test_a_frame_with_overlapping_gaps_keeps_the_first);
 
 	rc = test_summary();
 	rds_free(rds);
