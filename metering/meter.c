@@ -3696,11 +3696,13 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 		struct ment only;
 
 		if (!r[i].ne && !r[i].has_m) {
-			/* No change logged (trimmed): where the row stands now. */
+			/* No change read (trimmed, or logged before the log's wall-clock bound:
+			 * Clocks, open): where the row stands now, on no other node (sb_track()
+			 * reads its node: without one, kiln-meter crashed). */
 			only = (struct ment){ .gen = r[i].gen, .st = row_terminal(&r[i]) ? BS_NONE
 									     : bstate_of(r[i].state),
 					      .at = r[i].deleted ? r[i].deleted : r[i].changed,
-					      .mine = r[i].here };
+					      .node = "", .mine = r[i].here };
 			r[i].e = &only;
 			r[i].ne = 1;
 		}
