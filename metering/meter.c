@@ -1331,9 +1331,13 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 
 	for (int k = 0; k < m->nsteps + m->nback; k++) {
 		bool fwd = k < m->nsteps;
-		int64_t x = w + (fwd ? m->step_off[k] : m->back_off[k - m->nsteps]), p;
+		int64_t x, p;
 		long long after = fwd ? m->step_seq[k] : m->back_seq[k - m->nsteps];
 
+		/* In the frame before a forward step as node_time_seq() reads it: kept for the
+		 * changes logged above step_min only, an older one at offset 0. */
+		x = w + (!fwd ? m->back_off[k - m->nsteps] :
+			 seq && seq <= m->step_min[k] ? 0 : m->step_off[k]);
 		if (x >= (fwd ? m->step_at[k] : m->back_at[k - m->nsteps]))
 			continue;	/* not before that step in the frame before it */
 		if (seq && after && seq > after)
@@ -1341,6 +1345,11 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 		if (!fwd && !back_usable(m, k - m->nsteps, seq))
 			continue;	/* logged before the frame kept for that step began */
 		p = x;
+		/* In the held tick's time, labelled past the gap (node_time_seq()): left at its
+		 * label before the gap, inside it, label_add() began it at the gap's end, up to
+		 * the held tick's length early. */
+		if (fwd && m->step_by[k] > 0 && x >= m->step_gap[k])
+			p += m->step_by[k];
 		if (label_add(m, p, billed) <= end && (!found || p > best)) {
 			best = p;
 			found = true;

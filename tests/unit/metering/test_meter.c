@@ -4247,6 +4247,78 @@ static void test_a_sandbox_created_in_the_held_ticks_time_is_tracked(void)
 	snprintf(node, sizeof(node), "%s", na);
 }
 
+/*
+ * A taken-over generation whose start was logged in the held tick's time of a forward step (the
+ * second before the step, after the label the held tick billed to, where the step's gap begins)
+ * and whose point reads past its end (the start read with the offset after a backward step, the
+ * wall clock's times repeating): placed in the frame before the step (node_time_before()), the
+ * start is labelled past the gap, as node_time_seq() reads it. Left at its label before the gap,
+ * inside it, label_add() began it at the gap's end, a second early: the taker's tail from that
+ * point was refused behind B's windows, and the generation's last 6 s were never billed (3,855
+ * µcr for 5,397). As above, but B's meter is killed for good at 33 s, its windows flushed.
+ */
+static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_its_start(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* B's meter starts */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 15) {	/* created on B at 15, then 300 s forward: both meters follow it */
+			snprintf(node, sizeof(node), "%s", nb);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+			fake_now += 300 * S;
+		}
+		if (i == 20)	/* 320 s back: both meters keep going */
+			fake_now -= 320 * S;
+		if (i == 36)	/* to A: generation 2 */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i == 33) {	/* B's meter killed for good at 33, its windows flushed */
+			meter_free(b);
+			b = NULL;
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 21 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(used(t), 31 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4356,6 +4428,7 @@ int main(void)
 	TEST(test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all);
 	TEST(test_a_frame_with_overlapping_gaps_keeps_the_first);
 	TEST(test_a_sandbox_created_in_the_held_ticks_time_is_tracked);
+	TEST(test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_its_start);
 
 	rc = test_summary();
 	rds_free(rds);
