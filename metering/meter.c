@@ -35,6 +35,9 @@
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
 #define STEPS_KEPT 16		/* clock steps (and gaps) remembered for the times read later */
+#define STEP_KEY_SUFFIX ":step"	/* BILLING_METER_PREFIX + node + this: a forward step's gap start */
+#define STEP_KEY_TTL_S "60"
+#define STEP_WAIT_NS (2 * PRICE_NS_PER_S)	/* how long a late held tick waits to be told it */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -164,6 +167,9 @@ struct meter {
 	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
 	bool clk_set, clk_behind;
 	bool fwd_held;		/* this tick saw a forward step, billed up to it: followed at the next */
+	bool fwd_late;		/* a late held tick (a tick skipped before it) waits for the step's
+				 * gap start another meter of the node tells (step_told()) */
+	int64_t fwd_late_h;	/* that step's first held tick's label */
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
@@ -529,6 +535,79 @@ static int frame_step_gap(const struct mstep *rs)
 	return -1;
 }
 
+/* Tells the node's other meters where this meter's held tick begins the gap of a forward step of
+ * `by` ns: at `from`, the label of its last tick before the step (step_told()). */
+static void step_tell(struct meter *m, int64_t by, int64_t from)
+{
+	struct kiln_error err = { 0 };
+	char key[160], v[48];
+
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
+	snprintf(v, sizeof(v), "%" PRId64 " %" PRId64, by, from);
+	m->st.redis_calls++;
+	if (RDS(m->rds, NULL, &err, "SET", key, v, "EX", STEP_KEY_TTL_S) != KILN_OK)
+		log_warn("cannot tell the forward step's gap: %s", err.msg);
+}
+
+/* The gap start another meter of the node told (step_tell()) for a forward step of `by` ns (the
+ * same within STEP_TOLERANCE_NS) that came between labels `after` and `before`, into *from:
+ * false when none is told (not yet, or Redis away). */
+static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	char key[160];
+	long long tby, tfrom;
+	bool ok;
+
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
+	m->st.redis_calls++;
+	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
+	     sscanf(rep.str, "%lld %lld", &tby, &tfrom) == 2 &&
+	     llabs(tby - by) <= STEP_TOLERANCE_NS && tfrom >= after && tfrom <= before;
+	rds_reply_release(&rep);
+	if (ok)
+		*from = tfrom;
+	return ok;
+}
+
+/*
+ * Where the held tick at label `l`, seeing a forward step of `by` ns, bills up to: the start of
+ * the step's gap, which every meter of the node must place alike (the ledger's fence compares
+ * labels). A meter that ticked in the second before (its last tick at clk_now_l) knows the step
+ * came after that tick: there, and it tells the node's other meters (step_tell()). A late one
+ * (it skipped a tick) cannot tell from its own two ticks in which second the step came: billing
+ * to the second before, it began its gap a second or more after the other meter's when the step
+ * came early in its wait (one real second labelled twice, the step's length apart: +257 µcr on
+ * a sandbox of 257 µcr/s), and billing to its last tick, before it when the step came late
+ * (kiln-sim `clock`, seed 351001013). It takes the start another meter told, no earlier than its
+ * last tick and before its held tick; not told yet, it bills nothing more and holds again
+ * (m->fwd_late) for up to STEP_WAIT_NS, then takes the second before its first held tick.
+ */
+static int64_t held_to(struct meter *m, int64_t l, int64_t by, bool held)
+{
+	int64_t p, told;
+
+	if (!held) {
+		m->fwd_late = l - m->clk_now_l > PRICE_NS_PER_S + STEP_TOLERANCE_NS;
+		m->fwd_late_h = l;
+	}
+	if (!m->fwd_late) {
+		p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l;
+		step_tell(m, by, p);
+		return p;
+	}
+	if (step_told(m, by, m->clk_now_l, m->fwd_late_h - PRICE_NS_PER_S, &told)) {
+		m->fwd_late = false;
+		return told;
+	}
+	if (l - m->fwd_late_h < STEP_WAIT_NS)
+		return m->clk_now_l;	/* held again: nothing billed past its last tick */
+	m->fwd_late = false;
+	p = m->fwd_late_h - PRICE_NS_PER_S;
+	return p > m->clk_now_l ? p : m->clk_now_l;
+}
+
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
@@ -588,9 +667,12 @@ static int64_t meter_clock(struct meter *m)
 	 * behind the other meter's, by the step, and billed that second again under a label no
 	 * window of the other's overlaps (+1 s on three sandboxes). */
 	held = m->fwd_held;
-	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && !held;
+	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && (!held || m->fwd_late);
+	if (!m->fwd_held)
+		m->fwd_late = false;
 	if (m->fwd_held) {
-		int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l;
+		int64_t p = held_to(m, l, w - l, held);
+
 		mono -= l - p;
 		l = p;
 		w = l - off_before;

@@ -4319,6 +4319,82 @@ static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_it
 	snprintf(node, sizeof(node), "%s", na);
 }
 
+/*
+ * Two meters of one node, a and b, tick each second in that order (b first with `b_first`); the
+ * wall clock steps 600 s forward just before the tick at `step_at` s; a skips its ticks at
+ * `skip_a` and `skip_a2`, b at `skip_b` (0: none); the sandbox runs from 0 to 25 s. A meter whose held tick comes late (it
+ * skipped the tick before) cannot tell from its own two ticks in which second the step came: it
+ * takes the gap's start the node's other meter told at its held tick (step_told()), waiting for
+ * it a tick when not told yet, so both begin the gap at the same label and the ledger's fence
+ * refuses the second billed twice. Before, the late meter billed to the second before its held
+ * tick: with the step early in its wait, one real second was labelled twice, the step's length
+ * apart (25 s billed and one more, or one less when the late meter's copy came first and each
+ * was refused behind the other's).
+ */
+static void late_held_tick_case(int step_at, int skip_a, int skip_a2, int skip_b, bool b_first)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == step_at)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (b_first && i != skip_b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i != skip_a && i != skip_a2)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (!b_first && i != skip_b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+}
+
+/* The step between 20 and 21 s, b skipping 21: 6,682 µcr for 6,425 before. */
+static void test_a_late_held_tick_after_the_step_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(21, 0, 0, 21, false);
+}
+
+/* The same, roles swapped (b ticking first, a skipping 21): 6,682 µcr for 6,425 before. */
+static void test_a_late_held_tick_ticking_second_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(21, 21, 0, 0, true);
+}
+
+/* The step between 11 and 12 s, a (ticking first) skipping 12: 6,168 µcr for 6,425 before. */
+static void test_a_late_held_tick_a_second_after_the_step_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(12, 12, 0, 0, false);
+}
+
+/* The same, a skipping 12 and 13: 5,911 µcr for 6,425 before. */
+static void test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(12, 12, 13, 0, false);
+}
+
+/* Seed 351001013's shape, the mirror: the step between 11 and 12 s, a skipping 11 (the tick
+ * before the step): a is not told at its held tick (b ticks after it), holds a tick more, and
+ * takes b's start, billing [10, 11) before the step. */
+static void test_a_late_held_tick_before_the_other_meters_waits_for_its_gap(void)
+{
+	late_held_tick_case(12, 11, 0, 0, false);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4429,6 +4505,11 @@ int main(void)
 	TEST(test_a_frame_with_overlapping_gaps_keeps_the_first);
 	TEST(test_a_sandbox_created_in_the_held_ticks_time_is_tracked);
 	TEST(test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_its_start);
+	TEST(test_a_late_held_tick_after_the_step_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_ticking_second_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_a_second_after_the_step_takes_the_gap_the_other_meter_began);
+	TEST(test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_before_the_other_meters_waits_for_its_gap);
 
 	rc = test_summary();
 	rds_free(rds);
