@@ -661,11 +661,13 @@ static int64_t meter_clock(struct meter *m)
 	}
 	l = m->clk_l0 + (mono - m->clk_m0);
 	/* A forward step seen at this tick is followed at the next: this one bills up to the
-	 * second before it in the frame before (the step came in the last second), so every meter
-	 * of the node places the step alike, however far each had billed: kiln-sim `clock`, seed
-	 * 351001013, a meter that had skipped the tick before a step moved its point, a second
-	 * behind the other meter's, by the step, and billed that second again under a label no
-	 * window of the other's overlaps (+1 s on three sandboxes). */
+	 * step's gap start in the frame before (held_to(): the second before it, the step came in
+	 * the last second, or the start the node's other meter told a late one, which holds again
+	 * until told, a few ticks at most), so every meter of the node places the step alike,
+	 * however far each had billed: kiln-sim `clock`, seed 351001013, a meter that had skipped
+	 * the tick before a step moved its point, a second behind the other meter's, by the step,
+	 * and billed that second again under a label no window of the other's overlaps (+1 s on
+	 * three sandboxes). */
 	held = m->fwd_held;
 	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && (!held || m->fwd_late);
 	if (!m->fwd_held)
