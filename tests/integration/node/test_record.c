@@ -289,6 +289,25 @@ static int64_t witness_mono_ns(void *ctx)
 	return witness_mono += 1000;
 }
 
+/* The sandbox's state log, each row as the SQL expression `row` gives it, in order, comma-separated,
+ * into `out` ("(none)" when it cannot be read). */
+static void state_log_of(const char *id, const char *row, char *out, size_t n)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	char q[512];
+
+	snprintf(out, n, "(none)");
+	snprintf(q, sizeof(q), "SELECT string_agg(%s, ',' ORDER BY seq) FROM sandbox_state_log "
+		 "WHERE sandbox_id = $1", row);
+	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
+	if (PGQ(c, &res, &err, q, id) == KILN_OK && pg_res_rows(res) == 1)
+		snprintf(out, n, "%s", pg_res_str(res, 0, 0));
+	pg_res_free(res);
+	pg_release(pg, c);
+}
+
 /*
  * The state changes recorded by a process that set its witness clock (kiln-node) are logged with
  * its boot id and monotonic time (migrations/0051), the log rows record/ writes itself too (the
@@ -303,8 +322,6 @@ static void test_changes_are_logged_with_their_writers_witness_only(void)
 	struct record_fence f = { .node_id = "node-a" };
 	struct record_resume r = { .snap = "snap_w", .node_id = "node-b", .net_index = 78,
 				   .timeout_s = 300 };
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
 
 	record_witness_clock("boot-rec", witness_mono_ns, NULL);
 	gen = new_sandbox(id, sizeof(id));				/* 1000 */
@@ -318,16 +335,8 @@ static void test_changes_are_logged_with_their_writers_witness_only(void)
 	CHECK_INT(record_resumed(pg, NULL, &f, &r, &now_gen, &err), KILN_OK);	/* 5000 */
 	record_witness_clock(NULL, NULL, NULL);			/* the gateway: no clock */
 	CHECK_INT(record_delete_unheld(pg, NULL, id, now_gen, &err), KILN_OK);
-	snprintf(log, sizeof(log), "(none)");
-	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
-	if (PGQ(c, &res, &err,
-		"SELECT string_agg(state || ':' || coalesce(boot_id, '-') || ':' || "
-		"coalesce(mono_ns::text, '-'), ',' ORDER BY seq) FROM sandbox_state_log "
-		"WHERE sandbox_id = $1",
-		id) == KILN_OK && pg_res_rows(res) == 1)
-		snprintf(log, sizeof(log), "%s", pg_res_str(res, 0, 0));
-	pg_res_free(res);
-	pg_release(pg, c);
+	state_log_of(id, "state || ':' || coalesce(boot_id, '-') || ':' || "
+			 "coalesce(mono_ns::text, '-')", log, sizeof(log));
 	CHECK_STR(log, "creating:boot-rec:1000,running:boot-rec:2000,paused:boot-rec:3000,"
 		       "running:boot-rec:5000,deleted:-:-");
 }
@@ -346,8 +355,6 @@ static void test_a_pause_at_its_vcpu_stop_takes_the_stops_witness(void)
 	struct record_resume r = { .snap = "snap_p", .node_id = "node-a", .net_index = 79,
 				   .timeout_s = 300 };
 	long long now_s = (long long)time(NULL), gen2 = 0;
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
 
 	witness_mono = 0;
 	record_witness_clock("boot-rec", witness_mono_ns, NULL);
@@ -363,15 +370,7 @@ static void test_a_pause_at_its_vcpu_stop_takes_the_stops_witness(void)
 		  KILN_OK);						/* 6000 */
 	CHECK_INT(record_paused(pg, NULL, &f, "snap_q", &err), KILN_OK);	/* 7000: not taken */
 	record_witness_clock(NULL, NULL, NULL);
-	snprintf(log, sizeof(log), "(none)");
-	CHECK_INT(pg_acquire(pg, &c, &err), KILN_OK);
-	if (PGQ(c, &res, &err,
-		"SELECT string_agg(state || ':' || coalesce(mono_ns::text, '-'), ',' ORDER BY seq) "
-		"FROM sandbox_state_log WHERE sandbox_id = $1",
-		id) == KILN_OK && pg_res_rows(res) == 1)
-		snprintf(log, sizeof(log), "%s", pg_res_str(res, 0, 0));
-	pg_res_free(res);
-	pg_release(pg, c);
+	state_log_of(id, "state || ':' || coalesce(mono_ns::text, '-')", log, sizeof(log));
 	CHECK_STR(log, "creating:1000,running:2000,paused:3000,running:5000,paused:6000,"
 		       "paused:6000");
 }
