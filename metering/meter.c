@@ -37,7 +37,6 @@
 #define STEPS_KEPT 16		/* clock steps (and gaps) remembered for the times read later */
 #define STEP_KEY_SUFFIX ":step"	/* BILLING_METER_PREFIX + node + this: a forward step's gap start */
 #define STEP_KEY_TTL_S "60"
-#define STEP_WAIT_NS (2 * PRICE_NS_PER_S)	/* how long a late held tick waits to be told it */
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -167,9 +166,6 @@ struct meter {
 	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
 	bool clk_set, clk_behind;
 	bool fwd_held;		/* this tick saw a forward step, billed up to it: followed at the next */
-	bool fwd_late;		/* a late held tick (a tick skipped before it) waits for the step's
-				 * gap start another meter of the node tells (step_told()) */
-	int64_t fwd_late_h;	/* that step's first held tick's label */
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
@@ -581,31 +577,24 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
  * came early in its wait (one real second labelled twice, the step's length apart: +257 µcr on
  * a sandbox of 257 µcr/s), and billing to its last tick, before it when the step came late
  * (kiln-sim `clock`, seed 351001013). It takes the start another meter told, no earlier than its
- * last tick and before its held tick; not told yet, it bills nothing more and holds again
- * (m->fwd_late) for up to STEP_WAIT_NS, then takes the second before its first held tick.
+ * last tick and before its held tick. None told, it takes the second before its held tick at
+ * once: the node's meters tick on whole seconds of one monotonic clock, so the other meter has
+ * not had its held tick yet, its tick a second before came before the step, and it will tell
+ * that second; or it is late too, Redis is away, or there is no other meter, and nothing is ever
+ * told. Waiting for it changed no start and delayed billing and enforcement (one meter, a tenant
+ * at zero just before a skipped tick and a step: its pause asked two ticks later).
  */
-static int64_t held_to(struct meter *m, int64_t l, int64_t by, bool held)
+static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 {
-	int64_t p, told;
+	int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l, told;
 
-	if (!held) {
-		m->fwd_late = l - m->clk_now_l > PRICE_NS_PER_S + STEP_TOLERANCE_NS;
-		m->fwd_late_h = l;
-	}
-	if (!m->fwd_late) {
-		p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l;
+	if (l - m->clk_now_l <= PRICE_NS_PER_S + STEP_TOLERANCE_NS) {
 		step_tell(m, by, p);
 		return p;
 	}
-	if (step_told(m, by, m->clk_now_l, m->fwd_late_h - PRICE_NS_PER_S, &told)) {
-		m->fwd_late = false;
+	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told))
 		return told;
-	}
-	if (l - m->fwd_late_h < STEP_WAIT_NS)
-		return m->clk_now_l;	/* held again: nothing billed past its last tick */
-	m->fwd_late = false;
-	p = m->fwd_late_h - PRICE_NS_PER_S;
-	return p > m->clk_now_l ? p : m->clk_now_l;
+	return p;
 }
 
 /*
@@ -662,18 +651,15 @@ static int64_t meter_clock(struct meter *m)
 	l = m->clk_l0 + (mono - m->clk_m0);
 	/* A forward step seen at this tick is followed at the next: this one bills up to the
 	 * step's gap start in the frame before (held_to(): the second before it, the step came in
-	 * the last second, or the start the node's other meter told a late one, which holds again
-	 * until told, a few ticks at most), so every meter of the node places the step alike,
-	 * however far each had billed: kiln-sim `clock`, seed 351001013, a meter that had skipped
-	 * the tick before a step moved its point, a second behind the other meter's, by the step,
-	 * and billed that second again under a label no window of the other's overlaps (+1 s on
-	 * three sandboxes). */
+	 * the last second, or for a late one the start the node's other meter told), so every
+	 * meter of the node places the step alike, however far each had billed: kiln-sim `clock`,
+	 * seed 351001013, a meter that had skipped the tick before a step moved its point, a second
+	 * behind the other meter's, by the step, and billed that second again under a label no
+	 * window of the other's overlaps (+1 s on three sandboxes). */
 	held = m->fwd_held;
-	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && (!held || m->fwd_late);
-	if (!m->fwd_held)
-		m->fwd_late = false;
+	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && !held;
 	if (m->fwd_held) {
-		int64_t p = held_to(m, l, w - l, held);
+		int64_t p = held_to(m, l, w - l);
 
 		mono -= l - p;
 		l = p;

@@ -4322,14 +4322,14 @@ static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_it
 /*
  * Two meters of one node, a and b, tick each second in that order (b first with `b_first`); the
  * wall clock steps 600 s forward just before the tick at `step_at` s; a skips its ticks at
- * `skip_a` and `skip_a2`, b at `skip_b` (0: none); the sandbox runs from 0 to 25 s. A meter whose held tick comes late (it
- * skipped the tick before) cannot tell from its own two ticks in which second the step came: it
- * takes the gap's start the node's other meter told at its held tick (step_told()), waiting for
- * it a tick when not told yet, so both begin the gap at the same label and the ledger's fence
- * refuses the second billed twice. Before, the late meter billed to the second before its held
- * tick: with the step early in its wait, one real second was labelled twice, the step's length
- * apart (25 s billed and one more, or one less when the late meter's copy came first and each
- * was refused behind the other's).
+ * `skip_a` and `skip_a2`, b at `skip_b` (0: none); the sandbox runs from 0 to 25 s. A meter
+ * whose held tick comes late (it skipped the tick before) cannot tell from its own two ticks in
+ * which second the step came: it takes the gap's start the node's other meter told before its
+ * held tick (step_told()), else the second before its held tick, so both begin the gap at the
+ * same label and the ledger's fence refuses the second billed twice. Before, the late meter
+ * billed to the second before its held tick: with the step early in its wait, one real second
+ * was labelled twice, the step's length apart (25 s billed and one more, or one less when the
+ * late meter's copy came first and each was refused behind the other's).
  */
 static void late_held_tick_case(int step_at, int skip_a, int skip_a2, int skip_b, bool b_first)
 {
@@ -4387,12 +4387,52 @@ static void test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began(
 	late_held_tick_case(12, 12, 13, 0, false);
 }
 
-/* Seed 351001013's shape, the mirror: the step between 11 and 12 s, a skipping 11 (the tick
- * before the step): a is not told at its held tick (b ticks after it), holds a tick more, and
- * takes b's start, billing [10, 11) before the step. */
-static void test_a_late_held_tick_before_the_other_meters_waits_for_its_gap(void)
+/* Seed 351001013's shape, the mirror's guard: the step between 11 and 12 s, a skipping 11 (the
+ * tick before the step). a is told nothing at its held tick (b ticks after it, and then tells 11,
+ * its own last tick before the step): a bills [10, 11) before the step, to the second before its
+ * held tick, where b begins the gap. Billing only to its last tick (10), a began the gap a second
+ * before b: +257 µcr. */
+static void test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it(void)
 {
 	late_held_tick_case(12, 11, 0, 0, false);
+}
+
+/*
+ * One meter (a node's usual deployment: no other meter to tell it the gap's start), its tenant at
+ * zero at 20.39 s, skips its tick at 20; the wall clock steps 600 s forward just before the tick
+ * at 21. Its late held tick takes the second before it (20) at once, and the next tick follows the
+ * step and bills up to 22: the pause is asked at 22, as by a meter that skipped no tick. Before,
+ * told nothing, it held to its last tick (19) for 2 s, billing and enforcing nothing meanwhile,
+ * and the pause was asked at 24.
+ */
+static void test_a_lone_late_held_tick_enforces_without_waiting(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int asked_at = 0;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 5240, 0, "a");	/* 20.39 s of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	npaused = 0;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 30 && !asked_at; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 21)
+			fake_now += 600 * S;	/* just before the tick at 21 */
+		if (i != 20)
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (npaused)
+			asked_at = i;
+	}
+	CHECK_INT(asked_at, 22);
+	CHECK(npaused >= 1 && !strcmp(paused[0], sb));
+	meter_free(m);
 }
 
 int main(void)
@@ -4509,7 +4549,8 @@ int main(void)
 	TEST(test_a_late_held_tick_ticking_second_takes_the_gap_the_other_meter_began);
 	TEST(test_a_late_held_tick_a_second_after_the_step_takes_the_gap_the_other_meter_began);
 	TEST(test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began);
-	TEST(test_a_late_held_tick_before_the_other_meters_waits_for_its_gap);
+	TEST(test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it);
+	TEST(test_a_lone_late_held_tick_enforces_without_waiting);
 
 	rc = test_summary();
 	rds_free(rds);
