@@ -2923,8 +2923,9 @@ static void ledger_refresh(struct meter *m, int64_t now)
  * at `now`: the balance Redis answered at this tick; else (Redis unreachable, or the balance
  * lost) the last reference, Redis's or the ledger's (ledger_refresh), less this meter's charges
  * since; and while Postgres cannot be read (`billed` false: nothing was billed since the last
- * tick that could), less the tenant's burn rate over the time since that tick. Enforcement thus
- * goes on whichever input is away; the overdraft each fault allows is in docs/metering.md.
+ * tick that could), less the tenant's burn rate over the real time since that tick (its labels
+ * less the gaps of forward steps between). Enforcement thus goes on whichever input is away;
+ * the overdraft each fault allows is in docs/metering.md.
  */
 static void meter_enforce(struct meter *m, int64_t now, bool billed)
 {
@@ -2941,9 +2942,11 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 			continue;
 		}
 		est = t->ref_bal - (t->pending + t->flushed - t->ref_charged);
+		/* Over the real time since (label_len()): across a forward step the labels count
+		 * its gap, and a tenant with credits for 100 s was paused after 16 s of use. */
 		if (!billed && m->last_tick && now > m->last_tick)
-			est -= (long long)(t->t_burn * (uint64_t)(now - m->last_tick) / PRICE_NS_PER_S /
-					   PRICE_FINE_PER_UCR);
+			est -= (long long)(t->t_burn * (uint64_t)label_len(m, m->last_tick, now) /
+					   PRICE_NS_PER_S / PRICE_FINE_PER_UCR);
 		t->frozen = est <= 0;
 		if (t->frozen && t->bal_at != now)
 			t->balance = est;	/* for the log line */

@@ -4435,6 +4435,51 @@ static void test_a_lone_late_held_tick_enforces_without_waiting(void)
 	meter_free(m);
 }
 
+/*
+ * A tick without Postgres projects the tenant's burn over the real time since the last billed
+ * tick, not over its labels: after a forward step they include the step's gap. Here one meter,
+ * credits for 100 s of a 257 µcr/s sandbox, has no Postgres from its tick at 10 to 30; the wall
+ * clock steps 600 s forward just before 15. Before, the tick at 16 projected 607 s of burn and
+ * asked the pause after 16 s of use; the pause comes at 100, when the credits run out.
+ */
+static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int asked_at = 0;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 100 * 257, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	npaused = 0;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 110 && !asked_at; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 10)
+			meter_set_backends(m, dead, rds);
+		if (i == 15)
+			fake_now += 600 * S;	/* just before the tick at 15 */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i >= 10 && i <= 30)
+			(void)meter_tick(m, &err);
+		else
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (npaused)
+			asked_at = i;
+	}
+	CHECK_INT(asked_at, 100);
+	CHECK(npaused >= 1 && !strcmp(paused[0], sb));
+	meter_free(m);
+	pg_free(dead);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4551,6 +4596,7 @@ int main(void)
 	TEST(test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began);
 	TEST(test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it);
 	TEST(test_a_lone_late_held_tick_enforces_without_waiting);
+	TEST(test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap);
 
 	rc = test_summary();
 	rds_free(rds);
