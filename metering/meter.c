@@ -547,7 +547,10 @@ static void step_tell(struct meter *m, int64_t by, int64_t from)
 
 /* The gap start another meter of the node told (step_tell()) for a forward step of `by` ns (the
  * same within STEP_TOLERANCE_NS) that came between labels `after` and `before`, into *from:
- * false when none is told (not yet, or Redis away). */
+ * false when none is told (not yet, or Redis away). Within STEP_TOLERANCE_NS either side: that
+ * meter tells the second before its own tick, which comes up to that late in its second (a start
+ * 0.3 s past `before` was refused, the two gaps 0.3 s apart). One before `after`, where this
+ * meter's billing stands already, is taken as `after`, the nearest it can begin its gap. */
 static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
 {
 	struct kiln_error err = { 0 };
@@ -560,10 +563,11 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
 	m->st.redis_calls++;
 	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
 	     sscanf(rep.str, "%lld %lld", &tby, &tfrom) == 2 &&
-	     llabs(tby - by) <= STEP_TOLERANCE_NS && tfrom >= after && tfrom <= before;
+	     llabs(tby - by) <= STEP_TOLERANCE_NS && tfrom >= after - STEP_TOLERANCE_NS &&
+	     tfrom <= before + STEP_TOLERANCE_NS;
 	rds_reply_release(&rep);
 	if (ok)
-		*from = tfrom;
+		*from = tfrom > after ? tfrom : after;
 	return ok;
 }
 
@@ -576,8 +580,8 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
  * to the second before, it began its gap a second or more after the other meter's when the step
  * came early in its wait (one real second labelled twice, the step's length apart: +257 µcr on
  * a sandbox of 257 µcr/s), and billing to its last tick, before it when the step came late
- * (kiln-sim `clock`, seed 351001013). It takes the start another meter told, no earlier than its
- * last tick and before its held tick. None told, it takes the second before its held tick at
+ * (kiln-sim `clock`, seed 351001013). It takes the start another meter told, from its last tick
+ * to the second before its held tick (step_told(): within the step's tolerance). None told, it takes the second before its held tick at
  * once: the node's meters tick on whole seconds of one monotonic clock, so the other meter has
  * not had its held tick yet, its tick a second before came before the step, and it will tell
  * that second; or it is late too, Redis is away, or there is no other meter, and nothing is ever

@@ -4480,6 +4480,73 @@ static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_g
 	pg_free(dead);
 }
 
+/*
+ * One meter, a, skips its tick at 11; the wall clock steps 600 s forward just before 12, a's late
+ * held tick. Just before it, the node's step key (step_tell()) is given `pre`, the gap start
+ * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
+ * tell it ("<length> <start>"). Returns the start of the gap a saved in its frame (meter_clocks.gaps_ns) less t0, in ms.
+ * The sandbox runs from 0 to 25 s: billed once whatever the start.
+ */
+static long long told_gap_start_ms(const char *pre, long long at_ms, const char *post)
+{
+	char t[32], sb[32], key[96], v[128];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a;
+	long long start;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-told";
+	a = new_meter_with(true, 0);
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:step", node);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 12) {
+			fake_now += 600 * S;
+			if (at_ms >= 0)
+				snprintf(v, sizeof(v), "%s%lld%s", pre,
+					 (long long)(t0 + at_ms * 1000000), post);
+			else
+				snprintf(v, sizeof(v), "%s%s", pre, post);
+			CHECK_INT(RDS(rds, &rep, &err, "SET", key, v, "EX", "60"), KILN_OK);
+			rds_reply_release(&rep);
+		}
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 11)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+	}
+	boot = NULL;
+	start = sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node);
+	CHECK_INT(sql_int("SELECT gaps_ns[2] FROM meter_clocks WHERE node_id = '%s'", node), 600 * S);
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(a);
+	return (start - t0) / 1000000;
+}
+
+/*
+ * The start told by a meter whose held tick came up to STEP_TOLERANCE_NS late in its second (it
+ * tells the second before that tick) is taken: before, only one no later than the second before
+ * the late meter's held tick was, and a start told 0.3 s past it was refused for that second
+ * (11.3 s told, 11 s taken: the two meters' gaps 0.3 s apart). One told just before the late
+ * meter's last tick (from a tick of the other meter a little before it) is taken as that tick,
+ * where the late meter's billing stands: before, refused, 11 s for 9.8 s told.
+ */
+static void test_a_late_held_tick_takes_a_told_start_within_the_tolerance(void)
+{
+	CHECK_INT(told_gap_start_ms("600000000000 ", 11300, ""), 11300);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 9800, ""), 10000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, ""), 10500);	/* as before */
+	/* past the tolerance either side: the second before the held tick */
+	CHECK_INT(told_gap_start_ms("600000000000 ", 11600, ""), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 9400, ""), 11000);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4597,6 +4664,7 @@ int main(void)
 	TEST(test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it);
 	TEST(test_a_lone_late_held_tick_enforces_without_waiting);
 	TEST(test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap);
+	TEST(test_a_late_held_tick_takes_a_told_start_within_the_tolerance);
 
 	rc = test_summary();
 	rds_free(rds);
