@@ -545,6 +545,22 @@ static void step_tell(struct meter *m, int64_t by, int64_t from)
 		log_warn("cannot tell the forward step's gap: %s", err.msg);
 }
 
+/* The step key's value as step_tell() writes it, "<by> <from>", into *by (> 0) and *from: false
+ * for anything else, text after it or a number out of range included (the key is anyone's to
+ * write). */
+static bool step_parse(const char *v, long long *by, long long *from)
+{
+	char *end;
+
+	errno = 0;
+	*by = strtoll(v, &end, 10);
+	if (errno || end == v || *end != ' ' || *by <= 0)
+		return false;
+	v = end + 1;
+	*from = strtoll(v, &end, 10);
+	return !errno && end != v && !*end;
+}
+
 /* The gap start another meter of the node told (step_tell()) for a forward step of `by` ns (the
  * same within STEP_TOLERANCE_NS) that came between labels `after` and `before`, into *from:
  * false when none is told (not yet, or Redis away). Within STEP_TOLERANCE_NS either side: that
@@ -562,8 +578,8 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
 	m->st.redis_calls++;
 	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
-	     sscanf(rep.str, "%lld %lld", &tby, &tfrom) == 2 &&
-	     llabs(tby - by) <= STEP_TOLERANCE_NS && tfrom >= after - STEP_TOLERANCE_NS &&
+	     step_parse(rep.str, &tby, &tfrom) && tby >= by - STEP_TOLERANCE_NS &&
+	     tby <= by + STEP_TOLERANCE_NS && tfrom >= after - STEP_TOLERANCE_NS &&
 	     tfrom <= before + STEP_TOLERANCE_NS;
 	rds_reply_release(&rep);
 	if (ok)

@@ -4547,6 +4547,23 @@ static void test_a_late_held_tick_takes_a_told_start_within_the_tolerance(void)
 	CHECK_INT(told_gap_start_ms("600000000000 ", 9400, ""), 11000);
 }
 
+/*
+ * A step key whose value is not the two numbers step_tell() writes, or whose numbers overflow, is
+ * ignored: the late held tick takes the second before it (11 s). Before, "<length> <start>" with
+ * text after it was taken (sscanf() stops at the second number): 10.5 s.
+ */
+static void test_a_late_held_tick_ignores_a_malformed_told_start(void)
+{
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, " 7"), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, "x"), 11000);
+	CHECK_INT(told_gap_start_ms("99999999999999999999 ", 10500, ""), 11000);
+	CHECK_INT(told_gap_start_ms("-9223372036854775808 ", 10500, ""), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", -1, "99999999999999999999"), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000", -1, ""), 11000);
+	CHECK_INT(told_gap_start_ms("", -1, ""), 11000);
+	CHECK_INT(told_gap_start_ms("x ", 10500, ""), 11000);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4665,6 +4682,7 @@ int main(void)
 	TEST(test_a_lone_late_held_tick_enforces_without_waiting);
 	TEST(test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap);
 	TEST(test_a_late_held_tick_takes_a_told_start_within_the_tolerance);
+	TEST(test_a_late_held_tick_ignores_a_malformed_told_start);
 
 	rc = test_summary();
 	rds_free(rds);
