@@ -532,7 +532,8 @@ static int frame_step_gap(const struct mstep *rs)
 }
 
 /* Tells the node's other meters where this meter's held tick begins the gap of a forward step of
- * `by` ns: at `from`, the label of its last tick before the step (step_told()). */
+ * `by` ns: at `from`, the second before that tick, no earlier than its last tick (held_to(); its
+ * last tick when they are a second apart), for step_told(). */
 static void step_tell(struct meter *m, int64_t by, int64_t from)
 {
 	struct kiln_error err = { 0 };
@@ -590,19 +591,22 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
 /*
  * Where the held tick at label `l`, seeing a forward step of `by` ns, bills up to: the start of
  * the step's gap, which every meter of the node must place alike (the ledger's fence compares
- * labels). A meter that ticked in the second before (its last tick at clk_now_l) knows the step
- * came after that tick: there, and it tells the node's other meters (step_tell()). A late one
- * (it skipped a tick) cannot tell from its own two ticks in which second the step came: billing
- * to the second before, it began its gap a second or more after the other meter's when the step
- * came early in its wait (one real second labelled twice, the step's length apart: +257 µcr on
- * a sandbox of 257 µcr/s), and billing to its last tick, before it when the step came late
- * (kiln-sim `clock`, seed 351001013). It takes the start another meter told, from its last tick
- * to the second before its held tick (step_told(): within the step's tolerance). None told, it takes the second before its held tick at
- * once: the node's meters tick on whole seconds of one monotonic clock, so the other meter has
- * not had its held tick yet, its tick a second before came before the step, and it will tell
- * that second; or it is late too, Redis is away, or there is no other meter, and nothing is ever
- * told. Waiting for it changed no start and delayed billing and enforcement (one meter, a tenant
- * at zero just before a skipped tick and a step: its pause asked two ticks later).
+ * labels). A meter that ticked in the second before (its last tick at clk_now_l, within the
+ * step's tolerance) knows the step came in that second: it bills to the second before its held
+ * tick, no earlier than its last tick (that tick when they are a second apart), and tells the
+ * node's other meters (step_tell()). A late one (it skipped a tick) cannot tell from its own two
+ * ticks in which second the step came: billing to the second before, it began its gap a second
+ * or more after the other meter's when the step came early between them (one real second
+ * labelled twice, the step's length apart: +257 µcr on a sandbox of 257 µcr/s), and billing to
+ * its last tick, before it when the step came late (kiln-sim `clock`, seed 351001013). It takes
+ * the start another meter told, from its last tick to the second before its held tick
+ * (step_told(): within the step's tolerance). None told, it takes the second before its held
+ * tick at once: the node's meters tick on whole seconds of one monotonic clock, so the other
+ * meter has not had its held tick yet, its tick a second before came before the step, and it
+ * will tell that second; or it is late too, Redis is away, or there is no other meter, and
+ * nothing is ever told. Waiting for it changed no start and delayed billing and enforcement
+ * (one meter, a tenant at zero just before a skipped tick and a step: its pause asked two ticks
+ * later).
  */
 static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 {
