@@ -4484,8 +4484,9 @@ static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_g
  * One meter, a, skips its tick at 11; the wall clock steps 600 s forward just before 12, a's late
  * held tick. Just before it, the node's step key (step_tell()) is given `pre`, the gap start
  * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
- * tell it ("<length> <start>"). Returns the start of the gap a saved in its frame (meter_clocks.gaps_ns) less t0, in ms.
- * The sandbox runs from 0 to 25 s: billed once whatever the start.
+ * tell it ("<length> <start>"). Returns the start of the gap a saved in its frame
+ * (meter_clocks.gaps_ns) less t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever
+ * the start.
  */
 static long long told_gap_start_ms(const char *pre, long long at_ms, const char *post)
 {
