@@ -35,6 +35,8 @@
 #define SERIES_TRIM_EVERY_S 10
 #define STEP_TOLERANCE_NS (PRICE_NS_PER_S / 2)	/* wall ahead of the label clock by more: a step */
 #define STEPS_KEPT 16		/* clock steps (and gaps) remembered for the times read later */
+#define STEP_KEY_SUFFIX ":step"	/* BILLING_METER_PREFIX + node + this: a forward step's gap start */
+#define STEP_KEY_TTL_S "60"
 #define LIVE_TTL_DEFAULT_S 30
 #define LOG_KEEP_DEFAULT_S 86400
 #define LOG_LATE_NS (60 * PRICE_NS_PER_S)	/* how late a change may be logged after its time */
@@ -320,12 +322,14 @@ static int64_t label_now(struct meter *m)
 	return m->clk_l0 + (m->o.mono_ns(m->o.clock_ctx) - m->clk_m0);
 }
 
-/* Keeps the gap [at, at + by) of the label clock (a forward step past it), unless one at or after
- * `at` is kept already (a saved frame's gaps and its newest step name the same); the oldest goes
- * when STEPS_KEPT are kept: a point from before it would bill its gap. */
+/* Keeps the gap [at, at + by) of the label clock (a forward step past it), unless the newest one
+ * kept reaches `at` (a saved frame's gaps and its newest step name the same; overlapping gaps
+ * are no real clock's, and across them label_out_of_gap() lands inside the next one, where
+ * bill_span() bills labels no time passed under and shares more CPU than it measured); the
+ * oldest goes when STEPS_KEPT are kept: a point from before it would bill its gap. */
 static void gap_keep(struct meter *m, int64_t at, int64_t by)
 {
-	if (by <= 0 || (m->ngaps && m->gap_at[m->ngaps - 1] >= at))
+	if (by <= 0 || (m->ngaps && at < m->gap_at[m->ngaps - 1] + m->gap_by[m->ngaps - 1]))
 		return;
 	if (m->ngaps == STEPS_KEPT) {
 		memmove(m->gap_at, m->gap_at + 1, sizeof(m->gap_at[0]) * (STEPS_KEPT - 1));
@@ -517,6 +521,106 @@ static void gaps_parse(struct mstep *st, const char *v)
 	}
 }
 
+/* The saved gap of the saved frame's newest forward step `rs` (where that meter's held tick
+ * began it: the newest of its length starting no later than the step), -1 when none is. */
+static int frame_step_gap(const struct mstep *rs)
+{
+	for (int i = rs->ngaps - 1; rs->set && rs->by > 0 && i >= 0; i--)
+		if (rs->gap_by[i] == rs->by && rs->gap_at[i] <= rs->at)
+			return i;
+	return -1;
+}
+
+/* Tells the node's other meters where this meter's held tick begins the gap of a forward step of
+ * `by` ns: at `from`, the second before that tick, no earlier than its last tick (held_to(); its
+ * last tick when they are a second apart), for step_told(). */
+static void step_tell(struct meter *m, int64_t by, int64_t from)
+{
+	struct kiln_error err = { 0 };
+	char key[160], v[48];
+
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
+	snprintf(v, sizeof(v), "%" PRId64 " %" PRId64, by, from);
+	m->st.redis_calls++;
+	if (RDS(m->rds, NULL, &err, "SET", key, v, "EX", STEP_KEY_TTL_S) != KILN_OK)
+		log_warn("cannot tell the forward step's gap: %s", err.msg);
+}
+
+/* The step key's value as step_tell() writes it, "<by> <from>", into *by (> 0) and *from: false
+ * for anything else, text after it or a number out of range included (the key is anyone's to
+ * write). */
+static bool step_parse(const char *v, long long *by, long long *from)
+{
+	char *end;
+
+	errno = 0;
+	*by = strtoll(v, &end, 10);
+	if (errno || end == v || *end != ' ' || *by <= 0)
+		return false;
+	v = end + 1;
+	*from = strtoll(v, &end, 10);
+	return !errno && end != v && !*end;
+}
+
+/* The gap start another meter of the node told (step_tell()) for a forward step of `by` ns (the
+ * same within STEP_TOLERANCE_NS) that came between labels `after` and `before`, into *from:
+ * false when none is told (not yet, or Redis away). Within STEP_TOLERANCE_NS either side: that
+ * meter tells the second before its own tick, which comes up to that late in its second (a start
+ * 0.3 s past `before` was refused, the two gaps 0.3 s apart). One before `after`, where this
+ * meter's billing stands already, is taken as `after`, the nearest it can begin its gap. */
+static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	char key[160];
+	long long tby, tfrom;
+	bool ok;
+
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
+	m->st.redis_calls++;
+	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
+	     step_parse(rep.str, &tby, &tfrom) && tby >= by - STEP_TOLERANCE_NS &&
+	     tby <= by + STEP_TOLERANCE_NS && tfrom >= after - STEP_TOLERANCE_NS &&
+	     tfrom <= before + STEP_TOLERANCE_NS;
+	rds_reply_release(&rep);
+	if (ok)
+		*from = tfrom > after ? tfrom : after;
+	return ok;
+}
+
+/*
+ * Where the held tick at label `l`, seeing a forward step of `by` ns, bills up to: the start of
+ * the step's gap, which every meter of the node must place alike (the ledger's fence compares
+ * labels). A meter that ticked in the second before (its last tick at clk_now_l, within the
+ * step's tolerance) knows the step came in that second: it bills to the second before its held
+ * tick, no earlier than its last tick (that tick when they are a second apart), and tells the
+ * node's other meters (step_tell()). A late one (it skipped a tick) cannot tell from its own two
+ * ticks in which second the step came: billing to the second before, it began its gap a second
+ * or more after the other meter's when the step came early between them (one real second
+ * labelled twice, the step's length apart: +257 µcr on a sandbox of 257 µcr/s), and billing to
+ * its last tick, before it when the step came late (kiln-sim `clock`, seed 351001013). It takes
+ * the start another meter told, from its last tick to the second before its held tick
+ * (step_told(): within the step's tolerance). None told, it takes the second before its held
+ * tick at once: the node's meters tick on whole seconds of one monotonic clock, so the other
+ * meter has not had its held tick yet, its tick a second before came before the step, and it
+ * will tell that second; or it is late too, Redis is away, or there is no other meter, and
+ * nothing is ever told. Waiting for it changed no start and delayed billing and enforcement
+ * (one meter, a tenant at zero just before a skipped tick and a step: its pause asked two ticks
+ * later).
+ */
+static int64_t held_to(struct meter *m, int64_t l, int64_t by)
+{
+	int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l, told;
+
+	if (l - m->clk_now_l <= PRICE_NS_PER_S + STEP_TOLERANCE_NS) {
+		step_tell(m, by, p);
+		return p;
+	}
+	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told))
+		return told;
+	return p;
+}
+
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
  * monotonic time only. Started where the node's last flush left it, on this host's monotonic
@@ -546,18 +650,19 @@ static int64_t meter_clock(struct meter *m)
 			 * here too (kiln-sim `clock`, seed 150252085: a meter started just after a
 			 * 3,160 s step billed it as paused time from a point read from before it). */
 			const struct mstep *rs = &m->resume_step;
+			int g = frame_step_gap(rs), n = g == rs->ngaps - 1 ? g : rs->ngaps;
 
-			for (int i = 0; i < rs->ngaps; i++)	/* its meter's gaps, as its own */
+			/* Its meter's gaps, as its own, but for its step's (the newest), which
+			 * fwd_keep() and fwd_gap() keep: kept here too, a frame with STEPS_KEPT
+			 * gaps lost its oldest to the step's gap at its label, which fwd_gap()
+			 * then took off (15 of 16 kept; a point from before it billed that gap). */
+			for (int i = 0; i < n; i++)
 				gap_keep(m, rs->gap_at[i], rs->gap_by[i]);
 			if (rs->set) {
 				fwd_keep(m, rs->at, rs->by, rs->off);
 				/* Its gap, where that meter's held tick began it (migrations/0052). */
-				for (int i = rs->ngaps - 1; i >= 0; i--)
-					if (rs->by > 0 && rs->gap_by[i] == rs->by &&
-					    rs->gap_at[i] <= rs->at) {
-						fwd_gap(m, rs->gap_at[i]);
-						break;
-					}
+				if (g >= 0)
+					fwd_gap(m, rs->gap_at[g]);
 				if (rs->back)
 					m->fwd_from = m->nsteps;
 			}
@@ -569,15 +674,17 @@ static int64_t meter_clock(struct meter *m)
 	}
 	l = m->clk_l0 + (mono - m->clk_m0);
 	/* A forward step seen at this tick is followed at the next: this one bills up to the
-	 * second before it in the frame before (the step came in the last second), so every meter
-	 * of the node places the step alike, however far each had billed: kiln-sim `clock`, seed
-	 * 351001013, a meter that had skipped the tick before a step moved its point, a second
+	 * step's gap start in the frame before (held_to(): the second before it, the step came in
+	 * the last second, or for a late one the start the node's other meter told), so every
+	 * meter of the node places the step alike, however far each had billed: kiln-sim `clock`,
+	 * seed 351001013, a meter that had skipped the tick before a step moved its point, a second
 	 * behind the other meter's, by the step, and billed that second again under a label no
 	 * window of the other's overlaps (+1 s on three sandboxes). */
 	held = m->fwd_held;
 	m->fwd_held = w - l > STEP_TOLERANCE_NS && m->clk_now_l && !held;
 	if (m->fwd_held) {
-		int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l;
+		int64_t p = held_to(m, l, w - l);
+
 		mono -= l - p;
 		l = p;
 		w = l - off_before;
@@ -1318,9 +1425,13 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 
 	for (int k = 0; k < m->nsteps + m->nback; k++) {
 		bool fwd = k < m->nsteps;
-		int64_t x = w + (fwd ? m->step_off[k] : m->back_off[k - m->nsteps]), p;
+		int64_t x, p;
 		long long after = fwd ? m->step_seq[k] : m->back_seq[k - m->nsteps];
 
+		/* In the frame before a forward step as node_time_seq() reads it: kept for the
+		 * changes logged above step_min only, an older one at offset 0. */
+		x = w + (!fwd ? m->back_off[k - m->nsteps] :
+			 seq && seq <= m->step_min[k] ? 0 : m->step_off[k]);
 		if (x >= (fwd ? m->step_at[k] : m->back_at[k - m->nsteps]))
 			continue;	/* not before that step in the frame before it */
 		if (seq && after && seq > after)
@@ -1328,6 +1439,11 @@ static int64_t node_time_before(const struct meter *m, int64_t w, long long seq,
 		if (!fwd && !back_usable(m, k - m->nsteps, seq))
 			continue;	/* logged before the frame kept for that step began */
 		p = x;
+		/* In the held tick's time, labelled past the gap (node_time_seq()): left at its
+		 * label before the gap, inside it, label_add() began it at the gap's end, up to
+		 * the held tick's length early. */
+		if (fwd && m->step_by[k] > 0 && x >= m->step_gap[k])
+			p += m->step_by[k];
 		if (label_add(m, p, billed) <= end && (!found || p > best)) {
 			best = p;
 			found = true;
@@ -2831,8 +2947,9 @@ static void ledger_refresh(struct meter *m, int64_t now)
  * at `now`: the balance Redis answered at this tick; else (Redis unreachable, or the balance
  * lost) the last reference, Redis's or the ledger's (ledger_refresh), less this meter's charges
  * since; and while Postgres cannot be read (`billed` false: nothing was billed since the last
- * tick that could), less the tenant's burn rate over the time since that tick. Enforcement thus
- * goes on whichever input is away; the overdraft each fault allows is in docs/metering.md.
+ * tick that could), less the tenant's burn rate over the real time since that tick (its labels
+ * less the gaps of forward steps between). Enforcement thus goes on whichever input is away;
+ * the overdraft each fault allows is in docs/metering.md.
  */
 static void meter_enforce(struct meter *m, int64_t now, bool billed)
 {
@@ -2849,9 +2966,11 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 			continue;
 		}
 		est = t->ref_bal - (t->pending + t->flushed - t->ref_charged);
+		/* Over the real time since (label_len()): across a forward step the labels count
+		 * its gap, and a tenant with credits for 100 s was paused after 16 s of use. */
 		if (!billed && m->last_tick && now > m->last_tick)
-			est -= (long long)(t->t_burn * (uint64_t)(now - m->last_tick) / PRICE_NS_PER_S /
-					   PRICE_FINE_PER_UCR);
+			est -= (long long)(t->t_burn * (uint64_t)label_len(m, m->last_tick, now) /
+					   PRICE_NS_PER_S / PRICE_FINE_PER_UCR);
 		t->frozen = est <= 0;
 		if (t->frozen && t->bal_at != now)
 			t->balance = est;	/* for the log line */

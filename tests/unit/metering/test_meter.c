@@ -4092,6 +4092,91 @@ static void test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_eac
 }
 
 /*
+ * A meter started in a frame saved with STEPS_KEPT gaps keeps them all: the saved step's gap is
+ * kept once, where the saving meter's held tick began it. Before, it was kept at the step's label
+ * too, which dropped the oldest gap (16 kept), and then taken off: 15 kept and saved back, the
+ * oldest lost (a point from before it billed it). Here one meter follows 16 forward steps of
+ * 100 s (at 3, 6, ..., 48 s), crashes at 59 and restarts in its node's frame; the sandbox stops
+ * at 70.
+ */
+static void test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	long long oldest = 0;
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-all-gaps";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 90; i++) {
+		if (i % 3 == 0 && i <= 48)
+			fake_now += 100 * S;	/* a forward step of 100 s */
+		if (i == 60) {			/* a crash at 59, a restart in the frame */
+			CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks "
+					  "WHERE node_id = '%s'", node), 32);
+			oldest = sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'",
+					 node);
+			meter_free(m);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 71)
+			stop_sandbox(sb, fake_now);	/* at 70 */
+		tick_both(m);
+	}
+	boot = NULL;
+	/* the frame the restarted meter saved: the same 16 gaps, the oldest first */
+	CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks WHERE node_id = '%s'",
+			  node), 32);
+	CHECK_INT(sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node), oldest);
+	CHECK_INT(used(t), 70 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
+ * A saved frame whose gaps overlap (a bad row: no clock makes them) is kept without the gap that
+ * overlaps the one before it: across overlapping gaps, label_out_of_gap() lands inside the next
+ * one, where bill_span() bills labels no time passed under and shares more CPU than it measured.
+ * Here a meter's frame, saved at 10 s, is given gaps [2, 5) and [4, 8) s before it restarts at
+ * 10; the frame it saves at its next flush keeps the first only (both before).
+ */
+static void test_a_frame_with_overlapping_gaps_keeps_the_first(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-overlap";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		if (i == 11) {	/* a crash at 10, its frame's gaps overlapping, a restart */
+			meter_free(m);
+			sql("UPDATE meter_clocks SET gaps_ns = '{%lld,%lld,%lld,%lld}' "
+			    "WHERE node_id = '%s'", (long long)(t0 + 2 * S), (long long)(3 * S),
+			    (long long)(t0 + 4 * S), (long long)(4 * S), node);
+			m = new_meter_with(true, 0);
+		}
+		if (i == 31)
+			stop_sandbox(sb, fake_now);	/* at 30 */
+		tick_both(m);
+	}
+	boot = NULL;
+	CHECK_INT(sql_int("SELECT array_length(gaps_ns, 1) FROM meter_clocks WHERE node_id = '%s'",
+			  node), 2);
+	CHECK_INT(sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node),
+		  t0 + 2 * S);
+	CHECK_INT(used(t), 30 * 257);
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * A sandbox created in the held tick's time of a forward step (the second before the step, after
  * the label the held tick billed to, where the step's gap begins) and read after it: the log is
  * read by wall-clock time from the creation's label less LOG_LATE_NS, in the frame after the step
@@ -4160,6 +4245,324 @@ static void test_a_sandbox_created_in_the_held_ticks_time_is_tracked(void)
 	boot = NULL;
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * A taken-over generation whose start was logged in the held tick's time of a forward step (the
+ * second before the step, after the label the held tick billed to, where the step's gap begins)
+ * and whose point reads past its end (the start read with the offset after a backward step, the
+ * wall clock's times repeating): placed in the frame before the step (node_time_before()), the
+ * start is labelled past the gap, as node_time_seq() reads it. Left at its label before the gap,
+ * inside it, label_add() began it at the gap's end, a second early: the taker's tail from that
+ * point was refused behind B's windows, and the generation's last 6 s were never billed (3,855
+ * µcr for 5,397). As above, but B's meter is killed for good at 33 s, its windows flushed.
+ */
+static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_its_start(void)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b = NULL;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 6) {	/* B's meter starts */
+			(void)aligned_now();
+			snprintf(nb, sizeof(nb), "%s", node);
+			snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, nb);
+			b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", na);
+		}
+		if (i == 15) {	/* created on B at 15, then 300 s forward: both meters follow it */
+			snprintf(node, sizeof(node), "%s", nb);
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+			snprintf(node, sizeof(node), "%s", na);
+			fake_now += 300 * S;
+		}
+		if (i == 20)	/* 320 s back: both meters keep going */
+			fake_now -= 320 * S;
+		if (i == 36)	/* to A: generation 2 */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6) WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), sb);
+		if (i == 46)
+			stop_sandbox(sb, fake_now);
+		CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i == 33) {	/* B's meter killed for good at 33, its windows flushed */
+			meter_free(b);
+			b = NULL;
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 21 * 257);
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(used(t), 31 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * Two meters of one node, a and b, tick each second in that order (b first with `b_first`); the
+ * wall clock steps 600 s forward just before the tick at `step_at` s; a skips its ticks at
+ * `skip_a` and `skip_a2`, b at `skip_b` (0: none); the sandbox runs from 0 to 25 s. A meter
+ * whose held tick comes late (it skipped the tick before) cannot tell from its own two ticks in
+ * which second the step came: it takes the gap's start the node's other meter told before its
+ * held tick (step_told()), else the second before its held tick, so both begin the gap at the
+ * same label and the ledger's fence refuses the second billed twice. Before, the late meter
+ * billed to the second before its held tick: with the step early in its wait, one real second
+ * was labelled twice, the step's length apart (25 s billed and one more, or one less when the
+ * late meter's copy came first and each was refused behind the other's).
+ */
+static void late_held_tick_case(int step_at, int skip_a, int skip_a2, int skip_b, bool b_first)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == step_at)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (b_first && i != skip_b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i != skip_a && i != skip_a2)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (!b_first && i != skip_b)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+}
+
+/* The step between 20 and 21 s, b skipping 21: 6,682 µcr for 6,425 before. */
+static void test_a_late_held_tick_after_the_step_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(21, 0, 0, 21, false);
+}
+
+/* The same, roles swapped (b ticking first, a skipping 21): 6,682 µcr for 6,425 before. */
+static void test_a_late_held_tick_ticking_second_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(21, 21, 0, 0, true);
+}
+
+/* The step between 11 and 12 s, a (ticking first) skipping 12: 6,168 µcr for 6,425 before. */
+static void test_a_late_held_tick_a_second_after_the_step_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(12, 12, 0, 0, false);
+}
+
+/* The same, a skipping 12 and 13: 5,911 µcr for 6,425 before. */
+static void test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began(void)
+{
+	late_held_tick_case(12, 12, 13, 0, false);
+}
+
+/* Seed 351001013's shape, the mirror's guard: the step between 11 and 12 s, a skipping 11 (the
+ * tick before the step). a is told nothing at its held tick (b ticks after it, and then tells 11,
+ * its own last tick before the step): a bills [10, 11) before the step, to the second before its
+ * held tick, where b begins the gap. Billing only to its last tick (10), a began the gap a second
+ * before b: +257 µcr. */
+static void test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it(void)
+{
+	late_held_tick_case(12, 11, 0, 0, false);
+}
+
+/*
+ * One meter (a node's usual deployment: no other meter to tell it the gap's start), its tenant at
+ * zero at 20.39 s, skips its tick at 20; the wall clock steps 600 s forward just before the tick
+ * at 21. Its late held tick takes the second before it (20) at once, and the next tick follows the
+ * step and bills up to 22: the pause is asked at 22, as by a meter that skipped no tick. Before,
+ * told nothing, it held to its last tick (19) for 2 s, billing and enforcing nothing meanwhile,
+ * and the pause was asked at 24.
+ */
+static void test_a_lone_late_held_tick_enforces_without_waiting(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int asked_at = 0;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 5240, 0, "a");	/* 20.39 s of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	npaused = 0;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 30 && !asked_at; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 21)
+			fake_now += 600 * S;	/* just before the tick at 21 */
+		if (i != 20)
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (npaused)
+			asked_at = i;
+	}
+	CHECK_INT(asked_at, 22);
+	CHECK(npaused >= 1 && !strcmp(paused[0], sb));
+	meter_free(m);
+}
+
+/*
+ * A tick without Postgres projects the tenant's burn over the real time since the last billed
+ * tick, not over its labels: after a forward step they include the step's gap. Here one meter,
+ * credits for 100 s of a 257 µcr/s sandbox, has no Postgres from its tick at 10 to 30; the wall
+ * clock steps 600 s forward just before 15. Before, the tick at 16 projected 607 s of burn and
+ * asked the pause after 16 s of use; the pause comes at 100, when the credits run out.
+ */
+static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int asked_at = 0;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 100 * 257, 0, "a");
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	npaused = 0;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 110 && !asked_at; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 10)
+			meter_set_backends(m, dead, rds);
+		if (i == 15)
+			fake_now += 600 * S;	/* just before the tick at 15 */
+		if (i == 31)
+			meter_set_backends(m, pg, rds);
+		if (i >= 10 && i <= 30)
+			(void)meter_tick(m, &err);
+		else
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (npaused)
+			asked_at = i;
+	}
+	CHECK_INT(asked_at, 100);
+	CHECK(npaused >= 1 && !strcmp(paused[0], sb));
+	meter_free(m);
+	pg_free(dead);
+}
+
+/*
+ * One meter, a, skips its tick at 11; the wall clock steps 600 s forward just before 12, a's late
+ * held tick. Just before it, the node's step key (step_tell()) is given `pre`, the gap start
+ * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
+ * tell it ("<length> <start>"). Returns the start of the gap a saved in its frame
+ * (meter_clocks.gaps_ns) less t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever
+ * the start.
+ */
+static long long told_gap_start_ms(const char *pre, long long at_ms, const char *post)
+{
+	char t[32], sb[32], key[96], v[128];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a;
+	long long start;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-told";
+	a = new_meter_with(true, 0);
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s:step", node);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 12) {
+			fake_now += 600 * S;
+			if (at_ms >= 0)
+				snprintf(v, sizeof(v), "%s%lld%s", pre,
+					 (long long)(t0 + at_ms * 1000000), post);
+			else
+				snprintf(v, sizeof(v), "%s%s", pre, post);
+			CHECK_INT(RDS(rds, &rep, &err, "SET", key, v, "EX", "60"), KILN_OK);
+			rds_reply_release(&rep);
+		}
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 11)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+	}
+	boot = NULL;
+	start = sql_int("SELECT gaps_ns[1] FROM meter_clocks WHERE node_id = '%s'", node);
+	CHECK_INT(sql_int("SELECT gaps_ns[2] FROM meter_clocks WHERE node_id = '%s'", node), 600 * S);
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(a);
+	return (start - t0) / 1000000;
+}
+
+/*
+ * The start told by a meter whose held tick came up to STEP_TOLERANCE_NS late in its second (it
+ * tells the second before that tick) is taken: before, only one no later than the second before
+ * the late meter's held tick was, and a start told 0.3 s past it was refused for that second
+ * (11.3 s told, 11 s taken: the two meters' gaps 0.3 s apart). One told just before the late
+ * meter's last tick (from a tick of the other meter a little before it) is taken as that tick,
+ * where the late meter's billing stands: before, refused, 11 s for 9.8 s told.
+ */
+static void test_a_late_held_tick_takes_a_told_start_within_the_tolerance(void)
+{
+	CHECK_INT(told_gap_start_ms("600000000000 ", 11300, ""), 11300);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 9800, ""), 10000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, ""), 10500);	/* as before */
+	/* past the tolerance either side: the second before the held tick */
+	CHECK_INT(told_gap_start_ms("600000000000 ", 11600, ""), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 9400, ""), 11000);
+}
+
+/*
+ * A step key whose value is not the two numbers step_tell() writes, or whose numbers overflow, is
+ * ignored: the late held tick takes the second before it (11 s). Before, "<length> <start>" with
+ * text after it was taken (sscanf() stops at the second number): 10.5 s.
+ */
+static void test_a_late_held_tick_ignores_a_malformed_told_start(void)
+{
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, " 7"), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", 10500, "x"), 11000);
+	CHECK_INT(told_gap_start_ms("99999999999999999999 ", 10500, ""), 11000);
+	CHECK_INT(told_gap_start_ms("-9223372036854775808 ", 10500, ""), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000 ", -1, "99999999999999999999"), 11000);
+	CHECK_INT(told_gap_start_ms("600000000000", -1, ""), 11000);
+	CHECK_INT(told_gap_start_ms("", -1, ""), 11000);
+	CHECK_INT(told_gap_start_ms("x ", 10500, ""), 11000);
 }
 
 int main(void)
@@ -4268,7 +4671,19 @@ int main(void)
 	TEST(test_a_meter_without_postgres_across_two_forward_steps_does_not_bill_the_time_before_them_again);
 	TEST(test_a_backward_step_after_a_forward_one_without_postgres_does_not_bill_the_time_before_them_again);
 	TEST(test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once);
+	TEST(test_a_meter_started_in_a_frame_with_all_its_gaps_keeps_them_all);
+	TEST(test_a_frame_with_overlapping_gaps_keeps_the_first);
 	TEST(test_a_sandbox_created_in_the_held_ticks_time_is_tracked);
+	TEST(test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_its_start);
+	TEST(test_a_late_held_tick_after_the_step_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_ticking_second_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_a_second_after_the_step_takes_the_gap_the_other_meter_began);
+	TEST(test_a_held_tick_two_ticks_late_takes_the_gap_the_other_meter_began);
+	TEST(test_a_late_held_tick_before_the_other_meters_takes_the_second_before_it);
+	TEST(test_a_lone_late_held_tick_enforces_without_waiting);
+	TEST(test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap);
+	TEST(test_a_late_held_tick_takes_a_told_start_within_the_tolerance);
+	TEST(test_a_late_held_tick_ignores_a_malformed_told_start);
 
 	rc = test_summary();
 	rds_free(rds);
