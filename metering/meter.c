@@ -547,8 +547,8 @@ static void step_tell(struct meter *m, int64_t by, int64_t from)
 }
 
 /* The step key's value as step_tell() writes it, "<by> <from>", into *by (> 0) and *from: false
- * for anything else, text after it or a number out of range included (the key is anyone's to
- * write). */
+ * for text after it or a number out of range (the key is anyone's to write); strtoll()'s
+ * leading blanks and sign are taken, harmless as both numbers are range-checked after. */
 static bool step_parse(const char *v, long long *by, long long *from)
 {
 	char *end;
