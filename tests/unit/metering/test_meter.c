@@ -4327,9 +4327,9 @@ static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_it
  * which second the step came: it takes the gap's start the node's other meter told before its
  * held tick (step_told()), else the second before its held tick, so both begin the gap at the
  * same label and the ledger's fence refuses the second billed twice. Before, the late meter
- * billed to the second before its held tick: with the step early in the time it skipped, one real second
- * was labelled twice, the step's length apart (25 s billed and one more, or one less when the
- * late meter's copy came first and each was refused behind the other's).
+ * billed to the second before its held tick: with the step early in the time it skipped, one
+ * real second was labelled twice, the step's length apart (25 s billed and one more, or one
+ * less when the late meter's copy came first and each was refused behind the other's).
  */
 static void late_held_tick_case(int step_at, int skip_a, int skip_a2, int skip_b, bool b_first)
 {
