@@ -547,8 +547,8 @@ static void step_tell(struct meter *m, int64_t by, int64_t from)
 }
 
 /* The step key's value as step_tell() writes it, "<by> <from>", into *by (> 0) and *from: false
- * for anything else, text after it or a number out of range included (the key is anyone's to
- * write). */
+ * for text after it or a number out of range (the key is anyone's to write); strtoll()'s
+ * leading blanks and sign are taken, harmless as both numbers are range-checked after. */
 static bool step_parse(const char *v, long long *by, long long *from)
 {
 	char *end;
@@ -2981,7 +2981,8 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 			continue;
 		if (!m->o.pause) {
 			/* No master key: it runs on, billed into debt, with nothing to bound it. */
-			if (!s->ten->unpaused_warned || now - s->ten->unpaused_warned >= PAUSE_RETRY_NS) {
+			if (!s->ten->unpaused_warned ||
+			    label_len(m, s->ten->unpaused_warned, now) >= PAUSE_RETRY_NS) {
 				s->ten->unpaused_warned = now;
 				log_error("tenant \"%s\" is at %lld µcr and its sandbox \"%s\" runs on: "
 					  "no master key, so the meter cannot pause it; it is billed into debt",
@@ -2991,8 +2992,10 @@ static void meter_enforce(struct meter *m, int64_t now, bool billed)
 		}
 		/* Asked again after PAUSE_RETRY_NS if it did not pause; at once when it paused and
 		 * was resumed since (a new generation: kiln-sim seed 883738573, resumed 4 s after
-		 * its pause, at zero a second later, asked again only 10 s after the first time). */
-		if (s->pause_asked && s->pause_gen == s->gen && now - s->pause_asked < PAUSE_RETRY_NS)
+		 * its pause, at zero a second later, asked again only 10 s after the first time).
+		 * Real seconds: across a forward step the labels take in its gap. */
+		if (s->pause_asked && s->pause_gen == s->gen &&
+		    label_len(m, s->pause_asked, now) < PAUSE_RETRY_NS)
 			continue;
 		s->pause_asked = now;
 		s->pause_gen = s->gen;
@@ -4056,8 +4059,10 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		m->frame_seq = m->tick_seq;
 		m->frame_seq_due = false;
 	}
-	/* Billed up to the high-water mark: no transaction still open can log a change before it. */
-	hw = now - m->lag;
+	/* Billed up to the high-water mark: no transaction still open can log a change before it.
+	 * The lag is real time, taken off over the gaps: the label less it fell inside a forward
+	 * step's gap on the tick after it, and billing ran to the gap's start. */
+	hw = m->lag > 0 ? label_sub(m, now, m->lag) : now;
 	if (m->lag > PRICE_NS_PER_S / 10)
 		log_debug("billing up to %.3f s behind the clock: a transaction open that long may "
 			  "still change a sandbox", (double)m->lag / 1e9);

@@ -4327,9 +4327,9 @@ static void test_a_taken_over_generation_started_in_the_held_ticks_time_keeps_it
  * which second the step came: it takes the gap's start the node's other meter told before its
  * held tick (step_told()), else the second before its held tick, so both begin the gap at the
  * same label and the ledger's fence refuses the second billed twice. Before, the late meter
- * billed to the second before its held tick: with the step early in its wait, one real second
- * was labelled twice, the step's length apart (25 s billed and one more, or one less when the
- * late meter's copy came first and each was refused behind the other's).
+ * billed to the second before its held tick: with the step early in the time it skipped, one
+ * real second was labelled twice, the step's length apart (25 s billed and one more, or one
+ * less when the late meter's copy came first and each was refused behind the other's).
  */
 static void late_held_tick_case(int step_at, int skip_a, int skip_a2, int skip_b, bool b_first)
 {
@@ -4565,6 +4565,96 @@ static void test_a_late_held_tick_ignores_a_malformed_told_start(void)
 	CHECK_INT(told_gap_start_ms("x ", 10500, ""), 11000);
 }
 
+/*
+ * A pause that did not happen is asked again after 10 s of real time, not of labels: across a
+ * forward step the labels take in the step's gap. Here one meter, a tenant at zero from 3.9 s, a
+ * pause never honoured; the wall clock steps 600 s forward just before the tick at 8. The pause
+ * is asked at 4, 14 and 24; before, at 4, 9, 19 (the re-ask 5 real seconds after the first).
+ */
+static void test_a_pause_is_asked_again_after_ten_real_seconds_across_a_forward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+	int asked[3] = { 0 }, n = 0;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000, 0, "a");	/* 3.9 s of a 257 µcr/s sandbox */
+	new_sandbox(t, sb, sizeof(sb), t0);
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	npaused = 0;
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 30 && n < 3; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 8)
+			fake_now += 600 * S;	/* just before the tick at 8 */
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (npaused > n)
+			asked[n++] = i;
+	}
+	CHECK_INT(asked[0], 4);
+	CHECK_INT(asked[1], 14);
+	CHECK_INT(asked[2], 24);
+	stop_sandbox(sb, fake_now);
+	meter_free(m);
+}
+
+/*
+ * The tick's billing end is the real time a transaction open longer than commit_wait allows has
+ * been open, taken off its label over a forward step's gap: the label less the lag fell inside
+ * the gap, and billing ran to the gap's start, past the time a change committed later carries.
+ * Here one meter; a transaction is opened 3 s (real) before the tick at 13 and stays open to
+ * 17; the wall clock steps 600 s forward just before the tick at 15 (its gap from 14); the
+ * sandbox's pause, stamped at 13.5 in the frame before the step, commits after the tick at 16;
+ * it stops at 30. Before, the tick at 16 billed running to 14 (its label 616 less 3 s is 613,
+ * in the gap) and the pause at 13.5 came after that point: 13.5 s running billed as 14 (+128
+ * µcr less the half-second paused).
+ */
+static void test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_steps_gap(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *own = pg_new(meter_db_url, 1);
+	struct pg_conn *open_tx = NULL;
+	struct meter *m;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 13) {	/* a transaction open 3 s when the tick at 13 looks */
+			CHECK(pg_acquire(own, &open_tx, &err) == KILN_OK);
+			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
+			nanosleep(&(struct timespec){ .tv_sec = 3 }, NULL);
+		}
+		if (i == 15)
+			fake_now += 600 * S;	/* just before the tick at 15 */
+		if (i == 17) {	/* the pause, at 13.5 before the step, commits now */
+			int64_t at = fake_now;
+
+			fake_now = t0 + 13 * S + S / 2;
+			pause_into(t, sb, "snap_hw", 128);
+			fake_now = at;
+			CHECK(pg_exec(open_tx, "ROLLBACK", &err) == KILN_OK);
+			pg_release(own, open_tx);
+			open_tx = NULL;
+		}
+		if (i == 30)
+			stop_sandbox(sb, fake_now);	/* at 30, 600 s on the wall clock past it */
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+	}
+	/* 13.5 s running, 16.5 s paused at 128 MiB */
+	CHECK_INT(used(t), 13 * 257 + 257 / 2 + 16 * 128 + 128 / 2);
+	CHECK_INT(meter_pending(m, t), 0);
+	meter_free(m);
+	pg_free(own);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4684,6 +4774,8 @@ int main(void)
 	TEST(test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_gap);
 	TEST(test_a_late_held_tick_takes_a_told_start_within_the_tolerance);
 	TEST(test_a_late_held_tick_ignores_a_malformed_told_start);
+	TEST(test_a_pause_is_asked_again_after_ten_real_seconds_across_a_forward_step);
+	TEST(test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_steps_gap);
 
 	rc = test_summary();
 	rds_free(rds);
