@@ -2341,10 +2341,20 @@ static int json_item(struct buf *b, const struct meter *m, const struct msb *s,
 			   w->gen_end ? "true" : "false");
 }
 
-/* Whether window `w` is over at `now` (its end is behind the clock). */
+/*
+ * Whether window `w` is over at `now` (its end is behind the clock), or holds the end of another
+ * node's generation (taken over: it ended before this meter took it, and nothing more of it can
+ * be billed). That end goes to the ledger with the rest of the generation, marked
+ * (meter_sandboxes.ended), in the flush that writes the rest: the generation's own meter, back
+ * after a forward step it was down across, gives the step's gap other labels than this one, and
+ * with the end still in memory it found none recorded, tracked the generation from this meter's
+ * point and billed up to its own gap under labels that no window of this meter's overlapped, so
+ * the ledger's fence took both (kiln-sim seed 31218, +62 µcr).
+ */
 static bool win_done(const struct meter *m, const struct mwin *w, int64_t now)
 {
-	return (w->ws + m->o.window_s) * PRICE_NS_PER_S <= now;
+	return (w->ws + m->o.window_s) * PRICE_NS_PER_S <= now ||
+	       (w->gen_end && strcmp(w->gnode, m->node) != 0);
 }
 
 /*
