@@ -4247,6 +4247,19 @@ static void test_a_generation_taken_over_across_a_step_its_meter_missed_is_bille
 	taken_over_across_a_step_its_meter_missed(false);
 }
 
+/*
+ * The same, A's meter ticking first from its restart and B's skipping its tick at 23, so nothing
+ * is taken over: A's meter reads the move, logged after the step and before its first tick (24),
+ * with no witness of its boot, at the wall clock's label 623, in its own gap [24, 624). Before,
+ * it billed generation 1 as running up to the gap's start, a second past the move (6,168 µcr for
+ * 5,911); kiln-sim seed 31218's returning meter billed a paused generation so 0.777 s past its
+ * move.
+ */
+static void test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there(void)
+{
+	taken_over_across_a_step_its_meter_missed(true);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4355,6 +4368,7 @@ int main(void)
 	TEST(test_a_meter_taking_its_sandbox_back_before_a_forward_step_bills_each_second_once);
 	TEST(test_a_sandbox_created_in_the_held_ticks_time_is_tracked);
 	TEST(test_a_generation_taken_over_across_a_step_its_meter_missed_is_billed_once);
+	TEST(test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there);
 
 	rc = test_summary();
 	rds_free(rds);
