@@ -1782,16 +1782,17 @@ static void test_dead_meter_live_field_dropped_after_bound(void)
 	sleep(3);			/* the dead meter's field and alive key are past the bound */
 	m = new_meter_with(false, 2);
 	/* Generation 1's [10, 15) on the dead meter's node, unflushed: billed here from the ledger
-	 * once that meter is known dead; generation 2's [15, 16) is this node's. */
+	 * once that meter is known dead, and flushed at once with its end (win_done()); generation
+	 * 2's [15, 16) is this node's, pending. */
 	tick_until(m, t0 + 16 * S);
-	CHECK_INT(meter_pending(m, t), 6 * 257);
+	CHECK_INT(meter_pending(m, t), 257);
 	tick_until(m, t0 + 17 * S);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t) - meter_pending(m, t));
 	c = conn();
 	CHECK_INT(billing_balance(rds, c, t, &b, &err), KILN_OK);
 	pg_release(pg, c);
 	CHECK_INT(b.balance_ucr, ledger_bal(t) - meter_pending(m, t));
-	tick_until(m, t0 + 20 * S);	/* the flush of [10, 20) */
+	tick_until(m, t0 + 20 * S);	/* the flush of generation 2's [15, 20) */
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	CHECK_INT(used(t), 20 * 257);
@@ -4612,6 +4613,103 @@ static void test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_
 	pg_free(own);
 }
 
+/*
+ * Node A's only meter down across a 600 s forward step, node B's meter following it live: B's gap
+ * begins at its held tick's label (20), A's restarted meter keeps the step at its own first tick
+ * (24, gap [24, 624)). The sandbox runs on A from 0; A's meter crashes at 11 after flushing
+ * [0, 10), its alive key gone at 12; the wall clock steps at 21; the sandbox moves to B at 23
+ * (generation 2) and stops at 35; A's meter restarts in its node's frame at 24. With `a_first`,
+ * A's meter ticks before B's from its restart and B's skips its tick at 23 (a late wake), so A's
+ * first tick writes its alive key before B's meter could take generation 1 over. Generation 1
+ * must be billed its 23 s once, the sandbox 35 s, nothing pending, Redis's balance the ledger's.
+ */
+static void taken_over_across_a_step_its_meter_missed(bool a_first)
+{
+	char t[32], sb[32], na[32], nb[32], key[96];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct meter *a, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, na);
+	boot = "test-boot";
+	new_sandbox(t, sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter_with(true, 0);
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 50; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 11) {	/* A's meter crashes, [0, 10) flushed */
+			meter_free(a);
+			a = NULL;
+		}
+		if (i == 12) {	/* its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+		if (i == 21)	/* 600 s forward: B's meter holds this tick, A's is down */
+			fake_now += 600 * S;
+		if (i == 23)	/* to B: generation 2 */
+			move_to(sb, nb, fake_now);
+		if (i == 24)	/* A's meter restarts, in its node's frame */
+			a = new_meter_with(true, 0);
+		if (i == 35)
+			stop_sandbox(sb, fake_now);
+		if (a_first && a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		if (!(a_first && i == 23))
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (!a_first && a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+	}
+	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+			  "AND generation = 1", sb), 23 * 257);
+	CHECK_INT(used(t), 35 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * Kiln-sim seed 31218: node 1's only meter was down across a +653 s step, node 0's meters followed
+ * it live (gap from 1,697; node 1's restarted meter's from its first tick, 1,702). Node 0's meter
+ * took a paused generation of node 1 over, ended by a move to node 0 after the step, and flushed
+ * its complete windows, its end window [2,350, 2,360) not yet; node 1's meter then found no end,
+ * tracked the generation from that point and billed [1,700, 1,702) under labels no window of the
+ * taker's overlapped: +62 µcr. Here B's meter ticks first, as node 0's did, and takes generation 1
+ * over at 23 (to the move: [10, 20) and [620, 623)): before, A's meter billed [20, 24) again
+ * (6,939 µcr for 5,911).
+ */
+static void test_a_generation_taken_over_across_a_step_its_meter_missed_is_billed_once(void)
+{
+	taken_over_across_a_step_its_meter_missed(false);
+}
+
+/*
+ * The same, A's meter ticking first from its restart and B's skipping its tick at 23, so nothing
+ * is taken over: A's meter reads the move, logged after the step and before its first tick (24),
+ * with no witness of its boot, at the wall clock's label 623, in its own gap [24, 624). Before,
+ * it billed generation 1 as running up to the gap's start, a second past the move (6,168 µcr for
+ * 5,911); kiln-sim seed 31218's returning meter billed a paused generation so 0.777 s past its
+ * move.
+ */
+static void test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there(void)
+{
+	taken_over_across_a_step_its_meter_missed(true);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4733,6 +4831,8 @@ int main(void)
 	TEST(test_a_late_held_tick_ignores_a_malformed_told_start);
 	TEST(test_a_pause_is_asked_again_after_ten_real_seconds_across_a_forward_step);
 	TEST(test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_steps_gap);
+	TEST(test_a_generation_taken_over_across_a_step_its_meter_missed_is_billed_once);
+	TEST(test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there);
 
 	rc = test_summary();
 	rds_free(rds);
