@@ -109,6 +109,13 @@ static void tick_both(struct meter *m)
 	CHECK_INT(meter_tick(m, &err), KILN_OK);
 }
 
+/* The µcr the ledger holds for generation `gen` of `sb`, all its windows. */
+static long long gen_ucr(const char *sb, int gen)
+{
+	return sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
+		       "AND generation = %d", sb, gen);
+}
+
 /* A tenant with credits and a running sandbox of it since t0, both clocks at t0. */
 static void clock_case(char *t, size_t tn, char *sb, size_t sbn, int64_t t0)
 {
@@ -1110,8 +1117,7 @@ static void test_an_earlier_generations_change_read_after_the_point_is_not_appli
 	}
 	boot = NULL;
 	/* 11.5 s running in generation 1; 3 s running, 105 s paused at 512 in generation 2 */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 2955);
+	CHECK_INT(gen_ucr(sb, 1), 2955);
 	CHECK_INT(used(t), 3726 + 105 * 512);
 	CHECK_INT(meter_pending(m, t), 0);
 	meter_free(m);
@@ -1205,8 +1211,7 @@ static void test_an_earlier_generation_billed_short_of_its_end_is_billed_on(void
 			CHECK_INT(meter_tick(b, &err), KILN_OK);
 	}
 	/* 15 s running and 5 s paused at 512 in generation 1, 20 s running in generation 2 */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 15 * 257 + 5 * 512);
+	CHECK_INT(gen_ucr(sb, 1), 15 * 257 + 5 * 512);
 	CHECK_INT(used(t), 35 * 257 + 5 * 512);
 	CHECK_INT(meter_pending(b, t), 0);
 	meter_free(b);
@@ -1290,8 +1295,7 @@ static void test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move(v
 		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
 		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 20 * 257);
+	CHECK_INT(gen_ucr(c.sb, 2), 20 * 257);
 	CHECK_INT(used(c.t), 40 * 257);
 	CHECK_INT(meter_pending(c.a, c.t), 0);
 	CHECK_INT(meter_pending(c.b, c.t), 0);
@@ -1322,8 +1326,7 @@ static void test_a_sandbox_moved_back_at_the_nodes_tick_is_billed_from_the_retur
 		CHECK_INT(meter_tick(c.a, &err), KILN_OK);
 		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", c.sb), 15 * 257);
+	CHECK_INT(gen_ucr(c.sb, 3), 15 * 257);
 	/* 45 s less the half µcr each node's remainder keeps (10.5 s on A, 19.5 s on B) */
 	CHECK_INT(used(c.t), 45 * 257 - 1);
 	CHECK_INT(meter_pending(c.a, c.t), 0);
@@ -1378,12 +1381,10 @@ static void test_an_earlier_generations_end_is_kept_by_a_meter_restarted_after_a
 		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	/* 10.5 s and 20 s on A (one remainder), 59.5 s on B: every second once */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", c.sb), 10.5 * 257);
+	CHECK_INT(gen_ucr(c.sb, 1), 10.5 * 257);
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
 			  "AND generation IN (1, 3)", c.sb), 30.5 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 59.5 * 257);
+	CHECK_INT(gen_ucr(c.sb, 2), 59.5 * 257);
 	CHECK_INT(used(c.t), (long long)(30.5 * 257) + (long long)(59.5 * 257) + 90 * 257);
 	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
 	meter_free(c.b);
@@ -1426,8 +1427,7 @@ static void test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded
 	/* 10.2 s and 19.4 s on A (one remainder), 0.4 s on B: every second once */
 	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
 			  "AND generation IN (1, 3)", c.sb), 29.6 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 102);
+	CHECK_INT(gen_ucr(c.sb, 2), 102);
 	CHECK_INT(meter_pending(c.a, c.t), 0);
 	CHECK_INT(meter_pending(c.b, c.t), 0);
 	meter_free(c.b);
@@ -1614,8 +1614,7 @@ static void test_a_taken_over_generation_carries_its_nodes_remainder(void)
 			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
 		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", c.sb), 2699);
+	CHECK_INT(gen_ucr(c.sb, 3), 2699);
 	CHECK_INT(used(c.t), 40 * 257);
 	meter_free(c.b);
 }
@@ -1671,8 +1670,7 @@ static void taken_over_across_frames(void (*at)(int i, struct meter **a))
 			rds_reply_release(&rep);
 		}
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 25 * 257);
+	CHECK_INT(gen_ucr(sb, 2), 25 * 257);
 	CHECK_INT(used(t), 40 * 257);
 	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	meter_free(b);
@@ -1899,8 +1897,7 @@ static void test_a_taken_over_generation_in_the_ledger_is_not_ended_here(void)
 			CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	/* generation 2 as B billed it, nothing of it written by A */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 10 * 257);
+	CHECK_INT(gen_ucr(c.sb, 2), 10 * 257);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
 			  "AND generation = 2 AND node_id <> '%s'", c.sb, c.nb), 0);
 	/* 10.5 s and 24.5 s on A, one remainder */
@@ -1976,10 +1973,8 @@ static void test_a_taken_over_generation_started_before_a_forward_then_a_backwar
 			rds_reply_release(&rep);
 		}
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 30 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(gen_ucr(sb, 1), 30 * 257);
+	CHECK_INT(gen_ucr(sb, 2), 10 * 257);
 	CHECK_INT(used(t), 40 * 257);
 	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	meter_free(b);
@@ -2103,10 +2098,8 @@ static void taken_over_with_a_late_end(const struct late_end_shape *x)
 			rds_reply_release(&rep);
 		}
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), x->gen1);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), x->gen2);
+	CHECK_INT(gen_ucr(sb, 1), x->gen1);
+	CHECK_INT(gen_ucr(sb, 2), x->gen2);
 	CHECK_INT(used(t), x->gen1 + x->gen2);
 	CHECK_INT(meter_pending(a, t), 0);
 	meter_free(b);
@@ -2443,8 +2436,7 @@ static void test_a_change_logged_before_a_backward_step_reads_before_the_later_o
 		else
 			CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 50 * 257);
+	CHECK_INT(gen_ucr(c.sb, 2), 50 * 257);
 	/* 40 s running and 20 s paused at 128 MiB on A, 50 s running on B */
 	CHECK_INT(used(c.t), 90 * 257 + 20 * 128);
 	CHECK_INT(meter_pending(c.a, c.t), 0);
@@ -2631,8 +2623,7 @@ static void test_a_short_generations_changes_read_long_after_a_backward_step_kee
 			CHECK_INT(meter_tick(b, &err), KILN_OK);
 	}
 	/* 15 s running and 25 s paused at 512 MiB in generation 1, 70 s running in generation 2 */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 15 * 257 + 25 * 512);
+	CHECK_INT(gen_ucr(sb, 1), 15 * 257 + 25 * 512);
 	CHECK_INT(used(t), 85 * 257 + 25 * 512);
 	CHECK_INT(meter_pending(b, t), 0);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
@@ -3042,12 +3033,10 @@ static void test_a_short_generation_gone_from_its_node_after_a_backward_step_is_
 		CHECK_INT(meter_tick(c.b, &err), KILN_OK);
 	}
 	/* generation 1: 15 s running, 5 s paused at 512, and its end recorded; generation 2: 5 s */
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", c.sb), 15 * 257 + 5 * 512);
+	CHECK_INT(gen_ucr(c.sb, 1), 15 * 257 + 5 * 512);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
 			  "AND generation = 1 AND state = 'none'", c.sb), 1);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 5 * 257);
+	CHECK_INT(gen_ucr(c.sb, 2), 5 * 257);
 	CHECK_INT(used(c.t), 40 * 257 + 5 * 512);
 	CHECK_INT(meter_pending(a2, c.t), 0);
 	meter_free(a2);
@@ -3317,8 +3306,7 @@ static void test_a_generation_of_no_length_is_not_read_after_its_end_is_flushed(
 
 	two_nodes_start(&c, t0, true, 0);
 	CHECK_INT(ticks_tracked(&c, 1, 60, no_length_after_a_backward_step), 0);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", c.sb), 0);
+	CHECK_INT(gen_ucr(c.sb, 2), 0);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' "
 			  "AND generation = 2 AND state = 'none' AND ended", c.sb), 1);
 	/* and it stays so: no tick of A reads it again while the sandbox runs on B */
@@ -3398,8 +3386,7 @@ static void test_a_sandbox_moved_back_after_its_end_mark_is_billed_on(void)
 			  "AND generation = 1 AND state = 'none' AND ended AND last_t_ns = %lld", c.sb,
 			  (long long)(t0 + 10 * S + S / 2)), 1);
 	(void)ticks_tracked(&c, 22, 60, away_and_back);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", c.sb), 19 * 257);
+	CHECK_INT(gen_ucr(c.sb, 3), 19 * 257);
 	CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s' AND ended",
 			  c.sb), 3);
 	/* 10.5 s and 19 s on A (one remainder), 10.5 s on B: every second once */
@@ -3439,10 +3426,8 @@ static void test_a_generation_ended_before_the_mark_is_freed_when_its_sandbox_st
 	two_nodes_start(&c, t0, true, 0);
 	(void)ticks_tracked(&c, 1, 70, back_and_away_within_a_window);
 	CHECK_INT(ticks_tracked(&c, 71, 90, NULL), 0);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", c.sb), 10 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 3", c.sb), 0);
+	CHECK_INT(gen_ucr(c.sb, 1), 10 * 257);
+	CHECK_INT(gen_ucr(c.sb, 3), 0);
 	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
 	meter_free(c.b);
 	meter_free(c.a);
@@ -4234,10 +4219,8 @@ static void held_tick_creation_case(int kill_b_at)
 			rds_reply_release(&rep);
 		}
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 21 * 257);
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 2", sb), 10 * 257);
+	CHECK_INT(gen_ucr(sb, 1), 21 * 257);
+	CHECK_INT(gen_ucr(sb, 2), 10 * 257);
 	CHECK_INT(used(t), 31 * 257);
 	CHECK_INT(meter_pending(a, t) + (b ? meter_pending(b, t) : 0), 0);
 	meter_free(b);
@@ -4671,8 +4654,7 @@ static void taken_over_across_a_step_its_meter_missed(bool a_first)
 		if (!a_first && a)
 			CHECK_INT(meter_tick(a, &err), KILN_OK);
 	}
-	CHECK_INT(sql_int("SELECT coalesce(sum(ucr), 0) FROM usage_windows WHERE sandbox_id = '%s' "
-			  "AND generation = 1", sb), 23 * 257);
+	CHECK_INT(gen_ucr(sb, 1), 23 * 257);
 	CHECK_INT(used(t), 35 * 257);
 	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	meter_free(b);
