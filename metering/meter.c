@@ -562,6 +562,19 @@ static bool step_parse(const char *v, long long *by, long long *from)
 	return !errno && end != v && !*end;
 }
 
+/* Whether a gap start told for a forward step of `tby` ns at `tfrom` is this one's, of `by` ns
+ * (the same within STEP_TOLERANCE_NS) between labels `after` and `before` (step_told(),
+ * step_told_pg()); if so the start this meter takes into *from. */
+static bool step_fits(long long tby, long long tfrom, int64_t by, int64_t after, int64_t before,
+		      int64_t *from)
+{
+	if (tby < by - STEP_TOLERANCE_NS || tby > by + STEP_TOLERANCE_NS ||
+	    tfrom < after - STEP_TOLERANCE_NS || tfrom > before + STEP_TOLERANCE_NS)
+		return false;
+	*from = tfrom > after ? tfrom : after;
+	return true;
+}
+
 /* The gap start another meter of the node told (step_tell()) for a forward step of `by` ns (the
  * same within STEP_TOLERANCE_NS) that came between labels `after` and `before`, into *from:
  * false when none is told (not yet, or Redis away). Within STEP_TOLERANCE_NS either side: that
@@ -579,12 +592,56 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
 	m->st.redis_calls++;
 	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
-	     step_parse(rep.str, &tby, &tfrom) && tby >= by - STEP_TOLERANCE_NS &&
-	     tby <= by + STEP_TOLERANCE_NS && tfrom >= after - STEP_TOLERANCE_NS &&
-	     tfrom <= before + STEP_TOLERANCE_NS;
+	     step_parse(rep.str, &tby, &tfrom) && step_fits(tby, tfrom, by, after, before, from);
 	rds_reply_release(&rep);
-	if (ok)
-		*from = tfrom > after ? tfrom : after;
+	return ok;
+}
+
+/* step_tell() through Postgres (meter_step_told, migrations/0053), for a late meter of the node
+ * that Redis tells nothing: the telling meter's Redis, or the late meter's own, away at the step
+ * (kiln-sim seed 31233: the telling meter without Redis, one paused second lost on two
+ * sandboxes). One statement; without Postgres it tells nothing here, as step_tell() without
+ * Redis. */
+static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	char b[24], f[24];
+
+	snprintf(b, sizeof(b), "%" PRId64, by);
+	snprintf(f, sizeof(f), "%" PRId64, from);
+	m->st.pg_calls++;
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		PGQ(c, NULL, &err,
+		    "INSERT INTO meter_step_told (node_id, by_ns, from_ns) VALUES ($1, $2, $3) "
+		    "ON CONFLICT (node_id) DO UPDATE SET by_ns = $2, from_ns = $3, updated_at = now()",
+		    m->node, b, f);
+		pg_release(m->pg, c);
+	}
+	if (err.msg[0])
+		log_warn("cannot tell the forward step's gap through Postgres: %s", err.msg);
+}
+
+/* step_told() from Postgres (step_tell_pg()): the row is the node's last held tick's, so one from
+ * an earlier step is refused by the same checks as a stale key (step_fits()). */
+static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	bool ok = false;
+
+	m->st.pg_calls++;
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		if (PGQ(c, &res, &err, "SELECT by_ns, from_ns FROM meter_step_told WHERE node_id = $1",
+			m->node) == KILN_OK && pg_res_rows(res) == 1)
+			ok = step_fits(pg_res_int(res, 0, 0, 0), pg_res_int(res, 0, 1, 0), by, after,
+				       before, from);
+		pg_res_free(res);
+		pg_release(m->pg, c);
+	}
+	if (err.msg[0])
+		log_warn("cannot read the forward step's gap from Postgres: %s", err.msg);
 	return ok;
 }
 
@@ -594,19 +651,22 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
  * labels). A meter that ticked in the second before (its last tick at clk_now_l, within the
  * step's tolerance) knows the step came in that second: it bills to the second before its held
  * tick, no earlier than its last tick (that tick when they are a second apart), and tells the
- * node's other meters (step_tell()). A late one (it skipped a tick) cannot tell from its own two
- * ticks in which second the step came: billing to the second before, it began its gap a second
- * or more after the other meter's when the step came early between them (one real second
- * labelled twice, the step's length apart: +257 µcr on a sandbox of 257 µcr/s), and billing to
- * its last tick, before it when the step came late (kiln-sim `clock`, seed 351001013). It takes
- * the start another meter told, from its last tick to the second before its held tick
- * (step_told(): within the step's tolerance). None told, it takes the second before its held
- * tick at once: the node's meters tick on whole seconds of one monotonic clock, so the other
- * meter has not had its held tick yet, its tick a second before came before the step, and it
- * will tell that second; or it is late too, Redis is away, or there is no other meter, and
- * nothing is ever told. Waiting for it changed no start and delayed billing and enforcement
- * (one meter, a tenant at zero just before a skipped tick and a step: its pause asked two ticks
- * later).
+ * node's other meters, in Redis and in Postgres (step_tell(), step_tell_pg()): a late meter may
+ * have either only. A late one (it skipped a tick) cannot tell from its own two ticks in which
+ * second the step came: billing to the second before, it began its gap a second or more after
+ * the other meter's when the step came early between them (one real second labelled twice, the
+ * step's length apart: +257 µcr on a sandbox of 257 µcr/s), and billing to its last tick,
+ * before it when the step came late (kiln-sim `clock`, seed 351001013). It takes the start
+ * another meter told, from its last tick to the second before its held tick (step_told():
+ * within the step's tolerance), from Redis, else from Postgres (step_told_pg(): Redis first,
+ * the usual channel, so Postgres is asked only when Redis told nothing; with the telling
+ * meter's Redis away, Postgres alone told it, seed 31233). None told, it takes the second
+ * before its held tick at once: the node's meters tick on whole seconds of one monotonic clock,
+ * so the other meter has not had its held tick yet, its tick a second before came before the
+ * step, and it will tell that second; or it is late too, neither channel reaches both meters,
+ * or there is no other meter, and nothing is ever told. Waiting for it changed no start and
+ * delayed billing and enforcement (one meter, a tenant at zero just before a skipped tick and a
+ * step: its pause asked two ticks later).
  */
 static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 {
@@ -614,9 +674,11 @@ static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 
 	if (l - m->clk_now_l <= PRICE_NS_PER_S + STEP_TOLERANCE_NS) {
 		step_tell(m, by, p);
+		step_tell_pg(m, by, p);
 		return p;
 	}
-	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told))
+	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told) ||
+	    step_told_pg(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told))
 		return told;
 	return p;
 }

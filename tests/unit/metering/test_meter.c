@@ -4425,11 +4425,13 @@ static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_g
  * One meter, a, skips its tick at 11; the wall clock steps 600 s forward just before 12, a's late
  * held tick. Just before it, the node's step key (step_tell()) is given `pre`, the gap start
  * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
- * tell it ("<length> <start>"). Returns the start of the gap a saved in its frame
- * (meter_clocks.gaps_ns) less t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever
- * the start.
+ * tell it ("<length> <start>"); no key when `pre` is NULL. With `row_by_s` > 0, the node's row of
+ * meter_step_told (step_tell_pg()) is given the length `row_by_s` s and the start t0 +
+ * `row_at_ms` ms. Returns the start of the gap a saved in its frame (meter_clocks.gaps_ns) less
+ * t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever the start.
  */
-static long long told_gap_start_ms(const char *pre, long long at_ms, const char *post)
+static long long told_gap_start_with(const char *pre, long long at_ms, const char *post,
+				     long long row_by_s, long long row_at_ms)
 {
 	char t[32], sb[32], key[96], v[128];
 	int64_t t0 = aligned_now();
@@ -4448,13 +4450,19 @@ static long long told_gap_start_ms(const char *pre, long long at_ms, const char 
 		fake_mono += S;
 		if (i == 12) {
 			fake_now += 600 * S;
-			if (at_ms >= 0)
+			if (pre && at_ms >= 0)
 				snprintf(v, sizeof(v), "%s%lld%s", pre,
 					 (long long)(t0 + at_ms * 1000000), post);
-			else
+			else if (pre)
 				snprintf(v, sizeof(v), "%s%s", pre, post);
-			CHECK_INT(RDS(rds, &rep, &err, "SET", key, v, "EX", "60"), KILN_OK);
-			rds_reply_release(&rep);
+			if (pre) {
+				CHECK_INT(RDS(rds, &rep, &err, "SET", key, v, "EX", "60"), KILN_OK);
+				rds_reply_release(&rep);
+			}
+			if (row_by_s > 0)
+				sql("INSERT INTO meter_step_told (node_id, by_ns, from_ns) VALUES "
+				    "('%s', %lld, %lld)",
+				    node, row_by_s * S, (long long)(t0 + row_at_ms * 1000000));
 		}
 		if (i == 26)
 			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
@@ -4469,6 +4477,12 @@ static long long told_gap_start_ms(const char *pre, long long at_ms, const char 
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(a);
 	return (start - t0) / 1000000;
+}
+
+/* told_gap_start_with() with the step key only. */
+static long long told_gap_start_ms(const char *pre, long long at_ms, const char *post)
+{
+	return told_gap_start_with(pre, at_ms, post, 0, 0);
 }
 
 /*
@@ -4692,6 +4706,84 @@ static void test_a_change_logged_before_a_restarted_meters_first_tick_after_a_st
 	taken_over_across_a_step_its_meter_missed(true);
 }
 
+/*
+ * Kiln-sim seed 31233's shape: two meters of one node, a and b, tick each second, a first; one of
+ * them (b, the one that tells, or a, the late one, with `late_without`) has no Redis from 5 to
+ * 30 s; the wall clock steps 600 s forward just before 12 s and a skips its tick at 12. b's held
+ * tick (12) begins the gap at 11 and a's (13, late) takes that start through Postgres
+ * (meter_step_told, step_tell_pg()), Redis telling it nothing, so the sandbox, running from 0 to
+ * 25 s, is billed each second once. Before, told nothing, a began its gap at 12, a second after
+ * b's, and each one's copy of real second [11, 12) was refused behind the other's: 6,168 µcr for
+ * 6,425 (the seed: one paused second lost on two sandboxes, -22 and -36 µcr).
+ */
+static void late_held_tick_without_redis_case(bool late_without)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct rds *dead = rds_new("unix:/nonexistent-kiln-test/redis.sock", 200);
+	struct kiln_error err = { 0 };
+	struct meter *a, *b, *without;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	without = late_without ? a : b;
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 5)
+			meter_set_backends(without, pg, dead);
+		if (i == 31)
+			meter_set_backends(without, pg, rds);
+		if (i == 12)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 12)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+	rds_free(dead);
+}
+
+/* The telling meter without Redis at the step (the seed's): 6,168 µcr for 6,425 before. */
+static void test_a_late_held_tick_takes_the_gap_start_told_through_postgres(void)
+{
+	late_held_tick_without_redis_case(false);
+}
+
+/* The late meter without Redis at its held tick: 6,168 µcr for 6,425 before. */
+static void test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres(void)
+{
+	late_held_tick_without_redis_case(true);
+}
+
+/*
+ * told_gap_start_with()'s lone late meter (its held tick at 12 s, its last at 10) told through
+ * Postgres alone (meter_step_told): a start in its range is taken (10.5 s; before, 11 s), and
+ * the step key, when in range too, comes first. A row in neither channel's range, like a stale
+ * key, is ignored and the late held tick falls back to the second before it (11 s), as with
+ * neither channel telling anything: a row of another length, or of an earlier step of the same
+ * length (its start a step's length before the late meter's last tick).
+ */
+static void test_a_late_held_tick_reads_postgres_when_redis_tells_nothing(void)
+{
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 10500);
+	CHECK_INT(told_gap_start_with("600000000000 ", 10300, "", 600, 10500), 10300);
+	CHECK_INT(told_gap_start_with("300000000000 ", 10300, "", 600, 10500), 10500);
+	/* neither channel tells this step: the second before the held tick, as before */
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 0, 0), 11000);
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 300, 10500), 11000);
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500 - 600000), 11000);
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 11600), 11000);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4815,6 +4907,9 @@ int main(void)
 	TEST(test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_steps_gap);
 	TEST(test_a_generation_taken_over_across_a_step_its_meter_missed_is_billed_once);
 	TEST(test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there);
+	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
+	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
+	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
 
 	rc = test_summary();
 	rds_free(rds);
