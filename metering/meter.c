@@ -246,6 +246,8 @@ struct meter {
 	int64_t last_expiry_ws;
 	int64_t last_trim_ws;
 	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
+	bool rds_failed;	/* the last tick's Redis call failed (redis_tick()): held_to() tells
+				 * through Postgres first */
 	/* The flush thread (opts.flush_thread): one flush in flight at a time, under flock. */
 	bool fthread;
 	pthread_t fth;
@@ -645,14 +647,29 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 	return ok;
 }
 
+/* step_tell() and step_tell_pg(), first through the channel that answered at this meter's last
+ * tick: Postgres first when Redis failed there. A Redis that does not refuse but hangs (a
+ * partition, a stopped host) waits out the client's timeout (1 s in kiln-meter), and a row
+ * written after it lands when the node's late meter, a second behind on the same phase, has read
+ * already (seed 31233's loss again). Redis is still told after it: one command, bounded by that
+ * timeout, and it may answer again. */
+static void step_tell_both(struct meter *m, int64_t by, int64_t from)
+{
+	if (m->rds_failed)
+		step_tell_pg(m, by, from);
+	step_tell(m, by, from);
+	if (!m->rds_failed)
+		step_tell_pg(m, by, from);
+}
+
 /*
  * Where the held tick at label `l`, seeing a forward step of `by` ns, bills up to: the start of
  * the step's gap, which every meter of the node must place alike (the ledger's fence compares
  * labels). A meter that ticked in the second before (its last tick at clk_now_l, within the
  * step's tolerance) knows the step came in that second: it bills to the second before its held
  * tick, no earlier than its last tick (that tick when they are a second apart), and tells the
- * node's other meters, in Redis and in Postgres (step_tell(), step_tell_pg()): a late meter may
- * have either only. A late one (it skipped a tick) cannot tell from its own two ticks in which
+ * node's other meters, in Redis and in Postgres (step_tell_both()): a late meter may have
+ * either only. A late one (it skipped a tick) cannot tell from its own two ticks in which
  * second the step came: billing to the second before, it began its gap a second or more after
  * the other meter's when the step came early between them (one real second labelled twice, the
  * step's length apart: +257 µcr on a sandbox of 257 µcr/s), and billing to its last tick,
@@ -673,8 +690,7 @@ static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 	int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l, told;
 
 	if (l - m->clk_now_l <= PRICE_NS_PER_S + STEP_TOLERANCE_NS) {
-		step_tell(m, by, p);
-		step_tell_pg(m, by, p);
+		step_tell_both(m, by, p);
 		return p;
 	}
 	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told) ||
@@ -3099,7 +3115,7 @@ static void meter_tick_blind(struct meter *m, int64_t now)
 		m->sbs[i]->t_has = false;
 	for (size_t i = 0; i < m->ntens; i++)
 		m->tens[i]->t_rx = m->tens[i]->t_tx = 0;
-	redis_tick(m, now, true);
+	m->rds_failed = redis_tick(m, now, true) != KILN_OK;
 	meter_enforce(m, now, false);
 }
 
@@ -4185,7 +4201,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			pg_release(m->pg, sc);
 		}
 	}
-	redis_tick(m, now, false);
+	m->rds_failed = redis_tick(m, now, false) != KILN_OK;
 	ledger_refresh(m, now);
 	meter_enforce(m, now, true);
 	if (meter_flush(m, hw, err) != KILN_OK) {

@@ -8,10 +8,15 @@
  * twice, earliest-expiry draws, expiry as a transfer, and the pause asked on the tick that
  * crosses zero (billing goes on into debt until it lands: test_debt.c).
  */
+#include <poll.h>
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -4784,6 +4789,160 @@ static void test_a_late_held_tick_reads_postgres_when_redis_tells_nothing(void)
 	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 11600), 11000);
 }
 
+/*
+ * A Redis that accepts and never answers (a partition, a stopped host: nothing refuses), on a Unix
+ * socket of its own, served by a thread. When a command naming `watch` (a node's step key) comes
+ * in, the client waiting for its reply, the test's own connection counts the node's rows of
+ * meter_step_told into `rows` (-1 until then): what a late meter reading now would find.
+ */
+#define HUNG_CONNS 16
+
+struct hung_redis {
+	char path[108], watch[96], node[32];
+	int lfd, fd[HUNG_CONNS];
+	char tail[HUNG_CONNS][96];	/* each connection's last bytes: a key split across reads */
+	size_t ntail[HUNG_CONNS];
+	atomic_bool stop;
+	atomic_int rows;
+	pthread_t thr;
+};
+
+/* Takes what connection `i` sent; false when it closed. */
+static bool hung_read(struct hung_redis *h, int i)
+{
+	char buf[4096 + sizeof(h->tail[0])];
+	size_t keep = strlen(h->watch), n0 = h->ntail[i], n;
+	ssize_t r;
+
+	memcpy(buf, h->tail[i], n0);
+	r = read(h->fd[i], buf + n0, sizeof(buf) - n0);
+	if (r <= 0)
+		return false;
+	n = n0 + (size_t)r;
+	if (atomic_load(&h->rows) < 0 && memmem(buf, n, h->watch, keep))
+		atomic_store(&h->rows, (int)sql_int("SELECT count(*) FROM meter_step_told "
+						    "WHERE node_id = '%s'", h->node));
+	keep = n < keep ? n : keep;
+	memcpy(h->tail[i], buf + n - keep, keep);
+	h->ntail[i] = keep;
+	return true;
+}
+
+static void *hung_run(void *arg)
+{
+	struct hung_redis *h = arg;
+
+	while (!atomic_load(&h->stop)) {
+		struct pollfd p[1 + HUNG_CONNS] = { { .fd = h->lfd, .events = POLLIN } };
+
+		for (int i = 0; i < HUNG_CONNS; i++)
+			p[1 + i] = (struct pollfd){ .fd = h->fd[i], .events = POLLIN };
+		if (poll(p, 1 + HUNG_CONNS, 50) <= 0)
+			continue;
+		for (int i = 0; i < HUNG_CONNS; i++)
+			if (h->fd[i] >= 0 && p[1 + i].revents && !hung_read(h, i)) {
+				close(h->fd[i]);
+				h->fd[i] = -1;
+			}
+		if (p[0].revents & POLLIN) {
+			int fd = accept(h->lfd, NULL, NULL), i = 0;
+
+			while (i < HUNG_CONNS && h->fd[i] >= 0)
+				i++;
+			if (fd >= 0 && i < HUNG_CONNS) {
+				h->fd[i] = fd;
+				h->ntail[i] = 0;
+			} else if (fd >= 0) {
+				close(fd);
+			}
+		}
+	}
+	return NULL;
+}
+
+/* Starts `h` watching the current node's step key; its Redis URL into url. */
+static void hung_start(struct hung_redis *h, char *url, size_t n)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	memset(h, 0, sizeof(*h));
+	snprintf(h->path, sizeof(h->path), "/tmp/kiln-test-hung-%d.sock", (int)getpid());
+	snprintf(h->node, sizeof(h->node), "%s", node);
+	snprintf(h->watch, sizeof(h->watch), BILLING_METER_PREFIX "%s:step", node);
+	for (int i = 0; i < HUNG_CONNS; i++)
+		h->fd[i] = -1;
+	atomic_store(&h->rows, -1);
+	unlink(h->path);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", h->path);
+	h->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (h->lfd < 0 || bind(h->lfd, (struct sockaddr *)&sa, sizeof(sa)) < 0 ||
+	    listen(h->lfd, 16) < 0 || pthread_create(&h->thr, NULL, hung_run, h) != 0) {
+		perror("hung redis");
+		exit(1);
+	}
+	snprintf(url, n, "unix:%s", h->path);
+}
+
+static void hung_stop(struct hung_redis *h)
+{
+	atomic_store(&h->stop, true);
+	pthread_join(h->thr, NULL);
+	for (int i = 0; i < HUNG_CONNS; i++)
+		if (h->fd[i] >= 0)
+			close(h->fd[i]);
+	close(h->lfd);
+	unlink(h->path);
+}
+
+/*
+ * late_held_tick_without_redis_case()'s telling meter, b, with a Redis that hangs from 10 to 13 s
+ * instead of refusing: each call waits out the client's timeout (200 ms here, 1 s in kiln-meter).
+ * Its held tick (12) must have told Postgres when its Redis tell is sent: the late meter a, a
+ * second behind on the same phase, reads Postgres when that tell's timeout ends (kiln-meter: the
+ * next second). Before, the Redis tell came first and the row was written after the timeout (no
+ * row when the step key was sent); the sandbox was billed 6,425 µcr all the same, as the meters
+ * tick one after the other here.
+ */
+static void test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_last_tick(void)
+{
+	char t[32], sb[32], url[128];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct hung_redis h;
+	struct rds *hung;
+	struct meter *a, *b;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	hung_start(&h, url, sizeof(url));
+	hung = rds_new(url, 200);
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 10)
+			meter_set_backends(b, pg, hung);
+		if (i == 14)
+			meter_set_backends(b, pg, rds);
+		if (i == 12)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 12)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(atomic_load(&h.rows), 1);
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(b);
+	meter_free(a);
+	rds_free(hung);
+	hung_stop(&h);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -4910,6 +5069,7 @@ int main(void)
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
+	TEST(test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_last_tick);
 
 	rc = test_summary();
 	rds_free(rds);
