@@ -248,6 +248,8 @@ struct meter {
 	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
 	bool rds_failed;	/* the last tick's Redis call failed (redis_tick()): held_to() tells
 				 * through Postgres first */
+	bool pg_failed;		/* the last tick could not read its rows: held_to() asks Postgres
+				 * nothing */
 	/* The flush thread (opts.flush_thread): one flush in flight at a time, under flock. */
 	bool fthread;
 	pthread_t fth;
@@ -652,13 +654,17 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
  * partition, a stopped host) waits out the client's timeout (1 s in kiln-meter), and a row
  * written after it lands when the node's late meter, a second behind on the same phase, has read
  * already (seed 31233's loss again). Redis is still told after it: one command, bounded by that
- * timeout, and it may answer again. */
+ * timeout, and it may answer again. Postgres is not, when the last tick could not reach it: each
+ * attempt is a new connection, up to connect_timeout (3 s) a host, before this tick's own
+ * attempt, which goes blind if it fails too. */
 static void step_tell_both(struct meter *m, int64_t by, int64_t from)
 {
-	if (m->rds_failed)
+	bool pg = !m->pg_failed;
+
+	if (pg && m->rds_failed)
 		step_tell_pg(m, by, from);
 	step_tell(m, by, from);
-	if (!m->rds_failed)
+	if (pg && !m->rds_failed)
 		step_tell_pg(m, by, from);
 }
 
@@ -676,14 +682,14 @@ static void step_tell_both(struct meter *m, int64_t by, int64_t from)
  * before it when the step came late (kiln-sim `clock`, seed 351001013). It takes the start
  * another meter told, from its last tick to the second before its held tick (step_told():
  * within the step's tolerance), from Redis, else from Postgres (step_told_pg(): Redis first,
- * the usual channel, so Postgres is asked only when Redis told nothing; with the telling
- * meter's Redis away, Postgres alone told it, seed 31233). None told, it takes the second
- * before its held tick at once: the node's meters tick on whole seconds of one monotonic clock,
- * so the other meter has not had its held tick yet, its tick a second before came before the
- * step, and it will tell that second; or it is late too, neither channel reaches both meters,
- * or there is no other meter, and nothing is ever told. Waiting for it changed no start and
- * delayed billing and enforcement (one meter, a tenant at zero just before a skipped tick and a
- * step: its pause asked two ticks later).
+ * the usual channel, so Postgres is asked only when Redis told nothing, and not when this
+ * meter's last tick could not reach it; with the telling meter's Redis away, Postgres alone told
+ * it, seed 31233). None told, it takes the second before its held tick at once: the node's
+ * meters tick on whole seconds of one monotonic clock, so the other meter has not had its held
+ * tick yet, its tick a second before came before the step, and it will tell that second; or it
+ * is late too, neither channel reaches both meters, or there is no other meter, and nothing is
+ * ever told. Waiting for it changed no start and delayed billing and enforcement (one meter, a
+ * tenant at zero just before a skipped tick and a step: its pause asked two ticks later).
  */
 static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 {
@@ -694,7 +700,7 @@ static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 		return p;
 	}
 	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told) ||
-	    step_told_pg(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told))
+	    (!m->pg_failed && step_told_pg(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told)))
 		return told;
 	return p;
 }
@@ -4144,6 +4150,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 			steps_seq_read(m, c);
 		pg_release(m->pg, c);
 	}
+	m->pg_failed = rc != KILN_OK;
 	if (rc != KILN_OK) {
 		m->st.ticks_failed++;
 		meter_tick_blind(m, now);

@@ -4943,6 +4943,52 @@ static void test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_l
 	hung_stop(&h);
 }
 
+/*
+ * The Postgres round trips a lone meter's held tick at 12 s makes (its tick a second after its
+ * last, or, `late`, two: it skips 11) when its ticks from 10 s could not reach Postgres (a pool
+ * on a socket that is not there), a 600 s forward step just before 12.
+ */
+static uint64_t held_tick_pg_calls_without_postgres(bool late)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=kiln", 1);
+	struct kiln_error err = { 0 };
+	struct meter_stats before, after;
+	struct meter *a;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	a = new_meter_with(true, 0);
+	for (int i = 1; i <= 12; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 10)
+			meter_set_backends(a, dead, rds);
+		if (i == 12)
+			fake_now += 600 * S;
+		meter_get_stats(a, &before);
+		if (!(late && i == 11))
+			CHECK_INT(meter_tick(a, &err) == KILN_OK, i < 10);
+		kiln_error_clear(&err);
+	}
+	meter_get_stats(a, &after);
+	meter_set_backends(a, pg, rds);
+	meter_free(a);
+	pg_free(dead);
+	return after.pg_calls - before.pg_calls;
+}
+
+/*
+ * A held tick after a tick that could not reach Postgres asks it nothing, telling or late: each
+ * statement was a new connection attempt (up to connect_timeout, 3 s a host) before the tick's
+ * own. Before, one round trip counted either way.
+ */
+static void test_a_held_tick_asks_postgres_nothing_when_the_last_tick_could_not_reach_it(void)
+{
+	CHECK_INT(held_tick_pg_calls_without_postgres(false), 0);
+	CHECK_INT(held_tick_pg_calls_without_postgres(true), 0);
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -5070,6 +5116,7 @@ int main(void)
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
 	TEST(test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_last_tick);
+	TEST(test_a_held_tick_asks_postgres_nothing_when_the_last_tick_could_not_reach_it);
 
 	rc = test_summary();
 	rds_free(rds);
