@@ -627,7 +627,10 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
 }
 
 /* step_told() from Postgres (step_tell_pg()): the row is the node's last held tick's, so one from
- * an earlier step is refused by the same checks as a stale key (step_fits()). */
+ * an earlier step is refused by the same checks as a stale key (step_fits()); and, as the key
+ * expires after STEP_KEY_TTL_S, one written longer ago, on the database's clock as it is
+ * written (now()): the checks alone would take an earlier step's row back only if the node's
+ * labels came back to it, remote but not bounded. */
 static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
 {
 	struct kiln_error err = { 0 };
@@ -637,7 +640,9 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 
 	m->st.pg_calls++;
 	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
-		if (PGQ(c, &res, &err, "SELECT by_ns, from_ns FROM meter_step_told WHERE node_id = $1",
+		if (PGQ(c, &res, &err,
+			"SELECT by_ns, from_ns FROM meter_step_told WHERE node_id = $1 AND "
+			"updated_at > now() - interval '" STEP_KEY_TTL_S " seconds'",
 			m->node) == KILN_OK && pg_res_rows(res) == 1)
 			ok = step_fits(pg_res_int(res, 0, 0, 0), pg_res_int(res, 0, 1, 0), by, after,
 				       before, from);

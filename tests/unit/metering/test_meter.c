@@ -42,6 +42,7 @@ static char node[32];
 static int64_t fake_now, fake_mono;
 static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
 static long long snap_price = 1024;	/* the meters' snapshot price, µcr per GiB-s */
+static int row_age_s;	/* told_gap_start_with()'s row: written this long ago (0: now) */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -4432,8 +4433,9 @@ static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_g
  * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
  * tell it ("<length> <start>"); no key when `pre` is NULL. With `row_by_s` > 0, the node's row of
  * meter_step_told (step_tell_pg()) is given the length `row_by_s` s and the start t0 +
- * `row_at_ms` ms. Returns the start of the gap a saved in its frame (meter_clocks.gaps_ns) less
- * t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever the start.
+ * `row_at_ms` ms, written `row_age_s` s ago. Returns the start of the gap a saved in its frame
+ * (meter_clocks.gaps_ns) less t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever
+ * the start.
  */
 static long long told_gap_start_with(const char *pre, long long at_ms, const char *post,
 				     long long row_by_s, long long row_at_ms)
@@ -4465,9 +4467,10 @@ static long long told_gap_start_with(const char *pre, long long at_ms, const cha
 				rds_reply_release(&rep);
 			}
 			if (row_by_s > 0)
-				sql("INSERT INTO meter_step_told (node_id, by_ns, from_ns) VALUES "
-				    "('%s', %lld, %lld)",
-				    node, row_by_s * S, (long long)(t0 + row_at_ms * 1000000));
+				sql("INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at) "
+				    "VALUES ('%s', %lld, %lld, now() - interval '%d seconds')",
+				    node, row_by_s * S, (long long)(t0 + row_at_ms * 1000000),
+				    row_age_s);
 		}
 		if (i == 26)
 			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
@@ -4989,6 +4992,20 @@ static void test_a_held_tick_asks_postgres_nothing_when_the_last_tick_could_not_
 	CHECK_INT(held_tick_pg_calls_without_postgres(true), 0);
 }
 
+/*
+ * told_gap_start_with()'s lone late meter with a row in range written more than 60 s ago, as the
+ * step key's TTL: ignored, the second before the held tick (11 s); before, taken (10.5 s). One
+ * written 50 s ago is taken.
+ */
+static void test_a_late_held_tick_ignores_a_told_row_older_than_the_step_keys_ttl(void)
+{
+	row_age_s = 61;
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 11000);
+	row_age_s = 50;
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 10500);
+	row_age_s = 0;
+}
+
 int main(void)
 {
 	struct testdb db;
@@ -5117,6 +5134,7 @@ int main(void)
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
 	TEST(test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_last_tick);
 	TEST(test_a_held_tick_asks_postgres_nothing_when_the_last_tick_could_not_reach_it);
+	TEST(test_a_late_held_tick_ignores_a_told_row_older_than_the_step_keys_ttl);
 
 	rc = test_summary();
 	rds_free(rds);
