@@ -7,9 +7,10 @@
 -- second after it, and each one's copy of that second was refused behind the other's (kiln-sim
 -- seed 31233, -22 and -36 µcr: one paused second lost on two sandboxes). One row per node, the
 -- last held tick's: a row from an earlier step is out of the late meter's range (its label, or
--- the step's length) and ignored, as a stale Redis key is. A kiln-meter built before this
--- migration neither writes nor reads it; one built with it, on a database without it, is told
--- nothing through Postgres (a warning) and falls back as with Redis alone.
+-- the step's length) and ignored, as a stale Redis key is, and so is one written more than 60 s
+-- ago (the key's TTL). A running kiln-meter built before this migration neither writes nor reads
+-- it and keeps the Redis-only behaviour; kiln-meter applies its migrations at start, so any
+-- upgrade order works.
 CREATE TABLE meter_step_told (
     node_id     text PRIMARY KEY,
     by_ns       bigint NOT NULL,
