@@ -617,7 +617,8 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
 	m->st.pg_calls++;
 	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
 		PGQ(c, NULL, &err,
-		    "INSERT INTO meter_step_told (node_id, by_ns, from_ns) VALUES ($1, $2, $3) "
+		    "INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at) "
+		    "VALUES ($1, $2, $3, now()) "
 		    "ON CONFLICT (node_id) DO UPDATE SET by_ns = $2, from_ns = $3, updated_at = now()",
 		    m->node, b, f);
 		pg_release(m->pg, c);
@@ -656,12 +657,14 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 
 /* step_tell() and step_tell_pg(), first through the channel that answered at this meter's last
  * tick: Postgres first when Redis failed there. A Redis that does not refuse but hangs (a
- * partition, a stopped host) waits out the client's timeout (1 s in kiln-meter), and a row
- * written after it lands when the node's late meter, a second behind on the same phase, has read
- * already (seed 31233's loss again). Redis is still told after it: one command, bounded by that
- * timeout, and it may answer again. Postgres is not, when the last tick could not reach it: each
- * attempt is a new connection, up to connect_timeout (3 s) a host, before this tick's own
- * attempt, which goes blind if it fails too. */
+ * partition, a stopped host) waits out the client's timeout, and a row written after it can land
+ * when the node's late meter has read already (seed 31233's loss again). In kiln-meter the
+ * timeout is 1 s, the tick's period: a tick whose Redis hung overran the next second, so the held
+ * tick after it is late and tells nothing; this order acts there after a Redis that failed fast
+ * (refused, or answered an error). Redis is still told after it: one command,
+ * bounded by that timeout, and it may answer again. Postgres is not, when the last tick could not
+ * reach it: the attempt would be a new connection, up to connect_timeout (3 s) a host, before this
+ * tick's own, which goes blind if it fails too. */
 static void step_tell_both(struct meter *m, int64_t by, int64_t from)
 {
 	bool pg = !m->pg_failed;

@@ -4900,11 +4900,12 @@ static void hung_stop(struct hung_redis *h)
 /*
  * late_held_tick_without_redis_case()'s telling meter, b, with a Redis that hangs from 10 to 13 s
  * instead of refusing: each call waits out the client's timeout (200 ms here, 1 s in kiln-meter).
- * Its held tick (12) must have told Postgres when its Redis tell is sent: the late meter a, a
- * second behind on the same phase, reads Postgres when that tell's timeout ends (kiln-meter: the
- * next second). Before, the Redis tell came first and the row was written after the timeout (no
- * row when the step key was sent); the sandbox was billed 6,425 µcr all the same, as the meters
- * tick one after the other here.
+ * Its held tick (12) must have told Postgres when its Redis tell is sent. Before, the Redis tell
+ * came first and the row was written after the timeout (no row when the step key was sent); the
+ * sandbox was billed 6,425 µcr all the same, as the meters tick one after the other here. A unit
+ * case of the order only: in kiln-meter a tick whose Redis hangs runs past the next second (the
+ * timeout is the tick's period), so its next held tick is late and tells nothing; there the order
+ * acts after a Redis that failed fast (refused, or answered an error).
  */
 static void test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_last_tick(void)
 {
