@@ -4715,6 +4715,38 @@ static void test_a_change_logged_before_a_restarted_meters_first_tick_after_a_st
 }
 
 /*
+ * Two meters of one node, a and b, tick each second from 1 to 40 s, a first, on tenant t's
+ * sandbox sb, running from 0 to 25 s: the wall clock steps 600 s forward just before 12 s and a
+ * skips its tick at 12; `away` (a or b) uses the Redis `away_rds` from `from` to `to` s. Each
+ * second billed once: 25 s used, nothing pending, Redis's balance the ledger's.
+ */
+static void held_step_pair_run(const char *t, const char *sb, struct meter *a, struct meter *b,
+			       struct meter *away, struct rds *away_rds, int from, int to)
+{
+	struct kiln_error err = { 0 };
+	bool ok;
+
+	for (int i = 1; i <= 40; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == from)
+			meter_set_backends(away, pg, away_rds);
+		if (i == to)
+			meter_set_backends(away, pg, rds);
+		if (i == 12)
+			fake_now += 600 * S;
+		if (i == 26)
+			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
+		if (i != 12)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	CHECK_INT(used(t), 25 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+}
+
+/*
  * Kiln-sim seed 31233's shape: two meters of one node, a and b, tick each second, a first; one of
  * them (b, the one that tells, or a, the late one, with `late_without`) has no Redis from 5 to
  * 30 s; the wall clock steps 600 s forward just before 12 s and a skips its tick at 12. b's held
@@ -4729,32 +4761,13 @@ static void late_held_tick_without_redis_case(bool late_without)
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
 	struct rds *dead = rds_new("unix:/nonexistent-kiln-test/redis.sock", 200);
-	struct kiln_error err = { 0 };
 	struct meter *a, *b, *without;
-	bool ok;
 
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
 	a = new_meter_with(true, 0);
 	b = new_meter_with(true, 0);
 	without = late_without ? a : b;
-	for (int i = 1; i <= 40; i++) {
-		fake_now += S;
-		fake_mono += S;
-		if (i == 5)
-			meter_set_backends(without, pg, dead);
-		if (i == 31)
-			meter_set_backends(without, pg, rds);
-		if (i == 12)
-			fake_now += 600 * S;
-		if (i == 26)
-			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
-		if (i != 12)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
-	}
-	CHECK_INT(used(t), 25 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	held_step_pair_run(t, sb, a, b, without, dead, 5, 31);
 	meter_free(b);
 	meter_free(a);
 	rds_free(dead);
@@ -4911,36 +4924,17 @@ static void test_a_held_tick_tells_postgres_first_when_its_redis_failed_at_the_l
 {
 	char t[32], sb[32], url[128];
 	int64_t t0 = aligned_now();
-	struct kiln_error err = { 0 };
 	struct hung_redis h;
 	struct rds *hung;
 	struct meter *a, *b;
-	bool ok;
 
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
 	hung_start(&h, url, sizeof(url));
 	hung = rds_new(url, 200);
 	a = new_meter_with(true, 0);
 	b = new_meter_with(true, 0);
-	for (int i = 1; i <= 40; i++) {
-		fake_now += S;
-		fake_mono += S;
-		if (i == 10)
-			meter_set_backends(b, pg, hung);
-		if (i == 14)
-			meter_set_backends(b, pg, rds);
-		if (i == 12)
-			fake_now += 600 * S;
-		if (i == 26)
-			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
-		if (i != 12)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
-	}
+	held_step_pair_run(t, sb, a, b, b, hung, 10, 14);
 	CHECK_INT(atomic_load(&h.rows), 1);
-	CHECK_INT(used(t), 25 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(b);
 	meter_free(a);
 	rds_free(hung);
