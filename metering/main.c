@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -313,6 +314,19 @@ static void run(void)
 	}
 }
 
+/* The soft descriptor limit raised to the hard one: cg_read() keeps the three files it reads of
+ * each VM's cgroup open, up to half the soft limit, and reads by path past it. */
+static void raise_nofile(void)
+{
+	struct rlimit rl;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		if (setrlimit(RLIMIT_NOFILE, &rl) < 0)
+			log_warn("cannot raise the descriptor limit: %s", strerror(errno));
+	}
+}
+
 int main(int argc, char **argv)
 {
 	struct kiln_error err = { 0 };
@@ -339,6 +353,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	log_init("kiln-meter", (enum log_level)log_level_parse(km.cfg.log_level), km.cfg.log_json);
+	raise_nofile();
 	curl_global_init(CURL_GLOBAL_DEFAULT);
 	status = daemon_run_loop(stages, NSTAGES, run);
 	config_release(&km.cfg);

@@ -3178,6 +3178,7 @@ static void meter_gc(struct meter *m)
 
 int meter_pg_session(struct pg *pool)
 {
+	pg_set_prepared(pool, true);
 	return pg_set_on_connect(pool, "SET jit = off");
 }
 

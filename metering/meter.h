@@ -98,7 +98,9 @@ struct meter_stats {
 
 /*
  * Makes each connection `pool` opens run with JIT off (`SET jit = off` on connect,
- * pg_set_on_connect), whatever the database URL's options= or PGOPTIONS say. Call it right after
+ * pg_set_on_connect), whatever the database URL's options= or PGOPTIONS say, and prepares the
+ * statements run on it (pg_set_prepared: planning the tick's query of the node's sandboxes cost
+ * as much as running it, every tick). Call it right after
  * pg_new(), before the pool is shared (kiln-meter's start, bench/metering). The tick's query of
  * the node's sandboxes is costed far above jit_above_cost while the planner's statistics lag a
  * bulk change (thousands of windows and billed-up-to points flushed before autovacuum analyzed

@@ -12,11 +12,14 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
+#include <linux/magic.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -26,9 +29,14 @@ enum ctl { CTL_CPU, CTL_CPUACCT, CTL_MEMORY, CTL_PIDS, CTL__COUNT };
 
 static const char *const ctl_names[CTL__COUNT] = { "cpu", "cpuacct", "memory", "pids" };
 
+/* The files cg_read() reads. */
+enum cg_file { CGF_CPU, CGF_MEM, CGF_PEAK, CGF__COUNT };
+
 struct cg {
 	enum cg_version version;
 	char dirs[CTL__COUNT][PATH_MAX];	/* on v2 all four are the same directory */
+	int fd[CGF__COUNT];	/* cg_read()'s files kept open from one read to the next; -1 none */
+	bool plain;	/* those files are not cgroupfs's (a tree of plain files: tests, kiln-sim) */
 };
 
 #define CG_FILE_MAX 65536	/* bytes read from one cgroup file */
@@ -54,14 +62,11 @@ static int path_join(char *out, const char *a, const char *b)
 	return n < 0 || n >= PATH_MAX ? -ENAMETOOLONG : 0;
 }
 
-/* Reads one unsigned decimal number from `dir`/`file`. */
-static int read_u64(const char *dir, const char *file, uint64_t *v)
+/* One unsigned decimal number, the whole of `text` but a newline. */
+static int parse_u64(const char *text, uint64_t *v)
 {
-	char path[PATH_MAX], text[64], *end;
-	int r = path_join(path, dir, file);
+	char *end;
 
-	if (r < 0 || (r = fs_read_small(path, text, sizeof(text))) < 0)
-		return r;
 	errno = 0;
 	unsigned long long x = strtoull(text, &end, 10);
 
@@ -69,6 +74,17 @@ static int read_u64(const char *dir, const char *file, uint64_t *v)
 		return -EINVAL;
 	*v = x;
 	return 0;
+}
+
+/* Reads one unsigned decimal number from `dir`/`file`. */
+static int read_u64(const char *dir, const char *file, uint64_t *v)
+{
+	char path[PATH_MAX], text[64];
+	int r = path_join(path, dir, file);
+
+	if (r < 0 || (r = fs_read_small(path, text, sizeof(text))) < 0)
+		return r;
+	return parse_u64(text, v);
 }
 
 /* Finds `key` at the start of a line of `text` ("key value\n") and parses its value. */
@@ -170,6 +186,8 @@ static int cg_paths(const char *root, const char *node, const char *name, struct
 	if (!cg)
 		return -ENOMEM;
 	cg->version = (enum cg_version)v;
+	for (int f = 0; f < CGF__COUNT; f++)
+		cg->fd[f] = -1;
 	if (v == CG_V2)
 		find_v2(root, base);
 	for (int c = 0; c < CTL__COUNT; c++) {
@@ -327,29 +345,119 @@ int cg_attach(struct cg *cg, pid_t pid)
 	return 0;
 }
 
-int cg_read(const struct cg *cg, struct cg_usage *u)
+/* The directory and name of file `f` of cg_read() for the group's version. */
+static void file_of(const struct cg *cg, enum cg_file f, const char **dir, const char **name)
 {
-	char path[PATH_MAX], text[4096];
+	static const char *const v1[CGF__COUNT] = { "cpuacct.usage", "memory.usage_in_bytes",
+						    "memory.max_usage_in_bytes" };
+	static const char *const v2[CGF__COUNT] = { "cpu.stat", "memory.current", "memory.peak" };
+
+	*dir = cg->dirs[f == CGF_CPU ? (cg->version == CG_V2 ? CTL_CPU : CTL_CPUACCT) : CTL_MEMORY];
+	*name = cg->version == CG_V2 ? v2[f] : v1[f];
+}
+
+static void close_files(struct cg *cg)
+{
+	for (int f = 0; f < CGF__COUNT; f++) {
+		if (cg->fd[f] >= 0)
+			close(cg->fd[f]);
+		cg->fd[f] = -1;
+	}
+}
+
+/* Half the process's descriptor limit: cg_read() keeps no file open at or above it, so a
+ * meter of many VMs leaves the rest to its sockets and falls back to a read by path. */
+static int keep_below(void)
+{
+	static int below;
+	struct rlimit rl;
+
+	if (!below)
+		below = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
+				rl.rlim_cur < 2 * (rlim_t)INT_MAX
+			? (int)(rl.rlim_cur / 2)
+			: INT_MAX;
+	return below;
+}
+
+/*
+ * Reads file `f` of the group into `text` (`cap` bytes with the NUL; one read of a cgroup file
+ * returns it whole, a shorter one is its end). Through the descriptor kept from the last read:
+ * a path lookup in cgroupfs costs several times the read, once a second for each VM of a node.
+ * It is opened anew by path when there is none, when reading it fails (the files of a removed
+ * group answer ENODEV: one made again under the same name is read, as a read by path would) or,
+ * in a tree of plain files (the tests', kiln-sim's), when it was unlinked: such a file keeps
+ * answering after its removal. 0 or a negative errno.
+ */
+static int read_kept(struct cg *cg, enum cg_file f, char *text, size_t cap)
+{
+	const char *dir, *name;
+	char path[PATH_MAX];
+	struct statfs sfs;
+	struct stat st;
+	ssize_t n;
+	int fd = cg->fd[f], r;
+
+	if (fd >= 0 && cg->plain && (fstat(fd, &st) < 0 || st.st_nlink == 0)) {
+		close(fd);
+		fd = cg->fd[f] = -1;
+	}
+	if (fd >= 0) {
+		n = pread(fd, text, cap - 1, 0);
+		if (n >= 0) {
+			text[n] = '\0';
+			return 0;
+		}
+		close(fd);
+		fd = cg->fd[f] = -1;
+	}
+	file_of(cg, f, &dir, &name);
+	if ((r = path_join(path, dir, name)) < 0)
+		return r;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return -errno;
+	n = pread(fd, text, cap - 1, 0);
+	r = n < 0 ? -errno : 0;
+	if (n >= 0)
+		text[n] = '\0';
+	if (f == CGF_CPU)
+		cg->plain = fstatfs(fd, &sfs) < 0 || ((unsigned long)sfs.f_type != CGROUP_SUPER_MAGIC &&
+						      (unsigned long)sfs.f_type != CGROUP2_SUPER_MAGIC);
+	if (r == 0 && fd < keep_below())
+		cg->fd[f] = fd;
+	else
+		close(fd);
+	return r;
+}
+
+/* One unsigned decimal number, the whole of file `f` (v1's files, v2's memory ones). */
+static int read_kept_u64(struct cg *cg, enum cg_file f, uint64_t *v)
+{
+	char text[64];
+	int r = read_kept(cg, f, text, sizeof(text));
+
+	return r < 0 ? r : parse_u64(text, v);
+}
+
+int cg_read(struct cg *cg, struct cg_usage *u)
+{
+	char text[4096];
 	uint64_t v;
 	int r;
 
 	memset(u, 0, sizeof(*u));
 	if (cg->version == CG_V2) {
-		if ((r = path_join(path, cg->dirs[CTL_CPU], "cpu.stat")) < 0 ||
-		    (r = fs_read_small(path, text, sizeof(text))) < 0 || (r = keyed_u64(text, "usage_usec", &v)) < 0)
+		if ((r = read_kept(cg, CGF_CPU, text, sizeof(text))) < 0 ||
+		    (r = keyed_u64(text, "usage_usec", &v)) < 0)
 			return r;
 		u->cpu_ns = v * 1000;
-		if ((r = read_u64(cg->dirs[CTL_MEMORY], "memory.current", &u->mem_bytes)) < 0)
-			return r;
-		u->has_peak = read_u64(cg->dirs[CTL_MEMORY], "memory.peak", &u->mem_peak_bytes) == 0;
-	} else {
-		if ((r = read_u64(cg->dirs[CTL_CPUACCT], "cpuacct.usage", &u->cpu_ns)) < 0)
-			return r;
-		if ((r = read_u64(cg->dirs[CTL_MEMORY], "memory.usage_in_bytes", &u->mem_bytes)) < 0)
-			return r;
-		u->has_peak = read_u64(cg->dirs[CTL_MEMORY], "memory.max_usage_in_bytes",
-				       &u->mem_peak_bytes) == 0;
+	} else if ((r = read_kept_u64(cg, CGF_CPU, &u->cpu_ns)) < 0) {
+		return r;
 	}
+	if ((r = read_kept_u64(cg, CGF_MEM, &u->mem_bytes)) < 0)
+		return r;
+	u->has_peak = read_kept_u64(cg, CGF_PEAK, &u->mem_peak_bytes) == 0;
 	return 0;
 }
 
@@ -478,7 +586,11 @@ int cg_destroy(struct cg *cg)
 			if (path_join(path, cg->dirs[c], "cgroup.kill") == 0)
 				write_str(path, "1");
 		}
-		int e = drain_and_remove(cg->dirs[c]);
+		int e;
+
+		if (c == 0)
+			close_files(cg);
+		e = drain_and_remove(cg->dirs[c]);
 
 		if (e < 0 && r == 0)
 			r = e;
@@ -489,6 +601,8 @@ int cg_destroy(struct cg *cg)
 
 void cg_free(struct cg *cg)
 {
+	if (cg)
+		close_files(cg);
 	free(cg);
 }
 

@@ -56,8 +56,12 @@ int cg_open(const char *root, const char *node, const char *name, struct cg **ou
 /* Moves process `pid` (all its threads) into the group. */
 int cg_attach(struct cg *cg, pid_t pid);
 
-/* Reads the group's usage. Memory peak is filled where the kernel keeps it. */
-int cg_read(const struct cg *cg, struct cg_usage *u);
+/*
+ * Reads the group's usage. Memory peak is filled where the kernel keeps it. The files read stay
+ * open in the handle for the next read (up to half the process's descriptor limit), each opened
+ * again by path when the group was removed since.
+ */
+int cg_read(struct cg *cg, struct cg_usage *u);
 
 /*
  * Reads the group's CPU cap back: *quota_us and *period_us (quota -1 when uncapped).

@@ -7,6 +7,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 ticks=${2:-30}
+# bpffs on /sys/fs/bpf, mounted as kiln-node's netpolicy does when a host lacks it
+if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != bpf_fs ]; then
+	mount -t bpf -o mode=0700 bpf /sys/fs/bpf
+fi
 envfile=$(mktemp /tmp/kiln-bench-meter-XXXXXX)
 trap '"$root/tests/harness/services.sh" stop "$envfile" >/dev/null' EXIT
 "$root/tests/harness/services.sh" start "$envfile" >/dev/null

@@ -1714,6 +1714,8 @@ static int run_seed(uint64_t seed)
 		struct smeter *sm = &W.mt[W.nmt++];
 		sm->node = n < opt.nodes ? n : 0;
 		sm->pg = pg_new(url, 2);
+		if (sm->pg)
+			meter_pg_session(sm->pg);	/* as kiln-meter's: prepared, no JIT */
 		sm->rds = rds_new(tdb.redis_url, 2000);
 		if (!pg_warm(sm->pg))
 			sim_fail("a meter's pool cannot connect");

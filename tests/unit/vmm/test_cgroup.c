@@ -2,10 +2,15 @@
  * test_cgroup.c - the cgroup readers against fixture trees (tests/fixtures/cgroup/README.md):
  * which version a layout selects, and what cg_read() and the quota reader report for v2 and v1.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 
 #include "test.h"
 #include "vmm/cgroup.h"
@@ -95,6 +100,171 @@ static void test_cgroup_rejects_bad_names(void)
 	CHECK(cg == NULL);
 }
 
+/* Writes `text` to `dir`/`name` in place (O_TRUNC: the same file, as the kernel's are). */
+static void put(const char *dir, const char *name, const char *text)
+{
+	char path[PATH_MAX];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	f = fopen(path, "w");
+	CHECK(f != NULL);
+	if (f) {
+		fputs(text, f);
+		fclose(f);
+	}
+}
+
+static void unlink_in(const char *dir, const char *name)
+{
+	char path[PATH_MAX];
+
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	CHECK_INT(unlink(path), 0);
+}
+
+static int open_fds(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *e;
+	int n = 0;
+
+	while (d && (e = readdir(d)))
+		n += e->d_name[0] != '.';
+	if (d)
+		closedir(d);
+	return n;
+}
+
+/*
+ * cg_read() keeps its files open between reads, and still reads what a read by path would: a
+ * value changed in place, files removed and made again under the same name (a tree of plain
+ * files keeps answering from a removed file: cg_read() must not), and an error once they are gone.
+ */
+static void test_cgroup_read_keeps_its_files_and_follows_them(void)
+{
+	char root[] = "/tmp/kiln-test-cg-XXXXXX", vm[256], path[PATH_MAX];
+	struct cg *cg = NULL;
+	struct cg_usage u;
+	int before;
+
+	CHECK(mkdtemp(root) != NULL);
+	put(root, "cgroup.controllers", "cpu memory pids\n");
+	snprintf(vm, sizeof(vm), "%s/kiln", root);
+	mkdir(vm, 0755);
+	snprintf(vm, sizeof(vm), "%s/kiln/n1", root);
+	mkdir(vm, 0755);
+	snprintf(vm, sizeof(vm), "%s/kiln/n1/vm1", root);
+	mkdir(vm, 0755);
+	put(vm, "cpu.stat", "usage_usec 10\nuser_usec 10\n");
+	put(vm, "memory.current", "4096\n");
+	put(vm, "memory.peak", "8192\n");
+	CHECK_INT(cg_open(root, "n1", "vm1", &cg), 0);
+	if (!cg)
+		return;
+	before = open_fds();
+	CHECK_INT(cg_read(cg, &u), 0);
+	CHECK_INT(u.cpu_ns, 10000);
+	CHECK_INT(open_fds(), before + 3);	/* cpu.stat, memory.current, memory.peak */
+	put(vm, "cpu.stat", "usage_usec 123456789\nuser_usec 10\n");
+	put(vm, "memory.current", "1048576\n");
+	CHECK_INT(cg_read(cg, &u), 0);
+	CHECK_INT(u.cpu_ns, 123456789000LL);
+	CHECK_INT(u.mem_bytes, 1048576);
+	CHECK_INT(u.mem_peak_bytes, 8192);
+	CHECK_INT(open_fds(), before + 3);	/* the same three, read again */
+	/* removed and made again: the new files are read */
+	unlink_in(vm, "cpu.stat");
+	unlink_in(vm, "memory.current");
+	unlink_in(vm, "memory.peak");
+	rmdir(vm);
+	mkdir(vm, 0755);
+	put(vm, "cpu.stat", "usage_usec 7\n");
+	put(vm, "memory.current", "512\n");
+	CHECK_INT(cg_read(cg, &u), 0);
+	CHECK_INT(u.cpu_ns, 7000);
+	CHECK_INT(u.mem_bytes, 512);
+	CHECK(!u.has_peak);
+	/* gone: an error, as a read by path gives */
+	unlink_in(vm, "cpu.stat");
+	unlink_in(vm, "memory.current");
+	rmdir(vm);
+	CHECK_INT(cg_read(cg, &u), -ENOENT);
+	cg_free(cg);
+	CHECK_INT(open_fds(), before);
+	snprintf(path, sizeof(path), "rm -rf %s", root);
+	CHECK_INT(system(path), 0);
+}
+
+/* Burns about `ms` of CPU in a child moved into `cg`, and reaps it. */
+static void burn_in(struct cg *cg, int ms)
+{
+	pid_t pid = fork();
+
+	if (pid == 0) {
+		struct timespec a, b;
+
+		clock_gettime(CLOCK_THREAD_CPUTIME_ID, &a);
+		do
+			clock_gettime(CLOCK_THREAD_CPUTIME_ID, &b);
+		while ((b.tv_sec - a.tv_sec) * 1000 + (b.tv_nsec - a.tv_nsec) / 1000000 < ms);
+		_exit(0);
+	}
+	CHECK(pid > 0);
+	if (pid <= 0)
+		return;
+	/* the child may have run a little before the move: only its time after it counts */
+	CHECK_INT(cg_attach(cg, pid), 0);
+	waitpid(pid, NULL, 0);
+}
+
+/*
+ * On this host's real cgroups: a group removed and made again under the same name while a
+ * handle keeps its files open (the kernel answers ENODEV on them) is read anew, the new group's
+ * CPU time; removed for good, the read fails.
+ */
+static void test_cgroup_read_follows_a_remade_group(void)
+{
+	struct cg_limits lim = { 0 };
+	struct cg *reader = NULL, *made = NULL;
+	struct cg_usage u;
+	char node[64], node_dirs[4][PATH_MAX] = { "" };
+	static const char *const ctl[] = { "cpu", "cpuacct", "memory", "pids" };
+
+	snprintf(node, sizeof(node), "ut-cg-%d", (int)getpid());
+	CHECK_INT(cg_create(NULL, node, "vm", &lim, &made), 0);
+	if (!made)
+		return;
+	for (int k = 0; k < 4; k++) {
+		const char *d = cg_dir(made, ctl[k]);
+		char *slash;
+
+		snprintf(node_dirs[k], sizeof(node_dirs[k]), "%s", d ? d : "");
+		if ((slash = strrchr(node_dirs[k], '/')))
+			*slash = '\0';
+	}
+	CHECK_INT(cg_open(NULL, node, "vm", &reader), 0);
+	burn_in(made, 30);
+	CHECK_INT(reader ? cg_read(reader, &u) : -1, 0);
+	CHECK(u.cpu_ns > 0);
+	CHECK_INT(cg_destroy(made), 0);
+	made = NULL;
+	CHECK_INT(cg_create(NULL, node, "vm", &lim, &made), 0);
+	/* the new group, which ran nothing yet: its time, not the old one's */
+	CHECK_INT(reader ? cg_read(reader, &u) : -1, 0);
+	CHECK_INT(u.cpu_ns, 0);
+	if (made)
+		burn_in(made, 30);
+	CHECK_INT(reader ? cg_read(reader, &u) : -1, 0);
+	CHECK(u.cpu_ns > 0);
+	CHECK_INT(cg_destroy(made), 0);
+	CHECK(reader && cg_read(reader, &u) < 0);
+	cg_free(reader);
+	for (int k = 0; k < 4; k++)
+		if (node_dirs[k][0])
+			rmdir(node_dirs[k]);
+}
+
 int main(void)
 {
 	const char *fx = getenv("KILN_FIXTURES");
@@ -111,5 +281,7 @@ int main(void)
 	TEST(test_cgroup_v2_without_peak);
 	TEST(test_cgroup_v1_reads_usage);
 	TEST(test_cgroup_rejects_bad_names);
+	TEST(test_cgroup_read_keeps_its_files_and_follows_them);
+	TEST(test_cgroup_read_follows_a_remade_group);
 	return test_summary();
 }
