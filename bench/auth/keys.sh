@@ -15,7 +15,10 @@
 # Runs are interleaved, /healthz before each (H K H J H P [H N] [H B]), ROUNDS times; each ratio
 # is to the /healthz run just before it (of the same gateway), and the median over the rounds is
 # reported. The `gw us` column is the CPU time (user + system, from /proc/PID/stat before and after
-# the run) the gateway serving the run spent per request, in microseconds.
+# the run) the gateway serving the run spent per request, in microseconds; with NOAUTH_BUILD,
+# authentication's share is also given by it (1 - the off run's µs / the API-key run's µs, same
+# round): what authentication costs the gateway, which the throughput share (1 - req/s ratio)
+# mixes with wrk's, Postgres's and Redis's use of the same cores.
 # Usage: bench/auth/keys.sh BUILD_DIR [SECONDS] [CONNECTIONS] [ROUNDS] [CREDS] [NOAUTH_BUILD]
 #        [BASE_BUILD]
 #
@@ -158,7 +161,7 @@ median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR % 2) ? 
 
 printf "%-6s %-36s %10s %9s %9s %8s %7s %6s %s\n" round "kiln-gateway, $conns connections" "req/s" "p50 ms" "p99 ms" "non-2xx" ratio "gw us" load
 bad=0
-rk=() rj=() rp=() rn=() rc=() rb=() cj=() uj=() un=()
+rk=() rj=() rp=() rn=() rc=() rb=() cj=() uk=() uj=() un=() sk=() sj=()
 row() { printf "%-6s %-36s %10s %9s %9s %8s %7s %6s %s\n" "$@"; }
 for ((r = 1; r <= rounds; r++)); do
   for what in $whats; do
@@ -176,13 +179,15 @@ for ((r = 1; r <= rounds; r++)); do
     ratio=$(awk -v x="$x_rps" -v h="$h_rps" 'BEGIN {printf "%.2f", x / h}')
     row "$r" "$name" "$x_rps" "$x_p50" "$x_p99" "$x_bad" "$ratio" "$x_us" "$(cut -d' ' -f1 /proc/loadavg)"
     case $what in
-    key) rk+=("$ratio") key_rps=$x_rps ;;
-    jwt) rj+=("$ratio") jwt_rps=$x_rps uj+=("$x_us") ;;
+    key) rk+=("$ratio") key_rps=$x_rps key_us=$x_us uk+=("$x_us") ;;
+    jwt) rj+=("$ratio") jwt_rps=$x_rps jwt_us=$x_us uj+=("$x_us") ;;
     post) rp+=("$ratio") ;;
     base) rb+=("$ratio") ;;
     noauth) rn+=("$ratio") un+=("$x_us")
       rc+=("$(awk -v k="$key_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')")
-      cj+=("$(awk -v k="$jwt_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')") ;;
+      cj+=("$(awk -v k="$jwt_rps" -v n="$x_rps" 'BEGIN {printf "%.2f", 1 - k / n}')")
+      sk+=("$(awk -v k="$key_us" -v n="$x_us" 'BEGIN {printf "%.2f", 1 - n / k}')")
+      sj+=("$(awk -v k="$jwt_us" -v n="$x_us" 'BEGIN {printf "%.2f", 1 - n / k}')") ;;
     esac
     bad=$((bad + h_bad + x_bad))
   done
@@ -196,7 +201,9 @@ if [ -n "$noauth" ]; then
   echo "  GET /v1/api-keys, authentication off: $(median "${rn[@]}")"
   echo "authentication's share of GET /v1/api-keys (1 - API key / off, same round): $(median "${rc[@]}") (aim <= 0.15)"
   echo "  the same with JWTs (1 - JWT / off, same round): $(median "${cj[@]}")"
-  echo "gateway CPU per GET /v1/api-keys, us: JWT $(median "${uj[@]}"), authentication off $(median "${un[@]}")"
+  echo "gateway CPU per GET /v1/api-keys, us: API key $(median "${uk[@]}"), JWT $(median "${uj[@]}"), authentication off $(median "${un[@]}")"
+  echo "authentication's share of the gateway's CPU per GET /v1/api-keys (1 - off / API key, same round): $(median "${sk[@]}") (aim <= 0.15)"
+  echo "  the same with JWTs (1 - off / JWT, same round): $(median "${sj[@]}")"
 fi
 # Every POST was a first use of its key (a replay would be cheaper): one audit row each, and as
 # many stored outcomes.
