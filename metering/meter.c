@@ -2118,6 +2118,17 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 /* --- Postgres: this node's sandboxes --- */
 
 static const char rows_sql[] =
+	/* `ended`: the last rule of the WHERE below, read once (a later change of each stretch
+	 * found by its sandbox's key: as EXISTS, planned as a hash of the whole log). */
+	"WITH ended AS MATERIALIZED (SELECT l.sandbox_id FROM sandbox_state_log l "
+	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
+	"    AND (SELECT 1 FROM sandbox_state_log n "
+	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq LIMIT 1) IS NOT NULL "
+	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
+	"        AND mm.generation = l.generation AND (mm.ended OR (mm.state = 'none' "
+	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
+	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
+	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))))) "
 	"SELECT s.id, s.tenant_id, s.generation, s.state, s.memory_mib, s.disk_gib, "
 	"(extract(epoch FROM s.state_changed_at) * 1000000)::bigint, "
 	"(extract(epoch FROM s.deleted_at) * 1000000)::bigint, "
@@ -2178,7 +2189,27 @@ static const char rows_sql[] =
 	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, f.short DESC, "
 	"    CASE WHEN f.short THEN mm.generation END, mm.generation DESC LIMIT 1) m "
 	"    ON true "
-	"WHERE (s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
+	/* Only the rows the rules below can keep, found by index (migrations/0054), each rule's in
+	 * turn: this node's sandboxes not deleted; deleted ones changed or deleted since $2
+	 * (greatest() of the two: either after it); deleted ones with an open point (of any
+	 * generation: from the open points, each sandbox read by its key); this node's kept
+	 * snapshots; `ended`. An array, so that each row is read by its key (LIMIT 1 and the
+	 * array keep the planner from hashing whole tables instead: its estimates of these
+	 * lookups are far off). Read whole, meter_billables is every sandbox ever made on any node, each joined to its
+	 * points before the rules could drop it: the tick's cost grew with the history of the whole
+	 * deployment (bench/metering/meter.sh, docs/benchmarks.md). The rules are applied to what
+	 * they find unchanged. */
+	"WHERE s.id = ANY (ARRAY("
+	"    SELECT x.id FROM sandboxes x WHERE x.node_id = $1 AND x.deleted_at IS NULL "
+	"    UNION SELECT x.id FROM sandboxes x WHERE x.node_id = $1 "
+	"        AND greatest(x.state_changed_at, x.deleted_at) > to_timestamp($2::bigint / 1e6) "
+	"    UNION SELECT mm.sandbox_id FROM meter_sandboxes mm "
+	"        CROSS JOIN LATERAL (SELECT 1 FROM sandboxes x WHERE x.id = mm.sandbox_id "
+	"            AND x.node_id = $1 AND x.deleted_at IS NOT NULL LIMIT 1) x "
+	"        WHERE mm.state <> 'none' "
+	"    UNION SELECT k.id FROM snapshots k WHERE k.kept_since IS NOT NULL AND k.node_id = $1 "
+	"    UNION SELECT sandbox_id FROM ended)) "
+	"AND ((s.node_id = $1 AND ((s.state IN ('running', 'paused') AND s.deleted_at IS NULL) "
 	"OR s.state_changed_at > to_timestamp($2::bigint / 1e6) "
 	"OR s.deleted_at > to_timestamp($2::bigint / 1e6) "
 	"OR (m.state <> 'none' AND (s.state NOT IN ('running', 'paused') "
@@ -2206,15 +2237,7 @@ static const char rows_sql[] =
 	 * force then, and one offset is wrong across steps. The end recorded is a fact of the ledger
 	 * on no clock, whoever wrote it (sb_gen_end(), when a generation ends and when the sandbox
 	 * leaves the node). */
-	"OR s.id IN (SELECT l.sandbox_id FROM sandbox_state_log l "
-	"    WHERE l.node_id = $1 AND l.state IN ('running', 'paused') "
-	"    AND EXISTS (SELECT 1 FROM sandbox_state_log n "
-	"        WHERE n.sandbox_id = l.sandbox_id AND n.seq > l.seq) "
-	"    AND NOT EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = l.sandbox_id "
-	"        AND mm.generation = l.generation AND (mm.ended OR (mm.state = 'none' "
-	"        AND (mm.remainder_fine <> 0 OR EXISTS (SELECT 1 FROM usage_windows u "
-	"            WHERE u.sandbox_id = l.sandbox_id AND u.generation = l.generation "
-	"            AND (u.ucr > 0 OR u.mem_byte_s > 0))))))) "
+	"OR s.id IN (SELECT sandbox_id FROM ended)) "
 	"ORDER BY s.id COLLATE \"C\"";
 
 /* The state changes of the sandboxes $2 (an array) from $3 (µs) on; $1 this node. Read from

@@ -164,6 +164,8 @@ static void unpin_counters(const char *root, const char *node, const char *sb)
 }
 
 static char pin_root[128];
+static int history;	/* deleted sandboxes made beside each size's, a fifth of them on its node */
+static char other_node[32];
 
 static void sql(struct pg *pg, const char *q)
 {
@@ -240,6 +242,26 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 		if ((r = pin_counters(pin_root, node, name)) < 0)
 			fprintf(stderr, "pin %s: %s\n", name, strerror(-r));
 		made++;
+	}
+	if (history > 0) {
+		/* Sandboxes deleted 20 days ago, billed to their end: a deployment's history, which the
+		 * tick must not read. */
+		snprintf(q, sizeof(q),
+			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+			 "memory_mib, disk_gib, timeout_s, expires_at, state_changed_at, deleted_at) "
+			 "SELECT 'sb_%s_old_' || i, 'tn_%s_0', CASE WHEN i %% 5 = 0 THEN '%s' ELSE '%s' "
+			 "END, 'stopped', 'python', 1000, 256, 10, 300, now() - interval '19 days', "
+			 "now() - interval '20 days', now() - interval '20 days' "
+			 "FROM generate_series(1, %d) i",
+			 node, node, node, other_node, history);
+		sql(pg, q);
+		snprintf(q, sizeof(q),
+			 "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
+			 "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) "
+			 "SELECT id, tenant_id, node_id, 0, 'none', 0, 0, 0, 0, 0 FROM sandboxes "
+			 "WHERE id LIKE 'sb\\_%s\\_old\\_%%'",
+			 node);
+		sql(pg, q);
 	}
 	/* Statistics of the tables just filled, as autovacuum's analyze has them within a minute of
 	 * such a change on a running system: planned on an empty table's, the tick's query of the
@@ -452,9 +474,11 @@ int main(int argc, char **argv)
 	struct pg *pg;
 	struct rds *rds;
 	int applied, ticks = argc > 3 ? atoi(argv[3]) : 30;
+	char q[512];
 
+	history = argc > 4 ? atoi(argv[4]) : 0;
 	if (argc < 3) {
-		fprintf(stderr, "usage: bench-meter DATABASE_URL REDIS_URL [TICKS]\n");
+		fprintf(stderr, "usage: bench-meter DATABASE_URL REDIS_URL [TICKS [HISTORY]]\n");
 		return 2;
 	}
 	log_init("bench-meter", KLOG_WARN, false);
@@ -483,8 +507,19 @@ int main(int argc, char **argv)
 		fprintf(stderr, "%s: %s\n", pin_root, strerror(errno));
 		return 1;
 	}
-	printf("\n%d ticks per size, window %d s (a flush every %d ticks, on the flush thread)\n\n",
+	snprintf(other_node, sizeof(other_node), "bench-other-%d", (int)getpid());
+	snprintf(q, sizeof(q),
+		 "INSERT INTO nodes (id, address, vcpu_milli, memory_mib, max_sandboxes, hypervisor, "
+		 "accelerator, image_hash) VALUES ('%s', 'unix:/none', 1, 1, 1, 'qemu', 'tcg', '')",
+		 other_node);
+	sql(pg, q);
+	printf("\n%d ticks per size, window %d s (a flush every %d ticks, on the flush thread)",
 	       ticks, WINDOW, WINDOW);
+	if (history > 0)
+		printf("; beside each size's VMs, %d sandboxes deleted 20 days ago and billed to their "
+		       "end (a fifth on its node, the rest on another)",
+		       history);
+	printf("\n\n");
 	printf("| VMs | meter CPU ms/tick | Redis CPU ms/tick | Postgres CPU ms/tick | of a core | "
 	       "wall ms/tick | worst tick ms | Redis round trips/tick | flush transfers/s |\n"
 	       "|---|---|---|---|---|---|---|---|---|\n");
