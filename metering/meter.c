@@ -2195,9 +2195,10 @@ static const char rows_sql[] =
 	 * generation: from the open points, each sandbox read by its key); this node's kept
 	 * snapshots; `ended`. An array, so that each row is read by its key (LIMIT 1 and the
 	 * array keep the planner from hashing whole tables instead: its estimates of these
-	 * lookups are far off). Read whole, meter_billables is every sandbox ever made on any node, each joined to its
-	 * points before the rules could drop it: the tick's cost grew with the history of the whole
-	 * deployment (bench/metering/meter.sh, docs/benchmarks.md). The rules are applied to what
+	 * lookups are far off). Read whole, meter_billables is every sandbox ever made on any
+	 * node, each joined to its points before the rules could drop it: the tick's cost grew with
+	 * the history of the whole deployment (bench/metering/meter.sh, docs/benchmarks.md). The
+	 * rules are applied to what
 	 * they find unchanged. */
 	"WHERE s.id = ANY (ARRAY("
 	"    SELECT x.id FROM sandboxes x WHERE x.node_id = $1 AND x.deleted_at IS NULL "

@@ -403,7 +403,9 @@ static int read_kept(struct cg *cg, enum cg_file f, char *text, size_t cap)
 		fd = cg->fd[f] = -1;
 	}
 	if (fd >= 0) {
-		n = pread(fd, text, cap - 1, 0);
+		do
+			n = pread(fd, text, cap - 1, 0);
+		while (n < 0 && errno == EINTR);
 		if (n >= 0) {
 			text[n] = '\0';
 			return 0;
@@ -417,7 +419,9 @@ static int read_kept(struct cg *cg, enum cg_file f, char *text, size_t cap)
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0)
 		return -errno;
-	n = pread(fd, text, cap - 1, 0);
+	do
+		n = pread(fd, text, cap - 1, 0);
+	while (n < 0 && errno == EINTR);
 	r = n < 0 ? -errno : 0;
 	if (n >= 0)
 		text[n] = '\0';

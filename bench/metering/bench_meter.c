@@ -245,7 +245,8 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 	}
 	if (history > 0) {
 		/* Sandboxes deleted 20 days ago, billed to their end: a deployment's history, which the
-		 * tick must not read. */
+		 * tick must not read (their state log holds only their creation's row: a running
+		 * system's trim removes the older rows of ended generations). */
 		snprintf(q, sizeof(q),
 			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
 			 "memory_mib, disk_gib, timeout_s, expires_at, state_changed_at, deleted_at) "
@@ -258,7 +259,7 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 		snprintf(q, sizeof(q),
 			 "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
 			 "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) "
-			 "SELECT id, tenant_id, node_id, 0, 'none', 0, 0, 0, 0, 0 FROM sandboxes "
+			 "SELECT id, tenant_id, node_id, generation, 'none', 0, 0, 0, 0, 0 FROM sandboxes "
 			 "WHERE id LIKE 'sb\\_%s\\_old\\_%%'",
 			 node);
 		sql(pg, q);

@@ -10,7 +10,7 @@ root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${1:-$root/build}
 ticks=${2:-30}
 history=${3:-0}
-# bpffs on /sys/fs/bpf, mounted as kiln-node's netpolicy does when a host lacks it
+# bpffs on /sys/fs/bpf, mounted (and left mounted) as kiln-node's netpolicy does when a host lacks it
 if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != bpf_fs ]; then
 	mount -t bpf -o mode=0700 bpf /sys/fs/bpf
 fi
