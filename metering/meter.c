@@ -2198,8 +2198,7 @@ static const char rows_sql[] =
 	 * lookups are far off). Read whole, meter_billables is every sandbox ever made on any
 	 * node, each joined to its points before the rules could drop it: the tick's cost grew with
 	 * the history of the whole deployment (bench/metering/meter.sh, docs/benchmarks.md). The
-	 * rules are applied to what
-	 * they find unchanged. */
+	 * rules are applied to what they find unchanged. */
 	"WHERE s.id = ANY (ARRAY("
 	"    SELECT x.id FROM sandboxes x WHERE x.node_id = $1 AND x.deleted_at IS NULL "
 	"    UNION SELECT x.id FROM sandboxes x WHERE x.node_id = $1 "

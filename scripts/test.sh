@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# make test: installs what is missing, builds with AddressSanitizer and UBSan, checks that every
-# test is labelled, runs every test, longest first (tests/ctest-costs.txt), and fails when a test
-# skipped that tests/skip-allowed.txt does not allow to (docs/testing.md). Arguments go to ctest
-# (e.g. -R metering, -L unit).
+# make test: installs what is missing, builds with AddressSanitizer and UBSan and the guest image,
+# checks that every test is labelled, runs every test, longest first (tests/ctest-costs.txt), and
+# fails when a test skipped that tests/skip-allowed.txt does not allow to (docs/testing.md).
+# Arguments go to ctest (e.g. -R metering, -L unit).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "$(id -u)" -ne 0 ]; then
@@ -20,6 +20,15 @@ $check policy "$root/build-test" "$allowed"
 # The longest tests first (tests/ctest-costs.txt): an aid to the order only, never a reason to stop.
 $check costs "$root/build-test" "$root/tests/ctest-costs.txt" ||
   echo "test: no typical test times given to ctest; it runs the tests in its own order" >&2
+# The guest image (vmm/guest/build-image.sh, cached outside the checkout by its recipe's hash):
+# made here, once, before any test asks for it, so that a machine without it builds it in view
+# and a failed build fails here with its messages, not inside the first test that needs it.
+imglog=$root/build-test/guest-image.log
+if ! bash "$root/vmm/guest/build-image.sh" --print-env >/dev/null 2>"$imglog"; then
+  tail -n 60 "$imglog" >&2
+  echo "test: the guest image could not be built (all of its messages: $imglog)" >&2
+  exit 1
+fi
 junit=$root/build-test/Testing/junit.xml
 rm -f "$junit"
 rc=0

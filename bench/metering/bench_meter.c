@@ -245,8 +245,10 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 	}
 	if (history > 0) {
 		/* Sandboxes deleted 20 days ago, billed to their end: a deployment's history, which the
-		 * tick must not read (their state log holds only their creation's row: a running
-		 * system's trim removes the older rows of ended generations). */
+		 * tick must not read. Their rows of the state log are removed, as a running system's
+		 * trim removed them long ago (sandbox_state_log_trim(): a deleted sandbox's, once
+		 * billed to its end and older than the bound); left, the measured ticks' first trim
+		 * deletes them all. */
 		snprintf(q, sizeof(q),
 			 "INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
 			 "memory_mib, disk_gib, timeout_s, expires_at, state_changed_at, deleted_at) "
@@ -260,8 +262,9 @@ static void run_size(struct pg *pg, struct rds *rds, int n, int ticks)
 			 "INSERT INTO meter_sandboxes (sandbox_id, tenant_id, node_id, generation, "
 			 "state, last_t_ns, cpu_ns, rx_bytes, tx_bytes, remainder_fine) "
 			 "SELECT id, tenant_id, node_id, generation, 'none', 0, 0, 0, 0, 0 FROM sandboxes "
-			 "WHERE id LIKE 'sb\\_%s\\_old\\_%%'",
-			 node);
+			 "WHERE id LIKE 'sb\\_%s\\_old\\_%%';"
+			 "DELETE FROM sandbox_state_log WHERE sandbox_id LIKE 'sb\\_%s\\_old\\_%%'",
+			 node, node);
 		sql(pg, q);
 	}
 	/* Statistics of the tables just filled, as autovacuum's analyze has them within a minute of

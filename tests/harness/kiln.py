@@ -378,9 +378,12 @@ def guest_image():
     """The guest image's KEY=value settings (vmm/guest/build-image.sh --print-env), built once."""
     global _IMAGE
     if _IMAGE is None:
-        out = subprocess.run(["bash", os.path.join(ROOT, "vmm", "guest", "build-image.sh"),
-                              "--print-env"], check=True, capture_output=True, text=True,
-                             timeout=1800).stdout
+        r = subprocess.run(["bash", os.path.join(ROOT, "vmm", "guest", "build-image.sh"),
+                            "--print-env"], capture_output=True, text=True, timeout=1800)
+        if r.returncode != 0:
+            raise RuntimeError("vmm/guest/build-image.sh --print-env exited %d:\n%s"
+                               % (r.returncode, r.stderr[-6000:]))
+        out = r.stdout
         _IMAGE = {}
         for line in out.splitlines():
             if "=" in line:
