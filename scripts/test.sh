@@ -22,9 +22,12 @@ $check costs "$root/build-test" "$root/tests/ctest-costs.txt" ||
   echo "test: no typical test times given to ctest; it runs the tests in its own order" >&2
 # The guest image (vmm/guest/build-image.sh, cached outside the checkout by its recipe's hash):
 # made here, once, before any test asks for it, so that a machine without it builds it in view
-# and a failed build fails here with its messages, not inside the first test that needs it.
+# and a failed build fails here with its messages, not inside the first test that needs it. It
+# fetches from the Debian mirror: a failed build is tried once more.
 imglog=$root/build-test/guest-image.log
-if ! bash "$root/vmm/guest/build-image.sh" --print-env >/dev/null 2>"$imglog"; then
+if ! bash "$root/vmm/guest/build-image.sh" --print-env >/dev/null 2>"$imglog" &&
+  ! { echo "test: the guest image's build failed; trying once more" >&2;
+      bash "$root/vmm/guest/build-image.sh" --print-env >/dev/null 2>>"$imglog"; }; then
   tail -n 60 "$imglog" >&2
   echo "test: the guest image could not be built (all of its messages: $imglog)" >&2
   exit 1
