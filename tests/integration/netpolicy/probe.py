@@ -88,6 +88,10 @@ def send(addr, port, n):
                 break
             data += b
         print(data.decode().strip())
+        # the bytes TCP sent again (tcp_info's tcpi_bytes_retrans, at 208 since Linux 4.19): on
+        # the wire, and so in the counters, beside the first copy
+        info = s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
+        print("retrans", struct.unpack_from("=Q", info, 208)[0] if len(info) >= 216 else 0)
         return 0 if data.strip() == str(n).encode() else 1
     except OSError as e:
         print("FAIL", e)

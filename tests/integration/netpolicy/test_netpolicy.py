@@ -761,8 +761,10 @@ def test_connlog_records_tcp_udp_icmp_and_denied():
         return got[0]
 
     tcp = one(proto="tcp", dst="203.0.113.10", dst_port=9000, verdict="allowed", family=4)
-    # every byte the guest sent, plus its headers (at most a few percent), and the reply
-    assert n < tcp["bytes_out"] < n * 1.05 + 4000, tcp
+    # every byte the guest sent, plus its headers (at most a few percent), and the reply; and
+    # what TCP sent again on a loaded host (a run of make test: 340,094 bytes for 300,000)
+    retrans = int(out.stdout.split("retrans")[1].split()[0])
+    assert n < tcp["bytes_out"] < (n + retrans) * 1.05 + 4000, (tcp, retrans)
     assert tcp["packets_out"] >= 3 and tcp["packets_in"] >= 2 and tcp["bytes_in"] > 0, tcp
     udp = one(proto="udp", dst="198.51.100.20", dst_port=9999, verdict="allowed")
     # one datagram of 4 bytes each way: Ethernet 14 + IPv4 20 + UDP 8 + 4
