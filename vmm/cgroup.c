@@ -365,19 +365,31 @@ static void close_files(struct cg *cg)
 	}
 }
 
-/* Half the process's descriptor limit: cg_read() keeps no file open at or above it, so a
- * meter of many VMs leaves the rest to its sockets and falls back to a read by path. */
+/* Half the process's descriptor limit (asked at each open, which is rare): cg_read() keeps no
+ * file open at or above it, so a meter of many VMs leaves the rest to its sockets and falls back
+ * to a read by path. */
 static int keep_below(void)
 {
-	static int below;
 	struct rlimit rl;
 
-	if (!below)
-		below = getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY &&
-				rl.rlim_cur < 2 * (rlim_t)INT_MAX
-			? (int)(rl.rlim_cur / 2)
-			: INT_MAX;
-	return below;
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0 || rl.rlim_cur == RLIM_INFINITY ||
+	    rl.rlim_cur >= 2 * (rlim_t)INT_MAX)
+		return INT_MAX;
+	return (int)(rl.rlim_cur / 2);
+}
+
+/* The whole of a small file from its start into `text`, NUL-terminated: its length, or -errno. */
+static ssize_t pread_text(int fd, char *text, size_t cap)
+{
+	ssize_t n;
+
+	do
+		n = pread(fd, text, cap - 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 0)
+		return -errno;
+	text[n] = '\0';
+	return n;
 }
 
 /*
@@ -403,13 +415,8 @@ static int read_kept(struct cg *cg, enum cg_file f, char *text, size_t cap)
 		fd = cg->fd[f] = -1;
 	}
 	if (fd >= 0) {
-		do
-			n = pread(fd, text, cap - 1, 0);
-		while (n < 0 && errno == EINTR);
-		if (n >= 0) {
-			text[n] = '\0';
+		if (pread_text(fd, text, cap) >= 0)
 			return 0;
-		}
 		close(fd);
 		fd = cg->fd[f] = -1;
 	}
@@ -419,12 +426,8 @@ static int read_kept(struct cg *cg, enum cg_file f, char *text, size_t cap)
 	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
 	if (fd < 0)
 		return -errno;
-	do
-		n = pread(fd, text, cap - 1, 0);
-	while (n < 0 && errno == EINTR);
-	r = n < 0 ? -errno : 0;
-	if (n >= 0)
-		text[n] = '\0';
+	n = pread_text(fd, text, cap);
+	r = n < 0 ? (int)n : 0;
 	if (f == CGF_CPU)
 		cg->plain = fstatfs(fd, &sfs) < 0 || ((unsigned long)sfs.f_type != CGROUP_SUPER_MAGIC &&
 						      (unsigned long)sfs.f_type != CGROUP2_SUPER_MAGIC);

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 
@@ -196,6 +197,43 @@ static void test_cgroup_read_keeps_its_files_and_follows_them(void)
 	CHECK_INT(system(path), 0);
 }
 
+/*
+ * At or above half the descriptor limit cg_read() keeps nothing open and reads by path: in a child
+ * whose soft limit is twice its lowest free descriptor, a read keeps no file and still reads.
+ */
+static void test_cgroup_read_keeps_nothing_past_half_the_descriptor_limit(void)
+{
+	pid_t pid = fork();
+	int status = -1;
+
+	if (pid == 0) {
+		struct rlimit rl;
+		struct cg *cg = NULL;
+		struct cg_usage u;
+		int lowest = dup(0), before, bad = 0;
+
+		close(lowest);
+		getrlimit(RLIMIT_NOFILE, &rl);
+		rl.rlim_cur = 2 * (rlim_t)lowest;
+		if (lowest < 0 || setrlimit(RLIMIT_NOFILE, &rl) < 0 ||
+		    cg_open(root_v2, "n1", "vm1", &cg) != 0)
+			_exit(2);
+		before = open_fds();
+		for (int i = 0; i < 2; i++) {
+			bad |= cg_read(cg, &u) != 0 || u.cpu_ns != 1234567000LL ||
+			       u.mem_bytes != 301989888 || !u.has_peak;
+			bad |= open_fds() != before;
+		}
+		cg_free(cg);
+		_exit(bad ? 1 : 0);
+	}
+	CHECK(pid > 0);
+	if (pid > 0)
+		waitpid(pid, &status, 0);
+	CHECK(WIFEXITED(status));
+	CHECK_INT(WEXITSTATUS(status), 0);
+}
+
 /* Burns about `ms` of CPU in a child moved into `cg`, and reaps it. */
 static void burn_in(struct cg *cg, int ms)
 {
@@ -282,6 +320,7 @@ int main(void)
 	TEST(test_cgroup_v1_reads_usage);
 	TEST(test_cgroup_rejects_bad_names);
 	TEST(test_cgroup_read_keeps_its_files_and_follows_them);
+	TEST(test_cgroup_read_keeps_nothing_past_half_the_descriptor_limit);
 	TEST(test_cgroup_read_follows_a_remade_group);
 	return test_summary();
 }
