@@ -328,7 +328,7 @@ class Prober:
     def __init__(self, stack, period=1.0):
         self.stack = stack
         self.period = period
-        self.samples = []	# (start, exec seconds or None, exec detail, healthz status, healthz s)
+        self.samples = []	# (start, exec seconds or None, exec detail, end)
         self.stopping = threading.Event()
         self.threads = [threading.Thread(target=self._exec_loop, daemon=True),
                         threading.Thread(target=self._healthz_loop, daemon=True)]
@@ -349,7 +349,7 @@ class Prober:
                     detail = repr(r)
             except Exception as e:
                 detail = f"{type(e).__name__}: {e}"
-            self.samples.append((t0, lat, detail))
+            self.samples.append((t0, lat, detail, time.monotonic()))
             self.stopping.wait(max(0.0, self.period - (time.monotonic() - t0)))
 
     def _healthz_loop(self):
@@ -363,8 +363,18 @@ class Prober:
             self.stopping.wait(max(0.0, self.period - (time.monotonic() - t0)))
 
     def window(self, start, end):
-        ex = [x for x in self.samples if start <= x[0] <= end]
-        hz = [x for x in self.health if start <= x[0] <= end]
+        """The samples that were under way at some time in [start, end]: an attack shorter than
+        one probe (a disk filled in a second) is measured by the probe it overlapped. Waits for
+        the probes under way at `end` to finish (each loop probes one at a time, so a sample that
+        ended after `end` means every earlier one is in)."""
+        limit = time.monotonic() + NEIGHBOUR_DEADLINE_S + 15
+        while time.monotonic() < limit and not self.stopping.is_set():
+            if (self.samples and self.samples[-1][3] >= end and self.health
+                    and self.health[-1][0] + self.health[-1][2] >= end):
+                break
+            time.sleep(0.1)
+        ex = [x for x in self.samples if x[0] <= end and x[3] >= start]
+        hz = [x for x in self.health if x[0] <= end and x[0] + x[2] >= start]
         return ex, hz
 
     def stop(self):
