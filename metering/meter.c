@@ -2167,7 +2167,8 @@ static const char rows_sql[] =
 	 * that ran on another node: the earlier one ended at that move, where its point stands,
 	 * and taken as short it was tracked from there again and again, the generations after it
 	 * billed from their start and refused at every flush (kiln-sim seed 322486188, make
-	 * test's kinds, -2,656 and -4,928 µcr). */
+	 * test's kinds, -2,656 and -4,928 µcr). `short` is computed once per point (OFFSET 0 keeps
+	 * its subquery apart; pulled up, it ran once for each of the two sort keys naming it). */
 	/* meter_billables (migrations/0033): the sandboxes, and the snapshots their tenants keep
 	 * (named ones, templates' images and cached layers) as sandboxes paused from their keeping
 	 * to their deletion, of no memory and no disk, their pause snapshot themselves. */
@@ -2184,7 +2185,7 @@ static const char rows_sql[] =
 	"              WHERE n.sandbox_id = mm.sandbox_id AND n.generation > mm.generation "
 	"              ORDER BY n.seq LIMIT 1) "
 	"         AND coalesce(m2.gen_node, m2.node_id) = $1 "
-	"         ORDER BY u.window_start LIMIT 1), false) AS short) f "
+	"         ORDER BY u.window_start LIMIT 1), false) AS short OFFSET 0) f "
 	"    WHERE mm.sandbox_id = s.id "
 	"    ORDER BY coalesce(mm.gen_node, mm.node_id) = $1 DESC, f.short DESC, "
 	"    CASE WHEN f.short THEN mm.generation END, mm.generation DESC LIMIT 1) m "
