@@ -368,13 +368,20 @@ class Prober:
         the probes under way at `end` to finish (each loop probes one at a time, so a sample that
         ended after `end` means every earlier one is in)."""
         limit = time.monotonic() + NEIGHBOUR_DEADLINE_S + 15
+        ex_in = hz_in = False
         while time.monotonic() < limit and not self.stopping.is_set():
-            if (self.samples and self.samples[-1][3] >= end and self.health
-                    and self.health[-1][0] + self.health[-1][2] >= end):
+            ex_in = bool(self.samples) and self.samples[-1][3] >= end
+            hz_in = bool(self.health) and self.health[-1][0] + self.health[-1][2] >= end
+            if ex_in and hz_in:
                 break
             time.sleep(0.1)
         ex = [x for x in self.samples if x[0] <= end and x[3] >= start]
         hz = [x for x in self.health if x[0] <= end and x[0] + x[2] >= start]
+        # a probe still under way past the wait is one that did not answer in time
+        if not ex_in:
+            ex.append((end, None, "still under way", time.monotonic()))
+        if not hz_in:
+            hz.append((end, None, time.monotonic() - end))
         return ex, hz
 
     def stop(self):
@@ -389,7 +396,7 @@ def window_checks(prober, start, end):
     ex, hz = prober.window(start, end)
     check(ex, "no neighbour exec was measured during the attack")
     check(hz, "no /healthz was measured during the attack")
-    bad = [x for x in ex if x[1] is None]
+    bad = [x for x in ex if x[1] is None or x[1] > NEIGHBOUR_DEADLINE_S]
     check(not bad, f"the neighbour's exec failed or took over {NEIGHBOUR_DEADLINE_S} s: {bad[:3]}")
     badh = [x for x in hz if x[1] != 200]
     check(not badh, f"/healthz was not 200: {badh[:3]}")

@@ -38,7 +38,9 @@ def bench(seconds, baseline):
                 s.fresh_attacker()
             b0 = time.monotonic()
             time.sleep(baseline)
-            before = [x[1] for x in prober.window(b0, time.monotonic())[0] if x[1] is not None]
+            # the probes started in the baseline (not one under way from the attacker's making)
+            before = [x[1] for x in prober.window(b0, time.monotonic())[0]
+                      if x[1] is not None and x[0] >= b0]
             verdict, figures = "held", {}
             try:
                 start, end, figures = attacks.run_attack(s, prober, name, fn, seconds)

@@ -240,34 +240,33 @@ static void output_streams_before_exit(void)
 }
 
 struct par {
-	int i;
+	char code[160];
 	int rc;
 	struct capture c;
 	struct agent_exec_result r;
-};
-
-/* Each exec marks its own file and waits for the other's: run one after the other, the first
- * would wait out its timeout. */
-static const char *const par_code[2] = {
-	"touch /tmp/par0; while [ ! -e /tmp/par1 ]; do sleep 0.05; done; echo together",
-	"touch /tmp/par1; while [ ! -e /tmp/par0 ]; do sleep 0.05; done; echo together",
 };
 
 static void *par_main(void *arg)
 {
 	struct par *p = arg;
 
-	p->rc = run_shell(par_code[p->i], 60000, &p->c, &p->r);
+	p->rc = run_shell(p->code, 60000, &p->c, &p->r);
 	return NULL;
 }
 
+/* Each exec marks its own file and waits for the other's: run one after the other, the first
+ * would wait out its timeout. The marks are named by this call, so none is there before it. */
 static void two_execs_run_at_once(void)
 {
+	static unsigned call;
 	struct par p[2];
 	pthread_t t[2];
 
+	call++;
 	for (int i = 0; i < 2; i++) {
-		p[i].i = i;
+		snprintf(p[i].code, sizeof(p[i].code),
+			 "touch /tmp/par%u-%d; while [ ! -e /tmp/par%u-%d ]; do sleep 0.05; done; "
+			 "echo together", call, i, call, 1 - i);
 		pthread_create(&t[i], NULL, par_main, &p[i]);
 	}
 	for (int i = 0; i < 2; i++) {

@@ -197,7 +197,7 @@ struct par {
 static void *par_exec(void *arg)
 {
 	struct par *p = arg;
-	struct agent_exec_req req = { .shell = p->code, .timeout_ms = 30000 };
+	struct agent_exec_req req = { .shell = p->code, .timeout_ms = 10000 };
 
 	p->rc = agent_exec(p->a, &req, on_output, &p->c, &p->r, NULL);
 	return NULL;
@@ -213,7 +213,13 @@ static void execs_run_at_once(void)
 	pthread_t t[3];
 	char dir[] = "/tmp/kiln-par.XXXXXX";
 
-	CHECK(mkdtemp(dir) != NULL);
+	bool made = mkdtemp(dir) != NULL;
+
+	CHECK(made);
+	if (!made) {
+		stop_agent(a, pid);
+		return;
+	}
 	for (int i = 0; i < 3; i++) {
 		snprintf(p[i].code, sizeof(p[i].code),
 			 "touch %s/m%d; while [ ! -e %s/m0 ] || [ ! -e %s/m1 ] || [ ! -e %s/m2 ]; "
@@ -891,6 +897,7 @@ static void port_stream_slow_reader_stalls_only_itself(void)
 	int64_t t0 = now_ms();
 
 	CHECK_INT(agent_exec(a, &req, on_output, &cap, &r, &err), KILN_OK);
+	CHECK(!r.timed_out);
 	CHECK(now_ms() - t0 < 10000);	/* answered, not held behind the full port */
 	CHECK_STR(cap.out, "still here\n");
 	while ((n = agent_port_read(p, buf, sizeof(buf), 10000)) > 0) {
