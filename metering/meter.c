@@ -1441,15 +1441,21 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 		if (x <= later + LOG_ORDER_TOLERANCE_NS)
 			return x;
 	}
-	return t;
+	/* No frame kept puts it there (one of a step this meter did not follow, or another node's
+	 * change without a witness this meter can read): at the later change, which it came
+	 * before. Left where it read, it stood past every tick's billing end, and the pieces,
+	 * which stop at the first change past the end, never reached the changes after it
+	 * (kiln-sim seed 31460: another node's pause placed 3,403 s late, the sandbox's start on
+	 * this node logged after it never billed, -85,901 µcr). */
+	return later;
 }
 
 /*
  * Places a sandbox's changes `e` (`n` of them, in the log's order) on the label clock at this
  * tick, the newest first: each witnessed on this meter's boot exactly (witness_time(), moved by
  * no frame), each without such a witness at node_time_logged() at the tick's label (clk_now_l, as
- * gen_point() and tail_bill() read times), then no later than the changes logged after it when
- * a kept backward-step frame allows it (log_time_before()). Not at the tick's billing end (the
+ * gen_point() and tail_bill() read times), then no later than the changes logged after it: in a
+ * kept backward-step frame that allows it, else at the earliest of them (log_time_before()). Not at the tick's billing end (the
  * label less m->lag): a change read between the two was logged in this frame, and placed by
  * the end it was moved into the frame before a backward step, the step's size early.
  * One sandbox's changes are logged in the order they happen, and the wall clock's times repeat
