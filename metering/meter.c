@@ -1414,7 +1414,8 @@ static bool witness_col(const struct meter *m, const struct pg_res *res, int i, 
  * time of a change of its sandbox logged after it, by more than LOG_ORDER_TOLERANCE_NS: in the
  * newest frame before a backward step this meter followed that puts it there and before that
  * step, when it was not logged LOG_LATE_NS or more after the step (its sequence past back_seq);
- * else at `t`. Both checks are node_time_before()'s: back_seq is read only at a tick that
+ * else at the earliest witnessed change logged after it (`later_exact`) when it reads past that
+ * one by more than the tolerance too; else at `t`. Both checks are node_time_before()'s: back_seq is read only at a tick that
  * reaches Postgres LOG_LATE_NS or more after the step, so for a meter without Postgres across
  * the step the changes logged before it comes back have no sequence bound, and only the step's
  * instant keeps a change logged after the step out of the frame before it (a pause at 120 s
@@ -1425,7 +1426,7 @@ static bool witness_col(const struct meter *m, const struct pg_res *res, int i, 
  * of running time billed as paused.
  */
 static int64_t log_time_before(const struct meter *m, const struct ment *e, int64_t t,
-			       int64_t later)
+			       int64_t later, int64_t later_exact)
 {
 	if (m->fwd_held || t <= later + LOG_ORDER_TOLERANCE_NS)
 		return t;
@@ -1442,12 +1443,17 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 			return x;
 	}
 	/* No frame kept puts it there (one of a step this meter did not follow, or another node's
-	 * change without a witness this meter can read): at the later change, which it came
-	 * before. Left where it read, it stood past every tick's billing end, and the pieces,
-	 * which stop at the first change past the end, never reached the changes after it
-	 * (kiln-sim seed 31460: another node's pause placed 3,403 s late, the sandbox's start on
-	 * this node logged after it never billed, -85,901 µcr). */
-	return later;
+	 * change without a witness this meter can read): at the earliest witnessed change logged
+	 * after it (`later_exact`, exact, so it came before that), when it reads past that one
+	 * too; a later change placed by the frames may itself stand a step early, so only a
+	 * witnessed one bounds it here. Left where it read, it stood past every tick's billing
+	 * end, and the pieces, which stop at the first change past the end, never reached the
+	 * changes after it (kiln-sim seed 31460: another node's pause placed 3,403 s late, the
+	 * sandbox's start on this node, witnessed and logged after it, never billed,
+	 * -85,901 µcr). */
+	if (later_exact != INT64_MAX && t > later_exact + LOG_ORDER_TOLERANCE_NS)
+		return later_exact;
+	return t;
 }
 
 /*
@@ -1455,7 +1461,8 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
  * tick, the newest first: each witnessed on this meter's boot exactly (witness_time(), moved by
  * no frame), each without such a witness at node_time_logged() at the tick's label (clk_now_l, as
  * gen_point() and tail_bill() read times), then no later than the changes logged after it: in a
- * kept backward-step frame that allows it, else at the earliest of them (log_time_before()). Not at the tick's billing end (the
+ * kept backward-step frame that allows it, else no later than the earliest witnessed one
+ * (log_time_before()). Not at the tick's billing end (the
  * label less m->lag): a change read between the two was logged in this frame, and placed by
  * the end it was moved into the frame before a backward step, the step's size early.
  * One sandbox's changes are logged in the order they happen, and the wall clock's times repeat
@@ -1481,6 +1488,7 @@ static int64_t log_time_before(const struct meter *m, const struct ment *e, int6
 static void log_place(const struct meter *m, struct ment *e, size_t n)
 {
 	int64_t later = INT64_MAX;	/* the earliest of the changes logged after e[k] */
+	int64_t later_exact = INT64_MAX;	/* ... of those witnessed */
 	int64_t seen = INT64_MIN;	/* the latest witnessed change logged before e[k] */
 
 	/* The witnessed first, in the log's order: a change without one holds, until placed
@@ -1501,9 +1509,11 @@ static void log_place(const struct meter *m, struct ment *e, size_t n)
 
 			e[k].at = node_time_logged(m, e[k].w, e[k].seq, m->clk_now_l);
 			if (later != INT64_MAX)
-				e[k].at = log_time_before(m, &e[k], e[k].at, later);
+				e[k].at = log_time_before(m, &e[k], e[k].at, later, later_exact);
 			if (e[k].at < floor)
 				e[k].at = floor;
+		} else if (e[k].at < later_exact) {
+			later_exact = e[k].at;
 		}
 		if (e[k].at < later)
 			later = e[k].at;
