@@ -1415,9 +1415,10 @@ static bool witness_col(const struct meter *m, const struct pg_res *res, int i, 
  * newest frame before a backward step this meter followed that puts it there and before that
  * step, when it was not logged LOG_LATE_NS or more after the step (its sequence past back_seq);
  * else at the earliest witnessed change logged after it (`later_exact`) when it reads past that
- * one by more than the tolerance too; else at `t`. Both checks are node_time_before()'s: back_seq is read only at a tick that
- * reaches Postgres LOG_LATE_NS or more after the step, so for a meter without Postgres across
- * the step the changes logged before it comes back have no sequence bound, and only the step's
+ * one by more than the tolerance too; else at `t`. Both checks are node_time_before()'s:
+ * back_seq is read only at a tick that reaches Postgres LOG_LATE_NS or more after the step, so
+ * for a meter without Postgres across the step the changes logged before it comes back have no
+ * sequence bound, and only the step's
  * instant keeps a change logged after the step out of the frame before it (a pause at 120 s
  * after a step at 5 s, the meter down from 3 s to 130 s: 14,100 µcr for 23,130). Only past the
  * tolerance: the log's times are not monotone in its sequence, and moved by the step's
