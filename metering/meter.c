@@ -1845,6 +1845,16 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	bool cur_mine = s->mine;
 	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0;
 	bool has_cpu = false, has_net = false, ended = false;
+	/* cut: the generation this meter took over from another node stopped being its own
+	 * part-way, at a change of it logged by that node (whose meter is alive again, or Redis
+	 * unreadable this tick): that meter bills the rest and records the end, or, dead again,
+	 * the tails path bills it from the ledger's point (meter_take_tails()). Before, the
+	 * pieces after such a change were billed with those before it and the end recorded where
+	 * this meter stopped: the other meter, its copy refused, billed on from that point and
+	 * took it for the end (1,140 µcr for 1,412:
+	 * test_a_taken_over_generation_its_meter_takes_back_part_way_is_billed_once); and the
+	 * ledger refuses a window of a generation after its end (migrations/0055). */
+	bool cut = false;
 	size_t np = 0;
 
 	s->mem_mib = r->mem_mib;
@@ -1926,13 +1936,17 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	}
 	s->t_mem = mem;
 	for (size_t i = 0; i < np;) {
-		/* A group: pieces of one generation up to one whose end counter is known. */
+		/* A group: pieces of one generation, all this meter's or none, up to one whose end
+		 * counter is known. */
 		size_t j = i;
 		uint64_t dcpu = 0, drx = 0, dtx = 0, run = 0, all = 0;
-		while (j + 1 < np && pc[j + 1].gen == pc[i].gen && !pc[j].has_cpu)
+		while (j + 1 < np && pc[j + 1].gen == pc[i].gen && pc[j + 1].mine == pc[i].mine &&
+		       !pc[j].has_cpu)
 			j++;
 		if (!pc[i].mine) {
 			/* Another node's generation: its meter bills it. */
+			if (pc[i].gen == s->gen && s->mine)
+				cut = true;
 			i = j + 1;
 			continue;
 		}
@@ -1940,8 +1954,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			/* A new generation (restored, moved): its counters start from zero; the
 			 * generation before, when this meter billed it, ended where it stands (not
 			 * recorded again when its point says so already). */
-			if (s->mine && s->state != BS_NONE)
+			if (s->mine && s->state != BS_NONE && !cut)
 				sb_gen_end(m, s, now);
+			cut = false;
 			s->gen = pc[i].gen;
 			s->mine = true;
 			gen_rem_switch(m, s, r, pc[i].node);
@@ -2019,8 +2034,9 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * billed from its creation under its new generation, the time the old node's meter
 		 * billed again (15,420 µcr for 10,280:
 		 * test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move). */
-		if (s->mine && s->state != BS_NONE)
+		if (s->mine && s->state != BS_NONE && !cut)
 			sb_gen_end(m, s, now);
+		cut = false;
 		if (s->last_t < end)
 			s->last_t = end;
 		s->gen = cur_gen;
@@ -2054,8 +2070,11 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			u.cpu_ns = s->t_cpu;	/* a sliver of a tick says little about the pace */
 		s->ten->t_burn += price_fine(&m->o.card, &u);
 	}
-	if (ended && !s->mine) {
-		/* None of its time was this node's: nothing to record. */
+	if (ended && (!s->mine || cut)) {
+		/* None of its time was this node's, or the rest of it is not: nothing to record.
+		 * Cut, the rest is not this meter's to bill when the sandbox is read again. */
+		if (cut)
+			s->mine = false;
 		s->ended = true;
 		s->state = BS_NONE;
 		s->ten->nsb--;

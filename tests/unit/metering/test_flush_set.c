@@ -437,12 +437,14 @@ static void end_item(struct buf *b, const char *t, int ws, bool ended)
 }
 
 /*
- * A generation's end mark is kept once written (migrations/0049: ended = m.ended OR
- * EXCLUDED.ended), in both forms of the flush: a later flush of the marked pair without the mark
- * (a second meter of the node, or a replay of an older window) leaves it ended, and the tick's
- * query does not read its stretch again.
+ * A generation's end mark, once written, stands (migrations/0049: ended = m.ended OR
+ * EXCLUDED.ended), and a later window of the marked pair is refused, in both forms of the flush
+ * (migrations/0055): every second of the generation is in the ledger once its end is, so such a
+ * window (a second meter's copy under other labels, or a replay) is time billed already. The
+ * pair is reported refused, nothing is drawn, the point stays where the end put it. Before 0055
+ * the window was written and the point moved on with it.
  */
-static void test_a_later_flush_keeps_the_end_mark(void)
+static void test_a_window_after_the_end_mark_is_refused(void)
 {
 	static const char *const fns[] = { "meter_flush", "meter_flush_set" };
 	char out[256];
@@ -458,6 +460,7 @@ static void test_a_later_flush_keeps_the_end_mark(void)
 		end_item(&j, t, 0, true);
 		buf_appends(&j, "]");
 		flush(out, sizeof(out), fns[k], j.data, t, t, t, t);
+		CHECK_STR(out, "");
 		CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
 				  "AND ended", t), 1);
 		buf_reset(&j);
@@ -465,10 +468,13 @@ static void test_a_later_flush_keeps_the_end_mark(void)
 		end_item(&j, t, 10, false);
 		buf_appends(&j, "]");
 		flush(out, sizeof(out), fns[k], j.data, t, t, t, t);
-		CHECK_STR(out, "");
+		CHECK_STR(out, "0_s:1;");	/* "<t>_s", generation 1 */
 		CHECK_INT(sql_int("SELECT count(*) FROM meter_sandboxes WHERE sandbox_id = '%s_s' "
 				  "AND ended AND last_t_ns = %lld", t,
-				  (BASE_S + 20) * 1000000000LL), 1);
+				  (BASE_S + 10) * 1000000000LL), 1);
+		CHECK_INT(sql_int("SELECT count(*) FROM usage_windows WHERE sandbox_id = '%s_s'", t), 1);
+		CHECK_INT(sql_int("SELECT coalesce(sum(amount_ucr), 0) FROM ledger_transfers "
+				  "WHERE tenant_id = '%s' AND kind = 'usage'", t), 100);
 		buf_release(&j);
 	}
 }
@@ -488,7 +494,7 @@ int main(void)
 	TEST(test_set_flush_draws_as_the_loop_did);
 	TEST(test_flush_takes_the_meters_transfer_ids);
 	TEST(test_flush_makes_no_temporary_tables);
-	TEST(test_a_later_flush_keeps_the_end_mark);
+	TEST(test_a_window_after_the_end_mark_is_refused);
 	rc = test_summary();
 	testdb_close(&db);
 	return rc;

@@ -4715,6 +4715,153 @@ static void test_a_change_logged_before_a_restarted_meters_first_tick_after_a_st
 }
 
 /*
+ * A generation of node A taken over by node B's meter while A's only meter is down, and A's
+ * meter back before B billed it whole. A's meter flushes a sandbox of its own at 10 (its node's
+ * frame) and crashes at 11, its alive key gone at 12; with `step`, the wall clock steps 600 s
+ * forward at 21, B's meter following it live (its gap from 20) and A's, down, keeping it at its
+ * first tick after it (a gap from there): the same real time reads a step apart on the two. A
+ * transaction is open from 22 to `tx_end`, so every meter's billing end lags the label by its age
+ * (8 s and more). The sandbox is made on A at 23 (generation 1, witnessed), paused there at
+ * `pause_at` (0: never; a pause snapshot of 128 MiB), and moves to B at 30 (generation 2,
+ * witnessed, running), and stops at 45. B's meter takes generation 1 over, its end read ahead of
+ * B's billing end. A's meter is back at `a_back`, without Redis up to `a_redis` (it cannot see
+ * the take-over), ticking first. Generation 1 must be billed once, the sandbox's 15 s on B and
+ * A's own sandbox's 45 s too, nothing pending, Redis's balances the ledger's.
+ */
+static void taken_over_while_its_meter_comes_back(bool step, int tx_end, int a_back, int a_redis,
+						   int pause_at)
+{
+	char t[32], sb[32], na[32], nb[32], key[96], t_a[32], sb_a[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	struct rds *dead = rds_new("unix:/nonexistent-kiln-test/redis.sock", 200);
+	struct pg *own = pg_new(meter_db_url, 1);
+	struct pg_conn *open_tx = NULL;
+	struct meter *a, *b;
+	long long gen1;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, na);
+	boot = "test-boot";
+	new_tenant(t_a, sizeof(t_a));
+	grant(t_a, 1000000000LL, 0, "a");
+	new_sandbox(t_a, sb_a, sizeof(sb_a), t0);
+	a = new_meter_with(true, 0);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	b = new_meter_with(true, 0);
+	snprintf(node, sizeof(node), "%s", na);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 11) {	/* A's meter crashes */
+			meter_free(a);
+			a = NULL;
+		}
+		if (i == 12) {	/* its alive key gone */
+			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+			rds_reply_release(&rep);
+		}
+		if (i == 21 && step)	/* B's meter holds this tick, A's is down */
+			fake_now += 600 * S;
+		if (i == 22) {	/* a transaction open 8 s (real) when B's next tick looks */
+			CHECK(pg_acquire(own, &open_tx, &err) == KILN_OK);
+			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
+			nanosleep(&(struct timespec){ .tv_sec = 8 }, NULL);
+		}
+		if (i == 23) {	/* made on A: generation 1, witnessed */
+			snprintf(sb, sizeof(sb), "sb_%08x%04x", (unsigned)rand(),
+				 (unsigned)rand() & 0xffff);
+			sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
+			    "memory_mib, disk_gib, timeout_s, expires_at, state_changed_at, created_at, "
+			    "log_boot_id, log_mono_ns) VALUES ('%s', '%s', '%s', 'running', 'python', "
+			    "1000, 256, 1, 300, now() + interval '1 hour', to_timestamp(%lld / 1e6), "
+			    "to_timestamp(%lld / 1e6), '%s', %lld)", sb, t, na,
+			    (long long)(fake_now / 1000), (long long)(fake_now / 1000), boot,
+			    (long long)fake_mono);
+		}
+		if (i == pause_at)	/* paused on A, witnessed */
+			pause_witnessed(t, sb, "snap_tk", 128, boot);
+		if (i == 30)	/* to B: generation 2, witnessed */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state = 'running', pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
+			    "log_mono_ns = %lld WHERE id = '%s'", nb, (long long)(fake_now / 1000), boot,
+			    (long long)fake_mono, sb);
+		if (i == tx_end) {
+			CHECK(pg_exec(open_tx, "ROLLBACK", &err) == KILN_OK);
+			pg_release(own, open_tx);
+			open_tx = NULL;
+		}
+		if (i == a_back) {
+			a = new_meter_with(true, 0);
+			if (a_redis > a_back)
+				meter_set_backends(a, pg, dead);
+		}
+		if (i == a_redis && a_redis > a_back)
+			meter_set_backends(a, pg, rds);
+		if (i == 45) {
+			stop_sandbox(sb, fake_now);
+			stop_sandbox(sb_a, fake_now);
+		}
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+	}
+	gen1 = pause_at ? (pause_at - 23) * 257 + (30 - pause_at) * 128 : 7 * 257;
+	CHECK_INT(gen_ucr(sb, 1), gen1);
+	CHECK_INT(used(t), gen1 + 15 * 257);
+	CHECK_INT(used(t_a), 45 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	CHECK_INT(redis_bal(t_a, &ok), ledger_bal(t_a));
+	meter_free(b);
+	meter_free(a);
+	boot = NULL;
+	rds_free(dead);
+	pg_free(own);
+	snprintf(node, sizeof(node), "%s", na);
+}
+
+/*
+ * Across the step, B's copy waiting for its end, A's meter back at 36 without Redis bills
+ * generation 1 from its start (its witness) under labels a step before B's and flushes first
+ * with the end: the copies overlapped nowhere on the labels and the ledger took both (3,598 µcr
+ * for 1,799 before migration 0055's fence).
+ */
+static void test_a_taken_over_generation_its_own_meter_bills_first_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(true, 36, 36, 50, 0);
+}
+
+/* The other order: the transaction ended at 33, B's copy, whole with its end, is flushed first
+ * and A's comes after it (held before the fence too: A's meter reads the end B recorded). */
+static void test_a_taken_over_generation_its_own_meter_bills_second_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(true, 33, 36, 50, 0);
+}
+
+/*
+ * No step; A's meter back at 33 with Redis, its alive key written. B took generation 1 over at
+ * 30 and bills it up to its lagging billing end; the pause A logs at 27, read by B's meter at 35
+ * with A's meter alive, is A's to bill from there. Before, B billed the pieces after the pause
+ * with those before it (one group) and, its last piece not its own, recorded the generation's end
+ * where it stopped (27.9 s); A's copy overlapped B's and was refused, and A's meter, billing on
+ * from the ledger, took that mark for the end: the paused time to the move never billed (1,140
+ * µcr for 1,412). Now B bills up to the change that is not its own and records no end there.
+ */
+static void test_a_taken_over_generation_its_meter_takes_back_part_way_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(false, 40, 33, 33, 27);
+}
+
+
+/*
  * Two meters of one node, a and b, tick each second from 1 to 40 s, a first, on tenant t's
  * sandbox sb, running from 0 to 25 s: the wall clock steps 600 s forward just before 12 s and a
  * skips its tick at 12; `away` (a or b) uses the Redis `away_rds` from `from` to `to` s. Each
@@ -5124,6 +5271,9 @@ int main(void)
 	TEST(test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_steps_gap);
 	TEST(test_a_generation_taken_over_across_a_step_its_meter_missed_is_billed_once);
 	TEST(test_a_change_logged_before_a_restarted_meters_first_tick_after_a_step_ends_there);
+	TEST(test_a_taken_over_generation_its_own_meter_bills_first_is_billed_once);
+	TEST(test_a_taken_over_generation_its_own_meter_bills_second_is_billed_once);
+	TEST(test_a_taken_over_generation_its_meter_takes_back_part_way_is_billed_once);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
