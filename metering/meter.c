@@ -1812,6 +1812,30 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 }
 
 /*
+ * A generation `s` took over from another node stopped being its own part-way (sb_bill()'s
+ * `cut`): its window holding that point is dropped unflushed, so that the ledger's point of the
+ * generation stays at the end of a whole window (or there is none) and whoever bills the rest
+ * (its node's meter, or the tails path from the ledger's point) bills it from there into windows
+ * of its own. Flushed, that window held only part of its time, and the rest, billed later under
+ * the same window start, was dropped by the flush (a window's start is written once). One being
+ * flushed stays (the commit decides).
+ */
+static void sb_cut(struct meter *m, struct msb *s)
+{
+	int64_t ws = price_window_start(s->last_t, m->o.window_s);
+	size_t keep = 0;
+
+	for (size_t k = 0; k < s->nw; k++) {
+		if (s->w[k].gen == s->gen && s->w[k].ws == ws && !s->w[k].inflight) {
+			s->ten->pending -= s->w[k].ucr;
+			continue;
+		}
+		s->w[keep++] = s->w[k];
+	}
+	s->nw = keep;
+}
+
+/*
  * Whether the change `e` (read where the pieces `pc` reach, or earlier) ends a generation `gen`
  * of this node later than the one `s` bills, begun in this tick's changes and with no piece yet: a generation of no length on the label clock (its next change placed at or before its
  * start after a backward step, or two restores in one transaction). It gets a piece of no
@@ -1846,9 +1870,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	uint64_t cpu = 0, mem = 0, rx = 0, tx = 0;
 	bool has_cpu = false, has_net = false, ended = false;
 	/* cut: the generation this meter took over from another node stopped being its own
-	 * part-way, at a change of it logged by that node (whose meter is alive again, or Redis
-	 * unreadable this tick): that meter bills the rest and records the end, or, dead again,
-	 * the tails path bills it from the ledger's point (meter_take_tails()). Before, the
+	 * part-way, at a change of it logged by that node whose meter is alive again: that meter
+	 * bills the rest and records the end, or, dead again, the tails path bills it from the
+	 * ledger's point (meter_take_tails()); this meter's window holding the cut is dropped
+	 * (sb_cut()). With Redis unreadable the take-over goes on (meter_take_over()). Before, the
 	 * pieces after such a change were billed with those before it and the end recorded where
 	 * this meter stopped: the other meter, its copy refused, billed on from that point and
 	 * took it for the end (1,140 µcr for 1,412:
@@ -1896,6 +1921,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		}
 		if (e->seq > s->seq)
 			s->seq = e->seq;
+		if (e->gen == s->gen && !e->mine && s->mine && strcmp(s->gnode, m->node) != 0)
+			cut = true;	/* even with no piece after it */
 		if (e->at > t) {
 			pc[np++] = (struct mpiece){ .t0 = t, .t1 = e->at, .gen = cur_gen, .st = cur_st,
 						    .mine = cur_mine, .node = cur_node,
@@ -1956,6 +1983,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			 * recorded again when its point says so already). */
 			if (s->mine && s->state != BS_NONE && !cut)
 				sb_gen_end(m, s, now);
+			else if (cut)
+				sb_cut(m, s);
 			cut = false;
 			s->gen = pc[i].gen;
 			s->mine = true;
@@ -2036,6 +2065,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		 * test_a_sandbox_moved_at_the_new_nodes_tick_is_billed_from_the_move). */
 		if (s->mine && s->state != BS_NONE && !cut)
 			sb_gen_end(m, s, now);
+		else if (cut)
+			sb_cut(m, s);
 		cut = false;
 		if (s->last_t < end)
 			s->last_t = end;
@@ -2073,8 +2104,10 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	if (ended && (!s->mine || cut)) {
 		/* None of its time was this node's, or the rest of it is not: nothing to record.
 		 * Cut, the rest is not this meter's to bill when the sandbox is read again. */
-		if (cut)
+		if (cut) {
+			sb_cut(m, s);
 			s->mine = false;
+		}
 		s->ended = true;
 		s->state = BS_NONE;
 		s->ten->nsb--;
@@ -3544,6 +3577,27 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 }
 
 /*
+ * With Redis unreadable, which meters live is not known this tick: a generation this meter
+ * already bills, taken over from another node, stays its own (its changes read this tick are
+ * marked so). Taken for alive, that node's meter would be left the rest (sb_bill()'s cut) while
+ * it may still be dead, and with nothing of the generation in the ledger the tails path has no
+ * point to bill it from (test_a_taken_over_generation_billed_on_while_redis_is_away).
+ */
+static void take_over_kept(struct meter *m, struct mrow *r, int rows)
+{
+	for (int i = 0; i < rows; i++) {
+		const struct msb *s;
+
+		if (!r[i].here || !(s = sb_find(m, r[i].id)) || !s->mine ||
+		    strcmp(s->gnode, m->node) == 0)
+			continue;
+		for (size_t k = 0; k < r[i].ne; k++)
+			if (r[i].e[k].gen == s->gen && strcmp(r[i].e[k].node, s->gnode) == 0)
+				((struct ment *)r[i].e)[k].mine = true;
+	}
+}
+
+/*
  * The sandboxes here now whose earlier generations ran on a node whose meter is dead (its alive
  * key gone from Redis, meter_live_ttl_s after its last tick): this meter bills that time (what the
  * dead meter never flushed; the ledger's fence refuses it if that meter comes back and bills it
@@ -3602,6 +3656,7 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows, struct pg
 	if (rds_command(m->rds, (int)a.n, a.v, NULL, &rep, &err) != KILN_OK ||
 	    rep.type != RDS_ARRAY || rep.n != nn) {
 		log_warn("cannot tell which meters are alive: %s", err.msg);
+		take_over_kept(m, r, rows);
 		goto out;
 	}
 	for (size_t q = 0; q < nn; q++) {

@@ -107,8 +107,11 @@ BEGIN
                                   > i.ps
                             LIMIT 1) o
         UNION
+        -- one probe of meter_sandboxes' key per item, as above
         SELECT i.ord FROM i
-        JOIN meter_sandboxes m ON m.sandbox_id = i.sb AND m.generation = i.gen AND m.ended
+        CROSS JOIN LATERAL (SELECT 1 FROM meter_sandboxes m
+                            WHERE m.sandbox_id = i.sb AND m.generation = i.gen AND m.ended
+                            LIMIT 1) e
         UNION
         SELECT f2.ord
         FROM f f2 JOIN f j ON j.sb = f2.sb AND j.gen = f2.gen
