@@ -79,6 +79,13 @@ struct mwin {
 
 struct mten;
 
+/* A generation sb_cut() left to its node's meter, watched by meter_take_tails() while the ledger
+ * has no point of it. */
+struct mcut {
+	char id[ID_MAX];
+	long long gen;
+};
+
 struct msb {
 	char id[ID_MAX], tenant[ID_MAX];
 	long long gen;
@@ -162,6 +169,8 @@ struct meter {
 	size_t ntens, captens;
 	struct mten **tnh;
 	size_t tnh_n;
+	struct mcut *cuts;	/* sb_cut()'s generations, while the ledger has no point of them */
+	size_t ncuts, capcuts;
 	char alive_key[ID_MAX + 32];
 	/* The label clock: clk_l0 at monotonic clk_m0, advancing with monotonic time. */
 	bool clk_set, clk_behind;
@@ -1818,7 +1827,10 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
  * (its node's meter, or the tails path from the ledger's point) bills it from there into windows
  * of its own. Flushed, that window held only part of its time, and the rest, billed later under
  * the same window start, was dropped by the flush (a window's start is written once). One being
- * flushed stays (the commit decides).
+ * flushed stays (the commit decides). The generation is watched (m->cuts): when that window was
+ * all this meter billed of it and its node's meter dies again before flushing any of it, the
+ * ledger has no point of it for the tails path, which then bills it from its start
+ * (meter_take_tails()).
  */
 static void sb_cut(struct meter *m, struct msb *s)
 {
@@ -1833,6 +1845,23 @@ static void sb_cut(struct meter *m, struct msb *s)
 		s->w[keep++] = s->w[k];
 	}
 	s->nw = keep;
+	for (size_t k = 0; k < m->ncuts; k++)
+		if (m->cuts[k].gen == s->gen && strcmp(m->cuts[k].id, s->id) == 0)
+			return;
+	if (m->ncuts == m->capcuts) {
+		size_t cap = m->capcuts ? m->capcuts * 2 : 8;
+		struct mcut *a = realloc(m->cuts, cap * sizeof(*a));
+		if (!a) {
+			log_error("out of memory watching sandbox \"%s\" generation %lld", s->id,
+				  s->gen);
+			return;
+		}
+		m->cuts = a;
+		m->capcuts = cap;
+	}
+	m->cuts[m->ncuts] = (struct mcut){ .gen = s->gen };
+	snprintf(m->cuts[m->ncuts].id, sizeof(m->cuts[m->ncuts].id), "%s", s->id);
+	m->ncuts++;
 }
 
 /*
@@ -1971,9 +2000,8 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 		       !pc[j].has_cpu)
 			j++;
 		if (!pc[i].mine) {
-			/* Another node's generation: its meter bills it. */
-			if (pc[i].gen == s->gen && s->mine)
-				cut = true;
+			/* Another node's generation: its meter bills it (one this meter took over
+			 * follows the change that set `cut`). */
 			i = j + 1;
 			continue;
 		}
@@ -3372,6 +3400,7 @@ void meter_free(struct meter *m)
 	free(m->sbh);
 	free(m->tens);
 	free(m->tnh);
+	free(m->cuts);
 	free(m);
 }
 
@@ -3819,38 +3848,29 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 }
 
 /*
- * A generation of a sandbox here now that ran on another node whose meter died for good (its
- * alive key gone from Redis) before it billed that generation to its end: this meter bills the
- * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
- * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
- * is there; Postgres or Redis unreachable: nothing is taken this tick.
+ * Of the rows of `res` (tails_sql's columns) not marked in `skip` (NULL: none), those whose
+ * generation's node's meter is gone (its alive key not in Redis): this meter bills the
+ * generation's tail (tail_bill()) unless it holds a window of that generation (it bills it
+ * already, or its tail is waiting for the flush: once flushed, the ledger's point is the end);
+ * each so billed is marked in `billed` (NULL: not told). One Redis round trip; false when Redis
+ * could not tell (nothing billed).
  */
-static void meter_take_tails(struct meter *m, int64_t now)
+static bool tails_of_the_gone(struct meter *m, const struct pg_res *res, const bool *skip,
+			      bool *billed, int64_t now)
 {
 	static const char lua[] =
 		"local out = {}\n"
 		"for i = 1, #KEYS do out[i] = redis.call('EXISTS', KEYS[i]) end\n"
 		"return out\n";
 	struct kiln_error err = { 0 };
-	struct pg_conn *c;
-	struct pg_res *res = NULL;
 	struct rds_reply rep = { 0 };
 	struct argv a = { 0 };
+	int rows = pg_res_rows(res);
 	char nk[24];
-	int rows;
+	bool ok = false;
 
-	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
-		return;
-	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
-		pg_release(m->pg, c);
-		log_warn("cannot read the generations left by other nodes: %s", err.msg);
-		return;
-	}
-	pg_release(m->pg, c);
-	rows = pg_res_rows(res);
 	if (!rows)
-		goto out;
+		return true;
 	buf_init(&a.arena, 1u << 20);
 	snprintf(nk, sizeof(nk), "%d", rows);
 	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
@@ -3866,13 +3886,14 @@ static void meter_take_tails(struct meter *m, int64_t now)
 		log_warn("cannot tell which meters are alive: %s", err.msg);
 		goto out;
 	}
+	ok = true;
 	for (int i = 0; i < rows; i++) {
 		const char *id = pg_res_str(res, i, 0);
 		long long gen = pg_res_int(res, i, 2, 0);
 		struct msb *s;
 		bool taking = false;
 
-		if (rep.elem[i].integer)
+		if ((skip && skip[i]) || rep.elem[i].integer)
 			continue;	/* its meter lives: it bills its generation itself */
 		s = sb_find(m, id);
 		if (!s) {
@@ -3889,12 +3910,144 @@ static void meter_take_tails(struct meter *m, int64_t now)
 		}
 		for (size_t k = 0; k < s->nw && !taking; k++)
 			taking = s->w[k].gen == gen;
-		if (!taking)
-			tail_bill(m, s, res, i, now);
+		if (taking)
+			continue;
+		tail_bill(m, s, res, i, now);
+		if (billed)
+			billed[i] = true;
 	}
 out:
 	rds_reply_release(&rep);
 	argv_release(&a);
+	return ok;
+}
+
+/*
+ * The generations sb_cut() left to their node's meter (m->cuts), in tails_sql's columns with
+ * the point at the generation's start, nothing billed of it, and after them whether the ledger
+ * has a point of it and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
+ * generations. The changes after the start are read by their log sequence. The end's columns
+ * are NULL while no later generation is logged.
+ */
+static const char cut_tails_sql[] =
+	"SELECT c.sb, s.tenant_id, c.gen, g.node_id, g.state, g.at_us * 1000, 0, s.memory_mib, "
+	"s.disk_gib, e.at_us, "
+	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
+	"    FROM sandbox_state_log l "
+	"    WHERE l.sandbox_id = c.sb AND l.generation = c.gen AND l.seq > g.seq), "
+	"0, 0, 0, " GEN_SNAP_SQL("c.sb", "c.gen") ", g.at_us, 0::bigint, g.seq, e.seq, g.wit, e.wit, "
+	"EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = c.sb "
+	"    AND mm.generation = c.gen), c.ord "
+	"FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(sb, gen, ord) "
+	"JOIN sandboxes s ON s.id = c.sb "
+	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
+	"    n.state, n.node_id, " WITNESS_SQL("n") " AS wit "
+	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation = c.gen "
+	"    ORDER BY n.seq LIMIT 1) g ON true "
+	"LEFT JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
+	"    " WITNESS_SQL("n") " AS wit "
+	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation > c.gen "
+	"    ORDER BY n.seq LIMIT 1) e ON true "
+	"ORDER BY c.ord";
+
+/*
+ * The generations sb_cut() left to their node's meter, watched while the ledger has no point of
+ * them: one whose node's meter is gone again before it flushed any of it is billed here from its
+ * start to its end (tails_of_the_gone()); before, nobody billed it
+ * (test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once). A generation is
+ * watched no more once billed here, once the ledger has a point of it (its meter flushed part
+ * of it, and the tails path bills the rest from there if that meter dies: meter_take_tails()),
+ * or once its sandbox or its log is gone. One query and one Redis round trip per tick while one
+ * is watched; Postgres or Redis unreachable: nothing this tick. The watch is in memory: a
+ * restart of this meter ends it (docs/metering.md).
+ */
+static void take_cut_tails(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+	struct buf ids, gens;
+	bool *skip = NULL, *billed = NULL, *keep = NULL;
+	bool e = false;
+	int rows;
+	size_t n = 0;
+
+	buf_init(&ids, 64u << 20);
+	buf_init(&gens, 64u << 20);
+	e |= buf_appends(&ids, "{") != 0 || buf_appends(&gens, "{") != 0;
+	for (size_t k = 0; k < m->ncuts; k++)
+		e |= buf_appendf(&ids, "%s%s", k ? "," : "", m->cuts[k].id) != 0 ||
+		     buf_appendf(&gens, "%s%lld", k ? "," : "", m->cuts[k].gen) != 0;
+	e |= buf_appends(&ids, "}") != 0 || buf_appends(&gens, "}") != 0;
+	if (e || pg_acquire(m->pg, &c, &err) != KILN_OK)
+		goto out;
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err, cut_tails_sql, ids.data, gens.data) != KILN_OK) {
+		pg_release(m->pg, c);
+		log_warn("cannot read the generations left to their nodes' meters: %s", err.msg);
+		goto out;
+	}
+	pg_release(m->pg, c);
+	rows = pg_res_rows(res);
+	skip = calloc((size_t)rows + 1, sizeof(*skip));
+	billed = calloc((size_t)rows + 1, sizeof(*billed));
+	keep = calloc(m->ncuts, sizeof(*keep));
+	if (!skip || !billed || !keep)
+		goto out;
+	for (int i = 0; i < rows; i++) {
+		long long k = pg_res_int(res, i, 22, 0) - 1;
+
+		skip[i] = pg_res_bool(res, i, 21) || !pg_res_get(res, i, 9);
+		if (k >= 0 && (size_t)k < m->ncuts)
+			keep[k] = !pg_res_bool(res, i, 21);
+	}
+	tails_of_the_gone(m, res, skip, billed, now);
+	for (int i = 0; i < rows; i++) {
+		long long k = pg_res_int(res, i, 22, 0) - 1;
+
+		if (billed[i] && k >= 0 && (size_t)k < m->ncuts)
+			keep[k] = false;
+	}
+	for (size_t k = 0; k < m->ncuts; k++)
+		if (keep[k])
+			m->cuts[n++] = m->cuts[k];
+	m->ncuts = n;
+out:
+	free(skip);
+	free(billed);
+	free(keep);
+	pg_res_free(res);
+	buf_release(&ids);
+	buf_release(&gens);
+}
+
+/*
+ * A generation of a sandbox here now that ran on another node whose meter died for good (its
+ * alive key gone from Redis) before it billed that generation to its end: this meter bills the
+ * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
+ * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
+ * is there; Postgres or Redis unreachable: nothing is taken this tick. Then the generations
+ * sb_cut() watches (take_cut_tails()).
+ */
+static void meter_take_tails(struct meter *m, int64_t now)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct pg_res *res = NULL;
+
+	if (m->ncuts)
+		take_cut_tails(m, now);
+	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	m->st.pg_calls++;
+	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
+		pg_release(m->pg, c);
+		log_warn("cannot read the generations left by other nodes: %s", err.msg);
+		return;
+	}
+	pg_release(m->pg, c);
+	tails_of_the_gone(m, res, NULL, NULL, now);
 	pg_res_free(res);
 }
 

@@ -40,15 +40,30 @@ static inline void grant(const char *t, long long ucr, int64_t exp_s, const char
 	    t, tag, t, exp, t, tag, t, tag, t, tag, ucr, t);
 }
 
-/* A running sandbox of 256 MiB and 1 GiB (257 µcr/s) since the fake time `since_ns`. */
+/*
+ * A sandbox of 256 MiB and 1 GiB (257 µcr/s running) in `state` on node `on` since the fake time
+ * `since_ns`, its first change witnessed by the boot `wboot` and the monotonic time `mono`
+ * (migrations/0051; NULL: not witnessed).
+ */
+static inline void new_sandbox_at(const char *t, char *sb, size_t n, const char *on,
+				  const char *state, int64_t since_ns, const char *wboot, int64_t mono)
+{
+	char wit[96] = "NULL, NULL";
+
+	snprintf(sb, n, "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
+	if (wboot)
+		snprintf(wit, sizeof(wit), "'%s', %lld", wboot, (long long)mono);
+	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
+	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at, log_boot_id, "
+	    "log_mono_ns) VALUES ('%s', '%s', '%s', '%s', 'python', 1000, 256, 1, 300, "
+	    "now() + interval '1 hour', to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6), %s)",
+	    sb, t, on, state, (long long)(since_ns / 1000), (long long)(since_ns / 1000), wit);
+}
+
+/* A running sandbox of the fake node since `since_ns`, not witnessed. */
 static inline void new_sandbox(const char *t, char *sb, size_t n, int64_t since_ns)
 {
-	snprintf(sb, n, "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
-	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
-	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
-	    "'running', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
-	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6))",
-	    sb, t, node, (long long)(since_ns / 1000), (long long)(since_ns / 1000));
+	new_sandbox_at(t, sb, n, node, "running", since_ns, NULL, 0);
 }
 
 static inline void stop_sandbox(const char *sb, int64_t at_ns)

@@ -1555,12 +1555,7 @@ static void test_a_point_while_creating_is_not_the_generations_end(void)
 
 	new_tenant(t, sizeof(t));
 	grant(t, 1000000000LL, 0, "a");
-	snprintf(sb, sizeof(sb), "sb_%08x%04x", (unsigned)rand(), (unsigned)rand() & 0xffff);
-	sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, memory_mib, "
-	    "disk_gib, timeout_s, expires_at, state_changed_at, created_at) VALUES ('%s', '%s', '%s', "
-	    "'creating', 'python', 1000, 256, 1, 300, now() + interval '1 hour', "
-	    "to_timestamp(%lld / 1e6), to_timestamp(%lld / 1e6))",
-	    sb, t, node, (long long)((t0 + 5 * S) / 1000), (long long)((t0 + 5 * S) / 1000));
+	new_sandbox_at(t, sb, sizeof(sb), node, "creating", t0 + 5 * S, NULL, 0);
 	fake_now = t0;
 	a = new_meter();
 	for (int i = 1; i <= 45; i++) {
@@ -4653,6 +4648,24 @@ static void test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_
 	pg_free(own);
 }
 
+/* At second `i` of a schedule: A's meter crashes at `at`, its alive key gone a second later. */
+static void two_nodes_a_crash(struct two_nodes *c, int i, int at)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	char key[96];
+
+	if (i == at) {
+		meter_free(c->a);
+		c->a = NULL;
+	}
+	if (i == at + 1) {
+		snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, c->na);
+		CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
+		rds_reply_release(&rep);
+	}
+}
+
 /*
  * Node A's only meter down across a 600 s forward step, node B's meter following it live: B's gap
  * begins at its held tick's label (20), A's restarted meter keeps the step at its own first tick
@@ -4665,60 +4678,39 @@ static void test_a_ticks_billing_end_behind_an_open_transaction_skips_a_forward_
  */
 static void taken_over_across_a_step_its_meter_missed(bool a_first)
 {
-	char t[32], sb[32], na[32], nb[32], key[96];
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	struct meter *a, *b;
+	struct two_nodes c;
 	bool ok;
 
-	new_tenant(t, sizeof(t));
-	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, na);
 	boot = "test-boot";
-	new_sandbox(t, sb, sizeof(sb), t0);
-	a = new_meter_with(true, 0);
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter_with(true, 0);
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&c, t0, true, 0);
 	for (int i = 1; i <= 50; i++) {
 		fake_now += S;
 		fake_mono += S;
-		if (i == 11) {	/* A's meter crashes, [0, 10) flushed */
-			meter_free(a);
-			a = NULL;
-		}
-		if (i == 12) {	/* its alive key gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
+		two_nodes_a_crash(&c, i, 11);	/* [0, 10) flushed */
 		if (i == 21)	/* 600 s forward: B's meter holds this tick, A's is down */
 			fake_now += 600 * S;
 		if (i == 23)	/* to B: generation 2 */
-			move_to(sb, nb, fake_now);
+			move_to(c.sb, c.nb, fake_now);
 		if (i == 24)	/* A's meter restarts, in its node's frame */
-			a = new_meter_with(true, 0);
+			c.a = new_meter_with(true, 0);
 		if (i == 35)
-			stop_sandbox(sb, fake_now);
-		if (a_first && a)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
+			stop_sandbox(c.sb, fake_now);
+		if (a_first && c.a)
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
 		if (!(a_first && i == 23))
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (!a_first && a)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
+			CHECK_INT(meter_tick(c.b, &err), KILN_OK);
+		if (!a_first && c.a)
+			CHECK_INT(meter_tick(c.a, &err), KILN_OK);
 	}
-	CHECK_INT(gen_ucr(sb, 1), 23 * 257);
-	CHECK_INT(used(t), 35 * 257);
-	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
-	meter_free(b);
-	meter_free(a);
+	CHECK_INT(gen_ucr(c.sb, 1), 23 * 257);
+	CHECK_INT(used(c.t), 35 * 257);
+	CHECK_INT(meter_pending(c.a, c.t) + meter_pending(c.b, c.t), 0);
+	meter_free(c.b);
+	meter_free(c.a);
 	boot = NULL;
-	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	snprintf(node, sizeof(node), "%s", na);
+	CHECK_INT(redis_bal(c.t, &ok), ledger_bal(c.t));
 }
 
 /*
@@ -4768,6 +4760,7 @@ struct tk_back {
 	int tx_end, a_back, a_redis, pause_at;
 	bool b_first;			/* B's meter ticks before A's */
 	int b_blind_from, b_blind_to;	/* B's meter without Redis over [from, to) (0: never) */
+	int a_dies_again;		/* A's meter, back, crashes again then (its key gone after) */
 };
 
 static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
@@ -4775,43 +4768,26 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 	const bool step = x->step;
 	const int tx_end = x->tx_end, a_back = x->a_back, a_redis = x->a_redis;
 	const int pause_at = x->pause_at;
-	char t[32], sb[32], na[32], nb[32], key[96], t_a[32], sb_a[32];
+	char t[32], sb[32];
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
 	struct rds *dead = rds_new("unix:/nonexistent-kiln-test/redis.sock", 200);
 	struct pg *own = pg_new(meter_db_url, 1);
 	struct pg_conn *open_tx = NULL;
-	struct meter *a, *b;
+	struct two_nodes n2;
 	long long gen1;
 	bool ok;
 
 	new_tenant(t, sizeof(t));
 	grant(t, 1000000000LL, 0, "a");
-	fake_now = t0;
-	fake_mono = 5000 * S;
-	snprintf(na, sizeof(na), "%s", node);
-	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" BILLING_ALIVE_SUFFIX, na);
 	boot = "test-boot";
-	new_tenant(t_a, sizeof(t_a));
-	grant(t_a, 1000000000LL, 0, "a");
-	new_sandbox(t_a, sb_a, sizeof(sb_a), t0);
-	a = new_meter_with(true, 0);
-	(void)aligned_now();	/* node B */
-	snprintf(nb, sizeof(nb), "%s", node);
-	b = new_meter_with(true, 0);
-	snprintf(node, sizeof(node), "%s", na);
+	two_nodes_start(&n2, t0, true, 0);	/* n2.sb: A's own sandbox */
 	for (int i = 1; i <= 60; i++) {
 		fake_now += S;
 		fake_mono += S;
-		if (i == 11) {	/* A's meter crashes */
-			meter_free(a);
-			a = NULL;
-		}
-		if (i == 12) {	/* its alive key gone */
-			CHECK_INT(RDS(rds, &rep, &err, "DEL", key), KILN_OK);
-			rds_reply_release(&rep);
-		}
+		two_nodes_a_crash(&n2, i, 11);
+		if (x->a_dies_again)
+			two_nodes_a_crash(&n2, i, x->a_dies_again);
 		if (i == 21 && step)	/* B's meter holds this tick, A's is down */
 			fake_now += 600 * S;
 		if (i == 22) {	/* a transaction open 8 s (real) when B's next tick looks */
@@ -4819,23 +4795,14 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
 			nanosleep(&(struct timespec){ .tv_sec = 8 }, NULL);
 		}
-		if (i == 23) {	/* made on A: generation 1, witnessed */
-			snprintf(sb, sizeof(sb), "sb_%08x%04x", (unsigned)rand(),
-				 (unsigned)rand() & 0xffff);
-			sql("INSERT INTO sandboxes (id, tenant_id, node_id, state, template, vcpu_milli, "
-			    "memory_mib, disk_gib, timeout_s, expires_at, state_changed_at, created_at, "
-			    "log_boot_id, log_mono_ns) VALUES ('%s', '%s', '%s', 'running', 'python', "
-			    "1000, 256, 1, 300, now() + interval '1 hour', to_timestamp(%lld / 1e6), "
-			    "to_timestamp(%lld / 1e6), '%s', %lld)", sb, t, na,
-			    (long long)(fake_now / 1000), (long long)(fake_now / 1000), boot,
-			    (long long)fake_mono);
-		}
+		if (i == 23)	/* made on A: generation 1, witnessed */
+			new_sandbox_at(t, sb, sizeof(sb), n2.na, "running", fake_now, boot, fake_mono);
 		if (i == pause_at)	/* paused on A, witnessed */
 			pause_witnessed(t, sb, "snap_tk", 128, boot);
 		if (i == 30)	/* to B: generation 2, witnessed */
 			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
 			    "state = 'running', pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
-			    "log_mono_ns = %lld WHERE id = '%s'", nb, (long long)(fake_now / 1000), boot,
+			    "log_mono_ns = %lld WHERE id = '%s'", n2.nb, (long long)(fake_now / 1000), boot,
 			    (long long)fake_mono, sb);
 		if (i == tx_end) {
 			CHECK(pg_exec(open_tx, "ROLLBACK", &err) == KILN_OK);
@@ -4843,45 +4810,44 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			open_tx = NULL;
 		}
 		if (i == a_back) {
-			a = new_meter_with(true, 0);
+			n2.a = new_meter_with(true, 0);
 			if (a_redis > a_back)
-				meter_set_backends(a, pg, dead);
+				meter_set_backends(n2.a, pg, dead);
 		}
 		if (i == a_redis && a_redis > a_back)
-			meter_set_backends(a, pg, rds);
+			meter_set_backends(n2.a, pg, rds);
 		if (i == 45) {
 			stop_sandbox(sb, fake_now);
-			stop_sandbox(sb_a, fake_now);
+			stop_sandbox(n2.sb, fake_now);
 		}
 		if (x->b_blind_from && i == x->b_blind_from)
-			meter_set_backends(b, pg, dead);
+			meter_set_backends(n2.b, pg, dead);
 		if (x->b_blind_from && i == x->b_blind_to)
-			meter_set_backends(b, pg, rds);
+			meter_set_backends(n2.b, pg, rds);
 		if (x->b_first)
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
-		if (a)
-			CHECK_INT(meter_tick(a, &err), KILN_OK);
+			CHECK_INT(meter_tick(n2.b, &err), KILN_OK);
+		if (n2.a)
+			CHECK_INT(meter_tick(n2.a, &err), KILN_OK);
 		if (!x->b_first)
-			CHECK_INT(meter_tick(b, &err), KILN_OK);
+			CHECK_INT(meter_tick(n2.b, &err), KILN_OK);
 	}
 	gen1 = pause_at ? (pause_at - 23) * 257 + (30 - pause_at) * 128 : 7 * 257;
 	CHECK_INT(gen_ucr(sb, 1), gen1);
 	CHECK_INT(used(t), gen1 + 15 * 257);
-	CHECK_INT(meter_pending(b, t), 0);
+	CHECK_INT(meter_pending(n2.b, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
-	if (a) {	/* A's own sandbox: billed by A's meter, when back */
-		CHECK_INT(used(t_a), 45 * 257);
-		CHECK_INT(meter_pending(a, t), 0);
-		CHECK_INT(redis_bal(t_a, &ok), ledger_bal(t_a));
-	} else {
-		CHECK_INT(used(t_a), 10 * 257);
+	if (n2.a) {	/* A's own sandbox: billed by A's meter, when back */
+		CHECK_INT(used(n2.t), 45 * 257);
+		CHECK_INT(meter_pending(n2.a, t), 0);
+		CHECK_INT(redis_bal(n2.t, &ok), ledger_bal(n2.t));
+	} else {	/* what A's meter flushed before it went: [0, 10), and [10, 20) when back */
+		CHECK_INT(used(n2.t), (x->a_dies_again ? 20 : 10) * 257);
 	}
-	meter_free(b);
-	meter_free(a);
+	meter_free(n2.b);
+	meter_free(n2.a);
 	boot = NULL;
 	rds_free(dead);
 	pg_free(own);
-	snprintf(node, sizeof(node), "%s", na);
 }
 
 /*
@@ -4944,6 +4910,19 @@ static void test_a_taken_over_generation_billed_on_while_redis_is_away(void)
 								 .a_redis = 99, .pause_at = 27,
 								 .b_blind_from = 34,
 								 .b_blind_to = 37 });
+}
+
+/*
+ * As ..._its_meter_takes_back_part_way_..., A's meter crashing again at 36, its key gone at 37,
+ * before it flushed anything of generation 1: B's meter dropped its window at the cut (35), the
+ * only part of the generation it billed, so the ledger has no point of it for the tails path to
+ * bill the rest from.
+ */
+static void test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
+								 .a_redis = 33, .pause_at = 27,
+								 .a_dies_again = 36 });
 }
 
 
@@ -5363,6 +5342,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_its_meter_takes_back_part_way_is_billed_once);
 	TEST(test_a_taken_over_generation_cut_with_the_taker_flushing_first_is_billed_once);
 	TEST(test_a_taken_over_generation_billed_on_while_redis_is_away);
+	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
