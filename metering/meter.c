@@ -3851,12 +3851,11 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
  * Of the rows of `res` (tails_sql's columns) not marked in `skip` (NULL: none), those whose
  * generation's node's meter is gone (its alive key not in Redis): this meter bills the
  * generation's tail (tail_bill()) unless it holds a window of that generation (it bills it
- * already, or its tail is waiting for the flush: once flushed, the ledger's point is the end);
- * each so billed is marked in `billed` (NULL: not told). One Redis round trip; false when Redis
- * could not tell (nothing billed).
+ * already, or its tail is waiting for the flush: once flushed, the ledger's point is the end).
+ * One Redis round trip when a row is left; nothing billed when Redis cannot tell.
  */
-static bool tails_of_the_gone(struct meter *m, const struct pg_res *res, const bool *skip,
-			      bool *billed, int64_t now)
+static void tails_of_the_gone(struct meter *m, const struct pg_res *res, const bool *skip,
+			      int64_t now)
 {
 	static const char lua[] =
 		"local out = {}\n"
@@ -3865,12 +3864,13 @@ static bool tails_of_the_gone(struct meter *m, const struct pg_res *res, const b
 	struct kiln_error err = { 0 };
 	struct rds_reply rep = { 0 };
 	struct argv a = { 0 };
-	int rows = pg_res_rows(res);
+	int rows = pg_res_rows(res), todo = 0;
 	char nk[24];
-	bool ok = false;
 
-	if (!rows)
-		return true;
+	for (int i = 0; i < rows; i++)
+		todo += !skip || !skip[i];
+	if (!todo)
+		return;
 	buf_init(&a.arena, 1u << 20);
 	snprintf(nk, sizeof(nk), "%d", rows);
 	if (argv_add(&a, "EVAL", false) || argv_add(&a, lua, false) || argv_add(&a, nk, true))
@@ -3886,7 +3886,6 @@ static bool tails_of_the_gone(struct meter *m, const struct pg_res *res, const b
 		log_warn("cannot tell which meters are alive: %s", err.msg);
 		goto out;
 	}
-	ok = true;
 	for (int i = 0; i < rows; i++) {
 		const char *id = pg_res_str(res, i, 0);
 		long long gen = pg_res_int(res, i, 2, 0);
@@ -3913,54 +3912,65 @@ static bool tails_of_the_gone(struct meter *m, const struct pg_res *res, const b
 		if (taking)
 			continue;
 		tail_bill(m, s, res, i, now);
-		if (billed)
-			billed[i] = true;
 	}
 out:
 	rds_reply_release(&rep);
 	argv_release(&a);
-	return ok;
 }
 
 /*
- * The generations sb_cut() left to their node's meter (m->cuts), in tails_sql's columns with
- * the point at the generation's start, nothing billed of it, and after them whether the ledger
- * has a point of it and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
- * generations. The changes after the start are read by their log sequence. The end's columns
- * are NULL while no later generation is logged.
+ * The generations sb_cut() left to their node's meter (m->cuts), in tails_sql's columns: from
+ * the ledger's point when it has one, else from the generation's start with nothing billed of it
+ * (the changes after the start read by their log sequence); then whether the ledger's point is
+ * one tails_sql takes (not "none") or the generation's end (marked, or "none" after something
+ * billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
+ * generations. The end's columns are NULL while no later generation is logged.
  */
 static const char cut_tails_sql[] =
-	"SELECT c.sb, s.tenant_id, c.gen, g.node_id, g.state, g.at_us * 1000, 0, s.memory_mib, "
-	"s.disk_gib, e.at_us, "
+	"SELECT c.sb, s.tenant_id, c.gen, coalesce(mm.gen_node, mm.node_id, g.node_id, ''), "
+	"coalesce(mm.state, g.state), coalesce(mm.last_t_ns, g.at_us * 1000), "
+	"coalesce(mm.remainder_fine, 0), s.memory_mib, s.disk_gib, e.at_us, "
 	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
 	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
 	"    FROM sandbox_state_log l "
-	"    WHERE l.sandbox_id = c.sb AND l.generation = c.gen AND l.seq > g.seq), "
-	"0, 0, 0, " GEN_SNAP_SQL("c.sb", "c.gen") ", g.at_us, 0::bigint, g.seq, e.seq, g.wit, e.wit, "
-	"EXISTS (SELECT 1 FROM meter_sandboxes mm WHERE mm.sandbox_id = c.sb "
-	"    AND mm.generation = c.gen), c.ord "
+	"    WHERE l.sandbox_id = c.sb AND l.generation = c.gen "
+	"    AND CASE WHEN mm.sandbox_id IS NULL THEN l.seq > g.seq "
+	"        ELSE l.at > to_timestamp(p.wall_ns / 1e9) END "
+	"    AND l.at < to_timestamp(e.at_us / 1e6)), "
+	"coalesce(mm.cpu_ns, 0), coalesce(mm.rx_bytes, 0), coalesce(mm.tx_bytes, 0), "
+	GEN_SNAP_SQL("c.sb", "c.gen") ", g.at_us, "
+	"CASE WHEN mm.sandbox_id IS NULL THEN 0::bigint ELSE p.billed_ns END, g.seq, e.seq, g.wit, "
+	"e.wit, coalesce(mm.state <> 'none' OR mm.ended OR mm.remainder_fine <> 0 OR EXISTS (SELECT 1 "
+	"    FROM usage_windows u WHERE u.sandbox_id = c.sb AND u.generation = c.gen "
+	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)), false), c.ord "
 	"FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(sb, gen, ord) "
 	"JOIN sandboxes s ON s.id = c.sb "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
 	"    n.state, n.node_id, " WITNESS_SQL("n") " AS wit "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation = c.gen "
 	"    ORDER BY n.seq LIMIT 1) g ON true "
+	"LEFT JOIN meter_sandboxes mm ON mm.sandbox_id = c.sb AND mm.generation = c.gen "
 	"LEFT JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
 	"    " WITNESS_SQL("n") " AS wit "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation > c.gen "
 	"    ORDER BY n.seq LIMIT 1) e ON true "
+	"CROSS JOIN LATERAL (SELECT " GEN_BILLED_SQL("c.sb", "c.gen") " AS billed_ns, "
+	"    " GEN_REACH_SQL("c.sb", "c.gen", "mm.last_t_ns") " AS reach_ns) p0 "
+	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(g.at_us * 1000 + p0.reach_ns, mm.last_t_ns) "
+	"    AS wall_ns) p "
 	"ORDER BY c.ord";
 
 /*
- * The generations sb_cut() left to their node's meter, watched while the ledger has no point of
- * them: one whose node's meter is gone again before it flushed any of it is billed here from its
- * start to its end (tails_of_the_gone()); before, nobody billed it
- * (test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once). A generation is
- * watched no more once billed here, once the ledger has a point of it (its meter flushed part
- * of it, and the tails path bills the rest from there if that meter dies: meter_take_tails()),
- * or once its sandbox or its log is gone. One query and one Redis round trip per tick while one
- * is watched; Postgres or Redis unreachable: nothing this tick. The watch is in memory: a
- * restart of this meter ends it (docs/metering.md).
+ * The generations sb_cut() left to their node's meter, watched until the ledger has a point of
+ * them the tails path takes, or their end: one whose node's meter is gone again before it
+ * flushed any of it is billed here from its start to its end (tails_of_the_gone()); before,
+ * nobody billed it (test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once). One
+ * with a point of no state (flushed while it was being made) is billed from there: tails_sql
+ * takes no such point. Billed here, it stays watched until its windows are in the ledger (a
+ * flush that refuses them drops them: watched, it is billed again from the ledger's point, if
+ * any). A generation whose sandbox's row or log is gone is watched no more. One query and one
+ * Redis round trip per tick while one is watched; Postgres or Redis unreachable: nothing this
+ * tick. The watch is in memory: a restart of this meter ends it (docs/metering.md).
  */
 static void take_cut_tails(struct meter *m, int64_t now)
 {
@@ -3968,7 +3978,7 @@ static void take_cut_tails(struct meter *m, int64_t now)
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 	struct buf ids, gens;
-	bool *skip = NULL, *billed = NULL, *keep = NULL;
+	bool *skip = NULL, *keep = NULL;
 	bool e = false;
 	int rows;
 	size_t n = 0;
@@ -3991,31 +4001,24 @@ static void take_cut_tails(struct meter *m, int64_t now)
 	pg_release(m->pg, c);
 	rows = pg_res_rows(res);
 	skip = calloc((size_t)rows + 1, sizeof(*skip));
-	billed = calloc((size_t)rows + 1, sizeof(*billed));
 	keep = calloc(m->ncuts, sizeof(*keep));
-	if (!skip || !billed || !keep)
+	if (!skip || !keep)
 		goto out;
 	for (int i = 0; i < rows; i++) {
 		long long k = pg_res_int(res, i, 22, 0) - 1;
+		bool covered = pg_res_bool(res, i, 21);
 
-		skip[i] = pg_res_bool(res, i, 21) || !pg_res_get(res, i, 9);
+		skip[i] = covered || !pg_res_get(res, i, 9) || !*pg_res_str(res, i, 3);
 		if (k >= 0 && (size_t)k < m->ncuts)
-			keep[k] = !pg_res_bool(res, i, 21);
+			keep[k] = !covered;
 	}
-	tails_of_the_gone(m, res, skip, billed, now);
-	for (int i = 0; i < rows; i++) {
-		long long k = pg_res_int(res, i, 22, 0) - 1;
-
-		if (billed[i] && k >= 0 && (size_t)k < m->ncuts)
-			keep[k] = false;
-	}
+	tails_of_the_gone(m, res, skip, now);
 	for (size_t k = 0; k < m->ncuts; k++)
 		if (keep[k])
 			m->cuts[n++] = m->cuts[k];
 	m->ncuts = n;
 out:
 	free(skip);
-	free(billed);
 	free(keep);
 	pg_res_free(res);
 	buf_release(&ids);
@@ -4047,7 +4050,7 @@ static void meter_take_tails(struct meter *m, int64_t now)
 		return;
 	}
 	pg_release(m->pg, c);
-	tails_of_the_gone(m, res, NULL, NULL, now);
+	tails_of_the_gone(m, res, NULL, now);
 	pg_res_free(res);
 }
 

@@ -4761,6 +4761,7 @@ struct tk_back {
 	bool b_first;			/* B's meter ticks before A's */
 	int b_blind_from, b_blind_to;	/* B's meter without Redis over [from, to) (0: never) */
 	int a_dies_again;		/* A's meter, back, crashes again then (its key gone after) */
+	bool creating;			/* made at 5 (being made until 23): A flushes a point of it */
 };
 
 static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
@@ -4795,8 +4796,14 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
 			nanosleep(&(struct timespec){ .tv_sec = 8 }, NULL);
 		}
-		if (i == 23)	/* made on A: generation 1, witnessed */
-			new_sandbox_at(t, sb, sizeof(sb), n2.na, "running", fake_now, boot, fake_mono);
+		if (i == (x->creating ? 5 : 23))	/* made on A: generation 1, witnessed */
+			new_sandbox_at(t, sb, sizeof(sb), n2.na, x->creating ? "creating" : "running",
+				       fake_now, boot, fake_mono);
+		if (i == 23 && x->creating)	/* running on A, witnessed */
+			sql("UPDATE sandboxes SET state = 'running', state_changed_at = "
+			    "to_timestamp(%lld / 1e6), log_boot_id = '%s', log_mono_ns = %lld "
+			    "WHERE id = '%s'", (long long)(fake_now / 1000), boot,
+			    (long long)fake_mono, sb);
 		if (i == pause_at)	/* paused on A, witnessed */
 			pause_witnessed(t, sb, "snap_tk", 128, boot);
 		if (i == 30)	/* to B: generation 2, witnessed */
@@ -4923,6 +4930,19 @@ static void test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_onc
 	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
 								 .a_redis = 33, .pause_at = 27,
 								 .a_dies_again = 36 });
+}
+
+/*
+ * The same, the sandbox made at 5 and running from 23: A's meter flushed a point of generation 1
+ * in no state ([0, 10), while it was being made) before it crashed at 11. The tails path takes
+ * no such point, so the watch bills from it.
+ */
+static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
+								 .a_redis = 33, .pause_at = 27,
+								 .a_dies_again = 36,
+								 .creating = true });
 }
 
 
@@ -5343,6 +5363,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_cut_with_the_taker_flushing_first_is_billed_once);
 	TEST(test_a_taken_over_generation_billed_on_while_redis_is_away);
 	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
+	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
