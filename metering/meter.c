@@ -276,6 +276,11 @@ struct meter {
 	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
 	long long ftick_seq;	/* and its flush_tick_seq() (0: none) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
+	/* The frame last saved with a flush or alone (frame_keep()): whether one was, its offset,
+	 * and how many steps, backward steps and gaps this meter had followed then. */
+	bool frame_sent;
+	int64_t sent_off;
+	int sent_steps, sent_back, sent_gaps;
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -2728,6 +2733,49 @@ static void meter_sync(struct meter *m, struct pg_conn *c)
 }
 
 /*
+ * The frame of this meter's label clock at the tick whose label clock and monotonic clock read
+ * `clk_l` and `clk_m`, its offset (label - wall) `clk_off`, saved on `c` for the node's next
+ * meter on this host (meter_clocks, read by meter_start()), with the state log's sequence when
+ * its offset began (frame_seq; not read yet, -1: the sequence now, later than that, so no change
+ * logged before the frame's step is read in it), the one read before its tick read the wall
+ * clock (tick_seq, flush_tick_seq(): every change logged no later was logged in this frame or an
+ * older one; 0, none read: no bound) and the newest forward step it followed. A frame saved from
+ * a later monotonic time on the same boot is kept.
+ */
+static enum kiln_err frame_save(struct meter *m, struct pg_conn *c, int64_t clk_l, int64_t clk_m,
+				int64_t clk_off, long long frame_seq, long long tick_seq,
+				const struct mstep *step, struct kiln_error *err)
+{
+	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
+	char gaps[STEPS_KEPT * 2 * 22 + 4];
+
+	snprintf(l, sizeof(l), "%" PRId64, clk_l);
+	snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
+	snprintf(off, sizeof(off), "%" PRId64, clk_off);
+	snprintf(s_at, sizeof(s_at), "%" PRId64, step->at);
+	snprintf(s_by, sizeof(s_by), "%" PRId64, step->by);
+	snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
+	if (frame_seq >= 0)
+		snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
+	snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
+	gaps_text(step, gaps, sizeof(gaps));
+	return PGQ(c, NULL, err,
+		   "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
+		   "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq, gaps_ns) "
+		   "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
+		   "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
+		   "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint, $13::bigint[]) "
+		   "ON CONFLICT (node_id) DO UPDATE SET "
+		   "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
+		   "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
+		   "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, gaps_ns = $13, "
+		   "updated_at = now() "
+		   "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
+		   m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by, s_off,
+		   step->back ? "true" : "false", fseq, tseq, gaps);
+}
+
+/*
  * One flush's transaction: `items` (a JSON array of windows, json_item) into the ledger with
  * meter_flush_set() (migrations/0015_flush_set.sql: a few set-based statements for all of them;
  * its newest form in migrations/0044_flush_fast.sql, which reads `items` as json)
@@ -2742,8 +2790,6 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 {
 	struct pg_conn *c = NULL;
 	struct pg_res *res = NULL;
-	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
-	char gaps[STEPS_KEPT * 2 * 22 + 4];
 	enum kiln_err rc = pg_acquire(m->pg, &c, err);
 
 	if (rc == KILN_OK)
@@ -2751,37 +2797,8 @@ static enum kiln_err flush_commit(struct meter *m, const char *items, size_t nit
 	if (rc == KILN_OK)
 		rc = PGQ(c, &res, err, "SELECT * FROM meter_flush_set($1::json, $2)", items,
 			 m->o.card.version);
-	/* The frame of this flush's label clock, for the node's next meter on this host, with the
-	 * state log's sequence when its offset began (frame_seq; not read yet, -1: the sequence
-	 * now, later than that, so no change logged before the frame's step is read in it), and the
-	 * one read before its tick read the wall clock (tick_seq, flush_tick_seq(): every change
-	 * logged no later was logged in this frame or an older one; 0, none read: no bound). */
-	if (rc == KILN_OK && m->boot[0]) {
-		snprintf(l, sizeof(l), "%" PRId64, clk_l);
-		snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
-		snprintf(off, sizeof(off), "%" PRId64, clk_off);
-		snprintf(s_at, sizeof(s_at), "%" PRId64, step->at);
-		snprintf(s_by, sizeof(s_by), "%" PRId64, step->by);
-		snprintf(s_off, sizeof(s_off), "%" PRId64, step->off);
-		if (frame_seq >= 0)
-			snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
-		snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
-		gaps_text(step, gaps, sizeof(gaps));
-		rc = PGQ(c, NULL, err,
-			 "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-			 "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq, gaps_ns) "
-			 "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
-			 "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
-			 "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint, $13::bigint[]) "
-			 "ON CONFLICT (node_id) DO UPDATE SET "
-			 "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
-			 "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
-			 "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, gaps_ns = $13, "
-			 "updated_at = now() "
-			 "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
-			 m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by,
-			 s_off, step->back ? "true" : "false", fseq, tseq, gaps);
-	}
+	if (rc == KILN_OK && m->boot[0])
+		rc = frame_save(m, c, clk_l, clk_m, clk_off, frame_seq, tick_seq, step, err);
 	if (rc == KILN_OK && m->o.test_flush_hold_ms) {
 		log_info("flush of %zu windows holding its transaction for %u ms", nitems,
 			 m->o.test_flush_hold_ms);
@@ -2960,6 +2977,48 @@ static long long flush_tick_seq(const struct meter *m)
 	return m->tick_seq_pre;
 }
 
+/* The frame this tick's flush saves (frame_keep()). */
+static void frame_note(struct meter *m)
+{
+	m->frame_sent = true;
+	m->sent_off = m->off;
+	m->sent_steps = m->nsteps;
+	m->sent_back = m->nback;
+	m->sent_gaps = m->ngaps;
+}
+
+/*
+ * With nothing to flush, the frame of this tick's label clock is saved alone when this meter
+ * never saved one or followed a step since. The node's frame was saved with a flush only, so a
+ * node with nothing to bill had none, and a meter of it started then began at the wall clock:
+ * after a backward step the node's other meter followed live, the two labelled every instant a
+ * step apart and each billed on from the other's points in its own frame (kiln-sim seed 31569: a
+ * meter restarted 4 s after a -712 s step, before the node billed any sandbox, at offset 0 beside
+ * the other's 712 s; two sandboxes made later billed 712 s too long, +1,512,994 and +1,490,549
+ * µcr). One statement, at most once a tick and only then; Postgres unreachable: the next tick.
+ */
+static void frame_keep(struct meter *m)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+	struct mstep step;
+
+	if (!m->boot[0] ||
+	    (m->frame_sent && llabs(m->off - m->sent_off) <= STEP_TOLERANCE_NS &&
+	     m->nsteps == m->sent_steps && m->nback == m->sent_back && m->ngaps == m->sent_gaps))
+		return;
+	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
+		return;
+	step = newest_step(m);
+	m->st.pg_calls++;
+	if (frame_save(m, c, m->clk_now_l, m->clk_now_m, m->off, flush_frame_seq(m),
+		       flush_tick_seq(m), &step, &err) == KILN_OK)
+		frame_note(m);
+	else
+		log_warn("cannot save the meter's clock frame (retried): %s", err.msg);
+	pg_release(m->pg, c);
+}
+
 /*
  * Writes every finished window to the ledger, then moves their charges from the live part of the
  * balances to the ledger part in Redis. With the flush thread (opts.flush_thread) the tick only
@@ -3009,9 +3068,11 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	}
 	if (!nitems) {
 		buf_release(&j);
+		frame_keep(m);
 		return KILN_OK;
 	}
 	buf_appends(&j, "]");
+	frame_note(m);
 	if (m->fthread) {
 		pthread_mutex_lock(&m->flock);
 		buf_release(&m->fjson);

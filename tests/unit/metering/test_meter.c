@@ -4947,6 +4947,68 @@ static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
 
 
 /*
+ * Kiln-sim seed 31569: two meters of one node, a and b, and nothing of the node billed yet. a
+ * crashes at 3; the wall clock steps 700 s back at 5, b following it live (its labels 700 s
+ * ahead); a restarts at 8; b is without Postgres from 10 to 40. A sandbox runs from 12 to 30; a
+ * flushes [12, 20) and crashes again at 25; b, back, bills on from a's point. The node's frame
+ * was saved with a flush only: none was, a restarted at the wall clock, 700 s behind b's labels,
+ * and b billed from a's point to the end read in its own frame (718 s for 18 before). Now the
+ * frame is saved alone (frame_keep()).
+ */
+static void test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *a, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot";
+	a = new_meter_with(true, 0);
+	b = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 3) {
+			meter_free(a);
+			a = NULL;
+		}
+		if (i == 5)
+			fake_now -= 700 * S;
+		if (i == 8)
+			a = new_meter_with(true, 0);
+		if (i == 10)
+			meter_set_backends(b, dead, rds);
+		if (i == 40)
+			meter_set_backends(b, pg, rds);
+		if (i == 12)
+			new_sandbox(t, sb, sizeof(sb), fake_now);
+		if (i == 25) {
+			meter_free(a);
+			a = NULL;
+		}
+		if (i == 30)
+			stop_sandbox(sb, fake_now);
+		if (a)
+			meter_tick(a, &err);
+		meter_tick(b, &err);
+		kiln_error_clear(&err);
+	}
+	CHECK_INT(used(t), 18 * 257);
+	CHECK_INT(meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(a);
+	meter_free(b);
+	pg_free(dead);
+	boot = NULL;
+}
+
+/*
  * Two meters of one node, a and b, tick each second from 1 to 40 s, a first, on tenant t's
  * sandbox sb, running from 0 to 25 s: the wall clock steps 600 s forward just before 12 s and a
  * skips its tick at 12; `away` (a or b) uses the Redis `away_rds` from `from` to `to` s. Each
@@ -5364,6 +5426,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_billed_on_while_redis_is_away);
 	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
+	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
 	TEST(test_a_late_held_tick_reads_postgres_when_redis_tells_nothing);
