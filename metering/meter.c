@@ -178,7 +178,7 @@ struct meter {
 	int64_t clk_l0, clk_m0;
 	int64_t start_floor;	/* ns: the newest billed-up-to point of this node at start */
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
-	bool resume;		/* resume_l at monotonic resume_m: the frame of the node's last flush */
+	bool resume;		/* resume_l at monotonic resume_m: the node's last saved frame */
 	int64_t resume_l, resume_m;
 	int64_t resume_off;	/* that flush's offset (label - wall) */
 	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
@@ -276,11 +276,11 @@ struct meter {
 	long long fframe_seq;	/* and its frame_seq (-1: not read yet) */
 	long long ftick_seq;	/* and its flush_tick_seq() (0: none) */
 	struct mstep fstep;	/* and the newest forward step it followed (newest_step()) */
-	/* The frame last saved with a flush or alone (frame_keep()): whether one was, its offset,
-	 * and how many steps, backward steps and gaps this meter had followed then. */
+	/* The frame last saved with a flush or alone (frame_keep()): whether one was (or this
+	 * meter goes on in the one it started in), its offset and frame_ver then. */
 	bool frame_sent;
 	int64_t sent_off;
-	int sent_steps, sent_back, sent_gaps;
+	unsigned long frame_ver, sent_ver;	/* frame_ver: bumped by each step or gap kept */
 	double fsecs;		/* how long its transaction took */
 	struct kiln_error ferr;
 	struct meter_stats st;
@@ -347,6 +347,7 @@ static int64_t label_now(struct meter *m)
  * oldest goes when STEPS_KEPT are kept: a point from before it would bill its gap. */
 static void gap_keep(struct meter *m, int64_t at, int64_t by)
 {
+	m->frame_ver++;
 	if (by <= 0 || (m->ngaps && at < m->gap_at[m->ngaps - 1] + m->gap_by[m->ngaps - 1]))
 		return;
 	if (m->ngaps == STEPS_KEPT) {
@@ -436,6 +437,7 @@ static int64_t gap_next(const struct meter *m, int64_t t)
  * oldest goes when STEPS_KEPT are kept. */
 static void fwd_keep(struct meter *m, int64_t at, int64_t by, int64_t off)
 {
+	m->frame_ver++;
 	if (m->nsteps == STEPS_KEPT) {
 		memmove(m->step_at, m->step_at + 1, sizeof(m->step_at[0]) * (STEPS_KEPT - 1));
 		memmove(m->step_by, m->step_by + 1, sizeof(m->step_by[0]) * (STEPS_KEPT - 1));
@@ -464,6 +466,7 @@ static void fwd_gap(struct meter *m, int64_t from)
 {
 	int k = m->nsteps - 1;
 
+	m->frame_ver++;
 	m->step_gap[k] = from;
 	if (m->ngaps && m->gap_at[m->ngaps - 1] == m->step_at[k])
 		m->ngaps--;
@@ -475,6 +478,7 @@ static void fwd_gap(struct meter *m, int64_t from)
  * node_time_before()); the oldest goes when STEPS_KEPT are kept. */
 static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, int64_t mono)
 {
+	m->frame_ver++;
 	if (m->nback == STEPS_KEPT) {
 		memmove(m->back_off, m->back_off + 1, sizeof(m->back_off[0]) * (STEPS_KEPT - 1));
 		memmove(m->back_at, m->back_at + 1, sizeof(m->back_at[0]) * (STEPS_KEPT - 1));
@@ -492,7 +496,7 @@ static void back_keep(struct meter *m, int64_t at, int64_t off, long long min, i
 	m->back_off[m->nback++] = off;
 }
 
-/* The newest forward step this meter followed, for its node's clock frame (flush_commit()). */
+/* The newest forward step this meter followed, for its node's clock frame (frame_save()). */
 static struct mstep newest_step(const struct meter *m)
 {
 	struct mstep st = { 0 };
@@ -729,7 +733,7 @@ static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
- * monotonic time only. Started where the node's last flush left it, on this host's monotonic
+ * monotonic time only. Started where the node's last saved frame left it, on this host's monotonic
  * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
  * at the wall clock; never before the newest billed-up-to point of the node.
  * When the wall clock is found ahead of it (a forward step), it follows at the next tick (this
@@ -744,7 +748,7 @@ static int64_t meter_clock(struct meter *m)
 	bool held, framed = false;	/* framed: this first tick goes on in the saved frame */
 
 	if (!m->clk_set) {
-		/* On the host of the node's last flush, in that flush's frame (a backward step of
+		/* On the host of the node's last saved frame, in that frame (a backward step of
 		 * the wall clock made before this start shifts nothing); else at the wall clock. */
 		m->clk_l0 = m->resume && mono >= m->resume_m ? m->resume_l + (mono - m->resume_m) : w;
 		if (m->resume && mono >= m->resume_m) {
@@ -777,6 +781,11 @@ static int64_t meter_clock(struct meter *m)
 			m->clk_l0 = m->start_floor;
 		m->clk_m0 = mono;
 		m->clk_set = true;
+		if (framed) {	/* the saved frame goes on: saved again once it changes */
+			m->frame_sent = true;
+			m->sent_off = m->resume_off;
+			m->sent_ver = m->frame_ver;
+		}
 	}
 	l = m->clk_l0 + (mono - m->clk_m0);
 	/* A forward step seen at this tick is followed at the next: this one bills up to the
@@ -858,7 +867,7 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
 			back_keep(m, l, off_before, m->resume_log_seq, mono);
-		/* That step came after the tick of the node's last flush read the wall clock, and
+		/* That step came after the tick of the node's last saved frame read the wall clock, and
 		 * that flush saved the log's sequence read before then (meter_clocks.tick_seq): a
 		 * change logged no later than that read was logged before the step, whatever its
 		 * time reads against this tick (see node_time_logged()). A first tick keeps no step
@@ -2982,9 +2991,7 @@ static void frame_note(struct meter *m)
 {
 	m->frame_sent = true;
 	m->sent_off = m->off;
-	m->sent_steps = m->nsteps;
-	m->sent_back = m->nback;
-	m->sent_gaps = m->ngaps;
+	m->sent_ver = m->frame_ver;
 }
 
 /*
@@ -2995,7 +3002,11 @@ static void frame_note(struct meter *m)
  * step apart and each billed on from the other's points in its own frame (kiln-sim seed 31569: a
  * meter restarted 4 s after a -712 s step, before the node billed any sandbox, at offset 0 beside
  * the other's 712 s; two sandboxes made later billed 712 s too long, +1,512,994 and +1,490,549
- * µcr). One statement, at most once a tick and only then; Postgres unreachable: the next tick.
+ * µcr). A meter that started in a saved frame saves only once it changed: saved at its first
+ * tick, the frame lost the sequence the saved one bounded the changes before its step with
+ * (`tick_seq`, none read yet). Not at a tick holding a forward step: that frame has no record of
+ * it, and a meter started in it would place the step's gap at its own first tick. One
+ * statement, at most once a tick and only then; Postgres unreachable: the next tick.
  */
 static void frame_keep(struct meter *m)
 {
@@ -3003,9 +3014,9 @@ static void frame_keep(struct meter *m)
 	struct pg_conn *c;
 	struct mstep step;
 
-	if (!m->boot[0] ||
+	if (!m->boot[0] || m->fwd_held ||
 	    (m->frame_sent && llabs(m->off - m->sent_off) <= STEP_TOLERANCE_NS &&
-	     m->nsteps == m->sent_steps && m->nback == m->sent_back && m->ngaps == m->sent_gaps))
+	     m->frame_ver == m->sent_ver))
 		return;
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
 		return;
@@ -3513,7 +3524,7 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	}
 	pg_res_free(res);
 	res = NULL;
-	/* The frame of the node's last flush, when it ran on this host since its boot. */
+	/* The node's last saved frame, when it was saved on this host since its boot. */
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
