@@ -180,7 +180,7 @@ struct meter {
 	char boot[64];		/* the monotonic clock's epoch ("": none known, opts.boot_id) */
 	bool resume;		/* resume_l at monotonic resume_m: the node's last saved frame */
 	int64_t resume_l, resume_m;
-	int64_t resume_off;	/* that flush's offset (label - wall) */
+	int64_t resume_off;	/* that frame's offset (label - wall) */
 	long long resume_log_seq;	/* and the state log's seq when that offset began (0: any) */
 	long long resume_tick_seq;	/* and the one read before that flush's tick (0: unknown) */
 	struct mstep resume_step;	/* and the newest forward step made before it in that frame */
@@ -733,8 +733,8 @@ static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 
 /*
  * The label clock at this tick, the time billed sandboxes are billed up to: it advances by
- * monotonic time only. Started where the node's last saved frame left it, on this host's monotonic
- * clock (meter_clocks: a meter restarted after a backward step goes on in the same frame), else
+ * monotonic time only. Started where the node's last saved frame left it, on this host's
+ * monotonic clock (meter_clocks: a meter restarted after a backward step goes on in it), else
  * at the wall clock; never before the newest billed-up-to point of the node.
  * When the wall clock is found ahead of it (a forward step), it follows at the next tick (this
  * one bills up to the second before in the frame before), leaving a gap of labels that no time
@@ -867,8 +867,8 @@ static int64_t meter_clock(struct meter *m)
 		if (framed && off_before - m->off > STEP_TOLERANCE_NS &&
 		    l - w - off_before > STEP_TOLERANCE_NS)
 			back_keep(m, l, off_before, m->resume_log_seq, mono);
-		/* That step came after the tick of the node's last saved frame read the wall clock, and
-		 * that flush saved the log's sequence read before then (meter_clocks.tick_seq): a
+		/* That step came after the tick that saved the node's last frame read the wall clock,
+		 * and that frame kept the log's sequence read before then (meter_clocks.tick_seq): a
 		 * change logged no later than that read was logged before the step, whatever its
 		 * time reads against this tick (see node_time_logged()). A first tick keeps no step
 		 * before these. */
