@@ -4040,7 +4040,8 @@ static const char cut_tails_sql[] =
  * with a point of no state (flushed while it was being made) is billed from there: tails_sql
  * takes no such point. Billed here, it stays watched until its windows are in the ledger (a
  * flush that refuses them drops them: watched, it is billed again from the ledger's point, if
- * any). A generation whose sandbox's row or log is gone is watched no more. One query and one
+ * any). A generation whose sandbox's row or log is gone, or whose node is not known, is watched
+ * no more. One query and one
  * Redis round trip per tick while one is watched; Postgres or Redis unreachable: nothing this
  * tick. The watch is in memory: a restart of this meter ends it (docs/metering.md).
  */
@@ -4081,8 +4082,8 @@ static void take_cut_tails(struct meter *m, int64_t now)
 		bool covered = pg_res_bool(res, i, 21);
 
 		skip[i] = covered || !pg_res_get(res, i, 9) || !*pg_res_str(res, i, 3);
-		if (k >= 0 && (size_t)k < m->ncuts)
-			keep[k] = !covered;
+		if (k >= 0 && (size_t)k < m->ncuts)	/* no node: no meter to wait for */
+			keep[k] = !covered && *pg_res_str(res, i, 3);
 	}
 	tails_of_the_gone(m, res, skip, now);
 	for (size_t k = 0; k < m->ncuts; k++)
@@ -4102,8 +4103,8 @@ out:
  * alive key gone from Redis) before it billed that generation to its end: this meter bills the
  * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
  * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
- * is there; Postgres or Redis unreachable: nothing is taken this tick. Then the generations
- * sb_cut() watches (take_cut_tails()).
+ * is there; Postgres or Redis unreachable: nothing is taken this tick. The generations sb_cut()
+ * watches first (take_cut_tails()).
  */
 static void meter_take_tails(struct meter *m, int64_t now)
 {
