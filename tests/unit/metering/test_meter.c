@@ -4947,6 +4947,38 @@ static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
 
 
 /*
+ * A meter with nothing to bill saves its frame (frame_keep()): at its first tick, and at the
+ * tick it follows a backward step, with the step's offset; a tick that changes nothing saves
+ * nothing (the row's monotonic time stays). Saved with flushes only, a node with nothing to
+ * flush had no row.
+ */
+static void test_a_meter_with_nothing_to_bill_saves_its_frame(void)
+{
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *m;
+
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 6; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 4)
+			fake_now -= 300 * S;
+		CHECK_INT(meter_tick(m, &err), KILN_OK);
+		if (i == 1 || i == 3)	/* saved at the first tick, then unchanged */
+			CHECK_INT(sql_int("SELECT mono_ns FROM meter_clocks WHERE node_id = '%s' "
+					  "AND off_ns = 0", node), 5001 * S);
+	}
+	CHECK_INT(sql_int("SELECT off_ns FROM meter_clocks WHERE node_id = '%s'", node), 300 * S);
+	CHECK_INT(sql_int("SELECT mono_ns FROM meter_clocks WHERE node_id = '%s'", node), 5004 * S);
+	meter_free(m);
+	boot = NULL;
+}
+
+/*
  * Kiln-sim seed 31569: two meters of one node, a and b, and nothing of the node billed yet. a
  * crashes at 3; the wall clock steps 700 s back at 5, b following it live (its labels 700 s
  * ahead); a restarts at 8; b is without Postgres from 10 to 40. A sandbox runs from 12 to 30; a
@@ -5426,6 +5458,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_billed_on_while_redis_is_away);
 	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
+	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
