@@ -141,6 +141,16 @@ struct mten {
 	struct mten *hnext;
 };
 
+/* The backward step of the wall clock that began a meter's frame (meter.fback; meter_clocks.back_*,
+ * migrations/0056): at label `at`, the offset (label - wall) before it `off`, for the changes
+ * logged with a sequence above `min` (0: any; back_min), every change logged with one at or below
+ * `pre` logged before it (0: none known; back_pre). */
+struct mback {
+	bool set;
+	int64_t at, off;
+	long long min, pre;
+};
+
 /* A forward step of the wall clock a meter followed (meter.step_at[], .step_by[], .step_off[]),
  * saved with its node's clock frame (meter_clocks.step_*, migrations/0042): `back` when a backward
  * step came after it. */
@@ -150,6 +160,7 @@ struct mstep {
 	/* and the label clock's gaps (meter.gap_*; meter_clocks.gaps_ns, migrations/0052) */
 	int64_t gap_at[STEPS_KEPT], gap_by[STEPS_KEPT];
 	int ngaps;
+	struct mback fback;	/* and the frame's backward step (meter.fback) */
 };
 
 struct meter {
@@ -235,6 +246,11 @@ struct meter {
 	 * connection, a reconnect after an outage), a change logged after a step made in between
 	 * would pass as logged before it. */
 	long long tick_seq_pre;
+	long long tick_seq_pre_last;	/* the last tick's tick_seq_pre */
+	/* The backward step that began the frame of this meter's offset, saved with it (frame_save()):
+	 * a meter that goes on in that frame reads the changes logged before that step in the frame
+	 * before it, not at offset 0, a whole lead early (meter_clock(), kiln-sim seed 77018). */
+	struct mback fback;
 	/* For each of those steps, forward and backward: the state log's sequence (its last value)
 	 * read LOG_LATE_NS or more after the step was seen (0: not yet read), at the monotonic time
 	 * it was seen. A change logged with a later seq was logged that long after the step, so its
@@ -508,6 +524,7 @@ static struct mstep newest_step(const struct meter *m)
 	memcpy(st.gap_at, m->gap_at, sizeof(st.gap_at));
 	memcpy(st.gap_by, m->gap_by, sizeof(st.gap_by));
 	st.ngaps = m->ngaps;
+	st.fback = m->fback;
 	return st;
 }
 
@@ -754,6 +771,7 @@ static int64_t meter_clock(struct meter *m)
 		if (m->resume && mono >= m->resume_m) {
 			off_before = m->resume_off;	/* the node's times before a step: that frame's */
 			m->frame_seq = m->resume_log_seq;	/* the frame goes on */
+			m->fback = m->resume_step.fback;
 			framed = true;
 			/* The frame's gaps and newest forward step, followed by the meter that
 			 * saved it: a point of the ledger from before a gap is billed on over it
@@ -814,6 +832,7 @@ static int64_t meter_clock(struct meter *m)
 		 * second time, 2,086 s later on the labels, and the ledger's fence, comparing
 		 * labels, took both (kiln-sim seed 31174, +37,700 µcr). */
 		fwd_keep(m, l, step, off_before);
+		m->fback.set = false;	/* offset 0: no backward step's frame */
 		/* Held, the step came after the held tick's label (it billed to there): the gap
 		 * begins there, as every meter of the node places it, and the time since is
 		 * labelled past it, as a change logged then reads (node_time_seq()). */
@@ -851,6 +870,20 @@ static int64_t meter_clock(struct meter *m)
 			log_warn("the wall clock stepped %.3f s back: the meter's clock keeps going",
 				 (double)(l - w) / 1e9);
 		back_keep(m, l, m->off, 0, mono);
+		/* The first tick in the saved frame: that frame's own backward step, the offset before
+		 * it, as the meter that saved it followed it. A change logged before it stood by that
+		 * offset; with offset 0 alone, the one before a frame the node's meters had kept since
+		 * its first step, it stood the whole lead early (kiln-sim seed 77018: a running
+		 * sandbox's start, logged a second before a -270 s step, read 3,097 s early by the
+		 * meter restarted a second after the step, inside the ledger's point and dropped; its
+		 * 1,518 s of running billed as paused, -45,367 µcr). Every change logged no later
+		 * than the sequence read before that step (pre) is read in it. */
+		if (framed && m->resume_step.fback.set) {
+			const struct mback *fb = &m->resume_step.fback;
+
+			back_keep(m, fb->at, fb->off, fb->min, mono);
+			m->back_pre[m->nback - 1] = fb->pre;
+		}
 		/* The first tick in the saved frame finds the wall clock further behind the label
 		 * clock than that frame's offset: it stepped back while no meter of the node ran.
 		 * The node's times logged before that step, while the meter was down, were logged
@@ -905,6 +938,18 @@ static int64_t meter_clock(struct meter *m)
 	if (l - w - off_before > STEP_TOLERANCE_NS) {
 		m->frame_seq = m->tick_seq;
 		m->frame_seq_due = !m->tick_seq_set;
+		/* Its step, saved with it: seen live, after the last tick read the wall clock, so
+		 * every change logged no later than the sequence read before that read was logged
+		 * before it; made while no meter of the node ran, the newest kept above, after the
+		 * saved frame's tick (resume_tick_seq). */
+		if (!framed)
+			m->fback = (struct mback){ .set = true, .at = l, .off = off_before,
+						   .pre = m->tick_seq_pre_last };
+		else if (m->nback)
+			m->fback = (struct mback){ .set = true, .at = l,
+						   .off = m->back_off[m->nback - 1],
+						   .min = m->back_min[m->nback - 1],
+						   .pre = m->resume_tick_seq };
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
@@ -2756,7 +2801,8 @@ static enum kiln_err frame_save(struct meter *m, struct pg_conn *c, int64_t clk_
 				const struct mstep *step, struct kiln_error *err)
 {
 	char l[24], mono[24], off[24], s_at[24], s_by[24], s_off[24], fseq[24] = "", tseq[24];
-	char gaps[STEPS_KEPT * 2 * 22 + 4];
+	char gaps[STEPS_KEPT * 2 * 22 + 4], b_at[24], b_off[24], b_min[24], b_pre[24];
+	const struct mback *fb = &step->fback;
 
 	snprintf(l, sizeof(l), "%" PRId64, clk_l);
 	snprintf(mono, sizeof(mono), "%" PRId64, clk_m);
@@ -2768,20 +2814,28 @@ static enum kiln_err frame_save(struct meter *m, struct pg_conn *c, int64_t clk_
 		snprintf(fseq, sizeof(fseq), "%lld", frame_seq);
 	snprintf(tseq, sizeof(tseq), "%lld", tick_seq);
 	gaps_text(step, gaps, sizeof(gaps));
+	snprintf(b_at, sizeof(b_at), "%" PRId64, fb->at);
+	snprintf(b_off, sizeof(b_off), "%" PRId64, fb->off);
+	snprintf(b_min, sizeof(b_min), "%lld", fb->min);
+	snprintf(b_pre, sizeof(b_pre), "%lld", fb->pre);
 	return PGQ(c, NULL, err,
 		   "INSERT INTO meter_clocks AS k (node_id, boot_id, label_ns, mono_ns, off_ns, "
-		   "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq, gaps_ns) "
+		   "step_at_ns, step_by_ns, step_off_ns, step_back, log_seq, tick_seq, gaps_ns, "
+		   "back_at_ns, back_off_ns, back_min, back_pre) "
 		   "VALUES ($1, $2, $3, $4, $5, CASE WHEN $6 THEN $7::bigint END, $8, $9, $10, "
 		   "coalesce(NULLIF($11, '')::bigint, (SELECT CASE WHEN is_called THEN last_value "
-		   "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint, $13::bigint[]) "
+		   "ELSE 0 END FROM sandbox_state_log_seq_seq)), $12::bigint, $13::bigint[], "
+		   "CASE WHEN $14 THEN $15::bigint END, $16, $17, $18) "
 		   "ON CONFLICT (node_id) DO UPDATE SET "
 		   "boot_id = $2, label_ns = $3, mono_ns = $4, off_ns = $5, "
 		   "step_at_ns = EXCLUDED.step_at_ns, step_by_ns = $8, step_off_ns = $9, "
 		   "step_back = $10, log_seq = EXCLUDED.log_seq, tick_seq = $12, gaps_ns = $13, "
-		   "updated_at = now() "
+		   "back_at_ns = EXCLUDED.back_at_ns, back_off_ns = $16, back_min = $17, "
+		   "back_pre = $18, updated_at = now() "
 		   "WHERE k.boot_id <> $2 OR k.mono_ns <= $4",
 		   m->node, m->boot, l, mono, off, step->set ? "true" : "false", s_at, s_by, s_off,
-		   step->back ? "true" : "false", fseq, tseq, gaps);
+		   step->back ? "true" : "false", fseq, tseq, gaps, fb->set ? "true" : "false", b_at,
+		   b_off, b_min, b_pre);
 }
 
 /*
@@ -3528,8 +3582,8 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 	if (rc == KILN_OK && m->boot[0]) {
 		rc = PGQ(c, &res, err,
 			 "SELECT label_ns, mono_ns, off_ns, step_at_ns, step_by_ns, step_off_ns, "
-			 "step_back, log_seq, tick_seq, gaps_ns FROM meter_clocks "
-			 "WHERE node_id = $1 AND boot_id = $2",
+			 "step_back, log_seq, tick_seq, gaps_ns, back_at_ns, back_off_ns, back_min, "
+			 "back_pre FROM meter_clocks WHERE node_id = $1 AND boot_id = $2",
 			 m->node, m->boot);
 		m->st.pg_calls++;
 		if (rc == KILN_OK && pg_res_rows(res) == 1) {
@@ -3546,6 +3600,12 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 			m->resume_log_seq = pg_res_int(res, 0, 7, 0);
 			m->resume_tick_seq = pg_res_int(res, 0, 8, 0);
 			gaps_parse(&m->resume_step, pg_res_get(res, 0, 9));
+			m->resume_step.fback = (struct mback){
+				.set = pg_res_get(res, 0, 10) != NULL,
+				.at = pg_res_int(res, 0, 10, 0),
+				.off = pg_res_int(res, 0, 11, 0),
+				.min = pg_res_int(res, 0, 12, 0),
+				.pre = pg_res_int(res, 0, 13, 0) };
 		}
 		pg_res_free(res);
 	}
@@ -4499,6 +4559,7 @@ enum kiln_err meter_tick(struct meter *m, struct kiln_error *err)
 		log_warn("cannot flush to the ledger (will retry): %s", err->msg);
 		kiln_error_clear(err);
 	}
+	m->tick_seq_pre_last = m->tick_seq_pre;
 	m->tick_seq_pre = m->tick_seq_set ? m->tick_seq : 0;	/* before meter_clock() */
 	now = meter_clock(m);
 	rc = pg_acquire(m->pg, &c, err);

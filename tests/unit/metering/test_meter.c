@@ -2924,6 +2924,61 @@ static void test_a_forward_step_within_the_lead_keeps_the_frames_log_seq(void)
 }
 
 /*
+ * A sandbox running from 0 on a node whose changes are not witnessed, 100 s back at 12 s, stopped
+ * at `stop` s, 30 s more back at 56 s (the tick at 56 follows it and saves the node's frame: offset
+ * 130 s), a crash at 57 s, the restart at 58 s in that frame. The stop, logged before the frame's
+ * step (at 52 s no later than the sequence read before the tick that last read the wall clock
+ * before it; at 55 s after that read), after the ledger's point at 50 s, is read in the frame
+ * before that step, at offset 100 s. Read at offset 0, the offset before any step the restarted
+ * meter knew of, it stood 100 s early, before the point, and was taken as in it: the sandbox
+ * ended at 50 s (kiln-sim seed 77018: a running sandbox's start a second before a -270 s step,
+ * 3,097 s early, its running time billed as paused, -45,367 µcr).
+ */
+static void stopped_before_a_step_the_restarted_meters_frame_began_at(int stop)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-frame-back-step";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 80; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
+		if (i == stop + 1)
+			stop_sandbox(sb, fake_now);
+		if (i == 57)
+			fake_now -= 30 * S;	/* at 56, 30 s more back */
+		if (i == 58) {			/* a crash at 57 ([40, 50) flushed) */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 59)
+			m = new_meter_with(true, 0);	/* restarted at 58, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), stop * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/* Before, 12,850 µcr (to 50 s) for 13,364 and 14,135. */
+static void test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart(void)
+{
+	stopped_before_a_step_the_restarted_meters_frame_began_at(52);
+	stopped_before_a_step_the_restarted_meters_frame_began_at(55);
+}
+
+/*
  * paused_before_the_frames_step_then_stepped_back_while_down()'s case with a forward step within
  * the lead while down (30 s at 35 s) in place of the backward one: the pause, logged before the
  * frame's own backward step, is not read in the saved frame's offset the forward step keeps, but
@@ -5406,6 +5461,7 @@ int main(void)
 	TEST(test_a_change_logged_in_the_frame_before_its_last_flush_keeps_the_frame);
 	TEST(test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame);
 	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
+	TEST(test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
