@@ -80,7 +80,7 @@ struct mwin {
 struct mten;
 
 /* A generation sb_cut() left to its node's meter, watched by meter_take_tails() while the ledger
- * has no point of it. */
+ * has no point of it (kept in meter_cut_watch too, so a restart of this meter keeps watching). */
 struct mcut {
 	char id[ID_MAX];
 	long long gen;
@@ -1879,6 +1879,27 @@ static void sb_gen_end(struct meter *m, struct msb *s, int64_t now)
 	w->gen_end = true;
 }
 
+/* Generation `gen` of sandbox `id` watched (m->cuts), once. */
+static void cut_watch(struct meter *m, const char *id, long long gen)
+{
+	for (size_t k = 0; k < m->ncuts; k++)
+		if (m->cuts[k].gen == gen && strcmp(m->cuts[k].id, id) == 0)
+			return;
+	if (m->ncuts == m->capcuts) {
+		size_t cap = m->capcuts ? m->capcuts * 2 : 8;
+		struct mcut *a = realloc(m->cuts, cap * sizeof(*a));
+		if (!a) {
+			log_error("out of memory watching sandbox \"%s\" generation %lld", id, gen);
+			return;
+		}
+		m->cuts = a;
+		m->capcuts = cap;
+	}
+	m->cuts[m->ncuts] = (struct mcut){ .gen = gen };
+	snprintf(m->cuts[m->ncuts].id, sizeof(m->cuts[m->ncuts].id), "%s", id);
+	m->ncuts++;
+}
+
 /*
  * A generation `s` took over from another node stopped being its own part-way (sb_bill()'s
  * `cut`): its window holding that point is dropped unflushed, so that the ledger's point of the
@@ -1904,23 +1925,7 @@ static void sb_cut(struct meter *m, struct msb *s)
 		s->w[keep++] = s->w[k];
 	}
 	s->nw = keep;
-	for (size_t k = 0; k < m->ncuts; k++)
-		if (m->cuts[k].gen == s->gen && strcmp(m->cuts[k].id, s->id) == 0)
-			return;
-	if (m->ncuts == m->capcuts) {
-		size_t cap = m->capcuts ? m->capcuts * 2 : 8;
-		struct mcut *a = realloc(m->cuts, cap * sizeof(*a));
-		if (!a) {
-			log_error("out of memory watching sandbox \"%s\" generation %lld", s->id,
-				  s->gen);
-			return;
-		}
-		m->cuts = a;
-		m->capcuts = cap;
-	}
-	m->cuts[m->ncuts] = (struct mcut){ .gen = s->gen };
-	snprintf(m->cuts[m->ncuts].id, sizeof(m->cuts[m->ncuts].id), "%s", s->id);
-	m->ncuts++;
+	cut_watch(m, s->id, s->gen);
 }
 
 /*
@@ -2229,6 +2234,15 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 	"    AND sn.created_at <= (SELECT n.at FROM sandbox_state_log n "                          \
 	"        WHERE n.sandbox_id = " X " AND n.generation > " G " ORDER BY n.seq LIMIT 1) "     \
 	"    ORDER BY sn.created_at DESC LIMIT 1))"
+
+/* The state changes of generation G of X that the SQL condition W on `l` keeps, as tail_bill()
+ * reads them: "<state> <at, µs> <cpu_ns, -1: none> <seq>" each, comma-separated, in the log's
+ * order (NULL: none). */
+#define GEN_CHANGES_SQL(X, G, W)                                                                   \
+	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text " \
+	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "    \
+	"    FROM sandbox_state_log l WHERE l.sandbox_id = " X " AND l.generation = " G " "         \
+	"    AND " W ")"
 
 /* The time (µs) of the first state change of generation G of X, NULL when none is logged. */
 #define GEN_START_SQL(X, G)                                                                        \
@@ -3609,6 +3623,17 @@ enum kiln_err meter_start(struct meter *m, struct kiln_error *err)
 		}
 		pg_res_free(res);
 	}
+	/* The generations this node's meters cut and watch (take_cut_tails()): watched on. */
+	if (rc == KILN_OK) {
+		res = NULL;
+		rc = PGQ(c, &res, err,
+			 "SELECT sandbox_id, generation FROM meter_cut_watch WHERE node_id = $1 "
+			 "ORDER BY created_at, sandbox_id, generation", m->node);
+		m->st.pg_calls++;
+		for (int i = 0; rc == KILN_OK && i < pg_res_rows(res); i++)
+			cut_watch(m, pg_res_str(res, i, 0), pg_res_int(res, i, 1, 0));
+		pg_res_free(res);
+	}
 	pg_release(m->pg, c);
 	m->st.pg_calls += 3;
 	if (rc != KILN_OK)
@@ -3872,11 +3897,8 @@ out:
 static const char tails_sql[] =
 	"SELECT mm.sandbox_id, s.tenant_id, mm.generation, coalesce(mm.gen_node, mm.node_id), "
 	"mm.state, mm.last_t_ns, mm.remainder_fine, s.memory_mib, s.disk_gib, e.at_us, "
-	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
-	"    FROM sandbox_state_log l "
-	"    WHERE l.sandbox_id = mm.sandbox_id AND l.generation = mm.generation "
-	"    AND l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)), "
+	GEN_CHANGES_SQL("mm.sandbox_id", "mm.generation",
+			"l.at > to_timestamp(p.wall_ns / 1e9) AND l.at < to_timestamp(e.at_us / 1e6)") ", "
 	"mm.cpu_ns, mm.rx_bytes, mm.tx_bytes, "
 	/* its pause snapshot (a generation pauses once) */
 	GEN_SNAP_SQL("mm.sandbox_id", "mm.generation") ", "
@@ -4056,19 +4078,20 @@ out:
  * (the changes after the start read by their log sequence); then whether the ledger's point is
  * one tails_sql takes (not "none") or the generation's end (marked, or "none" after something
  * billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
- * generations. The end's columns are NULL while no later generation is logged.
+ * generations, $3 this meter's node: the pairs are kept in meter_cut_watch (migrations/0057) for
+ * a restart of it (meter_start()). The end's columns are NULL while no later generation is logged.
  */
 static const char cut_tails_sql[] =
+	"WITH w AS (INSERT INTO meter_cut_watch (node_id, sandbox_id, generation) "
+	"    SELECT $3, x.sb, x.gen FROM unnest($1::text[], $2::bigint[]) AS x(sb, gen) "
+	"    ON CONFLICT DO NOTHING) "
 	"SELECT c.sb, s.tenant_id, c.gen, coalesce(mm.gen_node, mm.node_id, g.node_id, ''), "
 	"coalesce(mm.state, g.state), coalesce(mm.last_t_ns, g.at_us * 1000), "
 	"coalesce(mm.remainder_fine, 0), s.memory_mib, s.disk_gib, e.at_us, "
-	"(SELECT string_agg(l.state || ' ' || ((extract(epoch FROM l.at) * 1000000)::bigint)::text "
-	"    || ' ' || coalesce(l.cpu_ns, -1)::text || ' ' || l.seq::text, ',' ORDER BY l.seq) "
-	"    FROM sandbox_state_log l "
-	"    WHERE l.sandbox_id = c.sb AND l.generation = c.gen "
-	"    AND CASE WHEN mm.sandbox_id IS NULL THEN l.seq > g.seq "
-	"        ELSE l.at > to_timestamp(p.wall_ns / 1e9) END "
-	"    AND l.at < to_timestamp(e.at_us / 1e6)), "
+	GEN_CHANGES_SQL("c.sb", "c.gen",
+			"CASE WHEN mm.sandbox_id IS NULL THEN l.seq > g.seq "
+			"ELSE l.at > to_timestamp(p.wall_ns / 1e9) END "
+			"AND l.at < to_timestamp(e.at_us / 1e6)") ", "
 	"coalesce(mm.cpu_ns, 0), coalesce(mm.rx_bytes, 0), coalesce(mm.tx_bytes, 0), "
 	GEN_SNAP_SQL("c.sb", "c.gen") ", g.at_us, "
 	"CASE WHEN mm.sandbox_id IS NULL THEN 0::bigint ELSE p.billed_ns END, g.seq, e.seq, g.wit, "
@@ -4092,6 +4115,24 @@ static const char cut_tails_sql[] =
 	"    AS wall_ns) p "
 	"ORDER BY c.ord";
 
+/* The watch of the pairs `ids` and `gens` (array literals) ended: out of meter_cut_watch. */
+static void cut_watch_end(struct meter *m, const char *ids, const char *gens)
+{
+	struct kiln_error err = { 0 };
+	struct pg_conn *c;
+
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		m->st.pg_calls++;
+		PGQ(c, NULL, &err,
+		    "DELETE FROM meter_cut_watch WHERE node_id = $1 AND (sandbox_id, generation) IN "
+		    "(SELECT * FROM unnest($2::text[], $3::bigint[]))", m->node, ids, gens);
+		pg_release(m->pg, c);
+	}
+	if (err.code != KILN_OK)
+		log_warn("cannot end the watch of a generation left to its node's meter: %s",
+			 err.msg);
+}
+
 /*
  * The generations sb_cut() left to their node's meter, watched until the ledger has a point of
  * them the tails path takes, or their end: one whose node's meter is gone again before it
@@ -4103,14 +4144,17 @@ static const char cut_tails_sql[] =
  * any). A generation whose sandbox's row or log is gone, or whose node is not known, is watched
  * no more. One query and one
  * Redis round trip per tick while one is watched; Postgres or Redis unreachable: nothing this
- * tick. The watch is in memory: a restart of this meter ends it (docs/metering.md).
+ * tick. The watched pairs are kept in meter_cut_watch, written by that query and deleted here
+ * when the watch ends, so a restart of this meter between the cut and the node's meter's second
+ * death goes on watching (meter_start()); a pair whose delete failed is read again at a restart
+ * and dropped then.
  */
 static void take_cut_tails(struct meter *m, int64_t now)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
-	struct buf ids, gens;
+	struct buf ids, gens, gone_ids, gone_gens;
 	bool *skip = NULL, *keep = NULL;
 	bool e = false;
 	int rows;
@@ -4118,6 +4162,8 @@ static void take_cut_tails(struct meter *m, int64_t now)
 
 	buf_init(&ids, 64u << 20);
 	buf_init(&gens, 64u << 20);
+	buf_init(&gone_ids, 64u << 20);
+	buf_init(&gone_gens, 64u << 20);
 	e |= buf_appends(&ids, "{") != 0 || buf_appends(&gens, "{") != 0;
 	for (size_t k = 0; k < m->ncuts; k++)
 		e |= buf_appendf(&ids, "%s%s", k ? "," : "", m->cuts[k].id) != 0 ||
@@ -4126,7 +4172,7 @@ static void take_cut_tails(struct meter *m, int64_t now)
 	if (e || pg_acquire(m->pg, &c, &err) != KILN_OK)
 		goto out;
 	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, cut_tails_sql, ids.data, gens.data) != KILN_OK) {
+	if (PGQ(c, &res, &err, cut_tails_sql, ids.data, gens.data, m->node) != KILN_OK) {
 		pg_release(m->pg, c);
 		log_warn("cannot read the generations left to their nodes' meters: %s", err.msg);
 		goto out;
@@ -4146,9 +4192,20 @@ static void take_cut_tails(struct meter *m, int64_t now)
 			keep[k] = !covered && *pg_res_str(res, i, 3);
 	}
 	tails_of_the_gone(m, res, skip, now);
-	for (size_t k = 0; k < m->ncuts; k++)
-		if (keep[k])
+	e = buf_appends(&gone_ids, "{") != 0 || buf_appends(&gone_gens, "{") != 0;
+	for (size_t k = 0; k < m->ncuts; k++) {
+		if (keep[k]) {
 			m->cuts[n++] = m->cuts[k];
+			continue;
+		}
+		e |= buf_appendf(&gone_ids, "%s%s", gone_ids.len > 1 ? "," : "",
+				 m->cuts[k].id) != 0 ||
+		     buf_appendf(&gone_gens, "%s%lld", gone_gens.len > 1 ? "," : "",
+				 m->cuts[k].gen) != 0;
+	}
+	e |= buf_appends(&gone_ids, "}") != 0 || buf_appends(&gone_gens, "}") != 0;
+	if (n < m->ncuts && !e)
+		cut_watch_end(m, gone_ids.data, gone_gens.data);
 	m->ncuts = n;
 out:
 	free(skip);
@@ -4156,6 +4213,8 @@ out:
 	pg_res_free(res);
 	buf_release(&ids);
 	buf_release(&gens);
+	buf_release(&gone_ids);
+	buf_release(&gone_gens);
 }
 
 /*

@@ -4816,6 +4816,7 @@ struct tk_back {
 	bool b_first;			/* B's meter ticks before A's */
 	int b_blind_from, b_blind_to;	/* B's meter without Redis over [from, to) (0: never) */
 	int a_dies_again;		/* A's meter, back, crashes again then (its key gone after) */
+	int b_restart;			/* B's meter crashes and restarts then, before its tick */
 	bool creating;			/* made at 5 (being made until 23): A flushes a point of it */
 };
 
@@ -4882,6 +4883,12 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			stop_sandbox(sb, fake_now);
 			stop_sandbox(n2.sb, fake_now);
 		}
+		if (i == x->b_restart) {
+			meter_free(n2.b);
+			snprintf(node, sizeof(node), "%s", n2.nb);
+			n2.b = new_meter_with(true, 0);
+			snprintf(node, sizeof(node), "%s", n2.na);
+		}
 		if (x->b_blind_from && i == x->b_blind_from)
 			meter_set_backends(n2.b, pg, dead);
 		if (x->b_blind_from && i == x->b_blind_to)
@@ -4898,6 +4905,9 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 	CHECK_INT(used(t), gen1 + 15 * 257);
 	CHECK_INT(meter_pending(n2.b, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	if (x->a_dies_again)	/* B's watch of generation 1 ended, its row gone */
+		CHECK_INT(sql_int("SELECT count(*) FROM meter_cut_watch WHERE node_id = '%s'", n2.nb),
+			  0);
 	if (n2.a) {	/* A's own sandbox: billed by A's meter, when back */
 		CHECK_INT(used(n2.t), 45 * 257);
 		CHECK_INT(meter_pending(n2.a, t), 0);
@@ -4985,6 +4995,19 @@ static void test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_onc
 	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
 								 .a_redis = 33, .pause_at = 27,
 								 .a_dies_again = 36 });
+}
+
+/*
+ * The same, B's meter restarted at 37, after its cut (at its tick at 36, A's meter gone but its
+ * key not yet) and before it saw A's meter gone: the watch is kept in meter_cut_watch and read
+ * at its start. In its memory alone, the restart ended it and nobody billed generation 1 (0 µcr
+ * for 1,412).
+ */
+static void test_a_cut_generation_watched_across_its_takers_restart_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
+								 .a_redis = 33, .pause_at = 27,
+								 .a_dies_again = 39, .b_restart = 38 });
 }
 
 /*
@@ -5513,6 +5536,7 @@ int main(void)
 	TEST(test_a_taken_over_generation_cut_with_the_taker_flushing_first_is_billed_once);
 	TEST(test_a_taken_over_generation_billed_on_while_redis_is_away);
 	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
+	TEST(test_a_cut_generation_watched_across_its_takers_restart_is_billed_once);
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
