@@ -856,6 +856,7 @@ static int64_t meter_clock(struct meter *m)
 			m->clk_l0 = w;
 			m->clk_m0 = mono;
 			l = w;
+			m->fback.set = false;	/* offset 0: no backward step's frame */
 		}
 	} else if (l - w <= STEP_TOLERANCE_NS) {
 		/* No step (NTP slews both clocks alike): the wall clock itself labels, to the ns
@@ -936,19 +937,25 @@ static int64_t meter_clock(struct meter *m)
 	 * A restarted meter's first tick has read none: it takes the one it reads (meter_tick()).
 	 * Not an offset that drifts less than a step's tolerance a tick. */
 	if (l - w - off_before > STEP_TOLERANCE_NS) {
+		/* The frame before it began after this sequence (its unknown yet: the one read
+		 * before the last tick read the wall clock, no later) */
+		long long began = m->frame_seq_due ? m->tick_seq_pre_last : m->frame_seq;
+
 		m->frame_seq = m->tick_seq;
 		m->frame_seq_due = !m->tick_seq_set;
-		/* Its step, saved with it: seen live, after the last tick read the wall clock, so
-		 * every change logged no later than the sequence read before that read was logged
-		 * before it; made while no meter of the node ran, the newest kept above, after the
-		 * saved frame's tick (resume_tick_seq). */
+		/* Its step, saved with it: the frame before it, for the changes logged after that
+		 * frame began only (one logged before is older than that frame's own step: read in
+		 * it, a stop before two backward steps stood the first's size late at a restart
+		 * long after them, +25,700 µcr). Seen live, after the last tick read the wall
+		 * clock, so every change logged no later than the sequence read before that read
+		 * was logged before it; made while no meter of the node ran, after the saved
+		 * frame's tick (resume_tick_seq), the frame before it the saved frame. */
 		if (!framed)
 			m->fback = (struct mback){ .set = true, .at = l, .off = off_before,
-						   .pre = m->tick_seq_pre_last };
-		else if (m->nback)
-			m->fback = (struct mback){ .set = true, .at = l,
-						   .off = m->back_off[m->nback - 1],
-						   .min = m->back_min[m->nback - 1],
+						   .min = began, .pre = m->tick_seq_pre_last };
+		else
+			m->fback = (struct mback){ .set = true, .at = l, .off = off_before,
+						   .min = m->resume_log_seq,
 						   .pre = m->resume_tick_seq };
 	}
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;

@@ -2923,18 +2923,15 @@ static void test_a_forward_step_within_the_lead_keeps_the_frames_log_seq(void)
 	meter_free(m);
 }
 
-/*
- * A sandbox running from 0 on a node whose changes are not witnessed, 100 s back at 12 s, stopped
- * at `stop` s, 30 s more back at 56 s (the tick at 56 follows it and saves the node's frame: offset
- * 130 s), a crash at 57 s, the restart at 58 s in that frame. The stop, logged before the frame's
- * step (at 52 s no later than the sequence read before the tick that last read the wall clock
- * before it; at 55 s after that read), after the ledger's point at 50 s, is read in the frame
- * before that step, at offset 100 s. Read at offset 0, the offset before any step the restarted
- * meter knew of, it stood 100 s early, before the point, and was taken as in it: the sandbox
- * ended at 50 s (kiln-sim seed 77018: a running sandbox's start a second before a -270 s step,
- * 3,097 s early, its running time billed as paused, -45,367 µcr).
- */
-static void stopped_before_a_step_the_restarted_meters_frame_began_at(int stop)
+/* A sandbox of a node whose changes are not witnessed, running from 0 and stopped at `stop` s; the
+ * wall clock steps back `back1` s at `back1_at` s and `back2` s more at `back2_at` s (the tick then
+ * follows it and saves the node's frame), the meter crashes at back2_at + 1 s and restarts in that
+ * frame at `restart` s. The sandbox must be billed to its stop, once. */
+struct back_restart {
+	int stop, back1_at, back1, back2_at, back2, restart;
+};
+
+static void stopped_before_a_step_the_restarted_meters_frame_began_at(const struct back_restart *x)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
@@ -2944,19 +2941,19 @@ static void stopped_before_a_step_the_restarted_meters_frame_began_at(int stop)
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
 	boot = "test-boot-frame-back-step";
 	m = new_meter_with(true, 0);
-	for (int i = 1; i <= 80; i++) {
-		if (i == 13)
-			fake_now -= 100 * S;	/* at 12, the wall clock steps back 100 s */
-		if (i == stop + 1)
+	for (int i = 1; i <= x->restart + 30; i++) {
+		if (i == x->stop + 1)
 			stop_sandbox(sb, fake_now);
-		if (i == 57)
-			fake_now -= 30 * S;	/* at 56, 30 s more back */
-		if (i == 58) {			/* a crash at 57 ([40, 50) flushed) */
+		if (i == x->back1_at + 1)
+			fake_now -= x->back1 * S;
+		if (i == x->back2_at + 1)
+			fake_now -= x->back2 * S;
+		if (i == x->back2_at + 2) {	/* a crash */
 			meter_free(m);
 			m = NULL;
 		}
-		if (i == 59)
-			m = new_meter_with(true, 0);	/* restarted at 58, in the frame */
+		if (i == x->restart + 1)
+			m = new_meter_with(true, 0);	/* restarted in the frame */
 		if (m) {
 			tick_both(m);
 		} else {
@@ -2965,17 +2962,48 @@ static void stopped_before_a_step_the_restarted_meters_frame_began_at(int stop)
 		}
 	}
 	boot = NULL;
-	CHECK_INT(used(t), stop * 257);	/* to the stop, once */
+	CHECK_INT(used(t), x->stop * 257);	/* to the stop, once */
 	CHECK_INT(meter_pending(m, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(m);
 }
 
-/* Before, 12,850 µcr (to 50 s) for 13,364 and 14,135. */
+/*
+ * 100 s back at 12 s, the stop at 52 or 55 s, 30 s more back at 56 s (the frame's offset 130 s),
+ * the restart at 58 or 90 s. The stop, logged before the frame's step, after the ledger's point at
+ * 50 s, is read in the frame before that step, at offset 100 s. Read at offset 0, the offset
+ * before any step the restarted meter knew of, it stood 100 s early, before the point, and was
+ * taken as in it: the sandbox ended at 50 s, 12,850 µcr for 13,364 and 14,135 (kiln-sim seed
+ * 77018: a running sandbox's start a second before a -270 s step, 3,097 s early, its running time
+ * billed as paused, -45,367 µcr). At 52 s it was logged no later than the sequence read before
+ * the tick that last read the wall clock before the step (the frame's saved `pre`): read in the
+ * frame before it even when the frame's own offset puts it before the restart (at 90 s: 82 s,
+ * 30 s late, 21,074 µcr without the bound).
+ */
 static void test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart(void)
 {
-	stopped_before_a_step_the_restarted_meters_frame_began_at(52);
-	stopped_before_a_step_the_restarted_meters_frame_began_at(55);
+	stopped_before_a_step_the_restarted_meters_frame_began_at(&(struct back_restart){
+		.stop = 52, .back1_at = 12, .back1 = 100, .back2_at = 56, .back2 = 30,
+		.restart = 58 });
+	stopped_before_a_step_the_restarted_meters_frame_began_at(&(struct back_restart){
+		.stop = 55, .back1_at = 12, .back1 = 100, .back2_at = 56, .back2 = 30,
+		.restart = 58 });
+	stopped_before_a_step_the_restarted_meters_frame_began_at(&(struct back_restart){
+		.stop = 52, .back1_at = 12, .back1 = 100, .back2_at = 56, .back2 = 30,
+		.restart = 90 });
+}
+
+/*
+ * The stop at 51 s, before both steps (100 s back at 52 s, 50 s more at 54 s), the restart at
+ * 160 s: logged before the frame before the frame's own step began, it is not read in that frame
+ * (its offset 100 s) but at offset 0. Read there, it stood 100 s late, before the restart, and the
+ * sandbox was billed 100 s past its stop (38,807 µcr for 13,107).
+ */
+static void test_a_change_logged_before_the_frame_before_the_frames_step_keeps_its_own(void)
+{
+	stopped_before_a_step_the_restarted_meters_frame_began_at(&(struct back_restart){
+		.stop = 51, .back1_at = 52, .back1 = 100, .back2_at = 54, .back2 = 50,
+		.restart = 160 });
 }
 
 /*
@@ -5485,6 +5513,7 @@ int main(void)
 	TEST(test_a_change_logged_before_the_first_tick_to_reach_postgres_after_a_step_keeps_the_frame);
 	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
 	TEST(test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart);
+	TEST(test_a_change_logged_before_the_frame_before_the_frames_step_keeps_its_own);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
