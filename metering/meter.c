@@ -645,17 +645,19 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
 {
 	struct kiln_error err = { 0 };
 	struct pg_conn *c;
-	char b[24], f[24];
+	char b[24], f[24], mono[24];
 
 	snprintf(b, sizeof(b), "%" PRId64, by);
 	snprintf(f, sizeof(f), "%" PRId64, from);
+	snprintf(mono, sizeof(mono), "%" PRId64, m->o.mono_ns(m->o.clock_ctx));
 	m->st.pg_calls++;
 	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
 		PGQ(c, NULL, &err,
-		    "INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at) "
-		    "VALUES ($1, $2, $3, now()) "
-		    "ON CONFLICT (node_id) DO UPDATE SET by_ns = $2, from_ns = $3, updated_at = now()",
-		    m->node, b, f);
+		    "INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at, boot_id, "
+		    "mono_ns) VALUES ($1, $2, $3, now(), NULLIF($4, ''), $5) "
+		    "ON CONFLICT (node_id) DO UPDATE SET by_ns = $2, from_ns = $3, updated_at = now(), "
+		    "boot_id = NULLIF($4, ''), mono_ns = $5",
+		    m->node, b, f, m->boot, mono);
 		pg_release(m->pg, c);
 	}
 	if (err.msg[0])
@@ -664,9 +666,12 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
 
 /* step_told() from Postgres (step_tell_pg()): the row is the node's last held tick's, so one from
  * an earlier step is refused by the same checks as a stale key (step_fits()); and, as the key
- * expires after STEP_KEY_TTL_S, one written longer ago, on the database's clock as it is
- * written (now()): the checks alone would take an earlier step's row back only if the node's
- * labels came back to it, remote but not bounded. */
+ * expires after STEP_KEY_TTL_S, one written longer ago: on this host's monotonic clock when it
+ * was told on this boot (migrations/0058), else on the database's clock as it is written
+ * (now()), which may stand or step apart from the node's (kiln-sim seed 77044: a row told a
+ * second before, read as 1,148 s old, refused, the late meter's gap a second after the other's,
+ * that second billed twice). The checks alone would take an earlier step's row back only if the
+ * node's labels came back to it, remote but not bounded. */
 static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
 {
 	struct kiln_error err = { 0 };
@@ -676,10 +681,15 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 
 	m->st.pg_calls++;
 	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		char mono[24];
+
+		snprintf(mono, sizeof(mono), "%" PRId64, m->o.mono_ns(m->o.clock_ctx));
 		if (PGQ(c, &res, &err,
 			"SELECT by_ns, from_ns FROM meter_step_told WHERE node_id = $1 AND "
-			"updated_at > now() - interval '" STEP_KEY_TTL_S " seconds'",
-			m->node) == KILN_OK && pg_res_rows(res) == 1)
+			"CASE WHEN boot_id = $2 AND mono_ns IS NOT NULL "
+			"THEN mono_ns > $3::bigint - " STEP_KEY_TTL_S " * 1000000000::bigint "
+			"ELSE updated_at > now() - interval '" STEP_KEY_TTL_S " seconds' END",
+			m->node, m->boot, mono) == KILN_OK && pg_res_rows(res) == 1)
 			ok = step_fits(pg_res_int(res, 0, 0, 0), pg_res_int(res, 0, 1, 0), by, after,
 				       before, from);
 		pg_res_free(res);

@@ -43,6 +43,7 @@ static int64_t fake_now, fake_mono;
 static const char *boot;	/* the meters' boot id (meter_opts.boot_id); NULL: none */
 static long long snap_price = 1024;	/* the meters' snapshot price, µcr per GiB-s */
 static int row_age_s;	/* told_gap_start_with()'s row: written this long ago (0: now) */
+static int row_mono_age_s = -1;	/* and told this long ago on its boot's monotonic clock (-1: no boot) */
 
 static int64_t fake_mono_clock(void *ctx)
 {
@@ -4546,7 +4547,8 @@ static void test_a_tick_without_postgres_projects_no_burn_over_a_forward_steps_g
  * t0 + `at_ms` ms in ns (none when `at_ms` < 0), then `post`, as another meter of the node would
  * tell it ("<length> <start>"); no key when `pre` is NULL. With `row_by_s` > 0, the node's row of
  * meter_step_told (step_tell_pg()) is given the length `row_by_s` s and the start t0 +
- * `row_at_ms` ms, written `row_age_s` s ago. Returns the start of the gap a saved in its frame
+ * `row_at_ms` ms, written `row_age_s` s ago on the database's clock (and `row_mono_age_s` s ago
+ * on the meter's monotonic clock, told on its boot, when not -1). Returns the start of the gap a saved in its frame
  * (meter_clocks.gaps_ns) less t0, in ms. The sandbox runs from 0 to 25 s: billed once whatever
  * the start.
  */
@@ -4579,7 +4581,13 @@ static long long told_gap_start_with(const char *pre, long long at_ms, const cha
 				CHECK_INT(RDS(rds, &rep, &err, "SET", key, v, "EX", "60"), KILN_OK);
 				rds_reply_release(&rep);
 			}
-			if (row_by_s > 0)
+			if (row_by_s > 0 && row_mono_age_s >= 0)
+				sql("INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at, "
+				    "boot_id, mono_ns) VALUES ('%s', %lld, %lld, now() - interval "
+				    "'%d seconds', '%s', %lld)",
+				    node, row_by_s * S, (long long)(t0 + row_at_ms * 1000000),
+				    row_age_s, boot, (long long)(fake_mono - row_mono_age_s * S));
+			else if (row_by_s > 0)
 				sql("INSERT INTO meter_step_told (node_id, by_ns, from_ns, updated_at) "
 				    "VALUES ('%s', %lld, %lld, now() - interval '%d seconds')",
 				    node, row_by_s * S, (long long)(t0 + row_at_ms * 1000000),
@@ -5422,7 +5430,9 @@ static void test_a_held_tick_asks_postgres_nothing_when_the_last_tick_could_not_
 /*
  * told_gap_start_with()'s lone late meter with a row in range written more than 60 s ago, as the
  * step key's TTL: ignored, the second before the held tick (11 s); before, taken (10.5 s). One
- * written 50 s ago is taken.
+ * written 50 s ago is taken. Told on the meter's boot, its age on that boot's monotonic clock
+ * decides (migrations/0058): 1 s, taken though the database's clock says 1,148 s (before, ignored:
+ * 11 s); 61 s, ignored though it says 0.
  */
 static void test_a_late_held_tick_ignores_a_told_row_older_than_the_step_keys_ttl(void)
 {
@@ -5430,6 +5440,15 @@ static void test_a_late_held_tick_ignores_a_told_row_older_than_the_step_keys_tt
 	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 11000);
 	row_age_s = 50;
 	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 10500);
+	/* kiln-sim seed 77044: a database clock that stood still across the step read a row told a
+	 * second before as 1,148 s old, and the late meter's gap began a second after the other's. */
+	row_age_s = 1148;
+	row_mono_age_s = 1;
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 10500);
+	row_age_s = 0;
+	row_mono_age_s = 61;
+	CHECK_INT(told_gap_start_with(NULL, -1, NULL, 600, 10500), 11000);
+	row_mono_age_s = -1;
 	row_age_s = 0;
 }
 
