@@ -667,7 +667,8 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
 /* step_told() from Postgres (step_tell_pg()): the row is the node's last held tick's, so one from
  * an earlier step is refused by the same checks as a stale key (step_fits()); and, as the key
  * expires after STEP_KEY_TTL_S, one written longer ago: on this host's monotonic clock when it
- * was told on this boot (migrations/0058), else on the database's clock as it is written
+ * was told on this boot, no later than now on it (migrations/0058), else on the database's clock
+ * as it is written
  * (now()), which may stand or step apart from the node's (kiln-sim seed 77044: a row told a
  * second before, read as 1,148 s old, refused, the late meter's gap a second after the other's,
  * that second billed twice). The checks alone would take an earlier step's row back only if the
@@ -686,7 +687,7 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 		snprintf(mono, sizeof(mono), "%" PRId64, m->o.mono_ns(m->o.clock_ctx));
 		if (PGQ(c, &res, &err,
 			"SELECT by_ns, from_ns FROM meter_step_told WHERE node_id = $1 AND "
-			"CASE WHEN boot_id = $2 AND mono_ns IS NOT NULL "
+			"CASE WHEN boot_id = $2 AND mono_ns <= $3::bigint "
 			"THEN mono_ns > $3::bigint - " STEP_KEY_TTL_S " * 1000000000::bigint "
 			"ELSE updated_at > now() - interval '" STEP_KEY_TTL_S " seconds' END",
 			m->node, m->boot, mono) == KILN_OK && pg_res_rows(res) == 1)
@@ -842,7 +843,6 @@ static int64_t meter_clock(struct meter *m)
 		 * second time, 2,086 s later on the labels, and the ledger's fence, comparing
 		 * labels, took both (kiln-sim seed 31174, +37,700 µcr). */
 		fwd_keep(m, l, step, off_before);
-		m->fback.set = false;	/* offset 0: no backward step's frame */
 		/* Held, the step came after the held tick's label (it billed to there): the gap
 		 * begins there, as every meter of the node places it, and the time since is
 		 * labelled past it, as a change logged then reads (node_time_seq()). */
@@ -866,7 +866,6 @@ static int64_t meter_clock(struct meter *m)
 			m->clk_l0 = w;
 			m->clk_m0 = mono;
 			l = w;
-			m->fback.set = false;	/* offset 0: no backward step's frame */
 		}
 	} else if (l - w <= STEP_TOLERANCE_NS) {
 		/* No step (NTP slews both clocks alike): the wall clock itself labels, to the ns
@@ -968,6 +967,8 @@ static int64_t meter_clock(struct meter *m)
 						   .min = m->resume_log_seq,
 						   .pre = m->resume_tick_seq };
 	}
+	if (l - w <= STEP_TOLERANCE_NS)
+		m->fback.set = false;	/* offset 0: no backward step's frame to save */
 	m->clk_behind = l - w > STEP_TOLERANCE_NS;
 	m->wall = w;
 	m->off = l - w;

@@ -6,8 +6,11 @@
 -- database whose clock stood still or stepped between the telling tick and the late meter's read
 -- made a row told a second before read as older than 60 s: refused, the late meter began its gap a
 -- second after the telling one's, and that real second was billed under two labels (kiln-sim seed
--- 77044: +87 and +34 µcr on two paused sandboxes). A kiln-meter built before this migration
--- writes neither column (NULL: read by updated_at).
+-- 77044: +87 and +34 µcr on two paused sandboxes). A row told on the late meter's boot with a
+-- monotonic time past its own (another clock under the same boot id) is aged by updated_at. NULL,
+-- the default of the rows written before this migration: read by updated_at, as before it. A
+-- kiln-meter built before this migration does not set the columns, so a row it updates keeps
+-- stale ones: the meters upgrade with the migration.
 ALTER TABLE meter_step_told
   ADD COLUMN boot_id text,
   ADD COLUMN mono_ns bigint;

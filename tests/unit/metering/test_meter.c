@@ -3008,6 +3008,53 @@ static void test_a_change_logged_before_the_frame_before_the_frames_step_keeps_i
 }
 
 /*
+ * A frame begun by a backward step made while no meter of the node ran carries that step too: a
+ * sandbox of a node whose changes are not witnessed runs from 0; 100 s back at 12 s (followed);
+ * the meter crashes at 21 s ([10, 20) flushed); the sandbox stops at 24 s; 50 s more back at
+ * 26 s; the meter restarts at 28 s, reads the stop in the frame before the step (at 24 s) and
+ * saves its frame (offset 150 s) before its first flush; it crashes at 29 s and restarts at 31 s
+ * in that frame. The stop, after the ledger's point at 20 s, must read at 24 s there too: with no
+ * step saved by the first restart, the second read it at offset 0, 100 s early, before the point,
+ * and ended the sandbox there (5,140 µcr for 6,168).
+ */
+static void test_a_frame_begun_by_a_step_while_down_keeps_the_frame_before_it(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-frame-while-down";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 60; i++) {
+		if (i == 13)
+			fake_now -= 100 * S;	/* at 12 */
+		if (i == 22 || i == 30) {	/* crashes at 21 and 29 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 25)
+			stop_sandbox(sb, fake_now);	/* at 24, no meter */
+		if (i == 27)
+			fake_now -= 50 * S;	/* at 26, no meter */
+		if (i == 29 || i == 32)
+			m = new_meter_with(true, 0);	/* restarted at 28 and 31, in the frame */
+		if (m) {
+			tick_both(m);
+		} else {
+			fake_now += S;
+			fake_mono += S;
+		}
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 24 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * paused_before_the_frames_step_then_stepped_back_while_down()'s case with a forward step within
  * the lead while down (30 s at 35 s) in place of the backward one: the pause, logged before the
  * frame's own backward step, is not read in the saved frame's offset the forward step keeps, but
@@ -5034,10 +5081,11 @@ static void test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_onc
 }
 
 /*
- * The same, B's meter restarted at 37, after its cut (at its tick at 36, A's meter gone but its
- * key not yet) and before it saw A's meter gone: the watch is kept in meter_cut_watch and read
- * at its start. In its memory alone, the restart ended it and nobody billed generation 1 (0 µcr
- * for 1,412).
+ * The same, A's meter crashing again at 39 (its key gone at 40), still before its first flush of
+ * generation 1, and B's meter restarted at 38, after its cut and while A's meter still lived, so
+ * the restarted meter takes nothing over: the watch is kept in meter_cut_watch and read at its
+ * start. In its memory alone, the restart ended it and nobody billed generation 1 (0 µcr for
+ * 1,412).
  */
 static void test_a_cut_generation_watched_across_its_takers_restart_is_billed_once(void)
 {
@@ -5533,6 +5581,7 @@ int main(void)
 	TEST(test_a_forward_step_within_the_lead_keeps_the_frames_log_seq);
 	TEST(test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart);
 	TEST(test_a_change_logged_before_the_frame_before_the_frames_step_keeps_its_own);
+	TEST(test_a_frame_begun_by_a_step_while_down_keeps_the_frame_before_it);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
