@@ -116,6 +116,17 @@ static void tick_both(struct meter *m)
 	CHECK_INT(meter_tick(m, &err), KILN_OK);
 }
 
+/* tick_both() of `m`, or with no meter (NULL: down) one fake second on both clocks. */
+static void tick_if(struct meter *m)
+{
+	if (m) {
+		tick_both(m);
+		return;
+	}
+	fake_now += S;
+	fake_mono += S;
+}
+
 /* The µcr the ledger holds for generation `gen` of `sb`, all its windows. */
 static long long gen_ucr(const char *sb, int gen)
 {
@@ -656,12 +667,7 @@ static void test_a_change_logged_before_a_forward_step_moves_on_with_it(void)
 			stop_sandbox(sb, fake_now);	/* both end at 50 */
 			stop_sandbox(sb1, fake_now);
 		}
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	/* sb 50 s (the outage's 20 s billed at the restart), sb1 20 s */
@@ -2261,12 +2267,7 @@ static void stopped_while_down_then_stepped(int64_t step_s, int64_t t0, char sb[
 			fake_now += step_s * S;	/* at 35, forward or back */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 30 * 257);	/* to the stop, once */
@@ -2356,12 +2357,7 @@ static void test_an_end_in_a_running_point_with_the_rows_end_ahead_ends_at_the_p
 		}
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	CHECK_INT(used(t), 20 * 257);	/* to the point */
 	CHECK_INT(meter_pending(m, t), 0);
@@ -2755,12 +2751,7 @@ static void paused_before_the_frames_step_then_stepped_back_while_down(int resta
 			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
 		if (i == restart + 1)
 			m = new_meter_with(true, 0);	/* restarted in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 5 * 257 + 195 * 64);	/* running to 5, its snapshot after, once */
@@ -2955,12 +2946,7 @@ static void stopped_before_a_step_the_restarted_meters_frame_began_at(const stru
 		}
 		if (i == x->restart + 1)
 			m = new_meter_with(true, 0);	/* restarted in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), x->stop * 257);	/* to the stop, once */
@@ -3040,12 +3026,7 @@ static void test_a_frame_begun_by_a_step_while_down_keeps_the_frame_before_it(vo
 			fake_now -= 50 * S;	/* at 26, no meter */
 		if (i == 29 || i == 32)
 			m = new_meter_with(true, 0);	/* restarted at 28 and 31, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 24 * 257);	/* to the stop, once */
@@ -3084,12 +3065,7 @@ static void test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_for
 			fake_now += 30 * S;	/* at 35, 30 s forward, within the lead, no meter */
 		if (i == 111)
 			m = new_meter_with(true, 0);	/* restarted at 110, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 5 * 257 + 195 * 64);	/* running to 5, its snapshot after, once */
@@ -3130,12 +3106,7 @@ static void test_a_row_time_without_its_log_row_reads_in_the_saved_frame(void)
 			fake_now -= 50 * S;	/* at 35, 50 s more back, no meter */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 28 * 257);	/* to the deletion's log time */
@@ -3246,12 +3217,7 @@ static void test_an_older_change_read_past_a_later_one_is_not_moved_into_the_sav
 			stop_sandbox(sb, fake_now);	/* at 110, no meter */
 		if (i == 161)
 			m = new_meter_with(true, 0);	/* restarted at 160, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 5 * 257 + 105 * 64);	/* running to 5, its snapshot to the stop */
@@ -3351,12 +3317,7 @@ static void test_a_change_logged_before_the_last_flush_keeps_its_frame_after_a_s
 			stop_sandbox(sb, fake_now);	/* at 55 (wall 10), while down */
 		if (i == 61)
 			m = new_meter_with(true, 0);	/* restarted at 60, in the frame */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 5 * 257 + 50 * 128);	/* 5 s running, 50 s paused, once */
@@ -3409,12 +3370,7 @@ static void test_a_change_logged_between_a_step_while_down_and_the_restart_keeps
 			fake_now -= 30 * S;	/* at 90, no meter */
 		if (i == 141)
 			stop_sandbox(sb, fake_now);	/* at 140 */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	/* running, paused, running, paused: each once */
@@ -3729,12 +3685,7 @@ static long long stopped_between_back_and_forward_steps_while_down(int64_t back_
 			fake_now += fwd_s * S;		/* at 35: forward, within the lead */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	u = used(t);
@@ -3796,12 +3747,7 @@ static void test_a_resume_logged_between_two_backward_steps_while_down_keeps_its
 			pause_witnessed(t, sb, "snap_b", 128, boot);	/* at 60 */
 		if (i == 81)
 			stop_witnessed(sb, boot, fake_mono);	/* at 80 */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used_gen(sb, 1), 26 * 257 + 4 * 128);
@@ -3849,12 +3795,7 @@ static long long stopped_between_backward_steps_while_down(const char *wboot, in
 			fake_now -= back2_s * S;	/* at 35, no meter */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	u = used(t);
@@ -3980,12 +3921,7 @@ static void test_a_change_without_a_witness_stays_after_the_witnessed_one_before
 			fake_now -= 50 * S;		/* at 35: back 50 s, no meter (200) */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used(t), 28 * 257);
@@ -4035,12 +3971,7 @@ static void test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_fra
 			fake_now -= 50 * S;		/* at 35: back 50 s, no meter (200) */
 		if (i == 41)
 			m = new_meter_with(true, 0);	/* restarted at 40 in the frame (100) */
-		if (m) {
-			tick_both(m);
-		} else {
-			fake_now += S;
-			fake_mono += S;
-		}
+		tick_if(m);
 	}
 	boot = NULL;
 	CHECK_INT(used_gen(sb, 1), 22 * 257 + 6 * 128);
