@@ -668,11 +668,10 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
  * an earlier step is refused by the same checks as a stale key (step_fits()); and, as the key
  * expires after STEP_KEY_TTL_S, one written longer ago: on this host's monotonic clock when it
  * was told on this boot, no later than now on it (migrations/0058), else on the database's clock
- * as it is written
- * (now()), which may stand or step apart from the node's (kiln-sim seed 77044: a row told a
- * second before, read as 1,148 s old, refused, the late meter's gap a second after the other's,
- * that second billed twice). The checks alone would take an earlier step's row back only if the
- * node's labels came back to it, remote but not bounded. */
+ * as it is written (now()), which may stand or step apart from the node's (kiln-sim seed 77044:
+ * a row told a second before, read as 1,148 s old, refused, the late meter's gap a second after
+ * the other's, that second billed twice). The checks alone would take an earlier step's row back
+ * only if the node's labels came back to it, remote but not bounded. */
 static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
 {
 	struct kiln_error err = { 0 };
@@ -886,8 +885,9 @@ static int64_t meter_clock(struct meter *m)
 		 * its first step, it stood the whole lead early (kiln-sim seed 77018: a running
 		 * sandbox's start, logged a second before a -270 s step, read 3,097 s early by the
 		 * meter restarted a second after the step, inside the ledger's point and dropped; its
-		 * 1,518 s of running billed as paused, -45,367 µcr). Every change logged no later
-		 * than the sequence read before that step (pre) is read in it. */
+		 * running time to a pause after the step billed in no state, -45,367 µcr). Every
+		 * change logged no later than the sequence read before that step (pre) is read in
+		 * it. */
 		if (framed && m->resume_step.fback.set) {
 			const struct mback *fb = &m->resume_step.fback;
 
@@ -946,8 +946,8 @@ static int64_t meter_clock(struct meter *m)
 	 * A restarted meter's first tick has read none: it takes the one it reads (meter_tick()).
 	 * Not an offset that drifts less than a step's tolerance a tick. */
 	if (l - w - off_before > STEP_TOLERANCE_NS) {
-		/* The frame before it began after this sequence (its unknown yet: the one read
-		 * before the last tick read the wall clock, no later) */
+		/* The sequence after which the frame before it began (not read yet: the one read
+		 * before the last tick read the wall clock; 0, none read, any) */
 		long long began = m->frame_seq_due ? m->tick_seq_pre_last : m->frame_seq;
 
 		m->frame_seq = m->tick_seq;

@@ -8,7 +8,7 @@
 -- label clock early (kiln-meter, metering/meter.c, meter_clock()). Read at offset 0, a running
 -- sandbox's start logged a second before a -270 s step, read by the node's meter restarted a
 -- second after it, stood 3,097 s early, inside the ledger's point, and was dropped: its running
--- time billed as paused (kiln-sim seed 77018, -45,367 µcr).
+-- time billed in no state (kiln-sim seed 77018, -45,367 µcr).
 -- NULL, the default of the frames saved before this migration: offset 0, as before it. A
 -- kiln-meter built before this migration does not set the columns, so a frame it saves keeps a
 -- stale step: the meters upgrade with the migration.

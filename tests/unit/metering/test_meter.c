@@ -2962,7 +2962,7 @@ static void stopped_before_a_step_the_restarted_meters_frame_began_at(const stru
  * before any step the restarted meter knew of, it stood 100 s early, before the point, and was
  * taken as in it: the sandbox ended at 50 s, 12,850 µcr for 13,364 and 14,135 (kiln-sim seed
  * 77018: a running sandbox's start a second before a -270 s step, 3,097 s early, its running time
- * billed as paused, -45,367 µcr). At 52 s it was logged no later than the sequence read before
+ * billed in no state, -45,367 µcr). At 52 s it was logged no later than the sequence read before
  * the tick that last read the wall clock before the step (the frame's saved `pre`): read in the
  * frame before it even when the frame's own offset puts it before the restart (at 90 s: 82 s,
  * 30 s late, 21,074 µcr without the bound).
