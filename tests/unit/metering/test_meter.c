@@ -3036,6 +3036,50 @@ static void test_a_frame_begun_by_a_step_while_down_keeps_the_frame_before_it(vo
 }
 
 /*
+ * A forward step that takes the whole lead back ends the frame its backward steps began: 100 s
+ * back at 10 s, 50 s more at 20 s, 150 s forward at 30 s (offset 0 again); the sandbox, of a
+ * node whose changes are not witnessed, stops at 35 s; the meter crashes at 36 s ([20, 30)
+ * flushed); 200 s back at 40 s, no meter; the restart at 150 s. The frame saved after the
+ * forward step carries no backward step: kept, the first tick in it read the stop with that
+ * step's offset (100 s), as logged before the step, and billed to 135 s (34,695 µcr for 8,995).
+ */
+static void test_a_forward_step_taking_the_lead_back_drops_the_frames_backward_step(void)
+{
+	char t[32], sb[32];
+	int64_t t0 = aligned_now();
+	struct meter *m;
+	bool ok;
+
+	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
+	boot = "test-boot-lead-back";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 180; i++) {
+		if (i == 11)
+			fake_now -= 100 * S;	/* at 10 */
+		if (i == 21)
+			fake_now -= 50 * S;	/* at 20 */
+		if (i == 31)
+			fake_now += 150 * S;	/* at 30, the whole lead back */
+		if (i == 36)
+			stop_sandbox(sb, fake_now);	/* at 35 */
+		if (i == 37) {			/* a crash at 36 */
+			meter_free(m);
+			m = NULL;
+		}
+		if (i == 41)
+			fake_now -= 200 * S;	/* at 40, no meter */
+		if (i == 151)
+			m = new_meter_with(true, 0);	/* restarted at 150, in the frame */
+		tick_if(m);
+	}
+	boot = NULL;
+	CHECK_INT(used(t), 35 * 257);	/* to the stop, once */
+	CHECK_INT(meter_pending(m, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(m);
+}
+
+/*
  * paused_before_the_frames_step_then_stepped_back_while_down()'s case with a forward step within
  * the lead while down (30 s at 35 s) in place of the backward one: the pause, logged before the
  * frame's own backward step, is not read in the saved frame's offset the forward step keeps, but
@@ -5513,6 +5557,7 @@ int main(void)
 	TEST(test_a_change_logged_before_the_frames_step_keeps_the_frame_before_it_at_a_restart);
 	TEST(test_a_change_logged_before_the_frame_before_the_frames_step_keeps_its_own);
 	TEST(test_a_frame_begun_by_a_step_while_down_keeps_the_frame_before_it);
+	TEST(test_a_forward_step_taking_the_lead_back_drops_the_frames_backward_step);
 	TEST(test_a_change_logged_before_the_frames_own_step_keeps_it_after_a_forward_step_while_down);
 	TEST(test_a_row_time_without_its_log_row_reads_in_the_saved_frame);
 	TEST(test_a_short_generation_gone_from_its_node_after_a_backward_step_is_billed_on);
