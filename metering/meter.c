@@ -103,6 +103,11 @@ struct msb {
 	bool mine;		/* `gen` is this node's (a generation never changes node) */
 	char gnode[ID_MAX];	/* the node `gen` runs on */
 	long long seq;		/* the newest state change (sandbox_state_log.seq) applied */
+	/* Tracked from its node's point in the ledger at pt_t after a restart: a change logged no
+	 * later than pt_seq (the saved frame's tick_seq) placed before pt_t is in that point,
+	 * whenever a tick first reads it (meter_bill_rows()). */
+	long long pt_seq;
+	int64_t pt_t;
 	bool resync;		/* the ledger refused a window: dropped, tracked again from its point */
 	int64_t pause_asked;	/* ns, 0 = never */
 	long long pause_gen;	/* the generation a pause was asked for (a resume makes another) */
@@ -4461,6 +4466,20 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 				     (in_end && r[i].e[k].gen == s->gen)) &&
 				    r[i].e[k].seq > s->seq)
 					s->seq = r[i].e[k].seq;
+			/* And those a later tick reads first: the log is read from a wall-clock
+			 * bound that another sandbox's earlier start can lower, and its changes
+			 * before the point, unread at this tick, would pass as new (seq above 0:
+			 * kiln-sim seed 77085, a paused sandbox's running change, logged before a
+			 * -168 s step and its pause after it, read by the meter restarted 303 s in
+			 * when a moved sandbox's creation widened the read: the pause still
+			 * unread, 388 s of paused time billed as running, +793,895 µcr). Those
+			 * logged no later than the saved frame's tick_seq were logged before its
+			 * flush: placed before the point, they are in it. */
+			if (r[i].has_m && r[i].m_mine && strcmp(r[i].m_node, m->node) == 0 &&
+			    m->resume) {
+				s->pt_seq = m->resume_tick_seq;
+				s->pt_t = s->last_t;
+			}
 		}
 		s->seen = true;
 		if (s->ended) {
@@ -4484,7 +4503,9 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			struct ment *e = (struct ment *)r[i].e;
 			size_t w = 0;
 			for (size_t k = 0; k < r[i].ne; k++) {
-				if (e[k].seq ? e[k].seq <= s->seq : e[k].at < s->last_t) {
+				if (e[k].seq ? e[k].seq <= s->seq ||
+					       (e[k].seq <= s->pt_seq && e[k].at < s->pt_t)
+					     : e[k].at < s->last_t) {
 					end_in_point_mark(s, &r[i], k, now);
 					continue;	/* (no seq: the row's own state, not logged) */
 				}
