@@ -4474,9 +4474,11 @@ static int meter_bill_rows(struct meter *m, struct pg_res *res, int rows, int64_
 			 * when a moved sandbox's creation widened the read: the pause still
 			 * unread, 388 s of paused time billed as running, +793,895 µcr). Those
 			 * logged no later than the saved frame's tick_seq were logged before its
-			 * flush: placed before the point, they are in it. */
-			if (r[i].has_m && r[i].m_mine && strcmp(r[i].m_node, m->node) == 0 &&
-			    m->resume) {
+			 * flush: placed before the point, they are in it, as the changes this tick
+			 * reads are (the same rule, so the same limit: a change logged late, past
+			 * the window that wrote the point, is taken as in it too). */
+			if (r[i].has_m && r[i].m_mine && r[i].m_gen <= r[i].gen &&
+			    strcmp(r[i].m_node, m->node) == 0 && m->resume) {
 				s->pt_seq = m->resume_tick_seq;
 				s->pt_t = s->last_t;
 			}
