@@ -39,12 +39,15 @@ void disk_layer_name(unsigned depth, char *out, size_t outlen);
  * Creates `overlay` (qcow2) over the chain element at `depth` whose file on the host is
  * `backing_host` (raw at depth 0, qcow2 above), with a virtual size of `size_bytes`, or the
  * backing's size when 0. A size below the backing's size is -EINVAL. An existing `overlay` is
- * replaced.
+ * replaced. The first overlay of each depth and size is qemu-img's; the process keeps its bytes
+ * and writes the next ones of that depth and size itself (an empty layer names no path and no
+ * time: the same bytes).
  */
 int disk_overlay_create(const char *backing_host, unsigned depth, const char *overlay,
 			uint64_t size_bytes);
 
-/* Reads `image`'s virtual size (without opening its backing chain). */
+/* Reads `image`'s virtual size (without opening its backing chain): a qcow2 image's from its
+ * header, any other regular file's as a raw image's (its length). */
 int disk_info(const char *image, uint64_t *virtual_size);
 
 /*

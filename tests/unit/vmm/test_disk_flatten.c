@@ -64,6 +64,6 @@ int main(void)
 	rc = test_summary();
 	snprintf(cmp, sizeof(cmp), "rm -rf %s", dir);
 	if (system(cmp) != 0)
-		rc = 1;;
+		rc = 1;
 	return rc;
 }
