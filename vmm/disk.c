@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/proc.h"
 
 #define DISK_QCOW2_MAGIC 0x514649fbu	/* "QFI\xfb" */
@@ -269,39 +270,49 @@ static ssize_t copy_plain(int in, int out, off_t off, size_t len)
 	return n;
 }
 
-int disk_file_copy(const char *src, const char *dst)
+/* Opens `src` and creates `dst` (0600, replacing one there) of its length; -errno. */
+static int copy_open(const char *src, const char *dst, int *in, int *out, off_t *size)
 {
-	int in = -1, out = -1, r = 0;
 	struct stat st;
+
+	*out = -1;
+	*in = open(src, O_RDONLY | O_CLOEXEC);
+	if (*in < 0)
+		return -errno;
+	if (fstat(*in, &st) < 0)
+		goto fail;
+	unlink(dst);
+	*out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+	if (*out < 0 || ftruncate(*out, st.st_size) < 0)
+		goto fail;
+	*size = st.st_size;
+	return 0;
+fail:;
+	int r = -errno;
+
+	close(*in);
+	if (*out >= 0) {
+		close(*out);
+		unlink(dst);
+	}
+	*in = *out = -1;
+	return r;
+}
+
+/* Copies the data extents of `in` (of `size` bytes) to the same offsets of `out`, then fsync()s
+ * it; -errno. */
+static int copy_extents(int in, int out, off_t size)
+{
 	off_t pos = 0;
 
-	in = open(src, O_RDONLY | O_CLOEXEC);
-	if (in < 0)
-		return -errno;
-	if (fstat(in, &st) < 0) {
-		r = -errno;
-		goto done;
-	}
-	unlink(dst);
-	out = open(dst, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-	if (out < 0 || ftruncate(out, st.st_size) < 0) {
-		r = -errno;
-		goto done;
-	}
-	while (pos < st.st_size) {
+	while (pos < size) {
 		off_t data = lseek(in, pos, SEEK_DATA), hole;
 
-		if (data < 0) {
-			if (errno == ENXIO)
-				break;	/* only a hole is left */
-			r = -errno;
-			goto done;
-		}
+		if (data < 0)
+			return errno == ENXIO ? 0 : -errno;	/* ENXIO: only a hole is left */
 		hole = lseek(in, data, SEEK_HOLE);
-		if (hole < 0) {
-			r = -errno;
-			goto done;
-		}
+		if (hole < 0)
+			return -errno;
 		off_t ioff = data, ooff = data;
 
 		while (ioff < hole) {
@@ -318,23 +329,74 @@ int disk_file_copy(const char *src, const char *dst)
 			if (n < 0) {
 				if (errno == EINTR)
 					continue;
-				r = -errno;
-				goto done;
+				return -errno;
 			}
 			if (n == 0)
 				break;
 		}
 		pos = hole;
 	}
-	if (fsync(out) < 0)
+	return fsync(out) < 0 ? -errno : 0;
+}
+
+int disk_file_copy(const char *src, const char *dst)
+{
+	int in, out, r;
+	off_t size;
+
+	if ((r = copy_open(src, dst, &in, &out, &size)) < 0)
+		return r;
+	r = copy_extents(in, out, size);
+	close(in);
+	if (close(out) < 0 && r == 0)
 		r = -errno;
-done:
-	if (in >= 0)
-		close(in);
-	if (out >= 0)
-		close(out);
-	if (r < 0 && out >= 0)
+	if (r < 0)
 		unlink(dst);
+	return r;
+}
+
+static void *copy_thread(void *arg)
+{
+	struct disk_copy *c = arg;
+
+	c->result = copy_extents(c->in, c->out, c->size);
+	return NULL;
+}
+
+int disk_copy_start(struct disk_copy *c, const char *src, const char *dst)
+{
+	int r;
+
+	memset(c, 0, sizeof(*c));
+	c->in = c->out = -1;
+	if (!fs_path(c->dst, "%s", dst))
+		return -ENAMETOOLONG;
+	if ((r = copy_open(src, dst, &c->in, &c->out, &c->size)) < 0)
+		return r;
+	if ((r = pthread_create(&c->thread, NULL, copy_thread, c)) != 0) {
+		/* no thread: copied here, before the caller goes on */
+		c->result = copy_extents(c->in, c->out, c->size);
+		c->done = true;
+	}
+	c->started = true;
+	return 0;
+}
+
+int disk_copy_wait(struct disk_copy *c)
+{
+	int r;
+
+	if (!c->started)
+		return -EINVAL;
+	if (!c->done)
+		pthread_join(c->thread, NULL);
+	c->started = false;
+	r = c->result;
+	close(c->in);
+	if (close(c->out) < 0 && r == 0)
+		r = -errno;
+	if (r < 0)
+		unlink(c->dst);
 	return r;
 }
 

@@ -20,8 +20,12 @@
 #ifndef KILN_VMM_DISK_H
 #define KILN_VMM_DISK_H
 
+#include <limits.h>
+#include <pthread.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #define DISK_CHAIN_MAX 4	/* qcow2 layers above the base image */
 
@@ -63,6 +67,24 @@ int disk_flatten(const char *top, const char *const *chain, unsigned n, const ch
  * costs what was touched. `dst` is fsync()ed.
  */
 int disk_file_copy(const char *src, const char *dst);
+
+/*
+ * The same copy on a thread of its own: disk_copy_start() creates `dst` at `src`'s length before
+ * it returns (so the file can be opened and mapped at once) and copies the data behind it;
+ * disk_copy_wait() waits for the end and gives its result (`dst` removed when it failed). Every
+ * started copy is waited for exactly once. A restore starts its VMM while its memory image is
+ * copied, and waits before the VMM reads any of it.
+ */
+struct disk_copy {
+	pthread_t thread;
+	int in, out, result;
+	off_t size;
+	bool started, done;
+	char dst[PATH_MAX];
+};
+
+int disk_copy_start(struct disk_copy *c, const char *src, const char *dst);
+int disk_copy_wait(struct disk_copy *c);
 
 /* Moves `src` to `dst`: rename(2), or copy and unlink across file systems. */
 int disk_file_move(const char *src, const char *dst);

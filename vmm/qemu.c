@@ -1185,6 +1185,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 				  struct hv_vm **out, struct kiln_error *err)
 {
 	char state[PATH_MAX], mem[PATH_MAX];
+	struct disk_copy copy = { .started = false };
 	uint64_t snap_disk = 0;
 	bool shared = false;
 	struct hv_vm *vm;
@@ -1225,7 +1226,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 	else if (from == VMM_MEM_MOVE)
 		r = disk_file_move(mem, vm->mem_path);
 	else if (from == VMM_MEM_COPY || vm->balloon)
-		r = disk_file_copy(mem, vm->mem_path);
+		r = disk_copy_start(&copy, mem, vm->mem_path);	/* waited for before the state */
 	else {
 		vm->mem_owned = false;
 		r = fs_path(vm->mem_path, "%s", mem) ? 0 : -ENAMETOOLONG;
@@ -1269,6 +1270,12 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		goto fail;
 	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
 		goto fail;
+	/* QEMU maps the memory file at its start but reads none of it before the state is loaded
+	 * (a device's state names rings in guest memory): the copy ran beside its start. */
+	if (copy.started && (r = disk_copy_wait(&copy)) < 0) {
+		rc = fs_err(err, r, "cannot copy memory from", mem);
+		goto fail;
+	}
 	if ((rc = migrate_fd(vm, "migrate-incoming", fd, err)) != KILN_OK)
 		goto fail;
 	if ((rc = qmp_do(vm, "cont", NULL, NULL, err)) != KILN_OK)
@@ -1282,6 +1289,8 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 fail:
 	if (fd >= 0)
 		close(fd);
+	if (copy.started)
+		disk_copy_wait(&copy);
 	qemu_destroy(vm, NULL);
 	return rc;
 }
