@@ -385,6 +385,15 @@ static void identity_changes_hostname_env_and_clock(void)
 	snprintf(want, sizeof(want), "sbx-itest\nsbx_0123456789 yes\n");
 	CHECK_STR(c.out, want);
 	CHECK(labs(guest_now - (long)time(NULL)) < 10);
+	/* the files naming it, written after the answer, are there for the next request */
+	CHECK_INT(agent_set_identity(agent, &(struct agent_identity){ .hostname = "sbx-files",
+								    .sandbox_id = "sbx_files1" },
+				     &err),
+		  KILN_OK);
+	CHECK_INT(run_shell("cat /etc/hostname /run/kiln/sandbox-id; grep -c '127.0.1.1.sbx-files$' "
+			    "/etc/hosts", 10000, &c, &r),
+		  0);
+	CHECK_STR(c.out, "sbx-files\nsbx_files1\n1\n");
 
 	struct agent_identity bad = { .hostname = "bad host" };
 
