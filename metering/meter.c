@@ -2088,7 +2088,12 @@ static void sb_bill(struct meter *m, struct msb *s, const struct mrow *r, int64_
 			j++;
 		if (!pc[i].mine) {
 			/* Another node's generation: its meter bills it (one this meter took over
-			 * follows the change that set `cut`). */
+			 * follows the change that set `cut`). An earlier one of a sandbox here is
+			 * watched as a cut one is: when that meter dies again before it flushed any
+			 * of it, nobody else bills it (a restart of this meter lost what it had
+			 * taken over: test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once). */
+			if (r->here && pc[i].gen < r->gen && strcmp(pc[i].node, m->node) != 0)
+				cut_watch(m, s->id, pc[i].gen);
 			i = j + 1;
 			continue;
 		}

@@ -5128,6 +5128,20 @@ static void test_a_cut_generation_watched_across_its_takers_restart_is_billed_on
  * in no state ([0, 10), while it was being made) before it crashed at 11. The tails path takes
  * no such point, so the watch bills from it.
  */
+/*
+ * The same, B's meter restarted at 36, before its cut, and A's meter crashing again then (its key
+ * gone at 37) before it flushed anything of generation 1: what B had taken over (generation 1 up
+ * to its billing end) was in its memory alone, and the restarted meter, reading generation 1's
+ * changes while A's key was still there, left it to A's meter. Now it watches the generation it
+ * left as it watches a cut one; before, nobody billed it (0 µcr for 1,412).
+ */
+static void test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once(void)
+{
+	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
+								 .a_redis = 33, .pause_at = 27,
+								 .a_dies_again = 36, .b_restart = 36 });
+}
+
 static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
 {
 	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
@@ -5666,6 +5680,7 @@ int main(void)
 	TEST(test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once);
 	TEST(test_a_cut_generation_watched_across_its_takers_restart_is_billed_once);
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
+	TEST(test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
