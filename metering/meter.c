@@ -79,8 +79,9 @@ struct mwin {
 
 struct mten;
 
-/* A generation sb_cut() left to its node's meter, watched by meter_take_tails() while the ledger
- * has no point of it (kept in meter_cut_watch too, so a restart of this meter keeps watching). */
+/* A generation sb_cut() left to its node's meter, or one sb_bill() left to it from the start (that
+ * meter alive), watched by meter_take_tails() while the ledger has no point of it (kept in
+ * meter_cut_watch too, so a restart of this meter keeps watching). */
 struct mcut {
 	char id[ID_MAX];
 	long long gen;
@@ -4162,7 +4163,7 @@ static void cut_watch_end(struct meter *m, const char *ids, const char *gens)
 }
 
 /*
- * The generations sb_cut() left to their node's meter, watched until the ledger has a point of
+ * The generations sb_cut() or sb_bill() left to their node's meter, watched until the ledger has a point of
  * them the tails path takes, or their end: one whose node's meter is gone again before it
  * flushed any of it is billed here from its start to its end (tails_of_the_gone()); before,
  * nobody billed it (test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once). One
