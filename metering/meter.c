@@ -4163,9 +4163,9 @@ static void cut_watch_end(struct meter *m, const char *ids, const char *gens)
 }
 
 /*
- * The generations sb_cut() or sb_bill() left to their node's meter, watched until the ledger has a point of
- * them the tails path takes, or their end: one whose node's meter is gone again before it
- * flushed any of it is billed here from its start to its end (tails_of_the_gone()); before,
+ * The generations sb_cut() or sb_bill() left to their node's meter, watched until the ledger has
+ * a point of them the tails path takes, or their end: one whose node's meter is gone again before
+ * it flushed any of it is billed here from its start to its end (tails_of_the_gone()); before,
  * nobody billed it (test_a_cut_generation_whose_meter_dies_again_unflushed_is_billed_once). One
  * with a point of no state (flushed while it was being made) is billed from there: tails_sql
  * takes no such point. Billed here, it stays watched until its windows are in the ledger (a
