@@ -4102,11 +4102,11 @@ out:
 }
 
 /*
- * The generations sb_cut() left to their node's meter (m->cuts), in tails_sql's columns: from
- * the ledger's point when it has one, else from the generation's start with nothing billed of it
- * (the changes after the start read by their log sequence); then whether the ledger's point is
- * one tails_sql takes (not "none") or the generation's end (marked, or "none" after something
- * billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
+ * The generations sb_cut() or sb_bill() left to their node's meter (m->cuts), in tails_sql's
+ * columns: from the ledger's point when it has one, else from the generation's start with nothing
+ * billed of it (the changes after the start read by their log sequence); then whether the
+ * ledger's point is one tails_sql takes (not "none") or the generation's end (marked, or "none"
+ * after something billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
  * generations, $3 this meter's node: the pairs are kept in meter_cut_watch (migrations/0057) for
  * a restart of it (meter_start()). The end's columns are NULL while no later generation is logged.
  */
@@ -4252,7 +4252,7 @@ out:
  * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
  * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
  * is there; Postgres or Redis unreachable: nothing is taken this tick. The generations sb_cut()
- * watches first (take_cut_tails()).
+ * and sb_bill() left to their node's meter are watched first (take_cut_tails()).
  */
 static void meter_take_tails(struct meter *m, int64_t now)
 {

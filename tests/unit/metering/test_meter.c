@@ -5124,11 +5124,6 @@ static void test_a_cut_generation_watched_across_its_takers_restart_is_billed_on
 }
 
 /*
- * The same, the sandbox made at 5 and running from 23: A's meter flushed a point of generation 1
- * in no state ([0, 10), while it was being made) before it crashed at 11. The tails path takes
- * no such point, so the watch bills from it.
- */
-/*
  * The same, B's meter restarted at 36, before its cut, and A's meter crashing again then (its key
  * gone at 37) before it flushed anything of generation 1: what B had taken over (generation 1 up
  * to its billing end) was in its memory alone, and the restarted meter, reading generation 1's
@@ -5142,6 +5137,11 @@ static void test_a_generation_left_to_its_meter_after_the_takers_restart_is_bill
 								 .a_dies_again = 36, .b_restart = 36 });
 }
 
+/*
+ * The same, the sandbox made at 5 and running from 23: A's meter flushed a point of generation 1
+ * in no state ([0, 10), while it was being made) before it crashed at 11. The tails path takes
+ * no such point, so the watch bills from it.
+ */
 static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
 {
 	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
