@@ -4106,9 +4106,10 @@ out:
  * columns: from the ledger's point when it has one, else from the generation's start with nothing
  * billed of it (the changes after the start read by their log sequence); then whether the
  * ledger's point is one tails_sql takes (not "none") or the generation's end (marked, or "none"
- * after something billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes, $2 their
- * generations, $3 this meter's node: the pairs are kept in meter_cut_watch (migrations/0057) for
- * a restart of it (meter_start()). The end's columns are NULL while no later generation is logged.
+ * after something billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes,
+ * $2 their generations, $3 this meter's node: the pairs are kept in meter_cut_watch
+ * (migrations/0057) for a restart of it (meter_start()). The end's columns are NULL while no later
+ * generation is logged.
  */
 static const char cut_tails_sql[] =
 	"WITH w AS (INSERT INTO meter_cut_watch (node_id, sandbox_id, generation) "
