@@ -5183,6 +5183,77 @@ static void test_a_meter_with_nothing_to_bill_saves_its_frame(void)
 	boot = NULL;
 }
 
+/* The node's saved frame, one column (a bigint) of meter_clocks. */
+static long long frame_col(const char *col)
+{
+	return sql_int("SELECT %s FROM meter_clocks WHERE node_id = '%s'", col, node);
+}
+
+/*
+ * The same across forward steps. A 300 s backward step at 2 is seen without Postgres (ticks 2 and
+ * 3 fail), so the frame changed unsaved when the wall clock steps 600 s forward at 4, Postgres
+ * back: the tick that holds the step (it bills up to the step's gap start and follows it at the
+ * next) saves nothing, the frame having no record of the step yet (saved there, a meter started
+ * in it would place the step's gap at its own first tick); the tick after it saves the frame with
+ * the step and its gap. Of more steps than a frame keeps (STEPS_KEPT), the newest are saved, and
+ * the label clock goes on across all of them. Without frame_keep()'s test of the held tick, the
+ * frame was saved at 4 with the backward step's offset and no forward step (mono 5,003 s).
+ */
+static void test_a_meter_with_nothing_to_bill_saves_its_frame_after_a_forward_step(void)
+{
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct meter *m;
+
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	boot = "test-boot";
+	m = new_meter_with(true, 0);
+	for (int i = 1; i <= 5; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 2) {	/* 300 s back, seen without Postgres: not saved */
+			fake_now -= 300 * S;
+			meter_set_backends(m, dead, rds);
+		}
+		if (i == 4) {	/* 600 s forward: tick 4 holds it */
+			fake_now += 600 * S;
+			meter_set_backends(m, pg, rds);
+		}
+		CHECK_INT(meter_tick(m, &err), i == 2 || i == 3 ? KILN_E_UNAVAILABLE : KILN_OK);
+		kiln_error_clear(&err);
+		if (i <= 4)	/* saved at the first tick only: not at the held one */
+			CHECK_INT(frame_col("mono_ns"), 5001 * S);
+	}
+	/* the step took the backward step's lead back: a gap of 300 s, labels on the wall clock */
+	CHECK_INT(frame_col("mono_ns"), 5005 * S);
+	CHECK_INT(frame_col("label_ns"), t0 + 305 * S);
+	CHECK_INT(frame_col("off_ns"), 0);
+	CHECK_INT(frame_col("step_by_ns"), 300 * S);
+	/* the gap begins where the held tick billed to: the second before it (held_to()) */
+	CHECK_INT(frame_col("cardinality(gaps_ns)"), 2);
+	CHECK_INT(frame_col("gaps_ns[1]"), t0 + 3 * S);
+	CHECK_INT(frame_col("gaps_ns[2]"), 300 * S);
+	/* 20 more steps of 100 s, three ticks apart: 16 kept, the newest last */
+	for (int k = 0; k < 20; k++)
+		for (int i = 0; i < 3; i++) {
+			fake_now += S;
+			fake_mono += S;
+			if (i == 0)
+				fake_now += 100 * S;
+			CHECK_INT(meter_tick(m, &err), KILN_OK);
+		}
+	CHECK_INT(frame_col("cardinality(gaps_ns)"), 2 * 16);
+	CHECK_INT(frame_col("step_by_ns"), 100 * S);
+	CHECK_INT(frame_col("mono_ns"), (5005 + 20 * 3 - 1) * S);
+	CHECK_INT(frame_col("label_ns"), t0 + (305 + 20 * 103 - 1) * S);	/* saved at k = 19, i = 1 */
+	CHECK_INT(frame_col("gaps_ns[32]"), 100 * S);
+	meter_free(m);
+	pg_free(dead);
+	boot = NULL;
+}
+
 /*
  * Kiln-sim seed 31569: two meters of one node, a and b, and nothing of the node billed yet. a
  * crashes at 3; the wall clock steps 700 s back at 5, b following it live (its labels 700 s
@@ -5682,6 +5753,7 @@ int main(void)
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
 	TEST(test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
+	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame_after_a_forward_step);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
 	TEST(test_a_late_held_tick_takes_the_gap_start_told_through_postgres);
 	TEST(test_a_late_held_tick_without_redis_reads_the_gap_start_from_postgres);
