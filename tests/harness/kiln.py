@@ -143,6 +143,21 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(n):
+    """`n` distinct ports free now: each socket stays bound until all are chosen (two free_port()
+    calls in a row can return one port twice, and a daemon given both fails to listen)."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def registry_dir():
     """The run's registry of daemons: KILN_TEST_REGISTRY, else KILN_TEST_DIR/daemons of the
     services fixture; None outside a ctest run with the fixture."""
@@ -270,7 +285,8 @@ class Gateway(Daemon):
 
     def __init__(self, database_url, redis_url, extra_env=None, master_key=None,
                  listen_host="127.0.0.1", e2b=False):
-        self.port = free_port()
+        ports = free_ports(3 if e2b else 1)
+        self.port = ports[0]
         self.url = f"http://127.0.0.1:{self.port}"
         self.master_key = master_key or secrets.token_hex(32)
         self.admin_key_file = tempfile.mktemp(prefix="kiln-admin-key-")
@@ -283,10 +299,10 @@ class Gateway(Daemon):
                "KILN_PORTS_LISTEN": f"{listen_host}:0"}
         self.e2b_port = None
         if e2b:
-            self.e2b_port = free_port()
+            self.e2b_port = ports[1]
             env["KILN_E2B_LISTEN"] = f"{listen_host}:{self.e2b_port}"
             self.e2b_url = f"http://127.0.0.1:{self.e2b_port}"
-            self.e2b_sandbox_port = free_port()
+            self.e2b_sandbox_port = ports[2]
             env["KILN_E2B_SANDBOX_LISTEN"] = f"{listen_host}:{self.e2b_sandbox_port}"
             self.e2b_sandbox_url = f"http://127.0.0.1:{self.e2b_sandbox_port}"
         env.update(extra_env or {})
