@@ -47,6 +47,14 @@ struct qemu_args {
  */
 int qemu_argv_build(const struct qemu_args *a, char ***argv);
 
+/*
+ * Writes to `dst` the head of the x86 bzImage `kernel`: its boot sector, setup header and setup
+ * code and one page after them, all QEMU reads to accept it. A restore's QEMU loads that instead of
+ * the whole kernel, which its guest (memory from the snapshot) never boots. Returns 0, -ENOEXEC if
+ * `kernel` is not a bzImage, or -errno.
+ */
+int qemu_kernel_head(const char *kernel, const char *dst);
+
 /* Frees an argv from qemu_argv_build. Accepts NULL. */
 void qemu_argv_free(char **argv);
 

@@ -479,6 +479,16 @@ static void test_lifecycle(void)
 		vmm_status(c, &sc_st, NULL);
 		/* the model it was taken under */
 		CHECK(cmdline_has(sb_st.pid, accel_detect() == ACCEL_TCG ? ACCEL_CPU_TCG ",enforce" : "host"));
+		/* a restore loads the kernel's head only, bound into its jail and gone from the run dir */
+		{
+			char kp[64];
+			struct stat ks, full;
+
+			snprintf(kp, sizeof(kp), "/proc/%d/root/kernel", (int)sb_st.pid);
+			CHECK(stat(kp, &ks) == 0 && stat(getenv("KILN_GUEST_KERNEL"), &full) == 0);
+			CHECK(ks.st_size >= 8192 && ks.st_size < 256 * 1024 && ks.st_size < full.st_size);
+			CHECK_INT((int)ks.st_nlink, 0);
+		}
 		kb_b = shared_kb_of_mapping(sb_st.pid, 256 * 1024);
 		kb_c = shared_kb_of_mapping(sc_st.pid, 256 * 1024);
 		fprintf(stderr, "guest memory shared between the children: %ld kB and %ld kB\n", kb_b, kb_c);

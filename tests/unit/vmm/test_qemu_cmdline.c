@@ -10,6 +10,7 @@
 #endif
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "test.h"
 #include "vmm/accel.h"
@@ -303,6 +304,73 @@ static void test_spec_shape_and_checks(void)
 	CHECK(hv_find("firecracker") != NULL);
 }
 
+/* Writes `len` bytes of a counting pattern to `path`, a bzImage's signature and setup sectors in it. */
+static void fake_kernel(const char *path, size_t len, unsigned char setup_sects, bool signed_)
+{
+	FILE *f = fopen(path, "wb");
+
+	for (size_t i = 0; f && i < len; i++) {
+		unsigned char c = (unsigned char)(i * 7 + 3);
+
+		if (i == 0x1f1)
+			c = setup_sects;
+		else if (signed_ && i >= 0x202 && i < 0x206)
+			c = (unsigned char)"HdrS"[i - 0x202];
+		fputc(c, f);
+	}
+	if (f)
+		fclose(f);
+}
+
+/* `head` is the first bytes of `whole`, and `want` long. */
+static bool is_head_of(const char *head, const char *whole, long want)
+{
+	FILE *h = fopen(head, "rb"), *w = fopen(whole, "rb");
+	bool ok = h && w;
+	long n = 0;
+	int c;
+
+	while (ok && (c = fgetc(h)) != EOF) {
+		ok = fgetc(w) == c;
+		n++;
+	}
+	if (h)
+		fclose(h);
+	if (w)
+		fclose(w);
+	return ok && n == want;
+}
+
+/* A restore's kernel: the boot sector, the setup sectors and a page, at least 8 KiB (QEMU's read). */
+static void test_kernel_head(void)
+{
+	char dir[] = "/tmp/kiln-khead-XXXXXX", k[64], h[64];
+
+	if (!mkdtemp(dir)) {
+		CHECK(false);
+		return;
+	}
+	snprintf(k, sizeof(k), "%s/vmlinuz", dir);
+	snprintf(h, sizeof(h), "%s/kernel.head", dir);
+	fake_kernel(k, 1 << 20, 39, true);
+	CHECK_INT(qemu_kernel_head(k, h), 0);
+	CHECK(is_head_of(h, k, 40 * 512 + 4096));
+	/* written afresh over an older head */
+	fake_kernel(k, 1 << 20, 0, true);	/* 0 setup sectors means 4 */
+	CHECK_INT(qemu_kernel_head(k, h), 0);
+	CHECK(is_head_of(h, k, 8192));
+	/* not a bzImage (an ELF vmlinux, say), or shorter than its setup: no head, no file */
+	fake_kernel(k, 1 << 20, 39, false);
+	CHECK_INT(qemu_kernel_head(k, h), -ENOEXEC);
+	CHECK(access(h, F_OK) < 0);
+	fake_kernel(k, 40 * 512, 39, true);
+	CHECK_INT(qemu_kernel_head(k, h), -ENOEXEC);
+	CHECK(access(h, F_OK) < 0);
+	CHECK_INT(qemu_kernel_head("/nonexistent/vmlinuz", h), -ENOENT);
+	unlink(k);
+	rmdir(dir);
+}
+
 int main(void)
 {
 	TEST(test_cmdline_cold_boot_jailed_tcg);
@@ -314,5 +382,6 @@ int main(void)
 	TEST(test_cmdline_cpu_model);
 	TEST(test_cmdline_tsc_rate);
 	TEST(test_spec_shape_and_checks);
+	TEST(test_kernel_head);
 	return test_summary();
 }
