@@ -606,6 +606,43 @@ int cg_destroy(struct cg *cg)
 	return r;
 }
 
+int cg_rename(struct cg *cg, const char *name)
+{
+	char to[CTL__COUNT][PATH_MAX];
+	int done = 0, r = 0;
+
+	if (!name || !*name || strchr(name, '/') || strcmp(name, ".") == 0 || strcmp(name, "..") == 0)
+		return -EINVAL;
+	for (int c = 0; c < CTL__COUNT; c++) {
+		const char *slash = strrchr(cg->dirs[c], '/');
+		int n = slash ? snprintf(to[c], PATH_MAX, "%.*s/%s", (int)(slash - cg->dirs[c]),
+					 cg->dirs[c], name) : -1;
+
+		if (n < 0 || n >= PATH_MAX)
+			return -ENAMETOOLONG;
+	}
+	for (; done < CTL__COUNT; done++) {
+		struct stat st;
+
+		if (done > 0 && strcmp(cg->dirs[done], cg->dirs[done - 1]) == 0)
+			continue;	/* v2: one directory */
+		/* v1 with controllers mounted together (cpu,cpuacct): renamed through the first */
+		if (rename(cg->dirs[done], to[done]) < 0 &&
+		    !(errno == ENOENT && stat(to[done], &st) == 0 && stat(cg->dirs[done], &st) < 0)) {
+			r = -errno;
+			break;
+		}
+	}
+	if (r < 0) {	/* back to the old name: the group stays whole under one name */
+		while (done-- > 0)
+			rename(to[done], cg->dirs[done]);
+		return r;
+	}
+	for (int c = 0; c < CTL__COUNT; c++)
+		memcpy(cg->dirs[c], to[c], PATH_MAX);
+	return 0;
+}
+
 void cg_free(struct cg *cg)
 {
 	if (cg)

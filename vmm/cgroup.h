@@ -53,6 +53,14 @@ int cg_create(const char *root, const char *node, const char *name, const struct
 /* Opens the existing group kiln/<node>/<name> without changing it (e.g. after a restart). */
 int cg_open(const char *root, const char *node, const char *name, struct cg **out);
 
+/*
+ * Renames the group to kiln/<node>/<name> under every controller, with what runs in it and what
+ * it was charged (rename(2) of the directories, which cgroupfs allows within their parent).
+ * Files cg_read() keeps open stay valid. On failure the group keeps its old name. 0 or -errno
+ * (-EEXIST/-ENOTEMPTY: a group of that name exists).
+ */
+int cg_rename(struct cg *cg, const char *name);
+
 /* Moves process `pid` (all its threads) into the group. */
 int cg_attach(struct cg *cg, pid_t pid);
 

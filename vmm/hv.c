@@ -155,6 +155,30 @@ enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const
 	return wrap(driver, hv, rc, out, err);
 }
 
+enum kiln_err vmm_restore_begin(const char *driver, const struct vmm_spec *spec, const char *snap_dir,
+				enum vmm_mem_from from, struct vmm_vm **out, struct kiln_error *err)
+{
+	const struct hv_ops *ops = hv_find(driver);
+	struct hv_vm *hv = NULL;
+	enum kiln_err rc;
+
+	*out = NULL;
+	if (!ops || !ops->restore_begin || !ops->restore_end)
+		return kiln_error_set(err, KILN_E_NOT_IMPLEMENTED,
+				      "hypervisor '%s' cannot restore in two steps", driver ? driver : "(null)");
+	rc = ops->restore_begin(spec, snap_dir, from, &hv, err);
+	return wrap(driver, hv, rc, out, err);
+}
+
+enum kiln_err vmm_restore_end(struct vmm_vm *vm, const struct vmm_spec *spec, struct kiln_error *err)
+{
+	enum kiln_err rc = vm->ops->restore_end(vm->hv, spec, err);
+
+	if (rc != KILN_OK)
+		free(vm);	/* the driver destroyed its VM */
+	return rc;
+}
+
 enum kiln_err vmm_adopt(const char *driver, const char *state_dir, struct vmm_vm **out,
 			struct kiln_error *err)
 {

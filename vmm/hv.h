@@ -11,6 +11,8 @@
  *                         snapshot and the VMM process ends
  *   vmm_restore           a new VMM process from a snapshot directory (product: resume, fork, create
  *                         from template), with its memory mapped privately or owned
+ *   vmm_restore_begin/end the same in two steps: a VMM started ahead, waiting for its state, then
+ *                         loaded and run, under another name if asked
  *   vmm_destroy           kill, reap, remove cgroup and files
  *   vmm_adopt             take over a VM an earlier run of the node left (its VMM may still run)
  *   vmm_snapshot_finish   complete a VMM_SNAP_SHARED snapshot whose VMM ended inside it
@@ -111,6 +113,10 @@ struct hv_ops {
 	/* optional: NULL where the driver cannot take VMs over */
 	enum kiln_err (*adopt)(const char *state_dir, struct hv_vm **out, struct kiln_error *err);
 	enum kiln_err (*snapshot_finish)(struct hv_vm *vm, const char *snap_dir, struct kiln_error *err);
+	/* optional: a restore in two steps (vmm_restore_begin) */
+	enum kiln_err (*restore_begin)(const struct vmm_spec *spec, const char *snap_dir,
+				       enum vmm_mem_from from, struct hv_vm **out, struct kiln_error *err);
+	enum kiln_err (*restore_end)(struct hv_vm *vm, const struct vmm_spec *spec, struct kiln_error *err);
 	const char *(*agent_socket)(const struct hv_vm *vm);
 	const char *(*serial_log)(const struct hv_vm *vm);
 };
@@ -143,6 +149,20 @@ enum kiln_err vmm_create(const char *driver, const struct vmm_spec *spec, struct
 			 struct kiln_error *err);
 enum kiln_err vmm_restore(const char *driver, const struct vmm_spec *spec, const char *snap_dir,
 			  enum vmm_mem_from from, struct vmm_vm **out, struct kiln_error *err);
+/*
+ * vmm_restore() in two steps, so that the VMM's start can come before the request it serves:
+ * vmm_restore_begin() does all of it up to a VMM waiting for the snapshot's state (the memory
+ * prepared or copying, the disk layer made, the VMM started in its jail and answering; vmm_status
+ * says alive, not running); vmm_restore_end() loads the state and runs the VM. Given a `spec`,
+ * the end renames the VM to it first: its id, run and state directories, memory file and cgroup
+ * become the spec's (docs/vmm.md); the shape, node, uid and network must be the begin's, and the
+ * VMM stays in the network namespace it was started in. On failure the end destroys the VM (`vm`
+ * is freed). A VM begun and never ended is removed whole by vmm_destroy().
+ * KILN_E_NOT_IMPLEMENTED: the driver cannot.
+ */
+enum kiln_err vmm_restore_begin(const char *driver, const struct vmm_spec *spec, const char *snap_dir,
+				enum vmm_mem_from from, struct vmm_vm **out, struct kiln_error *err);
+enum kiln_err vmm_restore_end(struct vmm_vm *vm, const struct vmm_spec *spec, struct kiln_error *err);
 enum kiln_err vmm_pause(struct vmm_vm *vm, struct kiln_error *err);
 enum kiln_err vmm_resume(struct vmm_vm *vm, struct kiln_error *err);
 enum kiln_err vmm_snapshot(struct vmm_vm *vm, const char *snap_dir, enum vmm_snap_mode mode,

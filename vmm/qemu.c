@@ -328,6 +328,16 @@ struct hv_vm {
 	unsigned long long start_ticks;	/* the process's start time, against a reused pid */
 	char hv_version[32];
 	char record_path[PATH_MAX];
+	/* a restore begun and not ended (qemu_restore_begin): QEMU waits for the state */
+	struct {
+		bool on;
+		int fd;			/* the snapshot's state */
+		struct disk_copy copy;	/* the memory image's copy, when one runs */
+		char mem_src[PATH_MAX];
+		uint64_t snap_disk;	/* the snapshot's disk size, bytes */
+		unsigned disk_gib;	/* the spec's */
+		uid_t uid;		/* the spec's: QEMU's and its files' */
+	} pend;
 };
 
 /* Fills the handle's names and paths from the spec. */
@@ -1255,16 +1265,33 @@ static enum kiln_err disk_grow(struct hv_vm *vm, uint64_t bytes, struct kiln_err
 	return rc;
 }
 
-static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir, enum vmm_mem_from from,
-				  struct hv_vm **out, struct kiln_error *err)
+/* Ends what a restore begun left: its state file closed, its memory copy waited for. */
+static void pend_drop(struct hv_vm *vm)
 {
-	char state[PATH_MAX], mem[PATH_MAX];
-	struct disk_copy copy = { .started = false };
-	uint64_t snap_disk = 0;
+	if (!vm->pend.on)
+		return;
+	if (vm->pend.fd >= 0)
+		close(vm->pend.fd);
+	if (vm->pend.copy.started)
+		disk_copy_wait(&vm->pend.copy);
+	vm->pend.on = false;
+}
+
+/*
+ * The first step of a restore: everything up to a QEMU waiting for the snapshot's state (its
+ * memory prepared, its disk layer made, QEMU started in its jail and answering QMP). The state
+ * is loaded by qemu_restore_end().
+ */
+static enum kiln_err qemu_restore_begin(const struct vmm_spec *s, const char *snap_dir,
+					enum vmm_mem_from from, struct hv_vm **out,
+					struct kiln_error *err)
+{
+	char state[PATH_MAX], *mem;
+	struct disk_copy *copy;
 	bool shared = false;
 	struct hv_vm *vm;
 	enum kiln_err rc;
-	int r, fd = -1;
+	int r;
 
 	*out = NULL;
 	if ((rc = vmm_spec_check(s, err)) != KILN_OK)
@@ -1272,6 +1299,12 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 	vm = calloc(1, sizeof(*vm));
 	if (!vm)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	vm->pend.on = true;
+	vm->pend.fd = -1;
+	vm->pend.disk_gib = s->disk_gib;
+	vm->pend.uid = s->uid;
+	copy = &vm->pend.copy;
+	mem = vm->pend.mem_src;
 	if ((rc = vm_init(vm, s, err)) != KILN_OK)
 		goto fail;
 	if (!fs_path(state, "%s/state", snap_dir) || !fs_path(mem, "%s/mem", snap_dir)) {
@@ -1280,8 +1313,8 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 	}
 	if ((rc = check_manifest(snap_dir, vm, &shared, err)) != KILN_OK)
 		goto fail;
-	fd = open(state, O_RDONLY | O_CLOEXEC);
-	if (fd < 0) {
+	vm->pend.fd = open(state, O_RDONLY | O_CLOEXEC);
+	if (vm->pend.fd < 0) {
 		rc = fs_err(err, -errno, "cannot open snapshot state", state);
 		goto fail;
 	}
@@ -1300,7 +1333,7 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 	else if (from == VMM_MEM_MOVE)
 		r = disk_file_move(mem, vm->mem_path);
 	else if (from == VMM_MEM_COPY || vm->balloon)
-		r = disk_copy_start(&copy, mem, vm->mem_path);	/* waited for before the state */
+		r = disk_copy_start(copy, mem, vm->mem_path);	/* waited for before the state */
 	else {
 		vm->mem_owned = false;
 		r = fs_path(vm->mem_path, "%s", mem) ? 0 : -ENAMETOOLONG;
@@ -1318,14 +1351,14 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 			rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
 			goto fail;
 		}
-		if ((r = disk_info(vm->chain[vm->depth], &snap_disk)) < 0) {
+		if ((r = disk_info(vm->chain[vm->depth], &vm->pend.snap_disk)) < 0) {
 			rc = fs_err(err, r, "cannot read the size of", vm->chain[vm->depth]);
 			goto fail;
 		}
-		if (s->disk_gib && (uint64_t)s->disk_gib << 30 < snap_disk) {
+		if (s->disk_gib && (uint64_t)s->disk_gib << 30 < vm->pend.snap_disk) {
 			rc = kiln_error_set(err, KILN_E_INVALID,
 					    "disk: %u GiB is smaller than the snapshot's %llu GiB", s->disk_gib,
-					    (unsigned long long)((snap_disk + (1ull << 30) - 1) >> 30));
+					    (unsigned long long)((vm->pend.snap_disk + (1ull << 30) - 1) >> 30));
 			goto fail;
 		}
 		if ((r = disk_overlay_create(vm->chain[vm->depth], vm->depth, vm->disk_path, 0)) < 0) {
@@ -1344,28 +1377,142 @@ static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir
 		goto fail;
 	if ((rc = set_ignore_shared(vm, shared, err)) != KILN_OK)
 		goto fail;
-	/* QEMU maps the memory file at its start but reads none of it before the state is loaded
-	 * (a device's state names rings in guest memory): the copy ran beside its start. */
-	if (copy.started && (r = disk_copy_wait(&copy)) < 0) {
-		rc = fs_err(err, r, "cannot copy memory from", mem);
-		goto fail;
-	}
-	if ((rc = migrate_fd(vm, "migrate-incoming", fd, err)) != KILN_OK)
-		goto fail;
-	if ((rc = qmp_do(vm, "cont", NULL, NULL, err)) != KILN_OK)
-		goto fail;
-	if (vm->chain[0][0] && s->disk_gib && (uint64_t)s->disk_gib << 30 > snap_disk &&
-	    (rc = disk_grow(vm, (uint64_t)s->disk_gib << 30, err)) != KILN_OK)
-		goto fail;
-	close(fd);
 	*out = vm;
 	return KILN_OK;
 fail:
-	if (fd >= 0)
-		close(fd);
-	if (copy.started)
-		disk_copy_wait(&copy);
 	qemu_destroy(vm, NULL);
+	return rc;
+}
+
+/* Puts what vm_rename() renamed back under the VM's names (a rename that failed part way). */
+static void files_rename_undo(struct hv_vm *vm, const struct hv_vm *nw)
+{
+	rename(nw->run_dir, vm->run_dir);
+	rename(nw->state_dir, vm->state_dir);
+	if (vm->mem_owned)
+		rename(nw->mem_path, vm->mem_path);
+}
+
+/*
+ * Gives the VM of a restore begun under another name `s`'s: its id, run and state directories,
+ * memory file (its own) and cgroup are renamed; vm.json is written anew and the console drained
+ * into the new state directory. QEMU keeps what it opened (sockets, jail, disk, memory), all moved
+ * with their directories. Its shape, node, uid and network device must be the begin's; its
+ * network namespace stays the begin's (QEMU runs in it), whatever `s` names.
+ */
+static enum kiln_err vm_rename(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
+{
+	struct hv_vm *nw;
+	enum kiln_err rc = KILN_OK;
+	struct stat st;
+	int r = 0;
+
+	if ((rc = vmm_spec_check(s, err)) != KILN_OK)
+		return rc;
+	if (s->vcpu_milli != vm->vcpu_milli || s->mem_mib != vm->mem_mib ||
+	    s->disk_gib != vm->pend.disk_gib || s->uid != vm->pend.uid ||
+	    strcmp(s->node, vm->node) != 0 || (s->netns_path != NULL) != vm->has_net)
+		return kiln_error_set(err, KILN_E_INVALID, "vm '%s' cannot become '%s': another shape",
+				      vm->id, s->id);
+	nw = calloc(1, sizeof(*nw));
+	if (!nw)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	if ((rc = vm_init(nw, s, err)) != KILN_OK)
+		goto out;
+	if (stat(nw->run_dir, &st) == 0 || stat(nw->state_dir, &st) == 0 ||
+	    (vm->mem_owned && stat(nw->mem_path, &st) == 0)) {
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' exists", s->id);
+		goto out;
+	}
+	hv_console_stop(vm->console);
+	vm->console = NULL;
+	if (rename(vm->run_dir, nw->run_dir) < 0 || rename(vm->state_dir, nw->state_dir) < 0 ||
+	    (vm->mem_owned && rename(vm->mem_path, nw->mem_path) < 0) ||
+	    (vm->cg && (r = cg_rename(vm->cg, s->id)) < 0)) {
+		rc = fs_err(err, r < 0 ? r : -errno, "cannot rename vm", vm->id);
+		files_rename_undo(vm, nw);
+		console_attach(vm);
+		goto out;
+	}
+	snprintf(vm->id, sizeof(vm->id), "%s", nw->id);
+	memcpy(vm->run_dir, nw->run_dir, sizeof(vm->run_dir));
+	memcpy(vm->state_dir, nw->state_dir, sizeof(vm->state_dir));
+	memcpy(vm->qmp_path, nw->qmp_path, sizeof(vm->qmp_path));
+	memcpy(vm->agent_path, nw->agent_path, sizeof(vm->agent_path));
+	memcpy(vm->serial_path, nw->serial_path, sizeof(vm->serial_path));
+	memcpy(vm->serial_sock, nw->serial_sock, sizeof(vm->serial_sock));
+	memcpy(vm->serial_old, nw->serial_old, sizeof(vm->serial_old));
+	memcpy(vm->log_path, nw->log_path, sizeof(vm->log_path));
+	memcpy(vm->record_path, nw->record_path, sizeof(vm->record_path));
+	memcpy(vm->jail_root, nw->jail_root, sizeof(vm->jail_root));
+	memcpy(vm->mp_kernel, nw->mp_kernel, sizeof(vm->mp_kernel));
+	memcpy(vm->mp_initrd, nw->mp_initrd, sizeof(vm->mp_initrd));
+	memcpy(vm->mp_disk, nw->mp_disk, sizeof(vm->mp_disk));
+	memcpy(vm->mp_mem, nw->mp_mem, sizeof(vm->mp_mem));
+	memcpy(vm->mp_chain, nw->mp_chain, sizeof(vm->mp_chain));
+	memcpy(vm->kernel_head, nw->kernel_head, sizeof(vm->kernel_head));
+	if (vm->mem_owned) {
+		memcpy(vm->mem_path, nw->mem_path, sizeof(vm->mem_path));
+		if (vm->pend.copy.started)	/* removed by its wait if the copy fails */
+			memcpy(vm->pend.copy.dst, nw->mem_path, sizeof(vm->pend.copy.dst));
+	}
+	if (vm->disk_path[0] && !fs_path(vm->disk_path, "%s/disk.qcow2", vm->state_dir))
+		rc = kiln_error_set(err, KILN_E_INVALID, "state_dir '%s' too long", vm->state_dir);
+	console_attach(vm);
+	if (rc == KILN_OK && (r = record_write(vm)) < 0)
+		rc = fs_err(err, r, "cannot write", vm->record_path);
+out:
+	free(nw);
+	return rc;
+}
+
+/*
+ * The second step: the VM begun by qemu_restore_begin() loads its state and runs, under `s`'s
+ * names when `s` is given (vm_rename). On failure the VM is destroyed.
+ */
+static enum kiln_err qemu_restore_end(struct hv_vm *vm, const struct vmm_spec *s, struct kiln_error *err)
+{
+	enum kiln_err rc = KILN_OK;
+	int r;
+
+	if (!vm->pend.on) {
+		rc = kiln_error_set(err, KILN_E_CONFLICT, "vm '%s' has no restore begun", vm->id);
+		goto fail;
+	}
+	if (s && strcmp(s->id, vm->id) != 0 && (rc = vm_rename(vm, s, err)) != KILN_OK)
+		goto fail;
+	/* QEMU maps the memory file at its start but reads none of it before the state is loaded
+	 * (a device's state names rings in guest memory): the copy ran beside its start. */
+	if (vm->pend.copy.started && (r = disk_copy_wait(&vm->pend.copy)) < 0) {
+		vm->pend.copy.started = false;
+		rc = fs_err(err, r, "cannot copy memory from", vm->pend.mem_src);
+		goto fail;
+	}
+	vm->pend.copy.started = false;
+	if ((rc = migrate_fd(vm, "migrate-incoming", vm->pend.fd, err)) != KILN_OK)
+		goto fail;
+	if ((rc = qmp_do(vm, "cont", NULL, NULL, err)) != KILN_OK)
+		goto fail;
+	if (vm->chain[0][0] && vm->pend.disk_gib &&
+	    (uint64_t)vm->pend.disk_gib << 30 > vm->pend.snap_disk &&
+	    (rc = disk_grow(vm, (uint64_t)vm->pend.disk_gib << 30, err)) != KILN_OK)
+		goto fail;
+	pend_drop(vm);
+	return KILN_OK;
+fail:
+	qemu_destroy(vm, NULL);
+	return rc;
+}
+
+static enum kiln_err qemu_restore(const struct vmm_spec *s, const char *snap_dir, enum vmm_mem_from from,
+				  struct hv_vm **out, struct kiln_error *err)
+{
+	struct hv_vm *vm = NULL;
+	enum kiln_err rc = qemu_restore_begin(s, snap_dir, from, &vm, err);
+
+	*out = NULL;
+	if (rc == KILN_OK && (rc = qemu_restore_end(vm, NULL, err)) == KILN_OK)
+		*out = vm;
 	return rc;
 }
 
@@ -1402,6 +1549,7 @@ static enum kiln_err qemu_destroy(struct hv_vm *vm, struct kiln_error *err)
 	if (!vm)
 		return KILN_OK;
 	vm_kill(vm, false);
+	pend_drop(vm);
 	hv_console_stop(vm->console);
 	vm->console = NULL;
 	if (vm->cg && (r = cg_destroy(vm->cg)) < 0)
@@ -1440,6 +1588,8 @@ const struct hv_ops hv_qemu_ops = {
 	.name = "qemu",
 	.create = qemu_create,
 	.restore = qemu_restore,
+	.restore_begin = qemu_restore_begin,
+	.restore_end = qemu_restore_end,
 	.pause = qemu_pause,
 	.resume = qemu_resume,
 	.snapshot = qemu_snapshot,

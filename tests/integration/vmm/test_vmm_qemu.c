@@ -495,6 +495,79 @@ static void test_lifecycle(void)
 		CHECK(kb_b >= 4096 && kb_c >= 4096);
 	}
 
+	/*
+	 * A restore begun ahead under one name and ended under another (a VMM started before the
+	 * request it serves): the VM continues as the second, jailed as any, nothing left of the
+	 * first; one begun and never ended goes whole.
+	 */
+	{
+		struct vmm_spec sw, se, sx;
+		char run_w[96], state_w[PATH_MAX], run_e[96], state_e[PATH_MAX], run_x[96];
+		char state_x[PATH_MAX], path[PATH_MAX];
+		struct vmm_vm *e = NULL, *x = NULL;
+		struct vmm_status est, xst;
+		uid_t wu = lease_uid();
+		json_t *rec;
+		struct stat sst;
+
+		spec_for(&sw, "aw", run_w, state_w, wu);
+		spec_for(&se, "ae", run_e, state_e, wu);
+		se.netns_path = sw.netns_path;
+		CHECK(vmm_restore_begin("qemu", &sw, snap, VMM_MEM_COPY, &e, &err) == KILN_OK);
+		track(e);
+		CHECK(e && vmm_status(e, &est, NULL) == KILN_OK && est.alive && !est.running);
+		/* another shape is refused, and the VM goes */
+		se.mem_mib = 512;
+		if (e)
+			CHECK(vmm_restore_end(e, &se, &err) == KILN_E_INVALID);
+		untrack(e);
+		if (e)
+			check_gone(est.pid, "aw", run_w, state_w);
+		kiln_error_clear(&err);
+		se.mem_mib = 256;
+		CHECK(vmm_restore_begin("qemu", &sw, snap, VMM_MEM_COPY, &e, &err) == KILN_OK);
+		track(e);
+		CHECK(e && vmm_status(e, &est, NULL) == KILN_OK && est.alive && !est.running);
+		if (e && vmm_restore_end(e, &se, &err) != KILN_OK) {
+			fprintf(stderr, "restore end: %s\n", err.msg);
+			untrack(e);
+			e = NULL;
+		}
+		CHECK(e != NULL);
+		if (e) {
+			CHECK(wait_tick_after(vmm_serial_log(e), last + 2, 10000));
+			CHECK_INT(tick(vmm_serial_log(e), 1), last + 1);
+			check_jailed(e, "ae", wu, run_e, sw.netns_path);
+			vmm_status(e, &est, NULL);
+			CHECK(strncmp(vmm_serial_log(e), state_e, strlen(state_e)) == 0);
+			CHECK(strncmp(vmm_agent_socket(e), run_e, strlen(run_e)) == 0);
+			/* the first name is gone: directories, memory file, cgroup */
+			CHECK(stat(run_w, &sst) < 0 && stat(state_w, &sst) < 0);
+			snprintf(path, sizeof(path), "/dev/shm/kiln-%s-aw.mem", node);
+			CHECK(stat(path, &sst) < 0);
+			snprintf(path, sizeof(path), "/dev/shm/kiln-%s-ae.mem", node);
+			CHECK(stat(path, &sst) == 0);
+			snprintf(path, sizeof(path), "/sys/fs/cgroup/cpu/kiln/%s/aw", node);
+			CHECK(stat(path, &sst) < 0);
+			/* vm.json names the VM as it now is: a restart of the node takes it over so */
+			snprintf(path, sizeof(path), "%s/vm.json", state_e);
+			rec = json_load_file(path, 0, NULL);
+			CHECK(rec && strcmp(json_string_value(json_object_get(rec, "id")) ?: "", "ae") == 0);
+			CHECK(rec && strcmp(json_string_value(json_object_get(rec, "run_dir")) ?: "", run_e) == 0);
+			json_decref(rec);
+			untrack(e);
+			CHECK(vmm_destroy(e, NULL) == KILN_OK);
+			check_gone(est.pid, "ae", run_e, state_e);
+		}
+		spec_for(&sx, "ax", run_x, state_x, wu);
+		CHECK(vmm_restore_begin("qemu", &sx, snap, VMM_MEM_COPY, &x, &err) == KILN_OK);
+		if (x) {
+			CHECK(vmm_status(x, &xst, NULL) == KILN_OK && xst.alive);
+			CHECK(vmm_destroy(x, NULL) == KILN_OK);
+			check_gone(xst.pid, "ax", run_x, state_x);
+		}
+	}
+
 	/* a full snapshot keeps the VM; a restore from it continues too */
 	{
 		char snap2[PATH_MAX], run_d[96], state_d[PATH_MAX];

@@ -9,9 +9,11 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "test.h"
 #include "vmm/cgroup.h"
@@ -303,6 +305,70 @@ static void test_cgroup_read_follows_a_remade_group(void)
 			rmdir(node_dirs[k]);
 }
 
+/*
+ * On this host's real cgroups: a group renamed keeps its processes, its CPU time and its caps,
+ * its handle's kept files read on; its old name is gone. A name taken, or not a name, is refused
+ * and the group keeps the one it had.
+ */
+static void test_cgroup_rename_keeps_processes_time_and_caps(void)
+{
+	struct cg_limits lim = { .cpu_milli = 500 };
+	struct cg *g = NULL, *b = NULL, *other = NULL, *gone = NULL;
+	struct cg_usage u0 = { 0 }, u = { 0 };
+	long long quota = 0, period = 0;
+	char node[64], node_dirs[4][PATH_MAX] = { "" };
+	static const char *const ctl[] = { "cpu", "cpuacct", "memory", "pids" };
+	pid_t child;
+
+	snprintf(node, sizeof(node), "ut-cgr-%d", (int)getpid());
+	CHECK_INT(cg_create(NULL, node, "a", &lim, &g), 0);
+	if (!g)
+		return;
+	for (int k = 0; k < 4; k++) {
+		const char *d = cg_dir(g, ctl[k]);
+		char *slash;
+
+		snprintf(node_dirs[k], sizeof(node_dirs[k]), "%s", d ? d : "");
+		if ((slash = strrchr(node_dirs[k], '/')))
+			*slash = '\0';
+	}
+	burn_in(g, 30);
+	CHECK_INT(cg_read(g, &u0), 0);
+	child = fork();
+	if (child == 0) {
+		pause();
+		_exit(0);
+	}
+	CHECK_INT(cg_attach(g, child), 0);
+	CHECK_INT(cg_rename(g, "b"), 0);
+	CHECK_INT(cg_open(NULL, node, "a", &gone), -ENOENT);
+	cg_free(gone);
+	CHECK_INT(cg_open(NULL, node, "b", &b), 0);
+	CHECK(b && cg_has_pid(b, child));
+	CHECK(cg_has_pid(g, child));
+	CHECK_INT(b ? cg_read(b, &u) : -1, 0);
+	CHECK(u.cpu_ns >= u0.cpu_ns && u0.cpu_ns > 0);
+	CHECK_INT(cg_read(g, &u), 0);	/* the renamed handle's files, kept or reopened */
+	CHECK(u.cpu_ns >= u0.cpu_ns);
+	CHECK_INT(b ? cg_read_cpu_quota(b, &quota, &period) : -1, 0);
+	CHECK_INT(quota, 50000);
+	/* a name taken, and no name: refused, still "b" */
+	CHECK_INT(cg_create(NULL, node, "c", &lim, &other), 0);
+	CHECK(cg_rename(g, "c") < 0);
+	CHECK_INT(cg_rename(g, "x/y"), -EINVAL);
+	CHECK_INT(cg_rename(g, ".."), -EINVAL);
+	CHECK(cg_has_pid(b, child));
+	CHECK_STR(strrchr(cg_dir(g, "cpu"), '/') + 1, "b");
+	kill(child, SIGKILL);
+	waitpid(child, NULL, 0);
+	cg_free(b);
+	CHECK_INT(cg_destroy(other), 0);
+	CHECK_INT(cg_destroy(g), 0);
+	for (int k = 0; k < 4; k++)
+		if (node_dirs[k][0])
+			rmdir(node_dirs[k]);
+}
+
 int main(void)
 {
 	const char *fx = getenv("KILN_FIXTURES");
@@ -322,5 +388,6 @@ int main(void)
 	TEST(test_cgroup_read_keeps_its_files_and_follows_them);
 	TEST(test_cgroup_read_keeps_nothing_past_half_the_descriptor_limit);
 	TEST(test_cgroup_read_follows_a_remade_group);
+	TEST(test_cgroup_rename_keeps_processes_time_and_caps);
 	return test_summary();
 }
