@@ -177,7 +177,7 @@ static int ns_side(const struct kiln_sbnet *net, const struct kiln_sbnet_config 
 		rc = rtnl_addr_add(&r, up, AF_INET6, net->nat_ip6, 64);
 	if (rc == 0)
 		rc = rtnl_link_up(&r, up);
-	if (rc == 0 && !cfg->standin_netns && (*step = "tap", 1))
+	if (rc == 0 && !cfg->standin_netns && !cfg->tap_from && (*step = "tap", 1))
 		rc = rtnl_tap_add(KILN_NET_TAP, cfg->tap_uid >= 0 ? (uid_t)cfg->tap_uid : (uid_t)-1);
 	if (rc == 0 && (*step = "tap address", 1) && (tap = rc = link_index(KILN_NET_TAP)) > 0)
 		rc = rtnl_link_set_mac(&r, tap, g.mac);
@@ -196,6 +196,64 @@ static int ns_side(const struct kiln_sbnet *net, const struct kiln_sbnet_config 
 		if ((rc = write_sysctl(on[i][0], on[i][1])) < 0)
 			*step = on[i][0];
 	return rc;
+}
+
+/*
+ * Moves the TAP of kiln_sbnet_create_tap()'s namespace `id` into the namespace `to_fd`. On
+ * failure *step names what failed (the TAP stays where it was).
+ */
+static int tap_move(const char *id, int to_fd, const char **step)
+{
+	struct kiln_sbnet from;
+	struct rtnl r;
+	int saved, rc, tap;
+
+	*step = "tap to take over";
+	if (kiln_sbnet_describe(id, 0, &from, NULL) != KILN_OK)
+		return -EINVAL;
+	if ((rc = kiln_sbnet_enter(&from, &saved)) < 0)
+		return rc;
+	if ((rc = rtnl_open(&r)) == 0) {
+		if ((tap = rc = link_index(KILN_NET_TAP)) > 0)
+			rc = rtnl_link_set_netns(&r, tap, to_fd);
+		rtnl_close(&r);
+	}
+	if (kiln_sbnet_leave(saved) < 0) {
+		log_error("cannot return from netns \"%s\"", from.netns);
+		abort();
+	}
+	return rc;
+}
+
+enum kiln_err kiln_sbnet_create_tap(const char *id, int tap_uid, struct kiln_error *err)
+{
+	struct kiln_sbnet d;
+	enum kiln_err e = kiln_sbnet_describe(id, 0, &d, err);
+	char path[64];
+	int nsfd, saved, rc;
+
+	if (e)
+		return e;
+	snprintf(path, sizeof(path), "/run/netns/%s", d.netns);
+	if (access(path, F_OK) == 0)
+		return kiln_error_set(err, KILN_E_CONFLICT, "network namespace \"%s\" exists", d.netns);
+	nsfd = rtnl_netns_add(path);
+	if (nsfd < 0)
+		return kiln_error_set(err, KILN_E_IO, "network namespace \"%s\": %s", d.netns,
+				      strerror(-nsfd));
+	close(nsfd);
+	if ((rc = kiln_sbnet_enter(&d, &saved)) == 0) {
+		rc = rtnl_tap_add(KILN_NET_TAP, tap_uid >= 0 ? (uid_t)tap_uid : (uid_t)-1);
+		if (kiln_sbnet_leave(saved) < 0) {
+			log_error("cannot return from netns \"%s\"", d.netns);
+			abort();
+		}
+	}
+	if (rc < 0) {
+		kiln_sbnet_destroy(id, NULL);
+		return kiln_error_set(err, KILN_E_IO, "tap in \"%s\": %s", d.netns, strerror(-rc));
+	}
+	return KILN_OK;
 }
 
 /*
@@ -238,6 +296,11 @@ enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln
 		RUN("ip", "-n", g, "link", "set", "eth0", "up");
 		RUN("ip", "-n", g, "route", "add", "default", "via", KILN_GATEWAY_IP4);
 		RUN("ip", "-n", g, "-6", "route", "add", "default", "via", KILN_GATEWAY_IP6);
+	}
+	if (cfg->tap_from && (rc = tap_move(cfg->tap_from, nsfd, &step)) < 0) {
+		e = kiln_error_set(err, rc == -ENOENT || rc == -ENODEV ? KILN_E_NOT_FOUND : KILN_E_IO,
+				   "network of \"%s\", %s: %s", out->netns, step, strerror(-rc));
+		goto fail;
 	}
 	if ((rc = kiln_sbnet_enter(out, &saved)) < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", out->netns, strerror(-rc));

@@ -48,6 +48,12 @@ struct kiln_sbnet_config {
 	 * MAC and routes) goes into this existing named netns and stands in for the VM.
 	 */
 	const char *standin_netns;
+	/*
+	 * Or the id of a namespace kiln_sbnet_create_tap() made: its TAP, with whatever opened it
+	 * (a VMM started before its sandbox), is moved into the sandbox's namespace instead of a
+	 * new one made; that namespace is then empty, for kiln_sbnet_destroy(tap_from).
+	 */
+	const char *tap_from;
 };
 
 struct kiln_sbnet {
@@ -72,6 +78,14 @@ enum kiln_err kiln_sbnet_describe(const char *id, uint32_t index, struct kiln_sb
  */
 enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln_sbnet *out,
 				struct kiln_error *err);
+
+/*
+ * A namespace "kiln-<id>" holding only a TAP (KILN_NET_TAP, owned by `tap_uid`, down, no
+ * address), for a VMM started before the sandbox it will serve exists: the sandbox's network,
+ * made with `tap_from` = id, takes the TAP over with the VMM's descriptors on it. The id is of
+ * the sandboxes' kind and space; kiln_sbnet_destroy(id) removes it. KILN_E_CONFLICT if it exists.
+ */
+enum kiln_err kiln_sbnet_create_tap(const char *id, int tap_uid, struct kiln_error *err);
 
 /*
  * Removes the sandbox's netns (and with it the TAP and both veth ends). Idempotent. Close every
