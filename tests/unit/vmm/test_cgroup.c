@@ -258,6 +258,28 @@ static void burn_in(struct cg *cg, int ms)
 	waitpid(pid, NULL, 0);
 }
 
+/* The node's directory above `cg`'s under each v1 controller (all one on v2), for the cleanup. */
+static void node_dirs_of(struct cg *cg, char dirs[4][PATH_MAX])
+{
+	static const char *const ctl[] = { "cpu", "cpuacct", "memory", "pids" };
+
+	for (int k = 0; k < 4; k++) {
+		const char *d = cg_dir(cg, ctl[k]);
+		char *slash;
+
+		snprintf(dirs[k], PATH_MAX, "%s", d ? d : "");
+		if ((slash = strrchr(dirs[k], '/')))
+			*slash = '\0';
+	}
+}
+
+static void node_dirs_remove(char dirs[4][PATH_MAX])
+{
+	for (int k = 0; k < 4; k++)
+		if (dirs[k][0])
+			rmdir(dirs[k]);
+}
+
 /*
  * On this host's real cgroups: a group removed and made again under the same name while a
  * handle keeps its files open (the kernel answers ENODEV on them) is read anew, the new group's
@@ -269,20 +291,12 @@ static void test_cgroup_read_follows_a_remade_group(void)
 	struct cg *reader = NULL, *made = NULL;
 	struct cg_usage u;
 	char node[64], node_dirs[4][PATH_MAX] = { "" };
-	static const char *const ctl[] = { "cpu", "cpuacct", "memory", "pids" };
 
 	snprintf(node, sizeof(node), "ut-cg-%d", (int)getpid());
 	CHECK_INT(cg_create(NULL, node, "vm", &lim, &made), 0);
 	if (!made)
 		return;
-	for (int k = 0; k < 4; k++) {
-		const char *d = cg_dir(made, ctl[k]);
-		char *slash;
-
-		snprintf(node_dirs[k], sizeof(node_dirs[k]), "%s", d ? d : "");
-		if ((slash = strrchr(node_dirs[k], '/')))
-			*slash = '\0';
-	}
+	node_dirs_of(made, node_dirs);
 	CHECK_INT(cg_open(NULL, node, "vm", &reader), 0);
 	burn_in(made, 30);
 	CHECK_INT(reader ? cg_read(reader, &u) : -1, 0);
@@ -300,9 +314,7 @@ static void test_cgroup_read_follows_a_remade_group(void)
 	CHECK_INT(cg_destroy(made), 0);
 	CHECK(reader && cg_read(reader, &u) < 0);
 	cg_free(reader);
-	for (int k = 0; k < 4; k++)
-		if (node_dirs[k][0])
-			rmdir(node_dirs[k]);
+	node_dirs_remove(node_dirs);
 }
 
 /*
@@ -317,21 +329,13 @@ static void test_cgroup_rename_keeps_processes_time_and_caps(void)
 	struct cg_usage u0 = { 0 }, u = { 0 };
 	long long quota = 0, period = 0;
 	char node[64], node_dirs[4][PATH_MAX] = { "" };
-	static const char *const ctl[] = { "cpu", "cpuacct", "memory", "pids" };
 	pid_t child;
 
 	snprintf(node, sizeof(node), "ut-cgr-%d", (int)getpid());
 	CHECK_INT(cg_create(NULL, node, "a", &lim, &g), 0);
 	if (!g)
 		return;
-	for (int k = 0; k < 4; k++) {
-		const char *d = cg_dir(g, ctl[k]);
-		char *slash;
-
-		snprintf(node_dirs[k], sizeof(node_dirs[k]), "%s", d ? d : "");
-		if ((slash = strrchr(node_dirs[k], '/')))
-			*slash = '\0';
-	}
+	node_dirs_of(g, node_dirs);
 	burn_in(g, 30);
 	CHECK_INT(cg_read(g, &u0), 0);
 	child = fork();
@@ -364,9 +368,7 @@ static void test_cgroup_rename_keeps_processes_time_and_caps(void)
 	cg_free(b);
 	CHECK_INT(cg_destroy(other), 0);
 	CHECK_INT(cg_destroy(g), 0);
-	for (int k = 0; k < 4; k++)
-		if (node_dirs[k][0])
-			rmdir(node_dirs[k]);
+	node_dirs_remove(node_dirs);
 }
 
 int main(void)
