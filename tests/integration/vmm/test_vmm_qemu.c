@@ -503,7 +503,7 @@ static void test_lifecycle(void)
 	{
 		struct vmm_spec sw, se, sx;
 		char run_w[96], state_w[PATH_MAX], run_e[96], state_e[PATH_MAX], run_x[96];
-		char state_x[PATH_MAX], path[PATH_MAX];
+		char state_x[PATH_MAX], path[PATH_MAX + 16];
 		struct vmm_vm *e = NULL, *x = NULL;
 		struct vmm_status est, xst;
 		uid_t wu = lease_uid();
