@@ -4104,7 +4104,9 @@ out:
 /*
  * The generations sb_cut() or sb_bill() left to their node's meter (m->cuts), in tails_sql's
  * columns: from the ledger's point when it has one, else from the generation's start with nothing
- * billed of it (the changes after the start read by their log sequence); then whether the
+ * billed of it (the changes after the start read by their log sequence) and the remainder of the
+ * newest earlier generation's point of its node, which that node's meter would have carried into
+ * it (gen_rem_switch(); kiln-sim seed 77197: from zero, 1 µcr short); then whether the
  * ledger's point is one tails_sql takes (not "none") or the generation's end (marked, or "none"
  * after something billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes,
  * $2 their generations, $3 this meter's node: the pairs are kept in meter_cut_watch
@@ -4117,7 +4119,10 @@ static const char cut_tails_sql[] =
 	"    ON CONFLICT DO NOTHING) "
 	"SELECT c.sb, s.tenant_id, c.gen, coalesce(mm.gen_node, mm.node_id, g.node_id, ''), "
 	"coalesce(mm.state, g.state), coalesce(mm.last_t_ns, g.at_us * 1000), "
-	"coalesce(mm.remainder_fine, 0), s.memory_mib, s.disk_gib, e.at_us, "
+	"coalesce(mm.remainder_fine, (SELECT q.remainder_fine FROM meter_sandboxes q "
+	"    WHERE q.sandbox_id = c.sb AND q.generation < c.gen "
+	"    AND coalesce(q.gen_node, q.node_id) = g.node_id ORDER BY q.generation DESC LIMIT 1), 0), "
+	"s.memory_mib, s.disk_gib, e.at_us, "
 	GEN_CHANGES_SQL("c.sb", "c.gen",
 			"CASE WHEN mm.sandbox_id IS NULL THEN l.seq > g.seq "
 			"ELSE l.at > to_timestamp(p.wall_ns / 1e9) END "
