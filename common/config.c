@@ -276,6 +276,9 @@ const struct cfg_def config_table[] = {
 	  "one is ready)" },
 	{ "template_default", CFG_BOOL, F(template_default), "true", 0, 1, NULL, false,
 	  "build the template of the default shape (1 vCPU, 512 MiB, 10 GiB) when the node starts" },
+	{ "template_warm_vms", CFG_INT, F(template_warm_vms), "1", 0, 4, NULL, false,
+	  "VMMs started ahead per ready template, each waiting for a create of its shape to load "
+	  "the template's state (0: none; a create then starts its own)" },
 	{ "node_down_after_s", CFG_INT, F(node_down_after_s), "10", 3, 3600, NULL, false,
 	  "seconds after a node's last heartbeat that it is marked down: no work for it, its running "
 	  "sandboxes lost (node_down), its paused ones resumable elsewhere from their bucket" },

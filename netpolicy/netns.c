@@ -177,7 +177,7 @@ static int ns_side(const struct kiln_sbnet *net, const struct kiln_sbnet_config 
 		rc = rtnl_addr_add(&r, up, AF_INET6, net->nat_ip6, 64);
 	if (rc == 0)
 		rc = rtnl_link_up(&r, up);
-	if (rc == 0 && !cfg->standin_netns && !cfg->tap_from && (*step = "tap", 1))
+	if (rc == 0 && !cfg->standin_netns && !cfg->netns_from && (*step = "tap", 1))
 		rc = rtnl_tap_add(KILN_NET_TAP, cfg->tap_uid >= 0 ? (uid_t)cfg->tap_uid : (uid_t)-1);
 	if (rc == 0 && (*step = "tap address", 1) && (tap = rc = link_index(KILN_NET_TAP)) > 0)
 		rc = rtnl_link_set_mac(&r, tap, g.mac);
@@ -195,33 +195,6 @@ static int ns_side(const struct kiln_sbnet *net, const struct kiln_sbnet_config 
 	for (size_t i = 0; i < sizeof(on) / sizeof(on[0]) && rc == 0; i++)
 		if ((rc = write_sysctl(on[i][0], on[i][1])) < 0)
 			*step = on[i][0];
-	return rc;
-}
-
-/*
- * Moves the TAP of kiln_sbnet_create_tap()'s namespace `id` into the namespace `to_fd`. On
- * failure *step names what failed (the TAP stays where it was).
- */
-static int tap_move(const char *id, int to_fd, const char **step)
-{
-	struct kiln_sbnet from;
-	struct rtnl r;
-	int saved, rc, tap;
-
-	*step = "tap to take over";
-	if (kiln_sbnet_describe(id, 0, &from, NULL) != KILN_OK)
-		return -EINVAL;
-	if ((rc = kiln_sbnet_enter(&from, &saved)) < 0)
-		return rc;
-	if ((rc = rtnl_open(&r)) == 0) {
-		if ((tap = rc = link_index(KILN_NET_TAP)) > 0)
-			rc = rtnl_link_set_netns(&r, tap, to_fd);
-		rtnl_close(&r);
-	}
-	if (kiln_sbnet_leave(saved) < 0) {
-		log_error("cannot return from netns \"%s\"", from.netns);
-		abort();
-	}
 	return rc;
 }
 
@@ -275,10 +248,22 @@ enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln
 	if (access(path, F_OK) == 0)
 		return kiln_error_set(err, KILN_E_CONFLICT, "network namespace \"%s\" exists",
 				      out->netns);
-	nsfd = rtnl_netns_add(path);
+	if (cfg->netns_from) {
+		/* the namespace made ahead, with its TAP and its VMM, under this name too */
+		struct kiln_sbnet from;
+		char from_path[64];
+
+		if ((e = kiln_sbnet_describe(cfg->netns_from, 0, &from, err)) != KILN_OK)
+			return e;
+		snprintf(from_path, sizeof(from_path), "/run/netns/%s", from.netns);
+		nsfd = rtnl_netns_bind(from_path, path);
+	} else {
+		nsfd = rtnl_netns_add(path);
+	}
 	if (nsfd < 0)
-		return kiln_error_set(err, KILN_E_IO, "network namespace \"%s\": %s", out->netns,
-				      strerror(-nsfd));
+		return kiln_error_set(err, nsfd == -ENOENT && cfg->netns_from ? KILN_E_NOT_FOUND
+									: KILN_E_IO,
+				      "network namespace \"%s\": %s", out->netns, strerror(-nsfd));
 	rc = host_side(out, nsfd, &step);
 	if (rc < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "network of \"%s\", %s: %s", out->netns, step,
@@ -296,11 +281,6 @@ enum kiln_err kiln_sbnet_create(const struct kiln_sbnet_config *cfg, struct kiln
 		RUN("ip", "-n", g, "link", "set", "eth0", "up");
 		RUN("ip", "-n", g, "route", "add", "default", "via", KILN_GATEWAY_IP4);
 		RUN("ip", "-n", g, "-6", "route", "add", "default", "via", KILN_GATEWAY_IP6);
-	}
-	if (cfg->tap_from && (rc = tap_move(cfg->tap_from, nsfd, &step)) < 0) {
-		e = kiln_error_set(err, rc == -ENOENT || rc == -ENODEV ? KILN_E_NOT_FOUND : KILN_E_IO,
-				   "network of \"%s\", %s: %s", out->netns, step, strerror(-rc));
-		goto fail;
 	}
 	if ((rc = kiln_sbnet_enter(out, &saved)) < 0) {
 		e = kiln_error_set(err, KILN_E_IO, "enter \"%s\": %s", out->netns, strerror(-rc));

@@ -10,6 +10,7 @@
 #include <linux/if.h>
 #include <linux/fib_rules.h>
 #include <linux/if_tun.h>
+#include <linux/nsfs.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <linux/veth.h>
@@ -328,6 +329,41 @@ int rtnl_netns_add(const char *path)
 	if (setns(saved, CLONE_NEWNET) < 0)
 		abort();	/* in a namespace of its own for good: nothing sane to go on with */
 	close(saved);
+	if (e < 0) {
+		umount2(path, MNT_DETACH);
+		unlink(path);
+		return e;
+	}
+	return ns;
+}
+
+int rtnl_netns_bind(const char *from, const char *path)
+{
+	char src[64];
+	int fd, ns, e;
+
+	if ((e = netns_run_dir_shared()) < 0)
+		return e;
+	fd = open(from, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -errno;
+	if (ioctl(fd, NS_GET_NSTYPE) != CLONE_NEWNET) {
+		close(fd);
+		return -EINVAL;
+	}
+	/* bound from the descriptor checked, not from the name again */
+	snprintf(src, sizeof(src), "/proc/self/fd/%d", fd);
+	ns = open(path, O_RDONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0);
+	if (ns < 0) {
+		e = -errno;
+		close(fd);
+		return e;
+	}
+	close(ns);
+	e = mount(src, path, "none", MS_BIND, NULL) < 0 ? -errno : 0;
+	close(fd);
+	if (e == 0 && (ns = open(path, O_RDONLY | O_CLOEXEC)) < 0)
+		e = -errno;
 	if (e < 0) {
 		umount2(path, MNT_DETACH);
 		unlink(path);

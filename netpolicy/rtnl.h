@@ -77,4 +77,12 @@ int rtnl_tap_add(const char *name, uid_t owner);
  */
 int rtnl_netns_add(const char *path);
 
+/*
+ * The network namespace bound at `from` (a file under /run/netns) bound at `path` too (a new
+ * file there): one namespace under two names, either removable alone. Returns a descriptor of
+ * it, or a negative errno (-ENOENT: `from` is not there; -EINVAL: it is no network namespace)
+ * with nothing left behind.
+ */
+int rtnl_netns_bind(const char *from, const char *path);
+
 #endif

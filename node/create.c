@@ -17,6 +17,7 @@
 #include "node/netsetup.h"
 #include "node/lifecycle.h"
 #include "node/template.h"
+#include "node/warm.h"
 
 /*
  * The shape of the tenant's named snapshot `snap` on this node, or of a template's image (kind
@@ -140,6 +141,7 @@ static bool tpl_failure_busy(enum kiln_err rc, const struct sandbox *sb)
 static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct create_req *r,
 			       const char *tpl, bool build, struct kiln_error *err)
 {
+	struct warm_vm *w;
 	enum kiln_err rc;
 	char dir[600];
 
@@ -161,6 +163,18 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 	 */
 	snap_dir(n, tpl, dir, sizeof(dir));
 	sb->disk_filled = true;
+	/* Its VMM started ahead (warm.c), if one waits; any failure there restores anew. */
+	if (!r->own_memory && (w = warm_take(n, tpl)) != NULL) {
+		rc = sb_restore_warm(n, sb, dir, w, &r->init, err);
+		warm_free(n, w);
+		if (rc == KILN_OK)
+			return KILN_OK;
+		log_warn("restoring template \"%s\" on a VMM started ahead failed (%s): restoring "
+			 "anew", tpl, err->msg);
+		sb_release(n, sb);
+		kiln_error_clear(err);
+		sb_net_prepare(n, sb);	/* the release dropped the first load */
+	}
 	for (int tries = 1;; tries++) {
 		rc = sb_restore(n, sb, dir, r->own_memory ? VMM_MEM_COPY : VMM_MEM_PRIVATE, &r->init,
 				true, err);

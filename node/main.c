@@ -41,6 +41,7 @@
 #include "node/node.h"
 #include "node/storage_sync.h"
 #include "node/template.h"
+#include "node/warm.h"
 #include "node/build.h"
 #include "record/record.h"
 
@@ -697,6 +698,7 @@ static void api_exit(void)
 	pthread_mutex_unlock(&heartbeat_lock);
 	mark_stopped();
 	tpl_exit(&node);
+	warm_exit(&node);
 	build_exit(&node);
 	http_server_stop(node.http, 30);
 	node.http = NULL;

@@ -37,6 +37,7 @@ struct kiln_sniproxy;
 struct snapstore;
 struct inject;
 struct net_prep;
+struct warm_vm;
 
 enum sb_state { SB_CREATING, SB_RUNNING, SB_PAUSED, SB_STOPPED, SB_ERROR };
 
@@ -146,6 +147,22 @@ enum kiln_err sb_boot(struct node *n, struct sandbox *sb, const struct sb_init *
 enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
 			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
 			 struct kiln_error *err);
+
+/*
+ * sb_restore() of a new sandbox (a fresh identity, the memory mapped privately) from the template
+ * in `snap_dir` on the warm VM `w` begun on it (warm.h): the sandbox takes over its uid, its TAP
+ * and its VMM, which loads the state under the sandbox's names. `w`'s VMM is the sandbox's or
+ * gone when this returns; the caller warm_free()s what is left of `w` either way.
+ */
+enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
+			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err);
+
+/*
+ * The VMM of warm VM `w` (its uid leased and namespace made) begun on the template in `snap_dir`
+ * (vmm_restore_begin), as a sandbox of its shape would restore it: into w->vm.
+ */
+enum kiln_err sb_warm_begin(struct node *n, struct warm_vm *w, const char *snap_dir,
+			    struct kiln_error *err);
 
 /* Milliseconds of CLOCK_MONOTONIC, for the phase timings the node logs. */
 long long sb_mono_ms(void);

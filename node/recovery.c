@@ -18,6 +18,7 @@
 #include "netpolicy/policy.h"
 #include "vmm/hv.h"
 #include "vmm/orphan.h"
+#include "node/warm.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
 #include "node/recovery.h"
@@ -327,8 +328,18 @@ enum kiln_err recovery_run(struct node *n, struct kiln_error *err)
 	/* the disk layers of VMs that are gone: no VM of this node runs yet */
 	snprintf(pattern, sizeof(pattern), "%s/*", n->vm_state_root);
 	if (glob(pattern, GLOB_ONLYDIR, NULL, &g) == 0) {
-		for (size_t i = 0; i < g.gl_pathc; i++)
+		for (size_t i = 0; i < g.gl_pathc; i++) {
+			const char *name = strrchr(g.gl_pathv[i], '/') + 1;
+
+			if (warm_is_id(name)) {
+				/* a warm VM's (warm.c): its namespace too */
+				kiln_error_clear(&cerr);
+				if (kiln_sbnet_destroy(name, &cerr) != KILN_OK)
+					log_warn("removing the namespace of warm VM \"%s\": %s", name,
+						 cerr.msg);
+			}
 			snap_remove_files(g.gl_pathv[i]);
+		}
 		globfree(&g);
 	}
 	rc = record_each(n->pg, n->cfg.node_id, "{creating,running,error}", false, stop_leftover,

@@ -30,6 +30,7 @@
 #include "node/connlog.h"
 #include "node/node.h"
 #include "node/ports.h"
+#include "node/warm.h"
 
 #define SB_GROW_WAIT_MS 30000	/* for the guest to see its grown disk (agent_grow_root) */
 
@@ -429,10 +430,10 @@ static enum kiln_err sb_net_policy(struct node *n, struct sandbox *sb, const str
 /*
  * The uid lease and the network namespace with its TAP. With `gate` the TAP passes nothing
  * either way (kiln_policy_gate) until sb_net_policy attaches the programs, so that the VM may
- * start before them.
+ * start before them. With a warm VM `w` (warm.c), its uid and TAP are taken over instead.
  */
 static enum kiln_err sb_net_base(struct node *n, struct sandbox *sb, bool gate,
-				 struct net_times *t, struct kiln_error *err)
+				 struct warm_vm *w, struct net_times *t, struct kiln_error *err)
 {
 	struct kiln_sbnet_config netcfg = { 0 };
 	char owner[128];
@@ -442,19 +443,38 @@ static enum kiln_err sb_net_base(struct node *n, struct sandbox *sb, bool gate,
 	t->mark = sb_mono_ms();
 	t->loaded_ahead = -1;
 	vmm_lease_owner(n->cfg.node_id, sb->id, owner, sizeof(owner));
-	r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, owner, &sb->uid);
-	if (r < 0)
+	if (w) {
+		/* the warm VM's uid, its QEMU's: the lease names the sandbox from here */
+		if ((r = jail_uid_relabel(JAIL_LEASE_DIR, w->uid, owner)) < 0)
+			return kiln_error_set(err, KILN_E_IO, "cannot relabel the lease of uid %u: %s",
+					      (unsigned)w->uid, strerror(-r));
+		sb->uid = w->uid;
+		w->has_uid = false;
+	} else if ((r = jail_uid_alloc(JAIL_LEASE_DIR, JAIL_UID_MIN, JAIL_UID_MAX, owner,
+				       &sb->uid)) < 0) {
 		return kiln_error_set(err, KILN_E_NO_CAPACITY, "no free uid for the jail: %s",
 				      strerror(-r));
+	}
 	sb->has_uid = true;
 	net_time(t, NP_UID);
 	netcfg.id = sb->net_id;
 	netcfg.index = (uint32_t)sb->net_index;
 	netcfg.tap_uid = (int)sb->uid;
+	netcfg.netns_from = w ? w->id : NULL;	/* its namespace: QEMU and its TAP in it */
 	rc = kiln_sbnet_create(&netcfg, &sb->net, err);
 	if (rc != KILN_OK)
 		return rc;
 	sb->has_net = true;
+	if (w) {
+		/* the namespace is the sandbox's alone: no other name to enter or remove it by */
+		struct kiln_error ignore = { 0 };
+
+		if (kiln_sbnet_destroy(w->id, &ignore) != KILN_OK)
+			log_warn("removing the name of warm VM \"%s\"'s namespace: %s", w->id,
+				 ignore.msg);
+		else
+			w->has_net = false;
+	}
 	net_time(t, NP_NETNS);
 	if (gate)
 		rc = kiln_policy_gate(&sb->net, err);
@@ -467,7 +487,7 @@ static enum kiln_err sb_net_up(struct node *n, struct sandbox *sb, const struct 
 			       struct kiln_error *err)
 {
 	struct net_times t = { 0 };
-	enum kiln_err rc = sb_net_base(n, sb, false, &t, err);
+	enum kiln_err rc = sb_net_base(n, sb, false, NULL, &t, err);
 
 	return rc == KILN_OK ? sb_net_policy(n, sb, init, &t, err) : rc;
 }
@@ -626,9 +646,38 @@ long long sb_mono_ms(void)
 	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
-			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
-			 struct kiln_error *err)
+enum kiln_err sb_warm_begin(struct node *n, struct warm_vm *w, const char *snap_dir,
+			    struct kiln_error *err)
+{
+	struct sandbox *like = calloc(1, sizeof(*like));	/* what sb_spec reads */
+	struct vmm_spec spec;
+	struct spec_bufs b;
+	enum kiln_err rc;
+
+	if (!like)
+		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
+	snprintf(like->id, sizeof(like->id), "%s", w->id);
+	like->vcpu_milli = w->vcpu_milli;
+	like->mem_mib = w->mem_mib;
+	like->disk_gib = w->disk_gib;
+	like->codeint = w->codeint;
+	like->uid = w->uid;
+	rc = kiln_sbnet_describe(w->id, 0, &like->net, err);
+	if (rc == KILN_OK) {
+		sb_spec(n, like, &spec, &b);
+		vm_start_take(n);
+		rc = vmm_restore_begin(n->cfg.hypervisor, &spec, snap_dir, VMM_MEM_PRIVATE, &w->vm,
+				       err);
+		vm_start_give(n);
+	}
+	free(like);
+	return rc;
+}
+
+/* sb_restore(), or with a warm VM `w` sb_restore_warm(). */
+static enum kiln_err restore(struct node *n, struct sandbox *sb, const char *snap_dir,
+			     enum vmm_mem_from from, struct warm_vm *w, const struct sb_init *init,
+			     bool fresh, struct kiln_error *err)
 {
 	struct agent_hello_info hello;
 	struct vmm_spec spec;
@@ -649,14 +698,21 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 	 * are dropped until they are attached.
 	 */
 	if (rc == KILN_OK && net_due)
-		rc = sb_net_base(n, sb, true, &nt, err);
+		rc = sb_net_base(n, sb, true, w, &nt, err);
 	if (rc != KILN_OK)
 		return rc;
 	t[1] = sb_mono_ms();
 	sb_spec(n, sb, &spec, &b);
-	vm_start_take(n);
-	rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
-	vm_start_give(n);
+	if (w) {
+		/* QEMU started already: renamed to the sandbox, its state loaded and run */
+		rc = vmm_restore_end(w->vm, &spec, err);
+		sb->vm = rc == KILN_OK ? w->vm : NULL;
+		w->vm = NULL;	/* the sandbox's, or destroyed by the end */
+	} else {
+		vm_start_take(n);
+		rc = vmm_restore(n->cfg.hypervisor, &spec, snap_dir, from, &sb->vm, err);
+		vm_start_give(n);
+	}
 	t[2] = sb_mono_ms();
 	if (rc == KILN_OK)
 		rc = sb_agent_up(n, sb, 30000, &hello, err);
@@ -685,8 +741,28 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 		/* policy, between agent and disk in time, last: the benches read the others */
 		log_info("sandbox \"%s\" restored from %s in %lld ms: network %lld, vmm %lld, "
 			 "agent %lld, disk %lld, identity %lld, policy %lld (after the agent; images "
-			 "checked in %lld of the network's)", sb->id, snap_dir, t[6] - t[0],
+			 "checked in %lld of the network's)%s", sb->id, snap_dir, t[6] - t[0],
 			 t[1] - t[0], t[2] - t[1], t[3] - t[2], t[5] - t[4], t[6] - t[5], t[4] - t[3],
-			 images);
+			 images, w ? ", its VMM started ahead" : "");
+	return rc;
+}
+
+enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_dir,
+			 enum vmm_mem_from from, const struct sb_init *init, bool fresh,
+			 struct kiln_error *err)
+{
+	return restore(n, sb, snap_dir, from, NULL, init, fresh, err);
+}
+
+enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
+			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err)
+{
+	enum kiln_err rc = restore(n, sb, snap_dir, VMM_MEM_PRIVATE, w, init, true, err);
+	struct kiln_error ignore = { 0 };
+
+	/* a failure before the end: the warm VM goes before the sandbox gives its uid back */
+	if (w->vm && vmm_destroy(w->vm, &ignore) != KILN_OK)
+		log_warn("destroying warm VM \"%s\": %s", w->id, ignore.msg);
+	w->vm = NULL;
 	return rc;
 }

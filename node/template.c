@@ -33,6 +33,7 @@
 #include "vmm/agent.h"
 #include "vmm/hv.h"
 #include "node/lifecycle.h"
+#include "node/warm.h"
 
 #define TPL_MAX 16
 #define TPL_DEFAULT_VCPU 1000
@@ -165,6 +166,10 @@ static void *tpl_build(void *arg)
 		snprintf(t->snap_id, sizeof(t->snap_id), "%s", snap);
 		t->ready = true;
 		t->last_used_ms = clock_mono_ms();
+		/* under the lock: a discard of it (warm_drop) comes after, never before; a test's
+		 * stand-in template has no files to begin a VMM on */
+		if (tpl_maker == tpl_make)
+			warm_add(t->n, snap, t->vcpu_milli, t->mem_mib, t->disk_gib, t->codeint);
 	}
 	pthread_cond_broadcast(&tpl_done);
 	pthread_mutex_unlock(&tpl_lock);
@@ -325,6 +330,7 @@ void tpl_discard(struct node *n, const char *snap_id)
 		    strcmp(templates[i].snap_id, snap_id) == 0)
 			templates[i].ready = false;
 	pthread_mutex_unlock(&tpl_lock);
+	warm_drop(n, snap_id);
 	tpl_retire(n, snap_id);
 }
 
@@ -349,6 +355,7 @@ void tpl_evict_idle(struct node *n, long idle_s)
 	pthread_mutex_unlock(&tpl_lock);
 	for (int i = 0; i < k; i++) {
 		log_info("template \"%s\" retired: unused", gone[i]);
+		warm_drop(n, gone[i]);
 		tpl_retire(n, gone[i]);
 	}
 }

@@ -219,6 +219,31 @@ int jail_uid_alloc(const char *lease_dir, uid_t lo, uid_t hi, const char *owner,
 	return -EAGAIN;
 }
 
+int jail_uid_relabel(const char *lease_dir, uid_t uid, const char *owner)
+{
+	char path[PATH_MAX], tmp[PATH_MAX];
+	size_t len = strlen(owner);
+	struct stat st;
+	int fd, r = 0;
+
+	if (snprintf(path, sizeof(path), "%s/%u", lease_dir, (unsigned)uid) >= (int)sizeof(path) ||
+	    snprintf(tmp, sizeof(tmp), "%s/.%u.relabel", lease_dir, (unsigned)uid) >= (int)sizeof(tmp))
+		return -ENAMETOOLONG;
+	if (stat(path, &st) < 0)
+		return -errno;
+	fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return -errno;
+	if (write(fd, owner, len) != (ssize_t)len)
+		r = -EIO;
+	close(fd);
+	if (r == 0 && rename(tmp, path) < 0)
+		r = -errno;
+	if (r < 0)
+		unlink(tmp);
+	return r;
+}
+
 int jail_uid_release(const char *lease_dir, uid_t uid)
 {
 	char path[PATH_MAX];

@@ -68,6 +68,13 @@ int jail_cleanup(const struct jail *j);
  */
 int jail_uid_alloc(const char *lease_dir, uid_t lo, uid_t hi, const char *owner, uid_t *uid);
 
+/*
+ * Gives the lease of `uid` a new `owner` (a VM started under one name that another takes over),
+ * replacing the file whole: a reader sees the old owner or the new one, never a part. -ENOENT
+ * when `uid` is not leased.
+ */
+int jail_uid_relabel(const char *lease_dir, uid_t uid, const char *owner);
+
 /* Ends the lease of `uid`. */
 int jail_uid_release(const char *lease_dir, uid_t uid);
 

@@ -16,7 +16,8 @@ Per round, in this order:
       page cache, dentries and inodes), then resumed on B.
   (e) bucket: S paused and stored, A open, B drained: the resume is placed on A, which fetches the
       snapshot from the bucket (download, decrypt, unpack, verify), then restores it. S deleted.
-  (b) template: POST /v1/sandboxes on A → 201, restored from the template (lineage checked).
+  (b) template: POST /v1/sandboxes on A → 201, restored from the template (lineage checked), on
+      the QEMU node A started ahead for it when one waits (node/warm.c; counted in the output).
 Each timed from the POST to its 201 (create) or 200 (resume), and to the first exec (`true`)
 answering. The node's phases for each restore (`snapshot "…" verified in N ms`, `restored from …
 in N ms: network, vmm, agent, disk, identity, policy (after the agent; images checked in N of the
@@ -107,6 +108,8 @@ def log_phases(node, snap, since, sid=None):
                     out[k] = int(r.group(g))
             if im := IMAGES.search(line):
                 out["images"] = int(im.group(1))
+            if "its VMM started ahead" in line:
+                out["started ahead"] = 1  # node/warm.c: a create that took a waiting QEMU
         elif sid and (u := NETUP.search(line)) and u.group(1) == sid:
             for k, g in zip(NET_PARTS, range(3, 12)):
                 if u.group(g) is not None and int(u.group(g)) >= 0:
@@ -295,6 +298,8 @@ def main():
                 xs = [ph[p] for ph in phases[k] if p in ph]
                 cells.append(f"{statistics.median(xs):.0f} ({min(xs)}–{max(xs)})" if xs else "–")
             print(f"| {p} | " + " | ".join(cells) + " |")
+        ahead = sum(1 for ph in phases["b"] if ph.get("started ahead"))
+        print(f"(b) on a VMM started ahead (node/warm.c, template_warm_vms): {ahead} of {len(phases['b'])}")
         print(f"(b: the restore of the template, which is not verified per create; fetch: from the POST to "
               f"the node's line saying the fetch ended; download: the same object fetched again by the "
               f"node's S3 client right after; rest of fetch = fetch − download: decrypt, unpack, verify, "

@@ -4,6 +4,7 @@ import http.client
 import json
 import os
 import platform
+import re
 import secrets
 import signal
 import subprocess
@@ -527,7 +528,9 @@ class TemplateRestoreTests(unittest.TestCase):
         # after the stack's cleanup: until its node stops, a restore may hold (make it) again
         cls.addClassCleanup(lambda: os.path.exists(cls.hold) and os.unlink(cls.hold))
         # Held just after QEMU of a restore starts, before the node waits for its QMP greeting.
+        # no VMM started ahead (WarmVmTests): each would be held there too
         cls.stack = kiln.Stack(node_env={"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true",
+                                         "KILN_TEMPLATE_WARM_VMS": "0",
                                          "KILN_FAULT_HOLD": "vmm-restore-spawned",
                                          "KILN_FAULT_HOLD_FILE": cls.hold})
         cls.addClassCleanup(cls.stack.cleanup)
@@ -578,6 +581,153 @@ class TemplateRestoreTests(unittest.TestCase):
         r = self.gw.request("POST", f"/v1/sandboxes/{sb['id']}/exec", {"cmd": ["echo", "up"]}, self.key,
                             timeout=120)
         self.assertEqual((r.status, r.json()["stdout"]), (200, "up\n"), r)
+
+
+# A DNS query for a name no rule allows, sent to the guest's resolver (its sandbox's DNS proxy, on
+# the other side of its TAP): prints the answer's rcode (3: NXDOMAIN, the proxy's own answer).
+DNS_PROBE = r"""
+import socket
+ns = [l.split()[1] for l in open("/etc/resolv.conf") if l.startswith("nameserver")][0]
+q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x07blocked\x04test\x00\x00\x01\x00\x01"
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.settimeout(5)
+s.sendto(q, (ns, 53))
+print(s.recv(512)[3] & 15)
+"""
+
+
+class WarmVmTests(unittest.TestCase):
+    """Creates from the template on a VMM started ahead (node/warm.c): the create takes its QEMU,
+    TAP and uid; another is started after; a node killed with one leaves nothing at its restart."""
+
+    ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_TEMPLATE_WARM_VMS": "1"}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env=cls.ENV)
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def warm_ids(self):
+        return re.findall(r'VMM "(0[a-z2-7]{12})" started ahead', self.stack.node.output())
+
+    def wait_warm(self, after=(), timeout=300):
+        """The id of a VMM started ahead that is not in `after`."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            new = [w for w in self.warm_ids() if w not in after]
+            if new:
+                return new[0]
+            time.sleep(0.5)
+        raise AssertionError("no VMM was started ahead:\n" + self.stack.node.output()[-3000:])
+
+    def leases(self):
+        """{owner: uid} of every uid lease (vmm/jail.h)."""
+        out = {}
+        for p in glob.glob("/run/kiln/uids/*"):
+            if os.path.basename(p).isdigit():
+                with open(p) as f:
+                    out[f.read().strip()] = int(os.path.basename(p))
+        return out
+
+    def netns(self):
+        return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+    def test_a_create_takes_the_vmm_started_ahead_and_another_is_started(self):
+        node = self.stack.node
+        w = self.wait_warm()
+        tpl = self.stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
+                                f"AND node_id = '{node.node_id}'").split()[0]
+        pids = vm_pids(node.node_id, w)
+        self.assertTrue(pids, "the VMM started ahead runs in a cgroup of its own")
+        self.assertIn("kiln-" + w, self.netns())
+        uid = self.leases()[f"{node.node_id}/{w}"]
+        r = self.gw.request("POST", "/v1/sandboxes", {"timeout_s": 600, "egress": {"rules": ["example.com"]}},
+                            self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        sid = r.json()["id"]
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sid}", None, self.key)
+        self.assertRegex(node.output(), rf'sandbox "{sid}" restored from \S+/{tpl} in \d+ ms: .*'
+                                        r"its VMM started ahead")
+        self.assertEqual(self.stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes "
+                                           f"WHERE id = '{sid}'"), tpl)
+        # the same QEMU, now the sandbox's: its cgroup, its uid's lease; nothing of the warm VM's name
+        self.assertEqual(vm_pids(node.node_id, sid), pids)
+        self.assertEqual({os.stat(f"/proc/{p}").st_uid for p in pids}, {uid})
+        leases = self.leases()
+        self.assertEqual(leases.get(f"{node.node_id}/{sid}"), uid)
+        self.assertNotIn(f"{node.node_id}/{w}", leases)
+        self.assertNotIn("kiln-" + w, self.netns())
+        self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}"), [])
+        self.assertEqual(glob.glob(f"/run/kiln/{node.node_id}/{w}") +
+                         glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])
+        # a new sandbox's identity, and its network: the proxy behind its TAP answers by its rules
+        r = self.gw.request("POST", f"/v1/sandboxes/{sid}/exec",
+                            {"cmd": ["sh", "-c", "hostname; cat /run/kiln/sandbox-id"]}, self.key,
+                            timeout=120)
+        self.assertEqual((r.status, r.json()["stdout"]), (200, f"{sid.replace('_', '-')}\n{sid}\n"), r)
+        r = self.gw.request("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["python3", "-c", DNS_PROBE]},
+                            self.key, timeout=120)
+        self.assertEqual((r.status, r.json()["stdout"]), (200, "3\n"), r)
+        # another started ahead for the next create
+        w2 = self.wait_warm(after=(w,), timeout=120)
+        self.assertTrue(vm_pids(node.node_id, w2))
+        self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=self.key).status, 204)
+        for pid in pids:
+            self.assertFalse(running(pid), f"VMM pid {pid} still runs")
+
+    def live_warm(self, timeout=300):
+        """A VMM started ahead that waits now: its cgroup still under its own name."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            live = [w for w in self.warm_ids() if vm_pids(self.stack.node.node_id, w)]
+            if live:
+                return live[0]
+            time.sleep(0.5)
+        self.fail("no VMM waits started ahead:\n" + self.stack.node.output()[-3000:])
+
+    def test_a_create_whose_vmm_started_ahead_died_restores_anew(self):
+        node = self.stack.node
+        w = self.live_warm()
+        pids = vm_pids(node.node_id, w)
+        for pid in pids:
+            os.kill(pid, signal.SIGKILL)
+        r = self.gw.request("POST", "/v1/sandboxes", {"timeout_s": 600}, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        sid = r.json()["id"]
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sid}", None, self.key)
+        log = node.output()
+        self.assertIn("on a VMM started ahead failed", log)
+        restored = [line for line in log.splitlines() if f'sandbox "{sid}" restored from' in line]
+        self.assertEqual(len(restored), 1, log[-3000:])
+        self.assertNotIn("its VMM started ahead", restored[0])
+        self.assertNotIn("booting cold", log)
+        # nothing of the dead one left; the sandbox runs
+        self.assertNotIn(f"{node.node_id}/{w}", self.leases())
+        self.assertNotIn("kiln-" + w, self.netns())
+        self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}") +
+                         glob.glob(f"/run/kiln/{node.node_id}/{w}") +
+                         glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])
+        r = self.gw.request("POST", f"/v1/sandboxes/{sid}/exec", {"cmd": ["cat", "/run/kiln/sandbox-id"]},
+                            self.key, timeout=120)
+        self.assertEqual((r.status, r.json()["stdout"]), (200, f"{sid}\n"), r)
+
+    def test_a_node_killed_with_a_vmm_started_ahead_leaves_none_at_its_restart(self):
+        node = self.stack.node
+        w = self.live_warm()
+        pids = vm_pids(node.node_id, w)
+        node.stop(signal.SIGKILL)
+        for pid in pids:
+            self.assertTrue(running(pid), "the VMM should outlive a killed node")
+        self.stack.restart_node(self.ENV)
+        for pid in pids:
+            self.assertFalse(running(pid), f"orphan VMM {pid} left running")
+        self.assertNotIn("kiln-" + w, self.netns())
+        self.assertNotIn(f"{node.node_id}/{w}", self.leases())
+        self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}"), [])
+        self.assertEqual(glob.glob(f"/run/kiln/{node.node_id}/{w}") +
+                         glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])
 
 
 if __name__ == "__main__":

@@ -161,7 +161,8 @@ def node_sandboxes(rec, cgroups):
     for p in glob.glob(f"{SHM}/kiln-{node}-*.mem"):
         ids.add(os.path.basename(p)[len(f"kiln-{node}-"):-len(".mem")])
     ids.update(owner.split("/", 1)[1] for _, owner in node_leases(node))
-    return {i for i in ids if re.match(r"^[a-z]+_[a-z0-9]+$", i)}
+    # a sandbox's or a template's id; or a warm VM's (node/warm.c), its own net id
+    return {i for i in ids if re.match(r"^[a-z]+_[a-z0-9]+$", i) or re.match(r"^0[a-z2-7]{12}$", i)}
 
 
 def node_leases(node):

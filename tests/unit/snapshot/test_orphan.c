@@ -277,6 +277,50 @@ static void test_cleanup_removes_own_leftovers_only(void)
 	}
 }
 
+static bool keep_relabelled(void *ctx, const char *id)
+{
+	return strcmp(id, "sb_relabelled") == 0;
+}
+
+/*
+ * A lease relabelled (a VM started under one name, taken over under another: node/warm.c) names
+ * its new owner whole, leaves no file of its own beside it, and is the new owner's to clean up.
+ */
+static void test_a_relabelled_lease_names_its_new_owner(void)
+{
+	char owner[128], path[PATH_MAX], got[128] = "";
+	struct kiln_error err = { 0 };
+	uid_t uid, unleased;
+	FILE *f;
+	int n;
+
+	CHECK(vmm_lease_owner(node, "0warmvmabcdef", owner, sizeof(owner)) == 0);
+	CHECK(jail_uid_alloc(lease_dir, JAIL_UID_MIN, JAIL_UID_MAX, owner, &uid) == 0);
+	CHECK(vmm_lease_owner(node, "sb_relabelled", owner, sizeof(owner)) == 0);
+	CHECK_INT(jail_uid_relabel(lease_dir, uid, owner), 0);
+	pathf(path, sizeof(path), "%s/%u", lease_dir, (unsigned)uid);
+	f = fopen(path, "r");
+	CHECK(f != NULL);
+	if (f) {
+		CHECK(fgets(got, sizeof(got), f) != NULL);
+		fclose(f);
+	}
+	CHECK_STR(got, owner);
+	pathf(path, sizeof(path), "%s/.%u.relabel", lease_dir, (unsigned)uid);
+	CHECK(!exists(path));
+	/* a uid not leased stays so */
+	CHECK(jail_uid_alloc(lease_dir, JAIL_UID_MIN, JAIL_UID_MAX, "probe", &unleased) == 0);
+	CHECK(jail_uid_release(lease_dir, unleased) == 0);
+	CHECK_INT(jail_uid_relabel(lease_dir, unleased, owner), -ENOENT);
+	CHECK(!lease_held(unleased));
+	/* the node's cleanup knows it by the new owner's id only: kept with it, released with it */
+	n = vmm_orphans_cleanup(node, run_root, NULL, keep_relabelled, NULL, &err);
+	CHECK(lease_held(uid));
+	n = vmm_orphans_cleanup(node, run_root, NULL, NULL, NULL, &err);
+	CHECK(n >= 1);
+	CHECK(!lease_held(uid));
+}
+
 static void test_cleanup_refuses_bad_node_id(void)
 {
 	struct kiln_error err = { 0 };
@@ -310,6 +354,7 @@ int main(void)
 	pathf(lease_dir, sizeof(lease_dir), "%s/uids", run_root);
 	TEST(test_cleanup_removes_own_leftovers_only);
 	TEST(test_cleanup_refuses_bad_node_id);
+	TEST(test_a_relabelled_lease_names_its_new_owner);
 	rc = test_summary();
 	pathf(cmd, sizeof(cmd), "rm -rf '%s'", run_root);
 	if (system(cmd) != 0)

@@ -1,10 +1,11 @@
 /*
- * test_tap_move.c - a TAP made ahead in a namespace of its own (kiln_sbnet_create_tap), opened
- * there as a VMM opens it, then taken over by a sandbox's network (kiln_sbnet_config.tap_from):
- * the descriptor opened before the move reaches the sandbox's namespace (an ARP request written
- * into it as the guest is answered by the gateway address there), the first namespace keeps no
- * TAP, and a TAP to take over that does not exist fails the create whole. Real namespaces,
- * TAPs and netlink; needs root.
+ * test_netns_ahead.c - a namespace made ahead with its TAP (kiln_sbnet_create_tap), the TAP
+ * opened there as a VMM opens it, then taken over by a sandbox's network
+ * (kiln_sbnet_config.netns_from): the sandbox's name and the old one are one namespace; with the
+ * old name removed, the descriptor opened before reaches the sandbox's network (an ARP request
+ * written into it as the guest is answered by the gateway address there); a namespace to take
+ * over that does not exist fails the create whole, and a take-over that fails after the bind
+ * leaves the namespace made ahead as it was. Real namespaces, TAPs and netlink; needs root.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -22,7 +23,7 @@
 #include "netpolicy/netns.h"
 #include "test.h"
 
-static char ida[16], idb[16], idc[16];
+static char ida[16], idb[16], idc[16], idd[16], ide[16];
 
 /* A descriptor on the TAP of namespace `id`, opened inside it as QEMU opens it; or -errno. */
 static int tap_open_in(const char *id)
@@ -57,6 +58,16 @@ static bool has_link(const char *id, const char *name)
 	if (kiln_sbnet_leave(saved) < 0)
 		abort();
 	return has;
+}
+
+/* The inode of namespace `id` (a namespace's, through its bind mount), or 0. */
+static ino_t netns_ino(const char *id)
+{
+	char path[64];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "/run/netns/kiln-%s", id);
+	return stat(path, &st) == 0 ? st.st_ino : 0;
 }
 
 static bool netns_exists(const char *id)
@@ -102,12 +113,12 @@ static bool arp_answered(int fd)
 	}
 }
 
-static void test_a_tap_made_ahead_is_taken_over_with_its_descriptor(void)
+static void test_a_namespace_made_ahead_is_taken_over_with_its_tap_and_descriptor(void)
 {
 	struct kiln_sbnet net;
 	struct kiln_error err = { 0 };
 	struct kiln_sbnet_config cfg = { .id = idb, .index = 12000 + (uint32_t)(getpid() % 4000),
-					 .tap_uid = -1, .tap_from = ida };
+					 .tap_uid = -1, .netns_from = ida };
 	int fd;
 
 	CHECK_INT(kiln_sbnet_create_tap(ida, -1, &err), KILN_OK);
@@ -115,43 +126,80 @@ static void test_a_tap_made_ahead_is_taken_over_with_its_descriptor(void)
 	CHECK(has_link(ida, KILN_NET_TAP));
 	fd = tap_open_in(ida);
 	CHECK(fd >= 0);
+	CHECK(netns_ino(ida) != 0);
 	CHECK_INT(kiln_sbnet_create(&cfg, &net, &err), KILN_OK);
 	if (err.code)
 		fprintf(stderr, "create: %s\n", err.msg);
-	CHECK(!has_link(ida, KILN_NET_TAP));
-	CHECK(has_link(idb, KILN_NET_TAP));
+	CHECK(netns_ino(idb) == netns_ino(ida));
+	/* the old name goes; the namespace, its TAP and the descriptor on it stay the sandbox's */
+	CHECK_INT(kiln_sbnet_destroy(ida, NULL), KILN_OK);
+	CHECK(!netns_exists(ida));
+	CHECK(has_link(idb, KILN_NET_TAP) && has_link(idb, KILN_NET_UPLINK));
 	CHECK(fd >= 0 && arp_answered(fd));
 	if (fd >= 0)
 		close(fd);
 	CHECK_INT(kiln_sbnet_destroy(idb, NULL), KILN_OK);
-	CHECK_INT(kiln_sbnet_destroy(ida, NULL), KILN_OK);
 	CHECK(!netns_exists(ida) && !netns_exists(idb));
 }
 
-static void test_a_tap_to_take_over_that_is_not_there_fails_the_create_whole(void)
+static void test_a_namespace_to_take_over_that_is_not_there_fails_the_create_whole(void)
 {
 	struct kiln_sbnet net;
 	struct kiln_error err = { 0 };
 	struct kiln_sbnet_config cfg = { .id = idc, .index = 12000 + (uint32_t)(getpid() % 4000),
-					 .tap_uid = -1, .tap_from = ida };
+					 .tap_uid = -1, .netns_from = ida };
 
 	CHECK_INT(kiln_sbnet_create(&cfg, &net, &err), KILN_E_NOT_FOUND);
 	CHECK(!netns_exists(idc));
 }
 
+/* A take-over that fails after the bind (its veth's name taken) leaves the namespace made ahead. */
+static void test_a_take_over_that_fails_leaves_the_namespace_made_ahead_whole(void)
+{
+	struct kiln_sbnet net;
+	struct kiln_error err = { 0 };
+	struct kiln_sbnet_config cfg = { .id = idd, .index = 12000 + (uint32_t)(getpid() % 4000),
+					 .tap_uid = -1, .netns_from = ide };
+	char cmd[96];
+	int fd;
+
+	CHECK_INT(kiln_sbnet_create_tap(ide, -1, &err), KILN_OK);
+	fd = tap_open_in(ide);
+	CHECK(fd >= 0);
+	snprintf(cmd, sizeof(cmd), "ip link add kv%s type veth peer name kp%s", idd, idd);
+	CHECK(system(cmd) == 0);
+	CHECK(kiln_sbnet_create(&cfg, &net, &err) != KILN_OK);
+	CHECK(!netns_exists(idd));
+	CHECK(netns_exists(ide) && has_link(ide, KILN_NET_TAP));
+	CHECK(!has_link(ide, KILN_NET_UPLINK));
+	if (fd >= 0)
+		close(fd);
+	snprintf(cmd, sizeof(cmd), "ip link del kv%s 2>/dev/null", idd);
+	if (system(cmd) != 0) {
+		/* removed by the failed create's cleanup already */
+	}
+	CHECK_INT(kiln_sbnet_destroy(ide, NULL), KILN_OK);
+	CHECK(!netns_exists(ide));
+}
+
 int main(void)
 {
 	if (geteuid() != 0) {
-		fprintf(stderr, "test_tap_move: needs root\n");
+		fprintf(stderr, "test_netns_ahead: needs root\n");
 		return 1;
 	}
 	snprintf(ida, sizeof(ida), "tma%d", (int)getpid());
 	snprintf(idb, sizeof(idb), "tmb%d", (int)getpid());
 	snprintf(idc, sizeof(idc), "tmc%d", (int)getpid());
-	TEST(test_a_tap_made_ahead_is_taken_over_with_its_descriptor);
-	TEST(test_a_tap_to_take_over_that_is_not_there_fails_the_create_whole);
+	snprintf(idd, sizeof(idd), "tmd%d", (int)getpid());
+	snprintf(ide, sizeof(ide), "tme%d", (int)getpid());
+	TEST(test_a_namespace_made_ahead_is_taken_over_with_its_tap_and_descriptor);
+	TEST(test_a_namespace_to_take_over_that_is_not_there_fails_the_create_whole);
+	TEST(test_a_take_over_that_fails_leaves_the_namespace_made_ahead_whole);
 	kiln_sbnet_destroy(ida, NULL);
 	kiln_sbnet_destroy(idb, NULL);
 	kiln_sbnet_destroy(idc, NULL);
+	kiln_sbnet_destroy(idd, NULL);
+	kiln_sbnet_destroy(ide, NULL);
 	return test_summary();
 }
