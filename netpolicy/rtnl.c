@@ -166,17 +166,6 @@ int rtnl_link_up(struct rtnl *r, int ifindex)
 	return req_send(r, &q);
 }
 
-int rtnl_link_set_netns(struct rtnl *r, int ifindex, int netns_fd)
-{
-	struct rtnl_req q;
-	struct ifinfomsg *ifi = req_init(&q, RTM_NEWLINK, 0, sizeof(*ifi));
-	uint32_t fd = (uint32_t)netns_fd;
-
-	ifi->ifi_index = ifindex;
-	req_put(&q, IFLA_NET_NS_FD, &fd, sizeof(fd));
-	return req_send(r, &q);
-}
-
 int rtnl_link_set_mac(struct rtnl *r, int ifindex, const uint8_t mac[6])
 {
 	struct rtnl_req q;

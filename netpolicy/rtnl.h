@@ -32,12 +32,6 @@ int rtnl_veth_add(struct rtnl *r, const char *name, const char *peer, int peer_n
 /* Sets link `ifindex` up. */
 int rtnl_link_up(struct rtnl *r, int ifindex);
 
-/*
- * Moves link `ifindex` of the socket's namespace into the namespace `netns_fd` (its addresses
- * and routes stay behind; a TAP keeps the descriptors attached to it).
- */
-int rtnl_link_set_netns(struct rtnl *r, int ifindex, int netns_fd);
-
 /* Sets the hardware address of link `ifindex`. */
 int rtnl_link_set_mac(struct rtnl *r, int ifindex, const uint8_t mac[6]);
 
