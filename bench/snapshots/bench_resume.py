@@ -26,11 +26,13 @@ sni, attach (programs loaded ahead in N)`, docs/network-policy.md "Setup time") 
 its log; for (e) the fetch is the time from the POST to the node's `snapshot "…" fetched from the
 tenant's bucket` line (both on this host's clock), and after it the bench downloads the same
 object once more with the node's own S3 client (tests/integration/s3/s3_tool get) to split the
-download from the rest of the fetch.
+download from the rest of the fetch. At the end, the memory of node A's QEMU begun ahead for the
+template while it waits (its processes' Rss and Pss).
 
 usage: bench_resume.py [ROUNDS]
 """
 import datetime
+import glob
 import os
 import re
 import signal
@@ -115,6 +117,34 @@ def log_phases(node, snap, since, sid=None):
                 if u.group(g) is not None and int(u.group(g)) >= 0:
                     out[k] = int(u.group(g))
     return out
+
+
+def warm_memory(node, timeout=30):
+    """Prints what a QEMU begun ahead (node/warm.c) holds while it waits: its processes' Rss and
+    Pss (smaps_rollup), found in its cgroup kiln/<node>/0… (a taken one's is renamed)."""
+    deadline = time.time() + timeout
+    pids = []
+    while not pids and time.time() < deadline:
+        for d in glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/0*/cgroup.procs"):
+            with open(d) as f:
+                pids = [int(p) for p in f.read().split()]
+            if pids:
+                break
+        time.sleep(0.5)
+    if not pids:
+        print("no QEMU waits started ahead on node A")
+        return
+    rss = pss = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                k, v = line.split(":", 1)[0], line.split()[1:2]
+                if k == "Rss":
+                    rss += int(v[0])
+                elif k == "Pss":
+                    pss += int(v[0])
+    print(f"a QEMU started ahead, waiting (node A, {len(pids)} process): Rss {rss / 1024:.1f} MiB, "
+          f"Pss {pss / 1024:.1f} MiB")
 
 
 def stats(xs):
@@ -272,6 +302,7 @@ def main():
                 print(f"    {k} phases ms: " + ", ".join(f"{p} {phases[k][-1][p]}" for p in PHASES
                                                       if p in phases[k][-1]), flush=True)
         loads["end"] = loadavg()
+        warm_memory(a_node)
 
         print()
         print(f"accelerator {accel}; {os.cpu_count()} CPUs; load average (1/5/15 min) "
