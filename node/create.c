@@ -166,7 +166,7 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 	/* Its VMM started ahead (warm.c), if one waits; any failure there restores anew. */
 	if (!r->own_memory && (w = warm_take(n, tpl)) != NULL) {
 		rc = sb_restore_warm(n, sb, dir, w, &r->init, err);
-		warm_free(n, w);
+		warm_free(n, w);	/* its VMM, if not the sandbox's, before the sandbox's uid goes */
 		if (rc == KILN_OK)
 			return KILN_OK;
 		log_warn("restoring template \"%s\" on a VMM started ahead failed (%s): restoring "

@@ -151,8 +151,10 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 /*
  * sb_restore() of a new sandbox (a fresh identity, the memory mapped privately) from the template
  * in `snap_dir` on the warm VM `w` begun on it (warm.h): the sandbox takes over its uid, its TAP
- * and its VMM, which loads the state under the sandbox's names. `w`'s VMM is the sandbox's or
- * gone when this returns; the caller warm_free()s what is left of `w` either way.
+ * and its VMM, which loads the state under the sandbox's names. On success `w`'s VMM is the
+ * sandbox's; on failure it may still be `w`'s (a failure before the state's load). Either way the
+ * caller warm_free()s what is left of `w`, before it releases the sandbox (its uid, once
+ * adopted, is the warm VMM's too).
  */
 enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
 			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err);

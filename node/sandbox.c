@@ -430,7 +430,8 @@ static enum kiln_err sb_net_policy(struct node *n, struct sandbox *sb, const str
 /*
  * The uid lease and the network namespace with its TAP. With `gate` the TAP passes nothing
  * either way (kiln_policy_gate) until sb_net_policy attaches the programs, so that the VM may
- * start before them. With a warm VM `w` (warm.c), its uid and TAP are taken over instead.
+ * start before them. With a warm VM `w` (warm.c), its uid and namespace (its TAP and QEMU in it)
+ * are taken over instead.
  */
 static enum kiln_err sb_net_base(struct node *n, struct sandbox *sb, bool gate,
 				 struct warm_vm *w, struct net_times *t, struct kiln_error *err)
@@ -757,12 +758,5 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
 			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err)
 {
-	enum kiln_err rc = restore(n, sb, snap_dir, VMM_MEM_PRIVATE, w, init, true, err);
-	struct kiln_error ignore = { 0 };
-
-	/* a failure before the end: the warm VM goes before the sandbox gives its uid back */
-	if (w->vm && vmm_destroy(w->vm, &ignore) != KILN_OK)
-		log_warn("destroying warm VM \"%s\": %s", w->id, ignore.msg);
-	w->vm = NULL;
-	return rc;
+	return restore(n, sb, snap_dir, VMM_MEM_PRIVATE, w, init, true, err);
 }

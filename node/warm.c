@@ -22,7 +22,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 #include <sys/stat.h>
 
 #include "common/clock.h"
@@ -101,9 +100,7 @@ void warm_free(struct node *n, struct warm_vm *w)
 static enum kiln_err warm_make(struct node *n, const struct warm_tpl *t, struct warm_vm **out,
 			       struct kiln_error *err)
 {
-	static const char b32[] = "abcdefghijklmnopqrstuvwxyz234567";
-	unsigned char rnd[KILN_NET_ID_MAX - 1];
-	char owner[128], run_dir[256], state_dir[640], dir[600];
+	char rid[AUTH_ID_MAX], owner[128], run_dir[256], state_dir[640], dir[600];
 	struct warm_vm *w = calloc(1, sizeof(*w));
 	enum kiln_err rc = KILN_OK;
 	int r;
@@ -111,13 +108,12 @@ static enum kiln_err warm_make(struct node *n, const struct warm_tpl *t, struct 
 	*out = NULL;
 	if (!w)
 		return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
-	if (getrandom(rnd, sizeof(rnd), 0) != (ssize_t)sizeof(rnd)) {
+	/* the random part of an id of the project's kind (base32), behind a "0" */
+	if (auth_new_id("w_", rid, sizeof(rid)) != KILN_OK) {
 		free(w);
 		return kiln_error_set(err, KILN_E_INTERNAL, "no entropy");
 	}
-	w->id[0] = '0';
-	for (size_t i = 0; i < sizeof(rnd); i++)
-		w->id[i + 1] = b32[rnd[i] % 32];
+	snprintf(w->id, sizeof(w->id), "0%.*s", KILN_NET_ID_MAX - 1, rid + 2);
 	snprintf(w->tpl, sizeof(w->tpl), "%s", t->snap);
 	w->vcpu_milli = t->vcpu_milli;
 	w->mem_mib = t->mem_mib;
@@ -244,9 +240,8 @@ static void *warm_run(void *arg)
 void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
 	      unsigned disk_gib, bool codeint)
 {
-	struct warm_tpl *t = NULL;
-
 	const struct hv_ops *hv = hv_find(n->cfg.hypervisor);
+	struct warm_tpl *t = NULL;
 
 	/*
 	 * None where nothing would take them (templates off), where the driver cannot begin a

@@ -598,7 +598,8 @@ print(s.recv(512)[3] & 15)
 
 class WarmVmTests(unittest.TestCase):
     """Creates from the template on a VMM started ahead (node/warm.c): the create takes its QEMU,
-    TAP and uid; another is started after; a node killed with one leaves nothing at its restart."""
+    namespace and uid, and another is started after; one that died meanwhile leaves the create to
+    restore anew; a node killed with one leaves nothing of it at its restart."""
 
     ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_TEMPLATE_WARM_VMS": "1"}
 
@@ -636,7 +637,7 @@ class WarmVmTests(unittest.TestCase):
 
     def test_a_create_takes_the_vmm_started_ahead_and_another_is_started(self):
         node = self.stack.node
-        w = self.wait_warm()
+        w = self.live_warm()
         tpl = self.stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
                                 f"AND node_id = '{node.node_id}'").split()[0]
         pids = vm_pids(node.node_id, w)
