@@ -279,6 +279,9 @@ const struct cfg_def config_table[] = {
 	{ "template_warm_vms", CFG_INT, F(template_warm_vms), "1", 0, 4, NULL, false,
 	  "VMMs started ahead per ready template, each waiting for a create of its shape to load "
 	  "the template's state (0: none; a create then starts its own)" },
+	{ "paused_warm_vms", CFG_INT, F(paused_warm_vms), "2", 0, 16, NULL, false,
+	  "paused sandboxes, the latest paused on this node, each with a VMM started ahead on its "
+	  "snapshot that a resume takes (0: none; a resume then starts its own)" },
 	{ "node_down_after_s", CFG_INT, F(node_down_after_s), "10", 3, 3600, NULL, false,
 	  "seconds after a node's last heartbeat that it is marked down: no work for it, its running "
 	  "sandboxes lost (node_down), its paused ones resumable elsewhere from their bucket" },

@@ -9,8 +9,10 @@
 #include <fcntl.h>
 #include <ftw.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -157,4 +159,33 @@ void fs_remove_tree_or_warn(const char *path)
 
 	if (r < 0)
 		log_warn("cannot remove \"%s\": %s", path, strerror(-r));
+}
+
+static void *unlink_thread(void *arg)
+{
+	char *path = arg;
+
+	if (unlink(path) < 0 && errno != ENOENT)
+		log_warn("cannot remove \"%s\": %s", path, strerror(errno));
+	free(path);
+	return NULL;
+}
+
+void fs_unlink_behind(const char *path)
+{
+	pthread_attr_t attr;
+	pthread_t t;
+	char *p = strdup(path);
+	int r = -1;
+
+	if (p && pthread_attr_init(&attr) == 0) {
+		pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+		r = pthread_create(&t, &attr, unlink_thread, p);
+		pthread_attr_destroy(&attr);
+	}
+	if (r != 0) {
+		free(p);
+		if (unlink(path) < 0 && errno != ENOENT)
+			log_warn("cannot remove \"%s\": %s", path, strerror(errno));
+	}
 }

@@ -44,6 +44,13 @@ int fs_remove_tree(const char *path);
 /* fs_remove_tree(), logging a warning that names `path` when it fails (for cleanups that go on). */
 void fs_remove_tree_or_warn(const char *path);
 
+/*
+ * Unlinks the file `path` on a thread of its own, so that the caller does not wait while the
+ * kernel frees a large file's blocks and page cache (some 40 ms for 100 MiB here); on the
+ * caller's thread when no thread can be made. A failure is logged unless the file was gone.
+ */
+void fs_unlink_behind(const char *path);
+
 /* fsync(2) of the file or directory `path` (opened read-only, links followed). 0 or -errno. */
 int fs_fsync_path(const char *path);
 

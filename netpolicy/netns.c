@@ -324,8 +324,11 @@ enum kiln_err kiln_sbnet_destroy(const char *id, struct kiln_error *err)
 	char path[64];
 	snprintf(path, sizeof(path), "/run/netns/%s", d.netns);
 	if (access(path, F_OK) == 0) {
-		const char *argv[] = {"ip", "netns", "del", d.netns, NULL};
-		e = kiln_run(argv, err);
+		int r = rtnl_netns_unbind(path);
+
+		if (r < 0 && r != -ENOENT)
+			e = kiln_error_set(err, KILN_E_IO, "cannot remove network namespace \"%s\": %s",
+					   d.netns, strerror(-r));
 	}
 	return e;
 }

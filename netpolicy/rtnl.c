@@ -360,3 +360,11 @@ int rtnl_netns_bind(const char *from, const char *path)
 	}
 	return ns;
 }
+
+int rtnl_netns_unbind(const char *path)
+{
+	/* EINVAL: not a mount point (a file left by a bind that failed half way): unlinked anyway */
+	if (umount2(path, MNT_DETACH) < 0 && errno != EINVAL)
+		return -errno;
+	return unlink(path) < 0 ? -errno : 0;
+}

@@ -79,4 +79,11 @@ int rtnl_netns_add(const char *path);
  */
 int rtnl_netns_bind(const char *from, const char *path);
 
+/*
+ * The name `path` of a network namespace removed, as `ip netns del` does it (a lazy unmount, then
+ * the file unlinked), without a process: the namespace itself goes once nothing else holds it
+ * (another name, a process in it, a descriptor). 0 or a negative errno.
+ */
+int rtnl_netns_unbind(const char *path);
+
 #endif

@@ -154,7 +154,7 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 	if (r->from_snap)
 		return snap_restore_new(n, sb, r->from_snap,
 					build && !r->own_memory ? VMM_MEM_PRIVATE : VMM_MEM_COPY,
-					&r->init, true, err);
+					&r->init, true, NULL, err);
 	if (!tpl[0])
 		return sb_boot(n, sb, &r->init, err);
 	/*
@@ -165,7 +165,7 @@ static enum kiln_err create_vm(struct node *n, struct sandbox *sb, const struct 
 	sb->disk_filled = true;
 	/* Its VMM started ahead (warm.c), if one waits; any failure there restores anew. */
 	if (!r->own_memory && (w = warm_take(n, tpl)) != NULL) {
-		rc = sb_restore_warm(n, sb, dir, w, &r->init, err);
+		rc = sb_restore_warm(n, sb, dir, w, &r->init, true, err);
 		warm_free(n, w);	/* its VMM, if not the sandbox's, before the sandbox's uid goes */
 		if (rc == KILN_OK)
 			return KILN_OK;

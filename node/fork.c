@@ -117,7 +117,7 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 	for (made = 0; rc == KILN_OK && made < count; made++) {
 		struct sandbox *k = kids[made];
 		pthread_mutex_lock(&k->lock);
-		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, err);
+		rc = snap_restore_new(n, k, snap, VMM_MEM_PRIVATE, NULL, true, NULL, err);
 		if (rc == KILN_OK)
 			rc = secrets_inherit(n, parent->id, k, err);	/* forks inherit them */
 		if (rc == KILN_OK) {
@@ -157,7 +157,7 @@ enum kiln_err fork_sandbox(struct node *n, struct sandbox *parent, const char *t
 	/* The parent, on a copy of the image: its children map the original. */
 	{
 		struct kiln_error perr = { 0 };
-		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, &perr) == KILN_OK) {
+		if (snap_restore_new(n, parent, snap, VMM_MEM_COPY, NULL, false, NULL, &perr) == KILN_OK) {
 			struct record_fence pf = sb_fence(n, parent);
 			/* the generation moves on; the restored VM runs on either way */
 			if (record_restored(n->pg, c, &pf, snap, &parent->generation, &perr) != KILN_OK)

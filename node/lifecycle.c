@@ -349,7 +349,7 @@ enum kiln_err snap_record_public(struct node *n, struct pg_conn *c, const struct
 
 enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *snap_id,
 			       enum vmm_mem_from from, const struct sb_init *override, bool fresh,
-			       struct kiln_error *err)
+			       struct warm_vm *w, struct kiln_error *err)
 {
 	char dir[600];
 	struct kiln_ruleset rs;
@@ -377,7 +377,8 @@ enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *s
 			init.bandwidth = override->bandwidth;
 		bw.has_level = false;	/* a new sandbox from a snapshot: a full bucket, as any create */
 	}
-	rc = sb_restore(n, sb, dir, from, &init, fresh, err);
+	rc = w ? sb_restore_warm(n, sb, dir, w, &init, fresh, err) :
+		 sb_restore(n, sb, dir, from, &init, fresh, err);
 	kiln_ruleset_free(&rs);
 	return rc;
 }

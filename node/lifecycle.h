@@ -27,11 +27,12 @@ enum kiln_err snap_fetch_copy(struct node *n, const char *snap_id, const char *t
 
 /*
  * Verifies the snapshot `snap_id` and restores `sb` (reserved, not yet running) from it, with the
- * snapshot's network policy unless `override` gives one. `fresh`: a new sandbox's identity.
+ * snapshot's network policy unless `override` gives one. `fresh`: a new sandbox's identity. With
+ * `w`, on that warm VM begun on the snapshot (sb_restore_warm: `from` is then the begin's).
  */
 enum kiln_err snap_restore_new(struct node *n, struct sandbox *sb, const char *snap_id,
 			       enum vmm_mem_from from, const struct sb_init *override, bool fresh,
-			       struct kiln_error *err);
+			       struct warm_vm *w, struct kiln_error *err);
 
 /* Checks that a snapshot directory is complete and restorable on this node. */
 enum kiln_err snap_verify(struct node *n, const char *dir, struct kiln_error *err);

@@ -149,19 +149,21 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 			 struct kiln_error *err);
 
 /*
- * sb_restore() of a new sandbox (a fresh identity, the memory mapped privately) from the template
- * in `snap_dir` on the warm VM `w` begun on it (warm.h): the sandbox takes over its uid, its TAP
+ * sb_restore() from the template or pause snapshot in `snap_dir` on the warm VM `w` begun on it
+ * (warm.h; its memory as the begin prepared it): the sandbox takes over its uid, its TAP
  * and its VMM, which loads the state under the sandbox's names. On success `w`'s VMM is the
  * sandbox's; on failure it may still be `w`'s (a failure before the state's load). Either way the
  * caller warm_free()s what is left of `w`, before it releases the sandbox (its uid, once
  * adopted, is the warm VMM's too).
  */
 enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
-			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err);
+			      struct warm_vm *w, const struct sb_init *init, bool fresh,
+			      struct kiln_error *err);
 
 /*
- * The VMM of warm VM `w` (its uid leased and namespace made) begun on the template in `snap_dir`
- * (vmm_restore_begin), as a sandbox of its shape would restore it: into w->vm.
+ * The VMM of warm VM `w` (its uid leased and namespace made) begun on the snapshot in `snap_dir`
+ * (vmm_restore_begin), as a sandbox of its shape would restore it: into w->vm. A template's
+ * memory is mapped privately; a pause snapshot's is copied in by the take (VMM_MEM_COPY_LATE).
  */
 enum kiln_err sb_warm_begin(struct node *n, struct warm_vm *w, const char *snap_dir,
 			    struct kiln_error *err);

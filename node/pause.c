@@ -18,6 +18,7 @@
 #include "vmm/hv.h"
 #include "node/lifecycle.h"
 #include "node/pause.h"
+#include "node/warm.h"
 
 /* Allocated bytes of a file (holes cost nothing); 0 when it is absent. */
 static long long file_bytes(const char *path)
@@ -283,6 +284,8 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct k
 	sb_teardown(n, sb);
 	sb->state = SB_PAUSED;
 	log_info("sandbox \"%s\" paused into \"%s\"", sb->id, id);
+	if (rc == KILN_OK)	/* its resume, if it comes soon, on a VMM started ahead (warm.c) */
+		warm_add_paused(n, id, sb->vcpu_milli, sb->mem_mib, sb->disk_gib);
 	return KILN_OK;
 }
 

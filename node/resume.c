@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "metering/plan.h"
 #include "node/secrets.h"
@@ -16,12 +17,14 @@
 #include "node/netsetup.h"
 #include "node/resume.h"
 #include "node/storage_sync.h"
+#include "node/warm.h"
 
 enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 			     struct kiln_error *err)
 {
 	struct record r;
 	struct sandbox *sb = sb_get(n, id);
+	struct warm_vm *w;
 	struct pg_conn *c;
 	char dir[600], mem[640];
 	bool moved;
@@ -83,8 +86,26 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	 * which nothing changes: the guest is not asked to grow it again.
 	 */
 	sb->disk_filled = true;
-	/* A copy of the memory image: if anything fails, the snapshot is still whole. */
-	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, err);
+	/*
+	 * A copy of the memory image: if anything fails, the snapshot is still whole. On the VMM
+	 * started ahead on this snapshot since its pause (warm.c), if one waits and the snapshot is
+	 * still the one it was begun on; any failure there restores anew.
+	 */
+	w = warm_take(n, r.pause_snapshot);
+	if (w && moved) {
+		warm_free(n, w);	/* its files were fetched anew: warm_take saw them replaced */
+		w = NULL;
+	}
+	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, w, err);
+	warm_free(n, w);	/* its VMM, if not the sandbox's, before the sandbox's uid goes */
+	if (rc != KILN_OK && w) {
+		log_warn("resuming \"%s\" on a VMM started ahead failed (%s): restoring anew", id,
+			 err->msg);
+		sb_release(n, sb);
+		kiln_error_clear(err);
+		sb_net_prepare(n, sb);	/* the release dropped the first load */
+		rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, NULL, err);
+	}
 	if (rc == KILN_OK)
 		rc = secrets_restore(n, sb, err);	/* its secrets, or it stays paused */
 	if (rc == KILN_OK)
@@ -129,10 +150,13 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	}
 	sb->state = SB_RUNNING;
 	sb->expires_at = time(NULL) + r.timeout_s;
-	/* The memory image was copied into the VM: the snapshot keeps only what the disk needs. */
+	/*
+	 * The memory image was copied into the VM: the snapshot keeps only what the disk needs. Its
+	 * blocks are freed behind the reply.
+	 */
 	snap_dir(n, r.pause_snapshot, dir, sizeof(dir));
 	snprintf(mem, sizeof(mem), "%s/mem", dir);
-	unlink(mem);
+	fs_unlink_behind(mem);
 	pthread_mutex_unlock(&sb->lock);
 	log_info("sandbox \"%s\" resumed from \"%s\"", id, r.pause_snapshot);
 	sb_put(n, sb);

@@ -667,8 +667,9 @@ enum kiln_err sb_warm_begin(struct node *n, struct warm_vm *w, const char *snap_
 	if (rc == KILN_OK) {
 		sb_spec(n, like, &spec, &b);
 		vm_start_take(n);
-		rc = vmm_restore_begin(n->cfg.hypervisor, &spec, snap_dir, VMM_MEM_PRIVATE, &w->vm,
-				       err);
+		/* a template's memory mapped as a create's; a pause snapshot's copied in at the take */
+		rc = vmm_restore_begin(n->cfg.hypervisor, &spec, snap_dir,
+				       w->paused ? VMM_MEM_COPY_LATE : VMM_MEM_PRIVATE, &w->vm, err);
 		vm_start_give(n);
 	}
 	free(like);
@@ -756,7 +757,9 @@ enum kiln_err sb_restore(struct node *n, struct sandbox *sb, const char *snap_di
 }
 
 enum kiln_err sb_restore_warm(struct node *n, struct sandbox *sb, const char *snap_dir,
-			      struct warm_vm *w, const struct sb_init *init, struct kiln_error *err)
+			      struct warm_vm *w, const struct sb_init *init, bool fresh,
+			      struct kiln_error *err)
 {
-	return restore(n, sb, snap_dir, VMM_MEM_PRIVATE, w, init, true, err);
+	/* the memory as the warm VM's begin prepared it */
+	return restore(n, sb, snap_dir, VMM_MEM_PRIVATE, w, init, fresh, err);
 }

@@ -1,5 +1,5 @@
 /*
- * warm.c - VMMs started ahead of the creates they serve (warm.h).
+ * warm.c - VMMs started ahead of the creates and resumes they serve (warm.h).
  *
  * A restore's VMM step is mostly QEMU's own start (docs/benchmarks.md): its process, jail,
  * cgroup, the template's memory mapped and its disk layer made, then QMP answering. None of that
@@ -15,6 +15,15 @@
  * (WARM_REFILL_DELAY_MS, so as not to share the CPU with the create it serves). A begin that
  * fails is not tried again until a create of that template finds none. The template's memory is
  * mapped privately, like an ordinary create's: a warm VM holds QEMU's own memory, not the guest's.
+ *
+ * A resume's VMM step is the same start, on the pause snapshot, whose disk chain and memory image
+ * are the sandbox's own: so a warm VM is begun on the snapshot of each of the sandboxes paused last
+ * (`paused_warm_vms`), right after its pause. Its memory file is made at the guest's length and
+ * left empty (VMM_MEM_COPY_LATE): the pause gave the guest's memory back, and the warm VM does
+ * not take it again while it waits; its resume copies the image in (some 40 ms per 100 MiB the
+ * guest touched) before the state is loaded. It is used once: the take ends it. One whose
+ * snapshot's state file is gone or another (the sandbox deleted, resumed elsewhere, its files
+ * fetched anew) is removed by the thread's check every WARM_CHECK_MS, and never handed out.
  */
 #include "node/warm.h"
 
@@ -35,12 +44,15 @@
 #define WARM_TPL_MAX 32		/* templates kept warm (template.c keeps at most 16) */
 #define WARM_VMS_MAX 64		/* warm VMs in all */
 #define WARM_REFILL_DELAY_MS 1500
+#define WARM_CHECK_MS 2000	/* pause snapshots' files looked at */
 
-/* A template kept warm. */
+/* A template kept warm, or a pause snapshot (`paused`: one warm VM, once). */
 struct warm_tpl {
 	char snap[AUTH_ID_MAX];	/* "" when the entry is free */
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	bool codeint;
+	bool paused;
+	long long added_ms;	/* CLOCK_MONOTONIC: the oldest paused one goes first */
 	bool failed;		/* its last begin failed: none until a take finds none */
 	long long not_before_ms;	/* no begin before (CLOCK_MONOTONIC) */
 };
@@ -96,6 +108,31 @@ void warm_free(struct node *n, struct warm_vm *w)
 	free(w);
 }
 
+/* The device and inode of the state file of the snapshot in `dir`; false when it has none. */
+static bool state_of(const char *dir, dev_t *dev, ino_t *ino)
+{
+	char path[700];
+	struct stat st;
+
+	snprintf(path, sizeof(path), "%s/state", dir);
+	if (stat(path, &st) != 0)
+		return false;
+	*dev = st.st_dev;
+	*ino = st.st_ino;
+	return true;
+}
+
+/* Whether `snap`'s state file is still the one warm VM `w` was begun on. */
+static bool snap_same(struct node *n, const char *snap, const struct warm_vm *w)
+{
+	char dir[600];
+	dev_t dev;
+	ino_t ino;
+
+	snap_dir(n, snap, dir, sizeof(dir));
+	return state_of(dir, &dev, &ino) && dev == w->state_dev && ino == w->state_ino;
+}
+
 /* A warm VM of `t` begun: its name, uid, namespace and VMM. */
 static enum kiln_err warm_make(struct node *n, const struct warm_tpl *t, struct warm_vm **out,
 			       struct kiln_error *err)
@@ -119,6 +156,7 @@ static enum kiln_err warm_make(struct node *n, const struct warm_tpl *t, struct 
 	w->mem_mib = t->mem_mib;
 	w->disk_gib = t->disk_gib;
 	w->codeint = t->codeint;
+	w->paused = t->paused;
 	w->begun_ms = clock_mono_ms();
 	/* its state directory first: what a node that dies now finds it by (recovery.c) */
 	warm_dirs(n, w->id, run_dir, sizeof(run_dir), state_dir, sizeof(state_dir));
@@ -136,6 +174,9 @@ static enum kiln_err warm_make(struct node *n, const struct warm_tpl *t, struct 
 		rc = kiln_sbnet_create_tap(w->id, (int)w->uid, err);
 	w->has_net = rc == KILN_OK;
 	snap_dir(n, t->snap, dir, sizeof(dir));
+	if (rc == KILN_OK && !state_of(dir, &w->state_dev, &w->state_ino))
+		rc = kiln_error_set(err, KILN_E_NOT_FOUND, "snapshot \"%s\" has no state file",
+				    t->snap);
 	if (rc == KILN_OK)
 		rc = sb_warm_begin(n, w, dir, err);
 	if (rc != KILN_OK) {
@@ -177,7 +218,8 @@ static struct warm_tpl *tpl_due(struct node *n, long long *wait_ms)
 	for (int i = 0; i < WARM_TPL_MAX; i++) {
 		struct warm_tpl *t = &pool.tpls[i];
 
-		if (!t->snap[0] || t->failed || ready_of(t->snap) >= n->cfg.template_warm_vms)
+		if (!t->snap[0] || t->failed ||
+		    ready_of(t->snap) >= (t->paused ? 1 : n->cfg.template_warm_vms))
 			continue;
 		if (now >= t->not_before_ms)
 			return t;
@@ -187,20 +229,98 @@ static struct warm_tpl *tpl_due(struct node *n, long long *wait_ms)
 	return NULL;
 }
 
+/* Takes the ready warm VMs of `snap` (all when NULL) out of the pool into `out`; under the lock. */
+static int take_all(const char *snap, struct warm_vm **out)
+{
+	int k = 0, kept = 0;
+
+	for (int i = 0; i < pool.nready; i++) {
+		if (!snap || strcmp(pool.ready[i]->tpl, snap) == 0)
+			out[k++] = pool.ready[i];
+		else
+			pool.ready[kept++] = pool.ready[i];
+	}
+	pool.nready = kept;
+	return k;
+}
+
+/*
+ * Takes out of the pool the pause snapshots whose state file is gone or another than their warm
+ * VM was begun on, with those warm VMs (into `out`); under the lock.
+ */
+static int stale_take(struct node *n, struct warm_vm **out)
+{
+	char dir[600];
+	dev_t dev;
+	ino_t ino;
+	int k = 0, kept = 0;
+
+	for (int i = 0; i < pool.nready; i++) {
+		struct warm_vm *w = pool.ready[i];
+		struct warm_tpl *t;
+
+		if (!w->paused || snap_same(n, w->tpl, w)) {
+			pool.ready[kept++] = w;
+			continue;
+		}
+		if ((t = tpl_find(w->tpl)) != NULL)
+			t->snap[0] = '\0';
+		out[k++] = w;
+	}
+	pool.nready = kept;
+	/* one whose begin failed has no VM: its entry goes with its files */
+	for (int i = 0; i < WARM_TPL_MAX; i++) {
+		struct warm_tpl *t = &pool.tpls[i];
+
+		if (!t->snap[0] || !t->paused || ready_of(t->snap) > 0)
+			continue;
+		snap_dir(n, t->snap, dir, sizeof(dir));
+		if (!state_of(dir, &dev, &ino))
+			t->snap[0] = '\0';
+	}
+	return k;
+}
+
+/* Whether a pause snapshot is kept warm (its files then want a look now and then); under the lock. */
+static bool any_paused(void)
+{
+	for (int i = 0; i < WARM_TPL_MAX; i++)
+		if (pool.tpls[i].snap[0] && pool.tpls[i].paused)
+			return true;
+	return false;
+}
+
 static void *warm_run(void *arg)
 {
 	struct node *n = arg;
+	long long next_check_ms = 0;
 
 	pthread_mutex_lock(&pool.lock);
 	while (!pool.stopping) {
 		struct kiln_error err = { 0 };
-		struct warm_vm *w = NULL;
+		struct warm_vm *w = NULL, *gone[WARM_VMS_MAX];
 		struct warm_tpl job, *t;
-		long long wait_ms;
+		long long wait_ms, now = clock_mono_ms();
 		enum kiln_err rc;
+		int k;
 
+		if (now >= next_check_ms) {
+			next_check_ms = now + WARM_CHECK_MS;
+			if ((k = stale_take(n, gone)) > 0) {
+				pthread_mutex_unlock(&pool.lock);
+				for (int i = 0; i < k; i++) {
+					log_info("snapshot \"%s\" is gone or replaced: its VMM started "
+						 "ahead \"%s\" removed", gone[i]->tpl, gone[i]->id);
+					warm_free(n, gone[i]);
+				}
+				pthread_mutex_lock(&pool.lock);
+				continue;
+			}
+		}
 		t = tpl_due(n, &wait_ms);
 		if (!t) {
+			if (any_paused() && (wait_ms < 0 || wait_ms > next_check_ms - now))
+				wait_ms = next_check_ms - now;
 			if (wait_ms < 0) {
 				pthread_cond_wait(&pool.wake, &pool.lock);
 			} else {
@@ -218,8 +338,8 @@ static void *warm_run(void *arg)
 		if (rc != KILN_OK) {
 			if (t)
 				t->failed = true;
-			log_warn("template \"%s\": a VMM could not be started ahead: %s", job.snap,
-				 err.msg);
+			log_warn("%s \"%s\": a VMM could not be started ahead: %s",
+				 job.paused ? "paused snapshot" : "template", job.snap, err.msg);
 			continue;
 		}
 		if (!t || pool.stopping || pool.nready >= WARM_VMS_MAX) {
@@ -230,10 +350,35 @@ static void *warm_run(void *arg)
 			continue;
 		}
 		pool.ready[pool.nready++] = w;
-		log_info("template \"%s\": VMM \"%s\" started ahead in %lld ms", job.snap, w->id,
+		log_info("%s \"%s\": VMM \"%s\" started ahead in %lld ms",
+			 job.paused ? "paused snapshot" : "template", job.snap, w->id,
 			 clock_mono_ms() - w->begun_ms);
 	}
 	pthread_mutex_unlock(&pool.lock);
+	return NULL;
+}
+
+/* Starts the thread that begins warm VMs, once; false when it cannot run. Under the lock. */
+static bool pool_start(struct node *n)
+{
+	if (pool.started)
+		return true;
+	/* waits on the clock a wall-clock step does not move; no one waits yet */
+	clock_cond_init(&pool.wake, CLOCK_MONOTONIC);
+	if (pthread_create(&pool.thread, NULL, warm_run, n) != 0) {
+		log_warn("no VMMs started ahead: cannot start their thread");
+		return false;
+	}
+	pool.started = true;
+	return true;
+}
+
+/* A free entry, or NULL; under the lock. */
+static struct warm_tpl *tpl_free(void)
+{
+	for (int i = 0; i < WARM_TPL_MAX; i++)
+		if (!pool.tpls[i].snap[0])
+			return &pool.tpls[i];
 	return NULL;
 }
 
@@ -252,21 +397,8 @@ void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned me
 	    !hv || !hv->restore_begin)
 		return;
 	pthread_mutex_lock(&pool.lock);
-	if (pool.stopping || n->stopping || tpl_find(snap))
-		goto out;
-	if (!pool.started) {
-		/* waits on the clock a wall-clock step does not move; no one waits yet */
-		clock_cond_init(&pool.wake, CLOCK_MONOTONIC);
-		if (pthread_create(&pool.thread, NULL, warm_run, n) != 0) {
-			log_warn("no VMMs started ahead: cannot start their thread");
-			goto out;
-		}
-		pool.started = true;
-	}
-	for (int i = 0; i < WARM_TPL_MAX && !t; i++)
-		if (!pool.tpls[i].snap[0])
-			t = &pool.tpls[i];
-	if (!t)
+	if (pool.stopping || n->stopping || tpl_find(snap) || !pool_start(n) ||
+	    !(t = tpl_free()))
 		goto out;
 	memset(t, 0, sizeof(*t));
 	snprintf(t->snap, sizeof(t->snap), "%s", snap);
@@ -279,19 +411,52 @@ out:
 	pthread_mutex_unlock(&pool.lock);
 }
 
-/* Takes the ready warm VMs of `snap` (all when NULL) out of the pool into `out`; under the lock. */
-static int take_all(const char *snap, struct warm_vm **out)
+void warm_add_paused(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
+		     unsigned disk_gib)
 {
-	int k = 0, kept = 0;
+	const struct hv_ops *hv = hv_find(n->cfg.hypervisor);
+	struct warm_vm *gone[WARM_VMS_MAX];
+	struct warm_tpl *t = NULL;
+	int k = 0, have;
 
-	for (int i = 0; i < pool.nready; i++) {
-		if (!snap || strcmp(pool.ready[i]->tpl, snap) == 0)
-			out[k++] = pool.ready[i];
-		else
-			pool.ready[kept++] = pool.ready[i];
+	if (n->cfg.paused_warm_vms <= 0 || !hv || !hv->restore_begin)
+		return;
+	pthread_mutex_lock(&pool.lock);
+	if (pool.stopping || n->stopping || tpl_find(snap) || !pool_start(n))
+		goto out;
+	/* the oldest paused ones make room */
+	for (;;) {
+		struct warm_tpl *oldest = NULL;
+
+		have = 0;
+		for (int i = 0; i < WARM_TPL_MAX; i++) {
+			struct warm_tpl *o = &pool.tpls[i];
+
+			if (!o->snap[0] || !o->paused)
+				continue;
+			have++;
+			if (!oldest || o->added_ms < oldest->added_ms)
+				oldest = o;
+		}
+		if (have < n->cfg.paused_warm_vms || !oldest)
+			break;
+		k += take_all(oldest->snap, gone + k);
+		oldest->snap[0] = '\0';
 	}
-	pool.nready = kept;
-	return k;
+	if (!(t = tpl_free()))
+		goto out;
+	memset(t, 0, sizeof(*t));
+	snprintf(t->snap, sizeof(t->snap), "%s", snap);
+	t->vcpu_milli = vcpu_milli;
+	t->mem_mib = mem_mib;
+	t->disk_gib = disk_gib;
+	t->paused = true;
+	t->added_ms = clock_mono_ms();
+	pthread_cond_broadcast(&pool.wake);
+out:
+	pthread_mutex_unlock(&pool.lock);
+	for (int i = 0; i < k; i++)
+		warm_free(n, gone[i]);
 }
 
 void warm_drop(struct node *n, const char *snap)
@@ -323,12 +488,20 @@ struct warm_vm *warm_take(struct node *n, const char *snap)
 			pool.ready[i] = pool.ready[--pool.nready];
 		}
 	}
-	if (t) {
+	if (t && t->paused) {
+		t->snap[0] = '\0';	/* used once: a begin still running is dropped at its end */
+	} else if (t) {
 		t->failed = false;
 		t->not_before_ms = clock_mono_ms() + WARM_REFILL_DELAY_MS;
 		pthread_cond_broadcast(&pool.wake);
 	}
 	pthread_mutex_unlock(&pool.lock);
+	if (w && !snap_same(n, snap, w)) {
+		log_warn("snapshot \"%s\" is gone or replaced: its VMM started ahead \"%s\" not used",
+			 snap, w->id);
+		warm_free(n, w);
+		w = NULL;
+	}
 	return w;
 }
 

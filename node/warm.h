@@ -1,12 +1,15 @@
 /*
- * warm.h - VMMs started ahead of the creates they serve (see warm.c).
+ * warm.h - VMMs started ahead of the creates and resumes they serve (see warm.c).
  *
  * For each ready template (template.c) the node keeps `template_warm_vms` QEMUs begun on its
  * snapshot (vmm_restore_begin): started in their jail, the template's memory mapped, a disk layer
  * made, waiting for the state. A create from that template takes one (warm_take) and only loads
  * the state and runs it (sb_restore_warm), under the sandbox's names; another is begun a moment
- * after. A warm VM is no sandbox: it holds no capacity, no record, no network but a namespace
- * with its TAP, and nothing of the guest runs in it.
+ * after. The `paused_warm_vms` sandboxes paused last on the node get one each on their pause
+ * snapshot, begun with an empty memory file of the guest's length (VMM_MEM_COPY_LATE), which
+ * their resume takes: its memory image is copied in then. A warm VM is no sandbox: it holds no
+ * capacity, no record, none of the guest's memory, no network but a namespace with its TAP, and
+ * nothing of the guest runs in it.
  */
 #ifndef KILN_NODE_WARM_H
 #define KILN_NODE_WARM_H
@@ -20,9 +23,12 @@
 
 struct warm_vm {
 	char id[KILN_NET_ID_MAX + 1];	/* "0" + 12 base32 letters: never a sandbox's net id */
-	char tpl[AUTH_ID_MAX];		/* the template's snapshot */
+	char tpl[AUTH_ID_MAX];		/* the template's snapshot, or the paused sandbox's */
 	unsigned vcpu_milli, mem_mib, disk_gib;
 	bool codeint;
+	bool paused;			/* on a pause snapshot: its memory copied in at the take */
+	dev_t state_dev;		/* the snapshot's state file when the VMM was begun on it */
+	ino_t state_ino;
 	uid_t uid;
 	bool has_uid;			/* its lease is the warm VM's (not yet a sandbox's) */
 	bool has_net;			/* its namespace's name "kiln-<id>" exists */
@@ -40,13 +46,27 @@ void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned me
 	      unsigned disk_gib, bool codeint);
 
 /*
+ * Keeps a warm VM on the snapshot `snap` of a sandbox just paused (of its shape), for its resume;
+ * the oldest such one is removed when paused_warm_vms are kept already. Nothing when
+ * paused_warm_vms is 0 or the hypervisor cannot begin a restore ahead. It goes when its resume
+ * takes it (warm_take), and by itself once its snapshot's files are gone (a delete, a resume
+ * elsewhere).
+ */
+void warm_add_paused(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
+		     unsigned disk_gib);
+
+/*
  * Stops keeping warm VMs of template `snap` and removes those it has, before its row is retired:
  * a warm VM taken after would make a sandbox on files snap_gc removes. A take that began before
  * goes on: its sandbox lists the template in its lineage.
  */
 void warm_drop(struct node *n, const char *snap);
 
-/* A warm VM of template `snap`, now the caller's (warm_free it after use), or NULL. */
+/*
+ * A warm VM of template `snap`, or of the pause snapshot `snap` (then none is kept for it any
+ * more), now the caller's (warm_free it after use); or NULL. Never one whose snapshot's state
+ * file is no longer the one it was begun on.
+ */
 struct warm_vm *warm_take(struct node *n, const char *snap);
 
 /*

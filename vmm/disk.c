@@ -363,7 +363,7 @@ static void *copy_thread(void *arg)
 	return NULL;
 }
 
-int disk_copy_start(struct disk_copy *c, const char *src, const char *dst)
+int disk_copy_prepare(struct disk_copy *c, const char *src, const char *dst)
 {
 	int r;
 
@@ -373,12 +373,23 @@ int disk_copy_start(struct disk_copy *c, const char *src, const char *dst)
 		return -ENAMETOOLONG;
 	if ((r = copy_open(src, dst, &c->in, &c->out, &c->size)) < 0)
 		return r;
-	if ((r = pthread_create(&c->thread, NULL, copy_thread, c)) != 0) {
+	c->started = true;
+	return 0;
+}
+
+int disk_copy_start(struct disk_copy *c, const char *src, const char *dst)
+{
+	int r = disk_copy_prepare(c, src, dst);
+
+	if (r < 0)
+		return r;
+	if (pthread_create(&c->thread, NULL, copy_thread, c) == 0)
+		c->threaded = true;
+	else {
 		/* no thread: copied here, before the caller goes on */
 		c->result = copy_extents(c->in, c->out, c->size);
 		c->done = true;
 	}
-	c->started = true;
 	return 0;
 }
 
@@ -388,9 +399,12 @@ int disk_copy_wait(struct disk_copy *c)
 
 	if (!c->started)
 		return -EINVAL;
-	if (!c->done)
+	if (c->threaded)
 		pthread_join(c->thread, NULL);
-	c->started = false;
+	else if (!c->done)
+		c->result = copy_extents(c->in, c->out, c->size);	/* prepared only */
+	c->started = c->threaded = false;
+	c->done = true;
 	r = c->result;
 	close(c->in);
 	if (close(c->out) < 0 && r == 0)
@@ -398,6 +412,18 @@ int disk_copy_wait(struct disk_copy *c)
 	if (r < 0)
 		unlink(c->dst);
 	return r;
+}
+
+void disk_copy_drop(struct disk_copy *c)
+{
+	if (!c->started)
+		return;
+	if (c->threaded)
+		pthread_join(c->thread, NULL);
+	c->started = c->threaded = false;
+	c->done = true;
+	close(c->in);
+	close(c->out);
 }
 
 int disk_file_move(const char *src, const char *dst)

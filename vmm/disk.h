@@ -72,19 +72,27 @@ int disk_file_copy(const char *src, const char *dst);
  * The same copy on a thread of its own: disk_copy_start() creates `dst` at `src`'s length before
  * it returns (so the file can be opened and mapped at once) and copies the data behind it;
  * disk_copy_wait() waits for the end and gives its result (`dst` removed when it failed). Every
- * started copy is waited for exactly once. A restore starts its VMM while its memory image is
- * copied, and waits before the VMM reads any of it.
+ * started copy is waited for, or dropped, exactly once. A restore starts its VMM while its memory
+ * image is copied, and waits before the VMM reads any of it.
+ *
+ * disk_copy_prepare() makes `dst` the same way but copies nothing yet: the data is copied by
+ * disk_copy_wait(), on the caller's thread. A VMM begun ahead maps an empty file of the guest's
+ * length while it waits, and the image is copied in only once it is taken.
+ * disk_copy_drop() ends a copy without waiting for its result: a started one is joined, a
+ * prepared one never runs; `dst` is left to the caller.
  */
 struct disk_copy {
 	pthread_t thread;
 	int in, out, result;
 	off_t size;
-	bool started, done;
+	bool started, done, threaded;
 	char dst[PATH_MAX];
 };
 
 int disk_copy_start(struct disk_copy *c, const char *src, const char *dst);
+int disk_copy_prepare(struct disk_copy *c, const char *src, const char *dst);
 int disk_copy_wait(struct disk_copy *c);
+void disk_copy_drop(struct disk_copy *c);
 
 /* Moves `src` to `dst`: rename(2), or copy and unlink across file systems. */
 int disk_file_move(const char *src, const char *dst);

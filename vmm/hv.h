@@ -87,6 +87,9 @@ enum vmm_mem_from {
 				   snapshot loses it. Resume after pause. */
 	VMM_MEM_COPY,		/* copy the image to a memory file of its own (share=on). The
 				   parent after a fork; resume from a kept snapshot. */
+	VMM_MEM_COPY_LATE,	/* COPY, the image copied in by vmm_restore_end(): a VMM begun
+				   ahead holds none of the guest's memory while it waits (a
+				   paused sandbox's, node/warm.c). Otherwise as COPY. */
 };
 
 struct vmm_status {

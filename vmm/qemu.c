@@ -1265,15 +1265,14 @@ static enum kiln_err disk_grow(struct hv_vm *vm, uint64_t bytes, struct kiln_err
 	return rc;
 }
 
-/* Ends what a restore begun left: its state file closed, its memory copy waited for. */
+/* Ends what a restore begun left: its state file closed, its memory copy ended. */
 static void pend_drop(struct hv_vm *vm)
 {
 	if (!vm->pend.on)
 		return;
 	if (vm->pend.fd >= 0)
 		close(vm->pend.fd);
-	if (vm->pend.copy.started)
-		disk_copy_wait(&vm->pend.copy);
+	disk_copy_drop(&vm->pend.copy);
 	vm->pend.on = false;
 }
 
@@ -1332,6 +1331,8 @@ static enum kiln_err qemu_restore_begin(const struct vmm_spec *s, const char *sn
 		r = mem_file_create(vm->mem_path, vm->mem_mib);
 	else if (from == VMM_MEM_MOVE)
 		r = disk_file_move(mem, vm->mem_path);
+	else if (from == VMM_MEM_COPY_LATE)
+		r = disk_copy_prepare(copy, mem, vm->mem_path);	/* copied before the state */
 	else if (from == VMM_MEM_COPY || vm->balloon)
 		r = disk_copy_start(copy, mem, vm->mem_path);	/* waited for before the state */
 	else {
@@ -1482,7 +1483,8 @@ static enum kiln_err qemu_restore_end(struct hv_vm *vm, const struct vmm_spec *s
 	if (s && strcmp(s->id, vm->id) != 0 && (rc = vm_rename(vm, s, err)) != KILN_OK)
 		goto fail;
 	/* QEMU maps the memory file at its start but reads none of it before the state is loaded
-	 * (a device's state names rings in guest memory): the copy ran beside its start. */
+	 * (a device's state names rings in guest memory): the copy ran beside its start, or (late)
+	 * runs now. */
 	if (vm->pend.copy.started && (r = disk_copy_wait(&vm->pend.copy)) < 0) {
 		vm->pend.copy.started = false;
 		rc = fs_err(err, r, "cannot copy memory from", vm->pend.mem_src);

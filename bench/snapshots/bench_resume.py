@@ -11,7 +11,9 @@ Per round, in this order:
   (a) cold: B open, A drained: POST /v1/sandboxes → 201 (B boots the base image; its lineage is
       checked empty). This sandbox S serves (c), (d) and (e).
   (c) warm: S paused (its snapshot stored in the bucket before going on, so the upload does not
-      run beside the resume), then resumed on B with the snapshot's files in the page cache.
+      run beside the resume), then resumed on B with the snapshot's files in the page cache, on
+      the QEMU node B started ahead on the pause snapshot when one waits (node/warm.c,
+      paused_warm_vms; counted in the output, as for (d)).
   (d) dropped: S paused and stored, `sync; echo 3 > /proc/sys/vm/drop_caches` (the whole host's
       page cache, dentries and inodes), then resumed on B.
   (e) bucket: S paused and stored, A open, B drained: the resume is placed on A, which fetches the
@@ -111,7 +113,7 @@ def log_phases(node, snap, since, sid=None):
             if im := IMAGES.search(line):
                 out["images"] = int(im.group(1))
             if "its VMM started ahead" in line:
-                out["started ahead"] = 1  # node/warm.c: a create that took a waiting QEMU
+                out["started ahead"] = 1  # node/warm.c: a create or resume that took a waiting QEMU
         elif sid and (u := NETUP.search(line)) and u.group(1) == sid:
             for k, g in zip(NET_PARTS, range(3, 12)):
                 if u.group(g) is not None and int(u.group(g)) >= 0:
@@ -329,8 +331,10 @@ def main():
                 xs = [ph[p] for ph in phases[k] if p in ph]
                 cells.append(f"{statistics.median(xs):.0f} ({min(xs)}–{max(xs)})" if xs else "–")
             print(f"| {p} | " + " | ".join(cells) + " |")
-        ahead = sum(1 for ph in phases["b"] if ph.get("started ahead"))
-        print(f"(b) on a VMM started ahead (node/warm.c, template_warm_vms): {ahead} of {len(phases['b'])}")
+        for k, what in (("b", "template_warm_vms"), ("c", "paused_warm_vms"), ("d", "paused_warm_vms"),
+                        ("e", "none: the snapshot comes from the bucket")):
+            ahead = sum(1 for ph in phases[k] if ph.get("started ahead"))
+            print(f"({k}) on a VMM started ahead (node/warm.c, {what}): {ahead} of {len(phases[k])}")
         print(f"(b: the restore of the template, which is not verified per create; fetch: from the POST to "
               f"the node's line saying the fetch ended; download: the same object fetched again by the "
               f"node's S3 client right after; rest of fetch = fetch − download: decrypt, unpack, verify, "

@@ -42,6 +42,20 @@ def sse_events(gw, path, body, headers):
     conn.close()
 
 
+def uid_leases():
+    """{owner: uid} of every uid lease (vmm/jail.h)."""
+    out = {}
+    for p in glob.glob("/run/kiln/uids/*"):
+        if os.path.basename(p).isdigit():
+            with open(p) as f:
+                out[f.read().strip()] = int(os.path.basename(p))
+    return out
+
+
+def netns_list():
+    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+
 def running(pid):
     """Whether `pid` is a live process (a zombie waiting for its reaper is not)."""
     try:
@@ -623,18 +637,6 @@ class WarmVmTests(unittest.TestCase):
             time.sleep(0.5)
         raise AssertionError("no VMM was started ahead:\n" + self.stack.node.output()[-3000:])
 
-    def leases(self):
-        """{owner: uid} of every uid lease (vmm/jail.h)."""
-        out = {}
-        for p in glob.glob("/run/kiln/uids/*"):
-            if os.path.basename(p).isdigit():
-                with open(p) as f:
-                    out[f.read().strip()] = int(os.path.basename(p))
-        return out
-
-    def netns(self):
-        return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-
     def test_a_create_takes_the_vmm_started_ahead_and_another_is_started(self):
         node = self.stack.node
         w = self.live_warm()
@@ -642,8 +644,8 @@ class WarmVmTests(unittest.TestCase):
                                 f"AND node_id = '{node.node_id}'").split()[0]
         pids = vm_pids(node.node_id, w)
         self.assertTrue(pids, "the VMM started ahead runs in a cgroup of its own")
-        self.assertIn("kiln-" + w, self.netns())
-        uid = self.leases()[f"{node.node_id}/{w}"]
+        self.assertIn("kiln-" + w, netns_list())
+        uid = uid_leases()[f"{node.node_id}/{w}"]
         r = self.gw.request("POST", "/v1/sandboxes", {"timeout_s": 600, "egress": {"rules": ["example.com"]}},
                             self.key, timeout=300)
         self.assertEqual(r.status, 201, r)
@@ -656,10 +658,10 @@ class WarmVmTests(unittest.TestCase):
         # the same QEMU, now the sandbox's: its cgroup, its uid's lease; nothing of the warm VM's name
         self.assertEqual(vm_pids(node.node_id, sid), pids)
         self.assertEqual({os.stat(f"/proc/{p}").st_uid for p in pids}, {uid})
-        leases = self.leases()
+        leases = uid_leases()
         self.assertEqual(leases.get(f"{node.node_id}/{sid}"), uid)
         self.assertNotIn(f"{node.node_id}/{w}", leases)
-        self.assertNotIn("kiln-" + w, self.netns())
+        self.assertNotIn("kiln-" + w, netns_list())
         self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}"), [])
         self.assertEqual(glob.glob(f"/run/kiln/{node.node_id}/{w}") +
                          glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])
@@ -705,8 +707,8 @@ class WarmVmTests(unittest.TestCase):
         self.assertNotIn("its VMM started ahead", restored[0])
         self.assertNotIn("booting cold", log)
         # nothing of the dead one left; the sandbox runs
-        self.assertNotIn(f"{node.node_id}/{w}", self.leases())
-        self.assertNotIn("kiln-" + w, self.netns())
+        self.assertNotIn(f"{node.node_id}/{w}", uid_leases())
+        self.assertNotIn("kiln-" + w, netns_list())
         self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}") +
                          glob.glob(f"/run/kiln/{node.node_id}/{w}") +
                          glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])
@@ -724,8 +726,8 @@ class WarmVmTests(unittest.TestCase):
         self.stack.restart_node(self.ENV)
         for pid in pids:
             self.assertFalse(running(pid), f"orphan VMM {pid} left running")
-        self.assertNotIn("kiln-" + w, self.netns())
-        self.assertNotIn(f"{node.node_id}/{w}", self.leases())
+        self.assertNotIn("kiln-" + w, netns_list())
+        self.assertNotIn(f"{node.node_id}/{w}", uid_leases())
         self.assertEqual(glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/{w}"), [])
         self.assertEqual(glob.glob(f"/run/kiln/{node.node_id}/{w}") +
                          glob.glob(f"{node.data_dir}/vms/{node.node_id}/{w}"), [])

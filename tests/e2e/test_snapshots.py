@@ -10,7 +10,7 @@ import time
 import unittest
 
 import kiln
-from test_sandboxes import running, vm_pids
+from test_sandboxes import netns_list, running, uid_leases, vm_pids
 
 COUNTER_PY = b"""import time
 i = 0
@@ -206,6 +206,124 @@ class SnapshotTests(Helpers, unittest.TestCase):
         while time.time() < deadline and any(os.path.exists(s) for s in snaps):
             time.sleep(1)
         self.assertFalse(any(os.path.exists(s) for s in snaps), "the pause snapshot's files stayed")
+
+
+class ResumeWarmVmTests(Helpers, unittest.TestCase):
+    """Resumes on a VMM started ahead on the pause snapshot (node/warm.c, paused_warm_vms): the
+    resume takes its QEMU, namespace and uid and copies the memory in; while it waits it holds
+    none of the guest's memory; only the latest paused sandbox keeps one here (paused_warm_vms
+    1); one whose sandbox is deleted goes; one that died leaves the resume to restore anew."""
+
+    ENV = {**BOOT, "KILN_TEMPLATES": "false", "KILN_PAUSED_WARM_VMS": "1"}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.stack = kiln.Stack(node_env=cls.ENV)
+        cls.addClassCleanup(cls.stack.cleanup)
+        cls.gw = cls.stack.gw
+        cls.key = cls.stack.tenant()
+
+    def pause(self, sb):
+        r = self.post(sb, "pause")
+        self.assertEqual((r.status, r.json().get("state")), (200, "paused"), r)
+        return self.stack.db.sql(f"SELECT pause_snapshot FROM sandboxes WHERE id = '{sb['id']}'")
+
+    def warm_of(self, snap, timeout=120):
+        """The id of the VMM started ahead on pause snapshot `snap`, once it waits."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(rf'paused snapshot "{snap}": VMM "(0[a-z2-7]{{12}})" started ahead',
+                          self.stack.node.output())
+            if m and vm_pids(self.stack.node.node_id, m.group(1)):
+                return m.group(1)
+            time.sleep(0.2)
+        self.fail(f"no VMM started ahead on {snap}:\n" + self.stack.node.output()[-3000:])
+
+    def mem_file(self, name):
+        return f"/dev/shm/kiln-{self.stack.node.node_id}-{name}.mem"
+
+    def assert_gone(self, w, pids, timeout=0):
+        """Nothing of warm VM `w` (whose processes were `pids`) left, within `timeout` s."""
+        node = self.stack.node.node_id
+        deadline = time.time() + timeout
+        while True:
+            left = [p for p in pids if running(p)] + \
+                (["lease"] if f"{node}/{w}" in uid_leases() else []) + \
+                (["netns"] if "kiln-" + w in netns_list() else []) + \
+                glob.glob(f"/sys/fs/cgroup/*/kiln/{node}/{w}") + glob.glob(f"/run/kiln/{node}/{w}") + \
+                glob.glob(f"{self.stack.node.data_dir}/vms/{node}/{w}") + glob.glob(self.mem_file(w))
+            if not left or time.time() >= deadline:
+                break
+            time.sleep(0.5)
+        self.assertEqual(left, [], f"left of the VMM started ahead {w}")
+
+    def restored_lines(self, sid):
+        return [line for line in self.stack.node.output().splitlines()
+                if f'sandbox "{sid}" restored from' in line]
+
+    def test_a_resume_takes_the_vmm_started_ahead_on_its_snapshot_and_a_delete_removes_one(self):
+        node = self.stack.node.node_id
+        sb = self.create()
+        sid = sb["id"]
+        self.sh(sb, "echo m-$$ > /dev/shm/m; nohup sleep 3600 >/dev/null 2>&1 & echo $! > /dev/shm/pid")
+        marker = self.sh(sb, "cat /dev/shm/m")
+        snap = self.pause(sb)
+        w = self.warm_of(snap)
+        pids = vm_pids(node, w)
+        uid = uid_leases()[f"{node}/{w}"]
+        self.assertIn("kiln-" + w, netns_list())
+        st = os.stat(self.mem_file(w))
+        # the guest's length, none of its memory while it waits: the pause gave that back
+        self.assertEqual(st.st_size, 256 << 20)
+        self.assertLess(st.st_blocks * 512, 1 << 20, "the waiting VMM holds the guest's memory")
+        r = self.post(sb, "resume")
+        self.assertEqual((r.status, r.json().get("state")), (200, "running"), r)
+        lines = self.restored_lines(sid)
+        self.assertEqual(len(lines), 1, lines)  # the resume's (a boot logs none)
+        self.assertRegex(lines[-1], rf"restored from \S+/{snap} in \d+ ms: .*its VMM started ahead")
+        # the same QEMU, now the sandbox's, under its uid; nothing left under the warm VM's name
+        self.assertEqual(vm_pids(node, sid), pids)
+        self.assertEqual({os.stat(f"/proc/{p}").st_uid for p in pids}, {uid})
+        self.assertEqual(uid_leases().get(f"{node}/{sid}"), uid)
+        self.assert_gone(w, [])
+        # the memory copied in: the guest's files in its tmpfs and its processes are back
+        self.assertGreater(os.stat(self.mem_file(sid)).st_blocks * 512, 8 << 20)
+        self.assertEqual(self.sh(sb, "cat /dev/shm/m; kill -0 $(cat /dev/shm/pid) && echo alive"),
+                         marker + "alive\n")
+        snap_mem = f"{self.stack.node.data_dir}/snaps/{node}/{snap}/mem"
+        deadline = time.time() + 20
+        while time.time() < deadline and os.path.exists(snap_mem):
+            time.sleep(0.2)
+        self.assertFalse(os.path.exists(snap_mem), "the resumed snapshot kept its memory image")
+        # paused again and deleted paused: its VMM started ahead goes with the snapshot's files
+        snap2 = self.pause(sb)
+        w2 = self.warm_of(snap2)
+        pids2 = vm_pids(node, w2)
+        self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=self.key).status, 204)
+        self.assert_gone(w2, pids2, timeout=30)
+
+    def test_only_the_latest_paused_keeps_one_and_a_dead_one_leaves_the_resume_to_restore_anew(self):
+        node = self.stack.node.node_id
+        a, b = self.create(), self.create()
+        snap_a = self.pause(a)
+        wa = self.warm_of(snap_a)
+        pa = vm_pids(node, wa)
+        snap_b = self.pause(b)
+        wb = self.warm_of(snap_b)
+        self.assert_gone(wa, pa, timeout=30)  # paused_warm_vms 1: the older one made room
+        r = self.post(a, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertNotIn("its VMM started ahead", self.restored_lines(a["id"])[-1])
+        self.assertEqual(self.sh(a, "echo ok"), "ok\n")
+        pb = vm_pids(node, wb)
+        for pid in pb:
+            os.kill(pid, signal.SIGKILL)
+        r = self.post(b, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertIn(f'resuming "{b["id"]}" on a VMM started ahead failed', self.stack.node.output())
+        self.assertNotIn("its VMM started ahead", self.restored_lines(b["id"])[-1])
+        self.assertEqual(self.sh(b, "echo ok"), "ok\n")
+        self.assert_gone(wb, pb)
 
 
 class BandwidthSnapshotTests(Helpers, unittest.TestCase):

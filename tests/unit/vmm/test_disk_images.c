@@ -3,7 +3,9 @@
  * disk_overlay_create writes the second overlay of a depth and size from the first one's bytes
  * (no qemu-img on PATH then), and that layer is a valid qcow2 over the right backing that reads
  * and writes through the chain; disk_copy_start() has the whole-length file there when it returns and
- * disk_copy_wait() the same bytes and holes as a synchronous copy.
+ * disk_copy_wait() the same bytes and holes as a synchronous copy; disk_copy_prepare() leaves that
+ * file empty until disk_copy_wait() copies into it (the same inode, so a map made before sees the
+ * data), and disk_copy_drop() of a prepared copy copies nothing.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -136,6 +138,45 @@ static void copy_on_a_thread_keeps_data_and_holes(void)
 	CHECK_INT(disk_copy_wait(&c), -EINVAL);
 }
 
+static void copy_prepared_runs_at_the_wait_into_the_same_file(void)
+{
+	struct disk_copy c;
+	struct stat before, st;
+	char probe[64], want[64];
+	int fd, src;
+
+	CHECK_INT(sh("truncate -s 16M psrc && "
+		     "dd if=/dev/urandom of=psrc bs=64k count=3 conv=notrunc status=none && "
+		     "dd if=/dev/urandom of=psrc bs=1M seek=15 count=1 conv=notrunc status=none"), 0);
+	CHECK_INT(disk_copy_prepare(&c, at("psrc"), at("pdst")), 0);
+	/* the whole length and no data yet; opened now, as a VMM maps it before the copy */
+	CHECK(stat(at("pdst"), &before) == 0 && before.st_size == 16 << 20 && before.st_blocks == 0);
+	fd = open(at("pdst"), O_RDONLY);
+	CHECK(fd >= 0);
+	CHECK(sh("cmp -s psrc pdst") != 0);
+	CHECK_INT(disk_copy_wait(&c), 0);
+	CHECK_INT(sh("cmp -s psrc pdst"), 0);
+	CHECK(stat(at("pdst"), &st) == 0 && st.st_ino == before.st_ino && st.st_blocks * 512 < 4 << 20);
+	/* what the descriptor opened before the copy reads is the data */
+	src = open(at("psrc"), O_RDONLY);
+	CHECK(fd >= 0 && pread(fd, probe, sizeof(probe), 15 << 20) == (ssize_t)sizeof(probe));
+	CHECK(src >= 0 && pread(src, want, sizeof(want), 15 << 20) == (ssize_t)sizeof(want));
+	CHECK(memcmp(probe, want, sizeof(probe)) == 0);
+	if (fd >= 0)
+		close(fd);
+	if (src >= 0)
+		close(src);
+	/* dropped before its wait: nothing copied, nothing left to wait for */
+	CHECK_INT(disk_copy_prepare(&c, at("psrc"), at("pdst2")), 0);
+	disk_copy_drop(&c);
+	CHECK(stat(at("pdst2"), &st) == 0 && st.st_size == 16 << 20 && st.st_blocks == 0);
+	CHECK_INT(disk_copy_wait(&c), -EINVAL);
+	/* a started copy dropped is joined, not left running */
+	CHECK_INT(disk_copy_start(&c, at("psrc"), at("pdst3")), 0);
+	disk_copy_drop(&c);
+	CHECK_INT(disk_copy_wait(&c), -EINVAL);
+}
+
 int main(void)
 {
 	char cmd[128];
@@ -149,6 +190,7 @@ int main(void)
 	TEST(info_reads_qcow2_headers_and_raw_lengths);
 	TEST(second_overlay_is_written_from_the_first);
 	TEST(copy_on_a_thread_keeps_data_and_holes);
+	TEST(copy_prepared_runs_at_the_wait_into_the_same_file);
 	rc = test_summary();
 	snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
 	if (system(cmd) != 0)
