@@ -21,10 +21,12 @@ With REPORTING "on" both phases' nodes boot their VMs with free page reporting
 template's image of its own (docs/vmm.md, "Free page reporting"), whose Pss is its guest memory.
 The page cache of the guest image's files (kernel, initramfs, root file system: every VM of either
 side reads them) is measured after each memory phase and counted on both sides; the template's
-image's on the template side.
+image's on the template side, and so are the QEMUs the node keeps started ahead on the template
+while they wait (node/warm.c, template_warm_vms; their Pss, found by their cgroups kiln/<node>/0…).
 
 usage: bench_templates.py [TEMPLATE_RUNS] [COLD_RUNS] [MEM_VMS] [REPORTING]
 """
+import glob
 import os
 import signal
 import statistics
@@ -148,6 +150,17 @@ def main():
                 raise RuntimeError(f"delete {sid}: {r}")
             live.remove(sid)
 
+        def warm_pss(node_id):
+            """(count, Pss) of the QEMUs started ahead that wait now (cgroups kiln/<node>/0…)."""
+            pids, vms = set(), set()
+            for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/0*/cgroup.procs"):
+                with open(f) as fh:
+                    got = [int(p) for p in fh.read().split()]
+                pids.update(got)
+                if got:
+                    vms.add(os.path.basename(os.path.dirname(f)))
+            return len(vms), sum(smaps_rollup(p)["Pss"] for p in pids)
+
         def latency(n, expect_template, label):
             rows = []
             for i in range(n):
@@ -193,7 +206,8 @@ def main():
                     r["guest_pss"] += g_pss
                     r["tcg"] += code
                 rows.append(r)
-            extra = {"creates": creates, "image_files": sum(resident_bytes(f) for f in image_files)}
+            extra = {"creates": creates, "image_files": sum(resident_bytes(f) for f in image_files),
+                     "warm": warm_pss(stack.node.node_id)}
             if expect_template:
                 extra["image_resident"] = resident_bytes(os.path.join(tdir, "mem"))
             for sid in ids:
@@ -284,14 +298,18 @@ def main():
             """Pss, with a VM's own memory file counted whole (resident) instead of its mapped part."""
             return m["Pss"] - (m["guest_pss"] if m["own_resident"] else 0) + m["own_resident"]
 
-        t_all = host(t_mem) + t_extra["image_resident"] + t_extra["image_files"]
+        t_all = host(t_mem) + t_extra["image_resident"] + t_extra["image_files"] + t_extra["warm"][1]
         c_all = host(c_mem) + c_extra["image_files"]
         print(f"the guest image's files (kernel, initramfs, root file system) in the page cache: "
               f"{t_extra['image_files'] / MIB:.1f} MiB after the template phase, "
               f"{c_extra['image_files'] / MIB:.1f} MiB after the cold one")
-        print(f"counting every page cache on both sides, and the VMs' own memory files whole: "
-              f"({host(t_mem) / MIB:.1f} + "
-              f"{t_extra['image_resident'] / MIB:.1f} + {t_extra['image_files'] / MIB:.1f}) / "
+        print(f"QEMUs started ahead on the template, waiting beside the template's sandboxes: "
+              f"{t_extra['warm'][0]}, Pss {t_extra['warm'][1] / MIB:.1f} MiB (beside the cold ones: "
+              f"{c_extra['warm'][0]})")
+        print(f"counting every page cache on both sides, the VMs' own memory files whole and the QEMUs "
+              f"started ahead: ({host(t_mem) / MIB:.1f} + "
+              f"{t_extra['image_resident'] / MIB:.1f} + {t_extra['image_files'] / MIB:.1f} + "
+              f"{t_extra['warm'][1] / MIB:.1f}) / "
               f"({host(c_mem) / MIB:.1f} + {c_extra['image_files'] / MIB:.1f}) = {t_all / c_all:.2f}; "
               f"without the TCG code cache: {(t_all - t_mem['tcg']) / (c_all - c_mem['tcg']):.2f}")
         print(f"\ntotal bench time: {time.monotonic() - t_start:.0f} s")
