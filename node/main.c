@@ -375,7 +375,7 @@ static void expire_sandboxes(void)
 			struct kiln_error err = { 0 };
 			/* A sandbox past its timeout is paused, never destroyed. */
 			log_info("sandbox \"%s\" reached its timeout", sb->id);
-			if (sb_pause(&node, sb, true, &err) != KILN_OK) {
+			if (sb_pause(&node, sb, true, true, &err) != KILN_OK) {
 				log_error("pausing \"%s\" at its timeout failed: %s", sb->id, err.msg);
 				sb->expires_at = now + 60;	/* try again later */
 			}
@@ -718,7 +718,7 @@ static void api_exit(void)
 		if (!sb)
 			break;
 		pthread_mutex_lock(&sb->lock);
-		if (sb->state != SB_RUNNING || sb_pause(&node, sb, true, &err) != KILN_OK) {
+		if (sb->state != SB_RUNNING || sb_pause(&node, sb, true, false, &err) != KILN_OK) {
 			struct record_fence f = sb_fence(&node, sb);
 
 			if (err.code != KILN_OK)

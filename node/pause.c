@@ -247,7 +247,8 @@ enum kiln_err pause_record(struct node *n, const struct sandbox *sb, const char 
 	return rc;
 }
 
-enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct kiln_error *err)
+enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, bool ahead,
+		       struct kiln_error *err)
 {
 	char id[AUTH_ID_MAX], dir[600];
 	long long reserved;
@@ -281,11 +282,15 @@ enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct k
 	} else {
 		snap_upload(n, id, sb->tenant_id);
 	}
+	/*
+	 * Its resume, if it comes soon, on a VMM started ahead (warm.c); kept before the sandbox
+	 * leaves the table, which a resume waits for, so that no resume comes before it.
+	 */
+	if (rc == KILN_OK && ahead)
+		warm_add_paused(n, id, sb->vcpu_milli, sb->mem_mib, sb->disk_gib);
 	sb_teardown(n, sb);
 	sb->state = SB_PAUSED;
 	log_info("sandbox \"%s\" paused into \"%s\"", sb->id, id);
-	if (rc == KILN_OK)	/* its resume, if it comes soon, on a VMM started ahead (warm.c) */
-		warm_add_paused(n, id, sb->vcpu_milli, sb->mem_mib, sb->disk_gib);
 	return KILN_OK;
 }
 

@@ -29,9 +29,12 @@ static inline bool pause_sub_forced(const char *sub)
  * (plan_snapshot_reserve): KILN_E_QUOTA naming the limit when it does not fit, unless `forced`
  * (kiln-meter's pause of a tenant out of credits, an operator's suspension of the tenant, the
  * node's own pauses at a timeout or a stop):
- * those are never refused for the plan and may put the tenant over it.
+ * those are never refused for the plan and may put the tenant over it. `ahead`: a resume is
+ * likely, a VMM is begun on the snapshot for it (warm_add_paused); not for the meter's or a
+ * suspension's pauses, nor at a stop.
  */
-enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, struct kiln_error *err);
+enum kiln_err sb_pause(struct node *n, struct sandbox *sb, bool forced, bool ahead,
+		       struct kiln_error *err);
 
 /*
  * Saves `sb`'s running VM into the new snapshot `dir`: its network policy, the VMM's snapshot

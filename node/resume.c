@@ -25,6 +25,7 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	struct record r;
 	struct sandbox *sb = sb_get(n, id);
 	struct warm_vm *w;
+	bool warm;
 	struct pg_conn *c;
 	char dir[600], mem[640];
 	bool moved;
@@ -96,9 +97,16 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 		warm_free(n, w);	/* its files were fetched anew: warm_take saw them replaced */
 		w = NULL;
 	}
+	warm = w != NULL;
 	rc = snap_restore_new(n, sb, r.pause_snapshot, VMM_MEM_COPY, NULL, false, w, err);
 	warm_free(n, w);	/* its VMM, if not the sandbox's, before the sandbox's uid goes */
-	if (rc != KILN_OK && w) {
+	/*
+	 * Anew only if the guest never ran with its network open (its TAP gated until the policy is
+	 * attached: no VM left, or no policy loaded yet); after that, the sandbox stays paused, as
+	 * any resume that fails, rather than run from its snapshot once more what already reached
+	 * the network.
+	 */
+	if (rc != KILN_OK && warm && (!sb->vm || !sb->pol)) {
 		log_warn("resuming \"%s\" on a VMM started ahead failed (%s): restoring anew", id,
 			 err->msg);
 		sb_release(n, sb);

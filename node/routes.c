@@ -1994,13 +1994,17 @@ static void sandbox_pause(struct http_req *req)
 	struct sandbox *sb = running_sandbox(req);
 	struct kiln_error err = { 0 };
 	enum kiln_err rc;
+	bool forced;
 
 	if (!sb)
 		return;
 	pthread_mutex_lock(&sb->lock);
-	/* kiln-meter's pause of a tenant out of credits, and a suspension's, are never refused for
-	 * the plan. */
-	rc = sb_pause(n, sb, pause_sub_forced(claims_of(req)->sub), &err);
+	/*
+	 * kiln-meter's pause of a tenant out of credits, and a suspension's, are never refused for
+	 * the plan; no resume is near for them, so no VMM is started ahead.
+	 */
+	forced = pause_sub_forced(claims_of(req)->sub);
+	rc = sb_pause(n, sb, forced, !forced, &err);
 	pthread_mutex_unlock(&sb->lock);
 	if (rc != KILN_OK)
 		http_reply_error(req, rc == KILN_E_CONFLICT || rc == KILN_E_UNAVAILABLE || rc == KILN_E_QUOTA ? rc

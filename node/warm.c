@@ -21,9 +21,12 @@
  * (`paused_warm_vms`), right after its pause. Its memory file is made at the guest's length and
  * left empty (VMM_MEM_COPY_LATE): the pause gave the guest's memory back, and the warm VM does
  * not take it again while it waits; its resume copies the image in (some 40 ms per 100 MiB the
- * guest touched) before the state is loaded. It is used once: the take ends it. One whose
- * snapshot's state file is gone or another (the sandbox deleted, resumed elsewhere, its files
- * fetched anew) is removed by the thread's check every WARM_CHECK_MS, and never handed out.
+ * guest touched) before the state is loaded. It is used once: the take ends it. Every
+ * WARM_CHECK_MS the thread removes those whose sandbox is no longer paused here on that snapshot
+ * (deleted, resumed on another node, or resumed here without it) by its record, and those whose
+ * snapshot's state file is gone or another (its files fetched anew); a take never hands out the
+ * latter either. The VMs of the oldest, removed to make room, are ended on the thread too, not by
+ * the pause that made room.
  */
 #include "node/warm.h"
 
@@ -63,6 +66,8 @@ static struct {
 	struct warm_tpl tpls[WARM_TPL_MAX];
 	struct warm_vm *ready[WARM_VMS_MAX];
 	int nready;
+	struct warm_vm *dead[WARM_VMS_MAX];	/* out of the pool, for the thread to free */
+	int ndead;
 	bool started, stopping;
 	pthread_t thread;
 } pool = { .lock = PTHREAD_MUTEX_INITIALIZER, .wake = PTHREAD_COND_INITIALIZER };
@@ -245,15 +250,25 @@ static int take_all(const char *snap, struct warm_vm **out)
 }
 
 /*
- * Takes out of the pool the pause snapshots whose state file is gone or another than their warm
- * VM was begun on, with those warm VMs (into `out`); under the lock.
+ * Takes out of the pool the pause snapshots among `snaps` (`nsnaps` of them) whose records are
+ * gone, and those whose state file is gone or another than their warm VM was begun on, with their
+ * warm VMs (into `out`); under the lock.
  */
-static int stale_take(struct node *n, struct warm_vm **out)
+static int stale_take(struct node *n, char (*snaps)[AUTH_ID_MAX], int nsnaps, struct warm_vm **out)
 {
 	char dir[600];
 	dev_t dev;
 	ino_t ino;
 	int k = 0, kept = 0;
+
+	for (int i = 0; i < nsnaps; i++) {
+		struct warm_tpl *t = tpl_find(snaps[i]);
+
+		if (t && t->paused) {
+			k += take_all(t->snap, out + k);
+			t->snap[0] = '\0';
+		}
+	}
 
 	for (int i = 0; i < pool.nready; i++) {
 		struct warm_vm *w = pool.ready[i];
@@ -281,13 +296,67 @@ static int stale_take(struct node *n, struct warm_vm **out)
 	return k;
 }
 
-/* Whether a pause snapshot is kept warm (its files then want a look now and then); under the lock. */
-static bool any_paused(void)
+/* The pause snapshots kept warm, copied into `out`; under the lock. */
+static int paused_list(char (*out)[AUTH_ID_MAX])
 {
+	int k = 0;
+
 	for (int i = 0; i < WARM_TPL_MAX; i++)
 		if (pool.tpls[i].snap[0] && pool.tpls[i].paused)
-			return true;
-	return false;
+			snprintf(out[k++], AUTH_ID_MAX, "%s", pool.tpls[i].snap);
+	return k;
+}
+
+/*
+ * Keeps in `snaps` (and returns how many) those of its `k` pause snapshots whose sandbox's record
+ * no longer holds it paused on this node: deleted, resumed here or elsewhere. None when the
+ * database cannot say (they are looked at again next time).
+ */
+static int records_gone(struct node *n, char (*snaps)[AUTH_ID_MAX], int k)
+{
+	char list[WARM_TPL_MAX * (AUTH_ID_MAX + 1) + 3] = "{";
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	int gone = 0;
+
+	for (int i = 0; i < k; i++)
+		snprintf(list + strlen(list), sizeof(list) - strlen(list), "%s%s", i ? "," : "", snaps[i]);
+	strcat(list, "}");
+	if (pg_acquire(n->pg, &c, &err) != KILN_OK)
+		return 0;
+	if (PGQ(c, &res, &err,
+		"SELECT pause_snapshot FROM sandboxes WHERE pause_snapshot = ANY ($1::text[]) "
+		"AND node_id = $2 AND state = 'paused' AND deleted_at IS NULL "
+		"AND delete_requested_at IS NULL",
+		list, n->cfg.node_id) != KILN_OK) {
+		pg_release(n->pg, c);
+		return 0;
+	}
+	pg_release(n->pg, c);
+	for (int i = 0; i < k; i++) {
+		bool held = false;
+
+		for (int j = 0; j < pg_res_rows(res) && !held; j++)
+			held = strcmp(pg_res_str(res, j, 0), snaps[i]) == 0;
+		if (!held)
+			memmove(snaps[gone++], snaps[i], AUTH_ID_MAX);
+	}
+	pg_res_free(res);
+	return gone;
+}
+
+/* Frees `k` warm VMs of `gone` with the pool unlocked, saying why when `why`; under the lock. */
+static void free_unlocked(struct node *n, struct warm_vm **gone, int k, const char *why)
+{
+	pthread_mutex_unlock(&pool.lock);
+	for (int i = 0; i < k; i++) {
+		if (why)
+			log_info("paused snapshot \"%s\" %s: its VMM started ahead \"%s\" removed",
+				 gone[i]->tpl, why, gone[i]->id);
+		warm_free(n, gone[i]);
+	}
+	pthread_mutex_lock(&pool.lock);
 }
 
 static void *warm_run(void *arg)
@@ -299,27 +368,34 @@ static void *warm_run(void *arg)
 	while (!pool.stopping) {
 		struct kiln_error err = { 0 };
 		struct warm_vm *w = NULL, *gone[WARM_VMS_MAX];
+		char snaps[WARM_TPL_MAX][AUTH_ID_MAX];
 		struct warm_tpl job, *t;
 		long long wait_ms, now = clock_mono_ms();
 		enum kiln_err rc;
-		int k;
+		int k, nsnaps;
 
+		if (pool.ndead > 0) {
+			k = pool.ndead;
+			memcpy(gone, pool.dead, (size_t)k * sizeof(gone[0]));
+			pool.ndead = 0;
+			free_unlocked(n, gone, k, "gave way to a newer pause");
+			continue;
+		}
 		if (now >= next_check_ms) {
 			next_check_ms = now + WARM_CHECK_MS;
-			if ((k = stale_take(n, gone)) > 0) {
+			if ((nsnaps = paused_list(snaps)) > 0) {
 				pthread_mutex_unlock(&pool.lock);
-				for (int i = 0; i < k; i++) {
-					log_info("snapshot \"%s\" is gone or replaced: its VMM started "
-						 "ahead \"%s\" removed", gone[i]->tpl, gone[i]->id);
-					warm_free(n, gone[i]);
-				}
+				nsnaps = records_gone(n, snaps, nsnaps);
 				pthread_mutex_lock(&pool.lock);
+			}
+			if ((k = stale_take(n, snaps, nsnaps, gone)) > 0) {
+				free_unlocked(n, gone, k, "is no longer its sandbox's, or its files changed");
 				continue;
 			}
 		}
 		t = tpl_due(n, &wait_ms);
 		if (!t) {
-			if (any_paused() && (wait_ms < 0 || wait_ms > next_check_ms - now))
+			if (paused_list(snaps) > 0 && (wait_ms < 0 || wait_ms > next_check_ms - now))
 				wait_ms = next_check_ms - now;
 			if (wait_ms < 0) {
 				pthread_cond_wait(&pool.wake, &pool.lock);
@@ -382,6 +458,21 @@ static struct warm_tpl *tpl_free(void)
 	return NULL;
 }
 
+/* Entry `t` kept warm from now on, the thread woken to begin its VMs; under the lock. */
+static void tpl_set(struct warm_tpl *t, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
+		    unsigned disk_gib, bool codeint, bool paused)
+{
+	memset(t, 0, sizeof(*t));
+	snprintf(t->snap, sizeof(t->snap), "%s", snap);
+	t->vcpu_milli = vcpu_milli;
+	t->mem_mib = mem_mib;
+	t->disk_gib = disk_gib;
+	t->codeint = codeint;
+	t->paused = paused;
+	t->added_ms = clock_mono_ms();
+	pthread_cond_broadcast(&pool.wake);
+}
+
 void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
 	      unsigned disk_gib, bool codeint)
 {
@@ -400,13 +491,7 @@ void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned me
 	if (pool.stopping || n->stopping || tpl_find(snap) || !pool_start(n) ||
 	    !(t = tpl_free()))
 		goto out;
-	memset(t, 0, sizeof(*t));
-	snprintf(t->snap, sizeof(t->snap), "%s", snap);
-	t->vcpu_milli = vcpu_milli;
-	t->mem_mib = mem_mib;
-	t->disk_gib = disk_gib;
-	t->codeint = codeint;
-	pthread_cond_broadcast(&pool.wake);
+	tpl_set(t, snap, vcpu_milli, mem_mib, disk_gib, codeint, false);
 out:
 	pthread_mutex_unlock(&pool.lock);
 }
@@ -443,16 +528,13 @@ void warm_add_paused(struct node *n, const char *snap, unsigned vcpu_milli, unsi
 		k += take_all(oldest->snap, gone + k);
 		oldest->snap[0] = '\0';
 	}
+	/* ended on the thread, not by this pause (the caller holds its sandbox) */
+	while (k > 0 && pool.ndead < WARM_VMS_MAX)
+		pool.dead[pool.ndead++] = gone[--k];
+	pthread_cond_broadcast(&pool.wake);
 	if (!(t = tpl_free()))
 		goto out;
-	memset(t, 0, sizeof(*t));
-	snprintf(t->snap, sizeof(t->snap), "%s", snap);
-	t->vcpu_milli = vcpu_milli;
-	t->mem_mib = mem_mib;
-	t->disk_gib = disk_gib;
-	t->paused = true;
-	t->added_ms = clock_mono_ms();
-	pthread_cond_broadcast(&pool.wake);
+	tpl_set(t, snap, vcpu_milli, mem_mib, disk_gib, false, true);
 out:
 	pthread_mutex_unlock(&pool.lock);
 	for (int i = 0; i < k; i++)
@@ -522,6 +604,8 @@ void warm_exit(struct node *n)
 	pthread_mutex_lock(&pool.lock);
 	k = take_all(NULL, gone);
 	memset(pool.tpls, 0, sizeof(pool.tpls));
+	free_unlocked(n, pool.dead, pool.ndead, NULL);
+	pool.ndead = 0;
 	pthread_mutex_unlock(&pool.lock);
 	for (int i = 0; i < k; i++)
 		warm_free(n, gone[i]);

@@ -49,8 +49,9 @@ void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned me
  * Keeps a warm VM on the snapshot `snap` of a sandbox just paused (of its shape), for its resume;
  * the oldest such one is removed when paused_warm_vms are kept already. Nothing when
  * paused_warm_vms is 0 or the hypervisor cannot begin a restore ahead. It goes when its resume
- * takes it (warm_take), and by itself once its snapshot's files are gone (a delete, a resume
- * elsewhere).
+ * takes it (warm_take), and by itself within WARM_CHECK_MS once the sandbox's record no longer
+ * holds it paused here on that snapshot (deleted, resumed elsewhere) or the snapshot's files
+ * changed.
  */
 void warm_add_paused(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
 		     unsigned disk_gib);

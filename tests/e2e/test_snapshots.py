@@ -29,11 +29,14 @@ BOOT = {"KILN_BOOT_TIMEOUT_S": "600"}
 
 
 class Helpers:
-    """A stack of the class's own, and its sandboxes through the API."""
+    """A stack of the class's own (its node with the class's ENV), and its sandboxes through the
+    API."""
+
+    ENV = BOOT
 
     @classmethod
     def setUpClass(cls):
-        cls.stack = kiln.Stack(node_env=BOOT)
+        cls.stack = kiln.Stack(node_env=cls.ENV)
         cls.addClassCleanup(cls.stack.cleanup)
         cls.gw = cls.stack.gw
         cls.key = cls.stack.tenant()
@@ -72,6 +75,23 @@ class Helpers:
     def log_numbers(self, sb):
         return [int(x) for x in self.sh(sb, "cat /root/log 2>/dev/null").split()]
 
+    def pause(self, sb):
+        """Pauses `sb`; its pause snapshot's id."""
+        r = self.post(sb, "pause")
+        self.assertEqual((r.status, r.json().get("state")), (200, "paused"), r)
+        return self.stack.db.sql(f"SELECT pause_snapshot FROM sandboxes WHERE id = '{sb['id']}'")
+
+    def warm_of(self, snap, timeout=120):
+        """The id of the VMM started ahead on pause snapshot `snap` (node/warm.c), once it waits."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            m = re.search(rf'paused snapshot "{snap}": VMM "(0[a-z2-7]{{12}})" started ahead',
+                          self.stack.node.output())
+            if m and vm_pids(self.stack.node.node_id, m.group(1)):
+                return m.group(1)
+            time.sleep(0.2)
+        self.fail(f"no VMM started ahead on {snap}:\n" + self.stack.node.output()[-3000:])
+
 
 class SnapshotTests(Helpers, unittest.TestCase):
     """Each test's sandboxes serve every check that can share them: a boot is the slow part."""
@@ -81,16 +101,17 @@ class SnapshotTests(Helpers, unittest.TestCase):
         snapshot goes with it."""
         sb = self.create()
         self.start_counter(sb, "echo started > /root/marker")
-        r = self.post(sb, "pause")
-        self.assertEqual(r.status, 200, r)
-        self.assertEqual(r.json()["state"], "paused")
+        snap = self.pause(sb)
         self.assertEqual(vm_pids(self.stack.node.node_id, sb["id"]), set(), "a paused sandbox keeps no VMM")
         self.assertEqual(self.post(sb, "pause").status, 409)
         self.assertEqual(self.post(sb, "exec", {"cmd": ["true"]}).status, 409)
         time.sleep(2)
+        self.warm_of(snap)  # the default paused_warm_vms: one waits for its resume
         r = self.post(sb, "resume")
         self.assertEqual(r.status, 200, r)
         self.assertEqual(r.json()["state"], "running")
+        self.assertRegex(self.stack.node.output(),
+                         rf'sandbox "{sb["id"]}" restored from \S+/{snap} in \d+ ms: .*its VMM started ahead')
         self.assertEqual(self.post(sb, "resume").status, 409)
         time.sleep(1.5)
         nums = self.log_numbers(sb)
@@ -216,29 +237,6 @@ class ResumeWarmVmTests(Helpers, unittest.TestCase):
 
     ENV = {**BOOT, "KILN_TEMPLATES": "false", "KILN_PAUSED_WARM_VMS": "1"}
 
-    @classmethod
-    def setUpClass(cls):
-        cls.stack = kiln.Stack(node_env=cls.ENV)
-        cls.addClassCleanup(cls.stack.cleanup)
-        cls.gw = cls.stack.gw
-        cls.key = cls.stack.tenant()
-
-    def pause(self, sb):
-        r = self.post(sb, "pause")
-        self.assertEqual((r.status, r.json().get("state")), (200, "paused"), r)
-        return self.stack.db.sql(f"SELECT pause_snapshot FROM sandboxes WHERE id = '{sb['id']}'")
-
-    def warm_of(self, snap, timeout=120):
-        """The id of the VMM started ahead on pause snapshot `snap`, once it waits."""
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            m = re.search(rf'paused snapshot "{snap}": VMM "(0[a-z2-7]{{12}})" started ahead',
-                          self.stack.node.output())
-            if m and vm_pids(self.stack.node.node_id, m.group(1)):
-                return m.group(1)
-            time.sleep(0.2)
-        self.fail(f"no VMM started ahead on {snap}:\n" + self.stack.node.output()[-3000:])
-
     def mem_file(self, name):
         return f"/dev/shm/kiln-{self.stack.node.node_id}-{name}.mem"
 
@@ -324,6 +322,23 @@ class ResumeWarmVmTests(Helpers, unittest.TestCase):
         self.assertNotIn("its VMM started ahead", self.restored_lines(b["id"])[-1])
         self.assertEqual(self.sh(b, "echo ok"), "ok\n")
         self.assert_gone(wb, pb)
+
+    def test_a_node_killed_with_one_waiting_leaves_none_at_its_restart_and_the_sandbox_resumes(self):
+        node = self.stack.node
+        sb = self.create()
+        snap = self.pause(sb)
+        w = self.warm_of(snap)
+        pids = vm_pids(node.node_id, w)
+        self.assertTrue(os.path.exists(self.mem_file(w)))
+        node.stop(signal.SIGKILL)
+        for pid in pids:
+            self.assertTrue(running(pid), "the VMM should outlive a killed node")
+        self.restart_node(self.ENV)
+        self.assert_gone(w, pids)
+        r = self.post(sb, "resume")
+        self.assertEqual(r.status, 200, r)
+        self.assertNotIn("its VMM started ahead", self.restored_lines(sb["id"])[-1])
+        self.assertEqual(self.sh(sb, "echo ok"), "ok\n")
 
 
 class BandwidthSnapshotTests(Helpers, unittest.TestCase):
