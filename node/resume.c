@@ -90,7 +90,7 @@ enum kiln_err resume_sandbox(struct node *n, const char *id, const char *tenant,
 	/*
 	 * A copy of the memory image: if anything fails, the snapshot is still whole. On the VMM
 	 * started ahead on this snapshot since its pause (warm.c), if one waits and the snapshot is
-	 * still the one it was begun on; any failure there restores anew.
+	 * still the one it was begun on.
 	 */
 	w = warm_take(n, r.pause_snapshot);
 	if (w && moved) {
