@@ -27,6 +27,7 @@ One test tells the whole story, so that every guest it boots serves several chec
   restore (409 naming it) and changes nothing.
 """
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -239,6 +240,16 @@ class NodesTests(unittest.TestCase):
         self.assertEqual(r.status, 200, r)
         self.assertIn("example.com", str(r.json()))
         self.assertEqual(self.node_states()[n1.node_id]["state"], "draining")
+        # Their pauses there each had a VMM started ahead on the pause snapshot (node/warm.c); now
+        # that the records hold them running here, the drained node removes those by its check.
+        ahead = re.findall(r'paused snapshot "[^"]+": VMM "(0[a-z2-7]{12})" started ahead', n1.output())
+        self.assertTrue(ahead, "no VMM was started ahead on the drained node's pause snapshots")
+        deadline = time.time() + 30
+        while time.time() < deadline and any(kiln.vm_pids(n1.node_id, a) for a in ahead):
+            time.sleep(0.5)
+        self.assertEqual([a for a in ahead if kiln.vm_pids(n1.node_id, a)], [],
+                         "VMMs started ahead on the drained node outlived their sandboxes' moves")
+        self.assertIn("is no longer its sandbox's", n1.output())
         # Only an admin drains; an unknown node is 404.
         r = self.gw.request("POST", f"/v1/admin/nodes/{n1.node_id}/drain", headers=self.key)
         self.assertEqual(r.status, 403, r)
