@@ -47,7 +47,7 @@
 #define WARM_TPL_MAX 32		/* templates kept warm (template.c keeps at most 16) */
 #define WARM_VMS_MAX 64		/* warm VMs in all */
 #define WARM_REFILL_DELAY_MS 1500
-#define WARM_CHECK_MS 2000	/* pause snapshots' files looked at */
+#define WARM_CHECK_MS 2000	/* pause snapshots: their records and files looked at */
 
 /* A template kept warm, or a pause snapshot (`paused`: one warm VM, once). */
 struct warm_tpl {
