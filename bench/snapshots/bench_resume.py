@@ -34,7 +34,6 @@ template while it waits (its processes' Rss and Pss).
 usage: bench_resume.py [ROUNDS]
 """
 import datetime
-import glob
 import os
 import re
 import signal
@@ -50,7 +49,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "integration", "s3"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
 import kiln  # noqa: E402
 import s3env  # noqa: E402
-from bench_vm import on_term, teardown, wait_template  # noqa: E402
+from bench_vm import on_term, smaps_rollup, teardown, wait_template, warm_vm_pids  # noqa: E402
 
 SHAPE = {"vcpus": 1, "memory_mib": 512, "disk_gib": 10}  # the default shape: A's template's
 COMMON = dict(s3env.ALLOW_ENV, KILN_LOG_LEVEL="info", KILN_NODE_VCPU_MILLI="64000",
@@ -125,28 +124,16 @@ def warm_memory(node, timeout=30):
     """Prints what a QEMU begun ahead (node/warm.c) holds while it waits: its processes' Rss and
     Pss (smaps_rollup), found in its cgroup kiln/<node>/0… (a taken one's is renamed)."""
     deadline = time.time() + timeout
-    pids = []
-    while not pids and time.time() < deadline:
-        for d in glob.glob(f"/sys/fs/cgroup/*/kiln/{node.node_id}/0*/cgroup.procs"):
-            with open(d) as f:
-                pids = [int(p) for p in f.read().split()]
-            if pids:
-                break
+    while not (waiting := warm_vm_pids(node.node_id)) and time.time() < deadline:
         time.sleep(0.5)
-    if not pids:
+    if not waiting:
         print("no QEMU waits started ahead on node A")
         return
-    rss = pss = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/smaps_rollup") as f:
-            for line in f:
-                k, v = line.split(":", 1)[0], line.split()[1:2]
-                if k == "Rss":
-                    rss += int(v[0])
-                elif k == "Pss":
-                    pss += int(v[0])
-    print(f"a QEMU started ahead, waiting (node A, {len(pids)} process): Rss {rss / 1024:.1f} MiB, "
-          f"Pss {pss / 1024:.1f} MiB")
+    pids = next(iter(waiting.values()))
+    rolls = [smaps_rollup(p) for p in pids]
+    print(f"a QEMU started ahead, waiting (node A, {len(pids)} process): "
+          f"Rss {sum(r['Rss'] for r in rolls) / (1 << 20):.1f} MiB, "
+          f"Pss {sum(r['Pss'] for r in rolls) / (1 << 20):.1f} MiB")
 
 
 def stats(xs):

@@ -26,7 +26,6 @@ while they wait (node/warm.c, template_warm_vms; their Pss, found by their cgrou
 
 usage: bench_templates.py [TEMPLATE_RUNS] [COLD_RUNS] [MEM_VMS] [REPORTING]
 """
-import glob
 import os
 import signal
 import statistics
@@ -38,7 +37,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests", "harness"))
 sys.path.insert(0, os.path.join(HERE, "..", "vm"))
 import kiln  # noqa: E402
-from bench_vm import on_term, resident_bytes, scan_smaps, smaps_rollup, teardown, vm_pids, wait_template  # noqa: E402
+from bench_vm import (on_term, resident_bytes, scan_smaps, smaps_rollup, teardown, vm_pids,  # noqa: E402
+                      wait_template, warm_vm_pids)
 
 MIB = 1 << 20
 SHAPE = {"vcpus": 1, "memory_mib": 512, "disk_gib": 10}  # the default shape, spelled out
@@ -151,15 +151,9 @@ def main():
             live.remove(sid)
 
         def warm_pss(node_id):
-            """(count, Pss) of the QEMUs started ahead that wait now (cgroups kiln/<node>/0…)."""
-            pids, vms = set(), set()
-            for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/0*/cgroup.procs"):
-                with open(f) as fh:
-                    got = [int(p) for p in fh.read().split()]
-                pids.update(got)
-                if got:
-                    vms.add(os.path.basename(os.path.dirname(f)))
-            return len(vms), sum(smaps_rollup(p)["Pss"] for p in pids)
+            """(count, Pss) of the QEMUs started ahead that wait now."""
+            waiting = warm_vm_pids(node_id)
+            return len(waiting), sum(smaps_rollup(p)["Pss"] for pids in waiting.values() for p in pids)
 
         def latency(n, expect_template, label):
             rows = []

@@ -218,6 +218,19 @@ def wait_template(stack, timeout=900):
 
 # ---- memory of one VMM process ----
 
+def warm_vm_pids(node_id):
+    """{id: pids} of the node's QEMUs started ahead that wait now (node/warm.c): their cgroups
+    kiln/<node>/0… (a taken one's is renamed to its sandbox's)."""
+    out = {}
+    for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/0*/cgroup.procs") + \
+            glob.glob(f"/sys/fs/cgroup/kiln/{node_id}/0*/cgroup.procs"):
+        with open(f) as fh:
+            pids = [int(p) for p in fh.read().split()]
+        if pids:
+            out.setdefault(os.path.basename(os.path.dirname(f)), set()).update(pids)
+    return {w: sorted(p) for w, p in out.items()}
+
+
 def vm_pids(node_id, sandbox_id):
     pids = set()
     for f in glob.glob(f"/sys/fs/cgroup/*/kiln/{node_id}/{sandbox_id}/cgroup.procs") + \
