@@ -279,6 +279,10 @@ const struct cfg_def config_table[] = {
 	{ "template_warm_vms", CFG_INT, F(template_warm_vms), "1", 0, 4, NULL, false,
 	  "VMMs started ahead per ready template, each waiting for a create of its shape to load "
 	  "the template's state (0: none; a create then starts its own)" },
+	{ "template_warm_refill_ms", CFG_INT, F(template_warm_refill_ms), "400", 0, 60000, NULL,
+	  false, "milliseconds after a create took a VMM started ahead that the next is begun (past "
+	  "most of that create, not to share the CPU with it); creates coming meanwhile do not put "
+	  "it off" },
 	{ "paused_warm_vms", CFG_INT, F(paused_warm_vms), "2", 0, 16, NULL, false,
 	  "paused sandboxes, the latest paused on this node, each with a VMM started ahead on its "
 	  "snapshot that a resume takes (0: none; a resume then starts its own)" },

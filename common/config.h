@@ -126,6 +126,7 @@ struct kiln_config {
 	bool templates;			/* create sandboxes by restoring pre-booted templates */
 	bool template_default;		/* build the default shape's template at start */
 	long long template_warm_vms;	/* VMMs started ahead per ready template (node/warm.c) */
+	long long template_warm_refill_ms;	/* from a take to the next begin (node/warm.c) */
 	long long paused_warm_vms;	/* latest paused sandboxes with a VMM started ahead */
 	long long node_down_after_s;	/* a node this long without a heartbeat is down */
 	long long node_drain_wait_s;	/* a drain waits this long for each sandbox's move */

@@ -12,7 +12,9 @@
  * vmm_restore_end() renames the VM to the sandbox and loads the state.
  *
  * One thread per node begins them, one at a time, each a moment after the take it replaces
- * (WARM_REFILL_DELAY_MS, so as not to share the CPU with the create it serves). A begin that
+ * (`template_warm_refill_ms`, so as not to share the CPU with the create it serves); a take that
+ * finds that refill waiting does not put it off, or creates closer together than that would
+ * never see one again. A begin that
  * fails is not tried again until a create of that template finds none. The template's memory is
  * mapped privately, like an ordinary create's: a warm VM holds QEMU's own memory, not the guest's.
  *
@@ -46,7 +48,6 @@
 
 #define WARM_TPL_MAX 32		/* templates kept warm (template.c keeps at most 16) */
 #define WARM_VMS_MAX 64		/* warm VMs in all */
-#define WARM_REFILL_DELAY_MS 1500
 #define WARM_CHECK_MS 2000	/* pause snapshots: their records and files looked at */
 
 /* A template kept warm, or a pause snapshot (`paused`: one warm VM, once). */
@@ -573,8 +574,11 @@ struct warm_vm *warm_take(struct node *n, const char *snap)
 	if (t && t->paused) {
 		t->snap[0] = '\0';	/* used once: a begin still running is dropped at its end */
 	} else if (t) {
+		long long now = clock_mono_ms();
+
 		t->failed = false;
-		t->not_before_ms = clock_mono_ms() + WARM_REFILL_DELAY_MS;
+		if (t->not_before_ms <= now)
+			t->not_before_ms = now + n->cfg.template_warm_refill_ms;
 		pthread_cond_broadcast(&pool.wake);
 	}
 	pthread_mutex_unlock(&pool.lock);

@@ -1,4 +1,5 @@
 """Sandboxes as a user sees them: create, exec, files, streaming, delete, and the errors of docs/errors.md."""
+import datetime
 import glob
 import http.client
 import json
@@ -615,7 +616,10 @@ class WarmVmTests(unittest.TestCase):
     namespace and uid, and another is started after; one that died meanwhile leaves the create to
     restore anew; a node killed with one leaves nothing of it at its restart."""
 
-    ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_TEMPLATE_WARM_VMS": "1"}
+    # the refill's wait long enough to tell a refill put off by a later create from one that was not
+    REFILL_S = 6
+    ENV = {"KILN_TEMPLATES": "true", "KILN_TEMPLATE_DEFAULT": "true", "KILN_TEMPLATE_WARM_VMS": "1",
+           "KILN_TEMPLATE_WARM_REFILL_MS": str(REFILL_S * 1000)}
 
     @classmethod
     def setUpClass(cls):
@@ -679,6 +683,53 @@ class WarmVmTests(unittest.TestCase):
         self.assertEqual(self.gw.request("DELETE", f"/v1/sandboxes/{sid}", headers=self.key).status, 204)
         for pid in pids:
             self.assertFalse(running(pid), f"VMM pid {pid} still runs")
+
+    def started_ahead_at(self, w):
+        """The wall time VMM `w`'s begin started: its log line's time less the time it took."""
+        for line in self.stack.node.output().splitlines():
+            m = re.match(rf'(\d{{4}}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{{3}})Z .*VMM "{w}" started ahead in (\d+) ms',
+                         line)
+            if m:
+                at = datetime.datetime.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S.%f")
+                return at.replace(tzinfo=datetime.timezone.utc).timestamp() - int(m.group(2)) / 1000
+        self.fail(f"no log line of VMM {w}")
+
+    def create_timed(self):
+        """A create from the template: (wall time sent, the template, whether it took a VMM
+        started ahead)."""
+        sent = time.time()
+        r = self.gw.request("POST", "/v1/sandboxes", {"timeout_s": 600}, self.key, timeout=300)
+        self.assertEqual(r.status, 201, r)
+        sid = r.json()["id"]
+        self.addCleanup(self.gw.request, "DELETE", f"/v1/sandboxes/{sid}", None, self.key)
+        restored = [line for line in self.stack.node.output().splitlines()
+                    if f'sandbox "{sid}" restored from' in line]
+        self.assertEqual(len(restored), 1, self.stack.node.output()[-3000:])
+        tpl = re.search(r"restored from \S+/(\S+) in", restored[0]).group(1)
+        return sent, tpl, "its VMM started ahead" in restored[0]
+
+    def test_a_create_while_the_refill_waits_does_not_put_it_off(self):
+        """The next VMM is begun template_warm_refill_ms after the take; a create that finds none
+        meanwhile leaves that time as it is (before, each such create put the refill off again, so
+        creates closer together than the wait never found one)."""
+        self.live_warm()
+        t0, tpl, took = self.create_timed()
+        self.assertTrue(took, "the first create takes the VMM started ahead")
+        before = self.warm_ids()
+        time.sleep(2.5)
+        t1, _, took = self.create_timed()
+        self.assertFalse(took, "the second create comes while the refill waits")
+        self.assertLess(t1 - t0, self.REFILL_S - 1, "the second create came too late to tell")
+        deadline = time.time() + 120
+        while not (w2 := [w for w in re.findall(rf'template "{tpl}": VMM "(0[a-z2-7]{{12}})" started ahead',
+                                                 self.stack.node.output()) if w not in before]):
+            self.assertLess(time.time(), deadline, "no VMM started ahead again")
+            time.sleep(0.5)
+        begun = self.started_ahead_at(w2[0])
+        # not before its wait from the take; not put off by the second create's miss
+        self.assertGreaterEqual(begun, t0 + self.REFILL_S - 0.05)
+        self.assertLess(begun, t1 + self.REFILL_S,
+                        f"the refill was put off by the create at {t1:.3f} (take at or after {t0:.3f})")
 
     def live_warm(self, timeout=300):
         """A VMM started ahead that waits now: its cgroup still under its own name."""
