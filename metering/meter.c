@@ -277,6 +277,7 @@ struct meter {
 	int64_t last_expiry_ws;
 	int64_t last_trim_ws;
 	bool sync_due;		/* a flush could not move its charges in Redis: do it when it is back */
+	bool expiry_sync_due;	/* expiry_sync() failed: tried again at every tick until it works */
 	bool rds_failed;	/* the last tick's Redis call failed (redis_tick()): held_to() tells
 				 * through Postgres first */
 	bool pg_failed;		/* the last tick could not read its rows: held_to() asks Postgres
@@ -3214,16 +3215,80 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 }
 
 /*
- * Expires the grants whose time came two windows ago, once per window; re-reads the balances they
- * changed. The windows that started before a grant's expiry draw from it (ledger_draw()) only
- * until the expiry is posted, and every meter flushes such a window at its end, so the expiry
- * waits a window more than the last of them: run at the expiry, it took the grant's credits while
- * another node's window before it, flushed a moment later, was drawn from another grant or the
- * overdraft. A forward step of the wall clock passes no expiry so: the windows before the step
- * end when it lands and are flushed after it, so for two windows after it lands nothing passed
- * by the step is due; then all of it is (kiln-sim `clock`, seed 9143: a grant whose expiry a
- * 1,018 s forward step passed expired at the step's first tick, another node's window before it,
- * flushed a moment later, drawn from the overdraft).
+ * Gives Redis the balances of the tenants whose grant expiries it has not had (migrations/0059):
+ * those of this meter's run, and of a run whose meter could not reach Redis or died before it
+ * did. The rows read are marked synced once Redis took the balances, read after them; a row
+ * written meanwhile waits for the next time. On `c`; false when that could not be done.
+ */
+static bool expiry_sync(struct meter *m, struct pg_conn *c)
+{
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	const char **t = NULL;
+	struct buf accts;
+	size_t nt = 0;
+	bool ok = false;
+	int n;
+
+	m->st.pg_calls++;
+	if (PGQ0(c, &res, &err,
+		 "SELECT a.tenant_id, e.account_id FROM grant_expiries e "
+		 "JOIN ledger_accounts a ON a.id = e.account_id WHERE NOT e.redis_synced "
+		 "ORDER BY 1 LIMIT 1000") != KILN_OK) {
+		log_warn("cannot read the grant expiries Redis has not had: %s", err.msg);
+		return false;
+	}
+	if ((n = pg_res_rows(res)) == 0) {
+		pg_res_free(res);
+		return true;
+	}
+	buf_init(&accts, 1u << 20);
+	if (!(t = calloc((size_t)n, sizeof(*t))) || buf_appends(&accts, "{"))
+		goto out;
+	for (int i = 0; i < n; i++) {
+		if (!nt || strcmp(t[nt - 1], pg_res_str(res, i, 0)) != 0)
+			t[nt++] = pg_res_str(res, i, 0);
+		if (buf_appendf(&accts, "%s\"%s\"", i ? "," : "", pg_res_str(res, i, 1)))
+			goto out;
+	}
+	if (buf_appends(&accts, "}"))
+		goto out;
+	m->st.redis_calls++;
+	m->st.pg_calls++;
+	if (billing_sync(m->rds, c, nt, t, NULL, NULL, &err) != KILN_OK) {
+		log_warn("cannot give Redis the balances of %zu tenants whose grants expired "
+			 "(retried): %s", nt, err.msg);
+		goto out;
+	}
+	m->st.pg_calls++;
+	if (PGQ(c, NULL, &err,
+		"UPDATE grant_expiries SET redis_synced = true "
+		"WHERE NOT redis_synced AND account_id = ANY ($1::text[])",
+		accts.data) != KILN_OK) {
+		log_warn("cannot mark grant expiries given to Redis (retried): %s", err.msg);
+		goto out;
+	}
+	ok = true;
+out:
+	buf_release(&accts);
+	free(t);
+	pg_res_free(res);
+	return ok;
+}
+
+/*
+ * Expires the grants whose time came two windows ago, once per window; gives Redis the balances
+ * they changed (expiry_sync(): and those of any earlier expiry Redis has not had, once per
+ * window, and at every tick while this meter's last try failed). The windows that started
+ * before a grant's expiry draw from it (ledger_draw()) only until the expiry is posted, and
+ * every meter flushes such a window at its end, so the expiry waits a window more than the last
+ * of them: run at the expiry, it took the grant's credits while another node's window before
+ * it, flushed a moment later, was drawn from another grant or the overdraft. A forward step of
+ * the wall clock passes no expiry so: the windows before the step end when it lands and are
+ * flushed after it, so for two windows after it lands nothing passed by the step is due; then
+ * all of it is (kiln-sim `clock`, seed 9143: a grant whose expiry a 1,018 s forward step passed
+ * expired at the step's first tick, another node's window before it, flushed a moment later,
+ * drawn from the overdraft).
  */
 static void meter_expire(struct meter *m, int64_t now)
 {
@@ -3240,31 +3305,25 @@ static void meter_expire(struct meter *m, int64_t now)
 		    due > m->step_at[k] - m->step_off[k] - two)
 			due = m->step_at[k] - m->step_off[k] - two;	/* the wall clock when it stepped */
 	}
-	if (ws == m->last_expiry_ws)
+	if (ws == m->last_expiry_ws && !m->expiry_sync_due)
 		return;
 	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
 		return;
-	snprintf(at, sizeof(at), "%.6f", (double)(due / 1000) / 1e6);
-	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, "SELECT DISTINCT t FROM ledger_expire_grants(to_timestamp($1::float8)) t",
-		at) == KILN_OK) {
-		int n = pg_res_rows(res);
-		m->last_expiry_ws = ws;
-		if (n > 0) {
-			const char **t = calloc((size_t)n, sizeof(*t));
-			for (int i = 0; t && i < n; i++)
-				t[i] = pg_res_str(res, i, 0);
-			if (t) {
-				m->st.redis_calls++;
-				billing_sync(m->rds, c, (size_t)n, t, NULL, NULL, &err);
-				log_info("expired grants of %d tenants", n);
-			}
-			free(t);
+	if (ws != m->last_expiry_ws) {
+		snprintf(at, sizeof(at), "%.6f", (double)(due / 1000) / 1e6);
+		m->st.pg_calls++;
+		if (PGQ(c, &res, &err,
+			"SELECT DISTINCT t FROM ledger_expire_grants(to_timestamp($1::float8)) t",
+			at) == KILN_OK) {
+			m->last_expiry_ws = ws;
+			if (pg_res_rows(res) > 0)
+				log_info("expired grants of %d tenants", pg_res_rows(res));
+		} else {
+			log_warn("cannot expire grants: %s", err.msg);
 		}
-	} else {
-		log_warn("cannot expire grants: %s", err.msg);
+		pg_res_free(res);
 	}
-	pg_res_free(res);
+	m->expiry_sync_due = !expiry_sync(m, c);
 	pg_release(m->pg, c);
 }
 

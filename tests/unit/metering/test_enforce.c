@@ -394,6 +394,82 @@ static void test_flush_thread_keeps_ticks_short_and_retries(void)
 	flush_hold_ms = 0;
 }
 
+/* The ledger half Redis holds for `t` (as the test's own connection reads it), or -1: none. */
+static long long redis_ledger(const char *t)
+{
+	struct rds_reply rep = { 0 };
+	struct kiln_error err = { 0 };
+	char key[128];
+	long long v = -1;
+
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t);
+	if (RDS(rds, &rep, &err, "HGET", key, "ledger") == KILN_OK && rep.type == RDS_STR && rep.str)
+		v = atoll(rep.str);
+	rds_reply_release(&rep);
+	return v;
+}
+
+/*
+ * A grant expires while the meter that runs the expiry cannot reach Redis: Redis gets the
+ * tenant's balance after the expiry once it is back, from that meter, or, when that meter is gone
+ * before then (its memory with it), from the next one. The tenant has nothing running, so no
+ * flush gives Redis its balance; before (migrations/0059), Redis kept the 8000 µcr from before
+ * the expiry for good.
+ */
+static void test_an_expiry_run_while_redis_is_away_reaches_redis(void)
+{
+	for (int restart = 0; restart <= 1; restart++) {
+		struct kiln_error err = { 0 };
+		char t[32], sock[160];
+		int64_t t0 = aligned_now();
+		const char *tl[1];
+		struct sockproxy px;
+		struct pg_conn *c;
+		struct rds *mrds;
+		struct meter *m;
+
+		snprintf(sock, sizeof(sock), "%s/redis-x%d.sock", scratch, restart);
+		CHECK(sockproxy_start(&px, sock, redis_sock) == 0);
+		snprintf(sock, sizeof(sock), "unix:%s/redis-x%d.sock", scratch, restart);
+		mrds = rds_new(sock, 500);
+		new_tenant(t, sizeof(t), 3000);
+		/* 5000 more, expiring 5 s in */
+		sql("INSERT INTO ledger_accounts (id, tenant_id, kind, expires_at) VALUES "
+		    "('grant:tx_%s_x', '%s', 'grant', to_timestamp(%lld));"
+		    "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, credit_account, "
+		    "amount_ucr, tenant_id, reason) VALUES ('tx_%s_x', 'g:%s:x', 'grant', "
+		    "'system:issuance', 'grant:tx_%s_x', 5000, '%s', 'test')",
+		    t, t, (long long)(t0 / S + 5), t, t, t, t);
+		tl[0] = t;
+		c = testdb_conn(pg);
+		CHECK(billing_sync(rds, c, 1, tl, NULL, NULL, &err) == KILN_OK);
+		pg_release(pg, c);
+		CHECK_INT(redis_ledger(t), 8000);
+		fake_now = t0;
+		m = new_meter(pg, mrds);
+		sockproxy_cut(&px);
+		/* the expiry runs two windows after its time, by this meter, Redis away */
+		tick_until_paused(m, t0, t0 + 40 * S, "none");
+		CHECK_INT(sql_int("SELECT coalesce(sum(balance_ucr), 0) FROM ledger_account_balances "
+				  "WHERE tenant_id = '%s'", t), 3000);
+		CHECK_INT(redis_ledger(t), 8000);
+		if (restart) {
+			meter_free(m);
+			sockproxy_mend(&px);
+			m = new_meter(pg, mrds);
+		} else {
+			sockproxy_mend(&px);
+		}
+		tick_until_paused(m, t0, t0 + 42 * S, "none");
+		CHECK_INT(redis_ledger(t), 3000);
+		CHECK_INT(sql_int("SELECT count(*) FROM grant_expiries WHERE account_id = "
+				  "'grant:tx_%s_x' AND redis_synced", t), 1);
+		meter_free(m);
+		rds_free(mrds);
+		sockproxy_stop(&px);
+	}
+}
+
 int main(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
@@ -436,6 +512,7 @@ int main(void)
 	TEST(test_meter_started_without_redis_still_pauses);
 	TEST(test_catch_up_tick_enforces_at_once);
 	TEST(test_flush_thread_keeps_ticks_short_and_retries);
+	TEST(test_an_expiry_run_while_redis_is_away_reaches_redis);
 
 	rc = test_summary();
 	rmdir(scratch);
