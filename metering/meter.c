@@ -3214,66 +3214,84 @@ static enum kiln_err meter_flush(struct meter *m, int64_t now, struct kiln_error
 	return rc;
 }
 
+#define EXPIRY_SYNC_BATCH 5000	/* rows of grant_expiries read at once; up to 10 batches a call */
+
 /*
  * Gives Redis the balances of the tenants whose grant expiries it has not had (migrations/0059):
  * those of this meter's run, and of a run whose meter could not reach Redis or died before it
- * did. The rows read are marked synced once Redis took the balances, read after them; a row
- * written meanwhile waits for the next time. On `c`; false when that could not be done.
+ * did. The rows read are marked synced, each by its identity (its account and the transaction
+ * that wrote it: a reopened expiry is a new row), once Redis took the balances read after them;
+ * a row written meanwhile waits for the next time. Rows of expiries that took nothing changed no
+ * balance and are marked with them. On `c`; false when that could not be done.
  */
-static bool expiry_sync(struct meter *m, struct pg_conn *c)
+static bool expiry_sync_batch(struct meter *m, struct pg_conn *c, bool *more)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
 	const char **t = NULL;
-	struct buf accts;
+	char lim[16];
+	struct buf rows;
 	size_t nt = 0;
 	bool ok = false;
 	int n;
 
+	*more = false;
+	snprintf(lim, sizeof(lim), "%d", EXPIRY_SYNC_BATCH);
 	m->st.pg_calls++;
-	if (PGQ0(c, &res, &err,
-		 "SELECT a.tenant_id, e.account_id FROM grant_expiries e "
-		 "JOIN ledger_accounts a ON a.id = e.account_id WHERE NOT e.redis_synced "
-		 "ORDER BY 1 LIMIT 1000") != KILN_OK) {
+	if (PGQ(c, &res, &err,
+		"SELECT a.tenant_id, e.account_id || ' ' || e.xmin::text FROM grant_expiries e "
+		"JOIN ledger_accounts a ON a.id = e.account_id "
+		"WHERE NOT e.redis_synced AND e.amount_ucr > 0 ORDER BY 1 LIMIT $1::int",
+		lim) != KILN_OK) {
 		log_warn("cannot read the grant expiries Redis has not had: %s", err.msg);
 		return false;
 	}
-	if ((n = pg_res_rows(res)) == 0) {
-		pg_res_free(res);
-		return true;
-	}
-	buf_init(&accts, 1u << 20);
-	if (!(t = calloc((size_t)n, sizeof(*t))) || buf_appends(&accts, "{"))
+	n = pg_res_rows(res);
+	buf_init(&rows, 4u << 20);
+	if (!(t = calloc((size_t)n + 1, sizeof(*t))) || buf_appends(&rows, "{"))
 		goto out;
 	for (int i = 0; i < n; i++) {
 		if (!nt || strcmp(t[nt - 1], pg_res_str(res, i, 0)) != 0)
 			t[nt++] = pg_res_str(res, i, 0);
-		if (buf_appendf(&accts, "%s\"%s\"", i ? "," : "", pg_res_str(res, i, 1)))
+		if (buf_appendf(&rows, "%s\"%s\"", i ? "," : "", pg_res_str(res, i, 1)))
 			goto out;
 	}
-	if (buf_appends(&accts, "}"))
+	if (buf_appends(&rows, "}"))
 		goto out;
-	m->st.redis_calls++;
-	m->st.pg_calls++;
-	if (billing_sync(m->rds, c, nt, t, NULL, NULL, &err) != KILN_OK) {
-		log_warn("cannot give Redis the balances of %zu tenants whose grants expired "
-			 "(retried): %s", nt, err.msg);
-		goto out;
+	if (nt) {
+		m->st.redis_calls++;
+		m->st.pg_calls++;
+		if (billing_sync(m->rds, c, nt, t, NULL, NULL, &err) != KILN_OK) {
+			log_warn("cannot give Redis the balances of %zu tenants whose grants expired "
+				 "(retried): %s", nt, err.msg);
+			goto out;
+		}
 	}
 	m->st.pg_calls++;
 	if (PGQ(c, NULL, &err,
-		"UPDATE grant_expiries SET redis_synced = true "
-		"WHERE NOT redis_synced AND account_id = ANY ($1::text[])",
-		accts.data) != KILN_OK) {
+		"UPDATE grant_expiries SET redis_synced = true WHERE NOT redis_synced AND "
+		"(amount_ucr = 0 OR account_id || ' ' || xmin::text = ANY ($1::text[]))",
+		rows.data) != KILN_OK) {
 		log_warn("cannot mark grant expiries given to Redis (retried): %s", err.msg);
 		goto out;
 	}
+	*more = n == EXPIRY_SYNC_BATCH;
 	ok = true;
 out:
-	buf_release(&accts);
+	buf_release(&rows);
 	free(t);
 	pg_res_free(res);
 	return ok;
+}
+
+static bool expiry_sync(struct meter *m, struct pg_conn *c)
+{
+	bool more = true;
+
+	for (int i = 0; i < 10 && more; i++)
+		if (!expiry_sync_batch(m, c, &more))
+			return false;
+	return true;
 }
 
 /*

@@ -6,7 +6,8 @@
 -- zero), so the tenant went on creating on credits it no longer had (kiln-sim seed 77274: 201,000
 -- µcr left in Redis). A row is written unsynced; a meter syncs the tenants of the unsynced rows
 -- once a window, and every tick while its own last try failed, and marks the rows it read synced
--- once Redis took the balances read after them. Rows from before this migration count as synced.
-ALTER TABLE grant_expiries ADD COLUMN redis_synced boolean NOT NULL DEFAULT true;
-ALTER TABLE grant_expiries ALTER COLUMN redis_synced SET DEFAULT false;
+-- (by account and xmin: a reopened expiry is a new row) once Redis took the balances read after
+-- them. The rows from before this migration start unsynced too: each tenant's balance is given to
+-- Redis once after it, which mends one left behind so before.
+ALTER TABLE grant_expiries ADD COLUMN redis_synced boolean NOT NULL DEFAULT false;
 CREATE INDEX grant_expiries_unsynced ON grant_expiries (account_id) WHERE NOT redis_synced;
