@@ -3239,19 +3239,23 @@ static bool expiry_sync_batch(struct meter *m, struct pg_conn *c, bool *more)
 	snprintf(lim, sizeof(lim), "%d", EXPIRY_SYNC_BATCH);
 	m->st.pg_calls++;
 	if (PGQ(c, &res, &err,
-		"SELECT a.tenant_id, e.account_id || ' ' || e.xmin::text FROM grant_expiries e "
-		"JOIN ledger_accounts a ON a.id = e.account_id "
-		"WHERE NOT e.redis_synced AND e.amount_ucr > 0 ORDER BY 1 LIMIT $1::int",
+		"SELECT a.tenant_id, e.account_id || ' ' || e.xmin::text, e.amount_ucr > 0 "
+		"FROM grant_expiries e JOIN ledger_accounts a ON a.id = e.account_id "
+		"WHERE NOT e.redis_synced ORDER BY 1 LIMIT $1::int",
 		lim) != KILN_OK) {
 		log_warn("cannot read the grant expiries Redis has not had: %s", err.msg);
 		return false;
 	}
-	n = pg_res_rows(res);
+	if ((n = pg_res_rows(res)) == 0) {
+		pg_res_free(res);
+		return true;
+	}
 	buf_init(&rows, 4u << 20);
 	if (!(t = calloc((size_t)n + 1, sizeof(*t))) || buf_appends(&rows, "{"))
 		goto out;
 	for (int i = 0; i < n; i++) {
-		if (!nt || strcmp(t[nt - 1], pg_res_str(res, i, 0)) != 0)
+		/* an expiry that took nothing changed no balance: marked, not synced */
+		if (pg_res_bool(res, i, 2) && (!nt || strcmp(t[nt - 1], pg_res_str(res, i, 0)) != 0))
 			t[nt++] = pg_res_str(res, i, 0);
 		if (buf_appendf(&rows, "%s\"%s\"", i ? "," : "", pg_res_str(res, i, 1)))
 			goto out;
@@ -3270,7 +3274,7 @@ static bool expiry_sync_batch(struct meter *m, struct pg_conn *c, bool *more)
 	m->st.pg_calls++;
 	if (PGQ(c, NULL, &err,
 		"UPDATE grant_expiries SET redis_synced = true WHERE NOT redis_synced AND "
-		"(amount_ucr = 0 OR account_id || ' ' || xmin::text = ANY ($1::text[]))",
+		"account_id || ' ' || xmin::text = ANY ($1::text[])",
 		rows.data) != KILN_OK) {
 		log_warn("cannot mark grant expiries given to Redis (retried): %s", err.msg);
 		goto out;
