@@ -81,28 +81,6 @@ static const char audit_sql[] =
 	"WITH s AS MATERIALIZED (SELECT set_config('synchronous_commit', 'off', true)) "
 	AUDIT_INSERT " WHERE EXISTS (SELECT 1 FROM s)" AUDIT_SKIP_WRITTEN;
 
-/* Appends `v` to the array literal `b` as one element: quoted, or NULL. */
-static int array_add(struct buf *b, const char *v)
-{
-	int rc = buf_appends(b, b->len > 1 ? "," : "");
-
-	if (rc == 0 && !v)
-		return buf_appends(b, "NULL");
-	rc = rc ? rc : buf_appends(b, "\"");
-	for (const char *s = v; rc == 0 && *s; s++) {
-		const char *run = s;
-
-		while (*s && *s != '"' && *s != '\\')
-			s++;
-		rc = buf_append(b, run, (size_t)(s - run));
-		if (rc == 0 && *s)
-			rc = buf_appendf(b, "\\%c", *s);
-		if (!*s)
-			break;
-	}
-	return rc ? rc : buf_appends(b, "\"");
-}
-
 /*
  * Whether a failed statement was refused for its data (SQLSTATE class 22, data exception, such as
  * text that is not UTF-8; class 23, integrity constraint violation; or 21000, one key's outcome
@@ -142,19 +120,24 @@ static enum kiln_err group_write(struct commitq *q, struct pending *group, int n
 		char code[16];
 
 		snprintf(code, sizeof(code), "%d", r->status);
-		bad |= array_add(&col[A_TENANT], r->tenant_id) | array_add(&col[A_KEY], r->key_id) |
-		       array_add(&col[A_METHOD], r->method) | array_add(&col[A_ROUTE], r->route) |
-		       array_add(&col[A_OBJECT], r->object_id) | array_add(&col[A_STATUS], code) |
-		       array_add(&col[A_REQUEST], r->request_id) | array_add(&col[A_ID], p->id);
+		bad |= pg_array_add(&col[A_TENANT], r->tenant_id) |
+		       pg_array_add(&col[A_KEY], r->key_id) |
+		       pg_array_add(&col[A_METHOD], r->method) |
+		       pg_array_add(&col[A_ROUTE], r->route) |
+		       pg_array_add(&col[A_OBJECT], r->object_id) |
+		       pg_array_add(&col[A_STATUS], code) |
+		       pg_array_add(&col[A_REQUEST], r->request_id) |
+		       pg_array_add(&col[A_ID], p->id);
 		if (!r->idem_key)
 			continue;
 		outcomes = true;
-		bad |= array_add(&col[O_TENANT], r->tenant_id) |
-		       array_add(&col[O_KEY], r->idem_key) |
-		       array_add(&col[O_METHOD], r->idem_method) |
-		       array_add(&col[O_PATH], r->idem_path) |
-		       array_add(&col[O_SHA], r->idem_sha256) | array_add(&col[O_STATUS], code) |
-		       array_add(&col[O_RESPONSE], r->response ? r->response : "");
+		bad |= pg_array_add(&col[O_TENANT], r->tenant_id) |
+		       pg_array_add(&col[O_KEY], r->idem_key) |
+		       pg_array_add(&col[O_METHOD], r->idem_method) |
+		       pg_array_add(&col[O_PATH], r->idem_path) |
+		       pg_array_add(&col[O_SHA], r->idem_sha256) |
+		       pg_array_add(&col[O_STATUS], code) |
+		       pg_array_add(&col[O_RESPONSE], r->response ? r->response : "");
 	}
 	for (int i = 0; i < NCOLS; i++) {
 		bad |= buf_appends(&col[i], "}");

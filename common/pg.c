@@ -11,6 +11,7 @@
 #include <strings.h>
 #include <time.h>
 
+#include "common/buf.h"
 #include "common/log.h"
 
 /*
@@ -511,4 +512,25 @@ enum kiln_err pg_ping(struct pg *p, struct kiln_error *err)
 	rc = pg_exec(c, "SELECT 1", err);
 	pg_release(p, c);
 	return rc;
+}
+
+int pg_array_add(struct buf *b, const char *v)
+{
+	int rc = buf_appends(b, b->len > 1 ? "," : "");
+
+	if (rc == 0 && !v)
+		return buf_appends(b, "NULL");
+	rc = rc ? rc : buf_appends(b, "\"");
+	for (const char *s = v; rc == 0 && *s; s++) {
+		const char *run = s;
+
+		while (*s && *s != '"' && *s != '\\')
+			s++;
+		rc = buf_append(b, run, (size_t)(s - run));
+		if (rc == 0 && *s)
+			rc = buf_appendf(b, "\\%c", *s);
+		if (!*s)
+			break;
+	}
+	return rc ? rc : buf_appends(b, "\"");
 }

@@ -104,4 +104,12 @@ bool pg_switch_seen(bool clear);
 /* Checks that Postgres answers (select 1) within the pool's connect timeout. */
 enum kiln_err pg_ping(struct pg *pool, struct kiln_error *err);
 
+struct buf;
+/*
+ * Appends `v` to the array literal in `b` (begun with "{", so a comma goes before any element
+ * but the first) as one element: double-quoted with '"' and '\\' escaped, or NULL when `v` is.
+ * 0, or the buffer's error.
+ */
+int pg_array_add(struct buf *b, const char *v);
+
 #endif

@@ -13,11 +13,18 @@
 
 #define BILLING_KEY_MAX 192
 
-/* Sets the ledger half of each balance (unless Redis holds a newer one) and, optionally, a live field. */
+/*
+ * Sets the ledger half of each balance (unless Redis holds a newer one) and, optionally, a live
+ * field. A key of another type than a hash (none is written so; an operator's mistake, a restore
+ * gone wrong) is dropped first and made again from the ledger: left, its error would fail the
+ * call for every tenant in it, at every tick, and every read of that tenant's balance.
+ */
 static const char sync_lua[] =
 	"local f = ARGV[1]\n"
 	"for i = 1, #KEYS do\n"
 	"  local b = 2 + (i - 1) * 3\n"
+	"  local ty = redis.call('TYPE', KEYS[i])['ok']\n"
+	"  if ty ~= 'hash' and ty ~= 'none' then redis.call('DEL', KEYS[i]) end\n"
 	"  local cur = redis.call('HGET', KEYS[i], 'lseq')\n"
 	"  if (not cur) or tonumber(ARGV[b + 1]) >= tonumber(cur) then\n"
 	"    redis.call('HSET', KEYS[i], 'ledger', ARGV[b], 'lseq', ARGV[b + 1])\n"
@@ -28,20 +35,6 @@ static const char sync_lua[] =
 	"  end\n"
 	"end\n"
 	"return #KEYS\n";
-
-/* Appends `s` to `b` as an element of a Postgres array literal. */
-static int array_add(struct buf *b, const char *s)
-{
-	int r = buf_appends(b, b->len > 1 ? ",\"" : "\"");
-
-	for (; !r && *s; s++) {
-		if (*s == '"' || *s == '\\')
-			r = buf_append(b, "\\", 1);
-		if (!r)
-			r = buf_append(b, s, 1);
-	}
-	return r ? r : buf_appends(b, "\"");
-}
 
 enum kiln_err billing_sync(struct rds *rds, struct pg_conn *c, size_t n,
 			   const char *const *tenants, const char *live_field, const long long *live,
@@ -60,7 +53,7 @@ enum kiln_err billing_sync(struct rds *rds, struct pg_conn *c, size_t n,
 	if (buf_appends(&arr, "{"))
 		goto nomem;
 	for (size_t i = 0; i < n; i++)
-		if (array_add(&arr, tenants[i]))
+		if (pg_array_add(&arr, tenants[i]))
 			goto nomem;
 	if (buf_appends(&arr, "}"))
 		goto nomem;

@@ -3257,7 +3257,7 @@ static bool expiry_sync_batch(struct meter *m, struct pg_conn *c, bool *more)
 		/* an expiry that took nothing changed no balance: marked, not synced */
 		if (pg_res_bool(res, i, 2) && (!nt || strcmp(t[nt - 1], pg_res_str(res, i, 0)) != 0))
 			t[nt++] = pg_res_str(res, i, 0);
-		if (buf_appendf(&rows, "%s\"%s\"", i ? "," : "", pg_res_str(res, i, 1)))
+		if (pg_array_add(&rows, pg_res_str(res, i, 1)))
 			goto out;
 	}
 	if (buf_appends(&rows, "}"))
@@ -3391,8 +3391,7 @@ static void ledger_refresh(struct meter *m, int64_t now)
 		struct mten *t = m->tens[i];
 		if (t->bal_at == now || t->nsb <= 0)
 			continue;
-		/* ids are [a-z0-9_]; quoted all the same */
-		if (buf_appendf(&arr, "%s\"%s\"", n ? "," : "", t->id)) {
+		if (pg_array_add(&arr, t->id)) {
 			buf_release(&arr);
 			return;
 		}
@@ -3790,7 +3789,7 @@ static int log_read(struct meter *m, struct mrow *r, int n, int64_t t, struct pg
 	if (buf_appends(&ids, "{"))
 		return -ENOMEM;
 	for (int i = 0; i < n; i++)
-		if (buf_appendf(&ids, "%s%s", i ? "," : "", r[i].id)) {
+		if (pg_array_add(&ids, r[i].id)) {
 			buf_release(&ids);
 			return -ENOMEM;
 		}
@@ -3833,7 +3832,7 @@ static void take_over_rems(struct meter *m, struct mrow *r, int rows, struct buf
 	e |= buf_appends(dn, "}") != 0 || buf_appends(&ids, "{") != 0;
 	for (int i = 0; i < rows; i++)
 		if (r[i].here)
-			e |= buf_appendf(&ids, "%s%s", ids.len > 1 ? "," : "", r[i].id) != 0;
+			e |= pg_array_add(&ids, r[i].id) != 0;
 	e |= buf_appends(&ids, "}") != 0;
 	if (!e && pg_acquire(m->pg, &c, &err) == KILN_OK) {
 		m->st.pg_calls++;
@@ -3958,7 +3957,7 @@ static void meter_take_over(struct meter *m, struct mrow *r, int rows, struct pg
 	for (size_t q = 0; q < nn; q++) {
 		if (rep.elem[q].integer)
 			continue;
-		dead |= buf_appendf(&dn, "%s%s", dn.len > 1 ? "," : "", nodes[q]) != 0;
+		dead |= pg_array_add(&dn, nodes[q]) != 0;
 		log_info("the meter of node \"%s\" is gone: its sandboxes here are billed here",
 			 nodes[q]);
 		for (int i = 0; i < rows; i++) {
@@ -4282,7 +4281,7 @@ static void take_cut_tails(struct meter *m, int64_t now)
 	buf_init(&gone_gens, 64u << 20);
 	e |= buf_appends(&ids, "{") != 0 || buf_appends(&gens, "{") != 0;
 	for (size_t k = 0; k < m->ncuts; k++)
-		e |= buf_appendf(&ids, "%s%s", k ? "," : "", m->cuts[k].id) != 0 ||
+		e |= pg_array_add(&ids, m->cuts[k].id) != 0 ||
 		     buf_appendf(&gens, "%s%lld", k ? "," : "", m->cuts[k].gen) != 0;
 	e |= buf_appends(&ids, "}") != 0 || buf_appends(&gens, "}") != 0;
 	if (e || pg_acquire(m->pg, &c, &err) != KILN_OK)
@@ -4314,8 +4313,7 @@ static void take_cut_tails(struct meter *m, int64_t now)
 			m->cuts[n++] = m->cuts[k];
 			continue;
 		}
-		e |= buf_appendf(&gone_ids, "%s%s", gone_ids.len > 1 ? "," : "",
-				 m->cuts[k].id) != 0 ||
+		e |= pg_array_add(&gone_ids, m->cuts[k].id) != 0 ||
 		     buf_appendf(&gone_gens, "%s%lld", gone_gens.len > 1 ? "," : "",
 				 m->cuts[k].gen) != 0;
 	}

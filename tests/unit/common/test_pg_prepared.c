@@ -6,10 +6,14 @@
  * again prepared anew outside a transaction and fails cleanly inside one; a connection dropped in
  * a transaction is closed at release; pg_in_transaction. Statements run on each connection the
  * pool opens (pg_set_on_connect): on every connection, again after a reconnect, on connections
- * already open once set, and a failing one fails the acquire cleanly.
+ * already open once set, and a failing one fails the acquire cleanly. pg_array_add: an array
+ * literal Postgres reads back element for element, quotes, backslashes, commas, braces, spaces,
+ * the empty string and NULL included.
  */
 #include "test.h"
 #include "testdb.h"
+
+#include "common/buf.h"
 
 static struct testdb db;
 
@@ -336,6 +340,40 @@ static void a_failing_on_connect_statement_fails_the_acquire(void)
 	pg_free(pg);
 }
 
+static void an_array_literal_reads_back_element_for_element(void)
+{
+	static const char *const v[] = { "a", "quo\"te", "back\\slash", "com,ma", "{brace}", "",
+					 NULL, "sp ace", "NULL", "\\\"" };
+	const int n = (int)(sizeof(v) / sizeof(v[0]));
+	struct pg *pg = pg_new(db.url, 1);
+	struct kiln_error err = { 0 };
+	struct pg_res *res = NULL;
+	struct pg_conn *c;
+	struct buf b;
+
+	buf_init(&b, 1u << 20);
+	CHECK(buf_appends(&b, "{") == 0);
+	for (int i = 0; i < n; i++)
+		CHECK(pg_array_add(&b, v[i]) == 0);
+	CHECK(buf_appends(&b, "}") == 0);
+	c = testdb_conn(pg);
+	CHECK(PGQ(c, &res, &err, "SELECT u.v FROM unnest($1::text[]) WITH ORDINALITY AS u(v, o) "
+		  "ORDER BY u.o", b.data) == KILN_OK);
+	CHECK_INT(pg_res_rows(res), n);
+	for (int i = 0; i < n && i < pg_res_rows(res); i++) {
+		const char *got = pg_res_get(res, i, 0);
+
+		if (!v[i])
+			CHECK(got == NULL);
+		else
+			CHECK_STR(got ? got : "(null)", v[i]);
+	}
+	pg_res_free(res);
+	pg_release(pg, c);
+	pg_free(pg);
+	buf_release(&b);
+}
+
 int main(void)
 {
 	if (testdb_open(&db, "pgprep") != 0)
@@ -351,6 +389,7 @@ int main(void)
 	TEST(on_connect_runs_on_each_connection_and_after_a_reconnect);
 	TEST(on_connect_set_later_reopens_open_connections);
 	TEST(a_failing_on_connect_statement_fails_the_acquire);
+	TEST(an_array_literal_reads_back_element_for_element);
 	testdb_close(&db);
 	return test_summary();
 }

@@ -5,7 +5,8 @@
  * (sockproxy.h), while the test keeps its own direct connections: Redis unreachable while a
  * tenant crosses zero, Postgres unreachable while it does, and a meter back after downtime
  * (Redis having lost the balance meanwhile) pausing on its first, catch-up tick. Each time the
- * sandbox is asked to pause on the tick its tenant's balance reaches zero.
+ * sandbox is asked to pause on the tick its tenant's balance reaches zero. Also: an expiry run
+ * while Redis is away reaches it later, and a balance key of another type fails no sync.
  */
 #include <glob.h>
 #include <signal.h>
@@ -470,6 +471,32 @@ static void test_an_expiry_run_while_redis_is_away_reaches_redis(void)
 	}
 }
 
+/*
+ * A tenant's balance key of another type than a hash fails no sync: the other tenant of the same
+ * call is synced, and the key is made again from the ledger.
+ */
+static void test_a_balance_key_of_another_type_fails_no_sync(void)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	char t1[32], t2[32], key[128];
+	const char *tl[2];
+	struct pg_conn *c;
+
+	new_tenant(t1, sizeof(t1), 3000);
+	new_tenant(t2, sizeof(t2), 4000);
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t1);
+	CHECK(RDS(rds, &rep, &err, "SET", key, "not a hash") == KILN_OK);
+	rds_reply_release(&rep);
+	tl[0] = t1;
+	tl[1] = t2;
+	c = testdb_conn(pg);
+	CHECK(billing_sync(rds, c, 2, tl, NULL, NULL, &err) == KILN_OK);
+	pg_release(pg, c);
+	CHECK_INT(redis_ledger(t1), 3000);
+	CHECK_INT(redis_ledger(t2), 4000);
+}
+
 int main(void)
 {
 	const char *envf = getenv("KILN_SERVICES_ENV");
@@ -513,6 +540,7 @@ int main(void)
 	TEST(test_catch_up_tick_enforces_at_once);
 	TEST(test_flush_thread_keeps_ticks_short_and_retries);
 	TEST(test_an_expiry_run_while_redis_is_away_reaches_redis);
+	TEST(test_a_balance_key_of_another_type_fails_no_sync);
 
 	rc = test_summary();
 	rmdir(scratch);
