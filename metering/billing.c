@@ -17,7 +17,8 @@
  * Sets the ledger half of each balance (unless Redis holds a newer one) and, optionally, a live
  * field. A key of another type than a hash (none is written so; an operator's mistake, a restore
  * gone wrong) is dropped first and made again from the ledger: left, its error would fail the
- * call for every tenant in it, at every tick, and every read of that tenant's balance.
+ * call for every tenant in it. The meter's tick (tick_lua) and a read of the balance (read_lua)
+ * drop such a key too and take the balance as missing, which makes it again from the ledger.
  */
 static const char sync_lua[] =
 	"local f = ARGV[1]\n"
@@ -111,8 +112,13 @@ nomem:
 	return kiln_error_set(err, KILN_E_NOMEM, "out of memory");
 }
 
-/* The balance hash, less the live fields of meters no longer ticking (dropped: billing.h). */
+/*
+ * The balance hash, less the live fields of meters no longer ticking (dropped: billing.h). A key
+ * of another type is dropped and read as none (sync_lua).
+ */
 static const char read_lua[] =
+	"local ty = redis.call('TYPE', KEYS[1])['ok']\n"
+	"if ty ~= 'hash' and ty ~= 'none' then redis.call('DEL', KEYS[1]); return {} end\n"
 	"local v = redis.call('HGETALL', KEYS[1])\n"
 	"local out = {}\n"
 	"for j = 1, #v, 2 do\n"

@@ -2505,7 +2505,8 @@ static void row_parse(const struct pg_res *res, int i, struct mrow *r)
  * as of its last billed tick, would hide (kiln-sim `two-meters,zero`, seeds 9170 and 9248: the
  * other node's meter read the stale charges and paused the tenant's sandbox 5 s after zero).
  * The alive key is set first; another meter's live field whose alive key is gone
- * is dropped (billing.h). Returns {balances, missing flags}.
+ * is dropped (billing.h); a balance key of another type than a hash is dropped, its balance
+ * then missing (billing.c, sync_lua). Returns {balances, missing flags}.
  */
 static const char tick_lua[] =
 	"local f, node = ARGV[1], ARGV[2]\n"
@@ -2518,6 +2519,8 @@ static const char tick_lua[] =
 	"redis.call('SET', KEYS[3 * nt + ns + 4], '1', 'EX', ARGV[9])\n"
 	"for i = 1, nt do\n"
 	"  local bk, wk, rk = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]\n"
+	"  local ty = redis.call('TYPE', bk)['ok']\n"
+	"  if ty ~= 'hash' and ty ~= 'none' then redis.call('DEL', bk) end\n"
 	"  local live, rx, tx, burn = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), ARGV[a + 3]\n"
 	"  a = a + 4\n"
 	"  if blind then\n"

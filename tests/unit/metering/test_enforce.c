@@ -471,30 +471,57 @@ static void test_an_expiry_run_while_redis_is_away_reaches_redis(void)
 	}
 }
 
+/* Sets the balance key of `t` in Redis to a string. */
+static void balance_key_not_a_hash(const char *t)
+{
+	struct kiln_error err = { 0 };
+	struct rds_reply rep = { 0 };
+	char key[128];
+
+	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t);
+	CHECK(RDS(rds, &rep, &err, "SET", key, "not a hash") == KILN_OK);
+	rds_reply_release(&rep);
+}
+
 /*
- * A tenant's balance key of another type than a hash fails no sync: the other tenant of the same
- * call is synced, and the key is made again from the ledger.
+ * A tenant's balance key of another type than a hash fails no sync (the other tenant of the same
+ * call is synced), no read of the balance and no tick of the meter: each makes it again from the
+ * ledger.
  */
 static void test_a_balance_key_of_another_type_fails_no_sync(void)
 {
 	struct kiln_error err = { 0 };
-	struct rds_reply rep = { 0 };
-	char t1[32], t2[32], key[128];
+	char t1[32], t2[32], t3[32], t4[32], sb[32];
+	int64_t t0 = aligned_now();
 	const char *tl[2];
 	struct pg_conn *c;
+	struct meter *m;
 
 	new_tenant(t1, sizeof(t1), 3000);
 	new_tenant(t2, sizeof(t2), 4000);
-	snprintf(key, sizeof(key), BILLING_BAL_PREFIX "%s", t1);
-	CHECK(RDS(rds, &rep, &err, "SET", key, "not a hash") == KILN_OK);
-	rds_reply_release(&rep);
+	balance_key_not_a_hash(t1);
 	tl[0] = t1;
 	tl[1] = t2;
 	c = testdb_conn(pg);
 	CHECK(billing_sync(rds, c, 2, tl, NULL, NULL, &err) == KILN_OK);
-	pg_release(pg, c);
 	CHECK_INT(redis_ledger(t1), 3000);
 	CHECK_INT(redis_ledger(t2), 4000);
+	/* a create's admission reads the balance */
+	new_tenant(t3, sizeof(t3), 5000);
+	balance_key_not_a_hash(t3);
+	CHECK(billing_admit(rds, c, t3, 1, 1000, 256, &err) != KILN_E_INTERNAL);
+	CHECK_INT(redis_ledger(t3), 5000);
+	pg_release(pg, c);
+	/* the meter's tick, a window before any flush */
+	new_tenant(t4, sizeof(t4), 6000);
+	new_sandbox(t4, sb, sizeof(sb), t0);
+	balance_key_not_a_hash(t4);
+	fake_now = t0;
+	npaused = 0;
+	m = new_meter(pg, rds);
+	CHECK_INT(tick_until_paused(m, t0, t0 + 2 * S, sb), 0);
+	CHECK_INT(redis_ledger(t4), 6000);
+	meter_free(m);
 }
 
 int main(void)
