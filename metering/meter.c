@@ -579,7 +579,8 @@ static int frame_step_gap(const struct mstep *rs)
 
 /* Tells the node's other meters where this meter's held tick begins the gap of a forward step of
  * `by` ns: at `from`, the second before that tick, no earlier than its last tick (held_to(); its
- * last tick when they are a second apart), for step_told(). */
+ * last tick when they are a second apart; a late one's own start when none was told to it), for
+ * step_told(). */
 static void step_tell(struct meter *m, int64_t by, int64_t from)
 {
 	struct kiln_error err = { 0 };
@@ -626,8 +627,10 @@ static bool step_fits(long long tby, long long tfrom, int64_t by, int64_t after,
  * false when none is told (not yet, or Redis away). Within STEP_TOLERANCE_NS either side: that
  * meter tells the second before its own tick, which comes up to that late in its second (a start
  * 0.3 s past `before` was refused, the two gaps 0.3 s apart). One before `after`, where this
- * meter's billing stands already, is taken as `after`, the nearest it can begin its gap. */
-static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
+ * meter's billing stands already, is taken as `after`, the nearest it can begin its gap.
+ * *asked: whether Redis answered. */
+static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from,
+		      bool *asked)
 {
 	struct kiln_error err = { 0 };
 	struct rds_reply rep = { 0 };
@@ -637,8 +640,9 @@ static bool step_told(struct meter *m, int64_t by, int64_t after, int64_t before
 
 	snprintf(key, sizeof(key), BILLING_METER_PREFIX "%s" STEP_KEY_SUFFIX, m->node);
 	m->st.redis_calls++;
-	ok = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK && rep.type == RDS_STR &&
-	     step_parse(rep.str, &tby, &tfrom) && step_fits(tby, tfrom, by, after, before, from);
+	*asked = RDS(m->rds, &rep, &err, "GET", key) == KILN_OK;
+	ok = *asked && rep.type == RDS_STR && step_parse(rep.str, &tby, &tfrom) &&
+	     step_fits(tby, tfrom, by, after, before, from);
 	rds_reply_release(&rep);
 	return ok;
 }
@@ -678,8 +682,10 @@ static void step_tell_pg(struct meter *m, int64_t by, int64_t from)
  * as it is written (now()), which may stand or step apart from the node's (kiln-sim seed 77044:
  * a row told a second before, read as 1,148 s old, refused, the late meter's gap a second after
  * the other's, that second billed twice). The checks alone would take an earlier step's row back
- * only if the node's labels came back to it, remote but not bounded. */
-static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from)
+ * only if the node's labels came back to it, remote but not bounded. *asked: whether Postgres
+ * answered. */
+static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t before, int64_t *from,
+			 bool *asked)
 {
 	struct kiln_error err = { 0 };
 	struct pg_res *res = NULL;
@@ -702,6 +708,7 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
 		pg_res_free(res);
 		pg_release(m->pg, c);
 	}
+	*asked = !err.msg[0];
 	if (err.msg[0])
 		log_warn("cannot read the forward step's gap from Postgres: %s", err.msg);
 	return ok;
@@ -712,8 +719,9 @@ static bool step_told_pg(struct meter *m, int64_t by, int64_t after, int64_t bef
  * partition, a stopped host) waits out the client's timeout, and a row written after it can land
  * when the node's late meter has read already (seed 31233's loss again). In kiln-meter the
  * timeout is 1 s, the tick's period: a tick whose Redis hung overran the next second, so the held
- * tick after it is late and tells nothing; this order acts there after a Redis that failed fast
- * (refused, or answered an error). Redis is still told after it: one command,
+ * tick after it is late (it tells only a start it took when none was told to it, through the
+ * channels its reads just reached: held_to()); this order acts there after a Redis that failed
+ * fast (refused, or answered an error). Redis is still told after it: one command,
  * bounded by that timeout, and it may answer again. Postgres is not, when the last tick could not
  * reach it: the attempt would be a new connection, up to connect_timeout (3 s) a host, before this
  * tick's own, which goes blind if it fails too. */
@@ -747,21 +755,35 @@ static void step_tell_both(struct meter *m, int64_t by, int64_t from)
  * it, seed 31233). None told, it takes the second before its held tick at once: the node's
  * meters tick on whole seconds of one monotonic clock, so the other meter has not had its held
  * tick yet, its tick a second before came before the step, and it will tell that second; or it
- * is late too, neither channel reaches both meters, or there is no other meter, and nothing is
- * ever told. Waiting for it changed no start and delayed billing and enforcement (one meter, a
- * tenant at zero just before a skipped tick and a step: its pause asked two ticks later).
+ * is late too, neither channel reaches both meters, or there is no other meter. Waiting for it
+ * changed no start and delayed billing and enforcement (one meter, a tenant at zero just before
+ * a skipped tick and a step: its pause asked two ticks later). A late one that found nothing
+ * told tells its own start: another meter late too, whose held tick comes later, takes it
+ * (the earliest held tick's second before is never before another's last tick, which came
+ * before the step, nor after its second before), and an on-time meter's held tick comes no
+ * later than this one's, with the same start when in the same second. Untold, two late meters
+ * began their gaps a second apart, and the ledger kept a window of each that left that second
+ * out (kiln-sim seed 77465: one skipped the tick before the step, the other the step's own;
+ * -210 and -107 µcr on two paused sandboxes).
  */
 static int64_t held_to(struct meter *m, int64_t l, int64_t by)
 {
 	int64_t p = l - PRICE_NS_PER_S > m->clk_now_l ? l - PRICE_NS_PER_S : m->clk_now_l, told;
+	bool rds_asked = false, pg_asked = false;
 
 	if (l - m->clk_now_l <= PRICE_NS_PER_S + STEP_TOLERANCE_NS) {
 		step_tell_both(m, by, p);
 		return p;
 	}
-	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told) ||
-	    (!m->pg_failed && step_told_pg(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told)))
+	if (step_told(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told, &rds_asked) ||
+	    (!m->pg_failed &&
+	     step_told_pg(m, by, m->clk_now_l, l - PRICE_NS_PER_S, &told, &pg_asked)))
 		return told;
+	/* told through the channels that just answered: no new connection where one failed */
+	if (rds_asked)
+		step_tell(m, by, p);
+	if (pg_asked)
+		step_tell_pg(m, by, p);
 	return p;
 }
 

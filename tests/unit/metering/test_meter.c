@@ -1591,19 +1591,17 @@ static void test_a_point_while_creating_is_not_the_generations_end(void)
 }
 
 /*
- * Two meters of one node, one of which skipped the tick before a forward step, label the time
- * before the step alike: each bills up to the step in the frame before it and follows at the
- * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
- * [10, 11]; the wall clock steps 600 s on at 12 s. Before, a moved its point (10 s, a window's
- * start) by the step and billed [610, 612], b's [10, 11] in a window a never wrote: 26 s billed
- * of 25.
+ * Two meters a and b of one node bill a sandbox running from 0 to 25 s while the wall clock steps
+ * 600 s on at 12 s; a skips its tick at `a_skips` s and b at `b_skips` (0: none), a ticking
+ * first in each second. Returns what the tenant was charged.
  */
-static void test_two_meters_label_the_time_before_a_forward_step_alike(void)
+static long long two_meters_over_a_forward_step(int a_skips, int b_skips)
 {
 	char t[32], sb[32];
 	int64_t t0 = aligned_now();
 	struct kiln_error err = { 0 };
 	struct meter *a, *b;
+	long long u;
 	bool ok;
 
 	clock_case(t, sizeof(t), sb, sizeof(sb), t0);
@@ -1616,15 +1614,43 @@ static void test_two_meters_label_the_time_before_a_forward_step_alike(void)
 			fake_now += 600 * S;
 		if (i == 26)
 			stop_sandbox(sb, fake_now - S);	/* at 25 s, on the stepped wall clock */
-		if (i != 11)
+		if (i != a_skips)
 			CHECK_INT(meter_tick(a, &err), KILN_OK);
-		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (i != b_skips)
+			CHECK_INT(meter_tick(b, &err), KILN_OK);
 	}
-	CHECK_INT(used(t), 25 * 257);
+	u = used(t);
 	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	meter_free(b);
 	meter_free(a);
+	return u;
+}
+
+/*
+ * Two meters of one node, one of which skipped the tick before a forward step, label the time
+ * before the step alike: each bills up to the step in the frame before it and follows at the
+ * next tick (kiln-sim `clock`, seed 351001013). Here meter a skips the tick at 11 s, b bills
+ * [10, 11]. Before, a moved its point (10 s, a window's start) by the step and billed [610, 612],
+ * b's [10, 11] in a window a never wrote: 26 s billed of 25.
+ */
+static void test_two_meters_label_the_time_before_a_forward_step_alike(void)
+{
+	CHECK_INT(two_meters_over_a_forward_step(11, 0), 25 * 257);
+}
+
+/*
+ * Two meters of one node, both late around a forward step, label the time before it alike: the
+ * first held tick tells where it begins the step's gap, and the later one takes it (kiln-sim
+ * seed 77465: one meter skipped the tick before the step, the other the tick of the step; each
+ * began its gap at the second before its own held tick, a second apart, and the ledger, which
+ * writes a window's start once, kept the window of each that left that second out: -210 and
+ * -107 µcr on two paused sandboxes). Here b skips the tick at 11 s, a the tick at 12. Before:
+ * b's window of [10, 20) (to 11) and a's of [610, 620) (from 612), 24 s billed of 25.
+ */
+static void test_two_late_meters_label_the_time_before_a_forward_step_alike(void)
+{
+	CHECK_INT(two_meters_over_a_forward_step(12, 11), 25 * 257);
 }
 
 /*
@@ -5668,6 +5694,7 @@ int main(void)
 	TEST(test_a_generation_ended_in_the_tick_of_the_next_has_its_end_recorded);
 	TEST(test_a_move_without_a_new_generation_is_refused);
 	TEST(test_two_meters_label_the_time_before_a_forward_step_alike);
+	TEST(test_two_late_meters_label_the_time_before_a_forward_step_alike);
 	TEST(test_dead_meter_live_field_dropped_after_bound);
 	TEST(test_end_on_a_window_boundary_is_recorded);
 	TEST(test_end_time_ahead_of_the_clock_is_waited_for);
