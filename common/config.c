@@ -148,9 +148,9 @@ const struct cfg_def config_table[] = {
 	  "the VMM driver's program; empty: its default (hostagent: the kiln-agent binary, required)" },
 	{ "tcg_tb_size_mib", CFG_INT, F(tcg_tb_size_mib), "32", 8, 1024, NULL, false,
 	  "TCG translation cache per VM, MiB (software emulation only)" },
-	{ "free_page_reporting", CFG_BOOL, F(free_page_reporting), "false", 0, 1, NULL, false,
+	{ "free_page_reporting", CFG_BOOL, F(free_page_reporting), "true", 0, 1, NULL, false,
 	  "a booted sandbox's guest hands the memory it frees back to the host (virtio-balloon free "
-	  "page reporting; its snapshots then restore into a copy, never a shared map; docs/vmm.md)" },
+	  "page reporting; a shared memory image stays whole: docs/vmm.md)" },
 	{ "guest_kernel", CFG_STRING, F(guest_kernel), NULL, 0, 0, NULL, false,
 	  "guest kernel (vmm/guest/build-image.sh --print-env)" },
 	{ "guest_initrd", CFG_STRING, F(guest_initrd), NULL, 0, 0, NULL, false,

@@ -480,13 +480,9 @@ void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned me
 	const struct hv_ops *hv = hv_find(n->cfg.hypervisor);
 	struct warm_tpl *t = NULL;
 
-	/*
-	 * None where nothing would take them (templates off), where the driver cannot begin a
-	 * restore, or where the guests have the balloon: its VMs copy the template's memory at the
-	 * begin (docs/vmm.md), which a warm VM would then hold, counted nowhere, while it waits.
-	 */
-	if (n->cfg.template_warm_vms <= 0 || !n->cfg.templates || n->cfg.free_page_reporting ||
-	    !hv || !hv->restore_begin)
+	/* None where nothing would take them (templates off), or where the driver cannot begin a
+	 * restore. */
+	if (n->cfg.template_warm_vms <= 0 || !n->cfg.templates || !hv || !hv->restore_begin)
 		return;
 	pthread_mutex_lock(&pool.lock);
 	if (pool.stopping || n->stopping || tpl_find(snap) || !pool_start(n) ||

@@ -39,8 +39,7 @@ struct warm_vm {
 /*
  * Keeps warm VMs of the ready template `snap` (of a shape, of the code interpreter's image when
  * `codeint`) from now on, begun on a thread of their own. Nothing when template_warm_vms is 0,
- * templates are off, the guests have the balloon (free_page_reporting) or the hypervisor cannot
- * begin a restore ahead.
+ * templates are off or the hypervisor cannot begin a restore ahead.
  */
 void warm_add(struct node *n, const char *snap, unsigned vcpu_milli, unsigned mem_mib,
 	      unsigned disk_gib, bool codeint);

@@ -82,7 +82,8 @@ enum vmm_snap_mode {
 /* Where a restored VM's memory comes from (VMM_SNAP_SHARED snapshots). */
 enum vmm_mem_from {
 	VMM_MEM_PRIVATE,	/* map the snapshot's image copy-on-write (share=off): fork children,
-				   templates. The image must stay frozen while any such VM lives. */
+				   templates. The image must stay frozen while any such VM lives;
+				   QEMU opens it read-only (vmm/qemu_memro.c). */
 	VMM_MEM_MOVE,		/* take the image as the VM's own memory file (share=on); the
 				   snapshot loses it. Resume after pause. */
 	VMM_MEM_COPY,		/* copy the image to a memory file of its own (share=on). The

@@ -103,9 +103,19 @@ static void __attribute__((noreturn)) child_run(const struct jail *j, char *cons
 	if (dup2(devnull, 0) < 0 || dup2(j->out_fd >= 0 ? j->out_fd : devnull, 1) < 0 ||
 	    dup2(j->out_fd >= 0 ? j->out_fd : devnull, 2) < 0)
 		child_fail(errfd, -errno);
-	/* nothing of the caller's leaks into the VMM but stdio (errfd is close-on-exec already) */
-	if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+	/*
+	 * nothing of the caller's leaks into the VMM but stdio and keep_fd (errfd is close-on-exec
+	 * already)
+	 */
+	if (j->keep_fd > 2) {
+		if (fcntl(j->keep_fd, F_SETFD, 0) < 0 ||
+		    (j->keep_fd > 3 &&
+		     syscall(SYS_close_range, 3U, (unsigned)j->keep_fd - 1, CLOSE_RANGE_CLOEXEC) < 0) ||
+		    syscall(SYS_close_range, (unsigned)j->keep_fd + 1, ~0U, CLOSE_RANGE_CLOEXEC) < 0)
+			child_fail(errfd, -errno);
+	} else if (syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) < 0) {
 		child_fail(errfd, -errno);
+	}
 	execve(argv[0], argv, envp);
 	child_fail(errfd, -errno);
 }

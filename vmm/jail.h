@@ -43,6 +43,8 @@ struct jail {
 	unsigned n_mounts;
 	struct cg *cg;		/* group to join before exec, or NULL */
 	int out_fd;		/* receives the program's stdout and stderr; -1 for /dev/null */
+	int keep_fd;		/* a descriptor the program keeps, under its own number, past exec
+				   (above 2; any other value: none) */
 };
 
 /*

@@ -23,10 +23,12 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -41,6 +43,7 @@
 #include "vmm/hv.h"
 #include "vmm/hv_base.h"
 #include "vmm/jail.h"
+#include "vmm/qemu_memro.h"
 #include "vmm/qmp.h"
 
 #define QMP_CONNECT_MS 10000	/* QEMU start to QMP greeting (TCG, loaded host) */
@@ -413,9 +416,59 @@ static const char *qemu_log_tail(const struct hv_vm *vm)
 	return hv_base_log_tail(vm->log_path);
 }
 
+#ifndef MFD_EXEC
+#define MFD_EXEC 0x0010U	/* executable memfd (Linux 6.3), for a host whose default is not */
+#endif
+
+static pthread_once_t memro_once = PTHREAD_ONCE_INIT;
+static int memro_fd = -1;	/* or -errno of its making */
+
+/* Makes memro_fd: the preload of qemu_memro.c in a sealed memfd (close-on-exec: jail keep_fd). */
+static void memro_make(void)
+{
+	const unsigned char *p = kiln_memro_so;
+	int fd;
+
+	fd = memfd_create("kiln-qemu-memro", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
+	if (fd < 0 && errno == EINVAL)
+		fd = memfd_create("kiln-qemu-memro", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0) {
+		memro_fd = -errno;
+		return;
+	}
+	while (p < kiln_memro_so_end) {
+		ssize_t n = write(fd, p, (size_t)(kiln_memro_so_end - p));
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			goto fail;
+		p += n;
+	}
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
+		goto fail;
+	memro_fd = fd;
+	return;
+fail:
+	memro_fd = errno ? -errno : -EIO;
+	close(fd);
+}
+
+/*
+ * The descriptor of the preload a QEMU that maps a shared memory image privately is started
+ * with (qemu_memro.c: the image opened read-only, the balloon's discards kept out of it), made
+ * once per process and kept; -errno when it cannot be made.
+ */
+static int memro_get(void)
+{
+	pthread_once(&memro_once, memro_make);
+	return memro_fd;
+}
+
 /*
  * The VM's jail: its root and the files bound into it. `kernel` is the file bound as the kernel:
- * vm->kernel, or for a restore its head (qemu_kernel_head), with no initramfs.
+ * vm->kernel, or for a restore its head (qemu_kernel_head), with no initramfs. A memory image the
+ * VM maps privately is shared with every other VM mapping it: bound read-only.
  */
 static void jail_layout(struct hv_vm *vm, const char *kernel)
 {
@@ -425,6 +478,7 @@ static void jail_layout(struct hv_vm *vm, const char *kernel)
 	j->root = vm->jail_root;
 	j->netns_fd = -1;
 	j->out_fd = -1;
+	j->keep_fd = -1;
 	j->cg = vm->cg;
 	j->mounts[j->n_mounts++] = (struct jail_mount){ kernel, vm->mp_kernel, true };
 	if (vm->initrd[0] && kernel == vm->kernel)
@@ -434,7 +488,7 @@ static void jail_layout(struct hv_vm *vm, const char *kernel)
 		for (unsigned k = 0; k <= vm->depth; k++)
 			j->mounts[j->n_mounts++] = (struct jail_mount){ vm->chain[k], vm->mp_chain[k], true };
 	}
-	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, false };
+	j->mounts[j->n_mounts++] = (struct jail_mount){ vm->mem_path, vm->mp_mem, !vm->mem_owned };
 }
 
 /* The start time of process `pid` (field 22 of /proc/<pid>/stat, clock ticks); 0 if unknown. */
@@ -555,7 +609,8 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		.gid = s->gid,
 		.incoming = incoming,
 	};
-	char *envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL };
+	char preload[48], memro[48];
+	char *envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", NULL, NULL, NULL };
 	char **argv = NULL;
 	const char *kernel = vm->kernel;
 	struct jail *j = &vm->jail;
@@ -576,6 +631,23 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 		log_debug("vm '%s': restored with its whole kernel (head: %s)", vm->id, strerror(-r));
 	}
 	jail_layout(vm, kernel);
+	/*
+	 * A shared image mapped privately: QEMU 7.2 would open it for writing and punch the pages
+	 * the balloon discards out of it (qemu_memro.c). The preload opens it read-only; without
+	 * it, QEMU cannot open the read-only bind and does not start.
+	 */
+	if (!vm->mem_owned) {
+		if ((r = memro_get()) < 0) {
+			rc = kiln_error_set(err, KILN_E_INTERNAL, "vm '%s': the QEMU preload: %s", vm->id,
+					    strerror(-r));
+			goto out;
+		}
+		snprintf(preload, sizeof(preload), "LD_PRELOAD=/proc/self/fd/%d", r);
+		snprintf(memro, sizeof(memro), "KILN_QEMU_MEM_RO=%s", a.mem_path);
+		envp[1] = preload;
+		envp[2] = memro;
+		j->keep_fd = r;
+	}
 	if ((r = jail_prepare(j)) < 0) {
 		rc = fs_err(err, r, "cannot prepare jail", vm->jail_root);
 		goto out;
@@ -1322,9 +1394,8 @@ static enum kiln_err qemu_restore_begin(const struct vmm_spec *s, const char *sn
 		goto fail;
 	}
 	/*
-	 * memory: the snapshot's image mapped privately, taken over, or copied; or a fresh file.
-	 * QEMU discards a page the balloon is given by punching a hole in the memory file, even in a
-	 * private map: a VM with the balloon never maps a shared image, it gets a copy of its own.
+	 * memory: the snapshot's image mapped privately (read-only, also with the balloon:
+	 * qemu_memro.c), taken over, or copied; or a fresh file.
 	 */
 	vm->mem_owned = true;
 	if (!shared)
@@ -1333,7 +1404,7 @@ static enum kiln_err qemu_restore_begin(const struct vmm_spec *s, const char *sn
 		r = disk_file_move(mem, vm->mem_path);
 	else if (from == VMM_MEM_COPY_LATE)
 		r = disk_copy_prepare(copy, mem, vm->mem_path);	/* copied before the state */
-	else if (from == VMM_MEM_COPY || vm->balloon)
+	else if (from == VMM_MEM_COPY)
 		r = disk_copy_start(copy, mem, vm->mem_path);	/* waited for before the state */
 	else {
 		vm->mem_owned = false;
