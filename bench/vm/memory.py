@@ -77,12 +77,27 @@ def huge_bytes(pids, mem_path):
     return n
 
 
+def wait_template(stack, timeout=900):
+    """Until the node's template of the default shape is ready."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
+                        f"AND node_id = '{stack.node.node_id}'"):
+            return
+        time.sleep(1)
+    raise RuntimeError("no template was built")
+
+
 def run(variant, idle_s):
     """variant: "off", "on", "on:N" (page_reporting.page_reporting_order=N on the guest's command
     line) or "on=N" (N written to /sys/module/page_reporting/parameters/page_reporting_order in
-    the guest after its first exec, before the burst)."""
-    reporting = variant != "off"
-    env = {"KILN_LOG_LEVEL": "info", "KILN_TEMPLATES": "false", "KILN_TEMPLATE_DEFAULT": "false",
+    the guest after its first exec, before the burst); "tpl" and "tpl-off": the sandbox made from
+    the node's template (of the default shape: MEM_MIB 512), with reporting on and off, its
+    memory the template's image mapped privately."""
+    template = variant.startswith("tpl")
+    reporting = variant not in ("off", "tpl-off")
+    env = {"KILN_LOG_LEVEL": "info", "KILN_TEMPLATES": "true" if template else "false",
+           "KILN_TEMPLATE_DEFAULT": "true" if template else "false",
            "KILN_FREE_PAGE_REPORTING": "1" if reporting else "0",
            "KILN_BOOT_TIMEOUT_S": "600"}  # a boot under TCG on a loaded host
     if ":" in variant:
@@ -93,10 +108,15 @@ def run(variant, idle_s):
     try:
         gw, node = stack.gw, stack.node
         key = stack.tenant("bench")
+        if template:
+            wait_template(stack)
         r = gw.request("POST", "/v1/sandboxes", {"memory_mib": MEM_MIB, "vcpus": 1}, key, timeout=600)
         if r.status != 201:
             raise RuntimeError(f"create: {r}")
         sid = r.json()["id"]
+        if template != bool(stack.db.sql(f"SELECT array_to_string(lineage, ',') FROM sandboxes "
+                                         f"WHERE id = '{sid}'")):
+            raise RuntimeError(f"{variant}: the sandbox was {'not ' if template else ''}made from the template")
 
         def ex(body):
             r = gw.request("POST", f"/v1/sandboxes/{sid}/exec", body, key, timeout=600)
@@ -122,7 +142,8 @@ def run(variant, idle_s):
         mi, buddy, order = parse_guest(ex(GUEST))
         idle = measure_vmm(pids, mem_path)
         idle["guest_huge"] = huge_bytes(pids, mem_path)
-        idle["dma_resident"] = resident_head(mem_path, DMA_ZONE)
+        # of the VM's own file only: a template's image is resident for every VM mapping it
+        idle["dma_resident"] = None if template else resident_head(mem_path, DMA_ZONE)
         time.sleep(2 * idle_s)
         mi3, buddy3, _ = parse_guest(ex(GUEST))
         idle3 = measure_vmm(pids, mem_path)
@@ -155,7 +176,7 @@ def main():
               f"burst {fmt_mib(r['burst']['guest_rss'])}, after idle {fmt_mib(r['idle']['guest_rss'])}, "
               f"MemFree {fmt_mib(r['meminfo']['MemFree'])}, first 16 MiB resident "
               f"{fmt_mib(r['idle']['dma_resident'])}, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
-    print(f"one sandbox of {MEM_MIB} MiB, 1 vCPU, cold boot; `python3 -c \"b = b'x' * ({BURST_MIB} << 20)\"` "
+    print(f"one sandbox of {MEM_MIB} MiB, 1 vCPU, cold boot (tpl, tpl-off: made from the template); `python3 -c \"b = b'x' * ({BURST_MIB} << 20)\"` "
           f"(writes {BURST_MIB} MiB, frees it on exit), then {idle_s:.0f} s idle (and {3 * idle_s:.0f} s)")
     print(f"host: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in load0)} at the start, "
           f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")
@@ -190,7 +211,8 @@ def main():
         print(f"  {v:6} guest RAM mapped by huge pages on the host (smaps ShmemPmdMapped + FilePmdMapped "
               f"+ AnonHugePages): {fmt_mib(r['idle']['guest_huge'])}; of the guest's first 16 MiB "
               f"(its DMA zone) resident on the host: {fmt_mib(r['idle']['dma_resident'])}")
-    print(f"(MiB; guest RAM = QEMU's mapping of the guest's memory file, from /proc/<qemu>/smaps; "
+    print(f"(MiB; guest RAM = QEMU's mapping of the guest's memory file, or of the template's image, "
+          f"from /proc/<qemu>/smaps; "
           f"MemTotal {fmt_mib(res[variants[0]]['meminfo']['MemTotal'])} MiB of the {MEM_MIB} MiB)")
 
 

@@ -7,7 +7,8 @@
 # Usage: bench/vm/memory.sh BUILD_DIR [IDLE_S [VARIANTS [MEM_MIB [BURST_MIB]]]]
 #        (defaults 10, on,off, 512, 300; a variant on:N also puts
 #        page_reporting.page_reporting_order=N on the guest's kernel command line, on=N writes N to
-#        /sys/module/page_reporting/parameters/page_reporting_order in the guest before the burst)
+#        /sys/module/page_reporting/parameters/page_reporting_order in the guest before the burst;
+#        tpl and tpl-off: the sandbox made from the node's template, reporting on and off)
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 . "$here/../lib.sh"

@@ -18,6 +18,7 @@
  * 0.2 s (mkimage.sh; run.sh passes its paths in KILN_GUEST_KERNEL/INITRD).
  * Fails when not root or QEMU is missing (never a skip: tests/skip-allowed.txt).
  */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -236,6 +237,43 @@ static long shared_kb_of_mapping(pid_t pid, long size_kb)
 	}
 	fclose(f);
 	return shared;
+}
+
+/*
+ * The access modes (O_ACCMODE) process `pid` holds the file at `path` open with, ORed over its
+ * descriptors of it (by device and inode); -1 when it holds none.
+ */
+static int accmode_of_file(pid_t pid, const char *path)
+{
+	char dir[64], p[PATH_MAX], line[128];
+	struct stat want, st;
+	struct dirent *d;
+	int mode = -1;
+	DIR *dh;
+
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+	if (stat(path, &want) < 0 || !(dh = opendir(dir)))
+		return -1;
+	while ((d = readdir(dh))) {
+		FILE *f;
+
+		snprintf(p, sizeof(p), "%s/%s", dir, d->d_name);
+		if (d->d_name[0] == '.' || stat(p, &st) < 0 || st.st_dev != want.st_dev ||
+		    st.st_ino != want.st_ino)
+			continue;
+		snprintf(p, sizeof(p), "/proc/%d/fdinfo/%s", (int)pid, d->d_name);
+		if (!(f = fopen(p, "re")))
+			continue;
+		while (fgets(line, sizeof(line), f)) {
+			unsigned flags;
+
+			if (sscanf(line, "flags: %o", &flags) == 1)
+				mode = (mode < 0 ? 0 : mode) | (int)(flags & O_ACCMODE);
+		}
+		fclose(f);
+	}
+	closedir(dh);
+	return mode;
 }
 
 /* Creates a throwaway network namespace with a TAP device for VM `id`; returns its path or NULL. */
@@ -488,6 +526,20 @@ static void test_lifecycle(void)
 			CHECK(stat(kp, &ks) == 0 && stat(getenv("KILN_GUEST_KERNEL"), &full) == 0);
 			CHECK(ks.st_size >= 8192 && ks.st_size < 256 * 1024 && ks.st_size < full.st_size);
 			CHECK_INT((int)ks.st_nlink, 0);
+		}
+		/*
+		 * the frozen image both children map, opened read-only (vmm/qemu_memro.c); the
+		 * parent's copy, its own, read and written
+		 */
+		{
+			char img[PATH_MAX + 8];
+			struct vmm_status sp_st;
+
+			snprintf(img, sizeof(img), "%s/mem", snap);
+			vmm_status(p, &sp_st, NULL);
+			CHECK_INT(accmode_of_file(sb_st.pid, img), O_RDONLY);
+			CHECK_INT(accmode_of_file(sc_st.pid, img), O_RDONLY);
+			CHECK_INT(accmode_of_file(sp_st.pid, img), -1);
 		}
 		kb_b = shared_kb_of_mapping(sb_st.pid, 256 * 1024);
 		kb_c = shared_kb_of_mapping(sc_st.pid, 256 * 1024);
