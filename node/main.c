@@ -61,6 +61,11 @@ static int check_init(struct kiln_error *err)
 	if (!hv_find(node.cfg.hypervisor))
 		return kiln_error_set(err, KILN_E_INVALID, "setting \"hypervisor\": no driver \"%s\"",
 				      node.cfg.hypervisor);
+	if (node.cfg.free_page_reporting && vmm_cmdline_inits_on_free(node.cfg.guest_cmdline))
+		return kiln_error_set(err, KILN_E_INVALID,
+				      "setting \"guest_cmdline\": init_on_free with free_page_reporting "
+				      "(a page given back from a sandbox of a template reads as the "
+				      "template's, not as zeros: docs/vmm.md); turn one of them off");
 	for (const char *p = node.cfg.node_id; *p; p++)
 		if (!((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '-'))
 			return kiln_error_set(err, KILN_E_INVALID,

@@ -39,6 +39,34 @@ unsigned vmm_vcpus_whole(unsigned vcpu_milli)
 	return (vcpu_milli + 999) / 1000;
 }
 
+bool vmm_cmdline_inits_on_free(const char *cmdline)
+{
+	static const char key[] = "init_on_free=";
+	bool on = false;
+
+	for (const char *p = cmdline; p && *p;) {
+		size_t n;
+
+		p += strspn(p, " \t\n");
+		n = strcspn(p, " \t\n");
+		if (n > sizeof(key) - 1 && strncmp(p, key, sizeof(key) - 1) == 0) {
+			const char *v = p + sizeof(key) - 1;
+
+			/* kstrtobool(): 1, y, Y, on are true; 0, n, N, off false; else unchanged */
+			if (*v == '1' || *v == 'y' || *v == 'Y')
+				on = true;
+			else if (*v == '0' || *v == 'n' || *v == 'N')
+				on = false;
+			else if ((*v == 'o' || *v == 'O') && (v[1] == 'n' || v[1] == 'N'))
+				on = true;
+			else if ((*v == 'o' || *v == 'O') && (v[1] == 'f' || v[1] == 'F'))
+				on = false;
+		}
+		p += n;
+	}
+	return on;
+}
+
 unsigned long long vmm_mem_limit_bytes(const struct vmm_spec *spec)
 {
 	/* the VMM itself (~40 MiB measured), TCG's translation cache, and headroom for I/O buffers */

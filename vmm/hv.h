@@ -135,6 +135,15 @@ const struct hv_ops *hv_find(const char *name);
 /* Whole vCPUs the guest sees for `vcpu_milli` thousandths: ceil(vcpu_milli / 1000). */
 unsigned vmm_vcpus_whole(unsigned vcpu_milli);
 
+/*
+ * Whether the guest kernel command line `cmdline` (NULL: none) turns init_on_free on (its last
+ * word `init_on_free=` read as the kernel reads a boolean). Such a guest zeroes pages as it frees
+ * them and so skips zeroing them on allocation: a page the balloon discards from a private map
+ * of a shared image reads back as the image, not as zeros (vmm/qemu_memro.c), which it would take
+ * as zeroed. kiln-node refuses it with free page reporting.
+ */
+bool vmm_cmdline_inits_on_free(const char *cmdline);
+
 /* Memory cap of the VM's cgroup: guest memory plus the VMM's overhead, bytes. */
 unsigned long long vmm_mem_limit_bytes(const struct vmm_spec *spec);
 

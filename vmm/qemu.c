@@ -420,49 +420,68 @@ static const char *qemu_log_tail(const struct hv_vm *vm)
 #define MFD_EXEC 0x0010U	/* executable memfd (Linux 6.3), for a host whose default is not */
 #endif
 
-static pthread_once_t memro_once = PTHREAD_ONCE_INIT;
-static int memro_fd = -1;	/* or -errno of its making */
+static pthread_mutex_t memro_lock = PTHREAD_MUTEX_INITIALIZER;
+static int memro_fd = -1;
 
-/* Makes memro_fd: the preload of qemu_memro.c in a sealed memfd (close-on-exec: jail keep_fd). */
-static void memro_make(void)
+/* The preload of qemu_memro.c in a sealed memfd above stdio (close-on-exec: jail keep_fd). */
+static int memro_make(void)
 {
 	const unsigned char *p = kiln_memro_so;
-	int fd;
+	int fd, fd3, r;
 
 	fd = memfd_create("kiln-qemu-memro", MFD_CLOEXEC | MFD_ALLOW_SEALING | MFD_EXEC);
-	if (fd < 0 && errno == EINVAL)
+	if (fd < 0 && errno == EINVAL)	/* a kernel before 6.3: every memfd is executable */
 		fd = memfd_create("kiln-qemu-memro", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	if (fd < 0) {
-		memro_fd = -errno;
-		return;
+	if (fd < 0)
+		return -errno;
+	/* never 0 to 2, which the jail gives the VMM's stdio (a node started with one closed) */
+	if ((fd3 = fcntl(fd, F_DUPFD_CLOEXEC, 3)) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
 	}
+	close(fd);
+	fd = fd3;
 	while (p < kiln_memro_so_end) {
 		ssize_t n = write(fd, p, (size_t)(kiln_memro_so_end - p));
 
 		if (n < 0 && errno == EINTR)
 			continue;
-		if (n <= 0)
-			goto fail;
+		if (n <= 0) {
+			r = n < 0 ? -errno : -EIO;
+			close(fd);
+			return r;
+		}
 		p += n;
 	}
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0)
-		goto fail;
-	memro_fd = fd;
-	return;
-fail:
-	memro_fd = errno ? -errno : -EIO;
-	close(fd);
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_WRITE | F_SEAL_SEAL) < 0) {
+		r = -errno;
+		close(fd);
+		return r;
+	}
+	return fd;
 }
 
 /*
  * The descriptor of the preload a QEMU that maps a shared memory image privately is started
  * with (qemu_memro.c: the image opened read-only, the balloon's discards kept out of it), made
- * once per process and kept; -errno when it cannot be made.
+ * once per process and kept; a failure is tried again at the next call. KILN_E_UNAVAILABLE when
+ * it cannot be made: a create from a template then boots cold and keeps the template.
  */
-static int memro_get(void)
+static enum kiln_err memro_get(int *fd, struct kiln_error *err)
 {
-	pthread_once(&memro_once, memro_make);
-	return memro_fd;
+	int r = -EIO;
+
+	pthread_mutex_lock(&memro_lock);
+	if (memro_fd < 0 && (r = memro_make()) >= 0)
+		memro_fd = r;
+	*fd = memro_fd;
+	pthread_mutex_unlock(&memro_lock);
+	if (*fd >= 0)
+		return KILN_OK;
+	/* vm.memfd_noexec = 2 refuses an executable memfd, which ld.so must map */
+	return kiln_error_set(err, KILN_E_UNAVAILABLE, "the QEMU preload's memfd: %s%s", strerror(-r),
+			      r == -EACCES ? " (the host's vm.memfd_noexec must be 0 or 1)" : "");
 }
 
 /*
@@ -637,16 +656,12 @@ static enum kiln_err vm_start(struct hv_vm *vm, const struct vmm_spec *s, bool i
 	 * it, QEMU cannot open the read-only bind and does not start.
 	 */
 	if (!vm->mem_owned) {
-		if ((r = memro_get()) < 0) {
-			rc = kiln_error_set(err, KILN_E_INTERNAL, "vm '%s': the QEMU preload: %s", vm->id,
-					    strerror(-r));
+		if ((rc = memro_get(&j->keep_fd, err)) != KILN_OK)
 			goto out;
-		}
-		snprintf(preload, sizeof(preload), "LD_PRELOAD=/proc/self/fd/%d", r);
+		snprintf(preload, sizeof(preload), "LD_PRELOAD=/proc/self/fd/%d", j->keep_fd);
 		snprintf(memro, sizeof(memro), "KILN_QEMU_MEM_RO=%s", a.mem_path);
 		envp[1] = preload;
 		envp[2] = memro;
-		j->keep_fd = r;
 	}
 	if ((r = jail_prepare(j)) < 0) {
 		rc = fs_err(err, r, "cannot prepare jail", vm->jail_root);

@@ -7,16 +7,19 @@
  * QEMU 7.2 opens a memory backend's file read-write even with share=off, and discards a page the
  * free page reporting balloon hands it with fallocate(PUNCH_HOLE) on that file before
  * madvise(MADV_DONTNEED): in a private map the punch reaches the shared image, which every other
- * VM mapping it then reads as zeros. QEMU 8.1 and later skip the punch for a private map; this
- * does the same for 7.2. Built on its own (vmm/CMakeLists.txt, no sanitizer: QEMU has none),
- * carried inside kiln-node (qemu_memro_blob.c) and given to QEMU as a sealed memfd (vmm/qemu.c).
+ * VM mapping it then reads as zeros. Later QEMUs still punch there (with a warning), or, given
+ * the file read-only (8.2's readonly=on,rom=off), discard nothing. Built on its own
+ * (vmm/CMakeLists.txt, no sanitizer: QEMU has none), carried inside kiln-node
+ * (qemu_memro_blob.c) and given to QEMU as a sealed memfd (vmm/qemu.c).
  *
  *   KILN_QEMU_MEM_RO   the memory backend's mem-path exactly as QEMU opens it ("mem")
  *
  * An open() of that path for reading and writing opens it read-only; fallocate(PUNCH_HOLE) on
  * the descriptor it returned does nothing and answers success, so QEMU goes on to its madvise,
- * which drops the private pages (they read as the image again, which a page the guest reported
- * free may). Any other call passes through unchanged. The jail binds the image read-only
+ * which drops the private pages: they read as the image again, not as zeros, which a page the
+ * guest reported free may unless the guest zeroes pages as it frees them (init_on_free, which
+ * kiln-node refuses with the balloon: vmm_cmdline_inits_on_free()). Any other call passes
+ * through unchanged. The jail binds the image read-only
  * besides (vmm/jail.c): a QEMU this is not loaded into cannot open it for writing and fails to
  * start instead of punching it.
  */
@@ -40,14 +43,20 @@ static open2_fn real_open64_2;
 static fallocate_fn real_fallocate64;
 static close_fn real_close;
 
-/* Resolved before QEMU runs, and before its seccomp filter is in place. */
-__attribute__((constructor)) static void memro_init(void)
+/* The next definitions of what this wraps; again on a call made before the constructor ran. */
+static void memro_resolve(void)
 {
-	ro_path = getenv("KILN_QEMU_MEM_RO");
 	real_open64 = (open_fn)dlsym(RTLD_NEXT, "open64");
 	real_open64_2 = (open2_fn)dlsym(RTLD_NEXT, "__open64_2");
 	real_fallocate64 = (fallocate_fn)dlsym(RTLD_NEXT, "fallocate64");
 	real_close = (close_fn)dlsym(RTLD_NEXT, "close");
+}
+
+/* Before QEMU's own code runs, and before its seccomp filter is in place. */
+__attribute__((constructor)) static void memro_init(void)
+{
+	memro_resolve();
+	ro_path = getenv("KILN_QEMU_MEM_RO");
 	/* nothing QEMU starts gets it */
 	unsetenv("LD_PRELOAD");
 }
@@ -71,7 +80,9 @@ int open64(const char *path, int flags, ...)
 {
 	mode_t mode = 0;
 
-	if (flags & (O_CREAT | O_TMPFILE)) {
+	if (!real_open64)
+		memro_resolve();
+	if ((flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE) {
 		va_list ap;
 
 		va_start(ap, flags);
@@ -85,6 +96,8 @@ int open(const char *path, int flags, ...) __attribute__((alias("open64")));
 
 int __open64_2(const char *path, int flags)
 {
+	if (!real_open64_2)
+		memro_resolve();
 	return memro_opened(path, real_open64_2(path, memro_flags(path, flags)));
 }
 
@@ -94,6 +107,8 @@ int fallocate64(int fd, int mode, off_t offset, off_t len)
 {
 	if (fd >= 0 && fd == ro_fd && (mode & FALLOC_FL_PUNCH_HOLE))
 		return 0;
+	if (!real_fallocate64)
+		memro_resolve();
 	return real_fallocate64(fd, mode, offset, len);
 }
 
@@ -104,5 +119,7 @@ int close(int fd)
 {
 	if (fd >= 0 && fd == ro_fd)
 		ro_fd = -1;
+	if (!real_close)
+		memro_resolve();
 	return real_close(fd);
 }

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -528,18 +529,25 @@ static void test_lifecycle(void)
 			CHECK_INT((int)ks.st_nlink, 0);
 		}
 		/*
-		 * the frozen image both children map, opened read-only (vmm/qemu_memro.c); the
-		 * parent's copy, its own, read and written
+		 * the frozen image both children map: bound into their jails read-only and opened
+		 * read-only (vmm/qemu_memro.c); the parent's copy, its own, read and written
 		 */
 		{
-			char img[PATH_MAX + 8];
+			char img[PATH_MAX + 8], own[PATH_MAX], bound[64];
 			struct vmm_status sp_st;
+			struct statvfs vfs;
 
 			snprintf(img, sizeof(img), "%s/mem", snap);
-			vmm_status(p, &sp_st, NULL);
+			snprintf(own, sizeof(own), "/dev/shm/kiln-%s-p.mem", node);
+			CHECK(vmm_status(p, &sp_st, NULL) == KILN_OK && sp_st.alive);
 			CHECK_INT(accmode_of_file(sb_st.pid, img), O_RDONLY);
 			CHECK_INT(accmode_of_file(sc_st.pid, img), O_RDONLY);
 			CHECK_INT(accmode_of_file(sp_st.pid, img), -1);
+			CHECK_INT(accmode_of_file(sp_st.pid, own), O_RDWR);
+			snprintf(bound, sizeof(bound), "/proc/%d/root/mem", (int)sb_st.pid);
+			CHECK(statvfs(bound, &vfs) == 0 && (vfs.f_flag & ST_RDONLY));
+			snprintf(bound, sizeof(bound), "/proc/%d/root/mem", (int)sp_st.pid);
+			CHECK(statvfs(bound, &vfs) == 0 && !(vfs.f_flag & ST_RDONLY));
 		}
 		kb_b = shared_kb_of_mapping(sb_st.pid, 256 * 1024);
 		kb_c = shared_kb_of_mapping(sc_st.pid, 256 * 1024);

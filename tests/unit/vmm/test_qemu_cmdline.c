@@ -220,6 +220,23 @@ static void test_cmdline_balloon(void)
 	qemu_argv_free(argv);
 }
 
+/* init_on_free as the guest kernel reads it: the last word wins, booleans as kstrtobool(). */
+static void test_cmdline_init_on_free(void)
+{
+	CHECK(!vmm_cmdline_inits_on_free(NULL));
+	CHECK(!vmm_cmdline_inits_on_free(""));
+	CHECK(!vmm_cmdline_inits_on_free("root=/dev/vda rootfstype=ext4 rw"));
+	CHECK(vmm_cmdline_inits_on_free("root=/dev/vda init_on_free=1 rw"));
+	CHECK(vmm_cmdline_inits_on_free("init_on_free=on"));
+	CHECK(vmm_cmdline_inits_on_free("init_on_free=Y"));
+	CHECK(!vmm_cmdline_inits_on_free("init_on_free=0"));
+	CHECK(!vmm_cmdline_inits_on_free("init_on_free=off"));
+	CHECK(!vmm_cmdline_inits_on_free("init_on_free=1 init_on_free=0"));
+	CHECK(vmm_cmdline_inits_on_free("init_on_free=0\tinit_on_free=1"));
+	CHECK(!vmm_cmdline_inits_on_free("init_on_free= init_on_free"));
+	CHECK(!vmm_cmdline_inits_on_free("xinit_on_free=1 init_on_alloc=1"));
+}
+
 static void test_cmdline_refuses_commas_in_paths(void)
 {
 	struct qemu_args a = base_args();
@@ -377,6 +394,7 @@ int main(void)
 	TEST(test_cmdline_restore_private_without_net_and_disk);
 	TEST(test_cmdline_refuses_commas_in_paths);
 	TEST(test_cmdline_balloon);
+	TEST(test_cmdline_init_on_free);
 	TEST(test_cmdline_disk_throttle);
 	TEST(test_accel_from_cpuinfo);
 	TEST(test_cmdline_cpu_model);
