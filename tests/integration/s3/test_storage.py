@@ -18,21 +18,20 @@ STORAGE_TOOL = os.path.join(kiln.BUILD, "tests", "integration", "s3", "storage_t
 class StorageTests(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        # each cleanup registered as its part is made: a start that fails part way (a gateway
+        # that cannot listen) leaves nothing behind either
         cls.srv = s3env.S3Server()
+        cls.addClassCleanup(cls.srv.stop)
         env = kiln.services_env()
         cls.db = kiln.fresh_database()
+        cls.addClassCleanup(cls.db.drop)
         # the tests' S3 server is on 127.0.0.1: this gateway's operator allows it
         cls.gw = kiln.Gateway(cls.db.url, env["KILN_REDIS_URL"], s3env.ALLOW_ENV)
+        cls.addClassCleanup(cls.gw.cleanup)
         cls.admin = {"Authorization": "Bearer " + cls.gw.admin_key}
         # and this one's (same database) allows nothing: the default
         cls.strict = kiln.Gateway(cls.db.url, env["KILN_REDIS_URL"], master_key=cls.gw.master_key)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.strict.cleanup()
-        cls.gw.cleanup()
-        cls.db.drop()
-        cls.srv.stop()
+        cls.addClassCleanup(cls.strict.cleanup)
 
     def tenant(self, name="acme"):
         r = self.gw.request("POST", "/v1/tenants", {"name": name}, self.admin)
