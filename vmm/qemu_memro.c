@@ -1,6 +1,6 @@
 /*
  * qemu_memro.c - preloaded into a QEMU that maps a snapshot's memory image privately (a create
- * from a template, a VMM started ahead on one): the image, shared by every such VM of the node,
+ * from a template, a VMM started ahead on one, a fork child): the image, shared by every such VM,
  * is opened read-only, and a page the guest gives back through the balloon is dropped from the
  * VM's private copy only.
  *
@@ -19,9 +19,9 @@
  * which drops the private pages: they read as the image again, not as zeros, which a page the
  * guest reported free may unless the guest zeroes pages as it frees them (init_on_free, which
  * kiln-node refuses with the balloon: vmm_cmdline_inits_on_free()). Any other call passes
- * through unchanged. The jail binds the image read-only
- * besides (vmm/jail.c): a QEMU this is not loaded into cannot open it for writing and fails to
- * start instead of punching it.
+ * through unchanged. The jail binds the image read-only besides (vmm/qemu.c, jail_layout()): a
+ * QEMU this is not loaded into cannot open it for writing and fails to start instead of punching
+ * it.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
