@@ -12,7 +12,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_vm import MIB, _libc, fmt_mib, kiln, measure_vmm, vm_pids  # noqa: E402
+from bench_vm import MIB, _libc, fmt_mib, kiln, measure_vmm, vm_pids, wait_template  # noqa: E402
 
 MEM_MIB = int(sys.argv[3]) if len(sys.argv) > 3 else 512
 BURST_MIB = int(sys.argv[4]) if len(sys.argv) > 4 else 300
@@ -75,17 +75,6 @@ def huge_bytes(pids, mem_path):
                 elif cur and p[0] in ("ShmemPmdMapped:", "FilePmdMapped:", "AnonHugePages:"):
                     n += int(p[1]) * 1024
     return n
-
-
-def wait_template(stack, timeout=900):
-    """Until the node's template of the default shape is ready."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if stack.db.sql("SELECT id FROM snapshots WHERE kind = 'template' AND deleted_at IS NULL "
-                        f"AND node_id = '{stack.node.node_id}'"):
-            return
-        time.sleep(1)
-    raise RuntimeError("no template was built")
 
 
 def run(variant, idle_s):
