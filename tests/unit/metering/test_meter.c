@@ -4106,6 +4106,74 @@ static void test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_fra
 }
 
 /*
+ * Another node's change without a witness this meter can read, which no kept frame puts before a
+ * witnessed change of its sandbox logged after it, stands no later than that change
+ * (log_time_before()). Kiln-sim seed 31460: node 1's meter placed generation 2's pause, a change
+ * of node 0, 3,403 s late, past every tick's billing end; the pieces stop at the first change
+ * past the end, and the sandbox's start on node 1, witnessed and logged after the pause, was
+ * never billed (-85,901 µcr). Here the sandbox runs on B from 0 (generation 1, B's changes
+ * witnessed on B's boot); the wall clock steps 600 s forward at 5 and 600 s back at 12, both
+ * followed by B's meter; paused on B at 10 (128 MiB), logged 600 s ahead; A's meter starts at
+ * 15 on a node with no saved frame, at the wall clock, with no frame of either step, so it reads
+ * the pause 600 s late; resumed on A at 20 (generation 2, witnessed on A's boot) and stopped
+ * there at 40. Generation 1 is B's, 10 s running and 10 s paused (3,850 µcr), generation 2 A's,
+ * its 20 s (5,140). Left where the frames read it, the pause kept A's pieces from the resume:
+ * 0 µcr for 5,140 before.
+ */
+static void test_another_nodes_change_without_a_witness_stands_no_later_than_a_witnessed_one_logged_after_it(void)
+{
+	char t[32], sb[32], na[32], nb[32];
+	int64_t t0 = aligned_now();
+	struct kiln_error err = { 0 };
+	struct meter *a = NULL, *b;
+	bool ok;
+
+	new_tenant(t, sizeof(t));
+	grant(t, 1000000000LL, 0, "a");
+	fake_now = t0;
+	fake_mono = 5000 * S;
+	snprintf(na, sizeof(na), "%s", node);
+	(void)aligned_now();	/* node B */
+	snprintf(nb, sizeof(nb), "%s", node);
+	boot = "test-boot-b";
+	b = new_meter_with(true, 0);
+	new_sandbox_at(t, sb, sizeof(sb), nb, "running", t0, boot, fake_mono);	/* on B at 0 */
+	for (int i = 1; i <= 60; i++) {
+		fake_now += S;
+		fake_mono += S;
+		if (i == 5)
+			fake_now += 600 * S;		/* at 5: forward 600 s, B's meter follows */
+		if (i == 10)				/* at 10: paused on B, logged at 610 */
+			pause_witnessed(t, sb, "snap_o", 128, "test-boot-b");
+		if (i == 12)
+			fake_now -= 600 * S;		/* at 12: back 600 s, B's meter follows */
+		if (i == 15) {				/* A's meter, no frame: at the wall clock */
+			snprintf(node, sizeof(node), "%s", na);
+			boot = "test-boot-a";
+			a = new_meter_with(true, 0);
+		}
+		if (i == 20)				/* resumed on A: generation 2, witnessed */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state = 'running', pause_snapshot = NULL, "
+			    "state_changed_at = to_timestamp(%lld / 1e6), "
+			    "log_boot_id = 'test-boot-a', log_mono_ns = %lld WHERE id = '%s'",
+			    na, (long long)(fake_now / 1000), (long long)fake_mono, sb);
+		if (i == 40)
+			stop_witnessed(sb, "test-boot-a", fake_mono);	/* at 40, on A */
+		CHECK_INT(meter_tick(b, &err), KILN_OK);
+		if (a)
+			CHECK_INT(meter_tick(a, &err), KILN_OK);
+	}
+	boot = NULL;
+	CHECK_INT(used_gen(sb, 1), 10 * 257 + 10 * 128);
+	CHECK_INT(used_gen(sb, 2), 20 * 257);
+	CHECK_INT(meter_pending(a, t) + meter_pending(b, t), 0);
+	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
+	meter_free(a);
+	meter_free(b);
+}
+
+/*
  * A meter that bills a stretch late must give it the labels the node's other meter gave it live.
  * Kiln-sim seed 31174: one of node 0's two meters, without Postgres across a 2,086 s forward
  * step, moved its point of a sandbox on by the step and read the resume and the deletion logged
@@ -4956,6 +5024,10 @@ struct tk_back {
 	int a_dies_again;		/* A's meter, back, crashes again then (its key gone after) */
 	int b_restart;			/* B's meter crashes and restarts then, before its tick */
 	bool creating;			/* made at 5 (being made until 23): A flushes a point of it */
+	/* Made on A at 0.5 (generation 1, 4.5 s: A's meter flushes its point with half a µcr
+	 * left over), moved to B at 5 (generation 2) and back to A at 23 (generation 3, the one
+	 * taken over), paused at `pause_at` + 0.5 (4.5 s running: half a µcr of its own). */
+	bool carried;
 };
 
 static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
@@ -4970,6 +5042,7 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 	struct pg *own = pg_new(meter_db_url, 1);
 	struct pg_conn *open_tx = NULL;
 	struct two_nodes n2;
+	const int g = x->carried ? 3 : 1;	/* the generation taken over */
 	long long gen1;
 	bool ok;
 
@@ -4990,17 +5063,30 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			CHECK(open_tx && pg_exec(open_tx, "BEGIN; SELECT 1", &err) == KILN_OK);
 			nanosleep(&(struct timespec){ .tv_sec = 8 }, NULL);
 		}
-		if (i == (x->creating ? 5 : 23))	/* made on A: generation 1, witnessed */
+		if (i == (x->creating ? 5 : 23) && !x->carried)	/* made on A: generation 1 */
 			new_sandbox_at(t, sb, sizeof(sb), n2.na, x->creating ? "creating" : "running",
 				       fake_now, boot, fake_mono);
+		if (i == 1 && x->carried)	/* made on A at 0.5: generation 1, witnessed */
+			new_sandbox_at(t, sb, sizeof(sb), n2.na, "running", fake_now - S / 2, boot,
+				       fake_mono - S / 2);
+		if (x->carried && (i == 5 || i == 23))	/* to B, back to A: generations 2 and 3 */
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
+			    "log_mono_ns = %lld WHERE id = '%s'", i == 5 ? n2.nb : n2.na,
+			    (long long)(fake_now / 1000), boot, (long long)fake_mono, sb);
 		if (i == 23 && x->creating)	/* running on A, witnessed */
 			sql("UPDATE sandboxes SET state = 'running', state_changed_at = "
 			    "to_timestamp(%lld / 1e6), log_boot_id = '%s', log_mono_ns = %lld "
 			    "WHERE id = '%s'", (long long)(fake_now / 1000), boot,
 			    (long long)fake_mono, sb);
-		if (i == pause_at)	/* paused on A, witnessed */
+		if (i == pause_at) {	/* paused on A, witnessed (carried: half a second on) */
+			fake_now += x->carried ? S / 2 : 0;
+			fake_mono += x->carried ? S / 2 : 0;
 			pause_witnessed(t, sb, "snap_tk", 128, boot);
-		if (i == 30)	/* to B: generation 2, witnessed */
+			fake_now -= x->carried ? S / 2 : 0;
+			fake_mono -= x->carried ? S / 2 : 0;
+		}
+		if (i == 30)	/* to B: generation 2 (carried: 4), witnessed */
 			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
 			    "state = 'running', pause_snapshot = NULL, state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
 			    "log_mono_ns = %lld WHERE id = '%s'", n2.nb, (long long)(fake_now / 1000), boot,
@@ -5039,8 +5125,17 @@ static void taken_over_while_its_meter_comes_back(const struct tk_back *x)
 			CHECK_INT(meter_tick(n2.b, &err), KILN_OK);
 	}
 	gen1 = pause_at ? (pause_at - 23) * 257 + (30 - pause_at) * 128 : 7 * 257;
-	CHECK_INT(gen_ucr(sb, 1), gen1);
-	CHECK_INT(used(t), gen1 + 15 * 257);
+	if (x->carried)	/* 4.5 s running (1,156.5 µcr), 2.5 s paused (320), half a µcr carried */
+		gen1 = 1477;
+	CHECK_INT(gen_ucr(sb, g), gen1);
+	if (x->carried) {	/* generation 1 4.5 s (1,156.5 µcr), generation 2 on B 18 s */
+		CHECK_INT(gen_ucr(sb, 1), 1156);
+		CHECK_INT(sql_int("SELECT remainder_fine FROM meter_sandboxes WHERE "
+				  "sandbox_id = '%s' AND generation = 1", sb),
+			  (long long)(fine_of(9 * S / 2) % PRICE_FINE_PER_UCR));
+		CHECK_INT(gen_ucr(sb, 2), 18 * 257);
+	}
+	CHECK_INT(used(t), gen1 + 15 * 257 + (x->carried ? 1156 + 18 * 257 : 0));
 	CHECK_INT(meter_pending(n2.b, t), 0);
 	CHECK_INT(redis_bal(t, &ok), ledger_bal(t));
 	if (x->a_dies_again)	/* B's watch of generation 1 ended, its row gone */
@@ -5176,6 +5271,21 @@ static void test_a_cut_generation_with_a_point_while_made_is_billed_once(void)
 								 .creating = true });
 }
 
+/*
+ * As ..._whose_meter_dies_again_unflushed_..., the sandbox made on A at 0.5 s and moved to B at 5
+ * and back to A at 23 (generation 3, taken over by B, cut and watched), paused at 27.5: A's meter
+ * flushed generation 1's point with half a µcr left over, which A's generations carry from one to
+ * the next (gen_rem_switch()), so generation 3's 1,476.5 µcr are 1,477. Billed by B's watch from
+ * its start, the ledger having no point of it (cut_tails_sql), from a remainder of zero: 1,476
+ * µcr for 1,477 before (kiln-sim seed 77197).
+ */
+static void test_a_cut_generation_billed_from_its_start_carries_its_nodes_remainder(void)
+{
+	taken_over_while_its_meter_comes_back(&(struct tk_back){ .tx_end = 40, .a_back = 33,
+								 .a_redis = 33, .pause_at = 27,
+								 .a_dies_again = 36,
+								 .carried = true });
+}
 
 /*
  * A meter with nothing to bill saves its frame (frame_keep()): at its first tick, and at the
@@ -5746,6 +5856,7 @@ int main(void)
 	TEST(test_a_taken_over_generations_change_before_its_point_is_open);
 	TEST(test_a_change_without_a_witness_stays_after_the_witnessed_one_before_it);
 	TEST(test_a_change_without_a_witness_before_a_witnessed_one_keeps_its_frame);
+	TEST(test_another_nodes_change_without_a_witness_stands_no_later_than_a_witnessed_one_logged_after_it);
 	TEST(test_a_meter_without_postgres_across_a_forward_step_does_not_bill_the_time_before_it_again);
 	TEST(test_a_meter_without_postgres_across_a_forward_step_reads_witnessed_changes_at_their_labels);
 	TEST(test_a_generation_running_through_a_forward_step_without_postgres_from_10_is_billed_once);
@@ -5779,6 +5890,7 @@ int main(void)
 	TEST(test_a_cut_generation_watched_across_its_takers_restart_is_billed_once);
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
 	TEST(test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once);
+	TEST(test_a_cut_generation_billed_from_its_start_carries_its_nodes_remainder);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame_after_a_forward_step);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
