@@ -409,7 +409,8 @@ static double flush_rate(struct pg *pg, const char *fn, int n, int round)
 
 	snprintf(tag, sizeof(tag), "f%s%d_%d_%d", fn + 6, n, round, (int)getpid());
 	flush_tenants(pg, tag, (nsb + 9) / 10);
-	/* Statistics of the tables as autovacuum keeps them on a running system (above). Planned
+	/* Statistics of the tables current, as autovacuum keeps them on a running system (it
+	 * analyzes a table once 50 rows and a tenth of it have changed; above). Planned
 	 * while the accounts were a handful of rows, a connection's foreign-key checks keep a
 	 * sequential scan of ledger_accounts until the table's statistics change, and each
 	 * transfer's checks then read every account the earlier rounds made (a flush of 1,000
@@ -445,10 +446,11 @@ static double flush_rate(struct pg *pg, const char *fn, int n, int round)
 	snprintf(q, sizeof(q), "SELECT %s($1::%s, 'bench')", fn,
 		 strcmp(fn, "meter_flush_set") == 0 ? "json" : "jsonb");
 	t0 = mono_s();
-	pg_exec(c, "BEGIN", &err);
-	if (PGQ(c, NULL, &err, q, j.data) != KILN_OK)
+	if (pg_exec(c, "BEGIN", &err) != KILN_OK || PGQ(c, NULL, &err, q, j.data) != KILN_OK ||
+	    pg_exec(c, "COMMIT", &err) != KILN_OK) {
 		fprintf(stderr, "%s: %s\n", fn, err.msg);
-	pg_exec(c, "COMMIT", &err);
+		exit(1);
+	}
 	t0 = mono_s() - t0;
 	res = NULL;
 	PGQ0(c, &res, &err, "SELECT count(*) FROM ledger_transfers");
@@ -456,6 +458,10 @@ static double flush_rate(struct pg *pg, const char *fn, int n, int round)
 	pg_res_free(res);
 	pg_release(pg, c);
 	buf_release(&j);
+	if (after - before != n) {	/* a round that wrote less is no figure (medians hide it) */
+		fprintf(stderr, "%s: %lld transfers written of %d\n", fn, after - before, n);
+		exit(1);
+	}
 	return (double)(after - before) / t0;
 }
 
@@ -478,7 +484,10 @@ static double insert_rows(struct pg *pg, int n, int round)
 	if (pg_acquire(pg, &c, &err) != KILN_OK)
 		exit(1);
 	buf_init(&q, 64u << 20);
-	pg_exec(c, "BEGIN", &err);
+	if (pg_exec(c, "BEGIN", &err) != KILN_OK) {
+		fprintf(stderr, "insert: %s\n", err.msg);
+		exit(1);
+	}
 	for (int i = 0; i < n; i += 1000) {
 		q.len = 0;
 		buf_appends(&q, "INSERT INTO ledger_transfers (id, idem_key, kind, debit_account, "
@@ -492,12 +501,17 @@ static double insert_rows(struct pg *pg, int n, int round)
 				    k > i ? "," : "", (int)getpid(), n, round, k, (int)getpid(), n,
 				    round, k, 1000 + k % 100);
 		t0 = mono_s();
-		if (pg_exec(c, q.data, &err) != KILN_OK)
+		if (pg_exec(c, q.data, &err) != KILN_OK) {
 			fprintf(stderr, "insert: %s\n", err.msg);
+			exit(1);
+		}
 		total += mono_s() - t0;
 	}
 	t0 = mono_s();
-	pg_exec(c, "COMMIT", &err);
+	if (pg_exec(c, "COMMIT", &err) != KILN_OK) {
+		fprintf(stderr, "insert: %s\n", err.msg);
+		exit(1);
+	}
 	total += mono_s() - t0;
 	pg_release(pg, c);
 	buf_release(&q);
