@@ -4055,7 +4055,36 @@ static const char tails_sql[] =
 	"ORDER BY 1, 3";
 
 /*
+ * The remainder a point-less generation `gen` of `s` on `node` goes on from, into *rem: that of the
+ * end of a generation of that node before it which this meter billed and has not flushed yet (a
+ * tail billed here, its windows waiting for the flush), when the ledger's newest earlier point of
+ * the node (generation `src`, 0: none; `src_end`: it is that generation's end) is older, or is
+ * that generation's own but not its end yet. The newest such. False: the ledger's remainder stands
+ * (flushed, that end is in the ledger; refused, the ledger's point is the one to go on from).
+ */
+static bool tail_rem_find(const struct msb *s, const char *node, long long gen, long long src,
+			  bool src_end, uint64_t *rem)
+{
+	const struct mwin *best = NULL;
+
+	for (size_t k = 0; k < s->nw; k++) {
+		const struct mwin *w = &s->w[k];
+
+		if (!w->gen_end || w->gen >= gen || strcmp(w->gnode, node) != 0)
+			continue;
+		if (w->gen < src || (w->gen == src && src_end))
+			continue;
+		if (!best || w->gen > best->gen)
+			best = w;
+	}
+	if (best)
+		*rem = best->rem;
+	return best != NULL;
+}
+
+/*
  * Bills the tail of the generation of row `i` of `res` (tails_sql) into `s`: from its ledger point
+ * (its remainder, or `rem0` when not NULL)
  * to its end, piece by piece over its changes, with no traffic (its counters were on the other
  * host) and the CPU its changes logged (a pause's vCPU stop: the running time up to it gets the
  * counter's delta from the ledger's point; none after the last such change), then its end recorded as billed state "none" so nobody takes it again. The
@@ -4070,7 +4099,8 @@ static const char tails_sql[] =
  * changes carry the other host's witness, so the frames place them. `s`'s own billing point is left
  * as it was.
  */
-static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i, int64_t now)
+static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, int i,
+		      const uint64_t *rem0, int64_t now)
 {
 	struct msb save = *s;
 	const char *chg = pg_res_str(res, i, 10);
@@ -4087,7 +4117,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
 	s->mine = true;
 	s->last_t = t;
 	s->state = st;
-	s->rem = (uint64_t)pg_res_int(res, i, 6, 0) % PRICE_FINE_PER_UCR;
+	s->rem = rem0 ? *rem0 : (uint64_t)pg_res_int(res, i, 6, 0) % PRICE_FINE_PER_UCR;
 	s->mem_mib = (unsigned)pg_res_int(res, i, 7, 0);
 	s->disk_gib = (unsigned)pg_res_int(res, i, 8, 0);
 	s->snap_mib = (uint64_t)pg_res_int(res, i, 14, 0);	/* 0: the guest's memory */
@@ -4143,7 +4173,7 @@ static void tail_bill(struct meter *m, struct msb *s, const struct pg_res *res, 
  * One Redis round trip when a row is left; nothing billed when Redis cannot tell.
  */
 static void tails_of_the_gone(struct meter *m, const struct pg_res *res, const bool *skip,
-			      int64_t now)
+			      int src_col, int64_t now)
 {
 	static const char lua[] =
 		"local out = {}\n"
@@ -4199,7 +4229,18 @@ static void tails_of_the_gone(struct meter *m, const struct pg_res *res, const b
 			taking = s->w[k].gen == gen;
 		if (taking)
 			continue;
-		tail_bill(m, s, res, i, now);
+		{
+			/* A point-less generation after a tail billed here whose end is not in
+			 * the ledger yet (cut_tails_sql's columns src_col, src_col + 1) goes on
+			 * from the remainder that tail ended with (tail_rem_find()). */
+			uint64_t rem;
+			bool carried = src_col >= 0 && pg_res_get(res, i, src_col) &&
+				       tail_rem_find(s, pg_res_str(res, i, 3), gen,
+						     pg_res_int(res, i, src_col, 0),
+						     pg_res_bool(res, i, src_col + 1), &rem);
+
+			tail_bill(m, s, res, i, carried ? &rem : NULL, now);
+		}
 	}
 out:
 	rds_reply_release(&rep);
@@ -4213,7 +4254,10 @@ out:
  * newest earlier generation's point of its node, which that node's meter would have carried into
  * it (gen_rem_switch(); kiln-sim seed 77197: from zero, 1 µcr short); then whether the
  * ledger's point is one tails_sql takes (not "none") or the generation's end (marked, or "none"
- * after something billed: rows_sql), and the watch's place in $1 (from 1). $1 their sandboxes,
+ * after something billed: rows_sql), the watch's place in $1 (from 1), and, for a generation with
+ * no point of its own, that earlier point's generation (0: none) and whether it is its generation's
+ * end (tail_rem_find()); in (sandbox, generation) order, so that of two point-less generations of
+ * one node the earlier is billed first. $1 their sandboxes,
  * $2 their generations, $3 this meter's node: the pairs are kept in meter_cut_watch
  * (migrations/0057) for a restart of it (meter_start()). The end's columns are NULL while no later
  * generation is logged.
@@ -4224,9 +4268,7 @@ static const char cut_tails_sql[] =
 	"    ON CONFLICT DO NOTHING) "
 	"SELECT c.sb, s.tenant_id, c.gen, coalesce(mm.gen_node, mm.node_id, g.node_id, ''), "
 	"coalesce(mm.state, g.state), coalesce(mm.last_t_ns, g.at_us * 1000), "
-	"coalesce(mm.remainder_fine, (SELECT q.remainder_fine FROM meter_sandboxes q "
-	"    WHERE q.sandbox_id = c.sb AND q.generation < c.gen "
-	"    AND coalesce(q.gen_node, q.node_id) = g.node_id ORDER BY q.generation DESC LIMIT 1), 0), "
+	"coalesce(mm.remainder_fine, q.remainder_fine, 0), "
 	"s.memory_mib, s.disk_gib, e.at_us, "
 	GEN_CHANGES_SQL("c.sb", "c.gen",
 			"CASE WHEN mm.sandbox_id IS NULL THEN l.seq > g.seq "
@@ -4237,7 +4279,9 @@ static const char cut_tails_sql[] =
 	"CASE WHEN mm.sandbox_id IS NULL THEN 0::bigint ELSE p.billed_ns END, g.seq, e.seq, g.wit, "
 	"e.wit, coalesce(mm.state <> 'none' OR mm.ended OR mm.remainder_fine <> 0 OR EXISTS (SELECT 1 "
 	"    FROM usage_windows u WHERE u.sandbox_id = c.sb AND u.generation = c.gen "
-	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)), false), c.ord "
+	"    AND (u.ucr > 0 OR u.mem_byte_s > 0)), false), c.ord, "
+	"CASE WHEN mm.sandbox_id IS NULL THEN coalesce(q.generation, 0) END, "
+	"coalesce(q.at_end, false) "
 	"FROM unnest($1::text[], $2::bigint[]) WITH ORDINALITY AS c(sb, gen, ord) "
 	"JOIN sandboxes s ON s.id = c.sb "
 	"JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
@@ -4245,6 +4289,11 @@ static const char cut_tails_sql[] =
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation = c.gen "
 	"    ORDER BY n.seq LIMIT 1) g ON true "
 	"LEFT JOIN meter_sandboxes mm ON mm.sandbox_id = c.sb AND mm.generation = c.gen "
+	"LEFT JOIN LATERAL (SELECT q.generation, q.remainder_fine, "
+	"    q.ended OR q.state = 'none' AS at_end FROM meter_sandboxes q "
+	"    WHERE q.sandbox_id = c.sb AND q.generation < c.gen "
+	"    AND coalesce(q.gen_node, q.node_id) = g.node_id ORDER BY q.generation DESC LIMIT 1) q "
+	"    ON true "
 	"LEFT JOIN LATERAL (SELECT (extract(epoch FROM n.at) * 1000000)::bigint AS at_us, n.seq, "
 	"    " WITNESS_SQL("n") " AS wit "
 	"    FROM sandbox_state_log n WHERE n.sandbox_id = c.sb AND n.generation > c.gen "
@@ -4253,7 +4302,7 @@ static const char cut_tails_sql[] =
 	"    " GEN_REACH_SQL("c.sb", "c.gen", "mm.last_t_ns") " AS reach_ns) p0 "
 	"CROSS JOIN LATERAL (SELECT p0.*, coalesce(g.at_us * 1000 + p0.reach_ns, mm.last_t_ns) "
 	"    AS wall_ns) p "
-	"ORDER BY c.ord";
+	"ORDER BY c.sb, c.gen";
 
 /* The watch of the pairs `ids` and `gens` (array literals) ended: out of meter_cut_watch. */
 static void cut_watch_end(struct meter *m, const char *ids, const char *gens)
@@ -4331,7 +4380,7 @@ static void take_cut_tails(struct meter *m, int64_t now)
 		if (k >= 0 && (size_t)k < m->ncuts)	/* no node: no meter to wait for */
 			keep[k] = !covered && *pg_res_str(res, i, 3);
 	}
-	tails_of_the_gone(m, res, skip, now);
+	tails_of_the_gone(m, res, skip, 23, now);
 	e = buf_appends(&gone_ids, "{") != 0 || buf_appends(&gone_gens, "{") != 0;
 	for (size_t k = 0; k < m->ncuts; k++) {
 		if (keep[k]) {
@@ -4362,7 +4411,10 @@ out:
  * stretch from the ledger's point to the end, once (a tail in memory is not taken again; once
  * flushed, the point is the end). One query per tick and one Redis round trip when such a stretch
  * is there; Postgres or Redis unreachable: nothing is taken this tick. The generations sb_cut()
- * and sb_bill() left to their node's meter are watched first (take_cut_tails()).
+ * and sb_bill() left to their node's meter are watched after (take_cut_tails()), so that a
+ * point-less one goes on from the remainder a tail of its node billed this tick ended with
+ * (tail_rem_find(); kiln-sim seed 31672: billed before that tail, from the remainder of the
+ * earlier generation's point before its tail, one µcr moved between two generations).
  */
 static void meter_take_tails(struct meter *m, int64_t now)
 {
@@ -4370,19 +4422,17 @@ static void meter_take_tails(struct meter *m, int64_t now)
 	struct pg_conn *c;
 	struct pg_res *res = NULL;
 
+	if (pg_acquire(m->pg, &c, &err) == KILN_OK) {
+		m->st.pg_calls++;
+		if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK)
+			log_warn("cannot read the generations left by other nodes: %s", err.msg);
+		pg_release(m->pg, c);
+		if (res)
+			tails_of_the_gone(m, res, NULL, -1, now);
+		pg_res_free(res);
+	}
 	if (m->ncuts)
 		take_cut_tails(m, now);
-	if (pg_acquire(m->pg, &c, &err) != KILN_OK)
-		return;
-	m->st.pg_calls++;
-	if (PGQ(c, &res, &err, tails_sql, m->node) != KILN_OK) {
-		pg_release(m->pg, c);
-		log_warn("cannot read the generations left by other nodes: %s", err.msg);
-		return;
-	}
-	pg_release(m->pg, c);
-	tails_of_the_gone(m, res, NULL, now);
-	pg_res_free(res);
 }
 
 /*

@@ -5288,6 +5288,96 @@ static void test_a_cut_generation_billed_from_its_start_carries_its_nodes_remain
 }
 
 /*
+ * A point-less generation of a node whose meter is gone goes on from the remainder its node's
+ * earlier generation ended with, when this meter billed that generation's end in the same tick and
+ * has not flushed it yet (meter_take_tails(): the tails first, then the watch in the generations'
+ * order; tail_rem_find()). The sandbox runs on A from 0.5 (generation 1), is resumed on A at
+ * `resume_at` (generation 2) and moves to B at `move_at` (generation 3), where B's meter leaves
+ * generations 1 and 2 to A's meter, alive without Postgres (from `dead_at`), and watches what has no
+ * point in the ledger; A's meter gone at 25 (its key at 26): B bills both in one tick; stopped at
+ * 40. `want1`, `want2` and `want3` µcr for the three generations.
+ */
+static void point_less_after_a_tail(int dead_at, int64_t resume_at, int64_t move_at, long long want1,
+				    long long want2, long long want3)
+{
+	char sb[32];
+	struct kiln_error err = { 0 };
+	struct pg *dead = pg_new("host=/nonexistent-kiln-test user=kiln dbname=none", 1);
+	struct two_nodes n2;
+	int64_t t0 = aligned_now();
+
+	boot = "test-boot";
+	two_nodes_start(&n2, t0, true, 0);
+	for (int i = 1; i <= 45; i++) {
+		fake_now += S;
+		fake_mono += S;
+		two_nodes_a_crash(&n2, i, 25);
+		if (i == dead_at)	/* A's meter without Postgres, alive */
+			meter_set_backends(n2.a, dead, rds);
+		if (i == 1)	/* made on A at 0.5: generation 1, witnessed */
+			new_sandbox_at(n2.t, sb, sizeof(sb), n2.na, "running", fake_now - S / 2, boot,
+				       fake_mono - S / 2);
+		if (fake_now - t0 == (resume_at + S - 1) / S * S) {	/* generation 2, on A */
+			int64_t back = (resume_at + S - 1) / S * S - resume_at;
+
+			fake_now -= back;
+			fake_mono -= back;
+			resume_witnessed(sb, boot);
+			fake_now += back;
+			fake_mono += back;
+		}
+		if (fake_now - t0 == (move_at + S - 1) / S * S) {	/* to B: generation 3 */
+			int64_t back = (move_at + S - 1) / S * S - move_at;
+
+			sql("UPDATE sandboxes SET node_id = '%s', generation = generation + 1, "
+			    "state_changed_at = to_timestamp(%lld / 1e6), log_boot_id = '%s', "
+			    "log_mono_ns = %lld WHERE id = '%s'", n2.nb,
+			    (long long)((fake_now - back) / 1000), boot,
+			    (long long)(fake_mono - back), sb);
+		}
+		if (i == 40)
+			stop_witnessed(sb, boot, fake_mono);
+		if (n2.a)
+			(void)meter_tick(n2.a, &err);
+		CHECK_INT(meter_tick(n2.b, &err), KILN_OK);
+	}
+	CHECK_INT(gen_ucr(sb, 1), want1);
+	CHECK_INT(gen_ucr(sb, 2), want2);
+	CHECK_INT(gen_ucr(sb, 3), want3);
+	CHECK_INT(meter_pending(n2.b, n2.t), 0);
+	meter_free(n2.b);
+	meter_free(n2.a);
+	boot = NULL;
+	pg_free(dead);
+}
+
+/*
+ * Kiln-sim seed 31672 (two nodes, the hour): the watch billed a point-less generation before the
+ * tail of its node's earlier generation, from that generation's point as it stood before its tail
+ * (its node's meter crashed part-way through it), and one µcr moved between two generations. Here
+ * A's meter flushes generation 1's [0.5, 10) (2,441.5 µcr: half a µcr left over) and loses
+ * Postgres at 11; the resume at 13.5 ends generation 1 (13 s, 3,341 µcr: its tail's 899.5 and the
+ * half µcr before, none left over); generation 2 runs 6.5 s to the move at 20 (1,670.5 µcr: 1,670
+ * from no remainder), generation 3 20 s on B. Before, generation 2 went on from the half µcr of
+ * generation 1's point at 10: 1,671 µcr for 1,670.
+ */
+static void test_a_point_less_generation_goes_on_from_the_remainder_of_a_tail_billed_with_it(void)
+{
+	point_less_after_a_tail(11, 13 * S + S / 2, 20 * S, 13 * 257, 1670, 20 * 257);
+}
+
+/*
+ * Both generations point-less (A's meter without Postgres from before the sandbox is made), billed
+ * by the watch in one tick, in their order: generation 1 12.5 s from 0.5 to 13 (3,212.5 µcr: 3,212,
+ * half a µcr left over), generation 2 7.5 s to the move at 20.5 (1,927.5 µcr and that half: 1,928),
+ * generation 3 19.5 s on B (5,011.5: 5,011). Before, generation 2 went on from zero: 1,927.
+ */
+static void test_two_point_less_generations_of_a_node_carry_one_remainder(void)
+{
+	point_less_after_a_tail(1, 13 * S, 20 * S + S / 2, 3212, 1928, 5011);
+}
+
+/*
  * A meter with nothing to bill saves its frame (frame_keep()): at its first tick, and at the
  * tick it follows a backward step, with the step's offset; a tick that changes nothing saves
  * nothing (the row's monotonic time stays). Saved with flushes only, a node with nothing to
@@ -5891,6 +5981,8 @@ int main(void)
 	TEST(test_a_cut_generation_with_a_point_while_made_is_billed_once);
 	TEST(test_a_generation_left_to_its_meter_after_the_takers_restart_is_billed_once);
 	TEST(test_a_cut_generation_billed_from_its_start_carries_its_nodes_remainder);
+	TEST(test_a_point_less_generation_goes_on_from_the_remainder_of_a_tail_billed_with_it);
+	TEST(test_two_point_less_generations_of_a_node_carry_one_remainder);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame);
 	TEST(test_a_meter_with_nothing_to_bill_saves_its_frame_after_a_forward_step);
 	TEST(test_a_meter_restarted_before_its_node_billed_anything_keeps_the_nodes_frame);
